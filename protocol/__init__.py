@@ -1,0 +1,67 @@
+"""The wire layer: topics, message schemas and their encodings. No I/O, nothing of ours."""
+
+from protocol.codec import (
+    DecodeError,
+    Encoding,
+    decode_command,
+    decode_presence,
+    decode_receipt,
+    decode_telemetry,
+    encode_command,
+    encode_presence,
+    encode_receipt,
+    encode_telemetry,
+)
+from protocol.eventid import canonical_bytes, telemetry_event_id
+from protocol.ids import (
+    DEVICE_ID_RE,
+    InvalidDeviceIdError,
+    is_valid_device_id,
+    validate_device_id,
+)
+from protocol.messages import (
+    MAX_EVENTS,
+    MAX_METRICS,
+    MAX_STRING_BYTES,
+    CommandReceipt,
+    DownlinkCommand,
+    MetricValue,
+    Presence,
+    ReceiptResult,
+    ResultCode,
+    Telemetry,
+)
+from protocol.topics import DeviceTopic, TopicError, TopicKind, Topics
+
+__all__ = [
+    "DEVICE_ID_RE",
+    "MAX_EVENTS",
+    "MAX_METRICS",
+    "MAX_STRING_BYTES",
+    "CommandReceipt",
+    "DecodeError",
+    "DeviceTopic",
+    "DownlinkCommand",
+    "Encoding",
+    "InvalidDeviceIdError",
+    "MetricValue",
+    "Presence",
+    "ReceiptResult",
+    "ResultCode",
+    "Telemetry",
+    "TopicError",
+    "TopicKind",
+    "Topics",
+    "canonical_bytes",
+    "decode_command",
+    "decode_presence",
+    "decode_receipt",
+    "decode_telemetry",
+    "encode_command",
+    "encode_presence",
+    "encode_receipt",
+    "encode_telemetry",
+    "is_valid_device_id",
+    "telemetry_event_id",
+    "validate_device_id",
+]

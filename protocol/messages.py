@@ -1,0 +1,218 @@
+"""Message bodies on device topics, with every rule a decoder enforces on them.
+
+Limits that msgspec can state as `Meta` constraints are checked while decoding, with msgspec's
+own precise error paths; the rest live in `__post_init__`, whose `ValueError` msgspec reports as
+a `ValidationError`. Constructing a struct in Python runs `__post_init__` but not the `Meta`
+constraints, as usual with msgspec.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import re
+from datetime import UTC, datetime, timedelta
+from typing import Annotated, Any, Final, TypeAlias
+
+import msgspec
+from msgspec import Meta
+
+from protocol.ids import IDENTIFIER_PATTERN
+
+MAX_METRICS: Final = 256
+MAX_STRING_BYTES: Final = 1024  # counted in characters, as msgspec's `max_length` does
+MAX_EVENTS: Final = 64
+# Deeper event values are rejected so that encoding them again (event id, storage) can never
+# come near the interpreter's recursion limit, which msgspec's decoder and encoder both honour.
+MAX_EVENT_DEPTH: Final = 32
+# 9999-12-31T23:59:59.999Z: the last millisecond a `datetime` can represent.
+MAX_EPOCH_MS: Final = 253_402_300_799_999
+# Integers must fit PostgreSQL `bigint` and a MessagePack int64; JSON alone would take any size.
+INT64_MIN: Final = -(2**63)
+INT64_MAX: Final = 2**63 - 1
+
+MetricValue: TypeAlias = int | float | bool | str
+
+EpochMillis: TypeAlias = Annotated[int, Meta(ge=0, le=MAX_EPOCH_MS)]
+AwareDatetime: TypeAlias = Annotated[datetime, Meta(tz=True)]
+Timestamp: TypeAlias = EpochMillis | AwareDatetime
+
+_MetricName: TypeAlias = Annotated[str, Meta(pattern=IDENTIFIER_PATTERN)]
+_WireMetricValue: TypeAlias = (
+    Annotated[int, Meta(ge=INT64_MIN, le=INT64_MAX)]
+    | float
+    | bool
+    | Annotated[str, Meta(max_length=MAX_STRING_BYTES)]
+)
+_Metrics: TypeAlias = Annotated[dict[_MetricName, _WireMetricValue], Meta(max_length=MAX_METRICS)]
+_Events: TypeAlias = Annotated[list[dict[str, Any]], Meta(max_length=MAX_EVENTS)]
+_Seq: TypeAlias = Annotated[int, Meta(ge=0, le=INT64_MAX)]
+
+_EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
+_IDENTIFIER_RE: Final = re.compile(IDENTIFIER_PATTERN)
+
+
+class Telemetry(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+    """One telemetry message from a device.
+
+    `ts` datetimes are normalised to UTC on construction: the MessagePack timestamp extension
+    carries no offset, so only a UTC value survives both encodings unchanged, and the event id
+    is computed from the decoded value. Absent fields are omitted when encoding, so adding an
+    optional field later does not change the event id of messages that do not use it.
+    """
+
+    ts: Timestamp
+    seq: _Seq | None = None
+    metrics: _Metrics | None = None
+    events: _Events | None = None
+
+    def __post_init__(self) -> None:
+        if not self.metrics and not self.events:
+            raise ValueError("Expected a non-empty `metrics` or `events` - at `$`")
+        if isinstance(self.ts, datetime):
+            msgspec.structs.force_setattr(self, "ts", _to_utc(self.ts))
+        if self.metrics:
+            _check_metric_values(self.metrics)
+        if self.events:
+            _check_events(self.events)
+
+    def timestamp(self) -> datetime:
+        """The message time as an aware UTC datetime."""
+        if isinstance(self.ts, datetime):
+            return self.ts.astimezone(UTC)
+        return _EPOCH + timedelta(milliseconds=self.ts)
+
+    def event_types(self) -> tuple[str, ...]:
+        return tuple(event["type"] for event in self.events or ())
+
+
+def _to_utc(ts: datetime) -> datetime:
+    if ts.utcoffset() is None:
+        raise ValueError("Expected `datetime` with a timezone component - at `$.ts`")
+    try:
+        return ts.astimezone(UTC)
+    except OverflowError:
+        raise ValueError("`datetime` is out of range once converted to UTC - at `$.ts`") from None
+
+
+def _check_metric_values(metrics: dict[str, MetricValue]) -> None:
+    for name, value in metrics.items():
+        # JSON has no NaN/Infinity (msgspec would encode them as `null`), so a MessagePack
+        # message carrying one could not be stored or re-encoded faithfully.
+        if type(value) is float and not math.isfinite(value):
+            raise ValueError(f"Expected a finite `float` - at `$.metrics[{name!r}]`")
+        # PostgreSQL `jsonb` rejects U+0000 in text; refuse it here, not mid-batch in storage.
+        if type(value) is str and "\x00" in value:
+            raise ValueError(f"Expected `str` without NUL characters - at `$.metrics[{name!r}]`")
+
+
+def _check_events(events: list[dict[str, Any]]) -> None:
+    for index, event in enumerate(events):
+        path = f"$.events[{index}]"
+        event_type = event.get("type")
+        if event_type is None:
+            raise ValueError(f"Object missing required field `type` - at `{path}`")
+        if not isinstance(event_type, str) or _IDENTIFIER_RE.fullmatch(event_type) is None:
+            raise ValueError(
+                f"Expected `str` matching regex {IDENTIFIER_PATTERN!r} - at `{path}.type`"
+            )
+        _check_json_value(event, path)
+
+
+def _check_json_value(root: object, root_path: str) -> None:
+    """Accept only values that JSON and MessagePack both carry identically.
+
+    A value decoded from MessagePack into `Any` may hold bytes, extension types, timestamps,
+    non-string keys, NaN or huge integers; their JSON encodings are lossy or ambiguous (bytes
+    become base64 strings, NaN becomes null), which would break the event id and storage.
+    """
+    stack: list[tuple[object, str, int]] = [(root, root_path, 1)]
+    while stack:
+        value, path, depth = stack.pop()
+        if isinstance(value, list | dict):
+            if depth > MAX_EVENT_DEPTH:
+                raise ValueError(f"Nesting deeper than {MAX_EVENT_DEPTH} levels - at `{path}`")
+            stack.extend(_children(value, path, depth + 1))
+        elif (problem := _scalar_problem(value)) is not None:
+            raise ValueError(f"{problem} - at `{path}`")
+
+
+def _children(
+    container: list[object] | dict[object, object], path: str, depth: int
+) -> list[tuple[object, str, int]]:
+    if isinstance(container, list):
+        return [(item, f"{path}[{index}]", depth) for index, item in enumerate(container)]
+    children: list[tuple[object, str, int]] = []
+    for key, item in container.items():
+        if not isinstance(key, str) or "\x00" in key:
+            raise ValueError(f"Expected object keys of type `str` without NUL - at `{path}`")
+        children.append((item, f"{path}.{key}", depth))
+    return children
+
+
+def _scalar_problem(value: object) -> str | None:
+    if value is None or isinstance(value, bool):
+        return None
+    if isinstance(value, str):
+        return "Expected `str` without NUL characters" if "\x00" in value else None
+    if isinstance(value, int):
+        return None if INT64_MIN <= value <= INT64_MAX else "Expected `int` in the int64 range"
+    if isinstance(value, float):
+        return None if math.isfinite(value) else "Expected a finite `float`"
+    return (
+        "Expected a JSON value (null, bool, int, float, str, array, object), "
+        f"got `{type(value).__name__}`"
+    )
+
+
+class ResultCode(enum.IntEnum):
+    """The standard result codes of a command receipt; vendor codes go to `raw_result_code`."""
+
+    SUCCESS = 0
+    UNSUPPORTED = 1
+    INVALID_PARAMS = 2
+    EXECUTION_FAILED = 3
+    DEVICE_BUSY = 4
+
+
+class ReceiptResult(enum.StrEnum):
+    ACKED = "ACKED"
+    SENT = "SENT"
+    TIMEOUT = "TIMEOUT"
+    DEVICE_OFFLINE = "DEVICE_OFFLINE"
+    FAILED = "FAILED"
+
+
+class DownlinkCommand(msgspec.Struct, frozen=True, rename="camel"):
+    """A command published by the gateway to `{prefix}/devices/{device_id}/commands`."""
+
+    command_id: int
+    claim_generation: int
+    node_id: str
+    name: str
+    params: dict[str, Any] = msgspec.field(default_factory=dict)
+    deadline: Timestamp | None = None
+
+
+class CommandReceipt(
+    msgspec.Struct, frozen=True, rename="camel", forbid_unknown_fields=True, kw_only=True
+):
+    """A device's answer to a command.
+
+    Keyword-only because `result` is required but follows optional fields in the wire order.
+    `claim_generation` may be absent: the gateway rejects such receipts itself
+    (CLAIM_GENERATION_REQUIRED), so they must decode rather than dead-letter as INVALID.
+    """
+
+    command_id: int
+    claim_generation: int | None = None
+    node_id: str | None = None
+    result: ReceiptResult
+    result_code: int | None = None
+    raw_result_code: str | int | None = None
+    raw_ack: str | None = None
+
+
+class Presence(enum.StrEnum):
+    ONLINE = "online"
+    OFFLINE = "offline"

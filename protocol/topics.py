@@ -1,0 +1,129 @@
+"""MQTT topic names: building them from validated parts and parsing inbound device topics."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Final, Literal
+
+from protocol.ids import DEVICE_ID_RE, validate_device_id
+
+TopicErrorCode = Literal["BAD_TOPIC", "BAD_DEVICE_ID"]
+
+
+class TopicKind(enum.StrEnum):
+    TELEMETRY = "telemetry"
+    ACKS = "acks"
+    COMMANDS = "commands"
+    STATUS = "status"
+
+
+_KINDS: Final[dict[str, TopicKind]] = {kind.value: kind for kind in TopicKind}
+# NUL is forbidden in MQTT topic names; the wildcards and `/` would change the topic's shape.
+_FORBIDDEN_IN_LEVEL: Final = frozenset("/+#\x00")
+
+
+class TopicError(ValueError):
+    """An inbound topic that is not `{prefix}/devices/{device_id}/{kind}`."""
+
+    def __init__(self, code: TopicErrorCode, topic: str, detail: str) -> None:
+        super().__init__(f"{code}: {detail} (topic {topic!r})")
+        self.code: TopicErrorCode = code
+        self.topic = topic
+        self.detail = detail
+
+    def __reduce__(self) -> tuple[type[TopicError], tuple[TopicErrorCode, str, str]]:
+        return (type(self), (self.code, self.topic, self.detail))
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceTopic:
+    kind: TopicKind
+    device_id: str
+
+
+def _validate_prefix(prefix: str) -> None:
+    if not prefix:
+        raise ValueError("topic prefix must not be empty")
+    if "+" in prefix or "#" in prefix or "\x00" in prefix:
+        raise ValueError(f"topic prefix {prefix!r} must not contain `+`, `#` or NUL")
+    if prefix.startswith(("$", "/")):
+        # `$`-topics are reserved for the broker; a leading `/` makes an empty first level.
+        raise ValueError(f"topic prefix {prefix!r} must not start with `$` or `/`")
+    if prefix.endswith("/"):
+        raise ValueError(f"topic prefix {prefix!r} must not end with `/`")
+    if "//" in prefix:
+        raise ValueError(f"topic prefix {prefix!r} must not contain an empty level")
+
+
+def _validate_level(what: str, value: str) -> str:
+    if not value or not _FORBIDDEN_IN_LEVEL.isdisjoint(value):
+        raise ValueError(f"{what} {value!r} must be non-empty and contain no `/`, `+`, `#` or NUL")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class Topics:
+    """Every topic name the gateway publishes to, subscribes to or parses, under one prefix."""
+
+    prefix: str = "iot"
+    _devices: str = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        _validate_prefix(self.prefix)
+        object.__setattr__(self, "_devices", f"{self.prefix}/devices/")
+
+    def _device_topic(self, device_id: str, kind: TopicKind) -> str:
+        return f"{self._devices}{validate_device_id(device_id)}/{kind.value}"
+
+    def telemetry(self, device_id: str) -> str:
+        return self._device_topic(device_id, TopicKind.TELEMETRY)
+
+    def acks(self, device_id: str) -> str:
+        return self._device_topic(device_id, TopicKind.ACKS)
+
+    def commands(self, device_id: str) -> str:
+        return self._device_topic(device_id, TopicKind.COMMANDS)
+
+    def device_status(self, device_id: str) -> str:
+        return self._device_topic(device_id, TopicKind.STATUS)
+
+    def event(self, aggregate: str, aggregate_id: str) -> str:
+        _validate_level("event aggregate", aggregate)
+        _validate_level("event aggregate id", aggregate_id)
+        return f"{self.prefix}/events/{aggregate}/{aggregate_id}"
+
+    def gateway_status(self, node_id: str) -> str:
+        if DEVICE_ID_RE.fullmatch(node_id) is None:
+            raise ValueError(f"invalid node id {node_id!r}: must match {DEVICE_ID_RE.pattern}")
+        return f"{self.prefix}/gateways/{node_id}/status"
+
+    def subscription(self, kind: TopicKind, shared_group: str | None = None) -> str:
+        topic_filter = f"{self._devices}+/{TopicKind(kind).value}"
+        if shared_group is None:
+            return topic_filter
+        _validate_level("shared subscription group", shared_group)
+        return f"$share/{shared_group}/{topic_filter}"
+
+    def parse_device_topic(self, topic: str) -> DeviceTopic:
+        """Split an inbound topic; runs once per message, so plain string operations only."""
+        if not topic.startswith(self._devices):
+            raise TopicError(
+                "BAD_TOPIC", topic, f"expected `{self._devices}{{device_id}}/{{kind}}`"
+            )
+        # Device ids contain no `/`, so the first `/` after the prefix ends the id; anything
+        # left with another `/` (extra levels) is not a known kind.
+        device_id, slash, kind_text = topic[len(self._devices) :].partition("/")
+        kind = _KINDS.get(kind_text) if slash else None
+        if kind is None:
+            raise TopicError(
+                "BAD_TOPIC",
+                topic,
+                f"expected `{self._devices}{{device_id}}/{{kind}}` "
+                f"with kind one of {', '.join(_KINDS)}",
+            )
+        if DEVICE_ID_RE.fullmatch(device_id) is None:
+            raise TopicError(
+                "BAD_DEVICE_ID", topic, f"device id {device_id!r} must match {DEVICE_ID_RE.pattern}"
+            )
+        return DeviceTopic(kind, device_id)
