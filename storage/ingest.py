@@ -1,0 +1,137 @@
+"""Batched writes of the ingest path, all on the caller's connection and transaction."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+import asyncpg
+
+from storage.sql import load_queries
+
+_Q = load_queries("ingest.sql")
+INSERT_TELEMETRY = _Q["insert_telemetry"]
+UPSERT_DEVICES = _Q["upsert_devices"]
+UPSERT_PRESENCE = _Q["upsert_presence"]
+INSERT_DEAD_LETTERS = _Q["insert_dead_letters"]
+LIST_DEAD_LETTERS = _Q["list_dead_letters"]
+LOCK_DEAD_LETTER = _Q["lock_dead_letter"]
+MARK_DEAD_LETTER_REPLAYED = _Q["mark_dead_letter_replayed"]
+COUNT_TELEMETRY = _Q["count_telemetry"]
+PING = _Q["ping"]
+
+
+@dataclass(frozen=True, slots=True)
+class TelemetryRow:
+    event_id: str
+    device_id: str
+    ts: datetime
+    seq: int | None
+    metrics_json: str | None
+    events_json: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetterRow:
+    topic: str
+    payload: bytes
+    reason: str
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class StoredDeadLetter:
+    id: int
+    topic: str
+    payload: bytes
+    reason: str
+    detail: str
+    received_at: datetime
+    node_id: str
+    replay_count: int
+    replayed_at: datetime | None
+    replay_outcome: str | None
+
+
+async def insert_telemetry(
+    conn: asyncpg.Connection, rows: Sequence[TelemetryRow], node_id: str
+) -> set[str]:
+    """Insert rows, ignoring event ids already stored; return the ids that were new."""
+    if not rows:
+        return set()
+    records = await conn.fetch(
+        INSERT_TELEMETRY,
+        [r.event_id for r in rows],
+        [r.device_id for r in rows],
+        [r.ts for r in rows],
+        [r.seq for r in rows],
+        [r.metrics_json for r in rows],
+        [r.events_json for r in rows],
+        node_id,
+    )
+    return {record[0] for record in records}
+
+
+async def touch_devices(conn: asyncpg.Connection, device_ids: set[str]) -> None:
+    """Register unseen devices and move ``last_seen`` of the others to now."""
+    if device_ids:
+        await conn.execute(UPSERT_DEVICES, sorted(device_ids))
+
+
+async def record_presence(conn: asyncpg.Connection, presence: dict[str, str]) -> None:
+    """Store the latest presence per device (``online``/``offline``)."""
+    if presence:
+        ids = sorted(presence)
+        await conn.execute(UPSERT_PRESENCE, ids, [presence[i] for i in ids])
+
+
+async def insert_dead_letters(
+    conn: asyncpg.Connection, rows: Sequence[DeadLetterRow], node_id: str
+) -> None:
+    if rows:
+        await conn.execute(
+            INSERT_DEAD_LETTERS,
+            [r.topic for r in rows],
+            [r.payload for r in rows],
+            [r.reason for r in rows],
+            [r.detail for r in rows],
+            node_id,
+        )
+
+
+def _dead_letter(record: asyncpg.Record) -> StoredDeadLetter:
+    return StoredDeadLetter(**dict(record.items()))
+
+
+async def list_dead_letters(
+    conn: asyncpg.Connection,
+    *,
+    reason: str | None = None,
+    pending_only: bool = False,
+    after_id: int = 0,
+    limit: int = 100,
+) -> list[StoredDeadLetter]:
+    records = await conn.fetch(LIST_DEAD_LETTERS, reason, pending_only, after_id, limit)
+    return [_dead_letter(r) for r in records]
+
+
+async def lock_dead_letter(
+    conn: asyncpg.Connection, dead_letter_id: int
+) -> StoredDeadLetter | None:
+    record = await conn.fetchrow(LOCK_DEAD_LETTER, dead_letter_id)
+    return None if record is None else _dead_letter(record)
+
+
+async def mark_dead_letter_replayed(
+    conn: asyncpg.Connection, dead_letter_id: int, outcome: str, *, succeeded: bool
+) -> None:
+    await conn.execute(MARK_DEAD_LETTER_REPLAYED, dead_letter_id, outcome, succeeded)
+
+
+async def count_telemetry(conn: asyncpg.Connection) -> int:
+    return int(await conn.fetchval(COUNT_TELEMETRY))
+
+
+async def ping(conn: asyncpg.Connection) -> None:
+    await conn.fetchval(PING)

@@ -1,0 +1,92 @@
+"""Numbered plain-SQL migrations, applied in order under a PostgreSQL advisory lock."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from importlib import resources
+from typing import Final
+
+import asyncpg
+
+from storage.errors import MigrationChecksumError, SchemaTooNewError
+from storage.sql import load_queries
+
+# Any constant works as long as every node uses the same one: "gw-migr" in ASCII.
+MIGRATION_LOCK_KEY: Final = 0x67772D6D69677200
+_FILE_NAME: Final = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
+_Q = load_queries("migrations.sql")
+CREATE_TABLE, LOCK, UNLOCK, APPLIED, RECORD = (
+    _Q["create_migration_table"],
+    _Q["lock"],
+    _Q["unlock"],
+    _Q["applied"],
+    _Q["record"],
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Migration:
+    version: int
+    name: str
+    sql: str
+
+    @property
+    def checksum(self) -> str:
+        return hashlib.sha256(self.sql.encode()).hexdigest()
+
+
+def shipped_migrations() -> list[Migration]:
+    migrations = []
+    for entry in resources.files("storage.migrations").iterdir():
+        match = _FILE_NAME.match(entry.name)
+        if match:
+            migrations.append(
+                Migration(int(match.group(1)), match.group(2), entry.read_text(encoding="utf-8"))
+            )
+    migrations.sort(key=lambda m: m.version)
+    versions = [m.version for m in migrations]
+    if versions != list(range(1, len(versions) + 1)):
+        raise RuntimeError(f"migration versions must be 1..n without gaps, found {versions}")
+    return migrations
+
+
+def latest_version() -> int:
+    return len(shipped_migrations())
+
+
+async def migrate(conn: asyncpg.Connection) -> list[int]:
+    """Apply every missing migration; return the versions applied by this call.
+
+    Several nodes may start at once: the advisory lock makes all but one wait, and they
+    then find nothing left to do. Each migration commits together with its record.
+    """
+    shipped = shipped_migrations()
+    await conn.execute(LOCK, MIGRATION_LOCK_KEY)
+    try:
+        await conn.execute(CREATE_TABLE)
+        applied = {row["version"]: row for row in await conn.fetch(APPLIED)}
+        newest = max(applied, default=0)
+        if newest > len(shipped):
+            raise SchemaTooNewError(newest, len(shipped))
+        done: list[int] = []
+        for migration in shipped:
+            row = applied.get(migration.version)
+            if row is not None:
+                if row["checksum"] != migration.checksum:
+                    raise MigrationChecksumError(migration.version, migration.name)
+                continue
+            async with conn.transaction():
+                await conn.execute(migration.sql)
+                await conn.execute(RECORD, migration.version, migration.name, migration.checksum)
+            done.append(migration.version)
+        return done
+    finally:
+        await conn.execute(UNLOCK, MIGRATION_LOCK_KEY)
+
+
+async def schema_version(conn: asyncpg.Connection) -> int:
+    if not await conn.fetchval(_Q["migration_table_exists"]):
+        return 0
+    return int(await conn.fetchval(_Q["schema_version"]))

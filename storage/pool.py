@@ -1,0 +1,27 @@
+"""Connection pool setup."""
+
+from __future__ import annotations
+
+import asyncpg
+
+
+async def create_pool(
+    dsn: str,
+    *,
+    min_size: int = 1,
+    max_size: int = 10,
+    connect_timeout_s: float = 10.0,
+    command_timeout_s: float | None = 60.0,
+    application_name: str = "gateway",
+) -> asyncpg.Pool:
+    """A pool whose connections are named after the node (visible in pg_stat_activity)."""
+    pool = await asyncpg.create_pool(
+        dsn,
+        min_size=min_size,
+        max_size=max_size,
+        timeout=connect_timeout_s,
+        command_timeout=command_timeout_s,
+        server_settings={"application_name": application_name},
+    )
+    assert pool is not None
+    return pool

@@ -1,0 +1,63 @@
+-- name: insert_telemetry
+-- $1 event ids, $2 device ids, $3 ts, $4 seq, $5 metrics json, $6 events json, $7 node id;
+-- returns the event ids that were new (a redelivery returns nothing).
+INSERT INTO telemetry (event_id, device_id, ts, seq, metrics, events, node_id)
+SELECT e, d, t, s, m::jsonb, ev::jsonb, $7
+FROM unnest($1::text[], $2::text[], $3::timestamptz[], $4::bigint[], $5::text[], $6::text[])
+     AS u(e, d, t, s, m, ev)
+ORDER BY e
+ON CONFLICT (event_id) DO NOTHING
+RETURNING event_id;
+
+-- name: upsert_devices
+-- $1 device ids (unique, sorted so that concurrent nodes lock rows in one order); seen now.
+INSERT INTO device (device_id, first_seen, last_seen)
+SELECT d, now(), now() FROM unnest($1::text[]) AS u(d)
+ON CONFLICT (device_id) DO UPDATE
+SET last_seen = GREATEST(device.last_seen, EXCLUDED.last_seen);
+
+-- name: upsert_presence
+-- $1 device ids (unique, sorted), $2 presences ('online'|'offline'); observed now.
+INSERT INTO device (device_id, first_seen, last_seen, presence, presence_at)
+SELECT d, now(), now(), p, now() FROM unnest($1::text[], $2::text[]) AS u(d, p)
+ON CONFLICT (device_id) DO UPDATE
+SET presence = EXCLUDED.presence, presence_at = EXCLUDED.presence_at;
+
+-- name: insert_dead_letters
+-- $1 topics, $2 raw payloads, $3 reason codes, $4 details, $5 node id.
+INSERT INTO dead_letter (topic, payload, reason, detail, node_id)
+SELECT t, p, r, d, $5 FROM unnest($1::text[], $2::bytea[], $3::text[], $4::text[]) AS u(t, p, r, d);
+
+-- name: list_dead_letters
+-- $1 reason filter or null, $2 only not yet replayed successfully, $3 after id (keyset), $4 limit.
+SELECT id, topic, payload, reason, detail, received_at, node_id, replay_count, replayed_at,
+       replay_outcome
+FROM dead_letter
+WHERE ($1::text IS NULL OR reason = $1)
+  AND (NOT $2::boolean OR replayed_at IS NULL)
+  AND id > $3
+ORDER BY id
+LIMIT $4;
+
+-- name: lock_dead_letter
+-- $1 id; locks one dead letter for replay (skips one another replayer holds).
+SELECT id, topic, payload, reason, detail, received_at, node_id, replay_count, replayed_at,
+       replay_outcome
+FROM dead_letter WHERE id = $1
+FOR UPDATE SKIP LOCKED;
+
+-- name: mark_dead_letter_replayed
+-- $1 id, $2 outcome ('stored'|'duplicate'|'presence'|'still_invalid: <code>'), $3 succeeded.
+UPDATE dead_letter
+SET replay_count = replay_count + 1,
+    replay_outcome = $2,
+    replayed_at = CASE WHEN $3::boolean THEN now() ELSE replayed_at END
+WHERE id = $1;
+
+-- name: count_telemetry
+-- no parameters; the number of stored telemetry rows.
+SELECT count(*) FROM telemetry;
+
+-- name: ping
+-- no parameters; a cheap liveness probe.
+SELECT 1;

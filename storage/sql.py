@@ -1,0 +1,76 @@
+"""Named SQL blocks loaded from the package's ``.sql`` files.
+
+Each block starts with ``-- name: <block_name>`` followed by a one-line comment that names
+its ``$n`` parameters. Blocks are looked up by name once, at import time of the module
+that uses them, so a typo fails at start-up rather than on the first message.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import cache
+from importlib import resources
+from types import MappingProxyType
+from typing import Final
+
+_NAME_LINE: Final = re.compile(r"^--\s*name:\s*([a-z_][a-z0-9_]*)\s*$", re.MULTILINE)
+
+
+class QueryNotFoundError(KeyError):
+    def __init__(self, filename: str, name: str) -> None:
+        super().__init__(f"no query named {name!r} in {filename}")
+        self.filename = filename
+        self.name = name
+
+
+def parse_blocks(text: str, *, filename: str = "<sql>") -> dict[str, str]:
+    """Split a ``.sql`` file into ``{name: sql}``; duplicate or empty blocks are errors."""
+    blocks: dict[str, str] = {}
+    matches = list(_NAME_LINE.finditer(text))
+    for index, match in enumerate(matches):
+        end = matches[index + 1].start() if index + 1 < len(matches) else len(text)
+        body = text[match.end() : end].strip()
+        name = match.group(1)
+        if name in blocks:
+            raise ValueError(f"{filename}: query {name!r} is defined twice")
+        if not _strip_comments(body):
+            raise ValueError(f"{filename}: query {name!r} is empty")
+        blocks[name] = body
+    return blocks
+
+
+def _strip_comments(body: str) -> str:
+    return "\n".join(
+        line for line in body.splitlines() if not line.lstrip().startswith("--")
+    ).strip()
+
+
+class Queries:
+    """The named blocks of one ``storage/queries/*.sql`` file."""
+
+    def __init__(self, filename: str, blocks: dict[str, str]) -> None:
+        self.filename = filename
+        self._blocks = MappingProxyType(blocks)
+
+    def __getitem__(self, name: str) -> str:
+        try:
+            return self._blocks[name]
+        except KeyError:
+            raise QueryNotFoundError(self.filename, name) from None
+
+    def names(self) -> list[str]:
+        return list(self._blocks)
+
+
+@cache
+def load_queries(filename: str) -> Queries:
+    text = resources.files("storage.queries").joinpath(filename).read_text(encoding="utf-8")
+    return Queries(filename, parse_blocks(text, filename=filename))
+
+
+def query_files() -> list[str]:
+    return sorted(
+        entry.name
+        for entry in resources.files("storage.queries").iterdir()
+        if entry.name.endswith(".sql")
+    )

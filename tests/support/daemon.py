@@ -1,0 +1,147 @@
+"""Run a gateway daemon inside the test's event loop, or as a subprocess."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import asyncpg
+
+from gateway.app import Daemon
+from gateway.config import Config, parse_config
+
+READY_TIMEOUT_S = 60.0
+
+
+def config_toml(
+    *,
+    dsn: str,
+    mqtt_port: int,
+    node_id: str = "test-node",
+    protocol: str = "5",
+    http_port: int = 0,
+    extra: str = "",
+    mqtt_extra: str = "",
+    ingest_extra: str = "",
+) -> str:
+    return f"""
+[node]
+id = "{node_id}"
+
+[mqtt]
+host = "127.0.0.1"
+port = {mqtt_port}
+protocol = "{protocol}"
+reconnect_min_s = 0.05
+reconnect_max_s = 0.5
+{mqtt_extra}
+
+[database]
+dsn = "{dsn}"
+retry_min_s = 0.05
+retry_max_s = 0.5
+
+[ingest]
+drain_timeout_s = 20
+{ingest_extra}
+
+[http]
+port = {http_port}
+
+[log]
+format = "json"
+level = "warning"
+{extra}
+"""
+
+
+def make_config(**kwargs: object) -> Config:
+    return parse_config(config_toml(**kwargs))  # type: ignore[arg-type]
+
+
+@contextlib.asynccontextmanager
+async def running_daemon(config: Config) -> AsyncIterator[Daemon]:
+    """Start a daemon, wait until it is subscribed, stop it cleanly on exit."""
+    daemon = Daemon(config)
+    stop = asyncio.Event()
+    task = asyncio.create_task(daemon.run(stop), name=f"daemon-{config.node_id}")
+    ready = asyncio.create_task(daemon.ready.wait())
+    done, _ = await asyncio.wait(
+        {task, ready}, timeout=READY_TIMEOUT_S, return_when=asyncio.FIRST_COMPLETED
+    )
+    if task in done:
+        ready.cancel()
+        task.result()
+        raise AssertionError("daemon exited before it was ready")
+    if not done:
+        stop.set()
+        task.cancel()
+        raise AssertionError(f"daemon not ready within {READY_TIMEOUT_S}s")
+    try:
+        yield daemon
+    finally:
+        stop.set()
+        async with asyncio.timeout(60):
+            await task
+
+
+def metric(daemon: Daemon, name: str, labels: dict[str, str] | None = None) -> float:
+    value = daemon.metrics.registry.get_sample_value(name, labels or {})
+    return 0.0 if value is None else value
+
+
+async def count_rows(dsn: str, table: str = "telemetry") -> int:
+    conn = await asyncpg.connect(dsn)
+    try:
+        return int(await conn.fetchval(f"SELECT count(*) FROM {table}"))  # noqa: S608
+    finally:
+        await conn.close()
+
+
+class DaemonProcess:
+    """``gateway run`` in a child process (for SIGKILL and SIGTERM tests)."""
+
+    def __init__(self, config_path: Path, log_path: Path, env: dict[str, str] | None = None):
+        self.config_path = config_path
+        self.log_path = log_path
+        self.env = {**os.environ, **(env or {})}
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        log = self.log_path.open("ab")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "gateway", "run", "--config", str(self.config_path)],
+            stdout=log,
+            stderr=log,
+            env=self.env,
+        )
+        log.close()
+
+    def kill(self) -> None:
+        assert self.process is not None
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait(timeout=30)
+
+    def terminate(self, timeout: float = 60) -> int:
+        assert self.process is not None
+        self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(timeout=timeout)
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def cleanup(self) -> None:
+        if self.alive():
+            self.kill()

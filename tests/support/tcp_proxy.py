@@ -1,0 +1,228 @@
+"""A TCP proxy in front of a real server, to cut the network between a client and it.
+
+``cut()`` resets every proxied connection and closes the listening socket, so the client sees
+its open connections fail and new ones refused at once: the server looks unreachable, as after
+a crash or a firewall REJECT. ``resume()`` listens again on the same port.
+
+Built on asyncio Protocols: each chunk read (up to the transport's read size, 256 KiB) is
+handed to the other side's transport as is, and flow control pauses reading on one side while
+the other side's write buffer is full, so memory stays bounded for a slow reader.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import struct
+from types import TracebackType
+from typing import Self, cast
+
+# SO_LINGER on with a zero timeout: close() sends RST instead of FIN, an abortive close.
+_LINGER_RESET = struct.pack("ii", 1, 0)
+
+
+def _reset(transport: asyncio.Transport) -> None:
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_RESET)
+    transport.abort()
+
+
+class _Half(asyncio.Protocol):
+    """One socket of a proxied connection; forwards what it reads to the other half."""
+
+    def __init__(self, connection: _Connection, *, upstream: bool) -> None:
+        self.connection = connection
+        self.upstream = upstream
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+        # Read before the other side's socket existed; held until it does.
+        self.early: list[bytes] = []
+
+    @property
+    def peer(self) -> _Half | None:
+        return self.connection.client if self.upstream else self.connection.upstream
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports implement asyncio.Transport without subclassing it.
+        self.transport = cast(asyncio.Transport, transport)
+        if self.upstream:
+            self.connection.upstream = self
+            client = self.connection.client
+            if client.closed or client.transport is None:
+                self.transport.close()
+            else:
+                if client.early:
+                    self.transport.write(b"".join(client.early))
+                    client.early.clear()
+                client.transport.resume_reading()
+        else:
+            self.connection.proxy._accepted(self.connection)
+
+    def data_received(self, data: bytes) -> None:
+        peer = self.peer
+        if peer is not None and peer.transport is not None:
+            peer.transport.write(data)
+        elif self.transport is not None:
+            # uvloop starts reading after connection_made returns, undoing a pause made there.
+            self.early.append(data)
+            self.transport.pause_reading()
+
+    def eof_received(self) -> bool | None:
+        # Half-close is not forwarded: returning None closes this side, and connection_lost
+        # then closes the peer after flushing it. PostgreSQL and MQTT never half-close.
+        return None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        peer = self.peer
+        if peer is not None and peer.transport is not None:
+            peer.transport.close()
+        self.connection.check_done()
+
+    def pause_writing(self) -> None:
+        peer = self.peer
+        if peer is not None and peer.transport is not None:
+            peer.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        peer = self.peer
+        if peer is not None and peer.transport is not None:
+            peer.transport.resume_reading()
+
+
+class _Connection:
+    """A client socket, the upstream socket opened for it, and the task opening it."""
+
+    def __init__(self, proxy: TcpProxy) -> None:
+        self.proxy = proxy
+        self.client = _Half(self, upstream=False)
+        self.upstream: _Half | None = None
+        self.connecting: asyncio.Task[None] | None = None
+        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    async def connect_upstream(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.create_connection(
+                lambda: _Half(self, upstream=True), self.proxy.target_host, self.proxy.target_port
+            )
+        except OSError:
+            # The client sees the same refusal the target gave us.
+            if self.client.transport is not None:
+                _reset(self.client.transport)
+
+    def abort(self) -> None:
+        if self.connecting is not None:
+            self.connecting.cancel()
+        for half in (self.client, self.upstream):
+            if half is not None and half.transport is not None and not half.closed:
+                _reset(half.transport)
+
+    def check_done(self) -> None:
+        if self.done.done() or not self.client.closed:
+            return
+        if self.connecting is not None and not self.connecting.done():
+            # Still inside create_connection: the task's done callback checks again.
+            self.connecting.cancel()
+            return
+        if self.upstream is not None and not self.upstream.closed:
+            return
+        self.done.set_result(None)
+        self.proxy._connections.discard(self)
+
+
+class TcpProxy:
+    """Forward ``listen_host:port`` to ``target_host:target_port``, with a cut switch."""
+
+    def __init__(
+        self,
+        target_host: str,
+        target_port: int,
+        *,
+        listen_host: str = "127.0.0.1",
+        listen_port: int = 0,
+    ) -> None:
+        self.target_host = target_host
+        self.target_port = target_port
+        self.listen_host = listen_host
+        self.port: int = listen_port
+        self._server: asyncio.Server | None = None
+        self._connections: set[_Connection] = set()
+
+    @property
+    def connections(self) -> int:
+        """Proxied connections currently open (accepted and not yet fully closed)."""
+        return len(self._connections)
+
+    @property
+    def listening(self) -> bool:
+        return self._server is not None
+
+    async def start(self) -> None:
+        """Listen and forward. The first start picks the port when ``listen_port`` was 0."""
+        if self._server is not None:
+            return
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            self._new_client_half,
+            self.listen_host,
+            self.port,
+            # Rebinding the port of a cut proxy must not wait for TIME_WAIT to expire.
+            reuse_address=True,
+        )
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    async def resume(self) -> None:
+        """Listen again on the same port after cut()."""
+        await self.start()
+
+    async def cut(self) -> None:
+        """Stop listening (new connections are refused) and reset every open connection.
+
+        Returns once every proxied connection is fully closed.
+        """
+        server, self._server = self._server, None
+        if server is not None:
+            server.close()
+        connections = list(self._connections)
+        for connection in connections:
+            connection.abort()
+        await asyncio.gather(*(connection.done for connection in connections))
+        if server is not None:
+            await server.wait_closed()
+
+    async def stop(self) -> None:
+        await self.cut()
+
+    def _new_client_half(self) -> _Half:
+        return _Connection(self).client
+
+    def _accepted(self, connection: _Connection) -> None:
+        transport = connection.client.transport
+        assert transport is not None
+        if self._server is None:
+            # Accepted just before cut() closed the listening socket.
+            _reset(transport)
+            return
+        self._connections.add(connection)
+        # Nothing is read from the client until the upstream socket exists to write it to.
+        transport.pause_reading()
+        connection.connecting = asyncio.get_running_loop().create_task(
+            connection.connect_upstream(), name=f"tcp_proxy_connect_{self.port}"
+        )
+        connection.connecting.add_done_callback(lambda _: connection.check_done())
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
