@@ -1,0 +1,267 @@
+"""The daemon: wires storage, the broker session, the pipeline and the HTTP server."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from contextlib import AsyncExitStack
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any
+
+import asyncpg
+import structlog
+
+from gateway.backoff import Backoff
+from gateway.config import Config
+from gateway.errors import StartupError
+from gateway.http import HttpServer, create_app
+from gateway.ingest import TRANSIENT_DB_ERRORS, IngestWriter, MessageDecoder
+from gateway.metrics import Metrics
+from gateway.mqtt import ConnectionSettings, TlsSettings
+from gateway.session import OFFLINE, MqttSession
+from protocol import Encoding, TopicKind
+from storage import ingest as repo
+from storage.errors import StorageError
+from storage.migrate import migrate
+from storage.pool import create_pool
+
+log = structlog.get_logger("gateway")
+
+HEALTH_DB_TIMEOUT_S = 2.0
+
+
+def gateway_version() -> str:
+    try:
+        return version("mqtt-alarm-gateway")
+    except PackageNotFoundError:
+        return "0+unknown"
+
+
+class Daemon:
+    """One node. ``await Daemon(config).run(stop)`` returns after a clean drain."""
+
+    def __init__(self, config: Config, *, metrics: Metrics | None = None) -> None:
+        self.config = config
+        self.node_id = config.node_id
+        self.metrics = metrics or Metrics()
+        self.ready = asyncio.Event()
+        self.http_port: int | None = None
+        self.database_dsn: str | None = None
+        self.broker_address: tuple[str, int] | None = None
+        self.pool: asyncpg.Pool | None = None
+        self.session: MqttSession | None = None
+        self.writer: IngestWriter | None = None
+
+    async def run(self, stop: asyncio.Event) -> None:
+        async with AsyncExitStack() as stack:
+            dsn = await self._database(stack)
+            host, port, protocol = await self._broker(stack)
+            pool = await self._open_database(dsn, stop)
+            if pool is None:
+                return  # stopped while waiting for the database
+            stack.push_async_callback(pool.close)
+            self.pool = pool
+            await self._serve(
+                stack=stack, pool=pool, host=host, port=port, protocol=protocol, stop=stop
+            )
+
+    async def _serve(
+        self,
+        *,
+        stack: AsyncExitStack,
+        pool: asyncpg.Pool,
+        host: str,
+        port: int,
+        protocol: str,
+        stop: asyncio.Event,
+    ) -> None:
+        cfg = self.config
+        topics = cfg.topics
+        writer = self.writer = IngestWriter(
+            pool=pool,
+            decoder=MessageDecoder(topics, Encoding(cfg.mqtt.encoding), cfg.mqtt.max_payload_bytes),
+            node_id=self.node_id,
+            metrics=self.metrics,
+            batch_size=cfg.batch_size(protocol),
+            linger_s=cfg.ingest.linger_ms / 1000,
+            queue_max=cfg.ingest.queue_max,
+            retry=Backoff(cfg.database.retry_min_s, cfg.database.retry_max_s),
+        )
+        group = cfg.mqtt.shared_group if protocol == cfg.mqtt.protocol else ""
+        # Presence is retained, and retained messages are not sent to shared subscriptions:
+        # every node subscribes to it directly (applying it twice is harmless).
+        subscriptions = [
+            topics.subscription(TopicKind.TELEMETRY, group or None),
+            topics.subscription(TopicKind.STATUS),
+        ]
+        presence_topic = topics.gateway_status(self.node_id)
+        session = self.session = MqttSession(
+            settings=self._connection_settings(host, port, protocol, presence_topic),
+            subscriptions=subscriptions,
+            presence_topic=presence_topic,
+            writer=writer,
+            metrics=self.metrics,
+            backoff=Backoff(cfg.mqtt.reconnect_min_s, cfg.mqtt.reconnect_max_s),
+            drain_timeout_s=cfg.ingest.drain_timeout_s,
+            on_connected=self._on_connected,
+        )
+        if cfg.http.enabled:
+            app = create_app(health_check=self.health, registry=self.metrics)
+            server = await stack.enter_async_context(HttpServer(app, cfg.http.host, cfg.http.port))
+            self.http_port = server.port
+            log.info("http_listening", host=cfg.http.host, port=server.port)
+        async with asyncio.TaskGroup() as tasks:
+            writer_task = tasks.create_task(writer.run(), name="ingest-writer")
+            await tasks.create_task(session.run(stop), name="mqtt-session")
+            # The session returns after draining (or giving up on) the queue.
+            writer_task.cancel()
+        log.info("daemon_stopped", offline_published=OFFLINE.decode())
+
+    def _on_connected(self) -> None:
+        if not self.ready.is_set():
+            self.ready.set()
+            log.info("daemon_ready", http_port=self.http_port)
+
+    def _connection_settings(
+        self, host: str, port: int, protocol: str, presence_topic: str
+    ) -> ConnectionSettings:
+        mqtt = self.config.mqtt
+        tls = None
+        if mqtt.tls.enabled:
+            tls = TlsSettings(
+                ca_file=mqtt.tls.ca_file,
+                cert_file=mqtt.tls.cert_file,
+                key_file=mqtt.tls.key_file,
+                insecure=mqtt.tls.insecure,
+            )
+        return ConnectionSettings(
+            host=host,
+            port=port,
+            client_id=mqtt.client_id or f"gateway-{self.node_id}",
+            protocol="5" if protocol == "5" else "3.1.1",
+            persistent_session=True,
+            session_expiry_s=mqtt.session_expiry_s,
+            receive_maximum=mqtt.receive_maximum,
+            keepalive_s=mqtt.keepalive_s,
+            username=mqtt.username,
+            password=mqtt.password,
+            tls=tls,
+            will_topic=presence_topic,
+            will_payload=OFFLINE,
+        )
+
+    async def _database(self, stack: AsyncExitStack) -> str:
+        if self.config.database.dsn:
+            self.database_dsn = self.config.database.dsn
+            return self.database_dsn
+        from storage.embedded import EmbeddedPostgres
+
+        embedded = EmbeddedPostgres(self.config.state_dir)
+        dsn = await asyncio.to_thread(embedded.start)
+        stack.push_async_callback(asyncio.to_thread, embedded.stop)
+        log.info("embedded_postgres_started", data_dir=str(embedded.data_dir), dsn=dsn)
+        self.database_dsn = dsn
+        return dsn
+
+    async def _broker(self, stack: AsyncExitStack) -> tuple[str, int, str]:
+        mqtt = self.config.mqtt
+        if mqtt.host:
+            self.broker_address = (mqtt.host, mqtt.port)
+            return mqtt.host, mqtt.port, mqtt.protocol
+        from gateway.embedded_broker import EmbeddedBroker, EmbeddedBrokerError
+
+        broker = EmbeddedBroker("127.0.0.1", mqtt.port)
+        try:
+            await broker.start()
+        except EmbeddedBrokerError as exc:
+            raise StartupError(str(exc)) from exc
+        stack.push_async_callback(broker.stop)
+        if mqtt.shared_group:
+            log.warning(
+                "shared_group_ignored", reason="the embedded broker has no shared subscriptions"
+            )
+        topic = self.config.topics.telemetry("dev-1")
+        log.info(
+            "embedded_broker_started",
+            host=broker.host,
+            port=broker.port,
+            protocol="3.1.1",
+            try_it=(
+                f"mosquitto_pub -h {broker.host} -p {broker.port} -q 1 -t {topic} "
+                '-m \'{"ts": 1767225600000, "metrics": {"temp": 21.5}}\''
+            ),
+        )
+        self.broker_address = (broker.host, broker.port)
+        return broker.host, broker.port, "3.1.1"
+
+    async def _open_database(self, dsn: str, stop: asyncio.Event) -> asyncpg.Pool | None:
+        """Connect and migrate, retrying while the database is unreachable."""
+        db = self.config.database
+        backoff = Backoff(db.retry_min_s, db.retry_max_s)
+        while not stop.is_set():
+            try:
+                pool = await create_pool(
+                    dsn,
+                    min_size=db.pool_min,
+                    max_size=db.pool_max,
+                    connect_timeout_s=db.connect_timeout_s,
+                    application_name=f"gateway:{self.node_id}",
+                )
+            except TRANSIENT_DB_ERRORS as exc:
+                delay = backoff.next_delay()
+                log.warning("database_unavailable", error=repr(exc), retry_in_s=round(delay, 3))
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(delay):
+                        await stop.wait()
+                continue
+            try:
+                async with pool.acquire() as conn:
+                    applied = await migrate(conn)
+            except StorageError as exc:
+                await pool.close()
+                raise StartupError(str(exc)) from exc
+            except BaseException:
+                await pool.close()
+                raise
+            if applied:
+                log.info("database_migrated", applied=applied)
+            return pool
+        return None
+
+    async def health(self) -> tuple[bool, dict[str, Any]]:
+        database = await self._database_health()
+        broker = self.session is not None and self.session.connected
+        healthy = database["ok"] and broker
+        body: dict[str, Any] = {
+            "status": "ok" if healthy else "unhealthy",
+            "node_id": self.node_id,
+            "version": gateway_version(),
+            "database": database,
+            "broker": {
+                "ok": broker,
+                "address": None if self.broker_address is None else list(self.broker_address),
+                "connections": 0 if self.session is None else self.session.connections,
+            },
+            "ingest": {
+                "queued": 0 if self.writer is None else self.writer.queue.qsize(),
+                "seconds_since_progress": (
+                    None
+                    if self.writer is None or not self.writer.last_progress
+                    else round(asyncio.get_running_loop().time() - self.writer.last_progress, 3)
+                ),
+            },
+        }
+        return healthy, body
+
+    async def _database_health(self) -> dict[str, Any]:
+        pool = self.pool
+        if pool is None:
+            return {"ok": False, "error": "not connected"}
+        self.metrics.db_pool_size.set(pool.get_size())
+        self.metrics.db_pool_idle.set(pool.get_idle_size())
+        try:
+            async with asyncio.timeout(HEALTH_DB_TIMEOUT_S), pool.acquire() as conn:
+                await repo.ping(conn)
+        except (*TRANSIENT_DB_ERRORS, asyncpg.PostgresError) as exc:
+            return {"ok": False, "error": repr(exc)}
+        return {"ok": True, "pool_size": pool.get_size(), "pool_idle": pool.get_idle_size()}

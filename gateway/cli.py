@@ -1,0 +1,197 @@
+"""``gateway``: run the daemon, migrate, check a config, inspect and replay dead letters."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import json
+import signal
+import sys
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import structlog
+
+from gateway.config import Config, load_config
+from gateway.errors import ConfigError, StartupError
+from gateway.logging import configure_logging
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_CONFIG = 2
+
+log = structlog.get_logger("gateway.cli")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gateway", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    run = commands.add_parser("run", help="run the daemon")
+    run.add_argument("--config", type=Path, help="TOML file (default: every default)")
+
+    migrate = commands.add_parser("migrate", help="apply database migrations and exit")
+    migrate.add_argument("--config", type=Path)
+
+    check = commands.add_parser("check-config", help="validate a config file (exit 2 if not)")
+    check.add_argument("path", type=Path)
+
+    letters = commands.add_parser("dead-letters", help="list or replay dead letters")
+    actions = letters.add_subparsers(dest="action", required=True)
+    listing = actions.add_parser("list", help="list dead letters, oldest first")
+    listing.add_argument("--config", type=Path)
+    listing.add_argument("--reason", help="only this reason code (e.g. MALFORMED)")
+    listing.add_argument("--pending", action="store_true", help="only those not replayed yet")
+    listing.add_argument("--after", type=int, default=0, help="ids greater than this")
+    listing.add_argument("--limit", type=int, default=100)
+    listing.add_argument("--json", action="store_true", help="JSON lines, payload in base64")
+    again = actions.add_parser("replay", help="re-ingest dead letters through the normal path")
+    again.add_argument("--config", type=Path)
+    which = again.add_mutually_exclusive_group(required=True)
+    which.add_argument("--id", type=int, action="append", dest="ids", help="repeatable")
+    which.add_argument("--all", action="store_true", help="every dead letter not yet replayed")
+    again.add_argument("--reason", help="with --all: only this reason code")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command == "check-config":
+        return _check_config(args.path)
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        print(f"invalid configuration: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    configure_logging(node_id=config.node_id, fmt=config.log.format, level=config.log.level)
+    handlers: dict[str, Callable[[Config, argparse.Namespace], Coroutine[Any, Any, int]]] = {
+        "run": _run,
+        "migrate": _migrate,
+        "dead-letters": _dead_letters,
+    }
+    try:
+        return _run_async(handlers[args.command](config, args))
+    except StartupError as exc:
+        log.error("startup_failed", error=str(exc))
+        return EXIT_FAILURE
+
+
+def _run_async(coro: Coroutine[Any, Any, int]) -> int:
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency except on Windows
+        return asyncio.run(coro)
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(coro)
+
+
+def _check_config(path: Path) -> int:
+    try:
+        load_config(path)
+    except ConfigError as exc:
+        print(f"invalid configuration: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    print(f"{path}: ok")
+    return EXIT_OK
+
+
+async def _run(config: Config, _args: argparse.Namespace) -> int:
+    from gateway.app import Daemon
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await Daemon(config).run(stop)
+    return EXIT_OK
+
+
+@asynccontextmanager
+async def _database(config: Config) -> AsyncIterator[asyncpg.Pool]:
+    """A pool on the configured database, or on the embedded one under the state dir."""
+    from storage.pool import create_pool
+
+    dsn = config.database.dsn
+    embedded = None
+    if not dsn:
+        from storage.embedded import EmbeddedPostgres
+
+        embedded = EmbeddedPostgres(config.state_dir)
+        dsn = await asyncio.to_thread(embedded.start)
+    try:
+        pool = await create_pool(dsn, min_size=1, max_size=2, application_name="gateway-cli")
+        try:
+            yield pool
+        finally:
+            await pool.close()
+    finally:
+        if embedded is not None:
+            await asyncio.to_thread(embedded.stop)
+
+
+async def _migrate(config: Config, _args: argparse.Namespace) -> int:
+    from storage.errors import StorageError
+    from storage.migrate import migrate
+
+    async with _database(config) as pool, pool.acquire() as conn:
+        try:
+            applied = await migrate(conn)
+        except StorageError as exc:
+            raise StartupError(str(exc)) from exc
+    print(f"applied migrations: {applied}" if applied else "database schema is up to date")
+    return EXIT_OK
+
+
+async def _dead_letters(config: Config, args: argparse.Namespace) -> int:
+    from gateway.ingest import MessageDecoder
+    from gateway.replay import pending_ids, replay
+    from protocol import Encoding
+    from storage import ingest as repo
+
+    async with _database(config) as pool:
+        if args.action == "list":
+            async with pool.acquire() as conn:
+                letters = await repo.list_dead_letters(
+                    conn,
+                    reason=args.reason,
+                    pending_only=args.pending,
+                    after_id=args.after,
+                    limit=args.limit,
+                )
+            for letter in letters:
+                if args.json:
+                    row = {
+                        "id": letter.id,
+                        "topic": letter.topic,
+                        "reason": letter.reason,
+                        "detail": letter.detail,
+                        "received_at": letter.received_at.isoformat(),
+                        "node_id": letter.node_id,
+                        "replay_count": letter.replay_count,
+                        "replay_outcome": letter.replay_outcome,
+                        "payload_base64": base64.b64encode(letter.payload).decode(),
+                    }
+                    print(json.dumps(row))
+                else:
+                    print(
+                        f"{letter.id}\t{letter.received_at.isoformat()}\t{letter.reason}\t"
+                        f"{letter.topic}\t{len(letter.payload)} bytes\t{letter.detail}"
+                        + (f"\t[replayed: {letter.replay_outcome}]" if letter.replay_count else "")
+                    )
+            return EXIT_OK
+        decoder = MessageDecoder(
+            config.topics, Encoding(config.mqtt.encoding), config.mqtt.max_payload_bytes
+        )
+        ids = args.ids if args.ids else await pending_ids(pool, args.reason)
+        outcomes = await replay(pool, decoder, config.node_id, ids)
+        for outcome in outcomes:
+            print(f"{outcome.dead_letter_id}\t{outcome.outcome}")
+        failed = sum(not o.succeeded for o in outcomes)
+        print(
+            f"replayed {len(outcomes)}: {len(outcomes) - failed} ingested, {failed} still invalid"
+        )
+        return EXIT_OK

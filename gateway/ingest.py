@@ -1,0 +1,344 @@
+"""The ingest pipeline: reader → bounded queue → batch → one transaction → acknowledgements.
+
+A message is acknowledged to the broker only after the transaction that stored it (or its
+dead letter) committed. Until then it counts against the broker's window of unacked
+messages, which is what bounds memory: when the database is slow or down, the queue fills,
+the reader blocks, the window fills and the broker stops sending.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import asyncpg
+import msgspec
+import structlog
+
+from gateway.backoff import Backoff
+from gateway.metrics import Metrics
+from protocol import (
+    DecodeError,
+    Encoding,
+    Telemetry,
+    TopicError,
+    TopicKind,
+    Topics,
+    decode_presence,
+    decode_telemetry,
+    telemetry_event_id,
+)
+from storage import ingest as repo
+from storage.ingest import DeadLetterRow, TelemetryRow
+
+log = structlog.get_logger("gateway.ingest")
+
+# Reason codes of dead letters, beyond the decoder's OVERSIZED / MALFORMED / INVALID and the
+# topic parser's BAD_TOPIC / BAD_DEVICE_ID.
+STORAGE_REJECTED = "STORAGE_REJECTED"
+
+# Errors after which the same transaction may succeed later: the connection or the server
+# went away, or PostgreSQL asked us to retry. Anything else is about the data.
+TRANSIENT_DB_ERRORS: tuple[type[BaseException], ...] = (
+    OSError,
+    TimeoutError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.InterfaceError,
+    asyncpg.exceptions.OperatorInterventionError,
+    asyncpg.exceptions.InsufficientResourcesError,
+    asyncpg.exceptions.SerializationError,
+    asyncpg.exceptions.DeadlockDetectedError,
+)
+
+
+class Acker(Protocol):
+    def ack(self, message: Any, /) -> bool: ...
+
+
+@dataclass(slots=True)
+class Inbound:
+    """One message from the broker (or a dead letter being replayed, with no acker)."""
+
+    topic: str
+    payload: bytes
+    received_at: float = 0.0
+    acker: Acker | None = None
+    message: object = None
+
+
+@dataclass(slots=True)
+class Classified:
+    """A batch sorted into what each message becomes."""
+
+    telemetry: list[TelemetryRow] = field(default_factory=list)
+    telemetry_sources: list[Inbound] = field(default_factory=list)
+    decoded: list[Telemetry] = field(default_factory=list)
+    presence: dict[str, str] = field(default_factory=dict)
+    dead_letters: list[DeadLetterRow] = field(default_factory=list)
+    seen_devices: set[str] = field(default_factory=set)
+
+
+@dataclass(frozen=True, slots=True)
+class StoreResult:
+    new_event_ids: frozenset[str]
+    telemetry: int
+    presence: int
+    dead_letters: tuple[DeadLetterRow, ...]
+
+    @property
+    def stored(self) -> int:
+        return len(self.new_event_ids)
+
+    @property
+    def duplicates(self) -> int:
+        return self.telemetry - len(self.new_event_ids)
+
+
+class MessageDecoder:
+    """Turns (topic, payload) into a telemetry row, a presence update or a dead letter."""
+
+    def __init__(self, topics: Topics, encoding: Encoding, max_payload_bytes: int) -> None:
+        self.topics = topics
+        self.encoding = encoding
+        self.max_payload_bytes = max_payload_bytes
+
+    def classify(self, items: Sequence[Inbound]) -> Classified:
+        out = Classified()
+        for item in items:
+            try:
+                target = self.topics.parse_device_topic(item.topic)
+            except TopicError as exc:
+                out.dead_letters.append(DeadLetterRow(item.topic, item.payload, exc.code, str(exc)))
+                continue
+            device_id = target.device_id
+            try:
+                if target.kind is TopicKind.TELEMETRY:
+                    out.seen_devices.add(device_id)
+                    message = decode_telemetry(
+                        item.payload, self.encoding, max_bytes=self.max_payload_bytes
+                    )
+                    out.telemetry.append(_row(device_id, message))
+                    out.telemetry_sources.append(item)
+                    out.decoded.append(message)
+                elif target.kind is TopicKind.STATUS:
+                    out.presence[device_id] = decode_presence(item.payload).value
+                else:
+                    out.dead_letters.append(
+                        DeadLetterRow(
+                            item.topic,
+                            item.payload,
+                            "UNSUPPORTED_TOPIC",
+                            f"the gateway does not consume {target.kind.value} messages",
+                        )
+                    )
+            except DecodeError as exc:
+                out.dead_letters.append(
+                    DeadLetterRow(item.topic, item.payload, exc.code, exc.detail)
+                )
+        return out
+
+
+def _row(device_id: str, message: Telemetry) -> TelemetryRow:
+    return TelemetryRow(
+        event_id=telemetry_event_id(device_id, message),
+        device_id=device_id,
+        ts=message.timestamp(),
+        seq=message.seq,
+        metrics_json=None
+        if message.metrics is None
+        else msgspec.json.encode(message.metrics).decode(),
+        events_json=None
+        if message.events is None
+        else msgspec.json.encode(message.events).decode(),
+    )
+
+
+async def store(conn: asyncpg.Connection, batch: Classified, node_id: str) -> StoreResult:
+    """Everything a batch writes, in the caller's transaction."""
+    new_ids = await repo.insert_telemetry(conn, batch.telemetry, node_id)
+    await repo.touch_devices(conn, batch.seen_devices)
+    await repo.record_presence(conn, batch.presence)
+    await repo.insert_dead_letters(conn, batch.dead_letters, node_id)
+    return StoreResult(
+        new_event_ids=frozenset(new_ids),
+        telemetry=len(batch.telemetry),
+        presence=len(batch.presence),
+        dead_letters=tuple(batch.dead_letters),
+    )
+
+
+class IngestWriter:
+    """Batches queued messages, stores each batch in one transaction, then acknowledges it.
+
+    One writer per node, so batches commit and are acknowledged in the order they were read
+    (MQTT wants PUBACKs in delivery order). Reading overlaps with the commit of the previous
+    batch through the bounded queue.
+    """
+
+    def __init__(
+        self,
+        *,
+        pool: asyncpg.Pool,
+        decoder: MessageDecoder,
+        node_id: str,
+        metrics: Metrics,
+        batch_size: int,
+        linger_s: float,
+        queue_max: int,
+        retry: Backoff,
+    ) -> None:
+        self.pool = pool
+        self.decoder = decoder
+        self.node_id = node_id
+        self.metrics = metrics
+        self.batch_size = batch_size
+        self.linger_s = linger_s
+        self.retry = retry
+        self.queue: asyncio.Queue[Inbound] = asyncio.Queue(maxsize=queue_max)
+        self.last_progress = 0.0
+
+    async def put(self, item: Inbound) -> None:
+        """Blocks while the queue is full: overload slows the reader, never grows memory."""
+        self.metrics.inflight.inc()
+        await self.queue.put(item)
+
+    async def drain(self, timeout_s: float) -> bool:
+        """Wait until every queued message is stored and acknowledged (False on timeout)."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self.queue.join()
+        except TimeoutError:
+            return False
+        return True
+
+    async def run(self) -> None:
+        while True:
+            batch = await self._next_batch()
+            try:
+                await self._handle(batch)
+            finally:
+                for _ in batch:
+                    self.queue.task_done()
+                self.metrics.inflight.dec(len(batch))
+
+    async def _next_batch(self) -> list[Inbound]:
+        queue = self.queue
+        batch = [await queue.get()]
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.linger_s
+        while len(batch) < self.batch_size:
+            while len(batch) < self.batch_size and not queue.empty():
+                batch.append(queue.get_nowait())
+            remaining = deadline - loop.time()
+            if len(batch) >= self.batch_size or remaining <= 0:
+                break
+            try:
+                async with asyncio.timeout(remaining):
+                    batch.append(await queue.get())
+            except TimeoutError:
+                break
+        return batch
+
+    async def _handle(self, batch: list[Inbound]) -> None:
+        classified = self.decoder.classify(batch)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        result = await self.store_with_retry(classified)
+        done = loop.time()
+        self.metrics.commit_seconds.observe(done - started)
+        self.metrics.batch_size.observe(len(batch))
+        for item in batch:
+            if item.acker is not None:
+                if not item.acker.ack(item.message):
+                    self.metrics.acks_skipped.inc()
+                self.metrics.handler_seconds.observe(done - item.received_at)
+        self._count(result, received=len(classified.telemetry_sources))
+        self.last_progress = done
+
+    def _count(self, result: StoreResult, *, received: int) -> None:
+        m = self.metrics
+        m.telemetry_received.inc(received)
+        m.telemetry_stored.inc(result.stored)
+        m.telemetry_duplicates.inc(result.duplicates)
+        m.presence_updates.inc(result.presence)
+        for letter in result.dead_letters:
+            m.dead_letters.labels(letter.reason).inc()
+            log.warning(
+                "message_dead_lettered",
+                topic=letter.topic,
+                reason=letter.reason,
+                detail=letter.detail,
+                payload_bytes=len(letter.payload),
+            )
+
+    async def store_with_retry(self, batch: Classified) -> StoreResult:
+        """Commit the batch, retrying for as long as the database is unreachable.
+
+        A batch the database refuses for its content (say, a string PostgreSQL cannot hold)
+        would otherwise be retried forever: it is split, and the rows refused on their own
+        become dead letters, so one bad message never blocks the ones behind it.
+        """
+        while True:
+            try:
+                result = await self._store_once(batch)
+            except TRANSIENT_DB_ERRORS as exc:
+                delay = self.retry.next_delay()
+                self.metrics.db_retries.inc()
+                log.warning("database_unavailable", error=repr(exc), retry_in_s=round(delay, 3))
+                await asyncio.sleep(delay)
+            except asyncpg.PostgresError as exc:
+                log.error("batch_refused_by_database", error=repr(exc), size=len(batch.telemetry))
+                batch = await self._isolate_refused(batch)
+            else:
+                self.retry.reset()
+                return result
+
+    async def _store_once(self, batch: Classified) -> StoreResult:
+        async with self.pool.acquire() as conn, conn.transaction():
+            return await store(conn, batch, self.node_id)
+
+    async def _isolate_refused(self, batch: Classified) -> Classified:
+        """Try each telemetry row alone; return the batch with refused rows dead-lettered."""
+        kept = Classified(
+            presence=batch.presence,
+            dead_letters=list(batch.dead_letters),
+            seen_devices=batch.seen_devices,
+        )
+        for row, source, decoded in zip(
+            batch.telemetry, batch.telemetry_sources, batch.decoded, strict=True
+        ):
+            while True:
+                try:
+                    refusal = await self._probe(row)
+                except TRANSIENT_DB_ERRORS as exc:
+                    self.metrics.db_retries.inc()
+                    log.warning("database_unavailable", error=repr(exc))
+                    await asyncio.sleep(self.retry.next_delay())
+                    continue
+                if refusal is None:
+                    kept.telemetry.append(row)
+                    kept.telemetry_sources.append(source)
+                    kept.decoded.append(decoded)
+                else:
+                    kept.dead_letters.append(
+                        DeadLetterRow(source.topic, source.payload, STORAGE_REJECTED, refusal)
+                    )
+                break
+        return kept
+
+    async def _probe(self, row: TelemetryRow) -> str | None:
+        """Insert one row in a transaction that is always rolled back; the refusal, if any."""
+        async with self.pool.acquire() as conn:
+            transaction = conn.transaction()
+            await transaction.start()
+            try:
+                await repo.insert_telemetry(conn, [row], self.node_id)
+            except asyncpg.PostgresError as exc:
+                if isinstance(exc, TRANSIENT_DB_ERRORS):
+                    raise
+                return str(exc)
+            finally:
+                await transaction.rollback()
+        return None

@@ -1,0 +1,80 @@
+"""Prometheus metrics, one registry per daemon (several daemons can share a test process)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+BATCH_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000)
+LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry(auto_describe=True)
+        self.telemetry_received = Counter(
+            "gateway_telemetry_received", "Telemetry messages received from the broker", registry=r
+        )
+        self.telemetry_stored = Counter(
+            "gateway_telemetry_stored", "Telemetry messages stored (new event ids)", registry=r
+        )
+        self.telemetry_duplicates = Counter(
+            "gateway_telemetry_duplicates",
+            "Telemetry messages whose event id was already stored (redeliveries)",
+            registry=r,
+        )
+        self.presence_updates = Counter(
+            "gateway_presence_updates", "Device presence messages applied", registry=r
+        )
+        self.dead_letters = Counter(
+            "gateway_dead_letters", "Messages dead-lettered, by reason code", ["reason"], registry=r
+        )
+        self.batch_size = Histogram(
+            "gateway_ingest_batch_size",
+            "Messages per ingest transaction",
+            buckets=BATCH_BUCKETS,
+            registry=r,
+        )
+        self.commit_seconds = Histogram(
+            "gateway_ingest_commit_seconds",
+            "Duration of one ingest transaction",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.handler_seconds = Histogram(
+            "gateway_ingest_handler_seconds",
+            "From receipt of a message to its acknowledgement to the broker",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.inflight = Gauge(
+            "gateway_ingest_inflight", "Messages received and not yet acknowledged", registry=r
+        )
+        self.acks_skipped = Counter(
+            "gateway_acks_skipped",
+            "Stored messages whose connection closed before the ack (the broker redelivers)",
+            registry=r,
+        )
+        self.db_retries = Counter(
+            "gateway_db_retries",
+            "Transactions retried after a database connection failure",
+            registry=r,
+        )
+        self.mqtt_connects = Counter(
+            "gateway_mqtt_connects",
+            "Broker connection attempts, by outcome",
+            ["outcome"],
+            registry=r,
+        )
+        self.mqtt_connected = Gauge(
+            "gateway_mqtt_connected", "1 while connected to the broker", registry=r
+        )
+        self.db_pool_size = Gauge(
+            "gateway_db_pool_size", "Connections open in the pool", registry=r
+        )
+        self.db_pool_idle = Gauge(
+            "gateway_db_pool_idle", "Idle connections in the pool", registry=r
+        )
+
+    def render(self) -> tuple[bytes, str]:
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST

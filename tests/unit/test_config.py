@@ -1,0 +1,103 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gateway.config import (
+    ENV_DATABASE_DSN,
+    ENV_MQTT_PASSWORD,
+    Config,
+    load_config,
+    parse_config,
+)
+from gateway.errors import ConfigError
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "config.example.toml"
+
+
+def test_empty_file_gives_every_default() -> None:
+    config = parse_config("")
+    assert config == Config()
+    assert config.mqtt.host == ""  # embedded broker
+    assert config.database.dsn == ""  # embedded PostgreSQL
+    assert config.mqtt.protocol == "5"
+
+
+def test_example_config_decodes_and_documents_every_key() -> None:
+    config = load_config(EXAMPLE, environ={})
+    assert config.mqtt.topic_prefix == "iot"
+    text = EXAMPLE.read_text()
+    for section, struct in _sections(Config()):
+        for name in struct.__struct_fields__:
+            value = getattr(struct, name)
+            if hasattr(value, "__struct_fields__"):
+                continue
+            assert f"{name} =" in text, f"{section}.{name} is not documented"
+
+
+def _sections(config: Config) -> list[tuple[str, object]]:
+    found = []
+    for name in config.__struct_fields__:
+        section = getattr(config, name)
+        found.append((name, section))
+        for sub in section.__struct_fields__:
+            value = getattr(section, sub)
+            if hasattr(value, "__struct_fields__"):
+                found.append((f"{name}.{sub}", value))
+    return found
+
+
+@pytest.mark.parametrize(
+    ("text", "key_path", "fragment"),
+    [
+        ("[mqtt]\nport = 'x'\n", "mqtt.port", "Expected `int`"),
+        ("[mqtt]\nport = 70000\n", "mqtt.port", "<= 65535"),
+        ("[mqtt]\nportt = 1\n", "mqtt.portt", "unknown field"),
+        ("[mqt]\nport = 1\n", "mqt", "unknown field"),
+        ("[mqtt.tls]\nenabled = 'yes'\n", "mqtt.tls.enabled", "Expected `bool`"),
+        ("[mqtt]\nprotocol = '4'\n", "mqtt.protocol", "Invalid enum value"),
+        ("[mqtt]\ntopic_prefix = 'a/#'\n", "mqtt.topic_prefix", "must not contain"),
+        ("[mqtt]\nshared_group = 'a/b'\n", "mqtt.shared_group", ""),
+        ("[node]\nid = 'no spaces'\n", "node.id", "must match"),
+        ("[database]\npool_min = 5\npool_max = 2\n", "database.pool_min", "must not exceed"),
+        ("[ingest]\nbatch_max = 0\n", "ingest.batch_max", ">= 1"),
+        ("[mqtt\n", "<toml>", ""),
+    ],
+)
+def test_errors_name_the_key_path(text: str, key_path: str, fragment: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_config(text)
+    assert caught.value.key_path == key_path
+    assert fragment.lower() in caught.value.message.lower()
+    assert str(caught.value).startswith(f"{key_path}: ")
+
+
+def test_environment_overrides_secrets(tmp_path: Path) -> None:
+    path = tmp_path / "gateway.toml"
+    path.write_text('[database]\ndsn = "postgresql://file"\n[mqtt]\npassword = "file"\n')
+    config = load_config(
+        path, environ={ENV_DATABASE_DSN: "postgresql://env", ENV_MQTT_PASSWORD: "s3cret"}
+    )
+    assert config.database.dsn == "postgresql://env"
+    assert config.mqtt.password == "s3cret"
+    assert load_config(path, environ={}).database.dsn == "postgresql://file"
+
+
+def test_systemd_credentials_are_read_when_no_environment_variable(tmp_path: Path) -> None:
+    (tmp_path / "mqtt_password").write_text("from-credential\n")
+    config = load_config(None, environ={"CREDENTIALS_DIRECTORY": str(tmp_path)})
+    assert config.mqtt.password == "from-credential"
+
+
+def test_missing_file_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_config(tmp_path / "nope.toml", environ={})
+    assert caught.value.key_path == "<file>"
+
+
+def test_batch_size_fits_the_broker_window() -> None:
+    config = parse_config("[ingest]\nbatch_max = 500\n[mqtt]\nreceive_maximum = 100\n")
+    assert config.batch_size("5") == 50
+    assert config.batch_size("3.1.1") == 10  # mosquitto's default window of 20
+    assert parse_config("[mqtt]\nbroker_inflight = 1\n").batch_size("3.1.1") == 1
