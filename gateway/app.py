@@ -209,6 +209,7 @@ class Daemon:
                 )
             except TRANSIENT_DB_ERRORS as exc:
                 delay = backoff.next_delay()
+                self.metrics.db_retries.inc()
                 log.warning("database_unavailable", error=repr(exc), retry_in_s=round(delay, 3))
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(delay):

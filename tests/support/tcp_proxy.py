@@ -106,9 +106,16 @@ class _Connection:
     async def connect_upstream(self) -> None:
         loop = asyncio.get_running_loop()
         try:
-            await loop.create_connection(
-                lambda: _Half(self, upstream=True), self.proxy.target_host, self.proxy.target_port
-            )
+            if self.proxy.target_unix is not None:
+                await loop.create_unix_connection(
+                    lambda: _Half(self, upstream=True), self.proxy.target_unix
+                )
+            else:
+                await loop.create_connection(
+                    lambda: _Half(self, upstream=True),
+                    self.proxy.target_host,
+                    self.proxy.target_port,
+                )
         except OSError:
             # The client sees the same refusal the target gave us.
             if self.client.transport is not None:
@@ -144,7 +151,10 @@ class TcpProxy:
         *,
         listen_host: str = "127.0.0.1",
         listen_port: int = 0,
+        target_unix: str | None = None,
     ) -> None:
+        # target_unix: forward to a unix socket instead (the embedded PostgreSQL's).
+        self.target_unix = target_unix
         self.target_host = target_host
         self.target_port = target_port
         self.listen_host = listen_host

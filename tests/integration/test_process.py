@@ -1,0 +1,155 @@
+"""The daemon as a real process: SIGKILL mid-stream, SIGTERM drain, the zero-setup default."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import aiohttp
+import aiomqtt
+import asyncpg
+import pytest
+
+from protocol import Topics
+from sim.publisher import publish_many
+from sim.telemetry import device_ids, telemetry_stream
+from tests.support.daemon import DaemonProcess, config_toml, count_rows
+from tests.support.mosquitto import Mosquitto
+from tests.support.ports import free_port
+from tests.support.waiting import wait_until
+
+TOPICS = Topics("iot")
+
+
+async def _healthy(port: int) -> bool:
+    try:
+        async with (
+            aiohttp.ClientSession() as http,
+            http.get(f"http://127.0.0.1:{port}/health") as response,
+        ):
+            return response.status == 200
+    except aiohttp.ClientError:
+        return False
+
+
+async def _wait_healthy(process: DaemonProcess, port: int) -> None:
+    async def ready() -> bool:
+        assert process.alive(), f"daemon exited:\n{process.log_tail()}"
+        return await _healthy(port)
+
+    await wait_until(ready, timeout=60, message="daemon healthy")
+
+
+async def _retained(port: int, topic: str) -> bytes:
+    async with aiomqtt.Client("127.0.0.1", port) as client:
+        await client.subscribe(topic, qos=1)
+        async with asyncio.timeout(10):
+            async for message in client.messages:
+                assert isinstance(message.payload, bytes)
+                return message.payload
+    raise AssertionError("no retained message")
+
+
+async def test_sigkill_mid_stream_then_restart_stores_every_message_exactly_once(
+    db_dsn: str, mosquitto: Mosquitto, tmp_path: Path
+) -> None:
+    http_port = free_port()
+    config = tmp_path / "gateway.toml"
+    config.write_text(
+        config_toml(
+            dsn=db_dsn,
+            mqtt_port=mosquitto.port,
+            node_id="crash-node",
+            http_port=http_port,
+            ingest_extra="batch_max = 20\nlinger_ms = 0",
+        )
+    )
+    process = DaemonProcess(config, tmp_path / "daemon.log")
+    stream = list(telemetry_stream(TOPICS, device_ids(50), 5000))
+    try:
+        process.start()
+        await _wait_healthy(process, http_port)
+        async with aiomqtt.Client("127.0.0.1", mosquitto.port, max_inflight_messages=500) as pub:
+            await publish_many(pub, stream, window=500)
+
+        async def stored_some() -> bool:
+            return await count_rows(db_dsn) >= 1000
+
+        await wait_until(stored_some, timeout=60)
+        process.kill()
+        at_kill = await count_rows(db_dsn)
+        assert at_kill < 5000, "the kill must land in the middle of the stream"
+
+        process.start()
+        await _wait_healthy(process, http_port)
+
+        async def all_stored() -> bool:
+            return await count_rows(db_dsn) >= 5000
+
+        await wait_until(all_stored, timeout=90, message="every message stored after restart")
+        assert process.terminate() == 0
+        assert await _retained(mosquitto.port, TOPICS.gateway_status("crash-node")) == b"offline"
+    finally:
+        process.cleanup()
+
+    conn = await asyncpg.connect(db_dsn)
+    try:
+        rows = await conn.fetchval("SELECT count(*) FROM telemetry")
+        seqs = await conn.fetchval("SELECT count(DISTINCT seq) FROM telemetry")
+        span = await conn.fetchrow("SELECT min(seq), max(seq) FROM telemetry")
+    finally:
+        await conn.close()
+    assert rows == seqs == 5000
+    assert tuple(span) == (0, 4999)
+
+
+@pytest.fixture
+def state_dir() -> Iterator[Path]:
+    # Not under pytest's tmp_path (see conftest): the embedded server's user must reach it.
+    path = Path(tempfile.mkdtemp(prefix="gw-state-"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.mark.embedded
+async def test_zero_setup_default_ingests_on_embedded_broker_and_database(
+    state_dir: Path, tmp_path: Path
+) -> None:
+    mqtt_port, http_port = free_port(), free_port()
+    config = tmp_path / "gateway.toml"
+    # No [database] dsn and no [mqtt] host: both embedded. Ports only, to stay off the
+    # machine's own broker on 1883.
+    config.write_text(
+        f'[node]\nstate_dir = "{state_dir}"\n'
+        f"[mqtt]\nport = {mqtt_port}\n[http]\nport = {http_port}\n"
+    )
+    process = DaemonProcess(config, tmp_path / "daemon.log")
+    try:
+        process.start()
+        await _wait_healthy(process, http_port)
+        async with aiomqtt.Client("127.0.0.1", mqtt_port) as pub:
+            await pub.publish(
+                TOPICS.telemetry("dev-1"),
+                b'{"ts": 1767225600000, "metrics": {"temp": 21.5}}',
+                qos=1,
+            )
+        from storage.embedded import EmbeddedPostgres
+
+        dsn = EmbeddedPostgres(state_dir).dsn
+
+        async def stored() -> bool:
+            return await count_rows(dsn) == 1
+
+        await wait_until(stored, timeout=30, message="stored in the embedded PostgreSQL")
+        assert process.terminate() == 0
+    finally:
+        process.cleanup()
+    assert not (state_dir / "pgdata" / "postmaster.pid").exists(), "embedded server left running"
+    log = process.log_tail(200)
+    assert "embedded_broker_started" in log
+    assert "embedded_postgres_started" in log
