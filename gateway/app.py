@@ -148,6 +148,7 @@ class Daemon:
             tls=tls,
             will_topic=presence_topic,
             will_payload=OFFLINE,
+            buffer_high=self.config.ingest.read_buffer,
         )
 
     async def _database(self, stack: AsyncExitStack) -> str:

@@ -76,7 +76,8 @@ class DatabaseConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
 class IngestConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     batch_max: PositiveInt = 500
     linger_ms: Annotated[int, Meta(ge=0, le=10_000)] = 5
-    queue_max: PositiveInt = 4000
+    queue_max: PositiveInt = 2000
+    read_buffer: Annotated[int, Meta(ge=2)] = 1000
     drain_timeout_s: PositiveFloat = 20.0
 
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import aiomqtt
 import structlog
@@ -51,10 +53,11 @@ class MqttSession:
         self.on_connected = on_connected
         self.connected = False
         self.connections = 0
+        self.client: AckingClient | None = None
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
-            client = AckingClient(self.settings)
+            client = self.client = AckingClient(self.settings)
             try:
                 async with client:
                     await self._serve(client, stop)
@@ -78,44 +81,69 @@ class MqttSession:
     async def _serve(self, client: AckingClient, stop: asyncio.Event) -> None:
         self.connections += 1
         self.metrics.mqtt_connects.labels("ok").inc()
-        for topic in self.subscriptions:
-            await client.subscribe(topic, qos=1)
-        await client.publish(self.presence_topic, ONLINE, qos=1, retain=True)
-        self.backoff.reset()
         self._set_connected(True)
-        log.info(
-            "broker_connected",
-            host=self.settings.host,
-            port=self.settings.port,
-            client_id=self.settings.client_id,
-            subscriptions=list(self.subscriptions),
-        )
-        if self.on_connected is not None:
-            self.on_connected()
-        await self._read_until_stop(client, stop)
+        # Read from the first moment: a resumed session delivers its backlog right after
+        # CONNACK, and the SUBACK queues behind it. Not reading would stall the subscribe.
+        reader = asyncio.create_task(self._read(client), name="mqtt-reader")
+        try:
+            setup = asyncio.create_task(self._subscribe(client), name="mqtt-subscribe")
+            if await self._until(setup, reader, stop):
+                self.backoff.reset()
+                log.info(
+                    "broker_connected", host=self.settings.host, port=self.settings.port,
+                    client_id=self.settings.client_id, subscriptions=list(self.subscriptions),
+                )  # fmt: skip
+                if self.on_connected is not None:
+                    self.on_connected()
+                await self._until(None, reader, stop)
+        finally:
+            reader.cancel()
+            await asyncio.gather(reader, return_exceptions=True)
         drained = await self.writer.drain(self.drain_timeout_s)
         if not drained:
             log.warning(
-                "drain_timeout",
-                pending=self.writer.queue.qsize(),
+                "drain_timeout", pending=self.writer.queue.qsize(),
                 note="unacknowledged messages will be redelivered by the broker",
-            )
+            )  # fmt: skip
+        # Messages still arriving now are left unacknowledged (the broker keeps them for the
+        # next session) so that the PUBACK of the offline presence can be read.
+        client.stop_intake()
         await client.publish(self.presence_topic, OFFLINE, qos=1, retain=True)
         log.info("broker_disconnecting", drained=drained)
 
-    async def _read_until_stop(self, client: AckingClient, stop: asyncio.Event) -> None:
-        """Return when stop is set; raise MqttError when the connection drops."""
-        reader = asyncio.create_task(self._read(client), name="mqtt-reader")
+    async def _subscribe(self, client: AckingClient) -> None:
+        # No call timeout: behind a large backlog the SUBACK may take as long as the backlog
+        # takes to drain. A dead connection ends the reader instead, which _until watches.
+        for topic in self.subscriptions:
+            await client.subscribe(topic, qos=1, wait_s=math.inf)
+        await client.publish(self.presence_topic, ONLINE, qos=1, retain=True, wait_s=math.inf)
+
+    async def _until(
+        self, step: asyncio.Task[None] | None, reader: asyncio.Task[None], stop: asyncio.Event
+    ) -> bool:
+        """Wait for ``step`` (None: forever) while the connection lives and no stop comes.
+
+        True when the step finished; False when stop was set; raises MqttError when the
+        connection dropped (the reader ended).
+        """
         stopper = asyncio.create_task(stop.wait(), name="mqtt-stop")
+        waiting: set[asyncio.Future[Any]] = {reader, stopper}
+        if step is not None:
+            waiting.add(step)
         try:
-            await asyncio.wait({reader, stopper}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            for task in (reader, stopper):
-                task.cancel()
-            await asyncio.gather(reader, stopper, return_exceptions=True)
-        if not stop.is_set():
-            reader.result()  # re-raises the disconnect
-            raise aiomqtt.MqttError("message stream ended")
+            stopper.cancel()
+            if step is not None and not step.done():
+                step.cancel()
+                await asyncio.gather(step, return_exceptions=True)
+        if step is not None and step.done() and not step.cancelled():
+            step.result()  # re-raises a failed subscribe
+            return True
+        if stop.is_set():
+            return False
+        reader.result()  # re-raises the disconnect
+        raise aiomqtt.MqttError("message stream ended")
 
     async def _read(self, client: AckingClient) -> None:
         loop = asyncio.get_running_loop()

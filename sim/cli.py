@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
+import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import aiomqtt
 
@@ -27,6 +30,16 @@ def _parser() -> argparse.ArgumentParser:
     publish.add_argument("--seed", type=int, default=1)
     publish.add_argument("--start-seq", type=int, default=0)
     publish.add_argument("--window", type=int, default=256, help="publishes in flight")
+
+    bench = commands.add_parser("bench", help="measure the gateway against this machine's limits")
+    bench.add_argument("--messages", type=int, default=100_000, help="backlog per drain")
+    bench.add_argument("--quick", action="store_true", help="10,000 messages (CI smoke)")
+    bench.add_argument("--json", type=Path, help="also write the figures to this JSON file")
+    bench.add_argument(
+        "--dsn",
+        default=os.environ.get("GATEWAY_BENCH_DSN", "postgresql://postgres@127.0.0.1:5432/test"),
+        help="PostgreSQL admin DSN; the bench creates and drops its own database",
+    )
     return parser
 
 
@@ -50,8 +63,31 @@ async def _publish(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench(args: argparse.Namespace) -> int:
+    from sim.bench import render_table, run_bench
+
+    messages = 10_000 if args.quick else args.messages
+    naive = min(messages, 2_000 if args.quick else 20_000)
+    with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+        result = runner.run(run_bench(messages=messages, naive_messages=naive, dsn=args.dsn))
+    print(render_table(result))
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover
+        return None
+    return uvloop.new_event_loop
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command == "bench":
+        return _bench(args)
     try:
         return asyncio.run(_publish(args))
     except aiomqtt.MqttError as exc:

@@ -24,6 +24,8 @@ async def publish_many(
     """
     slots = asyncio.Semaphore(window)
     count = 0
+    # aiomqtt warns once more than this many publishes wait for their PUBACK; we mean it.
+    client.pending_calls_threshold = window + 1
 
     async def one(topic: str, payload: bytes) -> None:
         try:
