@@ -8,19 +8,24 @@ from contextlib import AsyncExitStack
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
+import aiomqtt
 import asyncpg
 import structlog
 
+from gateway.alarm_engine import AlarmEngine
 from gateway.backoff import Backoff
 from gateway.config import Config
 from gateway.errors import StartupError
 from gateway.http import HttpServer, create_app
+from gateway.inactivity import InactivityMonitor
 from gateway.ingest import TRANSIENT_DB_ERRORS, IngestWriter, MessageDecoder
 from gateway.metrics import Metrics
 from gateway.mqtt import ConnectionSettings, TlsSettings
+from gateway.outbox_publisher import OutboxPublisher
 from gateway.session import OFFLINE, MqttSession
 from protocol import Encoding, TopicKind
 from storage import ingest as repo
+from storage import outbox
 from storage.errors import StorageError
 from storage.migrate import migrate
 from storage.pool import create_pool
@@ -51,6 +56,8 @@ class Daemon:
         self.pool: asyncpg.Pool | None = None
         self.session: MqttSession | None = None
         self.writer: IngestWriter | None = None
+        self.engine: AlarmEngine | None = None
+        self.outbox: OutboxPublisher | None = None
 
     async def run(self, stop: asyncio.Event) -> None:
         async with AsyncExitStack() as stack:
@@ -77,6 +84,11 @@ class Daemon:
     ) -> None:
         cfg = self.config
         topics = cfg.topics
+        engine = self.engine = AlarmEngine(
+            rules=cfg.rule_set(), node_id=self.node_id, metrics=self.metrics
+        )
+        async with pool.acquire() as conn:
+            await engine.load(conn)
         writer = self.writer = IngestWriter(
             pool=pool,
             decoder=MessageDecoder(topics, Encoding(cfg.mqtt.encoding), cfg.mqtt.max_payload_bytes),
@@ -86,7 +98,12 @@ class Daemon:
             linger_s=cfg.ingest.linger_ms / 1000,
             queue_max=cfg.ingest.queue_max,
             retry=Backoff(cfg.database.retry_min_s, cfg.database.retry_max_s),
+            engine=engine,
         )
+        self.outbox = OutboxPublisher(
+            pool=pool, dsn=self.database_dsn or "", node_id=self.node_id, topics=topics,
+            publish=self._publish, metrics=self.metrics,
+        )  # fmt: skip
         group = cfg.mqtt.shared_group if protocol == cfg.mqtt.protocol else ""
         # Presence is retained, and retained messages are not sent to shared subscriptions:
         # every node subscribes to it directly (applying it twice is harmless).
@@ -112,10 +129,25 @@ class Daemon:
             log.info("http_listening", host=cfg.http.host, port=server.port)
         async with asyncio.TaskGroup() as tasks:
             writer_task = tasks.create_task(writer.run(), name="ingest-writer")
+            tasks.create_task(self.outbox.run(stop), name="outbox-publisher")
+            if engine.rules.inactivity_rules:
+                silent = min(rule.silent_seconds for rule in engine.rules.inactivity_rules)
+                monitor = InactivityMonitor(
+                    pool=pool, engine=engine, interval_s=min(max(silent / 4, 1.0), 30.0)
+                )
+                tasks.create_task(monitor.run(stop), name="inactivity-monitor")
             await tasks.create_task(session.run(stop), name="mqtt-session")
             # The session returns after draining (or giving up on) the queue.
             writer_task.cancel()
         log.info("daemon_stopped", offline_published=OFFLINE.decode())
+
+    async def _publish(self, topic: str, payload: bytes) -> None:
+        """QoS 1 on the daemon's broker connection; returns after the broker's PUBACK."""
+        session = self.session
+        client = None if session is None else session.client
+        if client is None or session is None or not session.connected or not client.is_open:
+            raise aiomqtt.MqttError("not connected to the broker")
+        await client.publish(topic, payload, qos=1)
 
     def _on_connected(self) -> None:
         if not self.ready.is_set():
@@ -244,6 +276,9 @@ class Daemon:
                 "address": None if self.broker_address is None else list(self.broker_address),
                 "connections": 0 if self.session is None else self.session.connections,
             },
+            # Every audit row is written in the transaction of its change (a failed audit rolls
+            # the change back), so no path can lose one silently.
+            "audit_failures": 0,
             "ingest": {
                 "queued": 0 if self.writer is None else self.writer.queue.qsize(),
                 "seconds_since_progress": (
@@ -264,6 +299,14 @@ class Daemon:
         try:
             async with asyncio.timeout(HEALTH_DB_TIMEOUT_S), pool.acquire() as conn:
                 await repo.ping(conn)
+                backlog, oldest_age_s = await outbox.backlog(conn)
         except (*TRANSIENT_DB_ERRORS, asyncpg.PostgresError) as exc:
             return {"ok": False, "error": repr(exc)}
-        return {"ok": True, "pool_size": pool.get_size(), "pool_idle": pool.get_idle_size()}
+        self.metrics.outbox_backlog.set(backlog)
+        self.metrics.outbox_oldest_age.set(oldest_age_s)
+        return {
+            "ok": True,
+            "pool_size": pool.get_size(),
+            "pool_idle": pool.get_idle_size(),
+            "outbox": {"backlog": backlog, "oldest_age_s": round(oldest_age_s, 3)},
+        }

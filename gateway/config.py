@@ -17,6 +17,7 @@ import msgspec
 from msgspec import Meta, Struct, field
 
 from gateway.errors import ConfigError
+from gateway.rules import RuleConfig, RuleSet, compile_rules
 from protocol import TopicKind, Topics, is_valid_device_id
 
 Port = Annotated[int, Meta(ge=1, le=65535)]
@@ -92,6 +93,17 @@ class LogConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     level: Literal["debug", "info", "warning", "error"] = "info"
 
 
+class TokenConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    token: str = ""
+    token_env: str = ""
+    role: Literal["viewer", "operator", "admin"] = "viewer"
+    name: str = ""
+
+
+class ApiConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    tokens: list[TokenConfig] = field(default_factory=list)
+
+
 class Config(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     node: NodeConfig = field(default_factory=NodeConfig)
     mqtt: MqttConfig = field(default_factory=MqttConfig)
@@ -99,6 +111,8 @@ class Config(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     ingest: IngestConfig = field(default_factory=IngestConfig)
     http: HttpConfig = field(default_factory=HttpConfig)
     log: LogConfig = field(default_factory=LogConfig)
+    api: ApiConfig = field(default_factory=ApiConfig)
+    rules: list[RuleConfig] = field(default_factory=list)
 
     @property
     def node_id(self) -> str:
@@ -110,6 +124,9 @@ class Config(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
             return Path(self.node.state_dir)
         # systemd's StateDirectory= exports the path; otherwise stay next to the caller.
         return Path(os.environ.get("STATE_DIRECTORY", ".gateway-state")).resolve()
+
+    def rule_set(self) -> RuleSet:
+        return compile_rules(self.rules)
 
     @property
     def topics(self) -> Topics:
@@ -191,7 +208,19 @@ def apply_secrets(config: Config, environ: Mapping[str, str]) -> Config:
         username=secret(ENV_MQTT_USERNAME, None, config.mqtt.username),
         password=secret(ENV_MQTT_PASSWORD, CREDENTIAL_MQTT_PASSWORD, config.mqtt.password),
     )
-    return msgspec.structs.replace(config, database=database, mqtt=mqtt)
+    tokens = []
+    for index, entry in enumerate(config.api.tokens):
+        if entry.token_env:
+            value = environ.get(entry.token_env, "")
+            if not value:
+                raise ConfigError(
+                    f"api.tokens[{index}].token_env",
+                    f"environment variable {entry.token_env} is not set",
+                )
+            entry = msgspec.structs.replace(entry, token=value)  # noqa: PLW2901
+        tokens.append(entry)
+    api = msgspec.structs.replace(config.api, tokens=tokens)
+    return msgspec.structs.replace(config, database=database, mqtt=mqtt, api=api)
 
 
 def validate(config: Config) -> None:
@@ -214,5 +243,11 @@ def validate(config: Config) -> None:
         raise ConfigError("mqtt.tls.key_file", "cert_file and key_file go together")
     if config.database.pool_min > config.database.pool_max:
         raise ConfigError("database.pool_min", "must not exceed database.pool_max")
+    for index, token in enumerate(config.api.tokens):
+        if bool(token.token) == bool(token.token_env):
+            raise ConfigError(f"api.tokens[{index}]", "set exactly one of token and token_env")
+        if token.token and len(token.token) < 16:
+            raise ConfigError(f"api.tokens[{index}].token", "must be at least 16 characters")
+    compile_rules(config.rules)  # raises ConfigError("rules[i].field", ...)
     if config.database.retry_min_s > config.database.retry_max_s:
         raise ConfigError("database.retry_min_s", "must not exceed database.retry_max_s")

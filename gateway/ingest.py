@@ -17,6 +17,8 @@ import asyncpg
 import msgspec
 import structlog
 
+from gateway.alarm_engine import AlarmEngine, BatchAlarms
+from gateway.alarms import RetryBatchError
 from gateway.backoff import Backoff
 from gateway.metrics import Metrics
 from protocol import (
@@ -50,6 +52,7 @@ TRANSIENT_DB_ERRORS: tuple[type[BaseException], ...] = (
     asyncpg.exceptions.InsufficientResourcesError,
     asyncpg.exceptions.SerializationError,
     asyncpg.exceptions.DeadlockDetectedError,
+    RetryBatchError,
 )
 
 
@@ -86,6 +89,7 @@ class StoreResult:
     telemetry: int
     presence: int
     dead_letters: tuple[DeadLetterRow, ...]
+    alarms: BatchAlarms | None = None
 
     @property
     def stored(self) -> int:
@@ -155,17 +159,34 @@ def _row(device_id: str, message: Telemetry) -> TelemetryRow:
     )
 
 
-async def store(conn: asyncpg.Connection, batch: Classified, node_id: str) -> StoreResult:
-    """Everything a batch writes, in the caller's transaction."""
+async def store(
+    conn: asyncpg.Connection,
+    batch: Classified,
+    node_id: str,
+    engine: AlarmEngine | None = None,
+) -> StoreResult:
+    """Everything a batch writes, in the caller's transaction: telemetry, devices, presence,
+    dead letters, and the alarms the new telemetry raises or clears."""
     new_ids = await repo.insert_telemetry(conn, batch.telemetry, node_id)
     await repo.touch_devices(conn, batch.seen_devices)
     await repo.record_presence(conn, batch.presence)
     await repo.insert_dead_letters(conn, batch.dead_letters, node_id)
+    alarms = None
+    if engine is not None:
+        fresh = []
+        evaluated: set[str] = set()
+        for row, message in zip(batch.telemetry, batch.decoded, strict=True):
+            # Only what was new, once: a redelivery must not raise anything again.
+            if row.event_id in new_ids and row.event_id not in evaluated:
+                evaluated.add(row.event_id)
+                fresh.append((row.device_id, row.event_id, message))
+        alarms = await engine.on_stored(conn, fresh)
     return StoreResult(
         new_event_ids=frozenset(new_ids),
         telemetry=len(batch.telemetry),
         presence=len(batch.presence),
         dead_letters=tuple(batch.dead_letters),
+        alarms=alarms,
     )
 
 
@@ -188,6 +209,7 @@ class IngestWriter:
         linger_s: float,
         queue_max: int,
         retry: Backoff,
+        engine: AlarmEngine | None = None,
     ) -> None:
         self.pool = pool
         self.decoder = decoder
@@ -196,6 +218,7 @@ class IngestWriter:
         self.batch_size = batch_size
         self.linger_s = linger_s
         self.retry = retry
+        self.engine = engine
         self.queue: asyncio.Queue[Inbound] = asyncio.Queue(maxsize=queue_max)
         self.last_progress = 0.0
 
@@ -297,7 +320,11 @@ class IngestWriter:
 
     async def _store_once(self, batch: Classified) -> StoreResult:
         async with self.pool.acquire() as conn, conn.transaction():
-            return await store(conn, batch, self.node_id)
+            result = await store(conn, batch, self.node_id, self.engine)
+        # Committed: only now may the cached firing state follow the database.
+        if self.engine is not None and result.alarms is not None:
+            self.engine.committed(result.alarms)
+        return result
 
     async def _isolate_refused(self, batch: Classified) -> Classified:
         """Try each telemetry row alone; return the batch with refused rows dead-lettered."""

@@ -76,5 +76,41 @@ class Metrics:
             "gateway_db_pool_idle", "Idle connections in the pool", registry=r
         )
 
+        self.outbox_backlog = Gauge(
+            "gateway_outbox_backlog", "Outbox events not yet published", registry=r
+        )
+        self.outbox_oldest_age = Gauge(
+            "gateway_outbox_oldest_age_seconds",
+            "Age of the oldest unpublished outbox event",
+            registry=r,
+        )
+        self.outbox_published = Counter(
+            "gateway_outbox_published",
+            "Outbox events published, by type",
+            ["event_type"],
+            registry=r,
+        )
+        self.outbox_failures = Counter(
+            "gateway_outbox_failures", "Outbox publish attempts that failed", registry=r
+        )
+        self.alarms_created = Counter(
+            "gateway_alarms_created", "Alarms raised, by rule", ["rule_key"], registry=r
+        )
+        self.alarms_deduplicated = Counter(
+            "gateway_alarms_deduplicated", "Firings that hit an existing dedup key", registry=r
+        )
+        self.alarms_superseded = Counter(
+            "gateway_alarms_superseded", "Alarms superseded by a newer one", registry=r
+        )
+        self.alarms_cleared = Counter(
+            "gateway_alarms_cleared", "Alarms marked cleared by recovery", registry=r
+        )
+        self.alarm_transitions = Counter(
+            "gateway_alarm_transitions",
+            "Alarm status changes",
+            ["from_status", "to_status"],
+            registry=r,
+        )
+
     def render(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST

@@ -31,15 +31,24 @@ def test_example_config_decodes_and_documents_every_key() -> None:
     for section, struct in _sections(Config()):
         for name in struct.__struct_fields__:
             value = getattr(struct, name)
-            if hasattr(value, "__struct_fields__"):
+            if hasattr(value, "__struct_fields__") or isinstance(value, list):
                 continue
-            assert f"{name} =" in text, f"{section}.{name} is not documented"
+            documented = f"{name} =" in text or f"#   {name} " in text
+            assert documented, f"{section}.{name} is not documented"
 
 
 def _sections(config: Config) -> list[tuple[str, object]]:
-    found = []
+    from gateway.config import TokenConfig
+    from gateway.rules import RuleConfig
+
+    found: list[tuple[str, object]] = [
+        ("api.tokens", TokenConfig()),
+        ("rules", RuleConfig(key="k", kind="event", severity="INFO")),
+    ]
     for name in config.__struct_fields__:
         section = getattr(config, name)
+        if not hasattr(section, "__struct_fields__"):
+            continue  # [[rules]]: a list, checked through its element above
         found.append((name, section))
         for sub in section.__struct_fields__:
             value = getattr(section, sub)

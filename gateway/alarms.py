@@ -1,0 +1,321 @@
+"""The alarm service: storage and the pure alarm domain, wired together.
+
+Every status change is ``UPDATE … WHERE id = $1 AND status = $expected``, written with its
+audit row and its outbox event in one transaction: if any of the three fails, none happens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import asyncpg
+import msgspec
+
+from gateway.domain.alarm import (
+    Action,
+    Alarm,
+    AlarmError,
+    AlarmStatus,
+    IllegalTransitionError,
+    RefireOutcome,
+    active_key,
+    allowed_actions,
+    apply,
+    dedup_key,
+    on_refire,
+)
+from storage import alarms as repo
+from storage import outbox
+
+AGGREGATE = "alarm"
+EVENT_CREATED = "alarm.created"
+EVENT_SUPERSEDED = "alarm.superseded"
+EVENT_CLEARED = "alarm.cleared"
+EVENT_STATUS_CHANGED = "alarm.status_changed"
+RULES_ACTOR = "system:rules"
+
+# The step each people's action records: finding it already taken means someone else did it.
+_STEP_OF: dict[Action, str] = {
+    Action.CONFIRM: "confirmed",
+    Action.HANDLE: "handled",
+    Action.CLOSE: "closed",
+    Action.FALSE: "false",
+}
+
+
+class AlarmNotFoundError(AlarmError):
+    code = "NOT_FOUND"
+
+    def __init__(self, alarm_id: int) -> None:
+        super().__init__(f"no alarm {alarm_id}")
+        self.alarm_id = alarm_id
+
+
+class StatusChangedError(AlarmError):
+    """The prior-status update lost: someone changed the alarm first (HTTP 409)."""
+
+    code = "STATUS_CHANGED"
+
+    def __init__(self, current: Alarm, action: Action) -> None:
+        step = _STEP_OF.get(action)
+        by = getattr(current, f"{step}_by", None) if step else None
+        detail = f"already {step} by {by}" if by else f"the alarm is now {current.status.value}"
+        super().__init__(f"alarm {current.id} changed meanwhile: {detail}")
+        self.current = current
+        self.actor = by
+
+
+class RetryBatchError(Exception):
+    """A concurrent transaction created the same alarm first: retry the whole batch."""
+
+
+def alarm_from_record(record: asyncpg.Record) -> Alarm:
+    fields = {name: record[name] for name in Alarm.__struct_fields__}
+    return msgspec.convert(fields, Alarm, strict=False)
+
+
+def alarm_to_json(alarm: Alarm) -> dict[str, Any]:
+    body: dict[str, Any] = msgspec.to_builtins(alarm)
+    return body
+
+
+def _lifecycle_values(alarm: Alarm) -> dict[str, Any]:
+    return {column: getattr(alarm, column) for column in repo.LIFECYCLE_COLUMNS}
+
+
+async def _record(
+    conn: asyncpg.Connection,
+    *,
+    alarm: Alarm,
+    event_type: str,
+    action: str,
+    from_status: AlarmStatus | None,
+    actor: str,
+    node_id: str,
+    note: str | None = None,
+    request_id: str | None = None,
+    event_id: str | None = None,
+    extra: dict[str, Any] | None = None,
+) -> None:
+    """The audit row and the outbox event of one change, on the change's transaction."""
+    await repo.insert_audit(
+        conn, alarm_id=alarm.id, actor=actor, action=action,
+        from_status=None if from_status is None else from_status.value,
+        to_status=alarm.status.value, node_id=node_id, note=note, request_id=request_id,
+        event_id=event_id,
+    )  # fmt: skip
+    payload = {
+        "alarm": alarm_to_json(alarm),
+        "action": action,
+        "actor": actor,
+        "from": None if from_status is None else from_status.value,
+        **(extra or {}),
+    }
+    await outbox.add_event(
+        conn, aggregate_type=AGGREGATE, aggregate_id=str(alarm.id), event_type=event_type,
+        payload=payload,
+    )  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class Creation:
+    created: bool
+    alarm: Alarm | None = None
+    superseded_id: int | None = None
+
+
+async def create_alarm(
+    conn: asyncpg.Connection,
+    *,
+    device_id: str,
+    rule_key: str,
+    severity: str,
+    telemetry_event_id: str,
+    reason: str,
+    node_id: str,
+    now: datetime,
+) -> Creation:
+    """Raise an alarm inside the caller's transaction (the ingest batch that fired it).
+
+    Order matters: release the previous holder's active key, insert the new alarm, then
+    point the superseded one at it; any other order trips the unique active key.
+    """
+    key = dedup_key(rule_key, device_id, telemetry_event_id)
+    if await repo.find_by_dedup(conn, key) is not None:
+        return Creation(created=False)
+    held_by = active_key(device_id, rule_key)
+    previous = await repo.lock_active(conn, held_by)
+    superseded: tuple[int, AlarmStatus] | None = None
+    if previous is not None:
+        status = AlarmStatus(previous["status"])
+        outcome = on_refire(status)
+        if outcome is RefireOutcome.SUPERSEDE:
+            if not await repo.supersede(conn, previous["id"], status.value, now):
+                raise RetryBatchError("the superseded alarm changed meanwhile")
+            superseded = (previous["id"], status)
+        elif outcome is RefireOutcome.RELEASE_KEY and not await repo.release_key(
+            conn, previous["id"], status.value
+        ):
+            raise RetryBatchError("the previous alarm changed meanwhile")
+    row = await repo.insert_alarm(
+        conn, device_id=device_id, rule_key=rule_key, severity=severity,
+        telemetry_event_id=telemetry_event_id, dedup_key=key, active_key=held_by,
+        triggered_at=now, node_id=node_id,
+    )  # fmt: skip
+    if row is None:
+        raise RetryBatchError("another node raised the same alarm first")
+    alarm = alarm_from_record(row)
+    await _record(
+        conn, alarm=alarm, event_type=EVENT_CREATED, action="create", from_status=None,
+        actor=RULES_ACTOR, node_id=node_id, event_id=telemetry_event_id,
+        extra={"reason": reason, "supersedes": None if superseded is None else superseded[0]},
+    )  # fmt: skip
+    if superseded is not None:
+        old_id, old_status = superseded
+        await repo.link_superseded(conn, old_id, alarm.id)
+        old = await repo.get(conn, old_id)
+        assert old is not None
+        await _record(
+            conn, alarm=alarm_from_record(old), event_type=EVENT_SUPERSEDED,
+            action=Action.SUPERSEDE.value, from_status=old_status, actor=RULES_ACTOR,
+            node_id=node_id, event_id=telemetry_event_id,
+        )  # fmt: skip
+    return Creation(
+        created=True, alarm=alarm, superseded_id=None if superseded is None else superseded[0]
+    )
+
+
+async def clear_alarm(
+    conn: asyncpg.Connection,
+    *,
+    device_id: str,
+    rule_key: str,
+    clear_event_id: str,
+    reason: str,
+    now: datetime,
+) -> int | None:
+    """Recovery: mark the active alarm cleared (never a status change). Its id, if any."""
+    row = await repo.clear_active(conn, active_key(device_id, rule_key), now, clear_event_id)
+    if row is None:
+        return None
+    payload = {"alarm_id": row["id"], "device_id": device_id, "rule_key": rule_key,
+               "status": row["status"], "clear_event_id": clear_event_id, "reason": reason,
+               "cleared_at": now.isoformat()}  # fmt: skip
+    await outbox.add_event(
+        conn, aggregate_type=AGGREGATE, aggregate_id=str(row["id"]), event_type=EVENT_CLEARED,
+        payload=payload,
+    )  # fmt: skip
+    return int(row["id"])
+
+
+async def transition(
+    conn: asyncpg.Connection,
+    alarm_id: int,
+    action: Action,
+    *,
+    actor: str,
+    node_id: str,
+    note: str | None = None,
+    request_id: str | None = None,
+    expected: AlarmStatus | None = None,
+) -> Alarm:
+    """Apply one action in the caller's transaction, conditional on the prior status.
+
+    ``expected``: the status the caller saw (system transitions pass it so that a timer
+    never acts on an alarm a person just changed).
+    """
+    record = await repo.get(conn, alarm_id)
+    if record is None:
+        raise AlarmNotFoundError(alarm_id)
+    alarm = alarm_from_record(record)
+    if expected is not None and alarm.status is not expected:
+        raise StatusChangedError(alarm, action)
+    now = max(await repo.db_now(conn), alarm.triggered_at)
+    try:
+        changed = apply(alarm, action, actor=actor, now=now)
+    except IllegalTransitionError:
+        step = _STEP_OF.get(action)
+        if step is not None and getattr(alarm, f"{step}_at") is not None:
+            raise StatusChangedError(alarm, action) from None
+        raise
+    row = await repo.update_lifecycle(
+        conn, alarm.id, alarm.status.value, _lifecycle_values(changed)
+    )
+    if row is None:
+        current = await repo.get(conn, alarm_id)
+        assert current is not None
+        raise StatusChangedError(alarm_from_record(current), action)
+    updated = alarm_from_record(row)
+    await _record(
+        conn, alarm=updated, event_type=EVENT_STATUS_CHANGED, action=action.value,
+        from_status=alarm.status, actor=actor, node_id=node_id, note=note,
+        request_id=request_id,
+    )  # fmt: skip
+    return updated
+
+
+class AlarmService:
+    """Reads and people's actions for the HTTP API, each in its own short transaction."""
+
+    def __init__(self, pool: asyncpg.Pool, node_id: str) -> None:
+        self.pool = pool
+        self.node_id = node_id
+
+    async def get(self, alarm_id: int) -> Alarm:
+        async with self.pool.acquire() as conn:
+            record = await repo.get(conn, alarm_id)
+        if record is None:
+            raise AlarmNotFoundError(alarm_id)
+        return alarm_from_record(record)
+
+    async def find(
+        self,
+        *,
+        statuses: list[str] | None = None,
+        device_id: str | None = None,
+        rule_key: str | None = None,
+        open_only: bool = False,
+        before_id: int | None = None,
+        limit: int = 50,
+    ) -> list[Alarm]:
+        async with self.pool.acquire() as conn:
+            records = await repo.list_alarms(
+                conn, statuses=statuses, device_id=device_id, rule_key=rule_key,
+                open_only=open_only, before_id=before_id, limit=limit,
+            )  # fmt: skip
+        return [alarm_from_record(r) for r in records]
+
+    async def allowed(self, alarm_id: int) -> tuple[Alarm, tuple[Action, ...]]:
+        alarm = await self.get(alarm_id)
+        return alarm, allowed_actions(alarm.status)
+
+    async def audit(self, alarm_id: int) -> list[dict[str, Any]]:
+        async with self.pool.acquire() as conn:
+            if await repo.get(conn, alarm_id) is None:
+                raise AlarmNotFoundError(alarm_id)
+            return [dict(r.items()) for r in await repo.audit_of(conn, alarm_id)]
+
+    async def chain(self, alarm_id: int) -> list[Alarm]:
+        """Oldest first. A superseded alarm's chain is itself alone (see its superseded_by)."""
+        alarm = await self.get(alarm_id)
+        if alarm.status is AlarmStatus.SUPERSEDED:
+            return [alarm]
+        async with self.pool.acquire() as conn:
+            return [alarm_from_record(r) for r in await repo.chain(conn, alarm_id)]
+
+    async def act(
+        self,
+        alarm_id: int,
+        action: Action,
+        *,
+        actor: str,
+        note: str | None = None,
+        request_id: str | None = None,
+    ) -> Alarm:
+        async with self.pool.acquire() as conn, conn.transaction():
+            return await transition(
+                conn, alarm_id, action, actor=actor, node_id=self.node_id, note=note,
+                request_id=request_id,
+            )  # fmt: skip

@@ -1,0 +1,80 @@
+"""Inactivity alarms: devices not heard from for ``silent_seconds`` (or offline).
+
+Derived from ``device.last_seen`` / presence in the database, not from timers, so the
+decision survives restarts and is the same on every node: the dedup key of the alarm is
+computed from the stored silence, and whoever commits first raises it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from datetime import datetime
+
+import asyncpg
+import structlog
+
+from gateway.alarm_engine import AlarmEngine, inactivity_event_id
+from gateway.alarms import RetryBatchError, create_alarm
+from storage import alarms as repo
+
+log = structlog.get_logger("gateway.inactivity")
+
+
+class InactivityMonitor:
+    def __init__(self, *, pool: asyncpg.Pool, engine: AlarmEngine, interval_s: float) -> None:
+        self.pool = pool
+        self.engine = engine
+        self.interval_s = interval_s
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                await self.run_once()
+            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+                log.warning("inactivity_check_failed", error=repr(exc))
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.interval_s):
+                    await stop.wait()
+
+    async def run_once(self) -> list[int]:
+        """Raise the inactivity alarms due now; the ids raised by this call."""
+        raised: list[int] = []
+        for rule in self.engine.rules.inactivity_rules:
+            async with self.pool.acquire() as conn:
+                silent = await repo.silent_devices(conn, rule.silent_seconds, rule.key)
+            for device in silent:
+                device_id = device["device_id"]
+                if not rule.selector.matches(device_id):
+                    continue
+                since = device["last_seen"]
+                if device["presence"] == "offline" and device["presence_at"] >= since:
+                    since = device["presence_at"]
+                    reason = "presence offline"
+                else:
+                    reason = f"silent for more than {rule.silent_seconds:g}s"
+                alarm_id = await self._raise(rule.key, rule.severity, device_id, since, reason)
+                if alarm_id is not None:
+                    raised.append(alarm_id)
+        return raised
+
+    async def _raise(
+        self, rule_key: str, severity: str, device_id: str, since: datetime, reason: str
+    ) -> int | None:
+        event_id = inactivity_event_id(rule_key, device_id, since)
+        try:
+            async with self.pool.acquire() as conn, conn.transaction():
+                now = await repo.db_now(conn)
+                creation = await create_alarm(
+                    conn, device_id=device_id, rule_key=rule_key, severity=severity,
+                    telemetry_event_id=event_id, reason=reason,
+                    node_id=self.engine.node_id, now=now,
+                )  # fmt: skip
+        except RetryBatchError:
+            return None  # another node raised it first
+        if creation.alarm is None:
+            return None
+        self.engine.state.set_firing(device_id, rule_key, True)
+        self.engine.metrics.alarms_created.labels(rule_key).inc()
+        log.info("alarm_created", alarm_id=creation.alarm.id, rule_key=rule_key, reason=reason)
+        return creation.alarm.id

@@ -1,0 +1,162 @@
+"""Publishes outbox events to the broker: claimed with a lease, PUBLISHED only after PUBACK.
+
+Any node may publish. A claim takes only the oldest unpublished event of each aggregate, so
+events of one aggregate go out in order; a publisher that dies mid-publish loses its lease
+and another node publishes the event again (at least once — consumers are idempotent by
+event id). Publishing an alarm's creation event is its push: the same transaction that marks
+the event published moves the alarm NEW → PUSHED, conditional on it still being NEW.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+
+import asyncpg
+import msgspec
+import structlog
+
+from gateway.alarms import EVENT_CREATED, StatusChangedError, transition
+from gateway.backoff import Backoff
+from gateway.domain.alarm import Action, AlarmStatus
+from gateway.metrics import Metrics
+from protocol import Topics
+from storage import outbox
+from storage.outbox import ClaimedEvent
+
+log = structlog.get_logger("gateway.outbox")
+
+NOTIFY_CHANNEL = "outbox_event"
+PUSH_ACTOR = "system:outbox"
+
+Publish = Callable[[str, bytes], Awaitable[None]]
+
+
+class OutboxPublisher:
+    def __init__(
+        self,
+        *,
+        pool: asyncpg.Pool,
+        dsn: str,
+        node_id: str,
+        topics: Topics,
+        publish: Publish,
+        metrics: Metrics,
+        lease_s: float = 30.0,
+        batch: int = 100,
+        poll_s: float = 1.0,
+        retry_base_s: float = 1.0,
+        retry_cap_s: float = 300.0,
+    ) -> None:
+        self.pool = pool
+        self.dsn = dsn
+        self.node_id = node_id
+        self.topics = topics
+        self.publish = publish
+        self.metrics = metrics
+        self.lease_s = lease_s
+        self.batch = batch
+        self.poll_s = poll_s
+        self.retry_base_s = retry_base_s
+        self.retry_cap_s = retry_cap_s
+        self.wakeup = asyncio.Event()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        listener = await self._listen()
+        try:
+            while not stop.is_set():
+                if await self.run_once():
+                    continue  # there may be more: the next head of each aggregate
+                self.wakeup.clear()
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self.poll_s):
+                        await _first(self.wakeup.wait(), stop.wait())
+        finally:
+            if listener is not None:
+                with contextlib.suppress(Exception):
+                    await listener.close()
+
+    async def _listen(self) -> asyncpg.Connection | None:
+        """A dedicated connection for LISTEN; without it the publisher polls."""
+        try:
+            conn = await asyncpg.connect(self.dsn)
+            await conn.add_listener(NOTIFY_CHANNEL, lambda *_: self.wakeup.set())
+        except (OSError, asyncpg.PostgresError) as exc:
+            log.warning("outbox_listen_failed", error=repr(exc), fallback="polling")
+            return None
+        return conn
+
+    async def run_once(self) -> int:
+        """Claim due events and publish them; the number claimed (0: nothing due)."""
+        try:
+            async with self.pool.acquire() as conn:
+                claimed = await outbox.claim_due(
+                    conn, node_id=self.node_id, lease_s=self.lease_s, limit=self.batch
+                )
+                backlog, oldest = await outbox.backlog(conn)
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            log.warning("outbox_claim_failed", error=repr(exc))
+            return 0
+        self.metrics.outbox_backlog.set(backlog)
+        self.metrics.outbox_oldest_age.set(oldest)
+        if claimed:
+            await asyncio.gather(*(self._deliver(event) for event in claimed))
+        return len(claimed)
+
+    async def _deliver(self, event: ClaimedEvent) -> None:
+        topic = self.topics.event(event.aggregate_type, event.aggregate_id)
+        body = msgspec.json.encode(
+            {
+                "event_id": str(event.event_id),
+                "event_type": event.event_type,
+                "aggregate_type": event.aggregate_type,
+                "aggregate_id": event.aggregate_id,
+                "schema_version": event.schema_version,
+                "created_at": event.created_at.isoformat(),
+                "payload": msgspec.Raw(event.payload.encode()),
+            }
+        )
+        try:
+            await self.publish(topic, body)
+        except Exception as exc:  # any publish failure is retried later
+            await self._failed(event, exc)
+            return
+        async with self.pool.acquire() as conn, conn.transaction():
+            if not await outbox.mark_published(conn, event.id, self.node_id):
+                # Our lease ran out and another publisher took the event: it publishes.
+                log.info("outbox_lease_lost", event_id=str(event.event_id))
+                return
+            if event.event_type == EVENT_CREATED:
+                await self._push(conn, int(event.aggregate_id))
+        self.metrics.outbox_published.labels(event.event_type).inc()
+
+    async def _push(self, conn: asyncpg.Connection, alarm_id: int) -> None:
+        # Not NEW any more (delayed by quiet hours, or a person took it): nothing to push.
+        with contextlib.suppress(StatusChangedError):
+            await transition(
+                conn, alarm_id, Action.PUSH, actor=PUSH_ACTOR, node_id=self.node_id,
+                expected=AlarmStatus.NEW,
+            )  # fmt: skip
+
+    async def _failed(self, event: ClaimedEvent, exc: BaseException) -> None:
+        delay = Backoff(self.retry_base_s, self.retry_cap_s, attempt=event.retry_count).next_delay()
+        self.metrics.outbox_failures.inc()
+        log.warning(
+            "outbox_publish_failed", event_id=str(event.event_id), error=repr(exc),
+            retry_in_s=round(delay, 3), retry_count=event.retry_count + 1,
+        )  # fmt: skip
+        with contextlib.suppress(OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
+            async with self.pool.acquire() as conn:
+                await outbox.mark_failed(
+                    conn, event.id, self.node_id, retry_in_s=delay, error=repr(exc)
+                )
+
+
+async def _first(*waits: Awaitable[object]) -> None:
+    tasks = [asyncio.ensure_future(w) for w in waits]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()

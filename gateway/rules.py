@@ -1,0 +1,805 @@
+"""Alarm rules: their configuration, its validation, and the pure evaluation engine.
+
+Nothing here does I/O or reads a clock: times come from the messages (device timestamps) or
+from the caller (`now`).
+
+Firing state is transactional. `evaluate` never changes a `FiringState`; it returns an
+`Evaluation` whose outcomes the caller writes to the database and whose `changes` are applied
+only once that transaction has committed, so a rolled-back batch leaves the cache as it was:
+
+    staged = state.stage()                      # a copy-on-write overlay over `state`
+    for device_id, event_id, message in batch:  # later messages see the earlier ones' effects
+        evaluation = evaluate(rules, staged, device_id, event_id, message)
+        ...write evaluation.outcomes, in order...
+    commit the transaction, then: state.commit(staged)   # on rollback: drop `staged`
+
+Evaluating against a stage records its changes in the stage (the stage is the batch's own
+scratch copy); evaluating against the `FiringState` itself records nothing, and the caller
+calls `state.apply(evaluation)` after the commit.
+
+Per (device, rule), the outcomes of successive evaluations alternate Firing, Clearing, Firing...
+except that an event rule fires again on every new occurrence (the database supersedes the
+previous alarm). Outcomes of one message must be written in their order: a message carrying
+`DOOR_OPEN` then `DOOR_CLOSE` fires an alarm and then clears that same alarm.
+"""
+
+from __future__ import annotations
+
+import enum
+import fnmatch
+import math
+import re
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import ClassVar, Final, Literal, TypeAlias, TypeGuard, TypeVar
+
+import msgspec
+
+from gateway.errors import ConfigError
+from protocol import MetricValue, Telemetry, is_valid_device_id
+from protocol.ids import IDENTIFIER_PATTERN
+
+Severity: TypeAlias = Literal["INFO", "WARNING", "MAJOR", "CRITICAL"]
+RuleKind: TypeAlias = Literal["event", "threshold", "inactivity"]
+Op: TypeAlias = Literal[">", ">=", "<", "<=", "==", "!="]
+
+SEVERITIES: Final[tuple[Severity, ...]] = ("INFO", "WARNING", "MAJOR", "CRITICAL")
+RULE_KINDS: Final[tuple[RuleKind, ...]] = ("event", "threshold", "inactivity")
+OPS: Final[tuple[Op, ...]] = (">", ">=", "<", "<=", "==", "!=")
+
+# Recovery pairing (SPEC §5), strict by type: a clear event clears only the types listed.
+CLEARED_BY: Final[Mapping[str, frozenset[str]]] = {
+    "DOOR_CLOSE": frozenset({"DOOR_OPEN"}),
+    "WATER_LEAK_CLEAR": frozenset({"WATER_LEAK"}),
+    "SMOKE_CLEAR": frozenset({"SMOKE"}),
+    "SOS_CLEAR": frozenset({"SOS"}),
+    "POWER_ON": frozenset({"POWER_OFF", "POWER_CUT"}),
+    "POWER_RESTORE": frozenset({"POWER_OFF", "POWER_CUT"}),
+}
+
+_T = TypeVar("_T")
+
+RULE_KEY_PATTERN: Final = r"^[A-Za-z0-9_.-]{1,64}\Z"
+DEFAULT_DEVICE_CACHE_SIZE: Final = 100_000
+
+_RULE_KEY_RE: Final = re.compile(RULE_KEY_PATTERN)
+_IDENTIFIER_RE: Final = re.compile(IDENTIFIER_PATTERN)
+_GLOB_RE: Final = re.compile(r"^[A-Za-z0-9_.:\-*?\[\]!]{1,128}\Z")
+_GLOB_MAGIC: Final = frozenset("*?[")
+_SEVERITY_BY_NAME: Final[Mapping[str, Severity]] = {name: name for name in SEVERITIES}
+_KIND_BY_NAME: Final[Mapping[str, RuleKind]] = {name: name for name in RULE_KINDS}
+_OP_BY_NAME: Final[Mapping[str, Op]] = {name: name for name in OPS}
+_NEGATED: Final[Mapping[Op, Op]] = {
+    ">": "<=",
+    ">=": "<",
+    "<": ">=",
+    "<=": ">",
+    "==": "!=",
+    "!=": "==",
+}
+# Fields that belong to one kind only; any other kind refuses them.
+_KIND_FIELDS: Final[Mapping[RuleKind, frozenset[str]]] = {
+    "event": frozenset({"event"}),
+    "threshold": frozenset({"metric", "op", "value", "clear_value", "for_samples", "for_seconds"}),
+    "inactivity": frozenset({"silent_seconds"}),
+}
+_ALL_KIND_FIELDS: Final = tuple(sorted(frozenset().union(*_KIND_FIELDS.values())))
+
+
+class RuleConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """One `[[rules]]` table as written by operators; `compile_rules` validates it.
+
+    `kind`, `severity` and `op` are plain strings so that `compile_rules` reports every
+    mistake the same way; kind-specific fields are `None` when absent so that a field given
+    to the wrong kind is an error rather than silently ignored.
+    """
+
+    key: str
+    kind: str
+    severity: str
+    devices: str | list[str] = "*"
+    description: str = ""
+    event: str | None = None
+    metric: str | None = None
+    op: str | None = None
+    value: MetricValue | None = None
+    clear_value: MetricValue | None = None
+    for_samples: int | None = None
+    for_seconds: float | None = None
+    silent_seconds: float | None = None
+
+
+def _is_glob(pattern: str) -> bool:
+    return not _GLOB_MAGIC.isdisjoint(pattern)
+
+
+@dataclass(frozen=True)
+class DeviceSelector:
+    """Device ids and `fnmatch` globs (case-sensitive); a device matches if any entry does."""
+
+    patterns: tuple[str, ...]
+    _exact: frozenset[str] = field(init=False, repr=False, compare=False)
+    _glob: re.Pattern[str] | None = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        globs = [pattern for pattern in self.patterns if _is_glob(pattern)]
+        regex = "|".join(f"(?:{fnmatch.translate(glob)})" for glob in globs)
+        object.__setattr__(self, "_exact", frozenset(p for p in self.patterns if not _is_glob(p)))
+        object.__setattr__(self, "_glob", re.compile(regex) if globs else None)
+
+    def matches(self, device_id: str) -> bool:
+        if device_id in self._exact:
+            return True
+        return self._glob is not None and self._glob.match(device_id) is not None
+
+
+ALL_DEVICES: Final = DeviceSelector(("*",))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Rule:
+    """A validated rule; build them with `compile_rules` (the constructors do not validate)."""
+
+    kind: ClassVar[RuleKind]
+    key: str
+    severity: Severity
+    selector: DeviceSelector = ALL_DEVICES
+    description: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class EventRule(Rule):
+    kind: ClassVar[RuleKind] = "event"
+    event: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class ThresholdRule(Rule):
+    kind: ClassVar[RuleKind] = "threshold"
+    metric: str
+    op: Op
+    value: MetricValue
+    # Ordering ops only; `None` means `value` (no hysteresis).
+    clear_value: int | float | None = None
+    for_samples: int = 1
+    for_seconds: float = 0.0
+
+    @property
+    def clear_threshold(self) -> MetricValue:
+        return self.value if self.clear_value is None else self.clear_value
+
+
+@dataclass(frozen=True, kw_only=True)
+class InactivityRule(Rule):
+    kind: ClassVar[RuleKind] = "inactivity"
+    silent_seconds: float
+
+
+@dataclass(frozen=True)
+class _DeviceRules:
+    """The rules that apply to one device, indexed the way `evaluate` looks them up."""
+
+    rules: tuple[Rule, ...]
+    events: Mapping[str, tuple[EventRule, ...]]
+    cleared: Mapping[str, tuple[EventRule, ...]]  # clear event type -> the rules it clears
+    thresholds: tuple[ThresholdRule, ...]
+    inactivity: tuple[InactivityRule, ...]
+
+    @classmethod
+    def of(cls, rules: tuple[Rule, ...]) -> _DeviceRules:
+        events: dict[str, list[EventRule]] = {}
+        cleared: dict[str, list[EventRule]] = {}
+        for rule in rules:
+            if isinstance(rule, EventRule):
+                events.setdefault(rule.event, []).append(rule)
+                for clear_event, types in CLEARED_BY.items():
+                    if rule.event in types:
+                        cleared.setdefault(clear_event, []).append(rule)
+        return cls(
+            rules=rules,
+            events={name: tuple(found) for name, found in events.items()},
+            cleared={name: tuple(found) for name, found in cleared.items()},
+            thresholds=tuple(r for r in rules if isinstance(r, ThresholdRule)),
+            inactivity=tuple(r for r in rules if isinstance(r, InactivityRule)),
+        )
+
+
+class RuleSet:
+    """An immutable set of rules (in configuration order) with a bounded per-device cache."""
+
+    def __init__(
+        self, rules: Iterable[Rule] = (), *, cache_size: int = DEFAULT_DEVICE_CACHE_SIZE
+    ) -> None:
+        self.rules: Final = tuple(rules)
+        self._by_key: Final = {rule.key: rule for rule in self.rules}
+        if len(self._by_key) != len(self.rules):
+            raise ValueError("rule keys must be unique")
+        self.inactivity_rules: Final = tuple(
+            rule for rule in self.rules if isinstance(rule, InactivityRule)
+        )
+        self._events: Final = _DeviceRules.of(self.rules).events
+        self._cache_size: Final = max(1, cache_size)
+        self._cache: OrderedDict[str, _DeviceRules] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self.rules)
+
+    def __iter__(self) -> Iterator[Rule]:
+        return iter(self.rules)
+
+    def by_key(self, key: str) -> Rule | None:
+        return self._by_key.get(key)
+
+    def for_device(self, device_id: str) -> tuple[Rule, ...]:
+        return self._device(device_id).rules
+
+    def event_rules_for(self, event_type: str) -> tuple[EventRule, ...]:
+        """Every event rule of that type, whatever its devices."""
+        return self._events.get(event_type, ())
+
+    def _device(self, device_id: str) -> _DeviceRules:
+        cached = self._cache.get(device_id)
+        if cached is not None:
+            self._cache.move_to_end(device_id)
+            return cached
+        found = _DeviceRules.of(tuple(r for r in self.rules if r.selector.matches(device_id)))
+        self._cache[device_id] = found
+        if len(self._cache) > self._cache_size:
+            self._cache.popitem(last=False)
+        return found
+
+
+# --- validation ---------------------------------------------------------------------------
+
+
+def compile_rules(configs: Sequence[RuleConfig]) -> RuleSet:
+    """Validate the `[[rules]]` tables; errors name the key path (`rules[2].clear_value`)."""
+    first_index: dict[str, int] = {}
+    rules: list[Rule] = []
+    for index, config in enumerate(configs):
+        path = f"rules[{index}]"
+        rule = compile_rule(config, path)
+        if rule.key in first_index:
+            raise ConfigError(
+                f"{path}.key",
+                f"duplicate rule key {rule.key!r} (already used by rules[{first_index[rule.key]}])",
+            )
+        first_index[rule.key] = index
+        rules.append(rule)
+    return RuleSet(rules)
+
+
+def compile_rule(config: RuleConfig, path: str = "rule") -> Rule:
+    def at(name: str) -> str:
+        return f"{path}.{name}"
+
+    if _RULE_KEY_RE.fullmatch(config.key) is None:
+        raise ConfigError(at("key"), f"must match {RULE_KEY_PATTERN}")
+    kind = _KIND_BY_NAME.get(config.kind)
+    if kind is None:
+        raise ConfigError(
+            at("kind"), f"unknown kind {config.kind!r}; expected {_one_of(RULE_KINDS)}"
+        )
+    severity = _SEVERITY_BY_NAME.get(config.severity)
+    if severity is None:
+        raise ConfigError(
+            at("severity"), f"unknown severity {config.severity!r}; expected {_one_of(SEVERITIES)}"
+        )
+    for name in _ALL_KIND_FIELDS:
+        if name not in _KIND_FIELDS[kind] and getattr(config, name) is not None:
+            raise ConfigError(at(name), f"does not apply to a rule of kind {kind!r}")
+    selector = _selector(config.devices, at("devices"))
+    match kind:
+        case "event":
+            return EventRule(
+                key=config.key,
+                severity=severity,
+                selector=selector,
+                description=config.description,
+                event=_identifier(config.event, at("event"), kind),
+            )
+        case "threshold":
+            return _threshold_rule(config, severity, selector, at)
+        case "inactivity":
+            silent = _required(config.silent_seconds, at("silent_seconds"), kind)
+            if not (math.isfinite(silent) and silent > 0):
+                raise ConfigError(at("silent_seconds"), "must be a number of seconds > 0")
+            return InactivityRule(
+                key=config.key,
+                severity=severity,
+                selector=selector,
+                description=config.description,
+                silent_seconds=silent,
+            )
+
+
+def _threshold_rule(
+    config: RuleConfig,
+    severity: Severity,
+    selector: DeviceSelector,
+    at: Callable[[str], str],
+) -> ThresholdRule:
+    metric = _identifier(config.metric, at("metric"), "threshold")
+    op_name = _required(config.op, at("op"), "threshold")
+    op = _OP_BY_NAME.get(op_name)
+    if op is None:
+        raise ConfigError(at("op"), f"unknown operator {op_name!r}; expected {_one_of(OPS)}")
+    value = config.value
+    if value is None:
+        raise ConfigError(at("value"), "required for a rule of kind 'threshold'")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(at("value"), "must be finite")
+    clear_value = _clear_value(config, op, value, at)
+    for_samples = 1 if config.for_samples is None else config.for_samples
+    if type(for_samples) is not int or for_samples < 1:
+        raise ConfigError(at("for_samples"), "must be an integer >= 1")
+    for_seconds = 0.0 if config.for_seconds is None else float(config.for_seconds)
+    if not (math.isfinite(for_seconds) and for_seconds >= 0):
+        raise ConfigError(at("for_seconds"), "must be a number of seconds >= 0")
+    return ThresholdRule(
+        key=config.key,
+        severity=severity,
+        selector=selector,
+        description=config.description,
+        metric=metric,
+        op=op,
+        value=value,
+        clear_value=clear_value,
+        for_samples=for_samples,
+        for_seconds=for_seconds,
+    )
+
+
+def _clear_value(
+    config: RuleConfig, op: Op, value: MetricValue, at: Callable[[str], str]
+) -> int | float | None:
+    if op in ("==", "!="):
+        if config.clear_value is not None:
+            raise ConfigError(
+                at("clear_value"),
+                f"does not apply to {op}: the rule clears as soon as the comparison is false",
+            )
+        return None
+    if not _is_number(value):
+        raise ConfigError(at("value"), f"{op} compares numbers; got {_type_name(value)}")
+    clear = value if config.clear_value is None else config.clear_value
+    if not _is_number(clear):
+        raise ConfigError(at("clear_value"), f"{op} compares numbers; got {_type_name(clear)}")
+    if isinstance(clear, float) and not math.isfinite(clear):
+        raise ConfigError(at("clear_value"), "must be finite")
+    if op in (">", ">=") and clear > value:
+        raise ConfigError(
+            at("clear_value"),
+            f"must be <= value ({value}) for {op}: the rule re-arms below clear_value",
+        )
+    if op in ("<", "<=") and clear < value:
+        raise ConfigError(
+            at("clear_value"),
+            f"must be >= value ({value}) for {op}: the rule re-arms above clear_value",
+        )
+    return clear
+
+
+def _selector(devices: str | Sequence[str], path: str) -> DeviceSelector:
+    if isinstance(devices, str):
+        _check_device_pattern(devices, path)
+        return DeviceSelector((devices,))
+    if not devices:
+        raise ConfigError(path, 'must not be empty (use "*" for every device)')
+    for index, pattern in enumerate(devices):
+        _check_device_pattern(pattern, f"{path}[{index}]")
+    return DeviceSelector(tuple(devices))
+
+
+def _check_device_pattern(pattern: str, path: str) -> None:
+    if _is_glob(pattern):
+        if _GLOB_RE.fullmatch(pattern) is None:
+            raise ConfigError(path, f"invalid device glob {pattern!r}")
+    elif not is_valid_device_id(pattern):
+        raise ConfigError(path, f"invalid device id {pattern!r}: must match {IDENTIFIER_PATTERN}")
+
+
+def _identifier(value: str | None, path: str, kind: RuleKind) -> str:
+    name = _required(value, path, kind)
+    if _IDENTIFIER_RE.fullmatch(name) is None:
+        raise ConfigError(path, f"must match {IDENTIFIER_PATTERN}")
+    return name
+
+
+def _required(value: _T | None, path: str, kind: RuleKind) -> _T:
+    if value is None:
+        raise ConfigError(path, f"required for a rule of kind {kind!r}")
+    return value
+
+
+def _one_of(names: Iterable[str]) -> str:
+    return " | ".join(names)
+
+
+def _is_number(value: object) -> TypeGuard[int | float]:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _type_name(value: object) -> str:
+    return "a bool" if isinstance(value, bool) else f"a {type(value).__name__}"
+
+
+# --- firing state -------------------------------------------------------------------------
+
+SlotKey: TypeAlias = tuple[str, str]  # (device_id, rule_key)
+
+
+@dataclass(frozen=True)
+class Pending:
+    """Consecutive violating samples of a threshold rule that has not fired yet."""
+
+    count: int
+    since: datetime  # device time of the first of them
+
+
+@dataclass(frozen=True)
+class Slot:
+    """The state of one (device, rule); `firing` implies no `pending`."""
+
+    firing: bool = False
+    pending: Pending | None = None
+
+
+IDLE: Final = Slot()
+FIRING: Final = Slot(firing=True)
+
+
+@dataclass(frozen=True)
+class StateChange:
+    device_id: str
+    rule_key: str
+    slot: Slot  # the new state, replacing the old one
+
+
+class FiringState:
+    """The in-memory cache of firing state per (device, rule).
+
+    `firing` mirrors the database (an active alarm holding the rule's key that has not
+    cleared): `load` it at start, then change it only through `apply`/`commit` after a commit
+    or `set_firing` when the database says otherwise. `pending` lives in memory only.
+    Only slots that differ from `IDLE` are stored.
+    """
+
+    def __init__(self) -> None:
+        self._slots: dict[SlotKey, Slot] = {}
+
+    def __len__(self) -> int:
+        return len(self._slots)
+
+    def slot(self, device_id: str, rule_key: str) -> Slot:
+        return self._slots.get((device_id, rule_key), IDLE)
+
+    def is_firing(self, device_id: str, rule_key: str) -> bool:
+        return self.slot(device_id, rule_key).firing
+
+    def snapshot(self) -> dict[SlotKey, Slot]:
+        """A copy of every non-idle slot (slots are immutable)."""
+        return dict(self._slots)
+
+    def load(self, firing: Iterable[tuple[str, str]]) -> None:
+        """Replace the firing set with the (device_id, rule_key) pairs read from the database.
+
+        Pending counts of rules that are not firing are kept.
+        """
+        firing_keys = set(firing)
+        self._slots = {
+            key: slot
+            for key, slot in self._slots.items()
+            if not slot.firing and key not in firing_keys
+        }
+        self._slots.update(dict.fromkeys(firing_keys, FIRING))
+
+    def set_firing(self, device_id: str, rule_key: str, firing: bool) -> None:
+        """Correct one slot from the database (an alarm raised or released elsewhere)."""
+        current = self.slot(device_id, rule_key)
+        if firing:
+            self._put((device_id, rule_key), FIRING)
+        elif current.firing:
+            self._put((device_id, rule_key), IDLE)
+
+    def apply(self, evaluation: Evaluation) -> None:
+        """Apply an evaluation made against this state, once its outcomes are committed."""
+        for change in evaluation.changes:
+            self._put((change.device_id, change.rule_key), change.slot)
+
+    def stage(self) -> StagedState:
+        return StagedState(self)
+
+    def commit(self, staged: StagedState) -> None:
+        """Write back the slots the stage changed, once the batch's transaction committed."""
+        if staged.base is not self:
+            raise ValueError("the stage was not taken from this state")
+        for key, slot in staged.close().items():
+            self._put(key, slot)
+
+    def _put(self, key: SlotKey, slot: Slot) -> None:
+        if slot == IDLE:
+            self._slots.pop(key, None)
+        else:
+            self._slots[key] = slot
+
+
+class StagedState:
+    """A copy-on-write overlay over a `FiringState` for one batch.
+
+    Reads fall through to the base state for slots the batch has not changed; `evaluate`
+    records its changes here. Commit with `FiringState.commit` (only the slots changed here are
+    written back, so corrections made to the base meanwhile survive for other slots); to roll
+    back, drop the stage. A committed stage cannot be used again.
+    """
+
+    def __init__(self, base: FiringState) -> None:
+        self.base: Final = base
+        self._overlay: dict[SlotKey, Slot] = {}
+        self._closed = False
+
+    def slot(self, device_id: str, rule_key: str) -> Slot:
+        self._check_open()
+        key = (device_id, rule_key)
+        if key in self._overlay:
+            return self._overlay[key]
+        return self.base.slot(device_id, rule_key)
+
+    def is_firing(self, device_id: str, rule_key: str) -> bool:
+        return self.slot(device_id, rule_key).firing
+
+    @property
+    def changes(self) -> tuple[StateChange, ...]:
+        return tuple(StateChange(d, k, slot) for (d, k), slot in self._overlay.items())
+
+    def record(self, changes: Iterable[StateChange]) -> None:
+        self._check_open()
+        for change in changes:
+            self._overlay[(change.device_id, change.rule_key)] = change.slot
+
+    def close(self) -> dict[SlotKey, Slot]:
+        self._check_open()
+        self._closed = True
+        return self._overlay
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("this stage was already committed")
+
+
+StateView: TypeAlias = FiringState | StagedState
+
+
+# --- evaluation ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Firing:
+    rule_key: str
+    severity: Severity
+    device_id: str
+    telemetry_event_id: str
+    reason: str
+    observed_at: datetime  # the message's device timestamp
+
+
+@dataclass(frozen=True)
+class Clearing:
+    rule_key: str
+    device_id: str
+    telemetry_event_id: str
+    reason: str
+    observed_at: datetime
+
+
+Outcome: TypeAlias = Firing | Clearing
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """What one message does: `outcomes` to write in order, then `changes` to apply."""
+
+    outcomes: tuple[Outcome, ...] = ()
+    changes: tuple[StateChange, ...] = ()
+
+    @property
+    def firings(self) -> tuple[Firing, ...]:
+        return tuple(o for o in self.outcomes if isinstance(o, Firing))
+
+    @property
+    def clearings(self) -> tuple[Clearing, ...]:
+        return tuple(o for o in self.outcomes if isinstance(o, Clearing))
+
+
+class _Verdict(enum.Enum):
+    VIOLATING = enum.auto()
+    CLEAR = enum.auto()  # back past the clear threshold: re-arms a firing rule
+    BAND = enum.auto()  # neither: inside the hysteresis band
+    UNKNOWN = enum.auto()  # absent, or a type the comparison cannot judge
+
+
+class _Run:
+    """One message's evaluation: its outcomes so far and the slots it has changed so far."""
+
+    def __init__(
+        self, state: StateView, device_id: str, event_id: str, observed_at: datetime
+    ) -> None:
+        self.state = state
+        self.device_id = device_id
+        self.event_id = event_id
+        self.observed_at = observed_at
+        self.outcomes: list[Outcome] = []
+        self._changed: dict[str, Slot] = {}
+
+    def slot(self, rule: Rule) -> Slot:
+        found = self._changed.get(rule.key)
+        return self.state.slot(self.device_id, rule.key) if found is None else found
+
+    def put(self, rule: Rule, slot: Slot) -> None:
+        self._changed[rule.key] = slot
+
+    def fire(self, rule: Rule, reason: str) -> None:
+        self.outcomes.append(
+            Firing(rule.key, rule.severity, self.device_id, self.event_id, reason, self.observed_at)
+        )
+        self.put(rule, FIRING)
+
+    def clear(self, rule: Rule, reason: str) -> None:
+        self.outcomes.append(
+            Clearing(rule.key, self.device_id, self.event_id, reason, self.observed_at)
+        )
+        self.put(rule, IDLE)
+
+    def result(self) -> Evaluation:
+        changes = tuple(
+            StateChange(self.device_id, key, slot)
+            for key, slot in self._changed.items()
+            if slot != self.state.slot(self.device_id, key)
+        )
+        return Evaluation(tuple(self.outcomes), changes)
+
+
+def evaluate(
+    rules: RuleSet, state: StateView, device_id: str, event_id: str, message: Telemetry
+) -> Evaluation:
+    """Judge one telemetry message of `device_id` (whose telemetry event id is `event_id`).
+
+    Never changes a `FiringState`; records the changes in a `StagedState` (see the module
+    docstring).
+    """
+    device_rules = rules._device(device_id)
+    if not device_rules.rules:
+        return Evaluation()
+    run = _Run(state, device_id, event_id, message.timestamp())
+    for rule in device_rules.inactivity:
+        if run.slot(rule).firing:
+            run.clear(rule, "the device sent a message again")
+    if message.events:
+        _judge_events(device_rules, message.event_types(), run)
+    if message.metrics:
+        for threshold in device_rules.thresholds:
+            if threshold.metric in message.metrics:
+                _judge_sample(threshold, message.metrics[threshold.metric], run)
+    evaluation = run.result()
+    if isinstance(state, StagedState):
+        state.record(evaluation.changes)
+    return evaluation
+
+
+def _judge_events(device_rules: _DeviceRules, event_types: Sequence[str], run: _Run) -> None:
+    occurrences = Counter(event_types)
+    fired: set[str] = set()
+    for event_type in event_types:
+        for rule in device_rules.events.get(event_type, ()):
+            # One alarm per rule, device and telemetry event (the dedup key): repeats within
+            # a message collapse, even after a clear in between.
+            if rule.key not in fired:
+                fired.add(rule.key)
+                run.fire(rule, _event_reason(event_type, occurrences[event_type]))
+        for rule in device_rules.cleared.get(event_type, ()):
+            if run.slot(rule).firing:
+                run.clear(rule, f"{event_type} clears {rule.event}")
+
+
+def _judge_sample(rule: ThresholdRule, observed: MetricValue, run: _Run) -> None:
+    verdict = _verdict(rule, observed)
+    if verdict is _Verdict.UNKNOWN:
+        return
+    slot = run.slot(rule)
+    if slot.firing:
+        if verdict is _Verdict.CLEAR:
+            run.clear(rule, _clear_reason(rule, observed))
+        return
+    if verdict is not _Verdict.VIOLATING:
+        run.put(rule, IDLE)
+        return
+    before = slot.pending
+    pending = (
+        Pending(1, run.observed_at) if before is None else Pending(before.count + 1, before.since)
+    )
+    held = run.observed_at - pending.since
+    if pending.count >= rule.for_samples and held >= timedelta(seconds=rule.for_seconds):
+        run.fire(rule, _threshold_reason(rule, observed, pending.count, held))
+    else:
+        run.put(rule, Slot(pending=pending))
+
+
+def _verdict(rule: ThresholdRule, observed: MetricValue) -> _Verdict:
+    if rule.op in ("==", "!="):
+        holds = _same(observed, rule.value) == (rule.op == "==")
+        return _Verdict.VIOLATING if holds else _Verdict.CLEAR
+    threshold, clear_threshold = rule.value, rule.clear_threshold
+    if not (_is_number(observed) and _is_number(threshold) and _is_number(clear_threshold)):
+        return _Verdict.UNKNOWN
+    if _holds(rule.op, observed, threshold):
+        return _Verdict.VIOLATING
+    back = observed < clear_threshold if rule.op in (">", ">=") else observed > clear_threshold
+    return _Verdict.CLEAR if back else _Verdict.BAND
+
+
+def _holds(op: Op, left: float, right: float) -> bool:
+    match op:
+        case ">":
+            return left > right
+        case ">=":
+            return left >= right
+        case "<":
+            return left < right
+        case "<=":
+            return left <= right
+        case "==":
+            return left == right
+        case "!=":
+            return left != right
+
+
+def _same(left: MetricValue, right: MetricValue) -> bool:
+    """Equality that keeps kinds apart: `true` is not `1`, `"1"` is not `1`; `1 == 1.0`."""
+    if isinstance(left, bool) or isinstance(right, bool):
+        return isinstance(left, bool) and isinstance(right, bool) and left == right
+    if isinstance(left, str) or isinstance(right, str):
+        return isinstance(left, str) and isinstance(right, str) and left == right
+    return left == right
+
+
+def inactivity_firing(
+    rule: InactivityRule, device_id: str, last_seen: datetime, now: datetime
+) -> bool:
+    """Whether `rule` applies to the device and it has been silent long enough."""
+    return rule.selector.matches(device_id) and now - last_seen >= timedelta(
+        seconds=rule.silent_seconds
+    )
+
+
+def _event_reason(event_type: str, occurrences: int) -> str:
+    if occurrences == 1:
+        return f"event {event_type}"
+    return f"event {event_type} ({occurrences} occurrences in the message)"
+
+
+def _threshold_reason(
+    rule: ThresholdRule, observed: MetricValue, samples: int, held: timedelta
+) -> str:
+    reason = f"{rule.metric} {_show(observed)} {rule.op} {_show(rule.value)}"
+    if samples > 1:
+        reason += f" for {samples} samples"
+    if rule.for_seconds > 0:
+        reason += f" over {held.total_seconds():g}s"
+    return reason
+
+
+def _clear_reason(rule: ThresholdRule, observed: MetricValue) -> str:
+    if rule.op in ("==", "!="):
+        return f"{rule.metric} {_show(observed)} {_NEGATED[rule.op]} {_show(rule.value)}"
+    back = "<" if rule.op in (">", ">=") else ">"
+    return f"{rule.metric} {_show(observed)} {back} {_show(rule.clear_threshold)} (clear value)"
+
+
+def _show(value: MetricValue) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return msgspec.json.encode(value).decode()
+    return str(value)

@@ -1,0 +1,165 @@
+"""Alarm rows: conditional writes on the caller's connection (and transaction).
+
+Rows come back as ``asyncpg.Record``; the gateway maps them to its domain ``Alarm``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+import asyncpg
+
+from storage.sql import load_queries
+
+_Q = load_queries("alarms.sql")
+FIND_BY_DEDUP = _Q["find_by_dedup"]
+LOCK_ACTIVE = _Q["lock_active"]
+SUPERSEDE = _Q["supersede"]
+RELEASE_KEY = _Q["release_key"]
+INSERT_ALARM = _Q["insert_alarm"]
+LINK_SUPERSEDED = _Q["link_superseded"]
+CLEAR_ACTIVE = _Q["clear_active"]
+FIRING = _Q["firing"]
+GET = _Q["get"]
+UPDATE_LIFECYCLE = _Q["update_lifecycle"]
+INSERT_AUDIT = _Q["insert_audit"]
+LIST = _Q["list"]
+AUDIT_OF = _Q["audit_of"]
+CHAIN = _Q["chain"]
+NOW = _Q["now"]
+CLEAR_MANY = _Q["clear_many"]
+SILENT_DEVICES = _Q["silent_devices"]
+
+# Columns update_lifecycle writes, in parameter order after (id, expected status).
+LIFECYCLE_COLUMNS = (
+    "status", "active_key", "pushed_at", "delayed_at", "woken_at", "confirmed_at",
+    "confirmed_by", "handled_at", "handled_by", "closed_at", "closed_by", "false_at",
+    "false_by", "escalated_at", "superseded_at", "superseded_by", "last_notified_at",
+)  # fmt: skip
+
+
+async def find_by_dedup(conn: asyncpg.Connection, dedup_key: str) -> int | None:
+    value = await conn.fetchval(FIND_BY_DEDUP, dedup_key)
+    return None if value is None else int(value)
+
+
+async def lock_active(conn: asyncpg.Connection, active_key: str) -> asyncpg.Record | None:
+    return await conn.fetchrow(LOCK_ACTIVE, active_key)
+
+
+async def supersede(conn: asyncpg.Connection, alarm_id: int, expected: str, at: datetime) -> bool:
+    return await conn.fetchval(SUPERSEDE, alarm_id, expected, at) is not None
+
+
+async def release_key(conn: asyncpg.Connection, alarm_id: int, expected: str) -> bool:
+    return await conn.fetchval(RELEASE_KEY, alarm_id, expected) is not None
+
+
+async def insert_alarm(
+    conn: asyncpg.Connection,
+    *,
+    device_id: str,
+    rule_key: str,
+    severity: str,
+    telemetry_event_id: str,
+    dedup_key: str,
+    active_key: str,
+    triggered_at: datetime,
+    node_id: str,
+) -> asyncpg.Record | None:
+    """The new row, or None on a dedup hit."""
+    return await conn.fetchrow(
+        INSERT_ALARM, device_id, rule_key, severity, telemetry_event_id, dedup_key, active_key,
+        triggered_at, node_id,
+    )  # fmt: skip
+
+
+async def link_superseded(conn: asyncpg.Connection, old_id: int, new_id: int) -> None:
+    await conn.execute(LINK_SUPERSEDED, old_id, new_id)
+
+
+async def clear_active(
+    conn: asyncpg.Connection, active_key: str, at: datetime, clear_event_id: str
+) -> asyncpg.Record | None:
+    return await conn.fetchrow(CLEAR_ACTIVE, active_key, at, clear_event_id)
+
+
+async def firing(conn: asyncpg.Connection) -> list[tuple[str, str]]:
+    return [(r["device_id"], r["rule_key"]) for r in await conn.fetch(FIRING)]
+
+
+async def get(conn: asyncpg.Connection, alarm_id: int) -> asyncpg.Record | None:
+    return await conn.fetchrow(GET, alarm_id)
+
+
+async def update_lifecycle(
+    conn: asyncpg.Connection, alarm_id: int, expected: str, values: dict[str, Any]
+) -> asyncpg.Record | None:
+    """Write the new lifecycle columns if the status is still ``expected``; None if not."""
+    return await conn.fetchrow(
+        UPDATE_LIFECYCLE, alarm_id, expected, *(values[c] for c in LIFECYCLE_COLUMNS)
+    )
+
+
+async def insert_audit(
+    conn: asyncpg.Connection,
+    *,
+    alarm_id: int,
+    actor: str,
+    action: str,
+    from_status: str | None,
+    to_status: str,
+    node_id: str,
+    note: str | None = None,
+    request_id: str | None = None,
+    event_id: str | None = None,
+) -> None:
+    await conn.execute(
+        INSERT_AUDIT, alarm_id, actor, action, from_status, to_status, note, request_id,
+        event_id, node_id,
+    )  # fmt: skip
+
+
+async def list_alarms(
+    conn: asyncpg.Connection,
+    *,
+    statuses: Sequence[str] | None = None,
+    device_id: str | None = None,
+    rule_key: str | None = None,
+    open_only: bool = False,
+    before_id: int | None = None,
+    limit: int = 50,
+) -> list[asyncpg.Record]:
+    wanted = None if statuses is None else list(statuses)
+    records = await conn.fetch(LIST, wanted, device_id, rule_key, open_only, before_id, limit)
+    return list(records)
+
+
+async def audit_of(conn: asyncpg.Connection, alarm_id: int) -> list[asyncpg.Record]:
+    return list(await conn.fetch(AUDIT_OF, alarm_id))
+
+
+async def chain(conn: asyncpg.Connection, alarm_id: int) -> list[asyncpg.Record]:
+    return list(await conn.fetch(CHAIN, alarm_id))
+
+
+async def db_now(conn: asyncpg.Connection) -> datetime:
+    """Transaction time on the database clock (shared by every node)."""
+    value: datetime = await conn.fetchval(NOW)
+    return value
+
+
+async def clear_many(
+    conn: asyncpg.Connection, keys: Sequence[str], event_ids: Sequence[str], at: datetime
+) -> list[asyncpg.Record]:
+    if not keys:
+        return []
+    return list(await conn.fetch(CLEAR_MANY, list(keys), list(event_ids), at))
+
+
+async def silent_devices(
+    conn: asyncpg.Connection, silent_seconds: float, rule_key: str
+) -> list[asyncpg.Record]:
+    return list(await conn.fetch(SILENT_DEVICES, silent_seconds, rule_key))

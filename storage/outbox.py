@@ -1,0 +1,80 @@
+"""The transactional outbox: events written with the change that caused them, published later."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import asyncpg
+import msgspec
+
+from storage.sql import load_queries
+
+_Q = load_queries("outbox.sql")
+INSERT_EVENT = _Q["insert_event"]
+CLAIM_DUE = _Q["claim_due"]
+MARK_PUBLISHED = _Q["mark_published"]
+MARK_FAILED = _Q["mark_failed"]
+BACKLOG = _Q["backlog"]
+RECORD_CONSUMED = _Q["record_consumed"]
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedEvent:
+    id: int
+    event_id: uuid.UUID
+    aggregate_type: str
+    aggregate_id: str
+    event_type: str
+    schema_version: int
+    payload: str
+    retry_count: int
+    created_at: datetime
+
+
+async def add_event(
+    conn: asyncpg.Connection,
+    *,
+    aggregate_type: str,
+    aggregate_id: str,
+    event_type: str,
+    payload: dict[str, Any],
+) -> uuid.UUID:
+    """Insert an event on the caller's connection: it commits with the caller's change."""
+    event_id = uuid.uuid4()
+    await conn.execute(
+        INSERT_EVENT, event_id, aggregate_type, aggregate_id, event_type,
+        msgspec.json.encode(payload).decode(),
+    )  # fmt: skip
+    return event_id
+
+
+async def claim_due(
+    conn: asyncpg.Connection, *, node_id: str, lease_s: float, limit: int
+) -> list[ClaimedEvent]:
+    records = await conn.fetch(CLAIM_DUE, node_id, lease_s, limit)
+    return [ClaimedEvent(**dict(r.items())) for r in records]
+
+
+async def mark_published(conn: asyncpg.Connection, row_id: int, node_id: str) -> bool:
+    return await conn.fetchval(MARK_PUBLISHED, row_id, node_id) is not None
+
+
+async def mark_failed(
+    conn: asyncpg.Connection, row_id: int, node_id: str, *, retry_in_s: float, error: str
+) -> int | None:
+    value = await conn.fetchval(MARK_FAILED, row_id, node_id, retry_in_s, error)
+    return None if value is None else int(value)
+
+
+async def backlog(conn: asyncpg.Connection) -> tuple[int, float]:
+    row = await conn.fetchrow(BACKLOG)
+    assert row is not None
+    return int(row["backlog"]), float(row["oldest_age_s"])
+
+
+async def record_consumed(conn: asyncpg.Connection, consumer: str, event_id: uuid.UUID) -> bool:
+    """True the first time; False when this consumer already consumed the event."""
+    return await conn.fetchval(RECORD_CONSUMED, consumer, event_id) is not None

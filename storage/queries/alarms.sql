@@ -1,0 +1,119 @@
+-- name: find_by_dedup
+-- $1 dedup key; the alarm one telemetry event already raised for one rule, if any.
+SELECT id FROM alarm WHERE dedup_key = $1;
+
+-- name: lock_active
+-- $1 active key; the alarm holding it, locked for the supersede decision.
+SELECT id, status FROM alarm WHERE active_key = $1 FOR UPDATE;
+
+-- name: supersede
+-- $1 id, $2 expected status, $3 at; nobody attended: superseded, key released.
+UPDATE alarm
+SET status = 'SUPERSEDED', superseded_at = $3, active_key = NULL
+WHERE id = $1 AND status = $2
+RETURNING id;
+
+-- name: release_key
+-- $1 id, $2 expected status; a person is on it: only the active key is released.
+UPDATE alarm SET active_key = NULL WHERE id = $1 AND status = $2 RETURNING id;
+
+-- name: insert_alarm
+-- $1 device, $2 rule key, $3 severity, $4 telemetry event id, $5 dedup key, $6 active key,
+-- $7 triggered at, $8 node id; nothing on a dedup hit.
+INSERT INTO alarm (device_id, rule_key, severity, status, telemetry_event_id, dedup_key,
+                   active_key, triggered_at, node_id)
+VALUES ($1, $2, $3, 'NEW', $4, $5, $6, $7, $8)
+ON CONFLICT (dedup_key) DO NOTHING
+RETURNING *;
+
+-- name: link_superseded
+-- $1 superseded id, $2 the id that replaced it.
+UPDATE alarm SET superseded_by = $2 WHERE id = $1 AND status = 'SUPERSEDED';
+
+-- name: clear_active
+-- $1 active key, $2 cleared at, $3 clear event id; recovery is an attribute, never a status.
+UPDATE alarm
+SET cleared_at = $2, clear_event_id = $3
+WHERE active_key = $1 AND cleared_at IS NULL
+RETURNING id, device_id, rule_key, status;
+
+-- name: firing
+-- no parameters; (device, rule) pairs whose active alarm has not cleared: the firing state.
+SELECT device_id, rule_key FROM alarm WHERE active_key IS NOT NULL AND cleared_at IS NULL;
+
+-- name: get
+-- $1 id.
+SELECT * FROM alarm WHERE id = $1;
+
+-- name: update_lifecycle
+-- $1 id, $2 expected (prior) status, then the new values: $3 status, $4 active key,
+-- $5 pushed_at, $6 delayed_at, $7 woken_at, $8 confirmed_at, $9 confirmed_by,
+-- $10 handled_at, $11 handled_by, $12 closed_at, $13 closed_by, $14 false_at, $15 false_by,
+-- $16 escalated_at, $17 superseded_at, $18 superseded_by, $19 last_notified_at.
+-- Zero rows: somebody changed the alarm first.
+UPDATE alarm
+SET status = $3, active_key = $4, pushed_at = $5, delayed_at = $6, woken_at = $7,
+    confirmed_at = $8, confirmed_by = $9, handled_at = $10, handled_by = $11,
+    closed_at = $12, closed_by = $13, false_at = $14, false_by = $15, escalated_at = $16,
+    superseded_at = $17, superseded_by = $18, last_notified_at = $19
+WHERE id = $1 AND status = $2
+RETURNING *;
+
+-- name: insert_audit
+-- $1 alarm id, $2 actor, $3 action, $4 from status, $5 to status, $6 note, $7 request id,
+-- $8 event id, $9 node id.
+INSERT INTO alarm_audit (alarm_id, actor, action, from_status, to_status, note, request_id,
+                         event_id, node_id)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9);
+
+-- name: list
+-- $1 statuses or null, $2 device or null, $3 rule or null, $4 open only, $5 before id (keyset,
+-- newest first) or null, $6 limit.
+SELECT * FROM alarm
+WHERE ($1::text[] IS NULL OR status = ANY ($1::text[]))
+  AND ($2::text IS NULL OR device_id = $2)
+  AND ($3::text IS NULL OR rule_key = $3)
+  AND (NOT $4::boolean OR status IN ('NEW', 'PUSHED', 'DELAYED', 'CONFIRMED', 'ESCALATED'))
+  AND ($5::bigint IS NULL OR id < $5)
+ORDER BY id DESC
+LIMIT $6;
+
+-- name: audit_of
+-- $1 alarm id; its audit trail, oldest first.
+SELECT id, actor, action, from_status, to_status, note, request_id, event_id, node_id, at
+FROM alarm_audit WHERE alarm_id = $1 ORDER BY id;
+
+-- name: chain
+-- $1 id; the alarm and every alarm that reaches it backwards through superseded_by.
+WITH RECURSIVE chain AS (
+    SELECT a.* FROM alarm a WHERE a.id = $1
+    UNION ALL
+    SELECT p.* FROM alarm p JOIN chain c ON p.superseded_by = c.id
+)
+SELECT * FROM chain ORDER BY id;
+
+-- name: now
+-- no parameters; the database clock, the one clock every node shares.
+SELECT now();
+
+-- name: clear_many
+-- $1 active keys, $2 clear event id per key, $3 cleared at; recovery of many alarms at once
+-- (a device heard from clears its inactivity alarms, whichever node raised them).
+UPDATE alarm a
+SET cleared_at = $3, clear_event_id = u.event_id
+FROM unnest($1::text[], $2::text[]) AS u(active_key, event_id)
+WHERE a.active_key = u.active_key AND a.cleared_at IS NULL
+RETURNING a.id, a.device_id, a.rule_key, a.status, u.event_id;
+
+-- name: silent_devices
+-- $1 silent seconds, $2 rule key; devices not heard from for that long (or whose retained
+-- presence says offline) and not already alarmed by this rule (an uncleared active alarm).
+SELECT d.device_id, d.last_seen, d.presence, d.presence_at
+FROM device d
+WHERE d.bound
+  AND (d.last_seen < now() - make_interval(secs => $1)
+       OR (d.presence = 'offline' AND d.presence_at >= d.last_seen))
+  AND NOT EXISTS (
+      SELECT 1 FROM alarm a
+      WHERE a.active_key = d.device_id || ':' || $2 AND a.cleared_at IS NULL)
+ORDER BY d.device_id;

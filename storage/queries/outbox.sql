@@ -1,0 +1,56 @@
+-- name: insert_event
+-- $1 event id (uuid), $2 aggregate type, $3 aggregate id, $4 event type, $5 payload json.
+INSERT INTO outbox_event (event_id, aggregate_type, aggregate_id, event_type, payload)
+VALUES ($1, $2, $3, $4, $5::jsonb);
+
+-- name: claim_due
+-- $1 node id, $2 lease seconds, $3 batch size. Claims the oldest unpublished event of each
+-- aggregate (never one behind an unpublished predecessor: per-aggregate order), if it is due
+-- (PENDING past next_retry_at) or its publisher's lease expired.
+WITH due AS (
+    SELECT o.id
+    FROM outbox_event o
+    WHERE ((o.status = 'PENDING' AND o.next_retry_at <= now())
+           OR (o.status = 'PUBLISHING' AND o.lease_until < now()))
+      AND NOT EXISTS (
+          SELECT 1 FROM outbox_event p
+          WHERE p.aggregate_type = o.aggregate_type AND p.aggregate_id = o.aggregate_id
+            AND p.id < o.id AND p.status <> 'PUBLISHED')
+    ORDER BY o.id
+    LIMIT $3
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE outbox_event e
+SET status = 'PUBLISHING', lease_owner = $1,
+    lease_until = now() + make_interval(secs => $2)
+FROM due
+WHERE e.id = due.id
+RETURNING e.id, e.event_id, e.aggregate_type, e.aggregate_id, e.event_type, e.schema_version,
+          e.payload::text AS payload, e.retry_count, e.created_at;
+
+-- name: mark_published
+-- $1 id, $2 node id; only the lease holder may, and only while it holds the lease row.
+UPDATE outbox_event
+SET status = 'PUBLISHED', published_at = now(), lease_until = NULL, last_error = NULL
+WHERE id = $1 AND status = 'PUBLISHING' AND lease_owner = $2
+RETURNING id;
+
+-- name: mark_failed
+-- $1 id, $2 node id, $3 retry delay seconds, $4 error text.
+UPDATE outbox_event
+SET status = 'PENDING', retry_count = retry_count + 1, lease_until = NULL, lease_owner = NULL,
+    next_retry_at = now() + make_interval(secs => $3), last_error = $4
+WHERE id = $1 AND status = 'PUBLISHING' AND lease_owner = $2
+RETURNING retry_count;
+
+-- name: backlog
+-- no parameters; unpublished events and the age in seconds of the oldest one.
+SELECT count(*) AS backlog,
+       coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8 AS oldest_age_s
+FROM outbox_event WHERE status <> 'PUBLISHED';
+
+-- name: record_consumed
+-- $1 consumer, $2 event id; false when this consumer already consumed the event.
+INSERT INTO consumed_event (consumer, event_id) VALUES ($1, $2)
+ON CONFLICT DO NOTHING
+RETURNING true;
