@@ -34,6 +34,9 @@ EVENT_CREATED = "alarm.created"
 EVENT_SUPERSEDED = "alarm.superseded"
 EVENT_CLEARED = "alarm.cleared"
 EVENT_STATUS_CHANGED = "alarm.status_changed"
+EVENT_WOKEN = "alarm.woken"
+EVENT_ESCALATED = "alarm.escalated"
+EVENT_REMINDER = "alarm.reminder"
 RULES_ACTOR = "system:rules"
 
 # The step each people's action records: finding it already taken means someone else did it.
@@ -220,11 +223,14 @@ async def transition(
     note: str | None = None,
     request_id: str | None = None,
     expected: AlarmStatus | None = None,
+    now: datetime | None = None,
+    event_type: str = EVENT_STATUS_CHANGED,
 ) -> Alarm:
     """Apply one action in the caller's transaction, conditional on the prior status.
 
     ``expected``: the status the caller saw (system transitions pass it so that a timer
-    never acts on an alarm a person just changed).
+    never acts on an alarm a person just changed). ``now``: an injected clock (timers in
+    tests); by default the database's.
     """
     record = await repo.get(conn, alarm_id)
     if record is None:
@@ -232,7 +238,7 @@ async def transition(
     alarm = alarm_from_record(record)
     if expected is not None and alarm.status is not expected:
         raise StatusChangedError(alarm, action)
-    now = max(await repo.db_now(conn), alarm.triggered_at)
+    now = max(now or await repo.db_now(conn), alarm.triggered_at)
     try:
         changed = apply(alarm, action, actor=actor, now=now)
     except IllegalTransitionError:
@@ -249,7 +255,7 @@ async def transition(
         raise StatusChangedError(alarm_from_record(current), action)
     updated = alarm_from_record(row)
     await _record(
-        conn, alarm=updated, event_type=EVENT_STATUS_CHANGED, action=action.value,
+        conn, alarm=updated, event_type=event_type, action=action.value,
         from_status=alarm.status, actor=actor, node_id=node_id, note=note,
         request_id=request_id,
     )  # fmt: skip

@@ -13,6 +13,9 @@ import asyncpg
 import structlog
 
 from gateway.alarm_engine import AlarmEngine
+from gateway.alarm_timers import AlarmTimers
+from gateway.alarms import AlarmService
+from gateway.api import BearerAuth, add_alarm_api
 from gateway.backoff import Backoff
 from gateway.config import Config
 from gateway.errors import StartupError
@@ -58,6 +61,8 @@ class Daemon:
         self.writer: IngestWriter | None = None
         self.engine: AlarmEngine | None = None
         self.outbox: OutboxPublisher | None = None
+        self.auth: BearerAuth | None = None
+        self.timers: AlarmTimers | None = None
 
     async def run(self, stop: asyncio.Event) -> None:
         async with AsyncExitStack() as stack:
@@ -100,9 +105,16 @@ class Daemon:
             retry=Backoff(cfg.database.retry_min_s, cfg.database.retry_max_s),
             engine=engine,
         )
+        quiet = cfg.quiet_hours()
         self.outbox = OutboxPublisher(
             pool=pool, dsn=self.database_dsn or "", node_id=self.node_id, topics=topics,
-            publish=self._publish, metrics=self.metrics,
+            publish=self._publish, metrics=self.metrics, quiet=quiet,
+        )  # fmt: skip
+        self.timers = AlarmTimers(
+            pool=pool, node_id=self.node_id, quiet=quiet,
+            escalate_after_s=cfg.alarms.escalate_after_s,
+            repeat_interval_s=cfg.alarms.repeat_interval_s,
+            interval_s=cfg.alarms.timer_interval_s,
         )  # fmt: skip
         group = cfg.mqtt.shared_group if protocol == cfg.mqtt.protocol else ""
         # Presence is retained, and retained messages are not sent to shared subscriptions:
@@ -124,12 +136,16 @@ class Daemon:
         )
         if cfg.http.enabled:
             app = create_app(health_check=self.health, registry=self.metrics)
+            self.auth = add_alarm_api(
+                app, service=AlarmService(pool, self.node_id), tokens=cfg.api.tokens
+            )
             server = await stack.enter_async_context(HttpServer(app, cfg.http.host, cfg.http.port))
             self.http_port = server.port
             log.info("http_listening", host=cfg.http.host, port=server.port)
         async with asyncio.TaskGroup() as tasks:
             writer_task = tasks.create_task(writer.run(), name="ingest-writer")
             tasks.create_task(self.outbox.run(stop), name="outbox-publisher")
+            tasks.create_task(self.timers.run(stop), name="alarm-timers")
             if engine.rules.inactivity_rules:
                 silent = min(rule.silent_seconds for rule in engine.rules.inactivity_rules)
                 monitor = InactivityMonitor(
@@ -148,6 +164,23 @@ class Daemon:
         if client is None or session is None or not session.connected or not client.is_open:
             raise aiomqtt.MqttError("not connected to the broker")
         await client.publish(topic, payload, qos=1)
+
+    def reload(self, config: Config) -> None:
+        """Swap what may change at run time (rules; quiet hours and tokens with their
+        sections) atomically between batches; messages keep flowing meanwhile."""
+        if self.engine is not None:
+            self.engine.rules = config.rule_set()
+        if self.auth is not None:
+            self.auth.replace(config.api.tokens)
+        quiet = config.quiet_hours()
+        if self.outbox is not None:
+            self.outbox.quiet = quiet
+        if self.timers is not None:
+            self.timers.quiet = quiet
+            self.timers.escalate_after_s = config.alarms.escalate_after_s
+            self.timers.repeat_interval_s = config.alarms.repeat_interval_s
+        self.config = config
+        log.info("config_reloaded", rules=len(config.rules))
 
     def _on_connected(self) -> None:
         if not self.ready.is_set():

@@ -1,0 +1,513 @@
+"""The OpenAPI 3.1 document served at ``/openapi.json`` (SPEC §9).
+
+The alarm and request body schemas are generated from the msgspec structs the API encodes and
+decodes, so they cannot drift from the code; the rest is written out here.
+"""
+
+from __future__ import annotations
+
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any, Final
+
+import msgspec
+
+from gateway.api import (
+    ACTOR_MAX_LENGTH,
+    FILTER_MAX_LENGTH,
+    LIMIT_DEFAULT,
+    LIMIT_MAX,
+    NOTE_MAX_LENGTH,
+    PATH_ACTIONS,
+    REQUEST_ID_HEADER,
+    REQUEST_ID_MAX_LENGTH,
+    ActionBody,
+)
+from gateway.domain.alarm import Alarm
+
+OPENAPI_VERSION: Final = "3.1.0"
+_REF: Final = "#/components/schemas/{name}"
+
+
+def _version() -> str:
+    # Not gateway.app's helper: that module wires the daemon and will import the API.
+    try:
+        return version("mqtt-alarm-gateway")
+    except PackageNotFoundError:
+        return "0+unknown"
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": _REF.format(name=name)}
+
+
+def _nullable(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"anyOf": [schema, {"type": "null"}]}
+
+
+def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+def _error(description: str) -> dict[str, Any]:
+    return _json(_ref("Error"), description)
+
+
+def _response_ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/responses/{name}"}
+
+
+def _struct_schemas() -> dict[str, Any]:
+    _, components = msgspec.json.schema_components([Alarm, ActionBody], ref_template=_REF)
+    alarm = components["Alarm"]
+    alarm["description"] = (
+        "An alarm (SPEC §5). Every field is always present; lifecycle steps not taken are null."
+    )
+    # Responses always carry every field (defaults are encoded too).
+    alarm["required"] = list(alarm["properties"])
+    for name, prop in alarm["properties"].items():
+        if name.endswith("_at"):
+            for option in prop.get("anyOf", [prop]):
+                if option.get("type") == "string":
+                    option["format"] = "date-time"
+        prop.pop("default", None)
+    components["AlarmStatus"]["description"] = (
+        "Open: NEW, PUSHED, DELAYED, CONFIRMED, ESCALATED. Terminal: CLOSED, FALSE, SUPERSEDED."
+    )
+    body = components["ActionBody"]
+    body["example"] = {"actor": "alice", "note": "on my way"}
+    return dict(components)
+
+
+_PERSON_ACTION: Final = {
+    "type": "string",
+    "enum": [a.value for a in PATH_ACTIONS],
+    "description": "A person's action.",
+}
+
+_ERROR_SCHEMA: Final = {
+    "type": "object",
+    "description": (
+        "The one error shape: `error` is a stable code, `message` a sentence for people; "
+        "the other properties are details that some codes carry."
+    ),
+    "required": ["error", "message"],
+    "properties": {
+        "error": {
+            "type": "string",
+            "description": "Stable error code.",
+            "examples": [
+                "BAD_REQUEST",
+                "UNAUTHORIZED",
+                "FORBIDDEN",
+                "NOT_FOUND",
+                "METHOD_NOT_ALLOWED",
+                "INVALID_BODY",
+                "INVALID_ACTOR",
+                "ILLEGAL_TRANSITION",
+                "ALARM_SUPERSEDED",
+                "STATUS_CHANGED",
+                "PAYLOAD_TOO_LARGE",
+                "INTERNAL",
+                "UNAVAILABLE",
+            ],
+        },
+        "message": {"type": "string"},
+        "param": {
+            "type": "string",
+            "description": "BAD_REQUEST: the parameter (or header) that was wrong.",
+        },
+        "detail": {"type": "string", "description": "INVALID_BODY: what does not fit, and where."},
+        "alarm_id": {"type": "integer", "description": "NOT_FOUND: the unknown alarm id."},
+        "current_status": {
+            **_ref("AlarmStatus"),
+            "description": "ILLEGAL_TRANSITION, STATUS_CHANGED: the alarm's status now.",
+        },
+        "action": {"type": "string", "description": "ILLEGAL_TRANSITION: the refused action."},
+        "allowed": {
+            "type": "array",
+            "items": {"type": "string"},
+            "description": "ILLEGAL_TRANSITION: the actions allowed instead.",
+        },
+        "superseded_by": {
+            **_nullable({"type": "integer"}),
+            "description": "ALARM_SUPERSEDED: the alarm that replaced this one.",
+        },
+        "actor": {
+            **_nullable({"type": "string"}),
+            "description": "STATUS_CHANGED: who took the step first (`already confirmed by X`).",
+        },
+        "alarm": {**_ref("Alarm"), "description": "STATUS_CHANGED: the alarm as it is now."},
+        "reason": {"type": "string", "description": "INVALID_ACTOR: why the actor is refused."},
+        "required_role": {
+            "type": "string",
+            "enum": ["viewer", "operator", "admin"],
+            "description": "FORBIDDEN: the role the operation needs.",
+        },
+    },
+    "additionalProperties": True,
+}
+
+_SCHEMAS: Final[dict[str, Any]] = {
+    "Error": _ERROR_SCHEMA,
+    "AlarmPage": {
+        "type": "object",
+        "required": ["items", "next_before"],
+        "properties": {
+            "items": {"type": "array", "items": _ref("Alarm")},
+            "next_before": {
+                **_nullable({"type": "integer"}),
+                "description": "Pass as `before` for the next (older) page; null on the last.",
+            },
+        },
+    },
+    "AllowedActions": {
+        "type": "object",
+        "required": ["status", "actions"],
+        "properties": {
+            "status": _ref("AlarmStatus"),
+            "actions": {
+                "type": "array",
+                "items": _PERSON_ACTION,
+                "description": "People's actions allowed now; render buttons from this.",
+            },
+            "superseded_by": {
+                **_nullable({"type": "integer"}),
+                "description": "Only for a SUPERSEDED alarm (whose actions are always empty).",
+            },
+        },
+    },
+    "Chain": {
+        "type": "object",
+        "required": ["items", "hint"],
+        "properties": {
+            "items": {
+                "type": "array",
+                "items": _ref("Alarm"),
+                "description": (
+                    "Oldest first: the alarm and every alarm it superseded, directly or not. "
+                    "A superseded alarm's chain is itself alone."
+                ),
+            },
+            "hint": {
+                **_nullable({"type": "string"}),
+                "description": "For a superseded alarm: `superseded by N, cannot be handled "
+                "on its own`; null otherwise.",
+            },
+            "superseded_by": {
+                **_nullable({"type": "integer"}),
+                "description": "Only for a SUPERSEDED alarm.",
+            },
+        },
+    },
+    "AuditEntry": {
+        "type": "object",
+        "required": ["id", "actor", "action", "from_status", "to_status", "node_id", "at"],
+        "properties": {
+            "id": {"type": "integer"},
+            "actor": {"type": "string", "description": "A person, or `system:<what>`."},
+            "action": {"type": "string", "description": "`create`, or an action name."},
+            "from_status": _nullable(_ref("AlarmStatus")),
+            "to_status": _ref("AlarmStatus"),
+            "note": _nullable({"type": "string"}),
+            "request_id": _nullable({"type": "string"}),
+            "event_id": _nullable({"type": "string"}),
+            "node_id": {"type": "string"},
+            "at": {"type": "string", "format": "date-time"},
+        },
+    },
+    "AuditTrail": {
+        "type": "object",
+        "required": ["items"],
+        "properties": {"items": {"type": "array", "items": _ref("AuditEntry")}},
+        "description": "Every change of the alarm, oldest first.",
+    },
+    "Health": {
+        "type": "object",
+        "required": ["status", "node_id", "version"],
+        "properties": {
+            "status": {"type": "string", "enum": ["ok", "unhealthy"]},
+            "node_id": {"type": "string"},
+            "version": {"type": "string"},
+            "database": {"type": "object"},
+            "broker": {"type": "object"},
+        },
+        "additionalProperties": True,
+    },
+}
+
+_PARAMETERS: Final[dict[str, Any]] = {
+    "AlarmId": {
+        "name": "id",
+        "in": "path",
+        "required": True,
+        "description": "Alarm id (anything but a positive integer is a 400).",
+        "schema": {"type": "integer", "format": "int64", "minimum": 1},
+    },
+    "RequestId": {
+        "name": REQUEST_ID_HEADER,
+        "in": "header",
+        "required": False,
+        "description": (
+            "Recorded with the change in the audit trail and echoed in the response; "
+            "a UUID is generated when absent."
+        ),
+        "schema": {
+            "type": "string",
+            "minLength": 1,
+            "maxLength": REQUEST_ID_MAX_LENGTH,
+            "pattern": "^[!-~]+$",
+        },
+    },
+}
+
+_RESPONSES: Final[dict[str, Any]] = {
+    "BadRequest": _error("A parameter is wrong (`BAD_REQUEST`, with `param`)."),
+    "Unauthorized": {
+        **_error("No bearer token, or an unknown one (`UNAUTHORIZED`)."),
+        "headers": {"WWW-Authenticate": {"schema": {"type": "string"}}},
+    },
+    "Forbidden": _error("The token's role is too weak (`FORBIDDEN`)."),
+    "NotFound": _error("No such alarm (`NOT_FOUND`)."),
+    "Unavailable": _error("The database is not reachable (`UNAVAILABLE`); retry."),
+    "Internal": _error("A server fault (`INTERNAL`), logged as `api_error`."),
+}
+
+_ECHOED_REQUEST_ID: Final = {
+    REQUEST_ID_HEADER: {
+        "description": "The request's id (given or generated).",
+        "schema": {"type": "string"},
+    }
+}
+
+
+def _guarded(
+    summary: str, role: str, ok: dict[str, Any], extra: dict[str, Any], **fields: Any
+) -> dict[str, Any]:
+    """An operation behind a bearer token: the errors every one of them can answer."""
+    responses = {
+        "200": {**ok, "headers": _ECHOED_REQUEST_ID},
+        **extra,
+        "401": _response_ref("Unauthorized"),
+        "403": _response_ref("Forbidden"),
+        "500": _response_ref("Internal"),
+        "503": _response_ref("Unavailable"),
+    }
+    return {
+        "summary": summary,
+        "security": [{"bearerAuth": []}],
+        "x-required-role": role,
+        "responses": dict(sorted(responses.items())),
+        **fields,
+    }
+
+
+def _alarm_get(summary: str, operation_id: str, ok: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "parameters": [_param_ref("AlarmId"), _param_ref("RequestId")],
+        "get": _guarded(
+            summary,
+            "viewer",
+            ok,
+            {"400": _response_ref("BadRequest"), "404": _response_ref("NotFound")},
+            operationId=operation_id,
+            tags=["alarms"],
+        ),
+    }
+
+
+def _param_ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/parameters/{name}"}
+
+
+def _action_path(action: str) -> dict[str, Any]:
+    ok = _json(_ref("Alarm"), f"The alarm after `{action}`.")
+    refused = {
+        "400": _error(
+            "Bad id or header (`BAD_REQUEST`); the whitelist has no such step from the "
+            "current status (`ILLEGAL_TRANSITION`, with `current_status` and `allowed`); or "
+            "the alarm was superseded (`ALARM_SUPERSEDED`, with `superseded_by`). "
+            "Nothing is changed."
+        ),
+        "404": _response_ref("NotFound"),
+        "409": _error(
+            "Someone changed the alarm first (`STATUS_CHANGED`, with `current_status` and "
+            "`actor`: `already confirmed by X`). Nothing is changed."
+        ),
+        "413": _error("The body is too large (`PAYLOAD_TOO_LARGE`)."),
+        "422": _error(
+            "The body is not JSON, not an object, misses `actor`, has unknown fields or "
+            "values out of bounds (`INVALID_BODY`, with `detail`); or the actor is reserved "
+            "(`INVALID_ACTOR`)."
+        ),
+    }
+    return {
+        "parameters": [_param_ref("AlarmId"), _param_ref("RequestId")],
+        "post": _guarded(
+            f"{action.capitalize()} the alarm (a person's action)",
+            "operator",
+            ok,
+            refused,
+            operationId=f"{action}Alarm",
+            tags=["alarms"],
+            description=(
+                "Conditional on the status the gateway read: of concurrent requests exactly "
+                "one wins, the others get 409. The change, its audit row and its event commit "
+                "together or not at all."
+            ),
+            requestBody={
+                "required": True,
+                "content": {"application/json": {"schema": _ref("ActionBody")}},
+            },
+        ),
+    }
+
+
+def _list_parameters() -> list[dict[str, Any]]:
+    return [
+        _param_ref("RequestId"),
+        {
+            "name": "status",
+            "in": "query",
+            "description": "Only these statuses (repeat the parameter for several).",
+            "schema": {"type": "array", "items": _ref("AlarmStatus")},
+            "style": "form",
+            "explode": True,
+        },
+        {
+            "name": "device",
+            "in": "query",
+            "description": "Only this device.",
+            "schema": {"type": "string", "minLength": 1, "maxLength": FILTER_MAX_LENGTH},
+        },
+        {
+            "name": "rule",
+            "in": "query",
+            "description": "Only this rule key.",
+            "schema": {"type": "string", "minLength": 1, "maxLength": FILTER_MAX_LENGTH},
+        },
+        {
+            "name": "open",
+            "in": "query",
+            "description": "Only open alarms (NEW, PUSHED, DELAYED, CONFIRMED, ESCALATED).",
+            "schema": {"type": "boolean", "default": False},
+        },
+        {
+            "name": "limit",
+            "in": "query",
+            "description": "Page size.",
+            "schema": {
+                "type": "integer",
+                "minimum": 1,
+                "maximum": LIMIT_MAX,
+                "default": LIMIT_DEFAULT,
+            },
+        },
+        {
+            "name": "before",
+            "in": "query",
+            "description": "Keyset cursor: only alarms with a smaller id (`next_before`).",
+            "schema": {"type": "integer", "format": "int64", "minimum": 1},
+        },
+    ]
+
+
+def _paths() -> dict[str, Any]:
+    open_op: dict[str, Any] = {"security": [], "tags": ["service"]}
+    paths: dict[str, Any] = {
+        "/health": {
+            "get": {
+                **open_op,
+                "operationId": "health",
+                "summary": "Node health: database, broker, backlog, node id, version",
+                "responses": {
+                    "200": _json(_ref("Health"), "Healthy."),
+                    "503": _json(_ref("Health"), "Not healthy; the body says what is wrong."),
+                },
+            }
+        },
+        "/metrics": {
+            "get": {
+                **open_op,
+                "operationId": "metrics",
+                "summary": "Prometheus metrics (`gateway_` prefix)",
+                "responses": {
+                    "200": {
+                        "description": "Prometheus text exposition format.",
+                        "content": {"text/plain": {"schema": {"type": "string"}}},
+                    }
+                },
+            }
+        },
+        "/openapi.json": {
+            "get": {
+                **open_op,
+                "operationId": "openapi",
+                "summary": "This document",
+                "responses": {"200": _json({"type": "object"}, "The OpenAPI document.")},
+            }
+        },
+        "/alarms": {
+            "get": _guarded(
+                "List alarms, newest first (keyset pagination by id)",
+                "viewer",
+                _json(_ref("AlarmPage"), "One page."),
+                {"400": _response_ref("BadRequest")},
+                operationId="listAlarms",
+                tags=["alarms"],
+                parameters=_list_parameters(),
+            )
+        },
+        "/alarms/{id}": _alarm_get("One alarm", "getAlarm", _json(_ref("Alarm"), "The alarm.")),
+        "/alarms/{id}/actions": _alarm_get(
+            "The people's actions allowed now (render buttons from this, never guess)",
+            "getAlarmActions",
+            _json(_ref("AllowedActions"), "Current status and allowed actions."),
+        ),
+        "/alarms/{id}/chain": _alarm_get(
+            "The supersede chain that ends at this alarm",
+            "getAlarmChain",
+            _json(_ref("Chain"), "The chain, oldest first."),
+        ),
+        "/alarms/{id}/audit": _alarm_get(
+            "The audit trail of the alarm",
+            "getAlarmAudit",
+            _json(_ref("AuditTrail"), "Every change, oldest first."),
+        ),
+    }
+    for action in PATH_ACTIONS:
+        paths[f"/alarms/{{id}}/{action.value}"] = _action_path(action.value)
+    return paths
+
+
+def openapi_document() -> dict[str, Any]:
+    """The whole document, built afresh (callers encode it once)."""
+    return {
+        "openapi": OPENAPI_VERSION,
+        "info": {
+            "title": "MQTT alarm & command gateway: operator API",
+            "version": _version(),
+            "description": (
+                "Bearer tokens from the configuration carry a role: `viewer` may read, "
+                "`operator` may also act on alarms, `admin` may do everything. Every error "
+                f"has one shape (`Error`). Actors are at most {ACTOR_MAX_LENGTH} characters, "
+                f"notes at most {NOTE_MAX_LENGTH}."
+            ),
+        },
+        "tags": [
+            {"name": "alarms", "description": "Alarm lifecycle (SPEC §5)."},
+            {"name": "service", "description": "Health, metrics, this document."},
+        ],
+        "paths": _paths(),
+        "components": {
+            "schemas": {**_struct_schemas(), **_SCHEMAS},
+            "parameters": _PARAMETERS,
+            "responses": _RESPONSES,
+            "securitySchemes": {
+                "bearerAuth": {
+                    "type": "http",
+                    "scheme": "bearer",
+                    "description": "A token from `[[api.tokens]]` in the configuration.",
+                }
+            },
+        },
+    }
