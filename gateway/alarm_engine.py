@@ -62,13 +62,14 @@ class AlarmEngine:
         self, conn: asyncpg.Connection, messages: Sequence[tuple[str, str, Telemetry]]
     ) -> BatchAlarms:
         """Evaluate (device id, event id, message) in order; write alarms on ``conn``."""
+        rules = self.rules  # one rule set per batch, even if a reload swaps it meanwhile
         batch = BatchAlarms(staged=self.state.stage())
-        if not messages or not len(self.rules):
+        if not messages or not len(rules):
             return batch
         now = await repo.db_now(conn)
-        await self._clear_inactivity(conn, messages, now, batch)
+        await self._clear_inactivity(conn, rules, messages, now, batch)
         for device_id, event_id, message in messages:
-            evaluation = evaluate(self.rules, batch.staged, device_id, event_id, message)
+            evaluation = evaluate(rules, batch.staged, device_id, event_id, message)
             # In order: one message may raise an alarm and clear it again (OPEN then CLOSE).
             for outcome in evaluation.outcomes:
                 if isinstance(outcome, Firing):
@@ -115,19 +116,20 @@ class AlarmEngine:
     async def _clear_inactivity(
         self,
         conn: asyncpg.Connection,
+        rules: RuleSet,
         messages: Sequence[tuple[str, str, Telemetry]],
         now: datetime,
         batch: BatchAlarms,
     ) -> None:
         """Any message clears the device's inactivity alarms, whichever node raised them."""
-        if not self.rules.inactivity_rules:
+        if not rules.inactivity_rules:
             return
         first_event: dict[str, str] = {}
         for device_id, event_id, _ in messages:
             first_event.setdefault(device_id, event_id)
         keys, events = [], []
         for device_id, event_id in first_event.items():
-            for rule in self.rules.for_device(device_id):
+            for rule in rules.for_device(device_id):
                 if isinstance(rule, InactivityRule):
                     keys.append(active_key(device_id, rule.key))
                     events.append(event_id)

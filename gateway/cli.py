@@ -99,14 +99,26 @@ def _check_config(path: Path) -> int:
     return EXIT_OK
 
 
-async def _run(config: Config, _args: argparse.Namespace) -> int:
+async def _run(config: Config, args: argparse.Namespace) -> int:
     from gateway.app import Daemon
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    await Daemon(config).run(stop)
+    daemon = Daemon(config)
+
+    def reload() -> None:
+        try:
+            fresh = load_config(args.config)
+        except ConfigError as exc:
+            # The old configuration keeps running; the operator sees why in the journal.
+            log.error("config_reload_refused", error=str(exc))
+            return
+        daemon.reload(fresh)
+
+    loop.add_signal_handler(signal.SIGHUP, reload)
+    await daemon.run(stop)
     return EXIT_OK
 
 

@@ -16,6 +16,7 @@ from typing import Annotated, Final, Literal
 import msgspec
 from msgspec import Meta, Struct, field
 
+from gateway.domain.quiet_hours import QuietHours, QuietHoursConfig, compile_quiet_hours
 from gateway.errors import ConfigError
 from gateway.rules import RuleConfig, RuleSet, compile_rules
 from protocol import TopicKind, Topics, is_valid_device_id
@@ -104,6 +105,13 @@ class ApiConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     tokens: list[TokenConfig] = field(default_factory=list)
 
 
+class AlarmsConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    escalate_after_s: Annotated[float, Meta(ge=0)] = 0.0
+    repeat_interval_s: Annotated[float, Meta(ge=0)] = 0.0
+    timer_interval_s: PositiveFloat = 5.0
+    quiet_hours: QuietHoursConfig = field(default_factory=QuietHoursConfig)
+
+
 class Config(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     node: NodeConfig = field(default_factory=NodeConfig)
     mqtt: MqttConfig = field(default_factory=MqttConfig)
@@ -113,6 +121,7 @@ class Config(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     log: LogConfig = field(default_factory=LogConfig)
     api: ApiConfig = field(default_factory=ApiConfig)
     rules: list[RuleConfig] = field(default_factory=list)
+    alarms: AlarmsConfig = field(default_factory=AlarmsConfig)
 
     @property
     def node_id(self) -> str:
@@ -127,6 +136,11 @@ class Config(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
 
     def rule_set(self) -> RuleSet:
         return compile_rules(self.rules)
+
+    def quiet_hours(self) -> QuietHours | None:
+        if not self.alarms.quiet_hours.windows:
+            return None
+        return compile_quiet_hours(self.alarms.quiet_hours)
 
     @property
     def topics(self) -> Topics:
@@ -249,5 +263,6 @@ def validate(config: Config) -> None:
         if token.token and len(token.token) < 16:
             raise ConfigError(f"api.tokens[{index}].token", "must be at least 16 characters")
     compile_rules(config.rules)  # raises ConfigError("rules[i].field", ...)
+    compile_quiet_hours(config.alarms.quiet_hours)  # ConfigError("alarms.quiet_hours...")
     if config.database.retry_min_s > config.database.retry_max_s:
         raise ConfigError("database.retry_min_s", "must not exceed database.retry_max_s")

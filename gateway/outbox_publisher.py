@@ -17,9 +17,10 @@ import asyncpg
 import msgspec
 import structlog
 
-from gateway.alarms import EVENT_CREATED, StatusChangedError, transition
+from gateway.alarm_timers import deliver
+from gateway.alarms import EVENT_CREATED, EVENT_WOKEN
 from gateway.backoff import Backoff
-from gateway.domain.alarm import Action, AlarmStatus
+from gateway.domain.quiet_hours import QuietHours
 from gateway.metrics import Metrics
 from protocol import Topics
 from storage import outbox
@@ -28,7 +29,8 @@ from storage.outbox import ClaimedEvent
 log = structlog.get_logger("gateway.outbox")
 
 NOTIFY_CHANNEL = "outbox_event"
-PUSH_ACTOR = "system:outbox"
+# Publishing these is what brings an alarm to people: then it is pushed (or held back).
+DELIVERING_EVENTS = frozenset({EVENT_CREATED, EVENT_WOKEN})
 
 Publish = Callable[[str, bytes], Awaitable[None]]
 
@@ -48,6 +50,7 @@ class OutboxPublisher:
         poll_s: float = 1.0,
         retry_base_s: float = 1.0,
         retry_cap_s: float = 300.0,
+        quiet: QuietHours | None = None,
     ) -> None:
         self.pool = pool
         self.dsn = dsn
@@ -60,6 +63,7 @@ class OutboxPublisher:
         self.poll_s = poll_s
         self.retry_base_s = retry_base_s
         self.retry_cap_s = retry_cap_s
+        self.quiet = quiet
         self.wakeup = asyncio.Event()
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -127,17 +131,9 @@ class OutboxPublisher:
                 # Our lease ran out and another publisher took the event: it publishes.
                 log.info("outbox_lease_lost", event_id=str(event.event_id))
                 return
-            if event.event_type == EVENT_CREATED:
-                await self._push(conn, int(event.aggregate_id))
+            if event.event_type in DELIVERING_EVENTS:
+                await deliver(conn, int(event.aggregate_id), quiet=self.quiet, node_id=self.node_id)
         self.metrics.outbox_published.labels(event.event_type).inc()
-
-    async def _push(self, conn: asyncpg.Connection, alarm_id: int) -> None:
-        # Not NEW any more (delayed by quiet hours, or a person took it): nothing to push.
-        with contextlib.suppress(StatusChangedError):
-            await transition(
-                conn, alarm_id, Action.PUSH, actor=PUSH_ACTOR, node_id=self.node_id,
-                expected=AlarmStatus.NEW,
-            )  # fmt: skip
 
     async def _failed(self, event: ClaimedEvent, exc: BaseException) -> None:
         delay = Backoff(self.retry_base_s, self.retry_cap_s, attempt=event.retry_count).next_delay()

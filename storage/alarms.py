@@ -31,6 +31,10 @@ CHAIN = _Q["chain"]
 NOW = _Q["now"]
 CLEAR_MANY = _Q["clear_many"]
 SILENT_DEVICES = _Q["silent_devices"]
+DELAYED = _Q["delayed"]
+ESCALATION_DUE = _Q["escalation_due"]
+REMINDER_DUE = _Q["reminder_due"]
+MARK_REMINDED = _Q["mark_reminded"]
 
 # Columns update_lifecycle writes, in parameter order after (id, expected status).
 LIFECYCLE_COLUMNS = (
@@ -163,3 +167,27 @@ async def silent_devices(
     conn: asyncpg.Connection, silent_seconds: float, rule_key: str
 ) -> list[asyncpg.Record]:
     return list(await conn.fetch(SILENT_DEVICES, silent_seconds, rule_key))
+
+
+async def delayed(conn: asyncpg.Connection, limit: int) -> list[asyncpg.Record]:
+    return list(await conn.fetch(DELAYED, limit))
+
+
+async def escalation_due(conn: asyncpg.Connection, before: datetime, limit: int) -> list[int]:
+    return [int(r["id"]) for r in await conn.fetch(ESCALATION_DUE, before, limit)]
+
+
+async def reminder_due(
+    conn: asyncpg.Connection, before: datetime, limit: int
+) -> list[asyncpg.Record]:
+    return list(await conn.fetch(REMINDER_DUE, before, limit))
+
+
+async def mark_reminded(
+    conn: asyncpg.Connection,
+    alarm_id: int,
+    expected: str,
+    previous: datetime | None,
+    now: datetime,
+) -> asyncpg.Record | None:
+    return await conn.fetchrow(MARK_REMINDED, alarm_id, expected, previous, now)

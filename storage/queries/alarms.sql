@@ -117,3 +117,25 @@ WHERE d.bound
       SELECT 1 FROM alarm a
       WHERE a.active_key = d.device_id || ':' || $2 AND a.cleared_at IS NULL)
 ORDER BY d.device_id;
+
+-- name: delayed
+-- $1 limit; alarms held back by quiet hours.
+SELECT id, device_id, severity FROM alarm WHERE status = 'DELAYED' ORDER BY id LIMIT $1;
+
+-- name: escalation_due
+-- $1 confirmed at or before, $2 limit; confirmed and not handled in time.
+SELECT id FROM alarm WHERE status = 'CONFIRMED' AND confirmed_at <= $1 ORDER BY id LIMIT $2;
+
+-- name: reminder_due
+-- $1 last notified at or before, $2 limit; open, unconfirmed, ringing alarms due a reminder.
+SELECT id, status, last_notified_at FROM alarm
+WHERE status IN ('NEW', 'PUSHED')
+  AND coalesce(last_notified_at, pushed_at, triggered_at) <= $1
+ORDER BY id LIMIT $2;
+
+-- name: mark_reminded
+-- $1 id, $2 expected status, $3 expected last_notified_at, $4 now; no state change, and only
+-- one node reminds (the previous reminder time is part of the condition).
+UPDATE alarm SET last_notified_at = $4
+WHERE id = $1 AND status = $2 AND last_notified_at IS NOT DISTINCT FROM $3
+RETURNING *;

@@ -1,0 +1,185 @@
+"""Time-driven alarm transitions: quiet hours, escalation, reminders.
+
+Every decision is derived from stored times and made by a conditional write, so the timers
+run on every node, survive restarts, and never act twice: two nodes that decide the same
+thing at once race on ``WHERE status = $expected``, and one of them finds nothing to do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+import asyncpg
+import structlog
+
+from gateway.alarms import (
+    EVENT_ESCALATED,
+    EVENT_REMINDER,
+    EVENT_WOKEN,
+    AlarmNotFoundError,
+    StatusChangedError,
+    alarm_from_record,
+    alarm_to_json,
+    transition,
+)
+from gateway.domain.alarm import Action, AlarmStatus
+from gateway.domain.quiet_hours import QuietHours
+from storage import alarms as repo
+from storage import outbox
+
+log = structlog.get_logger("gateway.alarm_timers")
+
+QUIET_ACTOR = "system:quiet-hours"
+ESCALATION_ACTOR = "system:escalation"
+PUSH_ACTOR = "system:outbox"
+BATCH = 200
+
+Clock = Callable[[asyncpg.Connection], Awaitable[datetime]]
+
+
+async def database_clock(conn: asyncpg.Connection) -> datetime:
+    return await repo.db_now(conn)
+
+
+async def deliver(
+    conn: asyncpg.Connection,
+    alarm_id: int,
+    *,
+    quiet: QuietHours | None,
+    node_id: str,
+    now: datetime | None = None,
+) -> AlarmStatus | None:
+    """The alarm's creation (or wake-up) event went out: push it, or hold it back.
+
+    Inside quiet hours (and not of an exempt severity) a NEW alarm goes DELAYED instead of
+    PUSHED. Conditional on still being NEW; None when it is not (a person took it first).
+    """
+    record = await repo.get(conn, alarm_id)
+    if record is None or record["status"] != AlarmStatus.NEW.value:
+        return None
+    at = now or await repo.db_now(conn)
+    held = quiet is not None and quiet.is_quiet(
+        device_id=record["device_id"], severity=record["severity"], at=at
+    )
+    action, actor = (Action.DELAY, QUIET_ACTOR) if held else (Action.PUSH, PUSH_ACTOR)
+    try:
+        changed = await transition(
+            conn, alarm_id, action, actor=actor, node_id=node_id, expected=AlarmStatus.NEW,
+            now=at,
+        )  # fmt: skip
+    except (StatusChangedError, AlarmNotFoundError):
+        return None
+    return changed.status
+
+
+@dataclass(slots=True)
+class TimerReport:
+    woken: list[int] = field(default_factory=list)
+    escalated: list[int] = field(default_factory=list)
+    reminded: list[int] = field(default_factory=list)
+
+
+class AlarmTimers:
+    def __init__(
+        self,
+        *,
+        pool: asyncpg.Pool,
+        node_id: str,
+        quiet: QuietHours | None,
+        escalate_after_s: float,
+        repeat_interval_s: float,
+        interval_s: float = 5.0,
+        clock: Clock = database_clock,
+    ) -> None:
+        self.pool = pool
+        self.node_id = node_id
+        self.quiet = quiet
+        self.escalate_after_s = escalate_after_s
+        self.repeat_interval_s = repeat_interval_s
+        self.interval_s = interval_s
+        self.clock = clock
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                await self.run_once()
+            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+                log.warning("alarm_timers_failed", error=repr(exc))
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.interval_s):
+                    await stop.wait()
+
+    async def run_once(self) -> TimerReport:
+        report = TimerReport()
+        async with self.pool.acquire() as conn:
+            now = await self.clock(conn)
+            if self.quiet is not None:
+                await self._wake(conn, now, report)
+            if self.escalate_after_s > 0:
+                await self._escalate(conn, now, report)
+            if self.repeat_interval_s > 0:
+                await self._remind(conn, now, report)
+        return report
+
+    async def _wake(self, conn: asyncpg.Connection, now: datetime, report: TimerReport) -> None:
+        assert self.quiet is not None
+        for row in await repo.delayed(conn, BATCH):
+            if self.quiet.is_quiet(device_id=row["device_id"], severity=row["severity"], at=now):
+                continue
+            # Back to NEW; publishing the wake-up event pushes it (see deliver).
+            if await self._act(
+                conn, row["id"], Action.WAKE, expected=AlarmStatus.DELAYED, now=now,
+                actor=QUIET_ACTOR, event_type=EVENT_WOKEN,
+            ):  # fmt: skip
+                report.woken.append(row["id"])
+
+    async def _escalate(self, conn: asyncpg.Connection, now: datetime, report: TimerReport) -> None:
+        due = now - timedelta(seconds=self.escalate_after_s)
+        for alarm_id in await repo.escalation_due(conn, due, BATCH):
+            if await self._act(
+                conn, alarm_id, Action.ESCALATE, expected=AlarmStatus.CONFIRMED, now=now,
+                actor=ESCALATION_ACTOR, event_type=EVENT_ESCALATED,
+            ):  # fmt: skip
+                report.escalated.append(alarm_id)
+
+    async def _act(
+        self,
+        conn: asyncpg.Connection,
+        alarm_id: int,
+        action: Action,
+        *,
+        expected: AlarmStatus,
+        now: datetime,
+        actor: str,
+        event_type: str,
+    ) -> bool:
+        try:
+            async with conn.transaction():
+                await transition(
+                    conn, alarm_id, action, actor=actor, node_id=self.node_id,
+                    expected=expected, now=now, event_type=event_type,
+                )  # fmt: skip
+        except (StatusChangedError, AlarmNotFoundError):
+            return False  # a person or another node got there first
+        log.info("alarm_timer_transition", alarm_id=alarm_id, action=action.value)
+        return True
+
+    async def _remind(self, conn: asyncpg.Connection, now: datetime, report: TimerReport) -> None:
+        due = now - timedelta(seconds=self.repeat_interval_s)
+        for row in await repo.reminder_due(conn, due, BATCH):
+            async with conn.transaction():
+                updated = await repo.mark_reminded(
+                    conn, row["id"], row["status"], row["last_notified_at"], now
+                )
+                if updated is None:
+                    continue  # changed meanwhile, or another node reminded first
+                alarm = alarm_from_record(updated)
+                await outbox.add_event(
+                    conn, aggregate_type="alarm", aggregate_id=str(alarm.id),
+                    event_type=EVENT_REMINDER, payload={"alarm": alarm_to_json(alarm)},
+                )  # fmt: skip
+            report.reminded.append(row["id"])

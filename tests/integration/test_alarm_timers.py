@@ -1,0 +1,156 @@
+"""Quiet hours, escalation and reminders with an injected clock (no sleeps)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+
+import aiomqtt
+import asyncpg
+import pytest
+
+from gateway.alarm_timers import AlarmTimers
+from gateway.alarms import AlarmService, create_alarm, transition
+from gateway.domain.alarm import Action, AlarmStatus
+from gateway.domain.quiet_hours import QuietHoursConfig, QuietWindowConfig, compile_quiet_hours
+from gateway.metrics import Metrics
+from gateway.outbox_publisher import OutboxPublisher
+from protocol import Topics
+from storage import alarms as repo
+from storage.pool import create_pool
+from tests.support.mosquitto import Mosquitto
+
+TOPICS = Topics("iot")
+
+
+@pytest.fixture
+async def pool(db_dsn: str) -> AsyncIterator[asyncpg.Pool]:
+    pool = await create_pool(db_dsn, min_size=1, max_size=4)
+    try:
+        yield pool
+    finally:
+        await pool.close()
+
+
+async def _raise(pool: asyncpg.Pool, device: str, severity: str = "MAJOR", n: int = 0) -> int:
+    async with pool.acquire() as conn, conn.transaction():
+        creation = await create_alarm(
+            conn, device_id=device, rule_key="r", severity=severity,
+            telemetry_event_id=f"{n:064x}", reason="test", node_id="n1",
+            now=await repo.db_now(conn),
+        )  # fmt: skip
+    assert creation.alarm is not None
+    return creation.alarm.id
+
+
+async def _status(pool: asyncpg.Pool, alarm_id: int) -> str:
+    async with pool.acquire() as conn:
+        return str(await conn.fetchval("SELECT status FROM alarm WHERE id = $1", alarm_id))
+
+
+def _shifted(delta: timedelta):  # type: ignore[no-untyped-def]
+    async def clock(conn: asyncpg.Connection) -> datetime:
+        return await repo.db_now(conn) + delta
+
+    return clock
+
+
+def _window_around_now() -> QuietHoursConfig:
+    now = datetime.now(UTC)
+    start, end = now - timedelta(hours=1), now + timedelta(hours=1)
+    return QuietHoursConfig(
+        windows=[QuietWindowConfig(devices="care-*", start=start.strftime("%H:%M"),
+                                   end=end.strftime("%H:%M"), timezone="UTC")]
+    )  # fmt: skip
+
+
+async def test_quiet_hours_delay_then_wake_and_push_and_critical_is_exempt(
+    pool: asyncpg.Pool, db_dsn: str, mosquitto: Mosquitto
+) -> None:
+    quiet = compile_quiet_hours(_window_around_now())
+    async with aiomqtt.Client("127.0.0.1", mosquitto.port) as broker:
+
+        async def publish(topic: str, payload: bytes) -> None:
+            await broker.publish(topic, payload, qos=1)
+
+        publisher = OutboxPublisher(
+            pool=pool, dsn=db_dsn, node_id="n1", topics=TOPICS, publish=publish,
+            metrics=Metrics(), quiet=quiet,
+        )  # fmt: skip
+        quiet_one = await _raise(pool, "care-1", n=1)
+        critical = await _raise(pool, "care-2", severity="CRITICAL", n=2)
+        elsewhere = await _raise(pool, "plant-1", n=3)
+        while await publisher.run_once():
+            pass
+        assert await _status(pool, quiet_one) == "DELAYED"
+        assert await _status(pool, critical) == "PUSHED"
+        assert await _status(pool, elsewhere) == "PUSHED"
+
+        timers = AlarmTimers(pool=pool, node_id="n1", quiet=quiet, escalate_after_s=0,
+                             repeat_interval_s=0)  # fmt: skip
+        assert (await timers.run_once()).woken == []  # still inside the window
+        timers.clock = _shifted(timedelta(hours=3))
+        assert (await timers.run_once()).woken == [quiet_one]
+        assert await _status(pool, quiet_one) == "NEW"
+        publisher.quiet = None  # the wake-up event is published after the window
+        while await publisher.run_once():
+            pass
+        assert await _status(pool, quiet_one) == "PUSHED"
+    async with pool.acquire() as conn:
+        trail = await conn.fetch(
+            "SELECT action FROM alarm_audit WHERE alarm_id = $1 ORDER BY id", quiet_one
+        )
+    assert [r["action"] for r in trail] == ["create", "delay", "wake", "push"]
+
+
+async def test_escalation_after_the_deadline_once_even_with_two_nodes(pool: asyncpg.Pool) -> None:
+    alarm_id = await _raise(pool, "d1")
+    await AlarmService(pool, "n1").act(alarm_id, Action.CONFIRM, actor="alice")
+    early = AlarmTimers(pool=pool, node_id="n1", quiet=None, escalate_after_s=900,
+                        repeat_interval_s=0, clock=_shifted(timedelta(seconds=60)))  # fmt: skip
+    assert (await early.run_once()).escalated == []
+    late = [
+        AlarmTimers(pool=pool, node_id=f"n{n}", quiet=None, escalate_after_s=900,
+                    repeat_interval_s=0, clock=_shifted(timedelta(seconds=901)))
+        for n in (1, 2)
+    ]  # fmt: skip
+    reports = await asyncio.gather(*(t.run_once() for t in late))
+    assert sorted(r for report in reports for r in report.escalated) == [alarm_id]
+    assert await _status(pool, alarm_id) == "ESCALATED"
+    async with pool.acquire() as conn:
+        events = await conn.fetch(
+            "SELECT event_type FROM outbox_event WHERE aggregate_id = $1 ORDER BY id",
+            str(alarm_id),
+        )
+    assert [e["event_type"] for e in events][-1] == "alarm.escalated"
+    # A person handles it: nothing for the timer any more.
+    await AlarmService(pool, "n1").act(alarm_id, Action.HANDLE, actor="bob")
+    assert (await late[0].run_once()).escalated == []
+
+
+async def test_reminders_renotify_without_changing_state(pool: asyncpg.Pool) -> None:
+    alarm_id = await _raise(pool, "d2")
+    async with pool.acquire() as conn, conn.transaction():
+        await transition(conn, alarm_id, Action.PUSH, actor="system:test", node_id="n1")
+
+    def timers(minutes: int) -> AlarmTimers:
+        clock = _shifted(timedelta(minutes=minutes))
+        return AlarmTimers(
+            pool=pool, node_id="n1", quiet=None, escalate_after_s=0, repeat_interval_s=600,
+            clock=clock,
+        )  # fmt: skip
+
+    assert (await timers(5).run_once()).reminded == []
+    assert (await timers(11).run_once()).reminded == [alarm_id]
+    assert (await timers(11).run_once()).reminded == []  # reminded already at that time
+    assert (await timers(22).run_once()).reminded == [alarm_id]
+    assert await _status(pool, alarm_id) == "PUSHED"
+    await AlarmService(pool, "n1").act(alarm_id, Action.CONFIRM, actor="carol")
+    assert (await timers(60).run_once()).reminded == []  # confirmed: no more reminders
+    async with pool.acquire() as conn:
+        count = await conn.fetchval(
+            "SELECT count(*) FROM outbox_event WHERE event_type = 'alarm.reminder'"
+        )
+    assert count == 2
+    assert AlarmStatus.CONFIRMED.value == await _status(pool, alarm_id)
