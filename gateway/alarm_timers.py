@@ -26,8 +26,9 @@ from gateway.alarms import (
     alarm_to_json,
     transition,
 )
-from gateway.domain.alarm import Action, AlarmStatus
+from gateway.domain.alarm import Action, AlarmStatus, next_status
 from gateway.domain.quiet_hours import QuietHours
+from gateway.metrics import Metrics
 from storage import alarms as repo
 from storage import outbox
 
@@ -94,6 +95,7 @@ class AlarmTimers:
         repeat_interval_s: float,
         interval_s: float = 5.0,
         clock: Clock = database_clock,
+        metrics: Metrics | None = None,
     ) -> None:
         self.pool = pool
         self.node_id = node_id
@@ -102,6 +104,7 @@ class AlarmTimers:
         self.repeat_interval_s = repeat_interval_s
         self.interval_s = interval_s
         self.clock = clock
+        self.metrics = metrics
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
@@ -166,6 +169,8 @@ class AlarmTimers:
         except (StatusChangedError, AlarmNotFoundError):
             return False  # a person or another node got there first
         log.info("alarm_timer_transition", alarm_id=alarm_id, action=action.value)
+        if self.metrics is not None:
+            self.metrics.count_transition(expected.value, next_status(expected, action).value)
         return True
 
     async def _remind(self, conn: asyncpg.Connection, now: datetime, report: TimerReport) -> None:

@@ -26,6 +26,7 @@ from gateway.domain.alarm import (
     dedup_key,
     on_refire,
 )
+from gateway.metrics import Metrics
 from storage import alarms as repo
 from storage import outbox
 
@@ -265,9 +266,10 @@ async def transition(
 class AlarmService:
     """Reads and people's actions for the HTTP API, each in its own short transaction."""
 
-    def __init__(self, pool: asyncpg.Pool, node_id: str) -> None:
+    def __init__(self, pool: asyncpg.Pool, node_id: str, metrics: Metrics | None = None) -> None:
         self.pool = pool
         self.node_id = node_id
+        self.metrics = metrics
 
     async def get(self, alarm_id: int) -> Alarm:
         async with self.pool.acquire() as conn:
@@ -321,7 +323,11 @@ class AlarmService:
         request_id: str | None = None,
     ) -> Alarm:
         async with self.pool.acquire() as conn, conn.transaction():
-            return await transition(
+            before = await repo.get(conn, alarm_id)
+            changed = await transition(
                 conn, alarm_id, action, actor=actor, node_id=self.node_id, note=note,
                 request_id=request_id,
             )  # fmt: skip
+        if self.metrics is not None and before is not None:
+            self.metrics.count_transition(before["status"], changed.status.value)
+        return changed

@@ -114,7 +114,7 @@ class Daemon:
             pool=pool, node_id=self.node_id, quiet=quiet,
             escalate_after_s=cfg.alarms.escalate_after_s,
             repeat_interval_s=cfg.alarms.repeat_interval_s,
-            interval_s=cfg.alarms.timer_interval_s,
+            interval_s=cfg.alarms.timer_interval_s, metrics=self.metrics,
         )  # fmt: skip
         group = cfg.mqtt.shared_group if protocol == cfg.mqtt.protocol else ""
         # Presence is retained, and retained messages are not sent to shared subscriptions:
@@ -137,7 +137,9 @@ class Daemon:
         if cfg.http.enabled:
             app = create_app(health_check=self.health, registry=self.metrics)
             self.auth = add_alarm_api(
-                app, service=AlarmService(pool, self.node_id), tokens=cfg.api.tokens
+                app,
+                service=AlarmService(pool, self.node_id, self.metrics),
+                tokens=cfg.api.tokens,
             )
             server = await stack.enter_async_context(HttpServer(app, cfg.http.host, cfg.http.port))
             self.http_port = server.port

@@ -112,5 +112,8 @@ class Metrics:
             registry=r,
         )
 
+    def count_transition(self, from_status: str, to_status: str) -> None:
+        self.alarm_transitions.labels(from_status, to_status).inc()
+
     def render(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST

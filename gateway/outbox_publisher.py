@@ -126,14 +126,19 @@ class OutboxPublisher:
         except Exception as exc:  # any publish failure is retried later
             await self._failed(event, exc)
             return
+        delivered = None
         async with self.pool.acquire() as conn, conn.transaction():
             if not await outbox.mark_published(conn, event.id, self.node_id):
                 # Our lease ran out and another publisher took the event: it publishes.
                 log.info("outbox_lease_lost", event_id=str(event.event_id))
                 return
             if event.event_type in DELIVERING_EVENTS:
-                await deliver(conn, int(event.aggregate_id), quiet=self.quiet, node_id=self.node_id)
+                delivered = await deliver(
+                    conn, int(event.aggregate_id), quiet=self.quiet, node_id=self.node_id
+                )
         self.metrics.outbox_published.labels(event.event_type).inc()
+        if delivered is not None:
+            self.metrics.count_transition("NEW", delivered.value)
 
     async def _failed(self, event: ClaimedEvent, exc: BaseException) -> None:
         delay = Backoff(self.retry_base_s, self.retry_cap_s, attempt=event.retry_count).next_delay()

@@ -290,7 +290,7 @@ def compile_rule(config: RuleConfig, path: str = "rule") -> Rule:
     for name in _ALL_KIND_FIELDS:
         if name not in _KIND_FIELDS[kind] and getattr(config, name) is not None:
             raise ConfigError(at(name), f"does not apply to a rule of kind {kind!r}")
-    selector = _selector(config.devices, at("devices"))
+    selector = device_selector(config.devices, at("devices"))
     match kind:
         case "event":
             return EventRule(
@@ -382,7 +382,7 @@ def _clear_value(
     return clear
 
 
-def _selector(devices: str | Sequence[str], path: str) -> DeviceSelector:
+def device_selector(devices: str | Sequence[str], path: str) -> DeviceSelector:
     if isinstance(devices, str):
         _check_device_pattern(devices, path)
         return DeviceSelector((devices,))

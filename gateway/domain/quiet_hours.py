@@ -34,8 +34,8 @@ import msgspec
 
 from gateway.errors import ConfigError
 
-# `_selector` validates device ids and globs exactly as rules do; share it rather than copy it.
-from gateway.rules import SEVERITIES, DeviceSelector, _selector
+# `device_selector` checks device ids and globs exactly as rules do: shared, not copied.
+from gateway.rules import SEVERITIES, DeviceSelector, device_selector
 
 DAYS: Final[tuple[str, ...]] = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
 # A quiet period still not over this long after `at` is taken as never ending (windows that
@@ -162,7 +162,7 @@ def compile_quiet_hours(config: QuietHoursConfig, path: str = "alarms.quiet_hour
 
 
 def _compile_window(config: QuietWindowConfig, path: str) -> QuietWindow:
-    selector = _selector(config.devices, f"{path}.devices")
+    selector = device_selector(config.devices, f"{path}.devices")
     start = _hh_mm(config.start, f"{path}.start")
     end = _hh_mm(config.end, f"{path}.end")
     if start == end:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import signal
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -153,3 +154,61 @@ async def test_zero_setup_default_ingests_on_embedded_broker_and_database(
     log = process.log_tail(200)
     assert "embedded_broker_started" in log
     assert "embedded_postgres_started" in log
+
+
+async def test_sighup_reloads_rules_and_a_broken_config_keeps_the_old_ones(
+    db_dsn: str, mosquitto: Mosquitto, tmp_path: Path
+) -> None:
+    http_port = free_port()
+    config = tmp_path / "gateway.toml"
+
+    def write(rules: str) -> None:
+        config.write_text(
+            config_toml(dsn=db_dsn, mqtt_port=mosquitto.port, http_port=http_port,
+                        log_level="info", extra=rules)
+        )  # fmt: skip
+
+    door = '[[rules]]\nkey = "door"\nkind = "event"\nevent = "DOOR_OPEN"\nseverity = "MAJOR"\n'
+    sos = '[[rules]]\nkey = "sos"\nkind = "event"\nevent = "SOS"\nseverity = "CRITICAL"\n'
+    write(door)
+    process = DaemonProcess(config, tmp_path / "daemon.log")
+
+    async def send(n: int, event: str) -> None:
+        payload = f'{{"ts": {1767225600000 + n}, "events": [{{"type": "{event}"}}]}}'.encode()
+        async with aiomqtt.Client("127.0.0.1", mosquitto.port) as pub:
+            await pub.publish(TOPICS.telemetry("flat-1"), payload, qos=1)
+
+    async def alarms(rule: str, count: int) -> bool:
+        conn = await asyncpg.connect(db_dsn)
+        try:
+            found = await conn.fetchval("SELECT count(*) FROM alarm WHERE rule_key = $1", rule)
+        finally:
+            await conn.close()
+        return bool(found == count)
+
+    try:
+        process.start()
+        await _wait_healthy(process, http_port)
+        write('[[rules]]\nkey = "broken"\nkind = "nope"\nseverity = "INFO"\n')
+        process.signal(signal.SIGHUP)
+        await wait_until(lambda: "config_reload_refused" in process.log_text(), timeout=30)
+        assert "rules[0].kind" in process.log_text()
+        await send(1, "DOOR_OPEN")  # the old rules still run
+        await wait_until(lambda: alarms("door", 1), timeout=30)
+
+        write(sos)
+        process.signal(signal.SIGHUP)
+        await wait_until(lambda: "config_reloaded" in process.log_text(), timeout=30)
+        await send(2, "SOS")
+        await send(3, "DOOR_OPEN")  # no such rule any more
+        await wait_until(lambda: alarms("sos", 1), timeout=30)
+        assert process.alive()
+        assert process.terminate() == 0
+    finally:
+        process.cleanup()
+    assert await alarms("door", 1)
+    conn = await asyncpg.connect(db_dsn)
+    try:
+        assert await conn.fetchval("SELECT count(*) FROM telemetry") == 3  # nothing dropped
+    finally:
+        await conn.close()

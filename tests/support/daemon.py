@@ -29,6 +29,7 @@ def config_toml(
     extra: str = "",
     mqtt_extra: str = "",
     ingest_extra: str = "",
+    log_level: str = "warning",
 ) -> str:
     return f"""
 [node]
@@ -56,7 +57,7 @@ port = {http_port}
 
 [log]
 format = "json"
-level = "warning"
+level = "{log_level}"
 {extra}
 """
 
@@ -132,6 +133,16 @@ class DaemonProcess:
         assert self.process is not None
         self.process.send_signal(signal.SIGTERM)
         return self.process.wait(timeout=timeout)
+
+    def signal(self, sig: int) -> None:
+        assert self.process is not None
+        self.process.send_signal(sig)
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
 
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
