@@ -25,7 +25,9 @@ from gateway.ingest import TRANSIENT_DB_ERRORS, IngestWriter, MessageDecoder
 from gateway.metrics import Metrics
 from gateway.mqtt import ConnectionSettings, TlsSettings
 from gateway.outbox_publisher import OutboxPublisher
+from gateway.sdnotify import Notifier
 from gateway.session import OFFLINE, MqttSession
+from gateway.supervision import Watchdog
 from protocol import Encoding, TopicKind
 from storage import ingest as repo
 from storage import outbox
@@ -48,8 +50,15 @@ def gateway_version() -> str:
 class Daemon:
     """One node. ``await Daemon(config).run(stop)`` returns after a clean drain."""
 
-    def __init__(self, config: Config, *, metrics: Metrics | None = None) -> None:
+    def __init__(
+        self,
+        config: Config,
+        *,
+        metrics: Metrics | None = None,
+        notifier: Notifier | None = None,
+    ) -> None:
         self.config = config
+        self.notifier = notifier or Notifier()
         self.node_id = config.node_id
         self.metrics = metrics or Metrics()
         self.ready = asyncio.Event()
@@ -154,6 +163,15 @@ class Daemon:
                     pool=pool, engine=engine, interval_s=min(max(silent / 4, 1.0), 30.0)
                 )
                 tasks.create_task(monitor.run(stop), name="inactivity-monitor")
+            interval = self.notifier.watchdog_interval_s()
+            if self.notifier.enabled:
+                watchdog = Watchdog(
+                    notifier=self.notifier, writer=writer, status=self.status_line,
+                    interval_s=interval or 10.0,
+                    # WATCHDOG_USEC itself: a call hanging that long has missed a ping.
+                    stall_s=2 * interval if interval else float("inf"),
+                )  # fmt: skip
+                tasks.create_task(watchdog.run(stop), name="watchdog")
             await tasks.create_task(session.run(stop), name="mqtt-session")
             # The session returns after draining (or giving up on) the queue.
             writer_task.cancel()
@@ -184,9 +202,18 @@ class Daemon:
         self.config = config
         log.info("config_reloaded", rules=len(config.rules))
 
+    def status_line(self) -> str:
+        writer, session = self.writer, self.session
+        stored = 0 if writer is None else writer.stored_total
+        queued = 0 if writer is None else writer.queue.qsize()
+        broker = "up" if session is not None and session.connected else "down"
+        return f"node {self.node_id}: {stored} stored, {queued} queued, broker {broker}"
+
     def _on_connected(self) -> None:
         if not self.ready.is_set():
+            # Migrated, subscribed, HTTP listening: the daemon can really ingest now.
             self.ready.set()
+            self.notifier.ready(self.status_line())
             log.info("daemon_ready", http_port=self.http_port)
 
     def _connection_settings(
@@ -313,7 +340,7 @@ class Daemon:
             },
             # Every audit row is written in the transaction of its change (a failed audit rolls
             # the change back), so no path can lose one silently.
-            "audit_failures": 0,
+            "auditFailures": 0,
             "ingest": {
                 "queued": 0 if self.writer is None else self.writer.queue.qsize(),
                 "seconds_since_progress": (

@@ -1,0 +1,67 @@
+"""The outbox table's claims: per-aggregate order, leases, backoff, idempotent consumers."""
+
+from __future__ import annotations
+
+import uuid
+
+import asyncpg
+
+from storage import outbox
+
+
+async def _add(db: asyncpg.Connection, aggregate: str, n: int) -> uuid.UUID:
+    return await outbox.add_event(
+        db, aggregate_type="alarm", aggregate_id=aggregate, event_type=f"e{n}", payload={"n": n}
+    )
+
+
+async def test_one_aggregate_is_published_in_order_while_others_proceed(
+    db: asyncpg.Connection,
+) -> None:
+    for n in range(3):
+        await _add(db, "A", n)
+    await _add(db, "B", 0)
+    first = await outbox.claim_due(db, node_id="n1", lease_s=30, limit=10)
+    assert [(e.aggregate_id, e.event_type) for e in first] == [("A", "e0"), ("B", "e0")]
+    # Nothing behind an unpublished head, whoever asks.
+    assert await outbox.claim_due(db, node_id="n2", lease_s=30, limit=10) == []
+    assert await outbox.mark_published(db, first[0].id, "n1")
+    second = await outbox.claim_due(db, node_id="n2", lease_s=30, limit=10)
+    assert [(e.aggregate_id, e.event_type) for e in second] == [("A", "e1")]
+
+
+async def test_a_failed_publish_backs_off_and_only_the_lease_holder_may_finish(
+    db: asyncpg.Connection,
+) -> None:
+    await _add(db, "A", 0)
+    (claimed,) = await outbox.claim_due(db, node_id="n1", lease_s=30, limit=10)
+    assert not await outbox.mark_published(db, claimed.id, "someone-else")
+    assert await outbox.mark_failed(db, claimed.id, "n1", retry_in_s=60, error="broker down") == 1
+    assert await outbox.claim_due(db, node_id="n1", lease_s=30, limit=10) == []  # not yet due
+    await db.execute("UPDATE outbox_event SET next_retry_at = now()")
+    (again,) = await outbox.claim_due(db, node_id="n2", lease_s=30, limit=10)
+    assert again.retry_count == 1
+    assert await outbox.mark_published(db, again.id, "n2")
+    row = await db.fetchrow("SELECT status, last_error, published_at FROM outbox_event")
+    assert row["status"] == "PUBLISHED"
+    assert row["last_error"] is None
+    assert row["published_at"] is not None
+    backlog, _ = await outbox.backlog(db)
+    assert backlog == 0
+
+
+async def test_an_expired_lease_is_taken_over(db: asyncpg.Connection) -> None:
+    await _add(db, "A", 0)
+    (claimed,) = await outbox.claim_due(db, node_id="dead", lease_s=30, limit=10)
+    await db.execute("UPDATE outbox_event SET lease_until = now() - interval '1 second'")
+    (taken,) = await outbox.claim_due(db, node_id="alive", lease_s=30, limit=10)
+    assert taken.id == claimed.id
+    assert not await outbox.mark_published(db, claimed.id, "dead")
+    assert await outbox.mark_published(db, taken.id, "alive")
+
+
+async def test_consumers_record_each_event_once(db: asyncpg.Connection) -> None:
+    event_id = await _add(db, "A", 0)
+    assert await outbox.record_consumed(db, "ai-summaries", event_id)
+    assert not await outbox.record_consumed(db, "ai-summaries", event_id)
+    assert await outbox.record_consumed(db, "webhook", event_id)  # another consumer
