@@ -55,6 +55,11 @@ def _parser() -> argparse.ArgumentParser:
     which.add_argument("--id", type=int, action="append", dest="ids", help="repeatable")
     which.add_argument("--all", action="store_true", help="every dead letter not yet replayed")
     again.add_argument("--reason", help="with --all: only this reason code")
+
+    units = commands.add_parser("install-systemd", help="install the systemd unit files")
+    units.add_argument("--target", type=Path, default=Path("/etc/systemd/system"))
+    units.add_argument("--executable", help="the gateway command the units run (default: this one)")
+    units.add_argument("--force", action="store_true", help="overwrite differing unit files")
     return parser
 
 
@@ -62,6 +67,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "check-config":
         return _check_config(args.path)
+    if args.command == "install-systemd":
+        return _install_systemd(args)
     try:
         config = load_config(args.config)
     except ConfigError as exc:
@@ -89,6 +96,20 @@ def _run_async(coro: Coroutine[Any, Any, int]) -> int:
         return runner.run(coro)
 
 
+def _install_systemd(args: argparse.Namespace) -> int:
+    from gateway.install_systemd import install_units
+
+    try:
+        written = install_units(args.target, executable=args.executable, force=args.force)
+    except (FileExistsError, FileNotFoundError, ValueError) as exc:
+        print(str(exc), file=sys.stderr)
+        return EXIT_FAILURE
+    for path in written:
+        print(f"installed {path}")
+    print("next: systemctl daemon-reload && systemctl enable --now gateway")
+    return EXIT_OK
+
+
 def _check_config(path: Path) -> int:
     try:
         load_config(path)
@@ -104,18 +125,28 @@ async def _run(config: Config, args: argparse.Namespace) -> int:
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
     daemon = Daemon(config)
 
+    def shutdown() -> None:
+        daemon.notifier.stopping()
+        stop.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, shutdown)
+
     def reload() -> None:
+        daemon.notifier.reloading()
         try:
             fresh = load_config(args.config)
         except ConfigError as exc:
             # The old configuration keeps running; the operator sees why in the journal.
             log.error("config_reload_refused", error=str(exc))
-            return
-        daemon.reload(fresh)
+        else:
+            daemon.reload(fresh)
+        if daemon.ready.is_set():  # a SIGHUP during start-up must not announce readiness
+            daemon.notifier.ready(daemon.status_line())
+        else:
+            daemon.notifier.status(daemon.status_line())
 
     loop.add_signal_handler(signal.SIGHUP, reload)
     await daemon.run(stop)

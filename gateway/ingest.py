@@ -221,6 +221,11 @@ class IngestWriter:
         self.engine = engine
         self.queue: asyncio.Queue[Inbound] = asyncio.Queue(maxsize=queue_max)
         self.last_progress = 0.0
+        # Set while a database call of the writer is under way: a call that never returns
+        # (a lock, a black-holed connection) is what "stuck" means to the watchdog. Failing
+        # fast and retrying is not stuck.
+        self.in_db_call_since: float | None = None
+        self.stored_total = 0
 
     async def put(self, item: Inbound) -> None:
         """Blocks while the queue is full: overload slows the reader, never grows memory."""
@@ -319,8 +324,13 @@ class IngestWriter:
                 return result
 
     async def _store_once(self, batch: Classified) -> StoreResult:
-        async with self.pool.acquire() as conn, conn.transaction():
-            result = await store(conn, batch, self.node_id, self.engine)
+        self.in_db_call_since = asyncio.get_running_loop().time()
+        try:
+            async with self.pool.acquire() as conn, conn.transaction():
+                result = await store(conn, batch, self.node_id, self.engine)
+        finally:
+            self.in_db_call_since = None
+        self.stored_total += result.stored
         # Committed: only now may the cached firing state follow the database.
         if self.engine is not None and result.alarms is not None:
             self.engine.committed(result.alarms)

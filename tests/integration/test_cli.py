@@ -83,3 +83,22 @@ async def test_an_older_release_refuses_a_newer_schema(db_dsn: str, tmp_path: Pa
     result = _gateway("migrate", "--config", str(config))
     assert result.returncode == 1
     assert "refusing to start" in result.stderr
+
+
+def test_install_systemd_writes_the_units_for_this_installation(tmp_path: Path) -> None:
+    executable = tmp_path / "bin" / "gateway"
+    executable.parent.mkdir()
+    executable.write_text("#!/bin/sh\n")
+    executable.chmod(0o755)
+    target = tmp_path / "units"
+    target.mkdir()
+    result = _gateway("install-systemd", "--target", str(target), "--executable", str(executable))
+    assert result.returncode == 0, result.stderr
+    assert sorted(p.name for p in target.iterdir()) == ["gateway.service", "gateway@.service"]
+    unit = (target / "gateway.service").read_text()
+    assert f"ExecStart={executable} run" in unit
+    assert "Type=notify" in unit
+    (target / "gateway.service").write_text("edited by the operator\n")
+    refused = _gateway("install-systemd", "--target", str(target), "--executable", str(executable))
+    assert refused.returncode == 1
+    assert "gateway.service" in refused.stderr

@@ -1,0 +1,63 @@
+"""The daemon and its service manager: readiness, watchdog, status (sd_notify).
+
+``WATCHDOG=1`` is sent only while the pipeline is healthy: making progress, or idle. A
+database call of the writer that has not returned for longer than the watchdog period means
+the writer is stuck, and the pings stop so that systemd restarts the service (nothing is
+lost: unacknowledged messages are redelivered). A database that refuses connections is not
+"stuck": the writer fails fast and retries, and restarting would not help.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+
+import structlog
+
+from gateway.ingest import IngestWriter
+from gateway.sdnotify import Notifier
+
+log = structlog.get_logger("gateway.supervision")
+
+
+class Watchdog:
+    def __init__(
+        self,
+        *,
+        notifier: Notifier,
+        writer: IngestWriter,
+        status: Callable[[], str],
+        interval_s: float,
+        stall_s: float,
+    ) -> None:
+        self.notifier = notifier
+        self.writer = writer
+        self.status = status
+        self.interval_s = interval_s
+        self.stall_s = stall_s
+        self.pings = 0
+
+    def stuck_for(self, now: float) -> float:
+        since = self.writer.in_db_call_since
+        return 0.0 if since is None else now - since
+
+    async def run(self, stop: asyncio.Event) -> None:
+        loop = asyncio.get_running_loop()
+        warned = False
+        while not stop.is_set():
+            stuck = self.stuck_for(loop.time())
+            if stuck < self.stall_s:
+                self.notifier.watchdog()
+                self.pings += 1
+                warned = False
+            elif not warned:
+                log.error(
+                    "watchdog_withheld", stuck_s=round(stuck, 1),
+                    note="a database write has not returned; systemd will restart us",
+                )  # fmt: skip
+                warned = True
+            self.notifier.status(self.status())
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.interval_s):
+                    await stop.wait()

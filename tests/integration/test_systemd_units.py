@@ -1,0 +1,185 @@
+"""The shipped systemd units: `systemd-analyze verify` clean, sandboxed, identical in both places,
+and installed with the executable of the environment that installs them."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gateway.install_systemd import DEFAULT_EXECUTABLE, UNIT_NAMES, install_units, render_unit
+
+ROOT = Path(__file__).resolve().parents[2]
+SYSTEMD_DIR = ROOT / "systemd"
+PACKAGED_DIR = ROOT / "gateway" / "units"
+# systemd-analyze security's exposure, times ten: 1.6 today; sandboxing may only get stricter.
+MAX_EXPOSURE = 20
+ANALYZE_TIMEOUT_S = 60
+
+
+def _analyze() -> tuple[str, int]:
+    """The systemd-analyze binary and systemd's version, or a skip saying why there is none."""
+    analyze = shutil.which("systemd-analyze")
+    if analyze is None:
+        pytest.skip("systemd-analyze is not installed (Debian: apt-get install systemd)")
+    probe = _run([analyze, "--version"])
+    if probe.returncode != 0:
+        pytest.skip(f"systemd-analyze --version failed: {probe.stderr.strip()}")
+    match = re.match(r"systemd (\d+)", probe.stdout)
+    return analyze, int(match[1]) if match else 0
+
+
+def _run(argv: list[str]) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "SYSTEMD_LOG_LEVEL": "notice", "SYSTEMD_PAGER": "", "LC_ALL": "C"}
+    return subprocess.run(
+        argv, check=False, capture_output=True, text=True, env=env, timeout=ANALYZE_TIMEOUT_S
+    )
+
+
+def _fake_gateway(directory: Path) -> Path:
+    # verify checks that ExecStart= binaries exist and are executable.
+    executable = directory / "bin" / "gateway"
+    executable.parent.mkdir(parents=True)
+    executable.write_text("#!/bin/sh\nexit 0\n")
+    executable.chmod(0o755)
+    return executable
+
+
+@pytest.fixture
+def rendered(tmp_path: Path) -> dict[str, Path]:
+    """Both units rendered for an existing executable, plus an instance of the template."""
+    executable = _fake_gateway(tmp_path / "venv")
+    units = tmp_path / "units"
+    units.mkdir()
+    paths = {}
+    for name in UNIT_NAMES:
+        paths[name] = units / name
+        paths[name].write_text(render_unit(name, str(executable)))
+    # A template is verified through an instance; the symlink is how systemd resolves one.
+    instance = units / "gateway@node1.service"
+    instance.symlink_to("gateway@.service")
+    paths[instance.name] = instance
+    return paths
+
+
+@pytest.mark.parametrize("unit", ["gateway.service", "gateway@node1.service"])
+def test_systemd_analyze_verify_is_clean(rendered: dict[str, Path], unit: str) -> None:
+    analyze, _ = _analyze()
+    result = _run([analyze, "verify", "--man=no", str(rendered[unit])])
+    output = result.stdout + result.stderr
+    # verify exits 0 on warnings such as "Unknown key"; anything said about our units counts.
+    about_us = [line for line in output.splitlines() if "gateway" in line]
+    assert result.returncode == 0, output
+    assert about_us == [], output
+
+
+@pytest.mark.parametrize("unit", ["gateway.service", "gateway@node1.service"])
+def test_sandbox_exposure_stays_low(rendered: dict[str, Path], unit: str) -> None:
+    analyze, version = _analyze()
+    if version < 250:
+        pytest.skip("systemd-analyze security --offline needs systemd 250")
+    result = _run(
+        [
+            analyze,
+            "security",
+            "--offline=yes",
+            f"--threshold={MAX_EXPOSURE}",
+            "--no-pager",
+            str(rendered[unit]),
+        ]
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "Overall exposure level" in result.stdout
+
+
+def test_the_packaged_units_are_byte_identical_to_systemd_dir() -> None:
+    shipped = sorted(path.name for path in SYSTEMD_DIR.glob("*.service"))
+    packaged = sorted(path.name for path in PACKAGED_DIR.glob("*.service"))
+    assert shipped == packaged == sorted(UNIT_NAMES)
+    for name in UNIT_NAMES:
+        assert (SYSTEMD_DIR / name).read_bytes() == (PACKAGED_DIR / name).read_bytes(), name
+
+
+@pytest.mark.parametrize("name", UNIT_NAMES)
+def test_render_rewrites_only_the_gateway_executable(name: str) -> None:
+    original = (PACKAGED_DIR / name).read_text()
+    text = render_unit(name, "/srv/gw/venv/bin/gateway")
+    exec_lines = [line for line in text.splitlines() if re.match(r"#?ExecStart(Pre)?=", line)]
+    assert exec_lines, "the unit starts something"
+    assert all(line.split("=", 1)[1].startswith("/srv/gw/venv/bin/gateway ") for line in exec_lines)
+    assert "ExecReload=/bin/kill -HUP $MAINPID" in text
+    # Only the Exec lines changed; the install instructions in the comments still name /opt.
+    changed = [
+        (old, new)
+        for old, new in zip(original.splitlines(), text.splitlines(), strict=True)
+        if old != new
+    ]
+    assert [old for old, _ in changed] == [
+        line for line in original.splitlines() if re.match(r"#?ExecStart(Pre)?=", line)
+    ]
+    assert all(DEFAULT_EXECUTABLE in old for old, _ in changed)
+
+
+@pytest.mark.parametrize(
+    "executable", ["gateway", "bin/gateway", "/opt/my venv/bin/gateway", "/opt/%i/gateway", "/a$b"]
+)
+def test_render_refuses_paths_systemd_would_misread(executable: str) -> None:
+    with pytest.raises(ValueError, match="absolute path"):
+        render_unit("gateway.service", executable)
+
+
+def test_render_refuses_unknown_units() -> None:
+    with pytest.raises(ValueError, match="unknown unit"):
+        render_unit("postgresql.service", "/usr/bin/true")
+
+
+def test_install_writes_every_unit_with_the_given_executable(tmp_path: Path) -> None:
+    executable = _fake_gateway(tmp_path / "venv")
+    target = tmp_path / "etc" / "systemd" / "system"
+    written = install_units(target, executable=str(executable))
+    assert written == [target / name for name in UNIT_NAMES]
+    for path in written:
+        assert path.read_text() == render_unit(path.name, str(executable))
+        assert f"ExecStart={executable} run --config" in path.read_text()
+        assert stat.S_IMODE(path.stat().st_mode) == 0o644
+    assert sorted(p.name for p in target.iterdir()) == sorted(UNIT_NAMES)  # no temp files left
+    # Installing the same thing again is a no-op, not a conflict.
+    assert install_units(target, executable=str(executable)) == written
+
+
+def test_install_defaults_to_the_console_script_next_to_the_interpreter(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    executable = _fake_gateway(tmp_path / "venv")
+    monkeypatch.setattr(sys, "executable", str(executable.parent / "python"))
+    (written, *_) = install_units(tmp_path / "units")
+    assert f"ExecStart={executable} run" in written.read_text()
+
+
+def test_install_refuses_a_different_existing_unit_unless_forced(tmp_path: Path) -> None:
+    executable = str(_fake_gateway(tmp_path / "venv"))
+    target = tmp_path / "units"
+    target.mkdir()
+    edited = target / "gateway@.service"
+    edited.write_text("[Service]\nExecStart=/usr/bin/local-edit\n")
+
+    with pytest.raises(FileExistsError, match=r"gateway@\.service.*force"):
+        install_units(target, executable=executable)
+    # All or nothing: the unit without a conflict was not written either.
+    assert sorted(p.name for p in target.iterdir()) == ["gateway@.service"]
+    assert edited.read_text() == "[Service]\nExecStart=/usr/bin/local-edit\n"
+
+    install_units(target, executable=executable, force=True)
+    assert edited.read_text() == render_unit("gateway@.service", executable)
+
+
+def test_install_refuses_a_missing_executable(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="not an executable"):
+        install_units(tmp_path / "units", executable=str(tmp_path / "nowhere" / "gateway"))
+    assert not (tmp_path / "units").exists()
