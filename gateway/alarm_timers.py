@@ -8,7 +8,6 @@ thing at once race on ``WHERE status = $expected``, and one of them finds nothin
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -28,6 +27,7 @@ from gateway.alarms import (
 )
 from gateway.domain.alarm import Action, AlarmStatus, next_status
 from gateway.domain.quiet_hours import QuietHours
+from gateway.loops import every
 from gateway.metrics import Metrics
 from storage import alarms as repo
 from storage import outbox
@@ -107,14 +107,7 @@ class AlarmTimers:
         self.metrics = metrics
 
     async def run(self, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            try:
-                await self.run_once()
-            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-                log.warning("alarm_timers_failed", error=repr(exc))
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self.interval_s):
-                    await stop.wait()
+        await every(self.interval_s, stop, self.run_once, name="alarm-timers")
 
     async def run_once(self) -> TimerReport:
         report = TimerReport()

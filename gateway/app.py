@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from contextlib import AsyncExitStack
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
@@ -22,6 +21,7 @@ from gateway.errors import StartupError
 from gateway.http import HttpServer, create_app
 from gateway.inactivity import InactivityMonitor
 from gateway.ingest import TRANSIENT_DB_ERRORS, IngestWriter, MessageDecoder
+from gateway.loops import sleep_unless_stopped
 from gateway.metrics import Metrics
 from gateway.mqtt import ConnectionSettings, TlsSettings
 from gateway.outbox_publisher import OutboxPublisher
@@ -306,9 +306,7 @@ class Daemon:
                 delay = backoff.next_delay()
                 self.metrics.db_retries.inc()
                 log.warning("database_unavailable", error=repr(exc), retry_in_s=round(delay, 3))
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(delay):
-                        await stop.wait()
+                await sleep_unless_stopped(stop, delay)
                 continue
             try:
                 async with pool.acquire() as conn:

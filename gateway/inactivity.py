@@ -8,7 +8,6 @@ computed from the stored silence, and whoever commits first raises it.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from datetime import datetime
 
 import asyncpg
@@ -16,6 +15,7 @@ import structlog
 
 from gateway.alarm_engine import AlarmEngine, inactivity_event_id
 from gateway.alarms import RetryBatchError, create_alarm
+from gateway.loops import every
 from storage import alarms as repo
 
 log = structlog.get_logger("gateway.inactivity")
@@ -28,14 +28,7 @@ class InactivityMonitor:
         self.interval_s = interval_s
 
     async def run(self, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            try:
-                await self.run_once()
-            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-                log.warning("inactivity_check_failed", error=repr(exc))
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self.interval_s):
-                    await stop.wait()
+        await every(self.interval_s, stop, self.run_once, name="inactivity")
 
     async def run_once(self) -> list[int]:
         """Raise the inactivity alarms due now; the ids raised by this call."""

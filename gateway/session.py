@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -13,6 +12,7 @@ import structlog
 
 from gateway.backoff import Backoff
 from gateway.ingest import Inbound, IngestWriter
+from gateway.loops import sleep_unless_stopped
 from gateway.metrics import Metrics
 from gateway.mqtt import AckingClient, ConnectionSettings
 
@@ -74,9 +74,7 @@ class MqttSession:
                 )
             finally:
                 self._set_connected(False)
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(delay):
-                    await stop.wait()
+            await sleep_unless_stopped(stop, delay)
 
     async def _serve(self, client: AckingClient, stop: asyncio.Event) -> None:
         self.connections += 1

@@ -10,12 +10,12 @@ lost: unacknowledged messages are redelivered). A database that refuses connecti
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Callable
 
 import structlog
 
 from gateway.ingest import IngestWriter
+from gateway.loops import sleep_unless_stopped
 from gateway.sdnotify import Notifier
 
 log = structlog.get_logger("gateway.supervision")
@@ -58,6 +58,4 @@ class Watchdog:
                 )  # fmt: skip
                 warned = True
             self.notifier.status(self.status())
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self.interval_s):
-                    await stop.wait()
+            await sleep_unless_stopped(stop, self.interval_s)

@@ -4,6 +4,7 @@ test cloned from a migrated template, and a mosquitto per test on a free port.""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import tempfile
@@ -78,42 +79,37 @@ def template_db(pg_server_dsn: str) -> Iterator[str]:
         asyncio.run(drop())
 
 
-@pytest.fixture
-async def db_dsn(pg_server_dsn: str, template_db: str) -> AsyncIterator[str]:
-    """A fresh, migrated database for one test."""
-    name = f"gw_t_{uuid.uuid4().hex[:12]}"
-    admin = await _admin(pg_server_dsn)
+@contextlib.asynccontextmanager
+async def _fresh_database(server_dsn: str, prefix: str, template: str | None) -> AsyncIterator[str]:
+    name = f"{prefix}_{uuid.uuid4().hex[:12]}"
+    clause = f' TEMPLATE "{template}"' if template else ""
+    admin = await _admin(server_dsn)
     try:
-        await admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_db}"')
+        await admin.execute(f'CREATE DATABASE "{name}"{clause}')
     finally:
         await admin.close()
     try:
-        yield with_database(pg_server_dsn, name)
+        yield with_database(server_dsn, name)
     finally:
-        admin = await _admin(pg_server_dsn)
+        admin = await _admin(server_dsn)
         try:
             await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         finally:
             await admin.close()
+
+
+@pytest.fixture
+async def db_dsn(pg_server_dsn: str, template_db: str) -> AsyncIterator[str]:
+    """A fresh, migrated database for one test."""
+    async with _fresh_database(pg_server_dsn, "gw_t", template_db) as dsn:
+        yield dsn
 
 
 @pytest.fixture
 async def empty_db_dsn(pg_server_dsn: str) -> AsyncIterator[str]:
     """A database with no schema at all (for migration tests)."""
-    name = f"gw_e_{uuid.uuid4().hex[:12]}"
-    admin = await _admin(pg_server_dsn)
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await admin.close()
-    try:
-        yield with_database(pg_server_dsn, name)
-    finally:
-        admin = await _admin(pg_server_dsn)
-        try:
-            await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        finally:
-            await admin.close()
+    async with _fresh_database(pg_server_dsn, "gw_e", None) as dsn:
+        yield dsn
 
 
 @pytest.fixture

@@ -9,7 +9,6 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-import aiohttp
 import aiomqtt
 import asyncpg
 import pytest
@@ -17,7 +16,7 @@ import pytest
 from protocol import Topics
 from sim.publisher import publish_many
 from sim.telemetry import device_ids, telemetry_stream
-from tests.support.daemon import DaemonProcess, config_toml, count_rows
+from tests.support.daemon import DaemonProcess, config_toml, count_rows, http_healthy
 from tests.support.mosquitto import Mosquitto
 from tests.support.ports import free_port
 from tests.support.waiting import wait_until
@@ -25,21 +24,10 @@ from tests.support.waiting import wait_until
 TOPICS = Topics("iot")
 
 
-async def _healthy(port: int) -> bool:
-    try:
-        async with (
-            aiohttp.ClientSession() as http,
-            http.get(f"http://127.0.0.1:{port}/health") as response,
-        ):
-            return response.status == 200
-    except aiohttp.ClientError:
-        return False
-
-
 async def _wait_healthy(process: DaemonProcess, port: int) -> None:
     async def ready() -> bool:
         assert process.alive(), f"daemon exited:\n{process.log_tail()}"
-        return await _healthy(port)
+        return await http_healthy(port)
 
     await wait_until(ready, timeout=60, message="daemon healthy")
 

@@ -9,7 +9,6 @@ import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import aiohttp
 import aiomqtt
 import asyncpg
 import pytest
@@ -17,7 +16,7 @@ import pytest
 from protocol import Topics
 from sim.publisher import publish_many
 from sim.telemetry import device_ids, telemetry_stream
-from tests.support.daemon import DaemonProcess, config_toml, count_rows
+from tests.support.daemon import DaemonProcess, config_toml, count_rows, http_healthy
 from tests.support.dsn import proxy_for, through
 from tests.support.mosquitto import Mosquitto
 from tests.support.ports import free_port
@@ -70,17 +69,6 @@ async def notify(tmp_path: Path) -> AsyncIterator[NotifySocket]:
         yield sock
 
 
-async def _healthy(port: int) -> bool:
-    try:
-        async with (
-            aiohttp.ClientSession() as http,
-            http.get(f"http://127.0.0.1:{port}/health") as response,
-        ):
-            return response.status == 200
-    except aiohttp.ClientError:
-        return False
-
-
 def _process(tmp_path: Path, config: str, notify: NotifySocket, watchdog_s: float) -> DaemonProcess:
     path = tmp_path / "gateway.toml"
     path.write_text(config)
@@ -106,7 +94,7 @@ async def test_ready_only_when_it_can_ingest_then_watchdog_reload_and_stopping(
         await proxy.resume()
         await wait_until(lambda: notify.count("READY=1") == 1, timeout=60)
         # Ready means ready: the first message right after it is stored.
-        assert await _healthy(http_port)
+        assert await http_healthy(http_port)
         async with aiomqtt.Client("127.0.0.1", mosquitto.port) as pub:
             await pub.publish(TOPICS.telemetry("d1"), b'{"ts": 1, "metrics": {"t": 1}}', qos=1)
 

@@ -11,6 +11,7 @@ import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import aiohttp
 import asyncpg
 
 from gateway.app import Daemon
@@ -156,3 +157,15 @@ class DaemonProcess:
     def cleanup(self) -> None:
         if self.alive():
             self.kill()
+
+
+async def http_healthy(port: int) -> bool:
+    """True when the daemon's /health answers 200."""
+    try:
+        async with (
+            aiohttp.ClientSession() as http,
+            http.get(f"http://127.0.0.1:{port}/health") as response,
+        ):
+            return response.status == 200
+    except aiohttp.ClientError:
+        return False

@@ -1,0 +1,40 @@
+"""Background loops shared by the periodic workers (timers, inactivity, reaper)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+
+import asyncpg
+import structlog
+
+log = structlog.get_logger("gateway.loops")
+
+# A pass that fails on these is tried again at the next tick; anything else is a bug and
+# ends the daemon (the task group fails loudly rather than looping on it).
+RETRYABLE: tuple[type[BaseException], ...] = (
+    OSError,
+    TimeoutError,
+    asyncpg.PostgresError,
+    asyncpg.InterfaceError,
+)
+
+
+async def sleep_unless_stopped(stop: asyncio.Event, seconds: float) -> None:
+    """Wait ``seconds``, or less if ``stop`` is set meanwhile."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(seconds):
+            await stop.wait()
+
+
+async def every(
+    interval_s: float, stop: asyncio.Event, step: Callable[[], Awaitable[object]], *, name: str
+) -> None:
+    """Run ``step`` every ``interval_s`` until ``stop``; a failed pass is logged and retried."""
+    while not stop.is_set():
+        try:
+            await step()
+        except RETRYABLE as exc:
+            log.warning("periodic_step_failed", loop=name, error=repr(exc))
+        await sleep_unless_stopped(stop, interval_s)
