@@ -17,10 +17,11 @@ from gateway.alarms import AlarmService
 from gateway.api import BearerAuth, add_alarm_api
 from gateway.backoff import Backoff
 from gateway.config import Config
+from gateway.dispatcher import Dispatcher, Reaper
 from gateway.errors import StartupError
 from gateway.http import HttpServer, create_app
 from gateway.inactivity import InactivityMonitor
-from gateway.ingest import TRANSIENT_DB_ERRORS, IngestWriter, MessageDecoder
+from gateway.ingest import TRANSIENT_DB_ERRORS, IngestWriter, MessageDecoder, ReceiptApplier
 from gateway.loops import sleep_unless_stopped
 from gateway.metrics import Metrics
 from gateway.mqtt import ConnectionSettings, TlsSettings
@@ -72,6 +73,7 @@ class Daemon:
         self.outbox: OutboxPublisher | None = None
         self.auth: BearerAuth | None = None
         self.timers: AlarmTimers | None = None
+        self.dispatcher: Dispatcher | None = None
 
     async def run(self, stop: asyncio.Event) -> None:
         async with AsyncExitStack() as stack:
@@ -113,7 +115,22 @@ class Daemon:
             queue_max=cfg.ingest.queue_max,
             retry=Backoff(cfg.database.retry_min_s, cfg.database.retry_max_s),
             engine=engine,
+            receipts=ReceiptApplier(
+                node_id=self.node_id,
+                sent_timeout_s=cfg.commands.sent_timeout_s,
+                metrics=self.metrics,
+            ),
         )
+        self.dispatcher = Dispatcher(
+            pool=pool, dsn=self.database_dsn or "", node_id=self.node_id, topics=topics,
+            publish=self._publish, lease_s=cfg.commands.lease_s,
+            sent_timeout_s=cfg.commands.sent_timeout_s, batch=cfg.commands.dispatch_batch,
+            max_in_flight=cfg.commands.max_in_flight_per_device,
+        )  # fmt: skip
+        reaper = Reaper(
+            pool=pool, node_id=self.node_id, ack_window_s=cfg.commands.ack_window_s,
+            sent_timeout_s=cfg.commands.sent_timeout_s, interval_s=cfg.commands.reaper_interval_s,
+        )  # fmt: skip
         quiet = cfg.quiet_hours()
         self.outbox = OutboxPublisher(
             pool=pool, dsn=self.database_dsn or "", node_id=self.node_id, topics=topics,
@@ -130,6 +147,7 @@ class Daemon:
         # every node subscribes to it directly (applying it twice is harmless).
         subscriptions = [
             topics.subscription(TopicKind.TELEMETRY, group or None),
+            topics.subscription(TopicKind.ACKS, group or None),
             topics.subscription(TopicKind.STATUS),
         ]
         presence_topic = topics.gateway_status(self.node_id)
@@ -157,6 +175,8 @@ class Daemon:
             writer_task = tasks.create_task(writer.run(), name="ingest-writer")
             tasks.create_task(self.outbox.run(stop), name="outbox-publisher")
             tasks.create_task(self.timers.run(stop), name="alarm-timers")
+            tasks.create_task(self.dispatcher.run(stop), name="command-dispatcher")
+            tasks.create_task(reaper.run(stop), name="command-reaper")
             if engine.rules.inactivity_rules:
                 silent = min(rule.silent_seconds for rule in engine.rules.inactivity_rules)
                 monitor = InactivityMonitor(

@@ -190,7 +190,7 @@ async def _migrate(config: Config, _args: argparse.Namespace) -> int:
 
 
 async def _dead_letters(config: Config, args: argparse.Namespace) -> int:
-    from gateway.ingest import MessageDecoder
+    from gateway.ingest import MessageDecoder, ReceiptApplier
     from gateway.replay import pending_ids, replay
     from protocol import Encoding
     from storage import ingest as repo
@@ -230,7 +230,10 @@ async def _dead_letters(config: Config, args: argparse.Namespace) -> int:
             config.topics, Encoding(config.mqtt.encoding), config.mqtt.max_payload_bytes
         )
         ids = args.ids if args.ids else await pending_ids(pool, args.reason)
-        outcomes = await replay(pool, decoder, config.node_id, ids)
+        receipts = ReceiptApplier(
+            node_id=config.node_id, sent_timeout_s=config.commands.sent_timeout_s, metrics=None
+        )
+        outcomes = await replay(pool, decoder, config.node_id, ids, receipts)
         for outcome in outcomes:
             print(f"{outcome.dead_letter_id}\t{outcome.outcome}")
         failed = sum(not o.succeeded for o in outcomes)

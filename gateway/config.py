@@ -112,6 +112,16 @@ class AlarmsConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True
     quiet_hours: QuietHoursConfig = field(default_factory=QuietHoursConfig)
 
 
+class CommandsConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    lease_s: PositiveFloat = 30.0
+    ack_window_s: Annotated[float, Meta(ge=0)] = 30.0
+    sent_timeout_s: PositiveFloat = 86400.0
+    expire_after_s: PositiveFloat = 259200.0
+    max_in_flight_per_device: PositiveInt = 1
+    dispatch_batch: PositiveInt = 100
+    reaper_interval_s: PositiveFloat = 5.0
+
+
 class Config(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     node: NodeConfig = field(default_factory=NodeConfig)
     mqtt: MqttConfig = field(default_factory=MqttConfig)
@@ -122,6 +132,7 @@ class Config(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     api: ApiConfig = field(default_factory=ApiConfig)
     rules: list[RuleConfig] = field(default_factory=list)
     alarms: AlarmsConfig = field(default_factory=AlarmsConfig)
+    commands: CommandsConfig = field(default_factory=CommandsConfig)
 
     @property
     def node_id(self) -> str:

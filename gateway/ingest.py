@@ -20,8 +20,10 @@ import structlog
 from gateway.alarm_engine import AlarmEngine, BatchAlarms
 from gateway.alarms import RetryBatchError
 from gateway.backoff import Backoff
+from gateway.commands import apply_receipt
 from gateway.metrics import Metrics
 from protocol import (
+    CommandReceipt,
     DecodeError,
     Encoding,
     Telemetry,
@@ -29,6 +31,7 @@ from protocol import (
     TopicKind,
     Topics,
     decode_presence,
+    decode_receipt,
     decode_telemetry,
     telemetry_event_id,
 )
@@ -79,6 +82,7 @@ class Classified:
     telemetry_sources: list[Inbound] = field(default_factory=list)
     decoded: list[Telemetry] = field(default_factory=list)
     presence: dict[str, str] = field(default_factory=dict)
+    receipts: list[tuple[str, CommandReceipt]] = field(default_factory=list)
     dead_letters: list[DeadLetterRow] = field(default_factory=list)
     seen_devices: set[str] = field(default_factory=set)
 
@@ -98,6 +102,27 @@ class StoreResult:
     @property
     def duplicates(self) -> int:
         return self.telemetry - len(self.new_event_ids)
+
+
+class ReceiptApplier:
+    """Applies command receipts in the ingest transaction (so the PUBACK follows the commit)."""
+
+    def __init__(self, *, node_id: str, sent_timeout_s: float, metrics: Metrics | None) -> None:
+        self.node_id = node_id
+        self.sent_timeout_s = sent_timeout_s
+        self.metrics = metrics
+
+    async def apply(
+        self, conn: asyncpg.Connection, receipts: Sequence[tuple[str, CommandReceipt]]
+    ) -> None:
+        for device_id, receipt in receipts:
+            applied = await apply_receipt(
+                conn, device_id=device_id, receipt=receipt, node_id=self.node_id,
+                sent_timeout_s=self.sent_timeout_s,
+            )  # fmt: skip
+            if self.metrics is not None:
+                reason = "" if applied.reason is None else applied.reason.value
+                self.metrics.command_receipts.labels(applied.outcome.value, reason).inc()
 
 
 class MessageDecoder:
@@ -128,6 +153,11 @@ class MessageDecoder:
                     out.decoded.append(message)
                 elif target.kind is TopicKind.STATUS:
                     out.presence[device_id] = decode_presence(item.payload).value
+                elif target.kind is TopicKind.ACKS:
+                    receipt = decode_receipt(
+                        item.payload, self.encoding, max_bytes=self.max_payload_bytes
+                    )
+                    out.receipts.append((device_id, receipt))
                 else:
                     out.dead_letters.append(
                         DeadLetterRow(
@@ -164,13 +194,18 @@ async def store(
     batch: Classified,
     node_id: str,
     engine: AlarmEngine | None = None,
+    receipts: ReceiptApplier | None = None,
 ) -> StoreResult:
     """Everything a batch writes, in the caller's transaction: telemetry, devices, presence,
-    dead letters, and the alarms the new telemetry raises or clears."""
+    dead letters, command receipts, and the alarms the new telemetry raises or clears."""
     new_ids = await repo.insert_telemetry(conn, batch.telemetry, node_id)
     await repo.touch_devices(conn, batch.seen_devices)
     await repo.record_presence(conn, batch.presence)
     await repo.insert_dead_letters(conn, batch.dead_letters, node_id)
+    if batch.receipts:
+        if receipts is None:
+            raise RuntimeError("command receipts in a batch but no receipt applier configured")
+        await receipts.apply(conn, batch.receipts)
     alarms = None
     if engine is not None:
         fresh = []
@@ -210,8 +245,10 @@ class IngestWriter:
         queue_max: int,
         retry: Backoff,
         engine: AlarmEngine | None = None,
+        receipts: ReceiptApplier | None = None,
     ) -> None:
         self.pool = pool
+        self.receipts = receipts
         self.decoder = decoder
         self.node_id = node_id
         self.metrics = metrics
@@ -327,7 +364,7 @@ class IngestWriter:
         self.in_db_call_since = asyncio.get_running_loop().time()
         try:
             async with self.pool.acquire() as conn, conn.transaction():
-                result = await store(conn, batch, self.node_id, self.engine)
+                result = await store(conn, batch, self.node_id, self.engine, self.receipts)
         finally:
             self.in_db_call_since = None
         self.stored_total += result.stored

@@ -38,3 +38,13 @@ async def every(
         except RETRYABLE as exc:
             log.warning("periodic_step_failed", loop=name, error=repr(exc))
         await sleep_unless_stopped(stop, interval_s)
+
+
+async def wait_event_or_stop(event: asyncio.Event, stop: asyncio.Event, timeout_s: float) -> None:
+    """Return when ``event`` or ``stop`` is set, or after ``timeout_s`` (polling fallback)."""
+    waits = [asyncio.ensure_future(event.wait()), asyncio.ensure_future(stop.wait())]
+    try:
+        await asyncio.wait(waits, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in waits:
+            task.cancel()

@@ -112,6 +112,13 @@ class Metrics:
             registry=r,
         )
 
+        self.command_receipts = Counter(
+            "gateway_command_receipts",
+            "Command receipts by outcome and reason",
+            ["outcome", "reason"],
+            registry=r,
+        )
+
     def count_transition(self, from_status: str, to_status: str) -> None:
         self.alarm_transitions.labels(from_status, to_status).inc()
 

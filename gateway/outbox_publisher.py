@@ -21,6 +21,7 @@ from gateway.alarm_timers import deliver
 from gateway.alarms import EVENT_CREATED, EVENT_WOKEN
 from gateway.backoff import Backoff
 from gateway.domain.quiet_hours import QuietHours
+from gateway.loops import wait_event_or_stop
 from gateway.metrics import Metrics
 from protocol import Topics
 from storage import outbox
@@ -73,9 +74,7 @@ class OutboxPublisher:
                 if await self.run_once():
                     continue  # there may be more: the next head of each aggregate
                 self.wakeup.clear()
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(self.poll_s):
-                        await _first(self.wakeup.wait(), stop.wait())
+                await wait_event_or_stop(self.wakeup, stop, self.poll_s)
         finally:
             if listener is not None:
                 with contextlib.suppress(Exception):
@@ -152,12 +151,3 @@ class OutboxPublisher:
                 await outbox.mark_failed(
                     conn, event.id, self.node_id, retry_in_s=delay, error=repr(exc)
                 )
-
-
-async def _first(*waits: Awaitable[object]) -> None:
-    tasks = [asyncio.ensure_future(w) for w in waits]
-    try:
-        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for task in tasks:
-            task.cancel()

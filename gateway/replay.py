@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import asyncpg
 
-from gateway.ingest import Inbound, MessageDecoder, store
+from gateway.ingest import Inbound, MessageDecoder, ReceiptApplier, store
 from storage import ingest as repo
 
 
@@ -24,7 +24,11 @@ class ReplayOutcome:
 
 
 async def replay_one(
-    pool: asyncpg.Pool, decoder: MessageDecoder, node_id: str, dead_letter_id: int
+    pool: asyncpg.Pool,
+    decoder: MessageDecoder,
+    node_id: str,
+    dead_letter_id: int,
+    receipts: ReceiptApplier | None = None,
 ) -> ReplayOutcome | None:
     """None when the id does not exist or another replayer holds it right now."""
     async with pool.acquire() as conn, conn.transaction():
@@ -35,9 +39,11 @@ async def replay_one(
         if classified.dead_letters:
             outcome, succeeded = f"still_invalid: {classified.dead_letters[0].reason}", False
         else:
-            result = await store(conn, classified, node_id)
+            result = await store(conn, classified, node_id, receipts=receipts)
             if result.telemetry:
                 outcome = "stored" if result.stored else "duplicate"
+            elif classified.receipts:
+                outcome = "receipt"
             else:
                 outcome = "presence"
             succeeded = True
@@ -60,11 +66,15 @@ async def pending_ids(pool: asyncpg.Pool, reason: str | None) -> list[int]:
 
 
 async def replay(
-    pool: asyncpg.Pool, decoder: MessageDecoder, node_id: str, ids: Iterable[int]
+    pool: asyncpg.Pool,
+    decoder: MessageDecoder,
+    node_id: str,
+    ids: Iterable[int],
+    receipts: ReceiptApplier | None = None,
 ) -> list[ReplayOutcome]:
     outcomes = []
     for dead_letter_id in ids:
-        outcome = await replay_one(pool, decoder, node_id, dead_letter_id)
+        outcome = await replay_one(pool, decoder, node_id, dead_letter_id, receipts)
         if outcome is not None:
             outcomes.append(outcome)
     return outcomes

@@ -90,6 +90,15 @@ def _stored(daemon: Daemon, count: int):  # type: ignore[no-untyped-def]
     return check
 
 
+async def _pushed(dsn: str, alarm_id: int) -> None:
+    """Wait for the push, so that a person's action does not race it (it would get 409)."""
+
+    async def check() -> bool:
+        return await _value(dsn, "SELECT status FROM alarm WHERE id = $1", alarm_id) == "PUSHED"
+
+    await wait_until(check, timeout=30, message=f"alarm {alarm_id} pushed")
+
+
 async def _send(port: int, messages: list[tuple[str, bytes]]) -> None:
     async with aiomqtt.Client("127.0.0.1", port) as pub:
         await publish_many(pub, messages, window=1)  # in order
@@ -158,6 +167,7 @@ async def test_threshold_storm_one_alarm_then_supersede_or_release_by_attention(
 
         # A person confirms the second; cleared and violated again: the third only takes the
         # key, the confirmed one keeps its status.
+        await _pushed(db_dsn, second["id"])
         pool = await create_pool(db_dsn, min_size=1, max_size=2)
         try:
             await AlarmService(pool, "test").act(second["id"], Action.CONFIRM, actor="alice")
@@ -208,6 +218,7 @@ async def test_the_spec_chain_built_from_real_telemetry(db_dsn: str, mosquitto: 
             await wait_until(_stored(daemon, 3), timeout=30)
             ids = [r["id"] for r in await _rows(db_dsn, "SELECT id FROM alarm ORDER BY id")]
             one, two, three = ids
+            await _pushed(db_dsn, three)
             await service.act(three, Action.HANDLE, actor="bob")
             await _send(mosquitto.port, [(topic, _events(T0 + n, "DOOR_OPEN")) for n in (3, 4)])
             await wait_until(_stored(daemon, 5), timeout=30)

@@ -1,0 +1,343 @@
+"""The command service: storage and the pure command domain, wired together.
+
+Every transition is a conditional write with its audit row (and, for terminal outcomes, a
+``command.finished`` outbox event) in the same transaction. A receipt is applied by one
+update guarded by command id, claim generation, node id and an open status; when any guard
+fails nothing changes, and the receipt is still kept with why it was not applied.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any
+
+import asyncpg
+import msgspec
+import structlog
+
+from gateway.alarms import RetryBatchError, create_alarm
+from gateway.domain.command import (
+    CommandError,
+    CommandStatus,
+    Delivery,
+    Guards,
+    ReceiptOutcome,
+    RejectReason,
+    judge_receipt,
+    needs_people,
+    receipt_effect,
+    retry_delay_s,
+)
+from protocol import CommandReceipt, ReceiptResult
+from storage import alarms as alarm_repo
+from storage import commands as repo
+from storage import outbox
+
+log = structlog.get_logger("gateway.commands")
+
+AGGREGATE = "command"
+EVENT_FINISHED = "command.finished"
+DEVICE_ACTOR = "device"
+DISPATCHER_ACTOR = "system:dispatcher"
+REAPER_ACTOR = "system:reaper"
+# The alarm raised for people when a command keeps losing its node (SPEC §7).
+RECLAIM_RULE_KEY = "command-reclaims"
+RECLAIM_SEVERITY = "MAJOR"
+
+
+class CommandNotFoundError(CommandError):
+    code = "NOT_FOUND"
+
+    def __init__(self, command_id: int) -> None:
+        super().__init__(f"no command {command_id}")
+        self.command_id = command_id
+
+
+class DeviceUnboundError(CommandError):
+    code = "DEVICE_UNBOUND"
+
+    def __init__(self, device_id: str) -> None:
+        super().__init__(f"device {device_id} is unbound: it takes no commands")
+        self.device_id = device_id
+
+
+class CommandClosedError(CommandError):
+    code = "ILLEGAL_TRANSITION"
+
+    def __init__(self, command_id: int, status: str) -> None:
+        super().__init__(f"command {command_id} is {status}: it cannot be cancelled")
+        self.command_id = command_id
+        self.status = status
+
+
+def command_to_json(row: asyncpg.Record) -> dict[str, Any]:
+    body = {key: value for key, value in row.items() if key != "legacy_claim"}
+    body["params"] = (
+        msgspec.json.decode(row["params"]) if isinstance(row["params"], str) else (row["params"])
+    )
+    converted: dict[str, Any] = msgspec.to_builtins(body)
+    return converted
+
+
+async def _record(
+    conn: asyncpg.Connection,
+    row: asyncpg.Record,
+    *,
+    from_status: str | None,
+    actor: str,
+    action: str,
+    node_id: str,
+    note: str | None = None,
+) -> None:
+    await repo.insert_audit(
+        conn, command_id=row["id"], actor=actor, action=action, from_status=from_status,
+        to_status=row["status"], generation=row["claim_generation"], node_id=node_id, note=note,
+    )  # fmt: skip
+    if CommandStatus(row["status"]) in (
+        CommandStatus.ACKED, CommandStatus.FAILED, CommandStatus.TIMEOUT, CommandStatus.CANCELLED,
+    ):  # fmt: skip
+        await outbox.add_event(
+            conn, aggregate_type=AGGREGATE, aggregate_id=str(row["id"]),
+            event_type=EVENT_FINISHED, payload={"command": command_to_json(row), "actor": actor},
+        )  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class Created:
+    command: asyncpg.Record
+    created: bool
+
+
+async def create_command(
+    conn: asyncpg.Connection,
+    *,
+    device_id: str,
+    name: str,
+    params: dict[str, Any],
+    delivery: Delivery,
+    idempotency_key: str | None,
+    created_by: str,
+    node_id: str,
+    expire_after_s: float,
+) -> Created:
+    """A new PENDING command, or the device's existing one with the same idempotency key."""
+    if await repo.device_bound(conn, device_id) is False:
+        raise DeviceUnboundError(device_id)
+    row = await repo.insert(
+        conn, device_id=device_id, name=name, params=params, delivery=delivery.value,
+        idempotency_key=idempotency_key, created_by=created_by, expire_after_s=expire_after_s,
+    )  # fmt: skip
+    if row is None:
+        assert idempotency_key is not None
+        existing = await repo.by_idempotency_key(conn, device_id, idempotency_key)
+        assert existing is not None
+        return Created(existing, created=False)
+    await _record(conn, row, from_status=None, actor=created_by, action="create", node_id=node_id)
+    return Created(row, created=True)
+
+
+@dataclass(frozen=True, slots=True)
+class ReceiptResultRecord:
+    outcome: ReceiptOutcome
+    reason: RejectReason | None
+    command: asyncpg.Record | None
+
+
+async def apply_receipt(
+    conn: asyncpg.Connection,
+    *,
+    device_id: str,
+    receipt: CommandReceipt,
+    node_id: str,
+    sent_timeout_s: float,
+    retry_base_s: float = 2.0,
+    retry_cap_s: float = 600.0,
+) -> ReceiptResultRecord:
+    """Apply one device receipt in the caller's transaction; it is logged whatever happens.
+
+    The effect depends on the status it is applied to, so the update is also guarded by that
+    status. If only the status moved meanwhile (the dispatcher's CLAIMED → SENT racing a fast
+    device), the receipt is applied again to the fresh row rather than lost.
+    """
+    updated = None
+    current = None
+    for _attempt in range(3):
+        current = await repo.get(conn, receipt.command_id)
+        if current is not None and current["device_id"] != device_id:
+            current = None  # a device answering for another device's command: never trusted
+        if not _may_apply(current, receipt):
+            break
+        assert current is not None
+        assert receipt.claim_generation is not None
+        effect = receipt_effect(
+            delivery=Delivery(current["delivery"]), current=CommandStatus(current["status"]),
+            result=receipt.result, result_code=receipt.result_code,
+            retry_count=current["retry_count"],
+        )  # fmt: skip
+        updated = await repo.apply_receipt(
+            conn, command_id=current["id"], generation=receipt.claim_generation,
+            node_id=receipt.node_id or "", expected=current["status"], status=effect.status.value,
+            result=effect.result, result_code=effect.result_code,
+            raw_result_code=None if receipt.raw_result_code is None
+            else str(receipt.raw_result_code),
+            raw_ack=receipt.raw_ack, terminal=effect.terminal, retry=effect.retry,
+            retry_delay_s=retry_delay_s(current["retry_count"], base_s=retry_base_s,
+                                        cap_s=retry_cap_s),
+            timeout_s=sent_timeout_s,
+        )  # fmt: skip
+        if updated is not None:
+            break
+    if updated is not None and current is not None:
+        outcome, reason = ReceiptOutcome.ACCEPTED, None
+        changed = updated["status"] != current["status"]
+        if changed or updated["retry_count"] != current["retry_count"]:
+            await _record(
+                conn, updated, from_status=current["status"], actor=DEVICE_ACTOR,
+                action=f"receipt:{receipt.result.value}", node_id=node_id,
+            )  # fmt: skip
+    else:
+        fresh = None if current is None else await repo.get(conn, current["id"])
+        guards = Guards(
+            command_exists=fresh is not None,
+            status=None if fresh is None else CommandStatus(fresh["status"]),
+            claim_generation=None if fresh is None else fresh["claim_generation"],
+            claimed_node_id=None if fresh is None else fresh["claimed_node_id"],
+        )
+        outcome, reason = judge_receipt(
+            guards, receipt_generation=receipt.claim_generation, receipt_node=receipt.node_id
+        )
+        log.info(
+            "receipt_not_applied", command_id=receipt.command_id, device_id=device_id,
+            outcome=outcome.value, reason=None if reason is None else reason.value,
+            receipt_generation=receipt.claim_generation, receipt_node=receipt.node_id,
+        )  # fmt: skip
+    await repo.insert_receipt(
+        conn, command_id=None if current is None else current["id"],
+        reported_command_id=receipt.command_id, device_id=device_id,
+        generation=receipt.claim_generation, node_id=receipt.node_id,
+        result=receipt.result.value, result_code=receipt.result_code,
+        raw_result_code=None if receipt.raw_result_code is None else str(receipt.raw_result_code),
+        raw_ack=receipt.raw_ack, outcome=outcome.value,
+        reason=None if reason is None else reason.value, received_by=node_id,
+    )  # fmt: skip
+    return ReceiptResultRecord(outcome, reason, updated)
+
+
+def _may_apply(current: asyncpg.Record | None, receipt: CommandReceipt) -> bool:
+    """The four guards, read from the row: the same claim, and still open."""
+    return (
+        current is not None
+        and receipt.claim_generation is not None
+        and receipt.claim_generation == current["claim_generation"]
+        and receipt.node_id is not None
+        and receipt.node_id == current["claimed_node_id"]
+        and CommandStatus(current["status"]) in (CommandStatus.CLAIMED, CommandStatus.SENT)
+    )
+
+
+async def mark_sent(
+    conn: asyncpg.Connection, row: asyncpg.Record, *, node_id: str, sent_timeout_s: float
+) -> asyncpg.Record | None:
+    """The broker acknowledged the downlink: CLAIMED → SENT, if the claim is still ours."""
+    sent = await repo.mark_sent(conn, row["id"], row["claim_generation"], node_id, sent_timeout_s)
+    if sent is not None:
+        await _record(conn, sent, from_status="CLAIMED", actor=DISPATCHER_ACTOR, action="sent",
+                      node_id=node_id)  # fmt: skip
+    return sent
+
+
+async def cancel(
+    conn: asyncpg.Connection, command_id: int, *, actor: str, node_id: str
+) -> asyncpg.Record:
+    before = await repo.get(conn, command_id)
+    if before is None:
+        raise CommandNotFoundError(command_id)
+    row = await repo.cancel(conn, command_id)
+    if row is None:
+        current = await repo.get(conn, command_id)
+        assert current is not None
+        raise CommandClosedError(command_id, current["status"])
+    await _record(conn, row, from_status=before["status"], actor=actor, action="cancel",
+                  node_id=node_id)  # fmt: skip
+    return row
+
+
+async def unbind(
+    conn: asyncpg.Connection, device_id: str, *, actor: str, node_id: str
+) -> list[asyncpg.Record]:
+    """The device takes no more commands; its open ones are cancelled."""
+    await repo.unbind_device(conn, device_id)
+    cancelled = await repo.cancel_open_of_device(conn, device_id)
+    for row in cancelled:
+        await _record(conn, row, from_status=None, actor=actor, action="unbind", node_id=node_id)
+    return cancelled
+
+
+@dataclass(slots=True)
+class ReapReport:
+    reclaimed: list[int]
+    timed_out_receipts: list[int]
+    failed: list[int]
+    expired: list[int]
+    alarms: list[int]
+
+
+async def reap(
+    conn: asyncpg.Connection,
+    *,
+    node_id: str,
+    ack_window_s: float,
+    sent_timeout_s: float,
+) -> ReapReport:
+    """One pass of the reaper in the caller's transaction; every write is conditional."""
+    report = ReapReport([], [], [], [], [])
+    for row in await repo.reclaim_expired(conn):
+        report.reclaimed.append(row["id"])
+        note = f"lease expired (node {row['claimed_node_id']})"
+        await _record(conn, row, from_status="CLAIMED", actor=REAPER_ACTOR, action="reclaim",
+                      node_id=node_id, note=note)  # fmt: skip
+        if needs_people(row["reclaim_count"]):
+            alarm_id = await _reclaim_alarm(conn, row, node_id)
+            if alarm_id is not None:
+                report.alarms.append(alarm_id)
+    if ack_window_s > 0:
+        for row in await repo.ack_window_passed(conn, ack_window_s):
+            # The node reports TIMEOUT itself: the same effect as a device's TIMEOUT receipt.
+            own = CommandReceipt(
+                command_id=row["id"], claim_generation=row["claim_generation"],
+                node_id=row["claimed_node_id"], result=ReceiptResult.TIMEOUT,
+                raw_ack=f"no receipt within {ack_window_s:g}s (reported by {node_id})",
+            )  # fmt: skip
+            applied = await apply_receipt(
+                conn, device_id=row["device_id"], receipt=own, node_id=node_id,
+                sent_timeout_s=sent_timeout_s,
+            )  # fmt: skip
+            if applied.outcome is ReceiptOutcome.ACCEPTED:
+                report.timed_out_receipts.append(row["id"])
+    for row in await repo.fail_sent_timeout(conn):
+        report.failed.append(row["id"])
+        await _record(conn, row, from_status="SENT", actor=REAPER_ACTOR, action="timeout",
+                      node_id=node_id)  # fmt: skip
+    for row in await repo.expire(conn):
+        report.expired.append(row["id"])
+        await _record(conn, row, from_status=None, actor=REAPER_ACTOR, action="expire",
+                      node_id=node_id)  # fmt: skip
+    return report
+
+
+async def _reclaim_alarm(conn: asyncpg.Connection, row: asyncpg.Record, node_id: str) -> int | None:
+    # One alarm per command that crossed the limit: the dedup key is derived from the command.
+    stand_in = hashlib.sha256(f"command-reclaims\n{row['id']}".encode()).hexdigest()
+    try:
+        async with conn.transaction():  # a savepoint: losing the race must not abort the pass
+            creation = await create_alarm(
+                conn, device_id=row["device_id"], rule_key=RECLAIM_RULE_KEY,
+                severity=RECLAIM_SEVERITY, telemetry_event_id=stand_in,
+                reason=(f"command {row['id']} ({row['name']}) was reclaimed "
+                        f"{row['reclaim_count']} times: its node keeps losing contact"),
+                node_id=node_id, now=await alarm_repo.db_now(conn),
+            )  # fmt: skip
+    except RetryBatchError:
+        return None
+    return None if creation.alarm is None else creation.alarm.id

@@ -1,0 +1,148 @@
+"""Command dispatch and reaping, on every node.
+
+The dispatcher claims due commands in one statement (generation + 1, this node, a lease),
+publishes each downlink with QoS 1 and, on the broker's PUBACK, moves it CLAIMED → SENT —
+guarded by generation, node and status, so a claim that lapsed meanwhile is left to its new
+owner. A publish that fails leaves the claim to expire: the reaper returns it to PENDING.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+
+import asyncpg
+import msgspec
+import structlog
+
+from gateway.commands import mark_sent, reap
+from gateway.loops import every, wait_event_or_stop
+from protocol import DownlinkCommand, Topics, encode_command
+from storage import commands as repo
+
+log = structlog.get_logger("gateway.dispatcher")
+
+NOTIFY_CHANNEL = "command_due"
+
+Publish = Callable[[str, bytes], Awaitable[None]]
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        *,
+        pool: asyncpg.Pool,
+        dsn: str,
+        node_id: str,
+        topics: Topics,
+        publish: Publish,
+        lease_s: float,
+        sent_timeout_s: float,
+        batch: int = 100,
+        max_in_flight: int = 1,
+        poll_s: float = 1.0,
+    ) -> None:
+        self.pool = pool
+        self.dsn = dsn
+        self.node_id = node_id
+        self.topics = topics
+        self.publish = publish
+        self.lease_s = lease_s
+        self.sent_timeout_s = sent_timeout_s
+        self.batch = batch
+        self.max_in_flight = max_in_flight
+        self.poll_s = poll_s
+        self.wakeup = asyncio.Event()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        listener = await self._listen()
+        try:
+            while not stop.is_set():
+                try:
+                    if await self.run_once():
+                        continue
+                except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+                    log.warning("dispatch_failed", error=repr(exc))
+                self.wakeup.clear()
+                # Without a listener nothing sets wakeup: this is then a plain poll.
+                await wait_event_or_stop(self.wakeup, stop, self.poll_s)
+        finally:
+            if listener is not None:
+                with contextlib.suppress(Exception):
+                    await listener.close()
+
+    async def _listen(self) -> asyncpg.Connection | None:
+        try:
+            conn = await asyncpg.connect(self.dsn)
+            await conn.add_listener(NOTIFY_CHANNEL, lambda *_: self.wakeup.set())
+        except (OSError, asyncpg.PostgresError) as exc:
+            log.warning("dispatch_listen_failed", error=repr(exc), fallback="polling")
+            return None
+        return conn
+
+    async def run_once(self) -> int:
+        """Claim due commands and send them; how many were claimed."""
+        async with self.pool.acquire() as conn:
+            claimed = await repo.claim_due(
+                conn, node_id=self.node_id, lease_s=self.lease_s, limit=self.batch,
+                max_in_flight=self.max_in_flight,
+            )  # fmt: skip
+        if claimed:
+            await asyncio.gather(*(self._send(row) for row in claimed))
+        return len(claimed)
+
+    async def _send(self, row: asyncpg.Record) -> None:
+        downlink = DownlinkCommand(
+            command_id=row["id"], claim_generation=row["claim_generation"], node_id=self.node_id,
+            name=row["name"], params=_params(row["params"]), deadline=row["expire_at"],
+        )  # fmt: skip
+        try:
+            await self.publish(self.topics.commands(row["device_id"]), encode_command(downlink))
+        except Exception as exc:  # the lease runs out and the reaper requeues it
+            log.warning("downlink_publish_failed", command_id=row["id"], error=repr(exc))
+            return
+        async with self.pool.acquire() as conn, conn.transaction():
+            sent = await mark_sent(
+                conn, row, node_id=self.node_id, sent_timeout_s=self.sent_timeout_s
+            )
+        if sent is None:
+            log.info("downlink_claim_lapsed", command_id=row["id"])
+
+
+class Reaper:
+    def __init__(
+        self,
+        *,
+        pool: asyncpg.Pool,
+        node_id: str,
+        ack_window_s: float,
+        sent_timeout_s: float,
+        interval_s: float,
+    ) -> None:
+        self.pool = pool
+        self.node_id = node_id
+        self.ack_window_s = ack_window_s
+        self.sent_timeout_s = sent_timeout_s
+        self.interval_s = interval_s
+
+    async def run(self, stop: asyncio.Event) -> None:
+        await every(self.interval_s, stop, self.run_once, name="command-reaper")
+
+    async def run_once(self) -> None:
+        async with self.pool.acquire() as conn, conn.transaction():
+            report = await reap(
+                conn, node_id=self.node_id, ack_window_s=self.ack_window_s,
+                sent_timeout_s=self.sent_timeout_s,
+            )  # fmt: skip
+        if any((report.reclaimed, report.timed_out_receipts, report.failed, report.expired)):
+            log.info(
+                "commands_reaped", reclaimed=report.reclaimed, timed_out=report.timed_out_receipts,
+                failed=report.failed, expired=report.expired, alarms=report.alarms,
+            )  # fmt: skip
+
+
+def _params(value: object) -> dict[str, object]:
+    decoded = msgspec.json.decode(value) if isinstance(value, str | bytes) else value
+    assert isinstance(decoded, dict)
+    return decoded

@@ -1,0 +1,179 @@
+"""Command rows: claims, receipts and the reaper, as conditional writes on the caller's
+connection. Rows come back as ``asyncpg.Record``; the gateway maps them to its domain."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import asyncpg
+import msgspec
+
+from storage.sql import load_queries
+
+_Q = load_queries("commands.sql")
+INSERT = _Q["insert"]
+BY_IDEMPOTENCY_KEY = _Q["by_idempotency_key"]
+GET = _Q["get"]
+LIST_FOR_DEVICE = _Q["list_for_device"]
+RECEIPTS_OF = _Q["receipts_of"]
+CLAIM_DUE = _Q["claim_due"]
+MARK_SENT = _Q["mark_sent"]
+APPLY_RECEIPT = _Q["apply_receipt"]
+INSERT_RECEIPT = _Q["insert_receipt"]
+INSERT_AUDIT = _Q["insert_audit"]
+RECLAIM_EXPIRED = _Q["reclaim_expired"]
+ACK_WINDOW_PASSED = _Q["ack_window_passed"]
+FAIL_SENT_TIMEOUT = _Q["fail_sent_timeout"]
+EXPIRE = _Q["expire"]
+CANCEL = _Q["cancel"]
+CANCEL_OPEN_OF_DEVICE = _Q["cancel_open_of_device"]
+UNBIND_DEVICE = _Q["unbind_device"]
+DEVICE_BOUND = _Q["device_bound"]
+
+
+async def insert(
+    conn: asyncpg.Connection,
+    *,
+    device_id: str,
+    name: str,
+    params: dict[str, Any],
+    delivery: str,
+    idempotency_key: str | None,
+    created_by: str,
+    expire_after_s: float,
+) -> asyncpg.Record | None:
+    """The new row, or None when the device already has a command with that key."""
+    return await conn.fetchrow(
+        INSERT, device_id, name, msgspec.json.encode(params).decode(), delivery,
+        idempotency_key, created_by, expire_after_s,
+    )  # fmt: skip
+
+
+async def by_idempotency_key(
+    conn: asyncpg.Connection, device_id: str, key: str
+) -> asyncpg.Record | None:
+    return await conn.fetchrow(BY_IDEMPOTENCY_KEY, device_id, key)
+
+
+async def get(conn: asyncpg.Connection, command_id: int) -> asyncpg.Record | None:
+    return await conn.fetchrow(GET, command_id)
+
+
+async def list_for_device(
+    conn: asyncpg.Connection, device_id: str, *, before_id: int | None, limit: int
+) -> list[asyncpg.Record]:
+    return list(await conn.fetch(LIST_FOR_DEVICE, device_id, before_id, limit))
+
+
+async def receipts_of(conn: asyncpg.Connection, command_id: int) -> list[asyncpg.Record]:
+    return list(await conn.fetch(RECEIPTS_OF, command_id))
+
+
+async def claim_due(
+    conn: asyncpg.Connection, *, node_id: str, lease_s: float, limit: int, max_in_flight: int
+) -> list[asyncpg.Record]:
+    return list(await conn.fetch(CLAIM_DUE, node_id, lease_s, limit, max_in_flight))
+
+
+async def mark_sent(
+    conn: asyncpg.Connection, command_id: int, generation: int, node_id: str, timeout_s: float
+) -> asyncpg.Record | None:
+    return await conn.fetchrow(MARK_SENT, command_id, generation, node_id, timeout_s)
+
+
+async def apply_receipt(
+    conn: asyncpg.Connection,
+    *,
+    command_id: int,
+    generation: int,
+    node_id: str,
+    expected: str,
+    status: str,
+    result: str,
+    result_code: int | None,
+    raw_result_code: str | None,
+    raw_ack: str | None,
+    terminal: bool,
+    retry: bool,
+    retry_delay_s: float,
+    timeout_s: float,
+) -> asyncpg.Record | None:
+    """The four-guard update; None when any guard failed (nothing changed)."""
+    return await conn.fetchrow(
+        APPLY_RECEIPT, command_id, generation, node_id, expected, status, result,
+        result_code, raw_result_code, raw_ack, terminal, 1 if retry else 0, retry_delay_s,
+        timeout_s,
+    )  # fmt: skip
+
+
+async def insert_receipt(
+    conn: asyncpg.Connection,
+    *,
+    command_id: int | None,
+    reported_command_id: int,
+    device_id: str,
+    generation: int | None,
+    node_id: str | None,
+    result: str,
+    result_code: int | None,
+    raw_result_code: str | None,
+    raw_ack: str | None,
+    outcome: str,
+    reason: str | None,
+    received_by: str,
+) -> None:
+    await conn.execute(
+        INSERT_RECEIPT, command_id, reported_command_id, device_id, generation, node_id,
+        result, result_code, raw_result_code, raw_ack, outcome, reason, received_by,
+    )  # fmt: skip
+
+
+async def insert_audit(
+    conn: asyncpg.Connection,
+    *,
+    command_id: int,
+    actor: str,
+    action: str,
+    from_status: str | None,
+    to_status: str,
+    generation: int,
+    node_id: str,
+    note: str | None = None,
+) -> None:
+    await conn.execute(
+        INSERT_AUDIT, command_id, actor, action, from_status, to_status, generation,
+        node_id, note,
+    )  # fmt: skip
+
+
+async def reclaim_expired(conn: asyncpg.Connection) -> list[asyncpg.Record]:
+    return list(await conn.fetch(RECLAIM_EXPIRED))
+
+
+async def ack_window_passed(conn: asyncpg.Connection, window_s: float) -> list[asyncpg.Record]:
+    return list(await conn.fetch(ACK_WINDOW_PASSED, window_s))
+
+
+async def fail_sent_timeout(conn: asyncpg.Connection) -> list[asyncpg.Record]:
+    return list(await conn.fetch(FAIL_SENT_TIMEOUT))
+
+
+async def expire(conn: asyncpg.Connection) -> list[asyncpg.Record]:
+    return list(await conn.fetch(EXPIRE))
+
+
+async def cancel(conn: asyncpg.Connection, command_id: int) -> asyncpg.Record | None:
+    return await conn.fetchrow(CANCEL, command_id)
+
+
+async def cancel_open_of_device(conn: asyncpg.Connection, device_id: str) -> list[asyncpg.Record]:
+    return list(await conn.fetch(CANCEL_OPEN_OF_DEVICE, device_id))
+
+
+async def unbind_device(conn: asyncpg.Connection, device_id: str) -> None:
+    await conn.execute(UNBIND_DEVICE, device_id)
+
+
+async def device_bound(conn: asyncpg.Connection, device_id: str) -> bool | None:
+    value = await conn.fetchval(DEVICE_BOUND, device_id)
+    return None if value is None else bool(value)

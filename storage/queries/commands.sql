@@ -1,0 +1,154 @@
+-- name: insert
+-- $1 device, $2 name, $3 params json, $4 delivery, $5 idempotency key or null, $6 created by,
+-- $7 expire after seconds; nothing when the device already has a command with that key.
+INSERT INTO command (device_id, name, params, delivery, idempotency_key, created_by, expire_at)
+VALUES ($1, $2, $3::jsonb, $4, $5, $6, now() + make_interval(secs => $7))
+ON CONFLICT (device_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+RETURNING *;
+
+-- name: by_idempotency_key
+-- $1 device, $2 idempotency key.
+SELECT * FROM command WHERE device_id = $1 AND idempotency_key = $2;
+
+-- name: get
+-- $1 id.
+SELECT * FROM command WHERE id = $1;
+
+-- name: list_for_device
+-- $1 device, $2 before id (keyset, newest first) or null, $3 limit.
+SELECT * FROM command
+WHERE device_id = $1 AND ($2::bigint IS NULL OR id < $2)
+ORDER BY id DESC LIMIT $3;
+
+-- name: receipts_of
+-- $1 command id; every receipt, whatever its outcome, oldest first.
+SELECT id, reported_command_id, claim_generation, node_id, result, result_code,
+       raw_result_code, raw_ack, outcome, reason, received_by, received_at
+FROM command_receipt WHERE command_id = $1 ORDER BY id;
+
+-- name: claim_due
+-- $1 node id, $2 lease seconds, $3 batch size, $4 most commands in flight per device.
+-- One statement: due PENDING commands, oldest first, never behind an older open command of
+-- the same device (creation order) nor beyond the device's in-flight limit; deferrable ones
+-- not to a device whose retained presence is offline. Generation + 1, this node, a lease.
+WITH due AS (
+    SELECT c.id
+    FROM command c
+    LEFT JOIN device d ON d.device_id = c.device_id
+    WHERE c.status = 'PENDING'
+      AND c.next_attempt_at <= now()
+      AND c.expire_at > now()
+      AND (c.delivery = 'realtime' OR d.presence IS DISTINCT FROM 'offline')
+      AND NOT EXISTS (
+          SELECT 1 FROM command p
+          WHERE p.device_id = c.device_id AND p.id < c.id AND p.status = 'PENDING')
+      AND (SELECT count(*) FROM command f
+           WHERE f.device_id = c.device_id AND f.status IN ('CLAIMED', 'SENT')) < $4
+    ORDER BY c.id
+    LIMIT $3
+    FOR UPDATE OF c SKIP LOCKED
+)
+UPDATE command c
+SET status = 'CLAIMED', claim_generation = c.claim_generation + 1, claimed_node_id = $1,
+    claimed_at = now(), lease_expire_at = now() + make_interval(secs => $2), legacy_claim = false,
+    updated_at = now()
+FROM due
+WHERE c.id = due.id
+RETURNING c.*;
+
+-- name: mark_sent
+-- $1 id, $2 generation, $3 node, $4 seconds until timeout_at; the broker's PUBACK of the
+-- downlink. Guarded by generation, node and status: a reclaimed command is not ours any more.
+UPDATE command
+SET status = 'SENT', sent_at = now(), timeout_at = now() + make_interval(secs => $4),
+    lease_expire_at = NULL, updated_at = now()
+WHERE id = $1 AND claim_generation = $2 AND claimed_node_id = $3 AND status = 'CLAIMED'
+RETURNING *;
+
+-- name: apply_receipt
+-- The four guards ($1 id, $2 generation, $3 node, status open) plus $4 the status the effect
+-- was computed from; then $5 new status, $6 result, $7 result code, $8 raw result code,
+-- $9 raw ack, $10 terminal, $11 retry (0/1), $12 retry delay seconds, $13 timeout seconds.
+UPDATE command
+SET status = $5, result = $6, result_code = $7, raw_result_code = $8, raw_ack = $9,
+    finished_at = CASE WHEN $10::boolean THEN now() END,
+    retry_count = retry_count + $11,
+    next_attempt_at = CASE WHEN $11 = 1 THEN now() + make_interval(secs => $12)
+                           ELSE next_attempt_at END,
+    lease_expire_at = NULL,
+    sent_at = CASE WHEN $5 = 'SENT' THEN coalesce(sent_at, now()) ELSE sent_at END,
+    timeout_at = CASE WHEN $5 = 'SENT'
+                      THEN coalesce(timeout_at, now() + make_interval(secs => $13))
+                      ELSE timeout_at END,
+    updated_at = now()
+WHERE id = $1 AND claim_generation = $2 AND claimed_node_id = $3
+  AND status IN ('CLAIMED', 'SENT') AND status = $4
+RETURNING *;
+
+-- name: insert_receipt
+-- $1 command id or null, $2 reported command id, $3 device, $4 generation, $5 node,
+-- $6 result, $7 result code, $8 raw result code, $9 raw ack, $10 outcome, $11 reason,
+-- $12 receiving node.
+INSERT INTO command_receipt (command_id, reported_command_id, device_id, claim_generation,
+                             node_id, result, result_code, raw_result_code, raw_ack, outcome,
+                             reason, received_by)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12);
+
+-- name: insert_audit
+-- $1 command id, $2 actor, $3 action, $4 from, $5 to, $6 generation, $7 node, $8 note.
+INSERT INTO command_audit (command_id, actor, action, from_status, to_status,
+                           claim_generation, node_id, note)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8);
+
+-- name: reclaim_expired
+-- no parameters; CLAIMED past its lease (the node went silent): back to PENDING,
+-- reclaim_count + 1, generation unchanged (the next claim increments it).
+UPDATE command
+SET status = 'PENDING', reclaim_count = reclaim_count + 1, lease_expire_at = NULL,
+    updated_at = now()
+WHERE status = 'CLAIMED' AND lease_expire_at < now()
+RETURNING *;
+
+-- name: ack_window_passed
+-- $1 ack window seconds; SENT commands whose device gave no receipt in time.
+SELECT * FROM command
+WHERE status = 'SENT' AND sent_at < now() - make_interval(secs => $1)
+ORDER BY id LIMIT 500;
+
+-- name: fail_sent_timeout
+-- no parameters; SENT past timeout_at: FAILED.
+UPDATE command
+SET status = 'FAILED', result = 'TIMEOUT', finished_at = now(), updated_at = now()
+WHERE status = 'SENT' AND timeout_at < now()
+RETURNING *;
+
+-- name: expire
+-- no parameters; open commands past expire_at: TIMEOUT.
+UPDATE command
+SET status = 'TIMEOUT', finished_at = now(), lease_expire_at = NULL, updated_at = now()
+WHERE status IN ('PENDING', 'CLAIMED', 'SENT') AND expire_at < now()
+RETURNING *;
+
+-- name: cancel
+-- $1 id; from PENDING, CLAIMED or SENT to CANCELLED.
+UPDATE command
+SET status = 'CANCELLED', finished_at = now(), lease_expire_at = NULL, updated_at = now()
+WHERE id = $1 AND status IN ('PENDING', 'CLAIMED', 'SENT')
+RETURNING *;
+
+-- name: cancel_open_of_device
+-- $1 device; every open command of the device (unbind).
+UPDATE command
+SET status = 'CANCELLED', finished_at = now(), lease_expire_at = NULL, updated_at = now()
+WHERE device_id = $1 AND status IN ('PENDING', 'CLAIMED', 'SENT')
+RETURNING *;
+
+-- name: unbind_device
+-- $1 device; registers an unknown device as unbound too (no commands may follow).
+INSERT INTO device (device_id, first_seen, last_seen, bound)
+VALUES ($1, now(), now(), false)
+ON CONFLICT (device_id) DO UPDATE SET bound = false;
+
+-- name: device_bound
+-- $1 device; null for a device never seen.
+SELECT bound FROM device WHERE device_id = $1;

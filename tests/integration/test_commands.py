@@ -1,0 +1,246 @@
+"""The command lifecycle against real PostgreSQL: claims, the four guards, retries, reaper."""
+
+from __future__ import annotations
+
+import asyncpg
+import pytest
+
+from gateway.commands import (
+    CommandClosedError,
+    DeviceUnboundError,
+    apply_receipt,
+    cancel,
+    create_command,
+    mark_sent,
+    reap,
+    unbind,
+)
+from gateway.domain.command import Delivery, ReceiptOutcome, RejectReason
+from protocol import CommandReceipt, ReceiptResult
+from storage import commands as repo
+
+SENT_TIMEOUT_S = 86400.0
+
+
+async def _create(
+    db: asyncpg.Connection,
+    device: str = "d1",
+    delivery: Delivery = Delivery.REALTIME,
+    key: str | None = None,
+) -> int:
+    created = await create_command(
+        db, device_id=device, name="open_valve", params={"valve": 2}, delivery=delivery,
+        idempotency_key=key, created_by="op:alice", node_id="api", expire_after_s=72 * 3600,
+    )  # fmt: skip
+    return int(created.command["id"])
+
+
+async def _claim(db: asyncpg.Connection, node: str) -> list[asyncpg.Record]:
+    return await repo.claim_due(db, node_id=node, lease_s=30, limit=10, max_in_flight=1)
+
+
+async def _receipt(
+    db: asyncpg.Connection,
+    command_id: int,
+    *,
+    generation: int | None,
+    node: str | None,
+    result: ReceiptResult = ReceiptResult.ACKED,
+    code: int | None = 0,
+    device: str = "d1",
+    raw: str | int | None = None,
+) -> tuple[ReceiptOutcome, RejectReason | None]:
+    applied = await apply_receipt(
+        db, device_id=device,
+        receipt=CommandReceipt(command_id=command_id, claim_generation=generation, node_id=node,
+                               result=result, result_code=code, raw_result_code=raw),
+        node_id="receiver", sent_timeout_s=SENT_TIMEOUT_S,
+    )  # fmt: skip
+    return applied.outcome, applied.reason
+
+
+async def _row(db: asyncpg.Connection, command_id: int) -> asyncpg.Record:
+    row = await repo.get(db, command_id)
+    assert row is not None
+    return row
+
+
+async def _expire_lease(db: asyncpg.Connection, command_id: int) -> None:
+    await db.execute(
+        "UPDATE command SET lease_expire_at = now() - interval '1 second' WHERE id = $1",
+        command_id,
+    )
+
+
+async def test_a_late_receipt_of_an_older_generation_never_overwrites_the_new_claim(
+    db: asyncpg.Connection,
+) -> None:
+    command_id = await _create(db)
+    (a_claim,) = await _claim(db, "node-a")
+    assert a_claim["claim_generation"] == 1
+    await _expire_lease(db, command_id)
+    report = await reap(db, node_id="reaper", ack_window_s=0, sent_timeout_s=SENT_TIMEOUT_S)
+    assert report.reclaimed == [command_id]
+    row = await _row(db, command_id)
+    assert (row["status"], row["reclaim_count"], row["claim_generation"]) == ("PENDING", 1, 1)
+
+    (b_claim,) = await _claim(db, "node-b")
+    assert b_claim["claim_generation"] == 2
+    before = await _row(db, command_id)
+    assert await _receipt(db, command_id, generation=1, node="node-a") == (
+        ReceiptOutcome.DUPLICATED, None,
+    )  # fmt: skip
+    assert dict(await _row(db, command_id)) == dict(before)  # untouched
+    assert await _receipt(db, command_id, generation=2, node="node-b") == (
+        ReceiptOutcome.ACCEPTED, None,
+    )  # fmt: skip
+    assert (await _row(db, command_id))["status"] == "ACKED"
+    outcomes = [r["outcome"] for r in await repo.receipts_of(db, command_id)]
+    assert outcomes == ["duplicated", "accepted"]
+
+
+async def test_wrong_node_missing_generation_and_unknown_node_are_rejected_and_logged(
+    db: asyncpg.Connection,
+) -> None:
+    command_id = await _create(db)
+    await _claim(db, "node-a")
+    before = dict(await _row(db, command_id))
+    assert await _receipt(db, command_id, generation=1, node="node-x") == (
+        ReceiptOutcome.REJECTED, RejectReason.NODE_MISMATCH,
+    )  # fmt: skip
+    assert await _receipt(db, command_id, generation=None, node="node-a") == (
+        ReceiptOutcome.REJECTED, RejectReason.CLAIM_GENERATION_REQUIRED,
+    )  # fmt: skip
+    assert await _receipt(db, 999_999, generation=1, node="node-a") == (
+        ReceiptOutcome.REJECTED, RejectReason.UNKNOWN_COMMAND,
+    )  # fmt: skip
+    assert dict(await _row(db, command_id)) == before
+    # A row claimed before node ids were recorded: never guessed.
+    await db.execute(
+        "UPDATE command SET claimed_node_id = NULL, legacy_claim = true WHERE id = $1", command_id
+    )
+    assert await _receipt(db, command_id, generation=1, node="node-a") == (
+        ReceiptOutcome.REJECTED, RejectReason.NODE_UNKNOWN,
+    )  # fmt: skip
+    reasons = await db.fetch("SELECT outcome, reason FROM command_receipt ORDER BY id")
+    assert [(r["outcome"], r["reason"]) for r in reasons] == [
+        ("rejected", "NODE_MISMATCH"), ("rejected", "CLAIM_GENERATION_REQUIRED"),
+        ("rejected", "UNKNOWN_COMMAND"), ("rejected", "NODE_UNKNOWN"),
+    ]  # fmt: skip
+
+
+async def test_acked_is_not_success_unless_the_code_is_zero(db: asyncpg.Connection) -> None:
+    failing = await _create(db, device="d1")
+    await _claim(db, "n")
+    await _receipt(db, failing, generation=1, node="n", code=3, raw="E-17")
+    row = await _row(db, failing)
+    assert (row["status"], row["result"], row["result_code"]) == ("FAILED", "ACKED", 3)
+    assert row["raw_result_code"] == "E-17"
+
+    fine = await _create(db, device="d2")
+    await _claim(db, "n")
+    await _receipt(db, fine, generation=1, node="n", code=0, device="d2")
+    assert (await _row(db, fine))["status"] == "ACKED"
+
+
+async def test_deferrable_failures_requeue_with_backoff_until_the_eleventh_times_out(
+    db: asyncpg.Connection,
+) -> None:
+    command_id = await _create(db, delivery=Delivery.DEFERRABLE)
+    for attempt in range(1, 12):
+        (claimed,) = await _claim(db, "n")
+        generation = claimed["claim_generation"]
+        await _receipt(db, command_id, generation=generation, node="n",
+                       result=ReceiptResult.DEVICE_OFFLINE, code=None)  # fmt: skip
+        row = await _row(db, command_id)
+        if attempt <= 10:
+            assert (row["status"], row["retry_count"]) == ("PENDING", attempt)
+            assert row["next_attempt_at"] > row["updated_at"]
+            assert await _claim(db, "n") == []  # not due before its backoff
+            await db.execute("UPDATE command SET next_attempt_at = now() WHERE id = $1", command_id)
+        else:
+            assert row["status"] == "TIMEOUT"
+
+
+async def test_realtime_failure_is_final(db: asyncpg.Connection) -> None:
+    command_id = await _create(db)
+    await _claim(db, "n")
+    await _receipt(db, command_id, generation=1, node="n", result=ReceiptResult.DEVICE_OFFLINE,
+                   code=None)  # fmt: skip
+    assert (await _row(db, command_id))["status"] == "FAILED"
+
+
+async def test_reaper_expires_and_times_out_sent_commands(db: asyncpg.Connection) -> None:
+    expiring = await _create(db, device="d1")
+    await db.execute("UPDATE command SET expire_at = now() - interval '1 second' WHERE id = $1",
+                     expiring)  # fmt: skip
+    sent = await _create(db, device="d2")
+    (claimed,) = await _claim(db, "n")
+    assert await mark_sent(db, claimed, node_id="n", sent_timeout_s=SENT_TIMEOUT_S) is not None
+    await db.execute("UPDATE command SET timeout_at = now() - interval '1 second' WHERE id = $1",
+                     sent)  # fmt: skip
+    report = await reap(db, node_id="reaper", ack_window_s=0, sent_timeout_s=SENT_TIMEOUT_S)
+    assert report.expired == [expiring]
+    assert report.failed == [sent]
+    assert (await _row(db, expiring))["status"] == "TIMEOUT"
+    assert (await _row(db, sent))["status"] == "FAILED"
+
+
+async def test_six_lease_expiries_raise_one_alarm_for_people(db: asyncpg.Connection) -> None:
+    command_id = await _create(db)
+    alarms: list[int] = []
+    for _ in range(7):
+        await _claim(db, "flaky-node")
+        await _expire_lease(db, command_id)
+        alarms += (
+            await reap(db, node_id="r", ack_window_s=0, sent_timeout_s=SENT_TIMEOUT_S)
+        ).alarms
+    assert (await _row(db, command_id))["reclaim_count"] == 7
+    assert len(alarms) == 1
+    alarm = await db.fetchrow("SELECT * FROM alarm")
+    assert alarm["rule_key"] == "command-reclaims"
+    assert alarm["device_id"] == "d1"
+
+
+async def test_cancel_unbind_and_a_receipt_after_cancellation(db: asyncpg.Connection) -> None:
+    command_id = await _create(db)
+    await _claim(db, "n")
+    await cancel(db, command_id, actor="op:bob", node_id="api")
+    assert await _receipt(db, command_id, generation=1, node="n") == (
+        ReceiptOutcome.REJECTED, RejectReason.COMMAND_CLOSED,
+    )  # fmt: skip
+    assert (await _row(db, command_id))["status"] == "CANCELLED"
+    with pytest.raises(CommandClosedError):
+        await cancel(db, command_id, actor="op:bob", node_id="api")
+
+    open_ones = [await _create(db, device="d9") for _ in range(3)]
+    cancelled = await unbind(db, "d9", actor="op:bob", node_id="api")
+    assert sorted(r["id"] for r in cancelled) == open_ones
+    with pytest.raises(DeviceUnboundError):
+        await _create(db, device="d9")
+    events = await db.fetchval(
+        "SELECT count(*) FROM outbox_event WHERE event_type = 'command.finished'"
+    )
+    assert events == 4
+
+
+async def test_one_device_gets_its_commands_in_creation_order_one_at_a_time(
+    db: asyncpg.Connection,
+) -> None:
+    first, second = await _create(db), await _create(db)
+    other = await _create(db, device="d2")
+    assert sorted(r["id"] for r in await _claim(db, "n")) == [first, other]
+    assert await _claim(db, "n") == []
+    await _receipt(db, first, generation=1, node="n")
+    assert [r["id"] for r in await _claim(db, "n")] == [second]
+
+
+async def test_an_idempotency_key_returns_the_same_command(db: asyncpg.Connection) -> None:
+    one = await _create(db, key="k-1")
+    again = await create_command(
+        db, device_id="d1", name="other", params={}, delivery=Delivery.REALTIME,
+        idempotency_key="k-1", created_by="op", node_id="api", expire_after_s=60,
+    )  # fmt: skip
+    assert again.created is False
+    assert again.command["id"] == one
+    assert await _create(db, device="d2", key="k-1") != one  # keys are per device
