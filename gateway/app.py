@@ -123,13 +123,14 @@ class Daemon:
         )
         self.dispatcher = Dispatcher(
             pool=pool, dsn=self.database_dsn or "", node_id=self.node_id, topics=topics,
-            publish=self._publish, lease_s=cfg.commands.lease_s,
+            publish=self._publish, metrics=self.metrics, lease_s=cfg.commands.lease_s,
             sent_timeout_s=cfg.commands.sent_timeout_s, batch=cfg.commands.dispatch_batch,
             max_in_flight=cfg.commands.max_in_flight_per_device,
         )  # fmt: skip
         reaper = Reaper(
             pool=pool, node_id=self.node_id, ack_window_s=cfg.commands.ack_window_s,
             sent_timeout_s=cfg.commands.sent_timeout_s, interval_s=cfg.commands.reaper_interval_s,
+            metrics=self.metrics,
         )  # fmt: skip
         quiet = cfg.quiet_hours()
         self.outbox = OutboxPublisher(

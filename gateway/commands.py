@@ -72,7 +72,7 @@ class CommandClosedError(CommandError):
 
 
 def command_to_json(row: asyncpg.Record) -> dict[str, Any]:
-    body = {key: value for key, value in row.items() if key != "legacy_claim"}
+    body = {k: v for k, v in row.items() if k not in {"legacy_claim", "previous_status"}}
     body["params"] = (
         msgspec.json.decode(row["params"]) if isinstance(row["params"], str) else (row["params"])
     )
@@ -142,6 +142,7 @@ class ReceiptResultRecord:
     outcome: ReceiptOutcome
     reason: RejectReason | None
     command: asyncpg.Record | None
+    previous_status: str | None = None
 
 
 async def apply_receipt(
@@ -221,7 +222,8 @@ async def apply_receipt(
         raw_ack=receipt.raw_ack, outcome=outcome.value,
         reason=None if reason is None else reason.value, received_by=node_id,
     )  # fmt: skip
-    return ReceiptResultRecord(outcome, reason, updated)
+    previous = None if updated is None or current is None else str(current["status"])
+    return ReceiptResultRecord(outcome, reason, updated, previous)
 
 
 def _may_apply(current: asyncpg.Record | None, receipt: CommandReceipt) -> bool:
@@ -279,7 +281,7 @@ class ReapReport:
     reclaimed: list[int]
     timed_out_receipts: list[int]
     failed: list[int]
-    expired: list[int]
+    expired: list[tuple[int, str]]  # (id, the status it left)
     alarms: list[int]
 
 
@@ -320,9 +322,9 @@ async def reap(
         await _record(conn, row, from_status="SENT", actor=REAPER_ACTOR, action="timeout",
                       node_id=node_id)  # fmt: skip
     for row in await repo.expire(conn):
-        report.expired.append(row["id"])
-        await _record(conn, row, from_status=None, actor=REAPER_ACTOR, action="expire",
-                      node_id=node_id)  # fmt: skip
+        report.expired.append((row["id"], row["previous_status"]))
+        await _record(conn, row, from_status=row["previous_status"], actor=REAPER_ACTOR,
+                      action="expire", node_id=node_id)  # fmt: skip
     return report
 
 

@@ -18,6 +18,7 @@ import structlog
 
 from gateway.commands import mark_sent, reap
 from gateway.loops import every, wait_event_or_stop
+from gateway.metrics import Metrics
 from protocol import DownlinkCommand, Topics, encode_command
 from storage import commands as repo
 
@@ -37,6 +38,7 @@ class Dispatcher:
         node_id: str,
         topics: Topics,
         publish: Publish,
+        metrics: Metrics,
         lease_s: float,
         sent_timeout_s: float,
         batch: int = 100,
@@ -48,6 +50,7 @@ class Dispatcher:
         self.node_id = node_id
         self.topics = topics
         self.publish = publish
+        self.metrics = metrics
         self.lease_s = lease_s
         self.sent_timeout_s = sent_timeout_s
         self.batch = batch
@@ -89,6 +92,8 @@ class Dispatcher:
                 max_in_flight=self.max_in_flight,
             )  # fmt: skip
         if claimed:
+            self.metrics.command_claim_batch.observe(len(claimed))
+            self.metrics.count_command("PENDING", "CLAIMED", len(claimed))
             await asyncio.gather(*(self._send(row) for row in claimed))
         return len(claimed)
 
@@ -108,6 +113,8 @@ class Dispatcher:
             )
         if sent is None:
             log.info("downlink_claim_lapsed", command_id=row["id"])
+        else:
+            self.metrics.count_command("CLAIMED", "SENT")
 
 
 class Reaper:
@@ -119,7 +126,9 @@ class Reaper:
         ack_window_s: float,
         sent_timeout_s: float,
         interval_s: float,
+        metrics: Metrics,
     ) -> None:
+        self.metrics = metrics
         self.pool = pool
         self.node_id = node_id
         self.ack_window_s = ack_window_s
@@ -135,6 +144,11 @@ class Reaper:
                 conn, node_id=self.node_id, ack_window_s=self.ack_window_s,
                 sent_timeout_s=self.sent_timeout_s,
             )  # fmt: skip
+        m = self.metrics
+        m.count_command("CLAIMED", "PENDING", len(report.reclaimed))
+        m.count_command("SENT", "FAILED", len(report.failed))
+        for _, previous in report.expired:
+            m.count_command(previous, "TIMEOUT")
         if any((report.reclaimed, report.timed_out_receipts, report.failed, report.expired)):
             log.info(
                 "commands_reaped", reclaimed=report.reclaimed, timed_out=report.timed_out_receipts,

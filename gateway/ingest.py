@@ -123,6 +123,12 @@ class ReceiptApplier:
             if self.metrics is not None:
                 reason = "" if applied.reason is None else applied.reason.value
                 self.metrics.command_receipts.labels(applied.outcome.value, reason).inc()
+                row, before = applied.command, applied.previous_status
+                if row is not None and before is not None and row["status"] != before:
+                    self.metrics.count_command(before, row["status"])
+                    if row["finished_at"] is not None and row["claimed_at"] is not None:
+                        latency = (row["finished_at"] - row["claimed_at"]).total_seconds()
+                        self.metrics.command_latency.observe(max(latency, 0.0))
 
 
 class MessageDecoder:

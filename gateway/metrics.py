@@ -119,6 +119,28 @@ class Metrics:
             registry=r,
         )
 
+        self.command_transitions = Counter(
+            "gateway_command_transitions",
+            "Command status changes",
+            ["from_status", "to_status"],
+            registry=r,
+        )
+        self.command_claim_batch = Histogram(
+            "gateway_command_claim_batch_size",
+            "Commands claimed per dispatch pass",
+            buckets=BATCH_BUCKETS,
+            registry=r,
+        )
+        self.command_latency = Histogram(
+            "gateway_command_dispatch_to_receipt_seconds",
+            "From the claim of a command to the receipt that finished it",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+
+    def count_command(self, from_status: str, to_status: str, n: int = 1) -> None:
+        self.command_transitions.labels(from_status, to_status).inc(n)
+
     def count_transition(self, from_status: str, to_status: str) -> None:
         self.alarm_transitions.labels(from_status, to_status).inc()
 

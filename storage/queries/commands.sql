@@ -123,11 +123,14 @@ WHERE status = 'SENT' AND timeout_at < now()
 RETURNING *;
 
 -- name: expire
--- no parameters; open commands past expire_at: TIMEOUT.
-UPDATE command
+-- no parameters; open commands past expire_at: TIMEOUT (with the status each one left).
+UPDATE command c
 SET status = 'TIMEOUT', finished_at = now(), lease_expire_at = NULL, updated_at = now()
-WHERE status IN ('PENDING', 'CLAIMED', 'SENT') AND expire_at < now()
-RETURNING *;
+FROM (SELECT id, status FROM command
+      WHERE status IN ('PENDING', 'CLAIMED', 'SENT') AND expire_at < now()
+      FOR UPDATE) AS old
+WHERE c.id = old.id
+RETURNING c.*, old.status AS previous_status;
 
 -- name: cancel
 -- $1 id; from PENDING, CLAIMED or SENT to CANCELLED.

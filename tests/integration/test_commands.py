@@ -180,7 +180,7 @@ async def test_reaper_expires_and_times_out_sent_commands(db: asyncpg.Connection
     await db.execute("UPDATE command SET timeout_at = now() - interval '1 second' WHERE id = $1",
                      sent)  # fmt: skip
     report = await reap(db, node_id="reaper", ack_window_s=0, sent_timeout_s=SENT_TIMEOUT_S)
-    assert report.expired == [expiring]
+    assert report.expired == [(expiring, "PENDING")]
     assert report.failed == [sent]
     assert (await _row(db, expiring))["status"] == "TIMEOUT"
     assert (await _row(db, sent))["status"] == "FAILED"
@@ -244,3 +244,37 @@ async def test_an_idempotency_key_returns_the_same_command(db: asyncpg.Connectio
     assert again.created is False
     assert again.command["id"] == one
     assert await _create(db, device="d2", key="k-1") != one  # keys are per device
+
+
+async def test_the_node_reports_timeout_when_the_device_stays_silent(
+    db: asyncpg.Connection,
+) -> None:
+    realtime = await _create(db, device="d1")
+    deferrable = await _create(db, device="d2", delivery=Delivery.DEFERRABLE)
+    for row in await _claim(db, "n"):
+        await mark_sent(db, row, node_id="n", sent_timeout_s=SENT_TIMEOUT_S)
+    await db.execute("UPDATE command SET sent_at = now() - interval '1 minute'")
+    report = await reap(db, node_id="n", ack_window_s=30, sent_timeout_s=SENT_TIMEOUT_S)
+    assert sorted(report.timed_out_receipts) == [realtime, deferrable]
+    assert (await _row(db, realtime))["status"] == "FAILED"
+    requeued = await _row(db, deferrable)
+    assert (requeued["status"], requeued["retry_count"]) == ("PENDING", 1)
+    receipts = await repo.receipts_of(db, realtime)
+    assert [(r["result"], r["outcome"]) for r in receipts] == [("TIMEOUT", "accepted")]
+
+
+async def test_deferrable_commands_wait_for_an_offline_device(db: asyncpg.Connection) -> None:
+    await db.execute(
+        "INSERT INTO device (device_id, first_seen, last_seen, presence, presence_at) "
+        "VALUES ('sleepy', now(), now(), 'offline', now())"
+    )
+    deferred = await _create(db, device="sleepy", delivery=Delivery.DEFERRABLE)
+    assert await _claim(db, "n") == []
+    await db.execute("UPDATE device SET presence = 'online' WHERE device_id = 'sleepy'")
+    assert [r["id"] for r in await _claim(db, "n")] == [deferred]
+    urgent = await _create(db, device="sleepy-2")
+    await db.execute(
+        "INSERT INTO device (device_id, first_seen, last_seen, presence) "
+        "VALUES ('sleepy-2', now(), now(), 'offline')"
+    )
+    assert [r["id"] for r in await _claim(db, "n")] == [urgent]  # realtime: tried at once
