@@ -306,7 +306,7 @@ def _request_id(headers: MultiMapping[str]) -> str:
 # --- parameters -----------------------------------------------------------------------------
 
 
-def _positive_int(param: str, raw: str) -> int:
+def positive_int(param: str, raw: str) -> int:
     if not raw.isascii() or not raw.isdigit():
         raise bad_request(param, f"expected a positive integer, got {raw[:40]!r}")
     value = int(raw)
@@ -316,10 +316,10 @@ def _positive_int(param: str, raw: str) -> int:
 
 
 def _alarm_id(request: web.Request) -> int:
-    return _positive_int("id", request.match_info["id"])
+    return positive_int("id", request.match_info["id"])
 
 
-def _single(query: MultiMapping[str], param: str) -> str | None:
+def single_param(query: MultiMapping[str], param: str) -> str | None:
     values = query.getall(param, [])
     if len(values) > 1:
         raise bad_request(param, "given more than once")
@@ -327,7 +327,7 @@ def _single(query: MultiMapping[str], param: str) -> str | None:
 
 
 def _filter(query: MultiMapping[str], param: str) -> str | None:
-    value = _single(query, param)
+    value = single_param(query, param)
     if value is not None and not 0 < len(value) <= FILTER_MAX_LENGTH:
         raise bad_request(param, f"expected 1 to {FILTER_MAX_LENGTH} characters")
     return value
@@ -359,20 +359,20 @@ def parse_list_query(query: MultiMapping[str]) -> ListQuery:
         for status in statuses:
             if status not in known:
                 raise bad_request("status", f"{status[:40]!r} is not one of {', '.join(known)}")
-    open_raw = _single(query, "open")
+    open_raw = single_param(query, "open")
     if open_raw is not None and open_raw.lower() not in _BOOLEANS:
         raise bad_request("open", f"expected true or false, got {open_raw[:40]!r}")
-    limit_raw = _single(query, "limit")
-    limit = LIMIT_DEFAULT if limit_raw is None else _positive_int("limit", limit_raw)
+    limit_raw = single_param(query, "limit")
+    limit = LIMIT_DEFAULT if limit_raw is None else positive_int("limit", limit_raw)
     if limit > LIMIT_MAX:
         raise bad_request("limit", f"expected 1 to {LIMIT_MAX}, got {limit}")
-    before_raw = _single(query, "before")
+    before_raw = single_param(query, "before")
     return ListQuery(
         statuses=statuses,
         device_id=_filter(query, "device"),
         rule_key=_filter(query, "rule"),
         open_only=False if open_raw is None else _BOOLEANS[open_raw.lower()],
-        before_id=None if before_raw is None else _positive_int("before", before_raw),
+        before_id=None if before_raw is None else positive_int("before", before_raw),
         limit=limit,
     )
 
@@ -469,6 +469,10 @@ class AlarmEndpoints:
         return endpoint
 
 
+# The served /openapi.json: the API modules that mount routes set it (see add_command_api).
+OPENAPI_DOCUMENT: web.AppKey[bytes] = web.AppKey("openapi_document")
+
+
 def add_alarm_api(
     app: web.Application, *, service: AlarmService, tokens: Sequence[TokenConfig]
 ) -> BearerAuth:
@@ -484,10 +488,11 @@ def add_alarm_api(
         app.middlewares.append(error_middleware)
     auth = BearerAuth(tokens)
     alarms = AlarmEndpoints(service)
-    document = msgspec.json.encode(openapi_document())
+    app[OPENAPI_DOCUMENT] = msgspec.json.encode(openapi_document())
 
-    async def openapi(_request: web.Request) -> web.Response:
-        return web.Response(body=document, content_type=_JSON)
+    async def openapi(request: web.Request) -> web.Response:
+        # Read at request time: add_command_api replaces it with the fuller document.
+        return web.Response(body=request.app[OPENAPI_DOCUMENT], content_type=_JSON)
 
     app.router.add_get("/openapi.json", openapi)
     app.router.add_get("/alarms", auth.guard(Role.VIEWER, alarms.list))

@@ -16,6 +16,7 @@ from gateway.alarm_timers import AlarmTimers
 from gateway.alarms import AlarmService
 from gateway.api import BearerAuth, add_alarm_api
 from gateway.backoff import Backoff
+from gateway.command_api import CommandService, add_command_api
 from gateway.config import Config
 from gateway.dispatcher import Dispatcher, Reaper
 from gateway.errors import StartupError
@@ -168,6 +169,11 @@ class Daemon:
                 app,
                 service=AlarmService(pool, self.node_id, self.metrics),
                 tokens=cfg.api.tokens,
+            )
+            add_command_api(
+                app,
+                service=CommandService(pool, self.node_id, cfg.commands.expire_after_s, stop=stop),
+                auth=self.auth,
             )
             server = await stack.enter_async_context(HttpServer(app, cfg.http.host, cfg.http.port))
             self.http_port = server.port

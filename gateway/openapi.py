@@ -1,7 +1,8 @@
 """The OpenAPI 3.1 document served at ``/openapi.json`` (SPEC §9).
 
 The alarm and request body schemas are generated from the msgspec structs the API encodes and
-decodes, so they cannot drift from the code; the rest is written out here.
+decodes, so they cannot drift from the code; the rest is written out here (the command and
+receipt schemas describe table rows: a test compares them with what the API returns).
 """
 
 from __future__ import annotations
@@ -22,7 +23,16 @@ from gateway.api import (
     REQUEST_ID_MAX_LENGTH,
     ActionBody,
 )
+from gateway.command_api import (
+    IDEMPOTENCY_KEY_MAX_LENGTH,
+    NAME_MAX_LENGTH,
+    PARAMS_MAX_BYTES,
+    WAIT_MAX_S,
+    CommandBody,
+)
 from gateway.domain.alarm import Alarm
+from gateway.domain.command import TERMINAL_STATUSES, CommandStatus, RejectReason
+from protocol import ReceiptResult
 
 OPENAPI_VERSION: Final = "3.1.0"
 _REF: Final = "#/components/schemas/{name}"
@@ -57,7 +67,9 @@ def _response_ref(name: str) -> dict[str, str]:
 
 
 def _struct_schemas() -> dict[str, Any]:
-    _, components = msgspec.json.schema_components([Alarm, ActionBody], ref_template=_REF)
+    _, components = msgspec.json.schema_components(
+        [Alarm, ActionBody, CommandBody, CommandStatus], ref_template=_REF
+    )
     alarm = components["Alarm"]
     alarm["description"] = (
         "An alarm (SPEC §5). Every field is always present; lifecycle steps not taken are null."
@@ -75,6 +87,27 @@ def _struct_schemas() -> dict[str, Any]:
     )
     body = components["ActionBody"]
     body["example"] = {"actor": "alice", "note": "on my way"}
+    command = components["CommandBody"]
+    command["description"] = (
+        "A downlink command for the device. `params` is any JSON object of at most "
+        f"{PARAMS_MAX_BYTES} bytes (no U+0000 anywhere: PostgreSQL's jsonb cannot hold it)."
+    )
+    command["example"] = {
+        "name": "reboot",
+        "params": {"delay_s": 5},
+        "delivery": "realtime",
+        "idempotency_key": "ticket-4711-reboot",
+    }
+    components["Delivery"]["description"] = (
+        "`realtime`: any failure is final (FAILED) and returned to a waiting caller at once. "
+        "`deferrable`: DEVICE_OFFLINE, TIMEOUT and FAILED receipts requeue it (PENDING) with "
+        "backoff, up to 10 times, then TIMEOUT."
+    )
+    terminal = ", ".join(s.value for s in CommandStatus if s in TERMINAL_STATUSES)
+    components["CommandStatus"]["description"] = (
+        f"Open: PENDING, CLAIMED, SENT. Terminal: {terminal}. ACKED means the device answered "
+        "with resultCode 0 (its claim of success); any other code is FAILED."
+    )
     return dict(components)
 
 
@@ -105,6 +138,7 @@ _ERROR_SCHEMA: Final = {
                 "INVALID_ACTOR",
                 "ILLEGAL_TRANSITION",
                 "ALARM_SUPERSEDED",
+                "DEVICE_UNBOUND",
                 "STATUS_CHANGED",
                 "PAYLOAD_TOO_LARGE",
                 "INTERNAL",
@@ -118,9 +152,16 @@ _ERROR_SCHEMA: Final = {
         },
         "detail": {"type": "string", "description": "INVALID_BODY: what does not fit, and where."},
         "alarm_id": {"type": "integer", "description": "NOT_FOUND: the unknown alarm id."},
+        "command_id": {
+            "type": "integer",
+            "description": "NOT_FOUND, ILLEGAL_TRANSITION: the command asked about.",
+        },
+        "device_id": {"type": "string", "description": "DEVICE_UNBOUND: the unbound device."},
         "current_status": {
-            **_ref("AlarmStatus"),
-            "description": "ILLEGAL_TRANSITION, STATUS_CHANGED: the alarm's status now.",
+            "anyOf": [_ref("AlarmStatus"), _ref("CommandStatus")],
+            "description": (
+                "ILLEGAL_TRANSITION, STATUS_CHANGED: the alarm's (or the command's) status now."
+            ),
         },
         "action": {"type": "string", "description": "ILLEGAL_TRANSITION: the refused action."},
         "allowed": {
@@ -145,6 +186,71 @@ _ERROR_SCHEMA: Final = {
         },
     },
     "additionalProperties": True,
+}
+
+_TIME: Final = {"type": "string", "format": "date-time"}
+_ID: Final = {"type": "integer", "format": "int64"}
+_COMMAND_PROPERTIES: Final[dict[str, Any]] = {
+    "id": _ID,
+    "device_id": {"type": "string"},
+    "name": {"type": "string"},
+    "params": {"type": "object"},
+    "delivery": _ref("Delivery"),
+    "status": _ref("CommandStatus"),
+    "idempotency_key": _nullable({"type": "string"}),
+    "claim_generation": {
+        "type": "integer",
+        "description": "Bumped by every claim (never by a lease expiry); 0: never claimed.",
+    },
+    "claimed_node_id": _nullable({"type": "string"}),
+    "claimed_at": _nullable(_TIME),
+    "lease_expire_at": _nullable(_TIME),
+    "sent_at": _nullable(_TIME),
+    "timeout_at": _nullable(_TIME),
+    "expire_at": {**_TIME, "description": "Past this, an open command becomes TIMEOUT."},
+    "next_attempt_at": _TIME,
+    "finished_at": {**_nullable(_TIME), "description": "Set exactly when terminal."},
+    "retry_count": {
+        "type": "integer",
+        "description": "Device-side failures requeued (deferrable; more than 10: TIMEOUT).",
+    },
+    "reclaim_count": {
+        "type": "integer",
+        "description": "Leases that expired because a node went silent.",
+    },
+    "result": _nullable({"type": "string", "enum": [r.value for r in ReceiptResult]}),
+    "result_code": {
+        **_nullable({"type": "integer"}),
+        "description": "The standard result code (0: the device claims success).",
+    },
+    "raw_result_code": {
+        **_nullable({"type": "string"}),
+        "description": "The device's own code, as it sent it.",
+    },
+    "raw_ack": _nullable({"type": "string"}),
+    "created_at": _TIME,
+    "updated_at": _TIME,
+    "created_by": {
+        **_nullable({"type": "string"}),
+        "description": "`api:<token name>` for commands created over this API.",
+    },
+}
+_RECEIPT_PROPERTIES: Final[dict[str, Any]] = {
+    "id": _ID,
+    "reported_command_id": _ID,
+    "claim_generation": _nullable({"type": "integer"}),
+    "node_id": _nullable({"type": "string"}),
+    "result": {"type": "string", "enum": [r.value for r in ReceiptResult]},
+    "result_code": _nullable({"type": "integer"}),
+    "raw_result_code": _nullable({"type": "string"}),
+    "raw_ack": _nullable({"type": "string"}),
+    "outcome": {"type": "string", "enum": ["accepted", "duplicated", "rejected"]},
+    "reason": {
+        **_nullable({"type": "string", "enum": [r.value for r in RejectReason]}),
+        "description": "Why a rejected receipt was not applied; null otherwise.",
+    },
+    "received_by": {"type": "string"},
+    "received_at": _TIME,
 }
 
 _SCHEMAS: Final[dict[str, Any]] = {
@@ -221,6 +327,72 @@ _SCHEMAS: Final[dict[str, Any]] = {
         "properties": {"items": {"type": "array", "items": _ref("AuditEntry")}},
         "description": "Every change of the alarm, oldest first.",
     },
+    "Command": {
+        "type": "object",
+        "description": (
+            "A downlink command (SPEC §7): every column, always present; steps not taken are "
+            "null. `result`, `result_code`, `raw_result_code` and `raw_ack` come from the "
+            "receipt that decided the outcome."
+        ),
+        "required": list(_COMMAND_PROPERTIES),
+        "properties": _COMMAND_PROPERTIES,
+    },
+    "Receipt": {
+        "type": "object",
+        "description": (
+            "A device's receipt as it came (SPEC §7), kept whatever its outcome; `node_id` and "
+            "`claim_generation` are what the device reported, `received_by` the node that "
+            "judged it."
+        ),
+        "required": list(_RECEIPT_PROPERTIES),
+        "properties": _RECEIPT_PROPERTIES,
+    },
+    "CommandCreated": {
+        "type": "object",
+        "required": ["command", "created"],
+        "properties": {
+            "command": _ref("Command"),
+            "created": {
+                "type": "boolean",
+                "description": "False when the idempotency key named an existing command.",
+            },
+        },
+    },
+    "CommandDetail": {
+        "type": "object",
+        "required": ["command", "receipts"],
+        "properties": {
+            "command": _ref("Command"),
+            "receipts": {
+                "type": "array",
+                "items": _ref("Receipt"),
+                "description": "Every receipt for the command, oldest first.",
+            },
+        },
+    },
+    "CommandPage": {
+        "type": "object",
+        "required": ["items", "next_before"],
+        "properties": {
+            "items": {"type": "array", "items": _ref("Command")},
+            "next_before": {
+                **_nullable({"type": "integer"}),
+                "description": "Pass as `before` for the next (older) page; null on the last.",
+            },
+        },
+    },
+    "Unbound": {
+        "type": "object",
+        "required": ["device_id", "cancelled"],
+        "properties": {
+            "device_id": {"type": "string"},
+            "cancelled": {
+                "type": "array",
+                "items": {"type": "integer"},
+                "description": "The ids of the open commands this unbinding cancelled.",
+            },
+        },
+    },
     "Health": {
         "type": "object",
         "required": ["status", "node_id", "version"],
@@ -242,6 +414,20 @@ _PARAMETERS: Final[dict[str, Any]] = {
         "required": True,
         "description": "Alarm id (anything but a positive integer is a 400).",
         "schema": {"type": "integer", "format": "int64", "minimum": 1},
+    },
+    "CommandId": {
+        "name": "id",
+        "in": "path",
+        "required": True,
+        "description": "Command id (anything but a positive integer is a 400).",
+        "schema": {"type": "integer", "format": "int64", "minimum": 1},
+    },
+    "DeviceId": {
+        "name": "id",
+        "in": "path",
+        "required": True,
+        "description": "Device id (anything else is a 400).",
+        "schema": {"type": "string", "pattern": "^[A-Za-z0-9_.:-]{1,64}$"},
     },
     "RequestId": {
         "name": REQUEST_ID_HEADER,
@@ -268,6 +454,7 @@ _RESPONSES: Final[dict[str, Any]] = {
     },
     "Forbidden": _error("The token's role is too weak (`FORBIDDEN`)."),
     "NotFound": _error("No such alarm (`NOT_FOUND`)."),
+    "CommandNotFound": _error("No such command (`NOT_FOUND`, with `command_id`)."),
     "Unavailable": _error("The database is not reachable (`UNAVAILABLE`); retry."),
     "Internal": _error("A server fault (`INTERNAL`), logged as `api_error`."),
 }
@@ -391,6 +578,12 @@ def _list_parameters() -> list[dict[str, Any]]:
             "description": "Only open alarms (NEW, PUSHED, DELAYED, CONFIRMED, ESCALATED).",
             "schema": {"type": "boolean", "default": False},
         },
+        *_page_parameters("alarms"),
+    ]
+
+
+def _page_parameters(what: str) -> list[dict[str, Any]]:
+    return [
         {
             "name": "limit",
             "in": "query",
@@ -405,13 +598,13 @@ def _list_parameters() -> list[dict[str, Any]]:
         {
             "name": "before",
             "in": "query",
-            "description": "Keyset cursor: only alarms with a smaller id (`next_before`).",
+            "description": f"Keyset cursor: only {what} with a smaller id (`next_before`).",
             "schema": {"type": "integer", "format": "int64", "minimum": 1},
         },
     ]
 
 
-def _paths() -> dict[str, Any]:
+def _paths(*, commands: bool) -> dict[str, Any]:
     open_op: dict[str, Any] = {"security": [], "tags": ["service"]}
     paths: dict[str, Any] = {
         "/health": {
@@ -476,11 +669,138 @@ def _paths() -> dict[str, Any]:
     }
     for action in PATH_ACTIONS:
         paths[f"/alarms/{{id}}/{action.value}"] = _action_path(action.value)
+    if commands:
+        paths.update(_command_paths())
     return paths
 
 
-def openapi_document() -> dict[str, Any]:
-    """The whole document, built afresh (callers encode it once)."""
+def _command_paths() -> dict[str, Any]:
+    created = _json(_ref("CommandCreated"), "Created (PENDING, or as it was when the wait ended).")
+    existing = _json(
+        _ref("CommandCreated"),
+        "The idempotency key named an existing command of this device: that command "
+        "(`created` false), whatever this request's name and params.",
+    )
+    bad_device = {"400": _error("Bad device id, parameter or header (`BAD_REQUEST`).")}
+    tags = ["commands"]
+    return {
+        "/devices/{id}/commands": {
+            "parameters": [_param_ref("DeviceId"), _param_ref("RequestId")],
+            "post": _guarded(
+                "Send a command to the device, optionally waiting for its outcome",
+                "operator",
+                existing,
+                {
+                    "201": {**created, "headers": _ECHOED_REQUEST_ID},
+                    **bad_device,
+                    "409": _error(
+                        "The device is unbound (`DEVICE_UNBOUND`, with `device_id`); "
+                        "nothing is created."
+                    ),
+                    "413": _error("The body is too large (`PAYLOAD_TOO_LARGE`)."),
+                    "422": _error(
+                        "The body is not JSON, not an object, misses `name`, has unknown "
+                        "fields or values out of bounds (`INVALID_BODY`, with `detail`)."
+                    ),
+                },
+                operationId="createCommand",
+                tags=tags,
+                description=(
+                    "The command is created PENDING, attributed to `api:<token name>`; any "
+                    "node's dispatcher claims and publishes it. With `wait`, the call returns "
+                    "once the command is terminal (ACKED, FAILED, TIMEOUT, CANCELLED) or the "
+                    "wait is over, with the command as it is then: a realtime command's failure "
+                    "comes back in this call. The gateway reads the command a few times a "
+                    "second while waiting (no connection is held in between); the status code "
+                    "is 201 or 200 whatever the outcome, which is in `command.status`."
+                ),
+                parameters=[
+                    {
+                        "name": "wait",
+                        "in": "query",
+                        "description": (
+                            "Seconds to wait for a terminal status (a plain decimal, 0 to "
+                            f"{WAIT_MAX_S:g}). Without it the call returns at once."
+                        ),
+                        "schema": {"type": "number", "minimum": 0, "maximum": WAIT_MAX_S},
+                    }
+                ],
+                requestBody={
+                    "required": True,
+                    "content": {"application/json": {"schema": _ref("CommandBody")}},
+                },
+            ),
+            "get": _guarded(
+                "The device's commands, newest first (keyset pagination by id)",
+                "viewer",
+                _json(_ref("CommandPage"), "One page."),
+                bad_device,
+                operationId="listDeviceCommands",
+                tags=tags,
+                parameters=_page_parameters("commands"),
+            ),
+        },
+        "/devices/{id}/unbind": {
+            "parameters": [_param_ref("DeviceId"), _param_ref("RequestId")],
+            "post": _guarded(
+                "Unbind the device: it takes no more commands; its open ones are cancelled",
+                "operator",
+                _json(_ref("Unbound"), "Unbound (again, if it was already)."),
+                bad_device,
+                operationId="unbindDevice",
+                tags=tags,
+                description=(
+                    "Later `POST /devices/{id}/commands` get 409 `DEVICE_UNBOUND`. A device "
+                    "never seen is registered as unbound. No request body."
+                ),
+            ),
+        },
+        "/commands/{id}": {
+            "parameters": [_param_ref("CommandId"), _param_ref("RequestId")],
+            "get": _guarded(
+                "One command with its receipts",
+                "viewer",
+                _json(_ref("CommandDetail"), "The command and every receipt for it."),
+                {
+                    "400": _response_ref("BadRequest"),
+                    "404": _response_ref("CommandNotFound"),
+                },
+                operationId="getCommand",
+                tags=tags,
+            ),
+        },
+        "/commands/{id}/cancel": {
+            "parameters": [_param_ref("CommandId"), _param_ref("RequestId")],
+            "post": _guarded(
+                "Cancel the command (PENDING, CLAIMED or SENT → CANCELLED)",
+                "operator",
+                _json(_ref("Command"), "The command, CANCELLED."),
+                {
+                    "400": _error(
+                        "Bad id or header (`BAD_REQUEST`); or the command is terminal "
+                        "already (`ILLEGAL_TRANSITION`, with `current_status`). Nothing is "
+                        "changed."
+                    ),
+                    "404": _response_ref("CommandNotFound"),
+                },
+                operationId="cancelCommand",
+                tags=tags,
+                description=(
+                    "A conditional write: of concurrent cancels exactly one wins. A command "
+                    "already published may still run on the device. No request body."
+                ),
+            ),
+        },
+    }
+
+
+def openapi_document(*, commands: bool = False) -> dict[str, Any]:
+    """The whole document, built afresh (callers encode it once).
+
+    It describes exactly the routes mounted: the command paths only with ``commands``
+    (:func:`gateway.command_api.add_command_api` serves that one). The shared components
+    (schemas, errors) are always all there.
+    """
     return {
         "openapi": OPENAPI_VERSION,
         "info": {
@@ -488,16 +808,18 @@ def openapi_document() -> dict[str, Any]:
             "version": _version(),
             "description": (
                 "Bearer tokens from the configuration carry a role: `viewer` may read, "
-                "`operator` may also act on alarms, `admin` may do everything. Every error "
-                f"has one shape (`Error`). Actors are at most {ACTOR_MAX_LENGTH} characters, "
-                f"notes at most {NOTE_MAX_LENGTH}."
+                "`operator` may also act on alarms and send commands, `admin` may do everything. "
+                f"Every error has one shape (`Error`). Actors are at most {ACTOR_MAX_LENGTH} "
+                f"characters, notes at most {NOTE_MAX_LENGTH}; command names at most "
+                f"{NAME_MAX_LENGTH}, idempotency keys at most {IDEMPOTENCY_KEY_MAX_LENGTH}."
             ),
         },
         "tags": [
             {"name": "alarms", "description": "Alarm lifecycle (SPEC §5)."},
+            {"name": "commands", "description": "Downlink commands (SPEC §7)."},
             {"name": "service", "description": "Health, metrics, this document."},
         ],
-        "paths": _paths(),
+        "paths": _paths(commands=commands),
         "components": {
             "schemas": {**_struct_schemas(), **_SCHEMAS},
             "parameters": _PARAMETERS,
