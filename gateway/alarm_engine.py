@@ -15,7 +15,7 @@ from datetime import datetime
 import asyncpg
 import structlog
 
-from gateway.alarms import EVENT_CLEARED, clear_alarm, create_alarm
+from gateway.alarms import EVENT_CLEARED, SummarySpec, clear_alarm, create_alarm
 from gateway.domain.alarm import active_key
 from gateway.metrics import Metrics
 from gateway.rules import (
@@ -53,6 +53,7 @@ class AlarmEngine:
         self.node_id = node_id
         self.metrics = metrics
         self.state = FiringState()
+        self.summary: SummarySpec | None = None  # set when AI summaries are enabled
 
     async def load(self, conn: asyncpg.Connection) -> None:
         """Derive the firing state from the database (a restarted node decides the same)."""
@@ -94,7 +95,7 @@ class AlarmEngine:
         creation = await create_alarm(
             conn, device_id=firing.device_id, rule_key=firing.rule_key,
             severity=firing.severity, telemetry_event_id=firing.telemetry_event_id,
-            reason=firing.reason, node_id=self.node_id, now=now,
+            reason=firing.reason, node_id=self.node_id, now=now, summary=self.summary,
         )  # fmt: skip
         if not creation.created or creation.alarm is None:
             batch.deduplicated += 1

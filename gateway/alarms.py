@@ -27,6 +27,7 @@ from gateway.domain.alarm import (
     on_refire,
 )
 from gateway.metrics import Metrics
+from storage import ai_tasks as ai_repo
 from storage import alarms as repo
 from storage import outbox
 
@@ -124,6 +125,14 @@ async def _record(
 
 
 @dataclass(frozen=True, slots=True)
+class SummarySpec:
+    """With AI enabled: the model and prompt version a new alarm's first summary task uses."""
+
+    model_name: str
+    prompt_version: str
+
+
+@dataclass(frozen=True, slots=True)
 class Creation:
     created: bool
     alarm: Alarm | None = None
@@ -140,8 +149,12 @@ async def create_alarm(
     reason: str,
     node_id: str,
     now: datetime,
+    summary: SummarySpec | None = None,
 ) -> Creation:
     """Raise an alarm inside the caller's transaction (the ingest batch that fired it).
+
+    With ``summary``, its first AI summary task is created in the same transaction: exactly
+    one per real creation (a dedup hit returns before this point), with nothing to consume.
 
     Order matters: release the previous holder's active key, insert the new alarm, then
     point the superseded one at it; any other order trips the unique active key.
@@ -171,6 +184,11 @@ async def create_alarm(
     if row is None:
         raise RetryBatchError("another node raised the same alarm first")
     alarm = alarm_from_record(row)
+    if summary is not None:
+        await ai_repo.insert_task(
+            conn, alarm_id=alarm.id, attempt=1, model_name=summary.model_name,
+            prompt_version=summary.prompt_version,
+        )  # fmt: skip
     await _record(
         conn, alarm=alarm, event_type=EVENT_CREATED, action="create", from_status=None,
         actor=RULES_ACTOR, node_id=node_id, event_id=telemetry_event_id,
@@ -294,6 +312,16 @@ class AlarmService:
                 open_only=open_only, before_id=before_id, limit=limit,
             )  # fmt: skip
         return [alarm_from_record(r) for r in records]
+
+    async def latest_summary(self, alarm_id: int) -> asyncpg.Record | None:
+        async with self.pool.acquire() as conn:
+            return await ai_repo.latest_for_alarm(conn, alarm_id)
+
+    async def summaries(self, alarm_id: int) -> list[asyncpg.Record]:
+        async with self.pool.acquire() as conn:
+            if await repo.get(conn, alarm_id) is None:
+                raise AlarmNotFoundError(alarm_id)
+            return await ai_repo.for_alarm(conn, alarm_id)
 
     async def allowed(self, alarm_id: int) -> tuple[Alarm, tuple[Action, ...]]:
         alarm = await self.get(alarm_id)

@@ -20,6 +20,7 @@ import structlog
 from aiohttp import web
 from multidict import MultiMapping
 
+from gateway.ai.worker import task_to_json
 from gateway.alarms import AlarmNotFoundError, AlarmService, StatusChangedError, alarm_to_json
 from gateway.config import TokenConfig
 from gateway.domain.alarm import (
@@ -390,16 +391,35 @@ def decode_action_body(raw: bytes) -> ActionBody:
 # --- endpoints ------------------------------------------------------------------------------
 
 
+SUMMARY_FIELDS = (
+    "status", "summary", "possible_cause", "inspection_suggestion", "risk_level", "confidence",
+    "model_name", "prompt_version", "error_code", "attempt", "finished_at",
+)  # fmt: skip
+
+
+def summary_view(row: asyncpg.Record) -> dict[str, Any]:
+    """The ``ai_summary`` of an alarm: the latest attempt's outcome, without payloads."""
+    view = task_to_json(row, with_payloads=False)
+    return {key: view.get(key) for key in SUMMARY_FIELDS}
+
+
 class AlarmEndpoints:
     def __init__(self, service: AlarmService) -> None:
         self.service = service
 
     async def detail(self, alarm: Alarm) -> dict[str, Any]:
-        """An alarm as ``GET /alarms/{id}`` and the actions answer it.
+        """An alarm as ``GET /alarms/{id}`` and the actions answer it, with its latest AI
+        summary attempt under ``ai_summary`` (null when there is none)."""
+        body = alarm_to_json(alarm)
+        latest = await self.service.latest_summary(alarm.id)
+        body["ai_summary"] = None if latest is None else summary_view(latest)
+        return body
 
-        The latest AI summary (SPEC §8) joins here, as ``body["ai_summary"]``.
-        """
-        return alarm_to_json(alarm)
+    async def summaries(self, request: web.Request, call: Call) -> web.StreamResponse:
+        """Every summary attempt; the request and raw response only for admins."""
+        rows = await self.service.summaries(_alarm_id(request))
+        admin = call.caller.role >= Role.ADMIN
+        return json_response({"items": [task_to_json(r, with_payloads=admin) for r in rows]})
 
     async def list(self, request: web.Request, _call: Call) -> web.StreamResponse:
         q = parse_list_query(request.query)
@@ -500,6 +520,7 @@ def add_alarm_api(
     app.router.add_get("/alarms/{id}/actions", auth.guard(Role.VIEWER, alarms.actions))
     app.router.add_get("/alarms/{id}/chain", auth.guard(Role.VIEWER, alarms.chain))
     app.router.add_get("/alarms/{id}/audit", auth.guard(Role.VIEWER, alarms.audit))
+    app.router.add_get("/alarms/{id}/summaries", auth.guard(Role.VIEWER, alarms.summaries))
     for action in PATH_ACTIONS:
         app.router.add_post(
             f"/alarms/{{id}}/{action.value}", auth.guard(Role.OPERATOR, alarms.act(action))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from contextlib import AsyncExitStack
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
@@ -11,9 +12,11 @@ import aiomqtt
 import asyncpg
 import structlog
 
+from gateway.ai.llm import OpenAiCompatibleLlm
+from gateway.ai.worker import SummaryWorker
 from gateway.alarm_engine import AlarmEngine
 from gateway.alarm_timers import AlarmTimers
-from gateway.alarms import AlarmService
+from gateway.alarms import AlarmService, SummarySpec
 from gateway.api import BearerAuth, add_alarm_api
 from gateway.backoff import Backoff
 from gateway.command_api import CommandService, add_command_api
@@ -106,6 +109,9 @@ class Daemon:
         )
         async with pool.acquire() as conn:
             await engine.load(conn)
+        summaries = await self._summaries(stack, pool)
+        if summaries is not None:
+            engine.summary = SummarySpec(cfg.ai.model, cfg.ai.prompt_version)
         writer = self.writer = IngestWriter(
             pool=pool,
             decoder=MessageDecoder(topics, Encoding(cfg.mqtt.encoding), cfg.mqtt.max_payload_bytes),
@@ -184,6 +190,8 @@ class Daemon:
             tasks.create_task(self.timers.run(stop), name="alarm-timers")
             tasks.create_task(self.dispatcher.run(stop), name="command-dispatcher")
             tasks.create_task(reaper.run(stop), name="command-reaper")
+            if summaries is not None:
+                tasks.create_task(summaries.run(stop), name="ai-summaries")
             if engine.rules.inactivity_rules:
                 silent = min(rule.silent_seconds for rule in engine.rules.inactivity_rules)
                 monitor = InactivityMonitor(
@@ -203,6 +211,25 @@ class Daemon:
             # The session returns after draining (or giving up on) the queue.
             writer_task.cancel()
         log.info("daemon_stopped", offline_published=OFFLINE.decode())
+
+    async def _summaries(self, stack: AsyncExitStack, pool: asyncpg.Pool) -> SummaryWorker | None:
+        """The AI summary worker, when ``[ai] enabled`` (off by default: no tasks at all)."""
+        ai = self.config.ai
+        if not ai.enabled:
+            return None
+        llm = OpenAiCompatibleLlm(
+            base_url=ai.base_url, model=ai.model,
+            api_key=os.environ.get(ai.api_key_env) if ai.api_key_env else None,
+            timeout_s=ai.timeout_s, json_mode=ai.json_mode,
+        )  # fmt: skip
+        stack.push_async_callback(llm.close)
+        log.info("ai_summaries_enabled", base_url=ai.base_url, model=ai.model,
+                 prompt_version=ai.prompt_version)  # fmt: skip
+        return SummaryWorker(
+            pool=pool, llm=llm, node_id=self.node_id, metrics=self.metrics,
+            max_attempts=ai.max_attempts, json_mode=ai.json_mode, workers=ai.workers,
+            processing_timeout_s=ai.processing_timeout_s,
+        )  # fmt: skip
 
     async def _publish(self, topic: str, payload: bytes) -> None:
         """QoS 1 on the daemon's broker connection; returns after the broker's PUBACK."""

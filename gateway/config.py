@@ -16,6 +16,7 @@ from typing import Annotated, Final, Literal
 import msgspec
 from msgspec import Meta, Struct, field
 
+from gateway.ai.prompt import PROMPTS
 from gateway.domain.quiet_hours import QuietHours, QuietHoursConfig, compile_quiet_hours
 from gateway.errors import ConfigError
 from gateway.rules import RuleConfig, RuleSet, compile_rules
@@ -122,6 +123,19 @@ class CommandsConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
     reaper_interval_s: PositiveFloat = 5.0
 
 
+class AiConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    enabled: bool = False
+    base_url: str = ""
+    model: str = ""
+    api_key_env: str = ""
+    prompt_version: str = "v1"
+    timeout_s: PositiveFloat = 30.0
+    max_attempts: PositiveInt = 3
+    workers: PositiveInt = 2
+    json_mode: bool = True
+    processing_timeout_s: PositiveFloat = 300.0
+
+
 class Config(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     node: NodeConfig = field(default_factory=NodeConfig)
     mqtt: MqttConfig = field(default_factory=MqttConfig)
@@ -133,6 +147,7 @@ class Config(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     rules: list[RuleConfig] = field(default_factory=list)
     alarms: AlarmsConfig = field(default_factory=AlarmsConfig)
     commands: CommandsConfig = field(default_factory=CommandsConfig)
+    ai: AiConfig = field(default_factory=AiConfig)
 
     @property
     def node_id(self) -> str:
@@ -274,6 +289,16 @@ def validate(config: Config) -> None:
         if token.token and len(token.token) < 16:
             raise ConfigError(f"api.tokens[{index}].token", "must be at least 16 characters")
     compile_rules(config.rules)  # raises ConfigError("rules[i].field", ...)
+    _validate_ai(config.ai)
     compile_quiet_hours(config.alarms.quiet_hours)  # ConfigError("alarms.quiet_hours...")
     if config.database.retry_min_s > config.database.retry_max_s:
         raise ConfigError("database.retry_min_s", "must not exceed database.retry_max_s")
+
+
+def _validate_ai(ai: AiConfig) -> None:
+    if ai.enabled:
+        for key in ("base_url", "model"):
+            if not getattr(ai, key):
+                raise ConfigError(f"ai.{key}", "required when ai.enabled is true")
+    if ai.prompt_version not in PROMPTS:
+        raise ConfigError("ai.prompt_version", f"unknown prompt version; known: {sorted(PROMPTS)}")

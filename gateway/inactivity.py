@@ -61,7 +61,7 @@ class InactivityMonitor:
                 creation = await create_alarm(
                     conn, device_id=device_id, rule_key=rule_key, severity=severity,
                     telemetry_event_id=event_id, reason=reason,
-                    node_id=self.engine.node_id, now=now,
+                    node_id=self.engine.node_id, now=now, summary=self.engine.summary,
                 )  # fmt: skip
         except RetryBatchError:
             return None  # another node raised it first

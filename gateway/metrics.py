@@ -138,6 +138,16 @@ class Metrics:
             registry=r,
         )
 
+        self.ai_tasks = Counter(
+            "gateway_ai_tasks", "AI summary task outcomes", ["status", "error_code"], registry=r
+        )
+        self.ai_latency = Histogram(
+            "gateway_ai_call_seconds",
+            "Duration of one LLM call (claim to result)",
+            buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120),
+            registry=r,
+        )
+
     def count_command(self, from_status: str, to_status: str, n: int = 1) -> None:
         self.command_transitions.labels(from_status, to_status).inc(n)
 

@@ -82,6 +82,38 @@ def _struct_schemas() -> dict[str, Any]:
                 if option.get("type") == "string":
                     option["format"] = "date-time"
         prop.pop("default", None)
+    # Only GET /alarms/{id} (and the action answers) carry it: not required.
+    alarm["properties"]["ai_summary"] = {
+        "anyOf": [_ref("AiSummary"), {"type": "null"}],
+        "description": "The latest AI summary attempt (SPEC §8), null when there is none.",
+    }
+    components["AiSummary"] = {
+        "type": "object",
+        "description": "The outcome of the latest summary attempt; payloads are in /summaries.",
+        "properties": {
+            "status": {"enum": ["PENDING", "PROCESSING", "SUCCEEDED", "FAILED"]},
+            "summary": {"type": ["string", "null"]},
+            "possible_cause": {"type": ["string", "null"]},
+            "inspection_suggestion": {"type": ["string", "null"]},
+            "risk_level": {"enum": ["LOW", "MEDIUM", "HIGH", "CRITICAL", None]},
+            "confidence": {"type": ["number", "null"], "minimum": 0, "maximum": 1},
+            "model_name": {"type": "string"},
+            "prompt_version": {"type": "string"},
+            "error_code": {"type": ["string", "null"]},
+            "attempt": {"type": "integer", "minimum": 1},
+            "finished_at": {"type": ["string", "null"], "format": "date-time"},
+        },
+        "required": ["status", "model_name", "prompt_version", "attempt"],
+    }
+    components["SummaryAttempts"] = {
+        "type": "object",
+        "description": (
+            "Every summary attempt, oldest first; `request_payload` and `raw_response` are "
+            "included for admin tokens only."
+        ),
+        "properties": {"items": {"type": "array", "items": {"type": "object"}}},
+        "required": ["items"],
+    }
     components["AlarmStatus"]["description"] = (
         "Open: NEW, PUSHED, DELAYED, CONFIRMED, ESCALATED. Terminal: CLOSED, FALSE, SUPERSEDED."
     )
@@ -665,6 +697,11 @@ def _paths(*, commands: bool) -> dict[str, Any]:
             "The audit trail of the alarm",
             "getAlarmAudit",
             _json(_ref("AuditTrail"), "Every change, oldest first."),
+        ),
+        "/alarms/{id}/summaries": _alarm_get(
+            "Every AI summary attempt of the alarm (payloads for admins)",
+            "getAlarmSummaries",
+            _json(_ref("SummaryAttempts"), "The attempts, oldest first."),
         ),
     }
     for action in PATH_ACTIONS:

@@ -1,0 +1,211 @@
+"""AI summary tasks: three steps, and the LLM call outside every transaction.
+
+1. Claim: in one short transaction, lock a due PENDING task (SKIP LOCKED: another worker
+   takes another one), build the prompt from the alarm and the device's recent telemetry,
+   store the request and mark it PROCESSING with a fresh claim token. Commit; the pooled
+   connection goes back.
+2. Call the LLM holding no transaction and no connection.
+3. Write SUCCEEDED or FAILED conditional on PROCESSING *and* the claim token: a task reset
+   (or failed as WORKER_LOST) meanwhile keeps what happened to it, and the late result is
+   only logged. A failure is a fact: an ``ai.summary_failed`` event, and a new PENDING attempt
+   with backoff while attempts remain.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import asyncpg
+import msgspec
+import structlog
+
+from gateway.ai.llm import LlmError, LlmPort
+from gateway.ai.output import OutputInvalid, parse_summary
+from gateway.ai.prompt import AlarmFacts, build_request
+from gateway.domain.ai_task import ErrorCode, retry_delay_s, should_retry
+from gateway.loops import RETRYABLE, every, wait_event_or_stop
+from gateway.metrics import Metrics
+from storage import ai_tasks as repo
+from storage import alarms as alarm_repo
+from storage import outbox
+
+log = structlog.get_logger("gateway.ai")
+
+EVENT_SUCCEEDED = "ai.summary_succeeded"
+EVENT_FAILED = "ai.summary_failed"
+TELEMETRY_SAMPLES = 50
+
+
+@dataclass(frozen=True, slots=True)
+class Claimed:
+    task_id: int
+    alarm_id: int
+    attempt: int
+    token: uuid.UUID
+    model_name: str
+    prompt_version: str
+    request: dict[str, Any]
+
+
+def task_to_json(row: asyncpg.Record, *, with_payloads: bool) -> dict[str, Any]:
+    hidden = {"claim_token"} | (set() if with_payloads else {"request_payload", "raw_response"})
+    body = {k: v for k, v in row.items() if k not in hidden}
+    if with_payloads and isinstance(body.get("request_payload"), str):
+        body["request_payload"] = msgspec.json.decode(body["request_payload"])
+    converted: dict[str, Any] = msgspec.to_builtins(body)
+    return converted
+
+
+class SummaryWorker:
+    def __init__(
+        self,
+        *,
+        pool: asyncpg.Pool,
+        llm: LlmPort,
+        node_id: str,
+        metrics: Metrics,
+        max_attempts: int,
+        json_mode: bool = True,
+        workers: int = 2,
+        processing_timeout_s: float = 300.0,
+        poll_s: float = 1.0,
+    ) -> None:
+        self.pool = pool
+        self.llm = llm
+        self.node_id = node_id
+        self.metrics = metrics
+        self.max_attempts = max_attempts
+        self.json_mode = json_mode
+        self.workers = workers
+        self.processing_timeout_s = processing_timeout_s
+        self.poll_s = poll_s
+        self.wakeup = asyncio.Event()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        async with asyncio.TaskGroup() as tasks:
+            for n in range(self.workers):
+                tasks.create_task(self._loop(stop), name=f"ai-worker-{n}")
+            sweep_every = max(self.processing_timeout_s / 4, 1.0)
+            tasks.create_task(every(sweep_every, stop, self.sweep, name="ai-sweeper"))
+
+    async def _loop(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                if await self.run_once():
+                    continue
+            except RETRYABLE as exc:
+                log.warning("ai_worker_failed", error=repr(exc))
+            self.wakeup.clear()
+            await wait_event_or_stop(self.wakeup, stop, self.poll_s)
+
+    async def run_once(self) -> bool:
+        """Claim, call and record one task; False when none was due."""
+        claimed = await self.claim()
+        if claimed is None:
+            return False
+        await self.process(claimed)
+        return True
+
+    async def claim(self) -> Claimed | None:
+        async with self.pool.acquire() as conn, conn.transaction():
+            row = await repo.lock_due(conn)
+            if row is None:
+                return None
+            alarm = await alarm_repo.get(conn, row["alarm_id"])
+            assert alarm is not None
+            reason = await repo.alarm_reason(conn, alarm["id"])
+            facts = AlarmFacts(
+                alarm_id=alarm["id"], device_id=alarm["device_id"], rule_key=alarm["rule_key"],
+                severity=alarm["severity"], status=alarm["status"],
+                triggered_at=alarm["triggered_at"], reason=reason, cleared_at=alarm["cleared_at"],
+            )  # fmt: skip
+            telemetry = await repo.recent_telemetry(
+                conn, alarm["device_id"], alarm["triggered_at"], TELEMETRY_SAMPLES
+            )
+            request = build_request(
+                version=row["prompt_version"], model=row["model_name"], facts=facts,
+                telemetry=telemetry, json_mode=self.json_mode,
+            )  # fmt: skip
+            token = uuid.uuid4()
+            started = await repo.start(conn, row["id"], token, self.node_id, request)
+            assert started is not None  # the row is locked and PENDING
+        return Claimed(
+            task_id=row["id"], alarm_id=row["alarm_id"], attempt=row["attempt"], token=token,
+            model_name=row["model_name"], prompt_version=row["prompt_version"], request=request,
+        )  # fmt: skip
+
+    async def process(self, task: Claimed) -> None:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        raw: str | None = None
+        try:
+            # No transaction, no pooled connection: a slow model cannot starve the pool.
+            reply = await self.llm.complete(task.request)
+            raw = reply.raw_response
+            summary = parse_summary(reply.text)
+        except LlmError as exc:
+            await self._failed(task, exc.code, exc.message, exc.raw)
+        except OutputInvalid as exc:
+            await self._failed(task, ErrorCode.LLM_OUTPUT_INVALID, exc.detail, raw)
+        else:
+            async with self.pool.acquire() as conn, conn.transaction():
+                row = await repo.succeed(
+                    conn, task.task_id, task.token, summary=summary.summary,
+                    possible_cause=summary.possible_cause,
+                    inspection_suggestion=summary.inspection_suggestion,
+                    risk_level=summary.risk_level.value, confidence=summary.confidence,
+                    raw_response=raw, model_name=reply.model or task.model_name,
+                )  # fmt: skip
+                if row is not None:
+                    await self._event(conn, row, EVENT_SUCCEEDED)
+            self._count(row, "SUCCEEDED", "")
+        finally:
+            self.metrics.ai_latency.observe(loop.time() - started)
+
+    async def _failed(self, task: Claimed, code: str, message: str, raw: str | None) -> None:
+        async with self.pool.acquire() as conn, conn.transaction():
+            row = await repo.fail(
+                conn, task.task_id, task.token, error_code=code, error_message=message,
+                raw_response=raw,
+            )  # fmt: skip
+            if row is not None:
+                await self._after_failure(conn, row)
+        self._count(row, "FAILED", code)
+
+    def _count(self, row: asyncpg.Record | None, status: str, code: str) -> None:
+        if row is None:
+            # Reset (or swept as WORKER_LOST) while the call was in flight: its fate stands.
+            log.warning("ai_result_discarded", status=status, error_code=code or None)
+            self.metrics.ai_tasks.labels("DISCARDED", code).inc()
+            return
+        self.metrics.ai_tasks.labels(status, code).inc()
+
+    async def _after_failure(self, conn: asyncpg.Connection, row: asyncpg.Record) -> None:
+        await self._event(conn, row, EVENT_FAILED)
+        attempt = row["attempt"]
+        if should_retry(attempt, self.max_attempts):
+            await repo.insert_task(
+                conn, alarm_id=row["alarm_id"], attempt=attempt + 1,
+                model_name=row["model_name"], prompt_version=row["prompt_version"],
+                delay_s=retry_delay_s(attempt),
+            )  # fmt: skip
+
+    async def _event(self, conn: asyncpg.Connection, row: asyncpg.Record, event_type: str) -> None:
+        await outbox.add_event(
+            conn, aggregate_type="alarm", aggregate_id=str(row["alarm_id"]),
+            event_type=event_type, payload={"task": task_to_json(row, with_payloads=False)},
+        )  # fmt: skip
+
+    async def sweep(self) -> list[int]:
+        """Fail tasks stuck in PROCESSING past the timeout (their worker died), and retry."""
+        async with self.pool.acquire() as conn, conn.transaction():
+            lost = await repo.sweep_lost(conn, self.processing_timeout_s)
+            for row in lost:
+                await self._after_failure(conn, row)
+        for row in lost:
+            self.metrics.ai_tasks.labels("FAILED", ErrorCode.WORKER_LOST).inc()
+            log.warning("ai_task_worker_lost", task_id=row["id"], claimed_by=row["claimed_by"])
+        return [row["id"] for row in lost]

@@ -1,0 +1,119 @@
+"""AI summary tasks: conditional writes for claim, result and sweep."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any
+
+import asyncpg
+import msgspec
+
+from storage.sql import load_queries
+
+_Q = load_queries("ai_tasks.sql")
+INSERT_TASK = _Q["insert_task"]
+LOCK_DUE = _Q["lock_due"]
+START = _Q["start"]
+ALARM_REASON = _Q["alarm_reason"]
+RECENT_TELEMETRY = _Q["recent_telemetry"]
+SUCCEED = _Q["succeed"]
+FAIL = _Q["fail"]
+SWEEP_LOST = _Q["sweep_lost"]
+RESET = _Q["reset"]
+LATEST_FOR_ALARM = _Q["latest_for_alarm"]
+FOR_ALARM = _Q["for_alarm"]
+
+
+async def insert_task(
+    conn: asyncpg.Connection,
+    *,
+    alarm_id: int,
+    attempt: int,
+    model_name: str,
+    prompt_version: str,
+    delay_s: float = 0.0,
+) -> int | None:
+    value = await conn.fetchval(INSERT_TASK, alarm_id, attempt, model_name, prompt_version, delay_s)
+    return None if value is None else int(value)
+
+
+async def lock_due(conn: asyncpg.Connection) -> asyncpg.Record | None:
+    return await conn.fetchrow(LOCK_DUE)
+
+
+async def start(
+    conn: asyncpg.Connection,
+    task_id: int,
+    token: uuid.UUID,
+    worker: str,
+    request_payload: dict[str, Any],
+) -> asyncpg.Record | None:
+    payload = msgspec.json.encode(request_payload).decode()
+    return await conn.fetchrow(START, task_id, token, worker, payload)
+
+
+async def alarm_reason(conn: asyncpg.Connection, alarm_id: int) -> str | None:
+    value = await conn.fetchval(ALARM_REASON, str(alarm_id))
+    return None if value is None else str(value)
+
+
+async def recent_telemetry(
+    conn: asyncpg.Connection, device_id: str, until: datetime, limit: int
+) -> list[dict[str, Any]]:
+    rows = await conn.fetch(RECENT_TELEMETRY, device_id, until, limit)
+    return [
+        {
+            "ts": row["ts"].isoformat(),
+            "metrics": None if row["metrics"] is None else msgspec.json.decode(row["metrics"]),
+            "events": None if row["events"] is None else msgspec.json.decode(row["events"]),
+        }
+        for row in rows
+    ]
+
+
+async def succeed(
+    conn: asyncpg.Connection,
+    task_id: int,
+    token: uuid.UUID,
+    *,
+    summary: str,
+    possible_cause: str,
+    inspection_suggestion: str,
+    risk_level: str,
+    confidence: float,
+    raw_response: str,
+    model_name: str,
+) -> asyncpg.Record | None:
+    return await conn.fetchrow(
+        SUCCEED, task_id, token, summary, possible_cause, inspection_suggestion, risk_level,
+        confidence, raw_response, model_name,
+    )  # fmt: skip
+
+
+async def fail(
+    conn: asyncpg.Connection,
+    task_id: int,
+    token: uuid.UUID,
+    *,
+    error_code: str,
+    error_message: str,
+    raw_response: str | None,
+) -> asyncpg.Record | None:
+    return await conn.fetchrow(FAIL, task_id, token, error_code, error_message, raw_response)
+
+
+async def sweep_lost(conn: asyncpg.Connection, timeout_s: float) -> list[asyncpg.Record]:
+    return list(await conn.fetch(SWEEP_LOST, timeout_s))
+
+
+async def reset(conn: asyncpg.Connection, task_id: int) -> bool:
+    return await conn.fetchval(RESET, task_id) is not None
+
+
+async def latest_for_alarm(conn: asyncpg.Connection, alarm_id: int) -> asyncpg.Record | None:
+    return await conn.fetchrow(LATEST_FOR_ALARM, alarm_id)
+
+
+async def for_alarm(conn: asyncpg.Connection, alarm_id: int) -> list[asyncpg.Record]:
+    return list(await conn.fetch(FOR_ALARM, alarm_id))

@@ -1,0 +1,78 @@
+-- name: insert_task
+-- $1 alarm id, $2 attempt, $3 model name, $4 prompt version, $5 delay seconds before it is due.
+INSERT INTO ai_task (alarm_id, attempt, model_name, prompt_version, next_attempt_at)
+VALUES ($1, $2, $3, $4, now() + make_interval(secs => $5))
+ON CONFLICT (alarm_id, attempt) DO NOTHING
+RETURNING id;
+
+-- name: lock_due
+-- no parameters; one due PENDING task, locked (another worker skips it).
+SELECT id, alarm_id, attempt, model_name, prompt_version
+FROM ai_task
+WHERE status = 'PENDING' AND next_attempt_at <= now()
+ORDER BY next_attempt_at, id
+LIMIT 1
+FOR UPDATE SKIP LOCKED;
+
+-- name: start
+-- $1 id, $2 claim token, $3 worker (node id), $4 request payload json; PENDING → PROCESSING.
+UPDATE ai_task
+SET status = 'PROCESSING', claim_token = $2, claimed_by = $3, started_at = now(),
+    request_payload = $4::jsonb
+WHERE id = $1 AND status = 'PENDING'
+RETURNING id, started_at;
+
+-- name: alarm_reason
+-- $1 alarm id; the reason the rule gave when it raised the alarm.
+SELECT payload->>'reason' FROM outbox_event
+WHERE aggregate_type = 'alarm' AND aggregate_id = $1::text AND event_type = 'alarm.created'
+ORDER BY id LIMIT 1;
+
+-- name: recent_telemetry
+-- $1 device, $2 up to (timestamp), $3 limit; newest first.
+SELECT ts, metrics::text AS metrics, events::text AS events
+FROM telemetry WHERE device_id = $1 AND ts <= $2
+ORDER BY ts DESC LIMIT $3;
+
+-- name: succeed
+-- $1 id, $2 claim token, then the validated summary: $3 summary, $4 possible cause,
+-- $5 inspection suggestion, $6 risk level, $7 confidence, $8 raw response, $9 model name.
+-- Written only if the task is still this claim's (a reset task keeps its reset).
+UPDATE ai_task
+SET status = 'SUCCEEDED', summary = $3, possible_cause = $4, inspection_suggestion = $5,
+    risk_level = $6, confidence = $7, raw_response = $8, model_name = $9, finished_at = now()
+WHERE id = $1 AND status = 'PROCESSING' AND claim_token = $2
+RETURNING *;
+
+-- name: fail
+-- $1 id, $2 claim token, $3 error code, $4 error message, $5 raw response or null.
+UPDATE ai_task
+SET status = 'FAILED', error_code = $3, error_message = $4, raw_response = $5,
+    finished_at = now()
+WHERE id = $1 AND status = 'PROCESSING' AND claim_token = $2
+RETURNING *;
+
+-- name: sweep_lost
+-- $1 processing timeout seconds; tasks whose worker died mid-call: FAILED WORKER_LOST.
+UPDATE ai_task
+SET status = 'FAILED', error_code = 'WORKER_LOST',
+    error_message = 'no result within ' || $1::text || ' s of the claim by ' || claimed_by,
+    finished_at = now()
+WHERE status = 'PROCESSING' AND started_at < now() - make_interval(secs => $1)
+RETURNING *;
+
+-- name: reset
+-- $1 id; an operator's (or a test's) reset of a task in flight: back to PENDING.
+UPDATE ai_task
+SET status = 'PENDING', claim_token = NULL, claimed_by = NULL, started_at = NULL,
+    request_payload = NULL, next_attempt_at = now()
+WHERE id = $1 AND status = 'PROCESSING'
+RETURNING id;
+
+-- name: latest_for_alarm
+-- $1 alarm id; its newest attempt.
+SELECT * FROM ai_task WHERE alarm_id = $1 ORDER BY attempt DESC LIMIT 1;
+
+-- name: for_alarm
+-- $1 alarm id; every attempt, oldest first.
+SELECT * FROM ai_task WHERE alarm_id = $1 ORDER BY attempt;
