@@ -9,7 +9,6 @@ owner. A publish that fails leaves the claim to expire: the reaper returns it to
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Awaitable, Callable
 
 import asyncpg
@@ -17,7 +16,7 @@ import msgspec
 import structlog
 
 from gateway.commands import mark_sent, reap
-from gateway.loops import every, wait_event_or_stop
+from gateway.loops import drain_on_notify, every
 from gateway.metrics import Metrics
 from protocol import DownlinkCommand, Topics, encode_command
 from storage import commands as repo
@@ -56,33 +55,12 @@ class Dispatcher:
         self.batch = batch
         self.max_in_flight = max_in_flight
         self.poll_s = poll_s
-        self.wakeup = asyncio.Event()
 
     async def run(self, stop: asyncio.Event) -> None:
-        listener = await self._listen()
-        try:
-            while not stop.is_set():
-                try:
-                    if await self.run_once():
-                        continue
-                except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-                    log.warning("dispatch_failed", error=repr(exc))
-                self.wakeup.clear()
-                # Without a listener nothing sets wakeup: this is then a plain poll.
-                await wait_event_or_stop(self.wakeup, stop, self.poll_s)
-        finally:
-            if listener is not None:
-                with contextlib.suppress(Exception):
-                    await listener.close()
-
-    async def _listen(self) -> asyncpg.Connection | None:
-        try:
-            conn = await asyncpg.connect(self.dsn)
-            await conn.add_listener(NOTIFY_CHANNEL, lambda *_: self.wakeup.set())
-        except (OSError, asyncpg.PostgresError) as exc:
-            log.warning("dispatch_listen_failed", error=repr(exc), fallback="polling")
-            return None
-        return conn
+        await drain_on_notify(
+            dsn=self.dsn, channel=NOTIFY_CHANNEL, stop=stop, step=self.run_once,
+            poll_s=self.poll_s, name="command-dispatcher",
+        )  # fmt: skip
 
     async def run_once(self) -> int:
         """Claim due commands and send them; how many were claimed."""

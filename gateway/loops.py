@@ -48,3 +48,39 @@ async def wait_event_or_stop(event: asyncio.Event, stop: asyncio.Event, timeout_
     finally:
         for task in waits:
             task.cancel()
+
+
+async def drain_on_notify(
+    *,
+    dsn: str,
+    channel: str,
+    stop: asyncio.Event,
+    step: Callable[[], Awaitable[int]],
+    poll_s: float,
+    name: str,
+) -> None:
+    """Run ``step`` until it finds nothing, then wait for a NOTIFY on ``channel`` (or
+    ``poll_s``, the fallback), until ``stop``. A dedicated connection LISTENs; without one
+    (the database refused it) this is a plain poll."""
+    wakeup = asyncio.Event()
+    listener: asyncpg.Connection | None = None
+    try:
+        listener = await asyncpg.connect(dsn)
+        await listener.add_listener(channel, lambda *_: wakeup.set())
+    except (OSError, asyncpg.PostgresError) as exc:
+        log.warning("listen_failed", loop=name, channel=channel, error=repr(exc),
+                    fallback="polling")  # fmt: skip
+        listener = None
+    try:
+        while not stop.is_set():
+            try:
+                if await step():
+                    continue  # there may be more
+            except RETRYABLE as exc:
+                log.warning("periodic_step_failed", loop=name, error=repr(exc))
+            wakeup.clear()
+            await wait_event_or_stop(wakeup, stop, poll_s)
+    finally:
+        if listener is not None:
+            with contextlib.suppress(Exception):
+                await listener.close()

@@ -21,7 +21,7 @@ from gateway.alarm_timers import deliver
 from gateway.alarms import EVENT_CREATED, EVENT_WOKEN
 from gateway.backoff import Backoff
 from gateway.domain.quiet_hours import QuietHours
-from gateway.loops import wait_event_or_stop
+from gateway.loops import drain_on_notify
 from gateway.metrics import Metrics
 from protocol import Topics
 from storage import outbox
@@ -65,30 +65,12 @@ class OutboxPublisher:
         self.retry_base_s = retry_base_s
         self.retry_cap_s = retry_cap_s
         self.quiet = quiet
-        self.wakeup = asyncio.Event()
 
     async def run(self, stop: asyncio.Event) -> None:
-        listener = await self._listen()
-        try:
-            while not stop.is_set():
-                if await self.run_once():
-                    continue  # there may be more: the next head of each aggregate
-                self.wakeup.clear()
-                await wait_event_or_stop(self.wakeup, stop, self.poll_s)
-        finally:
-            if listener is not None:
-                with contextlib.suppress(Exception):
-                    await listener.close()
-
-    async def _listen(self) -> asyncpg.Connection | None:
-        """A dedicated connection for LISTEN; without it the publisher polls."""
-        try:
-            conn = await asyncpg.connect(self.dsn)
-            await conn.add_listener(NOTIFY_CHANNEL, lambda *_: self.wakeup.set())
-        except (OSError, asyncpg.PostgresError) as exc:
-            log.warning("outbox_listen_failed", error=repr(exc), fallback="polling")
-            return None
-        return conn
+        await drain_on_notify(
+            dsn=self.dsn, channel=NOTIFY_CHANNEL, stop=stop, step=self.run_once,
+            poll_s=self.poll_s, name="outbox-publisher",
+        )  # fmt: skip
 
     async def run_once(self) -> int:
         """Claim due events and publish them; the number claimed (0: nothing due)."""

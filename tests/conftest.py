@@ -122,6 +122,18 @@ async def db(db_dsn: str) -> AsyncIterator[asyncpg.Connection]:
 
 
 @pytest.fixture
+async def pool(db_dsn: str) -> AsyncIterator[asyncpg.Pool]:
+    """A small pool on the test's database (for code that takes a pool, like the services)."""
+    from storage.pool import create_pool
+
+    pool = await create_pool(db_dsn, min_size=1, max_size=4)
+    try:
+        yield pool
+    finally:
+        await pool.close()
+
+
+@pytest.fixture
 def mosquitto(tmp_path: Path) -> Iterator[Mosquitto]:
     broker = Mosquitto(tmp_path / "mosquitto", max_inflight_messages=100)
     broker.start()

@@ -19,7 +19,6 @@ from protocol import Topics
 from sim.publisher import publish_many
 from storage import ai_tasks as ai_repo
 from storage import alarms as alarm_repo
-from storage.pool import create_pool
 from tests.support.daemon import make_config, metric, running_daemon
 from tests.support.fake_llm import DEFAULT_SUMMARY, FakeLlm
 from tests.support.mosquitto import Mosquitto
@@ -32,15 +31,6 @@ SPEC = SummarySpec(model_name="fake-model", prompt_version="v1")
 async def llm_server() -> AsyncIterator[FakeLlm]:
     async with FakeLlm() as server:
         yield server
-
-
-@pytest.fixture
-async def pool(db_dsn: str) -> AsyncIterator[asyncpg.Pool]:
-    pool = await create_pool(db_dsn, min_size=1, max_size=4)
-    try:
-        yield pool
-    finally:
-        await pool.close()
 
 
 def _worker(

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 
 import aiomqtt
 import asyncpg
-import pytest
 
 from gateway.alarm_timers import AlarmTimers
 from gateway.alarms import AlarmService, create_alarm, transition
@@ -18,19 +16,9 @@ from gateway.metrics import Metrics
 from gateway.outbox_publisher import OutboxPublisher
 from protocol import Topics
 from storage import alarms as repo
-from storage.pool import create_pool
 from tests.support.mosquitto import Mosquitto
 
 TOPICS = Topics("iot")
-
-
-@pytest.fixture
-async def pool(db_dsn: str) -> AsyncIterator[asyncpg.Pool]:
-    pool = await create_pool(db_dsn, min_size=1, max_size=4)
-    try:
-        yield pool
-    finally:
-        await pool.close()
 
 
 async def _raise(pool: asyncpg.Pool, device: str, severity: str = "MAJOR", n: int = 0) -> int:
