@@ -59,6 +59,11 @@ TRANSIENT_DB_ERRORS: tuple[type[BaseException], ...] = (
 )
 
 
+# The driver refusing a value before it reaches the server (out of a column type's range, say):
+# about the data, never transient, though asyncpg derives it from InterfaceError.
+REFUSED_DATA: tuple[type[BaseException], ...] = (asyncpg.exceptions.DataError,)
+
+
 class Acker(Protocol):
     def ack(self, message: Any, /) -> bool: ...
 
@@ -354,6 +359,9 @@ class IngestWriter:
         while True:
             try:
                 result = await self._store_once(batch)
+            except REFUSED_DATA as exc:
+                log.error("batch_refused_by_database", error=repr(exc), size=len(batch.telemetry))
+                batch = await self._isolate_refused(batch)
             except TRANSIENT_DB_ERRORS as exc:
                 delay = self.retry.next_delay()
                 self.metrics.db_retries.inc()
@@ -415,8 +423,8 @@ class IngestWriter:
             await transaction.start()
             try:
                 await repo.insert_telemetry(conn, [row], self.node_id)
-            except asyncpg.PostgresError as exc:
-                if isinstance(exc, TRANSIENT_DB_ERRORS):
+            except (asyncpg.PostgresError, *REFUSED_DATA) as exc:
+                if isinstance(exc, TRANSIENT_DB_ERRORS) and not isinstance(exc, REFUSED_DATA):
                     raise
                 return str(exc)
             finally:

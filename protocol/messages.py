@@ -194,6 +194,16 @@ class DownlinkCommand(msgspec.Struct, frozen=True, rename="camel"):
     deadline: Timestamp | None = None
 
 
+# Receipt fields are bounded by the columns they are stored in (bigint ids, integer
+# generation and codes): an out-of-range value is a bad receipt, not a database error.
+_CommandId = Annotated[int, Meta(ge=1, le=INT64_MAX)]
+_Int32 = Annotated[int, Meta(ge=0, le=2**31 - 1)]
+_SignedInt32 = Annotated[int, Meta(ge=-(2**31), le=2**31 - 1)]
+_SignedInt64 = Annotated[int, Meta(ge=INT64_MIN, le=INT64_MAX)]
+_ReceiptText = Annotated[str, Meta(max_length=256)]
+_RawAck = Annotated[str, Meta(max_length=16384)]
+
+
 class CommandReceipt(
     msgspec.Struct, frozen=True, rename="camel", forbid_unknown_fields=True, kw_only=True
 ):
@@ -204,13 +214,22 @@ class CommandReceipt(
     (CLAIM_GENERATION_REQUIRED), so they must decode rather than dead-letter as INVALID.
     """
 
-    command_id: int
-    claim_generation: int | None = None
-    node_id: str | None = None
+    command_id: _CommandId
+    claim_generation: _Int32 | None = None
+    node_id: _ReceiptText | None = None
     result: ReceiptResult
-    result_code: int | None = None
-    raw_result_code: str | int | None = None
-    raw_ack: str | None = None
+    result_code: _SignedInt32 | None = None
+    raw_result_code: _ReceiptText | _SignedInt64 | None = None
+    raw_ack: _RawAck | None = None
+
+    def __post_init__(self) -> None:
+        # The gateway stores these as text: PostgreSQL text cannot hold NUL, and a receipt it
+        # cannot store must dead-letter here, not fail the batch transaction.
+        for name, wire in (("node_id", "nodeId"), ("raw_result_code", "rawResultCode"),
+                           ("raw_ack", "rawAck")):  # fmt: skip
+            value = getattr(self, name)
+            if isinstance(value, str) and "\x00" in value:
+                raise ValueError(f"Expected `str` without NUL characters - at `$.{wire}`")
 
 
 class Presence(enum.StrEnum):

@@ -192,3 +192,28 @@ async def test_dead_letters_replay_through_the_normal_path_idempotently(
         (2, "duplicate", True),
         (1, "still_invalid: MALFORMED", False),
     ]
+
+
+async def test_poison_receipts_are_dead_lettered_and_do_not_block_the_pipeline(
+    db_dsn: str, mosquitto: Mosquitto
+) -> None:
+    config = make_config(dsn=db_dsn, mqtt_port=mosquitto.port)
+    acks = TOPICS.acks("dev-1")
+    poison = [
+        (
+            acks,
+            b'{"commandId": 1208925819614629174706176, "claimGeneration": 1, "result": "ACKED"}',
+        ),
+        (acks, b'{"commandId": 1, "claimGeneration": 4294967296, "result": "ACKED"}'),
+        (acks, b'{"commandId": 1, "claimGeneration": 1, "result": "ACKED", "rawAck": "a\\u0000"}'),
+    ]
+    after = [(TOPICS.telemetry("dev-2"), b'{"ts": 1, "metrics": {"n": 1}}')]
+    async with running_daemon(config) as daemon, aiomqtt.Client("127.0.0.1", mosquitto.port) as pub:
+        await publish_many(pub, [*poison, *after], window=1)
+        await wait_until(lambda: _stored_and_dead(daemon) >= (1, 3), timeout=30)
+    conn = await asyncpg.connect(db_dsn)
+    try:
+        reasons = [r["reason"] for r in await conn.fetch("SELECT reason FROM dead_letter")]
+    finally:
+        await conn.close()
+    assert reasons == ["INVALID", "INVALID", "INVALID"]
