@@ -29,10 +29,8 @@ from gateway.http import create_app
 from gateway.metrics import Metrics
 from storage.alarms import db_now
 from storage.pool import create_pool
+from tests.support.api_client import ADMIN, OPERATOR, VIEWER, ApiClient, Reply
 
-VIEWER = "viewer-token-0123456789abcdef"
-OPERATOR = "operator-token-0123456789abcdef"
-ADMIN = "admin-token-0123456789abcdef"
 TOKENS = [
     TokenConfig(token=VIEWER, role="viewer", name="wall-screen"),
     TokenConfig(token=OPERATOR, role="operator", name="console"),
@@ -55,13 +53,6 @@ WHITELIST: dict[str, dict[str, str]] = {
 }
 
 
-@dataclass
-class Reply:
-    status: int
-    body: Any
-    headers: Any
-
-
 def _listed(body: dict[str, Any]) -> dict[str, Any]:
     """An alarm body less ``ai_summary`` (null here: AI is off in these tests)."""
     assert body.get("ai_summary", "absent") is None
@@ -69,34 +60,10 @@ def _listed(body: dict[str, Any]) -> dict[str, Any]:
 
 
 @dataclass
-class Api:
+class Api(ApiClient):
     app: web.Application
-    base: str
-    http: aiohttp.ClientSession
     db: asyncpg.Connection
     service: AlarmService
-
-    async def call(
-        self,
-        method: str,
-        path: str,
-        *,
-        token: str | None = ADMIN,
-        data: bytes | io.BytesIO | None = None,
-        json: Any = None,
-        headers: dict[str, str] | None = None,
-    ) -> Reply:
-        sent = dict(headers or {})
-        if token is not None:
-            sent["Authorization"] = f"Bearer {token}"
-        async with self.http.request(
-            method, f"{self.base}{path}", data=data, json=json, headers=sent
-        ) as response:
-            body = await response.json(content_type=None)
-            return Reply(response.status, body, response.headers)
-
-    async def get(self, path: str, *, token: str | None = VIEWER) -> Reply:
-        return await self.call("GET", path, token=token)
 
     async def act(
         self,
@@ -163,7 +130,13 @@ async def api(db_dsn: str, db: asyncpg.Connection) -> AsyncIterator[Api]:
             TestServer(app, host="127.0.0.1") as server,
             aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=200)) as http,
         ):
-            yield Api(app, str(server.make_url("")).rstrip("/"), http, db, service)
+            yield Api(
+                base=str(server.make_url("")).rstrip("/"),
+                http=http,
+                app=app,
+                db=db,
+                service=service,
+            )
     finally:
         await pool.close()
 

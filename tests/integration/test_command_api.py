@@ -30,12 +30,10 @@ from gateway.metrics import Metrics
 from protocol import Topics
 from sim.responder import Behaviour, Responder, Script
 from storage.pool import create_pool
+from tests.support.api_client import ADMIN, OPERATOR, VIEWER, ApiClient, Reply
 from tests.support.daemon import make_config, running_daemon
 from tests.support.mosquitto import Mosquitto
 
-VIEWER = "viewer-token-0123456789abcdef"
-OPERATOR = "operator-token-0123456789abcdef"
-ADMIN = "admin-token-0123456789abcdef"
 TOKENS = [
     TokenConfig(token=VIEWER, role="viewer", name="wall-screen"),
     TokenConfig(token=OPERATOR, role="operator", name="console"),
@@ -55,41 +53,10 @@ RECEIPT_FIELDS = {
 
 
 @dataclass
-class Reply:
-    status: int
-    body: Any
-    headers: Any
-
-
-@dataclass
-class Api:
+class Api(ApiClient):
     app: web.Application
-    base: str
-    http: aiohttp.ClientSession
     db: asyncpg.Connection
     service: CommandService
-
-    async def call(
-        self,
-        method: str,
-        path: str,
-        *,
-        token: str | None = ADMIN,
-        data: bytes | io.BytesIO | None = None,
-        json: Any = None,
-        headers: dict[str, str] | None = None,
-    ) -> Reply:
-        sent = dict(headers or {})
-        if token is not None:
-            sent["Authorization"] = f"Bearer {token}"
-        async with self.http.request(
-            method, f"{self.base}{path}", data=data, json=json, headers=sent
-        ) as response:
-            body = await response.json(content_type=None)
-            return Reply(response.status, body, response.headers)
-
-    async def get(self, path: str, *, token: str | None = VIEWER) -> Reply:
-        return await self.call("GET", path, token=token)
 
     async def send(
         self, device: str, body: Any, *, query: str = "", token: str | None = OPERATOR
@@ -136,7 +103,13 @@ async def serve(dsn: str, db: asyncpg.Connection) -> AsyncIterator[Api]:
             TestServer(app, host="127.0.0.1") as server,
             aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=200)) as http,
         ):
-            yield Api(app, str(server.make_url("")).rstrip("/"), http, db, service)
+            yield Api(
+                base=str(server.make_url("")).rstrip("/"),
+                http=http,
+                app=app,
+                db=db,
+                service=service,
+            )
     finally:
         await pool.close()
 
