@@ -239,14 +239,21 @@ def _may_apply(current: asyncpg.Record | None, receipt: CommandReceipt) -> bool:
 
 
 async def mark_sent(
-    conn: asyncpg.Connection, row: asyncpg.Record, *, node_id: str, sent_timeout_s: float
+    conn: asyncpg.Connection | asyncpg.Pool,
+    row: asyncpg.Record,
+    *,
+    node_id: str,
+    sent_timeout_s: float,
 ) -> asyncpg.Record | None:
-    """The broker acknowledged the downlink: CLAIMED → SENT, if the claim is still ours."""
-    sent = await repo.mark_sent(conn, row["id"], row["claim_generation"], node_id, sent_timeout_s)
-    if sent is not None:
-        await _record(conn, sent, from_status="CLAIMED", actor=DISPATCHER_ACTOR, action="sent",
-                      node_id=node_id)  # fmt: skip
-    return sent
+    """The broker acknowledged the downlink: CLAIMED → SENT, if the claim is still ours.
+
+    One statement writes the change and its audit row, so it needs no transaction of its own
+    (SENT is never terminal: no outbox event).
+    """
+    return await repo.mark_sent(
+        conn, command_id=row["id"], generation=row["claim_generation"], node_id=node_id,
+        timeout_s=sent_timeout_s, actor=DISPATCHER_ACTOR,
+    )  # fmt: skip
 
 
 async def cancel(

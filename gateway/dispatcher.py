@@ -24,6 +24,8 @@ from storage import commands as repo
 log = structlog.get_logger("gateway.dispatcher")
 
 NOTIFY_CHANNEL = "command_due"
+# SENT writes running at once, per dispatcher.
+MARK_SENT_CONCURRENCY = 2
 
 Publish = Callable[[str, bytes], Awaitable[None]]
 
@@ -72,10 +74,13 @@ class Dispatcher:
         if claimed:
             self.metrics.command_claim_batch.observe(len(claimed))
             self.metrics.count_command("PENDING", "CLAIMED", len(claimed))
-            await asyncio.gather(*(self._send(row) for row in claimed))
+            # Downlinks all go out at once; their SENT writes take a few connections at most,
+            # so the ingest path (which applies the devices' receipts) always finds one.
+            slots = asyncio.Semaphore(MARK_SENT_CONCURRENCY)
+            await asyncio.gather(*(self._send(row, slots) for row in claimed))
         return len(claimed)
 
-    async def _send(self, row: asyncpg.Record) -> None:
+    async def _send(self, row: asyncpg.Record, slots: asyncio.Semaphore) -> None:
         downlink = DownlinkCommand(
             command_id=row["id"], claim_generation=row["claim_generation"], node_id=self.node_id,
             name=row["name"], params=_params(row["params"]), deadline=row["expire_at"],
@@ -85,11 +90,13 @@ class Dispatcher:
         except Exception as exc:  # the lease runs out and the reaper requeues it
             log.warning("downlink_publish_failed", command_id=row["id"], error=repr(exc))
             return
-        async with self.pool.acquire() as conn, conn.transaction():
+        async with slots:
             sent = await mark_sent(
-                conn, row, node_id=self.node_id, sent_timeout_s=self.sent_timeout_s
+                self.pool, row, node_id=self.node_id, sent_timeout_s=self.sent_timeout_s
             )
         if sent is None:
+            # The claim lapsed (another node has it now), or the device answered before the
+            # PUBACK was handled and its receipt already moved the command on.
             log.info("downlink_claim_lapsed", command_id=row["id"])
         else:
             self.metrics.count_command("CLAIMED", "SENT")

@@ -73,12 +73,14 @@ async def drain_on_notify(
         listener = None
     try:
         while not stop.is_set():
+            # Cleared before the step, never after: a NOTIFY arriving while the step runs
+            # (work committed just after its query looked) must end the wait below at once.
+            wakeup.clear()
             try:
                 if await step():
                     continue  # there may be more
             except RETRYABLE as exc:
                 log.warning("periodic_step_failed", loop=name, error=repr(exc))
-            wakeup.clear()
             await wait_event_or_stop(wakeup, stop, poll_s)
     finally:
         if listener is not None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import socket
 import ssl
 from dataclasses import dataclass
 from types import TracebackType
@@ -91,6 +92,11 @@ class _FlowQueue(asyncio.Queue[aiomqtt.Message]):
         return item
 
 
+# QoS 1 publishes (downlinks, outbox events) awaiting their PUBACK at once; paho defaults to
+# 20, which made a burst of downlinks wait for PUBACK round trips in lockstep.
+OUTGOING_INFLIGHT = 1000
+
+
 class AckingClient:
     """An aiomqtt connection whose QoS 1 deliveries wait for ``ack()``."""
 
@@ -129,6 +135,7 @@ class AckingClient:
             tls_context=s.tls.context() if s.tls else None,
             will=will,
             timeout=s.timeout_s,
+            max_inflight_messages=OUTGOING_INFLIGHT,
             queue_type=cast(
                 "type[asyncio.Queue[aiomqtt.Message]]", functools.partial(_FlowQueue, owner=self)
             ),
@@ -139,6 +146,7 @@ class AckingClient:
     async def __aenter__(self) -> Self:
         self._client = self._build()
         await self._client.__aenter__()
+        no_delay(self._paho_socket())
         self._open = True
         return self
 
@@ -243,3 +251,13 @@ class AckingClient:
         wait_s: float | None = None,
     ) -> None:
         await self.client.publish(topic, payload, qos=qos, retain=retain, timeout=wait_s)
+
+
+def no_delay(sock: Any) -> None:
+    """Send small packets at once (TCP_NODELAY); paho leaves Nagle's algorithm on.
+
+    With Nagle on, a PUBACK or a downlink written while an earlier segment is unacknowledged
+    waits for the peer's delayed ACK: 40 ms on Linux, on every command round trip.
+    """
+    if sock is not None and getattr(sock, "family", None) in (socket.AF_INET, socket.AF_INET6):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

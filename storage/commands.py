@@ -76,9 +76,16 @@ async def claim_due(
 
 
 async def mark_sent(
-    conn: asyncpg.Connection, command_id: int, generation: int, node_id: str, timeout_s: float
+    conn: asyncpg.Connection | asyncpg.Pool,
+    *,
+    command_id: int,
+    generation: int,
+    node_id: str,
+    timeout_s: float,
+    actor: str,
 ) -> asyncpg.Record | None:
-    return await conn.fetchrow(MARK_SENT, command_id, generation, node_id, timeout_s)
+    """CLAIMED → SENT and its audit row, atomically in one statement (a pool will do)."""
+    return await conn.fetchrow(MARK_SENT, command_id, generation, node_id, timeout_s, actor)
 
 
 async def apply_receipt(

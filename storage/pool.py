@@ -22,6 +22,17 @@ async def create_pool(
         timeout=connect_timeout_s,
         command_timeout=command_timeout_s,
         server_settings={"application_name": application_name},
+        reset=_keep_session,
     )
     assert pool is not None
     return pool
+
+
+async def _keep_session(_conn: asyncpg.Connection) -> None:
+    """Return a connection to the pool without asyncpg's reset query.
+
+    asyncpg still rolls back a transaction left open; its default reset adds a round trip
+    (UNLISTEN, RESET ALL, CLOSE ALL, advisory unlock) to every release, for session state
+    this code never leaves behind: LISTEN runs on dedicated connections, nothing SETs
+    session settings, and the migration lock is released in a ``finally``.
+    """

@@ -57,13 +57,21 @@ WHERE c.id = due.id
 RETURNING c.*;
 
 -- name: mark_sent
--- $1 id, $2 generation, $3 node, $4 seconds until timeout_at; the broker's PUBACK of the
--- downlink. Guarded by generation, node and status: a reclaimed command is not ours any more.
-UPDATE command
-SET status = 'SENT', sent_at = now(), timeout_at = now() + make_interval(secs => $4),
-    lease_expire_at = NULL, updated_at = now()
-WHERE id = $1 AND claim_generation = $2 AND claimed_node_id = $3 AND status = 'CLAIMED'
-RETURNING *;
+-- $1 id, $2 generation, $3 node, $4 seconds until timeout_at, $5 actor; the broker's PUBACK of
+-- the downlink, with its audit row, in one statement (one round trip, one row locked).
+-- Guarded by generation, node and status: a reclaimed command is not ours any more.
+WITH sent AS (
+    UPDATE command
+    SET status = 'SENT', sent_at = now(), timeout_at = now() + make_interval(secs => $4),
+        lease_expire_at = NULL, updated_at = now()
+    WHERE id = $1 AND claim_generation = $2 AND claimed_node_id = $3 AND status = 'CLAIMED'
+    RETURNING *
+), audit AS (
+    INSERT INTO command_audit (command_id, actor, action, from_status, to_status,
+                               claim_generation, node_id)
+    SELECT id, $5, 'sent', 'CLAIMED', status, claim_generation, $3 FROM sent
+)
+SELECT * FROM sent;
 
 -- name: apply_receipt
 -- The four guards ($1 id, $2 generation, $3 node, status open) plus $4 the status the effect

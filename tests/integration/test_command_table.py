@@ -324,6 +324,11 @@ async def test_indexes(db: asyncpg.Connection) -> None:
         "command_lease_idx": "(status, lease_expire_at)",
         "command_timeout_idx": "(status, timeout_at)",
         "command_expire_idx": "(status, expire_at)",
+        "command_pending_idx": "(id) WHERE (status = 'PENDING'::text)",
+        "command_pending_device_idx": "(device_id, id) WHERE (status = 'PENDING'::text)",
+        "command_in_flight_device_idx": (
+            "(device_id) WHERE (status = ANY (ARRAY['CLAIMED'::text, 'SENT'::text]))"
+        ),
         "command_receipt_pkey": "(id)",
         "command_receipt_command_idx": "(command_id, id)",
         "command_audit_pkey": "(id)",
@@ -612,7 +617,7 @@ async def test_the_notify_trigger_wakes_dispatchers_for_due_work_only(
     assert await next_payload(notifications) == ""
     await assert_quiet(db, notifications)
 
-    # Claims (even one that takes nothing), sends and terminal states wake nobody.
+    # Claims (even one that takes nothing) and sends wake nobody.
     assert len(await db.fetch(CLAIM_SQL, "node-a", 100)) == 21
     assert await db.fetch(CLAIM_SQL, "node-a", 100) == []
     effect = ("SENT", "SENT", None, False, False)
@@ -633,4 +638,13 @@ async def test_the_notify_trigger_wakes_dispatchers_for_due_work_only(
         command_id,
     )
     assert await next_payload(notifications) == ""
+    await assert_quiet(db, notifications)
+
+    # A command that finishes frees a slot of its device, whose next command may now be due;
+    # a finished command changing again does not.
+    claimed = await db.fetchval("SELECT id FROM command WHERE status = 'CLAIMED' LIMIT 1")
+    acked = ("ACKED", "ACKED", 0, True, False)
+    assert await db.execute(RECEIPT_SQL, claimed, 1, "node-a", *acked) == "UPDATE 1"
+    assert await next_payload(notifications) == ""
+    await db.execute("UPDATE command SET status = 'ACKED', raw_ack = 'y' WHERE id = $1", claimed)
     await assert_quiet(db, notifications)
