@@ -15,7 +15,13 @@ from datetime import datetime
 import asyncpg
 import structlog
 
-from gateway.alarms import EVENT_CLEARED, SummarySpec, clear_alarm, create_alarm
+from gateway.alarms import (
+    EVENT_CLEARED,
+    AlarmRequest,
+    SummarySpec,
+    clear_alarm,
+    create_alarms,
+)
 from gateway.domain.alarm import active_key
 from gateway.metrics import Metrics
 from gateway.rules import (
@@ -69,14 +75,26 @@ class AlarmEngine:
             return batch
         now = await repo.db_now(conn)
         await self._clear_inactivity(conn, rules, messages, now, batch)
+        # Firings are written in runs, one statement per step for the whole run (an alarm
+        # storm is one run). A run ends before a clearing and before a second firing of the
+        # same (device, rule): outcomes still take effect in message order, so one message
+        # may raise an alarm and clear it again (OPEN then CLOSE).
+        run: list[Firing] = []
+        in_run: set[tuple[str, str]] = set()
         for device_id, event_id, message in messages:
             evaluation = evaluate(rules, batch.staged, device_id, event_id, message)
-            # In order: one message may raise an alarm and clear it again (OPEN then CLOSE).
             for outcome in evaluation.outcomes:
                 if isinstance(outcome, Firing):
-                    await self._fire(conn, outcome, now, batch)
+                    if (outcome.device_id, outcome.rule_key) in in_run:
+                        await self._fire(conn, run, now, batch)
+                        in_run.clear()
+                    run.append(outcome)
+                    in_run.add((outcome.device_id, outcome.rule_key))
                 else:
+                    await self._fire(conn, run, now, batch)
+                    in_run.clear()
                     await self._clear(conn, outcome, now, batch)
+        await self._fire(conn, run, now, batch)
         return batch
 
     def committed(self, batch: BatchAlarms) -> None:
@@ -90,19 +108,29 @@ class AlarmEngine:
         m.alarms_cleared.inc(batch.cleared)
 
     async def _fire(
-        self, conn: asyncpg.Connection, firing: Firing, now: datetime, batch: BatchAlarms
+        self, conn: asyncpg.Connection, run: list[Firing], now: datetime, batch: BatchAlarms
     ) -> None:
-        creation = await create_alarm(
-            conn, device_id=firing.device_id, rule_key=firing.rule_key,
-            severity=firing.severity, telemetry_event_id=firing.telemetry_event_id,
-            reason=firing.reason, node_id=self.node_id, now=now, summary=self.summary,
-        )  # fmt: skip
-        if not creation.created or creation.alarm is None:
-            batch.deduplicated += 1
+        """Write a run of firings (distinct device and rule) and empty it."""
+        if not run:
             return
-        batch.created.append((firing.rule_key, creation.alarm.id))
-        if creation.superseded_id is not None:
-            batch.superseded += 1
+        requests = [
+            AlarmRequest(
+                device_id=f.device_id, rule_key=f.rule_key, severity=f.severity,
+                telemetry_event_id=f.telemetry_event_id, reason=f.reason,
+            )
+            for f in run
+        ]  # fmt: skip
+        creations = await create_alarms(
+            conn, requests, node_id=self.node_id, now=now, summary=self.summary
+        )
+        for firing, creation in zip(run, creations, strict=True):
+            if not creation.created or creation.alarm is None:
+                batch.deduplicated += 1
+                continue
+            batch.created.append((firing.rule_key, creation.alarm.id))
+            if creation.superseded_id is not None:
+                batch.superseded += 1
+        run.clear()
 
     async def _clear(
         self, conn: asyncpg.Connection, clearing: Clearing, now: datetime, batch: BatchAlarms

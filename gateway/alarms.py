@@ -6,6 +6,7 @@ audit row and its outbox event in one transaction: if any of the three fails, no
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -207,6 +208,109 @@ async def create_alarm(
     return Creation(
         created=True, alarm=alarm, superseded_id=None if superseded is None else superseded[0]
     )
+
+
+@dataclass(frozen=True, slots=True)
+class AlarmRequest:
+    """A rule firing to turn into an alarm: `create_alarm`'s arguments."""
+
+    device_id: str
+    rule_key: str
+    severity: str
+    telemetry_event_id: str
+    reason: str
+
+
+async def create_alarms(
+    conn: asyncpg.Connection,
+    requests: Sequence[AlarmRequest],
+    *,
+    node_id: str,
+    now: datetime,
+    summary: SummarySpec | None = None,
+) -> list[Creation]:
+    """`create_alarm` for each request (distinct active keys), in a few statements for all.
+
+    One query finds the dedup hits (not created, as in `create_alarm`) and the active keys
+    another alarm holds; those go through `create_alarm` one by one (supersede or release).
+    The rest, the storm's common case, are inserted with their AI tasks, audit rows and
+    outbox events in one statement each. If another node inserts one of them meanwhile,
+    the insert conflicts and the batch is retried, as with `create_alarm`.
+    """
+    keys = [dedup_key(r.rule_key, r.device_id, r.telemetry_event_id) for r in requests]
+    holders = [active_key(r.device_id, r.rule_key) for r in requests]
+    if len(set(holders)) != len(holders):
+        raise ValueError("create_alarms takes requests with distinct active keys")
+    dedup_hits, held = await repo.taken_keys(conn, keys, holders)
+    results: dict[int, Creation] = {}
+    fresh: list[int] = []
+    for index, request in enumerate(requests):
+        if keys[index] in dedup_hits:
+            results[index] = Creation(created=False)
+        elif holders[index] in held:
+            results[index] = await create_alarm(
+                conn, device_id=request.device_id, rule_key=request.rule_key,
+                severity=request.severity, telemetry_event_id=request.telemetry_event_id,
+                reason=request.reason, node_id=node_id, now=now, summary=summary,
+            )  # fmt: skip
+        else:
+            fresh.append(index)
+    if fresh:
+        alarms = await _insert_fresh(
+            conn, requests, keys, holders, fresh, node_id=node_id, now=now, summary=summary
+        )
+        for index, alarm in zip(fresh, alarms, strict=True):
+            results[index] = Creation(created=True, alarm=alarm)
+    return [results[index] for index in range(len(requests))]
+
+
+async def _insert_fresh(
+    conn: asyncpg.Connection,
+    requests: Sequence[AlarmRequest],
+    keys: Sequence[str],
+    holders: Sequence[str],
+    fresh: Sequence[int],
+    *,
+    node_id: str,
+    now: datetime,
+    summary: SummarySpec | None,
+) -> list[Alarm]:
+    rows = [
+        repo.NewAlarm(
+            device_id=requests[i].device_id, rule_key=requests[i].rule_key,
+            severity=requests[i].severity, telemetry_event_id=requests[i].telemetry_event_id,
+            dedup_key=keys[i], active_key=holders[i],
+        )
+        for i in fresh
+    ]  # fmt: skip
+    try:
+        inserted = await repo.insert_alarms(conn, rows, triggered_at=now, node_id=node_id)
+    except asyncpg.UniqueViolationError as exc:  # an active key taken since we looked
+        raise RetryBatchError("another node raised the same alarm first") from exc
+    if len(inserted) != len(rows):  # a dedup key taken since we looked
+        raise RetryBatchError("another node raised the same alarm first")
+    by_key = {record["dedup_key"]: alarm_from_record(record) for record in inserted}
+    alarms = [by_key[keys[i]] for i in fresh]
+    ids = [alarm.id for alarm in alarms]
+    if summary is not None:
+        await ai_repo.insert_first_tasks(
+            conn, ids, model_name=summary.model_name, prompt_version=summary.prompt_version
+        )
+    await repo.insert_creation_audits(
+        conn, alarm_ids=ids, to_statuses=[alarm.status.value for alarm in alarms],
+        event_ids=[requests[i].telemetry_event_id for i in fresh], actor=RULES_ACTOR,
+        node_id=node_id,
+    )  # fmt: skip
+    await outbox.add_events(
+        conn, aggregate_type=AGGREGATE, event_type=EVENT_CREATED,
+        events=[
+            (str(alarm.id), {"alarm": alarm_to_json(alarm), "action": "create",
+                             "actor": RULES_ACTOR, "from": None,
+                             "reason": requests[i].reason, "supersedes": None})
+            for i, alarm in zip(fresh, alarms, strict=True)
+        ],
+    )  # fmt: skip
+    return alarms
 
 
 async def clear_alarm(

@@ -30,6 +30,8 @@ from storage.outbox import ClaimedEvent
 log = structlog.get_logger("gateway.outbox")
 
 NOTIFY_CHANNEL = "outbox_event"
+# Push transactions running at once, per publisher.
+DELIVERY_CONCURRENCY = 2
 # Publishing these is what brings an alarm to people: then it is pushed (or held back).
 DELIVERING_EVENTS = frozenset({EVENT_CREATED, EVENT_WOKEN})
 
@@ -86,10 +88,26 @@ class OutboxPublisher:
         self.metrics.outbox_backlog.set(backlog)
         self.metrics.outbox_oldest_age.set(oldest)
         if claimed:
-            await asyncio.gather(*(self._deliver(event) for event in claimed))
+            sent = await asyncio.gather(*(self._publish(event) for event in claimed))
+            published = [event for event, ok in zip(claimed, sent, strict=True) if ok]
+            await self._mark_published(
+                [event for event in published if event.event_type not in DELIVERING_EVENTS]
+            )
+            # Pushes write the alarm too, one transaction each; a few at a time, so the
+            # ingest path always finds a free connection in the pool.
+            slots = asyncio.Semaphore(DELIVERY_CONCURRENCY)
+
+            async def push(event: ClaimedEvent) -> None:
+                async with slots:
+                    await self._push(event)
+
+            await asyncio.gather(
+                *(push(event) for event in published if event.event_type in DELIVERING_EVENTS)
+            )
         return len(claimed)
 
-    async def _deliver(self, event: ClaimedEvent) -> None:
+    async def _publish(self, event: ClaimedEvent) -> bool:
+        """Publish one event (True once the broker has it); a failure is scheduled for retry."""
         topic = self.topics.event(event.aggregate_type, event.aggregate_id)
         body = msgspec.json.encode(
             {
@@ -106,17 +124,30 @@ class OutboxPublisher:
             await self.publish(topic, body)
         except Exception as exc:  # any publish failure is retried later
             await self._failed(event, exc)
+            return False
+        return True
+
+    async def _mark_published(self, events: list[ClaimedEvent]) -> None:
+        """Events that only inform: marked published together, in one statement."""
+        if not events:
             return
-        delivered = None
-        async with self.pool.acquire() as conn, conn.transaction():
-            if not await outbox.mark_published(conn, event.id, self.node_id):
+        held = await outbox.mark_published_many(self.pool, [e.id for e in events], self.node_id)
+        for event in events:
+            if event.id in held:
+                self.metrics.outbox_published.labels(event.event_type).inc()
+            else:
                 # Our lease ran out and another publisher took the event: it publishes.
                 log.info("outbox_lease_lost", event_id=str(event.event_id))
+
+    async def _push(self, event: ClaimedEvent) -> None:
+        """A delivering event: marked published with the alarm's NEW → PUSHED (or DELAYED)."""
+        async with self.pool.acquire() as conn, conn.transaction():
+            if not await outbox.mark_published(conn, event.id, self.node_id):
+                log.info("outbox_lease_lost", event_id=str(event.event_id))
                 return
-            if event.event_type in DELIVERING_EVENTS:
-                delivered = await deliver(
-                    conn, int(event.aggregate_id), quiet=self.quiet, node_id=self.node_id
-                )
+            delivered = await deliver(
+                conn, int(event.aggregate_id), quiet=self.quiet, node_id=self.node_id
+            )
         self.metrics.outbox_published.labels(event.event_type).inc()
         if delivered is not None:
             self.metrics.count_transition("NEW", delivered.value)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -13,6 +14,7 @@ from storage.sql import load_queries
 
 _Q = load_queries("ai_tasks.sql")
 INSERT_TASK = _Q["insert_task"]
+INSERT_FIRST_TASKS = _Q["insert_first_tasks"]
 LOCK_DUE = _Q["lock_due"]
 START = _Q["start"]
 ALARM_REASON = _Q["alarm_reason"]
@@ -36,6 +38,13 @@ async def insert_task(
 ) -> int | None:
     value = await conn.fetchval(INSERT_TASK, alarm_id, attempt, model_name, prompt_version, delay_s)
     return None if value is None else int(value)
+
+
+async def insert_first_tasks(
+    conn: asyncpg.Connection, alarm_ids: Sequence[int], *, model_name: str, prompt_version: str
+) -> None:
+    """Attempt 1 of each alarm's summary, due now, in one statement."""
+    await conn.execute(INSERT_FIRST_TASKS, list(alarm_ids), model_name, prompt_version)
 
 
 async def lock_due(conn: asyncpg.Connection) -> asyncpg.Record | None:

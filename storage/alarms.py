@@ -6,6 +6,7 @@ Rows come back as ``asyncpg.Record``; the gateway maps them to its domain ``Alar
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -20,6 +21,9 @@ SUPERSEDE = _Q["supersede"]
 RELEASE_KEY = _Q["release_key"]
 INSERT_ALARM = _Q["insert_alarm"]
 LINK_SUPERSEDED = _Q["link_superseded"]
+TAKEN_KEYS = _Q["taken_keys"]
+INSERT_ALARMS = _Q["insert_alarms"]
+INSERT_CREATION_AUDITS = _Q["insert_creation_audits"]
 CLEAR_ACTIVE = _Q["clear_active"]
 FIRING = _Q["firing"]
 GET = _Q["get"]
@@ -77,6 +81,54 @@ async def insert_alarm(
     return await conn.fetchrow(
         INSERT_ALARM, device_id, rule_key, severity, telemetry_event_id, dedup_key, active_key,
         triggered_at, node_id,
+    )  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class NewAlarm:
+    """One row of `insert_alarms`."""
+
+    device_id: str
+    rule_key: str
+    severity: str
+    telemetry_event_id: str
+    dedup_key: str
+    active_key: str
+
+
+async def taken_keys(
+    conn: asyncpg.Connection, dedup_keys: Sequence[str], active_keys: Sequence[str]
+) -> tuple[set[str], set[str]]:
+    """Of these keys: the dedup keys some alarm already has, the active keys one holds now."""
+    row = await conn.fetchrow(TAKEN_KEYS, list(dedup_keys), list(active_keys))
+    assert row is not None
+    return set(row["dedup_hits"]), set(row["held"])
+
+
+async def insert_alarms(
+    conn: asyncpg.Connection, alarms: Sequence[NewAlarm], *, triggered_at: datetime, node_id: str
+) -> list[asyncpg.Record]:
+    """Insert NEW alarms in one statement; the rows inserted (a dedup hit inserts none)."""
+    records = await conn.fetch(
+        INSERT_ALARMS, [a.device_id for a in alarms], [a.rule_key for a in alarms],
+        [a.severity for a in alarms], [a.telemetry_event_id for a in alarms],
+        [a.dedup_key for a in alarms], [a.active_key for a in alarms], triggered_at, node_id,
+    )  # fmt: skip
+    return list(records)
+
+
+async def insert_creation_audits(
+    conn: asyncpg.Connection,
+    *,
+    alarm_ids: Sequence[int],
+    to_statuses: Sequence[str],
+    event_ids: Sequence[str],
+    actor: str,
+    node_id: str,
+) -> None:
+    await conn.execute(
+        INSERT_CREATION_AUDITS, list(alarm_ids), list(to_statuses), list(event_ids), actor,
+        node_id,
     )  # fmt: skip
 
 

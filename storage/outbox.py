@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -14,8 +15,10 @@ from storage.sql import load_queries
 
 _Q = load_queries("outbox.sql")
 INSERT_EVENT = _Q["insert_event"]
+INSERT_EVENTS = _Q["insert_events"]
 CLAIM_DUE = _Q["claim_due"]
 MARK_PUBLISHED = _Q["mark_published"]
+MARK_PUBLISHED_MANY = _Q["mark_published_many"]
 MARK_FAILED = _Q["mark_failed"]
 BACKLOG = _Q["backlog"]
 RECORD_CONSUMED = _Q["record_consumed"]
@@ -51,6 +54,22 @@ async def add_event(
     return event_id
 
 
+async def add_events(
+    conn: asyncpg.Connection,
+    *,
+    aggregate_type: str,
+    event_type: str,
+    events: Sequence[tuple[str, dict[str, Any]]],
+) -> list[uuid.UUID]:
+    """`add_event` for many (aggregate id, payload) pairs in one statement, in their order."""
+    event_ids = [uuid.uuid4() for _ in events]
+    await conn.execute(
+        INSERT_EVENTS, event_ids, aggregate_type, [aggregate_id for aggregate_id, _ in events],
+        event_type, [msgspec.json.encode(payload).decode() for _, payload in events],
+    )  # fmt: skip
+    return event_ids
+
+
 async def claim_due(
     conn: asyncpg.Connection, *, node_id: str, lease_s: float, limit: int
 ) -> list[ClaimedEvent]:
@@ -60,6 +79,13 @@ async def claim_due(
 
 async def mark_published(conn: asyncpg.Connection, row_id: int, node_id: str) -> bool:
     return await conn.fetchval(MARK_PUBLISHED, row_id, node_id) is not None
+
+
+async def mark_published_many(
+    conn: asyncpg.Connection | asyncpg.Pool, row_ids: Sequence[int], node_id: str
+) -> set[int]:
+    """Mark many published in one statement; the ids whose lease this node still held."""
+    return {row["id"] for row in await conn.fetch(MARK_PUBLISHED_MANY, list(row_ids), node_id)}
 
 
 async def mark_failed(

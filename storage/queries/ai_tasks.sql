@@ -5,6 +5,12 @@ VALUES ($1, $2, $3, $4, now() + make_interval(secs => $5))
 ON CONFLICT (alarm_id, attempt) DO NOTHING
 RETURNING id;
 
+-- name: insert_first_tasks
+-- $1 alarm ids, $2 model name, $3 prompt version; attempt 1 of each, due now.
+INSERT INTO ai_task (alarm_id, attempt, model_name, prompt_version, next_attempt_at)
+SELECT a, 1, $2, $3, now() FROM unnest($1::bigint[]) AS u(a)
+ON CONFLICT (alarm_id, attempt) DO NOTHING;
+
 -- name: lock_due
 -- no parameters; one due PENDING task, locked (another worker skips it).
 SELECT id, alarm_id, attempt, model_name, prompt_version

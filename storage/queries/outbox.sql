@@ -3,6 +3,14 @@
 INSERT INTO outbox_event (event_id, aggregate_type, aggregate_id, event_type, payload)
 VALUES ($1, $2, $3, $4, $5::jsonb);
 
+-- name: insert_events
+-- $1 event ids (uuid), $2 aggregate type, $3 aggregate ids, $4 event type, $5 payloads json
+-- (arrays, pairwise); ids are assigned in array order, which keeps each aggregate's order.
+INSERT INTO outbox_event (event_id, aggregate_type, aggregate_id, event_type, payload)
+SELECT e, $2, a, $4, p::jsonb
+FROM unnest($1::uuid[], $3::text[], $5::text[]) WITH ORDINALITY AS u(e, a, p, n)
+ORDER BY n;
+
 -- name: claim_due
 -- $1 node id, $2 lease seconds, $3 batch size. Claims the oldest unpublished event of each
 -- aggregate (never one behind an unpublished predecessor: per-aggregate order), if it is due
@@ -33,6 +41,13 @@ RETURNING e.id, e.event_id, e.aggregate_type, e.aggregate_id, e.event_type, e.sc
 UPDATE outbox_event
 SET status = 'PUBLISHED', published_at = now(), lease_until = NULL, last_error = NULL
 WHERE id = $1 AND status = 'PUBLISHING' AND lease_owner = $2
+RETURNING id;
+
+-- name: mark_published_many
+-- $1 ids, $2 node id; `mark_published` for each; the ids this node still held.
+UPDATE outbox_event
+SET status = 'PUBLISHED', published_at = now(), lease_until = NULL, last_error = NULL
+WHERE id = ANY($1::bigint[]) AND status = 'PUBLISHING' AND lease_owner = $2
 RETURNING id;
 
 -- name: mark_failed
