@@ -56,6 +56,12 @@ def _parser() -> argparse.ArgumentParser:
     which.add_argument("--all", action="store_true", help="every dead letter not yet replayed")
     again.add_argument("--reason", help="with --all: only this reason code")
 
+    database = commands.add_parser(
+        "embedded-db",
+        help="start the embedded PostgreSQL, print its DSN, keep it running until Ctrl-C",
+    )
+    database.add_argument("--config", type=Path, help="its [node] state_dir is used")
+
     units = commands.add_parser("install-systemd", help="install the systemd unit files")
     units.add_argument("--target", type=Path, default=Path("/etc/systemd/system"))
     units.add_argument("--executable", help="the gateway command the units run (default: this one)")
@@ -78,6 +84,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     handlers: dict[str, Callable[[Config, argparse.Namespace], Coroutine[Any, Any, int]]] = {
         "run": _run,
         "migrate": _migrate,
+        "embedded-db": _embedded_db,
         "dead-letters": _dead_letters,
     }
     try:
@@ -174,6 +181,27 @@ async def _database(config: Config) -> AsyncIterator[asyncpg.Pool]:
     finally:
         if embedded is not None:
             await asyncio.to_thread(embedded.stop)
+
+
+async def _embedded_db(config: Config, _args: argparse.Namespace) -> int:
+    """The zero-setup database on its own: for psql, backups, or a benchmark's database."""
+    from storage.embedded import EmbeddedPostgres
+
+    if config.database.dsn:
+        print("[database] dsn is set: the embedded PostgreSQL is not used", file=sys.stderr)
+        return EXIT_CONFIG
+    embedded = EmbeddedPostgres(config.state_dir)
+    dsn = await asyncio.to_thread(embedded.start)
+    try:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, stop.set)
+        print(dsn, flush=True)
+        await stop.wait()
+    finally:
+        await asyncio.to_thread(embedded.stop)
+    return EXIT_OK
 
 
 async def _migrate(config: Config, _args: argparse.Namespace) -> int:

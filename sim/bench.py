@@ -18,32 +18,36 @@ Rates run from the first message to the last one of each drain.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import platform
 import sys
 import tempfile
 import time
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-import aiohttp
 import aiomqtt
 import asyncpg
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from protocol import TopicKind, Topics
-from sim.broker import BenchBroker, free_port
+from sim.bench_live import measure_commands, measure_latency, measure_storm
+from sim.broker import BenchBroker
+from sim.gateways import RECEIVE_MAXIMUM, GatewayProcesses
 from sim.naive import naive_drain
-from sim.publisher import publish_many
+from sim.probes import Probes
+from sim.sql import blocks
 from sim.telemetry import device_ids, telemetry_stream
+from sim.wire import WirePublisher
 
-RECEIVE_MAXIMUM = 1000
-POLL_S = 0.005
 DEVICES = 1000
+Q = blocks("bench.sql")
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,8 +89,8 @@ async def _backlog(port: int, prefix: str, messages: int) -> None:
     # Devices named after the phase: identical content would share event ids across phases
     # and be (correctly) stored once.
     stream = telemetry_stream(Topics(prefix), device_ids(DEVICES, prefix), messages, seed=7)
-    async with aiomqtt.Client("127.0.0.1", port, max_inflight_messages=1000) as publisher:
-        await publish_many(publisher, stream, window=1000)
+    async with WirePublisher("127.0.0.1", port, f"bench-publisher-{prefix}") as publisher:
+        await publisher.publish_all(stream)
 
 
 async def measure_bare(port: int, messages: int) -> Drain:
@@ -126,107 +130,26 @@ async def _run(argv: list[str], timeout_s: float = 600) -> None:
             raise RuntimeError(f"{argv[0]} exited with {process.returncode}")
 
 
-class GatewayProcesses:
-    """``gateway run`` processes of one measurement, configs in a temporary directory."""
-
-    def __init__(self, *, port: int, dsn: str, prefix: str, count: int, workdir: Path) -> None:
-        self.nodes = [f"bench-{prefix}-{n}" for n in range(count)]
-        self.http_ports = [free_port() for _ in range(count)]
-        self.configs: list[Path] = []
-        for node, http_port in zip(self.nodes, self.http_ports, strict=True):
-            path = workdir / f"{node}.toml"
-            shared = f'shared_group = "{prefix}"\n' if count > 1 else ""
-            path.write_text(
-                f'[node]\nid = "{node}"\n'
-                f'[mqtt]\nhost = "127.0.0.1"\nport = {port}\ntopic_prefix = "{prefix}"\n'
-                f"receive_maximum = {RECEIVE_MAXIMUM}\n{shared}"
-                f'[database]\ndsn = "{dsn}"\n'
-                f"[http]\nport = {http_port}\n"
-                '[log]\nformat = "json"\nlevel = "warning"\n'
-            )
-            self.configs.append(path)
-        self.workdir = workdir
-        self.processes: list[asyncio.subprocess.Process] = []
-
-    async def start(self) -> None:
-        for path in self.configs:
-            with (self.workdir / f"{path.stem}.log").open("ab") as log:
-                process = await asyncio.create_subprocess_exec(
-                    sys.executable, "-m", "gateway", "run", "--config", str(path),
-                    stdout=log, stderr=log,
-                )  # fmt: skip
-            self.processes.append(process)
-        async with aiohttp.ClientSession() as http:
-            for port in self.http_ports:
-                await _wait_healthy(http, port)
-
-    def peak_rss_mb(self) -> float:
-        """Largest peak resident set size (VmHWM) among the processes."""
-        peaks = []
-        for process in self.processes:
-            try:
-                status = Path(f"/proc/{process.pid}/status").read_text()
-            except OSError:
-                continue
-            peaks += [int(line.split()[1]) / 1024 for line in status.splitlines()
-                      if line.startswith("VmHWM:")]  # fmt: skip
-        return max(peaks, default=0.0)
-
-    async def stop(self) -> None:
-        for process in self.processes:
-            process.terminate()
-        async with asyncio.timeout(60):
-            for process in self.processes:
-                if await process.wait() != 0:
-                    raise RuntimeError(f"gateway exited with {process.returncode}")
-        self.processes.clear()
-
-
-async def _wait_healthy(http: aiohttp.ClientSession, port: int) -> None:
-    async with asyncio.timeout(60):
-        while True:
-            try:
-                async with http.get(f"http://127.0.0.1:{port}/health") as response:
-                    if response.status == 200:
-                        return
-            except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.05)
-
-
-async def _count(conn: asyncpg.Connection, nodes: list[str]) -> int:
-    query = "SELECT count(*) FROM telemetry WHERE node_id = ANY($1::text[])"
-    return int(await conn.fetchval(query, nodes))
-
-
-async def _time_to_count(
-    conn: asyncpg.Connection, nodes: list[str], messages: int, timeout_s: float = 900
-) -> float:
-    """Seconds from the first stored row to the last, by polling the table."""
-    first = 0.0
-    async with asyncio.timeout(timeout_s):
-        while True:
-            count = await _count(conn, nodes)
-            now = time.perf_counter()
-            if count and not first:
-                first = now
-            if count >= messages:
-                return now - first
-            await asyncio.sleep(POLL_S)
-
-
 async def measure_gateway(
-    port: int, dsn: str, messages: int, *, processes: int, live: bool, workdir: Path
+    port: int,
+    dsn: str,
+    messages: int,
+    *,
+    processes: int,
+    live: bool,
+    workdir: Path,
+    probes: Probes,
 ) -> Drain:
     """Drain a pre-queued backlog (``live=False``) or keep up with a full-speed publisher.
 
     mosquitto 2.0 does not queue messages of a shared subscription whose members are all
     offline, so several processes can only be measured live; one process is measured both
-    ways so that the two-versus-one ratio compares like with like.
+    ways so that the two-versus-one ratio compares like with like. The time runs from the
+    commit of the first rows to the commit of the last.
     """
     prefix = f"gw{processes}{'live' if live else 'drain'}"
     gateways = GatewayProcesses(port=port, dsn=dsn, prefix=prefix, count=processes, workdir=workdir)
-    conn = await asyncpg.connect(dsn)
+    nodes = gateways.nodes
     try:
         await gateways.start()
         if live:
@@ -235,14 +158,17 @@ async def measure_gateway(
             await gateways.stop()  # the first start created the persistent session
             await _backlog(port, prefix, messages)
             await gateways.start()
-        seconds = await _time_to_count(conn, gateways.nodes, messages)
+        last = await probes.until(
+            lambda: sum(probes.stored[node] for node in nodes) >= messages,
+            timeout_s=900, what=f"{prefix} to store {messages} messages",
+        )  # fmt: skip
+        first = min(probes.first_stored[node] for node in nodes if node in probes.first_stored)
         if live:
             await publisher
         rss = gateways.peak_rss_mb()
     finally:
-        await conn.close()
         await gateways.stop()
-    return Drain(messages, seconds, rss)
+    return Drain(messages, last - first, rss)
 
 
 async def measure_naive(port: int, dsn: str, messages: int) -> Drain:
@@ -254,26 +180,83 @@ async def measure_naive(port: int, dsn: str, messages: int) -> Drain:
     ) as client:  # fmt: skip
         await client.subscribe(topic, qos=1)
     await _backlog(port, prefix, messages)
-    conn = await asyncpg.connect(dsn)
-    try:
-        drain = asyncio.create_task(
-            naive_drain(
-                host="127.0.0.1", port=port, client_id=client_id, topic=topic, dsn=dsn,
-                count=messages, topics=Topics(prefix),
-            )
-        )  # fmt: skip
-        seconds = await _time_to_count(conn, ["naive"], messages)
-        await drain
-    finally:
-        await conn.close()
+    seconds = await naive_drain(
+        host="127.0.0.1", port=port, client_id=client_id, topic=topic, dsn=dsn, count=messages,
+        topics=Topics(prefix),
+    )  # fmt: skip
     return Drain(messages, seconds)
+
+
+@contextlib.asynccontextmanager
+async def embedded_database(workdir: Path) -> AsyncIterator[str]:
+    """The gateway's own embedded PostgreSQL (``gateway embedded-db``) in ``workdir``: its DSN."""
+    config = workdir / "embedded-db.toml"
+    config.write_text(f'[node]\nstate_dir = "{workdir / "state"}"\n[log]\nlevel = "warning"\n')
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "gateway", "embedded-db", "--config", str(config),
+        stdout=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    assert process.stdout is not None
+    try:
+        async with asyncio.timeout(120):
+            line = await process.stdout.readline()
+        if not line:
+            raise RuntimeError(f"gateway embedded-db exited with {await process.wait()}")
+        yield line.decode().strip()
+    finally:
+        if process.returncode is None:
+            process.terminate()
+        async with asyncio.timeout(60):
+            await process.wait()
 
 
 def _with_database(dsn: str, database: str) -> str:
     return urlunsplit(urlsplit(dsn)._replace(path=f"/{database}"))
 
 
-async def run_bench(*, messages: int, naive_messages: int, dsn: str) -> dict[str, Any]:
+@dataclass(frozen=True, slots=True)
+class Sizes:
+    """How much each phase does; ``quick()`` for the CI smoke, the defaults for a full run."""
+
+    messages: int = 100_000
+    naive_messages: int = 20_000
+    latency_s: float = 20.0
+    storm_devices: int = 10_000
+    commands: int = 10_000
+    command_devices: int = 1_000
+
+    @classmethod
+    def quick(cls) -> Sizes:
+        return cls(
+            messages=10_000, naive_messages=2_000, latency_s=4.0, storm_devices=2_000,
+            commands=1_000, command_devices=100,
+        )  # fmt: skip
+
+
+async def run_bench(sizes: Sizes, *, dsn: str | None) -> dict[str, Any]:
+    """Every phase; without ``dsn``, on the gateway's embedded PostgreSQL."""
+    if dsn is not None:
+        return await _run_phases(sizes, dsn=dsn)
+    with tempfile.TemporaryDirectory(prefix="gw-bench-db-") as tmp:
+        async with embedded_database(Path(tmp)) as embedded:
+            return await _run_phases(sizes, dsn=embedded)
+
+
+async def settle(dsn: str) -> None:
+    """Vacuum and analyze the filled tables, checkpoint: before the next phase, not in it."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        for row in await conn.fetch(Q["filled_tables"]):
+            # VACUUM takes no parameters and runs outside transactions: an identifier it is.
+            await conn.execute(f'VACUUM (ANALYZE) "{row["relname"]}"')
+        with contextlib.suppress(asyncpg.InsufficientPrivilegeError):  # superusers only
+            await conn.execute(Q["checkpoint"])
+    finally:
+        await conn.close()
+
+
+async def _run_phases(sizes: Sizes, *, dsn: str) -> dict[str, Any]:
+    messages = sizes.messages
     database = f"gw_bench_{uuid.uuid4().hex[:8]}"
     admin = await asyncpg.connect(dsn)
     await admin.execute(f'CREATE DATABASE "{database}"')
@@ -286,33 +269,53 @@ async def run_bench(*, messages: int, naive_messages: int, dsn: str) -> dict[str
             await _run([sys.executable, "-m", "gateway", "migrate", "--config", str(config)])
             with BenchBroker(inflight=RECEIVE_MAXIMUM) as broker:
                 port = broker.port
+
                 bare = _progress("bare", await measure_bare(port, messages))
                 native = _progress("native", await measure_native(port, messages))
-                one = _progress(
-                    "gateway",
-                    await measure_gateway(
-                        port, bench_dsn, messages, processes=1, live=False, workdir=workdir
-                    ),
+                # Before the probes: their trigger would cost the baseline a notification
+                # per message; it times itself, from its first message to its last commit.
+                naive = _progress(
+                    "naive", await measure_naive(port, bench_dsn, sizes.naive_messages)
                 )
-                one_live = _progress(
-                    "gateway live",
-                    await measure_gateway(
-                        port, bench_dsn, messages, processes=1, live=True, workdir=workdir
-                    ),
-                )
-                two_live = _progress(
-                    "gateway x2 live",
-                    await measure_gateway(
-                        port, bench_dsn, messages, processes=2, live=True, workdir=workdir
-                    ),
-                )
-                naive = _progress("naive", await measure_naive(port, bench_dsn, naive_messages))
+                async with Probes(bench_dsn) as probes:
+
+                    async def gateway(processes: int, *, live: bool) -> Drain:
+                        return await measure_gateway(
+                            port, bench_dsn, messages, processes=processes, live=live,
+                            workdir=workdir, probes=probes,
+                        )  # fmt: skip
+
+                    one = _progress("gateway", await gateway(1, live=False))
+                    one_live = _progress("gateway live", await gateway(1, live=True))
+                    two_live = _progress("gateway x2 live", await gateway(2, live=True))
+                    await settle(bench_dsn)
+                    latency = await measure_latency(
+                        port, bench_dsn, rate=one.rate / 2, seconds=sizes.latency_s,
+                        devices=DEVICES, workdir=workdir, probes=probes,
+                    )  # fmt: skip
+                    _note(
+                        f"latency at {latency.rate:,.0f} msg/s: p99 {latency.timings.p99_ms:.1f} ms"
+                    )
+                    await settle(bench_dsn)
+                    storm = await measure_storm(
+                        port, bench_dsn, devices=sizes.storm_devices, workdir=workdir,
+                        probes=probes,
+                    )  # fmt: skip
+                    _note(f"storm: {storm.alarms} alarms in {storm.seconds:.2f} s")
+                    await settle(bench_dsn)
+                    commands = await measure_commands(
+                        port, bench_dsn, commands=sizes.commands,
+                        devices=sizes.command_devices, workdir=workdir, probes=probes,
+                    )  # fmt: skip
+                    _note(
+                        f"commands: {commands.per_s:,.0f}/s, p99 {commands.timings.p99_ms:.1f} ms"
+                    )
     finally:
         await admin.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
         await admin.close()
     return {
         "messages": messages,
-        "naive_messages": naive_messages,
+        "naive_messages": sizes.naive_messages,
         "bare_msgs_per_s": round(bare.rate),
         "native_msgs_per_s": round(native.rate),
         "gateway_msgs_per_s": round(one.rate),
@@ -323,10 +326,34 @@ async def run_bench(*, messages: int, naive_messages: int, dsn: str) -> dict[str
         "ratio_gateway_vs_naive": round(one.rate / naive.rate, 2),
         "ratio_gateway_vs_native": round(one.rate / native.rate, 3),
         "ratio_two_vs_one": round(two_live.rate / one_live.rate, 3),
-        "rss_mb": round(max(one.rss_mb, one_live.rss_mb, two_live.rss_mb), 1),
+        "latency_rate_msgs_per_s": round(latency.rate),
+        "latency_messages": latency.timings.count,
+        "latency_p50_ms": round(latency.timings.p50_ms, 2),
+        "latency_p95_ms": round(latency.timings.p95_ms, 2),
+        "latency_p99_ms": round(latency.timings.p99_ms, 2),
+        "latency_max_ms": round(latency.timings.max_ms, 2),
+        "storm_devices": storm.devices,
+        "storm_seconds": round(storm.seconds, 3),
+        "storm_alarms": storm.alarms,
+        "storm_alarmed_devices": storm.alarmed_devices,
+        "commands": commands.burst,
+        "command_devices": sizes.command_devices,
+        "commands_acked": commands.burst_acked,
+        "commands_per_s": round(commands.per_s),
+        "commands_paced_per_s": round(commands.paced_rate),
+        "commands_p50_ms": round(commands.timings.p50_ms, 2),
+        "commands_p99_ms": round(commands.timings.p99_ms, 2),
+        "rss_mb": round(max(one.rss_mb, storm.rss_mb), 1),
+        "rss_all_phases_mb": round(
+            max(one.rss_mb, one_live.rss_mb, two_live.rss_mb, storm.rss_mb), 1
+        ),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, "
         f"Python {platform.python_version()}",
     }
+
+
+def _note(text: str) -> None:
+    print(f"  {text}", file=sys.stderr, flush=True)
 
 
 def _progress(name: str, drain: Drain) -> Drain:
@@ -338,21 +365,61 @@ def _progress(name: str, drain: Drain) -> Drain:
     return drain
 
 
+# (JSON key, comparison, bound) — the issue's targets, shown next to each figure.
+TARGETS: dict[str, tuple[str, float]] = {
+    "ratio_gateway_vs_bare": (">=", 0.9),
+    "ratio_gateway_vs_naive": (">=", 4.0),
+    "ratio_two_vs_one": (">=", 1.6),
+    "latency_p99_ms": ("<", 50.0),
+    "storm_seconds": ("<", 5.0),
+    "commands_per_s": (">=", 2000.0),
+    "commands_p99_ms": ("<", 100.0),
+    "rss_mb": ("<", 150.0),
+}
+
+
+def target_met(key: str, value: float) -> bool | None:
+    """Whether ``value`` meets the target for ``key``; None where there is none."""
+    if key not in TARGETS:
+        return None
+    op, bound = TARGETS[key]
+    return value >= bound if op == ">=" else value < bound
+
+
 def render_table(result: dict[str, Any]) -> str:
-    rows = [
-        ("bare aiomqtt + manual ack (ceiling)", f"{result['bare_msgs_per_s']:,} msg/s"),
-        ("mosquitto_sub (native)", f"{result['native_msgs_per_s']:,} msg/s"),
-        ("gateway, 1 process", f"{result['gateway_msgs_per_s']:,} msg/s"),
-        ("gateway, 1 process, live publisher", f"{result['gateway_live_msgs_per_s']:,} msg/s"),
-        ("gateway, 2 processes ($share), live", f"{result['gateway2_msgs_per_s']:,} msg/s"),
-        ("naive: one commit per message", f"{result['naive_msgs_per_s']:,} msg/s"),
-        ("gateway / bare", f"{result['ratio_gateway_vs_bare']:.2f}"),
-        ("gateway / native", f"{result['ratio_gateway_vs_native']:.2f}"),
-        ("gateway / naive", f"{result['ratio_gateway_vs_naive']:.1f}x"),
-        ("two processes / one", f"{result['ratio_two_vs_one']:.2f}"),
-        ("gateway peak RSS", f"{result['rss_mb']} MB"),
-    ]
-    width = max(len(name) for name, _ in rows)
-    lines = [f"backlog: {result['messages']:,} QoS 1 messages ({result['machine']})"]
-    lines += [f"{name:<{width}}  {value}" for name, value in rows]
+    r = result
+    rows: list[tuple[str, str, str]] = [
+        ("bare aiomqtt + manual ack (ceiling)", f"{r['bare_msgs_per_s']:,} msg/s", ""),
+        ("mosquitto_sub (native)", f"{r['native_msgs_per_s']:,} msg/s", ""),
+        ("gateway, 1 process (drain)", f"{r['gateway_msgs_per_s']:,} msg/s", ""),
+        ("gateway, 1 process, live publisher", f"{r['gateway_live_msgs_per_s']:,} msg/s", ""),
+        ("gateway, 2 processes ($share), live", f"{r['gateway2_msgs_per_s']:,} msg/s", ""),
+        ("naive: one commit per message", f"{r['naive_msgs_per_s']:,} msg/s", ""),
+        ("gateway / bare", f"{r['ratio_gateway_vs_bare']:.2f}", "ratio_gateway_vs_bare"),
+        ("gateway / native", f"{r['ratio_gateway_vs_native']:.3f}", ""),
+        ("gateway / naive", f"{r['ratio_gateway_vs_naive']:.1f}x", "ratio_gateway_vs_naive"),
+        ("two processes / one", f"{r['ratio_two_vs_one']:.2f}", "ratio_two_vs_one"),
+        (f"latency at {r['latency_rate_msgs_per_s']:,} msg/s: p50 / p95",
+         f"{r['latency_p50_ms']:.1f} / {r['latency_p95_ms']:.1f} ms", ""),
+        ("latency p99 (publish -> commit)", f"{r['latency_p99_ms']:.1f} ms", "latency_p99_ms"),
+        (f"alarm storm: {r['storm_devices']:,} devices", f"{r['storm_seconds']:.2f} s",
+         "storm_seconds"),
+        ("alarm storm: alarms / devices alarmed",
+         f"{r['storm_alarms']:,} / {r['storm_alarmed_devices']:,}", ""),
+        (f"commands: {r['commands']:,} to {r['command_devices']:,} devices",
+         f"{r['commands_per_s']:,} /s ({r['commands_acked']:,} ACKED)", "commands_per_s"),
+        (f"command p50 at {r['commands_paced_per_s']:,} /s", f"{r['commands_p50_ms']:.1f} ms", ""),
+        ("command p99 (creation -> ACKED)", f"{r['commands_p99_ms']:.1f} ms", "commands_p99_ms"),
+        ("gateway peak RSS (drain, storm)", f"{r['rss_mb']} MB", "rss_mb"),
+    ]  # fmt: skip
+    width = max(len(name) for name, _, _ in rows)
+    value_width = max(len(value) for _, value, _ in rows)
+    lines = [f"backlog: {r['messages']:,} QoS 1 messages ({r['machine']})"]
+    for name, value, key in rows:
+        line = f"{name:<{width}}  {value:>{value_width}}"
+        if key:
+            op, bound = TARGETS[key]
+            verdict = "ok" if target_met(key, float(r[key])) else "MISSED"
+            line += f"  target {op} {bound:g}: {verdict}"
+        lines.append(line.rstrip())
     return "\n".join(lines)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
+import logging
 import os
 import sys
 import time
@@ -12,8 +14,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import aiomqtt
+import structlog
 
 from protocol import Topics
+from sim import devices_cli
 from sim.publisher import publish_many
 from sim.telemetry import device_ids, telemetry_stream
 
@@ -31,14 +35,21 @@ def _parser() -> argparse.ArgumentParser:
     publish.add_argument("--start-seq", type=int, default=0)
     publish.add_argument("--window", type=int, default=256, help="publishes in flight")
 
+    devices_cli.add_arguments(commands.add_parser("devices", help=devices_cli.HELP))
+
     bench = commands.add_parser("bench", help="measure the gateway against this machine's limits")
-    bench.add_argument("--messages", type=int, default=100_000, help="backlog per drain")
-    bench.add_argument("--quick", action="store_true", help="10,000 messages (CI smoke)")
+    bench.add_argument(
+        "--messages", type=int, help="backlog per drain (default 100,000; 10,000 with --quick)"
+    )
+    bench.add_argument(
+        "--quick", action="store_true", help="every phase smaller, under 2 minutes (CI smoke)"
+    )
     bench.add_argument("--json", type=Path, help="also write the figures to this JSON file")
     bench.add_argument(
         "--dsn",
-        default=os.environ.get("GATEWAY_BENCH_DSN", "postgresql://postgres@127.0.0.1:5432/test"),
-        help="PostgreSQL admin DSN; the bench creates and drops its own database",
+        default=os.environ.get("GATEWAY_BENCH_DSN"),
+        help="PostgreSQL DSN of a role that may create databases; the bench creates and drops "
+        "its own (default: $GATEWAY_BENCH_DSN, else the gateway's embedded PostgreSQL)",
     )
     return parser
 
@@ -64,12 +75,20 @@ async def _publish(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from sim.bench import render_table, run_bench
+    from sim.bench import Sizes, render_table, run_bench
 
-    messages = 10_000 if args.quick else args.messages
-    naive = min(messages, 2_000 if args.quick else 20_000)
+    # The table goes to stdout; the responder's log lines, warnings only, to stderr.
+    structlog.configure(
+        wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
+        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+    )
+    sizes = Sizes.quick() if args.quick else Sizes()
+    if args.messages is not None:
+        sizes = dataclasses.replace(
+            sizes, messages=args.messages, naive_messages=min(args.messages, sizes.naive_messages)
+        )
     with asyncio.Runner(loop_factory=_loop_factory()) as runner:
-        result = runner.run(run_bench(messages=messages, naive_messages=naive, dsn=args.dsn))
+        result = runner.run(run_bench(sizes, dsn=args.dsn))
     print(render_table(result))
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
@@ -86,6 +105,8 @@ def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command == "devices":
+        return devices_cli.run(args, _loop_factory())
     if args.command == "bench":
         return _bench(args)
     try:

@@ -8,25 +8,25 @@ id) but one round trip and one commit per message. Never use it for real ingest.
 from __future__ import annotations
 
 import asyncio
-from importlib import resources
+import time
 
 import aiomqtt
 import asyncpg
 import msgspec
 
 from protocol import Topics, decode_telemetry, telemetry_event_id
+from sim.sql import blocks
 
-INSERT_ONE = "\n".join(
-    line
-    for line in resources.files("sim").joinpath("naive.sql").read_text().splitlines()
-    if not line.startswith("--")
-)
+INSERT_ONE = blocks("naive.sql")["insert_one"]
 
 
 async def naive_drain(
     *, host: str, port: int, client_id: str, topic: str, dsn: str, count: int, topics: Topics
-) -> None:
-    """Consume ``count`` messages from a prepared persistent session, one commit each."""
+) -> float:
+    """Consume ``count`` messages from a prepared persistent session, one commit each.
+
+    Returns the seconds from the first message's arrival to the last one's commit.
+    """
     conn = await asyncpg.connect(dsn)
     try:
         client = aiomqtt.Client(
@@ -40,7 +40,10 @@ async def naive_drain(
         async with client:
             await client.subscribe(topic, qos=1)
             done = 0
+            first = 0.0
             async for message in client.messages:
+                if not done:
+                    first = time.perf_counter()
                 assert isinstance(message.payload, bytes)
                 device_id = topics.parse_device_topic(message.topic.value).device_id
                 decoded = decode_telemetry(message.payload)
@@ -56,9 +59,10 @@ async def naive_drain(
                 client._client.ack(message.mid, message.qos)
                 done += 1
                 if done == count:
-                    return
+                    return time.perf_counter() - first
     finally:
         await conn.close()
+    raise RuntimeError(f"the message stream ended after {done} of {count} messages")
 
 
 def run(**kwargs: object) -> None:

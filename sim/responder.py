@@ -42,6 +42,7 @@ from protocol import (
     decode_command,
     encode_receipt,
 )
+from sim.publisher import no_delay
 
 log = structlog.get_logger("sim.responder")
 
@@ -338,6 +339,7 @@ class Responder:
     async def _connection(self, stop: asyncio.Event) -> None:
         """One connection: returns when ``stop`` is set, raises MqttError when it is lost."""
         async with self._new_client() as client:
+            no_delay(client)
             granted = await client.subscribe(self.topics.subscription(TopicKind.COMMANDS), qos=1)
             if any(_refused(code) for code in granted):
                 raise aiomqtt.MqttError(f"subscription refused: {granted}")

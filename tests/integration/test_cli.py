@@ -102,3 +102,12 @@ def test_install_systemd_writes_the_units_for_this_installation(tmp_path: Path) 
     refused = _gateway("install-systemd", "--target", str(target), "--executable", str(executable))
     assert refused.returncode == 1
     assert "gateway.service" in refused.stderr
+
+
+def test_embedded_db_refuses_when_a_database_is_configured(tmp_path: Path) -> None:
+    config = tmp_path / "gateway.toml"
+    config.write_text('[database]\ndsn = "postgresql://db.example/gateway"\n')
+    result = _gateway("embedded-db", "--config", str(config))
+    assert result.returncode == 2
+    assert "dsn is set" in result.stderr
+    assert result.stdout == ""

@@ -1,0 +1,88 @@
+-- name: install_probes
+-- The benchmark's probes (sim/probes.py), in its own throwaway database only: statement-level
+-- triggers that notify, at commit, what each statement stored. Payloads: "<seq> <key> <count>".
+CREATE SEQUENCE bench_probe_seq;
+
+CREATE FUNCTION bench_telemetry_probe() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    r record;
+BEGIN
+    FOR r IN SELECT node_id, count(*) AS n FROM new_rows GROUP BY node_id LOOP
+        PERFORM pg_notify('bench_stored', nextval('bench_probe_seq') || ' ' || r.node_id
+                                          || ' ' || r.n);
+    END LOOP;
+    -- The latency phase's publish stamps, up to 400 per notification (8,000 bytes at most).
+    FOR r IN
+        SELECT string_agg(sent, ',') AS stamps
+        FROM (SELECT metrics->>'sent_us' AS sent, (row_number() OVER ()) / 400 AS part
+              FROM new_rows WHERE metrics ? 'sent_us') AS stamped
+        GROUP BY part
+    LOOP
+        PERFORM pg_notify('bench_stamps', r.stamps);
+    END LOOP;
+    RETURN NULL;
+END $$;
+CREATE TRIGGER bench_telemetry_probe AFTER INSERT ON telemetry
+REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION bench_telemetry_probe();
+
+CREATE FUNCTION bench_alarm_probe() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    r record;
+BEGIN
+    FOR r IN SELECT node_id, count(*) AS n FROM new_rows GROUP BY node_id LOOP
+        PERFORM pg_notify('bench_alarms', nextval('bench_probe_seq') || ' ' || r.node_id
+                                          || ' ' || r.n);
+    END LOOP;
+    RETURN NULL;
+END $$;
+CREATE TRIGGER bench_alarm_probe AFTER INSERT ON alarm
+REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION bench_alarm_probe();
+
+CREATE FUNCTION bench_command_probe() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    r record;
+BEGIN
+    FOR r IN
+        SELECT split_part(n.device_id, '-', 1) AS grp, count(*) AS n
+        FROM new_rows n JOIN old_rows o USING (id)
+        WHERE n.status IN ('ACKED', 'FAILED', 'TIMEOUT', 'CANCELLED')
+          AND o.status NOT IN ('ACKED', 'FAILED', 'TIMEOUT', 'CANCELLED')
+        GROUP BY 1
+    LOOP
+        PERFORM pg_notify('bench_finished', nextval('bench_probe_seq') || ' ' || r.grp
+                                            || ' ' || r.n);
+    END LOOP;
+    RETURN NULL;
+END $$;
+CREATE TRIGGER bench_command_probe AFTER UPDATE ON command
+REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
+FOR EACH STATEMENT EXECUTE FUNCTION bench_command_probe();
+
+-- name: drop_probes
+-- Remove the probes (no parameters).
+DROP TRIGGER bench_telemetry_probe ON telemetry;
+DROP TRIGGER bench_alarm_probe ON alarm;
+DROP TRIGGER bench_command_probe ON command;
+DROP FUNCTION bench_telemetry_probe();
+DROP FUNCTION bench_alarm_probe();
+DROP FUNCTION bench_command_probe();
+DROP SEQUENCE bench_probe_seq;
+
+-- name: storm_alarms
+-- $1 node id; alarms that node raised and distinct devices among them.
+SELECT count(*) AS alarms, count(DISTINCT device_id) AS devices FROM alarm WHERE node_id = $1;
+
+-- name: command_timings
+-- $1 device id LIKE pattern; per command: status, creation and finish (database clock).
+SELECT status, created_at, finished_at FROM command WHERE device_id LIKE $1 ORDER BY id;
+
+-- name: filled_tables
+-- Between phases, the tables worth a VACUUM (ANALYZE): those the earlier phases filled. Not
+-- the empty ones: statistics saying "empty" make PostgreSQL plan its foreign-key checks as
+-- sequential scans, which a storm then pays once per row (measured: 5 s became 15 s).
+SELECT relname FROM pg_stat_user_tables WHERE n_live_tup >= 1000 ORDER BY relname;
+
+-- name: checkpoint
+-- And the dirty pages written out now, not during the next measurement (no parameters;
+-- superuser only).
+CHECKPOINT;

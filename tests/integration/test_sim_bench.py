@@ -1,0 +1,124 @@
+"""The benchmark as a user runs it: ``gateway-sim bench --quick`` completes and reports every
+figure (no timing assertions: speed lives in the README, not in tests), its lean publisher
+delivers every message, and its embedded database starts and stops."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+import aiomqtt
+import asyncpg
+import pytest
+
+from protocol import TopicKind, Topics
+from sim.bench import TARGETS, embedded_database
+from sim.telemetry import device_ids, telemetry_stream
+from sim.wire import WireError, WirePublisher
+from tests.support.mosquitto import Mosquitto
+from tests.support.ports import free_port
+
+TOPICS = Topics("wire")
+
+
+async def test_the_wire_publisher_delivers_every_message_once_acknowledged(
+    mosquitto: Mosquitto,
+) -> None:
+    messages = list(telemetry_stream(TOPICS, device_ids(50), 5_000, seed=3))
+    received: list[tuple[str, bytes]] = []
+    async with aiomqtt.Client("127.0.0.1", mosquitto.port) as subscriber:
+        await subscriber.subscribe(TOPICS.subscription(TopicKind.TELEMETRY), qos=1)
+        # A window smaller than the batch: the publisher must wait for PUBACKs to go on.
+        async with WirePublisher("127.0.0.1", mosquitto.port, "wire-test", window=64) as wire:
+            assert await wire.publish_all(messages) == len(messages)
+        async with asyncio.timeout(60):
+            async for message in subscriber.messages:
+                assert isinstance(message.payload, bytes)
+                received.append((message.topic.value, message.payload))
+                if len(received) == len(messages):
+                    break
+    assert sorted(received) == sorted(messages)
+
+
+async def test_the_wire_publisher_reports_a_refused_connection() -> None:
+    with pytest.raises(ConnectionRefusedError):  # nothing listens there
+        async with WirePublisher("127.0.0.1", free_port(), "nobody"):
+            pass
+
+
+async def test_the_wire_publisher_reports_a_broker_that_goes_away(
+    mosquitto: Mosquitto,
+) -> None:
+    def endless() -> object:
+        n = 0
+        while True:
+            if n == 2_000:
+                mosquitto.kill()
+            yield TOPICS.telemetry("dev"), b'{"ts": %d, "metrics": {"t": 1}}' % n
+            n += 1
+
+    async with asyncio.timeout(60):
+        with pytest.raises((WireError, OSError)):
+            async with WirePublisher("127.0.0.1", mosquitto.port, "doomed", window=100) as wire:
+                await wire.publish_all(endless())  # type: ignore[arg-type]
+
+
+async def test_the_benchmark_can_run_on_the_gateways_embedded_postgres(tmp_path: Path) -> None:
+    async with embedded_database(tmp_path) as dsn:
+        conn = await asyncpg.connect(dsn)
+        try:
+            assert await conn.fetchval("SELECT current_user") == "postgres"
+            assert await conn.fetchval(
+                "SELECT rolcreatedb FROM pg_roles WHERE rolname = current_user"
+            )
+        finally:
+            await conn.close()
+    with pytest.raises(OSError, match=r"No such file|Connection refused"):
+        await asyncpg.connect(dsn, timeout=5)  # stopped with the context
+
+
+@pytest.mark.timeout(600)
+async def test_bench_quick_completes_and_reports_every_figure(
+    pg_server_dsn: str, tmp_path: Path
+) -> None:
+    out = tmp_path / "bench.json"
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "sim", "bench", "--quick", "--dsn", pg_server_dsn,
+        "--json", str(out),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    async with asyncio.timeout(540):
+        stdout, stderr = await process.communicate()
+    assert process.returncode == 0, stderr.decode()[-3000:]
+    result = json.loads(out.read_text())
+
+    rates = ["bare_msgs_per_s", "native_msgs_per_s", "gateway_msgs_per_s",
+             "gateway_live_msgs_per_s", "gateway2_msgs_per_s", "naive_msgs_per_s",
+             "commands_per_s"]  # fmt: skip
+    for key in rates:
+        assert isinstance(result[key], int), key
+        assert result[key] > 0, key
+    for key, numerator, denominator in [
+        ("ratio_gateway_vs_bare", "gateway_msgs_per_s", "bare_msgs_per_s"),
+        ("ratio_gateway_vs_naive", "gateway_msgs_per_s", "naive_msgs_per_s"),
+        ("ratio_gateway_vs_native", "gateway_msgs_per_s", "native_msgs_per_s"),
+        ("ratio_two_vs_one", "gateway2_msgs_per_s", "gateway_live_msgs_per_s"),
+    ]:
+        expected = result[numerator] / result[denominator]
+        assert result[key] == pytest.approx(expected, rel=0.01, abs=0.001)
+    assert 0 < result["latency_p50_ms"] <= result["latency_p95_ms"] <= result["latency_p99_ms"]
+    assert result["latency_p99_ms"] <= result["latency_max_ms"]
+    assert result["latency_messages"] > 0
+    assert result["storm_seconds"] > 0
+    # One alarm per device: a storm raises each device's alarm once, never twice.
+    assert result["storm_alarms"] == result["storm_alarmed_devices"] == result["storm_devices"]
+    assert result["commands_acked"] == result["commands"]
+    assert 0 < result["commands_p50_ms"] <= result["commands_p99_ms"]
+    assert 0 < result["rss_mb"] <= result["rss_all_phases_mb"]
+    assert set(TARGETS) <= set(result)
+
+    table = stdout.decode()
+    assert f"{result['gateway_msgs_per_s']:,} msg/s" in table
+    assert table.count("target") == len(TARGETS)

@@ -1,0 +1,87 @@
+"""The benchmark's pure parts: percentiles, targets, the table, MQTT packet encoding."""
+
+from __future__ import annotations
+
+import pytest
+
+from sim.bench import TARGETS, Sizes, render_table, target_met
+from sim.bench_live import Percentiles, percentile
+from sim.wire import connect_packet, publish_packet, remaining_length
+
+RESULT = {
+    "messages": 100_000, "naive_messages": 20_000, "bare_msgs_per_s": 9_000,
+    "native_msgs_per_s": 250_000, "gateway_msgs_per_s": 8_500, "gateway_live_msgs_per_s": 8_000,
+    "gateway2_msgs_per_s": 9_000, "naive_msgs_per_s": 2_000, "ratio_gateway_vs_bare": 0.944,
+    "ratio_gateway_vs_naive": 4.25, "ratio_gateway_vs_native": 0.034, "ratio_two_vs_one": 1.125,
+    "latency_rate_msgs_per_s": 4_250, "latency_messages": 80_000, "latency_p50_ms": 3.1,
+    "latency_p95_ms": 8.2, "latency_p99_ms": 61.0, "latency_max_ms": 90.0,
+    "storm_devices": 10_000, "storm_seconds": 4.2, "storm_publish_seconds": 0.2,
+    "storm_alarms": 10_000, "storm_alarmed_devices": 10_000, "commands": 10_000,
+    "command_devices": 1_000, "commands_acked": 10_000, "commands_per_s": 900,
+    "commands_paced_per_s": 450, "commands_p50_ms": 12.0, "commands_p99_ms": 40.0,
+    "rss_mb": 92.5, "rss_all_phases_mb": 95.0, "machine": "x86_64, 2 cores, Python 3.11.7",
+}  # fmt: skip
+
+
+def test_nearest_rank_percentiles() -> None:
+    values = [float(v) for v in range(1, 101)]
+    assert percentile(values, 50) == 50.0
+    assert percentile(values, 99) == 99.0
+    assert percentile(values, 100) == 100.0
+    assert percentile([7.0], 99) == 7.0
+    assert percentile([], 99) == 0.0
+    assert percentile([3.0, 1.0, 2.0], 50) == 2.0  # unsorted input
+    summary = Percentiles.of([5.0, 1.0, 9.0, 3.0])
+    assert (summary.count, summary.p50_ms, summary.max_ms) == (4, 3.0, 9.0)
+
+
+def test_targets_compare_in_their_direction() -> None:
+    assert target_met("ratio_gateway_vs_bare", 0.9) is True
+    assert target_met("ratio_gateway_vs_bare", 0.89) is False
+    assert target_met("latency_p99_ms", 49.9) is True
+    assert target_met("latency_p99_ms", 50.0) is False
+    assert target_met("gateway_msgs_per_s", 1.0) is None
+    assert set(TARGETS) <= set(RESULT)
+
+
+def test_the_table_shows_every_figure_and_each_verdict() -> None:
+    table = render_table(RESULT)
+    for needle in ("9,000 msg/s", "250,000 msg/s", "8,500 msg/s", "2,000 msg/s", "0.94",
+                   "4.2x", "1.12", "61.0 ms", "4.20 s", "10,000 / 10,000", "900 /s",
+                   "40.0 ms", "92.5 MB", "x86_64, 2 cores"):  # fmt: skip
+        assert needle in table, needle
+    verdicts = {line.split("target")[0].strip(): line.rsplit(":", 1)[1].strip()
+                for line in table.splitlines() if "target" in line}  # fmt: skip
+    assert len(verdicts) == len(TARGETS)
+    missed = sorted(name.split()[0] for name, verdict in verdicts.items() if verdict == "MISSED")
+    assert missed == ["commands:", "latency", "two"]
+
+
+def test_quick_sizes_are_smaller_in_every_phase() -> None:
+    full, quick = Sizes(), Sizes.quick()
+    assert full.messages == 100_000
+    assert full.storm_devices == 10_000
+    assert (full.commands, full.command_devices) == (10_000, 1_000)
+    for name in Sizes.__dataclass_fields__:
+        assert getattr(quick, name) < getattr(full, name), name
+
+
+@pytest.mark.parametrize(
+    ("length", "encoded"),
+    [(0, b"\x00"), (127, b"\x7f"), (128, b"\x80\x01"), (16_383, b"\xff\x7f"),
+     (16_384, b"\x80\x80\x01"), (268_435_455, b"\xff\xff\xff\x7f")],
+)  # fmt: skip
+def test_remaining_length_is_mqtts_variable_integer(length: int, encoded: bytes) -> None:
+    assert remaining_length(length) == encoded
+
+
+def test_remaining_length_refuses_what_mqtt_cannot_carry() -> None:
+    with pytest.raises(ValueError, match="out of range"):
+        remaining_length(268_435_456)
+
+
+def test_packets_are_mqtt_311() -> None:
+    assert connect_packet("c1") == (
+        b"\x10\x0e" + b"\x00\x04MQTT" + b"\x04\x02" + b"\x00\x3c" + b"\x00\x02c1"
+    )
+    assert publish_packet("a/b", b"xyz", 258) == b"\x32\x0a\x00\x03a/b\x01\x02xyz"
