@@ -92,11 +92,6 @@ class _FlowQueue(asyncio.Queue[aiomqtt.Message]):
         return item
 
 
-# QoS 1 publishes (downlinks, outbox events) awaiting their PUBACK at once; paho defaults to
-# 20, which made a burst of downlinks wait for PUBACK round trips in lockstep.
-OUTGOING_INFLIGHT = 1000
-
-
 class AckingClient:
     """An aiomqtt connection whose QoS 1 deliveries wait for ``ack()``."""
 
@@ -135,7 +130,6 @@ class AckingClient:
             tls_context=s.tls.context() if s.tls else None,
             will=will,
             timeout=s.timeout_s,
-            max_inflight_messages=OUTGOING_INFLIGHT,
             queue_type=cast(
                 "type[asyncio.Queue[aiomqtt.Message]]", functools.partial(_FlowQueue, owner=self)
             ),

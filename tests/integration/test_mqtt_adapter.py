@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 
 import aiomqtt
 import pytest
@@ -71,3 +72,11 @@ async def test_only_acknowledged_messages_are_not_redelivered(
             (only,) = await _receive(consumer, 1)
             assert only.payload == b"after"
             assert consumer.ack(only)
+
+
+async def test_small_packets_go_out_at_once(mosquitto: Mosquitto) -> None:
+    """TCP_NODELAY: a PUBACK or a downlink is not held back for the peer's delayed ACK."""
+    async with AckingClient(_settings(mosquitto.port, "5")) as client:
+        sock = client.client._client.socket()
+        assert sock is not None
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
