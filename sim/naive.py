@@ -7,7 +7,6 @@ id) but one round trip and one commit per message. Never use it for real ingest.
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 import aiomqtt
@@ -63,7 +62,3 @@ async def naive_drain(
     finally:
         await conn.close()
     raise RuntimeError(f"the message stream ended after {done} of {count} messages")
-
-
-def run(**kwargs: object) -> None:
-    asyncio.run(naive_drain(**kwargs))  # type: ignore[arg-type]
