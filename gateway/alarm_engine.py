@@ -1,12 +1,15 @@
 """Rules applied to freshly stored telemetry, inside the ingest transaction.
 
-The firing state is a cache of the database (active, uncleared alarms), loaded at start.
-Each batch evaluates against a staged overlay of it; the overlay is committed into the cache
-only after the database commit, so a rolled-back batch leaves the cache as the database is.
+The rule state of every (device, rule) the batch touches is read from `rule_state` under
+lock, the messages are judged in order against it, the alarms written, and the rows written
+back — all in the batch's transaction. Nothing of it stays in the process between batches,
+so any node, a restarted one, or several taking turns on one device decide alike; and a
+rolled-back batch leaves nothing behind.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -18,39 +21,55 @@ import structlog
 from gateway.alarms import (
     EVENT_CLEARED,
     AlarmRequest,
+    RetryBatchError,
     SummarySpec,
     clear_alarm,
     create_alarms,
+    create_late_alarm,
 )
 from gateway.domain.alarm import active_key
+from gateway.loops import RETRYABLE, sleep_unless_stopped, wait_event_or_stop
 from gateway.metrics import Metrics
 from gateway.rules import (
-    IDLE,
     Clearing,
     Firing,
-    FiringState,
     InactivityRule,
     RuleSet,
-    StagedState,
-    StateChange,
+    RuleState,
+    RuleStates,
+    SlotKey,
     evaluate,
+    rule_version,
+    state_keys,
 )
 from protocol import Telemetry
 from storage import alarms as repo
 from storage import outbox
+from storage import rule_state as state_repo
+from storage.rule_state import RuleStateRow, StateWriteConflictError
 
 log = structlog.get_logger("gateway.alarms")
 
 
 @dataclass(slots=True)
 class BatchAlarms:
-    """What one batch did to alarms, applied to the cache and metrics after the commit."""
+    """What one batch did to alarms, counted in metrics after the commit."""
 
-    staged: StagedState
     created: list[tuple[str, int]] = field(default_factory=list)
     superseded: int = 0
     deduplicated: int = 0
     cleared: int = 0
+    late: int = 0  # alarms raised by samples committed out of order (already cleared/superseded)
+    states_written: int = 0
+
+
+@dataclass(slots=True)
+class _LoadedStates:
+    """The batch's rule states as read (to write back only what changed) and as judged."""
+
+    read: dict[SlotKey, RuleStateRow]
+    versions: dict[str, str]
+    states: RuleStates
 
 
 class AlarmEngine:
@@ -58,47 +77,79 @@ class AlarmEngine:
         self.rules = rules
         self.node_id = node_id
         self.metrics = metrics
-        self.state = FiringState()
         self.summary: SummarySpec | None = None  # set when AI summaries are enabled
+        self._rules_replaced = asyncio.Event()
 
-    async def load(self, conn: asyncpg.Connection) -> None:
-        """Derive the firing state from the database (a restarted node decides the same)."""
-        self.state.load(await repo.firing(conn))
+    def replace_rules(self, rules: RuleSet) -> None:
+        """A reload: the next batch uses `rules`; `forget_loop` drops removed rules' state."""
+        self.rules = rules
+        self._rules_replaced.set()
+
+    async def forget_loop(self, pool: asyncpg.Pool, stop: asyncio.Event) -> None:
+        """After each reload, drop the state of the rules it removed (own transaction).
+
+        Unchanged rules keep their state; a changed rule keeps its facts and drops its
+        pending count, per row, when a batch next reads it (`rule_version`).
+        """
+        while not stop.is_set():
+            await wait_event_or_stop(self._rules_replaced, stop, timeout_s=3600)
+            if not self._rules_replaced.is_set():
+                continue
+            self._rules_replaced.clear()
+            try:
+                async with pool.acquire() as conn:
+                    await self.forget_removed_rules(conn)
+            except RETRYABLE as exc:
+                log.warning("rule_state_drop_failed", error=repr(exc))
+                self._rules_replaced.set()
+                await sleep_unless_stopped(stop, 5.0)
+
+    async def forget_removed_rules(self, conn: asyncpg.Connection) -> int:
+        """Drop the state of rules no longer configured (at start and on reload)."""
+        kept = [rule.key for rule in self.rules if not isinstance(rule, InactivityRule)]
+        dropped = await state_repo.drop_removed(conn, kept)
+        if dropped:
+            log.info("rule_state_dropped", rows=dropped)
+        return dropped
 
     async def on_stored(
         self, conn: asyncpg.Connection, messages: Sequence[tuple[str, str, Telemetry]]
     ) -> BatchAlarms:
         """Evaluate (device id, event id, message) in order; write alarms on ``conn``."""
         rules = self.rules  # one rule set per batch, even if a reload swaps it meanwhile
-        batch = BatchAlarms(staged=self.state.stage())
+        batch = BatchAlarms()
         if not messages or not len(rules):
             return batch
         now = await repo.db_now(conn)
         await self._clear_inactivity(conn, rules, messages, now, batch)
+        loaded = await self._lock_states(conn, rules, messages)
         # Firings are written in runs, one statement per step for the whole run (an alarm
-        # storm is one run). A run ends before a clearing and before a second firing of the
-        # same (device, rule): outcomes still take effect in message order, so one message
-        # may raise an alarm and clear it again (OPEN then CLOSE).
+        # storm is one run). A run ends before a clearing, before a late firing and before a
+        # second firing of the same (device, rule): outcomes still take effect in message
+        # order, so one message may raise an alarm and clear it again (OPEN then CLOSE).
         run: list[Firing] = []
         in_run: set[tuple[str, str]] = set()
         for device_id, event_id, message in messages:
-            evaluation = evaluate(rules, batch.staged, device_id, event_id, message)
+            evaluation = evaluate(rules, loaded.states, device_id, event_id, message)
             for outcome in evaluation.outcomes:
-                if isinstance(outcome, Firing):
+                if isinstance(outcome, Firing) and outcome.superseded_by_event is None:
                     if (outcome.device_id, outcome.rule_key) in in_run:
                         await self._fire(conn, run, now, batch)
                         in_run.clear()
                     run.append(outcome)
                     in_run.add((outcome.device_id, outcome.rule_key))
+                    continue
+                await self._fire(conn, run, now, batch)
+                in_run.clear()
+                if isinstance(outcome, Firing):
+                    await self._fire_late(conn, outcome, now, batch)
                 else:
-                    await self._fire(conn, run, now, batch)
-                    in_run.clear()
                     await self._clear(conn, outcome, now, batch)
         await self._fire(conn, run, now, batch)
+        await self._write_states(conn, loaded, batch)
         return batch
 
     def committed(self, batch: BatchAlarms) -> None:
-        self.state.commit(batch.staged)
         m = self.metrics
         for rule_key, alarm_id in batch.created:
             m.alarms_created.labels(rule_key).inc()
@@ -106,6 +157,49 @@ class AlarmEngine:
         m.alarms_superseded.inc(batch.superseded)
         m.alarms_deduplicated.inc(batch.deduplicated)
         m.alarms_cleared.inc(batch.cleared)
+        m.rule_states_written.inc(batch.states_written)
+        m.alarms_late.inc(batch.late)
+
+    async def _lock_states(
+        self,
+        conn: asyncpg.Connection,
+        rules: RuleSet,
+        messages: Sequence[tuple[str, str, Telemetry]],
+    ) -> _LoadedStates:
+        """Read the states the batch touches, in one statement, locked in a fixed order."""
+        keys: set[SlotKey] = set()
+        for device_id, _, message in messages:
+            keys |= state_keys(rules, device_id, message)
+        versions: dict[str, str] = {}
+        for _, rule_key in keys:
+            if rule_key not in versions:
+                rule = rules.by_key(rule_key)
+                assert rule is not None
+                versions[rule_key] = rule_version(rule)
+        rows = await state_repo.lock_states(
+            conn, [(device_id, rule_key, versions[rule_key]) for device_id, rule_key in keys]
+        )
+        read = {(row.device_id, row.rule_key): row for row in rows}
+        states: RuleStates = {}
+        for key, row in read.items():
+            state = _state_of(row)
+            states[key] = state if row.rule_version == versions[key[1]] else state.rearmed()
+        return _LoadedStates(read=read, versions=versions, states=states)
+
+    async def _write_states(
+        self, conn: asyncpg.Connection, loaded: _LoadedStates, batch: BatchAlarms
+    ) -> None:
+        changed = []
+        for key, row in loaded.read.items():
+            state = loaded.states[key]
+            version = loaded.versions[key[1]]
+            if state != _state_of(row) or row.rule_version != version:
+                changed.append(_row_of(row, state, version))
+        try:
+            await state_repo.write_states(conn, changed, self.node_id)
+        except StateWriteConflictError as exc:  # cannot happen under the lock; never trust it
+            raise RetryBatchError(str(exc)) from exc
+        batch.states_written += len(changed)
 
     async def _fire(
         self, conn: asyncpg.Connection, run: list[Firing], now: datetime, batch: BatchAlarms
@@ -131,6 +225,25 @@ class AlarmEngine:
             if creation.superseded_id is not None:
                 batch.superseded += 1
         run.clear()
+
+    async def _fire_late(
+        self, conn: asyncpg.Connection, firing: Firing, now: datetime, batch: BatchAlarms
+    ) -> None:
+        assert firing.superseded_by_event is not None
+        creation = await create_late_alarm(
+            conn,
+            AlarmRequest(
+                device_id=firing.device_id, rule_key=firing.rule_key, severity=firing.severity,
+                telemetry_event_id=firing.telemetry_event_id, reason=firing.reason,
+            ),
+            superseded_by_event=firing.superseded_by_event,
+            cleared_by_event=firing.cleared_by_event, node_id=self.node_id, now=now,
+        )  # fmt: skip
+        if not creation.created or creation.alarm is None:
+            batch.deduplicated += 1
+            return
+        batch.created.append((firing.rule_key, creation.alarm.id))
+        batch.late += 1
 
     async def _clear(
         self, conn: asyncpg.Connection, clearing: Clearing, now: datetime, batch: BatchAlarms
@@ -164,15 +277,34 @@ class AlarmEngine:
                     events.append(event_id)
         for row in await repo.clear_many(conn, keys, events, now):
             batch.cleared += 1
-            batch.staged.record([StateChange(row["device_id"], row["rule_key"], IDLE)])
             await outbox.add_event(
                 conn, aggregate_type="alarm", aggregate_id=str(row["id"]),
                 event_type=EVENT_CLEARED,
                 payload={"alarm_id": row["id"], "device_id": row["device_id"],
                          "rule_key": row["rule_key"], "status": row["status"],
                          "clear_event_id": row["event_id"], "reason": "device heard from again",
-                         "cleared_at": now.isoformat()},
+                         "cleared_at": row["cleared_at"].isoformat()},
             )  # fmt: skip
+
+
+def _state_of(row: RuleStateRow) -> RuleState:
+    return RuleState(
+        firing=row.firing, pending_count=row.pending_count, pending_since=row.pending_since,
+        last_ts=row.last_ts, last_seq=row.last_seq, fired_ts=row.fired_ts,
+        fired_event_id=row.fired_event_id, released_ts=row.released_ts, clear_ts=row.clear_ts,
+        clear_event_id=row.clear_event_id, violating_ts=row.violating_ts,
+    )  # fmt: skip
+
+
+def _row_of(read: RuleStateRow, state: RuleState, rule_version: str) -> RuleStateRow:
+    return RuleStateRow(
+        device_id=read.device_id, rule_key=read.rule_key, version=read.version,
+        rule_version=rule_version, firing=state.firing, pending_count=state.pending_count,
+        pending_since=state.pending_since, last_ts=state.last_ts, last_seq=state.last_seq,
+        fired_ts=state.fired_ts, fired_event_id=state.fired_event_id,
+        released_ts=state.released_ts, clear_ts=state.clear_ts,
+        clear_event_id=state.clear_event_id, violating_ts=state.violating_ts,
+    )  # fmt: skip
 
 
 def inactivity_event_id(rule_key: str, device_id: str, last_seen: datetime) -> str:

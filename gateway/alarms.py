@@ -313,6 +313,48 @@ async def _insert_fresh(
     return alarms
 
 
+async def create_late_alarm(
+    conn: asyncpg.Connection,
+    request: AlarmRequest,
+    *,
+    superseded_by_event: str,
+    cleared_by_event: str | None,
+    node_id: str,
+    now: datetime,
+) -> Creation:
+    """Raise the alarm of an event committed after the alarm that superseded it.
+
+    In device order the event came first, and the alarm its successor raised (that of the
+    telemetry event `superseded_by_event`) superseded it; with `cleared_by_event`, a clear
+    event between the two cleared it. The alarm is created that way: SUPERSEDED, holding no
+    active key, so the open list still shows the one newer alarm. No AI summary is asked
+    for and nothing is pushed (the push acts on NEW alarms only).
+    """
+    key = dedup_key(request.rule_key, request.device_id, request.telemetry_event_id)
+    row = await repo.insert_late(
+        conn,
+        repo.NewAlarm(
+            device_id=request.device_id, rule_key=request.rule_key, severity=request.severity,
+            telemetry_event_id=request.telemetry_event_id, dedup_key=key,
+            active_key=active_key(request.device_id, request.rule_key),
+        ),
+        at=now, node_id=node_id,
+        superseded_by_dedup_key=dedup_key(request.rule_key, request.device_id,
+                                          superseded_by_event),
+        clear_event_id=cleared_by_event,
+    )  # fmt: skip
+    if row is None:
+        return Creation(created=False)
+    alarm = alarm_from_record(row)
+    await _record(
+        conn, alarm=alarm, event_type=EVENT_CREATED, action="create", from_status=None,
+        actor=RULES_ACTOR, node_id=node_id, event_id=request.telemetry_event_id,
+        note="committed after a newer alarm of its rule: created superseded by it",
+        extra={"reason": request.reason, "supersedes": None, "late": True},
+    )  # fmt: skip
+    return Creation(created=True, alarm=alarm)
+
+
 async def clear_alarm(
     conn: asyncpg.Connection,
     *,
@@ -328,7 +370,7 @@ async def clear_alarm(
         return None
     payload = {"alarm_id": row["id"], "device_id": device_id, "rule_key": rule_key,
                "status": row["status"], "clear_event_id": clear_event_id, "reason": reason,
-               "cleared_at": now.isoformat()}  # fmt: skip
+               "cleared_at": row["cleared_at"].isoformat()}  # fmt: skip
     await outbox.add_event(
         conn, aggregate_type=AGGREGATE, aggregate_id=str(row["id"]), event_type=EVENT_CLEARED,
         payload=payload,

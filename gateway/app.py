@@ -108,7 +108,7 @@ class Daemon:
             rules=cfg.rule_set(), node_id=self.node_id, metrics=self.metrics
         )
         async with pool.acquire() as conn:
-            await engine.load(conn)
+            await engine.forget_removed_rules(conn)
         summaries = await self._summaries(stack, pool)
         if summaries is not None:
             engine.summary = SummarySpec(cfg.ai.model, cfg.ai.prompt_version)
@@ -190,6 +190,7 @@ class Daemon:
             tasks.create_task(self.timers.run(stop), name="alarm-timers")
             tasks.create_task(self.dispatcher.run(stop), name="command-dispatcher")
             tasks.create_task(reaper.run(stop), name="command-reaper")
+            tasks.create_task(engine.forget_loop(pool, stop), name="rule-state-janitor")
             if summaries is not None:
                 tasks.create_task(summaries.run(stop), name="ai-summaries")
             if engine.rules.inactivity_rules:
@@ -243,7 +244,7 @@ class Daemon:
         """Swap what may change at run time (rules; quiet hours and tokens with their
         sections) atomically between batches; messages keep flowing meanwhile."""
         if self.engine is not None:
-            self.engine.rules = config.rule_set()
+            self.engine.replace_rules(config.rule_set())
         if self.auth is not None:
             self.auth.replace(config.api.tokens)
         quiet = config.quiet_hours()

@@ -105,6 +105,17 @@ class Metrics:
         self.alarms_cleared = Counter(
             "gateway_alarms_cleared", "Alarms marked cleared by recovery", registry=r
         )
+        self.alarms_late = Counter(
+            "gateway_alarms_late",
+            "Alarms raised by a sample committed after a newer one (created already cleared "
+            "or superseded)",
+            registry=r,
+        )
+        self.rule_states_written = Counter(
+            "gateway_rule_states_written",
+            "Rule state rows written back by ingest batches",
+            registry=r,
+        )
         self.alarm_transitions = Counter(
             "gateway_alarm_transitions",
             "Alarm status changes",

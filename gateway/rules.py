@@ -3,35 +3,34 @@
 Nothing here does I/O or reads a clock: times come from the messages (device timestamps) or
 from the caller (`now`).
 
-Firing state is transactional. `evaluate` never changes a `FiringState`; it returns an
-`Evaluation` whose outcomes the caller writes to the database and whose `changes` are applied
-only once that transaction has committed, so a rolled-back batch leaves the cache as it was:
+The state of each (device, rule) — firing or not, pending samples, the device times that
+order late samples — is a `RuleState`, a row of the `rule_state` table. The ingest
+transaction of a batch reads the rows its messages touch (`state_keys`) under lock, lets
+`evaluate` judge the messages in order against them, writes the outcomes, then writes the
+rows back; no process keeps any of it between batches, so every node decides alike:
 
-    staged = state.stage()                      # a copy-on-write overlay over `state`
+    states = {key: row for key, row in locked rows of the union of state_keys(...)}
     for device_id, event_id, message in batch:  # later messages see the earlier ones' effects
-        evaluation = evaluate(rules, staged, device_id, event_id, message)
+        evaluation = evaluate(rules, states, device_id, event_id, message)
         ...write evaluation.outcomes, in order...
-    commit the transaction, then: state.commit(staged)   # on rollback: drop `staged`
+    write back the entries of `states` that changed; commit
 
-Evaluating against a stage records its changes in the stage (the stage is the batch's own
-scratch copy); evaluating against the `FiringState` itself records nothing, and the caller
-calls `state.apply(evaluation)` after the commit.
-
-Per (device, rule), the outcomes of successive evaluations alternate Firing, Clearing, Firing...
-except that an event rule fires again on every new occurrence (the database supersedes the
-previous alarm). Outcomes of one message must be written in their order: a message carrying
-`DOOR_OPEN` then `DOOR_CLOSE` fires an alarm and then clears that same alarm.
+Per (device, rule), the outcomes of successive in-order evaluations alternate Firing,
+Clearing, Firing... except that an event rule fires again on every new occurrence (the
+database supersedes the previous alarm). Outcomes of one message must be written in their
+order: a message carrying `DOOR_OPEN` then `DOOR_CLOSE` fires an alarm and then clears it.
 """
 
 from __future__ import annotations
 
 import enum
 import fnmatch
+import hashlib
 import math
 import re
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping, Sequence
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import ClassVar, Final, Literal, TypeAlias, TypeGuard, TypeVar
 
@@ -426,150 +425,80 @@ def _type_name(value: object) -> str:
     return "a bool" if isinstance(value, bool) else f"a {type(value).__name__}"
 
 
-# --- firing state -------------------------------------------------------------------------
+# --- rule state ------------------------------------------------------------------------------
 
 SlotKey: TypeAlias = tuple[str, str]  # (device_id, rule_key)
 
 
-@dataclass(frozen=True)
-class Pending:
-    """Consecutive violating samples of a threshold rule that has not fired yet."""
+@dataclass(frozen=True, slots=True)
+class RuleState:
+    """The evaluation state of one (device, rule): one row of the `rule_state` table.
 
-    count: int
-    since: datetime  # device time of the first of them
-
-
-@dataclass(frozen=True)
-class Slot:
-    """The state of one (device, rule); `firing` implies no `pending`."""
+    Every time here is a device time (a sample's own timestamp), never a node's clock, so that
+    every node judges the same samples alike. `last_ts`/`last_seq` order the samples: one older
+    than the newest already judged is *late* (another node committed a newer one first), and a
+    late sample never moves the state back (see `evaluate`).
+    """
 
     firing: bool = False
-    pending: Pending | None = None
+    pending_count: int = 0  # consecutive violating samples of a threshold not yet fired
+    pending_since: datetime | None = None  # the first of them
+    last_ts: datetime | None = None  # the newest sample judged
+    last_seq: int | None = None
+    fired_ts: datetime | None = None  # the sample that raised the latest alarm
+    fired_event_id: str | None = None
+    released_ts: datetime | None = None  # the sample that cleared the latest alarm
+    clear_ts: datetime | None = None  # the newest sample or event that says "clear"
+    clear_event_id: str | None = None
+    violating_ts: datetime | None = None  # the newest violating sample (thresholds)
+
+    def rearmed(self) -> RuleState:
+        """The same facts under a changed rule definition: pending samples no longer count."""
+        return replace(self, pending_count=0, pending_since=None)
 
 
-IDLE: Final = Slot()
-FIRING: Final = Slot(firing=True)
+IDLE: Final = RuleState()
+
+# The states of the (device, rule) pairs a batch touches, read under lock at the start of the
+# batch's transaction; `evaluate` replaces entries as it goes. A missing key is `IDLE`.
+RuleStates: TypeAlias = MutableMapping[SlotKey, RuleState]
 
 
-@dataclass(frozen=True)
-class StateChange:
-    device_id: str
-    rule_key: str
-    slot: Slot  # the new state, replacing the old one
+def rule_version(rule: Rule) -> str:
+    """A fingerprint of what a rule's state depends on (not its severity, devices or text).
 
-
-class FiringState:
-    """The in-memory cache of firing state per (device, rule).
-
-    `firing` mirrors the database (an active alarm holding the rule's key that has not
-    cleared): `load` it at start, then change it only through `apply`/`commit` after a commit
-    or `set_firing` when the database says otherwise. `pending` lives in memory only.
-    Only slots that differ from `IDLE` are stored.
+    A state row written under another version keeps its facts (firing, the times) and drops
+    its pending count: samples counted against `> 80` prove nothing about `> 90`.
     """
-
-    def __init__(self) -> None:
-        self._slots: dict[SlotKey, Slot] = {}
-
-    def __len__(self) -> int:
-        return len(self._slots)
-
-    def slot(self, device_id: str, rule_key: str) -> Slot:
-        return self._slots.get((device_id, rule_key), IDLE)
-
-    def is_firing(self, device_id: str, rule_key: str) -> bool:
-        return self.slot(device_id, rule_key).firing
-
-    def snapshot(self) -> dict[SlotKey, Slot]:
-        """A copy of every non-idle slot (slots are immutable)."""
-        return dict(self._slots)
-
-    def load(self, firing: Iterable[tuple[str, str]]) -> None:
-        """Replace the firing set with the (device_id, rule_key) pairs read from the database.
-
-        Pending counts of rules that are not firing are kept.
-        """
-        firing_keys = set(firing)
-        self._slots = {
-            key: slot
-            for key, slot in self._slots.items()
-            if not slot.firing and key not in firing_keys
-        }
-        self._slots.update(dict.fromkeys(firing_keys, FIRING))
-
-    def set_firing(self, device_id: str, rule_key: str, firing: bool) -> None:
-        """Correct one slot from the database (an alarm raised or released elsewhere)."""
-        current = self.slot(device_id, rule_key)
-        if firing:
-            self._put((device_id, rule_key), FIRING)
-        elif current.firing:
-            self._put((device_id, rule_key), IDLE)
-
-    def apply(self, evaluation: Evaluation) -> None:
-        """Apply an evaluation made against this state, once its outcomes are committed."""
-        for change in evaluation.changes:
-            self._put((change.device_id, change.rule_key), change.slot)
-
-    def stage(self) -> StagedState:
-        return StagedState(self)
-
-    def commit(self, staged: StagedState) -> None:
-        """Write back the slots the stage changed, once the batch's transaction committed."""
-        if staged.base is not self:
-            raise ValueError("the stage was not taken from this state")
-        for key, slot in staged.close().items():
-            self._put(key, slot)
-
-    def _put(self, key: SlotKey, slot: Slot) -> None:
-        if slot == IDLE:
-            self._slots.pop(key, None)
-        else:
-            self._slots[key] = slot
+    if isinstance(rule, ThresholdRule):
+        parts: list[object] = [
+            rule.kind, rule.metric, rule.op, rule.value, rule.clear_value, rule.for_samples,
+            rule.for_seconds,
+        ]  # fmt: skip
+    elif isinstance(rule, EventRule):
+        parts = [rule.kind, rule.event]
+    else:
+        parts = [rule.kind]
+    return hashlib.sha256(msgspec.json.encode(parts)).hexdigest()[:16]
 
 
-class StagedState:
-    """A copy-on-write overlay over a `FiringState` for one batch.
-
-    Reads fall through to the base state for slots the batch has not changed; `evaluate`
-    records its changes here. Commit with `FiringState.commit` (only the slots changed here are
-    written back, so corrections made to the base meanwhile survive for other slots); to roll
-    back, drop the stage. A committed stage cannot be used again.
-    """
-
-    def __init__(self, base: FiringState) -> None:
-        self.base: Final = base
-        self._overlay: dict[SlotKey, Slot] = {}
-        self._closed = False
-
-    def slot(self, device_id: str, rule_key: str) -> Slot:
-        self._check_open()
-        key = (device_id, rule_key)
-        if key in self._overlay:
-            return self._overlay[key]
-        return self.base.slot(device_id, rule_key)
-
-    def is_firing(self, device_id: str, rule_key: str) -> bool:
-        return self.slot(device_id, rule_key).firing
-
-    @property
-    def changes(self) -> tuple[StateChange, ...]:
-        return tuple(StateChange(d, k, slot) for (d, k), slot in self._overlay.items())
-
-    def record(self, changes: Iterable[StateChange]) -> None:
-        self._check_open()
-        for change in changes:
-            self._overlay[(change.device_id, change.rule_key)] = change.slot
-
-    def close(self) -> dict[SlotKey, Slot]:
-        self._check_open()
-        self._closed = True
-        return self._overlay
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise RuntimeError("this stage was already committed")
-
-
-StateView: TypeAlias = FiringState | StagedState
+def state_keys(rules: RuleSet, device_id: str, message: Telemetry) -> set[SlotKey]:
+    """The (device, rule) pairs whose state `evaluate` reads or writes for this message."""
+    device_rules = rules._device(device_id)
+    keys: set[SlotKey] = set()
+    if not device_rules.rules:
+        return keys
+    if message.events:
+        for event_type in message.event_types():
+            for rule in device_rules.events.get(event_type, ()):
+                keys.add((device_id, rule.key))
+            for rule in device_rules.cleared.get(event_type, ()):
+                keys.add((device_id, rule.key))
+    if message.metrics:
+        for threshold in device_rules.thresholds:
+            if threshold.metric in message.metrics:
+                keys.add((device_id, threshold.key))
+    return keys
 
 
 # --- evaluation ---------------------------------------------------------------------------
@@ -577,16 +506,28 @@ StateView: TypeAlias = FiringState | StagedState
 
 @dataclass(frozen=True)
 class Firing:
+    """Raise an alarm for this sample.
+
+    `superseded_by_event`: a late event occurrence older than the alarm raised since (by that
+    telemetry event): in device order it came first, so its alarm is created already
+    superseded by that one — and, with `cleared_by_event`, already cleared by the clear event
+    that came between them.
+    """
+
     rule_key: str
     severity: Severity
     device_id: str
     telemetry_event_id: str
     reason: str
     observed_at: datetime  # the message's device timestamp
+    superseded_by_event: str | None = None
+    cleared_by_event: str | None = None
 
 
 @dataclass(frozen=True)
 class Clearing:
+    """Clear the active alarm of (device, rule), by the sample `telemetry_event_id`."""
+
     rule_key: str
     device_id: str
     telemetry_event_id: str
@@ -599,10 +540,9 @@ Outcome: TypeAlias = Firing | Clearing
 
 @dataclass(frozen=True)
 class Evaluation:
-    """What one message does: `outcomes` to write in order, then `changes` to apply."""
+    """What one message does: `outcomes`, to write in this order."""
 
     outcomes: tuple[Outcome, ...] = ()
-    changes: tuple[StateChange, ...] = ()
 
     @property
     def firings(self) -> tuple[Firing, ...]:
@@ -621,71 +561,93 @@ class _Verdict(enum.Enum):
 
 
 class _Run:
-    """One message's evaluation: its outcomes so far and the slots it has changed so far."""
+    """One message's evaluation: the states it reads and replaces, and its outcomes so far."""
 
     def __init__(
-        self, state: StateView, device_id: str, event_id: str, observed_at: datetime
+        self,
+        states: RuleStates,
+        device_id: str,
+        event_id: str,
+        observed_at: datetime,
+        seq: int | None,
     ) -> None:
-        self.state = state
+        self.states = states
         self.device_id = device_id
         self.event_id = event_id
         self.observed_at = observed_at
+        self.seq = seq
         self.outcomes: list[Outcome] = []
-        self._changed: dict[str, Slot] = {}
 
-    def slot(self, rule: Rule) -> Slot:
-        found = self._changed.get(rule.key)
-        return self.state.slot(self.device_id, rule.key) if found is None else found
+    def get(self, rule: Rule) -> RuleState:
+        return self.states.get((self.device_id, rule.key), IDLE)
 
-    def put(self, rule: Rule, slot: Slot) -> None:
-        self._changed[rule.key] = slot
+    def put(self, rule: Rule, state: RuleState) -> None:
+        self.states[(self.device_id, rule.key)] = state
 
-    def fire(self, rule: Rule, reason: str) -> None:
+    def fire(
+        self,
+        rule: Rule,
+        reason: str,
+        *,
+        superseded_by: str | None = None,
+        cleared_by: str | None = None,
+    ) -> None:
         self.outcomes.append(
-            Firing(rule.key, rule.severity, self.device_id, self.event_id, reason, self.observed_at)
-        )
-        self.put(rule, FIRING)
+            Firing(
+                rule.key, rule.severity, self.device_id, self.event_id, reason, self.observed_at,
+                superseded_by, cleared_by,
+            )
+        )  # fmt: skip
 
-    def clear(self, rule: Rule, reason: str) -> None:
+    def clear(
+        self, rule: Rule, reason: str, *, event_id: str | None = None, at: datetime | None = None
+    ) -> None:
         self.outcomes.append(
-            Clearing(rule.key, self.device_id, self.event_id, reason, self.observed_at)
-        )
-        self.put(rule, IDLE)
+            Clearing(
+                rule.key, self.device_id, event_id or self.event_id, reason,
+                at or self.observed_at,
+            )
+        )  # fmt: skip
 
-    def result(self) -> Evaluation:
-        changes = tuple(
-            StateChange(self.device_id, key, slot)
-            for key, slot in self._changed.items()
-            if slot != self.state.slot(self.device_id, key)
-        )
-        return Evaluation(tuple(self.outcomes), changes)
+    def is_late(self, state: RuleState) -> bool:
+        """Older than the newest sample judged for this (device, rule)."""
+        last = state.last_ts
+        if last is None or self.observed_at > last:
+            return False
+        if self.observed_at < last:
+            return True
+        return self.seq is not None and state.last_seq is not None and self.seq < state.last_seq
 
 
 def evaluate(
-    rules: RuleSet, state: StateView, device_id: str, event_id: str, message: Telemetry
+    rules: RuleSet, states: RuleStates, device_id: str, event_id: str, message: Telemetry
 ) -> Evaluation:
     """Judge one telemetry message of `device_id` (whose telemetry event id is `event_id`).
 
-    Never changes a `FiringState`; records the changes in a `StagedState` (see the module
-    docstring).
+    Reads and replaces the entries of `states` for the pairs `state_keys` names; the caller
+    writes them back in the transaction that writes the outcomes (or drops them on rollback).
+
+    The ordering rule, for samples of one device committed out of order by several nodes:
+    a late sample (older than the newest judged for that rule) is stored but never moves the
+    state back. It still raises the alarm one node reading in device order would have raised,
+    where nothing newer already stands for it: a late event becomes an alarm already cleared
+    by its clear, or already superseded by the alarm raised since; a late violating sample of
+    a rule that one sample fires raises its alarm, cleared if a newer sample cleared; one
+    inside the current run of violations counts towards `for_samples`; a late clearing sample
+    clears the firing alarm it follows if nothing has violated since. Otherwise it changes
+    nothing: in particular it never undoes what a newer sample decided.
     """
     device_rules = rules._device(device_id)
     if not device_rules.rules:
         return Evaluation()
-    run = _Run(state, device_id, event_id, message.timestamp())
-    for rule in device_rules.inactivity:
-        if run.slot(rule).firing:
-            run.clear(rule, "the device sent a message again")
+    run = _Run(states, device_id, event_id, message.timestamp(), message.seq)
     if message.events:
         _judge_events(device_rules, message.event_types(), run)
     if message.metrics:
         for threshold in device_rules.thresholds:
             if threshold.metric in message.metrics:
                 _judge_sample(threshold, message.metrics[threshold.metric], run)
-    evaluation = run.result()
-    if isinstance(state, StagedState):
-        state.record(evaluation.changes)
-    return evaluation
+    return Evaluation(tuple(run.outcomes))
 
 
 def _judge_events(device_rules: _DeviceRules, event_types: Sequence[str], run: _Run) -> None:
@@ -697,33 +659,156 @@ def _judge_events(device_rules: _DeviceRules, event_types: Sequence[str], run: _
             # a message collapse, even after a clear in between.
             if rule.key not in fired:
                 fired.add(rule.key)
-                run.fire(rule, _event_reason(event_type, occurrences[event_type]))
+                _occurred(rule, _event_reason(event_type, occurrences[event_type]), run)
         for rule in device_rules.cleared.get(event_type, ()):
-            if run.slot(rule).firing:
-                run.clear(rule, f"{event_type} clears {rule.event}")
+            _clear_event(rule, event_type, run)
+
+
+def _occurred(rule: EventRule, reason: str, run: _Run) -> None:
+    state = run.get(rule)
+    at = run.observed_at
+    last = _later(state.last_ts, at)
+    if state.fired_ts is not None and at < state.fired_ts:
+        # Late, and older than the alarm raised since: that one superseded it; a clear event
+        # between the two cleared it first.
+        between = state.clear_ts is not None and at < state.clear_ts <= state.fired_ts
+        run.fire(
+            rule, reason, superseded_by=state.fired_event_id,
+            cleared_by=state.clear_event_id if between else None,
+        )  # fmt: skip
+        run.put(rule, replace(state, last_ts=last))
+        return
+    run.fire(rule, reason)
+    state = replace(state, firing=True, fired_ts=at, fired_event_id=run.event_id, last_ts=last)
+    if state.clear_ts is not None and state.clear_event_id is not None and at < state.clear_ts:
+        # Late, and its own clear committed first: the event still happened.
+        run.clear(
+            rule, f"cleared by an event of {state.clear_ts.isoformat()} committed before it",
+            event_id=state.clear_event_id, at=state.clear_ts,
+        )  # fmt: skip
+        state = replace(state, firing=False, released_ts=state.clear_ts)
+    run.put(rule, state)
+
+
+def _clear_event(rule: EventRule, event_type: str, run: _Run) -> None:
+    state = run.get(rule)
+    at = run.observed_at
+    if state.firing and (state.fired_ts is None or at >= state.fired_ts):
+        run.clear(rule, f"{event_type} clears {rule.event}")
+        state = replace(state, firing=False, released_ts=at)
+    if state.clear_ts is None or at >= state.clear_ts:
+        state = replace(state, clear_ts=at, clear_event_id=run.event_id)
+    run.put(rule, replace(state, last_ts=_later(state.last_ts, at)))
 
 
 def _judge_sample(rule: ThresholdRule, observed: MetricValue, run: _Run) -> None:
     verdict = _verdict(rule, observed)
     if verdict is _Verdict.UNKNOWN:
         return
-    slot = run.slot(rule)
-    if slot.firing:
+    state = run.get(rule)
+    late = run.is_late(state)
+    state = _noted(state, verdict, run)
+    if late:
+        _judge_late_sample(rule, observed, verdict, state, run)
+        return
+    at = run.observed_at
+    state = replace(state, last_ts=at, last_seq=run.seq)
+    if state.firing:
         if verdict is _Verdict.CLEAR:
             run.clear(rule, _clear_reason(rule, observed))
-        return
-    if verdict is not _Verdict.VIOLATING:
-        run.put(rule, IDLE)
-        return
-    before = slot.pending
-    pending = (
-        Pending(1, run.observed_at) if before is None else Pending(before.count + 1, before.since)
-    )
-    held = run.observed_at - pending.since
-    if pending.count >= rule.for_samples and held >= timedelta(seconds=rule.for_seconds):
-        run.fire(rule, _threshold_reason(rule, observed, pending.count, held))
+            state = replace(state, firing=False, released_ts=at)
+        run.put(rule, state)
+    elif verdict is _Verdict.VIOLATING:
+        since = at if state.pending_since is None else state.pending_since
+        _count_violation(
+            rule, observed, run, state, count=state.pending_count + 1, since=since, newest=at
+        )
     else:
-        run.put(rule, Slot(pending=pending))
+        run.put(rule, state.rearmed())
+
+
+def _noted(state: RuleState, verdict: _Verdict, run: _Run) -> RuleState:
+    """The newest violating and the newest clearing sample, whatever the commit order."""
+    at = run.observed_at
+    if verdict is _Verdict.VIOLATING and (state.violating_ts is None or at > state.violating_ts):
+        return replace(state, violating_ts=at)
+    if verdict is _Verdict.CLEAR and (state.clear_ts is None or at >= state.clear_ts):
+        return replace(state, clear_ts=at, clear_event_id=run.event_id)
+    return state
+
+
+def _count_violation(
+    rule: ThresholdRule,
+    observed: MetricValue,
+    run: _Run,
+    state: RuleState,
+    *,
+    count: int,
+    since: datetime,
+    newest: datetime,
+) -> None:
+    held = newest - since
+    if count >= rule.for_samples and held >= timedelta(seconds=rule.for_seconds):
+        run.fire(rule, _threshold_reason(rule, observed, count, held))
+        state = replace(state.rearmed(), firing=True, fired_ts=newest, fired_event_id=run.event_id)
+    else:
+        state = replace(state, pending_count=count, pending_since=since)
+    run.put(rule, state)
+
+
+def _judge_late_sample(
+    rule: ThresholdRule, observed: MetricValue, verdict: _Verdict, state: RuleState, run: _Run
+) -> None:
+    """A sample older than the newest judged: it acts only where device order says it would
+    have and nothing newer says otherwise (see `evaluate`)."""
+    at = run.observed_at
+    if verdict is _Verdict.CLEAR:
+        if (
+            state.firing
+            and (state.fired_ts is None or state.fired_ts <= at)
+            and (state.violating_ts is None or state.violating_ts < at)
+        ):
+            # It cleared the firing alarm in device order, and nothing has violated since.
+            run.clear(rule, _clear_reason(rule, observed))
+            state = replace(state, firing=False, released_ts=at)
+        run.put(rule, state)
+        return
+    if verdict is not _Verdict.VIOLATING or state.firing:
+        run.put(rule, state)
+        return
+    newest = state.last_ts or at
+    if state.pending_since is not None and state.pending_since <= at:
+        # Inside the current run of violations: in device order it was one of them.
+        since = state.pending_since
+        _count_violation(
+            rule, observed, run, state, count=state.pending_count + 1, since=since, newest=newest
+        )
+        return
+    if (
+        rule.for_samples > 1
+        or rule.for_seconds > 0
+        or (
+            state.fired_ts is not None
+            and (at < state.fired_ts or state.released_ts is None or at < state.released_ts)
+        )
+    ):
+        # Which run of violations it belonged to is no longer known; or an alarm raised
+        # since stands for it; or the rule was firing at its time.
+        run.put(rule, state)
+        return
+    run.fire(rule, _threshold_reason(rule, observed, 1, timedelta(0)))
+    state = replace(state, firing=True, fired_ts=at, fired_event_id=run.event_id)
+    if state.clear_ts is not None and state.clear_event_id is not None and at < state.clear_ts:
+        run.clear(
+            rule, f"cleared by a sample of {state.clear_ts.isoformat()} committed before it",
+            event_id=state.clear_event_id, at=state.clear_ts,
+        )  # fmt: skip
+        state = replace(state, firing=False, released_ts=state.clear_ts)
+    run.put(rule, state)
+
+
+def _later(known: datetime | None, at: datetime) -> datetime:
+    return at if known is None or at > known else known
 
 
 def _verdict(rule: ThresholdRule, observed: MetricValue) -> _Verdict:

@@ -25,7 +25,7 @@ TAKEN_KEYS = _Q["taken_keys"]
 INSERT_ALARMS = _Q["insert_alarms"]
 INSERT_CREATION_AUDITS = _Q["insert_creation_audits"]
 CLEAR_ACTIVE = _Q["clear_active"]
-FIRING = _Q["firing"]
+INSERT_LATE = _Q["insert_late"]
 GET = _Q["get"]
 UPDATE_LIFECYCLE = _Q["update_lifecycle"]
 INSERT_AUDIT = _Q["insert_audit"]
@@ -142,8 +142,20 @@ async def clear_active(
     return await conn.fetchrow(CLEAR_ACTIVE, active_key, at, clear_event_id)
 
 
-async def firing(conn: asyncpg.Connection) -> list[tuple[str, str]]:
-    return [(r["device_id"], r["rule_key"]) for r in await conn.fetch(FIRING)]
+async def insert_late(
+    conn: asyncpg.Connection,
+    alarm: NewAlarm,
+    *,
+    at: datetime,
+    node_id: str,
+    superseded_by_dedup_key: str,
+    clear_event_id: str | None,
+) -> asyncpg.Record | None:
+    """Insert an alarm already SUPERSEDED (see `insert_late`); None on a dedup hit."""
+    return await conn.fetchrow(
+        INSERT_LATE, alarm.device_id, alarm.rule_key, alarm.severity, alarm.telemetry_event_id,
+        alarm.dedup_key, at, node_id, superseded_by_dedup_key, clear_event_id,
+    )  # fmt: skip
 
 
 async def get(conn: asyncpg.Connection, alarm_id: int) -> asyncpg.Record | None:

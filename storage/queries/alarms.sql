@@ -7,9 +7,10 @@ SELECT id FROM alarm WHERE dedup_key = $1;
 SELECT id, status FROM alarm WHERE active_key = $1 FOR UPDATE;
 
 -- name: supersede
--- $1 id, $2 expected status, $3 at; nobody attended: superseded, key released.
+-- $1 id, $2 expected status, $3 at; nobody attended: superseded, key released. Never before
+-- the alarm's own trigger time: another node's transaction may have started earlier.
 UPDATE alarm
-SET status = 'SUPERSEDED', superseded_at = $3, active_key = NULL
+SET status = 'SUPERSEDED', superseded_at = greatest($3, triggered_at), active_key = NULL
 WHERE id = $1 AND status = $2
 RETURNING id;
 
@@ -59,14 +60,11 @@ UPDATE alarm SET superseded_by = $2 WHERE id = $1 AND status = 'SUPERSEDED';
 
 -- name: clear_active
 -- $1 active key, $2 cleared at, $3 clear event id; recovery is an attribute, never a status.
+-- Never before the alarm's trigger time (another node's transaction may have started later).
 UPDATE alarm
-SET cleared_at = $2, clear_event_id = $3
+SET cleared_at = greatest($2, triggered_at), clear_event_id = $3
 WHERE active_key = $1 AND cleared_at IS NULL
-RETURNING id, device_id, rule_key, status;
-
--- name: firing
--- no parameters; (device, rule) pairs whose active alarm has not cleared: the firing state.
-SELECT device_id, rule_key FROM alarm WHERE active_key IS NOT NULL AND cleared_at IS NULL;
+RETURNING id, device_id, rule_key, status, cleared_at;
 
 -- name: get
 -- $1 id.
@@ -127,10 +125,10 @@ SELECT now();
 -- $1 active keys, $2 clear event id per key, $3 cleared at; recovery of many alarms at once
 -- (a device heard from clears its inactivity alarms, whichever node raised them).
 UPDATE alarm a
-SET cleared_at = $3, clear_event_id = u.event_id
+SET cleared_at = greatest($3, a.triggered_at), clear_event_id = u.event_id
 FROM unnest($1::text[], $2::text[]) AS u(active_key, event_id)
 WHERE a.active_key = u.active_key AND a.cleared_at IS NULL
-RETURNING a.id, a.device_id, a.rule_key, a.status, u.event_id;
+RETURNING a.id, a.device_id, a.rule_key, a.status, a.cleared_at, u.event_id;
 
 -- name: silent_devices
 -- $1 silent seconds, $2 rule key; devices not heard from for that long (or whose retained
@@ -165,4 +163,18 @@ ORDER BY id LIMIT $2;
 -- one node reminds (the previous reminder time is part of the condition).
 UPDATE alarm SET last_notified_at = $4
 WHERE id = $1 AND status = $2 AND last_notified_at IS NOT DISTINCT FROM $3
+RETURNING *;
+
+-- name: insert_late
+-- $1 device, $2 rule key, $3 severity, $4 telemetry event id, $5 dedup key, $6 at, $7 node id,
+-- $8 the dedup key of the alarm raised since, $9 clear event id or null; an alarm committed
+-- after the alarm that, in device order, superseded it: created SUPERSEDED (and cleared,
+-- with $9), holding no active key. Nothing on a dedup hit.
+INSERT INTO alarm (device_id, rule_key, severity, status, telemetry_event_id, dedup_key,
+                   active_key, triggered_at, superseded_at, superseded_by, cleared_at,
+                   clear_event_id, node_id)
+SELECT $1, $2, $3, 'SUPERSEDED', $4, $5, NULL, $6, $6,
+       (SELECT id FROM alarm WHERE dedup_key = $8),
+       CASE WHEN $9::text IS NULL THEN NULL ELSE $6::timestamptz END, $9, $7
+ON CONFLICT (dedup_key) DO NOTHING
 RETURNING *;

@@ -341,8 +341,6 @@ async def test_inactivity_raises_once_across_a_restart_and_the_next_message_clea
         )
         for restart in range(2):  # a second node, or the same one restarted, decides the same
             engine = AlarmEngine(rules=ruleset, node_id=f"node-{restart}", metrics=Metrics())
-            async with pool.acquire() as conn:
-                await engine.load(conn)
             raised = await InactivityMonitor(pool=pool, engine=engine, interval_s=1).run_once()
             assert len(raised) == (1 if restart == 0 else 0)
     finally:

@@ -11,20 +11,22 @@ from hypothesis import strategies as st
 from gateway.errors import ConfigError
 from gateway.rules import (
     CLEARED_BY,
-    Clearing,
+    IDLE,
     DeviceSelector,
     Evaluation,
     EventRule,
     Firing,
-    FiringState,
     InactivityRule,
     RuleConfig,
     RuleSet,
-    StagedState,
+    RuleState,
+    RuleStates,
     ThresholdRule,
     compile_rules,
     evaluate,
     inactivity_firing,
+    rule_version,
+    state_keys,
 )
 from protocol import Telemetry
 
@@ -94,18 +96,30 @@ def sample(at_s: float = 0, **metrics: int | float | bool | str) -> Telemetry:
 
 
 class Feed:
-    """Evaluates messages one at a time, applying each evaluation as a commit would."""
+    """Evaluates messages one at a time against one table of states, as the database holds
+    them between batches (only the keys `state_keys` names are handed to `evaluate`)."""
 
-    def __init__(self, rules: RuleSet, state: FiringState | None = None) -> None:
+    def __init__(self, rules: RuleSet, states: RuleStates | None = None) -> None:
         self.rules = rules
-        self.state = state or FiringState()
+        self.states: RuleStates = {} if states is None else states
         self.count = 0
 
-    def __call__(self, message: Telemetry, device_id: str = "dev-1") -> Evaluation:
+    def __call__(
+        self, message: Telemetry, device_id: str = "dev-1", event_id: str | None = None
+    ) -> Evaluation:
         self.count += 1
-        evaluation = evaluate(self.rules, self.state, device_id, f"ev-{self.count}", message)
-        self.state.apply(evaluation)
+        keys = state_keys(self.rules, device_id, message)
+        batch = {key: self.states[key] for key in keys if key in self.states}
+        evaluation = evaluate(self.rules, batch, device_id, event_id or f"ev-{self.count}", message)
+        assert set(batch) <= keys, "evaluate touched a state state_keys did not name"
+        self.states.update(batch)
         return evaluation
+
+    def state(self, device_id: str, rule_key: str) -> RuleState:
+        return self.states.get((device_id, rule_key), IDLE)
+
+    def is_firing(self, device_id: str, rule_key: str) -> bool:
+        return self.state(device_id, rule_key).firing
 
 
 def kinds(evaluation: Evaluation) -> list[tuple[str, str]]:
@@ -155,7 +169,7 @@ def test_threshold_defaults_without_hysteresis() -> None:
 def test_no_rules_is_valid() -> None:
     rules = compile_rules([])
     assert len(rules) == 0
-    assert evaluate(rules, FiringState(), "dev-1", "ev", events("SOS")) == Evaluation()
+    assert evaluate(rules, {}, "dev-1", "ev", events("SOS")) == Evaluation()
 
 
 def test_unknown_field_is_refused_by_the_decoder() -> None:
@@ -291,16 +305,15 @@ def test_selector_equality_ignores_compiled_parts() -> None:
 
 def test_event_rule_fires_with_message_details() -> None:
     rules = rules_of(event_rule("door", "DOOR_OPEN", devices="door-*"))
-    state = FiringState()
-    evaluation = evaluate(rules, state, "door-1", "ev-9", events("DOOR_OPEN", at_s=2))
+    states: RuleStates = {}
+    evaluation = evaluate(rules, states, "door-1", "ev-9", events("DOOR_OPEN", at_s=2))
     assert evaluation.firings == (
         Firing("door", "MAJOR", "door-1", "ev-9", "event DOOR_OPEN", T0 + timedelta(seconds=2)),
     )
     assert evaluation.clearings == ()
-    assert len(state) == 0  # evaluation alone never changes the state
-    state.apply(evaluation)
-    assert state.is_firing("door-1", "door")
-    assert evaluate(rules, state, "lab-1", "ev-10", events("DOOR_OPEN")) == Evaluation()
+    assert states[("door-1", "door")].firing
+    assert states[("door-1", "door")].fired_event_id == "ev-9"
+    assert evaluate(rules, states, "lab-1", "ev-10", events("DOOR_OPEN")) == Evaluation()
 
 
 def test_event_rule_fires_on_every_message_and_collapses_within_one() -> None:
@@ -331,7 +344,7 @@ def test_pairing_table(clear_event: str, cleared: str) -> None:
     reasons = {c.rule_key: c.reason for c in evaluation.clearings}
     assert reasons[cleared.lower()] == f"{clear_event} clears {cleared}"
     for t in all_types:
-        assert feed.state.is_firing("dev-1", t.lower()) == (t not in CLEARED_BY[clear_event])
+        assert feed.is_firing("dev-1", t.lower()) == (t not in CLEARED_BY[clear_event])
     assert feed(events(clear_event)).outcomes == ()  # cleared once only
 
 
@@ -341,7 +354,7 @@ def test_pairing_is_strict_by_type() -> None:
     feed(events("SOS", "DOOR_OPEN"))
     assert feed(events("POWER_ON", "POWER_RESTORE", "SMOKE_CLEAR")).outcomes == ()
     assert kinds(feed(events("DOOR_CLOSE"))) == [("Clearing", "door")]
-    assert feed.state.is_firing("dev-1", "sos")
+    assert feed.is_firing("dev-1", "sos")
 
 
 def test_clearing_is_per_device() -> None:
@@ -357,20 +370,20 @@ def test_outcomes_within_a_message_keep_event_order() -> None:
         ("Firing", "door"),
         ("Clearing", "door"),
     ]
-    assert not feed.state.is_firing("dev-1", "door")
+    assert not feed.is_firing("dev-1", "door")
     feed(events("DOOR_OPEN"))
     assert kinds(feed(events("DOOR_CLOSE", "DOOR_OPEN"))) == [
         ("Clearing", "door"),
         ("Firing", "door"),
     ]
-    assert feed.state.is_firing("dev-1", "door")
+    assert feed.is_firing("dev-1", "door")
     # The second DOOR_OPEN would carry the same dedup key as the first: it cannot re-fire.
     feed(events("DOOR_CLOSE"))
     assert kinds(feed(events("DOOR_OPEN", "DOOR_CLOSE", "DOOR_OPEN"))) == [
         ("Firing", "door"),
         ("Clearing", "door"),
     ]
-    assert not feed.state.is_firing("dev-1", "door")
+    assert not feed.is_firing("dev-1", "door")
 
 
 def test_a_rule_on_a_clear_event_type_fires_too() -> None:
@@ -413,7 +426,7 @@ def test_hysteresis_band_does_nothing() -> None:
     feed(sample(temp=85))
     for value in (80, 79, 75, 77.5, 85):
         assert feed(sample(temp=value)).outcomes == (), value
-    assert feed.state.is_firing("dev-1", "temp-high")
+    assert feed.is_firing("dev-1", "temp-high")
     assert kinds(feed(sample(temp=74.9))) == [("Clearing", "temp-high")]
 
 
@@ -430,7 +443,7 @@ def test_without_hysteresis_the_value_itself_is_neither_side() -> None:
 def test_lower_bound_rule() -> None:
     feed = Feed(rules_of(threshold("cold", op="<", value=2, clear_value=4)))
     assert feed(sample(temp=2)).outcomes == ()
-    assert feed.state.snapshot() == {}  # not violating: no pending either
+    assert feed.state("dev-1", "cold").pending_count == 0  # not violating: no pending either
     assert feed(sample(temp=1)).firings[0].reason == "temp 1 < 2"
     assert feed(sample(temp=4)).outcomes == ()
     assert feed(sample(temp=4.5)).clearings[0].reason == "temp 4.5 > 4 (clear value)"
@@ -517,7 +530,7 @@ def test_ordering_ignores_non_numbers() -> None:
         assert feed(sample(temp=value)).outcomes == ()
     assert kinds(feed(sample(1, temp=81))) == [("Firing", "temp-high")]
     assert feed(sample(2, temp=False)).outcomes == ()
-    assert feed.state.is_firing("dev-1", "temp-high")
+    assert feed.is_firing("dev-1", "temp-high")
 
 
 def test_threshold_state_is_per_device() -> None:
@@ -527,123 +540,183 @@ def test_threshold_state_is_per_device() -> None:
     assert feed(sample(1, temp=81), "dev-1").firings[0].device_id == "dev-1"
 
 
-# --- state, staging ---------------------------------------------------------------------------
+# --- state ----------------------------------------------------------------------------------
 
 
-def test_rolled_back_stage_leaves_the_state_untouched() -> None:
+def test_state_keys_name_exactly_what_a_message_touches() -> None:
+    rules = rules_of(
+        event_rule("door", "DOOR_OPEN"), event_rule("sos", "SOS", devices="wrist-*"),
+        threshold(), threshold("wet", metric="humidity", value=90), inactivity(),
+    )  # fmt: skip
+    assert state_keys(rules, "dev-1", sample(temp=1)) == {("dev-1", "temp-high")}
+    assert state_keys(rules, "dev-1", events("DOOR_CLOSE", "SOS")) == {("dev-1", "door")}
+    assert state_keys(rules, "wrist-1", events("SOS_CLEAR")) == {("wrist-1", "sos")}
+    both = Telemetry(ts=T0_MS, metrics={"temp": 1, "humidity": 2}, events=[{"type": "DOOR_OPEN"}])
+    assert state_keys(rules, "dev-1", both) == {
+        ("dev-1", "door"), ("dev-1", "temp-high"), ("dev-1", "wet"),
+    }  # fmt: skip
+    assert state_keys(rules_of(), "dev-1", both) == set()
+
+
+def test_messages_of_one_batch_see_each_other() -> None:
     rules = rules_of(event_rule("door", "DOOR_OPEN"), threshold(for_samples=2))
-    state = FiringState()
-    state.load([("dev-1", "door")])
-    before = state.snapshot()
-    staged = state.stage()
-    evaluate(rules, staged, "dev-1", "ev-1", events("DOOR_CLOSE"))
-    evaluate(rules, staged, "dev-1", "ev-2", sample(temp=81))
-    assert not staged.is_firing("dev-1", "door")
-    del staged  # the transaction rolled back
-    assert state.snapshot() == before
-    again = evaluate(rules, state.stage(), "dev-1", "ev-1", events("DOOR_CLOSE"))
-    assert kinds(again) == [("Clearing", "door")]
-
-
-def test_committed_stage_applies_and_messages_see_each_other() -> None:
-    rules = rules_of(event_rule("door", "DOOR_OPEN"), threshold(for_samples=2))
-    state = FiringState()
-    staged = state.stage()
+    states: RuleStates = {}
     results = [
-        evaluate(rules, staged, "dev-1", "ev-1", events("DOOR_OPEN")),
-        evaluate(rules, staged, "dev-1", "ev-2", sample(0, temp=81)),
-        evaluate(rules, staged, "dev-1", "ev-3", sample(1, temp=82)),
-        evaluate(rules, staged, "dev-1", "ev-4", events("DOOR_CLOSE")),
-        evaluate(rules, staged, "dev-1", "ev-5", sample(2, temp=83)),
+        evaluate(rules, states, "dev-1", "ev-1", events("DOOR_OPEN")),
+        evaluate(rules, states, "dev-1", "ev-2", sample(0, temp=81)),
+        evaluate(rules, states, "dev-1", "ev-3", sample(1, temp=82)),
+        evaluate(rules, states, "dev-1", "ev-4", events("DOOR_CLOSE")),
+        evaluate(rules, states, "dev-1", "ev-5", sample(2, temp=83)),
     ]
     assert [kinds(r) for r in results] == [
-        [("Firing", "door")],
-        [],
-        [("Firing", "temp-high")],
-        [("Clearing", "door")],
-        [],
-    ]
-    assert state.snapshot() == {}
-    assert {(c.device_id, c.rule_key) for c in staged.changes} == {
-        ("dev-1", "door"),
-        ("dev-1", "temp-high"),
-    }
-    state.commit(staged)
-    assert state.is_firing("dev-1", "temp-high")
-    assert not state.is_firing("dev-1", "door")
-    assert state.snapshot() == {("dev-1", "temp-high"): state.slot("dev-1", "temp-high")}
+        [("Firing", "door")], [], [("Firing", "temp-high")], [("Clearing", "door")], [],
+    ]  # fmt: skip
+    assert states[("dev-1", "temp-high")].firing
+    assert not states[("dev-1", "door")].firing
 
 
-def test_commit_writes_back_only_the_slots_the_stage_changed() -> None:
-    rules = rules_of(event_rule("door", "DOOR_OPEN"), inactivity())
-    state = FiringState()
-    staged = state.stage()
-    evaluate(rules, staged, "dev-1", "ev-1", events("DOOR_OPEN"))
-    state.set_firing("dev-2", "silent", True)  # the inactivity scheduler, meanwhile
-    state.commit(staged)
-    assert state.is_firing("dev-1", "door")
-    assert state.is_firing("dev-2", "silent")
-
-
-def test_stage_misuse_is_refused() -> None:
-    state = FiringState()
-    staged = state.stage()
-    with pytest.raises(ValueError, match="not taken from this state"):
-        FiringState().commit(staged)
-    state.commit(staged)
-    with pytest.raises(RuntimeError, match="already committed"):
-        state.commit(staged)
-    with pytest.raises(RuntimeError, match="already committed"):
-        evaluate(rules_of(event_rule("sos", "SOS")), staged, "dev-1", "ev", events("SOS"))
-
-
-def test_pending_survives_staging() -> None:
-    rules = rules_of(threshold(for_samples=2))
-    state = FiringState()
-    first = state.stage()
-    evaluate(rules, first, "dev-1", "ev-1", sample(0, temp=81))
-    state.commit(first)
-    second = state.stage()
-    assert kinds(evaluate(rules, second, "dev-1", "ev-2", sample(1, temp=81))) == [
+def test_pending_counts_live_in_the_state() -> None:
+    rules = rules_of(threshold(for_samples=2, for_seconds=5))
+    states: RuleStates = {}
+    evaluate(rules, states, "dev-1", "ev-1", sample(0, temp=81))
+    assert states[("dev-1", "temp-high")] == RuleState(
+        pending_count=1, pending_since=T0, last_ts=T0, violating_ts=T0
+    )
+    fresh = dict(states)  # what another node reads from the database
+    assert kinds(evaluate(rules, fresh, "dev-1", "ev-2", sample(5, temp=81))) == [
         ("Firing", "temp-high")
     ]
-    assert isinstance(second, StagedState)
+    assert fresh[("dev-1", "temp-high")].pending_count == 0
 
 
-def test_load_replaces_firing_and_keeps_pending() -> None:
-    rules = rules_of(threshold(for_samples=2), event_rule("door", "DOOR_OPEN"))
-    feed = Feed(rules)
-    feed(sample(0, temp=81), "dev-1")
-    feed(events("DOOR_OPEN"), "dev-2")
-    feed.state.load([("dev-3", "door"), ("dev-4", "temp-high")])
-    assert not feed.state.is_firing("dev-2", "door")
-    assert feed.state.is_firing("dev-3", "door")
-    assert feed(sample(1, temp=81), "dev-4").outcomes == ()  # firing per the database
-    assert kinds(feed(sample(1, temp=81), "dev-1")) == [("Firing", "temp-high")]
+def test_a_rearmed_state_keeps_its_facts_and_drops_pending() -> None:
+    state = RuleState(pending_count=2, pending_since=T0, last_ts=T0, clear_ts=T0,
+                      clear_event_id="ev-1")  # fmt: skip
+    assert state.rearmed() == RuleState(last_ts=T0, clear_ts=T0, clear_event_id="ev-1")
 
 
-def test_set_firing_corrects_one_slot() -> None:
-    feed = Feed(rules_of(threshold()))
-    feed(sample(temp=81))
-    feed.state.set_firing("dev-1", "temp-high", False)  # a person closed the alarm
-    assert kinds(feed(sample(temp=81))) == [("Firing", "temp-high")]
+def test_rule_version_changes_with_what_the_state_depends_on() -> None:
+    (base,) = rules_of(threshold()).rules
+    (texts,) = rules_of(threshold(severity="INFO", description="x", devices="a-*")).rules
+    (other,) = rules_of(threshold(value=90)).rules
+    (slower,) = rules_of(threshold(for_samples=3)).rules
+    assert rule_version(base) == rule_version(texts)
+    assert len({rule_version(base), rule_version(other), rule_version(slower)}) == 3
+    (door,) = rules_of(event_rule("door", "DOOR_OPEN")).rules
+    (sos,) = rules_of(event_rule("door", "SOS")).rules
+    assert rule_version(door) != rule_version(sos)
 
 
-# --- inactivity rules ------------------------------------------------------------------------
+def test_a_firing_state_from_an_upgrade_clears_on_any_clear() -> None:
+    feed = Feed(rules_of(event_rule("door", "DOOR_OPEN"), threshold()))
+    feed.states[("dev-1", "door")] = RuleState(firing=True)  # seeded from an active alarm
+    feed.states[("dev-1", "temp-high")] = RuleState(firing=True)
+    assert kinds(feed(events("DOOR_CLOSE", at_s=-100))) == [("Clearing", "door")]
+    assert feed(sample(-50, temp=90)).outcomes == ()
+    assert kinds(feed(sample(-40, temp=70))) == [("Clearing", "temp-high")]
 
 
-def test_next_message_clears_firing_inactivity() -> None:
-    rules = rules_of(inactivity(), inactivity("quiet-cams", devices="cam-*"))
-    feed = Feed(rules)
-    assert feed(sample(temp=1), "cam-1").outcomes == ()
-    feed.state.load([("cam-1", "silent"), ("cam-1", "quiet-cams"), ("dev-1", "silent")])
-    evaluation = feed(events("ANYTHING", at_s=5), "cam-1")
-    assert kinds(evaluation) == [("Clearing", "silent"), ("Clearing", "quiet-cams")]
-    assert evaluation.clearings[0] == Clearing(
-        "silent", "cam-1", "ev-2", "the device sent a message again", T0 + timedelta(seconds=5)
-    )
-    assert feed(sample(temp=1), "cam-1").outcomes == ()
-    assert feed.state.is_firing("dev-1", "silent")
+# --- the ordering rule: samples committed out of order ---------------------------------------
+
+
+def test_a_late_threshold_sample_never_moves_the_state_back() -> None:
+    feed = Feed(rules_of(threshold(clear_value=75)))
+    assert kinds(feed(sample(9, temp=95))) == [("Firing", "temp-high")]
+    assert kinds(feed(sample(11, temp=70))) == [("Clearing", "temp-high")]
+    # Sample 10 = 95 was held by another node: in device order it changed nothing (the rule
+    # was firing at its time), and committed late it must not re-fire.
+    assert feed(sample(10, temp=95)).outcomes == ()
+    assert not feed.is_firing("dev-1", "temp-high")
+    assert feed.state("dev-1", "temp-high").last_ts == T0 + timedelta(seconds=11)
+    # And a late clearing sample does not clear a newer firing.
+    assert kinds(feed(sample(20, temp=95))) == [("Firing", "temp-high")]
+    assert feed(sample(19, temp=60)).outcomes == ()
+    assert feed.is_firing("dev-1", "temp-high")
+
+
+def test_equal_timestamps_are_ordered_by_seq_when_both_have_one() -> None:
+    feed = Feed(rules_of(threshold(clear_value=75)))
+    at = T0_MS + 5000
+    assert kinds(feed(Telemetry(ts=at, seq=2, metrics={"temp": 95}))) == [("Firing", "temp-high")]
+    assert feed(Telemetry(ts=at, seq=1, metrics={"temp": 70})).outcomes == ()  # late
+    assert kinds(feed(Telemetry(ts=at, seq=3, metrics={"temp": 70}))) == [("Clearing", "temp-high")]
+    assert kinds(feed(Telemetry(ts=at, metrics={"temp": 95}))) == [("Firing", "temp-high")]
+
+
+def test_a_late_spike_raises_its_alarm_already_cleared() -> None:
+    feed = Feed(rules_of(threshold(clear_value=75)))
+    feed(sample(10, temp=70), event_id="ev-10")
+    feed(sample(12, temp=70), event_id="ev-12")
+    # The only violating sample, 11 = 95, committed after 12 = 70: one node in device order
+    # raised an alarm at 11 and cleared it at 12. So here.
+    late = feed(sample(11, temp=95), event_id="ev-11")
+    assert kinds(late) == [("Firing", "temp-high"), ("Clearing", "temp-high")]
+    assert late.firings[0].telemetry_event_id == "ev-11"
+    assert late.firings[0].superseded_by_event is None
+    assert late.clearings[0].telemetry_event_id == "ev-12"
+    assert late.clearings[0].observed_at == T0 + timedelta(seconds=12)
+    assert not feed.is_firing("dev-1", "temp-high")
+    assert feed(sample(11.5, temp=96)).outcomes == ()  # inside that alarm's span now
+
+
+def test_a_late_spike_after_a_band_sample_leaves_the_rule_firing() -> None:
+    feed = Feed(rules_of(threshold(clear_value=75)))
+    feed(sample(12, temp=78))  # in the band: would have kept an alarm of 11 going
+    assert kinds(feed(sample(11, temp=95))) == [("Firing", "temp-high")]
+    assert feed.is_firing("dev-1", "temp-high")
+    assert kinds(feed(sample(13, temp=70))) == [("Clearing", "temp-high")]
+
+
+def test_a_late_spike_older_than_a_newer_alarm_adds_nothing() -> None:
+    feed = Feed(rules_of(threshold(clear_value=75)))
+    feed(sample(10, temp=70))
+    feed(sample(12, temp=95))
+    feed(sample(13, temp=70))
+    assert feed(sample(11, temp=95)).outcomes == ()  # the alarm of 12 stands for it
+
+
+def test_a_late_violation_inside_the_pending_run_counts() -> None:
+    feed = Feed(rules_of(threshold(for_samples=3)))
+    feed(sample(1, temp=81))
+    feed(sample(3, temp=81))
+    fired = feed(sample(2, temp=81))  # late, but inside the run of 1..3
+    assert kinds(fired) == [("Firing", "temp-high")]
+    assert feed.state("dev-1", "temp-high").fired_ts == T0 + timedelta(seconds=3)
+    before = Feed(rules_of(threshold(for_samples=3)))
+    before(sample(5, temp=81))
+    before(sample(6, temp=81))
+    assert before(sample(4, temp=81)).outcomes == ()  # before the run: its run is unknown
+    assert before.state("dev-1", "temp-high").pending_count == 2
+
+
+def test_an_event_committed_after_its_clear_is_an_alarm_already_cleared() -> None:
+    feed = Feed(rules_of(event_rule("door", "DOOR_OPEN")))
+    assert feed(events("DOOR_CLOSE", at_s=11), event_id="close-11").outcomes == ()
+    late = feed(events("DOOR_OPEN", at_s=10), event_id="open-10")
+    assert kinds(late) == [("Firing", "door"), ("Clearing", "door")]
+    assert late.clearings[0].telemetry_event_id == "close-11"
+    assert not feed.is_firing("dev-1", "door")
+    assert kinds(feed(events("DOOR_OPEN", at_s=12))) == [("Firing", "door")]
+
+
+def test_an_event_older_than_the_alarm_raised_since_is_created_superseded() -> None:
+    feed = Feed(rules_of(event_rule("door", "DOOR_OPEN")))
+    feed(events("DOOR_OPEN", at_s=12), event_id="open-12")
+    late = feed(events("DOOR_OPEN", at_s=10), event_id="open-10")
+    (firing,) = late.outcomes
+    assert isinstance(firing, Firing)
+    assert (firing.superseded_by_event, firing.cleared_by_event) == ("open-12", None)
+    assert feed.is_firing("dev-1", "door")
+    assert feed.state("dev-1", "door").fired_event_id == "open-12"
+    # With a clear in between: superseded and cleared by it.
+    feed(events("DOOR_CLOSE", at_s=13), event_id="close-13")
+    feed(events("DOOR_OPEN", at_s=20), event_id="open-20")
+    (between,) = feed(events("DOOR_OPEN", at_s=12.5), event_id="open-12.5").outcomes
+    assert isinstance(between, Firing)
+    assert (between.superseded_by_event, between.cleared_by_event) == ("open-20", "close-13")
+    # A late clear older than the firing alarm clears nothing.
+    assert feed(events("DOOR_CLOSE", at_s=15)).outcomes == ()
+    assert feed.is_firing("dev-1", "door")
 
 
 def test_inactivity_firing() -> None:
@@ -679,39 +752,34 @@ messages_strategy = st.lists(
             ),
             st.lists(st.sampled_from(EVENT_TYPES), min_size=1, max_size=4),
         ),
-        st.booleans(),  # the inactivity scheduler fires for this device first
     ),
     max_size=60,
 )
 
 
 def _messages(
-    drawn: list[tuple[str, int, dict[str, Any] | list[str], bool]],
-) -> list[tuple[str, Telemetry, bool]]:
+    drawn: list[tuple[str, int, dict[str, Any] | list[str]]],
+) -> list[tuple[str, Telemetry]]:
     clock: dict[str, int] = {}
     result = []
-    for device_id, gap_s, body, silent in drawn:
+    for device_id, gap_s, body in drawn:
         clock[device_id] = clock.get(device_id, 0) + gap_s
         message = sample(clock[device_id], **body) if isinstance(body, dict) else events(*body)
-        result.append((device_id, message, silent))
+        result.append((device_id, message))
     return result
 
 
 @settings(max_examples=200, deadline=None)
 @given(messages_strategy)
 def test_firings_and_clearings_alternate(
-    drawn: list[tuple[str, int, dict[str, Any] | list[str], bool]],
+    drawn: list[tuple[str, int, dict[str, Any] | list[str]]],
 ) -> None:
-    """Per (device, rule): a clearing only follows a firing; the state mirrors the last one.
-
-    Only event rules may fire twice in a row (each new occurrence; the database supersedes).
-    """
+    """Per (device, rule), in device order: a clearing only follows a firing; the state
+    mirrors the last one. Only event rules may fire twice in a row (each new occurrence; the
+    database supersedes)."""
     feed = Feed(LAW_RULES)
     last: dict[tuple[str, str], str] = {}
-    for device_id, message, silent in _messages(drawn):
-        if silent:
-            feed.state.set_firing(device_id, "silent", True)
-            last[(device_id, "silent")] = "Firing"
+    for device_id, message in _messages(drawn):
         for outcome in feed(message, device_id).outcomes:
             key = (device_id, outcome.rule_key)
             kind = type(outcome).__name__
@@ -721,25 +789,59 @@ def test_firings_and_clearings_alternate(
                 assert last.get(key) in (None, "Clearing"), key
             last[key] = kind
         for (device, rule_key), kind in last.items():
-            assert feed.state.is_firing(device, rule_key) == (kind == "Firing")
+            assert feed.is_firing(device, rule_key) == (kind == "Firing")
 
 
-@settings(max_examples=100, deadline=None)
-@given(messages_strategy, st.integers(min_value=1, max_value=60))
-def test_staged_batches_match_one_by_one(
-    drawn: list[tuple[str, int, dict[str, Any] | list[str], bool]], batch_size: int
+ORDER_RULES = rules_of(
+    threshold("hot", op=">", value=50, clear_value=40),
+    event_rule("door", "DOOR_OPEN"),
+)
+
+
+@st.composite
+def _two_nodes(draw: st.DrawFn) -> tuple[list[Telemetry], list[int]]:
+    """One device's messages at strictly increasing times, and an order of committing them
+    that two nodes taking turns could produce (any permutation)."""
+    bodies = draw(
+        st.lists(
+            st.one_of(
+                st.sampled_from([{"temp": 30}, {"temp": 45}, {"temp": 60}]),
+                st.sampled_from([["DOOR_OPEN"], ["DOOR_CLOSE"]]),
+            ),
+            min_size=1,
+            max_size=12,
+        )
+    )
+    messages = [
+        sample(i, **body) if isinstance(body, dict) else events(*body, at_s=i)
+        for i, body in enumerate(bodies)
+    ]
+    order = draw(st.permutations(range(len(messages))))
+    return messages, list(order)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_two_nodes())
+def test_any_commit_order_ends_where_device_order_ends(
+    drawn: tuple[list[Telemetry], list[int]],
 ) -> None:
-    messages = [(d, m) for d, m, _ in _messages(drawn)]
-    one_by_one = Feed(LAW_RULES)
-    expected = [one_by_one(message, device_id) for device_id, message in messages]
-
-    state = FiringState()
-    got: list[Evaluation] = []
-    for start in range(0, len(messages), batch_size):
-        staged = state.stage()
-        for offset, (device_id, message) in enumerate(messages[start : start + batch_size]):
-            event_id = f"ev-{start + offset + 1}"
-            got.append(evaluate(LAW_RULES, staged, device_id, event_id, message))
-        state.commit(staged)
-    assert [e.outcomes for e in got] == [e.outcomes for e in expected]
-    assert state.snapshot() == one_by_one.state.snapshot()
+    """Whatever order the samples commit in: every door opening raises exactly one alarm
+    (never dropped), and the rules end firing exactly as in device order."""
+    messages, order = drawn
+    in_order = Feed(ORDER_RULES)
+    for index, message in enumerate(messages):
+        in_order(message, event_id=f"ev-{index}")
+    shuffled = Feed(ORDER_RULES)
+    door_firings: dict[str, int] = {}
+    for index in order:
+        for firing in shuffled(messages[index], event_id=f"ev-{index}").firings:
+            if firing.rule_key == "door":
+                door_firings[firing.telemetry_event_id] = (
+                    door_firings.get(firing.telemetry_event_id, 0) + 1
+                )
+    openings = {
+        f"ev-{i}" for i, m in enumerate(messages) if m.events and "DOOR_OPEN" in m.event_types()
+    }
+    assert door_firings == dict.fromkeys(openings, 1)
+    for rule_key in ("hot", "door"):
+        assert shuffled.is_firing("dev-1", rule_key) == in_order.is_firing("dev-1", rule_key)

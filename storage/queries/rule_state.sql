@@ -1,0 +1,46 @@
+-- name: lock_states
+-- $1 device ids, $2 rule keys, $3 rule versions (arrays, pairwise, sorted by device then
+-- rule: every node locks in this one order, so two batches never deadlock on these rows);
+-- creates the rows not seen yet and returns every row, locked until the transaction ends.
+INSERT INTO rule_state (device_id, rule_key, rule_version)
+SELECT d, r, v
+FROM unnest($1::text[], $2::text[], $3::text[]) WITH ORDINALITY AS u(d, r, v, n)
+ORDER BY n
+ON CONFLICT (device_id, rule_key) DO UPDATE SET version = rule_state.version
+RETURNING device_id, rule_key, rule_version, firing, pending_count, pending_since, last_ts,
+          last_seq, fired_ts, fired_event_id, released_ts, clear_ts, clear_event_id,
+          violating_ts, version;
+
+-- name: write_states
+-- $1 device ids, $2 rule keys, $3 versions read, $4 rule versions, $5 firing, $6 pending
+-- counts, $7 pending since, $8 last ts, $9 last seq, $10 fired ts, $11 fired event ids,
+-- $12 released ts, $13 clear ts, $14 clear event ids, $15 violating ts (arrays, pairwise),
+-- $16 node id;
+-- conditional on the version read: the keys written (fewer than asked: someone else wrote).
+UPDATE rule_state s
+SET rule_version = u.rule_version, firing = u.firing, pending_count = u.pending_count,
+    pending_since = u.pending_since, last_ts = u.last_ts, last_seq = u.last_seq,
+    fired_ts = u.fired_ts, fired_event_id = u.fired_event_id, released_ts = u.released_ts,
+    clear_ts = u.clear_ts, clear_event_id = u.clear_event_id, violating_ts = u.violating_ts,
+    version = s.version + 1, updated_at = now(), node_id = $16
+FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::boolean[], $6::integer[],
+            $7::timestamptz[], $8::timestamptz[], $9::bigint[], $10::timestamptz[],
+            $11::text[], $12::timestamptz[], $13::timestamptz[], $14::text[],
+            $15::timestamptz[])
+     AS u(device_id, rule_key, version, rule_version, firing, pending_count, pending_since,
+          last_ts, last_seq, fired_ts, fired_event_id, released_ts, clear_ts, clear_event_id,
+          violating_ts)
+WHERE s.device_id = u.device_id AND s.rule_key = u.rule_key AND s.version = u.version
+RETURNING s.device_id, s.rule_key;
+
+-- name: drop_removed
+-- $1 the rule keys configured now (event and threshold rules); deletes the state of every
+-- other rule and returns how many rows went.
+WITH gone AS (
+    DELETE FROM rule_state WHERE NOT (rule_key = ANY ($1::text[])) RETURNING 1
+)
+SELECT count(*) FROM gone;
+
+-- name: get_state
+-- $1 device id, $2 rule key; one row as it is (for tests and the operator).
+SELECT * FROM rule_state WHERE device_id = $1 AND rule_key = $2;

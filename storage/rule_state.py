@@ -1,0 +1,86 @@
+"""Rule state rows: locked, read and written back on the caller's ingest transaction."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+from datetime import datetime
+
+import asyncpg
+
+from storage.sql import load_queries
+
+_Q = load_queries("rule_state.sql")
+LOCK_STATES = _Q["lock_states"]
+WRITE_STATES = _Q["write_states"]
+DROP_REMOVED = _Q["drop_removed"]
+GET_STATE = _Q["get_state"]
+
+
+@dataclass(frozen=True, slots=True)
+class RuleStateRow:
+    """One `rule_state` row; `version` is the one read (a write is conditional on it)."""
+
+    device_id: str
+    rule_key: str
+    version: int
+    rule_version: str
+    firing: bool
+    pending_count: int
+    pending_since: datetime | None
+    last_ts: datetime | None
+    last_seq: int | None
+    fired_ts: datetime | None
+    fired_event_id: str | None
+    released_ts: datetime | None
+    clear_ts: datetime | None
+    clear_event_id: str | None
+    violating_ts: datetime | None
+
+
+_COLUMNS = tuple(f.name for f in fields(RuleStateRow))
+
+
+class StateWriteConflictError(Exception):
+    """A rule state row changed since it was read: the batch must be evaluated again."""
+
+
+async def lock_states(
+    conn: asyncpg.Connection, keys: Sequence[tuple[str, str, str]]
+) -> list[RuleStateRow]:
+    """Lock (creating where missing) the rows of (device id, rule key, rule version) keys.
+
+    The keys are sorted here, so that every caller locks in the same order.
+    """
+    if not keys:
+        return []
+    ordered = sorted(keys)
+    records = await conn.fetch(
+        LOCK_STATES, [k[0] for k in ordered], [k[1] for k in ordered], [k[2] for k in ordered]
+    )
+    return [RuleStateRow(**{name: record[name] for name in _COLUMNS}) for record in records]
+
+
+async def write_states(
+    conn: asyncpg.Connection, rows: Sequence[RuleStateRow], node_id: str
+) -> None:
+    """Write rows back, each conditional on the version it was read at."""
+    if not rows:
+        return
+    columns = [[getattr(row, name) for row in rows] for name in _COLUMNS]
+    written = await conn.fetch(WRITE_STATES, *columns, node_id)
+    if len(written) != len(rows):
+        raise StateWriteConflictError(
+            f"{len(rows) - len(written)} of {len(rows)} rule states changed since they were read"
+        )
+
+
+async def drop_removed(conn: asyncpg.Connection, rule_keys: Sequence[str]) -> int:
+    """Delete the state of every rule not in `rule_keys`; how many rows went."""
+    return int(await conn.fetchval(DROP_REMOVED, list(rule_keys)))
+
+
+async def get_state(
+    conn: asyncpg.Connection, device_id: str, rule_key: str
+) -> asyncpg.Record | None:
+    return await conn.fetchrow(GET_STATE, device_id, rule_key)
