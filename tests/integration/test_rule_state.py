@@ -1,0 +1,282 @@
+"""Rule state in PostgreSQL: two writers on the same (device, rule), with the commit order forced.
+
+Each "node" is an `AlarmEngine` with its own connection; a batch is one transaction. The
+order in which their batches commit is chosen by the test, never left to the scheduler.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from datetime import timedelta
+
+import asyncpg
+import pytest
+
+from gateway.alarm_engine import AlarmEngine, BatchAlarms
+from gateway.alarms import clear_alarm, create_alarm
+from gateway.metrics import Metrics
+from gateway.rules import RuleConfig, compile_rules, rule_version
+from protocol import Telemetry, telemetry_event_id
+from storage import rule_state as state_repo
+from storage.pool import create_pool
+from tests.support.waiting import wait_until
+
+T0 = 1_767_225_600_000
+DOOR = RuleConfig(key="door-open", kind="event", event="DOOR_OPEN", severity="MAJOR")
+HOT = RuleConfig(
+    key="temp-high", kind="threshold", metric="temp", op=">", value=80, clear_value=75,
+    severity="CRITICAL",
+)  # fmt: skip
+RULES = compile_rules([DOOR, HOT])
+
+
+def _temp(second: int, value: float) -> Telemetry:
+    return Telemetry(ts=T0 + second * 1000, metrics={"temp": value})
+
+
+def _event(second: int, event_type: str) -> Telemetry:
+    return Telemetry(ts=T0 + second * 1000, events=[{"type": event_type}])
+
+
+def _rows(device: str, *messages: Telemetry) -> list[tuple[str, str, Telemetry]]:
+    return [(device, telemetry_event_id(device, m), m) for m in messages]
+
+
+@pytest.fixture
+async def nodes(db_dsn: str) -> AsyncIterator[list[tuple[AlarmEngine, asyncpg.Connection]]]:
+    conns = [await asyncpg.connect(db_dsn) for _ in range(2)]
+    engines = [AlarmEngine(rules=RULES, node_id=f"node-{n}", metrics=Metrics()) for n in "ab"]
+    try:
+        yield list(zip(engines, conns, strict=True))
+    finally:
+        for conn in conns:
+            await conn.close()
+
+
+async def _commit(
+    node: tuple[AlarmEngine, asyncpg.Connection], rows: list[tuple[str, str, Telemetry]]
+) -> BatchAlarms:
+    engine, conn = node
+    async with conn.transaction():
+        batch = await engine.on_stored(conn, rows)
+    engine.committed(batch)
+    return batch
+
+
+async def _alarms(db: asyncpg.Connection) -> list[asyncpg.Record]:
+    return list(
+        await db.fetch(
+            "SELECT id, device_id, rule_key, status, telemetry_event_id, cleared_at, "
+            "clear_event_id, superseded_by, active_key, triggered_at, superseded_at "
+            "FROM alarm ORDER BY id"
+        )
+    )
+
+
+async def test_a_batch_waits_for_the_other_nodes_batch_on_the_same_pair_and_sees_its_state(
+    nodes: list[tuple[AlarmEngine, asyncpg.Connection]], db: asyncpg.Connection
+) -> None:
+    """Node A's batch (95) holds the row; node B's (96, then 70) waits for its commit, then
+    decides from what A wrote: no second alarm for 96, and 70 clears A's alarm."""
+    (engine_a, conn_a), node_b = nodes
+    b_pid = await node_b[1].fetchval("SELECT pg_backend_pid()")
+    transaction = conn_a.transaction()
+    await transaction.start()
+    a_batch = await engine_a.on_stored(conn_a, _rows("dev", _temp(1, 95)))
+    b_task = asyncio.create_task(_commit(node_b, _rows("dev", _temp(2, 96), _temp(3, 70))))
+
+    async def b_waits_on_a_lock() -> bool:
+        kind = await db.fetchval("SELECT wait_event_type FROM pg_stat_activity WHERE pid = $1",
+                                 b_pid)  # fmt: skip
+        return kind == "Lock"
+
+    await wait_until(b_waits_on_a_lock, timeout=30, message="node B blocked on the row lock")
+    assert not b_task.done()
+    await transaction.commit()
+    engine_a.committed(a_batch)
+    b_batch = await b_task
+
+    assert len(a_batch.created) == 1
+    assert (b_batch.created, b_batch.cleared) == ([], 1)
+    (alarm,) = await _alarms(db)
+    assert alarm["cleared_at"] is not None
+    state = await state_repo.get_state(db, "dev", "temp-high")
+    assert state is not None
+    assert (state["firing"], state["version"], state["node_id"]) == (False, 2, "node-b")
+
+
+async def test_a_later_sample_committed_first_is_not_undone_by_the_older_one(
+    nodes: list[tuple[AlarmEngine, asyncpg.Connection]], db: asyncpg.Connection
+) -> None:
+    node_a, node_b = nodes
+    await _commit(node_a, _rows("dev", _temp(8, 95)))  # fired
+    await _commit(node_b, _rows("dev", _temp(11, 70)))  # B commits sample 11 first: cleared
+    late = await _commit(node_a, _rows("dev", _temp(10, 95)))  # A's sample 10, late
+    assert (late.created, late.cleared) == ([], 0)
+    (alarm,) = await _alarms(db)
+    assert alarm["cleared_at"] is not None
+    state = await state_repo.get_state(db, "dev", "temp-high")
+    assert state is not None
+    assert not state["firing"]
+    assert state["last_ts"].timestamp() * 1000 == T0 + 11_000
+
+
+async def test_an_open_committed_after_its_close_is_an_alarm_already_cleared(
+    nodes: list[tuple[AlarmEngine, asyncpg.Connection]], db: asyncpg.Connection
+) -> None:
+    node_a, node_b = nodes
+    (close_row,) = _rows("door", _event(11, "DOOR_CLOSE"))
+    closed = await _commit(node_b, [close_row])
+    assert closed.cleared == 0  # nothing open yet
+    opened = await _commit(node_a, _rows("door", _event(10, "DOOR_OPEN")))
+    assert (len(opened.created), opened.cleared) == (1, 1)
+    (alarm,) = await _alarms(db)
+    assert alarm["clear_event_id"] == close_row[1]
+    assert alarm["status"] == "NEW"  # still to be pushed and handled by people
+    events = await db.fetch("SELECT event_type FROM outbox_event ORDER BY id")
+    assert [e["event_type"] for e in events] == ["alarm.created", "alarm.cleared"]
+    state = await state_repo.get_state(db, "door", "door-open")
+    assert state is not None
+    assert not state["firing"]
+
+
+async def test_an_open_committed_after_a_newer_open_is_created_superseded_by_it(
+    nodes: list[tuple[AlarmEngine, asyncpg.Connection]], db: asyncpg.Connection
+) -> None:
+    node_a, node_b = nodes
+    (newer,) = _rows("door", _event(12, "DOOR_OPEN"))
+    await _commit(node_b, [newer])
+    late = await _commit(node_a, _rows("door", _event(10, "DOOR_OPEN")))
+    assert (len(late.created), late.late, late.superseded) == (1, 1, 0)
+    current, old = await _alarms(db)
+    assert (current["status"], current["active_key"]) == ("NEW", "door:door-open")
+    assert current["telemetry_event_id"] == newer[1]
+    assert (old["status"], old["active_key"], old["superseded_by"]) == (
+        "SUPERSEDED", None, current["id"],
+    )  # fmt: skip
+    assert old["cleared_at"] is None
+    audit = await db.fetchrow("SELECT action, from_status, to_status, note FROM alarm_audit "
+                              "WHERE alarm_id = $1", old["id"])  # fmt: skip
+    assert audit is not None
+    assert (audit["action"], audit["from_status"], audit["to_status"]) == (
+        "create", None, "SUPERSEDED",
+    )  # fmt: skip
+    # The chain of the open alarm shows both, oldest first in device order.
+    chain = await db.fetch("SELECT id FROM alarm WHERE superseded_by = $1", current["id"])
+    assert [r["id"] for r in chain] == [old["id"]]
+    # Redelivered: nothing more.
+    again = await _commit(node_b, _rows("door", _event(10, "DOOR_OPEN")))
+    assert (again.created, again.deduplicated) == ([], 1)
+
+
+async def test_concurrent_batches_over_the_same_pairs_in_opposite_orders_never_deadlock(
+    db_dsn: str, db: asyncpg.Connection
+) -> None:
+    """Six writers released together, each with the same 40 devices in its own order: the
+    rows are locked in one sorted order, so no deadlock is ever detected; one alarm each."""
+    devices = [f"dev-{n:02d}" for n in range(40)]
+    writers = 6
+    conns = [await asyncpg.connect(db_dsn) for _ in range(writers)]
+    engines = [AlarmEngine(rules=RULES, node_id=f"n{i}", metrics=Metrics()) for i in range(writers)]
+    start = asyncio.Barrier(writers)
+
+    async def write(index: int) -> BatchAlarms:
+        order = devices if index % 2 else list(reversed(devices))
+        rows = [r for d in order for r in _rows(d, _temp(index, 90 + index))]
+        await start.wait()
+        return await _commit((engines[index], conns[index]), rows)
+
+    try:
+        batches = await asyncio.gather(*(write(i) for i in range(writers)))
+    finally:
+        for conn in conns:
+            await conn.close()
+    assert sum(len(b.created) for b in batches) == len(devices)
+    assert await db.fetchval("SELECT count(*) FROM alarm") == len(devices)
+    assert await db.fetchval("SELECT count(*) FROM rule_state WHERE firing") == len(devices)
+
+
+async def test_restart_changes_no_decision_and_removed_rules_lose_their_state(
+    nodes: list[tuple[AlarmEngine, asyncpg.Connection]], db: asyncpg.Connection, db_dsn: str
+) -> None:
+    node_a, _ = nodes
+    slow = RuleConfig(key="slow", kind="threshold", metric="temp", op=">", value=80,
+                      for_samples=3, severity="MAJOR")  # fmt: skip
+    engine = AlarmEngine(rules=compile_rules([DOOR, slow]), node_id="a", metrics=Metrics())
+    await _commit((engine, node_a[1]), _rows("dev", _temp(1, 90), _temp(2, 90)))
+    await _commit((engine, node_a[1]), _rows("dev", _event(3, "DOOR_OPEN")))
+    # A new process (nothing carried over) counts on from the database: the third sample fires.
+    restarted = AlarmEngine(rules=compile_rules([DOOR, slow]), node_id="b", metrics=Metrics())
+    fired = await _commit((restarted, node_a[1]), _rows("dev", _temp(4, 90)))
+    assert [key for key, _ in fired.created] == ["slow"]
+
+    # A changed definition keeps the facts (firing) and drops pending counts.
+    await _commit((restarted, node_a[1]), _rows("other", _temp(1, 90), _temp(2, 90)))
+    changed = RuleConfig(key="slow", kind="threshold", metric="temp", op=">", value=85,
+                         for_samples=3, severity="MAJOR")  # fmt: skip
+    reloaded = AlarmEngine(rules=compile_rules([DOOR, changed]), node_id="c", metrics=Metrics())
+    nothing = await _commit((reloaded, node_a[1]), _rows("other", _temp(3, 90)))
+    assert nothing.created == []  # 1 of 3 under the new definition, not 3 of 3
+    pending = await state_repo.get_state(db, "other", "slow")
+    assert pending is not None
+    assert pending["pending_count"] == 1
+    (new_slow,) = [r for r in reloaded.rules if r.key == "slow"]
+    assert pending["rule_version"] == rule_version(new_slow)
+    still = await _commit((reloaded, node_a[1]), _rows("dev", _temp(5, 70)))
+    assert still.cleared == 1  # it was firing under the old definition, and clears
+
+    # A reload that removes the door rule drops its state, and only its.
+    reloaded.replace_rules(compile_rules([changed]))
+    stop = asyncio.Event()
+    pool = await create_pool(db_dsn, min_size=1, max_size=1)
+    try:
+        janitor = asyncio.create_task(reloaded.forget_loop(pool, stop))
+
+        async def door_state_gone() -> bool:
+            gone = "SELECT count(*) FROM rule_state WHERE rule_key = 'door-open'"
+            return await db.fetchval(gone) == 0
+
+        await wait_until(door_state_gone, timeout=30, message="door-open state dropped")
+        stop.set()
+        await janitor
+    finally:
+        await pool.close()
+    assert await db.fetchval("SELECT count(*) FROM rule_state WHERE rule_key = 'slow'") == 2
+
+
+async def test_supersede_and_clear_times_never_precede_the_trigger_of_another_node(
+    db: asyncpg.Connection,
+) -> None:
+    """Node B's transaction started before node A's, yet acts on A's alarm after it: the
+    times it stamps are never earlier than A's trigger (the table's CHECK would refuse)."""
+    later = await db.fetchval("SELECT now()")
+    earlier = later - timedelta(seconds=5)
+    async with db.transaction():
+        first = await create_alarm(
+            db, device_id="dev", rule_key="door-open", severity="MAJOR",
+            telemetry_event_id="a" * 64, reason="DOOR_OPEN", node_id="node-a", now=later,
+        )  # fmt: skip
+    async with db.transaction():
+        second = await create_alarm(
+            db, device_id="dev", rule_key="door-open", severity="MAJOR",
+            telemetry_event_id="b" * 64, reason="DOOR_OPEN", node_id="node-b", now=earlier,
+        )  # fmt: skip
+    assert first.alarm is not None
+    assert second.superseded_id == first.alarm.id
+    old = await db.fetchrow("SELECT triggered_at, superseded_at FROM alarm WHERE id = $1",
+                            first.alarm.id)  # fmt: skip
+    assert old is not None
+    assert old["superseded_at"] == old["triggered_at"] == later
+    async with db.transaction():
+        third = await create_alarm(
+            db, device_id="dev2", rule_key="door-open", severity="MAJOR",
+            telemetry_event_id="c" * 64, reason="DOOR_OPEN", node_id="node-a", now=later,
+        )  # fmt: skip
+        cleared = await clear_alarm(
+            db, device_id="dev2", rule_key="door-open", clear_event_id="d" * 64,
+            reason="DOOR_CLOSE", now=earlier,
+        )  # fmt: skip
+    assert third.alarm is not None
+    assert cleared == third.alarm.id
+    assert await db.fetchval("SELECT cleared_at FROM alarm WHERE id = $1", cleared) == later
