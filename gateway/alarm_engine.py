@@ -251,6 +251,7 @@ class AlarmEngine:
         cleared = await clear_alarm(
             conn, device_id=clearing.device_id, rule_key=clearing.rule_key,
             clear_event_id=clearing.telemetry_event_id, reason=clearing.reason, now=now,
+            raised_by_then=clearing.raised_by_then,
         )  # fmt: skip
         if cleared is not None:
             batch.cleared += 1

@@ -177,11 +177,16 @@ async def create_alarm(
             conn, previous["id"], status.value
         ):
             raise RetryBatchError("the previous alarm changed meanwhile")
-    row = await repo.insert_alarm(
-        conn, device_id=device_id, rule_key=rule_key, severity=severity,
-        telemetry_event_id=telemetry_event_id, dedup_key=key, active_key=held_by,
-        triggered_at=now, node_id=node_id,
-    )  # fmt: skip
+    try:
+        row = await repo.insert_alarm(
+            conn, device_id=device_id, rule_key=rule_key, severity=severity,
+            telemetry_event_id=telemetry_event_id, dedup_key=key, active_key=held_by,
+            triggered_at=now, node_id=node_id,
+        )  # fmt: skip
+    except asyncpg.UniqueViolationError as exc:
+        # ON CONFLICT covers the dedup key only: a concurrent insert of the same alarm can
+        # be caught first by the active key's unique index.
+        raise RetryBatchError("another node raised the same alarm first") from exc
     if row is None:
         raise RetryBatchError("another node raised the same alarm first")
     alarm = alarm_from_record(row)
@@ -363,9 +368,20 @@ async def clear_alarm(
     clear_event_id: str,
     reason: str,
     now: datetime,
+    raised_by_then: datetime | None = None,
 ) -> int | None:
-    """Recovery: mark the active alarm cleared (never a status change). Its id, if any."""
-    row = await repo.clear_active(conn, active_key(device_id, rule_key), now, clear_event_id)
+    """Recovery: mark the active alarm cleared (never a status change). Its id, if any.
+
+    With `raised_by_then` (a late clear), the alarm cleared is the one that was active then:
+    the newest raised by a sample at or before that device time, if not cleared yet.
+    """
+    if raised_by_then is None:
+        row = await repo.clear_active(conn, active_key(device_id, rule_key), now, clear_event_id)
+    else:
+        row = await repo.clear_raised_by(
+            conn, device_id=device_id, rule_key=rule_key, device_time=raised_by_then, at=now,
+            clear_event_id=clear_event_id,
+        )  # fmt: skip
     if row is None:
         return None
     payload = {"alarm_id": row["id"], "device_id": device_id, "rule_key": rule_key,

@@ -526,13 +526,19 @@ class Firing:
 
 @dataclass(frozen=True)
 class Clearing:
-    """Clear the active alarm of (device, rule), by the sample `telemetry_event_id`."""
+    """Clear the active alarm of (device, rule), by the sample `telemetry_event_id`.
+
+    `raised_by_then`: a late clear, older than the alarm raised since. It clears the alarm
+    that was active at its time instead — the newest raised by a sample at or before
+    `raised_by_then` — if that one has not cleared yet.
+    """
 
     rule_key: str
     device_id: str
     telemetry_event_id: str
     reason: str
     observed_at: datetime
+    raised_by_then: datetime | None = None
 
 
 Outcome: TypeAlias = Firing | Clearing
@@ -600,12 +606,18 @@ class _Run:
         )  # fmt: skip
 
     def clear(
-        self, rule: Rule, reason: str, *, event_id: str | None = None, at: datetime | None = None
+        self,
+        rule: Rule,
+        reason: str,
+        *,
+        event_id: str | None = None,
+        at: datetime | None = None,
+        raised_by_then: datetime | None = None,
     ) -> None:
         self.outcomes.append(
             Clearing(
                 rule.key, self.device_id, event_id or self.event_id, reason,
-                at or self.observed_at,
+                at or self.observed_at, raised_by_then,
             )
         )  # fmt: skip
 
@@ -633,9 +645,10 @@ def evaluate(
     where nothing newer already stands for it: a late event becomes an alarm already cleared
     by its clear, or already superseded by the alarm raised since; a late violating sample of
     a rule that one sample fires raises its alarm, cleared if a newer sample cleared; one
-    inside the current run of violations counts towards `for_samples`; a late clearing sample
-    clears the firing alarm it follows if nothing has violated since. Otherwise it changes
-    nothing: in particular it never undoes what a newer sample decided.
+    inside the current run of violations counts towards `for_samples`; a late clear clears
+    the alarm that was active at its time (the firing one, if it is older and nothing has
+    violated since). Otherwise it changes nothing: it never undoes what a newer sample
+    decided.
     """
     device_rules = rules._device(device_id)
     if not device_rules.rules:
@@ -693,8 +706,11 @@ def _occurred(rule: EventRule, reason: str, run: _Run) -> None:
 def _clear_event(rule: EventRule, event_type: str, run: _Run) -> None:
     state = run.get(rule)
     at = run.observed_at
-    if state.firing and (state.fired_ts is None or at >= state.fired_ts):
-        run.clear(rule, f"{event_type} clears {rule.event}")
+    reason = f"{event_type} clears {rule.event}"
+    if state.fired_ts is not None and at < state.fired_ts:
+        run.clear(rule, reason, raised_by_then=at)  # late: the alarm of its time
+    elif state.firing:
+        run.clear(rule, reason)
         state = replace(state, firing=False, released_ts=at)
     if state.clear_ts is None or at >= state.clear_ts:
         state = replace(state, clear_ts=at, clear_event_id=run.event_id)
@@ -763,11 +779,10 @@ def _judge_late_sample(
     have and nothing newer says otherwise (see `evaluate`)."""
     at = run.observed_at
     if verdict is _Verdict.CLEAR:
-        if (
-            state.firing
-            and (state.fired_ts is None or state.fired_ts <= at)
-            and (state.violating_ts is None or state.violating_ts < at)
-        ):
+        if state.fired_ts is not None and at < state.fired_ts:
+            # Older than the alarm raised since: it clears the alarm of its time, if any.
+            run.clear(rule, _clear_reason(rule, observed), raised_by_then=at)
+        elif state.firing and (state.violating_ts is None or state.violating_ts < at):
             # It cleared the firing alarm in device order, and nothing has violated since.
             run.clear(rule, _clear_reason(rule, observed))
             state = replace(state, firing=False, released_ts=at)

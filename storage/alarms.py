@@ -26,6 +26,7 @@ INSERT_ALARMS = _Q["insert_alarms"]
 INSERT_CREATION_AUDITS = _Q["insert_creation_audits"]
 CLEAR_ACTIVE = _Q["clear_active"]
 INSERT_LATE = _Q["insert_late"]
+CLEAR_RAISED_BY = _Q["clear_raised_by"]
 GET = _Q["get"]
 UPDATE_LIFECYCLE = _Q["update_lifecycle"]
 INSERT_AUDIT = _Q["insert_audit"]
@@ -225,6 +226,20 @@ async def clear_many(
     if not keys:
         return []
     return list(await conn.fetch(CLEAR_MANY, list(keys), list(event_ids), at))
+
+
+async def clear_raised_by(
+    conn: asyncpg.Connection,
+    *,
+    device_id: str,
+    rule_key: str,
+    device_time: datetime,
+    at: datetime,
+    clear_event_id: str,
+) -> asyncpg.Record | None:
+    return await conn.fetchrow(
+        CLEAR_RAISED_BY, device_id, rule_key, device_time, at, clear_event_id
+    )
 
 
 async def silent_devices(

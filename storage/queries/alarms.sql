@@ -178,3 +178,18 @@ SELECT $1, $2, $3, 'SUPERSEDED', $4, $5, NULL, $6, $6,
        CASE WHEN $9::text IS NULL THEN NULL ELSE $6::timestamptz END, $9, $7
 ON CONFLICT (dedup_key) DO NOTHING
 RETURNING *;
+
+-- name: clear_raised_by
+-- $1 device, $2 rule key, $3 device time, $4 cleared at, $5 clear event id; a late clear: the
+-- newest alarm of (device, rule) raised by a sample at or before $3, if it has not cleared.
+UPDATE alarm
+SET cleared_at = greatest($4, triggered_at), clear_event_id = $5
+WHERE id = (
+    SELECT a.id
+    FROM alarm a JOIN telemetry t ON t.event_id = a.telemetry_event_id
+    WHERE a.device_id = $1 AND a.rule_key = $2 AND t.ts <= $3
+    ORDER BY t.ts DESC, a.id DESC
+    LIMIT 1
+)
+  AND cleared_at IS NULL
+RETURNING id, device_id, rule_key, status, cleared_at;

@@ -14,7 +14,7 @@ import asyncpg
 import pytest
 
 from gateway.alarm_engine import AlarmEngine, BatchAlarms
-from gateway.alarms import clear_alarm, create_alarm
+from gateway.alarms import RetryBatchError, clear_alarm, create_alarm
 from gateway.metrics import Metrics
 from gateway.rules import RuleConfig, compile_rules, rule_version
 from protocol import Telemetry, telemetry_event_id
@@ -280,3 +280,47 @@ async def test_supersede_and_clear_times_never_precede_the_trigger_of_another_no
     assert third.alarm is not None
     assert cleared == third.alarm.id
     assert await db.fetchval("SELECT cleared_at FROM alarm WHERE id = $1", cleared) == later
+
+
+async def test_a_concurrent_alarm_on_the_same_active_key_asks_for_a_retry_not_a_crash(
+    nodes: list[tuple[AlarmEngine, asyncpg.Connection]], db: asyncpg.Connection
+) -> None:
+    """Node A's new alarm is inserted but not committed; node B raises one for the same
+    device and rule from another event: B waits on A's row, then must be told to retry (the
+    active key's unique index, not the dedup key's ON CONFLICT, catches it) — and its retry
+    supersedes A's alarm."""
+    (_, conn_a), (_, conn_b) = nodes
+    now = await db.fetchval("SELECT now()")
+    b_pid = await conn_b.fetchval("SELECT pg_backend_pid()")
+
+    async def raise_on(conn: asyncpg.Connection, event: str) -> int | None:
+        async with conn.transaction():
+            creation = await create_alarm(
+                conn, device_id="dev", rule_key="silent", severity="WARNING",
+                telemetry_event_id=event * 64, reason="silent", node_id="n", now=now,
+            )  # fmt: skip
+        return None if creation.alarm is None else creation.alarm.id
+
+    transaction = conn_a.transaction()
+    await transaction.start()
+    first = await create_alarm(
+        conn_a, device_id="dev", rule_key="silent", severity="WARNING",
+        telemetry_event_id="a" * 64, reason="silent", node_id="n", now=now,
+    )  # fmt: skip
+    b_task = asyncio.create_task(raise_on(conn_b, "b"))
+
+    async def b_waits_on_a_lock() -> bool:
+        kind = await db.fetchval("SELECT wait_event_type FROM pg_stat_activity WHERE pid = $1",
+                                 b_pid)  # fmt: skip
+        return kind == "Lock"
+
+    await wait_until(b_waits_on_a_lock, timeout=30, message="node B blocked on A's insert")
+    await transaction.commit()
+    with pytest.raises(RetryBatchError):
+        await b_task
+    assert first.alarm is not None
+    retried = await raise_on(conn_b, "b")
+    assert retried is not None
+    superseded = await db.fetchval("SELECT superseded_by FROM alarm WHERE id = $1",
+                                   first.alarm.id)  # fmt: skip
+    assert superseded == retried

@@ -12,6 +12,7 @@ from gateway.errors import ConfigError
 from gateway.rules import (
     CLEARED_BY,
     IDLE,
+    Clearing,
     DeviceSelector,
     Evaluation,
     EventRule,
@@ -628,9 +629,11 @@ def test_a_late_threshold_sample_never_moves_the_state_back() -> None:
     assert feed(sample(10, temp=95)).outcomes == ()
     assert not feed.is_firing("dev-1", "temp-high")
     assert feed.state("dev-1", "temp-high").last_ts == T0 + timedelta(seconds=11)
-    # And a late clearing sample does not clear a newer firing.
+    # And a late clearing sample does not clear a newer firing: only the alarm of its time.
     assert kinds(feed(sample(20, temp=95))) == [("Firing", "temp-high")]
-    assert feed(sample(19, temp=60)).outcomes == ()
+    (clearing,) = feed(sample(19, temp=60)).outcomes
+    assert isinstance(clearing, Clearing)
+    assert clearing.raised_by_then == T0 + timedelta(seconds=19)
     assert feed.is_firing("dev-1", "temp-high")
 
 
@@ -714,8 +717,10 @@ def test_an_event_older_than_the_alarm_raised_since_is_created_superseded() -> N
     (between,) = feed(events("DOOR_OPEN", at_s=12.5), event_id="open-12.5").outcomes
     assert isinstance(between, Firing)
     assert (between.superseded_by_event, between.cleared_by_event) == ("open-20", "close-13")
-    # A late clear older than the firing alarm clears nothing.
-    assert feed(events("DOOR_CLOSE", at_s=15)).outcomes == ()
+    # A late clear older than the firing alarm clears the alarm of its time, not this one.
+    (clearing,) = feed(events("DOOR_CLOSE", at_s=15)).outcomes
+    assert isinstance(clearing, Clearing)
+    assert clearing.raised_by_then == T0 + timedelta(seconds=15)
     assert feed.is_firing("dev-1", "door")
 
 

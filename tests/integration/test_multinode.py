@@ -1,0 +1,329 @@
+"""Several daemons in one `$share` group, on the SAME devices: every decision equals one node's.
+
+mosquitto round-robins a shared group's messages over its members, so with N devices
+published in turn, device d's k-th message goes to member (k·N + d) mod members: with N prime
+to the member count (25 devices, 2 or 3 nodes) each device's consecutive samples go to
+different nodes, and their commits can land out of order. Each test checks that split in the
+stored rows (which node stored each sample) and in each node's metrics, then compares the
+alarms with what one node decides from the same input in device order (the pure evaluator).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import Counter
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+
+import aiomqtt
+import asyncpg
+import msgspec
+import pytest
+
+from gateway.alarm_engine import AlarmEngine
+from gateway.app import Daemon
+from gateway.config import parse_config
+from gateway.inactivity import InactivityMonitor
+from gateway.metrics import Metrics
+from gateway.rules import Firing, RuleSet, RuleStates, evaluate
+from protocol import Telemetry, Topics, telemetry_event_id
+from sim.publisher import publish_many
+from storage.pool import create_pool
+from tests.support.daemon import (
+    DaemonProcess,
+    config_toml,
+    count_rows,
+    http_healthy,
+    make_config,
+    metric,
+    running_daemon,
+)
+from tests.support.mosquitto import Mosquitto
+from tests.support.ports import free_port
+from tests.support.waiting import wait_until
+
+TOPICS = Topics("iot")
+T0 = 1_767_225_600_000
+DEVICES = [f"dev-{n:02d}" for n in range(25)]  # odd, and prime to 3
+
+THRESHOLDS = """
+[[rules]]
+key = "hot"
+kind = "threshold"
+metric = "temp"
+op = ">"
+value = 80
+clear_value = 75
+severity = "CRITICAL"
+
+[[rules]]
+key = "hot-3-samples"
+kind = "threshold"
+metric = "temp"
+op = ">"
+value = 80
+clear_value = 75
+for_samples = 3
+severity = "MAJOR"
+
+[[rules]]
+key = "hot-5-seconds"
+kind = "threshold"
+metric = "temp"
+op = ">"
+value = 80
+clear_value = 75
+for_seconds = 5
+severity = "WARNING"
+"""
+PAIRS = [
+    ("DOOR_OPEN", "DOOR_CLOSE"),
+    ("SOS", "SOS_CLEAR"),
+    ("SMOKE", "SMOKE_CLEAR"),
+    ("WATER_LEAK", "WATER_LEAK_CLEAR"),
+    ("POWER_OFF", "POWER_ON"),
+    ("POWER_CUT", "POWER_RESTORE"),
+]
+EVENTS = "".join(
+    f'\n[[rules]]\nkey = "{event.lower()}"\nkind = "event"\nevent = "{event}"\nseverity = "MAJOR"\n'
+    for event, _ in PAIRS
+)
+CYCLES = 3
+
+
+def _device_stream() -> list[Telemetry]:
+    """One device's messages in device order: 3 cycles of (10 x 95, 10 x 70), then 3 cycles
+    of every event followed by its clear; one second apart."""
+    bodies: list[dict[str, object]] = []
+    for _ in range(CYCLES):
+        bodies += [{"metrics": {"temp": 95}}] * 10 + [{"metrics": {"temp": 70}}] * 10
+    for _ in range(CYCLES):
+        for event, clear in PAIRS:
+            bodies += [{"events": [{"type": event}]}, {"events": [{"type": clear}]}]
+    return [
+        msgspec.convert({"ts": T0 + k * 1000, "seq": k, **body}, Telemetry)
+        for k, body in enumerate(bodies)
+    ]
+
+
+STREAM = _device_stream()
+
+
+def _publications() -> list[tuple[str, bytes]]:
+    """Devices in turn: the k-th message of every device, then the (k+1)-th..."""
+    return [
+        (TOPICS.telemetry(device), msgspec.json.encode(message))
+        for message in STREAM
+        for device in DEVICES
+    ]
+
+
+def _one_node(rules: RuleSet) -> tuple[Counter[tuple[str, str]], Counter[tuple[str, str]]]:
+    """What one node decides, reading each device's messages in device order: firings and
+    clearings per (device, rule)."""
+    fired: Counter[tuple[str, str]] = Counter()
+    cleared: Counter[tuple[str, str]] = Counter()
+    for device in DEVICES:
+        states: RuleStates = {}
+        for message in STREAM:
+            event_id = telemetry_event_id(device, message)
+            for outcome in evaluate(rules, states, device, event_id, message).outcomes:
+                counter = fired if isinstance(outcome, Firing) else cleared
+                counter[(device, outcome.rule_key)] += 1
+    return fired, cleared
+
+
+async def _fetch(dsn: str, query: str) -> list[asyncpg.Record]:
+    conn = await asyncpg.connect(dsn)
+    try:
+        return list(await conn.fetch(query))
+    finally:
+        await conn.close()
+
+
+async def _assert_each_device_reached_every_node(dsn: str, nodes: int) -> None:
+    spread = await _fetch(
+        dsn, "SELECT device_id, count(DISTINCT node_id) AS nodes FROM telemetry GROUP BY device_id"
+    )
+    assert {r["device_id"]: r["nodes"] for r in spread} == dict.fromkeys(DEVICES, nodes)
+
+
+async def _assert_alarms_equal_one_node(dsn: str, rules: RuleSet) -> None:
+    fired, cleared = _one_node(rules)
+    # The input was built for these numbers; the evaluator agrees before the nodes are judged.
+    assert set(fired.values()) == set(cleared.values()) == {CYCLES}
+    assert len(fired) == len(DEVICES) * len(rules)
+    rows = await _fetch(
+        dsn,
+        "SELECT device_id, rule_key, count(*) AS alarms, "
+        "count(*) FILTER (WHERE cleared_at IS NOT NULL) AS cleared, "
+        "count(*) FILTER (WHERE status = 'SUPERSEDED') AS superseded, "
+        "count(*) FILTER (WHERE status IN ('NEW', 'PUSHED')) AS open "
+        "FROM alarm GROUP BY device_id, rule_key",
+    )
+    got = {(r["device_id"], r["rule_key"]): r for r in rows}
+    assert set(got) == set(fired)
+    for key, row in got.items():
+        assert (row["alarms"], row["cleared"]) == (fired[key], cleared[key]), key
+        assert (row["superseded"], row["open"]) == (fired[key] - 1, 1), key
+    firing = await _fetch(dsn, "SELECT count(*) AS n FROM rule_state WHERE firing")
+    assert firing[0]["n"] == 0
+
+
+@contextlib.asynccontextmanager
+async def _daemons(configs: Sequence[str]) -> AsyncIterator[list[Daemon]]:
+    async with contextlib.AsyncExitStack() as stack:
+        yield [await stack.enter_async_context(running_daemon(parse_config(c))) for c in configs]
+
+
+@pytest.mark.parametrize("nodes", [2, 3])
+async def test_nodes_in_a_shared_group_decide_every_alarm_as_one_node_would(
+    db_dsn: str, mosquitto: Mosquitto, nodes: int
+) -> None:
+    rules_toml = THRESHOLDS + EVENTS
+    configs = [
+        config_toml(
+            dsn=db_dsn, mqtt_port=mosquitto.port, node_id=f"node-{n}", extra=rules_toml,
+            mqtt_extra='shared_group = "alarms"',
+        )
+        for n in range(nodes)
+    ]  # fmt: skip
+    publications = _publications()
+    async with _daemons(configs) as daemons:
+        async with aiomqtt.Client("127.0.0.1", mosquitto.port, max_inflight_messages=200) as pub:
+            await publish_many(pub, publications, window=100)
+
+        async def all_stored() -> bool:
+            return await count_rows(db_dsn) == len(publications)
+
+        await wait_until(all_stored, timeout=120, message="every message stored")
+        received = [metric(d, "gateway_telemetry_received_total") for d in daemons]
+        rules = daemons[0].config.rule_set()
+    assert all(r > 0 for r in received), received
+    assert sum(received) == len(publications)
+    await _assert_each_device_reached_every_node(db_dsn, nodes)
+    await _assert_alarms_equal_one_node(db_dsn, rules)
+
+
+async def test_a_node_killed_mid_stream_changes_no_decision(
+    db_dsn: str, mosquitto: Mosquitto, tmp_path: Path
+) -> None:
+    """Two daemon processes share the devices; one is SIGKILLed mid-stream and restarted
+    (its unacknowledged samples come back to it, late): the alarms are still one node's."""
+    ports = [free_port(), free_port()]
+    processes = []
+    for n, port in enumerate(ports):
+        path = tmp_path / f"node-{n}.toml"
+        path.write_text(
+            config_toml(
+                dsn=db_dsn, mqtt_port=mosquitto.port, node_id=f"node-{n}", http_port=port,
+                extra=THRESHOLDS, mqtt_extra='shared_group = "alarms"',
+                ingest_extra="batch_max = 20\nlinger_ms = 0",
+            )
+        )  # fmt: skip
+        processes.append(DaemonProcess(path, tmp_path / f"node-{n}.log"))
+    threshold_part = [p for p in _publications() if b'"temp"' in p[1]]
+
+    async def healthy(n: int) -> None:
+        async def check() -> bool:
+            assert processes[n].alive(), processes[n].log_tail()
+            return await http_healthy(ports[n])
+
+        await wait_until(check, timeout=60, message=f"node-{n} healthy")
+
+    try:
+        for n, process in enumerate(processes):
+            process.start()
+            await healthy(n)
+        async with aiomqtt.Client("127.0.0.1", mosquitto.port, max_inflight_messages=200) as pub:
+            await publish_many(pub, threshold_part, window=100)
+
+            async def stored_some() -> bool:
+                return await count_rows(db_dsn) >= len(threshold_part) // 4
+
+            await wait_until(stored_some, timeout=60)
+            processes[1].kill()
+        assert await count_rows(db_dsn) < len(threshold_part), "the kill must land mid-stream"
+        processes[1].start()
+        await healthy(1)
+
+        async def all_stored() -> bool:
+            return await count_rows(db_dsn) == len(threshold_part)
+
+        await wait_until(all_stored, timeout=120, message="every message stored after restart")
+        for process in processes:
+            assert process.terminate() == 0
+    finally:
+        for process in processes:
+            process.cleanup()
+    await _assert_each_device_reached_every_node(db_dsn, 2)
+    rules = parse_config(config_toml(dsn=db_dsn, mqtt_port=1, extra=THRESHOLDS)).rule_set()
+    await _assert_alarms_equal_one_node(db_dsn, rules)
+
+
+async def test_inactivity_is_raised_once_by_racing_nodes_and_cleared_by_any_node(
+    db_dsn: str, mosquitto: Mosquitto
+) -> None:
+    silent = (
+        '[[rules]]\nkey = "silent"\nkind = "inactivity"\nsilent_seconds = 300\n'
+        'severity = "WARNING"\n'
+    )
+    configs = [
+        make_config(dsn=db_dsn, mqtt_port=mosquitto.port, node_id=f"node-{n}", extra=silent,
+                    mqtt_extra='shared_group = "alarms"')
+        for n in range(2)
+    ]  # fmt: skip
+    first = [(TOPICS.telemetry(d), msgspec.json.encode({"ts": T0, "metrics": {"t": 1}}))
+             for d in DEVICES]  # fmt: skip
+    async with running_daemon(configs[0]), running_daemon(configs[1]):
+        async with aiomqtt.Client("127.0.0.1", mosquitto.port) as pub:
+            await publish_many(pub, first, window=50)
+        stored = "SELECT count(*) AS n FROM telemetry"
+        await wait_until(lambda: _is(db_dsn, stored, len(DEVICES)), timeout=60, message="stored")
+    # Ten minutes of silence without waiting for them: move the stored fact.
+    conn = await asyncpg.connect(db_dsn)
+    try:
+        await conn.execute(
+            "UPDATE device SET first_seen = now() - interval '1 hour', "
+            "last_seen = now() - interval '10 minutes'"
+        )
+    finally:
+        await conn.close()
+    pool = await create_pool(db_dsn, min_size=2, max_size=6)
+    try:
+        rules = configs[0].rule_set()
+        monitors = [
+            InactivityMonitor(
+                pool=pool,
+                engine=AlarmEngine(rules=rules, node_id=f"node-{n}", metrics=Metrics()),
+                interval_s=1,
+            )
+            for n in range(3)
+        ]
+        start = asyncio.Barrier(len(monitors))
+
+        async def race(monitor: InactivityMonitor) -> list[int]:
+            await start.wait()
+            return await monitor.run_once()
+
+        raised = await asyncio.gather(*(race(m) for m in monitors))
+    finally:
+        await pool.close()
+    assert sum(len(r) for r in raised) == len(DEVICES)
+    again = [(t, msgspec.json.encode({"ts": T0 + 1000, "metrics": {"t": 2}})) for t, _ in first]
+    async with running_daemon(configs[0]), running_daemon(configs[1]):
+        async with aiomqtt.Client("127.0.0.1", mosquitto.port) as pub:
+            await publish_many(pub, again, window=50)
+        cleared = "SELECT count(*) AS n FROM alarm WHERE cleared_at IS NOT NULL"
+        await wait_until(lambda: _is(db_dsn, cleared, len(DEVICES)), timeout=60,
+                         message="every inactivity alarm cleared")  # fmt: skip
+    rows = await _fetch(db_dsn, "SELECT device_id, count(*) AS n FROM alarm GROUP BY device_id")
+    assert {r["device_id"]: r["n"] for r in rows} == dict.fromkeys(DEVICES, 1)
+    nodes = await _fetch(db_dsn, "SELECT DISTINCT node_id FROM telemetry")
+    assert len(nodes) == 2
+
+
+async def _is(dsn: str, count_query: str, expected: int) -> bool:
+    (row,) = await _fetch(dsn, count_query)
+    return bool(row["n"] == expected)
