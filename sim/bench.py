@@ -43,10 +43,13 @@ from sim.gateways import RECEIVE_MAXIMUM, GatewayProcesses
 from sim.naive import naive_drain
 from sim.probes import Probes
 from sim.sql import blocks
-from sim.telemetry import device_ids, telemetry_stream
+from sim.telemetry import device_ids, hysteresis_alarms, hysteresis_stream, telemetry_stream
 from sim.wire import WirePublisher
 
 DEVICES = 1000
+# Odd: two processes sharing the subscription each get every other message, so each of these
+# devices has its samples judged by both (with 1,000 each device would go to one only).
+SHARED_DEVICES = 999
 Q = blocks("bench.sql")
 
 
@@ -85,10 +88,14 @@ def _manual_ack_client(port: int, client_id: str) -> aiomqtt.Client:
     return client
 
 
-async def _backlog(port: int, prefix: str, messages: int) -> None:
+async def _backlog(port: int, prefix: str, messages: int, period: int | None = None) -> None:
     # Devices named after the phase: identical content would share event ids across phases
     # and be (correctly) stored once.
-    stream = telemetry_stream(Topics(prefix), device_ids(DEVICES, prefix), messages, seed=7)
+    if period is None:
+        stream = telemetry_stream(Topics(prefix), device_ids(DEVICES, prefix), messages, seed=7)
+    else:
+        devices = device_ids(SHARED_DEVICES, prefix)
+        stream = hysteresis_stream(Topics(prefix), devices, messages, period=period)
     async with WirePublisher("127.0.0.1", port, f"bench-publisher-{prefix}") as publisher:
         await publisher.publish_all(stream)
 
@@ -139,8 +146,12 @@ async def measure_gateway(
     live: bool,
     workdir: Path,
     probes: Probes,
+    period: int | None = None,
 ) -> Drain:
     """Drain a pre-queued backlog (``live=False``) or keep up with a full-speed publisher.
+
+    With ``period``, the live publisher sends the hysteresis stream to the shared devices
+    (alarms raised and cleared all along; see ``check_alarms``).
 
     mosquitto 2.0 does not queue messages of a shared subscription whose members are all
     offline, so several processes can only be measured live; one process is measured both
@@ -153,7 +164,7 @@ async def measure_gateway(
     try:
         await gateways.start()
         if live:
-            publisher = asyncio.create_task(_backlog(port, prefix, messages))
+            publisher = asyncio.create_task(_backlog(port, prefix, messages, period))
         else:
             await gateways.stop()  # the first start created the persistent session
             await _backlog(port, prefix, messages)
@@ -169,6 +180,34 @@ async def measure_gateway(
     finally:
         await gateways.stop()
     return Drain(messages, last - first, rss)
+
+
+@dataclass(frozen=True, slots=True)
+class AlarmCheck:
+    """The alarms a phase on the shared devices raised, against one node's decision."""
+
+    expected: int
+    found: int
+    cleared_expected: int
+    cleared_found: int
+    devices_on_several_nodes: int
+
+    @property
+    def matches(self) -> bool:
+        return (self.expected, self.cleared_expected) == (self.found, self.cleared_found)
+
+
+async def check_alarms(dsn: str, prefix: str, messages: int, period: int) -> AlarmCheck:
+    expected, cleared = hysteresis_alarms(SHARED_DEVICES, messages, period=period)
+    conn = await asyncpg.connect(dsn)
+    try:
+        row = await conn.fetchrow(Q["phase_alarms"], f"{prefix}-%")
+    finally:
+        await conn.close()
+    assert row is not None
+    return AlarmCheck(
+        expected, row["alarms"], cleared, row["cleared"], row["devices_on_several_nodes"]
+    )
 
 
 async def measure_naive(port: int, dsn: str, messages: int) -> Drain:
@@ -278,16 +317,27 @@ async def _run_phases(sizes: Sizes, *, dsn: str) -> dict[str, Any]:
                     "naive", await measure_naive(port, bench_dsn, sizes.naive_messages)
                 )
                 async with Probes(bench_dsn) as probes:
+                    # The live phases cross the threshold all along, on shared devices: about
+                    # two runs of 95 and two of 70 per device, whatever the size.
+                    period = max(2, messages // SHARED_DEVICES // 4)
 
                     async def gateway(processes: int, *, live: bool) -> Drain:
                         return await measure_gateway(
                             port, bench_dsn, messages, processes=processes, live=live,
-                            workdir=workdir, probes=probes,
+                            workdir=workdir, probes=probes, period=period if live else None,
                         )  # fmt: skip
 
                     one = _progress("gateway", await gateway(1, live=False))
                     one_live = _progress("gateway live", await gateway(1, live=True))
+                    one_alarms = await check_alarms(bench_dsn, "gw1live", messages, period)
                     two_live = _progress("gateway x2 live", await gateway(2, live=True))
+                    two_alarms = await check_alarms(bench_dsn, "gw2live", messages, period)
+                    _note(
+                        f"alarms, 2 processes: {two_alarms.found:,} of {two_alarms.expected:,}"
+                        f" raised, {two_alarms.cleared_found:,} of"
+                        f" {two_alarms.cleared_expected:,} cleared;"
+                        f" {two_alarms.devices_on_several_nodes} devices on both"
+                    )
                     await settle(bench_dsn)
                     latency = await measure_latency(
                         port, bench_dsn, rate=one.rate / 2, seconds=sizes.latency_s,
@@ -326,6 +376,17 @@ async def _run_phases(sizes: Sizes, *, dsn: str) -> dict[str, Any]:
         "ratio_gateway_vs_naive": round(one.rate / naive.rate, 2),
         "ratio_gateway_vs_native": round(one.rate / native.rate, 3),
         "ratio_two_vs_one": round(two_live.rate / one_live.rate, 3),
+        "shared_devices": SHARED_DEVICES,
+        "gateway_live_alarms_expected": one_alarms.expected,
+        "gateway_live_alarms_found": one_alarms.found,
+        "gateway_live_cleared_expected": one_alarms.cleared_expected,
+        "gateway_live_cleared_found": one_alarms.cleared_found,
+        "gateway2_alarms_expected": two_alarms.expected,
+        "gateway2_alarms_found": two_alarms.found,
+        "gateway2_cleared_expected": two_alarms.cleared_expected,
+        "gateway2_cleared_found": two_alarms.cleared_found,
+        "gateway2_devices_on_both_nodes": two_alarms.devices_on_several_nodes,
+        "alarms_match": one_alarms.matches and two_alarms.matches,
         "latency_rate_msgs_per_s": round(latency.rate),
         "latency_messages": latency.timings.count,
         "latency_p50_ms": round(latency.timings.p50_ms, 2),
@@ -375,6 +436,8 @@ TARGETS: dict[str, tuple[str, float]] = {
     "commands_per_s": (">=", 2000.0),
     "commands_p99_ms": ("<", 100.0),
     "rss_mb": ("<", 150.0),
+    # Found equals expected, raised and cleared, in both live phases (1 is true).
+    "alarms_match": (">=", 1.0),
 }
 
 
@@ -399,6 +462,14 @@ def render_table(result: dict[str, Any]) -> str:
         ("gateway / native", f"{r['ratio_gateway_vs_native']:.3f}", ""),
         ("gateway / naive", f"{r['ratio_gateway_vs_naive']:.1f}x", "ratio_gateway_vs_naive"),
         ("two processes / one", f"{r['ratio_two_vs_one']:.2f}", "ratio_two_vs_one"),
+        (f"alarms, live on {r['shared_devices']} shared devices: 1 process",
+         f"{r['gateway_live_alarms_found']:,} / {r['gateway_live_alarms_expected']:,}"
+         f" ({r['gateway_live_cleared_found']:,} / {r['gateway_live_cleared_expected']:,}"
+         " cleared)", ""),
+        (f"alarms, 2 processes ({r['gateway2_devices_on_both_nodes']} devices on both)",
+         f"{r['gateway2_alarms_found']:,} / {r['gateway2_alarms_expected']:,}"
+         f" ({r['gateway2_cleared_found']:,} / {r['gateway2_cleared_expected']:,}"
+         " cleared)", "alarms_match"),
         (f"latency at {r['latency_rate_msgs_per_s']:,} msg/s: p50 / p95",
          f"{r['latency_p50_ms']:.1f} / {r['latency_p95_ms']:.1f} ms", ""),
         ("latency p99 (publish -> commit)", f"{r['latency_p99_ms']:.1f} ms", "latency_p99_ms"),
@@ -420,6 +491,7 @@ def render_table(result: dict[str, Any]) -> str:
         if key:
             op, bound = TARGETS[key]
             verdict = "ok" if target_met(key, float(r[key])) else "MISSED"
-            line += f"  target {op} {bound:g}: {verdict}"
+            wanted = "found = expected" if key == "alarms_match" else f"{op} {bound:g}"
+            line += f"  target {wanted}: {verdict}"
         lines.append(line.rstrip())
     return "\n".join(lines)

@@ -72,6 +72,16 @@ DROP SEQUENCE bench_probe_seq;
 -- $1 node id; alarms that node raised and distinct devices among them.
 SELECT count(*) AS alarms, count(DISTINCT device_id) AS devices FROM alarm WHERE node_id = $1;
 
+-- name: phase_alarms
+-- $1 device id LIKE pattern; a phase's alarms, those cleared, and how many of its devices had
+-- their telemetry stored by more than one node.
+SELECT (SELECT count(*) FROM alarm WHERE device_id LIKE $1) AS alarms,
+       (SELECT count(*) FROM alarm WHERE device_id LIKE $1 AND cleared_at IS NOT NULL)
+           AS cleared,
+       (SELECT count(*) FROM (SELECT device_id FROM telemetry WHERE device_id LIKE $1
+                              GROUP BY device_id HAVING count(DISTINCT node_id) > 1) AS shared)
+           AS devices_on_several_nodes;
+
 -- name: command_timings
 -- $1 device id LIKE pattern; per command: status, creation and finish (database clock).
 SELECT status, created_at, finished_at FROM command WHERE device_id LIKE $1 ORDER BY id;

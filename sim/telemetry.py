@@ -37,3 +37,28 @@ def telemetry_stream(
             metrics={"temp": round(temps[device], 2), "battery": 100 - (n % 100)},
         )
         yield topics.telemetry(device), encode_telemetry(message)
+
+
+def hysteresis_stream(
+    topics: Topics, devices: list[str], messages: int, *, period: int
+) -> Iterator[tuple[str, bytes]]:
+    """``messages`` samples round-robin over ``devices``, each device alternating ``period``
+    samples of ``temp`` 95 and ``period`` of 70 (a ``temp > 80``, ``clear_value = 75`` rule
+    fires on each run of 95 and clears on each run of 70), one second apart per device."""
+    count = len(devices)
+    for n in range(messages):
+        k = n // count
+        message = Telemetry(
+            ts=EPOCH_MS + k * 1000, seq=k, metrics={"temp": 95 if (k // period) % 2 == 0 else 70}
+        )
+        yield topics.telemetry(devices[n % count]), encode_telemetry(message)
+
+
+def hysteresis_alarms(devices: int, messages: int, *, period: int) -> tuple[int, int]:
+    """What one node decides from ``hysteresis_stream``: (alarms raised, alarms cleared)."""
+    raised = cleared = 0
+    for d in range(devices):
+        samples = messages // devices + (1 if d < messages % devices else 0)
+        raised += (samples + 2 * period - 1) // (2 * period)  # runs of 95 begun
+        cleared += (samples + period - 1) // (2 * period)  # runs of 70 begun
+    return raised, cleared

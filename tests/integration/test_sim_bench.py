@@ -117,6 +117,12 @@ async def test_bench_quick_completes_and_reports_every_figure(
     assert result["commands_acked"] == result["commands"]
     assert 0 < result["commands_p50_ms"] <= result["commands_p99_ms"]
     assert 0 < result["rss_mb"] <= result["rss_all_phases_mb"]
+    # The live phases judged shared devices (two nodes each) exactly as one node would.
+    assert result["gateway2_alarms_found"] == result["gateway2_alarms_expected"] > 0
+    assert result["gateway2_cleared_found"] == result["gateway2_cleared_expected"] > 0
+    assert result["gateway_live_alarms_found"] == result["gateway_live_alarms_expected"]
+    assert result["gateway2_devices_on_both_nodes"] == result["shared_devices"]
+    assert result["alarms_match"] is True
     assert set(TARGETS) <= set(result)
 
     table = stdout.decode()
