@@ -95,6 +95,15 @@ async def test_sigkill_mid_stream_then_restart_stores_every_message_exactly_once
     assert tuple(span) == (0, 4999)
 
 
+async def _rule_states(dsn: str) -> dict[str, int]:
+    conn = await asyncpg.connect(dsn)
+    try:
+        rows = await conn.fetch("SELECT rule_key, count(*) AS n FROM rule_state GROUP BY 1")
+    finally:
+        await conn.close()
+    return {row["rule_key"]: row["n"] for row in rows}
+
+
 @pytest.fixture
 def state_dir() -> Iterator[Path]:
     # Not under pytest's tmp_path (see conftest): the embedded server's user must reach it.
@@ -183,6 +192,7 @@ async def test_sighup_reloads_rules_and_a_broken_config_keeps_the_old_ones(
         assert "rules[0].kind" in process.log_text()
         await send(1, "DOOR_OPEN")  # the old rules still run
         await wait_until(lambda: alarms("door", 1), timeout=30)
+        assert await _rule_states(db_dsn) == {"door": 1}
 
         write(sos)
         process.signal(signal.SIGHUP)
@@ -190,6 +200,11 @@ async def test_sighup_reloads_rules_and_a_broken_config_keeps_the_old_ones(
         await send(2, "SOS")
         await send(3, "DOOR_OPEN")  # no such rule any more
         await wait_until(lambda: alarms("sos", 1), timeout=30)
+
+        async def door_state_dropped() -> bool:
+            return await _rule_states(db_dsn) == {"sos": 1}
+
+        await wait_until(door_state_dropped, timeout=30, message="removed rule's state dropped")
         assert process.alive()
         assert process.terminate() == 0
     finally:
