@@ -7,6 +7,7 @@ HTTP API for commands — so it measures the real thing, and ``sim`` needs none 
 from __future__ import annotations
 
 import asyncio
+import os
 import secrets
 import sys
 from pathlib import Path
@@ -63,6 +64,7 @@ class GatewayProcesses:
         count: int,
         workdir: Path,
         extra: str = RULES,
+        protocol: str = "5",
     ) -> None:
         self.nodes = [f"bench-{prefix}-{n}" for n in range(count)]
         self.http_ports = [free_port() for _ in range(count)]
@@ -73,7 +75,7 @@ class GatewayProcesses:
             path.write_text(
                 f'[node]\nid = "{node}"\n'
                 f'[mqtt]\nhost = "127.0.0.1"\nport = {port}\ntopic_prefix = "{prefix}"\n'
-                f"receive_maximum = {RECEIVE_MAXIMUM}\n{shared}"
+                f'receive_maximum = {RECEIVE_MAXIMUM}\nprotocol = "{protocol}"\n{shared}'
                 f'[database]\ndsn = "{dsn}"\n'
                 f"[http]\nport = {http_port}\n"
                 '[log]\nformat = "json"\nlevel = "warning"\n'
@@ -106,6 +108,21 @@ class GatewayProcesses:
             peaks += [int(line.split()[1]) / 1024 for line in status.splitlines()
                       if line.startswith("VmHWM:")]  # fmt: skip
         return max(peaks, default=0.0)
+
+    def cpu_seconds(self) -> float:
+        """CPU time (user + system) the running processes have used so far, together."""
+        tick = os.sysconf("SC_CLK_TCK")
+        total = 0.0
+        for process in self.processes:
+            try:
+                stat = Path(f"/proc/{process.pid}/stat").read_text()
+            except OSError:
+                continue
+            # Fields after the parenthesised command name; utime and stime are the 14th and
+            # 15th of the whole line, the 12th and 13th after it.
+            fields = stat.rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / tick
+        return total
 
     def log_tail(self, lines: int = 20) -> str:
         tails = []

@@ -96,7 +96,7 @@ async def test_bench_quick_completes_and_reports_every_figure(
 
     rates = ["bare_msgs_per_s", "native_msgs_per_s", "gateway_msgs_per_s",
              "gateway_live_msgs_per_s", "gateway2_msgs_per_s", "naive_msgs_per_s",
-             "commands_per_s"]  # fmt: skip
+             "commands_per_s", "reference_msgs_per_s", "gateway_msgs_per_s_mqtt311"]  # fmt: skip
     for key in rates:
         assert isinstance(result[key], int), key
         assert result[key] > 0, key
@@ -105,6 +105,13 @@ async def test_bench_quick_completes_and_reports_every_figure(
         ("ratio_gateway_vs_naive", "gateway_msgs_per_s", "naive_msgs_per_s"),
         ("ratio_gateway_vs_native", "gateway_msgs_per_s", "native_msgs_per_s"),
         ("ratio_two_vs_one", "gateway2_msgs_per_s", "gateway_live_msgs_per_s"),
+        ("ratio_gateway_vs_reference_mqtt5", "gateway_msgs_per_s", "reference_msgs_per_s"),
+        (
+            "ratio_gateway_vs_reference_mqtt311",
+            "gateway_msgs_per_s_mqtt311",
+            "reference_msgs_per_s",
+        ),
+        ("ratio_gateway_vs_bare_mqtt311", "gateway_msgs_per_s_mqtt311", "bare_msgs_per_s"),
     ]:
         expected = result[numerator] / result[denominator]
         assert result[key] == pytest.approx(expected, rel=0.01, abs=0.001)
@@ -112,6 +119,13 @@ async def test_bench_quick_completes_and_reports_every_figure(
     assert result["latency_p99_ms"] <= result["latency_max_ms"]
     assert result["latency_messages"] > 0
     assert result["storm_seconds"] > 0
+    for key in (
+        "gateway_cpu_us_per_msg_mqtt5",
+        "gateway_cpu_us_per_msg_mqtt311",
+        "reference_cpu_us_per_msg",
+        "gateway_live_cpu_us_per_msg",
+    ):
+        assert result[key] > 0, key
     # One alarm per device: a storm raises each device's alarm once, never twice.
     assert result["storm_alarms"] == result["storm_alarmed_devices"] == result["storm_devices"]
     assert result["commands_acked"] == result["commands"]
