@@ -10,7 +10,9 @@ rolled-back batch leaves nothing behind.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -289,23 +291,17 @@ class AlarmEngine:
 
 
 def _state_of(row: RuleStateRow) -> RuleState:
-    return RuleState(
-        firing=row.firing, pending_count=row.pending_count, pending_since=row.pending_since,
-        last_ts=row.last_ts, last_seq=row.last_seq, fired_ts=row.fired_ts,
-        fired_event_id=row.fired_event_id, released_ts=row.released_ts, clear_ts=row.clear_ts,
-        clear_event_id=row.clear_event_id, violating_ts=row.violating_ts,
-    )  # fmt: skip
+    return RuleState(*_STATE_FIELDS(row))
 
 
 def _row_of(read: RuleStateRow, state: RuleState, rule_version: str) -> RuleStateRow:
     return RuleStateRow(
-        device_id=read.device_id, rule_key=read.rule_key, version=read.version,
-        rule_version=rule_version, firing=state.firing, pending_count=state.pending_count,
-        pending_since=state.pending_since, last_ts=state.last_ts, last_seq=state.last_seq,
-        fired_ts=state.fired_ts, fired_event_id=state.fired_event_id,
-        released_ts=state.released_ts, clear_ts=state.clear_ts,
-        clear_event_id=state.clear_event_id, violating_ts=state.violating_ts,
-    )  # fmt: skip
+        read.device_id, read.rule_key, read.version, rule_version, *_STATE_FIELDS(state)
+    )
+
+
+# RuleState's fields, which RuleStateRow has too (after its keys), in the same order.
+_STATE_FIELDS = operator.attrgetter(*(f.name for f in dataclasses.fields(RuleState)))
 
 
 def inactivity_event_id(rule_key: str, device_id: str, last_seen: datetime) -> str:

@@ -58,7 +58,7 @@ async def lock_states(
     records = await conn.fetch(
         LOCK_STATES, [k[0] for k in ordered], [k[1] for k in ordered], [k[2] for k in ordered]
     )
-    return [RuleStateRow(**{name: record[name] for name in _COLUMNS}) for record in records]
+    return [RuleStateRow(*record) for record in records]  # the columns come in field order
 
 
 async def write_states(

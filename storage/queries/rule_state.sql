@@ -1,15 +1,16 @@
 -- name: lock_states
 -- $1 device ids, $2 rule keys, $3 rule versions (arrays, pairwise, sorted by device then
 -- rule: every node locks in this one order, so two batches never deadlock on these rows);
--- creates the rows not seen yet and returns every row, locked until the transaction ends.
+-- creates the rows not seen yet and returns every row (columns in `RuleStateRow` order),
+-- locked until the transaction ends.
 INSERT INTO rule_state (device_id, rule_key, rule_version)
 SELECT d, r, v
 FROM unnest($1::text[], $2::text[], $3::text[]) WITH ORDINALITY AS u(d, r, v, n)
 ORDER BY n
 ON CONFLICT (device_id, rule_key) DO UPDATE SET version = rule_state.version
-RETURNING device_id, rule_key, rule_version, firing, pending_count, pending_since, last_ts,
-          last_seq, fired_ts, fired_event_id, released_ts, clear_ts, clear_event_id,
-          violating_ts, version;
+RETURNING device_id, rule_key, version, rule_version, firing, pending_count, pending_since,
+          last_ts, last_seq, fired_ts, fired_event_id, released_ts, clear_ts, clear_event_id,
+          violating_ts;
 
 -- name: write_states
 -- $1 device ids, $2 rule keys, $3 versions read, $4 rule versions, $5 firing, $6 pending

@@ -7,6 +7,7 @@ order in which their batches commit is chosen by the test, never left to the sch
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator
 from datetime import timedelta
 
@@ -16,7 +17,7 @@ import pytest
 from gateway.alarm_engine import AlarmEngine, BatchAlarms
 from gateway.alarms import RetryBatchError, clear_alarm, create_alarm
 from gateway.metrics import Metrics
-from gateway.rules import RuleConfig, compile_rules, rule_version
+from gateway.rules import RuleConfig, RuleState, compile_rules, rule_version
 from protocol import Telemetry, telemetry_event_id
 from storage import rule_state as state_repo
 from storage.pool import create_pool
@@ -324,3 +325,10 @@ async def test_a_concurrent_alarm_on_the_same_active_key_asks_for_a_retry_not_a_
     superseded = await db.fetchval("SELECT superseded_by FROM alarm WHERE id = $1",
                                    first.alarm.id)  # fmt: skip
     assert superseded == retried
+
+
+def test_a_stored_row_carries_the_domain_state_in_the_same_field_order() -> None:
+    """The engine converts rows and states positionally (per touched pair, per batch)."""
+    domain = [f.name for f in dataclasses.fields(RuleState)]
+    stored = [f.name for f in dataclasses.fields(state_repo.RuleStateRow)]
+    assert stored == ["device_id", "rule_key", "version", "rule_version", *domain]
