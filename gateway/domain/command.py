@@ -24,6 +24,8 @@ from protocol.messages import ReceiptResult, ResultCode
 
 MAX_RETRIES: Final = 10
 MAX_RECLAIMS: Final = 5
+# The generation of a command's first claim; 0 means never claimed, and no downlink carries it.
+FIRST_GENERATION: Final = 1
 
 
 class CommandStatus(StrEnum):
@@ -60,7 +62,8 @@ class RejectReason(StrEnum):
     NODE_UNKNOWN = "NODE_UNKNOWN"
     CLAIM_GENERATION_REQUIRED = "CLAIM_GENERATION_REQUIRED"
     UNKNOWN_COMMAND = "UNKNOWN_COMMAND"
-    # A generation the command never had (newer than its latest claim): forged or confused.
+    # A generation the command never had (newer than its latest claim, or 0, which no claim
+    # carries): forged or confused.
     UNKNOWN_GENERATION = "UNKNOWN_GENERATION"
     COMMAND_CLOSED = "COMMAND_CLOSED"
     # PENDING: the claim the receipt answers has lapsed, or there never was one.
@@ -167,7 +170,8 @@ def judge_receipt(
     An older generation is a late receipt of an earlier claim, whichever node held that claim:
     the row only knows its latest claim's node, so the node is compared only within the same
     generation. A generation the row never reached, or a node the row never recorded, is
-    rejected: never guessed.
+    rejected: never guessed. Generation 0 is no claim's (the first claim makes it 1), so a
+    receipt naming it answers nothing, whatever state the command is in.
     """
     status, generation, node = guards.status, guards.claim_generation, guards.claimed_node_id
     reason: RejectReason | None
@@ -175,6 +179,8 @@ def judge_receipt(
         reason = RejectReason.CLAIM_GENERATION_REQUIRED
     elif status is None or generation is None:
         reason = RejectReason.UNKNOWN_COMMAND
+    elif receipt_generation < FIRST_GENERATION:
+        reason = RejectReason.UNKNOWN_GENERATION
     elif generation == 0:  # never claimed: no node to compare with, no claim to answer
         reason = _closed_or_not_claimed(status)
     elif node is None:

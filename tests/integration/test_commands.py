@@ -278,3 +278,29 @@ async def test_deferrable_commands_wait_for_an_offline_device(db: asyncpg.Connec
         "VALUES ('sleepy-2', now(), now(), 'offline')"
     )
     assert [r["id"] for r in await _claim(db, "n")] == [urgent]  # realtime: tried at once
+
+
+async def test_a_receipt_of_generation_zero_is_an_unknown_generation(
+    db: asyncpg.Connection,
+) -> None:
+    """Generations start at 1: no claim ever carried 0, so it is not a late answer to one."""
+    claimed = await _create(db, device="d1")
+    await _claim(db, "n")
+    never_claimed = await _create(db, device="d2")
+    await db.execute("UPDATE command SET next_attempt_at = now() + interval '1 hour' WHERE id = $1",
+                     never_claimed)  # fmt: skip
+    before = {c: dict(await _row(db, c)) for c in (claimed, never_claimed)}
+    for command_id, device in ((claimed, "d1"), (never_claimed, "d2")):
+        assert await _receipt(db, command_id, generation=0, node="n", device=device) == (
+            ReceiptOutcome.REJECTED, RejectReason.UNKNOWN_GENERATION,
+        )  # fmt: skip
+        assert dict(await _row(db, command_id)) == before[command_id]  # untouched
+    kept = await db.fetch(
+        "SELECT command_id, claim_generation, outcome, reason FROM command_receipt ORDER BY id"
+    )
+    assert [tuple(r) for r in kept] == [
+        (claimed, 0, "rejected", "UNKNOWN_GENERATION"),
+        (never_claimed, 0, "rejected", "UNKNOWN_GENERATION"),
+    ]
+    # The real claim is still answered as usual afterwards.
+    assert await _receipt(db, claimed, generation=1, node="n") == (ReceiptOutcome.ACCEPTED, None)

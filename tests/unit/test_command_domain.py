@@ -131,8 +131,13 @@ JUDGED: list[tuple[Guards, int | None, str | None, tuple[ReceiptOutcome, RejectR
     # No such command.
     (MISSING, 1, "B", (Out.REJECTED, Why.UNKNOWN_COMMAND)),
     (MISSING, 0, None, (Out.REJECTED, Why.UNKNOWN_COMMAND)),
+    # Generation 0 is no claim's (the first claim makes it 1): never a late answer.
+    (guards(S.PENDING, 0, None), 0, None, (Out.REJECTED, Why.UNKNOWN_GENERATION)),
+    (guards(S.CLAIMED), 0, "B", (Out.REJECTED, Why.UNKNOWN_GENERATION)),
+    (guards(S.SENT, 1, "B"), 0, "B", (Out.REJECTED, Why.UNKNOWN_GENERATION)),
+    (guards(S.CANCELLED), 0, "B", (Out.REJECTED, Why.UNKNOWN_GENERATION)),
+    (guards(S.ACKED, 2, None), 0, "B", (Out.REJECTED, Why.UNKNOWN_GENERATION)),
     # Never claimed (generation 0, no node): nothing to answer, whatever the receipt says.
-    (guards(S.PENDING, 0, None), 0, None, (Out.REJECTED, Why.NOT_CLAIMED)),
     (guards(S.PENDING, 0, None), 1, "B", (Out.REJECTED, Why.NOT_CLAIMED)),
     (guards(S.CANCELLED, 0, None), 1, "B", (Out.REJECTED, Why.COMMAND_CLOSED)),
     (guards(S.TIMEOUT, 0, None), 3, "A", (Out.REJECTED, Why.COMMAND_CLOSED)),
@@ -148,7 +153,7 @@ JUDGED: list[tuple[Guards, int | None, str | None, tuple[ReceiptOutcome, RejectR
     (guards(S.SENT), 1, None, (Out.DUPLICATED, None)),
     (guards(S.PENDING), 1, "A", (Out.DUPLICATED, None)),
     (guards(S.ACKED), 1, "A", (Out.DUPLICATED, None)),
-    (guards(S.CANCELLED), 0, "B", (Out.DUPLICATED, None)),
+    (guards(S.CANCELLED), 1, "B", (Out.DUPLICATED, None)),
     # A generation the command never reached.
     (guards(S.CLAIMED), 3, "B", (Out.REJECTED, Why.UNKNOWN_GENERATION)),
     (guards(S.SENT), 99, "A", (Out.REJECTED, Why.UNKNOWN_GENERATION)),
@@ -215,10 +220,13 @@ def test_judgement_laws(
         # Only a real claim of this command, never a guess about a node the row lacks.
         assert exists
         assert generation is not None
+        assert generation >= 1  # a claim that was really issued
         assert row_generation >= 1
         assert row_node is not None
         assert generation < row_generation or status in {S.CLAIMED, S.SENT, S.ACKED, S.FAILED}
-    if row_node is None and exists and row_generation >= 1 and generation is not None:
+    if exists and generation == 0:
+        assert reason is Why.UNKNOWN_GENERATION
+    if row_node is None and exists and row_generation >= 1 and generation:
         assert reason is Why.NODE_UNKNOWN
 
 
