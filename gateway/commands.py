@@ -24,6 +24,7 @@ from gateway.domain.command import (
     Guards,
     ReceiptOutcome,
     RejectReason,
+    is_standard_result_code,
     judge_receipt,
     needs_people,
     receipt_effect,
@@ -206,12 +207,14 @@ async def apply_receipt(
             claimed_node_id=None if fresh is None else fresh["claimed_node_id"],
         )
         outcome, reason = judge_receipt(
-            guards, receipt_generation=receipt.claim_generation, receipt_node=receipt.node_id
-        )
+            guards, receipt_generation=receipt.claim_generation, receipt_node=receipt.node_id,
+            result_code=receipt.result_code,
+        )  # fmt: skip
         log.info(
             "receipt_not_applied", command_id=receipt.command_id, device_id=device_id,
             outcome=outcome.value, reason=None if reason is None else reason.value,
             receipt_generation=receipt.claim_generation, receipt_node=receipt.node_id,
+            result_code=receipt.result_code,
         )  # fmt: skip
     await repo.insert_receipt(
         conn, command_id=None if current is None else current["id"],
@@ -227,9 +230,11 @@ async def apply_receipt(
 
 
 def _may_apply(current: asyncpg.Record | None, receipt: CommandReceipt) -> bool:
-    """The four guards, read from the row: the same claim, and still open."""
+    """The four guards, read from the row: the same claim, and still open; and a result code
+    the command's standard field may hold (the receipt keeps any other, as sent)."""
     return (
-        current is not None
+        is_standard_result_code(receipt.result_code)
+        and current is not None
         and receipt.claim_generation is not None
         and receipt.claim_generation == current["claim_generation"]
         and receipt.node_id is not None

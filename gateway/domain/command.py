@@ -68,6 +68,9 @@ class RejectReason(StrEnum):
     COMMAND_CLOSED = "COMMAND_CLOSED"
     # PENDING: the claim the receipt answers has lapsed, or there never was one.
     NOT_CLAIMED = "NOT_CLAIMED"
+    # A resultCode outside the standard ones: it would land in the command's standard field,
+    # where readers take it for one of them. Vendor codes belong in rawResultCode.
+    INVALID_RESULT_CODE = "INVALID_RESULT_CODE"
 
 
 _S = CommandStatus
@@ -114,6 +117,13 @@ def check_transition(status: CommandStatus, target: CommandStatus) -> CommandSta
 
 
 # --- receipts ---------------------------------------------------------------------------------
+
+STANDARD_RESULT_CODES: Final = frozenset(int(code) for code in ResultCode)
+
+
+def is_standard_result_code(code: int | None) -> bool:
+    """Absent, or one of :class:`ResultCode`: what a command's ``result_code`` may hold."""
+    return code is None or code in STANDARD_RESULT_CODES
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,9 +173,16 @@ ANSWERED_STATUSES: frozenset[CommandStatus] = frozenset({CommandStatus.ACKED, Co
 
 
 def judge_receipt(
-    guards: Guards, *, receipt_generation: int | None, receipt_node: str | None
+    guards: Guards,
+    *,
+    receipt_generation: int | None,
+    receipt_node: str | None,
+    result_code: int | None = None,
 ) -> tuple[ReceiptOutcome, RejectReason | None]:
-    """Why the four-guard UPDATE changed nothing, from a fresh read of the row.
+    """Why the receipt was not applied, from a fresh read of the row.
+
+    A receipt for an existing command whose ``result_code`` is not a standard one is never
+    applied (:func:`is_standard_result_code`), whatever its claim says.
 
     An older generation is a late receipt of an earlier claim, whichever node held that claim:
     the row only knows its latest claim's node, so the node is compared only within the same
@@ -179,6 +196,8 @@ def judge_receipt(
         reason = RejectReason.CLAIM_GENERATION_REQUIRED
     elif status is None or generation is None:
         reason = RejectReason.UNKNOWN_COMMAND
+    elif not is_standard_result_code(result_code):
+        reason = RejectReason.INVALID_RESULT_CODE
     elif receipt_generation < FIRST_GENERATION:
         reason = RejectReason.UNKNOWN_GENERATION
     elif generation == 0:  # never claimed: no node to compare with, no claim to answer
@@ -242,6 +261,8 @@ def receipt_effect(
     """
     if retry_count < 0:
         raise ValueError("retry_count is never negative")
+    if not is_standard_result_code(result_code):
+        raise ValueError(f"result code {result_code} is not a standard one: refuse the receipt")
     retry = False
     if result is ReceiptResult.ACKED:
         success = result_code is not None and result_code == ResultCode.SUCCESS

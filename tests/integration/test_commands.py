@@ -304,3 +304,32 @@ async def test_a_receipt_of_generation_zero_is_an_unknown_generation(
     ]
     # The real claim is still answered as usual afterwards.
     assert await _receipt(db, claimed, generation=1, node="n") == (ReceiptOutcome.ACCEPTED, None)
+
+
+@pytest.mark.parametrize("code", [5, 17, -1, 2**31 - 1])
+async def test_a_result_code_outside_the_standard_ones_is_refused_and_kept_raw(
+    db: asyncpg.Connection, code: int
+) -> None:
+    """resultCode is 0-4; anything else would land in the command's standard field."""
+    command_id = await _create(db)
+    (claimed,) = await _claim(db, "n")
+    assert await mark_sent(db, claimed, node_id="n", sent_timeout_s=SENT_TIMEOUT_S) is not None
+    before = dict(await _row(db, command_id))
+    for result in (ReceiptResult.ACKED, ReceiptResult.FAILED):
+        outcome = await _receipt(db, command_id, generation=1, node="n", result=result,
+                                 code=code, raw="E-99")  # fmt: skip
+        assert outcome == ("rejected", "INVALID_RESULT_CODE")
+        assert dict(await _row(db, command_id)) == before  # untouched: still SENT, no result
+    kept = await db.fetch(
+        "SELECT result, result_code, raw_result_code, outcome, reason FROM command_receipt"
+        " WHERE command_id = $1 ORDER BY id",
+        command_id,
+    )
+    assert [tuple(r) for r in kept] == [
+        ("ACKED", code, "E-99", "rejected", "INVALID_RESULT_CODE"),
+        ("FAILED", code, "E-99", "rejected", "INVALID_RESULT_CODE"),
+    ]
+    # A standard code from the same claim is still applied afterwards.
+    assert await _receipt(db, command_id, generation=1, node="n", code=4) == ("accepted", None)
+    row = await _row(db, command_id)
+    assert (row["status"], row["result_code"]) == ("FAILED", 4)
