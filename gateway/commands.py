@@ -264,15 +264,14 @@ async def mark_sent(
 async def cancel(
     conn: asyncpg.Connection, command_id: int, *, actor: str, node_id: str
 ) -> asyncpg.Record:
-    before = await repo.get(conn, command_id)
-    if before is None:
-        raise CommandNotFoundError(command_id)
+    """The cancelled row, with ``previous_status``: the status it left."""
     row = await repo.cancel(conn, command_id)
     if row is None:
         current = await repo.get(conn, command_id)
-        assert current is not None
+        if current is None:
+            raise CommandNotFoundError(command_id)
         raise CommandClosedError(command_id, current["status"])
-    await _record(conn, row, from_status=before["status"], actor=actor, action="cancel",
+    await _record(conn, row, from_status=row["previous_status"], actor=actor, action="cancel",
                   node_id=node_id)  # fmt: skip
     return row
 
@@ -280,11 +279,13 @@ async def cancel(
 async def unbind(
     conn: asyncpg.Connection, device_id: str, *, actor: str, node_id: str
 ) -> list[asyncpg.Record]:
-    """The device takes no more commands; its open ones are cancelled."""
+    """The device takes no more commands; its open ones are cancelled (each row with
+    ``previous_status``)."""
     await repo.unbind_device(conn, device_id)
     cancelled = await repo.cancel_open_of_device(conn, device_id)
     for row in cancelled:
-        await _record(conn, row, from_status=None, actor=actor, action="unbind", node_id=node_id)
+        await _record(conn, row, from_status=row["previous_status"], actor=actor, action="unbind",
+                      node_id=node_id)  # fmt: skip
     return cancelled
 
 

@@ -141,18 +141,25 @@ WHERE c.id = old.id
 RETURNING c.*, old.status AS previous_status;
 
 -- name: cancel
--- $1 id; from PENDING, CLAIMED or SENT to CANCELLED.
-UPDATE command
+-- $1 id; from PENDING, CLAIMED or SENT to CANCELLED (with the status it left: read under the
+-- row lock, so a dispatcher's CLAIMED -> SENT committed while we waited is what it left).
+UPDATE command c
 SET status = 'CANCELLED', finished_at = now(), lease_expire_at = NULL, updated_at = now()
-WHERE id = $1 AND status IN ('PENDING', 'CLAIMED', 'SENT')
-RETURNING *;
+FROM (SELECT id, status FROM command
+      WHERE id = $1 AND status IN ('PENDING', 'CLAIMED', 'SENT')
+      FOR UPDATE) AS old
+WHERE c.id = old.id
+RETURNING c.*, old.status AS previous_status;
 
 -- name: cancel_open_of_device
--- $1 device; every open command of the device (unbind).
-UPDATE command
+-- $1 device; every open command of the device (unbind), with the status each one left.
+UPDATE command c
 SET status = 'CANCELLED', finished_at = now(), lease_expire_at = NULL, updated_at = now()
-WHERE device_id = $1 AND status IN ('PENDING', 'CLAIMED', 'SENT')
-RETURNING *;
+FROM (SELECT id, status FROM command
+      WHERE device_id = $1 AND status IN ('PENDING', 'CLAIMED', 'SENT')
+      FOR UPDATE) AS old
+WHERE c.id = old.id
+RETURNING c.*, old.status AS previous_status;
 
 -- name: unbind_device
 -- $1 device; registers an unknown device as unbound too (no commands may follow).

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import asyncpg
 import pytest
 
@@ -18,6 +20,7 @@ from gateway.commands import (
 from gateway.domain.command import Delivery, ReceiptOutcome, RejectReason
 from protocol import CommandReceipt, ReceiptResult
 from storage import commands as repo
+from tests.support.waiting import wait_until
 
 SENT_TIMEOUT_S = 86400.0
 
@@ -333,3 +336,70 @@ async def test_a_result_code_outside_the_standard_ones_is_refused_and_kept_raw(
     assert await _receipt(db, command_id, generation=1, node="n", code=4) == ("accepted", None)
     row = await _row(db, command_id)
     assert (row["status"], row["result_code"]) == ("FAILED", 4)
+
+
+async def _audit_of(db: asyncpg.Connection, command_ids: list[int], action: str) -> list[tuple]:
+    rows = await db.fetch(
+        "SELECT command_id, from_status, to_status FROM command_audit"
+        " WHERE command_id = ANY($1::bigint[]) AND action = $2 ORDER BY command_id",
+        command_ids, action,
+    )  # fmt: skip
+    return [tuple(r) for r in rows]
+
+
+async def test_unbind_audits_the_status_each_command_left(db: asyncpg.Connection) -> None:
+    sent, claimed, pending = [await _create(db, device="d9") for _ in range(3)]
+    done = await _create(db, device="d9")
+    await cancel(db, done, actor="op:bob", node_id="api")
+    # Two in flight at once, so that one can be SENT and one CLAIMED.
+    for _ in range(2):
+        await repo.claim_due(db, node_id="n", lease_s=30, limit=10, max_in_flight=2)
+    first = await _row(db, sent)
+    assert await mark_sent(db, first, node_id="n", sent_timeout_s=SENT_TIMEOUT_S) is not None
+    assert [(await _row(db, c))["status"] for c in (sent, claimed, pending)] == [
+        "SENT", "CLAIMED", "PENDING",
+    ]  # fmt: skip
+
+    cancelled = await unbind(db, "d9", actor="op:bob", node_id="api")
+    assert sorted(r["id"] for r in cancelled) == [sent, claimed, pending]
+    assert await _audit_of(db, [sent, claimed, pending, done], "unbind") == [
+        (sent, "SENT", "CANCELLED"),
+        (claimed, "CLAIMED", "CANCELLED"),
+        (pending, "PENDING", "CANCELLED"),
+    ]
+
+
+async def test_a_cancel_audits_the_status_it_really_left(
+    db_dsn: str, db: asyncpg.Connection
+) -> None:
+    """The command moves CLAIMED -> SENT while the cancel waits for its row lock."""
+    command_id = await _create(db)
+    (claimed,) = await _claim(db, "n")
+    dispatcher = await asyncpg.connect(db_dsn)
+    canceller = await asyncpg.connect(db_dsn)
+    try:
+        moving = dispatcher.transaction()
+        await moving.start()
+        assert await mark_sent(dispatcher, claimed, node_id="n", sent_timeout_s=SENT_TIMEOUT_S)
+        pid = canceller.get_server_pid()
+
+        async def cancel_in_transaction() -> asyncpg.Record:
+            async with canceller.transaction():
+                return await cancel(canceller, command_id, actor="op:bob", node_id="api")
+
+        cancelling = asyncio.create_task(cancel_in_transaction())
+
+        async def blocked() -> bool:
+            waiting = await db.fetchval(
+                "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $1", pid
+            )
+            return bool(waiting) or cancelling.done()
+
+        await wait_until(blocked, message="the cancel waits for the dispatcher's row lock")
+        await moving.commit()
+        row = await cancelling
+    finally:
+        await dispatcher.close()
+        await canceller.close()
+    assert row["status"] == "CANCELLED"
+    assert await _audit_of(db, [command_id], "cancel") == [(command_id, "SENT", "CANCELLED")]
