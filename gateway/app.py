@@ -178,7 +178,13 @@ class Daemon:
             )
             add_command_api(
                 app,
-                service=CommandService(pool, self.node_id, cfg.commands.expire_after_s, stop=stop),
+                service=CommandService(
+                    pool,
+                    self.node_id,
+                    cfg.commands.expire_after_s,
+                    stop=stop,
+                    metrics=self.metrics,
+                ),
                 auth=self.auth,
             )
             server = await stack.enter_async_context(HttpServer(app, cfg.http.host, cfg.http.port))

@@ -9,7 +9,7 @@ fails nothing changes, and the receipt is still kept with why it was not applied
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import asyncpg
@@ -289,6 +289,9 @@ async def unbind(
     return cancelled
 
 
+Transition = tuple[str, str]  # (from status, to status): one audited status change
+
+
 @dataclass(slots=True)
 class ReapReport:
     reclaimed: list[int]
@@ -296,6 +299,8 @@ class ReapReport:
     failed: list[int]
     expired: list[tuple[int, str]]  # (id, the status it left)
     alarms: list[int]
+    # Every status change the pass audited, whichever step made it (metrics count these).
+    transitions: list[Transition] = field(default_factory=list)
 
 
 async def reap(
@@ -309,6 +314,7 @@ async def reap(
     report = ReapReport([], [], [], [], [])
     for row in await repo.reclaim_expired(conn):
         report.reclaimed.append(row["id"])
+        report.transitions.append(("CLAIMED", row["status"]))
         note = f"lease expired (node {row['claimed_node_id']})"
         await _record(conn, row, from_status="CLAIMED", actor=REAPER_ACTOR, action="reclaim",
                       node_id=node_id, note=note)  # fmt: skip
@@ -330,12 +336,17 @@ async def reap(
             )  # fmt: skip
             if applied.outcome is ReceiptOutcome.ACCEPTED:
                 report.timed_out_receipts.append(row["id"])
+            moved = applied.command
+            if moved is not None and applied.previous_status not in (None, moved["status"]):
+                report.transitions.append((str(applied.previous_status), moved["status"]))
     for row in await repo.fail_sent_timeout(conn):
         report.failed.append(row["id"])
+        report.transitions.append(("SENT", row["status"]))
         await _record(conn, row, from_status="SENT", actor=REAPER_ACTOR, action="timeout",
                       node_id=node_id)  # fmt: skip
     for row in await repo.expire(conn):
         report.expired.append((row["id"], row["previous_status"]))
+        report.transitions.append((row["previous_status"], row["status"]))
         await _record(conn, row, from_status=row["previous_status"], actor=REAPER_ACTOR,
                       action="expire", node_id=node_id)  # fmt: skip
     return report

@@ -39,7 +39,9 @@ async def _create(
 
 
 async def _claim(db: asyncpg.Connection, node: str) -> list[asyncpg.Record]:
-    return await repo.claim_due(db, node_id=node, lease_s=30, limit=10, max_in_flight=1)
+    return await repo.claim_due(
+        db, node_id=node, lease_s=30, limit=10, max_in_flight=1, actor="system:dispatcher"
+    )
 
 
 async def _receipt(
@@ -353,7 +355,9 @@ async def test_unbind_audits_the_status_each_command_left(db: asyncpg.Connection
     await cancel(db, done, actor="op:bob", node_id="api")
     # Two in flight at once, so that one can be SENT and one CLAIMED.
     for _ in range(2):
-        await repo.claim_due(db, node_id="n", lease_s=30, limit=10, max_in_flight=2)
+        await repo.claim_due(
+            db, node_id="n", lease_s=30, limit=10, max_in_flight=2, actor="system:dispatcher"
+        )
     first = await _row(db, sent)
     assert await mark_sent(db, first, node_id="n", sent_timeout_s=SENT_TIMEOUT_S) is not None
     assert [(await _row(db, c))["status"] for c in (sent, claimed, pending)] == [
