@@ -34,6 +34,7 @@ from gateway.domain.alarm import (
     InvalidActorError,
 )
 from gateway.errors import GatewayError
+from storage.audit import audit_failure
 
 log = structlog.get_logger("gateway.api")
 
@@ -172,6 +173,17 @@ def error_response(exc: Exception, request: web.Request) -> web.Response:
         headers = {k: v for k, v in exc.headers.items() if k.lower() != "content-type"}
         code = _HTTP_CODES.get(exc.status, f"HTTP_{exc.status}")
         return ApiError(exc.status, code, exc.reason, headers=headers).response()
+    table = audit_failure(exc)
+    if table is not None:
+        # A known fault with a known effect: no traceback, the daemon logged the row's error.
+        log.error(
+            "api_audit_failed", method=request.method, path=request.path, table=table,
+            error=repr(exc),
+        )  # fmt: skip
+        return ApiError(
+            500, "AUDIT_FAILED",
+            "the change was rolled back: its audit row could not be written; see the gateway's log",
+        ).response()  # fmt: skip
     if isinstance(exc, _UNAVAILABLE):
         log.warning(
             "api_database_unavailable", method=request.method, path=request.path, error=repr(exc)

@@ -178,7 +178,13 @@ class Daemon:
             )
             add_command_api(
                 app,
-                service=CommandService(pool, self.node_id, cfg.commands.expire_after_s, stop=stop),
+                service=CommandService(
+                    pool,
+                    self.node_id,
+                    cfg.commands.expire_after_s,
+                    stop=stop,
+                    metrics=self.metrics,
+                ),
                 auth=self.auth,
             )
             server = await stack.enter_async_context(HttpServer(app, cfg.http.host, cfg.http.port))
@@ -356,6 +362,7 @@ class Daemon:
                     max_size=db.pool_max,
                     connect_timeout_s=db.connect_timeout_s,
                     application_name=f"gateway:{self.node_id}",
+                    on_audit_failure=self._audit_failed,
                 )
             except TRANSIENT_DB_ERRORS as exc:
                 delay = backoff.next_delay()
@@ -391,9 +398,9 @@ class Daemon:
                 "address": None if self.broker_address is None else list(self.broker_address),
                 "connections": 0 if self.session is None else self.session.connections,
             },
-            # Every audit row is written in the transaction of its change (a failed audit rolls
-            # the change back), so no path can lose one silently.
-            "auditFailures": 0,
+            # Every audit row is written in the transaction of its change, so a refused one
+            # rolled its change back: nothing went unaudited, but something did not happen.
+            "auditFailures": self.audit_failures(),
             "ingest": {
                 "queued": 0 if self.writer is None else self.writer.queue.qsize(),
                 "seconds_since_progress": (
@@ -404,6 +411,16 @@ class Daemon:
             },
         }
         return healthy, body
+
+    def _audit_failed(self, table: str, exc: asyncpg.PostgresError) -> None:
+        self.metrics.audit_failures.inc()
+        # The statement failed inside its change's transaction, which cannot commit now.
+        log.error("audit_write_failed", table=table, sqlstate=exc.sqlstate, error=repr(exc))
+
+    def audit_failures(self) -> int:
+        """Audit rows refused since the daemon started (``gateway_audit_failures_total``)."""
+        value = self.metrics.registry.get_sample_value("gateway_audit_failures_total")
+        return 0 if value is None else int(value)
 
     async def _database_health(self) -> dict[str, Any]:
         pool = self.pool

@@ -47,6 +47,7 @@ from gateway.commands import (
 )
 from gateway.domain.command import TERMINAL_STATUSES, CommandStatus, Delivery
 from gateway.loops import sleep_unless_stopped
+from gateway.metrics import Metrics
 from protocol import is_valid_device_id
 from storage import commands as repo
 
@@ -156,12 +157,14 @@ class CommandService:
         expire_after_s: float,
         *,
         stop: asyncio.Event | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         self.pool = pool
         self.node_id = node_id
         self.expire_after_s = expire_after_s
         # Set by the daemon on shutdown: every wait returns at once with what it has.
         self.stop = stop or asyncio.Event()
+        self.metrics = metrics
 
     async def create(
         self,
@@ -193,11 +196,21 @@ class CommandService:
 
     async def cancel(self, command_id: int, *, actor: str) -> asyncpg.Record:
         async with self.pool.acquire() as conn, conn.transaction():
-            return await cancel(conn, command_id, actor=actor, node_id=self.node_id)
+            row = await cancel(conn, command_id, actor=actor, node_id=self.node_id)
+        self._count([row])
+        return row
 
     async def unbind(self, device_id: str, *, actor: str) -> list[asyncpg.Record]:
         async with self.pool.acquire() as conn, conn.transaction():
-            return await unbind(conn, device_id, actor=actor, node_id=self.node_id)
+            cancelled = await unbind(conn, device_id, actor=actor, node_id=self.node_id)
+        self._count(cancelled)
+        return cancelled
+
+    def _count(self, changed: Sequence[asyncpg.Record]) -> None:
+        """Count committed status changes (rows carrying the ``previous_status`` they left)."""
+        if self.metrics is not None:
+            for row in changed:
+                self.metrics.count_command(row["previous_status"], row["status"])
 
     async def wait_terminal(self, command_id: int, timeout_s: float) -> asyncpg.Record:
         """The command once terminal, or as it is when ``timeout_s`` ends (or stop is set)."""

@@ -9,7 +9,7 @@ fails nothing changes, and the receipt is still kept with why it was not applied
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import asyncpg
@@ -24,6 +24,7 @@ from gateway.domain.command import (
     Guards,
     ReceiptOutcome,
     RejectReason,
+    is_standard_result_code,
     judge_receipt,
     needs_people,
     receipt_effect,
@@ -206,12 +207,14 @@ async def apply_receipt(
             claimed_node_id=None if fresh is None else fresh["claimed_node_id"],
         )
         outcome, reason = judge_receipt(
-            guards, receipt_generation=receipt.claim_generation, receipt_node=receipt.node_id
-        )
+            guards, receipt_generation=receipt.claim_generation, receipt_node=receipt.node_id,
+            result_code=receipt.result_code,
+        )  # fmt: skip
         log.info(
             "receipt_not_applied", command_id=receipt.command_id, device_id=device_id,
             outcome=outcome.value, reason=None if reason is None else reason.value,
             receipt_generation=receipt.claim_generation, receipt_node=receipt.node_id,
+            result_code=receipt.result_code,
         )  # fmt: skip
     await repo.insert_receipt(
         conn, command_id=None if current is None else current["id"],
@@ -227,9 +230,11 @@ async def apply_receipt(
 
 
 def _may_apply(current: asyncpg.Record | None, receipt: CommandReceipt) -> bool:
-    """The four guards, read from the row: the same claim, and still open."""
+    """The four guards, read from the row: the same claim, and still open; and a result code
+    the command's standard field may hold (the receipt keeps any other, as sent)."""
     return (
-        current is not None
+        is_standard_result_code(receipt.result_code)
+        and current is not None
         and receipt.claim_generation is not None
         and receipt.claim_generation == current["claim_generation"]
         and receipt.node_id is not None
@@ -259,15 +264,14 @@ async def mark_sent(
 async def cancel(
     conn: asyncpg.Connection, command_id: int, *, actor: str, node_id: str
 ) -> asyncpg.Record:
-    before = await repo.get(conn, command_id)
-    if before is None:
-        raise CommandNotFoundError(command_id)
+    """The cancelled row, with ``previous_status``: the status it left."""
     row = await repo.cancel(conn, command_id)
     if row is None:
         current = await repo.get(conn, command_id)
-        assert current is not None
+        if current is None:
+            raise CommandNotFoundError(command_id)
         raise CommandClosedError(command_id, current["status"])
-    await _record(conn, row, from_status=before["status"], actor=actor, action="cancel",
+    await _record(conn, row, from_status=row["previous_status"], actor=actor, action="cancel",
                   node_id=node_id)  # fmt: skip
     return row
 
@@ -275,12 +279,17 @@ async def cancel(
 async def unbind(
     conn: asyncpg.Connection, device_id: str, *, actor: str, node_id: str
 ) -> list[asyncpg.Record]:
-    """The device takes no more commands; its open ones are cancelled."""
+    """The device takes no more commands; its open ones are cancelled (each row with
+    ``previous_status``)."""
     await repo.unbind_device(conn, device_id)
     cancelled = await repo.cancel_open_of_device(conn, device_id)
     for row in cancelled:
-        await _record(conn, row, from_status=None, actor=actor, action="unbind", node_id=node_id)
+        await _record(conn, row, from_status=row["previous_status"], actor=actor, action="unbind",
+                      node_id=node_id)  # fmt: skip
     return cancelled
+
+
+Transition = tuple[str, str]  # (from status, to status): one audited status change
 
 
 @dataclass(slots=True)
@@ -290,6 +299,8 @@ class ReapReport:
     failed: list[int]
     expired: list[tuple[int, str]]  # (id, the status it left)
     alarms: list[int]
+    # Every status change the pass audited, whichever step made it (metrics count these).
+    transitions: list[Transition] = field(default_factory=list)
 
 
 async def reap(
@@ -303,6 +314,7 @@ async def reap(
     report = ReapReport([], [], [], [], [])
     for row in await repo.reclaim_expired(conn):
         report.reclaimed.append(row["id"])
+        report.transitions.append(("CLAIMED", row["status"]))
         note = f"lease expired (node {row['claimed_node_id']})"
         await _record(conn, row, from_status="CLAIMED", actor=REAPER_ACTOR, action="reclaim",
                       node_id=node_id, note=note)  # fmt: skip
@@ -324,12 +336,17 @@ async def reap(
             )  # fmt: skip
             if applied.outcome is ReceiptOutcome.ACCEPTED:
                 report.timed_out_receipts.append(row["id"])
+            moved = applied.command
+            if moved is not None and applied.previous_status not in (None, moved["status"]):
+                report.transitions.append((str(applied.previous_status), moved["status"]))
     for row in await repo.fail_sent_timeout(conn):
         report.failed.append(row["id"])
+        report.transitions.append(("SENT", row["status"]))
         await _record(conn, row, from_status="SENT", actor=REAPER_ACTOR, action="timeout",
                       node_id=node_id)  # fmt: skip
     for row in await repo.expire(conn):
         report.expired.append((row["id"], row["previous_status"]))
+        report.transitions.append((row["previous_status"], row["status"]))
         await _record(conn, row, from_status=row["previous_status"], actor=REAPER_ACTOR,
                       action="expire", node_id=node_id)  # fmt: skip
     return report

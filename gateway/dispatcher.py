@@ -9,13 +9,14 @@ owner. A publish that fails leaves the claim to expire: the reaper returns it to
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from collections.abc import Awaitable, Callable
 
 import asyncpg
 import msgspec
 import structlog
 
-from gateway.commands import mark_sent, reap
+from gateway.commands import DISPATCHER_ACTOR, mark_sent, reap
 from gateway.loops import drain_on_notify, every
 from gateway.metrics import Metrics
 from protocol import DownlinkCommand, Topics, encode_command
@@ -69,7 +70,7 @@ class Dispatcher:
         async with self.pool.acquire() as conn:
             claimed = await repo.claim_due(
                 conn, node_id=self.node_id, lease_s=self.lease_s, limit=self.batch,
-                max_in_flight=self.max_in_flight,
+                max_in_flight=self.max_in_flight, actor=DISPATCHER_ACTOR,
             )  # fmt: skip
         if claimed:
             self.metrics.command_claim_batch.observe(len(claimed))
@@ -129,11 +130,9 @@ class Reaper:
                 conn, node_id=self.node_id, ack_window_s=self.ack_window_s,
                 sent_timeout_s=self.sent_timeout_s,
             )  # fmt: skip
-        m = self.metrics
-        m.count_command("CLAIMED", "PENDING", len(report.reclaimed))
-        m.count_command("SENT", "FAILED", len(report.failed))
-        for _, previous in report.expired:
-            m.count_command(previous, "TIMEOUT")
+        # After the commit: a pass that rolled back changed nothing.
+        for (from_status, to_status), n in Counter(report.transitions).items():
+            self.metrics.count_command(from_status, to_status, n)
         if any((report.reclaimed, report.timed_out_receipts, report.failed, report.expired)):
             log.info(
                 "commands_reaped", reclaimed=report.reclaimed, timed_out=report.timed_out_receipts,

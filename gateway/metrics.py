@@ -159,6 +159,13 @@ class Metrics:
             registry=r,
         )
 
+        # Audit rows PostgreSQL refused (the change they recorded rolled back with them).
+        self.audit_failures = Counter(
+            "gateway_audit_failures",
+            "Audit rows (alarm or command) that could not be written; their changes rolled back",
+            registry=r,
+        )
+
     def count_command(self, from_status: str, to_status: str, n: int = 1) -> None:
         self.command_transitions.labels(from_status, to_status).inc(n)
 

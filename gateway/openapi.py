@@ -174,6 +174,7 @@ _ERROR_SCHEMA: Final = {
                 "STATUS_CHANGED",
                 "PAYLOAD_TOO_LARGE",
                 "INTERNAL",
+                "AUDIT_FAILED",
                 "UNAVAILABLE",
             ],
         },
@@ -488,7 +489,10 @@ _RESPONSES: Final[dict[str, Any]] = {
     "NotFound": _error("No such alarm (`NOT_FOUND`)."),
     "CommandNotFound": _error("No such command (`NOT_FOUND`, with `command_id`)."),
     "Unavailable": _error("The database is not reachable (`UNAVAILABLE`); retry."),
-    "Internal": _error("A server fault (`INTERNAL`), logged as `api_error`."),
+    "Internal": _error(
+        "A server fault (`INTERNAL`), logged as `api_error`; or a change whose audit row "
+        "PostgreSQL refused (`AUDIT_FAILED`): it was rolled back, nothing changed."
+    ),
 }
 
 _ECHOED_REQUEST_ID: Final = {

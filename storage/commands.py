@@ -70,9 +70,16 @@ async def receipts_of(conn: asyncpg.Connection, command_id: int) -> list[asyncpg
 
 
 async def claim_due(
-    conn: asyncpg.Connection, *, node_id: str, lease_s: float, limit: int, max_in_flight: int
+    conn: asyncpg.Connection,
+    *,
+    node_id: str,
+    lease_s: float,
+    limit: int,
+    max_in_flight: int,
+    actor: str,
 ) -> list[asyncpg.Record]:
-    return list(await conn.fetch(CLAIM_DUE, node_id, lease_s, limit, max_in_flight))
+    """PENDING → CLAIMED for the due commands, with their audit rows, in one statement."""
+    return list(await conn.fetch(CLAIM_DUE, node_id, lease_s, limit, max_in_flight, actor))
 
 
 async def mark_sent(

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncpg
 
+from storage.audit import AuditFailureHook, audited_connection_class
+
 
 async def create_pool(
     dsn: str,
@@ -13,8 +15,14 @@ async def create_pool(
     connect_timeout_s: float = 10.0,
     command_timeout_s: float | None = 60.0,
     application_name: str = "gateway",
+    on_audit_failure: AuditFailureHook | None = None,
 ) -> asyncpg.Pool:
-    """A pool whose connections are named after the node (visible in pg_stat_activity)."""
+    """A pool whose connections are named after the node (visible in pg_stat_activity).
+
+    Its connections notice audit rows PostgreSQL refuses (:mod:`storage.audit`) and report
+    them to ``on_audit_failure``.
+    """
+    hooks = () if on_audit_failure is None else (on_audit_failure,)
     pool = await asyncpg.create_pool(
         dsn,
         min_size=min_size,
@@ -23,6 +31,7 @@ async def create_pool(
         command_timeout=command_timeout_s,
         server_settings={"application_name": application_name},
         reset=_keep_session,
+        connection_class=audited_connection_class(*hooks),
     )
     assert pool is not None
     return pool

@@ -24,6 +24,8 @@ from protocol.messages import ReceiptResult, ResultCode
 
 MAX_RETRIES: Final = 10
 MAX_RECLAIMS: Final = 5
+# The generation of a command's first claim; 0 means never claimed, and no downlink carries it.
+FIRST_GENERATION: Final = 1
 
 
 class CommandStatus(StrEnum):
@@ -60,11 +62,15 @@ class RejectReason(StrEnum):
     NODE_UNKNOWN = "NODE_UNKNOWN"
     CLAIM_GENERATION_REQUIRED = "CLAIM_GENERATION_REQUIRED"
     UNKNOWN_COMMAND = "UNKNOWN_COMMAND"
-    # A generation the command never had (newer than its latest claim): forged or confused.
+    # A generation the command never had (newer than its latest claim, or 0, which no claim
+    # carries): forged or confused.
     UNKNOWN_GENERATION = "UNKNOWN_GENERATION"
     COMMAND_CLOSED = "COMMAND_CLOSED"
     # PENDING: the claim the receipt answers has lapsed, or there never was one.
     NOT_CLAIMED = "NOT_CLAIMED"
+    # A resultCode outside the standard ones: it would land in the command's standard field,
+    # where readers take it for one of them. Vendor codes belong in rawResultCode.
+    INVALID_RESULT_CODE = "INVALID_RESULT_CODE"
 
 
 _S = CommandStatus
@@ -111,6 +117,13 @@ def check_transition(status: CommandStatus, target: CommandStatus) -> CommandSta
 
 
 # --- receipts ---------------------------------------------------------------------------------
+
+STANDARD_RESULT_CODES: Final = frozenset(int(code) for code in ResultCode)
+
+
+def is_standard_result_code(code: int | None) -> bool:
+    """Absent, or one of :class:`ResultCode`: what a command's ``result_code`` may hold."""
+    return code is None or code in STANDARD_RESULT_CODES
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,14 +173,22 @@ ANSWERED_STATUSES: frozenset[CommandStatus] = frozenset({CommandStatus.ACKED, Co
 
 
 def judge_receipt(
-    guards: Guards, *, receipt_generation: int | None, receipt_node: str | None
+    guards: Guards,
+    *,
+    receipt_generation: int | None,
+    receipt_node: str | None,
+    result_code: int | None = None,
 ) -> tuple[ReceiptOutcome, RejectReason | None]:
-    """Why the four-guard UPDATE changed nothing, from a fresh read of the row.
+    """Why the receipt was not applied, from a fresh read of the row.
+
+    A receipt for an existing command whose ``result_code`` is not a standard one is never
+    applied (:func:`is_standard_result_code`), whatever its claim says.
 
     An older generation is a late receipt of an earlier claim, whichever node held that claim:
     the row only knows its latest claim's node, so the node is compared only within the same
     generation. A generation the row never reached, or a node the row never recorded, is
-    rejected: never guessed.
+    rejected: never guessed. Generation 0 is no claim's (the first claim makes it 1), so a
+    receipt naming it answers nothing, whatever state the command is in.
     """
     status, generation, node = guards.status, guards.claim_generation, guards.claimed_node_id
     reason: RejectReason | None
@@ -175,6 +196,10 @@ def judge_receipt(
         reason = RejectReason.CLAIM_GENERATION_REQUIRED
     elif status is None or generation is None:
         reason = RejectReason.UNKNOWN_COMMAND
+    elif not is_standard_result_code(result_code):
+        reason = RejectReason.INVALID_RESULT_CODE
+    elif receipt_generation < FIRST_GENERATION:
+        reason = RejectReason.UNKNOWN_GENERATION
     elif generation == 0:  # never claimed: no node to compare with, no claim to answer
         reason = _closed_or_not_claimed(status)
     elif node is None:
@@ -236,6 +261,8 @@ def receipt_effect(
     """
     if retry_count < 0:
         raise ValueError("retry_count is never negative")
+    if not is_standard_result_code(result_code):
+        raise ValueError(f"result code {result_code} is not a standard one: refuse the receipt")
     retry = False
     if result is ReceiptResult.ACKED:
         success = result_code is not None and result_code == ResultCode.SUCCESS

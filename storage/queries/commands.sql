@@ -27,10 +27,11 @@ SELECT id, reported_command_id, claim_generation, node_id, result, result_code,
 FROM command_receipt WHERE command_id = $1 ORDER BY id;
 
 -- name: claim_due
--- $1 node id, $2 lease seconds, $3 batch size, $4 most commands in flight per device.
+-- $1 node id, $2 lease seconds, $3 batch size, $4 most commands in flight per device, $5 actor.
 -- One statement: due PENDING commands, oldest first, never behind an older open command of
 -- the same device (creation order) nor beyond the device's in-flight limit; deferrable ones
--- not to a device whose retained presence is offline. Generation + 1, this node, a lease.
+-- not to a device whose retained presence is offline. Generation + 1, this node, a lease; and
+-- each claim's audit row (one round trip, like mark_sent).
 WITH due AS (
     SELECT c.id
     FROM command c
@@ -47,14 +48,20 @@ WITH due AS (
     ORDER BY c.id
     LIMIT $3
     FOR UPDATE OF c SKIP LOCKED
+), claimed AS (
+    UPDATE command c
+    SET status = 'CLAIMED', claim_generation = c.claim_generation + 1, claimed_node_id = $1,
+        claimed_at = now(), lease_expire_at = now() + make_interval(secs => $2),
+        legacy_claim = false, updated_at = now()
+    FROM due
+    WHERE c.id = due.id
+    RETURNING c.*
+), audit AS (
+    INSERT INTO command_audit (command_id, actor, action, from_status, to_status,
+                               claim_generation, node_id)
+    SELECT id, $5, 'claim', 'PENDING', status, claim_generation, $1 FROM claimed
 )
-UPDATE command c
-SET status = 'CLAIMED', claim_generation = c.claim_generation + 1, claimed_node_id = $1,
-    claimed_at = now(), lease_expire_at = now() + make_interval(secs => $2), legacy_claim = false,
-    updated_at = now()
-FROM due
-WHERE c.id = due.id
-RETURNING c.*;
+SELECT * FROM claimed;
 
 -- name: mark_sent
 -- $1 id, $2 generation, $3 node, $4 seconds until timeout_at, $5 actor; the broker's PUBACK of
@@ -141,18 +148,25 @@ WHERE c.id = old.id
 RETURNING c.*, old.status AS previous_status;
 
 -- name: cancel
--- $1 id; from PENDING, CLAIMED or SENT to CANCELLED.
-UPDATE command
+-- $1 id; from PENDING, CLAIMED or SENT to CANCELLED (with the status it left: read under the
+-- row lock, so a dispatcher's CLAIMED -> SENT committed while we waited is what it left).
+UPDATE command c
 SET status = 'CANCELLED', finished_at = now(), lease_expire_at = NULL, updated_at = now()
-WHERE id = $1 AND status IN ('PENDING', 'CLAIMED', 'SENT')
-RETURNING *;
+FROM (SELECT id, status FROM command
+      WHERE id = $1 AND status IN ('PENDING', 'CLAIMED', 'SENT')
+      FOR UPDATE) AS old
+WHERE c.id = old.id
+RETURNING c.*, old.status AS previous_status;
 
 -- name: cancel_open_of_device
--- $1 device; every open command of the device (unbind).
-UPDATE command
+-- $1 device; every open command of the device (unbind), with the status each one left.
+UPDATE command c
 SET status = 'CANCELLED', finished_at = now(), lease_expire_at = NULL, updated_at = now()
-WHERE device_id = $1 AND status IN ('PENDING', 'CLAIMED', 'SENT')
-RETURNING *;
+FROM (SELECT id, status FROM command
+      WHERE device_id = $1 AND status IN ('PENDING', 'CLAIMED', 'SENT')
+      FOR UPDATE) AS old
+WHERE c.id = old.id
+RETURNING c.*, old.status AS previous_status;
 
 -- name: unbind_device
 -- $1 device; registers an unknown device as unbound too (no commands may follow).

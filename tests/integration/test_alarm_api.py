@@ -599,10 +599,12 @@ async def test_a_failing_audit_write_rolls_the_action_back(api: Api) -> None:
     with capture_logs() as logs:
         reply = await api.act(alarm_id, "confirm")
     assert reply.status == 500
-    assert reply.body["error"] == "INTERNAL"
+    assert reply.body["error"] == "AUDIT_FAILED"  # a known fault, named: not INTERNAL
+    assert "rolled back" in reply.body["message"]
     assert "refused the row" not in reply.body["message"]  # internals stay in the log
     assert reply.headers["X-Request-Id"]
-    assert any(e["event"] == "api_error" and e["log_level"] == "error" for e in logs)
+    assert any(e["event"] == "api_audit_failed" and e["log_level"] == "error" for e in logs)
+    assert not any(e["event"] == "api_error" for e in logs)  # no traceback for it
     assert await api.snapshot(alarm_id) == before
 
     await api.db.execute("DROP TRIGGER refuse_audit ON alarm_audit")

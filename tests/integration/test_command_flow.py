@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
+from typing import Any
 
+import aiohttp
 import asyncpg
 
 from gateway.commands import create_command
 from gateway.domain.command import Delivery
 from protocol import Topics
 from sim.responder import Behaviour, Responder, Script
+from tests.support.api_client import OPERATOR, ApiClient
 from tests.support.daemon import make_config, running_daemon
 from tests.support.mosquitto import Mosquitto
 from tests.support.waiting import wait_until
@@ -131,3 +135,142 @@ async def test_two_daemons_1000_commands_to_100_devices(db_dsn: str, mosquitto: 
     assert stale_applied == 0
     assert out_of_order == 0  # one in flight per device, in creation order
     assert nodes == 2  # both daemons dispatched
+
+
+async def _status(db: asyncpg.Connection, command_id: int) -> str:
+    return str(await db.fetchval("SELECT status FROM command WHERE id = $1", command_id))
+
+
+async def test_every_transition_is_counted_as_it_is_audited(
+    db_dsn: str, db: asyncpg.Connection, mosquitto: Mosquitto
+) -> None:
+    """gateway_command_transitions_total{from,to} equals the command_audit rows (from, to).
+
+    Commands go through the daemon only: created, cancelled and unbound through its API,
+    dispatched to devices on the broker, answered or not, requeued, reaped. The tests move
+    only the clocks the reaper reads (sent_at, timeout_at, expire_at) to choose its path.
+    """
+    config = make_config(
+        dsn=db_dsn, mqtt_port=mosquitto.port,
+        extra=(f'[[api.tokens]]\ntoken = "{OPERATOR}"\nrole = "operator"\nname = "console"\n'
+               "[commands]\nlease_s = 30\nack_window_s = 600\nreaper_interval_s = 0.2\n"),
+    )  # fmt: skip
+    script = Script(
+        default=Behaviour.NO_ANSWER,
+        by_device={"ok": Behaviour.SUCCESS, "nak": Behaviour.FAIL_CODE,
+                   "slow": Behaviour.SENT_THEN_ACK, "away": Behaviour.OFFLINE},
+    )  # fmt: skip
+    responder = Responder(host="127.0.0.1", port=mosquitto.port, topics=TOPICS, script=script)
+    stop = asyncio.Event()
+    answering = asyncio.create_task(responder.run(stop))
+    try:
+        await responder.wait_subscribed()
+        async with running_daemon(config) as daemon, aiohttp.ClientSession() as http:
+            api = ApiClient(base=f"http://127.0.0.1:{daemon.http_port}", http=http)
+
+            async def create(device: str, delivery: str = "realtime") -> int:
+                reply = await api.call("POST", f"/devices/{device}/commands", token=OPERATOR,
+                                       json={"name": "set", "delivery": delivery})  # fmt: skip
+                assert reply.status == 201, reply.body
+                return int(reply.body["command"]["id"])
+
+            async def reaches(command_id: int, *statuses: str) -> None:
+                async def there() -> bool:
+                    return await _status(db, command_id) in statuses
+
+                await wait_until(there, timeout=60, message=f"command {command_id} {statuses}")
+
+            async def cancel(command_id: int) -> dict[str, Any]:
+                reply = await api.call("POST", f"/commands/{command_id}/cancel", token=OPERATOR)
+                assert reply.status == 200, reply.body
+                return dict(reply.body)
+
+            async def clock(command_id: int, column: str) -> None:
+                await db.execute(
+                    f"UPDATE command SET {column} = now() - interval '10 minutes' "  # noqa: S608
+                    "WHERE id = $1",
+                    command_id,
+                )
+
+            # Answered: ACKED, FAILED (a failure code), SENT then ACKED.
+            answered = [await create(d) for d in ("ok", "ok", "nak", "slow")]
+            # A silent device: one SENT, two queued behind it (one in flight per device).
+            a1, a2, a3 = [await create("mute-a") for _ in range(3)]
+            await reaches(a1, "SENT")
+            await cancel(a3)  # PENDING -> CANCELLED
+            await clock(a2, "expire_at")
+            await reaches(a2, "TIMEOUT")  # the reaper: PENDING -> TIMEOUT
+            await clock(a1, "timeout_at")
+            await reaches(a1, "FAILED")  # the reaper: SENT -> FAILED, timeout_at passed
+            # No receipt within the ack window: the node answers TIMEOUT for the device.
+            b1 = await create("mute-b")
+            await reaches(b1, "SENT")
+            await clock(b1, "sent_at")
+            await reaches(b1, "FAILED")  # realtime: SENT -> FAILED
+            c1 = await create("mute-c", "deferrable")
+            await reaches(c1, "SENT")
+            await clock(c1, "sent_at")
+
+            async def requeued() -> bool:
+                retries = await db.fetchval("SELECT retry_count FROM command WHERE id = $1", c1)
+                return bool(retries)
+
+            await wait_until(requeued, message="the deferrable command requeued")
+            c2 = await create("mute-c")
+            # Cancelled in flight, then the next one expires in flight.
+            d1, d2 = await create("mute-d"), await create("mute-d")
+            await reaches(d1, "SENT")
+            await cancel(d1)  # SENT -> CANCELLED
+            await reaches(d2, "SENT")
+            await clock(d2, "expire_at")
+            await reaches(d2, "TIMEOUT")  # SENT -> TIMEOUT
+            # A device that keeps saying it is offline: requeued until cancelled.
+            e1 = await create("away", "deferrable")
+
+            async def retried_twice() -> bool:
+                retries = await db.fetchval("SELECT retry_count FROM command WHERE id = $1", e1)
+                return int(retries) >= 2
+
+            await wait_until(retried_twice, message="the offline device's command requeued")
+            await cancel(e1)
+            reply = await api.call("POST", "/devices/mute-c/unbind", token=OPERATOR)
+            assert reply.status == 200, reply.body
+            assert sorted(reply.body["cancelled"]) == [c1, c2]
+            for command_id in answered:
+                await reaches(command_id, "ACKED", "FAILED")
+
+            async def settled() -> bool:
+                return await _open(db_dsn) == 0
+
+            await wait_until(settled, message="every command finished")
+    finally:
+        stop.set()
+        await answering
+
+    # The daemon has stopped: every count it will ever make is made.
+    counted: Counter[tuple[str, str]] = Counter()
+    for family in daemon.metrics.registry.collect():
+        for sample in family.samples:
+            if sample.name == "gateway_command_transitions_total" and sample.value:
+                counted[(sample.labels["from_status"], sample.labels["to_status"])] = int(
+                    sample.value
+                )
+    rows = await db.fetch(
+        "SELECT from_status, to_status, count(*) AS n FROM command_audit"
+        " WHERE from_status IS NOT NULL GROUP BY 1, 2"
+    )
+    audited = Counter({(r["from_status"], r["to_status"]): int(r["n"]) for r in rows})
+    assert counted == audited
+    # Everything else in the audit is a creation, which is no transition.
+    others = await db.fetch(
+        "SELECT DISTINCT action, to_status FROM command_audit WHERE from_status IS NULL"
+    )
+    assert [tuple(r) for r in others] == [("create", "PENDING")]
+    # The paths the test meant to take were taken.
+    assert {
+        ("PENDING", "CLAIMED"), ("CLAIMED", "SENT"), ("PENDING", "CANCELLED"),
+        ("SENT", "CANCELLED"), ("PENDING", "TIMEOUT"), ("SENT", "TIMEOUT"), ("SENT", "FAILED"),
+        ("SENT", "PENDING"), ("SENT", "ACKED"),
+    } <= set(audited)  # fmt: skip
+    actions = {r["action"] for r in await db.fetch("SELECT action FROM command_audit")}
+    assert {"receipt:TIMEOUT", "timeout", "expire", "cancel", "unbind"} <= actions

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import asyncpg
 import pytest
 
@@ -18,6 +20,7 @@ from gateway.commands import (
 from gateway.domain.command import Delivery, ReceiptOutcome, RejectReason
 from protocol import CommandReceipt, ReceiptResult
 from storage import commands as repo
+from tests.support.waiting import wait_until
 
 SENT_TIMEOUT_S = 86400.0
 
@@ -36,7 +39,9 @@ async def _create(
 
 
 async def _claim(db: asyncpg.Connection, node: str) -> list[asyncpg.Record]:
-    return await repo.claim_due(db, node_id=node, lease_s=30, limit=10, max_in_flight=1)
+    return await repo.claim_due(
+        db, node_id=node, lease_s=30, limit=10, max_in_flight=1, actor="system:dispatcher"
+    )
 
 
 async def _receipt(
@@ -278,3 +283,127 @@ async def test_deferrable_commands_wait_for_an_offline_device(db: asyncpg.Connec
         "VALUES ('sleepy-2', now(), now(), 'offline')"
     )
     assert [r["id"] for r in await _claim(db, "n")] == [urgent]  # realtime: tried at once
+
+
+async def test_a_receipt_of_generation_zero_is_an_unknown_generation(
+    db: asyncpg.Connection,
+) -> None:
+    """Generations start at 1: no claim ever carried 0, so it is not a late answer to one."""
+    claimed = await _create(db, device="d1")
+    await _claim(db, "n")
+    never_claimed = await _create(db, device="d2")
+    await db.execute("UPDATE command SET next_attempt_at = now() + interval '1 hour' WHERE id = $1",
+                     never_claimed)  # fmt: skip
+    before = {c: dict(await _row(db, c)) for c in (claimed, never_claimed)}
+    for command_id, device in ((claimed, "d1"), (never_claimed, "d2")):
+        assert await _receipt(db, command_id, generation=0, node="n", device=device) == (
+            ReceiptOutcome.REJECTED, RejectReason.UNKNOWN_GENERATION,
+        )  # fmt: skip
+        assert dict(await _row(db, command_id)) == before[command_id]  # untouched
+    kept = await db.fetch(
+        "SELECT command_id, claim_generation, outcome, reason FROM command_receipt ORDER BY id"
+    )
+    assert [tuple(r) for r in kept] == [
+        (claimed, 0, "rejected", "UNKNOWN_GENERATION"),
+        (never_claimed, 0, "rejected", "UNKNOWN_GENERATION"),
+    ]
+    # The real claim is still answered as usual afterwards.
+    assert await _receipt(db, claimed, generation=1, node="n") == (ReceiptOutcome.ACCEPTED, None)
+
+
+@pytest.mark.parametrize("code", [5, 17, -1, 2**31 - 1])
+async def test_a_result_code_outside_the_standard_ones_is_refused_and_kept_raw(
+    db: asyncpg.Connection, code: int
+) -> None:
+    """resultCode is 0-4; anything else would land in the command's standard field."""
+    command_id = await _create(db)
+    (claimed,) = await _claim(db, "n")
+    assert await mark_sent(db, claimed, node_id="n", sent_timeout_s=SENT_TIMEOUT_S) is not None
+    before = dict(await _row(db, command_id))
+    for result in (ReceiptResult.ACKED, ReceiptResult.FAILED):
+        outcome = await _receipt(db, command_id, generation=1, node="n", result=result,
+                                 code=code, raw="E-99")  # fmt: skip
+        assert outcome == ("rejected", "INVALID_RESULT_CODE")
+        assert dict(await _row(db, command_id)) == before  # untouched: still SENT, no result
+    kept = await db.fetch(
+        "SELECT result, result_code, raw_result_code, outcome, reason FROM command_receipt"
+        " WHERE command_id = $1 ORDER BY id",
+        command_id,
+    )
+    assert [tuple(r) for r in kept] == [
+        ("ACKED", code, "E-99", "rejected", "INVALID_RESULT_CODE"),
+        ("FAILED", code, "E-99", "rejected", "INVALID_RESULT_CODE"),
+    ]
+    # A standard code from the same claim is still applied afterwards.
+    assert await _receipt(db, command_id, generation=1, node="n", code=4) == ("accepted", None)
+    row = await _row(db, command_id)
+    assert (row["status"], row["result_code"]) == ("FAILED", 4)
+
+
+async def _audit_of(db: asyncpg.Connection, command_ids: list[int], action: str) -> list[tuple]:
+    rows = await db.fetch(
+        "SELECT command_id, from_status, to_status FROM command_audit"
+        " WHERE command_id = ANY($1::bigint[]) AND action = $2 ORDER BY command_id",
+        command_ids, action,
+    )  # fmt: skip
+    return [tuple(r) for r in rows]
+
+
+async def test_unbind_audits_the_status_each_command_left(db: asyncpg.Connection) -> None:
+    sent, claimed, pending = [await _create(db, device="d9") for _ in range(3)]
+    done = await _create(db, device="d9")
+    await cancel(db, done, actor="op:bob", node_id="api")
+    # Two in flight at once, so that one can be SENT and one CLAIMED.
+    for _ in range(2):
+        await repo.claim_due(
+            db, node_id="n", lease_s=30, limit=10, max_in_flight=2, actor="system:dispatcher"
+        )
+    first = await _row(db, sent)
+    assert await mark_sent(db, first, node_id="n", sent_timeout_s=SENT_TIMEOUT_S) is not None
+    assert [(await _row(db, c))["status"] for c in (sent, claimed, pending)] == [
+        "SENT", "CLAIMED", "PENDING",
+    ]  # fmt: skip
+
+    cancelled = await unbind(db, "d9", actor="op:bob", node_id="api")
+    assert sorted(r["id"] for r in cancelled) == [sent, claimed, pending]
+    assert await _audit_of(db, [sent, claimed, pending, done], "unbind") == [
+        (sent, "SENT", "CANCELLED"),
+        (claimed, "CLAIMED", "CANCELLED"),
+        (pending, "PENDING", "CANCELLED"),
+    ]
+
+
+async def test_a_cancel_audits_the_status_it_really_left(
+    db_dsn: str, db: asyncpg.Connection
+) -> None:
+    """The command moves CLAIMED -> SENT while the cancel waits for its row lock."""
+    command_id = await _create(db)
+    (claimed,) = await _claim(db, "n")
+    dispatcher = await asyncpg.connect(db_dsn)
+    canceller = await asyncpg.connect(db_dsn)
+    try:
+        moving = dispatcher.transaction()
+        await moving.start()
+        assert await mark_sent(dispatcher, claimed, node_id="n", sent_timeout_s=SENT_TIMEOUT_S)
+        pid = canceller.get_server_pid()
+
+        async def cancel_in_transaction() -> asyncpg.Record:
+            async with canceller.transaction():
+                return await cancel(canceller, command_id, actor="op:bob", node_id="api")
+
+        cancelling = asyncio.create_task(cancel_in_transaction())
+
+        async def blocked() -> bool:
+            waiting = await db.fetchval(
+                "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $1", pid
+            )
+            return bool(waiting) or cancelling.done()
+
+        await wait_until(blocked, message="the cancel waits for the dispatcher's row lock")
+        await moving.commit()
+        row = await cancelling
+    finally:
+        await dispatcher.close()
+        await canceller.close()
+    assert row["status"] == "CANCELLED"
+    assert await _audit_of(db, [command_id], "cancel") == [(command_id, "SENT", "CANCELLED")]

@@ -26,6 +26,7 @@ from gateway.domain.command import (
     RejectReason,
     can_transition,
     check_transition,
+    is_standard_result_code,
     judge_receipt,
     needs_people,
     receipt_effect,
@@ -131,8 +132,13 @@ JUDGED: list[tuple[Guards, int | None, str | None, tuple[ReceiptOutcome, RejectR
     # No such command.
     (MISSING, 1, "B", (Out.REJECTED, Why.UNKNOWN_COMMAND)),
     (MISSING, 0, None, (Out.REJECTED, Why.UNKNOWN_COMMAND)),
+    # Generation 0 is no claim's (the first claim makes it 1): never a late answer.
+    (guards(S.PENDING, 0, None), 0, None, (Out.REJECTED, Why.UNKNOWN_GENERATION)),
+    (guards(S.CLAIMED), 0, "B", (Out.REJECTED, Why.UNKNOWN_GENERATION)),
+    (guards(S.SENT, 1, "B"), 0, "B", (Out.REJECTED, Why.UNKNOWN_GENERATION)),
+    (guards(S.CANCELLED), 0, "B", (Out.REJECTED, Why.UNKNOWN_GENERATION)),
+    (guards(S.ACKED, 2, None), 0, "B", (Out.REJECTED, Why.UNKNOWN_GENERATION)),
     # Never claimed (generation 0, no node): nothing to answer, whatever the receipt says.
-    (guards(S.PENDING, 0, None), 0, None, (Out.REJECTED, Why.NOT_CLAIMED)),
     (guards(S.PENDING, 0, None), 1, "B", (Out.REJECTED, Why.NOT_CLAIMED)),
     (guards(S.CANCELLED, 0, None), 1, "B", (Out.REJECTED, Why.COMMAND_CLOSED)),
     (guards(S.TIMEOUT, 0, None), 3, "A", (Out.REJECTED, Why.COMMAND_CLOSED)),
@@ -148,7 +154,7 @@ JUDGED: list[tuple[Guards, int | None, str | None, tuple[ReceiptOutcome, RejectR
     (guards(S.SENT), 1, None, (Out.DUPLICATED, None)),
     (guards(S.PENDING), 1, "A", (Out.DUPLICATED, None)),
     (guards(S.ACKED), 1, "A", (Out.DUPLICATED, None)),
-    (guards(S.CANCELLED), 0, "B", (Out.DUPLICATED, None)),
+    (guards(S.CANCELLED), 1, "B", (Out.DUPLICATED, None)),
     # A generation the command never reached.
     (guards(S.CLAIMED), 3, "B", (Out.REJECTED, Why.UNKNOWN_GENERATION)),
     (guards(S.SENT), 99, "A", (Out.REJECTED, Why.UNKNOWN_GENERATION)),
@@ -182,9 +188,47 @@ def test_judge_receipt(
     assert judge_receipt(row, receipt_generation=generation, receipt_node=node) == expected
 
 
+# (the row, the receipt's generation, node and resultCode, the outcome)
+CODE_JUDGED: list[
+    tuple[Guards, int | None, str | None, int | None, tuple[ReceiptOutcome, RejectReason | None]]
+] = [
+    # Outside 0-4: refused for any existing command, whatever the claim says ...
+    (guards(S.SENT), 2, "B", 17, (Out.REJECTED, Why.INVALID_RESULT_CODE)),
+    (guards(S.CLAIMED), 2, "B", -1, (Out.REJECTED, Why.INVALID_RESULT_CODE)),
+    (guards(S.CLAIMED), 2, "B", 5, (Out.REJECTED, Why.INVALID_RESULT_CODE)),
+    (guards(S.ACKED), 1, "A", 5, (Out.REJECTED, Why.INVALID_RESULT_CODE)),
+    (guards(S.CANCELLED), 2, "B", 99, (Out.REJECTED, Why.INVALID_RESULT_CODE)),
+    (guards(S.SENT), 0, "B", 2**31 - 1, (Out.REJECTED, Why.INVALID_RESULT_CODE)),
+    # ... once the receipt names a generation and the command exists.
+    (guards(S.SENT), None, "B", 17, (Out.REJECTED, Why.CLAIM_GENERATION_REQUIRED)),
+    (MISSING, 1, "B", 17, (Out.REJECTED, Why.UNKNOWN_COMMAND)),
+    # The standard codes, and none, are judged by the claim alone.
+    *[(guards(S.SENT), 2, "B", code, (Out.DUPLICATED, None)) for code in (0, 1, 2, 3, 4, None)],
+    (guards(S.SENT), 2, "A", 4, (Out.REJECTED, Why.NODE_MISMATCH)),
+]
+
+
+@pytest.mark.parametrize(("row", "generation", "node", "code", "expected"), CODE_JUDGED)
+def test_judge_receipt_result_codes(
+    row: Guards,
+    generation: int | None,
+    node: str | None,
+    code: int | None,
+    expected: tuple[ReceiptOutcome, RejectReason | None],
+) -> None:
+    judged = judge_receipt(row, receipt_generation=generation, receipt_node=node, result_code=code)
+    assert judged == expected
+
+
+def test_standard_result_codes_are_exactly_zero_to_four_or_none() -> None:
+    assert [code for code in range(-3, 10) if is_standard_result_code(code)] == [0, 1, 2, 3, 4]
+    assert is_standard_result_code(None)
+
+
 def test_the_table_covers_every_reason_and_outcome() -> None:
-    assert {outcome for *_, (outcome, _) in JUDGED} == set(ReceiptOutcome) - {Out.ACCEPTED}
-    assert {reason for *_, (_, reason) in JUDGED} == {*RejectReason, None}
+    judged = [expected for *_, expected in JUDGED] + [expected for *_, expected in CODE_JUDGED]
+    assert {outcome for outcome, _ in judged} == set(ReceiptOutcome) - {Out.ACCEPTED}
+    assert {reason for _, reason in judged} == {*RejectReason, None}
 
 
 NODES = [None, "A", "B"]
@@ -215,10 +259,13 @@ def test_judgement_laws(
         # Only a real claim of this command, never a guess about a node the row lacks.
         assert exists
         assert generation is not None
+        assert generation >= 1  # a claim that was really issued
         assert row_generation >= 1
         assert row_node is not None
         assert generation < row_generation or status in {S.CLAIMED, S.SENT, S.ACKED, S.FAILED}
-    if row_node is None and exists and row_generation >= 1 and generation is not None:
+    if exists and generation == 0:
+        assert reason is Why.UNKNOWN_GENERATION
+    if row_node is None and exists and row_generation >= 1 and generation:
         assert reason is Why.NODE_UNKNOWN
 
 
@@ -405,6 +452,12 @@ def test_no_effect_on_a_command_no_receipt_can_reach(
 def test_negative_retry_count_is_refused() -> None:
     with pytest.raises(ValueError, match="never negative"):
         receipt_effect(delivery=DF, current=S.SENT, result=R.FAILED, result_code=3, retry_count=-1)
+
+
+@pytest.mark.parametrize("code", [-1, 5, 17])
+def test_no_effect_carries_a_code_outside_the_standard_ones(code: int) -> None:
+    with pytest.raises(ValueError, match="not a standard one"):
+        receipt_effect(delivery=DF, current=S.SENT, result=R.ACKED, result_code=code, retry_count=0)
 
 
 # --- backoff and the reclaim alarm ------------------------------------------------------------

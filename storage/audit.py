@@ -1,0 +1,141 @@
+"""Noticing an audit row PostgreSQL refused to write.
+
+Every audit row (``alarm_audit``, ``command_audit``) is written in the transaction of the change
+it records, so when PostgreSQL refuses the row the change rolls back with it: nothing happens
+unaudited. The change did not happen either, though, and operators need to see that. Pooled
+connections are :class:`AuditedConnection`: when a statement that writes audit rows is refused,
+the pool's hook hears of it (the daemon counts it) and the exception is marked, so that the HTTP
+API can answer with a precise code (:func:`audit_failure`).
+
+Statements are recognised by their SQL (``INSERT INTO alarm_audit`` / ``command_audit``), not by
+the function that sent them: whoever writes audit rows, and however the SQL is arranged (a CTE
+updating the row and auditing it in one statement), is covered.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Callable
+from typing import Any, ClassVar, Final
+
+import asyncpg
+
+AUDIT_TABLES: Final = ("alarm_audit", "command_audit")
+_WRITES_AUDIT: Final = re.compile(
+    r"\bINSERT\s+INTO\s+(" + "|".join(AUDIT_TABLES) + r")\b", re.IGNORECASE
+)
+# Not the audit row's fault: the connection went away, or an earlier statement of the same
+# transaction failed already (and was counted then, if it was an audit write).
+_NOT_THE_ROW: Final = (asyncpg.PostgresConnectionError, asyncpg.InFailedSQLTransactionError)
+_MARK: Final = "gateway_audit_table"
+
+# Called with the audit table and the error, on the event loop, before the error propagates.
+AuditFailureHook = Callable[[str, asyncpg.PostgresError], None]
+
+
+@functools.lru_cache(maxsize=512)
+def audit_table_written(query: str) -> str | None:
+    """The audit table ``query`` inserts into, if any (SQL comes from a fixed set of blocks)."""
+    found = _WRITES_AUDIT.search(query)
+    return None if found is None else found.group(1).lower()
+
+
+def failed_audit_table(query: str, exc: BaseException) -> str | None:
+    """The audit table whose row ``exc`` kept ``query`` from writing; None when it was not that.
+
+    A statement that also writes another table (an UPDATE and its audit row in one CTE) failed
+    because of that other table when PostgreSQL names it (a constraint of the command row).
+    """
+    if not isinstance(exc, asyncpg.PostgresError) or isinstance(exc, _NOT_THE_ROW):
+        return None
+    table = audit_table_written(query)
+    if table is None:
+        return None
+    named = getattr(exc, "table_name", None)
+    if named and named != table:
+        return None
+    return table
+
+
+def audit_failure(exc: BaseException) -> str | None:
+    """The audit table, if ``exc`` (or what caused it) is a refused audit row."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        table = getattr(current, _MARK, None)
+        if isinstance(table, str):
+            return table
+        current = current.__cause__ or current.__context__
+    return None
+
+
+class AuditedConnection(asyncpg.Connection):  # type: ignore[misc]  # asyncpg is untyped
+    """A connection that reports refused audit rows to its class's :attr:`audit_hooks`.
+
+    The statement methods the repositories use are wrapped; asyncpg runs its own statements
+    (BEGIN, COMMIT) through ``execute`` too, which costs one ``try`` each.
+    """
+
+    # A tuple, not a plain attribute: a function stored on the class would bind as a method.
+    audit_hooks: ClassVar[tuple[AuditFailureHook, ...]] = ()
+
+    def _refused(self, query: str, exc: asyncpg.PostgresError) -> None:
+        table = failed_audit_table(query, exc)
+        if table is None or hasattr(exc, _MARK):
+            return
+        setattr(exc, _MARK, table)
+        for hook in self.audit_hooks:
+            hook(table, exc)
+
+    async def execute(self, query: str, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await super().execute(query, *args, **kwargs)
+        except asyncpg.PostgresError as exc:
+            self._refused(query, exc)
+            raise
+
+    async def executemany(self, command: str, args: Any, **kwargs: Any) -> Any:
+        try:
+            return await super().executemany(command, args, **kwargs)
+        except asyncpg.PostgresError as exc:
+            self._refused(command, exc)
+            raise
+
+    async def fetch(self, query: str, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await super().fetch(query, *args, **kwargs)
+        except asyncpg.PostgresError as exc:
+            self._refused(query, exc)
+            raise
+
+    async def fetchrow(self, query: str, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await super().fetchrow(query, *args, **kwargs)
+        except asyncpg.PostgresError as exc:
+            self._refused(query, exc)
+            raise
+
+    async def fetchval(self, query: str, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await super().fetchval(query, *args, **kwargs)
+        except asyncpg.PostgresError as exc:
+            self._refused(query, exc)
+            raise
+
+    async def fetchmany(self, query: str, args: Any, **kwargs: Any) -> Any:
+        try:
+            return await super().fetchmany(query, args, **kwargs)
+        except asyncpg.PostgresError as exc:
+            self._refused(query, exc)
+            raise
+
+
+def audited_connection_class(*hooks: AuditFailureHook) -> type[AuditedConnection]:
+    """The connection class of one pool: its refused audit rows go to ``hooks``."""
+
+    class PoolConnection(AuditedConnection):
+        audit_hooks = hooks
+
+    return PoolConnection
