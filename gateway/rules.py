@@ -36,27 +36,17 @@ from typing import ClassVar, Final, Literal, TypeAlias, TypeGuard, TypeVar
 
 import msgspec
 
+from gateway.domain.alarm import CLEAR_PAIRS, Severity
 from gateway.errors import ConfigError
 from protocol import MetricValue, Telemetry, is_valid_device_id
 from protocol.ids import IDENTIFIER_PATTERN
 
-Severity: TypeAlias = Literal["INFO", "WARNING", "MAJOR", "CRITICAL"]
 RuleKind: TypeAlias = Literal["event", "threshold", "inactivity"]
 Op: TypeAlias = Literal[">", ">=", "<", "<=", "==", "!="]
 
-SEVERITIES: Final[tuple[Severity, ...]] = ("INFO", "WARNING", "MAJOR", "CRITICAL")
+SEVERITIES: Final[tuple[Severity, ...]] = tuple(Severity)
 RULE_KINDS: Final[tuple[RuleKind, ...]] = ("event", "threshold", "inactivity")
 OPS: Final[tuple[Op, ...]] = (">", ">=", "<", "<=", "==", "!=")
-
-# Recovery pairing (SPEC §5), strict by type: a clear event clears only the types listed.
-CLEARED_BY: Final[Mapping[str, frozenset[str]]] = {
-    "DOOR_CLOSE": frozenset({"DOOR_OPEN"}),
-    "WATER_LEAK_CLEAR": frozenset({"WATER_LEAK"}),
-    "SMOKE_CLEAR": frozenset({"SMOKE"}),
-    "SOS_CLEAR": frozenset({"SOS"}),
-    "POWER_ON": frozenset({"POWER_OFF", "POWER_CUT"}),
-    "POWER_RESTORE": frozenset({"POWER_OFF", "POWER_CUT"}),
-}
 
 _T = TypeVar("_T")
 
@@ -67,7 +57,7 @@ _RULE_KEY_RE: Final = re.compile(RULE_KEY_PATTERN)
 _IDENTIFIER_RE: Final = re.compile(IDENTIFIER_PATTERN)
 _GLOB_RE: Final = re.compile(r"^[A-Za-z0-9_.:\-*?\[\]!]{1,128}\Z")
 _GLOB_MAGIC: Final = frozenset("*?[")
-_SEVERITY_BY_NAME: Final[Mapping[str, Severity]] = {name: name for name in SEVERITIES}
+_SEVERITY_BY_NAME: Final[Mapping[str, Severity]] = {s.value: s for s in Severity}
 _KIND_BY_NAME: Final[Mapping[str, RuleKind]] = {name: name for name in RULE_KINDS}
 _OP_BY_NAME: Final[Mapping[str, Op]] = {name: name for name in OPS}
 _NEGATED: Final[Mapping[Op, Op]] = {
@@ -193,7 +183,7 @@ class _DeviceRules:
         for rule in rules:
             if isinstance(rule, EventRule):
                 events.setdefault(rule.event, []).append(rule)
-                for clear_event, types in CLEARED_BY.items():
+                for clear_event, types in CLEAR_PAIRS.items():
                     if rule.event in types:
                         cleared.setdefault(clear_event, []).append(rule)
         return cls(

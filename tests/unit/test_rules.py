@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gateway.domain.alarm import CLEAR_PAIRS
 from gateway.errors import ConfigError
 from gateway.rules import (
-    CLEARED_BY,
     IDLE,
     Clearing,
     DeviceSelector,
@@ -329,23 +329,23 @@ def test_event_rule_fires_on_every_message_and_collapses_within_one() -> None:
 
 @pytest.mark.parametrize(
     ("clear_event", "cleared"),
-    [(clear, cleared) for clear, types in sorted(CLEARED_BY.items()) for cleared in sorted(types)],
+    [(clear, cleared) for clear, types in sorted(CLEAR_PAIRS.items()) for cleared in sorted(types)],
 )
 def test_pairing_table(clear_event: str, cleared: str) -> None:
-    all_types = sorted({t for types in CLEARED_BY.values() for t in types} | {"CUSTOM"})
+    all_types = sorted({t for types in CLEAR_PAIRS.values() for t in types} | {"CUSTOM"})
     rules = rules_of(*(event_rule(t.lower(), t) for t in all_types))
     feed = Feed(rules)
     assert feed(events(clear_event)).outcomes == ()  # nothing firing: nothing to clear
     feed(events(*all_types))
     evaluation = feed(events(clear_event))
-    expected = sorted(t.lower() for t in CLEARED_BY[clear_event])
+    expected = sorted(t.lower() for t in CLEAR_PAIRS[clear_event])
     assert sorted(c.rule_key for c in evaluation.clearings) == expected
     assert cleared.lower() in expected
     assert evaluation.firings == ()
     reasons = {c.rule_key: c.reason for c in evaluation.clearings}
     assert reasons[cleared.lower()] == f"{clear_event} clears {cleared}"
     for t in all_types:
-        assert feed.is_firing("dev-1", t.lower()) == (t not in CLEARED_BY[clear_event])
+        assert feed.is_firing("dev-1", t.lower()) == (t not in CLEAR_PAIRS[clear_event])
     assert feed(events(clear_event)).outcomes == ()  # cleared once only
 
 
