@@ -42,7 +42,7 @@ EVENT_FINISHED = "command.finished"
 DEVICE_ACTOR = "device"
 DISPATCHER_ACTOR = "system:dispatcher"
 REAPER_ACTOR = "system:reaper"
-# The alarm raised for people when a command keeps losing its node (SPEC §7).
+# The alarm raised for people when a command keeps losing its node (docs/behaviour.md §7).
 RECLAIM_RULE_KEY = "command-reclaims"
 RECLAIM_SEVERITY = "MAJOR"
 

@@ -128,7 +128,7 @@ TRANSITIONS: Final[Mapping[tuple[AlarmStatus, Action], AlarmStatus]] = MappingPr
         (_S.PUSHED, _A.HANDLE): _S.HANDLED,
         (_S.PUSHED, _A.FALSE): _S.FALSE,
         (_S.PUSHED, _A.SUPERSEDE): _S.SUPERSEDED,
-        # SPEC §5 lists no FALSE from DELAYED: confirm first, then judge it false.
+        # docs/behaviour.md §5 lists no FALSE from DELAYED: confirm first, then judge it false.
         (_S.DELAYED, _A.WAKE): _S.NEW,
         (_S.DELAYED, _A.CONFIRM): _S.CONFIRMED,
         (_S.DELAYED, _A.HANDLE): _S.HANDLED,

@@ -346,7 +346,7 @@ async def test_one_active_alarm_per_device_and_rule(db: asyncpg.Connection) -> N
 
 
 async def test_refire_order_release_insert_then_link(db: asyncpg.Connection) -> None:
-    """SPEC §5: release the old key → insert the new alarm → fill superseded_by."""
+    """docs/behaviour.md §5: release the old key → insert the new alarm → fill superseded_by."""
     old = walk(new_alarm(40, device_id="dev-r", event="a"), (A.PUSH,))
     await db.execute(INSERT, *args(old))
     new = new_alarm(41, device_id="dev-r", event="b")
@@ -373,7 +373,7 @@ async def test_refire_order_release_insert_then_link(db: asyncpg.Connection) -> 
 
 
 async def test_chain_walks_backwards_through_superseded_by(db: asyncpg.Connection) -> None:
-    # 1→2→3 superseded in turn, 3 current: the chain of 3 is [1, 2, 3] (SPEC §5 example).
+    # 1→2→3 superseded in turn, 3 current: the chain of 3 is [1, 2, 3] (docs/behaviour.md §5 example).
     first, second, third = (new_alarm(i, device_id=f"dev-c{i}") for i in (51, 52, 53))
     await db.execute(INSERT, *args(third))
     for alarm, successor in ((second, third), (first, second)):

@@ -47,7 +47,7 @@ from gateway.errors import GatewayError
 S, A = AlarmStatus, Action
 T0 = datetime(2024, 5, 1, 8, 0, tzinfo=UTC)
 
-# SPEC §5, written out again here so that a change to the module cannot pass unnoticed.
+# docs/behaviour.md §5, written out again here so that a change to the module cannot pass unnoticed.
 WHITELIST: dict[tuple[AlarmStatus, Action], AlarmStatus] = {
     (S.NEW, A.PUSH): S.PUSHED,
     (S.NEW, A.DELAY): S.DELAYED,

@@ -39,7 +39,7 @@ from protocol.messages import ReceiptResult
 S, R, Out, Why = CommandStatus, ReceiptResult, ReceiptOutcome, RejectReason
 RT, DF = Delivery.REALTIME, Delivery.DEFERRABLE
 
-# SPEC §7, written out again here so that a change to the module cannot pass unnoticed.
+# docs/behaviour.md §7, written out again here so that a change to the module cannot pass unnoticed.
 WHITELIST: set[tuple[CommandStatus, CommandStatus]] = {
     (S.PENDING, S.CLAIMED),
     (S.PENDING, S.CANCELLED),
@@ -290,7 +290,7 @@ def test_receipt_matches_mirrors_the_four_guards(
 
 
 def test_spec_scenario_a_late_receipt_never_overwrites_the_reclaim() -> None:
-    """SPEC §7: A claims (gen 1), its lease expires, B re-claims (gen 2)."""
+    """docs/behaviour.md §7: A claims (gen 1), its lease expires, B re-claims (gen 2)."""
     claimed_by_a = guards(S.CLAIMED, 1, "A")
     assert receipt_matches(claimed_by_a, receipt_generation=1, receipt_node="A")
     # The lease expires: PENDING, reclaim_count 1, the generation unchanged.
@@ -349,7 +349,7 @@ def expected_effect(
     code: int | None,
     retry_count: int,
 ) -> Effect:
-    """SPEC §7 restated case by case."""
+    """docs/behaviour.md §7 restated case by case."""
     if result is R.ACKED:
         status, retry = (S.ACKED if code == 0 else S.FAILED), False
     elif result is R.SENT:
