@@ -1,4 +1,4 @@
-"""Quiet hours (docs/behaviour.md §5): windows of local wall-clock time in which new alarms are delayed.
+"""Quiet hours (docs/behaviour.md §5): local wall-clock windows in which new alarms wait.
 
 Pure: no I/O beyond loading time zone data at compile time, and no clock reads (``at`` is
 always a parameter). Results are UTC, tz-aware.

@@ -373,7 +373,7 @@ async def test_refire_order_release_insert_then_link(db: asyncpg.Connection) -> 
 
 
 async def test_chain_walks_backwards_through_superseded_by(db: asyncpg.Connection) -> None:
-    # 1→2→3 superseded in turn, 3 current: the chain of 3 is [1, 2, 3] (docs/behaviour.md §5 example).
+    # 1→2→3 superseded in turn, 3 current: the chain of 3 is [1, 2, 3] (behaviour §5 example).
     first, second, third = (new_alarm(i, device_id=f"dev-c{i}") for i in (51, 52, 53))
     await db.execute(INSERT, *args(third))
     for alarm, successor in ((second, third), (first, second)):

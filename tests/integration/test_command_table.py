@@ -386,7 +386,7 @@ async def read_guards(db: asyncpg.Connection, command_id: int) -> Guards:
 
 
 async def test_spec_scenario_late_receipt_after_a_reclaim(db: asyncpg.Connection) -> None:
-    """docs/behaviour.md §7: A claims (gen 1), its lease expires, B re-claims (gen 2); A's receipt is late."""
+    """Behaviour §7: A claims (gen 1), its lease expires, B re-claims (gen 2); A's is late."""
     command_id = await insert(db, NEW)
     assert [tuple(r) for r in await db.fetch(CLAIM_SQL, "node-a", 10)] == [(command_id, 1)]
     assert await db.execute(EXPIRE_LEASE_SQL, command_id) == "UPDATE 1"
