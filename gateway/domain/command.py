@@ -3,7 +3,8 @@
 Pure: no I/O and no clock reads. Storage enforces the record's invariants with CHECK
 constraints (``storage/migrations/0004_commands.sql``); a receipt is applied by one conditional
 UPDATE carrying the four guards of docs/behaviour.md §7 (:func:`receipt_matches` states
-them), and when that UPDATE changes nothing, :func:`judge_receipt` explains why from a fresh read of the row.
+them), and when that UPDATE changes nothing, :func:`judge_receipt` explains why from a fresh
+read of the row.
 
 Two counters, never merged: ``retry_count`` counts device-side failures requeued (more than
 :data:`MAX_RETRIES` → TIMEOUT); ``reclaim_count`` counts leases that expired because a node went
