@@ -34,6 +34,7 @@ from gateway.domain.alarm import (
     InvalidActorError,
 )
 from gateway.errors import GatewayError
+from storage.errors import TRANSIENT_DB_ERRORS
 
 log = structlog.get_logger("gateway.api")
 
@@ -132,11 +133,7 @@ _HTTP_CODES: Final = {
     415: "UNSUPPORTED_MEDIA_TYPE",
 }
 # A database that cannot be reached is a temporary fault (503), not a bug (500).
-_UNAVAILABLE: Final = (
-    OSError,
-    asyncpg.PostgresConnectionError,
-    asyncpg.CannotConnectNowError,
-)
+_UNAVAILABLE: Final = TRANSIENT_DB_ERRORS
 
 
 def _from_domain(exc: Exception) -> ApiError | None:

@@ -25,7 +25,7 @@ from gateway.dispatcher import Dispatcher, Reaper
 from gateway.errors import StartupError
 from gateway.http import HttpServer, create_app
 from gateway.inactivity import InactivityMonitor
-from gateway.ingest import TRANSIENT_DB_ERRORS, IngestWriter, MessageDecoder, ReceiptApplier
+from gateway.ingest import IngestWriter, MessageDecoder, ReceiptApplier
 from gateway.loops import sleep_unless_stopped
 from gateway.metrics import Metrics
 from gateway.mqtt import ConnectionSettings, TlsSettings
@@ -36,7 +36,7 @@ from gateway.supervision import Watchdog
 from protocol import Encoding, TopicKind
 from storage import ingest as repo
 from storage import outbox
-from storage.errors import StorageError
+from storage.errors import DB_ERRORS, TRANSIENT_DB_ERRORS, StorageError
 from storage.migrate import migrate
 from storage.pool import create_pool
 
@@ -368,6 +368,14 @@ class Daemon:
             except StorageError as exc:
                 await pool.close()
                 raise StartupError(str(exc)) from exc
+            except TRANSIENT_DB_ERRORS as exc:
+                # Lost between connecting and migrating (a restart, a cut): start over.
+                pool.terminate()
+                delay = backoff.next_delay()
+                self.metrics.db_retries.inc()
+                log.warning("database_unavailable", error=repr(exc), retry_in_s=round(delay, 3))
+                await sleep_unless_stopped(stop, delay)
+                continue
             except BaseException:
                 await pool.close()
                 raise
@@ -414,7 +422,7 @@ class Daemon:
             async with asyncio.timeout(HEALTH_DB_TIMEOUT_S), pool.acquire() as conn:
                 await repo.ping(conn)
                 backlog, oldest_age_s = await outbox.backlog(conn)
-        except (*TRANSIENT_DB_ERRORS, asyncpg.PostgresError) as exc:
+        except DB_ERRORS as exc:
             return {"ok": False, "error": repr(exc)}
         self.metrics.outbox_backlog.set(backlog)
         self.metrics.outbox_oldest_age.set(oldest_age_s)

@@ -36,6 +36,7 @@ from protocol import (
     telemetry_event_id,
 )
 from storage import ingest as repo
+from storage.errors import TRANSIENT_DB_ERRORS
 from storage.ingest import DeadLetterRow, TelemetryRow
 
 log = structlog.get_logger("gateway.ingest")
@@ -44,19 +45,9 @@ log = structlog.get_logger("gateway.ingest")
 # topic parser's BAD_TOPIC / BAD_DEVICE_ID.
 STORAGE_REJECTED = "STORAGE_REJECTED"
 
-# Errors after which the same transaction may succeed later: the connection or the server
-# went away, or PostgreSQL asked us to retry. Anything else is about the data.
-TRANSIENT_DB_ERRORS: tuple[type[BaseException], ...] = (
-    OSError,
-    TimeoutError,
-    asyncpg.PostgresConnectionError,
-    asyncpg.InterfaceError,
-    asyncpg.exceptions.OperatorInterventionError,
-    asyncpg.exceptions.InsufficientResourcesError,
-    asyncpg.exceptions.SerializationError,
-    asyncpg.exceptions.DeadlockDetectedError,
-    RetryBatchError,
-)
+# Errors after which the same transaction may succeed later: the database is away (see
+# storage.errors), or another node raised the same alarm first. Anything else is about the data.
+RETRY_LATER: tuple[type[BaseException], ...] = (*TRANSIENT_DB_ERRORS, RetryBatchError)
 
 
 # The driver refusing a value before it reaches the server (out of a column type's range, say):
@@ -362,7 +353,7 @@ class IngestWriter:
             except REFUSED_DATA as exc:
                 log.error("batch_refused_by_database", error=repr(exc), size=len(batch.telemetry))
                 batch = await self._isolate_refused(batch)
-            except TRANSIENT_DB_ERRORS as exc:
+            except RETRY_LATER as exc:
                 delay = self.retry.next_delay()
                 self.metrics.db_retries.inc()
                 log.warning("database_unavailable", error=repr(exc), retry_in_s=round(delay, 3))
@@ -400,7 +391,7 @@ class IngestWriter:
             while True:
                 try:
                     refusal = await self._probe(row)
-                except TRANSIENT_DB_ERRORS as exc:
+                except RETRY_LATER as exc:
                     self.metrics.db_retries.inc()
                     log.warning("database_unavailable", error=repr(exc))
                     await asyncio.sleep(self.retry.next_delay())
@@ -424,7 +415,7 @@ class IngestWriter:
             try:
                 await repo.insert_telemetry(conn, [row], self.node_id)
             except (asyncpg.PostgresError, *REFUSED_DATA) as exc:
-                if isinstance(exc, TRANSIENT_DB_ERRORS) and not isinstance(exc, REFUSED_DATA):
+                if isinstance(exc, RETRY_LATER) and not isinstance(exc, REFUSED_DATA):
                     raise
                 return str(exc)
             finally:
