@@ -127,6 +127,7 @@ class Daemon:
                 sent_timeout_s=cfg.commands.sent_timeout_s,
                 metrics=self.metrics,
             ),
+            refused_batch_attempts=cfg.ingest.refused_batch_attempts,
         )
         self.dispatcher = Dispatcher(
             pool=pool, dsn=self.database_dsn or "", node_id=self.node_id, topics=topics,

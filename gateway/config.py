@@ -82,6 +82,7 @@ class IngestConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True
     queue_max: PositiveInt = 2000
     read_buffer: Annotated[int, Meta(ge=2)] = 1000
     drain_timeout_s: PositiveFloat = 20.0
+    refused_batch_attempts: PositiveInt = 5
 
 
 class HttpConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):

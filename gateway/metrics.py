@@ -148,6 +148,16 @@ class Metrics:
             registry=r,
         )
 
+        # Faults of the ingest path (issue 11).
+        self.batch_refusals = Counter(
+            "gateway_ingest_batch_refusals",
+            "Batches PostgreSQL refused for their content; explained: whether messages refused "
+            "on their own were found (and dead-lettered) or not (retried with backoff, then the "
+            "whole batch dead-lettered)",
+            ["explained"],
+            registry=r,
+        )
+
     def count_command(self, from_status: str, to_status: str, n: int = 1) -> None:
         self.command_transitions.labels(from_status, to_status).inc(n)
 
