@@ -86,16 +86,22 @@ async def record_presence(conn: asyncpg.Connection, presence: dict[str, str]) ->
         await conn.execute(UPSERT_PRESENCE, ids, [presence[i] for i in ids])
 
 
+def _text(value: str) -> str:
+    """``value`` as PostgreSQL text can hold it: a NUL (say, quoted from the payload by the
+    decoder's message) would make the dead letter itself refused, and the message with it."""
+    return value.replace("\x00", "\\u0000")
+
+
 async def insert_dead_letters(
     conn: asyncpg.Connection, rows: Sequence[DeadLetterRow], node_id: str
 ) -> None:
     if rows:
         await conn.execute(
             INSERT_DEAD_LETTERS,
-            [r.topic for r in rows],
+            [_text(r.topic) for r in rows],
             [r.payload for r in rows],
-            [r.reason for r in rows],
-            [r.detail for r in rows],
+            [_text(r.reason) for r in rows],
+            [_text(r.detail) for r in rows],
             node_id,
         )
 

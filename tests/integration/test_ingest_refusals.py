@@ -188,3 +188,25 @@ async def test_a_refusal_no_single_message_explains_is_retried_a_bounded_number_
     assert all("refused 3 times" in r["detail"] for r in letters)
     assert all("at most one telemetry row" in r["detail"] for r in letters)
     assert [r["seq"] for r in seqs] == [3, 4]
+
+
+async def test_a_dead_letter_whose_detail_quotes_a_nul_is_stored(
+    db_dsn: str, mosquitto: Mosquitto
+) -> None:
+    # The decoder names the unknown field, NUL included; PostgreSQL text cannot hold a NUL.
+    nul_field = (TOPICS.telemetry("dev-1"), b'{"ts": 1, "metrics": {"a": 1}, "b\\u0000": 1}')
+    after = _telemetry("dev-1", 2)
+    config = make_config(dsn=db_dsn, mqtt_port=mosquitto.port)
+    async with running_daemon(config) as daemon:
+        async with aiomqtt.Client("127.0.0.1", mosquitto.port) as pub:
+            await publish_many(pub, [nul_field, after], window=1)
+        await wait_until(lambda: _acked(daemon) >= 2, timeout=30, message="both acknowledged")
+    conn = await asyncpg.connect(db_dsn)
+    try:
+        letter = await conn.fetchrow("SELECT payload, reason, detail FROM dead_letter")
+        stored = await conn.fetchval("SELECT count(*) FROM telemetry")
+    finally:
+        await conn.close()
+    assert (bytes(letter["payload"]), letter["reason"]) == (nul_field[1], "INVALID")
+    assert "b\\u0000" in letter["detail"]
+    assert stored == 1
