@@ -9,7 +9,7 @@ from pathlib import Path
 
 import asyncpg
 
-from storage.migrate import latest_version
+from storage.migrate import latest_version, shipped_migrations
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "config.example.toml"
 
@@ -46,7 +46,7 @@ async def test_migrate_is_idempotent_and_dead_letters_can_be_listed(
     config.write_text(f'[database]\ndsn = "{empty_db_dsn}"\n[log]\nformat = "json"\n')
     first = _gateway("migrate", "--config", str(config))
     assert first.returncode == 0, first.stderr
-    assert f"applied migrations: {list(range(1, latest_version() + 1))}" in first.stdout
+    assert f"applied migrations: {[m.version for m in shipped_migrations()]}" in first.stdout
     second = _gateway("migrate", "--config", str(config))
     assert second.returncode == 0, second.stderr
     assert "up to date" in second.stdout

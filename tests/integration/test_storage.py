@@ -21,7 +21,7 @@ async def test_migrations_apply_to_an_empty_database_and_are_idempotent(
     conn = await asyncpg.connect(empty_db_dsn)
     try:
         assert await schema_version(conn) == 0
-        assert await migrate(conn) == list(range(1, latest_version() + 1))
+        assert await migrate(conn) == [m.version for m in shipped_migrations()]
         assert await migrate(conn) == []
         assert await schema_version(conn) == latest_version()
         tables = {
@@ -53,7 +53,7 @@ async def test_nodes_starting_at_once_migrate_exactly_once(empty_db_dsn: str) ->
         for conn in conns:
             await conn.close()
     applied = [r for r in results if r]
-    assert applied == [list(range(1, latest_version() + 1))]
+    assert applied == [[m.version for m in shipped_migrations()]]
 
 
 async def test_an_older_release_refuses_a_newer_schema(db: asyncpg.Connection) -> None:
