@@ -114,7 +114,12 @@ class Daemon:
             engine.summary = SummarySpec(cfg.ai.model, cfg.ai.prompt_version)
         writer = self.writer = IngestWriter(
             pool=pool,
-            decoder=MessageDecoder(topics, Encoding(cfg.mqtt.encoding), cfg.mqtt.max_payload_bytes),
+            decoder=MessageDecoder(
+                topics,
+                Encoding(cfg.mqtt.encoding),
+                cfg.mqtt.max_payload_bytes,
+                cfg.ingest.dead_letter_max_bytes,
+            ),
             node_id=self.node_id,
             metrics=self.metrics,
             batch_size=cfg.batch_size(protocol),
@@ -298,6 +303,7 @@ class Daemon:
             will_topic=presence_topic,
             will_payload=OFFLINE,
             buffer_high=self.config.ingest.read_buffer,
+            buffer_high_bytes=self.config.ingest.read_buffer_bytes,
         )
 
     async def _database(self, stack: AsyncExitStack) -> str:

@@ -244,19 +244,27 @@ async def _dead_letters(config: Config, args: argparse.Namespace) -> int:
                         "node_id": letter.node_id,
                         "replay_count": letter.replay_count,
                         "replay_outcome": letter.replay_outcome,
+                        "payload_size": letter.payload_size,
+                        "payload_sha256": letter.payload_sha256,
+                        "truncated": letter.truncated,
                         "payload_base64": base64.b64encode(letter.payload).decode(),
                     }
                     print(json.dumps(row))
                 else:
+                    size = f"{letter.payload_size} bytes"
+                    if letter.truncated:
+                        size += f" (first {len(letter.payload)} kept)"
                     print(
                         f"{letter.id}\t{letter.received_at.isoformat()}\t{letter.reason}\t"
-                        f"{letter.topic}\t{len(letter.payload)} bytes\t{letter.detail}"
+                        f"{letter.topic}\t{size}\tsha256 {letter.payload_sha256}\t"
+                        f"{letter.detail}"
                         + (f"\t[replayed: {letter.replay_outcome}]" if letter.replay_count else "")
                     )
             return EXIT_OK
         decoder = MessageDecoder(
-            config.topics, Encoding(config.mqtt.encoding), config.mqtt.max_payload_bytes
-        )
+            config.topics, Encoding(config.mqtt.encoding), config.mqtt.max_payload_bytes,
+            config.ingest.dead_letter_max_bytes,
+        )  # fmt: skip
         ids = args.ids if args.ids else await pending_ids(pool, args.reason)
         receipts = ReceiptApplier(
             node_id=config.node_id, sent_timeout_s=config.commands.sent_timeout_s, metrics=None

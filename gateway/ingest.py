@@ -9,6 +9,7 @@ the reader blocks, the window fills and the broker stops sending.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -44,6 +45,8 @@ log = structlog.get_logger("gateway.ingest")
 # Reason codes of dead letters, beyond the decoder's OVERSIZED / MALFORMED / INVALID and the
 # topic parser's BAD_TOPIC / BAD_DEVICE_ID.
 STORAGE_REJECTED = "STORAGE_REJECTED"
+# Bytes of a payload a dead letter keeps by default ([ingest] dead_letter_max_bytes).
+DEAD_LETTER_MAX_BYTES = 65536
 
 # Errors after which the same transaction may succeed later: the database is away (see
 # storage.errors), or another node raised the same alarm first. Anything else is about the data.
@@ -68,6 +71,10 @@ class Inbound:
     received_at: float = 0.0
     acker: Acker | None = None
     message: object = None
+    # Set when only the first bytes of a payload no message may have were kept (see
+    # MessageDecoder.admit): the size and SHA-256 (hex) of the whole payload as it arrived.
+    size: int | None = None
+    sha256: str | None = None
 
 
 @dataclass(slots=True)
@@ -132,13 +139,37 @@ class ReceiptApplier:
 class MessageDecoder:
     """Turns (topic, payload) into a telemetry row, a presence update or a dead letter."""
 
-    def __init__(self, topics: Topics, encoding: Encoding, max_payload_bytes: int) -> None:
+    def __init__(
+        self,
+        topics: Topics,
+        encoding: Encoding,
+        max_payload_bytes: int,
+        dead_letter_max_bytes: int = DEAD_LETTER_MAX_BYTES,
+    ) -> None:
         self.topics = topics
         self.encoding = encoding
         self.max_payload_bytes = max_payload_bytes
+        self.dead_letter_max_bytes = dead_letter_max_bytes
+
+    def admit(self, payload: bytes) -> tuple[bytes, int | None, str | None]:
+        """``(payload, None, None)``, or for a payload that can only become a dead letter
+        (longer than any message may be) and longer than a dead letter keeps: its first bytes,
+        its size and its SHA-256. The rest need not stay in memory while it waits."""
+        if len(payload) <= self.max_payload_bytes or len(payload) <= self.dead_letter_max_bytes:
+            return payload, None, None
+        digest = hashlib.sha256(payload).hexdigest()
+        return payload[: self.dead_letter_max_bytes], len(payload), digest
 
     def dead_letter(self, item: Inbound, reason: str, detail: str) -> DeadLetterRow:
-        return DeadLetterRow(item.topic, item.payload, reason, detail)
+        """The dead letter of ``item``: at most ``dead_letter_max_bytes`` of its payload, with
+        the size and SHA-256 of all of it."""
+        if item.size is not None and item.sha256 is not None:  # cut down on arrival
+            return DeadLetterRow(item.topic, item.payload, reason, detail, item.size, item.sha256)
+        payload = item.payload
+        return DeadLetterRow(
+            item.topic, payload[: self.dead_letter_max_bytes], reason, detail, len(payload),
+            hashlib.sha256(payload).hexdigest(),
+        )  # fmt: skip
 
     def classify(self, items: Sequence[Inbound]) -> Classified:
         out = Classified(items=list(items))
@@ -149,6 +180,12 @@ class MessageDecoder:
                 out.dead_letters.append(self.dead_letter(item, exc.code, str(exc)))
                 continue
             device_id = target.device_id
+            if item.size is not None:
+                if target.kind is TopicKind.TELEMETRY:
+                    out.seen_devices.add(device_id)  # as for any other oversized telemetry
+                detail = f"payload is {item.size} bytes, the limit is {self.max_payload_bytes}"
+                out.dead_letters.append(self.dead_letter(item, "OVERSIZED", detail))
+                continue
             try:
                 if target.kind is TopicKind.TELEMETRY:
                     out.seen_devices.add(device_id)
@@ -349,7 +386,9 @@ class IngestWriter:
                 topic=letter.topic,
                 reason=letter.reason,
                 detail=letter.detail,
-                payload_bytes=len(letter.payload),
+                payload_bytes=letter.payload_size,
+                payload_sha256=letter.payload_sha256,
+                truncated=letter.truncated,
             )
 
     async def store_with_retry(self, batch: Classified) -> StoreResult:

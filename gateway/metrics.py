@@ -157,6 +157,13 @@ class Metrics:
             ["explained"],
             registry=r,
         )
+        self.read_pauses = Counter(
+            "gateway_mqtt_read_pauses",
+            "Times reading the broker connection paused, by the bound of the read buffer that "
+            "was reached (messages: [ingest] read_buffer, bytes: [ingest] read_buffer_bytes)",
+            ["bound"],
+            registry=r,
+        )
 
     def count_command(self, from_status: str, to_status: str, n: int = 1) -> None:
         self.command_transitions.labels(from_status, to_status).inc(n)

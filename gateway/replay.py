@@ -36,7 +36,10 @@ async def replay_one(
         if letter is None:
             return None
         classified = decoder.classify([Inbound(topic=letter.topic, payload=letter.payload)])
-        if classified.dead_letters:
+        if letter.truncated:
+            # Only its first bytes were kept: there is nothing whole to ingest.
+            outcome, succeeded = "truncated", False
+        elif classified.dead_letters:
             outcome, succeeded = f"still_invalid: {classified.dead_letters[0].reason}", False
         else:
             result = await store(conn, classified, node_id, receipts=receipts)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from hashlib import sha256
 
 import asyncpg
 
@@ -35,9 +36,20 @@ class TelemetryRow:
 @dataclass(frozen=True, slots=True)
 class DeadLetterRow:
     topic: str
-    payload: bytes
+    payload: bytes  # what is kept: the whole payload, or its first bytes only
     reason: str
     detail: str
+    payload_size: int  # of the whole payload as it arrived
+    payload_sha256: str  # of the whole payload, hex
+
+    @property
+    def truncated(self) -> bool:
+        return self.payload_size > len(self.payload)
+
+    @classmethod
+    def whole(cls, topic: str, payload: bytes, reason: str, detail: str) -> DeadLetterRow:
+        """A dead letter keeping all of ``payload``."""
+        return cls(topic, payload, reason, detail, len(payload), sha256(payload).hexdigest())
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +64,12 @@ class StoredDeadLetter:
     replay_count: int
     replayed_at: datetime | None
     replay_outcome: str | None
+    payload_size: int
+    payload_sha256: str
+
+    @property
+    def truncated(self) -> bool:
+        return self.payload_size > len(self.payload)
 
 
 async def insert_telemetry(
@@ -100,6 +118,8 @@ async def insert_dead_letters(
             INSERT_DEAD_LETTERS,
             [_text(r.topic) for r in rows],
             [r.payload for r in rows],
+            [r.payload_size for r in rows],
+            [r.payload_sha256 for r in rows],
             [_text(r.reason) for r in rows],
             [_text(r.detail) for r in rows],
             node_id,
