@@ -241,6 +241,8 @@ async def _dead_letters(config: Config, args: argparse.Namespace) -> int:
                         "reason": letter.reason,
                         "detail": letter.detail,
                         "received_at": letter.received_at.isoformat(),
+                        "last_seen_at": letter.last_seen_at.isoformat(),
+                        "seen_count": letter.seen_count,
                         "node_id": letter.node_id,
                         "replay_count": letter.replay_count,
                         "replay_outcome": letter.replay_outcome,
@@ -254,9 +256,10 @@ async def _dead_letters(config: Config, args: argparse.Namespace) -> int:
                     size = f"{letter.payload_size} bytes"
                     if letter.truncated:
                         size += f" (first {len(letter.payload)} kept)"
+                    seen = f"seen {letter.seen_count}x, last {letter.last_seen_at.isoformat()}"
                     print(
                         f"{letter.id}\t{letter.received_at.isoformat()}\t{letter.reason}\t"
-                        f"{letter.topic}\t{size}\tsha256 {letter.payload_sha256}\t"
+                        f"{letter.topic}\t{size}\tsha256 {letter.payload_sha256}\t{seen}\t"
                         f"{letter.detail}"
                         + (f"\t[replayed: {letter.replay_outcome}]" if letter.replay_count else "")
                     )

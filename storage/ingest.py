@@ -66,6 +66,8 @@ class StoredDeadLetter:
     replay_outcome: str | None
     payload_size: int
     payload_sha256: str
+    seen_count: int
+    last_seen_at: datetime
 
     @property
     def truncated(self) -> bool:
@@ -113,17 +115,28 @@ def _text(value: str) -> str:
 async def insert_dead_letters(
     conn: asyncpg.Connection, rows: Sequence[DeadLetterRow], node_id: str
 ) -> None:
-    if rows:
-        await conn.execute(
-            INSERT_DEAD_LETTERS,
-            [_text(r.topic) for r in rows],
-            [r.payload for r in rows],
-            [r.payload_size for r in rows],
-            [r.payload_sha256 for r in rows],
-            [_text(r.reason) for r in rows],
-            [_text(r.detail) for r in rows],
-            node_id,
-        )
+    """Store dead letters; one the same bytes on the same topic already have pending (not yet
+    replayed) is counted again (``seen_count``, ``last_seen_at``) instead."""
+    if not rows:
+        return
+    # One row per key and statement: ON CONFLICT cannot touch the same row twice.
+    seen: dict[tuple[str, str], tuple[DeadLetterRow, int]] = {}
+    for row in rows:
+        key = (_text(row.topic), row.payload_sha256)
+        first, count = seen.get(key, (row, 0))
+        seen[key] = (first, count + 1)
+    letters = [(topic, row, count) for (topic, _), (row, count) in seen.items()]
+    await conn.execute(
+        INSERT_DEAD_LETTERS,
+        [topic for topic, _, _ in letters],
+        [r.payload for _, r, _ in letters],
+        [r.payload_size for _, r, _ in letters],
+        [r.payload_sha256 for _, r, _ in letters],
+        [_text(r.reason) for _, r, _ in letters],
+        [_text(r.detail) for _, r, _ in letters],
+        [count for _, _, count in letters],
+        node_id,
+    )
 
 
 def _dead_letter(record: asyncpg.Record) -> StoredDeadLetter:
