@@ -12,11 +12,12 @@ import aiomqtt
 import asyncpg
 import structlog
 
+from gateway import live_path
 from gateway.ai.llm import OpenAiCompatibleLlm
 from gateway.ai.worker import SummaryWorker
 from gateway.alarm_engine import AlarmEngine
 from gateway.alarm_timers import AlarmTimers
-from gateway.alarms import AlarmService, SummarySpec
+from gateway.alarms import AlarmService
 from gateway.api import BearerAuth, add_alarm_api
 from gateway.backoff import Backoff
 from gateway.command_api import CommandService, add_command_api
@@ -25,7 +26,7 @@ from gateway.dispatcher import Dispatcher, Reaper
 from gateway.errors import StartupError
 from gateway.http import HttpServer, create_app
 from gateway.inactivity import InactivityMonitor
-from gateway.ingest import IngestWriter, MessageDecoder, ReceiptApplier
+from gateway.ingest import IngestWriter
 from gateway.loops import sleep_unless_stopped
 from gateway.metrics import Metrics
 from gateway.mqtt import ConnectionSettings, TlsSettings
@@ -33,7 +34,7 @@ from gateway.outbox_publisher import OutboxPublisher
 from gateway.sdnotify import Notifier
 from gateway.session import OFFLINE, MqttSession
 from gateway.supervision import Watchdog
-from protocol import Encoding, TopicKind
+from protocol import TopicKind
 from storage import ingest as repo
 from storage import outbox
 from storage.errors import DB_ERRORS, TRANSIENT_DB_ERRORS, StorageError
@@ -104,22 +105,12 @@ class Daemon:
     ) -> None:
         cfg = self.config
         topics = cfg.topics
-        engine = self.engine = AlarmEngine(
-            rules=cfg.rule_set(), node_id=self.node_id, metrics=self.metrics
-        )
         async with pool.acquire() as conn:
-            await engine.load(conn)
+            engine = self.engine = await live_path.alarm_engine(cfg, self.metrics, conn)
         summaries = await self._summaries(stack, pool)
-        if summaries is not None:
-            engine.summary = SummarySpec(cfg.ai.model, cfg.ai.prompt_version)
         writer = self.writer = IngestWriter(
             pool=pool,
-            decoder=MessageDecoder(
-                topics,
-                Encoding(cfg.mqtt.encoding),
-                cfg.mqtt.max_payload_bytes,
-                cfg.ingest.dead_letter_max_bytes,
-            ),
+            decoder=live_path.message_decoder(cfg),
             node_id=self.node_id,
             metrics=self.metrics,
             batch_size=cfg.batch_size(protocol),
@@ -127,11 +118,7 @@ class Daemon:
             queue_max=cfg.ingest.queue_max,
             retry=Backoff(cfg.database.retry_min_s, cfg.database.retry_max_s),
             engine=engine,
-            receipts=ReceiptApplier(
-                node_id=self.node_id,
-                sent_timeout_s=cfg.commands.sent_timeout_s,
-                metrics=self.metrics,
-            ),
+            receipts=live_path.receipt_applier(cfg, self.metrics),
             refused_batch_attempts=cfg.ingest.refused_batch_attempts,
         )
         self.dispatcher = Dispatcher(

@@ -218,9 +218,9 @@ async def _migrate(config: Config, _args: argparse.Namespace) -> int:
 
 
 async def _dead_letters(config: Config, args: argparse.Namespace) -> int:
-    from gateway.ingest import MessageDecoder, ReceiptApplier
+    from gateway import live_path
+    from gateway.metrics import Metrics
     from gateway.replay import pending_ids, replay
-    from protocol import Encoding
     from storage import ingest as repo
 
     async with _database(config) as pool:
@@ -264,15 +264,12 @@ async def _dead_letters(config: Config, args: argparse.Namespace) -> int:
                         + (f"\t[replayed: {letter.replay_outcome}]" if letter.replay_count else "")
                     )
             return EXIT_OK
-        decoder = MessageDecoder(
-            config.topics, Encoding(config.mqtt.encoding), config.mqtt.max_payload_bytes,
-            config.ingest.dead_letter_max_bytes,
-        )  # fmt: skip
+        # Exactly the daemon's path: its rules raise the alarms the telemetry would have raised
+        # live, receipts and presence are applied as the daemon applies them.
+        async with pool.acquire() as conn:
+            path = await live_path.for_replay(config, Metrics(), conn)
         ids = args.ids if args.ids else await pending_ids(pool, args.reason)
-        receipts = ReceiptApplier(
-            node_id=config.node_id, sent_timeout_s=config.commands.sent_timeout_s, metrics=None
-        )
-        outcomes = await replay(pool, decoder, config.node_id, ids, receipts)
+        outcomes = await replay(pool, path, ids)
         for outcome in outcomes:
             print(f"{outcome.dead_letter_id}\t{outcome.outcome}")
         failed = sum(not o.succeeded for o in outcomes)

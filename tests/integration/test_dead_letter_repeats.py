@@ -5,9 +5,10 @@ from __future__ import annotations
 import aiomqtt
 import asyncpg
 
-from gateway.ingest import MessageDecoder
+from gateway import live_path
+from gateway.metrics import Metrics
 from gateway.replay import replay
-from protocol import Encoding, Topics
+from protocol import Topics
 from storage import ingest as repo
 from storage.ingest import DeadLetterRow
 from storage.migrate import CREATE_TABLE, RECORD, migrate, shipped_migrations
@@ -71,8 +72,9 @@ async def test_repeats_count_on_the_pending_letter_and_start_a_new_one_once_repl
     # limit) make a new pending letter, and replaying that one is a harmless duplicate.
     pool = await create_pool(db_dsn, min_size=1, max_size=2)
     try:
-        decoder = MessageDecoder(TOPICS, Encoding.JSON, 65536)
-        assert [o.outcome for o in await replay(pool, decoder, "n1", [rows[0]["id"]])] == ["stored"]
+        async with pool.acquire() as conn:
+            path = await live_path.for_replay(make_config(dsn=db_dsn, mqtt_port=1), Metrics(), conn)
+        assert [o.outcome for o in await replay(pool, path, [rows[0]["id"]])] == ["stored"]
         await repo.insert_dead_letters(db, [letter, letter], "n1")
         fresh = await db.fetch(
             "SELECT id, seen_count FROM dead_letter WHERE replayed_at IS NULL AND payload = $1",
@@ -80,7 +82,7 @@ async def test_repeats_count_on_the_pending_letter_and_start_a_new_one_once_repl
         )
         assert [r["seen_count"] for r in fresh] == [2]
         assert fresh[0]["id"] != rows[0]["id"]
-        again = await replay(pool, decoder, "n1", [fresh[0]["id"]])
+        again = await replay(pool, path, [fresh[0]["id"]])
         assert [o.outcome for o in again] == ["duplicate"]
     finally:
         await pool.close()
