@@ -35,6 +35,7 @@ from gateway.domain.alarm import (
 )
 from gateway.errors import GatewayError
 from storage.audit import audit_failure
+from storage.errors import TRANSIENT_DB_ERRORS
 
 log = structlog.get_logger("gateway.api")
 
@@ -133,11 +134,7 @@ _HTTP_CODES: Final = {
     415: "UNSUPPORTED_MEDIA_TYPE",
 }
 # A database that cannot be reached is a temporary fault (503), not a bug (500).
-_UNAVAILABLE: Final = (
-    OSError,
-    asyncpg.PostgresConnectionError,
-    asyncpg.CannotConnectNowError,
-)
+_UNAVAILABLE: Final = TRANSIENT_DB_ERRORS
 
 
 def _from_domain(exc: Exception) -> ApiError | None:

@@ -12,11 +12,12 @@ import aiomqtt
 import asyncpg
 import structlog
 
+from gateway import live_path
 from gateway.ai.llm import OpenAiCompatibleLlm
 from gateway.ai.worker import SummaryWorker
 from gateway.alarm_engine import AlarmEngine
 from gateway.alarm_timers import AlarmTimers
-from gateway.alarms import AlarmService, SummarySpec
+from gateway.alarms import AlarmService
 from gateway.api import BearerAuth, add_alarm_api
 from gateway.backoff import Backoff
 from gateway.command_api import CommandService, add_command_api
@@ -25,7 +26,7 @@ from gateway.dispatcher import Dispatcher, Reaper
 from gateway.errors import StartupError
 from gateway.http import HttpServer, create_app
 from gateway.inactivity import InactivityMonitor
-from gateway.ingest import TRANSIENT_DB_ERRORS, IngestWriter, MessageDecoder, ReceiptApplier
+from gateway.ingest import IngestWriter
 from gateway.loops import sleep_unless_stopped
 from gateway.metrics import Metrics
 from gateway.mqtt import ConnectionSettings, TlsSettings
@@ -33,10 +34,10 @@ from gateway.outbox_publisher import OutboxPublisher
 from gateway.sdnotify import Notifier
 from gateway.session import OFFLINE, MqttSession
 from gateway.supervision import Watchdog
-from protocol import Encoding, TopicKind
+from protocol import TopicKind
 from storage import ingest as repo
 from storage import outbox
-from storage.errors import StorageError
+from storage.errors import DB_ERRORS, TRANSIENT_DB_ERRORS, StorageError
 from storage.migrate import migrate
 from storage.pool import create_pool
 
@@ -104,17 +105,13 @@ class Daemon:
     ) -> None:
         cfg = self.config
         topics = cfg.topics
-        engine = self.engine = AlarmEngine(
-            rules=cfg.rule_set(), node_id=self.node_id, metrics=self.metrics
-        )
+        engine = self.engine = live_path.alarm_engine(cfg, self.metrics)
         async with pool.acquire() as conn:
             await engine.forget_removed_rules(conn)
         summaries = await self._summaries(stack, pool)
-        if summaries is not None:
-            engine.summary = SummarySpec(cfg.ai.model, cfg.ai.prompt_version)
         writer = self.writer = IngestWriter(
             pool=pool,
-            decoder=MessageDecoder(topics, Encoding(cfg.mqtt.encoding), cfg.mqtt.max_payload_bytes),
+            decoder=live_path.message_decoder(cfg),
             node_id=self.node_id,
             metrics=self.metrics,
             batch_size=cfg.batch_size(protocol),
@@ -122,11 +119,8 @@ class Daemon:
             queue_max=cfg.ingest.queue_max,
             retry=Backoff(cfg.database.retry_min_s, cfg.database.retry_max_s),
             engine=engine,
-            receipts=ReceiptApplier(
-                node_id=self.node_id,
-                sent_timeout_s=cfg.commands.sent_timeout_s,
-                metrics=self.metrics,
-            ),
+            receipts=live_path.receipt_applier(cfg, self.metrics),
+            refused_batch_attempts=cfg.ingest.refused_batch_attempts,
         )
         self.dispatcher = Dispatcher(
             pool=pool, dsn=self.database_dsn or "", node_id=self.node_id, topics=topics,
@@ -304,6 +298,7 @@ class Daemon:
             will_topic=presence_topic,
             will_payload=OFFLINE,
             buffer_high=self.config.ingest.read_buffer,
+            buffer_high_bytes=self.config.ingest.read_buffer_bytes,
         )
 
     async def _database(self, stack: AsyncExitStack) -> str:
@@ -376,6 +371,14 @@ class Daemon:
             except StorageError as exc:
                 await pool.close()
                 raise StartupError(str(exc)) from exc
+            except TRANSIENT_DB_ERRORS as exc:
+                # Lost between connecting and migrating (a restart, a cut): start over.
+                pool.terminate()
+                delay = backoff.next_delay()
+                self.metrics.db_retries.inc()
+                log.warning("database_unavailable", error=repr(exc), retry_in_s=round(delay, 3))
+                await sleep_unless_stopped(stop, delay)
+                continue
             except BaseException:
                 await pool.close()
                 raise
@@ -432,7 +435,7 @@ class Daemon:
             async with asyncio.timeout(HEALTH_DB_TIMEOUT_S), pool.acquire() as conn:
                 await repo.ping(conn)
                 backlog, oldest_age_s = await outbox.backlog(conn)
-        except (*TRANSIENT_DB_ERRORS, asyncpg.PostgresError) as exc:
+        except DB_ERRORS as exc:
             return {"ok": False, "error": repr(exc)}
         self.metrics.outbox_backlog.set(backlog)
         self.metrics.outbox_oldest_age.set(oldest_age_s)

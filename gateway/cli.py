@@ -218,9 +218,9 @@ async def _migrate(config: Config, _args: argparse.Namespace) -> int:
 
 
 async def _dead_letters(config: Config, args: argparse.Namespace) -> int:
-    from gateway.ingest import MessageDecoder, ReceiptApplier
+    from gateway import live_path
+    from gateway.metrics import Metrics
     from gateway.replay import pending_ids, replay
-    from protocol import Encoding
     from storage import ingest as repo
 
     async with _database(config) as pool:
@@ -241,27 +241,34 @@ async def _dead_letters(config: Config, args: argparse.Namespace) -> int:
                         "reason": letter.reason,
                         "detail": letter.detail,
                         "received_at": letter.received_at.isoformat(),
+                        "last_seen_at": letter.last_seen_at.isoformat(),
+                        "seen_count": letter.seen_count,
                         "node_id": letter.node_id,
                         "replay_count": letter.replay_count,
                         "replay_outcome": letter.replay_outcome,
+                        "payload_size": letter.payload_size,
+                        "payload_sha256": letter.payload_sha256,
+                        "truncated": letter.truncated,
                         "payload_base64": base64.b64encode(letter.payload).decode(),
                     }
                     print(json.dumps(row))
                 else:
+                    size = f"{letter.payload_size} bytes"
+                    if letter.truncated:
+                        size += f" (first {len(letter.payload)} kept)"
+                    seen = f"seen {letter.seen_count}x, last {letter.last_seen_at.isoformat()}"
                     print(
                         f"{letter.id}\t{letter.received_at.isoformat()}\t{letter.reason}\t"
-                        f"{letter.topic}\t{len(letter.payload)} bytes\t{letter.detail}"
+                        f"{letter.topic}\t{size}\tsha256 {letter.payload_sha256}\t{seen}\t"
+                        f"{letter.detail}"
                         + (f"\t[replayed: {letter.replay_outcome}]" if letter.replay_count else "")
                     )
             return EXIT_OK
-        decoder = MessageDecoder(
-            config.topics, Encoding(config.mqtt.encoding), config.mqtt.max_payload_bytes
-        )
+        # Exactly the daemon's path: its rules raise the alarms the telemetry would have raised
+        # live, receipts and presence are applied as the daemon applies them.
+        path = live_path.for_replay(config, Metrics())
         ids = args.ids if args.ids else await pending_ids(pool, args.reason)
-        receipts = ReceiptApplier(
-            node_id=config.node_id, sent_timeout_s=config.commands.sent_timeout_s, metrics=None
-        )
-        outcomes = await replay(pool, decoder, config.node_id, ids, receipts)
+        outcomes = await replay(pool, path, ids)
         for outcome in outcomes:
             print(f"{outcome.dead_letter_id}\t{outcome.outcome}")
         failed = sum(not o.succeeded for o in outcomes)

@@ -50,6 +50,7 @@ from gateway.loops import sleep_unless_stopped
 from gateway.metrics import Metrics
 from protocol import is_valid_device_id
 from storage import commands as repo
+from storage.errors import TRANSIENT_DB_ERRORS
 
 log = structlog.get_logger("gateway.command_api")
 
@@ -65,13 +66,7 @@ POLL_MAX_S: Final = 0.5
 POLL_GROWTH: Final = 1.25
 # One poll's read may not stretch the wait by more than this (a pool waiting to connect).
 READ_TIMEOUT_S: Final = 2.0
-_UNREADABLE: Final = (
-    OSError,
-    TimeoutError,
-    asyncpg.PostgresConnectionError,
-    asyncpg.CannotConnectNowError,
-    asyncpg.InterfaceError,
-)
+_UNREADABLE: Final = TRANSIENT_DB_ERRORS
 CREATE_PARAMS: Final = frozenset({"wait"})
 LIST_PARAMS: Final = frozenset({"limit", "before"})
 _SECONDS_RE: Final = re.compile(r"[0-9]{1,9}(?:\.[0-9]{1,9})?", re.ASCII)

@@ -81,7 +81,10 @@ class IngestConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True
     linger_ms: Annotated[int, Meta(ge=0, le=10_000)] = 5
     queue_max: PositiveInt = 2000
     read_buffer: Annotated[int, Meta(ge=2)] = 1000
+    read_buffer_bytes: Annotated[int, Meta(ge=2)] = 16 * 1024 * 1024
     drain_timeout_s: PositiveFloat = 20.0
+    refused_batch_attempts: PositiveInt = 5
+    dead_letter_max_bytes: Annotated[int, Meta(ge=0)] = 65536
 
 
 class HttpConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):

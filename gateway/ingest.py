@@ -9,6 +9,7 @@ the reader blocks, the window fills and the broker stops sending.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -36,6 +37,7 @@ from protocol import (
     telemetry_event_id,
 )
 from storage import ingest as repo
+from storage.errors import TRANSIENT_DB_ERRORS
 from storage.ingest import DeadLetterRow, TelemetryRow
 
 log = structlog.get_logger("gateway.ingest")
@@ -43,20 +45,12 @@ log = structlog.get_logger("gateway.ingest")
 # Reason codes of dead letters, beyond the decoder's OVERSIZED / MALFORMED / INVALID and the
 # topic parser's BAD_TOPIC / BAD_DEVICE_ID.
 STORAGE_REJECTED = "STORAGE_REJECTED"
+# Bytes of a payload a dead letter keeps by default ([ingest] dead_letter_max_bytes).
+DEAD_LETTER_MAX_BYTES = 65536
 
-# Errors after which the same transaction may succeed later: the connection or the server
-# went away, or PostgreSQL asked us to retry. Anything else is about the data.
-TRANSIENT_DB_ERRORS: tuple[type[BaseException], ...] = (
-    OSError,
-    TimeoutError,
-    asyncpg.PostgresConnectionError,
-    asyncpg.InterfaceError,
-    asyncpg.exceptions.OperatorInterventionError,
-    asyncpg.exceptions.InsufficientResourcesError,
-    asyncpg.exceptions.SerializationError,
-    asyncpg.exceptions.DeadlockDetectedError,
-    RetryBatchError,
-)
+# Errors after which the same transaction may succeed later: the database is away (see
+# storage.errors), or another node raised the same alarm first. Anything else is about the data.
+RETRY_LATER: tuple[type[BaseException], ...] = (*TRANSIENT_DB_ERRORS, RetryBatchError)
 
 
 # The driver refusing a value before it reaches the server (out of a column type's range, say):
@@ -77,12 +71,18 @@ class Inbound:
     received_at: float = 0.0
     acker: Acker | None = None
     message: object = None
+    # Set when only the first bytes of a payload no message may have were kept (see
+    # MessageDecoder.admit): the size and SHA-256 (hex) of the whole payload as it arrived.
+    size: int | None = None
+    sha256: str | None = None
 
 
 @dataclass(slots=True)
 class Classified:
     """A batch sorted into what each message becomes."""
 
+    # The messages sorted, in order (a batch refused by the database is split by them).
+    items: list[Inbound] = field(default_factory=list)
     telemetry: list[TelemetryRow] = field(default_factory=list)
     telemetry_sources: list[Inbound] = field(default_factory=list)
     decoded: list[Telemetry] = field(default_factory=list)
@@ -139,20 +139,53 @@ class ReceiptApplier:
 class MessageDecoder:
     """Turns (topic, payload) into a telemetry row, a presence update or a dead letter."""
 
-    def __init__(self, topics: Topics, encoding: Encoding, max_payload_bytes: int) -> None:
+    def __init__(
+        self,
+        topics: Topics,
+        encoding: Encoding,
+        max_payload_bytes: int,
+        dead_letter_max_bytes: int = DEAD_LETTER_MAX_BYTES,
+    ) -> None:
         self.topics = topics
         self.encoding = encoding
         self.max_payload_bytes = max_payload_bytes
+        self.dead_letter_max_bytes = dead_letter_max_bytes
+
+    def admit(self, payload: bytes) -> tuple[bytes, int | None, str | None]:
+        """``(payload, None, None)``, or for a payload that can only become a dead letter
+        (longer than any message may be) and longer than a dead letter keeps: its first bytes,
+        its size and its SHA-256. The rest need not stay in memory while it waits."""
+        if len(payload) <= self.max_payload_bytes or len(payload) <= self.dead_letter_max_bytes:
+            return payload, None, None
+        digest = hashlib.sha256(payload).hexdigest()
+        return payload[: self.dead_letter_max_bytes], len(payload), digest
+
+    def dead_letter(self, item: Inbound, reason: str, detail: str) -> DeadLetterRow:
+        """The dead letter of ``item``: at most ``dead_letter_max_bytes`` of its payload, with
+        the size and SHA-256 of all of it."""
+        if item.size is not None and item.sha256 is not None:  # cut down on arrival
+            return DeadLetterRow(item.topic, item.payload, reason, detail, item.size, item.sha256)
+        payload = item.payload
+        return DeadLetterRow(
+            item.topic, payload[: self.dead_letter_max_bytes], reason, detail, len(payload),
+            hashlib.sha256(payload).hexdigest(),
+        )  # fmt: skip
 
     def classify(self, items: Sequence[Inbound]) -> Classified:
-        out = Classified()
+        out = Classified(items=list(items))
         for item in items:
             try:
                 target = self.topics.parse_device_topic(item.topic)
             except TopicError as exc:
-                out.dead_letters.append(DeadLetterRow(item.topic, item.payload, exc.code, str(exc)))
+                out.dead_letters.append(self.dead_letter(item, exc.code, str(exc)))
                 continue
             device_id = target.device_id
+            if item.size is not None:
+                if target.kind is TopicKind.TELEMETRY:
+                    out.seen_devices.add(device_id)  # as for any other oversized telemetry
+                detail = f"payload is {item.size} bytes, the limit is {self.max_payload_bytes}"
+                out.dead_letters.append(self.dead_letter(item, "OVERSIZED", detail))
+                continue
             try:
                 if target.kind is TopicKind.TELEMETRY:
                     out.seen_devices.add(device_id)
@@ -171,17 +204,14 @@ class MessageDecoder:
                     out.receipts.append((device_id, receipt))
                 else:
                     out.dead_letters.append(
-                        DeadLetterRow(
-                            item.topic,
-                            item.payload,
+                        self.dead_letter(
+                            item,
                             "UNSUPPORTED_TOPIC",
                             f"the gateway does not consume {target.kind.value} messages",
                         )
                     )
             except DecodeError as exc:
-                out.dead_letters.append(
-                    DeadLetterRow(item.topic, item.payload, exc.code, exc.detail)
-                )
+                out.dead_letters.append(self.dead_letter(item, exc.code, exc.detail))
         return out
 
 
@@ -257,9 +287,19 @@ class IngestWriter:
         retry: Backoff,
         engine: AlarmEngine | None = None,
         receipts: ReceiptApplier | None = None,
+        refused_batch_attempts: int = 5,
     ) -> None:
         self.pool = pool
         self.receipts = receipts
+        # Probes apply receipts in transactions that are rolled back: nothing to count.
+        self.probe_receipts = (
+            None
+            if receipts is None
+            else ReceiptApplier(
+                node_id=receipts.node_id, sent_timeout_s=receipts.sent_timeout_s, metrics=None
+            )
+        )
+        self.refused_batch_attempts = refused_batch_attempts
         self.decoder = decoder
         self.node_id = node_id
         self.metrics = metrics
@@ -346,33 +386,79 @@ class IngestWriter:
                 topic=letter.topic,
                 reason=letter.reason,
                 detail=letter.detail,
-                payload_bytes=len(letter.payload),
+                payload_bytes=letter.payload_size,
+                payload_sha256=letter.payload_sha256,
+                truncated=letter.truncated,
             )
 
     async def store_with_retry(self, batch: Classified) -> StoreResult:
         """Commit the batch, retrying for as long as the database is unreachable.
 
         A batch the database refuses for its content (say, a string PostgreSQL cannot hold)
-        would otherwise be retried forever: it is split, and the rows refused on their own
-        become dead letters, so one bad message never blocks the ones behind it.
+        would otherwise be retried forever: each of its messages is tried alone, and those
+        refused on their own become dead letters, so one bad message never blocks the ones
+        behind it, and the others — command receipts and presence included — are stored as
+        usual. A refusal no single message explains (it needs several of them, or comes from
+        the database itself) is retried with backoff ``refused_batch_attempts`` times; then
+        every message of the batch is dead-lettered rather than blocking the pipeline.
         """
+        refused: list[DeadLetterRow] = []  # messages dead-lettered on the way
+        unexplained = 0
         while True:
             try:
                 result = await self._store_once(batch)
-            except REFUSED_DATA as exc:
-                log.error("batch_refused_by_database", error=repr(exc), size=len(batch.telemetry))
-                batch = await self._isolate_refused(batch)
-            except TRANSIENT_DB_ERRORS as exc:
+            except RETRY_LATER as exc:
                 delay = self.retry.next_delay()
                 self.metrics.db_retries.inc()
                 log.warning("database_unavailable", error=repr(exc), retry_in_s=round(delay, 3))
                 await asyncio.sleep(delay)
-            except asyncpg.PostgresError as exc:
-                log.error("batch_refused_by_database", error=repr(exc), size=len(batch.telemetry))
-                batch = await self._isolate_refused(batch)
-            else:
-                self.retry.reset()
-                return result
+                continue
+            except (asyncpg.PostgresError, *REFUSED_DATA) as exc:
+                log.error("batch_refused_by_database", error=repr(exc), size=len(batch.items))
+                kept, rejected = await self._isolate_refused(batch.items)
+                if rejected:
+                    self.metrics.batch_refusals.labels("true").inc()
+                    refused.extend(rejected)
+                    batch = self._rebuild(kept, refused)
+                    continue
+                unexplained += 1
+                self.metrics.batch_refusals.labels("false").inc()
+                if unexplained >= self.refused_batch_attempts and batch.items:
+                    detail = (
+                        f"the batch was refused {unexplained} times though no message of it "
+                        f"is refused on its own: {exc}"
+                    )
+                    log.error(
+                        "batch_dead_lettered", attempts=unexplained, error=repr(exc),
+                        size=len(batch.items),
+                    )  # fmt: skip
+                    refused.extend(self._dead_letter_all(batch.items, detail))
+                    batch = self._rebuild([], refused)
+                    continue
+                # Nothing left to split: only the dead letters themselves are refused, and
+                # retrying (with backoff) is all there is.
+                delay = self.retry.next_delay()
+                log.warning(
+                    "batch_refusal_unexplained", attempt=unexplained, error=repr(exc),
+                    retry_in_s=round(delay, 3),
+                )  # fmt: skip
+                await asyncio.sleep(delay)
+                continue
+            self.retry.reset()
+            return result
+
+    def _rebuild(self, items: list[Inbound], refused: list[DeadLetterRow]) -> Classified:
+        batch = self.decoder.classify(items)
+        batch.dead_letters.extend(refused)
+        return batch
+
+    def _dead_letter_all(self, items: list[Inbound], detail: str) -> list[DeadLetterRow]:
+        """Every message as a dead letter: what the decoder said of it, or the refusal."""
+        letters: list[DeadLetterRow] = []
+        for item in items:
+            verdict = self.decoder.classify([item]).dead_letters
+            letters.extend(verdict or [self.decoder.dead_letter(item, STORAGE_REJECTED, detail)])
+        return letters
 
     async def _store_once(self, batch: Classified) -> StoreResult:
         self.in_db_call_since = asyncio.get_running_loop().time()
@@ -387,46 +473,45 @@ class IngestWriter:
             self.engine.committed(result.alarms)
         return result
 
-    async def _isolate_refused(self, batch: Classified) -> Classified:
-        """Try each telemetry row alone; return the batch with refused rows dead-lettered."""
-        kept = Classified(
-            presence=batch.presence,
-            dead_letters=list(batch.dead_letters),
-            seen_devices=batch.seen_devices,
-        )
-        for row, source, decoded in zip(
-            batch.telemetry, batch.telemetry_sources, batch.decoded, strict=True
-        ):
+    async def _isolate_refused(
+        self, items: list[Inbound]
+    ) -> tuple[list[Inbound], list[DeadLetterRow]]:
+        """Try each message alone; the ones the database accepts, and the others' dead letters."""
+        kept: list[Inbound] = []
+        rejected: list[DeadLetterRow] = []
+        for item in items:
             while True:
                 try:
-                    refusal = await self._probe(row)
-                except TRANSIENT_DB_ERRORS as exc:
+                    refusal = await self._probe(item)
+                except RETRY_LATER as exc:
                     self.metrics.db_retries.inc()
                     log.warning("database_unavailable", error=repr(exc))
                     await asyncio.sleep(self.retry.next_delay())
                     continue
                 if refusal is None:
-                    kept.telemetry.append(row)
-                    kept.telemetry_sources.append(source)
-                    kept.decoded.append(decoded)
+                    kept.append(item)
                 else:
-                    kept.dead_letters.append(
-                        DeadLetterRow(source.topic, source.payload, STORAGE_REJECTED, refusal)
-                    )
+                    rejected.append(self.decoder.dead_letter(item, STORAGE_REJECTED, refusal))
                 break
-        return kept
+        return kept, rejected
 
-    async def _probe(self, row: TelemetryRow) -> str | None:
-        """Insert one row in a transaction that is always rolled back; the refusal, if any."""
-        async with self.pool.acquire() as conn:
-            transaction = conn.transaction()
-            await transaction.start()
-            try:
-                await repo.insert_telemetry(conn, [row], self.node_id)
-            except (asyncpg.PostgresError, *REFUSED_DATA) as exc:
-                if isinstance(exc, TRANSIENT_DB_ERRORS) and not isinstance(exc, REFUSED_DATA):
-                    raise
-                return str(exc)
-            finally:
-                await transaction.rollback()
+    async def _probe(self, item: Inbound) -> str | None:
+        """Store one message the way its batch would, in a transaction always rolled back;
+        the refusal, if any."""
+        alone = self.decoder.classify([item])
+        self.in_db_call_since = asyncio.get_running_loop().time()
+        try:
+            async with self.pool.acquire() as conn:
+                transaction = conn.transaction()
+                await transaction.start()
+                try:
+                    await store(conn, alone, self.node_id, self.engine, self.probe_receipts)
+                except (asyncpg.PostgresError, *REFUSED_DATA) as exc:
+                    if isinstance(exc, RETRY_LATER):
+                        raise
+                    return str(exc)
+                finally:
+                    await transaction.rollback()
+        finally:
+            self.in_db_call_since = None
         return None

@@ -9,16 +9,24 @@ from collections.abc import Awaitable, Callable
 import asyncpg
 import structlog
 
+from gateway.backoff import Backoff
+from storage.errors import DB_ERRORS
+
 log = structlog.get_logger("gateway.loops")
 
-# A pass that fails on these is tried again at the next tick; anything else is a bug and
-# ends the daemon (the task group fails loudly rather than looping on it).
-RETRYABLE: tuple[type[BaseException], ...] = (
-    OSError,
-    TimeoutError,
-    asyncpg.PostgresError,
-    asyncpg.InterfaceError,
-)
+# A pass that fails on these is tried again later, with backoff: whatever the database or its
+# driver raises (a cut connection, a restarting server) must not end the daemon. Anything else
+# is a bug and ends it (the task group fails loudly rather than looping on it).
+RETRYABLE: tuple[type[BaseException], ...] = DB_ERRORS
+# Consecutive failed passes wait longer and longer, up to this (or the loop's own interval).
+FAILURE_BACKOFF_CAP_S = 30.0
+# A LISTEN connection that cannot be opened must not hold up the passes for long.
+LISTEN_CONNECT_TIMEOUT_S = 10.0
+
+
+def failure_backoff(interval_s: float) -> Backoff:
+    """Delays after failed passes: from ``interval_s`` doubling up to the cap."""
+    return Backoff(interval_s, max(interval_s, FAILURE_BACKOFF_CAP_S))
 
 
 async def sleep_unless_stopped(stop: asyncio.Event, seconds: float) -> None:
@@ -31,13 +39,21 @@ async def sleep_unless_stopped(stop: asyncio.Event, seconds: float) -> None:
 async def every(
     interval_s: float, stop: asyncio.Event, step: Callable[[], Awaitable[object]], *, name: str
 ) -> None:
-    """Run ``step`` every ``interval_s`` until ``stop``; a failed pass is logged and retried."""
+    """Run ``step`` every ``interval_s`` until ``stop``; a failed pass is logged and retried
+    after a growing delay (never shorter than ``interval_s``)."""
+    backoff = failure_backoff(interval_s)
     while not stop.is_set():
+        delay = interval_s
         try:
             await step()
         except RETRYABLE as exc:
-            log.warning("periodic_step_failed", loop=name, error=repr(exc))
-        await sleep_unless_stopped(stop, interval_s)
+            delay = max(interval_s, backoff.next_delay())
+            log.warning(
+                "periodic_step_failed", loop=name, error=repr(exc), retry_in_s=round(delay, 3)
+            )
+        else:
+            backoff.reset()
+        await sleep_unless_stopped(stop, delay)
 
 
 async def wait_event_or_stop(event: asyncio.Event, stop: asyncio.Event, timeout_s: float) -> None:
@@ -48,6 +64,62 @@ async def wait_event_or_stop(event: asyncio.Event, stop: asyncio.Event, timeout_
     finally:
         for task in waits:
             task.cancel()
+
+
+class _Listener:
+    """A dedicated connection LISTENing on one channel, opened again after it was lost.
+
+    A restarted server or a terminated backend closes it silently: without reopening, the
+    loop would fall back to polling for the rest of the process's life.
+    """
+
+    def __init__(self, dsn: str, channel: str, wakeup: asyncio.Event, name: str) -> None:
+        self.dsn = dsn
+        self.channel = channel
+        self.wakeup = wakeup
+        self.name = name
+        self.connection: asyncpg.Connection | None = None
+        self.backoff = failure_backoff(1.0)
+        self.next_attempt = 0.0
+
+    async def ensure(self) -> None:
+        """Open the connection if there is none (at most once per backoff delay)."""
+        if self.connection is not None and not self.connection.is_closed():
+            return
+        loop = asyncio.get_running_loop()
+        if loop.time() < self.next_attempt:
+            return
+        await self.close()
+        try:
+            connection = await asyncpg.connect(self.dsn, timeout=LISTEN_CONNECT_TIMEOUT_S)
+        except RETRYABLE as exc:
+            delay = self.backoff.next_delay()
+            self.next_attempt = loop.time() + delay
+            log.warning("listen_failed", loop=self.name, channel=self.channel, error=repr(exc),
+                        fallback="polling", retry_in_s=round(delay, 3))  # fmt: skip
+            return
+        try:
+            await connection.add_listener(self.channel, lambda *_: self.wakeup.set())
+        except RETRYABLE as exc:
+            self.next_attempt = loop.time() + self.backoff.next_delay()
+            log.warning("listen_failed", loop=self.name, channel=self.channel, error=repr(exc),
+                        fallback="polling")  # fmt: skip
+            with contextlib.suppress(Exception):
+                await connection.close(timeout=LISTEN_CONNECT_TIMEOUT_S)
+            return
+        # Lost later (a restart, a terminated backend): wake the loop, whose next wait opens
+        # it again, instead of sleeping until the poll.
+        connection.add_termination_listener(lambda *_: self.wakeup.set())
+        self.connection = connection
+        self.backoff.reset()
+        # Whatever was notified while nobody listened: look once, at once.
+        self.wakeup.set()
+
+    async def close(self) -> None:
+        connection, self.connection = self.connection, None
+        if connection is not None:
+            with contextlib.suppress(Exception):
+                await connection.close(timeout=LISTEN_CONNECT_TIMEOUT_S)
 
 
 async def drain_on_notify(
@@ -61,28 +133,31 @@ async def drain_on_notify(
 ) -> None:
     """Run ``step`` until it finds nothing, then wait for a NOTIFY on ``channel`` (or
     ``poll_s``, the fallback), until ``stop``. A dedicated connection LISTENs; without one
-    (the database refused it) this is a plain poll."""
+    (the database refused it, or it was lost and is not back yet) this is a plain poll. A
+    failed pass is retried after a growing delay."""
     wakeup = asyncio.Event()
-    listener: asyncpg.Connection | None = None
+    listener = _Listener(dsn, channel, wakeup, name)
+    backoff = failure_backoff(poll_s)
     try:
-        listener = await asyncpg.connect(dsn)
-        await listener.add_listener(channel, lambda *_: wakeup.set())
-    except (OSError, asyncpg.PostgresError) as exc:
-        log.warning("listen_failed", loop=name, channel=channel, error=repr(exc),
-                    fallback="polling")  # fmt: skip
-        listener = None
-    try:
+        await listener.ensure()
         while not stop.is_set():
             # Cleared before the step, never after: a NOTIFY arriving while the step runs
             # (work committed just after its query looked) must end the wait below at once.
             wakeup.clear()
             try:
                 if await step():
+                    backoff.reset()
                     continue  # there may be more
             except RETRYABLE as exc:
-                log.warning("periodic_step_failed", loop=name, error=repr(exc))
+                delay = max(poll_s, backoff.next_delay())
+                log.warning(
+                    "periodic_step_failed", loop=name, error=repr(exc), retry_in_s=round(delay, 3)
+                )
+                await sleep_unless_stopped(stop, delay)
+                await listener.ensure()
+                continue
+            backoff.reset()
+            await listener.ensure()
             await wait_event_or_stop(wakeup, stop, poll_s)
     finally:
-        if listener is not None:
-            with contextlib.suppress(Exception):
-                await listener.close()
+        await listener.close()

@@ -165,6 +165,22 @@ class Metrics:
             "Audit rows (alarm or command) that could not be written; their changes rolled back",
             registry=r,
         )
+        # Faults of the ingest path.
+        self.batch_refusals = Counter(
+            "gateway_ingest_batch_refusals",
+            "Batches PostgreSQL refused for their content; explained: whether messages refused "
+            "on their own were found (and dead-lettered) or not (retried with backoff, then the "
+            "whole batch dead-lettered)",
+            ["explained"],
+            registry=r,
+        )
+        self.read_pauses = Counter(
+            "gateway_mqtt_read_pauses",
+            "Times reading the broker connection paused, by the bound of the read buffer that "
+            "was reached (messages: [ingest] read_buffer, bytes: [ingest] read_buffer_bytes)",
+            ["bound"],
+            registry=r,
+        )
 
     def count_command(self, from_status: str, to_status: str, n: int = 1) -> None:
         self.command_transitions.labels(from_status, to_status).inc(n)

@@ -10,8 +10,10 @@ queues every message without bound, and the broker's window of unacknowledged me
 not bound that queue in practice: mosquitto 2.0.11, resuming a session with a backlog, keeps
 sending far past the client's ReceiveMaximum once acknowledgements flow in batches (measured:
 23,499 messages buffered with a window of 1,000). So the adapter stops reading the socket
-while more than ``buffer_high`` messages wait in aiomqtt's queue and resumes below half of
-it; TCP flow control then holds the rest in the broker.
+while more than ``buffer_high`` messages, or more than ``buffer_high_bytes`` bytes of payload,
+wait in aiomqtt's queue, and resumes once both are below half; TCP flow control then holds the
+rest in the broker. (A count alone does not bound memory: 40 payloads of 10 MB each fit well
+under any sensible message bound.)
 
 Each ``AckingClient`` is one connection. A message may only be acknowledged on the
 connection that delivered it: after a reconnect the broker redelivers whatever was not
@@ -25,6 +27,7 @@ import asyncio
 import functools
 import socket
 import ssl
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Literal, Self, cast
@@ -33,6 +36,10 @@ import aiomqtt
 import paho.mqtt.client as paho
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
+
+# The bound that paused reading: the message count or the payload bytes buffered.
+BOUND_MESSAGES = "messages"
+BOUND_BYTES = "bytes"
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +76,7 @@ class ConnectionSettings:
     will_payload: bytes = b""
     timeout_s: float = 10.0
     buffer_high: int = 1000
+    buffer_high_bytes: int = 16 * 1024 * 1024
 
 
 class _FlowQueue(asyncio.Queue[aiomqtt.Message]):
@@ -79,28 +87,51 @@ class _FlowQueue(asyncio.Queue[aiomqtt.Message]):
         self._owner = owner
 
     def put_nowait(self, item: aiomqtt.Message) -> None:
-        if self._owner.intake_stopped:
+        owner = self._owner
+        if owner.intake_stopped:
             return  # never acknowledged: the broker redelivers it to the next session
         super().put_nowait(item)
-        if self.qsize() >= self._owner.settings.buffer_high:
-            self._owner.pause_reading()
+        owner.buffered_bytes += _size(item)
+        settings = owner.settings
+        if self.qsize() >= settings.buffer_high:
+            owner.pause_reading(BOUND_MESSAGES)
+        elif owner.buffered_bytes >= settings.buffer_high_bytes:
+            owner.pause_reading(BOUND_BYTES)
 
     def get_nowait(self) -> aiomqtt.Message:
         item = super().get_nowait()
-        if self.qsize() <= self._owner.settings.buffer_high // 2:
-            self._owner.resume_reading()
+        owner = self._owner
+        owner.buffered_bytes -= _size(item)
+        settings = owner.settings
+        if (
+            self.qsize() <= settings.buffer_high // 2
+            and owner.buffered_bytes <= settings.buffer_high_bytes // 2
+        ):
+            owner.resume_reading()
         return item
+
+
+def _size(message: aiomqtt.Message) -> int:
+    payload = message.payload
+    return len(payload) if isinstance(payload, bytes | bytearray) else 0
 
 
 class AckingClient:
     """An aiomqtt connection whose QoS 1 deliveries wait for ``ack()``."""
 
-    def __init__(self, settings: ConnectionSettings) -> None:
+    def __init__(
+        self, settings: ConnectionSettings, *, on_pause: Callable[[str], None] | None = None
+    ) -> None:
         self.settings = settings
         self._client: aiomqtt.Client | None = None
         self._open = False
         self._paused_fd: int | None = None
         self.pauses = 0
+        # Pauses by the bound that was reached (BOUND_MESSAGES, BOUND_BYTES).
+        self.pauses_by_bound: dict[str, int] = {BOUND_MESSAGES: 0, BOUND_BYTES: 0}
+        self.on_pause = on_pause
+        # Payload bytes read off the socket and not yet taken by our reader.
+        self.buffered_bytes = 0
         self.intake_stopped = False
 
     def _build(self) -> aiomqtt.Client:
@@ -169,7 +200,7 @@ class AckingClient:
         self.intake_stopped = True
         self.resume_reading()
 
-    def pause_reading(self) -> None:
+    def pause_reading(self, bound: str = BOUND_MESSAGES) -> None:
         sock = self._paho_socket()
         if self._paused_fd is not None or sock is None:
             return
@@ -179,6 +210,9 @@ class AckingClient:
         asyncio.get_running_loop().remove_reader(fd)
         self._paused_fd = fd
         self.pauses += 1
+        self.pauses_by_bound[bound] = self.pauses_by_bound.get(bound, 0) + 1
+        if self.on_pause is not None:
+            self.on_pause(bound)
 
     def resume_reading(self) -> None:
         fd, self._paused_fd = self._paused_fd, None

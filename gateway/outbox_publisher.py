@@ -25,6 +25,7 @@ from gateway.loops import drain_on_notify
 from gateway.metrics import Metrics
 from protocol import Topics
 from storage import outbox
+from storage.errors import DB_ERRORS
 from storage.outbox import ClaimedEvent
 
 log = structlog.get_logger("gateway.outbox")
@@ -76,15 +77,12 @@ class OutboxPublisher:
 
     async def run_once(self) -> int:
         """Claim due events and publish them; the number claimed (0: nothing due)."""
-        try:
-            async with self.pool.acquire() as conn:
-                claimed = await outbox.claim_due(
-                    conn, node_id=self.node_id, lease_s=self.lease_s, limit=self.batch
-                )
-                backlog, oldest = await outbox.backlog(conn)
-        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-            log.warning("outbox_claim_failed", error=repr(exc))
-            return 0
+        # A failed claim raises: the loop retries it with backoff (see gateway.loops).
+        async with self.pool.acquire() as conn:
+            claimed = await outbox.claim_due(
+                conn, node_id=self.node_id, lease_s=self.lease_s, limit=self.batch
+            )
+            backlog, oldest = await outbox.backlog(conn)
         self.metrics.outbox_backlog.set(backlog)
         self.metrics.outbox_oldest_age.set(oldest)
         if claimed:
@@ -159,7 +157,8 @@ class OutboxPublisher:
             "outbox_publish_failed", event_id=str(event.event_id), error=repr(exc),
             retry_in_s=round(delay, 3), retry_count=event.retry_count + 1,
         )  # fmt: skip
-        with contextlib.suppress(OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
+        # Not recorded: the lease runs out and the event is claimed again anyway.
+        with contextlib.suppress(*DB_ERRORS):
             async with self.pool.acquire() as conn:
                 await outbox.mark_failed(
                     conn, event.id, self.node_id, retry_in_s=delay, error=repr(exc)

@@ -1,8 +1,10 @@
 """Replay of dead letters through the normal ingest path.
 
 Each dead letter is decoded again with today's decoder and, if it now passes, stored by
-the same ``store`` the live pipeline uses, in one transaction with the dead letter's replay
-record. Event ids make a replay of something already stored a harmless duplicate.
+the same ``store`` the live pipeline uses — with the rules (the alarm engine), the command
+receipts and presence, built as the daemon builds them (``gateway.live_path``) — in one
+transaction with the dead letter's replay record. Event ids make a replay of something already
+stored a harmless duplicate, which raises nothing again.
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ from dataclasses import dataclass
 
 import asyncpg
 
-from gateway.ingest import Inbound, MessageDecoder, ReceiptApplier, store
+from gateway.ingest import Inbound, store
+from gateway.live_path import LivePath
 from storage import ingest as repo
 
 
@@ -24,22 +27,24 @@ class ReplayOutcome:
 
 
 async def replay_one(
-    pool: asyncpg.Pool,
-    decoder: MessageDecoder,
-    node_id: str,
-    dead_letter_id: int,
-    receipts: ReceiptApplier | None = None,
+    pool: asyncpg.Pool, path: LivePath, dead_letter_id: int
 ) -> ReplayOutcome | None:
     """None when the id does not exist or another replayer holds it right now."""
+    alarms = None
     async with pool.acquire() as conn, conn.transaction():
         letter = await repo.lock_dead_letter(conn, dead_letter_id)
         if letter is None:
             return None
-        classified = decoder.classify([Inbound(topic=letter.topic, payload=letter.payload)])
-        if classified.dead_letters:
+        inbound = Inbound(topic=letter.topic, payload=letter.payload)
+        classified = path.decoder.classify([inbound])
+        if letter.truncated:
+            # Only its first bytes were kept: there is nothing whole to ingest.
+            outcome, succeeded = "truncated", False
+        elif classified.dead_letters:
             outcome, succeeded = f"still_invalid: {classified.dead_letters[0].reason}", False
         else:
-            result = await store(conn, classified, node_id, receipts=receipts)
+            result = await store(conn, classified, path.node_id, path.engine, path.receipts)
+            alarms = result.alarms
             if result.telemetry:
                 outcome = "stored" if result.stored else "duplicate"
             elif classified.receipts:
@@ -48,7 +53,10 @@ async def replay_one(
                 outcome = "presence"
             succeeded = True
         await repo.mark_dead_letter_replayed(conn, dead_letter_id, outcome, succeeded=succeeded)
-        return ReplayOutcome(dead_letter_id, outcome, succeeded)
+    # Committed: only now may the engine's cached firing state follow the database.
+    if alarms is not None:
+        path.engine.committed(alarms)
+    return ReplayOutcome(dead_letter_id, outcome, succeeded)
 
 
 async def pending_ids(pool: asyncpg.Pool, reason: str | None) -> list[int]:
@@ -65,16 +73,10 @@ async def pending_ids(pool: asyncpg.Pool, reason: str | None) -> list[int]:
             after = page[-1].id
 
 
-async def replay(
-    pool: asyncpg.Pool,
-    decoder: MessageDecoder,
-    node_id: str,
-    ids: Iterable[int],
-    receipts: ReceiptApplier | None = None,
-) -> list[ReplayOutcome]:
+async def replay(pool: asyncpg.Pool, path: LivePath, ids: Iterable[int]) -> list[ReplayOutcome]:
     outcomes = []
     for dead_letter_id in ids:
-        outcome = await replay_one(pool, decoder, node_id, dead_letter_id, receipts)
+        outcome = await replay_one(pool, path, dead_letter_id)
         if outcome is not None:
             outcomes.append(outcome)
     return outcomes

@@ -57,7 +57,7 @@ class MqttSession:
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
-            client = self.client = AckingClient(self.settings)
+            client = self.client = AckingClient(self.settings, on_pause=self._paused)
             try:
                 async with client:
                     await self._serve(client, stop)
@@ -146,18 +146,30 @@ class MqttSession:
     async def _read(self, client: AckingClient) -> None:
         loop = asyncio.get_running_loop()
         writer = self.writer
+        admit = writer.decoder.admit
         async for message in client.messages:
             payload = message.payload
             assert isinstance(payload, bytes | bytearray)  # paho delivers bytes
+            kept, size, sha256 = admit(bytes(payload))
+            if size is not None:
+                # Neither the message (kept for its PUBACK, which needs its mid and qos only)
+                # nor this frame may keep the whole oversized payload alive while it waits.
+                message.payload = kept
+                del payload
             await writer.put(
                 Inbound(
                     topic=message.topic.value,
-                    payload=bytes(payload),
+                    payload=kept,
                     received_at=loop.time(),
                     acker=client,
                     message=message,
+                    size=size,
+                    sha256=sha256,
                 )
             )
+
+    def _paused(self, bound: str) -> None:
+        self.metrics.read_pauses.labels(bound).inc()
 
     def _set_connected(self, connected: bool) -> None:
         self.connected = connected

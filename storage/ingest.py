@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from hashlib import sha256
 
 import asyncpg
 
@@ -35,9 +36,20 @@ class TelemetryRow:
 @dataclass(frozen=True, slots=True)
 class DeadLetterRow:
     topic: str
-    payload: bytes
+    payload: bytes  # what is kept: the whole payload, or its first bytes only
     reason: str
     detail: str
+    payload_size: int  # of the whole payload as it arrived
+    payload_sha256: str  # of the whole payload, hex
+
+    @property
+    def truncated(self) -> bool:
+        return self.payload_size > len(self.payload)
+
+    @classmethod
+    def whole(cls, topic: str, payload: bytes, reason: str, detail: str) -> DeadLetterRow:
+        """A dead letter keeping all of ``payload``."""
+        return cls(topic, payload, reason, detail, len(payload), sha256(payload).hexdigest())
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +64,14 @@ class StoredDeadLetter:
     replay_count: int
     replayed_at: datetime | None
     replay_outcome: str | None
+    payload_size: int
+    payload_sha256: str
+    seen_count: int
+    last_seen_at: datetime
+
+    @property
+    def truncated(self) -> bool:
+        return self.payload_size > len(self.payload)
 
 
 async def insert_telemetry(
@@ -86,18 +106,37 @@ async def record_presence(conn: asyncpg.Connection, presence: dict[str, str]) ->
         await conn.execute(UPSERT_PRESENCE, ids, [presence[i] for i in ids])
 
 
+def _text(value: str) -> str:
+    """``value`` as PostgreSQL text can hold it: a NUL (say, quoted from the payload by the
+    decoder's message) would make the dead letter itself refused, and the message with it."""
+    return value.replace("\x00", "\\u0000")
+
+
 async def insert_dead_letters(
     conn: asyncpg.Connection, rows: Sequence[DeadLetterRow], node_id: str
 ) -> None:
-    if rows:
-        await conn.execute(
-            INSERT_DEAD_LETTERS,
-            [r.topic for r in rows],
-            [r.payload for r in rows],
-            [r.reason for r in rows],
-            [r.detail for r in rows],
-            node_id,
-        )
+    """Store dead letters; one the same bytes on the same topic already have pending (not yet
+    replayed) is counted again (``seen_count``, ``last_seen_at``) instead."""
+    if not rows:
+        return
+    # One row per key and statement: ON CONFLICT cannot touch the same row twice.
+    seen: dict[tuple[str, str], tuple[DeadLetterRow, int]] = {}
+    for row in rows:
+        key = (_text(row.topic), row.payload_sha256)
+        first, count = seen.get(key, (row, 0))
+        seen[key] = (first, count + 1)
+    letters = [(topic, row, count) for (topic, _), (row, count) in seen.items()]
+    await conn.execute(
+        INSERT_DEAD_LETTERS,
+        [topic for topic, _, _ in letters],
+        [r.payload for _, r, _ in letters],
+        [r.payload_size for _, r, _ in letters],
+        [r.payload_sha256 for _, r, _ in letters],
+        [_text(r.reason) for _, r, _ in letters],
+        [_text(r.detail) for _, r, _ in letters],
+        [count for _, _, count in letters],
+        node_id,
+    )
 
 
 def _dead_letter(record: asyncpg.Record) -> StoredDeadLetter:

@@ -47,11 +47,9 @@ def shipped_migrations() -> list[Migration]:
             )
     migrations.sort(key=lambda m: m.version)
     versions = [m.version for m in migrations]
-    # Gaps are allowed: work developed in parallel reserves its numbers up front, so a branch
-    # may ship 0009 before the 0007 and 0008 of others are merged. Two files claiming one
-    # number are never right.
-    if len(set(versions)) != len(versions) or (versions and versions[0] < 1):
-        raise RuntimeError(f"migration versions must be distinct and from 1, found {versions}")
+    # A release ships every migration: a gap means a file went missing from the package.
+    if versions != list(range(1, len(versions) + 1)):
+        raise RuntimeError(f"migration versions must be 1..n without gaps, found {versions}")
     return migrations
 
 

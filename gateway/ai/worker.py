@@ -26,7 +26,13 @@ from gateway.ai.llm import LlmError, LlmPort
 from gateway.ai.output import OutputInvalid, parse_summary
 from gateway.ai.prompt import AlarmFacts, build_request
 from gateway.domain.ai_task import ErrorCode, retry_delay_s, should_retry
-from gateway.loops import RETRYABLE, every, wait_event_or_stop
+from gateway.loops import (
+    RETRYABLE,
+    every,
+    failure_backoff,
+    sleep_unless_stopped,
+    wait_event_or_stop,
+)
 from gateway.metrics import Metrics
 from storage import ai_tasks as repo
 from storage import alarms as alarm_repo
@@ -92,12 +98,18 @@ class SummaryWorker:
             tasks.create_task(every(sweep_every, stop, self.sweep, name="ai-sweeper"))
 
     async def _loop(self, stop: asyncio.Event) -> None:
+        backoff = failure_backoff(self.poll_s)
         while not stop.is_set():
             try:
                 if await self.run_once():
+                    backoff.reset()
                     continue
             except RETRYABLE as exc:
-                log.warning("ai_worker_failed", error=repr(exc))
+                delay = max(self.poll_s, backoff.next_delay())
+                log.warning("ai_worker_failed", error=repr(exc), retry_in_s=round(delay, 3))
+                await sleep_unless_stopped(stop, delay)
+                continue
+            backoff.reset()
             self.wakeup.clear()
             await wait_event_or_stop(self.wakeup, stop, self.poll_s)
 

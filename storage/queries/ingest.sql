@@ -24,14 +24,24 @@ ON CONFLICT (device_id) DO UPDATE
 SET presence = EXCLUDED.presence, presence_at = EXCLUDED.presence_at;
 
 -- name: insert_dead_letters
--- $1 topics, $2 raw payloads, $3 reason codes, $4 details, $5 node id.
-INSERT INTO dead_letter (topic, payload, reason, detail, node_id)
-SELECT t, p, r, d, $5 FROM unnest($1::text[], $2::bytea[], $3::text[], $4::text[]) AS u(t, p, r, d);
+-- $1 topics, $2 payloads as kept (whole or first bytes), $3 whole sizes, $4 whole SHA-256 (hex),
+-- $5 reason codes, $6 details, $7 times seen (each (topic, sha256) once), $8 node id; a pending
+-- letter of the same bytes on the same topic is counted again instead. Ids follow the order
+-- given (message order); two nodes counting the same letters in opposite orders at once may
+-- deadlock, which PostgreSQL breaks and the writer retries.
+INSERT INTO dead_letter AS l
+    (topic, payload, payload_size, payload_sha256, reason, detail, seen_count, node_id)
+SELECT t, p, s, h, r, d, n, $8
+FROM unnest($1::text[], $2::bytea[], $3::bigint[], $4::text[], $5::text[], $6::text[],
+            $7::integer[]) AS u(t, p, s, h, r, d, n)
+ON CONFLICT (topic, payload_sha256) WHERE replayed_at IS NULL DO UPDATE
+SET seen_count = l.seen_count + EXCLUDED.seen_count,
+    last_seen_at = GREATEST(l.last_seen_at, EXCLUDED.last_seen_at);
 
 -- name: list_dead_letters
 -- $1 reason filter or null, $2 only not yet replayed successfully, $3 after id (keyset), $4 limit.
 SELECT id, topic, payload, reason, detail, received_at, node_id, replay_count, replayed_at,
-       replay_outcome
+       replay_outcome, payload_size, payload_sha256, seen_count, last_seen_at
 FROM dead_letter
 WHERE ($1::text IS NULL OR reason = $1)
   AND (NOT $2::boolean OR replayed_at IS NULL)
@@ -42,12 +52,13 @@ LIMIT $4;
 -- name: lock_dead_letter
 -- $1 id; locks one dead letter for replay (skips one another replayer holds).
 SELECT id, topic, payload, reason, detail, received_at, node_id, replay_count, replayed_at,
-       replay_outcome
+       replay_outcome, payload_size, payload_sha256, seen_count, last_seen_at
 FROM dead_letter WHERE id = $1
 FOR UPDATE SKIP LOCKED;
 
 -- name: mark_dead_letter_replayed
--- $1 id, $2 outcome ('stored'|'duplicate'|'presence'|'still_invalid: <code>'), $3 succeeded.
+-- $1 id, $2 outcome ('stored'|'duplicate'|'presence'|'receipt'|'still_invalid: <code>'|
+-- 'truncated'), $3 succeeded.
 UPDATE dead_letter
 SET replay_count = replay_count + 1,
     replay_outcome = $2,

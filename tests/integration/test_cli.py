@@ -54,8 +54,10 @@ async def test_migrate_is_idempotent_and_dead_letters_can_be_listed(
     conn = await asyncpg.connect(empty_db_dsn)
     try:
         await conn.execute(
-            "INSERT INTO dead_letter (topic, payload, reason, detail, node_id) "
-            "VALUES ('iot/devices/d/telemetry', '\\x00ff'::bytea, 'MALFORMED', 'bad', 'n1')"
+            "INSERT INTO dead_letter "
+            "(topic, payload, payload_size, payload_sha256, reason, detail, node_id) "
+            "VALUES ('iot/devices/d/telemetry', '\\x00ff'::bytea, 2, "
+            "encode(sha256('\\x00ff'::bytea), 'hex'), 'MALFORMED', 'bad', 'n1')"
         )
     finally:
         await conn.close()

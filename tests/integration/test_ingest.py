@@ -6,10 +6,11 @@ import aiomqtt
 import asyncpg
 import msgspec
 
+from gateway import live_path
 from gateway.app import Daemon
-from gateway.ingest import MessageDecoder
+from gateway.metrics import Metrics
 from gateway.replay import pending_ids, replay
-from protocol import Encoding, Topics
+from protocol import Topics
 from sim.publisher import publish_many
 from sim.telemetry import device_ids, telemetry_stream
 from storage.pool import create_pool
@@ -172,13 +173,14 @@ async def test_dead_letters_replay_through_the_normal_path_idempotently(
     # An operator raises the limit; the oversized message now passes, the garbage does not.
     pool = await create_pool(db_dsn, min_size=1, max_size=2)
     try:
-        decoder = MessageDecoder(TOPICS, Encoding.JSON, 65536)
+        raised = make_config(dsn=db_dsn, mqtt_port=mosquitto.port, node_id="replayer")
+        path = live_path.for_replay(raised, Metrics())
         ids = await pending_ids(pool, None)
-        first = await replay(pool, decoder, "replayer", ids)
+        first = await replay(pool, path, ids)
         assert [o.outcome for o in first] == ["stored", "still_invalid: MALFORMED"]
         assert await pending_ids(pool, None) == [ids[1]]
         # Replaying the stored one again (by id) is a harmless duplicate.
-        again = await replay(pool, decoder, "replayer", [ids[0]])
+        again = await replay(pool, path, [ids[0]])
         assert [o.outcome for o in again] == ["duplicate"]
         async with pool.acquire() as conn:
             assert await conn.fetchval("SELECT count(*) FROM telemetry") == 2

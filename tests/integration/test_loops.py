@@ -1,12 +1,15 @@
-"""The LISTEN-or-poll loop: a NOTIFY that arrives while a pass runs is not lost."""
+"""The LISTEN-or-poll loop: a NOTIFY that arrives while a pass runs is not lost, and a lost
+LISTEN connection is opened again."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable
 
 import asyncpg
 
 from gateway.loops import drain_on_notify
+from tests.support.waiting import wait_until
 
 CHANNEL = "test_wakeup"
 
@@ -41,3 +44,49 @@ async def test_a_notify_during_an_empty_pass_starts_the_next_pass_at_once(db_dsn
         await notifier.close()
         await observer.close()
     assert passes == 2
+
+
+async def test_a_lost_listen_connection_is_opened_again(db_dsn: str) -> None:
+    admin = await asyncpg.connect(db_dsn)
+    stop = asyncio.Event()
+    passes = 0
+
+    async def step() -> int:
+        nonlocal passes
+        passes += 1
+        return 0
+
+    async def listener_pid() -> int | None:
+        pid = await admin.fetchval(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+            "AND pid <> pg_backend_pid() AND query = $1",
+            f'LISTEN "{CHANNEL}"',
+        )
+        return None if pid is None else int(pid)
+
+    # Polling once an hour: only a notification (or the loss of the listener) starts a pass.
+    loop = asyncio.create_task(
+        drain_on_notify(dsn=db_dsn, channel=CHANNEL, stop=stop, step=step, poll_s=3600, name="t")
+    )
+    try:
+        await wait_until(lambda: _is_not_none(listener_pid()), timeout=30)
+        first = await listener_pid()
+        await admin.execute("SELECT pg_terminate_backend($1)", first)
+
+        async def listening_again() -> bool:
+            pid = await listener_pid()
+            return pid is not None and pid != first
+
+        await wait_until(listening_again, timeout=30, message="a new LISTEN connection")
+        before = passes
+        await admin.execute(f"NOTIFY {CHANNEL}")
+        await wait_until(lambda: passes > before, timeout=30, message="woken by the NOTIFY")
+    finally:
+        stop.set()
+        async with asyncio.timeout(30):
+            await loop
+        await admin.close()
+
+
+async def _is_not_none(value: Awaitable[object]) -> bool:
+    return await value is not None

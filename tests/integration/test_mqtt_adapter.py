@@ -1,8 +1,10 @@
-"""The manual-ack adapter: unacknowledged QoS 1 messages come back, acknowledged ones do not."""
+"""The manual-ack adapter: unacknowledged QoS 1 messages come back, acknowledged ones do not;
+reading pauses on a full buffer, counted in messages or in bytes."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import socket
 
 import aiomqtt
@@ -10,6 +12,7 @@ import pytest
 
 from gateway.mqtt import AckingClient, ConnectionSettings
 from tests.support.mosquitto import Mosquitto
+from tests.support.waiting import wait_until
 
 TOPIC = "iot/devices/dev-1/telemetry"
 
@@ -80,3 +83,31 @@ async def test_small_packets_go_out_at_once(mosquitto: Mosquitto) -> None:
         sock = client.client._client.socket()
         assert sock is not None
         assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
+
+
+async def test_reading_pauses_on_buffered_bytes_as_well_as_on_messages(
+    mosquitto: Mosquitto,
+) -> None:
+    bound, size, count = 200_000, 50_000, 20
+    settings = dataclasses.replace(
+        _settings(mosquitto.port, "5"), buffer_high=1000, buffer_high_bytes=bound
+    )
+    paused: list[str] = []
+    async with AckingClient(settings, on_pause=paused.append) as consumer:
+        await consumer.subscribe(TOPIC, qos=1)
+        async with aiomqtt.Client("127.0.0.1", mosquitto.port) as publisher:
+            for n in range(count):
+                await publisher.publish(TOPIC, bytes([n]) * size, qos=1)
+        # Far below the message bound, the bytes stop the reading.
+        await wait_until(lambda: consumer.reading_paused, timeout=20, message="reading paused")
+        assert paused == ["bytes"]
+        assert consumer.pauses_by_bound == {"messages": 0, "bytes": 1}
+        assert consumer.buffered == bound // size
+        assert consumer.buffered_bytes == bound
+        # Taking messages resumes it, pausing again as the buffer refills; nothing is lost.
+        received = await _receive(consumer, count)
+        assert [m.payload for m in received] == [bytes([n]) * size for n in range(count)]
+        assert consumer.pauses_by_bound["bytes"] >= 2
+        assert consumer.buffered_bytes == 0
+        for message in received:
+            assert consumer.ack(message)

@@ -118,8 +118,8 @@ async def test_dead_letters_keep_raw_bytes_and_can_be_listed_by_reason(
     await repo.insert_dead_letters(
         db,
         [
-            DeadLetterRow("iot/devices/x/telemetry", raw, "MALFORMED", "not JSON"),
-            DeadLetterRow("iot/x", b"{}", "BAD_TOPIC", "no"),
+            DeadLetterRow.whole("iot/devices/x/telemetry", raw, "MALFORMED", "not JSON"),
+            DeadLetterRow.whole("iot/x", b"{}", "BAD_TOPIC", "no"),
         ],
         "n1",
     )

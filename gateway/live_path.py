@@ -1,0 +1,61 @@
+"""The ingest path as the daemon builds it from its configuration.
+
+Everything that stores messages must take exactly this path — the daemon's writer, and the
+replay of dead letters — so that a message raises the same alarms and applies the same
+receipts whichever way it comes in. Both build their parts here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gateway.alarm_engine import AlarmEngine
+from gateway.alarms import SummarySpec
+from gateway.config import Config
+from gateway.ingest import MessageDecoder, ReceiptApplier
+from gateway.metrics import Metrics
+from protocol import Encoding
+
+
+@dataclass(frozen=True, slots=True)
+class LivePath:
+    """What the daemon's writer stores a batch with (replay takes the same)."""
+
+    decoder: MessageDecoder
+    node_id: str
+    engine: AlarmEngine
+    receipts: ReceiptApplier
+
+
+def message_decoder(config: Config) -> MessageDecoder:
+    return MessageDecoder(
+        config.topics,
+        Encoding(config.mqtt.encoding),
+        config.mqtt.max_payload_bytes,
+        config.ingest.dead_letter_max_bytes,
+    )
+
+
+def alarm_engine(config: Config, metrics: Metrics) -> AlarmEngine:
+    """The configured rules (their state is read from the database by every batch)."""
+    engine = AlarmEngine(rules=config.rule_set(), node_id=config.node_id, metrics=metrics)
+    if config.ai.enabled:
+        # Every alarm created gets its summary task, however its telemetry arrived.
+        engine.summary = SummarySpec(config.ai.model, config.ai.prompt_version)
+    return engine
+
+
+def receipt_applier(config: Config, metrics: Metrics | None) -> ReceiptApplier:
+    return ReceiptApplier(
+        node_id=config.node_id, sent_timeout_s=config.commands.sent_timeout_s, metrics=metrics
+    )
+
+
+def for_replay(config: Config, metrics: Metrics) -> LivePath:
+    """Decoder, rules and receipts as the daemon of ``config`` has them."""
+    return LivePath(
+        decoder=message_decoder(config),
+        node_id=config.node_id,
+        engine=alarm_engine(config, metrics),
+        receipts=receipt_applier(config, metrics),
+    )
