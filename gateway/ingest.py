@@ -468,7 +468,7 @@ class IngestWriter:
         finally:
             self.in_db_call_since = None
         self.stored_total += result.stored
-        # Committed: only now may the cached firing state follow the database.
+        # Committed: only now are its alarms counted (a rolled-back batch counts nothing).
         if self.engine is not None and result.alarms is not None:
             self.engine.committed(result.alarms)
         return result

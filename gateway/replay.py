@@ -53,7 +53,7 @@ async def replay_one(
                 outcome = "presence"
             succeeded = True
         await repo.mark_dead_letter_replayed(conn, dead_letter_id, outcome, succeeded=succeeded)
-    # Committed: only now may the engine's cached firing state follow the database.
+    # Committed: only now are its alarms counted.
     if alarms is not None:
         path.engine.committed(alarms)
     return ReplayOutcome(dead_letter_id, outcome, succeeded)
