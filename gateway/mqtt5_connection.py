@@ -148,7 +148,7 @@ class MqttTimeoutError(Mqtt5Error):
 
 
 class MqttSubscribeError(Mqtt5Error):
-    """The SUBACK refused the subscription (reason code 0x80 or more)."""
+    """The SUBACK refused the subscription (reason code 0x80 or more, or a QoS below ours)."""
 
     def __init__(self, topic: str, reason_code: int, reason: str) -> None:
         super().__init__(f"subscribe to {topic!r} refused: {reason} ({reason_code})", reason_code)
@@ -480,23 +480,28 @@ class Mqtt5Connection:
 
     async def subscribe(self, topic: str, qos: int = 1, *, wait_s: float | None = None) -> None:
         """Subscribe and wait for the SUBACK (``wait_s`` None: ``settings.timeout_s``;
-        ``math.inf``: as long as the connection lives). A refusal raises MqttSubscribeError."""
+        ``math.inf``: as long as the connection lives). A refusal (reason code 0x80 or more)
+        raises MqttSubscribeError, and so does a grant below the QoS asked: a QoS 1 stream
+        silently downgraded to QoS 0 would lose messages. An invalid filter raises ValueError
+        (the codec checks it) before anything is sent."""
         if qos not in (0, 1):
             raise ValueError("QoS 2 is not supported: subscribe with qos 0 or 1")
         self._check_open()
         loop = cast("asyncio.AbstractEventLoop", self._loop)
         packet_id = self._allocate_id()
-        future: asyncio.Future[list[int]] = loop.create_future()
-        self._subscribes[packet_id] = future
         topic_filter = mqtt5.TopicFilter(
             topic, max_qos=_QOS1 if qos else _QOS0, retain_as_published=False
         )
-        self._send(mqtt5.SubscribePacket(packet_id, [topic_filter]).write())
+        data = mqtt5.SubscribePacket(packet_id, [topic_filter]).write()
+        future: asyncio.Future[list[int]] = loop.create_future()
+        self._subscribes[packet_id] = future
+        self._send(data)
         # The entry stays until the SUBACK arrives, even if we stop waiting: the id is in use.
-        codes = await self._wait(future, wait_s, f"SUBACK for {topic!r}")
-        (code,) = codes
+        (code,) = await self._wait(future, wait_s, f"SUBACK for {topic!r}")
         if code >= _FAILURE:
             raise MqttSubscribeError(topic, code, _reason_name(mqtt5.SubAckReasonCode, code))
+        if code < qos:
+            raise MqttSubscribeError(topic, code, f"granted QoS {code}, asked {qos}")
 
     async def publish(
         self,
@@ -510,6 +515,8 @@ class Mqtt5Connection:
         """QoS 1: returns once the PUBACK arrives (NO_MATCHING_SUBSCRIBERS is success; a code
         of 0x80 or more raises MqttPublishError); waits for a slot under the broker's Receive
         Maximum first. QoS 0: returns once queued for writing."""
+        if qos not in (0, 1):
+            raise ValueError("QoS 2 is not supported: publish with qos 0 or 1")
         self._check_open()
         if qos > self._max_qos:
             raise ValueError(f"the broker accepts QoS {self._max_qos} at most")
@@ -518,8 +525,6 @@ class Mqtt5Connection:
         if qos == 0:
             self._send(self._publish_bytes(topic, payload, _QOS0, retain, None))
             return
-        if qos != 1:
-            raise ValueError("QoS 2 is not supported: publish with qos 0 or 1")
         wait = self.settings.timeout_s if wait_s is None else wait_s
         try:
             async with asyncio.timeout(None if math.isinf(wait) else wait):
