@@ -273,6 +273,7 @@ class Mqtt5Connection:
         self.receive_maximum_overruns = 0
         self._intake_stopped = False
         self._paused = False
+        self._held = False  # _rest holds complete packets, parsed on resume
         self.pauses = 0
         # Writing: bytes queued for one write at the end of this loop iteration.
         self._out = bytearray()
@@ -450,7 +451,8 @@ class Mqtt5Connection:
     def ack(self, delivery: Delivery) -> bool:
         """Queue the PUBACK of a delivery of this connection (written with the others of this
         loop iteration); False when the connection is closed, the delivery came from another
-        connection, or it was acknowledged already. QoS 0 needs none: True."""
+        connection, or it was acknowledged already. QoS 0 needs none: True. A connection lost
+        before the write loses the PUBACK: the broker redelivers, never to a wrong ack."""
         if delivery.qos == 0:
             return True
         if delivery._origin is not self or self._state != _OPEN:
@@ -690,7 +692,7 @@ class Mqtt5Connection:
             ):
                 self._pause()
 
-    def _parse(self, buffer: bytes | bytearray) -> tuple[int, int]:  # noqa: PLR0912
+    def _parse(self, buffer: bytes | bytearray) -> tuple[int, int]:  # noqa: PLR0912, PLR0915
         """The hot loop, inlined on purpose (no call per PUBLISH): the deliveries added and
         their bytes. Raises _Violation for what must end the connection."""
         view = memoryview(buffer)
@@ -701,6 +703,8 @@ class Mqtt5Connection:
         unacked = self._unacked
         receive_max = self._receive_max
         intake = not self._intake_stopped
+        high, high_bytes = self.settings.buffer_high, self.buffer_high_bytes
+        held_bytes = self._buffered_bytes
         added = added_bytes = 0
         while pos < end:
             try:
@@ -754,6 +758,11 @@ class Mqtt5Connection:
                 )
                 added += 1
                 added_bytes += len(payload) + len(topic)
+                if len(deliveries) >= high or held_bytes + added_bytes >= high_bytes:
+                    if pos < end:  # the rest of the chunk waits, unparsed, for the resume
+                        self._rest = bytearray(view[pos:])
+                        self._held = True
+                    break
         return added, added_bytes
 
     def _overrun(self, packet_id: int) -> None:
@@ -856,21 +865,30 @@ class Mqtt5Connection:
         transport = self._transport
         if transport is None or transport.is_closing():
             return
-        transport.pause_reading()
+        transport.pause_reading()  # also when re-parsing held bytes: a no-op then
         self._paused = True
         self.pauses += 1
 
     def _maybe_resume(self) -> None:
-        if (
-            len(self._deliveries) <= self.settings.buffer_high // 2
-            and self._buffered_bytes <= self.buffer_high_bytes // 2
-        ) or self._intake_stopped:
-            self._paused = False
-            transport = self._transport
-            if transport is not None and not transport.is_closing():
-                # Silence while we did not read was ours: the dead-connection clock restarts.
-                self._last_read = cast("asyncio.AbstractEventLoop", self._loop).time()
-                transport.resume_reading()
+        if not (
+            (
+                len(self._deliveries) <= self.settings.buffer_high // 2
+                and self._buffered_bytes <= self.buffer_high_bytes // 2
+            )
+            or self._intake_stopped
+        ):
+            return
+        self._paused = False
+        if self._held:  # first what was read but not parsed when reading paused
+            self._held = False
+            self._on_data(b"")
+            if self._paused or self._state == _CLOSED:
+                return
+        transport = self._transport
+        if transport is not None and not transport.is_closing():
+            # Silence while we did not read was ours: the dead-connection clock restarts.
+            self._last_read = cast("asyncio.AbstractEventLoop", self._loop).time()
+            transport.resume_reading()
 
     # ------------------------------------------------------------------ keep-alive
 
