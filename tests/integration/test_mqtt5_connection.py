@@ -741,6 +741,22 @@ def _suback_code(code: int) -> mqtt5.SubAckReasonCode:
     return found  # type: ignore[no-any-return]
 
 
+async def test_a_connack_with_receive_maximum_0_fails_the_connect(
+    loop_errors: list[dict[str, Any]],
+) -> None:
+    async def script(peer: FakePeer) -> None:
+        await peer.receive()
+        # The codec will not write it (and refuses to read it): property 0x21 = 0, by hand.
+        await peer.send(b"\x20\x06\x00\x00\x03\x21\x00\x00")
+        await peer.read_until_eof()
+
+    async with FakeBroker(script) as fake:
+        with pytest.raises(MqttConnectError, match="undecodable"):
+            async with Mqtt5Connection(_settings(fake.port, "zero")):
+                pass  # pragma: no cover
+    assert loop_errors == []
+
+
 async def test_a_publish_before_connack_fails_the_connect(
     loop_errors: list[dict[str, Any]],
 ) -> None:
