@@ -1,0 +1,1046 @@
+"""One MQTT 5 broker connection on the ``mqtt5`` codec: QoS 1 acknowledged only when we say so.
+
+Why hand-written. The gateway's invariant (a QoS 1 message is PUBACKed only after the
+transaction storing it committed, and only on the connection that delivered it) needs a client
+that never acknowledges on its own, lets reading be paused, and parses fast: paho's parser is
+the throughput ceiling of ``gateway.mqtt.AckingClient`` (about 8k msg/s). ``mqtt5`` is a
+sans-I/O MQTT 5 packet codec written in Rust (by the aiomqtt maintainer); no installable
+asyncio client is built on it (aiomqtt 3.0.0a1 pins ``mqtt5~=0.5.0``, which has no wheel for
+this platform), so this module drives the codec itself with an ``asyncio.Protocol``.
+
+How it reads. Every ``data_received`` chunk is parsed in one loop over a memoryview: each
+complete packet is decoded where it lies and only the incomplete tail is kept (copied once)
+for the next chunk; a packet larger than one chunk is collected until its announced length
+has arrived, then parsed once. Inbound QoS 0/1 PUBLISHes become small slotted ``Delivery``
+objects in a deque that ``messages`` hands out; the consumer is woken once per chunk. The
+PUBACKs of one burst of ``ack()`` calls are written together by one callback scheduled on the
+loop. Nothing per message creates a task, a future or a log line.
+
+Facts about ``mqtt5`` 0.8.0 this relies on (checked by experiment, see the unit tests):
+
+* ``read(view)`` returns ``(packet, nbytes)`` for the first complete packet in ``view`` and
+  raises ``IndexError("Not enough bytes")`` when the packet is incomplete.
+* Malformed input raises ``ValueError`` (bad packet type, bad remaining length, missing
+  properties), except a topic that is not UTF-8, which makes the Rust side panic:
+  ``pyo3_runtime.PanicException``, a ``BaseException`` (not ``Exception``) subclass, after
+  printing the panic to stderr. Both end the connection as a malformed packet.
+* A SUBACK's reason-code list may be empty; it is checked against what we asked.
+* Its reason codes are not ``int`` at run time (no ``<`` with an int, unhashable): they are
+  compared through ``int(code)``.
+
+Deliberately not done: QoS 2 in either direction (subscriptions ask ``max_qos`` 1; a QoS 2
+PUBLISH from the broker is a protocol error), topic aliases (we announce a maximum of 0),
+enhanced authentication (AUTH packets), unsubscribing, subscription identifiers, user
+properties, message expiry, request/response properties, the server's maximum packet size
+beyond refusing a larger publish, reconnection and resending after a reconnect (the caller
+reconnects: ``gateway.session``; a connection object is single use and cheap).
+
+Flow control, inbound. We announce ``receive_maximum``: by default a broker sending more
+unacknowledged QoS 1 publishes than that is disconnected with RECEIVE_MAX_EXCEEDED, as MQTT 5
+says. mosquitto 2.0.11 does exceed it once PUBACKs flow (it keeps our window while nothing is
+acknowledged; measured: thousands over a window of 50, and the daemon's own fault and ingest
+tests reconnect in a loop when strict), so ``strict_receive_maximum=False`` tolerates it: the
+overrun is logged once per connection (``broker_receive_maximum_exceeded``) and counted, and
+memory stays bounded by the read buffer's bounds. Deliveries read from the socket and not yet
+taken by the consumer are bounded in count (``settings.buffer_high``) and in bytes
+(``buffer_high_bytes``): parsing stops at either bound (the rest of the chunk waits, unparsed),
+reading the transport pauses, and it resumes once both are at half or below, so TCP flow
+control holds the rest in the broker. Outbound, QoS 1 publishes wait for a slot under the
+broker's Receive Maximum from CONNACK.
+
+Liveness. A PINGREQ goes out when nothing was sent for the keep-alive interval (the server's,
+when CONNACK carries one) or nothing was received for that long; when nothing at all arrives
+for 1.5 times the interval the connection is dead and is aborted. While reading is paused on
+purpose, silence is ours, and the dead-connection clock restarts on resume.
+
+Errors are subclasses of ``aiomqtt.MqttError``, so a caller's existing ``except
+aiomqtt.MqttError`` reconnect path handles both clients. Anything malformed or unexpected from
+the broker is logged (``broker_protocol_error``) and ends the connection: it never raises out
+of the event loop's callbacks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import math
+import socket
+import struct
+from types import TracebackType
+from typing import Final, Self, cast
+
+import aiomqtt
+import mqtt5
+import structlog
+from mqtt5 import (
+    ConnAckPacket,
+    DisconnectPacket,
+    DisconnectReasonCode,
+    PingRespPacket,
+    PubAckPacket,
+    PublishPacket,
+    QoS,
+    SubAckPacket,
+)
+
+from gateway.mqtt import ConnectionSettings
+
+log = structlog.get_logger("gateway.mqtt5")
+
+__all__ = [
+    "Delivery",
+    "Mqtt5Connection",
+    "Mqtt5Error",
+    "MqttConnectError",
+    "MqttConnectionLostError",
+    "MqttKeepAliveError",
+    "MqttProtocolError",
+    "MqttPublishError",
+    "MqttSubscribeError",
+    "MqttTimeoutError",
+]
+
+_PUBACK: Final = struct.Struct(">BBH")  # fixed header 0x40, remaining length 2, packet id
+_PUBACK_HEADER: Final = 0x40
+_PINGREQ: Final = mqtt5.PingReqPacket().write()
+_MAX_PACKET_ID: Final = 65535
+_QOS0: Final = QoS.AT_MOST_ONCE
+_QOS1: Final = QoS.AT_LEAST_ONCE
+_FAILURE: Final = 0x80  # reason codes from here up are failures (MQTT 5, 2.4)
+_DEAD_AFTER: Final = 1.5  # keep-alive intervals without any packet received
+
+_NEW, _CONNECTING, _OPEN, _CLOSED = range(4)
+
+
+def _disconnect_codes() -> dict[int, DisconnectReasonCode]:
+    codes = {}
+    for name in dir(DisconnectReasonCode):
+        if name.isupper():
+            code = getattr(DisconnectReasonCode, name)
+            codes[int(code)] = code
+    return codes
+
+
+_DISCONNECT_CODES: Final = _disconnect_codes()
+
+
+class Mqtt5Error(aiomqtt.MqttError):
+    """Base of this module's errors (an ``aiomqtt.MqttError``, for existing handlers)."""
+
+    def __init__(self, message: str, reason_code: int | None = None) -> None:
+        super().__init__(message)
+        self.reason_code = reason_code
+
+
+class MqttConnectError(Mqtt5Error):
+    """Connecting failed: refused by CONNACK (``reason_code`` set), unreachable, TLS, timeout."""
+
+
+class MqttConnectionLostError(Mqtt5Error):
+    """The connection ended; ``reason_code`` is the server's DISCONNECT reason when it sent one."""
+
+
+class MqttProtocolError(MqttConnectionLostError):
+    """The broker sent something malformed or unexpected; ``reason_code`` is what we told it."""
+
+
+class MqttKeepAliveError(MqttConnectionLostError):
+    """Nothing arrived from the broker for 1.5 keep-alive intervals."""
+
+
+class MqttTimeoutError(Mqtt5Error):
+    """A subscribe or publish got no answer within its wait."""
+
+
+class MqttSubscribeError(Mqtt5Error):
+    """The SUBACK refused the subscription (reason code 0x80 or more, or a QoS below ours)."""
+
+    def __init__(self, topic: str, reason_code: int, reason: str) -> None:
+        super().__init__(f"subscribe to {topic!r} refused: {reason} ({reason_code})", reason_code)
+        self.topic = topic
+
+
+class MqttPublishError(Mqtt5Error):
+    """The PUBACK refused the publish (reason code 0x80 or more)."""
+
+    def __init__(self, topic: str, reason_code: int, reason: str) -> None:
+        super().__init__(f"publish to {topic!r} refused: {reason} ({reason_code})", reason_code)
+        self.topic = topic
+
+
+class _Violation(Exception):
+    """Raised inside the read loop: end the connection with this DISCONNECT reason."""
+
+    def __init__(self, code: DisconnectReasonCode, detail: str) -> None:
+        super().__init__(detail)
+        self.code = code
+        self.detail = detail
+
+
+class Delivery:
+    """One PUBLISH received from the broker; acknowledge QoS 1 with ``Mqtt5Connection.ack``."""
+
+    __slots__ = ("_origin", "packet_id", "payload", "qos", "retain", "topic")
+
+    def __init__(  # noqa: PLR0917 - built positionally, once per message, in the read loop
+        self,
+        topic: str,
+        payload: bytes,
+        qos: int,
+        packet_id: int | None,
+        retain: bool,
+        origin: Mqtt5Connection | None,
+    ) -> None:
+        self.topic = topic
+        self.payload = payload
+        self.qos = qos
+        self.packet_id = packet_id
+        self.retain = retain
+        # The connection that may acknowledge it; None once acknowledged.
+        self._origin = origin
+
+    def __repr__(self) -> str:
+        return (
+            f"Delivery(topic={self.topic!r}, payload=<{len(self.payload)} bytes>, qos={self.qos},"
+            f" packet_id={self.packet_id}, retain={self.retain})"
+        )
+
+
+class _Wire(asyncio.Protocol):
+    """The transport's callbacks, handed to the connection (one call per chunk, not message)."""
+
+    __slots__ = ("_conn",)
+
+    def __init__(self, conn: Mqtt5Connection) -> None:
+        self._conn = conn
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._conn._on_made(cast("asyncio.Transport", transport))
+
+    def data_received(self, data: bytes) -> None:
+        self._conn._on_data(data)
+
+    def eof_received(self) -> bool | None:
+        return None  # close our side too; connection_lost follows
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._conn._on_lost(exc)
+
+
+class _Messages:
+    """``Mqtt5Connection.messages``: deliveries in arrival order, until the connection ends."""
+
+    __slots__ = ("_conn",)
+
+    def __init__(self, conn: Mqtt5Connection) -> None:
+        self._conn = conn
+
+    def __aiter__(self) -> Self:
+        return self
+
+    async def __anext__(self) -> Delivery:
+        return await self._conn._next_delivery()
+
+
+class Mqtt5Connection:
+    """One MQTT 5 connection (single use): ``async with Mqtt5Connection(settings) as conn``."""
+
+    def __init__(
+        self,
+        settings: ConnectionSettings,
+        *,
+        buffer_high_bytes: int = 64 * 2**20,
+        strict_receive_maximum: bool = True,
+    ) -> None:
+        if settings.protocol != "5":
+            raise ValueError("Mqtt5Connection speaks MQTT 5 only")
+        if not 1 <= settings.receive_maximum <= _MAX_PACKET_ID:
+            raise ValueError("receive_maximum must be within 1..65535")
+        self.settings = settings
+        self.buffer_high_bytes = buffer_high_bytes
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._transport: asyncio.Transport | None = None
+        self._state = _NEW
+        self._error: Mqtt5Error | None = None
+        self._connack: asyncio.Future[ConnAckPacket | Mqtt5Error] | None = None
+        self._lost: asyncio.Future[None] | None = None
+        self._abort_handle: asyncio.TimerHandle | None = None
+        # Reading: the incomplete tail of the last chunk, and the size it must reach.
+        self._rest = bytearray()
+        self._need = 0
+        # Inbound deliveries.
+        self._deliveries: collections.deque[Delivery] = collections.deque()
+        self._buffered_bytes = 0
+        self._waiter: asyncio.Future[None] | None = None
+        self._unacked: set[int] = set()
+        self._receive_max = settings.receive_maximum
+        self.strict_receive_maximum = strict_receive_maximum
+        self.receive_maximum_overruns = 0
+        self._intake_stopped = False
+        self._paused = False
+        self._held = False  # _rest holds complete packets, parsed on resume
+        self.pauses = 0
+        # Writing: bytes queued for one write at the end of this loop iteration.
+        self._out = bytearray()
+        self._flush_handle: asyncio.Handle | None = None
+        # Outbound requests.
+        self._publishes: dict[int, asyncio.Future[int]] = {}
+        self._subscribes: dict[int, asyncio.Future[list[int]]] = {}
+        self._next_id = 0
+        self._send_max = _MAX_PACKET_ID
+        self._slots_free = _MAX_PACKET_ID
+        self._slot_waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._max_qos = 1
+        self._retain_available = True
+        self._max_packet_size: int | None = None
+        # Liveness.
+        self.keep_alive = settings.keepalive_s
+        self._last_read = 0.0
+        self._last_write = 0.0
+        self._ping_outstanding = False
+        self._timer: asyncio.TimerHandle | None = None
+        self.pings_sent = 0
+        self.pingresps_received = 0
+        self.session_present = False
+        self._messages = _Messages(self)
+
+    # ------------------------------------------------------------------ public state
+
+    @property
+    def is_open(self) -> bool:
+        return self._state == _OPEN
+
+    @property
+    def messages(self) -> _Messages:
+        """Deliveries as they arrive; ends with an ``Mqtt5Error`` when the connection does."""
+        return self._messages
+
+    @property
+    def buffered(self) -> int:
+        """Deliveries read from the socket and not yet taken from ``messages``."""
+        return len(self._deliveries)
+
+    @property
+    def buffered_bytes(self) -> int:
+        """Their topic and payload bytes."""
+        return self._buffered_bytes
+
+    @property
+    def reading_paused(self) -> bool:
+        return self._paused
+
+    @property
+    def unacked(self) -> int:
+        """Inbound QoS 1 publishes not yet acknowledged (what our Receive Maximum counts)."""
+        return len(self._unacked)
+
+    @property
+    def inflight(self) -> int:
+        """Our QoS 1 publishes waiting for their PUBACK."""
+        return len(self._publishes)
+
+    @property
+    def server_receive_maximum(self) -> int:
+        return self._send_max
+
+    # ------------------------------------------------------------------ connect / close
+
+    async def __aenter__(self) -> Self:
+        if self._state != _NEW:
+            raise RuntimeError("an Mqtt5Connection connects once; make a new one")
+        self._state = _CONNECTING
+        s = self.settings
+        loop = self._loop = asyncio.get_running_loop()
+        connack = self._connack = loop.create_future()
+        self._lost = loop.create_future()
+        ssl_context = s.tls.context() if s.tls is not None else None
+        try:
+            async with asyncio.timeout(s.timeout_s):
+                await loop.create_connection(
+                    lambda: _Wire(self),
+                    s.host,
+                    s.port,
+                    ssl=ssl_context,
+                    server_hostname=s.host if ssl_context is not None else None,
+                )
+                self._send_now(self._connect_packet())
+                outcome = await connack
+        except TimeoutError:
+            error = MqttConnectError(f"no CONNACK from {s.host}:{s.port} within {s.timeout_s}s")
+            self._terminate(error, abort=True)
+            raise error from None
+        except OSError as exc:  # refused, unreachable, TLS verification
+            error = MqttConnectError(f"cannot connect to {s.host}:{s.port}: {exc}")
+            self._terminate(error, abort=True)
+            raise error from exc
+        except BaseException:
+            self._terminate(MqttConnectionLostError("connect abandoned"), abort=True)
+            raise
+        if isinstance(outcome, Mqtt5Error):
+            if isinstance(outcome, MqttConnectError):
+                raise outcome
+            raise MqttConnectError(str(outcome), outcome.reason_code) from outcome
+        return self
+
+    def _connect_packet(self) -> bytes:
+        s = self.settings
+        will = None
+        if s.will_topic:
+            will = mqtt5.Will(s.will_topic, payload=s.will_payload, qos=_QOS1, retain=True)
+        return mqtt5.ConnectPacket(
+            s.client_id,
+            username=s.username or None,
+            password=s.password.encode() if s.password else None,
+            clean_start=not s.persistent_session,
+            will=will,
+            keep_alive=s.keepalive_s,
+            session_expiry_interval=s.session_expiry_s if s.persistent_session else 0,
+            receive_max=s.receive_maximum,
+            topic_alias_max=0,
+        ).write()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def close(
+        self, reason_code: DisconnectReasonCode = DisconnectReasonCode.NORMAL_DISCONNECTION
+    ) -> None:
+        """Send DISCONNECT (with ``reason_code``; DISCONNECT_WITH_WILL_MESSAGE publishes the
+        Will) after anything queued, close, and wait for the transport to finish closing."""
+        if self._state == _OPEN:
+            self._terminate(
+                MqttConnectionLostError("connection closed by the client"), disconnect=reason_code
+            )
+        lost = self._lost
+        if lost is not None and not lost.done():
+            try:
+                async with asyncio.timeout(self.settings.timeout_s):
+                    await asyncio.shield(lost)
+            except TimeoutError:
+                self.abort()
+
+    def abort(self) -> None:
+        """Drop the connection at once, without DISCONNECT: the broker publishes the Will."""
+        self._terminate(MqttConnectionLostError("connection aborted by the client"), abort=True)
+        transport = self._transport
+        if transport is not None:
+            transport.abort()
+
+    # ------------------------------------------------------------------ inbound
+
+    async def _next_delivery(self) -> Delivery:
+        deliveries = self._deliveries
+        while True:
+            if deliveries:
+                delivery = deliveries.popleft()
+                self._buffered_bytes -= len(delivery.payload) + len(delivery.topic)
+                if self._paused:
+                    self._maybe_resume()
+                return delivery
+            if self._state != _OPEN:
+                raise self._error or MqttConnectionLostError("not connected")
+            if self._waiter is not None:
+                raise RuntimeError("messages has one consumer at a time")
+            assert self._loop is not None
+            waiter = self._waiter = self._loop.create_future()
+            try:
+                await waiter
+            finally:
+                self._waiter = None
+
+    def ack(self, delivery: Delivery) -> bool:
+        """Queue the PUBACK of a delivery of this connection (written with the others of this
+        loop iteration); False when the connection is closed, the delivery came from another
+        connection, or it was acknowledged already. QoS 0 needs none: True. A connection lost
+        before the write loses the PUBACK: the broker redelivers, never to a wrong ack."""
+        if delivery.qos == 0:
+            return True
+        if delivery._origin is not self or self._state != _OPEN:
+            return False
+        packet_id = cast("int", delivery.packet_id)
+        try:
+            self._unacked.remove(packet_id)
+        except KeyError:
+            return False
+        delivery._origin = None
+        self._out += _PUBACK.pack(_PUBACK_HEADER, 2, packet_id)
+        if self._flush_handle is None:
+            assert self._loop is not None
+            self._flush_handle = self._loop.call_soon(self._flush)
+        return True
+
+    def stop_intake(self) -> None:
+        """Shutdown: drop what is buffered and whatever arrives from now on (never acknowledged,
+        so the broker keeps it), and read again so replies to our own requests arrive."""
+        self._intake_stopped = True
+        self._deliveries.clear()
+        self._buffered_bytes = 0
+        if self._paused:
+            self._maybe_resume()
+
+    # ------------------------------------------------------------------ outbound
+
+    async def subscribe(self, topic: str, qos: int = 1, *, wait_s: float | None = None) -> None:
+        """Subscribe and wait for the SUBACK (``wait_s`` None: ``settings.timeout_s``;
+        ``math.inf``: as long as the connection lives). A refusal (reason code 0x80 or more)
+        raises MqttSubscribeError, and so does a grant below the QoS asked: a QoS 1 stream
+        silently downgraded to QoS 0 would lose messages. An invalid filter raises ValueError
+        (the codec checks it) before anything is sent."""
+        if qos not in (0, 1):
+            raise ValueError("QoS 2 is not supported: subscribe with qos 0 or 1")
+        self._check_open()
+        loop = cast("asyncio.AbstractEventLoop", self._loop)
+        packet_id = self._allocate_id()
+        topic_filter = mqtt5.TopicFilter(
+            topic, max_qos=_QOS1 if qos else _QOS0, retain_as_published=False
+        )
+        data = mqtt5.SubscribePacket(packet_id, [topic_filter]).write()
+        future: asyncio.Future[list[int]] = loop.create_future()
+        self._subscribes[packet_id] = future
+        self._send(data)
+        # The entry stays until the SUBACK arrives, even if we stop waiting: the id is in use.
+        (code,) = await self._wait(future, wait_s, f"SUBACK for {topic!r}")
+        if code >= _FAILURE:
+            raise MqttSubscribeError(topic, code, _reason_name(mqtt5.SubAckReasonCode, code))
+        if code < qos:
+            raise MqttSubscribeError(topic, code, f"granted QoS {code}, asked {qos}")
+
+    async def publish(
+        self,
+        topic: str,
+        payload: bytes,
+        *,
+        qos: int = 1,
+        retain: bool = False,
+        wait_s: float | None = None,
+    ) -> None:
+        """QoS 1: returns once the PUBACK arrives (NO_MATCHING_SUBSCRIBERS is success; a code
+        of 0x80 or more raises MqttPublishError); waits for a slot under the broker's Receive
+        Maximum first. QoS 0: returns once queued for writing."""
+        if qos not in (0, 1):
+            raise ValueError("QoS 2 is not supported: publish with qos 0 or 1")
+        self._check_open()
+        if qos > self._max_qos:
+            raise ValueError(f"the broker accepts QoS {self._max_qos} at most")
+        if retain and not self._retain_available:
+            raise ValueError("the broker does not support retained messages")
+        if qos == 0:
+            self._send(self._publish_bytes(topic, payload, _QOS0, retain, None))
+            return
+        wait = self.settings.timeout_s if wait_s is None else wait_s
+        try:
+            async with asyncio.timeout(None if math.isinf(wait) else wait):
+                await self._acquire_slot()
+                packet_id = self._allocate_id()
+                loop = cast("asyncio.AbstractEventLoop", self._loop)
+                future: asyncio.Future[int] = loop.create_future()
+                self._publishes[packet_id] = future
+                try:
+                    self._send(self._publish_bytes(topic, payload, _QOS1, retain, packet_id))
+                except BaseException:
+                    del self._publishes[packet_id]
+                    self._release_slot()
+                    raise
+                # Cancelled or timed out, the entry (and its slot) stays until the PUBACK.
+                code = await future
+        except TimeoutError:
+            raise MqttTimeoutError(f"no PUBACK for {topic!r} within {wait}s") from None
+        if code >= _FAILURE:
+            raise MqttPublishError(topic, code, _reason_name(mqtt5.PubAckReasonCode, code))
+
+    def _publish_bytes(
+        self, topic: str, payload: bytes, qos: QoS, retain: bool, packet_id: int | None
+    ) -> bytes:
+        data = PublishPacket(topic, payload, qos=qos, retain=retain, packet_id=packet_id).write()
+        if self._max_packet_size is not None and len(data) > self._max_packet_size:
+            raise Mqtt5Error(
+                f"publish to {topic!r} is {len(data)} bytes, over the broker's maximum"
+                f" packet size {self._max_packet_size}"
+            )
+        return data
+
+    async def _wait(
+        self, future: asyncio.Future[list[int]], wait_s: float | None, what: str
+    ) -> list[int]:
+        wait = self.settings.timeout_s if wait_s is None else wait_s
+        try:
+            async with asyncio.timeout(None if math.isinf(wait) else wait):
+                return await future
+        except TimeoutError:
+            raise MqttTimeoutError(f"no {what} within {wait}s") from None
+
+    def _check_open(self) -> None:
+        if self._state != _OPEN:
+            raise self._error or MqttConnectionLostError("not connected")
+
+    def _allocate_id(self) -> int:
+        packet_id = self._next_id
+        publishes, subscribes = self._publishes, self._subscribes
+        for _ in range(_MAX_PACKET_ID):
+            packet_id = packet_id % _MAX_PACKET_ID + 1
+            if packet_id not in publishes and packet_id not in subscribes:
+                self._next_id = packet_id
+                return packet_id
+        raise Mqtt5Error("every packet id is in use")
+
+    async def _acquire_slot(self) -> None:
+        if self._slots_free > 0 and not self._slot_waiters:
+            self._slots_free -= 1
+            return
+        loop = cast("asyncio.AbstractEventLoop", self._loop)
+        waiter: asyncio.Future[None] = loop.create_future()
+        self._slot_waiters.append(waiter)
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled() and self._state == _OPEN:
+                self._release_slot()  # handed a slot we no longer want: pass it on
+            raise
+        finally:
+            if not waiter.done():
+                self._slot_waiters.remove(waiter)
+        self._check_open()  # woken by the connection's end
+
+    def _release_slot(self) -> None:
+        waiters = self._slot_waiters
+        while waiters:
+            waiter = waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)  # the slot passes to it directly
+                return
+        self._slots_free += 1
+
+    def _send(self, data: bytes) -> None:
+        """Queue bytes; everything queued in this loop iteration goes out in one write."""
+        self._out += data
+        if self._flush_handle is None:
+            assert self._loop is not None
+            self._flush_handle = self._loop.call_soon(self._flush)
+
+    def _send_now(self, data: bytes) -> None:
+        self._out += data
+        if self._flush_handle is not None:
+            self._flush_handle.cancel()
+        self._flush()
+
+    def _flush(self) -> None:
+        self._flush_handle = None
+        out = self._out
+        transport = self._transport
+        if not out or transport is None or transport.is_closing():
+            return
+        self._out = bytearray()  # the transport may keep the old one: never touch it again
+        transport.write(out)
+        self._last_write = cast("asyncio.AbstractEventLoop", self._loop).time()
+
+    # ------------------------------------------------------------------ transport callbacks
+
+    def _on_made(self, transport: asyncio.Transport) -> None:
+        self._transport = transport
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            with contextlib.suppress(OSError):  # a socket closing under us
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        now = cast("asyncio.AbstractEventLoop", self._loop).time()
+        self._last_read = self._last_write = now
+
+    def _on_lost(self, exc: Exception | None) -> None:
+        cause = f": {exc}" if exc is not None else " by the broker"
+        self._terminate(MqttConnectionLostError(f"connection lost{cause}"))
+        if self._abort_handle is not None:
+            self._abort_handle.cancel()
+            self._abort_handle = None
+        lost = self._lost
+        if lost is not None and not lost.done():
+            lost.set_result(None)
+
+    def _on_data(self, data: bytes) -> None:
+        """Parse every complete packet of the chunk and keep the incomplete tail; end the
+        connection on anything malformed or unexpected (never raise into the loop)."""
+        if self._state == _CLOSED:
+            return
+        loop = cast("asyncio.AbstractEventLoop", self._loop)
+        self._last_read = loop.time()
+        rest = self._rest
+        buffer: bytes | bytearray
+        if rest:
+            rest += data
+            if len(rest) < self._need:
+                return  # a large packet still arriving: parse it once, when complete
+            buffer = rest
+            self._rest = bytearray()  # ``rest`` is never resized again while viewed
+        else:
+            buffer = data
+        self._need = 0
+        try:
+            added, added_bytes = self._parse(buffer)
+        except _Violation as violation:
+            self._protocol_error(violation)
+            return
+        except Exception as exc:  # a bug of ours: end this connection, never the loop
+            log.error("mqtt5_internal_error", error=repr(exc), **self._where())
+            self._terminate(MqttConnectionLostError(f"internal error: {exc!r}"), abort=True)
+            return
+        if added and self._state == _OPEN:
+            self._buffered_bytes += added_bytes
+            waiter = self._waiter
+            if waiter is not None and not waiter.done():
+                waiter.set_result(None)
+            if not self._paused and (
+                len(self._deliveries) >= self.settings.buffer_high
+                or self._buffered_bytes >= self.buffer_high_bytes
+            ):
+                self._pause()
+
+    def _parse(self, buffer: bytes | bytearray) -> tuple[int, int]:  # noqa: PLR0912, PLR0915
+        """The hot loop, inlined on purpose (no call per PUBLISH): the deliveries added and
+        their bytes. Raises _Violation for what must end the connection."""
+        view = memoryview(buffer)
+        end = len(buffer)
+        pos = 0
+        read = mqtt5.read
+        deliveries = self._deliveries
+        unacked = self._unacked
+        receive_max = self._receive_max
+        intake = not self._intake_stopped
+        high, high_bytes = self.settings.buffer_high, self.buffer_high_bytes
+        held_bytes = self._buffered_bytes
+        added = added_bytes = 0
+        while pos < end:
+            try:
+                packet, size = read(view[pos:])
+            except IndexError:  # incomplete: keep the tail for the next chunk
+                need = _frame_size(view, pos, end)
+                if need is not None and need <= end - pos:
+                    raise _Violation(  # noqa: B904 - not a cause: the codec's "not enough bytes"
+                        DisconnectReasonCode.MALFORMED_PACKET, "packet shorter than its length"
+                    )
+                self._rest = bytearray(view[pos:])
+                self._need = need or 0
+                break
+            except (KeyboardInterrupt, SystemExit):
+                raise
+            except BaseException as exc:  # ValueError, or the codec's PanicException
+                raise _Violation(
+                    DisconnectReasonCode.MALFORMED_PACKET, f"undecodable packet: {exc!r}"
+                ) from exc
+            pos += size
+            if type(packet) is not PublishPacket:
+                self._on_control(packet)
+                if self._state == _CLOSED:
+                    break
+                continue
+            if self._state != _OPEN:
+                raise _Violation(DisconnectReasonCode.PROTOCOL_ERROR, "PUBLISH before CONNACK")
+            qos = packet.qos
+            packet_id: int | None = None
+            if qos is _QOS1:
+                packet_id = cast("int", packet.packet_id)
+                if len(unacked) >= receive_max or packet_id in unacked:
+                    self._overrun(packet_id)  # raises unless tolerated
+                unacked.add(packet_id)
+            elif qos is not _QOS0:
+                raise _Violation(DisconnectReasonCode.QOS_NOT_SUPPORTED, "QoS 2 PUBLISH received")
+            if intake:
+                topic = packet.topic
+                if not topic:
+                    raise _Violation(DisconnectReasonCode.TOPIC_ALIAS_INVALID, "topic alias used")
+                payload = packet.payload
+                deliveries.append(
+                    Delivery(
+                        topic,
+                        payload,
+                        0 if packet_id is None else 1,
+                        packet_id,
+                        packet.retain,
+                        self,
+                    )
+                )
+                added += 1
+                added_bytes += len(payload) + len(topic)
+                if len(deliveries) >= high or held_bytes + added_bytes >= high_bytes:
+                    if pos < end:  # the rest of the chunk waits, unparsed, for the resume
+                        self._rest = bytearray(view[pos:])
+                        self._held = True
+                    break
+        return added, added_bytes
+
+    def _overrun(self, packet_id: int) -> None:
+        """A QoS 1 PUBLISH whose id is still unacknowledged, or one over our Receive Maximum."""
+        if packet_id in self._unacked:
+            raise _Violation(
+                DisconnectReasonCode.PROTOCOL_ERROR,
+                f"packet id {packet_id} reused before our PUBACK",
+            )
+        if self.strict_receive_maximum:
+            raise _Violation(
+                DisconnectReasonCode.RECEIVE_MAX_EXCEEDED,
+                f"more than {self._receive_max} unacknowledged QoS 1 publishes",
+            )
+        if not self.receive_maximum_overruns:
+            log.warning(
+                "broker_receive_maximum_exceeded", receive_maximum=self._receive_max,
+                note="tolerated; reading still pauses at buffer_high", **self._where(),
+            )  # fmt: skip
+        self.receive_maximum_overruns += 1
+
+    def _on_control(self, packet: mqtt5.Packet) -> None:
+        if type(packet) is PubAckPacket:
+            future = self._publishes.pop(packet.packet_id, None)
+            if future is None:
+                raise _Violation(
+                    DisconnectReasonCode.PROTOCOL_ERROR,
+                    f"PUBACK for unknown packet id {packet.packet_id}",
+                )
+            self._release_slot()
+            if not future.done():
+                future.set_result(int(packet.reason_code))
+        elif type(packet) is PingRespPacket:
+            self.pingresps_received += 1
+            self._ping_outstanding = False
+        elif type(packet) is SubAckPacket:
+            sub = self._subscribes.pop(packet.packet_id, None)
+            if sub is None:
+                raise _Violation(
+                    DisconnectReasonCode.PROTOCOL_ERROR,
+                    f"SUBACK for unknown packet id {packet.packet_id}",
+                )
+            codes = [int(code) for code in packet.reason_codes]
+            if len(codes) != 1:
+                raise _Violation(
+                    DisconnectReasonCode.PROTOCOL_ERROR,
+                    f"SUBACK with {len(codes)} reason codes for one topic filter",
+                )
+            if not sub.done():
+                sub.set_result(codes)
+        elif type(packet) is ConnAckPacket:
+            self._on_connack(packet)
+        elif type(packet) is DisconnectPacket:
+            code = int(packet.reason_code)
+            log.warning(
+                "broker_disconnected",
+                reason_code=code,
+                reason=packet.reason_code.name,
+                reason_str=packet.reason_str,
+                **self._where(),
+            )
+            self._terminate(
+                MqttConnectionLostError(
+                    f"the broker disconnected: {packet.reason_code.name} ({code})", code
+                )
+            )
+        else:
+            raise _Violation(
+                DisconnectReasonCode.PROTOCOL_ERROR,
+                f"{type(packet).__name__} is not a packet a client receives here",
+            )
+
+    def _on_connack(self, packet: ConnAckPacket) -> None:
+        if self._state != _CONNECTING:
+            raise _Violation(DisconnectReasonCode.PROTOCOL_ERROR, "second CONNACK")
+        connack = cast("asyncio.Future[ConnAckPacket | Mqtt5Error]", self._connack)
+        code = int(packet.reason_code)
+        if code != 0:
+            reason = packet.reason_code.name
+            error = MqttConnectError(f"connection refused: {reason} ({code})", code)
+            self._terminate(error)
+            return
+        self._state = _OPEN
+        self.session_present = packet.session_present
+        if packet.server_keep_alive is not None:
+            self.keep_alive = packet.server_keep_alive
+        self._send_max = self._slots_free = packet.receive_max
+        self._max_qos = min(1, int(packet.max_qos))
+        self._retain_available = packet.retain_available
+        self._max_packet_size = packet.max_packet_size
+        if self.keep_alive > 0:
+            loop = cast("asyncio.AbstractEventLoop", self._loop)
+            self._timer = loop.call_at(loop.time() + self.keep_alive, self._tick)
+        if not connack.done():
+            connack.set_result(packet)
+
+    # ------------------------------------------------------------------ flow control
+
+    def _pause(self) -> None:
+        transport = self._transport
+        if transport is None or transport.is_closing():
+            return
+        transport.pause_reading()  # also when re-parsing held bytes: a no-op then
+        self._paused = True
+        self.pauses += 1
+
+    def _maybe_resume(self) -> None:
+        if not (
+            (
+                len(self._deliveries) <= self.settings.buffer_high // 2
+                and self._buffered_bytes <= self.buffer_high_bytes // 2
+            )
+            or self._intake_stopped
+        ):
+            return
+        self._paused = False
+        if self._held:  # first what was read but not parsed when reading paused
+            self._held = False
+            self._on_data(b"")
+            if self._paused or self._state == _CLOSED:
+                return
+        transport = self._transport
+        if transport is not None and not transport.is_closing():
+            # Silence while we did not read was ours: the dead-connection clock restarts.
+            self._last_read = cast("asyncio.AbstractEventLoop", self._loop).time()
+            transport.resume_reading()
+
+    # ------------------------------------------------------------------ keep-alive
+
+    def _tick(self) -> None:
+        self._timer = None
+        if self._state != _OPEN:
+            return
+        loop = cast("asyncio.AbstractEventLoop", self._loop)
+        now = loop.time()
+        interval = self.keep_alive
+        if not self._paused and now - self._last_read >= _DEAD_AFTER * interval:
+            log.warning(
+                "broker_keepalive_timeout",
+                keepalive_s=interval,
+                silent_s=round(now - self._last_read, 3),
+                **self._where(),
+            )
+            self._terminate(
+                MqttKeepAliveError(
+                    f"nothing received from the broker for {_DEAD_AFTER * interval}s"
+                ),
+                abort=True,
+            )
+            return
+        quiet_read = not self._paused and now - self._last_read >= interval
+        if now - self._last_write >= interval or (quiet_read and not self._ping_outstanding):
+            self._ping_outstanding = True
+            self.pings_sent += 1
+            self._send_now(_PINGREQ)
+        due = self._last_write + interval
+        if not self._paused:
+            due = min(due, self._last_read + _DEAD_AFTER * interval)
+            if not self._ping_outstanding:
+                due = min(due, self._last_read + interval)
+        self._timer = loop.call_at(max(due, now + 0.001), self._tick)
+
+    # ------------------------------------------------------------------ ending
+
+    def _where(self) -> dict[str, object]:
+        s = self.settings
+        return {"host": s.host, "port": s.port, "client_id": s.client_id}
+
+    def _protocol_error(self, violation: _Violation) -> None:
+        log.warning(
+            "broker_protocol_error",
+            reason=violation.code.name,
+            detail=violation.detail,
+            **self._where(),
+        )
+        self._terminate(
+            MqttProtocolError(
+                f"protocol error from the broker: {violation.detail}", int(violation.code)
+            ),
+            disconnect=violation.code,
+        )
+
+    def _terminate(
+        self,
+        error: Mqtt5Error,
+        *,
+        disconnect: DisconnectReasonCode | None = None,
+        abort: bool = False,
+    ) -> None:
+        """End the connection once: fail whoever waits, send what is queued (and a DISCONNECT
+        when asked) unless aborting, then close the transport."""
+        if self._state == _CLOSED:
+            return
+        was_open = self._state == _OPEN
+        self._state = _CLOSED
+        self._error = error
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._flush_handle is not None:
+            self._flush_handle.cancel()
+            self._flush_handle = None
+        self._close_transport(disconnect if was_open else None, abort=abort)
+        self._out = bytearray()
+        self._deliveries.clear()
+        self._buffered_bytes = 0
+        self._wake_all(error)
+
+    def _close_transport(self, disconnect: DisconnectReasonCode | None, *, abort: bool) -> None:
+        transport = self._transport
+        if transport is None or transport.is_closing():
+            return
+        if abort:
+            transport.abort()
+            return
+        out = self._out
+        if disconnect is not None:
+            out += DisconnectPacket(reason_code=disconnect).write()
+        if out:
+            transport.write(out)
+        transport.close()
+        # A peer that stopped reading would hold the close forever.
+        loop = cast("asyncio.AbstractEventLoop", self._loop)
+        self._abort_handle = loop.call_later(self.settings.timeout_s, transport.abort)
+
+    def _wake_all(self, error: Mqtt5Error) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+        if self._connack is not None and not self._connack.done():
+            self._connack.set_result(error)
+        publishes, self._publishes = self._publishes, {}
+        for future in publishes.values():
+            if not future.done():
+                future.set_exception(error)
+        subscribes, self._subscribes = self._subscribes, {}
+        for sub in subscribes.values():
+            if not sub.done():
+                sub.set_exception(error)
+        waiters, self._slot_waiters = self._slot_waiters, collections.deque()
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+
+def _frame_size(view: memoryview, pos: int, end: int) -> int | None:
+    """Size of the packet starting at ``pos`` from its fixed header; None if the header itself
+    is incomplete. A remaining length longer than four bytes is malformed."""
+    length = 0
+    shift = 0
+    index = pos + 1
+    for _ in range(4):
+        if index >= end:
+            return None
+        byte = view[index]
+        index += 1
+        length |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return index - pos + length
+        shift += 7
+    raise _Violation(DisconnectReasonCode.MALFORMED_PACKET, "remaining length over four bytes")
+
+
+def _reason_name(codes: object, code: int) -> str:
+    for name in dir(codes):
+        if name.isupper() and int(getattr(codes, name)) == code:
+            return name
+    return "UNKNOWN"
+
+
+def disconnect_reason(code: int) -> DisconnectReasonCode:
+    """The codec's DISCONNECT reason for a numeric code (ValueError if MQTT 5 has none)."""
+    try:
+        return _DISCONNECT_CODES[code]
+    except KeyError:
+        raise ValueError(f"no DISCONNECT reason code {code}") from None
