@@ -67,6 +67,7 @@ import contextlib
 import math
 import socket
 import struct
+from collections.abc import Callable
 from types import TracebackType
 from typing import Final, Self, cast
 
@@ -252,6 +253,7 @@ class Mqtt5Connection:
         *,
         buffer_high_bytes: int = 64 * 2**20,
         strict_receive_maximum: bool = True,
+        on_pause: Callable[[str], None] | None = None,
     ) -> None:
         if settings.protocol != "5":
             raise ValueError("Mqtt5Connection speaks MQTT 5 only")
@@ -281,6 +283,7 @@ class Mqtt5Connection:
         self._paused = False
         self._held = False  # _rest holds complete packets, parsed on resume
         self.pauses = 0
+        self.on_pause = on_pause  # told which bound ("messages" or "bytes") paused reading
         # Writing: bytes queued for one write at the end of this loop iteration.
         self._out = bytearray()
         self._flush_handle: asyncio.Handle | None = None
@@ -692,11 +695,11 @@ class Mqtt5Connection:
             waiter = self._waiter
             if waiter is not None and not waiter.done():
                 waiter.set_result(None)
-            if not self._paused and (
-                len(self._deliveries) >= self.settings.buffer_high
-                or self._buffered_bytes >= self.buffer_high_bytes
-            ):
-                self._pause()
+            if not self._paused:
+                if len(self._deliveries) >= self.settings.buffer_high:
+                    self._pause("messages")
+                elif self._buffered_bytes >= self.buffer_high_bytes:
+                    self._pause("bytes")
 
     def _parse(self, buffer: bytes | bytearray) -> tuple[int, int]:  # noqa: PLR0912, PLR0915
         """The hot loop, inlined on purpose (no call per PUBLISH): the deliveries added and
@@ -867,13 +870,15 @@ class Mqtt5Connection:
 
     # ------------------------------------------------------------------ flow control
 
-    def _pause(self) -> None:
+    def _pause(self, bound: str) -> None:
         transport = self._transport
         if transport is None or transport.is_closing():
             return
         transport.pause_reading()  # also when re-parsing held bytes: a no-op then
         self._paused = True
         self.pauses += 1
+        if self.on_pause is not None:
+            self.on_pause(bound)
 
     def _maybe_resume(self) -> None:
         if not (

@@ -42,7 +42,7 @@ async def _claimed_command(conn: asyncpg.Connection, device: str) -> asyncpg.Rec
         expire_after_s=3600,
     )  # fmt: skip
     (claimed,) = await commands_repo.claim_due(
-        conn, node_id=NODE, lease_s=600, limit=10, max_in_flight=1
+        conn, node_id=NODE, lease_s=600, limit=10, max_in_flight=1, actor="system:dispatcher"
     )
     assert claimed["id"] == created.command["id"]
     return claimed

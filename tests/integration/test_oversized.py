@@ -131,7 +131,9 @@ async def test_the_reader_pauses_on_buffered_bytes_while_the_writer_is_stuck(
             )  # fmt: skip
             client = session.client
             assert client is not None
-            assert metric(daemon, "gateway_mqtt_read_pauses_total", {"bound": "bytes"}) == 1
+            # At least once: the reader hands a few messages to the writer's queue before that
+            # fills too, which can take the buffer under half and let reading resume once.
+            assert metric(daemon, "gateway_mqtt_read_pauses_total", {"bound": "bytes"}) >= 1
             assert metric(daemon, "gateway_mqtt_read_pauses_total", {"bound": "messages"}) == 0
             # Paused on reaching the bound; the reader may have taken one since (it stays
             # paused down to half of it).
