@@ -10,7 +10,6 @@ rolled-back batch leaves nothing behind.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import hashlib
 import operator
 from collections.abc import Sequence
@@ -301,7 +300,7 @@ def _row_of(read: RuleStateRow, state: RuleState, rule_version: str) -> RuleStat
 
 
 # RuleState's fields, which RuleStateRow has too (after its keys), in the same order.
-_STATE_FIELDS = operator.attrgetter(*(f.name for f in dataclasses.fields(RuleState)))
+_STATE_FIELDS = operator.attrgetter(*RuleState.__struct_fields__)
 
 
 def inactivity_event_id(rule_key: str, device_id: str, last_seen: datetime) -> str:

@@ -30,7 +30,7 @@ import math
 import re
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import ClassVar, Final, Literal, TypeAlias, TypeGuard, TypeVar
 
@@ -420,8 +420,7 @@ def _type_name(value: object) -> str:
 SlotKey: TypeAlias = tuple[str, str]  # (device_id, rule_key)
 
 
-@dataclass(frozen=True, slots=True)
-class RuleState:
+class RuleState(msgspec.Struct, frozen=True, gc=False):
     """The evaluation state of one (device, rule): one row of the `rule_state` table.
 
     Every time here is a device time (a sample's own timestamp), never a node's clock, so that
@@ -445,6 +444,11 @@ class RuleState:
     def rearmed(self) -> RuleState:
         """The same facts under a changed rule definition: pending samples no longer count."""
         return replace(self, pending_count=0, pending_since=None)
+
+
+# A msgspec Struct, not a dataclass: evaluation replaces a state several times per sample, and
+# msgspec's replace is about ten times cheaper than dataclasses.replace.
+replace = msgspec.structs.replace
 
 
 IDLE: Final = RuleState()

@@ -11,6 +11,7 @@ import asyncpg
 from storage.sql import load_queries
 
 _Q = load_queries("rule_state.sql")
+CREATE_STATES = _Q["create_states"]
 LOCK_STATES = _Q["lock_states"]
 WRITE_STATES = _Q["write_states"]
 DROP_REMOVED = _Q["drop_removed"]
@@ -50,14 +51,15 @@ async def lock_states(
 ) -> list[RuleStateRow]:
     """Lock (creating where missing) the rows of (device id, rule key, rule version) keys.
 
-    The keys are sorted here, so that every caller locks in the same order.
+    Two statements, both in one sorted order on every node: the missing rows are created
+    (each locked by its insert), then every row is read and locked with no write.
     """
     if not keys:
         return []
     ordered = sorted(keys)
-    records = await conn.fetch(
-        LOCK_STATES, [k[0] for k in ordered], [k[1] for k in ordered], [k[2] for k in ordered]
-    )
+    devices, rules = [k[0] for k in ordered], [k[1] for k in ordered]
+    await conn.execute(CREATE_STATES, devices, rules, [k[2] for k in ordered])
+    records = await conn.fetch(LOCK_STATES, devices, rules)
     return [RuleStateRow(*record) for record in records]  # the columns come in field order
 
 

@@ -1,16 +1,24 @@
--- name: lock_states
+-- name: create_states
 -- $1 device ids, $2 rule keys, $3 rule versions (arrays, pairwise, sorted by device then
--- rule: every node locks in this one order, so two batches never deadlock on these rows);
--- creates the rows not seen yet and returns every row (columns in `RuleStateRow` order),
--- locked until the transaction ends.
+-- rule); creates the rows not seen yet. Existing rows are left alone: locking them is
+-- lock_states' job, which writes no tuple for it (DO UPDATE would write each row twice per
+-- batch). Every node inserts in this one order, so two batches wait, never deadlock.
 INSERT INTO rule_state (device_id, rule_key, rule_version)
 SELECT d, r, v
 FROM unnest($1::text[], $2::text[], $3::text[]) WITH ORDINALITY AS u(d, r, v, n)
 ORDER BY n
-ON CONFLICT (device_id, rule_key) DO UPDATE SET version = rule_state.version
-RETURNING device_id, rule_key, version, rule_version, firing, pending_count, pending_since,
-          last_ts, last_seq, fired_ts, fired_event_id, released_ts, clear_ts, clear_event_id,
-          violating_ts;
+ON CONFLICT (device_id, rule_key) DO NOTHING;
+
+-- name: lock_states
+-- $1 device ids, $2 rule keys (arrays, pairwise); every row, locked until the transaction
+-- ends, in the same fixed order (device, then rule), columns in `RuleStateRow` order.
+SELECT s.device_id, s.rule_key, s.version, s.rule_version, s.firing, s.pending_count,
+       s.pending_since, s.last_ts, s.last_seq, s.fired_ts, s.fired_event_id, s.released_ts,
+       s.clear_ts, s.clear_event_id, s.violating_ts
+FROM rule_state s
+JOIN unnest($1::text[], $2::text[]) AS u(d, r) ON s.device_id = u.d AND s.rule_key = u.r
+ORDER BY s.device_id, s.rule_key
+FOR UPDATE OF s;
 
 -- name: write_states
 -- $1 device ids, $2 rule keys, $3 versions read, $4 rule versions, $5 firing, $6 pending

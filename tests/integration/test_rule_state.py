@@ -329,6 +329,6 @@ async def test_a_concurrent_alarm_on_the_same_active_key_asks_for_a_retry_not_a_
 
 def test_a_stored_row_carries_the_domain_state_in_the_same_field_order() -> None:
     """The engine converts rows and states positionally (per touched pair, per batch)."""
-    domain = [f.name for f in dataclasses.fields(RuleState)]
+    domain = list(RuleState.__struct_fields__)
     stored = [f.name for f in dataclasses.fields(state_repo.RuleStateRow)]
     assert stored == ["device_id", "rule_key", "version", "rule_version", *domain]
