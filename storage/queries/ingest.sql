@@ -11,10 +11,15 @@ RETURNING event_id;
 
 -- name: upsert_devices
 -- $1 device ids (unique, sorted so that concurrent nodes lock rows in one order); seen now.
+-- last_seen moves in steps of a second at least: a device heard from in every batch would
+-- otherwise cost a row version per batch (as much as its telemetry). It always moves when a
+-- presence newer than it says offline, which a message now contradicts.
 INSERT INTO device (device_id, first_seen, last_seen)
 SELECT d, now(), now() FROM unnest($1::text[]) AS u(d)
 ON CONFLICT (device_id) DO UPDATE
-SET last_seen = GREATEST(device.last_seen, EXCLUDED.last_seen);
+SET last_seen = EXCLUDED.last_seen
+WHERE device.last_seen < EXCLUDED.last_seen - interval '1 second'
+   OR (device.presence_at >= device.last_seen AND device.last_seen < EXCLUDED.last_seen);
 
 -- name: upsert_presence
 -- $1 device ids (unique, sorted), $2 presences ('online'|'offline'); observed now.

@@ -131,3 +131,23 @@ async def test_dead_letters_keep_raw_bytes_and_can_be_listed_by_reason(
     assert await repo.list_dead_letters(db, after_id=letters[0].id, limit=10) == (
         await repo.list_dead_letters(db, reason="BAD_TOPIC")
     )
+
+
+async def test_last_seen_moves_by_the_second_but_always_past_an_offline_presence(
+    db: asyncpg.Connection,
+) -> None:
+    await repo.touch_devices(db, {"dev-ls"})
+    first = await db.fetchval("SELECT last_seen FROM device WHERE device_id = 'dev-ls'")
+    await repo.touch_devices(db, {"dev-ls"})  # within the second: no new row version
+    assert await db.fetchval("SELECT last_seen FROM device WHERE device_id = 'dev-ls'") == first
+    await repo.record_presence(db, {"dev-ls": "offline"})  # the LWT
+    await repo.touch_devices(db, {"dev-ls"})  # then a message: the device is back
+    row = await db.fetchrow("SELECT last_seen, presence_at FROM device WHERE device_id = 'dev-ls'")
+    assert row is not None
+    assert row["last_seen"] > row["presence_at"]
+    await db.execute(
+        "UPDATE device SET first_seen = first_seen - interval '2 seconds', "
+        "last_seen = last_seen - interval '2 seconds', presence_at = NULL, presence = 'unknown'"
+    )
+    await repo.touch_devices(db, {"dev-ls"})
+    assert await db.fetchval("SELECT last_seen FROM device WHERE device_id = 'dev-ls'") > first
