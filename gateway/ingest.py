@@ -22,7 +22,7 @@ from gateway.alarm_engine import AlarmEngine, BatchAlarms
 from gateway.alarms import RetryBatchError
 from gateway.backoff import Backoff
 from gateway.commands import apply_receipt
-from gateway.metrics import Metrics
+from gateway.metrics import Metrics, observe_many
 from protocol import (
     CommandReceipt,
     DecodeError,
@@ -320,6 +320,16 @@ class IngestWriter:
         self.metrics.inflight.inc()
         await self.queue.put(item)
 
+    async def put_many(self, items: Sequence[Inbound]) -> None:
+        """``put`` for each, in order, waiting only when the queue is full."""
+        queue = self.queue
+        self.metrics.inflight.inc(len(items))
+        for item in items:
+            if queue.full():
+                await queue.put(item)
+            else:
+                queue.put_nowait(item)
+
     async def drain(self, timeout_s: float) -> bool:
         """Wait until every queued message is stored and acknowledged (False on timeout)."""
         try:
@@ -365,11 +375,17 @@ class IngestWriter:
         done = loop.time()
         self.metrics.commit_seconds.observe(done - started)
         self.metrics.batch_size.observe(len(batch))
+        skipped = 0
+        latencies: dict[float, int] = {}  # a reader's chunk shares one arrival time
         for item in batch:
             if item.acker is not None:
                 if not item.acker.ack(item.message):
-                    self.metrics.acks_skipped.inc()
-                self.metrics.handler_seconds.observe(done - item.received_at)
+                    skipped += 1
+                latencies[item.received_at] = latencies.get(item.received_at, 0) + 1
+        if skipped:
+            self.metrics.acks_skipped.inc(skipped)
+        for received_at, count in latencies.items():
+            observe_many(self.metrics.handler_seconds, done - received_at, count)
         self._count(result, received=len(classified.telemetry_sources))
         self.last_progress = done
 

@@ -190,3 +190,21 @@ class Metrics:
 
     def render(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+def observe_many(histogram: Histogram, value: float, count: int) -> None:
+    """``histogram.observe(value)`` ``count`` times, at the cost of one.
+
+    prometheus_client has no weighted observe, and a batch of messages acknowledged together
+    shares one latency per reader chunk; observing each cost a lock and a bucket search per
+    message. This adds ``count`` to the sum's share and to the first bucket ``value`` fits,
+    exactly what ``observe`` does once (checked against it by a test).
+    """
+    if count == 1:
+        histogram.observe(value)
+        return
+    histogram._sum.inc(value * count)
+    for index, bound in enumerate(histogram._upper_bounds):
+        if value <= bound:
+            histogram._buckets[index].inc(count)
+            break

@@ -457,6 +457,21 @@ class Mqtt5Connection:
             finally:
                 self._waiter = None
 
+    async def take(self, limit: int) -> list[Delivery]:
+        """Up to ``limit`` deliveries, waiting only while there is none (the batch form of
+        ``messages``: no await per message). Raises like ``messages`` once the connection is
+        lost and nothing is left."""
+        taken = [await self._next_delivery()]
+        deliveries = self._deliveries
+        count = min(limit - 1, len(deliveries))
+        if count > 0:
+            more = [deliveries.popleft() for _ in range(count)]
+            self._buffered_bytes -= sum(len(d.payload) + len(d.topic) for d in more)
+            taken += more
+            if self._paused:
+                self._maybe_resume()
+        return taken
+
     def ack(self, delivery: Delivery) -> bool:
         """Queue the PUBACK of a delivery of this connection (written with the others of this
         loop iteration); False when the connection is closed, the delivery came from another

@@ -15,7 +15,7 @@ from gateway.ingest import Inbound, IngestWriter
 from gateway.loops import sleep_unless_stopped
 from gateway.metrics import Metrics
 from gateway.mqtt import AckingClient, ConnectionSettings
-from gateway.mqtt5_connection import Delivery, Mqtt5Connection
+from gateway.mqtt5_connection import Mqtt5Connection
 
 # MQTT 5 speaks through our own client on the mqtt5 codec (parsing is the hot path: about 15x
 # paho's rate); MQTT 3.1.1 — the embedded amqtt broker's only version — through aiomqtt.
@@ -160,12 +160,15 @@ class MqttSession:
         raise aiomqtt.MqttError("message stream ended")
 
     async def _read(self, client: BrokerConnection) -> None:
+        if isinstance(client, Mqtt5Connection):
+            await self._read_batches(client)
+            return
         loop = asyncio.get_running_loop()
         writer = self.writer
         admit = writer.decoder.admit
         async for message in client.messages:
             payload = message.payload
-            assert isinstance(payload, bytes | bytearray)  # both clients deliver bytes
+            assert isinstance(payload, bytes | bytearray)  # paho delivers bytes
             kept, size, sha256 = admit(bytes(payload))
             if size is not None:
                 # Neither the message (kept for its PUBACK, which needs its mid and qos only)
@@ -174,7 +177,7 @@ class MqttSession:
                 del payload
             await writer.put(
                 Inbound(
-                    topic=message.topic if isinstance(message, Delivery) else message.topic.value,
+                    topic=message.topic.value,
                     payload=kept,
                     received_at=loop.time(),
                     acker=client,
@@ -183,6 +186,25 @@ class MqttSession:
                     sha256=sha256,
                 )
             )
+
+    async def _read_batches(self, client: Mqtt5Connection) -> None:
+        """The MQTT 5 reader: whatever arrived, up to a batch, handed over at once."""
+        loop = asyncio.get_running_loop()
+        writer = self.writer
+        admit = writer.decoder.admit
+        limit = writer.batch_size
+        while True:
+            deliveries = await client.take(limit)
+            received_at = loop.time()
+            items = []
+            for delivery in deliveries:
+                kept, size, sha256 = admit(delivery.payload)
+                if size is not None:
+                    delivery.payload = kept  # see _read
+                items.append(
+                    Inbound(delivery.topic, kept, received_at, client, delivery, size, sha256)
+                )
+            await writer.put_many(items)
 
     def _paused(self, bound: str) -> None:
         self.metrics.read_pauses.labels(bound).inc()

@@ -442,6 +442,28 @@ async def test_tolerant_mode_drains_a_backlog_past_mosquittos_receive_maximum_ov
         assert conn.buffered == 0
 
 
+async def test_take_hands_over_what_arrived_in_order_up_to_its_limit(mosquitto: Mosquitto) -> None:
+    """The batch form of ``messages``: at most the limit, in order, the buffer accounted."""
+    count = 700
+    settings = _settings(mosquitto.port, "taker", receive_maximum=1000, buffer_high=300)
+    await _make_session(mosquitto.port, settings, TOPIC)
+    await _queue(mosquitto.port, TOPIC, [n.to_bytes(4, "big") for n in range(count)])
+    async with Mqtt5Connection(settings, strict_receive_maximum=False) as conn:
+        seen: list[int] = []
+        sizes = []
+        async with asyncio.timeout(60):
+            while len(seen) < count:
+                taken = await conn.take(64)
+                sizes.append(len(taken))
+                seen += [int.from_bytes(d.payload, "big") for d in taken]
+                assert all(conn.ack(d) for d in taken)
+        assert seen == list(range(count))
+        assert max(sizes) <= 64
+        assert max(sizes) > 1  # batches, not one at a time
+        assert (conn.buffered, conn.buffered_bytes) == (0, 0)
+        assert not conn.reading_paused
+
+
 _BOUNDS = {
     # bound: (buffer_high, buffer_high_bytes, payload size, messages queued)
     "messages": (50, 64 * 2**20, 10, 2000),
