@@ -15,6 +15,7 @@ from litestar import Litestar, Request, Response, Router
 from litestar.datastructures import MutableScopeHeaders, State
 from litestar.di import Provide
 from litestar.openapi.config import OpenAPIConfig
+from litestar.openapi.datastructures import ResponseSpec
 from litestar.openapi.plugins import SwaggerRenderPlugin
 from litestar.openapi.spec import Components, SecurityScheme, Tag
 from litestar.params import HeaderParameter
@@ -42,6 +43,8 @@ from gateway.api.schemas import (
     JSON_VALUE_SCHEMA,
     NAME_MAX_LENGTH,
     NOTE_MAX_LENGTH,
+    ActionBody,
+    CommandBody,
 )
 from gateway.command_service import CommandService
 from gateway.metrics import Metrics
@@ -64,6 +67,8 @@ def gateway_version() -> str:
 @route(
     "GET", OPENAPI_PATH, operation_id="openapi", tag=health.TAG, role=None,
     summary="This document (OpenAPI 3.1), generated from the routes and their types",
+    also={200: ResponseSpec(data_container=dict[str, Any], generate_examples=False,
+                            description="The OpenAPI document.")},
 )  # fmt: skip
 async def openapi_document(request: Request[Any, Any, Any]) -> Response[bytes]:
     state = request.app.state
@@ -168,8 +173,15 @@ def build_app(
         logging_config=None,
         debug=False,
     )
-    # `params`' recursive schema: no Python type spells it, so it joins the generated ones here.
-    schemas = app.openapi_schema.components.schemas
-    if schemas is not None:
-        schemas[JSON_VALUE] = JSON_VALUE_SCHEMA
+    _complete(app.openapi_schema.components.schemas or {})
     return app
+
+
+def _complete(schemas: dict[str, Any]) -> None:
+    """What Litestar's generation leaves out, added from the same declarations."""
+    # `params`' recursive schema: no Python type spells it, so it joins the generated ones here.
+    schemas[JSON_VALUE] = JSON_VALUE_SCHEMA
+    # A body Struct that forbids unknown fields says so (msgspec refuses them: a 422).
+    for body in (ActionBody, CommandBody):
+        if body.__struct_config__.forbid_unknown_fields and body.__name__ in schemas:
+            schemas[body.__name__].additional_properties = False

@@ -50,7 +50,7 @@ from gateway.api.schemas import ID_DIGITS_MAX
 
 _DIGITS: Final = re.compile(r"[0-9]{1,%d}" % ID_DIGITS_MAX, re.ASCII)  # noqa: UP031
 _JSON_NUMBER: Final = re.compile(
-    r"-?(?:0|[1-9][0-9]{0,15})(?:\.[0-9]{1,17})?(?:[eE][+-]?[0-9]{1,3})?"
+    r"-?(?:0|[1-9][0-9]{0,15})(?:\.[0-9]{1,40})?(?:[eE][+-]?[0-9]{1,3})?"
 )
 _NOT_QUERY: Final = frozenset({"data", "request", "state", "headers", "query", "scope", "body"})
 

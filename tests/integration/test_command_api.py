@@ -588,7 +588,9 @@ async def test_realtime_outcome_reaches_the_waiting_post(
 # --- the boundary: what the issue found (each of these failed on the aiohttp API) ------------
 
 
-@pytest.mark.parametrize("wait", ["21.00314514009938", "1e1", "0.5e-3", "60", "0"])
+@pytest.mark.parametrize(
+    "wait", ["21.00314514009938", "0.0016810373854295737", "1e1", "0.5e-3", "60", "0"]
+)
 async def test_every_documented_wait_is_accepted(api: Api, wait: str) -> None:
     """The document says a number from 0 to 60; any JSON spelling of one is taken."""
     reply = await api.send("dev-1", {"name": "reboot"}, query=f"?wait={wait}")
