@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 from contextlib import AsyncExitStack
+from urllib.parse import urlsplit
 
 import aiomqtt
 import asyncpg
@@ -26,6 +27,7 @@ from gateway.dispatcher import Dispatcher, Reaper
 from gateway.errors import StartupError
 from gateway.inactivity import InactivityMonitor
 from gateway.ingest import TRANSIENT_DB_ERRORS, IngestWriter, MessageDecoder, ReceiptApplier
+from gateway.logging import set_secrets
 from gateway.loops import sleep_unless_stopped
 from gateway.metrics import Metrics
 from gateway.mqtt import ConnectionSettings, TlsSettings
@@ -43,6 +45,12 @@ from storage.pool import create_pool
 log = structlog.get_logger("gateway")
 
 HEALTH_DB_TIMEOUT_S = 2.0
+
+
+def secrets_of(config: Config) -> list[str]:
+    """What no log line may carry: the API tokens, the broker's and the database's passwords."""
+    password = urlsplit(config.database.dsn).password if config.database.dsn else None
+    return [*(t.token for t in config.api.tokens), config.mqtt.password, password or ""]
 
 
 class Daemon:
@@ -163,6 +171,7 @@ class Daemon:
             on_connected=self._on_connected,
         )
         if cfg.http.enabled:
+            set_secrets(secrets_of(cfg))
             self.auth = BearerAuth(cfg.api.tokens)
             app = build_app(
                 health_check=self.health,
@@ -239,6 +248,7 @@ class Daemon:
         if self.engine is not None:
             self.engine.replace_rules(config.rule_set())
         if self.auth is not None:
+            set_secrets(secrets_of(config))
             self.auth.replace(config.api.tokens)
         quiet = config.quiet_hours()
         if self.outbox is not None:
