@@ -5,8 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 from contextlib import AsyncExitStack
-from importlib.metadata import PackageNotFoundError, version
-from typing import Any
+from urllib.parse import urlsplit
 
 import aiomqtt
 import asyncpg
@@ -18,15 +17,18 @@ from gateway.ai.worker import SummaryWorker
 from gateway.alarm_engine import AlarmEngine
 from gateway.alarm_timers import AlarmTimers
 from gateway.alarms import AlarmService
-from gateway.api import BearerAuth, add_alarm_api
+from gateway.api.app import build_app, gateway_version
+from gateway.api.auth import BearerAuth
+from gateway.api.health import BrokerHealth, DatabaseHealth, Health, IngestHealth, OutboxHealth
+from gateway.api.server import ApiServer
 from gateway.backoff import Backoff
-from gateway.command_api import CommandService, add_command_api
+from gateway.command_service import CommandService
 from gateway.config import Config
 from gateway.dispatcher import Dispatcher, Reaper
 from gateway.errors import StartupError
-from gateway.http import HttpServer, create_app
 from gateway.inactivity import InactivityMonitor
 from gateway.ingest import IngestWriter
+from gateway.logging import set_secrets
 from gateway.loops import sleep_unless_stopped
 from gateway.metrics import Metrics
 from gateway.mqtt import ConnectionSettings, TlsSettings
@@ -46,11 +48,10 @@ log = structlog.get_logger("gateway")
 HEALTH_DB_TIMEOUT_S = 2.0
 
 
-def gateway_version() -> str:
-    try:
-        return version("mqtt-alarm-gateway")
-    except PackageNotFoundError:
-        return "0+unknown"
+def secrets_of(config: Config) -> list[str]:
+    """What no log line may carry: the API tokens, the broker's and the database's passwords."""
+    password = urlsplit(config.database.dsn).password if config.database.dsn else None
+    return [*(t.token for t in config.api.tokens), config.mqtt.password, password or ""]
 
 
 class Daemon:
@@ -164,24 +165,19 @@ class Daemon:
             on_connected=self._on_connected,
         )
         if cfg.http.enabled:
-            app = create_app(health_check=self.health, registry=self.metrics)
-            self.auth = add_alarm_api(
-                app,
-                service=AlarmService(pool, self.node_id, self.metrics),
-                tokens=cfg.api.tokens,
-            )
-            add_command_api(
-                app,
-                service=CommandService(
-                    pool,
-                    self.node_id,
-                    cfg.commands.expire_after_s,
-                    stop=stop,
+            set_secrets(secrets_of(cfg))
+            self.auth = BearerAuth(cfg.api.tokens)
+            app = build_app(
+                health_check=self.health,
+                metrics=self.metrics,
+                auth=self.auth,
+                alarm_service=AlarmService(pool, self.node_id, self.metrics),
+                command_service=CommandService(
+                    pool, self.node_id, cfg.commands.expire_after_s, stop=stop,
                     metrics=self.metrics,
                 ),
-                auth=self.auth,
-            )
-            server = await stack.enter_async_context(HttpServer(app, cfg.http.host, cfg.http.port))
+            )  # fmt: skip
+            server = await stack.enter_async_context(ApiServer(app, cfg.http.host, cfg.http.port))
             self.http_port = server.port
             log.info("http_listening", host=cfg.http.host, port=server.port)
         async with asyncio.TaskGroup() as tasks:
@@ -246,6 +242,7 @@ class Daemon:
         if self.engine is not None:
             self.engine.replace_rules(config.rule_set())
         if self.auth is not None:
+            set_secrets(secrets_of(config))
             self.auth.replace(config.api.tokens)
         quiet = config.quiet_hours()
         if self.outbox is not None:
@@ -387,32 +384,33 @@ class Daemon:
             return pool
         return None
 
-    async def health(self) -> tuple[bool, dict[str, Any]]:
+    async def health(self) -> tuple[bool, Health]:
         database = await self._database_health()
         broker = self.session is not None and self.session.connected
-        healthy = database["ok"] and broker
-        body: dict[str, Any] = {
-            "status": "ok" if healthy else "unhealthy",
-            "node_id": self.node_id,
-            "version": gateway_version(),
-            "database": database,
-            "broker": {
-                "ok": broker,
-                "address": None if self.broker_address is None else list(self.broker_address),
-                "connections": 0 if self.session is None else self.session.connections,
-            },
+        healthy = database.ok and broker
+        writer = self.writer
+        body = Health(
+            status="ok" if healthy else "unhealthy",
+            node_id=self.node_id,
+            version=gateway_version(),
+            database=database,
+            broker=BrokerHealth(
+                ok=broker,
+                address=self.broker_address,
+                connections=0 if self.session is None else self.session.connections,
+            ),
             # Every audit row is written in the transaction of its change, so a refused one
             # rolled its change back: nothing went unaudited, but something did not happen.
-            "auditFailures": self.audit_failures(),
-            "ingest": {
-                "queued": 0 if self.writer is None else self.writer.queue.qsize(),
-                "seconds_since_progress": (
+            audit_failures=self.audit_failures(),
+            ingest=IngestHealth(
+                queued=0 if writer is None else writer.queue.qsize(),
+                seconds_since_progress=(
                     None
-                    if self.writer is None or not self.writer.last_progress
-                    else round(asyncio.get_running_loop().time() - self.writer.last_progress, 3)
+                    if writer is None or not writer.last_progress
+                    else round(asyncio.get_running_loop().time() - writer.last_progress, 3)
                 ),
-            },
-        }
+            ),
+        )
         return healthy, body
 
     def _audit_failed(self, table: str, exc: asyncpg.PostgresError) -> None:
@@ -425,10 +423,10 @@ class Daemon:
         value = self.metrics.registry.get_sample_value("gateway_audit_failures_total")
         return 0 if value is None else int(value)
 
-    async def _database_health(self) -> dict[str, Any]:
+    async def _database_health(self) -> DatabaseHealth:
         pool = self.pool
         if pool is None:
-            return {"ok": False, "error": "not connected"}
+            return DatabaseHealth(ok=False, error="not connected")
         self.metrics.db_pool_size.set(pool.get_size())
         self.metrics.db_pool_idle.set(pool.get_idle_size())
         try:
@@ -436,12 +434,12 @@ class Daemon:
                 await repo.ping(conn)
                 backlog, oldest_age_s = await outbox.backlog(conn)
         except DB_ERRORS as exc:
-            return {"ok": False, "error": repr(exc)}
+            return DatabaseHealth(ok=False, error=repr(exc))
         self.metrics.outbox_backlog.set(backlog)
         self.metrics.outbox_oldest_age.set(oldest_age_s)
-        return {
-            "ok": True,
-            "pool_size": pool.get_size(),
-            "pool_idle": pool.get_idle_size(),
-            "outbox": {"backlog": backlog, "oldest_age_s": round(oldest_age_s, 3)},
-        }
+        return DatabaseHealth(
+            ok=True,
+            pool_size=pool.get_size(),
+            pool_idle=pool.get_idle_size(),
+            outbox=OutboxHealth(backlog=backlog, oldest_age_s=round(oldest_age_s, 3)),
+        )

@@ -4,9 +4,59 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Literal
+from collections.abc import Iterable
+from typing import Any, Final, Literal
 
 import structlog
+
+REDACTED: Final = "[redacted]"
+# Configured secrets (API tokens, passwords): no log line carries one, whatever a request sent.
+_SECRETS: list[str] = []
+_SHORTEST_SECRET: Final = 6
+
+
+def set_secrets(values: Iterable[str]) -> None:
+    """Replace the secrets every log line is cleaned of (at start and on SIGHUP)."""
+    _SECRETS[:] = sorted({v for v in values if len(v) >= _SHORTEST_SECRET}, key=len, reverse=True)
+
+
+def redact(text: str) -> str:
+    for secret in _SECRETS:
+        if secret in text:
+            text = text.replace(secret, REDACTED)
+    return text
+
+
+def _redact_value(value: Any) -> Any:
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, dict):
+        return {k: _redact_value(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_redact_value(v) for v in value]
+    return value
+
+
+def _redact_event(
+    _logger: object, _name: str, event: structlog.typing.EventDict
+) -> structlog.typing.EventDict:
+    if not _SECRETS:
+        return event
+    return {key: _redact_value(value) for key, value in event.items()}
+
+
+class RedactingFilter(logging.Filter):
+    """The standard library's records (third-party libraries) cleaned the same way."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if _SECRETS:
+            record.msg = redact(record.getMessage())
+            record.args = None
+            if record.exc_info:
+                record.exc_text = redact(logging.Formatter().formatException(record.exc_info))
+                record.exc_info = None
+        return True
+
 
 _LEVELS = {
     "debug": logging.DEBUG,
@@ -40,6 +90,7 @@ def configure_logging(
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.format_exc_info if as_json else _passthrough,
+            _redact_event,
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(_LEVELS[level]),
@@ -48,6 +99,9 @@ def configure_logging(
     )
     # Third-party libraries log through the standard library; keep them to warnings.
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(name)s %(message)s")
+    for handler in logging.getLogger().handlers:
+        if not any(isinstance(f, RedactingFilter) for f in handler.filters):
+            handler.addFilter(RedactingFilter())
 
 
 def _passthrough(

@@ -1,0 +1,187 @@
+"""The operator API as one Litestar app: routes, guard, boundary, errors, generated document.
+
+``GET /openapi.json`` is the OpenAPI 3.1 document Litestar generates from the routes and the
+Structs; ``GET /docs`` is Swagger UI for it, served from the ``swagger-ui-bundle-v2`` package's
+files (no CDN: the page works on a site with no internet).
+"""
+
+from __future__ import annotations
+
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any, Final
+
+import msgspec
+from litestar import Litestar, Request, Response, Router
+from litestar.datastructures import MutableScopeHeaders, State
+from litestar.di import Provide
+from litestar.openapi.config import OpenAPIConfig
+from litestar.openapi.datastructures import ResponseSpec
+from litestar.openapi.plugins import SwaggerRenderPlugin
+from litestar.openapi.spec import Components, SecurityScheme, Tag
+from litestar.params import HeaderParameter
+from litestar.static_files import create_static_files_router
+from litestar.types import Message, Scope
+from swagger_ui_bundle import swagger_ui_path
+
+from gateway.alarms import AlarmService
+from gateway.api import alarms, commands, health
+from gateway.api.auth import (
+    BEARER_SCHEME,
+    REQUEST_ID_MAX_LENGTH,
+    REQUEST_ID_PATTERN,
+    STATE_REQUEST_ID,
+    BearerAuth,
+    call_of,
+)
+from gateway.api.errors import REQUEST_ID_HEADER, handle_exception
+from gateway.api.health import HealthCheck
+from gateway.api.routes import check_inputs, route
+from gateway.api.schemas import (
+    ACTOR_MAX_LENGTH,
+    IDEMPOTENCY_KEY_MAX_LENGTH,
+    JSON_VALUE,
+    JSON_VALUE_SCHEMA,
+    NAME_MAX_LENGTH,
+    NOTE_MAX_LENGTH,
+    ActionBody,
+    CommandBody,
+)
+from gateway.command_service import CommandService
+from gateway.metrics import Metrics
+
+OPENAPI_PATH: Final = "/openapi.json"
+DOCS_PATH: Final = "/docs"
+DOCS_ASSETS: Final = "/docs/assets"
+# aiohttp's default before: a body beyond this is a 413, whatever the route.
+MAX_BODY_BYTES: Final = 1024 * 1024
+TITLE: Final = "MQTT alarm & command gateway: operator API"
+
+
+def gateway_version() -> str:
+    try:
+        return version("mqtt-alarm-gateway")
+    except PackageNotFoundError:
+        return "0+unknown"
+
+
+@route(
+    "GET", OPENAPI_PATH, operation_id="openapi", tag=health.TAG, role=None,
+    summary="This document (OpenAPI 3.1), generated from the routes and their types",
+    also={200: ResponseSpec(data_container=dict[str, Any], generate_examples=False,
+                            description="The OpenAPI document.")},
+)  # fmt: skip
+async def openapi_document(request: Request[Any, Any, Any]) -> Response[bytes]:
+    state = request.app.state
+    if "openapi_json" not in state:
+        state["openapi_json"] = msgspec.json.encode(request.app.openapi_schema.to_schema())
+    encoded: bytes = state["openapi_json"]
+    return Response(encoded, media_type="application/json")
+
+
+def echo_request_id(message: Message, scope: Scope) -> None:
+    """Every answer of a guarded route carries its request id (given or generated)."""
+    if message["type"] == "http.response.start":
+        request_id = scope.get("state", {}).get(STATE_REQUEST_ID)
+        if isinstance(request_id, str):
+            MutableScopeHeaders.from_message(message)[REQUEST_ID_HEADER] = request_id
+
+
+def _openapi_config() -> OpenAPIConfig:
+    return OpenAPIConfig(
+        title=TITLE,
+        version=gateway_version(),
+        description=(
+            "Bearer tokens from the configuration carry a role: `viewer` may read, `operator` "
+            "may also act on alarms and send commands, `admin` may do everything (and sees AI "
+            "payloads). Each operation's `security` names the role it needs. Every error has one "
+            f"shape (`ErrorBody`). Actors are at most {ACTOR_MAX_LENGTH} characters, notes at "
+            f"most {NOTE_MAX_LENGTH}; command names at most {NAME_MAX_LENGTH}, idempotency keys "
+            f"at most {IDEMPOTENCY_KEY_MAX_LENGTH}; bodies at most {MAX_BODY_BYTES} bytes."
+        ),
+        path=DOCS_PATH,
+        render_plugins=[
+            SwaggerRenderPlugin(
+                path="/",
+                js_url=f"{DOCS_ASSETS}/swagger-ui-bundle.js",
+                css_url=f"{DOCS_ASSETS}/swagger-ui.css",
+                standalone_preset_js_url=f"{DOCS_ASSETS}/swagger-ui-standalone-preset.js",
+                favicon=f"<link rel='icon' href='{DOCS_ASSETS}/favicon-32x32.png'>",
+            )
+        ],
+        tags=[
+            Tag(name=alarms.TAG, description="Alarm lifecycle (SPEC §5)."),
+            Tag(name=commands.TAG, description="Downlink commands (SPEC §7)."),
+            Tag(name=health.TAG, description="Health, metrics, this document."),
+        ],
+        components=Components(
+            schemas={JSON_VALUE: JSON_VALUE_SCHEMA},
+            security_schemes={
+                BEARER_SCHEME: SecurityScheme(
+                    type="http",
+                    scheme="bearer",
+                    description=(
+                        "A token from `[[api.tokens]]` in the configuration; an operation's "
+                        "`security` lists the weakest role it accepts."
+                    ),
+                )
+            },
+        ),
+        use_handler_docstrings=False,
+        create_examples=False,
+    )
+
+
+def build_app(
+    *,
+    health_check: HealthCheck,
+    metrics: Metrics,
+    auth: BearerAuth,
+    alarm_service: AlarmService,
+    command_service: CommandService,
+) -> Litestar:
+    """The whole HTTP surface of a node. ``auth.replace`` swaps its tokens at run time."""
+    guarded = Router(
+        "/",
+        route_handlers=[*alarms.HANDLERS, *commands.HANDLERS],
+        parameters={
+            "request_id": HeaderParameter(
+                annotation=str, name=REQUEST_ID_HEADER, required=False, min_length=1,
+                max_length=REQUEST_ID_MAX_LENGTH, pattern=REQUEST_ID_PATTERN,
+                description=(
+                    "Recorded with a change in the audit trail and echoed in the answer; a UUID "
+                    "is generated when absent."
+                ),
+            )
+        },
+    )  # fmt: skip
+    assets = create_static_files_router(
+        path=DOCS_ASSETS, directories=[swagger_ui_path], include_in_schema=False
+    )
+    app = Litestar(
+        route_handlers=[*health.HANDLERS, openapi_document, guarded, assets],
+        dependencies={
+            "alarms": Provide(lambda: alarm_service, sync_to_thread=False, use_cache=True),
+            "commands": Provide(lambda: command_service, sync_to_thread=False, use_cache=True),
+            "call": Provide(call_of, sync_to_thread=False),
+        },
+        exception_handlers={Exception: handle_exception},
+        before_request=check_inputs,
+        before_send=[echo_request_id],
+        openapi_config=_openapi_config(),
+        request_max_body_size=MAX_BODY_BYTES,
+        state=State({"auth": auth, "health_check": health_check, "metrics": metrics}),
+        logging_config=None,
+        debug=False,
+    )
+    _complete(app.openapi_schema.components.schemas or {})
+    return app
+
+
+def _complete(schemas: dict[str, Any]) -> None:
+    """What Litestar's generation leaves out, added from the same declarations."""
+    # `params`' recursive schema: no Python type spells it, so it joins the generated ones here.
+    schemas[JSON_VALUE] = JSON_VALUE_SCHEMA
+    # A body Struct that forbids unknown fields says so (msgspec refuses them: a 422).
+    for body in (ActionBody, CommandBody):
+        if body.__struct_config__.forbid_unknown_fields and body.__name__ in schemas:
+            schemas[body.__name__].additional_properties = False

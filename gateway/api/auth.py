@@ -1,0 +1,156 @@
+"""Bearer tokens with roles: one guard, the role each route needs declared with the route.
+
+``Authorization: Bearer <token>`` is compared with the configured tokens as SHA-256 digests,
+every one of them whichever matches (no early exit, no length leak). The token set is swapped
+whole on SIGHUP (:meth:`BearerAuth.replace`). The header's value is never logged, nor put in
+an error: a refusal says only which check failed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import Any, Final
+
+import structlog
+from litestar.connection import ASGIConnection
+from litestar.di import NamedDependency
+from litestar.handlers.base import BaseRouteHandler
+
+from gateway.api.errors import FORBIDDEN, REQUEST_ID_HEADER, UNAUTHORIZED, ApiError, bad_request
+from gateway.config import TokenConfig
+
+log = structlog.get_logger("gateway.api")
+
+REQUEST_ID_MAX_LENGTH: Final = 128
+# It goes to logs and the audit table: short, printable, no spaces.
+REQUEST_ID_PATTERN: Final = r"^[!-~]+$"
+_REQUEST_ID_RE: Final = re.compile(r"[!-~]{1,%d}" % REQUEST_ID_MAX_LENGTH, re.ASCII)  # noqa: UP031
+STATE_CALLER: Final = "caller"
+STATE_REQUEST_ID: Final = "request_id"
+BEARER_SCHEME: Final = "bearerAuth"
+
+
+class Role(IntEnum):
+    """Each role may do everything the weaker ones may."""
+
+    VIEWER = 1
+    OPERATOR = 2
+    ADMIN = 3
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    name: str
+    role: Role
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """What an endpoint gets besides its parameters: who called, and the request id."""
+
+    caller: Caller
+    request_id: str
+
+
+# What a handler declares to get the caller and the request id (the dependency `call`).
+CallDep = NamedDependency[Call]
+
+
+def _digest(secret: str) -> bytes:
+    # Comparing fixed-length digests hides the configured tokens' lengths as well.
+    return hashlib.sha256(secret.encode("utf-8", "surrogatepass")).digest()
+
+
+class BearerAuth:
+    """``Authorization: Bearer <token>`` checked against the configured tokens."""
+
+    def __init__(self, tokens: Sequence[TokenConfig]) -> None:
+        self.replace(tokens)
+
+    def replace(self, tokens: Sequence[TokenConfig]) -> None:
+        """Swap the whole token set at once (SIGHUP): a request sees the old or the new."""
+        self._tokens = [
+            (_digest(t.token), Caller(name=t.name or f"token#{i}", role=Role[t.role.upper()]))
+            for i, t in enumerate(tokens)
+            if t.token
+        ]
+
+    def identify(self, authorization: str | None) -> Caller:
+        scheme, _, presented = (authorization or "").partition(" ")
+        presented = presented.strip()
+        if scheme.lower() != "bearer" or not presented:
+            raise ApiError(
+                UNAUTHORIZED, "a bearer token is required",
+                headers={"WWW-Authenticate": 'Bearer realm="gateway"'},
+            )  # fmt: skip
+        digest = _digest(presented)
+        found: Caller | None = None
+        for expected, caller in self._tokens:
+            # No early exit: every token is compared whichever one matches.
+            if hmac.compare_digest(digest, expected) and found is None:
+                found = caller
+        if found is None:
+            raise ApiError(
+                UNAUTHORIZED, "unknown bearer token",
+                headers={"WWW-Authenticate": 'Bearer realm="gateway", error="invalid_token"'},
+            )  # fmt: skip
+        return found
+
+    def authorize(self, authorization: str | None, role: Role) -> Caller:
+        caller = self.identify(authorization)
+        if caller.role < role:
+            raise ApiError(
+                FORBIDDEN, f"the {caller.role.label} role may not do this; {role.label} is needed",
+                required_role=role.label,
+            )  # fmt: skip
+        return caller
+
+
+def _state(connection: ASGIConnection[Any, Any, Any, Any]) -> dict[str, Any]:
+    state: dict[str, Any] = connection.scope.setdefault("state", {})
+    return state
+
+
+def require_role(connection: ASGIConnection[Any, Any, Any, Any], handler: BaseRouteHandler) -> None:
+    """The guard of every route declared with a role (``opt["role"]``): the token, then the
+    request id (recorded with changes, echoed in the answer, generated when absent)."""
+    role = handler.opt["role"]
+    auth: BearerAuth = connection.app.state["auth"]
+    try:
+        caller = auth.authorize(connection.headers.get("authorization"), role)
+    except ApiError as exc:
+        client = connection.client
+        log.warning(
+            "api_access_refused", status=exc.kind.status, method=connection.scope.get("method"),
+            path=connection.url.path[:200], remote=None if client is None else client.host,
+        )  # fmt: skip
+        raise
+    given = connection.headers.get(REQUEST_ID_HEADER)
+    if given is not None and _REQUEST_ID_RE.fullmatch(given) is None:
+        raise bad_request(
+            REQUEST_ID_HEADER, f"1 to {REQUEST_ID_MAX_LENGTH} printable ASCII characters"
+        )
+    state = _state(connection)
+    state[STATE_CALLER] = caller
+    state[STATE_REQUEST_ID] = given or str(uuid.uuid4())
+
+
+def call_of(request: ASGIConnection[Any, Any, Any, Any]) -> Call:
+    """The dependency ``call``: who called (set by the guard), and the request id."""
+    state = _state(request)
+    return Call(caller=state[STATE_CALLER], request_id=state[STATE_REQUEST_ID])
+
+
+def actor_of(call: Call) -> str:
+    """Commands are attributed to the token that asked: ``api:<token name>``."""
+    return f"api:{call.caller.name}"

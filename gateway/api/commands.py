@@ -1,0 +1,183 @@
+"""The command routes (SPEC §7, §9), behind the same tokens as the alarm routes."""
+
+from __future__ import annotations
+
+from typing import Annotated, Final
+
+import structlog
+from litestar import Response
+from litestar.di import NamedDependency
+from litestar.openapi.datastructures import ResponseSpec
+from litestar.params import JSONBody, Parameter
+
+from gateway.api.alarms import Before, Limit
+from gateway.api.auth import CallDep, Role, actor_of
+from gateway.api.errors import COMMAND_CLOSED, COMMAND_NOT_FOUND, DEVICE_UNBOUND
+from gateway.api.routes import route
+from gateway.api.schemas import (
+    DEVICE_ID_PATTERN,
+    ID_MAX,
+    LIMIT_DEFAULT,
+    WAIT_MAX_S,
+    Command,
+    CommandBody,
+    CommandCreated,
+    CommandDetail,
+    CommandPage,
+    Receipt,
+    Unbound,
+    exact,
+    from_row,
+)
+from gateway.command_service import CommandService
+from gateway.commands import CommandClosedError, CommandNotFoundError, DeviceUnboundError
+
+log = structlog.get_logger("gateway.api")
+
+Commands = NamedDependency[CommandService]
+
+TAG: Final = "commands"
+DeviceId = Annotated[
+    str,
+    Parameter(
+        pattern=DEVICE_ID_PATTERN, min_length=1, max_length=64,
+        description="Device id (anything else is a 400).",
+    ),
+]  # fmt: skip
+CommandId = Annotated[
+    int,
+    Parameter(
+        ge=1, le=ID_MAX, schema_extra=exact("integer", format="int64", minimum=1, maximum=ID_MAX),
+        description="Command id (anything but a positive integer is a 400).",
+    ),
+]  # fmt: skip
+Wait = Annotated[
+    float | None,
+    Parameter(
+        ge=0, le=WAIT_MAX_S, schema_extra=exact("number", minimum=0, maximum=WAIT_MAX_S),
+        description=(
+            f"Seconds to wait for a terminal status (0 to {WAIT_MAX_S:g}). Without it the call "
+            "returns at once."
+        ),
+    ),
+]  # fmt: skip
+
+
+@route(
+    "POST", "/devices/{id:str}/commands", operation_id="createCommand", tag=TAG,
+    summary="Send a command to the device, optionally waiting for its outcome",
+    role=Role.OPERATOR, writes=True, body=True, errors=[DEVICE_UNBOUND], status_code=201,
+    also={200: ResponseSpec(
+        data_container=CommandCreated, generate_examples=False,
+        description=(
+            "The idempotency key named an existing command of this device: that command "
+            "(`created` false), whatever this request's name and params."
+        ),
+    )},
+    description=(
+        "The command is created PENDING, attributed to `api:<token name>`; any node's "
+        "dispatcher claims and publishes it. With `wait`, the call returns once the command is "
+        "terminal (ACKED, FAILED, TIMEOUT, CANCELLED) or the wait is over, with the command as "
+        "it is then: a realtime command's failure comes back in this call. The gateway reads "
+        "the command a few times a second while waiting (no connection is held in between); "
+        "the status code is 201 or 200 whatever the outcome, which is in `command.status`."
+    ),
+)  # fmt: skip
+async def create_command(
+    commands: Commands,
+    call: CallDep,
+    id: DeviceId,
+    data: JSONBody[CommandBody],
+    wait: Wait = None,
+) -> Response[CommandCreated]:
+    try:
+        created = await commands.create(
+            device_id=id, name=data.name, params=data.params, delivery=data.delivery,
+            idempotency_key=data.idempotency_key, actor=actor_of(call),
+        )  # fmt: skip
+    except DeviceUnboundError as exc:
+        log.info("command_create_refused", device_id=id, token=call.caller.name,
+                 request_id=call.request_id, code=exc.code)  # fmt: skip
+        raise
+    row = created.command
+    log.info(
+        "command_created" if created.created else "command_create_repeated",
+        command_id=row["id"], device_id=id, name=data.name, delivery=data.delivery.value,
+        token=call.caller.name, request_id=call.request_id, wait_s=wait,
+    )  # fmt: skip
+    if wait is not None:
+        row = await commands.wait_for(row, wait)
+    return Response(
+        CommandCreated(command=from_row(Command, row), created=created.created),
+        status_code=201 if created.created else 200,
+    )
+
+
+@route("GET", "/devices/{id:str}/commands", operation_id="listDeviceCommands", tag=TAG,
+       summary="The device's commands, newest first (keyset pagination by id)",
+       role=Role.VIEWER)  # fmt: skip
+async def list_commands(
+    commands: Commands,
+    id: DeviceId,
+    limit: Limit = LIMIT_DEFAULT,
+    before: Before = None,
+) -> CommandPage:
+    # One more than asked: a next page is promised only if it has something on it.
+    found = await commands.list(id, before_id=before, limit=limit + 1)
+    page = [from_row(Command, r) for r in found[:limit]]
+    return CommandPage(items=page, next_before=page[-1].id if len(found) > limit else None)
+
+
+@route("POST", "/devices/{id:str}/unbind", operation_id="unbindDevice", tag=TAG,
+       summary="Unbind the device: it takes no more commands; its open ones are cancelled",
+       role=Role.OPERATOR, writes=True,
+       description=(
+           "Later `POST /devices/{id}/commands` get 409 `DEVICE_UNBOUND`. A device never seen is "
+           "registered as unbound. No request body."
+       ))  # fmt: skip
+async def unbind_device(
+    commands: Commands,
+    call: CallDep,
+    id: DeviceId,
+) -> Unbound:
+    cancelled = await commands.unbind(id, actor=actor_of(call))
+    ids = sorted(r["id"] for r in cancelled)
+    log.info("device_unbound", device_id=id, cancelled=ids, token=call.caller.name,
+             request_id=call.request_id)  # fmt: skip
+    return Unbound(device_id=id, cancelled=ids)
+
+
+@route("GET", "/commands/{id:str}", operation_id="getCommand", tag=TAG,
+       summary="One command with its receipts", role=Role.VIEWER,
+       errors=[COMMAND_NOT_FOUND])  # fmt: skip
+async def get_command(commands: Commands, id: CommandId) -> CommandDetail:
+    row, receipts = await commands.get(id)
+    return CommandDetail(
+        command=from_row(Command, row), receipts=[from_row(Receipt, r) for r in receipts]
+    )
+
+
+@route("POST", "/commands/{id:str}/cancel", operation_id="cancelCommand", tag=TAG,
+       summary="Cancel the command (PENDING, CLAIMED or SENT → CANCELLED)",
+       role=Role.OPERATOR, writes=True, errors=[COMMAND_NOT_FOUND, COMMAND_CLOSED],
+       description=(
+           "A conditional write: of concurrent cancels exactly one wins. A command already "
+           "published may still run on the device. No request body."
+       ))  # fmt: skip
+async def cancel_command(
+    commands: Commands,
+    call: CallDep,
+    id: CommandId,
+) -> Command:
+    try:
+        row = await commands.cancel(id, actor=actor_of(call))
+    except (CommandNotFoundError, CommandClosedError) as exc:
+        log.info("command_cancel_refused", command_id=id, token=call.caller.name,
+                 request_id=call.request_id, code=exc.code)  # fmt: skip
+        raise
+    log.info("command_cancelled", command_id=id, device_id=row["device_id"],
+             token=call.caller.name, request_id=call.request_id)  # fmt: skip
+    return from_row(Command, row)
+
+
+HANDLERS: Final = [create_command, list_commands, unbind_device, get_command, cancel_command]

@@ -1,0 +1,317 @@
+"""The API's errors: each kind declares its HTTP status and code; one handler maps everything.
+
+Every error leaves as :class:`ErrorBody` (``{"error": CODE, "message": ..., **details}``). A route
+declares the kinds it can answer (see :mod:`gateway.api.routes`); the OpenAPI document lists
+exactly those, and :func:`handle_exception` is the one place any exception becomes a response:
+a declared kind as is, a domain error through :data:`_DOMAIN`, Litestar's own (router 404/405,
+parameter validation, body size) in the same shape, a known database fault as 500
+``AUDIT_FAILED`` or 503 ``UNAVAILABLE``, and anything else as 500 ``INTERNAL`` with a traceback
+in the log (with the caller's credentials cut out of it).
+"""
+
+from __future__ import annotations
+
+import traceback
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+import msgspec
+import structlog
+from litestar import Request, Response
+from litestar.exceptions import (
+    HTTPException,
+    MethodNotAllowedException,
+    NotFoundException,
+    ValidationException,
+)
+from litestar.status_codes import HTTP_413_REQUEST_ENTITY_TOO_LARGE
+from msgspec import UNSET, UnsetType
+
+from gateway.alarms import AlarmNotFoundError, StatusChangedError
+from gateway.commands import CommandClosedError, CommandNotFoundError, DeviceUnboundError
+from gateway.domain.alarm import (
+    Alarm,
+    AlarmSupersededError,
+    IllegalTransitionError,
+    InvalidActorError,
+)
+from gateway.errors import GatewayError
+from storage.audit import audit_failure
+from storage.errors import TRANSIENT_DB_ERRORS
+
+log = structlog.get_logger("gateway.api")
+
+REQUEST_ID_HEADER: Final = "X-Request-Id"
+JSON: Final = "application/json"
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorKind:
+    """One error a route can answer: its status, its stable code, and when it happens."""
+
+    status: int
+    code: str
+    doc: str
+
+
+# --- the kinds -------------------------------------------------------------------------------
+BAD_REQUEST: Final = ErrorKind(
+    400, "BAD_REQUEST", "a parameter or header is wrong (`param` names it)"
+)
+UNAUTHORIZED: Final = ErrorKind(
+    401, "UNAUTHORIZED", "no bearer token, or an unknown one (`WWW-Authenticate` says which)"
+)
+FORBIDDEN: Final = ErrorKind(
+    403, "FORBIDDEN", "the token's role is too weak (`required_role` names the one needed)"
+)
+ALARM_NOT_FOUND: Final = ErrorKind(404, "NOT_FOUND", "no such alarm (`alarm_id`)")
+COMMAND_NOT_FOUND: Final = ErrorKind(404, "NOT_FOUND", "no such command (`command_id`)")
+ROUTE_NOT_FOUND: Final = ErrorKind(404, "NOT_FOUND", "no such path")
+METHOD_NOT_ALLOWED: Final = ErrorKind(
+    405, "METHOD_NOT_ALLOWED", "the path exists, the method does not (`Allow` lists them)"
+)
+ILLEGAL_TRANSITION: Final = ErrorKind(
+    400,
+    "ILLEGAL_TRANSITION",
+    "the whitelist has no such step from the current status (`current_status`, `allowed`); "
+    "nothing is changed",
+)
+COMMAND_CLOSED: Final = ErrorKind(
+    400,
+    "ILLEGAL_TRANSITION",
+    "the command is terminal already (`current_status`, `command_id`); nothing is changed",
+)
+ALARM_SUPERSEDED: Final = ErrorKind(
+    400,
+    "ALARM_SUPERSEDED",
+    "the alarm was superseded (`superseded_by`): it is handled through its successor",
+)
+STATUS_CHANGED: Final = ErrorKind(
+    409,
+    "STATUS_CHANGED",
+    "someone changed the alarm first (`current_status`, `actor`: `already confirmed by X`, "
+    "`alarm` as it is now); nothing is changed",
+)
+DEVICE_UNBOUND: Final = ErrorKind(
+    409, "DEVICE_UNBOUND", "the device is unbound (`device_id`); nothing is created"
+)
+PAYLOAD_TOO_LARGE: Final = ErrorKind(413, "PAYLOAD_TOO_LARGE", "the body is too large")
+INVALID_BODY: Final = ErrorKind(
+    422,
+    "INVALID_BODY",
+    "the body is not JSON, not an object, misses a field, has unknown fields or values out of "
+    "bounds (`detail` says what and where)",
+)
+INVALID_ACTOR: Final = ErrorKind(
+    422, "INVALID_ACTOR", "the actor may not do this (`actor`, `reason`)"
+)
+AUDIT_FAILED: Final = ErrorKind(
+    500,
+    "AUDIT_FAILED",
+    "PostgreSQL refused the change's audit row: the change was rolled back, nothing changed",
+)
+INTERNAL: Final = ErrorKind(500, "INTERNAL", "a server fault, logged as `api_error`")
+UNAVAILABLE: Final = ErrorKind(503, "UNAVAILABLE", "the database is not reachable; retry")
+
+# Outside any route's declaration: the router and the server answer these for every path.
+UNROUTED: Final = frozenset({ROUTE_NOT_FOUND, METHOD_NOT_ALLOWED})
+
+
+class ErrorBody(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """The one error shape: `error` is a stable code, `message` a sentence for people; the
+    other properties are details that some codes carry."""
+
+    error: str
+    message: str
+    param: str | UnsetType = UNSET
+    detail: str | UnsetType = UNSET
+    alarm_id: int | UnsetType = UNSET
+    command_id: int | UnsetType = UNSET
+    device_id: str | UnsetType = UNSET
+    current_status: str | UnsetType = UNSET
+    action: str | UnsetType = UNSET
+    allowed: list[str] | UnsetType = UNSET
+    superseded_by: int | UnsetType | None = UNSET
+    actor: str | UnsetType | None = UNSET
+    alarm: Alarm | UnsetType = UNSET
+    reason: str | UnsetType = UNSET
+    required_role: str | UnsetType = UNSET
+
+
+class ApiError(GatewayError):
+    """An answer in the one error shape; ``details`` are :class:`ErrorBody` fields."""
+
+    def __init__(
+        self,
+        kind: ErrorKind,
+        message: str,
+        *,
+        headers: Mapping[str, str] | None = None,
+        **details: Any,
+    ) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+        self.headers = dict(headers or {})
+        self.details = details
+
+    def body(self) -> ErrorBody:
+        return ErrorBody(error=self.kind.code, message=self.message, **self.details)
+
+
+def bad_request(param: str, message: str) -> ApiError:
+    return ApiError(BAD_REQUEST, f"{param}: {message}", param=param)
+
+
+def invalid_body(detail: str) -> ApiError:
+    return ApiError(INVALID_BODY, "the request body does not fit", detail=detail)
+
+
+# --- domain errors: their HTTP face, in one table ---------------------------------------------
+
+
+def _status_changed(exc: StatusChangedError) -> ApiError:
+    return ApiError(
+        STATUS_CHANGED, str(exc), current_status=exc.current.status.value, actor=exc.actor,
+        alarm=exc.current,
+    )  # fmt: skip
+
+
+def _illegal(exc: IllegalTransitionError) -> ApiError:
+    return ApiError(
+        ILLEGAL_TRANSITION, str(exc), current_status=exc.status.value, action=exc.action.value,
+        allowed=[a.value for a in exc.allowed],
+    )  # fmt: skip
+
+
+_DOMAIN: Final[Mapping[type[Exception], Callable[[Any], ApiError]]] = {
+    AlarmNotFoundError: lambda e: ApiError(ALARM_NOT_FOUND, str(e), alarm_id=e.alarm_id),
+    AlarmSupersededError: lambda e: ApiError(
+        ALARM_SUPERSEDED, str(e), superseded_by=e.superseded_by
+    ),
+    IllegalTransitionError: _illegal,
+    StatusChangedError: _status_changed,
+    InvalidActorError: lambda e: ApiError(INVALID_ACTOR, str(e), actor=e.actor, reason=e.reason),
+    CommandNotFoundError: lambda e: ApiError(COMMAND_NOT_FOUND, str(e), command_id=e.command_id),
+    DeviceUnboundError: lambda e: ApiError(DEVICE_UNBOUND, str(e), device_id=e.device_id),
+    CommandClosedError: lambda e: ApiError(
+        COMMAND_CLOSED, str(e), command_id=e.command_id, current_status=e.status
+    ),
+}
+
+
+def from_domain(exc: BaseException) -> ApiError | None:
+    """The HTTP face of a domain error; None for anything that is not one."""
+    for kind in type(exc).__mro__:
+        convert = _DOMAIN.get(kind)
+        if convert is not None:
+            return convert(exc)
+    return None
+
+
+# A database that cannot be reached is a temporary fault (503), not a bug (500).
+_UNAVAILABLE: Final = TRANSIENT_DB_ERRORS
+
+
+def _param_of(request: Request[Any, Any, Any], key: str, source: str) -> str:
+    """The name a caller used for a parameter Litestar reports by its Python name."""
+    if source != "header":
+        handler: Any = request.scope.get("route_handler")
+        fields = {} if handler is None else handler.parsed_fn_signature.parameters
+        field = fields.get(key)
+        query = getattr(getattr(field, "kwarg_definition", None), "query", None)
+        return query or key
+    return REQUEST_ID_HEADER if key == "request_id" else key
+
+
+def _from_litestar(request: Request[Any, Any, Any], exc: HTTPException) -> ApiError:  # noqa: PLR0911
+    if isinstance(exc, ValidationException):
+        problems = exc.extra if isinstance(exc.extra, list) else []
+        first = problems[0] if problems and isinstance(problems[0], dict) else {}
+        source = str(getattr(first.get("source"), "value", first.get("source", "")))
+        message = str(first.get("message", exc.detail))
+        if source == "body" or not first:
+            return invalid_body(message)
+        return bad_request(_param_of(request, str(first.get("key")), source), message)
+    if isinstance(exc, NotFoundException):
+        return ApiError(ROUTE_NOT_FOUND, f"no route {request.method} {request.url.path[:200]}")
+    if isinstance(exc, MethodNotAllowedException):
+        headers = {k: v for k, v in (exc.headers or {}).items() if k.lower() == "allow"}
+        return ApiError(
+            METHOD_NOT_ALLOWED, f"{request.method} is not allowed here", headers=headers
+        )
+    if exc.status_code == HTTP_413_REQUEST_ENTITY_TOO_LARGE:
+        return ApiError(PAYLOAD_TOO_LARGE, "the request body is too large")
+    if exc.status_code < 500:
+        return bad_request("request", str(exc.detail)[:200])
+    # The client went away mid-body, and the like: no one reads this answer.
+    log.warning("api_request_failed", method=request.method, path=request.url.path[:200],
+                status=exc.status_code, error=str(exc.detail)[:200])  # fmt: skip
+    return ApiError(INTERNAL, "internal error; see the gateway's log")
+
+
+def _redacted_traceback(exc: BaseException, request: Request[Any, Any, Any]) -> str:
+    """The traceback, less anything the caller sent as credentials."""
+    text = "".join(traceback.format_exception(exc))
+    authorization = request.headers.get("authorization", "")
+    for secret in {authorization, *authorization.split()}:
+        if len(secret) >= 8:
+            text = text.replace(secret, "[redacted]")
+    return text
+
+
+def to_api_error(request: Request[Any, Any, Any], exc: Exception) -> ApiError:
+    """Any exception as an :class:`ApiError`; unexpected ones are logged here."""
+    if isinstance(exc, ApiError):
+        return exc
+    domain = from_domain(exc)
+    if domain is not None:
+        return domain
+    if isinstance(exc, HTTPException):
+        return _from_litestar(request, exc)
+    path = request.url.path[:200]
+    table = audit_failure(exc)
+    if table is not None:
+        # A known fault with a known effect: no traceback, the daemon logged the row's error.
+        log.error("api_audit_failed", method=request.method, path=path, table=table,
+                  error=repr(exc)[:500])  # fmt: skip
+        return ApiError(
+            AUDIT_FAILED,
+            "the change was rolled back: its audit row could not be written; see the gateway's log",
+        )
+    if isinstance(exc, _UNAVAILABLE):
+        log.warning("api_database_unavailable", method=request.method, path=path,
+                    error=repr(exc)[:500])  # fmt: skip
+        return ApiError(UNAVAILABLE, "the database is not reachable; retry")
+    log.error("api_error", method=request.method, path=path, error=type(exc).__name__,
+              traceback=_redacted_traceback(exc, request))  # fmt: skip
+    return ApiError(INTERNAL, "internal error; see the gateway's log")
+
+
+def declared_kinds(request: Request[Any, Any, Any]) -> frozenset[ErrorKind] | None:
+    handler: Any = request.scope.get("route_handler")
+    if handler is None:
+        return None
+    kinds = handler.opt.get("errors")
+    return kinds if isinstance(kinds, frozenset) else None
+
+
+def handle_exception(request: Request[Any, Any, Any], exc: Exception) -> Response[ErrorBody]:
+    """The one exception handler: every error response of the app is made here."""
+    error = to_api_error(request, exc)
+    declared = declared_kinds(request)
+    if declared is not None and error.kind not in declared and error.kind not in UNROUTED:
+        # The document would not list this answer: a bug to fix in the route's declaration.
+        log.error("api_undeclared_error", method=request.method, path=request.url.path[:200],
+                  status=error.kind.status, code=error.kind.code)  # fmt: skip
+    return Response(
+        error.body(), status_code=error.kind.status, headers=error.headers, media_type=JSON
+    )
+
+
+def by_status(kinds: Iterable[ErrorKind]) -> dict[int, list[ErrorKind]]:
+    grouped: dict[int, list[ErrorKind]] = {}
+    for kind in sorted(kinds, key=lambda k: (k.status, k.code, k.doc)):
+        grouped.setdefault(kind.status, []).append(kind)
+    return grouped

@@ -1,0 +1,83 @@
+"""``/health`` and ``/metrics``: open to anyone, no token."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any, Final, Literal
+
+import msgspec
+from litestar import Request, Response
+from litestar.openapi.datastructures import ResponseSpec
+from msgspec import UNSET, UnsetType
+
+from gateway.api.routes import route
+from gateway.metrics import Metrics
+
+TAG: Final = "service"
+
+
+class OutboxHealth(msgspec.Struct, kw_only=True):
+    backlog: int
+    oldest_age_s: float
+
+
+class DatabaseHealth(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """``ok`` with the pool and the outbox; or not, with the ``error``."""
+
+    ok: bool
+    error: str | UnsetType = UNSET
+    pool_size: int | UnsetType = UNSET
+    pool_idle: int | UnsetType = UNSET
+    outbox: OutboxHealth | UnsetType = UNSET
+
+
+class BrokerHealth(msgspec.Struct, kw_only=True):
+    ok: bool
+    address: tuple[str, int] | None
+    connections: int
+
+
+class IngestHealth(msgspec.Struct, kw_only=True):
+    queued: int
+    seconds_since_progress: float | None
+
+
+class Health(msgspec.Struct, kw_only=True):
+    """The node's health: 200 when the database answers and the broker is connected."""
+
+    status: Literal["ok", "unhealthy"]
+    node_id: str
+    version: str
+    database: DatabaseHealth
+    broker: BrokerHealth
+    # Audit rows PostgreSQL refused since the node started (each one's change rolled back).
+    audit_failures: int = msgspec.field(name="auditFailures")
+    ingest: IngestHealth
+
+
+HealthCheck = Callable[[], Awaitable[tuple[bool, Health]]]
+
+
+_UNHEALTHY: Final = ResponseSpec(
+    data_container=Health, generate_examples=False,
+    description="Not healthy; the body says what is wrong.",
+)  # fmt: skip
+
+
+@route("GET", "/health", operation_id="health", tag=TAG, role=None, also={503: _UNHEALTHY},
+       summary="Node health: database, broker, backlog, audit failures, version")  # fmt: skip
+async def health(request: Request[Any, Any, Any]) -> Response[Health]:
+    check: HealthCheck = request.app.state["health_check"]
+    healthy, body = await check()
+    return Response(body, status_code=200 if healthy else 503)
+
+
+@route("GET", "/metrics", operation_id="metrics", tag=TAG, role=None, media_type="text/plain",
+       summary="Prometheus metrics (`gateway_` prefix), text exposition format")  # fmt: skip
+async def metrics(request: Request[Any, Any, Any]) -> Response[bytes]:
+    registry: Metrics = request.app.state["metrics"]
+    payload, content_type = registry.render()
+    return Response(payload, media_type=content_type)
+
+
+HANDLERS: Final = [health, metrics]

@@ -1,0 +1,379 @@
+"""Every request and response body of the operator API, as msgspec Structs.
+
+The OpenAPI document's schemas are generated from these types (Litestar's schema generation),
+and their constraints are what the boundary enforces: a value the document allows is accepted,
+and nothing the database cannot hold (a U+0000, an over-long string, a number out of range)
+gets past them. Rows become Structs in one place, :func:`from_row`.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Final, TypeVar
+
+import msgspec
+from litestar.openapi.spec import Reference, Schema
+from litestar.openapi.spec.enums import OpenAPIType
+from msgspec import UNSET, UnsetType
+
+from gateway.domain.ai_task import RiskLevel, TaskStatus
+from gateway.domain.alarm import (
+    PERSON_ACTIONS,
+    SYSTEM_ACTOR_PREFIX,
+    Action,
+    Alarm,
+    AlarmStatus,
+)
+from gateway.domain.command import CommandStatus, Delivery, ReceiptOutcome, RejectReason
+from gateway.rules import RULE_KEY_PATTERN
+from protocol import ReceiptResult
+from protocol.ids import IDENTIFIER_PATTERN
+
+ID_MAX: Final = 2**63 - 1  # bigint: a larger id would be a driver error, not a 400
+ID_DIGITS_MAX: Final = len(str(ID_MAX))
+ACTOR_MAX_LENGTH: Final = 128
+NOTE_MAX_LENGTH: Final = 2000
+NAME_MAX_LENGTH: Final = 128  # the command table's CHECK
+IDEMPOTENCY_KEY_MAX_LENGTH: Final = 256
+# Devices are small: a downlink's params beyond this are a mistake, not a command.
+PARAMS_MAX_BYTES: Final = 65_536
+LIMIT_DEFAULT: Final = 50
+LIMIT_MAX: Final = 500
+WAIT_MAX_S: Final = 60.0
+
+# The patterns are read alike by Python's `re` (msgspec, at the boundary) and ECMA 262 (the
+# document's readers): no `\s` (whose sets differ), no `\Z`; a closing `$` after a class that
+# admits "\n" anyway. PostgreSQL's text cannot hold U+0000: no string admits it.
+_NUL: Final = r"\u0000"
+_SPACES: Final = (
+    r"\t\n\x0b\x0c\r\x1c-\x1f \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff"
+)
+NUL_FREE: Final = rf"^[^{_NUL}]*$"
+NOT_BLANK: Final = rf"^[^{_NUL}]*[^{_SPACES}{_NUL}][^{_NUL}]*$"
+# The protocol's and the rules' own patterns, with the closing `\Z` ECMA does not know as `$`
+# (the classes admit no "\n", and the boundary checks device ids with the protocol's regex).
+DEVICE_ID_PATTERN: Final = IDENTIFIER_PATTERN.removesuffix(r"\Z") + "$"
+RULE_KEY_FILTER_PATTERN: Final = RULE_KEY_PATTERN.removesuffix(r"\Z") + "$"
+
+NulFreeText = Annotated[str, msgspec.Meta(pattern=NUL_FREE)]
+Actor = Annotated[
+    str,
+    msgspec.Meta(
+        min_length=1,
+        max_length=ACTOR_MAX_LENGTH,
+        pattern=rf"^(?!{SYSTEM_ACTOR_PREFIX})" + NOT_BLANK.removeprefix("^"),
+        description=f"The person acting: not blank; `{SYSTEM_ACTOR_PREFIX}` is the gateway's own.",
+    ),
+]
+Note = Annotated[
+    str, msgspec.Meta(max_length=NOTE_MAX_LENGTH, pattern=NUL_FREE, description="Free text.")
+]
+CommandName = Annotated[
+    str,
+    msgspec.Meta(
+        min_length=1,
+        max_length=NAME_MAX_LENGTH,
+        pattern=NOT_BLANK,
+        description="The command the device runs (not blank).",
+    ),
+]
+IdempotencyKey = Annotated[
+    str,
+    msgspec.Meta(
+        min_length=1,
+        max_length=IDEMPOTENCY_KEY_MAX_LENGTH,
+        pattern=NOT_BLANK,
+        description="The same key again on the same device returns the first command.",
+    ),
+]
+
+# `params` is any JSON object; the document says so recursively (no U+0000 in any key or
+# string), which no Python type can spell: this schema is declared here, once, with the field.
+JSON_VALUE: Final = "JsonValue"
+_JSON_VALUE_REF: Final = Reference(ref=f"#/components/schemas/{JSON_VALUE}")
+# As Litestar passes ``schema_extra`` through: plain JSON Schema.
+_JSON_VALUE_REF_RAW: Final = {"$ref": f"#/components/schemas/{JSON_VALUE}"}
+_NUL_FREE_STRING: Final = Schema(type=OpenAPIType.STRING, pattern=NUL_FREE)
+JSON_VALUE_SCHEMA: Final = Schema(
+    description="Any JSON value with no U+0000 in a key or a string (jsonb cannot hold it).",
+    one_of=[
+        Schema(type=OpenAPIType.NULL),
+        Schema(type=OpenAPIType.BOOLEAN),
+        Schema(type=OpenAPIType.NUMBER),
+        _NUL_FREE_STRING,
+        Schema(type=OpenAPIType.ARRAY, items=_JSON_VALUE_REF),
+        Schema(
+            type=OpenAPIType.OBJECT,
+            property_names=_NUL_FREE_STRING,
+            additional_properties=_JSON_VALUE_REF,
+        ),
+    ],
+)
+Params = Annotated[
+    dict[str, Any],
+    msgspec.Meta(
+        extra_json_schema={
+            "description": (
+                f"Any JSON object of at most {PARAMS_MAX_BYTES} bytes, with no U+0000 anywhere "
+                "(PostgreSQL's jsonb cannot hold it)."
+            ),
+            "extra": {
+                "additional_properties": _JSON_VALUE_REF_RAW,
+                "property_names": {"type": "string", "pattern": NUL_FREE},
+            },
+        }
+    ),
+]
+
+
+def _has_nul(params: Any) -> bool:
+    """Whether any key or string in ``params`` holds U+0000.
+
+    Iterative: msgspec decodes nesting almost as deep as Python's recursion limit.
+    """
+    pending: list[Any] = [params]
+    while pending:
+        value = pending.pop()
+        if isinstance(value, str):
+            if "\x00" in value:
+                return True
+        elif isinstance(value, dict):
+            pending.extend(value.keys())
+            pending.extend(value.values())
+        elif isinstance(value, list):
+            pending.extend(value)
+    return False
+
+
+# --- request bodies ----------------------------------------------------------------------------
+
+
+class ActionBody(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """``POST /alarms/{id}/{action}``: who acts, and why."""
+
+    actor: Actor
+    note: Note | None = None
+
+
+class CommandBody(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """``POST /devices/{id}/commands``: what to send, and how hard to try."""
+
+    name: CommandName
+    params: Params = msgspec.field(default_factory=dict)
+    delivery: Delivery = Delivery.REALTIME
+    idempotency_key: IdempotencyKey | None = None
+
+    def __post_init__(self) -> None:
+        # Raised here, msgspec reports these as ValidationErrors: the same 422 as the rest.
+        if _has_nul(self.params):
+            raise ValueError("params: U+0000 is not allowed in keys or strings")
+        size = len(msgspec.json.encode(self.params))
+        if size > PARAMS_MAX_BYTES:
+            raise ValueError(f"params: {size} bytes as JSON, at most {PARAMS_MAX_BYTES}")
+
+
+# --- alarms ------------------------------------------------------------------------------------
+
+PersonAction = Annotated[
+    Action, msgspec.Meta(description=f"A person's action: {', '.join(sorted(PERSON_ACTIONS))}.")
+]
+
+
+class AiSummary(msgspec.Struct, kw_only=True):
+    """The outcome of the latest summary attempt; payloads are in /summaries."""
+
+    status: TaskStatus
+    summary: str | None
+    possible_cause: str | None
+    inspection_suggestion: str | None
+    risk_level: RiskLevel | None
+    confidence: Annotated[float, msgspec.Meta(ge=0, le=1)] | None
+    model_name: str
+    prompt_version: str
+    error_code: str | None
+    attempt: Annotated[int, msgspec.Meta(ge=1)]
+    finished_at: datetime | None
+
+
+class AlarmDetail(Alarm, frozen=True, kw_only=True):
+    """An alarm with its latest AI summary attempt (null when there is none)."""
+
+    ai_summary: AiSummary | None = None
+
+
+class AlarmPage(msgspec.Struct, kw_only=True):
+    items: list[Alarm]
+    next_before: int | None = None  # `before` for the next (older) page; null on the last
+
+
+class AllowedActions(msgspec.Struct, kw_only=True):
+    """The people's actions allowed now (render buttons from this); a SUPERSEDED alarm has
+    none, and ``superseded_by``."""
+
+    status: AlarmStatus
+    actions: list[PersonAction]
+    superseded_by: int | UnsetType | None = UNSET
+
+
+class Chain(msgspec.Struct, kw_only=True):
+    """Oldest first: the alarm and every alarm it superseded, directly or not. A superseded
+    alarm's chain is itself alone, with ``hint`` and ``superseded_by``."""
+
+    items: list[Alarm]
+    hint: str | None = None
+    superseded_by: int | UnsetType | None = UNSET
+
+
+class AuditEntry(msgspec.Struct, kw_only=True):
+    id: int
+    actor: str  # a person, or `system:<what>`
+    action: str
+    from_status: AlarmStatus | None
+    to_status: AlarmStatus
+    note: str | None
+    request_id: str | None
+    event_id: str | None
+    node_id: str
+    at: datetime
+
+
+class AuditTrail(msgspec.Struct, kw_only=True):
+    """Every change of the alarm, oldest first."""
+
+    items: list[AuditEntry]
+
+
+class SummaryAttempt(msgspec.Struct, kw_only=True):
+    """One AI summary attempt; ``request_payload`` and ``raw_response`` for admins only."""
+
+    id: int
+    alarm_id: int
+    attempt: int
+    status: TaskStatus
+    model_name: str
+    prompt_version: str
+    summary: str | None
+    possible_cause: str | None
+    inspection_suggestion: str | None
+    risk_level: RiskLevel | None
+    confidence: float | None
+    error_code: str | None
+    error_message: str | None
+    claimed_by: str | None
+    created_at: datetime
+    next_attempt_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    request_payload: dict[str, Any] | UnsetType | None = UNSET
+    raw_response: str | UnsetType | None = UNSET
+
+
+class SummaryAttempts(msgspec.Struct, kw_only=True):
+    """Every summary attempt, oldest first."""
+
+    items: list[SummaryAttempt]
+
+
+# --- commands ----------------------------------------------------------------------------------
+
+
+class Command(msgspec.Struct, kw_only=True):
+    """A downlink command (SPEC §7): every field always present; steps not taken are null.
+    ``result``, ``result_code``, ``raw_result_code`` and ``raw_ack`` come from the receipt
+    that decided the outcome; ``created_by`` is ``api:<token name>`` over this API."""
+
+    id: int
+    device_id: str
+    name: str
+    params: dict[str, Any]
+    delivery: Delivery
+    status: CommandStatus
+    idempotency_key: str | None
+    claim_generation: int
+    claimed_node_id: str | None
+    claimed_at: datetime | None
+    lease_expire_at: datetime | None
+    sent_at: datetime | None
+    timeout_at: datetime | None
+    expire_at: datetime
+    next_attempt_at: datetime
+    finished_at: datetime | None
+    retry_count: int
+    reclaim_count: int
+    result: ReceiptResult | None
+    result_code: int | None
+    raw_result_code: str | None
+    raw_ack: str | None
+    created_at: datetime
+    updated_at: datetime
+    created_by: str | None
+
+
+class Receipt(msgspec.Struct, kw_only=True):
+    """A device's receipt as it came, kept whatever its outcome; ``node_id`` and
+    ``claim_generation`` are what the device reported, ``received_by`` the node that judged
+    it, ``reason`` why a rejected one was not applied."""
+
+    id: int
+    reported_command_id: int
+    claim_generation: int | None
+    node_id: str | None
+    result: ReceiptResult
+    result_code: int | None
+    raw_result_code: str | None
+    raw_ack: str | None
+    outcome: ReceiptOutcome
+    reason: RejectReason | None
+    received_by: str
+    received_at: datetime
+
+
+class CommandCreated(msgspec.Struct, kw_only=True):
+    command: Command
+    created: bool  # false when the idempotency key named an existing command
+
+
+class CommandDetail(msgspec.Struct, kw_only=True):
+    command: Command
+    receipts: list[Receipt]  # every receipt for the command, oldest first
+
+
+class CommandPage(msgspec.Struct, kw_only=True):
+    items: list[Command]
+    next_before: int | None = None  # `before` for the next (older) page; null on the last
+
+
+class Unbound(msgspec.Struct, kw_only=True):
+    device_id: str
+    cancelled: list[int]  # the open commands this unbinding cancelled
+
+
+# --- rows to Structs: the one place ------------------------------------------------------------
+
+
+def exact(kind: str, **schema: Any) -> dict[str, Any]:
+    """``schema_extra`` for a parameter: its schema as declared, not nullable (an absent
+    parameter is how a caller says "none"), with bounds Litestar would drop or round (a
+    minimum of 0, a maximum of 2**63 - 1 written as a float)."""
+    return {"one_of": None, "type": kind, **schema}
+
+
+T = TypeVar("T", bound=msgspec.Struct)
+_JSONB: Final = ("params", "request_payload")
+
+
+def from_row(kind: type[T], row: Any, *, leave_out: tuple[str, ...] = ()) -> T:
+    """A Struct from a database row (a Record or a mapping): its fields by name, jsonb
+    columns decoded; columns the Struct does not name, and ``leave_out``, are left out."""
+    values = dict(row.items())
+    for column in leave_out:
+        values.pop(column, None)
+    for column in _JSONB:
+        if isinstance(values.get(column), str):
+            values[column] = msgspec.json.decode(values[column])
+    return msgspec.convert(values, kind, strict=False)
+
+
+def summary_attempt(row: Any, *, with_payloads: bool) -> SummaryAttempt:
+    hidden = () if with_payloads else ("request_payload", "raw_response")
+    return from_row(SummaryAttempt, row, leave_out=hidden)

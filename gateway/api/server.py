@@ -1,0 +1,104 @@
+"""The ASGI server inside the daemon's event loop: uvicorn, without its signal handlers.
+
+``async with ApiServer(app, host, port)``: listening inside (``port`` is the real one, also
+when 0 asked for an ephemeral port), closed after. uvicorn's ``serve()`` would install its own
+SIGINT/SIGTERM handlers (and re-raise them on exit); the daemon owns the signals, so this drives
+uvicorn's steps itself: ``startup`` on a socket bound here, ``main_loop`` as a task (it keeps
+the ``Date`` header fresh and watches ``should_exit``), ``shutdown`` on exit.
+
+uvicorn logs through the standard library; a filter keeps tracebacks out of its records (the
+app answers every exception itself; what would reach uvicorn is a failure to send, and its
+traceback could quote a request's headers), and access logs are off.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from typing import Final
+
+import uvicorn
+from litestar import Litestar
+
+GRACEFUL_SHUTDOWN_S: Final = 5.0
+_UVICORN_LOGGERS: Final = ("uvicorn", "uvicorn.error", "uvicorn.access", "uvicorn.asgi")
+
+
+class _NoTracebacks(logging.Filter):
+    """A record's exception as its type alone: never the message, never the frames."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info:
+            exc = record.exc_info[1]
+            record.msg = f"{record.getMessage()} ({type(exc).__name__})"
+            record.args = None
+            record.exc_info = None
+            record.exc_text = None
+        return True
+
+
+_FILTER: Final = _NoTracebacks()
+
+
+def _quiet_uvicorn() -> None:
+    for name in _UVICORN_LOGGERS:
+        logger = logging.getLogger(name)
+        if _FILTER not in logger.filters:
+            logger.addFilter(_FILTER)
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(1024)
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+class ApiServer:
+    def __init__(self, app: Litestar, host: str, port: int) -> None:
+        self.app = app
+        self.host = host
+        self.port = port
+        self._socket: socket.socket | None = None
+        self._server: uvicorn.Server | None = None
+        self._loop_task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> ApiServer:
+        _quiet_uvicorn()
+        config = uvicorn.Config(
+            self.app,
+            lifespan="off",
+            http="httptools",
+            loop="none",
+            log_config=None,
+            access_log=False,
+            server_header=False,
+            proxy_headers=False,
+            timeout_graceful_shutdown=int(GRACEFUL_SHUTDOWN_S),
+        )
+        config.load()
+        server = uvicorn.Server(config)
+        server.lifespan = config.lifespan_class(config)
+        self._socket = _bind(self.host, self.port)
+        # With port 0 the kernel picked one: report the real address.
+        self.port = int(self._socket.getsockname()[1])
+        await server.startup(sockets=[self._socket])
+        self._server = server
+        self._loop_task = asyncio.create_task(server.main_loop(), name="http-server")
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        server, task = self._server, self._loop_task
+        if server is None or task is None:
+            return
+        server.should_exit = True
+        await task
+        await server.shutdown(sockets=[self._socket] if self._socket is not None else None)

@@ -1,0 +1,144 @@
+"""Commands for the operator API (SPEC §7, §9): each call one transaction on a pooled connection.
+
+``wait_for`` may wait for the outcome. Nothing notifies terminal states (``command_due`` fires
+only for PENDING rows), so the wait polls the one row by its primary key: 50 ms apart at first,
+backing off to 0.5 s, each read on a pooled connection taken for that read alone. A waiting
+request holds no connection between reads, so waiters cannot starve the pool; the daemon's stop
+event ends every wait at once, so shutdown never waits for them. A read that fails (database
+unreachable) does not end the wait: the command exists already, and at the deadline the caller
+gets it as last read rather than a 503 without its id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any, Final
+
+import asyncpg
+import structlog
+
+from gateway.commands import (
+    CommandNotFoundError,
+    Created,
+    cancel,
+    create_command,
+    unbind,
+)
+from gateway.domain.command import TERMINAL_STATUSES, CommandStatus, Delivery
+from gateway.loops import sleep_unless_stopped
+from gateway.metrics import Metrics
+from storage import commands as repo
+from storage.errors import TRANSIENT_DB_ERRORS
+
+log = structlog.get_logger("gateway.command_service")
+
+POLL_FIRST_S: Final = 0.05
+POLL_MAX_S: Final = 0.5
+POLL_GROWTH: Final = 1.25
+# One poll's read may not stretch the wait by more than this (a pool waiting to connect).
+READ_TIMEOUT_S: Final = 2.0
+_UNREADABLE: Final = TRANSIENT_DB_ERRORS
+
+
+class CommandService:
+    """Commands for the API: each call one transaction on a pooled connection."""
+
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        node_id: str,
+        expire_after_s: float,
+        *,
+        stop: asyncio.Event | None = None,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self.pool = pool
+        self.node_id = node_id
+        self.expire_after_s = expire_after_s
+        # Set by the daemon on shutdown: every wait returns at once with what it has.
+        self.stop = stop or asyncio.Event()
+        self.metrics = metrics
+
+    async def create(
+        self,
+        *,
+        device_id: str,
+        name: str,
+        params: dict[str, Any],
+        delivery: Delivery,
+        idempotency_key: str | None,
+        actor: str,
+    ) -> Created:
+        async with self.pool.acquire() as conn, conn.transaction():
+            return await create_command(
+                conn, device_id=device_id, name=name, params=params, delivery=delivery,
+                idempotency_key=idempotency_key, created_by=actor, node_id=self.node_id,
+                expire_after_s=self.expire_after_s,
+            )  # fmt: skip
+
+    async def get(self, command_id: int) -> tuple[asyncpg.Record, list[asyncpg.Record]]:
+        """The command and every receipt for it, read in one snapshot."""
+        async with (
+            self.pool.acquire() as conn,
+            conn.transaction(isolation="repeatable_read", readonly=True),
+        ):
+            row = await repo.get(conn, command_id)
+            if row is None:
+                raise CommandNotFoundError(command_id)
+            return row, await repo.receipts_of(conn, command_id)
+
+    async def cancel(self, command_id: int, *, actor: str) -> asyncpg.Record:
+        async with self.pool.acquire() as conn, conn.transaction():
+            row = await cancel(conn, command_id, actor=actor, node_id=self.node_id)
+        self._count([row])
+        return row
+
+    async def unbind(self, device_id: str, *, actor: str) -> list[asyncpg.Record]:
+        async with self.pool.acquire() as conn, conn.transaction():
+            cancelled = await unbind(conn, device_id, actor=actor, node_id=self.node_id)
+        self._count(cancelled)
+        return cancelled
+
+    def _count(self, changed: Sequence[asyncpg.Record]) -> None:
+        """Count committed status changes (rows carrying the ``previous_status`` they left)."""
+        if self.metrics is not None:
+            for row in changed:
+                self.metrics.count_command(row["previous_status"], row["status"])
+
+    async def wait_terminal(self, command_id: int, timeout_s: float) -> asyncpg.Record:
+        """The command once terminal, or as it is when ``timeout_s`` ends (or stop is set)."""
+        row, _ = await self.get(command_id)
+        return await self.wait_for(row, timeout_s)
+
+    async def wait_for(self, row: asyncpg.Record, timeout_s: float) -> asyncpg.Record:
+        """Like :meth:`wait_terminal`, starting from ``row`` as already read."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        interval = POLL_FIRST_S
+        failures = 0
+        while CommandStatus(row["status"]) not in TERMINAL_STATUSES:
+            remaining = deadline - loop.time()
+            if remaining <= 0 or self.stop.is_set():
+                break
+            await sleep_unless_stopped(self.stop, min(interval, remaining))
+            interval = min(interval * POLL_GROWTH, POLL_MAX_S)
+            try:
+                async with asyncio.timeout(READ_TIMEOUT_S), self.pool.acquire() as conn:
+                    fresh = await repo.get(conn, row["id"])
+            except _UNREADABLE as exc:
+                failures += 1
+                if failures == 1:
+                    log.warning("command_wait_read_failed", command_id=row["id"], error=repr(exc))
+                continue
+            if fresh is None:  # commands are never deleted; a restored backup could do it
+                raise CommandNotFoundError(row["id"])
+            row = fresh
+        return row
+
+    async def list(
+        self, device_id: str, *, before_id: int | None, limit: int
+    ) -> Sequence[asyncpg.Record]:
+        """The device's commands, newest first, with ids below ``before_id``."""
+        async with self.pool.acquire() as conn:
+            return await repo.list_for_device(conn, device_id, before_id=before_id, limit=limit)

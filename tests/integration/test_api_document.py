@@ -1,0 +1,117 @@
+"""The served OpenAPI document against the running code (it is generated; these pin that the
+generation covers everything): every route the app serves is in it, every documented status is
+one its route declared, refs resolve, the docs page needs nothing from the internet."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import asyncpg
+import pytest
+from litestar.routes import HTTPRoute
+
+from gateway.api.errors import ErrorKind
+from gateway.config import TokenConfig
+from tests.support.api_client import ADMIN, OPERATOR, VIEWER, ApiClient
+from tests.support.api_server import Served, serve_api
+
+TOKENS = [
+    TokenConfig(token=VIEWER, role="viewer", name="wall-screen"),
+    TokenConfig(token=OPERATOR, role="operator", name="console"),
+    TokenConfig(token=ADMIN, role="admin", name="root"),
+]
+DOCS = "/docs"
+
+
+@pytest.fixture
+async def served(db_dsn: str, db: asyncpg.Connection) -> AsyncIterator[tuple[Served, ApiClient]]:
+    async with serve_api(db_dsn, TOKENS) as api, aiohttp.ClientSession() as http:
+        yield api, ApiClient(base=api.base, http=http)
+
+
+def _refs(node: Any) -> list[str]:
+    if isinstance(node, dict):
+        found = [node["$ref"]] if isinstance(node.get("$ref"), str) else []
+        return found + [r for value in node.values() for r in _refs(value)]
+    if isinstance(node, list):
+        return [r for value in node for r in _refs(value)]
+    return []
+
+
+def _served_operations(api: Served) -> dict[tuple[str, str], Any]:
+    found = {}
+    for route in api.app.routes:
+        if not isinstance(route, HTTPRoute) or route.path.startswith(DOCS):
+            continue
+        path = re.sub(r"\{(\w+):\w+\}", r"{\1}", route.path)
+        for method, (handler, _) in route.route_handler_map.items():
+            if method not in {"HEAD", "OPTIONS"}:
+                found[(path, method.lower())] = handler
+    return found
+
+
+async def test_the_document_describes_exactly_what_is_served(
+    served: tuple[Served, ApiClient],
+) -> None:
+    api, client = served
+    reply = await client.call("GET", "/openapi.json", token=None)
+    assert reply.status == 200
+    document = reply.body
+    assert document["openapi"].startswith("3.1")
+    operations = _served_operations(api)
+    described = {
+        (path, method)
+        for path, item in document["paths"].items()
+        for method in item
+        if method in {"get", "post", "put", "patch", "delete"}
+    }
+    assert set(operations) == described
+    assert {("/health", "get"), ("/metrics", "get"), ("/openapi.json", "get")} <= described
+    for ref in _refs(document):
+        node: Any = document
+        for part in ref.removeprefix("#/").split("/"):
+            node = node[part]
+        assert node, ref
+
+    for (path, method), handler in operations.items():
+        operation = document["paths"][path][method]
+        declared: frozenset[ErrorKind] = handler.opt["errors"]
+        errors = {str(k.status) for k in declared}
+        # Every response in the error shape is a declared error kind; the others are answers.
+        shaped = {
+            status for status, response in operation["responses"].items()
+            if "ErrorBody" in str(response.get("content"))
+        }  # fmt: skip
+        assert shaped == errors, (path, method)
+        for status, response in operation["responses"].items():
+            for kind in declared:
+                if str(kind.status) == status:
+                    assert f"`{kind.code}`" in response["description"], (path, method, kind)
+        role = handler.opt["role"]
+        if role is None:
+            assert "security" not in operation, (path, method)
+            continue
+        assert operation["security"] == [{"bearerAuth": [role.label]}], (path, method)
+        assert {"401", "400", "500", "503"} <= set(operation["responses"]), (path, method)
+        assert ("403" in operation["responses"]) == (role.label != "viewer"), (path, method)
+        if "requestBody" in operation:
+            assert {"413", "422"} <= set(operation["responses"]), (path, method)
+            body = operation["requestBody"]["content"]["application/json"]["schema"]["$ref"]
+            name = body.rsplit("/", 1)[1]
+            assert document["components"]["schemas"][name]["additionalProperties"] is False
+
+
+async def test_the_docs_page_is_served_without_a_cdn(served: tuple[Served, ApiClient]) -> None:
+    _, client = served
+    async with client.http.get(f"{client.base}{DOCS}") as response:
+        assert response.status == 200
+        page = await response.text()
+    sources = re.findall(r"""(?:src|href)=["']([^"']+)["']""", page)
+    assert sources
+    for source in sources:
+        assert source.startswith(f"{DOCS}/assets/"), source
+        async with client.http.get(f"{client.base}{source}") as asset:
+            assert asset.status == 200, source

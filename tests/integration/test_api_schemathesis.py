@@ -1,0 +1,233 @@
+"""Schemathesis against the generated document, on a live daemon with a seeded database.
+
+One ``gateway run`` (a real process, real PostgreSQL, a real broker) with a viewer, an operator
+and an admin token; some alarms and commands exist. Every operation of ``/openapi.json`` gets
+generated requests (schema-valid and not, a fixed seed, bounded examples), and each request is
+sent once with each role's token. Whatever the request: no 5xx, and every answer conforms to
+the document (status, content type, body, headers). A schema-valid request is never refused,
+except as the document says it may be for the state or the role: 404 for an id that does not
+exist, 409 for a conflict, 400 ``ILLEGAL_TRANSITION``/``ALARM_SUPERSEDED`` for a step the alarm
+or the command cannot take now, 403 for a role weaker than the operation's ``security`` names.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+import asyncpg
+import httpx
+import msgspec
+import pytest
+import schemathesis
+from hypothesis import HealthCheck, settings
+from schemathesis.checks import not_a_server_error
+from schemathesis.specs.openapi.checks import (
+    content_type_conformance,
+    response_headers_conformance,
+    response_schema_conformance,
+    status_code_conformance,
+)
+
+from gateway.alarms import AlarmService, create_alarm
+from gateway.api.app import build_app
+from gateway.api.auth import BearerAuth
+from gateway.command_service import CommandService
+from gateway.metrics import Metrics
+from storage.alarms import db_now
+from tests.support.api_client import ADMIN, OPERATOR, VIEWER
+from tests.support.api_server import healthy
+from tests.support.daemon import DaemonProcess, config_toml
+from tests.support.dsn import with_database
+from tests.support.mosquitto import Mosquitto
+from tests.support.ports import free_port
+from tests.support.waiting import wait_until_sync
+
+TOKENS: Final = {"viewer": VIEWER, "operator": OPERATOR, "admin": ADMIN}
+ROLES: Final = ("viewer", "operator", "admin")
+# Refusals a schema-valid request may get, by status: they depend on the state, not the input.
+STATE_DEPENDENT: Final = {
+    400: {"ILLEGAL_TRANSITION", "ALARM_SUPERSEDED"},
+    404: {"NOT_FOUND"},
+    409: {"STATUS_CHANGED", "DEVICE_UNBOUND"},
+}
+MAX_EXAMPLES: Final = 100
+# A generated `wait` is scaled down to keep the run bounded (a 60 s wait is a valid request,
+# and nothing answers the commands here): 60 s becomes 0.3 s.
+WAIT_SCALE: Final = 200
+CONFIG_EXTRA: Final = (
+    "".join(
+        f'\n[[api.tokens]]\ntoken = "{token}"\nrole = "{role}"\nname = "{role}-token"\n'
+        for role, token in TOKENS.items()
+    )
+    + "\n[commands]\nack_window_s = 0.5\nreaper_interval_s = 0.2\n"
+)
+
+
+@dataclass
+class Live:
+    base: str
+    dsn: str
+    daemon: DaemonProcess
+    counts: dict[str, int] = field(default_factory=dict)
+
+
+async def _create_database(server_dsn: str, template: str) -> str:
+    name = f"gw_st_{uuid.uuid4().hex[:12]}"
+    admin = await asyncpg.connect(server_dsn)
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
+    finally:
+        await admin.close()
+    return name
+
+
+async def _drop_database(server_dsn: str, name: str) -> None:
+    admin = await asyncpg.connect(server_dsn)
+    try:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await admin.close()
+
+
+async def _seed_alarms(dsn: str) -> None:
+    conn = await asyncpg.connect(dsn)
+    try:
+        for n in range(6):
+            async with conn.transaction():
+                await create_alarm(
+                    conn, device_id=f"dev-{n % 3}", rule_key=f"rule-{n % 2}", severity="MAJOR",
+                    telemetry_event_id=uuid.uuid4().hex, reason="seed", node_id="seed",
+                    now=await db_now(conn),
+                )  # fmt: skip
+    finally:
+        await conn.close()
+
+
+def _healthy(base: str) -> bool:
+    try:
+        return httpx.get(f"{base}/health", timeout=5).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def live(
+    pg_server_dsn: str, template_db: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Live]:
+    workdir: Path = tmp_path_factory.mktemp("schemathesis")
+    name = asyncio.run(_create_database(pg_server_dsn, template_db))
+    dsn = with_database(pg_server_dsn, name)
+    broker = Mosquitto(workdir / "mosquitto")
+    broker.start()
+    port = free_port()
+    config = workdir / "gateway.toml"
+    config.write_text(config_toml(dsn=dsn, mqtt_port=broker.port, http_port=port,
+                                  extra=CONFIG_EXTRA, log_level="info"))  # fmt: skip
+    daemon = DaemonProcess(config, workdir / "gateway.log")
+    base = f"http://127.0.0.1:{port}"
+    try:
+        daemon.start()
+        wait_until_sync(lambda: _healthy(base), timeout=60, message="daemon healthy")
+        asyncio.run(_seed_alarms(dsn))
+        with httpx.Client(base_url=base, headers={"Authorization": f"Bearer {OPERATOR}"}) as http:
+            for n in range(4):
+                reply = http.post(f"/devices/dev-{n % 2}/commands", json={"name": f"c{n}"})
+                assert reply.status_code == 201, reply.text
+            assert http.post("/devices/dev-gone/unbind").status_code == 200
+        served = Live(base=base, dsn=dsn, daemon=daemon)
+        yield served
+        print(f"\nschemathesis: {sum(served.counts.values())} requests, by role {served.counts}")
+    finally:
+        if daemon.alive():
+            daemon.terminate()
+        broker.stop()
+        asyncio.run(_drop_database(pg_server_dsn, name))
+
+
+def _document() -> dict[str, Any]:
+    """The document the daemon serves, generated here at collection time (no daemon yet: the
+    test checks that the served one is the same)."""
+    app = build_app(
+        health_check=healthy, metrics=Metrics(), auth=BearerAuth([]),
+        alarm_service=AlarmService(None, "doc"), command_service=CommandService(None, "doc", 1.0),
+    )  # fmt: skip
+    document: dict[str, Any] = msgspec.json.decode(
+        msgspec.json.encode(app.openapi_schema.to_schema())
+    )
+    return document
+
+
+DOCUMENT: Final = _document()
+schema = schemathesis.openapi.from_dict(DOCUMENT)
+
+
+def test_the_served_document_is_the_one_tested(live: Live) -> None:
+    served = httpx.get(f"{live.base}/openapi.json", timeout=10).json()
+    assert served == DOCUMENT
+
+
+_CHECKS: Final = [
+    not_a_server_error,
+    status_code_conformance,
+    content_type_conformance,
+    response_schema_conformance,
+    response_headers_conformance,
+]
+
+
+def _required_role(case: Any) -> str | None:
+    security = case.operation.definition.raw.get("security") or []
+    for requirement in security:
+        for roles in requirement.values():
+            if roles:
+                return str(roles[0])
+    return None
+
+
+def _error_code(response: Any) -> str | None:
+    try:
+        body = response.json()
+    except ValueError:
+        return None
+    return body.get("error") if isinstance(body, dict) else None
+
+
+def _judge(case: Any, response: Any, role: str) -> None:
+    status = response.status_code
+    where = f"{case.method} {case.formatted_path} as {role}: {status} {response.text[:300]}"
+    assert status < 500, where
+    meta = case.meta
+    positive = meta is None or meta.generation.mode.is_positive
+    if not positive or status < 400:
+        return
+    required = _required_role(case)
+    if status == 403:
+        assert required is not None, where
+        assert ROLES.index(role) < ROLES.index(required), where
+        return
+    assert _error_code(response) in STATE_DEPENDENT.get(status, set()), (
+        f"a schema-valid request was refused: {where}"
+    )
+
+
+@schema.parametrize()
+@settings(
+    max_examples=MAX_EXAMPLES, derandomize=True, deadline=None, database=None,
+    suppress_health_check=list(HealthCheck),
+)  # fmt: skip
+def test_generated_requests(case: Any, live: Live) -> None:
+    wait = case.query.get("wait") if isinstance(case.query, dict) else None
+    if isinstance(wait, (int, float)) and not isinstance(wait, bool):
+        case.query["wait"] = wait / WAIT_SCALE
+    for role in ROLES:
+        response = case.call(
+            base_url=live.base, headers={"Authorization": f"Bearer {TOKENS[role]}"}, timeout=30
+        )
+        live.counts[role] = live.counts.get(role, 0) + 1
+        _judge(case, response, role)
+        case.validate_response(response, checks=_CHECKS)
