@@ -192,9 +192,12 @@ class MqttSession:
         loop = asyncio.get_running_loop()
         writer = self.writer
         admit = writer.decoder.admit
-        limit = writer.batch_size
+        limit, queue = writer.batch_size, writer.queue
         while True:
-            deliveries = await client.take(limit)
+            # Never more than the queue has room for: a full queue blocks the one message in
+            # hand, and reading stops as before (the bound is the queue's, not the batch's).
+            room = queue.maxsize - queue.qsize() if queue.maxsize > 0 else limit
+            deliveries = await client.take(max(1, min(limit, room)))
             received_at = loop.time()
             items = []
             for delivery in deliveries:
