@@ -30,9 +30,9 @@ import aiohttp
 import structlog
 import yarl
 
-from gateway.errors import GatewayError
+from gateway.domain.errors import GatewayError
 
-log = structlog.get_logger("gateway.ai.llm")
+log = structlog.get_logger(__name__)
 
 #: Error bodies kept on an ``LlmError``: enough to diagnose, bounded in memory and in the table.
 MAX_ERROR_BODY_BYTES = 64 * 1024

@@ -24,21 +24,21 @@ import structlog
 
 from gateway.ai.llm import LlmError, LlmPort
 from gateway.ai.output import OutputInvalid, parse_summary
-from gateway.ai.prompt import AlarmFacts, build_request
+from gateway.domain.ai_prompt import AlarmFacts, build_request
 from gateway.domain.ai_task import ErrorCode, retry_delay_s, should_retry
-from gateway.loops import (
+from gateway.support.loops import (
     RETRYABLE,
     every,
     failure_backoff,
     sleep_unless_stopped,
     wait_event_or_stop,
 )
-from gateway.metrics import Metrics
+from gateway.support.metrics import Metrics
 from storage import ai_tasks as repo
 from storage import alarms as alarm_repo
 from storage import outbox
 
-log = structlog.get_logger("gateway.ai")
+log = structlog.get_logger(__name__)
 
 EVENT_SUCCEEDED = "ai.summary_succeeded"
 EVENT_FAILED = "ai.summary_failed"

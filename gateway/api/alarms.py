@@ -9,7 +9,7 @@ from litestar.di import NamedDependency
 from litestar.handlers import HTTPRouteHandler
 from litestar.params import JSONBody, Parameter
 
-from gateway.alarms import AlarmService
+from gateway.alarms.service import AlarmService
 from gateway.api.auth import CallDep, Role
 from gateway.api.errors import (
     ALARM_NOT_FOUND,
@@ -40,7 +40,7 @@ from gateway.api.schemas import (
 )
 from gateway.domain.alarm import PERSON_ACTIONS, Action, Alarm, AlarmStatus
 
-log = structlog.get_logger("gateway.api")
+log = structlog.get_logger(__name__)
 
 Alarms = NamedDependency[AlarmService]
 

@@ -23,7 +23,7 @@ from litestar.static_files import create_static_files_router
 from litestar.types import Message, Scope
 from swagger_ui_bundle import swagger_ui_path
 
-from gateway.alarms import AlarmService
+from gateway.alarms.service import AlarmService
 from gateway.api import alarms, commands, health
 from gateway.api.auth import (
     BEARER_SCHEME,
@@ -46,8 +46,8 @@ from gateway.api.schemas import (
     ActionBody,
     CommandBody,
 )
-from gateway.command_service import CommandService
-from gateway.metrics import Metrics
+from gateway.commands.service import CommandService
+from gateway.support.metrics import Metrics
 
 OPENAPI_PATH: Final = "/openapi.json"
 DOCS_PATH: Final = "/docs"

@@ -25,7 +25,7 @@ from litestar.handlers.base import BaseRouteHandler
 from gateway.api.errors import FORBIDDEN, REQUEST_ID_HEADER, UNAUTHORIZED, ApiError, bad_request
 from gateway.config import TokenConfig
 
-log = structlog.get_logger("gateway.api")
+log = structlog.get_logger(__name__)
 
 REQUEST_ID_MAX_LENGTH: Final = 128
 # It goes to logs and the audit table: short, printable, no spaces.

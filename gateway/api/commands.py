@@ -29,10 +29,10 @@ from gateway.api.schemas import (
     exact,
     from_row,
 )
-from gateway.command_service import CommandService
-from gateway.commands import CommandClosedError, CommandNotFoundError, DeviceUnboundError
+from gateway.commands.lifecycle import CommandClosedError, CommandNotFoundError, DeviceUnboundError
+from gateway.commands.service import CommandService
 
-log = structlog.get_logger("gateway.api")
+log = structlog.get_logger(__name__)
 
 Commands = NamedDependency[CommandService]
 

@@ -28,19 +28,19 @@ from litestar.exceptions import (
 from litestar.status_codes import HTTP_413_REQUEST_ENTITY_TOO_LARGE
 from msgspec import UNSET, UnsetType
 
-from gateway.alarms import AlarmNotFoundError, StatusChangedError
-from gateway.commands import CommandClosedError, CommandNotFoundError, DeviceUnboundError
+from gateway.alarms.service import AlarmNotFoundError, StatusChangedError
+from gateway.commands.lifecycle import CommandClosedError, CommandNotFoundError, DeviceUnboundError
 from gateway.domain.alarm import (
     Alarm,
     AlarmSupersededError,
     IllegalTransitionError,
     InvalidActorError,
 )
-from gateway.errors import GatewayError
+from gateway.domain.errors import GatewayError
 from storage.audit import audit_failure
 from storage.errors import TRANSIENT_DB_ERRORS
 
-log = structlog.get_logger("gateway.api")
+log = structlog.get_logger(__name__)
 
 REQUEST_ID_HEADER: Final = "X-Request-Id"
 JSON: Final = "application/json"

@@ -11,7 +11,7 @@ from litestar.openapi.datastructures import ResponseSpec
 from msgspec import UNSET, UnsetType
 
 from gateway.api.routes import route
-from gateway.metrics import Metrics
+from gateway.support.metrics import Metrics
 
 TAG: Final = "service"
 

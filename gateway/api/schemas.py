@@ -25,7 +25,7 @@ from gateway.domain.alarm import (
     AlarmStatus,
 )
 from gateway.domain.command import CommandStatus, Delivery, ReceiptOutcome, RejectReason
-from gateway.rules import RULE_KEY_PATTERN
+from gateway.domain.rules import RULE_KEY_PATTERN
 from protocol import ReceiptResult
 from protocol.ids import IDENTIFIER_PATTERN
 

@@ -27,7 +27,7 @@ from typing import Annotated, Final
 
 import msgspec
 
-from gateway.errors import GatewayError
+from gateway.domain.errors import GatewayError
 
 MAX_ATTEMPTS_DEFAULT: Final = 3
 TEXT_MAX_CHARS: Final = 2000

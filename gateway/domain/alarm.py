@@ -61,7 +61,7 @@ from typing import Any, Final
 
 import msgspec
 
-from gateway.errors import GatewayError
+from gateway.domain.errors import GatewayError
 
 SYSTEM_ACTOR_PREFIX: Final = "system:"
 

@@ -20,7 +20,7 @@ from enum import StrEnum
 from types import MappingProxyType
 from typing import Final
 
-from gateway.errors import GatewayError
+from gateway.domain.errors import GatewayError
 from protocol.messages import ReceiptResult, ResultCode
 
 MAX_RETRIES: Final = 10

@@ -32,10 +32,10 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import msgspec
 
-from gateway.errors import ConfigError
+from gateway.domain.errors import ConfigError
 
 # `device_selector` checks device ids and globs exactly as rules do: shared, not copied.
-from gateway.rules import SEVERITIES, DeviceSelector, device_selector
+from gateway.domain.rules import SEVERITIES, DeviceSelector, device_selector
 
 DAYS: Final[tuple[str, ...]] = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
 # A quiet period still not over this long after `at` is taken as never ending (windows that

@@ -13,8 +13,8 @@ import pytest
 
 from gateway.ai.llm import OpenAiCompatibleLlm
 from gateway.ai.worker import SummaryWorker
-from gateway.alarms import SummarySpec, create_alarm
-from gateway.metrics import Metrics
+from gateway.alarms.service import SummarySpec, create_alarm
+from gateway.support.metrics import Metrics
 from protocol import Topics
 from sim.publisher import publish_many
 from storage import ai_tasks as ai_repo

@@ -21,7 +21,7 @@ import pytest
 from litestar import Litestar
 from structlog.testing import capture_logs
 
-from gateway.alarms import AlarmService, create_alarm, transition
+from gateway.alarms.service import AlarmService, create_alarm, transition
 from gateway.config import TokenConfig
 from gateway.domain.alarm import Action
 from storage.alarms import db_now

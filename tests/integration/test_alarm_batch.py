@@ -11,18 +11,18 @@ import asyncio
 import asyncpg
 import pytest
 
-from gateway.alarm_engine import AlarmEngine, BatchAlarms
-from gateway.alarms import (
+from gateway.alarms.engine import AlarmEngine, BatchAlarms
+from gateway.alarms.service import (
     EVENT_CREATED,
     AlarmRequest,
-    RetryBatchError,
+    ConcurrentWriteError,
     SummarySpec,
     create_alarm,
     create_alarms,
 )
 from gateway.domain.alarm import dedup_key
-from gateway.metrics import Metrics
-from gateway.rules import RuleConfig, compile_rules
+from gateway.domain.rules import RuleConfig, compile_rules
+from gateway.support.metrics import Metrics
 from protocol import Telemetry, telemetry_event_id
 
 T0 = 1_767_225_600_000
@@ -185,7 +185,7 @@ async def test_two_nodes_racing_for_the_same_alarm_one_wins_the_other_retries(
                     await conn.fetchval("SELECT 1")
                     await looked.wait()
                     await create_alarms(conn, [request], node_id=node, now=now)
-            except RetryBatchError:
+            except ConcurrentWriteError:
                 return "retry"
             return "created"
 

@@ -8,12 +8,12 @@ from datetime import UTC, datetime, timedelta
 import aiomqtt
 import asyncpg
 
-from gateway.alarm_timers import AlarmTimers
-from gateway.alarms import AlarmService, create_alarm, transition
+from gateway.alarms.service import AlarmService, create_alarm, transition
+from gateway.alarms.timers import AlarmTimers
 from gateway.domain.alarm import Action, AlarmStatus
 from gateway.domain.quiet_hours import QuietHoursConfig, QuietWindowConfig, compile_quiet_hours
-from gateway.metrics import Metrics
-from gateway.outbox_publisher import OutboxPublisher
+from gateway.outbox.publisher import OutboxPublisher
+from gateway.support.metrics import Metrics
 from protocol import Topics
 from storage import alarms as repo
 from tests.support.mosquitto import Mosquitto

@@ -9,14 +9,14 @@ import asyncpg
 import msgspec
 import pytest
 
-from gateway.alarm_engine import AlarmEngine
-from gateway.alarms import AlarmService
-from gateway.app import Daemon
+from gateway.alarms.engine import AlarmEngine
+from gateway.alarms.inactivity import InactivityMonitor
+from gateway.alarms.service import AlarmService
 from gateway.domain.alarm import Action, AlarmStatus, AlarmSupersededError
-from gateway.inactivity import InactivityMonitor
-from gateway.metrics import Metrics
-from gateway.outbox_publisher import OutboxPublisher
-from gateway.rules import RuleConfig, compile_rules
+from gateway.domain.rules import RuleConfig, compile_rules
+from gateway.outbox.publisher import OutboxPublisher
+from gateway.runtime.daemon import Daemon
+from gateway.support.metrics import Metrics
 from protocol import Topics
 from sim.publisher import publish_many
 from storage import outbox

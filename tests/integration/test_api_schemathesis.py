@@ -33,11 +33,11 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from gateway.alarms import AlarmService, create_alarm
+from gateway.alarms.service import AlarmService, create_alarm
 from gateway.api.app import build_app
 from gateway.api.auth import BearerAuth
-from gateway.command_service import CommandService
-from gateway.metrics import Metrics
+from gateway.commands.service import CommandService
+from gateway.support.metrics import Metrics
 from storage.alarms import db_now
 from tests.support.api_client import ADMIN, OPERATOR, VIEWER
 from tests.support.api_server import healthy

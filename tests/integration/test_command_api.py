@@ -19,8 +19,8 @@ import asyncpg
 import pytest
 from litestar import Litestar
 
-from gateway.command_service import CommandService
-from gateway.commands import CommandNotFoundError
+from gateway.commands.lifecycle import CommandNotFoundError
+from gateway.commands.service import CommandService
 from gateway.config import TokenConfig
 from protocol import Topics
 from sim.responder import Behaviour, Responder, Script

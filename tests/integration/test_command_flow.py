@@ -9,7 +9,7 @@ from typing import Any
 import aiohttp
 import asyncpg
 
-from gateway.commands import create_command
+from gateway.commands.lifecycle import create_command
 from gateway.domain.command import Delivery
 from protocol import Topics
 from sim.responder import Behaviour, Responder, Script

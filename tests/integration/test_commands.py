@@ -7,7 +7,7 @@ import asyncio
 import asyncpg
 import pytest
 
-from gateway.commands import (
+from gateway.commands.lifecycle import (
     CommandClosedError,
     DeviceUnboundError,
     apply_receipt,

@@ -5,9 +5,9 @@ from __future__ import annotations
 import aiomqtt
 import asyncpg
 
-from gateway import live_path
-from gateway.metrics import Metrics
-from gateway.replay import replay
+from gateway.ingest import live_path
+from gateway.ingest.replay import replay
+from gateway.support.metrics import Metrics
 from protocol import Topics
 from storage import ingest as repo
 from storage.ingest import DeadLetterRow

@@ -7,7 +7,7 @@ import asyncio
 import aiomqtt
 import asyncpg
 
-from gateway.app import Daemon
+from gateway.runtime.daemon import Daemon
 from protocol import Topics
 from sim.publisher import publish_many
 from sim.telemetry import device_ids, telemetry_stream

@@ -6,10 +6,10 @@ import aiomqtt
 import asyncpg
 import msgspec
 
-from gateway import live_path
-from gateway.app import Daemon
-from gateway.metrics import Metrics
-from gateway.replay import pending_ids, replay
+from gateway.ingest import live_path
+from gateway.ingest.replay import pending_ids, replay
+from gateway.runtime.daemon import Daemon
+from gateway.support.metrics import Metrics
 from protocol import Topics
 from sim.publisher import publish_many
 from sim.telemetry import device_ids, telemetry_stream

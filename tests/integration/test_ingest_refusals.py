@@ -7,9 +7,9 @@ import aiomqtt
 import asyncpg
 import msgspec
 
-from gateway.app import Daemon
-from gateway.commands import create_command
+from gateway.commands.lifecycle import create_command
 from gateway.domain.command import Delivery
+from gateway.runtime.daemon import Daemon
 from protocol import Topics
 from sim.publisher import publish_many
 from storage import commands as commands_repo

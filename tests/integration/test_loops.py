@@ -8,7 +8,7 @@ from collections.abc import Awaitable
 
 import asyncpg
 
-from gateway.loops import drain_on_notify
+from gateway.support.loops import drain_on_notify
 from tests.support.waiting import wait_until
 
 CHANNEL = "test_wakeup"

@@ -19,8 +19,7 @@ import aiomqtt
 import mqtt5
 import pytest
 
-from gateway.mqtt import AckingClient, ConnectionSettings, TlsSettings
-from gateway.mqtt5_connection import (
+from gateway.mqtt.v5_connection import (
     Delivery,
     Mqtt5Connection,
     MqttConnectError,
@@ -30,6 +29,7 @@ from gateway.mqtt5_connection import (
     MqttPublishError,
     MqttSubscribeError,
 )
+from gateway.mqtt.v311_client import AckingClient, ConnectionSettings, TlsSettings
 from tests.support.mosquitto import Mosquitto
 from tests.support.ports import free_port
 from tests.support.waiting import wait_until

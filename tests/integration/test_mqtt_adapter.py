@@ -10,7 +10,7 @@ import socket
 import aiomqtt
 import pytest
 
-from gateway.mqtt import AckingClient, ConnectionSettings
+from gateway.mqtt.v311_client import AckingClient, ConnectionSettings
 from tests.support.mosquitto import Mosquitto
 from tests.support.waiting import wait_until
 

@@ -21,12 +21,12 @@ import asyncpg
 import msgspec
 import pytest
 
-from gateway.alarm_engine import AlarmEngine
-from gateway.app import Daemon
+from gateway.alarms.engine import AlarmEngine
+from gateway.alarms.inactivity import InactivityMonitor
 from gateway.config import parse_config
-from gateway.inactivity import InactivityMonitor
-from gateway.metrics import Metrics
-from gateway.rules import Firing, RuleSet, RuleStates, evaluate
+from gateway.domain.rules import Firing, RuleSet, RuleStates, evaluate
+from gateway.runtime.daemon import Daemon
+from gateway.support.metrics import Metrics
 from protocol import Telemetry, Topics, telemetry_event_id
 from sim.publisher import publish_many
 from storage.pool import create_pool

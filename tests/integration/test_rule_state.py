@@ -14,10 +14,10 @@ from datetime import timedelta
 import asyncpg
 import pytest
 
-from gateway.alarm_engine import AlarmEngine, BatchAlarms
-from gateway.alarms import RetryBatchError, clear_alarm, create_alarm
-from gateway.metrics import Metrics
-from gateway.rules import RuleConfig, RuleState, compile_rules, rule_version
+from gateway.alarms.engine import AlarmEngine, BatchAlarms
+from gateway.alarms.service import ConcurrentWriteError, clear_alarm, create_alarm
+from gateway.domain.rules import RuleConfig, RuleState, compile_rules, rule_version
+from gateway.support.metrics import Metrics
 from protocol import Telemetry, telemetry_event_id
 from storage import rule_state as state_repo
 from storage.pool import create_pool
@@ -317,7 +317,7 @@ async def test_a_concurrent_alarm_on_the_same_active_key_asks_for_a_retry_not_a_
 
     await wait_until(b_waits_on_a_lock, timeout=30, message="node B blocked on A's insert")
     await transaction.commit()
-    with pytest.raises(RetryBatchError):
+    with pytest.raises(ConcurrentWriteError):
         await b_task
     assert first.alarm is not None
     retried = await raise_on(conn_b, "b")

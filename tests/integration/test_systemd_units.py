@@ -13,7 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from gateway.install_systemd import DEFAULT_EXECUTABLE, UNIT_NAMES, install_units, render_unit
+from gateway.runtime.install_systemd import (
+    DEFAULT_EXECUTABLE,
+    UNIT_NAMES,
+    install_units,
+    render_unit,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGED_DIR = ROOT / "gateway" / "units"

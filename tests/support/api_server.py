@@ -9,14 +9,14 @@ from dataclasses import dataclass
 import msgspec
 from litestar import Litestar
 
-from gateway.alarms import AlarmService
+from gateway.alarms.service import AlarmService
 from gateway.api.app import build_app
 from gateway.api.auth import BearerAuth
 from gateway.api.health import BrokerHealth, DatabaseHealth, Health, IngestHealth
 from gateway.api.server import ApiServer
-from gateway.command_service import CommandService
+from gateway.commands.service import CommandService
 from gateway.config import TokenConfig
-from gateway.metrics import Metrics
+from gateway.support.metrics import Metrics
 from storage.pool import create_pool
 
 FAKE_HEALTH = Health(

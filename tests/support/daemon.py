@@ -14,8 +14,8 @@ from pathlib import Path
 import aiohttp
 import asyncpg
 
-from gateway.app import Daemon
 from gateway.config import Config, parse_config
+from gateway.runtime.daemon import Daemon
 
 READY_TIMEOUT_S = 60.0
 

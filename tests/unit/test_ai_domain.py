@@ -26,7 +26,7 @@ from gateway.domain.ai_task import (
     retry_delay_s,
     should_retry,
 )
-from gateway.errors import GatewayError
+from gateway.domain.errors import GatewayError
 
 T0 = datetime(2024, 5, 1, 8, 0, tzinfo=UTC)
 FIELDS: dict[str, Any] = {

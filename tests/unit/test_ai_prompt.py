@@ -10,7 +10,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from gateway.ai.prompt import (
+from gateway.domain.ai_prompt import (
     MAX_TELEMETRY_SAMPLES,
     PINNED_SHA256,
     PROMPTS,

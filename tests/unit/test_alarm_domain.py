@@ -42,7 +42,7 @@ from gateway.domain.alarm import (
     record_reminder,
     release_active_key,
 )
-from gateway.errors import GatewayError
+from gateway.domain.errors import GatewayError
 
 S, A = AlarmStatus, Action
 T0 = datetime(2024, 5, 1, 8, 0, tzinfo=UTC)

@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from gateway.backoff import Backoff
+from gateway.support.backoff import Backoff
 
 
 def test_delays_grow_exponentially_up_to_the_cap() -> None:

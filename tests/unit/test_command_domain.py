@@ -33,7 +33,7 @@ from gateway.domain.command import (
     receipt_matches,
     retry_delay_s,
 )
-from gateway.errors import GatewayError
+from gateway.domain.errors import GatewayError
 from protocol.messages import ReceiptResult
 
 S, R, Out, Why = CommandStatus, ReceiptResult, ReceiptOutcome, RejectReason

@@ -11,7 +11,7 @@ from gateway.config import (
     load_config,
     parse_config,
 )
-from gateway.errors import ConfigError
+from gateway.domain.errors import ConfigError
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "config.example.toml"
 
@@ -39,7 +39,7 @@ def test_example_config_decodes_and_documents_every_key() -> None:
 
 def _sections(config: Config) -> list[tuple[str, object]]:
     from gateway.config import TokenConfig
-    from gateway.rules import RuleConfig
+    from gateway.domain.rules import RuleConfig
 
     found: list[tuple[str, object]] = [
         ("api.tokens", TokenConfig()),

@@ -6,8 +6,7 @@ import aiomqtt
 import mqtt5
 import pytest
 
-from gateway.mqtt import ConnectionSettings
-from gateway.mqtt5_connection import (
+from gateway.mqtt.v5_connection import (
     _PUBACK,
     Delivery,
     Mqtt5Connection,
@@ -17,6 +16,7 @@ from gateway.mqtt5_connection import (
     _Violation,
     disconnect_reason,
 )
+from gateway.mqtt.v311_client import ConnectionSettings
 
 SETTINGS = ConnectionSettings(host="127.0.0.1", port=1, client_id="unit")
 

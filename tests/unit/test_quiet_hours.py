@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gateway.domain.errors import ConfigError
 from gateway.domain.quiet_hours import (
     DAYS,
     MERGE_HORIZON,
@@ -17,7 +18,6 @@ from gateway.domain.quiet_hours import (
     QuietWindowConfig,
     compile_quiet_hours,
 )
-from gateway.errors import ConfigError
 
 BERLIN = ZoneInfo("Europe/Berlin")
 DEVICE = "dev-1"

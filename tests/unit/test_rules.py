@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.domain.alarm import CLEAR_PAIRS
-from gateway.errors import ConfigError
-from gateway.rules import (
+from gateway.domain.errors import ConfigError
+from gateway.domain.rules import (
     IDLE,
     Clearing,
     DeviceSelector,

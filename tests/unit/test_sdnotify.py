@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.sdnotify import Notifier
+from gateway.runtime.sdnotify import Notifier
 
 RECEIVE_TIMEOUT_S = 5.0
 

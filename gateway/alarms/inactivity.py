@@ -13,12 +13,12 @@ from datetime import datetime
 import asyncpg
 import structlog
 
-from gateway.alarm_engine import AlarmEngine, inactivity_event_id
-from gateway.alarms import RetryBatchError, create_alarm
-from gateway.loops import every
+from gateway.alarms.engine import AlarmEngine, inactivity_event_id
+from gateway.alarms.service import ConcurrentWriteError, create_alarm
+from gateway.support.loops import every
 from storage import alarms as repo
 
-log = structlog.get_logger("gateway.inactivity")
+log = structlog.get_logger(__name__)
 
 
 class InactivityMonitor:
@@ -63,7 +63,7 @@ class InactivityMonitor:
                     telemetry_event_id=event_id, reason=reason,
                     node_id=self.engine.node_id, now=now, summary=self.engine.summary,
                 )  # fmt: skip
-        except RetryBatchError:
+        except ConcurrentWriteError:
             return None  # another node raised it first
         if creation.alarm is None:
             return None

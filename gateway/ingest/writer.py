@@ -3,267 +3,39 @@
 A message is acknowledged to the broker only after the transaction that stored it (or its
 dead letter) committed. Until then it counts against the broker's window of unacked
 messages, which is what bounds memory: when the database is slow or down, the queue fills,
-the reader blocks, the window fills and the broker stops sending.
-"""
+the reader blocks, the window fills and the broker stops sending."""
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Any, Protocol
 
 import asyncpg
-import msgspec
 import structlog
 
-from gateway.alarm_engine import AlarmEngine, BatchAlarms
-from gateway.alarms import RetryBatchError
-from gateway.backoff import Backoff
-from gateway.commands import apply_receipt
-from gateway.metrics import Metrics, observe_many
-from protocol import (
-    CommandReceipt,
-    DecodeError,
-    Encoding,
-    Telemetry,
-    TopicError,
-    TopicKind,
-    Topics,
-    decode_presence,
-    decode_receipt,
-    decode_telemetry,
-    telemetry_event_id,
-)
-from storage import ingest as repo
+from gateway.alarms.engine import AlarmEngine
+from gateway.alarms.service import ConcurrentWriteError
+from gateway.ingest.decoder import Classified, Inbound, MessageDecoder
+from gateway.ingest.store import ReceiptApplier, StoreResult, store
+from gateway.support.backoff import Backoff
+from gateway.support.metrics import Metrics, observe_many
 from storage.errors import TRANSIENT_DB_ERRORS
-from storage.ingest import DeadLetterRow, TelemetryRow
+from storage.ingest import DeadLetterRow
 
-log = structlog.get_logger("gateway.ingest")
+log = structlog.get_logger(__name__)
 
 # Reason codes of dead letters, beyond the decoder's OVERSIZED / MALFORMED / INVALID and the
 # topic parser's BAD_TOPIC / BAD_DEVICE_ID.
 STORAGE_REJECTED = "STORAGE_REJECTED"
-# Bytes of a payload a dead letter keeps by default ([ingest] dead_letter_max_bytes).
-DEAD_LETTER_MAX_BYTES = 65536
 
 # Errors after which the same transaction may succeed later: the database is away (see
 # storage.errors), or another node raised the same alarm first. Anything else is about the data.
-RETRY_LATER: tuple[type[BaseException], ...] = (*TRANSIENT_DB_ERRORS, RetryBatchError)
+RETRY_LATER: tuple[type[BaseException], ...] = (*TRANSIENT_DB_ERRORS, ConcurrentWriteError)
 
 
 # The driver refusing a value before it reaches the server (out of a column type's range, say):
 # about the data, never transient, though asyncpg derives it from InterfaceError.
 REFUSED_DATA: tuple[type[BaseException], ...] = (asyncpg.exceptions.DataError,)
-
-
-class Acker(Protocol):
-    def ack(self, message: Any, /) -> bool: ...
-
-
-@dataclass(slots=True)
-class Inbound:
-    """One message from the broker (or a dead letter being replayed, with no acker)."""
-
-    topic: str
-    payload: bytes
-    received_at: float = 0.0
-    acker: Acker | None = None
-    message: object = None
-    # Set when only the first bytes of a payload no message may have were kept (see
-    # MessageDecoder.admit): the size and SHA-256 (hex) of the whole payload as it arrived.
-    size: int | None = None
-    sha256: str | None = None
-
-
-@dataclass(slots=True)
-class Classified:
-    """A batch sorted into what each message becomes."""
-
-    # The messages sorted, in order (a batch refused by the database is split by them).
-    items: list[Inbound] = field(default_factory=list)
-    telemetry: list[TelemetryRow] = field(default_factory=list)
-    telemetry_sources: list[Inbound] = field(default_factory=list)
-    decoded: list[Telemetry] = field(default_factory=list)
-    presence: dict[str, str] = field(default_factory=dict)
-    receipts: list[tuple[str, CommandReceipt]] = field(default_factory=list)
-    dead_letters: list[DeadLetterRow] = field(default_factory=list)
-    seen_devices: set[str] = field(default_factory=set)
-
-
-@dataclass(frozen=True, slots=True)
-class StoreResult:
-    new_event_ids: frozenset[str]
-    telemetry: int
-    presence: int
-    dead_letters: tuple[DeadLetterRow, ...]
-    alarms: BatchAlarms | None = None
-
-    @property
-    def stored(self) -> int:
-        return len(self.new_event_ids)
-
-    @property
-    def duplicates(self) -> int:
-        return self.telemetry - len(self.new_event_ids)
-
-
-class ReceiptApplier:
-    """Applies command receipts in the ingest transaction (so the PUBACK follows the commit)."""
-
-    def __init__(self, *, node_id: str, sent_timeout_s: float, metrics: Metrics | None) -> None:
-        self.node_id = node_id
-        self.sent_timeout_s = sent_timeout_s
-        self.metrics = metrics
-
-    async def apply(
-        self, conn: asyncpg.Connection, receipts: Sequence[tuple[str, CommandReceipt]]
-    ) -> None:
-        for device_id, receipt in receipts:
-            applied = await apply_receipt(
-                conn, device_id=device_id, receipt=receipt, node_id=self.node_id,
-                sent_timeout_s=self.sent_timeout_s,
-            )  # fmt: skip
-            if self.metrics is not None:
-                reason = "" if applied.reason is None else applied.reason.value
-                self.metrics.command_receipts.labels(applied.outcome.value, reason).inc()
-                row, before = applied.command, applied.previous_status
-                if row is not None and before is not None and row["status"] != before:
-                    self.metrics.count_command(before, row["status"])
-                    if row["finished_at"] is not None and row["claimed_at"] is not None:
-                        latency = (row["finished_at"] - row["claimed_at"]).total_seconds()
-                        self.metrics.command_latency.observe(max(latency, 0.0))
-
-
-class MessageDecoder:
-    """Turns (topic, payload) into a telemetry row, a presence update or a dead letter."""
-
-    def __init__(
-        self,
-        topics: Topics,
-        encoding: Encoding,
-        max_payload_bytes: int,
-        dead_letter_max_bytes: int = DEAD_LETTER_MAX_BYTES,
-    ) -> None:
-        self.topics = topics
-        self.encoding = encoding
-        self.max_payload_bytes = max_payload_bytes
-        self.dead_letter_max_bytes = dead_letter_max_bytes
-
-    def admit(self, payload: bytes) -> tuple[bytes, int | None, str | None]:
-        """``(payload, None, None)``, or for a payload that can only become a dead letter
-        (longer than any message may be) and longer than a dead letter keeps: its first bytes,
-        its size and its SHA-256. The rest need not stay in memory while it waits."""
-        if len(payload) <= self.max_payload_bytes or len(payload) <= self.dead_letter_max_bytes:
-            return payload, None, None
-        digest = hashlib.sha256(payload).hexdigest()
-        return payload[: self.dead_letter_max_bytes], len(payload), digest
-
-    def dead_letter(self, item: Inbound, reason: str, detail: str) -> DeadLetterRow:
-        """The dead letter of ``item``: at most ``dead_letter_max_bytes`` of its payload, with
-        the size and SHA-256 of all of it."""
-        if item.size is not None and item.sha256 is not None:  # cut down on arrival
-            return DeadLetterRow(item.topic, item.payload, reason, detail, item.size, item.sha256)
-        payload = item.payload
-        return DeadLetterRow(
-            item.topic, payload[: self.dead_letter_max_bytes], reason, detail, len(payload),
-            hashlib.sha256(payload).hexdigest(),
-        )  # fmt: skip
-
-    def classify(self, items: Sequence[Inbound]) -> Classified:
-        out = Classified(items=list(items))
-        for item in items:
-            try:
-                target = self.topics.parse_device_topic(item.topic)
-            except TopicError as exc:
-                out.dead_letters.append(self.dead_letter(item, exc.code, str(exc)))
-                continue
-            device_id = target.device_id
-            if item.size is not None:
-                if target.kind is TopicKind.TELEMETRY:
-                    out.seen_devices.add(device_id)  # as for any other oversized telemetry
-                detail = f"payload is {item.size} bytes, the limit is {self.max_payload_bytes}"
-                out.dead_letters.append(self.dead_letter(item, "OVERSIZED", detail))
-                continue
-            try:
-                if target.kind is TopicKind.TELEMETRY:
-                    out.seen_devices.add(device_id)
-                    message = decode_telemetry(
-                        item.payload, self.encoding, max_bytes=self.max_payload_bytes
-                    )
-                    out.telemetry.append(_row(device_id, message))
-                    out.telemetry_sources.append(item)
-                    out.decoded.append(message)
-                elif target.kind is TopicKind.STATUS:
-                    out.presence[device_id] = decode_presence(item.payload).value
-                elif target.kind is TopicKind.ACKS:
-                    receipt = decode_receipt(
-                        item.payload, self.encoding, max_bytes=self.max_payload_bytes
-                    )
-                    out.receipts.append((device_id, receipt))
-                else:
-                    out.dead_letters.append(
-                        self.dead_letter(
-                            item,
-                            "UNSUPPORTED_TOPIC",
-                            f"the gateway does not consume {target.kind.value} messages",
-                        )
-                    )
-            except DecodeError as exc:
-                out.dead_letters.append(self.dead_letter(item, exc.code, exc.detail))
-        return out
-
-
-def _row(device_id: str, message: Telemetry) -> TelemetryRow:
-    return TelemetryRow(
-        event_id=telemetry_event_id(device_id, message),
-        device_id=device_id,
-        ts=message.timestamp(),
-        seq=message.seq,
-        metrics_json=None
-        if message.metrics is None
-        else msgspec.json.encode(message.metrics).decode(),
-        events_json=None
-        if message.events is None
-        else msgspec.json.encode(message.events).decode(),
-    )
-
-
-async def store(
-    conn: asyncpg.Connection,
-    batch: Classified,
-    node_id: str,
-    engine: AlarmEngine | None = None,
-    receipts: ReceiptApplier | None = None,
-) -> StoreResult:
-    """Everything a batch writes, in the caller's transaction: telemetry, devices, presence,
-    dead letters, command receipts, and the alarms the new telemetry raises or clears."""
-    new_ids = await repo.insert_telemetry(conn, batch.telemetry, node_id)
-    await repo.touch_devices(conn, batch.seen_devices)
-    await repo.record_presence(conn, batch.presence)
-    await repo.insert_dead_letters(conn, batch.dead_letters, node_id)
-    if batch.receipts:
-        if receipts is None:
-            raise RuntimeError("command receipts in a batch but no receipt applier configured")
-        await receipts.apply(conn, batch.receipts)
-    alarms = None
-    if engine is not None:
-        fresh = []
-        evaluated: set[str] = set()
-        for row, message in zip(batch.telemetry, batch.decoded, strict=True):
-            # Only what was new, once: a redelivery must not raise anything again.
-            if row.event_id in new_ids and row.event_id not in evaluated:
-                evaluated.add(row.event_id)
-                fresh.append((row.device_id, row.event_id, message))
-        alarms = await engine.on_stored(conn, fresh)
-    return StoreResult(
-        new_event_ids=frozenset(new_ids),
-        telemetry=len(batch.telemetry),
-        presence=len(batch.presence),
-        dead_letters=tuple(batch.dead_letters),
-        alarms=alarms,
-    )
 
 
 class IngestWriter:

@@ -17,14 +17,14 @@ import asyncpg
 import structlog
 
 from gateway.config import Config, load_config
-from gateway.errors import ConfigError, StartupError
-from gateway.logging import configure_logging
+from gateway.domain.errors import ConfigError, StartupError
+from gateway.runtime.logging import configure_logging
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_CONFIG = 2
 
-log = structlog.get_logger("gateway.cli")
+log = structlog.get_logger(__name__)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -104,7 +104,7 @@ def _run_async(coro: Coroutine[Any, Any, int]) -> int:
 
 
 def _install_systemd(args: argparse.Namespace) -> int:
-    from gateway.install_systemd import install_units
+    from gateway.runtime.install_systemd import install_units
 
     try:
         written = install_units(args.target, executable=args.executable, force=args.force)
@@ -128,7 +128,7 @@ def _check_config(path: Path) -> int:
 
 
 async def _run(config: Config, args: argparse.Namespace) -> int:
-    from gateway.app import Daemon
+    from gateway.runtime.daemon import Daemon
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -218,9 +218,9 @@ async def _migrate(config: Config, _args: argparse.Namespace) -> int:
 
 
 async def _dead_letters(config: Config, args: argparse.Namespace) -> int:
-    from gateway import live_path
-    from gateway.metrics import Metrics
-    from gateway.replay import pending_ids, replay
+    from gateway.ingest import live_path
+    from gateway.ingest.replay import pending_ids, replay
+    from gateway.support.metrics import Metrics
     from storage import ingest as repo
 
     async with _database(config) as pool:

@@ -2,7 +2,7 @@
 
 Each dead letter is decoded again with today's decoder and, if it now passes, stored by
 the same ``store`` the live pipeline uses — with the rules (the alarm engine), the command
-receipts and presence, built as the daemon builds them (``gateway.live_path``) — in one
+receipts and presence, built as the daemon builds them (``gateway.ingest.live_path``) — in one
 transaction with the dead letter's replay record. Event ids make a replay of something already
 stored a harmless duplicate, which raises nothing again.
 """
@@ -14,8 +14,9 @@ from dataclasses import dataclass
 
 import asyncpg
 
-from gateway.ingest import Inbound, store
-from gateway.live_path import LivePath
+from gateway.ingest.decoder import Inbound
+from gateway.ingest.live_path import LivePath
+from gateway.ingest.store import store
 from storage import ingest as repo
 
 

@@ -10,18 +10,19 @@ from typing import Any
 import aiomqtt
 import structlog
 
-from gateway.backoff import Backoff
-from gateway.ingest import Inbound, IngestWriter
-from gateway.loops import sleep_unless_stopped
-from gateway.metrics import Metrics
-from gateway.mqtt import AckingClient, ConnectionSettings
-from gateway.mqtt5_connection import Mqtt5Connection
+from gateway.ingest.decoder import Inbound
+from gateway.ingest.writer import IngestWriter
+from gateway.mqtt.v5_connection import Mqtt5Connection
+from gateway.mqtt.v311_client import AckingClient, ConnectionSettings
+from gateway.support.backoff import Backoff
+from gateway.support.loops import sleep_unless_stopped
+from gateway.support.metrics import Metrics
 
 # MQTT 5 speaks through our own client on the mqtt5 codec (parsing is the hot path: about 15x
 # paho's rate); MQTT 3.1.1 — the embedded amqtt broker's only version — through aiomqtt.
 BrokerConnection = AckingClient | Mqtt5Connection
 
-log = structlog.get_logger("gateway.mqtt")
+log = structlog.get_logger(__name__)
 
 ONLINE = b"online"
 OFFLINE = b"offline"

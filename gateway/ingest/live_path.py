@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gateway.alarm_engine import AlarmEngine
-from gateway.alarms import SummarySpec
+from gateway.alarms.engine import AlarmEngine
+from gateway.alarms.service import SummarySpec
 from gateway.config import Config
-from gateway.ingest import MessageDecoder, ReceiptApplier
-from gateway.metrics import Metrics
+from gateway.ingest.decoder import MessageDecoder
+from gateway.ingest.store import ReceiptApplier
+from gateway.support.metrics import Metrics
 from protocol import Encoding
 
 

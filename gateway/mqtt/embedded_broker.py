@@ -14,7 +14,7 @@ import socket
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, Self
 
-from gateway.errors import StartupError
+from gateway.domain.errors import StartupError
 
 if TYPE_CHECKING:
     from amqtt.broker import Broker

@@ -16,10 +16,10 @@ from typing import Annotated, Final, Literal
 import msgspec
 from msgspec import Meta, Struct, field
 
-from gateway.ai.prompt import PROMPTS
+from gateway.domain.ai_prompt import PROMPTS
+from gateway.domain.errors import ConfigError
 from gateway.domain.quiet_hours import QuietHours, QuietHoursConfig, compile_quiet_hours
-from gateway.errors import ConfigError
-from gateway.rules import RuleConfig, RuleSet, compile_rules
+from gateway.domain.rules import RuleConfig, RuleSet, compile_rules
 from protocol import TopicKind, Topics, is_valid_device_id
 
 Port = Annotated[int, Meta(ge=1, le=65535)]

@@ -1,4 +1,4 @@
-"""Command dispatch and reaping, on every node.
+"""Command dispatch, on every node (the reaper, its counterpart, is in ``reaper``).
 
 The dispatcher claims due commands in one statement (generation + 1, this node, a lease),
 publishes each downlink with QoS 1 and, on the broker's PUBACK, moves it CLAIMED → SENT —
@@ -9,20 +9,19 @@ owner. A publish that fails leaves the claim to expire: the reaper returns it to
 from __future__ import annotations
 
 import asyncio
-from collections import Counter
 from collections.abc import Awaitable, Callable
 
 import asyncpg
 import msgspec
 import structlog
 
-from gateway.commands import DISPATCHER_ACTOR, mark_sent, reap
-from gateway.loops import drain_on_notify, every
-from gateway.metrics import Metrics
+from gateway.commands.lifecycle import DISPATCHER_ACTOR, mark_sent
+from gateway.support.loops import drain_on_notify
+from gateway.support.metrics import Metrics
 from protocol import DownlinkCommand, Topics, encode_command
 from storage import commands as repo
 
-log = structlog.get_logger("gateway.dispatcher")
+log = structlog.get_logger(__name__)
 
 NOTIFY_CHANNEL = "command_due"
 # SENT writes running at once, per dispatcher.
@@ -101,43 +100,6 @@ class Dispatcher:
             log.info("downlink_claim_lapsed", command_id=row["id"])
         else:
             self.metrics.count_command("CLAIMED", "SENT")
-
-
-class Reaper:
-    def __init__(
-        self,
-        *,
-        pool: asyncpg.Pool,
-        node_id: str,
-        ack_window_s: float,
-        sent_timeout_s: float,
-        interval_s: float,
-        metrics: Metrics,
-    ) -> None:
-        self.metrics = metrics
-        self.pool = pool
-        self.node_id = node_id
-        self.ack_window_s = ack_window_s
-        self.sent_timeout_s = sent_timeout_s
-        self.interval_s = interval_s
-
-    async def run(self, stop: asyncio.Event) -> None:
-        await every(self.interval_s, stop, self.run_once, name="command-reaper")
-
-    async def run_once(self) -> None:
-        async with self.pool.acquire() as conn, conn.transaction():
-            report = await reap(
-                conn, node_id=self.node_id, ack_window_s=self.ack_window_s,
-                sent_timeout_s=self.sent_timeout_s,
-            )  # fmt: skip
-        # After the commit: a pass that rolled back changed nothing.
-        for (from_status, to_status), n in Counter(report.transitions).items():
-            self.metrics.count_command(from_status, to_status, n)
-        if any((report.reclaimed, report.timed_out_receipts, report.failed, report.expired)):
-            log.info(
-                "commands_reaped", reclaimed=report.reclaimed, timed_out=report.timed_out_receipts,
-                failed=report.failed, expired=report.expired, alarms=report.alarms,
-            )  # fmt: skip
 
 
 def _params(value: object) -> dict[str, object]:

@@ -3,7 +3,7 @@
 Why hand-written. The gateway's invariant (a QoS 1 message is PUBACKed only after the
 transaction storing it committed, and only on the connection that delivered it) needs a client
 that never acknowledges on its own, lets reading be paused, and parses fast: paho's parser is
-the throughput ceiling of ``gateway.mqtt.AckingClient`` (about 8k msg/s). ``mqtt5`` is a
+the throughput ceiling of ``gateway.mqtt.v311_client.AckingClient`` (about 8k msg/s). ``mqtt5`` is a
 sans-I/O MQTT 5 packet codec written in Rust (by the aiomqtt maintainer); no installable
 asyncio client is built on it (aiomqtt 3.0.0a1 pins ``mqtt5~=0.5.0``, which has no wheel for
 this platform), so this module drives the codec itself with an ``asyncio.Protocol``.
@@ -33,7 +33,7 @@ PUBLISH from the broker is a protocol error), topic aliases (we announce a maxim
 enhanced authentication (AUTH packets), unsubscribing, subscription identifiers, user
 properties, message expiry, request/response properties, the server's maximum packet size
 beyond refusing a larger publish, reconnection and resending after a reconnect (the caller
-reconnects: ``gateway.session``; a connection object is single use and cheap).
+reconnects: ``gateway.mqtt.session``; a connection object is single use and cheap).
 
 Flow control, inbound. We announce ``receive_maximum``: by default a broker sending more
 unacknowledged QoS 1 publishes than that is disconnected with RECEIVE_MAX_EXCEEDED, as MQTT 5
@@ -85,9 +85,9 @@ from mqtt5 import (
     SubAckPacket,
 )
 
-from gateway.mqtt import ConnectionSettings
+from gateway.mqtt.v311_client import ConnectionSettings
 
-log = structlog.get_logger("gateway.mqtt5")
+log = structlog.get_logger(__name__)
 
 __all__ = [
     "Delivery",

@@ -185,7 +185,7 @@ class Metrics:
     def count_command(self, from_status: str, to_status: str, n: int = 1) -> None:
         self.command_transitions.labels(from_status, to_status).inc(n)
 
-    def count_transition(self, from_status: str, to_status: str) -> None:
+    def count_alarm_transition(self, from_status: str, to_status: str) -> None:
         self.alarm_transitions.labels(from_status, to_status).inc()
 
     def render(self) -> tuple[bytes, str]:

@@ -19,19 +19,17 @@ from datetime import datetime
 import asyncpg
 import structlog
 
-from gateway.alarms import (
+from gateway.alarms.service import (
     EVENT_CLEARED,
     AlarmRequest,
-    RetryBatchError,
+    ConcurrentWriteError,
     SummarySpec,
     clear_alarm,
     create_alarms,
     create_late_alarm,
 )
 from gateway.domain.alarm import active_key
-from gateway.loops import RETRYABLE, sleep_unless_stopped, wait_event_or_stop
-from gateway.metrics import Metrics
-from gateway.rules import (
+from gateway.domain.rules import (
     Clearing,
     Firing,
     InactivityRule,
@@ -43,13 +41,15 @@ from gateway.rules import (
     rule_version,
     state_keys,
 )
+from gateway.support.loops import RETRYABLE, sleep_unless_stopped, wait_event_or_stop
+from gateway.support.metrics import Metrics
 from protocol import Telemetry
 from storage import alarms as repo
 from storage import outbox
 from storage import rule_state as state_repo
 from storage.rule_state import RuleStateRow, StateWriteConflictError
 
-log = structlog.get_logger("gateway.alarms")
+log = structlog.get_logger(__name__)
 
 
 @dataclass(slots=True)
@@ -199,7 +199,7 @@ class AlarmEngine:
         try:
             await state_repo.write_states(conn, changed, self.node_id)
         except StateWriteConflictError as exc:  # cannot happen under the lock; never trust it
-            raise RetryBatchError(str(exc)) from exc
+            raise ConcurrentWriteError(str(exc)) from exc
         batch.states_written += len(changed)
 
     async def _fire(

@@ -16,7 +16,7 @@ import asyncpg
 import msgspec
 import structlog
 
-from gateway.alarms import RetryBatchError, create_alarm
+from gateway.alarms.service import ConcurrentWriteError, create_alarm
 from gateway.domain.command import (
     CommandError,
     CommandStatus,
@@ -35,7 +35,7 @@ from storage import alarms as alarm_repo
 from storage import commands as repo
 from storage import outbox
 
-log = structlog.get_logger("gateway.commands")
+log = structlog.get_logger(__name__)
 
 AGGREGATE = "command"
 EVENT_FINISHED = "command.finished"
@@ -364,6 +364,6 @@ async def _reclaim_alarm(conn: asyncpg.Connection, row: asyncpg.Record, node_id:
                         f"{row['reclaim_count']} times: its node keeps losing contact"),
                 node_id=node_id, now=await alarm_repo.db_now(conn),
             )  # fmt: skip
-    except RetryBatchError:
+    except ConcurrentWriteError:
         return None
     return None if creation.alarm is None else creation.alarm.id

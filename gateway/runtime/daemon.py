@@ -11,31 +11,32 @@ import aiomqtt
 import asyncpg
 import structlog
 
-from gateway import live_path
 from gateway.ai.llm import OpenAiCompatibleLlm
 from gateway.ai.worker import SummaryWorker
-from gateway.alarm_engine import AlarmEngine
-from gateway.alarm_timers import AlarmTimers
-from gateway.alarms import AlarmService
+from gateway.alarms.engine import AlarmEngine
+from gateway.alarms.inactivity import InactivityMonitor
+from gateway.alarms.service import AlarmService
+from gateway.alarms.timers import AlarmTimers
 from gateway.api.app import build_app, gateway_version
 from gateway.api.auth import BearerAuth
 from gateway.api.health import BrokerHealth, DatabaseHealth, Health, IngestHealth, OutboxHealth
 from gateway.api.server import ApiServer
-from gateway.backoff import Backoff
-from gateway.command_service import CommandService
+from gateway.commands.dispatcher import Dispatcher
+from gateway.commands.reaper import Reaper
+from gateway.commands.service import CommandService
 from gateway.config import Config
-from gateway.dispatcher import Dispatcher, Reaper
-from gateway.errors import StartupError
-from gateway.inactivity import InactivityMonitor
-from gateway.ingest import IngestWriter
-from gateway.logging import set_secrets
-from gateway.loops import sleep_unless_stopped
-from gateway.metrics import Metrics
-from gateway.mqtt import ConnectionSettings, TlsSettings
-from gateway.outbox_publisher import OutboxPublisher
-from gateway.sdnotify import Notifier
-from gateway.session import OFFLINE, MqttSession
-from gateway.supervision import Watchdog
+from gateway.domain.errors import StartupError
+from gateway.ingest import live_path
+from gateway.ingest.writer import IngestWriter
+from gateway.mqtt.session import OFFLINE, MqttSession
+from gateway.mqtt.v311_client import ConnectionSettings, TlsSettings
+from gateway.outbox.publisher import OutboxPublisher
+from gateway.runtime.logging import set_secrets
+from gateway.runtime.sdnotify import Notifier
+from gateway.runtime.supervision import Watchdog
+from gateway.support.backoff import Backoff
+from gateway.support.loops import sleep_unless_stopped
+from gateway.support.metrics import Metrics
 from protocol import TopicKind
 from storage import ingest as repo
 from storage import outbox
@@ -43,7 +44,7 @@ from storage.errors import DB_ERRORS, TRANSIENT_DB_ERRORS, StorageError
 from storage.migrate import migrate
 from storage.pool import create_pool
 
-log = structlog.get_logger("gateway")
+log = structlog.get_logger(__name__)
 
 HEALTH_DB_TIMEOUT_S = 2.0
 
@@ -316,7 +317,7 @@ class Daemon:
         if mqtt.host:
             self.broker_address = (mqtt.host, mqtt.port)
             return mqtt.host, mqtt.port, mqtt.protocol
-        from gateway.embedded_broker import EmbeddedBroker, EmbeddedBrokerError
+        from gateway.mqtt.embedded_broker import EmbeddedBroker, EmbeddedBrokerError
 
         broker = EmbeddedBroker("127.0.0.1", mqtt.port)
         try:

@@ -37,7 +37,7 @@ from typing import ClassVar, Final, Literal, TypeAlias, TypeGuard, TypeVar
 import msgspec
 
 from gateway.domain.alarm import CLEAR_PAIRS, Severity
-from gateway.errors import ConfigError
+from gateway.domain.errors import ConfigError
 from protocol import MetricValue, Telemetry, is_valid_device_id
 from protocol.ids import IDENTIFIER_PATTERN
 

@@ -27,7 +27,8 @@ from gateway.domain.alarm import (
     dedup_key,
     on_refire,
 )
-from gateway.metrics import Metrics
+from gateway.domain.errors import GatewayError
+from gateway.support.metrics import Metrics
 from storage import ai_tasks as ai_repo
 from storage import alarms as repo
 from storage import outbox
@@ -73,8 +74,9 @@ class StatusChangedError(AlarmError):
         self.actor = by
 
 
-class RetryBatchError(Exception):
-    """A concurrent transaction created the same alarm first: retry the whole batch."""
+class ConcurrentWriteError(GatewayError):
+    """Another transaction (another node) wrote what this one was deciding about first — the
+    same alarm, or the row it was to change: retry the whole batch, which then sees it."""
 
 
 def alarm_from_record(record: asyncpg.Record) -> Alarm:
@@ -171,12 +173,12 @@ async def create_alarm(
         outcome = on_refire(status)
         if outcome is RefireOutcome.SUPERSEDE:
             if not await repo.supersede(conn, previous["id"], status.value, now):
-                raise RetryBatchError("the superseded alarm changed meanwhile")
+                raise ConcurrentWriteError("the superseded alarm changed meanwhile")
             superseded = (previous["id"], status)
         elif outcome is RefireOutcome.RELEASE_KEY and not await repo.release_key(
             conn, previous["id"], status.value
         ):
-            raise RetryBatchError("the previous alarm changed meanwhile")
+            raise ConcurrentWriteError("the previous alarm changed meanwhile")
     try:
         row = await repo.insert_alarm(
             conn, device_id=device_id, rule_key=rule_key, severity=severity,
@@ -186,9 +188,9 @@ async def create_alarm(
     except asyncpg.UniqueViolationError as exc:
         # ON CONFLICT covers the dedup key only: a concurrent insert of the same alarm can
         # be caught first by the active key's unique index.
-        raise RetryBatchError("another node raised the same alarm first") from exc
+        raise ConcurrentWriteError("another node raised the same alarm first") from exc
     if row is None:
-        raise RetryBatchError("another node raised the same alarm first")
+        raise ConcurrentWriteError("another node raised the same alarm first")
     alarm = alarm_from_record(row)
     if summary is not None:
         await ai_repo.insert_task(
@@ -291,9 +293,9 @@ async def _insert_fresh(
     try:
         inserted = await repo.insert_alarms(conn, rows, triggered_at=now, node_id=node_id)
     except asyncpg.UniqueViolationError as exc:  # an active key taken since we looked
-        raise RetryBatchError("another node raised the same alarm first") from exc
+        raise ConcurrentWriteError("another node raised the same alarm first") from exc
     if len(inserted) != len(rows):  # a dedup key taken since we looked
-        raise RetryBatchError("another node raised the same alarm first")
+        raise ConcurrentWriteError("another node raised the same alarm first")
     by_key = {record["dedup_key"]: alarm_from_record(record) for record in inserted}
     alarms = [by_key[keys[i]] for i in fresh]
     ids = [alarm.id for alarm in alarms]
@@ -519,5 +521,5 @@ class AlarmService:
                 request_id=request_id,
             )  # fmt: skip
         if self.metrics is not None and before is not None:
-            self.metrics.count_transition(before["status"], changed.status.value)
+            self.metrics.count_alarm_transition(before["status"], changed.status.value)
         return changed

@@ -9,10 +9,10 @@ from collections.abc import Awaitable, Callable
 import asyncpg
 import structlog
 
-from gateway.backoff import Backoff
+from gateway.support.backoff import Backoff
 from storage.errors import DB_ERRORS
 
-log = structlog.get_logger("gateway.loops")
+log = structlog.get_logger(__name__)
 
 # A pass that fails on these is tried again later, with backoff: whatever the database or its
 # driver raises (a cut connection, a restarting server) must not end the daemon. Anything else

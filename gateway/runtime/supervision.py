@@ -14,11 +14,11 @@ from collections.abc import Callable
 
 import structlog
 
-from gateway.ingest import IngestWriter
-from gateway.loops import sleep_unless_stopped
-from gateway.sdnotify import Notifier
+from gateway.ingest.writer import IngestWriter
+from gateway.runtime.sdnotify import Notifier
+from gateway.support.loops import sleep_unless_stopped
 
-log = structlog.get_logger("gateway.supervision")
+log = structlog.get_logger(__name__)
 
 
 class Watchdog:

@@ -18,7 +18,7 @@ from typing import Any, Final
 import asyncpg
 import structlog
 
-from gateway.commands import (
+from gateway.commands.lifecycle import (
     CommandNotFoundError,
     Created,
     cancel,
@@ -26,12 +26,12 @@ from gateway.commands import (
     unbind,
 )
 from gateway.domain.command import TERMINAL_STATUSES, CommandStatus, Delivery
-from gateway.loops import sleep_unless_stopped
-from gateway.metrics import Metrics
+from gateway.support.loops import sleep_unless_stopped
+from gateway.support.metrics import Metrics
 from storage import commands as repo
 from storage.errors import TRANSIENT_DB_ERRORS
 
-log = structlog.get_logger("gateway.command_service")
+log = structlog.get_logger(__name__)
 
 POLL_FIRST_S: Final = 0.05
 POLL_MAX_S: Final = 0.5

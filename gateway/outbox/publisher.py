@@ -17,18 +17,18 @@ import asyncpg
 import msgspec
 import structlog
 
-from gateway.alarm_timers import deliver
-from gateway.alarms import EVENT_CREATED, EVENT_WOKEN
-from gateway.backoff import Backoff
+from gateway.alarms.delivery import deliver
+from gateway.alarms.service import EVENT_CREATED, EVENT_WOKEN
 from gateway.domain.quiet_hours import QuietHours
-from gateway.loops import drain_on_notify
-from gateway.metrics import Metrics
+from gateway.support.backoff import Backoff
+from gateway.support.loops import drain_on_notify
+from gateway.support.metrics import Metrics
 from protocol import Topics
 from storage import outbox
 from storage.errors import DB_ERRORS
 from storage.outbox import ClaimedEvent
 
-log = structlog.get_logger("gateway.outbox")
+log = structlog.get_logger(__name__)
 
 NOTIFY_CHANNEL = "outbox_event"
 # Push transactions running at once, per publisher.
@@ -77,7 +77,7 @@ class OutboxPublisher:
 
     async def run_once(self) -> int:
         """Claim due events and publish them; the number claimed (0: nothing due)."""
-        # A failed claim raises: the loop retries it with backoff (see gateway.loops).
+        # A failed claim raises: the loop retries it with backoff (see gateway.support.loops).
         async with self.pool.acquire() as conn:
             claimed = await outbox.claim_due(
                 conn, node_id=self.node_id, lease_s=self.lease_s, limit=self.batch
@@ -148,7 +148,7 @@ class OutboxPublisher:
             )
         self.metrics.outbox_published.labels(event.event_type).inc()
         if delivered is not None:
-            self.metrics.count_transition("NEW", delivered.value)
+            self.metrics.count_alarm_transition("NEW", delivered.value)
 
     async def _failed(self, event: ClaimedEvent, exc: BaseException) -> None:
         delay = Backoff(self.retry_base_s, self.retry_cap_s, attempt=event.retry_count).next_delay()

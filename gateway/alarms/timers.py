@@ -15,7 +15,8 @@ from datetime import datetime, timedelta
 import asyncpg
 import structlog
 
-from gateway.alarms import (
+from gateway.alarms.delivery import QUIET_ACTOR
+from gateway.alarms.service import (
     EVENT_ESCALATED,
     EVENT_REMINDER,
     EVENT_WOKEN,
@@ -27,16 +28,14 @@ from gateway.alarms import (
 )
 from gateway.domain.alarm import Action, AlarmStatus, next_status
 from gateway.domain.quiet_hours import QuietHours
-from gateway.loops import every
-from gateway.metrics import Metrics
+from gateway.support.loops import every
+from gateway.support.metrics import Metrics
 from storage import alarms as repo
 from storage import outbox
 
-log = structlog.get_logger("gateway.alarm_timers")
+log = structlog.get_logger(__name__)
 
-QUIET_ACTOR = "system:quiet-hours"
 ESCALATION_ACTOR = "system:escalation"
-PUSH_ACTOR = "system:outbox"
 BATCH = 200
 
 Clock = Callable[[asyncpg.Connection], Awaitable[datetime]]
@@ -44,37 +43,6 @@ Clock = Callable[[asyncpg.Connection], Awaitable[datetime]]
 
 async def database_clock(conn: asyncpg.Connection) -> datetime:
     return await repo.db_now(conn)
-
-
-async def deliver(
-    conn: asyncpg.Connection,
-    alarm_id: int,
-    *,
-    quiet: QuietHours | None,
-    node_id: str,
-    now: datetime | None = None,
-) -> AlarmStatus | None:
-    """The alarm's creation (or wake-up) event went out: push it, or hold it back.
-
-    Inside quiet hours (and not of an exempt severity) a NEW alarm goes DELAYED instead of
-    PUSHED. Conditional on still being NEW; None when it is not (a person took it first).
-    """
-    record = await repo.get(conn, alarm_id)
-    if record is None or record["status"] != AlarmStatus.NEW.value:
-        return None
-    at = now or await repo.db_now(conn)
-    held = quiet is not None and quiet.is_quiet(
-        device_id=record["device_id"], severity=record["severity"], at=at
-    )
-    action, actor = (Action.DELAY, QUIET_ACTOR) if held else (Action.PUSH, PUSH_ACTOR)
-    try:
-        changed = await transition(
-            conn, alarm_id, action, actor=actor, node_id=node_id, expected=AlarmStatus.NEW,
-            now=at,
-        )  # fmt: skip
-    except (StatusChangedError, AlarmNotFoundError):
-        return None
-    return changed.status
 
 
 @dataclass(slots=True)
@@ -126,7 +94,7 @@ class AlarmTimers:
         for row in await repo.delayed(conn, BATCH):
             if self.quiet.is_quiet(device_id=row["device_id"], severity=row["severity"], at=now):
                 continue
-            # Back to NEW; publishing the wake-up event pushes it (see deliver).
+            # Back to NEW; publishing the wake-up event pushes it (see delivery.deliver).
             if await self._act(
                 conn, row["id"], Action.WAKE, expected=AlarmStatus.DELAYED, now=now,
                 actor=QUIET_ACTOR, event_type=EVENT_WOKEN,
@@ -163,7 +131,7 @@ class AlarmTimers:
             return False  # a person or another node got there first
         log.info("alarm_timer_transition", alarm_id=alarm_id, action=action.value)
         if self.metrics is not None:
-            self.metrics.count_transition(expected.value, next_status(expected, action).value)
+            self.metrics.count_alarm_transition(expected.value, next_status(expected, action).value)
         return True
 
     async def _remind(self, conn: asyncpg.Connection, now: datetime, report: TimerReport) -> None:

@@ -1,0 +1,157 @@
+"""Messages as they come in (``Inbound``), and what a batch of them becomes (``Classified``):
+telemetry rows, presence updates, command receipts or dead letters."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import msgspec
+
+from protocol import (
+    CommandReceipt,
+    DecodeError,
+    Encoding,
+    Telemetry,
+    TopicError,
+    TopicKind,
+    Topics,
+    decode_presence,
+    decode_receipt,
+    decode_telemetry,
+    telemetry_event_id,
+)
+from storage.ingest import DeadLetterRow, TelemetryRow
+
+# Bytes of a payload a dead letter keeps by default ([ingest] dead_letter_max_bytes).
+DEAD_LETTER_MAX_BYTES = 65536
+
+
+class Acker(Protocol):
+    def ack(self, message: Any, /) -> bool: ...
+
+
+@dataclass(slots=True)
+class Inbound:
+    """One message from the broker (or a dead letter being replayed, with no acker)."""
+
+    topic: str
+    payload: bytes
+    received_at: float = 0.0
+    acker: Acker | None = None
+    message: object = None
+    # Set when only the first bytes of a payload no message may have were kept (see
+    # MessageDecoder.admit): the size and SHA-256 (hex) of the whole payload as it arrived.
+    size: int | None = None
+    sha256: str | None = None
+
+
+@dataclass(slots=True)
+class Classified:
+    """A batch sorted into what each message becomes."""
+
+    # The messages sorted, in order (a batch refused by the database is split by them).
+    items: list[Inbound] = field(default_factory=list)
+    telemetry: list[TelemetryRow] = field(default_factory=list)
+    telemetry_sources: list[Inbound] = field(default_factory=list)
+    decoded: list[Telemetry] = field(default_factory=list)
+    presence: dict[str, str] = field(default_factory=dict)
+    receipts: list[tuple[str, CommandReceipt]] = field(default_factory=list)
+    dead_letters: list[DeadLetterRow] = field(default_factory=list)
+    seen_devices: set[str] = field(default_factory=set)
+
+
+class MessageDecoder:
+    """Turns (topic, payload) into a telemetry row, a presence update or a dead letter."""
+
+    def __init__(
+        self,
+        topics: Topics,
+        encoding: Encoding,
+        max_payload_bytes: int,
+        dead_letter_max_bytes: int = DEAD_LETTER_MAX_BYTES,
+    ) -> None:
+        self.topics = topics
+        self.encoding = encoding
+        self.max_payload_bytes = max_payload_bytes
+        self.dead_letter_max_bytes = dead_letter_max_bytes
+
+    def admit(self, payload: bytes) -> tuple[bytes, int | None, str | None]:
+        """``(payload, None, None)``, or for a payload that can only become a dead letter
+        (longer than any message may be) and longer than a dead letter keeps: its first bytes,
+        its size and its SHA-256. The rest need not stay in memory while it waits."""
+        if len(payload) <= self.max_payload_bytes or len(payload) <= self.dead_letter_max_bytes:
+            return payload, None, None
+        digest = hashlib.sha256(payload).hexdigest()
+        return payload[: self.dead_letter_max_bytes], len(payload), digest
+
+    def dead_letter(self, item: Inbound, reason: str, detail: str) -> DeadLetterRow:
+        """The dead letter of ``item``: at most ``dead_letter_max_bytes`` of its payload, with
+        the size and SHA-256 of all of it."""
+        if item.size is not None and item.sha256 is not None:  # cut down on arrival
+            return DeadLetterRow(item.topic, item.payload, reason, detail, item.size, item.sha256)
+        payload = item.payload
+        return DeadLetterRow(
+            item.topic, payload[: self.dead_letter_max_bytes], reason, detail, len(payload),
+            hashlib.sha256(payload).hexdigest(),
+        )  # fmt: skip
+
+    def classify(self, items: Sequence[Inbound]) -> Classified:
+        out = Classified(items=list(items))
+        for item in items:
+            try:
+                target = self.topics.parse_device_topic(item.topic)
+            except TopicError as exc:
+                out.dead_letters.append(self.dead_letter(item, exc.code, str(exc)))
+                continue
+            device_id = target.device_id
+            if item.size is not None:
+                if target.kind is TopicKind.TELEMETRY:
+                    out.seen_devices.add(device_id)  # as for any other oversized telemetry
+                detail = f"payload is {item.size} bytes, the limit is {self.max_payload_bytes}"
+                out.dead_letters.append(self.dead_letter(item, "OVERSIZED", detail))
+                continue
+            try:
+                if target.kind is TopicKind.TELEMETRY:
+                    out.seen_devices.add(device_id)
+                    message = decode_telemetry(
+                        item.payload, self.encoding, max_bytes=self.max_payload_bytes
+                    )
+                    out.telemetry.append(_row(device_id, message))
+                    out.telemetry_sources.append(item)
+                    out.decoded.append(message)
+                elif target.kind is TopicKind.STATUS:
+                    out.presence[device_id] = decode_presence(item.payload).value
+                elif target.kind is TopicKind.ACKS:
+                    receipt = decode_receipt(
+                        item.payload, self.encoding, max_bytes=self.max_payload_bytes
+                    )
+                    out.receipts.append((device_id, receipt))
+                else:
+                    out.dead_letters.append(
+                        self.dead_letter(
+                            item,
+                            "UNSUPPORTED_TOPIC",
+                            f"the gateway does not consume {target.kind.value} messages",
+                        )
+                    )
+            except DecodeError as exc:
+                out.dead_letters.append(self.dead_letter(item, exc.code, exc.detail))
+        return out
+
+
+def _row(device_id: str, message: Telemetry) -> TelemetryRow:
+    return TelemetryRow(
+        event_id=telemetry_event_id(device_id, message),
+        device_id=device_id,
+        ts=message.timestamp(),
+        seq=message.seq,
+        metrics_json=None
+        if message.metrics is None
+        else msgspec.json.encode(message.metrics).decode(),
+        events_json=None
+        if message.events is None
+        else msgspec.json.encode(message.events).decode(),
+    )

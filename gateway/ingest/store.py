@@ -1,0 +1,99 @@
+"""Everything a batch writes, in the caller's transaction: telemetry, devices, presence, dead
+letters, command receipts, and the rule state and alarms the new telemetry moves."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import asyncpg
+
+from gateway.alarms.engine import AlarmEngine, BatchAlarms
+from gateway.commands.lifecycle import apply_receipt
+from gateway.ingest.decoder import Classified
+from gateway.support.metrics import Metrics
+from protocol import (
+    CommandReceipt,
+)
+from storage import ingest as repo
+from storage.ingest import DeadLetterRow
+
+
+@dataclass(frozen=True, slots=True)
+class StoreResult:
+    new_event_ids: frozenset[str]
+    telemetry: int
+    presence: int
+    dead_letters: tuple[DeadLetterRow, ...]
+    alarms: BatchAlarms | None = None
+
+    @property
+    def stored(self) -> int:
+        return len(self.new_event_ids)
+
+    @property
+    def duplicates(self) -> int:
+        return self.telemetry - len(self.new_event_ids)
+
+
+class ReceiptApplier:
+    """Applies command receipts in the ingest transaction (so the PUBACK follows the commit)."""
+
+    def __init__(self, *, node_id: str, sent_timeout_s: float, metrics: Metrics | None) -> None:
+        self.node_id = node_id
+        self.sent_timeout_s = sent_timeout_s
+        self.metrics = metrics
+
+    async def apply(
+        self, conn: asyncpg.Connection, receipts: Sequence[tuple[str, CommandReceipt]]
+    ) -> None:
+        for device_id, receipt in receipts:
+            applied = await apply_receipt(
+                conn, device_id=device_id, receipt=receipt, node_id=self.node_id,
+                sent_timeout_s=self.sent_timeout_s,
+            )  # fmt: skip
+            if self.metrics is not None:
+                reason = "" if applied.reason is None else applied.reason.value
+                self.metrics.command_receipts.labels(applied.outcome.value, reason).inc()
+                row, before = applied.command, applied.previous_status
+                if row is not None and before is not None and row["status"] != before:
+                    self.metrics.count_command(before, row["status"])
+                    if row["finished_at"] is not None and row["claimed_at"] is not None:
+                        latency = (row["finished_at"] - row["claimed_at"]).total_seconds()
+                        self.metrics.command_latency.observe(max(latency, 0.0))
+
+
+async def store(
+    conn: asyncpg.Connection,
+    batch: Classified,
+    node_id: str,
+    engine: AlarmEngine | None = None,
+    receipts: ReceiptApplier | None = None,
+) -> StoreResult:
+    """Everything a batch writes, in the caller's transaction: telemetry, devices, presence,
+    dead letters, command receipts, and the alarms the new telemetry raises or clears."""
+    new_ids = await repo.insert_telemetry(conn, batch.telemetry, node_id)
+    await repo.touch_devices(conn, batch.seen_devices)
+    await repo.record_presence(conn, batch.presence)
+    await repo.insert_dead_letters(conn, batch.dead_letters, node_id)
+    if batch.receipts:
+        if receipts is None:
+            raise RuntimeError("command receipts in a batch but no receipt applier configured")
+        await receipts.apply(conn, batch.receipts)
+    alarms = None
+    if engine is not None:
+        fresh = []
+        evaluated: set[str] = set()
+        for row, message in zip(batch.telemetry, batch.decoded, strict=True):
+            # Only what was new, once: a redelivery must not raise anything again.
+            if row.event_id in new_ids and row.event_id not in evaluated:
+                evaluated.add(row.event_id)
+                fresh.append((row.device_id, row.event_id, message))
+        alarms = await engine.on_stored(conn, fresh)
+    return StoreResult(
+        new_event_ids=frozenset(new_ids),
+        telemetry=len(batch.telemetry),
+        presence=len(batch.presence),
+        dead_letters=tuple(batch.dead_letters),
+        alarms=alarms,
+    )
