@@ -225,8 +225,11 @@ class CommandReceipt(
     def __post_init__(self) -> None:
         # The gateway stores these as text: PostgreSQL text cannot hold NUL, and a receipt it
         # cannot store must dead-letter here, not fail the batch transaction.
-        for name, wire in (("node_id", "nodeId"), ("raw_result_code", "rawResultCode"),
-                           ("raw_ack", "rawAck")):  # fmt: skip
+        for name, wire in (
+            ("node_id", "nodeId"),
+            ("raw_result_code", "rawResultCode"),
+            ("raw_ack", "rawAck"),
+        ):
             value = getattr(self, name)
             if isinstance(value, str) and "\x00" in value:
                 raise ValueError(f"Expected `str` without NUL characters - at `$.{wire}`")

@@ -133,8 +133,24 @@ async def measure_bare(port: int, messages: int) -> Drain:
 
 async def measure_native(port: int, messages: int) -> Drain:
     prefix, client_id = "native", "bench-native"
-    base = ["mosquitto_sub", "-h", "127.0.0.1", "-p", str(port), "-i", client_id, "-c",
-            "-q", "1", "-V", "5", "-x", "3600", "-t", _subscription(prefix)]  # fmt: skip
+    base = [
+        "mosquitto_sub",
+        "-h",
+        "127.0.0.1",
+        "-p",
+        str(port),
+        "-i",
+        client_id,
+        "-c",
+        "-q",
+        "1",
+        "-V",
+        "5",
+        "-x",
+        "3600",
+        "-t",
+        _subscription(prefix),
+    ]
     await _run([*base, "-E"])
     await _backlog(port, prefix, messages)
     started = time.perf_counter()
@@ -191,8 +207,9 @@ async def measure_gateway(
             await gateways.start()
         last = await probes.until(
             lambda: sum(probes.stored[node] for node in nodes) >= messages,
-            timeout_s=900, what=f"{prefix} to store {messages} messages",
-        )  # fmt: skip
+            timeout_s=900,
+            what=f"{prefix} to store {messages} messages",
+        )
         cpu = gateways.cpu_seconds() - startup_cpu
         first = min(probes.first_stored[node] for node in nodes if node in probes.first_stored)
         if live:
@@ -236,15 +253,23 @@ async def measure_reference(port: int, dsn: str, messages: int) -> Drain:
     prefix, client_id = "reference", "bench-reference"
     topics = Topics(prefix)
     await reference_subscribe(
-        host="127.0.0.1", port=port, client_id=client_id, topic=_subscription(prefix),
+        host="127.0.0.1",
+        port=port,
+        client_id=client_id,
+        topic=_subscription(prefix),
         receive_max=RECEIVE_MAXIMUM,
-    )  # fmt: skip
+    )
     await _backlog(port, prefix, messages)
     cpu = time.process_time()
     seconds = await reference_drain(
-        host="127.0.0.1", port=port, client_id=client_id, dsn=dsn, count=messages,
-        topics=topics, receive_max=RECEIVE_MAXIMUM,
-    )  # fmt: skip
+        host="127.0.0.1",
+        port=port,
+        client_id=client_id,
+        dsn=dsn,
+        count=messages,
+        topics=topics,
+        receive_max=RECEIVE_MAXIMUM,
+    )
     return Drain(messages, seconds, cpu_s=time.process_time() - cpu)
 
 
@@ -252,15 +277,23 @@ async def measure_naive(port: int, dsn: str, messages: int) -> Drain:
     prefix, client_id = "naive", "bench-naive"
     topic = _subscription(prefix)
     async with aiomqtt.Client(
-        "127.0.0.1", port, identifier=client_id, protocol=aiomqtt.ProtocolVersion.V311,
+        "127.0.0.1",
+        port,
+        identifier=client_id,
+        protocol=aiomqtt.ProtocolVersion.V311,
         clean_session=False,
-    ) as client:  # fmt: skip
+    ) as client:
         await client.subscribe(topic, qos=1)
     await _backlog(port, prefix, messages)
     seconds = await naive_drain(
-        host="127.0.0.1", port=port, client_id=client_id, topic=topic, dsn=dsn, count=messages,
+        host="127.0.0.1",
+        port=port,
+        client_id=client_id,
+        topic=topic,
+        dsn=dsn,
+        count=messages,
         topics=Topics(prefix),
-    )  # fmt: skip
+    )
     return Drain(messages, seconds)
 
 
@@ -270,9 +303,14 @@ async def embedded_database(workdir: Path) -> AsyncIterator[str]:
     config = workdir / "embedded-db.toml"
     config.write_text(f'[node]\nstate_dir = "{workdir / "state"}"\n[log]\nlevel = "warning"\n')
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "gateway", "embedded-db", "--config", str(config),
+        sys.executable,
+        "-m",
+        "gateway",
+        "embedded-db",
+        "--config",
+        str(config),
         stdout=asyncio.subprocess.PIPE,
-    )  # fmt: skip
+    )
     assert process.stdout is not None
     try:
         async with asyncio.timeout(120):
@@ -305,9 +343,13 @@ class Sizes:
     @classmethod
     def quick(cls) -> Sizes:
         return cls(
-            messages=10_000, naive_messages=2_000, latency_s=4.0, storm_devices=2_000,
-            commands=1_000, command_devices=100,
-        )  # fmt: skip
+            messages=10_000,
+            naive_messages=2_000,
+            latency_s=4.0,
+            storm_devices=2_000,
+            commands=1_000,
+            command_devices=100,
+        )
 
 
 async def run_bench(sizes: Sizes, *, dsn: str | None) -> dict[str, Any]:
@@ -364,18 +406,30 @@ async def _run_phases(sizes: Sizes, *, dsn: str) -> dict[str, Any]:
 
                     async def gateway(processes: int, *, live: bool) -> Drain:
                         return await measure_gateway(
-                            port, bench_dsn, messages, processes=processes, live=live,
-                            workdir=workdir, probes=probes, period=period if live else None,
-                        )  # fmt: skip
+                            port,
+                            bench_dsn,
+                            messages,
+                            processes=processes,
+                            live=live,
+                            workdir=workdir,
+                            probes=probes,
+                            period=period if live else None,
+                        )
 
                     one = _progress("gateway", await gateway(1, live=False))
                     one311 = _progress(
                         "gateway 3.1.1",
                         await measure_gateway(
-                            port, bench_dsn, messages, processes=1, live=False,
-                            workdir=workdir, probes=probes, protocol="3.1.1",
+                            port,
+                            bench_dsn,
+                            messages,
+                            processes=1,
+                            live=False,
+                            workdir=workdir,
+                            probes=probes,
+                            protocol="3.1.1",
                         ),
-                    )  # fmt: skip
+                    )
                     one_live = _progress("gateway live", await gateway(1, live=True))
                     one_alarms = await check_alarms(bench_dsn, "gw1live", messages, period)
                     two_live = _progress("gateway x2 live", await gateway(2, live=True))
@@ -388,23 +442,35 @@ async def _run_phases(sizes: Sizes, *, dsn: str) -> dict[str, Any]:
                     )
                     await settle(bench_dsn)
                     latency = await measure_latency(
-                        port, bench_dsn, rate=one.rate / 2, seconds=sizes.latency_s,
-                        devices=DEVICES, workdir=workdir, probes=probes,
-                    )  # fmt: skip
+                        port,
+                        bench_dsn,
+                        rate=one.rate / 2,
+                        seconds=sizes.latency_s,
+                        devices=DEVICES,
+                        workdir=workdir,
+                        probes=probes,
+                    )
                     _note(
                         f"latency at {latency.rate:,.0f} msg/s: p99 {latency.timings.p99_ms:.1f} ms"
                     )
                     await settle(bench_dsn)
                     storm = await measure_storm(
-                        port, bench_dsn, devices=sizes.storm_devices, workdir=workdir,
+                        port,
+                        bench_dsn,
+                        devices=sizes.storm_devices,
+                        workdir=workdir,
                         probes=probes,
-                    )  # fmt: skip
+                    )
                     _note(f"storm: {storm.alarms} alarms in {storm.seconds:.2f} s")
                     await settle(bench_dsn)
                     commands = await measure_commands(
-                        port, bench_dsn, commands=sizes.commands,
-                        devices=sizes.command_devices, workdir=workdir, probes=probes,
-                    )  # fmt: skip
+                        port,
+                        bench_dsn,
+                        commands=sizes.commands,
+                        devices=sizes.command_devices,
+                        workdir=workdir,
+                        probes=probes,
+                    )
                     _note(
                         f"commands: {commands.per_s:,.0f}/s, p99 {commands.timings.p99_ms:.1f} ms"
                     )
@@ -517,50 +583,81 @@ def render_table(result: dict[str, Any]) -> str:
     rows: list[tuple[str, str, str]] = [
         ("bare aiomqtt + manual ack (ceiling)", f"{r['bare_msgs_per_s']:,} msg/s", ""),
         ("mosquitto_sub (native)", f"{r['native_msgs_per_s']:,} msg/s", ""),
-        ("reference: minimal exactly-once consumer", f"{r['reference_msgs_per_s']:,} msg/s",
-         ""),
+        ("reference: minimal exactly-once consumer", f"{r['reference_msgs_per_s']:,} msg/s", ""),
         ("reference CPU per message", f"{r['reference_cpu_us_per_msg']:.1f} us", ""),
         ("gateway, 1 process (drain, MQTT 5)", f"{r['gateway_msgs_per_s']:,} msg/s", ""),
-        ("gateway, 1 process (drain, MQTT 3.1.1)", f"{r['gateway_msgs_per_s_mqtt311']:,} msg/s",
-         ""),
-        ("gateway CPU per message (MQTT 5 drain)",
-         f"{r['gateway_cpu_us_per_msg_mqtt5']:.1f} us", "gateway_cpu_us_per_msg_mqtt5"),
-        ("gateway CPU per message (MQTT 3.1.1 drain)",
-         f"{r['gateway_cpu_us_per_msg_mqtt311']:.1f} us", ""),
-        ("gateway / reference (MQTT 5)", f"{r['ratio_gateway_vs_reference_mqtt5']:.2f}",
-         "ratio_gateway_vs_reference_mqtt5"),
-        ("gateway / reference (MQTT 3.1.1)", f"{r['ratio_gateway_vs_reference_mqtt311']:.2f}",
-         ""),
+        (
+            "gateway, 1 process (drain, MQTT 3.1.1)",
+            f"{r['gateway_msgs_per_s_mqtt311']:,} msg/s",
+            "",
+        ),
+        (
+            "gateway CPU per message (MQTT 5 drain)",
+            f"{r['gateway_cpu_us_per_msg_mqtt5']:.1f} us",
+            "gateway_cpu_us_per_msg_mqtt5",
+        ),
+        (
+            "gateway CPU per message (MQTT 3.1.1 drain)",
+            f"{r['gateway_cpu_us_per_msg_mqtt311']:.1f} us",
+            "",
+        ),
+        (
+            "gateway / reference (MQTT 5)",
+            f"{r['ratio_gateway_vs_reference_mqtt5']:.2f}",
+            "ratio_gateway_vs_reference_mqtt5",
+        ),
+        ("gateway / reference (MQTT 3.1.1)", f"{r['ratio_gateway_vs_reference_mqtt311']:.2f}", ""),
         ("gateway, 1 process, live publisher", f"{r['gateway_live_msgs_per_s']:,} msg/s", ""),
         ("gateway, 2 processes ($share), live", f"{r['gateway2_msgs_per_s']:,} msg/s", ""),
         ("naive: one commit per message", f"{r['naive_msgs_per_s']:,} msg/s", ""),
-        ("gateway / bare (MQTT 5)", f"{r['ratio_gateway_vs_bare_mqtt5']:.2f}",
-         "ratio_gateway_vs_bare_mqtt5"),
+        (
+            "gateway / bare (MQTT 5)",
+            f"{r['ratio_gateway_vs_bare_mqtt5']:.2f}",
+            "ratio_gateway_vs_bare_mqtt5",
+        ),
         ("gateway / bare (MQTT 3.1.1)", f"{r['ratio_gateway_vs_bare_mqtt311']:.2f}", ""),
         ("gateway / native", f"{r['ratio_gateway_vs_native']:.3f}", ""),
         ("gateway / naive", f"{r['ratio_gateway_vs_naive']:.1f}x", "ratio_gateway_vs_naive"),
         ("two processes / one", f"{r['ratio_two_vs_one']:.2f}", "ratio_two_vs_one"),
-        (f"alarms, live on {r['shared_devices']} shared devices: 1 process",
-         f"{r['gateway_live_alarms_found']:,} / {r['gateway_live_alarms_expected']:,}"
-         f" ({r['gateway_live_cleared_found']:,} / {r['gateway_live_cleared_expected']:,}"
-         " cleared)", ""),
-        (f"alarms, 2 processes ({r['gateway2_devices_on_both_nodes']} devices on both)",
-         f"{r['gateway2_alarms_found']:,} / {r['gateway2_alarms_expected']:,}"
-         f" ({r['gateway2_cleared_found']:,} / {r['gateway2_cleared_expected']:,}"
-         " cleared)", "alarms_match"),
-        (f"latency at {r['latency_rate_msgs_per_s']:,} msg/s: p50 / p95",
-         f"{r['latency_p50_ms']:.1f} / {r['latency_p95_ms']:.1f} ms", ""),
+        (
+            f"alarms, live on {r['shared_devices']} shared devices: 1 process",
+            f"{r['gateway_live_alarms_found']:,} / {r['gateway_live_alarms_expected']:,}"
+            f" ({r['gateway_live_cleared_found']:,} / {r['gateway_live_cleared_expected']:,}"
+            " cleared)",
+            "",
+        ),
+        (
+            f"alarms, 2 processes ({r['gateway2_devices_on_both_nodes']} devices on both)",
+            f"{r['gateway2_alarms_found']:,} / {r['gateway2_alarms_expected']:,}"
+            f" ({r['gateway2_cleared_found']:,} / {r['gateway2_cleared_expected']:,}"
+            " cleared)",
+            "alarms_match",
+        ),
+        (
+            f"latency at {r['latency_rate_msgs_per_s']:,} msg/s: p50 / p95",
+            f"{r['latency_p50_ms']:.1f} / {r['latency_p95_ms']:.1f} ms",
+            "",
+        ),
         ("latency p99 (publish -> commit)", f"{r['latency_p99_ms']:.1f} ms", "latency_p99_ms"),
-        (f"alarm storm: {r['storm_devices']:,} devices", f"{r['storm_seconds']:.2f} s",
-         "storm_seconds"),
-        ("alarm storm: alarms / devices alarmed",
-         f"{r['storm_alarms']:,} / {r['storm_alarmed_devices']:,}", ""),
-        (f"commands: {r['commands']:,} to {r['command_devices']:,} devices",
-         f"{r['commands_per_s']:,} /s ({r['commands_acked']:,} ACKED)", "commands_per_s"),
+        (
+            f"alarm storm: {r['storm_devices']:,} devices",
+            f"{r['storm_seconds']:.2f} s",
+            "storm_seconds",
+        ),
+        (
+            "alarm storm: alarms / devices alarmed",
+            f"{r['storm_alarms']:,} / {r['storm_alarmed_devices']:,}",
+            "",
+        ),
+        (
+            f"commands: {r['commands']:,} to {r['command_devices']:,} devices",
+            f"{r['commands_per_s']:,} /s ({r['commands_acked']:,} ACKED)",
+            "commands_per_s",
+        ),
         (f"command p50 at {r['commands_paced_per_s']:,} /s", f"{r['commands_p50_ms']:.1f} ms", ""),
         ("command p99 (creation -> ACKED)", f"{r['commands_p99_ms']:.1f} ms", "commands_p99_ms"),
         ("gateway peak RSS (drain, storm)", f"{r['rss_mb']} MB", "rss_mb"),
-    ]  # fmt: skip
+    ]
     width = max(len(name) for name, _, _ in rows)
     value_width = max(len(value) for _, value, _ in rows)
     lines = [f"backlog: {r['messages']:,} QoS 1 messages ({r['machine']})"]

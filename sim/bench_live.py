@@ -179,11 +179,12 @@ def _readings(
     topics: Topics, ids: Iterable[str], *, seq: int, temp: float
 ) -> list[tuple[str, bytes]]:
     return [
-        (topics.telemetry(device), encode_telemetry(
-            Telemetry(ts=EPOCH_MS + seq, seq=seq, metrics={"temp": temp})
-        ))
+        (
+            topics.telemetry(device),
+            encode_telemetry(Telemetry(ts=EPOCH_MS + seq, seq=seq, metrics={"temp": temp})),
+        )
         for device in ids
-    ]  # fmt: skip
+    ]
 
 
 async def measure_storm(
@@ -201,9 +202,10 @@ async def measure_storm(
             # Known devices below the threshold first: the storm is a crossing, not first sight.
             await publisher.publish_all(_readings(topics, ids, seq=0, temp=20.0))
             await probes.until(
-                lambda: probes.stored[node] >= devices, timeout_s=300,
+                lambda: probes.stored[node] >= devices,
+                timeout_s=300,
                 what="the storm's normal readings",
-            )  # fmt: skip
+            )
             crossing = _readings(topics, ids, seq=1, temp=95.0)
             started = time.perf_counter()
             await publisher.publish_all(crossing)
@@ -212,9 +214,10 @@ async def measure_storm(
             lambda: probes.alarms[node] >= devices, timeout_s=300, what="the storm's alarms"
         )
         await probes.until(
-            lambda: probes.stored[node] >= 2 * devices, timeout_s=300,
+            lambda: probes.stored[node] >= 2 * devices,
+            timeout_s=300,
             what="the storm's readings",
-        )  # fmt: skip
+        )
         row = await conn.fetchrow(Q["storm_alarms"], node)
         assert row is not None
         rss = gateways.peak_rss_mb()
@@ -222,9 +225,13 @@ async def measure_storm(
         await gateways.stop()
         await conn.close()
     return Storm(
-        devices, finished - started, published - started, int(row["alarms"]),
-        int(row["devices"]), rss,
-    )  # fmt: skip
+        devices,
+        finished - started,
+        published - started,
+        int(row["alarms"]),
+        int(row["devices"]),
+        rss,
+    )
 
 
 # -- command round trip ------------------------------------------------------------------------
@@ -254,9 +261,13 @@ async def measure_commands(
         port=port, dsn=dsn, prefix=prefix, count=1, workdir=workdir, extra=RULES + API_TOKEN
     )
     responder = Responder(
-        host="127.0.0.1", port=port, topics=topics, script=Script(seed=1),
-        client_id="bench-responder", max_pending=WINDOW,
-    )  # fmt: skip
+        host="127.0.0.1",
+        port=port,
+        topics=topics,
+        script=Script(seed=1),
+        client_id="bench-responder",
+        max_pending=WINDOW,
+    )
     stop = asyncio.Event()
     answering = asyncio.create_task(responder.run(stop), name="bench-responder")
     conn = await asyncpg.connect(dsn)
@@ -290,9 +301,10 @@ async def measure_commands(
                 else:
                     await paced(rate, commands, create)
                 await probes.until(
-                    lambda: probes.finished[f"{prefix}{group}"] >= commands, timeout_s=600,
+                    lambda: probes.finished[f"{prefix}{group}"] >= commands,
+                    timeout_s=600,
                     what=f"the {group} commands to finish",
-                )  # fmt: skip
+                )
                 return list(await conn.fetch(Q["command_timings"], f"{prefix}{group}-%"))
 
             burst_rows = await run("burst", None)
@@ -309,6 +321,10 @@ async def measure_commands(
         await gateways.stop()
         await conn.close()
     return Commands(
-        burst=commands, burst_acked=burst_acked, per_s=per_s, paced_rate=paced_rate,
-        paced_acked=len(millis), timings=Percentiles.of(millis[warmup:]),
-    )  # fmt: skip
+        burst=commands,
+        burst_acked=burst_acked,
+        per_s=per_s,
+        paced_rate=paced_rate,
+        paced_acked=len(millis),
+        timings=Percentiles.of(millis[warmup:]),
+    )

@@ -357,9 +357,12 @@ class DeviceFleet:
                     if pacer is None:
                         config = self.config
                         return BrokerUnavailableError(
-                            config.host, config.port, config.protocol, str(exc),
+                            config.host,
+                            config.port,
+                            config.protocol,
+                            str(exc),
                             refused=isinstance(exc, aiomqtt.MqttCodeError),  # CONNACK refused
-                        )  # fmt: skip
+                        )
                     if stop.is_set():  # a failed DISCONNECT at the end is no lost connection
                         break
                     self.stats.connection_errors += 1

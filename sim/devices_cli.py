@@ -65,9 +65,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "speaks 3.1.1 only",
     )
     broker.add_argument(
-        "--encoding", choices=[e.value for e in Encoding], default="json",
+        "--encoding",
+        choices=[e.value for e in Encoding],
+        default="json",
         help="(default %(default)s)",
-    )  # fmt: skip
+    )
     broker.add_argument(
         "--client-id",
         default="gateway-sim-devices",
@@ -84,13 +86,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     fleet = parser.add_argument_group("devices")
     fleet.add_argument(
-        "--devices", type=_number(1, MAX_DEVICES, integer=True), default=100,
+        "--devices",
+        type=_number(1, MAX_DEVICES, integer=True),
+        default=100,
         help=f"1 to {MAX_DEVICES:,}, ids sim-00000, sim-00001, ... (default %(default)s)",
-    )  # fmt: skip
+    )
     fleet.add_argument(
-        "--rate", type=_number(0, low_open=True), default=100.0,
+        "--rate",
+        type=_number(0, low_open=True),
+        default=100.0,
         help="messages per second, all devices together (default %(default)s)",
-    )  # fmt: skip
+    )
     fleet.add_argument(
         "--duration",
         type=_number(0, low_open=True),
@@ -107,31 +113,41 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--mix", type=_mix, default=DEFAULT_MIX, help="pattern weights (default %(default)s)"
     )
     fleet.add_argument(
-        "--crossing-probability", type=_number(0, 1), default=0.01,
+        "--crossing-probability",
+        type=_number(0, 1),
+        default=0.01,
         help="per walk message: the chance temp spikes above 80, then back below 75 "
         "(default %(default)s)",
-    )  # fmt: skip
+    )
     fleet.add_argument(
-        "--event-probability", type=_number(0, 1), default=0.05,
+        "--event-probability",
+        type=_number(0, 1),
+        default=0.05,
         help="per event-device message: the chance of its event, cleared a few messages "
         "later (default %(default)s)",
-    )  # fmt: skip
+    )
     fleet.add_argument(
-        "--silence-s", type=_number(0, low_open=True), default=120.0,
+        "--silence-s",
+        type=_number(0, low_open=True),
+        default=120.0,
         help="how long a silent device stays quiet, after 20 messages (default %(default)s)",
-    )  # fmt: skip
+    )
 
     commands = parser.add_argument_group("commands")
     commands.add_argument(
-        "--behaviour", choices=[b.value for b in Behaviour], default=Behaviour.SUCCESS.value,
+        "--behaviour",
+        choices=[b.value for b in Behaviour],
+        default=Behaviour.SUCCESS.value,
         metavar="NAME",
         help="how every device answers downlink commands (default %(default)s): "
         + ", ".join(b.value for b in Behaviour),
-    )  # fmt: skip
+    )
     commands.add_argument(
-        "--failure-rate", type=_number(0, 1), default=0.0,
+        "--failure-rate",
+        type=_number(0, 1),
+        default=0.0,
         help="share of success answers turned into failure codes, seeded (default %(default)s)",
-    )  # fmt: skip
+    )
     commands.add_argument(
         "--late-s",
         type=_number(0),

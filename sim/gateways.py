@@ -89,9 +89,15 @@ class GatewayProcesses:
         for path in self.configs:
             with (self.workdir / f"{path.stem}.log").open("ab") as log:
                 process = await asyncio.create_subprocess_exec(
-                    sys.executable, "-m", "gateway", "run", "--config", str(path),
-                    stdout=log, stderr=log,
-                )  # fmt: skip
+                    sys.executable,
+                    "-m",
+                    "gateway",
+                    "run",
+                    "--config",
+                    str(path),
+                    stdout=log,
+                    stderr=log,
+                )
             self.processes.append(process)
         async with aiohttp.ClientSession() as http:
             for port in self.http_ports:
@@ -105,8 +111,11 @@ class GatewayProcesses:
                 status = Path(f"/proc/{process.pid}/status").read_text()
             except OSError:
                 continue
-            peaks += [int(line.split()[1]) / 1024 for line in status.splitlines()
-                      if line.startswith("VmHWM:")]  # fmt: skip
+            peaks += [
+                int(line.split()[1]) / 1024
+                for line in status.splitlines()
+                if line.startswith("VmHWM:")
+            ]
         return max(peaks, default=0.0)
 
     def cpu_seconds(self) -> float:

@@ -148,8 +148,9 @@ async def reference_drain(
                 devices.append(device_id)
                 stamps.append(message.timestamp())
                 seqs.append(message.seq)
-                metrics.append(None if message.metrics is None else
-                               _METRICS.encode(message.metrics).decode())  # fmt: skip
+                metrics.append(
+                    None if message.metrics is None else _METRICS.encode(message.metrics).decode()
+                )
             async with conn.transaction():
                 await conn.execute(INSERT_BATCH, ids, devices, stamps, seqs, metrics)
             session.write(

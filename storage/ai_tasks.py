@@ -95,9 +95,17 @@ async def succeed(
     model_name: str,
 ) -> asyncpg.Record | None:
     return await conn.fetchrow(
-        SUCCEED, task_id, token, summary, possible_cause, inspection_suggestion, risk_level,
-        confidence, raw_response, model_name,
-    )  # fmt: skip
+        SUCCEED,
+        task_id,
+        token,
+        summary,
+        possible_cause,
+        inspection_suggestion,
+        risk_level,
+        confidence,
+        raw_response,
+        model_name,
+    )
 
 
 async def fail(

@@ -43,10 +43,24 @@ MARK_REMINDED = _Q["mark_reminded"]
 
 # Columns update_lifecycle writes, in parameter order after (id, expected status).
 LIFECYCLE_COLUMNS = (
-    "status", "active_key", "pushed_at", "delayed_at", "woken_at", "confirmed_at",
-    "confirmed_by", "handled_at", "handled_by", "closed_at", "closed_by", "false_at",
-    "false_by", "escalated_at", "superseded_at", "superseded_by", "last_notified_at",
-)  # fmt: skip
+    "status",
+    "active_key",
+    "pushed_at",
+    "delayed_at",
+    "woken_at",
+    "confirmed_at",
+    "confirmed_by",
+    "handled_at",
+    "handled_by",
+    "closed_at",
+    "closed_by",
+    "false_at",
+    "false_by",
+    "escalated_at",
+    "superseded_at",
+    "superseded_by",
+    "last_notified_at",
+)
 
 
 async def find_by_dedup(conn: asyncpg.Connection, dedup_key: str) -> int | None:
@@ -80,9 +94,16 @@ async def insert_alarm(
 ) -> asyncpg.Record | None:
     """The new row, or None on a dedup hit."""
     return await conn.fetchrow(
-        INSERT_ALARM, device_id, rule_key, severity, telemetry_event_id, dedup_key, active_key,
-        triggered_at, node_id,
-    )  # fmt: skip
+        INSERT_ALARM,
+        device_id,
+        rule_key,
+        severity,
+        telemetry_event_id,
+        dedup_key,
+        active_key,
+        triggered_at,
+        node_id,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,10 +132,16 @@ async def insert_alarms(
 ) -> list[asyncpg.Record]:
     """Insert NEW alarms in one statement; the rows inserted (a dedup hit inserts none)."""
     records = await conn.fetch(
-        INSERT_ALARMS, [a.device_id for a in alarms], [a.rule_key for a in alarms],
-        [a.severity for a in alarms], [a.telemetry_event_id for a in alarms],
-        [a.dedup_key for a in alarms], [a.active_key for a in alarms], triggered_at, node_id,
-    )  # fmt: skip
+        INSERT_ALARMS,
+        [a.device_id for a in alarms],
+        [a.rule_key for a in alarms],
+        [a.severity for a in alarms],
+        [a.telemetry_event_id for a in alarms],
+        [a.dedup_key for a in alarms],
+        [a.active_key for a in alarms],
+        triggered_at,
+        node_id,
+    )
     return list(records)
 
 
@@ -128,9 +155,13 @@ async def insert_creation_audits(
     node_id: str,
 ) -> None:
     await conn.execute(
-        INSERT_CREATION_AUDITS, list(alarm_ids), list(to_statuses), list(event_ids), actor,
+        INSERT_CREATION_AUDITS,
+        list(alarm_ids),
+        list(to_statuses),
+        list(event_ids),
+        actor,
         node_id,
-    )  # fmt: skip
+    )
 
 
 async def link_superseded(conn: asyncpg.Connection, old_id: int, new_id: int) -> None:
@@ -154,9 +185,17 @@ async def insert_late(
 ) -> asyncpg.Record | None:
     """Insert an alarm already SUPERSEDED (see `insert_late`); None on a dedup hit."""
     return await conn.fetchrow(
-        INSERT_LATE, alarm.device_id, alarm.rule_key, alarm.severity, alarm.telemetry_event_id,
-        alarm.dedup_key, at, node_id, superseded_by_dedup_key, clear_event_id,
-    )  # fmt: skip
+        INSERT_LATE,
+        alarm.device_id,
+        alarm.rule_key,
+        alarm.severity,
+        alarm.telemetry_event_id,
+        alarm.dedup_key,
+        at,
+        node_id,
+        superseded_by_dedup_key,
+        clear_event_id,
+    )
 
 
 async def get(conn: asyncpg.Connection, alarm_id: int) -> asyncpg.Record | None:
@@ -186,9 +225,17 @@ async def insert_audit(
     event_id: str | None = None,
 ) -> None:
     await conn.execute(
-        INSERT_AUDIT, alarm_id, actor, action, from_status, to_status, note, request_id,
-        event_id, node_id,
-    )  # fmt: skip
+        INSERT_AUDIT,
+        alarm_id,
+        actor,
+        action,
+        from_status,
+        to_status,
+        note,
+        request_id,
+        event_id,
+        node_id,
+    )
 
 
 async def list_alarms(

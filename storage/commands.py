@@ -44,9 +44,15 @@ async def insert(
 ) -> asyncpg.Record | None:
     """The new row, or None when the device already has a command with that key."""
     return await conn.fetchrow(
-        INSERT, device_id, name, msgspec.json.encode(params).decode(), delivery,
-        idempotency_key, created_by, expire_after_s,
-    )  # fmt: skip
+        INSERT,
+        device_id,
+        name,
+        msgspec.json.encode(params).decode(),
+        delivery,
+        idempotency_key,
+        created_by,
+        expire_after_s,
+    )
 
 
 async def by_idempotency_key(
@@ -114,10 +120,21 @@ async def apply_receipt(
 ) -> asyncpg.Record | None:
     """The four-guard update; None when any guard failed (nothing changed)."""
     return await conn.fetchrow(
-        APPLY_RECEIPT, command_id, generation, node_id, expected, status, result,
-        result_code, raw_result_code, raw_ack, terminal, 1 if retry else 0, retry_delay_s,
+        APPLY_RECEIPT,
+        command_id,
+        generation,
+        node_id,
+        expected,
+        status,
+        result,
+        result_code,
+        raw_result_code,
+        raw_ack,
+        terminal,
+        1 if retry else 0,
+        retry_delay_s,
         timeout_s,
-    )  # fmt: skip
+    )
 
 
 async def insert_receipt(
@@ -137,9 +154,20 @@ async def insert_receipt(
     received_by: str,
 ) -> None:
     await conn.execute(
-        INSERT_RECEIPT, command_id, reported_command_id, device_id, generation, node_id,
-        result, result_code, raw_result_code, raw_ack, outcome, reason, received_by,
-    )  # fmt: skip
+        INSERT_RECEIPT,
+        command_id,
+        reported_command_id,
+        device_id,
+        generation,
+        node_id,
+        result,
+        result_code,
+        raw_result_code,
+        raw_ack,
+        outcome,
+        reason,
+        received_by,
+    )
 
 
 async def insert_audit(
@@ -155,9 +183,16 @@ async def insert_audit(
     note: str | None = None,
 ) -> None:
     await conn.execute(
-        INSERT_AUDIT, command_id, actor, action, from_status, to_status, generation,
-        node_id, note,
-    )  # fmt: skip
+        INSERT_AUDIT,
+        command_id,
+        actor,
+        action,
+        from_status,
+        to_status,
+        generation,
+        node_id,
+        note,
+    )
 
 
 async def reclaim_expired(conn: asyncpg.Connection) -> list[asyncpg.Record]:

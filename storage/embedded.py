@@ -477,11 +477,20 @@ def _system_user() -> _RunAs | None:
         nologin = shutil.which("nologin") or "/bin/false"
         # Another process may create it at the same time; only the lookup below decides.
         subprocess.run(
-            ["useradd", "--system", "--user-group", "--no-create-home", "--shell", nologin,
-             "--comment", "embedded PostgreSQL (gateway)", SYSTEM_USER],
+            [
+                "useradd",
+                "--system",
+                "--user-group",
+                "--no-create-home",
+                "--shell",
+                nologin,
+                "--comment",
+                "embedded PostgreSQL (gateway)",
+                SYSTEM_USER,
+            ],
             capture_output=True,
             check=False,
-        )  # fmt: skip
+        )
         try:
             entry = pwd.getpwnam(SYSTEM_USER)
         except KeyError:

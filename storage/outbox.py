@@ -48,9 +48,13 @@ async def add_event(
     """Insert an event on the caller's connection: it commits with the caller's change."""
     event_id = uuid.uuid4()
     await conn.execute(
-        INSERT_EVENT, event_id, aggregate_type, aggregate_id, event_type,
+        INSERT_EVENT,
+        event_id,
+        aggregate_type,
+        aggregate_id,
+        event_type,
         msgspec.json.encode(payload).decode(),
-    )  # fmt: skip
+    )
     return event_id
 
 
@@ -64,9 +68,13 @@ async def add_events(
     """`add_event` for many (aggregate id, payload) pairs in one statement, in their order."""
     event_ids = [uuid.uuid4() for _ in events]
     await conn.execute(
-        INSERT_EVENTS, event_ids, aggregate_type, [aggregate_id for aggregate_id, _ in events],
-        event_type, [msgspec.json.encode(payload).decode() for _, payload in events],
-    )  # fmt: skip
+        INSERT_EVENTS,
+        event_ids,
+        aggregate_type,
+        [aggregate_id for aggregate_id, _ in events],
+        event_type,
+        [msgspec.json.encode(payload).decode() for _, payload in events],
+    )
     return event_ids
 
 

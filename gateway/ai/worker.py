@@ -24,6 +24,7 @@ import structlog
 
 from gateway.ai.llm import LlmError, LlmPort
 from gateway.ai.output import OutputInvalid, parse_summary
+from gateway.config import AiConfig
 from gateway.domain.ai_prompt import AlarmFacts, build_request
 from gateway.domain.ai_task import ErrorCode, retry_delay_s, should_retry
 from gateway.support.loops import (
@@ -34,6 +35,7 @@ from gateway.support.loops import (
     wait_event_or_stop,
 )
 from gateway.support.metrics import Metrics
+from gateway.support.node import Node
 from storage import ai_tasks as repo
 from storage import alarms as alarm_repo
 from storage import outbox
@@ -90,6 +92,19 @@ class SummaryWorker:
         self.poll_s = poll_s
         self.wakeup = asyncio.Event()
 
+    @classmethod
+    def from_config(cls, node: Node, ai: AiConfig, *, llm: LlmPort) -> SummaryWorker:
+        return cls(
+            pool=node.pool,
+            llm=llm,
+            node_id=node.node_id,
+            metrics=node.metrics,
+            max_attempts=ai.max_attempts,
+            json_mode=ai.json_mode,
+            workers=ai.workers,
+            processing_timeout_s=ai.processing_timeout_s,
+        )
+
     async def run(self, stop: asyncio.Event) -> None:
         async with asyncio.TaskGroup() as tasks:
             for n in range(self.workers):
@@ -130,24 +145,37 @@ class SummaryWorker:
             assert alarm is not None
             reason = await repo.alarm_reason(conn, alarm["id"])
             facts = AlarmFacts(
-                alarm_id=alarm["id"], device_id=alarm["device_id"], rule_key=alarm["rule_key"],
-                severity=alarm["severity"], status=alarm["status"],
-                triggered_at=alarm["triggered_at"], reason=reason, cleared_at=alarm["cleared_at"],
-            )  # fmt: skip
+                alarm_id=alarm["id"],
+                device_id=alarm["device_id"],
+                rule_key=alarm["rule_key"],
+                severity=alarm["severity"],
+                status=alarm["status"],
+                triggered_at=alarm["triggered_at"],
+                reason=reason,
+                cleared_at=alarm["cleared_at"],
+            )
             telemetry = await repo.recent_telemetry(
                 conn, alarm["device_id"], alarm["triggered_at"], TELEMETRY_SAMPLES
             )
             request = build_request(
-                version=row["prompt_version"], model=row["model_name"], facts=facts,
-                telemetry=telemetry, json_mode=self.json_mode,
-            )  # fmt: skip
+                version=row["prompt_version"],
+                model=row["model_name"],
+                facts=facts,
+                telemetry=telemetry,
+                json_mode=self.json_mode,
+            )
             token = uuid.uuid4()
             started = await repo.start(conn, row["id"], token, self.node_id, request)
             assert started is not None  # the row is locked and PENDING
         return Claimed(
-            task_id=row["id"], alarm_id=row["alarm_id"], attempt=row["attempt"], token=token,
-            model_name=row["model_name"], prompt_version=row["prompt_version"], request=request,
-        )  # fmt: skip
+            task_id=row["id"],
+            alarm_id=row["alarm_id"],
+            attempt=row["attempt"],
+            token=token,
+            model_name=row["model_name"],
+            prompt_version=row["prompt_version"],
+            request=request,
+        )
 
     async def process(self, task: Claimed) -> None:
         loop = asyncio.get_running_loop()
@@ -165,12 +193,17 @@ class SummaryWorker:
         else:
             async with self.pool.acquire() as conn, conn.transaction():
                 row = await repo.succeed(
-                    conn, task.task_id, task.token, summary=summary.summary,
+                    conn,
+                    task.task_id,
+                    task.token,
+                    summary=summary.summary,
                     possible_cause=summary.possible_cause,
                     inspection_suggestion=summary.inspection_suggestion,
-                    risk_level=summary.risk_level.value, confidence=summary.confidence,
-                    raw_response=raw, model_name=reply.model or task.model_name,
-                )  # fmt: skip
+                    risk_level=summary.risk_level.value,
+                    confidence=summary.confidence,
+                    raw_response=raw,
+                    model_name=reply.model or task.model_name,
+                )
                 if row is not None:
                     await self._event(conn, row, EVENT_SUCCEEDED)
             self._count(row, "SUCCEEDED", "")
@@ -180,9 +213,13 @@ class SummaryWorker:
     async def _failed(self, task: Claimed, code: str, message: str, raw: str | None) -> None:
         async with self.pool.acquire() as conn, conn.transaction():
             row = await repo.fail(
-                conn, task.task_id, task.token, error_code=code, error_message=message,
+                conn,
+                task.task_id,
+                task.token,
+                error_code=code,
+                error_message=message,
                 raw_response=raw,
-            )  # fmt: skip
+            )
             if row is not None:
                 await self._after_failure(conn, row)
         self._count(row, "FAILED", code)
@@ -200,16 +237,22 @@ class SummaryWorker:
         attempt = row["attempt"]
         if should_retry(attempt, self.max_attempts):
             await repo.insert_task(
-                conn, alarm_id=row["alarm_id"], attempt=attempt + 1,
-                model_name=row["model_name"], prompt_version=row["prompt_version"],
+                conn,
+                alarm_id=row["alarm_id"],
+                attempt=attempt + 1,
+                model_name=row["model_name"],
+                prompt_version=row["prompt_version"],
                 delay_s=retry_delay_s(attempt),
-            )  # fmt: skip
+            )
 
     async def _event(self, conn: asyncpg.Connection, row: asyncpg.Record, event_type: str) -> None:
         await outbox.add_event(
-            conn, aggregate_type="alarm", aggregate_id=str(row["alarm_id"]),
-            event_type=event_type, payload={"task": task_to_json(row, with_payloads=False)},
-        )  # fmt: skip
+            conn,
+            aggregate_type="alarm",
+            aggregate_id=str(row["alarm_id"]),
+            event_type=event_type,
+            payload={"task": task_to_json(row, with_payloads=False)},
+        )
 
     async def sweep(self) -> list[int]:
         """Fail tasks stuck in PROCESSING past the timeout (their worker died), and retry."""

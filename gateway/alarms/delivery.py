@@ -43,9 +43,14 @@ async def deliver(
     action, actor = (Action.DELAY, QUIET_ACTOR) if held else (Action.PUSH, PUSH_ACTOR)
     try:
         changed = await transition(
-            conn, alarm_id, action, actor=actor, node_id=node_id, expected=AlarmStatus.NEW,
+            conn,
+            alarm_id,
+            action,
+            actor=actor,
+            node_id=node_id,
+            expected=AlarmStatus.NEW,
             now=at,
-        )  # fmt: skip
+        )
     except (StatusChangedError, AlarmNotFoundError):
         return None
     return changed.status

@@ -210,11 +210,14 @@ class AlarmEngine:
             return
         requests = [
             AlarmRequest(
-                device_id=f.device_id, rule_key=f.rule_key, severity=f.severity,
-                telemetry_event_id=f.telemetry_event_id, reason=f.reason,
+                device_id=f.device_id,
+                rule_key=f.rule_key,
+                severity=f.severity,
+                telemetry_event_id=f.telemetry_event_id,
+                reason=f.reason,
             )
             for f in run
-        ]  # fmt: skip
+        ]
         creations = await create_alarms(
             conn, requests, node_id=self.node_id, now=now, summary=self.summary
         )
@@ -234,12 +237,17 @@ class AlarmEngine:
         creation = await create_late_alarm(
             conn,
             AlarmRequest(
-                device_id=firing.device_id, rule_key=firing.rule_key, severity=firing.severity,
-                telemetry_event_id=firing.telemetry_event_id, reason=firing.reason,
+                device_id=firing.device_id,
+                rule_key=firing.rule_key,
+                severity=firing.severity,
+                telemetry_event_id=firing.telemetry_event_id,
+                reason=firing.reason,
             ),
             superseded_by_event=firing.superseded_by_event,
-            cleared_by_event=firing.cleared_by_event, node_id=self.node_id, now=now,
-        )  # fmt: skip
+            cleared_by_event=firing.cleared_by_event,
+            node_id=self.node_id,
+            now=now,
+        )
         if not creation.created or creation.alarm is None:
             batch.deduplicated += 1
             return
@@ -250,10 +258,14 @@ class AlarmEngine:
         self, conn: asyncpg.Connection, clearing: Clearing, now: datetime, batch: BatchAlarms
     ) -> None:
         cleared = await clear_alarm(
-            conn, device_id=clearing.device_id, rule_key=clearing.rule_key,
-            clear_event_id=clearing.telemetry_event_id, reason=clearing.reason, now=now,
+            conn,
+            device_id=clearing.device_id,
+            rule_key=clearing.rule_key,
+            clear_event_id=clearing.telemetry_event_id,
+            reason=clearing.reason,
+            now=now,
             raised_by_then=clearing.raised_by_then,
-        )  # fmt: skip
+        )
         if cleared is not None:
             batch.cleared += 1
 
@@ -280,13 +292,20 @@ class AlarmEngine:
         for row in await repo.clear_many(conn, keys, events, now):
             batch.cleared += 1
             await outbox.add_event(
-                conn, aggregate_type="alarm", aggregate_id=str(row["id"]),
+                conn,
+                aggregate_type="alarm",
+                aggregate_id=str(row["id"]),
                 event_type=EVENT_CLEARED,
-                payload={"alarm_id": row["id"], "device_id": row["device_id"],
-                         "rule_key": row["rule_key"], "status": row["status"],
-                         "clear_event_id": row["event_id"], "reason": "device heard from again",
-                         "cleared_at": row["cleared_at"].isoformat()},
-            )  # fmt: skip
+                payload={
+                    "alarm_id": row["id"],
+                    "device_id": row["device_id"],
+                    "rule_key": row["rule_key"],
+                    "status": row["status"],
+                    "clear_event_id": row["event_id"],
+                    "reason": "device heard from again",
+                    "cleared_at": row["cleared_at"].isoformat(),
+                },
+            )
 
 
 def _state_of(row: RuleStateRow) -> RuleState:

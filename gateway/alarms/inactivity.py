@@ -59,10 +59,16 @@ class InactivityMonitor:
             async with self.pool.acquire() as conn, conn.transaction():
                 now = await repo.db_now(conn)
                 creation = await create_alarm(
-                    conn, device_id=device_id, rule_key=rule_key, severity=severity,
-                    telemetry_event_id=event_id, reason=reason,
-                    node_id=self.engine.node_id, now=now, summary=self.engine.summary,
-                )  # fmt: skip
+                    conn,
+                    device_id=device_id,
+                    rule_key=rule_key,
+                    severity=severity,
+                    telemetry_event_id=event_id,
+                    reason=reason,
+                    node_id=self.engine.node_id,
+                    now=now,
+                    summary=self.engine.summary,
+                )
         except ConcurrentWriteError:
             return None  # another node raised it first
         if creation.alarm is None:

@@ -109,11 +109,17 @@ async def _record(
 ) -> None:
     """The audit row and the outbox event of one change, on the change's transaction."""
     await repo.insert_audit(
-        conn, alarm_id=alarm.id, actor=actor, action=action,
+        conn,
+        alarm_id=alarm.id,
+        actor=actor,
+        action=action,
         from_status=None if from_status is None else from_status.value,
-        to_status=alarm.status.value, node_id=node_id, note=note, request_id=request_id,
+        to_status=alarm.status.value,
+        node_id=node_id,
+        note=note,
+        request_id=request_id,
         event_id=event_id,
-    )  # fmt: skip
+    )
     payload = {
         "alarm": alarm_to_json(alarm),
         "action": action,
@@ -122,9 +128,12 @@ async def _record(
         **(extra or {}),
     }
     await outbox.add_event(
-        conn, aggregate_type=AGGREGATE, aggregate_id=str(alarm.id), event_type=event_type,
+        conn,
+        aggregate_type=AGGREGATE,
+        aggregate_id=str(alarm.id),
+        event_type=event_type,
         payload=payload,
-    )  # fmt: skip
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,10 +190,16 @@ async def create_alarm(
             raise ConcurrentWriteError("the previous alarm changed meanwhile")
     try:
         row = await repo.insert_alarm(
-            conn, device_id=device_id, rule_key=rule_key, severity=severity,
-            telemetry_event_id=telemetry_event_id, dedup_key=key, active_key=held_by,
-            triggered_at=now, node_id=node_id,
-        )  # fmt: skip
+            conn,
+            device_id=device_id,
+            rule_key=rule_key,
+            severity=severity,
+            telemetry_event_id=telemetry_event_id,
+            dedup_key=key,
+            active_key=held_by,
+            triggered_at=now,
+            node_id=node_id,
+        )
     except asyncpg.UniqueViolationError as exc:
         # ON CONFLICT covers the dedup key only: a concurrent insert of the same alarm can
         # be caught first by the active key's unique index.
@@ -194,24 +209,38 @@ async def create_alarm(
     alarm = alarm_from_record(row)
     if summary is not None:
         await ai_repo.insert_task(
-            conn, alarm_id=alarm.id, attempt=1, model_name=summary.model_name,
+            conn,
+            alarm_id=alarm.id,
+            attempt=1,
+            model_name=summary.model_name,
             prompt_version=summary.prompt_version,
-        )  # fmt: skip
+        )
     await _record(
-        conn, alarm=alarm, event_type=EVENT_CREATED, action="create", from_status=None,
-        actor=RULES_ACTOR, node_id=node_id, event_id=telemetry_event_id,
+        conn,
+        alarm=alarm,
+        event_type=EVENT_CREATED,
+        action="create",
+        from_status=None,
+        actor=RULES_ACTOR,
+        node_id=node_id,
+        event_id=telemetry_event_id,
         extra={"reason": reason, "supersedes": None if superseded is None else superseded[0]},
-    )  # fmt: skip
+    )
     if superseded is not None:
         old_id, old_status = superseded
         await repo.link_superseded(conn, old_id, alarm.id)
         old = await repo.get(conn, old_id)
         assert old is not None
         await _record(
-            conn, alarm=alarm_from_record(old), event_type=EVENT_SUPERSEDED,
-            action=Action.SUPERSEDE.value, from_status=old_status, actor=RULES_ACTOR,
-            node_id=node_id, event_id=telemetry_event_id,
-        )  # fmt: skip
+            conn,
+            alarm=alarm_from_record(old),
+            event_type=EVENT_SUPERSEDED,
+            action=Action.SUPERSEDE.value,
+            from_status=old_status,
+            actor=RULES_ACTOR,
+            node_id=node_id,
+            event_id=telemetry_event_id,
+        )
     return Creation(
         created=True, alarm=alarm, superseded_id=None if superseded is None else superseded[0]
     )
@@ -256,10 +285,16 @@ async def create_alarms(
             results[index] = Creation(created=False)
         elif holders[index] in held:
             results[index] = await create_alarm(
-                conn, device_id=request.device_id, rule_key=request.rule_key,
-                severity=request.severity, telemetry_event_id=request.telemetry_event_id,
-                reason=request.reason, node_id=node_id, now=now, summary=summary,
-            )  # fmt: skip
+                conn,
+                device_id=request.device_id,
+                rule_key=request.rule_key,
+                severity=request.severity,
+                telemetry_event_id=request.telemetry_event_id,
+                reason=request.reason,
+                node_id=node_id,
+                now=now,
+                summary=summary,
+            )
         else:
             fresh.append(index)
     if fresh:
@@ -284,12 +319,15 @@ async def _insert_fresh(
 ) -> list[Alarm]:
     rows = [
         repo.NewAlarm(
-            device_id=requests[i].device_id, rule_key=requests[i].rule_key,
-            severity=requests[i].severity, telemetry_event_id=requests[i].telemetry_event_id,
-            dedup_key=keys[i], active_key=holders[i],
+            device_id=requests[i].device_id,
+            rule_key=requests[i].rule_key,
+            severity=requests[i].severity,
+            telemetry_event_id=requests[i].telemetry_event_id,
+            dedup_key=keys[i],
+            active_key=holders[i],
         )
         for i in fresh
-    ]  # fmt: skip
+    ]
     try:
         inserted = await repo.insert_alarms(conn, rows, triggered_at=now, node_id=node_id)
     except asyncpg.UniqueViolationError as exc:  # an active key taken since we looked
@@ -304,19 +342,32 @@ async def _insert_fresh(
             conn, ids, model_name=summary.model_name, prompt_version=summary.prompt_version
         )
     await repo.insert_creation_audits(
-        conn, alarm_ids=ids, to_statuses=[alarm.status.value for alarm in alarms],
-        event_ids=[requests[i].telemetry_event_id for i in fresh], actor=RULES_ACTOR,
+        conn,
+        alarm_ids=ids,
+        to_statuses=[alarm.status.value for alarm in alarms],
+        event_ids=[requests[i].telemetry_event_id for i in fresh],
+        actor=RULES_ACTOR,
         node_id=node_id,
-    )  # fmt: skip
+    )
     await outbox.add_events(
-        conn, aggregate_type=AGGREGATE, event_type=EVENT_CREATED,
+        conn,
+        aggregate_type=AGGREGATE,
+        event_type=EVENT_CREATED,
         events=[
-            (str(alarm.id), {"alarm": alarm_to_json(alarm), "action": "create",
-                             "actor": RULES_ACTOR, "from": None,
-                             "reason": requests[i].reason, "supersedes": None})
+            (
+                str(alarm.id),
+                {
+                    "alarm": alarm_to_json(alarm),
+                    "action": "create",
+                    "actor": RULES_ACTOR,
+                    "from": None,
+                    "reason": requests[i].reason,
+                    "supersedes": None,
+                },
+            )
             for i, alarm in zip(fresh, alarms, strict=True)
         ],
-    )  # fmt: skip
+    )
     return alarms
 
 
@@ -341,24 +392,33 @@ async def create_late_alarm(
     row = await repo.insert_late(
         conn,
         repo.NewAlarm(
-            device_id=request.device_id, rule_key=request.rule_key, severity=request.severity,
-            telemetry_event_id=request.telemetry_event_id, dedup_key=key,
+            device_id=request.device_id,
+            rule_key=request.rule_key,
+            severity=request.severity,
+            telemetry_event_id=request.telemetry_event_id,
+            dedup_key=key,
             active_key=active_key(request.device_id, request.rule_key),
         ),
-        at=now, node_id=node_id,
-        superseded_by_dedup_key=dedup_key(request.rule_key, request.device_id,
-                                          superseded_by_event),
+        at=now,
+        node_id=node_id,
+        superseded_by_dedup_key=dedup_key(request.rule_key, request.device_id, superseded_by_event),
         clear_event_id=cleared_by_event,
-    )  # fmt: skip
+    )
     if row is None:
         return Creation(created=False)
     alarm = alarm_from_record(row)
     await _record(
-        conn, alarm=alarm, event_type=EVENT_CREATED, action="create", from_status=None,
-        actor=RULES_ACTOR, node_id=node_id, event_id=request.telemetry_event_id,
+        conn,
+        alarm=alarm,
+        event_type=EVENT_CREATED,
+        action="create",
+        from_status=None,
+        actor=RULES_ACTOR,
+        node_id=node_id,
+        event_id=request.telemetry_event_id,
         note="committed after a newer alarm of its rule: created superseded by it",
         extra={"reason": request.reason, "supersedes": None, "late": True},
-    )  # fmt: skip
+    )
     return Creation(created=True, alarm=alarm)
 
 
@@ -381,18 +441,31 @@ async def clear_alarm(
         row = await repo.clear_active(conn, active_key(device_id, rule_key), now, clear_event_id)
     else:
         row = await repo.clear_raised_by(
-            conn, device_id=device_id, rule_key=rule_key, device_time=raised_by_then, at=now,
+            conn,
+            device_id=device_id,
+            rule_key=rule_key,
+            device_time=raised_by_then,
+            at=now,
             clear_event_id=clear_event_id,
-        )  # fmt: skip
+        )
     if row is None:
         return None
-    payload = {"alarm_id": row["id"], "device_id": device_id, "rule_key": rule_key,
-               "status": row["status"], "clear_event_id": clear_event_id, "reason": reason,
-               "cleared_at": row["cleared_at"].isoformat()}  # fmt: skip
+    payload = {
+        "alarm_id": row["id"],
+        "device_id": device_id,
+        "rule_key": rule_key,
+        "status": row["status"],
+        "clear_event_id": clear_event_id,
+        "reason": reason,
+        "cleared_at": row["cleared_at"].isoformat(),
+    }
     await outbox.add_event(
-        conn, aggregate_type=AGGREGATE, aggregate_id=str(row["id"]), event_type=EVENT_CLEARED,
+        conn,
+        aggregate_type=AGGREGATE,
+        aggregate_id=str(row["id"]),
+        event_type=EVENT_CLEARED,
         payload=payload,
-    )  # fmt: skip
+    )
     return int(row["id"])
 
 
@@ -438,10 +511,16 @@ async def transition(
         raise StatusChangedError(alarm_from_record(current), action)
     updated = alarm_from_record(row)
     await _record(
-        conn, alarm=updated, event_type=event_type, action=action.value,
-        from_status=alarm.status, actor=actor, node_id=node_id, note=note,
+        conn,
+        alarm=updated,
+        event_type=event_type,
+        action=action.value,
+        from_status=alarm.status,
+        actor=actor,
+        node_id=node_id,
+        note=note,
         request_id=request_id,
-    )  # fmt: skip
+    )
     return updated
 
 
@@ -472,9 +551,14 @@ class AlarmService:
     ) -> list[Alarm]:
         async with self.pool.acquire() as conn:
             records = await repo.list_alarms(
-                conn, statuses=statuses, device_id=device_id, rule_key=rule_key,
-                open_only=open_only, before_id=before_id, limit=limit,
-            )  # fmt: skip
+                conn,
+                statuses=statuses,
+                device_id=device_id,
+                rule_key=rule_key,
+                open_only=open_only,
+                before_id=before_id,
+                limit=limit,
+            )
         return [alarm_from_record(r) for r in records]
 
     async def latest_summary(self, alarm_id: int) -> asyncpg.Record | None:
@@ -517,9 +601,14 @@ class AlarmService:
         async with self.pool.acquire() as conn, conn.transaction():
             before = await repo.get(conn, alarm_id)
             changed = await transition(
-                conn, alarm_id, action, actor=actor, node_id=self.node_id, note=note,
+                conn,
+                alarm_id,
+                action,
+                actor=actor,
+                node_id=self.node_id,
+                note=note,
                 request_id=request_id,
-            )  # fmt: skip
+            )
         if self.metrics is not None and before is not None:
             self.metrics.count_alarm_transition(before["status"], changed.status.value)
         return changed

@@ -26,10 +26,12 @@ from gateway.alarms.service import (
     alarm_to_json,
     transition,
 )
+from gateway.config import AlarmsConfig
 from gateway.domain.alarm import Action, AlarmStatus, next_status
 from gateway.domain.quiet_hours import QuietHours
 from gateway.support.loops import every
 from gateway.support.metrics import Metrics
+from gateway.support.node import Node
 from storage import alarms as repo
 from storage import outbox
 
@@ -74,6 +76,20 @@ class AlarmTimers:
         self.clock = clock
         self.metrics = metrics
 
+    @classmethod
+    def from_config(
+        cls, node: Node, alarms: AlarmsConfig, *, quiet: QuietHours | None
+    ) -> AlarmTimers:
+        return cls(
+            pool=node.pool,
+            node_id=node.node_id,
+            quiet=quiet,
+            escalate_after_s=alarms.escalate_after_s,
+            repeat_interval_s=alarms.repeat_interval_s,
+            interval_s=alarms.timer_interval_s,
+            metrics=node.metrics,
+        )
+
     async def run(self, stop: asyncio.Event) -> None:
         await every(self.interval_s, stop, self.run_once, name="alarm-timers")
 
@@ -96,18 +112,28 @@ class AlarmTimers:
                 continue
             # Back to NEW; publishing the wake-up event pushes it (see delivery.deliver).
             if await self._act(
-                conn, row["id"], Action.WAKE, expected=AlarmStatus.DELAYED, now=now,
-                actor=QUIET_ACTOR, event_type=EVENT_WOKEN,
-            ):  # fmt: skip
+                conn,
+                row["id"],
+                Action.WAKE,
+                expected=AlarmStatus.DELAYED,
+                now=now,
+                actor=QUIET_ACTOR,
+                event_type=EVENT_WOKEN,
+            ):
                 report.woken.append(row["id"])
 
     async def _escalate(self, conn: asyncpg.Connection, now: datetime, report: TimerReport) -> None:
         due = now - timedelta(seconds=self.escalate_after_s)
         for alarm_id in await repo.escalation_due(conn, due, BATCH):
             if await self._act(
-                conn, alarm_id, Action.ESCALATE, expected=AlarmStatus.CONFIRMED, now=now,
-                actor=ESCALATION_ACTOR, event_type=EVENT_ESCALATED,
-            ):  # fmt: skip
+                conn,
+                alarm_id,
+                Action.ESCALATE,
+                expected=AlarmStatus.CONFIRMED,
+                now=now,
+                actor=ESCALATION_ACTOR,
+                event_type=EVENT_ESCALATED,
+            ):
                 report.escalated.append(alarm_id)
 
     async def _act(
@@ -124,9 +150,15 @@ class AlarmTimers:
         try:
             async with conn.transaction():
                 await transition(
-                    conn, alarm_id, action, actor=actor, node_id=self.node_id,
-                    expected=expected, now=now, event_type=event_type,
-                )  # fmt: skip
+                    conn,
+                    alarm_id,
+                    action,
+                    actor=actor,
+                    node_id=self.node_id,
+                    expected=expected,
+                    now=now,
+                    event_type=event_type,
+                )
         except (StatusChangedError, AlarmNotFoundError):
             return False  # a person or another node got there first
         log.info("alarm_timer_transition", alarm_id=alarm_id, action=action.value)
@@ -145,7 +177,10 @@ class AlarmTimers:
                     continue  # changed meanwhile, or another node reminded first
                 alarm = alarm_from_record(updated)
                 await outbox.add_event(
-                    conn, aggregate_type="alarm", aggregate_id=str(alarm.id),
-                    event_type=EVENT_REMINDER, payload={"alarm": alarm_to_json(alarm)},
-                )  # fmt: skip
+                    conn,
+                    aggregate_type="alarm",
+                    aggregate_id=str(alarm.id),
+                    event_type=EVENT_REMINDER,
+                    payload={"alarm": alarm_to_json(alarm)},
+                )
             report.reminded.append(row["id"])

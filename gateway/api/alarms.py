@@ -51,18 +51,22 @@ PATH_ACTIONS: Final = tuple(a for a in Action if a in PERSON_ACTIONS)
 AlarmId = Annotated[
     int,
     Parameter(
-        ge=1, le=ID_MAX, schema_extra=exact("integer", format="int64", minimum=1, maximum=ID_MAX),
+        ge=1,
+        le=ID_MAX,
+        schema_extra=exact("integer", format="int64", minimum=1, maximum=ID_MAX),
         description="Alarm id (anything but a positive integer is a 400).",
     ),
-]  # fmt: skip
+]
 Limit = Annotated[int, Parameter(ge=1, le=LIMIT_MAX, description="Page size.")]
 Before = Annotated[
     int | None,
     Parameter(
-        ge=1, le=ID_MAX, schema_extra=exact("integer", format="int64", minimum=1, maximum=ID_MAX),
+        ge=1,
+        le=ID_MAX,
+        schema_extra=exact("integer", format="int64", minimum=1, maximum=ID_MAX),
         description="Keyset cursor: only older ones (`next_before`).",
     ),
-]  # fmt: skip
+]
 _ID_PATH: Final = "{id:str}"  # parsed by the boundary and the handler's type, not the router
 
 
@@ -76,8 +80,14 @@ async def detail(service: AlarmService, alarm: Alarm) -> AlarmDetail:
     )
 
 
-@route("GET", "/alarms", summary="List alarms, newest first (keyset pagination by id)",
-       operation_id="listAlarms", tag=TAG, role=Role.VIEWER)  # fmt: skip
+@route(
+    "GET",
+    "/alarms",
+    summary="List alarms, newest first (keyset pagination by id)",
+    operation_id="listAlarms",
+    tag=TAG,
+    role=Role.VIEWER,
+)
 async def list_alarms(
     alarms: Alarms,
     *,
@@ -111,22 +121,39 @@ async def list_alarms(
 ) -> AlarmPage:
     # One more than asked: a next page is promised only if it has something on it.
     found = await alarms.find(
-        statuses=None if status is None else [s.value for s in status], device_id=device,
-        rule_key=rule, open_only=open, before_id=before, limit=limit + 1,
-    )  # fmt: skip
+        statuses=None if status is None else [s.value for s in status],
+        device_id=device,
+        rule_key=rule,
+        open_only=open,
+        before_id=before,
+        limit=limit + 1,
+    )
     page = found[:limit]
     return AlarmPage(items=page, next_before=page[-1].id if len(found) > limit else None)
 
 
-@route("GET", f"/alarms/{_ID_PATH}", summary="One alarm", operation_id="getAlarm", tag=TAG,
-       role=Role.VIEWER, errors=[ALARM_NOT_FOUND])  # fmt: skip
+@route(
+    "GET",
+    f"/alarms/{_ID_PATH}",
+    summary="One alarm",
+    operation_id="getAlarm",
+    tag=TAG,
+    role=Role.VIEWER,
+    errors=[ALARM_NOT_FOUND],
+)
 async def get_alarm(alarms: Alarms, id: AlarmId) -> AlarmDetail:
     return await detail(alarms, await alarms.get(id))
 
 
-@route("GET", f"/alarms/{_ID_PATH}/actions", operation_id="getAlarmActions", tag=TAG,
-       summary="The people's actions allowed now (render buttons from this, never guess)",
-       role=Role.VIEWER, errors=[ALARM_NOT_FOUND])  # fmt: skip
+@route(
+    "GET",
+    f"/alarms/{_ID_PATH}/actions",
+    operation_id="getAlarmActions",
+    tag=TAG,
+    summary="The people's actions allowed now (render buttons from this, never guess)",
+    role=Role.VIEWER,
+    errors=[ALARM_NOT_FOUND],
+)
 async def alarm_actions(alarms: Alarms, id: AlarmId) -> AllowedActions:
     alarm, allowed = await alarms.allowed(id)
     if alarm.status is AlarmStatus.SUPERSEDED:
@@ -134,32 +161,51 @@ async def alarm_actions(alarms: Alarms, id: AlarmId) -> AllowedActions:
     return AllowedActions(status=alarm.status, actions=list(allowed))
 
 
-@route("GET", f"/alarms/{_ID_PATH}/chain", operation_id="getAlarmChain", tag=TAG,
-       summary="The supersede chain that ends at this alarm", role=Role.VIEWER,
-       errors=[ALARM_NOT_FOUND])  # fmt: skip
+@route(
+    "GET",
+    f"/alarms/{_ID_PATH}/chain",
+    operation_id="getAlarmChain",
+    tag=TAG,
+    summary="The supersede chain that ends at this alarm",
+    role=Role.VIEWER,
+    errors=[ALARM_NOT_FOUND],
+)
 async def alarm_chain(alarms: Alarms, id: AlarmId) -> Chain:
     items = await alarms.chain(id)
     this = next(a for a in items if a.id == id)
     if this.status is AlarmStatus.SUPERSEDED:
         successor = "a newer alarm" if this.superseded_by is None else this.superseded_by
         return Chain(
-            items=items, hint=f"superseded by {successor}, cannot be handled on its own",
+            items=items,
+            hint=f"superseded by {successor}, cannot be handled on its own",
             superseded_by=this.superseded_by,
-        )  # fmt: skip
+        )
     return Chain(items=items)
 
 
-@route("GET", f"/alarms/{_ID_PATH}/audit", operation_id="getAlarmAudit", tag=TAG,
-       summary="The audit trail of the alarm, oldest first", role=Role.VIEWER,
-       errors=[ALARM_NOT_FOUND])  # fmt: skip
+@route(
+    "GET",
+    f"/alarms/{_ID_PATH}/audit",
+    operation_id="getAlarmAudit",
+    tag=TAG,
+    summary="The audit trail of the alarm, oldest first",
+    role=Role.VIEWER,
+    errors=[ALARM_NOT_FOUND],
+)
 async def alarm_audit(alarms: Alarms, id: AlarmId) -> AuditTrail:
     return AuditTrail(items=[from_row(AuditEntry, r) for r in await alarms.audit(id)])
 
 
-@route("GET", f"/alarms/{_ID_PATH}/summaries", operation_id="getAlarmSummaries", tag=TAG,
-       summary="Every AI summary attempt of the alarm, oldest first",
-       description="`request_payload` and `raw_response` are included for admin tokens only.",
-       role=Role.VIEWER, errors=[ALARM_NOT_FOUND])  # fmt: skip
+@route(
+    "GET",
+    f"/alarms/{_ID_PATH}/summaries",
+    operation_id="getAlarmSummaries",
+    tag=TAG,
+    summary="Every AI summary attempt of the alarm, oldest first",
+    description="`request_payload` and `raw_response` are included for admin tokens only.",
+    role=Role.VIEWER,
+    errors=[ALARM_NOT_FOUND],
+)
 async def alarm_summaries(
     alarms: Alarms,
     call: CallDep,
@@ -186,28 +232,43 @@ def _action_route(action: Action) -> HTTPRouteHandler:
             if refused is None:
                 raise
             log.info(
-                "alarm_action_refused", alarm_id=id, action=action.value, actor=data.actor,
-                token=call.caller.name, request_id=call.request_id, code=refused.kind.code,
-            )  # fmt: skip
+                "alarm_action_refused",
+                alarm_id=id,
+                action=action.value,
+                actor=data.actor,
+                token=call.caller.name,
+                request_id=call.request_id,
+                code=refused.kind.code,
+            )
             raise refused from exc
         log.info(
-            "alarm_action", alarm_id=id, action=action.value, actor=data.actor,
-            token=call.caller.name, request_id=call.request_id, status=alarm.status.value,
-        )  # fmt: skip
+            "alarm_action",
+            alarm_id=id,
+            action=action.value,
+            actor=data.actor,
+            token=call.caller.name,
+            request_id=call.request_id,
+            status=alarm.status.value,
+        )
         return await detail(alarms, alarm)
 
     act.__name__ = f"{action.value}_alarm"
     return route(
-        "POST", f"/alarms/{_ID_PATH}/{action.value}",
+        "POST",
+        f"/alarms/{_ID_PATH}/{action.value}",
         summary=f"{action.value.capitalize()} the alarm (a person's action)",
-        operation_id=f"{action.value}Alarm", tag=TAG, role=Role.OPERATOR, writes=True, body=True,
+        operation_id=f"{action.value}Alarm",
+        tag=TAG,
+        role=Role.OPERATOR,
+        writes=True,
+        body=True,
         errors=[ALARM_NOT_FOUND, ILLEGAL_TRANSITION, ALARM_SUPERSEDED, STATUS_CHANGED],
         description=(
             "Conditional on the status the gateway read: of concurrent requests exactly one "
             "wins, the others get 409. The change, its audit row and its event commit together "
             "or not at all."
         ),
-    )(act)  # fmt: skip
+    )(act)
 
 
 HANDLERS: Final = [

@@ -65,11 +65,20 @@ def gateway_version() -> str:
 
 
 @route(
-    "GET", OPENAPI_PATH, operation_id="openapi", tag=health.TAG, role=None,
+    "GET",
+    OPENAPI_PATH,
+    operation_id="openapi",
+    tag=health.TAG,
+    role=None,
     summary="This document (OpenAPI 3.1), generated from the routes and their types",
-    also={200: ResponseSpec(data_container=dict[str, Any], generate_examples=False,
-                            description="The OpenAPI document.")},
-)  # fmt: skip
+    also={
+        200: ResponseSpec(
+            data_container=dict[str, Any],
+            generate_examples=False,
+            description="The OpenAPI document.",
+        )
+    },
+)
 async def openapi_document(request: Request[Any, Any, Any]) -> Response[bytes]:
     state = request.app.state
     if "openapi_json" not in state:
@@ -145,15 +154,19 @@ def build_app(
         route_handlers=[*alarms.HANDLERS, *commands.HANDLERS],
         parameters={
             "request_id": HeaderParameter(
-                annotation=str, name=REQUEST_ID_HEADER, required=False, min_length=1,
-                max_length=REQUEST_ID_MAX_LENGTH, pattern=REQUEST_ID_PATTERN,
+                annotation=str,
+                name=REQUEST_ID_HEADER,
+                required=False,
+                min_length=1,
+                max_length=REQUEST_ID_MAX_LENGTH,
+                pattern=REQUEST_ID_PATTERN,
                 description=(
                     "Recorded with a change in the audit trail and echoed in the answer; a UUID "
                     "is generated when absent."
                 ),
             )
         },
-    )  # fmt: skip
+    )
     assets = create_static_files_router(
         path=DOCS_ASSETS, directories=[swagger_ui_path], include_in_schema=False
     )

@@ -90,9 +90,10 @@ class BearerAuth:
         presented = presented.strip()
         if scheme.lower() != "bearer" or not presented:
             raise ApiError(
-                UNAUTHORIZED, "a bearer token is required",
+                UNAUTHORIZED,
+                "a bearer token is required",
                 headers={"WWW-Authenticate": 'Bearer realm="gateway"'},
-            )  # fmt: skip
+            )
         digest = _digest(presented)
         found: Caller | None = None
         for expected, caller in self._tokens:
@@ -101,18 +102,20 @@ class BearerAuth:
                 found = caller
         if found is None:
             raise ApiError(
-                UNAUTHORIZED, "unknown bearer token",
+                UNAUTHORIZED,
+                "unknown bearer token",
                 headers={"WWW-Authenticate": 'Bearer realm="gateway", error="invalid_token"'},
-            )  # fmt: skip
+            )
         return found
 
     def authorize(self, authorization: str | None, role: Role) -> Caller:
         caller = self.identify(authorization)
         if caller.role < role:
             raise ApiError(
-                FORBIDDEN, f"the {caller.role.label} role may not do this; {role.label} is needed",
+                FORBIDDEN,
+                f"the {caller.role.label} role may not do this; {role.label} is needed",
                 required_role=role.label,
-            )  # fmt: skip
+            )
         return caller
 
 
@@ -131,9 +134,12 @@ def require_role(connection: ASGIConnection[Any, Any, Any, Any], handler: BaseRo
     except ApiError as exc:
         client = connection.client
         log.warning(
-            "api_access_refused", status=exc.kind.status, method=connection.scope.get("method"),
-            path=connection.url.path[:200], remote=None if client is None else client.host,
-        )  # fmt: skip
+            "api_access_refused",
+            status=exc.kind.status,
+            method=connection.scope.get("method"),
+            path=connection.url.path[:200],
+            remote=None if client is None else client.host,
+        )
         raise
     given = connection.headers.get(REQUEST_ID_HEADER)
     if given is not None and _REQUEST_ID_RE.fullmatch(given) is None:

@@ -40,40 +40,56 @@ TAG: Final = "commands"
 DeviceId = Annotated[
     str,
     Parameter(
-        pattern=DEVICE_ID_PATTERN, min_length=1, max_length=64,
+        pattern=DEVICE_ID_PATTERN,
+        min_length=1,
+        max_length=64,
         description="Device id (anything else is a 400).",
     ),
-]  # fmt: skip
+]
 CommandId = Annotated[
     int,
     Parameter(
-        ge=1, le=ID_MAX, schema_extra=exact("integer", format="int64", minimum=1, maximum=ID_MAX),
+        ge=1,
+        le=ID_MAX,
+        schema_extra=exact("integer", format="int64", minimum=1, maximum=ID_MAX),
         description="Command id (anything but a positive integer is a 400).",
     ),
-]  # fmt: skip
+]
 Wait = Annotated[
     float | None,
     Parameter(
-        ge=0, le=WAIT_MAX_S, schema_extra=exact("number", minimum=0, maximum=WAIT_MAX_S),
+        ge=0,
+        le=WAIT_MAX_S,
+        schema_extra=exact("number", minimum=0, maximum=WAIT_MAX_S),
         description=(
             f"Seconds to wait for a terminal status (0 to {WAIT_MAX_S:g}). Without it the call "
             "returns at once."
         ),
     ),
-]  # fmt: skip
+]
 
 
 @route(
-    "POST", "/devices/{id:str}/commands", operation_id="createCommand", tag=TAG,
+    "POST",
+    "/devices/{id:str}/commands",
+    operation_id="createCommand",
+    tag=TAG,
     summary="Send a command to the device, optionally waiting for its outcome",
-    role=Role.OPERATOR, writes=True, body=True, errors=[DEVICE_UNBOUND], status_code=201,
-    also={200: ResponseSpec(
-        data_container=CommandCreated, generate_examples=False,
-        description=(
-            "The idempotency key named an existing command of this device: that command "
-            "(`created` false), whatever this request's name and params."
-        ),
-    )},
+    role=Role.OPERATOR,
+    writes=True,
+    body=True,
+    errors=[DEVICE_UNBOUND],
+    status_code=201,
+    also={
+        200: ResponseSpec(
+            data_container=CommandCreated,
+            generate_examples=False,
+            description=(
+                "The idempotency key named an existing command of this device: that command "
+                "(`created` false), whatever this request's name and params."
+            ),
+        )
+    },
     description=(
         "The command is created PENDING, attributed to `api:<token name>`; any node's "
         "dispatcher claims and publishes it. With `wait`, the call returns once the command is "
@@ -82,7 +98,7 @@ Wait = Annotated[
         "the command a few times a second while waiting (no connection is held in between); "
         "the status code is 201 or 200 whatever the outcome, which is in `command.status`."
     ),
-)  # fmt: skip
+)
 async def create_command(
     commands: Commands,
     call: CallDep,
@@ -92,19 +108,33 @@ async def create_command(
 ) -> Response[CommandCreated]:
     try:
         created = await commands.create(
-            device_id=id, name=data.name, params=data.params, delivery=data.delivery,
-            idempotency_key=data.idempotency_key, actor=actor_of(call),
-        )  # fmt: skip
+            device_id=id,
+            name=data.name,
+            params=data.params,
+            delivery=data.delivery,
+            idempotency_key=data.idempotency_key,
+            actor=actor_of(call),
+        )
     except DeviceUnboundError as exc:
-        log.info("command_create_refused", device_id=id, token=call.caller.name,
-                 request_id=call.request_id, code=exc.code)  # fmt: skip
+        log.info(
+            "command_create_refused",
+            device_id=id,
+            token=call.caller.name,
+            request_id=call.request_id,
+            code=exc.code,
+        )
         raise
     row = created.command
     log.info(
         "command_created" if created.created else "command_create_repeated",
-        command_id=row["id"], device_id=id, name=data.name, delivery=data.delivery.value,
-        token=call.caller.name, request_id=call.request_id, wait_s=wait,
-    )  # fmt: skip
+        command_id=row["id"],
+        device_id=id,
+        name=data.name,
+        delivery=data.delivery.value,
+        token=call.caller.name,
+        request_id=call.request_id,
+        wait_s=wait,
+    )
     if wait is not None:
         row = await commands.wait_for(row, wait)
     return Response(
@@ -113,9 +143,14 @@ async def create_command(
     )
 
 
-@route("GET", "/devices/{id:str}/commands", operation_id="listDeviceCommands", tag=TAG,
-       summary="The device's commands, newest first (keyset pagination by id)",
-       role=Role.VIEWER)  # fmt: skip
+@route(
+    "GET",
+    "/devices/{id:str}/commands",
+    operation_id="listDeviceCommands",
+    tag=TAG,
+    summary="The device's commands, newest first (keyset pagination by id)",
+    role=Role.VIEWER,
+)
 async def list_commands(
     commands: Commands,
     id: DeviceId,
@@ -128,13 +163,19 @@ async def list_commands(
     return CommandPage(items=page, next_before=page[-1].id if len(found) > limit else None)
 
 
-@route("POST", "/devices/{id:str}/unbind", operation_id="unbindDevice", tag=TAG,
-       summary="Unbind the device: it takes no more commands; its open ones are cancelled",
-       role=Role.OPERATOR, writes=True,
-       description=(
-           "Later `POST /devices/{id}/commands` get 409 `DEVICE_UNBOUND`. A device never seen is "
-           "registered as unbound. No request body."
-       ))  # fmt: skip
+@route(
+    "POST",
+    "/devices/{id:str}/unbind",
+    operation_id="unbindDevice",
+    tag=TAG,
+    summary="Unbind the device: it takes no more commands; its open ones are cancelled",
+    role=Role.OPERATOR,
+    writes=True,
+    description=(
+        "Later `POST /devices/{id}/commands` get 409 `DEVICE_UNBOUND`. A device never seen is "
+        "registered as unbound. No request body."
+    ),
+)
 async def unbind_device(
     commands: Commands,
     call: CallDep,
@@ -142,14 +183,25 @@ async def unbind_device(
 ) -> Unbound:
     cancelled = await commands.unbind(id, actor=actor_of(call))
     ids = sorted(r["id"] for r in cancelled)
-    log.info("device_unbound", device_id=id, cancelled=ids, token=call.caller.name,
-             request_id=call.request_id)  # fmt: skip
+    log.info(
+        "device_unbound",
+        device_id=id,
+        cancelled=ids,
+        token=call.caller.name,
+        request_id=call.request_id,
+    )
     return Unbound(device_id=id, cancelled=ids)
 
 
-@route("GET", "/commands/{id:str}", operation_id="getCommand", tag=TAG,
-       summary="One command with its receipts", role=Role.VIEWER,
-       errors=[COMMAND_NOT_FOUND])  # fmt: skip
+@route(
+    "GET",
+    "/commands/{id:str}",
+    operation_id="getCommand",
+    tag=TAG,
+    summary="One command with its receipts",
+    role=Role.VIEWER,
+    errors=[COMMAND_NOT_FOUND],
+)
 async def get_command(commands: Commands, id: CommandId) -> CommandDetail:
     row, receipts = await commands.get(id)
     return CommandDetail(
@@ -157,13 +209,20 @@ async def get_command(commands: Commands, id: CommandId) -> CommandDetail:
     )
 
 
-@route("POST", "/commands/{id:str}/cancel", operation_id="cancelCommand", tag=TAG,
-       summary="Cancel the command (PENDING, CLAIMED or SENT → CANCELLED)",
-       role=Role.OPERATOR, writes=True, errors=[COMMAND_NOT_FOUND, COMMAND_CLOSED],
-       description=(
-           "A conditional write: of concurrent cancels exactly one wins. A command already "
-           "published may still run on the device. No request body."
-       ))  # fmt: skip
+@route(
+    "POST",
+    "/commands/{id:str}/cancel",
+    operation_id="cancelCommand",
+    tag=TAG,
+    summary="Cancel the command (PENDING, CLAIMED or SENT → CANCELLED)",
+    role=Role.OPERATOR,
+    writes=True,
+    errors=[COMMAND_NOT_FOUND, COMMAND_CLOSED],
+    description=(
+        "A conditional write: of concurrent cancels exactly one wins. A command already "
+        "published may still run on the device. No request body."
+    ),
+)
 async def cancel_command(
     commands: Commands,
     call: CallDep,
@@ -172,11 +231,21 @@ async def cancel_command(
     try:
         row = await commands.cancel(id, actor=actor_of(call))
     except (CommandNotFoundError, CommandClosedError) as exc:
-        log.info("command_cancel_refused", command_id=id, token=call.caller.name,
-                 request_id=call.request_id, code=exc.code)  # fmt: skip
+        log.info(
+            "command_cancel_refused",
+            command_id=id,
+            token=call.caller.name,
+            request_id=call.request_id,
+            code=exc.code,
+        )
         raise
-    log.info("command_cancelled", command_id=id, device_id=row["device_id"],
-             token=call.caller.name, request_id=call.request_id)  # fmt: skip
+    log.info(
+        "command_cancelled",
+        command_id=id,
+        device_id=row["device_id"],
+        token=call.caller.name,
+        request_id=call.request_id,
+    )
     return from_row(Command, row)
 
 

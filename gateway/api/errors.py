@@ -173,16 +173,22 @@ def invalid_body(detail: str) -> ApiError:
 
 def _status_changed(exc: StatusChangedError) -> ApiError:
     return ApiError(
-        STATUS_CHANGED, str(exc), current_status=exc.current.status.value, actor=exc.actor,
+        STATUS_CHANGED,
+        str(exc),
+        current_status=exc.current.status.value,
+        actor=exc.actor,
         alarm=exc.current,
-    )  # fmt: skip
+    )
 
 
 def _illegal(exc: IllegalTransitionError) -> ApiError:
     return ApiError(
-        ILLEGAL_TRANSITION, str(exc), current_status=exc.status.value, action=exc.action.value,
+        ILLEGAL_TRANSITION,
+        str(exc),
+        current_status=exc.status.value,
+        action=exc.action.value,
         allowed=[a.value for a in exc.allowed],
-    )  # fmt: skip
+    )
 
 
 _DOMAIN: Final[Mapping[type[Exception], Callable[[Any], ApiError]]] = {
@@ -246,8 +252,13 @@ def _from_litestar(request: Request[Any, Any, Any], exc: HTTPException) -> ApiEr
     if exc.status_code < 500:
         return bad_request("request", str(exc.detail)[:200])
     # The client went away mid-body, and the like: no one reads this answer.
-    log.warning("api_request_failed", method=request.method, path=request.url.path[:200],
-                status=exc.status_code, error=str(exc.detail)[:200])  # fmt: skip
+    log.warning(
+        "api_request_failed",
+        method=request.method,
+        path=request.url.path[:200],
+        status=exc.status_code,
+        error=str(exc.detail)[:200],
+    )
     return ApiError(INTERNAL, "internal error; see the gateway's log")
 
 
@@ -274,18 +285,25 @@ def to_api_error(request: Request[Any, Any, Any], exc: Exception) -> ApiError:
     table = audit_failure(exc)
     if table is not None:
         # A known fault with a known effect: no traceback, the daemon logged the row's error.
-        log.error("api_audit_failed", method=request.method, path=path, table=table,
-                  error=repr(exc)[:500])  # fmt: skip
+        log.error(
+            "api_audit_failed", method=request.method, path=path, table=table, error=repr(exc)[:500]
+        )
         return ApiError(
             AUDIT_FAILED,
             "the change was rolled back: its audit row could not be written; see the gateway's log",
         )
     if isinstance(exc, _UNAVAILABLE):
-        log.warning("api_database_unavailable", method=request.method, path=path,
-                    error=repr(exc)[:500])  # fmt: skip
+        log.warning(
+            "api_database_unavailable", method=request.method, path=path, error=repr(exc)[:500]
+        )
         return ApiError(UNAVAILABLE, "the database is not reachable; retry")
-    log.error("api_error", method=request.method, path=path, error=type(exc).__name__,
-              traceback=_redacted_traceback(exc, request))  # fmt: skip
+    log.error(
+        "api_error",
+        method=request.method,
+        path=path,
+        error=type(exc).__name__,
+        traceback=_redacted_traceback(exc, request),
+    )
     return ApiError(INTERNAL, "internal error; see the gateway's log")
 
 
@@ -303,8 +321,13 @@ def handle_exception(request: Request[Any, Any, Any], exc: Exception) -> Respons
     declared = declared_kinds(request)
     if declared is not None and error.kind not in declared and error.kind not in UNROUTED:
         # The document would not list this answer: a bug to fix in the route's declaration.
-        log.error("api_undeclared_error", method=request.method, path=request.url.path[:200],
-                  status=error.kind.status, code=error.kind.code)  # fmt: skip
+        log.error(
+            "api_undeclared_error",
+            method=request.method,
+            path=request.url.path[:200],
+            status=error.kind.status,
+            code=error.kind.code,
+        )
     return Response(
         error.body(), status_code=error.kind.status, headers=error.headers, media_type=JSON
     )

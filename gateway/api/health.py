@@ -59,21 +59,36 @@ HealthCheck = Callable[[], Awaitable[tuple[bool, Health]]]
 
 
 _UNHEALTHY: Final = ResponseSpec(
-    data_container=Health, generate_examples=False,
+    data_container=Health,
+    generate_examples=False,
     description="Not healthy; the body says what is wrong.",
-)  # fmt: skip
+)
 
 
-@route("GET", "/health", operation_id="health", tag=TAG, role=None, also={503: _UNHEALTHY},
-       summary="Node health: database, broker, backlog, audit failures, version")  # fmt: skip
+@route(
+    "GET",
+    "/health",
+    operation_id="health",
+    tag=TAG,
+    role=None,
+    also={503: _UNHEALTHY},
+    summary="Node health: database, broker, backlog, audit failures, version",
+)
 async def health(request: Request[Any, Any, Any]) -> Response[Health]:
     check: HealthCheck = request.app.state["health_check"]
     healthy, body = await check()
     return Response(body, status_code=200 if healthy else 503)
 
 
-@route("GET", "/metrics", operation_id="metrics", tag=TAG, role=None, media_type="text/plain",
-       summary="Prometheus metrics (`gateway_` prefix), text exposition format")  # fmt: skip
+@route(
+    "GET",
+    "/metrics",
+    operation_id="metrics",
+    tag=TAG,
+    role=None,
+    media_type="text/plain",
+    summary="Prometheus metrics (`gateway_` prefix), text exposition format",
+)
 async def metrics(request: Request[Any, Any, Any]) -> Response[bytes]:
     registry: Metrics = request.app.state["metrics"]
     payload, content_type = registry.render()

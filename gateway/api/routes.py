@@ -155,8 +155,9 @@ def _param(name: str, field: Any) -> _Param:
     pattern = getattr(definition, "pattern", None)
     inner = field.inner_types[0].annotation if field.is_non_string_sequence else field.annotation
     if field.is_optional and not field.is_non_string_sequence:
-        inner = next((t.annotation for t in field.inner_types if t.annotation is not type(None)),
-                     inner)  # fmt: skip
+        inner = next(
+            (t.annotation for t in field.inner_types if t.annotation is not type(None)), inner
+        )
     kind = inner if inner in (int, float) else None
     return _Param(
         name=name,

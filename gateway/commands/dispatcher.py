@@ -16,8 +16,10 @@ import msgspec
 import structlog
 
 from gateway.commands.lifecycle import DISPATCHER_ACTOR, mark_sent
+from gateway.config import CommandsConfig
 from gateway.support.loops import drain_on_notify
 from gateway.support.metrics import Metrics
+from gateway.support.node import Node
 from protocol import DownlinkCommand, Topics, encode_command
 from storage import commands as repo
 
@@ -58,19 +60,42 @@ class Dispatcher:
         self.max_in_flight = max_in_flight
         self.poll_s = poll_s
 
+    @classmethod
+    def from_config(cls, node: Node, commands: CommandsConfig) -> Dispatcher:
+        return cls(
+            pool=node.pool,
+            dsn=node.dsn,
+            node_id=node.node_id,
+            topics=node.topics,
+            publish=node.publish,
+            metrics=node.metrics,
+            lease_s=commands.lease_s,
+            sent_timeout_s=commands.sent_timeout_s,
+            batch=commands.dispatch_batch,
+            max_in_flight=commands.max_in_flight_per_device,
+        )
+
     async def run(self, stop: asyncio.Event) -> None:
         await drain_on_notify(
-            dsn=self.dsn, channel=NOTIFY_CHANNEL, stop=stop, step=self.run_once,
-            poll_s=self.poll_s, name="command-dispatcher",
-        )  # fmt: skip
+            dsn=self.dsn,
+            channel=NOTIFY_CHANNEL,
+            stop=stop,
+            step=self.run_once,
+            poll_s=self.poll_s,
+            name="command-dispatcher",
+        )
 
     async def run_once(self) -> int:
         """Claim due commands and send them; how many were claimed."""
         async with self.pool.acquire() as conn:
             claimed = await repo.claim_due(
-                conn, node_id=self.node_id, lease_s=self.lease_s, limit=self.batch,
-                max_in_flight=self.max_in_flight, actor=DISPATCHER_ACTOR,
-            )  # fmt: skip
+                conn,
+                node_id=self.node_id,
+                lease_s=self.lease_s,
+                limit=self.batch,
+                max_in_flight=self.max_in_flight,
+                actor=DISPATCHER_ACTOR,
+            )
         if claimed:
             self.metrics.command_claim_batch.observe(len(claimed))
             self.metrics.count_command("PENDING", "CLAIMED", len(claimed))
@@ -82,9 +107,13 @@ class Dispatcher:
 
     async def _send(self, row: asyncpg.Record, slots: asyncio.Semaphore) -> None:
         downlink = DownlinkCommand(
-            command_id=row["id"], claim_generation=row["claim_generation"], node_id=self.node_id,
-            name=row["name"], params=_params(row["params"]), deadline=row["expire_at"],
-        )  # fmt: skip
+            command_id=row["id"],
+            claim_generation=row["claim_generation"],
+            node_id=self.node_id,
+            name=row["name"],
+            params=_params(row["params"]),
+            deadline=row["expire_at"],
+        )
         try:
             await self.publish(self.topics.commands(row["device_id"]), encode_command(downlink))
         except Exception as exc:  # the lease runs out and the reaper requeues it

@@ -92,16 +92,29 @@ async def _record(
     note: str | None = None,
 ) -> None:
     await repo.insert_audit(
-        conn, command_id=row["id"], actor=actor, action=action, from_status=from_status,
-        to_status=row["status"], generation=row["claim_generation"], node_id=node_id, note=note,
-    )  # fmt: skip
+        conn,
+        command_id=row["id"],
+        actor=actor,
+        action=action,
+        from_status=from_status,
+        to_status=row["status"],
+        generation=row["claim_generation"],
+        node_id=node_id,
+        note=note,
+    )
     if CommandStatus(row["status"]) in (
-        CommandStatus.ACKED, CommandStatus.FAILED, CommandStatus.TIMEOUT, CommandStatus.CANCELLED,
-    ):  # fmt: skip
+        CommandStatus.ACKED,
+        CommandStatus.FAILED,
+        CommandStatus.TIMEOUT,
+        CommandStatus.CANCELLED,
+    ):
         await outbox.add_event(
-            conn, aggregate_type=AGGREGATE, aggregate_id=str(row["id"]),
-            event_type=EVENT_FINISHED, payload={"command": command_to_json(row), "actor": actor},
-        )  # fmt: skip
+            conn,
+            aggregate_type=AGGREGATE,
+            aggregate_id=str(row["id"]),
+            event_type=EVENT_FINISHED,
+            payload={"command": command_to_json(row), "actor": actor},
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,9 +139,15 @@ async def create_command(
     if await repo.device_bound(conn, device_id) is False:
         raise DeviceUnboundError(device_id)
     row = await repo.insert(
-        conn, device_id=device_id, name=name, params=params, delivery=delivery.value,
-        idempotency_key=idempotency_key, created_by=created_by, expire_after_s=expire_after_s,
-    )  # fmt: skip
+        conn,
+        device_id=device_id,
+        name=name,
+        params=params,
+        delivery=delivery.value,
+        idempotency_key=idempotency_key,
+        created_by=created_by,
+        expire_after_s=expire_after_s,
+    )
     if row is None:
         assert idempotency_key is not None
         existing = await repo.by_idempotency_key(conn, device_id, idempotency_key)
@@ -173,21 +192,32 @@ async def apply_receipt(
         assert current is not None
         assert receipt.claim_generation is not None
         effect = receipt_effect(
-            delivery=Delivery(current["delivery"]), current=CommandStatus(current["status"]),
-            result=receipt.result, result_code=receipt.result_code,
+            delivery=Delivery(current["delivery"]),
+            current=CommandStatus(current["status"]),
+            result=receipt.result,
+            result_code=receipt.result_code,
             retry_count=current["retry_count"],
-        )  # fmt: skip
+        )
         updated = await repo.apply_receipt(
-            conn, command_id=current["id"], generation=receipt.claim_generation,
-            node_id=receipt.node_id or "", expected=current["status"], status=effect.status.value,
-            result=effect.result, result_code=effect.result_code,
-            raw_result_code=None if receipt.raw_result_code is None
+            conn,
+            command_id=current["id"],
+            generation=receipt.claim_generation,
+            node_id=receipt.node_id or "",
+            expected=current["status"],
+            status=effect.status.value,
+            result=effect.result,
+            result_code=effect.result_code,
+            raw_result_code=None
+            if receipt.raw_result_code is None
             else str(receipt.raw_result_code),
-            raw_ack=receipt.raw_ack, terminal=effect.terminal, retry=effect.retry,
-            retry_delay_s=retry_delay_s(current["retry_count"], base_s=retry_base_s,
-                                        cap_s=retry_cap_s),
+            raw_ack=receipt.raw_ack,
+            terminal=effect.terminal,
+            retry=effect.retry,
+            retry_delay_s=retry_delay_s(
+                current["retry_count"], base_s=retry_base_s, cap_s=retry_cap_s
+            ),
             timeout_s=sent_timeout_s,
-        )  # fmt: skip
+        )
         if updated is not None:
             break
     if updated is not None and current is not None:
@@ -195,9 +225,13 @@ async def apply_receipt(
         changed = updated["status"] != current["status"]
         if changed or updated["retry_count"] != current["retry_count"]:
             await _record(
-                conn, updated, from_status=current["status"], actor=DEVICE_ACTOR,
-                action=f"receipt:{receipt.result.value}", node_id=node_id,
-            )  # fmt: skip
+                conn,
+                updated,
+                from_status=current["status"],
+                actor=DEVICE_ACTOR,
+                action=f"receipt:{receipt.result.value}",
+                node_id=node_id,
+            )
     else:
         fresh = None if current is None else await repo.get(conn, current["id"])
         guards = Guards(
@@ -207,24 +241,36 @@ async def apply_receipt(
             claimed_node_id=None if fresh is None else fresh["claimed_node_id"],
         )
         outcome, reason = judge_receipt(
-            guards, receipt_generation=receipt.claim_generation, receipt_node=receipt.node_id,
+            guards,
+            receipt_generation=receipt.claim_generation,
+            receipt_node=receipt.node_id,
             result_code=receipt.result_code,
-        )  # fmt: skip
+        )
         log.info(
-            "receipt_not_applied", command_id=receipt.command_id, device_id=device_id,
-            outcome=outcome.value, reason=None if reason is None else reason.value,
-            receipt_generation=receipt.claim_generation, receipt_node=receipt.node_id,
+            "receipt_not_applied",
+            command_id=receipt.command_id,
+            device_id=device_id,
+            outcome=outcome.value,
+            reason=None if reason is None else reason.value,
+            receipt_generation=receipt.claim_generation,
+            receipt_node=receipt.node_id,
             result_code=receipt.result_code,
-        )  # fmt: skip
+        )
     await repo.insert_receipt(
-        conn, command_id=None if current is None else current["id"],
-        reported_command_id=receipt.command_id, device_id=device_id,
-        generation=receipt.claim_generation, node_id=receipt.node_id,
-        result=receipt.result.value, result_code=receipt.result_code,
+        conn,
+        command_id=None if current is None else current["id"],
+        reported_command_id=receipt.command_id,
+        device_id=device_id,
+        generation=receipt.claim_generation,
+        node_id=receipt.node_id,
+        result=receipt.result.value,
+        result_code=receipt.result_code,
         raw_result_code=None if receipt.raw_result_code is None else str(receipt.raw_result_code),
-        raw_ack=receipt.raw_ack, outcome=outcome.value,
-        reason=None if reason is None else reason.value, received_by=node_id,
-    )  # fmt: skip
+        raw_ack=receipt.raw_ack,
+        outcome=outcome.value,
+        reason=None if reason is None else reason.value,
+        received_by=node_id,
+    )
     previous = None if updated is None or current is None else str(current["status"])
     return ReceiptResultRecord(outcome, reason, updated, previous)
 
@@ -256,9 +302,13 @@ async def mark_sent(
     (SENT is never terminal: no outbox event).
     """
     return await repo.mark_sent(
-        conn, command_id=row["id"], generation=row["claim_generation"], node_id=node_id,
-        timeout_s=sent_timeout_s, actor=DISPATCHER_ACTOR,
-    )  # fmt: skip
+        conn,
+        command_id=row["id"],
+        generation=row["claim_generation"],
+        node_id=node_id,
+        timeout_s=sent_timeout_s,
+        actor=DISPATCHER_ACTOR,
+    )
 
 
 async def cancel(
@@ -271,8 +321,9 @@ async def cancel(
         if current is None:
             raise CommandNotFoundError(command_id)
         raise CommandClosedError(command_id, current["status"])
-    await _record(conn, row, from_status=row["previous_status"], actor=actor, action="cancel",
-                  node_id=node_id)  # fmt: skip
+    await _record(
+        conn, row, from_status=row["previous_status"], actor=actor, action="cancel", node_id=node_id
+    )
     return row
 
 
@@ -284,8 +335,14 @@ async def unbind(
     await repo.unbind_device(conn, device_id)
     cancelled = await repo.cancel_open_of_device(conn, device_id)
     for row in cancelled:
-        await _record(conn, row, from_status=row["previous_status"], actor=actor, action="unbind",
-                      node_id=node_id)  # fmt: skip
+        await _record(
+            conn,
+            row,
+            from_status=row["previous_status"],
+            actor=actor,
+            action="unbind",
+            node_id=node_id,
+        )
     return cancelled
 
 
@@ -316,8 +373,15 @@ async def reap(
         report.reclaimed.append(row["id"])
         report.transitions.append(("CLAIMED", row["status"]))
         note = f"lease expired (node {row['claimed_node_id']})"
-        await _record(conn, row, from_status="CLAIMED", actor=REAPER_ACTOR, action="reclaim",
-                      node_id=node_id, note=note)  # fmt: skip
+        await _record(
+            conn,
+            row,
+            from_status="CLAIMED",
+            actor=REAPER_ACTOR,
+            action="reclaim",
+            node_id=node_id,
+            note=note,
+        )
         if needs_people(row["reclaim_count"]):
             alarm_id = await _reclaim_alarm(conn, row, node_id)
             if alarm_id is not None:
@@ -326,14 +390,19 @@ async def reap(
         for row in await repo.ack_window_passed(conn, ack_window_s):
             # The node reports TIMEOUT itself: the same effect as a device's TIMEOUT receipt.
             own = CommandReceipt(
-                command_id=row["id"], claim_generation=row["claim_generation"],
-                node_id=row["claimed_node_id"], result=ReceiptResult.TIMEOUT,
+                command_id=row["id"],
+                claim_generation=row["claim_generation"],
+                node_id=row["claimed_node_id"],
+                result=ReceiptResult.TIMEOUT,
                 raw_ack=f"no receipt within {ack_window_s:g}s (reported by {node_id})",
-            )  # fmt: skip
+            )
             applied = await apply_receipt(
-                conn, device_id=row["device_id"], receipt=own, node_id=node_id,
+                conn,
+                device_id=row["device_id"],
+                receipt=own,
+                node_id=node_id,
                 sent_timeout_s=sent_timeout_s,
-            )  # fmt: skip
+            )
             if applied.outcome is ReceiptOutcome.ACCEPTED:
                 report.timed_out_receipts.append(row["id"])
             moved = applied.command
@@ -342,13 +411,20 @@ async def reap(
     for row in await repo.fail_sent_timeout(conn):
         report.failed.append(row["id"])
         report.transitions.append(("SENT", row["status"]))
-        await _record(conn, row, from_status="SENT", actor=REAPER_ACTOR, action="timeout",
-                      node_id=node_id)  # fmt: skip
+        await _record(
+            conn, row, from_status="SENT", actor=REAPER_ACTOR, action="timeout", node_id=node_id
+        )
     for row in await repo.expire(conn):
         report.expired.append((row["id"], row["previous_status"]))
         report.transitions.append((row["previous_status"], row["status"]))
-        await _record(conn, row, from_status=row["previous_status"], actor=REAPER_ACTOR,
-                      action="expire", node_id=node_id)  # fmt: skip
+        await _record(
+            conn,
+            row,
+            from_status=row["previous_status"],
+            actor=REAPER_ACTOR,
+            action="expire",
+            node_id=node_id,
+        )
     return report
 
 
@@ -358,12 +434,18 @@ async def _reclaim_alarm(conn: asyncpg.Connection, row: asyncpg.Record, node_id:
     try:
         async with conn.transaction():  # a savepoint: losing the race must not abort the pass
             creation = await create_alarm(
-                conn, device_id=row["device_id"], rule_key=RECLAIM_RULE_KEY,
-                severity=RECLAIM_SEVERITY, telemetry_event_id=stand_in,
-                reason=(f"command {row['id']} ({row['name']}) was reclaimed "
-                        f"{row['reclaim_count']} times: its node keeps losing contact"),
-                node_id=node_id, now=await alarm_repo.db_now(conn),
-            )  # fmt: skip
+                conn,
+                device_id=row["device_id"],
+                rule_key=RECLAIM_RULE_KEY,
+                severity=RECLAIM_SEVERITY,
+                telemetry_event_id=stand_in,
+                reason=(
+                    f"command {row['id']} ({row['name']}) was reclaimed "
+                    f"{row['reclaim_count']} times: its node keeps losing contact"
+                ),
+                node_id=node_id,
+                now=await alarm_repo.db_now(conn),
+            )
     except ConcurrentWriteError:
         return None
     return None if creation.alarm is None else creation.alarm.id

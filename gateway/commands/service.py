@@ -72,10 +72,16 @@ class CommandService:
     ) -> Created:
         async with self.pool.acquire() as conn, conn.transaction():
             return await create_command(
-                conn, device_id=device_id, name=name, params=params, delivery=delivery,
-                idempotency_key=idempotency_key, created_by=actor, node_id=self.node_id,
+                conn,
+                device_id=device_id,
+                name=name,
+                params=params,
+                delivery=delivery,
+                idempotency_key=idempotency_key,
+                created_by=actor,
+                node_id=self.node_id,
                 expire_after_s=self.expire_after_s,
-            )  # fmt: skip
+            )
 
     async def get(self, command_id: int) -> tuple[asyncpg.Record, list[asyncpg.Record]]:
         """The command and every receipt for it, read in one snapshot."""

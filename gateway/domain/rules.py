@@ -466,9 +466,14 @@ def rule_version(rule: Rule) -> str:
     """
     if isinstance(rule, ThresholdRule):
         parts: list[object] = [
-            rule.kind, rule.metric, rule.op, rule.value, rule.clear_value, rule.for_samples,
+            rule.kind,
+            rule.metric,
+            rule.op,
+            rule.value,
+            rule.clear_value,
+            rule.for_samples,
             rule.for_seconds,
-        ]  # fmt: skip
+        ]
     elif isinstance(rule, EventRule):
         parts = [rule.kind, rule.event]
     else:
@@ -594,10 +599,16 @@ class _Run:
     ) -> None:
         self.outcomes.append(
             Firing(
-                rule.key, rule.severity, self.device_id, self.event_id, reason, self.observed_at,
-                superseded_by, cleared_by,
+                rule.key,
+                rule.severity,
+                self.device_id,
+                self.event_id,
+                reason,
+                self.observed_at,
+                superseded_by,
+                cleared_by,
             )
-        )  # fmt: skip
+        )
 
     def clear(
         self,
@@ -610,10 +621,14 @@ class _Run:
     ) -> None:
         self.outcomes.append(
             Clearing(
-                rule.key, self.device_id, event_id or self.event_id, reason,
-                at or self.observed_at, raised_by_then,
+                rule.key,
+                self.device_id,
+                event_id or self.event_id,
+                reason,
+                at or self.observed_at,
+                raised_by_then,
             )
-        )  # fmt: skip
+        )
 
     def is_late(self, state: RuleState) -> bool:
         """Older than the newest sample judged for this (device, rule)."""
@@ -680,9 +695,11 @@ def _occurred(rule: EventRule, reason: str, run: _Run) -> None:
         # between the two cleared it first.
         between = state.clear_ts is not None and at < state.clear_ts <= state.fired_ts
         run.fire(
-            rule, reason, superseded_by=state.fired_event_id,
+            rule,
+            reason,
+            superseded_by=state.fired_event_id,
             cleared_by=state.clear_event_id if between else None,
-        )  # fmt: skip
+        )
         run.put(rule, replace(state, last_ts=last))
         return
     run.fire(rule, reason)
@@ -690,9 +707,11 @@ def _occurred(rule: EventRule, reason: str, run: _Run) -> None:
     if state.clear_ts is not None and state.clear_event_id is not None and at < state.clear_ts:
         # Late, and its own clear committed first: the event still happened.
         run.clear(
-            rule, f"cleared by an event of {state.clear_ts.isoformat()} committed before it",
-            event_id=state.clear_event_id, at=state.clear_ts,
-        )  # fmt: skip
+            rule,
+            f"cleared by an event of {state.clear_ts.isoformat()} committed before it",
+            event_id=state.clear_event_id,
+            at=state.clear_ts,
+        )
         state = replace(state, firing=False, released_ts=state.clear_ts)
     run.put(rule, state)
 
@@ -809,9 +828,11 @@ def _judge_late_sample(
     state = replace(state, firing=True, fired_ts=at, fired_event_id=run.event_id)
     if state.clear_ts is not None and state.clear_event_id is not None and at < state.clear_ts:
         run.clear(
-            rule, f"cleared by a sample of {state.clear_ts.isoformat()} committed before it",
-            event_id=state.clear_event_id, at=state.clear_ts,
-        )  # fmt: skip
+            rule,
+            f"cleared by a sample of {state.clear_ts.isoformat()} committed before it",
+            event_id=state.clear_event_id,
+            at=state.clear_ts,
+        )
         state = replace(state, firing=False, released_ts=state.clear_ts)
     run.put(rule, state)
 

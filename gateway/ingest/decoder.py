@@ -94,9 +94,13 @@ class MessageDecoder:
             return DeadLetterRow(item.topic, item.payload, reason, detail, item.size, item.sha256)
         payload = item.payload
         return DeadLetterRow(
-            item.topic, payload[: self.dead_letter_max_bytes], reason, detail, len(payload),
+            item.topic,
+            payload[: self.dead_letter_max_bytes],
+            reason,
+            detail,
+            len(payload),
             hashlib.sha256(payload).hexdigest(),
-        )  # fmt: skip
+        )
 
     def classify(self, items: Sequence[Inbound]) -> Classified:
         out = Classified(items=list(items))

@@ -49,9 +49,12 @@ class ReceiptApplier:
     ) -> None:
         for device_id, receipt in receipts:
             applied = await apply_receipt(
-                conn, device_id=device_id, receipt=receipt, node_id=self.node_id,
+                conn,
+                device_id=device_id,
+                receipt=receipt,
+                node_id=self.node_id,
                 sent_timeout_s=self.sent_timeout_s,
-            )  # fmt: skip
+            )
             if self.metrics is not None:
                 reason = "" if applied.reason is None else applied.reason.value
                 self.metrics.command_receipts.labels(applied.outcome.value, reason).inc()

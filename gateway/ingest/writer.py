@@ -15,10 +15,12 @@ import structlog
 
 from gateway.alarms.engine import AlarmEngine
 from gateway.alarms.service import ConcurrentWriteError
+from gateway.config import DatabaseConfig, IngestConfig
 from gateway.ingest.decoder import Classified, Inbound, MessageDecoder
 from gateway.ingest.store import ReceiptApplier, StoreResult, store
 from gateway.support.backoff import Backoff
 from gateway.support.metrics import Metrics, observe_many
+from gateway.support.node import Node
 from storage.errors import TRANSIENT_DB_ERRORS
 from storage.ingest import DeadLetterRow
 
@@ -86,6 +88,32 @@ class IngestWriter:
         # fast and retrying is not stuck.
         self.in_db_call_since: float | None = None
         self.stored_total = 0
+
+    @classmethod
+    def from_config(
+        cls,
+        node: Node,
+        ingest: IngestConfig,
+        database: DatabaseConfig,
+        *,
+        decoder: MessageDecoder,
+        engine: AlarmEngine,
+        receipts: ReceiptApplier,
+        batch_size: int,
+    ) -> IngestWriter:
+        return cls(
+            pool=node.pool,
+            decoder=decoder,
+            node_id=node.node_id,
+            metrics=node.metrics,
+            batch_size=batch_size,
+            linger_s=ingest.linger_ms / 1000,
+            queue_max=ingest.queue_max,
+            retry=Backoff(database.retry_min_s, database.retry_max_s),
+            engine=engine,
+            receipts=receipts,
+            refused_batch_attempts=ingest.refused_batch_attempts,
+        )
 
     async def put(self, item: Inbound) -> None:
         """Blocks while the queue is full: overload slows the reader, never grows memory."""
@@ -217,9 +245,11 @@ class IngestWriter:
                         f"is refused on its own: {exc}"
                     )
                     log.error(
-                        "batch_dead_lettered", attempts=unexplained, error=repr(exc),
+                        "batch_dead_lettered",
+                        attempts=unexplained,
+                        error=repr(exc),
                         size=len(batch.items),
-                    )  # fmt: skip
+                    )
                     refused.extend(self._dead_letter_all(batch.items, detail))
                     batch = self._rebuild([], refused)
                     continue
@@ -227,9 +257,11 @@ class IngestWriter:
                 # retrying (with backoff) is all there is.
                 delay = self.retry.next_delay()
                 log.warning(
-                    "batch_refusal_unexplained", attempt=unexplained, error=repr(exc),
+                    "batch_refusal_unexplained",
+                    attempt=unexplained,
+                    error=repr(exc),
                     retry_in_s=round(delay, 3),
-                )  # fmt: skip
+                )
                 await asyncio.sleep(delay)
                 continue
             self.retry.reset()

@@ -88,9 +88,11 @@ class MqttSession:
             # Tolerant: mosquitto 2.0.11 sends past our Receive Maximum once PUBACKs flow (the
             # read buffer's bounds still hold memory); a strict client would reconnect forever.
             return Mqtt5Connection(
-                settings, buffer_high_bytes=settings.buffer_high_bytes,
-                strict_receive_maximum=False, on_pause=self._paused,
-            )  # fmt: skip
+                settings,
+                buffer_high_bytes=settings.buffer_high_bytes,
+                strict_receive_maximum=False,
+                on_pause=self._paused,
+            )
         return AckingClient(settings, on_pause=self._paused)
 
     async def _serve(self, client: BrokerConnection, stop: asyncio.Event) -> None:
@@ -105,9 +107,12 @@ class MqttSession:
             if await self._until(setup, reader, stop):
                 self.backoff.reset()
                 log.info(
-                    "broker_connected", host=self.settings.host, port=self.settings.port,
-                    client_id=self.settings.client_id, subscriptions=list(self.subscriptions),
-                )  # fmt: skip
+                    "broker_connected",
+                    host=self.settings.host,
+                    port=self.settings.port,
+                    client_id=self.settings.client_id,
+                    subscriptions=list(self.subscriptions),
+                )
                 if self.on_connected is not None:
                     self.on_connected()
                 await self._until(None, reader, stop)
@@ -117,9 +122,10 @@ class MqttSession:
         drained = await self.writer.drain(self.drain_timeout_s)
         if not drained:
             log.warning(
-                "drain_timeout", pending=self.writer.queue.qsize(),
+                "drain_timeout",
+                pending=self.writer.queue.qsize(),
                 note="unacknowledged messages will be redelivered by the broker",
-            )  # fmt: skip
+            )
         # Messages still arriving now are left unacknowledged (the broker keeps them for the
         # next session) so that the PUBACK of the offline presence can be read.
         client.stop_intake()

@@ -803,9 +803,11 @@ class Mqtt5Connection:
             )
         if not self.receive_maximum_overruns:
             log.warning(
-                "broker_receive_maximum_exceeded", receive_maximum=self._receive_max,
-                note="tolerated; reading still pauses at buffer_high", **self._where(),
-            )  # fmt: skip
+                "broker_receive_maximum_exceeded",
+                receive_maximum=self._receive_max,
+                note="tolerated; reading still pauses at buffer_high",
+                **self._where(),
+            )
         self.receive_maximum_overruns += 1
 
     def _on_control(self, packet: mqtt5.Packet) -> None:

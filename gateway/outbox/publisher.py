@@ -23,6 +23,7 @@ from gateway.domain.quiet_hours import QuietHours
 from gateway.support.backoff import Backoff
 from gateway.support.loops import drain_on_notify
 from gateway.support.metrics import Metrics
+from gateway.support.node import Node
 from protocol import Topics
 from storage import outbox
 from storage.errors import DB_ERRORS
@@ -69,11 +70,27 @@ class OutboxPublisher:
         self.retry_cap_s = retry_cap_s
         self.quiet = quiet
 
+    @classmethod
+    def from_config(cls, node: Node, *, quiet: QuietHours | None) -> OutboxPublisher:
+        return cls(
+            pool=node.pool,
+            dsn=node.dsn,
+            node_id=node.node_id,
+            topics=node.topics,
+            publish=node.publish,
+            metrics=node.metrics,
+            quiet=quiet,
+        )
+
     async def run(self, stop: asyncio.Event) -> None:
         await drain_on_notify(
-            dsn=self.dsn, channel=NOTIFY_CHANNEL, stop=stop, step=self.run_once,
-            poll_s=self.poll_s, name="outbox-publisher",
-        )  # fmt: skip
+            dsn=self.dsn,
+            channel=NOTIFY_CHANNEL,
+            stop=stop,
+            step=self.run_once,
+            poll_s=self.poll_s,
+            name="outbox-publisher",
+        )
 
     async def run_once(self) -> int:
         """Claim due events and publish them; the number claimed (0: nothing due)."""
@@ -154,9 +171,12 @@ class OutboxPublisher:
         delay = Backoff(self.retry_base_s, self.retry_cap_s, attempt=event.retry_count).next_delay()
         self.metrics.outbox_failures.inc()
         log.warning(
-            "outbox_publish_failed", event_id=str(event.event_id), error=repr(exc),
-            retry_in_s=round(delay, 3), retry_count=event.retry_count + 1,
-        )  # fmt: skip
+            "outbox_publish_failed",
+            event_id=str(event.event_id),
+            error=repr(exc),
+            retry_in_s=round(delay, 3),
+            retry_count=event.retry_count + 1,
+        )
         # Not recorded: the lease runs out and the event is claimed again anyway.
         with contextlib.suppress(*DB_ERRORS):
             async with self.pool.acquire() as conn:

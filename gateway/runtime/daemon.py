@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 from contextlib import AsyncExitStack
 from urllib.parse import urlsplit
 
@@ -11,33 +10,23 @@ import aiomqtt
 import asyncpg
 import structlog
 
-from gateway.ai.llm import OpenAiCompatibleLlm
-from gateway.ai.worker import SummaryWorker
-from gateway.alarms.engine import AlarmEngine
-from gateway.alarms.inactivity import InactivityMonitor
-from gateway.alarms.service import AlarmService
-from gateway.alarms.timers import AlarmTimers
 from gateway.api.app import build_app, gateway_version
-from gateway.api.auth import BearerAuth
 from gateway.api.health import BrokerHealth, DatabaseHealth, Health, IngestHealth, OutboxHealth
 from gateway.api.server import ApiServer
-from gateway.commands.dispatcher import Dispatcher
-from gateway.commands.reaper import Reaper
-from gateway.commands.service import CommandService
 from gateway.config import Config
 from gateway.domain.errors import StartupError
-from gateway.ingest import live_path
 from gateway.ingest.writer import IngestWriter
 from gateway.mqtt.session import OFFLINE, MqttSession
 from gateway.mqtt.v311_client import ConnectionSettings, TlsSettings
 from gateway.outbox.publisher import OutboxPublisher
+from gateway.runtime.components import Components, build
 from gateway.runtime.logging import set_secrets
 from gateway.runtime.sdnotify import Notifier
 from gateway.runtime.supervision import Watchdog
 from gateway.support.backoff import Backoff
 from gateway.support.loops import sleep_unless_stopped
 from gateway.support.metrics import Metrics
-from protocol import TopicKind
+from gateway.support.node import Node
 from storage import ingest as repo
 from storage import outbox
 from storage.errors import DB_ERRORS, TRANSIENT_DB_ERRORS, StorageError
@@ -74,13 +63,7 @@ class Daemon:
         self.database_dsn: str | None = None
         self.broker_address: tuple[str, int] | None = None
         self.pool: asyncpg.Pool | None = None
-        self.session: MqttSession | None = None
-        self.writer: IngestWriter | None = None
-        self.engine: AlarmEngine | None = None
-        self.outbox: OutboxPublisher | None = None
-        self.auth: BearerAuth | None = None
-        self.timers: AlarmTimers | None = None
-        self.dispatcher: Dispatcher | None = None
+        self.components: Components | None = None
 
     async def run(self, stop: asyncio.Event) -> None:
         async with AsyncExitStack() as stack:
@@ -106,128 +89,69 @@ class Daemon:
         stop: asyncio.Event,
     ) -> None:
         cfg = self.config
-        topics = cfg.topics
-        engine = self.engine = live_path.alarm_engine(cfg, self.metrics)
-        async with pool.acquire() as conn:
-            await engine.forget_removed_rules(conn)
-        summaries = await self._summaries(stack, pool)
-        writer = self.writer = IngestWriter(
-            pool=pool,
-            decoder=live_path.message_decoder(cfg),
+        node = Node(
             node_id=self.node_id,
+            pool=pool,
+            dsn=self.database_dsn or "",
+            topics=cfg.topics,
             metrics=self.metrics,
-            batch_size=cfg.batch_size(protocol),
-            linger_s=cfg.ingest.linger_ms / 1000,
-            queue_max=cfg.ingest.queue_max,
-            retry=Backoff(cfg.database.retry_min_s, cfg.database.retry_max_s),
-            engine=engine,
-            receipts=live_path.receipt_applier(cfg, self.metrics),
-            refused_batch_attempts=cfg.ingest.refused_batch_attempts,
+            publish=self._publish,
         )
-        self.dispatcher = Dispatcher(
-            pool=pool, dsn=self.database_dsn or "", node_id=self.node_id, topics=topics,
-            publish=self._publish, metrics=self.metrics, lease_s=cfg.commands.lease_s,
-            sent_timeout_s=cfg.commands.sent_timeout_s, batch=cfg.commands.dispatch_batch,
-            max_in_flight=cfg.commands.max_in_flight_per_device,
-        )  # fmt: skip
-        reaper = Reaper(
-            pool=pool, node_id=self.node_id, ack_window_s=cfg.commands.ack_window_s,
-            sent_timeout_s=cfg.commands.sent_timeout_s, interval_s=cfg.commands.reaper_interval_s,
-            metrics=self.metrics,
-        )  # fmt: skip
-        quiet = cfg.quiet_hours()
-        self.outbox = OutboxPublisher(
-            pool=pool, dsn=self.database_dsn or "", node_id=self.node_id, topics=topics,
-            publish=self._publish, metrics=self.metrics, quiet=quiet,
-        )  # fmt: skip
-        self.timers = AlarmTimers(
-            pool=pool, node_id=self.node_id, quiet=quiet,
-            escalate_after_s=cfg.alarms.escalate_after_s,
-            repeat_interval_s=cfg.alarms.repeat_interval_s,
-            interval_s=cfg.alarms.timer_interval_s, metrics=self.metrics,
-        )  # fmt: skip
-        group = cfg.mqtt.shared_group if protocol == cfg.mqtt.protocol else ""
-        # Presence is retained, and retained messages are not sent to shared subscriptions:
-        # every node subscribes to it directly (applying it twice is harmless).
-        subscriptions = [
-            topics.subscription(TopicKind.TELEMETRY, group or None),
-            topics.subscription(TopicKind.ACKS, group or None),
-            topics.subscription(TopicKind.STATUS),
-        ]
-        presence_topic = topics.gateway_status(self.node_id)
-        session = self.session = MqttSession(
-            settings=self._connection_settings(host, port, protocol, presence_topic),
-            subscriptions=subscriptions,
-            presence_topic=presence_topic,
-            writer=writer,
-            metrics=self.metrics,
-            backoff=Backoff(cfg.mqtt.reconnect_min_s, cfg.mqtt.reconnect_max_s),
-            drain_timeout_s=cfg.ingest.drain_timeout_s,
+        parts = self.components = await build(
+            cfg,
+            node,
+            connection=self._connection_settings(
+                host, port, protocol, cfg.topics.gateway_status(self.node_id)
+            ),
+            protocol=protocol,
+            stack=stack,
+            stop=stop,
             on_connected=self._on_connected,
         )
         if cfg.http.enabled:
             set_secrets(secrets_of(cfg))
-            self.auth = BearerAuth(cfg.api.tokens)
             app = build_app(
                 health_check=self.health,
                 metrics=self.metrics,
-                auth=self.auth,
-                alarm_service=AlarmService(pool, self.node_id, self.metrics),
-                command_service=CommandService(
-                    pool, self.node_id, cfg.commands.expire_after_s, stop=stop,
-                    metrics=self.metrics,
-                ),
-            )  # fmt: skip
+                auth=parts.auth,
+                alarm_service=parts.alarm_service,
+                command_service=parts.command_service,
+            )
             server = await stack.enter_async_context(ApiServer(app, cfg.http.host, cfg.http.port))
             self.http_port = server.port
             log.info("http_listening", host=cfg.http.host, port=server.port)
         async with asyncio.TaskGroup() as tasks:
-            writer_task = tasks.create_task(writer.run(), name="ingest-writer")
-            tasks.create_task(self.outbox.run(stop), name="outbox-publisher")
-            tasks.create_task(self.timers.run(stop), name="alarm-timers")
-            tasks.create_task(self.dispatcher.run(stop), name="command-dispatcher")
-            tasks.create_task(reaper.run(stop), name="command-reaper")
-            tasks.create_task(engine.forget_loop(pool, stop), name="rule-state-janitor")
-            if summaries is not None:
-                tasks.create_task(summaries.run(stop), name="ai-summaries")
-            if engine.rules.inactivity_rules:
-                silent = min(rule.silent_seconds for rule in engine.rules.inactivity_rules)
-                monitor = InactivityMonitor(
-                    pool=pool, engine=engine, interval_s=min(max(silent / 4, 1.0), 30.0)
-                )
-                tasks.create_task(monitor.run(stop), name="inactivity-monitor")
-            interval = self.notifier.watchdog_interval_s()
+            writer_task = tasks.create_task(parts.writer.run(), name="ingest-writer")
+            for name, loop in parts.loops:
+                tasks.create_task(loop(stop), name=name)
             if self.notifier.enabled:
+                interval = self.notifier.watchdog_interval_s()
                 watchdog = Watchdog(
-                    notifier=self.notifier, writer=writer, status=self.status_line,
+                    notifier=self.notifier,
+                    writer=parts.writer,
+                    status=self.status_line,
                     interval_s=interval or 10.0,
                     # WATCHDOG_USEC itself: a call hanging that long has missed a ping.
                     stall_s=2 * interval if interval else float("inf"),
-                )  # fmt: skip
+                )
                 tasks.create_task(watchdog.run(stop), name="watchdog")
-            await tasks.create_task(session.run(stop), name="mqtt-session")
+            await tasks.create_task(parts.session.run(stop), name="mqtt-session")
             # The session returns after draining (or giving up on) the queue.
             writer_task.cancel()
         log.info("daemon_stopped", offline_published=OFFLINE.decode())
 
-    async def _summaries(self, stack: AsyncExitStack, pool: asyncpg.Pool) -> SummaryWorker | None:
-        """The AI summary worker, when ``[ai] enabled`` (off by default: no tasks at all)."""
-        ai = self.config.ai
-        if not ai.enabled:
-            return None
-        llm = OpenAiCompatibleLlm(
-            base_url=ai.base_url, model=ai.model,
-            api_key=os.environ.get(ai.api_key_env) if ai.api_key_env else None,
-            timeout_s=ai.timeout_s, json_mode=ai.json_mode,
-        )  # fmt: skip
-        stack.push_async_callback(llm.close)
-        log.info("ai_summaries_enabled", base_url=ai.base_url, model=ai.model,
-                 prompt_version=ai.prompt_version)  # fmt: skip
-        return SummaryWorker(
-            pool=pool, llm=llm, node_id=self.node_id, metrics=self.metrics,
-            max_attempts=ai.max_attempts, json_mode=ai.json_mode, workers=ai.workers,
-            processing_timeout_s=ai.processing_timeout_s,
-        )  # fmt: skip
+    # What the tests and the health check look at, once the daemon is built.
+    @property
+    def session(self) -> MqttSession | None:
+        return None if self.components is None else self.components.session
+
+    @property
+    def writer(self) -> IngestWriter | None:
+        return None if self.components is None else self.components.writer
+
+    @property
+    def outbox(self) -> OutboxPublisher | None:
+        return None if self.components is None else self.components.outbox
 
     async def _publish(self, topic: str, payload: bytes) -> None:
         """QoS 1 on the daemon's broker connection; returns after the broker's PUBACK."""
@@ -238,20 +162,11 @@ class Daemon:
         await client.publish(topic, payload, qos=1)
 
     def reload(self, config: Config) -> None:
-        """Swap what may change at run time (rules; quiet hours and tokens with their
-        sections) atomically between batches; messages keep flowing meanwhile."""
-        if self.engine is not None:
-            self.engine.replace_rules(config.rule_set())
-        if self.auth is not None:
+        """Swap what may change at run time (rules; quiet hours, escalation and tokens with
+        their sections) atomically between batches; messages keep flowing meanwhile."""
+        if self.components is not None:
             set_secrets(secrets_of(config))
-            self.auth.replace(config.api.tokens)
-        quiet = config.quiet_hours()
-        if self.outbox is not None:
-            self.outbox.quiet = quiet
-        if self.timers is not None:
-            self.timers.quiet = quiet
-            self.timers.escalate_after_s = config.alarms.escalate_after_s
-            self.timers.repeat_interval_s = config.alarms.repeat_interval_s
+            self.components.reload(config)
         self.config = config
         log.info("config_reloaded", rules=len(config.rules))
 

@@ -53,9 +53,10 @@ class Watchdog:
                 warned = False
             elif not warned:
                 log.error(
-                    "watchdog_withheld", stuck_s=round(stuck, 1),
+                    "watchdog_withheld",
+                    stuck_s=round(stuck, 1),
                     note="a database write has not returned; systemd will restart us",
-                )  # fmt: skip
+                )
                 warned = True
             self.notifier.status(self.status())
             await sleep_unless_stopped(stop, self.interval_s)

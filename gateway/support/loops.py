@@ -95,15 +95,26 @@ class _Listener:
         except RETRYABLE as exc:
             delay = self.backoff.next_delay()
             self.next_attempt = loop.time() + delay
-            log.warning("listen_failed", loop=self.name, channel=self.channel, error=repr(exc),
-                        fallback="polling", retry_in_s=round(delay, 3))  # fmt: skip
+            log.warning(
+                "listen_failed",
+                loop=self.name,
+                channel=self.channel,
+                error=repr(exc),
+                fallback="polling",
+                retry_in_s=round(delay, 3),
+            )
             return
         try:
             await connection.add_listener(self.channel, lambda *_: self.wakeup.set())
         except RETRYABLE as exc:
             self.next_attempt = loop.time() + self.backoff.next_delay()
-            log.warning("listen_failed", loop=self.name, channel=self.channel, error=repr(exc),
-                        fallback="polling")  # fmt: skip
+            log.warning(
+                "listen_failed",
+                loop=self.name,
+                channel=self.channel,
+                error=repr(exc),
+                fallback="polling",
+            )
             with contextlib.suppress(Exception):
                 await connection.close(timeout=LISTEN_CONNECT_TIMEOUT_S)
             return

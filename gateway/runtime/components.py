@@ -1,0 +1,177 @@
+"""The daemon's components, built from the configuration: all of them, none optional.
+
+``build`` takes the configuration sections whole and the node's shared resources (``Node``);
+the daemon only starts what it returns, as named tasks of one TaskGroup, and reloads,
+reports health and stops through it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Callable, Coroutine
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+
+from gateway.ai.llm import OpenAiCompatibleLlm
+from gateway.ai.worker import SummaryWorker
+from gateway.alarms.engine import AlarmEngine
+from gateway.alarms.inactivity import InactivityMonitor
+from gateway.alarms.service import AlarmService
+from gateway.alarms.timers import AlarmTimers
+from gateway.api.auth import BearerAuth
+from gateway.commands.dispatcher import Dispatcher
+from gateway.commands.reaper import Reaper
+from gateway.commands.service import CommandService
+from gateway.config import Config
+from gateway.ingest import live_path
+from gateway.ingest.writer import IngestWriter
+from gateway.mqtt.session import MqttSession
+from gateway.mqtt.v311_client import ConnectionSettings
+from gateway.outbox.publisher import OutboxPublisher
+from gateway.support.backoff import Backoff
+from gateway.support.node import Node
+from protocol import TopicKind
+
+log = structlog.get_logger(__name__)
+
+# A loop the daemon runs until ``stop``: its task name, and how to run it.
+Loop = tuple[str, Callable[[asyncio.Event], Coroutine[Any, Any, None]]]
+
+
+@dataclass(frozen=True, slots=True)
+class Components:
+    engine: AlarmEngine
+    writer: IngestWriter
+    session: MqttSession
+    dispatcher: Dispatcher
+    reaper: Reaper
+    outbox: OutboxPublisher
+    timers: AlarmTimers
+    auth: BearerAuth
+    alarm_service: AlarmService
+    command_service: CommandService
+    # Besides the session and the writer: the outbox, timers, dispatcher, reaper, rule-state
+    # janitor, and the AI workers and inactivity monitor where configured.
+    loops: tuple[Loop, ...]
+
+    def reload(self, config: Config) -> None:
+        """Swap what may change at run time, between batches; messages keep flowing."""
+        self.engine.replace_rules(config.rule_set())
+        self.auth.replace(config.api.tokens)
+        quiet = config.quiet_hours()
+        self.outbox.quiet = quiet
+        self.timers.quiet = quiet
+        self.timers.escalate_after_s = config.alarms.escalate_after_s
+        self.timers.repeat_interval_s = config.alarms.repeat_interval_s
+
+
+async def build(
+    config: Config,
+    node: Node,
+    *,
+    connection: ConnectionSettings,
+    protocol: str,
+    stack: AsyncExitStack,
+    stop: asyncio.Event,
+    on_connected: Callable[[], None],
+) -> Components:
+    """Every component of the node, wired; ``stack`` closes what needs closing."""
+    engine = live_path.alarm_engine(config, node.metrics)
+    async with node.pool.acquire() as conn:
+        await engine.forget_removed_rules(conn)
+    writer = IngestWriter.from_config(
+        node,
+        config.ingest,
+        config.database,
+        decoder=live_path.message_decoder(config),
+        engine=engine,
+        receipts=live_path.receipt_applier(config, node.metrics),
+        batch_size=config.batch_size(protocol),
+    )
+    session = MqttSession(
+        settings=connection,
+        subscriptions=_subscriptions(config, protocol),
+        presence_topic=node.topics.gateway_status(node.node_id),
+        writer=writer,
+        metrics=node.metrics,
+        backoff=Backoff(config.mqtt.reconnect_min_s, config.mqtt.reconnect_max_s),
+        drain_timeout_s=config.ingest.drain_timeout_s,
+        on_connected=on_connected,
+    )
+    quiet = config.quiet_hours()
+    dispatcher = Dispatcher.from_config(node, config.commands)
+    reaper = Reaper.from_config(node, config.commands)
+    outbox = OutboxPublisher.from_config(node, quiet=quiet)
+    timers = AlarmTimers.from_config(node, config.alarms, quiet=quiet)
+    loops: list[Loop] = [
+        ("outbox-publisher", outbox.run),
+        ("alarm-timers", timers.run),
+        ("command-dispatcher", dispatcher.run),
+        ("command-reaper", reaper.run),
+        ("rule-state-janitor", lambda stop: engine.forget_loop(node.pool, stop)),
+    ]
+    if config.ai.enabled:
+        summaries = await _summaries(config, node, stack)
+        loops.append(("ai-summaries", summaries.run))
+    inactivity = engine.rules.inactivity_rules
+    if inactivity:
+        silent = min(rule.silent_seconds for rule in inactivity)
+        monitor = InactivityMonitor(
+            pool=node.pool, engine=engine, interval_s=min(max(silent / 4, 1.0), 30.0)
+        )
+        loops.append(("inactivity-monitor", monitor.run))
+    return Components(
+        engine=engine,
+        writer=writer,
+        session=session,
+        dispatcher=dispatcher,
+        reaper=reaper,
+        outbox=outbox,
+        timers=timers,
+        auth=BearerAuth(config.api.tokens),
+        alarm_service=AlarmService(node.pool, node.node_id, node.metrics),
+        command_service=CommandService(
+            node.pool,
+            node.node_id,
+            config.commands.expire_after_s,
+            stop=stop,
+            metrics=node.metrics,
+        ),
+        loops=tuple(loops),
+    )
+
+
+def _subscriptions(config: Config, protocol: str) -> list[str]:
+    topics = config.topics
+    group = config.mqtt.shared_group if protocol == config.mqtt.protocol else ""
+    # Presence is retained, and retained messages are not sent to shared subscriptions: every
+    # node subscribes to it directly (applying it twice is harmless).
+    return [
+        topics.subscription(TopicKind.TELEMETRY, group or None),
+        topics.subscription(TopicKind.ACKS, group or None),
+        topics.subscription(TopicKind.STATUS),
+    ]
+
+
+async def _summaries(config: Config, node: Node, stack: AsyncExitStack) -> SummaryWorker:
+    """The AI summary worker (``[ai] enabled``) and its LLM client, closed with ``stack``."""
+    ai = config.ai
+    llm = OpenAiCompatibleLlm(
+        base_url=ai.base_url,
+        model=ai.model,
+        api_key=os.environ.get(ai.api_key_env) if ai.api_key_env else None,
+        timeout_s=ai.timeout_s,
+        json_mode=ai.json_mode,
+    )
+    stack.push_async_callback(llm.close)
+    log.info(
+        "ai_summaries_enabled",
+        base_url=ai.base_url,
+        model=ai.model,
+        prompt_version=ai.prompt_version,
+    )
+    return SummaryWorker.from_config(node, ai, llm=llm)

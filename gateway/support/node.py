@@ -1,0 +1,27 @@
+"""What every component of one node shares, handed over whole instead of one argument each."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import asyncpg
+
+from gateway.support.metrics import Metrics
+from protocol import Topics
+
+# QoS 1 on the node's broker connection; returns after the broker's PUBACK.
+Publish = Callable[[str, bytes], Awaitable[None]]
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    """One node's identity and shared resources: the pool (and the DSN for LISTEN
+    connections), the topics, the metrics, and how to publish."""
+
+    node_id: str
+    pool: asyncpg.Pool
+    dsn: str
+    topics: Topics
+    metrics: Metrics
+    publish: Publish
