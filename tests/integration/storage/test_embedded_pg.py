@@ -24,7 +24,7 @@ from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.embedded
 
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
+PROJECT_ROOT = Path(__file__).resolve().parents[3]
 
 # A gateway that starts the server, reports the DSN, then waits to be killed.
 OWNER_SCRIPT = """

@@ -20,7 +20,7 @@ from gateway.runtime.install_systemd import (
     render_unit,
 )
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 PACKAGED_DIR = ROOT / "gateway" / "units"
 # systemd-analyze security's exposure, times ten: 1.6 today; sandboxing may only get stricter.
 MAX_EXPOSURE = 20

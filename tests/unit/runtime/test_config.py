@@ -13,7 +13,7 @@ from gateway.config import (
 )
 from gateway.domain.errors import ConfigError
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "config.example.toml"
+EXAMPLE = Path(__file__).resolve().parents[3] / "config.example.toml"
 
 
 def test_empty_file_gives_every_default() -> None:

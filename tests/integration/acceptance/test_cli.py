@@ -11,7 +11,7 @@ import asyncpg
 
 from storage.migrate import latest_version, shipped_migrations
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "config.example.toml"
+EXAMPLE = Path(__file__).resolve().parents[3] / "config.example.toml"
 
 
 def _gateway(*args: str) -> subprocess.CompletedProcess[str]:

@@ -79,6 +79,7 @@ async def test_the_benchmark_can_run_on_the_gateways_embedded_postgres(tmp_path:
         await asyncpg.connect(dsn, timeout=5)  # stopped with the context
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 async def test_bench_quick_completes_and_reports_every_figure(
     pg_server_dsn: str, tmp_path: Path
