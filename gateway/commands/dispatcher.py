@@ -9,7 +9,6 @@ owner. A publish that fails leaves the claim to expire: the reaper returns it to
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
 
 import asyncpg
 import msgspec
@@ -19,7 +18,7 @@ from gateway.commands.lifecycle import DISPATCHER_ACTOR, mark_sent
 from gateway.config import CommandsConfig
 from gateway.support.loops import drain_on_notify
 from gateway.support.metrics import Metrics
-from gateway.support.node import Node
+from gateway.support.node import Node, Publish
 from protocol import DownlinkCommand, Topics, encode_command
 from storage import commands as repo
 
@@ -28,8 +27,6 @@ log = structlog.get_logger(__name__)
 NOTIFY_CHANNEL = "command_due"
 # SENT writes running at once, per dispatcher.
 MARK_SENT_CONCURRENCY = 2
-
-Publish = Callable[[str, bytes], Awaitable[None]]
 
 
 class Dispatcher:

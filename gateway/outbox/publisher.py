@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
 
 import asyncpg
 import msgspec
@@ -23,7 +22,7 @@ from gateway.domain.quiet_hours import QuietHours
 from gateway.support.backoff import Backoff
 from gateway.support.loops import drain_on_notify
 from gateway.support.metrics import Metrics
-from gateway.support.node import Node
+from gateway.support.node import Node, Publish
 from protocol import Topics
 from storage import outbox
 from storage.errors import DB_ERRORS
@@ -36,8 +35,6 @@ NOTIFY_CHANNEL = "outbox_event"
 DELIVERY_CONCURRENCY = 2
 # Publishing these is what brings an alarm to people: then it is pushed (or held back).
 DELIVERING_EVENTS = frozenset({EVENT_CREATED, EVENT_WOKEN})
-
-Publish = Callable[[str, bytes], Awaitable[None]]
 
 
 class OutboxPublisher:
