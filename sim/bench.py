@@ -81,7 +81,7 @@ def _subscription(prefix: str) -> str:
 
 
 def _session_properties() -> Properties:
-    properties = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
+    properties = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]  # paho is untyped
     properties.SessionExpiryInterval = 3600
     properties.ReceiveMaximum = RECEIVE_MAXIMUM
     return properties

@@ -312,7 +312,7 @@ class Responder:
 
     def _new_client(self) -> aiomqtt.Client:
         if self.protocol == "5":
-            properties = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
+            properties = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]  # paho is untyped
             properties.SessionExpiryInterval = SESSION_EXPIRY_S
             client = aiomqtt.Client(
                 self.host,

@@ -20,13 +20,13 @@ import asyncpg
 import structlog
 
 from gateway.alarms.service import (
-    EVENT_CLEARED,
     AlarmRequest,
     ConcurrentWriteError,
     SummarySpec,
     clear_alarm,
     create_alarms,
     create_late_alarm,
+    record_cleared,
 )
 from gateway.domain.alarm import active_key
 from gateway.domain.rules import (
@@ -45,7 +45,6 @@ from gateway.support.loops import RETRYABLE, sleep_unless_stopped, wait_event_or
 from gateway.support.metrics import Metrics
 from protocol import Telemetry
 from storage import alarms as repo
-from storage import outbox
 from storage import rule_state as state_repo
 from storage.rule_state import RuleStateRow, StateWriteConflictError
 
@@ -291,20 +290,8 @@ class AlarmEngine:
                     events.append(event_id)
         for row in await repo.clear_many(conn, keys, events, now):
             batch.cleared += 1
-            await outbox.add_event(
-                conn,
-                aggregate_type="alarm",
-                aggregate_id=str(row["id"]),
-                event_type=EVENT_CLEARED,
-                payload={
-                    "alarm_id": row["id"],
-                    "device_id": row["device_id"],
-                    "rule_key": row["rule_key"],
-                    "status": row["status"],
-                    "clear_event_id": row["event_id"],
-                    "reason": "device heard from again",
-                    "cleared_at": row["cleared_at"].isoformat(),
-                },
+            await record_cleared(
+                conn, row, clear_event_id=row["event_id"], reason="device heard from again"
             )
 
 

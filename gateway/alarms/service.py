@@ -89,6 +89,20 @@ def alarm_to_json(alarm: Alarm) -> dict[str, Any]:
     return body
 
 
+def event_payload(
+    alarm: Alarm, *, action: str, actor: str, from_status: AlarmStatus | None, **extra: Any
+) -> dict[str, Any]:
+    """The payload of every ``alarm.*`` outbox event but ``alarm.cleared``
+    (``record_cleared``): the alarm as it is now, the step, who took it, from which status."""
+    return {
+        "alarm": alarm_to_json(alarm),
+        "action": action,
+        "actor": actor,
+        "from": None if from_status is None else from_status.value,
+        **extra,
+    }
+
+
 def _lifecycle_values(alarm: Alarm) -> dict[str, Any]:
     return {column: getattr(alarm, column) for column in repo.LIFECYCLE_COLUMNS}
 
@@ -120,13 +134,9 @@ async def _record(
         request_id=request_id,
         event_id=event_id,
     )
-    payload = {
-        "alarm": alarm_to_json(alarm),
-        "action": action,
-        "actor": actor,
-        "from": None if from_status is None else from_status.value,
-        **(extra or {}),
-    }
+    payload = event_payload(
+        alarm, action=action, actor=actor, from_status=from_status, **(extra or {})
+    )
     await outbox.add_event(
         conn,
         aggregate_type=AGGREGATE,
@@ -356,14 +366,14 @@ async def _insert_fresh(
         events=[
             (
                 str(alarm.id),
-                {
-                    "alarm": alarm_to_json(alarm),
-                    "action": "create",
-                    "actor": RULES_ACTOR,
-                    "from": None,
-                    "reason": requests[i].reason,
-                    "supersedes": None,
-                },
+                event_payload(
+                    alarm,
+                    action="create",
+                    actor=RULES_ACTOR,
+                    from_status=None,
+                    reason=requests[i].reason,
+                    supersedes=None,
+                ),
             )
             for i, alarm in zip(fresh, alarms, strict=True)
         ],
@@ -450,23 +460,30 @@ async def clear_alarm(
         )
     if row is None:
         return None
-    payload = {
-        "alarm_id": row["id"],
-        "device_id": device_id,
-        "rule_key": rule_key,
-        "status": row["status"],
-        "clear_event_id": clear_event_id,
-        "reason": reason,
-        "cleared_at": row["cleared_at"].isoformat(),
-    }
+    await record_cleared(conn, row, clear_event_id=clear_event_id, reason=reason)
+    return int(row["id"])
+
+
+async def record_cleared(
+    conn: asyncpg.Connection, row: asyncpg.Record, *, clear_event_id: str, reason: str
+) -> None:
+    """The ``alarm.cleared`` event of a cleared alarm row (id, device, rule, status,
+    cleared_at), on the clearing transaction: the one shape every clear publishes."""
     await outbox.add_event(
         conn,
         aggregate_type=AGGREGATE,
         aggregate_id=str(row["id"]),
         event_type=EVENT_CLEARED,
-        payload=payload,
+        payload={
+            "alarm_id": row["id"],
+            "device_id": row["device_id"],
+            "rule_key": row["rule_key"],
+            "status": row["status"],
+            "clear_event_id": clear_event_id,
+            "reason": reason,
+            "cleared_at": row["cleared_at"].isoformat(),
+        },
     )
-    return int(row["id"])
 
 
 async def transition(

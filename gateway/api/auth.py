@@ -30,7 +30,7 @@ log = structlog.get_logger(__name__)
 REQUEST_ID_MAX_LENGTH: Final = 128
 # It goes to logs and the audit table: short, printable, no spaces.
 REQUEST_ID_PATTERN: Final = r"^[!-~]+$"
-_REQUEST_ID_RE: Final = re.compile(r"[!-~]{1,%d}" % REQUEST_ID_MAX_LENGTH, re.ASCII)  # noqa: UP031
+_REQUEST_ID_RE: Final = re.compile(r"[!-~]{1,%d}" % REQUEST_ID_MAX_LENGTH, re.ASCII)  # noqa: UP031 - % keeps the {m,n} braces plain
 STATE_CALLER: Final = "caller"
 STATE_REQUEST_ID: Final = "request_id"
 BEARER_SCHEME: Final = "bearerAuth"

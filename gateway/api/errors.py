@@ -231,7 +231,7 @@ def _param_of(request: Request[Any, Any, Any], key: str, source: str) -> str:
     return REQUEST_ID_HEADER if key == "request_id" else key
 
 
-def _from_litestar(request: Request[Any, Any, Any], exc: HTTPException) -> ApiError:  # noqa: PLR0911
+def _from_litestar(request: Request[Any, Any, Any], exc: HTTPException) -> ApiError:  # noqa: PLR0911 - one return per kind
     if isinstance(exc, ValidationException):
         problems = exc.extra if isinstance(exc.extra, list) else []
         first = problems[0] if problems and isinstance(problems[0], dict) else {}

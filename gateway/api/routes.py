@@ -48,7 +48,7 @@ from gateway.api.errors import (
 )
 from gateway.api.schemas import ID_DIGITS_MAX
 
-_DIGITS: Final = re.compile(r"[0-9]{1,%d}" % ID_DIGITS_MAX, re.ASCII)  # noqa: UP031
+_DIGITS: Final = re.compile(r"[0-9]{1,%d}" % ID_DIGITS_MAX, re.ASCII)  # noqa: UP031 - % keeps the {m,n} braces plain
 _JSON_NUMBER: Final = re.compile(
     r"-?(?:0|[1-9][0-9]{0,15})(?:\.[0-9]{1,40})?(?:[eE][+-]?[0-9]{1,3})?"
 )

@@ -260,7 +260,7 @@ def apply_secrets(config: Config, environ: Mapping[str, str]) -> Config:
                     f"api.tokens[{index}].token_env",
                     f"environment variable {entry.token_env} is not set",
                 )
-            entry = msgspec.structs.replace(entry, token=value)  # noqa: PLW2901
+            entry = msgspec.structs.replace(entry, token=value)  # noqa: PLW2901 - the resolved copy
         tokens.append(entry)
     api = msgspec.structs.replace(config.api, tokens=tokens)
     return msgspec.structs.replace(config, database=database, mqtt=mqtt, api=api)

@@ -139,7 +139,7 @@ class AckingClient:
         v5 = s.protocol == "5"
         properties = None
         if v5:
-            properties = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
+            properties = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]  # paho is untyped
             properties.SessionExpiryInterval = s.session_expiry_s if s.persistent_session else 0
             properties.ReceiveMaximum = s.receive_maximum
         will = None

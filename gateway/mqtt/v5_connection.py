@@ -716,7 +716,7 @@ class Mqtt5Connection:
                 elif self._buffered_bytes >= self.buffer_high_bytes:
                     self._pause("bytes")
 
-    def _parse(self, buffer: bytes | bytearray) -> tuple[int, int]:  # noqa: PLR0912, PLR0915
+    def _parse(self, buffer: bytes | bytearray) -> tuple[int, int]:  # noqa: PLR0912, PLR0915 - the hot loop, inlined
         """The hot loop, inlined on purpose (no call per PUBLISH): the deliveries added and
         their bytes. Raises _Violation for what must end the connection."""
         view = memoryview(buffer)
