@@ -27,6 +27,7 @@ import asyncio
 import functools
 import socket
 import ssl
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
@@ -91,6 +92,7 @@ class _FlowQueue(asyncio.Queue[aiomqtt.Message]):
         if owner.intake_stopped:
             return  # never acknowledged: the broker redelivers it to the next session
         super().put_nowait(item)
+        owner.delivered.add(item)
         owner.buffered_bytes += _size(item)
         settings = owner.settings
         if self.qsize() >= settings.buffer_high:
@@ -133,6 +135,9 @@ class AckingClient:
         # Payload bytes read off the socket and not yet taken by our reader.
         self.buffered_bytes = 0
         self.intake_stopped = False
+        # What this connection delivered and has not acknowledged yet (weak: nothing is kept
+        # alive by it).
+        self.delivered: weakref.WeakSet[aiomqtt.Message] = weakref.WeakSet()
 
     def _build(self) -> aiomqtt.Client:
         s = self.settings
@@ -250,7 +255,9 @@ class AckingClient:
 
     @property
     def is_open(self) -> bool:
-        return self._open
+        """Connected, and the broker has not dropped us (paho learns of it before we exit)."""
+        client = self._client
+        return self._open and client is not None and not client._disconnected.done()
 
     @property
     def messages(self) -> aiomqtt.client.MessagesIterator:
@@ -260,8 +267,13 @@ class AckingClient:
         """Send the PUBACK for a message this connection delivered; False if it is gone."""
         if message.qos == 0:
             return True
-        if not self._open or self._client is None:
+        # Only a message this very connection delivered, once: after a reconnect the broker
+        # redelivers under the old packet id, so acking a message of another connection would
+        # confirm the unprocessed copy (and lose it).
+        if not self.is_open or message not in self.delivered:
             return False
+        self.delivered.discard(message)
+        assert self._client is not None
         rc = self._client._client.ack(message.mid, message.qos)
         return rc == paho.MQTT_ERR_SUCCESS
 

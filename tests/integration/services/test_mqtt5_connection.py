@@ -9,7 +9,6 @@ import os
 import signal
 import socket
 import ssl
-import subprocess
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
@@ -30,6 +29,7 @@ from gateway.mqtt.v5_connection import (
     MqttSubscribeError,
 )
 from gateway.mqtt.v311_client import AckingClient, ConnectionSettings, TlsSettings
+from tests.support.credentials import make_ca, make_server_cert, password_file
 from tests.support.mosquitto import Mosquitto
 from tests.support.ports import free_port
 from tests.support.waiting import wait_until
@@ -113,17 +113,8 @@ async def loop_errors() -> AsyncIterator[list[dict[str, Any]]]:
 # --------------------------------------------------------------------------- connect
 
 
-def _password_file(path: Path, username: str, password: str) -> Path:
-    subprocess.run(
-        ["mosquitto_passwd", "-b", "-c", str(path), username, password],
-        check=True,
-        capture_output=True,
-    )
-    return path
-
-
 async def test_connect_with_a_password_file_and_refusals(tmp_path: Path) -> None:
-    passwords = _password_file(tmp_path / "passwords", "gateway", "s3cret")
+    passwords = password_file(tmp_path / "passwords", "gateway", "s3cret")
     extra = f"allow_anonymous false\npassword_file {passwords}\n"
     with _broker(tmp_path / "broker", extra_config=extra) as broker:
         good = _settings(broker.port, "auth-ok", username="gateway", password="s3cret")
@@ -159,44 +150,11 @@ async def test_unreachable_broker_and_a_silent_one_fail_to_connect() -> None:
                 pass  # pragma: no cover
 
 
-def _openssl(*args: str) -> None:
-    subprocess.run(["openssl", *args], check=True, capture_output=True)
-
-
-def _make_ca(directory: Path, name: str) -> tuple[Path, Path]:
-    directory.mkdir(parents=True, exist_ok=True)
-    cert, key = directory / f"{name}.crt", directory / f"{name}.key"
-    _openssl(
-        "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-        "-keyout", str(key), "-out", str(cert), "-days", "2", "-subj", f"/CN={name}",
-        "-addext", "basicConstraints=critical,CA:TRUE",
-        "-addext", "keyUsage=critical,keyCertSign,cRLSign",
-    )  # fmt: skip
-    return cert, key
-
-
-def _make_server_cert(directory: Path, ca_cert: Path, ca_key: Path) -> tuple[Path, Path]:
-    cert, key, csr = directory / "server.crt", directory / "server.key", directory / "server.csr"
-    extensions = directory / "server.ext"
-    extensions.write_text(
-        "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n"
-    )
-    _openssl(
-        "req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-        "-keyout", str(key), "-out", str(csr), "-subj", "/CN=127.0.0.1",
-    )  # fmt: skip
-    _openssl(
-        "x509", "-req", "-in", str(csr), "-CA", str(ca_cert), "-CAkey", str(ca_key),
-        "-CAcreateserial", "-out", str(cert), "-days", "2", "-extfile", str(extensions),
-    )  # fmt: skip
-    return cert, key
-
-
 async def test_tls_with_a_real_ca_and_refusal_with_a_wrong_one(tmp_path: Path) -> None:
     pki = tmp_path / "pki"
-    ca_cert, ca_key = _make_ca(pki, "gateway-test-ca")
-    other_ca, _ = _make_ca(pki, "some-other-ca")
-    server_cert, server_key = _make_server_cert(pki, ca_cert, ca_key)
+    ca_cert, ca_key = make_ca(pki, "gateway-test-ca")
+    other_ca, _ = make_ca(pki, "some-other-ca")
+    server_cert, server_key = make_server_cert(pki, ca_cert, ca_key)
     tls_port = free_port()
     extra = (
         f"listener {tls_port} {HOST}\ncafile {ca_cert}\ncertfile {server_cert}\n"
