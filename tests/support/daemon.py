@@ -64,7 +64,7 @@ level = "{log_level}"
 
 
 def make_config(**kwargs: object) -> Config:
-    return parse_config(config_toml(**kwargs))  # type: ignore[arg-type]
+    return parse_config(config_toml(**kwargs))  # type: ignore[arg-type]  # keyword arguments passed through
 
 
 @contextlib.asynccontextmanager
@@ -101,7 +101,7 @@ def metric(daemon: Daemon, name: str, labels: dict[str, str] | None = None) -> f
 async def count_rows(dsn: str, table: str = "telemetry") -> int:
     conn = await asyncpg.connect(dsn)
     try:
-        return int(await conn.fetchval(f"SELECT count(*) FROM {table}"))  # noqa: S608
+        return int(await conn.fetchval(f"SELECT count(*) FROM {table}"))  # noqa: S608 - a table name of the test's own
     finally:
         await conn.close()
 

@@ -21,7 +21,7 @@ async def wait_until(
     *,
     # A polling deadline, not a cancellation scope: asyncio.timeout() would cancel the
     # predicate mid-await and lose the "not met within" message.
-    timeout: float = 30.0,  # noqa: ASYNC109
+    timeout: float = 30.0,  # noqa: ASYNC109 - a deadline, not a cancellation timeout
     interval: float = 0.02,
     message: str = "",
 ) -> None:

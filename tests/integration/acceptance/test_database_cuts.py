@@ -118,7 +118,7 @@ async def test_backends_cut_under_load_never_kill_the_daemon_and_lose_nothing(
             terminated += await _cut_backends(admin, database)
             at_cut = await count_rows(db_dsn)
             await wait_until(
-                lambda at=at_cut: stored_at_least(at + PROGRESS),  # type: ignore[misc]
+                lambda at=at_cut: stored_at_least(at + PROGRESS),  # type: ignore[misc]  # the loop value bound on purpose
                 timeout=60, message="ingest resumed after the cut",
             )  # fmt: skip
         assert terminated >= CUTS

@@ -98,7 +98,7 @@ async def test_broker_restart_mid_stream_loses_nothing(db_dsn: str, mosquitto: M
     assert await count_rows(db_dsn) == 5000
 
 
-def _count_is(dsn: str, expected: int):  # type: ignore[no-untyped-def]
+def _count_is(dsn: str, expected: int):  # type: ignore[no-untyped-def]  # a predicate for wait_until
     async def check() -> bool:
         return await count_rows(dsn) == expected
 

@@ -165,7 +165,7 @@ async def test_sigterm_during_a_20000_message_stream_loses_nothing(
 
             await wait_until(mid_stream, timeout=60)
             process.signal(signal.SIGTERM)
-            code = await asyncio.to_thread(process.process.wait, 60)  # type: ignore[union-attr]
+            code = await asyncio.to_thread(process.process.wait, 60)  # type: ignore[union-attr]  # started above
             assert code == 0
             assert notify.count("STOPPING=1") == 1
             at_stop = await count_rows(db_dsn)

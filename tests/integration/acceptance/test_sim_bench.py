@@ -62,7 +62,7 @@ async def test_the_wire_publisher_reports_a_broker_that_goes_away(
     async with asyncio.timeout(60):
         with pytest.raises((WireError, OSError)):
             async with WirePublisher("127.0.0.1", mosquitto.port, "doomed", window=100) as wire:
-                await wire.publish_all(endless())  # type: ignore[arg-type]
+                await wire.publish_all(endless())  # type: ignore[arg-type]  # an endless generator on purpose
 
 
 async def test_the_benchmark_can_run_on_the_gateways_embedded_postgres(tmp_path: Path) -> None:

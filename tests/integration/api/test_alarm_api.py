@@ -479,7 +479,7 @@ async def test_bad_ids_are_400_never_500(api: Api, bad_id: str) -> None:
         reply = await api.get(f"/alarms/{bad_id}{suffix}")
         assert reply.status == 400, (suffix, reply.body)
         assert (reply.body["error"], reply.body["param"]) == ("BAD_REQUEST", "id")
-    reply = await api.act(bad_id, "confirm")  # type: ignore[arg-type]
+    reply = await api.act(bad_id, "confirm")  # type: ignore[arg-type]  # a bad id on purpose
     assert (reply.status, reply.body["param"]) == (400, "id")
 
 
@@ -608,7 +608,7 @@ async def test_a_5000_digit_id_is_400_never_500(api: Api) -> None:
     for suffix in ("", "/actions", "/audit"):
         reply = await api.get(f"/alarms/{'7' * 5000}{suffix}")
         assert (reply.status, reply.body["param"]) == (400, "id"), reply.body
-    reply = await api.act("8" * 5000, "confirm")  # type: ignore[arg-type]
+    reply = await api.act("8" * 5000, "confirm")  # type: ignore[arg-type]  # a bad id on purpose
     assert (reply.status, reply.body["param"]) == (400, "id")
 
 

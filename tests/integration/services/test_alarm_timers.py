@@ -37,7 +37,7 @@ async def _status(pool: asyncpg.Pool, alarm_id: int) -> str:
         return str(await conn.fetchval("SELECT status FROM alarm WHERE id = $1", alarm_id))
 
 
-def _shifted(delta: timedelta):  # type: ignore[no-untyped-def]
+def _shifted(delta: timedelta):  # type: ignore[no-untyped-def]  # a clock factory
     async def clock(conn: asyncpg.Connection) -> datetime:
         return await repo.db_now(conn) + delta
 

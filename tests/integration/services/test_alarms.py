@@ -82,7 +82,7 @@ async def _value(dsn: str, query: str, *args: object) -> object:
         await conn.close()
 
 
-def _stored(daemon: Daemon, count: int):  # type: ignore[no-untyped-def]
+def _stored(daemon: Daemon, count: int):  # type: ignore[no-untyped-def]  # a predicate for wait_until
     def check() -> bool:
         value = daemon.metrics.registry.get_sample_value("gateway_ingest_handler_seconds_count")
         return (value or 0) >= count

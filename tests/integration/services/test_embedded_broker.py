@@ -54,7 +54,7 @@ async def test_a_taken_port_is_a_clear_error() -> None:
 async def test_a_port_taken_by_another_program_is_the_same_error() -> None:
     with socket.socket() as other:
         # A wildcard listener also owns the loopback port.
-        other.bind(("0.0.0.0", 0))  # noqa: S104
+        other.bind(("0.0.0.0", 0))  # noqa: S104 - the wildcard listener is the point
         other.listen()
         port = other.getsockname()[1]
         with pytest.raises(EmbeddedBrokerError, match=f"port {port} on 127.0.0.1 is already"):
@@ -74,7 +74,7 @@ async def test_stop_is_idempotent_and_frees_the_port() -> None:
     await broker.stop()
 
 
-@pytest.mark.parametrize("host", ["0.0.0.0", "192.0.2.1", "::", "::1", "broker.example"])  # noqa: S104
+@pytest.mark.parametrize("host", ["0.0.0.0", "192.0.2.1", "::", "::1", "broker.example"])  # noqa: S104 - addresses the broker must refuse
 def test_only_ipv4_loopback_or_localhost_is_accepted(host: str) -> None:
     with pytest.raises(EmbeddedBrokerError, match="loopback"):
         EmbeddedBroker(host)

@@ -22,7 +22,7 @@ def _settings(port: int, protocol: str) -> ConnectionSettings:
         host="127.0.0.1",
         port=port,
         client_id=f"adapter-{protocol}",
-        protocol=protocol,  # type: ignore[arg-type]
+        protocol=protocol,  # type: ignore[arg-type]  # a Literal from a parameter
         persistent_session=True,
         session_expiry_s=600,
         receive_maximum=100,

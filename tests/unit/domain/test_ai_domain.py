@@ -125,7 +125,7 @@ def test_summary_refuses_unknown_and_missing_fields() -> None:
 
 def test_summary_is_frozen() -> None:
     with pytest.raises(AttributeError):
-        summary().confidence = 0.1  # type: ignore[misc]
+        summary().confidence = 0.1  # type: ignore[misc]  # frozen: the point of the test
 
 
 # --- Succeeded / Failed -----------------------------------------------------------------------

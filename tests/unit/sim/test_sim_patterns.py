@@ -288,7 +288,7 @@ def test_a_fleet_of_the_largest_size_builds() -> None:
 )
 def test_pattern_params_are_validated(params: dict[str, object], message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        PatternParams(**params)  # type: ignore[arg-type]
+        PatternParams(**params)  # type: ignore[arg-type]  # bad values on purpose
 
 
 @pytest.mark.parametrize(
@@ -303,7 +303,7 @@ def test_pattern_params_are_validated(params: dict[str, object], message: str) -
 )
 def test_fleet_config_is_validated(fields: dict[str, object], message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        FleetConfig(**fields)  # type: ignore[arg-type]
+        FleetConfig(**fields)  # type: ignore[arg-type]  # bad values on purpose
 
 
 # --- the rate schedule --------------------------------------------------------------------------
