@@ -7,7 +7,6 @@ files (no CDN: the page works on a site with no internet).
 
 from __future__ import annotations
 
-from importlib.metadata import PackageNotFoundError, version
 from typing import Any, Final
 
 import msgspec
@@ -48,6 +47,7 @@ from gateway.api.schemas import (
 )
 from gateway.commands.service import CommandService
 from gateway.support.metrics import Metrics
+from gateway.support.version import gateway_version
 
 OPENAPI_PATH: Final = "/openapi.json"
 DOCS_PATH: Final = "/docs"
@@ -55,13 +55,6 @@ DOCS_ASSETS: Final = "/docs/assets"
 # aiohttp's default before: a body beyond this is a 413, whatever the route.
 MAX_BODY_BYTES: Final = 1024 * 1024
 TITLE: Final = "MQTT alarm & command gateway: operator API"
-
-
-def gateway_version() -> str:
-    try:
-        return version("mqtt-alarm-gateway")
-    except PackageNotFoundError:
-        return "0+unknown"
 
 
 @route(

@@ -19,6 +19,7 @@ import structlog
 from gateway.config import Config, load_config
 from gateway.domain.errors import ConfigError, StartupError
 from gateway.runtime.logging import configure_logging
+from gateway.support.version import gateway_version
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -29,6 +30,7 @@ log = structlog.get_logger(__name__)
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gateway", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"gateway {gateway_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
 
     run = commands.add_parser("run", help="run the daemon")

@@ -10,7 +10,7 @@ import aiomqtt
 import asyncpg
 import structlog
 
-from gateway.api.app import build_app, gateway_version
+from gateway.api.app import build_app
 from gateway.api.health import BrokerHealth, DatabaseHealth, Health, IngestHealth, OutboxHealth
 from gateway.api.server import ApiServer
 from gateway.config import Config
@@ -27,6 +27,7 @@ from gateway.support.backoff import Backoff
 from gateway.support.loops import sleep_unless_stopped
 from gateway.support.metrics import Metrics
 from gateway.support.node import Node
+from gateway.support.version import gateway_version
 from storage import ingest as repo
 from storage import outbox
 from storage.errors import DB_ERRORS, TRANSIENT_DB_ERRORS, StorageError
@@ -74,6 +75,9 @@ class Daemon:
                 return  # stopped while waiting for the database
             stack.push_async_callback(pool.close)
             self.pool = pool
+            # Read at every scrape, not only when /health is asked.
+            self.metrics.db_pool_size.set_function(pool.get_size)
+            self.metrics.db_pool_idle.set_function(pool.get_idle_size)
             await self._serve(
                 stack=stack, pool=pool, host=host, port=port, protocol=protocol, stop=stop
             )
@@ -343,8 +347,6 @@ class Daemon:
         pool = self.pool
         if pool is None:
             return DatabaseHealth(ok=False, error="not connected")
-        self.metrics.db_pool_size.set(pool.get_size())
-        self.metrics.db_pool_idle.set(pool.get_idle_size())
         try:
             async with asyncio.timeout(HEALTH_DB_TIMEOUT_S), pool.acquire() as conn:
                 await repo.ping(conn)

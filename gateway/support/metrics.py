@@ -2,8 +2,23 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    Info,
+    ProcessCollector,
+    disable_created_metrics,
+    generate_latest,
+)
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from gateway.support.version import gateway_version
+
+# No `<name>_created` series next to every counter and histogram (the process start time of a
+# counter, which Prometheus does not need and which doubled the series).
+disable_created_metrics()  # type: ignore[no-untyped-call]  # untyped in prometheus_client
 
 BATCH_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000)
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
@@ -12,6 +27,10 @@ LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0
 class Metrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry(auto_describe=True)
+        ProcessCollector(registry=r)  # process_cpu_seconds_total, resident memory, open fds...
+        Info("gateway_build", "The running release", registry=r).info(
+            {"version": gateway_version()}
+        )
         self.telemetry_received = Counter(
             "gateway_telemetry_received", "Telemetry messages received from the broker", registry=r
         )

@@ -113,3 +113,12 @@ def test_embedded_db_refuses_when_a_database_is_configured(tmp_path: Path) -> No
     assert result.returncode == 2
     assert "dsn is set" in result.stderr
     assert result.stdout == ""
+
+
+def test_version_prints_the_release() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "gateway", "--version"], capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("gateway ")
+    assert result.stdout.split()[1][0].isdigit()

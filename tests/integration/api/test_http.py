@@ -56,3 +56,24 @@ async def test_health_and_metrics(db_dsn: str, mosquitto: Mosquitto) -> None:
         await wait_until(
             lambda: daemon.session is not None and daemon.session.connected, timeout=30
         )
+
+
+async def test_metrics_carry_the_process_the_build_and_the_pool_and_no_created_series(
+    db_dsn: str, mosquitto: Mosquitto
+) -> None:
+    config = make_config(dsn=db_dsn, mqtt_port=mosquitto.port, node_id="metrics-node")
+    # /health is never asked: the pool gauges are read at the scrape itself.
+    async with running_daemon(config) as daemon, aiohttp.ClientSession() as http:
+        url = f"http://127.0.0.1:{daemon.http_port}/metrics"
+        response = await http.get(url)
+        text = await response.text()
+        response.release()
+    lines = [line for line in text.splitlines() if line and not line.startswith("#")]
+    values = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in lines}
+    assert values["process_cpu_seconds_total"] > 0
+    assert values["process_resident_memory_bytes"] > 0
+    (build,) = [name for name in values if name.startswith("gateway_build_info{")]
+    assert 'version="' in build
+    assert values["gateway_db_pool_size"] >= 1
+    assert "gateway_db_pool_idle" in values
+    assert [name for name in values if "_created" in name.split("{")[0]] == []
