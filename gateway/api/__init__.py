@@ -1,4 +1,4 @@
-"""The operator HTTP API (SPEC §9): typed routes on Litestar, served by uvicorn in the daemon.
+"""The operator HTTP API (behaviour §9): typed routes on Litestar, served by uvicorn in the daemon.
 
 ``app`` builds the Litestar app, ``server`` runs it inside the daemon's event loop; ``auth``
 (bearer tokens, the role guard), ``errors`` (the kinds of error and the one handler),

@@ -1,4 +1,4 @@
-"""The alarm routes (SPEC §5, §9): reads for viewers, people's actions for operators."""
+"""The alarm routes (behaviour §5, §9): reads for viewers, people's actions for operators."""
 
 from __future__ import annotations
 

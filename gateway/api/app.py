@@ -111,8 +111,8 @@ def _openapi_config() -> OpenAPIConfig:
             )
         ],
         tags=[
-            Tag(name=alarms.TAG, description="Alarm lifecycle (SPEC §5)."),
-            Tag(name=commands.TAG, description="Downlink commands (SPEC §7)."),
+            Tag(name=alarms.TAG, description="Alarm lifecycle (behaviour §5)."),
+            Tag(name=commands.TAG, description="Downlink commands (behaviour §7)."),
             Tag(name=health.TAG, description="Health, metrics, this document."),
         ],
         components=Components(

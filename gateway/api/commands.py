@@ -1,4 +1,4 @@
-"""The command routes (SPEC §7, §9), behind the same tokens as the alarm routes."""
+"""The command routes (behaviour §7, §9), behind the same tokens as the alarm routes."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Commands for the operator API (SPEC §7, §9): each call one transaction on a pooled connection.
+"""Commands for the operator API (behaviour §7, §9): each call one transaction on a pooled
+connection.
 
 ``wait_for`` may wait for the outcome. Nothing notifies terminal states (``command_due`` fires
 only for PENDING rows), so the wait polls the one row by its primary key: 50 ms apart at first,

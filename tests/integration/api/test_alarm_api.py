@@ -1,7 +1,7 @@
-"""The operator alarm API over real HTTP (loopback) against a real PostgreSQL (SPEC §5, §9, §14).
+"""The operator alarm API over real HTTP (loopback) against real PostgreSQL (behaviour §5, §9, §14).
 
-The expected outcomes below are written from the SPEC's tables, not read from the domain code,
-so the test is an independent oracle for the whitelist.
+The expected outcomes below are written from the tables of docs/behaviour.md, not read from the
+domain code, so the test is an independent oracle for the whitelist.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ TOKENS = [
 PEOPLE = ("confirm", "handle", "close", "false")
 STEP = {"confirm": "confirmed", "handle": "handled", "close": "closed", "false": "false"}
 
-# SPEC §5, the whitelist restricted to people's actions: {status: {action: new status}}.
+# behaviour §5, the whitelist restricted to people's actions: {status: {action: new status}}.
 WHITELIST: dict[str, dict[str, str]] = {
     "NEW": {"confirm": "CONFIRMED", "handle": "HANDLED", "false": "FALSE"},
     "PUSHED": {"confirm": "CONFIRMED", "handle": "HANDLED", "false": "FALSE"},
@@ -198,7 +198,7 @@ async def test_every_action_from_every_state(api: Api, recipe: str, action: str)
         assert reply.body["error"] == "ALARM_SUPERSEDED"
         assert reply.body["superseded_by"] == successor
     elif before[f"{STEP[action]}_by"] is not None:
-        # The step was taken already: for the caller that is losing a race (SPEC §5).
+        # The step was taken already: for the caller that is losing a race (behaviour §5).
         assert reply.status == 409
         assert reply.body["error"] == "STATUS_CHANGED"
         assert reply.body["current_status"] == status

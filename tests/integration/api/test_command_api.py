@@ -1,7 +1,8 @@
-"""The operator command API over real HTTP (loopback) against a real PostgreSQL (SPEC §7, §9).
+"""The operator command API over real HTTP (loopback) against a real PostgreSQL (behaviour §7, §9).
 
-The expected outcomes are written from the SPEC, not read from the code; the end-to-end tests
-run a real daemon and simulated devices on a real broker, and wait for the outcome in one call.
+The expected outcomes are written from docs/behaviour.md, not read from the code; the end-to-end
+tests run a real daemon and simulated devices on a real broker, and wait for the outcome in one
+call.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ TOKENS = [
     TokenConfig(token=ADMIN, role="admin", name="root"),
 ]
 OPEN = ("PENDING", "CLAIMED", "SENT")
-# SPEC §9 / the brief: what a command in the API carries at least.
+# behaviour §9 / the brief: what a command in the API carries at least.
 COMMAND_FIELDS = {
     "id", "device_id", "name", "params", "status", "delivery", "claim_generation",
     "claimed_node_id", "retry_count", "reclaim_count", "result", "result_code",
@@ -553,7 +554,7 @@ async def test_realtime_outcome_reaches_the_waiting_post(
             )
             assert reply.status == 201, reply.body
             command = reply.body["command"]
-            # In that one call: the device's answer, as the SPEC's table says.
+            # In that one call: the device's answer, as the behaviour contract's table says.
             assert (command["status"], command["result"], command["result_code"],
                     command["raw_result_code"]) == expected  # fmt: skip
             assert command["finished_at"] is not None
