@@ -207,16 +207,7 @@ class AlarmEngine:
         """Write a run of firings (distinct device and rule) and empty it."""
         if not run:
             return
-        requests = [
-            AlarmRequest(
-                device_id=f.device_id,
-                rule_key=f.rule_key,
-                severity=f.severity,
-                telemetry_event_id=f.telemetry_event_id,
-                reason=f.reason,
-            )
-            for f in run
-        ]
+        requests = [_request(f) for f in run]
         creations = await create_alarms(
             conn, requests, node_id=self.node_id, now=now, summary=self.summary
         )
@@ -235,13 +226,7 @@ class AlarmEngine:
         assert firing.superseded_by_event is not None
         creation = await create_late_alarm(
             conn,
-            AlarmRequest(
-                device_id=firing.device_id,
-                rule_key=firing.rule_key,
-                severity=firing.severity,
-                telemetry_event_id=firing.telemetry_event_id,
-                reason=firing.reason,
-            ),
+            _request(firing),
             superseded_by_event=firing.superseded_by_event,
             cleared_by_event=firing.cleared_by_event,
             node_id=self.node_id,
@@ -293,6 +278,16 @@ class AlarmEngine:
             await record_cleared(
                 conn, row, clear_event_id=row["event_id"], reason="device heard from again"
             )
+
+
+def _request(firing: Firing) -> AlarmRequest:
+    return AlarmRequest(
+        device_id=firing.device_id,
+        rule_key=firing.rule_key,
+        severity=firing.severity,
+        telemetry_event_id=firing.telemetry_event_id,
+        reason=firing.reason,
+    )
 
 
 def _state_of(row: RuleStateRow) -> RuleState:
