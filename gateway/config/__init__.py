@@ -113,6 +113,8 @@ class AlarmsConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True
     escalate_after_s: Annotated[float, Meta(ge=0)] = 0.0
     repeat_interval_s: Annotated[float, Meta(ge=0)] = 0.0
     timer_interval_s: PositiveFloat = 5.0
+    # A rule whose metric or event no telemetry carried for this long is logged once (0: never).
+    rule_check_after_s: Annotated[float, Meta(ge=0)] = 3600.0
     quiet_hours: QuietHoursConfig = field(default_factory=QuietHoursConfig)
 
 

@@ -104,6 +104,12 @@ def test_install_systemd_writes_the_units_for_this_installation(tmp_path: Path) 
     refused = _gateway("install-systemd", "--target", str(target), "--executable", str(executable))
     assert refused.returncode == 1
     assert "gateway.service" in refused.stderr
+    assert "--force" in refused.stderr
+    forced = _gateway(
+        "install-systemd", "--target", str(target), "--executable", str(executable), "--force"
+    )
+    assert forced.returncode == 0, forced.stderr
+    assert "Type=notify" in (target / "gateway.service").read_text()
 
 
 def test_embedded_db_refuses_when_a_database_is_configured(tmp_path: Path) -> None:
