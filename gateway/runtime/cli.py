@@ -24,7 +24,7 @@ import asyncpg
 import structlog
 
 from gateway.config import Config, load_config
-from gateway.domain.errors import ConfigError, StartupError
+from gateway.domain.errors import ConfigError, ConfigErrors, StartupError
 from gateway.runtime.admin_token import with_zero_setup_token
 from gateway.runtime.logging import configure_logging
 from gateway.support.version import gateway_version
@@ -233,7 +233,12 @@ def _check_config(path: Path) -> int:
     try:
         load_config(path)
     except ConfigError as exc:
-        print(f"invalid configuration: {exc}", file=sys.stderr)
+        # Every error found, one per line, so that one run fixes them all.
+        errors = exc.errors if isinstance(exc, ConfigErrors) else [exc]
+        count = f"{len(errors)} error{'s' if len(errors) > 1 else ''}"
+        print(f"invalid configuration: {path}: {count}", file=sys.stderr)
+        for error in errors:
+            print(f"  {error}", file=sys.stderr)
         return EXIT_CONFIG
     print(f"{path}: ok")
     return EXIT_OK

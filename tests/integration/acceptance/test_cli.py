@@ -37,6 +37,16 @@ def test_check_config_accepts_the_example_and_names_the_bad_key(tmp_path: Path) 
     result = _gateway("check-config", str(unknown))
     assert result.returncode == 2
     assert "database.dns" in result.stderr
+    several = tmp_path / "several.toml"
+    several.write_text("[mqtt]\nport = 'eighty'\n[log]\nformat = 'xml'\n[database]\npool_min = 0\n")
+    result = _gateway("check-config", str(several))
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [
+        f"invalid configuration: {several}: 3 errors",
+        "  mqtt.port: Expected `int`, got `str`",
+        "  log.format: Invalid enum value 'xml'; allowed: 'auto', 'json', 'console'",
+        "  database.pool_min: Expected `int` >= 1",
+    ]
 
 
 async def test_migrate_is_idempotent_and_dead_letters_can_be_listed(
