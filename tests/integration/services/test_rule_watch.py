@@ -11,6 +11,9 @@ from gateway.alarms.rule_watch import RuleWatch, find_unseen
 from gateway.config import parse_config
 from gateway.domain.rule_check import watched_names
 from gateway.domain.rules import RuleSet
+from tests.support.daemon import make_config, running_daemon
+from tests.support.mosquitto import Mosquitto
+from tests.support.waiting import wait_until
 
 NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
 
@@ -146,3 +149,48 @@ async def test_a_rule_whose_name_is_seen_is_never_reported(pool: asyncpg.Pool) -
     )
     clock.now = NOW + timedelta(seconds=61)
     assert await watch.run_once() == []
+
+
+async def test_each_daemon_of_a_cluster_logs_a_rule_that_never_matched(
+    db_dsn: str, mosquitto: Mosquitto
+) -> None:
+    extra = RULES + "\n[alarms]\nrule_check_after_s = 1\n"
+    configs = [
+        make_config(dsn=db_dsn, mqtt_port=mosquitto.port, node_id=f"n{i}", extra=extra)
+        for i in (1, 2)
+    ]
+    with capture_logs() as logs:
+        async with running_daemon(configs[0]) as first, running_daemon(configs[1]) as second:
+            assert first.components is not None
+            assert second.components is not None
+            assert "rule-watch" in [name for name, _ in first.components.loops]
+            # Dated ahead, so that it stays inside every window of this test: `temp` is seen.
+            await _store(
+                first.pool,
+                datetime.now(UTC) + timedelta(hours=1),
+                metrics='{"temp": 1, "humidity": 2}',
+            )
+
+            def reported() -> list[str]:
+                return sorted(
+                    entry["rule"] for entry in logs if entry["event"] == "rule_never_matched"
+                )
+
+            # Each node, for each of the two misspelled rules, once (here: both nodes).
+            await wait_until(
+                lambda: reported() == ["damp", "damp", "door", "door"],
+                timeout=30,
+                message="both nodes report damp and door, once each",
+            )
+    by_rule = {e["rule"]: e for e in logs if e["event"] == "rule_never_matched"}
+    assert by_rule["damp"]["closest_seen"] == ["humidity"]
+    assert reported() == ["damp", "damp", "door", "door"]  # and never again until they stopped
+
+
+async def test_zero_turns_the_watch_off(db_dsn: str, mosquitto: Mosquitto) -> None:
+    config = make_config(
+        dsn=db_dsn, mqtt_port=mosquitto.port, extra=RULES + "\n[alarms]\nrule_check_after_s = 0\n"
+    )
+    async with running_daemon(config) as daemon:
+        assert daemon.components is not None
+        assert "rule-watch" not in [name for name, _ in daemon.components.loops]
