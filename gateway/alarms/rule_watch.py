@@ -91,9 +91,12 @@ class RuleWatch:
 
     async def run_once(self) -> list[UnseenRule]:
         """One pass: the rules reported now (each is reported once)."""
+        current = watched_names(self.rules())
+        if not current:
+            self._loaded_at.clear()
+            return []  # nothing to watch: no query at all
         async with self.pool.acquire() as conn:
             now = await self.clock(conn)
-            current = watched_names(self.rules())
             # A rule removed by a reload is forgotten; one added starts its own wait.
             self._loaded_at = {w: self._loaded_at.get(w, now) for w in current}
             window = timedelta(seconds=self.after_s)
