@@ -178,6 +178,7 @@ class StreamHub:
                         subscriber = _Subscriber(cursor or head)
                         self._subscribers.add(subscriber)
                         break
+                assert cursor is not None  # None registers at once, above
                 # Behind the hub: catch up from the table (final up to the hub's head).
                 # Every event up to the head has an xid <= head.xid, all ended: final.
                 async with self.pool.acquire() as conn:
@@ -187,6 +188,7 @@ class StreamHub:
                 for event in batch:
                     yield event
                     cursor = event.cursor
+            yield None  # live from here on: a first comment says so
             while True:
                 try:
                     item = await asyncio.wait_for(subscriber.queue.get(), KEEPALIVE_S)
