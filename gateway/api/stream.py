@@ -14,8 +14,10 @@ any cursor resumes with no gap and no duplicate, on any node.
 ticket (stored as a digest, so any node accepts it) for ``GET /stream?ticket=``. The long-lived
 token never goes into a URL; ``curl`` sends it in the ``Authorization`` header as usual.
 
-Litestar's :class:`~litestar.response.ServerSentEvent` frames the messages and ends the
-response when the client goes away; resuming (``Last-Event-ID``) is ours.
+The response is Litestar's :class:`~litestar.response.Stream` (which ends it when the client
+goes away) with the framing written here: Litestar's ``ServerSentEvent`` writes a ``data:``
+line into every message, so its comment-only keep-alive reaches EventSource as an empty
+message event; and resuming (``Last-Event-ID``) is not its business anyway.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ import structlog
 from litestar import Request
 from litestar.openapi.datastructures import ResponseSpec
 from litestar.params import Parameter
-from litestar.response import ServerSentEvent, ServerSentEventMessage
+from litestar.response import Stream
 
 from gateway.api.auth import BearerAuth, CallDep, Caller, Role
 from gateway.api.devices import Pool
@@ -229,7 +231,9 @@ def _digest(secret: str) -> bytes:
     return hashlib.sha256(secret.encode()).digest()
 
 
-def _message(event: StreamEvent) -> ServerSentEventMessage:
+def frame(event: StreamEvent) -> bytes:
+    """One event on the wire: ``id``, ``event`` and one ``data`` line (JSON has no raw line
+    breaks), then the blank line that ends it."""
     data = (
         b'{"event_id":'
         + msgspec.json.encode(event.event_id)
@@ -240,12 +244,16 @@ def _message(event: StreamEvent) -> ServerSentEventMessage:
         + b',"aggregate_id":'
         + msgspec.json.encode(event.aggregate_id)
         + b',"payload":'
-        + event.payload.encode()  # jsonb's text: JSON already, on one line
+        + event.payload.replace("\n", " ").encode()  # jsonb's text: JSON already
         + b',"created_at":'
         + msgspec.json.encode(event.created_at)
         + b"}"
     )
-    return ServerSentEventMessage(data=data.decode(), event=event.event_type, id=str(event.cursor))
+    event_type = re.sub(r"[\r\n]", "", event.event_type).encode()
+    return b"id: %s\nevent: %s\ndata: %s\n\n" % (str(event.cursor).encode(), event_type, data)
+
+
+KEEPALIVE_FRAME: Final = b": keep-alive\n\n"
 
 
 @route(
@@ -312,7 +320,7 @@ async def stream(
             description="Resume after this event `id` (as the `Last-Event-ID` header).",
         ),
     ] = None,
-) -> ServerSentEvent:
+) -> Stream:
     del pool  # the hub holds the pool; declared for the dependency's documentation alone
     hub: StreamHub = request.app.state[STATE_HUB]
     auth: BearerAuth = request.app.state["auth"]
@@ -331,15 +339,16 @@ async def stream(
     given = last_event_id if last_event_id is not None else header
     after = None if not given else parse_cursor(given, "Last-Event-ID")
     log.info("stream_opened", token=caller.name, after=None if after is None else str(after))
-    return ServerSentEvent(_frames(hub, after), headers={"Cache-Control": "no-store"})
+    return Stream(
+        _frames(hub, after),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+    )
 
 
-async def _frames(hub: StreamHub, after: Cursor | None) -> AsyncIterator[ServerSentEventMessage]:
+async def _frames(hub: StreamHub, after: Cursor | None) -> AsyncIterator[bytes]:
     async for event in hub.events(after):
-        if event is None:
-            yield ServerSentEventMessage(comment="keep-alive")
-        else:
-            yield _message(event)
+        yield KEEPALIVE_FRAME if event is None else frame(event)
 
 
 def _remote(request: Request[Any, Any, Any]) -> str | None:
