@@ -105,6 +105,7 @@ class TokenConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True)
     token: str = ""
     token_env: str = ""
     role: Literal["viewer", "operator", "admin"] = "viewer"
+    # Required (validate): who the audit trail names for whatever the token does.
     name: str = ""
 
 
@@ -368,6 +369,7 @@ def validate(config: Config) -> None:
             not token.token or len(token.token) >= 16,
             "must be at least 16 characters",
         )
+    errors.extend(_token_name_errors(config.api.tokens))
     errors.extend(_rule_errors(config.rules))
     errors.extend(_validate_ai(config.ai))
     try:
@@ -381,6 +383,37 @@ def validate(config: Config) -> None:
     )
     if errors:
         raise config_errors(errors)
+
+
+TOKEN_NAME_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9 _.@-]{0,63}$"  # noqa: S105 - a pattern
+_TOKEN_NAME: Final = re.compile(TOKEN_NAME_PATTERN.removesuffix("$") + r"\Z")
+
+
+def _token_name_errors(tokens: list[TokenConfig]) -> list[ConfigError]:
+    """Every token has a name, unique: the audit trail records it as the actor."""
+    errors: list[ConfigError] = []
+    seen: dict[str, int] = {}
+    for index, token in enumerate(tokens):
+        path = f"api.tokens[{index}].name"
+        if not token.name:
+            errors.append(ConfigError(path, "required: the audit trail names the token by it"))
+            continue
+        if _TOKEN_NAME.match(token.name) is None:
+            errors.append(
+                ConfigError(
+                    path,
+                    "1 to 64 letters, digits, spaces and _ . @ - (starting with a letter or digit)",
+                )
+            )
+        if token.name in seen:
+            errors.append(
+                ConfigError(
+                    path, f"{token.name!r} is taken already by api.tokens[{seen[token.name]}]"
+                )
+            )
+            continue
+        seen[token.name] = index
+    return errors
 
 
 def _each(error: ConfigError) -> list[ConfigError]:
