@@ -79,6 +79,7 @@ enabled = true
         "mqtt.reconnect_min_s",
         "database.pool_min",
         "api.tokens[0].token",
+        "api.tokens[0].name",
         "rules[0].kind",
         "rules[1].severity",
         "ai.base_url",
