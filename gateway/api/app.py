@@ -23,7 +23,7 @@ from litestar.types import Message, Scope
 from swagger_ui_bundle import swagger_ui_path
 
 from gateway.alarms.service import AlarmService
-from gateway.api import alarms, commands, health
+from gateway.api import alarms, commands, health, notify
 from gateway.api.auth import (
     BEARER_SCHEME,
     REQUEST_ID_MAX_LENGTH,
@@ -113,6 +113,7 @@ def _openapi_config() -> OpenAPIConfig:
         tags=[
             Tag(name=alarms.TAG, description="Alarm lifecycle (behaviour §5)."),
             Tag(name=commands.TAG, description="Downlink commands (behaviour §7)."),
+            Tag(name=notify.TAG, description="Notifications: silences, deliveries (behaviour §6)."),
             Tag(name=health.TAG, description="Health, metrics, this document."),
         ],
         components=Components(
@@ -144,7 +145,7 @@ def build_app(
     """The whole HTTP surface of a node. ``auth.replace`` swaps its tokens at run time."""
     guarded = Router(
         "/",
-        route_handlers=[*alarms.HANDLERS, *commands.HANDLERS],
+        route_handlers=[*alarms.HANDLERS, *commands.HANDLERS, *notify.HANDLERS],
         parameters={
             "request_id": HeaderParameter(
                 annotation=str,
@@ -168,6 +169,7 @@ def build_app(
         dependencies={
             "alarms": Provide(lambda: alarm_service, sync_to_thread=False, use_cache=True),
             "commands": Provide(lambda: command_service, sync_to_thread=False, use_cache=True),
+            "notifications": notify.provide(alarm_service.pool),
             "call": Provide(call_of, sync_to_thread=False),
         },
         exception_handlers={Exception: handle_exception},
@@ -188,6 +190,6 @@ def _complete(schemas: dict[str, Any]) -> None:
     # `params`' recursive schema: no Python type spells it, so it joins the generated ones here.
     schemas[JSON_VALUE] = JSON_VALUE_SCHEMA
     # A body Struct that forbids unknown fields says so (msgspec refuses them: a 422).
-    for body in (ActionBody, CommandBody):
+    for body in (ActionBody, CommandBody, notify.SilenceBody, notify.SilenceMatchers):
         if body.__struct_config__.forbid_unknown_fields and body.__name__ in schemas:
             schemas[body.__name__].additional_properties = False

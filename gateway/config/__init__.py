@@ -18,6 +18,7 @@ from msgspec import Meta, Struct, field
 
 from gateway.domain.ai_prompt import PROMPTS
 from gateway.domain.errors import ConfigError
+from gateway.domain.notify import Notify, NotifyConfig, compile_notify
 from gateway.domain.quiet_hours import QuietHours, QuietHoursConfig, compile_quiet_hours
 from gateway.domain.rules import RuleConfig, RuleSet, compile_rules
 from protocol import TopicKind, Topics, is_valid_device_id
@@ -91,6 +92,8 @@ class HttpConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     enabled: bool = True
     host: str = "127.0.0.1"
     port: Annotated[int, Meta(ge=0, le=65535)] = 8080  # 0: any free port
+    # Where people reach the console (http(s)://host[:port][/path]); notifications link to it.
+    public_url: str = ""
 
 
 class LogConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -151,6 +154,7 @@ class Config(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     alarms: AlarmsConfig = field(default_factory=AlarmsConfig)
     commands: CommandsConfig = field(default_factory=CommandsConfig)
     ai: AiConfig = field(default_factory=AiConfig)
+    notify: NotifyConfig = field(default_factory=NotifyConfig)
 
     @property
     def node_id(self) -> str:
@@ -170,6 +174,9 @@ class Config(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
         if not self.alarms.quiet_hours.windows:
             return None
         return compile_quiet_hours(self.alarms.quiet_hours)
+
+    def notify_rules(self) -> Notify:
+        return compile_notify(self.notify)
 
     @property
     def topics(self) -> Topics:
@@ -263,7 +270,44 @@ def apply_secrets(config: Config, environ: Mapping[str, str]) -> Config:
             entry = msgspec.structs.replace(entry, token=value)  # noqa: PLW2901 - the resolved copy
         tokens.append(entry)
     api = msgspec.structs.replace(config.api, tokens=tokens)
-    return msgspec.structs.replace(config, database=database, mqtt=mqtt, api=api)
+    notify = _notify_secrets(config.notify, environ)
+    return msgspec.structs.replace(config, database=database, mqtt=mqtt, api=api, notify=notify)
+
+
+# --- notifications ([notify], [http] public_url) ------------------------------------------------
+
+
+def _notify_secrets(notify: NotifyConfig, environ: Mapping[str, str]) -> NotifyConfig:
+    """Each receiver's ``secret_env`` / ``password_env`` read into ``secret`` / ``password``."""
+    receivers = []
+    for index, receiver in enumerate(notify.receivers):
+        for env_key, key in (("secret_env", "secret"), ("password_env", "password")):
+            name = getattr(receiver, env_key)
+            if not name:
+                continue
+            value = environ.get(name, "")
+            if not value:
+                raise ConfigError(
+                    f"notify.receivers[{index}].{env_key}",
+                    f"environment variable {name} is not set",
+                )
+            receiver = msgspec.structs.replace(receiver, **{key: value})  # noqa: PLW2901 - the resolved copy
+        receivers.append(receiver)
+    return msgspec.structs.replace(notify, receivers=receivers)
+
+
+def notify_secrets(config: Config) -> list[str]:
+    """The receivers' webhook secrets and SMTP passwords (never logged)."""
+    return [s for r in config.notify.receivers for s in (r.secret, r.password) if s]
+
+
+_PUBLIC_URL: Final = re.compile(r"^https?://[^/\s?#]+(/[^\s?#]*)?\Z")
+
+
+def _validate_notify(config: Config) -> None:
+    if config.http.public_url and _PUBLIC_URL.match(config.http.public_url) is None:
+        raise ConfigError("http.public_url", "must be http(s)://host[:port][/path]")
+    compile_notify(config.notify)  # raises ConfigError("notify.routes[i].receivers[j]", ...)
 
 
 def validate(config: Config) -> None:
@@ -293,6 +337,7 @@ def validate(config: Config) -> None:
             raise ConfigError(f"api.tokens[{index}].token", "must be at least 16 characters")
     compile_rules(config.rules)  # raises ConfigError("rules[i].field", ...)
     _validate_ai(config.ai)
+    _validate_notify(config)
     compile_quiet_hours(config.alarms.quiet_hours)  # ConfigError("alarms.quiet_hours...")
     if config.database.retry_min_s > config.database.retry_max_s:
         raise ConfigError("database.retry_min_s", "must not exceed database.retry_max_s")
