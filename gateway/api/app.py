@@ -189,7 +189,8 @@ def _complete(schemas: dict[str, Any]) -> None:
     """What Litestar's generation leaves out, added from the same declarations."""
     # `params`' recursive schema: no Python type spells it, so it joins the generated ones here.
     schemas[JSON_VALUE] = JSON_VALUE_SCHEMA
+    notify.complete(schemas)
     # A body Struct that forbids unknown fields says so (msgspec refuses them: a 422).
-    for body in (ActionBody, CommandBody, notify.SilenceBody, notify.SilenceMatchers):
+    for body in (ActionBody, CommandBody, notify.SilenceBody):
         if body.__struct_config__.forbid_unknown_fields and body.__name__ in schemas:
             schemas[body.__name__].additional_properties = False

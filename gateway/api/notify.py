@@ -4,13 +4,15 @@ reads (a FAILED delivery says why in ``last_error``)."""
 from __future__ import annotations
 
 import uuid
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Annotated, Any, Final
 
 import asyncpg
 import msgspec
 import structlog
 from litestar.di import NamedDependency, Provide
+from litestar.openapi.spec import Schema
+from litestar.openapi.spec.enums import OpenAPIType
 from litestar.params import JSONBody, Parameter
 
 from gateway.api.auth import CallDep, Role
@@ -39,12 +41,22 @@ TAG: Final = "notifications"
 SILENCE_NOT_FOUND: Final = ErrorKind(404, "NOT_FOUND", "no such silence")
 DELIVERY_NOT_FOUND: Final = ErrorKind(404, "NOT_FOUND", "no such delivery")
 MATCHERS_MAX: Final = 100
-_DEVICE_GLOB: Final = r"^[A-Za-z0-9_.:*?\[\]!-]{1,64}$"
+# A device id, or a glob (at least one of `*?[`) of at most 128 characters: what the rules
+# accept (gateway.domain.rules.device_selector), in a pattern both Python and ECMA 262 read alike.
+_DEVICE_PATTERN: Final = (
+    r"^([A-Za-z0-9_.:-]{1,64}|[A-Za-z0-9_.:\]!-]*[*?\[][A-Za-z0-9_.:*?\[\]!-]*)$"
+)
+_DEVICE_MAX: Final = 128
 _EVENT_PATTERN: Final = r"^[a-z]+\.[a-z_]+$"
 
 RuleKey = Annotated[str, msgspec.Meta(pattern=RULE_KEY_FILTER_PATTERN)]
 DevicePattern = Annotated[
-    str, msgspec.Meta(pattern=_DEVICE_GLOB, description="A device id or an fnmatch glob.")
+    str,
+    msgspec.Meta(
+        pattern=_DEVICE_PATTERN,
+        max_length=_DEVICE_MAX,
+        description="A device id or an fnmatch glob.",
+    ),
 ]
 SeverityName = Annotated[str, msgspec.Meta(pattern=r"^(" + "|".join(SEVERITIES) + r")$")]
 
@@ -66,7 +78,12 @@ class SilenceMatchers(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, 
 
 
 class SilenceBody(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    ends_at: Annotated[datetime, msgspec.Meta(tz=True, description="RFC 3339, in the future.")]
+    ends_at: Annotated[
+        datetime,
+        msgspec.Meta(
+            tz=True, description="RFC 3339; a time already past ends the silence at once."
+        ),
+    ]
     matchers: SilenceMatchers = msgspec.field(default_factory=SilenceMatchers)
     comment: Annotated[str, msgspec.Meta(max_length=NOTE_MAX_LENGTH, pattern=NUL_FREE)] = ""
 
@@ -118,6 +135,44 @@ class DeliveryPage(msgspec.Struct, kw_only=True):
     next_before: int | None = None
 
 
+def _array(items: Schema, most: int) -> Schema:
+    return Schema(
+        one_of=[
+            Schema(type=OpenAPIType.ARRAY, items=items, min_items=1, max_items=most),
+            Schema(type=OpenAPIType.NULL),
+        ]
+    )
+
+
+def complete(schemas: dict[str, Any]) -> None:
+    """What Litestar's generation drops from `SilenceMatchers` (the items' patterns and
+    bounds), declared here from the same constants the Struct uses."""
+    device = Schema(type=OpenAPIType.STRING, pattern=_DEVICE_PATTERN, max_length=_DEVICE_MAX)
+    schemas["SilenceMatchers"] = Schema(
+        type=OpenAPIType.OBJECT,
+        title="SilenceMatchers",
+        description="What a silence matches; a matcher left out (or null) matches everything.",
+        properties={
+            "rules": _array(
+                Schema(type=OpenAPIType.STRING, pattern=RULE_KEY_FILTER_PATTERN), MATCHERS_MAX
+            ),
+            "devices": Schema(
+                one_of=[
+                    device,
+                    Schema(
+                        type=OpenAPIType.ARRAY, items=device, min_items=1, max_items=MATCHERS_MAX
+                    ),
+                    Schema(type=OpenAPIType.NULL),
+                ]
+            ),
+            "severities": _array(
+                Schema(type=OpenAPIType.STRING, enum=list(SEVERITIES)), len(SEVERITIES)
+            ),
+        },
+        additional_properties=False,
+    )
+
+
 def _silence(row: Any) -> Silence:
     values = dict(row.items())
     values["matchers"] = msgspec.json.decode(values["matchers"])
@@ -165,8 +220,6 @@ _ID_PATH: Final = "{id:str}"
 async def create_silence(
     notifications: Notifications, call: CallDep, data: JSONBody[SilenceBody]
 ) -> Silence:
-    if data.ends_at <= datetime.now(UTC):
-        raise invalid_body("ends_at: must be in the future")
     m = data.matchers
     try:
         row = await notifications.create_silence(

@@ -124,9 +124,10 @@ SELECT count(*) AS pending,
 FROM notify_delivery WHERE status IN ('PENDING', 'SENDING');
 
 -- name: insert_silence
--- $1 matchers json, $2 ends at, $3 comment, $4 created by.
+-- $1 matchers json, $2 ends at, $3 comment, $4 created by. An end already past ends it now;
+-- one past the end of year 9999 (UTC) is moved there (what a client can read back).
 INSERT INTO notify_silence (matchers, ends_at, comment, created_by)
-VALUES ($1::jsonb, $2, $3, $4)
+VALUES ($1::jsonb, least(greatest($2, now()), '9999-12-31 23:59:59.999999+00'), $3, $4)
 RETURNING id, matchers::text AS matchers, starts_at, ends_at, comment, created_by, created_at,
           expired_by, (ends_at > now()) AS active;
 

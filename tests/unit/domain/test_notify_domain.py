@@ -140,25 +140,30 @@ def test_a_bad_route_is_a_config_error_naming_the_key(routes: str, key: str) -> 
     assert caught.value.key_path == key, caught.value
 
 
+_W = 'name = "x"\nkind = "webhook"\nurl = "http://h"\n'
+_E = 'name = "x"\nkind = "email"\nhost = "h"\n'
+
+
 @pytest.mark.parametrize(
     ("receiver", "key"),
     [
-        ('name = "x"\nkind = "webhook"\nurl = "ftp://h"', "notify.receivers[0].url"),
-        ('name = "x y"\nkind = "webhook"\nurl = "http://h"', "notify.receivers[0].name"),
-        ('name = "x"\nkind = "webhook"\nurl = "http://h"\ntimeout_s = 90', "notify.receivers[0].timeout_s"),
-        ('name = "x"\nkind = "webhook"\nurl = "http://h"\nsecret = "s"\nsecret_env = "E"', "notify.receivers[0].secret_env"),
-        ('name = "x"\nkind = "email"\nfrom = "a@b"\nto = ["c@d"]', "notify.receivers[0].host"),
-        ('name = "x"\nkind = "email"\nhost = "h"\nto = ["c@d"]', "notify.receivers[0].from"),
-        ('name = "x"\nkind = "email"\nhost = "h"\nfrom = "a@b"', "notify.receivers[0].to"),
-        ('name = "x"\nkind = "email"\nhost = "h"\nfrom = "a@b"\nto = ["nope"]', "notify.receivers[0].to[0]"),
-        ('name = "x"\nkind = "email"\nhost = "h"\nfrom = "a@b"\nto = ["c@d"]\ntls = true\nstarttls = true', "notify.receivers[0].starttls"),
-        ('name = "x"\nkind = "pager"', "notify.receivers[0].kind"),
+        ('name = "x"\nkind = "webhook"\nurl = "ftp://h"', "url"),
+        ('name = "x y"\nkind = "webhook"\nurl = "http://h"', "name"),
+        (_W + "timeout_s = 90", "timeout_s"),
+        (_W + 'secret = "s"\nsecret_env = "E"', "secret_env"),
+        (_W + 'headers = { "Bad Name" = "v" }', "headers"),
+        ('name = "x"\nkind = "email"\nfrom = "a@b"\nto = ["c@d"]', "host"),
+        (_E + 'to = ["c@d"]', "from"),
+        (_E + 'from = "a@b"', "to"),
+        (_E + 'from = "a@b"\nto = ["nope"]', "to[0]"),
+        (_E + 'from = "a@b"\nto = ["c@d"]\ntls = true\nstarttls = true', "starttls"),
+        ('name = "x"\nkind = "pager"', "kind"),
     ],
-)  # fmt: skip
+)
 def test_a_bad_receiver_is_a_config_error_naming_the_key(receiver: str, key: str) -> None:
     with pytest.raises(ConfigError) as caught:
         parse_config(f"[[notify.receivers]]\n{receiver}\n")
-    assert caught.value.key_path == key, caught.value
+    assert caught.value.key_path == f"notify.receivers[0].{key}", caught.value
 
 
 def test_a_receiver_defined_twice_is_refused() -> None:
