@@ -9,6 +9,7 @@ from pathlib import Path
 import aiomqtt
 import asyncpg
 
+from gateway.config import Config
 from gateway.runtime.daemon import Daemon
 from protocol import Topics
 from sim.publisher import publish_many
@@ -251,3 +252,27 @@ async def _outbox_drained(daemon: Daemon, dsn: str) -> bool:
     rows = await _fetch(dsn, "SELECT count(*) AS n FROM outbox_event WHERE status <> 'PUBLISHED'")
     alarms = await _fetch(dsn, "SELECT count(*) AS n FROM alarm WHERE status <> 'PUSHED'")
     return rows[0]["n"] == 0 and alarms[0]["n"] == 0
+
+
+async def test_a_reload_swaps_receivers_and_routes(db_dsn: str, mosquitto: Mosquitto) -> None:
+    async with webhook_server() as server:
+
+        def config(path: str) -> Config:
+            receiver = (
+                f'[[notify.receivers]]\nname = "r"\nkind = "webhook"\nurl = "{server.url(path)}"\n'
+            )
+            return make_config(
+                dsn=db_dsn, mqtt_port=mosquitto.port,
+                extra=DOOR + "[notify]\npoll_s = 0.1\n" + receiver
+                + '[[notify.routes]]\nevents = ["alarm.created"]\nreceivers = ["r"]\n',
+            )  # fmt: skip
+
+        async with running_daemon(config("/before")) as daemon:
+            await _publish(mosquitto.port, _doors(["door-a"]))
+            await wait_until(lambda: len(server.on("/before")) == 1, timeout=30)
+            daemon.reload(config("/after"))  # what SIGHUP does
+            await _publish(mosquitto.port, _doors(["door-b"]))
+            await wait_until(lambda: len(server.on("/after")) == 1, timeout=30)
+    assert server.on("/before")[0].json["device_id"] == "door-a"
+    assert server.on("/after")[0].json["device_id"] == "door-b"
+    assert len(server.received) == 2
