@@ -291,7 +291,9 @@ def _notify_secrets(notify: NotifyConfig, environ: Mapping[str, str]) -> NotifyC
                     f"notify.receivers[{index}].{env_key}",
                     f"environment variable {name} is not set",
                 )
-            receiver = msgspec.structs.replace(receiver, **{key: value})  # noqa: PLW2901 - the resolved copy
+            # The value replaces the variable's name: the resolved receiver has one of the two.
+            resolved = {key: value, env_key: ""}
+            receiver = msgspec.structs.replace(receiver, **resolved)  # noqa: PLW2901 - the resolved copy
         receivers.append(receiver)
     return msgspec.structs.replace(notify, receivers=receivers)
 

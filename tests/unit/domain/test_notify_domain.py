@@ -185,6 +185,8 @@ def test_secrets_come_from_the_environment_and_a_missing_variable_names_the_key(
     )
     config = load_config(path, environ={"HOOK_SECRET": "s3cret-value"})
     assert config.notify.receivers[0].secret == "s3cret-value"
+    # The resolved configuration compiles again (what build and every reload do).
+    assert config.notify_rules().receivers["w"].secret == "s3cret-value"
     with pytest.raises(ConfigError) as caught:
         load_config(path, environ={})
     assert caught.value.key_path == "notify.receivers[0].secret_env"
