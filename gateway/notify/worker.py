@@ -26,6 +26,7 @@ from gateway.notify.receivers import ERROR_MAX, Sender, SendError, sender_for
 from gateway.support.backoff import Backoff
 from gateway.support.loops import (
     RETRYABLE,
+    Listener,
     failure_backoff,
     sleep_unless_stopped,
     wait_event_or_stop,
@@ -35,6 +36,10 @@ from storage.errors import DB_ERRORS
 from storage.notify import ClaimedDelivery
 
 log = structlog.get_logger(__name__)
+
+# New deliveries are notified here (a trigger); polling `poll_s` remains the fallback, and
+# what retries wait for.
+CHANNEL = "notify_delivery"
 
 
 class DeliveryWorker:
@@ -46,8 +51,10 @@ class DeliveryWorker:
         metrics: NotifyMetrics,
         settings: NotifyConfig,
         rules: Notify,
+        dsn: str = "",
     ) -> None:
         self.pool = pool
+        self.dsn = dsn
         self.node_id = node_id
         self.metrics = metrics
         self.settings = settings
@@ -84,8 +91,12 @@ class DeliveryWorker:
 
     async def run(self, stop: asyncio.Event) -> None:
         backoff = failure_backoff(self.settings.poll_s)
+        # Another node's consumer made deliveries: its NOTIFY wakes this node at once.
+        listener = Listener(self.dsn, CHANNEL, self.wakeup, "notify-delivery") if self.dsn else None
         try:
             while not stop.is_set():
+                if listener is not None:
+                    await listener.ensure()
                 # Cleared before the pass: a wake-up during it ends the wait below at once.
                 self.wakeup.clear()
                 try:
@@ -100,6 +111,8 @@ class DeliveryWorker:
                 backoff.reset()
                 await wait_event_or_stop(self.wakeup, stop, self.settings.poll_s)
         finally:
+            if listener is not None:
+                await listener.close()
             await self.close()
 
     async def close(self) -> None:

@@ -173,6 +173,7 @@ def _notifications(
         metrics=metrics,
         settings=config.notify,
         rules=rules,
+        dsn=node.dsn,
     )
     consumer = NotifyConsumer(
         pool=node.pool,

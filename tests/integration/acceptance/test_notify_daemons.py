@@ -4,13 +4,14 @@ outbox publisher nor the other receivers (asserted by counts)."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import aiomqtt
 import asyncpg
 
 from gateway.config import Config
-from gateway.runtime.daemon import Daemon
+from gateway.notify.service import NotifyService
 from protocol import Topics
 from sim.publisher import publish_many
 from tests.support.daemon import (
@@ -32,10 +33,12 @@ T0 = 1_767_225_600_000
 DOOR = '[[rules]]\nkey = "door"\nkind = "event"\nevent = "DOOR_OPEN"\nseverity = "MAJOR"\n'
 
 
-def _notify(server: WebhookServer, *, settings: str = "", receivers: str = "") -> str:
+def _notify(
+    server: WebhookServer, *, settings: str = "", receivers: str = "", poll_s: float = 0.1
+) -> str:
     return f"""
 [notify]
-poll_s = 0.1
+poll_s = {poll_s}
 backoff_min_s = 0.05
 backoff_max_s = 0.2
 max_attempts = 20
@@ -101,7 +104,8 @@ async def test_two_nodes_deliver_every_event_split_between_them_and_double_none(
             make_config(
                 dsn=db_dsn, mqtt_port=mosquitto.port, node_id=f"node-{n}",
                 mqtt_extra='shared_group = "alarms"',
-                extra=DOOR + _notify(server, settings="concurrency = 2"),
+                # Polling far off: the node that did not consume is woken by NOTIFY.
+                extra=DOOR + _notify(server, settings="concurrency = 2", poll_s=300),
             )
             for n in range(2)
         ]  # fmt: skip
@@ -227,7 +231,7 @@ receivers = ["hang", "ok"]
 
             await wait_until(stored, timeout=60, message="ingest stored everything")
             await wait_until(lambda: len(server.on("/ok")) == len(devices), timeout=60)
-            await wait_until(lambda: _outbox_drained(daemon, db_dsn), timeout=60)
+            await wait_until(lambda: _outbox_drained(db_dsn), timeout=60)
             await wait_until(lambda: server.in_flight.get("/hang") == 2, timeout=30)
             statuses = await _fetch(
                 db_dsn,
@@ -247,8 +251,7 @@ receivers = ["hang", "ok"]
     assert [r["status"] for r in pushed] == ["PUSHED"] * len(devices)
 
 
-async def _outbox_drained(daemon: Daemon, dsn: str) -> bool:
-    del daemon
+async def _outbox_drained(dsn: str) -> bool:
     rows = await _fetch(dsn, "SELECT count(*) AS n FROM outbox_event WHERE status <> 'PUBLISHED'")
     alarms = await _fetch(dsn, "SELECT count(*) AS n FROM alarm WHERE status <> 'PUSHED'")
     return rows[0]["n"] == 0 and alarms[0]["n"] == 0
@@ -276,3 +279,38 @@ async def test_a_reload_swaps_receivers_and_routes(db_dsn: str, mosquitto: Mosqu
     assert server.on("/before")[0].json["device_id"] == "door-a"
     assert server.on("/after")[0].json["device_id"] == "door-b"
     assert len(server.received) == 2
+
+
+async def test_a_silence_stops_the_sends_and_nothing_else(
+    db_dsn: str, mosquitto: Mosquitto
+) -> None:
+    pool = await asyncpg.create_pool(db_dsn, min_size=1, max_size=2)
+    try:
+        silence = await NotifyService(pool).create_silence(
+            rules=["door"], devices=None, severities=None,
+            ends_at=datetime.now(UTC) + timedelta(hours=1), comment="", created_by="test",
+        )  # fmt: skip
+    finally:
+        await pool.close()
+    async with webhook_server() as server:
+        config = make_config(
+            dsn=db_dsn, mqtt_port=mosquitto.port, extra=DOOR + _notify(server),
+        )  # fmt: skip
+        async with running_daemon(config):
+            await _publish(mosquitto.port, _doors(["door-a", "door-b"]))
+
+            async def silenced() -> bool:
+                rows = await _fetch(db_dsn, "SELECT status, silence_id FROM notify_delivery")
+                return len(rows) == 2 and all(
+                    (r["status"], r["silence_id"]) == ("SILENCED", silence["id"]) for r in rows
+                )
+
+            await wait_until(silenced, timeout=30, message="both deliveries SILENCED")
+            # The alarms are raised, pushed and audited as ever.
+            await wait_until(lambda: _outbox_drained(db_dsn), timeout=30)
+    alarms = await _fetch(db_dsn, "SELECT status FROM alarm")
+    assert [r["status"] for r in alarms] == ["PUSHED", "PUSHED"]
+    audit = await _fetch(db_dsn, "SELECT alarm_id, count(*) AS n FROM alarm_audit GROUP BY 1")
+    assert len(audit) == 2
+    assert all(r["n"] >= 2 for r in audit)  # raised, then pushed
+    assert server.received == []

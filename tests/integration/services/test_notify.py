@@ -217,10 +217,9 @@ async def test_an_event_whose_transaction_commits_late_is_still_consumed_exactly
     assert await _consumed(db_dsn_conn) == {first, second}
     rows = await _deliveries(db_dsn_conn)
     assert sorted(str(r["event_id"]) for r in rows) == sorted([str(first), str(second)])
-    # The horizon moved past both transactions once nothing older was running.
-    horizon = await db_dsn_conn.fetchval("SELECT horizon::text FROM notify_consumer")
-    top = await db_dsn_conn.fetchval("SELECT max(tx)::text FROM outbox_event")
-    assert int(horizon) > int(top)
+    # The horizon moved (how far depends on every transaction of the server, other
+    # databases' included: it never passes one still running).
+    assert await db_dsn_conn.fetchval("SELECT horizon > '0'::xid8 FROM notify_consumer")
 
 
 @pytest.fixture
