@@ -394,9 +394,13 @@ async def test_a_finish_after_the_lease_was_taken_over_changes_nothing(
 
 
 async def test_a_hanging_receiver_delays_no_other_receiver(
-    pool: asyncpg.Pool, db_dsn: str, db: asyncpg.Connection
+    db_dsn: str, db: asyncpg.Connection
 ) -> None:
-    async with webhook_server(hang=lambda _n, _r: None) as server:
+    # One pooled connection for everything: a send that held it would stop every other send.
+    pool = await asyncpg.create_pool(db_dsn, min_size=1, max_size=1)
+    async with contextlib.AsyncExitStack() as stack:
+        stack.push_async_callback(pool.close)
+        server = await stack.enter_async_context(webhook_server(hang=lambda _n, _r: None))
         receivers = _webhook("hang", server.url("/hang"), "concurrency = 2\ntimeout_s = 20") + (
             _webhook("ok", server.url("/ok"))
         )
