@@ -410,6 +410,10 @@ async def test_a_hanging_receiver_delays_no_other_receiver(
         async with node.running():
             await wait_until(lambda: len(server.on("/ok")) == len(events), message="ok got all")
             await wait_until(lambda: server.in_flight.get("/hang") == 2, message="hang holds 2")
+            # Every ok send finished (its row written) while the hang sends still run.
+            await wait_until(
+                lambda: node.worker.in_flight == {"hang": 2, "ok": 0}, message="ok finished"
+            )
             # Counts, not timing: the hanging receiver holds its two slots and no more.
             assert server.in_flight["/hang"] == 2
             assert server.peak_in_flight["/hang"] == 2
@@ -420,7 +424,6 @@ async def test_a_hanging_receiver_delays_no_other_receiver(
                 )
             )
             assert by_status == {"SENDING": 2, "PENDING": len(events) - 2}
-            assert node.worker.in_flight == {"hang": 2, "ok": 0}
             server.release.set()
             await wait_until(
                 lambda: _status_is(db, "SENT"), timeout=60, message="hang drained once released"
