@@ -1,26 +1,29 @@
 """Configuration: one TOML file decoded into a tree of frozen msgspec structs.
 
-Unknown keys and wrong types are errors naming the key path. Secrets (database DSN, MQTT
-credentials) may come from the environment or from systemd credentials instead of the file.
+Unknown keys and wrong types are errors naming the key path; every error in the file is
+reported at once (:class:`ConfigErrors`), an enum error with the allowed values. Secrets
+(database DSN, MQTT credentials) may come from the environment or from systemd credentials
+instead of the file.
 """
 
 from __future__ import annotations
 
+import datetime
 import os
 import re
 import socket
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Final, Literal
+from typing import Annotated, Any, Final, Literal, get_args, get_origin
 
 import msgspec
 from msgspec import Meta, Struct, field
 
 from gateway.domain.ai_prompt import PROMPTS
-from gateway.domain.errors import ConfigError
+from gateway.domain.errors import ConfigError, ConfigErrors, config_errors
 from gateway.domain.notify import Notify, NotifyConfig, compile_notify
 from gateway.domain.quiet_hours import QuietHours, QuietHoursConfig, compile_quiet_hours
-from gateway.domain.rules import RuleConfig, RuleSet, compile_rules
+from gateway.domain.rules import RuleConfig, RuleSet, compile_rule, compile_rules
 from protocol import TopicKind, Topics, is_valid_device_id
 
 Port = Annotated[int, Meta(ge=1, le=65535)]
@@ -116,6 +119,8 @@ class AlarmsConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True
     escalate_after_s: Annotated[float, Meta(ge=0)] = 0.0
     repeat_interval_s: Annotated[float, Meta(ge=0)] = 0.0
     timer_interval_s: PositiveFloat = 5.0
+    # A rule whose metric or event no telemetry carried for this long is logged once (0: never).
+    rule_check_after_s: Annotated[float, Meta(ge=0)] = 3600.0
     quiet_hours: QuietHoursConfig = field(default_factory=QuietHoursConfig)
 
 
@@ -203,7 +208,7 @@ _AT_PATH: Final = re.compile(r"^(?P<message>.*?)(?: - at `\$(?P<path>[^`]*)`)?$"
 _FIELD: Final = re.compile(r"(?:unknown|required) field `(?P<field>[^`]+)`")
 
 
-def _key_path(error: msgspec.ValidationError) -> ConfigError:
+def _key_path(error: msgspec.ValidationError, prefix: str = "") -> ConfigError:
     match = _AT_PATH.match(str(error))
     assert match is not None  # the pattern matches any string
     message = match.group("message")
@@ -211,6 +216,8 @@ def _key_path(error: msgspec.ValidationError) -> ConfigError:
     field_match = _FIELD.search(message)
     if field_match:
         path = f"{path}.{field_match.group('field')}" if path else field_match.group("field")
+    if prefix:
+        path = f"{prefix}{'' if not path or path.startswith('[') else '.'}{path}"
     return ConfigError(path or "<root>", message)
 
 
@@ -218,11 +225,55 @@ def parse_config(text: str | bytes) -> Config:
     try:
         config = msgspec.toml.decode(text, type=Config)
     except msgspec.ValidationError as exc:
-        raise _key_path(exc) from exc
+        # msgspec stops at the first mistake: walk the file key by key for all of them.
+        raw = msgspec.toml.decode(text)
+        raise config_errors(_type_errors(raw, Config, "") or [_key_path(exc)]) from exc
     except msgspec.DecodeError as exc:
         raise ConfigError("<toml>", str(exc)) from exc
     validate(config)
     return config
+
+
+def _type_errors(value: Any, kind: Any, path: str) -> list[ConfigError]:
+    """Every type error in ``value`` read as ``kind``: struct fields and list items one by
+    one, so that one mistake does not hide the next."""
+    if isinstance(kind, type) and issubclass(kind, Struct) and isinstance(value, dict):
+        errors: list[ConfigError] = []
+        fields = {f.encode_name: f for f in msgspec.structs.fields(kind)}
+        for key, item in value.items():
+            at = f"{path}.{key}" if path else key
+            if key not in fields:
+                errors.append(ConfigError(at, "unknown field"))
+            else:
+                errors.extend(_type_errors(item, fields[key].type, at))
+        for name, info in fields.items():
+            required = (
+                info.default is msgspec.NODEFAULT and info.default_factory is msgspec.NODEFAULT
+            )
+            if required and name not in value:
+                errors.append(ConfigError(f"{path}.{name}" if path else name, "required field"))
+        return errors
+    if get_origin(kind) is list and isinstance(value, list):
+        (item_kind,) = get_args(kind)
+        return [
+            error
+            for index, item in enumerate(value)
+            for error in _type_errors(item, item_kind, f"{path}[{index}]")
+        ]
+    try:
+        msgspec.convert(
+            value,
+            kind,
+            builtin_types=(datetime.datetime, datetime.date, datetime.time),
+            str_keys=True,
+        )
+    except msgspec.ValidationError as exc:
+        error = _key_path(exc, path)
+        if get_origin(kind) is Literal:
+            allowed = ", ".join(repr(choice) for choice in get_args(kind))
+            error = ConfigError(error.key_path, f"{error.message}; allowed: {allowed}")
+        return [error]
+    return []
 
 
 def load_config(path: Path | None, environ: Mapping[str, str] | None = None) -> Config:
@@ -306,49 +357,112 @@ def notify_secrets(config: Config) -> list[str]:
 _PUBLIC_URL: Final = re.compile(r"^https?://[^/\s?#]+(/[^\s?#]*)?\Z")
 
 
-def _validate_notify(config: Config) -> None:
+def _validate_notify(config: Config) -> list[ConfigError]:
+    errors: list[ConfigError] = []
     if config.http.public_url and _PUBLIC_URL.match(config.http.public_url) is None:
-        raise ConfigError("http.public_url", "must be http(s)://host[:port][/path]")
-    compile_notify(config.notify)  # raises ConfigError("notify.routes[i].receivers[j]", ...)
+        errors.append(ConfigError("http.public_url", "must be http(s)://host[:port][/path]"))
+    try:
+        compile_notify(config.notify)  # ConfigError("notify.routes[i].receivers[j]", ...)
+    except ConfigError as exc:
+        errors.extend(_each(exc))
+    return errors
 
 
 def validate(config: Config) -> None:
-    """Checks that cross keys or need more than a type (raised with the key path)."""
-    if config.node.id and not is_valid_device_id(config.node.id):
-        raise ConfigError("node.id", "must match ^[A-Za-z0-9_.:-]{1,64}$")
+    """Checks that cross keys or need more than a type: every failing one is reported (one
+    :class:`ConfigErrors`), each with its key path."""
+    errors: list[ConfigError] = []
+
+    def check(key_path: str, ok: bool, message: str) -> None:
+        if not ok:
+            errors.append(ConfigError(key_path, message))
+
+    check(
+        "node.id",
+        not config.node.id or is_valid_device_id(config.node.id),
+        "must match ^[A-Za-z0-9_.:-]{1,64}$",
+    )
     try:
-        topics = Topics(config.mqtt.topic_prefix)
+        topics: Topics | None = Topics(config.mqtt.topic_prefix)
     except ValueError as exc:
-        raise ConfigError("mqtt.topic_prefix", str(exc)) from exc
-    if config.mqtt.shared_group:
+        topics = None
+        errors.append(ConfigError("mqtt.topic_prefix", str(exc)))
+    if config.mqtt.shared_group and topics is not None:
         try:
             topics.subscription(TopicKind.TELEMETRY, config.mqtt.shared_group)
         except ValueError as exc:
-            raise ConfigError("mqtt.shared_group", str(exc)) from exc
-    if config.mqtt.reconnect_min_s > config.mqtt.reconnect_max_s:
-        raise ConfigError("mqtt.reconnect_min_s", "must not exceed mqtt.reconnect_max_s")
+            errors.append(ConfigError("mqtt.shared_group", str(exc)))
+    check(
+        "mqtt.reconnect_min_s",
+        config.mqtt.reconnect_min_s <= config.mqtt.reconnect_max_s,
+        "must not exceed mqtt.reconnect_max_s",
+    )
     tls = config.mqtt.tls
-    if (tls.cert_file == "") != (tls.key_file == ""):
-        raise ConfigError("mqtt.tls.key_file", "cert_file and key_file go together")
-    if config.database.pool_min > config.database.pool_max:
-        raise ConfigError("database.pool_min", "must not exceed database.pool_max")
+    check(
+        "mqtt.tls.key_file",
+        (tls.cert_file == "") == (tls.key_file == ""),
+        "cert_file and key_file go together",
+    )
+    check(
+        "database.pool_min",
+        config.database.pool_min <= config.database.pool_max,
+        "must not exceed database.pool_max",
+    )
     for index, token in enumerate(config.api.tokens):
-        if bool(token.token) == bool(token.token_env):
-            raise ConfigError(f"api.tokens[{index}]", "set exactly one of token and token_env")
-        if token.token and len(token.token) < 16:
-            raise ConfigError(f"api.tokens[{index}].token", "must be at least 16 characters")
-    compile_rules(config.rules)  # raises ConfigError("rules[i].field", ...)
-    _validate_ai(config.ai)
-    _validate_notify(config)
-    compile_quiet_hours(config.alarms.quiet_hours)  # ConfigError("alarms.quiet_hours...")
-    if config.database.retry_min_s > config.database.retry_max_s:
-        raise ConfigError("database.retry_min_s", "must not exceed database.retry_max_s")
+        check(
+            f"api.tokens[{index}]",
+            bool(token.token) != bool(token.token_env),
+            "set exactly one of token and token_env",
+        )
+        check(
+            f"api.tokens[{index}].token",
+            not token.token or len(token.token) >= 16,
+            "must be at least 16 characters",
+        )
+    errors.extend(_rule_errors(config.rules))
+    errors.extend(_validate_ai(config.ai))
+    errors.extend(_validate_notify(config))
+    try:
+        compile_quiet_hours(config.alarms.quiet_hours)  # ConfigError("alarms.quiet_hours...")
+    except ConfigError as exc:
+        errors.extend(_each(exc))
+    check(
+        "database.retry_min_s",
+        config.database.retry_min_s <= config.database.retry_max_s,
+        "must not exceed database.retry_max_s",
+    )
+    if errors:
+        raise config_errors(errors)
 
 
-def _validate_ai(ai: AiConfig) -> None:
+def _each(error: ConfigError) -> list[ConfigError]:
+    return list(error.errors) if isinstance(error, ConfigErrors) else [error]
+
+
+def _rule_errors(rules: list[RuleConfig]) -> list[ConfigError]:
+    """Each rule's mistakes; then, if every rule compiles, those across rules (duplicates)."""
+    errors: list[ConfigError] = []
+    for index, rule in enumerate(rules):
+        try:
+            compile_rule(rule, f"rules[{index}]")
+        except ConfigError as exc:
+            errors.extend(_each(exc))
+    if not errors:
+        try:
+            compile_rules(rules)
+        except ConfigError as exc:
+            errors.extend(_each(exc))
+    return errors
+
+
+def _validate_ai(ai: AiConfig) -> list[ConfigError]:
+    errors: list[ConfigError] = []
     if ai.enabled:
         for key in ("base_url", "model"):
             if not getattr(ai, key):
-                raise ConfigError(f"ai.{key}", "required when ai.enabled is true")
+                errors.append(ConfigError(f"ai.{key}", "required when ai.enabled is true"))
     if ai.prompt_version not in PROMPTS:
-        raise ConfigError("ai.prompt_version", f"unknown prompt version; known: {sorted(PROMPTS)}")
+        errors.append(
+            ConfigError("ai.prompt_version", f"unknown prompt version; known: {sorted(PROMPTS)}")
+        )
+    return errors

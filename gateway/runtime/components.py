@@ -20,6 +20,7 @@ from gateway.ai.llm import OpenAiCompatibleLlm
 from gateway.ai.worker import SummaryWorker
 from gateway.alarms.engine import AlarmEngine
 from gateway.alarms.inactivity import InactivityMonitor
+from gateway.alarms.rule_watch import RuleWatch
 from gateway.alarms.service import AlarmService
 from gateway.alarms.timers import AlarmTimers
 from gateway.api.auth import BearerAuth
@@ -61,7 +62,7 @@ class Components:
     notify_consumer: NotifyConsumer
     notify_worker: DeliveryWorker
     # Besides the session and the writer: the outbox, timers, dispatcher, reaper, rule-state
-    # janitor, and the AI workers and inactivity monitor where configured.
+    # janitor, and the AI workers, inactivity monitor and rule watch where configured.
     loops: tuple[Loop, ...]
 
     def reload(self, config: Config) -> None:
@@ -138,6 +139,11 @@ async def build(
             pool=node.pool, engine=engine, interval_s=min(max(silent / 4, 1.0), 30.0)
         )
         loops.append(("inactivity-monitor", monitor.run))
+    if config.alarms.rule_check_after_s > 0:
+        watch = RuleWatch(
+            pool=node.pool, rules=lambda: engine.rules, after_s=config.alarms.rule_check_after_s
+        )
+        loops.append(("rule-watch", watch.run))
     return Components(
         engine=engine,
         writer=writer,
