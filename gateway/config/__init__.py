@@ -21,6 +21,7 @@ from msgspec import Meta, Struct, field
 
 from gateway.domain.ai_prompt import PROMPTS
 from gateway.domain.errors import ConfigError, ConfigErrors, config_errors
+from gateway.domain.notify import Notify, NotifyConfig, compile_notify
 from gateway.domain.quiet_hours import QuietHours, QuietHoursConfig, compile_quiet_hours
 from gateway.domain.rules import RuleConfig, RuleSet, compile_rule, compile_rules
 from protocol import TopicKind, Topics, is_valid_device_id
@@ -94,6 +95,8 @@ class HttpConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     enabled: bool = True
     host: str = "127.0.0.1"
     port: Annotated[int, Meta(ge=0, le=65535)] = 8080  # 0: any free port
+    # Where people reach the console (http(s)://host[:port][/path]); notifications link to it.
+    public_url: str = ""
 
 
 class LogConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -157,6 +160,7 @@ class Config(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     alarms: AlarmsConfig = field(default_factory=AlarmsConfig)
     commands: CommandsConfig = field(default_factory=CommandsConfig)
     ai: AiConfig = field(default_factory=AiConfig)
+    notify: NotifyConfig = field(default_factory=NotifyConfig)
 
     @property
     def node_id(self) -> str:
@@ -176,6 +180,9 @@ class Config(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
         if not self.alarms.quiet_hours.windows:
             return None
         return compile_quiet_hours(self.alarms.quiet_hours)
+
+    def notify_rules(self) -> Notify:
+        return compile_notify(self.notify)
 
     @property
     def topics(self) -> Topics:
@@ -315,7 +322,51 @@ def apply_secrets(config: Config, environ: Mapping[str, str]) -> Config:
             entry = msgspec.structs.replace(entry, token=value)  # noqa: PLW2901 - the resolved copy
         tokens.append(entry)
     api = msgspec.structs.replace(config.api, tokens=tokens)
-    return msgspec.structs.replace(config, database=database, mqtt=mqtt, api=api)
+    notify = _notify_secrets(config.notify, environ)
+    return msgspec.structs.replace(config, database=database, mqtt=mqtt, api=api, notify=notify)
+
+
+# --- notifications ([notify], [http] public_url) ------------------------------------------------
+
+
+def _notify_secrets(notify: NotifyConfig, environ: Mapping[str, str]) -> NotifyConfig:
+    """Each receiver's ``secret_env`` / ``password_env`` read into ``secret`` / ``password``."""
+    receivers = []
+    for index, receiver in enumerate(notify.receivers):
+        for env_key, key in (("secret_env", "secret"), ("password_env", "password")):
+            name = getattr(receiver, env_key)
+            if not name:
+                continue
+            value = environ.get(name, "")
+            if not value:
+                raise ConfigError(
+                    f"notify.receivers[{index}].{env_key}",
+                    f"environment variable {name} is not set",
+                )
+            # The value replaces the variable's name: the resolved receiver has one of the two.
+            resolved = {key: value, env_key: ""}
+            receiver = msgspec.structs.replace(receiver, **resolved)  # noqa: PLW2901 - the resolved copy
+        receivers.append(receiver)
+    return msgspec.structs.replace(notify, receivers=receivers)
+
+
+def notify_secrets(config: Config) -> list[str]:
+    """The receivers' webhook secrets and SMTP passwords (never logged)."""
+    return [s for r in config.notify.receivers for s in (r.secret, r.password) if s]
+
+
+_PUBLIC_URL: Final = re.compile(r"^https?://[^/\s?#]+(/[^\s?#]*)?\Z")
+
+
+def _validate_notify(config: Config) -> list[ConfigError]:
+    errors: list[ConfigError] = []
+    if config.http.public_url and _PUBLIC_URL.match(config.http.public_url) is None:
+        errors.append(ConfigError("http.public_url", "must be http(s)://host[:port][/path]"))
+    try:
+        compile_notify(config.notify)  # ConfigError("notify.routes[i].receivers[j]", ...)
+    except ConfigError as exc:
+        errors.extend(_each(exc))
+    return errors
 
 
 def validate(config: Config) -> None:
@@ -372,6 +423,7 @@ def validate(config: Config) -> None:
     errors.extend(_token_name_errors(config.api.tokens))
     errors.extend(_rule_errors(config.rules))
     errors.extend(_validate_ai(config.ai))
+    errors.extend(_validate_notify(config))
     try:
         compile_quiet_hours(config.alarms.quiet_hours)  # ConfigError("alarms.quiet_hours...")
     except ConfigError as exc:
