@@ -7,6 +7,7 @@ files (no CDN: the page works on a site with no internet).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Final
 
 import msgspec
@@ -32,7 +33,7 @@ from gateway.api.auth import (
     BearerAuth,
     call_of,
 )
-from gateway.api.errors import REQUEST_ID_HEADER, handle_exception
+from gateway.api.errors import REQUEST_ID_HEADER, UNAVAILABLE, ApiError, handle_exception
 from gateway.api.health import HealthCheck
 from gateway.api.routes import check_inputs, route
 from gateway.api.schemas import (
@@ -133,13 +134,36 @@ def _openapi_config() -> OpenAPIConfig:
     )
 
 
+@dataclass(slots=True)
+class Services:
+    """What the guarded routes call. The daemon starts its HTTP server before it has a
+    database (``/health`` answers from the first second), and sets these once it has one;
+    until then the guarded routes answer 503 ``UNAVAILABLE``."""
+
+    alarms: AlarmService | None = None
+    commands: CommandService | None = None
+
+    def alarm_service(self) -> AlarmService:
+        if self.alarms is None:
+            raise _starting()
+        return self.alarms
+
+    def command_service(self) -> CommandService:
+        if self.commands is None:
+            raise _starting()
+        return self.commands
+
+
+def _starting() -> ApiError:
+    return ApiError(UNAVAILABLE, "the node is starting (see /health); retry")
+
+
 def build_app(
     *,
     health_check: HealthCheck,
     metrics: Metrics,
     auth: BearerAuth,
-    alarm_service: AlarmService,
-    command_service: CommandService,
+    services: Services,
 ) -> Litestar:
     """The whole HTTP surface of a node. ``auth.replace`` swaps its tokens at run time."""
     guarded = Router(
@@ -166,8 +190,8 @@ def build_app(
     app = Litestar(
         route_handlers=[*health.HANDLERS, openapi_document, guarded, assets],
         dependencies={
-            "alarms": Provide(lambda: alarm_service, sync_to_thread=False, use_cache=True),
-            "commands": Provide(lambda: command_service, sync_to_thread=False, use_cache=True),
+            "alarms": Provide(services.alarm_service, sync_to_thread=False),
+            "commands": Provide(services.command_service, sync_to_thread=False),
             "call": Provide(call_of, sync_to_thread=False),
         },
         exception_handlers={Exception: handle_exception},

@@ -11,14 +11,15 @@ import sys
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import asyncpg
+import msgspec
 import structlog
 
-from gateway.config import Config, load_config
+from gateway.config import Config, default_node_id, load_config
 from gateway.domain.errors import ConfigError, StartupError
-from gateway.runtime.logging import configure_logging
+from gateway.runtime.logging import configure_logging, set_secrets
 from gateway.support.version import gateway_version
 
 EXIT_OK = 0
@@ -72,6 +73,18 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Exit 0 when done (or stopped by Ctrl-C / SIGTERM), 2 for a configuration to change,
+    1 for any other failure: each expected one is one log line naming the setting, no
+    traceback."""
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        # Ctrl-C before the daemon took the signal over (reading the config, importing): nothing
+        # had started yet, so there is nothing to stop.
+        return EXIT_OK
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "check-config":
         return _check_config(args.path)
@@ -80,9 +93,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         config = load_config(args.config)
     except ConfigError as exc:
-        print(f"invalid configuration: {exc}", file=sys.stderr)
+        if args.command != "run":
+            print(f"invalid configuration: {exc}", file=sys.stderr)
+            return EXIT_CONFIG
+        # The daemon's output is its log: one line, in the format the file asked for if that
+        # much of it can be read (journald is not a TTY: JSON by default there).
+        configure_logging(node_id=default_node_id(), fmt=_log_format_of(args.config))
+        log.error("config_invalid", error=str(exc), setting=exc.key_path, file=str(args.config))
         return EXIT_CONFIG
     configure_logging(node_id=config.node_id, fmt=config.log.format, level=config.log.level)
+    set_secrets(config.secrets())
+    return _command(config, args)
+
+
+def _command(config: Config, args: argparse.Namespace) -> int:
     handlers: dict[str, Callable[[Config, argparse.Namespace], Coroutine[Any, Any, int]]] = {
         "run": _run,
         "migrate": _migrate,
@@ -92,8 +116,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return _run_async(handlers[args.command](config, args))
     except StartupError as exc:
-        log.error("startup_failed", error=str(exc))
+        fields = {"setting": exc.setting} if exc.setting else {}
+        if exc.detail:
+            fields["detail"] = exc.detail
+        log.error("startup_failed", error=str(exc), **fields)
+        return EXIT_CONFIG if exc.configuration else EXIT_FAILURE
+    except Exception:
+        # A bug, not a situation: the traceback is what a report needs (a field in JSON).
+        log.exception("daemon_failed" if args.command == "run" else "command_failed")
         return EXIT_FAILURE
+
+
+def _log_format_of(path: Path | None) -> Literal["auto", "json", "console"]:
+    """``[log] format`` of a file that does not validate as a whole, when it says one."""
+    try:
+        raw = msgspec.toml.decode(path.read_bytes()) if path is not None else {}
+        fmt = raw["log"]["format"]
+    except (OSError, msgspec.DecodeError, KeyError, TypeError):
+        return "auto"
+    return fmt if fmt in ("json", "console") else "auto"
 
 
 def _run_async(coro: Coroutine[Any, Any, int]) -> int:

@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import errno
+import tempfile
 from contextlib import AsyncExitStack
-from urllib.parse import urlsplit
+from pathlib import Path
+from typing import Final
 
 import aiomqtt
 import asyncpg
 import structlog
+from msgspec import UNSET
 
-from gateway.api.app import build_app
+from gateway.api.app import Services, build_app
+from gateway.api.auth import BearerAuth
 from gateway.api.health import BrokerHealth, DatabaseHealth, Health, IngestHealth, OutboxHealth
 from gateway.api.server import ApiServer
 from gateway.config import Config
@@ -32,17 +38,59 @@ from storage import ingest as repo
 from storage import outbox
 from storage.errors import DB_ERRORS, TRANSIENT_DB_ERRORS, StorageError
 from storage.migrate import migrate
-from storage.pool import create_pool
+from storage.pool import create_pool, describe, user_of
 
 log = structlog.get_logger(__name__)
 
 HEALTH_DB_TIMEOUT_S = 2.0
+DSN_SETTING: Final = "[database] dsn (or GATEWAY_DATABASE_DSN)"
+# What a database answers when it will not accept this DSN however long we wait: an unknown
+# database, an unknown role, a wrong password, no pg_hba.conf entry, no CONNECT privilege.
+REFUSED_AT_CONNECT: Final = (
+    asyncpg.exceptions.InvalidCatalogNameError,
+    asyncpg.exceptions.InvalidAuthorizationSpecificationError,
+    asyncpg.exceptions.InsufficientPrivilegeError,
+)
 
 
-def secrets_of(config: Config) -> list[str]:
-    """What no log line may carry: the API tokens, the broker's and the database's passwords."""
-    password = urlsplit(config.database.dsn).password if config.database.dsn else None
-    return [*(t.token for t in config.api.tokens), config.mqtt.password, password or ""]
+def _refused(dsn: str, exc: Exception) -> StartupError:
+    where = describe(dsn)
+    if isinstance(exc, asyncpg.exceptions.InvalidCatalogNameError):
+        what = f"the database server at {where.rsplit('/', 1)[0]} has no such database ({exc})"
+    elif isinstance(exc, asyncpg.exceptions.InvalidPasswordError):
+        what = f"the database at {where} refused the password of role {user_of(dsn)!r} ({exc})"
+    else:
+        what = f"the database at {where} refused role {user_of(dsn) or '(default)'!r} ({exc})"
+    return StartupError(what, setting=DSN_SETTING, configuration=True)
+
+
+def _http_error(host: str, port: int, exc: OSError) -> StartupError:
+    if exc.errno == errno.EADDRINUSE:
+        return StartupError(
+            f"port {port} on {host} is already in use (another gateway, or another server)",
+            setting="[http] port (0: any free port), or [http] enabled = false",
+        )
+    if exc.errno == errno.EACCES:
+        return StartupError(
+            f"no permission to listen on {host}:{port} (ports below 1024 need privileges)",
+            setting="[http] port",
+        )
+    return StartupError(
+        f"cannot listen on {host}:{port}: {exc.strerror or exc}", setting="[http] host"
+    )
+
+
+def _check_writable(state_dir: Path) -> None:
+    """The state directory (the embedded PostgreSQL's data and lock) exists and is writable."""
+    try:
+        state_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=state_dir):
+            pass
+    except OSError as exc:
+        raise StartupError(
+            f"the state directory {state_dir} is not writable: {exc.strerror or exc}",
+            setting="[node] state_dir (or give this user write access to it)",
+        ) from None
 
 
 class Daemon:
@@ -65,22 +113,53 @@ class Daemon:
         self.broker_address: tuple[str, int] | None = None
         self.pool: asyncpg.Pool | None = None
         self.components: Components | None = None
+        self.auth = BearerAuth(config.api.tokens)
+        self.services = Services()
+        # What the start is waiting for (the 503's reason on /health); None once ready.
+        self.starting: str | None = "starting"
 
     async def run(self, stop: asyncio.Event) -> None:
-        async with AsyncExitStack() as stack:
-            dsn = await self._database(stack)
-            host, port, protocol = await self._broker(stack)
-            pool = await self._open_database(dsn, stop)
-            if pool is None:
-                return  # stopped while waiting for the database
-            stack.push_async_callback(pool.close)
-            self.pool = pool
-            # Read at every scrape, not only when /health is asked.
-            self.metrics.db_pool_size.set_function(pool.get_size)
-            self.metrics.db_pool_idle.set_function(pool.get_idle_size)
-            await self._serve(
-                stack=stack, pool=pool, host=host, port=port, protocol=protocol, stop=stop
-            )
+        """Serve until ``stop``; a stop at any moment of the start (even during the embedded
+        initdb) returns cleanly, with nothing left running.
+
+        Raises :class:`StartupError` for a start that cannot succeed as configured.
+        """
+        set_secrets(self.config.secrets())
+        try:
+            async with AsyncExitStack() as stack:
+                # HTTP first: /health answers (503, with the reason) while the rest starts.
+                if self.config.http.enabled:
+                    await self._http(stack)
+                dsn = await self._database(stack, stop)
+                if dsn is None:
+                    return  # stopped while the embedded PostgreSQL was starting
+                host, port, protocol = await self._broker(stack)
+                pool = await self._open_database(dsn, stop)
+                if pool is None:
+                    return  # stopped while waiting for the database
+                stack.push_async_callback(pool.close)
+                self.pool = pool
+                # Read at every scrape, not only when /health is asked.
+                self.metrics.db_pool_size.set_function(pool.get_size)
+                self.metrics.db_pool_idle.set_function(pool.get_idle_size)
+                await self._serve(
+                    stack=stack, pool=pool, host=host, port=port, protocol=protocol, stop=stop
+                )
+        except* StartupError as group:
+            # From a task of the TaskGroup (the broker refusing the credentials): the first.
+            raise group.exceptions[0] from None
+
+    async def _http(self, stack: AsyncExitStack) -> None:
+        http = self.config.http
+        app = build_app(
+            health_check=self.health, metrics=self.metrics, auth=self.auth, services=self.services
+        )
+        try:
+            server = await stack.enter_async_context(ApiServer(app, http.host, http.port))
+        except OSError as exc:
+            raise _http_error(http.host, http.port, exc) from None
+        self.http_port = server.port
+        log.info("http_listening", host=http.host, port=server.port)
 
     async def _serve(
         self,
@@ -101,9 +180,11 @@ class Daemon:
             metrics=self.metrics,
             publish=self._publish,
         )
+        self.starting = "loading the rules"
         parts = self.components = await build(
             cfg,
             node,
+            auth=self.auth,
             connection=self._connection_settings(
                 host, port, protocol, cfg.topics.gateway_status(self.node_id)
             ),
@@ -112,18 +193,11 @@ class Daemon:
             stop=stop,
             on_connected=self._on_connected,
         )
-        if cfg.http.enabled:
-            set_secrets(secrets_of(cfg))
-            app = build_app(
-                health_check=self.health,
-                metrics=self.metrics,
-                auth=parts.auth,
-                alarm_service=parts.alarm_service,
-                command_service=parts.command_service,
-            )
-            server = await stack.enter_async_context(ApiServer(app, cfg.http.host, cfg.http.port))
-            self.http_port = server.port
-            log.info("http_listening", host=cfg.http.host, port=server.port)
+        self.services.alarms = parts.alarm_service
+        self.services.commands = parts.command_service
+        if self.broker_address is not None:
+            address = "{}:{}".format(*self.broker_address)
+            self.starting = f"connecting to the broker at {address}"
         async with asyncio.TaskGroup() as tasks:
             writer_task = tasks.create_task(parts.writer.run(), name="ingest-writer")
             for name, loop in parts.loops:
@@ -169,7 +243,7 @@ class Daemon:
         """Swap what may change at run time (rules; quiet hours, escalation and tokens with
         their sections) atomically between batches; messages keep flowing meanwhile."""
         if self.components is not None:
-            set_secrets(secrets_of(config))
+            set_secrets(config.secrets())
             self.components.reload(config)
         self.config = config
         log.info("config_reloaded", rules=len(config.rules))
@@ -185,6 +259,7 @@ class Daemon:
         if not self.ready.is_set():
             # Migrated, subscribed, HTTP listening: the daemon can really ingest now.
             self.ready.set()
+            self.starting = None
             self.notifier.ready(self.status_line())
             log.info("daemon_ready", http_port=self.http_port)
 
@@ -218,15 +293,47 @@ class Daemon:
             buffer_high_bytes=self.config.ingest.read_buffer_bytes,
         )
 
-    async def _database(self, stack: AsyncExitStack) -> str:
+    async def _database(self, stack: AsyncExitStack, stop: asyncio.Event) -> str | None:
+        """The configured DSN, or the embedded PostgreSQL's once it runs (None: stopped first)."""
         if self.config.database.dsn:
             self.database_dsn = self.config.database.dsn
             return self.database_dsn
-        from storage.embedded import EmbeddedPostgres
+        from storage.embedded import (
+            EmbeddedPostgres,
+            EmbeddedPostgresCancelled,
+            EmbeddedPostgresError,
+        )
 
-        embedded = EmbeddedPostgres(self.config.state_dir)
-        dsn = await asyncio.to_thread(embedded.start)
+        state_dir = self.config.state_dir
+        _check_writable(state_dir)
+        embedded = EmbeddedPostgres(state_dir)
+        self.starting = f"starting the embedded PostgreSQL in {embedded.data_dir}"
+        starting = asyncio.ensure_future(asyncio.to_thread(embedded.start))
+        stopping = asyncio.ensure_future(stop.wait())
+        try:
+            await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopping.cancel()
+            if not starting.done():
+                # The thread cannot be interrupted: cancel() stops initdb, or lets pg_ctl finish
+                # and stops its server; either way start() returns soon, leaving nothing behind.
+                embedded.cancel()
+                with contextlib.suppress(Exception, asyncio.CancelledError):
+                    await asyncio.shield(starting)
+        if starting.cancelled():
+            return None
+        error = starting.exception()
+        if isinstance(error, EmbeddedPostgresCancelled):
+            return None
+        if isinstance(error, EmbeddedPostgresError):
+            first, _, rest = str(error).partition("\n")
+            raise StartupError(first, setting="[node] state_dir", detail=rest) from None
+        if error is not None:
+            raise error
         stack.push_async_callback(asyncio.to_thread, embedded.stop)
+        dsn = starting.result()
+        if stop.is_set():
+            return None
         log.info("embedded_postgres_started", data_dir=str(embedded.data_dir), dsn=dsn)
         self.database_dsn = dsn
         return dsn
@@ -242,7 +349,7 @@ class Daemon:
         try:
             await broker.start()
         except EmbeddedBrokerError as exc:
-            raise StartupError(str(exc)) from exc
+            raise StartupError(str(exc), setting="[mqtt] port, or [mqtt] host") from None
         stack.push_async_callback(broker.stop)
         if mqtt.shared_group:
             log.warning(
@@ -263,9 +370,15 @@ class Daemon:
         return broker.host, broker.port, "3.1.1"
 
     async def _open_database(self, dsn: str, stop: asyncio.Event) -> asyncpg.Pool | None:
-        """Connect and migrate, retrying while the database is unreachable."""
+        """Connect and migrate, waiting while the database is unreachable.
+
+        A database that refuses the name, the role or the password will not change its mind:
+        that is a configuration error (exit 2), not something to wait for.
+        """
         db = self.config.database
+        where = describe(dsn)
         backoff = Backoff(db.retry_min_s, db.retry_max_s)
+        self.starting = f"connecting to the database at {where}"
         while not stop.is_set():
             try:
                 pool = await create_pool(
@@ -276,25 +389,37 @@ class Daemon:
                     application_name=f"gateway:{self.node_id}",
                     on_audit_failure=self._audit_failed,
                 )
+            except REFUSED_AT_CONNECT as exc:
+                raise _refused(dsn, exc) from None
+            except (ValueError, asyncpg.exceptions.ClientConfigurationError) as exc:
+                raise StartupError(
+                    f"the database DSN does not parse: {exc}",
+                    setting=DSN_SETTING,
+                    configuration=True,
+                ) from None
             except TRANSIENT_DB_ERRORS as exc:
-                delay = backoff.next_delay()
-                self.metrics.db_retries.inc()
-                log.warning("database_unavailable", error=repr(exc), retry_in_s=round(delay, 3))
-                await sleep_unless_stopped(stop, delay)
+                await self._database_unavailable(where, exc, backoff, stop)
                 continue
             try:
+                self.starting = f"migrating the database at {where}"
                 async with pool.acquire() as conn:
                     applied = await migrate(conn)
             except StorageError as exc:
                 await pool.close()
                 raise StartupError(str(exc)) from exc
+            except asyncpg.exceptions.InsufficientPrivilegeError as exc:
+                await pool.close()
+                raise StartupError(
+                    f"the database at {where} refused the migration to role "
+                    f"{user_of(dsn) or '(default)'}: {exc}; it must own the schema "
+                    "(or be allowed to create in it)",
+                    setting=DSN_SETTING,
+                    configuration=True,
+                ) from None
             except TRANSIENT_DB_ERRORS as exc:
                 # Lost between connecting and migrating (a restart, a cut): start over.
                 pool.terminate()
-                delay = backoff.next_delay()
-                self.metrics.db_retries.inc()
-                log.warning("database_unavailable", error=repr(exc), retry_in_s=round(delay, 3))
-                await sleep_unless_stopped(stop, delay)
+                await self._database_unavailable(where, exc, backoff, stop)
                 continue
             except BaseException:
                 await pool.close()
@@ -304,13 +429,31 @@ class Daemon:
             return pool
         return None
 
+    async def _database_unavailable(
+        self, where: str, exc: BaseException, backoff: Backoff, stop: asyncio.Event
+    ) -> None:
+        delay = backoff.next_delay()
+        self.metrics.db_retries.inc()
+        error = str(exc) or type(exc).__name__
+        self.starting = f"waiting for the database at {where}: {error}"
+        log.warning(
+            "database_unavailable",
+            database=where,
+            error=error,
+            error_type=type(exc).__name__,
+            retry_in_s=round(delay, 3),
+            setting=DSN_SETTING,
+        )
+        await sleep_unless_stopped(stop, delay)
+
     async def health(self) -> tuple[bool, Health]:
         database = await self._database_health()
         broker = self.session is not None and self.session.connected
-        healthy = database.ok and broker
+        healthy = database.ok and broker and self.starting is None
         writer = self.writer
         body = Health(
             status="ok" if healthy else "unhealthy",
+            reason=UNSET if healthy else self._unhealthy_because(database),
             node_id=self.node_id,
             version=gateway_version(),
             database=database,
@@ -333,6 +476,14 @@ class Daemon:
         )
         return healthy, body
 
+    def _unhealthy_because(self, database: DatabaseHealth) -> str:
+        if self.starting is not None:
+            return self.starting
+        if not database.ok:
+            return f"database: {database.error}"
+        address = "{}:{}".format(*self.broker_address) if self.broker_address else "?"
+        return f"not connected to the broker at {address}"
+
     def _audit_failed(self, table: str, exc: asyncpg.PostgresError) -> None:
         self.metrics.audit_failures.inc()
         # The statement failed inside its change's transaction, which cannot commit now.
@@ -346,7 +497,7 @@ class Daemon:
     async def _database_health(self) -> DatabaseHealth:
         pool = self.pool
         if pool is None:
-            return DatabaseHealth(ok=False, error="not connected")
+            return DatabaseHealth(ok=False, error=self.starting or "not connected")
         try:
             async with asyncio.timeout(HEALTH_DB_TIMEOUT_S), pool.acquire() as conn:
                 await repo.ping(conn)

@@ -10,7 +10,7 @@ import msgspec
 from litestar import Litestar
 
 from gateway.alarms.service import AlarmService
-from gateway.api.app import build_app
+from gateway.api.app import Services, build_app
 from gateway.api.auth import BearerAuth
 from gateway.api.health import BrokerHealth, DatabaseHealth, Health, IngestHealth
 from gateway.api.server import ApiServer
@@ -47,8 +47,8 @@ async def serve_api(dsn: str, tokens: Sequence[TokenConfig]) -> AsyncIterator[Se
     commands = CommandService(pool, "api-test", 3600.0)
     auth = BearerAuth(tokens)
     app = build_app(
-        health_check=healthy, metrics=Metrics(), auth=auth, alarm_service=alarms,
-        command_service=commands,
+        health_check=healthy, metrics=Metrics(), auth=auth,
+        services=Services(alarms=alarms, commands=commands),
     )  # fmt: skip
     try:
         async with ApiServer(app, "127.0.0.1", 0) as server:

@@ -34,7 +34,7 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from gateway.alarms.service import AlarmService, create_alarm
-from gateway.api.app import build_app
+from gateway.api.app import Services, build_app
 from gateway.api.auth import BearerAuth
 from gateway.commands.service import CommandService
 from gateway.support.metrics import Metrics
@@ -154,7 +154,9 @@ def _document() -> dict[str, Any]:
     test checks that the served one is the same)."""
     app = build_app(
         health_check=healthy, metrics=Metrics(), auth=BearerAuth([]),
-        alarm_service=AlarmService(None, "doc"), command_service=CommandService(None, "doc", 1.0),
+        services=Services(
+            alarms=AlarmService(None, "doc"), commands=CommandService(None, "doc", 1.0)
+        ),
     )  # fmt: skip
     document: dict[str, Any] = msgspec.json.decode(
         msgspec.json.encode(app.openapi_schema.to_schema())
