@@ -19,8 +19,11 @@ import structlog
 
 from gateway.config import Config, default_node_id, load_config
 from gateway.domain.errors import ConfigError, StartupError
+from gateway.runtime.failures import DSN_SETTING, REFUSED_AT_CONNECT, refused
 from gateway.runtime.logging import configure_logging, set_secrets
 from gateway.support.version import gateway_version
+from storage.errors import TRANSIENT_DB_ERRORS
+from storage.pool import describe
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -116,15 +119,32 @@ def _command(config: Config, args: argparse.Namespace) -> int:
     try:
         return _run_async(handlers[args.command](config, args))
     except StartupError as exc:
-        fields = {"setting": exc.setting} if exc.setting else {}
-        if exc.detail:
-            fields["detail"] = exc.detail
-        log.error("startup_failed", error=str(exc), **fields)
-        return EXIT_CONFIG if exc.configuration else EXIT_FAILURE
+        return _failed(exc)
+    except REFUSED_AT_CONNECT as exc:
+        # The commands beside the daemon connect once (the daemon itself maps these as it
+        # starts): the same line, the same exit code.
+        return _failed(refused(config.database.dsn, exc))
+    except TRANSIENT_DB_ERRORS as exc:
+        if args.command != "run":  # the daemon waits for its database: that would be a bug
+            where = describe(config.database.dsn) if config.database.dsn else "the embedded one"
+            return _failed(
+                StartupError(f"cannot reach the database at {where}: {exc}", setting=DSN_SETTING)
+            )
+        log.exception("daemon_failed")
+        return EXIT_FAILURE
     except Exception:
         # A bug, not a situation: the traceback is what a report needs (a field in JSON).
         log.exception("daemon_failed" if args.command == "run" else "command_failed")
         return EXIT_FAILURE
+
+
+def _failed(exc: StartupError) -> int:
+    """One line: what is wrong, the setting to change; exit 2 when only configuration can fix it."""
+    fields = {"setting": exc.setting} if exc.setting else {}
+    if exc.detail:
+        fields["detail"] = exc.detail
+    log.error("startup_failed", error=str(exc), **fields)
+    return EXIT_CONFIG if exc.configuration else EXIT_FAILURE
 
 
 def _log_format_of(path: Path | None) -> Literal["auto", "json", "console"]:

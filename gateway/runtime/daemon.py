@@ -4,11 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
-import tempfile
 from contextlib import AsyncExitStack
-from pathlib import Path
-from typing import Final
 
 import aiomqtt
 import asyncpg
@@ -26,6 +22,13 @@ from gateway.mqtt.session import OFFLINE, MqttSession
 from gateway.mqtt.v311_client import ConnectionSettings, TlsSettings
 from gateway.outbox.publisher import OutboxPublisher
 from gateway.runtime.components import Components, build
+from gateway.runtime.failures import (
+    DSN_SETTING,
+    REFUSED_AT_CONNECT,
+    check_writable,
+    http_error,
+    refused,
+)
 from gateway.runtime.logging import set_secrets
 from gateway.runtime.sdnotify import Notifier
 from gateway.runtime.supervision import Watchdog
@@ -43,54 +46,6 @@ from storage.pool import create_pool, describe, user_of
 log = structlog.get_logger(__name__)
 
 HEALTH_DB_TIMEOUT_S = 2.0
-DSN_SETTING: Final = "[database] dsn (or GATEWAY_DATABASE_DSN)"
-# What a database answers when it will not accept this DSN however long we wait: an unknown
-# database, an unknown role, a wrong password, no pg_hba.conf entry, no CONNECT privilege.
-REFUSED_AT_CONNECT: Final = (
-    asyncpg.exceptions.InvalidCatalogNameError,
-    asyncpg.exceptions.InvalidAuthorizationSpecificationError,
-    asyncpg.exceptions.InsufficientPrivilegeError,
-)
-
-
-def _refused(dsn: str, exc: Exception) -> StartupError:
-    where = describe(dsn)
-    if isinstance(exc, asyncpg.exceptions.InvalidCatalogNameError):
-        what = f"the database server at {where.rsplit('/', 1)[0]} has no such database ({exc})"
-    elif isinstance(exc, asyncpg.exceptions.InvalidPasswordError):
-        what = f"the database at {where} refused the password of role {user_of(dsn)!r} ({exc})"
-    else:
-        what = f"the database at {where} refused role {user_of(dsn) or '(default)'!r} ({exc})"
-    return StartupError(what, setting=DSN_SETTING, configuration=True)
-
-
-def _http_error(host: str, port: int, exc: OSError) -> StartupError:
-    if exc.errno == errno.EADDRINUSE:
-        return StartupError(
-            f"port {port} on {host} is already in use (another gateway, or another server)",
-            setting="[http] port (0: any free port), or [http] enabled = false",
-        )
-    if exc.errno == errno.EACCES:
-        return StartupError(
-            f"no permission to listen on {host}:{port} (ports below 1024 need privileges)",
-            setting="[http] port",
-        )
-    return StartupError(
-        f"cannot listen on {host}:{port}: {exc.strerror or exc}", setting="[http] host"
-    )
-
-
-def _check_writable(state_dir: Path) -> None:
-    """The state directory (the embedded PostgreSQL's data and lock) exists and is writable."""
-    try:
-        state_dir.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=state_dir):
-            pass
-    except OSError as exc:
-        raise StartupError(
-            f"the state directory {state_dir} is not writable: {exc.strerror or exc}",
-            setting="[node] state_dir (or give this user write access to it)",
-        ) from None
 
 
 class Daemon:
@@ -157,7 +112,7 @@ class Daemon:
         try:
             server = await stack.enter_async_context(ApiServer(app, http.host, http.port))
         except OSError as exc:
-            raise _http_error(http.host, http.port, exc) from None
+            raise http_error(http.host, http.port, exc) from None
         self.http_port = server.port
         log.info("http_listening", host=http.host, port=server.port)
 
@@ -305,7 +260,7 @@ class Daemon:
         )
 
         state_dir = self.config.state_dir
-        _check_writable(state_dir)
+        check_writable(state_dir)
         embedded = EmbeddedPostgres(state_dir)
         self.starting = f"starting the embedded PostgreSQL in {embedded.data_dir}"
         starting = asyncio.ensure_future(asyncio.to_thread(embedded.start))
@@ -390,7 +345,7 @@ class Daemon:
                     on_audit_failure=self._audit_failed,
                 )
             except REFUSED_AT_CONNECT as exc:
-                raise _refused(dsn, exc) from None
+                raise refused(dsn, exc) from None
             except (ValueError, asyncpg.exceptions.ClientConfigurationError) as exc:
                 raise StartupError(
                     f"the database DSN does not parse: {exc}",

@@ -42,12 +42,14 @@ class Finished:
             assert marker not in self.output, self.output
 
 
-async def gateway_run(config: Path, *, env: dict[str, str] | None = None) -> Finished:
-    """Run ``gateway run --config`` to its end (an expected failure ends it quickly)."""
+async def gateway_run(
+    config: Path, *, env: dict[str, str] | None = None, command: tuple[str, ...] = ("run",)
+) -> Finished:
+    """Run ``gateway <command> --config`` to its end (an expected failure ends it quickly)."""
 
     def run() -> Finished:
         done = subprocess.run(
-            [sys.executable, "-m", "gateway", "run", "--config", str(config)],
+            [sys.executable, "-m", "gateway", *command, "--config", str(config)],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,

@@ -84,6 +84,20 @@ async def test_an_unknown_role_is_a_configuration_error(
     assert "refused role 'no_such_role'" in line["error"]
 
 
+@pytest.mark.parametrize("command", [("migrate",), ("dead-letters", "list")])
+async def test_the_commands_beside_the_daemon_fail_the_same_way(
+    pg_server_dsn: str, tmp_path: Path, command: tuple[str, ...]
+) -> None:
+    unknown = with_database(pg_server_dsn, "no_such_database_here")
+    config = _write(tmp_path, f'[database]\ndsn = "{unknown}"\n[log]\nformat = "json"\n')
+    line = _failed(await gateway_run(config, command=command), EXIT_CONFIG, DSN_SETTING)
+    assert "has no such database" in line["error"]
+    closed = f"postgresql://postgres@127.0.0.1:{free_port()}/gateway"
+    config = _write(tmp_path, f'[database]\ndsn = "{closed}"\n[log]\nformat = "json"\n')
+    line = _failed(await gateway_run(config, command=command), EXIT_FAILURE, DSN_SETTING)
+    assert line["error"].startswith(f"cannot reach the database at {closed.split('@')[1]}")
+
+
 def _loopback_address() -> str:
     """A 127/8 address nothing else here listens on (the shared server has 127.0.0.1)."""
     for _ in range(50):
