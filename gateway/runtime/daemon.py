@@ -282,7 +282,11 @@ class Daemon:
             return None
         if isinstance(error, EmbeddedPostgresError):
             first, _, rest = str(error).partition("\n")
-            raise StartupError(first, setting="[node] state_dir", detail=rest) from None
+            raise StartupError(
+                first,
+                setting="[node] state_dir, or [database] dsn for a PostgreSQL of your own",
+                detail=rest,
+            ) from None
         if error is not None:
             raise error
         stack.push_async_callback(asyncio.to_thread, embedded.stop)
