@@ -70,8 +70,7 @@ class Daemon:
         self.components: Components | None = None
         self.auth = BearerAuth(config.api.tokens)
         self.services = Services()
-        # What the start is waiting for (the 503's reason on /health); None once ready.
-        self.starting: str | None = "starting"
+        self._starting: str | None = "starting"
 
     async def run(self, stop: asyncio.Event) -> None:
         """Serve until ``stop``; a stop at any moment of the start (even during the embedded
@@ -85,10 +84,12 @@ class Daemon:
                 # HTTP first: /health answers (503, with the reason) while the rest starts.
                 if self.config.http.enabled:
                     await self._http(stack)
+                # The embedded broker before the embedded database: a taken port is found at
+                # once, not after a first start's initdb.
+                host, port, protocol = await self._broker(stack)
                 dsn = await self._database(stack, stop)
                 if dsn is None:
                     return  # stopped while the embedded PostgreSQL was starting
-                host, port, protocol = await self._broker(stack)
                 pool = await self._open_database(dsn, stop)
                 if pool is None:
                     return  # stopped while waiting for the database
@@ -173,6 +174,18 @@ class Daemon:
             writer_task.cancel()
         log.info("daemon_stopped", offline_published=OFFLINE.decode())
 
+    @property
+    def starting(self) -> str | None:
+        """What the start is doing or waiting for (the 503's reason on /health, and the
+        service manager's status line); None once ready."""
+        return self._starting
+
+    @starting.setter
+    def starting(self, step: str | None) -> None:
+        self._starting = step
+        if step is not None:
+            self.notifier.status(f"node {self.node_id}: {step}")
+
     # What the tests and the health check look at, once the daemon is built.
     @property
     def session(self) -> MqttSession | None:
@@ -214,7 +227,7 @@ class Daemon:
         if not self.ready.is_set():
             # Migrated, subscribed, HTTP listening: the daemon can really ingest now.
             self.ready.set()
-            self.starting = None
+            self._starting = None
             self.notifier.ready(self.status_line())
             log.info("daemon_ready", http_port=self.http_port)
 

@@ -9,6 +9,7 @@ and reads its whole output: every line must parse.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import secrets
 import shutil
 import socket
@@ -325,3 +326,54 @@ async def test_an_unreachable_broker_is_waited_for_with_503_naming_it(
     assert waits
     assert all(r["port"] == broker_port and r["host"] == "127.0.0.1" for r in waits)
     assert all(r["setting"] == "[mqtt] host, [mqtt] port" for r in waits)
+
+
+def _zero_setup(tmp_path: Path, state: Path, mqtt_port: int) -> Path:
+    return _write(
+        tmp_path,
+        f'[node]\nstate_dir = "{state}"\n[mqtt]\nport = {mqtt_port}\n'
+        '[http]\nport = 0\n[log]\nformat = "json"\n',
+    )
+
+
+@pytest.mark.embedded
+async def test_the_embedded_brokers_port_taken_is_one_line_and_exit_1(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = await gateway_run(_zero_setup(tmp_path, tmp_path / "state", port))
+    line = _failed(done, EXIT_FAILURE, "[mqtt] port, or [mqtt] host")
+    assert line["error"].startswith(f"port {port} on 127.0.0.1 is already in use")
+    # Found before the embedded PostgreSQL was even started.
+    assert not (tmp_path / "state" / "pgdata").exists()
+
+
+@pytest.mark.embedded
+async def test_an_embedded_postgresql_that_cannot_start_is_one_line_and_exit_1(
+    tmp_path: Path,
+) -> None:
+    state = tmp_path / "state"
+    (state / "pgdata").mkdir(parents=True)
+    (state / "pgdata" / "somebody-elses-file").write_text("keep me")
+    done = await gateway_run(_zero_setup(tmp_path, state, free_port()))
+    line = _failed(
+        done, EXIT_FAILURE, "[node] state_dir, or [database] dsn for a PostgreSQL of your own"
+    )
+    assert "holds no PostgreSQL cluster" in line["error"]
+    assert (state / "pgdata" / "somebody-elses-file").read_text() == "keep me"
+
+
+@pytest.mark.embedded
+async def test_an_embedded_postgresql_owned_by_another_process_is_one_line_and_exit_1(
+    tmp_path: Path,
+) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    with (state / "pg.lock").open("ab") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        done = await gateway_run(_zero_setup(tmp_path, state, free_port()))
+    line = _failed(
+        done, EXIT_FAILURE, "[node] state_dir, or [database] dsn for a PostgreSQL of your own"
+    )
+    assert "pg.lock is locked" in line["error"]
