@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Coroutine
 from contextlib import AsyncExitStack
+from typing import Any, TypeVar
 
 import aiomqtt
 import asyncpg
@@ -45,7 +47,23 @@ from storage.pool import create_pool, describe, user_of
 
 log = structlog.get_logger(__name__)
 
+T = TypeVar("T")
+
 HEALTH_DB_TIMEOUT_S = 2.0
+
+
+async def _unless_stopped(work: Coroutine[Any, Any, T], stop: asyncio.Event) -> T | None:
+    """``work``'s result, or None once ``stop`` is set first (``work`` is cancelled)."""
+    task = asyncio.ensure_future(work)
+    stopping = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({task, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopping.cancel()
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+    return None if task.cancelled() else task.result()
 
 
 class Daemon:
@@ -353,14 +371,20 @@ class Daemon:
         self.starting = f"connecting to the database at {where}"
         while not stop.is_set():
             try:
-                pool = await create_pool(
-                    dsn,
-                    min_size=db.pool_min,
-                    max_size=db.pool_max,
-                    connect_timeout_s=db.connect_timeout_s,
-                    application_name=f"gateway:{self.node_id}",
-                    on_audit_failure=self._audit_failed,
+                # A stop does not wait out a connect timeout (a host that drops packets).
+                pool = await _unless_stopped(
+                    create_pool(
+                        dsn,
+                        min_size=db.pool_min,
+                        max_size=db.pool_max,
+                        connect_timeout_s=db.connect_timeout_s,
+                        application_name=f"gateway:{self.node_id}",
+                        on_audit_failure=self._audit_failed,
+                    ),
+                    stop,
                 )
+                if pool is None:
+                    return None
             except REFUSED_AT_CONNECT as exc:
                 raise refused(dsn, exc) from None
             except (ValueError, asyncpg.exceptions.ClientConfigurationError) as exc:

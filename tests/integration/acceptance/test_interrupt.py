@@ -1,5 +1,5 @@
 """Ctrl-C at any moment of a first start (embedded PostgreSQL and broker): the process exits 0,
-prints no traceback, and leaves no process behind.
+prints no traceback, and leaves no process behind; nor does it wait out a connect timeout.
 
 Ctrl-C at a terminal signals the whole foreground process group: the gateway runs in a group
 of its own here, and the test sends SIGINT to that group, as the terminal would. Each moment is
@@ -14,6 +14,7 @@ import fcntl
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -24,11 +25,11 @@ from typing import Final
 import aiohttp
 import pytest
 
+from tests.support.daemon import config_toml
 from tests.support.gateway_cli import Finished, processes_mentioning
+from tests.support.mosquitto import Mosquitto
 from tests.support.ports import free_port
 from tests.support.waiting import wait_until
-
-pytestmark = pytest.mark.embedded
 
 MOMENTS: Final = ["at-once", "during-initdb", "postmaster-starting", "serving"]
 
@@ -48,15 +49,24 @@ def state_dir() -> Iterator[Path]:
 class Gateway:
     """``gateway run`` in a process group of its own, its output in a file."""
 
-    def __init__(self, state_dir: Path, workdir: Path) -> None:
+    def __init__(
+        self,
+        state_dir: Path,
+        workdir: Path,
+        *,
+        config: Path | None = None,
+        http_port: int | None = None,
+    ) -> None:
+        """The zero-setup configuration under ``state_dir``, unless given one."""
         self.state_dir = state_dir
-        self.http_port = free_port()
-        self.config = workdir / "gateway.toml"
-        self.config.write_text(
-            f'[node]\nstate_dir = "{state_dir / "state"}"\n'
-            f"[mqtt]\nport = {free_port()}\n[http]\nport = {self.http_port}\n"
-            '[log]\nformat = "json"\nlevel = "info"\n'
-        )
+        self.http_port = http_port or free_port()
+        self.config = config or workdir / "gateway.toml"
+        if config is None:
+            self.config.write_text(
+                f'[node]\nstate_dir = "{state_dir / "state"}"\n'
+                f"[mqtt]\nport = {free_port()}\n[http]\nport = {self.http_port}\n"
+                '[log]\nformat = "json"\nlevel = "info"\n'
+            )
         self.log_path = workdir / "gateway.log"
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -74,9 +84,9 @@ class Gateway:
         assert self.process is not None
         os.killpg(self.process.pid, signal.SIGINT)
 
-    def wait(self) -> Finished:
+    def wait(self, timeout: float = 90) -> Finished:
         assert self.process is not None
-        returncode = self.process.wait(timeout=90)
+        returncode = self.process.wait(timeout=timeout)
         return Finished(returncode, self.log_path.read_text(errors="replace"))
 
     def running(self, program: str) -> bool:
@@ -85,6 +95,17 @@ class Gateway:
             Path(process.info["cmdline"][0]).name == program
             for process in processes_mentioning(str(self.state_dir))
         )
+
+    async def health_reason(self) -> str | None:
+        try:
+            async with (
+                aiohttp.ClientSession() as http,
+                http.get(f"http://127.0.0.1:{self.http_port}/health") as response,
+            ):
+                reason: str | None = (await response.json()).get("reason")
+                return reason
+        except aiohttp.ClientError:
+            return None
 
     async def health(self) -> int | None:
         try:
@@ -122,6 +143,7 @@ async def _is(gateway: Gateway, status: int) -> bool:
     return await gateway.health() == status
 
 
+@pytest.mark.embedded
 @pytest.mark.parametrize("moment", MOMENTS)
 async def test_ctrl_c_during_a_first_start_exits_cleanly_leaving_nothing(
     moment: str, state_dir: Path, tmp_path: Path
@@ -155,3 +177,41 @@ async def test_ctrl_c_during_a_first_start_exits_cleanly_leaving_nothing(
             if gateway.process is not None and gateway.process.poll() is None:
                 gateway.process.kill()
         _assert_nothing_left(state_dir)
+
+
+async def test_ctrl_c_while_a_database_does_not_answer_does_not_wait_out_the_timeout(
+    tmp_path: Path, mosquitto: Mosquitto
+) -> None:
+    # A server that accepts connections and never says a word: connecting would take the
+    # whole (here 600 s) connect timeout.
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)
+        port = silent.getsockname()[1]
+        config = tmp_path / "gateway.toml"
+        http_port = free_port()
+        config.write_text(
+            config_toml(
+                dsn=f"postgresql://postgres@127.0.0.1:{port}/gateway",
+                mqtt_port=mosquitto.port,
+                http_port=http_port,
+            ).replace("[database]\n", "[database]\nconnect_timeout_s = 600\n")
+        )
+        gateway = Gateway(tmp_path, tmp_path, config=config, http_port=http_port)
+        gateway.start()
+        try:
+
+            async def connecting() -> bool:
+                reason = await gateway.health_reason()
+                return reason is not None and reason.startswith("connecting to the database")
+
+            await wait_until(connecting, timeout=30, message="connecting to the silent one")
+            gateway.ctrl_c()
+            # Far below the connect timeout: the stop does not wait for it.
+            done = await asyncio.to_thread(gateway.wait, 60)
+        finally:
+            if gateway.process is not None and gateway.process.poll() is None:
+                gateway.process.kill()
+    assert done.returncode == 0, done.output
+    done.assert_no_traceback()
+    done.records()
