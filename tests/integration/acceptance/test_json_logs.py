@@ -163,6 +163,9 @@ async def test_every_line_parses_through_faults_and_carries_no_secret(
     records = done.records()
     events = {record["event"] for record in records}
     assert {"database_unavailable", "broker_connected", "daemon_stopped"} <= events, events
+    # The database out of reach is named where it is, in the writer's lines as at start.
+    cut = [r for r in records if r["event"] == "database_unavailable"]
+    assert {r["database"] for r in cut} == {f"127.0.0.1:{proxy.port}/{name}"}, cut
     # The libraries' own records are among them, rendered the same way.
     assert any(str(r.get("logger", "")).startswith("uvicorn") for r in records), events
     for line in done.output.splitlines():
