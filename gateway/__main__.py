@@ -1,3 +1,3 @@
-from gateway.runtime.cli import main
+from gateway.runtime.entry import main
 
 raise SystemExit(main())

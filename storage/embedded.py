@@ -32,6 +32,7 @@ import signal
 import stat
 import subprocess
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,6 +49,7 @@ __all__ = [
     "EMBEDDED_EXTRA_HINT",
     "EmbeddedPostgres",
     "EmbeddedPostgresBusyError",
+    "EmbeddedPostgresCancelled",
     "EmbeddedPostgresError",
     "RunningServer",
     "embedded_postgres_installed",
@@ -105,6 +107,10 @@ class RunningServer:
     dsn: str
 
 
+class EmbeddedPostgresCancelled(EmbeddedPostgresError):
+    """``start()`` gave up because :meth:`EmbeddedPostgres.cancel` was called; nothing runs."""
+
+
 @dataclass(frozen=True, slots=True)
 class _RunAs:
     """The unprivileged account the server runs as when we are root."""
@@ -130,6 +136,9 @@ class EmbeddedPostgres:
         self._lock: IO[bytes] | None = None
         self._postmaster_pid: int | None = None
         self._bin_dir: Path | None = None
+        # cancel(), from another thread: the step running now (initdb) and the next ones.
+        self._cancelled = threading.Event()
+        self._initdb_child: subprocess.Popen[str] | None = None
 
     @property
     def dsn(self) -> str:
@@ -150,22 +159,30 @@ class EmbeddedPostgres:
         if self.is_running():
             return self.dsn
         self._postmaster_pid = None
+        self._cancelled.clear()
         self._acquire_lock()
         try:
             run_as = _system_user()
             self._bin_dir = _bin_dir_for(self.data_dir)
             self._prepare_directories(run_as)
             if not (self.data_dir / "PG_VERSION").exists():
+                self._raise_if_cancelled()
                 self._initdb(run_as)
             self._write_settings(run_as)
             self._stop_orphan(run_as)
             self._rotate_log(run_as)
+            self._raise_if_cancelled()
             self._pg_ctl_start(run_as)
+            self._raise_if_cancelled()
             self._ensure_database()
+            self._raise_if_cancelled()
             self._record_address()
         except BaseException:
             with contextlib.suppress(Exception):
-                self.stop()
+                self._stop_server()
+            with contextlib.suppress(Exception):
+                # A pg_ctl start interrupted or timed out may have left its server starting.
+                self._stop_orphan(_system_user())
             self._release_lock()
             raise
         log.info(
@@ -176,18 +193,39 @@ class EmbeddedPostgres:
         )
         return self.dsn
 
+    def cancel(self) -> None:
+        """Make a ``start()`` running in another thread give up soon, leaving nothing running.
+
+        A running initdb is stopped at once (it removes what it wrote); a ``pg_ctl start`` is
+        let finish (a few seconds at most), and the server it started is stopped again.
+        ``start()`` then raises :class:`EmbeddedPostgresCancelled`.
+        """
+        self._cancelled.set()
+        child = self._initdb_child
+        if child is not None:
+            _kill_session(child)
+
+    def _raise_if_cancelled(self) -> None:
+        if self._cancelled.is_set():
+            raise EmbeddedPostgresCancelled(
+                f"start of the embedded PostgreSQL in {self.data_dir} cancelled"
+            )
+
     def stop(self) -> None:
         """Fast shutdown (sessions are disconnected, then a checkpoint); a no-op if not running.
 
         Only the server this object started is stopped: one that replaced it is left alone.
         """
-        pid, self._postmaster_pid = self._postmaster_pid, None
         try:
-            if pid is not None and _read_postmaster_pid(self.data_dir) == pid and _is_alive(pid):
-                self._pg_ctl_stop(_system_user(), pid)
-                log.info("embedded_postgres_stopped", data_dir=str(self.data_dir), pid=pid)
+            self._stop_server()
         finally:
             self._release_lock()
+
+    def _stop_server(self) -> None:
+        pid, self._postmaster_pid = self._postmaster_pid, None
+        if pid is not None and _read_postmaster_pid(self.data_dir) == pid and _is_alive(pid):
+            self._pg_ctl_stop(_system_user(), pid)
+            log.info("embedded_postgres_stopped", data_dir=str(self.data_dir), pid=pid)
 
     async def __aenter__(self) -> Self:
         await _start_in_thread(self)
@@ -404,34 +442,49 @@ class EmbeddedPostgres:
         assert self._bin_dir is not None
         argv = [str(self._bin_dir / program), *args]
         # Files, not pipes: pg_ctl's server child could otherwise keep a pipe open forever.
+        # A session of its own: a Ctrl-C at the terminal reaches the gateway alone, which stops
+        # (or lets finish) what it started instead of initdb dying half-way.
         with tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace") as output:
             try:
-                completed = subprocess.run(
+                child = subprocess.Popen(
                     argv,
-                    input=stdin,
-                    stdin=None if stdin is not None else subprocess.DEVNULL,
+                    stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
                     stdout=output,
                     stderr=subprocess.STDOUT,
                     text=True,
                     cwd="/",
                     env=_subprocess_env(),
-                    timeout=timeout_s,
-                    check=False,
                     user=None if run_as is None else run_as.uid,
                     group=None if run_as is None else run_as.gid,
                     extra_groups=None if run_as is None else [],
+                    start_new_session=True,
                 )
+            except OSError as error:
+                raise self._error(f"{program} could not be run: {error}", "") from error
+            if program == "initdb":
+                self._initdb_child = child
+                if self._cancelled.is_set():  # cancel() came before it could see the child
+                    _kill_session(child)
+            try:
+                child.communicate(stdin, timeout=timeout_s)
             except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
                 output.seek(0)
                 raise self._error(
                     f"{program} timed out after {timeout_s}s", output.read()
                 ) from None
-            except OSError as error:
-                raise self._error(f"{program} could not be run: {error}", "") from error
+            finally:
+                self._initdb_child = None
+                if child.poll() is None:  # interrupted (KeyboardInterrupt): leave nothing
+                    child.kill()
+                    child.wait()
             output.seek(0)
             text = output.read()
-        if completed.returncode != 0:
-            raise self._error(f"{program} {args[0]} exited with {completed.returncode}", text)
+        if child.returncode != 0:
+            if program == "initdb" and self._cancelled.is_set():
+                self._raise_if_cancelled()
+            raise self._error(f"{program} {args[0]} exited with {child.returncode}", text)
         return text
 
     def _error(self, what: str, output: str) -> EmbeddedPostgresError:
@@ -717,6 +770,12 @@ def _wait_gone(pid: int, timeout_s: float) -> bool:
             return False
         time.sleep(0.02)
     return True
+
+
+def _kill_session(child: subprocess.Popen[str]) -> None:
+    """SIGTERM to a child started in a session of its own, and to whatever it started."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(child.pid, signal.SIGTERM)
 
 
 def _tail(text: str) -> str:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from urllib.parse import parse_qs, unquote, urlsplit
+
 import asyncpg
 
 from storage.audit import AuditFailureHook, audited_connection_class
@@ -45,3 +47,29 @@ async def _keep_session(_conn: asyncpg.Connection) -> None:
     this code never leaves behind: LISTEN runs on dedicated connections, nothing SETs
     session settings, and the migration lock is released in a ``finally``.
     """
+
+
+def describe(dsn: str) -> str:
+    """Where a DSN points, for log lines and errors: ``host:port/database``, never credentials.
+
+    A unix socket (``?host=/dir``) reads ``/dir/database``; parts the DSN leaves out are
+    libpq's defaults (port 5432, the database named after the user).
+    """
+    parts = urlsplit(dsn)
+    query = parse_qs(parts.query)
+    socket_dir = next((h for h in query.get("host", []) if h.startswith("/")), None)
+    database = parts.path.lstrip("/") or query.get("dbname", [""])[0] or parts.username or ""
+    if socket_dir is not None:
+        return f"{socket_dir}/{unquote(database)}"
+    host = parts.hostname or query.get("host", ["localhost"])[0]
+    try:
+        port = parts.port or int(query.get("port", ["5432"])[0])
+    except ValueError:
+        port = 5432
+    return f"{host}:{port}/{unquote(database)}"
+
+
+def user_of(dsn: str) -> str:
+    """The role a DSN logs in as (libpq's default, the OS user, left to the caller)."""
+    parts = urlsplit(dsn)
+    return unquote(parts.username or parse_qs(parts.query).get("user", [""])[0])

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-import asyncpg
 import msgspec
 from litestar import Litestar, Request, Response, Router
 from litestar.datastructures import MutableScopeHeaders, State
@@ -23,7 +22,6 @@ from litestar.static_files import create_static_files_router
 from litestar.types import Message, Scope
 from swagger_ui_bundle import swagger_ui_path
 
-from gateway.alarms.service import AlarmService
 from gateway.api import (
     alarms,
     commands,
@@ -55,9 +53,7 @@ from gateway.api.schemas import (
     ActionBody,
     CommandBody,
 )
-from gateway.api.stream import StreamHub
-from gateway.commands.service import CommandService
-from gateway.ingest.live_path import LivePath
+from gateway.api.services import STATE_SERVICES, Services
 from gateway.support.metrics import Metrics
 from gateway.support.version import gateway_version
 
@@ -155,16 +151,10 @@ def build_app(
     health_check: HealthCheck,
     metrics: Metrics,
     auth: BearerAuth,
-    alarm_service: AlarmService,
-    command_service: CommandService,
-    pool: asyncpg.Pool,
-    replay_path: LivePath,
-    stream_hub: StreamHub,
+    services: Services,
 ) -> Litestar:
-    """The whole HTTP surface of a node. ``auth.replace`` swaps its tokens at run time.
-
-    ``replay_path`` is the ingest path dead letters are replayed through; ``stream_hub`` feeds
-    ``GET /stream`` (its ``run`` loop is the caller's to run)."""
+    """The whole HTTP surface of a node. ``auth.replace`` swaps its tokens at run time;
+    ``services`` are filled in once the node has a database."""
     guarded = Router(
         "/",
         route_handlers=[
@@ -197,11 +187,11 @@ def build_app(
     app = Litestar(
         route_handlers=[*health.HANDLERS, openapi_document, guarded, stream.stream, assets],
         dependencies={
-            "alarms": Provide(lambda: alarm_service, sync_to_thread=False, use_cache=True),
-            "commands": Provide(lambda: command_service, sync_to_thread=False, use_cache=True),
-            "notifications": notify.provide(alarm_service.pool),
+            "alarms": Provide(services.alarm_service, sync_to_thread=False),
+            "commands": Provide(services.command_service, sync_to_thread=False),
+            "notifications": Provide(services.notify_service, sync_to_thread=False),
             "call": Provide(call_of, sync_to_thread=False),
-            "pool": Provide(lambda: pool, sync_to_thread=False, use_cache=True),
+            "pool": Provide(services.database, sync_to_thread=False),
         },
         exception_handlers={Exception: handle_exception},
         before_request=check_inputs,
@@ -213,8 +203,7 @@ def build_app(
                 "auth": auth,
                 "health_check": health_check,
                 "metrics": metrics,
-                dead_letters.STATE_REPLAY_PATH: replay_path,
-                stream.STATE_HUB: stream_hub,
+                STATE_SERVICES: services,
             }
         ),
         logging_config=None,

@@ -23,14 +23,13 @@ from gateway.api.schemas import (
     exact,
     from_row,
 )
-from gateway.ingest.live_path import LivePath
+from gateway.api.services import services_of
 from gateway.ingest.replay import replay_one
 from storage import console as repo
 
 log = structlog.get_logger(__name__)
 
 TAG: Final = "dead-letters"
-STATE_REPLAY_PATH: Final = "replay_path"
 
 DeadLetterId = Annotated[
     int,
@@ -87,7 +86,7 @@ async def list_dead_letters(
 async def replay_dead_letter(
     request: Request[Any, Any, Any], pool: Pool, call: CallDep, id: DeadLetterId
 ) -> Replayed:
-    path: LivePath = request.app.state[STATE_REPLAY_PATH]
+    path = services_of(request).replay()
     outcome = await replay_one(pool, path, id)
     if outcome is None:
         if not await repo.dead_letter_exists(pool, id):

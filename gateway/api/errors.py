@@ -114,7 +114,9 @@ AUDIT_FAILED: Final = ErrorKind(
     "PostgreSQL refused the change's audit row: the change was rolled back, nothing changed",
 )
 INTERNAL: Final = ErrorKind(500, "INTERNAL", "a server fault, logged as `api_error`")
-UNAVAILABLE: Final = ErrorKind(503, "UNAVAILABLE", "the database is not reachable; retry")
+UNAVAILABLE: Final = ErrorKind(
+    503, "UNAVAILABLE", "the database is not reachable, or the node is still starting; retry"
+)
 
 # Outside any route's declaration: the router and the server answer these for every path.
 UNROUTED: Final = frozenset({ROUTE_NOT_FOUND, METHOD_NOT_ALLOWED})

@@ -42,10 +42,13 @@ class IngestHealth(msgspec.Struct, kw_only=True):
     seconds_since_progress: float | None
 
 
-class Health(msgspec.Struct, kw_only=True):
-    """The node's health: 200 when the database answers and the broker is connected."""
+class Health(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """The node's health: 200 when the database answers and the broker is connected; 503
+    with the ``reason`` otherwise, from the first second of a start (waiting for the
+    database, starting the embedded PostgreSQL, connecting to the broker...)."""
 
     status: Literal["ok", "unhealthy"]
+    reason: str | UnsetType = UNSET
     node_id: str
     version: str
     database: DatabaseHealth

@@ -50,6 +50,7 @@ from gateway.api.errors import (
 )
 from gateway.api.routes import route
 from gateway.api.schemas import exact
+from gateway.api.services import services_of
 from gateway.support.loops import drain_on_notify
 from storage import console as repo
 from storage.console import Cursor, StreamEvent
@@ -57,7 +58,6 @@ from storage.console import Cursor, StreamEvent
 log = structlog.get_logger(__name__)
 
 TAG: Final = "stream"
-STATE_HUB: Final = "stream_hub"
 NOTIFY_CHANNEL: Final = "outbox_event"
 TICKET_LIFETIME_S: Final = 60.0
 KEEPALIVE_S: Final = 15.0
@@ -287,7 +287,7 @@ KEEPALIVE_FRAME: Final = b": keep-alive\n\n"
     ),
 )
 async def create_ticket(request: Request[Any, Any, Any], call: CallDep) -> Ticket:
-    hub: StreamHub = request.app.state[STATE_HUB]
+    hub = services_of(request).hub()
     return await hub.issue_ticket(call.caller)
 
 
@@ -347,7 +347,7 @@ async def stream(
         ),
     ] = None,
 ) -> Stream:
-    hub: StreamHub = request.app.state[STATE_HUB]
+    hub = services_of(request).hub()
     auth: BearerAuth = request.app.state["auth"]
     if ticket is not None:
         caller = await hub.redeem(ticket)

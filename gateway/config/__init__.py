@@ -15,6 +15,7 @@ import socket
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Final, Literal, get_args, get_origin
+from urllib.parse import urlsplit
 
 import msgspec
 from msgspec import Meta, Struct, field
@@ -172,6 +173,17 @@ class Config(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
             return Path(self.node.state_dir)
         # systemd's StateDirectory= exports the path; otherwise stay next to the caller.
         return Path(os.environ.get("STATE_DIRECTORY", ".gateway-state")).resolve()
+
+    def secrets(self) -> list[str]:
+        """What no log line may carry: the API tokens, the broker's and the database's
+        passwords, the notification receivers' secrets."""
+        password = urlsplit(self.database.dsn).password if self.database.dsn else None
+        return [
+            *(t.token for t in self.api.tokens),
+            self.mqtt.password,
+            password or "",
+            *notify_secrets(self),
+        ]
 
     def rule_set(self) -> RuleSet:
         return compile_rules(self.rules)

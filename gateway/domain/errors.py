@@ -35,4 +35,19 @@ def config_errors(errors: list[ConfigError]) -> ConfigError:
 
 
 class StartupError(GatewayError):
-    """The daemon cannot start (a port in use, a schema too new, ...)."""
+    """The daemon cannot start (a port in use, a schema too new, ...).
+
+    ``setting`` names what the operator changes to fix it (``[http] port``), when a setting can;
+    ``configuration`` marks a failure only a change of configuration fixes (the database refused
+    its name, role or password; the broker refused the credentials): the process exits with 2
+    then, which the systemd units do not restart, and 1 otherwise. ``detail`` is what a tool
+    printed (initdb's output, a server log's tail), logged as a field of the same line.
+    """
+
+    def __init__(
+        self, message: str, *, setting: str = "", configuration: bool = False, detail: str = ""
+    ) -> None:
+        super().__init__(message)
+        self.setting = setting
+        self.configuration = configuration
+        self.detail = detail

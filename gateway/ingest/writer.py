@@ -23,6 +23,7 @@ from gateway.support.metrics import Metrics, observe_many
 from gateway.support.node import Node
 from storage.errors import TRANSIENT_DB_ERRORS
 from storage.ingest import DeadLetterRow
+from storage.pool import describe
 
 log = structlog.get_logger(__name__)
 
@@ -62,8 +63,11 @@ class IngestWriter:
         engine: AlarmEngine | None = None,
         receipts: ReceiptApplier | None = None,
         refused_batch_attempts: int = 5,
+        database: str = "",
     ) -> None:
         self.pool = pool
+        # Where the pool points (host:port/name), for the lines saying it is out of reach.
+        self.database = database
         self.receipts = receipts
         # Probes apply receipts in transactions that are rolled back: nothing to count.
         self.probe_receipts = (
@@ -113,6 +117,7 @@ class IngestWriter:
             engine=engine,
             receipts=receipts,
             refused_batch_attempts=ingest.refused_batch_attempts,
+            database=describe(node.dsn),
         )
 
     async def put(self, item: Inbound) -> None:
@@ -226,7 +231,12 @@ class IngestWriter:
             except RETRY_LATER as exc:
                 delay = self.retry.next_delay()
                 self.metrics.db_retries.inc()
-                log.warning("database_unavailable", error=repr(exc), retry_in_s=round(delay, 3))
+                log.warning(
+                    "database_unavailable",
+                    database=self.database,
+                    error=repr(exc),
+                    retry_in_s=round(delay, 3),
+                )
                 await asyncio.sleep(delay)
                 continue
             except (asyncpg.PostgresError, *REFUSED_DATA) as exc:
@@ -305,7 +315,7 @@ class IngestWriter:
                     refusal = await self._probe(item)
                 except RETRY_LATER as exc:
                     self.metrics.db_retries.inc()
-                    log.warning("database_unavailable", error=repr(exc))
+                    log.warning("database_unavailable", database=self.database, error=repr(exc))
                     await asyncio.sleep(self.retry.next_delay())
                     continue
                 if refusal is None:

@@ -5,14 +5,16 @@ from __future__ import annotations
 import asyncio
 import math
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Final
 
 import aiomqtt
 import structlog
+from paho.mqtt.reasoncodes import ReasonCode
 
+from gateway.domain.errors import StartupError
 from gateway.ingest.decoder import Inbound
 from gateway.ingest.writer import IngestWriter
-from gateway.mqtt.v5_connection import Mqtt5Connection
+from gateway.mqtt.v5_connection import Mqtt5Connection, MqttConnectError
 from gateway.mqtt.v311_client import AckingClient, ConnectionSettings
 from gateway.support.backoff import Backoff
 from gateway.support.loops import sleep_unless_stopped
@@ -23,6 +25,18 @@ from gateway.support.metrics import Metrics
 BrokerConnection = AckingClient | Mqtt5Connection
 
 log = structlog.get_logger(__name__)
+
+BROKER_SETTING: Final = "[mqtt] host, [mqtt] port"
+_CREDENTIALS: Final = "[mqtt] username, [mqtt] password (or GATEWAY_MQTT_PASSWORD)"
+# CONNACK reason codes (MQTT 5; paho maps 3.1.1's return codes 2, 4, 5 onto them) that no
+# retry can change: the setting to fix for each.
+_REFUSALS: Final = {
+    0x85: "[mqtt] client_id",  # client identifier not valid
+    0x86: _CREDENTIALS,  # bad user name or password
+    0x87: _CREDENTIALS,  # not authorized
+    0x8A: _CREDENTIALS,  # banned
+    0x8C: _CREDENTIALS,  # bad authentication method
+}
 
 ONLINE = b"online"
 OFFLINE = b"offline"
@@ -70,6 +84,17 @@ class MqttSession:
                     return
             except aiomqtt.MqttError as exc:
                 self.metrics.mqtt_connects.labels("error").inc()
+                refused = _refusal(exc)
+                if refused is not None and self.connections == 0:
+                    # Never connected yet: the broker will refuse these settings however
+                    # long we retry. (Refused later, say after a password rotation, we wait.)
+                    code, setting = refused
+                    raise StartupError(
+                        f"the broker at {self.settings.host}:{self.settings.port} refused the "
+                        f"connection: {exc} (reason code {code})",
+                        setting=setting,
+                        configuration=True,
+                    ) from None
                 delay = self.backoff.next_delay()
                 log.warning(
                     "broker_unavailable",
@@ -77,6 +102,7 @@ class MqttSession:
                     port=self.settings.port,
                     error=str(exc),
                     retry_in_s=round(delay, 3),
+                    setting=BROKER_SETTING,
                 )
             finally:
                 self._set_connected(False)
@@ -222,3 +248,20 @@ class MqttSession:
     def _set_connected(self, connected: bool) -> None:
         self.connected = connected
         self.metrics.mqtt_connected.set(1 if connected else 0)
+
+
+def _refusal(exc: aiomqtt.MqttError) -> tuple[int, str] | None:
+    """The CONNACK code and the setting to fix, when the broker refused us for good."""
+    if isinstance(exc, MqttConnectError):
+        code = exc.reason_code
+    elif isinstance(exc, aiomqtt.MqttCodeError) and exc.rc is not None:
+        code = exc.rc.value if isinstance(exc.rc, ReasonCode) else _V311_REFUSALS.get(exc.rc)
+    else:
+        return None
+    if code is None or code not in _REFUSALS:
+        return None
+    return code, _REFUSALS[code]
+
+
+# 3.1.1 CONNACK return codes as plain ints (older paho paths): as their MQTT 5 equivalents.
+_V311_REFUSALS: Final = {2: 0x85, 4: 0x86, 5: 0x87}

@@ -18,16 +18,20 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from contextlib import asynccontextmanager
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import asyncpg
+import msgspec
 import structlog
 
-from gateway.config import Config, load_config
+from gateway.config import Config, default_node_id, load_config
 from gateway.domain.errors import ConfigError, ConfigErrors, StartupError
-from gateway.runtime.admin_token import with_zero_setup_token
-from gateway.runtime.logging import configure_logging
+from gateway.runtime.admin_token import wants_zero_setup_token, with_zero_setup_token
+from gateway.runtime.failures import DSN_SETTING, REFUSED_AT_CONNECT, check_writable, refused
+from gateway.runtime.logging import configure_logging, set_secrets
 from gateway.support.version import gateway_version
+from storage.errors import TRANSIENT_DB_ERRORS
+from storage.pool import describe
 
 if TYPE_CHECKING:
     from storage.embedded import EmbeddedPostgres
@@ -52,7 +56,7 @@ DATABASE_NOTE = (
 EMBEDDED_WAIT_S = 120.0
 
 
-def _command(
+def _subcommand(
     commands: argparse._SubParsersAction[argparse.ArgumentParser], name: str, text: str
 ) -> argparse.ArgumentParser:
     """A subcommand whose --help starts with the same sentence as its line in the list."""
@@ -64,21 +68,21 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"gateway {gateway_version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    run = _command(commands, "run", "run the daemon until SIGTERM or Ctrl-C")
+    run = _subcommand(commands, "run", "run the daemon until SIGTERM or Ctrl-C")
     run.add_argument("--config", type=Path, help=CONFIG_HELP)
 
-    migrate = _command(commands, "migrate", "apply the database migrations and exit")
+    migrate = _subcommand(commands, "migrate", "apply the database migrations and exit")
     migrate.epilog = DATABASE_NOTE
     migrate.add_argument("--config", type=Path, help=CONFIG_HELP)
 
-    check = _command(
+    check = _subcommand(
         commands, "check-config", "validate a config file, listing every error (exit 2 if any)"
     )
     check.add_argument("path", type=Path, help="the TOML file to check")
 
-    letters = _command(commands, "dead-letters", "list or replay dead letters")
+    letters = _subcommand(commands, "dead-letters", "list or replay dead letters")
     actions = letters.add_subparsers(dest="action", required=True, metavar="ACTION")
-    listing = _command(actions, "list", "list dead letters, oldest first")
+    listing = _subcommand(actions, "list", "list dead letters, oldest first")
     listing.epilog = DATABASE_NOTE
     listing.add_argument("--config", type=Path, help=CONFIG_HELP)
     listing.add_argument("--reason", help="only this reason code (e.g. MALFORMED)")
@@ -86,7 +90,7 @@ def _parser() -> argparse.ArgumentParser:
     listing.add_argument("--after", type=int, default=0, help="ids greater than this")
     listing.add_argument("--limit", type=int, default=100, help="at most this many (default: 100)")
     listing.add_argument("--json", action="store_true", help="JSON lines, payload in base64")
-    again = _command(actions, "replay", "re-ingest dead letters through the normal path")
+    again = _subcommand(actions, "replay", "re-ingest dead letters through the normal path")
     again.epilog = DATABASE_NOTE
     again.add_argument("--config", type=Path, help=CONFIG_HELP)
     which = again.add_mutually_exclusive_group(required=True)
@@ -94,7 +98,7 @@ def _parser() -> argparse.ArgumentParser:
     which.add_argument("--all", action="store_true", help="every dead letter not yet replayed")
     again.add_argument("--reason", help="with --all: only this reason code")
 
-    database = _command(
+    database = _subcommand(
         commands,
         "embedded-db",
         "print the embedded PostgreSQL's DSN: the running daemon's server, or one started "
@@ -102,9 +106,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     database.add_argument("--config", type=Path, help="its [node] state_dir is used")
 
-    rules = _command(commands, "rules", "check the configured rules")
+    rules = _subcommand(commands, "rules", "check the configured rules")
     rule_actions = rules.add_subparsers(dest="action", required=True, metavar="ACTION")
-    rule_check = _command(
+    rule_check = _subcommand(
         rule_actions,
         "check",
         "list the rules whose metric or event no stored telemetry carried in a recent window, "
@@ -119,7 +123,7 @@ def _parser() -> argparse.ArgumentParser:
         help="the window, back from now: 90s, 30m, 1h, 2d (default: 1h)",
     )
 
-    units = _command(commands, "install-systemd", "install the systemd unit files")
+    units = _subcommand(commands, "install-systemd", "install the systemd unit files")
     units.add_argument(
         "--target",
         type=Path,
@@ -175,6 +179,18 @@ def _module_installed(name: str) -> bool:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Exit 0 when done (or stopped by Ctrl-C / SIGTERM), 2 for a configuration to change,
+    1 for any other failure: each expected one is one log line naming the setting, no
+    traceback."""
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        # Ctrl-C before the daemon took the signal over (reading the config, importing): nothing
+        # had started yet, so there is nothing to stop.
+        return EXIT_OK
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "check-config":
         return _check_config(args.path)
@@ -183,9 +199,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         config = load_config(args.config)
     except ConfigError as exc:
-        print(f"invalid configuration: {exc}", file=sys.stderr)
+        if args.command != "run":
+            print(f"invalid configuration: {exc}", file=sys.stderr)
+            return EXIT_CONFIG
+        # The daemon's output is its log: one line, in the format the file asked for if that
+        # much of it can be read (journald is not a TTY: JSON by default there).
+        configure_logging(node_id=default_node_id(), fmt=_log_format_of(args.config))
+        log.error("config_invalid", error=str(exc), setting=exc.key_path, file=str(args.config))
         return EXIT_CONFIG
     configure_logging(node_id=config.node_id, fmt=config.log.format, level=config.log.level)
+    set_secrets(config.secrets())
+    return _command(config, args)
+
+
+def _command(config: Config, args: argparse.Namespace) -> int:  # noqa: PLR0911 - an exit per kind of failure
     handlers: dict[str, Callable[[Config, argparse.Namespace], Coroutine[Any, Any, int]]] = {
         "run": _run,
         "migrate": _migrate,
@@ -202,8 +229,42 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.error("embedded_extra_missing", error=str(exc))
         return EXIT_CONFIG
     except StartupError as exc:
-        log.error("startup_failed", error=str(exc))
+        return _failed(exc)
+    except REFUSED_AT_CONNECT as exc:
+        # The commands beside the daemon connect once (the daemon itself maps these as it
+        # starts): the same line, the same exit code.
+        return _failed(refused(config.database.dsn, exc))
+    except TRANSIENT_DB_ERRORS as exc:
+        if args.command != "run":  # the daemon waits for its database: that would be a bug
+            where = describe(config.database.dsn) if config.database.dsn else "the embedded one"
+            return _failed(
+                StartupError(f"cannot reach the database at {where}: {exc}", setting=DSN_SETTING)
+            )
+        log.exception("daemon_failed")
         return EXIT_FAILURE
+    except Exception:
+        # A bug, not a situation: the traceback is what a report needs (a field in JSON).
+        log.exception("daemon_failed" if args.command == "run" else "command_failed")
+        return EXIT_FAILURE
+
+
+def _failed(exc: StartupError) -> int:
+    """One line: what is wrong, the setting to change; exit 2 when only configuration can fix it."""
+    fields = {"setting": exc.setting} if exc.setting else {}
+    if exc.detail:
+        fields["detail"] = exc.detail
+    log.error("startup_failed", error=str(exc), **fields)
+    return EXIT_CONFIG if exc.configuration else EXIT_FAILURE
+
+
+def _log_format_of(path: Path | None) -> Literal["auto", "json", "console"]:
+    """``[log] format`` of a file that does not validate as a whole, when it says one."""
+    try:
+        raw = msgspec.toml.decode(path.read_bytes()) if path is not None else {}
+        fmt = raw["log"]["format"]
+    except (OSError, msgspec.DecodeError, KeyError, TypeError):
+        return "auto"
+    return fmt if fmt in ("json", "console") else "auto"
 
 
 def _run_async(coro: Coroutine[Any, Any, int]) -> int:
@@ -249,6 +310,9 @@ async def _run(config: Config, args: argparse.Namespace) -> int:
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+    if wants_zero_setup_token(config):
+        # The token is written there before the daemon looks at the directory itself.
+        check_writable(config.state_dir)
     daemon = Daemon(with_zero_setup_token(config, announce=True))
 
     def shutdown() -> None:

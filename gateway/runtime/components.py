@@ -85,13 +85,15 @@ async def build(
     config: Config,
     node: Node,
     *,
+    auth: BearerAuth,
     connection: ConnectionSettings,
     protocol: str,
     stack: AsyncExitStack,
     stop: asyncio.Event,
     on_connected: Callable[[], None],
 ) -> Components:
-    """Every component of the node, wired; ``stack`` closes what needs closing."""
+    """Every component of the node, wired; ``stack`` closes what needs closing. ``auth`` is
+    the HTTP server's, which runs before the rest (it is reloaded with the components)."""
     engine = live_path.alarm_engine(config, node.metrics)
     async with node.pool.acquire() as conn:
         await engine.forget_removed_rules(conn)
@@ -152,7 +154,7 @@ async def build(
         reaper=reaper,
         outbox=outbox,
         timers=timers,
-        auth=BearerAuth(config.api.tokens),
+        auth=auth,
         alarm_service=AlarmService(node.pool, node.node_id, node.metrics),
         command_service=CommandService(
             node.pool,

@@ -3,26 +3,39 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import Coroutine
 from contextlib import AsyncExitStack
-from urllib.parse import urlsplit
+from typing import Any, TypeVar
 
 import aiomqtt
 import asyncpg
 import structlog
+from msgspec import UNSET
 
 from gateway.api.app import build_app
+from gateway.api.auth import BearerAuth
 from gateway.api.health import BrokerHealth, DatabaseHealth, Health, IngestHealth, OutboxHealth
 from gateway.api.server import ApiServer
+from gateway.api.services import Services
 from gateway.api.stream import StreamHub
-from gateway.config import Config, notify_secrets
+from gateway.config import Config
 from gateway.domain.errors import StartupError
 from gateway.ingest import live_path
 from gateway.ingest.live_path import LivePath
 from gateway.ingest.writer import IngestWriter
 from gateway.mqtt.session import OFFLINE, MqttSession
 from gateway.mqtt.v311_client import ConnectionSettings, TlsSettings
+from gateway.notify.service import NotifyService
 from gateway.outbox.publisher import OutboxPublisher
 from gateway.runtime.components import Components, build
+from gateway.runtime.failures import (
+    DSN_SETTING,
+    REFUSED_AT_CONNECT,
+    check_writable,
+    http_error,
+    refused,
+)
 from gateway.runtime.logging import set_secrets
 from gateway.runtime.sdnotify import Notifier
 from gateway.runtime.supervision import Watchdog
@@ -35,22 +48,27 @@ from storage import ingest as repo
 from storage import outbox
 from storage.errors import DB_ERRORS, TRANSIENT_DB_ERRORS, StorageError
 from storage.migrate import migrate
-from storage.pool import create_pool
+from storage.pool import create_pool, describe, user_of
 
 log = structlog.get_logger(__name__)
+
+T = TypeVar("T")
 
 HEALTH_DB_TIMEOUT_S = 2.0
 
 
-def secrets_of(config: Config) -> list[str]:
-    """What no log line may carry: the API tokens, the broker's and the database's passwords."""
-    password = urlsplit(config.database.dsn).password if config.database.dsn else None
-    return [
-        *(t.token for t in config.api.tokens),
-        config.mqtt.password,
-        password or "",
-        *notify_secrets(config),
-    ]
+async def _unless_stopped(work: Coroutine[Any, Any, T], stop: asyncio.Event) -> T | None:
+    """``work``'s result, or None once ``stop`` is set first (``work`` is cancelled)."""
+    task = asyncio.ensure_future(work)
+    stopping = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({task, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopping.cancel()
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+    return None if task.cancelled() else task.result()
 
 
 class Daemon:
@@ -73,22 +91,54 @@ class Daemon:
         self.broker_address: tuple[str, int] | None = None
         self.pool: asyncpg.Pool | None = None
         self.components: Components | None = None
+        self.auth = BearerAuth(config.api.tokens)
+        self.services = Services()
+        self._starting: str | None = "starting"
 
     async def run(self, stop: asyncio.Event) -> None:
-        async with AsyncExitStack() as stack:
-            dsn = await self._database(stack)
-            host, port, protocol = await self._broker(stack)
-            pool = await self._open_database(dsn, stop)
-            if pool is None:
-                return  # stopped while waiting for the database
-            stack.push_async_callback(pool.close)
-            self.pool = pool
-            # Read at every scrape, not only when /health is asked.
-            self.metrics.db_pool_size.set_function(pool.get_size)
-            self.metrics.db_pool_idle.set_function(pool.get_idle_size)
-            await self._serve(
-                stack=stack, pool=pool, host=host, port=port, protocol=protocol, stop=stop
-            )
+        """Serve until ``stop``; a stop at any moment of the start (even during the embedded
+        initdb) returns cleanly, with nothing left running.
+
+        Raises :class:`StartupError` for a start that cannot succeed as configured.
+        """
+        set_secrets(self.config.secrets())
+        try:
+            async with AsyncExitStack() as stack:
+                # HTTP first: /health answers (503, with the reason) while the rest starts.
+                if self.config.http.enabled:
+                    await self._http(stack)
+                # The embedded broker before the embedded database: a taken port is found at
+                # once, not after a first start's initdb.
+                host, port, protocol = await self._broker(stack)
+                dsn = await self._database(stack, stop)
+                if dsn is None:
+                    return  # stopped while the embedded PostgreSQL was starting
+                pool = await self._open_database(dsn, stop)
+                if pool is None:
+                    return  # stopped while waiting for the database
+                stack.push_async_callback(pool.close)
+                self.pool = pool
+                # Read at every scrape, not only when /health is asked.
+                self.metrics.db_pool_size.set_function(pool.get_size)
+                self.metrics.db_pool_idle.set_function(pool.get_idle_size)
+                await self._serve(
+                    stack=stack, pool=pool, host=host, port=port, protocol=protocol, stop=stop
+                )
+        except* StartupError as group:
+            # From a task of the TaskGroup (the broker refusing the credentials): the first.
+            raise group.exceptions[0] from None
+
+    async def _http(self, stack: AsyncExitStack) -> None:
+        http = self.config.http
+        app = build_app(
+            health_check=self.health, metrics=self.metrics, auth=self.auth, services=self.services
+        )
+        try:
+            server = await stack.enter_async_context(ApiServer(app, http.host, http.port))
+        except OSError as exc:
+            raise http_error(http.host, http.port, exc) from None
+        self.http_port = server.port
+        log.info("http_listening", host=http.host, port=server.port)
 
     async def _serve(
         self,
@@ -109,9 +159,11 @@ class Daemon:
             metrics=self.metrics,
             publish=self._publish,
         )
+        self.starting = "loading the rules"
         parts = self.components = await build(
             cfg,
             node,
+            auth=self.auth,
             connection=self._connection_settings(
                 host, port, protocol, cfg.topics.gateway_status(self.node_id)
             ),
@@ -122,27 +174,22 @@ class Daemon:
         )
         hub: StreamHub | None = None
         if cfg.http.enabled:
-            set_secrets(secrets_of(cfg))
             hub = StreamHub(pool, node.dsn)
-            app = build_app(
-                health_check=self.health,
-                metrics=self.metrics,
-                auth=parts.auth,
-                alarm_service=parts.alarm_service,
-                command_service=parts.command_service,
-                pool=pool,
-                # Dead letters replayed over HTTP take the writer's own rules engine.
-                replay_path=LivePath(
-                    decoder=live_path.message_decoder(cfg),
-                    node_id=self.node_id,
-                    engine=parts.engine,
-                    receipts=live_path.receipt_applier(cfg, self.metrics),
-                ),
-                stream_hub=hub,
-            )
-            server = await stack.enter_async_context(ApiServer(app, cfg.http.host, cfg.http.port))
-            self.http_port = server.port
-            log.info("http_listening", host=cfg.http.host, port=server.port)
+        self.services.pool = pool
+        # Dead letters replayed over HTTP take the writer's own rules engine.
+        self.services.replay_path = LivePath(
+            decoder=live_path.message_decoder(cfg),
+            node_id=self.node_id,
+            engine=parts.engine,
+            receipts=live_path.receipt_applier(cfg, self.metrics),
+        )
+        self.services.stream_hub = hub
+        self.services.notifications = NotifyService(pool)
+        self.services.alarms = parts.alarm_service
+        self.services.commands = parts.command_service
+        if self.broker_address is not None:
+            address = "{}:{}".format(*self.broker_address)
+            self.starting = f"connecting to the broker at {address}"
         async with asyncio.TaskGroup() as tasks:
             writer_task = tasks.create_task(parts.writer.run(), name="ingest-writer")
             for name, loop in parts.loops:
@@ -164,6 +211,18 @@ class Daemon:
             # The session returns after draining (or giving up on) the queue.
             writer_task.cancel()
         log.info("daemon_stopped", offline_published=OFFLINE.decode())
+
+    @property
+    def starting(self) -> str | None:
+        """What the start is doing or waiting for (the 503's reason on /health, and the
+        service manager's status line); None once ready."""
+        return self._starting
+
+    @starting.setter
+    def starting(self, step: str | None) -> None:
+        self._starting = step
+        if step is not None:
+            self.notifier.status(f"node {self.node_id}: {step}")
 
     # What the tests and the health check look at, once the daemon is built.
     @property
@@ -190,7 +249,7 @@ class Daemon:
         """Swap what may change at run time (rules; quiet hours, escalation and tokens with
         their sections) atomically between batches; messages keep flowing meanwhile."""
         if self.components is not None:
-            set_secrets(secrets_of(config))
+            set_secrets(config.secrets())
             self.components.reload(config)
         self.config = config
         log.info("config_reloaded", rules=len(config.rules))
@@ -206,6 +265,7 @@ class Daemon:
         if not self.ready.is_set():
             # Migrated, subscribed, HTTP listening: the daemon can really ingest now.
             self.ready.set()
+            self._starting = None
             self.notifier.ready(self.status_line())
             log.info("daemon_ready", http_port=self.http_port)
 
@@ -239,15 +299,51 @@ class Daemon:
             buffer_high_bytes=self.config.ingest.read_buffer_bytes,
         )
 
-    async def _database(self, stack: AsyncExitStack) -> str:
+    async def _database(self, stack: AsyncExitStack, stop: asyncio.Event) -> str | None:
+        """The configured DSN, or the embedded PostgreSQL's once it runs (None: stopped first)."""
         if self.config.database.dsn:
             self.database_dsn = self.config.database.dsn
             return self.database_dsn
-        from storage.embedded import EmbeddedPostgres
+        from storage.embedded import (
+            EmbeddedPostgres,
+            EmbeddedPostgresCancelled,
+            EmbeddedPostgresError,
+        )
 
-        embedded = EmbeddedPostgres(self.config.state_dir)
-        dsn = await asyncio.to_thread(embedded.start)
+        state_dir = self.config.state_dir
+        check_writable(state_dir)
+        embedded = EmbeddedPostgres(state_dir)
+        self.starting = f"starting the embedded PostgreSQL in {embedded.data_dir}"
+        starting = asyncio.ensure_future(asyncio.to_thread(embedded.start))
+        stopping = asyncio.ensure_future(stop.wait())
+        try:
+            await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopping.cancel()
+            if not starting.done():
+                # The thread cannot be interrupted: cancel() stops initdb, or lets pg_ctl finish
+                # and stops its server; either way start() returns soon, leaving nothing behind.
+                embedded.cancel()
+                with contextlib.suppress(Exception, asyncio.CancelledError):
+                    await asyncio.shield(starting)
+        if starting.cancelled():
+            return None
+        error = starting.exception()
+        if isinstance(error, EmbeddedPostgresCancelled):
+            return None
+        if isinstance(error, EmbeddedPostgresError):
+            first, _, rest = str(error).partition("\n")
+            raise StartupError(
+                first,
+                setting="[node] state_dir, or [database] dsn for a PostgreSQL of your own",
+                detail=rest,
+            ) from None
+        if error is not None:
+            raise error
         stack.push_async_callback(asyncio.to_thread, embedded.stop)
+        dsn = starting.result()
+        if stop.is_set():
+            return None
         log.info("embedded_postgres_started", data_dir=str(embedded.data_dir), dsn=dsn)
         self.database_dsn = dsn
         return dsn
@@ -263,7 +359,7 @@ class Daemon:
         try:
             await broker.start()
         except EmbeddedBrokerError as exc:
-            raise StartupError(str(exc)) from exc
+            raise StartupError(str(exc), setting="[mqtt] port, or [mqtt] host") from None
         stack.push_async_callback(broker.stop)
         if mqtt.shared_group:
             log.warning(
@@ -284,38 +380,62 @@ class Daemon:
         return broker.host, broker.port, "3.1.1"
 
     async def _open_database(self, dsn: str, stop: asyncio.Event) -> asyncpg.Pool | None:
-        """Connect and migrate, retrying while the database is unreachable."""
+        """Connect and migrate, waiting while the database is unreachable.
+
+        A database that refuses the name, the role or the password will not change its mind:
+        that is a configuration error (exit 2), not something to wait for.
+        """
         db = self.config.database
+        where = describe(dsn)
         backoff = Backoff(db.retry_min_s, db.retry_max_s)
+        self.starting = f"connecting to the database at {where}"
         while not stop.is_set():
             try:
-                pool = await create_pool(
-                    dsn,
-                    min_size=db.pool_min,
-                    max_size=db.pool_max,
-                    connect_timeout_s=db.connect_timeout_s,
-                    application_name=f"gateway:{self.node_id}",
-                    on_audit_failure=self._audit_failed,
+                # A stop does not wait out a connect timeout (a host that drops packets).
+                pool = await _unless_stopped(
+                    create_pool(
+                        dsn,
+                        min_size=db.pool_min,
+                        max_size=db.pool_max,
+                        connect_timeout_s=db.connect_timeout_s,
+                        application_name=f"gateway:{self.node_id}",
+                        on_audit_failure=self._audit_failed,
+                    ),
+                    stop,
                 )
+                if pool is None:
+                    return None
+            except REFUSED_AT_CONNECT as exc:
+                raise refused(dsn, exc) from None
+            except (ValueError, asyncpg.exceptions.ClientConfigurationError) as exc:
+                raise StartupError(
+                    f"the database DSN does not parse: {exc}",
+                    setting=DSN_SETTING,
+                    configuration=True,
+                ) from None
             except TRANSIENT_DB_ERRORS as exc:
-                delay = backoff.next_delay()
-                self.metrics.db_retries.inc()
-                log.warning("database_unavailable", error=repr(exc), retry_in_s=round(delay, 3))
-                await sleep_unless_stopped(stop, delay)
+                await self._database_unavailable(where, exc, backoff, stop)
                 continue
             try:
+                self.starting = f"migrating the database at {where}"
                 async with pool.acquire() as conn:
                     applied = await migrate(conn)
             except StorageError as exc:
                 await pool.close()
                 raise StartupError(str(exc)) from exc
+            except asyncpg.exceptions.InsufficientPrivilegeError as exc:
+                await pool.close()
+                raise StartupError(
+                    f"the database at {where} refused the migration to role "
+                    f"{user_of(dsn) or '(default)'}: {exc}; it must own the schema "
+                    "(or be allowed to create in it)",
+                    setting=DSN_SETTING,
+                    configuration=True,
+                ) from None
             except TRANSIENT_DB_ERRORS as exc:
                 # Lost between connecting and migrating (a restart, a cut): start over.
                 pool.terminate()
-                delay = backoff.next_delay()
-                self.metrics.db_retries.inc()
-                log.warning("database_unavailable", error=repr(exc), retry_in_s=round(delay, 3))
-                await sleep_unless_stopped(stop, delay)
+                await self._database_unavailable(where, exc, backoff, stop)
                 continue
             except BaseException:
                 await pool.close()
@@ -325,13 +445,31 @@ class Daemon:
             return pool
         return None
 
+    async def _database_unavailable(
+        self, where: str, exc: BaseException, backoff: Backoff, stop: asyncio.Event
+    ) -> None:
+        delay = backoff.next_delay()
+        self.metrics.db_retries.inc()
+        error = str(exc) or type(exc).__name__
+        self.starting = f"waiting for the database at {where}: {error}"
+        log.warning(
+            "database_unavailable",
+            database=where,
+            error=error,
+            error_type=type(exc).__name__,
+            retry_in_s=round(delay, 3),
+            setting=DSN_SETTING,
+        )
+        await sleep_unless_stopped(stop, delay)
+
     async def health(self) -> tuple[bool, Health]:
         database = await self._database_health()
         broker = self.session is not None and self.session.connected
-        healthy = database.ok and broker
+        healthy = database.ok and broker and self.starting is None
         writer = self.writer
         body = Health(
             status="ok" if healthy else "unhealthy",
+            reason=UNSET if healthy else self._unhealthy_because(database),
             node_id=self.node_id,
             version=gateway_version(),
             database=database,
@@ -354,6 +492,14 @@ class Daemon:
         )
         return healthy, body
 
+    def _unhealthy_because(self, database: DatabaseHealth) -> str:
+        if self.starting is not None:
+            return self.starting
+        if not database.ok:
+            return f"database: {database.error}"
+        address = "{}:{}".format(*self.broker_address) if self.broker_address else "?"
+        return f"not connected to the broker at {address}"
+
     def _audit_failed(self, table: str, exc: asyncpg.PostgresError) -> None:
         self.metrics.audit_failures.inc()
         # The statement failed inside its change's transaction, which cannot commit now.
@@ -367,7 +513,7 @@ class Daemon:
     async def _database_health(self) -> DatabaseHealth:
         pool = self.pool
         if pool is None:
-            return DatabaseHealth(ok=False, error="not connected")
+            return DatabaseHealth(ok=False, error=self.starting or "not connected")
         try:
             async with asyncio.timeout(HEALTH_DB_TIMEOUT_S), pool.acquire() as conn:
                 await repo.ping(conn)

@@ -15,10 +15,12 @@ from gateway.api.app import build_app
 from gateway.api.auth import BearerAuth
 from gateway.api.health import BrokerHealth, DatabaseHealth, Health, IngestHealth
 from gateway.api.server import ApiServer
+from gateway.api.services import Services
 from gateway.api.stream import StreamHub
 from gateway.commands.service import CommandService
 from gateway.config import TokenConfig, parse_config
 from gateway.ingest import live_path
+from gateway.notify.service import NotifyService
 from gateway.support.metrics import Metrics
 from storage.pool import create_pool
 
@@ -57,9 +59,12 @@ async def serve_api(
     config = parse_config(config_text or '[node]\nid = "api-test"\n')
     hub = StreamHub(pool, dsn)
     app = build_app(
-        health_check=healthy, metrics=Metrics(), auth=auth, alarm_service=alarms,
-        command_service=commands, pool=pool,
-        replay_path=live_path.for_replay(config, Metrics()), stream_hub=hub,
+        health_check=healthy, metrics=Metrics(), auth=auth,
+        services=Services(
+            alarms=alarms, commands=commands, pool=pool,
+            replay_path=live_path.for_replay(config, Metrics()), stream_hub=hub,
+            notifications=NotifyService(pool),
+        ),
     )  # fmt: skip
     stop = asyncio.Event()
     hub_task = asyncio.create_task(hub.run(stop), name="stream-hub")

@@ -36,10 +36,8 @@ from schemathesis.specs.openapi.checks import (
 from gateway.alarms.service import AlarmService, create_alarm
 from gateway.api.app import build_app
 from gateway.api.auth import BearerAuth
-from gateway.api.stream import StreamHub
+from gateway.api.services import Services
 from gateway.commands.service import CommandService
-from gateway.config import parse_config
-from gateway.ingest import live_path
 from gateway.support.metrics import Metrics
 from storage.alarms import db_now
 from tests.support.api_client import ADMIN, OPERATOR, VIEWER
@@ -157,9 +155,9 @@ def _document() -> dict[str, Any]:
     test checks that the served one is the same)."""
     app = build_app(
         health_check=healthy, metrics=Metrics(), auth=BearerAuth([]),
-        alarm_service=AlarmService(None, "doc"), command_service=CommandService(None, "doc", 1.0),
-        pool=None, replay_path=live_path.for_replay(parse_config(""), Metrics()),
-        stream_hub=StreamHub(None, ""),
+        services=Services(
+            alarms=AlarmService(None, "doc"), commands=CommandService(None, "doc", 1.0)
+        ),
     )  # fmt: skip
     document: dict[str, Any] = msgspec.json.decode(
         msgspec.json.encode(app.openapi_schema.to_schema())

@@ -1,0 +1,64 @@
+"""Expected failures, said the way an operator acts on them: what is wrong, which setting to
+change (a :class:`StartupError`), and whether only a change of configuration can fix it."""
+
+from __future__ import annotations
+
+import errno
+import tempfile
+from pathlib import Path
+from typing import Final
+
+import asyncpg
+
+from gateway.domain.errors import StartupError
+from storage.pool import describe, user_of
+
+DSN_SETTING: Final = "[database] dsn (or GATEWAY_DATABASE_DSN)"
+# What a database answers when it will not accept this DSN however long we wait: an unknown
+# database, an unknown role, a wrong password, no pg_hba.conf entry, no CONNECT privilege.
+REFUSED_AT_CONNECT: Final = (
+    asyncpg.exceptions.InvalidCatalogNameError,
+    asyncpg.exceptions.InvalidAuthorizationSpecificationError,
+    asyncpg.exceptions.InsufficientPrivilegeError,
+)
+
+
+def refused(dsn: str, exc: Exception) -> StartupError:
+    """``dsn`` empty: the embedded PostgreSQL's."""
+    where = describe(dsn) if dsn else "the embedded PostgreSQL"
+    if isinstance(exc, asyncpg.exceptions.InvalidCatalogNameError):
+        what = f"the database server at {where.rsplit('/', 1)[0]} has no such database ({exc})"
+    elif isinstance(exc, asyncpg.exceptions.InvalidPasswordError):
+        what = f"the database at {where} refused the password of role {user_of(dsn)!r} ({exc})"
+    else:
+        what = f"the database at {where} refused role {user_of(dsn) or '(default)'!r} ({exc})"
+    return StartupError(what, setting=DSN_SETTING, configuration=True)
+
+
+def http_error(host: str, port: int, exc: OSError) -> StartupError:
+    if exc.errno == errno.EADDRINUSE:
+        return StartupError(
+            f"port {port} on {host} is already in use (another gateway, or another server)",
+            setting="[http] port (0: any free port), or [http] enabled = false",
+        )
+    if exc.errno == errno.EACCES:
+        return StartupError(
+            f"no permission to listen on {host}:{port} (ports below 1024 need privileges)",
+            setting="[http] port",
+        )
+    return StartupError(
+        f"cannot listen on {host}:{port}: {exc.strerror or exc}", setting="[http] host"
+    )
+
+
+def check_writable(state_dir: Path) -> None:
+    """The state directory (the embedded PostgreSQL's data and lock) exists and is writable."""
+    try:
+        state_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=state_dir):
+            pass
+    except OSError as exc:
+        raise StartupError(
+            f"the state directory {state_dir} is not writable: {exc.strerror or exc}",
+            setting="[node] state_dir (or give this user write access to it)",
+        ) from None
