@@ -29,6 +29,7 @@ from gateway.commands.service import CommandService
 from gateway.config import Config
 from gateway.ingest import live_path
 from gateway.ingest.writer import IngestWriter
+from gateway.maintenance.runner import Maintenance
 from gateway.mqtt.session import MqttSession
 from gateway.mqtt.v311_client import ConnectionSettings
 from gateway.outbox.publisher import OutboxPublisher
@@ -55,7 +56,7 @@ class Components:
     alarm_service: AlarmService
     command_service: CommandService
     # Besides the session and the writer: the outbox, timers, dispatcher, reaper, rule-state
-    # janitor, and the AI workers and inactivity monitor where configured.
+    # janitor, retention maintenance, and the AI workers and inactivity monitor where configured.
     loops: tuple[Loop, ...]
 
     def reload(self, config: Config) -> None:
@@ -113,6 +114,7 @@ async def build(
         ("command-dispatcher", dispatcher.run),
         ("command-reaper", reaper.run),
         ("rule-state-janitor", lambda stop: engine.forget_loop(node.pool, stop)),
+        ("maintenance", Maintenance.from_config(node, config.retention).run),
     ]
     if config.ai.enabled:
         summaries = await _summaries(config, node, stack)

@@ -1,4 +1,4 @@
--- Retention (behaviour: bounded disk). Telemetry becomes a table partitioned by day (RANGE on
+-- Retention (bounded disk). Telemetry becomes a table partitioned by day (RANGE on
 -- ts, UTC days), so that a day older than [retention] telemetry_days goes with one DROP TABLE
 -- instead of a DELETE of millions of rows. The other tables are pruned in bounded batches by
 -- the maintenance loop (gateway/maintenance); this migration only gives those batches the
