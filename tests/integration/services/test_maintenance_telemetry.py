@@ -237,4 +237,4 @@ async def test_the_pass_samples_table_sizes_and_the_oldest_day(
     )
     text = metrics.render()[0].decode()
     assert 'gateway_table_bytes{table="dead_letter"}' in text
-    assert "gateway_telemetry_oldest_day_timestamp_seconds 1.0465344e+09" in text
+    assert "gateway_telemetry_oldest_day_timestamp_seconds 1.0466496e+09" in text
