@@ -28,7 +28,7 @@ def sample(device: str, ts: datetime, seq: int) -> TelemetryRow:
         device_id=device,
         ts=message.timestamp(),
         seq=seq,
-        metrics_json='{"temp": %s}' % (20.5 + seq),  # noqa: UP031 - JSON braces
+        metrics_json=f'{{"temp": {20.5 + seq}}}',
         events_json=None,
     )
 
