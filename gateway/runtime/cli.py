@@ -64,6 +64,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     database.add_argument("--config", type=Path, help="its [node] state_dir is used")
 
+    maintenance = commands.add_parser("maintenance", help="retention: run a maintenance pass")
+    maintenance.add_argument("action", choices=["run-once"])
+    maintenance.add_argument("--config", type=Path, help="its [retention] settings are used")
+
     units = commands.add_parser("install-systemd", help="install the systemd unit files")
     units.add_argument("--target", type=Path, default=Path("/etc/systemd/system"))
     units.add_argument("--executable", help="the gateway command the units run (default: this one)")
@@ -88,6 +92,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "migrate": _migrate,
         "embedded-db": _embedded_db,
         "dead-letters": _dead_letters,
+        "maintenance": _maintenance,
     }
     try:
         return _run_async(handlers[args.command](config, args))
@@ -216,6 +221,25 @@ async def _migrate(config: Config, _args: argparse.Namespace) -> int:
         except StorageError as exc:
             raise StartupError(str(exc)) from exc
     print(f"applied migrations: {applied}" if applied else "database schema is up to date")
+    return EXIT_OK
+
+
+async def _maintenance(config: Config, _args: argparse.Namespace) -> int:
+    """One retention pass now (unless a node is running one), and what it did."""
+    from gateway.maintenance.runner import Maintenance
+    from gateway.support.metrics import Metrics
+
+    async with _database(config) as pool:
+        report = await Maintenance(
+            pool=pool, retention=config.retention, metrics=Metrics()
+        ).run_once()
+    if not report.ran:
+        print("another node is running a maintenance pass; nothing done")
+        return EXIT_OK
+    print(f"partitions created: {', '.join(d.isoformat() for d in report.created) or 'none'}")
+    print(f"partitions dropped: {', '.join(d.isoformat() for d in report.dropped) or 'none'}")
+    for table, n in report.deleted.items():
+        print(f"{table}: {n} pruned")
     return EXIT_OK
 
 

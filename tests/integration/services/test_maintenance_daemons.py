@@ -17,7 +17,7 @@ from tests.support.mosquitto import Mosquitto
 from tests.support.waiting import wait_until
 
 TOPICS = Topics("iot")
-RETENTION = "[retention]\npartitions_ahead_days = 20\n"
+RETENTION = "telemetry_days = 0\npartitions_ahead_days = 20"
 
 
 async def test_two_daemons_store_each_event_once_in_every_kind_of_partition(
@@ -35,7 +35,7 @@ async def test_two_daemons_store_each_event_once_in_every_kind_of_partition(
     ]
     ids = {telemetry_event_id(f"dev-{n % 3}", m) for n, m in enumerate(messages)}
     configs = [
-        make_config(dsn=db_dsn, mqtt_port=mosquitto.port, node_id=f"node-{n}", extra=RETENTION)
+        make_config(dsn=db_dsn, mqtt_port=mosquitto.port, node_id=f"node-{n}", retention=RETENTION)
         for n in (1, 2)
     ]
     async with running_daemon(configs[0]) as one, running_daemon(configs[1]) as two:
