@@ -16,6 +16,7 @@ from gateway.support.metrics import Metrics
 from protocol import Telemetry, telemetry_event_id
 from storage.ingest import TelemetryRow, insert_telemetry
 from storage.pool import create_pool
+from tests.support.waiting import wait_until
 
 NOW = datetime.now(UTC)
 TODAY = utc_day(NOW)
@@ -238,3 +239,50 @@ async def test_the_pass_samples_table_sizes_and_the_oldest_day(
     text = metrics.render()[0].decode()
     assert 'gateway_table_bytes{table="dead_letter"}' in text
     assert "gateway_telemetry_oldest_day_timestamp_seconds 1.0466496e+09" in text
+
+
+async def test_a_partition_made_while_its_event_is_being_stored_keeps_it_once(
+    pool: asyncpg.Pool, second_pool: asyncpg.Pool, db_dsn: str, db: asyncpg.Connection
+) -> None:
+    """Forced interleaving: node 1 has stored an event of a future day (default partition) and
+    not committed; the pass that makes that day's partition waits for it; node 2's copy of the
+    same event waits behind the pass. Node 1 commits, the pass moves the row, node 2's copy is
+    then routed to the new partition and refused there."""
+    day = TODAY + timedelta(days=40)
+    event = sample("dev-1", at(day), 1)
+    first = await asyncpg.connect(db_dsn)
+    try:
+        writing = first.transaction()
+        await writing.start()
+        assert len(await insert_telemetry(first, [event], "n1")) == 1
+
+        clock = Clock(at(day - timedelta(days=2)))
+        maintenance = asyncio.create_task(runner(pool, clock, partitions_ahead_days=3).run_once())
+        await wait_for_lock_waiters(db, 1)
+
+        async def second_copy() -> int:
+            async with second_pool.acquire() as conn:
+                return await store(conn, [event], "n2")
+
+        copy = asyncio.create_task(second_copy())
+        await wait_for_lock_waiters(db, 2)
+        await writing.commit()
+
+        report = await maintenance
+        assert day in report.created
+        assert await copy == 0
+    finally:
+        await first.close()
+    assert await where_stored(db, event.event_id) == [f"telemetry_p{day:%Y%m%d}"]
+
+
+async def wait_for_lock_waiters(db: asyncpg.Connection, n: int) -> None:
+    """Until ``n`` sessions wait for a lock on the telemetry table."""
+
+    async def waiting() -> bool:
+        count = await db.fetchval(
+            "SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = 'telemetry'::regclass"
+        )
+        return bool(count >= n)
+
+    await wait_until(waiting, timeout=20, message=f"{n} sessions wait on telemetry")
