@@ -55,16 +55,22 @@ async def day_partitions(conn: asyncpg.Connection) -> list[date]:
     return [row["day"] for row in await conn.fetch(DAY_PARTITIONS)]
 
 
-async def add_day_partition(conn: asyncpg.Connection, day: date) -> bool:
-    """Create the partition of ``day`` (moving its rows out of the default partition)."""
+async def add_day_partition(
+    conn: asyncpg.Connection, day: date, *, lock_timeout: str = PARTITION_LOCK_TIMEOUT
+) -> bool:
+    """Create the partition of ``day`` (moving its rows out of the default partition).
+    Raises ``asyncpg.LockNotAvailableError`` after waiting ``lock_timeout`` for its locks."""
     async with conn.transaction():
-        await conn.fetchval(LOCK_TIMEOUT, PARTITION_LOCK_TIMEOUT)
+        await conn.fetchval(LOCK_TIMEOUT, lock_timeout)
         return bool(await conn.fetchval(ADD_DAY_PARTITION, day))
 
 
-async def drop_day_partition(conn: asyncpg.Connection, day: date) -> bool:
+async def drop_day_partition(
+    conn: asyncpg.Connection, day: date, *, lock_timeout: str = PARTITION_LOCK_TIMEOUT
+) -> bool:
+    """Drop the partition of ``day``; as :func:`add_day_partition` for the lock."""
     async with conn.transaction():
-        await conn.fetchval(LOCK_TIMEOUT, PARTITION_LOCK_TIMEOUT)
+        await conn.fetchval(LOCK_TIMEOUT, lock_timeout)
         return bool(await conn.fetchval(DROP_DAY_PARTITION, day))
 
 

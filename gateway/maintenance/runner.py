@@ -103,6 +103,7 @@ class Maintenance:
         chunk_rows: int = CHUNK_ROWS,
         default_partition_pages: int = DEFAULT_PARTITION_PAGES,
         on_locked: Callable[[], Awaitable[None]] | None = None,
+        partition_lock_timeout: str = repo.PARTITION_LOCK_TIMEOUT,
     ) -> None:
         self.pool = pool
         self.retention = retention
@@ -110,6 +111,7 @@ class Maintenance:
         self.clock = clock
         self.chunk_rows = chunk_rows
         self.default_partition_pages = default_partition_pages
+        self.partition_lock_timeout = partition_lock_timeout
         # Tests only: awaited once the lock is held, to hold a pass there while another runs.
         self.on_locked = on_locked
 
@@ -146,12 +148,14 @@ class Maintenance:
         r = self.retention
         report = PassReport(ran=True)
         for day in days_ahead(now, r.partitions_ahead_days):
-            if await repo.add_day_partition(conn, day):
+            if await self._partition(repo.add_day_partition, conn, day):
                 report.created.append(day)
         if r.telemetry_days:
             cutoff = telemetry_cutoff(now, r.telemetry_days)
             for day in await repo.day_partitions(conn):
-                if day_start(day) < cutoff and await repo.drop_day_partition(conn, day):
+                if day_start(day) < cutoff and await self._partition(
+                    repo.drop_day_partition, conn, day
+                ):
                     report.dropped.append(day)
             report.deleted["telemetry_default"] = await repo.prune_default_partition(
                 conn, cutoff, pages=self.default_partition_pages
@@ -183,6 +187,25 @@ class Maintenance:
         self.metrics.retention_partitions_dropped.inc(len(report.dropped))
         self.metrics.maintenance_last_pass.set(now.timestamp())
         return report
+
+    async def _partition(
+        self,
+        change: Callable[..., Awaitable[bool]],
+        conn: asyncpg.Connection,
+        day: date,
+    ) -> bool:
+        """Make or drop a day partition; a lock not granted in time (a long query on
+        telemetry) skips it until the next pass, and the rest of this pass goes on."""
+        try:
+            return await change(conn, day, lock_timeout=self.partition_lock_timeout)
+        except asyncpg.LockNotAvailableError:
+            log.warning(
+                "maintenance_partition_deferred",
+                day=day.isoformat(),
+                action=change.__name__,
+                reason=f"its lock was not granted within {self.partition_lock_timeout}",
+            )
+            return False
 
     async def _measure(self, conn: asyncpg.Connection) -> None:
         for size in await repo.table_sizes(conn, MEASURED_TABLES):

@@ -286,3 +286,42 @@ async def wait_for_lock_waiters(db: asyncpg.Connection, n: int) -> None:
         return bool(count >= n)
 
     await wait_until(waiting, timeout=20, message=f"{n} sessions wait on telemetry")
+
+
+async def test_a_long_reader_defers_partition_changes_and_the_rest_of_the_pass_goes_on(
+    pool: asyncpg.Pool, db_dsn: str, db: asyncpg.Connection
+) -> None:
+    old_day = TODAY - timedelta(days=40)
+    new_day = TODAY + timedelta(days=60)
+    await db.execute("SELECT telemetry_add_day_partition($1::date)", old_day)
+    await db.execute(
+        "INSERT INTO dead_letter (topic, payload, payload_size, payload_sha256, reason, detail, "
+        "node_id, received_at, last_seen_at) VALUES ('t', 'x', 1, encode(sha256('x'), 'hex'), "
+        "'INVALID', 'bad', 'n1', now() - interval '40 days', now() - interval '40 days')"
+    )
+    clock = Clock(at(new_day - timedelta(days=1)))
+
+    def maintenance() -> Maintenance:
+        return Maintenance(
+            pool=pool,
+            retention=RetentionConfig(telemetry_days=30, partitions_ahead_days=1),
+            metrics=Metrics(),
+            clock=clock,
+            partition_lock_timeout="200ms",
+        )
+
+    reader = await asyncpg.connect(db_dsn)
+    try:
+        reading = reader.transaction()
+        await reading.start()
+        await reader.fetchval("SELECT count(*) FROM telemetry")  # holds its locks until the end
+        report = await maintenance().run_once()
+        assert report.created == []  # both days of the window deferred ...
+        assert report.dropped == []
+        assert report.deleted["dead_letter"] == 1  # ... and the rest done
+        await reading.rollback()
+    finally:
+        await reader.close()
+    report = await maintenance().run_once()
+    assert report.created == [new_day - timedelta(days=1), new_day]
+    assert old_day in report.dropped
