@@ -79,6 +79,9 @@ class GatewayProcesses:
                 f'[database]\ndsn = "{dsn}"\n'
                 f"[http]\nport = {http_port}\n"
                 '[log]\nformat = "json"\nlevel = "warning"\n'
+                # The bench's samples are dated from 2026-01-01 (reproducible): kept whatever
+                # today is, not pruned by a maintenance pass mid-measurement.
+                "[retention]\ntelemetry_days = 0\n"
                 f"{extra}"
             )
             self.configs.append(path)

@@ -3,4 +3,4 @@
 -- $3 ts, $4 seq, $5 metrics json, $6 node id.
 INSERT INTO telemetry (event_id, device_id, ts, seq, metrics, node_id)
 VALUES ($1, $2, $3, $4, $5::jsonb, $6)
-ON CONFLICT (event_id) DO NOTHING;
+ON CONFLICT (event_id, ts) DO NOTHING;

@@ -5,4 +5,4 @@ INSERT INTO telemetry (event_id, device_id, ts, seq, metrics, node_id)
 SELECT e, d, t, s, m::jsonb, 'reference'
 FROM unnest($1::text[], $2::text[], $3::timestamptz[], $4::bigint[], $5::text[])
      AS u(e, d, t, s, m)
-ON CONFLICT (event_id) DO NOTHING;
+ON CONFLICT (event_id, ts) DO NOTHING;

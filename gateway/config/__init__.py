@@ -149,6 +149,26 @@ class AiConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     processing_timeout_s: PositiveFloat = 300.0
 
 
+# --- [retention] ----------------------------------------------------------------------------------
+# Days to keep each kind of row; 0 keeps it forever. Live rows are never pruned, whatever
+# their age (see gateway/maintenance and docs/operations.md#retention-and-disk).
+RetentionDays = Annotated[int, Meta(ge=0, le=36500)]
+
+
+class RetentionConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    telemetry_days: RetentionDays = 30
+    dead_letter_days: RetentionDays = 30
+    audit_days: RetentionDays = 365
+    receipts_days: RetentionDays = 90
+    outbox_days: RetentionDays = 7
+    ai_payload_days: RetentionDays = 30
+    partitions_ahead_days: Annotated[int, Meta(ge=1, le=366)] = 7
+    interval_s: Annotated[float, Meta(ge=10)] = 3600.0
+
+
+# --- end of [retention] ---------------------------------------------------------------------------
+
+
 class Config(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     node: NodeConfig = field(default_factory=NodeConfig)
     mqtt: MqttConfig = field(default_factory=MqttConfig)
@@ -162,6 +182,7 @@ class Config(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     commands: CommandsConfig = field(default_factory=CommandsConfig)
     ai: AiConfig = field(default_factory=AiConfig)
     notify: NotifyConfig = field(default_factory=NotifyConfig)
+    retention: RetentionConfig = field(default_factory=RetentionConfig)
 
     @property
     def node_id(self) -> str:

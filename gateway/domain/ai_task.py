@@ -13,6 +13,10 @@ CHECK constraints carry the names used here, so the domain and the table report 
 - ``ai_task_error_code_valid``, ``ai_task_error_message_not_blank``: FAILED says why.
 - ``ai_task_output_invalid_keeps_raw``: ``LLM_OUTPUT_INVALID`` keeps the response it refused.
 - ``ai_task_timestamps_timezone_aware``: domain only (a ``timestamptz`` is always aware).
+
+The outcomes here are what a worker writes. Long after, retention may clear a finished task's
+request payload and raw response (``payload_pruned_at``, ``ai_task_pruned_when_finished``);
+the table's checks allow that state, which no outcome built here ever is.
 """
 
 from __future__ import annotations

@@ -123,6 +123,12 @@ def _parser() -> argparse.ArgumentParser:
         help="the window, back from now: 90s, 30m, 1h, 2d (default: 1h)",
     )
 
+    maintenance = _subcommand(commands, "maintenance", "retention: run a maintenance pass")
+    maintenance.add_argument("action", choices=["run-once"])
+    maintenance.add_argument(
+        "--config", type=Path, help="the gateway's TOML file; its [retention] settings are used"
+    )
+
     units = _subcommand(commands, "install-systemd", "install the systemd unit files")
     units.add_argument(
         "--target",
@@ -219,6 +225,7 @@ def _command(config: Config, args: argparse.Namespace) -> int:  # noqa: PLR0911 
         "embedded-db": _embedded_db,
         "dead-letters": _dead_letters,
         "rules": _rules,
+        "maintenance": _maintenance,
     }
     try:
         if args.command == "run":
@@ -423,6 +430,25 @@ async def _migrate(config: Config, _args: argparse.Namespace) -> int:
         except StorageError as exc:
             raise StartupError(str(exc)) from exc
     print(f"applied migrations: {applied}" if applied else "database schema is up to date")
+    return EXIT_OK
+
+
+async def _maintenance(config: Config, _args: argparse.Namespace) -> int:
+    """One retention pass now (unless a node is running one), and what it did."""
+    from gateway.maintenance.runner import Maintenance
+    from gateway.support.metrics import Metrics
+
+    async with _database(config) as pool:
+        report = await Maintenance(
+            pool=pool, retention=config.retention, metrics=Metrics()
+        ).run_once()
+    if not report.ran:
+        print("another node is running a maintenance pass; nothing done")
+        return EXIT_OK
+    print(f"partitions created: {', '.join(d.isoformat() for d in report.created) or 'none'}")
+    print(f"partitions dropped: {', '.join(d.isoformat() for d in report.dropped) or 'none'}")
+    for table, n in report.deleted.items():
+        print(f"{table}: {n} pruned")
     return EXIT_OK
 
 

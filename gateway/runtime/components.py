@@ -31,6 +31,7 @@ from gateway.config import Config
 from gateway.domain.quiet_hours import QuietHours
 from gateway.ingest import live_path
 from gateway.ingest.writer import IngestWriter
+from gateway.maintenance.runner import Maintenance
 from gateway.mqtt.session import MqttSession
 from gateway.mqtt.v311_client import ConnectionSettings
 from gateway.notify.consumer import NotifyConsumer
@@ -62,7 +63,8 @@ class Components:
     notify_consumer: NotifyConsumer
     notify_worker: DeliveryWorker
     # Besides the session and the writer: the outbox, timers, dispatcher, reaper, rule-state
-    # janitor, and the AI workers, inactivity monitor and rule watch where configured.
+    # janitor, retention maintenance, and the AI workers, inactivity monitor and rule watch
+    # where configured.
     loops: tuple[Loop, ...]
 
     def reload(self, config: Config) -> None:
@@ -130,6 +132,7 @@ async def build(
         ("command-dispatcher", dispatcher.run),
         ("command-reaper", reaper.run),
         ("rule-state-janitor", lambda stop: engine.forget_loop(node.pool, stop)),
+        ("maintenance", Maintenance.from_config(node, config.retention).run),
     ]
     if config.ai.enabled:
         summaries = await _summaries(config, node, stack)

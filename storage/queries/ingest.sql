@@ -6,7 +6,7 @@ SELECT e, d, t, s, m::jsonb, ev::jsonb, $7
 FROM unnest($1::text[], $2::text[], $3::timestamptz[], $4::bigint[], $5::text[], $6::text[])
      AS u(e, d, t, s, m, ev)
 ORDER BY e
-ON CONFLICT (event_id) DO NOTHING
+ON CONFLICT (event_id, ts) DO NOTHING
 RETURNING event_id;
 
 -- name: upsert_devices

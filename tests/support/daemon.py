@@ -31,6 +31,9 @@ def config_toml(
     mqtt_extra: str = "",
     ingest_extra: str = "",
     log_level: str = "warning",
+    # The tests' samples carry fixed 2026-01-01 timestamps (reproducible event ids): a daemon
+    # keeping 30 days would prune them at its first maintenance pass, mid-test.
+    retention: str = "telemetry_days = 0",
 ) -> str:
     return f"""
 [node]
@@ -59,6 +62,9 @@ port = {http_port}
 [log]
 format = "json"
 level = "{log_level}"
+
+[retention]
+{retention}
 {extra}
 """
 

@@ -125,6 +125,8 @@ async def test_zero_setup_default_ingests_on_embedded_broker_and_database(
     config.write_text(
         f'[node]\nstate_dir = "{state_dir}"\n'
         f"[mqtt]\nport = {mqtt_port}\n[http]\nport = {http_port}\n"
+        # The sample below is dated 2026-01-01: kept, whatever today is.
+        "[retention]\ntelemetry_days = 0\n"
     )
     process = DaemonProcess(config, tmp_path / "daemon.log")
     try:

@@ -56,6 +56,7 @@ COLUMNS = (
     "claimed_by",
     "started_at",
     "finished_at",
+    "payload_pruned_at",
 )
 INSERT = f"""
 INSERT INTO ai_task ({", ".join(COLUMNS)})
@@ -82,6 +83,7 @@ PENDING: dict[str, Any] = {
     "claimed_by": None,
     "started_at": None,
     "finished_at": None,
+    "payload_pruned_at": None,
 }
 CLAIM: dict[str, Any] = {
     "claim_token": uuid.UUID(int=7),
@@ -142,6 +144,20 @@ VALID: dict[str, dict[str, Any]] = {
         "claim_token": None,
         "claimed_by": None,
         "started_at": None,
+    },
+    # Past [retention] ai_payload_days: the payloads cleared, the rest kept.
+    "succeeded_pruned": {
+        **SUCCEEDED,
+        "request_payload": None,
+        "raw_response": None,
+        "payload_pruned_at": FINISHED,
+    },
+    "failed_output_invalid_pruned": {
+        **FAILED,
+        "error_code": ErrorCode.LLM_OUTPUT_INVALID,
+        "request_payload": None,
+        "raw_response": None,
+        "payload_pruned_at": FINISHED,
     },
 }
 
@@ -258,6 +274,11 @@ BROKEN: list[tuple[str, str, dict[str, Any]]] = [
     ("ai_task_failed_has_no_result", "failed", {"summary": "s"}),
     ("ai_task_failed_has_no_result", "failed", {"risk_level": "LOW"}),
     ("ai_task_failed_has_no_result", "failed", {"confidence": 0.1}),
+    ("ai_task_pruned_when_finished", "pending", {"payload_pruned_at": FINISHED}),
+    ("ai_task_pruned_when_finished", "succeeded_pruned", {"request_payload": PAYLOAD}),
+    ("ai_task_pruned_when_finished", "succeeded_pruned", {"raw_response": RAW}),
+    ("ai_task_pruned_when_finished", "failed_output_invalid_pruned", {"raw_response": "x"}),
+    ("ai_task_succeeded_has_result", "succeeded_pruned", {"summary": None}),
 ]
 
 
@@ -358,6 +379,7 @@ async def test_indexes(db: asyncpg.Connection) -> None:
         "ai_task_alarm_attempt_unique": "(alarm_id, attempt)",
         "ai_task_due_idx": "(status, next_attempt_at, id)",
         "ai_task_started_idx": "(status, started_at)",
+        "ai_task_payload_kept_idx": "(id) WHERE (payload_pruned_at IS NULL)",
     }
 
 

@@ -1,0 +1,218 @@
+"""The maintenance pass, on one node at a time.
+
+Every node runs the loop; a pass first takes a session advisory lock on a connection it keeps
+for the whole pass (``pg_try_advisory_lock``): the node that gets it does the work, the others
+skip that round. A node that dies mid-pass loses its session and with it the lock, and a later
+pass anywhere picks up where it stopped: every step is idempotent and each batch is its own
+short transaction (no huge DELETE holding locks and filling the WAL).
+
+A pass, with ``now`` from the injected clock:
+
+1. creates the telemetry partitions of today and the ``partitions_ahead_days`` days after it
+   (rows of those days waiting in the default partition move into them);
+2. drops the day partitions whose whole day is older than ``telemetry_days`` and deletes the
+   default partition's rows older than that (a day is kept while any of it is in the window);
+3. prunes dead letters, audit rows, receipts, published outbox events (and consumer records)
+   and AI payloads older than their settings, never a live row;
+4. samples rows and bytes per table and the oldest telemetry day into the metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime, time, timedelta
+from typing import Final
+
+import asyncpg
+import structlog
+
+from gateway.config import RetentionConfig
+from gateway.support.loops import every
+from gateway.support.metrics import Metrics
+from gateway.support.node import Node
+from storage import maintenance as repo
+
+log = structlog.get_logger(__name__)
+
+# The tables whose size the metrics report (telemetry summed over its partitions).
+MEASURED_TABLES: Final = (
+    "ai_task",
+    "alarm",
+    "alarm_audit",
+    "command",
+    "command_audit",
+    "command_receipt",
+    "consumed_event",
+    "dead_letter",
+    "device",
+    "outbox_event",
+    "rule_state",
+    "telemetry",
+)
+# Rows looked at per statement (walked tables) and default-partition pages per statement:
+# each batch is a short transaction whatever the backlog.
+CHUNK_ROWS: Final = 5000
+DEFAULT_PARTITION_PAGES: Final = 256
+
+Clock = Callable[[], datetime]
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+def utc_day(moment: datetime) -> date:
+    return moment.astimezone(UTC).date()
+
+
+def day_start(day: date) -> datetime:
+    return datetime.combine(day, time(), tzinfo=UTC)
+
+
+def telemetry_cutoff(now: datetime, days: int) -> datetime:
+    """The start of the oldest UTC day kept: a day goes once all of it is ``days`` old."""
+    return day_start(utc_day(now - timedelta(days=days)))
+
+
+def days_ahead(now: datetime, ahead: int) -> list[date]:
+    """Today and the ``ahead`` days after it (UTC)."""
+    today = utc_day(now)
+    return [today + timedelta(days=n) for n in range(ahead + 1)]
+
+
+@dataclass(slots=True)
+class PassReport:
+    """What one pass did; ``ran`` is false when another node held the lock."""
+
+    ran: bool
+    created: list[date] = field(default_factory=list)
+    dropped: list[date] = field(default_factory=list)
+    deleted: dict[str, int] = field(default_factory=dict)
+
+
+class Maintenance:
+    def __init__(
+        self,
+        *,
+        pool: asyncpg.Pool,
+        retention: RetentionConfig,
+        metrics: Metrics,
+        clock: Clock = utc_now,
+        chunk_rows: int = CHUNK_ROWS,
+        default_partition_pages: int = DEFAULT_PARTITION_PAGES,
+        on_locked: Callable[[], Awaitable[None]] | None = None,
+        partition_lock_timeout: str = repo.PARTITION_LOCK_TIMEOUT,
+    ) -> None:
+        self.pool = pool
+        self.retention = retention
+        self.metrics = metrics
+        self.clock = clock
+        self.chunk_rows = chunk_rows
+        self.default_partition_pages = default_partition_pages
+        self.partition_lock_timeout = partition_lock_timeout
+        # Tests only: awaited once the lock is held, to hold a pass there while another runs.
+        self.on_locked = on_locked
+
+    @classmethod
+    def from_config(cls, node: Node, retention: RetentionConfig) -> Maintenance:
+        return cls(pool=node.pool, retention=retention, metrics=node.metrics)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        await every(self.retention.interval_s, stop, self.run_once, name="maintenance")
+
+    async def run_once(self) -> PassReport:
+        """One pass, if no other node is running one."""
+        async with self.pool.acquire() as conn:
+            if not await repo.try_lock(conn):
+                log.debug("maintenance_skipped", reason="another node holds the lock")
+                return PassReport(ran=False)
+            try:
+                if self.on_locked is not None:
+                    await self.on_locked()
+                report = await self._pass(conn, self.clock())
+            finally:
+                if not conn.is_closed():
+                    await repo.unlock(conn)
+        if report.created or report.dropped or any(report.deleted.values()):
+            log.info(
+                "maintenance_done",
+                partitions_created=[d.isoformat() for d in report.created],
+                partitions_dropped=[d.isoformat() for d in report.dropped],
+                deleted=report.deleted,
+            )
+        return report
+
+    async def _pass(self, conn: asyncpg.Connection, now: datetime) -> PassReport:
+        r = self.retention
+        report = PassReport(ran=True)
+        for day in days_ahead(now, r.partitions_ahead_days):
+            if await self._partition(repo.add_day_partition, conn, day):
+                report.created.append(day)
+        if r.telemetry_days:
+            cutoff = telemetry_cutoff(now, r.telemetry_days)
+            for day in await repo.day_partitions(conn):
+                if day_start(day) < cutoff and await self._partition(
+                    repo.drop_day_partition, conn, day
+                ):
+                    report.dropped.append(day)
+            report.deleted["telemetry_default"] = await repo.prune_default_partition(
+                conn, cutoff, pages=self.default_partition_pages
+            )
+        walked = {
+            "dead_letter": r.dead_letter_days,
+            "alarm_audit": r.audit_days,
+            "command_audit": r.audit_days,
+            "command_receipt": r.receipts_days,
+            "outbox_event": r.outbox_days,
+        }
+        for table, days in walked.items():
+            if days:
+                report.deleted[table] = await repo.prune_walked(
+                    conn, table, now - timedelta(days=days), chunk=self.chunk_rows
+                )
+        if r.outbox_days:
+            report.deleted["consumed_event"] = await repo.prune_consumed(
+                conn, now - timedelta(days=r.outbox_days), chunk=self.chunk_rows
+            )
+        if r.ai_payload_days:
+            report.deleted["ai_task_payloads"] = await repo.prune_ai_payloads(
+                conn, now - timedelta(days=r.ai_payload_days), now, chunk=self.chunk_rows
+            )
+        await self._measure(conn)
+        for table, n in report.deleted.items():
+            if n:
+                self.metrics.retention_deleted.labels(table).inc(n)
+        self.metrics.retention_partitions_dropped.inc(len(report.dropped))
+        self.metrics.maintenance_last_pass.set(now.timestamp())
+        return report
+
+    async def _partition(
+        self,
+        change: Callable[..., Awaitable[bool]],
+        conn: asyncpg.Connection,
+        day: date,
+    ) -> bool:
+        """Make or drop a day partition; a lock not granted in time (a long query on
+        telemetry) skips it until the next pass, and the rest of this pass goes on."""
+        try:
+            return await change(conn, day, lock_timeout=self.partition_lock_timeout)
+        except asyncpg.LockNotAvailableError:
+            log.warning(
+                "maintenance_partition_deferred",
+                day=day.isoformat(),
+                action=change.__name__,
+                reason=f"its lock was not granted within {self.partition_lock_timeout}",
+            )
+            return False
+
+    async def _measure(self, conn: asyncpg.Connection) -> None:
+        for size in await repo.table_sizes(conn, MEASURED_TABLES):
+            self.metrics.table_rows.labels(size.name).set(size.estimated_rows)
+            self.metrics.table_bytes.labels(size.name).set(size.bytes)
+        oldest = await repo.oldest_telemetry_day(conn)
+        # No telemetry at all: NaN, "no value", rather than a day that never was.
+        self.metrics.telemetry_oldest_day.set(
+            day_start(oldest).timestamp() if oldest is not None else float("nan")
+        )

@@ -1,0 +1,144 @@
+"""Retention: telemetry day partitions made and dropped, and the other tables pruned in bounded
+batches. Each call is its own short transaction; the caller holds the maintenance lock."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import date, datetime
+from typing import Final
+
+import asyncpg
+
+from storage.sql import load_queries
+
+# Any constant works as long as every node uses the same one: "gw-maint" in ASCII.
+MAINTENANCE_LOCK_KEY: Final = 0x67772D6D61696E74
+# How long a partition change may wait for its lock: past this it gives up (and is tried again
+# at the next pass) rather than queue every ingest transaction behind a long reader.
+PARTITION_LOCK_TIMEOUT: Final = "5s"
+
+_Q = load_queries("maintenance.sql")
+TRY_LOCK = _Q["try_lock"]
+UNLOCK = _Q["unlock"]
+LOCK_TIMEOUT = _Q["lock_timeout"]
+DAY_PARTITIONS = _Q["day_partitions"]
+ADD_DAY_PARTITION = _Q["add_day_partition"]
+DROP_DAY_PARTITION = _Q["drop_day_partition"]
+DEFAULT_PARTITION_PAGES = _Q["default_partition_pages"]
+PRUNE_DEFAULT_PARTITION = _Q["prune_default_partition"]
+PRUNE_CONSUMED = _Q["prune_consumed"]
+PRUNE_AI_PAYLOADS = _Q["prune_ai_payloads"]
+TABLE_SIZES = _Q["table_sizes"]
+OLDEST_TELEMETRY_DAY = _Q["oldest_telemetry_day"]
+
+# The tables pruned by walking their ids: name -> statement (see maintenance.sql).
+WALKED: Final = {
+    "dead_letter": _Q["prune_dead_letters"],
+    "alarm_audit": _Q["prune_alarm_audit"],
+    "command_audit": _Q["prune_command_audit"],
+    "command_receipt": _Q["prune_receipts"],
+    "outbox_event": _Q["prune_outbox"],
+}
+
+
+async def try_lock(conn: asyncpg.Connection) -> bool:
+    """Take the maintenance lock for this session, unless another session holds it."""
+    return bool(await conn.fetchval(TRY_LOCK, MAINTENANCE_LOCK_KEY))
+
+
+async def unlock(conn: asyncpg.Connection) -> None:
+    await conn.fetchval(UNLOCK, MAINTENANCE_LOCK_KEY)
+
+
+async def day_partitions(conn: asyncpg.Connection) -> list[date]:
+    return [row["day"] for row in await conn.fetch(DAY_PARTITIONS)]
+
+
+async def add_day_partition(
+    conn: asyncpg.Connection, day: date, *, lock_timeout: str = PARTITION_LOCK_TIMEOUT
+) -> bool:
+    """Create the partition of ``day`` (moving its rows out of the default partition).
+    Raises ``asyncpg.LockNotAvailableError`` after waiting ``lock_timeout`` for its locks."""
+    async with conn.transaction():
+        await conn.fetchval(LOCK_TIMEOUT, lock_timeout)
+        return bool(await conn.fetchval(ADD_DAY_PARTITION, day))
+
+
+async def drop_day_partition(
+    conn: asyncpg.Connection, day: date, *, lock_timeout: str = PARTITION_LOCK_TIMEOUT
+) -> bool:
+    """Drop the partition of ``day``; as :func:`add_day_partition` for the lock."""
+    async with conn.transaction():
+        await conn.fetchval(LOCK_TIMEOUT, lock_timeout)
+        return bool(await conn.fetchval(DROP_DAY_PARTITION, day))
+
+
+async def prune_default_partition(conn: asyncpg.Connection, before: datetime, *, pages: int) -> int:
+    """Delete the default partition's rows older than ``before``, ``pages`` pages per
+    statement; return how many went."""
+    total_pages = int(await conn.fetchval(DEFAULT_PARTITION_PAGES))
+    deleted = 0
+    for first in range(0, total_pages, pages):
+        status = await conn.execute(PRUNE_DEFAULT_PARTITION, first, first + pages, before)
+        deleted += _count(status)
+    return deleted
+
+
+async def prune_walked(
+    conn: asyncpg.Connection, table: str, before: datetime, *, chunk: int
+) -> int:
+    """Delete the rows of ``table`` (a key of ``WALKED``) past ``before`` that are not live,
+    ``chunk`` rows looked at per statement; return how many went."""
+    return await _walk(conn, WALKED[table], before, chunk)
+
+
+async def prune_ai_payloads(
+    conn: asyncpg.Connection, before: datetime, now: datetime, *, chunk: int
+) -> int:
+    """Clear the payloads of AI tasks finished before ``before``; return how many."""
+    return await _walk(conn, PRUNE_AI_PAYLOADS, before, chunk, now)
+
+
+async def prune_consumed(conn: asyncpg.Connection, before: datetime, *, chunk: int) -> int:
+    deleted = 0
+    while True:
+        done = int(await conn.fetchval(PRUNE_CONSUMED, before, chunk))
+        deleted += done
+        if done < chunk:
+            return deleted
+
+
+async def _walk(
+    conn: asyncpg.Connection, query: str, before: datetime, chunk: int, *extra: object
+) -> int:
+    after, done = 0, 0
+    while True:
+        row = await conn.fetchrow(query, after, before, chunk, *extra)
+        assert row is not None  # one row, always
+        done += int(row["done"])
+        if row["last_id"] is None or row["oldest"] >= before:
+            return done
+        after = int(row["last_id"])
+
+
+@dataclass(frozen=True, slots=True)
+class TableSize:
+    name: str
+    estimated_rows: float
+    bytes: float
+
+
+async def table_sizes(conn: asyncpg.Connection, tables: Sequence[str]) -> list[TableSize]:
+    rows = await conn.fetch(TABLE_SIZES, list(tables))
+    return [TableSize(r["name"], r["estimated_rows"], r["bytes"]) for r in rows]
+
+
+async def oldest_telemetry_day(conn: asyncpg.Connection) -> date | None:
+    day: date | None = await conn.fetchval(OLDEST_TELEMETRY_DAY)
+    return day
+
+
+def _count(status: str) -> int:
+    """The row count of a command status such as ``DELETE 12``."""
+    return int(status.rsplit(" ", 1)[-1])

@@ -1,0 +1,170 @@
+-- name: try_lock
+-- $1 advisory lock key; true when this session now holds it (one maintenance runner at a time).
+SELECT pg_try_advisory_lock($1);
+
+-- name: unlock
+-- $1 advisory lock key.
+SELECT pg_advisory_unlock($1);
+
+-- name: lock_timeout
+-- $1 lock timeout (e.g. '5s'), for the rest of the caller's transaction only.
+SELECT set_config('lock_timeout', $1, true);
+
+-- name: day_partitions
+-- no parameters; the UTC days that have a telemetry partition, oldest first.
+SELECT to_date(substr(c.relname, 12), 'YYYYMMDD') AS day
+FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+WHERE i.inhparent = 'telemetry'::regclass AND c.relname ~ '^telemetry_p[0-9]{8}$'
+ORDER BY 1;
+
+-- name: add_day_partition
+-- $1 UTC day; creates its partition (moving its rows out of the default one); false if it was
+-- there already.
+SELECT telemetry_add_day_partition($1::date);
+
+-- name: drop_day_partition
+-- $1 UTC day; drops its partition; false if there was none.
+SELECT telemetry_drop_day_partition($1::date);
+
+-- name: default_partition_pages
+-- no parameters; the default partition's size in pages (its rows live in pages 0..n-1).
+SELECT (pg_relation_size('telemetry_default') / current_setting('block_size')::bigint)::bigint;
+
+-- name: prune_default_partition
+-- $1 first page, $2 page after the last, $3 cut-off; deletes the default partition's rows
+-- older than the cut-off within those pages (a TID range scan: a bounded batch whatever the
+-- partition holds).
+DELETE FROM telemetry_default
+WHERE ctid >= format('(%s,0)', $1::bigint)::tid
+  AND ctid < format('(%s,0)', $2::bigint)::tid
+  AND ts < $3;
+
+-- The batches below walk a table by id, $3 rows at a time from after id $1, and act on the
+-- rows of the chunk that are past the cut-off $2 and not live. Each returns how many rows it
+-- deleted (or cleared), the last id of the chunk (null: the table ends) and the oldest
+-- creation time in the chunk: rows are created in id order, so once that time is past the
+-- cut-off, nothing further can be old enough and the walk stops.
+
+-- name: prune_dead_letters
+-- $1 after id, $2 cut-off, $3 chunk; letters last seen before the cut-off, replayed or not.
+WITH chunk AS (
+    SELECT id, received_at, last_seen_at FROM dead_letter WHERE id > $1 ORDER BY id LIMIT $3
+), gone AS (
+    DELETE FROM dead_letter
+    -- Checked again on the row itself: a letter seen again meanwhile stays.
+    WHERE id IN (SELECT id FROM chunk WHERE last_seen_at < $2) AND last_seen_at < $2
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM gone) AS done, (SELECT max(id) FROM chunk) AS last_id,
+       (SELECT min(received_at) FROM chunk) AS oldest;
+
+-- name: prune_alarm_audit
+-- $1 after id, $2 cut-off, $3 chunk; audit rows before the cut-off of alarms that ended
+-- (CLOSED, FALSE, SUPERSEDED) before it. An alarm still open keeps its whole trail.
+WITH chunk AS (
+    SELECT au.id, au.at, a.status,
+           coalesce(a.closed_at, a.false_at, a.superseded_at) AS ended_at
+    FROM alarm_audit au JOIN alarm a ON a.id = au.alarm_id
+    WHERE au.id > $1 ORDER BY au.id LIMIT $3
+), gone AS (
+    DELETE FROM alarm_audit
+    WHERE id IN (SELECT id FROM chunk
+                 WHERE at < $2 AND status IN ('CLOSED', 'FALSE', 'SUPERSEDED')
+                   AND ended_at < $2)
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM gone) AS done, (SELECT max(id) FROM chunk) AS last_id,
+       (SELECT min(at) FROM chunk) AS oldest;
+
+-- name: prune_command_audit
+-- $1 after id, $2 cut-off, $3 chunk; audit rows before the cut-off of commands that finished
+-- (ACKED, FAILED, TIMEOUT, CANCELLED) before it. A command still open keeps its whole trail.
+WITH chunk AS (
+    SELECT au.id, au.at, c.finished_at
+    FROM command_audit au JOIN command c ON c.id = au.command_id
+    WHERE au.id > $1 ORDER BY au.id LIMIT $3
+), gone AS (
+    DELETE FROM command_audit
+    WHERE id IN (SELECT id FROM chunk WHERE at < $2 AND finished_at < $2)
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM gone) AS done, (SELECT max(id) FROM chunk) AS last_id,
+       (SELECT min(at) FROM chunk) AS oldest;
+
+-- name: prune_receipts
+-- $1 after id, $2 cut-off, $3 chunk; receipts received before the cut-off that name no known
+-- command, or whose command finished before it. Receipts of an open command stay.
+WITH chunk AS (
+    SELECT r.id, r.received_at, r.command_id, c.finished_at
+    FROM command_receipt r LEFT JOIN command c ON c.id = r.command_id
+    WHERE r.id > $1 ORDER BY r.id LIMIT $3
+), gone AS (
+    DELETE FROM command_receipt
+    WHERE id IN (SELECT id FROM chunk
+                 WHERE received_at < $2 AND (command_id IS NULL OR finished_at < $2))
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM gone) AS done, (SELECT max(id) FROM chunk) AS last_id,
+       (SELECT min(received_at) FROM chunk) AS oldest;
+
+-- name: prune_outbox
+-- $1 after id, $2 cut-off, $3 chunk; events PUBLISHED before the cut-off. PENDING and
+-- PUBLISHING events stay, however old.
+WITH chunk AS (
+    SELECT id, created_at, status, published_at FROM outbox_event
+    WHERE id > $1 ORDER BY id LIMIT $3
+), gone AS (
+    DELETE FROM outbox_event
+    WHERE id IN (SELECT id FROM chunk WHERE status = 'PUBLISHED' AND published_at < $2)
+      AND status = 'PUBLISHED'
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM gone) AS done, (SELECT max(id) FROM chunk) AS last_id,
+       (SELECT min(created_at) FROM chunk) AS oldest;
+
+-- name: prune_consumed
+-- $1 cut-off, $2 batch; consumer records made before the cut-off (the events they name were
+-- published long before and are pruned with the outbox by then).
+WITH doomed AS (
+    SELECT consumer, event_id FROM consumed_event WHERE consumed_at < $1 LIMIT $2
+), gone AS (
+    DELETE FROM consumed_event c USING doomed d
+    WHERE c.consumer = d.consumer AND c.event_id = d.event_id
+    RETURNING 1
+)
+SELECT count(*) FROM gone;
+
+-- name: prune_ai_payloads
+-- $1 after id, $2 cut-off, $3 chunk, $4 now; clears request_payload and raw_response of tasks
+-- that finished (SUCCEEDED, FAILED) before the cut-off. Open tasks keep theirs; the task row,
+-- its summary and its error stay. Walks only the tasks whose payloads are still there.
+WITH chunk AS (
+    SELECT id, created_at, status, finished_at FROM ai_task
+    WHERE payload_pruned_at IS NULL AND id > $1 ORDER BY id LIMIT $3
+), cleared AS (
+    UPDATE ai_task
+    SET request_payload = NULL, raw_response = NULL, payload_pruned_at = $4
+    WHERE id IN (SELECT id FROM chunk
+                 WHERE status IN ('SUCCEEDED', 'FAILED') AND finished_at < $2)
+      AND status IN ('SUCCEEDED', 'FAILED')
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM cleared) AS done, (SELECT max(id) FROM chunk) AS last_id,
+       (SELECT min(created_at) FROM chunk) AS oldest;
+
+-- name: table_sizes
+-- $1 table names; per table: estimated rows (the planner's, summed over partitions) and bytes
+-- on disk with indexes and TOAST (summed over partitions).
+SELECT t.name,
+       (SELECT coalesce(sum(greatest(c.reltuples, 0)), 0)::float8
+        FROM pg_partition_tree(t.name::regclass) p JOIN pg_class c ON c.oid = p.relid
+        WHERE p.isleaf) AS estimated_rows,
+       (SELECT coalesce(sum(pg_total_relation_size(p.relid)), 0)::float8
+        FROM pg_partition_tree(t.name::regclass) p
+        WHERE p.isleaf) AS bytes
+FROM unnest($1::text[]) AS t(name)
+ORDER BY t.name;
+
+-- name: oldest_telemetry_day
+-- no parameters; the oldest UTC day holding telemetry, or null.
+SELECT telemetry_oldest_day();
