@@ -3,6 +3,7 @@ connection. Rows come back as ``asyncpg.Record``; the gateway maps them to its d
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 import asyncpg
@@ -16,6 +17,7 @@ BY_IDEMPOTENCY_KEY = _Q["by_idempotency_key"]
 GET = _Q["get"]
 LIST_FOR_DEVICE = _Q["list_for_device"]
 RECEIPTS_OF = _Q["receipts_of"]
+LOCK_ROLLOUTS = _Q["lock_rollouts"]
 CLAIM_DUE = _Q["claim_due"]
 MARK_SENT = _Q["mark_sent"]
 APPLY_RECEIPT = _Q["apply_receipt"]
@@ -83,9 +85,17 @@ async def claim_due(
     limit: int,
     max_in_flight: int,
     actor: str,
+    now: datetime | None = None,
 ) -> list[asyncpg.Record]:
-    """PENDING → CLAIMED for the due commands, with their audit rows, in one statement."""
-    return list(await conn.fetch(CLAIM_DUE, node_id, lease_s, limit, max_in_flight, actor))
+    """PENDING → CLAIMED for the due commands, with their audit rows, in one statement.
+
+    In a transaction that first locks the rollout buckets of the running campaigns (a second
+    statement, and only a lock when no campaign has a rollout limit): the claim then reads
+    buckets no other node is spending. ``now`` is the rollout clock (tests drive it).
+    """
+    async with conn.transaction():
+        await conn.execute(LOCK_ROLLOUTS)
+        return list(await conn.fetch(CLAIM_DUE, node_id, lease_s, limit, max_in_flight, actor, now))
 
 
 async def mark_sent(

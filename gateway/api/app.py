@@ -23,7 +23,7 @@ from litestar.types import Message, Scope
 from swagger_ui_bundle import swagger_ui_path
 
 from gateway.alarms.service import AlarmService
-from gateway.api import alarms, commands, health
+from gateway.api import alarms, campaigns, commands, health
 from gateway.api.auth import (
     BEARER_SCHEME,
     REQUEST_ID_MAX_LENGTH,
@@ -113,6 +113,7 @@ def _openapi_config() -> OpenAPIConfig:
         tags=[
             Tag(name=alarms.TAG, description="Alarm lifecycle (behaviour §5)."),
             Tag(name=commands.TAG, description="Downlink commands (behaviour §7)."),
+            Tag(name=campaigns.TAG, description="Command campaigns (behaviour §7)."),
             Tag(name=health.TAG, description="Health, metrics, this document."),
         ],
         components=Components(
@@ -144,7 +145,7 @@ def build_app(
     """The whole HTTP surface of a node. ``auth.replace`` swaps its tokens at run time."""
     guarded = Router(
         "/",
-        route_handlers=[*alarms.HANDLERS, *commands.HANDLERS],
+        route_handlers=[*alarms.HANDLERS, *commands.HANDLERS, *campaigns.HANDLERS],
         parameters={
             "request_id": HeaderParameter(
                 annotation=str,

@@ -26,13 +26,54 @@ SELECT id, reported_command_id, claim_generation, node_id, result, result_code,
        raw_result_code, raw_ack, outcome, reason, received_by, received_at
 FROM command_receipt WHERE command_id = $1 ORDER BY id;
 
+-- name: lock_rollouts
+-- no parameters; the running campaigns with a rollout limit, locked in id order until the
+-- claim's transaction ends: claims on every node take their rollout buckets one at a time.
+SELECT id FROM campaign WHERE status = 'RUNNING' AND per_minute IS NOT NULL ORDER BY id
+FOR UPDATE;
+
 -- name: claim_due
--- $1 node id, $2 lease seconds, $3 batch size, $4 most commands in flight per device, $5 actor.
+-- $1 node id, $2 lease seconds, $3 batch size, $4 most commands in flight per device, $5 actor,
+-- $6 the rollout clock (null: now(); tests pass explicit instants).
 -- One statement: due PENDING commands, oldest first, never behind an older open command of
 -- the same device (creation order) nor beyond the device's in-flight limit; deferrable ones
 -- not to a device whose retained presence is offline. Generation + 1, this node, a lease; and
 -- each claim's audit row (one round trip, like mark_sent).
-WITH due AS (
+-- A campaign with a rollout limit is a token bucket (per_minute / 60 tokens a second, at most
+-- one second's worth held): its commands are looked for apart, at most as many as it has whole
+-- tokens, and the claim spends one token per command it took. Run after lock_rollouts in the
+-- same transaction, so the buckets read here are the latest committed ones on every node.
+WITH clock AS (
+    SELECT coalesce($6::timestamptz, now()) AS t
+), buckets AS (
+    SELECT k.id, clock.t,
+           least(greatest(1.0, k.per_minute / 60.0),
+                 k.rollout_tokens
+                 + greatest(0.0, extract(epoch FROM clock.t - k.rollout_at)::double precision)
+                   * k.per_minute / 60.0) AS tokens
+    FROM campaign k CROSS JOIN clock
+    WHERE k.status = 'RUNNING' AND k.per_minute IS NOT NULL
+), limited AS (
+    SELECT l.id
+    FROM buckets b
+    CROSS JOIN LATERAL (
+        SELECT c.id
+        FROM command c
+        LEFT JOIN device d ON d.device_id = c.device_id
+        WHERE c.campaign_id = b.id
+          AND c.status = 'PENDING'
+          AND c.next_attempt_at <= now()
+          AND c.expire_at > now()
+          AND (c.delivery = 'realtime' OR d.presence IS DISTINCT FROM 'offline')
+          AND NOT EXISTS (
+              SELECT 1 FROM command p
+              WHERE p.device_id = c.device_id AND p.id < c.id AND p.status = 'PENDING')
+          AND (SELECT count(*) FROM command f
+               WHERE f.device_id = c.device_id AND f.status IN ('CLAIMED', 'SENT')) < $4
+        ORDER BY c.id
+        LIMIT least(floor(b.tokens)::integer, $3)
+    ) AS l
+), free AS (
     SELECT c.id
     FROM command c
     LEFT JOIN device d ON d.device_id = c.device_id
@@ -40,11 +81,19 @@ WITH due AS (
       AND c.next_attempt_at <= now()
       AND c.expire_at > now()
       AND (c.delivery = 'realtime' OR d.presence IS DISTINCT FROM 'offline')
+      AND NOT EXISTS (SELECT 1 FROM buckets b WHERE b.id = c.campaign_id)
       AND NOT EXISTS (
           SELECT 1 FROM command p
           WHERE p.device_id = c.device_id AND p.id < c.id AND p.status = 'PENDING')
       AND (SELECT count(*) FROM command f
            WHERE f.device_id = c.device_id AND f.status IN ('CLAIMED', 'SENT')) < $4
+    ORDER BY c.id
+    LIMIT $3
+), due AS (
+    SELECT c.id
+    FROM command c
+    WHERE c.id IN (SELECT id FROM limited UNION ALL SELECT id FROM free)
+      AND c.status = 'PENDING'
     ORDER BY c.id
     LIMIT $3
     FOR UPDATE OF c SKIP LOCKED
@@ -60,6 +109,12 @@ WITH due AS (
     INSERT INTO command_audit (command_id, actor, action, from_status, to_status,
                                claim_generation, node_id)
     SELECT id, $5, 'claim', 'PENDING', status, claim_generation, $1 FROM claimed
+), spent AS (
+    UPDATE campaign k
+    SET rollout_tokens = b.tokens - (SELECT count(*) FROM claimed x WHERE x.campaign_id = k.id),
+        rollout_at = greatest(k.rollout_at, b.t)
+    FROM buckets b
+    WHERE k.id = b.id
 )
 SELECT * FROM claimed;
 
