@@ -97,7 +97,7 @@ async def test_rollout_is_honoured_across_two_nodes_within_ten_percent_over_a_mi
     assert per_minute * 0.9 <= len(claims) <= per_minute * 1.1, len(claims)
     # And no half minute holds more than half the limit plus the bucket's one second.
     burst = max(1.0, per_minute / 60)
-    for begin in range(0, 31):
+    for begin in range(31):
         window = [t for t, _ in claims if begin <= t < begin + 30]
         assert len(window) <= per_minute / 2 + burst + 1, (begin, len(window))
     async with pool.acquire() as conn:
@@ -134,9 +134,7 @@ async def test_rollout_claims_racing_at_one_instant_never_overspend(pool: asyncp
 
 
 async def test_abort_happens_exactly_once_with_two_nodes_racing(pool: asyncpg.Pool) -> None:
-    campaign_id = await _start(
-        pool, 100, abort=AbortCriteria(failure_ratio=0.2, min_finished=50)
-    )
+    campaign_id = await _start(pool, 100, abort=AbortCriteria(failure_ratio=0.2, min_finished=50))
     async with pool.acquire() as conn:
         claimed = await repo.claim_due(
             conn, node_id="n1", lease_s=3600, limit=100, max_in_flight=1, actor=DISPATCHER
@@ -250,6 +248,9 @@ async def test_the_settler_completes_a_campaign_when_its_last_commands_finish_on
             campaign_id,
         )
         assert [tuple(t) for t in trail] == [("create", "RUNNING"), ("complete", "COMPLETED")]
-        assert await conn.fetchval(
-            "SELECT count(*) FROM outbox_event WHERE event_type = 'campaign.completed'"
-        ) == 1
+        assert (
+            await conn.fetchval(
+                "SELECT count(*) FROM outbox_event WHERE event_type = 'campaign.completed'"
+            )
+            == 1
+        )
