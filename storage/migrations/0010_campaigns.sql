@@ -78,7 +78,13 @@ CREATE TABLE campaign_audit (
 
 CREATE INDEX campaign_audit_campaign_idx ON campaign_audit (campaign_id, id);
 
-ALTER TABLE command ADD COLUMN campaign_id bigint REFERENCES campaign (id);
+ALTER TABLE command
+    ADD COLUMN campaign_id bigint REFERENCES campaign (id),
+    -- Made by a campaign with a rollout limit: the claim takes these only through their
+    -- campaign's bucket. A column of its own (not a join to campaign) so that the planner's
+    -- statistics see how few rows it concerns, and the claim of everything else keeps its plan.
+    ADD COLUMN paced boolean NOT NULL DEFAULT false,
+    ADD CONSTRAINT command_paced_has_campaign CHECK (NOT paced OR campaign_id IS NOT NULL);
 
 -- Counts per status, the campaign's commands page by page, its open ones.
 CREATE INDEX command_campaign_idx ON command (campaign_id, status, id)

@@ -20,10 +20,13 @@ SELECT * FROM campaign WHERE idempotency_key = $1;
 -- name: insert_commands
 -- $1 campaign id, $2 name, $3 params json, $4 delivery, $5 created by, $6 expire after
 -- seconds, $7 device ids (in order), $8 node id. One PENDING command per device, ids in the
--- list's order, with each one's audit row: one statement for the whole campaign.
+-- list's order, paced when the campaign has a rollout limit, with each one's audit row: one
+-- statement for the whole campaign.
 WITH made AS (
-    INSERT INTO command (device_id, name, params, delivery, created_by, expire_at, campaign_id)
-    SELECT u.d, $2, $3::jsonb, $4, $5, now() + make_interval(secs => $6), $1
+    INSERT INTO command (device_id, name, params, delivery, created_by, expire_at, campaign_id,
+                         paced)
+    SELECT u.d, $2, $3::jsonb, $4, $5, now() + make_interval(secs => $6), $1,
+           (SELECT k.per_minute IS NOT NULL FROM campaign k WHERE k.id = $1)
     FROM unnest($7::text[]) WITH ORDINALITY AS u(d, n)
     ORDER BY u.n
     RETURNING id, status, claim_generation

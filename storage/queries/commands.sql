@@ -40,8 +40,8 @@ FOR UPDATE;
 -- not to a device whose retained presence is offline. Generation + 1, this node, a lease; and
 -- each claim's audit row (one round trip, like mark_sent).
 -- A campaign with a rollout limit is a token bucket (per_minute / 60 tokens a second, at most
--- one second's worth held): its commands are looked for apart, at most as many as it has whole
--- tokens, and the claim spends one token per command it took. Run after lock_rollouts in the
+-- one second's worth held): its commands (paced) are looked for apart, at most as many as it
+-- has whole tokens, and the claim spends one token per command it took. Run after lock_rollouts in the
 -- same transaction, so the buckets read here are the latest committed ones on every node.
 WITH clock AS (
     SELECT coalesce($6::timestamptz, now()) AS t
@@ -81,7 +81,7 @@ WITH clock AS (
       AND c.next_attempt_at <= now()
       AND c.expire_at > now()
       AND (c.delivery = 'realtime' OR d.presence IS DISTINCT FROM 'offline')
-      AND NOT EXISTS (SELECT 1 FROM buckets b WHERE b.id = c.campaign_id)
+      AND NOT c.paced
       AND NOT EXISTS (
           SELECT 1 FROM command p
           WHERE p.device_id = c.device_id AND p.id < c.id AND p.status = 'PENDING')
@@ -89,14 +89,18 @@ WITH clock AS (
            WHERE f.device_id = c.device_id AND f.status IN ('CLAIMED', 'SENT')) < $4
     ORDER BY c.id
     LIMIT $3
-), due AS (
-    SELECT c.id
-    FROM command c
-    WHERE c.id IN (SELECT id FROM limited UNION ALL SELECT id FROM free)
-      AND c.status = 'PENDING'
-    ORDER BY c.id
-    LIMIT $3
     FOR UPDATE OF c SKIP LOCKED
+), paced AS (
+    SELECT c.id
+    FROM limited l
+    JOIN command c ON c.id = l.id
+    WHERE c.status = 'PENDING'
+    FOR UPDATE OF c SKIP LOCKED
+), due AS (
+    -- Both kinds, oldest first; a paced row locked but not taken here stays PENDING.
+    SELECT id FROM (SELECT id FROM free UNION ALL SELECT id FROM paced) AS u
+    ORDER BY id
+    LIMIT $3
 ), claimed AS (
     UPDATE command c
     SET status = 'CLAIMED', claim_generation = c.claim_generation + 1, claimed_node_id = $1,
