@@ -236,3 +236,77 @@ ON CONFLICT (device_id) DO UPDATE SET bound = false;
 -- name: device_bound
 -- $1 device; null for a device never seen.
 SELECT bound FROM device WHERE device_id = $1;
+
+-- name: get_many
+-- $1 ids; the commands that exist among them.
+SELECT * FROM command WHERE id = ANY($1::bigint[]);
+
+-- name: mark_sent_many
+-- $1 ids, $2 generations (pairwise), $3 node, $4 seconds until timeout_at, $5 actor. The
+-- broker's PUBACKs of one dispatch batch in one statement, each guarded like mark_sent. Rows
+-- another transaction holds (a receipt being applied) are skipped, not waited for: the caller
+-- writes those one by one, so this statement never waits holding other rows' locks.
+WITH mine AS (
+    SELECT c.id
+    FROM command c
+    JOIN unnest($1::bigint[], $2::integer[]) AS u(id, gen) ON c.id = u.id
+    WHERE c.claim_generation = u.gen AND c.claimed_node_id = $3 AND c.status = 'CLAIMED'
+    ORDER BY c.id
+    FOR UPDATE OF c SKIP LOCKED
+), sent AS (
+    UPDATE command c
+    SET status = 'SENT', sent_at = now(), timeout_at = now() + make_interval(secs => $4),
+        lease_expire_at = NULL, updated_at = now()
+    FROM mine
+    WHERE c.id = mine.id
+    RETURNING c.*
+), audit AS (
+    INSERT INTO command_audit (command_id, actor, action, from_status, to_status,
+                               claim_generation, node_id)
+    SELECT id, $5, 'sent', 'CLAIMED', status, claim_generation, $3 FROM sent
+)
+SELECT * FROM sent;
+
+-- name: apply_receipts
+-- The four-guard update of apply_receipt for many receipts at once, one per command (arrays,
+-- pairwise): $1 ids, $2 generations, $3 nodes, $4 expected statuses, $5 new statuses,
+-- $6 results, $7 result codes, $8 raw result codes, $9 raw acks, $10 terminal, $11 retry (0/1),
+-- $12 retry delays, $13 timeout seconds. The rows whose guards held come back.
+UPDATE command c
+SET status = u.status, result = u.result, result_code = u.result_code,
+    raw_result_code = u.raw_code, raw_ack = u.raw_ack,
+    finished_at = CASE WHEN u.terminal THEN now() END,
+    retry_count = c.retry_count + u.retry,
+    next_attempt_at = CASE WHEN u.retry = 1 THEN now() + make_interval(secs => u.delay)
+                           ELSE c.next_attempt_at END,
+    lease_expire_at = NULL,
+    sent_at = CASE WHEN u.status = 'SENT' THEN coalesce(c.sent_at, now()) ELSE c.sent_at END,
+    timeout_at = CASE WHEN u.status = 'SENT'
+                      THEN coalesce(c.timeout_at, now() + make_interval(secs => u.timeout))
+                      ELSE c.timeout_at END,
+    updated_at = now()
+FROM unnest($1::bigint[], $2::integer[], $3::text[], $4::text[], $5::text[], $6::text[],
+            $7::integer[], $8::text[], $9::text[], $10::boolean[], $11::integer[],
+            $12::double precision[], $13::double precision[])
+     AS u(id, gen, node, expected, status, result, result_code, raw_code, raw_ack, terminal,
+          retry, delay, timeout)
+WHERE c.id = u.id AND c.claim_generation = u.gen AND c.claimed_node_id = u.node
+  AND c.status IN ('CLAIMED', 'SENT') AND c.status = u.expected
+RETURNING c.*;
+
+-- name: insert_audits
+-- Many audit rows (arrays, pairwise): $1 command ids, $2 actors, $3 actions, $4 from, $5 to,
+-- $6 generations, $7 nodes.
+INSERT INTO command_audit (command_id, actor, action, from_status, to_status, claim_generation,
+                           node_id)
+SELECT * FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::text[],
+                     $6::integer[], $7::text[]);
+
+-- name: insert_receipts
+-- Many receipt log rows (arrays, pairwise), the columns of insert_receipt in its order.
+INSERT INTO command_receipt (command_id, reported_command_id, device_id, claim_generation,
+                             node_id, result, result_code, raw_result_code, raw_ack, outcome,
+                             reason, received_by)
+SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::integer[], $5::text[],
+                     $6::text[], $7::integer[], $8::text[], $9::text[], $10::text[], $11::text[],
+                     $12::text[]);
