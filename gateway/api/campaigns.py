@@ -10,6 +10,7 @@ import structlog
 from litestar import Response
 from litestar.openapi.datastructures import ResponseSpec
 from litestar.params import JSONBody, Parameter
+from msgspec import UNSET, UnsetType
 
 from gateway.api.alarms import Before, Limit
 from gateway.api.auth import CallDep, Role, actor_of
@@ -68,15 +69,15 @@ class TargetsBody(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """Exactly one of ``devices`` (ids) and ``selector`` (the rules' device selector: one
     pattern or a list; resolved against the known bound devices when the campaign starts)."""
 
-    devices: Annotated[list[DeviceId], msgspec.Meta(max_length=TARGETS_MAX)] | None = None
+    devices: Annotated[list[DeviceId], msgspec.Meta(max_length=TARGETS_MAX)] | UnsetType = UNSET
     selector: (
-        SelectorPattern | Annotated[list[SelectorPattern], msgspec.Meta(max_length=100)] | None
-    ) = None
+        SelectorPattern | Annotated[list[SelectorPattern], msgspec.Meta(max_length=100)] | UnsetType
+    ) = UNSET
 
     def __post_init__(self) -> None:
-        if (self.devices is None) == (self.selector is None):
+        if (self.devices is UNSET) == (self.selector is UNSET):
             raise ValueError("targets: give exactly one of `devices` and `selector`")
-        if self.selector is not None:
+        if not isinstance(self.selector, UnsetType):
             try:
                 device_selector(self.selector, "targets.selector")
             except ConfigError as exc:
@@ -209,13 +210,14 @@ CommandStatusFilter = Annotated[
 async def create_campaign(
     commands: Commands, call: CallDep, data: JSONBody[CampaignBody]
 ) -> Response[CampaignCreatedBody]:
-    selector = data.targets.selector
+    selector = None if isinstance(data.targets.selector, UnsetType) else data.targets.selector
+    devices = None if isinstance(data.targets.devices, UnsetType) else data.targets.devices
     request = CampaignRequest(
         name=data.name,
         params=data.params,
         delivery=data.delivery,
         targets=Targets(
-            devices=None if data.targets.devices is None else tuple(data.targets.devices),
+            devices=None if devices is None else tuple(devices),
             selector=None
             if selector is None
             else ((selector,) if isinstance(selector, str) else tuple(selector)),
@@ -336,6 +338,9 @@ async def cancel_campaign(commands: Commands, call: CallDep, id: CampaignId) -> 
     )
     return campaign_of(row)
 
+
+# Request bodies that refuse unknown fields (the document says so: app._complete).
+BODIES: Final = (CampaignBody, TargetsBody, RolloutBody, AbortBody)
 
 HANDLERS: Final = [
     create_campaign,
