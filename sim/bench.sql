@@ -96,3 +96,14 @@ SELECT relname FROM pg_stat_user_tables WHERE n_live_tup >= 1000 ORDER BY relnam
 -- And the dirty pages written out now, not during the next measurement (no parameters;
 -- superuser only).
 CHECKPOINT;
+
+-- name: campaign_check
+-- $1 campaign id; per command of it: its status and, per generation, how many ACKED audit rows
+-- and accepted ACKED receipts it has (every command ACKED exactly once per generation: 1, 1).
+SELECT c.id, c.status, c.claim_generation, c.created_at, c.finished_at,
+       (SELECT count(*) FROM command_audit a
+        WHERE a.command_id = c.id AND a.to_status = 'ACKED') AS acked_audits,
+       (SELECT count(*) FROM command_receipt r
+        WHERE r.command_id = c.id AND r.outcome = 'accepted' AND r.result = 'ACKED'
+          AND r.claim_generation = c.claim_generation) AS acked_receipts
+FROM command c WHERE c.campaign_id = $1 ORDER BY c.id;

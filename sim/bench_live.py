@@ -7,7 +7,10 @@
              is committed, and how many there are (one per device is right);
 * commands — commands created through the HTTP API to simulated devices answering through
              ``sim.responder``: a burst measures commands/s from creation to ACKED, a run paced
-             at half that rate measures the latency of each (database timestamps).
+             at half that rate measures the latency of each (database timestamps);
+* campaign — one campaign (one HTTP request) to a fleet of simulated devices, no rollout limit:
+             commands/s from its creation to the last ACKED, and a check that every command
+             ended ACKED exactly once in its generation (one audit row, one accepted receipt).
 
 The first second of each paced run is left out of its percentiles: it measures connection
 pools and statement caches warming up, not the steady state.
@@ -97,6 +100,15 @@ class Commands:
     paced_rate: float
     paced_acked: int
     timings: Percentiles
+
+
+@dataclass(frozen=True, slots=True)
+class CampaignRun:
+    devices: int
+    acked: int
+    seconds: float
+    per_s: float
+    acked_once: bool  # every command ACKED by exactly one audited write and one receipt
 
 
 async def paced(
@@ -327,4 +339,66 @@ async def measure_commands(
         paced_rate=paced_rate,
         paced_acked=len(millis),
         timings=Percentiles.of(millis[warmup:]),
+    )
+
+
+async def measure_campaign(
+    port: int, dsn: str, *, devices: int, workdir: Path, probes: Probes
+) -> CampaignRun:
+    """One campaign to ``devices`` simulated devices; first creation to last ACKED."""
+    prefix = "camp"
+    gateways = GatewayProcesses(
+        port=port, dsn=dsn, prefix=prefix, count=1, workdir=workdir, extra=RULES + API_TOKEN
+    )
+    responder = Responder(
+        host="127.0.0.1",
+        port=port,
+        topics=Topics(prefix),
+        script=Script(seed=1),
+        client_id="bench-campaign-responder",
+        max_pending=WINDOW,
+    )
+    stop = asyncio.Event()
+    answering = asyncio.create_task(responder.run(stop), name="bench-campaign-responder")
+    conn = await asyncpg.connect(dsn)
+    try:
+        await responder.wait_subscribed()
+        await gateways.start()
+        base = f"http://127.0.0.1:{gateways.http_ports[0]}"
+        headers = {"Authorization": f"Bearer {BENCH_TOKEN}"}
+        body = {
+            "name": "set_interval",
+            "params": {"seconds": 60},
+            "targets": {"devices": device_ids(devices, prefix)},
+        }
+        async with (
+            aiohttp.ClientSession(base, headers=headers) as http,
+            http.post("/campaigns", json=body) as reply,
+        ):
+            if reply.status != 201:
+                raise RuntimeError(f"creating the campaign: {reply.status} {await reply.text()}")
+            campaign_id = (await reply.json())["campaign"]["id"]
+        await probes.until(
+            lambda: probes.finished[prefix] >= devices,
+            timeout_s=600,
+            what="the campaign's commands to finish",
+        )
+        rows = list(await conn.fetch(Q["campaign_check"], campaign_id))
+    finally:
+        stop.set()
+        await answering
+        await gateways.stop()
+        await conn.close()
+    _, seconds = _finish_times(rows)
+    acked = sum(row["status"] == "ACKED" for row in rows)
+    once = len(rows) == devices and all(
+        row["status"] == "ACKED" and row["acked_audits"] == 1 and row["acked_receipts"] == 1
+        for row in rows
+    )
+    return CampaignRun(
+        devices=devices,
+        acked=acked,
+        seconds=seconds,
+        per_s=acked / seconds if seconds > 0 else 0.0,
+        acked_once=once,
     )

@@ -3,6 +3,8 @@ connection. Rows come back as ``asyncpg.Record``; the gateway maps them to its d
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
 
 import asyncpg
@@ -16,6 +18,7 @@ BY_IDEMPOTENCY_KEY = _Q["by_idempotency_key"]
 GET = _Q["get"]
 LIST_FOR_DEVICE = _Q["list_for_device"]
 RECEIPTS_OF = _Q["receipts_of"]
+LOCK_ROLLOUTS = _Q["lock_rollouts"]
 CLAIM_DUE = _Q["claim_due"]
 MARK_SENT = _Q["mark_sent"]
 APPLY_RECEIPT = _Q["apply_receipt"]
@@ -83,9 +86,17 @@ async def claim_due(
     limit: int,
     max_in_flight: int,
     actor: str,
+    now: datetime | None = None,
 ) -> list[asyncpg.Record]:
-    """PENDING → CLAIMED for the due commands, with their audit rows, in one statement."""
-    return list(await conn.fetch(CLAIM_DUE, node_id, lease_s, limit, max_in_flight, actor))
+    """PENDING → CLAIMED for the due commands, with their audit rows, in one statement.
+
+    In a transaction that first locks the rollout buckets of the running campaigns (a second
+    statement, and only a lock when no campaign has a rollout limit): the claim then reads
+    buckets no other node is spending. ``now`` is the rollout clock (tests drive it).
+    """
+    async with conn.transaction():
+        await conn.execute(LOCK_ROLLOUTS)
+        return list(await conn.fetch(CLAIM_DUE, node_id, lease_s, limit, max_in_flight, actor, now))
 
 
 async def mark_sent(
@@ -226,3 +237,56 @@ async def unbind_device(conn: asyncpg.Connection, device_id: str) -> None:
 async def device_bound(conn: asyncpg.Connection, device_id: str) -> bool | None:
     value = await conn.fetchval(DEVICE_BOUND, device_id)
     return None if value is None else bool(value)
+
+
+GET_MANY = _Q["get_many"]
+MARK_SENT_MANY = _Q["mark_sent_many"]
+APPLY_RECEIPTS = _Q["apply_receipts"]
+INSERT_AUDITS = _Q["insert_audits"]
+INSERT_RECEIPTS = _Q["insert_receipts"]
+
+
+async def get_many(conn: asyncpg.Connection, ids: Sequence[int]) -> list[asyncpg.Record]:
+    return list(await conn.fetch(GET_MANY, list(ids)))
+
+
+async def mark_sent_many(
+    conn: asyncpg.Connection | asyncpg.Pool,
+    claims: Sequence[tuple[int, int]],
+    *,
+    node_id: str,
+    timeout_s: float,
+    actor: str,
+) -> list[asyncpg.Record]:
+    """CLAIMED → SENT for many (id, generation) claims of this node, with audit rows, in one
+    statement; rows another transaction holds are skipped (the caller retries them alone)."""
+    return list(
+        await conn.fetch(
+            MARK_SENT_MANY,
+            [c for c, _ in claims],
+            [g for _, g in claims],
+            node_id,
+            timeout_s,
+            actor,
+        )
+    )
+
+
+async def apply_receipts(
+    conn: asyncpg.Connection, columns: Sequence[Sequence[Any]]
+) -> list[asyncpg.Record]:
+    """The four-guard update for many receipts (one per command), as thirteen parallel arrays
+    in the order of ``apply_receipts`` in commands.sql; the rows whose guards held."""
+    return list(await conn.fetch(APPLY_RECEIPTS, *(list(c) for c in columns)))
+
+
+async def insert_audits(conn: asyncpg.Connection, rows: Sequence[Sequence[Any]]) -> None:
+    """Audit rows (command id, actor, action, from, to, generation, node), one statement."""
+    if rows:
+        await conn.execute(INSERT_AUDITS, *(list(col) for col in zip(*rows, strict=True)))
+
+
+async def insert_receipts(conn: asyncpg.Connection, rows: Sequence[Sequence[Any]]) -> None:
+    """Receipt log rows (the columns of insert_receipt, in order), one statement."""
+    if rows:
+        await conn.execute(INSERT_RECEIPTS, *(list(col) for col in zip(*rows, strict=True)))

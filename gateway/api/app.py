@@ -24,6 +24,7 @@ from swagger_ui_bundle import swagger_ui_path
 
 from gateway.api import (
     alarms,
+    campaigns,
     commands,
     dead_letters,
     devices,
@@ -121,6 +122,7 @@ def _openapi_config() -> OpenAPIConfig:
         tags=[
             Tag(name=alarms.TAG, description="Alarm lifecycle (behaviour §5)."),
             Tag(name=commands.TAG, description="Downlink commands (behaviour §7)."),
+            Tag(name=campaigns.TAG, description="Command campaigns (behaviour §7)."),
             Tag(name=notify.TAG, description="Notifications: silences, deliveries (behaviour §6)."),
             Tag(name=health.TAG, description="Health, metrics, this document."),
             Tag(name=devices.TAG, description="Devices and their telemetry (behaviour §2, §3)."),
@@ -160,6 +162,7 @@ def build_app(
         route_handlers=[
             *alarms.HANDLERS,
             *commands.HANDLERS,
+            *campaigns.HANDLERS,
             *devices.HANDLERS,
             *dead_letters.HANDLERS,
             *session.HANDLERS,
@@ -219,6 +222,11 @@ def _complete(schemas: dict[str, Any]) -> None:
     schemas[JSON_VALUE] = JSON_VALUE_SCHEMA
     notify.complete(schemas)
     # A body Struct that forbids unknown fields says so (msgspec refuses them: a 422).
-    for body in (ActionBody, CommandBody, notify.SilenceBody):
+    # A campaign's targets: exactly one of its two properties.
+    targets = schemas.get(campaigns.TargetsBody.__name__)
+    if targets is not None:
+        targets.min_properties = 1
+        targets.max_properties = 1
+    for body in (ActionBody, CommandBody, notify.SilenceBody, *campaigns.BODIES):
         if body.__struct_config__.forbid_unknown_fields and body.__name__ in schemas:
             schemas[body.__name__].additional_properties = False

@@ -29,6 +29,12 @@ from litestar.status_codes import HTTP_413_REQUEST_ENTITY_TOO_LARGE
 from msgspec import UNSET, UnsetType
 
 from gateway.alarms.service import AlarmNotFoundError, StatusChangedError
+from gateway.commands.campaigns import (
+    CampaignClosedError,
+    CampaignNotFoundError,
+    NoTargetsError,
+    UnboundTargetsError,
+)
 from gateway.commands.lifecycle import CommandClosedError, CommandNotFoundError, DeviceUnboundError
 from gateway.domain.alarm import (
     Alarm,
@@ -98,6 +104,20 @@ STATUS_CHANGED: Final = ErrorKind(
 DEVICE_UNBOUND: Final = ErrorKind(
     409, "DEVICE_UNBOUND", "the device is unbound (`device_id`); nothing is created"
 )
+CAMPAIGN_NOT_FOUND: Final = ErrorKind(404, "NOT_FOUND", "no such campaign (`campaign_id`)")
+CAMPAIGN_CLOSED: Final = ErrorKind(
+    400,
+    "ILLEGAL_TRANSITION",
+    "the campaign is closed already (`current_status`, `campaign_id`); nothing is changed",
+)
+TARGETS_UNBOUND: Final = ErrorKind(
+    409,
+    "DEVICE_UNBOUND",
+    "target devices are unbound (`device_ids` names them all); nothing is created",
+)
+NO_TARGETS: Final = ErrorKind(
+    409, "NO_TARGETS", "the targets resolve to no device that takes commands; nothing is created"
+)
 PAYLOAD_TOO_LARGE: Final = ErrorKind(413, "PAYLOAD_TOO_LARGE", "the body is too large")
 INVALID_BODY: Final = ErrorKind(
     422,
@@ -133,7 +153,9 @@ class ErrorBody(msgspec.Struct, kw_only=True, omit_defaults=True):
     alarm_id: int | UnsetType = UNSET
     command_id: int | UnsetType = UNSET
     dead_letter_id: int | UnsetType = UNSET
+    campaign_id: int | UnsetType = UNSET
     device_id: str | UnsetType = UNSET
+    device_ids: list[str] | UnsetType = UNSET
     current_status: str | UnsetType = UNSET
     action: str | UnsetType = UNSET
     allowed: list[str] | UnsetType = UNSET
@@ -209,6 +231,14 @@ _DOMAIN: Final[Mapping[type[Exception], Callable[[Any], ApiError]]] = {
     CommandClosedError: lambda e: ApiError(
         COMMAND_CLOSED, str(e), command_id=e.command_id, current_status=e.status
     ),
+    CampaignNotFoundError: lambda e: ApiError(
+        CAMPAIGN_NOT_FOUND, str(e), campaign_id=e.campaign_id
+    ),
+    CampaignClosedError: lambda e: ApiError(
+        CAMPAIGN_CLOSED, str(e), campaign_id=e.campaign_id, current_status=e.status
+    ),
+    UnboundTargetsError: lambda e: ApiError(TARGETS_UNBOUND, str(e), device_ids=e.device_ids),
+    NoTargetsError: lambda e: ApiError(NO_TARGETS, str(e)),
 }
 
 

@@ -310,6 +310,7 @@ class Command(msgspec.Struct, kw_only=True):
     created_at: datetime
     updated_at: datetime
     created_by: str | None
+    campaign_id: int | None = None  # the campaign that made it, if one did
 
 
 class Receipt(msgspec.Struct, kw_only=True):

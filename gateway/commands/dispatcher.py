@@ -25,8 +25,8 @@ from storage import commands as repo
 log = structlog.get_logger(__name__)
 
 NOTIFY_CHANNEL = "command_due"
-# SENT writes running at once, per dispatcher.
-MARK_SENT_CONCURRENCY = 2
+# Claimed batches being published at once, per dispatcher.
+PIPELINE = 4
 
 
 class Dispatcher:
@@ -56,6 +56,8 @@ class Dispatcher:
         self.batch = batch
         self.max_in_flight = max_in_flight
         self.poll_s = poll_s
+        self._slots = asyncio.Semaphore(PIPELINE)
+        self._sending: set[asyncio.Task[None]] = set()
 
     @classmethod
     def from_config(cls, node: Node, commands: CommandsConfig) -> Dispatcher:
@@ -73,36 +75,67 @@ class Dispatcher:
         )
 
     async def run(self, stop: asyncio.Event) -> None:
-        await drain_on_notify(
-            dsn=self.dsn,
-            channel=NOTIFY_CHANNEL,
-            stop=stop,
-            step=self.run_once,
-            poll_s=self.poll_s,
-            name="command-dispatcher",
-        )
+        try:
+            await drain_on_notify(
+                dsn=self.dsn,
+                channel=NOTIFY_CHANNEL,
+                stop=stop,
+                step=self.run_once,
+                poll_s=self.poll_s,
+                name="command-dispatcher",
+            )
+        finally:
+            await self.flush()
 
     async def run_once(self) -> int:
-        """Claim due commands and send them; how many were claimed."""
-        async with self.pool.acquire() as conn:
-            claimed = await repo.claim_due(
-                conn,
-                node_id=self.node_id,
-                lease_s=self.lease_s,
-                limit=self.batch,
-                max_in_flight=self.max_in_flight,
-                actor=DISPATCHER_ACTOR,
-            )
-        if claimed:
-            self.metrics.command_claim_batch.observe(len(claimed))
-            self.metrics.count_command("PENDING", "CLAIMED", len(claimed))
-            # Downlinks all go out at once; their SENT writes take a few connections at most,
-            # so the ingest path (which applies the devices' receipts) always finds one.
-            slots = asyncio.Semaphore(MARK_SENT_CONCURRENCY)
-            await asyncio.gather(*(self._send(row, slots) for row in claimed))
+        """Claim due commands and start sending them; how many were claimed.
+
+        Up to ``PIPELINE`` claimed batches are being sent at once: the next claim does not wait
+        for the PUBACKs of the last batch (the round trips overlap), and a slot is taken before
+        claiming, so a node never holds claims it cannot send yet. :meth:`flush` waits for them.
+        """
+        await self._slots.acquire()
+        try:
+            async with self.pool.acquire() as conn:
+                claimed = await repo.claim_due(
+                    conn,
+                    node_id=self.node_id,
+                    lease_s=self.lease_s,
+                    limit=self.batch,
+                    max_in_flight=self.max_in_flight,
+                    actor=DISPATCHER_ACTOR,
+                )
+        except BaseException:
+            self._slots.release()
+            raise
+        if not claimed:
+            self._slots.release()
+            return 0
+        self.metrics.command_claim_batch.observe(len(claimed))
+        self.metrics.count_command("PENDING", "CLAIMED", len(claimed))
+        task = asyncio.create_task(self._send_batch(claimed), name="command-send")
+        self._sending.add(task)
+        task.add_done_callback(self._sent)
         return len(claimed)
 
-    async def _send(self, row: asyncpg.Record, slots: asyncio.Semaphore) -> None:
+    def _sent(self, task: asyncio.Task[None]) -> None:
+        self._sending.discard(task)
+        self._slots.release()
+        if not task.cancelled() and task.exception() is not None:
+            # The claims stay CLAIMED: their leases run out and the reaper requeues them.
+            log.warning("downlink_batch_failed", error=repr(task.exception()))
+
+    async def flush(self) -> None:
+        """Wait until every claimed batch has been sent and its SENT writes are done."""
+        while self._sending:
+            await asyncio.gather(*self._sending, return_exceptions=True)
+
+    async def _send_batch(self, claimed: list[asyncpg.Record]) -> None:
+        # Downlinks all go out at once; their PUBACKs' SENT writes then go in one statement.
+        published = await asyncio.gather(*(self._publish(row) for row in claimed))
+        await self._mark_sent([row for row, ok in zip(claimed, published, strict=True) if ok])
+
+    async def _publish(self, row: asyncpg.Record) -> bool:
         downlink = DownlinkCommand(
             command_id=row["id"],
             claim_generation=row["claim_generation"],
@@ -115,17 +148,37 @@ class Dispatcher:
             await self.publish(self.topics.commands(row["device_id"]), encode_command(downlink))
         except Exception as exc:  # the lease runs out and the reaper requeues it
             log.warning("downlink_publish_failed", command_id=row["id"], error=repr(exc))
+            return False
+        return True
+
+    async def _mark_sent(self, rows: list[asyncpg.Record]) -> None:
+        if not rows:
             return
-        async with slots:
-            sent = await mark_sent(
+        sent = await repo.mark_sent_many(
+            self.pool,
+            [(row["id"], row["claim_generation"]) for row in rows],
+            node_id=self.node_id,
+            timeout_s=self.sent_timeout_s,
+            actor=DISPATCHER_ACTOR,
+        )
+        done = {row["id"] for row in sent}
+        count = len(done)
+        # Rows a receipt transaction held were skipped rather than waited for (a statement
+        # holding a batch of locks must not wait: two such would deadlock); one by one now.
+        for row in rows:
+            if row["id"] in done:
+                continue
+            alone = await mark_sent(
                 self.pool, row, node_id=self.node_id, sent_timeout_s=self.sent_timeout_s
             )
-        if sent is None:
-            # The claim lapsed (another node has it now), or the device answered before the
-            # PUBACK was handled and its receipt already moved the command on.
-            log.info("downlink_claim_lapsed", command_id=row["id"])
-        else:
-            self.metrics.count_command("CLAIMED", "SENT")
+            if alone is None:
+                # The claim lapsed (another node has it now), or the device answered before
+                # the PUBACK was handled and its receipt already moved the command on.
+                log.info("downlink_claim_lapsed", command_id=row["id"])
+            else:
+                count += 1
+        if count:
+            self.metrics.count_command("CLAIMED", "SENT", count)
 
 
 def _params(value: object) -> dict[str, object]:

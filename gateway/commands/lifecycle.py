@@ -9,6 +9,8 @@ fails nothing changes, and the receipt is still kept with why it was not applied
 from __future__ import annotations
 
 import hashlib
+from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,6 +20,7 @@ import structlog
 
 from gateway.alarms.service import ConcurrentWriteError, create_alarm
 from gateway.domain.command import (
+    TERMINAL_STATUSES,
     CommandError,
     CommandStatus,
     Delivery,
@@ -273,6 +276,111 @@ async def apply_receipt(
     )
     previous = None if updated is None or current is None else str(current["status"])
     return ReceiptResultRecord(outcome, reason, updated, previous)
+
+
+async def apply_receipts(
+    conn: asyncpg.Connection,
+    receipts: Sequence[tuple[str, CommandReceipt]],
+    *,
+    node_id: str,
+    sent_timeout_s: float,
+    retry_base_s: float = 2.0,
+    retry_cap_s: float = 600.0,
+) -> list[ReceiptResultRecord]:
+    """:func:`apply_receipt` for a batch (device id, receipt), in the caller's transaction; the
+    results in the receipts' order.
+
+    The common case, one receipt for an open command whose guards hold, is applied in a few
+    statements for the whole batch: one read, one guarded update, one insert each for the
+    audit rows, the outbox events and the receipt log. Everything else (a command named twice
+    in the batch, a guard that fails, a status that moved between the read and the update) goes
+    through :func:`apply_receipt` one by one, which judges and logs it exactly as before.
+    """
+    named = Counter(receipt.command_id for _, receipt in receipts)
+    once = [receipt.command_id for _, receipt in receipts if named[receipt.command_id] == 1]
+    rows = {row["id"]: row for row in await repo.get_many(conn, once)} if once else {}
+    planned: list[tuple[int, str, CommandReceipt, asyncpg.Record, Any]] = []
+    for index, (device_id, receipt) in enumerate(receipts):
+        current = rows.get(receipt.command_id) if named[receipt.command_id] == 1 else None
+        if current is None or current["device_id"] != device_id or not _may_apply(current, receipt):
+            continue
+        effect = receipt_effect(
+            delivery=Delivery(current["delivery"]),
+            current=CommandStatus(current["status"]),
+            result=receipt.result,
+            result_code=receipt.result_code,
+            retry_count=current["retry_count"],
+        )
+        planned.append((index, device_id, receipt, current, effect))
+    updated: dict[int, asyncpg.Record] = {}
+    if planned:
+        columns: list[list[Any]] = [[] for _ in range(13)]
+        for _, _, receipt, current, effect in sorted(planned, key=lambda p: p[3]["id"]):
+            values = (
+                current["id"],
+                receipt.claim_generation,
+                receipt.node_id,
+                current["status"],
+                effect.status.value,
+                effect.result,
+                effect.result_code,
+                _raw_code(receipt),
+                receipt.raw_ack,
+                effect.terminal,
+                1 if effect.retry else 0,
+                retry_delay_s(current["retry_count"], base_s=retry_base_s, cap_s=retry_cap_s),
+                sent_timeout_s,
+            )
+            for column, value in zip(columns, values, strict=True):
+                column.append(value)
+        updated = {row["id"]: row for row in await repo.apply_receipts(conn, columns)}
+    results: dict[int, ReceiptResultRecord] = {}
+    audits: list[tuple[Any, ...]] = []
+    events: list[tuple[str, dict[str, Any]]] = []
+    logged: list[tuple[Any, ...]] = []
+    for index, device_id, receipt, current, _effect in planned:
+        row = updated.get(current["id"])
+        if row is None:
+            continue  # the row moved since it was read: judged again, alone, below
+        if row["status"] != current["status"] or row["retry_count"] != current["retry_count"]:
+            audits.append(
+                (row["id"], DEVICE_ACTOR, f"receipt:{receipt.result.value}", current["status"],
+                 row["status"], row["claim_generation"], node_id)
+            )  # fmt: skip
+            if CommandStatus(row["status"]) in TERMINAL_STATUSES:
+                events.append(
+                    (str(row["id"]), {"command": command_to_json(row), "actor": DEVICE_ACTOR})
+                )
+        logged.append(
+            (row["id"], receipt.command_id, device_id, receipt.claim_generation, receipt.node_id,
+             receipt.result.value, receipt.result_code, _raw_code(receipt), receipt.raw_ack,
+             ReceiptOutcome.ACCEPTED.value, None, node_id)
+        )  # fmt: skip
+        results[index] = ReceiptResultRecord(
+            ReceiptOutcome.ACCEPTED, None, row, str(current["status"])
+        )
+    await repo.insert_audits(conn, audits)
+    if events:
+        await outbox.add_events(
+            conn, aggregate_type=AGGREGATE, event_type=EVENT_FINISHED, events=events
+        )
+    await repo.insert_receipts(conn, logged)
+    for index, (device_id, receipt) in enumerate(receipts):
+        if index not in results:
+            results[index] = await apply_receipt(
+                conn,
+                device_id=device_id,
+                receipt=receipt,
+                node_id=node_id,
+                sent_timeout_s=sent_timeout_s,
+                retry_base_s=retry_base_s,
+                retry_cap_s=retry_cap_s,
+            )
+    return [results[index] for index in range(len(receipts))]
+
+
+def _raw_code(receipt: CommandReceipt) -> str | None:
+    return None if receipt.raw_result_code is None else str(receipt.raw_result_code)
 
 
 def _may_apply(current: asyncpg.Record | None, receipt: CommandReceipt) -> bool:

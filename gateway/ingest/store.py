@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import asyncpg
 
 from gateway.alarms.engine import AlarmEngine, BatchAlarms
-from gateway.commands.lifecycle import apply_receipt
+from gateway.commands.lifecycle import apply_receipts
 from gateway.ingest.decoder import Classified
 from gateway.support.metrics import Metrics
 from protocol import (
@@ -47,14 +47,11 @@ class ReceiptApplier:
     async def apply(
         self, conn: asyncpg.Connection, receipts: Sequence[tuple[str, CommandReceipt]]
     ) -> None:
-        for device_id, receipt in receipts:
-            applied = await apply_receipt(
-                conn,
-                device_id=device_id,
-                receipt=receipt,
-                node_id=self.node_id,
-                sent_timeout_s=self.sent_timeout_s,
-            )
+        # One batch: a few statements for all of them (lifecycle.apply_receipts).
+        batch = await apply_receipts(
+            conn, receipts, node_id=self.node_id, sent_timeout_s=self.sent_timeout_s
+        )
+        for applied in batch:
             if self.metrics is not None:
                 reason = "" if applied.reason is None else applied.reason.value
                 self.metrics.command_receipts.labels(applied.outcome.value, reason).inc()

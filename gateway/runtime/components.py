@@ -24,6 +24,7 @@ from gateway.alarms.rule_watch import RuleWatch
 from gateway.alarms.service import AlarmService
 from gateway.alarms.timers import AlarmTimers
 from gateway.api.auth import BearerAuth
+from gateway.commands.campaigns import CampaignService, CampaignSettler
 from gateway.commands.dispatcher import Dispatcher
 from gateway.commands.reaper import Reaper
 from gateway.commands.service import CommandService
@@ -131,6 +132,7 @@ async def build(
         ("alarm-timers", timers.run),
         ("command-dispatcher", dispatcher.run),
         ("command-reaper", reaper.run),
+        ("campaign-settler", _settler(config, node).run),
         ("rule-state-janitor", lambda stop: engine.forget_loop(node.pool, stop)),
         ("maintenance", Maintenance.from_config(node, config.retention).run),
     ]
@@ -198,6 +200,13 @@ def _notifications(
         on_created=worker.wakeup.set,
     )
     return consumer, worker
+
+
+def _settler(config: Config, node: Node) -> CampaignSettler:
+    service = CampaignService(
+        node.pool, node.node_id, config.commands.expire_after_s, metrics=node.metrics
+    )
+    return CampaignSettler(service, dsn=node.dsn)
 
 
 def _subscriptions(config: Config, protocol: str) -> list[str]:

@@ -26,13 +26,54 @@ SELECT id, reported_command_id, claim_generation, node_id, result, result_code,
        raw_result_code, raw_ack, outcome, reason, received_by, received_at
 FROM command_receipt WHERE command_id = $1 ORDER BY id;
 
+-- name: lock_rollouts
+-- no parameters; the running campaigns with a rollout limit, locked in id order until the
+-- claim's transaction ends: claims on every node take their rollout buckets one at a time.
+SELECT id FROM campaign WHERE status = 'RUNNING' AND per_minute IS NOT NULL ORDER BY id
+FOR UPDATE;
+
 -- name: claim_due
--- $1 node id, $2 lease seconds, $3 batch size, $4 most commands in flight per device, $5 actor.
+-- $1 node id, $2 lease seconds, $3 batch size, $4 most commands in flight per device, $5 actor,
+-- $6 the rollout clock (null: now(); tests pass explicit instants).
 -- One statement: due PENDING commands, oldest first, never behind an older open command of
 -- the same device (creation order) nor beyond the device's in-flight limit; deferrable ones
 -- not to a device whose retained presence is offline. Generation + 1, this node, a lease; and
 -- each claim's audit row (one round trip, like mark_sent).
-WITH due AS (
+-- A campaign with a rollout limit is a token bucket (per_minute / 60 tokens a second, at most
+-- one second's worth held): its commands (paced) are looked for apart, at most as many as it
+-- has whole tokens, and the claim spends one token per command it took. Run after lock_rollouts in the
+-- same transaction, so the buckets read here are the latest committed ones on every node.
+WITH clock AS (
+    SELECT coalesce($6::timestamptz, now()) AS t
+), buckets AS (
+    SELECT k.id, clock.t,
+           least(greatest(1.0, k.per_minute / 60.0),
+                 k.rollout_tokens
+                 + greatest(0.0, extract(epoch FROM clock.t - k.rollout_at)::double precision)
+                   * k.per_minute / 60.0) AS tokens
+    FROM campaign k CROSS JOIN clock
+    WHERE k.status = 'RUNNING' AND k.per_minute IS NOT NULL
+), limited AS (
+    SELECT l.id
+    FROM buckets b
+    CROSS JOIN LATERAL (
+        SELECT c.id
+        FROM command c
+        LEFT JOIN device d ON d.device_id = c.device_id
+        WHERE c.campaign_id = b.id
+          AND c.status = 'PENDING'
+          AND c.next_attempt_at <= now()
+          AND c.expire_at > now()
+          AND (c.delivery = 'realtime' OR d.presence IS DISTINCT FROM 'offline')
+          AND NOT EXISTS (
+              SELECT 1 FROM command p
+              WHERE p.device_id = c.device_id AND p.id < c.id AND p.status = 'PENDING')
+          AND (SELECT count(*) FROM command f
+               WHERE f.device_id = c.device_id AND f.status IN ('CLAIMED', 'SENT')) < $4
+        ORDER BY c.id
+        LIMIT least(floor(b.tokens)::integer, $3)
+    ) AS l
+), free AS (
     SELECT c.id
     FROM command c
     LEFT JOIN device d ON d.device_id = c.device_id
@@ -40,6 +81,7 @@ WITH due AS (
       AND c.next_attempt_at <= now()
       AND c.expire_at > now()
       AND (c.delivery = 'realtime' OR d.presence IS DISTINCT FROM 'offline')
+      AND NOT c.paced
       AND NOT EXISTS (
           SELECT 1 FROM command p
           WHERE p.device_id = c.device_id AND p.id < c.id AND p.status = 'PENDING')
@@ -48,6 +90,17 @@ WITH due AS (
     ORDER BY c.id
     LIMIT $3
     FOR UPDATE OF c SKIP LOCKED
+), paced AS (
+    SELECT c.id
+    FROM limited l
+    JOIN command c ON c.id = l.id
+    WHERE c.status = 'PENDING'
+    FOR UPDATE OF c SKIP LOCKED
+), due AS (
+    -- Both kinds, oldest first; a paced row locked but not taken here stays PENDING.
+    SELECT id FROM (SELECT id FROM free UNION ALL SELECT id FROM paced) AS u
+    ORDER BY id
+    LIMIT $3
 ), claimed AS (
     UPDATE command c
     SET status = 'CLAIMED', claim_generation = c.claim_generation + 1, claimed_node_id = $1,
@@ -60,6 +113,12 @@ WITH due AS (
     INSERT INTO command_audit (command_id, actor, action, from_status, to_status,
                                claim_generation, node_id)
     SELECT id, $5, 'claim', 'PENDING', status, claim_generation, $1 FROM claimed
+), spent AS (
+    UPDATE campaign k
+    SET rollout_tokens = b.tokens - (SELECT count(*) FROM claimed x WHERE x.campaign_id = k.id),
+        rollout_at = greatest(k.rollout_at, b.t)
+    FROM buckets b
+    WHERE k.id = b.id
 )
 SELECT * FROM claimed;
 
@@ -177,3 +236,77 @@ ON CONFLICT (device_id) DO UPDATE SET bound = false;
 -- name: device_bound
 -- $1 device; null for a device never seen.
 SELECT bound FROM device WHERE device_id = $1;
+
+-- name: get_many
+-- $1 ids; the commands that exist among them.
+SELECT * FROM command WHERE id = ANY($1::bigint[]);
+
+-- name: mark_sent_many
+-- $1 ids, $2 generations (pairwise), $3 node, $4 seconds until timeout_at, $5 actor. The
+-- broker's PUBACKs of one dispatch batch in one statement, each guarded like mark_sent. Rows
+-- another transaction holds (a receipt being applied) are skipped, not waited for: the caller
+-- writes those one by one, so this statement never waits holding other rows' locks.
+WITH mine AS (
+    SELECT c.id
+    FROM command c
+    JOIN unnest($1::bigint[], $2::integer[]) AS u(id, gen) ON c.id = u.id
+    WHERE c.claim_generation = u.gen AND c.claimed_node_id = $3 AND c.status = 'CLAIMED'
+    ORDER BY c.id
+    FOR UPDATE OF c SKIP LOCKED
+), sent AS (
+    UPDATE command c
+    SET status = 'SENT', sent_at = now(), timeout_at = now() + make_interval(secs => $4),
+        lease_expire_at = NULL, updated_at = now()
+    FROM mine
+    WHERE c.id = mine.id
+    RETURNING c.*
+), audit AS (
+    INSERT INTO command_audit (command_id, actor, action, from_status, to_status,
+                               claim_generation, node_id)
+    SELECT id, $5, 'sent', 'CLAIMED', status, claim_generation, $3 FROM sent
+)
+SELECT * FROM sent;
+
+-- name: apply_receipts
+-- The four-guard update of apply_receipt for many receipts at once, one per command (arrays,
+-- pairwise): $1 ids, $2 generations, $3 nodes, $4 expected statuses, $5 new statuses,
+-- $6 results, $7 result codes, $8 raw result codes, $9 raw acks, $10 terminal, $11 retry (0/1),
+-- $12 retry delays, $13 timeout seconds. The rows whose guards held come back.
+UPDATE command c
+SET status = u.status, result = u.result, result_code = u.result_code,
+    raw_result_code = u.raw_code, raw_ack = u.raw_ack,
+    finished_at = CASE WHEN u.terminal THEN now() END,
+    retry_count = c.retry_count + u.retry,
+    next_attempt_at = CASE WHEN u.retry = 1 THEN now() + make_interval(secs => u.delay)
+                           ELSE c.next_attempt_at END,
+    lease_expire_at = NULL,
+    sent_at = CASE WHEN u.status = 'SENT' THEN coalesce(c.sent_at, now()) ELSE c.sent_at END,
+    timeout_at = CASE WHEN u.status = 'SENT'
+                      THEN coalesce(c.timeout_at, now() + make_interval(secs => u.timeout))
+                      ELSE c.timeout_at END,
+    updated_at = now()
+FROM unnest($1::bigint[], $2::integer[], $3::text[], $4::text[], $5::text[], $6::text[],
+            $7::integer[], $8::text[], $9::text[], $10::boolean[], $11::integer[],
+            $12::double precision[], $13::double precision[])
+     AS u(id, gen, node, expected, status, result, result_code, raw_code, raw_ack, terminal,
+          retry, delay, timeout)
+WHERE c.id = u.id AND c.claim_generation = u.gen AND c.claimed_node_id = u.node
+  AND c.status IN ('CLAIMED', 'SENT') AND c.status = u.expected
+RETURNING c.*;
+
+-- name: insert_audits
+-- Many audit rows (arrays, pairwise): $1 command ids, $2 actors, $3 actions, $4 from, $5 to,
+-- $6 generations, $7 nodes.
+INSERT INTO command_audit (command_id, actor, action, from_status, to_status, claim_generation,
+                           node_id)
+SELECT * FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::text[],
+                     $6::integer[], $7::text[]);
+
+-- name: insert_receipts
+-- Many receipt log rows (arrays, pairwise), the columns of insert_receipt in its order.
+INSERT INTO command_receipt (command_id, reported_command_id, device_id, claim_generation,
+                             node_id, result, result_code, raw_result_code, raw_ack, outcome,
+                             reason, received_by)
+SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::integer[], $5::text[],
+                     $6::text[], $7::integer[], $8::text[], $9::text[], $10::text[], $11::text[],
+                     $12::text[]);

@@ -54,7 +54,8 @@ ROLES: Final = ("viewer", "operator", "admin")
 STATE_DEPENDENT: Final = {
     400: {"ILLEGAL_TRANSITION", "ALARM_SUPERSEDED"},
     404: {"NOT_FOUND"},
-    409: {"STATUS_CHANGED", "DEVICE_UNBOUND"},
+    # NO_TARGETS: a campaign's selector is resolved against the devices known at the time.
+    409: {"STATUS_CHANGED", "DEVICE_UNBOUND", "NO_TARGETS"},
 }
 MAX_EXAMPLES: Final = 100
 # A generated `wait` is scaled down to keep the run bounded (a 60 s wait is a valid request,

@@ -1,0 +1,351 @@
+"""The campaign routes (behaviour §7): one request commanding many devices."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Final
+
+import msgspec
+import structlog
+from litestar import Response
+from litestar.openapi.datastructures import ResponseSpec
+from litestar.params import JSONBody, Parameter
+from msgspec import UNSET, UnsetType
+
+from gateway.api.alarms import Before, Limit
+from gateway.api.auth import CallDep, Role, actor_of
+from gateway.api.commands import Commands
+from gateway.api.errors import CAMPAIGN_CLOSED, CAMPAIGN_NOT_FOUND, NO_TARGETS, TARGETS_UNBOUND
+from gateway.api.routes import route
+from gateway.api.schemas import (
+    ID_MAX,
+    LIMIT_DEFAULT,
+    Command,
+    CommandName,
+    IdempotencyKey,
+    Params,
+    exact,
+    from_row,
+)
+from gateway.api.schemas import (
+    CommandBody as _CommandBody,
+)
+from gateway.commands.campaigns import (
+    CampaignNotFoundError,
+    CampaignRequest,
+    CampaignService,
+    NoTargetsError,
+    Targets,
+    UnboundTargetsError,
+    counts_of,
+)
+from gateway.commands.service import CommandService
+from gateway.domain.campaign import AbortCriteria, CampaignStatus
+from gateway.domain.command import CommandStatus, Delivery
+from gateway.domain.errors import ConfigError
+from gateway.domain.rules import device_selector
+from protocol.ids import IDENTIFIER_PATTERN
+
+log = structlog.get_logger(__name__)
+
+TAG: Final = "campaigns"
+TARGETS_MAX: Final = 50_000
+PER_MINUTE_MAX: Final = 1_000_000
+MIN_FINISHED_MAX: Final = TARGETS_MAX
+_DEVICE_ID: Final = IDENTIFIER_PATTERN.removesuffix(r"\Z") + "$"
+
+DeviceId = Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=_DEVICE_ID)]
+SelectorPattern = Annotated[
+    str,
+    msgspec.Meta(
+        min_length=1,
+        max_length=128,
+        description="A device id or an fnmatch glob (`*`, `?`, `[...]`), as in the rules.",
+    ),
+]
+
+
+class TargetsBody(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """Exactly one of ``devices`` (ids) and ``selector`` (the rules' device selector: one
+    pattern or a list; resolved against the known bound devices when the campaign starts)."""
+
+    devices: Annotated[list[DeviceId], msgspec.Meta(max_length=TARGETS_MAX)] | UnsetType = UNSET
+    selector: (
+        SelectorPattern | Annotated[list[SelectorPattern], msgspec.Meta(max_length=100)] | UnsetType
+    ) = UNSET
+
+    def __post_init__(self) -> None:
+        if (self.devices is UNSET) == (self.selector is UNSET):
+            raise ValueError("targets: give exactly one of `devices` and `selector`")
+        if not isinstance(self.selector, UnsetType):
+            try:
+                device_selector(self.selector, "targets.selector")
+            except ConfigError as exc:
+                raise ValueError(str(exc)) from None
+
+
+class RolloutBody(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    per_minute: Annotated[int, msgspec.Meta(ge=1, le=PER_MINUTE_MAX)]
+
+
+class AbortBody(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    failure_ratio: Annotated[float, msgspec.Meta(gt=0, le=1)]
+    min_finished: Annotated[int, msgspec.Meta(ge=1, le=MIN_FINISHED_MAX)]
+
+
+class CampaignBody(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """``POST /campaigns``: one command for many devices, at a pace, with a way out."""
+
+    name: CommandName
+    targets: TargetsBody
+    params: Params = msgspec.field(default_factory=dict)
+    delivery: Delivery = Delivery.REALTIME
+    rollout: RolloutBody | None = None
+    abort: AbortBody | None = None
+    idempotency_key: IdempotencyKey | None = None
+
+    def __post_init__(self) -> None:
+        # The same checks as a single command's params (U+0000, size): reuse them.
+        _CommandBody(name=self.name, params=self.params)
+
+
+class Campaign(msgspec.Struct, kw_only=True):
+    """A campaign with its commands' ``counts`` per status (every status, zeros included) and
+    their ``total``, read in one statement. ``target_devices`` or ``target_selector`` is what
+    was asked; the commands list the devices they resolved to."""
+
+    id: int
+    name: str
+    params: dict[str, Any]
+    delivery: Delivery
+    status: CampaignStatus
+    target_devices: list[str] | None
+    target_selector: list[str] | None
+    per_minute: int | None
+    failure_ratio: float | None
+    min_finished: int | None
+    idempotency_key: str | None
+    created_by: str
+    created_at: datetime
+    updated_at: datetime
+    finished_at: datetime | None
+    status_reason: str | None
+    total: int
+    counts: dict[str, int]
+
+
+class CampaignCreatedBody(msgspec.Struct, kw_only=True):
+    campaign: Campaign
+    created: bool  # false when the idempotency key named an existing campaign
+
+
+class CampaignPage(msgspec.Struct, kw_only=True):
+    items: list[Campaign]
+    next_before: int | None = None
+
+
+class CampaignCommandPage(msgspec.Struct, kw_only=True):
+    items: list[Command]
+    next_before: int | None = None
+
+
+def campaign_of(row: Any, *, with_counts: bool = True) -> Campaign:
+    values = dict(row.items())
+    values["total"] = len(values.pop("device_ids"))
+    values["counts"] = counts_of(row) if with_counts else {}
+    return from_row(Campaign, values)
+
+
+def _service(commands: CommandService) -> CampaignService:
+    """The campaign service on the command service's pool and node (stateless: cheap)."""
+    return CampaignService(
+        commands.pool, commands.node_id, commands.expire_after_s, metrics=commands.metrics
+    )
+
+
+CampaignId = Annotated[
+    int,
+    Parameter(
+        ge=1,
+        le=ID_MAX,
+        schema_extra=exact("integer", format="int64", minimum=1, maximum=ID_MAX),
+        description="Campaign id (anything but a positive integer is a 400).",
+    ),
+]
+StatusFilter = Annotated[
+    CampaignStatus | None, Parameter(description="Only campaigns in this status.")
+]
+CommandStatusFilter = Annotated[
+    CommandStatus | None, Parameter(description="Only commands in this status.")
+]
+
+
+@route(
+    "POST",
+    "/campaigns",
+    operation_id="createCampaign",
+    tag=TAG,
+    summary="Command many devices at once, with an optional rollout rate and abort criteria",
+    role=Role.OPERATOR,
+    writes=True,
+    body=True,
+    errors=[TARGETS_UNBOUND, NO_TARGETS],
+    status_code=201,
+    also={
+        200: ResponseSpec(
+            data_container=CampaignCreatedBody,
+            generate_examples=False,
+            description="The idempotency key named an existing campaign: that campaign.",
+        )
+    },
+    description=(
+        "Every target gets one ordinary PENDING command (visible in `GET /commands/{id}` with "
+        "`campaign_id`), all created in this request's transaction. `rollout.per_minute` caps "
+        "how many of them leave PENDING per minute across all nodes; `abort` aborts the "
+        "campaign (its open commands CANCELLED) once `min_finished` commands are terminal and "
+        "the FAILED + TIMEOUT share reaches `failure_ratio`. A selector is resolved against "
+        "the known devices that are bound, when the campaign starts."
+    ),
+)
+async def create_campaign(
+    commands: Commands, call: CallDep, data: JSONBody[CampaignBody]
+) -> Response[CampaignCreatedBody]:
+    selector = None if isinstance(data.targets.selector, UnsetType) else data.targets.selector
+    devices = None if isinstance(data.targets.devices, UnsetType) else data.targets.devices
+    request = CampaignRequest(
+        name=data.name,
+        params=data.params,
+        delivery=data.delivery,
+        targets=Targets(
+            devices=None if devices is None else tuple(devices),
+            selector=None
+            if selector is None
+            else ((selector,) if isinstance(selector, str) else tuple(selector)),
+        ),
+        per_minute=None if data.rollout is None else data.rollout.per_minute,
+        abort=None
+        if data.abort is None
+        else AbortCriteria(data.abort.failure_ratio, data.abort.min_finished),
+        idempotency_key=data.idempotency_key,
+    )
+    try:
+        created = await _service(commands).create(
+            request, actor=actor_of(call), request_id=call.request_id
+        )
+    except (UnboundTargetsError, NoTargetsError) as exc:
+        log.info(
+            "campaign_create_refused",
+            token=call.caller.name,
+            request_id=call.request_id,
+            code=exc.code,
+        )
+        raise
+    row = created.campaign
+    log.info(
+        "campaign_created" if created.created else "campaign_create_repeated",
+        campaign_id=row["id"],
+        name=data.name,
+        total=len(row["device_ids"]),
+        per_minute=request.per_minute,
+        token=call.caller.name,
+        request_id=call.request_id,
+    )
+    return Response(
+        CampaignCreatedBody(campaign=campaign_of(row), created=created.created),
+        status_code=201 if created.created else 200,
+    )
+
+
+@route(
+    "GET",
+    "/campaigns",
+    operation_id="listCampaigns",
+    tag=TAG,
+    summary="Campaigns, newest first (keyset pagination by id), without counts",
+    role=Role.VIEWER,
+    description="`counts` is empty here: `GET /campaigns/{id}` has them.",
+)
+async def list_campaigns(
+    commands: Commands,
+    status: StatusFilter = None,
+    limit: Limit = LIMIT_DEFAULT,
+    before: Before = None,
+) -> CampaignPage:
+    found = await _service(commands).page(status=status, before_id=before, limit=limit + 1)
+    page = [campaign_of(r, with_counts=False) for r in found[:limit]]
+    return CampaignPage(items=page, next_before=page[-1].id if len(found) > limit else None)
+
+
+@route(
+    "GET",
+    "/campaigns/{id:str}",
+    operation_id="getCampaign",
+    tag=TAG,
+    summary="One campaign with its count of commands per status",
+    role=Role.VIEWER,
+    errors=[CAMPAIGN_NOT_FOUND],
+)
+async def get_campaign(commands: Commands, id: CampaignId) -> Campaign:
+    return campaign_of(await _service(commands).get(id))
+
+
+@route(
+    "GET",
+    "/campaigns/{id:str}/commands",
+    operation_id="listCampaignCommands",
+    tag=TAG,
+    summary="The campaign's commands, newest first (keyset pagination by id)",
+    role=Role.VIEWER,
+    errors=[CAMPAIGN_NOT_FOUND],
+)
+async def list_campaign_commands(
+    commands: Commands,
+    id: CampaignId,
+    status: CommandStatusFilter = None,
+    limit: Limit = LIMIT_DEFAULT,
+    before: Before = None,
+) -> CampaignCommandPage:
+    found = await _service(commands).commands(id, status=status, before_id=before, limit=limit + 1)
+    page = [from_row(Command, r) for r in found[:limit]]
+    return CampaignCommandPage(items=page, next_before=page[-1].id if len(found) > limit else None)
+
+
+@route(
+    "POST",
+    "/campaigns/{id:str}/cancel",
+    operation_id="cancelCampaign",
+    tag=TAG,
+    summary="Cancel the campaign: RUNNING → CANCELLED, its open commands CANCELLED",
+    role=Role.OPERATOR,
+    writes=True,
+    errors=[CAMPAIGN_NOT_FOUND, CAMPAIGN_CLOSED],
+    description=(
+        "A conditional write: of concurrent cancels exactly one wins. Receipts arriving later "
+        "for its commands are kept and refused (`COMMAND_CLOSED`). No request body."
+    ),
+)
+async def cancel_campaign(commands: Commands, call: CallDep, id: CampaignId) -> Campaign:
+    try:
+        row = await _service(commands).cancel(id, actor=actor_of(call), request_id=call.request_id)
+    except CampaignNotFoundError as exc:
+        log.info("campaign_cancel_refused", campaign_id=id, code=exc.code)
+        raise
+    log.info(
+        "campaign_cancelled",
+        campaign_id=id,
+        token=call.caller.name,
+        request_id=call.request_id,
+    )
+    return campaign_of(row)
+
+
+# Request bodies that refuse unknown fields (the document says so: app._complete).
+BODIES: Final = (CampaignBody, TargetsBody, RolloutBody, AbortBody)
+
+HANDLERS: Final = [
+    create_campaign,
+    list_campaigns,
+    get_campaign,
+    list_campaign_commands,
+    cancel_campaign,
+]

@@ -1,0 +1,399 @@
+"""Campaigns (behaviour §7): one request commanding many devices, as an aggregate of its own.
+
+Creation resolves the targets (a list of ids, or the rules' device selector against the known
+bound devices), stores the resolved list, and inserts every command in one statement, all in
+the request's transaction. A campaign closes once, by a conditional write on status RUNNING
+with its audit row and outbox event: COMPLETED or ABORTED by the settler (every node runs
+one; PostgreSQL wakes them when a campaign's command turns terminal), CANCELLED by an
+operator. The settler locks the campaign row before counting its commands, so of several nodes
+judging the same campaign the later ones count what the earlier ones committed: the abort
+happens exactly once, and a campaign whose last commands finish on different nodes at once
+still completes.
+
+The rollout limit is enforced by the dispatchers' claim statement (storage/queries/commands.sql).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+import asyncpg
+import msgspec
+import structlog
+
+from gateway.commands.lifecycle import command_to_json
+from gateway.domain.campaign import AbortCriteria, CampaignError, CampaignStatus, settle
+from gateway.domain.command import CommandStatus, Delivery
+from gateway.domain.rules import DeviceSelector
+from gateway.support.loops import drain_on_notify
+from gateway.support.metrics import Metrics
+from storage import campaigns as repo
+from storage import outbox
+
+log = structlog.get_logger(__name__)
+
+AGGREGATE: Final = "campaign"
+EVENT_CREATED: Final = "campaign.created"
+EVENT_CLOSED: Final = {
+    CampaignStatus.COMPLETED: "campaign.completed",
+    CampaignStatus.ABORTED: "campaign.aborted",
+    CampaignStatus.CANCELLED: "campaign.cancelled",
+}
+SETTLER_ACTOR: Final = "system:campaigns"
+NOTIFY_CHANNEL: Final = "campaign_settle"
+COMMAND_AGGREGATE: Final = "command"
+COMMAND_FINISHED: Final = "command.finished"
+
+
+class CampaignNotFoundError(CampaignError):
+    code = "NOT_FOUND"
+
+    def __init__(self, campaign_id: int) -> None:
+        super().__init__(f"no campaign {campaign_id}")
+        self.campaign_id = campaign_id
+
+
+class CampaignClosedError(CampaignError):
+    code = "ILLEGAL_TRANSITION"
+
+    def __init__(self, campaign_id: int, status: str) -> None:
+        super().__init__(f"campaign {campaign_id} is {status}: it cannot be cancelled")
+        self.campaign_id = campaign_id
+        self.status = status
+
+
+class UnboundTargetsError(CampaignError):
+    code = "DEVICE_UNBOUND"
+
+    def __init__(self, device_ids: Sequence[str]) -> None:
+        shown = ", ".join(device_ids[:20]) + (" …" if len(device_ids) > 20 else "")
+        super().__init__(
+            f"{len(device_ids)} target device(s) are unbound and take no commands: {shown}"
+        )
+        self.device_ids = list(device_ids)
+
+
+class NoTargetsError(CampaignError):
+    code = "NO_TARGETS"
+
+    def __init__(self) -> None:
+        super().__init__("the targets name no device that takes commands")
+
+
+@dataclass(frozen=True, slots=True)
+class Targets:
+    """Either explicit device ids or a selector's patterns (validated by the caller)."""
+
+    devices: tuple[str, ...] | None = None
+    selector: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CampaignRequest:
+    name: str
+    params: dict[str, Any]
+    delivery: Delivery
+    targets: Targets
+    per_minute: int | None
+    abort: AbortCriteria | None
+    idempotency_key: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class CampaignCreated:
+    campaign: asyncpg.Record  # with ``counts``
+    created: bool
+
+
+def campaign_to_json(row: asyncpg.Record) -> dict[str, Any]:
+    """An event's view of the campaign: everything but the (possibly long) device list."""
+    body = {k: v for k, v in row.items() if k not in {"device_ids", "rollout_tokens", "counts"}}
+    body["total"] = len(row["device_ids"])
+    if isinstance(body["params"], str):
+        body["params"] = msgspec.json.decode(body["params"])
+    converted: dict[str, Any] = msgspec.to_builtins(body)
+    return converted
+
+
+def counts_of(row: asyncpg.Record) -> dict[str, int]:
+    """Every command status with its count (zero when none), from a row read by ``repo.get``."""
+    raw = row["counts"]
+    found = msgspec.json.decode(raw) if isinstance(raw, str | bytes) else dict(raw or {})
+    return {status.value: int(found.get(status.value, 0)) for status in CommandStatus}
+
+
+async def _resolve(conn: asyncpg.Connection, targets: Targets) -> list[str]:
+    if targets.devices is not None:
+        devices = list(dict.fromkeys(targets.devices))  # the first mention's order
+        unbound = await repo.unbound_among(conn, devices)
+        if unbound:
+            raise UnboundTargetsError(unbound)
+    else:
+        assert targets.selector is not None
+        selector = DeviceSelector(targets.selector)
+        devices = [d for d in await repo.bound_devices(conn) if selector.matches(d)]
+    if not devices:
+        raise NoTargetsError
+    return devices
+
+
+async def _closed(
+    conn: asyncpg.Connection,
+    campaign_id: int,
+    *,
+    status: CampaignStatus,
+    reason: str,
+    actor: str,
+    action: str,
+    node_id: str,
+    request_id: str | None,
+) -> tuple[asyncpg.Record, list[asyncpg.Record]] | None:
+    """RUNNING → ``status`` once, with audit, event and (unless COMPLETED) its open commands
+    cancelled with theirs; None when it was not RUNNING any more (nothing changed)."""
+    closed = await repo.close(
+        conn,
+        campaign_id,
+        status=status.value,
+        reason=reason,
+        actor=actor,
+        action=action,
+        node_id=node_id,
+        request_id=request_id,
+    )
+    if closed is None:
+        return None
+    cancelled: list[asyncpg.Record] = []
+    if status is not CampaignStatus.COMPLETED:
+        cancelled = await repo.cancel_open_commands(
+            conn, campaign_id, actor=actor, action=f"campaign-{action}", node_id=node_id
+        )
+        if cancelled:
+            await outbox.add_events(
+                conn,
+                aggregate_type=COMMAND_AGGREGATE,
+                event_type=COMMAND_FINISHED,
+                events=[
+                    (str(r["id"]), {"command": command_to_json(r), "actor": actor})
+                    for r in cancelled
+                ],
+            )
+    row = await repo.get(conn, campaign_id)
+    assert row is not None
+    await outbox.add_event(
+        conn,
+        aggregate_type=AGGREGATE,
+        aggregate_id=str(campaign_id),
+        event_type=EVENT_CLOSED[status],
+        payload={"campaign": campaign_to_json(row), "counts": counts_of(row), "actor": actor},
+    )
+    return row, cancelled
+
+
+class CampaignService:
+    """Campaigns for the API and the settler: each call one transaction on a pooled connection."""
+
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        node_id: str,
+        expire_after_s: float,
+        *,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self.pool = pool
+        self.node_id = node_id
+        self.expire_after_s = expire_after_s
+        self.metrics = metrics
+
+    async def create(
+        self, request: CampaignRequest, *, actor: str, request_id: str | None = None
+    ) -> CampaignCreated:
+        async with self.pool.acquire() as conn, conn.transaction():
+            if request.idempotency_key is not None:
+                existing = await repo.by_idempotency_key(conn, request.idempotency_key)
+                if existing is not None:
+                    return CampaignCreated(await self._read(conn, existing["id"]), created=False)
+            devices = await _resolve(conn, request.targets)
+            abort = request.abort
+            row = await repo.insert(
+                conn,
+                name=request.name,
+                params=request.params,
+                delivery=request.delivery.value,
+                target_devices=request.targets.devices,
+                target_selector=request.targets.selector,
+                device_ids=devices,
+                per_minute=request.per_minute,
+                failure_ratio=None if abort is None else abort.failure_ratio,
+                min_finished=None if abort is None else abort.min_finished,
+                idempotency_key=request.idempotency_key,
+                created_by=actor,
+            )
+            if row is None:  # a concurrent request with the same key committed first
+                assert request.idempotency_key is not None
+                existing = await repo.by_idempotency_key(conn, request.idempotency_key)
+                assert existing is not None
+                return CampaignCreated(await self._read(conn, existing["id"]), created=False)
+            await repo.insert_commands(
+                conn, campaign=row, expire_after_s=self.expire_after_s, node_id=self.node_id
+            )
+            await repo.insert_audit(
+                conn,
+                campaign_id=row["id"],
+                actor=actor,
+                action="create",
+                from_status=None,
+                to_status=row["status"],
+                node_id=self.node_id,
+                note=f"{len(devices)} commands",
+                request_id=request_id,
+            )
+            created = await self._read(conn, row["id"])
+            await outbox.add_event(
+                conn,
+                aggregate_type=AGGREGATE,
+                aggregate_id=str(row["id"]),
+                event_type=EVENT_CREATED,
+                payload={"campaign": campaign_to_json(created), "actor": actor},
+            )
+        return CampaignCreated(created, created=True)
+
+    @staticmethod
+    async def _read(conn: asyncpg.Connection | asyncpg.Pool, campaign_id: int) -> asyncpg.Record:
+        row = await repo.get(conn, campaign_id)
+        if row is None:
+            raise CampaignNotFoundError(campaign_id)
+        return row
+
+    async def get(self, campaign_id: int) -> asyncpg.Record:
+        """The campaign with its count per command status, read in one statement."""
+        return await self._read(self.pool, campaign_id)
+
+    async def page(
+        self, *, status: CampaignStatus | None, before_id: int | None, limit: int
+    ) -> list[asyncpg.Record]:
+        return await repo.list_campaigns(
+            self.pool,
+            status=None if status is None else status.value,
+            before_id=before_id,
+            limit=limit,
+        )
+
+    async def commands(
+        self,
+        campaign_id: int,
+        *,
+        status: CommandStatus | None,
+        before_id: int | None,
+        limit: int,
+    ) -> list[asyncpg.Record]:
+        async with self.pool.acquire() as conn, conn.transaction(readonly=True):
+            await self._read(conn, campaign_id)
+            return await repo.commands_of(
+                conn,
+                campaign_id,
+                status=None if status is None else status.value,
+                before_id=before_id,
+                limit=limit,
+            )
+
+    async def cancel(
+        self, campaign_id: int, *, actor: str, request_id: str | None = None
+    ) -> asyncpg.Record:
+        """RUNNING → CANCELLED, and every command of it not yet terminal with it."""
+        async with self.pool.acquire() as conn, conn.transaction():
+            done = await _closed(
+                conn,
+                campaign_id,
+                status=CampaignStatus.CANCELLED,
+                reason=f"cancelled by {actor}",
+                actor=actor,
+                action="cancel",
+                node_id=self.node_id,
+                request_id=request_id,
+            )
+            if done is None:
+                current = await self._read(conn, campaign_id)
+                raise CampaignClosedError(campaign_id, current["status"])
+        row, cancelled = done
+        self._count(cancelled)
+        return row
+
+    def _count(self, cancelled: Sequence[asyncpg.Record]) -> None:
+        if self.metrics is not None:
+            for r in cancelled:
+                self.metrics.count_command(r["previous_status"], r["status"])
+
+    async def settle(self, campaign_id: int) -> asyncpg.Record | None:
+        """Close the campaign if its commands say so (COMPLETED or ABORTED); the closed row,
+        or None when it keeps running or was closed already (by another node, say)."""
+        async with self.pool.acquire() as conn, conn.transaction():
+            # The lock first, the counts after: this statement waits for any other node
+            # settling it, and the next one sees everything committed before that.
+            locked = await repo.lock_running(conn, campaign_id)
+            if locked is None:
+                return None
+            abort = (
+                None
+                if locked["failure_ratio"] is None
+                else AbortCriteria(locked["failure_ratio"], locked["min_finished"])
+            )
+            verdict = settle(await repo.counts(conn, campaign_id), abort)
+            if verdict is None:
+                return None
+            done = await _closed(
+                conn,
+                campaign_id,
+                status=verdict.status,
+                reason=verdict.reason,
+                actor=SETTLER_ACTOR,
+                action="abort" if verdict.status is CampaignStatus.ABORTED else "complete",
+                node_id=self.node_id,
+                request_id=None,
+            )
+        if done is None:  # unreachable under the lock; the write is conditional all the same
+            return None
+        row, cancelled = done
+        self._count(cancelled)
+        log.info(
+            "campaign_closed",
+            campaign_id=campaign_id,
+            status=row["status"],
+            reason=verdict.reason,
+            cancelled=len(cancelled),
+        )
+        return row
+
+    async def settle_running(self) -> int:
+        """One pass of the settler over every RUNNING campaign; how many it closed."""
+        closed = 0
+        for campaign_id in await repo.running(self.pool):
+            if await self.settle(campaign_id) is not None:
+                closed += 1
+        return closed
+
+
+class CampaignSettler:
+    """The loop on every node: woken when a campaign's command turns terminal, polling as a
+    fallback (a node that died between a commit and its settling leaves nothing behind)."""
+
+    def __init__(self, service: CampaignService, *, dsn: str, poll_s: float = 5.0) -> None:
+        self.service = service
+        self.dsn = dsn
+        self.poll_s = poll_s
+
+    async def run_once(self) -> int:
+        return await self.service.settle_running()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        await drain_on_notify(
+            dsn=self.dsn,
+            channel=NOTIFY_CHANNEL,
+            stop=stop,
+            step=self.run_once,
+            poll_s=self.poll_s,
+            name="campaign-settler",
+        )

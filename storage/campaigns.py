@@ -1,0 +1,180 @@
+"""Campaign rows: creation with all its commands, counts, the conditional close, and the
+cancel of its open commands, each one statement on the caller's connection."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import asyncpg
+import msgspec
+
+from storage.sql import load_queries
+
+_Q = load_queries("campaigns.sql")
+INSERT = _Q["insert"]
+BY_IDEMPOTENCY_KEY = _Q["by_idempotency_key"]
+INSERT_COMMANDS = _Q["insert_commands"]
+UNBOUND_AMONG = _Q["unbound_among"]
+BOUND_DEVICES = _Q["bound_devices"]
+GET = _Q["get"]
+LIST = _Q["list"]
+COMMANDS_OF = _Q["commands_of"]
+RUNNING = _Q["running"]
+LOCK_RUNNING = _Q["lock_running"]
+COUNTS = _Q["counts"]
+CLOSE = _Q["close"]
+INSERT_AUDIT = _Q["insert_audit"]
+AUDIT_OF = _Q["audit_of"]
+CANCEL_OPEN_COMMANDS = _Q["cancel_open_commands"]
+
+
+async def insert(
+    conn: asyncpg.Connection,
+    *,
+    name: str,
+    params: dict[str, Any],
+    delivery: str,
+    target_devices: Sequence[str] | None,
+    target_selector: Sequence[str] | None,
+    device_ids: Sequence[str],
+    per_minute: int | None,
+    failure_ratio: float | None,
+    min_finished: int | None,
+    idempotency_key: str | None,
+    created_by: str,
+) -> asyncpg.Record | None:
+    """The new campaign, or None when a campaign already has that idempotency key."""
+    return await conn.fetchrow(
+        INSERT,
+        name,
+        msgspec.json.encode(params).decode(),
+        delivery,
+        None if target_devices is None else list(target_devices),
+        None if target_selector is None else list(target_selector),
+        list(device_ids),
+        per_minute,
+        failure_ratio,
+        min_finished,
+        idempotency_key,
+        created_by,
+    )
+
+
+async def by_idempotency_key(conn: asyncpg.Connection, key: str) -> asyncpg.Record | None:
+    return await conn.fetchrow(BY_IDEMPOTENCY_KEY, key)
+
+
+async def insert_commands(
+    conn: asyncpg.Connection,
+    *,
+    campaign: asyncpg.Record,
+    expire_after_s: float,
+    node_id: str,
+) -> int:
+    """One PENDING command per device of the campaign, with audit rows, in one statement."""
+    count = await conn.fetchval(
+        INSERT_COMMANDS,
+        campaign["id"],
+        campaign["name"],
+        campaign["params"],
+        campaign["delivery"],
+        campaign["created_by"],
+        expire_after_s,
+        list(campaign["device_ids"]),
+        node_id,
+    )
+    return int(count)
+
+
+async def unbound_among(conn: asyncpg.Connection, device_ids: Sequence[str]) -> list[str]:
+    return [r["device_id"] for r in await conn.fetch(UNBOUND_AMONG, list(device_ids))]
+
+
+async def bound_devices(conn: asyncpg.Connection) -> list[str]:
+    return [r["device_id"] for r in await conn.fetch(BOUND_DEVICES)]
+
+
+async def get(conn: asyncpg.Connection | asyncpg.Pool, campaign_id: int) -> asyncpg.Record | None:
+    """The campaign with ``counts`` (json: status → commands), read in one statement."""
+    return await conn.fetchrow(GET, campaign_id)
+
+
+async def list_campaigns(
+    conn: asyncpg.Connection | asyncpg.Pool,
+    *,
+    status: str | None,
+    before_id: int | None,
+    limit: int,
+) -> list[asyncpg.Record]:
+    return list(await conn.fetch(LIST, status, before_id, limit))
+
+
+async def commands_of(
+    conn: asyncpg.Connection | asyncpg.Pool,
+    campaign_id: int,
+    *,
+    status: str | None,
+    before_id: int | None,
+    limit: int,
+) -> list[asyncpg.Record]:
+    return list(await conn.fetch(COMMANDS_OF, campaign_id, status, before_id, limit))
+
+
+async def running(conn: asyncpg.Connection | asyncpg.Pool) -> list[int]:
+    return [r["id"] for r in await conn.fetch(RUNNING)]
+
+
+async def lock_running(conn: asyncpg.Connection, campaign_id: int) -> asyncpg.Record | None:
+    return await conn.fetchrow(LOCK_RUNNING, campaign_id)
+
+
+async def counts(conn: asyncpg.Connection, campaign_id: int) -> dict[str, int]:
+    return {r["status"]: int(r["n"]) for r in await conn.fetch(COUNTS, campaign_id)}
+
+
+async def close(
+    conn: asyncpg.Connection,
+    campaign_id: int,
+    *,
+    status: str,
+    reason: str,
+    actor: str,
+    action: str,
+    node_id: str,
+    request_id: str | None,
+) -> asyncpg.Record | None:
+    """RUNNING → ``status`` with its audit row; None when it was not RUNNING (nothing changed)."""
+    return await conn.fetchrow(
+        CLOSE, campaign_id, status, reason, actor, action, node_id, request_id
+    )
+
+
+async def insert_audit(
+    conn: asyncpg.Connection,
+    *,
+    campaign_id: int,
+    actor: str,
+    action: str,
+    from_status: str | None,
+    to_status: str,
+    node_id: str,
+    note: str | None = None,
+    request_id: str | None = None,
+) -> None:
+    await conn.execute(
+        INSERT_AUDIT, campaign_id, actor, action, from_status, to_status, node_id, note, request_id
+    )
+
+
+async def audit_of(
+    conn: asyncpg.Connection | asyncpg.Pool, campaign_id: int
+) -> list[asyncpg.Record]:
+    return list(await conn.fetch(AUDIT_OF, campaign_id))
+
+
+async def cancel_open_commands(
+    conn: asyncpg.Connection, campaign_id: int, *, actor: str, action: str, node_id: str
+) -> list[asyncpg.Record]:
+    """Every open command of the campaign CANCELLED (rows with ``previous_status``)."""
+    return list(await conn.fetch(CANCEL_OPEN_COMMANDS, campaign_id, actor, action, node_id))
