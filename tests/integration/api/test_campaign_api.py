@@ -290,7 +290,7 @@ async def test_cancel_closes_every_open_command_once_and_late_receipts_are_refus
     closed = winners[0].body
     assert (closed["status"], closed["counts"]) == ("CANCELLED", counts(ACKED=1, CANCELLED=3))
     assert closed["finished_at"] is not None
-    assert closed["status_reason"] == "cancelled by api:console"
+    assert closed["status_reason"] == "cancelled by console"
     rows = {r["device_id"]: r for r in await api.db.fetch("SELECT * FROM command")}
     assert {d: r["status"] for d, r in rows.items()} == {
         "a": "CANCELLED", "b": "CANCELLED", "c": "ACKED", "d": "CANCELLED",
