@@ -221,12 +221,8 @@ def _complete(schemas: dict[str, Any]) -> None:
     # `params`' recursive schema: no Python type spells it, so it joins the generated ones here.
     schemas[JSON_VALUE] = JSON_VALUE_SCHEMA
     notify.complete(schemas)
+    campaigns.complete(schemas)
     # A body Struct that forbids unknown fields says so (msgspec refuses them: a 422).
-    # A campaign's targets: exactly one of its two properties.
-    targets = schemas.get(campaigns.TargetsBody.__name__)
-    if targets is not None:
-        targets.min_properties = 1
-        targets.max_properties = 1
     for body in (ActionBody, CommandBody, notify.SilenceBody, *campaigns.BODIES):
         if body.__struct_config__.forbid_unknown_fields and body.__name__ in schemas:
             schemas[body.__name__].additional_properties = False

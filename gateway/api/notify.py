@@ -19,6 +19,8 @@ from gateway.api.auth import CallDep, Role
 from gateway.api.errors import ApiError, ErrorKind, invalid_body
 from gateway.api.routes import route
 from gateway.api.schemas import (
+    DEVICE_SELECTOR_MAX_LENGTH,
+    DEVICE_SELECTOR_PATTERN,
     ID_MAX,
     LIMIT_DEFAULT,
     LIMIT_MAX,
@@ -41,20 +43,14 @@ TAG: Final = "notifications"
 SILENCE_NOT_FOUND: Final = ErrorKind(404, "NOT_FOUND", "no such silence")
 DELIVERY_NOT_FOUND: Final = ErrorKind(404, "NOT_FOUND", "no such delivery")
 MATCHERS_MAX: Final = 100
-# A device id, or a glob (at least one of `*?[`) of at most 128 characters: what the rules
-# accept (gateway.domain.rules.device_selector), in a pattern both Python and ECMA 262 read alike.
-_DEVICE_PATTERN: Final = (
-    r"^([A-Za-z0-9_.:-]{1,64}|[A-Za-z0-9_.:\]!-]*[*?\[][A-Za-z0-9_.:*?\[\]!-]*)$"
-)
-_DEVICE_MAX: Final = 128
 _EVENT_PATTERN: Final = r"^[a-z]+\.[a-z_]+$"
 
 RuleKey = Annotated[str, msgspec.Meta(pattern=RULE_KEY_FILTER_PATTERN)]
 DevicePattern = Annotated[
     str,
     msgspec.Meta(
-        pattern=_DEVICE_PATTERN,
-        max_length=_DEVICE_MAX,
+        pattern=DEVICE_SELECTOR_PATTERN,
+        max_length=DEVICE_SELECTOR_MAX_LENGTH,
         description="A device id or an fnmatch glob.",
     ),
 ]
@@ -147,7 +143,11 @@ def _array(items: Schema, most: int) -> Schema:
 def complete(schemas: dict[str, Any]) -> None:
     """What Litestar's generation drops from `SilenceMatchers` (the items' patterns and
     bounds), declared here from the same constants the Struct uses."""
-    device = Schema(type=OpenAPIType.STRING, pattern=_DEVICE_PATTERN, max_length=_DEVICE_MAX)
+    device = Schema(
+        type=OpenAPIType.STRING,
+        pattern=DEVICE_SELECTOR_PATTERN,
+        max_length=DEVICE_SELECTOR_MAX_LENGTH,
+    )
     schemas["SilenceMatchers"] = Schema(
         type=OpenAPIType.OBJECT,
         title="SilenceMatchers",

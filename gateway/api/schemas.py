@@ -54,6 +54,12 @@ NOT_BLANK: Final = rf"^[^{_NUL}]*[^{_SPACES}{_NUL}][^{_NUL}]*$"
 # (the classes admit no "\n", and the boundary checks device ids with the protocol's regex).
 DEVICE_ID_PATTERN: Final = IDENTIFIER_PATTERN.removesuffix(r"\Z") + "$"
 RULE_KEY_FILTER_PATTERN: Final = RULE_KEY_PATTERN.removesuffix(r"\Z") + "$"
+# A device id, or a glob (at least one of `*?[`) of at most 128 characters: what the rules
+# accept (gateway.domain.rules.device_selector), in a pattern both Python and ECMA 262 read alike.
+DEVICE_SELECTOR_PATTERN: Final = (
+    r"^([A-Za-z0-9_.:-]{1,64}|[A-Za-z0-9_.:\]!-]*[*?\[][A-Za-z0-9_.:*?\[\]!-]*)$"
+)
+DEVICE_SELECTOR_MAX_LENGTH: Final = 128
 
 NulFreeText = Annotated[str, msgspec.Meta(pattern=NUL_FREE)]
 Actor = Annotated[

@@ -176,6 +176,11 @@ async def test_unbound_targets_and_empty_targets_are_409_and_change_nothing(api:
         {"name": " ", "targets": {"devices": ["a"]}},
         {"name": "x", "targets": {"devices": ["a"]}, "rollout": {"per_minute": 0}},
         {"name": "x", "targets": {"devices": ["a"]}, "rollout": {}},
+        {"name": "x", "targets": {"devices": ["a"]}, "rollout": {"per_minute": 1.5}},
+        {"name": "x", "targets": {"devices": ["a"]}, "rollout": {"per_minute": "60"}},
+        {"name": "x", "targets": {"devices": ["a"]}, "rollout": {"per_minute": True}},
+        {"name": "x", "targets": {"devices": ["a"]},
+         "abort": {"failure_ratio": 0.5, "min_finished": 2.5}},
         {"name": "x", "targets": {"devices": ["a"]},
          "abort": {"failure_ratio": 0, "min_finished": 1}},
         {"name": "x", "targets": {"devices": ["a"]},
@@ -193,6 +198,22 @@ async def test_a_bad_body_is_422_and_changes_nothing(api: Api, body: Any) -> Non
     assert reply.status == 422, reply.body
     assert reply.body["error"] == "INVALID_BODY"
     assert await api.snapshot() == before
+
+
+async def test_a_count_written_as_a_whole_number_float_is_that_integer(api: Api) -> None:
+    # JSON Schema's `integer` admits 60.0, and the document says `integer`: the API agrees.
+    reply = await api.start(
+        {"name": "x", "targets": {"devices": ["a"]}, "rollout": {"per_minute": 60.0},
+         "abort": {"failure_ratio": 0.5, "min_finished": 3.0}}
+    )  # fmt: skip
+    assert reply.status == 201, reply.body
+    campaign = reply.body["campaign"]
+    assert (campaign["per_minute"], campaign["min_finished"]) == (60, 3)
+    row = await api.db.fetchrow(
+        "SELECT per_minute, min_finished FROM campaign WHERE id = $1", campaign["id"]
+    )
+    assert row is not None
+    assert (row["per_minute"], row["min_finished"]) == (60, 3)
 
 
 async def test_an_empty_device_list_is_409_and_changes_nothing(api: Api) -> None:
