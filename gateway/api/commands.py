@@ -91,12 +91,13 @@ Wait = Annotated[
         )
     },
     description=(
-        "The command is created PENDING, attributed to `api:<token name>`; any node's "
-        "dispatcher claims and publishes it. With `wait`, the call returns once the command is "
-        "terminal (ACKED, FAILED, TIMEOUT, CANCELLED) or the wait is over, with the command as "
-        "it is then: a realtime command's failure comes back in this call. The gateway reads "
-        "the command a few times a second while waiting (no connection is held in between); "
-        "the status code is 201 or 200 whatever the outcome, which is in `command.status`."
+        "The command is created PENDING, attributed to the token's name (`created_by`); any "
+        "node's dispatcher claims and publishes it. With `wait`, the call returns once the "
+        "command is terminal (ACKED, FAILED, TIMEOUT, CANCELLED) or the wait is over, with "
+        "the command as it is then: a realtime command's failure comes back in this call. The "
+        "gateway reads the command a few times a second while waiting (no connection is held "
+        "in between); the status code is 201 or 200 whatever the outcome, which is in "
+        "`command.status`."
     ),
 )
 async def create_command(
