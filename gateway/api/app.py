@@ -32,6 +32,7 @@ from gateway.api.auth import (
     BearerAuth,
     call_of,
 )
+from gateway.api.console_route import console_routes
 from gateway.api.errors import REQUEST_ID_HEADER, handle_exception
 from gateway.api.health import HealthCheck
 from gateway.api.routes import check_inputs, route
@@ -164,7 +165,7 @@ def build_app(
         path=DOCS_ASSETS, directories=[swagger_ui_path], include_in_schema=False
     )
     app = Litestar(
-        route_handlers=[*health.HANDLERS, openapi_document, guarded, assets],
+        route_handlers=[*health.HANDLERS, openapi_document, guarded, assets, *console_routes()],
         dependencies={
             "alarms": Provide(lambda: alarm_service, sync_to_thread=False, use_cache=True),
             "commands": Provide(lambda: command_service, sync_to_thread=False, use_cache=True),
