@@ -64,6 +64,14 @@ def _parser() -> argparse.ArgumentParser:
     )
     database.add_argument("--config", type=Path, help="its [node] state_dir is used")
 
+    demo = commands.add_parser(
+        "demo", help="the daemon, example rules and ~100 simulated devices; prints the console URL"
+    )
+    demo.add_argument("--http-port", type=int, default=8080, help="(default %(default)s; 0: any)")
+    demo.add_argument("--mqtt-port", type=int, default=1883, help="embedded broker's port")
+    demo.add_argument("--state-dir", type=Path, help="keep the data here (default: a temp dir)")
+    demo.add_argument("--screenshots", type=Path, metavar="OUTDIR", help="photograph the console")
+
     units = commands.add_parser("install-systemd", help="install the systemd unit files")
     units.add_argument("--target", type=Path, default=Path("/etc/systemd/system"))
     units.add_argument("--executable", help="the gateway command the units run (default: this one)")
@@ -77,6 +85,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _check_config(args.path)
     if args.command == "install-systemd":
         return _install_systemd(args)
+    if args.command == "demo":
+        return _demo(args)
     try:
         config = load_config(args.config)
     except ConfigError as exc:
@@ -103,6 +113,17 @@ def _run_async(coro: Coroutine[Any, Any, int]) -> int:
         return asyncio.run(coro)
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         return runner.run(coro)
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from gateway.runtime import demo
+
+    settings = demo.DemoSettings(
+        http_port=args.http_port, mqtt_port=args.mqtt_port, state_dir=args.state_dir
+    )
+    if args.screenshots is not None:
+        return _run_async(demo.run_screenshots(settings, args.screenshots))
+    return _run_async(demo.run_demo(settings))
 
 
 def _install_systemd(args: argparse.Namespace) -> int:
