@@ -11,6 +11,7 @@ from datetime import datetime
 from typing import Any
 
 import asyncpg
+import msgspec
 
 from storage.sql import load_queries
 
@@ -91,6 +92,8 @@ async def insert_alarm(
     active_key: str,
     triggered_at: datetime,
     node_id: str,
+    trigger: dict[str, Any] | None = None,
+    rule_description: str | None = None,
 ) -> asyncpg.Record | None:
     """The new row, or None on a dedup hit."""
     return await conn.fetchrow(
@@ -103,7 +106,13 @@ async def insert_alarm(
         active_key,
         triggered_at,
         node_id,
+        _json(trigger),
+        rule_description,
     )
+
+
+def _json(value: dict[str, Any] | None) -> str | None:
+    return None if value is None else msgspec.json.encode(value).decode()
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +125,8 @@ class NewAlarm:
     telemetry_event_id: str
     dedup_key: str
     active_key: str
+    trigger: dict[str, Any] | None = None
+    rule_description: str | None = None
 
 
 async def taken_keys(
@@ -141,6 +152,8 @@ async def insert_alarms(
         [a.active_key for a in alarms],
         triggered_at,
         node_id,
+        [_json(a.trigger) for a in alarms],
+        [a.rule_description for a in alarms],
     )
     return list(records)
 
@@ -195,6 +208,8 @@ async def insert_late(
         node_id,
         superseded_by_dedup_key,
         clear_event_id,
+        _json(alarm.trigger),
+        alarm.rule_description,
     )
 
 
@@ -223,6 +238,7 @@ async def insert_audit(
     note: str | None = None,
     request_id: str | None = None,
     event_id: str | None = None,
+    stated_actor: str | None = None,
 ) -> None:
     await conn.execute(
         INSERT_AUDIT,
@@ -235,6 +251,7 @@ async def insert_audit(
         request_id,
         event_id,
         node_id,
+        stated_actor,
     )
 
 

@@ -287,6 +287,8 @@ def _request(firing: Firing) -> AlarmRequest:
         severity=firing.severity,
         telemetry_event_id=firing.telemetry_event_id,
         reason=firing.reason,
+        trigger=None if firing.trigger is None else dict(firing.trigger),
+        rule_description=firing.rule_description,
     )
 
 

@@ -15,6 +15,7 @@ import structlog
 
 from gateway.alarms.engine import AlarmEngine, inactivity_event_id
 from gateway.alarms.service import ConcurrentWriteError, create_alarm
+from gateway.domain.rules import InactivityRule, silence_trigger
 from gateway.support.loops import every
 from storage import alarms as repo
 
@@ -46,14 +47,15 @@ class InactivityMonitor:
                     reason = "presence offline"
                 else:
                     reason = f"silent for more than {rule.silent_seconds:g}s"
-                alarm_id = await self._raise(rule.key, rule.severity, device_id, since, reason)
+                alarm_id = await self._raise(rule, device_id, since, reason)
                 if alarm_id is not None:
                     raised.append(alarm_id)
         return raised
 
     async def _raise(
-        self, rule_key: str, severity: str, device_id: str, since: datetime, reason: str
+        self, rule: InactivityRule, device_id: str, since: datetime, reason: str
     ) -> int | None:
+        rule_key = rule.key
         event_id = inactivity_event_id(rule_key, device_id, since)
         try:
             async with self.pool.acquire() as conn, conn.transaction():
@@ -62,12 +64,14 @@ class InactivityMonitor:
                     conn,
                     device_id=device_id,
                     rule_key=rule_key,
-                    severity=severity,
+                    severity=rule.severity,
                     telemetry_event_id=event_id,
                     reason=reason,
                     node_id=self.engine.node_id,
                     now=now,
                     summary=self.engine.summary,
+                    trigger=silence_trigger(since),
+                    rule_description=rule.description,
                 )
         except ConcurrentWriteError:
             return None  # another node raised it first

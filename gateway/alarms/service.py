@@ -81,6 +81,8 @@ class ConcurrentWriteError(GatewayError):
 
 def alarm_from_record(record: asyncpg.Record) -> Alarm:
     fields = {name: record[name] for name in Alarm.__struct_fields__}
+    if isinstance(fields["trigger"], str):  # jsonb comes as its text
+        fields["trigger"] = msgspec.json.decode(fields["trigger"])
     return msgspec.convert(fields, Alarm, strict=False)
 
 
@@ -120,12 +122,14 @@ async def _record(
     request_id: str | None = None,
     event_id: str | None = None,
     extra: dict[str, Any] | None = None,
+    stated_actor: str | None = None,
 ) -> None:
     """The audit row and the outbox event of one change, on the change's transaction."""
     await repo.insert_audit(
         conn,
         alarm_id=alarm.id,
         actor=actor,
+        stated_actor=stated_actor,
         action=action,
         from_status=None if from_status is None else from_status.value,
         to_status=alarm.status.value,
@@ -172,8 +176,12 @@ async def create_alarm(
     node_id: str,
     now: datetime,
     summary: SummarySpec | None = None,
+    trigger: dict[str, Any] | None = None,
+    rule_description: str = "",
 ) -> Creation:
     """Raise an alarm inside the caller's transaction (the ingest batch that fired it).
+
+    ``trigger`` and ``rule_description`` say why it fired (kept with the alarm).
 
     With ``summary``, its first AI summary task is created in the same transaction: exactly
     one per real creation (a dedup hit returns before this point), with nothing to consume.
@@ -209,6 +217,8 @@ async def create_alarm(
             active_key=held_by,
             triggered_at=now,
             node_id=node_id,
+            trigger=trigger,
+            rule_description=rule_description or None,
         )
     except asyncpg.UniqueViolationError as exc:
         # ON CONFLICT covers the dedup key only: a concurrent insert of the same alarm can
@@ -265,6 +275,8 @@ class AlarmRequest:
     severity: str
     telemetry_event_id: str
     reason: str
+    trigger: dict[str, Any] | None = None
+    rule_description: str = ""
 
 
 async def create_alarms(
@@ -304,6 +316,8 @@ async def create_alarms(
                 node_id=node_id,
                 now=now,
                 summary=summary,
+                trigger=request.trigger,
+                rule_description=request.rule_description,
             )
         else:
             fresh.append(index)
@@ -335,6 +349,8 @@ async def _insert_fresh(
             telemetry_event_id=requests[i].telemetry_event_id,
             dedup_key=keys[i],
             active_key=holders[i],
+            trigger=requests[i].trigger,
+            rule_description=requests[i].rule_description or None,
         )
         for i in fresh
     ]
@@ -408,6 +424,8 @@ async def create_late_alarm(
             telemetry_event_id=request.telemetry_event_id,
             dedup_key=key,
             active_key=active_key(request.device_id, request.rule_key),
+            trigger=request.trigger,
+            rule_description=request.rule_description or None,
         ),
         at=now,
         node_id=node_id,
@@ -498,8 +516,12 @@ async def transition(
     expected: AlarmStatus | None = None,
     now: datetime | None = None,
     event_type: str = EVENT_STATUS_CHANGED,
+    stated_actor: str | None = None,
 ) -> Alarm:
     """Apply one action in the caller's transaction, conditional on the prior status.
+
+    ``actor`` is who acted (over the API: the token's name); ``stated_actor`` what the caller
+    wrote as the actor, untrusted, kept apart in the audit row.
 
     ``expected``: the status the caller saw (system transitions pass it so that a timer
     never acts on an alarm a person just changed). ``now``: an injected clock (timers in
@@ -537,6 +559,7 @@ async def transition(
         node_id=node_id,
         note=note,
         request_id=request_id,
+        stated_actor=stated_actor,
     )
     return updated
 
@@ -614,6 +637,7 @@ class AlarmService:
         actor: str,
         note: str | None = None,
         request_id: str | None = None,
+        stated_actor: str | None = None,
     ) -> Alarm:
         async with self.pool.acquire() as conn, conn.transaction():
             before = await repo.get(conn, alarm_id)
@@ -625,6 +649,7 @@ class AlarmService:
                 node_id=self.node_id,
                 note=note,
                 request_id=request_id,
+                stated_actor=stated_actor,
             )
         if self.metrics is not None and before is not None:
             self.metrics.count_alarm_transition(before["status"], changed.status.value)

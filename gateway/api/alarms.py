@@ -8,9 +8,10 @@ import structlog
 from litestar.di import NamedDependency
 from litestar.handlers import HTTPRouteHandler
 from litestar.params import JSONBody, Parameter
+from msgspec import UnsetType
 
 from gateway.alarms.service import AlarmService
-from gateway.api.auth import CallDep, Role
+from gateway.api.auth import CallDep, Role, actor_of
 from gateway.api.errors import (
     ALARM_NOT_FOUND,
     ALARM_SUPERSEDED,
@@ -223,9 +224,15 @@ def _action_route(action: Action) -> HTTPRouteHandler:
         id: AlarmId,
         data: JSONBody[ActionBody],
     ) -> AlarmDetail:
+        stated = None if isinstance(data.actor, UnsetType) else data.actor
         try:
             alarm = await alarms.act(
-                id, action, actor=data.actor, note=data.note, request_id=call.request_id
+                id,
+                action,
+                actor=actor_of(call),
+                stated_actor=stated,
+                note=data.note,
+                request_id=call.request_id,
             )
         except Exception as exc:
             refused = from_domain(exc)
@@ -235,8 +242,8 @@ def _action_route(action: Action) -> HTTPRouteHandler:
                 "alarm_action_refused",
                 alarm_id=id,
                 action=action.value,
-                actor=data.actor,
-                token=call.caller.name,
+                actor=call.caller.name,
+                stated_actor=stated,
                 request_id=call.request_id,
                 code=refused.kind.code,
             )
@@ -245,8 +252,8 @@ def _action_route(action: Action) -> HTTPRouteHandler:
             "alarm_action",
             alarm_id=id,
             action=action.value,
-            actor=data.actor,
-            token=call.caller.name,
+            actor=call.caller.name,
+            stated_actor=stated,
             request_id=call.request_id,
             status=alarm.status.value,
         )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Final
 
+import asyncpg
 import msgspec
 from litestar import Litestar, Request, Response, Router
 from litestar.datastructures import MutableScopeHeaders, State
@@ -23,7 +24,7 @@ from litestar.types import Message, Scope
 from swagger_ui_bundle import swagger_ui_path
 
 from gateway.alarms.service import AlarmService
-from gateway.api import alarms, commands, health
+from gateway.api import alarms, commands, dead_letters, devices, health, session, stream
 from gateway.api.auth import (
     BEARER_SCHEME,
     REQUEST_ID_MAX_LENGTH,
@@ -46,7 +47,9 @@ from gateway.api.schemas import (
     ActionBody,
     CommandBody,
 )
+from gateway.api.stream import StreamHub
 from gateway.commands.service import CommandService
+from gateway.ingest.live_path import LivePath
 from gateway.support.metrics import Metrics
 from gateway.support.version import gateway_version
 
@@ -115,6 +118,10 @@ def _openapi_config() -> OpenAPIConfig:
             Tag(name=alarms.TAG, description="Alarm lifecycle (behaviour §5)."),
             Tag(name=commands.TAG, description="Downlink commands (behaviour §7)."),
             Tag(name=health.TAG, description="Health, metrics, this document."),
+            Tag(name=devices.TAG, description="Devices and their telemetry (behaviour §2, §3)."),
+            Tag(name=dead_letters.TAG, description="Dead letters, for admins (behaviour §3)."),
+            Tag(name=stream.TAG, description="The live stream of outbox events."),
+            Tag(name=session.TAG, description="Who the caller is."),
         ],
         components=Components(
             schemas={JSON_VALUE: JSON_VALUE_SCHEMA},
@@ -141,11 +148,24 @@ def build_app(
     auth: BearerAuth,
     alarm_service: AlarmService,
     command_service: CommandService,
+    pool: asyncpg.Pool,
+    replay_path: LivePath,
+    stream_hub: StreamHub,
 ) -> Litestar:
-    """The whole HTTP surface of a node. ``auth.replace`` swaps its tokens at run time."""
+    """The whole HTTP surface of a node. ``auth.replace`` swaps its tokens at run time.
+
+    ``replay_path`` is the ingest path dead letters are replayed through; ``stream_hub`` feeds
+    ``GET /stream`` (its ``run`` loop is the caller's to run)."""
     guarded = Router(
         "/",
-        route_handlers=[*alarms.HANDLERS, *commands.HANDLERS],
+        route_handlers=[
+            *alarms.HANDLERS,
+            *commands.HANDLERS,
+            *devices.HANDLERS,
+            *dead_letters.HANDLERS,
+            *session.HANDLERS,
+            stream.create_ticket,
+        ],
         parameters={
             "request_id": HeaderParameter(
                 annotation=str,
@@ -165,18 +185,34 @@ def build_app(
         path=DOCS_ASSETS, directories=[swagger_ui_path], include_in_schema=False
     )
     app = Litestar(
-        route_handlers=[*health.HANDLERS, openapi_document, guarded, assets, *console_routes()],
+        route_handlers=[
+            *health.HANDLERS,
+            openapi_document,
+            guarded,
+            stream.stream,
+            assets,
+            *console_routes(),
+        ],
         dependencies={
             "alarms": Provide(lambda: alarm_service, sync_to_thread=False, use_cache=True),
             "commands": Provide(lambda: command_service, sync_to_thread=False, use_cache=True),
             "call": Provide(call_of, sync_to_thread=False),
+            "pool": Provide(lambda: pool, sync_to_thread=False, use_cache=True),
         },
         exception_handlers={Exception: handle_exception},
         before_request=check_inputs,
         before_send=[echo_request_id],
         openapi_config=_openapi_config(),
         request_max_body_size=MAX_BODY_BYTES,
-        state=State({"auth": auth, "health_check": health_check, "metrics": metrics}),
+        state=State(
+            {
+                "auth": auth,
+                "health_check": health_check,
+                "metrics": metrics,
+                dead_letters.STATE_REPLAY_PATH: replay_path,
+                stream.STATE_HUB: stream_hub,
+            }
+        ),
         logging_config=None,
         debug=False,
     )

@@ -68,6 +68,8 @@ FORBIDDEN: Final = ErrorKind(
 ALARM_NOT_FOUND: Final = ErrorKind(404, "NOT_FOUND", "no such alarm (`alarm_id`)")
 COMMAND_NOT_FOUND: Final = ErrorKind(404, "NOT_FOUND", "no such command (`command_id`)")
 ROUTE_NOT_FOUND: Final = ErrorKind(404, "NOT_FOUND", "no such path")
+DEVICE_NOT_FOUND: Final = ErrorKind(404, "NOT_FOUND", "no such device (`device_id`)")
+DEAD_LETTER_NOT_FOUND: Final = ErrorKind(404, "NOT_FOUND", "no such dead letter (`dead_letter_id`)")
 METHOD_NOT_ALLOWED: Final = ErrorKind(
     405, "METHOD_NOT_ALLOWED", "the path exists, the method does not (`Allow` lists them)"
 )
@@ -128,6 +130,7 @@ class ErrorBody(msgspec.Struct, kw_only=True, omit_defaults=True):
     detail: str | UnsetType = UNSET
     alarm_id: int | UnsetType = UNSET
     command_id: int | UnsetType = UNSET
+    dead_letter_id: int | UnsetType = UNSET
     device_id: str | UnsetType = UNSET
     current_status: str | UnsetType = UNSET
     action: str | UnsetType = UNSET

@@ -9,7 +9,7 @@ gets past them. Rows become Structs in one place, :func:`from_row`.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any, Final, TypeVar
+from typing import Annotated, Any, Final, Literal, TypeVar
 
 import msgspec
 from litestar.openapi.spec import Reference, Schema
@@ -26,7 +26,7 @@ from gateway.domain.alarm import (
 )
 from gateway.domain.command import CommandStatus, Delivery, ReceiptOutcome, RejectReason
 from gateway.domain.rules import RULE_KEY_PATTERN
-from protocol import ReceiptResult
+from protocol import MetricValue, ReceiptResult
 from protocol.ids import IDENTIFIER_PATTERN
 
 ID_MAX: Final = 2**63 - 1  # bigint: a larger id would be a driver error, not a 400
@@ -149,9 +149,11 @@ def _has_nul(params: Any) -> bool:
 
 
 class ActionBody(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    """``POST /alarms/{id}/{action}``: who acts, and why."""
+    """``POST /alarms/{id}/{action}``: why, and optionally who the caller says acts. The audit
+    records the token's name as the actor; a stated ``actor`` is kept apart, untrusted
+    (``stated_actor`` in the audit trail)."""
 
-    actor: Actor
+    actor: Actor | UnsetType = UNSET  # absent: nothing stated
     note: Note | None = None
 
 
@@ -226,7 +228,8 @@ class Chain(msgspec.Struct, kw_only=True):
 
 class AuditEntry(msgspec.Struct, kw_only=True):
     id: int
-    actor: str  # a person, or `system:<what>`
+    actor: str  # the token's name, or `system:<what>`
+    stated_actor: str | None  # what the caller wrote as the actor (untrusted), if anything
     action: str
     from_status: AlarmStatus | None
     to_status: AlarmStatus
@@ -346,6 +349,102 @@ class CommandPage(msgspec.Struct, kw_only=True):
 class Unbound(msgspec.Struct, kw_only=True):
     device_id: str
     cancelled: list[int]  # the open commands this unbinding cancelled
+
+
+# --- devices ------------------------------------------------------------------------------------
+
+Presence = Literal["online", "offline", "unknown"]
+
+
+class Device(msgspec.Struct, kw_only=True):
+    """A device the gateway has heard from; ``open_alarms`` counts its open alarms (NEW,
+    PUSHED, DELAYED, CONFIRMED, ESCALATED: as ``GET /alarms?open=true``)."""
+
+    device_id: str
+    presence: Presence
+    first_seen: datetime
+    last_seen: datetime
+    open_alarms: int
+
+
+class DevicePage(msgspec.Struct, kw_only=True):
+    """Devices by id, ascending. ``next_after`` is ``after`` for the next page (null on the
+    last); a page may be shorter than ``limit`` and still have a next one (``selector``)."""
+
+    devices: list[Device]
+    next_after: str | None = None
+
+
+class LatestMetric(msgspec.Struct, kw_only=True):
+    value: MetricValue
+    ts: datetime  # the sample's device time
+
+
+class LatestEvent(msgspec.Struct, kw_only=True):
+    event: str  # the event's type
+    ts: datetime  # the sample's device time
+
+
+class DeviceDetail(Device, kw_only=True):
+    """A device with its latest value of each metric and its latest events (newest first, at
+    most 20), both from its newest samples."""
+
+    bound: bool
+    latest_metrics: dict[str, LatestMetric]
+    latest_events: list[LatestEvent]
+
+
+class DeviceOne(msgspec.Struct, kw_only=True):
+    device: DeviceDetail
+
+
+class Sample(msgspec.Struct, kw_only=True):
+    """One stored telemetry message: its device time, sequence, metrics and events as sent."""
+
+    ts: datetime
+    seq: int | None
+    metrics: dict[str, MetricValue] | None
+    events: list[dict[str, Any]] | None
+    event_id: str
+
+
+class SamplePage(msgspec.Struct, kw_only=True):
+    """Newest first; ``next_before`` is ``before`` for the next (older) page, null on the last."""
+
+    samples: list[Sample]
+    next_before: str | None = None
+
+
+# --- dead letters -------------------------------------------------------------------------------
+
+
+class DeadLetter(msgspec.Struct, kw_only=True):
+    """A message that could not be ingested, kept with why (``reason``, ``detail``); ``size`` is
+    the payload's size as it arrived; the replay columns say what the last replay did."""
+
+    id: int
+    topic: str
+    reason: str
+    detail: str
+    size: int
+    received_at: datetime
+    node_id: str
+    replay_count: int
+    replayed_at: datetime | None
+    replay_outcome: str | None
+
+
+class DeadLetterPage(msgspec.Struct, kw_only=True):
+    dead_letters: list[DeadLetter]
+    next_before: int | None = None  # `before` for the next (older) page; null on the last
+
+
+class Replayed(msgspec.Struct, kw_only=True):
+    """What a replay did: ``stored``, ``duplicate``, ``receipt``, ``presence`` (ingested), or
+    ``still_invalid: <reason>``, ``truncated`` (not ingested, kept)."""
+
+    dead_letter_id: int
+    outcome: str
 
 
 # --- rows to Structs: the one place ------------------------------------------------------------

@@ -102,6 +102,7 @@ class TokenConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True)
     token: str = ""
     token_env: str = ""
     role: Literal["viewer", "operator", "admin"] = "viewer"
+    # Required (validate): who the audit trail names for whatever the token does.
     name: str = ""
 
 
@@ -291,11 +292,35 @@ def validate(config: Config) -> None:
             raise ConfigError(f"api.tokens[{index}]", "set exactly one of token and token_env")
         if token.token and len(token.token) < 16:
             raise ConfigError(f"api.tokens[{index}].token", "must be at least 16 characters")
+    _validate_token_names(config.api.tokens)
     compile_rules(config.rules)  # raises ConfigError("rules[i].field", ...)
     _validate_ai(config.ai)
     compile_quiet_hours(config.alarms.quiet_hours)  # ConfigError("alarms.quiet_hours...")
     if config.database.retry_min_s > config.database.retry_max_s:
         raise ConfigError("database.retry_min_s", "must not exceed database.retry_max_s")
+
+
+TOKEN_NAME_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9 _.@-]{0,63}$"  # noqa: S105 - a pattern
+_TOKEN_NAME: Final = re.compile(TOKEN_NAME_PATTERN.removesuffix("$") + r"\Z")
+
+
+def _validate_token_names(tokens: list[TokenConfig]) -> None:
+    """Every token has a name, unique: the audit trail records it as the actor."""
+    seen: dict[str, int] = {}
+    for index, token in enumerate(tokens):
+        path = f"api.tokens[{index}].name"
+        if not token.name:
+            raise ConfigError(path, "required: the audit trail names the token by it")
+        if _TOKEN_NAME.match(token.name) is None:
+            raise ConfigError(
+                path,
+                "1 to 64 letters, digits, spaces and _ . @ - (starting with a letter or digit)",
+            )
+        if token.name in seen:
+            raise ConfigError(
+                path, f"{token.name!r} is taken already by api.tokens[{seen[token.name]}]"
+            )
+        seen[token.name] = index
 
 
 def _validate_ai(ai: AiConfig) -> None:

@@ -243,6 +243,11 @@ class Alarm(msgspec.Struct, frozen=True, kw_only=True):
     cleared_at: datetime | None = None
     clear_event_id: str | None = None
     last_notified_at: datetime | None = None  # reminders: no state change
+    # Why it fired, kept from its creation (null for alarms created before it was kept): a
+    # threshold rule's {metric, op, threshold, value, sample_ts}, an event rule's {event,
+    # sample_ts}, an inactivity rule's {silent_since}; and its rule's description.
+    trigger: dict[str, Any] | None = None
+    rule_description: str | None = None
 
 
 def dedup_key(rule_key: str, device_id: str, telemetry_event_id: str) -> str:

@@ -32,7 +32,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import ClassVar, Final, Literal, TypeAlias, TypeGuard, TypeVar
+from typing import Any, ClassVar, Final, Literal, TypeAlias, TypeGuard, TypeVar
 
 import msgspec
 
@@ -521,6 +521,9 @@ class Firing:
     observed_at: datetime  # the message's device timestamp
     superseded_by_event: str | None = None
     cleared_by_event: str | None = None
+    # Why it fired, stored with the alarm: see `trigger_of`.
+    trigger: Mapping[str, Any] | None = field(default=None, compare=False)
+    rule_description: str = ""
 
 
 @dataclass(frozen=True)
@@ -594,6 +597,7 @@ class _Run:
         rule: Rule,
         reason: str,
         *,
+        observed: MetricValue | None = None,
         superseded_by: str | None = None,
         cleared_by: str | None = None,
     ) -> None:
@@ -607,6 +611,8 @@ class _Run:
                 self.observed_at,
                 superseded_by,
                 cleared_by,
+                trigger=trigger_of(rule, self.observed_at, observed),
+                rule_description=rule.description,
             )
         )
 
@@ -638,6 +644,30 @@ class _Run:
         if self.observed_at < last:
             return True
         return self.seq is not None and state.last_seq is not None and self.seq < state.last_seq
+
+
+def trigger_of(
+    rule: Rule, sample_ts: datetime, observed: MetricValue | None = None
+) -> dict[str, Any]:
+    """Why ``rule`` fired on the sample of ``sample_ts`` (RFC 3339), as the alarm keeps it:
+    an event rule's event, a threshold rule's comparison and the value that broke it."""
+    at = sample_ts.isoformat()
+    if isinstance(rule, ThresholdRule):
+        return {
+            "metric": rule.metric,
+            "op": rule.op,
+            "threshold": rule.value,
+            "value": observed,
+            "sample_ts": at,
+        }
+    if isinstance(rule, EventRule):
+        return {"event": rule.event, "sample_ts": at}
+    return {"sample_ts": at}
+
+
+def silence_trigger(silent_since: datetime) -> dict[str, Any]:
+    """Why an inactivity rule fired: the device has been silent since then (RFC 3339)."""
+    return {"silent_since": silent_since.isoformat()}
 
 
 def evaluate(
@@ -778,7 +808,7 @@ def _count_violation(
 ) -> None:
     held = newest - since
     if count >= rule.for_samples and held >= timedelta(seconds=rule.for_seconds):
-        run.fire(rule, _threshold_reason(rule, observed, count, held))
+        run.fire(rule, _threshold_reason(rule, observed, count, held), observed=observed)
         state = replace(state.rearmed(), firing=True, fired_ts=newest, fired_event_id=run.event_id)
     else:
         state = replace(state, pending_count=count, pending_since=since)
@@ -824,7 +854,7 @@ def _judge_late_sample(
         # since stands for it; or the rule was firing at its time.
         run.put(rule, state)
         return
-    run.fire(rule, _threshold_reason(rule, observed, 1, timedelta(0)))
+    run.fire(rule, _threshold_reason(rule, observed, 1, timedelta(0)), observed=observed)
     state = replace(state, firing=True, fired_ts=at, fired_event_id=run.event_id)
     if state.clear_ts is not None and state.clear_event_id is not None and at < state.clear_ts:
         run.clear(

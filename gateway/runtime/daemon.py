@@ -13,8 +13,11 @@ import structlog
 from gateway.api.app import build_app
 from gateway.api.health import BrokerHealth, DatabaseHealth, Health, IngestHealth, OutboxHealth
 from gateway.api.server import ApiServer
+from gateway.api.stream import StreamHub
 from gateway.config import Config
 from gateway.domain.errors import StartupError
+from gateway.ingest import live_path
+from gateway.ingest.live_path import LivePath
 from gateway.ingest.writer import IngestWriter
 from gateway.mqtt.session import OFFLINE, MqttSession
 from gateway.mqtt.v311_client import ConnectionSettings, TlsSettings
@@ -112,14 +115,25 @@ class Daemon:
             stop=stop,
             on_connected=self._on_connected,
         )
+        hub: StreamHub | None = None
         if cfg.http.enabled:
             set_secrets(secrets_of(cfg))
+            hub = StreamHub(pool, node.dsn)
             app = build_app(
                 health_check=self.health,
                 metrics=self.metrics,
                 auth=parts.auth,
                 alarm_service=parts.alarm_service,
                 command_service=parts.command_service,
+                pool=pool,
+                # Dead letters replayed over HTTP take the writer's own rules engine.
+                replay_path=LivePath(
+                    decoder=live_path.message_decoder(cfg),
+                    node_id=self.node_id,
+                    engine=parts.engine,
+                    receipts=live_path.receipt_applier(cfg, self.metrics),
+                ),
+                stream_hub=hub,
             )
             server = await stack.enter_async_context(ApiServer(app, cfg.http.host, cfg.http.port))
             self.http_port = server.port
@@ -128,6 +142,8 @@ class Daemon:
             writer_task = tasks.create_task(parts.writer.run(), name="ingest-writer")
             for name, loop in parts.loops:
                 tasks.create_task(loop(stop), name=name)
+            if hub is not None:
+                tasks.create_task(hub.run(stop), name="stream-hub")
             if self.notifier.enabled:
                 interval = self.notifier.watchdog_interval_s()
                 watchdog = Watchdog(

@@ -20,10 +20,11 @@ UPDATE alarm SET active_key = NULL WHERE id = $1 AND status = $2 RETURNING id;
 
 -- name: insert_alarm
 -- $1 device, $2 rule key, $3 severity, $4 telemetry event id, $5 dedup key, $6 active key,
--- $7 triggered at, $8 node id; nothing on a dedup hit.
+-- $7 triggered at, $8 node id, $9 trigger json or null, $10 rule description or null;
+-- nothing on a dedup hit.
 INSERT INTO alarm (device_id, rule_key, severity, status, telemetry_event_id, dedup_key,
-                   active_key, triggered_at, node_id)
-VALUES ($1, $2, $3, 'NEW', $4, $5, $6, $7, $8)
+                   active_key, triggered_at, node_id, trigger, rule_description)
+VALUES ($1, $2, $3, 'NEW', $4, $5, $6, $7, $8, $9::jsonb, $10)
 ON CONFLICT (dedup_key) DO NOTHING
 RETURNING *;
 
@@ -38,12 +39,15 @@ SELECT ARRAY(SELECT a.dedup_key FROM unnest($1::text[]) AS k(key)
 
 -- name: insert_alarms
 -- $1 devices, $2 rule keys, $3 severities, $4 telemetry event ids, $5 dedup keys, $6 active
--- keys (arrays, pairwise), $7 triggered at, $8 node id; the rows inserted (none on a dedup hit).
+-- keys (arrays, pairwise), $7 triggered at, $8 node id, $9 triggers json, $10 rule
+-- descriptions (arrays, pairwise with the others, nulls allowed); the rows inserted (none on
+-- a dedup hit).
 INSERT INTO alarm (device_id, rule_key, severity, status, telemetry_event_id, dedup_key,
-                   active_key, triggered_at, node_id)
-SELECT d, r, s, 'NEW', e, k, a, $7, $8
-FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[])
-     AS u(d, r, s, e, k, a)
+                   active_key, triggered_at, node_id, trigger, rule_description)
+SELECT d, r, s, 'NEW', e, k, a, $7, $8, g::jsonb, x
+FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
+            $9::text[], $10::text[])
+     AS u(d, r, s, e, k, a, g, x)
 ON CONFLICT (dedup_key) DO NOTHING
 RETURNING *;
 
@@ -86,10 +90,10 @@ RETURNING *;
 
 -- name: insert_audit
 -- $1 alarm id, $2 actor, $3 action, $4 from status, $5 to status, $6 note, $7 request id,
--- $8 event id, $9 node id.
+-- $8 event id, $9 node id, $10 the actor the caller stated (untrusted) or null.
 INSERT INTO alarm_audit (alarm_id, actor, action, from_status, to_status, note, request_id,
-                         event_id, node_id)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9);
+                         event_id, node_id, stated_actor)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10);
 
 -- name: list
 -- $1 statuses or null, $2 device or null, $3 rule or null, $4 open only, $5 before id (keyset,
@@ -105,7 +109,8 @@ LIMIT $6;
 
 -- name: audit_of
 -- $1 alarm id; its audit trail, oldest first.
-SELECT id, actor, action, from_status, to_status, note, request_id, event_id, node_id, at
+SELECT id, actor, stated_actor, action, from_status, to_status, note, request_id, event_id,
+       node_id, at
 FROM alarm_audit WHERE alarm_id = $1 ORDER BY id;
 
 -- name: chain
@@ -167,15 +172,17 @@ RETURNING *;
 
 -- name: insert_late
 -- $1 device, $2 rule key, $3 severity, $4 telemetry event id, $5 dedup key, $6 at, $7 node id,
--- $8 the dedup key of the alarm raised since, $9 clear event id or null; an alarm committed
+-- $8 the dedup key of the alarm raised since, $9 clear event id or null, $10 trigger json or
+-- null, $11 rule description or null; an alarm committed
 -- after the alarm that, in device order, superseded it: created SUPERSEDED (and cleared,
 -- with $9), holding no active key. Nothing on a dedup hit.
 INSERT INTO alarm (device_id, rule_key, severity, status, telemetry_event_id, dedup_key,
                    active_key, triggered_at, superseded_at, superseded_by, cleared_at,
-                   clear_event_id, node_id)
+                   clear_event_id, node_id, trigger, rule_description)
 SELECT $1, $2, $3, 'SUPERSEDED', $4, $5, NULL, $6, $6,
        (SELECT id FROM alarm WHERE dedup_key = $8),
-       CASE WHEN $9::text IS NULL THEN NULL ELSE $6::timestamptz END, $9, $7
+       CASE WHEN $9::text IS NULL THEN NULL ELSE $6::timestamptz END, $9, $7,
+       $10::jsonb, $11
 ON CONFLICT (dedup_key) DO NOTHING
 RETURNING *;
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
@@ -14,8 +15,10 @@ from gateway.api.app import build_app
 from gateway.api.auth import BearerAuth
 from gateway.api.health import BrokerHealth, DatabaseHealth, Health, IngestHealth
 from gateway.api.server import ApiServer
+from gateway.api.stream import StreamHub
 from gateway.commands.service import CommandService
-from gateway.config import TokenConfig
+from gateway.config import TokenConfig, parse_config
+from gateway.ingest import live_path
 from gateway.support.metrics import Metrics
 from storage.pool import create_pool
 
@@ -38,20 +41,34 @@ class Served:
     alarms: AlarmService
     commands: CommandService
     auth: BearerAuth
+    hub: StreamHub
 
 
 @contextlib.asynccontextmanager
-async def serve_api(dsn: str, tokens: Sequence[TokenConfig]) -> AsyncIterator[Served]:
+async def serve_api(
+    dsn: str, tokens: Sequence[TokenConfig], config_text: str | None = None
+) -> AsyncIterator[Served]:
+    """The API on a loopback port; ``config_text`` (TOML) configures the replay path (rules,
+    encoding, node id "api-test" by default)."""
     pool = await create_pool(dsn, min_size=1, max_size=20)
     alarms = AlarmService(pool, node_id="api-test")
     commands = CommandService(pool, "api-test", 3600.0)
     auth = BearerAuth(tokens)
+    config = parse_config(config_text or '[node]\nid = "api-test"\n')
+    hub = StreamHub(pool, dsn)
     app = build_app(
         health_check=healthy, metrics=Metrics(), auth=auth, alarm_service=alarms,
-        command_service=commands,
+        command_service=commands, pool=pool,
+        replay_path=live_path.for_replay(config, Metrics()), stream_hub=hub,
     )  # fmt: skip
+    stop = asyncio.Event()
+    hub_task = asyncio.create_task(hub.run(stop), name="stream-hub")
     try:
         async with ApiServer(app, "127.0.0.1", 0) as server:
-            yield Served(f"http://127.0.0.1:{server.port}", app, alarms, commands, auth)
+            yield Served(f"http://127.0.0.1:{server.port}", app, alarms, commands, auth, hub)
+            stop.set()  # the hub ends the open streams first: the server stops at once
+            await hub_task
     finally:
+        stop.set()
+        await hub_task
         await pool.close()

@@ -122,7 +122,7 @@ async def test_create_get_and_list_with_keyset_pages(api: Api) -> None:
     assert (first["retry_count"], first["reclaim_count"]) == (0, 0)
     assert (first["result"], first["result_code"], first["raw_result_code"]) == (None, None, None)
     assert first["finished_at"] is None
-    assert first["created_by"] == "api:console"  # the operator token's name
+    assert first["created_by"] == "console"  # the operator token's name
 
     # Defaults: realtime, no params, no key.
     second = await api.create("dev-1", "reboot")
@@ -136,7 +136,7 @@ async def test_create_get_and_list_with_keyset_pages(api: Api) -> None:
         "SELECT actor, action, from_status, to_status FROM command_audit WHERE command_id = $1",
         first["id"],
     )
-    assert [tuple(r) for r in audit] == [("api:console", "create", None, "PENDING")]
+    assert [tuple(r) for r in audit] == [("console", "create", None, "PENDING")]
 
     ids = [first["id"], second["id"]]
     ids += [(await api.create("dev-1", f"c{n}"))["id"] for n in range(3)]
@@ -381,7 +381,7 @@ async def test_tokens_and_roles(api: Api) -> None:
     # Stronger roles may do what weaker ones may; a viewer may read.
     assert (await api.get(f"/commands/{command['id']}", token=VIEWER)).status == 200
     admin = await api.send("dev-1", {"name": "a"}, token=ADMIN)
-    assert (admin.status, admin.body["command"]["created_by"]) == (201, "api:root")
+    assert (admin.status, admin.body["command"]["created_by"]) == (201, "root")
 
 
 async def test_request_id_is_echoed(api: Api) -> None:
@@ -412,7 +412,7 @@ async def test_cancel_pending_then_cancel_again_is_refused(api: Api) -> None:
         "WHERE command_id = $1 ORDER BY id",
         command["id"],
     )
-    assert [tuple(r) for r in audit][-1] == ("api:console", "cancel", "PENDING", "CANCELLED")
+    assert [tuple(r) for r in audit][-1] == ("console", "cancel", "PENDING", "CANCELLED")
 
     before = await api.snapshot()
     again = await api.call("POST", f"/commands/{command['id']}/cancel", token=OPERATOR)
@@ -455,7 +455,7 @@ async def test_unbind_cancels_open_commands_and_refuses_new_ones(api: Api) -> No
         " AND to_status = 'CANCELLED'",
         open_ids,
     )
-    assert [tuple(r) for r in actors] == [("api:console", "unbind")]
+    assert [tuple(r) for r in actors] == [("console", "unbind")]
     assert (await api.command(kept["id"]))["command"]["status"] == "PENDING"
 
     before = await api.snapshot()

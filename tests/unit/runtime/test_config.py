@@ -72,6 +72,25 @@ def _sections(config: Config) -> list[tuple[str, object]]:
         ("[database]\npool_min = 5\npool_max = 2\n", "database.pool_min", "must not exceed"),
         ("[ingest]\nbatch_max = 0\n", "ingest.batch_max", ">= 1"),
         ("[mqtt\n", "<toml>", ""),
+        # Every token is named (the audit's actor), names are unique.
+        ("[[api.tokens]]\ntoken = 'a-token-of-16-chars'\n", "api.tokens[0].name", "required"),
+        (
+            "[[api.tokens]]\ntoken = 'a-token-of-16-chars'\nname = 'x'\n"
+            "[[api.tokens]]\ntoken = 'b-token-of-16-chars'\nname = ''\n",
+            "api.tokens[1].name",
+            "required",
+        ),
+        (
+            "[[api.tokens]]\ntoken = 'a-token-of-16-chars'\nname = 'olga'\n"
+            "[[api.tokens]]\ntoken = 'b-token-of-16-chars'\nname = 'olga'\n",
+            "api.tokens[1].name",
+            "'olga' is taken already by api.tokens[0]",
+        ),
+        (
+            "[[api.tokens]]\ntoken = 'a-token-of-16-chars'\nname = 'system:rules'\n",
+            "api.tokens[0].name",
+            "letters, digits",
+        ),
     ],
 )
 def test_errors_name_the_key_path(text: str, key_path: str, fragment: str) -> None:

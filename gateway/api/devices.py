@@ -1,0 +1,265 @@
+"""The device routes (behaviour §2, §3): what the gateway knows of each device, for viewers."""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime, timedelta
+from typing import Annotated, Any, Final
+
+import asyncpg
+import msgspec
+from litestar.di import NamedDependency
+from litestar.params import Parameter
+
+from gateway.api.alarms import Limit
+from gateway.api.auth import Role
+from gateway.api.commands import DeviceId
+from gateway.api.errors import DEVICE_NOT_FOUND, ApiError, bad_request
+from gateway.api.routes import route
+from gateway.api.schemas import (
+    LIMIT_DEFAULT,
+    Device,
+    DeviceDetail,
+    DeviceOne,
+    DevicePage,
+    LatestEvent,
+    LatestMetric,
+    Presence,
+    Sample,
+    SamplePage,
+    exact,
+)
+from gateway.domain.errors import ConfigError
+from gateway.domain.rules import DeviceSelector, device_selector
+from protocol.ids import IDENTIFIER_PATTERN
+from storage import console as repo
+
+Pool = NamedDependency[asyncpg.Pool]
+
+TAG: Final = "devices"
+# Latest metrics and events come from the device's newest samples: this many of them.
+LATEST_WINDOW: Final = 1000
+LATEST_EVENTS_MAX: Final = 20
+# A selector scan reads at most this many devices per request; the page then ends early,
+# with a cursor to go on from (so one request never reads a whole large fleet).
+SELECTOR_SCAN_MAX: Final = 10_000
+_SCAN_BATCH: Final = 500
+_METRIC_PATTERN: Final = IDENTIFIER_PATTERN.removesuffix(r"\Z") + "$"
+SAMPLE_CURSOR_PATTERN: Final = r"^[0-9]{1,19}-[0-9a-f]{64}$"
+_SAMPLE_CURSOR: Final = re.compile(SAMPLE_CURSOR_PATTERN.removesuffix("$") + r"\Z")
+_EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def _selector(text: str | None) -> DeviceSelector | None:
+    """The rules' device selector: comma-separated device ids and globs (``door-*,pump-1``)."""
+    if text is None:
+        return None
+    try:
+        return device_selector([p.strip() for p in text.split(",")], "selector")
+    except ConfigError as exc:
+        raise bad_request("selector", exc.message) from None
+
+
+def _device(row: Any) -> Device:
+    return Device(
+        device_id=row["device_id"],
+        presence=row["presence"],
+        first_seen=row["first_seen"],
+        last_seen=row["last_seen"],
+        open_alarms=int(row["open_alarms"]),
+    )
+
+
+@route(
+    "GET",
+    "/devices",
+    summary="List devices by id (keyset pagination, ascending)",
+    operation_id="listDevices",
+    tag=TAG,
+    role=Role.VIEWER,
+)
+async def list_devices(
+    pool: Pool,
+    *,
+    presence: Annotated[
+        Presence | None,
+        Parameter(description="Only devices with this presence.", schema_extra=exact("string")),
+    ] = None,
+    selector: Annotated[
+        str | None,
+        Parameter(
+            pattern=r"^[A-Za-z0-9_.:\-*?\[\]!, ]{1,1000}$",
+            schema_extra=exact("string"),
+            description=(
+                "Only devices the rules' selector syntax picks: device ids and globs "
+                "(`*`, `?`, `[...]`), comma-separated, e.g. `door-*,pump-1`."
+            ),
+        ),
+    ] = None,
+    limit: Limit = LIMIT_DEFAULT,
+    after: Annotated[
+        str | None,
+        Parameter(
+            pattern=IDENTIFIER_PATTERN.removesuffix(r"\Z") + "$",
+            schema_extra=exact("string"),
+            description="Keyset cursor: only devices whose id sorts after this (`next_after`).",
+        ),
+    ] = None,
+) -> DevicePage:
+    chosen = _selector(selector)
+    if chosen is None:
+        rows = await repo.device_page(pool, presence=presence, after=after, limit=limit + 1)
+        page = [_device(r) for r in rows[:limit]]
+        more = len(rows) > limit
+        return DevicePage(devices=page, next_after=page[-1].device_id if more else None)
+    # Globs do not translate to SQL exactly: the selector itself picks, over a bounded scan.
+    found: list[Device] = []
+    cursor, scanned = after, 0
+    while scanned < SELECTOR_SCAN_MAX:
+        rows = await repo.device_page(pool, presence=presence, after=cursor, limit=_SCAN_BATCH)
+        for row in rows:
+            scanned += 1
+            cursor = row["device_id"]
+            if chosen.matches(row["device_id"]):
+                found.append(_device(row))
+                if len(found) == limit:
+                    return DevicePage(devices=found, next_after=cursor)
+        if len(rows) < _SCAN_BATCH:
+            return DevicePage(devices=found, next_after=None)
+    return DevicePage(devices=found, next_after=cursor)
+
+
+def _latest(samples: list[Any]) -> tuple[dict[str, LatestMetric], list[LatestEvent]]:
+    metrics: dict[str, LatestMetric] = {}
+    events: list[LatestEvent] = []
+    for sample in samples:  # newest first
+        for name, value in msgspec.json.decode(sample["metrics"] or "{}").items():
+            if name not in metrics:
+                metrics[name] = LatestMetric(value=value, ts=sample["ts"])
+        for event in msgspec.json.decode(sample["events"] or "[]"):
+            if len(events) < LATEST_EVENTS_MAX:
+                events.append(LatestEvent(event=str(event.get("type")), ts=sample["ts"]))
+    return metrics, events
+
+
+@route(
+    "GET",
+    "/devices/{id:str}",
+    summary="One device, with its latest metrics and events",
+    operation_id="getDevice",
+    tag=TAG,
+    role=Role.VIEWER,
+    errors=[DEVICE_NOT_FOUND],
+    description=(
+        f"`latest_metrics` holds each metric's newest value among the device's newest "
+        f"{LATEST_WINDOW} samples; `latest_events` their events, newest first, at most "
+        f"{LATEST_EVENTS_MAX}."
+    ),
+)
+async def get_device(pool: Pool, id: DeviceId) -> DeviceOne:
+    row = await repo.device(pool, id)
+    if row is None:
+        raise ApiError(DEVICE_NOT_FOUND, f"no device {id}", device_id=id)
+    metrics, events = _latest(await repo.latest_samples(pool, id, LATEST_WINDOW))
+    base = _device(row)
+    return DeviceOne(
+        device=DeviceDetail(
+            **{f: getattr(base, f) for f in Device.__struct_fields__},
+            bound=row["bound"],
+            latest_metrics=metrics,
+            latest_events=events,
+        )
+    )
+
+
+def _cursor_of(ts: datetime, event_id: str) -> str:
+    return f"{(ts - _EPOCH) // timedelta(microseconds=1)}-{event_id}"
+
+
+def _parse_cursor(text: str) -> tuple[datetime, str]:
+    if _SAMPLE_CURSOR.match(text) is None:
+        raise bad_request("before", "not a cursor this API gave (`next_before`)")
+    micros, _, event_id = text.partition("-")
+    try:
+        return _EPOCH + timedelta(microseconds=int(micros)), event_id
+    except OverflowError:
+        raise bad_request("before", "not a cursor this API gave (`next_before`)") from None
+
+
+def _aware(name: str, value: datetime | None) -> datetime | None:
+    if value is not None and value.tzinfo is None:
+        raise bad_request(name, "give a UTC offset (`Z` or `+hh:mm`)")
+    return value
+
+
+@route(
+    "GET",
+    "/devices/{id:str}/telemetry",
+    summary="The device's stored samples, newest first (keyset pagination)",
+    operation_id="getDeviceTelemetry",
+    tag=TAG,
+    role=Role.VIEWER,
+    errors=[DEVICE_NOT_FOUND],
+)
+async def device_telemetry(
+    pool: Pool,
+    id: DeviceId,
+    *,
+    since: Annotated[
+        datetime | None,
+        Parameter(
+            description="Only samples at or after this device time (RFC 3339, with offset).",
+            schema_extra=exact("string", format="date-time"),
+        ),
+    ] = None,
+    until: Annotated[
+        datetime | None,
+        Parameter(
+            description="Only samples before this device time (RFC 3339, with offset).",
+            schema_extra=exact("string", format="date-time"),
+        ),
+    ] = None,
+    metric: Annotated[
+        str | None,
+        Parameter(
+            pattern=_METRIC_PATTERN,
+            schema_extra=exact("string"),
+            description="Only samples carrying this metric.",
+        ),
+    ] = None,
+    limit: Limit = LIMIT_DEFAULT,
+    before: Annotated[
+        str | None,
+        Parameter(
+            pattern=SAMPLE_CURSOR_PATTERN,
+            schema_extra=exact("string"),
+            description="Keyset cursor: only older samples (`next_before`).",
+        ),
+    ] = None,
+) -> SamplePage:
+    cursor = None if before is None else _parse_cursor(before)
+    since, until = _aware("since", since), _aware("until", until)
+    if await repo.device(pool, id) is None:
+        raise ApiError(DEVICE_NOT_FOUND, f"no device {id}", device_id=id)
+    rows = await repo.telemetry_page(
+        pool, id, since=since, until=until, before=cursor, metric=metric, limit=limit + 1
+    )
+    page = rows[:limit]
+    samples = [
+        Sample(
+            ts=r["ts"],
+            seq=r["seq"],
+            metrics=None if r["metrics"] is None else msgspec.json.decode(r["metrics"]),
+            events=None if r["events"] is None else msgspec.json.decode(r["events"]),
+            event_id=r["event_id"],
+        )
+        for r in page
+    ]
+    more = len(rows) > limit
+    return SamplePage(
+        samples=samples,
+        next_before=_cursor_of(page[-1]["ts"], page[-1]["event_id"]) if more else None,
+    )
+
+
+HANDLERS: Final = [list_devices, get_device, device_telemetry]

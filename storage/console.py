@@ -1,0 +1,161 @@
+"""Reads for the operator console (devices, telemetry, dead letters), stream tickets, and the
+outbox as the live stream reads it.
+
+The stream's cursor is ``(xid, id)``: the transaction that wrote an event, then its id. Ids
+come from a sequence and transactions commit out of id order, so "id > last seen" would skip
+an event whose transaction committed late. Instead only events whose transaction, and every
+older one, has ended are read (``xid < pg_snapshot_xmin``): that set is final, and in (xid,
+id) order nothing can appear behind a cursor once it has been passed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+import asyncpg
+
+from storage.sql import load_queries
+
+_Q = load_queries("console.sql")
+DEVICE_PAGE = _Q["device_page"]
+DEVICE = _Q["device"]
+LATEST_SAMPLES = _Q["latest_samples"]
+TELEMETRY_PAGE = _Q["telemetry_page"]
+DEAD_LETTER_PAGE = _Q["dead_letter_page"]
+DEAD_LETTER_EXISTS = _Q["dead_letter_exists"]
+INSERT_TICKET = _Q["insert_ticket"]
+USE_TICKET = _Q["use_ticket"]
+DROP_OLD_TICKETS = _Q["drop_old_tickets"]
+STREAM_HORIZON = _Q["stream_horizon"]
+STREAM_EVENTS = _Q["stream_events"]
+STREAM_TAIL = _Q["stream_tail"]
+
+
+async def device_page(
+    conn: asyncpg.Connection | asyncpg.Pool, *, presence: str | None, after: str | None, limit: int
+) -> list[asyncpg.Record]:
+    return list(await conn.fetch(DEVICE_PAGE, presence, after, limit))
+
+
+async def device(conn: asyncpg.Connection | asyncpg.Pool, device_id: str) -> asyncpg.Record | None:
+    return await conn.fetchrow(DEVICE, device_id)
+
+
+async def latest_samples(
+    conn: asyncpg.Connection | asyncpg.Pool, device_id: str, limit: int
+) -> list[asyncpg.Record]:
+    return list(await conn.fetch(LATEST_SAMPLES, device_id, limit))
+
+
+async def telemetry_page(
+    conn: asyncpg.Connection | asyncpg.Pool,
+    device_id: str,
+    *,
+    since: datetime | None,
+    until: datetime | None,
+    before: tuple[datetime, str] | None,
+    metric: str | None,
+    limit: int,
+) -> list[asyncpg.Record]:
+    before_ts, before_id = (None, None) if before is None else before
+    return list(
+        await conn.fetch(
+            TELEMETRY_PAGE, device_id, since, until, before_ts, before_id, metric, limit
+        )
+    )
+
+
+async def dead_letter_page(
+    conn: asyncpg.Connection | asyncpg.Pool, *, reason: str | None, before: int | None, limit: int
+) -> list[asyncpg.Record]:
+    return list(await conn.fetch(DEAD_LETTER_PAGE, reason, before, limit))
+
+
+async def dead_letter_exists(conn: asyncpg.Connection | asyncpg.Pool, dead_letter_id: int) -> bool:
+    return bool(await conn.fetchval(DEAD_LETTER_EXISTS, dead_letter_id))
+
+
+async def insert_ticket(
+    conn: asyncpg.Connection | asyncpg.Pool,
+    *,
+    digest: bytes,
+    token_name: str,
+    role: str,
+    lifetime_s: float,
+) -> datetime:
+    """Store a ticket's digest; when it expires (database clock)."""
+    expires_at: datetime = await conn.fetchval(INSERT_TICKET, digest, token_name, role, lifetime_s)
+    return expires_at
+
+
+async def use_ticket(
+    conn: asyncpg.Connection | asyncpg.Pool, digest: bytes
+) -> tuple[str, str] | None:
+    """(token name, role) of a valid ticket, now used; None if unknown, used or expired."""
+    row = await conn.fetchrow(USE_TICKET, digest)
+    return None if row is None else (row["token_name"], row["role"])
+
+
+async def drop_old_tickets(conn: asyncpg.Connection | asyncpg.Pool) -> int:
+    status: str = await conn.execute(DROP_OLD_TICKETS)
+    return int(status.rsplit(maxsplit=1)[-1])
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Cursor:
+    """A position in the stream: after the event (xid, id)."""
+
+    xid: int
+    id: int
+
+    def __str__(self) -> str:
+        return f"{self.xid}:{self.id}"
+
+
+@dataclass(frozen=True, slots=True)
+class StreamEvent:
+    cursor: Cursor
+    event_id: str
+    event_type: str
+    aggregate_type: str
+    aggregate_id: str
+    payload: str  # json text
+    created_at: datetime
+
+
+async def stream_horizon(conn: asyncpg.Connection | asyncpg.Pool) -> int:
+    """Every transaction with an xid below this has ended."""
+    return int(await conn.fetchval(STREAM_HORIZON))
+
+
+async def stream_events(
+    conn: asyncpg.Connection | asyncpg.Pool, after: Cursor | None, horizon: int, limit: int
+) -> list[StreamEvent]:
+    """Final events after ``after`` (all of them with None), in (xid, id) order."""
+    rows = await conn.fetch(
+        STREAM_EVENTS,
+        None if after is None else str(after.xid),
+        None if after is None else after.id,
+        str(horizon),
+        limit,
+    )
+    return [
+        StreamEvent(
+            cursor=Cursor(int(r["xid"]), int(r["id"])),
+            event_id=str(r["event_id"]),
+            event_type=r["event_type"],
+            aggregate_type=r["aggregate_type"],
+            aggregate_id=r["aggregate_id"],
+            payload=r["payload"],
+            created_at=r["created_at"],
+        )
+        for r in rows
+    ]
+
+
+async def stream_tail(conn: asyncpg.Connection | asyncpg.Pool) -> Cursor:
+    """The cursor of the newest final event (0:0 when there is none): where a stream with no
+    cursor starts."""
+    row = await conn.fetchrow(STREAM_TAIL)
+    return Cursor(0, 0) if row is None else Cursor(int(row["xid"]), int(row["id"]))

@@ -1,0 +1,99 @@
+-- name: device_page
+-- $1 presence or null, $2 after device id (keyset, ascending) or null, $3 limit; devices with
+-- their open alarm count (open: NEW, PUSHED, DELAYED, CONFIRMED, ESCALATED, as GET /alarms).
+SELECT d.device_id, d.presence, d.first_seen, d.last_seen, d.bound,
+       (SELECT count(*) FROM alarm a
+        WHERE a.device_id = d.device_id
+          AND a.status IN ('NEW', 'PUSHED', 'DELAYED', 'CONFIRMED', 'ESCALATED')) AS open_alarms
+FROM device d
+WHERE ($1::text IS NULL OR d.presence = $1)
+  AND ($2::text IS NULL OR d.device_id > $2)
+ORDER BY d.device_id
+LIMIT $3;
+
+-- name: device
+-- $1 device id; the device with its open alarm count, as in device_page.
+SELECT d.device_id, d.presence, d.first_seen, d.last_seen, d.bound,
+       (SELECT count(*) FROM alarm a
+        WHERE a.device_id = d.device_id
+          AND a.status IN ('NEW', 'PUSHED', 'DELAYED', 'CONFIRMED', 'ESCALATED')) AS open_alarms
+FROM device d
+WHERE d.device_id = $1;
+
+-- name: latest_samples
+-- $1 device id, $2 how many; the device's newest samples (metrics and events as json text),
+-- newest first. Uses the (device_id, ts DESC) index, partitioned or not.
+SELECT ts, metrics::text AS metrics, events::text AS events
+FROM telemetry
+WHERE device_id = $1
+ORDER BY ts DESC, event_id DESC
+LIMIT $2;
+
+-- name: telemetry_page
+-- $1 device id, $2 since (inclusive) or null, $3 until (exclusive) or null, $4 cursor ts or
+-- null, $5 cursor event id (with $4), $6 metric or null, $7 limit; newest first, keyset on
+-- (ts, event_id): exact when several samples share a ts.
+SELECT event_id, ts, seq, metrics::text AS metrics, events::text AS events
+FROM telemetry
+WHERE device_id = $1
+  AND ($2::timestamptz IS NULL OR ts >= $2)
+  AND ($3::timestamptz IS NULL OR ts < $3)
+  AND ($4::timestamptz IS NULL OR (ts, event_id) < ($4, $5::text))
+  AND ($6::text IS NULL OR metrics ? $6)
+ORDER BY ts DESC, event_id DESC
+LIMIT $7;
+
+-- name: dead_letter_page
+-- $1 reason or null, $2 before id (keyset, newest first) or null, $3 limit.
+SELECT id, topic, reason, detail, payload_size AS size, received_at, node_id, replay_count,
+       replayed_at, replay_outcome
+FROM dead_letter
+WHERE ($1::text IS NULL OR reason = $1)
+  AND ($2::bigint IS NULL OR id < $2)
+ORDER BY id DESC
+LIMIT $3;
+
+-- name: dead_letter_exists
+-- $1 id.
+SELECT EXISTS (SELECT 1 FROM dead_letter WHERE id = $1);
+
+-- name: insert_ticket
+-- $1 digest, $2 token name, $3 role, $4 lifetime seconds; expires_at on the database clock.
+INSERT INTO stream_ticket (digest, token_name, role, expires_at)
+VALUES ($1, $2, $3, now() + make_interval(secs => $4))
+RETURNING expires_at;
+
+-- name: use_ticket
+-- $1 digest; marks an unused, unexpired ticket used and returns its token name and role
+-- (nothing for an unknown, used or expired one: any node, exactly once).
+UPDATE stream_ticket
+SET used_at = now()
+WHERE digest = $1 AND used_at IS NULL AND expires_at > now()
+RETURNING token_name, role;
+
+-- name: drop_old_tickets
+-- no parameters; tickets expired a while ago (used or not) are of no more use.
+DELETE FROM stream_ticket WHERE expires_at < now() - interval '1 hour';
+
+-- name: stream_horizon
+-- no parameters; every transaction with an xid below this has ended: events below it are final.
+SELECT pg_snapshot_xmin(pg_current_snapshot())::text AS horizon;
+
+-- name: stream_events
+-- $1 after xid (exclusive, with $2) or null for the start, $2 after id, $3 horizon (exclusive),
+-- $4 limit; the outbox's events in (xid, id) order, only those whose transaction and every
+-- older one have ended.
+SELECT xid::text AS xid, id, event_id, event_type, aggregate_type, aggregate_id,
+       payload::text AS payload, created_at
+FROM outbox_event
+WHERE ($1::text IS NULL OR (xid, id) > ($1::text::xid8, $2::bigint))
+  AND xid < $3::text::xid8
+ORDER BY xid, id
+LIMIT $4;
+
+-- name: stream_tail
+-- no parameters; the cursor of the newest event a stream may deliver now (none: null).
+SELECT xid::text AS xid, id FROM outbox_event
+WHERE xid < pg_snapshot_xmin(pg_current_snapshot())
+ORDER BY xid DESC, id DESC
+LIMIT 1;

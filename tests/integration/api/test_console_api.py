@@ -1,0 +1,364 @@
+"""The console's API over real HTTP against real PostgreSQL: who am I, devices and their
+telemetry, dead letters (admin), stream tickets."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import aiohttp
+import asyncpg
+import pytest
+
+from gateway.alarms.service import create_alarm, transition
+from gateway.config import TokenConfig
+from gateway.domain.alarm import Action
+from storage.alarms import db_now
+from tests.support.api_client import ADMIN, OPERATOR, VIEWER, ApiClient
+from tests.support.api_server import Served, serve_api
+
+TOKENS = [
+    TokenConfig(token=VIEWER, role="viewer", name="wall-screen"),
+    TokenConfig(token=OPERATOR, role="operator", name="console"),
+    TokenConfig(token=ADMIN, role="admin", name="root"),
+]
+T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+
+
+@pytest.fixture
+async def served(db_dsn: str) -> AsyncIterator[Served]:
+    async with serve_api(db_dsn, TOKENS) as served:
+        yield served
+
+
+@pytest.fixture
+async def api(served: Served) -> AsyncIterator[ApiClient]:
+    async with aiohttp.ClientSession() as http:
+        yield ApiClient(served.base, http)
+
+
+async def add_device(
+    db: asyncpg.Connection, device_id: str, presence: str = "online", *, bound: bool = True
+) -> None:
+    await db.execute(
+        "INSERT INTO device (device_id, first_seen, last_seen, presence, bound) "
+        "VALUES ($1, $2, $3, $4, $5)",
+        device_id, T0, T0 + timedelta(minutes=5), presence, bound,
+    )  # fmt: skip
+
+
+async def add_sample(
+    db: asyncpg.Connection,
+    device_id: str,
+    ts: datetime,
+    *,
+    metrics: dict[str, Any] | None = None,
+    events: list[dict[str, Any]] | None = None,
+    seq: int | None = None,
+) -> str:
+    event_id = hashlib.sha256(uuid.uuid4().bytes).hexdigest()
+    await db.execute(
+        "INSERT INTO telemetry (event_id, device_id, ts, seq, metrics, events, node_id) "
+        "VALUES ($1, $2, $3, $4, $5::jsonb, $6::jsonb, 'n')",
+        event_id, device_id, ts, seq,
+        None if metrics is None else json.dumps(metrics),
+        None if events is None else json.dumps(events),
+    )  # fmt: skip
+    return event_id
+
+
+async def raise_alarm(db: asyncpg.Connection, device_id: str, rule: str = "r1") -> int:
+    async with db.transaction():
+        created = await create_alarm(
+            db, device_id=device_id, rule_key=rule, severity="MAJOR",
+            telemetry_event_id=uuid.uuid4().hex, reason="test", node_id="n",
+            now=await db_now(db),
+        )  # fmt: skip
+    assert created.alarm is not None
+    return created.alarm.id
+
+
+# --- who am I ------------------------------------------------------------------------------------
+
+
+async def test_me_names_the_token_and_its_role(api: ApiClient) -> None:
+    for token, name, role in [
+        (VIEWER, "wall-screen", "viewer"),
+        (OPERATOR, "console", "operator"),
+        (ADMIN, "root", "admin"),
+    ]:
+        reply = await api.get("/me", token=token)
+        assert (reply.status, reply.body) == (200, {"name": name, "role": role})
+    reply = await api.get("/me", token="not-a-token-0123456789")
+    assert (reply.status, reply.body["error"]) == (401, "UNAUTHORIZED")
+    assert (await api.get("/me", token=None)).status == 401
+
+
+# --- devices -------------------------------------------------------------------------------------
+
+
+async def test_devices_are_listed_by_id_filtered_and_paged(
+    api: ApiClient, db: asyncpg.Connection
+) -> None:
+    presences = ["online", "offline", "unknown"]
+    ids = [f"dev-{n:02d}" for n in range(12)]
+    for n, device_id in enumerate(reversed(ids)):
+        await add_device(db, device_id, presences[n % 3])
+    opened = await raise_alarm(db, "dev-03", "r1")
+    await raise_alarm(db, "dev-03", "r2")
+    closed = await raise_alarm(db, "dev-04", "r1")
+    async with db.transaction():
+        await transition(db, closed, Action.HANDLE, actor="someone", node_id="n")
+    assert opened
+
+    everything = await api.get("/devices?limit=500")
+    assert everything.status == 200, everything.body
+    assert [d["device_id"] for d in everything.body["devices"]] == ids
+    assert everything.body["next_after"] is None
+    first = everything.body["devices"][3]
+    assert first == {
+        "device_id": "dev-03",
+        "presence": first["presence"],
+        "first_seen": "2026-11-30T12:00:00Z",
+        "last_seen": "2026-11-30T12:05:00Z",
+        "open_alarms": 2,
+    }
+    by_id = {d["device_id"]: d for d in everything.body["devices"]}
+    assert by_id["dev-04"]["open_alarms"] == 0  # HANDLED is no longer open
+    assert by_id["dev-05"]["open_alarms"] == 0
+
+    # Keyset pages of 5: every device once, in order.
+    seen, after = [], None
+    while True:
+        reply = await api.get("/devices?limit=5" + (f"&after={after}" if after else ""))
+        assert reply.status == 200
+        seen += [d["device_id"] for d in reply.body["devices"]]
+        after = reply.body["next_after"]
+        if after is None:
+            break
+    assert seen == ids
+
+    offline = await api.get("/devices?presence=offline")
+    assert {d["presence"] for d in offline.body["devices"]} == {"offline"}
+    assert len(offline.body["devices"]) == 4
+
+    # The rules' selector syntax: ids and globs, comma-separated.
+    chosen = await api.get("/devices?selector=dev-0[0-2],dev-1*,dev-07")
+    assert [d["device_id"] for d in chosen.body["devices"]] == [
+        "dev-00", "dev-01", "dev-02", "dev-07", "dev-10", "dev-11",
+    ]  # fmt: skip
+    paged, after = [], None
+    while True:
+        reply = await api.get("/devices?selector=dev-1*,dev-0?&limit=4" + (
+            f"&after={after}" if after else ""))  # fmt: skip
+        paged += [d["device_id"] for d in reply.body["devices"]]
+        after = reply.body["next_after"]
+        if after is None:
+            break
+    assert paged == ids
+
+    for bad in (
+        "selector=a,,b",
+        "selector=x%20y",
+        "selector=a%2Fb",
+        "presence=gone",
+        "after=a%20b",
+        "limit=0",
+    ):
+        reply = await api.get(f"/devices?{bad}")
+        assert (reply.status, reply.body.get("error")) == (400, "BAD_REQUEST"), (bad, reply.body)
+
+
+async def test_a_device_shows_its_latest_metrics_and_events(
+    api: ApiClient, db: asyncpg.Connection
+) -> None:
+    await add_device(db, "pump-1", "online", bound=False)
+    await add_sample(db, "pump-1", T0, metrics={"temp": 20.5, "rpm": 900})
+    await add_sample(db, "pump-1", T0 + timedelta(seconds=10), metrics={"temp": 21})
+    await add_sample(
+        db, "pump-1", T0 + timedelta(seconds=20),
+        events=[{"type": "DOOR_OPEN"}, {"type": "ALARM_TEST", "level": 2}],
+    )  # fmt: skip
+    for n in range(25):
+        await add_sample(db, "pump-1", T0 - timedelta(seconds=100 - n), events=[{"type": f"E{n}"}])
+    await add_sample(db, "other", T0 + timedelta(hours=1), metrics={"temp": 99})
+    await raise_alarm(db, "pump-1")
+
+    reply = await api.get("/devices/pump-1")
+    assert reply.status == 200, reply.body
+    device = reply.body["device"]
+    assert device["bound"] is False
+    assert device["open_alarms"] == 1
+    assert device["latest_metrics"] == {
+        "temp": {"value": 21, "ts": "2026-11-30T12:00:10Z"},
+        "rpm": {"value": 900, "ts": "2026-11-30T12:00:00Z"},
+    }
+    events = device["latest_events"]
+    assert len(events) == 20
+    assert events[:3] == [
+        {"event": "DOOR_OPEN", "ts": "2026-11-30T12:00:20Z"},
+        {"event": "ALARM_TEST", "ts": "2026-11-30T12:00:20Z"},
+        {"event": "E24", "ts": "2026-11-30T11:58:44Z"},
+    ]
+
+    missing = await api.get("/devices/nobody")
+    assert (missing.status, missing.body["error"], missing.body["device_id"]) == (
+        404, "NOT_FOUND", "nobody",
+    )  # fmt: skip
+    assert (await api.get("/devices/bad%20id")).status == 400
+
+
+async def test_telemetry_pages_are_exact_when_samples_share_a_time(
+    api: ApiClient, db: asyncpg.Connection
+) -> None:
+    await add_device(db, "meter-1")
+    ids: list[tuple[datetime, str, int]] = []
+    for n in range(9):
+        ts = T0 + timedelta(seconds=n // 3)  # three samples at each time
+        metrics = {"kwh": n} if n % 2 == 0 else {"volts": 230}
+        ids.append((ts, await add_sample(db, "meter-1", ts, metrics=metrics, seq=n), n))
+    await add_sample(db, "meter-2", T0, metrics={"kwh": 1})
+    newest_first = [e for _, e, _ in sorted(ids, reverse=True)]
+
+    for limit in (1, 2, 4):
+        walked, before = [], None
+        while True:
+            reply = await api.get(
+                f"/devices/meter-1/telemetry?limit={limit}"
+                + (f"&before={before}" if before else "")
+            )
+            assert reply.status == 200, reply.body
+            walked += [s["event_id"] for s in reply.body["samples"]]
+            before = reply.body["next_before"]
+            if before is None:
+                break
+        assert walked == newest_first, limit
+
+    page = (await api.get("/devices/meter-1/telemetry?limit=1")).body["samples"][0]
+    assert set(page) == {"ts", "seq", "metrics", "events", "event_id"}
+    assert page["events"] is None
+
+    kwh = (await api.get("/devices/meter-1/telemetry?metric=kwh")).body["samples"]
+    assert [s["metrics"]["kwh"] for s in kwh] == [
+        n for *_, n in sorted(ids, reverse=True) if n % 2 == 0
+    ]
+
+    window = await api.get(
+        "/devices/meter-1/telemetry?since=2026-11-30T12:00:01Z&until=2026-11-30T12:00:02Z"
+    )
+    assert sorted(s["seq"] for s in window.body["samples"]) == [3, 4, 5]
+
+    for bad in ("before=nope", "before=1-abc", "since=yesterday", "since=2026-11-30T12:00:00"):
+        reply = await api.get(f"/devices/meter-1/telemetry?{bad}")
+        assert (reply.status, reply.body["error"]) == (400, "BAD_REQUEST"), (bad, reply.body)
+    missing = await api.get("/devices/nobody/telemetry")
+    assert (missing.status, missing.body["device_id"]) == (404, "nobody")
+
+
+# --- dead letters --------------------------------------------------------------------------------
+
+
+async def add_dead_letter(db: asyncpg.Connection, payload: bytes, reason: str, topic: str) -> int:
+    letter_id: int = await db.fetchval(
+        "INSERT INTO dead_letter (topic, payload, reason, detail, node_id, payload_size, "
+        "payload_sha256) VALUES ($1, $2, $3, 'why', 'n', $4, $5) RETURNING id",
+        topic, payload, reason, len(payload), hashlib.sha256(payload).hexdigest(),
+    )  # fmt: skip
+    return letter_id
+
+
+async def test_dead_letters_are_listed_and_replayed_by_admins_only(
+    api: ApiClient, db: asyncpg.Connection
+) -> None:
+    good = json.dumps({"ts": "2026-11-30T12:00:00Z", "metrics": {"temp": 5}}).encode()
+    replayable = await add_dead_letter(db, good, "UNKNOWN_DEVICE", "iot/devices/late-1/telemetry")
+    broken = await add_dead_letter(db, b"{nope", "MALFORMED", "iot/devices/late-2/telemetry")
+    others = [
+        await add_dead_letter(db, f"x{n}".encode(), "MALFORMED", "iot/devices/x/telemetry")
+        for n in range(3)
+    ]
+
+    for token in (VIEWER, OPERATOR):
+        for method, path in (("GET", "/dead-letters"), ("POST", f"/dead-letters/{broken}/replay")):
+            reply = await api.call(method, path, token=token)
+            assert (reply.status, reply.body["required_role"]) == (403, "admin"), (token, path)
+
+    listed = await api.get("/dead-letters", token=ADMIN)
+    assert listed.status == 200
+    assert [d["id"] for d in listed.body["dead_letters"]] == [*reversed(others), broken, replayable]
+    first = listed.body["dead_letters"][-1]
+    assert set(first) == {
+        "id", "topic", "reason", "detail", "size", "received_at", "node_id", "replay_count",
+        "replayed_at", "replay_outcome",
+    }  # fmt: skip
+    assert (first["size"], first["replay_count"], first["replayed_at"]) == (len(good), 0, None)
+
+    malformed = await api.get("/dead-letters?reason=MALFORMED&limit=2", token=ADMIN)
+    assert [d["id"] for d in malformed.body["dead_letters"]] == [others[2], others[1]]
+    more = await api.get(
+        f"/dead-letters?reason=MALFORMED&before={malformed.body['next_before']}", token=ADMIN
+    )
+    assert [d["id"] for d in more.body["dead_letters"]] == [others[0], broken]
+    assert more.body["next_before"] is None
+
+    replayed = await api.call("POST", f"/dead-letters/{replayable}/replay", token=ADMIN)
+    assert (replayed.status, replayed.body) == (
+        200, {"dead_letter_id": replayable, "outcome": "stored"},
+    )  # fmt: skip
+    assert await db.fetchval("SELECT count(*) FROM telemetry WHERE device_id = 'late-1'") == 1
+    still = await api.call("POST", f"/dead-letters/{broken}/replay", token=ADMIN)
+    assert (still.status, still.body["outcome"]) == (200, "still_invalid: MALFORMED")
+    listed = await api.get("/dead-letters?limit=2", token=ADMIN)
+    row = await db.fetchrow(
+        "SELECT replay_count, replay_outcome FROM dead_letter WHERE id = $1", replayable
+    )
+    assert tuple(row) == (1, "stored")
+    assert listed.status == 200
+
+    missing = await api.call("POST", "/dead-letters/999999/replay", token=ADMIN)
+    assert (missing.status, missing.body["dead_letter_id"]) == (404, 999999)
+    assert (await api.call("POST", "/dead-letters/x/replay", token=ADMIN)).status == 400
+
+
+# --- stream tickets -----------------------------------------------------------------------------
+
+
+async def test_a_stream_ticket_is_single_use_and_short_lived(
+    api: ApiClient, db: asyncpg.Connection
+) -> None:
+    issued = await api.call("POST", "/stream/tickets", token=VIEWER)
+    assert issued.status == 201, issued.body
+    ticket = issued.body["ticket"]
+    expires = datetime.fromisoformat(issued.body["expires_at"])
+    now = await db.fetchval("SELECT now()")
+    assert timedelta(seconds=55) < expires - now <= timedelta(seconds=60)
+    stored = await db.fetchrow("SELECT digest, token_name, role FROM stream_ticket")
+    assert bytes(stored["digest"]) == hashlib.sha256(ticket.encode()).digest()  # never the ticket
+    assert (stored["token_name"], stored["role"]) == ("wall-screen", "viewer")
+
+    timeout = aiohttp.ClientTimeout(total=30)
+    async with api.http.get(f"{api.base}/stream?ticket={ticket}", timeout=timeout) as response:
+        assert response.status == 200
+        assert response.headers["Content-Type"].startswith("text/event-stream")
+        assert (await response.content.readline()).startswith(b":")
+    again = await api.call("GET", f"/stream?ticket={ticket}", token=None)
+    assert (again.status, again.body["error"]) == (401, "UNAUTHORIZED")
+
+    expired = (await api.call("POST", "/stream/tickets", token=ADMIN)).body["ticket"]
+    await db.execute("UPDATE stream_ticket SET expires_at = now() - interval '1 second'")
+    assert (await api.call("GET", f"/stream?ticket={expired}", token=None)).status == 401
+    unknown = "x" * 43
+    assert (await api.call("GET", f"/stream?ticket={unknown}", token=None)).status == 401
+
+    # The long-lived token never travels in a URL; no credentials at all is a 401.
+    refused = await api.call("GET", f"/stream?token={ADMIN}", token=None)
+    assert (refused.status, refused.body["param"]) == (400, "token")
+    assert (await api.call("GET", "/stream", token=None)).status == 401
+    assert (await api.call("GET", "/stream", token="wrong-token-0123456789")).status == 401
+    bad_cursor = await api.call("GET", "/stream?last_event_id=7", token=VIEWER)
+    assert (bad_cursor.status, bad_cursor.body["error"]) == (400, "BAD_REQUEST")
+    assert (await api.call("POST", "/stream/tickets", token=None)).status == 401
