@@ -57,7 +57,8 @@ export function bytes(size) {
 
 export function number(value) {
   if (typeof value !== "number") return String(value);
-  return Number.isInteger(value) ? String(value) : value.toFixed(Math.abs(value) < 10 ? 2 : 1);
+  // As sent, with at most 6 significant digits (a float's noise is not a reading).
+  return String(Number(value.toPrecision(6)));
 }
 
 // One call at a time per key, the last request wins: a burst of events refreshes once.
