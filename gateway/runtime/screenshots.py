@@ -15,7 +15,7 @@ from typing import Final
 from playwright.async_api import Page, async_playwright, expect
 
 WAIT_MS: Final = 90_000
-MIN_ALARMS: Final = 3
+MIN_ALARMS: Final = 6
 
 
 async def _signed_in(page: Page, url: str, token: str) -> None:

@@ -1,7 +1,7 @@
 // Alarms: the open ones first, most severe first; filters; the detail with why it fired,
 // its chain, its audit trail, its AI summary and the buttons GET /alarms/{id}/actions allows.
 import { query } from "./api.js";
-import { clear, debounce, el, timeEl, when } from "./util.js";
+import { append, clear, debounce, el, timeEl, when } from "./util.js";
 
 const SEVERITY_RANK = { CRITICAL: 4, MAJOR: 3, WARNING: 2, INFO: 1 };
 const OPEN = new Set(["NEW", "PUSHED", "DELAYED", "CONFIRMED", "ESCALATED"]);
@@ -151,7 +151,7 @@ export class AlarmsView {
     clear(d);
     d.hidden = false;
     d.dataset.alarmId = alarm.id;
-    d.append(
+    append(d, 
       el("h3", { tabindex: "-1" }, severityBadge(alarm.severity), ` Alarm #${alarm.id} `, el("span", { class: "status", id: "alarm-status", text: alarm.status })),
       el("dl", {},
         el("dt", { text: "Device" }), el("dd", {}, el("a", { href: `#/devices/${encodeURIComponent(alarm.device_id)}`, text: alarm.device_id })),
@@ -162,12 +162,12 @@ export class AlarmsView {
         alarm.cleared_at ? [el("dt", { text: "Cleared" }), el("dd", {}, timeEl(alarm.cleared_at))] : null,
         alarm.superseded_by ? [el("dt", { text: "Superseded by" }), el("dd", {}, el("a", { href: `#/alarms/${alarm.superseded_by}`, text: `#${alarm.superseded_by}` }))] : null),
     );
-    d.append(this.renderActions(alarm, actions));
-    d.append(el("h3", { text: "AI summary" }), this.renderSummary(alarm.ai_summary));
-    d.append(el("h3", { text: "Chain" }), el("ol", { class: "chain" },
+    append(d, this.renderActions(alarm, actions));
+    append(d, el("h3", { text: "AI summary" }), this.renderSummary(alarm.ai_summary));
+    append(d, el("h3", { text: "Chain" }), el("ol", { class: "chain" },
       chain.items.map((a) => el("li", {}, a.id === alarm.id ? el("strong", { text: `#${a.id}` }) : el("a", { href: `#/alarms/${a.id}`, text: `#${a.id}` }), ` ${a.status}, ${when(a.triggered_at)}`))),
       chain.hint ? el("p", { class: "hint", text: chain.hint }) : null);
-    d.append(el("h3", { text: "Audit trail" }), el("ol", { class: "audit" },
+    append(d, el("h3", { text: "Audit trail" }), el("ol", { class: "audit" },
       audit.items.map((entry) => el("li", {},
         timeEl(entry.at), " ", el("strong", { class: "actor", text: entry.actor }), ` ${entry.action}: ${entry.from_status || "—"} → ${entry.to_status}`,
         entry.stated_actor ? el("span", { class: "hint", text: ` (said to be ${entry.stated_actor})` }) : null,

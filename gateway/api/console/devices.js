@@ -2,7 +2,7 @@
 // chart of one metric's recent values.
 import { query } from "./api.js";
 import { lineChart } from "./chart.js";
-import { clear, debounce, el, number, timeEl } from "./util.js";
+import { append, clear, debounce, el, number, timeEl } from "./util.js";
 
 const PAGE = 100;
 const CHART_SAMPLES = 100;
@@ -96,7 +96,7 @@ export class DevicesView {
     d.dataset.deviceId = id;
     const metrics = Object.entries(device.latest_metrics || {}).sort(([a], [b]) => a.localeCompare(b));
     if (this.metric === null && metrics.length) this.metric = metrics[0][0];
-    d.append(
+    append(d, 
       el("h3", { tabindex: "-1", text: device.device_id }),
       el("dl", {},
         el("dt", { text: "Presence" }), el("dd", {}, el("span", { class: `presence-${device.presence}`, text: device.presence })),
@@ -115,9 +115,9 @@ export class DevicesView {
         : el("p", { class: "hint", text: "No metrics received yet." }),
     );
     const chartBox = el("div", { class: "chart-box" });
-    d.append(chartBox);
+    append(d, chartBox);
     const events = device.latest_events || [];
-    d.append(el("h3", { text: "Latest events" }), events.length
+    append(d, el("h3", { text: "Latest events" }), events.length
       ? el("ol", { class: "audit" }, events.map((e) => el("li", {}, timeEl(e.ts), ` ${e.event}`)))
       : el("p", { class: "hint", text: "No events." }));
     if (this.metric) await this.chart(id, this.metric, chartBox);

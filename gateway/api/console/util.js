@@ -18,6 +18,15 @@ export function el(tag, attrs = {}, ...children) {
   return node;
 }
 
+// node.append() writes null as "null": this leaves out what is absent, as el() does.
+export function append(node, ...children) {
+  for (const child of children.flat()) {
+    if (child === null || child === undefined || child === false) continue;
+    node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return node;
+}
+
 export function clear(node) {
   while (node.firstChild) node.removeChild(node.firstChild);
   return node;
