@@ -1,7 +1,7 @@
 // Alarms: the open ones first, most severe first; filters; the detail with why it fired,
 // its chain, its audit trail, its AI summary and the buttons GET /alarms/{id}/actions allows.
 import { query } from "./api.js";
-import { append, clear, debounce, el, timeEl, when } from "./util.js";
+import { append, clear, el, throttle, timeEl, when } from "./util.js";
 
 const SEVERITY_RANK = { CRITICAL: 4, MAJOR: 3, WARNING: 2, INFO: 1 };
 const OPEN = new Set(["NEW", "PUSHED", "DELAYED", "CONFIRMED", "ESCALATED"]);
@@ -41,7 +41,8 @@ export class AlarmsView {
     this.items = [];
     this.nextBefore = null;
     this.selected = null;
-    this.refreshSoon = debounce(() => this.refresh(), 150);
+    this.refreshListSoon = throttle(() => this.load(false), 300);
+    this.refreshDetailSoon = throttle(() => this.selected === null ? null : this.open(this.selected, { keepFocus: true }), 300);
     this.form.addEventListener("submit", (event) => {
       event.preventDefault();
       this.refresh();
@@ -148,6 +149,10 @@ export class AlarmsView {
 
   renderDetail(alarm, actions, chain, audit) {
     const d = this.detail;
+    // Drawn again for the same alarm: keep the note being typed and the focused button.
+    const same = d.dataset.alarmId === String(alarm.id) && !d.hidden;
+    const note = same ? (d.querySelector(".actions input") || {}).value : "";
+    const focused = same && d.contains(document.activeElement) ? document.activeElement.dataset.action : null;
     clear(d);
     d.hidden = false;
     d.dataset.alarmId = alarm.id;
@@ -163,6 +168,8 @@ export class AlarmsView {
         alarm.superseded_by ? [el("dt", { text: "Superseded by" }), el("dd", {}, el("a", { href: `#/alarms/${alarm.superseded_by}`, text: `#${alarm.superseded_by}` }))] : null),
     );
     append(d, this.renderActions(alarm, actions));
+    if (note) { const input = d.querySelector(".actions input"); if (input) input.value = note; }
+    if (focused) { const button = d.querySelector(`.actions button[data-action="${focused}"]`); if (button) button.focus(); }
     append(d, el("h3", { text: "AI summary" }), this.renderSummary(alarm.ai_summary));
     append(d, el("h3", { text: "Chain" }), el("ol", { class: "chain" },
       chain.items.map((a) => el("li", {}, a.id === alarm.id ? el("strong", { text: `#${a.id}` }) : el("a", { href: `#/alarms/${a.id}`, text: `#${a.id}` }), ` ${a.status}, ${when(a.triggered_at)}`))),
@@ -237,7 +244,9 @@ export class AlarmsView {
   }
 
   onEvent(event) {
-    if (event.aggregate_type !== "alarm") return;
-    this.refreshSoon();
+    if (event.aggregate_type !== "alarm" || this.ctx.current() !== "alarms") return;
+    this.refreshListSoon();
+    // The detail is drawn again only for its own alarm: a note being typed is kept.
+    if (this.selected !== null && String(event.aggregate_id) === String(this.selected)) this.refreshDetailSoon();
   }
 }

@@ -97,7 +97,7 @@ async function signIn(token, { remembered = false } = {}) {
       $("live").textContent = text;
     },
     // Back after a cut: what the stream resumed covers the outbox; read the view again too.
-    onResumed: () => route(),
+    onResumed: () => state.views[state.section].refresh(),
   });
   state.stream.start();
   campaignsAvailable(api).then((available) => {

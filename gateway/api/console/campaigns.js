@@ -35,6 +35,8 @@ export class CampaignsView {
     }
   }
 
+  refresh() { return this.show(); }
+
   onEvent(event) {
     if (event.aggregate_type === "campaign" && this.ctx.current() === "campaigns") this.show();
   }

@@ -2,7 +2,7 @@
 // and live status: a command's end comes on the stream (command.finished); the steps before
 // it (CLAIMED, SENT) have no event, so while one is open the list is read again every 2 s.
 import { query } from "./api.js";
-import { clear, debounce, el, timeEl } from "./util.js";
+import { clear, el, throttle, timeEl } from "./util.js";
 
 const OPEN = new Set(["PENDING", "CLAIMED", "SENT"]);
 const POLL_MS = 2000;
@@ -17,7 +17,7 @@ export class CommandsView {
     this.device = null;
     this.items = [];
     this.poll = null;
-    this.refreshSoon = debounce(() => this.load(), 150);
+    this.refreshSoon = throttle(() => this.load(), 200);
     this.pick.addEventListener("submit", (event) => {
       event.preventDefault();
       const device = this.pick.elements.device.value.trim();
@@ -40,6 +40,8 @@ export class CommandsView {
     }
     await this.load();
   }
+
+  refresh() { return this.load(); }
 
   hide() {
     clearTimeout(this.poll);
@@ -117,6 +119,6 @@ export class CommandsView {
   }
 
   onEvent(event) {
-    if (event.aggregate_type === "command" && this.device) this.refreshSoon();
+    if (event.aggregate_type === "command" && this.device && this.ctx.current() === "commands") this.refreshSoon();
   }
 }

@@ -22,6 +22,8 @@ export class DeadLettersView {
 
   show() { return this.load(false); }
 
+  refresh() { return this.load(false); }
+
   async load(append) {
     const reason = new FormData(this.form).get("reason").trim();
     let page;

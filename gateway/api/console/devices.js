@@ -2,7 +2,7 @@
 // chart of one metric's recent values.
 import { query } from "./api.js";
 import { lineChart } from "./chart.js";
-import { append, clear, debounce, el, number, timeEl } from "./util.js";
+import { append, clear, el, number, throttle, timeEl } from "./util.js";
 
 const PAGE = 100;
 const CHART_SAMPLES = 100;
@@ -19,7 +19,7 @@ export class DevicesView {
     this.next = null;
     this.selected = null;
     this.metric = null;
-    this.refreshSoon = debounce(() => this.refresh(), 300);
+    this.refreshListSoon = throttle(() => this.load(false), 1000);
     this.form.addEventListener("submit", (event) => {
       event.preventDefault();
       this.load(false);
@@ -138,7 +138,8 @@ export class DevicesView {
     box.append(el("h3", { text: `${metric}, last ${points.length} values` }), lineChart(points, { title: `${metric} of ${id}` }));
   }
 
+  // Alarms change the open-alarm counts of the list; the open device is read on Refresh.
   onEvent(event) {
-    if (event.aggregate_type === "alarm" && this.items.length) this.refreshSoon();
+    if (event.aggregate_type === "alarm" && this.ctx.current() === "devices") this.refreshListSoon();
   }
 }

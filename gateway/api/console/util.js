@@ -70,11 +70,21 @@ export function number(value) {
   return String(Number(value.toPrecision(6)));
 }
 
-// One call at a time per key, the last request wins: a burst of events refreshes once.
-export function debounce(fn, ms) {
+// At most one run per `ms`, however many calls: a burst of events (a hundred devices) costs
+// one read, the last call is never lost, and two runs never overlap.
+export function throttle(fn, ms) {
   let timer = null;
-  return (...args) => {
-    clearTimeout(timer);
-    timer = setTimeout(() => fn(...args), ms);
+  let running = false;
+  let again = false;
+  const run = async () => {
+    timer = null;
+    if (running) { again = true; return; }
+    running = true;
+    try { await fn(); } finally {
+      running = false;
+      if (again) { again = false; schedule(); }
+    }
   };
+  const schedule = () => { if (timer === null) timer = setTimeout(run, ms); };
+  return schedule;
 }
