@@ -16,6 +16,7 @@ import msgspec
 import pytest
 from playwright.async_api import Browser, Locator, Page, Route, expect
 
+from gateway.config import Config
 from gateway.runtime.daemon import Daemon
 from protocol import Topics
 from tests.support.api_client import ADMIN, OPERATOR, VIEWER
@@ -307,3 +308,43 @@ async def test_the_stream_resumes_after_the_daemon_restarts(
         assert await page.evaluate("window.__not_reloaded") is True
         await expect(alarm_row(page, "before-1")).to_have_count(1)
     assert errors.errors == []
+
+
+async def test_a_page_on_one_node_sees_what_happens_through_another(
+    db_dsn: str, mosquitto: Mosquitto, browser: Browser
+) -> None:
+    require_chromium()
+    port_a, port_b = free_port(), free_port()
+
+    def config(node: str, port: int) -> Config:
+        return make_config(
+            dsn=db_dsn,
+            mqtt_port=mosquitto.port,
+            http_port=port,
+            node_id=node,
+            extra=TOKENS + RULES,
+            mqtt_extra='shared_group = "console"',
+        )
+
+    async with running_daemon(config("node-a", port_a)), running_daemon(config("node-b", port_b)):
+        page, errors = await open_console(browser, f"http://127.0.0.1:{port_a}")
+        await sign_in(page, OPERATOR)
+        # Telemetry goes to whichever node the broker picks; the alarm shows on A's page.
+        for n in range(4):
+            await publish(mosquitto, f"shared-{n}", {"metrics": {"temp": 90 + n}})
+        for n in range(4):
+            await expect(alarm_row(page, f"shared-{n}")).to_be_visible(timeout=WAIT_MS)
+        row = alarm_row(page, "shared-0")
+        alarm_id = await row.get_attribute("data-alarm-id")
+        await row.get_by_role("link", name="#").first.click()
+        status = page.locator("#alarm-detail #alarm-status")
+        await expect(status).to_have_text("PUSHED", timeout=WAIT_MS)
+        # Ivan confirms through node B's API: A's page shows it, live.
+        await api(
+            f"http://127.0.0.1:{port_b}", "POST", f"/alarms/{alarm_id}/confirm", SECOND_OPERATOR, {}
+        )
+        await expect(status).to_have_text("CONFIRMED", timeout=WAIT_MS)
+        await expect(
+            page.locator("#alarm-detail ol.audit li").filter(has_text="ivan confirm")
+        ).to_have_count(1)
+        assert errors.errors == []
