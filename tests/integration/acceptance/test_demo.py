@@ -18,6 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from gateway.runtime.demo import CHROMIUM
 from tests.support.ports import free_port
 from tests.support.waiting import wait_until_sync
 
@@ -122,3 +123,31 @@ def test_the_demo_prints_one_line_serves_the_console_and_stops_cleanly(
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait(timeout=30)
+
+
+def _png_size(path: Path) -> tuple[int, int]:
+    header = path.read_bytes()[:24]
+    assert header[:8] == b"\x89PNG\r\n\x1a\n", path
+    return int.from_bytes(header[16:20], "big"), int.from_bytes(header[20:24], "big")
+
+
+@pytest.mark.embedded
+def test_the_demo_photographs_the_console_at_both_sizes(tmpdir_for_demo: Path) -> None:
+    if not CHROMIUM.exists():
+        pytest.skip(f"no chromium at {CHROMIUM} (apt-get install chromium; .ci/run installs it)")
+    outdir = tmpdir_for_demo / "shots"
+    state = tmpdir_for_demo / "state"
+    done = subprocess.run(
+        [sys.executable, "-m", "gateway", "demo", "--screenshots", str(outdir),
+         "--http-port", "0", "--mqtt-port", str(free_port()), "--state-dir", str(state)],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    expected = {
+        f"console-{view}-{size}.png": dims
+        for view in ("alarms", "alarm-detail")
+        for size, dims in (("desktop", (1280, 800)), ("phone", (390, 844)))
+    }
+    assert sorted(done.stdout.split()) == sorted(str(outdir / name) for name in expected)
+    for name, dims in expected.items():
+        assert _png_size(outdir / name) == dims, name
