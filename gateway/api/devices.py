@@ -48,14 +48,25 @@ _METRIC_PATTERN: Final = IDENTIFIER_PATTERN.removesuffix(r"\Z") + "$"
 SAMPLE_CURSOR_PATTERN: Final = r"^[0-9]{1,19}-[0-9a-f]{64}$"
 _SAMPLE_CURSOR: Final = re.compile(SAMPLE_CURSOR_PATTERN.removesuffix("$") + r"\Z")
 _EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
+_LATEST: Final = datetime(9999, 12, 31, tzinfo=UTC)
+# A selector item is a device id, or a glob (a `*`, `?` or `[` in its first 21 characters);
+# either way at most 64 characters. Every string the pattern admits is a selector the rules
+# accept, so the document's readers and the server agree.
+_ID_ITEM: Final = r"[A-Za-z0-9_.:-]{1,64}"
+_GLOB_ITEM: Final = r"[A-Za-z0-9_.:!\]-]{0,20}[*?\[][A-Za-z0-9_.:*?!\[\]-]{0,43}"
+SELECTOR_ITEMS_MAX: Final = 32
+SELECTOR_PATTERN: Final = (
+    rf"^(?:{_ID_ITEM}|{_GLOB_ITEM})(?:,(?:{_ID_ITEM}|{_GLOB_ITEM})){{0,{SELECTOR_ITEMS_MAX - 1}}}$"
+)
 
 
 def _selector(text: str | None) -> DeviceSelector | None:
-    """The rules' device selector: comma-separated device ids and globs (``door-*,pump-1``)."""
+    """The rules' device selector: comma-separated device ids and globs (``door-*,pump-1``);
+    the pattern admits only what the rules accept, this check stays as the rules' own."""
     if text is None:
         return None
     try:
-        return device_selector([p.strip() for p in text.split(",")], "selector")
+        return device_selector(text.split(","), "selector")
     except ConfigError as exc:
         raise bad_request("selector", exc.message) from None
 
@@ -88,11 +99,12 @@ async def list_devices(
     selector: Annotated[
         str | None,
         Parameter(
-            pattern=r"^[A-Za-z0-9_.:\-*?\[\]!, ]{1,1000}$",
+            pattern=SELECTOR_PATTERN,
             schema_extra=exact("string"),
             description=(
                 "Only devices the rules' selector syntax picks: device ids and globs "
-                "(`*`, `?`, `[...]`), comma-separated, e.g. `door-*,pump-1`."
+                "(`*`, `?`, `[...]`, `[!...]`), comma-separated, e.g. `door-*,pump-1`; at "
+                f"most {SELECTOR_ITEMS_MAX} of them, each at most 64 characters."
             ),
         ),
     ] = None,
@@ -182,8 +194,8 @@ def _parse_cursor(text: str) -> tuple[datetime, str]:
     micros, _, event_id = text.partition("-")
     try:
         return _EPOCH + timedelta(microseconds=int(micros)), event_id
-    except OverflowError:
-        raise bad_request("before", "not a cursor this API gave (`next_before`)") from None
+    except OverflowError:  # beyond any stored time: everything is older
+        return _LATEST, event_id
 
 
 def _aware(name: str, value: datetime | None) -> datetime | None:

@@ -283,7 +283,7 @@ class SummaryAttempts(msgspec.Struct, kw_only=True):
 class Command(msgspec.Struct, kw_only=True):
     """A downlink command (behaviour §7): every field always present; steps not taken are null.
     ``result``, ``result_code``, ``raw_result_code`` and ``raw_ack`` come from the receipt
-    that decided the outcome; ``created_by`` is ``api:<token name>`` over this API."""
+    that decided the outcome; ``created_by`` is the token's name over this API."""
 
     id: int
     device_id: str

@@ -127,6 +127,11 @@ class StreamHub:
         self._subscribers: set[_Subscriber] = set()
         self._lock = asyncio.Lock()
         self._started = asyncio.Event()
+        self._closed = False  # the node is stopping: no stream opens any more
+
+    def closed(self) -> bool:
+        """Whether the hub stopped (a method: it changes across an ``await``)."""
+        return self._closed
 
     @property
     def streams(self) -> int:
@@ -143,6 +148,8 @@ class StreamHub:
                 name="stream-hub",
             )
         finally:
+            self._closed = True
+            self._started.set()
             for subscriber in list(self._subscribers):
                 subscriber.close()
             self._subscribers.clear()
@@ -169,11 +176,15 @@ class StreamHub:
         """The events after ``after`` (from now on with None), None every ``KEEPALIVE_S``
         without one; ends when the hub drops the stream (too slow, or shutting down)."""
         await self._started.wait()
+        if self.closed():
+            return
         cursor = after
         subscriber: _Subscriber | None = None
         try:
             while subscriber is None:
                 async with self._lock:
+                    if self.closed():  # stopped while this stream caught up
+                        return
                     assert self.head is not None
                     head = self.head
                     if cursor is None or cursor >= head:

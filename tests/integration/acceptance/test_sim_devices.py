@@ -240,7 +240,7 @@ async def test_commands_to_simulated_devices_are_acked(
 ) -> None:
     config = make_config(
         dsn=db_dsn, mqtt_port=mosquitto.port,
-        extra=f'[[api.tokens]]\ntoken = "{OPERATOR}"\nrole = "operator"\n',
+        extra=f'[[api.tokens]]\ntoken = "{OPERATOR}"\nrole = "operator"\nname = "sim"\n',
     )  # fmt: skip
     async with (
         running_daemon(config) as daemon,

@@ -87,6 +87,11 @@ HOSTILE: Final = {
     "token-as-actor": _request(
         "POST", "/alarms/1/confirm", [_bearer(OPERATOR)], f'{{"actor": "{ADMIN}"}}'.encode()
     ),
+    "token-in-the-stream-url": _request("GET", f"/stream?token={ADMIN}", []),
+    "token-as-stream-ticket": _request("GET", f"/stream?ticket={ADMIN}", []),
+    "token-as-stream-cursor": _request(
+        "GET", "/stream", [_bearer(ADMIN), (b"Last-Event-ID", ADMIN.encode())]
+    ),
     "bad-json-with-token": _request(
         "POST", "/devices/dev-1/commands", [_bearer(OPERATOR)], f'{{"name": "{ADMIN}'.encode()
     ),

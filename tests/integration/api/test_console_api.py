@@ -3,6 +3,7 @@ telemetry, dead letters (admin), stream tickets."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import uuid
@@ -362,3 +363,34 @@ async def test_a_stream_ticket_is_single_use_and_short_lived(
     bad_cursor = await api.call("GET", "/stream?last_event_id=7", token=VIEWER)
     assert (bad_cursor.status, bad_cursor.body["error"]) == (400, "BAD_REQUEST")
     assert (await api.call("POST", "/stream/tickets", token=None)).status == 401
+
+
+async def test_a_ticket_opens_one_stream_however_many_nodes_race_for_it(db_dsn: str) -> None:
+    """Two nodes on one database; 20 requests with the same ticket released at once, spread
+    over both: exactly one stream opens, the others are 401."""
+    async with (
+        serve_api(db_dsn, TOKENS) as node_a,
+        serve_api(db_dsn, TOKENS) as node_b,
+        aiohttp.ClientSession() as http,
+    ):
+        async with http.post(
+            f"{node_a.base}/stream/tickets", headers={"Authorization": f"Bearer {OPERATOR}"}
+        ) as reply:
+            ticket = (await reply.json())["ticket"]
+        gate = asyncio.Barrier(20)  # all released together
+        opened: list[aiohttp.ClientResponse] = []
+
+        async def redeem(n: int) -> int:
+            await gate.wait()
+            base = (node_a, node_b)[n % 2].base
+            response = await http.get(f"{base}/stream?ticket={ticket}")
+            if response.status == 200:
+                opened.append(response)  # an open stream: closed below
+            else:
+                response.release()
+            return response.status
+
+        statuses = await asyncio.gather(*(redeem(n) for n in range(20)))
+        for response in opened:
+            response.close()
+    assert sorted(statuses) == [200] + [401] * 19

@@ -15,6 +15,7 @@ from storage import console, outbox
 from tests.support.api_client import ADMIN, VIEWER
 from tests.support.api_server import Served, serve_api
 from tests.support.sse import open_stream
+from tests.support.waiting import wait_until
 
 TOKENS = [
     TokenConfig(token=VIEWER, role="viewer", name="wall-screen"),
@@ -117,3 +118,15 @@ async def test_streams_started_from_a_ticket_see_every_event_once(
     assert sorted(e.data["aggregate_id"] for e in a) == sorted(f"n{n}" for n in range(60))
     assert [e.id for e in a] == [e.id for e in b]
     assert len({e.id for e in a}) == 60
+
+
+async def test_a_client_that_goes_away_leaves_the_fan_out(
+    served: Served, http: aiohttp.ClientSession
+) -> None:
+    async with open_stream(http, served.base, token=VIEWER) as first:
+        await first.live()
+        async with open_stream(http, served.base, token=VIEWER) as second:
+            await second.live()
+            assert served.hub.streams == 2
+        await wait_until(lambda: served.hub.streams == 1, message="the closed stream left")
+    await wait_until(lambda: served.hub.streams == 0, message="both streams left")

@@ -203,8 +203,8 @@ async def test_a_slow_llm_holds_no_connection_and_ingest_keeps_going(
             'severity = "MAJOR"\n'
             f'[ai]\nenabled = true\nbase_url = "{llm_server.base_url}"\nmodel = "fake-model"\n'
             "workers = 20\ntimeout_s = 30\n"
-            f'[[api.tokens]]\ntoken = "{token}"\nrole = "admin"\n'
-            f'[[api.tokens]]\ntoken = "{viewer}"\nrole = "viewer"\n'
+            f'[[api.tokens]]\ntoken = "{token}"\nrole = "admin"\nname = "admin"\n'
+            f'[[api.tokens]]\ntoken = "{viewer}"\nrole = "viewer"\nname = "viewer"\n'
         ),
     )  # fmt: skip
     topics = Topics("iot")

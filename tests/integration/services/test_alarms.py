@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import json
+from datetime import datetime
 
 import aiomqtt
 import asyncpg
@@ -55,6 +57,7 @@ op = ">"
 value = 80
 clear_value = 75
 severity = "CRITICAL"
+description = "The oven runs too hot."
 """
 
 
@@ -159,6 +162,13 @@ async def test_threshold_storm_one_alarm_then_supersede_or_release_by_attention(
         await _send(mosquitto.port, [(topic, _temp(T0 + 2000, 70)), (topic, _temp(T0 + 2001, 90))])
         await wait_until(_stored(daemon, 1002), timeout=30)
         first, second = await _rows(db_dsn, "SELECT * FROM alarm ORDER BY id")
+        # Why each fired: the comparison, the value that broke it, the sample's time.
+        assert json.loads(first["trigger"]) == {
+            "metric": "temp", "op": ">", "threshold": 80, "value": 81,
+            "sample_ts": "2026-01-01T00:00:00+00:00",
+        }  # fmt: skip
+        assert json.loads(second["trigger"])["value"] == 90
+        assert second["rule_description"] == "The oven runs too hot."
         assert first["cleared_at"] is not None
         assert first["status"] == "SUPERSEDED"
         assert first["superseded_by"] == second["id"]
@@ -334,10 +344,19 @@ async def test_inactivity_raises_once_across_a_restart_and_the_next_message_clea
         "UPDATE device SET first_seen = now() - interval '1 hour', "
         "last_seen = now() - interval '10 minutes'",
     )
+    silent_since = await _value(db_dsn, "SELECT last_seen FROM device")
     pool = await create_pool(db_dsn, min_size=1, max_size=2)
     try:
         ruleset = compile_rules(
-            [RuleConfig(key="silent", kind="inactivity", severity="WARNING", silent_seconds=300)]
+            [
+                RuleConfig(
+                    key="silent",
+                    kind="inactivity",
+                    severity="WARNING",
+                    silent_seconds=300,
+                    description="Meters report every minute.",
+                )
+            ]
         )
         for restart in range(2):  # a second node, or the same one restarted, decides the same
             engine = AlarmEngine(rules=ruleset, node_id=f"node-{restart}", metrics=Metrics())
@@ -350,5 +369,7 @@ async def test_inactivity_raises_once_across_a_restart_and_the_next_message_clea
         await wait_until(_stored(daemon, 1), timeout=30)
     (alarm,) = await _rows(db_dsn, "SELECT * FROM alarm")
     assert alarm["rule_key"] == "silent"
+    assert alarm["rule_description"] == "Meters report every minute."
+    assert datetime.fromisoformat(json.loads(alarm["trigger"])["silent_since"]) == silent_since
     assert alarm["cleared_at"] is not None
     assert alarm["status"] in {"NEW", "PUSHED"}

@@ -1,0 +1,115 @@
+"""The live stream with real daemons on one database: every node's stream carries every node's
+events, a ticket from one node opens a stream on another, and a stream resumes after its
+daemon restarts."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import aiohttp
+import aiomqtt
+import asyncpg
+import msgspec
+
+from gateway.config import parse_config
+from protocol import Topics
+from tests.support.api_client import OPERATOR
+from tests.support.daemon import config_toml, running_daemon
+from tests.support.mosquitto import Mosquitto
+from tests.support.sse import Sse, SseStream, open_stream
+
+T0 = 1_767_225_600_000
+RULES = f"""
+[[rules]]
+key = "door"
+kind = "event"
+event = "DOOR_OPEN"
+severity = "MAJOR"
+description = "A door opened: someone is in the cabinet."
+
+[[api.tokens]]
+token = "{OPERATOR}"
+role = "operator"
+name = "night-shift"
+"""
+
+
+@contextlib.contextmanager
+def _broker(directory: Path) -> Iterator[Mosquitto]:
+    broker = Mosquitto(directory)
+    broker.start()
+    try:
+        yield broker
+    finally:
+        broker.stop()
+
+
+def _config(dsn: str, broker: Mosquitto, node_id: str) -> str:
+    return config_toml(dsn=dsn, mqtt_port=broker.port, node_id=node_id, extra=RULES)
+
+
+async def _door(broker: Mosquitto, device: str, k: int) -> None:
+    payload = msgspec.json.encode({"ts": T0 + k * 1000, "events": [{"type": "DOOR_OPEN"}]})
+    async with aiomqtt.Client("127.0.0.1", broker.port) as client:
+        await client.publish(Topics("iot").telemetry(device), payload, qos=1)
+
+
+async def _alarm_created(stream: SseStream) -> Sse:
+    while True:
+        event = await stream.next(timeout=60)
+        if event.event == "alarm.created":
+            return event
+
+
+async def test_a_node_streams_what_another_node_did_and_resumes_after_a_restart(
+    db_dsn: str, tmp_path: Path
+) -> None:
+    # Each node has its own broker: what is published on B's is ingested by node B only.
+    with _broker(tmp_path / "a") as broker_a, _broker(tmp_path / "b") as broker_b:
+        config_a = parse_config(_config(db_dsn, broker_a, "node-a"))
+        config_b = parse_config(_config(db_dsn, broker_b, "node-b"))
+        async with aiohttp.ClientSession() as http, running_daemon(config_b) as node_b:
+            base_b = f"http://127.0.0.1:{node_b.http_port}"
+            async with running_daemon(config_a) as node_a:
+                base_a = f"http://127.0.0.1:{node_a.http_port}"
+                async with http.post(
+                    f"{base_b}/stream/tickets", headers={"Authorization": f"Bearer {OPERATOR}"}
+                ) as reply:
+                    assert reply.status == 201
+                    ticket = (await reply.json())["ticket"]
+                # B's ticket opens A's stream.
+                async with open_stream(http, base_a, ticket=ticket) as stream:
+                    await stream.live()
+                    await _door(broker_b, "cabinet-1", 0)
+                    seen = await _alarm_created(stream)
+            alarm = seen.data["payload"]["alarm"]
+            assert (alarm["device_id"], alarm["rule_key"]) == ("cabinet-1", "door")
+            assert seen.data["aggregate_id"] == str(alarm["id"])
+            assert alarm["rule_description"] == "A door opened: someone is in the cabinet."
+            assert alarm["trigger"] == {
+                "event": "DOOR_OPEN",
+                "sample_ts": "2026-01-01T00:00:00+00:00",
+            }
+            node = await _node_of(db_dsn, alarm["id"])
+            assert node == "node-b"
+
+            # Node A is down; B raises another alarm; A comes back and its client resumes.
+            await _door(broker_b, "cabinet-2", 1)
+            async with running_daemon(config_a) as node_a:
+                base_a = f"http://127.0.0.1:{node_a.http_port}"
+                async with open_stream(
+                    http, base_a, token=OPERATOR, last_event_id=seen.id
+                ) as stream:
+                    missed = await _alarm_created(stream)
+            assert missed.data["payload"]["alarm"]["device_id"] == "cabinet-2"
+
+
+async def _node_of(dsn: str, alarm_id: int) -> str:
+    conn = await asyncpg.connect(dsn)
+    try:
+        node: str = await conn.fetchval("SELECT node_id FROM alarm WHERE id = $1", alarm_id)
+        return node
+    finally:
+        await conn.close()
