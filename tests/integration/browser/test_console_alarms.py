@@ -22,6 +22,7 @@ from protocol import Topics
 from tests.support.api_client import ADMIN, OPERATOR, VIEWER
 from tests.support.browser import PHONE, WAIT_MS, chromium, open_console, require_chromium, sign_in
 from tests.support.daemon import make_config, running_daemon
+from tests.support.fake_llm import FakeLlm
 from tests.support.mosquitto import Mosquitto
 from tests.support.ports import free_port
 
@@ -348,3 +349,28 @@ async def test_a_page_on_one_node_sees_what_happens_through_another(
             page.locator("#alarm-detail ol.audit li").filter(has_text="ivan confirm")
         ).to_have_count(1)
         assert errors.errors == []
+
+
+async def test_an_alarms_ai_summary_shows_in_its_detail(
+    db_dsn: str, mosquitto: Mosquitto, browser: Browser
+) -> None:
+    require_chromium()
+    port = free_port()
+    async with FakeLlm() as llm:
+        ai = f'[ai]\nenabled = true\nbase_url = "{llm.base_url}"\nmodel = "fake-model"\n'
+        config = make_config(
+            dsn=db_dsn, mqtt_port=mosquitto.port, http_port=port, extra=ai + TOKENS + RULES
+        )
+        async with running_daemon(config):
+            page, errors = await open_console(browser, f"http://127.0.0.1:{port}")
+            await sign_in(page, VIEWER)
+            await publish(mosquitto, "hall-door", {"events": [{"type": "DOOR_OPEN"}]})
+            row = alarm_row(page, "hall-door")
+            await expect(row).to_be_visible(timeout=WAIT_MS)
+            await row.get_by_role("link", name="#").first.click()
+            # Opened before or after the model answered: the detail shows the summary.
+            summary = page.locator("#alarm-detail dl.summary")
+            await expect(summary).to_contain_text("Door open at the hall", timeout=WAIT_MS)
+            await expect(summary).to_contain_text("Check the hall door")
+            await expect(summary).to_contain_text("MEDIUM")
+            assert errors.errors == []
