@@ -40,7 +40,6 @@ from litestar.params import Parameter
 from litestar.response import Stream
 
 from gateway.api.auth import BearerAuth, CallDep, Caller, Role
-from gateway.api.devices import Pool
 from gateway.api.errors import UNAUTHORIZED, ApiError, bad_request
 from gateway.api.routes import route
 from gateway.api.schemas import exact
@@ -314,7 +313,6 @@ async def create_ticket(request: Request[Any, Any, Any], call: CallDep) -> Ticke
 )
 async def stream(
     request: Request[Any, Any, Any],
-    pool: Pool,
     ticket: Annotated[
         str | None,
         Parameter(
@@ -332,7 +330,6 @@ async def stream(
         ),
     ] = None,
 ) -> Stream:
-    del pool  # the hub holds the pool; declared for the dependency's documentation alone
     hub: StreamHub = request.app.state[STATE_HUB]
     auth: BearerAuth = request.app.state["auth"]
     if ticket is not None:

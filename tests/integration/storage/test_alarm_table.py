@@ -41,10 +41,11 @@ INSERT INTO alarm (
     id, device_id, rule_key, severity, status, telemetry_event_id, dedup_key, active_key,
     triggered_at, pushed_at, delayed_at, woken_at, confirmed_at, confirmed_by, escalated_at,
     handled_at, handled_by, closed_at, closed_by, false_at, false_by, superseded_at,
-    superseded_by, cleared_at, clear_event_id, last_notified_at, node_id
+    superseded_by, cleared_at, clear_event_id, last_notified_at, trigger, rule_description,
+    node_id
 ) VALUES (
     $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20,
-    $21, $22, $23, $24, $25, $26, $27
+    $21, $22, $23, $24, $25, $26, $27::jsonb, $28, $29
 )
 """
 COLUMNS = Alarm.__struct_fields__  # the order of INSERT's columns
@@ -113,7 +114,10 @@ async def test_columns_match_the_struct(db: asyncpg.Connection) -> None:
             "WHERE table_name = 'alarm' ORDER BY ordinal_position"
         )
     ]
-    assert columns == [*Alarm.__struct_fields__, "created_at", "node_id"]
+    # Migration 0010 added why an alarm fired: at the end of the table.
+    added = ["trigger", "rule_description"]
+    first = [f for f in Alarm.__struct_fields__ if f not in added]
+    assert columns == [*first, "created_at", "node_id", *added]
 
 
 async def test_every_check_constraint_is_a_domain_invariant(db: asyncpg.Connection) -> None:

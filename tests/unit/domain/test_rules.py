@@ -27,6 +27,7 @@ from gateway.domain.rules import (
     evaluate,
     inactivity_firing,
     rule_version,
+    silence_trigger,
     state_keys,
 )
 from protocol import Telemetry
@@ -850,3 +851,28 @@ def test_any_commit_order_ends_where_device_order_ends(
     assert door_firings == dict.fromkeys(openings, 1)
     for rule_key in ("hot", "door"):
         assert shuffled.is_firing("dev-1", rule_key) == in_order.is_firing("dev-1", rule_key)
+
+
+# --- why a rule fired -----------------------------------------------------------------------
+
+
+def test_a_firing_says_why_and_carries_the_rule_description() -> None:
+    feed = Feed(
+        rules_of(
+            threshold(clear_value=75, description="The oven runs hot."),
+            event_rule("door", "DOOR_OPEN"),
+        )
+    )
+    (hot,) = feed(sample(temp=81.5)).firings
+    assert hot.trigger == {
+        "metric": "temp", "op": ">", "threshold": 80, "value": 81.5,
+        "sample_ts": T0.isoformat(),
+    }  # fmt: skip
+    assert hot.rule_description == "The oven runs hot."
+    (door,) = feed(events("DOOR_OPEN", at_s=3)).firings
+    assert door.trigger == {
+        "event": "DOOR_OPEN",
+        "sample_ts": (T0 + timedelta(seconds=3)).isoformat(),
+    }
+    assert door.rule_description == ""
+    assert silence_trigger(T0) == {"silent_since": T0.isoformat()}
