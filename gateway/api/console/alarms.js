@@ -237,7 +237,7 @@ export class AlarmsView {
       try {
         const audit = await this.ctx.api.get(`/alarms/${id}/audit`);
         const last = audit.items[audit.items.length - 1];
-        if (last) return `${last.actor} already did this (the alarm is ${last.to_status}).`;
+        if (last) return `${last.actor} acted first (${last.action}): the alarm is now ${last.to_status}.`;
       } catch { /* fall through to the API's own words */ }
     }
     return `Could not ${action} alarm #${id}: ${error.message}`;

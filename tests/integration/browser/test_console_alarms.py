@@ -228,7 +228,10 @@ async def test_a_stale_button_says_who_acted_first(console: Console, browser: Br
 
     await page.route("**/alarms**", hold_reads)
     await api(console.base, "POST", f"/alarms/{alarm_id}/confirm", SECOND_OPERATOR, {})
-    await confirm.click()
+    async with page.expect_response(lambda r: r.request.method == "POST") as answer:
+        await confirm.click()
+    # The race's loser gets a 409 naming the winner, and the page says it in words.
+    assert (await answer.value).status == 409
     await expect(page.locator("#notice")).to_have_text(
         "ivan already did this (the alarm is CONFIRMED).", timeout=WAIT_MS
     )
@@ -236,6 +239,43 @@ async def test_a_stale_button_says_who_acted_first(console: Console, browser: Br
     await expect(detail.locator("#alarm-status")).to_have_text("CONFIRMED", timeout=WAIT_MS)
     await expect(detail.locator("ol.audit li").filter(has_text="ivan confirm")).to_have_count(1)
     await expect(detail.locator("ol.audit li").filter(has_text="olga")).to_have_count(0)
+    assert errors.errors == []
+
+
+async def test_a_button_made_stale_by_another_step_says_who_acted(
+    console: Console, browser: Browser
+) -> None:
+    await publish(console.mosquitto, "door-3", {"events": [{"type": "DOOR_OPEN"}]})
+    page, errors = await open_console(browser, console.base)
+    await sign_in(page, OPERATOR)
+    row = alarm_row(page, "door-3")
+    await expect(row).to_be_visible(timeout=WAIT_MS)
+    alarm_id = await row.get_attribute("data-alarm-id")
+    await api(console.base, "POST", f"/alarms/{alarm_id}/confirm", OPERATOR, {})
+    await page.goto(f"{console.base}/#/alarms/{alarm_id}")
+    detail = page.locator("#alarm-detail")
+    handle = detail.get_by_role("button", name="Mark handled")
+    await expect(handle).to_be_visible(timeout=WAIT_MS)
+    released = asyncio.Event()
+
+    async def hold_reads(route: Route) -> None:
+        if route.request.method == "GET" and not route.request.url.endswith("/audit"):
+            await released.wait()
+        await route.continue_()
+
+    await page.route("**/alarms**", hold_reads)
+    # Ivan calls it a false alarm meanwhile: "handle" is no step from FALSE (a 400, not a
+    # lost race on the same step).
+    await api(console.base, "POST", f"/alarms/{alarm_id}/false", SECOND_OPERATOR, {})
+    async with page.expect_response(lambda r: r.request.method == "POST") as answer:
+        await handle.click()
+    assert (await answer.value).status == 400
+    await expect(page.locator("#notice")).to_have_text(
+        "ivan acted first (false): the alarm is now FALSE.", timeout=WAIT_MS
+    )
+    released.set()
+    await expect(detail.locator("#alarm-status")).to_have_text("FALSE", timeout=WAIT_MS)
+    await expect(detail.locator(".actions button")).to_have_count(0)
     assert errors.errors == []
 
 
