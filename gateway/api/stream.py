@@ -36,11 +36,18 @@ import msgspec
 import structlog
 from litestar import Request
 from litestar.openapi.datastructures import ResponseSpec
-from litestar.params import Parameter
+from litestar.params import HeaderParameter, Parameter
 from litestar.response import Stream
 
 from gateway.api.auth import BearerAuth, CallDep, Caller, Role
-from gateway.api.errors import UNAUTHORIZED, ApiError, bad_request
+from gateway.api.errors import (
+    BAD_REQUEST,
+    INTERNAL,
+    UNAUTHORIZED,
+    UNAVAILABLE,
+    ApiError,
+    bad_request,
+)
 from gateway.api.routes import route
 from gateway.api.schemas import exact
 from gateway.support.loops import drain_on_notify
@@ -291,7 +298,7 @@ async def create_ticket(request: Request[Any, Any, Any], call: CallDep) -> Ticke
     operation_id="stream",
     tag=TAG,
     role=None,
-    errors=[UNAUTHORIZED],
+    errors=[BAD_REQUEST, UNAUTHORIZED, UNAVAILABLE, INTERNAL],
     media_type="text/event-stream",
     description=(
         "Authenticated by `ticket` (from `POST /stream/tickets`, for EventSource) or by the "
@@ -307,6 +314,7 @@ async def create_ticket(request: Request[Any, Any, Any], call: CallDep) -> Ticke
         200: ResponseSpec(
             data_container=StreamData,
             generate_examples=False,
+            media_type="text/event-stream",
             description="`text/event-stream`; each event's `data` is this object.",
         )
     },
@@ -329,6 +337,15 @@ async def stream(
             description="Resume after this event `id` (as the `Last-Event-ID` header).",
         ),
     ] = None,
+    last_event_header: Annotated[
+        str | None,
+        HeaderParameter(
+            name="Last-Event-ID",
+            pattern=CURSOR_PATTERN,
+            schema_extra=exact("string"),
+            description="Resume after this event `id` (EventSource sends it on reconnect).",
+        ),
+    ] = None,
 ) -> Stream:
     hub: StreamHub = request.app.state[STATE_HUB]
     auth: BearerAuth = request.app.state["auth"]
@@ -343,8 +360,7 @@ async def stream(
         except ApiError:
             log.warning("api_access_refused", status=401, path="/stream", remote=_remote(request))
             raise
-    header = request.headers.get("last-event-id")
-    given = last_event_id if last_event_id is not None else header
+    given = last_event_id if last_event_id is not None else last_event_header
     after = None if not given else parse_cursor(given, "Last-Event-ID")
     log.info("stream_opened", token=caller.name, after=None if after is None else str(after))
     return Stream(

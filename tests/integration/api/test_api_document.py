@@ -118,3 +118,23 @@ async def test_the_docs_page_is_served_without_a_cdn(served: tuple[Served, ApiCl
         assert source.startswith(f"{DOCS}/assets/"), source
         async with client.http.get(f"{client.base}{source}") as asset:
             assert asset.status == 200, source
+
+
+async def test_the_stream_is_documented_as_an_event_stream(
+    served: tuple[Served, ApiClient],
+) -> None:
+    _, client = served
+    document = (await client.call("GET", "/openapi.json", token=None)).body
+    stream = document["paths"]["/stream"]["get"]
+    assert list(stream["responses"]["200"]["content"]) == ["text/event-stream"]
+    assert {(p["name"], p["in"]) for p in stream["parameters"]} == {
+        ("ticket", "query"), ("last_event_id", "query"), ("Last-Event-ID", "header"),
+    }  # fmt: skip
+    assert "security" not in stream  # a ticket or the usual header: the handler checks
+    tickets = document["paths"]["/stream/tickets"]["post"]
+    assert tickets["security"] == [{"bearerAuth": ["viewer"]}]
+    assert "201" in tickets["responses"]
+    assert document["paths"]["/me"]["get"]["security"] == [{"bearerAuth": ["viewer"]}]
+    for path in ("/dead-letters", "/dead-letters/{id}/replay"):
+        (operation,) = document["paths"][path].values()
+        assert operation["security"] == [{"bearerAuth": ["admin"]}], path
