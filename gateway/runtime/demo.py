@@ -166,6 +166,13 @@ def fleet_config(settings: DemoSettings, broker: tuple[str, int]) -> FleetConfig
     )
 
 
+@dataclass(frozen=True)
+class Demo:
+    url: str
+    token: str
+    daemon: Daemon
+
+
 @contextlib.asynccontextmanager
 async def running_demo(settings: DemoSettings, stop: asyncio.Event) -> AsyncIterator[Demo]:
     """The daemon and the fleet running; both stopped, and the state removed, on exit."""
@@ -197,13 +204,14 @@ async def running_demo(settings: DemoSettings, stop: asyncio.Event) -> AsyncIter
             raise RuntimeError("the daemon is ready without a broker or an HTTP port")
         fleet = DeviceFleet(fleet_config(settings, daemon.broker_address))
         fleet_task = asyncio.create_task(fleet.run(fleet_stop), name="demo-fleet")
+        fleet_task.add_done_callback(_report_fleet_end)
         host = settings.http_host if settings.http_host not in ("0.0.0.0", "::") else "127.0.0.1"  # noqa: S104 - compared, not bound
         yield Demo(url=f"http://{host}:{daemon.http_port}/", token=token, daemon=daemon)
     finally:
         fleet_stop.set()
         if fleet_task is not None:
-            with contextlib.suppress(Exception):
-                await fleet_task  # its errors were logged; stopping goes on
+            with contextlib.suppress(Exception):  # reported when it happened
+                await fleet_task
         daemon_stop.set()
         try:
             await daemon_task
@@ -212,11 +220,10 @@ async def running_demo(settings: DemoSettings, stop: asyncio.Event) -> AsyncIter
                 shutil.rmtree(state_dir, ignore_errors=True)
 
 
-@dataclass(frozen=True)
-class Demo:
-    url: str
-    token: str
-    daemon: Daemon
+def _report_fleet_end(task: asyncio.Task[object]) -> None:
+    """The devices stopping on their own (not at Ctrl-C) is said at once, with why."""
+    if not task.cancelled() and task.exception() is not None:
+        log.error("demo_devices_failed", error=repr(task.exception()))
 
 
 def _stop_on_signals(stop: asyncio.Event) -> None:
