@@ -18,6 +18,7 @@ import structlog
 
 from protocol import Topics
 from sim import devices_cli
+from sim.gateway_config import add_broker_arguments, resolve_broker
 from sim.publisher import publish_many
 from sim.telemetry import device_ids, telemetry_stream
 
@@ -26,9 +27,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gateway-sim", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     publish = commands.add_parser("publish", help="publish N telemetry messages (QoS 1)")
-    publish.add_argument("--host", default="127.0.0.1")
-    publish.add_argument("--port", type=int, default=1883)
-    publish.add_argument("--prefix", default="iot", help="topic prefix")
+    add_broker_arguments(publish)
     publish.add_argument("--devices", type=int, default=10)
     publish.add_argument("--messages", type=int, default=100)
     publish.add_argument("--seed", type=int, default=1)
@@ -105,6 +104,12 @@ def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command in ("publish", "devices"):
+        try:
+            resolve_broker(args)
+        except ValueError as exc:
+            print(str(exc), file=sys.stderr)
+            return 2
     if args.command == "devices":
         return devices_cli.run(args, _loop_factory())
     if args.command == "bench":

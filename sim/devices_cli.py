@@ -13,6 +13,7 @@ import structlog
 
 from protocol import Encoding
 from sim.devices import BrokerUnavailableError, DeviceFleet, FleetConfig
+from sim.gateway_config import add_broker_arguments
 from sim.patterns import DEFAULT_MIX, MAX_DEVICES, Pattern, PatternParams, parse_mix
 from sim.responder import Behaviour, Script
 
@@ -54,9 +55,7 @@ def _mix(text: str) -> dict[Pattern, float]:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = DESCRIPTION
     broker = parser.add_argument_group("broker")
-    broker.add_argument("--host", default="127.0.0.1", help="(default %(default)s)")
-    broker.add_argument("--port", type=int, default=1883, help="(default %(default)s)")
-    broker.add_argument("--prefix", default="iot", help="topic prefix (default %(default)s)")
+    add_broker_arguments(broker)
     broker.add_argument(
         "--protocol",
         choices=["5", "3.1.1"],

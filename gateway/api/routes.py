@@ -56,7 +56,7 @@ _NOT_QUERY: Final = frozenset({"data", "request", "state", "headers", "query", "
 
 
 def route(
-    method: Literal["GET", "POST"],
+    method: Literal["GET", "POST", "DELETE"],
     path: str,
     *,
     summary: str,

@@ -1,25 +1,29 @@
 """Configuration: one TOML file decoded into a tree of frozen msgspec structs.
 
-Unknown keys and wrong types are errors naming the key path. Secrets (database DSN, MQTT
-credentials) may come from the environment or from systemd credentials instead of the file.
+Unknown keys and wrong types are errors naming the key path; every error in the file is
+reported at once (:class:`ConfigErrors`), an enum error with the allowed values. Secrets
+(database DSN, MQTT credentials) may come from the environment or from systemd credentials
+instead of the file.
 """
 
 from __future__ import annotations
 
+import datetime
 import os
 import re
 import socket
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Final, Literal
+from typing import Annotated, Any, Final, Literal, get_args, get_origin
 
 import msgspec
 from msgspec import Meta, Struct, field
 
 from gateway.domain.ai_prompt import PROMPTS
-from gateway.domain.errors import ConfigError
+from gateway.domain.errors import ConfigError, ConfigErrors, config_errors
+from gateway.domain.notify import Notify, NotifyConfig, compile_notify
 from gateway.domain.quiet_hours import QuietHours, QuietHoursConfig, compile_quiet_hours
-from gateway.domain.rules import RuleConfig, RuleSet, compile_rules
+from gateway.domain.rules import RuleConfig, RuleSet, compile_rule, compile_rules
 from protocol import TopicKind, Topics, is_valid_device_id
 
 Port = Annotated[int, Meta(ge=1, le=65535)]
@@ -91,6 +95,8 @@ class HttpConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     enabled: bool = True
     host: str = "127.0.0.1"
     port: Annotated[int, Meta(ge=0, le=65535)] = 8080  # 0: any free port
+    # Where people reach the console (http(s)://host[:port][/path]); notifications link to it.
+    public_url: str = ""
 
 
 class LogConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -114,6 +120,8 @@ class AlarmsConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True
     escalate_after_s: Annotated[float, Meta(ge=0)] = 0.0
     repeat_interval_s: Annotated[float, Meta(ge=0)] = 0.0
     timer_interval_s: PositiveFloat = 5.0
+    # A rule whose metric or event no telemetry carried for this long is logged once (0: never).
+    rule_check_after_s: Annotated[float, Meta(ge=0)] = 3600.0
     quiet_hours: QuietHoursConfig = field(default_factory=QuietHoursConfig)
 
 
@@ -152,6 +160,7 @@ class Config(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     alarms: AlarmsConfig = field(default_factory=AlarmsConfig)
     commands: CommandsConfig = field(default_factory=CommandsConfig)
     ai: AiConfig = field(default_factory=AiConfig)
+    notify: NotifyConfig = field(default_factory=NotifyConfig)
 
     @property
     def node_id(self) -> str:
@@ -171,6 +180,9 @@ class Config(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
         if not self.alarms.quiet_hours.windows:
             return None
         return compile_quiet_hours(self.alarms.quiet_hours)
+
+    def notify_rules(self) -> Notify:
+        return compile_notify(self.notify)
 
     @property
     def topics(self) -> Topics:
@@ -197,7 +209,7 @@ _AT_PATH: Final = re.compile(r"^(?P<message>.*?)(?: - at `\$(?P<path>[^`]*)`)?$"
 _FIELD: Final = re.compile(r"(?:unknown|required) field `(?P<field>[^`]+)`")
 
 
-def _key_path(error: msgspec.ValidationError) -> ConfigError:
+def _key_path(error: msgspec.ValidationError, prefix: str = "") -> ConfigError:
     match = _AT_PATH.match(str(error))
     assert match is not None  # the pattern matches any string
     message = match.group("message")
@@ -205,6 +217,8 @@ def _key_path(error: msgspec.ValidationError) -> ConfigError:
     field_match = _FIELD.search(message)
     if field_match:
         path = f"{path}.{field_match.group('field')}" if path else field_match.group("field")
+    if prefix:
+        path = f"{prefix}{'' if not path or path.startswith('[') else '.'}{path}"
     return ConfigError(path or "<root>", message)
 
 
@@ -212,11 +226,55 @@ def parse_config(text: str | bytes) -> Config:
     try:
         config = msgspec.toml.decode(text, type=Config)
     except msgspec.ValidationError as exc:
-        raise _key_path(exc) from exc
+        # msgspec stops at the first mistake: walk the file key by key for all of them.
+        raw = msgspec.toml.decode(text)
+        raise config_errors(_type_errors(raw, Config, "") or [_key_path(exc)]) from exc
     except msgspec.DecodeError as exc:
         raise ConfigError("<toml>", str(exc)) from exc
     validate(config)
     return config
+
+
+def _type_errors(value: Any, kind: Any, path: str) -> list[ConfigError]:
+    """Every type error in ``value`` read as ``kind``: struct fields and list items one by
+    one, so that one mistake does not hide the next."""
+    if isinstance(kind, type) and issubclass(kind, Struct) and isinstance(value, dict):
+        errors: list[ConfigError] = []
+        fields = {f.encode_name: f for f in msgspec.structs.fields(kind)}
+        for key, item in value.items():
+            at = f"{path}.{key}" if path else key
+            if key not in fields:
+                errors.append(ConfigError(at, "unknown field"))
+            else:
+                errors.extend(_type_errors(item, fields[key].type, at))
+        for name, info in fields.items():
+            required = (
+                info.default is msgspec.NODEFAULT and info.default_factory is msgspec.NODEFAULT
+            )
+            if required and name not in value:
+                errors.append(ConfigError(f"{path}.{name}" if path else name, "required field"))
+        return errors
+    if get_origin(kind) is list and isinstance(value, list):
+        (item_kind,) = get_args(kind)
+        return [
+            error
+            for index, item in enumerate(value)
+            for error in _type_errors(item, item_kind, f"{path}[{index}]")
+        ]
+    try:
+        msgspec.convert(
+            value,
+            kind,
+            builtin_types=(datetime.datetime, datetime.date, datetime.time),
+            str_keys=True,
+        )
+    except msgspec.ValidationError as exc:
+        error = _key_path(exc, path)
+        if get_origin(kind) is Literal:
+            allowed = ", ".join(repr(choice) for choice in get_args(kind))
+            error = ConfigError(error.key_path, f"{error.message}; allowed: {allowed}")
+        return [error]
+    return []
 
 
 def load_config(path: Path | None, environ: Mapping[str, str] | None = None) -> Config:
@@ -264,69 +322,180 @@ def apply_secrets(config: Config, environ: Mapping[str, str]) -> Config:
             entry = msgspec.structs.replace(entry, token=value)  # noqa: PLW2901 - the resolved copy
         tokens.append(entry)
     api = msgspec.structs.replace(config.api, tokens=tokens)
-    return msgspec.structs.replace(config, database=database, mqtt=mqtt, api=api)
+    notify = _notify_secrets(config.notify, environ)
+    return msgspec.structs.replace(config, database=database, mqtt=mqtt, api=api, notify=notify)
+
+
+# --- notifications ([notify], [http] public_url) ------------------------------------------------
+
+
+def _notify_secrets(notify: NotifyConfig, environ: Mapping[str, str]) -> NotifyConfig:
+    """Each receiver's ``secret_env`` / ``password_env`` read into ``secret`` / ``password``."""
+    receivers = []
+    for index, receiver in enumerate(notify.receivers):
+        for env_key, key in (("secret_env", "secret"), ("password_env", "password")):
+            name = getattr(receiver, env_key)
+            if not name:
+                continue
+            value = environ.get(name, "")
+            if not value:
+                raise ConfigError(
+                    f"notify.receivers[{index}].{env_key}",
+                    f"environment variable {name} is not set",
+                )
+            # The value replaces the variable's name: the resolved receiver has one of the two.
+            resolved = {key: value, env_key: ""}
+            receiver = msgspec.structs.replace(receiver, **resolved)  # noqa: PLW2901 - the resolved copy
+        receivers.append(receiver)
+    return msgspec.structs.replace(notify, receivers=receivers)
+
+
+def notify_secrets(config: Config) -> list[str]:
+    """The receivers' webhook secrets and SMTP passwords (never logged)."""
+    return [s for r in config.notify.receivers for s in (r.secret, r.password) if s]
+
+
+_PUBLIC_URL: Final = re.compile(r"^https?://[^/\s?#]+(/[^\s?#]*)?\Z")
+
+
+def _validate_notify(config: Config) -> list[ConfigError]:
+    errors: list[ConfigError] = []
+    if config.http.public_url and _PUBLIC_URL.match(config.http.public_url) is None:
+        errors.append(ConfigError("http.public_url", "must be http(s)://host[:port][/path]"))
+    try:
+        compile_notify(config.notify)  # ConfigError("notify.routes[i].receivers[j]", ...)
+    except ConfigError as exc:
+        errors.extend(_each(exc))
+    return errors
 
 
 def validate(config: Config) -> None:
-    """Checks that cross keys or need more than a type (raised with the key path)."""
-    if config.node.id and not is_valid_device_id(config.node.id):
-        raise ConfigError("node.id", "must match ^[A-Za-z0-9_.:-]{1,64}$")
+    """Checks that cross keys or need more than a type: every failing one is reported (one
+    :class:`ConfigErrors`), each with its key path."""
+    errors: list[ConfigError] = []
+
+    def check(key_path: str, ok: bool, message: str) -> None:
+        if not ok:
+            errors.append(ConfigError(key_path, message))
+
+    check(
+        "node.id",
+        not config.node.id or is_valid_device_id(config.node.id),
+        "must match ^[A-Za-z0-9_.:-]{1,64}$",
+    )
     try:
-        topics = Topics(config.mqtt.topic_prefix)
+        topics: Topics | None = Topics(config.mqtt.topic_prefix)
     except ValueError as exc:
-        raise ConfigError("mqtt.topic_prefix", str(exc)) from exc
-    if config.mqtt.shared_group:
+        topics = None
+        errors.append(ConfigError("mqtt.topic_prefix", str(exc)))
+    if config.mqtt.shared_group and topics is not None:
         try:
             topics.subscription(TopicKind.TELEMETRY, config.mqtt.shared_group)
         except ValueError as exc:
-            raise ConfigError("mqtt.shared_group", str(exc)) from exc
-    if config.mqtt.reconnect_min_s > config.mqtt.reconnect_max_s:
-        raise ConfigError("mqtt.reconnect_min_s", "must not exceed mqtt.reconnect_max_s")
+            errors.append(ConfigError("mqtt.shared_group", str(exc)))
+    check(
+        "mqtt.reconnect_min_s",
+        config.mqtt.reconnect_min_s <= config.mqtt.reconnect_max_s,
+        "must not exceed mqtt.reconnect_max_s",
+    )
     tls = config.mqtt.tls
-    if (tls.cert_file == "") != (tls.key_file == ""):
-        raise ConfigError("mqtt.tls.key_file", "cert_file and key_file go together")
-    if config.database.pool_min > config.database.pool_max:
-        raise ConfigError("database.pool_min", "must not exceed database.pool_max")
+    check(
+        "mqtt.tls.key_file",
+        (tls.cert_file == "") == (tls.key_file == ""),
+        "cert_file and key_file go together",
+    )
+    check(
+        "database.pool_min",
+        config.database.pool_min <= config.database.pool_max,
+        "must not exceed database.pool_max",
+    )
     for index, token in enumerate(config.api.tokens):
-        if bool(token.token) == bool(token.token_env):
-            raise ConfigError(f"api.tokens[{index}]", "set exactly one of token and token_env")
-        if token.token and len(token.token) < 16:
-            raise ConfigError(f"api.tokens[{index}].token", "must be at least 16 characters")
-    _validate_token_names(config.api.tokens)
-    compile_rules(config.rules)  # raises ConfigError("rules[i].field", ...)
-    _validate_ai(config.ai)
-    compile_quiet_hours(config.alarms.quiet_hours)  # ConfigError("alarms.quiet_hours...")
-    if config.database.retry_min_s > config.database.retry_max_s:
-        raise ConfigError("database.retry_min_s", "must not exceed database.retry_max_s")
+        check(
+            f"api.tokens[{index}]",
+            bool(token.token) != bool(token.token_env),
+            "set exactly one of token and token_env",
+        )
+        check(
+            f"api.tokens[{index}].token",
+            not token.token or len(token.token) >= 16,
+            "must be at least 16 characters",
+        )
+    errors.extend(_token_name_errors(config.api.tokens))
+    errors.extend(_rule_errors(config.rules))
+    errors.extend(_validate_ai(config.ai))
+    errors.extend(_validate_notify(config))
+    try:
+        compile_quiet_hours(config.alarms.quiet_hours)  # ConfigError("alarms.quiet_hours...")
+    except ConfigError as exc:
+        errors.extend(_each(exc))
+    check(
+        "database.retry_min_s",
+        config.database.retry_min_s <= config.database.retry_max_s,
+        "must not exceed database.retry_max_s",
+    )
+    if errors:
+        raise config_errors(errors)
 
 
 TOKEN_NAME_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9 _.@-]{0,63}$"  # noqa: S105 - a pattern
 _TOKEN_NAME: Final = re.compile(TOKEN_NAME_PATTERN.removesuffix("$") + r"\Z")
 
 
-def _validate_token_names(tokens: list[TokenConfig]) -> None:
+def _token_name_errors(tokens: list[TokenConfig]) -> list[ConfigError]:
     """Every token has a name, unique: the audit trail records it as the actor."""
+    errors: list[ConfigError] = []
     seen: dict[str, int] = {}
     for index, token in enumerate(tokens):
         path = f"api.tokens[{index}].name"
         if not token.name:
-            raise ConfigError(path, "required: the audit trail names the token by it")
+            errors.append(ConfigError(path, "required: the audit trail names the token by it"))
+            continue
         if _TOKEN_NAME.match(token.name) is None:
-            raise ConfigError(
-                path,
-                "1 to 64 letters, digits, spaces and _ . @ - (starting with a letter or digit)",
+            errors.append(
+                ConfigError(
+                    path,
+                    "1 to 64 letters, digits, spaces and _ . @ - (starting with a letter or digit)",
+                )
             )
         if token.name in seen:
-            raise ConfigError(
-                path, f"{token.name!r} is taken already by api.tokens[{seen[token.name]}]"
+            errors.append(
+                ConfigError(
+                    path, f"{token.name!r} is taken already by api.tokens[{seen[token.name]}]"
+                )
             )
+            continue
         seen[token.name] = index
+    return errors
 
 
-def _validate_ai(ai: AiConfig) -> None:
+def _each(error: ConfigError) -> list[ConfigError]:
+    return list(error.errors) if isinstance(error, ConfigErrors) else [error]
+
+
+def _rule_errors(rules: list[RuleConfig]) -> list[ConfigError]:
+    """Each rule's mistakes; then, if every rule compiles, those across rules (duplicates)."""
+    errors: list[ConfigError] = []
+    for index, rule in enumerate(rules):
+        try:
+            compile_rule(rule, f"rules[{index}]")
+        except ConfigError as exc:
+            errors.extend(_each(exc))
+    if not errors:
+        try:
+            compile_rules(rules)
+        except ConfigError as exc:
+            errors.extend(_each(exc))
+    return errors
+
+
+def _validate_ai(ai: AiConfig) -> list[ConfigError]:
+    errors: list[ConfigError] = []
     if ai.enabled:
         for key in ("base_url", "model"):
             if not getattr(ai, key):
-                raise ConfigError(f"ai.{key}", "required when ai.enabled is true")
+                errors.append(ConfigError(f"ai.{key}", "required when ai.enabled is true"))
     if ai.prompt_version not in PROMPTS:
-        raise ConfigError("ai.prompt_version", f"unknown prompt version; known: {sorted(PROMPTS)}")
+        errors.append(
+            ConfigError("ai.prompt_version", f"unknown prompt version; known: {sorted(PROMPTS)}")
+        )
+    return errors

@@ -16,5 +16,23 @@ class ConfigError(GatewayError):
         self.message = message
 
 
+class ConfigErrors(ConfigError):
+    """Several configuration errors at once (``errors``, in file order); it reads as the
+    first one for code that looks at ``key_path``, and ``str()`` lists them all."""
+
+    def __init__(self, errors: list[ConfigError]) -> None:
+        super().__init__(errors[0].key_path, errors[0].message)
+        self.errors = errors
+        self.args = ("; ".join(str(error) for error in errors),)
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+def config_errors(errors: list[ConfigError]) -> ConfigError:
+    """One error as itself, several as :class:`ConfigErrors`."""
+    return errors[0] if len(errors) == 1 else ConfigErrors(errors)
+
+
 class StartupError(GatewayError):
     """The daemon cannot start (a port in use, a schema too new, ...)."""

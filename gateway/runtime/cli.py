@@ -1,25 +1,36 @@
-"""``gateway``: run the daemon, migrate, check a config, inspect and replay dead letters."""
+"""The gateway command line: run the daemon, migrate, check a config, inspect and replay dead
+letters, check the rules against stored telemetry.
+
+Help texts are plain sentences (``DESCRIPTION``, ``help=``), never this docstring's markup.
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import base64
+import importlib.util
 import json
+import re
 import signal
 import sys
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from contextlib import asynccontextmanager
+from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import asyncpg
 import structlog
 
 from gateway.config import Config, load_config
-from gateway.domain.errors import ConfigError, StartupError
+from gateway.domain.errors import ConfigError, ConfigErrors, StartupError
+from gateway.runtime.admin_token import with_zero_setup_token
 from gateway.runtime.logging import configure_logging
 from gateway.support.version import gateway_version
+
+if TYPE_CHECKING:
+    from storage.embedded import EmbeddedPostgres
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -28,55 +39,161 @@ EXIT_CONFIG = 2
 log = structlog.get_logger(__name__)
 
 
+DESCRIPTION = (
+    "MQTT alarm & command gateway: run the daemon, migrate its database, check a config file, "
+    "list and replay dead letters, check the rules against stored telemetry."
+)
+CONFIG_HELP = "the gateway's TOML file (default: every default, the zero-setup path)"
+DATABASE_NOTE = (
+    "With no [database] dsn it uses the embedded PostgreSQL under the state directory: the "
+    "running daemon's server if one runs, else one started for this command."
+)
+# How long a command waits for a daemon that is starting the embedded server (initdb).
+EMBEDDED_WAIT_S = 120.0
+
+
+def _command(
+    commands: argparse._SubParsersAction[argparse.ArgumentParser], name: str, text: str
+) -> argparse.ArgumentParser:
+    """A subcommand whose --help starts with the same sentence as its line in the list."""
+    return commands.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".")
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="gateway", description=__doc__)
+    parser = argparse.ArgumentParser(prog="gateway", description=DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"gateway {gateway_version()}")
-    commands = parser.add_subparsers(dest="command", required=True)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    run = commands.add_parser("run", help="run the daemon")
-    run.add_argument("--config", type=Path, help="TOML file (default: every default)")
+    run = _command(commands, "run", "run the daemon until SIGTERM or Ctrl-C")
+    run.add_argument("--config", type=Path, help=CONFIG_HELP)
 
-    migrate = commands.add_parser("migrate", help="apply database migrations and exit")
-    migrate.add_argument("--config", type=Path)
+    migrate = _command(commands, "migrate", "apply the database migrations and exit")
+    migrate.epilog = DATABASE_NOTE
+    migrate.add_argument("--config", type=Path, help=CONFIG_HELP)
 
-    check = commands.add_parser("check-config", help="validate a config file (exit 2 if not)")
-    check.add_argument("path", type=Path)
+    check = _command(
+        commands, "check-config", "validate a config file, listing every error (exit 2 if any)"
+    )
+    check.add_argument("path", type=Path, help="the TOML file to check")
 
-    letters = commands.add_parser("dead-letters", help="list or replay dead letters")
-    actions = letters.add_subparsers(dest="action", required=True)
-    listing = actions.add_parser("list", help="list dead letters, oldest first")
-    listing.add_argument("--config", type=Path)
+    letters = _command(commands, "dead-letters", "list or replay dead letters")
+    actions = letters.add_subparsers(dest="action", required=True, metavar="ACTION")
+    listing = _command(actions, "list", "list dead letters, oldest first")
+    listing.epilog = DATABASE_NOTE
+    listing.add_argument("--config", type=Path, help=CONFIG_HELP)
     listing.add_argument("--reason", help="only this reason code (e.g. MALFORMED)")
     listing.add_argument("--pending", action="store_true", help="only those not replayed yet")
     listing.add_argument("--after", type=int, default=0, help="ids greater than this")
-    listing.add_argument("--limit", type=int, default=100)
+    listing.add_argument("--limit", type=int, default=100, help="at most this many (default: 100)")
     listing.add_argument("--json", action="store_true", help="JSON lines, payload in base64")
-    again = actions.add_parser("replay", help="re-ingest dead letters through the normal path")
-    again.add_argument("--config", type=Path)
+    again = _command(actions, "replay", "re-ingest dead letters through the normal path")
+    again.epilog = DATABASE_NOTE
+    again.add_argument("--config", type=Path, help=CONFIG_HELP)
     which = again.add_mutually_exclusive_group(required=True)
     which.add_argument("--id", type=int, action="append", dest="ids", help="repeatable")
     which.add_argument("--all", action="store_true", help="every dead letter not yet replayed")
     again.add_argument("--reason", help="with --all: only this reason code")
 
-    database = commands.add_parser(
+    database = _command(
+        commands,
         "embedded-db",
-        help="start the embedded PostgreSQL, print its DSN, keep it running until Ctrl-C",
+        "print the embedded PostgreSQL's DSN: the running daemon's server, or one started "
+        "here and kept running until Ctrl-C",
     )
     database.add_argument("--config", type=Path, help="its [node] state_dir is used")
 
-    demo = commands.add_parser(
-        "demo", help="the daemon, example rules and ~100 simulated devices; prints the console URL"
+    rules = _command(commands, "rules", "check the configured rules")
+    rule_actions = rules.add_subparsers(dest="action", required=True, metavar="ACTION")
+    rule_check = _command(
+        rule_actions,
+        "check",
+        "list the rules whose metric or event no stored telemetry carried in a recent window, "
+        "with the closest names seen (exit 1 if any)",
     )
-    demo.add_argument("--http-port", type=int, default=8080, help="(default %(default)s; 0: any)")
-    demo.add_argument("--mqtt-port", type=int, default=1883, help="embedded broker's port")
-    demo.add_argument("--state-dir", type=Path, help="keep the data here (default: a temp dir)")
-    demo.add_argument("--screenshots", type=Path, metavar="OUTDIR", help="photograph the console")
+    rule_check.epilog = DATABASE_NOTE
+    rule_check.add_argument("--config", type=Path, help=CONFIG_HELP)
+    rule_check.add_argument(
+        "--since",
+        type=_duration,
+        default=timedelta(hours=1),
+        help="the window, back from now: 90s, 30m, 1h, 2d (default: 1h)",
+    )
 
-    units = commands.add_parser("install-systemd", help="install the systemd unit files")
-    units.add_argument("--target", type=Path, default=Path("/etc/systemd/system"))
+    demo = _command(
+        commands,
+        "demo",
+        "run the daemon, example rules and about 100 simulated devices, all embedded; print the "
+        "console's address and an admin token; Ctrl-C stops everything",
+    )
+    demo.add_argument(
+        "--http-port", type=int, default=8080, help="the console's port (default: 8080; 0: any)"
+    )
+    demo.add_argument(
+        "--mqtt-port", type=int, default=1883, help="the embedded broker's port (default: 1883)"
+    )
+    demo.add_argument(
+        "--state-dir", type=Path, help="keep the demo's data here (default: a temporary directory)"
+    )
+    demo.add_argument(
+        "--screenshots",
+        type=Path,
+        metavar="OUTDIR",
+        help="photograph the console into OUTDIR (needs playwright and chromium), then stop",
+    )
+
+    units = _command(commands, "install-systemd", "install the systemd unit files")
+    units.add_argument(
+        "--target",
+        type=Path,
+        default=Path("/etc/systemd/system"),
+        help="the directory to write them to (default: /etc/systemd/system)",
+    )
     units.add_argument("--executable", help="the gateway command the units run (default: this one)")
     units.add_argument("--force", action="store_true", help="overwrite differing unit files")
     return parser
+
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd])\s*$")
+_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def _duration(text: str) -> timedelta:
+    match = _DURATION.match(text)
+    if match is None or float(match.group(1)) <= 0:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a duration: a positive number and a unit, s, m, h or d (1h, 30m)"
+        )
+    return timedelta(seconds=float(match.group(1)) * _UNIT_S[match.group(2)])
+
+
+class MissingExtraError(Exception):
+    """The zero-setup path is configured but the ``embedded`` extra is not installed."""
+
+
+def _require_embedded(*, database: bool, broker: bool) -> None:
+    """One line saying what to install when the zero-setup path lacks its packages."""
+    from storage.embedded import EMBEDDED_EXTRA_HINT, embedded_postgres_installed
+
+    missing: list[str] = []
+    if database and not embedded_postgres_installed():
+        missing.append("its PostgreSQL (no [database] dsn is set)")
+    if broker and not _module_installed("amqtt"):
+        missing.append("its MQTT broker (no [mqtt] host is set)")
+    if missing:
+        settings = " and ".join(
+            key for key, needed in (("[database] dsn", database), ("[mqtt] host", broker)) if needed
+        )
+        raise MissingExtraError(
+            f"the zero-setup path needs the embedded extra for {' and '.join(missing)}, and it "
+            f"is not installed: {EMBEDDED_EXTRA_HINT}; or set {settings} to use your own"
+        )
+
+
+def _module_installed(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ValueError:  # set to None in sys.modules: made unimportable on purpose
+        return False
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -98,9 +215,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         "migrate": _migrate,
         "embedded-db": _embedded_db,
         "dead-letters": _dead_letters,
+        "rules": _rules,
     }
     try:
+        if args.command == "run":
+            _require_embedded(database=not config.database.dsn, broker=not config.mqtt.host)
         return _run_async(handlers[args.command](config, args))
+    except MissingExtraError as exc:
+        # The operator's choice of the zero-setup path: a configuration matter (exit 2).
+        log.error("embedded_extra_missing", error=str(exc))
+        return EXIT_CONFIG
     except StartupError as exc:
         log.error("startup_failed", error=str(exc))
         return EXIT_FAILURE
@@ -117,6 +241,12 @@ def _run_async(coro: Coroutine[Any, Any, int]) -> int:
 
 def _demo(args: argparse.Namespace) -> int:
     from gateway.runtime import demo
+
+    try:
+        _require_embedded(database=True, broker=True)
+    except MissingExtraError as exc:
+        print(f"gateway demo: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
 
     settings = demo.DemoSettings(
         http_port=args.http_port, mqtt_port=args.mqtt_port, state_dir=args.state_dir
@@ -144,7 +274,12 @@ def _check_config(path: Path) -> int:
     try:
         load_config(path)
     except ConfigError as exc:
-        print(f"invalid configuration: {exc}", file=sys.stderr)
+        # Every error found, one per line, so that one run fixes them all.
+        errors = exc.errors if isinstance(exc, ConfigErrors) else [exc]
+        count = f"{len(errors)} error{'s' if len(errors) > 1 else ''}"
+        print(f"invalid configuration: {path}: {count}", file=sys.stderr)
+        for error in errors:
+            print(f"  {error}", file=sys.stderr)
         return EXIT_CONFIG
     print(f"{path}: ok")
     return EXIT_OK
@@ -155,7 +290,7 @@ async def _run(config: Config, args: argparse.Namespace) -> int:
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    daemon = Daemon(config)
+    daemon = Daemon(with_zero_setup_token(config, announce=True))
 
     def shutdown() -> None:
         daemon.notifier.stopping()
@@ -167,7 +302,7 @@ async def _run(config: Config, args: argparse.Namespace) -> int:
     def reload() -> None:
         daemon.notifier.reloading()
         try:
-            fresh = load_config(args.config)
+            fresh = with_zero_setup_token(load_config(args.config))
         except ConfigError as exc:
             # The old configuration keeps running; the operator sees why in the journal.
             log.error("config_reload_refused", error=str(exc))
@@ -185,16 +320,15 @@ async def _run(config: Config, args: argparse.Namespace) -> int:
 
 @asynccontextmanager
 async def _database(config: Config) -> AsyncIterator[asyncpg.Pool]:
-    """A pool on the configured database, or on the embedded one under the state dir."""
+    """A pool on the configured database, else on the embedded one under the state dir: the
+    running daemon's server when one runs (a second server on its cluster is impossible),
+    else one started for this command and stopped after it."""
     from storage.pool import create_pool
 
     dsn = config.database.dsn
     embedded = None
     if not dsn:
-        from storage.embedded import EmbeddedPostgres
-
-        embedded = EmbeddedPostgres(config.state_dir)
-        dsn = await asyncio.to_thread(embedded.start)
+        embedded, dsn = await _embedded_dsn(config)
     try:
         pool = await create_pool(dsn, min_size=1, max_size=2, application_name="gateway-cli")
         try:
@@ -206,15 +340,44 @@ async def _database(config: Config) -> AsyncIterator[asyncpg.Pool]:
             await asyncio.to_thread(embedded.stop)
 
 
+async def _embedded_dsn(config: Config) -> tuple[EmbeddedPostgres | None, str]:
+    """The running embedded server's DSN (no server of ours: ``None``), or a server started
+    here, which the caller stops."""
+    from storage.embedded import (
+        EmbeddedPostgres,
+        EmbeddedPostgresBusyError,
+        EmbeddedPostgresError,
+        running_dsn,
+    )
+
+    try:
+        # Twice at most: a daemon may take the lock between our look and our start.
+        for _ in range(2):
+            running = await asyncio.to_thread(running_dsn, config.state_dir, wait_s=EMBEDDED_WAIT_S)
+            if running is not None:
+                log.info("embedded_postgres_in_use", owner_pid=running.pid, dsn=running.dsn)
+                return None, running.dsn
+            _require_embedded(database=True, broker=False)
+            embedded = EmbeddedPostgres(config.state_dir)
+            try:
+                return embedded, await asyncio.to_thread(embedded.start)
+            except EmbeddedPostgresBusyError:
+                continue
+        raise StartupError(f"the embedded PostgreSQL in {config.state_dir} is busy; try again")
+    except EmbeddedPostgresError as exc:
+        raise StartupError(str(exc)) from exc
+
+
 async def _embedded_db(config: Config, _args: argparse.Namespace) -> int:
     """The zero-setup database on its own: for psql, backups, or a benchmark's database."""
-    from storage.embedded import EmbeddedPostgres
-
     if config.database.dsn:
         print("[database] dsn is set: the embedded PostgreSQL is not used", file=sys.stderr)
         return EXIT_CONFIG
-    embedded = EmbeddedPostgres(config.state_dir)
-    dsn = await asyncio.to_thread(embedded.start)
+    embedded, dsn = await _embedded_dsn(config)
+    if embedded is None:
+        # The daemon's server: print it and leave it to its owner.
+        print(dsn, flush=True)
+        return EXIT_OK
     try:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
@@ -299,3 +462,23 @@ async def _dead_letters(config: Config, args: argparse.Namespace) -> int:
             f"replayed {len(outcomes)}: {len(outcomes) - failed} ingested, {failed} still invalid"
         )
         return EXIT_OK
+
+
+async def _rules(config: Config, args: argparse.Namespace) -> int:
+    """``rules check``: the rules no stored telemetry matched over ``--since``."""
+    from gateway.alarms.rule_watch import find_unseen
+    from gateway.alarms.timers import database_clock
+    from gateway.domain.rule_check import watched_names
+
+    names = watched_names(config.rule_set())
+    async with _database(config) as pool, pool.acquire() as conn:
+        since = await database_clock(conn) - args.since
+        reports = await find_unseen(conn, names, since)
+    window = f"since {since.isoformat(timespec='seconds')}"
+    for report in reports:
+        print(f"{report.describe()} ({window})")
+    if reports:
+        print(f"{len(reports)} of {len(names)} rules watch a name no telemetry carried {window}")
+        return EXIT_FAILURE
+    print(f"the metric or event of every rule ({len(names)}) was seen in telemetry {window}")
+    return EXIT_OK

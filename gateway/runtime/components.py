@@ -20,6 +20,7 @@ from gateway.ai.llm import OpenAiCompatibleLlm
 from gateway.ai.worker import SummaryWorker
 from gateway.alarms.engine import AlarmEngine
 from gateway.alarms.inactivity import InactivityMonitor
+from gateway.alarms.rule_watch import RuleWatch
 from gateway.alarms.service import AlarmService
 from gateway.alarms.timers import AlarmTimers
 from gateway.api.auth import BearerAuth
@@ -27,10 +28,14 @@ from gateway.commands.dispatcher import Dispatcher
 from gateway.commands.reaper import Reaper
 from gateway.commands.service import CommandService
 from gateway.config import Config
+from gateway.domain.quiet_hours import QuietHours
 from gateway.ingest import live_path
 from gateway.ingest.writer import IngestWriter
 from gateway.mqtt.session import MqttSession
 from gateway.mqtt.v311_client import ConnectionSettings
+from gateway.notify.consumer import NotifyConsumer
+from gateway.notify.metrics import NotifyMetrics
+from gateway.notify.worker import DeliveryWorker
 from gateway.outbox.publisher import OutboxPublisher
 from gateway.support.backoff import Backoff
 from gateway.support.node import Node
@@ -54,8 +59,10 @@ class Components:
     auth: BearerAuth
     alarm_service: AlarmService
     command_service: CommandService
+    notify_consumer: NotifyConsumer
+    notify_worker: DeliveryWorker
     # Besides the session and the writer: the outbox, timers, dispatcher, reaper, rule-state
-    # janitor, and the AI workers and inactivity monitor where configured.
+    # janitor, and the AI workers, inactivity monitor and rule watch where configured.
     loops: tuple[Loop, ...]
 
     def reload(self, config: Config) -> None:
@@ -67,6 +74,11 @@ class Components:
         self.timers.quiet = quiet
         self.timers.escalate_after_s = config.alarms.escalate_after_s
         self.timers.repeat_interval_s = config.alarms.repeat_interval_s
+        notify = config.notify_rules()
+        self.notify_consumer.rules = notify
+        self.notify_consumer.public_url = config.http.public_url
+        self.notify_consumer.quiet = quiet
+        self.notify_worker.replace(config.notify, notify)
 
 
 async def build(
@@ -107,8 +119,11 @@ async def build(
     reaper = Reaper.from_config(node, config.commands)
     outbox = OutboxPublisher.from_config(node, quiet=quiet)
     timers = AlarmTimers.from_config(node, config.alarms, quiet=quiet)
+    notify_consumer, notify_worker = _notifications(config, node, quiet)
     loops: list[Loop] = [
         ("outbox-publisher", outbox.run),
+        ("notify-consumer", notify_consumer.run),
+        ("notify-delivery", notify_worker.run),
         ("alarm-timers", timers.run),
         ("command-dispatcher", dispatcher.run),
         ("command-reaper", reaper.run),
@@ -124,6 +139,11 @@ async def build(
             pool=node.pool, engine=engine, interval_s=min(max(silent / 4, 1.0), 30.0)
         )
         loops.append(("inactivity-monitor", monitor.run))
+    if config.alarms.rule_check_after_s > 0:
+        watch = RuleWatch(
+            pool=node.pool, rules=lambda: engine.rules, after_s=config.alarms.rule_check_after_s
+        )
+        loops.append(("rule-watch", watch.run))
     return Components(
         engine=engine,
         writer=writer,
@@ -141,8 +161,38 @@ async def build(
             stop=stop,
             metrics=node.metrics,
         ),
+        notify_consumer=notify_consumer,
+        notify_worker=notify_worker,
         loops=tuple(loops),
     )
+
+
+def _notifications(
+    config: Config, node: Node, quiet: QuietHours | None
+) -> tuple[NotifyConsumer, DeliveryWorker]:
+    """The outbox's notification consumer and the delivery worker it wakes."""
+    metrics = NotifyMetrics.of(node.metrics.registry)
+    rules = config.notify_rules()
+    worker = DeliveryWorker(
+        pool=node.pool,
+        node_id=node.node_id,
+        metrics=metrics,
+        settings=config.notify,
+        rules=rules,
+        dsn=node.dsn,
+    )
+    consumer = NotifyConsumer(
+        pool=node.pool,
+        dsn=node.dsn,
+        metrics=metrics,
+        rules=rules,
+        public_url=config.http.public_url,
+        quiet=quiet,
+        batch=config.notify.batch,
+        poll_s=config.notify.poll_s,
+        on_created=worker.wakeup.set,
+    )
+    return consumer, worker
 
 
 def _subscriptions(config: Config, protocol: str) -> list[str]:

@@ -14,7 +14,7 @@ from gateway.api.app import build_app
 from gateway.api.health import BrokerHealth, DatabaseHealth, Health, IngestHealth, OutboxHealth
 from gateway.api.server import ApiServer
 from gateway.api.stream import StreamHub
-from gateway.config import Config
+from gateway.config import Config, notify_secrets
 from gateway.domain.errors import StartupError
 from gateway.ingest import live_path
 from gateway.ingest.live_path import LivePath
@@ -45,7 +45,12 @@ HEALTH_DB_TIMEOUT_S = 2.0
 def secrets_of(config: Config) -> list[str]:
     """What no log line may carry: the API tokens, the broker's and the database's passwords."""
     password = urlsplit(config.database.dsn).password if config.database.dsn else None
-    return [*(t.token for t in config.api.tokens), config.mqtt.password, password or ""]
+    return [
+        *(t.token for t in config.api.tokens),
+        config.mqtt.password,
+        password or "",
+        *notify_secrets(config),
+    ]
 
 
 class Daemon:

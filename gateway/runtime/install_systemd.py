@@ -71,8 +71,8 @@ def install_units(
         if conflicts:
             names = ", ".join(str(path) for path in conflicts)
             raise FileExistsError(
-                f"{names}: exists with different content; use drop-ins for local changes, "
-                "or force to overwrite"
+                f"{names}: exists with different content; put local changes in drop-ins "
+                "(systemctl edit gateway), or run gateway install-systemd --force to overwrite"
             )
     target_dir.mkdir(parents=True, exist_ok=True)
     for path, text in rendered.items():

@@ -133,6 +133,10 @@ class _Listener:
                 await connection.close(timeout=LISTEN_CONNECT_TIMEOUT_S)
 
 
+# For loops that wait on more than one wake-up (see gateway.notify.worker).
+Listener = _Listener
+
+
 async def drain_on_notify(
     *,
     dsn: str,

@@ -37,6 +37,16 @@ def test_check_config_accepts_the_example_and_names_the_bad_key(tmp_path: Path) 
     result = _gateway("check-config", str(unknown))
     assert result.returncode == 2
     assert "database.dns" in result.stderr
+    several = tmp_path / "several.toml"
+    several.write_text("[mqtt]\nport = 'eighty'\n[log]\nformat = 'xml'\n[database]\npool_min = 0\n")
+    result = _gateway("check-config", str(several))
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [
+        f"invalid configuration: {several}: 3 errors",
+        "  mqtt.port: Expected `int`, got `str`",
+        "  log.format: Invalid enum value 'xml'; allowed: 'auto', 'json', 'console'",
+        "  database.pool_min: Expected `int` >= 1",
+    ]
 
 
 async def test_migrate_is_idempotent_and_dead_letters_can_be_listed(
@@ -104,6 +114,12 @@ def test_install_systemd_writes_the_units_for_this_installation(tmp_path: Path) 
     refused = _gateway("install-systemd", "--target", str(target), "--executable", str(executable))
     assert refused.returncode == 1
     assert "gateway.service" in refused.stderr
+    assert "--force" in refused.stderr
+    forced = _gateway(
+        "install-systemd", "--target", str(target), "--executable", str(executable), "--force"
+    )
+    assert forced.returncode == 0, forced.stderr
+    assert "Type=notify" in (target / "gateway.service").read_text()
 
 
 def test_embedded_db_refuses_when_a_database_is_configured(tmp_path: Path) -> None:

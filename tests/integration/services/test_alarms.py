@@ -232,9 +232,9 @@ async def test_the_spec_chain_built_from_real_telemetry(db_dsn: str, mosquitto: 
             await service.act(three, Action.HANDLE, actor="bob")
             await _send(mosquitto.port, [(topic, _events(T0 + n, "DOOR_OPEN")) for n in (3, 4)])
             await wait_until(_stored(daemon, 5), timeout=30)
-        four, five = [
-            r["id"] for r in await _rows(db_dsn, "SELECT id FROM alarm WHERE id > $1", three)
-        ]
+        # In id order: a row's physical order changes when it is updated (superseded).
+        newer = "SELECT id FROM alarm WHERE id > $1 ORDER BY id"
+        four, five = [r["id"] for r in await _rows(db_dsn, newer, three)]
         assert [a.id for a in await service.chain(five)] == [four, five]
         assert [a.id for a in await service.chain(three)] == [one, two, three]
         assert [a.id for a in await service.chain(two)] == [two]

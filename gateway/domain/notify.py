@@ -1,0 +1,402 @@
+"""Notifications, the pure part (behaviour §6): receivers and routes as configured, what an
+outbox event means to people, routing with first-match and ``continue``, silences, and the
+webhook signature.
+
+Routes are read in order; the first route that matches decides, unless it says
+``continue = true``, in which case the next matching route adds its receivers too (the
+meaning Alertmanager gives ``continue``). A matcher left out matches everything; an event with
+no severity (or rule, or device) does not match a matcher on it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+from typing import Annotated, Any, Final, Literal
+
+import msgspec
+from msgspec import Meta, Struct, field
+
+from gateway.domain.errors import ConfigError
+from gateway.domain.rules import RULE_KEY_PATTERN, SEVERITIES, DeviceSelector, device_selector
+
+# The notification events a route may name.
+ALARM_CREATED: Final = "alarm.created"
+ALARM_ESCALATED: Final = "alarm.escalated"
+ALARM_REMINDER: Final = "alarm.reminder"
+ALARM_CLEARED: Final = "alarm.cleared"
+ALARM_CLOSED: Final = "alarm.closed"
+COMMAND_FAILED: Final = "command.failed"
+CAMPAIGN_ABORTED: Final = "campaign.aborted"
+EVENTS: Final[tuple[str, ...]] = (
+    ALARM_CREATED,
+    ALARM_ESCALATED,
+    ALARM_REMINDER,
+    ALARM_CLEARED,
+    ALARM_CLOSED,
+    COMMAND_FAILED,
+    CAMPAIGN_ABORTED,
+)
+# The outbox's event types behind them (alarm.closed and command.failed are steps of a
+# status change and of a finished command).
+_PASS_THROUGH: Final = frozenset(
+    {ALARM_CREATED, ALARM_ESCALATED, ALARM_REMINDER, ALARM_CLEARED, CAMPAIGN_ABORTED}
+)
+_STATUS_CHANGED: Final = "alarm.status_changed"
+_COMMAND_FINISHED: Final = "command.finished"
+_COMMAND_FAILURES: Final = frozenset({"FAILED", "TIMEOUT"})
+
+
+class DeliveryStatus(StrEnum):
+    PENDING = "PENDING"  # due at next_attempt_at
+    SENDING = "SENDING"  # claimed by a node (lease_owner) until lease_until
+    SENT = "SENT"  # the receiver accepted it
+    FAILED = "FAILED"  # no attempts left; last_error says why
+    SILENCED = "SILENCED"  # a silence matched when the event was consumed: never sent
+
+
+RECEIVER_NAME_PATTERN: Final = r"^[A-Za-z0-9_.-]{1,64}$"
+SIGNATURE_HEADER: Final = "X-Gateway-Signature"
+EVENT_ID_HEADER: Final = "X-Gateway-Event-Id"
+
+PositiveFloat = Annotated[float, Meta(gt=0)]
+PositiveInt = Annotated[int, Meta(ge=1)]
+_RULE_KEY_RE: Final = re.compile(RULE_KEY_PATTERN)
+_NAME_RE: Final = re.compile(RECEIVER_NAME_PATTERN.removesuffix("$") + r"\Z")
+_HEADER_RE: Final = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,128}\Z")
+_ADDRESS_RE: Final = re.compile(r"^[^@\s<>,;]+@[^@\s<>,;]+\Z")
+
+
+class ReceiverConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """One ``[[notify.receivers]]`` table; `compile_notify` checks the keys its kind needs."""
+
+    name: str
+    kind: Literal["webhook", "email"]
+    # webhook
+    url: str = ""
+    secret: str = ""
+    secret_env: str = ""
+    headers: dict[str, str] = field(default_factory=dict)
+    # both: seconds one attempt may take (connect, send, answer)
+    timeout_s: PositiveFloat = 10.0
+    # email
+    host: str = ""
+    port: Annotated[int, Meta(ge=0, le=65535)] = 0  # 0: 465 with tls, else 587/25
+    starttls: bool = False
+    tls: bool = False
+    username: str = ""
+    password: str = ""
+    password_env: str = ""
+    from_: str = field(default="", name="from")
+    to: list[str] = field(default_factory=list)
+    # deliveries of this receiver in flight at once, per node (0: notify.concurrency)
+    concurrency: Annotated[int, Meta(ge=0)] = 0
+
+
+class RouteConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """One ``[[notify.routes]]`` table; an omitted matcher matches everything."""
+
+    events: list[str] | None = None
+    severities: list[str] | None = None
+    rules: list[str] | None = None
+    devices: str | list[str] | None = None
+    receivers: list[str] = field(default_factory=list)
+    continue_: bool = field(default=False, name="continue")
+
+
+class NotifyConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """The ``[notify]`` section."""
+
+    receivers: list[ReceiverConfig] = field(default_factory=list)
+    routes: list[RouteConfig] = field(default_factory=list)
+    lease_s: PositiveFloat = 60.0
+    max_attempts: PositiveInt = 5
+    backoff_min_s: PositiveFloat = 1.0
+    backoff_max_s: PositiveFloat = 300.0
+    concurrency: PositiveInt = 4
+    batch: PositiveInt = 100
+    poll_s: PositiveFloat = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class Facts:
+    """What routes and silences look at in a notification."""
+
+    event: str
+    device_id: str | None = None
+    rule_key: str | None = None
+    severity: str | None = None
+    alarm_id: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Matchers:
+    """Rules, devices and severities; None matches everything."""
+
+    rules: frozenset[str] | None = None
+    devices: DeviceSelector | None = None
+    severities: frozenset[str] | None = None
+
+    def matches(self, facts: Facts) -> bool:
+        if self.rules is not None and facts.rule_key not in self.rules:
+            return False
+        if self.devices is not None and (
+            facts.device_id is None or not self.devices.matches(facts.device_id)
+        ):
+            return False
+        return self.severities is None or facts.severity in self.severities
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    events: frozenset[str] | None
+    matchers: Matchers
+    receivers: tuple[str, ...]
+    continue_: bool
+
+    def matches(self, facts: Facts) -> bool:
+        return (self.events is None or facts.event in self.events) and self.matchers.matches(facts)
+
+
+@dataclass(frozen=True, slots=True)
+class Notify:
+    """The compiled ``[notify]`` section: receivers by name, routes in order."""
+
+    receivers: Mapping[str, ReceiverConfig]
+    routes: tuple[Route, ...]
+
+    def route(self, facts: Facts) -> list[str]:
+        """The receivers of a notification: first match wins unless it says ``continue``."""
+        chosen: list[str] = []
+        for route in self.routes:
+            if not route.matches(facts):
+                continue
+            chosen.extend(r for r in route.receivers if r not in chosen)
+            if not route.continue_:
+                break
+        return chosen
+
+
+@dataclass(frozen=True, slots=True)
+class Silence:
+    id: int
+    matchers: Matchers
+    ends_at: datetime
+
+    def silences(self, facts: Facts, at: datetime) -> bool:
+        return at < self.ends_at and self.matchers.matches(facts)
+
+
+def first_silence(silences: Sequence[Silence], facts: Facts, at: datetime) -> Silence | None:
+    return next((s for s in silences if s.silences(facts, at)), None)
+
+
+# --- compiling ---------------------------------------------------------------------------------
+
+
+def compile_matchers(
+    *,
+    rules: Sequence[str] | None,
+    devices: str | Sequence[str] | None,
+    severities: Sequence[str] | None,
+    path: str,
+) -> Matchers:
+    """Validated matchers; a `ConfigError` names the key (``<path>.rules[2]``)."""
+    if rules is not None:
+        if not rules:
+            raise ConfigError(f"{path}.rules", "must not be empty (leave it out to match all)")
+        for index, rule in enumerate(rules):
+            if _RULE_KEY_RE.match(rule) is None:
+                raise ConfigError(f"{path}.rules[{index}]", f"invalid rule key {rule!r}")
+    if severities is not None:
+        if not severities:
+            raise ConfigError(f"{path}.severities", "must not be empty (leave it out)")
+        for index, severity in enumerate(severities):
+            if severity not in SEVERITIES:
+                raise ConfigError(
+                    f"{path}.severities[{index}]",
+                    f"unknown severity {severity!r}; known: {list(SEVERITIES)}",
+                )
+    return Matchers(
+        rules=None if rules is None else frozenset(rules),
+        devices=None if devices is None else device_selector(devices, f"{path}.devices"),
+        severities=None if severities is None else frozenset(severities),
+    )
+
+
+def compile_notify(config: NotifyConfig, path: str = "notify") -> Notify:
+    """Validate the section; a `ConfigError` names the offending key."""
+    if config.backoff_min_s > config.backoff_max_s:
+        raise ConfigError(f"{path}.backoff_min_s", f"must not exceed {path}.backoff_max_s")
+    receivers: dict[str, ReceiverConfig] = {}
+    for index, receiver in enumerate(config.receivers):
+        at = f"{path}.receivers[{index}]"
+        if _NAME_RE.match(receiver.name) is None:
+            raise ConfigError(f"{at}.name", "must match ^[A-Za-z0-9_.-]{1,64}$")
+        if receiver.name in receivers:
+            raise ConfigError(f"{at}.name", f"receiver {receiver.name!r} is defined twice")
+        _check_receiver(receiver, at)
+        if receiver.timeout_s >= config.lease_s:
+            # A send still running when its lease ends would be sent again by another node.
+            raise ConfigError(f"{at}.timeout_s", f"must be shorter than {path}.lease_s")
+        receivers[receiver.name] = receiver
+    routes = []
+    for index, route in enumerate(config.routes):
+        at = f"{path}.routes[{index}]"
+        if route.events is not None:
+            if not route.events:
+                raise ConfigError(f"{at}.events", "must not be empty (leave it out)")
+            for n, event in enumerate(route.events):
+                if event not in EVENTS:
+                    raise ConfigError(
+                        f"{at}.events[{n}]", f"unknown event {event!r}; known: {list(EVENTS)}"
+                    )
+        for n, name in enumerate(route.receivers):
+            if name not in receivers:
+                raise ConfigError(
+                    f"{at}.receivers[{n}]",
+                    f"unknown receiver {name!r}; defined: {sorted(receivers)}",
+                )
+        routes.append(
+            Route(
+                events=None if route.events is None else frozenset(route.events),
+                matchers=compile_matchers(
+                    rules=route.rules, devices=route.devices, severities=route.severities, path=at
+                ),
+                receivers=tuple(dict.fromkeys(route.receivers)),
+                continue_=route.continue_,
+            )
+        )
+    return Notify(receivers=receivers, routes=tuple(routes))
+
+
+def _check_receiver(receiver: ReceiverConfig, at: str) -> None:
+    if receiver.kind == "webhook":
+        _check_webhook(receiver, at)
+    else:
+        _check_email(receiver, at)
+
+
+def _check_webhook(receiver: ReceiverConfig, at: str) -> None:
+    if not re.match(r"^https?://[^/\s]+", receiver.url):
+        raise ConfigError(f"{at}.url", "a webhook needs an http:// or https:// url")
+    if receiver.secret and receiver.secret_env:
+        raise ConfigError(f"{at}.secret_env", "set at most one of secret and secret_env")
+    for name, value in receiver.headers.items():
+        if _HEADER_RE.match(name) is None:
+            raise ConfigError(f"{at}.headers", f"invalid header name {name!r}")
+        if "\r" in value or "\n" in value:
+            raise ConfigError(f"{at}.headers.{name}", "a header value may not hold a line break")
+
+
+def _check_email(receiver: ReceiverConfig, at: str) -> None:
+    if not receiver.host:
+        raise ConfigError(f"{at}.host", "an email receiver needs the SMTP host")
+    if receiver.tls and receiver.starttls:
+        raise ConfigError(f"{at}.starttls", "tls (implicit TLS) and starttls exclude each other")
+    if receiver.password and receiver.password_env:
+        raise ConfigError(f"{at}.password_env", "set at most one of password and password_env")
+    if _ADDRESS_RE.match(receiver.from_) is None:
+        raise ConfigError(f"{at}.from", "an email receiver needs a sender address")
+    if not receiver.to:
+        raise ConfigError(f"{at}.to", "an email receiver needs at least one recipient")
+    for index, address in enumerate(receiver.to):
+        if _ADDRESS_RE.match(address) is None:
+            raise ConfigError(f"{at}.to[{index}]", f"invalid address {address!r}")
+
+
+# --- what an outbox event means to people ------------------------------------------------------
+
+
+def notification_of(event_type: str, payload: Mapping[str, Any]) -> Facts | None:
+    """The notification an outbox event is, or None (most status changes are not one)."""
+    alarm = payload.get("alarm")
+    alarm = alarm if isinstance(alarm, Mapping) else None
+    if event_type == _STATUS_CHANGED:
+        closed = alarm is not None and alarm.get("status") == "CLOSED"
+        return _alarm_facts(ALARM_CLOSED, alarm) if closed and alarm is not None else None
+    if event_type == _COMMAND_FINISHED:
+        return _command_failed(payload.get("command"))
+    if event_type not in _PASS_THROUGH:
+        return None
+    if alarm is not None:
+        return _alarm_facts(event_type, alarm)
+    alarm_id = payload.get("alarm_id")
+    return Facts(
+        event=event_type,
+        device_id=_text(payload.get("device_id")),
+        rule_key=_text(payload.get("rule_key")),
+        severity=_text(payload.get("severity")),
+        alarm_id=alarm_id if isinstance(alarm_id, int) else None,
+    )
+
+
+def _command_failed(command: object) -> Facts | None:
+    if not isinstance(command, Mapping) or command.get("status") not in _COMMAND_FAILURES:
+        return None
+    return Facts(event=COMMAND_FAILED, device_id=_text(command.get("device_id")))
+
+
+def _alarm_facts(event: str, alarm: Mapping[str, Any]) -> Facts:
+    alarm_id = alarm.get("id")
+    return Facts(
+        event=event,
+        device_id=_text(alarm.get("device_id")),
+        rule_key=_text(alarm.get("rule_key")),
+        severity=_text(alarm.get("severity")),
+        alarm_id=alarm_id if isinstance(alarm_id, int) else None,
+    )
+
+
+def _text(value: object) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def alarm_link(public_url: str, alarm_id: int | None) -> str | None:
+    """The console's page of the alarm, when ``[http] public_url`` is set."""
+    if not public_url or alarm_id is None:
+        return None
+    return f"{public_url.rstrip('/')}/#/alarms/{alarm_id}"
+
+
+# --- the webhook signature ---------------------------------------------------------------------
+
+
+def signature(secret: str, timestamp: int, body: bytes) -> str:
+    """``t=<unix seconds>,v1=<hex HMAC-SHA256 of "<t>.<body>">``."""
+    mac = hmac.new(secret.encode(), f"{timestamp}.".encode() + body, hashlib.sha256)
+    return f"t={timestamp},v1={mac.hexdigest()}"
+
+
+def verify_signature(secret: str, header: str, body: bytes, *, now: int, tolerance_s: int) -> bool:
+    """What a receiver does: the HMAC matches and the timestamp is recent (no replay)."""
+    parts = dict(p.split("=", 1) for p in header.split(",") if "=" in p)
+    try:
+        timestamp = int(parts["t"])
+    except (KeyError, ValueError):
+        return False
+    if abs(now - timestamp) > tolerance_s:
+        return False
+    expected = signature(secret, timestamp, body)
+    return hmac.compare_digest(expected, f"t={parts['t']},v1={parts.get('v1', '')}")
+
+
+def silence_from_row(row: Mapping[str, Any]) -> Silence:
+    """A stored silence (its matchers were validated when it was created)."""
+    raw = row["matchers"]
+    matchers: dict[str, Any] = msgspec.json.decode(raw) if isinstance(raw, str) else dict(raw)
+    return Silence(
+        id=int(row["id"]),
+        matchers=compile_matchers(
+            rules=matchers.get("rules"),
+            devices=matchers.get("devices"),
+            severities=matchers.get("severities"),
+            path="matchers",
+        ),
+        ends_at=row["ends_at"],
+    )

@@ -1,0 +1,214 @@
+"""The idempotent consumer: outbox events become deliveries, exactly once, on any node.
+
+A pass:
+
+1. Read the consumer's horizon and ``running``, the oldest transaction still running now.
+   Every transaction older than ``running`` has finished, so whatever it wrote is visible to
+   the statements that follow.
+2. Scan the events written by transactions at or after the horizon that this consumer has not
+   consumed yet (``consumed_event``), oldest first. An event whose transaction committed late
+   (after a later event's) is still there: the horizon cannot pass a transaction that was
+   running, so it is found by a later pass.
+3. In one transaction: record the events in ``consumed_event`` (``ON CONFLICT DO NOTHING``;
+   a racing node's insert of the same event waits for ours and then finds it taken) and create
+   the deliveries of exactly the events recorded now. Routes pick the receivers; an active
+   silence makes the delivery ``SILENCED`` (visible, never sent); quiet hours make it due when
+   they end.
+4. Move the horizon to ``running``, or to the oldest transaction below it whose event is still
+   unconsumed (a batch that was full), never backwards.
+
+Progress lives in ``notify_consumer``, not in outbox rows: pruning published events later
+changes nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+import asyncpg
+import msgspec
+import structlog
+
+from gateway.domain.notify import (
+    Facts,
+    Notify,
+    alarm_link,
+    first_silence,
+    notification_of,
+    silence_from_row,
+)
+from gateway.domain.quiet_hours import QuietHours
+from gateway.notify.metrics import NotifyMetrics
+from gateway.support.loops import drain_on_notify
+from storage import notify as repo
+from storage.notify import NewDelivery, OutboxRow
+
+log = structlog.get_logger(__name__)
+
+CONSUMER = "notify"
+OUTBOX_CHANNEL = "outbox_event"
+# Events whose sends wait out quiet hours (as the alarm's own push does).
+_QUIET_PREFIX = "alarm."
+
+
+class NotifyConsumer:
+    def __init__(
+        self,
+        *,
+        pool: asyncpg.Pool,
+        dsn: str,
+        metrics: NotifyMetrics,
+        rules: Notify,
+        public_url: str = "",
+        quiet: QuietHours | None = None,
+        batch: int = 100,
+        poll_s: float = 1.0,
+        on_created: Callable[[], None] | None = None,
+        consumer: str = CONSUMER,
+    ) -> None:
+        self.pool = pool
+        self.dsn = dsn
+        self.metrics = metrics
+        self.rules = rules
+        self.public_url = public_url
+        self.quiet = quiet
+        self.batch = batch
+        self.poll_s = poll_s
+        self.on_created = on_created
+        self.consumer = consumer
+
+    async def run(self, stop: asyncio.Event) -> None:
+        await drain_on_notify(
+            dsn=self.dsn,
+            channel=OUTBOX_CHANNEL,
+            stop=stop,
+            step=self.run_once,
+            poll_s=self.poll_s,
+            name="notify-consumer",
+        )
+
+    async def run_once(self) -> int:
+        """One pass; the number of events this pass consumed (0: nothing new)."""
+        async with self.pool.acquire() as conn:
+            horizon = await repo.read_horizon(conn, self.consumer)
+            rows = await repo.scan_unconsumed(conn, self.consumer, horizon.horizon, self.batch)
+            consumed = 0
+            if rows:
+                consumed = await self._consume(conn, rows)
+            await repo.advance_horizon(conn, self.consumer, horizon.running)
+        if consumed and self.on_created is not None:
+            self.on_created()
+        # A full batch means there may be more; a pass that found only events another node
+        # consumed first is not progress of ours, but the scan moves on once they commit.
+        return consumed or (len(rows) if len(rows) >= self.batch else 0)
+
+    async def _consume(self, conn: asyncpg.Connection, rows: list[OutboxRow]) -> int:
+        rules = self.rules  # one configuration for the whole pass, whatever a reload does
+        async with conn.transaction():
+            taken = await repo.consume_events(conn, self.consumer, [r.event_id for r in rows])
+            if not taken:
+                return 0
+            mine = [r for r in rows if r.event_id in taken]
+            payloads = {r.event_id: msgspec.json.decode(r.payload) for r in mine}
+            facts = {r.event_id: notification_of(r.event_type, payloads[r.event_id]) for r in mine}
+            alarm_ids = sorted({f.alarm_id for f in facts.values() if f and f.alarm_id})
+            alarms = await repo.alarm_facts(conn, alarm_ids) if alarm_ids else {}
+            now: datetime = await conn.fetchval("SELECT now()")
+            silences = [silence_from_row(s) for s in await repo.active_silences(conn)]
+            deliveries: list[NewDelivery] = []
+            for row in mine:
+                fact = facts[row.event_id]
+                if fact is None:
+                    continue
+                alarm = alarms.get(fact.alarm_id) if fact.alarm_id is not None else None
+                fact = _with_alarm(fact, alarm)
+                receivers = rules.route(fact)
+                if not receivers:
+                    continue
+                silence = first_silence(silences, fact, now)
+                body = self._body(row, fact, payloads[row.event_id], alarm)
+                due_in_s = self._quiet_delay(fact, now)
+                deliveries.extend(
+                    NewDelivery(
+                        event_id=row.event_id,
+                        outbox_id=row.id,
+                        event=fact.event,
+                        receiver=name,
+                        body=body,
+                        alarm_id=fact.alarm_id,
+                        device_id=fact.device_id,
+                        rule_key=fact.rule_key,
+                        severity=fact.severity,
+                        silence_id=None if silence is None else silence.id,
+                        due_in_s=due_in_s,
+                        event_created_at=row.created_at,
+                    )
+                    for name in receivers
+                )
+            created = await repo.insert_deliveries(conn, deliveries)
+        self.metrics.events_consumed.inc(len(mine))
+        for record in created:
+            if record["status"] == "SILENCED":
+                self.metrics.deliveries.labels(record["receiver"], "SILENCED").inc()
+        if created:
+            log.info("notify_deliveries_created", events=len(mine), deliveries=len(created))
+        return len(mine)
+
+    def _quiet_delay(self, fact: Facts, now: datetime) -> float:
+        """Seconds until quiet hours end for this alarm's device and severity (0: now)."""
+        quiet = self.quiet
+        if quiet is None or not fact.event.startswith(_QUIET_PREFIX):
+            return 0.0
+        if fact.device_id is None or fact.severity is None:
+            return 0.0
+        until = quiet.quiet_until(device_id=fact.device_id, severity=fact.severity, at=now)
+        return 0.0 if until is None else max(0.0, (until - now).total_seconds())
+
+    def _body(
+        self,
+        row: OutboxRow,
+        fact: Facts,
+        payload: Any,
+        alarm: dict[str, Any] | None,
+    ) -> dict[str, Any]:
+        """What a receiver gets: the event's payload as it is, with the alarm's device,
+        status and times as they are now, and the console's link."""
+        body: dict[str, Any] = {
+            "event_id": str(row.event_id),
+            "event": fact.event,
+            "source_event": row.event_type,
+            "occurred_at": row.created_at.isoformat(),
+            "device_id": fact.device_id,
+            "rule_key": fact.rule_key,
+            "severity": fact.severity,
+            "alarm_id": fact.alarm_id,
+            "status": None,
+            "link": alarm_link(self.public_url, fact.alarm_id),
+            "payload": payload,
+        }
+        if alarm is not None:
+            body["status"] = alarm["status"]
+            body["times"] = {
+                key: value.isoformat()
+                for key, value in alarm.items()
+                if key.endswith("_at") and isinstance(value, datetime)
+            }
+        elif isinstance(payload, dict) and isinstance(payload.get("command"), dict):
+            body["status"] = payload["command"].get("status")
+        return body
+
+
+def _with_alarm(fact: Facts, alarm: dict[str, Any] | None) -> Facts:
+    """The alarm's own device, rule and severity where the event did not carry them."""
+    if alarm is None:
+        return fact
+    return Facts(
+        event=fact.event,
+        device_id=fact.device_id or alarm["device_id"],
+        rule_key=fact.rule_key or alarm["rule_key"],
+        severity=fact.severity or alarm["severity"],
+        alarm_id=fact.alarm_id,
+    )

@@ -1,0 +1,156 @@
+"""The receivers' senders: a webhook (aiohttp) and e-mail (aiosmtplib).
+
+A sender sends one delivery and returns, or raises :class:`SendError` with a message fit for
+the delivery's ``last_error`` (no secret, no URL query, no password: only what went wrong).
+"""
+
+from __future__ import annotations
+
+import html
+import time
+from email.message import EmailMessage
+from typing import Any, Final, Protocol
+
+import aiohttp
+import aiosmtplib
+import msgspec
+
+from gateway.domain.notify import EVENT_ID_HEADER, SIGNATURE_HEADER, ReceiverConfig, signature
+from gateway.support.version import gateway_version
+from storage.notify import ClaimedDelivery
+
+DELIVERY_HEADER: Final = "X-Gateway-Delivery"
+ATTEMPT_HEADER: Final = "X-Gateway-Attempt"
+ERROR_MAX: Final = 500
+
+
+class SendError(Exception):
+    """One attempt failed; ``str()`` is what the delivery records as its last error."""
+
+
+class Sender(Protocol):
+    async def send(self, delivery: ClaimedDelivery) -> None: ...
+
+
+class WebhookSender:
+    """POST the body as JSON; any 2xx answer is a delivery, anything else an error."""
+
+    def __init__(self, receiver: ReceiverConfig, session: aiohttp.ClientSession) -> None:
+        self.receiver = receiver
+        self.session = session
+
+    async def send(self, delivery: ClaimedDelivery) -> None:
+        body = delivery.body.encode()
+        headers = {
+            "Content-Type": "application/json",
+            "User-Agent": f"mqtt-alarm-gateway/{gateway_version()}",
+            **self.receiver.headers,
+            EVENT_ID_HEADER: str(delivery.event_id),
+            DELIVERY_HEADER: str(delivery.id),
+            ATTEMPT_HEADER: str(delivery.attempts),
+        }
+        if self.receiver.secret:
+            headers[SIGNATURE_HEADER] = signature(self.receiver.secret, int(time.time()), body)
+        try:
+            async with self.session.post(
+                self.receiver.url,
+                data=body,
+                headers=headers,
+                allow_redirects=False,
+                timeout=aiohttp.ClientTimeout(total=self.receiver.timeout_s),
+            ) as response:
+                if not 200 <= response.status < 300:
+                    text = (await response.text(errors="replace"))[:200]
+                    raise SendError(f"HTTP {response.status}: {text}".strip())
+        except aiohttp.ClientError as exc:
+            # The exception's text names host and port at most, never the path or query.
+            raise SendError(f"{type(exc).__name__}: {exc}"[:ERROR_MAX]) from exc
+
+
+class EmailSender:
+    """One message, a plain-text and an HTML part, to every address of ``to``."""
+
+    def __init__(self, receiver: ReceiverConfig) -> None:
+        self.receiver = receiver
+
+    async def send(self, delivery: ClaimedDelivery) -> None:
+        r = self.receiver
+        message = build_email(r, msgspec.json.decode(delivery.body), str(delivery.event_id))
+        port = r.port or (465 if r.tls else 587 if r.starttls else 25)
+        try:
+            await aiosmtplib.send(
+                message,
+                hostname=r.host,
+                port=port,
+                username=r.username or None,
+                password=r.password or None,
+                use_tls=r.tls,
+                start_tls=r.starttls,
+                timeout=r.timeout_s,
+            )
+        except aiosmtplib.SMTPException as exc:
+            raise SendError(f"{type(exc).__name__}: {exc}"[:ERROR_MAX]) from exc
+        except OSError as exc:
+            raise SendError(f"{type(exc).__name__}: {exc.strerror or exc}"[:ERROR_MAX]) from exc
+
+
+def subject_of(body: dict[str, Any]) -> str:
+    """``[SEVERITY] rule on device: event``, with what the event has of these."""
+    severity = body.get("severity") or "NOTICE"
+    what = body.get("rule_key") or body.get("event")
+    where = f" on {body['device_id']}" if body.get("device_id") else ""
+    return f"[{severity}] {what}{where}: {body.get('event')}"
+
+
+def _lines(body: dict[str, Any]) -> list[tuple[str, str]]:
+    payload = body.get("payload") if isinstance(body.get("payload"), dict) else {}
+    assert isinstance(payload, dict)
+    alarm = payload.get("alarm") if isinstance(payload.get("alarm"), dict) else {}
+    assert isinstance(alarm, dict)
+    fields = [
+        ("Event", body.get("event")),
+        ("Alarm", body.get("alarm_id")),
+        ("Device", body.get("device_id")),
+        ("Rule", body.get("rule_key")),
+        ("Rule description", payload.get("rule_description") or alarm.get("rule_description")),
+        ("Severity", body.get("severity")),
+        ("Status", body.get("status")),
+        ("Trigger", payload.get("trigger") or alarm.get("trigger") or payload.get("reason")),
+        ("Occurred at", body.get("occurred_at")),
+    ]
+    times = body.get("times") if isinstance(body.get("times"), dict) else {}
+    assert isinstance(times, dict)
+    fields += [
+        (key.removesuffix("_at").replace("_", " ").capitalize(), v) for key, v in times.items()
+    ]
+    fields.append(("Link", body.get("link")))
+    return [
+        (label, v if isinstance(v, str) else msgspec.json.encode(v).decode())
+        for label, v in fields
+        if v is not None
+    ]
+
+
+def build_email(receiver: ReceiverConfig, body: dict[str, Any], event_id: str) -> EmailMessage:
+    message = EmailMessage()
+    message["Subject"] = subject_of(body)
+    message["From"] = receiver.from_
+    message["To"] = ", ".join(receiver.to)
+    message["X-Gateway-Event-Id"] = event_id
+    lines = _lines(body)
+    message.set_content("\n".join(f"{label}: {value}" for label, value in lines) + "\n")
+    rows = "".join(
+        f"<tr><th align='left'>{html.escape(label)}</th><td>{html.escape(value)}</td></tr>"
+        for label, value in lines
+    )
+    title = html.escape(message["Subject"])
+    message.add_alternative(
+        f"<html><body><h2>{title}</h2><table>{rows}</table></body></html>", subtype="html"
+    )
+    return message
+
+
+def sender_for(receiver: ReceiverConfig, session: aiohttp.ClientSession) -> Sender:
+    if receiver.kind == "webhook":
+        return WebhookSender(receiver, session)
+    return EmailSender(receiver)

@@ -1,0 +1,236 @@
+"""Delivery workers: claim with a lease, send holding nothing, finish by a conditional write.
+
+For each receiver a node keeps at most ``concurrency`` deliveries in flight. A pass claims, per
+receiver, as many due deliveries as it has free slots (one short statement, ``SKIP LOCKED``:
+another node takes others), and sends each in its own task **with no transaction open and no
+pooled connection held**, under the receiver's ``timeout_s``. The finishing write names the
+lease owner and the attempt: a delivery whose lease ran out and was taken over by another node
+keeps what that node does. A failed attempt is retried after a capped exponential backoff with
+jitter; after ``max_attempts`` it is ``FAILED`` with its last error. A receiver that hangs fills
+only its own slots: other receivers, the outbox publisher and ingest go on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from datetime import UTC, datetime
+
+import aiohttp
+import asyncpg
+import structlog
+
+from gateway.domain.notify import Notify, NotifyConfig, ReceiverConfig
+from gateway.notify.metrics import NotifyMetrics
+from gateway.notify.receivers import ERROR_MAX, Sender, SendError, sender_for
+from gateway.support.backoff import Backoff
+from gateway.support.loops import (
+    RETRYABLE,
+    Listener,
+    failure_backoff,
+    sleep_unless_stopped,
+    wait_event_or_stop,
+)
+from storage import notify as repo
+from storage.errors import DB_ERRORS
+from storage.notify import ClaimedDelivery
+
+log = structlog.get_logger(__name__)
+
+# New deliveries are notified here (a trigger); polling `poll_s` remains the fallback, and
+# what retries wait for.
+CHANNEL = "notify_delivery"
+
+
+class DeliveryWorker:
+    def __init__(
+        self,
+        *,
+        pool: asyncpg.Pool,
+        node_id: str,
+        metrics: NotifyMetrics,
+        settings: NotifyConfig,
+        rules: Notify,
+        dsn: str = "",
+    ) -> None:
+        self.pool = pool
+        self.dsn = dsn
+        self.node_id = node_id
+        self.metrics = metrics
+        self.settings = settings
+        self.rules = rules
+        self.wakeup = asyncio.Event()
+        self.in_flight: dict[str, int] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._session: aiohttp.ClientSession | None = None
+        self._senders: dict[str, tuple[ReceiverConfig, Sender]] = {}
+
+    def replace(self, settings: NotifyConfig, rules: Notify) -> None:
+        """A reload: new receivers and settings for the next claims; sends in flight finish
+        with what they started with."""
+        self.settings = settings
+        self.rules = rules
+        self._senders = {
+            name: entry
+            for name, entry in self._senders.items()
+            if rules.receivers.get(name) == entry[0]
+        }
+        self.wakeup.set()
+
+    def _sender(self, receiver: ReceiverConfig) -> Sender:
+        entry = self._senders.get(receiver.name)
+        if entry is None or entry[0] != receiver:
+            if self._session is None:
+                self._session = aiohttp.ClientSession()
+            entry = (receiver, sender_for(receiver, self._session))
+            self._senders[receiver.name] = entry
+        return entry[1]
+
+    def slots(self, receiver: ReceiverConfig) -> int:
+        return receiver.concurrency or self.settings.concurrency
+
+    async def run(self, stop: asyncio.Event) -> None:
+        backoff = failure_backoff(self.settings.poll_s)
+        # Another node's consumer made deliveries: its NOTIFY wakes this node at once.
+        listener = Listener(self.dsn, CHANNEL, self.wakeup, "notify-delivery") if self.dsn else None
+        try:
+            while not stop.is_set():
+                if listener is not None:
+                    await listener.ensure()
+                # Cleared before the pass: a wake-up during it ends the wait below at once.
+                self.wakeup.clear()
+                try:
+                    if await self.run_once():
+                        backoff.reset()
+                        continue
+                except RETRYABLE as exc:
+                    delay = max(self.settings.poll_s, backoff.next_delay())
+                    log.warning("notify_claim_failed", error=repr(exc), retry_in_s=round(delay, 3))
+                    await sleep_unless_stopped(stop, delay)
+                    continue
+                backoff.reset()
+                await wait_event_or_stop(self.wakeup, stop, self.settings.poll_s)
+        finally:
+            if listener is not None:
+                await listener.close()
+            await self.close()
+
+    async def close(self) -> None:
+        """Stop: sends in flight are cancelled (their leases run out; another pass resends)."""
+        for task in list(self._tasks):
+            task.cancel()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def run_once(self) -> int:
+        """Claim what the free slots allow and start sending; the number claimed."""
+        settings = self.settings
+        receivers: Mapping[str, ReceiverConfig] = self.rules.receivers
+        claimed: list[tuple[ReceiverConfig, ClaimedDelivery]] = []
+        async with self.pool.acquire() as conn:
+            for receiver in receivers.values():
+                free = self.slots(receiver) - self.in_flight.get(receiver.name, 0)
+                if free <= 0:
+                    continue
+                for delivery in await repo.claim_due(
+                    conn,
+                    receiver=receiver.name,
+                    node_id=self.node_id,
+                    lease_s=settings.lease_s,
+                    limit=min(free, settings.batch),
+                ):
+                    claimed.append((receiver, delivery))
+            pending, oldest = await repo.pending_stats(conn)
+        self.metrics.pending.set(pending)
+        self.metrics.oldest_pending_age.set(oldest)
+        for receiver, delivery in claimed:
+            self._start(receiver, delivery)
+        return len(claimed)
+
+    def _start(self, receiver: ReceiverConfig, delivery: ClaimedDelivery) -> None:
+        self.in_flight[receiver.name] = self.in_flight.get(receiver.name, 0) + 1
+        self.metrics.in_flight.labels(receiver.name).inc()
+        task = asyncio.create_task(
+            self.deliver(receiver, delivery), name=f"notify-{receiver.name}-{delivery.id}"
+        )
+        self._tasks.add(task)
+
+        def done(finished: asyncio.Task[None]) -> None:
+            self._tasks.discard(finished)
+            self.in_flight[receiver.name] -= 1
+            self.metrics.in_flight.labels(receiver.name).dec()
+            self.wakeup.set()  # a slot is free
+
+        task.add_done_callback(done)
+
+    async def deliver(self, receiver: ReceiverConfig, delivery: ClaimedDelivery) -> None:
+        """Send one claimed delivery and record the outcome."""
+        error: str | None = None
+        try:
+            # No transaction, no pooled connection: a hanging receiver holds only its slot.
+            async with asyncio.timeout(receiver.timeout_s):
+                await self._sender(receiver).send(delivery)
+        except SendError as exc:
+            error = str(exc) or type(exc).__name__
+        except TimeoutError:
+            error = f"no answer within {receiver.timeout_s} s"
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {exc}"[:ERROR_MAX]
+        try:
+            await self._finish(receiver, delivery, error)
+        except DB_ERRORS as exc:
+            # Not recorded: the lease runs out and the delivery is claimed (and sent) again.
+            log.warning("notify_finish_failed", delivery_id=delivery.id, error=repr(exc))
+
+    async def _finish(
+        self, receiver: ReceiverConfig, delivery: ClaimedDelivery, error: str | None
+    ) -> None:
+        name = receiver.name
+        if error is None:
+            held = await repo.finish_sent(self.pool, delivery.id, self.node_id, delivery.attempts)
+            outcome = "SENT" if held else "LEASE_LOST"
+            if held:
+                age = datetime.now(UTC) - delivery.event_created_at
+                self.metrics.latency.labels(name).observe(max(0.0, age.total_seconds()))
+        elif delivery.attempts >= self.settings.max_attempts:
+            held = await repo.finish_failed(
+                self.pool, delivery.id, self.node_id, delivery.attempts, error=error
+            )
+            outcome = "FAILED" if held else "LEASE_LOST"
+            if held:
+                log.warning(
+                    "notify_delivery_failed",
+                    delivery_id=delivery.id,
+                    receiver=name,
+                    attempts=delivery.attempts,
+                    error=error,
+                )
+        else:
+            settings = self.settings
+            delay = Backoff(
+                settings.backoff_min_s, settings.backoff_max_s, attempt=delivery.attempts - 1
+            ).next_delay()
+            held = await repo.finish_retry(
+                self.pool,
+                delivery.id,
+                self.node_id,
+                delivery.attempts,
+                retry_in_s=delay,
+                error=error,
+            )
+            outcome = "RETRY" if held else "LEASE_LOST"
+            if held:
+                log.info(
+                    "notify_attempt_failed",
+                    delivery_id=delivery.id,
+                    receiver=name,
+                    attempt=delivery.attempts,
+                    retry_in_s=round(delay, 3),
+                    error=error,
+                )
+        if outcome == "LEASE_LOST":
+            log.info("notify_lease_lost", delivery_id=delivery.id, receiver=name)
+        self.metrics.deliveries.labels(name, outcome).inc()

@@ -1,0 +1,78 @@
+"""The zero-setup admin token: on the embedded-database path with no ``[api] tokens``, the
+first start creates one, stores it in ``state_dir/admin-token`` (mode 0600) and says where.
+
+Every later start (and every reload) reads the same file, so the README's
+``curl -H "Authorization: Bearer $(cat .gateway-state/admin-token)" ...`` works as written.
+A configuration with its own ``[api] tokens`` or its own database never gets one: those are
+set up deliberately, and a token nobody asked for would be a hole.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import tempfile
+from pathlib import Path
+from typing import Final
+
+import msgspec
+import structlog
+
+from gateway.config import Config, TokenConfig
+
+log = structlog.get_logger(__name__)
+
+TOKEN_FILE: Final = "admin-token"  # noqa: S105 - a file name, not a secret
+TOKEN_NAME: Final = "admin"  # noqa: S105 - the name shown in audit rows, not a secret
+_TOKEN_BYTES: Final = 32
+
+
+def token_path(config: Config) -> Path:
+    return config.state_dir / TOKEN_FILE
+
+
+def wants_zero_setup_token(config: Config) -> bool:
+    return not config.database.dsn and not config.api.tokens
+
+
+def with_zero_setup_token(config: Config, *, announce: bool = False) -> Config:
+    """``config`` with the zero-setup admin token added, when it applies (else unchanged).
+
+    ``announce``: log where the token is (never the token itself).
+    """
+    if not wants_zero_setup_token(config):
+        return config
+    path = token_path(config)
+    token, created = _read_or_create(path)
+    if announce:
+        http = config.http
+        log.info(
+            "admin_token_created" if created else "admin_token",
+            path=str(path),
+            try_it=(
+                f'curl -H "Authorization: Bearer $(cat {path})" '
+                f"http://{http.host}:{http.port}/alarms"
+            ),
+        )
+    entry = TokenConfig(token=token, role="admin", name=TOKEN_NAME)
+    api = msgspec.structs.replace(config.api, tokens=[entry])
+    return msgspec.structs.replace(config, api=api)
+
+
+def _read_or_create(path: Path) -> tuple[str, bool]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    token = secrets.token_urlsafe(_TOKEN_BYTES)
+    # Written whole to a private temporary file, then linked into place: link() fails if the
+    # file exists, so of two processes starting at once one creates it, and nobody ever reads
+    # a half-written or empty token.
+    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            out.write(token + "\n")
+        try:
+            os.link(temporary, path)
+        except FileExistsError:
+            return path.read_text(encoding="utf-8").strip(), False
+        return token, True
+    finally:
+        Path(temporary).unlink(missing_ok=True)

@@ -1,0 +1,240 @@
+"""Notifications: the consumer's horizon, deliveries (claimed with a lease, finished by a
+conditional write) and silences."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import asyncpg
+import msgspec
+
+from storage.sql import load_queries
+
+_Q = load_queries("notify.sql")
+ENSURE_CONSUMER = _Q["ensure_consumer"]
+READ_HORIZON = _Q["read_horizon"]
+SCAN_UNCONSUMED = _Q["scan_unconsumed"]
+CONSUME_EVENTS = _Q["consume_events"]
+ADVANCE_HORIZON = _Q["advance_horizon"]
+ALARM_FACTS = _Q["alarm_facts"]
+ACTIVE_SILENCES = _Q["active_silences"]
+INSERT_DELIVERIES = _Q["insert_deliveries"]
+CLAIM_DUE = _Q["claim_due"]
+FINISH_SENT = _Q["finish_sent"]
+FINISH_RETRY = _Q["finish_retry"]
+FINISH_FAILED = _Q["finish_failed"]
+PENDING_STATS = _Q["pending_stats"]
+INSERT_SILENCE = _Q["insert_silence"]
+LIST_SILENCES = _Q["list_silences"]
+GET_SILENCE = _Q["get_silence"]
+EXPIRE_SILENCE = _Q["expire_silence"]
+LIST_DELIVERIES = _Q["list_deliveries"]
+GET_DELIVERY = _Q["get_delivery"]
+
+
+@dataclass(frozen=True, slots=True)
+class Horizon:
+    """The consumer's horizon and the oldest transaction running when it was read (xid8)."""
+
+    horizon: str
+    running: str
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxRow:
+    id: int
+    event_id: uuid.UUID
+    aggregate_type: str
+    aggregate_id: str
+    event_type: str
+    payload: str
+    created_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class NewDelivery:
+    event_id: uuid.UUID
+    outbox_id: int
+    event: str
+    receiver: str
+    body: dict[str, Any]
+    alarm_id: int | None
+    device_id: str | None
+    rule_key: str | None
+    severity: str | None
+    silence_id: int | None
+    due_in_s: float
+    event_created_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedDelivery:
+    id: int
+    event_id: uuid.UUID
+    event: str
+    receiver: str
+    body: str
+    attempts: int
+    severity: str | None
+    rule_key: str | None
+    device_id: str | None
+    event_created_at: datetime
+    created_at: datetime
+
+
+async def read_horizon(conn: asyncpg.Connection, consumer: str) -> Horizon:
+    await conn.execute(ENSURE_CONSUMER, consumer)
+    row = await conn.fetchrow(READ_HORIZON, consumer)
+    assert row is not None  # ensured just above
+    return Horizon(horizon=row["horizon"], running=row["running"])
+
+
+async def scan_unconsumed(
+    conn: asyncpg.Connection, consumer: str, horizon: str, limit: int
+) -> list[OutboxRow]:
+    rows = await conn.fetch(SCAN_UNCONSUMED, consumer, horizon, limit)
+    return [OutboxRow(**dict(r.items())) for r in rows]
+
+
+async def consume_events(
+    conn: asyncpg.Connection, consumer: str, event_ids: Sequence[uuid.UUID]
+) -> set[uuid.UUID]:
+    """Record the events consumed (in the caller's transaction); those not consumed before."""
+    return {r["event_id"] for r in await conn.fetch(CONSUME_EVENTS, consumer, list(event_ids))}
+
+
+async def advance_horizon(conn: asyncpg.Connection, consumer: str, running: str) -> str:
+    value = await conn.fetchval(ADVANCE_HORIZON, consumer, running)
+    return str(value)
+
+
+async def alarm_facts(
+    conn: asyncpg.Connection, alarm_ids: Sequence[int]
+) -> dict[int, dict[str, Any]]:
+    rows = await conn.fetch(ALARM_FACTS, list(alarm_ids))
+    return {int(r["id"]): dict(r.items()) for r in rows}
+
+
+async def active_silences(conn: asyncpg.Connection) -> list[asyncpg.Record]:
+    return list(await conn.fetch(ACTIVE_SILENCES))
+
+
+async def insert_deliveries(
+    conn: asyncpg.Connection, deliveries: Sequence[NewDelivery]
+) -> list[asyncpg.Record]:
+    if not deliveries:
+        return []
+    d = deliveries
+    return list(
+        await conn.fetch(
+            INSERT_DELIVERIES,
+            [x.event_id for x in d],
+            [x.outbox_id for x in d],
+            [x.event for x in d],
+            [x.receiver for x in d],
+            [msgspec.json.encode(x.body).decode() for x in d],
+            [x.alarm_id for x in d],
+            [x.device_id for x in d],
+            [x.rule_key for x in d],
+            [x.severity for x in d],
+            [x.silence_id for x in d],
+            [x.due_in_s for x in d],
+            [x.event_created_at for x in d],
+        )
+    )
+
+
+async def claim_due(
+    conn: asyncpg.Connection, *, receiver: str, node_id: str, lease_s: float, limit: int
+) -> list[ClaimedDelivery]:
+    rows = await conn.fetch(CLAIM_DUE, receiver, node_id, lease_s, limit)
+    return [ClaimedDelivery(**dict(r.items())) for r in rows]
+
+
+async def finish_sent(
+    conn: asyncpg.Connection | asyncpg.Pool, delivery_id: int, node_id: str, attempt: int
+) -> bool:
+    return await conn.fetchval(FINISH_SENT, delivery_id, node_id, attempt) is not None
+
+
+async def finish_retry(
+    conn: asyncpg.Connection | asyncpg.Pool,
+    delivery_id: int,
+    node_id: str,
+    attempt: int,
+    *,
+    retry_in_s: float,
+    error: str,
+) -> bool:
+    value = await conn.fetchval(FINISH_RETRY, delivery_id, node_id, attempt, retry_in_s, error)
+    return value is not None
+
+
+async def finish_failed(
+    conn: asyncpg.Connection | asyncpg.Pool,
+    delivery_id: int,
+    node_id: str,
+    attempt: int,
+    *,
+    error: str,
+) -> bool:
+    return await conn.fetchval(FINISH_FAILED, delivery_id, node_id, attempt, error) is not None
+
+
+async def pending_stats(conn: asyncpg.Connection | asyncpg.Pool) -> tuple[int, float]:
+    row = await conn.fetchrow(PENDING_STATS)
+    assert row is not None
+    return int(row["pending"]), float(row["oldest_age_s"])
+
+
+async def insert_silence(
+    conn: asyncpg.Connection | asyncpg.Pool,
+    *,
+    matchers: dict[str, Any],
+    ends_at: datetime,
+    comment: str,
+    created_by: str,
+) -> asyncpg.Record:
+    row = await conn.fetchrow(
+        INSERT_SILENCE, msgspec.json.encode(matchers).decode(), ends_at, comment, created_by
+    )
+    assert row is not None
+    return row
+
+
+async def list_silences(
+    conn: asyncpg.Connection | asyncpg.Pool, *, active_only: bool, before: int | None, limit: int
+) -> list[asyncpg.Record]:
+    return list(await conn.fetch(LIST_SILENCES, active_only, before, limit))
+
+
+async def get_silence(
+    conn: asyncpg.Connection | asyncpg.Pool, silence_id: int
+) -> asyncpg.Record | None:
+    return await conn.fetchrow(GET_SILENCE, silence_id)
+
+
+async def expire_silence(conn: asyncpg.Connection, silence_id: int, by: str) -> bool:
+    return await conn.fetchval(EXPIRE_SILENCE, silence_id, by) is not None
+
+
+async def list_deliveries(
+    conn: asyncpg.Connection | asyncpg.Pool,
+    *,
+    status: str | None,
+    receiver: str | None,
+    event: str | None,
+    before: int | None,
+    limit: int,
+) -> list[asyncpg.Record]:
+    return list(await conn.fetch(LIST_DELIVERIES, status, receiver, event, before, limit))
+
+
+async def get_delivery(
+    conn: asyncpg.Connection | asyncpg.Pool, delivery_id: int
+) -> asyncpg.Record | None:
+    return await conn.fetchrow(GET_DELIVERY, delivery_id)

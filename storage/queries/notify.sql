@@ -1,0 +1,172 @@
+-- name: ensure_consumer
+-- $1 consumer; its progress row. The gateway's own (`notify`) is created by migration 0011
+-- past every older event; any other starts at horizon 0.
+INSERT INTO notify_consumer (consumer) VALUES ($1) ON CONFLICT DO NOTHING;
+
+-- name: read_horizon
+-- $1 consumer; its horizon, and the oldest transaction still running now (as text: xid8).
+-- Every transaction older than `running` has finished, so all it wrote is visible to any
+-- statement that starts after this one.
+SELECT horizon::text AS horizon,
+       pg_snapshot_xmin(pg_current_snapshot())::text AS running
+FROM notify_consumer WHERE consumer = $1;
+
+-- name: scan_unconsumed
+-- $1 consumer, $2 horizon (xid8 as text), $3 batch size. Events written by transactions at
+-- or after the horizon that this consumer has not consumed yet, oldest first.
+SELECT o.id, o.event_id, o.aggregate_type, o.aggregate_id, o.event_type,
+       o.payload::text AS payload, o.created_at
+FROM outbox_event o
+WHERE o.xid >= $2::text::xid8
+  AND NOT EXISTS (
+      SELECT 1 FROM consumed_event c WHERE c.consumer = $1 AND c.event_id = o.event_id)
+ORDER BY o.id
+LIMIT $3;
+
+-- name: consume_events
+-- $1 consumer, $2 event ids (uuid[]); the ids consumed now (not before, by anyone): in the
+-- caller's transaction, which creates their deliveries. A racing node's insert of the same
+-- id waits for this transaction and then finds the conflict.
+INSERT INTO consumed_event (consumer, event_id)
+SELECT $1, e FROM unnest($2::uuid[]) WITH ORDINALITY AS u(e, n) ORDER BY n
+ON CONFLICT DO NOTHING
+RETURNING event_id;
+
+-- name: advance_horizon
+-- $1 consumer, $2 `running` read before the scan. The new horizon: `running`, or the oldest
+-- transaction below it with an event still unconsumed; never backwards.
+UPDATE notify_consumer n
+SET horizon = greatest(n.horizon, least($2::text::xid8, coalesce((
+        SELECT min(o.xid) FROM outbox_event o
+        WHERE o.xid >= n.horizon AND o.xid < $2::text::xid8
+          AND NOT EXISTS (
+              SELECT 1 FROM consumed_event c WHERE c.consumer = $1 AND c.event_id = o.event_id)
+    ), $2::text::xid8))),
+    updated_at = now()
+WHERE n.consumer = $1
+RETURNING n.horizon::text AS horizon;
+
+-- name: alarm_facts
+-- $1 alarm ids; what a notification says of each alarm as it is now.
+SELECT id, device_id, rule_key, severity, status, triggered_at, pushed_at, confirmed_at,
+       confirmed_by, escalated_at, handled_at, handled_by, closed_at, closed_by, cleared_at
+FROM alarm WHERE id = ANY($1::bigint[]);
+
+-- name: active_silences
+-- no parameters; silences in force now.
+SELECT id, matchers::text AS matchers, starts_at, ends_at
+FROM notify_silence WHERE starts_at <= now() AND ends_at > now()
+ORDER BY id;
+
+-- name: insert_deliveries
+-- $1 event ids, $2 outbox ids, $3 events, $4 receivers, $5 bodies (json text), $6 alarm ids,
+-- $7 device ids, $8 rule keys, $9 severities, $10 silence ids (null: not silenced),
+-- $11 due in seconds, $12 event creation times (arrays, pairwise). Silenced ones are final.
+INSERT INTO notify_delivery (
+    event_id, outbox_id, event, receiver, body, alarm_id, device_id, rule_key, severity,
+    status, silence_id, next_attempt_at, event_created_at, finished_at)
+SELECT e, o, ev, r, b::jsonb, a, d, k, s,
+       CASE WHEN si IS NULL THEN 'PENDING' ELSE 'SILENCED' END, si,
+       now() + make_interval(secs => due), created,
+       CASE WHEN si IS NULL THEN NULL ELSE now() END
+FROM unnest($1::uuid[], $2::bigint[], $3::text[], $4::text[], $5::text[], $6::bigint[],
+            $7::text[], $8::text[], $9::text[], $10::bigint[], $11::float8[],
+            $12::timestamptz[]) AS u(e, o, ev, r, b, a, d, k, s, si, due, created)
+ON CONFLICT (event_id, receiver) DO NOTHING
+RETURNING id, receiver, status;
+
+-- name: claim_due
+-- $1 receiver, $2 node id, $3 lease seconds, $4 at most. Due PENDING deliveries of the
+-- receiver, and SENDING ones whose lease ran out (their sender died): SENDING with this
+-- node's lease, one attempt more (the generation the finishing write names).
+WITH due AS (
+    SELECT id FROM notify_delivery
+    WHERE receiver = $1
+      AND ((status = 'PENDING' AND next_attempt_at <= now())
+           OR (status = 'SENDING' AND lease_until < now()))
+    ORDER BY next_attempt_at, id
+    LIMIT $4
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE notify_delivery d
+SET status = 'SENDING', lease_owner = $2, lease_until = now() + make_interval(secs => $3),
+    attempts = d.attempts + 1
+FROM due
+WHERE d.id = due.id
+RETURNING d.id, d.event_id, d.event, d.receiver, d.body::text AS body, d.attempts,
+          d.severity, d.rule_key, d.device_id, d.event_created_at, d.created_at;
+
+-- name: finish_sent
+-- $1 id, $2 node id, $3 attempt; only the claim that is still this node's attempt.
+UPDATE notify_delivery
+SET status = 'SENT', finished_at = now(), lease_until = NULL, sent_by = $2, last_error = NULL
+WHERE id = $1 AND status = 'SENDING' AND lease_owner = $2 AND attempts = $3
+RETURNING id;
+
+-- name: finish_retry
+-- $1 id, $2 node id, $3 attempt, $4 retry in seconds, $5 error.
+UPDATE notify_delivery
+SET status = 'PENDING', next_attempt_at = now() + make_interval(secs => $4), last_error = $5,
+    lease_owner = NULL, lease_until = NULL
+WHERE id = $1 AND status = 'SENDING' AND lease_owner = $2 AND attempts = $3
+RETURNING id;
+
+-- name: finish_failed
+-- $1 id, $2 node id, $3 attempt, $4 error; no attempts left.
+UPDATE notify_delivery
+SET status = 'FAILED', finished_at = now(), last_error = $4, lease_until = NULL
+WHERE id = $1 AND status = 'SENDING' AND lease_owner = $2 AND attempts = $3
+RETURNING id;
+
+-- name: pending_stats
+-- no parameters; open deliveries and the age in seconds of the oldest one.
+SELECT count(*) AS pending,
+       coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8 AS oldest_age_s
+FROM notify_delivery WHERE status IN ('PENDING', 'SENDING');
+
+-- name: insert_silence
+-- $1 matchers json, $2 ends at, $3 comment, $4 created by. An end already past ends it now;
+-- one past the end of year 9999 (UTC) is moved there (what a client can read back).
+INSERT INTO notify_silence (matchers, ends_at, comment, created_by)
+VALUES ($1::jsonb, least(greatest($2, now()), '9999-12-31 23:59:59.999999+00'), $3, $4)
+RETURNING id, matchers::text AS matchers, starts_at, ends_at, comment, created_by, created_at,
+          expired_by, (ends_at > now()) AS active;
+
+-- name: list_silences
+-- $1 only active ones, $2 before id (null: from the newest), $3 limit; newest first.
+SELECT id, matchers::text AS matchers, starts_at, ends_at, comment, created_by, created_at,
+       expired_by, (ends_at > now()) AS active
+FROM notify_silence
+WHERE (NOT $1 OR ends_at > now()) AND ($2::bigint IS NULL OR id < $2)
+ORDER BY id DESC
+LIMIT $3;
+
+-- name: get_silence
+-- $1 id.
+SELECT id, matchers::text AS matchers, starts_at, ends_at, comment, created_by, created_at,
+       expired_by, (ends_at > now()) AS active
+FROM notify_silence WHERE id = $1;
+
+-- name: expire_silence
+-- $1 id, $2 who; ends an active silence now (an ended one is left as it is).
+UPDATE notify_silence SET ends_at = now(), expired_by = $2
+WHERE id = $1 AND ends_at > now()
+RETURNING id;
+
+-- name: list_deliveries
+-- $1 status or null, $2 receiver or null, $3 event or null, $4 before id or null, $5 limit.
+SELECT id, event_id, outbox_id, event, receiver, alarm_id, device_id, rule_key, severity,
+       status, attempts, next_attempt_at, last_error, silence_id, sent_by, event_created_at,
+       created_at, finished_at
+FROM notify_delivery
+WHERE ($1::text IS NULL OR status = $1) AND ($2::text IS NULL OR receiver = $2)
+  AND ($3::text IS NULL OR event = $3) AND ($4::bigint IS NULL OR id < $4)
+ORDER BY id DESC
+LIMIT $5;
+
+-- name: get_delivery
+-- $1 id; with its body.
+SELECT id, event_id, outbox_id, event, receiver, alarm_id, device_id, rule_key, severity,
+       status, attempts, next_attempt_at, last_error, silence_id, sent_by, event_created_at,
+       created_at, finished_at, body::text AS body
+FROM notify_delivery WHERE id = $1;

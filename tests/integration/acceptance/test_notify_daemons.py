@@ -1,0 +1,316 @@
+"""Notifications from real daemons: two nodes share the work and double nothing, a SIGKILL
+mid-send loses nothing and doubles nothing, and a hanging receiver slows neither ingest, the
+outbox publisher nor the other receivers (asserted by counts)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import aiomqtt
+import asyncpg
+
+from gateway.config import Config
+from gateway.notify.service import NotifyService
+from protocol import Topics
+from sim.publisher import publish_many
+from tests.support.daemon import (
+    DaemonProcess,
+    config_toml,
+    count_rows,
+    http_healthy,
+    make_config,
+    metric,
+    running_daemon,
+)
+from tests.support.mosquitto import Mosquitto
+from tests.support.ports import free_port
+from tests.support.receivers import WebhookServer, webhook_server
+from tests.support.waiting import wait_until
+
+TOPICS = Topics("iot")
+T0 = 1_767_225_600_000
+DOOR = '[[rules]]\nkey = "door"\nkind = "event"\nevent = "DOOR_OPEN"\nseverity = "MAJOR"\n'
+
+
+def _notify(
+    server: WebhookServer, *, settings: str = "", receivers: str = "", poll_s: float = 0.1
+) -> str:
+    return f"""
+[notify]
+poll_s = {poll_s}
+backoff_min_s = 0.05
+backoff_max_s = 0.2
+max_attempts = 20
+{settings}
+
+[[notify.receivers]]
+name = "hook"
+kind = "webhook"
+url = "{server.url("/hook")}"
+{receivers}
+
+[[notify.routes]]
+events = ["alarm.created"]
+receivers = ["hook"]
+"""
+
+
+def _doors(devices: list[str]) -> list[tuple[str, bytes]]:
+    return [
+        (TOPICS.telemetry(d), f'{{"ts": {T0 + n}, "events": [{{"type": "DOOR_OPEN"}}]}}'.encode())
+        for n, d in enumerate(devices)
+    ]
+
+
+async def _publish(port: int, messages: list[tuple[str, bytes]]) -> None:
+    async with aiomqtt.Client("127.0.0.1", port, max_inflight_messages=100) as client:
+        await publish_many(client, messages, window=50)
+
+
+async def _fetch(dsn: str, sql: str, *args: object) -> list[asyncpg.Record]:
+    conn = await asyncpg.connect(dsn)
+    try:
+        return list(await conn.fetch(sql, *args))
+    finally:
+        await conn.close()
+
+
+async def _created_events(dsn: str) -> set[str]:
+    rows = await _fetch(dsn, "SELECT event_id FROM outbox_event WHERE event_type = 'alarm.created'")
+    return {str(r["event_id"]) for r in rows}
+
+
+async def _all_sent(dsn: str, expected: int) -> bool:
+    rows = await _fetch(dsn, "SELECT status FROM notify_delivery")
+    return len(rows) == expected and all(r["status"] == "SENT" for r in rows)
+
+
+async def _assert_consumed_once(dsn: str) -> None:
+    """Every outbox event consumed exactly once; one delivery per (event, receiver)."""
+    outbox = await _fetch(dsn, "SELECT event_id FROM outbox_event")
+    consumed = await _fetch(dsn, "SELECT event_id FROM consumed_event WHERE consumer = 'notify'")
+    assert sorted(r["event_id"] for r in consumed) == sorted(r["event_id"] for r in outbox)
+    pairs = await _fetch(dsn, "SELECT event_id, receiver FROM notify_delivery")
+    assert len({(r["event_id"], r["receiver"]) for r in pairs}) == len(pairs)
+
+
+async def test_two_nodes_deliver_every_event_split_between_them_and_double_none(
+    db_dsn: str, mosquitto: Mosquitto
+) -> None:
+    devices = [f"door-{n:02d}" for n in range(12)]
+    async with webhook_server(hook=lambda _n, _r: None) as server:  # hold until released
+        configs = [
+            make_config(
+                dsn=db_dsn, mqtt_port=mosquitto.port, node_id=f"node-{n}",
+                mqtt_extra='shared_group = "alarms"',
+                # Polling far off: the node that did not consume is woken by NOTIFY.
+                extra=DOOR + _notify(server, settings="concurrency = 2", poll_s=300),
+            )
+            for n in range(2)
+        ]  # fmt: skip
+        async with running_daemon(configs[0]) as one, running_daemon(configs[1]) as two:
+            await _publish(mosquitto.port, _doors(devices))
+            # Two slots per node: a third request in flight at once is the other node's.
+            await wait_until(
+                lambda: server.in_flight.get("/hook", 0) >= 3, timeout=60, message="both send"
+            )
+            server.release.set()
+            await wait_until(lambda: _all_sent(db_dsn, len(devices)), timeout=60)
+            consumed = [metric(d, "gateway_notify_events_consumed_total") for d in (one, two)]
+    expected = await _created_events(db_dsn)
+    assert len(expected) == len(devices)
+    assert {r.event_id for r in server.on("/hook")} == expected
+    await _assert_consumed_once(db_dsn)
+    outbox_events = len(await _fetch(db_dsn, "SELECT 1 FROM outbox_event"))
+    assert sum(consumed) == outbox_events  # the consumer doubled nothing, on either node
+    senders = await _fetch(db_dsn, "SELECT sent_by, count(*) AS n FROM notify_delivery GROUP BY 1")
+    by_node = {r["sent_by"]: r["n"] for r in senders}
+    assert set(by_node) == {"node-0", "node-1"}, by_node
+    assert sum(by_node.values()) == len(devices)
+
+
+async def test_sigkill_while_deliveries_are_in_flight_loses_and_doubles_nothing(
+    db_dsn: str, mosquitto: Mosquitto, tmp_path: Path
+) -> None:
+    devices = [f"door-{n:02d}" for n in range(10)]
+    http_port = free_port()
+    async with webhook_server(hook=lambda _n, _r: None) as server:
+        path = tmp_path / "gateway.toml"
+        path.write_text(
+            config_toml(
+                dsn=db_dsn, mqtt_port=mosquitto.port, node_id="crash-node", http_port=http_port,
+                extra=DOOR + _notify(
+                    server, settings="concurrency = 2\nlease_s = 3", receivers="timeout_s = 2"
+                ),
+            )
+        )  # fmt: skip
+        process = DaemonProcess(path, tmp_path / "daemon.log")
+
+        async def healthy() -> bool:
+            assert process.alive(), process.log_tail()
+            return await http_healthy(http_port)
+
+        try:
+            process.start()
+            await wait_until(healthy, timeout=60, message="daemon healthy")
+            await _publish(mosquitto.port, _doors(devices))
+            await wait_until(
+                lambda: server.in_flight.get("/hook", 0) >= 2, timeout=60, message="in flight"
+            )
+            process.kill()
+            sending = await _fetch(
+                db_dsn, "SELECT id FROM notify_delivery WHERE status = 'SENDING'"
+            )
+            assert sending, "the kill must land while deliveries are in flight"
+            server.release.set()  # from now on the receiver answers at once
+            process.start()
+            await wait_until(healthy, timeout=60, message="daemon healthy again")
+            await wait_until(
+                lambda: _all_sent(db_dsn, len(devices)), timeout=90, message="all delivered"
+            )
+            assert process.terminate() == 0
+        finally:
+            process.cleanup()
+    expected = await _created_events(db_dsn)
+    assert len(expected) == len(devices)
+    # At least once: every event reached the receiver, under its stable event id.
+    assert {r.event_id for r in server.on("/hook")} == expected
+    await _assert_consumed_once(db_dsn)
+    rows = await _fetch(db_dsn, "SELECT event_id, attempts FROM notify_delivery")
+    assert len(rows) == len(devices)
+    assert {str(r["event_id"]) for r in rows} == expected
+    # The ones in flight at the kill were sent again, a later attempt each.
+    again = await _fetch(
+        db_dsn,
+        "SELECT attempts FROM notify_delivery WHERE id = ANY($1::bigint[])",
+        [r["id"] for r in sending],
+    )
+    assert all(r["attempts"] >= 2 for r in again)
+
+
+async def test_a_hanging_receiver_slows_neither_ingest_nor_the_outbox_nor_other_receivers(
+    db_dsn: str, mosquitto: Mosquitto
+) -> None:
+    devices = [f"door-{n:02d}" for n in range(30)]
+    plain = [
+        (
+            TOPICS.telemetry(f"meter-{n % 20}"),
+            f'{{"ts": {T0 + n}, "metrics": {{"kwh": 1}}}}'.encode(),
+        )
+        for n in range(300)
+    ]
+    async with webhook_server(hang=lambda _n, _r: None) as server:
+        notify = f"""
+[notify]
+poll_s = 0.1
+
+[[notify.receivers]]
+name = "hang"
+kind = "webhook"
+url = "{server.url("/hang")}"
+concurrency = 2
+timeout_s = 30
+
+[[notify.receivers]]
+name = "ok"
+kind = "webhook"
+url = "{server.url("/ok")}"
+
+[[notify.routes]]
+events = ["alarm.created"]
+receivers = ["hang", "ok"]
+"""
+        config = make_config(dsn=db_dsn, mqtt_port=mosquitto.port, extra=DOOR + notify)
+        async with running_daemon(config) as daemon:
+            await _publish(mosquitto.port, _doors(devices) + plain)
+            total = len(devices) + len(plain)
+
+            async def stored() -> bool:
+                return await count_rows(db_dsn) == total
+
+            await wait_until(stored, timeout=60, message="ingest stored everything")
+            await wait_until(lambda: len(server.on("/ok")) == len(devices), timeout=60)
+            await wait_until(lambda: _outbox_drained(db_dsn), timeout=60)
+            await wait_until(lambda: server.in_flight.get("/hang") == 2, timeout=30)
+            statuses = await _fetch(
+                db_dsn,
+                "SELECT status, count(*) AS n FROM notify_delivery WHERE receiver = 'hang' "
+                "GROUP BY status",
+            )
+            assert {r["status"]: r["n"] for r in statuses} == {
+                "SENDING": 2,
+                "PENDING": len(devices) - 2,
+            }
+            assert server.peak_in_flight["/hang"] == 2
+            assert metric(daemon, "gateway_notify_in_flight", {"receiver": "hang"}) == 2
+            assert metric(daemon, "gateway_notify_pending") >= len(devices) - 2
+            server.release.set()
+            await wait_until(lambda: _all_sent(db_dsn, 2 * len(devices)), timeout=90)
+    pushed = await _fetch(db_dsn, "SELECT status FROM alarm")
+    assert [r["status"] for r in pushed] == ["PUSHED"] * len(devices)
+
+
+async def _outbox_drained(dsn: str) -> bool:
+    rows = await _fetch(dsn, "SELECT count(*) AS n FROM outbox_event WHERE status <> 'PUBLISHED'")
+    alarms = await _fetch(dsn, "SELECT count(*) AS n FROM alarm WHERE status <> 'PUSHED'")
+    return rows[0]["n"] == 0 and alarms[0]["n"] == 0
+
+
+async def test_a_reload_swaps_receivers_and_routes(db_dsn: str, mosquitto: Mosquitto) -> None:
+    async with webhook_server() as server:
+
+        def config(path: str) -> Config:
+            receiver = (
+                f'[[notify.receivers]]\nname = "r"\nkind = "webhook"\nurl = "{server.url(path)}"\n'
+            )
+            return make_config(
+                dsn=db_dsn, mqtt_port=mosquitto.port,
+                extra=DOOR + "[notify]\npoll_s = 0.1\n" + receiver
+                + '[[notify.routes]]\nevents = ["alarm.created"]\nreceivers = ["r"]\n',
+            )  # fmt: skip
+
+        async with running_daemon(config("/before")) as daemon:
+            await _publish(mosquitto.port, _doors(["door-a"]))
+            await wait_until(lambda: len(server.on("/before")) == 1, timeout=30)
+            daemon.reload(config("/after"))  # what SIGHUP does
+            await _publish(mosquitto.port, _doors(["door-b"]))
+            await wait_until(lambda: len(server.on("/after")) == 1, timeout=30)
+    assert server.on("/before")[0].json["device_id"] == "door-a"
+    assert server.on("/after")[0].json["device_id"] == "door-b"
+    assert len(server.received) == 2
+
+
+async def test_a_silence_stops_the_sends_and_nothing_else(
+    db_dsn: str, mosquitto: Mosquitto
+) -> None:
+    pool = await asyncpg.create_pool(db_dsn, min_size=1, max_size=2)
+    try:
+        silence = await NotifyService(pool).create_silence(
+            rules=["door"], devices=None, severities=None,
+            ends_at=datetime.now(UTC) + timedelta(hours=1), comment="", created_by="test",
+        )  # fmt: skip
+    finally:
+        await pool.close()
+    async with webhook_server() as server:
+        config = make_config(
+            dsn=db_dsn, mqtt_port=mosquitto.port, extra=DOOR + _notify(server),
+        )  # fmt: skip
+        async with running_daemon(config):
+            await _publish(mosquitto.port, _doors(["door-a", "door-b"]))
+
+            async def silenced() -> bool:
+                rows = await _fetch(db_dsn, "SELECT status, silence_id FROM notify_delivery")
+                return len(rows) == 2 and all(
+                    (r["status"], r["silence_id"]) == ("SILENCED", silence["id"]) for r in rows
+                )
+
+            await wait_until(silenced, timeout=30, message="both deliveries SILENCED")
+            # The alarms are raised, pushed and audited as ever.
+            await wait_until(lambda: _outbox_drained(db_dsn), timeout=30)
+    alarms = await _fetch(db_dsn, "SELECT status FROM alarm")
+    assert [r["status"] for r in alarms] == ["PUSHED", "PUSHED"]
+    audit = await _fetch(db_dsn, "SELECT alarm_id, count(*) AS n FROM alarm_audit GROUP BY 1")
+    assert len(audit) == 2
+    assert all(r["n"] >= 2 for r in audit)  # raised, then pushed
+    assert server.received == []

@@ -1,0 +1,432 @@
+"""Notifications against a real PostgreSQL, a real local HTTP receiver and a real SMTP server:
+the consumer's exactness, retries and their headers, FAILED, e-mail, silences, quiet hours,
+leases, and a hanging receiver that delays nobody else."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import asyncpg
+import pytest
+
+from gateway.config import Config, parse_config
+from gateway.domain.notify import verify_signature
+from gateway.domain.quiet_hours import QuietHoursConfig, QuietWindowConfig, compile_quiet_hours
+from gateway.notify.consumer import NotifyConsumer
+from gateway.notify.metrics import NotifyMetrics
+from gateway.notify.service import NotifyService
+from gateway.notify.worker import DeliveryWorker
+from gateway.support.metrics import Metrics
+from storage import notify as repo
+from storage import outbox
+from tests.support.receivers import always, smtp_server, webhook_server
+from tests.support.waiting import wait_until
+
+SECRET = "webhook-signing-secret-0123"
+FAST = """
+[notify]
+max_attempts = 5
+backoff_min_s = 0.01
+backoff_max_s = 0.05
+poll_s = 0.05
+lease_s = 30
+"""
+
+
+def _config(receivers: str, routes: str, notify: str = FAST) -> Config:
+    return parse_config(notify + receivers + routes)
+
+
+def _webhook(name: str, url: str, extra: str = "") -> str:
+    return f'[[notify.receivers]]\nname = "{name}"\nkind = "webhook"\nurl = "{url}"\n{extra}\n'
+
+
+def _route(receivers: list[str], extra: str = "") -> str:
+    names = ", ".join(f'"{r}"' for r in receivers)
+    return f"[[notify.routes]]\nreceivers = [{names}]\n{extra}\n"
+
+
+class Notifier:
+    """A consumer and a delivery worker of one node, on the test's pool."""
+
+    def __init__(self, pool: asyncpg.Pool, dsn: str, config: Config, node_id: str = "n1") -> None:
+        self.metrics = NotifyMetrics(Metrics().registry)
+        rules = config.notify_rules()
+        self.worker = DeliveryWorker(
+            pool=pool, node_id=node_id, metrics=self.metrics, settings=config.notify, rules=rules
+        )
+        self.consumer = NotifyConsumer(
+            pool=pool,
+            dsn=dsn,
+            metrics=self.metrics,
+            rules=rules,
+            public_url="https://gw.example.com",
+            quiet=config.quiet_hours(),
+            batch=config.notify.batch,
+            on_created=self.worker.wakeup.set,
+        )
+
+    def count(self, receiver: str, outcome: str) -> float:
+        value = self.metrics.deliveries.labels(receiver, outcome)._value.get()
+        return float(value)
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[None]:
+        stop = asyncio.Event()
+        task = asyncio.create_task(self.worker.run(stop))
+        try:
+            yield
+        finally:
+            stop.set()
+            await task
+
+
+def _alarm(
+    alarm_id: int, *, device: str = "dev-1", rule: str = "hot", severity: str = "MAJOR"
+) -> dict[str, Any]:
+    return {
+        "alarm": {
+            "id": alarm_id,
+            "device_id": device,
+            "rule_key": rule,
+            "severity": severity,
+            "status": "NEW",
+            "triggered_at": "2026-01-01T00:00:00+00:00",
+        },
+        "action": "raise",
+        "actor": "system:engine",
+        "from": None,
+        "trigger": {"metric": "temp", "value": 91},
+        "rule_description": "too hot",
+    }  # fmt: skip
+
+
+async def _event(db: asyncpg.Connection, alarm_id: int, **kw: str) -> uuid.UUID:
+    return await outbox.add_event(
+        db,
+        aggregate_type="alarm",
+        aggregate_id=str(alarm_id),
+        event_type="alarm.created",
+        payload=_alarm(alarm_id, **kw),
+    )
+
+
+async def _deliveries(db: asyncpg.Connection) -> list[asyncpg.Record]:
+    return list(await db.fetch("SELECT * FROM notify_delivery ORDER BY id"))
+
+
+async def _drain(consumer: NotifyConsumer) -> None:
+    while await consumer.run_once():
+        pass
+
+
+async def test_a_receiver_failing_twice_then_succeeding_gets_one_delivery_in_three_attempts(
+    pool: asyncpg.Pool, db_dsn: str, db: asyncpg.Connection
+) -> None:
+    async with webhook_server(hook=lambda n, _r: 500 if n < 2 else 200) as server:
+        config = _config(
+            _webhook("hook", server.url("/hook"), f'secret = "{SECRET}"'), _route(["hook"])
+        )
+        node = Notifier(pool, db_dsn, config)
+        event_id = await _event(db, 1)
+        await _drain(node.consumer)
+        async with node.running():
+            await wait_until(lambda: _status_is(db, "SENT"), message="delivery SENT")
+    got = server.on("/hook")
+    assert len(got) == 3
+    assert {r.event_id for r in got} == {str(event_id)}
+    now = int(time.time())
+    for request in got:
+        header = request.headers["X-Gateway-Signature"]
+        assert verify_signature(SECRET, header, request.body, now=now, tolerance_s=300)
+        assert not verify_signature("wrong", header, request.body, now=now, tolerance_s=300)
+    assert [r.headers["X-Gateway-Attempt"] for r in got] == ["1", "2", "3"]
+    body = got[-1].json
+    assert body["event"] == "alarm.created"
+    assert body["alarm_id"] == 1
+    assert body["device_id"] == "dev-1"
+    assert body["link"] == "https://gw.example.com/#/alarms/1"
+    assert body["payload"]["trigger"] == {"metric": "temp", "value": 91}
+    assert body["payload"]["rule_description"] == "too hot"
+    [row] = await _deliveries(db)
+    assert (row["status"], row["attempts"], row["sent_by"]) == ("SENT", 3, "n1")
+    assert node.count("hook", "RETRY") == 2
+    assert node.count("hook", "SENT") == 1
+    assert SECRET not in (row["last_error"] or "")
+
+
+async def _status_is(db: asyncpg.Connection, *statuses: str) -> bool:
+    rows = await _deliveries(db)
+    return bool(rows) and all(r["status"] in statuses for r in rows)
+
+
+async def test_after_max_attempts_the_delivery_is_failed_with_its_last_error(
+    pool: asyncpg.Pool, db_dsn: str, db: asyncpg.Connection
+) -> None:
+    async with webhook_server(down=always(503)) as server:
+        notify = FAST.replace("max_attempts = 5", "max_attempts = 3")
+        config = _config(_webhook("down", server.url("/down")), _route(["down"]), notify)
+        node = Notifier(pool, db_dsn, config)
+        await _event(db, 1)
+        await _drain(node.consumer)
+        async with node.running():
+            await wait_until(lambda: _status_is(db, "FAILED"), message="delivery FAILED")
+        assert len(server.on("/down")) == 3
+    [row] = await _deliveries(db)
+    assert row["attempts"] == 3
+    assert row["last_error"].startswith("HTTP 503")
+    assert node.count("down", "FAILED") == 1
+    assert node.count("down", "RETRY") == 2
+    service = NotifyService(pool)
+    [listed] = await service.deliveries(
+        status="FAILED", receiver="down", event=None, before=None, limit=10
+    )
+    assert listed["id"] == row["id"]
+
+
+async def test_an_event_whose_transaction_commits_late_is_still_consumed_exactly_once(
+    pool: asyncpg.Pool, db_dsn: str, db_dsn_conn: asyncpg.Connection
+) -> None:
+    """E1 takes the lower id but commits after E2: a consumer reading "id > last seen" would
+    lose it. Forced deterministically: E1's transaction is held open across a pass."""
+    config = _config(_webhook("hook", "http://127.0.0.1:9/hook"), _route(["hook"]))
+    node = Notifier(pool, db_dsn, config)
+    early = await asyncpg.connect(db_dsn)
+    try:
+        transaction = early.transaction()
+        await transaction.start()
+        first = await _event(early, 1)  # the lower outbox id, not committed yet
+        second = await _event(db_dsn_conn, 2)  # a higher id, committed now
+        ids = await db_dsn_conn.fetch("SELECT event_id, id FROM outbox_event ORDER BY id")
+        assert [r["event_id"] for r in ids] == [second]  # the first is not visible yet
+        await _drain(node.consumer)
+        assert await _consumed(db_dsn_conn) == {second}
+        await transaction.commit()
+    finally:
+        await early.close()
+    order = await db_dsn_conn.fetch("SELECT event_id FROM outbox_event ORDER BY id")
+    assert [r["event_id"] for r in order] == [first, second]  # first has the lower id
+    await _drain(node.consumer)
+    await _drain(node.consumer)  # again: nothing more
+    assert await _consumed(db_dsn_conn) == {first, second}
+    rows = await _deliveries(db_dsn_conn)
+    assert sorted(str(r["event_id"]) for r in rows) == sorted([str(first), str(second)])
+    # The horizon moved (how far depends on every transaction of the server, other
+    # databases' included: it never passes one still running).
+    assert await db_dsn_conn.fetchval("SELECT horizon > '0'::xid8 FROM notify_consumer")
+
+
+@pytest.fixture
+async def db_dsn_conn(db_dsn: str) -> AsyncIterator[asyncpg.Connection]:
+    conn = await asyncpg.connect(db_dsn)
+    try:
+        yield conn
+    finally:
+        await conn.close()
+
+
+async def _consumed(db: asyncpg.Connection) -> set[uuid.UUID]:
+    return {r["event_id"] for r in await db.fetch("SELECT event_id FROM consumed_event")}
+
+
+async def test_racing_consumers_turn_each_event_into_deliveries_once(
+    db_dsn: str, db: asyncpg.Connection
+) -> None:
+    config = _config(
+        _webhook("a", "http://127.0.0.1:9/a") + _webhook("b", "http://127.0.0.1:9/b"),
+        _route(["a", "b"]),
+    )
+    events = [await _event(db, n) for n in range(1, 41)]
+    pools = [await asyncpg.create_pool(db_dsn, min_size=1, max_size=2) for _ in range(4)]
+    try:
+        nodes = [Notifier(p, db_dsn, config, node_id=f"n{i}") for i, p in enumerate(pools)]
+        for node in nodes:
+            node.consumer.batch = 7  # several passes each, overlapping
+        barrier = asyncio.Barrier(len(nodes))
+
+        async def race(node: Notifier) -> int:
+            await barrier.wait()  # all released at once
+            total = 0
+            while n := await node.consumer.run_once():
+                total += n
+            return total
+
+        counts = await asyncio.gather(*(race(n) for n in nodes))
+    finally:
+        for p in pools:
+            await p.close()
+    assert await _consumed(db) == set(events)
+    rows = await _deliveries(db)
+    assert len(rows) == 2 * len(events)
+    assert len({(r["event_id"], r["receiver"]) for r in rows}) == len(rows)
+    consumed_by_metric = sum(n.metrics.events_consumed._value.get() for n in nodes)
+    assert consumed_by_metric == len(events), counts
+
+
+async def test_email_has_subject_both_parts_and_recipients(
+    pool: asyncpg.Pool, db_dsn: str, db: asyncpg.Connection
+) -> None:
+    with smtp_server() as smtp:
+        receivers = f"""
+[[notify.receivers]]
+name = "mail"
+kind = "email"
+host = "127.0.0.1"
+port = {smtp.port}
+from = "gateway@example.com"
+to = ["ops@example.com", "oncall@example.com"]
+"""
+        node = Notifier(pool, db_dsn, _config(receivers, _route(["mail"])))
+        event_id = await _event(db, 5, device="pump-7", rule="pressure", severity="CRITICAL")
+        await _drain(node.consumer)
+        async with node.running():
+            await wait_until(lambda: _status_is(db, "SENT"), message="mail SENT")
+        [mail] = smtp.handler.mails
+    assert mail.mail_from == "gateway@example.com"
+    assert sorted(mail.rcpt_tos) == ["oncall@example.com", "ops@example.com"]
+    message = mail.message
+    assert message["Subject"] == "[CRITICAL] pressure on pump-7: alarm.created"
+    assert message["X-Gateway-Event-Id"] == str(event_id)
+    assert message.get_content_type() == "multipart/alternative"
+    plain = message.get_body(("plain",))
+    html = message.get_body(("html",))
+    assert plain is not None
+    assert html is not None
+    text = plain.get_content()
+    assert "Device: pump-7" in text
+    assert "Rule description: too hot" in text
+    assert "https://gw.example.com/#/alarms/5" in text
+    assert "<td>pump-7</td>" in html.get_content()
+
+
+async def test_silences_by_rule_and_device_make_silenced_rows_and_expiry_ends_them(
+    pool: asyncpg.Pool, db_dsn: str, db: asyncpg.Connection
+) -> None:
+    service = NotifyService(pool)
+    later = datetime.now(UTC) + timedelta(hours=1)
+    by_rule = await service.create_silence(
+        rules=["hot"], devices=None, severities=None, ends_at=later, comment="", created_by="t"
+    )
+    by_device = await service.create_silence(
+        rules=None, devices="lab-*", severities=None, ends_at=later, comment="", created_by="t"
+    )
+    async with webhook_server() as server:
+        config = _config(_webhook("hook", server.url("/hook")), _route(["hook"]))
+        node = Notifier(pool, db_dsn, config)
+        hot = await _event(db, 1, rule="hot", device="pump")
+        lab = await _event(db, 2, rule="cold", device="lab-3")
+        loud = await _event(db, 3, rule="cold", device="pump")
+        await _drain(node.consumer)
+        await service.expire_silence(by_rule["id"], "t")
+        after = await _event(db, 4, rule="hot", device="pump")
+        await _drain(node.consumer)
+        async with node.running():
+            await wait_until(lambda: _status_is(db, "SENT", "SILENCED"), message="all finished")
+    rows = {r["event_id"]: r for r in await _deliveries(db)}
+    assert rows[hot]["status"] == "SILENCED"
+    assert rows[hot]["silence_id"] == by_rule["id"]
+    assert rows[lab]["status"] == "SILENCED"
+    assert rows[lab]["silence_id"] == by_device["id"]
+    assert rows[loud]["status"] == "SENT"
+    assert rows[after]["status"] == "SENT"  # the rule's silence was expired before
+    assert {r.event_id for r in server.on("/hook")} == {str(loud), str(after)}
+    assert node.count("hook", "SILENCED") == 2
+
+
+async def test_quiet_hours_delay_the_send_except_for_exempt_severities(
+    pool: asyncpg.Pool, db_dsn: str, db: asyncpg.Connection
+) -> None:
+    config = _config(_webhook("hook", "http://127.0.0.1:9/hook"), _route(["hook"]))
+    node = Notifier(pool, db_dsn, config)
+    # A window covering the whole day, every day: quiet now, ending within a day.
+    node.consumer.quiet = compile_quiet_hours(
+        QuietHoursConfig(windows=[QuietWindowConfig(start="00:00", end="23:59")])
+    )
+    quiet = await _event(db, 1, severity="MAJOR")
+    exempt = await _event(db, 2, severity="CRITICAL")
+    await _drain(node.consumer)
+    rows = {r["event_id"]: r for r in await _deliveries(db)}
+    now = await db.fetchval("SELECT now()")
+    assert rows[quiet]["next_attempt_at"] > now + timedelta(seconds=30)
+    assert rows[exempt]["next_attempt_at"] <= now
+    # Claims take only what is due.
+    async with pool.acquire() as conn:
+        claimed = await repo.claim_due(conn, receiver="hook", node_id="n1", lease_s=30, limit=10)
+    assert [c.event_id for c in claimed] == [exempt]
+
+
+async def test_a_finish_after_the_lease_was_taken_over_changes_nothing(
+    pool: asyncpg.Pool, db_dsn: str, db: asyncpg.Connection
+) -> None:
+    async with webhook_server() as server:
+        config = _config(_webhook("hook", server.url("/hook")), _route(["hook"]))
+        first = Notifier(pool, db_dsn, config, node_id="n1")
+        second = Notifier(pool, db_dsn, config, node_id="n2")
+        await _event(db, 1)
+        await _drain(first.consumer)
+        receiver = config.notify_rules().receivers["hook"]
+        async with pool.acquire() as conn:
+            [mine] = await repo.claim_due(conn, receiver="hook", node_id="n1", lease_s=30, limit=1)
+            # n1 stalls past its lease; n2 takes the delivery over.
+            await conn.execute("UPDATE notify_delivery SET lease_until = now() - interval '1 s'")
+            [theirs] = await repo.claim_due(
+                conn, receiver="hook", node_id="n2", lease_s=30, limit=1
+            )
+        assert (mine.attempts, theirs.attempts) == (1, 2)
+        await first.worker.deliver(receiver, mine)  # sent, but no longer n1's to finish
+        [row] = await _deliveries(db)
+        assert (row["status"], row["lease_owner"]) == ("SENDING", "n2")
+        assert first.count("hook", "LEASE_LOST") == 1
+        await second.worker.deliver(receiver, theirs)
+        await first.worker.close()
+        await second.worker.close()
+    [row] = await _deliveries(db)
+    assert (row["status"], row["sent_by"], row["attempts"]) == ("SENT", "n2", 2)
+    # At least once, with the same idempotency header both times.
+    assert len({r.event_id for r in server.on("/hook")}) == 1
+    assert len(server.on("/hook")) == 2
+
+
+async def test_a_hanging_receiver_delays_no_other_receiver(
+    db_dsn: str, db: asyncpg.Connection
+) -> None:
+    # One pooled connection for everything: a send that held it would stop every other send.
+    pool = await asyncpg.create_pool(db_dsn, min_size=1, max_size=1)
+    async with contextlib.AsyncExitStack() as stack:
+        stack.push_async_callback(pool.close)
+        server = await stack.enter_async_context(webhook_server(hang=lambda _n, _r: None))
+        receivers = _webhook("hang", server.url("/hang"), "concurrency = 2\ntimeout_s = 20") + (
+            _webhook("ok", server.url("/ok"))
+        )
+        node = Notifier(pool, db_dsn, _config(receivers, _route(["hang", "ok"])))
+        events = [await _event(db, n) for n in range(1, 21)]
+        await _drain(node.consumer)
+        async with node.running():
+            await wait_until(lambda: len(server.on("/ok")) == len(events), message="ok got all")
+            await wait_until(lambda: server.in_flight.get("/hang") == 2, message="hang holds 2")
+            # Every ok send finished (its row written) while the hang sends still run.
+            await wait_until(
+                lambda: node.worker.in_flight == {"hang": 2, "ok": 0}, message="ok finished"
+            )
+            # Counts, not timing: the hanging receiver holds its two slots and no more.
+            assert server.in_flight["/hang"] == 2
+            assert server.peak_in_flight["/hang"] == 2
+            by_status = dict(
+                await db.fetch(
+                    "SELECT status, count(*) FROM notify_delivery WHERE receiver = 'hang' "
+                    "GROUP BY status"
+                )
+            )
+            assert by_status == {"SENDING": 2, "PENDING": len(events) - 2}
+            server.release.set()
+            await wait_until(
+                lambda: _status_is(db, "SENT"), timeout=60, message="hang drained once released"
+            )
+    assert {r.event_id for r in server.on("/ok")} == {str(e) for e in events}
+    assert server.peak_in_flight["/hang"] == 2

@@ -1,0 +1,127 @@
+"""Real local notification receivers: an aiohttp web server and an aiosmtpd SMTP server."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from email import message_from_bytes, policy
+from email.message import EmailMessage
+from typing import Any
+
+import msgspec
+from aiohttp import web
+from aiosmtpd.controller import Controller
+
+from tests.support.ports import free_port
+
+
+@dataclass
+class Received:
+    path: str
+    headers: dict[str, str]
+    body: bytes
+
+    @property
+    def json(self) -> Any:
+        return msgspec.json.decode(self.body)
+
+    @property
+    def event_id(self) -> str:
+        return self.headers["X-Gateway-Event-Id"]
+
+
+# What the server answers to the n-th request (0-based) on a path: a status, or None to hang
+# until `release` is set (then 200).
+Behaviour = Callable[[int, "Received"], int | None]
+
+
+def always(status: int) -> Behaviour:
+    return lambda _n, _r: status
+
+
+@dataclass
+class WebhookServer:
+    """Records every request; answers each path as its behaviour says."""
+
+    behaviours: dict[str, Behaviour] = field(default_factory=dict)
+    received: list[Received] = field(default_factory=list)
+    release: asyncio.Event = field(default_factory=asyncio.Event)
+    in_flight: dict[str, int] = field(default_factory=dict)
+    peak_in_flight: dict[str, int] = field(default_factory=dict)
+    port: int = 0
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.port}{path}"
+
+    def on(self, path: str) -> list[Received]:
+        return [r for r in self.received if r.path == path]
+
+    async def handle(self, request: web.Request) -> web.Response:
+        got = Received(path=request.path, headers=dict(request.headers), body=await request.read())
+        n = len(self.on(request.path))
+        self.received.append(got)
+        behaviour = self.behaviours.get(request.path, always(200))
+        status = behaviour(n, got)
+        path = request.path
+        self.in_flight[path] = self.in_flight.get(path, 0) + 1
+        self.peak_in_flight[path] = max(self.peak_in_flight.get(path, 0), self.in_flight[path])
+        self.changed.set()
+        try:
+            if status is None:
+                await self.release.wait()
+                status = 200
+            return web.Response(status=status, text="ok" if status < 300 else "nope")
+        finally:
+            self.in_flight[path] -= 1
+            self.changed.set()
+
+
+@contextlib.asynccontextmanager
+async def webhook_server(**behaviours: Behaviour) -> AsyncIterator[WebhookServer]:
+    """``webhook_server(a=always(500))`` serves ``/a`` so; other paths answer 200."""
+    server = WebhookServer(behaviours={f"/{k}": v for k, v in behaviours.items()})
+    app = web.Application()
+    app.router.add_route("POST", "/{tail:.*}", server.handle)
+    runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=1.0)
+    await runner.setup()
+    server.port = free_port()
+    site = web.TCPSite(runner, "127.0.0.1", server.port)
+    await site.start()
+    try:
+        yield server
+    finally:
+        server.release.set()
+        await runner.cleanup()
+
+
+@dataclass
+class Mail:
+    mail_from: str
+    rcpt_tos: list[str]
+    message: EmailMessage
+
+
+class _Handler:
+    def __init__(self) -> None:
+        self.mails: list[Mail] = []
+
+    async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:
+        message = message_from_bytes(envelope.content, policy=policy.default)
+        assert isinstance(message, EmailMessage)
+        self.mails.append(Mail(envelope.mail_from, list(envelope.rcpt_tos), message))
+        return "250 OK"
+
+
+@contextlib.contextmanager
+def smtp_server() -> Any:
+    """A real SMTP server (aiosmtpd) on loopback; ``.handler.mails`` collects what it got."""
+    handler = _Handler()
+    controller = Controller(handler, hostname="127.0.0.1", port=free_port())
+    controller.start()
+    try:
+        yield controller
+    finally:
+        controller.stop()
