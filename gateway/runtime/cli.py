@@ -200,10 +200,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "check-config":
         return _check_config(args.path)
-    if args.command == "install-systemd":
-        return _install_systemd(args)
-    if args.command == "demo":
-        return _demo(args)
+    if args.command in {"install-systemd", "demo"}:  # they read no configuration file
+        return {"install-systemd": _install_systemd, "demo": _demo}[args.command](args)
     try:
         config = load_config(args.config)
     except ConfigError as exc:
