@@ -25,6 +25,7 @@ from tests.support.daemon import make_config, running_daemon
 from tests.support.fake_llm import FakeLlm
 from tests.support.mosquitto import Mosquitto
 from tests.support.ports import free_port
+from tests.support.waiting import wait_until
 
 TOPICS = Topics("iot")
 SECOND_OPERATOR = "second-operator-token-0123456789"
@@ -408,7 +409,16 @@ async def test_an_alarms_ai_summary_shows_in_its_detail(
             row = alarm_row(page, "hall-door")
             await expect(row).to_be_visible(timeout=WAIT_MS)
             await row.get_by_role("link", name="#").first.click()
-            # Opened before or after the model answered: the detail shows the summary.
+            alarm_id = await row.get_attribute("data-alarm-id")
+            base = f"http://127.0.0.1:{port}"
+
+            async def summarised() -> bool:
+                alarm = await api(base, "GET", f"/alarms/{alarm_id}", VIEWER)
+                return (alarm.get("ai_summary") or {}).get("status") == "SUCCEEDED"  # type: ignore[attr-defined]  # JSON
+
+            # The worker's pace is not the page's: wait for the summary itself (a loaded
+            # machine may take a while), then the open detail must show it.
+            await wait_until(summarised, timeout=90, interval=0.2, message="the AI summary")
             summary = page.locator("#alarm-detail dl.summary")
             await expect(summary).to_contain_text("Door open at the hall", timeout=WAIT_MS)
             await expect(summary).to_contain_text("Check the hall door")
