@@ -41,6 +41,7 @@ from gateway.api.auth import (
     BearerAuth,
     call_of,
 )
+from gateway.api.console_route import console_routes
 from gateway.api.errors import REQUEST_ID_HEADER, handle_exception
 from gateway.api.health import HealthCheck
 from gateway.api.routes import check_inputs, route
@@ -188,7 +189,14 @@ def build_app(
         path=DOCS_ASSETS, directories=[swagger_ui_path], include_in_schema=False
     )
     app = Litestar(
-        route_handlers=[*health.HANDLERS, openapi_document, guarded, stream.stream, assets],
+        route_handlers=[
+            *health.HANDLERS,
+            openapi_document,
+            guarded,
+            stream.stream,
+            assets,
+            *console_routes(),
+        ],
         dependencies={
             "alarms": Provide(services.alarm_service, sync_to_thread=False),
             "commands": Provide(services.command_service, sync_to_thread=False),

@@ -129,6 +129,28 @@ def _parser() -> argparse.ArgumentParser:
         "--config", type=Path, help="the gateway's TOML file; its [retention] settings are used"
     )
 
+    demo = _subcommand(
+        commands,
+        "demo",
+        "run the daemon, example rules and about 100 simulated devices, all embedded; print the "
+        "console's address and an admin token; Ctrl-C stops everything",
+    )
+    demo.add_argument(
+        "--http-port", type=int, default=8080, help="the console's port (default: 8080; 0: any)"
+    )
+    demo.add_argument(
+        "--mqtt-port", type=int, default=1883, help="the embedded broker's port (default: 1883)"
+    )
+    demo.add_argument(
+        "--state-dir", type=Path, help="keep the demo's data here (default: a temporary directory)"
+    )
+    demo.add_argument(
+        "--screenshots",
+        type=Path,
+        metavar="OUTDIR",
+        help="photograph the console into OUTDIR (needs playwright and chromium), then stop",
+    )
+
     units = _subcommand(commands, "install-systemd", "install the systemd unit files")
     units.add_argument(
         "--target",
@@ -200,8 +222,8 @@ def _main(argv: Sequence[str] | None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "check-config":
         return _check_config(args.path)
-    if args.command == "install-systemd":
-        return _install_systemd(args)
+    if args.command in {"install-systemd", "demo"}:  # they read no configuration file
+        return {"install-systemd": _install_systemd, "demo": _demo}[args.command](args)
     try:
         config = load_config(args.config)
     except ConfigError as exc:
@@ -281,6 +303,23 @@ def _run_async(coro: Coroutine[Any, Any, int]) -> int:
         return asyncio.run(coro)
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         return runner.run(coro)
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from gateway.runtime import demo
+
+    try:
+        _require_embedded(database=True, broker=True)
+    except MissingExtraError as exc:
+        print(f"gateway demo: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+
+    settings = demo.DemoSettings(
+        http_port=args.http_port, mqtt_port=args.mqtt_port, state_dir=args.state_dir
+    )
+    if args.screenshots is not None:
+        return _run_async(demo.run_screenshots(settings, args.screenshots))
+    return _run_async(demo.run_demo(settings))
 
 
 def _install_systemd(args: argparse.Namespace) -> int:

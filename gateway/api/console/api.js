@@ -1,0 +1,59 @@
+// The operator API as the page uses it: the signed-in token in the Authorization header,
+// JSON in and out, every error as an ApiError with the API's code and message.
+
+export class ApiError extends Error {
+  constructor(status, body) {
+    const message = (body && body.message) || `HTTP ${status}`;
+    super(message);
+    this.status = status;
+    this.body = body || {};
+    this.code = this.body.error || `HTTP_${status}`;
+  }
+}
+
+export class Api {
+  constructor(token, onUnauthorized = () => {}) {
+    this.token = token;
+    this.onUnauthorized = onUnauthorized;
+  }
+
+  async call(method, path, body) {
+    const headers = { Authorization: `Bearer ${this.token}`, Accept: "application/json" };
+    const init = { method, headers, cache: "no-store" };
+    if (body !== undefined) {
+      headers["Content-Type"] = "application/json";
+      init.body = JSON.stringify(body);
+    }
+    let response;
+    try {
+      response = await fetch(path, init);
+    } catch (error) {
+      throw new ApiError(0, { error: "UNREACHABLE", message: "the gateway does not answer (is it running?)" });
+    }
+    let data = null;
+    const text = await response.text();
+    if (text) {
+      try { data = JSON.parse(text); } catch { data = { error: `HTTP_${response.status}`, message: text.slice(0, 200) }; }
+    }
+    if (!response.ok) {
+      const error = new ApiError(response.status, data);
+      if (response.status === 401) this.onUnauthorized(error);
+      throw error;
+    }
+    return data;
+  }
+
+  get(path) { return this.call("GET", path); }
+  post(path, body) { return this.call("POST", path, body); }
+}
+
+export function query(params) {
+  const search = new URLSearchParams();
+  for (const [key, value] of Object.entries(params)) {
+    if (value === null || value === undefined || value === "" || value === false) continue;
+    if (Array.isArray(value)) value.forEach((v) => search.append(key, v));
+    else search.append(key, String(value));
+  }
+  const text = search.toString();
+  return text ? `?${text}` : "";
+}

@@ -1,0 +1,144 @@
+// The console's entry: sign-in (the token stays in this tab's sessionStorage), the role from
+// GET /me, the sections behind #/ routes, and the live stream feeding them.
+import { AlarmsView } from "./alarms.js";
+import { Api } from "./api.js";
+import { CampaignsView, campaignsAvailable } from "./campaigns.js";
+import { CommandsView } from "./commands.js";
+import { DeadLettersView } from "./deadletters.js";
+import { DevicesView } from "./devices.js";
+import { LiveStream } from "./stream.js";
+
+const TOKEN_KEY = "gateway.token";
+const ROLES = { viewer: 1, operator: 2, admin: 3 };
+const SECTIONS = ["alarms", "devices", "commands", "campaigns", "dead-letters"];
+
+const $ = (id) => document.getElementById(id);
+
+const state = { api: null, me: null, stream: null, views: null, section: null, campaigns: false };
+
+function notify(message, kind = "error") {
+  const box = $("notice");
+  box.textContent = message;
+  box.className = kind === "ok" ? "notice ok" : "notice";
+  box.hidden = false;
+}
+
+function canAct() {
+  return state.me !== null && ROLES[state.me.role] >= ROLES.operator;
+}
+
+function isAdmin() {
+  return state.me !== null && ROLES[state.me.role] >= ROLES.admin;
+}
+
+const ctx = {
+  get api() { return state.api; },
+  canAct,
+  notify,
+  navigate: (hash) => { location.hash = hash; },
+  current: () => state.section,
+};
+
+function showSignIn(message) {
+  if (state.stream) state.stream.stop();
+  state.stream = null;
+  state.api = null;
+  state.me = null;
+  sessionStorage.removeItem(TOKEN_KEY);
+  $("sign-in").hidden = false;
+  $("nav").hidden = true;
+  $("session").hidden = true;
+  $("notice").hidden = true;
+  for (const section of SECTIONS) $(`view-${section}`).hidden = true;
+  $("sign-in-error").textContent = message || "";
+  $("token").value = "";
+  $("token").focus();
+}
+
+async function signIn(token, { remembered = false } = {}) {
+  const api = new Api(token, () => {
+    if (state.api === api) showSignIn("The gateway no longer accepts this token. Sign in again.");
+  });
+  let me;
+  try {
+    me = await api.get("/me");
+  } catch (error) {
+    if (remembered) sessionStorage.removeItem(TOKEN_KEY);
+    $("sign-in-error").textContent = error.status === 401
+      ? "This token was refused: check it and try again."
+      : `Cannot sign in: ${error.message}`;
+    $("token").focus();
+    return;
+  }
+  sessionStorage.setItem(TOKEN_KEY, token);
+  state.api = api;
+  state.me = me;
+  $("sign-in").hidden = true;
+  $("sign-in-error").textContent = "";
+  $("token").value = "";
+  $("nav").hidden = false;
+  $("session").hidden = false;
+  $("who").textContent = `${me.name} (${me.role})`;
+  $("nav-dead-letters").hidden = !isAdmin();
+  for (const node of document.querySelectorAll(".operator-only")) node.hidden = !canAct();
+  state.views = state.views || {
+    alarms: new AlarmsView(ctx),
+    devices: new DevicesView(ctx),
+    commands: new CommandsView(ctx),
+    campaigns: new CampaignsView(ctx),
+    "dead-letters": new DeadLettersView(ctx),
+  };
+  state.stream = new LiveStream(api, {
+    onEvent: (event) => {
+      for (const view of Object.values(state.views)) if (view.onEvent) view.onEvent(event);
+    },
+    onState: (kind, text) => {
+      $("live").dataset.state = kind;
+      $("live").textContent = text;
+    },
+    // Back after a cut: what the stream resumed covers the outbox; read the view again too.
+    onResumed: () => state.views[state.section].refresh(),
+  });
+  state.stream.start();
+  campaignsAvailable(api).then((available) => {
+    state.campaigns = available;
+    $("nav-campaigns").hidden = !available;
+  });
+  if (!location.hash || location.hash === "#" || location.hash === "#/") location.hash = "#/alarms";
+  else route();
+}
+
+function parseHash() {
+  const [path, search] = location.hash.replace(/^#\/?/, "").split("?");
+  const parts = path.split("/").filter(Boolean).map(decodeURIComponent);
+  return { section: parts[0] || "alarms", id: parts[1] || null, params: Object.fromEntries(new URLSearchParams(search || "")) };
+}
+
+async function route() {
+  if (!state.api) return;
+  let { section, id, params } = parseHash();
+  if (!SECTIONS.includes(section) || (section === "dead-letters" && !isAdmin())) section = "alarms";
+  if (state.section === "commands" && section !== "commands") state.views.commands.hide();
+  state.section = section;
+  for (const name of SECTIONS) $(`view-${name}`).hidden = name !== section;
+  for (const link of document.querySelectorAll("#nav a")) {
+    if (link.dataset.section === section) link.setAttribute("aria-current", "page");
+    else link.removeAttribute("aria-current");
+  }
+  $("notice").hidden = true;
+  await state.views[section].show(id, params);
+}
+
+$("sign-in-form").addEventListener("submit", (event) => {
+  event.preventDefault();
+  const token = $("token").value.trim();
+  if (token) signIn(token);
+});
+$("sign-out").addEventListener("click", () => {
+  showSignIn("");
+});
+window.addEventListener("hashchange", route);
+
+const remembered = sessionStorage.getItem(TOKEN_KEY);
+if (remembered) signIn(remembered, { remembered: true });
+else showSignIn("");

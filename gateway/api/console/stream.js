@@ -1,0 +1,91 @@
+// The live stream: Server-Sent Events from GET /stream, opened with a single-use ticket
+// (EventSource cannot send an Authorization header, and the token never goes in a URL).
+//
+// A ticket is good for one connection, so the browser's own reconnect (same URL) would be
+// refused: on any error the page closes the EventSource and opens a new one with a fresh
+// ticket and the id of the last event it saw, from which the gateway resumes with no gap
+// and no duplicate. Retries back off from half a second to five.
+
+// EventSource hands a named event only to listeners of that name: these are the outbox's.
+export const EVENT_TYPES = [
+  "alarm.created", "alarm.superseded", "alarm.cleared", "alarm.status_changed",
+  "alarm.woken", "alarm.escalated", "alarm.reminder",
+  "command.finished",
+  "ai.summary_succeeded", "ai.summary_failed",
+  "message",
+];
+
+export class LiveStream {
+  constructor(api, { onEvent, onState, onResumed }) {
+    this.api = api;
+    this.onEvent = onEvent;
+    this.onState = onState;
+    this.onResumed = onResumed || (() => {});
+    this.lastEventId = null;
+    this.source = null;
+    this.timer = null;
+    this.delay = 500;
+    this.stopped = false;
+    this.everOpened = false;
+  }
+
+  start() {
+    this.stopped = false;
+    this.connect();
+  }
+
+  stop() {
+    this.stopped = true;
+    clearTimeout(this.timer);
+    if (this.source) this.source.close();
+    this.source = null;
+    this.onState("off", "not live");
+  }
+
+  async connect() {
+    if (this.stopped) return;
+    this.onState(this.everOpened ? "reconnecting" : "connecting", this.everOpened ? "reconnecting…" : "connecting…");
+    let ticket;
+    try {
+      ticket = (await this.api.post("/stream/tickets", {})).ticket;
+    } catch (error) {
+      if (error.status === 401) return; // signed out by the API wrapper
+      this.retry();
+      return;
+    }
+    if (this.stopped) return;
+    const params = new URLSearchParams({ ticket });
+    if (this.lastEventId) params.set("last_event_id", this.lastEventId);
+    const source = new EventSource(`/stream?${params}`);
+    this.source = source;
+    source.addEventListener("open", () => {
+      const resumed = this.everOpened;
+      this.everOpened = true;
+      this.delay = 500;
+      this.onState("live", "live");
+      if (resumed) this.onResumed();
+    });
+    source.addEventListener("error", () => {
+      if (this.source !== source) return;
+      source.close();
+      this.source = null;
+      this.retry();
+    });
+    for (const type of EVENT_TYPES) {
+      source.addEventListener(type, (message) => {
+        if (message.lastEventId) this.lastEventId = message.lastEventId;
+        let event;
+        try { event = JSON.parse(message.data); } catch { return; }
+        this.onEvent(event);
+      });
+    }
+  }
+
+  retry() {
+    if (this.stopped) return;
+    this.onState("reconnecting", "reconnecting…");
+    clearTimeout(this.timer);
+    this.timer = setTimeout(() => this.connect(), this.delay);
+    this.delay = Math.min(this.delay * 2, 5000);
+  }
+}

@@ -1,0 +1,62 @@
+"""Photographs of the console, for anyone who wants to see the page without running a browser.
+
+Used by ``gateway demo --screenshots OUTDIR``: Debian's chromium, driven by Playwright (a dev
+dependency, imported only here), signs in with the demo's token, waits for open alarms, and
+saves the alarm list and the most severe alarm's detail at each size as PNG files.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Final
+
+from playwright.async_api import Page, async_playwright, expect
+
+WAIT_MS: Final = 90_000
+MIN_ALARMS: Final = 6
+
+
+async def _signed_in(page: Page, url: str, token: str) -> None:
+    await page.goto(url)
+    await page.get_by_label("API token").fill(token)
+    await page.get_by_role("button", name="Sign in").click()
+    await expect(page.locator("#live")).to_have_text("live", timeout=WAIT_MS)
+
+
+async def take_screenshots(
+    url: str,
+    token: str,
+    outdir: Path,
+    chromium: Path,
+    sizes: Mapping[str, tuple[int, int]],
+) -> list[Path]:
+    await asyncio.to_thread(outdir.mkdir, parents=True, exist_ok=True)
+    written: list[Path] = []
+    async with async_playwright() as playwright:
+        browser = await playwright.chromium.launch(
+            executable_path=str(chromium), args=["--no-sandbox"], headless=True
+        )
+        try:
+            for label, (width, height) in sizes.items():
+                context = await browser.new_context(viewport={"width": width, "height": height})
+                page = await context.new_page()
+                await _signed_in(page, url, token)
+                rows = page.locator("#alarm-table tbody tr")
+                await expect(rows.nth(MIN_ALARMS - 1)).to_be_visible(timeout=WAIT_MS)
+                listing = outdir / f"console-alarms-{label}.png"
+                await page.screenshot(path=str(listing))
+                # The list is ordered most severe first: its first alarm is the one to show.
+                await rows.first.get_by_role("link").first.click()
+                await expect(page.locator("#alarm-detail .audit li").first).to_be_visible(
+                    timeout=WAIT_MS
+                )
+                await page.locator("#alarm-detail").scroll_into_view_if_needed()
+                detail = outdir / f"console-alarm-detail-{label}.png"
+                await page.screenshot(path=str(detail))
+                written += [listing, detail]
+                await context.close()
+        finally:
+            await browser.close()
+    return written

@@ -1,0 +1,426 @@
+"""The console in a real browser against a real daemon, broker and PostgreSQL: signing in,
+alarms arriving live from telemetry, the buttons, roles, the keyboard, the phone width, and
+the stream coming back after the daemon restarts."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import aiohttp
+import aiomqtt
+import msgspec
+import pytest
+from playwright.async_api import Browser, Locator, Page, Route, expect
+
+from gateway.config import Config
+from gateway.runtime.daemon import Daemon
+from protocol import Topics
+from tests.support.api_client import ADMIN, OPERATOR, VIEWER
+from tests.support.browser import PHONE, WAIT_MS, chromium, open_console, require_chromium, sign_in
+from tests.support.daemon import make_config, running_daemon
+from tests.support.fake_llm import FakeLlm
+from tests.support.mosquitto import Mosquitto
+from tests.support.ports import free_port
+from tests.support.waiting import wait_until
+
+TOPICS = Topics("iot")
+SECOND_OPERATOR = "second-operator-token-0123456789"
+TOKENS = f"""
+[[api.tokens]]
+name = "wall-screen"
+token = "{VIEWER}"
+role = "viewer"
+
+[[api.tokens]]
+name = "olga"
+token = "{OPERATOR}"
+role = "operator"
+
+[[api.tokens]]
+name = "ivan"
+token = "{SECOND_OPERATOR}"
+role = "operator"
+
+[[api.tokens]]
+name = "root"
+token = "{ADMIN}"
+role = "admin"
+"""
+RULES = """
+[[rules]]
+key = "temp-high"
+kind = "threshold"
+metric = "temp"
+op = ">"
+value = 80
+clear_value = 75
+severity = "CRITICAL"
+description = "Too hot: check the cooling."
+
+[[rules]]
+key = "door-open"
+kind = "event"
+event = "DOOR_OPEN"
+severity = "MAJOR"
+description = "A door opened."
+"""
+
+
+@dataclass
+class Console:
+    base: str
+    daemon: Daemon
+    mosquitto: Mosquitto
+
+
+@contextlib.asynccontextmanager
+async def console_daemon(
+    db_dsn: str, mosquitto: Mosquitto, http_port: int
+) -> AsyncIterator[Daemon]:
+    config = make_config(
+        dsn=db_dsn,
+        mqtt_port=mosquitto.port,
+        http_port=http_port,
+        extra=TOKENS + RULES,
+    )
+    async with running_daemon(config) as daemon:
+        yield daemon
+
+
+@pytest.fixture
+async def console(db_dsn: str, mosquitto: Mosquitto) -> AsyncIterator[Console]:
+    require_chromium()
+    port = free_port()
+    async with console_daemon(db_dsn, mosquitto, port) as daemon:
+        yield Console(f"http://127.0.0.1:{port}", daemon, mosquitto)
+
+
+@pytest.fixture
+async def browser() -> AsyncIterator[Browser]:
+    async with chromium() as launched:
+        yield launched
+
+
+async def publish(mosquitto: Mosquitto, device: str, payload: dict[str, object]) -> None:
+    body = {"ts": int(time.time() * 1000), **payload}
+    async with aiomqtt.Client("127.0.0.1", mosquitto.port) as client:
+        await client.publish(TOPICS.telemetry(device), msgspec.json.encode(body), qos=1)
+
+
+async def api(base: str, method: str, path: str, token: str, body: object = None) -> object:
+    async with (
+        aiohttp.ClientSession() as http,
+        http.request(
+            method, f"{base}{path}", json=body, headers={"Authorization": f"Bearer {token}"}
+        ) as reply,
+    ):
+        assert reply.status < 300, (reply.status, await reply.text())
+        return await reply.json()
+
+
+def alarm_row(page: Page, device: str) -> Locator:
+    return page.locator("#alarm-table tbody tr", has_text=device)
+
+
+async def test_a_bad_token_is_refused_with_a_clear_message(
+    console: Console, browser: Browser
+) -> None:
+    page, errors = await open_console(browser, console.base)
+    await page.get_by_label("API token").fill("not-a-token-of-this-gateway")
+    await page.get_by_role("button", name="Sign in").click()
+    await expect(page.locator("#sign-in-error")).to_contain_text("refused", timeout=WAIT_MS)
+    await expect(page.locator("#nav")).to_be_hidden()
+    assert await page.evaluate("sessionStorage.getItem('gateway.token')") is None
+    # The right one then works, and is kept for this tab only.
+    await sign_in(page, OPERATOR)
+    await expect(page.locator("#who")).to_have_text("olga (operator)")
+    assert await page.evaluate("sessionStorage.getItem('gateway.token')") == OPERATOR
+    await page.reload()
+    await expect(page.locator("#who")).to_have_text("olga (operator)", timeout=WAIT_MS)
+    await page.get_by_role("button", name="Sign out").click()
+    await expect(page.locator("#sign-in")).to_be_visible()
+    assert await page.evaluate("sessionStorage.getItem('gateway.token')") is None
+    assert errors.errors == []
+
+
+async def test_an_alarm_from_telemetry_appears_live_and_is_handled_through_the_buttons(
+    console: Console, browser: Browser
+) -> None:
+    page, errors = await open_console(browser, console.base)
+    await sign_in(page, OPERATOR)
+    await expect(page.locator("#alarm-empty")).to_be_visible(timeout=WAIT_MS)
+    # A mark that a reload would wipe: the alarm must come without one.
+    await page.evaluate("window.__not_reloaded = true")
+    await publish(console.mosquitto, "boiler-1", {"metrics": {"temp": 93.5}})
+    row = alarm_row(page, "boiler-1")
+    await expect(row).to_be_visible(timeout=WAIT_MS)
+    await expect(row).to_contain_text("CRITICAL")
+    await expect(row).to_contain_text("temp-high")
+    assert await page.evaluate("window.__not_reloaded") is True
+
+    await row.get_by_role("link", name="#").first.click()
+    detail = page.locator("#alarm-detail")
+    await expect(detail.locator(".trigger")).to_contain_text("temp = 93.5", timeout=WAIT_MS)
+    await expect(detail.locator(".trigger")).to_contain_text("temp > 80")
+    await expect(detail.locator(".rule-description")).to_have_text("Too hot: check the cooling.")
+    for label, status in (
+        ("Confirm", "CONFIRMED"),
+        ("Mark handled", "HANDLED"),
+        ("Close", "CLOSED"),
+    ):
+        await detail.get_by_role("button", name=label).click()
+        await expect(detail.locator("#alarm-status")).to_have_text(status, timeout=WAIT_MS)
+    audit = detail.locator("ol.audit li")
+    for action in ("confirm", "handle", "close"):
+        await expect(audit.filter(has_text=f"olga {action}")).to_have_count(1)
+    # Closed: no button is left to press.
+    await expect(detail.locator(".actions button")).to_have_count(0)
+    assert errors.errors == []
+
+
+async def test_a_viewer_sees_no_action_buttons(console: Console, browser: Browser) -> None:
+    await publish(console.mosquitto, "door-9", {"events": [{"type": "DOOR_OPEN"}]})
+    page, errors = await open_console(browser, console.base)
+    await sign_in(page, VIEWER)
+    row = alarm_row(page, "door-9")
+    await expect(row).to_be_visible(timeout=WAIT_MS)
+    await row.get_by_role("link", name="#").first.click()
+    detail = page.locator("#alarm-detail")
+    await expect(detail.locator("ol.audit li").first).to_be_visible(timeout=WAIT_MS)
+    await expect(detail.locator("button")).to_have_count(0)
+    # The same alarm offers the buttons to an operator: the viewer's page hid them.
+    actions = await api(
+        console.base,
+        "GET",
+        f"/alarms/{await detail.get_attribute('data-alarm-id')}/actions",
+        VIEWER,
+    )
+    assert actions["actions"]  # type: ignore[index]  # JSON
+    await page.goto(f"{console.base}/#/commands/door-9")
+    await expect(page.locator("#command-create")).to_be_hidden()
+    await expect(page.locator("#nav-dead-letters")).to_be_hidden()
+    assert errors.errors == []
+
+
+async def test_a_stale_button_says_who_acted_first(console: Console, browser: Browser) -> None:
+    await publish(console.mosquitto, "door-2", {"events": [{"type": "DOOR_OPEN"}]})
+    page, errors = await open_console(browser, console.base)
+    await sign_in(page, OPERATOR)
+    row = alarm_row(page, "door-2")
+    await expect(row).to_be_visible(timeout=WAIT_MS)
+    alarm_id = await row.get_attribute("data-alarm-id")
+    await page.goto(f"{console.base}/#/alarms/{alarm_id}")
+    detail = page.locator("#alarm-detail")
+    confirm = detail.get_by_role("button", name="Confirm")
+    await expect(confirm).to_be_visible(timeout=WAIT_MS)
+    # The page may not redraw before its operator presses the button: its reads of the
+    # alarm are held (the audit, the action itself and the stream pass) until released.
+    released = asyncio.Event()
+
+    async def hold_reads(route: Route) -> None:
+        request = route.request
+        if request.method == "GET" and not request.url.endswith("/audit"):
+            await released.wait()
+        await route.continue_()
+
+    await page.route("**/alarms**", hold_reads)
+    await api(console.base, "POST", f"/alarms/{alarm_id}/confirm", SECOND_OPERATOR, {})
+    async with page.expect_response(lambda r: r.request.method == "POST") as answer:
+        await confirm.click()
+    # The race's loser gets a 409 naming the winner, and the page says it in words.
+    assert (await answer.value).status == 409
+    await expect(page.locator("#notice")).to_have_text(
+        "ivan already did this (the alarm is CONFIRMED).", timeout=WAIT_MS
+    )
+    released.set()
+    await expect(detail.locator("#alarm-status")).to_have_text("CONFIRMED", timeout=WAIT_MS)
+    await expect(detail.locator("ol.audit li").filter(has_text="ivan confirm")).to_have_count(1)
+    await expect(detail.locator("ol.audit li").filter(has_text="olga")).to_have_count(0)
+    assert errors.errors == []
+
+
+async def test_a_button_made_stale_by_another_step_says_who_acted(
+    console: Console, browser: Browser
+) -> None:
+    await publish(console.mosquitto, "door-3", {"events": [{"type": "DOOR_OPEN"}]})
+    page, errors = await open_console(browser, console.base)
+    await sign_in(page, OPERATOR)
+    row = alarm_row(page, "door-3")
+    await expect(row).to_be_visible(timeout=WAIT_MS)
+    alarm_id = await row.get_attribute("data-alarm-id")
+    await api(console.base, "POST", f"/alarms/{alarm_id}/confirm", OPERATOR, {})
+    await page.goto(f"{console.base}/#/alarms/{alarm_id}")
+    detail = page.locator("#alarm-detail")
+    handle = detail.get_by_role("button", name="Mark handled")
+    await expect(handle).to_be_visible(timeout=WAIT_MS)
+    released = asyncio.Event()
+
+    async def hold_reads(route: Route) -> None:
+        if route.request.method == "GET" and not route.request.url.endswith("/audit"):
+            await released.wait()
+        await route.continue_()
+
+    await page.route("**/alarms**", hold_reads)
+    # Ivan calls it a false alarm meanwhile: "handle" is no step from FALSE (a 400, not a
+    # lost race on the same step).
+    await api(console.base, "POST", f"/alarms/{alarm_id}/false", SECOND_OPERATOR, {})
+    async with page.expect_response(lambda r: r.request.method == "POST") as answer:
+        await handle.click()
+    assert (await answer.value).status == 400
+    await expect(page.locator("#notice")).to_have_text(
+        "ivan acted first (false): the alarm is now FALSE.", timeout=WAIT_MS
+    )
+    released.set()
+    await expect(detail.locator("#alarm-status")).to_have_text("FALSE", timeout=WAIT_MS)
+    await expect(detail.locator(".actions button")).to_have_count(0)
+    assert errors.errors == []
+
+
+async def test_keyboard_alone_signs_in_opens_an_alarm_and_confirms_it(
+    console: Console, browser: Browser
+) -> None:
+    await publish(console.mosquitto, "kbd-1", {"metrics": {"temp": 88}})
+    page, errors = await open_console(browser, console.base)
+    # The page puts the focus in the token field.
+    await expect(page.get_by_label("API token")).to_be_focused(timeout=WAIT_MS)
+    await page.keyboard.type(OPERATOR)
+    await page.keyboard.press("Enter")
+    await expect(alarm_row(page, "kbd-1")).to_be_visible(timeout=WAIT_MS)
+
+    async def tab_to(selector: str) -> None:
+        for _ in range(80):
+            if await page.evaluate(f"document.activeElement.matches({selector!r})"):
+                return
+            await page.keyboard.press("Tab")
+        raise AssertionError(f"{selector} not reachable with Tab")
+
+    await tab_to("#alarm-table a[href^='#/alarms/']")
+    await page.keyboard.press("Enter")
+    await expect(page.locator("#alarm-detail h3").first).to_be_focused(timeout=WAIT_MS)
+    await tab_to("#alarm-detail button[data-action='confirm']")
+    # The focused control is visibly marked.
+    outline = await page.evaluate("getComputedStyle(document.activeElement).outlineStyle")
+    assert outline != "none"
+    await page.keyboard.press("Enter")
+    await expect(page.locator("#alarm-status")).to_have_text("CONFIRMED", timeout=WAIT_MS)
+    assert errors.errors == []
+
+
+async def test_the_alarm_list_and_detail_fit_a_phone(console: Console, browser: Browser) -> None:
+    await publish(console.mosquitto, "phone-1", {"metrics": {"temp": 99}})
+    page, errors = await open_console(browser, console.base, viewport=PHONE)
+    await sign_in(page, OPERATOR)
+    row = alarm_row(page, "phone-1")
+    await expect(row).to_be_visible(timeout=WAIT_MS)
+    await row.get_by_role("link", name="#").first.click()
+    confirm = page.locator("#alarm-detail").get_by_role("button", name="Confirm")
+    await expect(confirm).to_be_visible(timeout=WAIT_MS)
+    # Nothing is wider than the screen: no sideways scrolling to reach a button.
+    width = await page.evaluate("document.documentElement.scrollWidth")
+    assert width <= PHONE["width"], width
+    box = await confirm.bounding_box()
+    assert box is not None
+    assert box["x"] + box["width"] <= PHONE["width"]
+    await confirm.click()
+    await expect(page.locator("#alarm-status")).to_have_text("CONFIRMED", timeout=WAIT_MS)
+    assert errors.errors == []
+
+
+async def test_the_stream_resumes_after_the_daemon_restarts(
+    db_dsn: str, mosquitto: Mosquitto, browser: Browser
+) -> None:
+    require_chromium()
+    port = free_port()
+    async with console_daemon(db_dsn, mosquitto, port):
+        page, errors = await open_console(browser, f"http://127.0.0.1:{port}")
+        await sign_in(page, OPERATOR)
+        await publish(mosquitto, "before-1", {"metrics": {"temp": 91}})
+        await expect(alarm_row(page, "before-1")).to_be_visible(timeout=WAIT_MS)
+    # The daemon is gone: the page says so, and keeps trying.
+    await expect(page.locator("#live")).to_have_text("reconnecting…", timeout=WAIT_MS)
+    await page.evaluate("window.__not_reloaded = true")
+    async with console_daemon(db_dsn, mosquitto, port):
+        await expect(page.locator("#live")).to_have_text("live", timeout=WAIT_MS)
+        await publish(mosquitto, "after-1", {"metrics": {"temp": 92}})
+        await expect(alarm_row(page, "after-1")).to_be_visible(timeout=WAIT_MS)
+        assert await page.evaluate("window.__not_reloaded") is True
+        await expect(alarm_row(page, "before-1")).to_have_count(1)
+    assert errors.errors == []
+
+
+async def test_a_page_on_one_node_sees_what_happens_through_another(
+    db_dsn: str, mosquitto: Mosquitto, browser: Browser
+) -> None:
+    require_chromium()
+    port_a, port_b = free_port(), free_port()
+
+    def config(node: str, port: int) -> Config:
+        return make_config(
+            dsn=db_dsn,
+            mqtt_port=mosquitto.port,
+            http_port=port,
+            node_id=node,
+            extra=TOKENS + RULES,
+            mqtt_extra='shared_group = "console"',
+        )
+
+    async with running_daemon(config("node-a", port_a)), running_daemon(config("node-b", port_b)):
+        page, errors = await open_console(browser, f"http://127.0.0.1:{port_a}")
+        await sign_in(page, OPERATOR)
+        # Telemetry goes to whichever node the broker picks; the alarm shows on A's page.
+        for n in range(4):
+            await publish(mosquitto, f"shared-{n}", {"metrics": {"temp": 90 + n}})
+        for n in range(4):
+            await expect(alarm_row(page, f"shared-{n}")).to_be_visible(timeout=WAIT_MS)
+        row = alarm_row(page, "shared-0")
+        alarm_id = await row.get_attribute("data-alarm-id")
+        await row.get_by_role("link", name="#").first.click()
+        status = page.locator("#alarm-detail #alarm-status")
+        await expect(status).to_have_text("PUSHED", timeout=WAIT_MS)
+        # Ivan confirms through node B's API: A's page shows it, live.
+        await api(
+            f"http://127.0.0.1:{port_b}", "POST", f"/alarms/{alarm_id}/confirm", SECOND_OPERATOR, {}
+        )
+        await expect(status).to_have_text("CONFIRMED", timeout=WAIT_MS)
+        await expect(
+            page.locator("#alarm-detail ol.audit li").filter(has_text="ivan confirm")
+        ).to_have_count(1)
+        assert errors.errors == []
+
+
+async def test_an_alarms_ai_summary_shows_in_its_detail(
+    db_dsn: str, mosquitto: Mosquitto, browser: Browser
+) -> None:
+    require_chromium()
+    port = free_port()
+    async with FakeLlm() as llm:
+        ai = f'[ai]\nenabled = true\nbase_url = "{llm.base_url}"\nmodel = "fake-model"\n'
+        config = make_config(
+            dsn=db_dsn, mqtt_port=mosquitto.port, http_port=port, extra=ai + TOKENS + RULES
+        )
+        async with running_daemon(config):
+            page, errors = await open_console(browser, f"http://127.0.0.1:{port}")
+            await sign_in(page, VIEWER)
+            await publish(mosquitto, "hall-door", {"events": [{"type": "DOOR_OPEN"}]})
+            row = alarm_row(page, "hall-door")
+            await expect(row).to_be_visible(timeout=WAIT_MS)
+            await row.get_by_role("link", name="#").first.click()
+            alarm_id = await row.get_attribute("data-alarm-id")
+            base = f"http://127.0.0.1:{port}"
+
+            async def summarised() -> bool:
+                alarm = await api(base, "GET", f"/alarms/{alarm_id}", VIEWER)
+                return (alarm.get("ai_summary") or {}).get("status") == "SUCCEEDED"  # type: ignore[attr-defined]  # JSON
+
+            # The worker's pace is not the page's: wait for the summary itself (a loaded
+            # machine may take a while), then the open detail must show it.
+            await wait_until(summarised, timeout=90, interval=0.2, message="the AI summary")
+            summary = page.locator("#alarm-detail dl.summary")
+            await expect(summary).to_contain_text("Door open at the hall", timeout=WAIT_MS)
+            await expect(summary).to_contain_text("Check the hall door")
+            await expect(summary).to_contain_text("MEDIUM")
+            assert errors.errors == []

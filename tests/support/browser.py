@@ -1,0 +1,65 @@
+"""Debian's chromium driven by Playwright, for the console's tests; a console on a real daemon.
+
+Playwright's own browser download cannot be fetched here, so the browser is the system's
+(``apt-get install chromium``), named by ``executable_path``. Tests skip, saying why, only when
+that binary is absent; ``.ci/run`` installs it, so in CI they run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Final
+
+import pytest
+from playwright.async_api import Browser, Page, async_playwright, expect
+
+CHROMIUM: Final = Path("/usr/bin/chromium")
+# Generous for a loaded CI machine; every wait is on a condition, never a sleep.
+WAIT_MS: Final = 20_000
+DESKTOP: Final = {"width": 1280, "height": 800}
+PHONE: Final = {"width": 390, "height": 844}
+
+
+def require_chromium() -> None:
+    if not CHROMIUM.exists():
+        pytest.skip(f"no chromium at {CHROMIUM} (apt-get install chromium; .ci/run installs it)")
+
+
+@contextlib.asynccontextmanager
+async def chromium() -> AsyncIterator[Browser]:
+    require_chromium()
+    async with async_playwright() as playwright:
+        browser = await playwright.chromium.launch(
+            executable_path=str(CHROMIUM), args=["--no-sandbox"], headless=True
+        )
+        try:
+            yield browser
+        finally:
+            await browser.close()
+
+
+class PageErrors:
+    """Uncaught errors of the page's scripts: a test fails on any."""
+
+    def __init__(self, page: Page) -> None:
+        self.errors: list[str] = []
+        page.on("pageerror", lambda error: self.errors.append(str(error)))
+
+
+async def open_console(
+    browser: Browser, base: str, *, viewport: dict[str, int] | None = None
+) -> tuple[Page, PageErrors]:
+    context = await browser.new_context(viewport=viewport or DESKTOP)  # type: ignore[arg-type]  # a ViewportSize TypedDict
+    page = await context.new_page()
+    errors = PageErrors(page)
+    await page.goto(f"{base}/")
+    return page, errors
+
+
+async def sign_in(page: Page, token: str) -> None:
+    await page.get_by_label("API token").fill(token)
+    await page.get_by_role("button", name="Sign in").click()
+    await expect(page.locator("#who")).not_to_be_empty(timeout=WAIT_MS)
+    await expect(page.locator("#live")).to_have_text("live", timeout=WAIT_MS)
