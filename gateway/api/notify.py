@@ -7,10 +7,9 @@ import uuid
 from datetime import datetime
 from typing import Annotated, Any, Final
 
-import asyncpg
 import msgspec
 import structlog
-from litestar.di import NamedDependency, Provide
+from litestar.di import NamedDependency
 from litestar.openapi.spec import Schema
 from litestar.openapi.spec.enums import OpenAPIType
 from litestar.params import JSONBody, Parameter
@@ -334,12 +333,6 @@ async def get_delivery(notifications: Notifications, id: Id) -> DeliveryDetail:
     values = dict(row.items())
     values["body"] = msgspec.json.decode(values["body"])
     return msgspec.convert(values, DeliveryDetail, strict=False)
-
-
-def provide(pool: asyncpg.Pool) -> Provide:
-    """The dependency ``notifications`` of these routes."""
-    service = NotifyService(pool)
-    return Provide(lambda: service, sync_to_thread=False, use_cache=True)
 
 
 HANDLERS: Final = [create_silence, list_silences, expire_silence, list_deliveries, get_delivery]
