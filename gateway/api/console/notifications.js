@@ -1,7 +1,8 @@
 // Notifications: the deliveries (one per event and receiver; a FAILED one says why in
 // last_error) and the silences (operators create and expire them; viewers read).
-// A delivery's progress is no stream event: while one shown is PENDING or SENDING the list is
-// read again every 3 s; alarm and command events (which make deliveries) read it too, throttled.
+// A delivery's progress is no stream event, and a delivery is made a moment after the event it
+// is for: while the section is shown its list is read again every 3 s when one shown is PENDING
+// or SENDING, every 10 s otherwise; alarm, command and campaign events read it too, throttled.
 import { query } from "./api.js";
 import { clear, el, throttle, timeEl } from "./util.js";
 
@@ -94,10 +95,13 @@ export class NotificationsView {
     this.deliveryMore.hidden = this.deliveriesNext === null;
     clearTimeout(this.poll);
     this.poll = null;
-    if (this.deliveries.some((d) => OPEN.has(d.status)) && this.ctx.current() === "notifications") {
+    // Once "Older deliveries" loaded more than the first page, the list stays as it is
+    // (reading the first page again would drop the older ones): Filter reads it again.
+    if (this.ctx.current() === "notifications" && this.deliveries.length <= PAGE) {
+      const open = this.deliveries.some((d) => OPEN.has(d.status));
       this.poll = setTimeout(() => {
         if (this.ctx.current() === "notifications") this.loadDeliveries(false);
-      }, 3000);
+      }, open ? 3000 : 10000);
     }
   }
 
