@@ -2,19 +2,20 @@
 // GET /me, the sections behind #/ routes, and the live stream feeding them.
 import { AlarmsView } from "./alarms.js";
 import { Api } from "./api.js";
-import { CampaignsView, campaignsAvailable } from "./campaigns.js";
+import { CampaignsView } from "./campaigns.js";
 import { CommandsView } from "./commands.js";
 import { DeadLettersView } from "./deadletters.js";
 import { DevicesView } from "./devices.js";
+import { NotificationsView } from "./notifications.js";
 import { LiveStream } from "./stream.js";
 
 const TOKEN_KEY = "gateway.token";
 const ROLES = { viewer: 1, operator: 2, admin: 3 };
-const SECTIONS = ["alarms", "devices", "commands", "campaigns", "dead-letters"];
+const SECTIONS = ["alarms", "devices", "commands", "campaigns", "notifications", "dead-letters"];
 
 const $ = (id) => document.getElementById(id);
 
-const state = { api: null, me: null, stream: null, views: null, section: null, campaigns: false };
+const state = { api: null, me: null, stream: null, views: null, section: null };
 
 function notify(message, kind = "error") {
   const box = $("notice");
@@ -86,6 +87,7 @@ async function signIn(token, { remembered = false } = {}) {
     devices: new DevicesView(ctx),
     commands: new CommandsView(ctx),
     campaigns: new CampaignsView(ctx),
+    notifications: new NotificationsView(ctx),
     "dead-letters": new DeadLettersView(ctx),
   };
   state.stream = new LiveStream(api, {
@@ -100,10 +102,6 @@ async function signIn(token, { remembered = false } = {}) {
     onResumed: () => state.views[state.section].refresh(),
   });
   state.stream.start();
-  campaignsAvailable(api).then((available) => {
-    state.campaigns = available;
-    $("nav-campaigns").hidden = !available;
-  });
   if (!location.hash || location.hash === "#" || location.hash === "#/") location.hash = "#/alarms";
   else route();
 }

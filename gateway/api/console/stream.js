@@ -11,6 +11,7 @@ export const EVENT_TYPES = [
   "alarm.created", "alarm.superseded", "alarm.cleared", "alarm.status_changed",
   "alarm.woken", "alarm.escalated", "alarm.reminder",
   "command.finished",
+  "campaign.created", "campaign.completed", "campaign.aborted", "campaign.cancelled",
   "ai.summary_succeeded", "ai.summary_failed",
   "message",
 ];

@@ -53,7 +53,15 @@ async def test_the_page_and_every_file_it_loads_are_served(base: str) -> None:
                 assert "javascript" in asset.headers["Content-Type"], name
                 text = await asset.text()
             pending.extend(m.removeprefix("./") for m in IMPORT.findall(text))
-        assert {"alarms.js", "api.js", "stream.js", "devices.js", "commands.js"} <= seen
+        assert {
+            "alarms.js",
+            "api.js",
+            "stream.js",
+            "devices.js",
+            "commands.js",
+            "campaigns.js",
+            "notifications.js",
+        } <= seen
         async with http.get(f"{base}/console/style.css") as style:
             assert style.status == 200
             assert style.headers["Content-Type"].startswith("text/css")
