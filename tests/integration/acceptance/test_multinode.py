@@ -197,8 +197,17 @@ async def test_nodes_in_a_shared_group_decide_every_alarm_as_one_node_would(
         async def all_stored() -> bool:
             return await count_rows(db_dsn) == len(publications)
 
+        def counted() -> list[float]:
+            return [metric(d, "gateway_telemetry_received_total") for d in daemons]
+
+        async def all_counted() -> bool:
+            # A node counts a batch once it has committed it and acked it: just after the rows
+            # are visible. A message counted twice would show as more than were published.
+            return sum(counted()) >= len(publications)
+
         await wait_until(all_stored, timeout=120, message="every message stored")
-        received = [metric(d, "gateway_telemetry_received_total") for d in daemons]
+        await wait_until(all_counted, timeout=30, message="every message counted")
+        received = counted()
         rules = daemons[0].config.rule_set()
     assert all(r > 0 for r in received), received
     assert sum(received) == len(publications)
