@@ -486,7 +486,8 @@ async def record_cleared(
     conn: asyncpg.Connection, row: asyncpg.Record, *, clear_event_id: str, reason: str
 ) -> None:
     """The ``alarm.cleared`` event of a cleared alarm row (id, device, rule, status,
-    cleared_at), on the clearing transaction: the one shape every clear publishes."""
+    cleared_at, trigger, rule description), on the clearing transaction: the one shape every
+    clear publishes."""
     await outbox.add_event(
         conn,
         aggregate_type=AGGREGATE,
@@ -500,6 +501,9 @@ async def record_cleared(
             "clear_event_id": clear_event_id,
             "reason": reason,
             "cleared_at": row["cleared_at"].isoformat(),
+            # Why it fired, as every alarm.* event says it.
+            "trigger": None if row["trigger"] is None else msgspec.json.decode(row["trigger"]),
+            "rule_description": row["rule_description"],
         },
     )
 

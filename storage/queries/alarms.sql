@@ -68,7 +68,7 @@ UPDATE alarm SET superseded_by = $2 WHERE id = $1 AND status = 'SUPERSEDED';
 UPDATE alarm
 SET cleared_at = greatest($2, triggered_at), clear_event_id = $3
 WHERE active_key = $1 AND cleared_at IS NULL
-RETURNING id, device_id, rule_key, status, cleared_at;
+RETURNING id, device_id, rule_key, status, cleared_at, trigger::text AS trigger, rule_description;
 
 -- name: get
 -- $1 id.
@@ -133,7 +133,8 @@ UPDATE alarm a
 SET cleared_at = greatest($3, a.triggered_at), clear_event_id = u.event_id
 FROM unnest($1::text[], $2::text[]) AS u(active_key, event_id)
 WHERE a.active_key = u.active_key AND a.cleared_at IS NULL
-RETURNING a.id, a.device_id, a.rule_key, a.status, a.cleared_at, u.event_id;
+RETURNING a.id, a.device_id, a.rule_key, a.status, a.cleared_at, u.event_id,
+          a.trigger::text AS trigger, a.rule_description;
 
 -- name: silent_devices
 -- $1 silent seconds, $2 rule key; devices not heard from for that long (or whose retained
@@ -199,4 +200,4 @@ WHERE id = (
     LIMIT 1
 )
   AND cleared_at IS NULL
-RETURNING id, device_id, rule_key, status, cleared_at;
+RETURNING id, device_id, rule_key, status, cleared_at, trigger::text AS trigger, rule_description;

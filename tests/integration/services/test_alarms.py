@@ -169,6 +169,14 @@ async def test_threshold_storm_one_alarm_then_supersede_or_release_by_attention(
         }  # fmt: skip
         assert json.loads(second["trigger"])["value"] == 90
         assert second["rule_description"] == "The oven runs too hot."
+        # The clear says why the alarm it clears fired, as every alarm.* event does.
+        (cleared,) = await _rows(
+            db_dsn, "SELECT payload FROM outbox_event WHERE event_type = 'alarm.cleared'"
+        )
+        cleared_payload = json.loads(cleared["payload"])
+        assert cleared_payload["alarm_id"] == first["id"]
+        assert cleared_payload["trigger"] == json.loads(first["trigger"])
+        assert cleared_payload["rule_description"] == "The oven runs too hot."
         assert first["cleared_at"] is not None
         assert first["status"] == "SUPERSEDED"
         assert first["superseded_by"] == second["id"]
