@@ -124,8 +124,10 @@ async def test_two_nodes_abort_a_failing_campaign_exactly_once(
             _devices(mosquitto.port, script),
             _nodes(db_dsn, mosquitto.port, ["node-a", "node-b"]),
         ):
+            # 600 at ten a second: the abort (after about 20 finished) comes long before the
+            # rollout could let most of them out, however slow the machine is.
             campaign_id = await _start(
-                pool, 200, per_minute=600, abort=AbortCriteria(failure_ratio=0.2, min_finished=20)
+                pool, 600, per_minute=600, abort=AbortCriteria(failure_ratio=0.2, min_finished=20)
             )
             await wait_until(lambda: _settled(pool, campaign_id), timeout=90)
         async with pool.acquire() as conn:
@@ -133,7 +135,7 @@ async def test_two_nodes_abort_a_failing_campaign_exactly_once(
             assert campaign is not None
             assert campaign["status"] == "ABORTED"
             statuses = await _each_terminal_once(conn, campaign_id)
-            assert statuses.get("CANCELLED", 0) > 100  # the rollout kept most of them back
+            assert statuses.get("CANCELLED", 0) > 300  # the rollout kept most of them back
             assert statuses.get("FAILED", 0) >= 4
             trail = await conn.fetch(
                 "SELECT action, node_id FROM campaign_audit WHERE campaign_id = $1 ORDER BY id",
@@ -145,11 +147,8 @@ async def test_two_nodes_abort_a_failing_campaign_exactly_once(
                 "SELECT count(*) FROM outbox_event WHERE event_type = 'campaign.aborted'"
             )
             assert events == 1
-            nodes = await conn.fetchval(
-                "SELECT count(DISTINCT claimed_node_id) FROM command WHERE campaign_id = $1",
-                campaign_id,
-            )
-            assert nodes == 2  # both nodes dispatched its commands
+            # Which node claims each command is a race this test does not force (at ten a
+            # second one node may take them all); the settlers of both nodes race on the abort.
     finally:
         await pool.close()
 
@@ -163,7 +162,8 @@ async def test_cancel_during_rollout_stops_it_and_the_rollout_held_on_real_nodes
             _devices(mosquitto.port, Script(default=Behaviour.SUCCESS)),
             _nodes(db_dsn, mosquitto.port, ["node-a", "node-b"]),
         ):
-            campaign_id = await _start(pool, 50, per_minute=60)  # one a second
+            # One a second: the cancel comes long before most of them are out.
+            campaign_id = await _start(pool, 200, per_minute=60)
 
             async def acked_some() -> bool:
                 async with pool.acquire() as conn:
@@ -182,7 +182,7 @@ async def test_cancel_during_rollout_stops_it_and_the_rollout_held_on_real_nodes
         async with pool.acquire() as conn:
             statuses = await _each_terminal_once(conn, campaign_id)
             assert set(statuses) <= {"ACKED", "CANCELLED"}
-            assert statuses["CANCELLED"] >= 40
+            assert statuses["CANCELLED"] >= 150
             campaign = await conn.fetchrow("SELECT * FROM campaign WHERE id = $1", campaign_id)
             assert campaign is not None
             # Nothing left PENDING after the cancel; before it, at most one a second (plus the
