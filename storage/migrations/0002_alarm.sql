@@ -1,4 +1,4 @@
--- Alarms: nine states (SPEC §5). Every CHECK below mirrors, by name, an invariant of
+-- Alarms: nine states (behaviour §5). Every CHECK below mirrors, by name, an invariant of
 -- gateway/domain/alarm.py; keep the two in step. CHECK passes on NULL, so every condition
 -- spells out its NULL cases.
 

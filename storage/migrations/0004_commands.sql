@@ -1,4 +1,4 @@
--- Downlink commands: seven states (SPEC §7), their receipt log and their audit trail.
+-- Downlink commands: seven states (behaviour §7), their receipt log and their audit trail.
 -- The states and the transition whitelist live in gateway/domain/command.py; the CHECKs below
 -- are the invariants of a single row that hold whatever path reached it. CHECK passes on NULL,
 -- so every condition spells out its NULL cases.
@@ -100,7 +100,7 @@ CREATE INDEX command_lease_idx ON command (status, lease_expire_at);
 CREATE INDEX command_timeout_idx ON command (status, timeout_at);
 CREATE INDEX command_expire_idx ON command (status, expire_at);
 
--- Every receipt, whatever its outcome (SPEC §7), as the device sent it.
+-- Every receipt, whatever its outcome (behaviour §7), as the device sent it.
 CREATE TABLE command_receipt (
     id                   bigserial PRIMARY KEY,
     -- NULL when no such command exists (the device's id is kept in reported_command_id).
@@ -143,7 +143,7 @@ CREATE TABLE command_receipt (
 
 CREATE INDEX command_receipt_command_idx ON command_receipt (command_id, id);
 
--- Every state change of a command, in the transaction that made it (SPEC §10).
+-- Every state change of a command, in the transaction that made it (behaviour §10).
 CREATE TABLE command_audit (
     id                bigserial PRIMARY KEY,
     command_id        bigint NOT NULL REFERENCES command (id),

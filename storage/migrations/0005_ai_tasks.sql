@@ -1,4 +1,4 @@
--- AI summaries of alarms (SPEC §8): one row per attempt; a retry is a new PENDING row with
+-- AI summaries of alarms (behaviour §8): one row per attempt; a retry is a new PENDING row with
 -- attempt + 1. The CHECKs below mirror, by name, gateway/domain/ai_task.py (Summary, Succeeded,
 -- Failed); keep the two in step. CHECK passes on NULL, so every condition spells out its NULL
 -- cases. "Not blank" is ~ '\S' on both sides (Python: not text.strip()).

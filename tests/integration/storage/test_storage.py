@@ -11,7 +11,13 @@ import pytest
 from storage import ingest as repo
 from storage.errors import MigrationChecksumError, SchemaTooNewError
 from storage.ingest import DeadLetterRow, TelemetryRow
-from storage.migrate import latest_version, migrate, schema_version, shipped_migrations
+from storage.migrate import (
+    EARLIER_CHECKSUMS,
+    latest_version,
+    migrate,
+    schema_version,
+    shipped_migrations,
+)
 from storage.sql import load_queries, query_files
 
 
@@ -65,6 +71,21 @@ async def test_an_older_release_refuses_a_newer_schema(db: asyncpg.Connection) -
         await migrate(db)
     assert caught.value.database_version == latest_version() + 1
     assert "refusing to start" in str(caught.value)
+
+
+async def test_a_database_recorded_before_the_comments_changed_still_migrates(
+    db: asyncpg.Connection,
+) -> None:
+    for version, earlier in EARLIER_CHECKSUMS.items():
+        (checksum,) = earlier
+        await db.execute(
+            "UPDATE schema_migration SET checksum = $2 WHERE version = $1", version, checksum
+        )
+    assert await migrate(db) == []
+    # Any other checksum for those versions is still an edit.
+    await db.execute("UPDATE schema_migration SET checksum = 'edited' WHERE version = 2")
+    with pytest.raises(MigrationChecksumError):
+        await migrate(db)
 
 
 async def test_an_edited_migration_is_detected(db: asyncpg.Connection) -> None:
