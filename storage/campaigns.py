@@ -27,6 +27,7 @@ CLOSE = _Q["close"]
 INSERT_AUDIT = _Q["insert_audit"]
 AUDIT_OF = _Q["audit_of"]
 CANCEL_OPEN_COMMANDS = _Q["cancel_open_commands"]
+ANALYZE_COMMANDS = _Q["analyze_commands"]
 
 
 async def insert(
@@ -178,3 +179,11 @@ async def cancel_open_commands(
 ) -> list[asyncpg.Record]:
     """Every open command of the campaign CANCELLED (rows with ``previous_status``)."""
     return list(await conn.fetch(CANCEL_OPEN_COMMANDS, campaign_id, actor, action, node_id))
+
+
+async def analyze_commands(conn: asyncpg.Connection, *, lock_timeout_s: float) -> None:
+    """Refresh the command table's statistics; waits at most ``lock_timeout_s`` for the lock
+    (a running VACUUM of the table holds it), then gives up with LockNotAvailableError."""
+    async with conn.transaction():
+        await conn.execute(f"SET LOCAL lock_timeout = '{int(lock_timeout_s * 1000)}ms'")
+        await conn.execute(ANALYZE_COMMANDS)

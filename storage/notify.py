@@ -94,9 +94,9 @@ async def read_horizon(conn: asyncpg.Connection, consumer: str) -> Horizon:
 
 
 async def scan_unconsumed(
-    conn: asyncpg.Connection, consumer: str, horizon: str, limit: int
+    conn: asyncpg.Connection, consumer: str, horizon: str, limit: int, types: Sequence[str]
 ) -> list[OutboxRow]:
-    rows = await conn.fetch(SCAN_UNCONSUMED, consumer, horizon, limit)
+    rows = await conn.fetch(SCAN_UNCONSUMED, consumer, horizon, limit, list(types))
     return [OutboxRow(**dict(r.items())) for r in rows]
 
 
@@ -107,8 +107,10 @@ async def consume_events(
     return {r["event_id"] for r in await conn.fetch(CONSUME_EVENTS, consumer, list(event_ids))}
 
 
-async def advance_horizon(conn: asyncpg.Connection, consumer: str, running: str) -> str:
-    value = await conn.fetchval(ADVANCE_HORIZON, consumer, running)
+async def advance_horizon(
+    conn: asyncpg.Connection, consumer: str, running: str, types: Sequence[str]
+) -> str:
+    value = await conn.fetchval(ADVANCE_HORIZON, consumer, running, list(types))
     return str(value)
 
 

@@ -46,6 +46,10 @@ SETTLER_ACTOR: Final = "system:campaigns"
 NOTIFY_CHANNEL: Final = "campaign_settle"
 COMMAND_AGGREGATE: Final = "command"
 COMMAND_FINISHED: Final = "command.finished"
+# A campaign this large refreshes the command table's statistics once it is committed: it is a
+# bulk load, and claims planned from statistics that have not seen it scan every pending row.
+ANALYZE_AFTER_COMMANDS: Final = 1000
+ANALYZE_LOCK_TIMEOUT_S: Final = 2.0
 
 
 class CampaignNotFoundError(CampaignError):
@@ -259,7 +263,22 @@ class CampaignService:
                 event_type=EVENT_CREATED,
                 payload={"campaign": campaign_to_json(created), "actor": actor},
             )
+        if len(devices) >= ANALYZE_AFTER_COMMANDS:
+            await self._analyze(campaign_id=row["id"], commands=len(devices))
         return CampaignCreated(created, created=True)
+
+    async def _analyze(self, *, campaign_id: int, commands: int) -> None:
+        """The campaign is committed: its commands' claims must not be planned from statistics
+        that have not seen them (``analyze_commands`` in storage/queries/campaigns.sql says what
+        that costs). A failure here costs speed only, so it is logged, not raised."""
+        try:
+            async with self.pool.acquire() as conn:
+                await repo.analyze_commands(conn, lock_timeout_s=ANALYZE_LOCK_TIMEOUT_S)
+        except (asyncpg.PostgresError, OSError) as exc:
+            log.warning(
+                "campaign_analyze_failed", campaign_id=campaign_id, commands=commands,
+                error=repr(exc),
+            )  # fmt: skip
 
     @staticmethod
     async def _read(conn: asyncpg.Connection | asyncpg.Pool, campaign_id: int) -> asyncpg.Record:

@@ -50,6 +50,8 @@ _PASS_THROUGH: Final = frozenset(
 _STATUS_CHANGED: Final = "alarm.status_changed"
 _COMMAND_FINISHED: Final = "command.finished"
 _COMMAND_FAILURES: Final = frozenset({"FAILED", "TIMEOUT"})
+# The outbox event type each notification comes from (the rest pass through by name).
+_OUTBOX_TYPE: Final = {ALARM_CLOSED: _STATUS_CHANGED, COMMAND_FAILED: _COMMAND_FINISHED}
 
 
 class DeliveryStatus(StrEnum):
@@ -180,6 +182,15 @@ class Notify:
             if not route.continue_:
                 break
         return chosen
+
+    def outbox_types(self) -> frozenset[str]:
+        """The outbox event types some route may turn into a notification: the only ones the
+        consumer needs to read. Empty without routes; every notifiable type when a route
+        matches every event."""
+        events: set[str] = set()
+        for route in self.routes:
+            events |= set(EVENTS) if route.events is None else set(route.events)
+        return frozenset(_OUTBOX_TYPE.get(event, event) for event in events)
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,6 +2,9 @@
 
 A pass:
 
+Only the outbox event types some route may turn into a notification are read; the rest never
+become deliveries, so they are not recorded either.
+
 1. Read the consumer's horizon and ``running``, the oldest transaction still running now.
    Every transaction older than ``running`` has finished, so whatever it wrote is visible to
    the statements that follow.
@@ -92,13 +95,21 @@ class NotifyConsumer:
 
     async def run_once(self) -> int:
         """One pass; the number of events this pass consumed (0: nothing new)."""
+        # Only the event types some route may send are read (and recorded as consumed); with
+        # no route at all the horizon just moves on. A route added by a reload applies to
+        # events written after the horizon has passed: none are sent from before it.
+        types = sorted(self.rules.outbox_types())
         async with self.pool.acquire() as conn:
             horizon = await repo.read_horizon(conn, self.consumer)
-            rows = await repo.scan_unconsumed(conn, self.consumer, horizon.horizon, self.batch)
+            rows = []
+            if types:
+                rows = await repo.scan_unconsumed(
+                    conn, self.consumer, horizon.horizon, self.batch, types
+                )
             consumed = 0
             if rows:
                 consumed = await self._consume(conn, rows)
-            await repo.advance_horizon(conn, self.consumer, horizon.running)
+            await repo.advance_horizon(conn, self.consumer, horizon.running, types)
         if consumed and self.on_created is not None:
             self.on_created()
         # A full batch means there may be more; a pass that found only events another node

@@ -124,3 +124,10 @@ WITH old AS (
     SELECT id, $2, $3, previous_status, status, claim_generation, $4 FROM cancelled
 )
 SELECT * FROM cancelled ORDER BY id;
+
+-- name: analyze_commands
+-- no parameters. A campaign is a bulk load of the command table: until its statistics see the
+-- new PENDING rows, the planner takes them for a handful and plans the claim as a scan and sort
+-- of every one of them (measured: 137 ms per claim of 100 with 10,000 pending, against 12 ms).
+-- PostgreSQL's advice after a bulk load is ANALYZE; it samples a bounded number of rows.
+ANALYZE command;

@@ -12,12 +12,14 @@ SELECT horizon::text AS horizon,
 FROM notify_consumer WHERE consumer = $1;
 
 -- name: scan_unconsumed
--- $1 consumer, $2 horizon (xid8 as text), $3 batch size. Events written by transactions at
--- or after the horizon that this consumer has not consumed yet, oldest first.
+-- $1 consumer, $2 horizon (xid8 as text), $3 batch size, $4 the event types it reads. Events
+-- of those types written by transactions at or after the horizon that this consumer has not
+-- consumed yet, oldest first.
 SELECT o.id, o.event_id, o.aggregate_type, o.aggregate_id, o.event_type,
        o.payload::text AS payload, o.created_at
 FROM outbox_event o
 WHERE o.xid >= $2::text::xid8
+  AND o.event_type = ANY($4::text[])
   AND NOT EXISTS (
       SELECT 1 FROM consumed_event c WHERE c.consumer = $1 AND c.event_id = o.event_id)
 ORDER BY o.id
@@ -33,12 +35,14 @@ ON CONFLICT DO NOTHING
 RETURNING event_id;
 
 -- name: advance_horizon
--- $1 consumer, $2 `running` read before the scan. The new horizon: `running`, or the oldest
--- transaction below it with an event still unconsumed; never backwards.
+-- $1 consumer, $2 `running` read before the scan, $3 the event types it reads. The new
+-- horizon: `running`, or the oldest transaction below it with an event of those types still
+-- unconsumed; never backwards.
 UPDATE notify_consumer n
 SET horizon = greatest(n.horizon, least($2::text::xid8, coalesce((
         SELECT min(o.xid) FROM outbox_event o
         WHERE o.xid >= n.horizon AND o.xid < $2::text::xid8
+          AND o.event_type = ANY($3::text[])
           AND NOT EXISTS (
               SELECT 1 FROM consumed_event c WHERE c.consumer = $1 AND c.event_id = o.event_id)
     ), $2::text::xid8))),

@@ -430,3 +430,58 @@ async def test_a_hanging_receiver_delays_no_other_receiver(
             )
     assert {r.event_id for r in server.on("/ok")} == {str(e) for e in events}
     assert server.peak_in_flight["/hang"] == 2
+
+
+async def test_the_consumer_reads_only_event_types_a_route_sends_on(
+    pool: asyncpg.Pool, db_dsn: str, db: asyncpg.Connection
+) -> None:
+    """A finished command (here ACKED, and FAILED) is no notification for routes on
+    alarm.created: the consumer neither records it nor lets it hold the horizon back."""
+    config = _config(
+        _webhook("a", "http://127.0.0.1:9/a"), _route(["a"], 'events = ["alarm.created"]')
+    )
+    node = Notifier(pool, db_dsn, config)
+    for status in ("ACKED", "FAILED"):
+        await outbox.add_event(
+            db,
+            aggregate_type="command",
+            aggregate_id="7",
+            event_type="command.finished",
+            payload={"command": {"id": 7, "device_id": "dev-1", "status": status}},
+        )
+    alarm = await _event(db, 1)
+    await _drain(node.consumer)
+    assert await _consumed(db) == {alarm}
+    assert [r["event_id"] for r in await _deliveries(db)] == [alarm]
+    # The horizon passes the command events' transactions although nothing consumed them.
+    await _horizon_passes_every_event(db, node.consumer)
+
+
+async def test_without_routes_nothing_is_read_and_the_horizon_moves_on(
+    pool: asyncpg.Pool, db_dsn: str, db: asyncpg.Connection
+) -> None:
+    node = Notifier(pool, db_dsn, _config(_webhook("a", "http://127.0.0.1:9/a"), ""))
+    await _event(db, 1)
+    await _drain(node.consumer)
+    assert await _consumed(db) == set()
+    assert await _deliveries(db) == []
+    await _horizon_passes_every_event(db, node.consumer)
+    # A route added later (a reload) sends what is written after it, not what came before.
+    later = Notifier(pool, db_dsn, _config(_webhook("a", "http://127.0.0.1:9/a"), _route(["a"])))
+    fresh = await _event(db, 2)
+    await _drain(later.consumer)
+    assert await _consumed(db) == {fresh}
+
+
+async def _horizon_passes_every_event(db: asyncpg.Connection, consumer: NotifyConsumer) -> None:
+    """The horizon never passes a transaction still running anywhere on the server (another
+    database's included), so passes repeat until it is past the newest event's."""
+    newest = str(await db.fetchval("SELECT max(xid) FROM outbox_event"))
+
+    async def passed() -> bool:
+        await _drain(consumer)
+        return bool(
+            await db.fetchval("SELECT horizon > $1::text::xid8 FROM notify_consumer", newest)
+        )
+
+    await wait_until(passed, timeout=30, message="the horizon passes every event")

@@ -277,3 +277,28 @@ def test_signature_verifies_and_refuses_tampering_and_replay() -> None:
     assert not verify_signature("other", header, body, now=1_700_000_010, tolerance_s=300)
     assert not verify_signature("k", header, body, now=1_700_001_000, tolerance_s=300)
     assert not verify_signature("k", "garbage", body, now=1_700_000_000, tolerance_s=300)
+
+
+@pytest.mark.parametrize(
+    ("routes", "types"),
+    [
+        ("", set()),
+        ('[[notify.routes]]\nevents = ["alarm.created"]\nreceivers = ["a"]\n', {"alarm.created"}),
+        (
+            '[[notify.routes]]\nevents = ["command.failed", "alarm.closed"]\nreceivers = ["a"]\n',
+            {"command.finished", "alarm.status_changed"},
+        ),
+        (
+            '[[notify.routes]]\nevents = ["campaign.aborted"]\nreceivers = ["a"]\n'
+            '[[notify.routes]]\nseverities = ["CRITICAL"]\nreceivers = ["a"]\n',
+            {
+                "alarm.created", "alarm.escalated", "alarm.reminder", "alarm.cleared",
+                "alarm.status_changed", "command.finished", "campaign.aborted",
+            },
+        ),
+    ],
+)  # fmt: skip
+def test_the_consumer_reads_the_outbox_types_behind_the_routed_events(
+    routes: str, types: set[str]
+) -> None:
+    assert compile_notify(_notify(routes)).outbox_types() == types
