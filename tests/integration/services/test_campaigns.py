@@ -254,3 +254,28 @@ async def test_the_settler_completes_a_campaign_when_its_last_commands_finish_on
             )
             == 1
         )
+
+
+async def _analyzed(pool: asyncpg.Pool) -> int:
+    count = await pool.fetchval(
+        "SELECT analyze_count FROM pg_stat_user_tables WHERE relname = 'command'"
+    )
+    return int(count)
+
+
+async def test_a_large_campaign_refreshes_the_command_statistics_and_a_small_one_not(
+    pool: asyncpg.Pool,
+) -> None:
+    """The bulk insert of a campaign is followed by ANALYZE (claims planned from statistics
+    that had not seen it sorted every pending row); a small campaign leaves it to autovacuum."""
+    before = await _analyzed(pool)
+    await _start(pool, 10)
+    assert await _analyzed(pool) == before
+    await _start(pool, 1000)
+    await wait_until(lambda: _more(pool, before), timeout=10, message="command analyzed")
+    planned = await pool.fetchval("SELECT reltuples FROM pg_class WHERE relname = 'command'")
+    assert planned >= 1000  # the statistics count the campaign's rows
+
+
+async def _more(pool: asyncpg.Pool, before: int) -> bool:
+    return await _analyzed(pool) > before
