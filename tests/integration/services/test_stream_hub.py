@@ -74,3 +74,51 @@ async def test_a_slow_stream_is_dropped_and_resumes_without_a_gap(
     await fast.aclose()
     await resumed.aclose()
     assert hub.streams == 0
+
+
+async def test_with_no_stream_the_hub_moves_its_head_without_reading_and_streams_catch_up(
+    pool: asyncpg.Pool, db_dsn: str
+) -> None:
+    """No stream open: a pass moves the head past what became final, fanning out nothing. A
+    stream opened from now sees only what comes next; one resuming from an earlier cursor gets
+    everything after it, in order, from the database."""
+    hub = StreamHub(pool, db_dsn)
+    assert await hub.run_once() == 0  # the first pass finds the head
+    await _events(pool, ["before"])
+    await _head_moves(hub)
+    early = hub.events(None)
+    assert await anext(early) is None  # registered after "before", before "a" and "b"
+    await _events(pool, ["a", "b"])
+    await _passes_until(hub, 2)
+    seen = [await anext(early) for _ in range(2)]
+    cursor = seen[0]
+    assert cursor is not None
+    await early.aclose()
+    assert hub.streams == 0
+
+    await _events(pool, ["c", "d", "e"])
+    await _head_moves(hub)
+    live = hub.events(None)
+    assert await anext(live) is None  # from now on: c, d, e are behind it
+    await _events(pool, ["f"])
+    await _passes_until(hub, 1)
+    fresh = await anext(live)
+    assert fresh is not None
+    assert fresh.aggregate_id == "f"
+    resumed = hub.events(cursor.cursor)  # a client that saw "a" reconnects
+    rest = [await anext(resumed) for _ in range(5)]
+    assert [e.aggregate_id for e in rest if e is not None] == ["b", "c", "d", "e", "f"]
+    await live.aclose()
+    await resumed.aclose()
+
+
+async def _head_moves(hub: StreamHub) -> None:
+    """Passes with no stream open until the head moves on, each fanning out nothing."""
+    start = hub.head
+    assert start is not None
+
+    async def moved() -> bool:
+        assert await hub.run_once() == 0  # nothing fanned out: nobody listens
+        return hub.head is not None and hub.head > start
+
+    await wait_until(moved, message="the head moves on")
