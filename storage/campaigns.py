@@ -122,8 +122,9 @@ async def commands_of(
     return list(await conn.fetch(COMMANDS_OF, campaign_id, status, before_id, limit))
 
 
-async def running(conn: asyncpg.Connection | asyncpg.Pool) -> list[int]:
-    return [r["id"] for r in await conn.fetch(RUNNING)]
+async def running(conn: asyncpg.Connection | asyncpg.Pool) -> list[asyncpg.Record]:
+    """The RUNNING campaigns: ``id``, ``may_abort`` and ``has_open``."""
+    return list(await conn.fetch(RUNNING))
 
 
 async def lock_running(conn: asyncpg.Connection, campaign_id: int) -> asyncpg.Record | None:

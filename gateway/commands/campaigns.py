@@ -389,8 +389,14 @@ class CampaignService:
     async def settle_running(self) -> int:
         """One pass of the settler over every RUNNING campaign; how many it closed."""
         closed = 0
-        for campaign_id in await repo.running(self.pool):
-            if await self.settle(campaign_id) is not None:
+        for campaign in await repo.running(self.pool):
+            # Without abort criteria only completion can close it, and an open command rules
+            # that out: no lock and no count per status (a campaign's 10,000 commands) then.
+            # Should its last command finish just after this read, that commit wakes the
+            # settler again.
+            if campaign["has_open"] and not campaign["may_abort"]:
+                continue
+            if await self.settle(campaign["id"]) is not None:
                 closed += 1
         return closed
 

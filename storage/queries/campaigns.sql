@@ -66,8 +66,14 @@ WHERE campaign_id = $1 AND ($2::text IS NULL OR status = $2) AND ($3::bigint IS 
 ORDER BY id DESC LIMIT $4;
 
 -- name: running
--- no parameters; the campaigns still RUNNING, oldest first.
-SELECT id FROM campaign WHERE status = 'RUNNING' ORDER BY id;
+-- no parameters; the campaigns still RUNNING, oldest first, each with whether it has abort
+-- criteria and whether any of its commands is still open (PENDING, CLAIMED or SENT: three
+-- probes of command_campaign_idx, however many commands it has), read without a lock.
+SELECT k.id, k.failure_ratio IS NOT NULL AS may_abort,
+       EXISTS (SELECT 1 FROM command c
+               WHERE c.campaign_id = k.id AND c.status IN ('PENDING', 'CLAIMED', 'SENT'))
+           AS has_open
+FROM campaign k WHERE k.status = 'RUNNING' ORDER BY k.id;
 
 -- name: lock_running
 -- $1 id; the campaign if it is still RUNNING, locked until the transaction ends. Statements

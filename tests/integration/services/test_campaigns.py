@@ -279,3 +279,29 @@ async def test_a_large_campaign_refreshes_the_command_statistics_and_a_small_one
 
 async def _more(pool: asyncpg.Pool, before: int) -> bool:
     return await _analyzed(pool) > before
+
+
+async def test_the_settler_neither_locks_nor_counts_a_campaign_that_can_only_complete_later(
+    pool: asyncpg.Pool,
+) -> None:
+    """No abort criteria and a command still open: the settler passes it by without its lock
+    (held here by another transaction, which would make a locking settler wait)."""
+    campaign_id = await _start(pool, 3)
+    service = CampaignService(pool, "n1", 3600.0)
+    async with pool.acquire() as holder, holder.transaction():
+        await holder.execute("SELECT 1 FROM campaign WHERE id = $1 FOR UPDATE", campaign_id)
+        assert await asyncio.wait_for(service.settle_running(), timeout=10) == 0
+    rows = await pool.fetch("SELECT * FROM command WHERE campaign_id = $1", campaign_id)
+    async with pool.acquire() as conn:
+        for row in rows:  # all three finish: now it completes, on the next pass
+            async with conn.transaction():
+                claimed = await conn.fetchrow(
+                    "UPDATE command SET status = 'CLAIMED', claim_generation = 1,"
+                    " claimed_node_id = 'n1', claimed_at = now(),"
+                    " lease_expire_at = now() + interval '1 minute' WHERE id = $1 RETURNING *",
+                    row["id"],
+                )
+            await _answer(conn, claimed, code=0)
+    assert await service.settle_running() == 1
+    status = await pool.fetchval("SELECT status FROM campaign WHERE id = $1", campaign_id)
+    assert status == "COMPLETED"
