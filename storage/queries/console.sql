@@ -82,18 +82,19 @@ SELECT pg_snapshot_xmin(pg_current_snapshot())::text AS horizon;
 -- name: stream_events
 -- $1 after xid (exclusive, with $2) or null for the start, $2 after id, $3 horizon (exclusive),
 -- $4 limit; the outbox's events in (xid, id) order, only those whose transaction and every
--- older one have ended.
+-- older one have ended. ORDER BY names the table's column: the bare `xid` would be the text
+-- output column, ordered as text ('10000' before '9999'), and a batch could skip events.
 SELECT xid::text AS xid, id, event_id, event_type, aggregate_type, aggregate_id,
        payload::text AS payload, created_at
 FROM outbox_event
 WHERE ($1::text IS NULL OR (xid, id) > ($1::text::xid8, $2::bigint))
   AND xid < $3::text::xid8
-ORDER BY xid, id
+ORDER BY outbox_event.xid, outbox_event.id
 LIMIT $4;
 
 -- name: stream_tail
 -- no parameters; the cursor of the newest event a stream may deliver now (none: null).
 SELECT xid::text AS xid, id FROM outbox_event
 WHERE xid < pg_snapshot_xmin(pg_current_snapshot())
-ORDER BY xid DESC, id DESC
+ORDER BY outbox_event.xid DESC, outbox_event.id DESC
 LIMIT 1;
