@@ -328,11 +328,14 @@ async def test_indexes(db: asyncpg.Connection) -> None:
         "command_idempotency_key_unique": (
             "(device_id, idempotency_key) WHERE (idempotency_key IS NOT NULL)"
         ),
-        "command_due_idx": "(status, next_attempt_at, id)",
         "command_device_idx": "(device_id, id)",
-        "command_lease_idx": "(status, lease_expire_at)",
-        "command_timeout_idx": "(status, timeout_at)",
-        "command_expire_idx": "(status, expire_at)",
+        # The reaper's scans, each over one open status: a finished command is in none.
+        "command_lease_idx": "(lease_expire_at) WHERE (status = 'CLAIMED'::text)",
+        "command_timeout_idx": "(timeout_at) WHERE (status = 'SENT'::text)",
+        "command_expire_idx": (
+            "(expire_at) WHERE (status = ANY (ARRAY['PENDING'::text, 'CLAIMED'::text,"
+            " 'SENT'::text]))"
+        ),
         "command_pending_idx": "(id) WHERE (status = 'PENDING'::text)",
         "command_pending_device_idx": "(device_id, id) WHERE (status = 'PENDING'::text)",
         "command_in_flight_device_idx": (
