@@ -5,7 +5,12 @@ from __future__ import annotations
 import uuid
 
 import asyncpg
+import pytest
 
+from gateway.outbox import publisher as publisher_module
+from gateway.outbox.publisher import OutboxPublisher
+from gateway.support.metrics import Metrics
+from protocol import Topics
 from storage import outbox
 
 
@@ -65,3 +70,36 @@ async def test_consumers_record_each_event_once(db: asyncpg.Connection) -> None:
     assert await outbox.record_consumed(db, "ai-summaries", event_id)
     assert not await outbox.record_consumed(db, "ai-summaries", event_id)
     assert await outbox.record_consumed(db, "webhook", event_id)  # another consumer
+
+
+async def test_the_backlog_gauges_are_read_when_idle_and_not_on_every_busy_pass(
+    pool: asyncpg.Pool, db_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Counting the backlog visits every unpublished event: a busy publisher reads it once per
+    BACKLOG_EVERY_S (here: never again while busy), an idle pass always."""
+    monkeypatch.setattr(publisher_module, "BACKLOG_EVERY_S", 1e9)
+    published: list[str] = []
+
+    async def publish(topic: str, _payload: bytes) -> None:
+        published.append(topic)
+
+    metrics = Metrics()
+    publisher = OutboxPublisher(
+        pool=pool, dsn=db_dsn, node_id="n1", topics=Topics("iot"), publish=publish,
+        metrics=metrics, batch=1,
+    )  # fmt: skip
+    async with pool.acquire() as conn:
+        for n in range(3):
+            await _add(conn, f"agg-{n}", n)
+
+    def backlog() -> float | None:
+        return metrics.registry.get_sample_value("gateway_outbox_backlog")
+
+    assert await publisher.run_once() == 1
+    assert backlog() == 3  # the first pass reads it (the claimed one is not published yet)
+    assert await publisher.run_once() == 1
+    assert await publisher.run_once() == 1
+    assert backlog() == 3  # busy: not read again
+    assert await publisher.run_once() == 0
+    assert backlog() == 0  # idle: read
+    assert len(published) == 3
