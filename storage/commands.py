@@ -257,19 +257,14 @@ async def mark_sent_many(
     node_id: str,
     timeout_s: float,
     actor: str,
-) -> list[asyncpg.Record]:
+) -> set[int]:
     """CLAIMED → SENT for many (id, generation) claims of this node, with audit rows, in one
-    statement; rows another transaction holds are skipped (the caller retries them alone)."""
-    return list(
-        await conn.fetch(
-            MARK_SENT_MANY,
-            [c for c, _ in claims],
-            [g for _, g in claims],
-            node_id,
-            timeout_s,
-            actor,
-        )
+    statement; the ids written. Rows another transaction holds are skipped (the caller retries
+    them alone)."""
+    rows = await conn.fetch(
+        MARK_SENT_MANY, [c for c, _ in claims], [g for _, g in claims], node_id, timeout_s, actor
     )
+    return {int(row["id"]) for row in rows}
 
 
 async def apply_receipts(

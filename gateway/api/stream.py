@@ -170,9 +170,7 @@ class StreamHub:
             if not self._subscribers:
                 # Nobody to fan out to: move past what became final without reading it (one
                 # index probe instead of a batch of payloads; a campaign writes thousands).
-                tail = await repo.stream_tail(conn)
-                if tail > self.head:
-                    self.head = tail
+                self.head = max(self.head, await repo.stream_tail(conn))
                 return 0
             horizon = await repo.stream_horizon(conn)
             events = await repo.stream_events(conn, self.head, horizon, READ_BATCH)

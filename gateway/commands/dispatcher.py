@@ -154,14 +154,13 @@ class Dispatcher:
     async def _mark_sent(self, rows: list[asyncpg.Record]) -> None:
         if not rows:
             return
-        sent = await repo.mark_sent_many(
+        done = await repo.mark_sent_many(
             self.pool,
             [(row["id"], row["claim_generation"]) for row in rows],
             node_id=self.node_id,
             timeout_s=self.sent_timeout_s,
             actor=DISPATCHER_ACTOR,
         )
-        done = {row["id"] for row in sent}
         count = len(done)
         # Rows a receipt transaction held were skipped rather than waited for (a statement
         # holding a batch of locks must not wait: two such would deadlock); one by one now.

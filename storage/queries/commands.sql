@@ -245,7 +245,8 @@ SELECT * FROM command WHERE id = ANY($1::bigint[]);
 -- $1 ids, $2 generations (pairwise), $3 node, $4 seconds until timeout_at, $5 actor. The
 -- broker's PUBACKs of one dispatch batch in one statement, each guarded like mark_sent. Rows
 -- another transaction holds (a receipt being applied) are skipped, not waited for: the caller
--- writes those one by one, so this statement never waits holding other rows' locks.
+-- writes those one by one, so this statement never waits holding other rows' locks. The ids
+-- written come back (the caller needs no more of the rows).
 WITH mine AS (
     SELECT c.id
     FROM command c
@@ -259,13 +260,13 @@ WITH mine AS (
         lease_expire_at = NULL, updated_at = now()
     FROM mine
     WHERE c.id = mine.id
-    RETURNING c.*
+    RETURNING c.id, c.status, c.claim_generation
 ), audit AS (
     INSERT INTO command_audit (command_id, actor, action, from_status, to_status,
                                claim_generation, node_id)
     SELECT id, $5, 'sent', 'CLAIMED', status, claim_generation, $3 FROM sent
 )
-SELECT * FROM sent;
+SELECT id FROM sent;
 
 -- name: apply_receipts
 -- The four-guard update of apply_receipt for many receipts at once, one per command (arrays,
