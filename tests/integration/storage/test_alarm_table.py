@@ -29,6 +29,7 @@ from gateway.domain.alarm import (
     record_clear,
     record_reminder,
 )
+from storage import alarms as alarm_repo
 
 S, A = AlarmStatus, Action
 T0 = datetime(2024, 5, 1, 8, 0, tzinfo=UTC)
@@ -397,3 +398,34 @@ async def test_chain_walks_backwards_through_superseded_by(db: asyncpg.Connectio
         53,
     )
     assert [r["id"] for r in chain] == [51, 52, 53]
+
+
+async def test_a_late_clear_finds_its_alarm_by_the_trigger_time_with_the_sample_pruned(
+    db: asyncpg.Connection,
+) -> None:
+    """clear_raised_by picks the newest alarm raised at or before the clear's device time from
+    the trigger's `sample_ts`: no telemetry row is needed (here there is none, as after the
+    retention pruned the sample's day)."""
+    for alarm_id, seconds in ((50, 10), (51, 30)):
+        alarm = msgspec.structs.replace(
+            new_alarm(alarm_id, device_id="dev-late", event=f"x{alarm_id}"), active_key=None
+        )
+        await db.execute(INSERT, *args(alarm))
+        at = (T0 + timedelta(seconds=seconds)).isoformat()
+        await db.execute(
+            "UPDATE alarm SET trigger = $2::jsonb WHERE id = $1",
+            alarm_id,
+            msgspec.json.encode({"event": "DOOR_OPEN", "sample_ts": at}).decode(),
+        )
+    assert await db.fetchval("SELECT count(*) FROM telemetry") == 0
+    row = await alarm_repo.clear_raised_by(
+        db, device_id="dev-late", rule_key="door", device_time=T0 + timedelta(seconds=20),
+        at=LATER, clear_event_id="clear-1",
+    )  # fmt: skip
+    assert row is not None
+    assert row["id"] == 50  # raised at +10 s; the one of +30 s came after the clear's time
+    again = await alarm_repo.clear_raised_by(
+        db, device_id="dev-late", rule_key="door", device_time=T0 + timedelta(seconds=20),
+        at=LATER, clear_event_id="clear-2",
+    )  # fmt: skip
+    assert again is None  # cleared already
