@@ -39,6 +39,7 @@ WALKED: Final = {
     "command_audit": _Q["prune_command_audit"],
     "command_receipt": _Q["prune_receipts"],
     "outbox_event": _Q["prune_outbox"],
+    "notify_delivery": _Q["prune_deliveries"],
 }
 
 

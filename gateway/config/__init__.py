@@ -162,6 +162,7 @@ class RetentionConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=T
     receipts_days: RetentionDays = 90
     outbox_days: RetentionDays = 7
     ai_payload_days: RetentionDays = 30
+    notify_days: RetentionDays = 90
     partitions_ahead_days: Annotated[int, Meta(ge=1, le=366)] = 7
     interval_s: Annotated[float, Meta(ge=10)] = 3600.0
 

@@ -47,6 +47,7 @@ MEASURED_TABLES: Final = (
     "consumed_event",
     "dead_letter",
     "device",
+    "notify_delivery",
     "outbox_event",
     "rule_state",
     "telemetry",
@@ -166,6 +167,7 @@ class Maintenance:
             "command_audit": r.audit_days,
             "command_receipt": r.receipts_days,
             "outbox_event": r.outbox_days,
+            "notify_delivery": r.notify_days,
         }
         for table, days in walked.items():
             if days:

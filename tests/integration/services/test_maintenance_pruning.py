@@ -25,6 +25,7 @@ DAYS = {
     "receipts_days": 30,
     "outbox_days": 40,
     "ai_payload_days": 50,
+    "notify_days": 60,
 }
 
 
@@ -134,6 +135,24 @@ async def populate(conn: asyncpg.Connection, copies: int = 1) -> dict[str, int]:
         await conn.execute(
             "INSERT INTO consumed_event (consumer, event_id) VALUES ('push', $1)", uuid.uuid4()
         )
+        silence = await conn.fetchval(
+            "INSERT INTO notify_silence (matchers, ends_at, created_by) "
+            "VALUES ('{}', now(), 'ops') RETURNING id"
+        )
+        for status in ("PENDING", "SENDING", "SENT", "FAILED", "SILENCED"):
+            ended = status in ("SENT", "FAILED", "SILENCED")
+            await conn.execute(
+                "INSERT INTO notify_delivery (event_id, outbox_id, event, receiver, body, status,"
+                " lease_owner, lease_until, last_error, silence_id, event_created_at,"
+                " finished_at) VALUES ($1, 1, 'alarm.created', 'hook', '{}', $2, $3, $4, $5,"
+                " $6, now(), $7)",
+                uuid.uuid4(), status,
+                "n1" if status == "SENDING" else None,
+                NOW if status == "SENDING" else None,
+                "refused" if status == "FAILED" else None,
+                silence if status == "SILENCED" else None,
+                NOW if ended else None,
+            )  # fmt: skip
         await conn.execute(
             """
             INSERT INTO ai_task (alarm_id, attempt, status, model_name, prompt_version,
@@ -175,6 +194,7 @@ async def counts(conn: asyncpg.Connection) -> dict[str, int]:
                (SELECT count(*) FROM command_receipt) AS command_receipt,
                (SELECT count(*) FROM outbox_event) AS outbox_event,
                (SELECT count(*) FROM consumed_event) AS consumed_event,
+               (SELECT count(*) FROM notify_delivery) AS notify_delivery,
                (SELECT count(*) FROM ai_task WHERE request_payload IS NOT NULL) AS ai_payloads,
                (SELECT count(*) FROM ai_task) AS ai_task,
                (SELECT count(*) FROM alarm) AS alarm,
@@ -202,6 +222,7 @@ async def test_each_table_is_pruned_past_its_setting_and_live_rows_stay(
         (31, {"command_receipt": 5}),  # the open command's
         (41, {"outbox_event": 5, "consumed_event": 0}),  # the PENDING ones
         (51, {"ai_payloads": 5}),  # the PROCESSING task's
+        (61, {"notify_delivery": 10}),  # the PENDING and SENDING ones
     ]
     for days, after in steps:
         clock.now = NOW + timedelta(days=days)
@@ -219,6 +240,9 @@ async def test_each_table_is_pruned_past_its_setting_and_live_rows_stay(
         "JOIN command c ON c.id = r.command_id"
     )
     assert await db.fetchval("SELECT bool_and(status = 'PENDING') FROM outbox_event")
+    assert await db.fetchval(
+        "SELECT bool_and(status IN ('PENDING', 'SENDING')) FROM notify_delivery"
+    )
     pruned = await db.fetch(
         "SELECT status, summary, error_code, payload_pruned_at FROM ai_task "
         "WHERE request_payload IS NULL AND raw_response IS NULL ORDER BY id"
@@ -227,7 +251,7 @@ async def test_each_table_is_pruned_past_its_setting_and_live_rows_stay(
         ("SUCCEEDED", "hot", None),
         ("FAILED", None, "LLM_OUTPUT_INVALID"),
     }
-    assert all(r["payload_pruned_at"] == clock.now for r in pruned)
+    assert all(r["payload_pruned_at"] == NOW + timedelta(days=51) for r in pruned)  # its step
     # Nothing but payloads leaves ai_task, and no alarm or command goes.
     assert (expected["ai_task"], expected["alarm"], expected["command"]) == (
         before["ai_task"],
