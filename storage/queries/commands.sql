@@ -45,6 +45,14 @@ FOR UPDATE;
 -- same transaction, so the buckets read here are the latest committed ones on every node.
 WITH clock AS (
     SELECT coalesce($6::timestamptz, now()) AS t
+), busy AS MATERIALIZED (
+    -- Devices at their in-flight limit, counted once per claim (from the small partial index
+    -- of CLAIMED and SENT rows), then looked up by hash for each pending command walked: a
+    -- count per candidate cost 210 ms per claim with 1,000 devices busy and 9,000 queued.
+    SELECT f.device_id FROM command f
+    WHERE f.status IN ('CLAIMED', 'SENT')
+    GROUP BY f.device_id
+    HAVING count(*) >= $4
 ), buckets AS (
     SELECT k.id, clock.t,
            least(greatest(1.0, k.per_minute / 60.0),
@@ -65,11 +73,10 @@ WITH clock AS (
           AND c.next_attempt_at <= now()
           AND c.expire_at > now()
           AND (c.delivery = 'realtime' OR d.presence IS DISTINCT FROM 'offline')
+          AND c.device_id NOT IN (SELECT device_id FROM busy)
           AND NOT EXISTS (
               SELECT 1 FROM command p
               WHERE p.device_id = c.device_id AND p.id < c.id AND p.status = 'PENDING')
-          AND (SELECT count(*) FROM command f
-               WHERE f.device_id = c.device_id AND f.status IN ('CLAIMED', 'SENT')) < $4
         ORDER BY c.id
         LIMIT least(floor(b.tokens)::integer, $3)
     ) AS l
@@ -82,11 +89,10 @@ WITH clock AS (
       AND c.expire_at > now()
       AND (c.delivery = 'realtime' OR d.presence IS DISTINCT FROM 'offline')
       AND NOT c.paced
+      AND c.device_id NOT IN (SELECT device_id FROM busy)
       AND NOT EXISTS (
           SELECT 1 FROM command p
           WHERE p.device_id = c.device_id AND p.id < c.id AND p.status = 'PENDING')
-      AND (SELECT count(*) FROM command f
-           WHERE f.device_id = c.device_id AND f.status IN ('CLAIMED', 'SENT')) < $4
     ORDER BY c.id
     LIMIT $3
     FOR UPDATE OF c SKIP LOCKED
