@@ -1,5 +1,5 @@
 """Command creation for the API, with concurrent requests sharing one transaction (a group
-commit; docs/behaviour.md §7).
+commit; docs/commands.md).
 
 A request that finds no batch in flight is written at once, alone; requests that arrive while a
 batch's transaction is in flight wait for it and then go together in the next one (at most
@@ -12,8 +12,8 @@ Each request gets exactly the answer it would have got alone, in arrival order: 
 (``created``), the row that already held its idempotency key (not ``created``; also when an
 earlier request of the same batch took the key), or :class:`DeviceUnboundError`. When the
 batch's transaction fails, nothing of it is committed and every request in it gets that
-exception; a failure that one request's data can cause alone (a constraint, a bad value) is
-retried one request at a time, so only that request gets it.
+exception; a failure that one request's data can cause alone (a constraint, a bad value), or a
+deadlock with another node's batch, is retried one request at a time instead.
 
 Written by hand rather than with a library: what is batched is one transaction whose answer
 must be split back per request, which the task-queue libraries at hand do not do.
@@ -35,8 +35,15 @@ from gateway.support.metrics import Metrics
 from storage import commands as repo
 
 MAX_BATCH: Final = 500
-# What one request's own data can make PostgreSQL refuse: retried alone, so that only it fails.
-_OWN_FAULTS: Final = (asyncpg.IntegrityConstraintViolationError, asyncpg.DataError)
+# Failures a batch can meet that its requests would not meet alone, so each is retried alone:
+# what one request's own data can make PostgreSQL refuse (only that request then fails), and a
+# deadlock. A batch inserts several keys, so two batches (on two nodes) taking the same keys in
+# different orders can deadlock, where single inserts only wait for each other.
+_RETRY_ALONE: Final = (
+    asyncpg.IntegrityConstraintViolationError,
+    asyncpg.DataError,
+    asyncpg.DeadlockDetectedError,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,7 +127,7 @@ class CommandCreator:
             self.metrics.command_create_batch.observe(len(batch))
         try:
             answers = await self._transaction([w.command for w in batch])
-        except _OWN_FAULTS as exc:
+        except _RETRY_ALONE as exc:
             if len(batch) == 1:
                 _answer(batch[0], exc)
             else:
