@@ -1,17 +1,15 @@
 """Concurrent command creations share a transaction, and each still gets its own exact answer
-(docs/behaviour.md §7), against real PostgreSQL.
+(docs/commands.md), against real PostgreSQL.
 
-Batching is made deterministic, not hoped for: a test connection holds an uncommitted command
-with the idempotency key of the first request, so that request's transaction (the first batch)
-waits on it in PostgreSQL; the requests that arrive meanwhile queue, and once the test
-connection rolls back they all go in the next batch.
+Batching is made deterministic, not hoped for (tests/support/held_batch.py): the first request's
+transaction waits in PostgreSQL on a test connection's uncommitted key, the requests that arrive
+meanwhile queue, and once the test connection rolls back they all go in the next batch.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import Coroutine
 from typing import Any
 
 import asyncpg
@@ -21,10 +19,10 @@ from gateway.commands.lifecycle import Created, DeviceUnboundError
 from gateway.commands.service import CommandService
 from gateway.domain.command import Delivery
 from gateway.support.metrics import Metrics
+from tests.support.held_batch import HOLD, Block, first_batch_held, lock_waiters, queue_in_order
 from tests.support.waiting import wait_until
 
 N = 50
-HOLD = "hold"
 
 
 @pytest.fixture
@@ -56,73 +54,6 @@ def _batches(service: CommandService) -> tuple[float | None, float | None]:
     )
 
 
-async def _lock_waiters(dsn: str) -> list[int]:
-    """Backends of this database waiting for a lock (read outside any transaction: in one,
-    pg_stat_activity would keep showing what it showed first)."""
-    conn = await asyncpg.connect(dsn)
-    try:
-        rows = await conn.fetch(
-            "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
-            " AND wait_event_type = 'Lock'"
-        )
-    finally:
-        await conn.close()
-    return [r["pid"] for r in rows]
-
-
-class Block:
-    """An uncommitted command of ``device`` with ``key``: a batch inserting that key waits for
-    this transaction; :meth:`release` rolls it back (the batch then inserts its own)."""
-
-    def __init__(self, dsn: str, device: str, key: str) -> None:
-        self.dsn, self.device, self.key = dsn, device, key
-
-    async def __aenter__(self) -> Block:
-        self.conn = await asyncpg.connect(self.dsn)
-        self.tx = self.conn.transaction()
-        await self.tx.start()
-        await self.conn.execute(
-            "INSERT INTO command (device_id, name, idempotency_key) VALUES ($1, 'held', $2)",
-            self.device,
-            self.key,
-        )
-        return self
-
-    async def release(self) -> None:
-        if not self.conn.is_closed():
-            await self.tx.rollback()
-            await self.conn.close()
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.release()
-
-
-@contextlib.asynccontextmanager
-async def _first_batch_held(service: CommandService, dsn: str) -> AsyncIterator[Block]:
-    """A first request whose batch is in flight, waiting in PostgreSQL, until the block is
-    released (at the latest on exit); that request is then created."""
-    async with Block(dsn, HOLD, HOLD) as block:
-        first = asyncio.create_task(_create(service, HOLD, "first", key=HOLD))
-        await wait_until(lambda: _lock_waiters(dsn), message="first batch blocked")
-        assert service.creator.queued == 0
-        assert not first.done()
-        yield block
-    created = await first
-    assert created.created
-    assert created.command["name"] == "first"
-
-
-async def _queue_in_order(
-    service: CommandService, calls: list[Coroutine[Any, Any, Created]]
-) -> list[asyncio.Task[Created]]:
-    """Start the calls one after another, each queued before the next starts (arrival order)."""
-    tasks = []
-    for call in calls:
-        tasks.append(asyncio.create_task(call))
-        await wait_until(lambda: service.creator.queued == len(tasks))
-    return tasks
-
-
 async def test_concurrent_creations_share_one_transaction_and_each_answer_is_exact(
     service: CommandService, db_dsn: str, db: asyncpg.Connection
 ) -> None:
@@ -132,7 +63,7 @@ async def test_concurrent_creations_share_one_transaction_and_each_answer_is_exa
         await release.wait()
         return await _create(service, f"d{i % 5}", f"c{i}", params={"i": i})
 
-    async with _first_batch_held(service, db_dsn):
+    async with first_batch_held(service, db_dsn):
         tasks = [asyncio.create_task(one(i)) for i in range(N - 1)]
         release.set()
         await wait_until(lambda: service.creator.queued == N - 1, message="all queued")
@@ -170,8 +101,8 @@ async def test_one_batch_answers_each_request_as_if_alone_in_arrival_order(
         " VALUES ('bound1', now(), now(), true), ('gone', now(), now(), false)"
     )
     before = await _create(service, "bound1", "earlier", key="k-old")
-    async with _first_batch_held(service, db_dsn):
-        tasks = await _queue_in_order(
+    async with first_batch_held(service, db_dsn):
+        tasks = await queue_in_order(
             service,
             [
                 _create(service, "bound1", "a1"),
@@ -218,8 +149,8 @@ async def test_one_batch_answers_each_request_as_if_alone_in_arrival_order(
 async def test_a_failed_batch_fails_every_request_in_it_and_commits_none(
     service: CommandService, db_dsn: str, db: asyncpg.Connection
 ) -> None:
-    async with _first_batch_held(service, db_dsn) as held, Block(db_dsn, "d-late", "late"):
-        tasks = await _queue_in_order(
+    async with first_batch_held(service, db_dsn) as held, Block(db_dsn, "d-late", "late"):
+        tasks = await queue_in_order(
             service,
             [
                 _create(service, "d1", "x1"),
@@ -230,8 +161,8 @@ async def test_a_failed_batch_fails_every_request_in_it_and_commits_none(
         # The held batch ends; the second one then waits on "late": its connection is cut.
         await held.release()
         await wait_until(lambda: service.creator.queued == 0)
-        await wait_until(lambda: _lock_waiters(db_dsn), message="second batch blocked")
-        (victim,) = await _lock_waiters(db_dsn)
+        await wait_until(lambda: lock_waiters(db_dsn), message="second batch blocked")
+        (victim,) = await lock_waiters(db_dsn)
         assert await db.fetchval("SELECT pg_terminate_backend($1)", victim)
         answers = await asyncio.gather(*tasks, return_exceptions=True)
 
@@ -248,8 +179,8 @@ async def test_a_request_the_database_refuses_fails_alone(
 ) -> None:
     """The API validates first; should a value reach PostgreSQL that a constraint refuses,
     the batch is retried one request at a time and only that request gets the error."""
-    async with _first_batch_held(service, db_dsn):
-        tasks = await _queue_in_order(
+    async with first_batch_held(service, db_dsn):
+        tasks = await queue_in_order(
             service,
             [
                 _create(service, "d1", "fine"),
@@ -274,3 +205,30 @@ async def test_a_lone_request_goes_at_once_in_its_own_batch(service: CommandServ
     for i in range(3):
         assert (await _create(service, "d1", f"c{i}")).created
     assert _batches(service) == (3, 3)
+
+
+async def test_a_batch_in_a_deadlock_is_retried_one_request_at_a_time(
+    service: CommandService, db_dsn: str
+) -> None:
+    """Two transactions inserting the same keys in opposite orders (two nodes' batches) can
+    deadlock, where single inserts cannot: the batch PostgreSQL aborts is retried alone."""
+    async with first_batch_held(service, db_dsn) as held, Block(db_dsn, "d-x", "kx") as other:
+        # The other transaction leaves deadlock detection to the batch (it checks after 1 s).
+        await other.conn.execute("SET LOCAL deadlock_timeout = '60s'")
+        calls = [_create(service, "d-1", "one", key="k1"), _create(service, "d-x", "x", key="kx")]
+        tasks = await queue_in_order(service, calls)
+        await held.release()
+        # The batch inserted k1 and waits for kx; the other transaction now wants k1.
+        await wait_until(lambda: service.creator.queued == 0)
+        await wait_until(lambda: lock_waiters(db_dsn), message="batch waiting for kx")
+        await other.conn.execute(
+            "INSERT INTO command (device_id, name, idempotency_key) VALUES ('d-1', 'other', 'k1')"
+            " ON CONFLICT (device_id, idempotency_key) WHERE idempotency_key IS NOT NULL"
+            " DO NOTHING"
+        )  # returns once PostgreSQL has aborted the batch; its requests now go one at a time
+    one, x = await asyncio.gather(*tasks)
+
+    assert (one.created, one.command["name"], x.created, x.command["name"]) == (
+        True, "one", True, "x",
+    )  # fmt: skip
+    assert _batches(service) == (4, 5)  # the held one, the pair, then each of the pair alone
