@@ -132,7 +132,8 @@ class CommandCreator:
                 _answer(batch[0], exc)
             else:
                 for waiting in batch:
-                    await self._write([waiting])
+                    if not waiting.answer.done():  # its caller was cancelled meanwhile
+                        await self._write([waiting])
             return
         except asyncio.CancelledError:
             for waiting in batch:
@@ -163,7 +164,9 @@ class CommandCreator:
             # Rows with a key are found by it (unique per device); the rest were inserted in
             # the requests' order, so their ids ascend in it.
             keyed = {
-                (r["device_id"], r["idempotency_key"]): r for r in rows if r["idempotency_key"]
+                (r["device_id"], r["idempotency_key"]): r
+                for r in rows
+                if r["idempotency_key"] is not None
             }
             unkeyed = iter([r for r in rows if r["idempotency_key"] is None])
             taken = [
