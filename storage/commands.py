@@ -285,3 +285,50 @@ async def insert_receipts(conn: asyncpg.Connection, rows: Sequence[Sequence[Any]
     """Receipt log rows (the columns of insert_receipt, in order), one statement."""
     if rows:
         await conn.execute(INSERT_RECEIPTS, *(list(col) for col in zip(*rows, strict=True)))
+
+
+UNBOUND_AMONG = _Q["unbound_among"]
+INSERT_MANY = _Q["insert_many"]
+BY_IDEMPOTENCY_KEYS = _Q["by_idempotency_keys"]
+
+
+async def unbound_among(conn: asyncpg.Connection, device_ids: Sequence[str]) -> set[str]:
+    """Those of ``device_ids`` registered as unbound."""
+    return {r["device_id"] for r in await conn.fetch(UNBOUND_AMONG, list(device_ids))}
+
+
+async def insert_many(
+    conn: asyncpg.Connection,
+    rows: Sequence[tuple[str, str, dict[str, Any], str, str | None, str]],
+    *,
+    expire_after_s: float,
+    node_id: str,
+) -> list[asyncpg.Record]:
+    """New commands (device, name, params, delivery, idempotency key, created by), ids in
+    the order given, each with its audit row, in one statement: the rows inserted, by id.
+    A row whose device already has its key, or whose key an earlier row took, is left out."""
+    if not rows:
+        return []
+    devices, names, params, deliveries, keys, creators = zip(*rows, strict=True)
+    return list(
+        await conn.fetch(
+            INSERT_MANY,
+            list(devices),
+            list(names),
+            [msgspec.json.encode(p).decode() for p in params],
+            list(deliveries),
+            list(keys),
+            list(creators),
+            expire_after_s,
+            node_id,
+        )
+    )
+
+
+async def by_idempotency_keys(
+    conn: asyncpg.Connection, pairs: Sequence[tuple[str, str]]
+) -> list[asyncpg.Record]:
+    """The commands holding these (device, idempotency key) pairs."""
+    if not pairs:
+        return []
+    return list(await conn.fetch(BY_IDEMPOTENCY_KEYS, [d for d, _ in pairs], [k for _, k in pairs]))

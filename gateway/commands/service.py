@@ -1,5 +1,5 @@
 """Commands for the operator API (behaviour §7, §9): each call one transaction on a pooled
-connection.
+connection, except creation, where concurrent requests share one (gateway/commands/creator.py).
 
 ``wait_for`` may wait for the outcome. Nothing notifies terminal states (``command_due`` fires
 only for PENDING rows), so the wait polls the one row by its primary key: 50 ms apart at first,
@@ -19,11 +19,11 @@ from typing import Any, Final
 import asyncpg
 import structlog
 
+from gateway.commands.creator import CommandCreator, NewCommand
 from gateway.commands.lifecycle import (
     CommandNotFoundError,
     Created,
     cancel,
-    create_command,
     unbind,
 )
 from gateway.domain.command import TERMINAL_STATUSES, CommandStatus, Delivery
@@ -43,7 +43,8 @@ _UNREADABLE: Final = TRANSIENT_DB_ERRORS
 
 
 class CommandService:
-    """Commands for the API: each call one transaction on a pooled connection."""
+    """Commands for the API: each call one transaction on a pooled connection (creations
+    arriving together share one)."""
 
     def __init__(
         self,
@@ -60,6 +61,7 @@ class CommandService:
         # Set by the daemon on shutdown: every wait returns at once with what it has.
         self.stop = stop or asyncio.Event()
         self.metrics = metrics
+        self.creator = CommandCreator(pool, node_id, expire_after_s, metrics=metrics)
 
     async def create(
         self,
@@ -71,18 +73,16 @@ class CommandService:
         idempotency_key: str | None,
         actor: str,
     ) -> Created:
-        async with self.pool.acquire() as conn, conn.transaction():
-            return await create_command(
-                conn,
+        return await self.creator.create(
+            NewCommand(
                 device_id=device_id,
                 name=name,
                 params=params,
                 delivery=delivery,
                 idempotency_key=idempotency_key,
-                created_by=actor,
-                node_id=self.node_id,
-                expire_after_s=self.expire_after_s,
+                actor=actor,
             )
+        )
 
     async def get(self, command_id: int) -> tuple[asyncpg.Record, list[asyncpg.Record]]:
         """The command and every receipt for it, read in one snapshot."""

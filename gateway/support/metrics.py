@@ -161,6 +161,12 @@ class Metrics:
             buckets=BATCH_BUCKETS,
             registry=r,
         )
+        self.command_create_batch = Histogram(
+            "gateway_command_create_batch_size",
+            "API command creations per transaction (concurrent requests share one)",
+            buckets=BATCH_BUCKETS,
+            registry=r,
+        )
         self.command_latency = Histogram(
             "gateway_command_dispatch_to_receipt_seconds",
             "From the claim of a command to the receipt that finished it",

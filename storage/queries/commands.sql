@@ -317,3 +317,35 @@ INSERT INTO command_receipt (command_id, reported_command_id, device_id, claim_g
 SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::integer[], $5::text[],
                      $6::text[], $7::integer[], $8::text[], $9::text[], $10::text[], $11::text[],
                      $12::text[]);
+
+-- name: unbound_among
+-- $1 device ids; those registered as unbound (a device never seen takes commands).
+SELECT d.device_id FROM device d JOIN unnest($1::text[]) AS u(id) ON d.device_id = u.id
+WHERE NOT d.bound;
+
+-- name: insert_many
+-- Many new commands (arrays, pairwise): $1 devices, $2 names, $3 params json, $4 deliveries,
+-- $5 idempotency keys (null for none), $6 created by; $7 expire after seconds, $8 node id.
+-- Ids follow the arrays' order. A command whose device already has one with its key is not
+-- inserted, nor is the second of two with the same device and key in the arrays: the first
+-- one in order is. Each new command's audit row in the same statement. The new rows, by id.
+WITH made AS (
+    INSERT INTO command (device_id, name, params, delivery, idempotency_key, created_by,
+                         expire_at)
+    SELECT u.d, u.nm, u.p::jsonb, u.dl, u.k, u.cb, now() + make_interval(secs => $7)
+    FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[])
+         WITH ORDINALITY AS u(d, nm, p, dl, k, cb, n)
+    ORDER BY u.n
+    ON CONFLICT (device_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+    RETURNING *
+), audit AS (
+    INSERT INTO command_audit (command_id, actor, action, from_status, to_status,
+                               claim_generation, node_id)
+    SELECT id, created_by, 'create', NULL, status, claim_generation, $8 FROM made
+)
+SELECT * FROM made ORDER BY id;
+
+-- name: by_idempotency_keys
+-- $1 devices, $2 idempotency keys (pairwise); the commands holding those keys.
+SELECT c.* FROM command c
+JOIN unnest($1::text[], $2::text[]) AS u(d, k) ON c.device_id = u.d AND c.idempotency_key = u.k;

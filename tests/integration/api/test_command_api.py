@@ -28,6 +28,7 @@ from sim.responder import Behaviour, Responder, Script
 from tests.support.api_client import ADMIN, OPERATOR, VIEWER, ApiClient, Reply
 from tests.support.api_server import serve_api
 from tests.support.daemon import make_config, running_daemon
+from tests.support.held_batch import first_batch_held, queue_in_order
 from tests.support.mosquitto import Mosquitto
 from tests.support.waiting import wait_until
 
@@ -204,6 +205,36 @@ async def test_concurrent_requests_with_one_key_create_one_command(api: Api) -> 
     assert len({r.body["command"]["id"] for r in replies}) == 1
     assert await api.db.fetchval("SELECT count(*) FROM command") == 1
     assert await api.db.fetchval("SELECT count(*) FROM command_audit") == 1
+
+
+async def test_requests_batched_together_are_each_answered_as_if_alone(
+    api: Api, db_dsn: str
+) -> None:
+    """Requests queued behind a creation in flight share its successor's transaction
+    (docs/commands.md); each answer is still the one it would have got alone."""
+    assert (await api.call("POST", "/devices/dev-gone/unbind", token=OPERATOR)).status == 200
+    async with first_batch_held(api.service, db_dsn):
+        tasks = await queue_in_order(
+            api.service,
+            [
+                api.send("dev-1", {"name": "a"}),
+                api.send("dev-gone", {"name": "refused"}),
+                api.send("dev-1", {"name": "b", "idempotency_key": "k"}),
+                api.send("dev-1", {"name": "c", "idempotency_key": "k"}),
+                api.send("dev-1", {"name": "d"}, query="?wait=0"),
+            ],
+        )
+    a, refused, b, c, d = await asyncio.gather(*tasks)
+    assert [r.status for r in (a, refused, b, c, d)] == [201, 409, 201, 200, 201]
+    assert (refused.body["error"], refused.body["device_id"]) == ("DEVICE_UNBOUND", "dev-gone")
+    assert (b.body["created"], c.body["created"]) == (True, False)
+    assert c.body["command"] == b.body["command"]
+    ids = [r.body["command"]["id"] for r in (a, b, d)]
+    assert ids == sorted(ids)  # arrival order
+    assert [r.body["command"]["name"] for r in (a, b, d)] == ["a", "b", "d"]
+    assert await api.db.fetchval(
+        "SELECT count(DISTINCT xmin::text) FROM command WHERE device_id = 'dev-1'"
+    ) == 1  # fmt: skip
 
 
 async def test_bodies_at_the_limits_are_accepted(api: Api) -> None:
