@@ -640,7 +640,8 @@ class Responder:
             self._cancel_answers()
             await link.close()
         finally:
-            if link is not None and link.transport is not None and not stop.is_set():
+            # Failed, timed out or cancelled part way: no DISCONNECT, the session stays.
+            if link is not None and link.transport is not None and not link.transport.is_closing():
                 link.abort("connection abandoned")
 
     async def _hold(self, link: _Link, stop: asyncio.Event) -> None:
@@ -681,6 +682,8 @@ class Responder:
         """CONNACK accepted: resend what the last connection left unacknowledged, then go on."""
         self._link = link
         self._window = min(receive_max, _MAX_PACKET_ID - 1)
+        # All of them, as MQTT requires, even past a Receive Maximum smaller than the last
+        # connection's (the window only holds back new receipts).
         for receipt in self._inflight.values():
             packet = cast("bytes", receipt.packet)
             link.send(bytes([packet[0] | _DUP]) + packet[1:])
