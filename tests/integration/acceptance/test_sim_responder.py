@@ -24,6 +24,7 @@ from protocol import (
 )
 from sim.responder import Behaviour, Responder, Script, reconnect_delay_s
 from tests.support.mosquitto import Mosquitto
+from tests.support.tcp_proxy import TcpProxy
 from tests.support.waiting import wait_until
 
 TOPICS = Topics("iot")
@@ -109,15 +110,23 @@ async def gateway_side(broker: Mosquitto) -> AsyncIterator[GatewaySide]:
 
 @asynccontextmanager
 async def running(
-    broker: Mosquitto, script: Script, *, protocol: str = "5", client_id: str = "sim-responder"
+    broker: Mosquitto,
+    script: Script,
+    *,
+    protocol: str = "5",
+    client_id: str = "sim-responder",
+    port: int | None = None,
+    max_pending: int = 1024,
 ) -> AsyncIterator[Responder]:
+    """A running responder; ``port`` reaches the broker through something else (a proxy)."""
     responder = Responder(
         host=broker.host,
-        port=broker.port,
+        port=broker.port if port is None else port,
         topics=TOPICS,
         script=script,
         client_id=client_id,
         protocol="5" if protocol == "5" else "3.1.1",
+        max_pending=max_pending,
     )
     stop = asyncio.Event()
     task = asyncio.create_task(responder.run(stop), name="test-responder")
@@ -392,3 +401,219 @@ def test_script_rejects_nonsense() -> None:
     with pytest.raises(ValueError, match="late_s"):
         Script(late_s=-1)
     assert Script(by_command={"x": Behaviour.LATE}).behaviour_for("d", "x") is Behaviour.LATE
+
+
+def _frames(raw: bytes) -> Iterator[tuple[int, bytes]]:
+    """(first byte, whole packet) of each complete MQTT packet in ``raw``, then the rest is
+    left out (an incomplete tail)."""
+    pos = 0
+    while pos + 2 <= len(raw):
+        length = shift = 0
+        index = pos + 1
+        while index < len(raw):
+            byte = raw[index]
+            index += 1
+            length |= (byte & 0x7F) << shift
+            shift += 7
+            if not byte & 0x80:
+                break
+        else:
+            return
+        if index + length > len(raw):
+            return
+        yield raw[pos], raw[pos : index + length]
+        pos = index + length
+
+
+def _publishes(raw: bytes) -> list[tuple[bool, int]]:
+    """(DUP flag, packet id) of every QoS 1 PUBLISH in a client's byte stream."""
+    found = []
+    for first, packet in _frames(raw):
+        if first >> 4 == 3 and (first >> 1) & 3 == 1:
+            body = 2 if packet[1] < 0x80 else 3  # receipts are far below 16 KiB
+            topic_length = int.from_bytes(packet[body : body + 2], "big")
+            packet_id = int.from_bytes(packet[body + 2 + topic_length : body + 4 + topic_length])
+            found.append((bool(first & 0x08), packet_id))
+    return found
+
+
+class PubackTap:
+    """Forwards MQTT connections to a broker, recording what each client wrote; while
+    ``swallow_pubacks`` is set, the broker's PUBACKs never reach the client (so the client's
+    publishes stay unacknowledged though the broker has them). ``drop()`` resets every
+    connection; new ones are accepted as before."""
+
+    def __init__(self, broker: Mosquitto) -> None:
+        self.broker = broker
+        self.swallow_pubacks = False
+        self.written: list[bytearray] = []
+        self.port = 0
+        self._server: asyncio.Server | None = None
+        self._transports: list[asyncio.WriteTransport] = []
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def __aenter__(self) -> PubackTap:
+        self._server = await asyncio.start_server(self._accepted, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._server is not None
+        self._server.close()
+        self.drop()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    def drop(self) -> None:
+        for transport in self._transports:
+            transport.abort()
+        self._transports.clear()
+
+    def _accepted(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.create_task(self._forward(reader, writer))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _forward(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection(self.broker.host, self.broker.port)
+        self._transports += [writer.transport, up_writer.transport]
+        written = bytearray()
+        self.written.append(written)
+
+        async def upstream() -> None:
+            while data := await reader.read(65536):
+                written.extend(data)
+                up_writer.write(data)
+            up_writer.close()
+
+        async def downstream() -> None:
+            pending = b""
+            while data := await up_reader.read(65536):
+                pending += data
+                used = 0
+                for first, packet in _frames(pending):
+                    used += len(packet)
+                    if not (self.swallow_pubacks and first >> 4 == 4):
+                        writer.write(packet)
+                pending = pending[used:]
+            writer.close()
+
+        await asyncio.gather(upstream(), downstream(), return_exceptions=True)
+
+
+@pytest.mark.parametrize("protocol", ["5", "3.1.1"])
+async def test_resends_unacknowledged_receipts_with_dup_after_a_reconnect(
+    mosquitto: Mosquitto, protocol: str
+) -> None:
+    async with (
+        PubackTap(mosquitto) as tap,
+        gateway_side(mosquitto) as gw,
+        running(mosquitto, Script(), protocol=protocol, port=tap.port) as sim,
+    ):
+        tap.swallow_pubacks = True
+        command = await gw.send("dev-1")
+        # The broker has the receipt (it reached the gateway side), the responder no PUBACK.
+        (first,) = await gw.wait_receipts("dev-1", 1)
+        assert first.command_id == command.command_id
+        assert sim.answered == 0
+        [(dup, packet_id)] = _publishes(bytes(tap.written[0]))
+        assert not dup
+
+        tap.swallow_pubacks = False
+        tap.drop()
+        await wait_until(lambda: sim.answered == 1, timeout=WAIT_S, message="receipt acknowledged")
+        assert sim.connections == 2
+        # The same receipt again, marked as a duplicate, under its original packet id.
+        assert _publishes(bytes(tap.written[1])) == [(True, packet_id)]
+        receipts = await gw.wait_receipts("dev-1", 1)
+        assert {r.command_id for r in receipts} == {command.command_id}
+        assert sim.errors == 0
+
+
+@asynccontextmanager
+async def persistent_gateway_side(broker: Mosquitto) -> AsyncIterator[GatewaySide]:
+    """A gateway side whose session outlives it (and a broker restart): receipts published
+    while it is away are queued for its next connection."""
+    async with aiomqtt.Client(
+        broker.host, broker.port, identifier="test-gateway-persistent", clean_session=False
+    ) as client:
+        await client.subscribe(TOPICS.subscription(TopicKind.ACKS), qos=1)
+        side = GatewaySide(client)
+        collector = asyncio.create_task(side.collect(), name="test-gateway-collect")
+        try:
+            yield side
+        finally:
+            collector.cancel()
+            await asyncio.gather(collector, return_exceptions=True)
+
+
+@pytest.mark.parametrize("protocol", ["5", "3.1.1"])
+async def test_a_broker_restart_mid_run_loses_no_answer(
+    mosquitto: Mosquitto, protocol: str
+) -> None:
+    count = 200
+    # Late answers fall due while the broker is down or reconnecting: none may be lost.
+    late = {f"dev-{n}": Behaviour.LATE for n in range(0, count, 2)}
+    script = Script(by_device=late, late_s=0.3)
+    # Subscribed and gone: every receipt queues in the broker, across the restart, for the
+    # check below.
+    async with persistent_gateway_side(mosquitto):
+        pass
+    async with running(mosquitto, script, protocol=protocol) as sim:
+        async with gateway_side(mosquitto) as gw:
+            sent = [await gw.send(f"dev-{n}") for n in range(count)]
+            await wait_until(
+                lambda: len(sim.received) == count, timeout=WAIT_S, message="all received"
+            )
+        with _broker_down(mosquitto):
+            await wait_until(lambda: not sim.subscribed, timeout=WAIT_S)
+
+        async with persistent_gateway_side(mosquitto) as check:
+
+            def answered_ids() -> set[int]:
+                return {a.receipt.command_id for a in check.arrivals}
+
+            wanted = {c.command_id for c in sent}
+            await wait_until(
+                lambda: answered_ids() == wanted,
+                timeout=WAIT_S,
+                message="every command's receipt reached the gateway side",
+            )
+        assert all(a.receipt.result is ReceiptResult.ACKED for a in check.arrivals)
+        # Counted on the broker's PUBACK, which may trail the delivery; more than ``count`` when
+        # the broker redelivered a command whose PUBACK the restart cut off (answered again).
+        await wait_until(lambda: sim.answered >= count, timeout=WAIT_S, message="all answered")
+        assert sim.connections >= 2
+        assert sim.errors == 0
+
+
+async def test_answers_commands_published_while_the_network_was_cut(
+    mosquitto: Mosquitto,
+) -> None:
+    async with (
+        TcpProxy(mosquitto.host, mosquitto.port) as proxy,
+        gateway_side(mosquitto) as gw,
+        running(mosquitto, Script(), port=proxy.port) as sim,
+    ):
+        before = await gw.send("dev-0")
+        await gw.wait_receipts("dev-0", 1)
+        await proxy.cut()
+        await wait_until(lambda: not sim.subscribed, timeout=WAIT_S)
+        # The broker holds the responder's session: these queue for it.
+        queued = [await gw.send(f"dev-{n}") for n in range(1, 4)]
+        await proxy.resume()
+        got = [(await gw.wait_receipts(f"dev-{n}", 1))[0] for n in range(1, 4)]
+        assert [r.command_id for r in got] == [c.command_id for c in queued]
+        assert sim.received == [before, *queued]
+        assert sim.connections == 2
+
+
+async def test_commands_past_max_pending_wait_their_turn_in_order(mosquitto: Mosquitto) -> None:
+    count = 30
+    async with gateway_side(mosquitto) as gw, running(mosquitto, Script(), max_pending=2) as sim:
+        sent = [await gw.send(f"dev-{n % 3}") for n in range(count)]
+        await wait_until(lambda: sim.answered == count, timeout=WAIT_S)
+        assert sim.received == sent
+        for device in range(3):
+            receipts = await gw.wait_receipts(f"dev-{device}", count // 3)
+            ids = [r.command_id for r in receipts]
+            assert ids == sorted(ids)  # one device's receipts keep the commands' order
