@@ -90,8 +90,10 @@ async def openapi_document(request: Request[Any, Any, Any]) -> Response[bytes]:
     return Response(encoded, media_type="application/json")
 
 
-def echo_request_id(message: Message, scope: Scope) -> None:
-    """Every answer of a guarded route carries its request id (given or generated)."""
+async def echo_request_id(message: Message, scope: Scope) -> None:
+    """Every answer of a guarded route carries its request id (given or generated). A
+    coroutine, as `require_role` is: litestar would run a plain function in a worker thread,
+    for every message of every answer."""
     if message["type"] == "http.response.start":
         request_id = scope.get("state", {}).get(STATE_REQUEST_ID)
         if isinstance(request_id, str):
