@@ -17,6 +17,7 @@ from storage.sql import load_queries
 _Q = load_queries("notify.sql")
 ENSURE_CONSUMER = _Q["ensure_consumer"]
 READ_HORIZON = _Q["read_horizon"]
+SKIP_HORIZON = _Q["skip_horizon"]
 SCAN_UNCONSUMED = _Q["scan_unconsumed"]
 CONSUME_EVENTS = _Q["consume_events"]
 ADVANCE_HORIZON = _Q["advance_horizon"]
@@ -86,11 +87,19 @@ class ClaimedDelivery:
     created_at: datetime
 
 
-async def read_horizon(conn: asyncpg.Connection, consumer: str) -> Horizon:
+async def ensure_consumer(conn: asyncpg.Connection, consumer: str) -> None:
     await conn.execute(ENSURE_CONSUMER, consumer)
+
+
+async def read_horizon(conn: asyncpg.Connection, consumer: str) -> Horizon:
+    """The consumer's horizon and the oldest transaction running now (see ensure_consumer)."""
     row = await conn.fetchrow(READ_HORIZON, consumer)
-    assert row is not None  # ensured just above
+    assert row is not None  # ensure_consumer ran first
     return Horizon(horizon=row["horizon"], running=row["running"])
+
+
+async def skip_horizon(conn: asyncpg.Connection, consumer: str) -> None:
+    await conn.execute(SKIP_HORIZON, consumer)
 
 
 async def scan_unconsumed(

@@ -82,6 +82,7 @@ class NotifyConsumer:
         self.poll_s = poll_s
         self.on_created = on_created
         self.consumer = consumer
+        self._ensured = False  # its notify_consumer row exists (made once per process)
 
     async def run(self, stop: asyncio.Event) -> None:
         await drain_on_notify(
@@ -100,12 +101,16 @@ class NotifyConsumer:
         # events written after the horizon has passed: none are sent from before it.
         types = sorted(self.rules.outbox_types())
         async with self.pool.acquire() as conn:
+            if not self._ensured:
+                await repo.ensure_consumer(conn, self.consumer)
+                self._ensured = True
+            if not types:  # one statement a pass: nothing is read
+                await repo.skip_horizon(conn, self.consumer)
+                return 0
             horizon = await repo.read_horizon(conn, self.consumer)
-            rows = []
-            if types:
-                rows = await repo.scan_unconsumed(
-                    conn, self.consumer, horizon.horizon, self.batch, types
-                )
+            rows = await repo.scan_unconsumed(
+                conn, self.consumer, horizon.horizon, self.batch, types
+            )
             consumed = 0
             if rows:
                 consumed = await self._consume(conn, rows)

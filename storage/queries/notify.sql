@@ -11,6 +11,13 @@ SELECT horizon::text AS horizon,
        pg_snapshot_xmin(pg_current_snapshot())::text AS running
 FROM notify_consumer WHERE consumer = $1;
 
+-- name: skip_horizon
+-- $1 consumer; with no event type to read: the horizon moves to the oldest transaction still
+-- running (every older one has ended), never backwards.
+UPDATE notify_consumer
+SET horizon = greatest(horizon, pg_snapshot_xmin(pg_current_snapshot())), updated_at = now()
+WHERE consumer = $1;
+
 -- name: scan_unconsumed
 -- $1 consumer, $2 horizon (xid8 as text), $3 batch size, $4 the event types it reads. Events
 -- of those types written by transactions at or after the horizon that this consumer has not
