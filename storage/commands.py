@@ -18,7 +18,6 @@ BY_IDEMPOTENCY_KEY = _Q["by_idempotency_key"]
 GET = _Q["get"]
 LIST_FOR_DEVICE = _Q["list_for_device"]
 RECEIPTS_OF = _Q["receipts_of"]
-LOCK_ROLLOUTS = _Q["lock_rollouts"]
 CLAIM_DUE = _Q["claim_due"]
 MARK_SENT = _Q["mark_sent"]
 APPLY_RECEIPT = _Q["apply_receipt"]
@@ -88,15 +87,10 @@ async def claim_due(
     actor: str,
     now: datetime | None = None,
 ) -> list[asyncpg.Record]:
-    """PENDING → CLAIMED for the due commands, with their audit rows, in one statement.
-
-    In a transaction that first locks the rollout buckets of the running campaigns (a second
-    statement, and only a lock when no campaign has a rollout limit): the claim then reads
-    buckets no other node is spending. ``now`` is the rollout clock (tests drive it).
+    """PENDING → CLAIMED for the due commands, with their audit rows, in one statement (it
+    also locks the rollout buckets it spends). ``now`` is the rollout clock (tests drive it).
     """
-    async with conn.transaction():
-        await conn.execute(LOCK_ROLLOUTS)
-        return list(await conn.fetch(CLAIM_DUE, node_id, lease_s, limit, max_in_flight, actor, now))
+    return list(await conn.fetch(CLAIM_DUE, node_id, lease_s, limit, max_in_flight, actor, now))
 
 
 async def mark_sent(

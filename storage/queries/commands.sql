@@ -26,12 +26,6 @@ SELECT id, reported_command_id, claim_generation, node_id, result, result_code,
        raw_result_code, raw_ack, outcome, reason, received_by, received_at
 FROM command_receipt WHERE command_id = $1 ORDER BY id;
 
--- name: lock_rollouts
--- no parameters; the running campaigns with a rollout limit, locked in id order until the
--- claim's transaction ends: claims on every node take their rollout buckets one at a time.
-SELECT id FROM campaign WHERE status = 'RUNNING' AND per_minute IS NOT NULL ORDER BY id
-FOR UPDATE;
-
 -- name: claim_due
 -- $1 node id, $2 lease seconds, $3 batch size, $4 most commands in flight per device, $5 actor,
 -- $6 the rollout clock (null: now(); tests pass explicit instants).
@@ -41,8 +35,8 @@ FOR UPDATE;
 -- each claim's audit row (one round trip, like mark_sent).
 -- A campaign with a rollout limit is a token bucket (per_minute / 60 tokens a second, at most
 -- one second's worth held): its commands (paced) are looked for apart, at most as many as it
--- has whole tokens, and the claim spends one token per command it took. Run after lock_rollouts in the
--- same transaction, so the buckets read here are the latest committed ones on every node.
+-- has whole tokens, and the claim spends one token per command it took. The buckets are
+-- locked by this statement itself (see `buckets`), so a claim is one round trip.
 WITH clock AS (
     SELECT coalesce($6::timestamptz, now()) AS t
 ), busy AS MATERIALIZED (
@@ -61,6 +55,11 @@ WITH clock AS (
                    * k.per_minute / 60.0) AS tokens
     FROM campaign k CROSS JOIN clock
     WHERE k.status = 'RUNNING' AND k.per_minute IS NOT NULL
+    ORDER BY k.id
+    -- Claims on every node take the buckets one at a time, in id order. Locking waits for a
+    -- claim holding them, then reads the row that claim committed (PostgreSQL re-reads a row
+    -- it locked after waiting), so no two claims spend the same tokens.
+    FOR UPDATE OF k
 ), limited AS (
     SELECT l.id
     FROM buckets b
