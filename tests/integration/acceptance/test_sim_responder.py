@@ -96,8 +96,17 @@ class GatewaySide:
 
 
 @asynccontextmanager
-async def gateway_side(broker: Mosquitto) -> AsyncIterator[GatewaySide]:
-    async with aiomqtt.Client(broker.host, broker.port, identifier="test-gateway") as client:
+async def gateway_side(
+    broker: Mosquitto, *, persistent: bool = False
+) -> AsyncIterator[GatewaySide]:
+    """The gateway's end: the receipts as they arrive. ``persistent``: its session outlives it
+    (and a broker restart), so receipts published while it is away wait for its next connection."""
+    async with aiomqtt.Client(
+        broker.host,
+        broker.port,
+        identifier="test-gateway-persistent" if persistent else "test-gateway",
+        clean_session=False if persistent else None,
+    ) as client:
         await client.subscribe(TOPICS.subscription(TopicKind.ACKS), qos=1)
         side = GatewaySide(client)
         collector = asyncio.create_task(side.collect(), name="test-gateway-collect")
@@ -529,23 +538,6 @@ async def test_resends_unacknowledged_receipts_with_dup_after_a_reconnect(
         assert sim.errors == 0
 
 
-@asynccontextmanager
-async def persistent_gateway_side(broker: Mosquitto) -> AsyncIterator[GatewaySide]:
-    """A gateway side whose session outlives it (and a broker restart): receipts published
-    while it is away are queued for its next connection."""
-    async with aiomqtt.Client(
-        broker.host, broker.port, identifier="test-gateway-persistent", clean_session=False
-    ) as client:
-        await client.subscribe(TOPICS.subscription(TopicKind.ACKS), qos=1)
-        side = GatewaySide(client)
-        collector = asyncio.create_task(side.collect(), name="test-gateway-collect")
-        try:
-            yield side
-        finally:
-            collector.cancel()
-            await asyncio.gather(collector, return_exceptions=True)
-
-
 @pytest.mark.parametrize("protocol", ["5", "3.1.1"])
 async def test_a_broker_restart_mid_run_loses_no_answer(
     mosquitto: Mosquitto, protocol: str
@@ -556,7 +548,7 @@ async def test_a_broker_restart_mid_run_loses_no_answer(
     script = Script(by_device=late, late_s=0.3)
     # Subscribed and gone: every receipt queues in the broker, across the restart, for the
     # check below.
-    async with persistent_gateway_side(mosquitto):
+    async with gateway_side(mosquitto, persistent=True):
         pass
     async with running(mosquitto, script, protocol=protocol) as sim:
         async with gateway_side(mosquitto) as gw:
@@ -567,7 +559,7 @@ async def test_a_broker_restart_mid_run_loses_no_answer(
         with _broker_down(mosquitto):
             await wait_until(lambda: not sim.subscribed, timeout=WAIT_S)
 
-        async with persistent_gateway_side(mosquitto) as check:
+        async with gateway_side(mosquitto, persistent=True) as check:
 
             def answered_ids() -> set[int]:
                 return {a.receipt.command_id for a in check.arrivals}
