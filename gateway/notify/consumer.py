@@ -2,9 +2,6 @@
 
 A pass:
 
-Only the outbox event types some route may turn into a notification are read; the rest never
-become deliveries, so they are not recorded either.
-
 1. Read the consumer's horizon and ``running``, the oldest transaction still running now.
    Every transaction older than ``running`` has finished, so whatever it wrote is visible to
    the statements that follow.
@@ -19,6 +16,11 @@ become deliveries, so they are not recorded either.
    they end.
 4. Move the horizon to ``running``, or to the oldest transaction below it whose event is still
    unconsumed (a batch that was full), never backwards.
+
+Only the outbox event types some route may turn into a notification are read; the rest never
+become deliveries, so they are not recorded either, and the horizon moves past them. With no
+route at all a pass only moves the horizon. As with the deliveries themselves, the node that reads
+an event first decides with its own routes.
 
 Progress lives in ``notify_consumer``, not in outbox rows: pruning published events later
 changes nothing.
