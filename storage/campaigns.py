@@ -28,6 +28,7 @@ INSERT_AUDIT = _Q["insert_audit"]
 AUDIT_OF = _Q["audit_of"]
 CANCEL_OPEN_COMMANDS = _Q["cancel_open_commands"]
 ANALYZE_COMMANDS = _Q["analyze_commands"]
+LOCK_TIMEOUT = _Q["lock_timeout"]
 
 
 async def insert(
@@ -186,5 +187,5 @@ async def analyze_commands(conn: asyncpg.Connection, *, lock_timeout_s: float) -
     """Refresh the command table's statistics; waits at most ``lock_timeout_s`` for the lock
     (a running VACUUM of the table holds it), then gives up with LockNotAvailableError."""
     async with conn.transaction():
-        await conn.execute(f"SET LOCAL lock_timeout = '{int(lock_timeout_s * 1000)}ms'")
+        await conn.fetchval(LOCK_TIMEOUT, f"{round(lock_timeout_s * 1000)}ms")
         await conn.execute(ANALYZE_COMMANDS)

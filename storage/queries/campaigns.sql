@@ -131,6 +131,10 @@ WITH old AS (
 )
 SELECT * FROM cancelled ORDER BY id;
 
+-- name: lock_timeout
+-- $1 a duration ('2000ms'); how long the statements after it in this transaction wait for a lock.
+SELECT set_config('lock_timeout', $1, true);
+
 -- name: analyze_commands
 -- no parameters. A campaign is a bulk load of the command table: until its statistics see the
 -- new PENDING rows, the planner takes them for a handful and plans the claim as a scan and sort
