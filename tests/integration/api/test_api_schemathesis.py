@@ -57,7 +57,7 @@ STATE_DEPENDENT: Final = {
     # NO_TARGETS: a campaign's selector is resolved against the devices known at the time.
     409: {"STATUS_CHANGED", "DEVICE_UNBOUND", "NO_TARGETS"},
 }
-MAX_EXAMPLES: Final = 100
+MAX_EXAMPLES: Final = 60  # per operation, each sent with three tokens: about 2 minutes
 # A generated `wait` is scaled down to keep the run bounded (a 60 s wait is a valid request,
 # and nothing answers the commands here): 60 s becomes 0.3 s.
 WAIT_SCALE: Final = 200
