@@ -43,6 +43,11 @@ WARMUP_S: Final = 1.0
 WINDOW: Final = 1000
 TICK_S: Final = 0.002
 HTTP_CONCURRENCY: Final = 32
+# Idle pooled connections are dropped by the client before the gateway's HTTP server does (uvicorn
+# closes an idle keep-alive connection after 5 s): a POST sent on a connection the server is closing
+# at that instant is reset, and a POST is not retried. Seen once in the paced phase, whose low rate
+# leaves connections idle.
+HTTP_IDLE_S: Final = 2.0
 STORM_RULE: Final = "temp-high"
 
 
@@ -288,7 +293,7 @@ async def measure_commands(
         await gateways.start()
         base = f"http://127.0.0.1:{gateways.http_ports[0]}"
         headers = {"Authorization": f"Bearer {BENCH_TOKEN}"}
-        connector = aiohttp.TCPConnector(limit=HTTP_CONCURRENCY)
+        connector = aiohttp.TCPConnector(limit=HTTP_CONCURRENCY, keepalive_timeout=HTTP_IDLE_S)
         async with aiohttp.ClientSession(base, headers=headers, connector=connector) as http:
 
             async def run(group: str, rate: float | None) -> list[asyncpg.Record]:
