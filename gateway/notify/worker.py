@@ -81,7 +81,10 @@ class DeliveryWorker:
         entry = self._senders.get(receiver.name)
         if entry is None or entry[0] != receiver:
             if self._session is None:
-                self._session = aiohttp.ClientSession()
+                # No cap on connections in total (aiohttp's default is 100): receivers that
+                # hang would take them all and every other send would queue behind them. Each
+                # receiver's slots already bound its sends.
+                self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
             entry = (receiver, sender_for(receiver, self._session))
             self._senders[receiver.name] = entry
         return entry[1]

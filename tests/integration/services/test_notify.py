@@ -432,6 +432,29 @@ async def test_a_hanging_receiver_delays_no_other_receiver(
     assert server.peak_in_flight["/hang"] == 2
 
 
+async def test_hanging_sends_beyond_a_hundred_still_leave_other_receivers_a_connection(
+    pool: asyncpg.Pool, db_dsn: str, db: asyncpg.Connection
+) -> None:
+    """The webhooks share one HTTP client: a cap on its connections in total (aiohttp's default
+    is 100) would let receivers that hang take them all, and every other send would queue
+    behind them. Only each receiver's own slots bound its sends."""
+    hanging = 110
+    async with webhook_server(hang=lambda _n, _r: None) as server:
+        receivers = _webhook(
+            "hang", server.url("/hang"), f"concurrency = {hanging}\ntimeout_s = 20"
+        ) + _webhook("ok", server.url("/ok"))
+        node = Notifier(pool, db_dsn, _config(receivers, _route(["hang", "ok"])))
+        events = [await _event(db, n) for n in range(1, hanging + 11)]
+        await _drain(node.consumer)
+        async with node.running():
+            await wait_until(
+                lambda: server.in_flight.get("/hang") == hanging, message="hang holds its slots"
+            )
+            await wait_until(lambda: len(server.on("/ok")) == len(events), message="ok got all")
+            server.release.set()
+    assert {r.event_id for r in server.on("/ok")} == {str(e) for e in events}
+
+
 async def test_the_consumer_reads_only_event_types_a_route_sends_on(
     pool: asyncpg.Pool, db_dsn: str, db: asyncpg.Connection
 ) -> None:
