@@ -150,6 +150,13 @@ def _parser() -> argparse.ArgumentParser:
         metavar="OUTDIR",
         help="photograph the console into OUTDIR (needs playwright and chromium), then stop",
     )
+    demo.add_argument(
+        "--measure-live",
+        type=int,
+        metavar="N",
+        help="time N alarms from their telemetry to an open console page (needs playwright and "
+        "chromium), print the median and the slowest, then stop",
+    )
 
     units = _subcommand(commands, "install-systemd", "install the systemd unit files")
     units.add_argument(
@@ -319,6 +326,8 @@ def _demo(args: argparse.Namespace) -> int:
     )
     if args.screenshots is not None:
         return _run_async(demo.run_screenshots(settings, args.screenshots))
+    if args.measure_live is not None:
+        return _run_async(demo.run_measure_live(settings, args.measure_live))
     return _run_async(demo.run_demo(settings))
 
 

@@ -2,13 +2,15 @@
 
 Used by ``gateway demo --screenshots OUTDIR``: Debian's chromium, driven by Playwright (a dev
 dependency, imported only here), signs in with the demo's token, waits for open alarms, and
-saves the alarm list and the most severe alarm's detail at each size as PNG files.
+saves the alarm list and the most severe alarm's detail at each size as PNG files. And by
+``gateway demo --measure-live N``: how long an alarm takes from its telemetry to an open page.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Final
 
@@ -60,3 +62,53 @@ async def take_screenshots(
         finally:
             await browser.close()
     return written
+
+
+# Records, in the page, when a row naming each watched device first shows in the alarm list
+# (a MutationObserver fires as the DOM changes: no polling interval adds to the figure).
+_WATCH_ROWS: Final = """devices => {
+    window.__alarmSeen = window.__alarmSeen || {};
+    const look = () => {
+        for (const row of document.querySelectorAll('#alarm-table tbody tr')) {
+            for (const device of devices) {
+                if (!(device in window.__alarmSeen) && row.textContent.includes(device)) {
+                    window.__alarmSeen[device] = Date.now();
+                }
+            }
+        }
+    };
+    new MutationObserver(look).observe(document.body, {childList: true, subtree: true});
+    look();
+}"""
+
+
+async def measure_live_alarms(
+    url: str,
+    token: str,
+    chromium: Path,
+    devices: Sequence[str],
+    spike: Callable[[str], Awaitable[None]],
+) -> list[float]:
+    """For each device in turn: ``spike`` it (telemetry that raises an alarm) and time, in
+    milliseconds, from just before the publish to its row showing in an open, signed-in page
+    that is never reloaded. Both clocks are this machine's wall clock."""
+    async with async_playwright() as playwright:
+        browser = await playwright.chromium.launch(
+            executable_path=str(chromium), args=["--no-sandbox"], headless=True
+        )
+        try:
+            page = await browser.new_page(viewport={"width": 1280, "height": 800})
+            await _signed_in(page, url, token)
+            await page.evaluate(_WATCH_ROWS, list(devices))
+            millis: list[float] = []
+            for device in devices:
+                started = time.time() * 1000
+                await spike(device)
+                await page.wait_for_function(
+                    "device => device in (window.__alarmSeen || {})", arg=device, timeout=WAIT_MS
+                )
+                seen = await page.evaluate("device => window.__alarmSeen[device]", device)
+                millis.append(float(seen) - started)
+            return millis
+        finally:
+            await browser.close()

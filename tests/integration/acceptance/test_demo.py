@@ -151,3 +151,21 @@ def test_the_demo_photographs_the_console_at_both_sizes(tmpdir_for_demo: Path) -
     assert sorted(done.stdout.split()) == sorted(str(outdir / name) for name in expected)
     for name, dims in expected.items():
         assert _png_size(outdir / name) == dims, name
+
+
+@pytest.mark.embedded
+def test_the_demo_times_alarms_from_telemetry_to_an_open_page(tmpdir_for_demo: Path) -> None:
+    """`--measure-live N` reports a figure for N alarms, each having reached a page that was
+    never reloaded (the figure itself is the docs' business, not this test's)."""
+    if not CHROMIUM.exists():
+        pytest.skip(f"no chromium at {CHROMIUM} (apt-get install chromium; .ci/run installs it)")
+    done = subprocess.run(
+        [sys.executable, "-m", "gateway", "demo", "--measure-live", "3",
+         "--http-port", "0", "--mqtt-port", str(free_port()),
+         "--state-dir", str(tmpdir_for_demo / "state")],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert re.fullmatch(
+        r"3 alarms, telemetry to the open page: p50 \d+ ms, max \d+ ms\n", done.stdout
+    ), done.stdout
