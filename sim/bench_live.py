@@ -29,9 +29,11 @@ from typing import Any, Final
 
 import aiohttp
 import asyncpg
+import msgspec
 
 from protocol import MetricValue, Telemetry, Topics, encode_telemetry
 from sim.gateways import API_TOKEN, BENCH_TOKEN, RULES, GatewayProcesses
+from sim.http_client import LeanHttp
 from sim.probes import Probes
 from sim.responder import Responder, Script
 from sim.sql import blocks
@@ -43,11 +45,6 @@ WARMUP_S: Final = 1.0
 WINDOW: Final = 1000
 TICK_S: Final = 0.002
 HTTP_CONCURRENCY: Final = 32
-# Idle pooled connections are dropped by the client before the gateway's HTTP server does (uvicorn
-# closes an idle keep-alive connection after 5 s): a POST sent on a connection the server is closing
-# at that instant is reset, and a POST is not retried. Seen once in the paced phase, whose low rate
-# leaves connections idle.
-HTTP_IDLE_S: Final = 2.0
 STORM_RULE: Final = "temp-high"
 
 
@@ -291,30 +288,27 @@ async def measure_commands(
     try:
         await responder.wait_subscribed()
         await gateways.start()
-        base = f"http://127.0.0.1:{gateways.http_ports[0]}"
         headers = {"Authorization": f"Bearer {BENCH_TOKEN}"}
-        connector = aiohttp.TCPConnector(limit=HTTP_CONCURRENCY, keepalive_timeout=HTTP_IDLE_S)
-        async with aiohttp.ClientSession(base, headers=headers, connector=connector) as http:
+        http = LeanHttp(
+            "127.0.0.1", gateways.http_ports[0], headers=headers, limit=HTTP_CONCURRENCY
+        )
+        try:
 
             async def run(group: str, rate: float | None) -> list[asyncpg.Record]:
                 ids = device_ids(devices, f"{prefix}{group}")
 
                 async def create(n: int) -> None:
-                    body = {"name": "set_interval", "params": {"seconds": 60, "n": n}}
-                    async with http.post(f"/devices/{ids[n % devices]}/commands", json=body) as r:
-                        if r.status != 201:
-                            raise RuntimeError(f"creating a command: {r.status} {await r.text()}")
+                    body = msgspec.json.encode(
+                        {"name": "set_interval", "params": {"seconds": 60, "n": n}}
+                    )
+                    status, answer = await http.post(f"/devices/{ids[n % devices]}/commands", body)
+                    if status != 201:
+                        raise RuntimeError(f"creating a command: {status} {answer[:500]!r}")
 
                 if rate is None:
-                    slots = asyncio.Semaphore(HTTP_CONCURRENCY)
-
-                    async def bounded(n: int) -> None:
-                        async with slots:
-                            await create(n)
-
                     async with asyncio.TaskGroup() as tasks:
                         for n in range(commands):
-                            tasks.create_task(bounded(n))
+                            tasks.create_task(create(n))
                 else:
                     await paced(rate, commands, create)
                 await probes.until(
@@ -332,6 +326,8 @@ async def measure_commands(
             paced_rows = await run("paced", paced_rate)
             millis, _ = _finish_times(paced_rows)
             warmup = int(paced_rate * WARMUP_S)
+        finally:
+            await http.close()
     finally:
         stop.set()
         await answering

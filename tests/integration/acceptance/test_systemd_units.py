@@ -84,6 +84,16 @@ def test_systemd_analyze_verify_is_clean(rendered: dict[str, Path], unit: str) -
 
 
 @pytest.mark.parametrize("unit", ["gateway.service", "gateway@node1.service"])
+def test_a_configuration_error_is_not_restarted_forever(
+    rendered: dict[str, Path], unit: str
+) -> None:
+    """Exit code 2 is a configuration error (docs/operations.md): restarting cannot fix it."""
+    lines = [line.strip() for line in rendered[unit].read_text().splitlines()]
+    assert "Restart=on-failure" in lines
+    assert "RestartPreventExitStatus=2" in lines
+
+
+@pytest.mark.parametrize("unit", ["gateway.service", "gateway@node1.service"])
 def test_sandbox_exposure_stays_low(rendered: dict[str, Path], unit: str) -> None:
     analyze, version = _analyze()
     if version < 250:

@@ -131,7 +131,12 @@ async def test_a_receiver_failing_twice_then_succeeding_gets_one_delivery_in_thr
 ) -> None:
     async with webhook_server(hook=lambda n, _r: 500 if n < 2 else 200) as server:
         config = _config(
-            _webhook("hook", server.url("/hook"), f'secret = "{SECRET}"'), _route(["hook"])
+            _webhook(
+                "hook",
+                server.url("/hook"),
+                f'secret = "{SECRET}"\nheaders = {{ "X-Site" = "north-3", "X-Tenant" = "acme" }}',
+            ),
+            _route(["hook"]),
         )
         node = Notifier(pool, db_dsn, config)
         event_id = await _event(db, 1)
@@ -147,6 +152,8 @@ async def test_a_receiver_failing_twice_then_succeeding_gets_one_delivery_in_thr
         assert verify_signature(SECRET, header, request.body, now=now, tolerance_s=300)
         assert not verify_signature("wrong", header, request.body, now=now, tolerance_s=300)
     assert [r.headers["X-Gateway-Attempt"] for r in got] == ["1", "2", "3"]
+    # The receiver's own extra headers, on every attempt.
+    assert {(r.headers["X-Site"], r.headers["X-Tenant"]) for r in got} == {("north-3", "acme")}
     body = got[-1].json
     assert body["event"] == "alarm.created"
     assert body["alarm_id"] == 1
