@@ -7,6 +7,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import aiohttp
 import aiomqtt
 import asyncpg
 
@@ -322,3 +323,92 @@ async def test_a_silence_stops_the_sends_and_nothing_else(
     assert len(audit) == 2
     assert all(r["n"] >= 2 for r in audit)  # raised, then pushed
     assert server.received == []
+
+
+async def test_every_event_a_route_may_name_reaches_the_webhook_from_a_real_daemon(
+    db_dsn: str, mosquitto: Mosquitto
+) -> None:
+    """Each of the seven notification events, produced by the daemon's own machinery (a rule,
+    the reminder and escalation timers, people's actions over the API, the reaper failing a
+    command the device never answered, the settler aborting its campaign), routed and sent."""
+    events = [
+        "alarm.created", "alarm.reminder", "alarm.escalated", "alarm.cleared", "alarm.closed",
+        "command.failed", "campaign.aborted",
+    ]  # fmt: skip
+    hot = '[[rules]]\nkey = "temp-high"\nkind = "threshold"\nmetric = "temp"\nop = ">"\n'
+    hot += 'value = 80\nclear_value = 75\nseverity = "CRITICAL"\n'
+    timers = """
+[alarms]
+escalate_after_s = 1
+repeat_interval_s = 1
+timer_interval_s = 0.2
+
+[commands]
+ack_window_s = 1
+reaper_interval_s = 0.2
+
+[[api.tokens]]
+name = "olga"
+token = "operator-token-0123456789abcdef"
+role = "operator"
+"""
+    async with webhook_server() as server:
+        route = f"events = [{', '.join(f'{e!r}' for e in events)}]".replace("'", '"')
+        notify = _notify(server).replace('events = ["alarm.created"]', route)
+        http_port = free_port()
+        config = make_config(
+            dsn=db_dsn, mqtt_port=mosquitto.port, http_port=http_port, extra=hot + timers + notify
+        )
+
+        def got(event: str) -> list[dict[str, object]]:
+            return [r.json for r in server.on("/hook") if r.json["event"] == event]
+
+        async def until_sent(*wanted: str) -> None:
+            await wait_until(
+                lambda: all(got(e) for e in wanted), timeout=60, message=f"{wanted} sent"
+            )
+
+        base = f"http://127.0.0.1:{http_port}"
+        auth = {"Authorization": "Bearer operator-token-0123456789abcdef"}
+        async with running_daemon(config), aiohttp.ClientSession(base, headers=auth) as http:
+
+            async def post(path: str, body: object) -> dict[str, object]:
+                async with http.post(path, json=body) as reply:
+                    assert reply.status in (200, 201), (path, reply.status, await reply.text())
+                    answer: dict[str, object] = await reply.json()
+                    return answer
+
+            hot_sample = f'{{"ts": {T0}, "metrics": {{"temp": 93}}}}'.encode()
+            await _publish(mosquitto.port, [(TOPICS.telemetry("boiler-1"), hot_sample)])
+            await until_sent("alarm.created", "alarm.reminder")  # PUSHED and not confirmed
+            [created] = got("alarm.created")
+            alarm_id = created["alarm_id"]
+            await post(f"/alarms/{alarm_id}/confirm", {})
+            await until_sent("alarm.escalated")  # confirmed, not handled within 1 s
+            cool_sample = f'{{"ts": {T0 + 1}, "metrics": {{"temp": 70}}}}'.encode()
+            await _publish(mosquitto.port, [(TOPICS.telemetry("boiler-1"), cool_sample)])
+            await until_sent("alarm.cleared")
+            await post(f"/alarms/{alarm_id}/handle", {})
+            await post(f"/alarms/{alarm_id}/close", {})
+            await until_sent("alarm.closed")
+            # Nobody answers valve-1: the ack window fails the command, which aborts the
+            # campaign (one finished, all failed).
+            await post(
+                "/campaigns",
+                {
+                    "name": "reboot",
+                    "targets": {"devices": ["valve-1"]},
+                    "abort": {"failure_ratio": 0.5, "min_finished": 1},
+                },
+            )
+            await until_sent("command.failed", "campaign.aborted")
+    for event in events:
+        assert got(event), event
+    alarm_events = [e for e in events if e.startswith("alarm.")]
+    for event in alarm_events:
+        assert {(b["device_id"], b["alarm_id"]) for b in got(event)} == {("boiler-1", alarm_id)}
+    assert {b["device_id"] for b in got("command.failed")} == {"valve-1"}
+    # One delivery per (event, receiver), each sent once: nothing doubled.
+    deliveries = await _fetch(db_dsn, "SELECT event_id, status FROM notify_delivery")
+    assert all(r["status"] == "SENT" for r in deliveries)
+    assert len({r["event_id"] for r in deliveries}) == len(deliveries)
