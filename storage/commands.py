@@ -17,6 +17,7 @@ INSERT = _Q["insert"]
 BY_IDEMPOTENCY_KEY = _Q["by_idempotency_key"]
 GET = _Q["get"]
 LIST_FOR_DEVICE = _Q["list_for_device"]
+LIST_ALL = _Q["list_all"]
 RECEIPTS_OF = _Q["receipts_of"]
 CLAIM_DUE = _Q["claim_due"]
 MARK_SENT = _Q["mark_sent"]
@@ -71,6 +72,12 @@ async def list_for_device(
     conn: asyncpg.Connection, device_id: str, *, before_id: int | None, limit: int
 ) -> list[asyncpg.Record]:
     return list(await conn.fetch(LIST_FOR_DEVICE, device_id, before_id, limit))
+
+
+async def list_all(
+    conn: asyncpg.Connection, *, status: str | None, before_id: int | None, limit: int
+) -> list[asyncpg.Record]:
+    return list(await conn.fetch(LIST_ALL, status, before_id, limit))
 
 
 async def receipts_of(conn: asyncpg.Connection, command_id: int) -> list[asyncpg.Record]:

@@ -16,7 +16,7 @@ from msgspec import UNSET, UnsetType
 
 from gateway.api.alarms import Before, Limit
 from gateway.api.auth import CallDep, Role, actor_of
-from gateway.api.commands import Commands
+from gateway.api.commands import Commands, CommandStatusFilter
 from gateway.api.errors import CAMPAIGN_CLOSED, CAMPAIGN_NOT_FOUND, NO_TARGETS, TARGETS_UNBOUND
 from gateway.api.routes import route
 from gateway.api.schemas import (
@@ -46,7 +46,7 @@ from gateway.commands.campaigns import (
 )
 from gateway.commands.service import CommandService
 from gateway.domain.campaign import AbortCriteria, CampaignStatus
-from gateway.domain.command import CommandStatus, Delivery
+from gateway.domain.command import Delivery
 from gateway.domain.errors import ConfigError
 from gateway.domain.rules import device_selector
 
@@ -192,9 +192,6 @@ CampaignId = Annotated[
 ]
 StatusFilter = Annotated[
     CampaignStatus | None, Parameter(description="Only campaigns in this status.")
-]
-CommandStatusFilter = Annotated[
-    CommandStatus | None, Parameter(description="Only commands in this status.")
 ]
 
 

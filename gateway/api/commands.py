@@ -31,6 +31,7 @@ from gateway.api.schemas import (
 )
 from gateway.commands.lifecycle import CommandClosedError, CommandNotFoundError, DeviceUnboundError
 from gateway.commands.service import CommandService
+from gateway.domain.command import CommandStatus
 
 log = structlog.get_logger(__name__)
 
@@ -54,6 +55,9 @@ CommandId = Annotated[
         schema_extra=exact("integer", format="int64", minimum=1, maximum=ID_MAX),
         description="Command id (anything but a positive integer is a 400).",
     ),
+]
+CommandStatusFilter = Annotated[
+    CommandStatus | None, Parameter(description="Only commands in this status.")
 ]
 Wait = Annotated[
     float | None,
@@ -165,6 +169,31 @@ async def list_commands(
 
 
 @route(
+    "GET",
+    "/commands",
+    operation_id="listCommands",
+    tag=TAG,
+    summary="The fleet's commands, newest first (keyset pagination by id)",
+    role=Role.VIEWER,
+    description=(
+        "Every device's commands, campaigns' included; `status` keeps one status (e.g. "
+        "`FAILED`: what went wrong across the fleet, or `SENT`: what is waiting on devices)."
+    ),
+)
+async def list_fleet_commands(
+    commands: Commands,
+    status: CommandStatusFilter = None,
+    limit: Limit = LIMIT_DEFAULT,
+    before: Before = None,
+) -> CommandPage:
+    found = await commands.list_all(
+        status=None if status is None else status.value, before_id=before, limit=limit + 1
+    )
+    page = [from_row(Command, r) for r in found[:limit]]
+    return CommandPage(items=page, next_before=page[-1].id if len(found) > limit else None)
+
+
+@route(
     "POST",
     "/devices/{id:str}/unbind",
     operation_id="unbindDevice",
@@ -250,4 +279,11 @@ async def cancel_command(
     return from_row(Command, row)
 
 
-HANDLERS: Final = [create_command, list_commands, unbind_device, get_command, cancel_command]
+HANDLERS: Final = [
+    create_command,
+    list_commands,
+    list_fleet_commands,
+    unbind_device,
+    get_command,
+    cancel_command,
+]

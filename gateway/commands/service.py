@@ -149,3 +149,10 @@ class CommandService:
         """The device's commands, newest first, with ids below ``before_id``."""
         async with self.pool.acquire() as conn:
             return await repo.list_for_device(conn, device_id, before_id=before_id, limit=limit)
+
+    async def list_all(
+        self, *, status: str | None, before_id: int | None, limit: int
+    ) -> Sequence[asyncpg.Record]:
+        """The fleet's commands, newest first, with ids below ``before_id``; of one status."""
+        async with self.pool.acquire() as conn:
+            return await repo.list_all(conn, status=status, before_id=before_id, limit=limit)

@@ -20,6 +20,12 @@ SELECT * FROM command
 WHERE device_id = $1 AND ($2::bigint IS NULL OR id < $2)
 ORDER BY id DESC LIMIT $3;
 
+-- name: list_all
+-- $1 status or null, $2 before id (keyset, newest first) or null, $3 limit. The fleet's commands.
+SELECT * FROM command
+WHERE ($1::text IS NULL OR status = $1) AND ($2::bigint IS NULL OR id < $2)
+ORDER BY id DESC LIMIT $3;
+
 -- name: receipts_of
 -- $1 command id; every receipt, whatever its outcome, oldest first.
 SELECT id, reported_command_id, claim_generation, node_id, result, result_code,

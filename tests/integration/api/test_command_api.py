@@ -174,6 +174,46 @@ async def test_create_get_and_list_with_keyset_pages(api: Api) -> None:
     }  # fmt: skip
 
 
+async def test_the_fleets_commands_newest_first_by_status_in_keyset_pages(api: Api) -> None:
+    ids = [(await api.create(f"dev-{n % 3}", f"c{n}"))["id"] for n in range(7)]
+    cancelled = {ids[1], ids[4]}
+    for command_id in cancelled:
+        reply = await api.call("POST", f"/commands/{command_id}/cancel", token=OPERATOR)
+        assert reply.status == 200, reply.body
+    newest_first = sorted(ids, reverse=True)
+
+    whole = await api.get("/commands")  # a viewer may read it
+    assert whole.status == 200, whole.body
+    assert [c["id"] for c in whole.body["items"]] == newest_first
+    assert {c["device_id"] for c in whole.body["items"]} == {"dev-0", "dev-1", "dev-2"}
+    assert set(whole.body["items"][0]) >= COMMAND_FIELDS
+    assert whole.body["next_before"] is None
+
+    seen: list[int] = []
+    path = "/commands?limit=3"
+    while True:
+        page = await api.get(path)
+        assert page.status == 200, page.body
+        seen += [c["id"] for c in page.body["items"]]
+        if page.body["next_before"] is None:
+            break
+        path = f"/commands?limit=3&before={page.body['next_before']}"
+    assert seen == newest_first
+
+    only = await api.get("/commands?status=CANCELLED")
+    assert [c["id"] for c in only.body["items"]] == sorted(cancelled, reverse=True)
+    pending = await api.get(f"/commands?status=PENDING&limit=2&before={newest_first[0]}")
+    expected = [i for i in newest_first[1:] if i not in cancelled][:2]
+    assert [c["id"] for c in pending.body["items"]] == expected
+    assert pending.body["next_before"] == expected[-1]
+
+    for bad in ("status=DONE", "limit=0", "before=abc", "before=0"):
+        refused = await api.get(f"/commands?{bad}")
+        assert refused.status == 400, (bad, refused.body)
+        assert refused.body["error"] == "BAD_REQUEST", refused.body
+    assert (await api.call("GET", "/commands", token=None)).status == 401
+
+
 async def test_idempotency_key_returns_the_same_command(api: Api) -> None:
     body = {"name": "open", "params": {"door": 1}, "idempotency_key": "ticket-1"}
     first = await api.send("dev-1", body)
