@@ -1,6 +1,7 @@
-// Commands of one device: the list, sending one (operator, admin), cancelling an open one,
-// and live status: a command's end comes on the stream (command.finished); the steps before
-// it (CLAIMED, SENT) have no event, so while one is open the list is read again every 2 s.
+// Commands: the whole fleet's (newest first, by status) or one device's; sending one to a
+// device (operator, admin), cancelling an open one, and live status: a command's end comes on
+// the stream (command.finished); the steps before it (CLAIMED, SENT) have no event, so while
+// one shown is open the list is read again every 2 s.
 import { query } from "./api.js";
 import { clear, el, throttle, timeEl } from "./util.js";
 
@@ -15,13 +16,18 @@ export class CommandsView {
     this.body = document.querySelector("#command-table tbody");
     this.empty = document.getElementById("command-empty");
     this.device = null;
+    this.status = "";
     this.items = [];
     this.poll = null;
     this.refreshSoon = throttle(() => this.load(), 200);
     this.pick.addEventListener("submit", (event) => {
       event.preventDefault();
+      this.status = this.pick.elements.status.value;
       const device = this.pick.elements.device.value.trim();
-      if (device) this.ctx.navigate(`#/commands/${encodeURIComponent(device)}`);
+      const hash = device ? `#/commands/${encodeURIComponent(device)}` : "#/commands";
+      // The same view again (only the status changed): no hash change to wait for.
+      if ((device || null) === this.device) this.load();
+      else this.ctx.navigate(hash);
     });
     this.create.addEventListener("submit", (event) => {
       event.preventDefault();
@@ -33,11 +39,6 @@ export class CommandsView {
     this.device = device || null;
     this.pick.elements.device.value = this.device || "";
     this.create.hidden = !this.device || !this.ctx.canAct();
-    if (!this.device) {
-      this.items = [];
-      this.render();
-      return;
-    }
     await this.load();
   }
 
@@ -49,17 +50,21 @@ export class CommandsView {
   }
 
   async load() {
-    if (!this.device) return;
     const device = this.device;
+    const status = this.status;
+    // One device's list has no status filter in the API: its 50 newest are filtered here.
+    const path = device
+      ? `/devices/${encodeURIComponent(device)}/commands${query({ limit: 50 })}`
+      : `/commands${query({ limit: 50, status: status || undefined })}`;
     let page;
     try {
-      page = await this.ctx.api.get(`/devices/${encodeURIComponent(device)}/commands${query({ limit: 50 })}`);
+      page = await this.ctx.api.get(path);
     } catch (error) {
-      this.ctx.notify(`Commands of ${device}: ${error.message}`);
+      this.ctx.notify(`Commands${device ? ` of ${device}` : ""}: ${error.message}`);
       return;
     }
-    if (device !== this.device) return;
-    this.items = page.items;
+    if (device !== this.device || status !== this.status) return;
+    this.items = status ? page.items.filter((c) => c.status === status) : page.items;
     this.render();
     clearTimeout(this.poll);
     if (this.items.some((c) => OPEN.has(c.status)) && this.ctx.current() === "commands") {
@@ -75,6 +80,7 @@ export class CommandsView {
         : null;
       this.body.append(el("tr", { dataset: { commandId: command.id } },
         el("td", { "data-label": "Id", class: "num", text: String(command.id) }),
+        el("td", { "data-label": "Device" }, el("a", { href: `#/commands/${encodeURIComponent(command.device_id)}`, text: command.device_id })),
         el("td", { "data-label": "Name", text: command.name }),
         el("td", { "data-label": "Status" }, el("span", { class: "status", text: command.status })),
         el("td", { "data-label": "Created" }, timeEl(command.created_at)),
@@ -83,7 +89,8 @@ export class CommandsView {
         el("td", {}, cancel)));
     }
     this.empty.hidden = this.items.length > 0;
-    this.empty.textContent = this.device ? `No commands for ${this.device} yet.` : "Choose a device to see its commands.";
+    const which = this.status ? `${this.status} commands` : "commands";
+    this.empty.textContent = this.device ? `No ${which} for ${this.device}.` : `No ${which} yet.`;
   }
 
   async send() {
@@ -119,6 +126,6 @@ export class CommandsView {
   }
 
   onEvent(event) {
-    if (event.aggregate_type === "command" && this.device && this.ctx.current() === "commands") this.refreshSoon();
+    if (event.aggregate_type === "command" && this.ctx.current() === "commands") this.refreshSoon();
   }
 }

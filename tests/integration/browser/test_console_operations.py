@@ -8,6 +8,7 @@ import contextlib
 import time
 from collections.abc import AsyncIterator
 
+import aiohttp
 import aiomqtt
 import asyncpg
 import msgspec
@@ -167,6 +168,45 @@ async def test_a_command_is_cancelled_from_the_page(
     await expect(row.locator(".status")).to_have_text("CANCELLED", timeout=WAIT_MS)
     await expect(row.get_by_role("button")).to_have_count(0)
     assert errors.errors == []
+
+
+async def test_the_fleets_commands_are_listed_live_and_filtered_by_status(
+    base: str, mosquitto: Mosquitto, browser: Browser
+) -> None:
+    # Nobody answers: the commands stay open until cancelled.
+    auth = {"Authorization": f"Bearer {OPERATOR}"}
+    async with aiohttp.ClientSession(base, headers=auth) as http:
+
+        async def send(device: str, name: str) -> int:
+            async with http.post(f"/devices/{device}/commands", json={"name": name}) as reply:
+                assert reply.status == 201, await reply.text()
+                command_id: int = (await reply.json())["command"]["id"]
+                return command_id
+
+        first = await send("quiet-1", "open-valve")
+        second = await send("quiet-2", "close-valve")
+        page, errors = await open_console(browser, base)
+        await sign_in(page, OPERATOR)
+        await page.goto(f"{base}/#/commands")
+        rows = page.locator("#command-table tbody tr")
+        await expect(rows).to_have_count(2, timeout=WAIT_MS)
+        await expect(rows.nth(0)).to_contain_text("quiet-2")  # newest first
+        await expect(rows.nth(1)).to_contain_text("quiet-1")
+        # Cancelled elsewhere (through the API): the page follows by itself.
+        async with http.post(f"/commands/{first}/cancel") as reply:
+            assert reply.status == 200, await reply.text()
+        await expect(rows.nth(1).locator(".status")).to_have_text("CANCELLED", timeout=WAIT_MS)
+        picker = page.locator("#command-device")
+        await picker.get_by_label("Status").select_option("CANCELLED")
+        await picker.get_by_role("button", name="Show commands").click()
+        await expect(rows).to_have_count(1, timeout=WAIT_MS)
+        await expect(rows.first).to_contain_text(str(first))
+        # A device's link narrows the list to that device.
+        await rows.first.get_by_role("link", name="quiet-1").click()
+        await expect(page).to_have_url(f"{base}/#/commands/quiet-1")
+        await expect(page.locator("#command-create")).to_be_visible(timeout=WAIT_MS)
+        assert second > first
+        assert errors.errors == []
 
 
 async def test_a_dead_letter_is_listed_and_replayed_from_the_page(
