@@ -121,7 +121,7 @@ class Mosquitto:
         return "\n".join(lines) + "\n" + self.extra_config + "\n"
 
     def start(self) -> None:
-        """Launch mosquitto and return once its port accepts TCP connections."""
+        """Launch mosquitto and return once each of its listeners accepts TCP connections."""
         if self.is_running():
             raise RuntimeError(f"mosquitto already running on port {self.port}")
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -149,15 +149,27 @@ class Mosquitto:
             self.kill()
             raise
 
+    def listeners(self) -> list[tuple[str, int]]:
+        """Every ``listener`` of the configuration, ``extra_config``'s included (a TLS one is
+        opened after the first: a test connecting to it must not be let in before)."""
+        found = []
+        for line in self.config_text().splitlines():
+            words = line.split()
+            if len(words) >= 2 and words[0] == "listener":
+                found.append((words[2] if len(words) > 2 else self.host, int(words[1])))
+        return found
+
     def _accepting_connections(self) -> bool:
         assert self._process is not None
         if self._process.poll() is not None:
             raise RuntimeError(f"mosquitto exited with code {self._process.returncode}")
-        try:
-            with socket.create_connection((self.host, self.port), timeout=1.0):
-                return True
-        except OSError:
-            return False
+        for host, port in self.listeners():
+            try:
+                with socket.create_connection((host, port), timeout=1.0):
+                    pass
+            except OSError:
+                return False
+        return True
 
     def stop(self) -> None:
         """SIGTERM and wait for exit; mosquitto saves its persistence database on the way out."""
