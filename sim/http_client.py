@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from typing import Final
+from typing import Final, cast
 
 # Idle connections are dropped before the gateway's HTTP server drops them (uvicorn closes an
 # idle keep-alive connection after 5 s): a request sent on a connection the server is closing at
@@ -36,8 +36,8 @@ class _Connection(asyncio.Protocol):
         self.used_at = time.monotonic()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # uvloop's transports are no subclasses of asyncio.Transport, but they are ones.
+        self.transport = cast("asyncio.Transport", transport)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True

@@ -9,6 +9,7 @@ import contextlib
 from collections.abc import AsyncIterator
 
 import pytest
+import uvloop
 from aiohttp import web
 
 from sim.http_client import IDLE_S, HttpError, LeanHttp
@@ -58,6 +59,20 @@ async def server() -> AsyncIterator[tuple[Server, int]]:
         yield seen, port
     finally:
         await runner.cleanup()
+
+
+def test_it_works_on_uvloop_as_the_benchmark_runs_it() -> None:
+    async def scenario() -> list[tuple[int, bytes]]:
+        async with server() as (_, port):
+            http = LeanHttp("127.0.0.1", port, headers={}, limit=2)
+            try:
+                return list(await asyncio.gather(*(http.post("/echo", b"{}") for _ in range(4))))
+            finally:
+                await http.close()
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        answers = runner.run(scenario())
+    assert sorted(status for status, _ in answers) == [201] * 4
 
 
 async def test_answers_are_read_whole_on_one_kept_alive_connection() -> None:
