@@ -13,6 +13,7 @@ from typing import Any
 import msgspec
 from aiohttp import web
 from aiosmtpd.controller import Controller
+from aiosmtpd.smtp import AuthResult
 
 from tests.support.ports import free_port
 
@@ -115,11 +116,28 @@ class _Handler:
         return "250 OK"
 
 
+class Logins:
+    """An aiosmtpd authenticator accepting one login and password; what was tried, in order."""
+
+    def __init__(self, login: str, password: str) -> None:
+        self.expected = (login.encode(), password.encode())
+        self.tried: list[tuple[str, str]] = []
+
+    def __call__(
+        self, server: Any, session: Any, envelope: Any, mechanism: str, auth_data: Any
+    ) -> AuthResult:
+        given = (bytes(auth_data.login), bytes(auth_data.password))
+        self.tried.append((given[0].decode(), mechanism))
+        return AuthResult(success=given == self.expected)
+
+
 @contextlib.contextmanager
-def smtp_server() -> Any:
-    """A real SMTP server (aiosmtpd) on loopback; ``.handler.mails`` collects what it got."""
+def smtp_server(**smtp: Any) -> Any:
+    """A real SMTP server (aiosmtpd) on loopback; ``.handler.mails`` collects what it got.
+    ``smtp`` goes to the server: ``tls_context`` and ``require_starttls`` for STARTTLS,
+    ``authenticator`` for AUTH, or ``ssl_context`` for implicit TLS."""
     handler = _Handler()
-    controller = Controller(handler, hostname="127.0.0.1", port=free_port())
+    controller = Controller(handler, hostname="127.0.0.1", port=free_port(), **smtp)
     controller.start()
     try:
         yield controller

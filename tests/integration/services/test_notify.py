@@ -6,16 +6,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 import time
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import asyncpg
 import pytest
 
-from gateway.config import Config, parse_config
+from gateway.config import Config, apply_secrets, parse_config
 from gateway.domain.notify import verify_signature
 from gateway.domain.quiet_hours import QuietHoursConfig, QuietWindowConfig, compile_quiet_hours
 from gateway.notify.consumer import NotifyConsumer
@@ -25,7 +27,8 @@ from gateway.notify.worker import DeliveryWorker
 from gateway.support.metrics import Metrics
 from storage import notify as repo
 from storage import outbox
-from tests.support.receivers import always, smtp_server, webhook_server
+from tests.support.credentials import make_ca, make_server_cert
+from tests.support.receivers import Logins, always, smtp_server, webhook_server
 from tests.support.waiting import wait_until
 
 SECRET = "webhook-signing-secret-0123"
@@ -310,6 +313,98 @@ to = ["ops@example.com", "oncall@example.com"]
     assert "Rule description: too hot" in text
     assert "https://gw.example.com/#/alarms/5" in text
     assert "<td>pump-7</td>" in html.get_content()
+
+
+def _server_tls(tmp_path: Path) -> tuple[ssl.SSLContext, Path]:
+    """A TLS context for a server on 127.0.0.1 with a certificate of a test CA, and that CA."""
+    ca_cert, ca_key = make_ca(tmp_path / "pki", "smtp-test-ca")
+    cert, key = make_server_cert(tmp_path / "pki", ca_cert, ca_key)
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert, key)
+    return context, ca_cert
+
+
+@pytest.mark.parametrize("mode", ["starttls", "tls"])
+async def test_email_over_starttls_or_implicit_tls_with_a_login_from_the_environment(
+    pool: asyncpg.Pool,
+    db_dsn: str,
+    db: asyncpg.Connection,
+    tmp_path: Path,
+    *,
+    monkeypatch: pytest.MonkeyPatch,
+    mode: str,
+) -> None:
+    """The server refuses mail without TLS and AUTH before it (aiosmtpd's auth_require_tls);
+    the password comes from `password_env`; the server's certificate is checked against the
+    trusted CAs (here the test CA, through OpenSSL's SSL_CERT_FILE)."""
+    context, ca_cert = _server_tls(tmp_path)
+    monkeypatch.setenv("SSL_CERT_FILE", str(ca_cert))
+    logins = Logins("gateway", "mail-password-0123")
+    if mode == "starttls":
+        smtp_options: dict[str, Any] = {
+            "tls_context": context, "require_starttls": True, "auth_require_tls": True,
+        }  # fmt: skip
+    else:
+        # aiosmtpd counts only STARTTLS as TLS for auth_require_tls: on an implicit TLS port
+        # it would offer no AUTH at all. The whole connection is TLS there anyway.
+        smtp_options = {"ssl_context": context, "auth_require_tls": False}
+    with smtp_server(authenticator=logins, **smtp_options) as smtp:
+        receivers = f"""
+[[notify.receivers]]
+name = "mail"
+kind = "email"
+host = "localhost"
+port = {smtp.port}
+{mode} = true
+username = "gateway"
+password_env = "GW_TEST_SMTP_PASSWORD"
+from = "gateway@example.com"
+to = ["ops@example.com"]
+"""
+        config = apply_secrets(
+            _config(receivers, _route(["mail"])),
+            {"GW_TEST_SMTP_PASSWORD": logins.expected[1].decode()},
+        )
+        node = Notifier(pool, db_dsn, config)
+        await _event(db, 6, device="pump-8", rule="pressure", severity="MAJOR")
+        await _drain(node.consumer)
+        async with node.running():
+            await wait_until(lambda: _status_is(db, "SENT"), message="mail SENT")
+        [mail] = smtp.handler.mails
+    assert [login for login, _ in logins.tried] == ["gateway"]
+    assert mail.rcpt_tos == ["ops@example.com"]
+    assert mail.message["Subject"] == "[MAJOR] pressure on pump-8: alarm.created"
+
+
+async def test_an_email_server_whose_certificate_is_not_trusted_gets_nothing(
+    pool: asyncpg.Pool, db_dsn: str, db: asyncpg.Connection, tmp_path: Path
+) -> None:
+    context, _ = _server_tls(tmp_path)  # its CA is not among the trusted ones
+    with smtp_server(tls_context=context, require_starttls=True) as smtp:
+        receivers = f"""
+[[notify.receivers]]
+name = "mail"
+kind = "email"
+host = "localhost"
+port = {smtp.port}
+starttls = true
+from = "gateway@example.com"
+to = ["ops@example.com"]
+"""
+        config = _config(
+            receivers, _route(["mail"]), FAST.replace("max_attempts = 5", "max_attempts = 1")
+        )
+        node = Notifier(pool, db_dsn, config)
+        await _event(db, 7)
+        await _drain(node.consumer)
+        async with node.running():
+            await wait_until(lambda: _status_is(db, "FAILED"), message="mail FAILED")
+        assert smtp.handler.mails == []
+    [row] = await _deliveries(db)
+    assert (
+        "CERTIFICATE_VERIFY_FAILED" in row["last_error"]
+        or "certificate" in row["last_error"].lower()
+    )
 
 
 async def test_silences_by_rule_and_device_make_silenced_rows_and_expiry_ends_them(
