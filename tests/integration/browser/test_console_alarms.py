@@ -424,3 +424,125 @@ async def test_an_alarms_ai_summary_shows_in_its_detail(
             await expect(summary).to_contain_text("Check the hall door")
             await expect(summary).to_contain_text("MEDIUM")
             assert errors.errors == []
+
+
+async def test_alarms_come_most_severe_first_and_every_filter_narrows_them(
+    console: Console, browser: Browser
+) -> None:
+    await publish(console.mosquitto, "door-2", {"events": [{"type": "DOOR_OPEN"}]})  # MAJOR
+    await publish(console.mosquitto, "boiler-3", {"metrics": {"temp": 91}})  # CRITICAL
+    await publish(console.mosquitto, "door-4", {"events": [{"type": "DOOR_OPEN"}]})  # MAJOR
+    page, errors = await open_console(browser, console.base)
+    await sign_in(page, OPERATOR)
+    rows = page.locator("#alarm-table tbody tr")
+    await expect(rows).to_have_count(3, timeout=WAIT_MS)
+    # The CRITICAL one first although it is not the newest; then the MAJOR ones, newest first.
+    await expect(rows.nth(0)).to_contain_text("boiler-3")
+    await expect(rows.nth(1)).to_contain_text("door-4")
+    await expect(rows.nth(2)).to_contain_text("door-2")
+    filters = page.locator("#alarm-filters")
+
+    async def apply(
+        *, status: str = "open", severity: str = "", device: str = "", rule: str = ""
+    ) -> None:
+        await filters.get_by_label("Status").select_option(status)
+        await filters.get_by_label("Severity").select_option(severity)
+        await filters.get_by_label("Device").fill(device)
+        await filters.get_by_label("Rule").fill(rule)
+        await filters.get_by_role("button", name="Filter").click()
+
+    async def shown(*devices: str) -> None:
+        await expect(rows).to_have_count(len(devices), timeout=WAIT_MS)
+        for n, device in enumerate(devices):
+            await expect(rows.nth(n)).to_contain_text(device)
+
+    await apply(severity="MAJOR")
+    await shown("door-4", "door-2")
+    await apply(device="door-2")
+    await shown("door-2")
+    await apply(rule="temp-high")
+    await shown("boiler-3")
+    # Confirm one; the status filter then finds it alone.
+    await apply(device="door-4")
+    await rows.first.get_by_role("link", name="#").first.click()
+    detail = page.locator("#alarm-detail")
+    await detail.get_by_role("button", name="Confirm").click()
+    await expect(detail.locator("#alarm-status")).to_have_text("CONFIRMED", timeout=WAIT_MS)
+    await apply(status="CONFIRMED")
+    await shown("door-4")
+    await apply(status="PUSHED")
+    await shown("boiler-3", "door-2")
+    assert errors.errors == []
+
+
+# What the keyboard must reach: every visible control of a section.
+_CONTROLS = "a[href], button, input, select, textarea, [tabindex]:not([tabindex='-1'])"
+
+
+async def test_every_control_of_every_section_is_reachable_with_tab(
+    console: Console, browser: Browser
+) -> None:
+    """As an admin (who sees every section and every form), for each section: Tab from the top
+    of the page reaches each visible, enabled control, and the focus is always visible."""
+    await publish(console.mosquitto, "tab-1", {"metrics": {"temp": 90}})
+    page, errors = await open_console(browser, console.base)
+    await sign_in(page, ADMIN)
+    await expect(alarm_row(page, "tab-1")).to_be_visible(timeout=WAIT_MS)
+    await alarm_row(page, "tab-1").get_by_role("link", name="#").first.click()
+    await expect(page.locator("#alarm-detail .actions button").first).to_be_visible(timeout=WAIT_MS)
+    for section in ("alarms", "devices", "commands/tab-1", "campaigns", "notifications",
+                    "dead-letters"):  # fmt: skip
+        if section != "alarms":
+            await page.goto(f"{console.base}/#/{section}")
+        view = page.locator(f"#view-{section.split('/')[0]}")
+        await expect(view).to_be_visible(timeout=WAIT_MS)
+        await page.wait_for_load_state("networkidle")
+        wanted = await page.evaluate(
+            """selector => {
+                let n = 0;
+                for (const e of document.querySelectorAll(selector)) {
+                    const shown = e.offsetParent !== null
+                        && getComputedStyle(e).visibility !== 'hidden' && !e.closest('[hidden]');
+                    if (shown && !e.disabled) e.dataset.kb = String(n++);
+                    else delete e.dataset.kb;
+                }
+                return n;
+            }""",
+            _CONTROLS,
+        )
+        assert wanted > 0, section
+        await page.evaluate("document.activeElement && document.activeElement.blur()")
+        reached: set[str] = set()
+        for _ in range(wanted * 3 + 20):
+            await page.keyboard.press("Tab")
+            focus = await page.evaluate(
+                """() => {
+                    const e = document.activeElement;
+                    if (!e || e === document.body) return null;
+                    const style = getComputedStyle(e);
+                    const marked = style.outlineStyle !== 'none' || style.boxShadow !== 'none';
+                    return [e.dataset.kb ?? null, marked];
+                }"""
+            )
+            if focus is None or focus[0] is None:
+                continue
+            key, marked = focus
+            assert marked, (
+                section,
+                await page.evaluate(
+                    "[document.activeElement.outerHTML.slice(0, 200),"
+                    " document.activeElement.matches(':focus'),"
+                    " getComputedStyle(document.activeElement).outlineStyle,"
+                    " getComputedStyle(document.activeElement).outlineWidth]"
+                ),
+            )
+            reached.add(key)
+            if len(reached) == wanted:
+                break
+        missing = await page.evaluate(
+            "keys => [...document.querySelectorAll('[data-kb]')]"
+            ".filter(e => !keys.includes(e.dataset.kb)).map(e => e.outerHTML.slice(0, 120))",
+            sorted(reached),
+        )
+        assert missing == [], (section, missing)
+    assert errors.errors == []
