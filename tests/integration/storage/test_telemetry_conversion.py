@@ -3,9 +3,12 @@ keeping every row; ingest's dedup then holds for the rows that were there before
 
 from __future__ import annotations
 
+import os
+import time
 from datetime import UTC, datetime, timedelta
 
 import asyncpg
+import pytest
 
 from storage.ingest import TelemetryRow, insert_telemetry
 from storage.migrate import CREATE_TABLE, RECORD, migrate, shipped_migrations
@@ -91,5 +94,44 @@ async def test_a_populated_table_is_converted_with_every_row(empty_db_dsn: str) 
         async with conn.transaction():
             stored = await insert_telemetry(conn, [*old, new], "n9")
         assert stored == {new.event_id}
+    finally:
+        await conn.close()
+
+
+@pytest.mark.skipif(
+    not os.environ.get("CONVERSION_ROWS"), reason="run by hand: CONVERSION_ROWS=1000000"
+)
+async def test_conversion_time_by_hand(empty_db_dsn: str) -> None:
+    """Time the retention migration on CONVERSION_ROWS rows spread over 30 days (five devices,
+    two metrics, an event on every third); prints the seconds and the table's size."""
+    rows = int(os.environ["CONVERSION_ROWS"])
+    conn = await asyncpg.connect(empty_db_dsn)
+    try:
+        await conn.execute(CREATE_TABLE)
+        for step in shipped_migrations():
+            if step.version < RETENTION:
+                await conn.execute(step.sql)
+                await conn.execute(RECORD, step.version, step.name, step.checksum)
+        await conn.execute(
+            """
+            INSERT INTO telemetry (event_id, device_id, ts, seq, metrics, events, received_at,
+                                   node_id)
+            SELECT encode(sha256(int8send(g)), 'hex'), 'dev-' || (g % 5),
+                   $1::timestamptz - make_interval(secs => g * (2592000.0 / $2)), g,
+                   jsonb_build_object('temp', g % 100, 'humidity', g % 70),
+                   CASE WHEN g % 3 = 0 THEN '[{"type": "DOOR_OPEN"}]'::jsonb END,
+                   $1::timestamptz, 'n' || g % 2
+            FROM generate_series(1, $2) AS g
+            """,
+            NOW,
+            rows,
+        )
+        await conn.execute("VACUUM ANALYZE telemetry")
+        size = await conn.fetchval("SELECT pg_size_pretty(pg_total_relation_size('telemetry'))")
+        started = time.perf_counter()
+        assert RETENTION in await migrate(conn)
+        elapsed = time.perf_counter() - started
+        assert await conn.fetchval("SELECT count(*) FROM telemetry") == rows
+        print(f"\n{rows:,} rows ({size}) converted in {elapsed:.1f} s")
     finally:
         await conn.close()
