@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 import secrets
 import shutil
 import signal
@@ -250,17 +251,25 @@ async def run_demo(settings: DemoSettings) -> int:
     return 0
 
 
+def _browser_missing(option: str) -> bool:
+    """Whether ``option`` cannot run here (said on stderr): it needs Playwright, a dev
+    dependency, and Debian's chromium."""
+    if importlib.util.find_spec("playwright") is None:  # pragma: no cover - in the dev extra
+        print(f"{option} needs Playwright (pip install playwright)", file=sys.stderr)
+        return True
+    if not CHROMIUM.exists():
+        print(f"{option} needs Debian's chromium at {CHROMIUM}", file=sys.stderr)
+        return True
+    return False
+
+
 async def run_screenshots(settings: DemoSettings, outdir: Path) -> int:
     """The demo until it has open alarms, the console photographed, then stopped."""
     configure_logging(node_id="demo", fmt="console", level="warning")
-    try:
-        from gateway.runtime.screenshots import take_screenshots
-    except ImportError as exc:  # pragma: no cover - playwright is in the dev extra
-        print(f"--screenshots needs Playwright (pip install playwright): {exc}", file=sys.stderr)
+    if _browser_missing("--screenshots"):
         return 1
-    if not CHROMIUM.exists():
-        print(f"--screenshots needs Debian's chromium at {CHROMIUM}", file=sys.stderr)
-        return 1
+    from gateway.runtime.screenshots import take_screenshots  # imports playwright
+
     stop = asyncio.Event()
     _stop_on_signals(stop)
     async with running_demo(settings, stop) as demo:
@@ -274,14 +283,10 @@ async def run_measure_live(settings: DemoSettings, count: int) -> int:
     """The demo, an open console, and ``count`` alarms timed from their telemetry to their row
     on the page (one device each, one after the other, among the fleet's own traffic)."""
     configure_logging(node_id="demo", fmt="console", level="warning")
-    try:
-        from gateway.runtime.screenshots import measure_live_alarms
-    except ImportError as exc:  # pragma: no cover - playwright is in the dev extra
-        print(f"--measure-live needs Playwright (pip install playwright): {exc}", file=sys.stderr)
+    if _browser_missing("--measure-live"):
         return 1
-    if not CHROMIUM.exists():
-        print(f"--measure-live needs Debian's chromium at {CHROMIUM}", file=sys.stderr)
-        return 1
+    from gateway.runtime.screenshots import measure_live_alarms  # imports playwright
+
     stop = asyncio.Event()
     _stop_on_signals(stop)
     async with running_demo(settings, stop) as demo:

@@ -46,3 +46,18 @@ class ApiClient:
 
     async def get(self, path: str, *, token: str | None = VIEWER) -> Reply:
         return await self.call("GET", path, token=token)
+
+    async def keyset_ids(self, path: str) -> list[int]:
+        """Every item's id of a keyset-paged list, page after page (``path`` has its query,
+        e.g. ``?limit=2``): each page's ``next_before`` is its last id, the last page's null."""
+        ids: list[int] = []
+        page_path = path
+        while True:
+            page = await self.get(page_path)
+            assert page.status == 200, page.body
+            ids += [item["id"] for item in page.body["items"]]
+            cursor = page.body["next_before"]
+            if cursor is None:
+                return ids
+            assert cursor == ids[-1], (cursor, ids)
+            page_path = f"{path}&before={cursor}"

@@ -150,17 +150,7 @@ async def test_create_get_and_list_with_keyset_pages(api: Api) -> None:
     assert whole.body["next_before"] is None
     assert whole.body["items"][-1] == first
 
-    seen: list[int] = []
-    path = "/devices/dev-1/commands?limit=2"
-    while True:
-        page = await api.get(path)
-        assert page.status == 200, page.body
-        seen += [c["id"] for c in page.body["items"]]
-        if page.body["next_before"] is None:
-            break
-        assert page.body["next_before"] == seen[-1]
-        path = f"/devices/dev-1/commands?limit=2&before={page.body['next_before']}"
-    assert seen == newest_first
+    assert await api.keyset_ids("/devices/dev-1/commands?limit=2") == newest_first
     # A full last page promises no further page.
     exact = await api.get(f"/devices/dev-1/commands?limit=2&before={newest_first[2]}")
     assert [c["id"] for c in exact.body["items"]] == newest_first[3:]
@@ -189,16 +179,7 @@ async def test_the_fleets_commands_newest_first_by_status_in_keyset_pages(api: A
     assert set(whole.body["items"][0]) >= COMMAND_FIELDS
     assert whole.body["next_before"] is None
 
-    seen: list[int] = []
-    path = "/commands?limit=3"
-    while True:
-        page = await api.get(path)
-        assert page.status == 200, page.body
-        seen += [c["id"] for c in page.body["items"]]
-        if page.body["next_before"] is None:
-            break
-        path = f"/commands?limit=3&before={page.body['next_before']}"
-    assert seen == newest_first
+    assert await api.keyset_ids("/commands?limit=3") == newest_first
 
     only = await api.get("/commands?status=CANCELLED")
     assert [c["id"] for c in only.body["items"]] == sorted(cancelled, reverse=True)

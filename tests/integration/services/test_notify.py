@@ -50,6 +50,15 @@ def _webhook(name: str, url: str, extra: str = "") -> str:
     return f'[[notify.receivers]]\nname = "{name}"\nkind = "webhook"\nurl = "{url}"\n{extra}\n'
 
 
+def _email(
+    port: int, *, host: str = "127.0.0.1", to: str = '"ops@example.com"', extra: str = ""
+) -> str:
+    return (
+        f'[[notify.receivers]]\nname = "mail"\nkind = "email"\nhost = "{host}"\nport = {port}\n'
+        f'from = "gateway@example.com"\nto = [{to}]\n{extra}\n'
+    )
+
+
 def _route(receivers: list[str], extra: str = "") -> str:
     names = ", ".join(f'"{r}"' for r in receivers)
     return f"[[notify.routes]]\nreceivers = [{names}]\n{extra}\n"
@@ -283,15 +292,7 @@ async def test_email_has_subject_both_parts_and_recipients(
     pool: asyncpg.Pool, db_dsn: str, db: asyncpg.Connection
 ) -> None:
     with smtp_server() as smtp:
-        receivers = f"""
-[[notify.receivers]]
-name = "mail"
-kind = "email"
-host = "127.0.0.1"
-port = {smtp.port}
-from = "gateway@example.com"
-to = ["ops@example.com", "oncall@example.com"]
-"""
+        receivers = _email(smtp.port, to='"ops@example.com", "oncall@example.com"')
         node = Notifier(pool, db_dsn, _config(receivers, _route(["mail"])))
         event_id = await _event(db, 5, device="pump-7", rule="pressure", severity="CRITICAL")
         await _drain(node.consumer)
@@ -349,18 +350,8 @@ async def test_email_over_starttls_or_implicit_tls_with_a_login_from_the_environ
         # it would offer no AUTH at all. The whole connection is TLS there anyway.
         smtp_options = {"ssl_context": context, "auth_require_tls": False}
     with smtp_server(authenticator=logins, **smtp_options) as smtp:
-        receivers = f"""
-[[notify.receivers]]
-name = "mail"
-kind = "email"
-host = "localhost"
-port = {smtp.port}
-{mode} = true
-username = "gateway"
-password_env = "GW_TEST_SMTP_PASSWORD"
-from = "gateway@example.com"
-to = ["ops@example.com"]
-"""
+        login = f'{mode} = true\nusername = "gateway"\npassword_env = "GW_TEST_SMTP_PASSWORD"'
+        receivers = _email(smtp.port, host="localhost", extra=login)
         config = apply_secrets(
             _config(receivers, _route(["mail"])),
             {"GW_TEST_SMTP_PASSWORD": logins.expected[1].decode()},
@@ -381,16 +372,7 @@ async def test_an_email_server_whose_certificate_is_not_trusted_gets_nothing(
 ) -> None:
     context, _ = _server_tls(tmp_path)  # its CA is not among the trusted ones
     with smtp_server(tls_context=context, require_starttls=True) as smtp:
-        receivers = f"""
-[[notify.receivers]]
-name = "mail"
-kind = "email"
-host = "localhost"
-port = {smtp.port}
-starttls = true
-from = "gateway@example.com"
-to = ["ops@example.com"]
-"""
+        receivers = _email(smtp.port, host="localhost", extra="starttls = true")
         config = _config(
             receivers, _route(["mail"]), FAST.replace("max_attempts = 5", "max_attempts = 1")
         )

@@ -17,16 +17,20 @@ RETENTION = next(m.version for m in shipped_migrations() if m.name == "retention
 NOW = datetime.now(UTC)
 
 
+async def _schema_before_retention(conn: asyncpg.Connection) -> None:
+    await conn.execute(CREATE_TABLE)
+    for step in shipped_migrations():
+        if step.version < RETENTION:
+            await conn.execute(step.sql)
+            await conn.execute(RECORD, step.version, step.name, step.checksum)
+
+
 async def test_a_populated_table_is_converted_with_every_row(empty_db_dsn: str) -> None:
     conn = await asyncpg.connect(empty_db_dsn)
     try:
         # The schema as it was before the retention migration, with a year of rows, rows of
         # a device clock far off, and rows from the future.
-        await conn.execute(CREATE_TABLE)
-        for step in shipped_migrations():
-            if step.version < RETENTION:
-                await conn.execute(step.sql)
-                await conn.execute(RECORD, step.version, step.name, step.checksum)
+        await _schema_before_retention(conn)
         await conn.execute(
             """
             INSERT INTO telemetry (event_id, device_id, ts, seq, metrics, events, received_at,
@@ -107,11 +111,7 @@ async def test_conversion_time_by_hand(empty_db_dsn: str) -> None:
     rows = int(os.environ["CONVERSION_ROWS"])
     conn = await asyncpg.connect(empty_db_dsn)
     try:
-        await conn.execute(CREATE_TABLE)
-        for step in shipped_migrations():
-            if step.version < RETENTION:
-                await conn.execute(step.sql)
-                await conn.execute(RECORD, step.version, step.name, step.checksum)
+        await _schema_before_retention(conn)
         await conn.execute(
             """
             INSERT INTO telemetry (event_id, device_id, ts, seq, metrics, events, received_at,
