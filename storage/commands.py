@@ -18,6 +18,16 @@ BY_IDEMPOTENCY_KEY = _Q["by_idempotency_key"]
 GET = _Q["get"]
 LIST_FOR_DEVICE = _Q["list_for_device"]
 LIST_ALL = _Q["list_all"]
+# Which statement pages a status (see commands.sql): ACKED and anything else, the generic one.
+LIST_OF_STATUS = {
+    "PENDING": _Q["list_pending"],
+    "CLAIMED": _Q["list_in_flight"],
+    "SENT": _Q["list_in_flight"],
+    "FAILED": _Q["list_unsuccessful"],
+    "TIMEOUT": _Q["list_unsuccessful"],
+    "CANCELLED": _Q["list_unsuccessful"],
+}
+LIST_OTHER_STATUS = _Q["list_of_status"]
 RECEIPTS_OF = _Q["receipts_of"]
 CLAIM_DUE = _Q["claim_due"]
 MARK_SENT = _Q["mark_sent"]
@@ -77,7 +87,10 @@ async def list_for_device(
 async def list_all(
     conn: asyncpg.Connection, *, status: str | None, before_id: int | None, limit: int
 ) -> list[asyncpg.Record]:
-    return list(await conn.fetch(LIST_ALL, status, before_id, limit))
+    if status is None:
+        return list(await conn.fetch(LIST_ALL, before_id, limit))
+    query = LIST_OF_STATUS.get(status, LIST_OTHER_STATUS)
+    return list(await conn.fetch(query, status, before_id, limit))
 
 
 async def receipts_of(conn: asyncpg.Connection, command_id: int) -> list[asyncpg.Record]:

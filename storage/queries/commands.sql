@@ -21,9 +21,34 @@ WHERE device_id = $1 AND ($2::bigint IS NULL OR id < $2)
 ORDER BY id DESC LIMIT $3;
 
 -- name: list_all
--- $1 status or null, $2 before id (keyset, newest first) or null, $3 limit. The fleet's commands.
+-- $1 before id (keyset, newest first) or null, $2 limit. The fleet's commands.
+SELECT * FROM command WHERE ($1::bigint IS NULL OR id < $1) ORDER BY id DESC LIMIT $2;
+
+-- The fleet's commands of one status: $1 status, $2 before id or null, $3 limit. One statement
+-- per kind of status, each naming its statuses as constants: a prepared statement's generic plan
+-- can then prove the partial index's predicate (a `status = $1` alone cannot), so a page of rare
+-- statuses never walks the whole table (migration 0015).
+
+-- name: list_of_status
+-- Most commands end ACKED: the primary key, walked backwards, finds them at once.
 SELECT * FROM command
-WHERE ($1::text IS NULL OR status = $1) AND ($2::bigint IS NULL OR id < $2)
+WHERE status = $1 AND ($2::bigint IS NULL OR id < $2)
+ORDER BY id DESC LIMIT $3;
+
+-- name: list_pending
+SELECT * FROM command
+WHERE status = 'PENDING' AND status = $1 AND ($2::bigint IS NULL OR id < $2)
+ORDER BY id DESC LIMIT $3;
+
+-- name: list_in_flight
+SELECT * FROM command
+WHERE status IN ('CLAIMED', 'SENT') AND status = $1 AND ($2::bigint IS NULL OR id < $2)
+ORDER BY id DESC LIMIT $3;
+
+-- name: list_unsuccessful
+SELECT * FROM command
+WHERE status IN ('FAILED', 'TIMEOUT', 'CANCELLED') AND status = $1
+  AND ($2::bigint IS NULL OR id < $2)
 ORDER BY id DESC LIMIT $3;
 
 -- name: receipts_of

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import re
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -23,6 +24,7 @@ from gateway.domain.command import (
     receipt_effect,
 )
 from protocol.messages import ReceiptResult
+from storage import commands
 
 S = CommandStatus
 T0 = datetime(2024, 5, 1, 8, 0, tzinfo=UTC)
@@ -347,6 +349,10 @@ async def test_indexes(db: asyncpg.Connection) -> None:
         "command_audit_command_idx": "(command_id, id)",
         # A campaign's counts per status and its commands page by page.
         "command_campaign_idx": "(campaign_id, status, id) WHERE (campaign_id IS NOT NULL)",
+        # The fleet's rare outcomes page by page (GET /commands?status=FAILED).
+        "command_unsuccessful_idx": (
+            "(id) WHERE (status = ANY (ARRAY['FAILED'::text, 'TIMEOUT'::text, 'CANCELLED'::text]))"
+        ),
     }
 
 
@@ -662,3 +668,45 @@ async def test_the_notify_trigger_wakes_dispatchers_for_due_work_only(
     assert await next_payload(notifications) == ""
     await db.execute("UPDATE command SET status = 'ACKED', raw_ack = 'y' WHERE id = $1", claimed)
     await assert_quiet(db, notifications)
+
+
+async def test_a_page_of_each_status_reads_an_index_of_that_status_in_a_generic_plan(
+    db: asyncpg.Connection,
+) -> None:
+    """GET /commands?status=: a prepared statement's generic plan (what a long-running node
+    ends up with) must not walk every command ever made to find a page of a rare status."""
+    await db.execute(
+        """
+        INSERT INTO command (device_id, name, status, claim_generation, claimed_node_id,
+                             claimed_at, sent_at, timeout_at, result, result_code, finished_at)
+        SELECT 'dev-' || g % 50, 'reboot', 'ACKED', 1, 'n1', now(), now(), now(), 'ACKED', 0,
+               now()
+        FROM generate_series(1, 20000) AS g
+        """
+    )
+    await db.execute("ANALYZE command")
+    await db.execute("SET plan_cache_mode = force_generic_plan")
+    try:
+        for n, (status, indexes) in enumerate(
+            [
+                ("FAILED", {"command_unsuccessful_idx"}),
+                ("TIMEOUT", {"command_unsuccessful_idx"}),
+                ("CANCELLED", {"command_unsuccessful_idx"}),
+                ("PENDING", {"command_pending_idx", "command_pending_device_idx"}),
+                # The few in flight, by whichever of their partial indexes.
+                ("SENT", {"command_in_flight_device_idx", "command_expire_idx"}),
+            ]
+        ):
+            await db.execute(
+                f"PREPARE page_{n}(text, bigint, integer) AS {commands.LIST_OF_STATUS[status]}"
+            )
+            plan = await db.fetchval(
+                f"EXPLAIN (FORMAT JSON) EXECUTE page_{n}('{status}', NULL, 50)"
+            )
+            used = set(re.findall(r'"Index Name": "(\w+)"', plan))
+            assert used, (status, plan)
+            assert used <= indexes, (status, plan)
+            assert "Seq Scan" not in plan, (status, plan)
+    finally:
+        await db.execute("RESET plan_cache_mode")
+        await db.execute("DEALLOCATE ALL")
