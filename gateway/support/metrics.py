@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import gc
+
 from prometheus_client import (
     CollectorRegistry,
     Counter,
     Gauge,
+    GCCollector,
     Histogram,
     Info,
     ProcessCollector,
@@ -28,6 +31,13 @@ class Metrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry(auto_describe=True)
         ProcessCollector(registry=r)  # process_cpu_seconds_total, resident memory, open fds...
+        GCCollector(registry=r)  # python_gc_collections_total and objects collected, by generation
+        Gauge(
+            "gateway_gc_frozen_objects",
+            "Objects of the start-up (modules, the HTTP app, ...) taken out of the garbage "
+            "collector's full passes once the daemon was ready (gc.freeze)",
+            registry=r,
+        ).set_function(gc.get_freeze_count)
         Info("gateway_build", "The running release", registry=r).info(
             {"version": gateway_version()}
         )
