@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Annotated, Final
 
+import asyncpg
 import structlog
 from litestar import Response
 from litestar.di import NamedDependency
@@ -162,10 +164,8 @@ async def list_commands(
     limit: Limit = LIMIT_DEFAULT,
     before: Before = None,
 ) -> CommandPage:
-    # One more than asked: a next page is promised only if it has something on it.
     found = await commands.list(id, before_id=before, limit=limit + 1)
-    page = [from_row(Command, r) for r in found[:limit]]
-    return CommandPage(items=page, next_before=page[-1].id if len(found) > limit else None)
+    return _page(found, limit)
 
 
 @route(
@@ -189,6 +189,12 @@ async def list_fleet_commands(
     found = await commands.list_all(
         status=None if status is None else status.value, before_id=before, limit=limit + 1
     )
+    return _page(found, limit)
+
+
+def _page(found: Sequence[asyncpg.Record], limit: int) -> CommandPage:
+    """``found`` was asked for one more than ``limit``: a next page is promised only if it has
+    something on it."""
     page = [from_row(Command, r) for r in found[:limit]]
     return CommandPage(items=page, next_before=page[-1].id if len(found) > limit else None)
 
