@@ -23,7 +23,7 @@ import shutil
 import signal
 import sys
 import tempfile
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -263,33 +263,44 @@ def _browser_missing(option: str) -> bool:
     return False
 
 
-async def run_screenshots(settings: DemoSettings, outdir: Path) -> int:
-    """The demo until it has open alarms, the console photographed, then stopped."""
+async def _with_browser(
+    settings: DemoSettings, option: str, work: Callable[[Demo], Awaitable[None]]
+) -> int:
+    """The demo running while ``work`` uses it with a browser, then stopped; 1 when ``option``
+    cannot run here."""
     configure_logging(node_id="demo", fmt="console", level="warning")
-    if _browser_missing("--screenshots"):
+    if _browser_missing(option):
         return 1
-    from gateway.runtime.screenshots import take_screenshots  # imports playwright
-
     stop = asyncio.Event()
     _stop_on_signals(stop)
     async with running_demo(settings, stop) as demo:
-        written = await take_screenshots(demo.url, demo.token, outdir, CHROMIUM, SCREEN_SIZES)
+        await work(demo)
+    return 0
+
+
+async def run_screenshots(settings: DemoSettings, outdir: Path) -> int:
+    """The demo until it has open alarms, the console photographed, then stopped."""
+    written: list[Path] = []
+
+    async def photograph(demo: Demo) -> None:
+        from gateway.runtime.screenshots import take_screenshots  # imports playwright
+
+        written.extend(await take_screenshots(demo.url, demo.token, outdir, CHROMIUM, SCREEN_SIZES))
+
+    code = await _with_browser(settings, "--screenshots", photograph)
     for path in written:
         print(path)
-    return 0
+    return code
 
 
 async def run_measure_live(settings: DemoSettings, count: int) -> int:
     """The demo, an open console, and ``count`` alarms timed from their telemetry to their row
     on the page (one device each, one after the other, among the fleet's own traffic)."""
-    configure_logging(node_id="demo", fmt="console", level="warning")
-    if _browser_missing("--measure-live"):
-        return 1
-    from gateway.runtime.screenshots import measure_live_alarms  # imports playwright
+    millis: list[float] = []
 
-    stop = asyncio.Event()
-    _stop_on_signals(stop)
-    async with running_demo(settings, stop) as demo:
+    async def measure(demo: Demo) -> None:
+        from gateway.runtime.screenshots import measure_live_alarms  # imports playwright
+
         assert demo.daemon.broker_address is not None
         host, port = demo.daemon.broker_address
         topics = demo.daemon.config.topics
@@ -300,7 +311,11 @@ async def run_measure_live(settings: DemoSettings, count: int) -> int:
                 hot = Telemetry(ts=datetime.now(UTC), metrics={"temp": 95.0})
                 await client.publish(topics.telemetry(device), encode_telemetry(hot), qos=1)
 
-            millis = await measure_live_alarms(demo.url, demo.token, CHROMIUM, devices, spike)
+            millis.extend(await measure_live_alarms(demo.url, demo.token, CHROMIUM, devices, spike))
+
+    code = await _with_browser(settings, "--measure-live", measure)
+    if code:
+        return code
     ordered = sorted(millis)
     print(
         f"{count} alarms, telemetry to the open page: "

@@ -9,12 +9,13 @@ saves the alarm list and the most severe alarm's detail at each size as PNG file
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Final
 
-from playwright.async_api import Page, async_playwright, expect
+from playwright.async_api import Browser, Page, async_playwright, expect
 
 WAIT_MS: Final = 90_000
 MIN_ALARMS: Final = 6
@@ -27,6 +28,19 @@ async def _signed_in(page: Page, url: str, token: str) -> None:
     await expect(page.locator("#live")).to_have_text("live", timeout=WAIT_MS)
 
 
+@contextlib.asynccontextmanager
+async def _chromium(chromium: Path) -> AsyncIterator[Browser]:
+    """Debian's chromium, headless (as root it needs --no-sandbox), closed on the way out."""
+    async with async_playwright() as playwright:
+        browser = await playwright.chromium.launch(
+            executable_path=str(chromium), args=["--no-sandbox"], headless=True
+        )
+        try:
+            yield browser
+        finally:
+            await browser.close()
+
+
 async def take_screenshots(
     url: str,
     token: str,
@@ -36,31 +50,25 @@ async def take_screenshots(
 ) -> list[Path]:
     await asyncio.to_thread(outdir.mkdir, parents=True, exist_ok=True)
     written: list[Path] = []
-    async with async_playwright() as playwright:
-        browser = await playwright.chromium.launch(
-            executable_path=str(chromium), args=["--no-sandbox"], headless=True
-        )
-        try:
-            for label, (width, height) in sizes.items():
-                context = await browser.new_context(viewport={"width": width, "height": height})
-                page = await context.new_page()
-                await _signed_in(page, url, token)
-                rows = page.locator("#alarm-table tbody tr")
-                await expect(rows.nth(MIN_ALARMS - 1)).to_be_visible(timeout=WAIT_MS)
-                listing = outdir / f"console-alarms-{label}.png"
-                await page.screenshot(path=str(listing))
-                # The list is ordered most severe first: its first alarm is the one to show.
-                await rows.first.get_by_role("link").first.click()
-                await expect(page.locator("#alarm-detail .audit li").first).to_be_visible(
-                    timeout=WAIT_MS
-                )
-                await page.locator("#alarm-detail").scroll_into_view_if_needed()
-                detail = outdir / f"console-alarm-detail-{label}.png"
-                await page.screenshot(path=str(detail))
-                written += [listing, detail]
-                await context.close()
-        finally:
-            await browser.close()
+    async with _chromium(chromium) as browser:
+        for label, (width, height) in sizes.items():
+            context = await browser.new_context(viewport={"width": width, "height": height})
+            page = await context.new_page()
+            await _signed_in(page, url, token)
+            rows = page.locator("#alarm-table tbody tr")
+            await expect(rows.nth(MIN_ALARMS - 1)).to_be_visible(timeout=WAIT_MS)
+            listing = outdir / f"console-alarms-{label}.png"
+            await page.screenshot(path=str(listing))
+            # The list is ordered most severe first: its first alarm is the one to show.
+            await rows.first.get_by_role("link").first.click()
+            await expect(page.locator("#alarm-detail .audit li").first).to_be_visible(
+                timeout=WAIT_MS
+            )
+            await page.locator("#alarm-detail").scroll_into_view_if_needed()
+            detail = outdir / f"console-alarm-detail-{label}.png"
+            await page.screenshot(path=str(detail))
+            written += [listing, detail]
+            await context.close()
     return written
 
 
@@ -92,23 +100,17 @@ async def measure_live_alarms(
     """For each device in turn: ``spike`` it (telemetry that raises an alarm) and time, in
     milliseconds, from just before the publish to its row showing in an open, signed-in page
     that is never reloaded. Both clocks are this machine's wall clock."""
-    async with async_playwright() as playwright:
-        browser = await playwright.chromium.launch(
-            executable_path=str(chromium), args=["--no-sandbox"], headless=True
-        )
-        try:
-            page = await browser.new_page(viewport={"width": 1280, "height": 800})
-            await _signed_in(page, url, token)
-            await page.evaluate(_WATCH_ROWS, list(devices))
-            millis: list[float] = []
-            for device in devices:
-                started = time.time() * 1000
-                await spike(device)
-                await page.wait_for_function(
-                    "device => device in (window.__alarmSeen || {})", arg=device, timeout=WAIT_MS
-                )
-                seen = await page.evaluate("device => window.__alarmSeen[device]", device)
-                millis.append(float(seen) - started)
-            return millis
-        finally:
-            await browser.close()
+    async with _chromium(chromium) as browser:
+        page = await browser.new_page(viewport={"width": 1280, "height": 800})
+        await _signed_in(page, url, token)
+        await page.evaluate(_WATCH_ROWS, list(devices))
+        millis: list[float] = []
+        for device in devices:
+            started = time.time() * 1000
+            await spike(device)
+            await page.wait_for_function(
+                "device => device in (window.__alarmSeen || {})", arg=device, timeout=WAIT_MS
+            )
+            seen = await page.evaluate("device => window.__alarmSeen[device]", device)
+            millis.append(float(seen) - started)
+        return millis
