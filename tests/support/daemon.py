@@ -165,6 +165,17 @@ class DaemonProcess:
             self.kill()
 
 
+async def scrape(port: int) -> dict[str, float]:
+    """A daemon's /metrics as series (name with its labels) -> value."""
+    async with (
+        aiohttp.ClientSession() as http,
+        http.get(f"http://127.0.0.1:{port}/metrics") as response,
+    ):
+        text = await response.text()
+    lines = [line for line in text.splitlines() if line and not line.startswith("#")]
+    return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in lines}
+
+
 async def http_healthy(port: int) -> bool:
     """True when the daemon's /health answers 200."""
     try:

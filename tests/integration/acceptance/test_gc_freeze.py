@@ -6,22 +6,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import aiohttp
-
-from tests.support.daemon import DaemonProcess, config_toml, http_healthy
+from tests.support.daemon import DaemonProcess, config_toml, http_healthy, scrape
 from tests.support.mosquitto import Mosquitto
 from tests.support.ports import free_port
 from tests.support.waiting import wait_until
-
-
-async def _metrics(port: int) -> dict[str, float]:
-    async with (
-        aiohttp.ClientSession() as http,
-        http.get(f"http://127.0.0.1:{port}/metrics") as response,
-    ):
-        text = await response.text()
-    lines = [line for line in text.splitlines() if line and not line.startswith("#")]
-    return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in lines}
 
 
 async def test_a_running_gateway_has_its_start_up_objects_frozen(
@@ -42,7 +30,7 @@ async def test_a_running_gateway_has_its_start_up_objects_frozen(
         frozen: dict[str, float] = {}
 
         async def frozen_once_ready() -> bool:
-            frozen.update(await _metrics(http_port))
+            frozen.update(await scrape(http_port))
             return frozen["gateway_gc_frozen_objects"] > 10_000
 
         await wait_until(frozen_once_ready, timeout=30, message="start-up objects frozen")

@@ -4,6 +4,8 @@ outbox publisher nor the other receivers (asserted by counts)."""
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -35,7 +37,12 @@ DOOR = '[[rules]]\nkey = "door"\nkind = "event"\nevent = "DOOR_OPEN"\nseverity =
 
 
 def _notify(
-    server: WebhookServer, *, settings: str = "", receivers: str = "", poll_s: float = 0.1
+    server: WebhookServer,
+    *,
+    settings: str = "",
+    receivers: str = "",
+    poll_s: float = 0.1,
+    events: Sequence[str] = ("alarm.created",),
 ) -> str:
     return f"""
 [notify]
@@ -52,7 +59,7 @@ url = "{server.url("/hook")}"
 {receivers}
 
 [[notify.routes]]
-events = ["alarm.created"]
+events = {json.dumps(list(events))}
 receivers = ["hook"]
 """
 
@@ -353,8 +360,7 @@ token = "operator-token-0123456789abcdef"
 role = "operator"
 """
     async with webhook_server() as server:
-        route = f"events = [{', '.join(f'{e!r}' for e in events)}]".replace("'", '"')
-        notify = _notify(server).replace('events = ["alarm.created"]', route)
+        notify = _notify(server, events=events)
         http_port = free_port()
         config = make_config(
             dsn=db_dsn, mqtt_port=mosquitto.port, http_port=http_port, extra=hot + timers + notify

@@ -6,7 +6,7 @@ import aiohttp
 import aiomqtt
 
 from protocol import Topics
-from tests.support.daemon import make_config, running_daemon
+from tests.support.daemon import make_config, running_daemon, scrape
 from tests.support.mosquitto import Mosquitto
 from tests.support.waiting import wait_until
 
@@ -63,13 +63,9 @@ async def test_metrics_carry_the_process_the_build_and_the_pool_and_no_created_s
 ) -> None:
     config = make_config(dsn=db_dsn, mqtt_port=mosquitto.port, node_id="metrics-node")
     # /health is never asked: the pool gauges are read at the scrape itself.
-    async with running_daemon(config) as daemon, aiohttp.ClientSession() as http:
-        url = f"http://127.0.0.1:{daemon.http_port}/metrics"
-        response = await http.get(url)
-        text = await response.text()
-        response.release()
-    lines = [line for line in text.splitlines() if line and not line.startswith("#")]
-    values = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in lines}
+    async with running_daemon(config) as daemon:
+        assert daemon.http_port is not None
+        values = await scrape(daemon.http_port)
     assert values["process_cpu_seconds_total"] > 0
     assert values["process_resident_memory_bytes"] > 0
     (build,) = [name for name in values if name.startswith("gateway_build_info{")]
