@@ -29,7 +29,7 @@ async def _signed_in(page: Page, url: str, token: str) -> None:
 
 
 @contextlib.asynccontextmanager
-async def _chromium(chromium: Path) -> AsyncIterator[Browser]:
+async def launch_chromium(chromium: Path) -> AsyncIterator[Browser]:
     """Debian's chromium, headless (as root it needs --no-sandbox), closed on the way out."""
     async with async_playwright() as playwright:
         browser = await playwright.chromium.launch(
@@ -50,7 +50,7 @@ async def take_screenshots(
 ) -> list[Path]:
     await asyncio.to_thread(outdir.mkdir, parents=True, exist_ok=True)
     written: list[Path] = []
-    async with _chromium(chromium) as browser:
+    async with launch_chromium(chromium) as browser:
         for label, (width, height) in sizes.items():
             context = await browser.new_context(viewport={"width": width, "height": height})
             page = await context.new_page()
@@ -100,7 +100,7 @@ async def measure_live_alarms(
     """For each device in turn: ``spike`` it (telemetry that raises an alarm) and time, in
     milliseconds, from just before the publish to its row showing in an open, signed-in page
     that is never reloaded. Both clocks are this machine's wall clock."""
-    async with _chromium(chromium) as browser:
+    async with launch_chromium(chromium) as browser:
         page = await browser.new_page(viewport={"width": 1280, "height": 800})
         await _signed_in(page, url, token)
         await page.evaluate(_WATCH_ROWS, list(devices))

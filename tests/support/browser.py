@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Final
 
 import pytest
-from playwright.async_api import Browser, Page, async_playwright, expect
+from playwright.async_api import Browser, Page, expect
 
-CHROMIUM: Final = Path("/usr/bin/chromium")
+from gateway.runtime.demo import CHROMIUM
+from gateway.runtime.screenshots import launch_chromium
+
 # Generous for a loaded CI machine; every wait is on a condition, never a sleep.
 WAIT_MS: Final = 20_000
 DESKTOP: Final = {"width": 1280, "height": 800}
@@ -30,14 +31,8 @@ def require_chromium() -> None:
 @contextlib.asynccontextmanager
 async def chromium() -> AsyncIterator[Browser]:
     require_chromium()
-    async with async_playwright() as playwright:
-        browser = await playwright.chromium.launch(
-            executable_path=str(CHROMIUM), args=["--no-sandbox"], headless=True
-        )
-        try:
-            yield browser
-        finally:
-            await browser.close()
+    async with launch_chromium(CHROMIUM) as browser:
+        yield browser
 
 
 class PageErrors:
