@@ -45,6 +45,7 @@ from paho.mqtt.properties import Properties
 from protocol import TopicKind, Topics
 from sim.bench_live import measure_campaign, measure_commands, measure_latency, measure_storm
 from sim.broker import BenchBroker
+from sim.cpu import PARTIES, CpuSplit
 from sim.gateways import RECEIVE_MAXIMUM, GatewayProcesses
 from sim.naive import naive_drain
 from sim.probes import Probes
@@ -472,6 +473,7 @@ async def _run_phases(sizes: Sizes, *, dsn: str) -> dict[str, Any]:
                         devices=sizes.command_devices,
                         workdir=workdir,
                         probes=probes,
+                        broker_pid=broker.pid,
                     )
                     _note(
                         f"commands: {commands.per_s:,.0f}/s, p99 {commands.timings.p99_ms:.1f} ms"
@@ -483,6 +485,7 @@ async def _run_phases(sizes: Sizes, *, dsn: str) -> dict[str, Any]:
                         devices=sizes.campaign_devices,
                         workdir=workdir,
                         probes=probes,
+                        broker_pid=broker.pid,
                     )
                     _note(
                         f"campaign: {campaign.per_s:,.0f}/s ({campaign.acked:,} ACKED,"
@@ -548,6 +551,8 @@ async def _run_phases(sizes: Sizes, *, dsn: str) -> dict[str, Any]:
         "campaign_commands_per_s": round(campaign.per_s),
         # Every command ACKED exactly once in its generation (1 is true).
         "campaign_acked_once": int(campaign.acked_once),
+        **cpu_fields("commands", commands.burst_cpu, commands.burst_acked),
+        **cpu_fields("campaign", campaign.cpu, campaign.acked),
         "rss_mb": round(max(one.rss_mb, one311.rss_mb, storm.rss_mb), 1),
         "rss_all_phases_mb": round(
             max(one.rss_mb, one311.rss_mb, one_live.rss_mb, two_live.rss_mb, storm.rss_mb), 1
@@ -555,6 +560,24 @@ async def _run_phases(sizes: Sizes, *, dsn: str) -> dict[str, Any]:
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, "
         f"Python {platform.python_version()}",
     }
+
+
+def cpu_fields(phase: str, split: CpuSplit, units: int) -> dict[str, Any]:
+    """A phase's CPU per unit of work for each party (µs; None for a party not on this
+    machine), their total, how busy the machine was (%), and the rate its cores could carry
+    at that total: ``cores / total``."""
+    per_unit = split.per_unit_us(units)
+    known = [value for value in per_unit.values() if value is not None]
+    total = sum(known)
+    cores = os.cpu_count() or 1
+    fields: dict[str, Any] = {}
+    for party in PARTIES:
+        used = per_unit.get(party)
+        fields[f"{phase}_cpu_us_{party}"] = None if used is None else round(used)
+    fields[f"{phase}_cpu_us_total"] = round(total)
+    fields[f"{phase}_machine_busy_pct"] = round(split.busy * 100, 1)
+    fields[f"{phase}_cpu_ceiling_per_s"] = round(cores / total * 1e6) if total > 0 else 0
+    return fields
 
 
 def _note(text: str) -> None:
@@ -597,6 +620,33 @@ def target_met(key: str, value: float) -> bool | None:
     if op == ">=":
         return value >= bound
     return value <= bound if op == "<=" else value < bound
+
+
+def _cpu_rows(r: dict[str, Any], phase: str, name: str) -> list[tuple[str, str, str]]:
+    """Who used the CPU per command of a phase, and what rate that leaves the machine."""
+    if f"{phase}_cpu_us_total" not in r:
+        return []
+    split = " / ".join(
+        "n/a" if r[f"{phase}_cpu_us_{party}"] is None else f"{r[f'{phase}_cpu_us_{party}']:,}"
+        for party in PARTIES
+    )
+    return [
+        (
+            f"{name}: CPU per command, gateway / PostgreSQL / broker / simulator",
+            f"{split} us",
+            "",
+        ),
+        (
+            f"{name}: CPU per command, together; machine busy",
+            f"{r[f'{phase}_cpu_us_total']:,} us; {r[f'{phase}_machine_busy_pct']:.0f} %",
+            "",
+        ),
+        (
+            f"{name}: the most the cores could carry at that cost",
+            f"{r[f'{phase}_cpu_ceiling_per_s']:,} /s",
+            "",
+        ),
+    ]
 
 
 def render_table(result: dict[str, Any]) -> str:
@@ -677,6 +727,7 @@ def render_table(result: dict[str, Any]) -> str:
         ),
         (f"command p50 at {r['commands_paced_per_s']:,} /s", f"{r['commands_p50_ms']:.1f} ms", ""),
         ("command p99 (creation -> ACKED)", f"{r['commands_p99_ms']:.1f} ms", "commands_p99_ms"),
+        *_cpu_rows(r, "commands", "command burst"),
         (
             f"campaign: 1 request to {r['campaign_devices']:,} devices",
             f"{r['campaign_commands_per_s']:,} /s ({r['campaign_acked']:,} ACKED)",
@@ -687,6 +738,7 @@ def render_table(result: dict[str, Any]) -> str:
             "yes" if r["campaign_acked_once"] else "NO",
             "campaign_acked_once",
         ),
+        *_cpu_rows(r, "campaign", "campaign"),
         ("gateway peak RSS (drain, storm)", f"{r['rss_mb']} MB", "rss_mb"),
     ]
     width = max(len(name) for name, _, _ in rows)

@@ -32,6 +32,7 @@ import asyncpg
 import msgspec
 
 from protocol import MetricValue, Telemetry, Topics, encode_telemetry
+from sim.cpu import CpuSplit, CpuWindow, command_parties
 from sim.gateways import API_TOKEN, BENCH_TOKEN, RULES, GatewayProcesses
 from sim.http_client import LeanHttp
 from sim.probes import Probes
@@ -102,6 +103,7 @@ class Commands:
     paced_rate: float
     paced_acked: int
     timings: Percentiles
+    burst_cpu: CpuSplit  # over the burst, from its first request to its last ACKED
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +113,7 @@ class CampaignRun:
     seconds: float
     per_s: float
     acked_once: bool  # every command ACKED by exactly one audited write and one receipt
+    cpu: CpuSplit  # from the request to the last ACKED
 
 
 async def paced(
@@ -267,7 +270,14 @@ def _ms(delta: Any) -> float:
 
 
 async def measure_commands(
-    port: int, dsn: str, *, commands: int, devices: int, workdir: Path, probes: Probes
+    port: int,
+    dsn: str,
+    *,
+    commands: int,
+    devices: int,
+    workdir: Path,
+    probes: Probes,
+    broker_pid: int | None = None,
 ) -> Commands:
     prefix = "cmd"
     topics = Topics(prefix)
@@ -318,7 +328,10 @@ async def measure_commands(
                 )
                 return list(await conn.fetch(Q["command_timings"], f"{prefix}{group}-%"))
 
+            window = CpuWindow(command_parties(gateways.pids, broker_pid))
+            window.start()
             burst_rows = await run("burst", None)
+            burst_cpu = window.stop()
             _, burst_s = _finish_times(burst_rows)
             burst_acked = sum(row["status"] == "ACKED" for row in burst_rows)
             per_s = burst_acked / burst_s if burst_s > 0 else 0.0
@@ -340,11 +353,18 @@ async def measure_commands(
         paced_rate=paced_rate,
         paced_acked=len(millis),
         timings=Percentiles.of(millis[warmup:]),
+        burst_cpu=burst_cpu,
     )
 
 
 async def measure_campaign(
-    port: int, dsn: str, *, devices: int, workdir: Path, probes: Probes
+    port: int,
+    dsn: str,
+    *,
+    devices: int,
+    workdir: Path,
+    probes: Probes,
+    broker_pid: int | None = None,
 ) -> CampaignRun:
     """One campaign to ``devices`` simulated devices; first creation to last ACKED."""
     prefix = "camp"
@@ -372,6 +392,8 @@ async def measure_campaign(
             "params": {"seconds": 60},
             "targets": {"devices": device_ids(devices, prefix)},
         }
+        window = CpuWindow(command_parties(gateways.pids, broker_pid))
+        window.start()
         async with (
             aiohttp.ClientSession(base, headers=headers) as http,
             http.post("/campaigns", json=body) as reply,
@@ -384,6 +406,7 @@ async def measure_campaign(
             timeout_s=600,
             what="the campaign's commands to finish",
         )
+        cpu = window.stop()
         rows = list(await conn.fetch(Q["campaign_check"], campaign_id))
     finally:
         stop.set()
@@ -402,4 +425,5 @@ async def measure_campaign(
         seconds=seconds,
         per_s=acked / seconds if seconds > 0 else 0.0,
         acked_once=once,
+        cpu=cpu,
     )

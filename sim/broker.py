@@ -62,6 +62,10 @@ class BenchBroker:
                 return self
         raise RuntimeError("mosquitto did not start")
 
+    @property
+    def pid(self) -> int | None:
+        return None if self._process is None else self._process.pid
+
     def __exit__(
         self,
         exc_type: type[BaseException] | None,

@@ -7,7 +7,6 @@ HTTP API for commands — so it measures the real thing, and ``sim`` needs none 
 from __future__ import annotations
 
 import asyncio
-import os
 import secrets
 import sys
 from pathlib import Path
@@ -16,6 +15,7 @@ from typing import Final
 import aiohttp
 
 from sim.broker import free_port
+from sim.cpu import processes_cpu_s
 
 RECEIVE_MAXIMUM: Final = 1000
 # A fresh operator token per run: the API refuses calls without one.
@@ -123,18 +123,10 @@ class GatewayProcesses:
 
     def cpu_seconds(self) -> float:
         """CPU time (user + system) the running processes have used so far, together."""
-        tick = os.sysconf("SC_CLK_TCK")
-        total = 0.0
-        for process in self.processes:
-            try:
-                stat = Path(f"/proc/{process.pid}/stat").read_text()
-            except OSError:
-                continue
-            # Fields after the parenthesised command name; utime and stime are the 14th and
-            # 15th of the whole line, the 12th and 13th after it.
-            fields = stat.rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / tick
-        return total
+        return processes_cpu_s(self.pids())
+
+    def pids(self) -> list[int]:
+        return [process.pid for process in self.processes]
 
     def log_tail(self, lines: int = 20) -> str:
         tails = []

@@ -15,6 +15,7 @@ import pytest
 
 from protocol import TopicKind, Topics
 from sim.bench import TARGETS, embedded_database
+from sim.cpu import PARTIES
 from sim.telemetry import device_ids, telemetry_stream
 from sim.wire import WireError, WirePublisher
 from tests.support.mosquitto import Mosquitto
@@ -139,6 +140,13 @@ async def test_bench_quick_completes_and_reports_every_figure(
     assert result["gateway2_devices_on_both_nodes"] == result["shared_devices"]
     assert result["alarms_match"] is True
     assert set(TARGETS) <= set(result)
+    # Who paid for the commands: every party runs on this machine and did some of the work.
+    for phase in ("commands", "campaign"):
+        split = [result[f"{phase}_cpu_us_{party}"] for party in PARTIES]
+        assert all(isinstance(us, int) and us > 0 for us in split), (phase, split)
+        assert result[f"{phase}_cpu_us_total"] == pytest.approx(sum(split), abs=len(split))
+        assert 0 < result[f"{phase}_machine_busy_pct"] <= 100
+        assert result[f"{phase}_cpu_ceiling_per_s"] > 0
 
     table = stdout.decode()
     assert f"{result['gateway_msgs_per_s']:,} msg/s" in table

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
-from sim.bench import TARGETS, Sizes, render_table, target_met
+from sim.bench import TARGETS, Sizes, cpu_fields, render_table, target_met
 from sim.bench_live import Percentiles, percentile
+from sim.cpu import CpuSplit
 from sim.wire import connect_packet, publish_packet, remaining_length
 
 RESULT = {
@@ -32,6 +35,12 @@ RESULT = {
     "gateway_cpu_us_per_msg_mqtt5": 120.4, "gateway_cpu_us_per_msg_mqtt311": 140.0,
     "gateway_live_cpu_us_per_msg": 130.0, "campaign_devices": 10_000, "campaign_acked": 10_000,
     "campaign_commands_per_s": 3_500, "campaign_acked_once": 1,
+    "campaign_cpu_us_gateway": 280, "campaign_cpu_us_postgres": 610,
+    "campaign_cpu_us_broker": 70, "campaign_cpu_us_simulator": 95, "campaign_cpu_us_total": 1_055,
+    "campaign_machine_busy_pct": 88.4, "campaign_cpu_ceiling_per_s": 1_896,
+    "commands_cpu_us_gateway": 1_100, "commands_cpu_us_postgres": None,
+    "commands_cpu_us_broker": 80, "commands_cpu_us_simulator": 300, "commands_cpu_us_total": 1_480,
+    "commands_machine_busy_pct": 71.0, "commands_cpu_ceiling_per_s": 1_351,
 }  # fmt: skip
 
 
@@ -63,7 +72,9 @@ def test_the_table_shows_every_figure_and_each_verdict() -> None:
                    "40.0 ms", "92.5 MB", "x86_64, 2 cores", "2,097 / 2,098 (1,998 / 1,998",
                    "999 devices on both", "found = expected: MISSED", "40,000 msg/s",
                    "12.5 us", "120.4 us", "7,000 msg/s", "0.21", "0.78", "3,500 /s",
-                   "1 request to 10,000 devices", "every one: ok"):  # fmt: skip
+                   "1 request to 10,000 devices", "every one: ok",
+                   "280 / 610 / 70 / 95 us", "1,055 us; 88 %", "1,896 /s",
+                   "1,100 / n/a / 80 / 300 us", "1,480 us; 71 %", "1,351 /s"):  # fmt: skip
         assert needle in table, needle
     verdicts = {line.split("target")[0].strip(): line.rsplit(":", 1)[1].strip()
                 for line in table.splitlines() if "target" in line}  # fmt: skip
@@ -74,6 +85,28 @@ def test_the_table_shows_every_figure_and_each_verdict() -> None:
     ]  # fmt: skip
     assert target_met("gateway_cpu_us_per_msg_mqtt5", 40.0) is True  # <= is inclusive
     assert target_met("gateway_cpu_us_per_msg_mqtt5", 40.1) is False
+
+
+def test_cpu_per_command_is_split_by_party_and_gives_the_ceiling_of_the_cores() -> None:
+    split = CpuSplit(
+        seconds={"gateway": 2.8, "postgres": 6.1, "broker": 0.7, "simulator": 0.95},
+        wall_s=6.0,
+        busy=0.884,
+    )
+    fields = cpu_fields("campaign", split, 10_000)
+    cores = os.cpu_count() or 1
+    assert fields == {
+        "campaign_cpu_us_gateway": 280, "campaign_cpu_us_postgres": 610,
+        "campaign_cpu_us_broker": 70, "campaign_cpu_us_simulator": 95,
+        "campaign_cpu_us_total": 1_055, "campaign_machine_busy_pct": 88.4,
+        "campaign_cpu_ceiling_per_s": round(cores / 1_055e-6),
+    }  # fmt: skip
+    # A database on another host: its share is unknown, not zero, and left out of the total.
+    remote = CpuSplit(seconds={**split.seconds, "postgres": None}, wall_s=6.0, busy=0.5)
+    fields = cpu_fields("commands", remote, 10_000)
+    assert fields["commands_cpu_us_postgres"] is None
+    assert fields["commands_cpu_us_total"] == 445
+    assert cpu_fields("campaign", split, 0)["campaign_cpu_ceiling_per_s"] == 0
 
 
 def test_quick_sizes_are_smaller_in_every_phase() -> None:

@@ -1,0 +1,123 @@
+"""Who used the machine's CPU during a benchmark phase: the gateway, PostgreSQL, the broker and
+the simulator itself, read from ``/proc`` (Linux) before and after the phase.
+
+Throughput on a machine that every party shares is bounded by the CPU each unit of work costs
+all of them together: at ``c`` µs per command over ``n`` cores, no more than ``n / c`` commands
+a second. A phase's figures are therefore reported with this split, which says where a target
+is out of reach and who would have to get cheaper.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+PROC: Final = Path("/proc")
+# The parties of a command phase, in the order the report shows them.
+PARTIES: Final = ("gateway", "postgres", "broker", "simulator")
+
+
+def _ticks() -> float:
+    return float(os.sysconf("SC_CLK_TCK"))
+
+
+def process_cpu_s(pid: int) -> float:
+    """CPU time (user + system) process ``pid`` has used so far; 0 once it is gone."""
+    try:
+        stat = (PROC / str(pid) / "stat").read_text()
+    except OSError:
+        return 0.0
+    # The fields after the parenthesised command name: utime and stime are the 14th and 15th
+    # of the whole line, the 12th and 13th after it.
+    fields = stat.rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _ticks()
+
+
+def processes_cpu_s(pids: Iterable[int]) -> float:
+    return sum(process_cpu_s(pid) for pid in pids)
+
+
+def named_cpu_s(name: str) -> float | None:
+    """CPU time used so far by every running process called ``name`` (its ``comm``), together;
+    None when none runs here (a database on another host, say). A process that ends between
+    two readings takes its time with it: the phases keep their connections open."""
+    total, found = 0.0, False
+    for entry in PROC.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if (entry / "comm").read_text().strip() != name:
+                continue
+        except OSError:
+            continue
+        found = True
+        total += process_cpu_s(int(entry.name))
+    return total if found else None
+
+
+def machine_cpu_s() -> tuple[float, float]:
+    """(busy, total) CPU seconds of every core since boot, from the first line of /proc/stat."""
+    values = [int(v) for v in (PROC / "stat").read_text().splitlines()[0].split()[1:]]
+    # user nice system idle iowait irq softirq steal (guest time is inside user already)
+    idle = values[3] + values[4]
+    total = sum(values[:8])
+    return (total - idle) / _ticks(), total / _ticks()
+
+
+@dataclass(frozen=True, slots=True)
+class CpuSplit:
+    """CPU seconds each party used over a window, and how busy the whole machine was."""
+
+    seconds: Mapping[str, float | None]  # None: that party is not on this machine
+    wall_s: float
+    busy: float  # share of all cores' time that was not idle, 0..1
+
+    def per_unit_us(self, units: int) -> dict[str, float | None]:
+        """Each party's CPU per unit of work (a command, a message), in µs."""
+        return {
+            party: None if used is None or units <= 0 else used / units * 1e6
+            for party, used in self.seconds.items()
+        }
+
+
+class CpuWindow:
+    """Reads every party's CPU counter at :meth:`start` and again at :meth:`stop`."""
+
+    def __init__(self, parties: Mapping[str, Callable[[], float | None]]) -> None:
+        self.parties = parties
+        self._before: dict[str, float | None] = {}
+        self._machine = (0.0, 0.0)
+        self._started = 0.0
+
+    def start(self) -> None:
+        self._before = {party: read() for party, read in self.parties.items()}
+        self._machine = machine_cpu_s()
+        self._started = time.monotonic()
+
+    def stop(self) -> CpuSplit:
+        wall = time.monotonic() - self._started
+        busy, total = machine_cpu_s()
+        seconds: dict[str, float | None] = {}
+        for party, read in self.parties.items():
+            before, after = self._before[party], read()
+            seconds[party] = None if before is None or after is None else max(after - before, 0.0)
+        elapsed = total - self._machine[1]
+        share = (busy - self._machine[0]) / elapsed if elapsed > 0 else 0.0
+        return CpuSplit(seconds=seconds, wall_s=wall, busy=share)
+
+
+def command_parties(
+    gateway_pids: Callable[[], Iterable[int]], broker_pid: int | None
+) -> dict[str, Callable[[], float | None]]:
+    """The four parties of a command phase: the gateway's processes, every PostgreSQL process
+    on this machine, the broker, and this process (the simulated devices and the client)."""
+    return {
+        "gateway": lambda: processes_cpu_s(gateway_pids()),
+        "postgres": lambda: named_cpu_s("postgres"),
+        "broker": lambda: None if broker_pid is None else process_cpu_s(broker_pid),
+        "simulator": time.process_time,
+    }
