@@ -632,17 +632,17 @@ def _cpu_rows(r: dict[str, Any], phase: str, name: str) -> list[tuple[str, str, 
     )
     return [
         (
-            f"{name}: CPU per command, gateway / PostgreSQL / broker / simulator",
+            f"{name}: CPU/command, gateway / PG / broker / sim",
             f"{split} us",
             "",
         ),
         (
-            f"{name}: CPU per command, together; machine busy",
+            f"{name}: CPU/command, all; machine busy",
             f"{r[f'{phase}_cpu_us_total']:,} us; {r[f'{phase}_machine_busy_pct']:.0f} %",
             "",
         ),
         (
-            f"{name}: the most the cores could carry at that cost",
+            f"{name}: most the cores carry at that cost",
             f"{r[f'{phase}_cpu_ceiling_per_s']:,} /s",
             "",
         ),
