@@ -624,8 +624,6 @@ def target_met(key: str, value: float) -> bool | None:
 
 def _cpu_rows(r: dict[str, Any], phase: str, name: str) -> list[tuple[str, str, str]]:
     """Who used the CPU per command of a phase, and what rate that leaves the machine."""
-    if f"{phase}_cpu_us_total" not in r:
-        return []
     split = " / ".join(
         "n/a" if r[f"{phase}_cpu_us_{party}"] is None else f"{r[f'{phase}_cpu_us_{party}']:,}"
         for party in PARTIES
