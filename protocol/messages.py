@@ -25,8 +25,16 @@ MAX_EVENTS: Final = 64
 # Deeper event values are rejected so that encoding them again (event id, storage) can never
 # come near the interpreter's recursion limit, which msgspec's decoder and encoder both honour.
 MAX_EVENT_DEPTH: Final = 32
-# 9999-12-31T23:59:59.999Z: the last millisecond a `datetime` can represent.
-MAX_EPOCH_MS: Final = 253_402_300_799_999
+# Device times are accepted from 1970-01-01T00:00:00Z up to, not including,
+# 9999-01-01T00:00:00Z. The ends of `datetime`'s own range cannot be kept: asyncpg stores
+# 9999-12-31T23:59:59.999999Z and 0001-01-01T00:00:00Z as PostgreSQL's `infinity` and
+# `-infinity` and reads them back as naive datetimes, and any arithmetic near them overflows.
+# The year of margin below 10000 keeps every window a rule or timer adds to a sample time
+# finite; nothing before 1970 is a real device time (an epoch-millisecond time cannot say it).
+MIN_TIME: Final = datetime(1970, 1, 1, tzinfo=UTC)
+MAX_TIME: Final = datetime(9999, 1, 1, tzinfo=UTC)
+# The last millisecond before MAX_TIME, as epoch milliseconds.
+MAX_EPOCH_MS: Final = 253_370_764_799_999
 # Integers must fit PostgreSQL `bigint` and a MessagePack int64; JSON alone would take any size.
 INT64_MIN: Final = -(2**63)
 INT64_MAX: Final = 2**63 - 1
@@ -90,9 +98,15 @@ def _to_utc(ts: datetime) -> datetime:
     if ts.utcoffset() is None:
         raise ValueError("Expected `datetime` with a timezone component - at `$.ts`")
     try:
-        return ts.astimezone(UTC)
+        utc = ts.astimezone(UTC)
     except OverflowError:
         raise ValueError("`datetime` is out of range once converted to UTC - at `$.ts`") from None
+    if not MIN_TIME <= utc < MAX_TIME:
+        raise ValueError(
+            "Expected a time from 1970-01-01T00:00:00Z up to, not including, "
+            "9999-01-01T00:00:00Z - at `$.ts`"
+        )
+    return utc
 
 
 def _check_metric_values(metrics: dict[str, MetricValue]) -> None:

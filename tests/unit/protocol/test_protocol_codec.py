@@ -84,12 +84,54 @@ def test_epoch_ms_bounds() -> None:
     assert decode_telemetry(b'{"ts":0,"metrics":{"a":1}}').timestamp() == datetime(
         1970, 1, 1, tzinfo=UTC
     )
-    last = decode_telemetry(b'{"ts":253402300799999,"metrics":{"a":1}}')
-    assert last.timestamp() == datetime(9999, 12, 31, 23, 59, 59, 999000, tzinfo=UTC)
+    last = decode_telemetry(b'{"ts":253370764799999,"metrics":{"a":1}}')
+    assert last.timestamp() == datetime(9998, 12, 31, 23, 59, 59, 999000, tzinfo=UTC)
     assert invalid(b'{"ts":-1,"metrics":{"a":1}}') == "Expected `int` >= 0 - at `$.ts`"
-    assert invalid(b'{"ts":253402300800000,"metrics":{"a":1}}') == (
-        "Expected `int` <= 253402300799999 - at `$.ts`"
+    assert invalid(b'{"ts":253370764800000,"metrics":{"a":1}}') == (
+        "Expected `int` <= 253370764799999 - at `$.ts`"
     )
+
+
+_TIME_RANGE = (
+    "Expected a time from 1970-01-01T00:00:00Z up to, not including, 9999-01-01T00:00:00Z"
+    " - at `$.ts`"
+)
+
+
+@pytest.mark.parametrize(
+    "ts",
+    [
+        # asyncpg stores these two as PostgreSQL's infinity and -infinity (issue: a poison
+        # message that crash-looped the daemon).
+        "9999-12-31T23:59:59.999999Z",
+        "0001-01-01T00:00:00Z",
+        "0001-01-01T00:00:00.000001Z",
+        "9999-01-01T00:00:00Z",
+        "9999-01-01T01:00:00+01:00",  # 9999-01-01T00:00Z: the first time refused
+        "1969-12-31T23:59:59.999999Z",
+        "1970-01-01T00:30:00+01:00",  # 1969-12-31T23:30Z
+    ],
+)
+def test_times_outside_the_range_every_part_can_hold_are_invalid(ts: str) -> None:
+    payload = b'{"ts":"%s","metrics":{"a":1}}' % ts.encode()
+    assert invalid(payload) == _TIME_RANGE
+    packed = msgspec.msgpack.encode({"ts": ts, "metrics": {"a": 1}})
+    with pytest.raises(DecodeError) as caught:
+        decode_telemetry(packed, Encoding.MSGPACK)
+    assert (caught.value.code, caught.value.detail) == ("INVALID", _TIME_RANGE)
+
+
+@pytest.mark.parametrize(
+    ("ts", "expected"),
+    [
+        ("1970-01-01T00:00:00Z", datetime(1970, 1, 1, tzinfo=UTC)),
+        ("9998-12-31T23:59:59.999999Z", datetime(9998, 12, 31, 23, 59, 59, 999999, tzinfo=UTC)),
+        ("9999-01-01T00:59:59+01:00", datetime(9998, 12, 31, 23, 59, 59, tzinfo=UTC)),
+    ],
+)
+def test_times_at_the_ends_of_the_range_are_kept(ts: str, expected: datetime) -> None:
+    payload = b'{"ts":"%s","metrics":{"a":1}}' % ts.encode()
+    assert decode_telemetry(payload).timestamp() == expected
 
 
 def test_limits_are_inclusive() -> None:

@@ -41,9 +41,10 @@ OFFSETS = st.integers(-(23 * 60 + 59), 23 * 60 + 59).map(
 SEQS = st.integers(0, INT64_MAX)
 TIMESTAMPS = st.one_of(
     st.integers(0, MAX_EPOCH_MS),
+    # Local times a day inside the accepted range, so that any offset keeps them in it.
     st.datetimes(
-        min_value=datetime(1, 1, 2),
-        max_value=datetime(9999, 12, 30),
+        min_value=datetime(1970, 1, 2),
+        max_value=datetime(9998, 12, 30),
         timezones=st.just(UTC) | OFFSETS,
     ),
 )
