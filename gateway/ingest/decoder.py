@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import msgspec
+import structlog
 
 from protocol import (
     CommandReceipt,
@@ -25,8 +26,13 @@ from protocol import (
 )
 from storage.ingest import DeadLetterRow, TelemetryRow
 
+log = structlog.get_logger(__name__)
+
 # Bytes of a payload a dead letter keeps by default ([ingest] dead_letter_max_bytes).
 DEAD_LETTER_MAX_BYTES = 65536
+# The reason of a dead letter whose processing raised an exception nobody expected (a bug):
+# that message alone is set aside, logged once with its traceback.
+PROCESSING_FAILED = "PROCESSING_FAILED"
 
 
 class Acker(Protocol):
@@ -46,6 +52,8 @@ class Inbound:
     # MessageDecoder.admit): the size and SHA-256 (hex) of the whole payload as it arrived.
     size: int | None = None
     sha256: str | None = None
+    # The crash-loop breaker's digest of topic and payload, computed once (see breaker.py).
+    digest: bytes | None = None
 
 
 @dataclass(slots=True)
@@ -106,44 +114,67 @@ class MessageDecoder:
         out = Classified(items=list(items))
         for item in items:
             try:
-                target = self.topics.parse_device_topic(item.topic)
-            except TopicError as exc:
-                out.dead_letters.append(self.dead_letter(item, exc.code, str(exc)))
-                continue
-            device_id = target.device_id
-            if item.size is not None:
-                if target.kind is TopicKind.TELEMETRY:
-                    out.seen_devices.add(device_id)  # as for any other oversized telemetry
-                detail = f"payload is {item.size} bytes, the limit is {self.max_payload_bytes}"
-                out.dead_letters.append(self.dead_letter(item, "OVERSIZED", detail))
-                continue
-            try:
-                if target.kind is TopicKind.TELEMETRY:
-                    out.seen_devices.add(device_id)
-                    message = decode_telemetry(
-                        item.payload, self.encoding, max_bytes=self.max_payload_bytes
-                    )
-                    out.telemetry.append(_row(device_id, message))
-                    out.telemetry_sources.append(item)
-                    out.decoded.append(message)
-                elif target.kind is TopicKind.STATUS:
-                    out.presence[device_id] = decode_presence(item.payload).value
-                elif target.kind is TopicKind.ACKS:
-                    receipt = decode_receipt(
-                        item.payload, self.encoding, max_bytes=self.max_payload_bytes
-                    )
-                    out.receipts.append((device_id, receipt))
-                else:
-                    out.dead_letters.append(
-                        self.dead_letter(
-                            item,
-                            "UNSUPPORTED_TOPIC",
-                            f"the gateway does not consume {target.kind.value} messages",
-                        )
-                    )
-            except DecodeError as exc:
-                out.dead_letters.append(self.dead_letter(item, exc.code, exc.detail))
+                self._classify_one(out, item)
+            except Exception as exc:  # a bug costs one message, never the fleet
+                log.exception(
+                    "message_processing_failed",
+                    stage="decode",
+                    topic=item.topic,
+                    payload_sha256=item.sha256 or hashlib.sha256(item.payload).hexdigest(),
+                )
+                out.dead_letters.append(
+                    self.dead_letter(item, PROCESSING_FAILED, failure_detail(exc))
+                )
         return out
+
+    def _classify_one(self, out: Classified, item: Inbound) -> None:
+        """Sorts one message into ``out``; raises only for a bug (after appending nothing
+        but its device to ``seen_devices``)."""
+        try:
+            target = self.topics.parse_device_topic(item.topic)
+        except TopicError as exc:
+            out.dead_letters.append(self.dead_letter(item, exc.code, str(exc)))
+            return
+        device_id = target.device_id
+        if item.size is not None:
+            if target.kind is TopicKind.TELEMETRY:
+                out.seen_devices.add(device_id)  # as for any other oversized telemetry
+            detail = f"payload is {item.size} bytes, the limit is {self.max_payload_bytes}"
+            out.dead_letters.append(self.dead_letter(item, "OVERSIZED", detail))
+            return
+        try:
+            if target.kind is TopicKind.TELEMETRY:
+                out.seen_devices.add(device_id)
+                message = decode_telemetry(
+                    item.payload, self.encoding, max_bytes=self.max_payload_bytes
+                )
+                row = _row(device_id, message)
+                out.telemetry.append(row)
+                out.telemetry_sources.append(item)
+                out.decoded.append(message)
+            elif target.kind is TopicKind.STATUS:
+                out.presence[device_id] = decode_presence(item.payload).value
+            elif target.kind is TopicKind.ACKS:
+                receipt = decode_receipt(
+                    item.payload, self.encoding, max_bytes=self.max_payload_bytes
+                )
+                out.receipts.append((device_id, receipt))
+            else:
+                out.dead_letters.append(
+                    self.dead_letter(
+                        item,
+                        "UNSUPPORTED_TOPIC",
+                        f"the gateway does not consume {target.kind.value} messages",
+                    )
+                )
+        except DecodeError as exc:
+            out.dead_letters.append(self.dead_letter(item, exc.code, exc.detail))
+
+
+def failure_detail(exc: BaseException) -> str:
+    """What a dead letter says of an unexpected exception: its type and message, bounded."""
+    text = f"processing raised {type(exc).__name__}: {exc}"
+    return text if len(text) <= 1000 else text[:1000] + "..."
 
 
 def _row(device_id: str, message: Telemetry) -> TelemetryRow:

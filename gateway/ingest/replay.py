@@ -13,11 +13,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 import asyncpg
+import structlog
 
-from gateway.ingest.decoder import Inbound
+from gateway.ingest.decoder import PROCESSING_FAILED, Inbound, failure_detail
 from gateway.ingest.live_path import LivePath
 from gateway.ingest.store import store
+from gateway.ingest.writer import REFUSED_DATA, RETRY_LATER, STORAGE_REJECTED
 from storage import ingest as repo
+
+log = structlog.get_logger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,15 +48,32 @@ async def replay_one(
         elif classified.dead_letters:
             outcome, succeeded = f"still_invalid: {classified.dead_letters[0].reason}", False
         else:
-            result = await store(conn, classified, path.node_id, path.engine, path.receipts)
-            alarms = result.alarms
-            if result.telemetry:
-                outcome = "stored" if result.stored else "duplicate"
-            elif classified.receipts:
-                outcome = "receipt"
+            try:
+                # A savepoint: a message the database or the rules still refuse leaves the
+                # transaction able to record that.
+                async with conn.transaction():
+                    result = await store(conn, classified, path.node_id, path.engine, path.receipts)
+            except Exception as exc:
+                if isinstance(exc, RETRY_LATER):
+                    raise
+                refused = isinstance(exc, (asyncpg.PostgresError, *REFUSED_DATA))
+                reason = STORAGE_REJECTED if refused else PROCESSING_FAILED
+                log.warning(
+                    "dead_letter_replay_refused",
+                    dead_letter_id=dead_letter_id,
+                    reason=reason,
+                    error=failure_detail(exc),
+                )
+                outcome, succeeded = f"still_invalid: {reason}", False
             else:
-                outcome = "presence"
-            succeeded = True
+                alarms = result.alarms
+                if result.telemetry:
+                    outcome = "stored" if result.stored else "duplicate"
+                elif classified.receipts:
+                    outcome = "receipt"
+                else:
+                    outcome = "presence"
+                succeeded = True
         await repo.mark_dead_letter_replayed(conn, dead_letter_id, outcome, succeeded=succeeded)
     # Committed: only now are its alarms counted.
     if alarms is not None:

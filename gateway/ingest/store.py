@@ -7,16 +7,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import asyncpg
+import msgspec
+import structlog
 
 from gateway.alarms.engine import AlarmEngine, BatchAlarms
 from gateway.commands.lifecycle import apply_receipts
 from gateway.ingest.decoder import Classified
 from gateway.support.metrics import Metrics
-from protocol import (
-    CommandReceipt,
-)
+from protocol import CommandReceipt, Topics
+from storage import breaker as breaker_repo
 from storage import ingest as repo
 from storage.ingest import DeadLetterRow
+
+log = structlog.get_logger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,3 +100,40 @@ async def store(
         dead_letters=tuple(batch.dead_letters),
         alarms=alarms,
     )
+
+
+async def set_aside_unbounded_telemetry(
+    conn: asyncpg.Connection, topics: Topics, node_id: str
+) -> int:
+    """Telemetry stored at PostgreSQL's ±infinity before such times were refused at decoding
+    (a sample dated 9999-12-31T23:59:59.999999Z or 0001-01-01T00:00:00Z) becomes a dead
+    letter, INVALID, whose payload is the message as it was stored: nothing is lost, and no
+    reader meets a time it cannot hold. At start; a no-op once done (such rows can only be
+    in the default partition, which is small)."""
+    async with conn.transaction():
+        rows = await breaker_repo.take_unbounded_telemetry(conn)
+        letters = []
+        for row in rows:
+            message: dict[str, object] = {
+                "ts": "9999-12-31T23:59:59.999999Z" if row.future else "0001-01-01T00:00:00Z"
+            }
+            if row.seq is not None:
+                message["seq"] = row.seq
+            if row.metrics_json is not None:
+                message["metrics"] = msgspec.Raw(row.metrics_json.encode())
+            if row.events_json is not None:
+                message["events"] = msgspec.Raw(row.events_json.encode())
+            letters.append(
+                DeadLetterRow.whole(
+                    topics.telemetry(row.device_id),
+                    msgspec.json.encode(message),
+                    "INVALID",
+                    f"stored as event {row.event_id} with a time PostgreSQL holds as "
+                    f"{'infinity' if row.future else '-infinity'}, before such times were "
+                    "refused; set aside at start",
+                )
+            )
+        await repo.insert_dead_letters(conn, letters, node_id)
+    if letters:
+        log.warning("unbounded_telemetry_set_aside", rows=len(letters))
+    return len(letters)

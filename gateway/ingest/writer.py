@@ -8,6 +8,7 @@ the reader blocks, the window fills and the broker stops sending."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from collections.abc import Sequence
 
 import asyncpg
@@ -16,7 +17,14 @@ import structlog
 from gateway.alarms.engine import AlarmEngine
 from gateway.alarms.service import ConcurrentWriteError
 from gateway.config import DatabaseConfig, IngestConfig
-from gateway.ingest.decoder import Classified, Inbound, MessageDecoder
+from gateway.ingest.breaker import QUARANTINED, CrashLoopBreaker
+from gateway.ingest.decoder import (
+    PROCESSING_FAILED,
+    Classified,
+    Inbound,
+    MessageDecoder,
+    failure_detail,
+)
 from gateway.ingest.store import ReceiptApplier, StoreResult, store
 from gateway.support.backoff import Backoff
 from gateway.support.metrics import Metrics, observe_many
@@ -64,8 +72,10 @@ class IngestWriter:
         receipts: ReceiptApplier | None = None,
         refused_batch_attempts: int = 5,
         database: str = "",
+        breaker: CrashLoopBreaker | None = None,
     ) -> None:
         self.pool = pool
+        self.breaker = breaker
         # Where the pool points (host:port/name), for the lines saying it is out of reach.
         self.database = database
         self.receipts = receipts
@@ -118,6 +128,7 @@ class IngestWriter:
             receipts=receipts,
             refused_batch_attempts=ingest.refused_batch_attempts,
             database=describe(node.dsn),
+            breaker=CrashLoopBreaker(node.node_id),
         )
 
     async def put(self, item: Inbound) -> None:
@@ -144,11 +155,29 @@ class IngestWriter:
             return False
         return True
 
+    async def recover(self) -> None:
+        """At start, before the first batch: what the node was storing when it last died
+        (the crash-loop breaker, see breaker.py)."""
+        if self.breaker is not None:
+            async with self.pool.acquire() as conn:
+                await self.breaker.recover(conn)
+
+    async def stopped_cleanly(self) -> None:
+        """After the last batch of a clean stop: nothing of this node is in flight."""
+        if self.breaker is not None:
+            async with self.pool.acquire() as conn:
+                await self.breaker.clean_stop(conn)
+
     async def run(self) -> None:
         while True:
             batch = await self._next_batch()
             try:
                 await self._handle(batch)
+            except Exception:
+                # Every message's failure is caught where it happens (decoding, storing); this
+                # is a bug around them. The batch stays unacknowledged (the broker delivers it
+                # again after a reconnect), and the node goes on with the next one.
+                log.exception("ingest_batch_failed", size=len(batch))
             finally:
                 for _ in batch:
                     self.queue.task_done()
@@ -173,10 +202,22 @@ class IngestWriter:
         return batch
 
     async def _handle(self, batch: list[Inbound]) -> None:
-        classified = self.decoder.classify(batch)
         loop = asyncio.get_running_loop()
         started = loop.time()
-        result = await self.store_with_retry(classified)
+        quarantined: list[Inbound] = []
+        groups = [batch]
+        if self.breaker is not None:
+            quarantined, groups = self.breaker.split(batch)
+        letters = self._quarantine(quarantined)
+        for index, group in enumerate(groups or [[]]):
+            # The quarantined messages' dead letters commit with the first group.
+            carried = letters if index == 0 else []
+            classified = self.decoder.classify(group)
+            classified.dead_letters.extend(carried)
+            result = await self.store_with_retry(
+                classified, carried=carried, settled=quarantined if index == 0 else []
+            )
+            self._count(result, received=len(classified.telemetry_sources))
         done = loop.time()
         self.metrics.commit_seconds.observe(done - started)
         self.metrics.batch_size.observe(len(batch))
@@ -191,8 +232,23 @@ class IngestWriter:
             self.metrics.acks_skipped.inc(skipped)
         for received_at, count in latencies.items():
             observe_many(self.metrics.handler_seconds, done - received_at, count)
-        self._count(result, received=len(classified.telemetry_sources))
         self.last_progress = done
+
+    def _quarantine(self, items: list[Inbound]) -> list[DeadLetterRow]:
+        letters = []
+        for item in items:
+            assert self.breaker is not None
+            letter = self.decoder.dead_letter(
+                item, QUARANTINED, self.breaker.quarantine_detail(item)
+            )
+            log.error(
+                "message_quarantined",
+                topic=item.topic,
+                payload_sha256=letter.payload_sha256,
+                deaths=self.breaker.deaths(item),
+            )
+            letters.append(letter)
+        return letters
 
     def _count(self, result: StoreResult, *, received: int) -> None:
         m = self.metrics
@@ -212,7 +268,13 @@ class IngestWriter:
                 truncated=letter.truncated,
             )
 
-    async def store_with_retry(self, batch: Classified) -> StoreResult:
+    async def store_with_retry(
+        self,
+        batch: Classified,
+        *,
+        carried: Sequence[DeadLetterRow] = (),
+        settled: Sequence[Inbound] = (),
+    ) -> StoreResult:
         """Commit the batch, retrying for as long as the database is unreachable.
 
         A batch the database refuses for its content (say, a string PostgreSQL cannot hold)
@@ -222,12 +284,18 @@ class IngestWriter:
         usual. A refusal no single message explains (it needs several of them, or comes from
         the database itself) is retried with backoff ``refused_batch_attempts`` times; then
         every message of the batch is dead-lettered rather than blocking the pipeline.
+
+        An exception that is not the database's (a bug in decoding, rules or receipts, set
+        off by one message) is handled the same way: the message that raises it alone
+        becomes a dead letter, ``PROCESSING_FAILED``, and the rest are stored. ``carried``
+        are dead letters decided before (the quarantined messages, ``settled``), kept
+        through every split.
         """
-        refused: list[DeadLetterRow] = []  # messages dead-lettered on the way
+        refused: list[DeadLetterRow] = list(carried)  # messages dead-lettered on the way
         unexplained = 0
         while True:
             try:
-                result = await self._store_once(batch)
+                result = await self._store_once(batch, settled)
             except RETRY_LATER as exc:
                 delay = self.retry.next_delay()
                 self.metrics.db_retries.inc()
@@ -239,8 +307,11 @@ class IngestWriter:
                 )
                 await asyncio.sleep(delay)
                 continue
-            except (asyncpg.PostgresError, *REFUSED_DATA) as exc:
-                log.error("batch_refused_by_database", error=repr(exc), size=len(batch.items))
+            except Exception as exc:
+                if isinstance(exc, (asyncpg.PostgresError, *REFUSED_DATA)):
+                    log.error("batch_refused_by_database", error=repr(exc), size=len(batch.items))
+                else:
+                    log.error("batch_processing_failed", error=repr(exc), size=len(batch.items))
                 kept, rejected = await self._isolate_refused(batch.items)
                 if rejected:
                     self.metrics.batch_refusals.labels("true").inc()
@@ -290,17 +361,26 @@ class IngestWriter:
             letters.extend(verdict or [self.decoder.dead_letter(item, STORAGE_REJECTED, detail)])
         return letters
 
-    async def _store_once(self, batch: Classified) -> StoreResult:
+    async def _store_once(self, batch: Classified, settled: Sequence[Inbound] = ()) -> StoreResult:
+        breaker = self.breaker
         self.in_db_call_since = asyncio.get_running_loop().time()
         try:
-            async with self.pool.acquire() as conn, conn.transaction():
-                result = await store(conn, batch, self.node_id, self.engine, self.receipts)
+            async with self.pool.acquire() as conn:
+                if breaker is not None:
+                    await breaker.journal(conn, batch.items)
+                async with conn.transaction():
+                    result = await store(conn, batch, self.node_id, self.engine, self.receipts)
+                if breaker is not None:
+                    await breaker.settled(conn, [*batch.items, *settled])
         finally:
             self.in_db_call_since = None
         self.stored_total += result.stored
         # Committed: only now are its alarms counted (a rolled-back batch counts nothing).
         if self.engine is not None and result.alarms is not None:
-            self.engine.committed(result.alarms)
+            try:
+                self.engine.committed(result.alarms)
+            except Exception:  # counting must never undo or repeat a committed batch
+                log.exception("alarm_counting_failed")
         return result
 
     async def _isolate_refused(
@@ -321,13 +401,13 @@ class IngestWriter:
                 if refusal is None:
                     kept.append(item)
                 else:
-                    rejected.append(self.decoder.dead_letter(item, STORAGE_REJECTED, refusal))
+                    rejected.append(self.decoder.dead_letter(item, *refusal))
                 break
         return kept, rejected
 
-    async def _probe(self, item: Inbound) -> str | None:
+    async def _probe(self, item: Inbound) -> tuple[str, str] | None:
         """Store one message the way its batch would, in a transaction always rolled back;
-        the refusal, if any."""
+        the refusal (its reason code and detail), if any."""
         alone = self.decoder.classify([item])
         self.in_db_call_since = asyncio.get_running_loop().time()
         try:
@@ -336,10 +416,20 @@ class IngestWriter:
                 await transaction.start()
                 try:
                     await store(conn, alone, self.node_id, self.engine, self.probe_receipts)
-                except (asyncpg.PostgresError, *REFUSED_DATA) as exc:
+                except Exception as exc:
                     if isinstance(exc, RETRY_LATER):
                         raise
-                    return str(exc)
+                    if isinstance(exc, (asyncpg.PostgresError, *REFUSED_DATA)):
+                        return STORAGE_REJECTED, str(exc)
+                    # A bug one message sets off: logged once, with the message's identity.
+                    log.error(
+                        "message_processing_failed",
+                        stage="store",
+                        topic=item.topic,
+                        payload_sha256=item.sha256 or hashlib.sha256(item.payload).hexdigest(),
+                        exc_info=exc,
+                    )
+                    return PROCESSING_FAILED, failure_detail(exc)
                 finally:
                     await transaction.rollback()
         finally:

@@ -31,6 +31,7 @@ from gateway.commands.service import CommandService
 from gateway.config import Config
 from gateway.domain.quiet_hours import QuietHours
 from gateway.ingest import live_path
+from gateway.ingest.store import set_aside_unbounded_telemetry
 from gateway.ingest.writer import IngestWriter
 from gateway.maintenance.runner import Maintenance
 from gateway.mqtt.session import MqttSession
@@ -100,6 +101,7 @@ async def build(
     engine = live_path.alarm_engine(config, node.metrics)
     async with node.pool.acquire() as conn:
         await engine.forget_removed_rules(conn)
+        await set_aside_unbounded_telemetry(conn, node.topics, node.node_id)
     writer = IngestWriter.from_config(
         node,
         config.ingest,
@@ -109,6 +111,8 @@ async def build(
         receipts=live_path.receipt_applier(config, node.metrics),
         batch_size=config.batch_size(protocol),
     )
+    # Before the first message: what this node was storing when it last died.
+    await writer.recover()
     session = MqttSession(
         settings=connection,
         subscriptions=_subscriptions(config, protocol),

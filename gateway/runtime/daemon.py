@@ -210,7 +210,18 @@ class Daemon:
             await tasks.create_task(parts.session.run(stop), name="mqtt-session")
             # The session returns after draining (or giving up on) the queue.
             writer_task.cancel()
+            await self._journal_clean_stop(parts.writer)
         log.info("daemon_stopped", offline_published=OFFLINE.decode())
+
+    async def _journal_clean_stop(self, writer: IngestWriter) -> None:
+        """Tell the crash-loop breaker this stop was no death: whatever was in flight did not
+        kill the process. (With the database away this cannot be written, and the next start
+        counts one death for the batch then in flight: see breaker.py.)"""
+        try:
+            async with asyncio.timeout(5):
+                await writer.stopped_cleanly()
+        except DB_ERRORS as exc:
+            log.warning("clean_stop_not_recorded", error=repr(exc))
 
     @property
     def starting(self) -> str | None:

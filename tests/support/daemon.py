@@ -115,7 +115,15 @@ async def count_rows(dsn: str, table: str = "telemetry") -> int:
 class DaemonProcess:
     """``gateway run`` in a child process (for SIGKILL and SIGTERM tests)."""
 
-    def __init__(self, config_path: Path, log_path: Path, env: dict[str, str] | None = None):
+    def __init__(
+        self,
+        config_path: Path,
+        log_path: Path,
+        env: dict[str, str] | None = None,
+        *,
+        module: str = "gateway",
+    ):
+        self.module = module
         self.config_path = config_path
         self.log_path = log_path
         self.env = {**os.environ, **(env or {})}
@@ -124,7 +132,7 @@ class DaemonProcess:
     def start(self) -> None:
         log = self.log_path.open("ab")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "gateway", "run", "--config", str(self.config_path)],
+            [sys.executable, "-m", self.module, "run", "--config", str(self.config_path)],
             stdout=log,
             stderr=log,
             env=self.env,
@@ -153,6 +161,10 @@ class DaemonProcess:
 
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
+
+    def exit_code(self) -> int | None:
+        """None while it runs."""
+        return None if self.process is None else self.process.poll()
 
     def log_tail(self, lines: int = 40) -> str:
         try:

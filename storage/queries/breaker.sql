@@ -1,0 +1,41 @@
+-- name: write_journal
+-- $1 node id, $2 digests of the batch about to be stored (committed on its own, before it).
+INSERT INTO ingest_journal (node_id, digests, written_at)
+VALUES ($1, $2::bytea[], now())
+ON CONFLICT (node_id) DO UPDATE
+SET digests = EXCLUDED.digests, written_at = EXCLUDED.written_at;
+
+-- name: clear_journal
+-- $1 node id; a clean stop: nothing of this node is in flight.
+DELETE FROM ingest_journal WHERE node_id = $1;
+
+-- name: recover_journal
+-- $1 node id, $2 days a suspect is remembered; at start: what the node's journal still holds
+-- was in flight when it died, and each such message counts one more death. Returns every
+-- suspect remembered, with its deaths in a row.
+WITH died AS (
+    DELETE FROM ingest_journal WHERE node_id = $1 RETURNING digests
+), counted AS (
+    INSERT INTO ingest_suspect AS s (digest, deaths, node_id)
+    SELECT DISTINCT d, 1, $1 FROM died, unnest(died.digests) AS d
+    ON CONFLICT (digest) DO UPDATE
+    SET deaths = s.deaths + 1, last_death_at = now(), node_id = EXCLUDED.node_id
+    RETURNING digest, deaths
+), forgotten AS (
+    DELETE FROM ingest_suspect WHERE last_death_at < now() - make_interval(days => $2)
+)
+SELECT digest, deaths FROM counted
+UNION ALL
+SELECT digest, deaths FROM ingest_suspect
+WHERE digest NOT IN (SELECT digest FROM counted)
+  AND last_death_at >= now() - make_interval(days => $2);
+
+-- name: forget_suspects
+-- $1 digests of suspects that were stored or dead-lettered (the breaker is done with them).
+DELETE FROM ingest_suspect WHERE digest = ANY($1::bytea[]);
+
+-- name: take_unbounded_telemetry
+-- no parameters; removes and returns the telemetry stored at PostgreSQL's infinity or
+-- -infinity (before such times were refused at decoding), to be kept as dead letters.
+DELETE FROM telemetry WHERE ts = 'infinity' OR ts = '-infinity'
+RETURNING event_id, device_id, ts = 'infinity' AS future, seq, metrics::text, events::text;
