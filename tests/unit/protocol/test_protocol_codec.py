@@ -122,6 +122,22 @@ def test_times_outside_the_range_every_part_can_hold_are_invalid(ts: str) -> Non
 
 
 @pytest.mark.parametrize(
+    "ts",
+    [
+        datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC),
+        datetime(1, 1, 1, tzinfo=UTC),
+        datetime(1969, 12, 31, 23, 59, 59, tzinfo=UTC),
+    ],
+)
+def test_messagepack_timestamps_outside_the_range_are_invalid(ts: datetime) -> None:
+    # The timestamp extension (type -1), not a string: the same range.
+    packed = msgspec.msgpack.encode({"ts": ts, "metrics": {"a": 1}})
+    with pytest.raises(DecodeError) as caught:
+        decode_telemetry(packed, Encoding.MSGPACK)
+    assert (caught.value.code, caught.value.detail) == ("INVALID", _TIME_RANGE)
+
+
+@pytest.mark.parametrize(
     ("ts", "expected"),
     [
         ("1970-01-01T00:00:00Z", datetime(1970, 1, 1, tzinfo=UTC)),
