@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any, Final, Literal
+from urllib.parse import urlsplit
 
 import msgspec
 from msgspec import Meta, Struct, field
@@ -98,6 +99,16 @@ class ReceiverConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
     to: list[str] = field(default_factory=list)
     # deliveries of this receiver in flight at once, per node (0: notify.concurrency)
     concurrency: Annotated[int, Meta(ge=0)] = 0
+
+
+def receiver_secrets(receiver: ReceiverConfig) -> list[str]:
+    """What of a receiver is a credential, never to be logged or shown: its webhook secret,
+    its SMTP password, its headers' values (an ``Authorization``, an ``X-Api-Key``), and the
+    userinfo of its URL."""
+    userinfo = urlsplit(receiver.url).netloc.rpartition("@")[0] if receiver.url else ""
+    found = [receiver.secret, receiver.password, *receiver.headers.values(), userinfo]
+    found += userinfo.split(":", 1) if userinfo else []
+    return [s for s in found if s]
 
 
 class RouteConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):

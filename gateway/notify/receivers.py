@@ -1,7 +1,9 @@
 """The receivers' senders: a webhook (aiohttp) and e-mail (aiosmtplib).
 
 A sender sends one delivery and returns, or raises :class:`SendError` with a message fit for
-the delivery's ``last_error`` (no secret, no URL query, no password: only what went wrong).
+the delivery's ``last_error`` (no secret, no URL query, no password: only what went wrong; the
+worker still cuts anything that looks like a credential out of it, see
+:func:`gateway.domain.redaction.redact_credentials`).
 
 A receiver's answer is never read whole: only its first :data:`ERROR_BODY_MAX` bytes (of an
 error, what ``last_error`` shows); a longer body is not drained, its connection is closed. One
@@ -20,7 +22,14 @@ import aiohttp
 import aiosmtplib
 import msgspec
 
-from gateway.domain.notify import EVENT_ID_HEADER, SIGNATURE_HEADER, ReceiverConfig, signature
+from gateway.domain.notify import (
+    EVENT_ID_HEADER,
+    SIGNATURE_HEADER,
+    ReceiverConfig,
+    receiver_secrets,
+    signature,
+)
+from gateway.domain.redaction import redact_credentials
 from gateway.support.version import gateway_version
 from storage.notify import ClaimedDelivery
 
@@ -33,6 +42,13 @@ ERROR_BODY_MAX: Final = 2048
 
 class SendError(Exception):
     """One attempt failed; ``str()`` is what the delivery records as its last error."""
+
+
+def error_text(receiver: ReceiverConfig, text: str, limit: int = ERROR_MAX) -> str:
+    """What may be stored and logged of an attempt's error: credentials cut out first (a
+    secret cut in two by the limit would no longer be found), then at most ``limit``
+    characters."""
+    return redact_credentials(text, receiver_secrets(receiver))[:limit]
 
 
 class Sender(Protocol):
@@ -73,11 +89,11 @@ class WebhookSender:
                     response.close()
                 if 200 <= response.status < 300:
                     return
-                text = _printable(head.decode(errors="replace"))[:200]
+                text = error_text(self.receiver, _printable(head.decode(errors="replace")), 200)
                 raise SendError(f"HTTP {response.status}: {text}".strip())
         except aiohttp.ClientError as exc:
             # The exception's text names host and port at most, never the path or query.
-            raise SendError(f"{type(exc).__name__}: {exc}"[:ERROR_MAX]) from exc
+            raise SendError(error_text(self.receiver, f"{type(exc).__name__}: {exc}")) from exc
 
 
 async def _head(content: aiohttp.StreamReader, limit: int) -> bytes:
@@ -118,9 +134,9 @@ class EmailSender:
                 timeout=r.timeout_s,
             )
         except aiosmtplib.SMTPException as exc:
-            raise SendError(f"{type(exc).__name__}: {exc}"[:ERROR_MAX]) from exc
+            raise SendError(error_text(r, f"{type(exc).__name__}: {exc}")) from exc
         except OSError as exc:
-            raise SendError(f"{type(exc).__name__}: {exc.strerror or exc}"[:ERROR_MAX]) from exc
+            raise SendError(error_text(r, f"{type(exc).__name__}: {exc.strerror or exc}")) from exc
 
 
 def subject_of(body: dict[str, Any]) -> str:
