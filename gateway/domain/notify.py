@@ -309,6 +309,16 @@ def _check_webhook(receiver: ReceiverConfig, at: str) -> None:
         raise ConfigError(f"{at}.url", "a webhook needs an http:// or https:// url")
     if receiver.secret and receiver.secret_env:
         raise ConfigError(f"{at}.secret_env", "set at most one of secret and secret_env")
+    if "@" in urlsplit(receiver.url).netloc and any(
+        name.lower() == "authorization" for name in receiver.headers
+    ):
+        # The HTTP client makes Basic auth of the userinfo and refuses to send both: every
+        # attempt would fail. Neither value is quoted: both are secrets.
+        raise ConfigError(
+            f"{at}.url",
+            f"receiver {receiver.name!r} has credentials in its url (user:password@) and an "
+            "Authorization header: give only one of them",
+        )
     for name, value in receiver.headers.items():
         if _HEADER_RE.match(name) is None:
             raise ConfigError(f"{at}.headers", f"invalid header name {name!r}")
