@@ -18,6 +18,7 @@ import aiohttp
 import asyncpg
 import msgspec
 import pytest
+from aiohttp import web
 from structlog.testing import capture_logs
 
 from gateway.config import Config, TokenConfig, apply_secrets, parse_config
@@ -33,7 +34,14 @@ from storage import outbox
 from tests.support.api_client import VIEWER, ApiClient
 from tests.support.api_server import serve_api
 from tests.support.credentials import make_ca, make_server_cert
-from tests.support.receivers import Logins, always, echoing, smtp_server, webhook_server
+from tests.support.receivers import (
+    Logins,
+    Received,
+    always,
+    echoing,
+    smtp_server,
+    webhook_server,
+)
 from tests.support.waiting import wait_until
 
 SECRET = "webhook-signing-secret-0123"
@@ -254,6 +262,41 @@ async def test_a_receiver_echoing_the_request_gets_no_credential_into_last_error
     for text in shown:
         for secret in (HOOK_TOKEN, HOOK_KEY, SECRET):
             assert secret not in text, text
+
+
+async def test_an_answer_whose_body_stalls_is_ended_by_the_receivers_timeout(
+    pool: asyncpg.Pool, db_dsn: str, db: asyncpg.Connection
+) -> None:
+    """The status line came, then a few bytes, then nothing: ``timeout_s`` bounds the reading
+    of the body too, and the slot is free again."""
+    stalled = asyncio.Event()
+
+    async def stall(request: web.Request, _got: Received, status: int) -> web.StreamResponse:
+        response = web.StreamResponse(status=status)
+        response.content_length = 10_000
+        await response.prepare(request)
+        await response.write(b"partial ")
+        stalled.set()
+        await asyncio.Event().wait()  # until the client hangs up (or the server stops)
+        return response
+
+    async with webhook_server(stall=always(500)) as server:
+        server.answers["/stall"] = stall
+        config = _config(
+            _webhook("stall", server.url("/stall"), "timeout_s = 0.5"),
+            _route(["stall"]),
+            FAST.replace("max_attempts = 5", "max_attempts = 2"),
+        )
+        node = Notifier(pool, db_dsn, config)
+        await _event(db, 1)
+        await _drain(node.consumer)
+        async with node.running():
+            await wait_until(lambda: _status_is(db, "FAILED"), message="delivery FAILED")
+            assert node.worker.in_flight == {"stall": 0}
+    assert stalled.is_set()
+    [row] = await _deliveries(db)
+    assert row["attempts"] == 2
+    assert "0.5" in row["last_error"] or "Timeout" in row["last_error"], row["last_error"]
 
 
 async def test_an_event_whose_transaction_commits_late_is_still_consumed_exactly_once(
