@@ -3,7 +3,8 @@
 ``Authorization: Bearer <token>`` is compared with the configured tokens as SHA-256 digests,
 every one of them whichever matches (no early exit, no length leak). The token set is swapped
 whole on SIGHUP (:meth:`BearerAuth.replace`). The header's value is never logged, nor put in
-an error: a refusal says only which check failed.
+an error: a refusal says only which check failed, and is logged at info within a cap
+(:func:`log_refusal`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from litestar.handlers.base import BaseRouteHandler
 
 from gateway.api.errors import FORBIDDEN, REQUEST_ID_HEADER, UNAUTHORIZED, ApiError, bad_request
 from gateway.config import TokenConfig
+from gateway.support.log_limit import LogLimit
 
 log = structlog.get_logger(__name__)
 
@@ -120,6 +122,22 @@ class BearerAuth:
         return caller
 
 
+# A refusal is what anyone reaching the port can cause, as often as they like: logged at info
+# (the request was wrong, not the gateway), at most REFUSAL_LOG_LINES lines in
+# REFUSAL_LOG_INTERVAL_S seconds, the next line written counting those left out.
+REFUSAL_LOG_LINES: Final = 10
+REFUSAL_LOG_INTERVAL_S: Final = 60.0
+_refusals = LogLimit(REFUSAL_LOG_LINES, REFUSAL_LOG_INTERVAL_S)
+
+
+def log_refusal(event: str, **fields: Any) -> None:
+    """Log a refused request (no token, an unknown one, a weak role, a bad stream ticket)
+    within the cap; ``suppressed`` counts the refusals not logged since the last line."""
+    suppressed = _refusals.take()
+    if suppressed is not None:
+        log.info(event, suppressed=suppressed, **fields)
+
+
 def _state(connection: ASGIConnection[Any, Any, Any, Any]) -> dict[str, Any]:
     state: dict[str, Any] = connection.scope.setdefault("state", {})
     return state
@@ -139,7 +157,7 @@ async def require_role(
         caller = auth.authorize(connection.headers.get("authorization"), role)
     except ApiError as exc:
         client = connection.client
-        log.warning(
+        log_refusal(
             "api_access_refused",
             status=exc.kind.status,
             method=connection.scope.get("method"),

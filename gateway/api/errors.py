@@ -43,6 +43,7 @@ from gateway.domain.alarm import (
     InvalidActorError,
 )
 from gateway.domain.errors import GatewayError
+from gateway.support.log_limit import LogLimit
 from storage.audit import audit_failure
 from storage.errors import TRANSIENT_DB_ERRORS
 
@@ -350,19 +351,26 @@ def declared_kinds(request: Request[Any, Any, Any]) -> frozenset[ErrorKind] | No
     return kinds if isinstance(kinds, frozenset) else None
 
 
+_undeclared: Final = LogLimit(lines=10, interval_s=60.0)
+
+
 def handle_exception(request: Request[Any, Any, Any], exc: Exception) -> Response[ErrorBody]:
     """The one exception handler: every error response of the app is made here."""
     error = to_api_error(request, exc)
     declared = declared_kinds(request)
     if declared is not None and error.kind not in declared and error.kind not in UNROUTED:
         # The document would not list this answer: a bug to fix in the route's declaration.
-        log.error(
-            "api_undeclared_error",
-            method=request.method,
-            path=request.url.path[:200],
-            status=error.kind.status,
-            code=error.kind.code,
-        )
+        # A request can cause it as often as it likes: at most a few lines a minute.
+        suppressed = _undeclared.take()
+        if suppressed is not None:
+            log.error(
+                "api_undeclared_error",
+                method=request.method,
+                path=request.url.path[:200],
+                status=error.kind.status,
+                code=error.kind.code,
+                suppressed=suppressed,
+            )
     return Response(
         error.body(), status_code=error.kind.status, headers=error.headers, media_type=JSON
     )

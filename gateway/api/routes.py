@@ -72,9 +72,10 @@ def route(
     media_type: str = "application/json",
 ) -> Callable[[Callable[..., Any]], HTTPRouteHandler]:
     """The decorator of every API operation: everything the route promises, declared once."""
-    kinds = set(errors)
+    # Every route's query is checked (check_inputs): even /health answers 400 to `?x=1`.
+    kinds = {*errors, BAD_REQUEST}
     if role is not None:
-        kinds |= {BAD_REQUEST, UNAUTHORIZED, INTERNAL, UNAVAILABLE}
+        kinds |= {UNAUTHORIZED, INTERNAL, UNAVAILABLE}
         if role > Role.VIEWER:
             kinds.add(FORBIDDEN)
     if writes:

@@ -39,7 +39,7 @@ from litestar.openapi.datastructures import ResponseSpec
 from litestar.params import HeaderParameter, Parameter
 from litestar.response import Stream
 
-from gateway.api.auth import BearerAuth, CallDep, Caller, Role
+from gateway.api.auth import BearerAuth, CallDep, Caller, Role, log_refusal
 from gateway.api.errors import (
     BAD_REQUEST,
     INTERNAL,
@@ -357,13 +357,13 @@ async def stream(
     if ticket is not None:
         caller = await hub.redeem(ticket)
         if caller is None:
-            log.warning("stream_ticket_refused", remote=_remote(request))
+            log_refusal("stream_ticket_refused", remote=_remote(request))
             raise ApiError(UNAUTHORIZED, "the ticket is unknown, used or expired")
     else:
         try:
             caller = auth.authorize(request.headers.get("authorization"), Role.VIEWER)
         except ApiError:
-            log.warning("api_access_refused", status=401, path="/stream", remote=_remote(request))
+            log_refusal("api_access_refused", status=401, path="/stream", remote=_remote(request))
             raise
     given = last_event_id if last_event_id is not None else last_event_header
     after = None if not given else parse_cursor(given, "Last-Event-ID")

@@ -22,7 +22,7 @@ from msgspec import Meta, Struct, field
 
 from gateway.domain.ai_prompt import PROMPTS
 from gateway.domain.errors import ConfigError, ConfigErrors, config_errors
-from gateway.domain.notify import Notify, NotifyConfig, compile_notify
+from gateway.domain.notify import Notify, NotifyConfig, compile_notify, receiver_secrets
 from gateway.domain.quiet_hours import QuietHours, QuietHoursConfig, compile_quiet_hours
 from gateway.domain.rules import RuleConfig, RuleSet, compile_rule, compile_rules
 from protocol import TopicKind, Topics, is_valid_device_id
@@ -385,8 +385,9 @@ def _notify_secrets(notify: NotifyConfig, environ: Mapping[str, str]) -> NotifyC
 
 
 def notify_secrets(config: Config) -> list[str]:
-    """The receivers' webhook secrets and SMTP passwords (never logged)."""
-    return [s for r in config.notify.receivers for s in (r.secret, r.password) if s]
+    """The receivers' webhook secrets, SMTP passwords, header values and URL userinfo
+    (never logged)."""
+    return [s for r in config.notify.receivers for s in receiver_secrets(r)]
 
 
 _PUBLIC_URL: Final = re.compile(r"^https?://[^/\s?#]+(/[^\s?#]*)?\Z")

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any, Final, Literal
+from urllib.parse import urlsplit
 
 import msgspec
 from msgspec import Meta, Struct, field
@@ -98,6 +99,16 @@ class ReceiverConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
     to: list[str] = field(default_factory=list)
     # deliveries of this receiver in flight at once, per node (0: notify.concurrency)
     concurrency: Annotated[int, Meta(ge=0)] = 0
+
+
+def receiver_secrets(receiver: ReceiverConfig) -> list[str]:
+    """What of a receiver is a credential, never to be logged or shown: its webhook secret,
+    its SMTP password, its headers' values (an ``Authorization``, an ``X-Api-Key``), and the
+    userinfo of its URL."""
+    userinfo = urlsplit(receiver.url).netloc.rpartition("@")[0] if receiver.url else ""
+    found = [receiver.secret, receiver.password, *receiver.headers.values(), userinfo]
+    found += userinfo.split(":", 1) if userinfo else []
+    return [s for s in found if s]
 
 
 class RouteConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -298,6 +309,16 @@ def _check_webhook(receiver: ReceiverConfig, at: str) -> None:
         raise ConfigError(f"{at}.url", "a webhook needs an http:// or https:// url")
     if receiver.secret and receiver.secret_env:
         raise ConfigError(f"{at}.secret_env", "set at most one of secret and secret_env")
+    if "@" in urlsplit(receiver.url).netloc and any(
+        name.lower() == "authorization" for name in receiver.headers
+    ):
+        # The HTTP client makes Basic auth of the userinfo and refuses to send both: every
+        # attempt would fail. Neither value is quoted: both are secrets.
+        raise ConfigError(
+            f"{at}.url",
+            f"receiver {receiver.name!r} has credentials in its url (user:password@) and an "
+            "Authorization header: give only one of them",
+        )
     for name, value in receiver.headers.items():
         if _HEADER_RE.match(name) is None:
             raise ConfigError(f"{at}.headers", f"invalid header name {name!r}")

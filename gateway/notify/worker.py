@@ -22,7 +22,7 @@ import structlog
 
 from gateway.domain.notify import Notify, NotifyConfig, ReceiverConfig
 from gateway.notify.metrics import NotifyMetrics
-from gateway.notify.receivers import ERROR_MAX, Sender, SendError, sender_for
+from gateway.notify.receivers import Sender, SendError, error_text, sender_for
 from gateway.support.backoff import Backoff
 from gateway.support.loops import (
     RETRYABLE,
@@ -181,7 +181,11 @@ class DeliveryWorker:
         except TimeoutError:
             error = f"no answer within {receiver.timeout_s} s"
         except Exception as exc:
-            error = f"{type(exc).__name__}: {exc}"[:ERROR_MAX]
+            error = f"{type(exc).__name__}: {exc}"
+        if error is not None:
+            # Whatever the text came from (an answer echoing our request, an exception quoting
+            # the URL), it is shown to every viewer and logged: no credential stays in it.
+            error = error_text(receiver, error)
         try:
             await self._finish(receiver, delivery, error)
         except DB_ERRORS as exc:

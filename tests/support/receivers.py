@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from email import message_from_bytes, policy
 from email.message import EmailMessage
@@ -42,11 +42,45 @@ def always(status: int) -> Behaviour:
     return lambda _n, _r: status
 
 
+# What the server answers with, status given, when the default ("ok" / "nope") will not do.
+Answer = Callable[[web.Request, "Received", int], Awaitable[web.StreamResponse]]
+
+
+def streamed(size: int, chunk: int = 64 * 1024) -> Answer:
+    """A body of ``size`` bytes, written a chunk at a time: never held whole, by either side
+    unless the client keeps it. A client that hangs up ends it."""
+    block = b"x" * chunk
+
+    async def answer(request: web.Request, _got: Received, status: int) -> web.StreamResponse:
+        response = web.StreamResponse(status=status)
+        response.content_length = size
+        await response.prepare(request)
+        left = size
+        with contextlib.suppress(ConnectionError):
+            while left > 0:
+                await response.write(block if left >= chunk else block[:left])
+                left -= chunk
+        return response
+
+    return answer
+
+
+def echoing() -> Answer:
+    """The request's headers echoed back, one per line, as some servers' error pages do."""
+
+    async def answer(_request: web.Request, got: Received, status: int) -> web.StreamResponse:
+        text = "".join(f"{name}: {value}\n" for name, value in got.headers.items())
+        return web.Response(status=status, text=f"you sent\n{text}")
+
+    return answer
+
+
 @dataclass
 class WebhookServer:
     """Records every request; answers each path as its behaviour says."""
 
     behaviours: dict[str, Behaviour] = field(default_factory=dict)
+    answers: dict[str, Answer] = field(default_factory=dict)
     received: list[Received] = field(default_factory=list)
     release: asyncio.Event = field(default_factory=asyncio.Event)
     in_flight: dict[str, int] = field(default_factory=dict)
@@ -74,6 +108,9 @@ class WebhookServer:
             if status is None:
                 await self.release.wait()
                 status = 200
+            answer = self.answers.get(path)
+            if answer is not None:
+                return await answer(request, got, status)
             return web.Response(status=status, text="ok" if status < 300 else "nope")
         finally:
             self.in_flight[path] -= 1

@@ -49,6 +49,26 @@ def test_check_config_accepts_the_example_and_names_the_bad_key(tmp_path: Path) 
     ]
 
 
+def test_check_config_refuses_url_credentials_beside_an_authorization_header(
+    tmp_path: Path,
+) -> None:
+    """It would pass, and then every attempt would fail: refused up front, naming the
+    receiver, with neither secret in the message."""
+    config = tmp_path / "hook.toml"
+    config.write_text(
+        '[[notify.receivers]]\nname = "ops-hook"\nkind = "webhook"\n'
+        'url = "https://bob:hunter22@hooks.example/in"\n'
+        'headers = { Authorization = "Bearer t0k3n-0123" }\n'
+    )
+    result = _gateway("check-config", str(config))
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.splitlines()[0] == f"invalid configuration: {config}: 1 error"
+    assert "notify.receivers[0].url" in result.stderr
+    assert "'ops-hook'" in result.stderr
+    assert "hunter22" not in result.stderr + result.stdout
+    assert "t0k3n-0123" not in result.stderr + result.stdout
+
+
 async def test_migrate_is_idempotent_and_dead_letters_can_be_listed(
     empty_db_dsn: str, tmp_path: Path
 ) -> None:

@@ -5,6 +5,7 @@ outbox publisher nor the other receivers (asserted by counts)."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -28,7 +29,7 @@ from tests.support.daemon import (
 )
 from tests.support.mosquitto import Mosquitto
 from tests.support.ports import free_port
-from tests.support.receivers import WebhookServer, webhook_server
+from tests.support.receivers import Received, WebhookServer, always, streamed, webhook_server
 from tests.support.waiting import wait_until
 
 TOPICS = Topics("iot")
@@ -418,3 +419,102 @@ role = "operator"
     deliveries = await _fetch(db_dsn, "SELECT event_id, status FROM notify_delivery")
     assert all(r["status"] == "SENT" for r in deliveries)
     assert len({r["event_id"] for r in deliveries}) == len(deliveries)
+
+
+def _peak_and_rss_mib(pid: int) -> tuple[float, float]:
+    """The process's peak resident set (``VmHWM``) and its resident set now, in MiB: the peak
+    is what a body held whole for a moment would show, however soon it was freed."""
+    fields = dict(
+        line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+    )
+    return tuple(int(fields[k].split()[0]) / 1024 for k in ("VmHWM", "VmRSS"))  # type: ignore[return-value]  # two kB figures
+
+
+BIG_BODY = 100 * 1024 * 1024
+
+
+async def test_a_receiver_answering_a_huge_error_body_costs_no_memory_and_delays_no_other(
+    db_dsn: str, mosquitto: Mosquitto, tmp_path: Path
+) -> None:
+    """A receiver answering 500 with 100 MB: only the first bytes are read (the connection is
+    closed, not drained), so the daemon's peak memory barely moves and the healthy receiver
+    gets every event. Speed is for the report, not asserted here."""
+    http_port = free_port()
+    received_at: dict[str, float] = {}
+
+    def ok(_n: int, got: Received) -> int:
+        received_at[got.event_id] = time.monotonic()
+        return 200
+
+    async with webhook_server(big=always(500), ok=ok) as server:
+        server.answers["/big"] = streamed(BIG_BODY)
+        notify = f"""
+[notify]
+poll_s = 0.1
+backoff_min_s = 0.05
+backoff_max_s = 0.2
+max_attempts = 2
+
+[[notify.receivers]]
+name = "big"
+kind = "webhook"
+url = "{server.url("/big")}"
+timeout_s = 30
+
+[[notify.receivers]]
+name = "ok"
+kind = "webhook"
+url = "{server.url("/ok")}"
+
+[[notify.routes]]
+devices = "warm-*"
+receivers = ["ok"]
+
+[[notify.routes]]
+receivers = ["big", "ok"]
+"""
+        path = tmp_path / "gateway.toml"
+        path.write_text(
+            config_toml(
+                dsn=db_dsn, mqtt_port=mosquitto.port, node_id="big-body", http_port=http_port,
+                extra=DOOR + notify,
+            )
+        )  # fmt: skip
+        process = DaemonProcess(path, tmp_path / "daemon.log")
+        try:
+            process.start()
+            await wait_until(lambda: http_healthy(http_port), timeout=60, message="healthy")
+            assert process.process is not None
+            pid = process.process.pid
+            # Warm up the whole path (alarm, outbox, consumer, the HTTP client) first.
+            await _publish(mosquitto.port, _doors(["warm-0"]))
+            await wait_until(lambda: len(server.on("/ok")) == 1, timeout=60, message="warm-up")
+            peak_before, rss_before = _peak_and_rss_mib(pid)
+            devices = [f"door-{n:02d}" for n in range(4)]
+            published = time.monotonic()
+            await _publish(mosquitto.port, _doors(devices))
+            await wait_until(
+                lambda: len(server.on("/ok")) == 1 + len(devices), timeout=90, message="ok got all"
+            )
+
+            async def big_failed() -> bool:
+                rows = await _fetch(
+                    db_dsn, "SELECT status FROM notify_delivery WHERE receiver = 'big'"
+                )
+                return len(rows) == len(devices) and all(r["status"] == "FAILED" for r in rows)
+
+            await wait_until(big_failed, timeout=180, message="big's deliveries FAILED")
+            peak_after, rss_after = _peak_and_rss_mib(pid)
+            assert process.terminate() == 0
+        finally:
+            process.cleanup()
+    lags = sorted(received_at[e] - published for e in list(received_at)[1:])
+    print(
+        f"\nbig-body: VmHWM {peak_before:.1f} -> {peak_after:.1f} MiB, "
+        f"VmRSS {rss_before:.1f} -> {rss_after:.1f} MiB, "
+        f"ok lag after publish: min {lags[0]:.2f} s, max {lags[-1]:.2f} s"
+    )
+    assert len(server.on("/big")) == 2 * len(devices)  # every attempt was made, and answered
+    rows = await _fetch(db_dsn, "SELECT last_error FROM notify_delivery WHERE receiver = 'big'")
+    assert all(r["last_error"] == "HTTP 500: " + "x" * 200 for r in rows), rows[0]
+    assert peak_after - peak_before < 30, (peak_before, peak_after)

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import uuid
 from pathlib import Path
 from typing import Final
 
 import asyncpg
 
+from gateway.api.auth import REFUSAL_LOG_LINES
 from tests.support.api_client import ADMIN, OPERATOR, VIEWER
 from tests.support.daemon import DaemonProcess, config_toml
 from tests.support.dsn import with_database
@@ -170,3 +172,46 @@ async def test_no_log_line_carries_a_secret(
     for line in log.splitlines():
         for secret in SECRETS:
             assert secret not in line, line[:500]
+
+
+async def test_refused_and_unknown_parameter_requests_do_not_flood_the_log(
+    db_dsn: str, tmp_path: Path, mosquitto: Mosquitto
+) -> None:
+    """``GET /health?x=1`` (an unknown parameter: 400) was an ERROR line per request, a refused
+    request a WARNING line each: anyone reaching the port could fill the journal. Now the
+    first is no line at all, refusals are info lines, at most a few a minute."""
+    port = free_port()
+    config = tmp_path / "gateway.toml"
+    config.write_text(
+        config_toml(
+            dsn=db_dsn, mqtt_port=mosquitto.port, http_port=port, log_level="info",
+            extra=TOKENS_TOML,
+        )
+    )  # fmt: skip
+    daemon = DaemonProcess(config, tmp_path / "gateway.log")
+    try:
+        daemon.start()
+
+        async def healthy() -> bool:
+            try:
+                reply = await _send(port, _request("GET", "/health", []))
+            except OSError:
+                return False
+            return reply.startswith(b"HTTP/1.1 200")
+
+        await wait_until(healthy, timeout=60, message="daemon healthy")
+        probes = [await _send(port, _request("GET", "/health?x=1", [])) for _ in range(100)]
+        refused = [await _send(port, _request("GET", "/alarms", [])) for _ in range(100)]
+        wrong_token = _request("GET", "/alarms", [_bearer(MQTT_PASSWORD)])
+        unknown = [await _send(port, wrong_token) for _ in range(100)]
+        assert daemon.terminate() == 0
+    finally:
+        daemon.cleanup()
+    assert {p.split(b"\r\n", 1)[0] for p in probes} == {b"HTTP/1.1 400 Bad Request"}
+    assert {r.split(b"\r\n", 1)[0] for r in refused + unknown} == {b"HTTP/1.1 401 Unauthorized"}
+    records = [json.loads(line) for line in daemon.log_text().splitlines() if line.startswith("{")]
+    assert not [r for r in records if r["level"] in ("error", "critical")], records[-5:]
+    assert not [r for r in records if "/health" in json.dumps(r)]
+    refusals = [r for r in records if r["event"] == "api_access_refused"]
+    assert 1 <= len(refusals) <= REFUSAL_LOG_LINES, len(refusals)
+    assert {r["level"] for r in refusals} == {"info"}

@@ -14,10 +14,14 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import asyncpg
+import msgspec
 import pytest
+from aiohttp import web
+from structlog.testing import capture_logs
 
-from gateway.config import Config, apply_secrets, parse_config
+from gateway.config import Config, TokenConfig, apply_secrets, parse_config
 from gateway.domain.notify import verify_signature
 from gateway.domain.quiet_hours import QuietHoursConfig, QuietWindowConfig, compile_quiet_hours
 from gateway.notify.consumer import NotifyConsumer
@@ -27,8 +31,17 @@ from gateway.notify.worker import DeliveryWorker
 from gateway.support.metrics import Metrics
 from storage import notify as repo
 from storage import outbox
+from tests.support.api_client import VIEWER, ApiClient
+from tests.support.api_server import serve_api
 from tests.support.credentials import make_ca, make_server_cert
-from tests.support.receivers import Logins, always, smtp_server, webhook_server
+from tests.support.receivers import (
+    Logins,
+    Received,
+    always,
+    echoing,
+    smtp_server,
+    webhook_server,
+)
 from tests.support.waiting import wait_until
 
 SECRET = "webhook-signing-secret-0123"
@@ -207,6 +220,83 @@ async def test_after_max_attempts_the_delivery_is_failed_with_its_last_error(
         status="FAILED", receiver="down", event=None, before=None, limit=10
     )
     assert listed["id"] == row["id"]
+
+
+HOOK_TOKEN = "hook-bearer-token-0123456789abcdef"
+HOOK_KEY = "hook-api-key-9876543210"
+
+
+async def test_a_receiver_echoing_the_request_gets_no_credential_into_last_error_or_the_log(
+    pool: asyncpg.Pool, db_dsn: str, db: asyncpg.Connection
+) -> None:
+    """A receiver answering 400 with the headers it got (ours: its Authorization, its API key)
+    has them in the first bytes of its answer; ``last_error`` is shown to every viewer and
+    logged, so neither carries them."""
+    async with webhook_server(echo=always(400)) as server:
+        server.answers["/echo"] = echoing()
+        headers = f'{{ "Authorization" = "Bearer {HOOK_TOKEN}", "X-Api-Key" = "{HOOK_KEY}" }}'
+        config = _config(
+            _webhook("echo", server.url("/echo"), f'secret = "{SECRET}"\nheaders = {headers}'),
+            _route(["echo"]),
+            FAST.replace("max_attempts = 5", "max_attempts = 2"),
+        )
+        node = Notifier(pool, db_dsn, config)
+        await _event(db, 1)
+        await _drain(node.consumer)
+        with capture_logs() as logs:
+            async with node.running():
+                await wait_until(lambda: _status_is(db, "FAILED"), message="delivery FAILED")
+    # The receiver did get (and echo) the credentials: what follows means something.
+    assert [r.headers["Authorization"] for r in server.on("/echo")] == [f"Bearer {HOOK_TOKEN}"] * 2
+    viewer = [TokenConfig(token=VIEWER, role="viewer", name="wall")]
+    async with serve_api(db_dsn, viewer) as served, aiohttp.ClientSession() as http:
+        listed = await ApiClient(served.base, http).get("/deliveries")
+    [item] = listed.body["items"]
+    assert item["last_error"].startswith("HTTP 400: you sent")
+    assert "Authorization: [redacted]" in item["last_error"]
+    failures = [
+        e for e in logs if e["event"] in ("notify_attempt_failed", "notify_delivery_failed")
+    ]
+    assert [e["event"] for e in failures] == ["notify_attempt_failed", "notify_delivery_failed"]
+    shown = [msgspec.json.encode(listed.body).decode(), *(repr(e) for e in failures)]
+    for text in shown:
+        for secret in (HOOK_TOKEN, HOOK_KEY, SECRET):
+            assert secret not in text, text
+
+
+async def test_an_answer_whose_body_stalls_is_ended_by_the_receivers_timeout(
+    pool: asyncpg.Pool, db_dsn: str, db: asyncpg.Connection
+) -> None:
+    """The status line came, then a few bytes, then nothing: ``timeout_s`` bounds the reading
+    of the body too, and the slot is free again."""
+    stalled = asyncio.Event()
+
+    async def stall(request: web.Request, _got: Received, status: int) -> web.StreamResponse:
+        response = web.StreamResponse(status=status)
+        response.content_length = 10_000
+        await response.prepare(request)
+        await response.write(b"partial ")
+        stalled.set()
+        await asyncio.Event().wait()  # until the client hangs up (or the server stops)
+        return response
+
+    async with webhook_server(stall=always(500)) as server:
+        server.answers["/stall"] = stall
+        config = _config(
+            _webhook("stall", server.url("/stall"), "timeout_s = 0.5"),
+            _route(["stall"]),
+            FAST.replace("max_attempts = 5", "max_attempts = 2"),
+        )
+        node = Notifier(pool, db_dsn, config)
+        await _event(db, 1)
+        await _drain(node.consumer)
+        async with node.running():
+            await wait_until(lambda: _status_is(db, "FAILED"), message="delivery FAILED")
+            assert node.worker.in_flight == {"stall": 0}
+    assert stalled.is_set()
+    [row] = await _deliveries(db)
+    assert row["attempts"] == 2
+    assert "0.5" in row["last_error"] or "Timeout" in row["last_error"], row["last_error"]
 
 
 async def test_an_event_whose_transaction_commits_late_is_still_consumed_exactly_once(

@@ -166,6 +166,23 @@ def test_a_bad_receiver_is_a_config_error_naming_the_key(receiver: str, key: str
     assert caught.value.key_path == f"notify.receivers[0].{key}", caught.value
 
 
+def test_credentials_in_the_url_and_an_authorization_header_are_refused_together() -> None:
+    """The HTTP client would refuse every attempt (it cannot send both); the message names the
+    receiver and quotes neither secret."""
+    url = 'name = "ops-hook"\nkind = "webhook"\nurl = "https://bob:hunter22@h.example/in"\n'
+    for header in ("Authorization", "authorization"):
+        with pytest.raises(ConfigError) as caught:
+            parse_config(f'[[notify.receivers]]\n{url}headers = {{ {header} = "Bearer t0k3n" }}')
+        assert caught.value.key_path == "notify.receivers[0].url"
+        assert "'ops-hook'" in str(caught.value)
+        assert "hunter22" not in str(caught.value)
+        assert "t0k3n" not in str(caught.value)
+    # Either one alone is fine.
+    assert parse_config(f"[[notify.receivers]]\n{url}").notify.receivers[0].url
+    alone = _W + 'headers = { Authorization = "Bearer t0k3n" }'
+    assert parse_config(f"[[notify.receivers]]\n{alone}").notify.receivers[0].headers
+
+
 def test_a_receiver_defined_twice_is_refused() -> None:
     twice = '[[notify.receivers]]\nname = "a"\nkind = "webhook"\nurl = "http://h"\n' * 2
     with pytest.raises(ConfigError) as caught:
