@@ -67,16 +67,22 @@ async def add_day_partition(
 
 
 async def drop_day_partition(
-    conn: asyncpg.Connection, day: date, *, lock_timeout: str = PARTITION_LOCK_TIMEOUT
+    conn: asyncpg.Connection,
+    day: date,
+    received_before: datetime,
+    *,
+    lock_timeout: str = PARTITION_LOCK_TIMEOUT,
 ) -> bool:
-    """Drop the partition of ``day``; as :func:`add_day_partition` for the lock."""
+    """Drop the partition of ``day``, keeping its rows received at or after
+    ``received_before`` (they move to the default partition); as :func:`add_day_partition`
+    for the lock."""
     async with conn.transaction():
         await conn.fetchval(LOCK_TIMEOUT, lock_timeout)
-        return bool(await conn.fetchval(DROP_DAY_PARTITION, day))
+        return bool(await conn.fetchval(DROP_DAY_PARTITION, day, received_before))
 
 
 async def prune_default_partition(conn: asyncpg.Connection, before: datetime, *, pages: int) -> int:
-    """Delete the default partition's rows older than ``before``, ``pages`` pages per
+    """Delete the default partition's rows received before ``before``, ``pages`` pages per
     statement; return how many went."""
     total_pages = int(await conn.fetchval(DEFAULT_PARTITION_PAGES))
     deleted = 0

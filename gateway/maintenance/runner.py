@@ -20,6 +20,7 @@ A pass, with ``now`` from the injected clock:
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, time, timedelta
@@ -154,8 +155,13 @@ class Maintenance:
         if r.telemetry_days:
             cutoff = telemetry_cutoff(now, r.telemetry_days)
             for day in await repo.day_partitions(conn):
+                # A partition's samples received since the cut-off stay (a device clock far
+                # behind dates them into an old day): never dropped sooner than the window
+                # after they arrived.
                 if day_start(day) < cutoff and await self._partition(
-                    repo.drop_day_partition, conn, day
+                    functools.partial(repo.drop_day_partition, received_before=cutoff),
+                    conn,
+                    day,
                 ):
                     report.dropped.append(day)
             report.deleted["telemetry_default"] = await repo.prune_default_partition(
@@ -204,7 +210,7 @@ class Maintenance:
             log.warning(
                 "maintenance_partition_deferred",
                 day=day.isoformat(),
-                action=change.__name__,
+                action=getattr(change, "func", change).__name__,
                 reason=f"its lock was not granted within {self.partition_lock_timeout}",
             )
             return False

@@ -23,8 +23,9 @@ ORDER BY 1;
 SELECT telemetry_add_day_partition($1::date);
 
 -- name: drop_day_partition
--- $1 UTC day; drops its partition; false if there was none.
-SELECT telemetry_drop_day_partition($1::date);
+-- $1 UTC day, $2 cut-off; drops its partition, keeping its rows received since the cut-off (in
+-- the default partition); false if there was none.
+SELECT telemetry_drop_day_partition($1::date, $2::timestamptz);
 
 -- name: default_partition_pages
 -- no parameters; the default partition's size in pages (its rows live in pages 0..n-1).
@@ -32,12 +33,13 @@ SELECT (pg_relation_size('telemetry_default') / current_setting('block_size')::b
 
 -- name: prune_default_partition
 -- $1 first page, $2 page after the last, $3 cut-off; deletes the default partition's rows
--- older than the cut-off within those pages (a TID range scan: a bounded batch whatever the
--- partition holds).
+-- received before the cut-off within those pages (a TID range scan: a bounded batch whatever
+-- the partition holds). By receipt, not by device time: a sample with a clock far behind or
+-- ahead stays telemetry_days after it arrived, and no longer.
 DELETE FROM telemetry_default
 WHERE ctid >= format('(%s,0)', $1::bigint)::tid
   AND ctid < format('(%s,0)', $2::bigint)::tid
-  AND ts < $3;
+  AND received_at < $3;
 
 -- The batches below walk a table by id, $3 rows at a time from after id $1, and act on the
 -- rows of the chunk that are past the cut-off $2 and not live. Each returns how many rows it

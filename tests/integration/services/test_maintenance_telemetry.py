@@ -129,7 +129,9 @@ async def test_days_older_than_the_window_are_dropped_and_the_rest_kept(
     rows = [sample("dev-1", at(start + timedelta(days=n)), n) for n in range(10)]
     stale = sample("dev-2", at(start + timedelta(days=1), 5), 99)
     # A row in the default partition older than the window goes too; a recent one stays.
-    await db.execute("SELECT telemetry_drop_day_partition($1::date)", start + timedelta(days=1))
+    await db.execute(
+        "SELECT telemetry_drop_day_partition($1::date, 'infinity')", start + timedelta(days=1)
+    )
     assert await store(db, [*rows, stale]) == 11
     assert await where_stored(db, stale.event_id) == ["telemetry_default"]
 
@@ -185,27 +187,56 @@ async def test_the_same_event_twice_through_two_nodes_is_stored_once(
     assert await store(db, batch, "n3") == 0
 
 
-async def test_a_redelivery_older_than_the_window_is_stored_again_then_pruned(
+async def test_a_sample_is_kept_the_window_after_it_arrived_whatever_its_device_time(
     pool: asyncpg.Pool, db: asyncpg.Connection
 ) -> None:
-    """Documented: once its day partition is dropped, an event is not remembered; a copy that
-    arrives later is stored again (in the default partition) and deleted by the next pass."""
-    old = sample("dev-1", at(TODAY - timedelta(days=40)), 1)
-    await db.execute("SELECT telemetry_add_day_partition($1::date)", TODAY - timedelta(days=40))
-    assert await store(db, [old]) == 1
-    assert await store(db, [old]) == 0  # inside its partition: a duplicate
+    """A device clock 40 days behind (or a store-and-forward upload) dates fresh samples into
+    a day past the window. They stay until the window has passed since they arrived: the day's
+    partition is dropped with what was received long ago, and the fresh rows move to the
+    default partition, pruned by receipt time."""
+    day = TODAY - timedelta(days=40)
+    await db.execute("SELECT telemetry_add_day_partition($1::date)", day)
+    long_ago = sample("dev-1", at(day), 1)
+    fresh = sample("dev-2", at(day, 13), 2)  # arrives now, dated 40 days back
+    assert await store(db, [long_ago, fresh]) == 2
+    await db.execute(
+        "UPDATE telemetry SET received_at = $2 WHERE event_id = $1",
+        long_ago.event_id,
+        at(day, 12),
+    )
 
     clock = Clock(NOW)
     report = await runner(pool, clock, telemetry_days=30).run_once()
-    assert TODAY - timedelta(days=40) in report.dropped
-    assert await db.fetchval("SELECT count(*) FROM telemetry") == 0
-
-    assert await store(db, [old]) == 1  # stored again
-    assert await where_stored(db, old.event_id) == ["telemetry_default"]
-    assert await store(db, [old]) == 0  # but only once
+    assert day in report.dropped
+    assert await where_stored(db, fresh.event_id) == ["telemetry_default"]
+    assert await where_stored(db, long_ago.event_id) == []
+    assert await store(db, [fresh]) == 0  # still remembered: a redelivery is a duplicate
+    # Another pass inside the window keeps it; the first pass past it deletes it.
+    assert (await runner(pool, clock, telemetry_days=30).run_once()).deleted[
+        "telemetry_default"
+    ] == 0
+    clock.now = NOW + timedelta(days=31)
     report = await runner(pool, clock, telemetry_days=30).run_once()
     assert report.deleted["telemetry_default"] == 1
     assert await db.fetchval("SELECT count(*) FROM telemetry") == 0
+
+
+async def test_a_sample_dated_far_ahead_is_pruned_the_window_after_it_arrived(
+    pool: asyncpg.Pool, db: asyncpg.Connection
+) -> None:
+    """A clock years ahead puts samples in the default partition; they do not stay there
+    until that time comes."""
+    ahead = sample("dev-1", datetime(2090, 1, 1, tzinfo=UTC), 1)
+    assert await store(db, [ahead]) == 1
+    assert await where_stored(db, ahead.event_id) == ["telemetry_default"]
+    clock = Clock(NOW + timedelta(days=29))
+    assert (await runner(pool, clock, telemetry_days=30).run_once()).deleted[
+        "telemetry_default"
+    ] == 0
+    clock.now = NOW + timedelta(days=31)
+    assert (await runner(pool, clock, telemetry_days=30).run_once()).deleted[
+        "telemetry_default"
+    ] == 1
 
 
 async def test_keep_forever_drops_nothing(pool: asyncpg.Pool, db: asyncpg.Connection) -> None:
