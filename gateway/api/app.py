@@ -7,7 +7,8 @@ files (no CDN: the page works on a site with no internet).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import dataclasses
+from collections.abc import Callable, Iterator
 from typing import Any, Final, TypeVar
 
 import msgspec
@@ -17,7 +18,8 @@ from litestar.di import Provide
 from litestar.openapi.config import OpenAPIConfig
 from litestar.openapi.datastructures import ResponseSpec
 from litestar.openapi.plugins import SwaggerRenderPlugin
-from litestar.openapi.spec import Components, SecurityScheme, Tag
+from litestar.openapi.spec import Components, OpenAPI, Schema, SecurityScheme, Tag
+from litestar.openapi.spec.enums import OpenAPIType
 from litestar.params import HeaderParameter
 from litestar.static_files import create_static_files_router
 from litestar.types import Message, Scope
@@ -240,12 +242,16 @@ def build_app(
         logging_config=None,
         debug=False,
     )
-    _complete(app.openapi_schema.components.schemas or {})
+    _complete(app.openapi_schema)
     return app
 
 
-def _complete(schemas: dict[str, Any]) -> None:
-    """What Litestar's generation leaves out, added from the same declarations."""
+def _complete(document: OpenAPI) -> None:
+    """What Litestar's generation leaves out, added from the same declarations, and what it
+    renders in a way the served answers would not match, corrected."""
+    for schema in _nodes(document, Schema):
+        _overlapping_union_as_any_of(schema)
+    schemas = document.components.schemas or {}
     # `params`' recursive schema: no Python type spells it, so it joins the generated ones here.
     schemas[JSON_VALUE] = JSON_VALUE_SCHEMA
     notify.complete(schemas)
@@ -254,3 +260,40 @@ def _complete(schemas: dict[str, Any]) -> None:
     for body in (ActionBody, CommandBody, notify.SilenceBody, *campaigns.BODIES):
         if body.__struct_config__.forbid_unknown_fields and body.__name__ in schemas:
             schemas[body.__name__].additional_properties = False
+
+
+_NodeT = TypeVar("_NodeT")
+
+
+def _nodes(node: Any, kind: type[_NodeT], seen: set[int] | None = None) -> Iterator[_NodeT]:
+    """Every ``kind`` in the document's object tree (Litestar's spec dataclasses, lists and
+    dicts, raw ``schema_extra`` dicts among them), each once."""
+    seen = set() if seen is None else seen
+    if id(node) in seen:
+        return
+    if dataclasses.is_dataclass(node) and not isinstance(node, type):
+        seen.add(id(node))
+        if isinstance(node, kind):
+            yield node
+        children: Any = [getattr(node, f.name) for f in dataclasses.fields(node)]
+    elif isinstance(node, dict):
+        seen.add(id(node))
+        children = node.values()
+    elif isinstance(node, list | tuple):
+        seen.add(id(node))
+        children = node
+    else:
+        return
+    for child in children:
+        yield from _nodes(child, kind, seen)
+
+
+def _overlapping_union_as_any_of(schema: Schema) -> None:
+    """Litestar renders every union as ``oneOf``, which holds a value to exactly one branch. A
+    union of ``int`` and ``float`` (a metric: ``int | float | bool | str``) has an ``integer``
+    and a ``number`` branch, and an integer matches both: the document would refuse every
+    integer the API serves. Its branches are alternatives that may overlap: ``anyOf``."""
+    branches = schema.one_of or []
+    types = {b.type for b in branches if isinstance(b, Schema)}
+    if {OpenAPIType.INTEGER, OpenAPIType.NUMBER} <= types:
+        schema.any_of, schema.one_of = list(branches), None

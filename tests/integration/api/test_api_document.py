@@ -1,6 +1,7 @@
 """The served OpenAPI document against the running code (it is generated; these pin that the
 generation covers everything): every route the app serves is in it, every documented status is
-one its route declared, refs resolve, the docs page needs nothing from the internet."""
+one its route declared, refs resolve, the docs page needs nothing from the internet; no union
+in it refuses a value the API serves (an integer is a number too)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ TOKENS = [
     TokenConfig(token=ADMIN, role="admin", name="root"),
 ]
 DOCS = "/docs"
+METHODS = ("get", "post", "put", "patch", "delete")
 
 
 @pytest.fixture
@@ -69,7 +71,7 @@ async def test_the_document_describes_exactly_what_is_served(
         (path, method)
         for path, item in document["paths"].items()
         for method in item
-        if method in {"get", "post", "put", "patch", "delete"}
+        if method in METHODS
     }
     assert set(operations) == described
     assert {("/health", "get"), ("/metrics", "get"), ("/openapi.json", "get")} <= described
@@ -138,3 +140,69 @@ async def test_the_stream_is_documented_as_an_event_stream(
     for path in ("/dead-letters", "/dead-letters/{id}/replay"):
         (operation,) = document["paths"][path].values()
         assert operation["security"] == [{"bearerAuth": ["admin"]}], path
+
+
+def _resolve(schema: Any, document: Any) -> Any:
+    while isinstance(schema, dict) and "$ref" in schema:
+        node = document
+        for part in schema["$ref"].removeprefix("#/").split("/"):
+            node = node[part]
+        schema = node
+    return schema
+
+
+def _schemas(node: Any) -> list[Any]:
+    """Every schema object in the document (anything with a `type`, a union or a `$ref`)."""
+    found = []
+    if isinstance(node, dict):
+        if any(key in node for key in ("type", "oneOf", "anyOf", "$ref")):
+            found.append(node)
+        found += [s for value in node.values() for s in _schemas(value)]
+    elif isinstance(node, list):
+        found += [s for value in node for s in _schemas(value)]
+    return found
+
+
+def _json_types(schema: Any, document: Any) -> set[str]:
+    """The JSON types a schema admits, `integer` counted as `number` (every integer is one);
+    `any` when the schema does not say."""
+    schema = _resolve(schema, document)
+    branches = schema.get("oneOf") or schema.get("anyOf")
+    if "type" not in schema and branches:
+        return {t for branch in branches for t in _json_types(branch, document)}
+    kind = schema.get("type")
+    if kind is None:
+        return {"any"}
+    kinds = {kind} if isinstance(kind, str) else set(kind)
+    return {"number" if k == "integer" else k for k in kinds}
+
+
+def _disjoint_objects(left: Any, right: Any) -> bool:
+    """Two object schemas no instance matches both: one requires a property the other, closed,
+    does not have."""
+
+    def excludes(a: Any, b: Any) -> bool:
+        missing = set(a.get("required", [])) - set(b.get("properties", {}))
+        return bool(missing) and b.get("additionalProperties") is False
+
+    return excludes(left, right) or excludes(right, left)
+
+
+async def test_no_union_in_the_document_has_branches_one_value_can_match(
+    served: tuple[Served, ApiClient],
+) -> None:
+    """`oneOf` wants exactly one branch to match: a union whose branches overlap (`integer`
+    and `number`: a metric value of 3) rejects a valid value."""
+    _, client = served
+    document = (await client.call("GET", "/openapi.json", token=None)).body
+    unions = [s["oneOf"] for s in _schemas(document) if "oneOf" in s]
+    assert unions
+    for branches in unions:
+        for n, left in enumerate(branches):
+            for right in branches[n + 1 :]:
+                shared = _json_types(left, document) & _json_types(right, document)
+                if shared == {"object"}:
+                    ok = _disjoint_objects(_resolve(left, document), _resolve(right, document))
+                    assert ok, (left, right)
+                else:
+                    assert not shared, (left, right)
