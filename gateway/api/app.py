@@ -18,7 +18,15 @@ from litestar.di import Provide
 from litestar.openapi.config import OpenAPIConfig
 from litestar.openapi.datastructures import ResponseSpec
 from litestar.openapi.plugins import SwaggerRenderPlugin
-from litestar.openapi.spec import Components, OpenAPI, Schema, SecurityScheme, Tag
+from litestar.openapi.spec import (
+    Components,
+    OpenAPI,
+    Parameter,
+    Reference,
+    Schema,
+    SecurityScheme,
+    Tag,
+)
 from litestar.openapi.spec.enums import OpenAPIType
 from litestar.params import HeaderParameter
 from litestar.static_files import create_static_files_router
@@ -251,6 +259,8 @@ def _complete(document: OpenAPI) -> None:
     renders in a way the served answers would not match, corrected."""
     for schema in _nodes(document, Schema):
         _overlapping_union_as_any_of(schema)
+    for parameter in _nodes(document, Parameter):
+        _absent_not_null(parameter)
     schemas = document.components.schemas or {}
     # `params`' recursive schema: no Python type spells it, so it joins the generated ones here.
     schemas[JSON_VALUE] = JSON_VALUE_SCHEMA
@@ -297,3 +307,27 @@ def _overlapping_union_as_any_of(schema: Schema) -> None:
     types = {b.type for b in branches if isinstance(b, Schema)}
     if {OpenAPIType.INTEGER, OpenAPIType.NUMBER} <= types:
         schema.any_of, schema.one_of = list(branches), None
+
+
+def _not_null(schema: Schema | Reference) -> bool:
+    return not (isinstance(schema, Schema) and schema.type == OpenAPIType.NULL)
+
+
+def _absent_not_null(parameter: Parameter) -> None:
+    """An optional parameter (``X | None = None``) is rendered nullable, but no query string or
+    header can carry a JSON null, and the text ``null`` is not a value either (the boundary
+    refuses it: :func:`gateway.api.routes.check_inputs`): the parameter is absent or an ``X``."""
+    schema = parameter.schema
+    if not isinstance(schema, Schema):
+        return
+    if schema.enum is not None:  # a Literal: its values, and None
+        schema.enum = [value for value in schema.enum if value is not None]
+    if isinstance(schema.type, list):
+        schema.type = [kind for kind in schema.type if kind != OpenAPIType.NULL]
+    if schema.one_of is not None:
+        kept = [branch for branch in schema.one_of if _not_null(branch)]
+        if len(kept) == 1 and isinstance(kept[0], Reference):
+            # Litestar repeats the description on the parameter: nothing is lost.
+            parameter.schema = kept[0]
+        else:
+            schema.one_of = kept

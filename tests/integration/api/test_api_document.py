@@ -1,7 +1,8 @@
 """The served OpenAPI document against the running code (it is generated; these pin that the
 generation covers everything): every route the app serves is in it, every documented status is
 one its route declared, refs resolve, the docs page needs nothing from the internet; no union
-in it refuses a value the API serves (an integer is a number too)."""
+in it refuses a value the API serves (an integer is a number too), and no query parameter takes
+`null`, in the document or when sent."""
 
 from __future__ import annotations
 
@@ -27,6 +28,9 @@ TOKENS = [
 ]
 DOCS = "/docs"
 METHODS = ("get", "post", "put", "patch", "delete")
+# A value for each path parameter: the routes check the parameters before any lookup, so these
+# need not exist.
+PATH_VALUES = {"integer": "1", "string": "dev-0"}
 
 
 @pytest.fixture
@@ -188,6 +192,41 @@ def _disjoint_objects(left: Any, right: Any) -> bool:
     return excludes(left, right) or excludes(right, left)
 
 
+def _admits_null(schema: Any, document: Any) -> bool:
+    schema = _resolve(schema, document)
+    kind = schema.get("type")
+    if kind == "null" or (isinstance(kind, list) and "null" in kind):
+        return True
+    if None in schema.get("enum", []):
+        return True
+    branches = (schema.get("oneOf") or []) + (schema.get("anyOf") or [])
+    return any(_admits_null(branch, document) for branch in branches)
+
+
+def _admits_text(schema: Any, text: str, document: Any) -> bool:
+    """Whether ``text``, sent as a query value, is one the parameter's schema allows."""
+    schema = _resolve(schema, document)
+    if schema.get("type") == "array":
+        return _admits_text(schema["items"], text, document)
+    if schema.get("type") != "string":
+        return False  # integers, numbers, booleans: the text is none of them
+    if "enum" in schema:
+        return text in schema["enum"]
+    if "format" in schema:
+        assert schema["format"] == "date-time", schema
+        return False
+    pattern = schema.get("pattern")
+    return pattern is None or re.search(pattern, text) is not None
+
+
+def _concrete(path: str, operation: Any) -> str:
+    for parameter in operation.get("parameters", []):
+        if parameter["in"] == "path":
+            value = PATH_VALUES[parameter["schema"]["type"]]
+            path = path.replace("{" + parameter["name"] + "}", value)
+    return path
+
+
 async def test_no_union_in_the_document_has_branches_one_value_can_match(
     served: tuple[Served, ApiClient],
 ) -> None:
@@ -206,3 +245,53 @@ async def test_no_union_in_the_document_has_branches_one_value_can_match(
                     assert ok, (left, right)
                 else:
                     assert not shared, (left, right)
+
+
+async def test_no_query_parameter_is_documented_as_nullable(
+    served: tuple[Served, ApiClient],
+) -> None:
+    """An optional query parameter is absent or a value: there is no way to send a JSON null in
+    a query string, and the text `null` is not one either."""
+    _, client = served
+    document = (await client.call("GET", "/openapi.json", token=None)).body
+    parameters = [
+        (path, method, parameter)
+        for path, item in document["paths"].items()
+        for method, operation in item.items()
+        for parameter in operation.get("parameters", [])
+    ]
+    assert parameters
+    for path, method, parameter in parameters:
+        assert not _admits_null(parameter["schema"], document), (path, method, parameter)
+
+
+async def test_null_is_a_value_of_no_query_parameter(served: tuple[Served, ApiClient]) -> None:
+    """`?presence=null`, `?until=null`, ...: a 400 naming the parameter, as any value the
+    document does not allow; where the document allows the text `null` (a device id), it is
+    that text, not "no filter"."""
+    _, client = served
+    document = (await client.call("GET", "/openapi.json", token=None)).body
+    refused: list[str] = []
+    for path, item in document["paths"].items():
+        for method, operation in item.items():
+            if path == "/stream" or method not in METHODS:
+                continue  # an event stream: test_stream_api checks its parameters
+            for parameter in operation.get("parameters", []):
+                if parameter["in"] != "query":
+                    continue
+                name = parameter["name"]
+                target = f"{_concrete(path, operation)}?{name}=null"
+                where = (method, target)
+                if _admits_text(parameter["schema"], "null", document):
+                    if method == "get":
+                        reply = await client.call("GET", target)
+                        assert reply.status in (200, 404), (where, reply.body)
+                    continue
+                reply = await client.call(method.upper(), target)
+                assert reply.status == 400, (where, reply.body)
+                assert (reply.body["error"], reply.body["param"]) == ("BAD_REQUEST", name), where
+                refused.append(f"{method} {path} {name}")
+    assert {"get /devices presence", "get /devices/{id}/telemetry until"} <= set(refused)
+    for text in ("NULL", "Null"):  # msgspec reads `null` in any case as None
+        reply = await client.call("GET", f"/devices/dev-0/telemetry?until={text}")
+        assert (reply.status, reply.body["param"]) == (400, "until"), text
