@@ -8,13 +8,14 @@ files (no CDN: the page works on a site with no internet).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Final, TypeVar
 
 import msgspec
 from litestar import Litestar, Request, Response, Router
 from litestar.datastructures import MutableScopeHeaders, State
 from litestar.di import Provide
+from litestar.handlers import BaseRouteHandler
 from litestar.openapi.config import OpenAPIConfig
 from litestar.openapi.datastructures import ResponseSpec
 from litestar.openapi.plugins import SwaggerRenderPlugin
@@ -29,8 +30,9 @@ from litestar.openapi.spec import (
 )
 from litestar.openapi.spec.enums import OpenAPIType
 from litestar.params import HeaderParameter
+from litestar.routes import HTTPRoute
 from litestar.static_files import create_static_files_router
-from litestar.types import Message, Scope
+from litestar.types import BeforeMessageSendHookHandler, Message, Scope
 from swagger_ui_bundle import swagger_ui_path
 
 from gateway.api import (
@@ -112,6 +114,21 @@ async def echo_request_id(message: Message, scope: Scope) -> None:
             MutableScopeHeaders.from_message(message)[REQUEST_ID_HEADER] = request_id
 
 
+def _allow_every_method(allow: Mapping[BaseRouteHandler, str]) -> BeforeMessageSendHookHandler:
+    """OPTIONS names every method its path serves. Litestar's OPTIONS handler lists the methods
+    of the path's first handler only (it keeps the route it was made for, which a later handler
+    of the same path replaces): `OPTIONS /silences` said `OPTIONS, POST`, not GET. ``allow``
+    holds each path's methods, by its OPTIONS handler, once the app is built."""
+
+    async def allow_every_method(message: Message, scope: Scope) -> None:
+        if message["type"] == "http.response.start" and scope.get("method") == "OPTIONS":
+            methods = allow.get(scope.get("route_handler"))
+            if methods is not None:
+                MutableScopeHeaders.from_message(message)["Allow"] = methods
+
+    return allow_every_method
+
+
 def _openapi_config() -> OpenAPIConfig:
     return OpenAPIConfig(
         title=TITLE,
@@ -122,7 +139,9 @@ def _openapi_config() -> OpenAPIConfig:
             "payloads). Each operation's `security` names the role it needs. Every error has one "
             f"shape (`ErrorBody`). Actors are at most {ACTOR_MAX_LENGTH} characters, notes at "
             f"most {NOTE_MAX_LENGTH}; command names at most {NAME_MAX_LENGTH}, idempotency keys "
-            f"at most {IDEMPOTENCY_KEY_MAX_LENGTH}; bodies at most {MAX_BODY_BYTES} bytes."
+            f"at most {IDEMPOTENCY_KEY_MAX_LENGTH}; bodies at most {MAX_BODY_BYTES} bytes. "
+            "Every path also answers `OPTIONS`, without a token: 204, with `Allow` listing the "
+            "path's methods (OPTIONS is not listed as an operation)."
         ),
         path=DOCS_PATH,
         render_plugins=[
@@ -215,6 +234,7 @@ def build_app(
             )
         },
     )
+    allow: dict[BaseRouteHandler, str] = {}
     assets = create_static_files_router(
         path=DOCS_ASSETS, directories=[swagger_ui_path], include_in_schema=False
     )
@@ -236,7 +256,7 @@ def build_app(
         },
         exception_handlers={Exception: handle_exception},
         before_request=check_inputs,
-        before_send=[echo_request_id],
+        before_send=[echo_request_id, _allow_every_method(allow)],
         openapi_config=_openapi_config(),
         request_max_body_size=MAX_BODY_BYTES,
         state=State(
@@ -250,6 +270,10 @@ def build_app(
         logging_config=None,
         debug=False,
     )
+    for served in app.routes:
+        if isinstance(served, HTTPRoute) and "OPTIONS" in served.route_handler_map:
+            options, _ = served.route_handler_map["OPTIONS"]
+            allow[options] = ", ".join(sorted(served.methods))
     _complete(app.openapi_schema)
     return app
 

@@ -1,8 +1,8 @@
 """The served OpenAPI document against the running code (it is generated; these pin that the
 generation covers everything): every route the app serves is in it, every documented status is
-one its route declared, refs resolve, the docs page needs nothing from the internet; no union
-in it refuses a value the API serves (an integer is a number too), and no query parameter takes
-`null`, in the document or when sent."""
+one its route declared, refs resolve, the docs page needs nothing from the internet; and what
+the document says of values holds when they are sent: no union a valid value fails (an integer is
+a number too), no query parameter takes `null`, and OPTIONS names every method a path serves."""
 
 from __future__ import annotations
 
@@ -295,3 +295,26 @@ async def test_null_is_a_value_of_no_query_parameter(served: tuple[Served, ApiCl
     for text in ("NULL", "Null"):  # msgspec reads `null` in any case as None
         reply = await client.call("GET", f"/devices/dev-0/telemetry?until={text}")
         assert (reply.status, reply.body["param"]) == (400, "until"), text
+
+
+async def test_options_names_every_method_the_path_serves(
+    served: tuple[Served, ApiClient],
+) -> None:
+    """OPTIONS is answered on every path, without a token, and is not an operation of the
+    document; its `Allow` is the path's documented methods and OPTIONS, as a 405's is."""
+    _, client = served
+    document = (await client.call("GET", "/openapi.json", token=None)).body
+    assert "`OPTIONS`" in document["info"]["description"]
+    for path, item in document["paths"].items():
+        methods = [m for m in item if m in METHODS]
+        assert "options" not in item, path
+        target = _concrete(path, item[methods[0]])
+        expected = {m.upper() for m in methods} | {"OPTIONS"}
+        async with client.http.options(f"{client.base}{target}") as response:
+            assert response.status == 204, target
+            allow = {m.strip() for m in response.headers["Allow"].split(",")}
+        assert allow == expected, target
+        unserved = next(m for m in METHODS if m not in methods)
+        reply = await client.call(unserved.upper(), target)
+        assert reply.status == 405, (unserved, target)
+        assert {m.strip() for m in reply.headers["Allow"].split(",")} == expected, target
