@@ -328,7 +328,7 @@ def _overlapping_union_as_any_of(schema: Schema) -> None:
     and a ``number`` branch, and an integer matches both: the document would refuse every
     integer the API serves. Its branches are alternatives that may overlap: ``anyOf``."""
     branches = schema.one_of or []
-    types = {b.type for b in branches if isinstance(b, Schema)}
+    types = {b.type for b in branches if isinstance(b, Schema) and isinstance(b.type, OpenAPIType)}
     if {OpenAPIType.INTEGER, OpenAPIType.NUMBER} <= types:
         schema.any_of, schema.one_of = list(branches), None
 
