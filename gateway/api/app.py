@@ -7,20 +7,32 @@ files (no CDN: the page works on a site with no internet).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import dataclasses
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Final, TypeVar
 
 import msgspec
 from litestar import Litestar, Request, Response, Router
 from litestar.datastructures import MutableScopeHeaders, State
 from litestar.di import Provide
+from litestar.handlers import BaseRouteHandler
 from litestar.openapi.config import OpenAPIConfig
 from litestar.openapi.datastructures import ResponseSpec
 from litestar.openapi.plugins import SwaggerRenderPlugin
-from litestar.openapi.spec import Components, SecurityScheme, Tag
+from litestar.openapi.spec import (
+    Components,
+    OpenAPI,
+    Parameter,
+    Reference,
+    Schema,
+    SecurityScheme,
+    Tag,
+)
+from litestar.openapi.spec.enums import OpenAPIType
 from litestar.params import HeaderParameter
+from litestar.routes import HTTPRoute
 from litestar.static_files import create_static_files_router
-from litestar.types import Message, Scope
+from litestar.types import BeforeMessageSendHookHandler, Message, Scope
 from swagger_ui_bundle import swagger_ui_path
 
 from gateway.api import (
@@ -102,6 +114,21 @@ async def echo_request_id(message: Message, scope: Scope) -> None:
             MutableScopeHeaders.from_message(message)[REQUEST_ID_HEADER] = request_id
 
 
+def _allow_every_method(allow: Mapping[BaseRouteHandler, str]) -> BeforeMessageSendHookHandler:
+    """OPTIONS names every method its path serves. Litestar's OPTIONS handler lists the methods
+    of the path's first handler only (it keeps the route it was made for, which a later handler
+    of the same path replaces): `OPTIONS /silences` said `OPTIONS, POST`, not GET. ``allow``
+    holds each path's methods, by its OPTIONS handler, once the app is built."""
+
+    async def allow_every_method(message: Message, scope: Scope) -> None:
+        if message["type"] == "http.response.start" and scope.get("method") == "OPTIONS":
+            methods = allow.get(scope.get("route_handler"))
+            if methods is not None:
+                MutableScopeHeaders.from_message(message)["Allow"] = methods
+
+    return allow_every_method
+
+
 def _openapi_config() -> OpenAPIConfig:
     return OpenAPIConfig(
         title=TITLE,
@@ -112,7 +139,9 @@ def _openapi_config() -> OpenAPIConfig:
             "payloads). Each operation's `security` names the role it needs. Every error has one "
             f"shape (`ErrorBody`). Actors are at most {ACTOR_MAX_LENGTH} characters, notes at "
             f"most {NOTE_MAX_LENGTH}; command names at most {NAME_MAX_LENGTH}, idempotency keys "
-            f"at most {IDEMPOTENCY_KEY_MAX_LENGTH}; bodies at most {MAX_BODY_BYTES} bytes."
+            f"at most {IDEMPOTENCY_KEY_MAX_LENGTH}; bodies at most {MAX_BODY_BYTES} bytes. "
+            "Every path also answers `OPTIONS`, without a token: 204, with `Allow` listing the "
+            "path's methods (OPTIONS is not listed as an operation)."
         ),
         path=DOCS_PATH,
         render_plugins=[
@@ -205,6 +234,7 @@ def build_app(
             )
         },
     )
+    allow: dict[BaseRouteHandler, str] = {}
     assets = create_static_files_router(
         path=DOCS_ASSETS, directories=[swagger_ui_path], include_in_schema=False
     )
@@ -226,7 +256,7 @@ def build_app(
         },
         exception_handlers={Exception: handle_exception},
         before_request=check_inputs,
-        before_send=[echo_request_id],
+        before_send=[echo_request_id, _allow_every_method(allow)],
         openapi_config=_openapi_config(),
         request_max_body_size=MAX_BODY_BYTES,
         state=State(
@@ -240,12 +270,22 @@ def build_app(
         logging_config=None,
         debug=False,
     )
-    _complete(app.openapi_schema.components.schemas or {})
+    for served in app.routes:
+        if isinstance(served, HTTPRoute) and "OPTIONS" in served.route_handler_map:
+            options, _ = served.route_handler_map["OPTIONS"]
+            allow[options] = ", ".join(sorted(served.methods))
+    _complete(app.openapi_schema)
     return app
 
 
-def _complete(schemas: dict[str, Any]) -> None:
-    """What Litestar's generation leaves out, added from the same declarations."""
+def _complete(document: OpenAPI) -> None:
+    """What Litestar's generation leaves out, added from the same declarations, and what it
+    renders in a way the served answers would not match, corrected."""
+    for schema in _nodes(document, Schema):
+        _overlapping_union_as_any_of(schema)
+    for parameter in _nodes(document, Parameter):
+        _absent_not_null(parameter)
+    schemas = document.components.schemas or {}
     # `params`' recursive schema: no Python type spells it, so it joins the generated ones here.
     schemas[JSON_VALUE] = JSON_VALUE_SCHEMA
     notify.complete(schemas)
@@ -254,3 +294,64 @@ def _complete(schemas: dict[str, Any]) -> None:
     for body in (ActionBody, CommandBody, notify.SilenceBody, *campaigns.BODIES):
         if body.__struct_config__.forbid_unknown_fields and body.__name__ in schemas:
             schemas[body.__name__].additional_properties = False
+
+
+_NodeT = TypeVar("_NodeT")
+
+
+def _nodes(node: Any, kind: type[_NodeT], seen: set[int] | None = None) -> Iterator[_NodeT]:
+    """Every ``kind`` in the document's object tree (Litestar's spec dataclasses, lists and
+    dicts, raw ``schema_extra`` dicts among them), each once."""
+    seen = set() if seen is None else seen
+    if id(node) in seen:
+        return
+    if dataclasses.is_dataclass(node) and not isinstance(node, type):
+        seen.add(id(node))
+        if isinstance(node, kind):
+            yield node
+        children: Any = [getattr(node, f.name) for f in dataclasses.fields(node)]
+    elif isinstance(node, dict):
+        seen.add(id(node))
+        children = node.values()
+    elif isinstance(node, list | tuple):
+        seen.add(id(node))
+        children = node
+    else:
+        return
+    for child in children:
+        yield from _nodes(child, kind, seen)
+
+
+def _overlapping_union_as_any_of(schema: Schema) -> None:
+    """Litestar renders every union as ``oneOf``, which holds a value to exactly one branch. A
+    union of ``int`` and ``float`` (a metric: ``int | float | bool | str``) has an ``integer``
+    and a ``number`` branch, and an integer matches both: the document would refuse every
+    integer the API serves. Its branches are alternatives that may overlap: ``anyOf``."""
+    branches = schema.one_of or []
+    types = {b.type for b in branches if isinstance(b, Schema) and isinstance(b.type, OpenAPIType)}
+    if {OpenAPIType.INTEGER, OpenAPIType.NUMBER} <= types:
+        schema.any_of, schema.one_of = list(branches), None
+
+
+def _not_null(schema: Schema | Reference) -> bool:
+    return not (isinstance(schema, Schema) and schema.type == OpenAPIType.NULL)
+
+
+def _absent_not_null(parameter: Parameter) -> None:
+    """An optional parameter (``X | None = None``) is rendered nullable, but no query string or
+    header can carry a JSON null, and the text ``null`` is not a value either (the boundary
+    refuses it: :func:`gateway.api.routes.check_inputs`): the parameter is absent or an ``X``."""
+    schema = parameter.schema
+    if not isinstance(schema, Schema):
+        return
+    if schema.enum is not None:  # a Literal: its values, and None
+        schema.enum = [value for value in schema.enum if value is not None]
+    if isinstance(schema.type, list):
+        schema.type = [kind for kind in schema.type if kind != OpenAPIType.NULL]
+    if schema.one_of is not None:
+        kept = [branch for branch in schema.one_of if _not_null(branch)]
+        if len(kept) == 1 and isinstance(kept[0], Reference):
+            # Litestar repeats the description on the parameter: nothing is lost.
+            parameter.schema = kept[0]
+        else:
+            schema.one_of = kept

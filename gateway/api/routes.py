@@ -8,9 +8,10 @@ holds it to (:func:`gateway.api.errors.handle_exception` logs an answer a route 
 :func:`check_inputs` runs before every handler, after the guard: unknown or repeated query
 parameters, integers that are not plain digits (``1e3``, ``²``, 5,000 digits), numbers that are
 not JSON numbers (``nan``, ``1_0``), strings that do not match their pattern (with ``$`` read as
-the end of the string, as the document's readers read it), and a body that does not decode into
-the route's Struct (malformed, too deep, out of bounds) are answered here, 400 or 422, before any
-of it reaches a handler, let alone the database.
+the end of the string, as the document's readers read it), the text ``null`` for an optional
+parameter that is not a string (``?until=null``: absent is how one says none), and a body that
+does not decode into the route's Struct (malformed, too deep, out of bounds) are answered here,
+400 or 422, before any of it reaches a handler, let alone the database.
 """
 
 from __future__ import annotations
@@ -131,6 +132,16 @@ class _Param:
     many: bool
     kind: type | None  # int or float: a stricter grammar than msgspec's; None otherwise
     pattern: re.Pattern[str] | None
+    null_is_none: bool  # msgspec would read the text `null` as None: refused
+
+
+def _reads_null_as_none(annotation: Any) -> bool:
+    """Whether Litestar's parsing (msgspec's lax conversion) turns the text ``null`` (in any
+    case) into None: for every optional type but ``str``, which keeps it as text."""
+    try:
+        return msgspec.convert("null", annotation, strict=False) is None
+    except (msgspec.ValidationError, TypeError):
+        return False
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,6 +176,7 @@ def _param(name: str, field: Any) -> _Param:
         many=field.is_non_string_sequence,
         kind=kind,
         pattern=_strict(pattern) if pattern else None,
+        null_is_none=field.is_optional and _reads_null_as_none(field.annotation),
     )
 
 
@@ -201,6 +213,9 @@ def _inputs(request: Request[Any, Any, Any]) -> _Inputs:
 
 def _check(param: _Param, raw: str) -> None:
     shown = repr(raw[:40])
+    if param.null_is_none and raw.isascii() and raw.lower() == "null":
+        # Read as None, it would be "no filter": a value the document does not have.
+        raise bad_request(param.name, f"{shown} is not a value; leave the parameter out for none")
     if param.kind is int and _DIGITS.fullmatch(raw) is None:
         raise bad_request(param.name, f"expected a positive integer, got {shown}")
     if param.kind is float and _JSON_NUMBER.fullmatch(raw) is None:
