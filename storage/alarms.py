@@ -27,6 +27,7 @@ INSERT_ALARMS = _Q["insert_alarms"]
 INSERT_CREATION_AUDITS = _Q["insert_creation_audits"]
 CLEAR_ACTIVE = _Q["clear_active"]
 INSERT_LATE = _Q["insert_late"]
+SUCCESSOR_OPEN = _Q["successor_open"]
 CLEAR_RAISED_BY = _Q["clear_raised_by"]
 GET = _Q["get"]
 UPDATE_LIFECYCLE = _Q["update_lifecycle"]
@@ -185,6 +186,11 @@ async def clear_active(
     conn: asyncpg.Connection, active_key: str, at: datetime, clear_event_id: str
 ) -> asyncpg.Record | None:
     return await conn.fetchrow(CLEAR_ACTIVE, active_key, at, clear_event_id)
+
+
+async def successor_open(conn: asyncpg.Connection, dedup_key: str) -> bool:
+    """Whether the alarm of ``dedup_key`` exists and has not ended."""
+    return bool(await conn.fetchval(SUCCESSOR_OPEN, dedup_key))
 
 
 async def insert_late(

@@ -10,6 +10,7 @@ rolled-back batch leaves nothing behind.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import operator
 from collections.abc import Sequence
@@ -28,9 +29,10 @@ from gateway.alarms.service import (
     create_late_alarm,
     record_cleared,
 )
-from gateway.domain.alarm import active_key
+from gateway.domain.alarm import active_key, dedup_key
 from gateway.domain.rules import (
     Clearing,
+    DeviceClock,
     Firing,
     InactivityRule,
     RuleSet,
@@ -61,6 +63,7 @@ class BatchAlarms:
     cleared: int = 0
     late: int = 0  # alarms raised by samples committed out of order (already cleared/superseded)
     states_written: int = 0
+    clock_adjustments: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -73,8 +76,16 @@ class _LoadedStates:
 
 
 class AlarmEngine:
-    def __init__(self, *, rules: RuleSet, node_id: str, metrics: Metrics) -> None:
+    def __init__(
+        self,
+        *,
+        rules: RuleSet,
+        node_id: str,
+        metrics: Metrics,
+        clock: DeviceClock | None = None,
+    ) -> None:
         self.rules = rules
+        self.clock = DeviceClock() if clock is None else clock
         self.node_id = node_id
         self.metrics = metrics
         self.summary: SummarySpec | None = None  # set when AI summaries are enabled
@@ -129,8 +140,15 @@ class AlarmEngine:
         # order, so one message may raise an alarm and clear it again (OPEN then CLOSE).
         run: list[Firing] = []
         in_run: set[tuple[str, str]] = set()
+        clock = self.clock
         for device_id, event_id, message in messages:
-            evaluation = evaluate(rules, loaded.states, device_id, event_id, message)
+            # Judged against the database's clock (the receipt, alike on every node).
+            evaluation = evaluate(
+                rules, loaded.states, device_id, event_id, message, received_at=now, clock=clock
+            )
+            if evaluation.clock_adjustment is not None:
+                reason = evaluation.clock_adjustment.value
+                batch.clock_adjustments[reason] = batch.clock_adjustments.get(reason, 0) + 1
             for outcome in evaluation.outcomes:
                 if isinstance(outcome, Firing) and outcome.superseded_by_event is None:
                     if (outcome.device_id, outcome.rule_key) in in_run:
@@ -159,6 +177,8 @@ class AlarmEngine:
         m.alarms_cleared.inc(batch.cleared)
         m.rule_states_written.inc(batch.states_written)
         m.alarms_late.inc(batch.late)
+        for reason, count in batch.clock_adjustments.items():
+            m.clock_adjustments.labels(reason).inc(count)
 
     async def _lock_states(
         self,
@@ -224,6 +244,19 @@ class AlarmEngine:
         self, conn: asyncpg.Connection, firing: Firing, now: datetime, batch: BatchAlarms
     ) -> None:
         assert firing.superseded_by_event is not None
+        successor = dedup_key(firing.rule_key, firing.device_id, firing.superseded_by_event)
+        if not await repo.successor_open(conn, successor):
+            # An occurrence is never hidden: the alarm that would stand for it has ended (people
+            # closed it), so it is raised as any new occurrence is, and said to be late.
+            on_its_own = dataclasses.replace(
+                firing,
+                superseded_by_event=None,
+                cleared_by_event=None,
+                reason=f"{firing.reason} (late: the newer alarm of its rule had ended)",
+            )
+            await self._fire(conn, [on_its_own], now, batch)
+            batch.late += 1
+            return
         creation = await create_late_alarm(
             conn,
             _request(firing),

@@ -24,7 +24,7 @@ from gateway.domain.ai_prompt import PROMPTS
 from gateway.domain.errors import ConfigError, ConfigErrors, config_errors
 from gateway.domain.notify import Notify, NotifyConfig, compile_notify, receiver_secrets
 from gateway.domain.quiet_hours import QuietHours, QuietHoursConfig, compile_quiet_hours
-from gateway.domain.rules import RuleConfig, RuleSet, compile_rule, compile_rules
+from gateway.domain.rules import DeviceClock, RuleConfig, RuleSet, compile_rule, compile_rules
 from protocol import TopicKind, Topics, is_valid_device_id
 
 Port = Annotated[int, Meta(ge=1, le=65535)]
@@ -123,6 +123,10 @@ class AlarmsConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True
     timer_interval_s: PositiveFloat = 5.0
     # A rule whose metric or event no telemetry carried for this long is logged once (0: never).
     rule_check_after_s: Annotated[float, Meta(ge=0)] = 3600.0
+    # Device clocks (docs/rules-and-alarms.md): a sample dated further ahead of its receipt, or
+    # further back than the newest judged for its rules, is judged at its receipt.
+    max_future_skew_s: Annotated[float, Meta(ge=0)] = 300.0
+    reorder_window_s: Annotated[float, Meta(ge=0)] = 300.0
     quiet_hours: QuietHoursConfig = field(default_factory=QuietHoursConfig)
 
 
@@ -209,6 +213,12 @@ class Config(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
 
     def rule_set(self) -> RuleSet:
         return compile_rules(self.rules)
+
+    def device_clock(self) -> DeviceClock:
+        return DeviceClock(
+            max_future_skew=datetime.timedelta(seconds=self.alarms.max_future_skew_s),
+            reorder_window=datetime.timedelta(seconds=self.alarms.reorder_window_s),
+        )
 
     def quiet_hours(self) -> QuietHours | None:
         if not self.alarms.quiet_hours.windows:

@@ -458,6 +458,67 @@ IDLE: Final = RuleState()
 RuleStates: TypeAlias = MutableMapping[SlotKey, RuleState]
 
 
+# --- device clocks --------------------------------------------------------------------------
+
+
+class ClockAdjustment(enum.StrEnum):
+    """Why a sample was judged at its receive time instead of its device time."""
+
+    AHEAD = "ahead"  # dated further ahead of its receipt than max_future_skew
+    BEHIND = "behind"  # further back than reorder_window from the newest already judged
+    STATE_AHEAD = "state_ahead"  # the rule state held device times from a clock ahead
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceClock:
+    """The bounds within which a device's own time orders its samples (docs/rules-and-alarms.md,
+    "Device clocks"). Device time is evidence, not truth: a sample dated more than
+    `max_future_skew` ahead of its receipt is judged at its receipt; one dated more than
+    `reorder_window` before the newest sample already judged for its rules is a clock reset or
+    a store-and-forward upload, not a reordering between nodes, and is judged at its receipt
+    too (in arrival order): it neither moves a rule's state back to its old time nor holds the
+    state at a bogus one."""
+
+    max_future_skew: timedelta = timedelta(seconds=300)
+    reorder_window: timedelta = timedelta(seconds=300)
+
+
+def judged_time(
+    sent: datetime, received: datetime, newest: datetime | None, clock: DeviceClock
+) -> tuple[datetime, ClockAdjustment | None]:
+    """The time a sample is judged at: its device time `sent` within the bounds of `clock`,
+    else its receipt `received` (and why). `newest` is the newest time already judged for the
+    rules it touches."""
+    if sent > received + clock.max_future_skew:
+        return received, ClockAdjustment.AHEAD
+    if newest is not None and sent < newest - clock.reorder_window:
+        return received, ClockAdjustment.BEHIND
+    return sent, None
+
+
+_STATE_TIMES: Final = (
+    "pending_since",
+    "last_ts",
+    "fired_ts",
+    "released_ts",
+    "clear_ts",
+    "violating_ts",
+)
+
+
+def _without_future(state: RuleState, received: datetime, clock: DeviceClock) -> RuleState | None:
+    """`state` with every time further ahead of `received` than the skew allows brought back
+    to `received` (written from a clock ahead before this model, such a time would hold the
+    rule until real time passed it); None when it has none."""
+    bound = received + clock.max_future_skew
+    changes = {
+        name: received
+        for name in _STATE_TIMES
+        if (value := getattr(state, name)) is not None and value > bound
+    }
+    return replace(state, **changes) if changes else None
+
+
 def rule_version(rule: Rule) -> str:
     """A fingerprint of what a rule's state depends on (not its severity, devices or text).
 
@@ -551,6 +612,8 @@ class Evaluation:
     """What one message does: `outcomes`, to write in this order."""
 
     outcomes: tuple[Outcome, ...] = ()
+    # Set when the message was judged at its receipt rather than its device time.
+    clock_adjustment: ClockAdjustment | None = None
 
     @property
     def firings(self) -> tuple[Firing, ...]:
@@ -578,11 +641,14 @@ class _Run:
         event_id: str,
         observed_at: datetime,
         seq: int | None,
+        *,
+        sent_at: datetime | None = None,
     ) -> None:
         self.states = states
         self.device_id = device_id
         self.event_id = event_id
-        self.observed_at = observed_at
+        self.observed_at = observed_at  # the time it is judged at
+        self.sent_at = observed_at if sent_at is None else sent_at  # its device time
         self.seq = seq
         self.outcomes: list[Outcome] = []
 
@@ -611,10 +677,16 @@ class _Run:
                 self.observed_at,
                 superseded_by,
                 cleared_by,
-                trigger=trigger_of(rule, self.observed_at, observed),
+                trigger=self._trigger(rule, observed),
                 rule_description=rule.description,
             )
         )
+
+    def _trigger(self, rule: Rule, observed: MetricValue | None) -> dict[str, Any]:
+        trigger = trigger_of(rule, self.observed_at, observed)
+        if self.sent_at != self.observed_at:
+            trigger["device_ts"] = self.sent_at.isoformat()  # judged at its receipt instead
+        return trigger
 
     def clear(
         self,
@@ -671,7 +743,14 @@ def silence_trigger(silent_since: datetime) -> dict[str, Any]:
 
 
 def evaluate(
-    rules: RuleSet, states: RuleStates, device_id: str, event_id: str, message: Telemetry
+    rules: RuleSet,
+    states: RuleStates,
+    device_id: str,
+    event_id: str,
+    message: Telemetry,
+    *,
+    received_at: datetime | None = None,
+    clock: DeviceClock = DeviceClock(),
 ) -> Evaluation:
     """Judge one telemetry message of `device_id` (whose telemetry event id is `event_id`).
 
@@ -688,18 +767,39 @@ def evaluate(
     the alarm that was active at its time (the firing one, if it is older and nothing has
     violated since). Otherwise it changes nothing: it never undoes what a newer sample
     decided.
+
+    With `received_at` (the daemon always gives it), device time counts only within the bounds
+    of `clock` (`judged_time`): outside them the message is judged at its receipt, and a rule
+    state holding times from a clock ahead is brought back first. Without it, device time
+    alone (the pure ordering rule above, for tests of it).
     """
     device_rules = rules._device(device_id)
     if not device_rules.rules:
         return Evaluation()
-    run = _Run(states, device_id, event_id, message.timestamp(), message.seq)
+    sent = message.timestamp()
+    at, adjustment = sent, None
+    if received_at is not None:
+        newest: datetime | None = None
+        for key in state_keys(rules, device_id, message):
+            state = states.get(key)
+            if state is None:
+                continue
+            repaired = _without_future(state, received_at, clock)
+            if repaired is not None:
+                states[key] = state = repaired
+                adjustment = ClockAdjustment.STATE_AHEAD
+            if state.last_ts is not None and (newest is None or state.last_ts > newest):
+                newest = state.last_ts
+        at, judged = judged_time(sent, received_at, newest, clock)
+        adjustment = judged or adjustment
+    run = _Run(states, device_id, event_id, at, message.seq, sent_at=sent)
     if message.events:
         _judge_events(device_rules, message.event_types(), run)
     if message.metrics:
         for threshold in device_rules.thresholds:
             if threshold.metric in message.metrics:
                 _judge_sample(threshold, message.metrics[threshold.metric], run)
-    return Evaluation(tuple(run.outcomes))
+    return Evaluation(tuple(run.outcomes), adjustment)
 
 
 def _judge_events(device_rules: _DeviceRules, event_types: Sequence[str], run: _Run) -> None:

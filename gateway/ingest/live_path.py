@@ -39,7 +39,12 @@ def message_decoder(config: Config) -> MessageDecoder:
 
 def alarm_engine(config: Config, metrics: Metrics) -> AlarmEngine:
     """The configured rules (their state is read from the database by every batch)."""
-    engine = AlarmEngine(rules=config.rule_set(), node_id=config.node_id, metrics=metrics)
+    engine = AlarmEngine(
+        rules=config.rule_set(),
+        node_id=config.node_id,
+        metrics=metrics,
+        clock=config.device_clock(),
+    )
     if config.ai.enabled:
         # Every alarm created gets its summary task, however its telemetry arrived.
         engine.summary = SummarySpec(config.ai.model, config.ai.prompt_version)

@@ -72,6 +72,7 @@ class Components:
     def reload(self, config: Config) -> None:
         """Swap what may change at run time, between batches; messages keep flowing."""
         self.engine.replace_rules(config.rule_set())
+        self.engine.clock = config.device_clock()
         self.auth.replace(config.api.tokens)
         quiet = config.quiet_hours()
         self.outbox.quiet = quiet

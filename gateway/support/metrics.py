@@ -140,6 +140,14 @@ class Metrics:
             "or superseded)",
             registry=r,
         )
+        self.clock_adjustments = Counter(
+            "gateway_clock_adjustments",
+            "Samples judged at their receipt instead of their device time, by why: ahead (dated "
+            "past max_future_skew_s), behind (back past reorder_window_s: a reset or an upload), "
+            "state_ahead (a rule state held times from a clock ahead)",
+            ["reason"],
+            registry=r,
+        )
         self.rule_states_written = Counter(
             "gateway_rule_states_written",
             "Rule state rows written back by ingest batches",

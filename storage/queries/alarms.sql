@@ -187,6 +187,15 @@ SELECT $1, $2, $3, 'SUPERSEDED', $4, $5, NULL, $6, $6,
 ON CONFLICT (dedup_key) DO NOTHING
 RETURNING *;
 
+-- name: successor_open
+-- $1 the dedup key of the alarm a late occurrence would be superseded by; true when that alarm
+-- exists and has not ended (CLOSED, FALSE, SUPERSEDED): only then may it stand for the
+-- occurrence.
+SELECT EXISTS (
+    SELECT 1 FROM alarm
+    WHERE dedup_key = $1 AND status NOT IN ('CLOSED', 'FALSE', 'SUPERSEDED')
+);
+
 -- name: clear_raised_by
 -- $1 device, $2 rule key, $3 device time, $4 cleared at, $5 clear event id; a late clear: the
 -- newest alarm of (device, rule) raised by a sample at or before $3, if it has not cleared.
