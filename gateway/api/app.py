@@ -241,6 +241,7 @@ def build_app(
         debug=False,
     )
     _complete(app.openapi_schema.components.schemas or {})
+    stream.complete(app.openapi_schema)
     return app
 
 
