@@ -3,16 +3,24 @@
 Read from the outbox table, not from this node's memory, so every node's stream carries every
 node's events. One hub per node: it LISTENs on ``outbox_event`` (with a polling fallback),
 reads what became final with a pooled connection held only for that read, and fans each event
-out to the open streams' bounded queues. A client that cannot keep up is disconnected and
-resumes with ``Last-Event-ID``.
+out to the open streams: each event's frame is encoded once and the same bytes go to every
+stream, the frames waiting for a stream leaving in one write.
+
+Hard limits, because every open stream costs the node a socket, kernel buffers and a share of
+each fan-out: ``[http] max_streams`` per node and ``max_streams_per_token``; a client
+``QUEUE_MAX`` events behind, or whose socket has taken nothing for ``WRITE_DEADLINE_S`` (it
+stopped reading), is dropped with its connection reset (see :meth:`ApiServer.abort`), and
+resumes with ``Last-Event-ID``; a reload cuts the streams of the tokens it removes or rotates;
+a cursor past every event written is refused (it would wait for nothing).
 
 The cursor (the SSE ``id``) is ``xid:id``, see :mod:`storage.console`: an event is delivered only
 once its transaction and every older one have ended, in (xid, id) order, so a reconnect from
 any cursor resumes with no gap and no duplicate, on any node.
 
 ``EventSource`` cannot send headers: ``POST /stream/tickets`` gives a short-lived single-use
-ticket (stored as a digest, so any node accepts it) for ``GET /stream?ticket=``. The long-lived
-token never goes into a URL; ``curl`` sends it in the ``Authorization`` header as usual.
+ticket (stored as a digest, so any node accepts it) for ``GET /stream?ticket=``, at a bounded
+rate per token; the maintenance pass deletes expired ones. The long-lived token never goes into
+a URL; ``curl`` sends it in the ``Authorization`` header as usual.
 
 The response is Litestar's :class:`~litestar.response.Stream` (which ends it when the client
 goes away) with the framing written here: Litestar's ``ServerSentEvent`` writes a ``data:``
