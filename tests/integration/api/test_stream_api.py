@@ -139,7 +139,9 @@ async def test_a_client_that_goes_away_leaves_the_fan_out(
 async def _refused(
     http: aiohttp.ClientSession, url: str, headers: dict[str, str]
 ) -> tuple[int, dict[str, Any], dict[str, str]]:
+    """A refused stream's status, error body and headers (an accepted one never ends: fail)."""
     async with http.get(url, headers=headers) as reply:
+        assert reply.status != 200, f"{url} was accepted"
         return reply.status, await reply.json(), dict(reply.headers)
 
 
