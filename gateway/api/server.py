@@ -14,6 +14,7 @@ traceback could quote a request's headers), and access logs are off.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import socket
 import struct
@@ -115,10 +116,12 @@ class ApiServer:
                 # Closing already (the app ended the answer) is no matter: abort drops the rest.
                 if isinstance(transport, asyncio.Transport):
                     sock = transport.get_extra_info("socket")
-                    if sock is not None:
-                        # Linger 0: the kernel drops what is unsent and answers RST. A plain
-                        # close would keep the socket, orphaned, trying to send its buffers.
-                        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_OFF)
+                    # Linger 0: the kernel drops what is unsent and answers RST. A plain close
+                    # would keep the socket, orphaned, trying to send its buffers. (A socket
+                    # closed meanwhile refuses the option: the abort is then moot anyway.)
+                    with contextlib.suppress(OSError):
+                        if sock is not None:
+                            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_OFF)
                     transport.abort()
                     return True
         return False

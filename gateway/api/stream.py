@@ -60,6 +60,7 @@ from gateway.api.errors import (
     UNAUTHORIZED,
     UNAVAILABLE,
     ApiError,
+    ErrorKind,
     bad_request,
 )
 from gateway.api.routes import route
@@ -68,6 +69,7 @@ from gateway.api.server import STATE_SERVER, ApiServer
 from gateway.api.services import services_of
 from gateway.config import HttpConfig
 from gateway.support.loops import drain_on_notify, every
+from gateway.support.metrics import Metrics
 from storage import console as repo
 from storage.console import Cursor, StreamEvent
 
@@ -187,6 +189,7 @@ class StreamHub:
         max_streams: int = MAX_STREAMS,
         max_streams_per_token: int = MAX_STREAMS_PER_TOKEN,
         write_deadline_s: float = WRITE_DEADLINE_S,
+        metrics: Metrics | None = None,
     ) -> None:
         self.pool = pool
         self.dsn = dsn
@@ -195,6 +198,9 @@ class StreamHub:
         self.max_streams = max_streams
         self.max_streams_per_token = max_streams_per_token
         self.write_deadline_s = write_deadline_s
+        self.metrics = metrics
+        if metrics is not None:
+            metrics.streams_open.set_function(lambda: len(self._streams))
         self.head: Cursor | None = None  # the newest event fanned out (None: not started)
         self._streams: set[_Stream] = set()  # open, caught up or not
         self._live: set[_Stream] = set()  # the fan-out
@@ -273,14 +279,14 @@ class StreamHub:
         if self._closed:
             raise ApiError(UNAVAILABLE, "the node is stopping; retry on another one")
         if len(self._streams) >= self.max_streams:
-            raise ApiError(
+            raise self._refused(
                 STREAMS_FULL,
                 f"this node has {self.max_streams} streams open, its limit",
                 headers={"Retry-After": str(RETRY_AFTER_S)},
             )
         mine = sum(1 for s in self._streams if s.caller.name == caller.name)
         if mine >= self.max_streams_per_token:
-            raise ApiError(
+            raise self._refused(
                 TOO_MANY_STREAMS,
                 f"the token {caller.name!r} has {mine} streams open on this node, its limit",
                 headers={"Retry-After": str(RETRY_AFTER_S)},
@@ -288,6 +294,11 @@ class StreamHub:
         stream = _Stream(caller, abort, asyncio.get_running_loop().time())
         self._streams.add(stream)
         return stream
+
+    def _refused(self, kind: ErrorKind, message: str, *, headers: dict[str, str]) -> ApiError:
+        if self.metrics is not None:
+            self.metrics.stream_refusals.labels(kind.code).inc()
+        return ApiError(kind, message, headers=headers)
 
     def revoke(self, holds: Callable[[Caller], bool]) -> int:
         """End at once the streams of tokens no longer configured (a reload); how many."""
@@ -304,6 +315,8 @@ class StreamHub:
         log.warning(
             "stream_dropped", token=stream.caller.name, reason=reason, queued=len(stream.frames)
         )
+        if self.metrics is not None:
+            self.metrics.streams_dropped.labels(reason).inc()
         stream.close()
         self._release(stream)
         stream.abort()
@@ -399,7 +412,7 @@ class StreamHub:
         if left < 1.0:
             self._buckets[name] = (left, now)
             wait = math.ceil((1.0 - left) * TICKET_EVERY_S)
-            raise ApiError(
+            raise self._refused(
                 TOO_MANY_TICKETS,
                 f"the token {name!r} asked for tickets too fast; the next one in {wait} s",
                 headers={"Retry-After": str(wait)},

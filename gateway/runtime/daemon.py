@@ -179,6 +179,7 @@ class Daemon:
                 node.dsn,
                 max_streams=cfg.http.max_streams,
                 max_streams_per_token=cfg.http.max_streams_per_token,
+                metrics=self.metrics,
             )
         self.services.pool = pool
         # Dead letters replayed over HTTP take the writer's own rules engine.

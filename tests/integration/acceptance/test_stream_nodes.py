@@ -17,7 +17,7 @@ import msgspec
 from gateway.config import parse_config
 from protocol import Topics
 from tests.support.api_client import OPERATOR, VIEWER
-from tests.support.daemon import config_toml, running_daemon
+from tests.support.daemon import config_toml, metric, running_daemon
 from tests.support.mosquitto import Mosquitto
 from tests.support.sse import Sse, SseStream, open_stream
 
@@ -169,3 +169,5 @@ name = "wall-screen"
                 node.reload(parse_config(rotated))
                 await _cut(operator)
                 assert hub.streams == 0
+            assert metric(node, "gateway_streams_dropped_total", {"reason": "revoked"}) == 2
+            assert metric(node, "gateway_streams_open") == 0
