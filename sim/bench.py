@@ -44,6 +44,7 @@ from paho.mqtt.properties import Properties
 
 from protocol import TopicKind, Topics
 from sim.bench_live import measure_campaign, measure_commands, measure_latency, measure_storm
+from sim.bench_streams import measure_streams, streams_fields
 from sim.broker import BenchBroker
 from sim.cpu import PARTIES, CpuSplit
 from sim.gateways import RECEIVE_MAXIMUM, GatewayProcesses
@@ -364,6 +365,89 @@ async def run_bench(sizes: Sizes, *, dsn: str | None) -> dict[str, Any]:
             return await _run_phases(sizes, dsn=embedded)
 
 
+async def run_streams_bench(messages: int, readers: int, *, dsn: str | None) -> dict[str, Any]:
+    """The streams phase alone (``--phase streams``): its own database, broker and gateway."""
+    if dsn is not None:
+        return await _run_streams(messages, readers, dsn=dsn)
+    with tempfile.TemporaryDirectory(prefix="gw-bench-db-") as tmp:
+        async with embedded_database(Path(tmp)) as embedded:
+            return await _run_streams(messages, readers, dsn=embedded)
+
+
+async def _run_streams(messages: int, readers: int, *, dsn: str) -> dict[str, Any]:
+    database = f"gw_bench_{uuid.uuid4().hex[:8]}"
+    admin = await asyncpg.connect(dsn)
+    await admin.execute(f'CREATE DATABASE "{database}"')
+    bench_dsn = _with_database(dsn, database)
+    try:
+        with tempfile.TemporaryDirectory(prefix="gw-bench-") as tmp:
+            workdir = Path(tmp)
+            config = workdir / "migrate.toml"
+            config.write_text(f'[database]\ndsn = "{bench_dsn}"\n')
+            await _run([sys.executable, "-m", "gateway", "migrate", "--config", str(config)])
+            with BenchBroker(inflight=RECEIVE_MAXIMUM) as broker:
+                async with Probes(bench_dsn) as probes:
+                    run = await measure_streams(
+                        broker.port,
+                        bench_dsn,
+                        messages,
+                        readers=readers,
+                        workdir=workdir,
+                        probes=probes,
+                    )
+    finally:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+        await admin.close()
+    return {
+        **streams_fields(run),
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, "
+        f"Python {platform.python_version()}",
+    }
+
+
+def render_streams_table(result: dict[str, Any]) -> str:
+    r = result
+    rows = [
+        ("stream readers", f"{r['streams_readers']:,}", ""),
+        ("messages per run (live publisher)", f"{r['streams_messages']:,}", ""),
+        ("ingest, no stream open", f"{r['streams_msgs_per_s_without']:,} msg/s", ""),
+        ("ingest, readers reading", f"{r['streams_msgs_per_s_with']:,} msg/s", ""),
+        ("ingest, no stream open again", f"{r['streams_msgs_per_s_after']:,} msg/s", ""),
+        (
+            "with readers / without (mean of both)",
+            f"{r['ratio_streams_vs_none']:.2f}",
+            "ratio_streams_vs_none",
+        ),
+        (
+            "gateway CPU: without / with readers",
+            f"{r['streams_gateway_cpu_s_without']:.1f} / {r['streams_gateway_cpu_s_with']:.1f} s",
+            "",
+        ),
+        (
+            "events each reader got: fewest / most",
+            f"{r['streams_events_per_reader_min']:,} / {r['streams_events_per_reader_max']:,}",
+            "",
+        ),
+        ("readers the gateway dropped", f"{r['streams_readers_dropped']:,}", ""),
+        (
+            "simulator CPU with readers (publisher too)",
+            f"{r['streams_sim_cpu_s_with']:.1f} s",
+            "",
+        ),
+    ]
+    width = max(len(name) for name, _, _ in rows)
+    value_width = max(len(value) for _, value, _ in rows)
+    lines = [f"streams phase ({r['machine']})"]
+    for name, value, key in rows:
+        line = f"{name:<{width}}  {value:>{value_width}}"
+        if key:
+            op, bound = STREAMS_TARGETS[key]
+            met = float(r[key]) >= bound
+            line += f"  target {op} {bound:g}: {'ok' if met else 'MISSED'}"
+        lines.append(line)
+    return "\n".join(lines)
+
+
 async def settle(dsn: str) -> None:
     """Vacuum and analyze the filled tables, checkpoint: before the next phase, not in it."""
     conn = await asyncpg.connect(dsn)
@@ -610,6 +694,8 @@ TARGETS: dict[str, tuple[str, float]] = {
     # Found equals expected, raised and cleared, in both live phases (1 is true).
     "alarms_match": (">=", 1.0),
 }
+# The streams phase's (``--phase streams``, not part of a full run).
+STREAMS_TARGETS: dict[str, tuple[str, float]] = {"ratio_streams_vs_none": (">=", 0.8)}
 
 
 def target_met(key: str, value: float) -> bool | None:

@@ -45,6 +45,16 @@ def _parser() -> argparse.ArgumentParser:
     )
     bench.add_argument("--json", type=Path, help="also write the figures to this JSON file")
     bench.add_argument(
+        "--phase",
+        choices=("all", "streams"),
+        default="all",
+        help="streams: only ingest with live stream readers against ingest without (one "
+        "gateway, --messages per run, default 20,000), not part of 'all'",
+    )
+    bench.add_argument(
+        "--readers", type=int, default=200, help="GET /stream clients of the streams phase"
+    )
+    bench.add_argument(
         "--dsn",
         default=os.environ.get("GATEWAY_BENCH_DSN"),
         help="PostgreSQL DSN of a role that may create databases; the bench creates and drops "
@@ -74,13 +84,21 @@ async def _publish(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from sim.bench import Sizes, render_table, run_bench
+    from sim.bench import Sizes, render_streams_table, render_table, run_bench, run_streams_bench
 
     # The table goes to stdout; the responder's log lines, warnings only, to stderr.
     structlog.configure(
         wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
         logger_factory=structlog.PrintLoggerFactory(sys.stderr),
     )
+    if args.phase == "streams":
+        messages = args.messages or (5_000 if args.quick else 20_000)
+        with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+            result = runner.run(run_streams_bench(messages, args.readers, dsn=args.dsn))
+        print(render_streams_table(result))
+        if args.json:
+            args.json.write_text(json.dumps(result, indent=2) + "\n")
+        return 0
     sizes = Sizes.quick() if args.quick else Sizes()
     if args.messages is not None:
         sizes = dataclasses.replace(

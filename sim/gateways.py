@@ -51,8 +51,9 @@ name = "bench"
 class GatewayProcesses:
     """``gateway run`` processes of one measurement, configs in a temporary directory.
 
-    ``extra`` is appended to every config (rules, tokens, command settings); with several
-    processes they share the telemetry subscription as group ``prefix``.
+    ``extra`` is appended to every config (rules, tokens, command settings), ``http`` to its
+    ``[http]`` section; with several processes they share the telemetry subscription as group
+    ``prefix``.
     """
 
     def __init__(
@@ -65,6 +66,7 @@ class GatewayProcesses:
         workdir: Path,
         extra: str = RULES,
         protocol: str = "5",
+        http: str = "",
     ) -> None:
         self.nodes = [f"bench-{prefix}-{n}" for n in range(count)]
         self.http_ports = [free_port() for _ in range(count)]
@@ -77,7 +79,7 @@ class GatewayProcesses:
                 f'[mqtt]\nhost = "127.0.0.1"\nport = {port}\ntopic_prefix = "{prefix}"\n'
                 f'receive_maximum = {RECEIVE_MAXIMUM}\nprotocol = "{protocol}"\n{shared}'
                 f'[database]\ndsn = "{dsn}"\n'
-                f"[http]\nport = {http_port}\n"
+                f"[http]\nport = {http_port}\n{http}"
                 '[log]\nformat = "json"\nlevel = "warning"\n'
                 # The bench's samples are dated from 2026-01-01 (reproducible): kept whatever
                 # today is, not pruned by a maintenance pass mid-measurement.

@@ -26,7 +26,7 @@ DEAD_LETTER_PAGE = _Q["dead_letter_page"]
 DEAD_LETTER_EXISTS = _Q["dead_letter_exists"]
 INSERT_TICKET = _Q["insert_ticket"]
 USE_TICKET = _Q["use_ticket"]
-DROP_OLD_TICKETS = _Q["drop_old_tickets"]
+STREAM_CURSOR_AHEAD = _Q["stream_cursor_ahead"]
 STREAM_HORIZON = _Q["stream_horizon"]
 STREAM_EVENTS = _Q["stream_events"]
 STREAM_TAIL = _Q["stream_tail"]
@@ -97,11 +97,6 @@ async def use_ticket(
     return None if row is None else (row["token_name"], row["role"])
 
 
-async def drop_old_tickets(conn: asyncpg.Connection | asyncpg.Pool) -> int:
-    status: str = await conn.execute(DROP_OLD_TICKETS)
-    return int(status.rsplit(maxsplit=1)[-1])
-
-
 @dataclass(frozen=True, slots=True, order=True)
 class Cursor:
     """A position in the stream: after the event (xid, id)."""
@@ -152,6 +147,11 @@ async def stream_events(
         )
         for r in rows
     ]
+
+
+async def stream_cursor_ahead(conn: asyncpg.Connection | asyncpg.Pool, cursor: Cursor) -> bool:
+    """Whether ``cursor`` is past every event a stream can have sent (a made-up one)."""
+    return bool(await conn.fetchval(STREAM_CURSOR_AHEAD, str(cursor.xid), cursor.id))
 
 
 async def stream_tail(conn: asyncpg.Connection | asyncpg.Pool) -> Cursor:

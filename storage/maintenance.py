@@ -29,6 +29,7 @@ DEFAULT_PARTITION_PAGES = _Q["default_partition_pages"]
 PRUNE_DEFAULT_PARTITION = _Q["prune_default_partition"]
 PRUNE_CONSUMED = _Q["prune_consumed"]
 PRUNE_AI_PAYLOADS = _Q["prune_ai_payloads"]
+PRUNE_STREAM_TICKETS = _Q["prune_stream_tickets"]
 TABLE_SIZES = _Q["table_sizes"]
 OLDEST_TELEMETRY_DAY = _Q["oldest_telemetry_day"]
 
@@ -108,9 +109,19 @@ async def prune_ai_payloads(
 
 
 async def prune_consumed(conn: asyncpg.Connection, before: datetime, *, chunk: int) -> int:
+    return await _batches(conn, PRUNE_CONSUMED, chunk, before)
+
+
+async def prune_stream_tickets(conn: asyncpg.Connection, *, chunk: int) -> int:
+    """Delete the expired stream tickets; return how many went."""
+    return await _batches(conn, PRUNE_STREAM_TICKETS, chunk)
+
+
+async def _batches(conn: asyncpg.Connection, query: str, chunk: int, *args: object) -> int:
+    """``query`` (``$n`` the args, then the batch size) until a batch is short."""
     deleted = 0
     while True:
-        done = int(await conn.fetchval(PRUNE_CONSUMED, before, chunk))
+        done = int(await conn.fetchval(query, *args, chunk))
         deleted += done
         if done < chunk:
             return deleted

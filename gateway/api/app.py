@@ -274,6 +274,7 @@ def build_app(
         if isinstance(served, HTTPRoute) and "OPTIONS" in served.route_handler_map:
             options, _ = served.route_handler_map["OPTIONS"]
             allow[options] = ", ".join(sorted(served.methods))
+    stream.complete(app.openapi_schema)
     _complete(app.openapi_schema)
     return app
 

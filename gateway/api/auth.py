@@ -14,7 +14,7 @@ import hmac
 import re
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any, Final
 
@@ -54,6 +54,9 @@ class Role(IntEnum):
 class Caller:
     name: str
     role: Role
+    # Which configured token (a digest of it): what lets a reload that removes or rotates a
+    # token end the streams it opened, even under the same name. Never in a repr (a log).
+    key: bytes = field(default=b"", repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,10 +86,27 @@ class BearerAuth:
         """Swap the whole token set at once (SIGHUP): a request sees the old or the new."""
         self._tokens = [
             # The configuration requires a unique name; the fallback serves hand-built configs.
-            (_digest(t.token), Caller(name=t.name or f"token#{i}", role=Role[t.role.upper()]))
+            (
+                digest,
+                Caller(name=t.name or f"token#{i}", role=Role[t.role.upper()], key=digest),
+            )
             for i, t in enumerate(tokens)
             if t.token
+            for digest in (_digest(t.token),)
         ]
+        self._callers = frozenset(caller for _, caller in self._tokens)
+
+    def holds(self, caller: Caller) -> bool:
+        """Whether ``caller`` is still configured as it was (name, role and token): what a
+        stream opened before a reload checks."""
+        return caller in self._callers
+
+    def named(self, name: str, role: Role) -> Caller | None:
+        """The configured token of this name and role (what a stream ticket names), if any."""
+        for caller in self._callers:
+            if caller.name == name and caller.role == role:
+                return caller
+        return None
 
     def identify(self, authorization: str | None) -> Caller:
         scheme, _, presented = (authorization or "").partition(" ")

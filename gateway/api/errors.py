@@ -119,6 +119,27 @@ TARGETS_UNBOUND: Final = ErrorKind(
 NO_TARGETS: Final = ErrorKind(
     409, "NO_TARGETS", "the targets resolve to no device that takes commands; nothing is created"
 )
+CURSOR_AHEAD: Final = ErrorKind(
+    400,
+    "CURSOR_AHEAD",
+    "`Last-Event-ID` (or `last_event_id`, `param` names it) is past every event written so far: "
+    "no stream sent it",
+)
+TOO_MANY_STREAMS: Final = ErrorKind(
+    429,
+    "TOO_MANY_STREAMS",
+    "this token has `[http] max_streams_per_token` streams open on this node; close one",
+)
+TOO_MANY_TICKETS: Final = ErrorKind(
+    429,
+    "TOO_MANY_TICKETS",
+    "this token asked for stream tickets faster than the node grants them (`Retry-After`)",
+)
+STREAMS_FULL: Final = ErrorKind(
+    503,
+    "STREAMS_FULL",
+    "this node has `[http] max_streams` streams open; retry later (`Retry-After`) or elsewhere",
+)
 PAYLOAD_TOO_LARGE: Final = ErrorKind(413, "PAYLOAD_TOO_LARGE", "the body is too large")
 INVALID_BODY: Final = ErrorKind(
     422,

@@ -14,14 +14,19 @@ traceback could quote a request's headers), and access logs are off.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import socket
+import struct
 from typing import Final
 
 import uvicorn
 from litestar import Litestar
 
 GRACEFUL_SHUTDOWN_S: Final = 5.0
+# Where the app finds the server (``app.state``): to cut a connection (see ApiServer.abort).
+STATE_SERVER: Final = "server"
+_LINGER_OFF: Final = struct.pack("ii", 1, 0)
 _UVICORN_LOGGERS: Final = ("uvicorn", "uvicorn.error", "uvicorn.access", "uvicorn.asgi")
 
 
@@ -93,7 +98,33 @@ class ApiServer:
         await server.startup(sockets=[self._socket])
         self._server = server
         self._loop_task = asyncio.create_task(server.main_loop(), name="http-server")
+        self.app.state[STATE_SERVER] = self
         return self
+
+    def abort(self, client: tuple[str, int] | None) -> bool:
+        """Reset the connection of ``client`` (the ASGI scope's ``client``) at once; whether
+        one was found. ASGI has no such call, and closing is not enough: a closed transport
+        still waits to flush what it holds, and so does the kernel with a closed socket, which
+        a peer that stopped reading never lets them, so the buffers stay taken. The stream hub
+        cuts its stalled readers with this."""
+        server = self._server
+        if server is None or client is None:
+            return False
+        for connection in list(server.server_state.connections):
+            if getattr(connection, "client", None) == tuple(client):
+                transport = getattr(connection, "transport", None)
+                # Closing already (the app ended the answer) is no matter: abort drops the rest.
+                if isinstance(transport, asyncio.Transport):
+                    sock = transport.get_extra_info("socket")
+                    # Linger 0: the kernel drops what is unsent and answers RST. A plain close
+                    # would keep the socket, orphaned, trying to send its buffers. (A socket
+                    # closed meanwhile refuses the option: the abort is then moot anyway.)
+                    with contextlib.suppress(OSError):
+                        if sock is not None:
+                            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_OFF)
+                    transport.abort()
+                    return True
+        return False
 
     async def __aexit__(self, *exc_info: object) -> None:
         server, task = self._server, self._loop_task

@@ -3,16 +3,24 @@
 Read from the outbox table, not from this node's memory, so every node's stream carries every
 node's events. One hub per node: it LISTENs on ``outbox_event`` (with a polling fallback),
 reads what became final with a pooled connection held only for that read, and fans each event
-out to the open streams' bounded queues. A client that cannot keep up is disconnected and
-resumes with ``Last-Event-ID``.
+out to the open streams: each event's frame is encoded once and the same bytes go to every
+stream, the frames waiting for a stream leaving in one write.
+
+Hard limits, because every open stream costs the node a socket, kernel buffers and a share of
+each fan-out: ``[http] max_streams`` per node and ``max_streams_per_token``; a client
+``QUEUE_MAX`` events behind, or whose socket has taken nothing for ``WRITE_DEADLINE_S`` (it
+stopped reading), is dropped with its connection reset (see :meth:`ApiServer.abort`), and
+resumes with ``Last-Event-ID``; a reload cuts the streams of the tokens it removes or rotates;
+a cursor past every event written is refused (it would wait for nothing).
 
 The cursor (the SSE ``id``) is ``xid:id``, see :mod:`storage.console`: an event is delivered only
 once its transaction and every older one have ended, in (xid, id) order, so a reconnect from
 any cursor resumes with no gap and no duplicate, on any node.
 
 ``EventSource`` cannot send headers: ``POST /stream/tickets`` gives a short-lived single-use
-ticket (stored as a digest, so any node accepts it) for ``GET /stream?ticket=``. The long-lived
-token never goes into a URL; ``curl`` sends it in the ``Authorization`` header as usual.
+ticket (stored as a digest, so any node accepts it) for ``GET /stream?ticket=``, at a bounded
+rate per token; the maintenance pass deletes expired ones. The long-lived token never goes into
+a URL; ``curl`` sends it in the ``Authorization`` header as usual.
 
 The response is Litestar's :class:`~litestar.response.Stream` (which ends it when the client
 goes away) with the framing written here: Litestar's ``ServerSentEvent`` writes a ``data:``
@@ -24,10 +32,11 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import math
 import re
 import secrets
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from collections import deque
+from collections.abc import AsyncGenerator, Callable
 from datetime import datetime
 from typing import Annotated, Any, Final
 
@@ -36,22 +45,31 @@ import msgspec
 import structlog
 from litestar import Request
 from litestar.openapi.datastructures import ResponseSpec
+from litestar.openapi.spec import OpenAPI, OpenAPIMediaType, OpenAPIType, Reference, Schema
 from litestar.params import HeaderParameter, Parameter
 from litestar.response import Stream
 
 from gateway.api.auth import BearerAuth, CallDep, Caller, Role, log_refusal
 from gateway.api.errors import (
     BAD_REQUEST,
+    CURSOR_AHEAD,
     INTERNAL,
+    STREAMS_FULL,
+    TOO_MANY_STREAMS,
+    TOO_MANY_TICKETS,
     UNAUTHORIZED,
     UNAVAILABLE,
     ApiError,
+    ErrorKind,
     bad_request,
 )
 from gateway.api.routes import route
 from gateway.api.schemas import exact
+from gateway.api.server import STATE_SERVER, ApiServer
 from gateway.api.services import services_of
-from gateway.support.loops import drain_on_notify
+from gateway.config import HttpConfig
+from gateway.support.loops import drain_on_notify, every
+from gateway.support.metrics import Metrics
 from storage import console as repo
 from storage.console import Cursor, StreamEvent
 
@@ -61,9 +79,20 @@ TAG: Final = "stream"
 NOTIFY_CHANNEL: Final = "outbox_event"
 TICKET_LIFETIME_S: Final = 60.0
 KEEPALIVE_S: Final = 15.0
-QUEUE_MAX: Final = 1000
+QUEUE_MAX: Final = 1000  # events a stream may be behind; one more and it is dropped
 READ_BATCH: Final = 500
 POLL_S: Final = 1.0
+# A chunk the client's socket has not taken within this (its buffers are full: it stopped
+# reading) drops the stream, however few events are queued. Checked every WATCH_S.
+WRITE_DEADLINE_S: Final = 10.0
+WATCH_S: Final = 1.0
+MAX_STREAMS: Final = HttpConfig().max_streams
+MAX_STREAMS_PER_TOKEN: Final = HttpConfig().max_streams_per_token
+RETRY_AFTER_S: Final = 5
+TICKET_BURST: Final = 10
+TICKET_EVERY_S: Final = 6.0
+XID_MAX: Final = 2**64 - 1
+ID_MAX: Final = 2**63 - 1
 CURSOR_PATTERN: Final = r"^[0-9]{1,20}:[0-9]{1,19}$"
 _CURSOR: Final = re.compile(CURSOR_PATTERN.removesuffix("$") + r"\Z")
 TICKET_PATTERN: Final = r"^[A-Za-z0-9_-]{20,100}$"
@@ -92,45 +121,90 @@ def parse_cursor(text: str, param: str) -> Cursor:
     if _CURSOR.match(text) is None:
         raise bad_request(param, "not a stream cursor (`xid:id`, an event's `id`)")
     xid, _, row_id = text.partition(":")
+    if int(xid) > XID_MAX or int(row_id) > ID_MAX:
+        raise bad_request(param, "out of range for a stream cursor")
     return Cursor(int(xid), int(row_id))
 
 
-_CLOSE: Final = object()  # in a queue: the hub dropped this stream
+class _Stream:
+    """One open stream: who opened it, how to cut its connection, and the frames waiting to be
+    written (bytes encoded once by the hub, shared by every stream)."""
 
-
-@dataclass(eq=False)
-class _Subscriber:
-    cursor: Cursor
-    queue: asyncio.Queue[StreamEvent | object] = field(
-        default_factory=lambda: asyncio.Queue(QUEUE_MAX + 1)
+    __slots__ = (
+        "abort",
+        "caller",
+        "closed",
+        "frames",
+        "live",
+        "opened_at",
+        "started",
+        "wake",
+        "writing_since",
     )
-    closed: bool = False
 
-    def offer(self, event: StreamEvent) -> None:
-        if self.closed or event.cursor <= self.cursor:
-            return
-        if self.queue.qsize() >= QUEUE_MAX:
-            # Too slow: end its stream (the slot kept free for the marker); it resumes.
-            self.close()
-            return
-        self.queue.put_nowait(event)
-        self.cursor = event.cursor
+    def __init__(self, caller: Caller, abort: Callable[[], object], now: float) -> None:
+        self.caller = caller
+        self.abort = abort
+        self.opened_at = now
+        self.frames: deque[bytes] = deque()
+        self.wake = asyncio.Event()
+        self.live = False  # in the fan-out: caught up with the hub
+        self.started = False  # its answer began (the body is being iterated)
+        self.closed = False  # ends after what is queued
+        # Since when a chunk handed to the server has not been taken (the server waits for
+        # the socket to drain before it asks for the next one); None when none is pending.
+        self.writing_since: float | None = None
+
+    def offer(self, frames: list[bytes]) -> bool:
+        """Queue ``frames``; False when that would leave it more than ``QUEUE_MAX`` behind
+        (what fits is queued: it ends after those)."""
+        room = QUEUE_MAX - len(self.frames)
+        self.frames.extend(frames[:room] if len(frames) > room else frames)
+        self.wake.set()
+        return len(frames) <= room
 
     def close(self) -> None:
-        if not self.closed:
-            self.closed = True
-            self.queue.put_nowait(_CLOSE)
+        self.closed = True
+        self.wake.set()
+
+    def ended(self) -> bool:
+        """Whether it was closed (a method: it changes across an ``await``)."""
+        return self.closed
+
+
+def _no_abort() -> None:
+    """Outside a server (the hub driven by hand): nothing to cut."""
 
 
 class StreamHub:
-    """One per node: one LISTEN connection, reads of what became final, fan-out to streams."""
+    """One per node: one LISTEN connection, reads of what became final, fan-out to streams;
+    the streams' limits, their write deadline, and the tickets."""
 
-    def __init__(self, pool: asyncpg.Pool, dsn: str, *, poll_s: float = POLL_S) -> None:
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        dsn: str,
+        *,
+        poll_s: float = POLL_S,
+        max_streams: int = MAX_STREAMS,
+        max_streams_per_token: int = MAX_STREAMS_PER_TOKEN,
+        write_deadline_s: float = WRITE_DEADLINE_S,
+        metrics: Metrics | None = None,
+    ) -> None:
         self.pool = pool
         self.dsn = dsn
         self.poll_s = poll_s
+        # Reloadable (SIGHUP); streams already open stay.
+        self.max_streams = max_streams
+        self.max_streams_per_token = max_streams_per_token
+        self.write_deadline_s = write_deadline_s
+        self.metrics = metrics
+        if metrics is not None:
+            metrics.streams_open.set_function(lambda: len(self._streams))
         self.head: Cursor | None = None  # the newest event fanned out (None: not started)
-        self._subscribers: set[_Subscriber] = set()
+        self._streams: set[_Stream] = set()  # open, caught up or not
+        self._live: set[_Stream] = set()  # the fan-out
+        self._buckets: dict[str, tuple[float, float]] = {}  # token name: (tickets, at)
         self._lock = asyncio.Lock()
         self._started = asyncio.Event()
         self._closed = False  # the node is stopping: no stream opens any more
@@ -141,24 +215,29 @@ class StreamHub:
 
     @property
     def streams(self) -> int:
-        return len(self._subscribers)
+        return len(self._streams)
 
     async def run(self, stop: asyncio.Event) -> None:
         try:
-            await drain_on_notify(
-                dsn=self.dsn,
-                channel=NOTIFY_CHANNEL,
-                stop=stop,
-                step=self.run_once,
-                poll_s=self.poll_s,
-                name="stream-hub",
-            )
+            async with asyncio.TaskGroup() as tasks:
+                tasks.create_task(
+                    every(WATCH_S, stop, self.watch_once, name="stream-watch"), name="stream-watch"
+                )
+                await drain_on_notify(
+                    dsn=self.dsn,
+                    channel=NOTIFY_CHANNEL,
+                    stop=stop,
+                    step=self.run_once,
+                    poll_s=self.poll_s,
+                    name="stream-hub",
+                )
         finally:
             self._closed = True
             self._started.set()
-            for subscriber in list(self._subscribers):
-                subscriber.close()
-            self._subscribers.clear()
+            for stream in list(self._streams):
+                stream.close()
+            self._streams.clear()
+            self._live.clear()
 
     async def run_once(self) -> int:
         """Fan out the events that became final since the last pass; how many."""
@@ -167,71 +246,153 @@ class StreamHub:
                 self.head = await repo.stream_tail(conn)
                 self._started.set()
                 return 0
-            if not self._subscribers:
+            if not self._live:
                 # Nobody to fan out to: move past what became final without reading it (one
                 # index probe instead of a batch of payloads; a campaign writes thousands).
                 self.head = max(self.head, await repo.stream_tail(conn))
                 return 0
             horizon = await repo.stream_horizon(conn)
             events = await repo.stream_events(conn, self.head, horizon, READ_BATCH)
-            for event in events:
-                for subscriber in list(self._subscribers):
-                    subscriber.offer(event)
             if events:
+                # Encoded once, whatever the number of streams: they share the bytes.
+                frames = [frame(event) for event in events]
+                for stream in list(self._live):
+                    if not stream.offer(frames):
+                        self._drop(stream, "behind")
                 self.head = events[-1].cursor
-            # Dropped (too slow) streams leave the fan-out.
-            self._subscribers = {s for s in self._subscribers if not s.closed}
         return len(events)
 
-    async def events(self, after: Cursor | None) -> AsyncIterator[StreamEvent | None]:
-        """The events after ``after`` (from now on with None), None every ``KEEPALIVE_S``
-        without one; ends when the hub drops the stream (too slow, or shutting down)."""
-        await self._started.wait()
-        if self.closed():
+    async def watch_once(self) -> None:
+        """Drop the streams whose client stopped reading: a chunk not taken within the write
+        deadline (the socket's buffers are full), or an answer that never began."""
+        now = asyncio.get_running_loop().time()
+        for stream in list(self._streams):
+            if stream.writing_since is not None:
+                if now - stream.writing_since > self.write_deadline_s:
+                    self._drop(stream, "stalled")
+            elif not stream.started and now - stream.opened_at > self.write_deadline_s:
+                self._release(stream)  # the server never asked for its body
+
+    def open(self, caller: Caller, abort: Callable[[], object] = _no_abort) -> _Stream:
+        """Take a place for a stream of ``caller``, within the limits; :meth:`events` gives
+        its body (and gives the place back when it ends)."""
+        if self._closed:
+            raise ApiError(UNAVAILABLE, "the node is stopping; retry on another one")
+        if len(self._streams) >= self.max_streams:
+            raise self._refused(
+                STREAMS_FULL,
+                f"this node has {self.max_streams} streams open, its limit",
+                headers={"Retry-After": str(RETRY_AFTER_S)},
+            )
+        mine = sum(1 for s in self._streams if s.caller.name == caller.name)
+        if mine >= self.max_streams_per_token:
+            raise self._refused(
+                TOO_MANY_STREAMS,
+                f"the token {caller.name!r} has {mine} streams open on this node, its limit",
+                headers={"Retry-After": str(RETRY_AFTER_S)},
+            )
+        stream = _Stream(caller, abort, asyncio.get_running_loop().time())
+        self._streams.add(stream)
+        return stream
+
+    def _refused(self, kind: ErrorKind, message: str, *, headers: dict[str, str]) -> ApiError:
+        if self.metrics is not None:
+            self.metrics.stream_refusals.labels(kind.code).inc()
+        return ApiError(kind, message, headers=headers)
+
+    def revoke(self, holds: Callable[[Caller], bool]) -> int:
+        """End at once the streams of tokens no longer configured (a reload); how many."""
+        gone = [s for s in self._streams if not holds(s.caller)]
+        for stream in gone:
+            self._drop(stream, "revoked")
+        return len(gone)
+
+    def _drop(self, stream: _Stream, reason: str) -> None:
+        """End a stream now: its connection is cut (a write may be stuck on a full socket, and
+        nothing more of a revoked token's goes out); its client resumes with its last id."""
+        if stream not in self._streams:
             return
-        cursor = after
-        subscriber: _Subscriber | None = None
+        log.warning(
+            "stream_dropped", token=stream.caller.name, reason=reason, queued=len(stream.frames)
+        )
+        if self.metrics is not None:
+            self.metrics.streams_dropped.labels(reason).inc()
+        stream.close()
+        self._release(stream)
+        stream.abort()
+
+    def _release(self, stream: _Stream) -> None:
+        stream.closed = True
+        self._streams.discard(stream)
+        self._live.discard(stream)
+
+    async def cursor_ahead(self, cursor: Cursor) -> bool:
+        """Whether ``cursor`` is past every event written: no stream can have sent it."""
+        head = self.head
+        if head is not None and cursor <= head:
+            return False
+        async with self.pool.acquire() as conn:
+            return await repo.stream_cursor_ahead(conn, cursor)
+
+    async def events(self, stream: _Stream, after: Cursor | None) -> AsyncGenerator[bytes, None]:
+        """The body of ``stream``: the frames after ``after`` (from now on with None), a
+        comment once live and every ``KEEPALIVE_S`` without an event; several frames waiting
+        go out as one chunk. Ends when the hub drops the stream or stops."""
+        loop = asyncio.get_running_loop()
         try:
-            while subscriber is None:
+            stream.started = True
+            await self._started.wait()
+            if self.closed() or stream.ended():
+                return
+            cursor = after
+            while not stream.live:
                 async with self._lock:
-                    if self.closed():  # stopped while this stream caught up
+                    if self.closed() or stream.ended():  # stopped while this one caught up
                         return
                     assert self.head is not None
                     head = self.head
                     if cursor is None or cursor >= head:
-                        subscriber = _Subscriber(cursor or head)
-                        self._subscribers.add(subscriber)
+                        stream.live = True
+                        self._live.add(stream)
                         break
-                assert cursor is not None  # None registers at once, above
+                assert cursor is not None  # None goes live at once, above
                 # Behind the hub: catch up from the table (final up to the hub's head).
                 # Every event up to the head has an xid <= head.xid, all ended: final.
                 async with self.pool.acquire() as conn:
                     batch = await repo.stream_events(conn, cursor, head.xid + 1, READ_BATCH)
                 if not batch:
                     cursor = head  # nothing left between the cursor and the head
-                for event in batch:
-                    yield event
-                    cursor = event.cursor
-            yield None  # live from here on: a first comment says so
-            while True:
-                try:
-                    item = await asyncio.wait_for(subscriber.queue.get(), KEEPALIVE_S)
-                except TimeoutError:
-                    yield None
                     continue
-                if item is _CLOSE:
-                    return
-                assert isinstance(item, StreamEvent)
-                yield item
+                stream.writing_since = loop.time()
+                yield b"".join(frame(event) for event in batch)
+                stream.writing_since = None
+                cursor = batch[-1].cursor
+            chunk = KEEPALIVE_FRAME  # live from here on: a first comment says so
+            while True:
+                stream.writing_since = loop.time()
+                yield chunk
+                stream.writing_since = None
+                if not stream.frames:
+                    if stream.ended():
+                        return
+                    stream.wake.clear()
+                    try:
+                        async with asyncio.timeout(KEEPALIVE_S):
+                            await stream.wake.wait()
+                    except TimeoutError:
+                        chunk = KEEPALIVE_FRAME
+                        continue
+                    if not stream.frames:  # woken to end
+                        return
+                chunk = b"".join(stream.frames)
+                stream.frames.clear()
         finally:
-            if subscriber is not None:
-                subscriber.close()
-                self._subscribers.discard(subscriber)
+            self._release(stream)
 
     async def issue_ticket(self, caller: Caller) -> Ticket:
+        self._take_ticket(caller.name)
         secret = secrets.token_urlsafe(32)
         async with self.pool.acquire() as conn:
-            await repo.drop_old_tickets(conn)
             expires_at = await repo.insert_ticket(
                 conn,
                 digest=_digest(secret),
@@ -241,12 +402,31 @@ class StreamHub:
             )
         return Ticket(ticket=secret, expires_at=expires_at)
 
-    async def redeem(self, ticket: str) -> Caller | None:
+    def _take_ticket(self, name: str) -> None:
+        """A token bucket per token (and node): ``TICKET_BURST`` at once, then one every
+        ``TICKET_EVERY_S``. A page that opens a stream takes one; thousands a minute is not
+        a page."""
+        now = asyncio.get_running_loop().time()
+        left, at = self._buckets.get(name, (float(TICKET_BURST), now))
+        left = min(float(TICKET_BURST), left + (now - at) / TICKET_EVERY_S)
+        if left < 1.0:
+            self._buckets[name] = (left, now)
+            wait = math.ceil((1.0 - left) * TICKET_EVERY_S)
+            raise self._refused(
+                TOO_MANY_TICKETS,
+                f"the token {name!r} asked for tickets too fast; the next one in {wait} s",
+                headers={"Retry-After": str(wait)},
+            )
+        self._buckets[name] = (left - 1.0, now)
+
+    async def redeem(self, ticket: str, auth: BearerAuth) -> Caller | None:
+        """The caller of a valid ticket, used up now; None when unknown, used, expired, or
+        no token of its name and role is configured any more (a reload removed it)."""
         if _TICKET.match(ticket) is None:
             return None
         async with self.pool.acquire() as conn:
             found = await repo.use_ticket(conn, _digest(ticket))
-        return None if found is None else Caller(name=found[0], role=Role[found[1].upper()])
+        return None if found is None else auth.named(found[0], Role[found[1].upper()])
 
 
 def _digest(secret: str) -> bytes:
@@ -286,9 +466,12 @@ KEEPALIVE_FRAME: Final = b": keep-alive\n\n"
     tag=TAG,
     role=Role.VIEWER,
     status_code=201,
+    errors=[TOO_MANY_TICKETS],
     description=(
         f"Valid for {TICKET_LIFETIME_S:g} s, once, on any node; it carries this token's name "
-        "and role. The long-lived token never travels in a URL."
+        "and role (a reload that removes or rotates the token voids it). The long-lived token "
+        f"never travels in a URL. Each token gets {TICKET_BURST} at once, then one every "
+        f"{TICKET_EVERY_S:g} s (per node): more is `429 TOO_MANY_TICKETS` with `Retry-After`."
     ),
 )
 async def create_ticket(request: Request[Any, Any, Any], call: CallDep) -> Ticket:
@@ -303,7 +486,15 @@ async def create_ticket(request: Request[Any, Any, Any], call: CallDep) -> Ticke
     operation_id="stream",
     tag=TAG,
     role=None,
-    errors=[BAD_REQUEST, UNAUTHORIZED, UNAVAILABLE, INTERNAL],
+    errors=[
+        BAD_REQUEST,
+        CURSOR_AHEAD,
+        UNAUTHORIZED,
+        TOO_MANY_STREAMS,
+        STREAMS_FULL,
+        UNAVAILABLE,
+        INTERNAL,
+    ],
     media_type="text/event-stream",
     description=(
         "Authenticated by `ticket` (from `POST /stream/tickets`, for EventSource) or by the "
@@ -312,8 +503,13 @@ async def create_ticket(request: Request[Any, Any, Any], call: CallDep) -> Ticke
         "aggregate_type, aggregate_id, payload, created_at}`; a comment every "
         f"{KEEPALIVE_S:g} s keeps it alive. Resume after the event whose `id` is given by "
         "`Last-Event-ID` (EventSource sends it on reconnect) or `last_event_id`: no gap, no "
-        "duplicate for events still in the outbox. Without either it starts with the events "
-        "that come next."
+        "duplicate for events still in the outbox; a cursor past every event written is "
+        "`400 CURSOR_AHEAD`. Without either it starts with the events that come next. At most "
+        "`[http] max_streams` streams are open on a node (then `503 STREAMS_FULL`), and "
+        "`[http] max_streams_per_token` of one token (then `429 TOO_MANY_STREAMS`). A client "
+        f"{QUEUE_MAX} events behind, or whose socket takes nothing for {WRITE_DEADLINE_S:g} s, "
+        "is disconnected (it resumes with its last `id`); so are the streams of a token that a "
+        "reload removes."
     ),
     also={
         200: ResponseSpec(
@@ -354,30 +550,61 @@ async def stream(
 ) -> Stream:
     hub = services_of(request).hub()
     auth: BearerAuth = request.app.state["auth"]
+    given = last_event_id if last_event_id is not None else last_event_header
+    param = "last_event_id" if last_event_id is not None else "Last-Event-ID"
+    after = None if not given else parse_cursor(given, param)
     if ticket is not None:
-        caller = await hub.redeem(ticket)
+        caller = await hub.redeem(ticket, auth)
         if caller is None:
             log_refusal("stream_ticket_refused", remote=_remote(request))
-            raise ApiError(UNAUTHORIZED, "the ticket is unknown, used or expired")
+            raise ApiError(UNAUTHORIZED, "the ticket is unknown, used, expired or revoked")
     else:
         try:
             caller = auth.authorize(request.headers.get("authorization"), Role.VIEWER)
         except ApiError:
             log_refusal("api_access_refused", status=401, path="/stream", remote=_remote(request))
             raise
-    given = last_event_id if last_event_id is not None else last_event_header
-    after = None if not given else parse_cursor(given, "Last-Event-ID")
+    if after is not None and await hub.cursor_ahead(after):
+        # Accepted, it would wait for that event and send nothing until then: a client's bug.
+        raise ApiError(
+            CURSOR_AHEAD, f"{param}: {after} is past every event written so far", param=param
+        )
+    server = request.app.state.get(STATE_SERVER)
+    client = request.scope.get("client")
+    opened = hub.open(
+        caller, (lambda: server.abort(client)) if isinstance(server, ApiServer) else _no_abort
+    )
     log.info("stream_opened", token=caller.name, after=None if after is None else str(after))
     return Stream(
-        _frames(hub, after),
+        hub.events(opened, after),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
     )
 
 
-async def _frames(hub: StreamHub, after: Cursor | None) -> AsyncIterator[bytes]:
-    async for event in hub.events(after):
-        yield KEEPALIVE_FRAME if event is None else frame(event)
+def complete(document: OpenAPI) -> None:
+    """The stream's answer as it is served. Generated from ``StreamData``, the document would
+    say the body is one such object (and a client checking it finds a first "event", the
+    comment, without ``aggregate_id``): the body is text, and ``StreamData`` is what each
+    event's ``data`` line holds (it stays in the components, named by the description)."""
+    paths = document.paths or {}
+    operation = paths["/stream"].get
+    assert operation is not None
+    assert operation.responses is not None
+    response = operation.responses["200"]
+    assert not isinstance(response, Reference)
+    response.description = (
+        "`text/event-stream`: events of an `id` line (the cursor), an `event` line (the "
+        "event's type) and one `data` line, a `StreamData` object (see the components) with "
+        "every one of its properties; lines that begin with `:` are comments (the first says "
+        "the stream is live, then one keeps it alive every "
+        f"{KEEPALIVE_S:g} s), not events."
+    )
+    response.content = {
+        "text/event-stream": OpenAPIMediaType(
+            schema=Schema(type=OpenAPIType.STRING, content_media_type="text/event-stream")
+        )
+    }
 
 
 def _remote(request: Request[Any, Any, Any]) -> str | None:

@@ -98,6 +98,10 @@ class HttpConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     port: Annotated[int, Meta(ge=0, le=65535)] = 8080  # 0: any free port
     # Where people reach the console (http(s)://host[:port][/path]); notifications link to it.
     public_url: str = ""
+    # Live streams (GET /stream) open at once on this node, in all and per token: each costs a
+    # socket, its send buffers and a share of every event's fan-out.
+    max_streams: PositiveInt = 100
+    max_streams_per_token: PositiveInt = 10
 
 
 class LogConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):

@@ -13,7 +13,7 @@ A pass, with ``now`` from the injected clock:
 2. drops the day partitions whose whole day is older than ``telemetry_days`` and deletes the
    default partition's rows older than that (a day is kept while any of it is in the window);
 3. prunes dead letters, audit rows, receipts, published outbox events (and consumer records)
-   and AI payloads older than their settings, never a live row;
+   and AI payloads older than their settings, never a live row, and expired stream tickets;
 4. samples rows and bytes per table and the oldest telemetry day into the metrics.
 """
 
@@ -188,6 +188,10 @@ class Maintenance:
             report.deleted["ai_task_payloads"] = await repo.prune_ai_payloads(
                 conn, now - timedelta(days=r.ai_payload_days), now, chunk=self.chunk_rows
             )
+        # Not a retention setting: an expired ticket is of no use to anyone.
+        tickets = await repo.prune_stream_tickets(conn, chunk=self.chunk_rows)
+        if tickets:
+            report.deleted["stream_ticket"] = tickets
         await self._measure(conn)
         for table, n in report.deleted.items():
             if n:

@@ -174,7 +174,13 @@ class Daemon:
         )
         hub: StreamHub | None = None
         if cfg.http.enabled:
-            hub = StreamHub(pool, node.dsn)
+            hub = StreamHub(
+                pool,
+                node.dsn,
+                max_streams=cfg.http.max_streams,
+                max_streams_per_token=cfg.http.max_streams_per_token,
+                metrics=self.metrics,
+            )
         self.services.pool = pool
         # Dead letters replayed over HTTP take the writer's own rules engine.
         self.services.replay_path = LivePath(
@@ -258,10 +264,17 @@ class Daemon:
 
     def reload(self, config: Config) -> None:
         """Swap what may change at run time (rules; quiet hours, escalation and tokens with
-        their sections) atomically between batches; messages keep flowing meanwhile."""
+        their sections; the stream limits) atomically between batches; messages keep flowing
+        meanwhile. The streams of a token the new configuration lacks are cut."""
         if self.components is not None:
             set_secrets(config.secrets())
             self.components.reload(config)
+        hub = self.services.stream_hub
+        if hub is not None:
+            hub.max_streams = config.http.max_streams
+            hub.max_streams_per_token = config.http.max_streams_per_token
+            # The tokens are swapped: what a removed (or rotated) one opened ends now.
+            hub.revoke(self.auth.holds)
         self.config = config
         log.info("config_reloaded", rules=len(config.rules))
 

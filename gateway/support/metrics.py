@@ -122,6 +122,23 @@ class Metrics:
         self.outbox_failures = Counter(
             "gateway_outbox_failures", "Outbox publish attempts that failed", registry=r
         )
+        self.streams_open = Gauge(
+            "gateway_streams_open", "Live streams (GET /stream) open on this node", registry=r
+        )
+        self.streams_dropped = Counter(
+            "gateway_streams_dropped",
+            "Live streams the node ended: behind (too many events queued), stalled (its "
+            "socket took nothing within the write deadline), revoked (its token was reloaded "
+            "away)",
+            ["reason"],
+            registry=r,
+        )
+        self.stream_refusals = Counter(
+            "gateway_stream_refusals",
+            "Streams and stream tickets refused by a limit, by error code",
+            ["code"],
+            registry=r,
+        )
         self.alarms_created = Counter(
             "gateway_alarms_created", "Alarms raised, by rule", ["rule_key"], registry=r
         )
@@ -224,7 +241,9 @@ class Metrics:
             ["bound"],
             registry=r,
         )
+        self._retention_metrics(r)
 
+    def _retention_metrics(self, r: CollectorRegistry) -> None:
         # Retention: sampled by the maintenance pass (on the node that ran it), not at scrape.
         self.table_rows = Gauge(
             "gateway_table_rows",

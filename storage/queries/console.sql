@@ -71,9 +71,14 @@ SET used_at = now()
 WHERE digest = $1 AND used_at IS NULL AND expires_at > now()
 RETURNING token_name, role;
 
--- name: drop_old_tickets
--- no parameters; tickets expired a while ago (used or not) are of no more use.
-DELETE FROM stream_ticket WHERE expires_at < now() - interval '1 hour';
+-- name: stream_cursor_ahead
+-- $1 xid (text), $2 id; whether the cursor is past every event a stream can have sent: its
+-- transaction has not ended for every snapshot yet (events are sent only below the horizon),
+-- or its id is beyond the outbox sequence's last value.
+SELECT $1::text::xid8 >= pg_snapshot_xmin(pg_current_snapshot())
+    OR $2::bigint > coalesce(
+        pg_sequence_last_value(pg_get_serial_sequence('outbox_event', 'id')::regclass), 0)
+    AS ahead;
 
 -- name: stream_horizon
 -- no parameters; every transaction with an xid below this has ended: events below it are final.

@@ -184,3 +184,14 @@ ORDER BY t.name;
 -- name: oldest_telemetry_day
 -- no parameters; the oldest UTC day holding telemetry, or null.
 SELECT telemetry_oldest_day();
+
+-- name: prune_stream_tickets
+-- $1 batch; stream tickets that expired (used or not): no node accepts them any more. Their
+-- expiry is on the database clock, and so is this.
+WITH doomed AS (
+    SELECT digest FROM stream_ticket WHERE expires_at < now() LIMIT $1
+), gone AS (
+    DELETE FROM stream_ticket t USING doomed d WHERE t.digest = d.digest
+    RETURNING 1
+)
+SELECT count(*) FROM gone;

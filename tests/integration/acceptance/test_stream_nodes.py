@@ -4,6 +4,7 @@ daemon restarts."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,8 +16,8 @@ import msgspec
 
 from gateway.config import parse_config
 from protocol import Topics
-from tests.support.api_client import OPERATOR
-from tests.support.daemon import config_toml, running_daemon
+from tests.support.api_client import OPERATOR, VIEWER
+from tests.support.daemon import config_toml, metric, running_daemon
 from tests.support.mosquitto import Mosquitto
 from tests.support.sse import Sse, SseStream, open_stream
 
@@ -113,3 +114,60 @@ async def _node_of(dsn: str, alarm_id: int) -> str:
         return node
     finally:
         await conn.close()
+
+
+async def _cut(stream: SseStream) -> list[str]:
+    """Read until the server ends the stream (a reset or an end); the lines it sent meanwhile."""
+    lines = []
+    with contextlib.suppress(aiohttp.ClientError):
+        async with asyncio.timeout(30):
+            while line := await stream.response.content.readline():
+                lines.append(line.decode())
+    return [line for line in lines if line.strip() and not line.startswith(":")]
+
+
+async def test_a_reload_that_removes_or_rotates_a_token_cuts_its_streams_and_voids_its_tickets(
+    db_dsn: str, tmp_path: Path
+) -> None:
+    wall = f"""
+[[api.tokens]]
+token = "{VIEWER}"
+role = "viewer"
+name = "wall-screen"
+"""
+    with _broker(tmp_path) as broker:
+        config = parse_config(_config(db_dsn, broker, "node-a") + wall)
+        async with aiohttp.ClientSession() as http, running_daemon(config) as node:
+            base = f"http://127.0.0.1:{node.http_port}"
+            hub = node.services.stream_hub
+            assert hub is not None
+            async with http.post(
+                f"{base}/stream/tickets", headers={"Authorization": f"Bearer {VIEWER}"}
+            ) as reply:
+                assert reply.status == 201
+                ticket = (await reply.json())["ticket"]
+            async with (
+                open_stream(http, base, token=VIEWER) as viewer,
+                open_stream(http, base, token=OPERATOR) as operator,
+            ):
+                await viewer.live()
+                await operator.live()
+                # What SIGHUP does, with the wall-screen token gone from the file.
+                node.reload(parse_config(_config(db_dsn, broker, "node-a")))
+                assert await _cut(viewer) == []  # ended at once, nothing more sent
+                assert hub.streams == 1
+                async with http.get(f"{base}/stream", params={"ticket": ticket}) as reply:
+                    assert reply.status == 401
+                    assert (await reply.json())["error"] == "UNAUTHORIZED"
+                # The token that stays keeps its stream: it still gets what happens.
+                await _door(broker, "cabinet-1", 0)
+                seen = await _alarm_created(operator)
+                assert seen.data["payload"]["alarm"]["device_id"] == "cabinet-1"
+
+                # The operator's token rotated under the same name: its stream ends too.
+                rotated = _config(db_dsn, broker, "node-a").replace(OPERATOR, "rotated-" + OPERATOR)
+                node.reload(parse_config(rotated))
+                await _cut(operator)
+                assert hub.streams == 0
+            assert metric(node, "gateway_streams_dropped_total", {"reason": "revoked"}) == 2
+            assert metric(node, "gateway_streams_open") == 0

@@ -63,6 +63,8 @@ STATE_DEPENDENT: Final = {
     404: {"NOT_FOUND"},
     # NO_TARGETS: a campaign's selector is resolved against the devices known at the time.
     409: {"STATUS_CHANGED", "DEVICE_UNBOUND", "NO_TARGETS"},
+    # Each token gets stream tickets at a bounded rate, whatever the request.
+    429: {"TOO_MANY_TICKETS"},
 }
 MAX_EXAMPLES: Final = 60  # per operation, each sent with three tokens: about 2 minutes
 # A generated `wait` is scaled down to keep the run bounded (a 60 s wait is a valid request,

@@ -4,12 +4,16 @@ that commit out of id order, resume from any cursor with no gap and no duplicate
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import AsyncIterator
+from typing import Any
 
 import aiohttp
 import asyncpg
+import msgspec
 import pytest
 
+from gateway.api import stream as stream_module
 from gateway.config import TokenConfig
 from storage import console, outbox
 from tests.support.api_client import ADMIN, VIEWER
@@ -130,3 +134,149 @@ async def test_a_client_that_goes_away_leaves_the_fan_out(
             assert served.hub.streams == 2
         await wait_until(lambda: served.hub.streams == 1, message="the closed stream left")
     await wait_until(lambda: served.hub.streams == 0, message="both streams left")
+
+
+async def _refused(
+    http: aiohttp.ClientSession, url: str, headers: dict[str, str]
+) -> tuple[int, dict[str, Any], dict[str, str]]:
+    """A refused stream's status, error body and headers (an accepted one never ends: fail)."""
+    async with http.get(url, headers=headers) as reply:
+        assert reply.status != 200, f"{url} was accepted"
+        return reply.status, await reply.json(), dict(reply.headers)
+
+
+async def test_streams_are_limited_per_token_and_per_node(
+    served: Served, http: aiohttp.ClientSession
+) -> None:
+    served.hub.max_streams = 3
+    served.hub.max_streams_per_token = 2
+    url = f"{served.base}/stream"
+    viewer = {"Authorization": f"Bearer {VIEWER}"}
+    admin = {"Authorization": f"Bearer {ADMIN}"}
+    async with open_stream(http, served.base, token=VIEWER) as first:
+        await first.live()
+        async with open_stream(http, served.base, token=VIEWER) as second:
+            await second.live()
+            status, body, headers = await _refused(http, url, viewer)
+            assert (status, body["error"]) == (429, "TOO_MANY_STREAMS")
+            assert "Retry-After" in headers
+            async with open_stream(http, served.base, token=ADMIN) as third:
+                await third.live()  # another token's: within its own limit and the node's
+                status, body, headers = await _refused(http, url, admin)
+                assert (status, body["error"]) == (503, "STREAMS_FULL")
+                assert "Retry-After" in headers
+        # One closed: the token may open one again.
+        await wait_until(lambda: served.hub.streams == 1, message="two streams left")
+        async with open_stream(http, served.base, token=VIEWER) as again:
+            await again.live()
+    await wait_until(lambda: served.hub.streams == 0, message="every stream left")
+
+
+TCP_CLOSE = 7  # linux/tcp_states.h: what a reset leaves
+TCP_CLOSE_WAIT = 8  # the peer sent FIN
+
+
+def _tcp_state(sock: socket.socket) -> int:
+    """The connection's state as the kernel has it (Linux ``TCP_INFO``'s first byte)."""
+    return sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0]
+
+
+async def test_a_reader_that_never_reads_is_cut_once_its_socket_is_full(
+    served: Served, db: asyncpg.Connection
+) -> None:
+    """A client that sends its request and never reads: once the kernel's buffers are full,
+    the server's write waits; past the write deadline the connection is reset (not merely
+    closed, which would wait to flush forever) and the stream leaves the hub."""
+    served.hub.write_deadline_s = 1.0
+    host, port = served.base.removeprefix("http://").split(":")
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    # A small receive window: the server's side fills after a few MB instead of many.
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.setblocking(False)
+    loop = asyncio.get_running_loop()
+    try:
+        await loop.sock_connect(sock, (host, int(port)))
+        request = f"GET /stream HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {VIEWER}\r\n\r\n"
+        await loop.sock_sendall(sock, request.encode())
+        await wait_until(lambda: served.hub.streams == 1, message="the stream is open")
+        blob = "x" * 60_000
+        written = 0
+
+        async def cut() -> bool:
+            # Events until the hub lets go: the reader falls behind by whatever it takes.
+            nonlocal written
+            if served.hub.streams == 0:
+                return True
+            async with db.transaction():
+                for _ in range(10):
+                    await outbox.add_event(
+                        db, aggregate_type="test", aggregate_id=f"big-{written}",
+                        event_type="test.big", payload={"blob": blob},
+                    )  # fmt: skip
+                    written += 1
+            return False
+
+        await wait_until(cut, timeout=60, interval=0.2, message="the stalled reader is dropped")
+        # The server let go of the connection without this side reading a byte: the kernel
+        # saw it reset (or closed), not merely the stream left the hub.
+        await wait_until(
+            lambda: _tcp_state(sock) in {TCP_CLOSE, TCP_CLOSE_WAIT},
+            message="the server resets the connection",
+        )
+    finally:
+        sock.close()
+
+
+async def test_a_ticket_rate_per_token(served: Served, http: aiohttp.ClientSession) -> None:
+    async def ticket(token: str) -> tuple[int, dict[str, Any], dict[str, str]]:
+        async with http.post(
+            f"{served.base}/stream/tickets", headers={"Authorization": f"Bearer {token}"}
+        ) as reply:
+            return reply.status, await reply.json(), dict(reply.headers)
+
+    granted = [await ticket(VIEWER) for _ in range(stream_module.TICKET_BURST)]
+    assert [status for status, _, _ in granted] == [201] * stream_module.TICKET_BURST
+    status, body, headers = await ticket(VIEWER)
+    assert (status, body["error"]) == (429, "TOO_MANY_TICKETS")
+    assert 1 <= int(headers["Retry-After"]) <= stream_module.TICKET_EVERY_S
+    status, _, _ = await ticket(ADMIN)  # another token's bucket is its own
+    assert status == 201
+
+
+async def test_a_cursor_past_every_event_is_refused(
+    served: Served, http: aiohttp.ClientSession, db: asyncpg.Connection
+) -> None:
+    await _event(db, "one")
+    tail = await console.stream_tail(db)
+    viewer = {"Authorization": f"Bearer {VIEWER}"}
+    url = f"{served.base}/stream"
+    horizon = await console.stream_horizon(db)
+    # A transaction that has not ended (or not begun), and an id the outbox never gave.
+    for header in (f"{horizon + 1000}:1", f"{tail.xid}:{tail.id + 1_000_000}"):
+        status, body, _ = await _refused(http, url, {**viewer, "Last-Event-ID": header})
+        assert (status, body["error"], body["param"]) == (400, "CURSOR_AHEAD", "Last-Event-ID")
+    status, body, _ = await _refused(http, f"{url}?last_event_id={horizon + 1000}:1", viewer)
+    assert (status, body["error"], body["param"]) == (400, "CURSOR_AHEAD", "last_event_id")
+    # The newest event's own cursor is not ahead: the stream goes live after it.
+    async with open_stream(http, served.base, token=VIEWER, last_event_id=str(tail)) as stream:
+        await stream.live()
+
+
+async def test_the_document_describes_the_stream_as_served(
+    served: Served, http: aiohttp.ClientSession, db: asyncpg.Connection
+) -> None:
+    """The body is text; each event's `data` is a StreamData with every declared property,
+    the first event as every other."""
+    async with http.get(f"{served.base}/openapi.json") as reply:
+        document = await reply.json()
+    (media,) = document["paths"]["/stream"]["get"]["responses"]["200"]["content"].values()
+    assert media["schema"] == {"type": "string", "contentMediaType": "text/event-stream"}
+    declared = document["components"]["schemas"]["StreamData"]
+    start = str(await console.stream_tail(db))
+    async with open_stream(http, served.base, token=VIEWER, last_event_id=start) as stream:
+        await stream.live()
+        await _event(db, "first")
+        first = await stream.next()
+    assert set(declared["required"]) <= set(first.data)
+    assert first.data["aggregate_id"] == "first"
+    msgspec.convert(first.data, stream_module.StreamData, strict=False)

@@ -14,6 +14,7 @@ import pytest
 from gateway.config import RetentionConfig
 from gateway.maintenance.runner import Maintenance, PassReport
 from gateway.support.metrics import Metrics
+from storage import console
 from storage.maintenance import MAINTENANCE_LOCK_KEY
 from storage.pool import create_pool
 from tests.support.waiting import wait_until
@@ -357,3 +358,22 @@ async def wait_for_lock_holder(db: asyncpg.Connection) -> None:
         )
 
     await wait_until(held, timeout=10, message="a pass holds the maintenance lock")
+
+
+async def test_expired_stream_tickets_are_deleted_and_valid_ones_stay(
+    pool: asyncpg.Pool, db: asyncpg.Connection
+) -> None:
+    """Not a retention setting: a ticket that expired (used or not) is of no use to any node,
+    whatever the days kept; one still valid is left for its client."""
+    for n in range(9):  # several chunks (4 rows each)
+        await console.insert_ticket(
+            db, digest=bytes([n]) * 32, token_name="wall", role="viewer", lifetime_s=-1
+        )
+    await console.insert_ticket(
+        db, digest=b"v" * 32, token_name="wall", role="viewer", lifetime_s=60
+    )
+    forever = dict.fromkeys([*DAYS, "telemetry_days"], 0)
+    report = await runner(pool, Clock(NOW), **forever).run_once()
+    assert report.deleted == {"stream_ticket": 9}
+    assert await db.fetchval("SELECT count(*) FROM stream_ticket") == 1
+    assert await console.use_ticket(db, b"v" * 32) == ("wall", "viewer")

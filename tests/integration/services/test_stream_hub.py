@@ -3,13 +3,66 @@ client resumes from its last event with nothing lost; the hub's passes are drive
 
 from __future__ import annotations
 
+import json
+from collections import deque
+from collections.abc import AsyncGenerator
+
 import asyncpg
 import pytest
 
 from gateway.api import stream as stream_module
+from gateway.api.auth import Caller, Role
 from gateway.api.stream import StreamHub
 from storage import outbox
+from storage.console import Cursor
+from tests.support.sse import Sse
 from tests.support.waiting import wait_until
+
+WALL = Caller(name="wall-screen", role=Role.VIEWER)
+
+
+class _Body:
+    """A stream's body as the server would write it, read event by event (None: a comment)."""
+
+    def __init__(self, hub: StreamHub, after: Cursor | None) -> None:
+        self.chunks: AsyncGenerator[bytes, None] = hub.events(hub.open(WALL), after)
+        self.pending: deque[Sse | None] = deque()
+
+    async def next(self) -> Sse | None:
+        while not self.pending:
+            chunk = await anext(self.chunks)
+            for block in chunk.decode().split("\n\n"):
+                if block.startswith(":"):
+                    self.pending.append(None)
+                elif block:
+                    fields = dict(line.split(": ", 1) for line in block.splitlines())
+                    self.pending.append(
+                        Sse(fields.get("id"), fields.get("event"), json.loads(fields["data"]))
+                    )
+        return self.pending.popleft()
+
+    async def event(self) -> Sse:
+        got = await self.next()
+        assert got is not None
+        return got
+
+    async def rest(self) -> list[Sse | None]:
+        """What is left, until the body ends."""
+        left: list[Sse | None] = []
+        while True:
+            try:
+                left.append(await self.next())
+            except StopAsyncIteration:
+                return left
+
+    async def close(self) -> None:
+        await self.chunks.aclose()
+
+
+def _cursor(event: Sse) -> Cursor:
+    assert event.id is not None
+    xid, _, row_id = event.id.partition(":")
+    return Cursor(int(xid), int(row_id))
 
 
 async def _events(pool: asyncpg.Pool, names: list[str]) -> None:
@@ -40,39 +93,38 @@ async def test_a_slow_stream_is_dropped_and_resumes_without_a_gap(
     monkeypatch.setattr(stream_module, "QUEUE_MAX", 5)
     hub = StreamHub(pool, db_dsn)
     assert await hub.run_once() == 0  # the first pass finds the head
-    slow = hub.events(None)
-    assert await anext(slow) is None  # registered: the "live" comment
-    fast = hub.events(None)
-    assert await anext(fast) is None
+    slow = _Body(hub, None)
+    assert await slow.next() is None  # registered: the "live" comment
+    fast = _Body(hub, None)
+    assert await fast.next() is None
     assert hub.streams == 2
 
     names = [f"e{n}" for n in range(8)]
     await _events(pool, names[:4])
     await _passes_until(hub, 4)
-    received = [await anext(fast) for _ in range(4)]  # the fast one reads, the slow one not
+    received = [await fast.event() for _ in range(4)]  # the fast one reads, the slow one not
     await _events(pool, names[4:])
     await _passes_until(hub, 4)
     assert hub.streams == 1  # the slow one, with 4 queued and 4 more, was dropped
-    received += [await anext(fast) for _ in range(4)]
-    assert [e.aggregate_id for e in received if e is not None] == names
-    kept = []
-    async for item in slow:  # what was queued, then the end
-        assert item is not None
-        kept.append(item)
-    assert [e.aggregate_id for e in kept] == names[:5]
+    received += [await fast.event() for _ in range(4)]
+    assert [e.data["aggregate_id"] for e in received] == names
+    kept = await slow.rest()  # what was queued, then the end
+    assert all(e is not None for e in kept)
+    assert [e.data["aggregate_id"] for e in kept if e is not None] == names[:5]
 
-    resumed = hub.events(kept[-1].cursor)  # its client reconnects with Last-Event-ID
-    rest = [await anext(resumed) for _ in range(3)]
-    assert [e.aggregate_id for e in rest if e is not None] == names[5:]
-    assert await anext(resumed) is None  # caught up: live
+    last = kept[-1]
+    assert last is not None
+    resumed = _Body(hub, _cursor(last))  # its client reconnects with Last-Event-ID
+    rest = [await resumed.event() for _ in range(3)]
+    assert [e.data["aggregate_id"] for e in rest] == names[5:]
+    assert await resumed.next() is None  # caught up: live
     await _events(pool, ["next"])
     await _passes_until(hub, 1)
-    after = await anext(resumed)
-    assert after is not None
-    assert after.aggregate_id == "next"
-    await slow.aclose()
-    await fast.aclose()
-    await resumed.aclose()
+    after = await resumed.event()
+    assert after.data["aggregate_id"] == "next"
+    await slow.close()
+    await fast.close()
+    await resumed.close()
     assert hub.streams == 0
 
 
@@ -86,30 +138,28 @@ async def test_with_no_stream_the_hub_moves_its_head_without_reading_and_streams
     assert await hub.run_once() == 0  # the first pass finds the head
     await _events(pool, ["before"])
     await _head_moves(hub)
-    early = hub.events(None)
-    assert await anext(early) is None  # registered after "before", before "a" and "b"
+    early = _Body(hub, None)
+    assert await early.next() is None  # registered after "before", before "a" and "b"
     await _events(pool, ["a", "b"])
     await _passes_until(hub, 2)
-    seen = [await anext(early) for _ in range(2)]
-    cursor = seen[0]
-    assert cursor is not None
-    await early.aclose()
+    seen = [await early.event() for _ in range(2)]
+    await early.close()
     assert hub.streams == 0
 
     await _events(pool, ["c", "d", "e"])
     await _head_moves(hub)
-    live = hub.events(None)
-    assert await anext(live) is None  # from now on: c, d, e are behind it
+    live = _Body(hub, None)
+    assert await live.next() is None  # from now on: c, d, e are behind it
     await _events(pool, ["f"])
     await _passes_until(hub, 1)
-    fresh = await anext(live)
-    assert fresh is not None
-    assert fresh.aggregate_id == "f"
-    resumed = hub.events(cursor.cursor)  # a client that saw "a" reconnects
-    rest = [await anext(resumed) for _ in range(5)]
-    assert [e.aggregate_id for e in rest if e is not None] == ["b", "c", "d", "e", "f"]
-    await live.aclose()
-    await resumed.aclose()
+    fresh = await live.event()
+    assert fresh.data["aggregate_id"] == "f"
+    resumed = _Body(hub, _cursor(seen[0]))  # a client that saw "a" reconnects
+    rest = [await resumed.next() for _ in range(6)]
+    assert [e.data["aggregate_id"] for e in rest if e is not None] == ["b", "c", "d", "e", "f"]
+    assert rest[-1] is None  # then live
+    await live.close()
+    await resumed.close()
 
 
 async def _head_moves(hub: StreamHub) -> None:
