@@ -1,0 +1,132 @@
+"""Alarms that stay true in the field (issue 22), with two daemons sharing the devices.
+
+A reload that adds the first inactivity rule makes it fire; one that removes the quiet-hours
+window wakes the alarms it held; a node started with fewer rules leaves the rule state of the
+rules another live node runs; a reconnect that reads a retained `offline` again brings no
+closed inactivity alarm back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import aiomqtt
+import asyncpg
+import msgspec
+
+from gateway.alarms.engine import AlarmEngine
+from gateway.alarms.inactivity import InactivityMonitor
+from gateway.alarms.service import AlarmService
+from gateway.config import Config
+from gateway.domain.alarm import Action
+from gateway.runtime.daemon import Daemon
+from gateway.support.metrics import Metrics
+from protocol import Topics
+from storage.pool import create_pool
+from tests.support.daemon import make_config, metric, running_daemon
+from tests.support.mosquitto import Mosquitto
+from tests.support.waiting import wait_until
+
+TOPICS = Topics("iot")
+T0 = 1_767_225_600_000
+DEVICES = [f"dev-{n:02d}" for n in range(5)]
+SILENT = (
+    '[[rules]]\nkey = "silent"\nkind = "inactivity"\nsilent_seconds = 300\nseverity = "WARNING"\n'
+)
+DOOR = '[[rules]]\nkey = "door"\nkind = "event"\nevent = "DOOR_OPEN"\nseverity = "MAJOR"\n'
+SOS = '[[rules]]\nkey = "sos"\nkind = "event"\nevent = "SOS"\nseverity = "MAJOR"\n'
+SHARED = 'shared_group = "alarms"'
+
+
+def _configs(dsn: str, port: int, extra: str) -> list[Config]:
+    return [
+        make_config(dsn=dsn, mqtt_port=port, node_id=f"node-{n}", extra=extra, mqtt_extra=SHARED)
+        for n in range(2)
+    ]
+
+
+@contextlib.asynccontextmanager
+async def _two(configs: list[Config]) -> AsyncIterator[tuple[Daemon, Daemon]]:
+    async with running_daemon(configs[0]) as first, running_daemon(configs[1]) as second:
+        yield first, second
+
+
+async def _value(dsn: str, query: str, *args: object) -> object:
+    conn = await asyncpg.connect(dsn)
+    try:
+        return await conn.fetchval(query, *args)
+    finally:
+        await conn.close()
+
+
+async def _execute(dsn: str, query: str, *args: object) -> None:
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute(query, *args)
+    finally:
+        await conn.close()
+
+
+def _count_is(dsn: str, query: str, expected: int) -> Callable[[], Awaitable[bool]]:
+    async def check() -> bool:
+        return await _value(dsn, query) == expected
+
+    return check
+
+
+async def _publish(port: int, messages: list[tuple[str, bytes]], *, retain: bool = False) -> None:
+    async with aiomqtt.Client("127.0.0.1", port) as pub:
+        for topic, payload in messages:
+            await pub.publish(topic, payload, qos=1, retain=retain)
+
+
+def _telemetry(body: dict[str, object], ts: int = T0) -> list[tuple[str, bytes]]:
+    return [(TOPICS.telemetry(d), msgspec.json.encode({"ts": ts, **body})) for d in DEVICES]
+
+
+async def test_a_reconnect_reading_a_retained_offline_again_resurrects_no_closed_alarm(
+    db_dsn: str, mosquitto: Mosquitto
+) -> None:
+    device = "dev-00"
+    await _publish(mosquitto.port, [(TOPICS.device_status(device), b"offline")], retain=True)
+    configs = _configs(db_dsn, mosquitto.port, SILENT)
+    async with _two(configs) as daemons:
+        presence = "SELECT count(*) FROM device WHERE presence = 'offline'"
+        await wait_until(_count_is(db_dsn, presence, 1), timeout=30, message="offline stored")
+        await wait_until(lambda: all(metric(d, "gateway_presence_updates_total") >= 1
+                                     for d in daemons),
+                         timeout=30, message="both nodes read the retained status")  # fmt: skip
+        presence_at = await _value(db_dsn, "SELECT presence_at FROM device")
+        pool = await create_pool(db_dsn, min_size=1, max_size=2)
+        try:
+            engine = AlarmEngine(rules=configs[0].rule_set(), node_id="t", metrics=Metrics())
+            monitor = InactivityMonitor(pool=pool, engine=engine, interval_s=1)
+            await monitor.run_once()  # whichever node raised it first, there is one
+            alarm_id = await _value(db_dsn, "SELECT id FROM alarm WHERE rule_key = 'silent'")
+            assert isinstance(alarm_id, int)
+            service = AlarmService(pool, "t")
+            await service.act(alarm_id, Action.HANDLE, actor="alice")
+            await service.act(alarm_id, Action.CLOSE, actor="alice")
+
+            # The broker restarts (its retained messages saved): both nodes reconnect,
+            # subscribe again and read the retained `offline` again.
+            seen = [metric(d, "gateway_presence_updates_total") for d in daemons]
+            mosquitto.restart()
+            await wait_until(
+                lambda: all(
+                    metric(d, "gateway_presence_updates_total") > s
+                    for d, s in zip(daemons, seen, strict=True)
+                ),
+                timeout=60,
+                message="both nodes read the retained status again",
+            )
+            # Nothing new was learnt: no new silence, no alarm for the one people closed.
+            assert await monitor.run_once() == []
+            assert await _value(db_dsn, "SELECT presence_at FROM device") == presence_at
+        finally:
+            await pool.close()
+    alarms = await _value(db_dsn, "SELECT count(*) FROM alarm")
+    assert alarms == 1
+    status = await _value(db_dsn, "SELECT status FROM alarm")
+    assert status == "CLOSED"
