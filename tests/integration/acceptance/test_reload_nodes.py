@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import UTC, datetime, timedelta
 
 import aiomqtt
 import asyncpg
@@ -83,6 +84,40 @@ async def _publish(port: int, messages: list[tuple[str, bytes]], *, retain: bool
 
 def _telemetry(body: dict[str, object], ts: int = T0) -> list[tuple[str, bytes]]:
     return [(TOPICS.telemetry(d), msgspec.json.encode({"ts": ts, **body})) for d in DEVICES]
+
+
+def _window_around_now() -> str:
+    now = datetime.now(UTC)
+    start, end = now - timedelta(hours=1), now + timedelta(hours=1)
+    return (
+        '\n[alarms]\ntimer_interval_s = 0.2\n\n[[alarms.quiet_hours.windows]]\ndevices = "dev-*"\n'
+        f'start = "{start:%H:%M}"\nend = "{end:%H:%M}"\n'
+    )
+
+
+async def test_delayed_alarms_wake_when_a_reload_removes_the_quiet_hours_window(
+    db_dsn: str, mosquitto: Mosquitto
+) -> None:
+    configs = _configs(db_dsn, mosquitto.port, DOOR + _window_around_now())
+    async with _two(configs) as daemons:
+        await _publish(mosquitto.port, _telemetry({"events": [{"type": "DOOR_OPEN"}]}))
+        delayed = "SELECT count(*) FROM alarm WHERE status = 'DELAYED'"
+        await wait_until(_count_is(db_dsn, delayed, len(DEVICES)), timeout=60,
+                         message="every door alarm held back by the window")  # fmt: skip
+        no_window = _configs(db_dsn, mosquitto.port, DOOR + "\n[alarms]\ntimer_interval_s = 0.2\n")
+        for daemon, config in zip(daemons, no_window, strict=True):
+            daemon.reload(config)
+        pushed = "SELECT count(*) FROM alarm WHERE status = 'PUSHED'"
+        await wait_until(
+            _count_is(db_dsn, pushed, len(DEVICES)),
+            timeout=30,
+            message="the alarms the removed window held are woken and pushed",
+        )
+    woken = await _value(
+        db_dsn, "SELECT count(*) FROM alarm_audit WHERE action = 'wake' AND actor = $1",
+        "system:quiet-hours",
+    )  # fmt: skip
+    assert woken == len(DEVICES)  # once each, though both nodes' timers looked
 
 
 async def test_a_reconnect_reading_a_retained_offline_again_resurrects_no_closed_alarm(
