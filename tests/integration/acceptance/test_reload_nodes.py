@@ -86,6 +86,41 @@ def _telemetry(body: dict[str, object], ts: int = T0) -> list[tuple[str, bytes]]
     return [(TOPICS.telemetry(d), msgspec.json.encode({"ts": ts, **body})) for d in DEVICES]
 
 
+async def test_an_inactivity_rule_added_by_a_reload_fires(
+    db_dsn: str, mosquitto: Mosquitto
+) -> None:
+    configs = _configs(db_dsn, mosquitto.port, DOOR)
+    async with _two(configs) as daemons:
+        await _publish(mosquitto.port, _telemetry({"metrics": {"t": 1}}))
+        stored = "SELECT count(*) FROM telemetry"
+        await wait_until(_count_is(db_dsn, stored, len(DEVICES)), timeout=60, message="stored")
+        # Ten minutes of silence without waiting for them: move the stored fact.
+        await _execute(
+            db_dsn,
+            "UPDATE device SET first_seen = now() - interval '1 hour', "
+            "last_seen = now() - interval '10 minutes'",
+        )
+        reloaded = _configs(db_dsn, mosquitto.port, DOOR + SILENT)
+        for daemon, config in zip(daemons, reloaded, strict=True):
+            daemon.reload(config)
+        alarms = "SELECT count(*) FROM alarm WHERE rule_key = 'silent'"
+        await wait_until(
+            _count_is(db_dsn, alarms, len(DEVICES)),
+            timeout=30,
+            message="every silent device alarmed by the rule the reload added",
+        )
+        # And a reload that removes it again stops raising: the device falls silent anew, and
+        # no pass (the loop idles until a reload) raises anything.
+        for daemon, config in zip(daemons, configs, strict=True):
+            daemon.reload(config)
+            assert daemon.components is not None
+            assert daemon.components.inactivity.current_interval_s() is None
+    per_device = await _value(
+        db_dsn, "SELECT count(DISTINCT device_id) = count(*) FROM alarm WHERE rule_key = 'silent'"
+    )
+    assert per_device is True  # one alarm per device, whichever node raised it
+
+
 def _window_around_now() -> str:
     now = datetime.now(UTC)
     start, end = now - timedelta(hours=1), now + timedelta(hours=1)

@@ -187,10 +187,30 @@ async def test_each_daemon_of_a_cluster_logs_a_rule_that_never_matched(
     assert reported() == ["damp", "damp", "door", "door"]  # and never again until they stopped
 
 
-async def test_zero_turns_the_watch_off(db_dsn: str, mosquitto: Mosquitto) -> None:
+async def test_zero_turns_the_watch_off_and_a_reload_turns_it_on(
+    db_dsn: str, mosquitto: Mosquitto
+) -> None:
     config = make_config(
         dsn=db_dsn, mqtt_port=mosquitto.port, extra=RULES + "\n[alarms]\nrule_check_after_s = 0\n"
     )
-    async with running_daemon(config) as daemon:
-        assert daemon.components is not None
-        assert "rule-watch" not in [name for name, _ in daemon.components.loops]
+    on = make_config(
+        dsn=db_dsn, mqtt_port=mosquitto.port, extra=RULES + "\n[alarms]\nrule_check_after_s = 1\n"
+    )
+    with capture_logs() as logs:
+        async with running_daemon(config) as daemon:
+            assert daemon.components is not None
+            watch = daemon.components.rule_watch
+            assert watch.current_interval_s() is None  # idle: no pass, no query
+            daemon.reload(on)
+            assert watch.current_interval_s() == 1.0
+
+            def reported() -> list[str]:
+                return sorted(e["rule"] for e in logs if e["event"] == "rule_never_matched")
+
+            await wait_until(
+                lambda: reported() == ["damp", "door", "hot"],
+                timeout=30,
+                message="the watch the reload switched on reports the rules",
+            )
+            daemon.reload(config)
+            assert watch.current_interval_s() is None
