@@ -155,6 +155,56 @@ async def test_delayed_alarms_wake_when_a_reload_removes_the_quiet_hours_window(
     assert woken == len(DEVICES)  # once each, though both nodes' timers looked
 
 
+async def _states(dsn: str) -> dict[str, int]:
+    conn = await asyncpg.connect(dsn)
+    try:
+        rows = await conn.fetch("SELECT rule_key, count(*) AS n FROM rule_state GROUP BY rule_key")
+    finally:
+        await conn.close()
+    return {r["rule_key"]: r["n"] for r in rows}
+
+
+async def test_a_node_with_fewer_rules_keeps_the_state_of_rules_a_live_node_runs(
+    db_dsn: str, mosquitto: Mosquitto
+) -> None:
+    both = make_config(dsn=db_dsn, mqtt_port=mosquitto.port, node_id="node-a",
+                       extra=DOOR + SOS, mqtt_extra=SHARED)  # fmt: skip
+    door_only = make_config(dsn=db_dsn, mqtt_port=mosquitto.port, node_id="node-b",
+                            extra=DOOR, mqtt_extra=SHARED)  # fmt: skip
+    events = {"events": [{"type": "DOOR_OPEN"}, {"type": "SOS"}]}
+    # The state of a rule nobody runs any more (an old configuration's).
+    await _execute(
+        db_dsn,
+        "INSERT INTO rule_state (device_id, rule_key, rule_version) VALUES ('dev-00', 'gone', '')",
+    )
+    async with running_daemon(both) as node_a:
+        await _publish(mosquitto.port, _telemetry(events))
+        sos = "SELECT count(*) FROM rule_state WHERE rule_key = 'sos'"
+        await wait_until(_count_is(db_dsn, sos, len(DEVICES)), timeout=60, message="sos states")
+        # Node A's start dropped the rule nobody runs, kept its own.
+        assert await _states(db_dsn) == {"door": len(DEVICES), "sos": len(DEVICES)}
+        async with running_daemon(door_only) as node_b:
+            # Node B started (and dropped what no live node runs) before it was ready.
+            assert await _states(db_dsn) == {"door": len(DEVICES), "sos": len(DEVICES)}
+            # Node A still counts on its sos state: a reload of B changes nothing either.
+            node_b.reload(door_only)
+            await _publish(mosquitto.port, _telemetry(events, ts=T0 + 1000))
+            stored = "SELECT count(*) FROM telemetry"
+            await wait_until(_count_is(db_dsn, stored, 2 * len(DEVICES)), timeout=60,
+                             message="second round stored")  # fmt: skip
+            assert (await _states(db_dsn))["sos"] == len(DEVICES)
+            assert node_a.components is not None
+    # Node A is gone (its heartbeat as old as a dead node's, without waiting for it): a node
+    # that drops what no live node runs now drops the sos state.
+    await _execute(
+        db_dsn,
+        "UPDATE node_rule_set SET heartbeat_at = now() - interval '10 minutes' "
+        "WHERE node_id = 'node-a'",
+    )
+    async with running_daemon(door_only):
+        assert await _states(db_dsn) == {"door": len(DEVICES)}
+
+
 async def test_a_reconnect_reading_a_retained_offline_again_resurrects_no_closed_alarm(
     db_dsn: str, mosquitto: Mosquitto
 ) -> None:
