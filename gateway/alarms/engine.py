@@ -130,6 +130,15 @@ class AlarmEngine:
         others leaves theirs alone."""
         kept = self.stateful_rule_keys()
         await state_repo.register_rule_set(conn, self.node_id, kept)
+        live = await state_repo.live_rule_sets(conn, NODE_LIVE_S)
+        others_only = sorted({key for keys in live.values() for key in keys} - set(kept))
+        if others_only:
+            # Legitimate during a rolling reload; for long, a node with a stale file.
+            log.warning(
+                "rule_sets_differ",
+                kept_for_other_nodes=others_only,
+                nodes=sorted(node for node, keys in live.items() if set(keys) - set(kept)),
+            )
         dropped = await state_repo.drop_removed(conn, kept, NODE_LIVE_S)
         if dropped:
             log.info("rule_state_dropped", rows=dropped)

@@ -15,6 +15,7 @@ from datetime import UTC, datetime, timedelta
 import aiomqtt
 import asyncpg
 import msgspec
+from structlog.testing import capture_logs
 
 from gateway.alarms.engine import AlarmEngine
 from gateway.alarms.inactivity import InactivityMonitor
@@ -177,23 +178,35 @@ async def test_a_node_with_fewer_rules_keeps_the_state_of_rules_a_live_node_runs
         db_dsn,
         "INSERT INTO rule_state (device_id, rule_key, rule_version) VALUES ('dev-00', 'gone', '')",
     )
-    async with running_daemon(both) as node_a:
+    async with running_daemon(both):
         await _publish(mosquitto.port, _telemetry(events))
         sos = "SELECT count(*) FROM rule_state WHERE rule_key = 'sos'"
         await wait_until(_count_is(db_dsn, sos, len(DEVICES)), timeout=60, message="sos states")
         # Node A's start dropped the rule nobody runs, kept its own.
         assert await _states(db_dsn) == {"door": len(DEVICES), "sos": len(DEVICES)}
-        async with running_daemon(door_only) as node_b:
-            # Node B started (and dropped what no live node runs) before it was ready.
-            assert await _states(db_dsn) == {"door": len(DEVICES), "sos": len(DEVICES)}
-            # Node A still counts on its sos state: a reload of B changes nothing either.
-            node_b.reload(door_only)
-            await _publish(mosquitto.port, _telemetry(events, ts=T0 + 1000))
-            stored = "SELECT count(*) FROM telemetry"
-            await wait_until(_count_is(db_dsn, stored, 2 * len(DEVICES)), timeout=60,
-                             message="second round stored")  # fmt: skip
-            assert (await _states(db_dsn))["sos"] == len(DEVICES)
-            assert node_a.components is not None
+        with capture_logs() as logs:
+
+            def differ() -> list[dict[str, object]]:
+                return [e for e in logs if e["event"] == "rule_sets_differ"]
+
+            async with running_daemon(door_only) as node_b:
+                # Node B started (and dropped what no live node runs) before it was ready.
+                assert await _states(db_dsn) == {"door": len(DEVICES), "sos": len(DEVICES)}
+                assert len(differ()) == 1
+                # A reload of B drops nothing of A's either (its pass logs again when done).
+                node_b.reload(door_only)
+                await wait_until(lambda: len(differ()) == 2, timeout=30,
+                                 message="node B's reload pass ran")  # fmt: skip
+                assert await _states(db_dsn) == {"door": len(DEVICES), "sos": len(DEVICES)}
+                # And A goes on counting on its state.
+                await _publish(mosquitto.port, _telemetry(events, ts=T0 + 1000))
+                stored = "SELECT count(*) FROM telemetry"
+                await wait_until(_count_is(db_dsn, stored, 2 * len(DEVICES)), timeout=60,
+                                 message="second round stored")  # fmt: skip
+                assert (await _states(db_dsn))["sos"] == len(DEVICES)
+    for entry in differ():
+        assert entry["kept_for_other_nodes"] == ["sos"]
+        assert entry["nodes"] == ["node-a"]
     # Node A is gone (its heartbeat as old as a dead node's, without waiting for it): a node
     # that drops what no live node runs now drops the sos state.
     await _execute(
