@@ -69,8 +69,8 @@ class Components:
     # Besides the session and the writer: the outbox, timers, dispatcher, reaper, rule-state
     # janitor, retention maintenance, inactivity monitor and rule watch, and the AI workers
     # where configured. The loops a reload may switch on or off (inactivity, rule watch, the
-    # timers' quiet-hours wake) run on every node and idle while nothing is configured for
-    # them: a reload needs to start or stop no task.
+    # timers' quiet-hours wake) run on every node, the first two idle while nothing is
+    # configured for them: a reload needs to start or stop no task.
     loops: tuple[Loop, ...]
 
     def reload(self, config: Config) -> None:
