@@ -119,9 +119,12 @@ class AlarmEngine:
                             conn, self.node_id, self.stateful_rule_keys()
                         )
             except RETRYABLE as exc:
-                log.warning("rule_state_drop_failed", error=repr(exc), reload=replaced)
                 if replaced:
+                    log.warning("rule_state_drop_failed", error=repr(exc))
                     self._rules_replaced.set()
+                else:
+                    # Six in a row and other nodes take this one for gone (NODE_LIVE_S).
+                    log.warning("rule_set_heartbeat_failed", error=repr(exc))
                 await sleep_unless_stopped(stop, 5.0)
 
     async def forget_removed_rules(self, conn: asyncpg.Connection) -> int:
