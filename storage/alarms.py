@@ -318,8 +318,8 @@ async def silent_devices(
     return list(await conn.fetch(SILENT_DEVICES, silent_seconds, rule_key))
 
 
-async def delayed(conn: asyncpg.Connection, limit: int) -> list[asyncpg.Record]:
-    return list(await conn.fetch(DELAYED, limit))
+async def delayed(conn: asyncpg.Connection, after_id: int, limit: int) -> list[asyncpg.Record]:
+    return list(await conn.fetch(DELAYED, after_id, limit))
 
 
 async def escalation_due(conn: asyncpg.Connection, before: datetime, limit: int) -> list[int]:
@@ -327,9 +327,9 @@ async def escalation_due(conn: asyncpg.Connection, before: datetime, limit: int)
 
 
 async def reminder_due(
-    conn: asyncpg.Connection, before: datetime, limit: int
+    conn: asyncpg.Connection, before: datetime, after_id: int, limit: int
 ) -> list[asyncpg.Record]:
-    return list(await conn.fetch(REMINDER_DUE, before, limit))
+    return list(await conn.fetch(REMINDER_DUE, before, after_id, limit))
 
 
 async def mark_reminded(

@@ -15,6 +15,8 @@ CREATE_STATES = _Q["create_states"]
 LOCK_STATES = _Q["lock_states"]
 WRITE_STATES = _Q["write_states"]
 DROP_REMOVED = _Q["drop_removed"]
+REGISTER_RULE_SET = _Q["register_rule_set"]
+LIVE_RULE_SETS = _Q["live_rule_sets"]
 GET_STATE = _Q["get_state"]
 
 
@@ -77,9 +79,25 @@ async def write_states(
         )
 
 
-async def drop_removed(conn: asyncpg.Connection, rule_keys: Sequence[str]) -> int:
-    """Delete the state of every rule not in `rule_keys`; how many rows went."""
-    return int(await conn.fetchval(DROP_REMOVED, list(rule_keys)))
+async def drop_removed(
+    conn: asyncpg.Connection, rule_keys: Sequence[str], live_within_s: float
+) -> int:
+    """Delete the state of every rule neither in `rule_keys` nor run by a node whose heartbeat
+    is younger than `live_within_s`; how many rows went."""
+    return int(await conn.fetchval(DROP_REMOVED, list(rule_keys), live_within_s))
+
+
+async def register_rule_set(
+    conn: asyncpg.Connection, node_id: str, rule_keys: Sequence[str]
+) -> None:
+    """Record the rule keys `node_id` runs, and its heartbeat (now)."""
+    await conn.execute(REGISTER_RULE_SET, node_id, sorted(rule_keys))
+
+
+async def live_rule_sets(conn: asyncpg.Connection, live_within_s: float) -> dict[str, list[str]]:
+    """Node id -> the rule keys it runs, for the nodes whose heartbeat is that young."""
+    rows = await conn.fetch(LIVE_RULE_SETS, live_within_s)
+    return {row["node_id"]: list(row["rule_keys"]) for row in rows}
 
 
 async def get_state(

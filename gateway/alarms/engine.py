@@ -52,6 +52,13 @@ from storage.rule_state import RuleStateRow, StateWriteConflictError
 
 log = structlog.get_logger(__name__)
 
+# Each node records the rule keys it runs in `node_rule_set`, at start, on every reload, and
+# as a heartbeat this often; a node whose heartbeat is older than NODE_LIVE_S no longer keeps
+# its rules' state from being dropped by another node (it is stopped, dead, or cut off from the
+# database for that long). Six heartbeats: a slow pass or two never make a node look gone.
+HEARTBEAT_S = 10.0
+NODE_LIVE_S = 60.0
+
 
 @dataclass(slots=True)
 class BatchAlarms:
@@ -92,33 +99,61 @@ class AlarmEngine:
         self._rules_replaced = asyncio.Event()
 
     def replace_rules(self, rules: RuleSet) -> None:
-        """A reload: the next batch uses `rules`; `forget_loop` drops removed rules' state."""
+        """A reload: the next batch uses `rules`; `forget_loop` records them for the other
+        nodes and drops the state of the rules no live node runs any more."""
         self.rules = rules
         self._rules_replaced.set()
 
+    def stateful_rule_keys(self) -> list[str]:
+        """The keys of the rules that keep rule state (inactivity rules keep none)."""
+        return [rule.key for rule in self.rules if not isinstance(rule, InactivityRule)]
+
     async def forget_loop(self, pool: asyncpg.Pool, stop: asyncio.Event) -> None:
-        """After each reload, drop the state of the rules it removed (own transaction).
+        """The node's heartbeat with its rule keys; after each reload, also drop the state of
+        the rules no live node runs (own transactions).
 
         Unchanged rules keep their state; a changed rule keeps its facts and drops its
         pending count, per row, when a batch next reads it (`rule_version`).
         """
         while not stop.is_set():
-            await wait_event_or_stop(self._rules_replaced, stop, timeout_s=3600)
-            if not self._rules_replaced.is_set():
-                continue
+            await wait_event_or_stop(self._rules_replaced, stop, timeout_s=HEARTBEAT_S)
+            if stop.is_set():
+                break
+            replaced = self._rules_replaced.is_set()
             self._rules_replaced.clear()
             try:
                 async with pool.acquire() as conn:
-                    await self.forget_removed_rules(conn)
+                    if replaced:
+                        await self.forget_removed_rules(conn)
+                    else:
+                        await state_repo.register_rule_set(
+                            conn, self.node_id, self.stateful_rule_keys()
+                        )
             except RETRYABLE as exc:
-                log.warning("rule_state_drop_failed", error=repr(exc))
-                self._rules_replaced.set()
+                if replaced:
+                    log.warning("rule_state_drop_failed", error=repr(exc))
+                    self._rules_replaced.set()
+                else:
+                    # Six in a row and other nodes take this one for gone (NODE_LIVE_S).
+                    log.warning("rule_set_heartbeat_failed", error=repr(exc))
                 await sleep_unless_stopped(stop, 5.0)
 
     async def forget_removed_rules(self, conn: asyncpg.Connection) -> int:
-        """Drop the state of rules no longer configured (at start and on reload)."""
-        kept = [rule.key for rule in self.rules if not isinstance(rule, InactivityRule)]
-        dropped = await state_repo.drop_removed(conn, kept)
+        """Record the rules this node runs, then drop the state of the rules no live node
+        runs (at start and on reload): a node started or reloaded with fewer rules than the
+        others leaves theirs alone."""
+        kept = self.stateful_rule_keys()
+        await state_repo.register_rule_set(conn, self.node_id, kept)
+        live = await state_repo.live_rule_sets(conn, NODE_LIVE_S)
+        others_only = sorted({key for keys in live.values() for key in keys} - set(kept))
+        if others_only:
+            # Legitimate during a rolling reload; for long, a node with a stale file.
+            log.warning(
+                "rule_sets_differ",
+                kept_for_other_nodes=others_only,
+                nodes=sorted(node for node, keys in live.items() if set(keys) - set(kept)),
+            )
+        dropped = await state_repo.drop_removed(conn, kept, NODE_LIVE_S)
         if dropped:
             log.info("rule_state_dropped", rows=dropped)
         return dropped

@@ -15,21 +15,49 @@ import structlog
 
 from gateway.alarms.engine import AlarmEngine, inactivity_event_id
 from gateway.alarms.service import ConcurrentWriteError, create_alarm
-from gateway.domain.rules import InactivityRule, silence_trigger
-from gateway.support.loops import every
+from gateway.domain.rules import InactivityRule, RuleSet, silence_trigger
+from gateway.support.loops import every_while_configured
 from storage import alarms as repo
 
 log = structlog.get_logger(__name__)
 
 
+def pass_interval_s(rules: RuleSet) -> float | None:
+    """Seconds between passes for `rules`: a quarter of the shortest silence, 1 to 30 s; None
+    without inactivity rules (the monitor then idles until a reload brings some)."""
+    inactivity = rules.inactivity_rules
+    if not inactivity:
+        return None
+    silent = min(rule.silent_seconds for rule in inactivity)
+    return min(max(silent / 4, 1.0), 30.0)
+
+
 class InactivityMonitor:
-    def __init__(self, *, pool: asyncpg.Pool, engine: AlarmEngine, interval_s: float) -> None:
+    """Runs on every node, with or without inactivity rules: a reload may add the first one
+    (or remove the last), and `rules_replaced` makes the next pass follow it at once."""
+
+    def __init__(
+        self, *, pool: asyncpg.Pool, engine: AlarmEngine, interval_s: float | None = None
+    ) -> None:
         self.pool = pool
         self.engine = engine
-        self.interval_s = interval_s
+        self.interval_s = interval_s  # None: from the rules (`pass_interval_s`)
+        self._wakeup = asyncio.Event()
+
+    def rules_replaced(self) -> None:
+        """A reload swapped the engine's rules: look at them now, not after the old interval."""
+        self._wakeup.set()
+
+    def current_interval_s(self) -> float | None:
+        rules = self.engine.rules
+        if not rules.inactivity_rules:
+            return None
+        return pass_interval_s(rules) if self.interval_s is None else self.interval_s
 
     async def run(self, stop: asyncio.Event) -> None:
-        await every(self.interval_s, stop, self.run_once, name="inactivity")
+        await every_while_configured(
+            self.current_interval_s, stop, self.run_once, wakeup=self._wakeup, name="inactivity"
+        )
 
     async def run_once(self) -> list[int]:
         """Raise the inactivity alarms due now; the ids raised by this call."""

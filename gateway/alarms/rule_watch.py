@@ -20,7 +20,7 @@ import structlog
 from gateway.alarms.timers import Clock, database_clock
 from gateway.domain.rule_check import UnseenRule, WatchedName, unseen, watched_names
 from gateway.domain.rules import RuleSet
-from gateway.support.loops import every
+from gateway.support.loops import every_while_configured
 from storage import telemetry_names
 
 log = structlog.get_logger(__name__)
@@ -82,12 +82,27 @@ class RuleWatch:
         self.after_s = after_s
         self.clock = clock
         self.sample_rows = sample_rows
-        self.interval_s = min(MAX_INTERVAL_S, max(1.0, after_s / 10))
         self._loaded_at: dict[WatchedName, datetime] = {}
         self._reported: set[WatchedName] = set()
+        self._wakeup = asyncio.Event()
+
+    @property
+    def interval_s(self) -> float:
+        return min(MAX_INTERVAL_S, max(1.0, self.after_s / 10))
+
+    def reconfigure(self, after_s: float) -> None:
+        """A reload: the new ``after_s`` (0 switches the watch off, more switches it on)."""
+        self.after_s = after_s
+        self._wakeup.set()
+
+    def current_interval_s(self) -> float | None:
+        return self.interval_s if self.after_s > 0 else None
 
     async def run(self, stop: asyncio.Event) -> None:
-        await every(self.interval_s, stop, self.run_once, name="rule-watch")
+        # On every node even with the watch off: a reload may switch it on.
+        await every_while_configured(
+            self.current_interval_s, stop, self.run_once, wakeup=self._wakeup, name="rule-watch"
+        )
 
     async def run_once(self) -> list[UnseenRule]:
         """One pass: the rules reported now (each is reported once)."""

@@ -3,6 +3,11 @@
 Every decision is derived from stored times and made by a conditional write, so the timers
 run on every node, survive restarts, and never act twice: two nodes that decide the same
 thing at once race on ``WHERE status = $expected``, and one of them finds nothing to do.
+
+Quiet hours are looked at on every pass, configured or not: a reload that removes or moves a
+window wakes the alarms it held (none left means nothing holds them). Inside a window no
+reminder is made: the reminder due is made once, on the first pass after the window, instead
+of one per interval that passed inside it.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from gateway.alarms.service import (
 )
 from gateway.config import AlarmsConfig
 from gateway.domain.alarm import Action, AlarmStatus, next_status
-from gateway.domain.quiet_hours import QuietHours
+from gateway.domain.quiet_hours import QuietHours, held_back
 from gateway.support.loops import every
 from gateway.support.metrics import Metrics
 from gateway.support.node import Node
@@ -97,8 +102,7 @@ class AlarmTimers:
         report = TimerReport()
         async with self.pool.acquire() as conn:
             now = await self.clock(conn)
-            if self.quiet is not None:
-                await self._wake(conn, now, report)
+            await self._wake(conn, now, report)
             if self.escalate_after_s > 0:
                 await self._escalate(conn, now, report)
             if self.repeat_interval_s > 0:
@@ -106,21 +110,27 @@ class AlarmTimers:
         return report
 
     async def _wake(self, conn: asyncpg.Connection, now: datetime, report: TimerReport) -> None:
-        assert self.quiet is not None
-        for row in await repo.delayed(conn, BATCH):
-            if self.quiet.is_quiet(device_id=row["device_id"], severity=row["severity"], at=now):
-                continue
-            # Back to NEW; publishing the wake-up event pushes it (see delivery.deliver).
-            if await self._act(
-                conn,
-                row["id"],
-                Action.WAKE,
-                expected=AlarmStatus.DELAYED,
-                now=now,
-                actor=QUIET_ACTOR,
-                event_type=EVENT_WOKEN,
-            ):
-                report.woken.append(row["id"])
+        quiet = self.quiet  # one configuration for the whole pass, even if a reload swaps it
+        after = 0
+        # Every page: alarms still held fill the first ones, and must not hide those behind.
+        while rows := await repo.delayed(conn, after, BATCH):
+            after = rows[-1]["id"]
+            for row in rows:
+                if held_back(quiet, device_id=row["device_id"], severity=row["severity"], at=now):
+                    continue
+                # Back to NEW; publishing the wake-up event pushes it (see delivery.deliver).
+                if await self._act(
+                    conn,
+                    row["id"],
+                    Action.WAKE,
+                    expected=AlarmStatus.DELAYED,
+                    now=now,
+                    actor=QUIET_ACTOR,
+                    event_type=EVENT_WOKEN,
+                ):
+                    report.woken.append(row["id"])
+            if len(rows) < BATCH:
+                break
 
     async def _escalate(self, conn: asyncpg.Connection, now: datetime, report: TimerReport) -> None:
         due = now - timedelta(seconds=self.escalate_after_s)
@@ -168,19 +178,36 @@ class AlarmTimers:
 
     async def _remind(self, conn: asyncpg.Connection, now: datetime, report: TimerReport) -> None:
         due = now - timedelta(seconds=self.repeat_interval_s)
-        for row in await repo.reminder_due(conn, due, BATCH):
-            async with conn.transaction():
-                updated = await repo.mark_reminded(
-                    conn, row["id"], row["status"], row["last_notified_at"], now
-                )
-                if updated is None:
-                    continue  # changed meanwhile, or another node reminded first
-                alarm = alarm_from_record(updated)
-                await outbox.add_event(
-                    conn,
-                    aggregate_type="alarm",
-                    aggregate_id=str(alarm.id),
-                    event_type=EVENT_REMINDER,
-                    payload={"alarm": alarm_to_json(alarm)},
-                )
-            report.reminded.append(row["id"])
+        quiet = self.quiet
+        after = 0
+        while rows := await repo.reminder_due(conn, due, after, BATCH):
+            after = rows[-1]["id"]
+            for row in rows:
+                # Held, not made: the reminder stays due, and the first pass after the window
+                # makes one (a reminder made now would only wait for the window's end with
+                # every other one made meanwhile, and all of them would ring at once).
+                if held_back(quiet, device_id=row["device_id"], severity=row["severity"], at=now):
+                    continue
+                if await self._remind_one(conn, row, now):
+                    report.reminded.append(row["id"])
+            if len(rows) < BATCH:
+                break
+
+    async def _remind_one(
+        self, conn: asyncpg.Connection, row: asyncpg.Record, now: datetime
+    ) -> bool:
+        async with conn.transaction():
+            updated = await repo.mark_reminded(
+                conn, row["id"], row["status"], row["last_notified_at"], now
+            )
+            if updated is None:
+                return False  # changed meanwhile, or another node reminded first
+            alarm = alarm_from_record(updated)
+            await outbox.add_event(
+                conn,
+                aggregate_type="alarm",
+                aggregate_id=str(alarm.id),
+                event_type=EVENT_REMINDER,
+                payload={"alarm": alarm_to_json(alarm)},
+            )
+        return True

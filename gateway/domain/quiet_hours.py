@@ -146,6 +146,15 @@ class QuietHours:
                 yield from window.occurrences_around(instant)
 
 
+def held_back(quiet: QuietHours | None, *, device_id: str, severity: str, at: datetime) -> bool:
+    """Whether quiet hours hold back a push or a reminder of this alarm `at`.
+
+    No quiet hours (none configured, or a reload removed the last window) hold nothing back:
+    an alarm delayed under a window that is gone is due at once, not stranded.
+    """
+    return quiet is not None and quiet.is_quiet(device_id=device_id, severity=severity, at=at)
+
+
 def compile_quiet_hours(config: QuietHoursConfig, path: str = "alarms.quiet_hours") -> QuietHours:
     """Validate `config`; a `ConfigError` names the offending key (`...windows[1].timezone`)."""
     windows = tuple(

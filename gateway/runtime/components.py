@@ -64,15 +64,21 @@ class Components:
     command_service: CommandService
     notify_consumer: NotifyConsumer
     notify_worker: DeliveryWorker
+    inactivity: InactivityMonitor
+    rule_watch: RuleWatch
     # Besides the session and the writer: the outbox, timers, dispatcher, reaper, rule-state
-    # janitor, retention maintenance, and the AI workers, inactivity monitor and rule watch
-    # where configured.
+    # janitor, retention maintenance, inactivity monitor and rule watch, and the AI workers
+    # where configured. The loops a reload may switch on or off (inactivity, rule watch, the
+    # timers' quiet-hours wake) run on every node, the first two idle while nothing is
+    # configured for them: a reload needs to start or stop no task.
     loops: tuple[Loop, ...]
 
     def reload(self, config: Config) -> None:
         """Swap what may change at run time, between batches; messages keep flowing."""
         self.engine.replace_rules(config.rule_set())
         self.engine.clock = config.device_clock()
+        self.inactivity.rules_replaced()
+        self.rule_watch.reconfigure(config.alarms.rule_check_after_s)
         self.auth.replace(config.api.tokens)
         quiet = config.quiet_hours()
         self.outbox.quiet = quiet
@@ -144,18 +150,12 @@ async def build(
     if config.ai.enabled:
         summaries = await _summaries(config, node, stack)
         loops.append(("ai-summaries", summaries.run))
-    inactivity = engine.rules.inactivity_rules
-    if inactivity:
-        silent = min(rule.silent_seconds for rule in inactivity)
-        monitor = InactivityMonitor(
-            pool=node.pool, engine=engine, interval_s=min(max(silent / 4, 1.0), 30.0)
-        )
-        loops.append(("inactivity-monitor", monitor.run))
-    if config.alarms.rule_check_after_s > 0:
-        watch = RuleWatch(
-            pool=node.pool, rules=lambda: engine.rules, after_s=config.alarms.rule_check_after_s
-        )
-        loops.append(("rule-watch", watch.run))
+    inactivity = InactivityMonitor(pool=node.pool, engine=engine)
+    loops.append(("inactivity-monitor", inactivity.run))
+    watch = RuleWatch(
+        pool=node.pool, rules=lambda: engine.rules, after_s=config.alarms.rule_check_after_s
+    )
+    loops.append(("rule-watch", watch.run))
     return Components(
         engine=engine,
         writer=writer,
@@ -175,6 +175,8 @@ async def build(
         ),
         notify_consumer=notify_consumer,
         notify_worker=notify_worker,
+        inactivity=inactivity,
+        rule_watch=watch,
         loops=tuple(loops),
     )
 

@@ -20,6 +20,8 @@ log = structlog.get_logger(__name__)
 RETRYABLE: tuple[type[BaseException], ...] = DB_ERRORS
 # Consecutive failed passes wait longer and longer, up to this (or the loop's own interval).
 FAILURE_BACKOFF_CAP_S = 30.0
+# An idle loop (nothing configured for it) looks again this often even if no reload woke it.
+IDLE_RECHECK_S = 3600.0
 # A LISTEN connection that cannot be opened must not hold up the passes for long.
 LISTEN_CONNECT_TIMEOUT_S = 10.0
 
@@ -54,6 +56,45 @@ async def every(
         else:
             backoff.reset()
         await sleep_unless_stopped(stop, delay)
+
+
+async def every_while_configured(
+    interval_s: Callable[[], float | None],
+    stop: asyncio.Event,
+    step: Callable[[], Awaitable[object]],
+    *,
+    wakeup: asyncio.Event,
+    name: str,
+) -> None:
+    """Like :func:`every`, for a loop the configuration may switch on and off at run time:
+    ``interval_s()`` (read again before each pass) is None while there is nothing to do, and
+    the loop then waits, with no query, for ``wakeup`` (set by a reload) or ``stop``. A reload
+    that sets ``wakeup`` also ends a wait between passes, so a new interval applies at once.
+
+    Such a loop runs from start on every node whatever the configuration, so that what a
+    reload brings in needs no task started by hand (and what it removes, none stopped).
+    """
+    backoff: Backoff | None = None
+    while not stop.is_set():
+        wakeup.clear()  # before reading the configuration: a reload meanwhile ends the wait
+        interval = interval_s()
+        if interval is None:
+            backoff = None
+            await wait_event_or_stop(wakeup, stop, IDLE_RECHECK_S)
+            continue
+        if backoff is None:
+            backoff = failure_backoff(interval)
+        delay = interval
+        try:
+            await step()
+        except RETRYABLE as exc:
+            delay = max(interval, backoff.next_delay())
+            log.warning(
+                "periodic_step_failed", loop=name, error=repr(exc), retry_in_s=round(delay, 3)
+            )
+        else:
+            backoff.reset()
+        await wait_event_or_stop(wakeup, stop, delay)
 
 
 async def wait_event_or_stop(event: asyncio.Event, stop: asyncio.Event, timeout_s: float) -> None:

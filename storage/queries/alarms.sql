@@ -150,19 +150,23 @@ WHERE d.bound
 ORDER BY d.device_id;
 
 -- name: delayed
--- $1 limit; alarms held back by quiet hours.
-SELECT id, device_id, severity FROM alarm WHERE status = 'DELAYED' ORDER BY id LIMIT $1;
+-- $1 after id (keyset), $2 limit; alarms held back by quiet hours.
+SELECT id, device_id, severity FROM alarm
+WHERE status = 'DELAYED' AND id > $1
+ORDER BY id LIMIT $2;
 
 -- name: escalation_due
 -- $1 confirmed at or before, $2 limit; confirmed and not handled in time.
 SELECT id FROM alarm WHERE status = 'CONFIRMED' AND confirmed_at <= $1 ORDER BY id LIMIT $2;
 
 -- name: reminder_due
--- $1 last notified at or before, $2 limit; open, unconfirmed, ringing alarms due a reminder.
-SELECT id, status, last_notified_at FROM alarm
+-- $1 last notified at or before, $2 after id (keyset), $3 limit; open, unconfirmed, ringing
+-- alarms due a reminder.
+SELECT id, device_id, severity, status, last_notified_at FROM alarm
 WHERE status IN ('NEW', 'PUSHED')
   AND coalesce(last_notified_at, pushed_at, triggered_at) <= $1
-ORDER BY id LIMIT $2;
+  AND id > $2
+ORDER BY id LIMIT $3;
 
 -- name: mark_reminded
 -- $1 id, $2 expected status, $3 expected last_notified_at, $4 now; no state change, and only

@@ -22,11 +22,15 @@ WHERE device.last_seen < EXCLUDED.last_seen - interval '1 second'
    OR (device.presence_at >= device.last_seen AND device.last_seen < EXCLUDED.last_seen);
 
 -- name: upsert_presence
--- $1 device ids (unique, sorted), $2 presences ('online'|'offline'); observed now.
+-- $1 device ids (unique, sorted), $2 presences ('online'|'offline'); observed now. Only a
+-- change is written: the status is retained, so every (re)connect of every node reads the
+-- last one again, and moving presence_at to now would stand for a new silence (a new
+-- inactivity alarm where people had closed the one for this silence).
 INSERT INTO device (device_id, first_seen, last_seen, presence, presence_at)
 SELECT d, now(), now(), p, now() FROM unnest($1::text[], $2::text[]) AS u(d, p)
 ON CONFLICT (device_id) DO UPDATE
-SET presence = EXCLUDED.presence, presence_at = EXCLUDED.presence_at;
+SET presence = EXCLUDED.presence, presence_at = EXCLUDED.presence_at
+WHERE device.presence IS DISTINCT FROM EXCLUDED.presence;
 
 -- name: insert_dead_letters
 -- $1 topics, $2 payloads as kept (whole or first bytes), $3 whole sizes, $4 whole SHA-256 (hex),

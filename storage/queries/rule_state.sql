@@ -43,12 +43,37 @@ WHERE s.device_id = u.device_id AND s.rule_key = u.rule_key AND s.version = u.ve
 RETURNING s.device_id, s.rule_key;
 
 -- name: drop_removed
--- $1 the rule keys configured now (event and threshold rules); deletes the state of every
--- other rule and returns how many rows went.
-WITH gone AS (
-    DELETE FROM rule_state WHERE NOT (rule_key = ANY ($1::text[])) RETURNING 1
+-- $1 the rule keys this node runs now (event and threshold rules), $2 seconds within which
+-- another node's heartbeat makes it live; deletes the state of every rule neither this node
+-- nor any live node runs, and returns how many rows went.
+WITH live AS (
+    SELECT DISTINCT unnest(n.rule_keys) AS rule_key
+    FROM node_rule_set n
+    WHERE n.heartbeat_at > now() - make_interval(secs => $2)
+), gone AS (
+    DELETE FROM rule_state s
+    WHERE NOT (s.rule_key = ANY ($1::text[]))
+      AND NOT EXISTS (SELECT 1 FROM live WHERE live.rule_key = s.rule_key)
+    RETURNING 1
 )
 SELECT count(*) FROM gone;
+
+-- name: register_rule_set
+-- $1 node id, $2 the rule keys it runs (event and threshold rules); its heartbeat, now. A
+-- heartbeat never moves back (a delayed write of the node's own is refused).
+INSERT INTO node_rule_set (node_id, rule_keys) VALUES ($1, $2::text[])
+ON CONFLICT (node_id) DO UPDATE
+SET rule_keys = EXCLUDED.rule_keys,
+    heartbeat_at = EXCLUDED.heartbeat_at,
+    registered_at = CASE WHEN node_rule_set.rule_keys = EXCLUDED.rule_keys
+                         THEN node_rule_set.registered_at ELSE EXCLUDED.registered_at END
+WHERE node_rule_set.heartbeat_at <= EXCLUDED.heartbeat_at;
+
+-- name: live_rule_sets
+-- $1 seconds within which a heartbeat makes a node live; node id and rule keys of each.
+SELECT node_id, rule_keys FROM node_rule_set
+WHERE heartbeat_at > now() - make_interval(secs => $1)
+ORDER BY node_id;
 
 -- name: get_state
 -- $1 device id, $2 rule key; one row as it is (for tests and the operator).

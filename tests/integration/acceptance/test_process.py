@@ -217,3 +217,72 @@ async def test_sighup_reloads_rules_and_a_broken_config_keeps_the_old_ones(
         assert await conn.fetchval("SELECT count(*) FROM telemetry") == 3  # nothing dropped
     finally:
         await conn.close()
+
+
+async def test_sighup_adding_the_first_inactivity_rule_makes_it_fire_on_two_nodes(
+    db_dsn: str, mosquitto: Mosquitto, tmp_path: Path
+) -> None:
+    """Started without inactivity rules, two processes sharing the devices are given one by
+    SIGHUP: it fires (the monitor existed only if such rules were there at start)."""
+    silent = (
+        '[[rules]]\nkey = "silent"\nkind = "inactivity"\nsilent_seconds = 300\n'
+        'severity = "WARNING"\n'
+    )
+    ports = [free_port(), free_port()]
+    paths = [tmp_path / f"node-{n}.toml" for n in range(2)]
+
+    def write(rules: str) -> None:
+        for n, (path, port) in enumerate(zip(paths, ports, strict=True)):
+            path.write_text(
+                config_toml(dsn=db_dsn, mqtt_port=mosquitto.port, node_id=f"node-{n}",
+                            http_port=port, log_level="info", extra=rules,
+                            mqtt_extra='shared_group = "alarms"')
+            )  # fmt: skip
+
+    async def count(query: str) -> int:
+        conn = await asyncpg.connect(db_dsn)
+        try:
+            return int(await conn.fetchval(query))
+        finally:
+            await conn.close()
+
+    write("")
+    processes = [DaemonProcess(path, tmp_path / f"{path.stem}.log") for path in paths]
+    try:
+        for process, port in zip(processes, ports, strict=True):
+            process.start()
+            await _wait_healthy(process, port)
+        async with aiomqtt.Client("127.0.0.1", mosquitto.port) as pub:
+            for device in ("quiet-1", "quiet-2"):
+                await pub.publish(
+                    TOPICS.telemetry(device), b'{"ts": 1767225600000, "metrics": {"t": 1}}', qos=1
+                )
+
+        async def stored() -> bool:
+            return await count("SELECT count(*) FROM telemetry") == 2
+
+        await wait_until(stored, timeout=30, message="stored")
+        # Ten minutes of silence without waiting for them: move the stored fact.
+        conn = await asyncpg.connect(db_dsn)
+        try:
+            await conn.execute(
+                "UPDATE device SET first_seen = now() - interval '1 hour', "
+                "last_seen = now() - interval '10 minutes'"
+            )
+        finally:
+            await conn.close()
+        write(silent)
+        for process in processes:
+            process.signal(signal.SIGHUP)
+
+        async def alarmed() -> bool:
+            return await count("SELECT count(*) FROM alarm WHERE rule_key = 'silent'") == 2
+
+        await wait_until(alarmed, timeout=30, message="the rule added by SIGHUP fired")
+        for process in processes:
+            assert "config_reloaded" in process.log_text()
+            assert process.terminate() == 0
+    finally:
+        for process in processes:
+            process.cleanup()
+    assert await count("SELECT count(DISTINCT device_id) FROM alarm") == 2

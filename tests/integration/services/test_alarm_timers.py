@@ -142,3 +142,56 @@ async def test_reminders_renotify_without_changing_state(pool: asyncpg.Pool) -> 
         )
     assert count == 2
     assert AlarmStatus.CONFIRMED.value == await _status(pool, alarm_id)
+
+
+async def test_a_long_quiet_window_yields_one_reminder_per_alarm_at_its_end(
+    pool: asyncpg.Pool,
+) -> None:
+    """22:00-07:00 with reminders every 10 minutes, passes every 10 minutes through the night
+    on two nodes in turn: inside the window no reminder is made; at 07:00 one per alarm
+    (before, ~54 each fell due together at 07:00)."""
+    night = compile_quiet_hours(QuietHoursConfig(
+        windows=[QuietWindowConfig(start="22:00", end="07:00", timezone="UTC")]
+    ))  # fmt: skip
+    evening = datetime(2030, 1, 7, 21, 50, tzinfo=UTC)
+    alarms = []
+    for n, device in enumerate(("care-1", "care-2")):
+        async with pool.acquire() as conn, conn.transaction():
+            creation = await create_alarm(
+                conn, device_id=device, rule_key="r", severity="MAJOR",
+                telemetry_event_id=f"{n + 10:064x}", reason="test", node_id="n1", now=evening,
+            )  # fmt: skip
+            assert creation.alarm is not None
+            # Pushed before the window: ringing, unconfirmed, and due a reminder every 10 min.
+            await transition(conn, creation.alarm.id, Action.PUSH, actor="system:test",
+                             node_id="n1", now=evening)  # fmt: skip
+        alarms.append(creation.alarm.id)
+
+    def at(when: datetime):  # type: ignore[no-untyped-def]  # a clock factory
+        async def clock(conn: asyncpg.Connection) -> datetime:
+            return when
+
+        return clock
+
+    nodes = [
+        AlarmTimers(pool=pool, node_id=f"n{n}", quiet=night, escalate_after_s=0,
+                    repeat_interval_s=600)
+        for n in (1, 2)
+    ]  # fmt: skip
+    reminded: dict[datetime, list[int]] = {}
+    when = evening
+    step = 0
+    while when <= datetime(2030, 1, 8, 7, 5, tzinfo=UTC):
+        timers = nodes[step % 2]
+        timers.clock = at(when)
+        report = await timers.run_once()
+        if report.reminded:
+            reminded[when] = sorted(report.reminded)
+        when += timedelta(minutes=5)
+        step += 1
+    assert reminded == {datetime(2030, 1, 8, 7, 0, tzinfo=UTC): sorted(alarms)}
+    async with pool.acquire() as conn:
+        count = await conn.fetchval(
+            "SELECT count(*) FROM outbox_event WHERE event_type = 'alarm.reminder'"
+        )
+    assert count == len(alarms)

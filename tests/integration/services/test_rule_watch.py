@@ -11,6 +11,7 @@ from gateway.alarms.rule_watch import RuleWatch, find_unseen
 from gateway.config import parse_config
 from gateway.domain.rule_check import watched_names
 from gateway.domain.rules import RuleSet
+from storage.pool import create_pool
 from tests.support.daemon import make_config, running_daemon
 from tests.support.mosquitto import Mosquitto
 from tests.support.waiting import wait_until
@@ -159,17 +160,20 @@ async def test_each_daemon_of_a_cluster_logs_a_rule_that_never_matched(
         make_config(dsn=db_dsn, mqtt_port=mosquitto.port, node_id=f"n{i}", extra=extra)
         for i in (1, 2)
     ]
+    # Dated ahead, so that it stays inside every window of this test: `temp` is seen. Stored
+    # before the nodes start: a node's first report may come before the second node is ready.
+    pool = await create_pool(db_dsn, min_size=1, max_size=1)
+    try:
+        await _store(
+            pool, datetime.now(UTC) + timedelta(hours=1), metrics='{"temp": 1, "humidity": 2}'
+        )
+    finally:
+        await pool.close()
     with capture_logs() as logs:
         async with running_daemon(configs[0]) as first, running_daemon(configs[1]) as second:
             assert first.components is not None
             assert second.components is not None
             assert "rule-watch" in [name for name, _ in first.components.loops]
-            # Dated ahead, so that it stays inside every window of this test: `temp` is seen.
-            await _store(
-                first.pool,
-                datetime.now(UTC) + timedelta(hours=1),
-                metrics='{"temp": 1, "humidity": 2}',
-            )
 
             def reported() -> list[str]:
                 return sorted(
@@ -187,10 +191,30 @@ async def test_each_daemon_of_a_cluster_logs_a_rule_that_never_matched(
     assert reported() == ["damp", "damp", "door", "door"]  # and never again until they stopped
 
 
-async def test_zero_turns_the_watch_off(db_dsn: str, mosquitto: Mosquitto) -> None:
+async def test_zero_turns_the_watch_off_and_a_reload_turns_it_on(
+    db_dsn: str, mosquitto: Mosquitto
+) -> None:
     config = make_config(
         dsn=db_dsn, mqtt_port=mosquitto.port, extra=RULES + "\n[alarms]\nrule_check_after_s = 0\n"
     )
-    async with running_daemon(config) as daemon:
-        assert daemon.components is not None
-        assert "rule-watch" not in [name for name, _ in daemon.components.loops]
+    on = make_config(
+        dsn=db_dsn, mqtt_port=mosquitto.port, extra=RULES + "\n[alarms]\nrule_check_after_s = 1\n"
+    )
+    with capture_logs() as logs:
+        async with running_daemon(config) as daemon:
+            assert daemon.components is not None
+            watch = daemon.components.rule_watch
+            assert watch.current_interval_s() is None  # idle: no pass, no query
+            daemon.reload(on)
+            assert watch.current_interval_s() == 1.0
+
+            def reported() -> list[str]:
+                return sorted(e["rule"] for e in logs if e["event"] == "rule_never_matched")
+
+            await wait_until(
+                lambda: reported() == ["damp", "door", "hot"],
+                timeout=30,
+                message="the watch the reload switched on reports the rules",
+            )
+            daemon.reload(config)
+            assert watch.current_interval_s() is None

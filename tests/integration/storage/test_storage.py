@@ -172,3 +172,27 @@ async def test_last_seen_moves_by_the_second_but_always_past_an_offline_presence
     )
     await repo.touch_devices(db, {"dev-ls"})
     assert await db.fetchval("SELECT last_seen FROM device WHERE device_id = 'dev-ls'") > first
+
+
+async def test_a_repeated_presence_changes_nothing_and_a_change_is_stored(
+    db: asyncpg.Connection,
+) -> None:
+    """The status is retained: every (re)connect of every node reads the last one again."""
+
+    async def stored() -> tuple[str, object]:
+        row = await db.fetchrow("SELECT presence, presence_at FROM device WHERE device_id = 'p'")
+        assert row is not None
+        return row["presence"], row["presence_at"]
+
+    await repo.record_presence(db, {"p": "offline"})
+    first = await stored()
+    await repo.record_presence(db, {"p": "offline"})  # read again: no new silence
+    assert await stored() == first
+    await repo.record_presence(db, {"p": "online"})
+    back = await stored()
+    assert back[0] == "online"
+    assert back[1] != first[1]
+    await repo.record_presence(db, {"p": "offline"})  # a new offline is a new fact
+    gone = await stored()
+    assert gone[0] == "offline"
+    assert gone[1] != back[1]

@@ -17,6 +17,7 @@ from gateway.domain.quiet_hours import (
     QuietHoursConfig,
     QuietWindowConfig,
     compile_quiet_hours,
+    held_back,
 )
 
 BERLIN = ZoneInfo("Europe/Berlin")
@@ -577,3 +578,32 @@ def test_is_quiet_matches_the_wall_clock_without_dst(
 ) -> None:
     qh = compile_quiet_hours(QuietHoursConfig(windows=[config]))
     assert quiet(qh, at) is _naive_is_quiet(config, at)
+
+
+# --- what quiet hours hold back ---------------------------------------------------------------
+
+
+def test_no_quiet_hours_hold_nothing_back() -> None:
+    """A reload that removes the last window leaves `None`: what was delayed is due at once."""
+    at = utc(2026, 5, 4, 23)
+    assert not held_back(None, device_id=DEVICE, severity="MAJOR", at=at)
+    assert held_back(NIGHT_UTC, device_id=DEVICE, severity="MAJOR", at=at)
+    assert not held_back(NIGHT_UTC, device_id=DEVICE, severity="CRITICAL", at=at)
+    assert not held_back(NIGHT_UTC, device_id=DEVICE, severity="MAJOR", at=utc(2026, 5, 5, 7))
+
+
+def test_a_night_of_reminder_passes_holds_every_one_until_the_window_ends() -> None:
+    """Passes every minute through a 22:00-07:00 night with reminders due every 10 minutes:
+    each one is held, so the first that is not (07:00) makes the one reminder of the night."""
+    interval = timedelta(minutes=10)
+    last = utc(2026, 5, 4, 21, 55)
+    made = []
+    at = last
+    while at <= utc(2026, 5, 5, 7, 5):
+        if at - last >= interval and not held_back(
+            NIGHT_UTC, device_id=DEVICE, severity="MAJOR", at=at
+        ):
+            made.append(at)
+            last = at
+        at += timedelta(minutes=1)
+    assert made == [utc(2026, 5, 5, 7)]
