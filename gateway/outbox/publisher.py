@@ -18,6 +18,7 @@ import structlog
 
 from gateway.alarms.delivery import deliver
 from gateway.alarms.service import EVENT_CREATED, EVENT_WOKEN
+from gateway.config import OutboxConfig
 from gateway.domain.quiet_hours import QuietHours
 from gateway.support.backoff import Backoff
 from gateway.support.loops import drain_on_notify
@@ -73,7 +74,9 @@ class OutboxPublisher:
         self._backlog_read_at: float | None = None
 
     @classmethod
-    def from_config(cls, node: Node, *, quiet: QuietHours | None) -> OutboxPublisher:
+    def from_config(
+        cls, node: Node, outbox: OutboxConfig, *, quiet: QuietHours | None
+    ) -> OutboxPublisher:
         return cls(
             pool=node.pool,
             dsn=node.dsn,
@@ -81,6 +84,8 @@ class OutboxPublisher:
             topics=node.topics,
             publish=node.publish,
             metrics=node.metrics,
+            retry_base_s=outbox.retry_min_s,
+            retry_cap_s=outbox.retry_max_s,
             quiet=quiet,
         )
 
