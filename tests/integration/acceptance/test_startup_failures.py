@@ -235,9 +235,7 @@ def _no_shared_subscriptions(workdir: Path) -> Mosquitto:
             }
         )
     )
-    return Mosquitto(
-        workdir, extra_config=f"plugin {plugin}\nplugin_opt_config_file {dynsec}\n"
-    )
+    return Mosquitto(workdir, extra_config=f"plugin {plugin}\nplugin_opt_config_file {dynsec}\n")
 
 
 @pytest.mark.parametrize(("protocol", "code"), [("5", 0x87), ("3.1.1", 0x80)])
@@ -259,9 +257,8 @@ async def test_a_shared_subscription_the_broker_refuses_is_a_configuration_error
         done = await gateway_run(config)
     finally:
         broker.stop()
-    line = _failed(
-        done, EXIT_CONFIG, "[mqtt] shared_group (empty: no shared subscription), or the broker's ACL"
-    )
+    setting = "[mqtt] shared_group (empty: no shared subscription), or the broker's ACL"
+    line = _failed(done, EXIT_CONFIG, setting)
     assert line["error"].startswith(
         f"the broker at 127.0.0.1:{broker.port} refused the subscription "
         "'$share/gateways/iot/devices/+/telemetry': "
