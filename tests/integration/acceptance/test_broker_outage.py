@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 
 import aiomqtt
 import asyncpg
@@ -22,6 +23,7 @@ from protocol import Topics
 from sim.responder import Responder, Script
 from tests.support.daemon import make_config, running_daemon
 from tests.support.mosquitto import Mosquitto
+from tests.support.tcp_proxy import TcpProxy
 from tests.support.waiting import wait_until
 
 TOPICS = Topics("iot")
@@ -30,6 +32,7 @@ LEASE_S = 1.0
 # publish failure, lease, reaper pass): more than the 5 reclaims that raise the alarm.
 OUTAGE_LEASES = 8
 DEVICES = ["dev-a", "dev-b", "dev-c"]
+COMMANDS = f"[commands]\nlease_s = {LEASE_S}\nack_window_s = 60\nreaper_interval_s = 0.2\n"
 
 
 def _down(daemon: Daemon) -> bool:
@@ -47,12 +50,43 @@ async def _both_down(mosquitto: Mosquitto, daemons: tuple[Daemon, Daemon]) -> No
     )
 
 
+async def _create_commands(db: asyncpg.Connection) -> list[int]:
+    ids = []
+    async with db.transaction():
+        for device in DEVICES:
+            created = await create_command(
+                db, device_id=device, name="set", params={"on": True},
+                delivery=Delivery.REALTIME, idempotency_key=None, created_by="test",
+                node_id="test", expire_after_s=3600,
+            )  # fmt: skip
+            ids.append(created.command["id"])
+    return ids
+
+
+def _outage_lasted(db: asyncpg.Connection) -> Callable[[], Awaitable[bool]]:
+    async def lasted() -> bool:
+        return bool(
+            await db.fetchval(
+                "SELECT bool_and(now() - created_at > make_interval(secs => $1)) FROM command",
+                LEASE_S * OUTAGE_LEASES,
+            )
+        )
+
+    return lasted
+
+
+def _all_acked(db: asyncpg.Connection) -> Callable[[], Awaitable[bool]]:
+    async def acked() -> bool:
+        return bool(await db.fetchval("SELECT bool_and(status = 'ACKED') FROM command"))
+
+    return acked
+
+
 async def test_a_broker_outage_counts_no_reclaims_and_delivers_after_it(
     db_dsn: str, mosquitto: Mosquitto
 ) -> None:
-    commands = f"[commands]\nlease_s = {LEASE_S}\nack_window_s = 60\nreaper_interval_s = 0.2\n"
     configs = [
-        make_config(dsn=db_dsn, mqtt_port=mosquitto.port, node_id=node, extra=commands)
+        make_config(dsn=db_dsn, mqtt_port=mosquitto.port, node_id=node, extra=COMMANDS)
         for node in ("node-a", "node-b")
     ]
     # The devices' persistent session survives the outage: downlinks queued for them are
@@ -65,26 +99,8 @@ async def test_a_broker_outage_counts_no_reclaims_and_delivers_after_it(
         await responder.wait_subscribed()
         async with running_daemon(configs[0]) as one, running_daemon(configs[1]) as two:
             await _both_down(mosquitto, (one, two))
-            ids = []
-            async with db.transaction():
-                for device in DEVICES:
-                    created = await create_command(
-                        db, device_id=device, name="set", params={"on": True},
-                        delivery=Delivery.REALTIME, idempotency_key=None, created_by="test",
-                        node_id="test", expire_after_s=3600,
-                    )  # fmt: skip
-                    ids.append(created.command["id"])
-
-            async def outage_lasted() -> bool:
-                return bool(
-                    await db.fetchval(
-                        "SELECT bool_and(now() - created_at > make_interval(secs => $1))"
-                        " FROM command",
-                        LEASE_S * OUTAGE_LEASES,
-                    )
-                )
-
-            await wait_until(outage_lasted, timeout=60, message="the outage lasted")
+            ids = await _create_commands(db)
+            await wait_until(_outage_lasted(db), timeout=60, message="the outage lasted")
             during = await db.fetch(
                 "SELECT status, claim_generation, reclaim_count FROM command ORDER BY id"
             )
@@ -92,12 +108,9 @@ async def test_a_broker_outage_counts_no_reclaims_and_delivers_after_it(
             await wait_until(
                 lambda: _up(one) and _up(two), timeout=30, message="both sessions back"
             )
-
-            async def all_acked() -> bool:
-                return bool(await db.fetchval("SELECT bool_and(status = 'ACKED') FROM command"))
-
-            # Well within a lease of the sessions' return: the dispatchers were woken.
-            await wait_until(all_acked, timeout=20, message="every command delivered and ACKED")
+            # The reconnect woke the dispatchers: the commands go out at once (under a second
+            # here), not at a poll or a lease.
+            await wait_until(_all_acked(db), timeout=20, message="every command ACKED")
         rows = await db.fetch("SELECT id, claim_generation, reclaim_count FROM command ORDER BY id")
         reclaim_alarms = await db.fetchval(
             "SELECT count(*) FROM alarm WHERE rule_key = 'command-reclaims'"
@@ -115,6 +128,46 @@ async def test_a_broker_outage_counts_no_reclaims_and_delivers_after_it(
     assert reclaim_alarms == 0
     # Claimed once, after the broker returned, and delivered on that claim.
     assert all(r["claim_generation"] == 1 for r in rows), rows
+    assert responder.answered == len(DEVICES)
+
+
+async def test_a_node_cut_off_from_the_broker_leaves_the_commands_to_one_that_is_not(
+    db_dsn: str, mosquitto: Mosquitto
+) -> None:
+    responder = Responder(host="127.0.0.1", port=mosquitto.port, topics=TOPICS, script=Script())
+    stop = asyncio.Event()
+    answering = asyncio.create_task(responder.run(stop))
+    db = await asyncpg.connect(db_dsn)
+    try:
+        await responder.wait_subscribed()
+        async with TcpProxy("127.0.0.1", mosquitto.port) as proxy:
+            cut_off = make_config(
+                dsn=db_dsn, mqtt_port=proxy.port, node_id="node-cut", extra=COMMANDS
+            )
+            connected = make_config(
+                dsn=db_dsn, mqtt_port=mosquitto.port, node_id="node-up", extra=COMMANDS
+            )
+            async with running_daemon(cut_off) as one:
+                await proxy.cut()
+                await wait_until(lambda: _down(one), timeout=30, message="node-cut's session down")
+                await _create_commands(db)
+                # node-cut alone, for as long as it took the old dispatcher to lose its claims
+                # again and again; then a node with a session of its own comes.
+                await wait_until(_outage_lasted(db), timeout=60, message="the cut lasted")
+                during = await db.fetch(
+                    "SELECT status, claim_generation, reclaim_count FROM command ORDER BY id"
+                )
+                async with running_daemon(connected):
+                    await wait_until(_all_acked(db), timeout=20, message="every command ACKED")
+        rows = await db.fetch(
+            "SELECT claimed_node_id, claim_generation, reclaim_count FROM command ORDER BY id"
+        )
+    finally:
+        stop.set()
+        await answering
+        await db.close()
+    assert [tuple(r) for r in during] == [("PENDING", 0, 0)] * len(DEVICES), during
+    assert [tuple(r) for r in rows] == [("node-up", 1, 0)] * len(DEVICES), rows
     assert responder.answered == len(DEVICES)
 
 
