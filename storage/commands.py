@@ -32,6 +32,7 @@ RECEIPTS_OF = _Q["receipts_of"]
 CLAIM_DUE = _Q["claim_due"]
 PLAN_ONCE = _Q["plan_once"]
 MARK_SENT = _Q["mark_sent"]
+RELEASE_UNSENT = _Q["release_unsent"]
 APPLY_RECEIPT = _Q["apply_receipt"]
 INSERT_RECEIPT = _Q["insert_receipt"]
 INSERT_AUDIT = _Q["insert_audit"]
@@ -286,6 +287,23 @@ async def mark_sent_many(
         MARK_SENT_MANY, [c for c, _ in claims], [g for _, g in claims], node_id, timeout_s, actor
     )
     return {int(row["id"]) for row in rows}
+
+
+async def release_unsent(
+    conn: asyncpg.Connection | asyncpg.Pool,
+    command_id: int,
+    generation: int,
+    *,
+    node_id: str,
+    actor: str,
+    note: str,
+) -> bool:
+    """CLAIMED → PENDING without counting a reclaim (the downlink was never published: the
+    broker session was down), with its audit row; False when the claim is not ours any more."""
+    return (
+        await conn.fetchval(RELEASE_UNSENT, command_id, generation, node_id, actor, note)
+        is not None
+    )
 
 
 async def apply_receipts(

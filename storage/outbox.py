@@ -20,6 +20,7 @@ CLAIM_DUE = _Q["claim_due"]
 MARK_PUBLISHED = _Q["mark_published"]
 MARK_PUBLISHED_MANY = _Q["mark_published_many"]
 MARK_FAILED = _Q["mark_failed"]
+RELEASE = _Q["release"]
 BACKLOG = _Q["backlog"]
 RECORD_CONSUMED = _Q["record_consumed"]
 
@@ -101,6 +102,15 @@ async def mark_failed(
 ) -> int | None:
     value = await conn.fetchval(MARK_FAILED, row_id, node_id, retry_in_s, error)
     return None if value is None else int(value)
+
+
+async def release(
+    conn: asyncpg.Connection | asyncpg.Pool, row_ids: Sequence[int], node_id: str, *, error: str
+) -> set[int]:
+    """Back to PENDING, due at once, retry count unchanged (the broker session was down); the
+    ids this node still held."""
+    rows = await conn.fetch(RELEASE, list(row_ids), node_id, error)
+    return {int(row["id"]) for row in rows}
 
 
 async def backlog(conn: asyncpg.Connection) -> tuple[int, float]:

@@ -3,12 +3,19 @@
 The dispatcher claims due commands in one statement (generation + 1, this node, a lease),
 publishes each downlink with QoS 1 and, on the broker's PUBACK, moves it CLAIMED → SENT —
 guarded by generation, node and status, so a claim that lapsed meanwhile is left to its new
-owner. A publish that fails leaves the claim to expire: the reaper returns it to PENDING.
+owner. A publish that fails leaves the claim to expire: the reaper returns it to PENDING (and
+counts a reclaim).
+
+The broker being away is not a node losing its commands: while the node's broker session is
+down the dispatcher claims nothing (another node, whose session is up, may), a publish that
+failed because the session went down returns its claim to PENDING at once without counting a
+reclaim, and the session wakes the dispatcher when it is back.
 """
 
 from __future__ import annotations
 
 import asyncio
+from enum import Enum
 
 import asyncpg
 import msgspec
@@ -16,6 +23,7 @@ import structlog
 
 from gateway.commands.lifecycle import DISPATCHER_ACTOR, mark_sent
 from gateway.config import CommandsConfig
+from gateway.support.broker_link import BrokerLink, SessionDown
 from gateway.support.loops import drain_on_notify
 from gateway.support.metrics import Metrics
 from gateway.support.node import Node, Publish
@@ -27,6 +35,15 @@ log = structlog.get_logger(__name__)
 NOTIFY_CHANNEL = "command_due"
 # Claimed batches being published at once, per dispatcher.
 PIPELINE = 4
+RELEASE_NOTE = "broker session down: not published, not a reclaim"
+
+
+class Outcome(Enum):
+    SENT = "sent"
+    # The session was down: the claim goes back to PENDING, uncounted.
+    SESSION_DOWN = "session_down"
+    # Anything else (a refused PUBACK, no PUBACK in time): the lease runs out, a reclaim.
+    FAILED = "failed"
 
 
 class Dispatcher:
@@ -44,6 +61,7 @@ class Dispatcher:
         batch: int = 100,
         max_in_flight: int = 1,
         poll_s: float = 1.0,
+        broker: BrokerLink | None = None,
     ) -> None:
         self.pool = pool
         self.dsn = dsn
@@ -56,6 +74,8 @@ class Dispatcher:
         self.batch = batch
         self.max_in_flight = max_in_flight
         self.poll_s = poll_s
+        self.broker = broker or BrokerLink()
+        self._wakeup = self.broker.wakeup()
         self._slots = asyncio.Semaphore(PIPELINE)
         self._sending: set[asyncio.Task[None]] = set()
 
@@ -72,6 +92,7 @@ class Dispatcher:
             sent_timeout_s=commands.sent_timeout_s,
             batch=commands.dispatch_batch,
             max_in_flight=commands.max_in_flight_per_device,
+            broker=node.broker,
         )
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -83,6 +104,7 @@ class Dispatcher:
                 step=self.run_once,
                 poll_s=self.poll_s,
                 name="command-dispatcher",
+                wakeup=self._wakeup,
             )
         finally:
             await self.flush()
@@ -93,7 +115,10 @@ class Dispatcher:
         Up to ``PIPELINE`` claimed batches are being sent at once: the next claim does not wait
         for the PUBACKs of the last batch (the round trips overlap), and a slot is taken before
         claiming, so a node never holds claims it cannot send yet. :meth:`flush` waits for them.
+        Nothing is claimed while the broker session is down: the claims could only fail.
         """
+        if not self.broker.up():
+            return 0
         await self._slots.acquire()
         try:
             async with self.pool.acquire() as conn:
@@ -132,10 +157,12 @@ class Dispatcher:
 
     async def _send_batch(self, claimed: list[asyncpg.Record]) -> None:
         # Downlinks all go out at once; their PUBACKs' SENT writes then go in one statement.
-        published = await asyncio.gather(*(self._publish(row) for row in claimed))
-        await self._mark_sent([row for row, ok in zip(claimed, published, strict=True) if ok])
+        outcomes = await asyncio.gather(*(self._publish(row) for row in claimed))
+        paired = list(zip(claimed, outcomes, strict=True))
+        await self._mark_sent([row for row, outcome in paired if outcome is Outcome.SENT])
+        await self._release([row for row, outcome in paired if outcome is Outcome.SESSION_DOWN])
 
-    async def _publish(self, row: asyncpg.Record) -> bool:
+    async def _publish(self, row: asyncpg.Record) -> Outcome:
         downlink = DownlinkCommand(
             command_id=row["id"],
             claim_generation=row["claim_generation"],
@@ -146,10 +173,35 @@ class Dispatcher:
         )
         try:
             await self.publish(self.topics.commands(row["device_id"]), encode_command(downlink))
+        except SessionDown:
+            return Outcome.SESSION_DOWN
         except Exception as exc:  # the lease runs out and the reaper requeues it
             log.warning("downlink_publish_failed", command_id=row["id"], error=repr(exc))
-            return False
-        return True
+            return Outcome.FAILED
+        return Outcome.SENT
+
+    async def _release(self, rows: list[asyncpg.Record]) -> None:
+        """Claims whose downlink the session could not take: PENDING again, uncounted.
+
+        One statement per claim (outside any transaction), so this never holds one row's lock
+        while waiting for another's. A release that fails leaves the claim to its lease (a
+        reclaim then, as before this existed).
+        """
+        released = 0
+        for row in rows:
+            if await repo.release_unsent(
+                self.pool,
+                row["id"],
+                row["claim_generation"],
+                node_id=self.node_id,
+                actor=DISPATCHER_ACTOR,
+                note=RELEASE_NOTE,
+            ):
+                released += 1
+        if rows:
+            log.info("downlinks_released", claimed=len(rows), released=released)
+        if released:
+            self.metrics.count_command("CLAIMED", "PENDING", released)
 
     async def _mark_sent(self, rows: list[asyncpg.Record]) -> None:
         if not rows:

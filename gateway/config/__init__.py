@@ -144,6 +144,11 @@ class CommandsConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
     reaper_interval_s: PositiveFloat = 5.0
 
 
+class OutboxConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    retry_min_s: PositiveFloat = 1.0
+    retry_max_s: PositiveFloat = 300.0
+
+
 class AiConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     enabled: bool = False
     base_url: str = ""
@@ -189,6 +194,7 @@ class Config(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     rules: list[RuleConfig] = field(default_factory=list)
     alarms: AlarmsConfig = field(default_factory=AlarmsConfig)
     commands: CommandsConfig = field(default_factory=CommandsConfig)
+    outbox: OutboxConfig = field(default_factory=OutboxConfig)
     ai: AiConfig = field(default_factory=AiConfig)
     notify: NotifyConfig = field(default_factory=NotifyConfig)
     retention: RetentionConfig = field(default_factory=RetentionConfig)
@@ -481,6 +487,11 @@ def validate(config: Config) -> None:
         "database.retry_min_s",
         config.database.retry_min_s <= config.database.retry_max_s,
         "must not exceed database.retry_max_s",
+    )
+    check(
+        "outbox.retry_min_s",
+        config.outbox.retry_min_s <= config.outbox.retry_max_s,
+        "must not exceed outbox.retry_max_s",
     )
     if errors:
         raise config_errors(errors)

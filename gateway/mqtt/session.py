@@ -15,7 +15,7 @@ from gateway.domain.errors import StartupError
 from gateway.ingest.decoder import Inbound
 from gateway.ingest.writer import IngestWriter
 from gateway.mqtt.v5_connection import Mqtt5Connection, MqttConnectError
-from gateway.mqtt.v311_client import AckingClient, ConnectionSettings
+from gateway.mqtt.v311_client import AckingClient, ConnectionSettings, SubscriptionRefusedError
 from gateway.support.backoff import Backoff
 from gateway.support.loops import sleep_unless_stopped
 from gateway.support.metrics import Metrics
@@ -73,6 +73,8 @@ class MqttSession:
         self.on_connected = on_connected
         self.connected = False
         self.connections = 0
+        # Sessions that got as far as subscribed: until the first, a refusal is final.
+        self.established = 0
         self.client: BrokerConnection | None = None
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -82,6 +84,33 @@ class MqttSession:
                 async with client:
                     await self._serve(client, stop)
                     return
+            except SubscriptionRefusedError as exc:
+                self.metrics.mqtt_connects.labels("error").inc()
+                setting = _subscription_setting(exc.topic)
+                if self.established == 0:
+                    # The broker takes the connection but not the subscription: an ACL, or
+                    # shared subscriptions not supported or not allowed. Retrying changes
+                    # nothing, and a node that cannot subscribe cannot ingest: final.
+                    raise StartupError(
+                        f"the broker at {self.settings.host}:{self.settings.port} refused the "
+                        f"subscription {exc.topic!r}: {exc.reason} (reason code "
+                        f"{exc.reason_code})",
+                        setting=setting,
+                        configuration=True,
+                    ) from None
+                # Refused after it was once accepted (the broker's ACL changed): say so, and
+                # wait for it to be allowed again, as for a CONNACK refused later on.
+                delay = self.backoff.next_delay()
+                log.error(
+                    "subscription_refused",
+                    host=self.settings.host,
+                    port=self.settings.port,
+                    topic=exc.topic,
+                    reason_code=exc.reason_code,
+                    error=str(exc),
+                    retry_in_s=round(delay, 3),
+                    setting=setting,
+                )
             except aiomqtt.MqttError as exc:
                 self.metrics.mqtt_connects.labels("error").inc()
                 refused = _refusal(exc)
@@ -131,6 +160,7 @@ class MqttSession:
         try:
             setup = asyncio.create_task(self._subscribe(client), name="mqtt-subscribe")
             if await self._until(setup, reader, stop):
+                self.established += 1
                 self.backoff.reset()
                 log.info(
                     "broker_connected",
@@ -261,6 +291,13 @@ def _refusal(exc: aiomqtt.MqttError) -> tuple[int, str] | None:
     if code is None or code not in _REFUSALS:
         return None
     return code, _REFUSALS[code]
+
+
+def _subscription_setting(topic: str) -> str:
+    """What to change when the broker refuses ``topic``."""
+    if topic.startswith("$share/"):
+        return "[mqtt] shared_group (empty: no shared subscription), or the broker's ACL"
+    return "[mqtt] topic_prefix, or the broker's ACL"
 
 
 # 3.1.1 CONNACK return codes as plain ints (older paho paths): as their MQTT 5 equivalents.

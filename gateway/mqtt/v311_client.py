@@ -31,12 +31,13 @@ import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Literal, Self, cast
+from typing import Any, Final, Literal, Self, cast
 
 import aiomqtt
 import paho.mqtt.client as paho
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
+from paho.mqtt.reasoncodes import ReasonCode
 
 # The bound that paused reading: the message count or the payload bytes buffered.
 BOUND_MESSAGES = "messages"
@@ -278,8 +279,15 @@ class AckingClient:
         return rc == paho.MQTT_ERR_SUCCESS
 
     async def subscribe(self, topic: str, qos: int = 1, *, wait_s: float | None = None) -> None:
-        """``wait_s`` None: the connection's default; ``math.inf``: as long as it lives."""
-        await self.client.subscribe(topic, qos=qos, timeout=wait_s)
+        """``wait_s`` None: the connection's default; ``math.inf``: as long as it lives. A
+        SUBACK refusing the filter (0x80) raises :class:`SubscriptionRefusedError`: paho only
+        reports it, and a subscription the broker refused delivers nothing, silently."""
+        granted = await self.client.subscribe(topic, qos=qos, timeout=wait_s)
+        for code in granted:
+            value = code.value if isinstance(code, ReasonCode) else int(code)
+            if value >= SUBACK_FAILURE:
+                name = code.getName() if isinstance(code, ReasonCode) else "Failure"
+                raise SubscriptionRefusedError(topic, value, name)
 
     async def publish(
         self,
@@ -291,6 +299,25 @@ class AckingClient:
         wait_s: float | None = None,
     ) -> None:
         await self.client.publish(topic, payload, qos=qos, retain=retain, timeout=wait_s)
+
+
+# SUBACK reason codes from here up refuse the subscription (0x80 is 3.1.1's only one).
+SUBACK_FAILURE: Final = 0x80
+
+
+class SubscriptionRefusedError(aiomqtt.MqttError):
+    """The broker's SUBACK refused a topic filter (reason code 0x80 or more): an ACL, shared
+    subscriptions not supported or not allowed. No retry changes that; a change of the
+    broker's configuration or of ours does."""
+
+    # None only to share the attribute with Mqtt5Error (MqttSubscribeError is both).
+    reason_code: int | None
+
+    def __init__(self, topic: str, reason_code: int, reason: str) -> None:
+        super().__init__(f"subscribe to {topic!r} refused: {reason} ({reason_code})")
+        self.topic = topic
+        self.reason_code = reason_code
+        self.reason = reason
 
 
 def no_delay(sock: Any) -> None:

@@ -85,7 +85,7 @@ from mqtt5 import (
     SubAckPacket,
 )
 
-from gateway.mqtt.v311_client import ConnectionSettings
+from gateway.mqtt.v311_client import ConnectionSettings, SubscriptionRefusedError
 
 log = structlog.get_logger(__name__)
 
@@ -154,12 +154,17 @@ class MqttTimeoutError(Mqtt5Error):
     """A subscribe or publish got no answer within its wait."""
 
 
-class MqttSubscribeError(Mqtt5Error):
+class MqttSubscribeError(Mqtt5Error, SubscriptionRefusedError):
     """The SUBACK refused the subscription (reason code 0x80 or more, or a QoS below ours)."""
 
     def __init__(self, topic: str, reason_code: int, reason: str) -> None:
-        super().__init__(f"subscribe to {topic!r} refused: {reason} ({reason_code})", reason_code)
+        # Both bases' attributes, set here: their __init__s take different arguments.
+        aiomqtt.MqttError.__init__(
+            self, f"subscribe to {topic!r} refused: {reason} ({reason_code})"
+        )
+        self.reason_code = reason_code
         self.topic = topic
+        self.reason = reason
 
 
 class MqttPublishError(Mqtt5Error):

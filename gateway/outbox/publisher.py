@@ -5,6 +5,11 @@ events of one aggregate go out in order; a publisher that dies mid-publish loses
 and another node publishes the event again (at least once — consumers are idempotent by
 event id). Publishing an alarm's creation event is its push: the same transaction that marks
 the event published moves the alarm NEW → PUSHED, conditional on it still being NEW.
+
+A failed publish is retried with a growing backoff, unless it failed because the node's broker
+session was down: then the event is due again at once, with its retry count unchanged, and
+the publisher claims nothing until the session is back, which wakes it. So events raised
+during a broker outage go out as soon as the broker returns, not at their next retry.
 """
 
 from __future__ import annotations
@@ -18,8 +23,10 @@ import structlog
 
 from gateway.alarms.delivery import deliver
 from gateway.alarms.service import EVENT_CREATED, EVENT_WOKEN
+from gateway.config import OutboxConfig
 from gateway.domain.quiet_hours import QuietHours
 from gateway.support.backoff import Backoff
+from gateway.support.broker_link import BrokerLink, SessionDown
 from gateway.support.loops import drain_on_notify
 from gateway.support.metrics import Metrics
 from gateway.support.node import Node, Publish
@@ -57,6 +64,7 @@ class OutboxPublisher:
         retry_base_s: float = 1.0,
         retry_cap_s: float = 300.0,
         quiet: QuietHours | None = None,
+        broker: BrokerLink | None = None,
     ) -> None:
         self.pool = pool
         self.dsn = dsn
@@ -70,10 +78,14 @@ class OutboxPublisher:
         self.retry_base_s = retry_base_s
         self.retry_cap_s = retry_cap_s
         self.quiet = quiet
+        self.broker = broker or BrokerLink()
+        self._wakeup = self.broker.wakeup()
         self._backlog_read_at: float | None = None
 
     @classmethod
-    def from_config(cls, node: Node, *, quiet: QuietHours | None) -> OutboxPublisher:
+    def from_config(
+        cls, node: Node, outbox: OutboxConfig, *, quiet: QuietHours | None
+    ) -> OutboxPublisher:
         return cls(
             pool=node.pool,
             dsn=node.dsn,
@@ -81,7 +93,10 @@ class OutboxPublisher:
             topics=node.topics,
             publish=node.publish,
             metrics=node.metrics,
+            retry_base_s=outbox.retry_min_s,
+            retry_cap_s=outbox.retry_max_s,
             quiet=quiet,
+            broker=node.broker,
         )
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -92,10 +107,14 @@ class OutboxPublisher:
             step=self.run_once,
             poll_s=self.poll_s,
             name="outbox-publisher",
+            wakeup=self._wakeup,
         )
 
     async def run_once(self) -> int:
-        """Claim due events and publish them; the number claimed (0: nothing due)."""
+        """Claim due events and publish them; the number claimed (0: nothing due, or the
+        broker session is down: claims now could only fail)."""
+        if not self.broker.up():
+            return 0
         # A failed claim raises: the loop retries it with backoff (see gateway.support.loops).
         async with self.pool.acquire() as conn:
             claimed = await outbox.claim_due(
@@ -109,8 +128,10 @@ class OutboxPublisher:
                 self.metrics.outbox_backlog.set(backlog)
                 self.metrics.outbox_oldest_age.set(oldest)
         if claimed:
-            sent = await asyncio.gather(*(self._publish(event) for event in claimed))
-            published = [event for event, ok in zip(claimed, sent, strict=True) if ok]
+            outcomes = await asyncio.gather(*(self._publish(event) for event in claimed))
+            paired = list(zip(claimed, outcomes, strict=True))
+            published = [event for event, outcome in paired if outcome is None]
+            await self._release([(e, exc) for e, exc in paired if isinstance(exc, SessionDown)])
             await self._mark_published(
                 [event for event in published if event.event_type not in DELIVERING_EVENTS]
             )
@@ -127,8 +148,9 @@ class OutboxPublisher:
             )
         return len(claimed)
 
-    async def _publish(self, event: ClaimedEvent) -> bool:
-        """Publish one event (True once the broker has it); a failure is scheduled for retry."""
+    async def _publish(self, event: ClaimedEvent) -> Exception | None:
+        """Publish one event: None once the broker has it; else the error (a failure other than
+        the session's being down is scheduled for retry here)."""
         topic = self.topics.event(event.aggregate_type, event.aggregate_id)
         body = msgspec.json.encode(
             {
@@ -143,10 +165,12 @@ class OutboxPublisher:
         )
         try:
             await self.publish(topic, body)
-        except Exception as exc:  # any publish failure is retried later
+        except SessionDown as exc:
+            return exc  # released with the others (see _release)
+        except Exception as exc:  # any other publish failure is retried later, backing off
             await self._failed(event, exc)
-            return False
-        return True
+            return exc
+        return None
 
     async def _mark_published(self, events: list[ClaimedEvent]) -> None:
         """Events that only inform: marked published together, in one statement."""
@@ -172,6 +196,17 @@ class OutboxPublisher:
         self.metrics.outbox_published.labels(event.event_type).inc()
         if delivered is not None:
             self.metrics.count_alarm_transition("NEW", delivered.value)
+
+    async def _release(self, failed: list[tuple[ClaimedEvent, Exception]]) -> None:
+        """Due again at once, no retry counted: the session was down (see the module)."""
+        if not failed:
+            return
+        log.info("outbox_events_released", events=len(failed), error=repr(failed[0][1]))
+        # Not recorded: the lease runs out and the events are claimed again anyway.
+        with contextlib.suppress(*DB_ERRORS):
+            await outbox.release(
+                self.pool, [event.id for event, _ in failed], self.node_id, error=repr(failed[0][1])
+            )
 
     async def _failed(self, event: ClaimedEvent, exc: BaseException) -> None:
         delay = Backoff(self.retry_base_s, self.retry_cap_s, attempt=event.retry_count).next_delay()

@@ -133,7 +133,7 @@ async def build(
     quiet = config.quiet_hours()
     dispatcher = Dispatcher.from_config(node, config.commands)
     reaper = Reaper.from_config(node, config.commands)
-    outbox = OutboxPublisher.from_config(node, quiet=quiet)
+    outbox = OutboxPublisher.from_config(node, config.outbox, quiet=quiet)
     timers = AlarmTimers.from_config(node, config.alarms, quiet=quiet)
     notify_consumer, notify_worker = _notifications(config, node, quiet)
     loops: list[Loop] = [

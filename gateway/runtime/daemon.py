@@ -40,6 +40,7 @@ from gateway.runtime.logging import set_secrets
 from gateway.runtime.sdnotify import Notifier
 from gateway.runtime.supervision import Watchdog
 from gateway.support.backoff import Backoff
+from gateway.support.broker_link import BrokerLink, SessionDown
 from gateway.support.loops import sleep_unless_stopped
 from gateway.support.metrics import Metrics
 from gateway.support.node import Node
@@ -93,6 +94,8 @@ class Daemon:
         self.components: Components | None = None
         self.auth = BearerAuth(config.api.tokens)
         self.services = Services()
+        # The dispatcher and the outbox claim only while it is up; a reconnect wakes them.
+        self.broker = BrokerLink(self._broker_up)
         self._starting: str | None = "starting"
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -158,6 +161,7 @@ class Daemon:
             topics=cfg.topics,
             metrics=self.metrics,
             publish=self._publish,
+            broker=self.broker,
         )
         self.starting = "loading the rules"
         parts = self.components = await build(
@@ -254,13 +258,28 @@ class Daemon:
     def outbox(self) -> OutboxPublisher | None:
         return None if self.components is None else self.components.outbox
 
-    async def _publish(self, topic: str, payload: bytes) -> None:
-        """QoS 1 on the daemon's broker connection; returns after the broker's PUBACK."""
+    def _broker_up(self) -> bool:
+        """The session can publish now (what :meth:`_publish` checks first)."""
         session = self.session
         client = None if session is None else session.client
-        if client is None or session is None or not session.connected or not client.is_open:
-            raise aiomqtt.MqttError("not connected to the broker")
-        await client.publish(topic, payload, qos=1)
+        return session is not None and session.connected and client is not None and client.is_open
+
+    async def _publish(self, topic: str, payload: bytes) -> None:
+        """QoS 1 on the daemon's broker connection; returns after the broker's PUBACK.
+
+        Raises :class:`SessionDown` when the session is down, or went down before the PUBACK
+        came: the callers put the message back at once rather than count it as failed.
+        """
+        session = self.session
+        client = None if session is None else session.client
+        if client is None or not self._broker_up():
+            raise SessionDown("not connected to the broker")
+        try:
+            await client.publish(topic, payload, qos=1)
+        except aiomqtt.MqttError as exc:
+            if not client.is_open:
+                raise SessionDown(f"the broker connection ended: {exc}") from exc
+            raise
 
     def reload(self, config: Config) -> None:
         """Swap what may change at run time (rules; quiet hours, escalation and tokens with
@@ -286,6 +305,8 @@ class Daemon:
         return f"node {self.node_id}: {stored} stored, {queued} queued, broker {broker}"
 
     def _on_connected(self) -> None:
+        # Every time: what waited for the broker (downlinks, outbox events) goes out now.
+        self.broker.connected()
         if not self.ready.is_set():
             # Migrated, subscribed, HTTP listening: the daemon can really ingest now.
             self.ready.set()

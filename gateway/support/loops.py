@@ -186,12 +186,14 @@ async def drain_on_notify(
     step: Callable[[], Awaitable[int]],
     poll_s: float,
     name: str,
+    wakeup: asyncio.Event | None = None,
 ) -> None:
     """Run ``step`` until it finds nothing, then wait for a NOTIFY on ``channel`` (or
     ``poll_s``, the fallback), until ``stop``. A dedicated connection LISTENs; without one
     (the database refused it, or it was lost and is not back yet) this is a plain poll. A
-    failed pass is retried after a growing delay."""
-    wakeup = asyncio.Event()
+    failed pass is retried after a growing delay. ``wakeup``, when given, is the event the
+    NOTIFY sets: whoever else sets it (the broker session, on reconnect) wakes the loop too."""
+    wakeup = asyncio.Event() if wakeup is None else wakeup
     listener = _Listener(dsn, channel, wakeup, name)
     backoff = failure_backoff(poll_s)
     try:

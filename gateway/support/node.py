@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import asyncpg
 
+from gateway.support.broker_link import BrokerLink
 from gateway.support.metrics import Metrics
 from protocol import Topics
 
@@ -17,7 +18,7 @@ Publish = Callable[[str, bytes], Awaitable[None]]
 @dataclass(frozen=True, slots=True)
 class Node:
     """One node's identity and shared resources: the pool (and the DSN for LISTEN
-    connections), the topics, the metrics, and how to publish."""
+    connections), the topics, the metrics, how to publish, and whether the broker is there."""
 
     node_id: str
     pool: asyncpg.Pool
@@ -25,3 +26,4 @@ class Node:
     topics: Topics
     metrics: Metrics
     publish: Publish
+    broker: BrokerLink = field(default_factory=BrokerLink)

@@ -184,6 +184,25 @@ WITH sent AS (
 )
 SELECT * FROM sent;
 
+-- name: release_unsent
+-- $1 id, $2 generation, $3 node, $4 actor, $5 note. A claim whose downlink was never published
+-- because this node's broker session was down (or went down before the PUBACK): back to
+-- PENDING at once, reclaim_count unchanged: no node went silent, the broker was away, and
+-- counting it would raise `command-reclaims` for every command of a maintenance window. The
+-- generation stays (the next claim increments it, as after a reclaim); the audit row says why.
+-- Guarded like mark_sent: a claim that lapsed meanwhile is the reaper's, and counted there.
+WITH released AS (
+    UPDATE command
+    SET status = 'PENDING', lease_expire_at = NULL, updated_at = now()
+    WHERE id = $1 AND claim_generation = $2 AND claimed_node_id = $3 AND status = 'CLAIMED'
+    RETURNING *
+), audit AS (
+    INSERT INTO command_audit (command_id, actor, action, from_status, to_status,
+                               claim_generation, node_id, note)
+    SELECT id, $4, 'release', 'CLAIMED', status, claim_generation, $3, $5 FROM released
+)
+SELECT id FROM released;
+
 -- name: apply_receipt
 -- The four guards ($1 id, $2 generation, $3 node, status open) plus $4 the status the effect
 -- was computed from; then $5 new status, $6 result, $7 result code, $8 raw result code,

@@ -58,6 +58,17 @@ SET status = 'PENDING', retry_count = retry_count + 1, lease_until = NULL, lease
 WHERE id = $1 AND status = 'PUBLISHING' AND lease_owner = $2
 RETURNING retry_count;
 
+-- name: release
+-- $1 ids, $2 node id, $3 error text. Publishes that failed because this node's broker session
+-- was down: back to PENDING, due at once, retry_count unchanged (the backoff is for events the
+-- broker refused, not for a broker that was away). The publisher claims nothing until the
+-- session is back, and the session wakes it then. Only the lease holder may.
+UPDATE outbox_event
+SET status = 'PENDING', lease_until = NULL, lease_owner = NULL, next_retry_at = now(),
+    last_error = $3
+WHERE id = ANY($1::bigint[]) AND status = 'PUBLISHING' AND lease_owner = $2
+RETURNING id;
+
 -- name: backlog
 -- no parameters; unpublished events and the age in seconds of the oldest one.
 SELECT count(*) AS backlog,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
+import json
 import secrets
 import shutil
 import socket
@@ -187,6 +188,84 @@ async def test_a_broker_refusing_the_credentials_is_a_configuration_error(
     line = _failed(done, EXIT_CONFIG, "[mqtt] username, [mqtt] password (or GATEWAY_MQTT_PASSWORD)")
     assert f"the broker at 127.0.0.1:{broker.port} refused the connection" in line["error"]
     assert "not-the-Passw0rd" not in done.output
+
+
+# mosquitto's ACL file grants every SUBSCRIBE (it checks reads at delivery, on the topic without
+# its $share prefix); its dynamic-security plugin checks the subscription itself, $share
+# included, and refuses it with NOT_AUTHORIZED (0x87; 0x80 to MQTT 3.1.1).
+_DYNSEC_PLUGINS: Final = (
+    "/usr/lib/x86_64-linux-gnu/mosquitto_dynamic_security.so",
+    "/usr/lib/mosquitto_dynamic_security.so",
+)
+
+
+def _no_shared_subscriptions(workdir: Path) -> Mosquitto:
+    """A mosquitto that accepts anonymous clients and every subscription but a $share one."""
+    plugin = next((p for p in _DYNSEC_PLUGINS if Path(p).exists()), None)
+    assert plugin is not None, f"mosquitto's dynamic-security plugin is not in {_DYNSEC_PLUGINS}"
+    workdir.mkdir(parents=True, exist_ok=True)
+    dynsec = workdir / "dynamic-security.json"
+    dynsec.write_text(
+        json.dumps(
+            {
+                "defaultACLAccess": {
+                    "publishClientSend": True,
+                    "publishClientReceive": True,
+                    "subscribe": True,
+                    "unsubscribe": True,
+                },
+                "clients": [],
+                "groups": [
+                    {"groupname": "anonymous", "roles": [{"rolename": "no-share"}], "clients": []}
+                ],
+                "roles": [
+                    {
+                        "rolename": "no-share",
+                        "acls": [
+                            {
+                                "acltype": "subscribePattern",
+                                "topic": "$share/#",
+                                "priority": 0,
+                                "allow": False,
+                            }
+                        ],
+                    }
+                ],
+                "anonymousGroup": "anonymous",
+            }
+        )
+    )
+    return Mosquitto(workdir, extra_config=f"plugin {plugin}\nplugin_opt_config_file {dynsec}\n")
+
+
+@pytest.mark.parametrize(("protocol", "code"), [("5", 0x87), ("3.1.1", 0x80)])
+async def test_a_shared_subscription_the_broker_refuses_is_a_configuration_error(
+    db_dsn: str, tmp_path: Path, protocol: str, code: int
+) -> None:
+    broker = _no_shared_subscriptions(tmp_path / "mosquitto")
+    broker.start()
+    try:
+        config = _write(
+            tmp_path,
+            config_toml(
+                dsn=db_dsn,
+                mqtt_port=broker.port,
+                protocol=protocol,
+                mqtt_extra='shared_group = "gateways"',
+            ),
+        )
+        done = await gateway_run(config)
+    finally:
+        broker.stop()
+    setting = "[mqtt] shared_group (empty: no shared subscription), or the broker's ACL"
+    line = _failed(done, EXIT_CONFIG, setting)
+    assert line["error"].startswith(
+        f"the broker at 127.0.0.1:{broker.port} refused the subscription "
+        "'$share/gateways/iot/devices/+/telemetry': "
+    ), line["error"]
+    assert line["error"].endswith(f"(reason code {code})"), line["error"]
+    # Not taken for an unreachable broker and retried forever.
+    assert "broker_unavailable" not in done.output
 
 
 async def test_an_http_port_taken_is_one_line_and_exit_1(

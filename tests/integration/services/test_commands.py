@@ -5,9 +5,11 @@ from __future__ import annotations
 import asyncio
 import re
 
+import aiomqtt
 import asyncpg
 import pytest
 
+from gateway.commands.dispatcher import Dispatcher
 from gateway.commands.lifecycle import (
     CommandClosedError,
     DeviceUnboundError,
@@ -19,7 +21,9 @@ from gateway.commands.lifecycle import (
     unbind,
 )
 from gateway.domain.command import Delivery, ReceiptOutcome, RejectReason
-from protocol import CommandReceipt, ReceiptResult
+from gateway.support.broker_link import BrokerLink, SessionDown
+from gateway.support.metrics import Metrics
+from protocol import CommandReceipt, ReceiptResult, Topics
 from storage import commands as repo
 from tests.support.waiting import wait_until
 
@@ -508,3 +512,48 @@ async def test_batches_of_sent_marks_and_receipts_look_their_commands_up_by_id(
         plan = await db.fetchval("EXPLAIN (FORMAT JSON) " + sql, *args)
         used = set(re.findall(r'"Index Name": "(\w+)"', plan))
         assert used == {"command_pkey"}, (name, plan)
+
+
+async def test_a_dispatcher_whose_broker_session_is_down_loses_no_claim_to_it(
+    pool: asyncpg.Pool, db_dsn: str, db: asyncpg.Connection
+) -> None:
+    """Down: nothing is claimed. Gone mid-publish (SessionDown): back to PENDING at once, no
+    reclaim counted, audited as a release. Any other failure: the claim stays to lapse, as
+    before (a reclaim). A reconnect wakes the dispatcher."""
+    up = {"now": False}
+    failure: dict[str, Exception] = {"now": SessionDown("the broker connection ended")}
+
+    async def publish(_topic: str, _payload: bytes) -> None:
+        raise failure["now"]
+
+    link = BrokerLink(lambda: up["now"])
+    dispatcher = Dispatcher(
+        pool=pool, dsn=db_dsn, node_id="n1", topics=Topics("iot"), publish=publish,
+        metrics=Metrics(), lease_s=30, sent_timeout_s=SENT_TIMEOUT_S, broker=link,
+    )  # fmt: skip
+    command_id = await _create(db)
+    assert await dispatcher.run_once() == 0  # the session is down: nothing claimed
+    assert (await _row(db, command_id))["claim_generation"] == 0
+    up["now"] = True
+    assert await dispatcher.run_once() == 1
+    await dispatcher.flush()
+    released = await _row(db, command_id)
+    assert (released["status"], released["claim_generation"], released["reclaim_count"]) == (
+        "PENDING", 1, 0,
+    )  # fmt: skip
+    assert released["lease_expire_at"] is None
+    audit = await db.fetchrow(
+        "SELECT action, from_status, to_status, claim_generation, node_id, note"
+        " FROM command_audit WHERE command_id = $1 ORDER BY id DESC LIMIT 1",
+        command_id,
+    )
+    assert tuple(audit)[:5] == ("release", "CLAIMED", "PENDING", 1, "n1")
+    assert "not a reclaim" in audit["note"]
+    failure["now"] = aiomqtt.MqttError("publish refused")
+    assert await dispatcher.run_once() == 1
+    await dispatcher.flush()
+    kept = await _row(db, command_id)
+    assert (kept["status"], kept["claim_generation"], kept["reclaim_count"]) == ("CLAIMED", 2, 0)
+    assert not dispatcher._wakeup.is_set()
+    link.connected()
+    assert dispatcher._wakeup.is_set()

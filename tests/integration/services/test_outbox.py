@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import uuid
 
+import aiomqtt
 import asyncpg
 import pytest
 
 from gateway.outbox import publisher as publisher_module
 from gateway.outbox.publisher import OutboxPublisher
+from gateway.support.broker_link import BrokerLink, SessionDown
 from gateway.support.metrics import Metrics
 from protocol import Topics
 from storage import outbox
@@ -105,3 +107,46 @@ async def test_the_backlog_gauges_are_read_once_per_interval_not_on_every_pass(
     assert await publisher.run_once() == 0
     assert backlog() == 0  # the interval passed: read
     assert len(published) == 3
+
+
+async def test_the_broker_session_being_down_costs_an_event_no_retry(
+    pool: asyncpg.Pool, db_dsn: str
+) -> None:
+    """Down: nothing is claimed. Gone mid-publish (SessionDown): due again at once, retry_count
+    unchanged. Any other failure: retried with backoff, as before. A reconnect wakes it."""
+    up = {"now": False}
+    failure: dict[str, Exception] = {"now": SessionDown("the broker connection ended")}
+
+    async def publish(_topic: str, _payload: bytes) -> None:
+        raise failure["now"]
+
+    link = BrokerLink(lambda: up["now"])
+    publisher = OutboxPublisher(
+        pool=pool, dsn=db_dsn, node_id="n1", topics=Topics("iot"), publish=publish,
+        metrics=Metrics(), retry_base_s=60, retry_cap_s=600, broker=link,
+    )  # fmt: skip
+    async with pool.acquire() as conn:
+        await _add(conn, "agg", 0)
+
+        async def event() -> asyncpg.Record:
+            row = await conn.fetchrow(
+                "SELECT status, retry_count, lease_owner, next_retry_at <= now() AS due,"
+                " last_error FROM outbox_event"
+            )
+            assert row is not None
+            return row
+
+        assert await publisher.run_once() == 0  # the session is down: nothing claimed
+        assert (await event())["lease_owner"] is None
+        up["now"] = True
+        assert await publisher.run_once() == 1  # claimed; the session went down meanwhile
+        released = await event()
+        assert tuple(released)[:4] == ("PENDING", 0, None, True)
+        assert "the broker connection ended" in released["last_error"]
+        failure["now"] = aiomqtt.MqttError("publish refused")
+        assert await publisher.run_once() == 1
+        failed = await event()
+        assert tuple(failed)[:4] == ("PENDING", 1, None, False)
+    assert not publisher._wakeup.is_set()
+    link.connected()
+    assert publisher._wakeup.is_set()

@@ -1,0 +1,43 @@
+"""Whether this node's broker session is up, for the loops that publish through it.
+
+The dispatcher and the outbox publisher claim nothing while it is down (a claim they cannot
+publish would only lapse: a command's lapsed claim counts as a reclaim, an event's failure
+grows its backoff), and the session wakes them when it is back, so that what waited for the
+broker goes out at once instead of at its next poll or retry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import aiomqtt
+
+
+class SessionDown(aiomqtt.MqttError):
+    """A publish failed because the node's broker session was down, or went down before the
+    PUBACK came: nothing about the message itself; it goes out again once the session is back.
+    (An ``MqttError`` still, for whoever catches those.)"""
+
+
+class BrokerLink:
+    """``up()``: the session can publish now. ``connected()``, called by the session each time
+    it is established (subscribed), sets every event handed out by ``wakeup()``."""
+
+    def __init__(self, up: Callable[[], bool] | None = None) -> None:
+        # None: always up (a component built without a session: tests, tools).
+        self._up = up
+        self._wakeups: list[asyncio.Event] = []
+
+    def up(self) -> bool:
+        return True if self._up is None else self._up()
+
+    def wakeup(self) -> asyncio.Event:
+        """An event set at every reconnect (its owner clears it)."""
+        event = asyncio.Event()
+        self._wakeups.append(event)
+        return event
+
+    def connected(self) -> None:
+        for event in self._wakeups:
+            event.set()

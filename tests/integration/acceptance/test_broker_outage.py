@@ -1,0 +1,243 @@
+"""A broker maintenance window: no alarm flood, and what waited goes out when it is back.
+
+Two daemons on the same devices and the same broker, as in production. The outage itself is
+real (mosquitto stopped, then started on the same port with its persistence database); what the
+tests wait for are conditions: both sessions seen down, the outage lasting as long as the old
+behaviour needed to misbehave (on the database clock), the sessions back, the rows moved on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+
+import aiomqtt
+import asyncpg
+import msgspec
+
+from gateway.commands.lifecycle import create_command
+from gateway.domain.command import Delivery
+from gateway.runtime.daemon import Daemon
+from protocol import Topics
+from sim.responder import Responder, Script
+from tests.support.daemon import make_config, running_daemon
+from tests.support.mosquitto import Mosquitto
+from tests.support.tcp_proxy import TcpProxy
+from tests.support.waiting import wait_until
+
+TOPICS = Topics("iot")
+LEASE_S = 1.0
+# Long enough for the old dispatcher to lose each claim several times over (claim, instant
+# publish failure, lease, reaper pass): more than the 5 reclaims that raise the alarm.
+OUTAGE_LEASES = 8
+DEVICES = ["dev-a", "dev-b", "dev-c"]
+COMMANDS = f"[commands]\nlease_s = {LEASE_S}\nack_window_s = 60\nreaper_interval_s = 0.2\n"
+
+
+def _down(daemon: Daemon) -> bool:
+    return daemon.session is not None and not daemon.session.connected
+
+
+def _up(daemon: Daemon) -> bool:
+    return daemon.session is not None and daemon.session.connected and daemon.ready.is_set()
+
+
+async def _both_down(mosquitto: Mosquitto, daemons: tuple[Daemon, Daemon]) -> None:
+    mosquitto.stop()
+    await wait_until(
+        lambda: all(_down(d) for d in daemons), timeout=30, message="both sessions down"
+    )
+
+
+async def _create_commands(db: asyncpg.Connection) -> list[int]:
+    ids = []
+    async with db.transaction():
+        for device in DEVICES:
+            created = await create_command(
+                db, device_id=device, name="set", params={"on": True},
+                delivery=Delivery.REALTIME, idempotency_key=None, created_by="test",
+                node_id="test", expire_after_s=3600,
+            )  # fmt: skip
+            ids.append(created.command["id"])
+    return ids
+
+
+def _outage_lasted(db: asyncpg.Connection) -> Callable[[], Awaitable[bool]]:
+    async def lasted() -> bool:
+        return bool(
+            await db.fetchval(
+                "SELECT bool_and(now() - created_at > make_interval(secs => $1)) FROM command",
+                LEASE_S * OUTAGE_LEASES,
+            )
+        )
+
+    return lasted
+
+
+def _all_acked(db: asyncpg.Connection) -> Callable[[], Awaitable[bool]]:
+    async def acked() -> bool:
+        return bool(await db.fetchval("SELECT bool_and(status = 'ACKED') FROM command"))
+
+    return acked
+
+
+async def test_a_broker_outage_counts_no_reclaims_and_delivers_after_it(
+    db_dsn: str, mosquitto: Mosquitto
+) -> None:
+    configs = [
+        make_config(dsn=db_dsn, mqtt_port=mosquitto.port, node_id=node, extra=COMMANDS)
+        for node in ("node-a", "node-b")
+    ]
+    # The devices' persistent session survives the outage: downlinks queued for them are
+    # delivered when they are back, whoever published them.
+    responder = Responder(host="127.0.0.1", port=mosquitto.port, topics=TOPICS, script=Script())
+    stop = asyncio.Event()
+    answering = asyncio.create_task(responder.run(stop))
+    db = await asyncpg.connect(db_dsn)
+    try:
+        await responder.wait_subscribed()
+        async with running_daemon(configs[0]) as one, running_daemon(configs[1]) as two:
+            await _both_down(mosquitto, (one, two))
+            ids = await _create_commands(db)
+            await wait_until(_outage_lasted(db), timeout=60, message="the outage lasted")
+            during = await db.fetch(
+                "SELECT status, claim_generation, reclaim_count FROM command ORDER BY id"
+            )
+            mosquitto.start()
+            await wait_until(
+                lambda: _up(one) and _up(two), timeout=30, message="both sessions back"
+            )
+            # The reconnect woke the dispatchers: the commands go out at once (under a second
+            # here), not at a poll or a lease.
+            await wait_until(_all_acked(db), timeout=20, message="every command ACKED")
+        rows = await db.fetch("SELECT id, claim_generation, reclaim_count FROM command ORDER BY id")
+        reclaim_alarms = await db.fetchval(
+            "SELECT count(*) FROM alarm WHERE rule_key = 'command-reclaims'"
+        )
+        reclaims = await db.fetchval("SELECT count(*) FROM command_audit WHERE action = 'reclaim'")
+    finally:
+        stop.set()
+        await answering
+        await db.close()
+    # While the broker was away nobody claimed: nothing to lose, nothing to count.
+    assert [tuple(r) for r in during] == [("PENDING", 0, 0)] * len(DEVICES), during
+    assert [r["id"] for r in rows] == ids
+    assert all(r["reclaim_count"] == 0 for r in rows), rows
+    assert reclaims == 0
+    assert reclaim_alarms == 0
+    # Claimed once, after the broker returned, and delivered on that claim.
+    assert all(r["claim_generation"] == 1 for r in rows), rows
+    assert responder.answered == len(DEVICES)
+
+
+async def test_a_node_cut_off_from_the_broker_leaves_the_commands_to_one_that_is_not(
+    db_dsn: str, mosquitto: Mosquitto
+) -> None:
+    responder = Responder(host="127.0.0.1", port=mosquitto.port, topics=TOPICS, script=Script())
+    stop = asyncio.Event()
+    answering = asyncio.create_task(responder.run(stop))
+    db = await asyncpg.connect(db_dsn)
+    try:
+        await responder.wait_subscribed()
+        async with TcpProxy("127.0.0.1", mosquitto.port) as proxy:
+            cut_off = make_config(
+                dsn=db_dsn, mqtt_port=proxy.port, node_id="node-cut", extra=COMMANDS
+            )
+            connected = make_config(
+                dsn=db_dsn, mqtt_port=mosquitto.port, node_id="node-up", extra=COMMANDS
+            )
+            async with running_daemon(cut_off) as one:
+                await proxy.cut()
+                await wait_until(lambda: _down(one), timeout=30, message="node-cut's session down")
+                await _create_commands(db)
+                # node-cut alone, for as long as it took the old dispatcher to lose its claims
+                # again and again; then a node with a session of its own comes.
+                await wait_until(_outage_lasted(db), timeout=60, message="the cut lasted")
+                during = await db.fetch(
+                    "SELECT status, claim_generation, reclaim_count FROM command ORDER BY id"
+                )
+                async with running_daemon(connected):
+                    await wait_until(_all_acked(db), timeout=20, message="every command ACKED")
+        rows = await db.fetch(
+            "SELECT claimed_node_id, claim_generation, reclaim_count FROM command ORDER BY id"
+        )
+    finally:
+        stop.set()
+        await answering
+        await db.close()
+    assert [tuple(r) for r in during] == [("PENDING", 0, 0)] * len(DEVICES), during
+    assert [tuple(r) for r in rows] == [("node-up", 1, 0)] * len(DEVICES), rows
+    assert responder.answered == len(DEVICES)
+
+
+SILENT_S = 1
+# The outbox's retry backoff, set far above the test's deadline: an event that failed during
+# the outage would wait at least RETRY_MIN_S / 2 after the broker is back.
+RETRY_MIN_S = 120
+PROMPT_S = 20.0
+
+
+async def test_an_alarm_raised_during_an_outage_is_pushed_as_soon_as_the_broker_is_back(
+    db_dsn: str, mosquitto: Mosquitto
+) -> None:
+    extra = (
+        f"[outbox]\nretry_min_s = {RETRY_MIN_S}\nretry_max_s = 600\n"
+        '[[rules]]\nkey = "silent"\nkind = "inactivity"\n'
+        f'silent_seconds = {SILENT_S}\nseverity = "WARNING"\ndevices = "dev-quiet"\n'
+    )
+    configs = [
+        make_config(dsn=db_dsn, mqtt_port=mosquitto.port, node_id=node, extra=extra)
+        for node in ("node-a", "node-b")
+    ]
+    db = await asyncpg.connect(db_dsn)
+    try:
+        async with running_daemon(configs[0]) as one, running_daemon(configs[1]) as two:
+            sample = msgspec.json.encode({"ts": int(time.time() * 1000), "metrics": {"temp": 21.5}})
+            async with aiomqtt.Client("127.0.0.1", mosquitto.port) as device:
+                await device.publish(TOPICS.telemetry("dev-quiet"), sample, qos=1)
+
+            async def seen() -> bool:
+                return (
+                    await db.fetchval("SELECT count(*) FROM device WHERE device_id = 'dev-quiet'")
+                    == 1
+                )
+
+            await wait_until(seen, timeout=30, message="the device was heard from")
+            await _both_down(mosquitto, (one, two))
+
+            # The device falls silent with the broker: its inactivity alarm is raised while
+            # the broker is away (by whichever node's monitor passes first).
+            async def raised() -> bool:
+                return bool(
+                    await db.fetchval(
+                        "SELECT count(*) FROM alarm WHERE rule_key = 'silent'"
+                        " AND now() - created_at > interval '3 seconds'"
+                    )
+                )
+
+            # Three seconds on: a publisher that claims while the broker is down (woken by the
+            # alarm's NOTIFY, at once) has failed its publish by then and scheduled the retry.
+            await wait_until(raised, timeout=60, message="the silence alarm raised")
+            status = await db.fetchval("SELECT status FROM alarm WHERE rule_key = 'silent'")
+            mosquitto.start()
+            await wait_until(lambda: _up(one) or _up(two), timeout=30, message="a session back")
+
+            async def pushed() -> bool:
+                return (
+                    await db.fetchval("SELECT status FROM alarm WHERE rule_key = 'silent'")
+                    == "PUSHED"
+                )
+
+            await wait_until(pushed, timeout=PROMPT_S, message="the alarm pushed promptly")
+            event = await db.fetchrow(
+                "SELECT status, retry_count FROM outbox_event"
+                " WHERE aggregate_type = 'alarm' AND event_type = 'alarm.created'"
+            )
+    finally:
+        await db.close()
+    assert status == "NEW"
+    assert event is not None
+    assert event["status"] == "PUBLISHED"
+    # No backoff was spent on the broker being away.
+    assert event["retry_count"] == 0
