@@ -62,6 +62,8 @@ class _Half(asyncio.Protocol):
             self.connection.proxy._accepted(self.connection)
 
     def data_received(self, data: bytes) -> None:
+        if self.connection.proxy.swallowing:
+            return  # black-holed: the connection stays open and carries nothing
         peer = self.peer
         if peer is not None and peer.transport is not None:
             peer.transport.write(data)
@@ -161,6 +163,7 @@ class TcpProxy:
         self.port: int = listen_port
         self._server: asyncio.Server | None = None
         self._connections: set[_Connection] = set()
+        self.swallowing = False
 
     @property
     def connections(self) -> int:
@@ -203,6 +206,11 @@ class TcpProxy:
         await asyncio.gather(*(connection.done for connection in connections))
         if server is not None:
             await server.wait_closed()
+
+    def black_hole(self) -> None:
+        """Keep every connection open but forward nothing, either way: a peer notices only
+        by its own timeouts (a link that died without a FIN or a reset)."""
+        self.swallowing = True
 
     async def stop(self) -> None:
         await self.cut()
