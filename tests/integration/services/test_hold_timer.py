@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 
 import asyncpg
+import msgspec
 
 from gateway.alarms.engine import AlarmEngine, BatchAlarms
 from gateway.alarms.holds import HoldTimer
@@ -205,3 +206,35 @@ async def test_for_samples_still_needs_its_samples(pool: asyncpg.Pool) -> None:
     assert len(await _timer(pool, engine, 61).run_once()) == 1
     (alarm,) = await _alarms(pool)
     assert alarm["rule_key"] == "temp-counted"
+
+
+async def test_a_row_of_another_rule_definition_is_not_fired(pool: asyncpg.Pool) -> None:
+    """A row pending under `for_seconds = 60` proves nothing about a rule changed since: a node
+    running the new definition leaves it to the next sample (which re-arms it)."""
+    await _store(_engine("node-a"), pool, _temp(await _now(pool), 95.0))
+    changed = msgspec.structs.replace(HELD, for_seconds=30)
+    assert await _timer(pool, _engine("node-b", changed), 3600).run_once() == []
+    assert await _alarms(pool) == []
+
+
+async def test_rows_the_rule_no_longer_selects_do_not_hold_up_the_rows_after_them(
+    pool: asyncpg.Pool,
+) -> None:
+    sent = await _now(pool)
+    for device in ("a-pump", "b-boiler"):
+        message = _temp(sent, 95.0)
+        async with pool.acquire() as conn, conn.transaction():
+            rows = [(device, telemetry_event_id(device, message), message)]
+            await _engine("node-a").on_stored(conn, rows)
+    # A reload narrowed the rule to the boilers (the selector is not part of its definition).
+    narrowed = _engine("node-b", msgspec.structs.replace(HELD, devices="*-boiler"))
+    async with pool.acquire() as conn:
+        now = await repo.db_now(conn) + timedelta(seconds=61)
+        async with conn.transaction():  # pages of one row: the pump's fills the first
+            first, after = await narrowed.fire_due_holds(conn, now, limit=1)
+        assert (first.created, after) == ([], ("a-pump", "temp-held"))
+        async with conn.transaction():
+            second, after = await narrowed.fire_due_holds(conn, now, after=after, limit=1)
+        assert len(second.created) == 1
+    (alarm,) = await _alarms(pool)
+    assert alarm["rule_key"] == "temp-held"
