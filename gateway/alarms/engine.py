@@ -4,7 +4,8 @@ The rule state of every (device, rule) the batch touches is read from `rule_stat
 lock, the messages are judged in order against it, the alarms written, and the rows written
 back — all in the batch's transaction. Nothing of it stays in the process between batches,
 so any node, a restarted one, or several taking turns on one device decide alike; and a
-rolled-back batch leaves nothing behind.
+rolled-back batch leaves nothing behind. The hold timer (`fire_due_holds`) fires pending
+`for_seconds` violations on the clock under the same locks and conditional writes.
 """
 
 from __future__ import annotations

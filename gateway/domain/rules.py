@@ -7,7 +7,8 @@ The state of each (device, rule) — firing or not, pending samples, the device 
 order late samples — is a `RuleState`, a row of the `rule_state` table. The ingest
 transaction of a batch reads the rows its messages touch (`state_keys`) under lock, lets
 `evaluate` judge the messages in order against them, writes the outcomes, then writes the
-rows back; no process keeps any of it between batches, so every node decides alike:
+rows back (the hold timer, `fire_held`, writes pending rows under the same locks); no process
+keeps any of it between batches, so every node decides alike:
 
     states = {key: row for key, row in locked rows of the union of state_keys(...)}
     for device_id, event_id, message in batch:  # later messages see the earlier ones' effects
@@ -1069,10 +1070,11 @@ def fire_held(
     the state to write back; None if it is not due (see `hold_due_at`).
 
     The alarm is dated, in the row's timeline, when the hold completed (`pending_since +
-    for_seconds`), which is after the newest sample judged: a sample dated after it that
-    clears, clears the alarm; an older one arriving late leaves it, as it leaves any alarm
-    raised after it. The value that violated is not kept in the row, so the trigger names the
-    run's start and its length instead."""
+    for_seconds`), which is after the newest sample judged. The next clearing sample clears
+    it as it clears any firing alarm (even one dated before the hold completed: the device
+    cleared in time, but said so too late); a late sample (older than the newest judged)
+    leaves it. The value that violated is not kept in the row, so the trigger names the run's
+    start and its length instead."""
     due = hold_due_at(rule, state, written_at)
     if due is None or due > now or not rule.selector.matches(device_id):
         return None

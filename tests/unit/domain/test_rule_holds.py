@@ -109,3 +109,20 @@ def test_after_the_timer_fired_a_violating_sample_raises_nothing_and_a_clear_cle
     assert evaluate(rules, states, "d1", "e1", still).outcomes == ()
     back = Telemetry(ts=DEVICE_T + timedelta(seconds=120), metrics={"temp": 30})
     assert len(evaluate(rules, states, "d1", "e2", back).clearings) == 1
+
+
+def test_a_clear_dated_before_the_hold_completed_but_arriving_after_it_clears_the_alarm() -> None:
+    """The device cleared in time, but its sample came after the timer had fired: the alarm
+    stands raised and cleared (a late sample, older than the newest judged, would not)."""
+    rule = _rule(for_seconds=60, clear_value=40)
+    rules = RuleSetType([rule])
+    state = _pending(count=2, last=DEVICE_T + timedelta(seconds=10))
+    judged = fire_held(rule, "d1", state, written_at=DB_NOW, now=DB_NOW + timedelta(hours=1))
+    assert judged is not None
+    states = {("d1", "hot"): judged[1]}
+    late = Telemetry(ts=DEVICE_T + timedelta(seconds=5), metrics={"temp": 30})
+    # Only an alarm raised by a sample at or before it (the hold's is dated +60 s).
+    (older,) = evaluate(rules, dict(states), "d1", "e1", late).clearings
+    assert older.raised_by_then == DEVICE_T + timedelta(seconds=5)
+    back = Telemetry(ts=DEVICE_T + timedelta(seconds=30), metrics={"temp": 30})
+    assert len(evaluate(rules, states, "d1", "e2", back).clearings) == 1
