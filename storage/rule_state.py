@@ -18,6 +18,7 @@ DROP_REMOVED = _Q["drop_removed"]
 REGISTER_RULE_SET = _Q["register_rule_set"]
 LIVE_RULE_SETS = _Q["live_rule_sets"]
 GET_STATE = _Q["get_state"]
+DUE_HOLDS = _Q["due_holds"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +78,44 @@ async def write_states(
         raise StateWriteConflictError(
             f"{len(rows) - len(written)} of {len(rows)} rule states changed since they were read"
         )
+
+
+@dataclass(frozen=True, slots=True)
+class HoldRule:
+    """What the hold timer's query needs of a threshold rule with `for_seconds`."""
+
+    rule_key: str
+    rule_version: str
+    for_seconds: float
+    for_samples: int
+
+
+async def lock_due_holds(
+    conn: asyncpg.Connection,
+    rules: Sequence[HoldRule],
+    now: datetime,
+    *,
+    after: tuple[str, str] = ("", ""),
+    limit: int,
+) -> list[tuple[RuleStateRow, datetime]]:
+    """Lock the pending rows of `rules` whose hold has passed by `now` (in (device, rule)
+    order, after `after`), skipping rows another transaction holds; each with the time it was
+    last written. Only in a transaction: the locks last until it ends."""
+    if not rules:
+        return []
+    records = await conn.fetch(
+        DUE_HOLDS,
+        [r.rule_key for r in rules],
+        [r.rule_version for r in rules],
+        [r.for_seconds for r in rules],
+        [r.for_samples for r in rules],
+        now,
+        after[0],
+        after[1],
+        limit,
+    )
+    width = len(_COLUMNS)
+    return [(RuleStateRow(*record[:width]), record[width]) for record in records]
 
 
 async def drop_removed(

@@ -4,7 +4,8 @@ The rule state of every (device, rule) the batch touches is read from `rule_stat
 lock, the messages are judged in order against it, the alarms written, and the rows written
 back — all in the batch's transaction. Nothing of it stays in the process between batches,
 so any node, a restarted one, or several taking turns on one device decide alike; and a
-rolled-back batch leaves nothing behind.
+rolled-back batch leaves nothing behind. The hold timer (`fire_due_holds`) fires pending
+`for_seconds` violations on the clock under the same locks and conditional writes.
 """
 
 from __future__ import annotations
@@ -39,7 +40,9 @@ from gateway.domain.rules import (
     RuleState,
     RuleStates,
     SlotKey,
+    ThresholdRule,
     evaluate,
+    fire_held,
     rule_version,
     state_keys,
 )
@@ -48,7 +51,7 @@ from gateway.support.metrics import Metrics
 from protocol import Telemetry
 from storage import alarms as repo
 from storage import rule_state as state_repo
-from storage.rule_state import RuleStateRow, StateWriteConflictError
+from storage.rule_state import HoldRule, RuleStateRow, StateWriteConflictError
 
 log = structlog.get_logger(__name__)
 
@@ -58,6 +61,8 @@ log = structlog.get_logger(__name__)
 # database for that long). Six heartbeats: a slow pass or two never make a node look gone.
 HEARTBEAT_S = 10.0
 NODE_LIVE_S = 60.0
+# Pending rows the hold timer locks and judges per transaction.
+HOLD_PAGE = 200
 
 
 @dataclass(slots=True)
@@ -201,6 +206,61 @@ class AlarmEngine:
         await self._fire(conn, run, now, batch)
         await self._write_states(conn, loaded, batch)
         return batch
+
+    async def fire_due_holds(
+        self,
+        conn: asyncpg.Connection,
+        now: datetime,
+        *,
+        after: SlotKey = ("", ""),
+        limit: int = HOLD_PAGE,
+    ) -> tuple[BatchAlarms, SlotKey | None]:
+        """One page of the hold timer (gateway.alarms.holds), on ``conn`` in the caller's
+        transaction: fire the pending threshold violations whose `for_seconds` has passed by
+        ``now`` (database time) with no further sample, and write their rows back.
+
+        The rows are locked as an ingest batch locks them, skipping the ones another
+        transaction holds (an ingest batch, another node's timer), and each is judged again as
+        read under the lock (`fire_held`); the alarm goes through `create_alarms` and the row
+        is written back conditional on its version, in the caller's transaction. So a row fires
+        once, whichever nodes run the timer, and a sample committed after it finds it firing.
+        Returns what the page did and the key to page after (None: no more rows).
+        """
+        rules = self.rules  # one rule set per page, even if a reload swaps it meanwhile
+        batch = BatchAlarms()
+        holds = {
+            rule.key: rule
+            for rule in rules
+            if isinstance(rule, ThresholdRule) and rule.for_seconds > 0
+        }
+        if not holds:
+            return batch, None
+        asked = [
+            HoldRule(key, rule_version(rule), rule.for_seconds, rule.for_samples)
+            for key, rule in holds.items()
+        ]
+        rows = await state_repo.lock_due_holds(conn, asked, now, after=after, limit=limit)
+        run: list[Firing] = []
+        changed: list[RuleStateRow] = []
+        for row, written_at in rows:
+            judged = fire_held(
+                holds[row.rule_key], row.device_id, _state_of(row), written_at=written_at, now=now
+            )
+            if judged is None:
+                continue  # the rule no longer applies to the device (its selector changed)
+            firing, state = judged
+            run.append(firing)
+            changed.append(_row_of(row, state, row.rule_version))
+        await self._fire(conn, run, now, batch)
+        try:
+            await state_repo.write_states(conn, changed, self.node_id)
+        except StateWriteConflictError as exc:  # cannot happen under the lock; never trust it
+            raise ConcurrentWriteError(str(exc)) from exc
+        batch.states_written += len(changed)
+        if len(rows) < limit:
+            return batch, None
+        last = rows[-1][0]
+        return batch, (last.device_id, last.rule_key)
 
     def committed(self, batch: BatchAlarms) -> None:
         m = self.metrics

@@ -7,7 +7,8 @@ The state of each (device, rule) — firing or not, pending samples, the device 
 order late samples — is a `RuleState`, a row of the `rule_state` table. The ingest
 transaction of a batch reads the rows its messages touch (`state_keys`) under lock, lets
 `evaluate` judge the messages in order against them, writes the outcomes, then writes the
-rows back; no process keeps any of it between batches, so every node decides alike:
+rows back (the hold timer, `fire_held`, writes pending rows under the same locks); no process
+keeps any of it between batches, so every node decides alike:
 
     states = {key: row for key, row in locked rows of the union of state_keys(...)}
     for device_id, event_id, message in batch:  # later messages see the earlier ones' effects
@@ -1016,6 +1017,91 @@ def inactivity_firing(
     return rule.selector.matches(device_id) and now - last_seen >= timedelta(
         seconds=rule.silent_seconds
     )
+
+
+# --- holds on the clock ------------------------------------------------------------------
+#
+# A threshold rule with `for_seconds` fires when a sample shows the violation has held long
+# enough; a device that reports by exception sends no such sample, so the hold timer
+# (gateway.alarms.holds) also judges pending rows on the database clock. The hold is measured
+# on the row's own timeline: device time up to the newest sample judged (`last_ts`, the same
+# time `_count_violation` compares), then database time since that sample's batch wrote the
+# row (`written_at`, the row's `updated_at`). Neither clock alone will do: `pending_since` is a
+# device time, possibly hours behind the database's (a clock behind, a store-and-forward
+# upload) — compared with the database's `now` it would fire at once — and the database's
+# time since the first violation knows nothing of the samples between.
+
+
+def hold_due_at(rule: ThresholdRule, state: RuleState, written_at: datetime) -> datetime | None:
+    """The database time at which the pending violation of `state` has held `for_seconds`
+    with no further sample, or None if the timer has nothing to judge: no hold, not pending,
+    firing, or fewer than `for_samples` samples (those still have to arrive).
+
+    `written_at` is when the row was last written; a write later than the newest sample's
+    batch (a late sample counted) only makes the hold end later, never earlier."""
+    since, last = state.pending_since, state.last_ts
+    if (
+        rule.for_seconds <= 0
+        or state.firing
+        or since is None
+        or last is None
+        or state.pending_count < rule.for_samples
+    ):
+        return None
+    return written_at + (since + timedelta(seconds=rule.for_seconds) - last)
+
+
+def hold_event_id(rule_key: str, device_id: str, pending_since: datetime) -> str:
+    """The stand-in telemetry event id of an alarm the hold timer raises: derived from the
+    stored run of violations, so every node computes the same dedup key for the same hold."""
+    source = f"hold\n{rule_key}\n{device_id}\n{pending_since.isoformat()}".encode()
+    return hashlib.sha256(source).hexdigest()
+
+
+def fire_held(
+    rule: ThresholdRule,
+    device_id: str,
+    state: RuleState,
+    *,
+    written_at: datetime,
+    now: datetime,
+) -> tuple[Firing, RuleState] | None:
+    """The firing of a pending violation whose hold has passed by `now` (database time), and
+    the state to write back; None if it is not due (see `hold_due_at`).
+
+    The alarm is dated, in the row's timeline, when the hold completed (`pending_since +
+    for_seconds`), which is after the newest sample judged. The next clearing sample clears
+    it as it clears any firing alarm (even one dated before the hold completed: the device
+    cleared in time, but said so too late); a late sample (older than the newest judged)
+    leaves it. The value that violated is not kept in the row, so the trigger names the run's
+    start and its length instead."""
+    due = hold_due_at(rule, state, written_at)
+    if due is None or due > now or not rule.selector.matches(device_id):
+        return None
+    since = state.pending_since
+    assert since is not None  # hold_due_at checked it
+    held = timedelta(seconds=rule.for_seconds)
+    fired_ts = since + held
+    event_id = hold_event_id(rule.key, device_id, since)
+    reason = f"{rule.metric} {rule.op} {_show(rule.value)}"
+    if state.pending_count > 1:
+        reason += f" for {state.pending_count} samples"
+    reason += f" held {held.total_seconds():g}s with no sample since (hold timer)"
+    trigger = trigger_of(rule, fired_ts)
+    trigger["pending_since"] = since.isoformat()
+    trigger["pending_samples"] = state.pending_count
+    firing = Firing(
+        rule.key,
+        rule.severity,
+        device_id,
+        event_id,
+        reason,
+        fired_ts,
+        trigger=trigger,
+        rule_description=rule.description,
+    )
+    fired = replace(state.rearmed(), firing=True, fired_ts=fired_ts, fired_event_id=event_id)
+    return firing, fired
 
 
 def _event_reason(event_type: str, occurrences: int) -> str:

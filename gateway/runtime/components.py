@@ -19,6 +19,7 @@ import structlog
 from gateway.ai.llm import OpenAiCompatibleLlm
 from gateway.ai.worker import SummaryWorker
 from gateway.alarms.engine import AlarmEngine
+from gateway.alarms.holds import HoldTimer
 from gateway.alarms.inactivity import InactivityMonitor
 from gateway.alarms.rule_watch import RuleWatch
 from gateway.alarms.service import AlarmService
@@ -152,6 +153,9 @@ async def build(
         loops.append(("ai-summaries", summaries.run))
     inactivity = InactivityMonitor(pool=node.pool, engine=engine)
     loops.append(("inactivity-monitor", inactivity.run))
+    # Reads the engine's rules on every pass: a reload needs nothing of its own here.
+    holds = HoldTimer(pool=node.pool, engine=engine, interval_s=config.alarms.timer_interval_s)
+    loops.append(("hold-timer", holds.run))
     watch = RuleWatch(
         pool=node.pool, rules=lambda: engine.rules, after_s=config.alarms.rule_check_after_s
     )

@@ -78,3 +78,29 @@ ORDER BY node_id;
 -- name: get_state
 -- $1 device id, $2 rule key; one row as it is (for tests and the operator).
 SELECT * FROM rule_state WHERE device_id = $1 AND rule_key = $2;
+
+-- name: due_holds
+-- $1 rule keys, $2 rule versions, $3 for_seconds, $4 for_samples (arrays, pairwise: this
+-- node's threshold rules with a hold), $5 now (database time), $6 device id and $7 rule key
+-- to page after, $8 how many; the pending rows whose hold has passed by $5 with no further
+-- sample: on the row's timeline, device time to the newest sample (pending_since to last_ts),
+-- then database time since that sample's batch wrote the row (updated_at). Columns in
+-- `RuleStateRow` order, then updated_at. Locked until the transaction ends; a row an ingest
+-- batch (or another node's timer) holds is skipped, not waited for: the next pass sees it as
+-- that transaction left it. A row written meanwhile is judged again as committed (FOR UPDATE
+-- re-checks the conditions on the newest version). Reads rule_state_pending_idx only.
+SELECT s.device_id, s.rule_key, s.version, s.rule_version, s.firing, s.pending_count,
+       s.pending_since, s.last_ts, s.last_seq, s.fired_ts, s.fired_event_id, s.released_ts,
+       s.clear_ts, s.clear_event_id, s.violating_ts, s.updated_at
+FROM rule_state s
+JOIN unnest($1::text[], $2::text[], $3::float8[], $4::integer[]) AS u(r, v, secs, n)
+    ON s.rule_key = u.r
+WHERE s.pending_count > 0
+  AND NOT s.firing
+  AND s.rule_version = u.v
+  AND s.pending_count >= u.n
+  AND s.updated_at + (s.pending_since - s.last_ts) + make_interval(secs => u.secs) <= $5
+  AND (s.device_id, s.rule_key) > ($6::text, $7::text)
+ORDER BY s.device_id, s.rule_key
+LIMIT $8
+FOR UPDATE OF s SKIP LOCKED;

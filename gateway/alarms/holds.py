@@ -1,0 +1,64 @@
+"""The hold timer: threshold rules with `for_seconds`, judged on a clock.
+
+A device that reports by exception sends its violating value once and then nothing while the
+value holds; judged only when a sample arrives, its `for_seconds` would never pass. Every
+pass, on every node, locks the pending rule-state rows whose hold has passed with no further
+sample and fires them (`AlarmEngine.fire_due_holds`), a page per transaction. The decision
+lives in the rows, taken under the same locks and conditional writes as an ingest batch, so
+two nodes never fire a hold twice and a sample committed meanwhile is never raced: whichever
+commits first, the other sees its effect (docs/rules-and-alarms.md, "Holds on the clock").
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import asyncpg
+import structlog
+
+from gateway.alarms.engine import AlarmEngine
+from gateway.alarms.service import ConcurrentWriteError
+from gateway.alarms.timers import Clock, database_clock
+from gateway.domain.rules import SlotKey
+from gateway.support.loops import every
+
+log = structlog.get_logger(__name__)
+
+
+class HoldTimer:
+    def __init__(
+        self,
+        *,
+        pool: asyncpg.Pool,
+        engine: AlarmEngine,
+        interval_s: float = 5.0,
+        clock: Clock = database_clock,
+    ) -> None:
+        self.pool = pool
+        self.engine = engine
+        # How late a hold may fire, at most, past its due time (plus a slow pass).
+        self.interval_s = interval_s
+        self.clock = clock
+
+    async def run(self, stop: asyncio.Event) -> None:
+        await every(self.interval_s, stop, self.run_once, name="hold-timer")
+
+    async def run_once(self) -> list[int]:
+        """Fire every hold due now; the ids of the alarms this call raised."""
+        raised: list[int] = []
+        after: SlotKey | None = ("", "")
+        while after is not None:
+            try:
+                async with self.pool.acquire() as conn, conn.transaction():
+                    now = await self.clock(conn)
+                    batch, after = await self.engine.fire_due_holds(conn, now, after=after)
+            except ConcurrentWriteError as exc:
+                # Another transaction wrote an alarm of these rows first: nothing of the page
+                # was written; the next pass judges the rows as that one left them.
+                log.warning("hold_timer_conflict", error=str(exc))
+                break
+            self.engine.committed(batch)
+            for rule_key, alarm_id in batch.created:
+                log.info("alarm_hold_fired", alarm_id=alarm_id, rule_key=rule_key)
+                raised.append(alarm_id)
+        return raised

@@ -1,0 +1,240 @@
+"""`for_seconds` on a clock: the hold timer fires a pending violation once its hold has passed
+with no further sample (a device that reports by exception), on two nodes sharing one
+database. Each timer pass is run once with an injected clock (the database's, shifted): no
+sleeps; interleavings are forced by holding one transaction open while the other node acts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
+
+import asyncpg
+import msgspec
+
+from gateway.alarms.engine import AlarmEngine, BatchAlarms
+from gateway.alarms.holds import HoldTimer
+from gateway.domain.rules import RuleConfig, compile_rules, hold_event_id
+from gateway.support.metrics import Metrics
+from protocol import Telemetry, telemetry_event_id
+from storage import alarms as repo
+from tests.support.held_batch import lock_waiters
+from tests.support.waiting import wait_until
+
+DEVICE = "boiler-1"
+HELD = RuleConfig(
+    key="temp-held", kind="threshold", metric="temp", op=">", value=80, clear_value=75,
+    for_seconds=60, severity="MAJOR",
+)  # fmt: skip
+COUNTED = RuleConfig(
+    key="temp-counted", kind="threshold", metric="temp", op=">", value=80, for_samples=3,
+    for_seconds=60, severity="MAJOR",
+)  # fmt: skip
+
+
+def _engine(node_id: str, *configs: RuleConfig) -> AlarmEngine:
+    return AlarmEngine(rules=compile_rules(list(configs or (HELD,))), node_id=node_id,
+                       metrics=Metrics())  # fmt: skip
+
+
+def _shifted(delta: timedelta) -> Callable[[asyncpg.Connection], Awaitable[datetime]]:
+    async def clock(conn: asyncpg.Connection) -> datetime:
+        return await repo.db_now(conn) + delta
+
+    return clock
+
+
+def _timer(pool: asyncpg.Pool, engine: AlarmEngine, after_s: float) -> HoldTimer:
+    """A timer whose pass runs `after_s` seconds of database time from now."""
+    return HoldTimer(pool=pool, engine=engine, clock=_shifted(timedelta(seconds=after_s)))
+
+
+def _temp(ts: datetime, value: float) -> Telemetry:
+    return Telemetry(ts=ts, metrics={"temp": value})
+
+
+async def _store(engine: AlarmEngine, pool: asyncpg.Pool, message: Telemetry) -> BatchAlarms:
+    """One ingest transaction with one message, committed."""
+    row = (DEVICE, telemetry_event_id(DEVICE, message), message)
+    async with pool.acquire() as conn, conn.transaction():
+        batch = await engine.on_stored(conn, [row])
+    engine.committed(batch)
+    return batch
+
+
+async def _alarms(pool: asyncpg.Pool) -> list[asyncpg.Record]:
+    async with pool.acquire() as conn:
+        return await conn.fetch(
+            "SELECT id, rule_key, telemetry_event_id, cleared_at, trigger::text AS trigger "
+            "FROM alarm ORDER BY id"
+        )
+
+
+async def _now(pool: asyncpg.Pool) -> datetime:
+    async with pool.acquire() as conn:
+        return (await repo.db_now(conn)).astimezone(UTC)
+
+
+async def test_one_violating_sample_and_silence_fires_once_the_hold_has_passed(
+    pool: asyncpg.Pool,
+) -> None:
+    engine = _engine("node-a")
+    # Device time an hour behind the database's: the hold runs from the sample's receipt
+    # on, not from its (old) device time, which would make it due at once.
+    sent = await _now(pool) - timedelta(hours=1)
+    assert (await _store(engine, pool, _temp(sent, 95.0))).created == []
+
+    assert await _timer(pool, engine, 30).run_once() == []  # held 30 s of 60
+    assert await _alarms(pool) == []
+    (alarm_id,) = await _timer(pool, engine, 61).run_once()
+
+    (alarm,) = await _alarms(pool)
+    assert alarm["id"] == alarm_id
+    assert alarm["rule_key"] == "temp-held"
+    assert alarm["telemetry_event_id"] == hold_event_id("temp-held", DEVICE, sent)
+    assert alarm["cleared_at"] is None
+    assert '"pending_since"' in alarm["trigger"]
+    async with pool.acquire() as conn:
+        state = await conn.fetchrow(
+            "SELECT firing, pending_count, pending_since, fired_ts, node_id FROM rule_state"
+        )
+    assert state is not None
+    assert (state["firing"], state["pending_count"], state["pending_since"]) == (True, 0, None)
+    assert state["fired_ts"] == sent + timedelta(seconds=60)
+    assert state["node_id"] == "node-a"
+    # Nothing left to do: later passes fire nothing more.
+    assert await _timer(pool, engine, 600).run_once() == []
+
+
+async def test_two_nodes_running_the_timer_at_once_fire_it_exactly_once(
+    pool: asyncpg.Pool,
+) -> None:
+    node_a, node_b = _engine("node-a"), _engine("node-b")
+    await _store(node_a, pool, _temp(await _now(pool), 95.0))
+    timer_b = _timer(pool, node_b, 61)
+    async with pool.acquire() as conn:
+        async with conn.transaction():
+            now = await repo.db_now(conn) + timedelta(seconds=61)
+            batch, _ = await node_a.fire_due_holds(conn, now)
+            assert len(batch.created) == 1
+            # Node A holds the row until it commits: node B skips it, and waits for nothing.
+            assert await timer_b.run_once() == []
+        # Committed: the row is firing, and node B finds nothing due.
+        assert await timer_b.run_once() == []
+    assert len(await _alarms(pool)) == 1
+
+
+async def test_two_nodes_passing_together_fire_it_exactly_once(pool: asyncpg.Pool) -> None:
+    node_a, node_b = _engine("node-a"), _engine("node-b")
+    await _store(node_a, pool, _temp(await _now(pool), 95.0))
+    raised = await asyncio.gather(
+        _timer(pool, node_a, 61).run_once(), _timer(pool, node_b, 61).run_once()
+    )
+    assert sorted(len(ids) for ids in raised) == [0, 1]
+    assert len(await _alarms(pool)) == 1
+
+
+async def test_a_clearing_sample_before_the_hold_passes_raises_nothing(
+    pool: asyncpg.Pool,
+) -> None:
+    node_a, node_b = _engine("node-a"), _engine("node-b")
+    sent = await _now(pool)
+    await _store(node_a, pool, _temp(sent, 95.0))
+    clearing = _temp(sent + timedelta(seconds=20), 70.0)
+    row = (DEVICE, telemetry_event_id(DEVICE, clearing), clearing)
+    async with pool.acquire() as conn:
+        async with conn.transaction():
+            await node_a.on_stored(conn, [row])
+            # The clearing batch holds the row: node B's timer does not fire it meanwhile.
+            assert await _timer(pool, node_b, 61).run_once() == []
+        assert await _timer(pool, node_b, 3600).run_once() == []
+    assert await _alarms(pool) == []
+
+
+async def test_a_sample_after_the_timer_fired_raises_no_second_alarm(
+    pool: asyncpg.Pool,
+) -> None:
+    node_a, node_b = _engine("node-a"), _engine("node-b")
+    sent = await _now(pool)
+    await _store(node_a, pool, _temp(sent, 95.0))
+    assert len(await _timer(pool, node_a, 61).run_once()) == 1
+    # The device finally reports again, still violating, on the other node.
+    again = await _store(node_b, pool, _temp(sent + timedelta(seconds=90), 96.0))
+    assert again.created == []
+    assert await _timer(pool, node_b, 600).run_once() == []
+    (alarm,) = await _alarms(pool)
+    assert alarm["cleared_at"] is None
+    # Then it clears: the alarm the timer raised clears as any other.
+    cleared = await _store(node_a, pool, _temp(sent + timedelta(seconds=120), 70.0))
+    assert cleared.cleared == 1
+
+
+async def test_a_sample_committed_while_the_timer_holds_the_row_finds_it_firing(
+    pool: asyncpg.Pool, db_dsn: str
+) -> None:
+    node_a, node_b = _engine("node-a"), _engine("node-b")
+    sent = await _now(pool)
+    await _store(node_a, pool, _temp(sent, 95.0))
+    later = _temp(sent + timedelta(seconds=90), 96.0)
+    row = (DEVICE, telemetry_event_id(DEVICE, later), later)
+    async with pool.acquire() as timer_conn, pool.acquire() as ingest_conn:
+        tx = timer_conn.transaction()
+        await tx.start()
+        now = await repo.db_now(timer_conn) + timedelta(seconds=61)
+        batch, _ = await node_a.fire_due_holds(timer_conn, now)
+        assert len(batch.created) == 1
+        # Node B's batch waits for the timer's lock on the row (the ingest never skips one).
+        async with ingest_conn.transaction():
+            ingest = asyncio.create_task(node_b.on_stored(ingest_conn, [row]))
+            await wait_until(lambda: lock_waiters(db_dsn), message="ingest blocked on the row")
+            assert not ingest.done()
+            await tx.commit()
+            batch_b = await ingest
+        assert batch_b.created == []
+    assert len(await _alarms(pool)) == 1
+
+
+async def test_for_samples_still_needs_its_samples(pool: asyncpg.Pool) -> None:
+    engine = _engine("node-a", COUNTED)
+    sent = await _now(pool)
+    await _store(engine, pool, _temp(sent, 95.0))
+    assert await _timer(pool, engine, 3600).run_once() == []  # one sample of three
+    await _store(engine, pool, _temp(sent + timedelta(seconds=1), 95.0))
+    await _store(engine, pool, _temp(sent + timedelta(seconds=2), 95.0))
+    assert await _timer(pool, engine, 30).run_once() == []  # three samples, held 32 s of 60
+    assert len(await _timer(pool, engine, 61).run_once()) == 1
+    (alarm,) = await _alarms(pool)
+    assert alarm["rule_key"] == "temp-counted"
+
+
+async def test_a_row_of_another_rule_definition_is_not_fired(pool: asyncpg.Pool) -> None:
+    """A row pending under `for_seconds = 60` proves nothing about a rule changed since: a node
+    running the new definition leaves it to the next sample (which re-arms it)."""
+    await _store(_engine("node-a"), pool, _temp(await _now(pool), 95.0))
+    changed = msgspec.structs.replace(HELD, for_seconds=30)
+    assert await _timer(pool, _engine("node-b", changed), 3600).run_once() == []
+    assert await _alarms(pool) == []
+
+
+async def test_rows_the_rule_no_longer_selects_do_not_hold_up_the_rows_after_them(
+    pool: asyncpg.Pool,
+) -> None:
+    sent = await _now(pool)
+    for device in ("a-pump", "b-boiler"):
+        message = _temp(sent, 95.0)
+        async with pool.acquire() as conn, conn.transaction():
+            rows = [(device, telemetry_event_id(device, message), message)]
+            await _engine("node-a").on_stored(conn, rows)
+    # A reload narrowed the rule to the boilers (the selector is not part of its definition).
+    narrowed = _engine("node-b", msgspec.structs.replace(HELD, devices="*-boiler"))
+    async with pool.acquire() as conn:
+        now = await repo.db_now(conn) + timedelta(seconds=61)
+        async with conn.transaction():  # pages of one row: the pump's fills the first
+            first, after = await narrowed.fire_due_holds(conn, now, limit=1)
+        assert (first.created, after) == ([], ("a-pump", "temp-held"))
+        async with conn.transaction():
+            second, after = await narrowed.fire_due_holds(conn, now, after=after, limit=1)
+        assert len(second.created) == 1
+    (alarm,) = await _alarms(pool)
+    assert alarm["rule_key"] == "temp-held"
