@@ -2,7 +2,8 @@
 
 A stand-in for what no ``except`` can catch — a crash in a C extension, memory exhausted, a
 hang the service manager's watchdog ends — wired to a message the test chooses. Everything
-else is the real daemon. Run as ``python -m tests.support.dying_gateway run --config FILE``.
+else is the real daemon. Run as ``python -m tests.support.dying_gateway run --config FILE``;
+importing this module (for its constants) changes nothing.
 """
 
 from __future__ import annotations
@@ -10,23 +11,26 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from gateway.alarms import engine
-from gateway.runtime.entry import main
-
 DEADLY_EVENT = "DIE_NOW"
 DEATH_CODE = 86
 
-_evaluate = engine.evaluate
 
+def _install() -> None:
+    from gateway.alarms import engine
 
-def _deadly(*args: Any) -> Any:
-    message = args[-1]
-    if DEADLY_EVENT in message.event_types():
-        os._exit(DEATH_CODE)
-    return _evaluate(*args)
+    evaluate = engine.evaluate
 
+    def deadly(*args: Any, **kwargs: Any) -> Any:
+        message = args[4]
+        if DEADLY_EVENT in message.event_types():
+            os._exit(DEATH_CODE)
+        return evaluate(*args, **kwargs)
 
-engine.evaluate = _deadly  # type: ignore[assignment]  # the one change: a deadly message
+    engine.evaluate = deadly  # type: ignore[assignment]  # the one change: a deadly message
+
 
 if __name__ == "__main__":
+    from gateway.runtime.entry import main
+
+    _install()
     raise SystemExit(main())
