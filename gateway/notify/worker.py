@@ -37,6 +37,7 @@ from gateway.support.loops import (
     sleep_unless_stopped,
     wait_event_or_stop,
 )
+from gateway.support.metrics import Metrics
 from storage import alarms as alarm_repo
 from storage import notify as repo
 from storage.errors import DB_ERRORS
@@ -59,8 +60,11 @@ class DeliveryWorker:
         settings: NotifyConfig,
         rules: Notify,
         dsn: str = "",
+        alarm_metrics: Metrics | None = None,
     ) -> None:
         self.pool = pool
+        # The node's metrics: an alarm this worker pushes counts in gateway_alarm_transitions.
+        self.alarm_metrics = alarm_metrics
         self.dsn = dsn
         self.node_id = node_id
         self.metrics = metrics
@@ -219,6 +223,8 @@ class DeliveryWorker:
             outcome = "SENT" if held else "LEASE_LOST"
             if pushed:
                 log.info("alarm_reached", alarm_id=delivery.alarm_id, receiver=name)
+                if self.alarm_metrics is not None:
+                    self.alarm_metrics.count_alarm_transition("NEW", "PUSHED")
             if held:
                 age = datetime.now(UTC) - delivery.event_created_at
                 self.metrics.latency.labels(name).observe(max(0.0, age.total_seconds()))

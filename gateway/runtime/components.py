@@ -195,6 +195,7 @@ def _notifications(
         settings=config.notify,
         rules=rules,
         dsn=node.dsn,
+        alarm_metrics=node.metrics,
     )
     consumer = NotifyConsumer(
         pool=node.pool,

@@ -152,11 +152,18 @@ async def test_a_webhook_answering_2xx_pushes_the_alarm_without_any_mqtt_subscri
 ) -> None:
     async with (
         webhook_server(hook=always(204)) as server,
-        _two_nodes(db_dsn, mosquitto, _notify(server) + ALARMS.format(after=0)),
+        _two_nodes(db_dsn, mosquitto, _notify(server) + ALARMS.format(after=0)) as nodes,
     ):
         await _door_opens(mosquitto.port)
         await wait_until(lambda: _status_is(db_dsn, "PUSHED"), message="the alarm pushed")
         assert len(server.on("/hook")) == 1
+        transitions = {"from_status": "NEW", "to_status": "PUSHED"}
+        await wait_until(
+            lambda: (
+                sum(metric(n, "gateway_alarm_transitions_total", transitions) for n in nodes) == 1
+            ),
+            message="the push counted by the node that made it",
+        )
     pushes = [r for r in await _audit(db_dsn) if r["action"] == "push"]
     assert len(pushes) == 1
     assert pushes[0]["actor"] == "system:notify"
