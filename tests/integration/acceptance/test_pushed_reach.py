@@ -17,7 +17,7 @@ from gateway.runtime.daemon import Daemon
 from protocol import Topics
 from tests.support.daemon import make_config, metric, running_daemon
 from tests.support.mosquitto import Mosquitto
-from tests.support.receivers import WebhookServer, always, webhook_server
+from tests.support.receivers import WebhookServer, always, smtp_server, webhook_server
 from tests.support.waiting import wait_until
 
 TOPICS = Topics("iot")
@@ -168,6 +168,36 @@ async def test_a_webhook_answering_2xx_pushes_the_alarm_without_any_mqtt_subscri
     assert len(pushes) == 1
     assert pushes[0]["actor"] == "system:notify"
     assert pushes[0]["note"].startswith("reached via webhook receiver hook (delivery ")
+
+
+async def test_a_mail_the_smtp_server_accepted_pushes_the_alarm(
+    db_dsn: str, mosquitto: Mosquitto
+) -> None:
+    mail = f"""
+[notify]
+poll_s = 0.1
+
+[[notify.receivers]]
+name = "ops-mail"
+kind = "email"
+host = "127.0.0.1"
+port = {{port}}
+from = "gateway@example.com"
+to = ["ops@example.com"]
+
+[[notify.routes]]
+events = ["alarm.created"]
+receivers = ["ops-mail"]
+{ALARMS.format(after=0)}"""
+    with smtp_server() as smtp:
+        async with _two_nodes(db_dsn, mosquitto, mail.format(port=smtp.port)):
+            await _door_opens(mosquitto.port)
+            await wait_until(lambda: _status_is(db_dsn, "PUSHED"), message="the alarm pushed")
+        assert len(smtp.handler.mails) == 1
+    pushes = [r for r in await _audit(db_dsn) if r["action"] == "push"]
+    assert [(r["actor"], r["note"].split(" (")[0]) for r in pushes] == [
+        ("system:notify", "reached via email receiver ops-mail")
+    ]
 
 
 async def test_a_webhook_failing_until_failed_leaves_the_alarm_new_and_shows_on_it(
