@@ -40,6 +40,7 @@ CLEAR_MANY = _Q["clear_many"]
 SILENT_DEVICES = _Q["silent_devices"]
 DELAYED = _Q["delayed"]
 ESCALATION_DUE = _Q["escalation_due"]
+MARK_UNREACHED = _Q["mark_unreached"]
 REMINDER_DUE = _Q["reminder_due"]
 MARK_REMINDED = _Q["mark_reminded"]
 
@@ -340,3 +341,10 @@ async def mark_reminded(
     now: datetime,
 ) -> asyncpg.Record | None:
     return await conn.fetchrow(MARK_REMINDED, alarm_id, expected, previous, now)
+
+
+async def mark_unreached(
+    conn: asyncpg.Connection, fired_before: datetime, now: datetime, limit: int
+) -> list[asyncpg.Record]:
+    """NEW alarms fired at or before ``fired_before`` not yet found unreached: marked now, once."""
+    return list(await conn.fetch(MARK_UNREACHED, fired_before, now, limit))

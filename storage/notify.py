@@ -83,6 +83,7 @@ class ClaimedDelivery:
     severity: str | None
     rule_key: str | None
     device_id: str | None
+    alarm_id: int | None
     event_created_at: datetime
     created_at: datetime
 

@@ -1,4 +1,4 @@
-"""Time-driven alarm transitions: quiet hours, escalation, reminders.
+"""Time-driven alarm transitions: quiet hours, escalation, reminders; and unreached alarms.
 
 Every decision is derived from stored times and made by a conditional write, so the timers
 run on every node, survive restarts, and never act twice: two nodes that decide the same
@@ -8,6 +8,12 @@ Quiet hours are looked at on every pass, configured or not: a reload that remove
 window wakes the alarms it held (none left means nothing holds them). Inside a window no
 reminder is made: the reminder due is made once, on the first pass after the window, instead
 of one per interval that passed inside it.
+
+An alarm still NEW ``unreached_after_s`` after it fired reached nobody (docs/behaviour.md §5).
+The lifecycle has no step out of NEW for that (escalation starts from CONFIRMED, and the nine
+states stay as they are), so it is marked once (``unreached_at``, a conditional write), logged
+as ``alarm_unreached``, counted and audited; its status stays NEW, and its reminders, if
+configured, go on.
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ from storage import outbox
 log = structlog.get_logger(__name__)
 
 ESCALATION_ACTOR = "system:escalation"
+UNREACHED_ACTOR = "system:unreached"
 BATCH = 200
 
 Clock = Callable[[asyncpg.Connection], Awaitable[datetime]]
@@ -57,6 +64,7 @@ class TimerReport:
     woken: list[int] = field(default_factory=list)
     escalated: list[int] = field(default_factory=list)
     reminded: list[int] = field(default_factory=list)
+    unreached: list[int] = field(default_factory=list)
 
 
 class AlarmTimers:
@@ -68,6 +76,7 @@ class AlarmTimers:
         quiet: QuietHours | None,
         escalate_after_s: float,
         repeat_interval_s: float,
+        unreached_after_s: float = 0.0,
         interval_s: float = 5.0,
         clock: Clock = database_clock,
         metrics: Metrics | None = None,
@@ -77,6 +86,7 @@ class AlarmTimers:
         self.quiet = quiet
         self.escalate_after_s = escalate_after_s
         self.repeat_interval_s = repeat_interval_s
+        self.unreached_after_s = unreached_after_s
         self.interval_s = interval_s
         self.clock = clock
         self.metrics = metrics
@@ -91,6 +101,7 @@ class AlarmTimers:
             quiet=quiet,
             escalate_after_s=alarms.escalate_after_s,
             repeat_interval_s=alarms.repeat_interval_s,
+            unreached_after_s=alarms.unreached_after_s,
             interval_s=alarms.timer_interval_s,
             metrics=node.metrics,
         )
@@ -107,7 +118,49 @@ class AlarmTimers:
                 await self._escalate(conn, now, report)
             if self.repeat_interval_s > 0:
                 await self._remind(conn, now, report)
+            if self.unreached_after_s > 0:
+                await self._unreached(conn, now, report)
         return report
+
+    async def _unreached(
+        self, conn: asyncpg.Connection, now: datetime, report: TimerReport
+    ) -> None:
+        after_s = self.unreached_after_s
+        fired_before = now - timedelta(seconds=after_s)
+        while True:
+            async with conn.transaction():
+                rows = await repo.mark_unreached(conn, fired_before, now, BATCH)
+                for row in rows:
+                    await repo.insert_audit(
+                        conn,
+                        alarm_id=row["id"],
+                        actor=UNREACHED_ACTOR,
+                        stated_actor=None,
+                        action="unreached",
+                        from_status=AlarmStatus.NEW.value,
+                        to_status=AlarmStatus.NEW.value,
+                        node_id=self.node_id,
+                        note=(
+                            f"reached nobody within {after_s:g} s: no MQTT subscriber and no "
+                            "notification receiver accepted it"
+                        ),
+                        request_id=None,
+                        event_id=None,
+                    )
+            for row in rows:
+                log.warning(
+                    "alarm_unreached",
+                    alarm_id=row["id"],
+                    device_id=row["device_id"],
+                    rule_key=row["rule_key"],
+                    severity=row["severity"],
+                    after_s=after_s,
+                )
+                if self.metrics is not None:
+                    self.metrics.alarms_unreached.inc()
+                report.unreached.append(row["id"])
+            if len(rows) < BATCH:
+                return
 
     async def _wake(self, conn: asyncpg.Connection, now: datetime, report: TimerReport) -> None:
         quiet = self.quiet  # one configuration for the whole pass, even if a reload swaps it

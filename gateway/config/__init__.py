@@ -124,6 +124,9 @@ class ApiConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
 class AlarmsConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     escalate_after_s: Annotated[float, Meta(ge=0)] = 0.0
     repeat_interval_s: Annotated[float, Meta(ge=0)] = 0.0
+    # An alarm still NEW this long after it fired reached nobody (docs/behaviour.md §5): logged
+    # once as `alarm_unreached`, counted and audited (0: never).
+    unreached_after_s: Annotated[float, Meta(ge=0)] = 300.0
     timer_interval_s: PositiveFloat = 5.0
     # A rule whose metric or event no telemetry carried for this long is logged once (0: never).
     rule_check_after_s: Annotated[float, Meta(ge=0)] = 3600.0

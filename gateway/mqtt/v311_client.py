@@ -297,8 +297,11 @@ class AckingClient:
         qos: int = 1,
         retain: bool = False,
         wait_s: float | None = None,
-    ) -> None:
+    ) -> int | None:
+        """None: a 3.1.1 PUBACK carries no reason code, so it cannot say whether anyone was
+        subscribed (see docs/behaviour.md §5: on 3.1.1 an event publish never counts as a push)."""
         await self.client.publish(topic, payload, qos=qos, retain=retain, timeout=wait_s)
+        return None
 
 
 # SUBACK reason codes from here up refuse the subscription (0x80 is 3.1.1's only one).

@@ -542,10 +542,11 @@ class Mqtt5Connection:
         qos: int = 1,
         retain: bool = False,
         wait_s: float | None = None,
-    ) -> None:
-        """QoS 1: returns once the PUBACK arrives (NO_MATCHING_SUBSCRIBERS is success; a code
-        of 0x80 or more raises MqttPublishError); waits for a slot under the broker's Receive
-        Maximum first. QoS 0: returns once queued for writing."""
+    ) -> int | None:
+        """QoS 1: returns the PUBACK's reason code once it arrives (0x10 NO_MATCHING_SUBSCRIBERS
+        is success too: the broker took it, nobody was subscribed; a code of 0x80 or more raises
+        MqttPublishError); waits for a slot under the broker's Receive Maximum first. QoS 0:
+        returns None once queued for writing (there is no answer)."""
         if qos not in (0, 1):
             raise ValueError("QoS 2 is not supported: publish with qos 0 or 1")
         self._check_open()
@@ -555,7 +556,7 @@ class Mqtt5Connection:
             raise ValueError("the broker does not support retained messages")
         if qos == 0:
             self._send(self._publish_bytes(topic, payload, _QOS0, retain, None))
-            return
+            return None
         wait = self.settings.timeout_s if wait_s is None else wait_s
         try:
             async with asyncio.timeout(None if math.isinf(wait) else wait):
@@ -576,6 +577,7 @@ class Mqtt5Connection:
             raise MqttTimeoutError(f"no PUBACK for {topic!r} within {wait}s") from None
         if code >= _FAILURE:
             raise MqttPublishError(topic, code, _reason_name(mqtt5.PubAckReasonCode, code))
+        return code
 
     def _publish_bytes(
         self, topic: str, payload: bytes, qos: QoS, retain: bool, packet_id: int | None

@@ -8,6 +8,11 @@ lease owner and the attempt: a delivery whose lease ran out and was taken over b
 keeps what that node does. A failed attempt is retried after a capped exponential backoff with
 jitter; after ``max_attempts`` it is ``FAILED`` with its last error. A receiver that hangs fills
 only its own slots: other receivers, the outbox publisher and ingest go on.
+
+A delivery of an alarm's event is what reaches a person (docs/behaviour.md §5): the write that
+finishes it SENT also pushes the alarm if it is still NEW (the audit note names the receiver),
+and the write that finishes it FAILED adds a ``notify_failed`` row to the alarm's audit trail,
+with the receiver and the last error, so an operator sees that nobody was reached that way.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import aiohttp
 import asyncpg
 import structlog
 
+from gateway.alarms.delivery import NOTIFY_ACTOR, reached
 from gateway.domain.notify import Notify, NotifyConfig, ReceiverConfig
 from gateway.notify.metrics import NotifyMetrics
 from gateway.notify.receivers import Sender, SendError, error_text, sender_for
@@ -31,6 +37,8 @@ from gateway.support.loops import (
     sleep_unless_stopped,
     wait_event_or_stop,
 )
+from gateway.support.metrics import Metrics
+from storage import alarms as alarm_repo
 from storage import notify as repo
 from storage.errors import DB_ERRORS
 from storage.notify import ClaimedDelivery
@@ -52,8 +60,11 @@ class DeliveryWorker:
         settings: NotifyConfig,
         rules: Notify,
         dsn: str = "",
+        alarm_metrics: Metrics | None = None,
     ) -> None:
         self.pool = pool
+        # The node's metrics: an alarm this worker pushes counts in gateway_alarm_transitions.
+        self.alarm_metrics = alarm_metrics
         self.dsn = dsn
         self.node_id = node_id
         self.metrics = metrics
@@ -197,15 +208,33 @@ class DeliveryWorker:
     ) -> None:
         name = receiver.name
         if error is None:
-            held = await repo.finish_sent(self.pool, delivery.id, self.node_id, delivery.attempts)
+            async with self.pool.acquire() as conn, conn.transaction():
+                held = await repo.finish_sent(conn, delivery.id, self.node_id, delivery.attempts)
+                pushed = (
+                    held
+                    and delivery.alarm_id is not None
+                    and await reached(
+                        conn,
+                        delivery.alarm_id,
+                        via=f"{receiver.kind} receiver {name} (delivery {delivery.id})",
+                        node_id=self.node_id,
+                    )
+                )
             outcome = "SENT" if held else "LEASE_LOST"
+            if pushed:
+                log.info("alarm_reached", alarm_id=delivery.alarm_id, receiver=name)
+                if self.alarm_metrics is not None:
+                    self.alarm_metrics.count_alarm_transition("NEW", "PUSHED")
             if held:
                 age = datetime.now(UTC) - delivery.event_created_at
                 self.metrics.latency.labels(name).observe(max(0.0, age.total_seconds()))
         elif delivery.attempts >= self.settings.max_attempts:
-            held = await repo.finish_failed(
-                self.pool, delivery.id, self.node_id, delivery.attempts, error=error
-            )
+            async with self.pool.acquire() as conn, conn.transaction():
+                held = await repo.finish_failed(
+                    conn, delivery.id, self.node_id, delivery.attempts, error=error
+                )
+                if held and delivery.alarm_id is not None:
+                    await self._audit_failed(conn, delivery.alarm_id, name, error)
             outcome = "FAILED" if held else "LEASE_LOST"
             if held:
                 log.warning(
@@ -241,3 +270,21 @@ class DeliveryWorker:
         if outcome == "LEASE_LOST":
             log.info("notify_lease_lost", delivery_id=delivery.id, receiver=name)
         self.metrics.deliveries.labels(name, outcome).inc()
+
+    async def _audit_failed(
+        self, conn: asyncpg.Connection, alarm_id: int, receiver: str, error: str
+    ) -> None:
+        """The alarm's audit trail shows the delivery that reached nobody; its status stays."""
+        record = await alarm_repo.get(conn, alarm_id)
+        if record is None:
+            return
+        await alarm_repo.insert_audit(
+            conn,
+            alarm_id=alarm_id,
+            actor=NOTIFY_ACTOR,
+            action="notify_failed",
+            from_status=record["status"],
+            to_status=record["status"],
+            node_id=self.node_id,
+            note=f"notification failed: receiver {receiver}: {error}",
+        )

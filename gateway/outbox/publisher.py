@@ -3,8 +3,12 @@
 Any node may publish. A claim takes only the oldest unpublished event of each aggregate, so
 events of one aggregate go out in order; a publisher that dies mid-publish loses its lease
 and another node publishes the event again (at least once — consumers are idempotent by
-event id). Publishing an alarm's creation event is its push: the same transaction that marks
-the event published moves the alarm NEW → PUSHED, conditional on it still being NEW.
+event id). Publishing an alarm's creation event pushes it only if the publish reached someone
+(docs/behaviour.md §5): an MQTT 5 PUBACK with reason code 0 — there were subscribers. Then the
+same transaction that marks the event published moves the alarm NEW → PUSHED, conditional on
+it still being NEW. A PUBACK with 0x10 (no matching subscribers), or any 3.1.1 PUBACK (which
+cannot say), marks the event published and leaves the alarm NEW: a notification delivery may
+still push it (gateway.notify.worker).
 
 A failed publish is retried with a growing backoff, unless it failed because the node's broker
 session was down: then the event is due again at once, with its retry count unchanged, and
@@ -16,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from dataclasses import dataclass
 
 import asyncpg
 import msgspec
@@ -42,10 +47,20 @@ NOTIFY_CHANNEL = "outbox_event"
 DELIVERY_CONCURRENCY = 2
 # Publishing these is what brings an alarm to people: then it is pushed (or held back).
 DELIVERING_EVENTS = frozenset({EVENT_CREATED, EVENT_WOKEN})
+# MQTT 5 PUBACK reason code 0, SUCCESS: the broker had subscribers for it (without any it
+# answers 0x10, NO_MATCHING_SUBSCRIBERS).
+PUBACK_SUBSCRIBED = 0
 # The backlog gauges are read at most this often (the loop also passes every poll_s when idle):
 # the count visits every unpublished event, and the index entries of those published since the
 # last vacuum; in a burst of commands one read a pass cost 13 ms, more than the pass itself.
 BACKLOG_EVERY_S = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class _Sent:
+    """The broker has the event; ``reached``: whom it reached (None: nobody it could name)."""
+
+    reached: str | None
 
 
 class OutboxPublisher:
@@ -130,7 +145,10 @@ class OutboxPublisher:
         if claimed:
             outcomes = await asyncio.gather(*(self._publish(event) for event in claimed))
             paired = list(zip(claimed, outcomes, strict=True))
-            published = [event for event, outcome in paired if outcome is None]
+            published = [event for event, outcome in paired if isinstance(outcome, _Sent)]
+            reach = {
+                event.id: outcome.reached for event, outcome in paired if isinstance(outcome, _Sent)
+            }
             await self._release([(e, exc) for e, exc in paired if isinstance(exc, SessionDown)])
             await self._mark_published(
                 [event for event in published if event.event_type not in DELIVERING_EVENTS]
@@ -141,16 +159,16 @@ class OutboxPublisher:
 
             async def push(event: ClaimedEvent) -> None:
                 async with slots:
-                    await self._push(event)
+                    await self._push(event, reach[event.id])
 
             await asyncio.gather(
                 *(push(event) for event in published if event.event_type in DELIVERING_EVENTS)
             )
         return len(claimed)
 
-    async def _publish(self, event: ClaimedEvent) -> Exception | None:
-        """Publish one event: None once the broker has it; else the error (a failure other than
-        the session's being down is scheduled for retry here)."""
+    async def _publish(self, event: ClaimedEvent) -> _Sent | Exception:
+        """Publish one event: once the broker has it, whom it reached; else the error (a failure
+        other than the session's being down is scheduled for retry here)."""
         topic = self.topics.event(event.aggregate_type, event.aggregate_id)
         body = msgspec.json.encode(
             {
@@ -164,13 +182,15 @@ class OutboxPublisher:
             }
         )
         try:
-            await self.publish(topic, body)
+            code = await self.publish(topic, body)
         except SessionDown as exc:
             return exc  # released with the others (see _release)
         except Exception as exc:  # any other publish failure is retried later, backing off
             await self._failed(event, exc)
             return exc
-        return None
+        if code == PUBACK_SUBSCRIBED:
+            return _Sent(f"MQTT: {topic} (PUBACK reason code 0: subscribers)")
+        return _Sent(None)
 
     async def _mark_published(self, events: list[ClaimedEvent]) -> None:
         """Events that only inform: marked published together, in one statement."""
@@ -184,14 +204,19 @@ class OutboxPublisher:
                 # Our lease ran out and another publisher took the event: it publishes.
                 log.info("outbox_lease_lost", event_id=str(event.event_id))
 
-    async def _push(self, event: ClaimedEvent) -> None:
-        """A delivering event: marked published with the alarm's NEW → PUSHED (or DELAYED)."""
+    async def _push(self, event: ClaimedEvent, reached: str | None) -> None:
+        """A delivering event: marked published with the alarm's NEW → PUSHED (if ``reached``
+        someone) or DELAYED (quiet hours)."""
         async with self.pool.acquire() as conn, conn.transaction():
             if not await outbox.mark_published(conn, event.id, self.node_id):
                 log.info("outbox_lease_lost", event_id=str(event.event_id))
                 return
             delivered = await deliver(
-                conn, int(event.aggregate_id), quiet=self.quiet, node_id=self.node_id
+                conn,
+                int(event.aggregate_id),
+                quiet=self.quiet,
+                node_id=self.node_id,
+                reached=reached,
             )
         self.metrics.outbox_published.labels(event.event_type).inc()
         if delivered is not None:

@@ -86,6 +86,7 @@ class Components:
         self.timers.quiet = quiet
         self.timers.escalate_after_s = config.alarms.escalate_after_s
         self.timers.repeat_interval_s = config.alarms.repeat_interval_s
+        self.timers.unreached_after_s = config.alarms.unreached_after_s
         notify = config.notify_rules()
         self.notify_consumer.rules = notify
         self.notify_consumer.public_url = config.http.public_url
@@ -198,6 +199,7 @@ def _notifications(
         settings=config.notify,
         rules=rules,
         dsn=node.dsn,
+        alarm_metrics=node.metrics,
     )
     consumer = NotifyConsumer(
         pool=node.pool,

@@ -264,8 +264,9 @@ class Daemon:
         client = None if session is None else session.client
         return session is not None and session.connected and client is not None and client.is_open
 
-    async def _publish(self, topic: str, payload: bytes) -> None:
-        """QoS 1 on the daemon's broker connection; returns after the broker's PUBACK.
+    async def _publish(self, topic: str, payload: bytes) -> int | None:
+        """QoS 1 on the daemon's broker connection; returns after the broker's PUBACK, with its
+        reason code (MQTT 5) or None (3.1.1: the PUBACK has none).
 
         Raises :class:`SessionDown` when the session is down, or went down before the PUBACK
         came: the callers put the message back at once rather than count it as failed.
@@ -275,7 +276,7 @@ class Daemon:
         if client is None or not self._broker_up():
             raise SessionDown("not connected to the broker")
         try:
-            await client.publish(topic, payload, qos=1)
+            return await client.publish(topic, payload, qos=1)
         except aiomqtt.MqttError as exc:
             if not client.is_open:
                 raise SessionDown(f"the broker connection ended: {exc}") from exc

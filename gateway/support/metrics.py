@@ -170,6 +170,12 @@ class Metrics:
             "Rule state rows written back by ingest batches",
             registry=r,
         )
+        self.alarms_unreached = Counter(
+            "gateway_alarms_unreached",
+            "Alarms still NEW after [alarms] unreached_after_s: no subscriber, no receiver "
+            "reached a person",
+            registry=r,
+        )
         self.alarm_transitions = Counter(
             "gateway_alarm_transitions",
             "Alarm status changes",

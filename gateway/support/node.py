@@ -11,8 +11,10 @@ from gateway.support.broker_link import BrokerLink
 from gateway.support.metrics import Metrics
 from protocol import Topics
 
-# QoS 1 on the node's broker connection; returns after the broker's PUBACK.
-Publish = Callable[[str, bytes], Awaitable[None]]
+# QoS 1 on the node's broker connection; returns after the broker's PUBACK, with its MQTT 5
+# reason code (0: delivered to subscribers, 0x10: nobody subscribed) or None on MQTT 3.1.1,
+# whose PUBACK carries none.
+Publish = Callable[[str, bytes], Awaitable[int | None]]
 
 
 @dataclass(frozen=True, slots=True)

@@ -155,6 +155,17 @@ SELECT id, device_id, severity FROM alarm
 WHERE status = 'DELAYED' AND id > $1
 ORDER BY id LIMIT $2;
 
+-- name: mark_unreached
+-- $1 fired at or before, $2 now, $3 limit; NEW alarms that reached nobody in time, marked once
+-- (another node's pass skips the rows this one holds, then finds them marked).
+UPDATE alarm a SET unreached_at = $2
+FROM (SELECT id FROM alarm
+      WHERE status = 'NEW' AND unreached_at IS NULL AND triggered_at <= $1
+      ORDER BY id LIMIT $3
+      FOR UPDATE SKIP LOCKED) due
+WHERE a.id = due.id AND a.status = 'NEW' AND a.unreached_at IS NULL
+RETURNING a.id, a.device_id, a.rule_key, a.severity, a.triggered_at;
+
 -- name: escalation_due
 -- $1 confirmed at or before, $2 limit; confirmed and not handled in time.
 SELECT id FROM alarm WHERE status = 'CONFIRMED' AND confirmed_at <= $1 ORDER BY id LIMIT $2;

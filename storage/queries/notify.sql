@@ -105,7 +105,7 @@ SET status = 'SENDING', lease_owner = $2, lease_until = now() + make_interval(se
 FROM due
 WHERE d.id = due.id
 RETURNING d.id, d.event_id, d.event, d.receiver, d.body::text AS body, d.attempts,
-          d.severity, d.rule_key, d.device_id, d.event_created_at, d.created_at;
+          d.severity, d.rule_key, d.device_id, d.alarm_id, d.event_created_at, d.created_at;
 
 -- name: finish_sent
 -- $1 id, $2 node id, $3 attempt; only the claim that is still this node's attempt.

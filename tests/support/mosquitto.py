@@ -25,14 +25,18 @@ Facts about mosquitto 2.0 this class relies on (checked against 2.0.11):
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import signal
 import socket
 import subprocess
 from collections import deque
+from collections.abc import AsyncIterator
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Self
+
+import aiomqtt
 
 from tests.support.ports import free_port
 from tests.support.waiting import wait_until_sync
@@ -228,3 +232,23 @@ class Mosquitto:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+@contextlib.asynccontextmanager
+async def events_subscriber(
+    port: int, prefix: str = "iot", *, persistent: bool = False
+) -> AsyncIterator[aiomqtt.Client]:
+    """A person's app on the broker, subscribed to every event. An alarm is PUSHED only when
+    its event reached someone (docs/behaviour.md §5): with this subscriber the MQTT 5 PUBACK
+    of the event says so (reason code 0, not 0x10 "no matching subscribers").
+
+    ``persistent``: a session the broker keeps (and, stopped cleanly, saves) while the app is
+    offline; its subscription still matches, the broker queueing the events for it."""
+    client = (
+        aiomqtt.Client("127.0.0.1", port, identifier="person-app", clean_session=False)
+        if persistent
+        else aiomqtt.Client("127.0.0.1", port)
+    )
+    async with client:
+        await client.subscribe(f"{prefix}/events/#", qos=1)
+        yield client

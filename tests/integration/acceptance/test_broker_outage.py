@@ -22,7 +22,7 @@ from gateway.runtime.daemon import Daemon
 from protocol import Topics
 from sim.responder import Responder, Script
 from tests.support.daemon import make_config, running_daemon
-from tests.support.mosquitto import Mosquitto
+from tests.support.mosquitto import Mosquitto, events_subscriber
 from tests.support.tcp_proxy import TcpProxy
 from tests.support.waiting import wait_until
 
@@ -190,6 +190,11 @@ async def test_an_alarm_raised_during_an_outage_is_pushed_as_soon_as_the_broker_
         make_config(dsn=db_dsn, mqtt_port=mosquitto.port, node_id=node, extra=extra)
         for node in ("node-a", "node-b")
     ]
+    # A person's app subscribed to the events, offline now: the broker keeps its session (and
+    # saves it when stopped), so the alarm's event, published once the broker is back, reaches
+    # someone and pushes the alarm (docs/behaviour.md §5).
+    async with events_subscriber(mosquitto.port, persistent=True):
+        pass
     db = await asyncpg.connect(db_dsn)
     try:
         async with running_daemon(configs[0]) as one, running_daemon(configs[1]) as two:

@@ -27,7 +27,7 @@ from gateway.support.metrics import Metrics
 from protocol import Topics
 from storage.pool import create_pool
 from tests.support.daemon import make_config, metric, running_daemon
-from tests.support.mosquitto import Mosquitto
+from tests.support.mosquitto import Mosquitto, events_subscriber
 from tests.support.waiting import wait_until
 
 TOPICS = Topics("iot")
@@ -135,7 +135,8 @@ async def test_delayed_alarms_wake_when_a_reload_removes_the_quiet_hours_window(
     db_dsn: str, mosquitto: Mosquitto
 ) -> None:
     configs = _configs(db_dsn, mosquitto.port, DOOR + _window_around_now())
-    async with _two(configs) as daemons:
+    # A person's app gets the events: woken, the alarms reach someone and are pushed.
+    async with events_subscriber(mosquitto.port), _two(configs) as daemons:
         await _publish(mosquitto.port, _telemetry({"events": [{"type": "DOOR_OPEN"}]}))
         delayed = "SELECT count(*) FROM alarm WHERE status = 'DELAYED'"
         await wait_until(_count_is(db_dsn, delayed, len(DEVICES)), timeout=60,

@@ -23,7 +23,7 @@ from tests.support.api_client import ADMIN, OPERATOR, VIEWER
 from tests.support.browser import PHONE, WAIT_MS, chromium, open_console, require_chromium, sign_in
 from tests.support.daemon import make_config, running_daemon
 from tests.support.fake_llm import FakeLlm
-from tests.support.mosquitto import Mosquitto
+from tests.support.mosquitto import Mosquitto, events_subscriber
 from tests.support.ports import free_port
 from tests.support.waiting import wait_until
 
@@ -368,7 +368,11 @@ async def test_a_page_on_one_node_sees_what_happens_through_another(
             mqtt_extra='shared_group = "console"',
         )
 
-    async with running_daemon(config("node-a", port_a)), running_daemon(config("node-b", port_b)):
+    async with (
+        events_subscriber(mosquitto.port),  # a person's app: the alarms are pushed
+        running_daemon(config("node-a", port_a)),
+        running_daemon(config("node-b", port_b)),
+    ):
         page, errors = await open_console(browser, f"http://127.0.0.1:{port_a}")
         await sign_in(page, OPERATOR)
         # Telemetry goes to whichever node the broker picks; the alarm shows on A's page.

@@ -16,7 +16,7 @@ from gateway.outbox.publisher import OutboxPublisher
 from gateway.support.metrics import Metrics
 from protocol import Topics
 from storage import alarms as repo
-from tests.support.mosquitto import Mosquitto
+from tests.support.mosquitto import Mosquitto, events_subscriber
 
 TOPICS = Topics("iot")
 
@@ -57,10 +57,16 @@ async def test_quiet_hours_delay_then_wake_and_push_and_critical_is_exempt(
     pool: asyncpg.Pool, db_dsn: str, mosquitto: Mosquitto
 ) -> None:
     quiet = compile_quiet_hours(_window_around_now())
-    async with aiomqtt.Client("127.0.0.1", mosquitto.port) as broker:
+    async with (
+        events_subscriber(mosquitto.port),
+        aiomqtt.Client("127.0.0.1", mosquitto.port) as broker,
+    ):
 
-        async def publish(topic: str, payload: bytes) -> None:
+        async def publish(topic: str, payload: bytes) -> int:
             await broker.publish(topic, payload, qos=1)
+            # aiomqtt's 3.1.1 PUBACK says nothing: the MQTT 5 answer, with the person's app
+            # (events_subscriber) subscribed, is 0 ("delivered to subscribers").
+            return 0
 
         publisher = OutboxPublisher(
             pool=pool, dsn=db_dsn, node_id="n1", topics=TOPICS, publish=publish,

@@ -24,7 +24,7 @@ from sim.publisher import publish_many
 from storage import outbox
 from storage.pool import create_pool
 from tests.support.daemon import make_config, running_daemon
-from tests.support.mosquitto import Mosquitto
+from tests.support.mosquitto import Mosquitto, events_subscriber
 from tests.support.waiting import wait_until
 
 TOPICS = Topics("iot")
@@ -151,7 +151,8 @@ async def test_threshold_storm_one_alarm_then_supersede_or_release_by_attention(
 ) -> None:
     config = make_config(dsn=db_dsn, mqtt_port=mosquitto.port, extra=RULES)
     topic = TOPICS.telemetry("oven-1")
-    async with running_daemon(config) as daemon:
+    # A person's app gets the events: the alarms are pushed (a person may then confirm).
+    async with events_subscriber(mosquitto.port), running_daemon(config) as daemon:
         storm = [(topic, _temp(T0 + n, 81 + n % 5)) for n in range(1000)]
         await _send(mosquitto.port, storm)
         await wait_until(_stored(daemon, 1000), timeout=60)
@@ -231,7 +232,7 @@ async def test_the_spec_chain_built_from_real_telemetry(db_dsn: str, mosquitto: 
     pool = await create_pool(db_dsn, min_size=1, max_size=2)
     service = AlarmService(pool, "test")
     try:
-        async with running_daemon(config) as daemon:
+        async with events_subscriber(mosquitto.port), running_daemon(config) as daemon:
             await _send(mosquitto.port, [(topic, _events(T0 + n, "DOOR_OPEN")) for n in range(3)])
             await wait_until(_stored(daemon, 3), timeout=30)
             ids = [r["id"] for r in await _rows(db_dsn, "SELECT id FROM alarm ORDER BY id")]
@@ -261,47 +262,52 @@ async def test_a_publisher_that_dies_mid_publish_is_replaced_and_the_push_happen
     config = make_config(dsn=db_dsn, mqtt_port=mosquitto.port, extra=RULES)
     pool = await create_pool(db_dsn, min_size=1, max_size=4)
     try:
-        # A daemon raises the alarm; its publisher is stopped before it can publish.
-        daemon = Daemon(config)
-        stop = asyncio.Event()
-        task = asyncio.create_task(daemon.run(stop))
-        async with asyncio.timeout(30):
-            await daemon.ready.wait()
-        assert daemon.outbox is not None
-        # "Kill" the publisher: a claim with a short lease that is never published.
-        async with pool.acquire() as conn:
-            await conn.execute("ALTER TABLE outbox_event DISABLE TRIGGER outbox_event_notify")
-        await _send(mosquitto.port, [(TOPICS.telemetry("d1"), _events(T0, "SOS"))])
-        await wait_until(_stored(daemon, 1), timeout=30)
-        stop.set()
-        await task
-        async with pool.acquire() as conn:
-            claimed = await outbox.claim_due(conn, node_id="dead-node", lease_s=0.2, limit=10)
-            # The daemon's publisher may have published before we stopped it: then the dead
-            # node had nothing to claim, and the alarm is pushed already.
-            assert len(claimed) <= 1
-        async with aiomqtt.Client("127.0.0.1", mosquitto.port) as broker:
+        # A person's app gets the events, whichever node publishes them: the push is theirs.
+        async with events_subscriber(mosquitto.port):
+            # A daemon raises the alarm; its publisher is stopped before it can publish.
+            daemon = Daemon(config)
+            stop = asyncio.Event()
+            task = asyncio.create_task(daemon.run(stop))
+            async with asyncio.timeout(30):
+                await daemon.ready.wait()
+            assert daemon.outbox is not None
+            # "Kill" the publisher: a claim with a short lease that is never published.
+            async with pool.acquire() as conn:
+                await conn.execute("ALTER TABLE outbox_event DISABLE TRIGGER outbox_event_notify")
+            await _send(mosquitto.port, [(TOPICS.telemetry("d1"), _events(T0, "SOS"))])
+            await wait_until(_stored(daemon, 1), timeout=30)
+            stop.set()
+            await task
+            async with pool.acquire() as conn:
+                claimed = await outbox.claim_due(conn, node_id="dead-node", lease_s=0.2, limit=10)
+                # The daemon's publisher may have published before we stopped it: then the dead
+                # node had nothing to claim, and the alarm is pushed already.
+                assert len(claimed) <= 1
+            async with aiomqtt.Client("127.0.0.1", mosquitto.port) as broker:
 
-            async def publish(topic: str, payload: bytes) -> None:
-                await broker.publish(topic, payload, qos=1)
+                async def publish(topic: str, payload: bytes) -> int:
+                    await broker.publish(topic, payload, qos=1)
+                    # aiomqtt's 3.1.1 PUBACK says nothing: the MQTT 5 answer, with the person's
+                    # app subscribed, is 0 ("delivered to subscribers").
+                    return 0
 
-            survivor = OutboxPublisher(
-                pool=pool, dsn=db_dsn, node_id="survivor", topics=TOPICS, publish=publish,
-                metrics=Metrics(), lease_s=30,
-            )  # fmt: skip
+                survivor = OutboxPublisher(
+                    pool=pool, dsn=db_dsn, node_id="survivor", topics=TOPICS, publish=publish,
+                    metrics=Metrics(), lease_s=30,
+                )  # fmt: skip
 
-            async def drained() -> bool:
-                await survivor.run_once()
-                async with pool.acquire() as conn:
-                    backlog, _ = await outbox.backlog(conn)
-                return backlog == 0
+                async def drained() -> bool:
+                    await survivor.run_once()
+                    async with pool.acquire() as conn:
+                        backlog, _ = await outbox.backlog(conn)
+                    return backlog == 0
 
-            await wait_until(drained, timeout=30, message="the expired lease was taken over")
-        async with pool.acquire() as conn:
-            if claimed:  # the dead node wakes up late: its lease is gone, nothing happens
-                assert not await outbox.mark_published(conn, claimed[0].id, "dead-node")
-            pushes = await conn.fetchval("SELECT count(*) FROM alarm_audit WHERE action='push'")
-            status = await conn.fetchval("SELECT status FROM alarm")
+                await wait_until(drained, timeout=30, message="the expired lease was taken over")
+            async with pool.acquire() as conn:
+                if claimed:  # the dead node wakes up late: its lease is gone, nothing happens
+                    assert not await outbox.mark_published(conn, claimed[0].id, "dead-node")
+                pushes = await conn.fetchval("SELECT count(*) FROM alarm_audit WHERE action='push'")
+                status = await conn.fetchval("SELECT status FROM alarm")
     finally:
         await pool.close()
     assert pushes == 1
@@ -317,7 +323,11 @@ async def test_two_daemons_on_one_database_create_and_push_each_alarm_once(
         for n in (1, 2)
     ]  # fmt: skip
     messages = [(TOPICS.telemetry(f"door-{n}"), _events(T0, "DOOR_OPEN")) for n in range(50)]
-    async with running_daemon(configs[0]), running_daemon(configs[1]):
+    async with (
+        events_subscriber(mosquitto.port),  # a person's app: the pushes are real
+        running_daemon(configs[0]),
+        running_daemon(configs[1]),
+    ):
         async with aiomqtt.Client("127.0.0.1", mosquitto.port) as pub:
             await publish_many(pub, messages * 2, window=50)  # and every one redelivered
 

@@ -16,7 +16,7 @@ import asyncpg
 from protocol import Topics
 from tests.support.api_client import OPERATOR, ApiClient
 from tests.support.daemon import make_config, metric, running_daemon
-from tests.support.mosquitto import Mosquitto
+from tests.support.mosquitto import Mosquitto, events_subscriber
 from tests.support.waiting import wait_until
 
 MALLORY = "mallory-token-0123456789abcdef"
@@ -71,7 +71,11 @@ async def test_a_refused_audit_row_rolls_the_action_back_and_is_counted(
 ) -> None:
     await db.execute(REFUSE_AUDIT)
     config = make_config(dsn=db_dsn, mqtt_port=mosquitto.port, extra=CONFIG)
-    async with running_daemon(config) as daemon, aiohttp.ClientSession() as http:
+    async with (
+        events_subscriber(mosquitto.port),  # a person's app: the alarm below is pushed
+        running_daemon(config) as daemon,
+        aiohttp.ClientSession() as http,
+    ):
         api = ApiClient(base=f"http://127.0.0.1:{daemon.http_port}", http=http)
 
         async def audit_failures() -> tuple[int, float]:

@@ -277,11 +277,14 @@ async def test_acl_refusals_and_invalid_filters(tmp_path: Path) -> None:
             await conn.subscribe("denied/#")
 
             await conn.subscribe("allowed/#")
-            await conn.publish("allowed/x", b"ok")
+            # The PUBACK's reason code is returned: 0, delivered to a subscriber (ourselves).
+            assert await conn.publish("allowed/x", b"ok") == 0
             (delivery,) = await _take(conn, 1)
             assert delivery.payload == b"ok"
-            # Nobody subscribes to it: NO_MATCHING_SUBSCRIBERS (16) is a success.
-            await conn.publish("test/nobody-listens", b"ok")
+            # Nobody subscribes to it: NO_MATCHING_SUBSCRIBERS (16) is a success, returned so
+            # that the outbox can tell it from a publish that reached someone.
+            assert await conn.publish("test/nobody-listens", b"ok") == 0x10
+            assert await conn.publish("test/nobody-listens", b"ok", qos=0) is None
             assert conn.is_open
 
 

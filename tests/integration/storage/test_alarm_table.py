@@ -115,10 +115,11 @@ async def test_columns_match_the_struct(db: asyncpg.Connection) -> None:
             "WHERE table_name = 'alarm' ORDER BY ordinal_position"
         )
     ]
-    # Migration 0010 added why an alarm fired: at the end of the table.
+    # Migration 0010 added why an alarm fired: at the end of the table. Migration 0020 added
+    # when the timers found it unreached: their bookkeeping (once per alarm), not the domain's.
     added = ["trigger", "rule_description"]
     first = [f for f in Alarm.__struct_fields__ if f not in added]
-    assert columns == [*first, "created_at", "node_id", *added]
+    assert columns == [*first, "created_at", "node_id", *added, "unreached_at"]
 
 
 async def test_every_check_constraint_is_a_domain_invariant(db: asyncpg.Connection) -> None:
