@@ -1,5 +1,6 @@
-"""The shipped systemd units: `systemd-analyze verify` clean, sandboxed, identical in both places,
-and installed with the executable of the environment that installs them."""
+"""The shipped systemd units: `systemd-analyze verify` clean, sandboxed, in one place (the
+top-level systemd/, built into the wheel as gateway.units), and installed with the executable
+of the environment that installs them."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from gateway.runtime.install_systemd import (
 )
 
 ROOT = Path(__file__).resolve().parents[3]
-PACKAGED_DIR = ROOT / "gateway" / "units"
+PACKAGED_DIR = ROOT / "systemd"
 # systemd-analyze security's exposure, times ten: 1.6 today; sandboxing may only get stricter.
 MAX_EXPOSURE = 20
 ANALYZE_TIMEOUT_S = 60
@@ -110,6 +111,26 @@ def test_sandbox_exposure_stays_low(rendered: dict[str, Path], unit: str) -> Non
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "Overall exposure level" in result.stdout
+
+
+def test_the_package_list_names_every_package_of_the_tree() -> None:
+    """pyproject.toml lists its packages (to map gateway.units onto systemd/): a package added
+    to the tree and not to the list would be missing from the wheel."""
+    import tomllib
+
+    from setuptools import find_packages
+
+    listed = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    found = find_packages(str(ROOT), include=["protocol*", "storage*", "gateway*", "sim*"])
+    assert sorted(listed) == sorted([*found, "gateway.units"])
+
+
+def test_the_units_are_read_from_the_installed_package() -> None:
+    from importlib import resources
+
+    for name in UNIT_NAMES:
+        shipped = resources.files("gateway.units").joinpath(name).read_text(encoding="utf-8")
+        assert shipped == (PACKAGED_DIR / name).read_text(encoding="utf-8")
 
 
 def test_the_units_exist_once_in_the_wheel() -> None:
