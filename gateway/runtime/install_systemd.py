@@ -2,7 +2,8 @@
 
 The units in the top-level ``systemd/`` (built into the wheel as ``gateway.units``) name the
 documented install location (:data:`DEFAULT_EXECUTABLE`); :func:`render_unit` swaps in the
-console script actually installed, so that ``/opt/x/venv/bin/gateway install-systemd`` writes units that start ``/opt/x/venv``.
+console script actually installed, so that ``/opt/x/venv/bin/gateway install-systemd`` writes
+units that start ``/opt/x/venv``.
 """
 
 from __future__ import annotations
