@@ -15,10 +15,10 @@ from dataclasses import dataclass
 import asyncpg
 import structlog
 
-from gateway.ingest.decoder import PROCESSING_FAILED, Inbound, failure_detail
+from gateway.ingest.decoder import Inbound, failure_detail
 from gateway.ingest.live_path import LivePath
 from gateway.ingest.store import store
-from gateway.ingest.writer import REFUSED_DATA, RETRY_LATER, STORAGE_REJECTED
+from gateway.ingest.writer import RETRY_LATER, refusal_reason
 from storage import ingest as repo
 
 log = structlog.get_logger(__name__)
@@ -56,8 +56,7 @@ async def replay_one(
             except Exception as exc:
                 if isinstance(exc, RETRY_LATER):
                     raise
-                refused = isinstance(exc, (asyncpg.PostgresError, *REFUSED_DATA))
-                reason = STORAGE_REJECTED if refused else PROCESSING_FAILED
+                reason = refusal_reason(exc)
                 log.warning(
                     "dead_letter_replay_refused",
                     dead_letter_id=dead_letter_id,

@@ -49,6 +49,13 @@ RETRY_LATER: tuple[type[BaseException], ...] = (*TRANSIENT_DB_ERRORS, Concurrent
 REFUSED_DATA: tuple[type[BaseException], ...] = (asyncpg.exceptions.DataError,)
 
 
+def refusal_reason(exc: BaseException) -> str:
+    """The dead-letter reason of a message whose storing raised ``exc`` (not a transient
+    error): the database refused it, or processing it failed (a bug)."""
+    refused = isinstance(exc, (asyncpg.PostgresError, *REFUSED_DATA))
+    return STORAGE_REJECTED if refused else PROCESSING_FAILED
+
+
 class IngestWriter:
     """Batches queued messages, stores each batch in one transaction, then acknowledges it.
 
@@ -308,7 +315,7 @@ class IngestWriter:
                 await asyncio.sleep(delay)
                 continue
             except Exception as exc:
-                if isinstance(exc, (asyncpg.PostgresError, *REFUSED_DATA)):
+                if refusal_reason(exc) == STORAGE_REJECTED:
                     log.error("batch_refused_by_database", error=repr(exc), size=len(batch.items))
                 else:
                     log.error("batch_processing_failed", error=repr(exc), size=len(batch.items))
@@ -419,7 +426,7 @@ class IngestWriter:
                 except Exception as exc:
                     if isinstance(exc, RETRY_LATER):
                         raise
-                    if isinstance(exc, (asyncpg.PostgresError, *REFUSED_DATA)):
+                    if refusal_reason(exc) == STORAGE_REJECTED:
                         return STORAGE_REJECTED, str(exc)
                     # A bug one message sets off: logged once, with the message's identity.
                     log.error(
