@@ -17,7 +17,7 @@ import signal
 import sys
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from contextlib import asynccontextmanager
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -27,10 +27,12 @@ import structlog
 
 from gateway.config import Config, default_node_id, load_config
 from gateway.domain.errors import ConfigError, ConfigErrors, StartupError
+from gateway.domain.replay import Received, replay
 from gateway.runtime.admin_token import wants_zero_setup_token, with_zero_setup_token
 from gateway.runtime.failures import DSN_SETTING, REFUSED_AT_CONNECT, check_writable, refused
 from gateway.runtime.logging import configure_logging, set_secrets
 from gateway.support.version import gateway_version
+from protocol import Telemetry
 from storage.errors import TRANSIENT_DB_ERRORS
 from storage.pool import describe
 
@@ -107,22 +109,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     database.add_argument("--config", type=Path, help="its [node] state_dir is used")
 
-    rules = _subcommand(commands, "rules", "check the configured rules")
-    rule_actions = rules.add_subparsers(dest="action", required=True, metavar="ACTION")
-    rule_check = _subcommand(
-        rule_actions,
-        "check",
-        "list the rules whose metric or event no stored telemetry carried in a recent window, "
-        "with the closest names seen (exit 1 if any)",
-    )
-    rule_check.epilog = DATABASE_NOTE
-    rule_check.add_argument("--config", type=Path, help=CONFIG_HELP)
-    rule_check.add_argument(
-        "--since",
-        type=_duration,
-        default=timedelta(hours=1),
-        help="the window, back from now: 90s, 30m, 1h, 2d (default: 1h)",
-    )
+    _add_rules(commands)
 
     maintenance = _subcommand(commands, "maintenance", "retention: run a maintenance pass")
     maintenance.add_argument("action", choices=["run-once"])
@@ -173,6 +160,45 @@ def _parser() -> argparse.ArgumentParser:
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd])\s*$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def _add_rules(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    rules = _subcommand(commands, "rules", "check the configured rules")
+    rule_actions = rules.add_subparsers(dest="action", required=True, metavar="ACTION")
+    rule_check = _subcommand(
+        rule_actions,
+        "check",
+        "list the rules whose metric or event no stored telemetry carried in a recent window, "
+        "with the closest names seen (exit 1 if any)",
+    )
+    rule_check.epilog = DATABASE_NOTE
+    rule_check.add_argument("--config", type=Path, help=CONFIG_HELP)
+    rule_check.add_argument(
+        "--since",
+        type=_duration,
+        default=timedelta(hours=1),
+        help="the window, back from now: 90s, 30m, 1h, 2d (default: 1h)",
+    )
+
+    rule_replay = _subcommand(
+        rule_actions,
+        "replay",
+        "the alarms the configured rules raise on a recorded stream, read in order by one node "
+        "(no database; docs/field-simulation.md)",
+    )
+    rule_replay.add_argument("--config", type=Path, help=CONFIG_HELP)
+    rule_replay.add_argument(
+        "--input",
+        type=Path,
+        help="JSON lines {device_id, received_at (RFC 3339), message (the telemetry as sent)}, "
+        "each device's in its order (default: standard input)",
+    )
+    rule_replay.add_argument(
+        "--until",
+        type=datetime.fromisoformat,
+        help="run the hold timer up to this time (RFC 3339) after the last message",
+    )
+    rule_replay.add_argument("--json", action="store_true", help="one JSON object per alarm")
 
 
 def _duration(text: str) -> timedelta:
@@ -579,6 +605,8 @@ async def _dead_letters(config: Config, args: argparse.Namespace) -> int:
 
 async def _rules(config: Config, args: argparse.Namespace) -> int:
     """``rules check``: the rules no stored telemetry matched over ``--since``."""
+    if args.action == "replay":
+        return _replay_rules(config, args)
     from gateway.alarms.rule_watch import find_unseen
     from gateway.alarms.timers import database_clock
     from gateway.domain.rule_check import watched_names
@@ -595,3 +623,47 @@ async def _rules(config: Config, args: argparse.Namespace) -> int:
         return EXIT_FAILURE
     print(f"the metric or event of every rule ({len(names)}) was seen in telemetry {window}")
     return EXIT_OK
+
+
+def _replay_rules(config: Config, args: argparse.Namespace) -> int:
+    """``rules replay``: the pure evaluator on a recorded stream, no database (exit 2 on a line
+    that is not a telemetry message, naming it)."""
+    source = args.input.open("rb") if args.input is not None else sys.stdin.buffer
+    stream: list[Received] = []
+    with source:
+        for number, line in enumerate(source, 1):
+            if not line.strip():
+                continue
+            try:
+                stream.append(msgspec.json.decode(line, type=_ReplayLine).received())
+            except (msgspec.ValidationError, msgspec.DecodeError, ValueError) as exc:
+                print(f"line {number}: not a recorded message: {exc}", file=sys.stderr)
+                return EXIT_CONFIG
+    alarms = replay(config.rule_set(), stream, clock=config.device_clock(), until=args.until)
+    for alarm in alarms:
+        if args.json:
+            print(json.dumps(alarm.as_json()))
+        else:
+            flags = ["late"] if alarm.late else []
+            if alarm.clear_event_id:
+                flags.append(f"cleared by {alarm.clear_event_id[:12]}")
+            if alarm.superseded_by:
+                flags.append(f"superseded by {alarm.superseded_by[:12]}")
+            print(
+                f"{alarm.sample_ts.isoformat()}\t{alarm.device_id}\t{alarm.rule_key}\t"
+                f"{alarm.severity}\t{alarm.telemetry_event_id[:12]}\t{', '.join(flags)}"
+            )
+    print(f"{len(alarms)} alarms from {len(stream)} messages", file=sys.stderr)
+    return EXIT_OK
+
+
+class _ReplayLine(msgspec.Struct, forbid_unknown_fields=True):
+    device_id: str
+    received_at: datetime
+    message: msgspec.Raw
+
+    def received(self) -> Received:
+        if self.received_at.tzinfo is None:
+            raise ValueError("received_at needs a time zone")
+        message = msgspec.json.decode(self.message, type=Telemetry)
+        return Received(self.device_id, self.received_at, message)
