@@ -32,7 +32,11 @@ class DatabaseHealth(msgspec.Struct, kw_only=True, omit_defaults=True):
 
 
 class BrokerHealth(msgspec.Struct, kw_only=True):
+    # Connected and every subscription acknowledged (telemetry can flow).
     ok: bool
+    # The subscriptions of this connection acknowledged (false while reconnecting, and
+    # while a resumed session's backlog comes before the SUBACK).
+    subscribed: bool
     address: tuple[str, int] | None
     connections: int
 

@@ -75,6 +75,10 @@ class MqttSession:
         self.connections = 0
         # Sessions that got as far as subscribed: until the first, a refusal is final.
         self.established = 0
+        # Connected and every subscription acknowledged: only then does telemetry flow (a
+        # broker that lost the session's `$share` subscriptions, as mosquitto does across
+        # its own restart, delivers nothing to the group until they are made again).
+        self.subscribed = False
         self.client: BrokerConnection | None = None
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -161,6 +165,7 @@ class MqttSession:
             setup = asyncio.create_task(self._subscribe(client), name="mqtt-subscribe")
             if await self._until(setup, reader, stop):
                 self.established += 1
+                self.subscribed = True
                 self.backoff.reset()
                 log.info(
                     "broker_connected",
@@ -277,6 +282,8 @@ class MqttSession:
 
     def _set_connected(self, connected: bool) -> None:
         self.connected = connected
+        if not connected:
+            self.subscribed = False
         self.metrics.mqtt_connected.set(1 if connected else 0)
 
 

@@ -511,16 +511,18 @@ class Daemon:
     async def health(self) -> tuple[bool, Health]:
         database = await self._database_health()
         broker = self.session is not None and self.session.connected
-        healthy = database.ok and broker and self.starting is None
+        subscribed = broker and self.session is not None and self.session.subscribed
+        healthy = database.ok and subscribed and self.starting is None
         writer = self.writer
         body = Health(
             status="ok" if healthy else "unhealthy",
-            reason=UNSET if healthy else self._unhealthy_because(database),
+            reason=UNSET if healthy else self._unhealthy_because(database, broker=broker),
             node_id=self.node_id,
             version=gateway_version(),
             database=database,
             broker=BrokerHealth(
-                ok=broker,
+                ok=subscribed,
+                subscribed=subscribed,
                 address=self.broker_address,
                 connections=0 if self.session is None else self.session.connections,
             ),
@@ -538,12 +540,14 @@ class Daemon:
         )
         return healthy, body
 
-    def _unhealthy_because(self, database: DatabaseHealth) -> str:
+    def _unhealthy_because(self, database: DatabaseHealth, *, broker: bool) -> str:
         if self.starting is not None:
             return self.starting
         if not database.ok:
             return f"database: {database.error}"
         address = "{}:{}".format(*self.broker_address) if self.broker_address else "?"
+        if broker:
+            return f"connected to the broker at {address}, subscriptions not acknowledged yet"
         return f"not connected to the broker at {address}"
 
     def _audit_failed(self, table: str, exc: asyncpg.PostgresError) -> None:

@@ -26,7 +26,7 @@ from storage.pool import create_pool
 
 FAKE_HEALTH = Health(
     status="ok", node_id="api-test", version="test", database=DatabaseHealth(ok=True),
-    broker=BrokerHealth(ok=True, address=None, connections=0), audit_failures=0,
+    broker=BrokerHealth(ok=True, subscribed=True, address=None, connections=0), audit_failures=0,
     ingest=IngestHealth(queued=0, seconds_since_progress=None),
 )  # fmt: skip
 FAKE_HEALTH_JSON = msgspec.to_builtins(FAKE_HEALTH)
