@@ -319,6 +319,11 @@ async def silent_devices(
     return list(await conn.fetch(SILENT_DEVICES, silent_seconds, rule_key))
 
 
+async def release_held_deliveries(conn: asyncpg.Connection, alarm_id: int, now: datetime) -> None:
+    """A woken alarm's notifications held for quiet hours: due now."""
+    await conn.execute(_Q["release_held_deliveries"], alarm_id, now)
+
+
 async def delayed(conn: asyncpg.Connection, after_id: int, limit: int) -> list[asyncpg.Record]:
     return list(await conn.fetch(DELAYED, after_id, limit))
 

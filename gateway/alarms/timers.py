@@ -181,6 +181,9 @@ class AlarmTimers:
                     actor=QUIET_ACTOR,
                     event_type=EVENT_WOKEN,
                 ):
+                    # Its notifications were made due when the window was to end: a window
+                    # that ended sooner (a reload took it away) must not hold them longer.
+                    await repo.release_held_deliveries(conn, row["id"], now)
                     report.woken.append(row["id"])
             if len(rows) < BATCH:
                 break

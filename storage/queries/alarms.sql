@@ -155,6 +155,13 @@ SELECT id, device_id, severity FROM alarm
 WHERE status = 'DELAYED' AND id > $1
 ORDER BY id LIMIT $2;
 
+-- name: release_held_deliveries
+-- $1 alarm id, $2 now; its notifications that waited for the end of quiet hours, due now: the
+-- alarm was woken (its window ended early, or a reload took it away), so they wait no longer.
+UPDATE notify_delivery
+SET next_attempt_at = $2
+WHERE alarm_id = $1 AND status = 'PENDING' AND attempts = 0 AND next_attempt_at > $2;
+
 -- name: mark_unreached
 -- $1 fired at or before, $2 now, $3 limit; NEW alarms that reached nobody in time, marked once
 -- (another node's pass skips the rows this one holds, then finds them marked).

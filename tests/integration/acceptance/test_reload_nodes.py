@@ -28,6 +28,7 @@ from protocol import Topics
 from storage.pool import create_pool
 from tests.support.daemon import make_config, metric, running_daemon
 from tests.support.mosquitto import Mosquitto, events_subscriber
+from tests.support.receivers import webhook_server
 from tests.support.waiting import wait_until
 
 TOPICS = Topics("iot")
@@ -155,6 +156,43 @@ async def test_delayed_alarms_wake_when_a_reload_removes_the_quiet_hours_window(
         "system:quiet-hours",
     )  # fmt: skip
     assert woken == len(DEVICES)  # once each, though both nodes' timers looked
+
+
+def _webhook(url: str) -> str:
+    return (
+        "\n[notify]\npoll_s = 0.1\nbackoff_min_s = 0.05\nbackoff_max_s = 0.2\n"
+        f'[[notify.receivers]]\nname = "hook"\nkind = "webhook"\nurl = "{url}"\n'
+        '[[notify.routes]]\nevents = ["alarm.created"]\nreceivers = ["hook"]\n'
+    )
+
+
+async def test_notifications_a_removed_quiet_hours_window_held_are_sent_when_it_goes(
+    db_dsn: str, mosquitto: Mosquitto
+) -> None:
+    # No MQTT subscriber: the webhook is the only way the alarms reach a person. Its
+    # deliveries were made due at the window's end (an hour away); the window removed by a
+    # reload, the alarms are woken and their deliveries go at once, so they are pushed.
+    async with webhook_server() as hook:
+        held = DOOR + _webhook(hook.url("/hook")) + _window_around_now()
+        async with _two(_configs(db_dsn, mosquitto.port, held)) as daemons:
+            await _publish(mosquitto.port, _telemetry({"events": [{"type": "DOOR_OPEN"}]}))
+            delayed = "SELECT count(*) FROM alarm WHERE status = 'DELAYED'"
+            await wait_until(_count_is(db_dsn, delayed, len(DEVICES)), timeout=60,
+                             message="every door alarm held back by the window")  # fmt: skip
+            waiting = "SELECT count(*) FROM notify_delivery WHERE status = 'PENDING'"
+            await wait_until(_count_is(db_dsn, waiting, len(DEVICES)), timeout=30,
+                             message="their deliveries wait for the window's end")  # fmt: skip
+            assert hook.on("/hook") == []
+            free = DOOR + _webhook(hook.url("/hook")) + "\n[alarms]\ntimer_interval_s = 0.2\n"
+            for daemon, config in zip(daemons, _configs(db_dsn, mosquitto.port, free), strict=True):
+                daemon.reload(config)
+            pushed = "SELECT count(*) FROM alarm WHERE status = 'PUSHED'"
+            await wait_until(
+                _count_is(db_dsn, pushed, len(DEVICES)),
+                timeout=30,
+                message="the deliveries the removed window held are sent and push the alarms",
+            )
+        assert len(hook.on("/hook")) == len(DEVICES)
 
 
 async def _states(dsn: str) -> dict[str, int]:
