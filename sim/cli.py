@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import json
 import logging
 import os
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -59,6 +61,32 @@ def _parser() -> argparse.ArgumentParser:
         default=os.environ.get("GATEWAY_BENCH_DSN"),
         help="PostgreSQL DSN of a role that may create databases; the bench creates and drops "
         "its own (default: $GATEWAY_BENCH_DSN, else the gateway's embedded PostgreSQL)",
+    )
+
+    field = commands.add_parser(
+        "field",
+        help="real daemons in field conditions, checked against a reference model "
+        "(docs/field-simulation.md)",
+    )
+    field.add_argument("--seed", type=int, default=1, help="the first seed (default 1)")
+    field.add_argument("--seeds", type=int, default=1, help="how many seeds, one after another")
+    field.add_argument("--nodes", type=int, default=3, help="gateway processes (default 3)")
+    field.add_argument(
+        "--minutes", type=float, default=1.0, help="device traffic per seed (default 1)"
+    )
+    field.add_argument("--devices", type=int, default=24, help="devices per seed (default 24)")
+    field.add_argument(
+        "--dsn",
+        default=os.environ.get("GATEWAY_BENCH_DSN"),
+        help="PostgreSQL DSN of a role that may create databases; one is created and dropped "
+        "per seed (default: $GATEWAY_BENCH_DSN, else the gateway's embedded PostgreSQL)",
+    )
+    field.add_argument("--json", type=Path, help="also write every seed's result (JSON lines)")
+    field.add_argument(
+        "--keep", type=Path, help="keep each seed's configs and logs under this directory"
+    )
+    field.add_argument(
+        "--plan", action="store_true", help="only print each seed's plan (devices, faults)"
     )
     return parser
 
@@ -112,6 +140,44 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _field(args: argparse.Namespace) -> int:
+    from sim.field import plan_summary, render, run_field
+
+    seeds = range(args.seed, args.seed + args.seeds)
+    if args.plan:
+        for seed in seeds:
+            print(plan_summary(seed, minutes=args.minutes, nodes=args.nodes, devices=args.devices))
+        return 0
+
+    async def run() -> int:
+        failed = 0
+        async with contextlib.AsyncExitStack() as stack:
+            dsn = args.dsn
+            if dsn is None:
+                from sim.bench import embedded_database
+
+                workdir = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+                dsn = await stack.enter_async_context(embedded_database(workdir))
+            for seed in seeds:
+                result = await run_field(
+                    seed,
+                    minutes=args.minutes,
+                    nodes=args.nodes,
+                    devices=args.devices,
+                    server_dsn=dsn,
+                    keep=args.keep,
+                )
+                print(render(result), flush=True)
+                failed += not result.ok
+                if args.json:
+                    with args.json.open("a") as out:
+                        out.write(json.dumps(result.as_json()) + "\n")
+        print(f"{len(seeds)} seeds, {failed} with discrepancies")
+        return 1 if failed else 0
+
+    return asyncio.run(run())
+
+
 def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
     try:
         import uvloop
@@ -132,6 +198,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return devices_cli.run(args, _loop_factory())
     if args.command == "bench":
         return _bench(args)
+    if args.command == "field":
+        return _field(args)
     try:
         return asyncio.run(_publish(args))
     except aiomqtt.MqttError as exc:

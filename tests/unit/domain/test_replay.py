@@ -14,9 +14,7 @@ RULES = compile_rules(
     [
         RuleConfig(key="sos", kind="event", event="SOS", severity="CRITICAL"),
         RuleConfig(key="door", kind="event", event="DOOR_OPEN", severity="MAJOR"),
-        RuleConfig(
-            key="hot", kind="threshold", metric="temp", op=">", value=80, severity="MAJOR"
-        ),
+        RuleConfig(key="hot", kind="threshold", metric="temp", op=">", value=80, severity="MAJOR"),
         RuleConfig(
             key="held",
             kind="threshold",
@@ -59,7 +57,8 @@ def test_a_threshold_fires_once_per_episode_and_its_clearing_sample_clears_it() 
     assert alarms[0].clear_event_id == telemetry_event_id("d1", stream[3].message)
     # Nobody attended the cleared alarm: the next episode's alarm supersedes it.
     assert alarms[0].status == "SUPERSEDED"
-    assert alarms[1].status == "OPEN" and alarms[1].clear_event_id is None
+    assert alarms[1].status == "OPEN"
+    assert alarms[1].clear_event_id is None
 
 
 def test_a_clock_hours_ahead_does_not_hide_the_next_real_occurrence() -> None:

@@ -1,0 +1,922 @@
+"""``gateway-sim field``: real daemons in field conditions, checked against a reference model.
+
+One seed (docs/field-simulation.md): a plan of device streams and faults (`sim.field_plan`),
+played against real processes — N ``gateway run`` nodes in one ``$share`` group, a mosquitto
+with persistence, PostgreSQL, a webhook receiver — and then checked:
+
+- every message sent is stored exactly once (twice-sent ones included), and a maintenance
+  pass keeps the samples of a clock months behind;
+- the alarms equal the reference model's: ``gateway rules replay`` (the pure evaluator, one
+  node reading each device's stream in its true order, each message judged at the receipt the
+  database recorded for it). For devices whose clock jumped (judged in arrival order) only
+  which alarms exist is compared; for the others which superseded which, and which cleared;
+- the inactivity rule a reload added fired once for each silent device and for no other;
+- every CRITICAL alarm reached the webhook; no alarm is left NEW or DELAYED (a reload took
+  the quiet hours away); no ``command-reclaims`` alarm came of the broker outage.
+
+A failing seed prints the command that replays it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any, Final
+
+import aiohttp
+import aiomqtt
+import asyncpg
+from aiohttp import web
+
+from protocol import Topics
+from sim.broker import free_port, mosquitto_binary
+from sim.field_plan import (
+    HOLD_S,
+    JUMPY,
+    Fault,
+    Plan,
+    Sent,
+    describe,
+    make_plan,
+    silent_seconds,
+)
+
+PREFIX: Final = "field"
+TOKEN: Final = secrets.token_urlsafe(24)
+LEASE_S: Final = 1.0
+TIMER_S: Final = 1.0
+SETTLE_TIMEOUT_S: Final = 60.0
+
+RULES: Final = f"""
+[[rules]]
+key = "sos"
+kind = "event"
+event = "SOS"
+severity = "CRITICAL"
+
+[[rules]]
+key = "door"
+kind = "event"
+event = "DOOR_OPEN"
+severity = "MAJOR"
+
+[[rules]]
+key = "hot"
+kind = "threshold"
+metric = "temp"
+op = ">"
+value = 80
+clear_value = 75
+severity = "MAJOR"
+
+[[rules]]
+key = "held"
+kind = "threshold"
+metric = "p"
+op = ">"
+value = 10
+for_seconds = {HOLD_S}
+severity = "WARNING"
+"""
+
+
+def _silent_rule(seconds: float) -> str:
+    return (
+        '\n[[rules]]\nkey = "silent"\nkind = "inactivity"\n'
+        f'devices = ["steady-*", "silent-*"]\nsilent_seconds = {seconds}\nseverity = "MAJOR"\n'
+    )
+
+
+def _quiet_window(now: datetime) -> str:
+    start = (now - timedelta(minutes=1)).strftime("%H:%M")
+    end = (now + timedelta(minutes=60)).strftime("%H:%M")
+    return f'\n[[alarms.quiet_hours.windows]]\nstart = "{start}"\nend = "{end}"\n'
+
+
+class FieldBroker:
+    """mosquitto on a fixed port with persistence: stopped and started again, it keeps the
+    nodes' sessions and what was queued for them (as a broker under maintenance does)."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.port = free_port()
+        self.workdir = workdir
+        self.conf = workdir / "mosquitto.conf"
+        self.conf.write_text(
+            f"listener {self.port} 127.0.0.1\n"
+            "allow_anonymous true\n"
+            "user root\n"
+            "persistence true\n"
+            f"persistence_location {workdir}/\n"
+            "max_inflight_messages 100\n"
+            "max_queued_messages 0\n"
+            f"log_dest file {workdir / 'mosquitto.log'}\n"
+        )
+        self._process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self._process = subprocess.Popen(
+            [mosquitto_binary(), "-c", str(self.conf)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+            except OSError:
+                time.sleep(0.02)
+            else:
+                return
+        raise RuntimeError("mosquitto did not start")
+
+    def stop(self) -> None:
+        if self._process is not None:
+            self._process.terminate()  # it writes its persistence file on the way out
+            self._process.wait(timeout=30)
+            self._process = None
+
+
+class Webhook:
+    """The person-facing receiver: every alarm event the nodes deliver, by alarm id."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.received: list[dict[str, Any]] = []
+        self._runner: web.AppRunner | None = None
+
+    async def _hook(self, request: web.Request) -> web.Response:
+        self.received.append(await request.json())
+        return web.Response(status=204)
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_post("/hook", self._hook)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    def alarm_ids(self, event: str) -> set[int]:
+        return {int(b["alarm_id"]) for b in self.received if b.get("event") == event}
+
+
+@dataclass
+class Node:
+    index: int
+    config: Path
+    http_port: int
+    log: Path
+    process: asyncio.subprocess.Process | None = None
+    starts: int = 0
+
+
+class Nodes:
+    """The ``gateway run`` processes, one config file each, rewritten for reloads."""
+
+    def __init__(
+        self, count: int, *, workdir: Path, broker_port: int, dsn: str, hook_url: str
+    ) -> None:
+        self.workdir = workdir
+        self.broker_port = broker_port
+        self.dsn = dsn
+        self.hook_url = hook_url
+        self.extra = ""
+        self.nodes = [
+            Node(n, workdir / f"node-{n}.toml", free_port(), workdir / f"node-{n}.log")
+            for n in range(count)
+        ]
+        self.write_configs()
+
+    def config_text(self, node: Node) -> str:
+        return (
+            f'[node]\nid = "field-{node.index}"\nstate_dir = "{self.workdir}/state-{node.index}"\n'
+            f'[mqtt]\nhost = "127.0.0.1"\nport = {self.broker_port}\n'
+            f'topic_prefix = "{PREFIX}"\nshared_group = "{PREFIX}"\nprotocol = "5"\n'
+            f'[database]\ndsn = "{self.dsn}"\n'
+            f"[http]\nport = {node.http_port}\n"
+            '[log]\nformat = "json"\nlevel = "info"\n'
+            "[retention]\ntelemetry_days = 30\n"
+            f"[alarms]\ntimer_interval_s = {TIMER_S}\nunreached_after_s = 60\n"
+            f"[commands]\nlease_s = {LEASE_S}\nack_window_s = 3600\nreaper_interval_s = 0.2\n"
+            "[outbox]\nretry_max_s = 2\n"
+            "[notify]\npoll_s = 0.5\nbackoff_max_s = 2\n"
+            f'[[notify.receivers]]\nname = "field-hook"\nkind = "webhook"\n'
+            f'url = "{self.hook_url}"\n'
+            '[[notify.routes]]\nevents = ["alarm.created"]\nreceivers = ["field-hook"]\n'
+            f'[[api.tokens]]\ntoken = "{TOKEN}"\nrole = "operator"\nname = "field"\n'
+            f"{RULES}{self.extra}"
+        )
+
+    def write_configs(self) -> None:
+        for node in self.nodes:
+            node.config.write_text(self.config_text(node))
+
+    async def start(self, node: Node) -> None:
+        with node.log.open("ab") as log:
+            node.process = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "gateway",
+                "run",
+                "--config",
+                str(node.config),
+                stdout=log,
+                stderr=log,
+            )
+        node.starts += 1
+
+    async def start_all(self) -> None:
+        for node in self.nodes:
+            await self.start(node)
+        async with aiohttp.ClientSession() as http:
+            for node in self.nodes:
+                await wait_healthy(http, node, timeout_s=120)
+
+    async def subscribed(self) -> None:
+        """Every node healthy again (its subscription made)."""
+        async with aiohttp.ClientSession() as http:
+            for node in self.nodes:
+                await wait_healthy(http, node, timeout_s=120)
+
+    def kill(self, node: Node) -> None:
+        if node.process is not None and node.process.returncode is None:
+            node.process.send_signal(signal.SIGKILL)
+
+    async def reload(self, extra: str) -> None:
+        self.extra = extra
+        self.write_configs()
+        for node in self.nodes:
+            if node.process is not None and node.process.returncode is None:
+                node.process.send_signal(signal.SIGHUP)
+
+    async def stop_all(self) -> list[int]:
+        codes = []
+        for node in self.nodes:
+            if node.process is not None and node.process.returncode is None:
+                node.process.terminate()
+        for node in self.nodes:
+            if node.process is not None:
+                try:
+                    async with asyncio.timeout(60):
+                        codes.append(await node.process.wait())
+                except TimeoutError:
+                    node.process.kill()
+                    codes.append(await node.process.wait())
+        return codes
+
+    def log_tail(self, lines: int = 15) -> str:
+        parts = []
+        for node in self.nodes:
+            text = node.log.read_text(errors="replace") if node.log.exists() else ""
+            parts.append(f"--- node {node.index}:\n" + "\n".join(text.splitlines()[-lines:]))
+        return "\n".join(parts)
+
+
+async def wait_healthy(http: aiohttp.ClientSession, node: Node, *, timeout_s: float) -> None:
+    async with asyncio.timeout(timeout_s):
+        while True:
+            if node.process is not None and node.process.returncode is not None:
+                raise RuntimeError(f"node {node.index} exited with {node.process.returncode}")
+            try:
+                async with http.get(f"http://127.0.0.1:{node.http_port}/health") as response:
+                    if response.status == 200:
+                        return
+            except aiohttp.ClientError:
+                pass
+            await asyncio.sleep(0.1)
+
+
+class Devices:
+    """The fleet's publisher: QoS 1, each message until the broker acknowledged it (a device
+    keeps what the broker did not take and sends it when the broker is back)."""
+
+    def __init__(self, port: int, topics: Topics) -> None:
+        self.port = port
+        self.topics = topics
+        self.published = 0
+        self.reconnects = 0
+        # Cleared while the broker is restarted and until every node has subscribed again:
+        # mosquitto (2.0.11) does not restore `$share` subscriptions from its persistence
+        # file, so what devices publish before the group's members subscribe again is
+        # dropped by the broker (docs/deploying.md). The simulation measures the gateway.
+        self.broker_ready = asyncio.Event()
+        self.broker_ready.set()
+
+    async def play(self, schedule: Sequence[Sent], started: float) -> None:
+        position = 0
+        while position < len(schedule):
+            try:
+                async with aiomqtt.Client(
+                    "127.0.0.1", self.port, identifier=f"field-devices-{os.getpid()}"
+                ) as client:
+                    while position < len(schedule):
+                        sent = schedule[position]
+                        delay = started + sent.at - time.monotonic()
+                        if delay > 0:
+                            await asyncio.sleep(delay)  # the device's own schedule
+                        await self.broker_ready.wait()
+                        topic = self.topics.telemetry(sent.device_id)
+                        await client.publish(topic, sent.payload, qos=1)
+                        if sent.duplicate:
+                            await client.publish(topic, sent.payload, qos=1)
+                        self.published += 1
+                        position += 1
+            except aiomqtt.MqttError:
+                self.reconnects += 1
+                await asyncio.sleep(0.2)  # a device's reconnect backoff, not a synchronisation
+
+
+@dataclass
+class Discrepancy:
+    what: str
+    detail: str
+
+    def __str__(self) -> str:
+        return f"{self.what}: {self.detail}"
+
+
+@dataclass
+class FieldResult:
+    seed: int
+    nodes: int
+    devices: int
+    messages: int
+    duplicates: int
+    faults: list[str]
+    alarms_checked: int = 0
+    merged_runs: int = 0  # see _runs: the ordering rule's measured limit
+    alarms_expected: int = 0
+    discrepancies: list[Discrepancy] = field(default_factory=list)
+    seconds: float = 0.0
+    replay: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return not self.discrepancies
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "seed": self.seed,
+            "nodes": self.nodes,
+            "devices": self.devices,
+            "messages": self.messages,
+            "duplicates": self.duplicates,
+            "faults": self.faults,
+            "alarms_checked": self.alarms_checked,
+            "alarms_expected": self.alarms_expected,
+            "merged_runs": self.merged_runs,
+            "discrepancies": [str(d) for d in self.discrepancies],
+            "seconds": round(self.seconds, 1),
+        }
+
+
+async def _admin(dsn: str) -> asyncpg.Connection:
+    return await asyncpg.connect(dsn, database="postgres")
+
+
+@contextlib.asynccontextmanager
+async def _database(server_dsn: str, seed: int, *, keep: bool) -> AsyncIterator[str]:
+    from sim.bench import _with_database
+
+    name = f"field_{seed}_{secrets.token_hex(3)}"
+    admin = await _admin(server_dsn)
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await admin.close()
+    try:
+        yield _with_database(server_dsn, name)
+    finally:
+        if keep:
+            print(f"database kept: {_with_database(server_dsn, name)}", file=sys.stderr)
+        else:
+            admin = await _admin(server_dsn)
+            try:
+                await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            finally:
+                await admin.close()
+
+
+def _workdir(seed: int, keep: Path | None) -> Path:
+    if keep is not None:
+        keep.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=f"gw-field-{seed}-", dir=keep))
+
+
+def replay_command(seed: int, *, minutes: float, nodes: int, devices: int) -> str:
+    return (
+        f"gateway-sim field --seed {seed} --nodes {nodes} --minutes {minutes:g} --devices {devices}"
+    )
+
+
+async def run_field(
+    seed: int,
+    *,
+    minutes: float,
+    nodes: int,
+    devices: int,
+    server_dsn: str,
+    keep: Path | None = None,
+) -> FieldResult:
+    """Run one seed end to end; the result lists every discrepancy with the model."""
+    began = time.monotonic()
+    workdir = _workdir(seed, keep)
+    broker = FieldBroker(workdir)
+    hook = Webhook()
+    try:
+        async with _database(server_dsn, seed, keep=keep is not None) as dsn:
+            await hook.start()
+            broker.start()
+            fleet = Nodes(
+                nodes,
+                workdir=workdir,
+                broker_port=broker.port,
+                dsn=dsn,
+                hook_url=f"http://127.0.0.1:{hook.port}/hook",
+            )
+            try:
+                await fleet.start_all()
+                plan = make_plan(seed, minutes=minutes, nodes=nodes, devices=devices)
+                result = FieldResult(
+                    seed,
+                    nodes,
+                    len(plan.devices),
+                    plan.unique(),
+                    plan.duplicates(),
+                    [f"{f.kind}@{f.at:g}s" for f in plan.faults],
+                    replay=replay_command(seed, minutes=minutes, nodes=nodes, devices=devices),
+                )
+                await _play(plan, fleet, broker, dsn)
+                await _check(plan, fleet, hook, dsn, result)
+            except BaseException:
+                print(fleet.log_tail(), file=sys.stderr)
+                raise
+            finally:
+                codes = await fleet.stop_all()
+            if any(code != 0 for code in codes):
+                result.discrepancies.append(
+                    Discrepancy("node exit", f"exit codes {codes} at SIGTERM")
+                )
+    finally:
+        await hook.stop()
+        broker.stop()
+        if keep is None:
+            shutil.rmtree(workdir, ignore_errors=True)
+    result.seconds = time.monotonic() - began
+    return result
+
+
+async def _play(plan: Plan, fleet: Nodes, broker: FieldBroker, dsn: str) -> None:
+    started = time.monotonic()
+    devices = Devices(broker.port, Topics(PREFIX))
+    play = asyncio.create_task(devices.play(plan.schedule(), started), name="devices")
+    try:
+        for fault in plan.faults:
+            delay = started + fault.at - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)  # the plan's own schedule
+            await _inject(fault, plan, fleet, broker, dsn, devices)
+        await play
+    finally:
+        play.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await play
+
+
+async def _inject(  # noqa: PLR0917 - the run's parts, each used by some fault
+    fault: Fault, plan: Plan, fleet: Nodes, broker: FieldBroker, dsn: str, devices: Devices
+) -> None:
+    if fault.kind == "kill_node":
+        node = fleet.nodes[fault.node]
+        fleet.kill(node)
+        if node.process is not None:
+            await node.process.wait()
+        await fleet.start(node)
+        # Up before the next fault: a service manager sends no reload to a unit still
+        # starting (a SIGHUP before the daemon's handler exists would end it).
+        await fleet.subscribed()
+    elif fault.kind == "broker_restart":
+        devices.broker_ready.clear()
+        broker.stop()
+        broker.start()
+        await fleet.subscribed()
+        devices.broker_ready.set()
+    elif fault.kind == "db_cut":
+        conn = await asyncpg.connect(dsn)
+        try:
+            await conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+        finally:
+            await conn.close()
+    elif fault.kind == "reload_add":
+        now = datetime.now(UTC)
+        await fleet.reload(_silent_rule(silent_seconds(plan.duration_s)) + _quiet_window(now))
+    elif fault.kind == "reload_remove_quiet":
+        await fleet.reload(_silent_rule(silent_seconds(plan.duration_s)))
+    else:
+        devices.broker_ready.clear()
+        await _outage(fault, plan, fleet, broker)
+        await fleet.subscribed()
+        devices.broker_ready.set()
+
+
+async def _outage(fault: Fault, plan: Plan, fleet: Nodes, broker: FieldBroker) -> None:
+    """Commands pending, then the broker away for longer than several leases."""
+    steady = [d.device_id for d in plan.devices if d.kind == "steady"][:5]
+    node = next(n for n in fleet.nodes if n.process is not None and n.process.returncode is None)
+    async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {TOKEN}"}) as http:
+        await wait_healthy(http, node, timeout_s=60)
+        for device in steady:
+            url = f"http://127.0.0.1:{node.http_port}/devices/{device}/commands"
+            async with http.post(url, json={"name": "reboot", "params": {}}) as response:
+                if response.status >= 300:
+                    raise RuntimeError(
+                        f"command refused: {response.status} {await response.text()}"
+                    )
+    broker.stop()
+    try:
+        await asyncio.sleep(fault.seconds)  # the outage itself: the plan's length
+    finally:
+        broker.start()
+
+
+async def _check(plan: Plan, fleet: Nodes, hook: Webhook, dsn: str, result: FieldResult) -> None:
+    conn = await asyncpg.connect(dsn)
+    try:
+        await _settle(plan, conn)
+        await _maintenance(fleet)
+        await _check_telemetry(plan, conn, result)
+        await _check_alarms(plan, fleet, conn, result)
+        await _check_inactivity(plan, conn, result)
+        await _check_reach(conn, hook, result)
+    finally:
+        await conn.close()
+
+
+async def _settle(plan: Plan, conn: asyncpg.Connection) -> None:
+    """Every message stored; then past the last hold that could fall due, and a timer pass."""
+    wanted = {m.event_id for d in plan.devices for m in d.messages}
+    # A message never stored is reported by the telemetry check: waiting ends at the deadline.
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(SETTLE_TIMEOUT_S):
+            while True:
+                stored = await conn.fetchval(
+                    "SELECT count(DISTINCT event_id) FROM telemetry"
+                    " WHERE event_id = ANY($1::text[])",
+                    list(wanted),
+                )
+                if stored >= len(wanted):
+                    break
+                await asyncio.sleep(0.5)
+        last = await conn.fetchval("SELECT max(received_at) FROM telemetry")
+        due = last + timedelta(seconds=HOLD_S + 4 * TIMER_S + 2)
+        wait = (due - await conn.fetchval("SELECT now()")).total_seconds()
+        if wait > 0:
+            await asyncio.sleep(wait)  # a time on the database's clock, not a condition
+
+
+async def _maintenance(fleet: Nodes) -> None:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "gateway",
+        "maintenance",
+        "run-once",
+        "--config",
+        str(fleet.nodes[0].config),
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    _, err = await process.communicate()
+    if process.returncode != 0:
+        raise RuntimeError(f"gateway maintenance run-once failed: {err.decode()}")
+
+
+async def _check_telemetry(plan: Plan, conn: asyncpg.Connection, result: FieldResult) -> None:
+    rows = await conn.fetch("SELECT event_id, count(*) AS n FROM telemetry GROUP BY event_id")
+    stored = {r["event_id"]: r["n"] for r in rows}
+    for device in plan.devices:
+        for message in device.messages:
+            n = stored.pop(message.event_id, 0)
+            if n != 1:
+                result.discrepancies.append(
+                    Discrepancy(
+                        "telemetry",
+                        f"{device.device_id} message {message.index} stored {n} times",
+                    )
+                )
+    for event_id, n in stored.items():
+        result.discrepancies.append(
+            Discrepancy("telemetry", f"{event_id} stored {n} times, never sent")
+        )
+
+
+async def _model(plan: Plan, fleet: Nodes, conn: asyncpg.Connection) -> list[dict[str, Any]]:
+    """``gateway rules replay`` on each device's stream in its true order, each message at the
+    receipt the database recorded for it, the hold timer run up to the database's now."""
+    receipts = {
+        r["event_id"]: r["received_at"]
+        for r in await conn.fetch(
+            "SELECT event_id, min(received_at) AS received_at FROM telemetry GROUP BY event_id"
+        )
+    }
+    until = await conn.fetchval("SELECT now()")
+    lines = []
+    for device in plan.devices:
+        for message in device.messages:  # the device's true order
+            received = receipts.get(message.event_id)
+            if received is None:
+                continue  # lost: reported by the telemetry check
+            lines.append(
+                json.dumps(
+                    {
+                        "device_id": device.device_id,
+                        "received_at": received.isoformat(),
+                        "message": json.loads(message.payload),
+                    }
+                )
+            )
+    stream = fleet.workdir / "model-input.jsonl"
+    stream.write_text("\n".join(lines) + "\n")
+    model_config = fleet.workdir / "model.toml"
+    model_config.write_text(f"{RULES}")
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "gateway",
+        "rules",
+        "replay",
+        "--config",
+        str(model_config),
+        "--input",
+        str(stream),
+        "--until",
+        until.isoformat(),
+        "--json",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await process.communicate()
+    if process.returncode != 0:
+        raise RuntimeError(f"gateway rules replay failed: {err.decode()}")
+    return [json.loads(line) for line in out.decode().splitlines() if line.strip()]
+
+
+MODEL_RULES: Final = ("sos", "door", "hot", "held")
+
+
+# Threshold rules: which sample of a run of violations raises its alarm (and which of the run
+# of normal samples after it clears it) depends on the order the nodes committed them: the
+# ordering rule promises the effect of the device order where nothing newer already stands
+# for a late sample, not the same sample (docs/rules-and-alarms.md, "The ordering rule"). So
+# a threshold alarm is compared by its run: one alarm per run, cleared by the run after it.
+THRESHOLDS: Final = {"hot": ("temp", 80.0), "held": ("p", 10.0)}
+
+
+def _runs(
+    plan: Plan, receipts: dict[str, datetime], result: FieldResult
+) -> dict[tuple[str, str], str]:
+    """(rule, telemetry event id) -> the run of its sample, in the device's true order.
+
+    One limit of the ordering rule is measured here instead of reported as a discrepancy: a
+    run of normal samples that the nodes committed only after the first violation of the run
+    that follows it (a broker outage's backlog shared out among nodes) was, to the gateway,
+    never there. The violation goes on: the three runs are one alarm, cleared by the next
+    normal run (docs/rules-and-alarms.md, "The ordering rule"). Such runs are merged into the
+    run before them, and counted in `merged_runs`."""
+    runs: dict[tuple[str, str], str] = {}
+    for device in plan.devices:
+        for rule, (metric, limit) in THRESHOLDS.items():
+            sequence: list[tuple[bool, list[str]]] = []
+            for message in device.messages:
+                value = json.loads(message.payload).get("metrics", {}).get(metric)
+                if value is None:
+                    continue
+                violating = value > limit
+                if not sequence or sequence[-1][0] != violating:
+                    sequence.append((violating, []))
+                sequence[-1][1].append(message.event_id)
+            labels = list(range(len(sequence)))
+            for k in range(1, len(sequence) - 1):
+                violating, members = sequence[k]
+                following = sequence[k + 1][1]
+                if violating or not all(e in receipts for e in members + following):
+                    continue
+                if min(receipts[e] for e in following) < min(receipts[e] for e in members):
+                    labels[k] = labels[k + 1] = labels[k - 1]
+                    result.merged_runs += 1
+            for k, (_, members) in enumerate(sequence):
+                for event_id in members:
+                    runs[(rule, event_id)] = f"run {labels[k]}"
+    return runs
+
+
+def _episode(runs: dict[tuple[str, str], str], rule: str, event_id: str | None) -> str | None:
+    if event_id is None:
+        return None
+    return runs.get((rule, event_id), event_id)
+
+
+async def _check_alarms(
+    plan: Plan, fleet: Nodes, conn: asyncpg.Connection, result: FieldResult
+) -> None:
+    expected = await _model(plan, fleet, conn)
+    result.alarms_expected = len(expected)
+    rows = await conn.fetch(
+        "SELECT a.id, a.device_id, a.rule_key, a.telemetry_event_id, a.status, a.clear_event_id,"
+        " s.telemetry_event_id AS superseded_by_event"
+        " FROM alarm a LEFT JOIN alarm s ON s.id = a.superseded_by"
+        " WHERE a.rule_key = ANY($1::text[])",
+        list(MODEL_RULES),
+    )
+    receipts = {
+        r["event_id"]: r["received_at"]
+        for r in await conn.fetch(
+            "SELECT event_id, min(received_at) AS received_at FROM telemetry GROUP BY event_id"
+        )
+    }
+    runs = _runs(plan, receipts, result)
+    kinds = {d.device_id: d.kind for d in plan.devices}
+    actual: dict[tuple[str, str, str | None], asyncpg.Record] = {}
+    for row in rows:
+        rule = row["rule_key"]
+        key = (row["device_id"], rule, _episode(runs, rule, row["telemetry_event_id"]))
+        if key in actual:
+            result.discrepancies.append(Discrepancy("alarm twice", _show(key)))
+        actual[key] = row
+    result.alarms_checked = len(rows)
+    # Alarms of runs merged into one (see _runs) are one alarm: the last one's outcome.
+    collapsed: dict[tuple[str, str, str | None], dict[str, Any]] = {}
+    for alarm in expected:
+        rule = alarm["rule_key"]
+        key = (alarm["device_id"], rule, _episode(runs, rule, alarm["telemetry_event_id"]))
+        collapsed[key] = {**collapsed.get(key, {}), **alarm}
+    for key, alarm in collapsed.items():
+        rule = alarm["rule_key"]
+        row = actual.pop(key, None)
+        if row is None:
+            result.discrepancies.append(
+                Discrepancy("alarm missing", f"{_show(key)} (model: {alarm})")
+            )
+            continue
+        if kinds[alarm["device_id"]] in JUMPY:
+            continue
+        got = (
+            "SUPERSEDED" if row["status"] == "SUPERSEDED" else "OPEN",
+            _episode(runs, rule, row["superseded_by_event"]),
+            _episode(runs, rule, row["clear_event_id"]),
+        )
+        want = (
+            alarm["status"],
+            _episode(runs, rule, alarm["superseded_by"]),
+            _episode(runs, rule, alarm["clear_event_id"]),
+        )
+        if got != want:
+            result.discrepancies.append(
+                Discrepancy(
+                    "alarm differs",
+                    f"{_show(key)}: status/superseded by/cleared by "
+                    f"{_short(got)}, model {_short(want)}",
+                )
+            )
+    for key, row in actual.items():
+        result.discrepancies.append(
+            Discrepancy("alarm unexpected", f"{_show(key)} ({row['status']})")
+        )
+    await _check_chains(plan, conn, result)
+    reclaims = await conn.fetchval("SELECT count(*) FROM alarm WHERE rule_key = 'command-reclaims'")
+    if reclaims:
+        result.discrepancies.append(
+            Discrepancy("outage", f"{reclaims} command-reclaims alarms raised by a broker outage")
+        )
+
+
+def _show(key: tuple[str, str, str | None]) -> str:
+    return f"{key[0]} {key[1]} {(key[2] or '-')[:12]}"
+
+
+def _short(values: tuple[str | None, ...]) -> str:
+    return "/".join((v[:12] if v else "-") for v in values)
+
+
+async def _check_chains(plan: Plan, conn: asyncpg.Connection, result: FieldResult) -> None:
+    """An occurrence is never hidden: an event alarm superseded leads, alarm by alarm, to one
+    that is open; each (device, event rule) has exactly one open alarm if it has any."""
+    rows = await conn.fetch(
+        "SELECT id, device_id, rule_key, status, superseded_by FROM alarm"
+        " WHERE rule_key IN ('sos', 'door')"
+    )
+    by_id = {r["id"]: r for r in rows}
+    open_per_slot: dict[tuple[str, str], int] = {}
+    for row in rows:
+        slot = (row["device_id"], row["rule_key"])
+        open_per_slot.setdefault(slot, 0)
+        if row["status"] != "SUPERSEDED":
+            open_per_slot[slot] += 1
+            continue
+        seen, current = set(), row
+        while current["status"] == "SUPERSEDED":
+            if current["id"] in seen or current["superseded_by"] not in by_id:
+                result.discrepancies.append(
+                    Discrepancy("hidden", f"alarm {row['id']} leads to no open alarm")
+                )
+                break
+            seen.add(current["id"])
+            current = by_id[current["superseded_by"]]
+    for slot, n in open_per_slot.items():
+        if n != 1:
+            result.discrepancies.append(
+                Discrepancy("open alarms", f"{slot[0]} {slot[1]}: {n} open, expected 1")
+            )
+
+
+async def _check_inactivity(plan: Plan, conn: asyncpg.Connection, result: FieldResult) -> None:
+    rows = await conn.fetch(
+        "SELECT device_id, status, cleared_at FROM alarm WHERE rule_key = 'silent'"
+    )
+    per_device: dict[str, int] = {}
+    for row in rows:
+        per_device[row["device_id"]] = per_device.get(row["device_id"], 0) + 1
+    for device in plan.devices:
+        n = per_device.pop(device.device_id, 0)
+        want = 1 if device.kind == "silent" else 0
+        if n != want:
+            result.discrepancies.append(
+                Discrepancy("inactivity", f"{device.device_id}: {n} alarms, expected {want}")
+            )
+    for device_id, n in per_device.items():
+        result.discrepancies.append(Discrepancy("inactivity", f"{device_id}: {n} unexpected"))
+
+
+async def _check_reach(conn: asyncpg.Connection, hook: Webhook, result: FieldResult) -> None:
+    """Every CRITICAL alarm raised open reached the webhook; nothing is left NEW or DELAYED."""
+    critical = {
+        r["id"]
+        for r in await conn.fetch(
+            "SELECT a.id FROM alarm a JOIN alarm_audit c ON c.alarm_id = a.id"
+            " AND c.action = 'create' AND c.to_status <> 'SUPERSEDED'"
+            " WHERE a.severity = 'CRITICAL'"
+        )
+    }
+    try:
+        async with asyncio.timeout(60):
+            while True:
+                waiting = await conn.fetchval(
+                    "SELECT count(*) FROM alarm WHERE status IN ('NEW', 'DELAYED')"
+                )
+                if not waiting and critical <= hook.alarm_ids("alarm.created"):
+                    return
+                await asyncio.sleep(0.5)
+    except TimeoutError:
+        pass
+    missed = critical - hook.alarm_ids("alarm.created")
+    if missed:
+        result.discrepancies.append(
+            Discrepancy("reach", f"CRITICAL alarms never at the webhook: {sorted(missed)}")
+        )
+    for row in await conn.fetch(
+        "SELECT id, device_id, rule_key, status FROM alarm WHERE status IN ('NEW', 'DELAYED')"
+    ):
+        result.discrepancies.append(
+            Discrepancy(
+                "stuck", f"alarm {row['id']} {row['device_id']} {row['rule_key']} {row['status']}"
+            )
+        )
+
+
+def render(result: FieldResult) -> str:
+    lines = [
+        f"seed {result.seed}: {result.nodes} nodes, {result.devices} devices, "
+        f"{result.messages} messages ({result.duplicates} sent twice), "
+        f"faults {', '.join(result.faults)}",
+        f"alarms: {result.alarms_checked} stored, {result.alarms_expected} expected by the model "
+        f"({result.merged_runs} runs merged by late samples); "
+        f"{len(result.discrepancies)} discrepancies ({result.seconds:.0f} s)",
+    ]
+    lines += [f"  {d}" for d in result.discrepancies[:40]]
+    if not result.ok:
+        lines.append(f"replay: {result.replay}")
+    return "\n".join(lines)
+
+
+def plan_summary(seed: int, *, minutes: float, nodes: int, devices: int) -> str:
+    return "\n".join(describe(make_plan(seed, minutes=minutes, nodes=nodes, devices=devices)))
