@@ -34,6 +34,7 @@ from gateway.domain.alarm import active_key, dedup_key
 from gateway.domain.rules import (
     Clearing,
     DeviceClock,
+    Evaluation,
     Firing,
     InactivityRule,
     RuleSet,
@@ -50,7 +51,9 @@ from gateway.support.loops import RETRYABLE, sleep_unless_stopped, wait_event_or
 from gateway.support.metrics import Metrics
 from protocol import Telemetry
 from storage import alarms as repo
+from storage import device_clock as clock_repo
 from storage import rule_state as state_repo
+from storage.device_clock import ClockFigure
 from storage.rule_state import HoldRule, RuleStateRow, StateWriteConflictError
 
 log = structlog.get_logger(__name__)
@@ -76,6 +79,9 @@ class BatchAlarms:
     late: int = 0  # alarms raised by samples committed out of order (already cleared/superseded)
     states_written: int = 0
     clock_adjustments: dict[str, int] = field(default_factory=dict)
+    # The same per (device, reason), with the batch's last adjustment of each: written in
+    # the batch's transaction (storage.device_clock), only when there is one.
+    device_clocks: dict[tuple[str, str], ClockFigure] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -187,8 +193,7 @@ class AlarmEngine:
                 rules, loaded.states, device_id, event_id, message, received_at=now, clock=clock
             )
             if evaluation.clock_adjustment is not None:
-                reason = evaluation.clock_adjustment.value
-                batch.clock_adjustments[reason] = batch.clock_adjustments.get(reason, 0) + 1
+                _count_adjustment(batch, device_id, message, evaluation, now)
             for outcome in evaluation.outcomes:
                 if isinstance(outcome, Firing) and outcome.superseded_by_event is None:
                     if (outcome.device_id, outcome.rule_key) in in_run:
@@ -205,6 +210,8 @@ class AlarmEngine:
                     await self._clear(conn, outcome, now, batch)
         await self._fire(conn, run, now, batch)
         await self._write_states(conn, loaded, batch)
+        if batch.device_clocks:  # rare: no statement at all when no clock was adjusted
+            await clock_repo.record_adjustments(conn, list(batch.device_clocks.values()))
         return batch
 
     async def fire_due_holds(
@@ -406,6 +413,29 @@ class AlarmEngine:
             await record_cleared(
                 conn, row, clear_event_id=row["event_id"], reason="device heard from again"
             )
+
+
+def _count_adjustment(
+    batch: BatchAlarms,
+    device_id: str,
+    message: Telemetry,
+    evaluation: Evaluation,
+    received_at: datetime,
+) -> None:
+    adjustment, judged_at = evaluation.clock_adjustment, evaluation.judged_at
+    assert adjustment is not None
+    assert judged_at is not None
+    reason = adjustment.value
+    batch.clock_adjustments[reason] = batch.clock_adjustments.get(reason, 0) + 1
+    known = batch.device_clocks.get((device_id, reason))
+    batch.device_clocks[(device_id, reason)] = ClockFigure(
+        device_id,
+        reason,
+        1 if known is None else known.count + 1,
+        received_at,
+        message.timestamp(),
+        judged_at,
+    )
 
 
 def _request(firing: Firing) -> AlarmRequest:

@@ -18,7 +18,9 @@ from gateway.api.errors import DEVICE_NOT_FOUND, ApiError, bad_request
 from gateway.api.routes import route
 from gateway.api.schemas import (
     LIMIT_DEFAULT,
+    ClockAdjustmentSeen,
     Device,
+    DeviceClockFigures,
     DeviceDetail,
     DeviceOne,
     DevicePage,
@@ -33,6 +35,8 @@ from gateway.domain.errors import ConfigError
 from gateway.domain.rules import DeviceSelector, device_selector
 from protocol.ids import IDENTIFIER_PATTERN
 from storage import console as repo
+from storage import device_clock as clock_repo
+from storage.device_clock import ClockFigure
 
 Pool = NamedDependency[asyncpg.Pool]
 
@@ -165,7 +169,8 @@ def _latest(samples: list[Any]) -> tuple[dict[str, LatestMetric], list[LatestEve
     description=(
         f"`latest_metrics` holds each metric's newest value among the device's newest "
         f"{LATEST_WINDOW} samples; `latest_events` their events, newest first, at most "
-        f"{LATEST_EVENTS_MAX}."
+        f"{LATEST_EVENTS_MAX}. `clock` counts the samples judged at another time than their "
+        "own (or ordered by `seq` against it), per reason, and shows the last one."
     ),
 )
 async def get_device(pool: Pool, id: DeviceId) -> DeviceOne:
@@ -173,6 +178,7 @@ async def get_device(pool: Pool, id: DeviceId) -> DeviceOne:
     if row is None:
         raise ApiError(DEVICE_NOT_FOUND, f"no device {id}", device_id=id)
     metrics, events = _latest(await repo.latest_samples(pool, id, LATEST_WINDOW))
+    clock = _clock(await clock_repo.device_adjustments(pool, id))
     base = _device(row)
     return DeviceOne(
         device=DeviceDetail(
@@ -180,7 +186,26 @@ async def get_device(pool: Pool, id: DeviceId) -> DeviceOne:
             bound=row["bound"],
             latest_metrics=metrics,
             latest_events=events,
+            clock=clock,
         )
+    )
+
+
+def _clock(figures: list[ClockFigure]) -> DeviceClockFigures:
+    """The figures as the API shows them; `figures` come latest first."""
+    counts = {f.reason: f.count for f in figures}
+    if not figures:
+        return DeviceClockFigures(adjustments=counts)
+    last = figures[0]
+    return DeviceClockFigures(
+        adjustments=counts,
+        last=ClockAdjustmentSeen(
+            received_at=last.last_received_at,
+            reason=last.reason,
+            device_ts=last.last_device_ts,
+            judged_ts=last.last_judged_ts,
+            skew_s=(last.last_device_ts - last.last_judged_ts).total_seconds(),
+        ),
     )
 
 

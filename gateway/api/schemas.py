@@ -25,7 +25,7 @@ from gateway.domain.alarm import (
     AlarmStatus,
 )
 from gateway.domain.command import CommandStatus, Delivery, ReceiptOutcome, RejectReason
-from gateway.domain.rules import RULE_KEY_PATTERN
+from gateway.domain.rules import RULE_KEY_PATTERN, ClockAdjustment
 from protocol import MetricValue, ReceiptResult
 from protocol.ids import IDENTIFIER_PATTERN
 
@@ -392,13 +392,46 @@ class LatestEvent(msgspec.Struct, kw_only=True):
     ts: datetime  # the sample's device time
 
 
+ClockReason = Annotated[
+    str,
+    msgspec.Meta(
+        description=(
+            "Why a sample was judged at another time than its own, or ordered by its `seq` "
+            f"against it: {', '.join(a.value for a in ClockAdjustment)} "
+            "(docs/rules-and-alarms.md, Device clocks)."
+        )
+    ),
+]
+
+
+class ClockAdjustmentSeen(msgspec.Struct, kw_only=True):
+    """The device's last clock adjustment: when the batch that judged the sample ran
+    (database time), why, the time the sample was sent with and the time it was judged at;
+    ``skew_s`` is the difference (sent minus judged: positive, a clock ahead)."""
+
+    received_at: datetime
+    reason: ClockReason
+    device_ts: datetime
+    judged_ts: datetime
+    skew_s: float
+
+
+class DeviceClockFigures(msgspec.Struct, kw_only=True):
+    """How often the device's samples were adjusted, per reason (every node's count, added
+    up), and the last adjustment (null: never)."""
+
+    adjustments: dict[ClockReason, int]
+    last: ClockAdjustmentSeen | None = None
+
+
 class DeviceDetail(Device, kw_only=True):
     """A device with its latest value of each metric and its latest events (newest first, at
-    most 20), both from its newest samples."""
+    most 20), both from its newest samples, and its clock figures."""
 
     bound: bool
     latest_metrics: dict[str, LatestMetric]
     latest_events: list[LatestEvent]
+    clock: DeviceClockFigures
 
 
 class DeviceOne(msgspec.Struct, kw_only=True):

@@ -463,11 +463,18 @@ RuleStates: TypeAlias = MutableMapping[SlotKey, RuleState]
 
 
 class ClockAdjustment(enum.StrEnum):
-    """Why a sample was judged at its receive time instead of its device time."""
+    """Why a sample was judged at another time than its device time, or ordered by its
+    `seq` against what its device time says."""
 
     AHEAD = "ahead"  # dated further ahead of its receipt than max_future_skew
     BEHIND = "behind"  # further back than reorder_window from the newest already judged
     STATE_AHEAD = "state_ahead"  # the rule state held device times from a clock ahead
+    # Its seq follows the newest judged, its time is before it (an NTP step back): newer,
+    # judged at the newest time already judged.
+    STEPPED_BACK = "stepped_back"
+    # Its seq is below the newest judged, its time after it (a reboot): a new seq epoch,
+    # judged at its device time.
+    SEQ_RESET = "seq_reset"
 
 
 @dataclass(frozen=True, slots=True)
@@ -495,6 +502,27 @@ def judged_time(
     if newest is not None and sent < newest - clock.reorder_window:
         return received, ClockAdjustment.BEHIND
     return sent, None
+
+
+def seq_order(
+    at: datetime, seq: int | None, newest: datetime | None, newest_seq: int | None
+) -> tuple[datetime, ClockAdjustment | None]:
+    """The time a sample judged at `at` (within the clock's bounds) is judged at once its
+    `seq` is weighed against the newest sample already judged (`newest`, `newest_seq`).
+
+    Where both have a seq, seq orders the device's samples inside an epoch, and a new epoch
+    (seq dropping while time moves forward: a reboot) is newer than the last, in arrival
+    order. A seq above the newest judged with a time before it is a clock stepped back (NTP),
+    not a reordering: the sample is newer, judged at `newest` so that no state moves back. A
+    seq below with a time after is a new epoch, judged at its time. Where seq and time agree,
+    or either side has no seq, time alone orders (a reordering between nodes stays late)."""
+    if seq is None or newest is None or newest_seq is None:
+        return at, None
+    if seq > newest_seq and at < newest:
+        return newest, ClockAdjustment.STEPPED_BACK
+    if seq < newest_seq and at > newest:
+        return at, ClockAdjustment.SEQ_RESET
+    return at, None
 
 
 _STATE_TIMES: Final = (
@@ -613,8 +641,11 @@ class Evaluation:
     """What one message does: `outcomes`, to write in this order."""
 
     outcomes: tuple[Outcome, ...] = ()
-    # Set when the message was judged at its receipt rather than its device time.
+    # Set when the message was judged at another time than its device time (its receipt,
+    # the newest time judged), or ordered by its seq against its device time.
     clock_adjustment: ClockAdjustment | None = None
+    # The time it was judged at, when `clock_adjustment` is set.
+    judged_at: datetime | None = None
 
     @property
     def firings(self) -> tuple[Firing, ...]:
@@ -709,6 +740,13 @@ class _Run:
             )
         )
 
+    def newest(self, state: RuleState) -> RuleState:
+        """`state` with this sample as the newest judged, unless it is late: `last_ts` and
+        `last_seq` are always the time and seq of one sample."""
+        if self.is_late(state):
+            return state
+        return replace(state, last_ts=self.observed_at, last_seq=self.seq)
+
     def is_late(self, state: RuleState) -> bool:
         """Older than the newest sample judged for this (device, rule)."""
         last = state.last_ts
@@ -772,27 +810,35 @@ def evaluate(
     With `received_at` (the daemon always gives it), device time counts only within the bounds
     of `clock` (`judged_time`): outside them the message is judged at its receipt, and a rule
     state holding times from a clock ahead is brought back first. Without it, device time
-    alone (the pure ordering rule above, for tests of it).
+    alone (the pure ordering rule above, for tests of it). Either way, where the message and
+    the newest sample judged both have a seq, seq orders them first (`seq_order`).
     """
     device_rules = rules._device(device_id)
     if not device_rules.rules:
         return Evaluation()
     sent = message.timestamp()
     at, adjustment = sent, None
-    if received_at is not None:
-        newest: datetime | None = None
-        for key in state_keys(rules, device_id, message):
-            state = states.get(key)
-            if state is None:
-                continue
+    newest: datetime | None = None
+    newest_seq: int | None = None
+    for key in state_keys(rules, device_id, message):
+        state = states.get(key)
+        if state is None:
+            continue
+        if received_at is not None:
             repaired = _without_future(state, received_at, clock)
             if repaired is not None:
                 states[key] = state = repaired
                 adjustment = ClockAdjustment.STATE_AHEAD
-            if state.last_ts is not None and (newest is None or state.last_ts > newest):
-                newest = state.last_ts
+        last = state.last_ts
+        if last is not None and (
+            newest is None or last > newest or (last == newest and _seq_above(state, newest_seq))
+        ):
+            newest, newest_seq = last, state.last_seq
+    if received_at is not None:
         at, judged = judged_time(sent, received_at, newest, clock)
         adjustment = judged or adjustment
+    at, ordered = seq_order(at, message.seq, newest, newest_seq)
+    adjustment = adjustment or ordered
     run = _Run(states, device_id, event_id, at, message.seq, sent_at=sent)
     if message.events:
         _judge_events(device_rules, message.event_types(), run)
@@ -800,7 +846,11 @@ def evaluate(
         for threshold in device_rules.thresholds:
             if threshold.metric in message.metrics:
                 _judge_sample(threshold, message.metrics[threshold.metric], run)
-    return Evaluation(tuple(run.outcomes), adjustment)
+    return Evaluation(tuple(run.outcomes), adjustment, None if adjustment is None else at)
+
+
+def _seq_above(state: RuleState, seq: int | None) -> bool:
+    return state.last_seq is not None and (seq is None or state.last_seq > seq)
 
 
 def _judge_events(device_rules: _DeviceRules, event_types: Sequence[str], run: _Run) -> None:
@@ -820,7 +870,6 @@ def _judge_events(device_rules: _DeviceRules, event_types: Sequence[str], run: _
 def _occurred(rule: EventRule, reason: str, run: _Run) -> None:
     state = run.get(rule)
     at = run.observed_at
-    last = _later(state.last_ts, at)
     if state.fired_ts is not None and at < state.fired_ts:
         # Late, and older than the alarm raised since: that one superseded it; a clear event
         # between the two cleared it first.
@@ -831,10 +880,10 @@ def _occurred(rule: EventRule, reason: str, run: _Run) -> None:
             superseded_by=state.fired_event_id,
             cleared_by=state.clear_event_id if between else None,
         )
-        run.put(rule, replace(state, last_ts=last))
+        run.put(rule, run.newest(state))
         return
     run.fire(rule, reason)
-    state = replace(state, firing=True, fired_ts=at, fired_event_id=run.event_id, last_ts=last)
+    state = replace(run.newest(state), firing=True, fired_ts=at, fired_event_id=run.event_id)
     if state.clear_ts is not None and state.clear_event_id is not None and at < state.clear_ts:
         # Late, and its own clear committed first: the event still happened.
         run.clear(
@@ -858,7 +907,7 @@ def _clear_event(rule: EventRule, event_type: str, run: _Run) -> None:
         state = replace(state, firing=False, released_ts=at)
     if state.clear_ts is None or at >= state.clear_ts:
         state = replace(state, clear_ts=at, clear_event_id=run.event_id)
-    run.put(rule, replace(state, last_ts=_later(state.last_ts, at)))
+    run.put(rule, run.newest(state))
 
 
 def _judge_sample(rule: ThresholdRule, observed: MetricValue, run: _Run) -> None:
@@ -872,7 +921,7 @@ def _judge_sample(rule: ThresholdRule, observed: MetricValue, run: _Run) -> None
         _judge_late_sample(rule, observed, verdict, state, run)
         return
     at = run.observed_at
-    state = replace(state, last_ts=at, last_seq=run.seq)
+    state = run.newest(state)
     if state.firing:
         if verdict is _Verdict.CLEAR:
             run.clear(rule, _clear_reason(rule, observed))
@@ -966,10 +1015,6 @@ def _judge_late_sample(
         )
         state = replace(state, firing=False, released_ts=state.clear_ts)
     run.put(rule, state)
-
-
-def _later(known: datetime | None, at: datetime) -> datetime:
-    return at if known is None or at > known else known
 
 
 def _verdict(rule: ThresholdRule, observed: MetricValue) -> _Verdict:

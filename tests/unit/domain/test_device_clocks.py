@@ -8,6 +8,8 @@ from typing import Any
 
 import msgspec
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gateway.domain.rules import (
     IDLE,
@@ -164,3 +166,166 @@ def test_inside_the_bounds_the_ordering_rule_is_unchanged() -> None:
     assert late.clock_adjustment is None
     (firing,) = late.firings
     assert firing.superseded_by_event == "ev-1"
+
+
+# --- seq epochs ---------------------------------------------------------------------------
+#
+# Where a device sends `seq`, it orders the device's samples before its clock does: a seq
+# that goes on counting up is newer whatever the clock says (an NTP step back), and a seq that
+# drops while the clock moves forward starts a new epoch (a reboot), newer too. Where seq and
+# clock agree, or either is missing, the ordering rule is unchanged.
+
+
+def numbered(dt: datetime, seq: int | None, **content: Any) -> Telemetry:
+    return Telemetry(ts=dt, seq=seq, **content)
+
+
+def test_a_clock_stepped_back_while_seq_counts_up_judges_newer_samples_as_newer() -> None:
+    """NTP steps the clock back 2 minutes (inside the reorder window): the next samples are
+    dated before the newest judged, but their seq says they came after it."""
+    device = Device()
+    device.send(numbered(NOW, 100, metrics={"temp": 45}), received=NOW)
+    stepped = NOW - timedelta(minutes=2) + timedelta(seconds=1)
+    hot = device.send(
+        numbered(stepped, 101, metrics={"temp": 60}), received=NOW + timedelta(seconds=1)
+    )
+    assert hot.clock_adjustment is ClockAdjustment.STEPPED_BACK
+    (firing,) = hot.firings
+    # Judged at the newest time already judged: the state never moves back.
+    assert firing.observed_at == NOW
+    assert firing.trigger is not None
+    assert firing.trigger["device_ts"] == stepped.isoformat()
+    assert hot.judged_at == NOW
+    assert device.state("hot").last_ts == NOW
+    assert device.state("hot").last_seq == 101
+    # The next one, still dated before NOW, clears: it is newer by seq.
+    cool = device.send(
+        numbered(stepped + timedelta(seconds=1), 102, metrics={"temp": 30}),
+        received=NOW + timedelta(seconds=2),
+    )
+    assert [c.rule_key for c in cool.clearings] == ["hot"]
+    assert device.state("hot").last_seq == 102
+    # And its SOS raises an alarm of its own, not one superseded by an older one.
+    device.send(numbered(NOW, 103, events=[{"type": "SOS"}]), received=NOW + timedelta(seconds=3))
+    again = device.send(
+        numbered(stepped + timedelta(seconds=3), 104, events=[{"type": "SOS"}]),
+        received=NOW + timedelta(seconds=4),
+    )
+    (sos_firing,) = again.firings
+    assert sos_firing.superseded_by_event is None
+    assert again.clock_adjustment is ClockAdjustment.STEPPED_BACK
+
+
+def test_a_seq_that_drops_while_time_moves_on_starts_a_new_epoch() -> None:
+    """A reboot: seq restarts at 0 while the clock moves forward. Not late: a new epoch."""
+    device = Device()
+    device.send(numbered(NOW, 5000, metrics={"temp": 45}), received=NOW)
+    later = NOW + timedelta(seconds=30)
+    hot = device.send(numbered(later, 0, metrics={"temp": 60}), received=later)
+    assert hot.clock_adjustment is ClockAdjustment.SEQ_RESET
+    assert hot.judged_at == later
+    assert [f.rule_key for f in hot.firings] == ["hot"]
+    assert device.state("hot").last_seq == 0
+    # The new epoch goes on counting: its samples are in order again, nothing adjusted.
+    cool = device.send(
+        numbered(later + timedelta(seconds=1), 1, metrics={"temp": 30}),
+        received=later + timedelta(seconds=1),
+    )
+    assert cool.clock_adjustment is None
+    assert [c.rule_key for c in cool.clearings] == ["hot"]
+
+
+def test_a_reboot_whose_clock_restarts_at_1970_is_a_new_epoch_in_arrival_order() -> None:
+    device = Device()
+    device.send(numbered(NOW, 5000, metrics={"temp": 60}), received=NOW)
+    epoch = datetime(1970, 1, 1, 0, 0, 5, tzinfo=UTC)
+    after = NOW + timedelta(seconds=30)
+    cool = device.send(numbered(epoch, 0, metrics={"temp": 30}), received=after)
+    assert cool.clock_adjustment is ClockAdjustment.BEHIND  # the time adjustment says more
+    assert [c.rule_key for c in cool.clearings] == ["hot"]
+    hot = device.send(
+        numbered(epoch + timedelta(seconds=1), 1, metrics={"temp": 60}),
+        received=after + timedelta(seconds=1),
+    )
+    assert [f.rule_key for f in hot.firings] == ["hot"]
+
+
+def test_a_reordering_between_nodes_with_seq_stays_late() -> None:
+    """seq 10 committed after seq 11, and dated before it too: late, as the ordering rule
+    says (a late clear older than the alarm clears only the alarm of its time)."""
+    device = Device()
+    device.send(numbered(NOW, 9, metrics={"temp": 45}), received=NOW)
+    hot = device.send(
+        numbered(NOW + timedelta(seconds=2), 11, metrics={"temp": 60}),
+        received=NOW + timedelta(seconds=3),
+    )
+    assert [f.rule_key for f in hot.firings] == ["hot"]
+    late = device.send(
+        numbered(NOW + timedelta(seconds=1), 10, metrics={"temp": 30}),
+        received=NOW + timedelta(seconds=3),
+    )
+    assert late.clock_adjustment is None
+    (clearing,) = late.clearings
+    assert clearing.raised_by_then == NOW + timedelta(seconds=1)  # the alarm of its time
+    assert device.state("hot").firing
+    assert device.state("hot").last_seq == 11
+
+
+def test_without_seq_a_clock_stepped_back_is_late_as_before() -> None:
+    device = Device()
+    device.send(temp(NOW, 30), received=NOW)
+    stepped = device.send(temp(NOW - timedelta(minutes=2), 60), received=NOW)
+    assert stepped.clock_adjustment is None
+    # A late spike: its alarm is raised at its own time, already cleared by the newer sample.
+    firing, clearing = stepped.outcomes
+    assert firing.observed_at == NOW - timedelta(minutes=2)
+    assert clearing.observed_at == NOW
+    assert device.state("hot").last_ts == NOW
+
+
+def test_event_rules_keep_the_seq_of_the_newest_sample() -> None:
+    device = Device()
+    device.send(numbered(NOW, 7, events=[{"type": "SOS"}]), received=NOW)
+    assert device.state("sos").last_seq == 7
+    device.send(numbered(NOW + timedelta(seconds=1), None, events=[{"type": "SOS"}]), received=NOW)
+    assert device.state("sos").last_seq is None
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.one_of(
+                st.sampled_from([{"temp": 30}, {"temp": 45}, {"temp": 60}]),
+                st.just({"events": ["SOS"]}),
+            ),
+            st.integers(min_value=-150, max_value=20),
+        ),
+        min_size=1,
+        max_size=15,
+    )
+)
+def test_with_seq_counting_up_clock_steps_change_no_decision(
+    drawn: list[tuple[dict[str, Any], int]],
+) -> None:
+    """A device whose seq counts up, whose clock steps back and forth (NTP), judged in
+    arrival order: the same alarms are raised and cleared as for a device whose clock never
+    stepped."""
+    stepping, steady = Device(), Device()
+    device_time = NOW
+    for index, (body, step) in enumerate(drawn):
+        device_time += timedelta(seconds=step)
+        received = NOW + timedelta(hours=1, seconds=index)
+        content: dict[str, Any] = (
+            {"events": [{"type": "SOS"}]} if "events" in body else {"metrics": body}
+        )
+        a = stepping.send(numbered(device_time, index, **content), received=received)
+        b = steady.send(
+            numbered(NOW + timedelta(seconds=index), index, **content), received=received
+        )
+        assert [(type(o).__name__, o.rule_key) for o in a.outcomes] == [
+            (type(o).__name__, o.rule_key) for o in b.outcomes
+        ]
+        assert [f.superseded_by_event for f in a.firings] == [
+            f.superseded_by_event for f in b.firings
+        ]
