@@ -91,7 +91,7 @@ async def test_a_slow_stream_is_dropped_and_resumes_without_a_gap(
     pool: asyncpg.Pool, db_dsn: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(stream_module, "QUEUE_MAX", 5)
-    hub = StreamHub(pool, db_dsn)
+    hub = StreamHub(pool, db_dsn, node_id="hub-test")
     assert await hub.run_once() == 0  # the first pass finds the head
     slow = _Body(hub, None)
     assert await slow.next() is None  # registered: the "live" comment
@@ -134,7 +134,7 @@ async def test_with_no_stream_the_hub_moves_its_head_without_reading_and_streams
     """No stream open: a pass moves the head past what became final, fanning out nothing. A
     stream opened from now sees only what comes next; one resuming from an earlier cursor gets
     everything after it, in order, from the database."""
-    hub = StreamHub(pool, db_dsn)
+    hub = StreamHub(pool, db_dsn, node_id="hub-test")
     assert await hub.run_once() == 0  # the first pass finds the head
     await _events(pool, ["before"])
     await _head_moves(hub)
