@@ -1,5 +1,6 @@
 """The stream hub against real PostgreSQL: a stream that cannot keep up is dropped, and its
-client resumes from its last event with nothing lost; the hub's passes are driven by hand."""
+client resumes from its last event with nothing lost; only an alarm's creation that a stream
+wrote pushes the alarm; the hub's passes are driven by hand."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ from collections.abc import AsyncGenerator
 import asyncpg
 import pytest
 
+from gateway.alarms.service import create_alarm
 from gateway.api import stream as stream_module
 from gateway.api.auth import Caller, Role
 from gateway.api.stream import StreamHub
+from storage import alarms as alarm_repo
 from storage import outbox
 from storage.console import Cursor
 from tests.support.sse import Sse
@@ -172,3 +175,62 @@ async def _head_moves(hub: StreamHub) -> None:
         return hub.head is not None and hub.head > start
 
     await wait_until(moved, message="the head moves on")
+
+
+async def _raise(pool: asyncpg.Pool) -> int:
+    async with pool.acquire() as conn, conn.transaction():
+        creation = await create_alarm(
+            conn, device_id="door-1", rule_key="door", severity="MAJOR",
+            telemetry_event_id=f"{1:064x}", reason="test", node_id="elsewhere",
+            now=await alarm_repo.db_now(conn),
+        )  # fmt: skip
+    assert creation.alarm is not None
+    return creation.alarm.id
+
+
+async def test_only_a_stream_that_wrote_an_alarms_creation_pushes_it(
+    pool: asyncpg.Pool, db_dsn: str
+) -> None:
+    """Three streams are handed the same ``alarm.created`` frame: one whose client went away
+    (its connection no longer stands when the server takes the chunk), one the hub cut with
+    the frame still queued (its token revoked), and one that wrote it. Only the last pushes
+    the alarm, in one round; the next round finds nothing to do."""
+    hub = StreamHub(pool, db_dsn, node_id="hub-test")
+    assert await hub.run_once() == 0
+    gone = hub.events(
+        hub.open(Caller(name="gone", role=Role.VIEWER), connected=lambda: False), None
+    )
+    cut = hub.events(hub.open(Caller(name="revoked", role=Role.VIEWER)), None)
+    wall = _Body(hub, None)
+    for body in (gone, cut):
+        assert await anext(body) == stream_module.KEEPALIVE_FRAME
+    assert await wall.next() is None
+    alarm_id = await _raise(pool)
+    await _passes_until(hub, 1)
+    assert hub.revoke(lambda caller: caller.name != "revoked") == 1
+    assert b"event: alarm.created" in await anext(cut)  # queued before the cut: yielded...
+    with pytest.raises(StopAsyncIteration):
+        await anext(cut)  # ... to a connection reset meanwhile
+    assert b"event: alarm.created" in await anext(gone)
+    created = await wall.event()
+    assert created.event == "alarm.created"
+    # One more event: the server asks each body for more, so their chunks were taken.
+    await _events(pool, ["after"])
+    await _passes_until(hub, 1)
+    assert b"test.e" in await anext(gone)  # its client gone: written to nobody
+    assert await hub.reach_once() == []
+    async with pool.acquire() as conn:
+        assert await conn.fetchval("SELECT status FROM alarm WHERE id = $1", alarm_id) == "NEW"
+    assert (await wall.event()).data["aggregate_id"] == "after"  # "alarm.created" was written
+    assert await hub.reach_once() == [alarm_id]
+    assert await hub.reach_once() == []
+    async with pool.acquire() as conn:
+        assert await conn.fetchval("SELECT status FROM alarm WHERE id = $1", alarm_id) == "PUSHED"
+        audit = await conn.fetch(
+            "SELECT actor, node_id, note FROM alarm_audit WHERE action = 'push'"
+        )
+    assert [tuple(r) for r in audit] == [
+        ("system:stream", "hub-test", "reached via console stream (token wall-screen)")
+    ]
+    await gone.aclose()
+    await wall.close()
