@@ -12,12 +12,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import aiohttp
 import aiomqtt
 import asyncpg
 
+from gateway.config import Config
 from gateway.runtime.daemon import Daemon
 from protocol import Topics
 from tests.support.api_client import VIEWER
@@ -237,23 +239,25 @@ async def test_a_webhook_failing_until_failed_leaves_the_alarm_new_and_shows_on_
 
 @contextlib.asynccontextmanager
 async def _apart(
-    db_dsn: str, mosquitto: Mosquitto, tmp_path: Path
+    db_dsn: str, mosquitto: Mosquitto, tmp_path: Path, extra: str = ALARMS.format(after=0)
 ) -> AsyncIterator[tuple[Daemon, Daemon]]:
     """Node A on the test's broker (it raises the door's alarm), node B on a broker of its own
     (it never sees the sample): whatever B does with the alarm, it learnt from the database."""
     other = Mosquitto(tmp_path / "broker-b")
     other.start()
     try:
-        config_a, config_b = (
-            make_config(
-                dsn=db_dsn, mqtt_port=port, node_id=node, extra=DOOR + WALL + ALARMS.format(after=0)
-            )
-            for node, port in (("node-a", mosquitto.port), ("node-b", other.port))
-        )
+        config_a, config_b = _apart_configs(db_dsn, mosquitto.port, other.port, extra)
         async with running_daemon(config_a) as a, running_daemon(config_b) as b:
             yield a, b
     finally:
         other.stop()
+
+
+def _apart_configs(dsn: str, port_a: int, port_b: int, extra: str) -> list[Config]:
+    return [
+        make_config(dsn=dsn, mqtt_port=port, node_id=node, extra=DOOR + WALL + extra)
+        for node, port in (("node-a", port_a), ("node-b", port_b))
+    ]
 
 
 def _base(node: Daemon) -> str:
@@ -341,3 +345,42 @@ async def test_the_same_alarm_stays_new_until_a_stream_writes_it_and_is_pushed_o
     assert len(pushes) == 1
     assert pushes[0]["actor"] == "system:stream"
     assert pushes[0]["note"] == "reached via console stream (token control-room)"
+
+
+def _quiet_now() -> str:
+    now = datetime.now(UTC)
+    start, end = now - timedelta(hours=1), now + timedelta(hours=1)
+    return (
+        '\n[alarms]\ntimer_interval_s = 0.1\n\n[[alarms.quiet_hours.windows]]\ndevices = "door-*"\n'
+        f'start = "{start:%H:%M}"\nend = "{end:%H:%M}"\n'
+    )
+
+
+async def test_inside_quiet_hours_a_stream_does_not_push_and_the_wake_up_it_writes_does(
+    db_dsn: str, mosquitto: Mosquitto, tmp_path: Path
+) -> None:
+    """The console lists an alarm that quiet hours hold back, and that does not push it: it
+    ends DELAYED (the hub-level test pins the stream's side without the outbox publisher's
+    race). When the window goes (a reload), the alarm is woken, and the stream that writes
+    ``alarm.woken`` pushes it: no MQTT subscriber, no receiver, only the console."""
+    async with (
+        aiohttp.ClientSession() as http,
+        _apart(db_dsn, mosquitto, tmp_path, _quiet_now()) as nodes,
+        open_stream(http, _base(nodes[1]), token=VIEWER) as stream,
+    ):
+        await stream.live()
+        await _door_opens(mosquitto.port)
+        alarm_id = await _created(stream)
+        await wait_until(lambda: _status_is(db_dsn, "DELAYED"), message="the alarm held back")
+        port_a, port_b = (node.config.mqtt.port for node in nodes)
+        no_window = _apart_configs(db_dsn, port_a, port_b, ALARMS.format(after=0))
+        for node, config in zip(nodes, no_window, strict=True):
+            node.reload(config)
+        while (woken := await stream.next(timeout=60)).event != "alarm.woken":
+            pass
+        assert woken.data["aggregate_id"] == str(alarm_id)
+        await wait_until(lambda: _status_is(db_dsn, "PUSHED"), message="the woken alarm pushed")
+    pushes = await _pushes(db_dsn)
+    assert [tuple(r) for r in pushes] == [
+        ("system:stream", "node-b", "reached via console stream (token control-room)")
+    ]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from collections import deque
 from collections.abc import AsyncGenerator
+from datetime import UTC, datetime, timedelta
 
 import asyncpg
 import pytest
@@ -15,6 +16,8 @@ from gateway.alarms.service import create_alarm
 from gateway.api import stream as stream_module
 from gateway.api.auth import Caller, Role
 from gateway.api.stream import StreamHub
+from gateway.config import parse_config
+from gateway.domain.quiet_hours import QuietHours
 from storage import alarms as alarm_repo
 from storage import outbox
 from storage.console import Cursor
@@ -234,3 +237,48 @@ async def test_only_a_stream_that_wrote_an_alarms_creation_pushes_it(
     ]
     await gone.aclose()
     await wall.close()
+
+
+def _quiet_now() -> QuietHours | None:
+    now = datetime.now(UTC)
+    start, end = now - timedelta(hours=1), now + timedelta(hours=1)
+    return parse_config(
+        f'[[alarms.quiet_hours.windows]]\ndevices = "door-*"\n'
+        f'start = "{start:%H:%M}"\nend = "{end:%H:%M}"\n'
+    ).quiet_hours()
+
+
+async def _status(pool: asyncpg.Pool, alarm_id: int) -> str:
+    async with pool.acquire() as conn:
+        return str(await conn.fetchval("SELECT status FROM alarm WHERE id = $1", alarm_id))
+
+
+async def test_a_stream_does_not_push_an_alarm_that_quiet_hours_hold_back(
+    pool: asyncpg.Pool, db_dsn: str
+) -> None:
+    """Written inside quiet hours, the creation pushes nothing (the outbox publisher holds the
+    alarm DELAYED; here it is not running, so it stays NEW). With the window gone (a reload),
+    a client resuming from the start is written it again, and that pushes it."""
+    quiet = _quiet_now()
+    assert quiet is not None
+    hub = StreamHub(pool, db_dsn, node_id="hub-test", quiet=quiet)
+    assert await hub.run_once() == 0
+    wall = _Body(hub, None)
+    assert await wall.next() is None
+    alarm_id = await _raise(pool)
+    await _passes_until(hub, 1)
+    assert (await wall.event()).event == "alarm.created"
+    await _events(pool, ["after"])
+    await _passes_until(hub, 1)
+    assert (await wall.event()).data["aggregate_id"] == "after"  # the creation was written
+    assert await hub.reach_once() == []
+    assert await _status(pool, alarm_id) == "NEW"
+
+    hub.quiet = None
+    resumed = _Body(hub, Cursor(0, 0))
+    assert [(await resumed.event()).event for _ in range(2)] == ["alarm.created", "test.e"]
+    assert await resumed.next() is None  # live: the catch-up chunk was taken
+    assert await hub.reach_once() == [alarm_id]
+    assert await _status(pool, alarm_id) == "PUSHED"
+    await wall.close()
+    await resumed.close()
