@@ -112,12 +112,12 @@ ID_MAX: Final = 2**63 - 1
 CURSOR_PATTERN: Final = r"^[0-9]{1,20}:[0-9]{1,19}$"
 _CURSOR: Final = re.compile(CURSOR_PATTERN.removesuffix("$") + r"\Z")
 TICKET_PATTERN: Final = r"^[A-Za-z0-9_-]{20,100}$"
+_TICKET: Final = re.compile(TICKET_PATTERN.removesuffix("$") + r"\Z")
 # The events whose writing to a client reaches a person with the alarm (as their publish does
 # over MQTT 5): its creation, and its wake-up after quiet hours.
 REACH_EVENTS: Final = frozenset({EVENT_CREATED, EVENT_WOKEN})
 # A round of pushes that failed (the database away) is tried again after this.
 REACH_RETRY_S: Final = 1.0
-_TICKET: Final = re.compile(TICKET_PATTERN.removesuffix("$") + r"\Z")
 
 
 class StreamData(msgspec.Struct, kw_only=True):
@@ -171,7 +171,7 @@ class _Stream:
         caller: Caller,
         abort: Callable[[], object],
         now: float,
-        connected: Callable[[], bool] = lambda: True,
+        connected: Callable[[], bool],
     ) -> None:
         self.caller = caller
         self.abort = abort
