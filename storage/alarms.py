@@ -30,6 +30,7 @@ INSERT_LATE = _Q["insert_late"]
 SUCCESSOR_OPEN = _Q["successor_open"]
 CLEAR_RAISED_BY = _Q["clear_raised_by"]
 GET = _Q["get"]
+STILL_NEW = _Q["still_new"]
 UPDATE_LIFECYCLE = _Q["update_lifecycle"]
 INSERT_AUDIT = _Q["insert_audit"]
 LIST = _Q["list"]
@@ -222,6 +223,11 @@ async def insert_late(
 
 async def get(conn: asyncpg.Connection, alarm_id: int) -> asyncpg.Record | None:
     return await conn.fetchrow(GET, alarm_id)
+
+
+async def still_new(conn: asyncpg.Connection, alarm_ids: Sequence[int]) -> list[asyncpg.Record]:
+    """Of ``alarm_ids``, the alarms still NEW (id, device_id, severity), in one statement."""
+    return list(await conn.fetch(STILL_NEW, list(alarm_ids)))
 
 
 async def update_lifecycle(

@@ -4,11 +4,14 @@ When its creation (or wake-up) event has been published, the outbox publisher ca
 :func:`deliver`: inside quiet hours the alarm is held back as DELAYED; otherwise it is pushed
 only if that publish reached someone (an MQTT 5 PUBACK with reason code 0: there were
 subscribers). A notification delivery that its receiver accepted pushes it too
-(:func:`reached`, called by the delivery worker). With neither it stays NEW, and the alarm
+(:func:`reached`, called by the delivery worker), and so does a console ``/stream`` session
+that wrote the event to its client (:func:`reached_on_stream`, called by the stream hub for
+every alarm its sessions wrote in a round). With none of these it stays NEW, and the alarm
 timers count it unreached after ``[alarms] unreached_after_s``."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime
 
 import asyncpg
@@ -25,6 +28,7 @@ from storage import alarms as repo
 QUIET_ACTOR = "system:quiet-hours"
 PUSH_ACTOR = "system:outbox"
 NOTIFY_ACTOR = "system:notify"
+STREAM_ACTOR = "system:stream"
 
 
 async def deliver(
@@ -69,10 +73,17 @@ async def deliver(
     return changed.status
 
 
-async def reached(conn: asyncpg.Connection, alarm_id: int, *, via: str, node_id: str) -> bool:
-    """A notification of the alarm was accepted by its receiver (``via`` names it): a NEW alarm
-    is pushed, in the caller's transaction. Conditional on still being NEW; False when it is not
-    (pushed already, held back, or taken by a person)."""
+async def reached(
+    conn: asyncpg.Connection,
+    alarm_id: int,
+    *,
+    via: str,
+    node_id: str,
+    actor: str = NOTIFY_ACTOR,
+) -> bool:
+    """A person-facing channel took the alarm (``via`` names it; ``actor`` is the one that saw
+    it happen): a NEW alarm is pushed, in the caller's transaction. Conditional on still being
+    NEW; False when it is not (pushed already, held back, or taken by a person)."""
     record = await repo.get(conn, alarm_id)
     if record is None or record["status"] != AlarmStatus.NEW.value:
         return False
@@ -81,7 +92,7 @@ async def reached(conn: asyncpg.Connection, alarm_id: int, *, via: str, node_id:
             conn,
             alarm_id,
             Action.PUSH,
-            actor=NOTIFY_ACTOR,
+            actor=actor,
             node_id=node_id,
             expected=AlarmStatus.NEW,
             note=f"reached via {via}",
@@ -89,3 +100,41 @@ async def reached(conn: asyncpg.Connection, alarm_id: int, *, via: str, node_id:
     except (StatusChangedError, AlarmNotFoundError):
         return False
     return True
+
+
+async def reached_on_stream(
+    conn: asyncpg.Connection,
+    written: Mapping[int, str],
+    *,
+    quiet: QuietHours | None,
+    node_id: str,
+) -> list[int]:
+    """Console ``/stream`` sessions wrote the creation (or wake-up) event of these alarms to
+    their clients (``written``: alarm id → what wrote it, for the audit note): those still NEW
+    are pushed, each in its own transaction; the ids pushed.
+
+    One statement finds which are still NEW (usually none: every session on every node writes
+    the same events, and the first push wins). An alarm that quiet hours hold back is left to
+    the outbox publisher, which holds it DELAYED: the console lists it, it does not ring."""
+    if not written:
+        return []
+    rows = await repo.still_new(conn, sorted(written))
+    if not rows:
+        return []
+    at = await repo.db_now(conn) if quiet is not None else None
+    pushed: list[int] = []
+    for row in rows:
+        if (
+            at is not None
+            and quiet is not None
+            and quiet.is_quiet(device_id=row["device_id"], severity=row["severity"], at=at)
+        ):
+            continue
+        alarm_id = int(row["id"])
+        async with conn.transaction():
+            done = await reached(
+                conn, alarm_id, via=written[alarm_id], node_id=node_id, actor=STREAM_ACTOR
+            )
+        if done:
+            pushed.append(alarm_id)
+    return pushed

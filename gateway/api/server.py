@@ -126,6 +126,20 @@ class ApiServer:
                     return True
         return False
 
+    def connected(self, client: tuple[str, int] | None) -> bool:
+        """Whether the connection of ``client`` still stands: open, its transport neither lost
+        nor closing. A chunk of an answer handed to the server while it stood went to the
+        transport; for a connection already lost the server drops it without a word (the
+        stream hub asks this before it counts a written event as reaching someone)."""
+        server = self._server
+        if server is None or client is None:
+            return False
+        for connection in list(server.server_state.connections):
+            if getattr(connection, "client", None) == tuple(client):
+                transport = getattr(connection, "transport", None)
+                return isinstance(transport, asyncio.Transport) and not transport.is_closing()
+        return False
+
     async def __aexit__(self, *exc_info: object) -> None:
         server, task = self._server, self._loop_task
         if server is None or task is None:

@@ -13,6 +13,13 @@ stopped reading), is dropped with its connection reset (see :meth:`ApiServer.abo
 resumes with ``Last-Event-ID``; a reload cuts the streams of the tokens it removes or rotates;
 a cursor past every event written is refused (it would wait for nothing).
 
+A stream is a person-facing channel (behaviour §5): an alarm's ``alarm.created`` (or
+``alarm.woken``) event that a stream wrote to its client, the chunk handed to the connection's
+transport while the connection still stood, pushes the alarm if it is still NEW. The streams
+note what they wrote; the hub pushes in rounds, one statement finding which of all the alarms
+written since the last round are still NEW (see :func:`~gateway.alarms.delivery.reached_on_stream`).
+A frame queued for a stream that is dropped or whose client went away counts for nothing.
+
 The cursor (the SSE ``id``) is ``xid:id``, see :mod:`storage.console`: an event is delivered only
 once its transaction and every older one have ended, in (xid, id) order, so a reconnect from
 any cursor resumes with no gap and no duplicate, on any node.
@@ -49,6 +56,8 @@ from litestar.openapi.spec import OpenAPI, OpenAPIMediaType, OpenAPIType, Refere
 from litestar.params import HeaderParameter, Parameter
 from litestar.response import Stream
 
+from gateway.alarms.delivery import reached_on_stream
+from gateway.alarms.service import AGGREGATE, EVENT_CREATED, EVENT_WOKEN
 from gateway.api.auth import BearerAuth, CallDep, Caller, Role, log_refusal
 from gateway.api.errors import (
     BAD_REQUEST,
@@ -68,7 +77,14 @@ from gateway.api.schemas import exact
 from gateway.api.server import STATE_SERVER, ApiServer
 from gateway.api.services import services_of
 from gateway.config import HttpConfig
-from gateway.support.loops import drain_on_notify, every
+from gateway.domain.quiet_hours import QuietHours
+from gateway.support.loops import (
+    RETRYABLE,
+    drain_on_notify,
+    every,
+    sleep_unless_stopped,
+    wait_event_or_stop,
+)
 from gateway.support.metrics import Metrics
 from storage import console as repo
 from storage.console import Cursor, StreamEvent
@@ -97,6 +113,11 @@ CURSOR_PATTERN: Final = r"^[0-9]{1,20}:[0-9]{1,19}$"
 _CURSOR: Final = re.compile(CURSOR_PATTERN.removesuffix("$") + r"\Z")
 TICKET_PATTERN: Final = r"^[A-Za-z0-9_-]{20,100}$"
 _TICKET: Final = re.compile(TICKET_PATTERN.removesuffix("$") + r"\Z")
+# The events whose writing to a client reaches a person with the alarm (as their publish does
+# over MQTT 5): its creation, and its wake-up after quiet hours.
+REACH_EVENTS: Final = frozenset({EVENT_CREATED, EVENT_WOKEN})
+# A round of pushes that failed (the database away) is tried again after this.
+REACH_RETRY_S: Final = 1.0
 
 
 class StreamData(msgspec.Struct, kw_only=True):
@@ -134,19 +155,35 @@ class _Stream:
         "abort",
         "caller",
         "closed",
+        "connected",
+        "dropped",
         "frames",
         "live",
         "opened_at",
+        "reach",
         "started",
         "wake",
         "writing_since",
     )
 
-    def __init__(self, caller: Caller, abort: Callable[[], object], now: float) -> None:
+    def __init__(
+        self,
+        caller: Caller,
+        abort: Callable[[], object],
+        now: float,
+        connected: Callable[[], bool],
+    ) -> None:
         self.caller = caller
         self.abort = abort
+        # Whether its connection still stands (the server's transport not lost nor closing):
+        # asked after a chunk was handed over, since a server drops a chunk for a connection
+        # already lost without a word.
+        self.connected = connected
         self.opened_at = now
         self.frames: deque[bytes] = deque()
+        # The alarms whose creation (or wake-up) is among the queued frames.
+        self.reach: list[int] = []
+        self.dropped = False  # cut by the hub: what it still yields reaches nobody
         self.wake = asyncio.Event()
         self.live = False  # in the fan-out: caught up with the hub
         self.started = False  # its answer began (the body is being iterated)
@@ -155,11 +192,13 @@ class _Stream:
         # the socket to drain before it asks for the next one); None when none is pending.
         self.writing_since: float | None = None
 
-    def offer(self, frames: list[bytes]) -> bool:
-        """Queue ``frames``; False when that would leave it more than ``QUEUE_MAX`` behind
-        (what fits is queued: it ends after those)."""
+    def offer(self, frames: list[bytes], reach: list[int]) -> bool:
+        """Queue ``frames`` (``reach``: the alarms they create or wake); False when that would
+        leave it more than ``QUEUE_MAX`` behind (what fits is queued: it ends after those, and
+        is dropped)."""
         room = QUEUE_MAX - len(self.frames)
         self.frames.extend(frames[:room] if len(frames) > room else frames)
+        self.reach.extend(reach)
         self.wake.set()
         return len(frames) <= room
 
@@ -176,6 +215,11 @@ def _no_abort() -> None:
     """Outside a server (the hub driven by hand): nothing to cut."""
 
 
+def _connected() -> bool:
+    """Outside a server (the hub driven by hand): what the body yields is taken as written."""
+    return True
+
+
 class StreamHub:
     """One per node: one LISTEN connection, reads of what became final, fan-out to streams;
     the streams' limits, their write deadline, and the tickets."""
@@ -190,9 +234,14 @@ class StreamHub:
         max_streams_per_token: int = MAX_STREAMS_PER_TOKEN,
         write_deadline_s: float = WRITE_DEADLINE_S,
         metrics: Metrics | None = None,
+        node_id: str,
+        quiet: QuietHours | None = None,
     ) -> None:
         self.pool = pool
         self.dsn = dsn
+        self.node_id = node_id
+        # Reloadable: the quiet hours that hold an alarm back rather than a stream pushing it.
+        self.quiet = quiet
         self.poll_s = poll_s
         # Reloadable (SIGHUP); streams already open stay.
         self.max_streams = max_streams
@@ -208,6 +257,9 @@ class StreamHub:
         self._lock = asyncio.Lock()
         self._started = asyncio.Event()
         self._closed = False  # the node is stopping: no stream opens any more
+        # Alarms a stream wrote since the last round of pushes: id → the stream that did.
+        self._written: dict[int, str] = {}
+        self._written_wake = asyncio.Event()
 
     def closed(self) -> bool:
         """Whether the hub stopped (a method: it changes across an ``await``)."""
@@ -223,6 +275,7 @@ class StreamHub:
                 tasks.create_task(
                     every(WATCH_S, stop, self.watch_once, name="stream-watch"), name="stream-watch"
                 )
+                tasks.create_task(self._reach_loop(stop), name="stream-reach")
                 await drain_on_notify(
                     dsn=self.dsn,
                     channel=NOTIFY_CHANNEL,
@@ -256,8 +309,9 @@ class StreamHub:
             if events:
                 # Encoded once, whatever the number of streams: they share the bytes.
                 frames = [frame(event) for event in events]
+                reach = reaching(events)
                 for stream in list(self._live):
-                    if not stream.offer(frames):
+                    if not stream.offer(frames, reach):
                         self._drop(stream, "behind")
                 self.head = events[-1].cursor
         return len(events)
@@ -273,9 +327,15 @@ class StreamHub:
             elif not stream.started and now - stream.opened_at > self.write_deadline_s:
                 self._release(stream)  # the server never asked for its body
 
-    def open(self, caller: Caller, abort: Callable[[], object] = _no_abort) -> _Stream:
+    def open(
+        self,
+        caller: Caller,
+        abort: Callable[[], object] = _no_abort,
+        connected: Callable[[], bool] = _connected,
+    ) -> _Stream:
         """Take a place for a stream of ``caller``, within the limits; :meth:`events` gives
-        its body (and gives the place back when it ends)."""
+        its body (and gives the place back when it ends). ``abort`` cuts its connection;
+        ``connected`` says whether it still stands."""
         if self._closed:
             raise ApiError(UNAVAILABLE, "the node is stopping; retry on another one")
         if len(self._streams) >= self.max_streams:
@@ -291,7 +351,7 @@ class StreamHub:
                 f"the token {caller.name!r} has {mine} streams open on this node, its limit",
                 headers={"Retry-After": str(RETRY_AFTER_S)},
             )
-        stream = _Stream(caller, abort, asyncio.get_running_loop().time())
+        stream = _Stream(caller, abort, asyncio.get_running_loop().time(), connected)
         self._streams.add(stream)
         return stream
 
@@ -317,6 +377,7 @@ class StreamHub:
         )
         if self.metrics is not None:
             self.metrics.streams_dropped.labels(reason).inc()
+        stream.dropped = True
         stream.close()
         self._release(stream)
         stream.abort()
@@ -366,28 +427,93 @@ class StreamHub:
                 stream.writing_since = loop.time()
                 yield b"".join(frame(event) for event in batch)
                 stream.writing_since = None
+                self._wrote(stream, reaching(batch))
                 cursor = batch[-1].cursor
-            chunk = KEEPALIVE_FRAME  # live from here on: a first comment says so
+            # Live from here on: a first comment says so.
+            chunk: bytes = KEEPALIVE_FRAME
+            reach: list[int] = []
             while True:
                 stream.writing_since = loop.time()
                 yield chunk
                 stream.writing_since = None
-                if not stream.frames:
-                    if stream.ended():
-                        return
-                    stream.wake.clear()
-                    try:
-                        async with asyncio.timeout(KEEPALIVE_S):
-                            await stream.wake.wait()
-                    except TimeoutError:
-                        chunk = KEEPALIVE_FRAME
-                        continue
-                    if not stream.frames:  # woken to end
-                        return
-                chunk = b"".join(stream.frames)
-                stream.frames.clear()
+                self._wrote(stream, reach)
+                following = await self._next_chunk(stream)
+                if following is None:
+                    return
+                chunk, reach = following
         finally:
             self._release(stream)
+
+    async def _next_chunk(self, stream: _Stream) -> tuple[bytes, list[int]] | None:
+        """What a live stream writes next: the frames waiting, as one chunk, with the alarms
+        they create or wake; a comment after ``KEEPALIVE_S`` without any; None when it ends."""
+        if not stream.frames:
+            if stream.ended():
+                return None
+            stream.wake.clear()
+            try:
+                async with asyncio.timeout(KEEPALIVE_S):
+                    await stream.wake.wait()
+            except TimeoutError:
+                return KEEPALIVE_FRAME, []
+            if not stream.frames:  # woken to end
+                return None
+        chunk = b"".join(stream.frames)
+        stream.frames.clear()
+        reach, stream.reach = stream.reach, []
+        return chunk, reach
+
+    def _wrote(self, stream: _Stream, alarm_ids: list[int]) -> None:
+        """``stream`` wrote the creation (or wake-up) of ``alarm_ids``: the server asked for its
+        next chunk, so the last one went to the connection's transport, if that still stands
+        (a server drops a chunk for a lost connection silently) and the hub did not cut it."""
+        if not alarm_ids or stream.dropped or not stream.connected():
+            return
+        via = f"console stream (token {stream.caller.name})"
+        for alarm_id in alarm_ids:
+            self._written.setdefault(alarm_id, via)
+        self._written_wake.set()
+
+    async def _reach_loop(self, stop: asyncio.Event) -> None:
+        """Push what the streams wrote, a round at a time: all the alarms written since the
+        last round in one statement. What was written before the stop is pushed at the stop."""
+        while True:
+            await wait_event_or_stop(self._written_wake, stop, KEEPALIVE_S)
+            self._written_wake.clear()
+            stopping = stop.is_set()
+            try:
+                await self.reach_once()
+            except RETRYABLE as exc:
+                log.warning("stream_reach_failed", error=repr(exc), retry_in_s=REACH_RETRY_S)
+                if stopping:
+                    return
+                await sleep_unless_stopped(stop, REACH_RETRY_S)
+                self._written_wake.set()  # the same alarms again
+                continue
+            if stopping:
+                return
+
+    async def reach_once(self) -> list[int]:
+        """One round: the alarms written since the last round that are still NEW are pushed
+        (unless quiet hours hold them back); the ids pushed. On failure they wait for the next
+        round."""
+        written, self._written = self._written, {}
+        if not written:
+            return []
+        try:
+            async with self.pool.acquire() as conn:
+                pushed = await reached_on_stream(
+                    conn, written, quiet=self.quiet, node_id=self.node_id
+                )
+        except BaseException:
+            for alarm_id, via in written.items():
+                self._written.setdefault(alarm_id, via)
+            raise
+        for alarm_id in pushed:
+            log.info("alarm_reached", alarm_id=alarm_id, via=written[alarm_id])
+            if self.metrics is not None:
+                self.metrics.count_alarm_transition("NEW", "PUSHED")
+        return pushed
 
     async def issue_ticket(self, caller: Caller) -> Ticket:
         self._take_ticket(caller.name)
@@ -431,6 +557,15 @@ class StreamHub:
 
 def _digest(secret: str) -> bytes:
     return hashlib.sha256(secret.encode()).digest()
+
+
+def reaching(events: list[StreamEvent]) -> list[int]:
+    """The alarms that ``events`` create or wake: written to a client, they reached a person."""
+    return [
+        int(event.aggregate_id)
+        for event in events
+        if event.event_type in REACH_EVENTS and event.aggregate_type == AGGREGATE
+    ]
 
 
 def frame(event: StreamEvent) -> bytes:
@@ -571,9 +706,10 @@ async def stream(
         )
     server = request.app.state.get(STATE_SERVER)
     client = request.scope.get("client")
-    opened = hub.open(
-        caller, (lambda: server.abort(client)) if isinstance(server, ApiServer) else _no_abort
-    )
+    if isinstance(server, ApiServer):
+        opened = hub.open(caller, lambda: server.abort(client), lambda: server.connected(client))
+    else:
+        opened = hub.open(caller)
     log.info("stream_opened", token=caller.name, after=None if after is None else str(after))
     return Stream(
         hub.events(opened, after),

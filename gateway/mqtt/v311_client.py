@@ -19,6 +19,14 @@ Each ``AckingClient`` is one connection. A message may only be acknowledged on t
 connection that delivered it: after a reconnect the broker redelivers whatever was not
 acknowledged and may reuse packet ids, so an ack on the new connection could confirm a
 different message. ``ack`` on a closed connection is therefore a no-op returning False.
+
+Closing settles the acknowledgements first. A PUBACK written to the socket is not yet one the
+broker handled: mosquitto reads a client's packets a few at a time, and a new connection with
+the same client id (the next session, at once) takes the session over and closes the old
+connection with the rest of its packets unread, so acknowledged messages come back. DISCONNECT
+has no answer, so before it the close makes one round trip that the broker answers only after
+everything sent before it (an UNSUBSCRIBE of a filter never subscribed: the UNSUBACK), within
+the connection's ``timeout_s``.
 """
 
 from __future__ import annotations
@@ -35,9 +43,12 @@ from typing import Any, Final, Literal, Self, cast
 
 import aiomqtt
 import paho.mqtt.client as paho
+import structlog
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
+
+log = structlog.get_logger(__name__)
 
 # The bound that paused reading: the message count or the payload bytes buffered.
 BOUND_MESSAGES = "messages"
@@ -139,6 +150,8 @@ class AckingClient:
         # What this connection delivered and has not acknowledged yet (weak: nothing is kept
         # alive by it).
         self.delivered: weakref.WeakSet[aiomqtt.Message] = weakref.WeakSet()
+        # PUBACKs handed to paho that the broker has not been seen to handle (see close).
+        self.unsettled_acks = 0
 
     def _build(self) -> aiomqtt.Client:
         s = self.settings
@@ -189,7 +202,28 @@ class AckingClient:
     ) -> None:
         self._open = False
         assert self._client is not None
+        await self.settle_acks()
         await self._client.__aexit__(exc_type, exc, tb)
+
+    async def settle_acks(self) -> bool:
+        """Wait, up to ``timeout_s``, until the broker handled the PUBACKs given so far: one
+        round trip it answers only after them. Nothing more is taken meanwhile (what arrives
+        stays unacknowledged, for the next session). True when settled (or none was given);
+        False, logged, when the connection is gone or the broker does not answer in time."""
+        client = self._client
+        if self.unsettled_acks == 0 or client is None:
+            return True
+        given, self.unsettled_acks = self.unsettled_acks, 0
+        if client._disconnected.done():
+            log.info("mqtt_acks_unsettled", acks=given, reason="connection lost")
+            return False
+        self.stop_intake()  # and read on: the answer must get through a paused reader
+        try:
+            await client.unsubscribe(SETTLE_FILTER, timeout=self.settings.timeout_s)
+        except aiomqtt.MqttError as exc:
+            log.warning("mqtt_acks_unsettled", acks=given, reason=str(exc))
+            return False
+        return True
 
     @property
     def buffered(self) -> int:
@@ -276,7 +310,10 @@ class AckingClient:
         self.delivered.discard(message)
         assert self._client is not None
         rc = self._client._client.ack(message.mid, message.qos)
-        return rc == paho.MQTT_ERR_SUCCESS
+        if rc != paho.MQTT_ERR_SUCCESS:
+            return False
+        self.unsettled_acks += 1
+        return True
 
     async def subscribe(self, topic: str, qos: int = 1, *, wait_s: float | None = None) -> None:
         """``wait_s`` None: the connection's default; ``math.inf``: as long as it lives. A
@@ -303,6 +340,10 @@ class AckingClient:
         await self.client.publish(topic, payload, qos=qos, retain=retain, timeout=wait_s)
         return None
 
+
+# A filter never subscribed: unsubscribing it changes nothing, and its UNSUBACK says the broker
+# handled every packet sent before (see "Closing settles the acknowledgements" above).
+SETTLE_FILTER: Final = "gateway-close/settle-acks"
 
 # SUBACK reason codes from here up refuse the subscription (0x80 is 3.1.1's only one).
 SUBACK_FAILURE: Final = 0x80

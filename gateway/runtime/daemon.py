@@ -184,6 +184,8 @@ class Daemon:
                 max_streams=cfg.http.max_streams,
                 max_streams_per_token=cfg.http.max_streams_per_token,
                 metrics=self.metrics,
+                node_id=self.node_id,
+                quiet=cfg.quiet_hours(),
             )
         self.services.pool = pool
         # Dead letters replayed over HTTP take the writer's own rules engine.
@@ -293,6 +295,7 @@ class Daemon:
         if hub is not None:
             hub.max_streams = config.http.max_streams
             hub.max_streams_per_token = config.http.max_streams_per_token
+            hub.quiet = config.quiet_hours()
             # The tokens are swapped: what a removed (or rotated) one opened ends now.
             hub.revoke(self.auth.holds)
         self.config = config

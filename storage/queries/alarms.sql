@@ -74,6 +74,12 @@ RETURNING id, device_id, rule_key, status, cleared_at, trigger::text AS trigger,
 -- $1 id.
 SELECT * FROM alarm WHERE id = $1;
 
+-- name: still_new
+-- $1 ids; those of these alarms still NEW (one probe for every alarm a round of the console
+-- stream wrote: almost always none, each already pushed).
+SELECT id, device_id, severity FROM alarm WHERE id = ANY($1::bigint[]) AND status = 'NEW'
+ORDER BY id;
+
 -- name: update_lifecycle
 -- $1 id, $2 expected (prior) status, then the new values: $3 status, $4 active key,
 -- $5 pushed_at, $6 delayed_at, $7 woken_at, $8 confirmed_at, $9 confirmed_by,

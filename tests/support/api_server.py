@@ -57,7 +57,7 @@ async def serve_api(
     commands = CommandService(pool, "api-test", 3600.0)
     auth = BearerAuth(tokens)
     config = parse_config(config_text or '[node]\nid = "api-test"\n')
-    hub = StreamHub(pool, dsn)
+    hub = StreamHub(pool, dsn, node_id="api-test")
     app = build_app(
         health_check=healthy, metrics=Metrics(), auth=auth,
         services=Services(

@@ -1,23 +1,32 @@
 """PUSHED means a person really received the alarm (docs/behaviour.md §5), on two real daemons:
 a PUBACK saying nobody was subscribed (MQTT 5, 0x10) pushes nothing and, with no receiver
 either, the alarm stays NEW and is counted unreached once; an MQTT subscriber on the events
-topic, or a webhook answering 2xx, pushes it, the audit note naming the channel; a webhook that
-fails until FAILED leaves it NEW and shows the failed delivery on its audit trail."""
+topic, a webhook answering 2xx, or a console ``/stream`` session (on another node than the one
+that raised the alarm) that wrote the alarm's creation to its client, pushes it, the audit note
+naming the channel; a stream refused, or closed before the alarm was made, pushes nothing; a
+webhook that fails until FAILED leaves it NEW and shows the failed delivery on its audit
+trail."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
+import aiohttp
 import aiomqtt
 import asyncpg
 
+from gateway.config import Config
 from gateway.runtime.daemon import Daemon
 from protocol import Topics
+from tests.support.api_client import VIEWER
 from tests.support.daemon import make_config, metric, running_daemon
 from tests.support.mosquitto import Mosquitto
 from tests.support.receivers import WebhookServer, always, smtp_server, webhook_server
+from tests.support.sse import SseStream, open_stream
 from tests.support.waiting import wait_until
 
 TOPICS = Topics("iot")
@@ -26,6 +35,7 @@ DOOR = '[[rules]]\nkey = "door"\nkind = "event"\nevent = "DOOR_OPEN"\nseverity =
 SAMPLE = b'{"ts": 1767225600000, "events": [{"type": "DOOR_OPEN"}]}'
 # Fast timers: the unreached bound is short so the test waits little for it.
 ALARMS = "\n[alarms]\ntimer_interval_s = 0.1\nunreached_after_s = {after}\n"
+WALL = f'\n[[api.tokens]]\ntoken = "{VIEWER}"\nrole = "viewer"\nname = "control-room"\n'
 
 
 def _notify(server: WebhookServer, *, max_attempts: int = 5) -> str:
@@ -225,3 +235,152 @@ async def test_a_webhook_failing_until_failed_leaves_the_alarm_new_and_shows_on_
         ("system:notify", "NEW", "NEW")
     ]
     assert failures[0]["note"] == f"notification failed: receiver hook: {error['last_error']}"
+
+
+@contextlib.asynccontextmanager
+async def _apart(
+    db_dsn: str, mosquitto: Mosquitto, tmp_path: Path, extra: str = ALARMS.format(after=0)
+) -> AsyncIterator[tuple[Daemon, Daemon]]:
+    """Node A on the test's broker (it raises the door's alarm), node B on a broker of its own
+    (it never sees the sample): whatever B does with the alarm, it learnt from the database."""
+    other = Mosquitto(tmp_path / "broker-b")
+    other.start()
+    try:
+        config_a, config_b = _apart_configs(db_dsn, mosquitto.port, other.port, extra)
+        async with running_daemon(config_a) as a, running_daemon(config_b) as b:
+            yield a, b
+    finally:
+        other.stop()
+
+
+def _apart_configs(dsn: str, port_a: int, port_b: int, extra: str) -> list[Config]:
+    return [
+        make_config(dsn=dsn, mqtt_port=port, node_id=node, extra=DOOR + WALL + extra)
+        for node, port in (("node-a", port_a), ("node-b", port_b))
+    ]
+
+
+def _base(node: Daemon) -> str:
+    return f"http://127.0.0.1:{node.http_port}"
+
+
+async def _pushes(dsn: str) -> list[asyncpg.Record]:
+    return await _fetch(
+        dsn, "SELECT actor, node_id, note FROM alarm_audit WHERE action = 'push' ORDER BY id"
+    )
+
+
+async def _created(stream: SseStream) -> int:
+    while True:
+        event = await stream.next(timeout=60)
+        if event.event == "alarm.created":
+            return int(event.data["aggregate_id"])
+
+
+async def test_a_console_stream_on_another_node_gets_the_alarm_pushed(
+    db_dsn: str, mosquitto: Mosquitto, tmp_path: Path
+) -> None:
+    async with (
+        aiohttp.ClientSession() as http,
+        _apart(db_dsn, mosquitto, tmp_path) as (_, node_b),
+        open_stream(http, _base(node_b), token=VIEWER) as stream,
+    ):
+        await stream.live()
+        await _door_opens(mosquitto.port)
+        alarm_id = await _created(stream)  # node B wrote it to its client...
+        # ... and so it reached a person: pushed, by node B, although node A raised it.
+        await wait_until(lambda: _status_is(db_dsn, "PUSHED"), message="the alarm pushed")
+    [raised] = await _fetch(db_dsn, "SELECT id, node_id FROM alarm")
+    assert (raised["id"], raised["node_id"]) == (alarm_id, "node-a")
+    pushes = await _pushes(db_dsn)
+    assert [tuple(r) for r in pushes] == [
+        ("system:stream", "node-b", "reached via console stream (token control-room)")
+    ]
+
+
+async def test_the_same_alarm_stays_new_until_a_stream_writes_it_and_is_pushed_once(
+    db_dsn: str, mosquitto: Mosquitto, tmp_path: Path
+) -> None:
+    """Nobody: no receiver, no MQTT subscriber (MQTT 5 PUBACK 0x10), no stream: NEW. A stream
+    refused, or closed before the alarm was made, changes nothing. Then two clients on both
+    nodes resume from before the alarm and write its creation: it is pushed, once."""
+    async with aiohttp.ClientSession() as http, _apart(db_dsn, mosquitto, tmp_path) as nodes:
+        node_a, node_b = nodes
+        hubs = [node.services.stream_hub for node in nodes]
+        # Refused: a token that is not configured.
+        async with http.get(
+            f"{_base(node_b)}/stream", headers={"Authorization": "Bearer not-a-token-at-all"}
+        ) as refused:
+            assert refused.status == 401
+        # Closed by its client before the alarm exists.
+        async with open_stream(http, _base(node_b), token=VIEWER) as early:
+            await early.live()
+        await wait_until(
+            lambda: all(hub is not None and hub.streams == 0 for hub in hubs),
+            message="no stream open on either node",
+        )
+        await _door_opens(mosquitto.port)
+        await wait_until(lambda: _created_published(db_dsn), message="alarm.created published")
+        alarm = await _alarm(db_dsn)
+        assert alarm is not None
+        assert alarm["status"] == "NEW"
+        assert await _pushes(db_dsn) == []
+
+        # Two clients, one per node, resume from the start: both write the creation.
+        async with (
+            open_stream(http, _base(node_a), token=VIEWER, last_event_id="0:0") as on_a,
+            open_stream(http, _base(node_b), token=VIEWER, last_event_id="0:0") as on_b,
+        ):
+            assert await _created(on_a) == await _created(on_b) == alarm["id"]
+            await wait_until(lambda: _status_is(db_dsn, "PUSHED"), message="the alarm pushed")
+            transitions = {"from_status": "NEW", "to_status": "PUSHED"}
+            await wait_until(
+                lambda: (
+                    sum(metric(n, "gateway_alarm_transitions_total", transitions) for n in nodes)
+                    == 1
+                ),
+                message="the push counted once, by the node that made it",
+            )
+    pushes = await _pushes(db_dsn)
+    assert len(pushes) == 1
+    assert pushes[0]["actor"] == "system:stream"
+    assert pushes[0]["note"] == "reached via console stream (token control-room)"
+
+
+def _quiet_now() -> str:
+    now = datetime.now(UTC)
+    start, end = now - timedelta(hours=1), now + timedelta(hours=1)
+    return (
+        '\n[alarms]\ntimer_interval_s = 0.1\n\n[[alarms.quiet_hours.windows]]\ndevices = "door-*"\n'
+        f'start = "{start:%H:%M}"\nend = "{end:%H:%M}"\n'
+    )
+
+
+async def test_inside_quiet_hours_a_stream_does_not_push_and_the_wake_up_it_writes_does(
+    db_dsn: str, mosquitto: Mosquitto, tmp_path: Path
+) -> None:
+    """The console lists an alarm that quiet hours hold back, and that does not push it: it
+    ends DELAYED (the hub-level test pins the stream's side without the outbox publisher's
+    race). When the window goes (a reload), the alarm is woken, and the stream that writes
+    ``alarm.woken`` pushes it: no MQTT subscriber, no receiver, only the console."""
+    async with (
+        aiohttp.ClientSession() as http,
+        _apart(db_dsn, mosquitto, tmp_path, _quiet_now()) as nodes,
+        open_stream(http, _base(nodes[1]), token=VIEWER) as stream,
+    ):
+        await stream.live()
+        await _door_opens(mosquitto.port)
+        alarm_id = await _created(stream)
+        await wait_until(lambda: _status_is(db_dsn, "DELAYED"), message="the alarm held back")
+        port_a, port_b = (node.config.mqtt.port for node in nodes)
+        no_window = _apart_configs(db_dsn, port_a, port_b, ALARMS.format(after=0))
+        for node, config in zip(nodes, no_window, strict=True):
+            node.reload(config)
+        while (woken := await stream.next(timeout=60)).event != "alarm.woken":
+            pass
+        assert woken.data["aggregate_id"] == str(alarm_id)
+        await wait_until(lambda: _status_is(db_dsn, "PUSHED"), message="the woken alarm pushed")
+    pushes = await _pushes(db_dsn)
+    assert [tuple(r) for r in pushes] == [
+        ("system:stream", "node-b", "reached via console stream (token control-room)")
+    ]

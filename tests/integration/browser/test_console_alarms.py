@@ -436,6 +436,14 @@ async def test_alarms_come_most_severe_first_and_every_filter_narrows_them(
     await publish(console.mosquitto, "door-2", {"events": [{"type": "DOOR_OPEN"}]})  # MAJOR
     await publish(console.mosquitto, "boiler-3", {"metrics": {"temp": 91}})  # CRITICAL
     await publish(console.mosquitto, "door-4", {"events": [{"type": "DOOR_OPEN"}]})  # MAJOR
+
+    async def raised() -> bool:
+        listed = await api(console.base, "GET", "/alarms", VIEWER)
+        return len(listed["items"]) == 3  # type: ignore[index]  # JSON
+
+    # Raised before the page opens: its stream, starting from now, never writes their creation,
+    # which would push them (an open console reaches a person); the last filter wants them NEW.
+    await wait_until(raised, message="the three alarms raised")
     page, errors = await open_console(browser, console.base)
     await sign_in(page, OPERATOR)
     rows = page.locator("#alarm-table tbody tr")
@@ -474,7 +482,8 @@ async def test_alarms_come_most_severe_first_and_every_filter_narrows_them(
     await expect(detail.locator("#alarm-status")).to_have_text("CONFIRMED", timeout=WAIT_MS)
     await apply(status="CONFIRMED")
     await shown("door-4")
-    # Nothing reached a person (no subscriber to the events, no receiver): the others are NEW.
+    # Nothing reached a person (no subscriber to the events, no receiver, no console open when
+    # they were made): the others are NEW.
     await apply(status="NEW")
     await shown("boiler-3", "door-2")
     assert errors.errors == []
