@@ -68,6 +68,11 @@ class MqttConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     broker_inflight: PositiveInt = 20
     encoding: Literal["json", "msgpack"] = "json"
     max_payload_bytes: PositiveInt = 65536
+    # The largest packet the gateway publishes (0: only the broker's MQTT 5 CONNACK bounds it).
+    # Set it to the broker's limit (mosquitto: message_size_limit) when the broker does not say
+    # it, as on 3.1.1: a downlink over it fails its command, and the API refuses params that
+    # cannot fit it (docs/deploying.md).
+    max_packet_size: Annotated[int, Meta(ge=0, le=268_435_460)] = 0
     reconnect_min_s: PositiveFloat = 0.5
     reconnect_max_s: PositiveFloat = 30.0
 
