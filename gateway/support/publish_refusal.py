@@ -47,7 +47,8 @@ PUBLISH_CODES: Final[dict[int, Code]] = {
     0x99: Code("PAYLOAD_FORMAT_INVALID", "the broker refused the payload's format", final=True),
     PACKET_TOO_LARGE: Code(
         "PACKET_TOO_LARGE",
-        "larger than the broker takes (mosquitto: message_size_limit; [mqtt] max_packet_size)",
+        "over the broker's maximum packet size (mosquitto: message_size_limit; set"
+        " [mqtt] max_packet_size to it)",
         final=True,
     ),
 }
