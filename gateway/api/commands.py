@@ -17,6 +17,7 @@ from gateway.api.auth import CallDep, Role, actor_of
 from gateway.api.errors import (
     COMMAND_CLOSED,
     COMMAND_NOT_FOUND,
+    DEVICE_ID_NOT_PORTABLE,
     DEVICE_UNBOUND,
     DOWNLINK_TOO_LARGE,
 )
@@ -44,6 +45,7 @@ from gateway.commands.lifecycle import (
 )
 from gateway.commands.service import CommandService
 from gateway.domain.command import CommandStatus
+from protocol.ids import UnportableDeviceIdError
 
 log = structlog.get_logger(__name__)
 
@@ -94,7 +96,7 @@ Wait = Annotated[
     role=Role.OPERATOR,
     writes=True,
     body=True,
-    errors=[DEVICE_UNBOUND, DOWNLINK_TOO_LARGE],
+    errors=[DEVICE_ID_NOT_PORTABLE, DEVICE_UNBOUND, DOWNLINK_TOO_LARGE],
     status_code=201,
     also={
         200: ResponseSpec(
@@ -132,13 +134,13 @@ async def create_command(
             idempotency_key=data.idempotency_key,
             actor=actor_of(call),
         )
-    except (DeviceUnboundError, DownlinkTooLargeError) as exc:
+    except (DeviceUnboundError, DownlinkTooLargeError, UnportableDeviceIdError) as exc:
         log.info(
             "command_create_refused",
             device_id=id,
             token=call.caller.name,
             request_id=call.request_id,
-            code=exc.code,
+            code=getattr(exc, "code", "BAD_DEVICE_ID"),
         )
         raise
     row = created.command

@@ -49,6 +49,7 @@ from gateway.domain.alarm import (
 )
 from gateway.domain.errors import GatewayError
 from gateway.support.log_limit import LogLimit
+from protocol.ids import UnportableDeviceIdError
 from storage.audit import audit_failure
 from storage.errors import TRANSIENT_DB_ERRORS
 
@@ -115,6 +116,12 @@ DOWNLINK_TOO_LARGE: Final = ErrorKind(
     "DOWNLINK_TOO_LARGE",
     "the command's downlink cannot fit the broker's maximum packet size (`size`, `limit`: "
     "`[mqtt] max_packet_size`); nothing is created",
+)
+DEVICE_ID_NOT_PORTABLE: Final = ErrorKind(
+    400,
+    "BAD_DEVICE_ID",
+    "the device id holds a `.`, which this broker maps to its own separator "
+    "(`[mqtt] broker_family`; `device_id`); nothing is created",
 )
 CAMPAIGN_NOT_FOUND: Final = ErrorKind(404, "NOT_FOUND", "no such campaign (`campaign_id`)")
 CAMPAIGN_CLOSED: Final = ErrorKind(
@@ -263,6 +270,9 @@ _DOMAIN: Final[Mapping[type[Exception], Callable[[Any], ApiError]]] = {
     InvalidActorError: lambda e: ApiError(INVALID_ACTOR, str(e), actor=e.actor, reason=e.reason),
     CommandNotFoundError: lambda e: ApiError(COMMAND_NOT_FOUND, str(e), command_id=e.command_id),
     DeviceUnboundError: lambda e: ApiError(DEVICE_UNBOUND, str(e), device_id=e.device_id),
+    UnportableDeviceIdError: lambda e: ApiError(
+        DEVICE_ID_NOT_PORTABLE, str(e), device_id=e.device_id
+    ),
     DownlinkTooLargeError: lambda e: ApiError(
         DOWNLINK_TOO_LARGE, str(e), device_id=e.device_id, size=e.size, limit=e.limit
     ),

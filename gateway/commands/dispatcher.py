@@ -12,8 +12,9 @@ failed because the session went down returns its claim to PENDING at once withou
 reclaim, and the session wakes the dispatcher when it is back.
 
 A downlink the broker can never take — larger than its maximum packet size (refused before
-sending, or answered 0x95), or a topic or payload it refuses for good — fails its command at
-once (``FAILED``, ``raw_result_code`` the refusal's name, ``raw_ack`` why), whatever its
+sending, or answered 0x95), a topic or payload it refuses for good, or a device id holding a
+`.` where ``[mqtt] broker_family`` says the broker maps it (``BAD_DEVICE_ID``) — fails its
+command at once (``FAILED``, ``raw_result_code`` the refusal's name, ``raw_ack`` why), whatever its
 delivery class: a retry would be refused the same way, and a reclaim loop would hide it.
 """
 
@@ -35,6 +36,7 @@ from gateway.support.metrics import Metrics
 from gateway.support.node import Node, Publish
 from gateway.support.publish_refusal import PublishRefused, publish_packet_size
 from protocol import DownlinkCommand, Topics, encode_command
+from protocol.ids import UnportableDeviceIdError
 from storage import commands as repo
 
 log = structlog.get_logger(__name__)
@@ -183,7 +185,12 @@ class Dispatcher:
             deadline=row["expire_at"],
         )
         try:
-            await self.publish(self.topics.commands(row["device_id"]), encode_command(downlink))
+            topic = self.topics.commands(row["device_id"])
+        except UnportableDeviceIdError as exc:  # stored before [mqtt] broker_family said so
+            self._refusals[row["id"]] = ("BAD_DEVICE_ID", f"not sent: {exc}")
+            return Outcome.UNSENDABLE
+        try:
+            await self.publish(topic, encode_command(downlink))
         except SessionDown:
             return Outcome.SESSION_DOWN
         except PublishRefused as exc:

@@ -83,10 +83,11 @@ class CommandService:
         idempotency_key: str | None,
         actor: str,
     ) -> Created:
-        """Raises :class:`DownlinkTooLargeError` (nothing created) when the downlink cannot fit
-        ``max_packet_size`` whatever its claim, or what the creator raises."""
+        """Raises (nothing created) :class:`UnportableDeviceIdError` for an id the broker would
+        not carry (``[mqtt] broker_family``), :class:`DownlinkTooLargeError` when the downlink
+        cannot fit ``max_packet_size`` whatever its claim, or what the creator raises."""
+        topic = self.topics.commands(device_id)
         if self.max_packet_size:
-            topic = self.topics.commands(device_id)
             size = smallest_downlink(topic, name, params, mqtt5=self.mqtt5)
             if size > self.max_packet_size:
                 raise DownlinkTooLargeError(device_id, size, self.max_packet_size)
