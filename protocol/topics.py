@@ -6,7 +6,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Final, Literal
 
-from protocol.ids import DEVICE_ID_RE, validate_device_id
+from protocol.ids import DEVICE_ID_RE, NOT_PORTABLE, UnportableDeviceIdError, validate_device_id
 
 TopicErrorCode = Literal["BAD_TOPIC", "BAD_DEVICE_ID"]
 
@@ -64,9 +64,14 @@ def _validate_level(what: str, value: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Topics:
-    """Every topic name the gateway publishes to, subscribes to or parses, under one prefix."""
+    """Every topic name the gateway publishes to, subscribes to or parses, under one prefix.
+
+    ``portable_ids``: the broker maps `.` to its own separator (RabbitMQ, NATS): a device id
+    holding one is refused both ways (``UnportableDeviceIdError`` building a topic,
+    ``BAD_DEVICE_ID`` parsing one), never passed to the broker to lose."""
 
     prefix: str = "iot"
+    portable_ids: bool = False
     _devices: str = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -74,7 +79,10 @@ class Topics:
         object.__setattr__(self, "_devices", f"{self.prefix}/devices/")
 
     def _device_topic(self, device_id: str, kind: TopicKind) -> str:
-        return f"{self._devices}{validate_device_id(device_id)}/{kind.value}"
+        validate_device_id(device_id)
+        if self.portable_ids and NOT_PORTABLE in device_id:
+            raise UnportableDeviceIdError(device_id)
+        return f"{self._devices}{device_id}/{kind.value}"
 
     def telemetry(self, device_id: str) -> str:
         return self._device_topic(device_id, TopicKind.TELEMETRY)
@@ -125,5 +133,12 @@ class Topics:
         if DEVICE_ID_RE.fullmatch(device_id) is None:
             raise TopicError(
                 "BAD_DEVICE_ID", topic, f"device id {device_id!r} must match {DEVICE_ID_RE.pattern}"
+            )
+        if self.portable_ids and NOT_PORTABLE in device_id:
+            raise TopicError(
+                "BAD_DEVICE_ID",
+                topic,
+                f"device id {device_id!r} holds a `.`, which this broker ([mqtt] broker_family) "
+                "maps to its own separator",
             )
         return DeviceTopic(kind, device_id)

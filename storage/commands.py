@@ -33,6 +33,7 @@ CLAIM_DUE = _Q["claim_due"]
 PLAN_ONCE = _Q["plan_once"]
 MARK_SENT = _Q["mark_sent"]
 RELEASE_UNSENT = _Q["release_unsent"]
+FAIL_UNSENDABLE = _Q["fail_unsendable"]
 APPLY_RECEIPT = _Q["apply_receipt"]
 INSERT_RECEIPT = _Q["insert_receipt"]
 INSERT_AUDIT = _Q["insert_audit"]
@@ -304,6 +305,20 @@ async def release_unsent(
         await conn.fetchval(RELEASE_UNSENT, command_id, generation, node_id, actor, note)
         is not None
     )
+
+
+async def fail_unsendable(
+    conn: asyncpg.Connection,
+    command_id: int,
+    generation: int,
+    *,
+    node_id: str,
+    code: str,
+    reason: str,
+) -> asyncpg.Record | None:
+    """CLAIMED → FAILED: the broker can never take the downlink; None when the claim is not
+    ours any more."""
+    return await conn.fetchrow(FAIL_UNSENDABLE, command_id, generation, node_id, code, reason)
 
 
 async def apply_receipts(

@@ -21,6 +21,7 @@ MARK_PUBLISHED = _Q["mark_published"]
 MARK_PUBLISHED_MANY = _Q["mark_published_many"]
 MARK_FAILED = _Q["mark_failed"]
 RELEASE = _Q["release"]
+MARK_DEAD = _Q["mark_dead"]
 BACKLOG = _Q["backlog"]
 RECORD_CONSUMED = _Q["record_consumed"]
 
@@ -102,6 +103,11 @@ async def mark_failed(
 ) -> int | None:
     value = await conn.fetchval(MARK_FAILED, row_id, node_id, retry_in_s, error)
     return None if value is None else int(value)
+
+
+async def mark_dead(conn: asyncpg.Connection, row_id: int, node_id: str, *, reason: str) -> bool:
+    """DEAD: the broker can never take it; False when this node no longer held it."""
+    return await conn.fetchval(MARK_DEAD, row_id, node_id, reason) is not None
 
 
 async def release(

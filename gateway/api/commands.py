@@ -14,7 +14,13 @@ from litestar.params import JSONBody, Parameter
 
 from gateway.api.alarms import Before, Limit
 from gateway.api.auth import CallDep, Role, actor_of
-from gateway.api.errors import COMMAND_CLOSED, COMMAND_NOT_FOUND, DEVICE_UNBOUND
+from gateway.api.errors import (
+    COMMAND_CLOSED,
+    COMMAND_NOT_FOUND,
+    DEVICE_ID_NOT_PORTABLE,
+    DEVICE_UNBOUND,
+    DOWNLINK_TOO_LARGE,
+)
 from gateway.api.routes import route
 from gateway.api.schemas import (
     DEVICE_ID_PATTERN,
@@ -31,9 +37,15 @@ from gateway.api.schemas import (
     exact,
     from_row,
 )
-from gateway.commands.lifecycle import CommandClosedError, CommandNotFoundError, DeviceUnboundError
+from gateway.commands.lifecycle import (
+    CommandClosedError,
+    CommandNotFoundError,
+    DeviceUnboundError,
+    DownlinkTooLargeError,
+)
 from gateway.commands.service import CommandService
 from gateway.domain.command import CommandStatus
+from protocol.ids import UnportableDeviceIdError
 
 log = structlog.get_logger(__name__)
 
@@ -84,7 +96,7 @@ Wait = Annotated[
     role=Role.OPERATOR,
     writes=True,
     body=True,
-    errors=[DEVICE_UNBOUND],
+    errors=[DEVICE_ID_NOT_PORTABLE, DEVICE_UNBOUND, DOWNLINK_TOO_LARGE],
     status_code=201,
     also={
         200: ResponseSpec(
@@ -122,13 +134,13 @@ async def create_command(
             idempotency_key=data.idempotency_key,
             actor=actor_of(call),
         )
-    except DeviceUnboundError as exc:
+    except (DeviceUnboundError, DownlinkTooLargeError, UnportableDeviceIdError) as exc:
         log.info(
             "command_create_refused",
             device_id=id,
             token=call.caller.name,
             request_id=call.request_id,
-            code=exc.code,
+            code=getattr(exc, "code", "BAD_DEVICE_ID"),
         )
         raise
     row = created.command

@@ -35,7 +35,12 @@ from gateway.commands.campaigns import (
     NoTargetsError,
     UnboundTargetsError,
 )
-from gateway.commands.lifecycle import CommandClosedError, CommandNotFoundError, DeviceUnboundError
+from gateway.commands.lifecycle import (
+    CommandClosedError,
+    CommandNotFoundError,
+    DeviceUnboundError,
+    DownlinkTooLargeError,
+)
 from gateway.domain.alarm import (
     Alarm,
     AlarmSupersededError,
@@ -44,6 +49,7 @@ from gateway.domain.alarm import (
 )
 from gateway.domain.errors import GatewayError
 from gateway.support.log_limit import LogLimit
+from protocol.ids import UnportableDeviceIdError
 from storage.audit import audit_failure
 from storage.errors import TRANSIENT_DB_ERRORS
 
@@ -104,6 +110,18 @@ STATUS_CHANGED: Final = ErrorKind(
 )
 DEVICE_UNBOUND: Final = ErrorKind(
     409, "DEVICE_UNBOUND", "the device is unbound (`device_id`); nothing is created"
+)
+DOWNLINK_TOO_LARGE: Final = ErrorKind(
+    422,
+    "DOWNLINK_TOO_LARGE",
+    "the command's downlink cannot fit the broker's maximum packet size (`size`, `limit`: "
+    "`[mqtt] max_packet_size`); nothing is created",
+)
+DEVICE_ID_NOT_PORTABLE: Final = ErrorKind(
+    400,
+    "BAD_DEVICE_ID",
+    "the device id holds a `.`, which this broker maps to its own separator "
+    "(`[mqtt] broker_family`; `device_id`); nothing is created",
 )
 CAMPAIGN_NOT_FOUND: Final = ErrorKind(404, "NOT_FOUND", "no such campaign (`campaign_id`)")
 CAMPAIGN_CLOSED: Final = ErrorKind(
@@ -186,6 +204,8 @@ class ErrorBody(msgspec.Struct, kw_only=True, omit_defaults=True):
     alarm: Alarm | UnsetType = UNSET
     reason: str | UnsetType = UNSET
     required_role: str | UnsetType = UNSET
+    size: int | UnsetType = UNSET
+    limit: int | UnsetType = UNSET
 
 
 class ApiError(GatewayError):
@@ -250,6 +270,12 @@ _DOMAIN: Final[Mapping[type[Exception], Callable[[Any], ApiError]]] = {
     InvalidActorError: lambda e: ApiError(INVALID_ACTOR, str(e), actor=e.actor, reason=e.reason),
     CommandNotFoundError: lambda e: ApiError(COMMAND_NOT_FOUND, str(e), command_id=e.command_id),
     DeviceUnboundError: lambda e: ApiError(DEVICE_UNBOUND, str(e), device_id=e.device_id),
+    UnportableDeviceIdError: lambda e: ApiError(
+        DEVICE_ID_NOT_PORTABLE, str(e), device_id=e.device_id
+    ),
+    DownlinkTooLargeError: lambda e: ApiError(
+        DOWNLINK_TOO_LARGE, str(e), device_id=e.device_id, size=e.size, limit=e.limit
+    ),
     CommandClosedError: lambda e: ApiError(
         COMMAND_CLOSED, str(e), command_id=e.command_id, current_status=e.status
     ),

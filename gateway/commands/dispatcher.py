@@ -10,24 +10,33 @@ The broker being away is not a node losing its commands: while the node's broker
 down the dispatcher claims nothing (another node, whose session is up, may), a publish that
 failed because the session went down returns its claim to PENDING at once without counting a
 reclaim, and the session wakes the dispatcher when it is back.
+
+A downlink the broker can never take — larger than its maximum packet size (refused before
+sending, or answered 0x95), a topic or payload it refuses for good, or a device id holding a
+`.` where ``[mqtt] broker_family`` says the broker maps it (``BAD_DEVICE_ID``) — fails its
+command at once (``FAILED``, ``raw_result_code`` the refusal's name, ``raw_ack`` why), whatever its
+delivery class: a retry would be refused the same way, and a reclaim loop would hide it.
 """
 
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC, datetime
 from enum import Enum
 
 import asyncpg
 import msgspec
 import structlog
 
-from gateway.commands.lifecycle import DISPATCHER_ACTOR, mark_sent
+from gateway.commands.lifecycle import DISPATCHER_ACTOR, fail_unsendable, mark_sent
 from gateway.config import CommandsConfig
 from gateway.support.broker_link import BrokerLink, SessionDown
 from gateway.support.loops import drain_on_notify
 from gateway.support.metrics import Metrics
 from gateway.support.node import Node, Publish
+from gateway.support.publish_refusal import PublishRefused, publish_packet_size
 from protocol import DownlinkCommand, Topics, encode_command
+from protocol.ids import UnportableDeviceIdError
 from storage import commands as repo
 
 log = structlog.get_logger(__name__)
@@ -44,6 +53,8 @@ class Outcome(Enum):
     SESSION_DOWN = "session_down"
     # Anything else (a refused PUBACK, no PUBACK in time): the lease runs out, a reclaim.
     FAILED = "failed"
+    # The broker can never take it (too large, a final refusal): the command fails now.
+    UNSENDABLE = "unsendable"
 
 
 class Dispatcher:
@@ -78,6 +89,7 @@ class Dispatcher:
         self._wakeup = self.broker.wakeup()
         self._slots = asyncio.Semaphore(PIPELINE)
         self._sending: set[asyncio.Task[None]] = set()
+        self._refusals: dict[int, tuple[str, str]] = {}  # command id: code, reason
 
     @classmethod
     def from_config(cls, node: Node, commands: CommandsConfig) -> Dispatcher:
@@ -161,6 +173,7 @@ class Dispatcher:
         paired = list(zip(claimed, outcomes, strict=True))
         await self._mark_sent([row for row, outcome in paired if outcome is Outcome.SENT])
         await self._release([row for row, outcome in paired if outcome is Outcome.SESSION_DOWN])
+        await self._fail([row for row, outcome in paired if outcome is Outcome.UNSENDABLE])
 
     async def _publish(self, row: asyncpg.Record) -> Outcome:
         downlink = DownlinkCommand(
@@ -172,9 +185,20 @@ class Dispatcher:
             deadline=row["expire_at"],
         )
         try:
-            await self.publish(self.topics.commands(row["device_id"]), encode_command(downlink))
+            topic = self.topics.commands(row["device_id"])
+        except UnportableDeviceIdError as exc:  # stored before [mqtt] broker_family said so
+            self._refusals[row["id"]] = ("BAD_DEVICE_ID", f"not sent: {exc}")
+            return Outcome.UNSENDABLE
+        try:
+            await self.publish(topic, encode_command(downlink))
         except SessionDown:
             return Outcome.SESSION_DOWN
+        except PublishRefused as exc:
+            if exc.final:
+                self._refusals[row["id"]] = (exc.reason, f"not sent: {exc}")
+                return Outcome.UNSENDABLE
+            log.warning("downlink_publish_failed", command_id=row["id"], error=repr(exc))
+            return Outcome.FAILED
         except Exception as exc:  # the lease runs out and the reaper requeues it
             log.warning("downlink_publish_failed", command_id=row["id"], error=repr(exc))
             return Outcome.FAILED
@@ -203,6 +227,33 @@ class Dispatcher:
         if released:
             self.metrics.count_command("CLAIMED", "PENDING", released)
 
+    async def _fail(self, rows: list[asyncpg.Record]) -> None:
+        """Claims whose downlink the broker can never take: FAILED now, with the reason.
+
+        One transaction per claim (its audit row and ``command.finished`` event with it). One
+        that fails to be written leaves the claim to its lease: the next claim meets the same
+        refusal and fails it then.
+        """
+        failed = 0
+        for row in rows:
+            code, reason = self._refusals.pop(row["id"])
+            async with self.pool.acquire() as conn, conn.transaction():
+                done = await fail_unsendable(
+                    conn, row, node_id=self.node_id, code=code, reason=reason
+                )
+            if done is not None:
+                failed += 1
+            log.warning(
+                "downlink_unsendable",
+                command_id=row["id"],
+                device_id=row["device_id"],
+                code=code,
+                reason=reason,
+                failed=done is not None,
+            )
+        if failed:
+            self.metrics.count_command("CLAIMED", "FAILED", failed)
+
     async def _mark_sent(self, rows: list[asyncpg.Record]) -> None:
         if not rows:
             return
@@ -230,6 +281,26 @@ class Dispatcher:
                 count += 1
         if count:
             self.metrics.count_command("CLAIMED", "SENT", count)
+
+
+# The narrowest a downlink's deadline is encoded (no fraction of a second): a lower bound.
+_DEADLINE = datetime(2000, 1, 1, tzinfo=UTC)
+
+
+def smallest_downlink(topic: str, name: str, params: dict[str, object], *, mqtt5: bool) -> int:
+    """The fewest bytes the PUBLISH of this command's downlink can take, whatever node sends it
+    and whatever its id and claim: with the shortest id, generation and node id there are."""
+    body = encode_command(
+        DownlinkCommand(
+            command_id=1,
+            claim_generation=1,
+            node_id="",
+            name=name,
+            params=params,
+            deadline=_DEADLINE,
+        )
+    )
+    return publish_packet_size(topic, len(body), qos=1, mqtt5=mqtt5)
 
 
 def _params(value: object) -> dict[str, object]:

@@ -66,6 +66,22 @@ class DeviceUnboundError(CommandError):
         self.device_id = device_id
 
 
+class DownlinkTooLargeError(CommandError):
+    """The command's downlink cannot fit the broker's maximum packet size whatever node sends
+    it: refused before anything is created."""
+
+    code = "DOWNLINK_TOO_LARGE"
+
+    def __init__(self, device_id: str, size: int, limit: int) -> None:
+        super().__init__(
+            f"the downlink to {device_id} would be at least {size} bytes, over the broker's"
+            f" maximum packet size {limit} ([mqtt] max_packet_size): send smaller params"
+        )
+        self.device_id = device_id
+        self.size = size
+        self.limit = limit
+
+
 class CommandClosedError(CommandError):
     code = "ILLEGAL_TRANSITION"
 
@@ -417,6 +433,29 @@ async def mark_sent(
         timeout_s=sent_timeout_s,
         actor=DISPATCHER_ACTOR,
     )
+
+
+async def fail_unsendable(
+    conn: asyncpg.Connection, row: asyncpg.Record, *, node_id: str, code: str, reason: str
+) -> asyncpg.Record | None:
+    """The broker can never take this claim's downlink (``code``: ``PACKET_TOO_LARGE``, or the
+    name of the PUBACK's final reason code): CLAIMED → FAILED at once, whatever its delivery
+    class, with its audit row and ``command.finished`` event, in the caller's transaction. None
+    when the claim is not ours any more (its new owner meets the same refusal)."""
+    failed = await repo.fail_unsendable(
+        conn, row["id"], row["claim_generation"], node_id=node_id, code=code, reason=reason
+    )
+    if failed is not None:
+        await _record(
+            conn,
+            failed,
+            from_status="CLAIMED",
+            actor=DISPATCHER_ACTOR,
+            action="unsendable",
+            node_id=node_id,
+            note=f"{code}: {reason}",
+        )
+    return failed
 
 
 async def cancel(

@@ -20,15 +20,18 @@ import asyncpg
 import structlog
 
 from gateway.commands.creator import CommandCreator, NewCommand
+from gateway.commands.dispatcher import smallest_downlink
 from gateway.commands.lifecycle import (
     CommandNotFoundError,
     Created,
+    DownlinkTooLargeError,
     cancel,
     unbind,
 )
 from gateway.domain.command import TERMINAL_STATUSES, CommandStatus, Delivery
 from gateway.support.loops import sleep_unless_stopped
 from gateway.support.metrics import Metrics
+from protocol import Topics
 from storage import commands as repo
 from storage.errors import TRANSIENT_DB_ERRORS
 
@@ -54,8 +57,15 @@ class CommandService:
         *,
         stop: asyncio.Event | None = None,
         metrics: Metrics | None = None,
+        topics: Topics | None = None,
+        max_packet_size: int = 0,
+        mqtt5: bool = True,
     ) -> None:
         self.pool = pool
+        # [mqtt] max_packet_size (0: none): a command whose downlink cannot fit it is refused.
+        self.topics = topics or Topics("iot")
+        self.max_packet_size = max_packet_size
+        self.mqtt5 = mqtt5
         self.node_id = node_id
         self.expire_after_s = expire_after_s
         # Set by the daemon on shutdown: every wait returns at once with what it has.
@@ -73,6 +83,14 @@ class CommandService:
         idempotency_key: str | None,
         actor: str,
     ) -> Created:
+        """Raises (nothing created) :class:`UnportableDeviceIdError` for an id the broker would
+        not carry (``[mqtt] broker_family``), :class:`DownlinkTooLargeError` when the downlink
+        cannot fit ``max_packet_size`` whatever its claim, or what the creator raises."""
+        topic = self.topics.commands(device_id)
+        if self.max_packet_size:
+            size = smallest_downlink(topic, name, params, mqtt5=self.mqtt5)
+            if size > self.max_packet_size:
+                raise DownlinkTooLargeError(device_id, size, self.max_packet_size)
         return await self.creator.create(
             NewCommand(
                 device_id=device_id,

@@ -26,8 +26,11 @@ from gateway.domain.notify import Notify, NotifyConfig, compile_notify, receiver
 from gateway.domain.quiet_hours import QuietHours, QuietHoursConfig, compile_quiet_hours
 from gateway.domain.rules import DeviceClock, RuleConfig, RuleSet, compile_rule, compile_rules
 from protocol import TopicKind, Topics, is_valid_device_id
+from protocol.ids import is_portable_device_id
 
 Port = Annotated[int, Meta(ge=1, le=65535)]
+# [mqtt] broker_family values whose brokers map `.` in topics to their own separators.
+_DOTTED: Final = frozenset({"rabbitmq", "nats"})
 PositiveInt = Annotated[int, Meta(ge=1)]
 PositiveFloat = Annotated[float, Meta(gt=0)]
 
@@ -68,6 +71,15 @@ class MqttConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     broker_inflight: PositiveInt = 20
     encoding: Literal["json", "msgpack"] = "json"
     max_payload_bytes: PositiveInt = 65536
+    # The largest packet the gateway publishes (0: only the broker's MQTT 5 CONNACK bounds it).
+    # Set it to the broker's limit (mosquitto: message_size_limit) when the broker does not say
+    # it, as on 3.1.1: a downlink over it fails its command, and the API refuses params that
+    # cannot fit it (docs/deploying.md).
+    max_packet_size: Annotated[int, Meta(ge=0, le=268_435_460)] = 0
+    # The broker's kind, where it changes what a topic may hold: RabbitMQ and NATS map `.` to
+    # their own separators, so there device ids (and the node id) must hold no `.`: refused at
+    # the API, dead-lettered BAD_DEVICE_ID from topics (docs/deploying.md).
+    broker_family: Literal["generic", "rabbitmq", "nats"] = "generic"
     reconnect_min_s: PositiveFloat = 0.5
     reconnect_max_s: PositiveFloat = 30.0
 
@@ -204,7 +216,11 @@ class Config(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
 
     @property
     def node_id(self) -> str:
-        return self.node.id or default_node_id()
+        if self.node.id:
+            return self.node.id
+        # A host name's dots would not survive a broker that maps them (see broker_family).
+        name = default_node_id()
+        return name.replace(".", "-") if self.mqtt.broker_family in _DOTTED else name
 
     @property
     def state_dir(self) -> Path:
@@ -243,7 +259,7 @@ class Config(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
 
     @property
     def topics(self) -> Topics:
-        return Topics(self.mqtt.topic_prefix)
+        return Topics(self.mqtt.topic_prefix, portable_ids=self.mqtt.broker_family in _DOTTED)
 
     def batch_size(self, protocol: str) -> int:
         """Messages per transaction: at most half the broker's window of unacked messages.
@@ -440,6 +456,13 @@ def validate(config: Config) -> None:
         "node.id",
         not config.node.id or is_valid_device_id(config.node.id),
         "must match ^[A-Za-z0-9_.:-]{1,64}$",
+    )
+    check(
+        "node.id",
+        not config.node.id
+        or config.mqtt.broker_family not in _DOTTED
+        or is_portable_device_id(config.node.id),
+        f"must hold no `.` with [mqtt] broker_family = {config.mqtt.broker_family!r}",
     )
     try:
         topics: Topics | None = Topics(config.mqtt.topic_prefix)

@@ -80,6 +80,10 @@ class MqttSession:
         # its own restart, delivers nothing to the group until they are made again).
         self.subscribed = False
         self.client: BrokerConnection | None = None
+        # The bound our publishes keep to, besides the broker's CONNACK: [mqtt] max_packet_size,
+        # lowered for good when the broker disconnects us for a packet too large (0x95), so
+        # that no message drops the connection twice (gateway.mqtt.v5_connection).
+        self.max_packet_size: int | None = settings.max_packet_size or None
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
@@ -139,6 +143,7 @@ class MqttSession:
                 )
             finally:
                 self._set_connected(False)
+                self._learn(client)
             await sleep_unless_stopped(stop, delay)
 
     def _connection(self) -> BrokerConnection:
@@ -151,6 +156,7 @@ class MqttSession:
                 buffer_high_bytes=settings.buffer_high_bytes,
                 strict_receive_maximum=False,
                 on_pause=self._paused,
+                max_packet_size=self.max_packet_size,
             )
         return AckingClient(settings, on_pause=self._paused)
 
@@ -276,6 +282,27 @@ class MqttSession:
                     Inbound(delivery.topic, kept, received_at, client, delivery, size, sha256)
                 )
             await writer.put_many(items)
+
+    def _learn(self, client: BrokerConnection) -> None:
+        learned = client.learned_max_packet_size if isinstance(client, Mqtt5Connection) else None
+        if learned is not None and (self.max_packet_size is None or learned < self.max_packet_size):
+            self.max_packet_size = learned
+            log.warning(
+                "max_packet_size_learned",
+                max_packet_size=learned,
+                setting="[mqtt] max_packet_size",
+                note="the broker disconnected us for a packet too large (0x95); publishes "
+                "over this are refused unsent from now on",
+            )
+
+    @property
+    def packet_limit(self) -> int | None:
+        """The bound a publish keeps to now (the broker's, ours or learned; None: none)."""
+        client = self.client
+        if isinstance(client, Mqtt5Connection) and client.is_open:
+            limit = client.packet_limit
+            return None if limit is None else limit[0]
+        return self.max_packet_size
 
     def _paused(self, bound: str) -> None:
         self.metrics.read_pauses.labels(bound).inc()

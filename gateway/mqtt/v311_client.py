@@ -48,6 +48,8 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
+from gateway.support.publish_refusal import PacketTooLarge, publish_packet_size
+
 log = structlog.get_logger(__name__)
 
 # The bound that paused reading: the message count or the payload bytes buffered.
@@ -90,6 +92,9 @@ class ConnectionSettings:
     timeout_s: float = 10.0
     buffer_high: int = 1000
     buffer_high_bytes: int = 16 * 1024 * 1024
+    # Our bound on a publish packet ([mqtt] max_packet_size; 0: none of ours). MQTT 5 also
+    # keeps to the broker's Maximum Packet Size from CONNACK; 3.1.1 has no way to learn one.
+    max_packet_size: int = 0
 
 
 class _FlowQueue(asyncio.Queue[aiomqtt.Message]):
@@ -336,7 +341,14 @@ class AckingClient:
         wait_s: float | None = None,
     ) -> int | None:
         """None: a 3.1.1 PUBACK carries no reason code, so it cannot say whether anyone was
-        subscribed (see docs/behaviour.md §5: on 3.1.1 an event publish never counts as a push)."""
+        subscribed (see docs/behaviour.md §5: on 3.1.1 an event publish never counts as a push).
+        A packet over ``settings.max_packet_size`` raises :class:`PacketTooLarge` unsent: a 3.1.1
+        broker cannot say why it refuses one (it closes the connection), so it is never sent."""
+        limit = self.settings.max_packet_size
+        if limit:
+            size = publish_packet_size(topic, len(payload), qos=qos, mqtt5=False)
+            if size > limit:
+                raise PacketTooLarge(topic, size, limit, "[mqtt] max_packet_size")
         await self.client.publish(topic, payload, qos=qos, retain=retain, timeout=wait_s)
         return None
 

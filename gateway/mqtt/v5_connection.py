@@ -31,9 +31,22 @@ Facts about ``mqtt5`` 0.8.0 this relies on (checked by experiment, see the unit 
 Deliberately not done: QoS 2 in either direction (subscriptions ask ``max_qos`` 1; a QoS 2
 PUBLISH from the broker is a protocol error), topic aliases (we announce a maximum of 0),
 enhanced authentication (AUTH packets), unsubscribing, subscription identifiers, user
-properties, message expiry, request/response properties, the server's maximum packet size
-beyond refusing a larger publish, reconnection and resending after a reconnect (the caller
-reconnects: ``gateway.mqtt.session``; a connection object is single use and cheap).
+properties, message expiry, request/response properties, reconnection and resending after a
+reconnect (the caller reconnects: ``gateway.mqtt.session``; a connection object is single use
+and cheap).
+
+The broker's limits. A publish larger than the broker's Maximum Packet Size (from CONNACK) or
+than ``max_packet_size`` (ours: configured, or learned) is refused before sending with
+``PacketTooLarge``. Every reason code MQTT 5 allows in a PUBACK is understood
+(``gateway.support.publish_refusal``): a refusal raises ``MqttPublishError``, a
+``PublishRefused`` saying whether it is final, and is logged once per code and connection
+(``broker_refused_publish``); the connection stays up. mosquitto answers 0x95 (Packet too
+large) in a PUBACK, which MQTT 5 does not list and the codec refuses to decode: a PUBACK (or a
+DISCONNECT) the codec cannot read is read here instead, by its fixed layout, rather than ending
+the connection as malformed. A DISCONNECT of 0x95 names no packet: the largest publishes then
+waiting for their PUBACK are the culprits (the broker answers in order, so the one it refused
+is among them); they fail with ``PacketTooLarge`` and ``learned_max_packet_size`` says the
+bound the next connection must keep below, so the same message never drops a connection twice.
 
 Flow control, inbound. We announce ``receive_maximum``: by default a broker sending more
 unacknowledged QoS 1 publishes than that is disconnected with RECEIVE_MAX_EXCEEDED, as MQTT 5
@@ -86,6 +99,13 @@ from mqtt5 import (
 )
 
 from gateway.mqtt.v311_client import ConnectionSettings, SubscriptionRefusedError
+from gateway.support.publish_refusal import (
+    PACKET_TOO_LARGE,
+    PacketTooLarge,
+    PublishRefused,
+    disconnect_code,
+    publish_code,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -109,6 +129,8 @@ _MAX_PACKET_ID: Final = 65535
 _QOS0: Final = QoS.AT_MOST_ONCE
 _QOS1: Final = QoS.AT_LEAST_ONCE
 _FAILURE: Final = 0x80  # reason codes from here up are failures (MQTT 5, 2.4)
+_PUBACK_TYPE: Final = 4
+_DISCONNECT_TYPE: Final = 14
 _DEAD_AFTER: Final = 1.5  # keep-alive intervals without any packet received
 
 _NEW, _CONNECTING, _OPEN, _CLOSED = range(4)
@@ -167,11 +189,18 @@ class MqttSubscribeError(Mqtt5Error, SubscriptionRefusedError):
         self.reason = reason
 
 
-class MqttPublishError(Mqtt5Error):
-    """The PUBACK refused the publish (reason code 0x80 or more)."""
+class MqttPublishError(Mqtt5Error, PublishRefused):
+    """The PUBACK refused the publish (reason code 0x80 or more); ``final`` as
+    ``gateway.support.publish_refusal`` says for its code."""
 
-    def __init__(self, topic: str, reason_code: int, reason: str) -> None:
-        super().__init__(f"publish to {topic!r} refused: {reason} ({reason_code})", reason_code)
+    def __init__(self, topic: str, reason_code: int) -> None:
+        known = publish_code(reason_code)
+        PublishRefused.__init__(
+            self,
+            f"publish to {topic!r} refused: {known.name} ({reason_code:#04x}): {known.meaning}",
+            reason_code=reason_code,
+            final=known.final,
+        )
         self.topic = topic
 
 
@@ -252,13 +281,14 @@ class _Messages:
 class Mqtt5Connection:
     """One MQTT 5 connection (single use): ``async with Mqtt5Connection(settings) as conn``."""
 
-    def __init__(
+    def __init__(  # noqa: PLR0915 - one assignment per piece of connection state
         self,
         settings: ConnectionSettings,
         *,
         buffer_high_bytes: int = 64 * 2**20,
         strict_receive_maximum: bool = True,
         on_pause: Callable[[str], None] | None = None,
+        max_packet_size: int | None = None,
     ) -> None:
         if settings.protocol != "5":
             raise ValueError("Mqtt5Connection speaks MQTT 5 only")
@@ -301,7 +331,13 @@ class Mqtt5Connection:
         self._slot_waiters: collections.deque[asyncio.Future[None]] = collections.deque()
         self._max_qos = 1
         self._retain_available = True
+        # Ours (configured or learned; None: none) and the broker's (CONNACK; None: unsaid).
+        self.max_packet_size = max_packet_size
         self._max_packet_size: int | None = None
+        self.learned_max_packet_size: int | None = None
+        self._publish_sizes: dict[int, tuple[int, str]] = {}  # packet id: size, topic
+        self._refusals_logged: set[int] = set()
+        self.publish_refusals = 0
         # Liveness.
         self.keep_alive = settings.keepalive_s
         self._last_read = 0.0
@@ -351,6 +387,21 @@ class Mqtt5Connection:
     @property
     def server_receive_maximum(self) -> int:
         return self._send_max
+
+    @property
+    def server_max_packet_size(self) -> int | None:
+        """The broker's Maximum Packet Size from CONNACK (None: it said nothing)."""
+        return self._max_packet_size
+
+    @property
+    def packet_limit(self) -> tuple[int, str] | None:
+        """The bound a publish must keep to, and where it comes from (None: no bound)."""
+        ours, theirs = self.max_packet_size, self._max_packet_size
+        if theirs is not None and (ours is None or theirs <= ours):
+            return theirs, "the broker's CONNACK"
+        if ours is not None:
+            return ours, "[mqtt] max_packet_size, or learned from the broker's 0x95"
+        return None
 
     # ------------------------------------------------------------------ connect / close
 
@@ -566,28 +617,46 @@ class Mqtt5Connection:
                 future: asyncio.Future[int] = loop.create_future()
                 self._publishes[packet_id] = future
                 try:
-                    self._send(self._publish_bytes(topic, payload, _QOS1, retain, packet_id))
+                    data = self._publish_bytes(topic, payload, _QOS1, retain, packet_id)
+                    self._send(data)
                 except BaseException:
                     del self._publishes[packet_id]
                     self._release_slot()
                     raise
+                self._publish_sizes[packet_id] = (len(data), topic)
                 # Cancelled or timed out, the entry (and its slot) stays until the PUBACK.
                 code = await future
         except TimeoutError:
             raise MqttTimeoutError(f"no PUBACK for {topic!r} within {wait}s") from None
         if code >= _FAILURE:
-            raise MqttPublishError(topic, code, _reason_name(mqtt5.PubAckReasonCode, code))
+            self._refused(code)
+            raise MqttPublishError(topic, code)
         return code
+
+    def _refused(self, code: int) -> None:
+        """Log a PUBACK refusal once per code and connection; count them all."""
+        self.publish_refusals += 1
+        if code in self._refusals_logged:
+            return
+        self._refusals_logged.add(code)
+        known = publish_code(code)
+        log.warning(
+            "broker_refused_publish",
+            reason_code=f"{code:#04x}",
+            reason=known.name,
+            meaning=known.meaning,
+            final=known.final,
+            note="logged once per code and connection; the connection stays up",
+            **self._where(),
+        )
 
     def _publish_bytes(
         self, topic: str, payload: bytes, qos: QoS, retain: bool, packet_id: int | None
     ) -> bytes:
         data = PublishPacket(topic, payload, qos=qos, retain=retain, packet_id=packet_id).write()
-        if self._max_packet_size is not None and len(data) > self._max_packet_size:
-            raise Mqtt5Error(
-                f"publish to {topic!r} is {len(data)} bytes, over the broker's maximum"
-                f" packet size {self._max_packet_size}"
-            )
+        limit = self.packet_limit
+        if limit is not None and len(data) > limit[0]:
+            raise PacketTooLarge(topic, len(data), *limit)
         return data
 
     async def _wait(
@@ -752,9 +821,17 @@ class Mqtt5Connection:
             except (KeyboardInterrupt, SystemExit):
                 raise
             except BaseException as exc:  # ValueError, or the codec's PanicException
-                raise _Violation(
-                    DisconnectReasonCode.MALFORMED_PACKET, f"undecodable packet: {exc!r}"
-                ) from exc
+                # A PUBACK or DISCONNECT whose reason code the codec does not know (mosquitto's
+                # 0x95 in a PUBACK): read by its fixed layout, not taken for malformed.
+                unlisted = self._read_unlisted(view, pos, end)
+                if unlisted is None:
+                    raise _Violation(
+                        DisconnectReasonCode.MALFORMED_PACKET, f"undecodable packet: {exc!r}"
+                    ) from exc
+                pos += unlisted
+                if self._state == _CLOSED:
+                    break
+                continue
             pos += size
             if type(packet) is not PublishPacket:
                 self._on_control(packet)
@@ -817,17 +894,80 @@ class Mqtt5Connection:
             )
         self.receive_maximum_overruns += 1
 
+    def _read_unlisted(self, view: memoryview, pos: int, end: int) -> int | None:
+        """A complete PUBACK or DISCONNECT at ``pos`` the codec refused: handled from its
+        packet id and reason code (properties skipped); its size, or None if it is neither."""
+        kind = view[pos] >> 4
+        if kind not in (_PUBACK_TYPE, _DISCONNECT_TYPE) or view[pos] & 0x0F:
+            return None
+        size = _frame_size(view, pos, end)
+        if size is None or size > end - pos:
+            return None
+        body = view[pos + size - _remaining(view, pos) : pos + size]
+        if kind == _PUBACK_TYPE:
+            if len(body) < 3:
+                return None
+            self._puback((body[0] << 8) | body[1], body[2])
+        else:
+            if not body:
+                return None
+            self._disconnected(body[0], None)
+        return size
+
+    def _puback(self, packet_id: int, code: int) -> None:
+        future = self._publishes.pop(packet_id, None)
+        if future is None:
+            raise _Violation(
+                DisconnectReasonCode.PROTOCOL_ERROR, f"PUBACK for unknown packet id {packet_id}"
+            )
+        self._publish_sizes.pop(packet_id, None)
+        self._release_slot()
+        if not future.done():
+            future.set_result(code)
+
+    def _disconnected(self, code: int, reason_str: str | None) -> None:
+        known = disconnect_code(code)
+        if code == PACKET_TOO_LARGE:
+            self._blame_largest()
+        log.warning(
+            "broker_disconnected",
+            reason_code=code,
+            reason=known.name,
+            meaning=known.meaning,
+            reason_str=reason_str,
+            learned_max_packet_size=self.learned_max_packet_size,
+            **self._where(),
+        )
+        self._terminate(
+            MqttConnectionLostError(
+                f"the broker disconnected: {known.name} ({code:#04x}): {known.meaning}", code
+            )
+        )
+
+    def _blame_largest(self) -> None:
+        """DISCONNECT 0x95: fail the largest publishes awaiting their PUBACK as too large, and
+        learn a bound below them (never above one already known)."""
+        if not self._publish_sizes:
+            return
+        largest = max(size for size, _ in self._publish_sizes.values())
+        bound = largest - 1
+        limit = self.packet_limit
+        if limit is not None:
+            bound = min(bound, limit[0])
+        self.learned_max_packet_size = bound
+        for packet_id, (size, topic) in list(self._publish_sizes.items()):
+            if size != largest:
+                continue
+            future = self._publishes.pop(packet_id, None)
+            del self._publish_sizes[packet_id]
+            if future is not None and not future.done():
+                future.set_exception(
+                    PacketTooLarge(topic, size, bound, "the broker's DISCONNECT 0x95")
+                )
+
     def _on_control(self, packet: mqtt5.Packet) -> None:
         if type(packet) is PubAckPacket:
-            future = self._publishes.pop(packet.packet_id, None)
-            if future is None:
-                raise _Violation(
-                    DisconnectReasonCode.PROTOCOL_ERROR,
-                    f"PUBACK for unknown packet id {packet.packet_id}",
-                )
-            self._release_slot()
-            if not future.done():
-                future.set_result(int(packet.reason_code))
+            self._puback(packet.packet_id, int(packet.reason_code))
         elif type(packet) is PingRespPacket:
             self.pingresps_received += 1
             self._ping_outstanding = False
@@ -849,19 +989,7 @@ class Mqtt5Connection:
         elif type(packet) is ConnAckPacket:
             self._on_connack(packet)
         elif type(packet) is DisconnectPacket:
-            code = int(packet.reason_code)
-            log.warning(
-                "broker_disconnected",
-                reason_code=code,
-                reason=packet.reason_code.name,
-                reason_str=packet.reason_str,
-                **self._where(),
-            )
-            self._terminate(
-                MqttConnectionLostError(
-                    f"the broker disconnected: {packet.reason_code.name} ({code})", code
-                )
-            )
+            self._disconnected(int(packet.reason_code), packet.reason_str)
         else:
             raise _Violation(
                 DisconnectReasonCode.PROTOCOL_ERROR,
@@ -1058,6 +1186,19 @@ def _frame_size(view: memoryview, pos: int, end: int) -> int | None:
             return index - pos + length
         shift += 7
     raise _Violation(DisconnectReasonCode.MALFORMED_PACKET, "remaining length over four bytes")
+
+
+def _remaining(view: memoryview, pos: int) -> int:
+    """The remaining length of the complete packet at ``pos`` (its header already checked)."""
+    length = shift = 0
+    index = pos + 1
+    while True:
+        byte = view[index]
+        index += 1
+        length |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return length
+        shift += 7
 
 
 def _reason_name(codes: object, code: int) -> str:

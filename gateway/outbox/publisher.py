@@ -14,6 +14,12 @@ A failed publish is retried with a growing backoff, unless it failed because the
 session was down: then the event is due again at once, with its retry count unchanged, and
 the publisher claims nothing until the session is back, which wakes it. So events raised
 during a broker outage go out as soon as the broker returns, not at their next retry.
+
+An event the broker can never take (larger than its maximum packet size, refused unsent or
+answered 0x95; or a topic or payload it refuses for good: a final ``PublishRefused``) becomes
+``DEAD`` with the reason in ``last_error``, logged once (``outbox_event_dead``) and counted; it
+is never retried, and no longer holds back its aggregate's later events. It stays in the
+database, where the node's own consumers (notifications, streams) read events anyway.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from gateway.support.broker_link import BrokerLink, SessionDown
 from gateway.support.loops import drain_on_notify
 from gateway.support.metrics import Metrics
 from gateway.support.node import Node, Publish
+from gateway.support.publish_refusal import PublishRefused
 from protocol import Topics
 from storage import outbox
 from storage.errors import DB_ERRORS
@@ -185,6 +192,12 @@ class OutboxPublisher:
             code = await self.publish(topic, body)
         except SessionDown as exc:
             return exc  # released with the others (see _release)
+        except PublishRefused as exc:
+            if exc.final:
+                await self._dead(event, exc, topic, len(body))
+            else:
+                await self._failed(event, exc)
+            return exc
         except Exception as exc:  # any other publish failure is retried later, backing off
             await self._failed(event, exc)
             return exc
@@ -232,6 +245,23 @@ class OutboxPublisher:
             await outbox.release(
                 self.pool, [event.id for event, _ in failed], self.node_id, error=repr(failed[0][1])
             )
+
+    async def _dead(self, event: ClaimedEvent, exc: PublishRefused, topic: str, size: int) -> None:
+        reason = f"{exc.reason}: {exc}"
+        self.metrics.outbox_dead.inc()
+        log.error(
+            "outbox_event_dead",
+            event_id=str(event.event_id),
+            event_type=event.event_type,
+            topic=topic,
+            body_bytes=size,
+            reason=reason,
+            setting="[mqtt] max_packet_size, the broker's message size limit",
+        )
+        # Not recorded: the lease runs out, the event is claimed again and refused again.
+        with contextlib.suppress(*DB_ERRORS):
+            async with self.pool.acquire() as conn:
+                await outbox.mark_dead(conn, event.id, self.node_id, reason=reason)
 
     async def _failed(self, event: ClaimedEvent, exc: BaseException) -> None:
         delay = Backoff(self.retry_base_s, self.retry_cap_s, attempt=event.retry_count).next_delay()

@@ -44,6 +44,7 @@ from gateway.support.broker_link import BrokerLink, SessionDown
 from gateway.support.loops import sleep_unless_stopped
 from gateway.support.metrics import Metrics
 from gateway.support.node import Node
+from gateway.support.publish_refusal import PublishRefused
 from gateway.support.version import gateway_version
 from storage import ingest as repo
 from storage import outbox
@@ -271,7 +272,9 @@ class Daemon:
         reason code (MQTT 5) or None (3.1.1: the PUBACK has none).
 
         Raises :class:`SessionDown` when the session is down, or went down before the PUBACK
-        came: the callers put the message back at once rather than count it as failed.
+        came: the callers put the message back at once rather than count it as failed; and
+        :class:`PublishRefused` when the broker refused this message (``final``: it never will
+        take it), even if it dropped the connection for it.
         """
         session = self.session
         client = None if session is None else session.client
@@ -279,6 +282,8 @@ class Daemon:
             raise SessionDown("not connected to the broker")
         try:
             return await client.publish(topic, payload, qos=1)
+        except PublishRefused:
+            raise  # about this message, not the session: even when the broker hung up for it
         except aiomqtt.MqttError as exc:
             if not client.is_open:
                 raise SessionDown(f"the broker connection ended: {exc}") from exc
@@ -346,6 +351,7 @@ class Daemon:
             will_payload=OFFLINE,
             buffer_high=self.config.ingest.read_buffer,
             buffer_high_bytes=self.config.ingest.read_buffer_bytes,
+            max_packet_size=mqtt.max_packet_size,
         )
 
     async def _database(self, stack: AsyncExitStack, stop: asyncio.Event) -> str | None:

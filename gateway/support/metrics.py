@@ -122,6 +122,11 @@ class Metrics:
         self.outbox_failures = Counter(
             "gateway_outbox_failures", "Outbox publish attempts that failed", registry=r
         )
+        self.outbox_dead = Counter(
+            "gateway_outbox_dead",
+            "Outbox events given up: the broker can never take them (too large, refused for good)",
+            registry=r,
+        )
         self.streams_open = Gauge(
             "gateway_streams_open", "Live streams (GET /stream) open on this node", registry=r
         )

@@ -203,6 +203,19 @@ WITH released AS (
 )
 SELECT id FROM released;
 
+-- name: fail_unsendable
+-- $1 id, $2 generation, $3 node, $4 code (raw_result_code), $5 reason (raw_ack). The broker can
+-- never take the downlink (larger than its maximum packet size, or a topic or payload it
+-- refuses for good): CLAIMED -> FAILED at once, whatever the delivery class (a retry would be
+-- refused the same way). result FAILED with no standard result code (no device answered); the
+-- node's code and reason in raw_result_code / raw_ack, as the ack window's own TIMEOUT does.
+-- Guarded like mark_sent; the caller writes the audit row and the outbox event.
+UPDATE command
+SET status = 'FAILED', result = 'FAILED', result_code = NULL, raw_result_code = $4,
+    raw_ack = $5, finished_at = now(), lease_expire_at = NULL, updated_at = now()
+WHERE id = $1 AND claim_generation = $2 AND claimed_node_id = $3 AND status = 'CLAIMED'
+RETURNING *;
+
 -- name: apply_receipt
 -- The four guards ($1 id, $2 generation, $3 node, status open) plus $4 the status the effect
 -- was computed from; then $5 new status, $6 result, $7 result code, $8 raw result code,

@@ -23,7 +23,7 @@ WITH due AS (
       AND NOT EXISTS (
           SELECT 1 FROM outbox_event p
           WHERE p.aggregate_type = o.aggregate_type AND p.aggregate_id = o.aggregate_id
-            AND p.id < o.id AND p.status <> 'PUBLISHED')
+            AND p.id < o.id AND p.status IN ('PENDING', 'PUBLISHING'))
     ORDER BY o.id
     LIMIT $3
     FOR UPDATE SKIP LOCKED
@@ -58,6 +58,14 @@ SET status = 'PENDING', retry_count = retry_count + 1, lease_until = NULL, lease
 WHERE id = $1 AND status = 'PUBLISHING' AND lease_owner = $2
 RETURNING retry_count;
 
+-- name: mark_dead
+-- $1 id, $2 node id, $3 reason. The broker can never take the event: DEAD, never retried (it
+-- no longer holds back its aggregate's later events). Only the lease holder may.
+UPDATE outbox_event
+SET status = 'DEAD', lease_until = NULL, lease_owner = NULL, last_error = $3
+WHERE id = $1 AND status = 'PUBLISHING' AND lease_owner = $2
+RETURNING id;
+
 -- name: release
 -- $1 ids, $2 node id, $3 error text. Publishes that failed because this node's broker session
 -- was down: back to PENDING, due at once, retry_count unchanged (the backoff is for events the
@@ -73,7 +81,7 @@ RETURNING id;
 -- no parameters; unpublished events and the age in seconds of the oldest one.
 SELECT count(*) AS backlog,
        coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8 AS oldest_age_s
-FROM outbox_event WHERE status <> 'PUBLISHED';
+FROM outbox_event WHERE status IN ('PENDING', 'PUBLISHING');
 
 -- name: record_consumed
 -- $1 consumer, $2 event id; false when this consumer already consumed the event.

@@ -29,6 +29,7 @@ from gateway.mqtt.v5_connection import (
     MqttSubscribeError,
 )
 from gateway.mqtt.v311_client import AckingClient, ConnectionSettings, TlsSettings
+from gateway.support.publish_refusal import PacketTooLarge, PublishRefused, publish_packet_size
 from tests.support.credentials import make_ca, make_server_cert, password_file
 from tests.support.mosquitto import Mosquitto
 from tests.support.ports import free_port
@@ -891,3 +892,122 @@ async def test_throughput_by_hand(tmp_path: Path) -> None:
             results[f"{run}-{name}"] = count / elapsed
             print(f"\n{name}: {count} messages in {elapsed:.2f}s = {count / elapsed:,.0f} msg/s")
     assert results
+
+
+# --------------------------------------------------------------------------- the broker's limits
+
+# Every code MQTT 5 lists for a PUBACK, mosquitto's 0x95, and one nobody lists.
+_REFUSALS = [(0x80, False), (0x83, False), (0x87, False), (0x90, True), (0x91, False)]
+_REFUSALS += [(0x97, False), (0x99, True), (0x95, True), (0xA7, False)]
+
+
+def _puback(packet_id: int, code: int) -> bytes:
+    """By hand: the codec writes (and reads) only the codes MQTT 5 lists."""
+    return bytes([0x40, 3, packet_id >> 8, packet_id & 0xFF, code])
+
+
+@pytest.mark.parametrize(("code", "final"), _REFUSALS)
+async def test_every_puback_refusal_is_understood_and_keeps_the_connection(
+    loop_errors: list[dict[str, Any]], code: int, final: bool
+) -> None:
+    async def script(peer: FakePeer) -> None:
+        await peer.receive()
+        await peer.send(_connack())
+        while (packet := await peer.receive()) is not None:
+            if isinstance(packet, mqtt5.PublishPacket):
+                refuse = packet.topic == "refused"
+                answer = code if refuse else 0
+                # Properties after the code (a reason string) are skipped, not misread.
+                extra = b"\x04\x1f\x00\x01x" if refuse else b""
+                data = _puback(packet.packet_id, answer)
+                await peer.send(bytes([data[0], data[1] + len(extra)]) + data[2:] + extra)
+
+    async with FakeBroker(script) as fake, Mqtt5Connection(_settings(fake.port, "acked")) as conn:
+        for _ in range(3):
+            with pytest.raises(MqttPublishError) as refused:
+                await conn.publish("refused", b"x")
+            assert isinstance(refused.value, PublishRefused)
+            assert refused.value.reason_code == code
+            assert refused.value.final is final
+            assert conn.is_open
+        assert await conn.publish("fine", b"x") == 0
+        assert conn.publish_refusals == 3
+    assert loop_errors == []
+
+
+async def test_a_publish_over_the_brokers_or_our_maximum_is_refused_unsent(
+    loop_errors: list[dict[str, Any]],
+) -> None:
+    sizes: list[int] = []
+
+    async def script(peer: FakePeer) -> None:
+        await peer.receive()
+        await peer.send(_connack(max_packet_size=1000))
+        while (packet := await peer.receive()) is not None:
+            if isinstance(packet, mqtt5.PublishPacket):
+                sizes.append(len(packet.payload))
+                await peer.send(_puback(packet.packet_id, 0))
+
+    async with FakeBroker(script) as fake:
+        async with Mqtt5Connection(_settings(fake.port, "big")) as conn:
+            assert conn.packet_limit == (1000, "the broker's CONNACK")
+            with pytest.raises(PacketTooLarge) as caught:
+                await conn.publish("t", b"x" * 1000)
+            assert caught.value.final
+            assert caught.value.limit == 1000
+            assert caught.value.size == publish_packet_size("t", 1000, qos=1, mqtt5=True)
+            assert await conn.publish("t", b"x" * 900) == 0
+            assert conn.inflight == 0
+        # Ours is lower than the broker's: ours holds.
+        async with Mqtt5Connection(_settings(fake.port, "big2"), max_packet_size=500) as conn:
+            with pytest.raises(PacketTooLarge, match="max_packet_size"):
+                await conn.publish("t", b"x" * 900)
+            assert conn.is_open
+    assert sizes == [900]
+    assert loop_errors == []
+
+
+async def test_a_disconnect_for_a_packet_too_large_blames_the_largest_and_learns(
+    loop_errors: list[dict[str, Any]],
+) -> None:
+    async def script(peer: FakePeer) -> None:
+        await peer.receive()
+        await peer.send(_connack())
+        while (packet := await peer.receive()) is not None:
+            if isinstance(packet, mqtt5.PublishPacket) and len(packet.payload) > 1000:
+                too_large = mqtt5.DisconnectReasonCode.PACKET_TOO_LARGE
+                await peer.send(mqtt5.DisconnectPacket(reason_code=too_large).write())
+                return
+
+    async with FakeBroker(script) as fake, Mqtt5Connection(_settings(fake.port, "dc")) as conn:
+        small = asyncio.ensure_future(conn.publish("t/small", b"x" * 10))
+        large = asyncio.ensure_future(conn.publish("t/large", b"x" * 2000))
+        await asyncio.wait([small, large])
+        assert isinstance(large.exception(), PacketTooLarge)
+        assert "t/large" in str(large.exception())
+        error = small.exception()
+        assert isinstance(error, MqttConnectionLostError)
+        assert not isinstance(error, PublishRefused)
+        assert error.reason_code == 0x95
+        limit = conn.learned_max_packet_size
+        assert limit == publish_packet_size("t/large", 2000, qos=1, mqtt5=True) - 1
+    assert loop_errors == []
+
+
+async def test_mosquittos_message_size_limit_refuses_in_a_puback_and_the_connection_stays(
+    tmp_path: Path,
+) -> None:
+    with _broker(tmp_path, extra_config="message_size_limit 1000\n") as broker:
+        async with Mqtt5Connection(_settings(broker.port, "limited")) as conn:
+            with pytest.raises(MqttPublishError) as refused:
+                await conn.publish("t", b"x" * 2000)
+            assert refused.value.reason_code == 0x95
+            assert refused.value.final
+            assert conn.is_open
+            assert await conn.publish("t", b"x" * 10) == 0x10
+    with _broker(tmp_path / "m2", extra_config="max_packet_size 1000\n") as broker:
+        async with Mqtt5Connection(_settings(broker.port, "limited")) as conn:
+            assert conn.server_max_packet_size == 1000
+            with pytest.raises(PacketTooLarge):
+                await conn.publish("t", b"x" * 2000)
+            assert conn.is_open
