@@ -82,6 +82,8 @@ class MqttConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     broker_family: Literal["generic", "rabbitmq", "nats"] = "generic"
     reconnect_min_s: PositiveFloat = 0.5
     reconnect_max_s: PositiveFloat = 30.0
+    # MQTT 3.1.1 only: how long a probe proving a subscription may take (0: no probe).
+    probe_timeout_s: Annotated[float, Meta(ge=0)] = 10.0
 
 
 class DatabaseConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):

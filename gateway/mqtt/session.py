@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import secrets
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
@@ -14,7 +15,21 @@ from paho.mqtt.reasoncodes import ReasonCode
 from gateway.domain.errors import StartupError
 from gateway.ingest.decoder import Inbound
 from gateway.ingest.writer import IngestWriter
-from gateway.mqtt.v5_connection import Mqtt5Connection, MqttConnectError
+from gateway.mqtt.capabilities import (
+    CAPABLE_BROKER_SETTING,
+    PROTOCOL_SETTING,
+    BrokerCapabilities,
+    Incapable,
+    incapable,
+    speaks_mqtt311,
+)
+from gateway.mqtt.memory import SubscriptionMemory
+from gateway.mqtt.v5_connection import (
+    UNSUPPORTED_PROTOCOL_VERSION,
+    Mqtt5Connection,
+    MqttConnectError,
+    MqttNoConnAckError,
+)
 from gateway.mqtt.v311_client import AckingClient, ConnectionSettings, SubscriptionRefusedError
 from gateway.support.backoff import Backoff
 from gateway.support.loops import sleep_unless_stopped
@@ -36,7 +51,34 @@ _REFUSALS: Final = {
     0x87: _CREDENTIALS,  # not authorized
     0x8A: _CREDENTIALS,  # banned
     0x8C: _CREDENTIALS,  # bad authentication method
+    UNSUPPORTED_PROTOCOL_VERSION: PROTOCOL_SETTING,  # 0x84; 3.1.1's return code 1 too
+    0x9A: CAPABLE_BROKER_SETTING,  # retain not supported (the Will, our presence, is retained)
+    0x9B: CAPABLE_BROKER_SETTING,  # QoS not supported (the Will is QoS 1: a QoS-0-only broker)
 }
+# What those refusals mean for the gateway, said in the one line.
+_REFUSAL_MEANS: Final = {
+    UNSUPPORTED_PROTOCOL_VERSION: "the broker does not speak this MQTT version",
+    0x9A: "the broker has no retained messages, which the gateway's presence needs",
+    0x9B: "the broker does not carry QoS 1, which the gateway needs to store every message",
+}
+_TAKEN_OVER: Final = 0x8E  # DISCONNECT: Session taken over
+TAKEOVER_SETTING: Final = (
+    "[node] id (or [mqtt] client_id): another client connected with this client id"
+)
+# A connection that lived this long after its CONNACK resets the reconnect backoff; shorter
+# ones ended by the broker, twice in a row, are taken for a client-id clash (MQTT 3.1.1
+# cannot say it, and mosquitto 2.0 does not say it to MQTT 5 clients either).
+STABLE_S: Final = 10.0
+_SHORT_LIVED_IN_A_ROW: Final = 2
+
+# The probe (MQTT 3.1.1): a message of this mark, published on a topic each filter must
+# match, proves the subscription delivers. Any message so marked is acknowledged and dropped
+# by every node's reader: it never becomes telemetry, a receipt or a dead letter.
+PROBE_MARK: Final = b"\x00gateway-probe\x00"
+PROBE_DEVICE: Final = "gateway-probe"
+# A shared filter's probe may be delivered to another member of the group: sent again this
+# often until one comes back.
+PROBE_REPEAT_S: Final = 1.0
 
 ONLINE = b"online"
 OFFLINE = b"offline"
@@ -62,6 +104,8 @@ class MqttSession:
         backoff: Backoff,
         drain_timeout_s: float,
         on_connected: Callable[[], None] | None = None,
+        probe_timeout_s: float = 0.0,
+        memory: SubscriptionMemory | None = None,
     ) -> None:
         self.settings = settings
         self.subscriptions = tuple(subscriptions)
@@ -84,67 +128,165 @@ class MqttSession:
         # lowered for good when the broker disconnects us for a packet too large (0x95), so
         # that no message drops the connection twice (gateway.mqtt.v5_connection).
         self.max_packet_size: int | None = settings.max_packet_size or None
+        # MQTT 3.1.1: how long a probe may take to come back (0: no probe).
+        self.probe_timeout_s = probe_timeout_s
+        self.memory = memory
+        # What the broker said at the last connect (logged once, at the first).
+        self.capabilities: BrokerCapabilities | None = None
+        # Why the broker will not serve us as configured (None: nothing known); /health's 503.
+        self.problem: str | None = None
+        self._connected_at: float | None = None
+        self._short_lived = 0
+        # Probe payloads not yet back, and the moment anything last arrived.
+        self._probes: set[bytes] = set()
+        self._probe_back = asyncio.Event()
+        self._last_delivery = 0.0
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             client = self.client = self._connection()
+            self._connected_at = None
             try:
                 async with client:
                     await self._serve(client, stop)
                     return
-            except SubscriptionRefusedError as exc:
-                self.metrics.mqtt_connects.labels("error").inc()
-                setting = _subscription_setting(exc.topic)
-                if self.established == 0:
-                    # The broker takes the connection but not the subscription: an ACL, or
-                    # shared subscriptions not supported or not allowed. Retrying changes
-                    # nothing, and a node that cannot subscribe cannot ingest: final.
-                    raise StartupError(
-                        f"the broker at {self.settings.host}:{self.settings.port} refused the "
-                        f"subscription {exc.topic!r}: {exc.reason} (reason code "
-                        f"{exc.reason_code})",
-                        setting=setting,
-                        configuration=True,
-                    ) from None
-                # Refused after it was once accepted (the broker's ACL changed): say so, and
-                # wait for it to be allowed again, as for a CONNACK refused later on.
-                delay = self.backoff.next_delay()
-                log.error(
-                    "subscription_refused",
-                    host=self.settings.host,
-                    port=self.settings.port,
-                    topic=exc.topic,
-                    reason_code=exc.reason_code,
-                    error=str(exc),
-                    retry_in_s=round(delay, 3),
-                    setting=setting,
-                )
+            except (SubscriptionRefusedError, SubscriptionUnprovenError) as exc:
+                delay = self._subscription_failed(exc)
+            except BrokerIncapableError as exc:
+                delay = self._incapable(exc)
             except aiomqtt.MqttError as exc:
-                self.metrics.mqtt_connects.labels("error").inc()
-                refused = _refusal(exc)
-                if refused is not None and self.connections == 0:
-                    # Never connected yet: the broker will refuse these settings however
-                    # long we retry. (Refused later, say after a password rotation, we wait.)
-                    code, setting = refused
-                    raise StartupError(
-                        f"the broker at {self.settings.host}:{self.settings.port} refused the "
-                        f"connection: {exc} (reason code {code})",
-                        setting=setting,
-                        configuration=True,
-                    ) from None
-                delay = self.backoff.next_delay()
-                log.warning(
-                    "broker_unavailable",
-                    host=self.settings.host,
-                    port=self.settings.port,
-                    error=str(exc),
-                    retry_in_s=round(delay, 3),
-                    setting=BROKER_SETTING,
-                )
+                delay = await self._connection_failed(exc)
             finally:
                 self._set_connected(False)
-                self._learn(client)
+                self._learn_packet_limit(client)
             await sleep_unless_stopped(stop, delay)
+
+    @property
+    def _where(self) -> str:
+        return f"{self.settings.host}:{self.settings.port}"
+
+    def _subscription_failed(
+        self, exc: SubscriptionRefusedError | SubscriptionUnprovenError
+    ) -> float:
+        self.metrics.mqtt_connects.labels("error").inc()
+        setting = _subscription_setting(exc.topic)
+        if isinstance(exc, SubscriptionRefusedError):
+            what = (
+                f"the broker at {self._where} refused the subscription {exc.topic!r}: "
+                f"{exc.reason} (reason code {exc.reason_code})"
+            )
+        else:
+            what = f"the broker at {self._where} {exc}"
+        if self.established == 0:
+            # The broker takes the connection but not the subscription (an ACL, shared
+            # subscriptions not supported or not allowed), or takes it and delivers nothing.
+            # Retrying changes nothing, and a node that cannot subscribe cannot ingest: final.
+            raise StartupError(what, setting=setting, configuration=True) from None
+        # Refused after it was once accepted (the broker's ACL changed): say so, and wait for
+        # it to be allowed again, as for a CONNACK refused later on.
+        delay = self._after_loss()
+        self.problem = f"{what} ({setting})"
+        log.error(
+            "subscription_refused",
+            host=self.settings.host,
+            port=self.settings.port,
+            topic=exc.topic,
+            reason_code=getattr(exc, "reason_code", None),
+            error=what,
+            retry_in_s=round(delay, 3),
+            setting=setting,
+        )
+        return delay
+
+    def _incapable(self, exc: BrokerIncapableError) -> float:
+        self.metrics.mqtt_connects.labels("error").inc()
+        what = f"the broker at {self._where} cannot serve this configuration: {exc.why.reason}"
+        if self.established == 0:
+            raise StartupError(what, setting=exc.why.setting, configuration=True) from None
+        delay = self._after_loss()
+        self.problem = f"{what} ({exc.why.setting})"
+        log.error(
+            "broker_incapable", error=what, setting=exc.why.setting, retry_in_s=round(delay, 3)
+        )
+        return delay
+
+    async def _connection_failed(self, exc: aiomqtt.MqttError) -> float:
+        self.metrics.mqtt_connects.labels("error").inc()
+        refused = _refusal(exc)
+        if refused is not None and self.connections == 0:
+            # Never connected yet: the broker will refuse these settings however long we
+            # retry. (Refused later, say after a password rotation, we wait.)
+            code, setting = refused
+            means = f"; {_REFUSAL_MEANS[code]}" if code in _REFUSAL_MEANS else ""
+            raise StartupError(
+                f"the broker at {self._where} refused the connection: {exc} (reason code {code})"
+                f"{means}",
+                setting=setting,
+                configuration=True,
+            ) from None
+        if (
+            self.connections == 0
+            and isinstance(exc, MqttNoConnAckError)
+            and await speaks_mqtt311(self.settings)
+        ):
+            raise StartupError(
+                f"the broker at {self._where} answers an MQTT 3.1.1 CONNECT but not an MQTT 5"
+                f" one ({exc}): it does not speak MQTT 5",
+                setting=PROTOCOL_SETTING,
+                configuration=True,
+            ) from None
+        delay = self._after_loss()
+        if self._taken_over(exc):
+            self.problem = (
+                f"the broker at {self._where} disconnected client id "
+                f"{self.settings.client_id!r}: another client connected with it "
+                f"({TAKEOVER_SETTING})"
+            )
+            log.error(
+                "client_id_taken_over",
+                host=self.settings.host,
+                port=self.settings.port,
+                client_id=self.settings.client_id,
+                error=str(exc),
+                # MQTT 5 says so (0x8E); on 3.1.1 it is inferred from short-lived sessions.
+                certain=getattr(exc, "reason_code", None) == _TAKEN_OVER,
+                retry_in_s=round(delay, 3),
+                setting=TAKEOVER_SETTING,
+            )
+            return delay
+        if refused is not None:
+            self.problem = f"the broker at {self._where} refused the connection: {exc}"
+        log.warning(
+            "broker_unavailable",
+            host=self.settings.host,
+            port=self.settings.port,
+            error=str(exc),
+            retry_in_s=round(delay, 3),
+            setting=BROKER_SETTING if refused is None else refused[1],
+            **_hint(exc),
+        )
+        return delay
+
+    def _after_loss(self) -> float:
+        """The delay before the next attempt. Only a connection that lived STABLE_S starts the
+        backoff over: one taken over (another client with our id) or dropped at once must not
+        make us reconnect in a tight loop."""
+        connected_at = self._connected_at
+        if connected_at is not None:
+            if asyncio.get_running_loop().time() - connected_at >= STABLE_S:
+                self.backoff.reset()
+                self._short_lived = 0
+            else:
+                self._short_lived += 1
+        return self.backoff.next_delay()
+
+    def _taken_over(self, exc: aiomqtt.MqttError) -> bool:
+        """MQTT 5 may say it (DISCONNECT 0x8E); mosquitto 2.0 and MQTT 3.1.1 just close the
+        connection, so connections closed by the broker soon after their CONNACK, twice in a
+        row, are taken for it."""
+        if getattr(exc, "reason_code", None) == _TAKEN_OVER:
+            return True
+        return self._connected_at is not None and self._short_lived >= _SHORT_LIVED_IN_A_ROW
 
     def _connection(self) -> BrokerConnection:
         settings = self.settings
@@ -162,7 +304,9 @@ class MqttSession:
 
     async def _serve(self, client: BrokerConnection, stop: asyncio.Event) -> None:
         self.connections += 1
+        self._connected_at = asyncio.get_running_loop().time()
         self.metrics.mqtt_connects.labels("ok").inc()
+        self._learn(client)
         self._set_connected(True)
         # Read from the first moment: a resumed session delivers its backlog right after
         # CONNACK, and the SUBACK queues behind it. Not reading would stall the subscribe.
@@ -172,7 +316,7 @@ class MqttSession:
             if await self._until(setup, reader, stop):
                 self.established += 1
                 self.subscribed = True
-                self.backoff.reset()
+                self.problem = None
                 log.info(
                     "broker_connected",
                     host=self.settings.host,
@@ -196,15 +340,116 @@ class MqttSession:
         # Messages still arriving now are left unacknowledged (the broker keeps them for the
         # next session) so that the PUBACK of the offline presence can be read.
         client.stop_intake()
-        await client.publish(self.presence_topic, OFFLINE, qos=1, retain=True)
+        await client.publish(self.presence_topic, OFFLINE, qos=1, retain=self._retain())
         log.info("broker_disconnecting", drained=drained)
+
+    def _learn(self, client: BrokerConnection) -> None:
+        """What the broker can do: logged at the first connect; refused when the
+        configuration needs what it lacks (raises BrokerIncapableError)."""
+        if isinstance(client, Mqtt5Connection):
+            caps = client.capabilities
+        else:
+            caps = BrokerCapabilities(protocol="3.1.1")
+        first = self.capabilities is None
+        self.capabilities = caps
+        if first:
+            probe = None
+            if caps.protocol == "3.1.1":
+                probe = f"{self.probe_timeout_s}s" if self.probe_timeout_s > 0 else "off"
+            log.info(
+                "broker_capabilities",
+                host=self.settings.host,
+                port=self.settings.port,
+                **caps.fields(),
+                **({} if probe is None else {"probe": probe}),
+            )
+        why = incapable(caps, self.subscriptions)
+        if why is not None:
+            raise BrokerIncapableError(why)
+
+    def _retain(self) -> bool:
+        return self.capabilities is None or self.capabilities.retain is not False
 
     async def _subscribe(self, client: BrokerConnection) -> None:
         # No call timeout: behind a large backlog the SUBACK may take as long as the backlog
         # takes to drain. A dead connection ends the reader instead, which _until watches.
+        remembered = None
+        if self.memory is not None:
+            # Before subscribing: a crash between the two must not leave a filter unknown.
+            remembered = await self.memory.remember(self.subscriptions)
         for topic in self.subscriptions:
             await client.subscribe(topic, qos=1, wait_s=math.inf)
-        await client.publish(self.presence_topic, ONLINE, qos=1, retain=True, wait_s=math.inf)
+        if remembered is not None:
+            await self._unsubscribe_stale(client, remembered)
+        if self.probe_timeout_s > 0 and not isinstance(client, Mqtt5Connection):
+            await self._probe(client)
+        await client.publish(
+            self.presence_topic, ONLINE, qos=1, retain=self._retain(), wait_s=math.inf
+        )
+
+    async def _unsubscribe_stale(self, client: BrokerConnection, remembered: set[str]) -> None:
+        """Remove from the persistent session what an earlier configuration subscribed to."""
+        stale = sorted(remembered.difference(self.subscriptions))
+        if not stale or self.memory is None:
+            return
+        for topic in stale:
+            await client.unsubscribe(topic, wait_s=math.inf)
+        await self.memory.forget(stale)
+        log.info(
+            "stale_subscriptions_removed",
+            topics=stale,
+            client_id=self.settings.client_id,
+            note="subscribed under an earlier configuration",
+        )
+
+    async def _probe(self, client: BrokerConnection) -> None:
+        """Prove each subscription delivers (MQTT 3.1.1, where neither CONNACK nor SUBACK can
+        say): publish a marked message on a topic the filter must match and require it back
+        before ``probe_timeout_s`` pass without anything arriving (a backlog delivered first
+        keeps the wait going). Raises SubscriptionUnprovenError naming the first filter that
+        delivered nothing."""
+        loop = asyncio.get_running_loop()
+        nonce = secrets.token_hex(6)
+        owed = {
+            PROBE_MARK + f"{self.settings.client_id}/{nonce}/{index}".encode(): topic
+            for index, topic in enumerate(self.subscriptions)
+        }
+        self._probes = set(owed)
+        self._last_delivery = started = loop.time()
+        sent: dict[bytes, float] = {}
+        try:
+            while self._probes:
+                now = loop.time()
+                for payload in sorted(self._probes):
+                    topic = owed[payload]
+                    last = sent.get(payload)
+                    if last is None or (
+                        topic.startswith("$share/") and now - last >= PROBE_REPEAT_S
+                    ):
+                        sent[payload] = now
+                        await client.publish(_probe_topic(topic), payload, qos=1, wait_s=math.inf)
+                quiet_since = max(started, self._last_delivery, self.writer.last_progress)
+                left = quiet_since + self.probe_timeout_s - loop.time()
+                if left <= 0:
+                    topic = owed[min(self._probes)]
+                    raise SubscriptionUnprovenError(
+                        topic, _probe_topic(topic), self.probe_timeout_s
+                    )
+                self._probe_back.clear()
+                try:
+                    async with asyncio.timeout(min(left, PROBE_REPEAT_S)):
+                        await self._probe_back.wait()
+                except TimeoutError:
+                    pass
+        finally:
+            self._probes = set()
+        log.info("subscriptions_proven", topics=list(self.subscriptions), probe=PROBE_DEVICE)
+
+    def _probe_arrived(self, payload: bytes) -> None:
+        probes = self._probes
+        if payload in probes:
+            probes.discard(payload)
+            self._probe_back.set()
 
     async def _until(
         self, step: asyncio.Task[None] | None, reader: asyncio.Task[None], stop: asyncio.Event
@@ -243,6 +488,11 @@ class MqttSession:
         async for message in client.messages:
             payload = message.payload
             assert isinstance(payload, bytes | bytearray)  # paho delivers bytes
+            self._last_delivery = loop.time()
+            if payload.startswith(PROBE_MARK):
+                client.ack(message)
+                self._probe_arrived(bytes(payload))
+                continue
             kept, size, sha256 = admit(bytes(payload))
             if size is not None:
                 # Neither the message (kept for its PUBACK, which needs its mid and qos only)
@@ -275,6 +525,9 @@ class MqttSession:
             received_at = loop.time()
             items = []
             for delivery in deliveries:
+                if delivery.payload.startswith(PROBE_MARK):
+                    client.ack(delivery)  # another node's probe: never telemetry
+                    continue
                 kept, size, sha256 = admit(delivery.payload)
                 if size is not None:
                     delivery.payload = kept  # see _read
@@ -283,7 +536,7 @@ class MqttSession:
                 )
             await writer.put_many(items)
 
-    def _learn(self, client: BrokerConnection) -> None:
+    def _learn_packet_limit(self, client: BrokerConnection) -> None:
         learned = client.learned_max_packet_size if isinstance(client, Mqtt5Connection) else None
         if learned is not None and (self.max_packet_size is None or learned < self.max_packet_size):
             self.max_packet_size = learned
@@ -325,6 +578,48 @@ def _refusal(exc: aiomqtt.MqttError) -> tuple[int, str] | None:
     if code is None or code not in _REFUSALS:
         return None
     return code, _REFUSALS[code]
+
+
+def _hint(exc: aiomqtt.MqttError) -> dict[str, str]:
+    if isinstance(exc, MqttNoConnAckError):
+        return {"hint": f"a broker speaking MQTT 3.1.1 only may never answer: {PROTOCOL_SETTING}"}
+    return {}
+
+
+def _probe_topic(topic_filter: str) -> str:
+    """A topic ``topic_filter`` must match (its $share prefix off, its wildcards filled)."""
+    if topic_filter.startswith("$share/"):
+        topic_filter = topic_filter.split("/", 2)[2]
+    return "/".join(
+        PROBE_DEVICE if level in ("+", "#") else level for level in topic_filter.split("/")
+    )
+
+
+class SubscriptionUnprovenError(aiomqtt.MqttError):
+    """MQTT 3.1.1: the broker granted the subscription, and a probe published on a topic it
+    must match did not come back."""
+
+    def __init__(self, topic: str, probe_topic: str, timeout_s: float) -> None:
+        shared = ""
+        if topic.startswith("$share/"):
+            shared = (
+                "; a broker without shared subscriptions takes `$share/...` for a plain filter"
+                " that no topic matches"
+            )
+        super().__init__(
+            f"accepted the subscription {topic!r} but did not deliver the gateway's probe"
+            f" published on {probe_topic!r} within {timeout_s:g}s{shared} (an ACL must let the"
+            " gateway publish and read there; [mqtt] probe_timeout_s = 0 turns the probe off)"
+        )
+        self.topic = topic
+
+
+class BrokerIncapableError(Exception):
+    """The broker's CONNACK says it cannot do what the configuration needs."""
+
+    def __init__(self, why: Incapable) -> None:
+        super().__init__(why.reason)
+        self.why = why
 
 
 def _subscription_setting(topic: str) -> str:

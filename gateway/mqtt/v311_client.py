@@ -331,6 +331,11 @@ class AckingClient:
                 name = code.getName() if isinstance(code, ReasonCode) else "Failure"
                 raise SubscriptionRefusedError(topic, value, name)
 
+    async def unsubscribe(self, topic: str, *, wait_s: float | None = None) -> int | None:
+        """Remove a subscription; None once the UNSUBACK came (3.1.1's carries no code)."""
+        await self.client.unsubscribe(topic, timeout=wait_s)
+        return None
+
     async def publish(
         self,
         topic: str,

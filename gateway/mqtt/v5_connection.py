@@ -30,10 +30,9 @@ Facts about ``mqtt5`` 0.8.0 this relies on (checked by experiment, see the unit 
 
 Deliberately not done: QoS 2 in either direction (subscriptions ask ``max_qos`` 1; a QoS 2
 PUBLISH from the broker is a protocol error), topic aliases (we announce a maximum of 0),
-enhanced authentication (AUTH packets), unsubscribing, subscription identifiers, user
-properties, message expiry, request/response properties, reconnection and resending after a
-reconnect (the caller reconnects: ``gateway.mqtt.session``; a connection object is single use
-and cheap).
+enhanced authentication (AUTH packets), subscription identifiers, user properties, message
+expiry, request/response properties, reconnection and resending after a reconnect (the caller
+reconnects: ``gateway.mqtt.session``; a connection object is single use and cheap).
 
 The broker's limits. A publish larger than the broker's Maximum Packet Size (from CONNACK) or
 than ``max_packet_size`` (ours: configured, or learned) is refused before sending with
@@ -80,7 +79,7 @@ import contextlib
 import math
 import socket
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Final, Self, cast
 
@@ -96,8 +95,10 @@ from mqtt5 import (
     PublishPacket,
     QoS,
     SubAckPacket,
+    UnsubAckPacket,
 )
 
+from gateway.mqtt.capabilities import BrokerCapabilities
 from gateway.mqtt.v311_client import ConnectionSettings, SubscriptionRefusedError
 from gateway.support.publish_refusal import (
     PACKET_TOO_LARGE,
@@ -116,10 +117,12 @@ __all__ = [
     "MqttConnectError",
     "MqttConnectionLostError",
     "MqttKeepAliveError",
+    "MqttNoConnAckError",
     "MqttProtocolError",
     "MqttPublishError",
     "MqttSubscribeError",
     "MqttTimeoutError",
+    "MqttUnsubscribeError",
 ]
 
 _PUBACK: Final = struct.Struct(">BBH")  # fixed header 0x40, remaining length 2, packet id
@@ -132,6 +135,7 @@ _FAILURE: Final = 0x80  # reason codes from here up are failures (MQTT 5, 2.4)
 _PUBACK_TYPE: Final = 4
 _DISCONNECT_TYPE: Final = 14
 _DEAD_AFTER: Final = 1.5  # keep-alive intervals without any packet received
+_V311_CONNACK: Final = b"\x20\x02"  # CONNACK, remaining length 2: MQTT 3.1.1's format
 
 _NEW, _CONNECTING, _OPEN, _CLOSED = range(4)
 
@@ -158,6 +162,16 @@ class Mqtt5Error(aiomqtt.MqttError):
 
 class MqttConnectError(Mqtt5Error):
     """Connecting failed: refused by CONNACK (``reason_code`` set), unreachable, TLS, timeout."""
+
+
+class MqttNoConnAckError(MqttConnectError):
+    """The TCP connection opened and no CONNACK came: a broker that speaks MQTT 3.1.1 only may
+    wait forever for the rest of a CONNECT it cannot parse (amqtt does)."""
+
+
+# What a refusal of our protocol version looks like: MQTT 5's reason code, which an MQTT 3.1.1
+# broker's CONNACK (two bytes, in the older format) is mapped to as well.
+UNSUPPORTED_PROTOCOL_VERSION: Final = 0x84
 
 
 class MqttConnectionLostError(Mqtt5Error):
@@ -187,6 +201,10 @@ class MqttSubscribeError(Mqtt5Error, SubscriptionRefusedError):
         self.reason_code = reason_code
         self.topic = topic
         self.reason = reason
+
+
+class MqttUnsubscribeError(Mqtt5Error):
+    """The UNSUBACK refused to remove a subscription (reason code 0x80 or more)."""
 
 
 class MqttPublishError(Mqtt5Error, PublishRefused):
@@ -325,6 +343,7 @@ class Mqtt5Connection:
         # Outbound requests.
         self._publishes: dict[int, asyncio.Future[int]] = {}
         self._subscribes: dict[int, asyncio.Future[list[int]]] = {}
+        self._unsubscribes: dict[int, asyncio.Future[list[int]]] = {}
         self._next_id = 0
         self._send_max = _MAX_PACKET_ID
         self._slots_free = _MAX_PACKET_ID
@@ -347,6 +366,7 @@ class Mqtt5Connection:
         self.pings_sent = 0
         self.pingresps_received = 0
         self.session_present = False
+        self.capabilities = BrokerCapabilities(protocol="5")
         self._messages = _Messages(self)
 
     # ------------------------------------------------------------------ public state
@@ -426,7 +446,9 @@ class Mqtt5Connection:
                 self._send_now(self._connect_packet())
                 outcome = await connack
         except TimeoutError:
-            error = MqttConnectError(f"no CONNACK from {s.host}:{s.port} within {s.timeout_s}s")
+            error: MqttConnectError = MqttNoConnAckError(
+                f"no CONNACK from {s.host}:{s.port} within {s.timeout_s}s"
+            )
             self._terminate(error, abort=True)
             raise error from None
         except OSError as exc:  # refused, unreachable, TLS verification
@@ -585,6 +607,23 @@ class Mqtt5Connection:
         if code < qos:
             raise MqttSubscribeError(topic, code, f"granted QoS {code}, asked {qos}")
 
+    async def unsubscribe(self, topic: str, *, wait_s: float | None = None) -> int:
+        """Remove a subscription and wait for the UNSUBACK; returns its reason code (0x11
+        NO_SUBSCRIPTION_EXISTED is success too: nothing to remove). A refusal (0x80 or more)
+        raises MqttUnsubscribeError."""
+        self._check_open()
+        loop = cast("asyncio.AbstractEventLoop", self._loop)
+        packet_id = self._allocate_id()
+        data = mqtt5.UnsubscribePacket(packet_id, [topic]).write()
+        future: asyncio.Future[list[int]] = loop.create_future()
+        self._unsubscribes[packet_id] = future
+        self._send(data)
+        (code,) = await self._wait(future, wait_s, f"UNSUBACK for {topic!r}")
+        if code >= _FAILURE:
+            name = _reason_name(mqtt5.UnsubAckReasonCode, code)
+            raise MqttUnsubscribeError(f"unsubscribe from {topic!r} refused: {name} ({code})", code)
+        return code
+
     async def publish(
         self,
         topic: str,
@@ -678,7 +717,11 @@ class Mqtt5Connection:
         publishes, subscribes = self._publishes, self._subscribes
         for _ in range(_MAX_PACKET_ID):
             packet_id = packet_id % _MAX_PACKET_ID + 1
-            if packet_id not in publishes and packet_id not in subscribes:
+            if (
+                packet_id not in publishes
+                and packet_id not in subscribes
+                and packet_id not in self._unsubscribes
+            ):
                 self._next_id = packet_id
                 return packet_id
         raise Mqtt5Error("every packet id is in use")
@@ -772,6 +815,9 @@ class Mqtt5Connection:
         else:
             buffer = data
         self._need = 0
+        if self._state == _CONNECTING and buffer[:2] == _V311_CONNACK:
+            self._v311_connack(buffer)
+            return
         try:
             added, added_bytes = self._parse(buffer)
         except _Violation as violation:
@@ -972,20 +1018,9 @@ class Mqtt5Connection:
             self.pingresps_received += 1
             self._ping_outstanding = False
         elif type(packet) is SubAckPacket:
-            sub = self._subscribes.pop(packet.packet_id, None)
-            if sub is None:
-                raise _Violation(
-                    DisconnectReasonCode.PROTOCOL_ERROR,
-                    f"SUBACK for unknown packet id {packet.packet_id}",
-                )
-            codes = [int(code) for code in packet.reason_codes]
-            if len(codes) != 1:
-                raise _Violation(
-                    DisconnectReasonCode.PROTOCOL_ERROR,
-                    f"SUBACK with {len(codes)} reason codes for one topic filter",
-                )
-            if not sub.done():
-                sub.set_result(codes)
+            self._answered(self._subscribes, "SUBACK", packet.packet_id, packet.reason_codes)
+        elif type(packet) is UnsubAckPacket:
+            self._answered(self._unsubscribes, "UNSUBACK", packet.packet_id, packet.reason_codes)
         elif type(packet) is ConnAckPacket:
             self._on_connack(packet)
         elif type(packet) is DisconnectPacket:
@@ -995,6 +1030,41 @@ class Mqtt5Connection:
                 DisconnectReasonCode.PROTOCOL_ERROR,
                 f"{type(packet).__name__} is not a packet a client receives here",
             )
+
+    @staticmethod
+    def _answered(
+        requests: dict[int, asyncio.Future[list[int]]],
+        kind: str,
+        packet_id: int,
+        reason_codes: Sequence[object],
+    ) -> None:
+        """A SUBACK or UNSUBACK: its one reason code to the request waiting for it."""
+        request = requests.pop(packet_id, None)
+        if request is None:
+            raise _Violation(
+                DisconnectReasonCode.PROTOCOL_ERROR, f"{kind} for unknown packet id {packet_id}"
+            )
+        codes = [int(cast("int", code)) for code in reason_codes]
+        if len(codes) != 1:
+            raise _Violation(
+                DisconnectReasonCode.PROTOCOL_ERROR,
+                f"{kind} with {len(codes)} reason codes for one topic filter",
+            )
+        if not request.done():
+            request.set_result(codes)
+
+    def _v311_connack(self, buffer: bytes | bytearray) -> None:
+        """A CONNACK in MQTT 3.1.1's format (remaining length 2, no properties): the broker
+        does not speak MQTT 5 (it answers a version it cannot accept so, [MQTT-3.1.2-2])."""
+        code = buffer[3] if len(buffer) >= 4 else None
+        log.warning("broker_speaks_mqtt311_only", return_code=code, **self._where())
+        self._terminate(
+            MqttConnectError(
+                f"connection refused: the broker answered in MQTT 3.1.1 (return code {code}):"
+                " it does not speak MQTT 5",
+                UNSUPPORTED_PROTOCOL_VERSION,
+            )
+        )
 
     def _on_connack(self, packet: ConnAckPacket) -> None:
         if self._state != _CONNECTING:
@@ -1014,6 +1084,18 @@ class Mqtt5Connection:
         self._max_qos = min(1, int(packet.max_qos))
         self._retain_available = packet.retain_available
         self._max_packet_size = packet.max_packet_size
+        self.capabilities = BrokerCapabilities(
+            protocol="5",
+            shared_subscriptions=packet.shared_subscription_available,
+            wildcard_subscriptions=packet.wildcard_subscription_available,
+            max_qos=int(packet.max_qos),
+            retain=packet.retain_available,
+            max_packet_size=packet.max_packet_size,
+            receive_maximum=packet.receive_max,
+            session_expiry_s=packet.session_expiry_interval,
+            server_keep_alive_s=packet.server_keep_alive,
+            session_present=packet.session_present,
+        )
         if self.keep_alive > 0:
             loop = cast("asyncio.AbstractEventLoop", self._loop)
             self._timer = loop.call_at(loop.time() + self.keep_alive, self._tick)
@@ -1161,7 +1243,8 @@ class Mqtt5Connection:
             if not future.done():
                 future.set_exception(error)
         subscribes, self._subscribes = self._subscribes, {}
-        for sub in subscribes.values():
+        unsubscribes, self._unsubscribes = self._unsubscribes, {}
+        for sub in [*subscribes.values(), *unsubscribes.values()]:
             if not sub.done():
                 sub.set_exception(error)
         waiters, self._slot_waiters = self._slot_waiters, collections.deque()

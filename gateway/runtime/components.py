@@ -35,6 +35,7 @@ from gateway.ingest import live_path
 from gateway.ingest.store import set_aside_unbounded_telemetry
 from gateway.ingest.writer import IngestWriter
 from gateway.maintenance.runner import Maintenance
+from gateway.mqtt.memory import SubscriptionMemory
 from gateway.mqtt.session import MqttSession
 from gateway.mqtt.v311_client import ConnectionSettings
 from gateway.notify.consumer import NotifyConsumer
@@ -124,13 +125,20 @@ async def build(
     await writer.recover()
     session = MqttSession(
         settings=connection,
-        subscriptions=_subscriptions(config, protocol),
+        subscriptions=subscriptions(config, protocol),
         presence_topic=node.topics.gateway_status(node.node_id),
         writer=writer,
         metrics=node.metrics,
         backoff=Backoff(config.mqtt.reconnect_min_s, config.mqtt.reconnect_max_s),
         drain_timeout_s=config.ingest.drain_timeout_s,
         on_connected=on_connected,
+        # MQTT 5 says what the broker can do; 3.1.1 cannot, so each subscription is proven.
+        probe_timeout_s=config.mqtt.probe_timeout_s if protocol == "3.1.1" else 0.0,
+        memory=SubscriptionMemory(
+            node.pool,
+            client_id=connection.client_id,
+            broker=f"{connection.host}:{connection.port}",
+        ),
     )
     quiet = config.quiet_hours()
     dispatcher = Dispatcher.from_config(node, config.commands)
@@ -225,7 +233,7 @@ def _settler(config: Config, node: Node) -> CampaignSettler:
     return CampaignSettler(service, dsn=node.dsn)
 
 
-def _subscriptions(config: Config, protocol: str) -> list[str]:
+def subscriptions(config: Config, protocol: str) -> list[str]:
     topics = config.topics
     group = config.mqtt.shared_group if protocol == config.mqtt.protocol else ""
     # Presence is retained, and retained messages are not sent to shared subscriptions: every

@@ -28,7 +28,7 @@ from gateway.mqtt.session import OFFLINE, MqttSession
 from gateway.mqtt.v311_client import ConnectionSettings, TlsSettings
 from gateway.notify.service import NotifyService
 from gateway.outbox.publisher import OutboxPublisher
-from gateway.runtime.components import Components, build
+from gateway.runtime.components import Components, build, subscriptions
 from gateway.runtime.failures import (
     DSN_SETTING,
     REFUSED_AT_CONNECT,
@@ -296,6 +296,17 @@ class Daemon:
         if self.components is not None:
             set_secrets(config.secrets())
             self.components.reload(config)
+            session = self.components.session
+            configured = subscriptions(config, session.settings.protocol)
+            if tuple(configured) != session.subscriptions:
+                # The connection is not re-made on a reload; at the next start the filters no
+                # longer configured are unsubscribed (see gateway.mqtt.memory).
+                log.warning(
+                    "mqtt_subscriptions_change_at_restart",
+                    subscribed=list(session.subscriptions),
+                    configured=configured,
+                    setting="[mqtt] topic_prefix, [mqtt] shared_group",
+                )
         hub = self.services.stream_hub
         if hub is not None:
             hub.max_streams = config.http.max_streams
@@ -519,8 +530,9 @@ class Daemon:
 
     async def health(self) -> tuple[bool, Health]:
         database = await self._database_health()
-        broker = self.session is not None and self.session.connected
-        subscribed = broker and self.session is not None and self.session.subscribed
+        session = self.session
+        broker = session is not None and session.connected and session.problem is None
+        subscribed = broker and session is not None and session.subscribed
         healthy = database.ok and subscribed and self.starting is None
         writer = self.writer
         body = Health(
@@ -554,6 +566,9 @@ class Daemon:
             return self.starting
         if not database.ok:
             return f"database: {database.error}"
+        session = self.session
+        if session is not None and session.problem is not None:
+            return session.problem
         address = "{}:{}".format(*self.broker_address) if self.broker_address else "?"
         if broker:
             return f"connected to the broker at {address}, subscriptions not acknowledged yet"
