@@ -18,6 +18,19 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def wait_listening(port: int, timeout_s: float = 10.0) -> None:
+    """Until something accepts connections on 127.0.0.1:`port` (a broker just started)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+        except OSError:
+            time.sleep(0.02)
+        else:
+            return
+    raise RuntimeError(f"mosquitto did not start listening on {port}")
+
+
 def mosquitto_binary() -> str:
     found = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
     if not Path(found).exists():
@@ -52,15 +65,8 @@ class BenchBroker:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
-            except OSError:
-                time.sleep(0.02)
-            else:
-                return self
-        raise RuntimeError("mosquitto did not start")
+        wait_listening(self.port)
+        return self
 
     @property
     def pid(self) -> int | None:

@@ -26,7 +26,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -43,7 +42,7 @@ import asyncpg
 from aiohttp import web
 
 from protocol import Topics
-from sim.broker import free_port, mosquitto_binary
+from sim.broker import free_port, mosquitto_binary, wait_listening
 from sim.field_plan import (
     HOLD_S,
     JUMPY,
@@ -133,15 +132,7 @@ class FieldBroker:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
-            except OSError:
-                time.sleep(0.02)
-            else:
-                return
-        raise RuntimeError("mosquitto did not start")
+        wait_listening(self.port, timeout_s=20)
 
     def stop(self) -> None:
         if self._process is not None:
