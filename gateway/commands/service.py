@@ -86,8 +86,12 @@ class CommandService:
         """Raises (nothing created) :class:`UnportableDeviceIdError` for an id the broker would
         not carry (``[mqtt] broker_family``), :class:`DownlinkTooLargeError` when the downlink
         cannot fit ``max_packet_size`` whatever its claim, or what the creator raises."""
-        topic = self.topics.commands(device_id)
+        # The API checked the id's grammar; built only when a check needs it, a topic cannot
+        # refuse a value the database's constraint should (and the creator isolates).
+        if self.topics.portable_ids:
+            self.topics.commands(device_id)
         if self.max_packet_size:
+            topic = self.topics.commands(device_id)
             size = smallest_downlink(topic, name, params, mqtt5=self.mqtt5)
             if size > self.max_packet_size:
                 raise DownlinkTooLargeError(device_id, size, self.max_packet_size)
