@@ -44,6 +44,7 @@ from aiohttp import web
 from protocol import Topics
 from sim.broker import free_port, mosquitto_binary, wait_listening
 from sim.field_plan import (
+    EPOCH,
     HOLD_S,
     JUMPY,
     Fault,
@@ -633,7 +634,16 @@ async def _model(plan: Plan, fleet: Nodes, conn: asyncpg.Connection) -> list[dic
     until = await conn.fetchval("SELECT now()")
     lines = []
     for device in plan.devices:
-        for message in device.messages:  # the device's true order
+        order = device.messages  # the device's true order
+        if device.kind in JUMPY:
+            # After its clock jumped, a device's samples are judged at their receipt, in
+            # arrival order (docs/rules-and-alarms.md, "Device clocks"): the order the
+            # database received them in, which faults shuffle, is the true order then.
+            order = sorted(
+                (m for m in order if m.event_id in receipts),
+                key=lambda m: (receipts[m.event_id], m.index),
+            )
+        for message in order:
             received = receipts.get(message.event_id)
             if received is None:
                 continue  # lost: reported by the telemetry check
@@ -673,6 +683,7 @@ async def _model(plan: Plan, fleet: Nodes, conn: asyncpg.Connection) -> list[dic
 
 
 MODEL_RULES: Final = ("sos", "door", "hot", "held")
+EVENT_RULES: Final = ("sos", "door")
 
 
 # Threshold rules: which sample of a run of violations raises its alarm (and which of the run
@@ -685,7 +696,7 @@ THRESHOLDS: Final = {"hot": ("temp", 80.0), "held": ("p", 10.0)}
 
 def _runs(
     plan: Plan, receipts: dict[str, datetime], result: FieldResult
-) -> dict[tuple[str, str], str]:
+) -> tuple[dict[tuple[str, str], str], dict[tuple[str, datetime], str]]:
     """(rule, telemetry event id) -> the run of its sample, in the device's true order.
 
     One limit of the ordering rule is measured here instead of reported as a discrepancy: a
@@ -695,13 +706,21 @@ def _runs(
     normal run (docs/rules-and-alarms.md, "The ordering rule"). Such runs are merged into the
     run before them, and counted in `merged_runs`."""
     runs: dict[tuple[str, str], str] = {}
+    # A hold timer's alarm has no sample of its own: its trigger names the run's first
+    # violation by its time (`pending_since`), which finds the run.
+    since_runs: dict[tuple[str, datetime], str] = {}
+    times: dict[str, datetime] = {}
     for device in plan.devices:
+        if device.kind in JUMPY:
+            continue  # judged in arrival order: compared by their own samples
         for rule, (metric, limit) in THRESHOLDS.items():
             sequence: list[tuple[bool, list[str]]] = []
             for message in device.messages:
-                value = json.loads(message.payload).get("metrics", {}).get(metric)
+                body = json.loads(message.payload)
+                value = body.get("metrics", {}).get(metric)
                 if value is None:
                     continue
+                times[message.event_id] = EPOCH + timedelta(milliseconds=body["ts"])
                 violating = value > limit
                 if not sequence or sequence[-1][0] != violating:
                     sequence.append((violating, []))
@@ -718,13 +737,8 @@ def _runs(
             for k, (_, members) in enumerate(sequence):
                 for event_id in members:
                     runs[(rule, event_id)] = f"run {labels[k]}"
-    return runs
-
-
-def _episode(runs: dict[tuple[str, str], str], rule: str, event_id: str | None) -> str | None:
-    if event_id is None:
-        return None
-    return runs.get((rule, event_id), event_id)
+                    since_runs[(device.device_id, times[event_id])] = f"run {labels[k]}"
+    return runs, since_runs
 
 
 async def _check_alarms(
@@ -734,7 +748,9 @@ async def _check_alarms(
     result.alarms_expected = len(expected)
     rows = await conn.fetch(
         "SELECT a.id, a.device_id, a.rule_key, a.telemetry_event_id, a.status, a.clear_event_id,"
-        " s.telemetry_event_id AS superseded_by_event"
+        " a.trigger ->> 'pending_since' AS pending_since,"
+        " s.telemetry_event_id AS superseded_by_event,"
+        " s.trigger ->> 'pending_since' AS superseded_by_since"
         " FROM alarm a LEFT JOIN alarm s ON s.id = a.superseded_by"
         " WHERE a.rule_key = ANY($1::text[])",
         list(MODEL_RULES),
@@ -745,41 +761,77 @@ async def _check_alarms(
             "SELECT event_id, min(received_at) AS received_at FROM telemetry GROUP BY event_id"
         )
     }
-    runs = _runs(plan, receipts, result)
+    runs, since_runs = _runs(plan, receipts, result)
     kinds = {d.device_id: d.kind for d in plan.devices}
+    place = {m.event_id: m.index for d in plan.devices for m in d.messages}
+
+    def key_of(device: str, rule: str, event_id: str | None, since: str | None) -> str | None:
+        """An alarm's identity for the comparison: its run (threshold rules, steady clocks),
+        else the sample that raised it."""
+        if event_id is None:
+            return None
+        if since is not None:
+            found = since_runs.get((device, datetime.fromisoformat(since)))
+            if found is not None:
+                return found
+        return runs.get((rule, event_id), event_id)
+
+    def successor(rule: str, alarm_event: str, by: str | None, by_key: str | None) -> str | None:
+        """Event rules: which later occurrence superseded an alarm depends on the order they
+        were committed in (a late one is slotted in behind the alarm raised since); what must
+        hold is that it was a later one of the device (never an earlier one)."""
+        if by is None or rule not in EVENT_RULES:
+            return by_key
+        later = place.get(by, -1) > place.get(alarm_event, -1)
+        return "a later occurrence" if later else f"an earlier occurrence {by[:12]}"
+
     actual: dict[tuple[str, str, str | None], asyncpg.Record] = {}
     for row in rows:
-        rule = row["rule_key"]
-        key = (row["device_id"], rule, _episode(runs, rule, row["telemetry_event_id"]))
+        device, rule = row["device_id"], row["rule_key"]
+        key = (device, rule, key_of(device, rule, row["telemetry_event_id"], row["pending_since"]))
         if key in actual:
             result.discrepancies.append(Discrepancy("alarm twice", _show(key)))
         actual[key] = row
     result.alarms_checked = len(rows)
+    model_since = {a["telemetry_event_id"]: a.get("pending_since") for a in expected}
     # Alarms of runs merged into one (see _runs) are one alarm: the last one's outcome.
     collapsed: dict[tuple[str, str, str | None], dict[str, Any]] = {}
     for alarm in expected:
-        rule = alarm["rule_key"]
-        key = (alarm["device_id"], rule, _episode(runs, rule, alarm["telemetry_event_id"]))
+        device, rule = alarm["device_id"], alarm["rule_key"]
+        since = alarm.get("pending_since")
+        key = (device, rule, key_of(device, rule, alarm["telemetry_event_id"], since))
         collapsed[key] = {**collapsed.get(key, {}), **alarm}
     for key, alarm in collapsed.items():
-        rule = alarm["rule_key"]
+        device, rule = key[0], key[1]
         row = actual.pop(key, None)
         if row is None:
             result.discrepancies.append(
                 Discrepancy("alarm missing", f"{_show(key)} (model: {alarm})")
             )
             continue
-        if kinds[alarm["device_id"]] in JUMPY:
+        if kinds[device] in JUMPY:
             continue
+        by = row["superseded_by_event"]
         got = (
             "SUPERSEDED" if row["status"] == "SUPERSEDED" else "OPEN",
-            _episode(runs, rule, row["superseded_by_event"]),
-            _episode(runs, rule, row["clear_event_id"]),
+            successor(
+                rule,
+                row["telemetry_event_id"],
+                by,
+                key_of(device, rule, by, row["superseded_by_since"]),
+            ),
+            key_of(device, rule, row["clear_event_id"], None),
         )
+        by = alarm["superseded_by"]
         want = (
             alarm["status"],
-            _episode(runs, rule, alarm["superseded_by"]),
-            _episode(runs, rule, alarm["clear_event_id"]),
+            successor(
+                rule,
+                alarm["telemetry_event_id"],
+                by,
+                key_of(device, rule, by, model_since.get(by) if by else None),
+            ),
+            key_of(device, rule, alarm["clear_event_id"], None),
         )
         if got != want:
             result.discrepancies.append(

@@ -57,6 +57,8 @@ class ReplayedAlarm:
     superseded_by: str | None = None  # the telemetry event id of the alarm that replaced it
     clear_event_id: str | None = None
     late: bool = False
+    # A hold timer's alarm: the start of the run of violations it held (its trigger's).
+    pending_since: datetime | None = None
     order: int = 0  # creation order, which breaks ties between alarms of one sample time
 
     @property
@@ -74,6 +76,7 @@ class ReplayedAlarm:
             "superseded_by": self.superseded_by,
             "clear_event_id": self.clear_event_id,
             "late": self.late,
+            "pending_since": None if self.pending_since is None else self.pending_since.isoformat(),
         }
 
 
@@ -160,6 +163,7 @@ class Replay:
     def _new(self, firing: Firing, *, late: bool) -> ReplayedAlarm:
         trigger = firing.trigger or {}
         sample = trigger.get("sample_ts")
+        since = trigger.get("pending_since")
         alarm = ReplayedAlarm(
             rule_key=firing.rule_key,
             device_id=firing.device_id,
@@ -167,6 +171,7 @@ class Replay:
             severity=firing.severity,
             sample_ts=datetime.fromisoformat(sample) if sample else firing.observed_at,
             late=late,
+            pending_since=datetime.fromisoformat(since) if since else None,
             order=len(self.alarms),
         )
         self.alarms.append(alarm)
