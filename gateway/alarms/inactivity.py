@@ -8,6 +8,8 @@ computed from the stored silence, and whoever commits first raises it.
 from __future__ import annotations
 
 import asyncio
+import math
+from collections.abc import Callable
 from datetime import datetime
 
 import asyncpg
@@ -20,6 +22,10 @@ from gateway.support.loops import every_while_configured
 from storage import alarms as repo
 
 log = structlog.get_logger(__name__)
+
+# Seconds a node listens after (re)subscribing before it judges silence: what devices held
+# while the broker was away, and what its session kept, arrives first.
+REHEAR_S = 10.0
 
 
 def pass_interval_s(rules: RuleSet) -> float | None:
@@ -37,11 +43,24 @@ class InactivityMonitor:
     (or remove the last), and `rules_replaced` makes the next pass follow it at once."""
 
     def __init__(
-        self, *, pool: asyncpg.Pool, engine: AlarmEngine, interval_s: float | None = None
+        self,
+        *,
+        pool: asyncpg.Pool,
+        engine: AlarmEngine,
+        interval_s: float | None = None,
+        hearing: Callable[[], tuple[float, float]] | None = None,
     ) -> None:
         self.pool = pool
         self.engine = engine
         self.interval_s = interval_s  # None: from the rules (`pass_interval_s`)
+        # (seconds this node's broker session has been subscribed without a break, 0 while it
+        # is not; how long its last break lasted); None: always listening (a monitor built
+        # without a session). Silence counts only while someone listens: while the broker is
+        # away nothing is judged (every device would look silent at once, an alarm flood), the
+        # break is not counted as silence, and after it the devices get `REHEAR_S` to be heard.
+        self.hearing = hearing
+        # Seconds until the last pass's node will have listened long enough (None: it had).
+        self._deaf_for_s: float | None = None
         self._wakeup = asyncio.Event()
 
     def rules_replaced(self) -> None:
@@ -52,7 +71,12 @@ class InactivityMonitor:
         rules = self.engine.rules
         if not rules.inactivity_rules:
             return None
-        return pass_interval_s(rules) if self.interval_s is None else self.interval_s
+        interval = pass_interval_s(rules) if self.interval_s is None else self.interval_s
+        deaf_for = self._deaf_for_s
+        if deaf_for is not None and interval is not None:
+            # The last pass could not judge silence yet: look again once it can.
+            return min(interval, max(deaf_for, 0.2))
+        return interval
 
     async def run(self, stop: asyncio.Event) -> None:
         await every_while_configured(
@@ -62,9 +86,18 @@ class InactivityMonitor:
     async def run_once(self) -> list[int]:
         """Raise the inactivity alarms due now; the ids raised by this call."""
         raised: list[int] = []
+        listening, gap = (math.inf, 0.0) if self.hearing is None else self.hearing()
+        self._deaf_for_s = None
         for rule in self.engine.rules.inactivity_rules:
+            # A break inside the silence window was not silence: the window grows by it.
+            window = rule.silent_seconds + (gap if listening < rule.silent_seconds else 0.0)
+            needed = min(rule.silent_seconds, REHEAR_S)
+            deaf = listening < needed
+            if deaf:
+                wait = needed - listening
+                self._deaf_for_s = min(wait, self._deaf_for_s or wait)
             async with self.pool.acquire() as conn:
-                silent = await repo.silent_devices(conn, rule.silent_seconds, rule.key)
+                silent = await repo.silent_devices(conn, window, rule.key)
             for device in silent:
                 device_id = device["device_id"]
                 if not rule.selector.matches(device_id):
@@ -73,6 +106,8 @@ class InactivityMonitor:
                 if device["presence"] == "offline" and device["presence_at"] >= since:
                     since = device["presence_at"]
                     reason = "presence offline"
+                elif deaf:
+                    continue  # not heard, but not listened to for long enough either
                 else:
                     reason = f"silent for more than {rule.silent_seconds:g}s"
                 alarm_id = await self._raise(rule, device_id, since, reason)

@@ -123,6 +123,10 @@ class MqttSession:
         # broker that lost the session's `$share` subscriptions, as mosquitto does across
         # its own restart, delivers nothing to the group until they are made again).
         self.subscribed = False
+        self._subscribed_at: float | None = None
+        # When the subscriptions were lost (loop time), and how long the last break lasted.
+        self._lost_at: float | None = None
+        self.last_gap_s = 0.0
         self.client: BrokerConnection | None = None
         # The bound our publishes keep to, besides the broker's CONNACK: [mqtt] max_packet_size,
         # lowered for good when the broker disconnects us for a packet too large (0x95), so
@@ -316,6 +320,10 @@ class MqttSession:
             if await self._until(setup, reader, stop):
                 self.established += 1
                 self.subscribed = True
+                self._subscribed_at = now = asyncio.get_running_loop().time()
+                if self._lost_at is not None:
+                    self.last_gap_s = now - self._lost_at
+                    self._lost_at = None
                 self.problem = None
                 log.info(
                     "broker_connected",
@@ -560,9 +568,19 @@ class MqttSession:
     def _paused(self, bound: str) -> None:
         self.metrics.read_pauses.labels(bound).inc()
 
+    def hearing(self) -> tuple[float, float]:
+        """How long this node has been subscribed without a break (0 while it is not), and how
+        long its last break lasted (0 if it had none): a device's silence means something only
+        while someone listened (inactivity rules)."""
+        if not self.subscribed or self._subscribed_at is None:
+            return 0.0, self.last_gap_s
+        return asyncio.get_running_loop().time() - self._subscribed_at, self.last_gap_s
+
     def _set_connected(self, connected: bool) -> None:
         self.connected = connected
         if not connected:
+            if self.subscribed:
+                self._lost_at = asyncio.get_running_loop().time()
             self.subscribed = False
         self.metrics.mqtt_connected.set(1 if connected else 0)
 

@@ -160,7 +160,7 @@ async def build(
     if config.ai.enabled:
         summaries = await _summaries(config, node, stack)
         loops.append(("ai-summaries", summaries.run))
-    inactivity = InactivityMonitor(pool=node.pool, engine=engine)
+    inactivity = InactivityMonitor(pool=node.pool, engine=engine, hearing=session.hearing)
     loops.append(("inactivity-monitor", inactivity.run))
     # Reads the engine's rules on every pass: a reload needs nothing of its own here.
     holds = HoldTimer(pool=node.pool, engine=engine, interval_s=config.alarms.timer_interval_s)

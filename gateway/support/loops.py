@@ -94,6 +94,10 @@ async def every_while_configured(
             )
         else:
             backoff.reset()
+            # What the pass found may shorten the wait (a monitor that could not judge yet).
+            after = interval_s()
+            if after is not None:
+                delay = min(delay, after)
         await wait_event_or_stop(wakeup, stop, delay)
 
 

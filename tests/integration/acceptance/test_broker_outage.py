@@ -183,8 +183,9 @@ async def test_an_alarm_raised_during_an_outage_is_pushed_as_soon_as_the_broker_
 ) -> None:
     extra = (
         f"[outbox]\nretry_min_s = {RETRY_MIN_S}\nretry_max_s = 600\n"
-        '[[rules]]\nkey = "silent"\nkind = "inactivity"\n'
-        f'silent_seconds = {SILENT_S}\nseverity = "WARNING"\ndevices = "dev-quiet"\n'
+        "[alarms]\ntimer_interval_s = 0.2\n"
+        '[[rules]]\nkey = "held"\nkind = "threshold"\nmetric = "temp"\nop = ">"\nvalue = 30\n'
+        f'for_seconds = {SILENT_S}\nseverity = "WARNING"\ndevices = "dev-quiet"\n'
     )
     configs = [
         make_config(dsn=db_dsn, mqtt_port=mosquitto.port, node_id=node, extra=extra)
@@ -198,7 +199,7 @@ async def test_an_alarm_raised_during_an_outage_is_pushed_as_soon_as_the_broker_
     db = await asyncpg.connect(db_dsn)
     try:
         async with running_daemon(configs[0]) as one, running_daemon(configs[1]) as two:
-            sample = msgspec.json.encode({"ts": int(time.time() * 1000), "metrics": {"temp": 21.5}})
+            sample = msgspec.json.encode({"ts": int(time.time() * 1000), "metrics": {"temp": 41.5}})
             async with aiomqtt.Client("127.0.0.1", mosquitto.port) as device:
                 await device.publish(TOPICS.telemetry("dev-quiet"), sample, qos=1)
 
@@ -211,26 +212,27 @@ async def test_an_alarm_raised_during_an_outage_is_pushed_as_soon_as_the_broker_
             await wait_until(seen, timeout=30, message="the device was heard from")
             await _both_down(mosquitto, (one, two))
 
-            # The device falls silent with the broker: its inactivity alarm is raised while
-            # the broker is away (by whichever node's monitor passes first).
+            # The device reported a violation and falls silent with the broker: the hold timer
+            # fires its alarm while the broker is away (whichever node's timer passes first).
+            # (Not an inactivity alarm: silence is not judged while nobody can listen.)
             async def raised() -> bool:
                 return bool(
                     await db.fetchval(
-                        "SELECT count(*) FROM alarm WHERE rule_key = 'silent'"
+                        "SELECT count(*) FROM alarm WHERE rule_key = 'held'"
                         " AND now() - created_at > interval '3 seconds'"
                     )
                 )
 
             # Three seconds on: a publisher that claims while the broker is down (woken by the
             # alarm's NOTIFY, at once) has failed its publish by then and scheduled the retry.
-            await wait_until(raised, timeout=60, message="the silence alarm raised")
-            status = await db.fetchval("SELECT status FROM alarm WHERE rule_key = 'silent'")
+            await wait_until(raised, timeout=60, message="the held alarm raised")
+            status = await db.fetchval("SELECT status FROM alarm WHERE rule_key = 'held'")
             mosquitto.start()
             await wait_until(lambda: _up(one) or _up(two), timeout=30, message="a session back")
 
             async def pushed() -> bool:
                 return (
-                    await db.fetchval("SELECT status FROM alarm WHERE rule_key = 'silent'")
+                    await db.fetchval("SELECT status FROM alarm WHERE rule_key = 'held'")
                     == "PUSHED"
                 )
 
@@ -246,3 +248,95 @@ async def test_an_alarm_raised_during_an_outage_is_pushed_as_soon_as_the_broker_
     assert event["status"] == "PUBLISHED"
     # No backoff was spent on the broker being away.
     assert event["retry_count"] == 0
+
+
+SILENCE_S = 3
+SILENCE = (
+    f'[[rules]]\nkey = "silent"\nkind = "inactivity"\nsilent_seconds = {SILENCE_S}\n'
+    'severity = "MAJOR"\n'
+)
+
+
+async def _report(port: int, devices: list[str], n: int) -> None:
+    async with aiomqtt.Client("127.0.0.1", port) as device:
+        for name in devices:
+            payload = f'{{"ts": {1_767_225_600_000 + n}, "metrics": {{"t": {n}}}}}'
+            await device.publish(TOPICS.telemetry(name), payload.encode(), qos=1)
+
+
+async def test_a_broker_outage_longer_than_a_silence_raises_no_inactivity_alarm(
+    db_dsn: str, mosquitto: Mosquitto
+) -> None:
+    """Nobody can hear a device while the broker is away: silence is counted only while the
+    node listens. Before, every device was alarmed `silent_seconds` into the outage."""
+    configs = [
+        make_config(
+            dsn=db_dsn,
+            mqtt_port=mosquitto.port,
+            node_id=node,
+            extra=SILENCE,
+            mqtt_extra='shared_group = "silence"',
+        )
+        for node in ("node-a", "node-b")
+    ]
+    talking = ["dev-a", "dev-b", "dev-c"]
+    db = await asyncpg.connect(db_dsn)
+
+    async def silent_alarms(devices: list[str]) -> int:
+        return int(
+            await db.fetchval(
+                "SELECT count(*) FROM alarm WHERE rule_key = 'silent' AND device_id = ANY($1)",
+                devices,
+            )
+        )
+
+    try:
+        async with running_daemon(configs[0]) as one, running_daemon(configs[1]) as two:
+            # A device that really went silent, the broker up: alarmed (the monitor works).
+            await _report(mosquitto.port, ["gone", *talking], 0)
+
+            async def gone_alarmed() -> bool:
+                return await silent_alarms(["gone"]) == 1
+
+            await wait_until(gone_alarmed, timeout=30, message="the silent device alarmed")
+
+            # Those silent as long are alarmed too; a report clears them. Counted from here.
+            async def heard() -> bool:
+                return bool(
+                    await db.fetchval(
+                        "SELECT bool_and(now() - last_seen < make_interval(secs => $1))"
+                        " FROM device WHERE device_id = ANY($2)",
+                        SILENCE_S,
+                        talking,
+                    )
+                )
+
+            await _report(mosquitto.port, talking, 1)
+            await wait_until(heard, timeout=30, message="the devices heard")
+            before = await silent_alarms(talking)
+            await _both_down(mosquitto, (one, two))
+
+            async def outage_longer_than_silence() -> bool:
+                return bool(
+                    await db.fetchval(
+                        "SELECT bool_and(now() - last_seen > make_interval(secs => $1))"
+                        " FROM device WHERE device_id = ANY($2)",
+                        2 * SILENCE_S,
+                        talking,
+                    )
+                )
+
+            await wait_until(outage_longer_than_silence, timeout=60, message="a long outage")
+            during = await silent_alarms(talking) - before
+            mosquitto.start()
+            await wait_until(
+                lambda: _up(one) and _up(two), timeout=30, message="both sessions back"
+            )
+            await _report(mosquitto.port, talking, 2)
+
+            await wait_until(heard, timeout=30, message="the devices heard again")
+            after = await silent_alarms(talking) - before
+    finally:
+        await db.close()
+    assert during == 0
+    assert after == 0
