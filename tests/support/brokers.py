@@ -150,8 +150,9 @@ class Nats:
     host: str = "127.0.0.1"
     family: str = "nats"
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, *, mqtt_extra: str = "") -> None:
         self.workdir = workdir
+        self.mqtt_extra = mqtt_extra  # lines of the mqtt block (ack_wait, max_ack_pending)
         self.port = free_port()  # MQTT
         self.client_port = free_port()  # NATS protocol
         self.server_name = f"gw-test-{secrets.token_hex(4)}"
@@ -175,6 +176,7 @@ class Nats:
             "mqtt {\n"
             f'  host: "{self.host}"\n'
             f"  port: {self.port}\n"
+            f"{self.mqtt_extra}\n"
             "}\n"
             # Anonymous clients are "anon", who may do anything.
             'no_auth_user: "anon"\n'

@@ -154,11 +154,15 @@ class Corner:
         return Topics(self.prefix)
 
     def mqtt_extra(self, *lines: str, prefix: str | None = None) -> str:
+        """``lines`` may set probe_timeout_s (5 s otherwise)."""
+        probe = (
+            [] if any(x.startswith("probe_timeout_s") for x in lines) else ["probe_timeout_s = 5"]
+        )
         return "\n".join(
             [
                 f'topic_prefix = "{prefix or self.prefix}"',
                 f'broker_family = "{self.broker.family}"',
-                "probe_timeout_s = 5",
+                *probe,
                 *lines,
             ]
         )
@@ -293,19 +297,31 @@ async def _api(port: int | None) -> AsyncIterator[ApiClient]:
 # --- the matrix --------------------------------------------------------------------------------
 
 
-async def test_ingest_exactly_once_across_a_sigkill(
-    corner: Corner, mqttjs: Path, db_dsn: str, tmp_path: Path
-) -> None:
-    """MQTT.js publishes 3,000 messages; the gateway is SIGKILLed mid-stream and restarted;
-    the broker's persistent session holds what it had not acknowledged: each stored once."""
+@dataclass
+class Crash:
+    """A ``gateway run`` SIGKILLed while MQTT.js publishes; every message published."""
+
+    process: DaemonProcess
+    http_port: int
+    at_kill: int
+
+
+async def _crash_mid_stream(
+    corner: Corner, mqttjs: Path, db_dsn: str, tmp_path: Path, *lines: str, batch_max: int = 20
+) -> Crash:
     http_port = free_port()
     config = tmp_path / "gateway.toml"
     config.write_text(
-        corner.toml(db_dsn, http_port=http_port, ingest_extra="batch_max = 20\nlinger_ms = 0")
+        corner.toml(
+            db_dsn,
+            *lines,
+            http_port=http_port,
+            ingest_extra=f"batch_max = {batch_max}\nlinger_ms = 0",
+        )
     )
     stream = list(telemetry_stream(corner.topics, device_ids(20), MESSAGES))
-    lines = tmp_path / "stream.jsonl"
-    lines.write_text(
+    stream_file = tmp_path / "stream.jsonl"
+    stream_file.write_text(
         "".join(json.dumps({"topic": t, "payload": p.decode()}) + "\n" for t, p in stream)
     )
     process = DaemonProcess(config, tmp_path / "daemon.log")
@@ -314,25 +330,61 @@ async def test_ingest_exactly_once_across_a_sigkill(
         process.start()
         await _wait_healthy(process, http_port)
         publisher = await asyncio.create_subprocess_exec(
-            "node", str(mqttjs), str(corner.broker.port), str(lines), "100",
+            "node", str(mqttjs), str(corner.broker.port), str(stream_file), "100",
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
         )  # fmt: skip
 
         async def stored_some() -> bool:
-            return await count_rows(db_dsn) >= MESSAGES // 5
+            return await count_rows(db_dsn) >= MESSAGES // 10
 
-        await wait_until(stored_some, timeout=60, message="a fifth stored before the kill")
+        await wait_until(stored_some, timeout=60, message="a tenth stored before the kill")
         process.kill()
         at_kill = await count_rows(db_dsn)
         assert at_kill < MESSAGES, "the kill must land in the middle of the stream"
-
         async with asyncio.timeout(120):
             out, _ = await publisher.communicate()
         assert publisher.returncode == 0, out.decode()
         assert out.decode().strip() == f"published {MESSAGES}"
+    except BaseException:
+        process.cleanup()
+        raise
+    finally:
+        if publisher is not None and publisher.returncode is None:
+            publisher.kill()
+            await publisher.wait()
+    return Crash(process, http_port, at_kill)
 
+
+@pytest.fixture
+def crash_broker(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Broker]:
+    """RabbitMQ: the session's node. NATS: one of the test's own whose ``mqtt.ack_wait`` is
+    below the gateway's ``probe_timeout_s`` (see test_nats_holds_back_a_crashed_sessions_...):
+    the rule docs/deploying.md gives, at a scale a test can wait for."""
+    if request.param == "rabbitmq":
+        yield request.getfixturevalue("rabbit_broker")
+        return
+    if nats_binary() is None:
+        pytest.skip("nats-server is missing (apt-get install nats-server)")
+    broker = Nats(tmp_path / "nats", mqtt_extra='  ack_wait: "3s"')
+    broker.start()
+    try:
+        yield broker
+    finally:
+        broker.stop()
+
+
+@pytest.mark.parametrize("crash_broker", ["nats", "rabbitmq"], indirect=True)
+async def test_ingest_exactly_once_across_a_sigkill(
+    crash_broker: Broker, mqttjs: Path, db_dsn: str, tmp_path: Path
+) -> None:
+    """MQTT.js publishes 3,000 messages; the gateway is SIGKILLed mid-stream and restarted;
+    the broker's persistent session holds what it had not acknowledged: each stored once."""
+    corner = Corner(crash_broker)
+    crash = await _crash_mid_stream(corner, mqttjs, db_dsn, tmp_path, "probe_timeout_s = 8")
+    process = crash.process
+    try:
         process.start()
-        await _wait_healthy(process, http_port)
+        await _wait_healthy(process, crash.http_port)
 
         async def all_stored() -> bool:
             return await count_rows(db_dsn) >= MESSAGES
@@ -340,9 +392,6 @@ async def test_ingest_exactly_once_across_a_sigkill(
         await wait_until(all_stored, timeout=120, message="every message stored after restart")
         assert process.terminate() == 0
     finally:
-        if publisher is not None and publisher.returncode is None:
-            publisher.kill()
-            await publisher.wait()
         process.cleanup()
     conn = await asyncpg.connect(db_dsn)
     try:
@@ -351,7 +400,33 @@ async def test_ingest_exactly_once_across_a_sigkill(
         dead = await conn.fetchval("SELECT count(*) FROM dead_letter")
     finally:
         await conn.close()
-    assert (rows, seqs, dead) == (MESSAGES, MESSAGES, 0), f"stored {at_kill} at the kill"
+    assert (rows, seqs, dead) == (MESSAGES, MESSAGES, 0), f"stored {crash.at_kill} at the kill"
+
+
+async def test_nats_holds_back_a_crashed_sessions_deliveries_for_its_ack_wait(
+    nats_broker: Nats, mqttjs: Path, db_dsn: str, tmp_path: Path
+) -> None:
+    """FINDING: NATS (defaults: ``mqtt.max_ack_pending`` 1024, ``mqtt.ack_wait`` 30 s) keeps
+    the messages a SIGKILLed gateway had received and not acknowledged pending until their
+    ack_wait runs out; with max_ack_pending of them pending it delivers nothing else to the
+    session meanwhile, the gateway's probe included. A gateway restarted at once, with a
+    ``probe_timeout_s`` below ack_wait, takes its subscription for unproven and exits 2
+    blaming the ACL (under systemd, ``RestartPreventExitStatus=2``: not restarted). Nothing is
+    lost: the session keeps every message. docs/deploying.md ("NATS") gives the rule:
+    ``probe_timeout_s`` above NATS's ``ack_wait``."""
+    corner = Corner(nats_broker)
+    # Slow storing, fast reading: the gateway holds max_ack_pending unacknowledged at the kill.
+    crash = await _crash_mid_stream(corner, mqttjs, db_dsn, tmp_path, batch_max=5)
+    process = crash.process
+    try:
+        process.start()
+        await wait_until(lambda: not process.alive(), timeout=60, message="the gateway's exit")
+    finally:
+        process.cleanup()
+    assert process.exit_code() == EXIT_CONFIG, process.log_tail()
+    (line,) = [r for r in _records(process.log_text()) if r.get("event") == "startup_failed"]
+    assert line["setting"] == ACL_SETTING, line
+    assert "did not deliver the gateway's probe" in line["error"], line
 
 
 async def test_a_command_reaches_a_paho_device_and_its_receipt_closes_it(
