@@ -55,7 +55,7 @@ from tests.support.daemon import (
 )
 from tests.support.gateway_cli import gateway_run
 from tests.support.ports import free_port
-from tests.support.waiting import wait_until
+from tests.support.waiting import wait_until, wait_until_sync
 
 Broker = Nats | RabbitMQ
 
@@ -206,17 +206,22 @@ def _paho(port: int, client_id: str) -> paho.Client:
 
 def _paho_publish(port: int, messages: list[tuple[str, bytes]], client_id: str) -> list[bool]:
     """Publish each message at QoS 1 on one paho connection; whether each was acknowledged
-    (a broker closing the connection instead leaves the rest unacknowledged)."""
+    (False: the broker closed the connection instead; the rest are not sent)."""
     client = _paho(port, client_id)
+    closed = threading.Event()
+    client.on_disconnect = lambda *_: closed.set()
     acked = []
     try:
         for topic, payload in messages:
-            info = client.publish(topic, payload, qos=1)
-            try:
-                info.wait_for_publish(5)
-            except RuntimeError:  # the connection is gone
+            if closed.is_set():
                 acked.append(False)
                 continue
+            info = client.publish(topic, payload, qos=1)
+            wait_until_sync(
+                lambda info=info: info.is_published() or closed.is_set(),  # type: ignore[misc]
+                timeout=10,
+                message=f"PUBACK or close for {topic}",
+            )
             acked.append(info.is_published())
     finally:
         client.disconnect()
