@@ -548,11 +548,9 @@ async def test_an_oversized_downlink_fails_at_once_on_one_connection(
         assert daemon.session.connections == 1
 
 
-async def test_a_changed_prefix_leaves_nothing_of_the_old_one(
-    corner: Corner, db_dsn: str, db: asyncpg.Connection
-) -> None:
-    """Prefix A, stop, prefix B (same node, same persistent session): what is published under
-    A reaches the gateway no more (the old filters are unsubscribed at connect)."""
+async def _change_prefix(corner: Corner, db_dsn: str) -> tuple[str, str]:
+    """Prefix A, stop, prefix B (same node, same persistent session); then a device publishes
+    under A and under B. Returns (A, B) once B's message is stored."""
     old, new = f"{corner.prefix}a", f"{corner.prefix}b"
 
     def config(prefix: str) -> Any:
@@ -575,17 +573,50 @@ async def test_a_changed_prefix_leaves_nothing_of_the_old_one(
         assert acked == [True, True]
         writer = daemon.writer
         assert writer is not None
-        # Published after the old prefix's message, on the same connection: once it is stored
-        # the other would have been handled too.
+        # Published after the old prefix's message, on the same connection, and handled after
+        # it: once it is stored the other was handled too.
         await wait_until(lambda: writer.stored_total == 1, message="the new prefix's message")
+    return old, new
+
+
+async def _remembered(db: asyncpg.Connection) -> set[str]:
+    return {r[0] for r in await db.fetch("SELECT topic_filter FROM mqtt_subscription")}
+
+
+async def test_a_changed_prefix_leaves_nothing_of_the_old_one(
+    nats_broker: Nats, db_dsn: str, db: asyncpg.Connection
+) -> None:
+    """What is published under the old prefix reaches the gateway no more: the old filters are
+    unsubscribed at connect (``stale_subscriptions_removed``)."""
+    _old, new = await _change_prefix(Corner(nats_broker), db_dsn)
     assert await db.fetchval("SELECT count(*) FROM dead_letter") == 0
     assert await db.fetchval("SELECT count(*) FROM telemetry") == 1
-    remembered = await db.fetch("SELECT topic_filter FROM mqtt_subscription")
-    assert {r[0] for r in remembered} == {
-        f"{new}/devices/+/telemetry",
-        f"{new}/devices/+/acks",
-        f"{new}/devices/+/status",
-    }
+    kinds = ("telemetry", "acks", "status")
+    assert await _remembered(db) == {f"{new}/devices/+/{kind}" for kind in kinds}
+
+
+async def test_rabbitmq_ignores_the_unsubscribe_of_an_earlier_connections_filter(
+    rabbit_broker: RabbitMQ, db_dsn: str, db: asyncpg.Connection
+) -> None:
+    """FINDING: RabbitMQ 3.10 answers UNSUBSCRIBE with UNSUBACK and removes nothing when the
+    filter was subscribed on an earlier connection of the persistent session (its connection
+    process knows only its own subscriptions; on the same connection the unbind works). The
+    gateway's removal of stale filters therefore does nothing there: the old prefix's
+    messages still reach it and are dead-lettered BAD_TOPIC (issue 28, part 4, as before), and
+    the binding stays in RabbitMQ. docs/deploying.md ("RabbitMQ") gives the workaround."""
+    corner = Corner(rabbit_broker)
+    old, new = await _change_prefix(corner, db_dsn)
+    kinds = ("telemetry", "acks", "status")
+    assert await _remembered(db) == {f"{new}/devices/+/{kind}" for kind in kinds}
+    letter = await db.fetchrow("SELECT topic, reason FROM dead_letter")
+    assert letter is not None
+    assert (letter["topic"], letter["reason"]) == (Topics(old).telemetry("dev-1"), "BAD_TOPIC")
+    listed = await asyncio.to_thread(
+        rabbit_broker.ctl, "list_bindings", "destination_name", "routing_key"
+    )
+    assert listed.returncode == 0, listed.stderr
+    queue = f"mqtt-subscription-gateway-{corner.node_id}qos1"
+    assert f"{queue}\t{old}.devices.*.telemetry" in listed.stdout, listed.stdout
 
 
 def _restricted() -> tuple[str, str]:
