@@ -32,6 +32,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import urllib.request
 from collections import deque
 from pathlib import Path
 from types import TracebackType
@@ -155,6 +156,7 @@ class Nats:
         self.mqtt_extra = mqtt_extra  # lines of the mqtt block (ack_wait, max_ack_pending)
         self.port = free_port()  # MQTT
         self.client_port = free_port()  # NATS protocol
+        self.monitor_port = free_port()  # HTTP monitoring (/jsz: JetStream's consumers)
         self.server_name = f"gw-test-{secrets.token_hex(4)}"
         self._child = _Child("nats-server", workdir / "nats.log")
 
@@ -168,6 +170,7 @@ class Nats:
             "# Written by tests.support.brokers.\n"
             f'server_name: "{self.server_name}"\n'
             f'listen: "{self.host}:{self.client_port}"\n'
+            f'http: "{self.host}:{self.monitor_port}"\n'
             "jetstream {\n"
             f'  store_dir: "{store}"\n'
             "  max_memory_store: 64MB\n"
@@ -210,6 +213,19 @@ class Nats:
 
     def is_running(self) -> bool:
         return self._child.alive()
+
+    def ack_pending(self) -> dict[str, int]:
+        """JetStream's consumers (one per MQTT session's QoS 1 subscription) and how many
+        messages each has delivered and not had acknowledged."""
+        url = f"http://{self.host}:{self.monitor_port}/jsz?consumers=true&accounts=true"
+        with urllib.request.urlopen(url, timeout=5) as response:
+            jsz = json.load(response)
+        return {
+            consumer["name"]: int(consumer.get("num_ack_pending", 0))
+            for account in jsz.get("account_details") or []
+            for stream in account.get("stream_detail") or []
+            for consumer in stream.get("consumer_detail") or []
+        }
 
     def stop(self) -> None:
         self._child.stop(signal.SIGTERM)

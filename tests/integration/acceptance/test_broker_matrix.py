@@ -21,7 +21,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -64,6 +64,7 @@ SHARED_SETTING: Final = "[mqtt] shared_group (empty: no shared subscription), or
 ACL_SETTING: Final = "[mqtt] topic_prefix, or the broker's ACL"
 LIMIT: Final = 4096
 MESSAGES: Final = 3000
+NATS_MAX_ACK_PENDING: Final = 1024  # its mqtt block's default
 SAMPLE: Final = b'{"ts": 1767225600000, "metrics": {"t": 1.5}}'
 COMMANDS: Final = (
     f'[[api.tokens]]\ntoken = "{OPERATOR}"\nrole = "operator"\nname = "ops"\n'
@@ -312,8 +313,15 @@ class Crash:
 
 
 async def _crash_mid_stream(
-    corner: Corner, mqttjs: Path, db_dsn: str, tmp_path: Path, *lines: str, batch_max: int = 20
+    corner: Corner,
+    mqttjs: Path,
+    db_dsn: str,
+    tmp_path: Path,
+    *lines: str,
+    batch_max: int = 20,
+    kill_when: Callable[[], Awaitable[bool]] | None = None,
 ) -> Crash:
+    """``kill_when``: the moment of the SIGKILL (by default, a tenth of the stream stored)."""
     http_port = free_port()
     config = tmp_path / "gateway.toml"
     config.write_text(
@@ -342,7 +350,7 @@ async def _crash_mid_stream(
         async def stored_some() -> bool:
             return await count_rows(db_dsn) >= MESSAGES // 10
 
-        await wait_until(stored_some, timeout=60, message="a tenth stored before the kill")
+        await wait_until(kill_when or stored_some, timeout=60, message="the moment to kill")
         process.kill()
         at_kill = await count_rows(db_dsn)
         assert at_kill < MESSAGES, "the kill must land in the middle of the stream"
@@ -420,8 +428,15 @@ async def test_nats_holds_back_a_crashed_sessions_deliveries_for_its_ack_wait(
     lost: the session keeps every message. docs/deploying.md ("NATS") gives the rule:
     ``probe_timeout_s`` above NATS's ``ack_wait``."""
     corner = Corner(nats_broker)
-    # Slow storing, fast reading: the gateway holds max_ack_pending unacknowledged at the kill.
-    crash = await _crash_mid_stream(corner, mqttjs, db_dsn, tmp_path, batch_max=5)
+
+    async def at_max_ack_pending() -> bool:
+        pending = await asyncio.to_thread(nats_broker.ack_pending)
+        return max(pending.values(), default=0) >= NATS_MAX_ACK_PENDING
+
+    # Slow storing, fast reading: killed once the gateway holds max_ack_pending unacknowledged.
+    crash = await _crash_mid_stream(
+        corner, mqttjs, db_dsn, tmp_path, batch_max=5, kill_when=at_max_ack_pending
+    )
     process = crash.process
     try:
         process.start()
