@@ -494,9 +494,10 @@ async def test_a_command_reaches_a_paho_device_and_its_receipt_closes_it(
 async def test_shared_group_is_refused_and_never_healthy(
     corner: Corner, db_dsn: str, tmp_path: Path
 ) -> None:
-    """Both brokers grant ``$share/gateways/...`` and deliver nothing to it (checked: a paho
-    subscriber there gets nothing a plain one gets). The gateway must not run healthy storing
-    nothing: it exits 2 naming shared_group, and /health never answers 200 meanwhile."""
+    """Both brokers grant ``$share/gateways/...`` and deliver nothing to it (checked by hand
+    with paho: a subscriber there gets nothing a plain one gets). The gateway must not run
+    healthy storing nothing: it exits 2 naming shared_group, and /health never answers 200
+    meanwhile."""
     http_port = free_port()
     config = tmp_path / "gateway.toml"
     config.write_text(corner.toml(db_dsn, 'shared_group = "gateways"', http_port=http_port))
