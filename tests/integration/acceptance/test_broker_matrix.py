@@ -65,6 +65,7 @@ ACL_SETTING: Final = "[mqtt] topic_prefix, or the broker's ACL"
 LIMIT: Final = 4096
 MESSAGES: Final = 3000
 NATS_MAX_ACK_PENDING: Final = 1024  # its mqtt block's default
+BROKER_INFLIGHT: Final = {"rabbitmq": 10, "nats": NATS_MAX_ACK_PENDING}
 SAMPLE: Final = b'{"ts": 1767225600000, "metrics": {"t": 1.5}}'
 COMMANDS: Final = (
     f'[[api.tokens]]\ntoken = "{OPERATOR}"\nrole = "operator"\nname = "ops"\n'
@@ -155,7 +156,8 @@ class Corner:
         return Topics(self.prefix)
 
     def mqtt_extra(self, *lines: str, prefix: str | None = None) -> str:
-        """``lines`` may set probe_timeout_s (5 s otherwise)."""
+        """What docs/deploying.md says to set for the broker, plus ``lines`` (which may set
+        probe_timeout_s, 5 s otherwise)."""
         probe = (
             [] if any(x.startswith("probe_timeout_s") for x in lines) else ["probe_timeout_s = 5"]
         )
@@ -163,6 +165,8 @@ class Corner:
             [
                 f'topic_prefix = "{prefix or self.prefix}"',
                 f'broker_family = "{self.broker.family}"',
+                # The broker's window: RabbitMQ's mqtt.prefetch, NATS's mqtt.max_ack_pending.
+                f"broker_inflight = {BROKER_INFLIGHT[self.broker.family]}",
                 *probe,
                 *lines,
             ]
@@ -425,8 +429,8 @@ async def test_nats_holds_back_a_crashed_sessions_deliveries_for_its_ack_wait(
     session meanwhile, the gateway's probe included. A gateway restarted at once, with a
     ``probe_timeout_s`` below ack_wait, takes its subscription for unproven and exits 2
     blaming the ACL (under systemd, ``RestartPreventExitStatus=2``: not restarted). Nothing is
-    lost: the session keeps every message. docs/deploying.md ("NATS") gives the rule:
-    ``probe_timeout_s`` above NATS's ``ack_wait``."""
+    lost: the session keeps every message. docs/deploying.md ("NATS (its `mqtt` block)")
+    gives the rule: ``probe_timeout_s`` above NATS's ``ack_wait``."""
     corner = Corner(nats_broker)
 
     async def at_max_ack_pending() -> bool:
@@ -619,7 +623,8 @@ async def test_rabbitmq_ignores_the_unsubscribe_of_an_earlier_connections_filter
     process knows only its own subscriptions; on the same connection the unbind works). The
     gateway's removal of stale filters therefore does nothing there: the old prefix's
     messages still reach it and are dead-lettered BAD_TOPIC (issue 28, part 4, as before), and
-    the binding stays in RabbitMQ. docs/deploying.md ("RabbitMQ") gives the workaround."""
+    the binding stays in RabbitMQ. docs/deploying.md ("RabbitMQ (MQTT plugin)") gives the
+    workaround."""
     corner = Corner(rabbit_broker)
     old, new = await _change_prefix(corner, db_dsn)
     kinds = ("telemetry", "acks", "status")
