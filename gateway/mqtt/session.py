@@ -141,6 +141,9 @@ class MqttSession:
         self.problem: str | None = None
         self._connected_at: float | None = None
         self._short_lived = 0
+        # When a probe first came back unproven before any session was established (loop time).
+        self._unproven_since: float | None = None
+        self._unproven_progress = 0.0
         # Probe payloads not yet back, and the moment anything last arrived.
         self._probes: set[bytes] = set()
         self._probe_back = asyncio.Event()
@@ -181,6 +184,29 @@ class MqttSession:
             )
         else:
             what = f"the broker at {self._where} {exc}"
+        if self.established == 0 and isinstance(exc, SubscriptionUnprovenError):
+            # Delivered nothing: a configuration (an ACL, a literal `$share/...`), or a resumed
+            # session whose broker holds deliveries back (NATS keeps a crashed session's
+            # unacknowledged messages pending for its ack_wait, 30 s, and delivers nothing
+            # else meanwhile). Probed again for PROBE_START_TRIES probe timeouts, then final.
+            now = asyncio.get_running_loop().time()
+            progress = self.writer.last_progress
+            if self._unproven_since is None or progress > self._unproven_progress:
+                # First time, or messages were stored since: the broker delivers (a backlog
+                # first), so the budget starts again.
+                self._unproven_since = now
+                self._unproven_progress = progress
+            if now - self._unproven_since < PROBE_START_TRIES * self.probe_timeout_s:
+                delay = self.backoff.next_delay()
+                self.problem = f"{what} ({setting}); probing again"
+                log.warning(
+                    "subscription_unproven",
+                    topic=exc.topic,
+                    error=what,
+                    retry_in_s=round(delay, 3),
+                    setting=setting,
+                )
+                return delay
         if self.established == 0:
             # The broker takes the connection but not the subscription (an ACL, shared
             # subscriptions not supported or not allowed), or takes it and delivers nothing.
@@ -602,6 +628,11 @@ def _hint(exc: aiomqtt.MqttError) -> dict[str, str]:
     if isinstance(exc, MqttNoConnAckError):
         return {"hint": f"a broker speaking MQTT 3.1.1 only may never answer: {PROTOCOL_SETTING}"}
     return {}
+
+
+# At start, a subscription that delivered no probe is probed again for this many probe
+# timeouts before the node gives up (exit 2): 4 x 10 s outlasts NATS's 30 s ack_wait.
+PROBE_START_TRIES: Final = 4
 
 
 def _probe_topic(topic_filter: str) -> str:
