@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import secrets
 from collections.abc import Callable, Sequence
@@ -106,6 +107,7 @@ class MqttSession:
         on_connected: Callable[[], None] | None = None,
         probe_timeout_s: float = 0.0,
         memory: SubscriptionMemory | None = None,
+        resubscribe_stale: bool = False,
     ) -> None:
         self.settings = settings
         self.subscriptions = tuple(subscriptions)
@@ -135,6 +137,8 @@ class MqttSession:
         # MQTT 3.1.1: how long a probe may take to come back (0: no probe).
         self.probe_timeout_s = probe_timeout_s
         self.memory = memory
+        # Subscribe a stale filter again before removing it ([mqtt] broker_family = "rabbitmq").
+        self.resubscribe_stale = resubscribe_stale
         # What the broker said at the last connect (logged once, at the first).
         self.capabilities: BrokerCapabilities | None = None
         # Why the broker will not serve us as configured (None: nothing known); /health's 503.
@@ -427,6 +431,11 @@ class MqttSession:
         if not stale or self.memory is None:
             return
         for topic in stale:
+            if self.resubscribe_stale:
+                # RabbitMQ (3.10) acknowledges the UNSUBSCRIBE of a filter an earlier connection
+                # made and keeps its binding; made again on this connection, it goes.
+                with contextlib.suppress(SubscriptionRefusedError):
+                    await client.subscribe(topic, qos=1, wait_s=math.inf)
             await client.unsubscribe(topic, wait_s=math.inf)
         await self.memory.forget(stale)
         log.info(

@@ -139,6 +139,7 @@ async def build(
             client_id=connection.client_id,
             broker=f"{connection.host}:{connection.port}",
         ),
+        resubscribe_stale=config.mqtt.broker_family == "rabbitmq",
     )
     quiet = config.quiet_hours()
     dispatcher = Dispatcher.from_config(node, config.commands)
