@@ -147,6 +147,8 @@ class MqttSession:
         self._short_lived = 0
         # When a probe first came back unproven before any session was established (loop time).
         self._unproven_since: float | None = None
+        # Connections in a row lost while subscribing (before every SUBACK came).
+        self._lost_subscribing = 0
         self._unproven_progress = 0.0
         # Probe payloads not yet back, and the moment anything last arrived.
         self._probes: set[bytes] = set()
@@ -269,6 +271,20 @@ class MqttSession:
                 setting=PROTOCOL_SETTING,
                 configuration=True,
             ) from None
+        if self._lost_subscribing >= LOST_SUBSCRIBING_LIMIT:
+            what = (
+                f"the broker at {self._where} closed the connection each time the gateway "
+                f"subscribed ({self._lost_subscribing} times in a row: {exc}); RabbitMQ does so "
+                "for a subscription its permissions deny"
+            )
+            if self.established == 0:
+                raise StartupError(what, setting=ACL_SETTING, configuration=True) from None
+            delay = self._after_loss()
+            self.problem = f"{what} ({ACL_SETTING})"
+            log.error(
+                "subscription_refused", error=what, retry_in_s=round(delay, 3), setting=ACL_SETTING
+            )
+            return delay
         delay = self._after_loss()
         if self._taken_over(exc):
             self.problem = (
@@ -347,7 +363,17 @@ class MqttSession:
         reader = asyncio.create_task(self._read(client), name="mqtt-reader")
         try:
             setup = asyncio.create_task(self._subscribe(client), name="mqtt-subscribe")
-            if await self._until(setup, reader, stop):
+            try:
+                ready = await self._until(setup, reader, stop)
+            except (SubscriptionRefusedError, SubscriptionUnprovenError):
+                raise
+            except aiomqtt.MqttError:
+                # Lost while subscribing: RabbitMQ closes the connection on a subscription
+                # its permissions deny, instead of answering SUBACK 0x80.
+                self._lost_subscribing += 1
+                raise
+            if ready:
+                self._lost_subscribing = 0
                 self.established += 1
                 self.subscribed = True
                 self._subscribed_at = now = asyncio.get_running_loop().time()
@@ -639,6 +665,10 @@ def _hint(exc: aiomqtt.MqttError) -> dict[str, str]:
     return {}
 
 
+# Connections in a row the broker closed while the gateway subscribed before the gateway names
+# the subscription (and its ACL) instead of the broker's address.
+LOST_SUBSCRIBING_LIMIT: Final = 2
+ACL_SETTING: Final = "[mqtt] topic_prefix, [mqtt] shared_group, or the broker's ACL"
 # At start, a subscription that delivered no probe is probed again for this many probe
 # timeouts before the node gives up (exit 2): 4 x 10 s outlasts NATS's 30 s ack_wait.
 PROBE_START_TRIES: Final = 4
