@@ -514,17 +514,8 @@ async def test_a_command_reaches_a_paho_device_and_its_receipt_closes_it(
     assert downlink["nodeId"] == corner.node_id
 
 
-async def test_shared_group_is_refused_and_never_healthy(
-    corner: Corner, db_dsn: str, tmp_path: Path
-) -> None:
-    """Both brokers grant ``$share/gateways/...`` and deliver nothing to it (checked by hand
-    with paho: a subscriber there gets nothing a plain one gets). The gateway must not run
-    healthy storing nothing: it exits 2 naming shared_group, and /health never answers 200
-    meanwhile."""
-    http_port = free_port()
-    config = tmp_path / "gateway.toml"
-    config.write_text(corner.toml(db_dsn, 'shared_group = "gateways"', http_port=http_port))
-    process = DaemonProcess(config, tmp_path / "daemon.log")
+async def _run_until_exit(process: DaemonProcess, http_port: int) -> bool:
+    """Start the gateway and wait for it to exit (within 60 s); whether /health ever said 200."""
     healthy_seen = False
     try:
         process.start()
@@ -537,6 +528,21 @@ async def test_shared_group_is_refused_and_never_healthy(
         await wait_until(exited, timeout=60, interval=0.05, message="the gateway's exit")
     finally:
         process.cleanup()
+    return healthy_seen
+
+
+async def test_shared_group_is_refused_and_never_healthy(
+    corner: Corner, db_dsn: str, tmp_path: Path
+) -> None:
+    """Both brokers grant ``$share/gateways/...`` and deliver nothing to it (checked by hand
+    with paho: a subscriber there gets nothing a plain one gets). The gateway must not run
+    healthy storing nothing: it exits 2 naming shared_group, and /health never answers 200
+    meanwhile."""
+    http_port = free_port()
+    config = tmp_path / "gateway.toml"
+    config.write_text(corner.toml(db_dsn, 'shared_group = "gateways"', http_port=http_port))
+    process = DaemonProcess(config, tmp_path / "daemon.log")
+    healthy_seen = await _run_until_exit(process, http_port)
     assert not healthy_seen, "healthy while its subscription delivers nothing"
     assert process.exit_code() == EXIT_CONFIG, process.log_tail()
     (line,) = [r for r in _records(process.log_text()) if r.get("event") == "startup_failed"]
@@ -689,18 +695,7 @@ async def test_rabbitmq_closes_the_connection_on_a_refused_subscription(
     config = tmp_path / "gateway.toml"
     config.write_text(corner.toml(db_dsn, *_restricted(), http_port=http_port))
     process = DaemonProcess(config, tmp_path / "daemon.log")
-    healthy_seen = False
-    try:
-        process.start()
-
-        async def exited() -> bool:
-            nonlocal healthy_seen
-            healthy_seen = healthy_seen or await http_healthy(http_port)
-            return not process.alive()
-
-        await wait_until(exited, timeout=60, message="the gateway's exit")
-    finally:
-        process.cleanup()
+    healthy_seen = await _run_until_exit(process, http_port)
     assert not healthy_seen, "healthy while RabbitMQ refuses its subscription"
     assert process.exit_code() == EXIT_CONFIG, process.log_tail()
     (line,) = [r for r in _records(process.log_text()) if r.get("event") == "startup_failed"]
