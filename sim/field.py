@@ -55,6 +55,7 @@ from sim.field_plan import (
     outage_seconds,
     silent_seconds,
 )
+from sim.gateways import wait_healthy as gateway_healthy
 
 PREFIX: Final = "field"
 TOKEN: Final = secrets.token_urlsafe(24)
@@ -283,17 +284,7 @@ class Nodes:
 
 
 async def wait_healthy(http: aiohttp.ClientSession, node: Node, *, timeout_s: float) -> None:
-    async with asyncio.timeout(timeout_s):
-        while True:
-            if node.process is not None and node.process.returncode is not None:
-                raise RuntimeError(f"node {node.index} exited with {node.process.returncode}")
-            try:
-                async with http.get(f"http://127.0.0.1:{node.http_port}/health") as response:
-                    if response.status == 200:
-                        return
-            except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.1)
+    await gateway_healthy(http, node.http_port, timeout_s, process=node.process)
 
 
 class Devices:

@@ -157,10 +157,18 @@ HEALTHY_TIMEOUT_S: Final = 600.0
 
 
 async def wait_healthy(
-    http: aiohttp.ClientSession, port: int, timeout_s: float = HEALTHY_TIMEOUT_S
+    http: aiohttp.ClientSession,
+    port: int,
+    timeout_s: float = HEALTHY_TIMEOUT_S,
+    *,
+    process: asyncio.subprocess.Process | None = None,
 ) -> None:
+    """Until the gateway on ``port`` answers /health 200; raises at once if ``process`` (the
+    gateway itself, when given) exited meanwhile."""
     async with asyncio.timeout(timeout_s):
         while True:
+            if process is not None and process.returncode is not None:
+                raise RuntimeError(f"gateway on port {port} exited with {process.returncode}")
             try:
                 async with http.get(f"http://127.0.0.1:{port}/health") as response:
                     if response.status == 200:

@@ -145,11 +145,12 @@ class MqttSession:
         self.problem: str | None = None
         self._connected_at: float | None = None
         self._short_lived = 0
-        # When a probe first came back unproven before any session was established (loop time).
+        # When a probe first came back unproven before any session was established (loop time),
+        # and the writer's progress then (stored messages since restart the budget).
         self._unproven_since: float | None = None
+        self._unproven_progress = 0.0
         # Connections in a row lost while subscribing (before every SUBACK came).
         self._lost_subscribing = 0
-        self._unproven_progress = 0.0
         # Probe payloads not yet back, and the moment anything last arrived.
         self._probes: set[bytes] = set()
         self._probe_back = asyncio.Event()
