@@ -12,7 +12,8 @@ with persistence, PostgreSQL, a webhook receiver — and then checked:
   which alarms exist is compared; for the others which superseded which, and which cleared;
 - the inactivity rule a reload added fired once for each silent device and for no other;
 - every CRITICAL alarm reached the webhook; no alarm is left NEW or DELAYED (a reload took
-  the quiet hours away); no ``command-reclaims`` alarm came of the broker outage.
+  the quiet hours away); no ``command-reclaims`` alarm came of the broker outage, and every
+  command pending through it, a campaign's included, was sent once the broker was back.
 
 A failing seed prints the command that replays it.
 """
@@ -62,6 +63,7 @@ TOKEN: Final = secrets.token_urlsafe(24)
 LEASE_S: Final = 1.0
 TIMER_S: Final = 1.0
 SETTLE_TIMEOUT_S: Final = 60.0
+COMMANDS_SENT_TIMEOUT_S: Final = 30.0
 
 RULES: Final = f"""
 [[rules]]
@@ -540,6 +542,14 @@ async def _outage(fault: Fault, plan: Plan, fleet: Nodes, broker: FieldBroker) -
                     raise RuntimeError(
                         f"command refused: {response.status} {await response.text()}"
                     )
+        # And a campaign over the other devices (a device takes one command at a time), paced
+        # so that part of it is still to be dispatched when the broker goes away.
+        others = [d.device_id for d in plan.devices if d.device_id not in steady]
+        body = {"name": "reboot", "targets": {"devices": others}, "rollout": {"per_minute": 120}}
+        url = f"http://127.0.0.1:{node.http_port}/campaigns"
+        async with http.post(url, json=body) as response:
+            if response.status >= 300:
+                raise RuntimeError(f"campaign refused: {response.status} {await response.text()}")
     broker.stop()
     try:
         await asyncio.sleep(fault.seconds)  # the outage itself: the plan's length
@@ -556,6 +566,7 @@ async def _check(plan: Plan, fleet: Nodes, hook: Webhook, dsn: str, result: Fiel
         await _check_alarms(plan, fleet, conn, result)
         await _check_inactivity(plan, conn, result)
         await _check_reach(conn, hook, result)
+        await _check_commands(conn, result)
     finally:
         await conn.close()
 
@@ -860,6 +871,33 @@ async def _check_alarms(  # noqa: PLR0915 - the comparison reads best in one pla
     if reclaims:
         result.discrepancies.append(
             Discrepancy("outage", f"{reclaims} command-reclaims alarms raised by a broker outage")
+        )
+
+
+async def _check_commands(conn: asyncpg.Connection, result: FieldResult) -> None:
+    """Every command of the outage, the campaign's included, was sent once the broker was back.
+
+    Checked last: waiting for a late one must not make the devices look silent to the
+    inactivity check."""
+    # Waited for: the campaign's pace may leave some of it to dispatch after the settle.
+    stuck = []
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(COMMANDS_SENT_TIMEOUT_S):
+            while True:
+                stuck = await conn.fetch(
+                    "SELECT id, device_id, status, campaign_id FROM command"
+                    " WHERE status IN ('PENDING', 'CLAIMED') ORDER BY id"
+                )
+                if not stuck:
+                    break
+                await asyncio.sleep(0.2)
+    for row in stuck:
+        what = "campaign command" if row["campaign_id"] is not None else "command"
+        result.discrepancies.append(
+            Discrepancy(
+                "outage",
+                f"{what} {row['id']} to {row['device_id']} still {row['status']} after the outage",
+            )
         )
 
 
