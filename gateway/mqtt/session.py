@@ -7,6 +7,7 @@ import contextlib
 import math
 import secrets
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Final
 
 import aiomqtt
@@ -33,7 +34,6 @@ from gateway.mqtt.v5_connection import (
 )
 from gateway.mqtt.v311_client import AckingClient, ConnectionSettings, SubscriptionRefusedError
 from gateway.support.backoff import Backoff
-from gateway.support.loops import sleep_unless_stopped
 from gateway.support.metrics import Metrics
 
 # MQTT 5 speaks through our own client on the mqtt5 codec (parsing is the hot path: about 15x
@@ -155,15 +155,61 @@ class MqttSession:
         self._probes: set[bytes] = set()
         self._probe_back = asyncio.Event()
         self._last_delivery = 0.0
+        # A reload that changed the filters ([mqtt] topic_prefix, shared_group): what to
+        # connect with next, set while the current connection is ended cleanly.
+        self._next: Reconfiguration | None = None
+        self._remake = asyncio.Event()
+
+    def reconfigure(
+        self,
+        *,
+        subscriptions: Sequence[str],
+        settings: ConnectionSettings,
+        presence_topic: str,
+        apply: Callable[[], None],
+    ) -> bool:
+        """Follow a reload that changed the filters or the presence topic (``[mqtt]
+        topic_prefix``, ``shared_group``): the connection is ended as at a stop (reading
+        stops, what was read is stored and acknowledged) and made again at once with the new
+        filters; ``apply`` runs between the two connections, when no message of the old
+        configuration is in the pipeline. At that connect the old filters are unsubscribed
+        (they are remembered as stale) and the new ones are proven as at a start. Returns
+        whether there was anything to change."""
+        if tuple(subscriptions) == self.subscriptions and presence_topic == self.presence_topic:
+            return False
+        self._next = Reconfiguration(tuple(subscriptions), settings, presence_topic, apply)
+        self._remake.set()
+        log.info(
+            "mqtt_subscriptions_changing",
+            subscribed=list(self.subscriptions),
+            configured=list(subscriptions),
+            note="the broker connection is made again with the new filters",
+        )
+        return True
+
+    def _take_reconfiguration(self) -> None:
+        """Between two connections: what a reload asked for becomes the session's."""
+        change, self._next = self._next, None
+        self._remake.clear()
+        if change is None:
+            return
+        self.subscriptions = change.subscriptions
+        self.settings = change.settings
+        self.presence_topic = change.presence_topic
+        change.apply()
+        log.info("mqtt_subscriptions_changed", subscriptions=list(self.subscriptions))
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
+            self._take_reconfiguration()
             client = self.client = self._connection()
             self._connected_at = None
+            delay = 0.0
             try:
                 async with client:
                     await self._serve(client, stop)
-                    return
+                    if stop.is_set() or not self._remake.is_set():
+                        return
             except (SubscriptionRefusedError, SubscriptionUnprovenError) as exc:
                 delay = self._subscription_failed(exc)
             except BrokerIncapableError as exc:
@@ -173,7 +219,21 @@ class MqttSession:
             finally:
                 self._set_connected(False)
                 self._learn_packet_limit(client)
-            await sleep_unless_stopped(stop, delay)
+            if delay > 0 and not self._remake.is_set():
+                await self._pause(stop, delay)
+
+    async def _pause(self, stop: asyncio.Event, delay: float) -> None:
+        """The backoff before the next attempt, cut short by a stop or by a reload that
+        changed the filters (the next attempt may be the one that works)."""
+        waits = [
+            asyncio.create_task(stop.wait(), name="mqtt-stop"),
+            asyncio.create_task(self._remake.wait(), name="mqtt-remake"),
+        ]
+        try:
+            await asyncio.wait(waits, timeout=delay, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()
 
     @property
     def _where(self) -> str:
@@ -405,7 +465,10 @@ class MqttSession:
         # Messages still arriving now are left unacknowledged (the broker keeps them for the
         # next session) so that the PUBACK of the offline presence can be read.
         client.stop_intake()
-        await client.publish(self.presence_topic, OFFLINE, qos=1, retain=self._retain())
+        change = self._next if self._remake.is_set() else None
+        if change is None or change.presence_topic != self.presence_topic:
+            # (Made again for a reload under the same presence topic: the node stays online.)
+            await client.publish(self.presence_topic, OFFLINE, qos=1, retain=self._retain())
         log.info("broker_disconnecting", drained=drained)
 
     def _learn(self, client: BrokerConnection) -> None:
@@ -526,24 +589,27 @@ class MqttSession:
     ) -> bool:
         """Wait for ``step`` (None: forever) while the connection lives and no stop comes.
 
-        True when the step finished; False when stop was set; raises MqttError when the
-        connection dropped (the reader ended).
+        True when the step finished; False when stop was set, or a reload asked for the
+        connection to be made again; raises MqttError when the connection dropped (the reader
+        ended).
         """
         stopper = asyncio.create_task(stop.wait(), name="mqtt-stop")
-        waiting: set[asyncio.Future[Any]] = {reader, stopper}
+        remaker = asyncio.create_task(self._remake.wait(), name="mqtt-remake")
+        waiting: set[asyncio.Future[Any]] = {reader, stopper, remaker}
         if step is not None:
             waiting.add(step)
         try:
             await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
         finally:
             stopper.cancel()
+            remaker.cancel()
             if step is not None and not step.done():
                 step.cancel()
                 await asyncio.gather(step, return_exceptions=True)
         if step is not None and step.done() and not step.cancelled():
             step.result()  # re-raises a failed subscribe
             return True
-        if stop.is_set():
+        if stop.is_set() or self._remake.is_set():
             return False
         reader.result()  # re-raises the disconnect
         raise aiomqtt.MqttError("message stream ended")
@@ -720,3 +786,13 @@ def _subscription_setting(topic: str) -> str:
 
 # 3.1.1 CONNACK return codes as plain ints (older paho paths): as their MQTT 5 equivalents.
 _V311_REFUSALS: Final = {2: 0x85, 4: 0x86, 5: 0x87}
+
+
+@dataclass(frozen=True, slots=True)
+class Reconfiguration:
+    """What a reload changed in the session (see :meth:`MqttSession.reconfigure`)."""
+
+    subscriptions: tuple[str, ...]
+    settings: ConnectionSettings
+    presence_topic: str
+    apply: Callable[[], None]

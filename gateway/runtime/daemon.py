@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from collections.abc import Coroutine
 from contextlib import AsyncExitStack
 from typing import Any, TypeVar
@@ -296,17 +297,7 @@ class Daemon:
         if self.components is not None:
             set_secrets(config.secrets())
             self.components.reload(config)
-            session = self.components.session
-            configured = subscriptions(config, session.settings.protocol)
-            if tuple(configured) != session.subscriptions:
-                # The connection is not re-made on a reload; at the next start the filters no
-                # longer configured are unsubscribed (see gateway.mqtt.memory).
-                log.warning(
-                    "mqtt_subscriptions_change_at_restart",
-                    subscribed=list(session.subscriptions),
-                    configured=configured,
-                    setting="[mqtt] topic_prefix, [mqtt] shared_group",
-                )
+            self._follow_topics(self.components, config)
         hub = self.services.stream_hub
         if hub is not None:
             hub.max_streams = config.http.max_streams
@@ -316,6 +307,29 @@ class Daemon:
             hub.revoke(self.auth.holds)
         self.config = config
         log.info("config_reloaded", rules=len(config.rules))
+
+    def _follow_topics(self, parts: Components, config: Config) -> None:
+        """A changed ``[mqtt] topic_prefix`` or ``shared_group``: the session makes its
+        connection again with the new filters (the old ones are unsubscribed there), and
+        between the two connections every part that names a topic takes the new ones."""
+        session = parts.session
+        presence = config.topics.gateway_status(self.node_id)
+        topics = config.topics
+
+        def apply() -> None:
+            parts.writer.decoder.topics = topics
+            parts.dispatcher.topics = topics
+            parts.outbox.topics = topics
+            parts.command_service.topics = topics
+            if self.services.replay_path is not None:
+                self.services.replay_path.decoder.topics = topics
+
+        session.reconfigure(
+            subscriptions=subscriptions(config, session.settings.protocol),
+            settings=dataclasses.replace(session.settings, will_topic=presence),
+            presence_topic=presence,
+            apply=apply,
+        )
 
     def status_line(self) -> str:
         writer, session = self.writer, self.session

@@ -34,6 +34,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 
 from gateway.commands.lifecycle import create_command
 from gateway.domain.command import Delivery
+from gateway.runtime.components import subscriptions
 from protocol import Topics
 from sim.telemetry import device_ids, telemetry_stream
 from tests.support.api_client import OPERATOR, ApiClient
@@ -593,9 +594,10 @@ async def test_an_oversized_downlink_fails_at_once_on_one_connection(
         assert daemon.session.connections == 1
 
 
-async def _change_prefix(corner: Corner, db_dsn: str) -> tuple[str, str]:
-    """Prefix A, stop, prefix B (same node, same persistent session); then a device publishes
-    under A and under B. Returns (A, B) once B's message is stored."""
+async def _change_prefix(corner: Corner, db_dsn: str, how: str) -> tuple[str, str]:
+    """Prefix A, then prefix B (same node, same persistent session) by a restart or by a
+    reload; then a device publishes under A and under B. Returns (A, B) once B's message is
+    stored."""
     old, new = f"{corner.prefix}a", f"{corner.prefix}b"
 
     def config(prefix: str) -> Any:
@@ -607,9 +609,19 @@ async def _change_prefix(corner: Corner, db_dsn: str) -> tuple[str, str]:
             mqtt_extra=corner.mqtt_extra(prefix=prefix),
         )
 
-    async with running_daemon(config(old)):
-        pass
-    async with running_daemon(config(new)) as daemon:
+    if how == "restart":
+        async with running_daemon(config(old)):
+            pass
+    async with running_daemon(config(new if how == "restart" else old)) as daemon:
+        if how == "reload":
+            daemon.reload(config(new))
+            session = daemon.session
+            assert session is not None
+            wanted = tuple(subscriptions(config(new), "3.1.1"))
+            await wait_until(
+                lambda: session.subscribed and session.subscriptions == wanted,
+                message="subscribed again under the new prefix",
+            )
         acked = await publish(
             corner.broker.port,
             [(Topics(old).telemetry("dev-1"), SAMPLE), (Topics(new).telemetry("dev-1"), SAMPLE)],
@@ -628,20 +640,22 @@ async def _remembered(db: asyncpg.Connection) -> set[str]:
     return {r[0] for r in await db.fetch("SELECT topic_filter FROM mqtt_subscription")}
 
 
+@pytest.mark.parametrize("how", ["restart", "reload"])
 async def test_a_changed_prefix_leaves_nothing_of_the_old_one(
-    nats_broker: Nats, db_dsn: str, db: asyncpg.Connection
+    nats_broker: Nats, db_dsn: str, db: asyncpg.Connection, how: str
 ) -> None:
     """What is published under the old prefix reaches the gateway no more: the old filters are
     unsubscribed at connect (``stale_subscriptions_removed``)."""
-    _old, new = await _change_prefix(Corner(nats_broker), db_dsn)
+    _old, new = await _change_prefix(Corner(nats_broker), db_dsn, how)
     assert await db.fetchval("SELECT count(*) FROM dead_letter") == 0
     assert await db.fetchval("SELECT count(*) FROM telemetry") == 1
     kinds = ("telemetry", "acks", "status")
     assert await _remembered(db) == {f"{new}/devices/+/{kind}" for kind in kinds}
 
 
+@pytest.mark.parametrize("how", ["restart", "reload"])
 async def test_rabbitmq_drops_an_earlier_connections_filter_once_made_again(
-    rabbit_broker: RabbitMQ, db_dsn: str, db: asyncpg.Connection
+    rabbit_broker: RabbitMQ, db_dsn: str, db: asyncpg.Connection, how: str
 ) -> None:
     """RabbitMQ 3.10 answers UNSUBSCRIBE with UNSUBACK and removes nothing when the filter was
     subscribed on an earlier connection of the persistent session (its connection process
@@ -649,7 +663,7 @@ async def test_rabbitmq_drops_an_earlier_connections_filter_once_made_again(
     ``broker_family = "rabbitmq"`` the gateway subscribes a stale filter again before removing
     it: the old prefix's messages reach it no more, and the binding is gone."""
     corner = Corner(rabbit_broker)
-    old, new = await _change_prefix(corner, db_dsn)
+    old, new = await _change_prefix(corner, db_dsn, how)
     kinds = ("telemetry", "acks", "status")
     assert await _remembered(db) == {f"{new}/devices/+/{kind}" for kind in kinds}
     assert await db.fetchval("SELECT count(*) FROM dead_letter") == 0
