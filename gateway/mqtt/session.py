@@ -35,6 +35,7 @@ from gateway.mqtt.v5_connection import (
 from gateway.mqtt.v311_client import AckingClient, ConnectionSettings, SubscriptionRefusedError
 from gateway.support.backoff import Backoff
 from gateway.support.metrics import Metrics
+from gateway.support.publish_refusal import PublishRefused
 
 # MQTT 5 speaks through our own client on the mqtt5 codec (parsing is the hot path: about 15x
 # paho's rate); MQTT 3.1.1 — the embedded amqtt broker's only version — through aiomqtt.
@@ -72,7 +73,7 @@ TAKEOVER_SETTING: Final = (
 STABLE_S: Final = 10.0
 _SHORT_LIVED_IN_A_ROW: Final = 2
 
-# The probe (MQTT 3.1.1): a message of this mark, published on a topic each filter must
+# The probe: a message of this mark, published on a topic each filter must
 # match, proves the subscription delivers. Any message so marked is acknowledged and dropped
 # by every node's reader: it never becomes telemetry, a receipt or a dead letter.
 PROBE_MARK: Final = b"\x00gateway-probe\x00"
@@ -80,6 +81,9 @@ PROBE_DEVICE: Final = "gateway-probe"
 # A shared filter's probe may be delivered to another member of the group: sent again this
 # often until one comes back.
 PROBE_REPEAT_S: Final = 1.0
+# Probes a round for a shared filter: the broker hands each to the next node of the group, so
+# with up to this many nodes one comes back in the first round.
+PROBE_SHARE_COPIES: Final = 4
 
 ONLINE = b"online"
 OFFLINE = b"offline"
@@ -481,15 +485,12 @@ class MqttSession:
         first = self.capabilities is None
         self.capabilities = caps
         if first:
-            probe = None
-            if caps.protocol == "3.1.1":
-                probe = f"{self.probe_timeout_s}s" if self.probe_timeout_s > 0 else "off"
             log.info(
                 "broker_capabilities",
                 host=self.settings.host,
                 port=self.settings.port,
                 **caps.fields(),
-                **({} if probe is None else {"probe": probe}),
+                probe=f"{self.probe_timeout_s}s" if self.probe_timeout_s > 0 else "off",
             )
         why = incapable(caps, self.subscriptions)
         if why is not None:
@@ -509,7 +510,7 @@ class MqttSession:
             await client.subscribe(topic, qos=1, wait_s=math.inf)
         if remembered is not None:
             await self._unsubscribe_stale(client, remembered)
-        if self.probe_timeout_s > 0 and not isinstance(client, Mqtt5Connection):
+        if self.probe_timeout_s > 0:
             await self._probe(client)
         await client.publish(
             self.presence_topic, ONLINE, qos=1, retain=self._retain(), wait_s=math.inf
@@ -536,35 +537,42 @@ class MqttSession:
         )
 
     async def _probe(self, client: BrokerConnection) -> None:
-        """Prove each subscription delivers (MQTT 3.1.1, where neither CONNACK nor SUBACK can
-        say): publish a marked message on a topic the filter must match and require it back
-        before ``probe_timeout_s`` pass without anything arriving (a backlog delivered first
-        keeps the wait going). Raises SubscriptionUnprovenError naming the first filter that
-        delivered nothing."""
+        """Prove each subscription delivers: publish a marked message on a topic the filter
+        must match and require it back before ``probe_timeout_s`` pass without anything
+        arriving (a backlog delivered first keeps the wait going). MQTT 3.1.1 cannot say
+        whether a subscription works; neither can MQTT 5 when the broker grants the
+        SUBSCRIBE and filters at delivery (mosquitto's ``acl_file``). A shared filter gets
+        ``PROBE_SHARE_COPIES`` probes a round (the broker hands them round the group; one back
+        proves it), repeated every ``PROBE_REPEAT_S``. Raises SubscriptionUnprovenError naming
+        the first filter that delivered nothing."""
         loop = asyncio.get_running_loop()
         nonce = secrets.token_hex(6)
-        owed = {
-            PROBE_MARK + f"{self.settings.client_id}/{nonce}/{index}".encode(): topic
-            for index, topic in enumerate(self.subscriptions)
-        }
-        self._probes = set(owed)
+        owed: dict[str, list[bytes]] = {}
+        for index, topic in enumerate(self.subscriptions):
+            copies = PROBE_SHARE_COPIES if topic.startswith("$share/") else 1
+            owed[topic] = [
+                PROBE_MARK + f"{self.settings.client_id}/{nonce}/{index}/{copy}".encode()
+                for copy in range(copies)
+            ]
+        self._probes = {payload for payloads in owed.values() for payload in payloads}
         self._last_delivery = started = loop.time()
-        sent: dict[bytes, float] = {}
+        sent: dict[str, float] = {}
         try:
-            while self._probes:
+            while owed:
                 now = loop.time()
-                for payload in sorted(self._probes):
-                    topic = owed[payload]
-                    last = sent.get(payload)
+                for topic, payloads in owed.items():
+                    last = sent.get(topic)
                     if last is None or (
                         topic.startswith("$share/") and now - last >= PROBE_REPEAT_S
                     ):
-                        sent[payload] = now
-                        await client.publish(_probe_topic(topic), payload, qos=1, wait_s=math.inf)
+                        sent[topic] = now
+                        for payload in payloads:
+                            if not await self._publish_probe(client, topic, payload):
+                                return
                 quiet_since = max(started, self._last_delivery, self.writer.last_progress)
                 left = quiet_since + self.probe_timeout_s - loop.time()
                 if left <= 0:
-                    topic = owed[min(self._probes)]
+                    topic = next(iter(owed))  # the first in subscription order
                     raise SubscriptionUnprovenError(
                         topic, _probe_topic(topic), self.probe_timeout_s
                     )
@@ -574,9 +582,31 @@ class MqttSession:
                         await self._probe_back.wait()
                 except TimeoutError:
                     pass
+                for topic in [
+                    t for t, payloads in owed.items() if not self._probes.issuperset(payloads)
+                ]:
+                    self._probes.difference_update(owed.pop(topic))
         finally:
             self._probes = set()
         log.info("subscriptions_proven", topics=list(self.subscriptions), probe=PROBE_DEVICE)
+
+    async def _publish_probe(self, client: BrokerConnection, topic: str, payload: bytes) -> bool:
+        """False when the broker refused the probe itself (MQTT 5 says so in its PUBACK: an
+        ACL that does not let the gateway publish there): the subscriptions cannot be proven
+        then, which is said once per connect, and not held against them."""
+        try:
+            await client.publish(_probe_topic(topic), payload, qos=1, wait_s=math.inf)
+        except PublishRefused as exc:
+            log.warning(
+                "probe_refused",
+                topic=_probe_topic(topic),
+                reason=exc.reason,
+                reason_code=exc.reason_code,
+                note="the subscriptions are not proven; let the gateway publish there, or set"
+                " [mqtt] probe_timeout_s = 0",
+            )
+            return False
+        return True
 
     def _probe_arrived(self, payload: bytes) -> None:
         probes = self._probes
@@ -658,11 +688,12 @@ class MqttSession:
             # hand, and reading stops as before (the bound is the queue's, not the batch's).
             room = queue.maxsize - queue.qsize() if queue.maxsize > 0 else limit
             deliveries = await client.take(max(1, min(limit, room)))
-            received_at = loop.time()
+            received_at = self._last_delivery = loop.time()
             items = []
             for delivery in deliveries:
                 if delivery.payload.startswith(PROBE_MARK):
-                    client.ack(delivery)  # another node's probe: never telemetry
+                    client.ack(delivery)  # a probe (ours, or another node's): never telemetry
+                    self._probe_arrived(bytes(delivery.payload))
                     continue
                 kept, size, sha256 = admit(delivery.payload)
                 if size is not None:

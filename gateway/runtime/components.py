@@ -132,8 +132,9 @@ async def build(
         backoff=Backoff(config.mqtt.reconnect_min_s, config.mqtt.reconnect_max_s),
         drain_timeout_s=config.ingest.drain_timeout_s,
         on_connected=on_connected,
-        # MQTT 5 says what the broker can do; 3.1.1 cannot, so each subscription is proven.
-        probe_timeout_s=config.mqtt.probe_timeout_s if protocol == "3.1.1" else 0.0,
+        # Each subscription is proven on both versions: 3.1.1 cannot say whether it works, and
+        # MQTT 5 cannot when the broker grants SUBSCRIBE and filters at delivery (an ACL).
+        probe_timeout_s=config.mqtt.probe_timeout_s,
         memory=SubscriptionMemory(
             node.pool,
             client_id=connection.client_id,

@@ -148,11 +148,12 @@ async def test_a_refused_telemetry_subscription_is_a_configuration_error(
     assert line["error"].endswith(f"(reason code {code})"), line
 
 
+@pytest.mark.parametrize("protocol", ["3.1.1", "5"])
 async def test_an_acl_file_denying_the_telemetry_topic_is_caught_by_the_probe(
-    db_dsn: str, tmp_path: Path
+    db_dsn: str, tmp_path: Path, protocol: str
 ) -> None:
-    # mosquitto's ACL file grants every SUBSCRIBE and denies at delivery: MQTT 3.1.1 cannot
-    # tell, the probe does.
+    # mosquitto's ACL file grants every SUBSCRIBE and denies at delivery: neither protocol
+    # version can tell (MQTT 5's SUBACK says granted), the probe does.
     workdir = tmp_path / "mosquitto"
     workdir.mkdir()
     acl = workdir / "acl"
@@ -170,7 +171,7 @@ async def test_an_acl_file_denying_the_telemetry_topic_is_caught_by_the_probe(
             config_toml(
                 dsn=db_dsn,
                 mqtt_port=broker.port,
-                protocol="3.1.1",
+                protocol=protocol,
                 mqtt_extra="probe_timeout_s = 2",
             ),
         )
@@ -179,6 +180,62 @@ async def test_an_acl_file_denying_the_telemetry_topic_is_caught_by_the_probe(
         broker.stop()
     assert "'iot/devices/+/telemetry'" in line["error"], line
     assert "'iot/devices/gateway-probe/telemetry'" in line["error"], line
+
+
+async def test_an_mqtt5_probe_the_acl_refuses_is_said_and_the_gateway_runs(
+    db_dsn: str, tmp_path: Path
+) -> None:
+    """MQTT 5 says when the broker refuses the probe itself (PUBACK 0x87: the ACL does not let
+    the gateway publish there): the subscriptions cannot be proven then, which is logged
+    (``probe_refused``), and the node runs and stores as with the probe off."""
+    workdir = tmp_path / "mosquitto"
+    workdir.mkdir()
+    acl = workdir / "acl"
+    acl.write_text(
+        "pattern readwrite iot/devices/+/acks\n"
+        "pattern readwrite iot/devices/+/status\n"
+        "pattern readwrite iot/gateways/#\n"
+        "pattern read iot/devices/+/telemetry\n"
+        "user device\n"
+        "topic write iot/devices/+/telemetry\n"
+    )
+    broker = Mosquitto(workdir, extra_config=f"acl_file {acl}\n")
+    broker.start()
+    try:
+        config = _write(
+            tmp_path,
+            config_toml(
+                dsn=db_dsn, mqtt_port=broker.port, mqtt_extra="probe_timeout_s = 2",
+                log_level="info",
+            ),
+        )  # fmt: skip
+        daemon = DaemonProcess(config, tmp_path / "daemon.log")
+        daemon.start()
+        try:
+            await wait_until(
+                lambda: '"daemon_ready"' in daemon.log_text(), timeout=30,
+                message=daemon.log_tail(),
+            )  # fmt: skip
+            async with aiomqtt.Client("127.0.0.1", broker.port, username="device") as device:
+                await device.publish("iot/devices/dev-1/telemetry", TELEMETRY, qos=1)
+
+            async def stored() -> bool:
+                conn = await asyncpg.connect(db_dsn)
+                try:
+                    return bool(await conn.fetchval("SELECT count(*) FROM telemetry") == 1)
+                finally:
+                    await conn.close()
+
+            await wait_until(stored, timeout=30, message="the device's message stored")
+        finally:
+            assert daemon.terminate() == 0
+    finally:
+        broker.stop()
+    lines = [json.loads(x) for x in daemon.log_text().splitlines() if x.startswith("{")]
+    (refused,) = [x for x in lines if x.get("event") == "probe_refused"]
+    assert refused["topic"] == "iot/devices/gateway-probe/telemetry", refused
+    assert refused["reason_code"] == 0x87, refused
+    assert not [x for x in lines if x.get("event") == "subscriptions_proven"]
 
 
 async def test_a_broker_whose_maximum_qos_is_0_is_refused(db_dsn: str, tmp_path: Path) -> None:
