@@ -639,6 +639,25 @@ async def _check_telemetry(plan: Plan, conn: asyncpg.Connection, result: FieldRe
         )
 
 
+async def _judged_order(conn: asyncpg.Connection) -> dict[str, datetime]:
+    """Event id -> when the nodes judged the sample, in the order they did.
+
+    A sample is judged in the transaction that stores it, holding its device's rule-state rows
+    until the commit: two samples of one device are judged in the order their transactions
+    committed. With PostgreSQL's ``track_commit_timestamp`` on, that is the order read here.
+    Otherwise the receipt (the transaction's start) stands in for it, which two nodes storing
+    one device's samples at the same moment can invert: a difference that follows is then the
+    model's, not the gateway's (docs/field-simulation.md)."""
+    if await conn.fetchval("SELECT current_setting('track_commit_timestamp')::bool"):
+        query = (
+            "SELECT event_id, min(coalesce(pg_xact_commit_timestamp(xmin), received_at)) AS at"
+            " FROM telemetry GROUP BY event_id"
+        )
+    else:
+        query = "SELECT event_id, min(received_at) AS at FROM telemetry GROUP BY event_id"
+    return {r["event_id"]: r["at"] for r in await conn.fetch(query)}
+
+
 async def _model(plan: Plan, fleet: Nodes, conn: asyncpg.Connection) -> list[dict[str, Any]]:
     """``gateway rules replay`` on each device's stream in its true order, each message at the
     receipt the database recorded for it, the hold timer run up to the database's now."""
@@ -648,6 +667,7 @@ async def _model(plan: Plan, fleet: Nodes, conn: asyncpg.Connection) -> list[dic
             "SELECT event_id, min(received_at) AS received_at FROM telemetry GROUP BY event_id"
         )
     }
+    judged = await _judged_order(conn)
     until = await conn.fetchval("SELECT now()")
     lines = []
     for device in plan.devices:
@@ -655,10 +675,10 @@ async def _model(plan: Plan, fleet: Nodes, conn: asyncpg.Connection) -> list[dic
         if device.kind in JUMPY:
             # After its clock jumped, a device's samples are judged at their receipt, in
             # arrival order (docs/rules-and-alarms.md, "Device clocks"): the order the
-            # database received them in, which faults shuffle, is the true order then.
+            # nodes judged them in, which faults shuffle, is the true order then.
             order = sorted(
-                (m for m in order if m.event_id in receipts),
-                key=lambda m: (receipts[m.event_id], m.index),
+                (m for m in order if m.event_id in judged),
+                key=lambda m: (judged[m.event_id], m.index),
             )
         for message in order:
             received = receipts.get(message.event_id)
@@ -782,13 +802,7 @@ async def _check_alarms(  # noqa: PLR0915 - the comparison reads best in one pla
         " WHERE a.rule_key = ANY($1::text[])",
         list(MODEL_RULES),
     )
-    receipts = {
-        r["event_id"]: r["received_at"]
-        for r in await conn.fetch(
-            "SELECT event_id, min(received_at) AS received_at FROM telemetry GROUP BY event_id"
-        )
-    }
-    runs, since_runs, crossed = _runs(plan, receipts, result)
+    runs, since_runs, crossed = _runs(plan, await _judged_order(conn), result)
 
     def report(what: str, device: str, rule: str, detail: str) -> None:
         found = Discrepancy(what, detail)
