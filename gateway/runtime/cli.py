@@ -29,6 +29,7 @@ from gateway.config import Config, default_node_id, load_config
 from gateway.domain.errors import ConfigError, ConfigErrors, StartupError
 from gateway.domain.replay import Received, replay
 from gateway.runtime.admin_token import wants_zero_setup_token, with_zero_setup_token
+from gateway.runtime.entry import take_held_hup
 from gateway.runtime.failures import DSN_SETTING, REFUSED_AT_CONNECT, check_writable, refused
 from gateway.runtime.logging import configure_logging, set_secrets
 from gateway.support.version import gateway_version
@@ -419,6 +420,8 @@ async def _run(config: Config, args: argparse.Namespace) -> int:
             daemon.notifier.status(daemon.status_line())
 
     loop.add_signal_handler(signal.SIGHUP, reload)
+    if take_held_hup():
+        loop.call_soon(reload)  # it came while the gateway was still being imported
     freezing = asyncio.create_task(_freeze_when_ready(daemon.ready), name="gc-freeze")
     try:
         await daemon.run(stop)
