@@ -163,6 +163,8 @@ class MqttSession:
         # connect with next, set while the current connection is ended cleanly.
         self._next: Reconfiguration | None = None
         self._remake = asyncio.Event()
+        # The filters this process proved with the probe (see _proven_before).
+        self._proven: frozenset[str] = frozenset()
 
     def reconfigure(
         self,
@@ -510,11 +512,27 @@ class MqttSession:
             await client.subscribe(topic, qos=1, wait_s=math.inf)
         if remembered is not None:
             await self._unsubscribe_stale(client, remembered)
-        if self.probe_timeout_s > 0:
+        if self.probe_timeout_s > 0 and not self._proven_before(client, remembered):
             await self._probe(client)
+            self._proven = frozenset(self.subscriptions)
         await client.publish(
             self.presence_topic, ONLINE, qos=1, retain=self._retain(), wait_s=math.inf
         )
+
+    def _proven_before(self, client: BrokerConnection, remembered: set[str] | None) -> bool:
+        """A resumed MQTT 5 session holding exactly the configured filters, proven when they
+        were made: by this process, or by the one before it at this process's first connect
+        (probing again would wait behind the backlog the session resumes with). Never after
+        a probe of this process came back unproven. On MQTT 3.1.1 they are proven at every
+        connect."""
+        if not isinstance(client, Mqtt5Connection) or not client.session_present:
+            return False
+        wanted = frozenset(self.subscriptions)
+        if remembered is None or frozenset(remembered) != wanted:
+            return False
+        if self._unproven_since is not None:
+            return False
+        return self._proven == wanted or self.established == 0
 
     async def _unsubscribe_stale(self, client: BrokerConnection, remembered: set[str]) -> None:
         """Remove from the persistent session what an earlier configuration subscribed to."""
