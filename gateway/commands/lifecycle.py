@@ -18,7 +18,7 @@ import asyncpg
 import msgspec
 import structlog
 
-from gateway.alarms.service import ConcurrentWriteError, create_alarm
+from gateway.alarms.lifecycle import create_alarm
 from gateway.domain.command import (
     TERMINAL_STATUSES,
     CommandError,
@@ -33,6 +33,7 @@ from gateway.domain.command import (
     receipt_effect,
     retry_delay_s,
 )
+from gateway.domain.errors import ConcurrentWriteError
 from protocol import CommandReceipt, ReceiptResult
 from storage import alarms as alarm_repo
 from storage import commands as repo

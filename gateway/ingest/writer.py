@@ -15,8 +15,8 @@ import asyncpg
 import structlog
 
 from gateway.alarms.engine import AlarmEngine
-from gateway.alarms.service import ConcurrentWriteError
 from gateway.config import DatabaseConfig, IngestConfig
+from gateway.domain.errors import ConcurrentWriteError
 from gateway.ingest.breaker import QUARANTINED, CrashLoopBreaker
 from gateway.ingest.decoder import (
     PROCESSING_FAILED,
