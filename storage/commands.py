@@ -13,8 +13,6 @@ import msgspec
 from storage.sql import load_queries
 
 _Q = load_queries("commands.sql")
-INSERT = _Q["insert"]
-BY_IDEMPOTENCY_KEY = _Q["by_idempotency_key"]
 GET = _Q["get"]
 LIST_FOR_DEVICE = _Q["list_for_device"]
 LIST_ALL = _Q["list_all"]
@@ -44,37 +42,6 @@ EXPIRE = _Q["expire"]
 CANCEL = _Q["cancel"]
 CANCEL_OPEN_OF_DEVICE = _Q["cancel_open_of_device"]
 UNBIND_DEVICE = _Q["unbind_device"]
-DEVICE_BOUND = _Q["device_bound"]
-
-
-async def insert(
-    conn: asyncpg.Connection,
-    *,
-    device_id: str,
-    name: str,
-    params: dict[str, Any],
-    delivery: str,
-    idempotency_key: str | None,
-    created_by: str,
-    expire_after_s: float,
-) -> asyncpg.Record | None:
-    """The new row, or None when the device already has a command with that key."""
-    return await conn.fetchrow(
-        INSERT,
-        device_id,
-        name,
-        msgspec.json.encode(params).decode(),
-        delivery,
-        idempotency_key,
-        created_by,
-        expire_after_s,
-    )
-
-
-async def by_idempotency_key(
-    conn: asyncpg.Connection, device_id: str, key: str
-) -> asyncpg.Record | None:
-    return await conn.fetchrow(BY_IDEMPOTENCY_KEY, device_id, key)
 
 
 async def get(conn: asyncpg.Connection, command_id: int) -> asyncpg.Record | None:
@@ -255,11 +222,6 @@ async def cancel_open_of_device(conn: asyncpg.Connection, device_id: str) -> lis
 
 async def unbind_device(conn: asyncpg.Connection, device_id: str) -> None:
     await conn.execute(UNBIND_DEVICE, device_id)
-
-
-async def device_bound(conn: asyncpg.Connection, device_id: str) -> bool | None:
-    value = await conn.fetchval(DEVICE_BOUND, device_id)
-    return None if value is None else bool(value)
 
 
 GET_MANY = _Q["get_many"]

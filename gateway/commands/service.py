@@ -19,11 +19,10 @@ from typing import Any, Final
 import asyncpg
 import structlog
 
-from gateway.commands.creator import CommandCreator, NewCommand
+from gateway.commands.creator import CommandCreator, Creation, NewCommand
 from gateway.commands.dispatcher import smallest_downlink
 from gateway.commands.lifecycle import (
     CommandNotFoundError,
-    Created,
     DownlinkTooLargeError,
     cancel,
     unbind,
@@ -82,7 +81,7 @@ class CommandService:
         delivery: Delivery,
         idempotency_key: str | None,
         actor: str,
-    ) -> Created:
+    ) -> Creation:
         """Raises (nothing created) :class:`UnportableDeviceIdError` for an id the broker would
         not carry (``[mqtt] broker_family``), :class:`DownlinkTooLargeError` when the downlink
         cannot fit ``max_packet_size`` whatever its claim, or what the creator raises."""

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 
 from gateway.alarms.engine import AlarmEngine
 from gateway.alarms.lifecycle import SummarySpec
+from gateway.commands.receipts import ReceiptApplier
 from gateway.config import Config
 from gateway.ingest.decoder import MessageDecoder
-from gateway.ingest.store import ReceiptApplier
 from gateway.support.metrics import Metrics
 from protocol import Encoding
 

@@ -32,7 +32,6 @@ import paho.mqtt.client as paho
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
-from gateway.commands.lifecycle import create_command
 from gateway.domain.command import Delivery
 from protocol import Topics
 from sim.telemetry import device_ids, telemetry_stream
@@ -45,6 +44,7 @@ from tests.support.brokers import (
     nats_binary,
     rabbit_missing,
 )
+from tests.support.commands import new_command
 from tests.support.daemon import (
     DaemonProcess,
     config_toml,
@@ -569,9 +569,9 @@ async def test_an_oversized_downlink_fails_at_once_on_one_connection(
 
         async def command(params: dict[str, object]) -> int:
             async with db.transaction():
-                created = await create_command(
+                created = await new_command(
                     db, device_id="dev-1", name="set", params=params,
-                    delivery=Delivery.DEFERRABLE, idempotency_key=None, created_by="test",
+                    delivery=Delivery.DEFERRABLE, idempotency_key=None, actor="test",
                     node_id="test", expire_after_s=3600,
                 )  # fmt: skip
             return int(created.command["id"])

@@ -17,7 +17,7 @@ import aiohttp
 import asyncpg
 import pytest
 
-from gateway.commands.lifecycle import apply_receipt
+from gateway.commands.receipts import apply_receipt
 from gateway.config import TokenConfig
 from protocol import CommandReceipt, ReceiptResult
 from storage import commands as command_repo

@@ -20,11 +20,12 @@ from gateway.commands.campaigns import (
     CampaignSettler,
     Targets,
 )
-from gateway.commands.lifecycle import apply_receipt, create_command
+from gateway.commands.receipts import apply_receipt
 from gateway.domain.campaign import AbortCriteria
 from gateway.domain.command import Delivery
 from protocol import CommandReceipt, ReceiptResult
 from storage import commands as repo
+from tests.support.commands import new_command
 from tests.support.waiting import wait_until
 
 DISPATCHER = "system:dispatcher"
@@ -80,9 +81,9 @@ async def test_rollout_is_honoured_across_two_nodes_within_ten_percent_over_a_mi
         at = start + k * step
         if k == 100:  # a command outside the campaign is never held back by its limit
             async with pool.acquire() as conn:
-                await create_command(
+                await new_command(
                     conn, device_id="lone", name="ping", params={}, delivery=Delivery.REALTIME,
-                    idempotency_key=None, created_by="api:x", node_id="api", expire_after_s=60,
+                    idempotency_key=None, actor="api:x", node_id="api", expire_after_s=60,
                 )  # fmt: skip
         taken = await asyncio.gather(claim("n1", at), claim("n2", at))
         for node, rows in zip(("n1", "n2"), taken, strict=True):

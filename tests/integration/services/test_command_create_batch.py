@@ -15,7 +15,8 @@ from typing import Any
 import asyncpg
 import pytest
 
-from gateway.commands.lifecycle import Created, DeviceUnboundError
+from gateway.commands.creator import Creation
+from gateway.commands.lifecycle import DeviceUnboundError
 from gateway.commands.service import CommandService
 from gateway.domain.command import Delivery
 from gateway.support.metrics import Metrics
@@ -37,7 +38,7 @@ def _create(
     *,
     key: str | None = None,
     params: dict[str, Any] | None = None,
-) -> Coroutine[Any, Any, Created]:
+) -> Coroutine[Any, Any, Creation]:
     return service.create(
         device_id=device, name=name, params=params or {}, delivery=Delivery.REALTIME,
         idempotency_key=key, actor="op:alice",
@@ -59,7 +60,7 @@ async def test_concurrent_creations_share_one_transaction_and_each_answer_is_exa
 ) -> None:
     release = asyncio.Event()
 
-    async def one(i: int) -> Created:
+    async def one(i: int) -> Creation:
         await release.wait()
         return await _create(service, f"d{i % 5}", f"c{i}", params={"i": i})
 
@@ -122,13 +123,13 @@ async def test_one_batch_answers_each_request_as_if_alone_in_arrival_order(
     assert _batches(service) == (3, 10)  # the earlier one, the held one, then these eight
     assert isinstance(refused, DeviceUnboundError)
     assert refused.device_id == "gone"
-    assert isinstance(a1, Created)
-    assert isinstance(a2, Created)
-    assert isinstance(a3, Created)
-    assert isinstance(b1, Created)
-    assert isinstance(other, Created)
-    assert isinstance(again, Created)
-    assert isinstance(repeat, Created)
+    assert isinstance(a1, Creation)
+    assert isinstance(a2, Creation)
+    assert isinstance(a3, Creation)
+    assert isinstance(b1, Creation)
+    assert isinstance(other, Creation)
+    assert isinstance(again, Creation)
+    assert isinstance(repeat, Creation)
     assert [a.created for a in (a1, a2, b1, again, repeat, a3, other)] == [
         True, True, True, False, False, True, True,
     ]  # fmt: skip
@@ -191,8 +192,8 @@ async def test_a_request_the_database_refuses_fails_alone(
     fine, refused, also = await asyncio.gather(*tasks, return_exceptions=True)
 
     assert isinstance(refused, asyncpg.CheckViolationError)
-    assert isinstance(fine, Created)
-    assert isinstance(also, Created)
+    assert isinstance(fine, Creation)
+    assert isinstance(also, Creation)
     assert fine.created
     assert also.created
     assert fine.command["id"] < also.command["id"]

@@ -13,18 +13,18 @@ from gateway.commands.dispatcher import Dispatcher
 from gateway.commands.lifecycle import (
     CommandClosedError,
     DeviceUnboundError,
-    apply_receipt,
     cancel,
-    create_command,
     mark_sent,
-    reap,
     unbind,
 )
+from gateway.commands.reaper import reap
+from gateway.commands.receipts import apply_receipt
 from gateway.domain.command import Delivery, ReceiptOutcome, RejectReason
 from gateway.support.broker_link import BrokerLink, SessionDown
 from gateway.support.metrics import Metrics
 from protocol import CommandReceipt, ReceiptResult, Topics
 from storage import commands as repo
+from tests.support.commands import new_command
 from tests.support.waiting import wait_until
 
 SENT_TIMEOUT_S = 86400.0
@@ -36,9 +36,9 @@ async def _create(
     delivery: Delivery = Delivery.REALTIME,
     key: str | None = None,
 ) -> int:
-    created = await create_command(
+    created = await new_command(
         db, device_id=device, name="open_valve", params={"valve": 2}, delivery=delivery,
-        idempotency_key=key, created_by="op:alice", node_id="api", expire_after_s=72 * 3600,
+        idempotency_key=key, actor="op:alice", node_id="api", expire_after_s=72 * 3600,
     )  # fmt: skip
     return int(created.command["id"])
 
@@ -247,9 +247,9 @@ async def test_one_device_gets_its_commands_in_creation_order_one_at_a_time(
 
 async def test_an_idempotency_key_returns_the_same_command(db: asyncpg.Connection) -> None:
     one = await _create(db, key="k-1")
-    again = await create_command(
+    again = await new_command(
         db, device_id="d1", name="other", params={}, delivery=Delivery.REALTIME,
-        idempotency_key="k-1", created_by="op", node_id="api", expire_after_s=60,
+        idempotency_key="k-1", actor="op", node_id="api", expire_after_s=60,
     )  # fmt: skip
     assert again.created is False
     assert again.command["id"] == one

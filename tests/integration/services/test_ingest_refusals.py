@@ -7,12 +7,12 @@ import aiomqtt
 import asyncpg
 import msgspec
 
-from gateway.commands.lifecycle import create_command
 from gateway.domain.command import Delivery
 from gateway.runtime.daemon import Daemon
 from protocol import Topics
 from sim.publisher import publish_many
 from storage import commands as commands_repo
+from tests.support.commands import new_command
 from tests.support.daemon import make_config, metric, running_daemon
 from tests.support.mosquitto import Mosquitto
 from tests.support.waiting import wait_until
@@ -36,9 +36,9 @@ def _telemetry(device: str, seq: int) -> tuple[str, bytes]:
 
 
 async def _claimed_command(conn: asyncpg.Connection, device: str) -> asyncpg.Record:
-    created = await create_command(
+    created = await new_command(
         conn, device_id=device, name="open_valve", params={"valve": 1},
-        delivery=Delivery.REALTIME, idempotency_key=None, created_by="op:test", node_id="api",
+        delivery=Delivery.REALTIME, idempotency_key=None, actor="op:test", node_id="api",
         expire_after_s=3600,
     )  # fmt: skip
     (claimed,) = await commands_repo.claim_due(
