@@ -33,6 +33,7 @@ from gateway.commands.lifecycle import DeviceUnboundError
 from gateway.domain.command import Delivery
 from gateway.support.metrics import Metrics
 from storage import commands as repo
+from storage.commands import CommandRow
 
 MAX_BATCH: Final = 500
 # Failures a batch can meet that its requests would not meet alone, so each is retried alone:
@@ -51,7 +52,7 @@ class Creation:
     """A creation's answer: the new command (``created``), or the one already holding its
     idempotency key."""
 
-    command: asyncpg.Record
+    command: CommandRow
     created: bool
 
 
@@ -186,17 +187,15 @@ async def create_commands(
     )
     # Rows with a key are found by it (unique per device); the rest were inserted in
     # the requests' order, so their ids ascend in it.
-    keyed = {
-        (r["device_id"], r["idempotency_key"]): r for r in rows if r["idempotency_key"] is not None
-    }
-    unkeyed = iter([r for r in rows if r["idempotency_key"] is None])
+    keyed = {(r.device_id, r.idempotency_key): r for r in rows if r.idempotency_key is not None}
+    unkeyed = iter([r for r in rows if r.idempotency_key is None])
     taken = [
         (c.device_id, c.idempotency_key)
         for c in bound
         if c.idempotency_key is not None and (c.device_id, c.idempotency_key) not in keyed
     ]
     existing = {
-        (r["device_id"], r["idempotency_key"]): r
+        (r.device_id, r.idempotency_key): r
         for r in await repo.by_idempotency_keys(conn, list(dict.fromkeys(taken)))
     }
     answers: list[Creation | DeviceUnboundError] = []
@@ -206,7 +205,7 @@ async def create_commands(
             answers.append(DeviceUnboundError(c.device_id))
         elif c.idempotency_key is None:
             row = next(unkeyed)
-            if row["device_id"] != c.device_id:
+            if row.device_id != c.device_id:
                 raise RuntimeError("batched insert returned rows out of order")
             answers.append(Creation(row, created=True))
         else:

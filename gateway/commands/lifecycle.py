@@ -20,6 +20,7 @@ from gateway.domain.command import (
 )
 from storage import commands as repo
 from storage import outbox
+from storage.commands import CommandRow, MovedCommandRow
 
 log = structlog.get_logger(__name__)
 
@@ -69,18 +70,19 @@ class CommandClosedError(CommandError):
         self.status = status
 
 
-def command_to_json(row: asyncpg.Record) -> dict[str, Any]:
-    body = {k: v for k, v in row.items() if k not in {"legacy_claim", "previous_status"}}
-    body["params"] = (
-        msgspec.json.decode(row["params"]) if isinstance(row["params"], str) else (row["params"])
-    )
+def command_to_json(row: CommandRow) -> dict[str, Any]:
+    body = {
+        k: v
+        for k, v in msgspec.structs.asdict(row).items()
+        if k not in {"legacy_claim", "previous_status"}
+    }
     converted: dict[str, Any] = msgspec.to_builtins(body)
     return converted
 
 
 async def record_change(
     conn: asyncpg.Connection,
-    row: asyncpg.Record,
+    row: CommandRow,
     *,
     from_status: str | None,
     actor: str,
@@ -90,16 +92,16 @@ async def record_change(
 ) -> None:
     await repo.insert_audit(
         conn,
-        command_id=row["id"],
+        command_id=row.id,
         actor=actor,
         action=action,
         from_status=from_status,
-        to_status=row["status"],
-        generation=row["claim_generation"],
+        to_status=row.status,
+        generation=row.claim_generation,
         node_id=node_id,
         note=note,
     )
-    if CommandStatus(row["status"]) in (
+    if CommandStatus(row.status) in (
         CommandStatus.ACKED,
         CommandStatus.FAILED,
         CommandStatus.TIMEOUT,
@@ -108,7 +110,7 @@ async def record_change(
         await outbox.add_event(
             conn,
             aggregate_type=AGGREGATE,
-            aggregate_id=str(row["id"]),
+            aggregate_id=str(row.id),
             event_type=EVENT_FINISHED,
             payload={"command": command_to_json(row), "actor": actor},
         )
@@ -116,11 +118,11 @@ async def record_change(
 
 async def mark_sent(
     conn: asyncpg.Connection | asyncpg.Pool,
-    row: asyncpg.Record,
+    row: CommandRow,
     *,
     node_id: str,
     sent_timeout_s: float,
-) -> asyncpg.Record | None:
+) -> CommandRow | None:
     """The broker acknowledged the downlink: CLAIMED → SENT, if the claim is still ours.
 
     One statement writes the change and its audit row, so it needs no transaction of its own
@@ -128,8 +130,8 @@ async def mark_sent(
     """
     return await repo.mark_sent(
         conn,
-        command_id=row["id"],
-        generation=row["claim_generation"],
+        command_id=row.id,
+        generation=row.claim_generation,
         node_id=node_id,
         timeout_s=sent_timeout_s,
         actor=DISPATCHER_ACTOR,
@@ -137,14 +139,14 @@ async def mark_sent(
 
 
 async def fail_unsendable(
-    conn: asyncpg.Connection, row: asyncpg.Record, *, node_id: str, code: str, reason: str
-) -> asyncpg.Record | None:
+    conn: asyncpg.Connection, row: CommandRow, *, node_id: str, code: str, reason: str
+) -> CommandRow | None:
     """The broker can never take this claim's downlink (``code``: ``PACKET_TOO_LARGE``, or the
     name of the PUBACK's final reason code): CLAIMED → FAILED at once, whatever its delivery
     class, with its audit row and ``command.finished`` event, in the caller's transaction. None
     when the claim is not ours any more (its new owner meets the same refusal)."""
     failed = await repo.fail_unsendable(
-        conn, row["id"], row["claim_generation"], node_id=node_id, code=code, reason=reason
+        conn, row.id, row.claim_generation, node_id=node_id, code=code, reason=reason
     )
     if failed is not None:
         await record_change(
@@ -161,23 +163,23 @@ async def fail_unsendable(
 
 async def cancel(
     conn: asyncpg.Connection, command_id: int, *, actor: str, node_id: str
-) -> asyncpg.Record:
+) -> MovedCommandRow:
     """The cancelled row, with ``previous_status``: the status it left."""
     row = await repo.cancel(conn, command_id)
     if row is None:
         current = await repo.get(conn, command_id)
         if current is None:
             raise CommandNotFoundError(command_id)
-        raise CommandClosedError(command_id, current["status"])
+        raise CommandClosedError(command_id, current.status)
     await record_change(
-        conn, row, from_status=row["previous_status"], actor=actor, action="cancel", node_id=node_id
+        conn, row, from_status=row.previous_status, actor=actor, action="cancel", node_id=node_id
     )
     return row
 
 
 async def unbind(
     conn: asyncpg.Connection, device_id: str, *, actor: str, node_id: str
-) -> list[asyncpg.Record]:
+) -> list[MovedCommandRow]:
     """The device takes no more commands; its open ones are cancelled (each row with
     ``previous_status``)."""
     await repo.unbind_device(conn, device_id)
@@ -186,7 +188,7 @@ async def unbind(
         await record_change(
             conn,
             row,
-            from_status=row["previous_status"],
+            from_status=row.previous_status,
             actor=actor,
             action="unbind",
             node_id=node_id,

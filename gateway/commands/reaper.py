@@ -24,6 +24,7 @@ from gateway.support.node import Node
 from protocol import CommandReceipt, ReceiptResult
 from storage import alarms as alarm_repo
 from storage import commands as repo
+from storage.commands import CommandRow
 
 log = structlog.get_logger(__name__)
 
@@ -56,9 +57,9 @@ async def reap(
     """One pass of the reaper in the caller's transaction; every write is conditional."""
     report = ReapReport([], [], [], [], [])
     for row in await repo.reclaim_expired(conn):
-        report.reclaimed.append(row["id"])
-        report.transitions.append(("CLAIMED", row["status"]))
-        note = f"lease expired (node {row['claimed_node_id']})"
+        report.reclaimed.append(row.id)
+        report.transitions.append(("CLAIMED", row.status))
+        note = f"lease expired (node {row.claimed_node_id})"
         await record_change(
             conn,
             row,
@@ -68,7 +69,7 @@ async def reap(
             node_id=node_id,
             note=note,
         )
-        if needs_people(row["reclaim_count"]):
+        if needs_people(row.reclaim_count):
             alarm_id = await _reclaim_alarm(conn, row, node_id)
             if alarm_id is not None:
                 report.alarms.append(alarm_id)
@@ -76,37 +77,37 @@ async def reap(
         for row in await repo.ack_window_passed(conn, ack_window_s):
             # The node reports TIMEOUT itself: the same effect as a device's TIMEOUT receipt.
             own = CommandReceipt(
-                command_id=row["id"],
-                claim_generation=row["claim_generation"],
-                node_id=row["claimed_node_id"],
+                command_id=row.id,
+                claim_generation=row.claim_generation,
+                node_id=row.claimed_node_id,
                 result=ReceiptResult.TIMEOUT,
                 raw_ack=f"no receipt within {ack_window_s:g}s (reported by {node_id})",
             )
             applied = await apply_receipt(
                 conn,
-                device_id=row["device_id"],
+                device_id=row.device_id,
                 receipt=own,
                 node_id=node_id,
                 sent_timeout_s=sent_timeout_s,
             )
             if applied.outcome is ReceiptOutcome.ACCEPTED:
-                report.timed_out_receipts.append(row["id"])
+                report.timed_out_receipts.append(row.id)
             moved = applied.command
-            if moved is not None and applied.previous_status not in (None, moved["status"]):
-                report.transitions.append((str(applied.previous_status), moved["status"]))
+            if moved is not None and applied.previous_status not in (None, moved.status):
+                report.transitions.append((str(applied.previous_status), moved.status))
     for row in await repo.fail_sent_timeout(conn):
-        report.failed.append(row["id"])
-        report.transitions.append(("SENT", row["status"]))
+        report.failed.append(row.id)
+        report.transitions.append(("SENT", row.status))
         await record_change(
             conn, row, from_status="SENT", actor=REAPER_ACTOR, action="timeout", node_id=node_id
         )
     for row in await repo.expire(conn):
-        report.expired.append((row["id"], row["previous_status"]))
-        report.transitions.append((row["previous_status"], row["status"]))
+        report.expired.append((row.id, row.previous_status))
+        report.transitions.append((row.previous_status, row.status))
         await record_change(
             conn,
             row,
-            from_status=row["previous_status"],
+            from_status=row.previous_status,
             actor=REAPER_ACTOR,
             action="expire",
             node_id=node_id,
@@ -114,20 +115,20 @@ async def reap(
     return report
 
 
-async def _reclaim_alarm(conn: asyncpg.Connection, row: asyncpg.Record, node_id: str) -> int | None:
+async def _reclaim_alarm(conn: asyncpg.Connection, row: CommandRow, node_id: str) -> int | None:
     # One alarm per command that crossed the limit: the dedup key is derived from the command.
-    stand_in = hashlib.sha256(f"command-reclaims\n{row['id']}".encode()).hexdigest()
+    stand_in = hashlib.sha256(f"command-reclaims\n{row.id}".encode()).hexdigest()
     try:
         async with conn.transaction():  # a savepoint: losing the race must not abort the pass
             creation = await create_alarm(
                 conn,
-                device_id=row["device_id"],
+                device_id=row.device_id,
                 rule_key=RECLAIM_RULE_KEY,
                 severity=RECLAIM_SEVERITY,
                 telemetry_event_id=stand_in,
                 reason=(
-                    f"command {row['id']} ({row['name']}) was reclaimed "
-                    f"{row['reclaim_count']} times: its node keeps losing contact"
+                    f"command {row.id} ({row.name}) was reclaimed "
+                    f"{row.reclaim_count} times: its node keeps losing contact"
                 ),
                 node_id=node_id,
                 now=await alarm_repo.db_now(conn),

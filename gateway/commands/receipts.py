@@ -32,6 +32,7 @@ from gateway.support.metrics import Metrics
 from protocol import CommandReceipt
 from storage import commands as repo
 from storage import outbox
+from storage.commands import CommandRow
 
 log = structlog.get_logger(__name__)
 
@@ -42,7 +43,7 @@ DEVICE_ACTOR = "device"
 class AppliedReceipt:
     outcome: ReceiptOutcome
     reason: RejectReason | None
-    command: asyncpg.Record | None
+    command: CommandRow | None
     previous_status: str | None = None
 
 
@@ -66,25 +67,25 @@ async def apply_receipt(
     current = None
     for _attempt in range(3):
         current = await repo.get(conn, receipt.command_id)
-        if current is not None and current["device_id"] != device_id:
+        if current is not None and current.device_id != device_id:
             current = None  # a device answering for another device's command: never trusted
         if not _may_apply(current, receipt):
             break
         assert current is not None
         assert receipt.claim_generation is not None
         effect = receipt_effect(
-            delivery=Delivery(current["delivery"]),
-            current=CommandStatus(current["status"]),
+            delivery=Delivery(current.delivery),
+            current=CommandStatus(current.status),
             result=receipt.result,
             result_code=receipt.result_code,
-            retry_count=current["retry_count"],
+            retry_count=current.retry_count,
         )
         updated = await repo.apply_receipt(
             conn,
-            command_id=current["id"],
+            command_id=current.id,
             generation=receipt.claim_generation,
             node_id=receipt.node_id or "",
-            expected=current["status"],
+            expected=current.status,
             status=effect.status.value,
             result=effect.result,
             result_code=effect.result_code,
@@ -95,7 +96,7 @@ async def apply_receipt(
             terminal=effect.terminal,
             retry=effect.retry,
             retry_delay_s=retry_delay_s(
-                current["retry_count"], base_s=retry_base_s, cap_s=retry_cap_s
+                current.retry_count, base_s=retry_base_s, cap_s=retry_cap_s
             ),
             timeout_s=sent_timeout_s,
         )
@@ -103,23 +104,23 @@ async def apply_receipt(
             break
     if updated is not None and current is not None:
         outcome, reason = ReceiptOutcome.ACCEPTED, None
-        changed = updated["status"] != current["status"]
-        if changed or updated["retry_count"] != current["retry_count"]:
+        changed = updated.status != current.status
+        if changed or updated.retry_count != current.retry_count:
             await record_change(
                 conn,
                 updated,
-                from_status=current["status"],
+                from_status=current.status,
                 actor=DEVICE_ACTOR,
                 action=f"receipt:{receipt.result.value}",
                 node_id=node_id,
             )
     else:
-        fresh = None if current is None else await repo.get(conn, current["id"])
+        fresh = None if current is None else await repo.get(conn, current.id)
         guards = Guards(
             command_exists=fresh is not None,
-            status=None if fresh is None else CommandStatus(fresh["status"]),
-            claim_generation=None if fresh is None else fresh["claim_generation"],
-            claimed_node_id=None if fresh is None else fresh["claimed_node_id"],
+            status=None if fresh is None else CommandStatus(fresh.status),
+            claim_generation=None if fresh is None else fresh.claim_generation,
+            claimed_node_id=None if fresh is None else fresh.claimed_node_id,
         )
         outcome, reason = judge_receipt(
             guards,
@@ -139,7 +140,7 @@ async def apply_receipt(
         )
     await repo.insert_receipt(
         conn,
-        command_id=None if current is None else current["id"],
+        command_id=None if current is None else current.id,
         reported_command_id=receipt.command_id,
         device_id=device_id,
         generation=receipt.claim_generation,
@@ -152,7 +153,7 @@ async def apply_receipt(
         reason=None if reason is None else reason.value,
         received_by=node_id,
     )
-    previous = None if updated is None or current is None else str(current["status"])
+    previous = None if updated is None or current is None else str(current.status)
     return AppliedReceipt(outcome, reason, updated, previous)
 
 
@@ -176,29 +177,29 @@ async def apply_receipts(
     """
     named = Counter(receipt.command_id for _, receipt in receipts)
     once = [receipt.command_id for _, receipt in receipts if named[receipt.command_id] == 1]
-    rows = {row["id"]: row for row in await repo.get_many(conn, once)} if once else {}
-    planned: list[tuple[int, str, CommandReceipt, asyncpg.Record, Any]] = []
+    rows = {row.id: row for row in await repo.get_many(conn, once)} if once else {}
+    planned: list[tuple[int, str, CommandReceipt, CommandRow, Any]] = []
     for index, (device_id, receipt) in enumerate(receipts):
         current = rows.get(receipt.command_id) if named[receipt.command_id] == 1 else None
-        if current is None or current["device_id"] != device_id or not _may_apply(current, receipt):
+        if current is None or current.device_id != device_id or not _may_apply(current, receipt):
             continue
         effect = receipt_effect(
-            delivery=Delivery(current["delivery"]),
-            current=CommandStatus(current["status"]),
+            delivery=Delivery(current.delivery),
+            current=CommandStatus(current.status),
             result=receipt.result,
             result_code=receipt.result_code,
-            retry_count=current["retry_count"],
+            retry_count=current.retry_count,
         )
         planned.append((index, device_id, receipt, current, effect))
-    updated: dict[int, asyncpg.Record] = {}
+    updated: dict[int, CommandRow] = {}
     if planned:
         columns: list[list[Any]] = [[] for _ in range(13)]
-        for _, _, receipt, current, effect in sorted(planned, key=lambda p: p[3]["id"]):
+        for _, _, receipt, current, effect in sorted(planned, key=lambda p: p[3].id):
             values = (
-                current["id"],
+                current.id,
                 receipt.claim_generation,
                 receipt.node_id,
-                current["status"],
+                current.status,
                 effect.status.value,
                 effect.result,
                 effect.result_code,
@@ -206,35 +207,35 @@ async def apply_receipts(
                 receipt.raw_ack,
                 effect.terminal,
                 1 if effect.retry else 0,
-                retry_delay_s(current["retry_count"], base_s=retry_base_s, cap_s=retry_cap_s),
+                retry_delay_s(current.retry_count, base_s=retry_base_s, cap_s=retry_cap_s),
                 sent_timeout_s,
             )
             for column, value in zip(columns, values, strict=True):
                 column.append(value)
-        updated = {row["id"]: row for row in await repo.apply_receipts(conn, columns)}
+        updated = {row.id: row for row in await repo.apply_receipts(conn, columns)}
     results: dict[int, AppliedReceipt] = {}
     audits: list[tuple[Any, ...]] = []
     events: list[tuple[str, dict[str, Any]]] = []
     logged: list[tuple[Any, ...]] = []
     for index, device_id, receipt, current, _effect in planned:
-        row = updated.get(current["id"])
+        row = updated.get(current.id)
         if row is None:
             continue  # the row moved since it was read: judged again, alone, below
-        if row["status"] != current["status"] or row["retry_count"] != current["retry_count"]:
+        if row.status != current.status or row.retry_count != current.retry_count:
             audits.append(
-                (row["id"], DEVICE_ACTOR, f"receipt:{receipt.result.value}", current["status"],
-                 row["status"], row["claim_generation"], node_id)
+                (row.id, DEVICE_ACTOR, f"receipt:{receipt.result.value}", current.status,
+                 row.status, row.claim_generation, node_id)
             )  # fmt: skip
-            if CommandStatus(row["status"]) in TERMINAL_STATUSES:
+            if CommandStatus(row.status) in TERMINAL_STATUSES:
                 events.append(
-                    (str(row["id"]), {"command": command_to_json(row), "actor": DEVICE_ACTOR})
+                    (str(row.id), {"command": command_to_json(row), "actor": DEVICE_ACTOR})
                 )
         logged.append(
-            (row["id"], receipt.command_id, device_id, receipt.claim_generation, receipt.node_id,
+            (row.id, receipt.command_id, device_id, receipt.claim_generation, receipt.node_id,
              receipt.result.value, receipt.result_code, _raw_code(receipt), receipt.raw_ack,
              ReceiptOutcome.ACCEPTED.value, None, node_id)
         )  # fmt: skip
-        results[index] = AppliedReceipt(ReceiptOutcome.ACCEPTED, None, row, str(current["status"]))
+        results[index] = AppliedReceipt(ReceiptOutcome.ACCEPTED, None, row, str(current.status))
     await repo.insert_audits(conn, audits)
     if events:
         await outbox.add_events(
@@ -259,17 +260,17 @@ def _raw_code(receipt: CommandReceipt) -> str | None:
     return None if receipt.raw_result_code is None else str(receipt.raw_result_code)
 
 
-def _may_apply(current: asyncpg.Record | None, receipt: CommandReceipt) -> bool:
+def _may_apply(current: CommandRow | None, receipt: CommandReceipt) -> bool:
     """The four guards, read from the row: the same claim, and still open; and a result code
     the command's standard field may hold (the receipt keeps any other, as sent)."""
     return (
         is_standard_result_code(receipt.result_code)
         and current is not None
         and receipt.claim_generation is not None
-        and receipt.claim_generation == current["claim_generation"]
+        and receipt.claim_generation == current.claim_generation
         and receipt.node_id is not None
-        and receipt.node_id == current["claimed_node_id"]
-        and CommandStatus(current["status"]) in (CommandStatus.CLAIMED, CommandStatus.SENT)
+        and receipt.node_id == current.claimed_node_id
+        and CommandStatus(current.status) in (CommandStatus.CLAIMED, CommandStatus.SENT)
     )
 
 
@@ -293,8 +294,8 @@ class ReceiptApplier:
                 reason = "" if applied.reason is None else applied.reason.value
                 self.metrics.command_receipts.labels(applied.outcome.value, reason).inc()
                 row, before = applied.command, applied.previous_status
-                if row is not None and before is not None and row["status"] != before:
-                    self.metrics.count_command(before, row["status"])
-                    if row["finished_at"] is not None and row["claimed_at"] is not None:
-                        latency = (row["finished_at"] - row["claimed_at"]).total_seconds()
+                if row is not None and before is not None and row.status != before:
+                    self.metrics.count_command(before, row.status)
+                    if row.finished_at is not None and row.claimed_at is not None:
+                        latency = (row.finished_at - row.claimed_at).total_seconds()
                         self.metrics.command_latency.observe(max(latency, 0.0))

@@ -59,7 +59,7 @@ async def _command(db: asyncpg.Connection, params: dict[str, object]) -> int:
             db, device_id="dev-1", name="set", params=params, delivery=Delivery.DEFERRABLE,
             idempotency_key=None, actor="test", node_id="test", expire_after_s=3600,
         )  # fmt: skip
-    return int(created.command["id"])
+    return int(created.command.id)
 
 
 def _connections(daemon: Daemon) -> int:

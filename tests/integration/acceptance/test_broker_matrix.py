@@ -574,7 +574,7 @@ async def test_an_oversized_downlink_fails_at_once_on_one_connection(
                     delivery=Delivery.DEFERRABLE, idempotency_key=None, actor="test",
                     node_id="test", expire_after_s=3600,
                 )  # fmt: skip
-            return int(created.command["id"])
+            return int(created.command.id)
 
         big = await command({"blob": "x" * (2 * LIMIT)})
 

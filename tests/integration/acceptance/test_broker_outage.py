@@ -59,7 +59,7 @@ async def _create_commands(db: asyncpg.Connection) -> list[int]:
                 delivery=Delivery.REALTIME, idempotency_key=None, actor="test",
                 node_id="test", expire_after_s=3600,
             )  # fmt: skip
-            ids.append(created.command["id"])
+            ids.append(created.command.id)
     return ids
 
 

@@ -34,7 +34,7 @@ async def _create_many(dsn: str, devices: list[str], per_device: int) -> list[in
                         delivery=Delivery.REALTIME, idempotency_key=None, actor="test",
                         node_id="test", expire_after_s=3600,
                     )  # fmt: skip
-                    ids.append(created.command["id"])
+                    ids.append(created.command.id)
     finally:
         await conn.close()
     return ids
