@@ -109,7 +109,7 @@ class CampaignRequest:
 
 
 @dataclass(frozen=True, slots=True)
-class CampaignCreated:
+class CampaignCreation:
     campaign: CountedCampaignRow
     created: bool
 
@@ -216,12 +216,12 @@ class CampaignService:
 
     async def create(
         self, request: CampaignRequest, *, actor: str, request_id: str | None = None
-    ) -> CampaignCreated:
+    ) -> CampaignCreation:
         async with self.pool.acquire() as conn, conn.transaction():
             if request.idempotency_key is not None:
                 existing = await repo.by_idempotency_key(conn, request.idempotency_key)
                 if existing is not None:
-                    return CampaignCreated(await self._read(conn, existing.id), created=False)
+                    return CampaignCreation(await self._read(conn, existing.id), created=False)
             devices = await _resolve(conn, request.targets)
             abort = request.abort
             row = await repo.insert(
@@ -242,7 +242,7 @@ class CampaignService:
                 assert request.idempotency_key is not None
                 existing = await repo.by_idempotency_key(conn, request.idempotency_key)
                 assert existing is not None
-                return CampaignCreated(await self._read(conn, existing.id), created=False)
+                return CampaignCreation(await self._read(conn, existing.id), created=False)
             await repo.insert_commands(
                 conn, campaign=row, expire_after_s=self.expire_after_s, node_id=self.node_id
             )
@@ -267,7 +267,7 @@ class CampaignService:
             )
         if len(devices) >= ANALYZE_AFTER_COMMANDS:
             await self._analyze(campaign_id=row.id, commands=len(devices))
-        return CampaignCreated(created, created=True)
+        return CampaignCreation(created, created=True)
 
     async def _analyze(self, *, campaign_id: int, commands: int) -> None:
         """The campaign is committed: its commands' claims must not be planned from statistics

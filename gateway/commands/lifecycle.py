@@ -12,17 +12,11 @@ from typing import Any
 
 import asyncpg
 import msgspec
-import structlog
 
-from gateway.domain.command import (
-    CommandError,
-    CommandStatus,
-)
+from gateway.domain.command import CommandError, CommandStatus
 from storage import commands as repo
 from storage import outbox
 from storage.commands import CommandRow, MovedCommandRow
-
-log = structlog.get_logger(__name__)
 
 AGGREGATE = "command"
 EVENT_FINISHED = "command.finished"
