@@ -1,4 +1,5 @@
-"""AI summary tasks: conditional writes for claim, result and sweep."""
+"""AI summary tasks: conditional writes for claim, result and sweep. Tasks come back as
+:class:`AiTaskRow` (``request_payload`` decoded), a due task as :class:`DueTask`."""
 
 from __future__ import annotations
 
@@ -27,6 +28,56 @@ LATEST_FOR_ALARM = _Q["latest_for_alarm"]
 FOR_ALARM = _Q["for_alarm"]
 
 
+class AiTaskRow(msgspec.Struct, frozen=True, kw_only=True):
+    """One ``ai_task`` row, its columns in table order, ``request_payload`` decoded."""
+
+    id: int
+    alarm_id: int
+    attempt: int
+    status: str
+    model_name: str
+    prompt_version: str
+    request_payload: dict[str, Any] | None
+    raw_response: str | None
+    summary: str | None
+    possible_cause: str | None
+    inspection_suggestion: str | None
+    risk_level: str | None
+    confidence: float | None
+    error_code: str | None
+    error_message: str | None
+    claim_token: uuid.UUID | None
+    claimed_by: str | None
+    created_at: datetime
+    next_attempt_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    payload_pruned_at: datetime | None
+
+
+class DueTask(msgspec.Struct, frozen=True, kw_only=True):
+    """A PENDING task whose time has come, locked by :func:`lock_due`."""
+
+    id: int
+    alarm_id: int
+    attempt: int
+    model_name: str
+    prompt_version: str
+
+
+def task_row(record: asyncpg.Record) -> AiTaskRow:
+    """A task row from a statement returning ``ai_task``'s columns: a column the row does not
+    name fails here, not at a later lookup."""
+    values = dict(record.items())
+    if isinstance(values["request_payload"], str):  # jsonb comes as its text
+        values["request_payload"] = msgspec.json.decode(values["request_payload"])
+    return AiTaskRow(**values)
+
+
+def _row(record: asyncpg.Record | None) -> AiTaskRow | None:
+    return None if record is None else task_row(record)
+
+
 async def insert_task(
     conn: asyncpg.Connection,
     *,
@@ -47,8 +98,9 @@ async def insert_first_tasks(
     await conn.execute(INSERT_FIRST_TASKS, list(alarm_ids), model_name, prompt_version)
 
 
-async def lock_due(conn: asyncpg.Connection) -> asyncpg.Record | None:
-    return await conn.fetchrow(LOCK_DUE)
+async def lock_due(conn: asyncpg.Connection) -> DueTask | None:
+    record = await conn.fetchrow(LOCK_DUE)
+    return None if record is None else DueTask(**dict(record.items()))
 
 
 async def start(
@@ -93,18 +145,20 @@ async def succeed(
     confidence: float,
     raw_response: str,
     model_name: str,
-) -> asyncpg.Record | None:
-    return await conn.fetchrow(
-        SUCCEED,
-        task_id,
-        token,
-        summary,
-        possible_cause,
-        inspection_suggestion,
-        risk_level,
-        confidence,
-        raw_response,
-        model_name,
+) -> AiTaskRow | None:
+    return _row(
+        await conn.fetchrow(
+            SUCCEED,
+            task_id,
+            token,
+            summary,
+            possible_cause,
+            inspection_suggestion,
+            risk_level,
+            confidence,
+            raw_response,
+            model_name,
+        )
     )
 
 
@@ -116,12 +170,12 @@ async def fail(
     error_code: str,
     error_message: str,
     raw_response: str | None,
-) -> asyncpg.Record | None:
-    return await conn.fetchrow(FAIL, task_id, token, error_code, error_message, raw_response)
+) -> AiTaskRow | None:
+    return _row(await conn.fetchrow(FAIL, task_id, token, error_code, error_message, raw_response))
 
 
-async def sweep_lost(conn: asyncpg.Connection, timeout_s: float) -> list[asyncpg.Record]:
-    return list(await conn.fetch(SWEEP_LOST, timeout_s))
+async def sweep_lost(conn: asyncpg.Connection, timeout_s: float) -> list[AiTaskRow]:
+    return [task_row(r) for r in await conn.fetch(SWEEP_LOST, timeout_s)]
 
 
 async def reset(conn: asyncpg.Connection, task_id: int) -> bool:

@@ -1,5 +1,6 @@
 """Command rows: claims, receipts and the reaper, as conditional writes on the caller's
-connection. Rows come back as ``asyncpg.Record``; the gateway maps them to its domain."""
+connection. Commands come back as :class:`CommandRow` (``params`` decoded); the gateway maps
+them to its domain."""
 
 from __future__ import annotations
 
@@ -12,9 +13,73 @@ import msgspec
 
 from storage.sql import load_queries
 
+
+class CommandRow(msgspec.Struct, frozen=True, kw_only=True):
+    """One ``command`` row, its columns in table order, ``params`` decoded."""
+
+    id: int
+    device_id: str
+    name: str
+    params: dict[str, Any]
+    delivery: str
+    status: str
+    idempotency_key: str | None
+    claim_generation: int
+    claimed_node_id: str | None
+    legacy_claim: bool
+    claimed_at: datetime | None
+    lease_expire_at: datetime | None
+    sent_at: datetime | None
+    timeout_at: datetime | None
+    expire_at: datetime
+    next_attempt_at: datetime
+    finished_at: datetime | None
+    retry_count: int
+    reclaim_count: int
+    result: str | None
+    result_code: int | None
+    raw_result_code: str | None
+    raw_ack: str | None
+    created_at: datetime
+    updated_at: datetime
+    created_by: str | None
+    campaign_id: int | None
+    paced: bool
+
+
+class MovedCommandRow(CommandRow, frozen=True, kw_only=True):
+    """A command row returned by a transition (expire, cancel) with the status it left."""
+
+    previous_status: str
+
+
+def _values(record: asyncpg.Record) -> dict[str, Any]:
+    values = dict(record.items())
+    if isinstance(values["params"], str):  # jsonb comes as its text
+        values["params"] = msgspec.json.decode(values["params"])
+    return values
+
+
+def command_row(record: asyncpg.Record) -> CommandRow:
+    """A command row from a statement returning ``command``'s columns: a column the row does
+    not name fails here, not at a later lookup."""
+    return CommandRow(**_values(record))
+
+
+def moved_command_row(record: asyncpg.Record) -> MovedCommandRow:
+    """:func:`command_row` for a statement that also returns ``previous_status``."""
+    return MovedCommandRow(**_values(record))
+
+
+def _rows(records: Sequence[asyncpg.Record]) -> list[CommandRow]:
+    return [command_row(record) for record in records]
+
+
+def _row(record: asyncpg.Record | None) -> CommandRow | None:
+    return None if record is None else command_row(record)
+
+
 _Q = load_queries("commands.sql")
-INSERT = _Q["insert"]
-BY_IDEMPOTENCY_KEY = _Q["by_idempotency_key"]
 GET = _Q["get"]
 LIST_FOR_DEVICE = _Q["list_for_device"]
 LIST_ALL = _Q["list_all"]
@@ -44,56 +109,25 @@ EXPIRE = _Q["expire"]
 CANCEL = _Q["cancel"]
 CANCEL_OPEN_OF_DEVICE = _Q["cancel_open_of_device"]
 UNBIND_DEVICE = _Q["unbind_device"]
-DEVICE_BOUND = _Q["device_bound"]
 
 
-async def insert(
-    conn: asyncpg.Connection,
-    *,
-    device_id: str,
-    name: str,
-    params: dict[str, Any],
-    delivery: str,
-    idempotency_key: str | None,
-    created_by: str,
-    expire_after_s: float,
-) -> asyncpg.Record | None:
-    """The new row, or None when the device already has a command with that key."""
-    return await conn.fetchrow(
-        INSERT,
-        device_id,
-        name,
-        msgspec.json.encode(params).decode(),
-        delivery,
-        idempotency_key,
-        created_by,
-        expire_after_s,
-    )
-
-
-async def by_idempotency_key(
-    conn: asyncpg.Connection, device_id: str, key: str
-) -> asyncpg.Record | None:
-    return await conn.fetchrow(BY_IDEMPOTENCY_KEY, device_id, key)
-
-
-async def get(conn: asyncpg.Connection, command_id: int) -> asyncpg.Record | None:
-    return await conn.fetchrow(GET, command_id)
+async def get(conn: asyncpg.Connection, command_id: int) -> CommandRow | None:
+    return _row(await conn.fetchrow(GET, command_id))
 
 
 async def list_for_device(
     conn: asyncpg.Connection, device_id: str, *, before_id: int | None, limit: int
-) -> list[asyncpg.Record]:
-    return list(await conn.fetch(LIST_FOR_DEVICE, device_id, before_id, limit))
+) -> list[CommandRow]:
+    return _rows(await conn.fetch(LIST_FOR_DEVICE, device_id, before_id, limit))
 
 
 async def list_all(
     conn: asyncpg.Connection, *, status: str | None, before_id: int | None, limit: int
-) -> list[asyncpg.Record]:
+) -> list[CommandRow]:
     if status is None:
-        return list(await conn.fetch(LIST_ALL, before_id, limit))
+        return _rows(await conn.fetch(LIST_ALL, before_id, limit))
     query = LIST_OF_STATUS.get(status, LIST_OTHER_STATUS)
-    return list(await conn.fetch(query, status, before_id, limit))
+    return _rows(await conn.fetch(query, status, before_id, limit))
 
 
 async def receipts_of(conn: asyncpg.Connection, command_id: int) -> list[asyncpg.Record]:
@@ -109,7 +143,7 @@ async def claim_due(
     max_in_flight: int,
     actor: str,
     now: datetime | None = None,
-) -> list[asyncpg.Record]:
+) -> list[CommandRow]:
     """PENDING → CLAIMED for the due commands, with their audit rows, in one statement (it
     also locks the rollout buckets it spends). ``now`` is the rollout clock (tests drive it).
 
@@ -119,7 +153,9 @@ async def claim_due(
     """
     async with conn.transaction():
         await conn.execute(PLAN_ONCE)
-        return list(await conn.fetch(CLAIM_DUE, node_id, lease_s, limit, max_in_flight, actor, now))
+        return _rows(
+            await conn.fetch(CLAIM_DUE, node_id, lease_s, limit, max_in_flight, actor, now)
+        )
 
 
 async def mark_sent(
@@ -130,9 +166,9 @@ async def mark_sent(
     node_id: str,
     timeout_s: float,
     actor: str,
-) -> asyncpg.Record | None:
+) -> CommandRow | None:
     """CLAIMED → SENT and its audit row, atomically in one statement (a pool will do)."""
-    return await conn.fetchrow(MARK_SENT, command_id, generation, node_id, timeout_s, actor)
+    return _row(await conn.fetchrow(MARK_SENT, command_id, generation, node_id, timeout_s, actor))
 
 
 async def apply_receipt(
@@ -151,23 +187,25 @@ async def apply_receipt(
     retry: bool,
     retry_delay_s: float,
     timeout_s: float,
-) -> asyncpg.Record | None:
+) -> CommandRow | None:
     """The four-guard update; None when any guard failed (nothing changed)."""
-    return await conn.fetchrow(
-        APPLY_RECEIPT,
-        command_id,
-        generation,
-        node_id,
-        expected,
-        status,
-        result,
-        result_code,
-        raw_result_code,
-        raw_ack,
-        terminal,
-        1 if retry else 0,
-        retry_delay_s,
-        timeout_s,
+    return _row(
+        await conn.fetchrow(
+            APPLY_RECEIPT,
+            command_id,
+            generation,
+            node_id,
+            expected,
+            status,
+            result,
+            result_code,
+            raw_result_code,
+            raw_ack,
+            terminal,
+            1 if retry else 0,
+            retry_delay_s,
+            timeout_s,
+        )
     )
 
 
@@ -229,37 +267,33 @@ async def insert_audit(
     )
 
 
-async def reclaim_expired(conn: asyncpg.Connection) -> list[asyncpg.Record]:
-    return list(await conn.fetch(RECLAIM_EXPIRED))
+async def reclaim_expired(conn: asyncpg.Connection) -> list[CommandRow]:
+    return _rows(await conn.fetch(RECLAIM_EXPIRED))
 
 
-async def ack_window_passed(conn: asyncpg.Connection, window_s: float) -> list[asyncpg.Record]:
-    return list(await conn.fetch(ACK_WINDOW_PASSED, window_s))
+async def ack_window_passed(conn: asyncpg.Connection, window_s: float) -> list[CommandRow]:
+    return _rows(await conn.fetch(ACK_WINDOW_PASSED, window_s))
 
 
-async def fail_sent_timeout(conn: asyncpg.Connection) -> list[asyncpg.Record]:
-    return list(await conn.fetch(FAIL_SENT_TIMEOUT))
+async def fail_sent_timeout(conn: asyncpg.Connection) -> list[CommandRow]:
+    return _rows(await conn.fetch(FAIL_SENT_TIMEOUT))
 
 
-async def expire(conn: asyncpg.Connection) -> list[asyncpg.Record]:
-    return list(await conn.fetch(EXPIRE))
+async def expire(conn: asyncpg.Connection) -> list[MovedCommandRow]:
+    return [moved_command_row(r) for r in await conn.fetch(EXPIRE)]
 
 
-async def cancel(conn: asyncpg.Connection, command_id: int) -> asyncpg.Record | None:
-    return await conn.fetchrow(CANCEL, command_id)
+async def cancel(conn: asyncpg.Connection, command_id: int) -> MovedCommandRow | None:
+    record = await conn.fetchrow(CANCEL, command_id)
+    return None if record is None else moved_command_row(record)
 
 
-async def cancel_open_of_device(conn: asyncpg.Connection, device_id: str) -> list[asyncpg.Record]:
-    return list(await conn.fetch(CANCEL_OPEN_OF_DEVICE, device_id))
+async def cancel_open_of_device(conn: asyncpg.Connection, device_id: str) -> list[MovedCommandRow]:
+    return [moved_command_row(r) for r in await conn.fetch(CANCEL_OPEN_OF_DEVICE, device_id)]
 
 
 async def unbind_device(conn: asyncpg.Connection, device_id: str) -> None:
     await conn.execute(UNBIND_DEVICE, device_id)
-
-
-async def device_bound(conn: asyncpg.Connection, device_id: str) -> bool | None:
-    value = await conn.fetchval(DEVICE_BOUND, device_id)
-    return None if value is None else bool(value)
 
 
 GET_MANY = _Q["get_many"]
@@ -269,8 +303,8 @@ INSERT_AUDITS = _Q["insert_audits"]
 INSERT_RECEIPTS = _Q["insert_receipts"]
 
 
-async def get_many(conn: asyncpg.Connection, ids: Sequence[int]) -> list[asyncpg.Record]:
-    return list(await conn.fetch(GET_MANY, list(ids)))
+async def get_many(conn: asyncpg.Connection, ids: Sequence[int]) -> list[CommandRow]:
+    return _rows(await conn.fetch(GET_MANY, list(ids)))
 
 
 async def mark_sent_many(
@@ -315,18 +349,18 @@ async def fail_unsendable(
     node_id: str,
     code: str,
     reason: str,
-) -> asyncpg.Record | None:
+) -> CommandRow | None:
     """CLAIMED → FAILED: the broker can never take the downlink; None when the claim is not
     ours any more."""
-    return await conn.fetchrow(FAIL_UNSENDABLE, command_id, generation, node_id, code, reason)
+    return _row(await conn.fetchrow(FAIL_UNSENDABLE, command_id, generation, node_id, code, reason))
 
 
 async def apply_receipts(
     conn: asyncpg.Connection, columns: Sequence[Sequence[Any]]
-) -> list[asyncpg.Record]:
+) -> list[CommandRow]:
     """The four-guard update for many receipts (one per command), as thirteen parallel arrays
     in the order of ``apply_receipts`` in commands.sql; the rows whose guards held."""
-    return list(await conn.fetch(APPLY_RECEIPTS, *(list(c) for c in columns)))
+    return _rows(await conn.fetch(APPLY_RECEIPTS, *(list(c) for c in columns)))
 
 
 async def insert_audits(conn: asyncpg.Connection, rows: Sequence[Sequence[Any]]) -> None:
@@ -357,14 +391,14 @@ async def insert_many(
     *,
     expire_after_s: float,
     node_id: str,
-) -> list[asyncpg.Record]:
+) -> list[CommandRow]:
     """New commands (device, name, params, delivery, idempotency key, created by), ids in
     the order given, each with its audit row, in one statement: the rows inserted, by id.
     A row whose device already has its key, or whose key an earlier row took, is left out."""
     if not rows:
         return []
     devices, names, params, deliveries, keys, creators = zip(*rows, strict=True)
-    return list(
+    return _rows(
         await conn.fetch(
             INSERT_MANY,
             list(devices),
@@ -381,8 +415,10 @@ async def insert_many(
 
 async def by_idempotency_keys(
     conn: asyncpg.Connection, pairs: Sequence[tuple[str, str]]
-) -> list[asyncpg.Record]:
+) -> list[CommandRow]:
     """The commands holding these (device, idempotency key) pairs."""
     if not pairs:
         return []
-    return list(await conn.fetch(BY_IDEMPOTENCY_KEYS, [d for d, _ in pairs], [k for _, k in pairs]))
+    return _rows(
+        await conn.fetch(BY_IDEMPOTENCY_KEYS, [d for d, _ in pairs], [k for _, k in pairs])
+    )

@@ -24,6 +24,7 @@ import structlog
 
 from gateway.ai.llm import LlmError, LlmPort
 from gateway.ai.output import OutputInvalid, parse_summary
+from gateway.alarms.lifecycle import alarm_from_record
 from gateway.config import AiConfig
 from gateway.domain.ai_prompt import AlarmFacts, build_request
 from gateway.domain.ai_task import ErrorCode, retry_delay_s, should_retry
@@ -39,6 +40,7 @@ from gateway.support.node import Node
 from storage import ai_tasks as repo
 from storage import alarms as alarm_repo
 from storage import outbox
+from storage.ai_tasks import AiTaskRow
 
 log = structlog.get_logger(__name__)
 
@@ -58,11 +60,9 @@ class Claimed:
     request: dict[str, Any]
 
 
-def task_to_json(row: asyncpg.Record, *, with_payloads: bool) -> dict[str, Any]:
+def task_to_json(row: AiTaskRow, *, with_payloads: bool) -> dict[str, Any]:
     hidden = {"claim_token"} | (set() if with_payloads else {"request_payload", "raw_response"})
-    body = {k: v for k, v in row.items() if k not in hidden}
-    if with_payloads and isinstance(body.get("request_payload"), str):
-        body["request_payload"] = msgspec.json.decode(body["request_payload"])
+    body = {k: v for k, v in msgspec.structs.asdict(row).items() if k not in hidden}
     converted: dict[str, Any] = msgspec.to_builtins(body)
     return converted
 
@@ -141,39 +141,40 @@ class SummaryWorker:
             row = await repo.lock_due(conn)
             if row is None:
                 return None
-            alarm = await alarm_repo.get(conn, row["alarm_id"])
-            assert alarm is not None
-            reason = await repo.alarm_reason(conn, alarm["id"])
+            record = await alarm_repo.get(conn, row.alarm_id)
+            assert record is not None
+            alarm = alarm_from_record(record)
+            reason = await repo.alarm_reason(conn, alarm.id)
             facts = AlarmFacts(
-                alarm_id=alarm["id"],
-                device_id=alarm["device_id"],
-                rule_key=alarm["rule_key"],
-                severity=alarm["severity"],
-                status=alarm["status"],
-                triggered_at=alarm["triggered_at"],
+                alarm_id=alarm.id,
+                device_id=alarm.device_id,
+                rule_key=alarm.rule_key,
+                severity=alarm.severity.value,
+                status=alarm.status.value,
+                triggered_at=alarm.triggered_at,
                 reason=reason,
-                cleared_at=alarm["cleared_at"],
+                cleared_at=alarm.cleared_at,
             )
             telemetry = await repo.recent_telemetry(
-                conn, alarm["device_id"], alarm["triggered_at"], TELEMETRY_SAMPLES
+                conn, alarm.device_id, alarm.triggered_at, TELEMETRY_SAMPLES
             )
             request = build_request(
-                version=row["prompt_version"],
-                model=row["model_name"],
+                version=row.prompt_version,
+                model=row.model_name,
                 facts=facts,
                 telemetry=telemetry,
                 json_mode=self.json_mode,
             )
             token = uuid.uuid4()
-            started = await repo.start(conn, row["id"], token, self.node_id, request)
+            started = await repo.start(conn, row.id, token, self.node_id, request)
             assert started is not None  # the row is locked and PENDING
         return Claimed(
-            task_id=row["id"],
-            alarm_id=row["alarm_id"],
-            attempt=row["attempt"],
+            task_id=row.id,
+            alarm_id=row.alarm_id,
+            attempt=row.attempt,
             token=token,
-            model_name=row["model_name"],
-            prompt_version=row["prompt_version"],
+            model_name=row.model_name,
+            prompt_version=row.prompt_version,
             request=request,
         )
 
@@ -224,7 +225,7 @@ class SummaryWorker:
                 await self._after_failure(conn, row)
         self._count(row, "FAILED", code)
 
-    def _count(self, row: asyncpg.Record | None, status: str, code: str) -> None:
+    def _count(self, row: AiTaskRow | None, status: str, code: str) -> None:
         if row is None:
             # Reset (or swept as WORKER_LOST) while the call was in flight: its fate stands.
             log.warning("ai_result_discarded", status=status, error_code=code or None)
@@ -232,24 +233,24 @@ class SummaryWorker:
             return
         self.metrics.ai_tasks.labels(status, code).inc()
 
-    async def _after_failure(self, conn: asyncpg.Connection, row: asyncpg.Record) -> None:
+    async def _after_failure(self, conn: asyncpg.Connection, row: AiTaskRow) -> None:
         await self._event(conn, row, EVENT_FAILED)
-        attempt = row["attempt"]
+        attempt = row.attempt
         if should_retry(attempt, self.max_attempts):
             await repo.insert_task(
                 conn,
-                alarm_id=row["alarm_id"],
+                alarm_id=row.alarm_id,
                 attempt=attempt + 1,
-                model_name=row["model_name"],
-                prompt_version=row["prompt_version"],
+                model_name=row.model_name,
+                prompt_version=row.prompt_version,
                 delay_s=retry_delay_s(attempt),
             )
 
-    async def _event(self, conn: asyncpg.Connection, row: asyncpg.Record, event_type: str) -> None:
+    async def _event(self, conn: asyncpg.Connection, row: AiTaskRow, event_type: str) -> None:
         await outbox.add_event(
             conn,
             aggregate_type="alarm",
-            aggregate_id=str(row["alarm_id"]),
+            aggregate_id=str(row.alarm_id),
             event_type=event_type,
             payload={"task": task_to_json(row, with_payloads=False)},
         )
@@ -262,5 +263,5 @@ class SummaryWorker:
                 await self._after_failure(conn, row)
         for row in lost:
             self.metrics.ai_tasks.labels("FAILED", ErrorCode.WORKER_LOST).inc()
-            log.warning("ai_task_worker_lost", task_id=row["id"], claimed_by=row["claimed_by"])
-        return [row["id"] for row in lost]
+            log.warning("ai_task_worker_lost", task_id=row.id, claimed_by=row.claimed_by)
+        return [row.id for row in lost]

@@ -16,11 +16,7 @@ from datetime import datetime
 
 import asyncpg
 
-from gateway.alarms.service import (
-    AlarmNotFoundError,
-    StatusChangedError,
-    transition,
-)
+from gateway.alarms.lifecycle import AlarmNotFoundError, StatusChangedError, transition
 from gateway.domain.alarm import Action, AlarmStatus
 from gateway.domain.quiet_hours import QuietHours
 from storage import alarms as repo

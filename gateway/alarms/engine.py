@@ -21,9 +21,8 @@ from datetime import datetime
 import asyncpg
 import structlog
 
-from gateway.alarms.service import (
+from gateway.alarms.lifecycle import (
     AlarmRequest,
-    ConcurrentWriteError,
     SummarySpec,
     clear_alarm,
     create_alarms,
@@ -31,6 +30,7 @@ from gateway.alarms.service import (
     record_cleared,
 )
 from gateway.domain.alarm import active_key, dedup_key
+from gateway.domain.errors import ConcurrentWriteError
 from gateway.domain.rules import (
     Clearing,
     DeviceClock,

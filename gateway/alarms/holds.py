@@ -17,8 +17,8 @@ import asyncpg
 import structlog
 
 from gateway.alarms.engine import AlarmEngine
-from gateway.alarms.service import ConcurrentWriteError
 from gateway.alarms.timers import Clock, database_clock
+from gateway.domain.errors import ConcurrentWriteError
 from gateway.domain.rules import SlotKey
 from gateway.support.loops import every
 

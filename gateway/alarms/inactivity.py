@@ -16,7 +16,8 @@ import asyncpg
 import structlog
 
 from gateway.alarms.engine import AlarmEngine, inactivity_event_id
-from gateway.alarms.service import ConcurrentWriteError, create_alarm
+from gateway.alarms.lifecycle import create_alarm
+from gateway.domain.errors import ConcurrentWriteError
 from gateway.domain.rules import InactivityRule, RuleSet, silence_trigger
 from gateway.support.loops import every_while_configured
 from storage import alarms as repo

@@ -27,7 +27,7 @@ import asyncpg
 import structlog
 
 from gateway.alarms.delivery import QUIET_ACTOR
-from gateway.alarms.service import (
+from gateway.alarms.lifecycle import (
     EVENT_ESCALATED,
     EVENT_REMINDER,
     EVENT_WOKEN,

@@ -49,6 +49,7 @@ from gateway.domain.campaign import AbortCriteria, CampaignStatus
 from gateway.domain.command import Delivery
 from gateway.domain.errors import ConfigError
 from gateway.domain.rules import device_selector
+from storage.campaigns import CampaignRow, CountedCampaignRow
 
 log = structlog.get_logger(__name__)
 
@@ -167,10 +168,10 @@ class CampaignCommandPage(msgspec.Struct, kw_only=True):
     next_before: int | None = None
 
 
-def campaign_of(row: Any, *, with_counts: bool = True) -> Campaign:
-    values = dict(row.items())
+def campaign_of(row: CampaignRow, *, with_counts: bool = True) -> Campaign:
+    values = msgspec.structs.asdict(row)
     values["total"] = len(values.pop("device_ids"))
-    values["counts"] = counts_of(row) if with_counts else {}
+    values["counts"] = counts_of(row) if isinstance(row, CountedCampaignRow) and with_counts else {}
     return from_row(Campaign, values)
 
 
@@ -258,9 +259,9 @@ async def create_campaign(
     row = created.campaign
     log.info(
         "campaign_created" if created.created else "campaign_create_repeated",
-        campaign_id=row["id"],
+        campaign_id=row.id,
         name=data.name,
-        total=len(row["device_ids"]),
+        total=len(row.device_ids),
         per_minute=request.per_minute,
         token=call.caller.name,
         request_id=call.request_id,

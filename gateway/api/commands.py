@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Annotated, Final
 
-import asyncpg
 import structlog
 from litestar import Response
 from litestar.di import NamedDependency
@@ -46,6 +45,7 @@ from gateway.commands.lifecycle import (
 from gateway.commands.service import CommandService
 from gateway.domain.command import CommandStatus
 from protocol.ids import UnportableDeviceIdError
+from storage.commands import CommandRow
 
 log = structlog.get_logger(__name__)
 
@@ -146,7 +146,7 @@ async def create_command(
     row = created.command
     log.info(
         "command_created" if created.created else "command_create_repeated",
-        command_id=row["id"],
+        command_id=row.id,
         device_id=id,
         name=data.name,
         delivery=data.delivery.value,
@@ -204,7 +204,7 @@ async def list_fleet_commands(
     return _page(found, limit)
 
 
-def _page(found: Sequence[asyncpg.Record], limit: int) -> CommandPage:
+def _page(found: Sequence[CommandRow], limit: int) -> CommandPage:
     """``found`` was asked for one more than ``limit``: a next page is promised only if it has
     something on it."""
     page = [from_row(Command, r) for r in found[:limit]]
@@ -230,7 +230,7 @@ async def unbind_device(
     id: DeviceId,
 ) -> Unbound:
     cancelled = await commands.unbind(id, actor=actor_of(call))
-    ids = sorted(r["id"] for r in cancelled)
+    ids = sorted(r.id for r in cancelled)
     log.info(
         "device_unbound",
         device_id=id,
@@ -290,7 +290,7 @@ async def cancel_command(
     log.info(
         "command_cancelled",
         command_id=id,
-        device_id=row["device_id"],
+        device_id=row.device_id,
         token=call.caller.name,
         request_id=call.request_id,
     )

@@ -28,7 +28,7 @@ from litestar.exceptions import (
 from litestar.status_codes import HTTP_413_REQUEST_ENTITY_TOO_LARGE
 from msgspec import UNSET, UnsetType
 
-from gateway.alarms.service import AlarmNotFoundError, StatusChangedError
+from gateway.alarms.lifecycle import AlarmNotFoundError, StatusChangedError
 from gateway.commands.campaigns import (
     CampaignClosedError,
     CampaignNotFoundError,

@@ -502,9 +502,10 @@ _JSONB: Final = ("params", "request_payload")
 
 
 def from_row(kind: type[T], row: Any, *, leave_out: tuple[str, ...] = ()) -> T:
-    """A Struct from a database row (a Record or a mapping): its fields by name, jsonb
-    columns decoded; columns the Struct does not name, and ``leave_out``, are left out."""
-    values = dict(row.items())
+    """A Struct from a database row (a Record, a mapping or a storage row Struct): its fields
+    by name, jsonb columns decoded; columns the Struct does not name, and ``leave_out``, are
+    left out."""
+    values = msgspec.structs.asdict(row) if isinstance(row, msgspec.Struct) else dict(row.items())
     for column in leave_out:
         values.pop(column, None)
     for column in _JSONB:

@@ -57,7 +57,7 @@ from litestar.params import HeaderParameter, Parameter
 from litestar.response import Stream
 
 from gateway.alarms.delivery import reached_on_stream
-from gateway.alarms.service import AGGREGATE, EVENT_CREATED, EVENT_WOKEN
+from gateway.alarms.lifecycle import AGGREGATE, EVENT_CREATED, EVENT_WOKEN
 from gateway.api.auth import BearerAuth, CallDep, Caller, Role, log_refusal
 from gateway.api.errors import (
     BAD_REQUEST,

@@ -32,6 +32,8 @@ from gateway.support.loops import drain_on_notify
 from gateway.support.metrics import Metrics
 from storage import campaigns as repo
 from storage import outbox
+from storage.campaigns import CampaignRow, CountedCampaignRow
+from storage.commands import CommandRow, MovedCommandRow
 
 log = structlog.get_logger(__name__)
 
@@ -107,25 +109,26 @@ class CampaignRequest:
 
 
 @dataclass(frozen=True, slots=True)
-class CampaignCreated:
-    campaign: asyncpg.Record  # with ``counts``
+class CampaignCreation:
+    campaign: CountedCampaignRow
     created: bool
 
 
-def campaign_to_json(row: asyncpg.Record) -> dict[str, Any]:
+def campaign_to_json(row: CampaignRow) -> dict[str, Any]:
     """An event's view of the campaign: everything but the (possibly long) device list."""
-    body = {k: v for k, v in row.items() if k not in {"device_ids", "rollout_tokens", "counts"}}
-    body["total"] = len(row["device_ids"])
-    if isinstance(body["params"], str):
-        body["params"] = msgspec.json.decode(body["params"])
+    body = {
+        k: v
+        for k, v in msgspec.structs.asdict(row).items()
+        if k not in {"device_ids", "rollout_tokens", "counts"}
+    }
+    body["total"] = len(row.device_ids)
     converted: dict[str, Any] = msgspec.to_builtins(body)
     return converted
 
 
-def counts_of(row: asyncpg.Record) -> dict[str, int]:
+def counts_of(row: CountedCampaignRow) -> dict[str, int]:
     """Every command status with its count (zero when none), from a row read by ``repo.get``."""
-    raw = row["counts"]
-    found = msgspec.json.decode(raw) if isinstance(raw, str | bytes) else dict(raw or {})
+    found = row.counts
     return {status.value: int(found.get(status.value, 0)) for status in CommandStatus}
 
 
@@ -154,7 +157,7 @@ async def _closed(
     action: str,
     node_id: str,
     request_id: str | None,
-) -> tuple[asyncpg.Record, list[asyncpg.Record]] | None:
+) -> tuple[CountedCampaignRow, list[MovedCommandRow]] | None:
     """RUNNING → ``status`` once, with audit, event and (unless COMPLETED) its open commands
     cancelled with theirs; None when it was not RUNNING any more (nothing changed)."""
     closed = await repo.close(
@@ -169,7 +172,7 @@ async def _closed(
     )
     if closed is None:
         return None
-    cancelled: list[asyncpg.Record] = []
+    cancelled: list[MovedCommandRow] = []
     if status is not CampaignStatus.COMPLETED:
         cancelled = await repo.cancel_open_commands(
             conn, campaign_id, actor=actor, action=f"campaign-{action}", node_id=node_id
@@ -180,8 +183,7 @@ async def _closed(
                 aggregate_type=COMMAND_AGGREGATE,
                 event_type=COMMAND_FINISHED,
                 events=[
-                    (str(r["id"]), {"command": command_to_json(r), "actor": actor})
-                    for r in cancelled
+                    (str(r.id), {"command": command_to_json(r), "actor": actor}) for r in cancelled
                 ],
             )
     row = await repo.get(conn, campaign_id)
@@ -214,12 +216,12 @@ class CampaignService:
 
     async def create(
         self, request: CampaignRequest, *, actor: str, request_id: str | None = None
-    ) -> CampaignCreated:
+    ) -> CampaignCreation:
         async with self.pool.acquire() as conn, conn.transaction():
             if request.idempotency_key is not None:
                 existing = await repo.by_idempotency_key(conn, request.idempotency_key)
                 if existing is not None:
-                    return CampaignCreated(await self._read(conn, existing["id"]), created=False)
+                    return CampaignCreation(await self._read(conn, existing.id), created=False)
             devices = await _resolve(conn, request.targets)
             abort = request.abort
             row = await repo.insert(
@@ -240,32 +242,32 @@ class CampaignService:
                 assert request.idempotency_key is not None
                 existing = await repo.by_idempotency_key(conn, request.idempotency_key)
                 assert existing is not None
-                return CampaignCreated(await self._read(conn, existing["id"]), created=False)
+                return CampaignCreation(await self._read(conn, existing.id), created=False)
             await repo.insert_commands(
                 conn, campaign=row, expire_after_s=self.expire_after_s, node_id=self.node_id
             )
             await repo.insert_audit(
                 conn,
-                campaign_id=row["id"],
+                campaign_id=row.id,
                 actor=actor,
                 action="create",
                 from_status=None,
-                to_status=row["status"],
+                to_status=row.status,
                 node_id=self.node_id,
                 note=f"{len(devices)} commands",
                 request_id=request_id,
             )
-            created = await self._read(conn, row["id"])
+            created = await self._read(conn, row.id)
             await outbox.add_event(
                 conn,
                 aggregate_type=AGGREGATE,
-                aggregate_id=str(row["id"]),
+                aggregate_id=str(row.id),
                 event_type=EVENT_CREATED,
                 payload={"campaign": campaign_to_json(created), "actor": actor},
             )
         if len(devices) >= ANALYZE_AFTER_COMMANDS:
-            await self._analyze(campaign_id=row["id"], commands=len(devices))
-        return CampaignCreated(created, created=True)
+            await self._analyze(campaign_id=row.id, commands=len(devices))
+        return CampaignCreation(created, created=True)
 
     async def _analyze(self, *, campaign_id: int, commands: int) -> None:
         """The campaign is committed: its commands' claims must not be planned from statistics
@@ -281,19 +283,21 @@ class CampaignService:
             )  # fmt: skip
 
     @staticmethod
-    async def _read(conn: asyncpg.Connection | asyncpg.Pool, campaign_id: int) -> asyncpg.Record:
+    async def _read(
+        conn: asyncpg.Connection | asyncpg.Pool, campaign_id: int
+    ) -> CountedCampaignRow:
         row = await repo.get(conn, campaign_id)
         if row is None:
             raise CampaignNotFoundError(campaign_id)
         return row
 
-    async def get(self, campaign_id: int) -> asyncpg.Record:
+    async def get(self, campaign_id: int) -> CountedCampaignRow:
         """The campaign with its count per command status, read in one statement."""
         return await self._read(self.pool, campaign_id)
 
     async def page(
         self, *, status: CampaignStatus | None, before_id: int | None, limit: int
-    ) -> list[asyncpg.Record]:
+    ) -> list[CampaignRow]:
         return await repo.list_campaigns(
             self.pool,
             status=None if status is None else status.value,
@@ -308,7 +312,7 @@ class CampaignService:
         status: CommandStatus | None,
         before_id: int | None,
         limit: int,
-    ) -> list[asyncpg.Record]:
+    ) -> list[CommandRow]:
         async with self.pool.acquire() as conn, conn.transaction(readonly=True):
             await self._read(conn, campaign_id)
             return await repo.commands_of(
@@ -321,7 +325,7 @@ class CampaignService:
 
     async def cancel(
         self, campaign_id: int, *, actor: str, request_id: str | None = None
-    ) -> asyncpg.Record:
+    ) -> CountedCampaignRow:
         """RUNNING → CANCELLED, and every command of it not yet terminal with it."""
         async with self.pool.acquire() as conn, conn.transaction():
             done = await _closed(
@@ -336,17 +340,17 @@ class CampaignService:
             )
             if done is None:
                 current = await self._read(conn, campaign_id)
-                raise CampaignClosedError(campaign_id, current["status"])
+                raise CampaignClosedError(campaign_id, current.status)
         row, cancelled = done
         self._count(cancelled)
         return row
 
-    def _count(self, cancelled: Sequence[asyncpg.Record]) -> None:
+    def _count(self, cancelled: Sequence[MovedCommandRow]) -> None:
         if self.metrics is not None:
             for r in cancelled:
-                self.metrics.count_command(r["previous_status"], r["status"])
+                self.metrics.count_command(r.previous_status, r.status)
 
-    async def settle(self, campaign_id: int) -> asyncpg.Record | None:
+    async def settle(self, campaign_id: int) -> CountedCampaignRow | None:
         """Close the campaign if its commands say so (COMPLETED or ABORTED); the closed row,
         or None when it keeps running or was closed already (by another node, say)."""
         async with self.pool.acquire() as conn, conn.transaction():
@@ -355,10 +359,11 @@ class CampaignService:
             locked = await repo.lock_running(conn, campaign_id)
             if locked is None:
                 return None
+            # Both or neither (the table's campaign_abort_pair).
             abort = (
                 None
-                if locked["failure_ratio"] is None
-                else AbortCriteria(locked["failure_ratio"], locked["min_finished"])
+                if locked.failure_ratio is None or locked.min_finished is None
+                else AbortCriteria(locked.failure_ratio, locked.min_finished)
             )
             verdict = settle(await repo.counts(conn, campaign_id), abort)
             if verdict is None:
@@ -380,7 +385,7 @@ class CampaignService:
         log.info(
             "campaign_closed",
             campaign_id=campaign_id,
-            status=row["status"],
+            status=row.status,
             reason=verdict.reason,
             cancelled=len(cancelled),
         )
@@ -394,9 +399,9 @@ class CampaignService:
             # that out: no lock and no count per status (a campaign's 10,000 commands) then.
             # Should its last command finish just after this read, that commit wakes the
             # settler again.
-            if campaign["has_open"] and not campaign["may_abort"]:
+            if campaign.has_open and not campaign.may_abort:
                 continue
-            if await self.settle(campaign["id"]) is not None:
+            if await self.settle(campaign.id) is not None:
                 closed += 1
         return closed
 

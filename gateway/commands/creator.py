@@ -29,10 +29,11 @@ from typing import Any, Final
 
 import asyncpg
 
-from gateway.commands.lifecycle import Created, DeviceUnboundError
+from gateway.commands.lifecycle import DeviceUnboundError
 from gateway.domain.command import Delivery
 from gateway.support.metrics import Metrics
 from storage import commands as repo
+from storage.commands import CommandRow
 
 MAX_BATCH: Final = 500
 # Failures a batch can meet that its requests would not meet alone, so each is retried alone:
@@ -44,6 +45,15 @@ _RETRY_ALONE: Final = (
     asyncpg.DataError,
     asyncpg.DeadlockDetectedError,
 )
+
+
+@dataclass(frozen=True, slots=True)
+class Creation:
+    """A creation's answer: the new command (``created``), or the one already holding its
+    idempotency key."""
+
+    command: CommandRow
+    created: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +71,7 @@ class NewCommand:
 @dataclass(frozen=True, slots=True)
 class _Waiting:
     command: NewCommand
-    answer: asyncio.Future[Created]
+    answer: asyncio.Future[Creation]
 
 
 class CommandCreator:
@@ -89,12 +99,12 @@ class CommandCreator:
         """Requests waiting for the batch in flight to end (not counting that batch)."""
         return len(self._queue)
 
-    async def create(self, command: NewCommand) -> Created:
+    async def create(self, command: NewCommand) -> Creation:
         """The command created, or the existing one holding its idempotency key.
 
         Raises :class:`DeviceUnboundError`, or what the batch's transaction raised.
         """
-        answer: asyncio.Future[Created] = asyncio.get_running_loop().create_future()
+        answer: asyncio.Future[Creation] = asyncio.get_running_loop().create_future()
         self._queue.append(_Waiting(command, answer))
         if self._writer is None:
             self._writer = asyncio.create_task(self._write_queued(), name="command-creator")
@@ -148,61 +158,71 @@ class CommandCreator:
 
     async def _transaction(
         self, commands: Sequence[NewCommand]
-    ) -> list[Created | DeviceUnboundError]:
+    ) -> list[Creation | DeviceUnboundError]:
         async with self.pool.acquire() as conn, conn.transaction():
-            unbound = await repo.unbound_among(conn, list({c.device_id for c in commands}))
-            bound = [c for c in commands if c.device_id not in unbound]
-            rows = await repo.insert_many(
-                conn,
-                [
-                    (c.device_id, c.name, c.params, c.delivery.value, c.idempotency_key, c.actor)
-                    for c in bound
-                ],
-                expire_after_s=self.expire_after_s,
-                node_id=self.node_id,
+            return await create_commands(
+                conn, commands, expire_after_s=self.expire_after_s, node_id=self.node_id
             )
-            # Rows with a key are found by it (unique per device); the rest were inserted in
-            # the requests' order, so their ids ascend in it.
-            keyed = {
-                (r["device_id"], r["idempotency_key"]): r
-                for r in rows
-                if r["idempotency_key"] is not None
-            }
-            unkeyed = iter([r for r in rows if r["idempotency_key"] is None])
-            taken = [
-                (c.device_id, c.idempotency_key)
-                for c in bound
-                if c.idempotency_key is not None and (c.device_id, c.idempotency_key) not in keyed
-            ]
-            existing = {
-                (r["device_id"], r["idempotency_key"]): r
-                for r in await repo.by_idempotency_keys(conn, list(dict.fromkeys(taken)))
-            }
-            answers: list[Created | DeviceUnboundError] = []
-            answered: set[tuple[str, str]] = set()
-            for c in commands:
-                if c.device_id in unbound:
-                    answers.append(DeviceUnboundError(c.device_id))
-                elif c.idempotency_key is None:
-                    row = next(unkeyed)
-                    if row["device_id"] != c.device_id:
-                        raise RuntimeError("batched insert returned rows out of order")
-                    answers.append(Created(row, created=True))
-                else:
-                    key = (c.device_id, c.idempotency_key)
-                    if key in keyed:
-                        # The first request with this key made the row; a later one in the
-                        # same batch gets it, as it would have after that one's commit.
-                        answers.append(Created(keyed[key], created=key not in answered))
-                        answered.add(key)
-                    else:
-                        answers.append(Created(existing[key], created=False))
-            if next(unkeyed, None) is not None:
-                raise RuntimeError("batched insert returned more rows than requests")
-            return answers
 
 
-def _answer(waiting: _Waiting, outcome: Created | BaseException) -> None:
+async def create_commands(
+    conn: asyncpg.Connection,
+    commands: Sequence[NewCommand],
+    *,
+    expire_after_s: float,
+    node_id: str,
+) -> list[Creation | DeviceUnboundError]:
+    """One batch's commands, in the caller's transaction: each request's answer, in order
+    (a new row, the row holding its key, or the device's :class:`DeviceUnboundError`)."""
+    unbound = await repo.unbound_among(conn, list({c.device_id for c in commands}))
+    bound = [c for c in commands if c.device_id not in unbound]
+    rows = await repo.insert_many(
+        conn,
+        [
+            (c.device_id, c.name, c.params, c.delivery.value, c.idempotency_key, c.actor)
+            for c in bound
+        ],
+        expire_after_s=expire_after_s,
+        node_id=node_id,
+    )
+    # Rows with a key are found by it (unique per device); the rest were inserted in
+    # the requests' order, so their ids ascend in it.
+    keyed = {(r.device_id, r.idempotency_key): r for r in rows if r.idempotency_key is not None}
+    unkeyed = iter([r for r in rows if r.idempotency_key is None])
+    taken = [
+        (c.device_id, c.idempotency_key)
+        for c in bound
+        if c.idempotency_key is not None and (c.device_id, c.idempotency_key) not in keyed
+    ]
+    existing = {
+        (r.device_id, r.idempotency_key): r
+        for r in await repo.by_idempotency_keys(conn, list(dict.fromkeys(taken)))
+    }
+    answers: list[Creation | DeviceUnboundError] = []
+    answered: set[tuple[str, str]] = set()
+    for c in commands:
+        if c.device_id in unbound:
+            answers.append(DeviceUnboundError(c.device_id))
+        elif c.idempotency_key is None:
+            row = next(unkeyed)
+            if row.device_id != c.device_id:
+                raise RuntimeError("batched insert returned rows out of order")
+            answers.append(Creation(row, created=True))
+        else:
+            key = (c.device_id, c.idempotency_key)
+            if key in keyed:
+                # The first request with this key made the row; a later one in the
+                # same batch gets it, as it would have after that one's commit.
+                answers.append(Creation(keyed[key], created=key not in answered))
+                answered.add(key)
+            else:
+                answers.append(Creation(existing[key], created=False))
+    if next(unkeyed, None) is not None:
+        raise RuntimeError("batched insert returned more rows than requests")
+    return answers
+
+
+def _answer(waiting: _Waiting, outcome: Creation | BaseException) -> None:
     if waiting.answer.done():  # its caller was cancelled
         return
     if isinstance(outcome, BaseException):

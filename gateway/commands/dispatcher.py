@@ -38,6 +38,7 @@ from gateway.support.publish_refusal import PublishRefused, publish_packet_size
 from protocol import DownlinkCommand, Topics, encode_command
 from protocol.ids import UnportableDeviceIdError
 from storage import commands as repo
+from storage.commands import CommandRow
 
 log = structlog.get_logger(__name__)
 
@@ -167,7 +168,7 @@ class Dispatcher:
         while self._sending:
             await asyncio.gather(*self._sending, return_exceptions=True)
 
-    async def _send_batch(self, claimed: list[asyncpg.Record]) -> None:
+    async def _send_batch(self, claimed: list[CommandRow]) -> None:
         # Downlinks all go out at once; their PUBACKs' SENT writes then go in one statement.
         outcomes = await asyncio.gather(*(self._publish(row) for row in claimed))
         paired = list(zip(claimed, outcomes, strict=True))
@@ -175,19 +176,19 @@ class Dispatcher:
         await self._release([row for row, outcome in paired if outcome is Outcome.SESSION_DOWN])
         await self._fail([row for row, outcome in paired if outcome is Outcome.UNSENDABLE])
 
-    async def _publish(self, row: asyncpg.Record) -> Outcome:
+    async def _publish(self, row: CommandRow) -> Outcome:
         downlink = DownlinkCommand(
-            command_id=row["id"],
-            claim_generation=row["claim_generation"],
+            command_id=row.id,
+            claim_generation=row.claim_generation,
             node_id=self.node_id,
-            name=row["name"],
-            params=_params(row["params"]),
-            deadline=row["expire_at"],
+            name=row.name,
+            params=_params(row.params),
+            deadline=row.expire_at,
         )
         try:
-            topic = self.topics.commands(row["device_id"])
+            topic = self.topics.commands(row.device_id)
         except UnportableDeviceIdError as exc:  # stored before [mqtt] broker_family said so
-            self._refusals[row["id"]] = ("BAD_DEVICE_ID", f"not sent: {exc}")
+            self._refusals[row.id] = ("BAD_DEVICE_ID", f"not sent: {exc}")
             return Outcome.UNSENDABLE
         try:
             await self.publish(topic, encode_command(downlink))
@@ -195,16 +196,16 @@ class Dispatcher:
             return Outcome.SESSION_DOWN
         except PublishRefused as exc:
             if exc.final:
-                self._refusals[row["id"]] = (exc.reason, f"not sent: {exc}")
+                self._refusals[row.id] = (exc.reason, f"not sent: {exc}")
                 return Outcome.UNSENDABLE
-            log.warning("downlink_publish_failed", command_id=row["id"], error=repr(exc))
+            log.warning("downlink_publish_failed", command_id=row.id, error=repr(exc))
             return Outcome.FAILED
         except Exception as exc:  # the lease runs out and the reaper requeues it
-            log.warning("downlink_publish_failed", command_id=row["id"], error=repr(exc))
+            log.warning("downlink_publish_failed", command_id=row.id, error=repr(exc))
             return Outcome.FAILED
         return Outcome.SENT
 
-    async def _release(self, rows: list[asyncpg.Record]) -> None:
+    async def _release(self, rows: list[CommandRow]) -> None:
         """Claims whose downlink the session could not take: PENDING again, uncounted.
 
         One statement per claim (outside any transaction), so this never holds one row's lock
@@ -215,8 +216,8 @@ class Dispatcher:
         for row in rows:
             if await repo.release_unsent(
                 self.pool,
-                row["id"],
-                row["claim_generation"],
+                row.id,
+                row.claim_generation,
                 node_id=self.node_id,
                 actor=DISPATCHER_ACTOR,
                 note=RELEASE_NOTE,
@@ -227,7 +228,7 @@ class Dispatcher:
         if released:
             self.metrics.count_command("CLAIMED", "PENDING", released)
 
-    async def _fail(self, rows: list[asyncpg.Record]) -> None:
+    async def _fail(self, rows: list[CommandRow]) -> None:
         """Claims whose downlink the broker can never take: FAILED now, with the reason.
 
         One transaction per claim (its audit row and ``command.finished`` event with it). One
@@ -236,7 +237,7 @@ class Dispatcher:
         """
         failed = 0
         for row in rows:
-            code, reason = self._refusals.pop(row["id"])
+            code, reason = self._refusals.pop(row.id)
             async with self.pool.acquire() as conn, conn.transaction():
                 done = await fail_unsendable(
                     conn, row, node_id=self.node_id, code=code, reason=reason
@@ -245,8 +246,8 @@ class Dispatcher:
                 failed += 1
             log.warning(
                 "downlink_unsendable",
-                command_id=row["id"],
-                device_id=row["device_id"],
+                command_id=row.id,
+                device_id=row.device_id,
                 code=code,
                 reason=reason,
                 failed=done is not None,
@@ -254,12 +255,12 @@ class Dispatcher:
         if failed:
             self.metrics.count_command("CLAIMED", "FAILED", failed)
 
-    async def _mark_sent(self, rows: list[asyncpg.Record]) -> None:
+    async def _mark_sent(self, rows: list[CommandRow]) -> None:
         if not rows:
             return
         done = await repo.mark_sent_many(
             self.pool,
-            [(row["id"], row["claim_generation"]) for row in rows],
+            [(row.id, row.claim_generation) for row in rows],
             node_id=self.node_id,
             timeout_s=self.sent_timeout_s,
             actor=DISPATCHER_ACTOR,
@@ -268,7 +269,7 @@ class Dispatcher:
         # Rows a receipt transaction held were skipped rather than waited for (a statement
         # holding a batch of locks must not wait: two such would deadlock); one by one now.
         for row in rows:
-            if row["id"] in done:
+            if row.id in done:
                 continue
             alone = await mark_sent(
                 self.pool, row, node_id=self.node_id, sent_timeout_s=self.sent_timeout_s
@@ -276,7 +277,7 @@ class Dispatcher:
             if alone is None:
                 # The claim lapsed (another node has it now), or the device answered before
                 # the PUBACK was handled and its receipt already moved the command on.
-                log.info("downlink_claim_lapsed", command_id=row["id"])
+                log.info("downlink_claim_lapsed", command_id=row.id)
             else:
                 count += 1
         if count:

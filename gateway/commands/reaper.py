@@ -5,18 +5,137 @@ so whichever node passes first does it once."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from collections import Counter
+from dataclasses import dataclass, field
 
 import asyncpg
 import structlog
 
-from gateway.commands.lifecycle import reap
+from gateway.alarms.lifecycle import create_alarm
+from gateway.commands.lifecycle import record_change
+from gateway.commands.receipts import apply_receipt
 from gateway.config import CommandsConfig
+from gateway.domain.command import ReceiptOutcome, needs_people
+from gateway.domain.errors import ConcurrentWriteError
 from gateway.support.loops import every
 from gateway.support.metrics import Metrics
 from gateway.support.node import Node
+from protocol import CommandReceipt, ReceiptResult
+from storage import alarms as alarm_repo
+from storage import commands as repo
+from storage.commands import CommandRow
 
 log = structlog.get_logger(__name__)
+
+REAPER_ACTOR = "system:reaper"
+# The alarm raised for people when a command keeps losing its node (docs/behaviour.md §7).
+RECLAIM_RULE_KEY = "command-reclaims"
+RECLAIM_SEVERITY = "MAJOR"
+
+Transition = tuple[str, str]  # (from status, to status): one audited status change
+
+
+@dataclass(slots=True)
+class ReapReport:
+    reclaimed: list[int]
+    timed_out_receipts: list[int]
+    failed: list[int]
+    expired: list[tuple[int, str]]  # (id, the status it left)
+    alarms: list[int]
+    # Every status change the pass audited, whichever step made it (metrics count these).
+    transitions: list[Transition] = field(default_factory=list)
+
+
+async def reap(
+    conn: asyncpg.Connection,
+    *,
+    node_id: str,
+    ack_window_s: float,
+    sent_timeout_s: float,
+) -> ReapReport:
+    """One pass of the reaper in the caller's transaction; every write is conditional."""
+    report = ReapReport([], [], [], [], [])
+    for row in await repo.reclaim_expired(conn):
+        report.reclaimed.append(row.id)
+        report.transitions.append(("CLAIMED", row.status))
+        note = f"lease expired (node {row.claimed_node_id})"
+        await record_change(
+            conn,
+            row,
+            from_status="CLAIMED",
+            actor=REAPER_ACTOR,
+            action="reclaim",
+            node_id=node_id,
+            note=note,
+        )
+        if needs_people(row.reclaim_count):
+            alarm_id = await _reclaim_alarm(conn, row, node_id)
+            if alarm_id is not None:
+                report.alarms.append(alarm_id)
+    if ack_window_s > 0:
+        for row in await repo.ack_window_passed(conn, ack_window_s):
+            # The node reports TIMEOUT itself: the same effect as a device's TIMEOUT receipt.
+            own = CommandReceipt(
+                command_id=row.id,
+                claim_generation=row.claim_generation,
+                node_id=row.claimed_node_id,
+                result=ReceiptResult.TIMEOUT,
+                raw_ack=f"no receipt within {ack_window_s:g}s (reported by {node_id})",
+            )
+            applied = await apply_receipt(
+                conn,
+                device_id=row.device_id,
+                receipt=own,
+                node_id=node_id,
+                sent_timeout_s=sent_timeout_s,
+            )
+            if applied.outcome is ReceiptOutcome.ACCEPTED:
+                report.timed_out_receipts.append(row.id)
+            moved = applied.command
+            if moved is not None and applied.previous_status not in (None, moved.status):
+                report.transitions.append((str(applied.previous_status), moved.status))
+    for row in await repo.fail_sent_timeout(conn):
+        report.failed.append(row.id)
+        report.transitions.append(("SENT", row.status))
+        await record_change(
+            conn, row, from_status="SENT", actor=REAPER_ACTOR, action="timeout", node_id=node_id
+        )
+    for row in await repo.expire(conn):
+        report.expired.append((row.id, row.previous_status))
+        report.transitions.append((row.previous_status, row.status))
+        await record_change(
+            conn,
+            row,
+            from_status=row.previous_status,
+            actor=REAPER_ACTOR,
+            action="expire",
+            node_id=node_id,
+        )
+    return report
+
+
+async def _reclaim_alarm(conn: asyncpg.Connection, row: CommandRow, node_id: str) -> int | None:
+    # One alarm per command that crossed the limit: the dedup key is derived from the command.
+    stand_in = hashlib.sha256(f"command-reclaims\n{row.id}".encode()).hexdigest()
+    try:
+        async with conn.transaction():  # a savepoint: losing the race must not abort the pass
+            creation = await create_alarm(
+                conn,
+                device_id=row.device_id,
+                rule_key=RECLAIM_RULE_KEY,
+                severity=RECLAIM_SEVERITY,
+                telemetry_event_id=stand_in,
+                reason=(
+                    f"command {row.id} ({row.name}) was reclaimed "
+                    f"{row.reclaim_count} times: its node keeps losing contact"
+                ),
+                node_id=node_id,
+                now=await alarm_repo.db_now(conn),
+            )
+    except ConcurrentWriteError:
+        return None
+    return None if creation.alarm is None else creation.alarm.id
 
 
 class Reaper:

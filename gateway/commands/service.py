@@ -19,11 +19,10 @@ from typing import Any, Final
 import asyncpg
 import structlog
 
-from gateway.commands.creator import CommandCreator, NewCommand
+from gateway.commands.creator import CommandCreator, Creation, NewCommand
 from gateway.commands.dispatcher import smallest_downlink
 from gateway.commands.lifecycle import (
     CommandNotFoundError,
-    Created,
     DownlinkTooLargeError,
     cancel,
     unbind,
@@ -33,6 +32,7 @@ from gateway.support.loops import sleep_unless_stopped
 from gateway.support.metrics import Metrics
 from protocol import Topics
 from storage import commands as repo
+from storage.commands import CommandRow, MovedCommandRow
 from storage.errors import TRANSIENT_DB_ERRORS
 
 log = structlog.get_logger(__name__)
@@ -82,7 +82,7 @@ class CommandService:
         delivery: Delivery,
         idempotency_key: str | None,
         actor: str,
-    ) -> Created:
+    ) -> Creation:
         """Raises (nothing created) :class:`UnportableDeviceIdError` for an id the broker would
         not carry (``[mqtt] broker_family``), :class:`DownlinkTooLargeError` when the downlink
         cannot fit ``max_packet_size`` whatever its claim, or what the creator raises."""
@@ -106,7 +106,7 @@ class CommandService:
             )
         )
 
-    async def get(self, command_id: int) -> tuple[asyncpg.Record, list[asyncpg.Record]]:
+    async def get(self, command_id: int) -> tuple[CommandRow, list[asyncpg.Record]]:
         """The command and every receipt for it, read in one snapshot."""
         async with (
             self.pool.acquire() as conn,
@@ -117,36 +117,36 @@ class CommandService:
                 raise CommandNotFoundError(command_id)
             return row, await repo.receipts_of(conn, command_id)
 
-    async def cancel(self, command_id: int, *, actor: str) -> asyncpg.Record:
+    async def cancel(self, command_id: int, *, actor: str) -> MovedCommandRow:
         async with self.pool.acquire() as conn, conn.transaction():
             row = await cancel(conn, command_id, actor=actor, node_id=self.node_id)
         self._count([row])
         return row
 
-    async def unbind(self, device_id: str, *, actor: str) -> list[asyncpg.Record]:
+    async def unbind(self, device_id: str, *, actor: str) -> list[MovedCommandRow]:
         async with self.pool.acquire() as conn, conn.transaction():
             cancelled = await unbind(conn, device_id, actor=actor, node_id=self.node_id)
         self._count(cancelled)
         return cancelled
 
-    def _count(self, changed: Sequence[asyncpg.Record]) -> None:
+    def _count(self, changed: Sequence[MovedCommandRow]) -> None:
         """Count committed status changes (rows carrying the ``previous_status`` they left)."""
         if self.metrics is not None:
             for row in changed:
-                self.metrics.count_command(row["previous_status"], row["status"])
+                self.metrics.count_command(row.previous_status, row.status)
 
-    async def wait_terminal(self, command_id: int, timeout_s: float) -> asyncpg.Record:
+    async def wait_terminal(self, command_id: int, timeout_s: float) -> CommandRow:
         """The command once terminal, or as it is when ``timeout_s`` ends (or stop is set)."""
         row, _ = await self.get(command_id)
         return await self.wait_for(row, timeout_s)
 
-    async def wait_for(self, row: asyncpg.Record, timeout_s: float) -> asyncpg.Record:
+    async def wait_for(self, row: CommandRow, timeout_s: float) -> CommandRow:
         """Like :meth:`wait_terminal`, starting from ``row`` as already read."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         interval = POLL_FIRST_S
         failures = 0
-        while CommandStatus(row["status"]) not in TERMINAL_STATUSES:
+        while CommandStatus(row.status) not in TERMINAL_STATUSES:
             remaining = deadline - loop.time()
             if remaining <= 0 or self.stop.is_set():
                 break
@@ -154,27 +154,27 @@ class CommandService:
             interval = min(interval * POLL_GROWTH, POLL_MAX_S)
             try:
                 async with asyncio.timeout(READ_TIMEOUT_S), self.pool.acquire() as conn:
-                    fresh = await repo.get(conn, row["id"])
+                    fresh = await repo.get(conn, row.id)
             except _UNREADABLE as exc:
                 failures += 1
                 if failures == 1:
-                    log.warning("command_wait_read_failed", command_id=row["id"], error=repr(exc))
+                    log.warning("command_wait_read_failed", command_id=row.id, error=repr(exc))
                 continue
             if fresh is None:  # commands are never deleted; a restored backup could do it
-                raise CommandNotFoundError(row["id"])
+                raise CommandNotFoundError(row.id)
             row = fresh
         return row
 
     async def list(
         self, device_id: str, *, before_id: int | None, limit: int
-    ) -> Sequence[asyncpg.Record]:
+    ) -> Sequence[CommandRow]:
         """The device's commands, newest first, with ids below ``before_id``."""
         async with self.pool.acquire() as conn:
             return await repo.list_for_device(conn, device_id, before_id=before_id, limit=limit)
 
     async def list_all(
         self, *, status: str | None, before_id: int | None, limit: int
-    ) -> Sequence[asyncpg.Record]:
+    ) -> Sequence[CommandRow]:
         """The fleet's commands, newest first, with ids below ``before_id``; of one status."""
         async with self.pool.acquire() as conn:
             return await repo.list_all(conn, status=status, before_id=before_id, limit=limit)

@@ -51,3 +51,8 @@ class StartupError(GatewayError):
         self.setting = setting
         self.configuration = configuration
         self.detail = detail
+
+
+class ConcurrentWriteError(GatewayError):
+    """Another transaction (another node) wrote what this one was deciding about first — the
+    same alarm, or the row it was to change: retry the whole batch, which then sees it."""

@@ -10,10 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gateway.alarms.engine import AlarmEngine
-from gateway.alarms.service import SummarySpec
+from gateway.alarms.lifecycle import SummarySpec
+from gateway.commands.receipts import ReceiptApplier
 from gateway.config import Config
 from gateway.ingest.decoder import MessageDecoder
-from gateway.ingest.store import ReceiptApplier
 from gateway.support.metrics import Metrics
 from protocol import Encoding
 

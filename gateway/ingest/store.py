@@ -3,7 +3,6 @@ letters, command receipts, and the rule state and alarms the new telemetry moves
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import asyncpg
@@ -11,10 +10,9 @@ import msgspec
 import structlog
 
 from gateway.alarms.engine import AlarmEngine, BatchAlarms
-from gateway.commands.lifecycle import apply_receipts
+from gateway.commands.receipts import ReceiptApplier
 from gateway.ingest.decoder import Classified
-from gateway.support.metrics import Metrics
-from protocol import CommandReceipt, Topics
+from protocol import Topics
 from storage import breaker as breaker_repo
 from storage import ingest as repo
 from storage.ingest import DeadLetterRow
@@ -37,33 +35,6 @@ class StoreResult:
     @property
     def duplicates(self) -> int:
         return self.telemetry - len(self.new_event_ids)
-
-
-class ReceiptApplier:
-    """Applies command receipts in the ingest transaction (so the PUBACK follows the commit)."""
-
-    def __init__(self, *, node_id: str, sent_timeout_s: float, metrics: Metrics | None) -> None:
-        self.node_id = node_id
-        self.sent_timeout_s = sent_timeout_s
-        self.metrics = metrics
-
-    async def apply(
-        self, conn: asyncpg.Connection, receipts: Sequence[tuple[str, CommandReceipt]]
-    ) -> None:
-        # One batch: a few statements for all of them (lifecycle.apply_receipts).
-        batch = await apply_receipts(
-            conn, receipts, node_id=self.node_id, sent_timeout_s=self.sent_timeout_s
-        )
-        for applied in batch:
-            if self.metrics is not None:
-                reason = "" if applied.reason is None else applied.reason.value
-                self.metrics.command_receipts.labels(applied.outcome.value, reason).inc()
-                row, before = applied.command, applied.previous_status
-                if row is not None and before is not None and row["status"] != before:
-                    self.metrics.count_command(before, row["status"])
-                    if row["finished_at"] is not None and row["claimed_at"] is not None:
-                        latency = (row["finished_at"] - row["claimed_at"]).total_seconds()
-                        self.metrics.command_latency.observe(max(latency, 0.0))
 
 
 async def store(

@@ -15,8 +15,9 @@ import asyncpg
 import structlog
 
 from gateway.alarms.engine import AlarmEngine
-from gateway.alarms.service import ConcurrentWriteError
+from gateway.commands.receipts import ReceiptApplier
 from gateway.config import DatabaseConfig, IngestConfig
+from gateway.domain.errors import ConcurrentWriteError
 from gateway.ingest.breaker import QUARANTINED, CrashLoopBreaker
 from gateway.ingest.decoder import (
     PROCESSING_FAILED,
@@ -25,7 +26,7 @@ from gateway.ingest.decoder import (
     MessageDecoder,
     failure_detail,
 )
-from gateway.ingest.store import ReceiptApplier, StoreResult, store
+from gateway.ingest.store import StoreResult, store
 from gateway.support.backoff import Backoff
 from gateway.support.metrics import Metrics, observe_many
 from gateway.support.node import Node

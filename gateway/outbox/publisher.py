@@ -33,7 +33,7 @@ import msgspec
 import structlog
 
 from gateway.alarms.delivery import deliver
-from gateway.alarms.service import EVENT_CREATED, EVENT_WOKEN
+from gateway.alarms.lifecycle import EVENT_CREATED, EVENT_WOKEN
 from gateway.config import OutboxConfig
 from gateway.domain.quiet_hours import QuietHours
 from gateway.support.backoff import Backoff

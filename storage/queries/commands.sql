@@ -1,15 +1,3 @@
--- name: insert
--- $1 device, $2 name, $3 params json, $4 delivery, $5 idempotency key or null, $6 created by,
--- $7 expire after seconds; nothing when the device already has a command with that key.
-INSERT INTO command (device_id, name, params, delivery, idempotency_key, created_by, expire_at)
-VALUES ($1, $2, $3::jsonb, $4, $5, $6, now() + make_interval(secs => $7))
-ON CONFLICT (device_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-RETURNING *;
-
--- name: by_idempotency_key
--- $1 device, $2 idempotency key.
-SELECT * FROM command WHERE device_id = $1 AND idempotency_key = $2;
-
 -- name: get
 -- $1 id.
 SELECT * FROM command WHERE id = $1;
@@ -309,10 +297,6 @@ RETURNING c.*, old.status AS previous_status;
 INSERT INTO device (device_id, first_seen, last_seen, bound)
 VALUES ($1, now(), now(), false)
 ON CONFLICT (device_id) DO UPDATE SET bound = false;
-
--- name: device_bound
--- $1 device; null for a device never seen.
-SELECT bound FROM device WHERE device_id = $1;
 
 -- name: get_many
 -- $1 ids; the commands that exist among them.

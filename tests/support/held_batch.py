@@ -81,7 +81,7 @@ async def first_batch_held(service: CommandService, dsn: str) -> AsyncIterator[B
         yield block
     created = await first
     assert created.created
-    assert created.command["name"] == "first"
+    assert created.command.name == "first"
 
 
 async def queue_in_order(

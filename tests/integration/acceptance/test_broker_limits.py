@@ -16,10 +16,10 @@ import aiohttp
 import asyncpg
 import pytest
 
-from gateway.commands.lifecycle import create_command
 from gateway.domain.command import Delivery
 from gateway.runtime.daemon import Daemon
 from tests.support.api_client import OPERATOR, ApiClient
+from tests.support.commands import new_command
 from tests.support.daemon import make_config, running_daemon
 from tests.support.mosquitto import Mosquitto
 from tests.support.waiting import wait_until
@@ -55,11 +55,11 @@ def limited(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[Mo
 
 async def _command(db: asyncpg.Connection, params: dict[str, object]) -> int:
     async with db.transaction():
-        created = await create_command(
+        created = await new_command(
             db, device_id="dev-1", name="set", params=params, delivery=Delivery.DEFERRABLE,
-            idempotency_key=None, created_by="test", node_id="test", expire_after_s=3600,
+            idempotency_key=None, actor="test", node_id="test", expire_after_s=3600,
         )  # fmt: skip
-    return int(created.command["id"])
+    return int(created.command.id)
 
 
 def _connections(daemon: Daemon) -> int:

@@ -32,7 +32,6 @@ import paho.mqtt.client as paho
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
-from gateway.commands.lifecycle import create_command
 from gateway.domain.command import Delivery
 from gateway.runtime.components import subscriptions
 from protocol import Topics
@@ -46,6 +45,7 @@ from tests.support.brokers import (
     nats_binary,
     rabbit_missing,
 )
+from tests.support.commands import new_command
 from tests.support.daemon import (
     DaemonProcess,
     config_toml,
@@ -570,12 +570,12 @@ async def test_an_oversized_downlink_fails_at_once_on_one_connection(
 
         async def command(params: dict[str, object]) -> int:
             async with db.transaction():
-                created = await create_command(
+                created = await new_command(
                     db, device_id="dev-1", name="set", params=params,
-                    delivery=Delivery.DEFERRABLE, idempotency_key=None, created_by="test",
+                    delivery=Delivery.DEFERRABLE, idempotency_key=None, actor="test",
                     node_id="test", expire_after_s=3600,
                 )  # fmt: skip
-            return int(created.command["id"])
+            return int(created.command.id)
 
         big = await command({"blob": "x" * (2 * LIMIT)})
 

@@ -16,11 +16,11 @@ import aiomqtt
 import asyncpg
 import msgspec
 
-from gateway.commands.lifecycle import create_command
 from gateway.domain.command import Delivery
 from gateway.runtime.daemon import Daemon
 from protocol import Topics
 from sim.responder import Responder, Script
+from tests.support.commands import new_command
 from tests.support.daemon import make_config, running_daemon
 from tests.support.mosquitto import Mosquitto, events_subscriber
 from tests.support.tcp_proxy import TcpProxy
@@ -54,12 +54,12 @@ async def _create_commands(db: asyncpg.Connection) -> list[int]:
     ids = []
     async with db.transaction():
         for device in DEVICES:
-            created = await create_command(
+            created = await new_command(
                 db, device_id=device, name="set", params={"on": True},
-                delivery=Delivery.REALTIME, idempotency_key=None, created_by="test",
+                delivery=Delivery.REALTIME, idempotency_key=None, actor="test",
                 node_id="test", expire_after_s=3600,
             )  # fmt: skip
-            ids.append(created.command["id"])
+            ids.append(created.command.id)
     return ids
 
 

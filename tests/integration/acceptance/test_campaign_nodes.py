@@ -74,7 +74,7 @@ async def _start(pool: asyncpg.Pool, n: int, **fields: Any) -> int:
         idempotency_key=None,
     )  # fmt: skip
     created = await CampaignService(pool, "api", 3600.0).create(request, actor="api:console")
-    return int(created.campaign["id"])
+    return int(created.campaign.id)
 
 
 async def _settled(pool: asyncpg.Pool, campaign_id: int) -> bool:
@@ -177,7 +177,7 @@ async def test_cancel_during_rollout_stops_it_and_the_rollout_held_on_real_nodes
             closed = await CampaignService(pool, "api", 3600.0).cancel(
                 campaign_id, actor="api:console"
             )
-            assert closed["status"] == "CANCELLED"
+            assert closed.status == "CANCELLED"
             await wait_until(lambda: _settled(pool, campaign_id), timeout=30)
         async with pool.acquire() as conn:
             statuses = await _each_terminal_once(conn, campaign_id)

@@ -21,7 +21,8 @@ import pytest
 from litestar import Litestar
 from structlog.testing import capture_logs
 
-from gateway.alarms.service import AlarmService, create_alarm, transition
+from gateway.alarms.lifecycle import create_alarm, transition
+from gateway.alarms.service import AlarmService
 from gateway.config import TokenConfig
 from gateway.domain.alarm import Action
 from storage.alarms import db_now

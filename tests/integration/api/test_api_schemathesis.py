@@ -39,7 +39,8 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from gateway.alarms.service import AlarmService, create_alarm
+from gateway.alarms.lifecycle import create_alarm
+from gateway.alarms.service import AlarmService
 from gateway.api.app import build_app
 from gateway.api.auth import BearerAuth
 from gateway.api.services import Services

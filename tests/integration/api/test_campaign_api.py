@@ -17,7 +17,7 @@ import aiohttp
 import asyncpg
 import pytest
 
-from gateway.commands.lifecycle import apply_receipt
+from gateway.commands.receipts import apply_receipt
 from gateway.config import TokenConfig
 from protocol import CommandReceipt, ReceiptResult
 from storage import commands as command_repo
@@ -277,13 +277,13 @@ async def test_cancel_closes_every_open_command_once_and_late_receipts_are_refus
     claimed = await command_repo.claim_due(
         api.db, node_id="n1", lease_s=60, limit=3, max_in_flight=1, actor="system:dispatcher"
     )
-    by_device = {r["device_id"]: r for r in claimed}
-    await command_repo.mark_sent(api.db, command_id=by_device["a"]["id"], generation=1,
+    by_device = {r.device_id: r for r in claimed}
+    await command_repo.mark_sent(api.db, command_id=by_device["a"].id, generation=1,
                                  node_id="n1", timeout_s=60, actor="t")  # fmt: skip
     c = by_device["c"]
     async with api.db.transaction():
         await apply_receipt(api.db, device_id="c", node_id="n1", sent_timeout_s=60,
-                            receipt=CommandReceipt(command_id=c["id"], claim_generation=1,
+                            receipt=CommandReceipt(command_id=c.id, claim_generation=1,
                                                    node_id="n1", result=ReceiptResult.ACKED,
                                                    result_code=0))  # fmt: skip
     await api.db.execute("DELETE FROM outbox_event")
@@ -330,13 +330,13 @@ async def test_cancel_closes_every_open_command_once_and_late_receipts_are_refus
     async with api.db.transaction():
         late = await apply_receipt(
             api.db, device_id="a", node_id="n1", sent_timeout_s=60,
-            receipt=CommandReceipt(command_id=by_device["a"]["id"], claim_generation=1,
+            receipt=CommandReceipt(command_id=by_device["a"].id, claim_generation=1,
                                    node_id="n1", result=ReceiptResult.ACKED, result_code=0),
         )  # fmt: skip
     assert (late.outcome.value, late.reason and late.reason.value) == (
         "rejected", "COMMAND_CLOSED",
     )  # fmt: skip
     assert (
-        await api.db.fetchval("SELECT status FROM command WHERE id = $1", by_device["a"]["id"])
+        await api.db.fetchval("SELECT status FROM command WHERE id = $1", by_device["a"].id)
         == "CANCELLED"
     )

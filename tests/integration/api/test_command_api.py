@@ -570,7 +570,7 @@ async def test_stopping_the_service_ends_every_wait(api: Api) -> None:
     api.service.stop.set()
     async with asyncio.timeout(10):
         row = await waiting
-    assert row["status"] == "PENDING"
+    assert row.status == "PENDING"
     unknown = api.service.wait_terminal(4242, 1)
     with pytest.raises(CommandNotFoundError):
         await unknown

@@ -15,7 +15,7 @@ import aiohttp
 import asyncpg
 import pytest
 
-from gateway.alarms.service import create_alarm, transition
+from gateway.alarms.lifecycle import create_alarm, transition
 from gateway.config import TokenConfig
 from gateway.domain.alarm import Action
 from storage.alarms import db_now

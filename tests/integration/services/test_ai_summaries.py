@@ -13,7 +13,7 @@ import pytest
 
 from gateway.ai.llm import OpenAiCompatibleLlm
 from gateway.ai.worker import SummaryWorker
-from gateway.alarms.service import SummarySpec, create_alarm
+from gateway.alarms.lifecycle import SummarySpec, create_alarm
 from gateway.support.metrics import Metrics
 from protocol import Topics
 from sim.publisher import publish_many

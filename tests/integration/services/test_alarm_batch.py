@@ -12,15 +12,15 @@ import asyncpg
 import pytest
 
 from gateway.alarms.engine import AlarmEngine, BatchAlarms
-from gateway.alarms.service import (
+from gateway.alarms.lifecycle import (
     EVENT_CREATED,
     AlarmRequest,
-    ConcurrentWriteError,
     SummarySpec,
     create_alarm,
     create_alarms,
 )
 from gateway.domain.alarm import dedup_key
+from gateway.domain.errors import ConcurrentWriteError
 from gateway.domain.rules import RuleConfig, compile_rules
 from gateway.support.metrics import Metrics
 from protocol import Telemetry, telemetry_event_id

@@ -8,7 +8,8 @@ from datetime import UTC, datetime, timedelta
 import aiomqtt
 import asyncpg
 
-from gateway.alarms.service import AlarmService, create_alarm, transition
+from gateway.alarms.lifecycle import create_alarm, transition
+from gateway.alarms.service import AlarmService
 from gateway.alarms.timers import AlarmTimers
 from gateway.domain.alarm import Action, AlarmStatus
 from gateway.domain.quiet_hours import QuietHoursConfig, QuietWindowConfig, compile_quiet_hours

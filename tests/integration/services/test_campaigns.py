@@ -20,11 +20,13 @@ from gateway.commands.campaigns import (
     CampaignSettler,
     Targets,
 )
-from gateway.commands.lifecycle import apply_receipt, create_command
+from gateway.commands.receipts import apply_receipt
 from gateway.domain.campaign import AbortCriteria
 from gateway.domain.command import Delivery
 from protocol import CommandReceipt, ReceiptResult
 from storage import commands as repo
+from storage.commands import CommandRow, command_row
+from tests.support.commands import new_command
 from tests.support.waiting import wait_until
 
 DISPATCHER = "system:dispatcher"
@@ -43,17 +45,17 @@ def _request(n: int, **fields: Any) -> CampaignRequest:
 async def _start(pool: asyncpg.Pool, n: int, **fields: Any) -> int:
     service = CampaignService(pool, "api", 3600.0)
     created = await service.create(_request(n, **fields), actor="api:console")
-    return int(created.campaign["id"])
+    return int(created.campaign.id)
 
 
 async def _answer(
-    conn: asyncpg.Connection, row: asyncpg.Record, *, code: int, node: str = "n1"
+    conn: asyncpg.Connection, row: CommandRow, *, code: int, node: str = "n1"
 ) -> None:
     async with conn.transaction():
         await apply_receipt(
-            conn, device_id=row["device_id"], node_id=node, sent_timeout_s=60,
-            receipt=CommandReceipt(command_id=row["id"], claim_generation=row["claim_generation"],
-                                   node_id=row["claimed_node_id"], result=ReceiptResult.ACKED,
+            conn, device_id=row.device_id, node_id=node, sent_timeout_s=60,
+            receipt=CommandReceipt(command_id=row.id, claim_generation=row.claim_generation,
+                                   node_id=row.claimed_node_id, result=ReceiptResult.ACKED,
                                    result_code=code),
         )  # fmt: skip
 
@@ -69,7 +71,7 @@ async def test_rollout_is_honoured_across_two_nodes_within_ten_percent_over_a_mi
     claims: list[tuple[float, str]] = []  # (seconds into the minute, node)
     single_claimed = False
 
-    async def claim(node: str, at: Any) -> list[asyncpg.Record]:
+    async def claim(node: str, at: Any) -> list[CommandRow]:
         async with pool.acquire() as conn:
             return await repo.claim_due(
                 conn, node_id=node, lease_s=3600, limit=50, max_in_flight=1, actor=DISPATCHER,
@@ -80,14 +82,14 @@ async def test_rollout_is_honoured_across_two_nodes_within_ten_percent_over_a_mi
         at = start + k * step
         if k == 100:  # a command outside the campaign is never held back by its limit
             async with pool.acquire() as conn:
-                await create_command(
+                await new_command(
                     conn, device_id="lone", name="ping", params={}, delivery=Delivery.REALTIME,
-                    idempotency_key=None, created_by="api:x", node_id="api", expire_after_s=60,
+                    idempotency_key=None, actor="api:x", node_id="api", expire_after_s=60,
                 )  # fmt: skip
         taken = await asyncio.gather(claim("n1", at), claim("n2", at))
         for node, rows in zip(("n1", "n2"), taken, strict=True):
             for row in rows:
-                if row["campaign_id"] is None:
+                if row.campaign_id is None:
                     single_claimed = True
                 else:
                     claims.append(((at - start).total_seconds(), node))
@@ -160,8 +162,8 @@ async def test_abort_happens_exactly_once_with_two_nodes_racing(pool: asyncpg.Po
     results = await asyncio.gather(*(settle(nodes[i % 2]) for i in range(8)))
     winners = [r for r in results if r is not None]
     assert len(winners) == 1
-    assert winners[0]["status"] == "ABORTED"
-    assert "10 of 50" in winners[0]["status_reason"]
+    assert winners[0].status == "ABORTED"
+    assert "10 of 50" in winners[0].status_reason
     async with pool.acquire() as conn:
         statuses = await conn.fetch(
             "SELECT status, count(*) AS n FROM command WHERE campaign_id = $1 GROUP BY status",
@@ -221,8 +223,8 @@ async def test_the_settler_completes_a_campaign_when_its_last_commands_finish_on
             await tb.start()
             for conn, row in ((a, claimed[4]), (b, claimed[5])):
                 await apply_receipt(
-                    conn, device_id=row["device_id"], node_id="n1", sent_timeout_s=60,
-                    receipt=CommandReceipt(command_id=row["id"], claim_generation=1,
+                    conn, device_id=row.device_id, node_id="n1", sent_timeout_s=60,
+                    receipt=CommandReceipt(command_id=row.id, claim_generation=1,
                                            node_id="n1", result=ReceiptResult.ACKED,
                                            result_code=0),
                 )  # fmt: skip
@@ -301,7 +303,7 @@ async def test_the_settler_neither_locks_nor_counts_a_campaign_that_can_only_com
                     " lease_expire_at = now() + interval '1 minute' WHERE id = $1 RETURNING *",
                     row["id"],
                 )
-            await _answer(conn, claimed, code=0)
+            await _answer(conn, command_row(claimed), code=0)
     assert await service.settle_running() == 1
     status = await pool.fetchval("SELECT status FROM campaign WHERE id = $1", campaign_id)
     assert status == "COMPLETED"

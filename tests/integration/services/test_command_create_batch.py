@@ -15,7 +15,8 @@ from typing import Any
 import asyncpg
 import pytest
 
-from gateway.commands.lifecycle import Created, DeviceUnboundError
+from gateway.commands.creator import Creation
+from gateway.commands.lifecycle import DeviceUnboundError
 from gateway.commands.service import CommandService
 from gateway.domain.command import Delivery
 from gateway.support.metrics import Metrics
@@ -37,7 +38,7 @@ def _create(
     *,
     key: str | None = None,
     params: dict[str, Any] | None = None,
-) -> Coroutine[Any, Any, Created]:
+) -> Coroutine[Any, Any, Creation]:
     return service.create(
         device_id=device, name=name, params=params or {}, delivery=Delivery.REALTIME,
         idempotency_key=key, actor="op:alice",
@@ -59,7 +60,7 @@ async def test_concurrent_creations_share_one_transaction_and_each_answer_is_exa
 ) -> None:
     release = asyncio.Event()
 
-    async def one(i: int) -> Created:
+    async def one(i: int) -> Creation:
         await release.wait()
         return await _create(service, f"d{i % 5}", f"c{i}", params={"i": i})
 
@@ -70,13 +71,13 @@ async def test_concurrent_creations_share_one_transaction_and_each_answer_is_exa
     answers = await asyncio.gather(*tasks)
 
     assert _batches(service) == (2, N)  # the held one alone, then every other one together
-    ids = [a.command["id"] for a in answers]
+    ids = [a.command.id for a in answers]
     assert len(set(ids)) == N - 1
     for i, answer in enumerate(answers):
         row = answer.command
         assert answer.created
-        assert (row["device_id"], row["name"], row["status"]) == (f"d{i % 5}", f"c{i}", "PENDING")
-        assert row["created_by"] == "op:alice"
+        assert (row.device_id, row.name, row.status) == (f"d{i % 5}", f"c{i}", "PENDING")
+        assert row.created_by == "op:alice"
     # Released together, they queued in task order: ids ascend in it, per device too.
     assert ids == sorted(ids)
     xmins = await db.fetchval(
@@ -122,24 +123,24 @@ async def test_one_batch_answers_each_request_as_if_alone_in_arrival_order(
     assert _batches(service) == (3, 10)  # the earlier one, the held one, then these eight
     assert isinstance(refused, DeviceUnboundError)
     assert refused.device_id == "gone"
-    assert isinstance(a1, Created)
-    assert isinstance(a2, Created)
-    assert isinstance(a3, Created)
-    assert isinstance(b1, Created)
-    assert isinstance(other, Created)
-    assert isinstance(again, Created)
-    assert isinstance(repeat, Created)
+    assert isinstance(a1, Creation)
+    assert isinstance(a2, Creation)
+    assert isinstance(a3, Creation)
+    assert isinstance(b1, Creation)
+    assert isinstance(other, Creation)
+    assert isinstance(again, Creation)
+    assert isinstance(repeat, Creation)
     assert [a.created for a in (a1, a2, b1, again, repeat, a3, other)] == [
         True, True, True, False, False, True, True,
     ]  # fmt: skip
-    assert again.command["id"] == a2.command["id"]
-    assert again.command["name"] == "a2"
-    assert repeat.command["id"] == before.command["id"]
-    assert repeat.command["name"] == "earlier"
+    assert again.command.id == a2.command.id
+    assert again.command.name == "a2"
+    assert repeat.command.id == before.command.id
+    assert repeat.command.name == "earlier"
     # The device's commands of the batch, in arrival order: oldest id first.
-    assert a1.command["id"] < a2.command["id"] < a3.command["id"]
-    assert b1.command["id"] < other.command["id"]
-    assert a1.command["id"] < b1.command["id"]
+    assert a1.command.id < a2.command.id < a3.command.id
+    assert b1.command.id < other.command.id
+    assert a1.command.id < b1.command.id
     assert await db.fetchval("SELECT count(*) FROM command WHERE device_id = 'gone'") == 0
     assert await db.fetchval(
         "SELECT count(*) FROM command WHERE device_id = 'bound1' AND idempotency_key = 'k-new'"
@@ -191,11 +192,11 @@ async def test_a_request_the_database_refuses_fails_alone(
     fine, refused, also = await asyncio.gather(*tasks, return_exceptions=True)
 
     assert isinstance(refused, asyncpg.CheckViolationError)
-    assert isinstance(fine, Created)
-    assert isinstance(also, Created)
+    assert isinstance(fine, Creation)
+    assert isinstance(also, Creation)
     assert fine.created
     assert also.created
-    assert fine.command["id"] < also.command["id"]
+    assert fine.command.id < also.command.id
     # The held one, the batch of three (rolled back), then each of the three alone.
     assert _batches(service) == (5, 7)
     assert await db.fetchval("SELECT count(*) FROM command WHERE device_id <> $1", HOLD) == 2
@@ -228,7 +229,7 @@ async def test_a_batch_in_a_deadlock_is_retried_one_request_at_a_time(
         )  # returns once PostgreSQL has aborted the batch; its requests now go one at a time
     one, x = await asyncio.gather(*tasks)
 
-    assert (one.created, one.command["name"], x.created, x.command["name"]) == (
+    assert (one.created, one.command.name, x.created, x.command.name) == (
         True, "one", True, "x",
     )  # fmt: skip
     assert _batches(service) == (4, 5)  # the held one, the pair, then each of the pair alone

@@ -9,11 +9,11 @@ from typing import Any
 import aiohttp
 import asyncpg
 
-from gateway.commands.lifecycle import create_command
 from gateway.domain.command import Delivery
 from protocol import Topics
 from sim.responder import Behaviour, Responder, Script
 from tests.support.api_client import OPERATOR, ApiClient
+from tests.support.commands import new_command
 from tests.support.daemon import make_config, running_daemon
 from tests.support.mosquitto import Mosquitto
 from tests.support.waiting import wait_until
@@ -29,12 +29,12 @@ async def _create_many(dsn: str, devices: list[str], per_device: int) -> list[in
         async with conn.transaction():
             for n in range(per_device):
                 for device in devices:
-                    created = await create_command(
+                    created = await new_command(
                         conn, device_id=device, name="set", params={"n": n},
-                        delivery=Delivery.REALTIME, idempotency_key=None, created_by="test",
+                        delivery=Delivery.REALTIME, idempotency_key=None, actor="test",
                         node_id="test", expire_after_s=3600,
                     )  # fmt: skip
-                    ids.append(created.command["id"])
+                    ids.append(created.command.id)
     finally:
         await conn.close()
     return ids

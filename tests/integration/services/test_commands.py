@@ -13,18 +13,19 @@ from gateway.commands.dispatcher import Dispatcher
 from gateway.commands.lifecycle import (
     CommandClosedError,
     DeviceUnboundError,
-    apply_receipt,
     cancel,
-    create_command,
     mark_sent,
-    reap,
     unbind,
 )
+from gateway.commands.reaper import reap
+from gateway.commands.receipts import apply_receipt
 from gateway.domain.command import Delivery, ReceiptOutcome, RejectReason
 from gateway.support.broker_link import BrokerLink, SessionDown
 from gateway.support.metrics import Metrics
 from protocol import CommandReceipt, ReceiptResult, Topics
 from storage import commands as repo
+from storage.commands import CommandRow, MovedCommandRow
+from tests.support.commands import new_command
 from tests.support.waiting import wait_until
 
 SENT_TIMEOUT_S = 86400.0
@@ -36,14 +37,14 @@ async def _create(
     delivery: Delivery = Delivery.REALTIME,
     key: str | None = None,
 ) -> int:
-    created = await create_command(
+    created = await new_command(
         db, device_id=device, name="open_valve", params={"valve": 2}, delivery=delivery,
-        idempotency_key=key, created_by="op:alice", node_id="api", expire_after_s=72 * 3600,
+        idempotency_key=key, actor="op:alice", node_id="api", expire_after_s=72 * 3600,
     )  # fmt: skip
-    return int(created.command["id"])
+    return int(created.command.id)
 
 
-async def _claim(db: asyncpg.Connection, node: str) -> list[asyncpg.Record]:
+async def _claim(db: asyncpg.Connection, node: str) -> list[CommandRow]:
     return await repo.claim_due(
         db, node_id=node, lease_s=30, limit=10, max_in_flight=1, actor="system:dispatcher"
     )
@@ -69,7 +70,7 @@ async def _receipt(
     return applied.outcome, applied.reason
 
 
-async def _row(db: asyncpg.Connection, command_id: int) -> asyncpg.Record:
+async def _row(db: asyncpg.Connection, command_id: int) -> CommandRow:
     row = await repo.get(db, command_id)
     assert row is not None
     return row
@@ -87,24 +88,24 @@ async def test_a_late_receipt_of_an_older_generation_never_overwrites_the_new_cl
 ) -> None:
     command_id = await _create(db)
     (a_claim,) = await _claim(db, "node-a")
-    assert a_claim["claim_generation"] == 1
+    assert a_claim.claim_generation == 1
     await _expire_lease(db, command_id)
     report = await reap(db, node_id="reaper", ack_window_s=0, sent_timeout_s=SENT_TIMEOUT_S)
     assert report.reclaimed == [command_id]
     row = await _row(db, command_id)
-    assert (row["status"], row["reclaim_count"], row["claim_generation"]) == ("PENDING", 1, 1)
+    assert (row.status, row.reclaim_count, row.claim_generation) == ("PENDING", 1, 1)
 
     (b_claim,) = await _claim(db, "node-b")
-    assert b_claim["claim_generation"] == 2
+    assert b_claim.claim_generation == 2
     before = await _row(db, command_id)
     assert await _receipt(db, command_id, generation=1, node="node-a") == (
         ReceiptOutcome.DUPLICATED, None,
     )  # fmt: skip
-    assert dict(await _row(db, command_id)) == dict(before)  # untouched
+    assert (await _row(db, command_id)) == before  # untouched
     assert await _receipt(db, command_id, generation=2, node="node-b") == (
         ReceiptOutcome.ACCEPTED, None,
     )  # fmt: skip
-    assert (await _row(db, command_id))["status"] == "ACKED"
+    assert (await _row(db, command_id)).status == "ACKED"
     outcomes = [r["outcome"] for r in await repo.receipts_of(db, command_id)]
     assert outcomes == ["duplicated", "accepted"]
 
@@ -114,7 +115,7 @@ async def test_wrong_node_missing_generation_and_unknown_node_are_rejected_and_l
 ) -> None:
     command_id = await _create(db)
     await _claim(db, "node-a")
-    before = dict(await _row(db, command_id))
+    before = await _row(db, command_id)
     assert await _receipt(db, command_id, generation=1, node="node-x") == (
         ReceiptOutcome.REJECTED, RejectReason.NODE_MISMATCH,
     )  # fmt: skip
@@ -124,7 +125,7 @@ async def test_wrong_node_missing_generation_and_unknown_node_are_rejected_and_l
     assert await _receipt(db, 999_999, generation=1, node="node-a") == (
         ReceiptOutcome.REJECTED, RejectReason.UNKNOWN_COMMAND,
     )  # fmt: skip
-    assert dict(await _row(db, command_id)) == before
+    assert (await _row(db, command_id)) == before
     # A row claimed before node ids were recorded: never guessed.
     await db.execute(
         "UPDATE command SET claimed_node_id = NULL, legacy_claim = true WHERE id = $1", command_id
@@ -144,13 +145,13 @@ async def test_acked_is_not_success_unless_the_code_is_zero(db: asyncpg.Connecti
     await _claim(db, "n")
     await _receipt(db, failing, generation=1, node="n", code=3, raw="E-17")
     row = await _row(db, failing)
-    assert (row["status"], row["result"], row["result_code"]) == ("FAILED", "ACKED", 3)
-    assert row["raw_result_code"] == "E-17"
+    assert (row.status, row.result, row.result_code) == ("FAILED", "ACKED", 3)
+    assert row.raw_result_code == "E-17"
 
     fine = await _create(db, device="d2")
     await _claim(db, "n")
     await _receipt(db, fine, generation=1, node="n", code=0, device="d2")
-    assert (await _row(db, fine))["status"] == "ACKED"
+    assert (await _row(db, fine)).status == "ACKED"
 
 
 async def test_deferrable_failures_requeue_with_backoff_until_the_eleventh_times_out(
@@ -159,17 +160,17 @@ async def test_deferrable_failures_requeue_with_backoff_until_the_eleventh_times
     command_id = await _create(db, delivery=Delivery.DEFERRABLE)
     for attempt in range(1, 12):
         (claimed,) = await _claim(db, "n")
-        generation = claimed["claim_generation"]
+        generation = claimed.claim_generation
         await _receipt(db, command_id, generation=generation, node="n",
                        result=ReceiptResult.DEVICE_OFFLINE, code=None)  # fmt: skip
         row = await _row(db, command_id)
         if attempt <= 10:
-            assert (row["status"], row["retry_count"]) == ("PENDING", attempt)
-            assert row["next_attempt_at"] > row["updated_at"]
+            assert (row.status, row.retry_count) == ("PENDING", attempt)
+            assert row.next_attempt_at > row.updated_at
             assert await _claim(db, "n") == []  # not due before its backoff
             await db.execute("UPDATE command SET next_attempt_at = now() WHERE id = $1", command_id)
         else:
-            assert row["status"] == "TIMEOUT"
+            assert row.status == "TIMEOUT"
 
 
 async def test_realtime_failure_is_final(db: asyncpg.Connection) -> None:
@@ -177,7 +178,7 @@ async def test_realtime_failure_is_final(db: asyncpg.Connection) -> None:
     await _claim(db, "n")
     await _receipt(db, command_id, generation=1, node="n", result=ReceiptResult.DEVICE_OFFLINE,
                    code=None)  # fmt: skip
-    assert (await _row(db, command_id))["status"] == "FAILED"
+    assert (await _row(db, command_id)).status == "FAILED"
 
 
 async def test_reaper_expires_and_times_out_sent_commands(db: asyncpg.Connection) -> None:
@@ -192,8 +193,8 @@ async def test_reaper_expires_and_times_out_sent_commands(db: asyncpg.Connection
     report = await reap(db, node_id="reaper", ack_window_s=0, sent_timeout_s=SENT_TIMEOUT_S)
     assert report.expired == [(expiring, "PENDING")]
     assert report.failed == [sent]
-    assert (await _row(db, expiring))["status"] == "TIMEOUT"
-    assert (await _row(db, sent))["status"] == "FAILED"
+    assert (await _row(db, expiring)).status == "TIMEOUT"
+    assert (await _row(db, sent)).status == "FAILED"
 
 
 async def test_six_lease_expiries_raise_one_alarm_for_people(db: asyncpg.Connection) -> None:
@@ -205,7 +206,7 @@ async def test_six_lease_expiries_raise_one_alarm_for_people(db: asyncpg.Connect
         alarms += (
             await reap(db, node_id="r", ack_window_s=0, sent_timeout_s=SENT_TIMEOUT_S)
         ).alarms
-    assert (await _row(db, command_id))["reclaim_count"] == 7
+    assert (await _row(db, command_id)).reclaim_count == 7
     assert len(alarms) == 1
     alarm = await db.fetchrow("SELECT * FROM alarm")
     assert alarm["rule_key"] == "command-reclaims"
@@ -219,13 +220,13 @@ async def test_cancel_unbind_and_a_receipt_after_cancellation(db: asyncpg.Connec
     assert await _receipt(db, command_id, generation=1, node="n") == (
         ReceiptOutcome.REJECTED, RejectReason.COMMAND_CLOSED,
     )  # fmt: skip
-    assert (await _row(db, command_id))["status"] == "CANCELLED"
+    assert (await _row(db, command_id)).status == "CANCELLED"
     with pytest.raises(CommandClosedError):
         await cancel(db, command_id, actor="op:bob", node_id="api")
 
     open_ones = [await _create(db, device="d9") for _ in range(3)]
     cancelled = await unbind(db, "d9", actor="op:bob", node_id="api")
-    assert sorted(r["id"] for r in cancelled) == open_ones
+    assert sorted(r.id for r in cancelled) == open_ones
     with pytest.raises(DeviceUnboundError):
         await _create(db, device="d9")
     events = await db.fetchval(
@@ -239,20 +240,20 @@ async def test_one_device_gets_its_commands_in_creation_order_one_at_a_time(
 ) -> None:
     first, second = await _create(db), await _create(db)
     other = await _create(db, device="d2")
-    assert sorted(r["id"] for r in await _claim(db, "n")) == [first, other]
+    assert sorted(r.id for r in await _claim(db, "n")) == [first, other]
     assert await _claim(db, "n") == []
     await _receipt(db, first, generation=1, node="n")
-    assert [r["id"] for r in await _claim(db, "n")] == [second]
+    assert [r.id for r in await _claim(db, "n")] == [second]
 
 
 async def test_an_idempotency_key_returns_the_same_command(db: asyncpg.Connection) -> None:
     one = await _create(db, key="k-1")
-    again = await create_command(
+    again = await new_command(
         db, device_id="d1", name="other", params={}, delivery=Delivery.REALTIME,
-        idempotency_key="k-1", created_by="op", node_id="api", expire_after_s=60,
+        idempotency_key="k-1", actor="op", node_id="api", expire_after_s=60,
     )  # fmt: skip
     assert again.created is False
-    assert again.command["id"] == one
+    assert again.command.id == one
     assert await _create(db, device="d2", key="k-1") != one  # keys are per device
 
 
@@ -266,9 +267,9 @@ async def test_the_node_reports_timeout_when_the_device_stays_silent(
     await db.execute("UPDATE command SET sent_at = now() - interval '1 minute'")
     report = await reap(db, node_id="n", ack_window_s=30, sent_timeout_s=SENT_TIMEOUT_S)
     assert sorted(report.timed_out_receipts) == [realtime, deferrable]
-    assert (await _row(db, realtime))["status"] == "FAILED"
+    assert (await _row(db, realtime)).status == "FAILED"
     requeued = await _row(db, deferrable)
-    assert (requeued["status"], requeued["retry_count"]) == ("PENDING", 1)
+    assert (requeued.status, requeued.retry_count) == ("PENDING", 1)
     receipts = await repo.receipts_of(db, realtime)
     assert [(r["result"], r["outcome"]) for r in receipts] == [("TIMEOUT", "accepted")]
 
@@ -281,13 +282,13 @@ async def test_deferrable_commands_wait_for_an_offline_device(db: asyncpg.Connec
     deferred = await _create(db, device="sleepy", delivery=Delivery.DEFERRABLE)
     assert await _claim(db, "n") == []
     await db.execute("UPDATE device SET presence = 'online' WHERE device_id = 'sleepy'")
-    assert [r["id"] for r in await _claim(db, "n")] == [deferred]
+    assert [r.id for r in await _claim(db, "n")] == [deferred]
     urgent = await _create(db, device="sleepy-2")
     await db.execute(
         "INSERT INTO device (device_id, first_seen, last_seen, presence) "
         "VALUES ('sleepy-2', now(), now(), 'offline')"
     )
-    assert [r["id"] for r in await _claim(db, "n")] == [urgent]  # realtime: tried at once
+    assert [r.id for r in await _claim(db, "n")] == [urgent]  # realtime: tried at once
 
 
 async def test_a_receipt_of_generation_zero_is_an_unknown_generation(
@@ -299,12 +300,12 @@ async def test_a_receipt_of_generation_zero_is_an_unknown_generation(
     never_claimed = await _create(db, device="d2")
     await db.execute("UPDATE command SET next_attempt_at = now() + interval '1 hour' WHERE id = $1",
                      never_claimed)  # fmt: skip
-    before = {c: dict(await _row(db, c)) for c in (claimed, never_claimed)}
+    before = {c: (await _row(db, c)) for c in (claimed, never_claimed)}
     for command_id, device in ((claimed, "d1"), (never_claimed, "d2")):
         assert await _receipt(db, command_id, generation=0, node="n", device=device) == (
             ReceiptOutcome.REJECTED, RejectReason.UNKNOWN_GENERATION,
         )  # fmt: skip
-        assert dict(await _row(db, command_id)) == before[command_id]  # untouched
+        assert (await _row(db, command_id)) == before[command_id]  # untouched
     kept = await db.fetch(
         "SELECT command_id, claim_generation, outcome, reason FROM command_receipt ORDER BY id"
     )
@@ -324,12 +325,12 @@ async def test_a_result_code_outside_the_standard_ones_is_refused_and_kept_raw(
     command_id = await _create(db)
     (claimed,) = await _claim(db, "n")
     assert await mark_sent(db, claimed, node_id="n", sent_timeout_s=SENT_TIMEOUT_S) is not None
-    before = dict(await _row(db, command_id))
+    before = await _row(db, command_id)
     for result in (ReceiptResult.ACKED, ReceiptResult.FAILED):
         outcome = await _receipt(db, command_id, generation=1, node="n", result=result,
                                  code=code, raw="E-99")  # fmt: skip
         assert outcome == ("rejected", "INVALID_RESULT_CODE")
-        assert dict(await _row(db, command_id)) == before  # untouched: still SENT, no result
+        assert (await _row(db, command_id)) == before  # untouched: still SENT, no result
     kept = await db.fetch(
         "SELECT result, result_code, raw_result_code, outcome, reason FROM command_receipt"
         " WHERE command_id = $1 ORDER BY id",
@@ -342,7 +343,7 @@ async def test_a_result_code_outside_the_standard_ones_is_refused_and_kept_raw(
     # A standard code from the same claim is still applied afterwards.
     assert await _receipt(db, command_id, generation=1, node="n", code=4) == ("accepted", None)
     row = await _row(db, command_id)
-    assert (row["status"], row["result_code"]) == ("FAILED", 4)
+    assert (row.status, row.result_code) == ("FAILED", 4)
 
 
 async def _audit_of(db: asyncpg.Connection, command_ids: list[int], action: str) -> list[tuple]:
@@ -365,12 +366,12 @@ async def test_unbind_audits_the_status_each_command_left(db: asyncpg.Connection
         )
     first = await _row(db, sent)
     assert await mark_sent(db, first, node_id="n", sent_timeout_s=SENT_TIMEOUT_S) is not None
-    assert [(await _row(db, c))["status"] for c in (sent, claimed, pending)] == [
+    assert [(await _row(db, c)).status for c in (sent, claimed, pending)] == [
         "SENT", "CLAIMED", "PENDING",
     ]  # fmt: skip
 
     cancelled = await unbind(db, "d9", actor="op:bob", node_id="api")
-    assert sorted(r["id"] for r in cancelled) == [sent, claimed, pending]
+    assert sorted(r.id for r in cancelled) == [sent, claimed, pending]
     assert await _audit_of(db, [sent, claimed, pending, done], "unbind") == [
         (sent, "SENT", "CANCELLED"),
         (claimed, "CLAIMED", "CANCELLED"),
@@ -392,7 +393,7 @@ async def test_a_cancel_audits_the_status_it_really_left(
         assert await mark_sent(dispatcher, claimed, node_id="n", sent_timeout_s=SENT_TIMEOUT_S)
         pid = canceller.get_server_pid()
 
-        async def cancel_in_transaction() -> asyncpg.Record:
+        async def cancel_in_transaction() -> MovedCommandRow:
             async with canceller.transaction():
                 return await cancel(canceller, command_id, actor="op:bob", node_id="api")
 
@@ -410,7 +411,7 @@ async def test_a_cancel_audits_the_status_it_really_left(
     finally:
         await dispatcher.close()
         await canceller.close()
-    assert row["status"] == "CANCELLED"
+    assert row.status == "CANCELLED"
     assert await _audit_of(db, [command_id], "cancel") == [(command_id, "SENT", "CANCELLED")]
 
 
@@ -426,7 +427,7 @@ async def test_a_connection_plans_the_claim_once_and_reuses_the_plan(
         [claimed] = await repo.claim_due(
             db, node_id="n1", lease_s=30, limit=1, max_in_flight=1, actor="system:dispatcher"
         )
-        taken.append(claimed["device_id"])
+        taken.append(claimed.device_id)
     assert taken == [f"plan-{n}" for n in range(8)]
     assert (
         await repo.claim_due(
@@ -533,15 +534,15 @@ async def test_a_dispatcher_whose_broker_session_is_down_loses_no_claim_to_it(
     )  # fmt: skip
     command_id = await _create(db)
     assert await dispatcher.run_once() == 0  # the session is down: nothing claimed
-    assert (await _row(db, command_id))["claim_generation"] == 0
+    assert (await _row(db, command_id)).claim_generation == 0
     up["now"] = True
     assert await dispatcher.run_once() == 1
     await dispatcher.flush()
     released = await _row(db, command_id)
-    assert (released["status"], released["claim_generation"], released["reclaim_count"]) == (
+    assert (released.status, released.claim_generation, released.reclaim_count) == (
         "PENDING", 1, 0,
     )  # fmt: skip
-    assert released["lease_expire_at"] is None
+    assert released.lease_expire_at is None
     audit = await db.fetchrow(
         "SELECT action, from_status, to_status, claim_generation, node_id, note"
         " FROM command_audit WHERE command_id = $1 ORDER BY id DESC LIMIT 1",
@@ -553,7 +554,7 @@ async def test_a_dispatcher_whose_broker_session_is_down_loses_no_claim_to_it(
     assert await dispatcher.run_once() == 1
     await dispatcher.flush()
     kept = await _row(db, command_id)
-    assert (kept["status"], kept["claim_generation"], kept["reclaim_count"]) == ("CLAIMED", 2, 0)
+    assert (kept.status, kept.claim_generation, kept.reclaim_count) == ("CLAIMED", 2, 0)
     assert not dispatcher._wakeup.is_set()
     link.connected()
     assert dispatcher._wakeup.is_set()

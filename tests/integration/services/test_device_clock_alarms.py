@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 import asyncpg
 
 from gateway.alarms.engine import AlarmEngine, BatchAlarms
-from gateway.alarms.service import transition
+from gateway.alarms.lifecycle import transition
 from gateway.domain.alarm import Action
 from gateway.domain.rules import DeviceClock, RuleConfig, compile_rules
 from gateway.support.metrics import Metrics

@@ -7,12 +7,13 @@ import aiomqtt
 import asyncpg
 import msgspec
 
-from gateway.commands.lifecycle import create_command
 from gateway.domain.command import Delivery
 from gateway.runtime.daemon import Daemon
 from protocol import Topics
 from sim.publisher import publish_many
 from storage import commands as commands_repo
+from storage.commands import CommandRow
+from tests.support.commands import new_command
 from tests.support.daemon import make_config, metric, running_daemon
 from tests.support.mosquitto import Mosquitto
 from tests.support.waiting import wait_until
@@ -35,22 +36,22 @@ def _telemetry(device: str, seq: int) -> tuple[str, bytes]:
     return TOPICS.telemetry(device), payload
 
 
-async def _claimed_command(conn: asyncpg.Connection, device: str) -> asyncpg.Record:
-    created = await create_command(
+async def _claimed_command(conn: asyncpg.Connection, device: str) -> CommandRow:
+    created = await new_command(
         conn, device_id=device, name="open_valve", params={"valve": 1},
-        delivery=Delivery.REALTIME, idempotency_key=None, created_by="op:test", node_id="api",
+        delivery=Delivery.REALTIME, idempotency_key=None, actor="op:test", node_id="api",
         expire_after_s=3600,
     )  # fmt: skip
     (claimed,) = await commands_repo.claim_due(
         conn, node_id=NODE, lease_s=600, limit=10, max_in_flight=1, actor="system:dispatcher"
     )
-    assert claimed["id"] == created.command["id"]
+    assert claimed.id == created.command.id
     return claimed
 
 
-def _receipt(command: asyncpg.Record, device: str, raw_ack: str = "done") -> tuple[str, bytes]:
+def _receipt(command: CommandRow, device: str, raw_ack: str = "done") -> tuple[str, bytes]:
     body = {
-        "commandId": command["id"], "claimGeneration": command["claim_generation"],
+        "commandId": command.id, "claimGeneration": command.claim_generation,
         "nodeId": NODE, "result": "ACKED", "resultCode": 0, "rawAck": raw_ack,
     }  # fmt: skip
     return TOPICS.acks(device), msgspec.json.encode(body)
@@ -79,12 +80,12 @@ async def test_a_receipt_in_a_batch_split_for_a_refused_row_is_applied(
     conn = await asyncpg.connect(db_dsn)
     try:
         receipts = await conn.fetch("SELECT command_id, outcome FROM command_receipt")
-        status = await conn.fetchval("SELECT status FROM command WHERE id = $1", command["id"])
+        status = await conn.fetchval("SELECT status FROM command WHERE id = $1", command.id)
         letters = await conn.fetch("SELECT topic, payload, reason, detail FROM dead_letter")
         seqs = await conn.fetch("SELECT seq FROM telemetry")
     finally:
         await conn.close()
-    assert [tuple(r) for r in receipts] == [(command["id"], "accepted")]
+    assert [tuple(r) for r in receipts] == [(command.id, "accepted")]
     assert status == "ACKED"
     assert [(r["topic"], bytes(r["payload"]), r["reason"]) for r in letters] == [
         (*refused, "STORAGE_REJECTED")
@@ -120,7 +121,7 @@ async def test_a_receipt_postgres_refuses_is_dead_lettered_and_its_batch_stored(
         letters = await conn.fetch("SELECT topic, payload, reason, detail FROM dead_letter")
         stored = await conn.fetchval("SELECT count(*) FROM telemetry")
         presence = await conn.fetchval("SELECT presence FROM device WHERE device_id = 'valve-2'")
-        status = await conn.fetchval("SELECT status FROM command WHERE id = $1", command["id"])
+        status = await conn.fetchval("SELECT status FROM command WHERE id = $1", command.id)
     finally:
         await conn.close()
     assert [(r["topic"], bytes(r["payload"]), r["reason"]) for r in letters] == [

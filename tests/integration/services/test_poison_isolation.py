@@ -12,12 +12,13 @@ import msgspec
 import pytest
 
 from gateway.alarms.engine import AlarmEngine, BatchAlarms
+from gateway.commands.receipts import ReceiptApplier
 from gateway.domain.rules import RuleConfig, compile_rules
 from gateway.ingest.breaker import CrashLoopBreaker, digest
 from gateway.ingest.decoder import Classified, Inbound, MessageDecoder
 from gateway.ingest.live_path import LivePath
 from gateway.ingest.replay import replay_one
-from gateway.ingest.store import ReceiptApplier, set_aside_unbounded_telemetry
+from gateway.ingest.store import set_aside_unbounded_telemetry
 from gateway.ingest.writer import IngestWriter
 from gateway.support.backoff import Backoff
 from gateway.support.metrics import Metrics

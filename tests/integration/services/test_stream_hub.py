@@ -12,7 +12,7 @@ from datetime import UTC, datetime, timedelta
 import asyncpg
 import pytest
 
-from gateway.alarms.service import create_alarm
+from gateway.alarms.lifecycle import create_alarm
 from gateway.api import stream as stream_module
 from gateway.api.auth import Caller, Role
 from gateway.api.stream import StreamHub

@@ -15,7 +15,8 @@ import asyncpg
 import pytest
 
 from gateway.alarms.engine import AlarmEngine, BatchAlarms
-from gateway.alarms.service import ConcurrentWriteError, clear_alarm, create_alarm
+from gateway.alarms.lifecycle import clear_alarm, create_alarm
+from gateway.domain.errors import ConcurrentWriteError
 from gateway.domain.rules import RuleConfig, RuleState, compile_rules, rule_version
 from gateway.support.metrics import Metrics
 from protocol import Telemetry, telemetry_event_id
