@@ -155,6 +155,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     units.add_argument("--executable", help="the gateway command the units run (default: this one)")
     units.add_argument("--force", action="store_true", help="overwrite differing unit files")
+    units.add_argument(
+        "--allow-tmp",
+        action="store_true",
+        help="accept an executable under /tmp or /var/tmp (the units' PrivateTmp=yes hides "
+        "it: only with a drop-in setting PrivateTmp=no)",
+    )
     return parser
 
 
@@ -362,7 +368,9 @@ def _install_systemd(args: argparse.Namespace) -> int:
     from gateway.runtime.install_systemd import install_units
 
     try:
-        written = install_units(args.target, executable=args.executable, force=args.force)
+        written = install_units(
+            args.target, executable=args.executable, force=args.force, allow_tmp=args.allow_tmp
+        )
     except (FileExistsError, FileNotFoundError, ValueError) as exc:
         print(str(exc), file=sys.stderr)
         return EXIT_FAILURE
