@@ -27,6 +27,7 @@ import asyncpg
 import structlog
 
 from gateway.alarms.delivery import QUIET_ACTOR
+from gateway.alarms.metrics import AlarmMetrics
 from gateway.alarms.service import (
     EVENT_ESCALATED,
     EVENT_REMINDER,
@@ -90,6 +91,7 @@ class AlarmTimers:
         self.interval_s = interval_s
         self.clock = clock
         self.metrics = metrics
+        self.alarm_metrics = None if metrics is None else AlarmMetrics.of(metrics.registry)
 
     @classmethod
     def from_config(
@@ -156,8 +158,8 @@ class AlarmTimers:
                     severity=row["severity"],
                     after_s=after_s,
                 )
-                if self.metrics is not None:
-                    self.metrics.alarms_unreached.inc()
+                if self.alarm_metrics is not None:
+                    self.alarm_metrics.alarms_unreached.inc()
                 report.unreached.append(row["id"])
             if len(rows) < BATCH:
                 return

@@ -396,6 +396,7 @@ def _check_config(path: Path) -> int:
 
 
 async def _run(config: Config, args: argparse.Namespace) -> int:
+    from gateway.runtime.components import node_metrics
     from gateway.runtime.daemon import Daemon
 
     stop = asyncio.Event()
@@ -403,7 +404,7 @@ async def _run(config: Config, args: argparse.Namespace) -> int:
     if wants_zero_setup_token(config):
         # The token is written there before the daemon looks at the directory itself.
         check_writable(config.state_dir)
-    daemon = Daemon(with_zero_setup_token(config, announce=True))
+    daemon = Daemon(with_zero_setup_token(config, announce=True), metrics=node_metrics())
 
     def shutdown() -> None:
         daemon.notifier.stopping()
