@@ -37,7 +37,7 @@ from storage.errors import TRANSIENT_DB_ERRORS
 from storage.pool import describe
 
 if TYPE_CHECKING:
-    from storage.embedded import EmbeddedPostgres
+    from gateway.embedded.postgres import EmbeddedPostgres
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -222,7 +222,7 @@ class MissingExtraError(Exception):
 
 def _require_embedded(*, database: bool, broker: bool) -> None:
     """One line saying what to install when the zero-setup path lacks its packages."""
-    from storage.embedded import EMBEDDED_EXTRA_HINT, embedded_postgres_installed
+    from gateway.embedded.postgres import EMBEDDED_EXTRA_HINT, embedded_postgres_installed
 
     missing: list[str] = []
     if database and not embedded_postgres_installed():
@@ -346,7 +346,7 @@ def _run_async(coro: Coroutine[Any, Any, int]) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from gateway.runtime import demo
+    from gateway.demo import run as demo
 
     try:
         _require_embedded(database=True, broker=True)
@@ -472,7 +472,7 @@ async def _database(config: Config) -> AsyncIterator[asyncpg.Pool]:
 async def _embedded_dsn(config: Config) -> tuple[EmbeddedPostgres | None, str]:
     """The running embedded server's DSN (no server of ours: ``None``), or a server started
     here, which the caller stops."""
-    from storage.embedded import (
+    from gateway.embedded.postgres import (
         EmbeddedPostgres,
         EmbeddedPostgresBusyError,
         EmbeddedPostgresError,

@@ -284,7 +284,7 @@ async def run_screenshots(settings: DemoSettings, outdir: Path) -> int:
     written: list[Path] = []
 
     async def photograph(demo: Demo) -> None:
-        from gateway.runtime.screenshots import take_screenshots  # imports playwright
+        from gateway.demo.screenshots import take_screenshots  # imports playwright
 
         written.extend(await take_screenshots(demo.url, demo.token, outdir, CHROMIUM, SCREEN_SIZES))
 
@@ -300,7 +300,7 @@ async def run_measure_live(settings: DemoSettings, count: int) -> int:
     millis: list[float] = []
 
     async def measure(demo: Demo) -> None:
-        from gateway.runtime.screenshots import measure_live_alarms  # imports playwright
+        from gateway.demo.screenshots import measure_live_alarms  # imports playwright
 
         assert demo.daemon.broker_address is not None
         host, port = demo.daemon.broker_address
