@@ -1,4 +1,10 @@
-"""The wire layer: topics, message schemas and their encodings. No I/O, nothing of ours."""
+"""The wire layer: topics, message schemas and their encodings. No I/O, nothing of ours.
+
+Owns what devices, the gateway and the simulator must agree on: device ids (``ids``), topics,
+the messages (``messages``), their JSON and CBOR encodings (``codec``) and the telemetry event
+id (``eventid``). Entry points: the names re-exported here. Imports nothing of ours (neither
+``gateway``, ``storage`` nor ``sim``: import-linter).
+"""
 
 from protocol.codec import (
     DecodeError,

@@ -28,7 +28,7 @@ def pg_server_dsn() -> Iterator[str]:
     if dsn:
         yield dsn
         return
-    from storage.embedded import EmbeddedPostgres
+    from gateway.embedded.postgres import EmbeddedPostgres
 
     # Not under pytest's tmp_path: a concurrent pytest run resets that tree to mode 0700,
     # which locks the embedded server's own (non-root) user out of its data directory.

@@ -23,6 +23,7 @@ import msgspec
 import structlog
 
 from gateway.ai.llm import LlmError, LlmPort
+from gateway.ai.metrics import AiMetrics
 from gateway.ai.output import OutputInvalid, parse_summary
 from gateway.alarms.lifecycle import alarm_from_record
 from gateway.config import AiConfig
@@ -85,6 +86,7 @@ class SummaryWorker:
         self.llm = llm
         self.node_id = node_id
         self.metrics = metrics
+        self.ai_metrics = AiMetrics.of(metrics.registry)
         self.max_attempts = max_attempts
         self.json_mode = json_mode
         self.workers = workers
@@ -209,7 +211,7 @@ class SummaryWorker:
                     await self._event(conn, row, EVENT_SUCCEEDED)
             self._count(row, "SUCCEEDED", "")
         finally:
-            self.metrics.ai_latency.observe(loop.time() - started)
+            self.ai_metrics.ai_latency.observe(loop.time() - started)
 
     async def _failed(self, task: Claimed, code: str, message: str, raw: str | None) -> None:
         async with self.pool.acquire() as conn, conn.transaction():
@@ -229,9 +231,9 @@ class SummaryWorker:
         if row is None:
             # Reset (or swept as WORKER_LOST) while the call was in flight: its fate stands.
             log.warning("ai_result_discarded", status=status, error_code=code or None)
-            self.metrics.ai_tasks.labels("DISCARDED", code).inc()
+            self.ai_metrics.ai_tasks.labels("DISCARDED", code).inc()
             return
-        self.metrics.ai_tasks.labels(status, code).inc()
+        self.ai_metrics.ai_tasks.labels(status, code).inc()
 
     async def _after_failure(self, conn: asyncpg.Connection, row: AiTaskRow) -> None:
         await self._event(conn, row, EVENT_FAILED)
@@ -262,6 +264,6 @@ class SummaryWorker:
             for row in lost:
                 await self._after_failure(conn, row)
         for row in lost:
-            self.metrics.ai_tasks.labels("FAILED", ErrorCode.WORKER_LOST).inc()
+            self.ai_metrics.ai_tasks.labels("FAILED", ErrorCode.WORKER_LOST).inc()
             log.warning("ai_task_worker_lost", task_id=row.id, claimed_by=row.claimed_by)
         return [row.id for row in lost]

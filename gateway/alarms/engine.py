@@ -29,6 +29,7 @@ from gateway.alarms.lifecycle import (
     create_late_alarm,
     record_cleared,
 )
+from gateway.alarms.metrics import AlarmMetrics
 from gateway.domain.alarm import active_key, dedup_key
 from gateway.domain.errors import ConcurrentWriteError
 from gateway.domain.rules import (
@@ -106,6 +107,7 @@ class AlarmEngine:
         self.clock = DeviceClock() if clock is None else clock
         self.node_id = node_id
         self.metrics = metrics
+        self.alarm_metrics = AlarmMetrics.of(metrics.registry)
         self.summary: SummarySpec | None = None  # set when AI summaries are enabled
         self._rules_replaced = asyncio.Event()
 
@@ -270,7 +272,7 @@ class AlarmEngine:
         return batch, (last.device_id, last.rule_key)
 
     def committed(self, batch: BatchAlarms) -> None:
-        m = self.metrics
+        m = self.alarm_metrics
         for rule_key, alarm_id in batch.created:
             m.alarms_created.labels(rule_key).inc()
             log.info("alarm_created", alarm_id=alarm_id, rule_key=rule_key)

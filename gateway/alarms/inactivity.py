@@ -141,6 +141,6 @@ class InactivityMonitor:
             return None  # another node raised it first
         if creation.alarm is None:
             return None
-        self.engine.metrics.alarms_created.labels(rule_key).inc()
+        self.engine.alarm_metrics.alarms_created.labels(rule_key).inc()
         log.info("alarm_created", alarm_id=creation.alarm.id, rule_key=rule_key, reason=reason)
         return creation.alarm.id

@@ -37,6 +37,7 @@ from gateway.alarms.lifecycle import (
     alarm_to_json,
     transition,
 )
+from gateway.alarms.metrics import AlarmMetrics
 from gateway.config import AlarmsConfig
 from gateway.domain.alarm import Action, AlarmStatus, next_status
 from gateway.domain.quiet_hours import QuietHours, held_back
@@ -90,6 +91,7 @@ class AlarmTimers:
         self.interval_s = interval_s
         self.clock = clock
         self.metrics = metrics
+        self.alarm_metrics = None if metrics is None else AlarmMetrics.of(metrics.registry)
 
     @classmethod
     def from_config(
@@ -156,8 +158,8 @@ class AlarmTimers:
                     severity=row["severity"],
                     after_s=after_s,
                 )
-                if self.metrics is not None:
-                    self.metrics.alarms_unreached.inc()
+                if self.alarm_metrics is not None:
+                    self.alarm_metrics.alarms_unreached.inc()
                 report.unreached.append(row["id"])
             if len(rows) < BATCH:
                 return

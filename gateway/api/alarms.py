@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Annotated, Final
 
 import structlog
-from litestar.di import NamedDependency
 from litestar.handlers import HTTPRouteHandler
 from litestar.params import JSONBody, Parameter
 from msgspec import UnsetType
@@ -19,12 +18,11 @@ from gateway.api.errors import (
     STATUS_CHANGED,
     from_domain,
 )
+from gateway.api.params import AlarmId, Before, Limit, page
 from gateway.api.routes import route
 from gateway.api.schemas import (
     DEVICE_ID_PATTERN,
-    ID_MAX,
     LIMIT_DEFAULT,
-    LIMIT_MAX,
     RULE_KEY_FILTER_PATTERN,
     ActionBody,
     AiSummary,
@@ -39,35 +37,16 @@ from gateway.api.schemas import (
     from_row,
     summary_attempt,
 )
+from gateway.api.services import Alarms
 from gateway.domain.alarm import PERSON_ACTIONS, Action, Alarm, AlarmStatus
 
 log = structlog.get_logger(__name__)
 
-Alarms = NamedDependency[AlarmService]
 
 TAG: Final = "alarms"
 # People's actions in a fixed order (the order of the routes and of the document).
 PATH_ACTIONS: Final = tuple(a for a in Action if a in PERSON_ACTIONS)
 
-AlarmId = Annotated[
-    int,
-    Parameter(
-        ge=1,
-        le=ID_MAX,
-        schema_extra=exact("integer", format="int64", minimum=1, maximum=ID_MAX),
-        description="Alarm id (anything but a positive integer is a 400).",
-    ),
-]
-Limit = Annotated[int, Parameter(ge=1, le=LIMIT_MAX, description="Page size.")]
-Before = Annotated[
-    int | None,
-    Parameter(
-        ge=1,
-        le=ID_MAX,
-        schema_extra=exact("integer", format="int64", minimum=1, maximum=ID_MAX),
-        description="Keyset cursor: only older ones (`next_before`).",
-    ),
-]
 _ID_PATH: Final = "{id:str}"  # parsed by the boundary and the handler's type, not the router
 
 
@@ -129,8 +108,8 @@ async def list_alarms(
         before_id=before,
         limit=limit + 1,
     )
-    page = found[:limit]
-    return AlarmPage(items=page, next_before=page[-1].id if len(found) > limit else None)
+    items, next_before = page(found, limit)
+    return AlarmPage(items=items, next_before=next_before)
 
 
 @route(

@@ -14,27 +14,25 @@ from litestar.openapi.spec.enums import OpenAPIType
 from litestar.params import JSONBody, Parameter
 from msgspec import UNSET, UnsetType
 
-from gateway.api.alarms import Before, Limit
 from gateway.api.auth import CallDep, Role, actor_of
-from gateway.api.commands import Commands, CommandStatusFilter
 from gateway.api.errors import CAMPAIGN_CLOSED, CAMPAIGN_NOT_FOUND, NO_TARGETS, TARGETS_UNBOUND
+from gateway.api.params import Before, CampaignId, CommandStatusFilter, Limit, page
 from gateway.api.routes import route
 from gateway.api.schemas import (
     DEVICE_ID_PATTERN,
     DEVICE_SELECTOR_MAX_LENGTH,
     DEVICE_SELECTOR_PATTERN,
-    ID_MAX,
     LIMIT_DEFAULT,
     Command,
     CommandName,
     IdempotencyKey,
     Params,
-    exact,
     from_row,
 )
 from gateway.api.schemas import (
     CommandBody as _CommandBody,
 )
+from gateway.api.services import Commands
 from gateway.commands.campaigns import (
     CampaignNotFoundError,
     CampaignRequest,
@@ -182,15 +180,6 @@ def _service(commands: CommandService) -> CampaignService:
     )
 
 
-CampaignId = Annotated[
-    int,
-    Parameter(
-        ge=1,
-        le=ID_MAX,
-        schema_extra=exact("integer", format="int64", minimum=1, maximum=ID_MAX),
-        description="Campaign id (anything but a positive integer is a 400).",
-    ),
-]
 StatusFilter = Annotated[
     CampaignStatus | None, Parameter(description="Only campaigns in this status.")
 ]
@@ -288,8 +277,8 @@ async def list_campaigns(
     before: Before = None,
 ) -> CampaignPage:
     found = await _service(commands).page(status=status, before_id=before, limit=limit + 1)
-    page = [campaign_of(r, with_counts=False) for r in found[:limit]]
-    return CampaignPage(items=page, next_before=page[-1].id if len(found) > limit else None)
+    items, next_before = page(found, limit, lambda r: campaign_of(r, with_counts=False))
+    return CampaignPage(items=items, next_before=next_before)
 
 
 @route(
@@ -322,8 +311,8 @@ async def list_campaign_commands(
     before: Before = None,
 ) -> CampaignCommandPage:
     found = await _service(commands).commands(id, status=status, before_id=before, limit=limit + 1)
-    page = [from_row(Command, r) for r in found[:limit]]
-    return CampaignCommandPage(items=page, next_before=page[-1].id if len(found) > limit else None)
+    items, next_before = page(found, limit, lambda r: from_row(Command, r))
+    return CampaignCommandPage(items=items, next_before=next_before)
 
 
 @route(

@@ -7,11 +7,9 @@ from typing import Annotated, Final
 
 import structlog
 from litestar import Response
-from litestar.di import NamedDependency
 from litestar.openapi.datastructures import ResponseSpec
 from litestar.params import JSONBody, Parameter
 
-from gateway.api.alarms import Before, Limit
 from gateway.api.auth import CallDep, Role, actor_of
 from gateway.api.errors import (
     COMMAND_CLOSED,
@@ -20,10 +18,9 @@ from gateway.api.errors import (
     DEVICE_UNBOUND,
     DOWNLINK_TOO_LARGE,
 )
+from gateway.api.params import Before, CommandId, CommandStatusFilter, DeviceId, Limit, page
 from gateway.api.routes import route
 from gateway.api.schemas import (
-    DEVICE_ID_PATTERN,
-    ID_MAX,
     LIMIT_DEFAULT,
     WAIT_MAX_S,
     Command,
@@ -36,43 +33,20 @@ from gateway.api.schemas import (
     exact,
     from_row,
 )
+from gateway.api.services import Commands
 from gateway.commands.lifecycle import (
     CommandClosedError,
     CommandNotFoundError,
     DeviceUnboundError,
     DownlinkTooLargeError,
 )
-from gateway.commands.service import CommandService
-from gateway.domain.command import CommandStatus
 from protocol.ids import UnportableDeviceIdError
 from storage.commands import CommandRow
 
 log = structlog.get_logger(__name__)
 
-Commands = NamedDependency[CommandService]
 
 TAG: Final = "commands"
-DeviceId = Annotated[
-    str,
-    Parameter(
-        pattern=DEVICE_ID_PATTERN,
-        min_length=1,
-        max_length=64,
-        description="Device id (anything else is a 400).",
-    ),
-]
-CommandId = Annotated[
-    int,
-    Parameter(
-        ge=1,
-        le=ID_MAX,
-        schema_extra=exact("integer", format="int64", minimum=1, maximum=ID_MAX),
-        description="Command id (anything but a positive integer is a 400).",
-    ),
-]
-CommandStatusFilter = Annotated[
-    CommandStatus | None, Parameter(description="Only commands in this status.")
-]
 Wait = Annotated[
     float | None,
     Parameter(
@@ -207,8 +181,8 @@ async def list_fleet_commands(
 def _page(found: Sequence[CommandRow], limit: int) -> CommandPage:
     """``found`` was asked for one more than ``limit``: a next page is promised only if it has
     something on it."""
-    page = [from_row(Command, r) for r in found[:limit]]
-    return CommandPage(items=page, next_before=page[-1].id if len(found) > limit else None)
+    items, next_before = page(found, limit, lambda r: from_row(Command, r))
+    return CommandPage(items=items, next_before=next_before)
 
 
 @route(

@@ -9,13 +9,11 @@ import structlog
 from litestar import Request
 from litestar.params import Parameter
 
-from gateway.api.alarms import Before, Limit
 from gateway.api.auth import CallDep, Role
-from gateway.api.devices import Pool
 from gateway.api.errors import DEAD_LETTER_NOT_FOUND, UNAVAILABLE, ApiError
+from gateway.api.params import Before, DeadLetterId, Limit, page
 from gateway.api.routes import route
 from gateway.api.schemas import (
-    ID_MAX,
     LIMIT_DEFAULT,
     DeadLetter,
     DeadLetterPage,
@@ -23,23 +21,13 @@ from gateway.api.schemas import (
     exact,
     from_row,
 )
-from gateway.api.services import services_of
+from gateway.api.services import Pool, services_of
 from gateway.ingest.replay import replay_one
 from storage import console as repo
 
 log = structlog.get_logger(__name__)
 
 TAG: Final = "dead-letters"
-
-DeadLetterId = Annotated[
-    int,
-    Parameter(
-        ge=1,
-        le=ID_MAX,
-        schema_extra=exact("integer", format="int64", minimum=1, maximum=ID_MAX),
-        description="Dead letter id (anything but a positive integer is a 400).",
-    ),
-]
 
 
 @route(
@@ -65,8 +53,8 @@ async def list_dead_letters(
     before: Before = None,
 ) -> DeadLetterPage:
     rows = await repo.dead_letter_page(pool, reason=reason, before=before, limit=limit + 1)
-    page = [from_row(DeadLetter, r) for r in rows[:limit]]
-    return DeadLetterPage(dead_letters=page, next_before=page[-1].id if len(rows) > limit else None)
+    items, next_before = page(rows, limit, lambda r: from_row(DeadLetter, r))
+    return DeadLetterPage(dead_letters=items, next_before=next_before)
 
 
 @route(

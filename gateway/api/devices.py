@@ -6,15 +6,12 @@ import re
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, Final
 
-import asyncpg
 import msgspec
-from litestar.di import NamedDependency
 from litestar.params import Parameter
 
-from gateway.api.alarms import Limit
 from gateway.api.auth import Role
-from gateway.api.commands import DeviceId
 from gateway.api.errors import DEVICE_NOT_FOUND, ApiError, bad_request
+from gateway.api.params import DeviceId, Limit
 from gateway.api.routes import route
 from gateway.api.schemas import (
     LIMIT_DEFAULT,
@@ -31,14 +28,13 @@ from gateway.api.schemas import (
     SamplePage,
     exact,
 )
+from gateway.api.services import Pool
 from gateway.domain.errors import ConfigError
 from gateway.domain.rules import DeviceSelector, device_selector
 from protocol.ids import IDENTIFIER_PATTERN
 from storage import console as repo
 from storage import device_clock as clock_repo
 from storage.device_clock import ClockFigure
-
-Pool = NamedDependency[asyncpg.Pool]
 
 TAG: Final = "devices"
 # Latest metrics and events come from the device's newest samples: this many of them.

@@ -9,34 +9,32 @@ from typing import Annotated, Any, Final
 
 import msgspec
 import structlog
-from litestar.di import NamedDependency
 from litestar.openapi.spec import Schema
 from litestar.openapi.spec.enums import OpenAPIType
 from litestar.params import JSONBody, Parameter
 
 from gateway.api.auth import CallDep, Role
 from gateway.api.errors import ApiError, ErrorKind, invalid_body
+from gateway.api.params import Before, Id, Limit, page
 from gateway.api.routes import route
 from gateway.api.schemas import (
     DEVICE_SELECTOR_MAX_LENGTH,
     DEVICE_SELECTOR_PATTERN,
-    ID_MAX,
     LIMIT_DEFAULT,
-    LIMIT_MAX,
     NOTE_MAX_LENGTH,
     NUL_FREE,
     RULE_KEY_FILTER_PATTERN,
     exact,
     from_row,
 )
+from gateway.api.services import Notifications
 from gateway.domain.errors import ConfigError
 from gateway.domain.notify import RECEIVER_NAME_PATTERN, DeliveryStatus
 from gateway.domain.rules import SEVERITIES
-from gateway.notify.service import DeliveryNotFoundError, NotifyService, SilenceNotFoundError
+from gateway.notify.service import DeliveryNotFoundError, SilenceNotFoundError
 
 log = structlog.get_logger(__name__)
 
-Notifications = NamedDependency[NotifyService]
 
 TAG: Final = "notifications"
 SILENCE_NOT_FOUND: Final = ErrorKind(404, "NOT_FOUND", "no such silence")
@@ -178,25 +176,6 @@ def _silence(row: Any) -> Silence:
     return msgspec.convert(values, Silence, strict=False)
 
 
-Id = Annotated[
-    int,
-    Parameter(
-        ge=1,
-        le=ID_MAX,
-        schema_extra=exact("integer", format="int64", minimum=1, maximum=ID_MAX),
-        description="Id (anything but a positive integer is a 400).",
-    ),
-]
-Limit = Annotated[int, Parameter(ge=1, le=LIMIT_MAX, description="Page size.")]
-Before = Annotated[
-    int | None,
-    Parameter(
-        ge=1,
-        le=ID_MAX,
-        schema_extra=exact("integer", format="int64", minimum=1, maximum=ID_MAX),
-        description="Keyset cursor: only older ones (`next_before`).",
-    ),
-]
 _ID_PATH: Final = "{id:str}"
 
 
@@ -251,8 +230,8 @@ async def list_silences(
     before: Before = None,
 ) -> SilencePage:
     rows = await notifications.silences(active_only=active, before=before, limit=limit + 1)
-    page = [_silence(r) for r in rows[:limit]]
-    return SilencePage(items=page, next_before=page[-1].id if len(rows) > limit else None)
+    items, next_before = page(rows, limit, _silence)
+    return SilencePage(items=items, next_before=next_before)
 
 
 @route(
@@ -312,8 +291,8 @@ async def list_deliveries(
         before=before,
         limit=limit + 1,
     )
-    page = [from_row(Delivery, r) for r in rows[:limit]]
-    return DeliveryPage(items=page, next_before=page[-1].id if len(rows) > limit else None)
+    items, next_before = page(rows, limit, lambda r: from_row(Delivery, r))
+    return DeliveryPage(items=items, next_before=next_before)
 
 
 @route(

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import asyncpg
+from litestar.di import NamedDependency
 
 from gateway.alarms.service import AlarmService
 from gateway.api.errors import UNAVAILABLE, ApiError
@@ -22,6 +23,12 @@ if TYPE_CHECKING:
 
     # Only for the annotation: the stream module reads the services (no import cycle).
     from gateway.api.stream import StreamHub
+
+# What a route declares to get a service (the app's dependencies of those names).
+Alarms = NamedDependency[AlarmService]
+Commands = NamedDependency[CommandService]
+Notifications = NamedDependency[NotifyService]
+Pool = NamedDependency[asyncpg.Pool]
 
 # The app's state key under which the routes find the services.
 STATE_SERVICES: Final = "services"

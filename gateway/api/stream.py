@@ -72,6 +72,7 @@ from gateway.api.errors import (
     ErrorKind,
     bad_request,
 )
+from gateway.api.metrics import StreamMetrics
 from gateway.api.routes import route
 from gateway.api.schemas import exact
 from gateway.api.server import STATE_SERVER, ApiServer
@@ -248,8 +249,9 @@ class StreamHub:
         self.max_streams_per_token = max_streams_per_token
         self.write_deadline_s = write_deadline_s
         self.metrics = metrics
-        if metrics is not None:
-            metrics.streams_open.set_function(lambda: len(self._streams))
+        self.stream_metrics = None if metrics is None else StreamMetrics.of(metrics.registry)
+        if self.stream_metrics is not None:
+            self.stream_metrics.streams_open.set_function(lambda: len(self._streams))
         self.head: Cursor | None = None  # the newest event fanned out (None: not started)
         self._streams: set[_Stream] = set()  # open, caught up or not
         self._live: set[_Stream] = set()  # the fan-out
@@ -356,8 +358,8 @@ class StreamHub:
         return stream
 
     def _refused(self, kind: ErrorKind, message: str, *, headers: dict[str, str]) -> ApiError:
-        if self.metrics is not None:
-            self.metrics.stream_refusals.labels(kind.code).inc()
+        if self.stream_metrics is not None:
+            self.stream_metrics.stream_refusals.labels(kind.code).inc()
         return ApiError(kind, message, headers=headers)
 
     def revoke(self, holds: Callable[[Caller], bool]) -> int:
@@ -375,8 +377,8 @@ class StreamHub:
         log.warning(
             "stream_dropped", token=stream.caller.name, reason=reason, queued=len(stream.frames)
         )
-        if self.metrics is not None:
-            self.metrics.streams_dropped.labels(reason).inc()
+        if self.stream_metrics is not None:
+            self.stream_metrics.streams_dropped.labels(reason).inc()
         stream.dropped = True
         stream.close()
         self._release(stream)

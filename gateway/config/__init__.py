@@ -4,6 +4,9 @@ Unknown keys and wrong types are errors naming the key path; every error in the 
 reported at once (:class:`ConfigErrors`), an enum error with the allowed values. Secrets
 (database DSN, MQTT credentials) may come from the environment or from systemd credentials
 instead of the file.
+
+Entry points: ``load_config``, ``Config``, ``ConfigError``/``ConfigErrors``. May import
+``support``, ``domain`` and ``protocol``; nothing above it.
 """
 
 from __future__ import annotations

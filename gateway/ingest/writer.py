@@ -26,6 +26,7 @@ from gateway.ingest.decoder import (
     MessageDecoder,
     failure_detail,
 )
+from gateway.ingest.metrics import IngestMetrics
 from gateway.ingest.store import StoreResult, store
 from gateway.support.backoff import Backoff
 from gateway.support.metrics import Metrics, observe_many
@@ -99,6 +100,7 @@ class IngestWriter:
         self.decoder = decoder
         self.node_id = node_id
         self.metrics = metrics
+        self.ingest_metrics = IngestMetrics.of(metrics.registry)
         self.batch_size = batch_size
         self.linger_s = linger_s
         self.retry = retry
@@ -141,13 +143,13 @@ class IngestWriter:
 
     async def put(self, item: Inbound) -> None:
         """Blocks while the queue is full: overload slows the reader, never grows memory."""
-        self.metrics.inflight.inc()
+        self.ingest_metrics.inflight.inc()
         await self.queue.put(item)
 
     async def put_many(self, items: Sequence[Inbound]) -> None:
         """``put`` for each, in order, waiting only when the queue is full."""
         queue = self.queue
-        self.metrics.inflight.inc(len(items))
+        self.ingest_metrics.inflight.inc(len(items))
         for item in items:
             if queue.full():
                 await queue.put(item)
@@ -189,7 +191,7 @@ class IngestWriter:
             finally:
                 for _ in batch:
                     self.queue.task_done()
-                self.metrics.inflight.dec(len(batch))
+                self.ingest_metrics.inflight.dec(len(batch))
 
     async def _next_batch(self) -> list[Inbound]:
         queue = self.queue
@@ -227,7 +229,7 @@ class IngestWriter:
             )
             self._count(result, received=len(classified.telemetry_sources))
         done = loop.time()
-        self.metrics.commit_seconds.observe(done - started)
+        self.ingest_metrics.commit_seconds.observe(done - started)
         self.metrics.batch_size.observe(len(batch))
         skipped = 0
         latencies: dict[float, int] = {}  # a reader's chunk shares one arrival time
@@ -237,9 +239,9 @@ class IngestWriter:
                     skipped += 1
                 latencies[item.received_at] = latencies.get(item.received_at, 0) + 1
         if skipped:
-            self.metrics.acks_skipped.inc(skipped)
+            self.ingest_metrics.acks_skipped.inc(skipped)
         for received_at, count in latencies.items():
-            observe_many(self.metrics.handler_seconds, done - received_at, count)
+            observe_many(self.ingest_metrics.handler_seconds, done - received_at, count)
         self.last_progress = done
 
     def _quarantine(self, items: list[Inbound]) -> list[DeadLetterRow]:
@@ -259,13 +261,13 @@ class IngestWriter:
         return letters
 
     def _count(self, result: StoreResult, *, received: int) -> None:
-        m = self.metrics
+        m = self.ingest_metrics
         m.telemetry_received.inc(received)
         m.telemetry_stored.inc(result.stored)
         m.telemetry_duplicates.inc(result.duplicates)
         m.presence_updates.inc(result.presence)
         for letter in result.dead_letters:
-            m.dead_letters.labels(letter.reason).inc()
+            self.metrics.dead_letters.labels(letter.reason).inc()
             log.warning(
                 "message_dead_lettered",
                 topic=letter.topic,
@@ -322,12 +324,12 @@ class IngestWriter:
                     log.error("batch_processing_failed", error=repr(exc), size=len(batch.items))
                 kept, rejected = await self._isolate_refused(batch.items)
                 if rejected:
-                    self.metrics.batch_refusals.labels("true").inc()
+                    self.ingest_metrics.batch_refusals.labels("true").inc()
                     refused.extend(rejected)
                     batch = self._rebuild(kept, refused)
                     continue
                 unexplained += 1
-                self.metrics.batch_refusals.labels("false").inc()
+                self.ingest_metrics.batch_refusals.labels("false").inc()
                 if unexplained >= self.refused_batch_attempts and batch.items:
                     detail = (
                         f"the batch was refused {unexplained} times though no message of it "

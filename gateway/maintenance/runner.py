@@ -30,6 +30,7 @@ import asyncpg
 import structlog
 
 from gateway.config import RetentionConfig
+from gateway.maintenance.metrics import MaintenanceMetrics
 from gateway.support.loops import every
 from gateway.support.metrics import Metrics
 from gateway.support.node import Node
@@ -110,6 +111,7 @@ class Maintenance:
         self.pool = pool
         self.retention = retention
         self.metrics = metrics
+        self.retention_metrics = MaintenanceMetrics.of(metrics.registry)
         self.clock = clock
         self.chunk_rows = chunk_rows
         self.default_partition_pages = default_partition_pages
@@ -195,9 +197,9 @@ class Maintenance:
         await self._measure(conn)
         for table, n in report.deleted.items():
             if n:
-                self.metrics.retention_deleted.labels(table).inc(n)
-        self.metrics.retention_partitions_dropped.inc(len(report.dropped))
-        self.metrics.maintenance_last_pass.set(now.timestamp())
+                self.retention_metrics.retention_deleted.labels(table).inc(n)
+        self.retention_metrics.retention_partitions_dropped.inc(len(report.dropped))
+        self.retention_metrics.maintenance_last_pass.set(now.timestamp())
         return report
 
     async def _partition(
@@ -221,10 +223,10 @@ class Maintenance:
 
     async def _measure(self, conn: asyncpg.Connection) -> None:
         for size in await repo.table_sizes(conn, MEASURED_TABLES):
-            self.metrics.table_rows.labels(size.name).set(size.estimated_rows)
-            self.metrics.table_bytes.labels(size.name).set(size.bytes)
+            self.retention_metrics.table_rows.labels(size.name).set(size.estimated_rows)
+            self.retention_metrics.table_bytes.labels(size.name).set(size.bytes)
         oldest = await repo.oldest_telemetry_day(conn)
         # No telemetry at all: NaN, "no value", rather than a day that never was.
-        self.metrics.telemetry_oldest_day.set(
+        self.retention_metrics.telemetry_oldest_day.set(
             day_start(oldest).timestamp() if oldest is not None else float("nan")
         )

@@ -2,27 +2,14 @@
 
 from __future__ import annotations
 
-import weakref
-
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from gateway.support.metrics import MetricSet
 
 DELIVERY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
 
 
-_BY_REGISTRY: weakref.WeakKeyDictionary[CollectorRegistry, NotifyMetrics] = (
-    weakref.WeakKeyDictionary()
-)
-
-
-class NotifyMetrics:
-    @classmethod
-    def of(cls, registry: CollectorRegistry) -> NotifyMetrics:
-        """The one set of these metrics on ``registry`` (a daemon built twice registers once)."""
-        found = _BY_REGISTRY.get(registry)
-        if found is None:
-            found = _BY_REGISTRY[registry] = cls(registry)
-        return found
-
+class NotifyMetrics(MetricSet):
     def __init__(self, registry: CollectorRegistry) -> None:
         r = registry
         self.deliveries = Counter(

@@ -38,7 +38,7 @@ from storage.errors import TRANSIENT_DB_ERRORS
 from storage.pool import describe
 
 if TYPE_CHECKING:
-    from storage.embedded import EmbeddedPostgres
+    from gateway.embedded.postgres import EmbeddedPostgres
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -156,6 +156,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     units.add_argument("--executable", help="the gateway command the units run (default: this one)")
     units.add_argument("--force", action="store_true", help="overwrite differing unit files")
+    units.add_argument(
+        "--allow-tmp",
+        action="store_true",
+        help="accept an executable under /tmp or /var/tmp (the units' PrivateTmp=yes hides "
+        "it: only with a drop-in setting PrivateTmp=no)",
+    )
     return parser
 
 
@@ -217,7 +223,7 @@ class MissingExtraError(Exception):
 
 def _require_embedded(*, database: bool, broker: bool) -> None:
     """One line saying what to install when the zero-setup path lacks its packages."""
-    from storage.embedded import EMBEDDED_EXTRA_HINT, embedded_postgres_installed
+    from gateway.embedded.postgres import EMBEDDED_EXTRA_HINT, embedded_postgres_installed
 
     missing: list[str] = []
     if database and not embedded_postgres_installed():
@@ -341,7 +347,7 @@ def _run_async(coro: Coroutine[Any, Any, int]) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from gateway.runtime import demo
+    from gateway.demo import run as demo
 
     try:
         _require_embedded(database=True, broker=True)
@@ -363,7 +369,9 @@ def _install_systemd(args: argparse.Namespace) -> int:
     from gateway.runtime.install_systemd import install_units
 
     try:
-        written = install_units(args.target, executable=args.executable, force=args.force)
+        written = install_units(
+            args.target, executable=args.executable, force=args.force, allow_tmp=args.allow_tmp
+        )
     except (FileExistsError, FileNotFoundError, ValueError) as exc:
         print(str(exc), file=sys.stderr)
         return EXIT_FAILURE
@@ -389,6 +397,7 @@ def _check_config(path: Path) -> int:
 
 
 async def _run(config: Config, args: argparse.Namespace) -> int:
+    from gateway.runtime.components import node_metrics
     from gateway.runtime.daemon import Daemon
 
     stop = asyncio.Event()
@@ -396,7 +405,7 @@ async def _run(config: Config, args: argparse.Namespace) -> int:
     if wants_zero_setup_token(config):
         # The token is written there before the daemon looks at the directory itself.
         check_writable(config.state_dir)
-    daemon = Daemon(with_zero_setup_token(config, announce=True))
+    daemon = Daemon(with_zero_setup_token(config, announce=True), metrics=node_metrics())
 
     def shutdown() -> None:
         daemon.notifier.stopping()
@@ -466,7 +475,7 @@ async def _database(config: Config) -> AsyncIterator[asyncpg.Pool]:
 async def _embedded_dsn(config: Config) -> tuple[EmbeddedPostgres | None, str]:
     """The running embedded server's DSN (no server of ours: ``None``), or a server started
     here, which the caller stops."""
-    from storage.embedded import (
+    from gateway.embedded.postgres import (
         EmbeddedPostgres,
         EmbeddedPostgresBusyError,
         EmbeddedPostgresError,

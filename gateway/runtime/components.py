@@ -17,14 +17,17 @@ from typing import Any
 import structlog
 
 from gateway.ai.llm import OpenAiCompatibleLlm
+from gateway.ai.metrics import AiMetrics
 from gateway.ai.worker import SummaryWorker
 from gateway.alarms.engine import AlarmEngine
 from gateway.alarms.holds import HoldTimer
 from gateway.alarms.inactivity import InactivityMonitor
+from gateway.alarms.metrics import AlarmMetrics
 from gateway.alarms.rule_watch import RuleWatch
 from gateway.alarms.service import AlarmService
 from gateway.alarms.timers import AlarmTimers
 from gateway.api.auth import BearerAuth
+from gateway.api.metrics import StreamMetrics
 from gateway.commands.campaigns import CampaignService, CampaignSettler
 from gateway.commands.dispatcher import Dispatcher
 from gateway.commands.reaper import Reaper
@@ -32,8 +35,10 @@ from gateway.commands.service import CommandService
 from gateway.config import Config
 from gateway.domain.quiet_hours import QuietHours
 from gateway.ingest import live_path
+from gateway.ingest.metrics import IngestMetrics
 from gateway.ingest.store import set_aside_unbounded_telemetry
 from gateway.ingest.writer import IngestWriter
+from gateway.maintenance.metrics import MaintenanceMetrics
 from gateway.maintenance.runner import Maintenance
 from gateway.mqtt.memory import SubscriptionMemory
 from gateway.mqtt.session import MqttSession
@@ -43,10 +48,30 @@ from gateway.notify.metrics import NotifyMetrics
 from gateway.notify.worker import DeliveryWorker
 from gateway.outbox.publisher import OutboxPublisher
 from gateway.support.backoff import Backoff
+from gateway.support.metrics import Metrics, MetricSet
 from gateway.support.node import Node
 from protocol import TopicKind
 
 log = structlog.get_logger(__name__)
+
+# Each feature's own metrics (a MetricSet beside it), on /metrics whether or not it runs.
+FEATURE_METRICS: tuple[type[MetricSet], ...] = (
+    IngestMetrics,
+    AlarmMetrics,
+    StreamMetrics,
+    AiMetrics,
+    MaintenanceMetrics,
+    NotifyMetrics,
+)
+
+
+def node_metrics(metrics: Metrics | None = None) -> Metrics:
+    """``metrics`` (new ones by default) with every feature's set registered on its registry."""
+    metrics = metrics or Metrics()
+    for feature in FEATURE_METRICS:
+        feature.of(metrics.registry)
+    return metrics
+
 
 # A loop the daemon runs until ``stop``: its task name, and how to run it.
 Loop = tuple[str, Callable[[asyncio.Event], Coroutine[Any, Any, None]]]
@@ -108,6 +133,7 @@ async def build(
 ) -> Components:
     """Every component of the node, wired; ``stack`` closes what needs closing. ``auth`` is
     the HTTP server's, which runs before the rest (it is reloaded with the components)."""
+    node_metrics(node.metrics)  # a no-op where the daemon was given them (gateway run)
     engine = live_path.alarm_engine(config, node.metrics)
     async with node.pool.acquire() as conn:
         await engine.forget_removed_rules(conn)

@@ -384,7 +384,7 @@ class Daemon:
         if self.config.database.dsn:
             self.database_dsn = self.config.database.dsn
             return self.database_dsn
-        from storage.embedded import (
+        from gateway.embedded.postgres import (
             EmbeddedPostgres,
             EmbeddedPostgresCancelled,
             EmbeddedPostgresError,
@@ -433,7 +433,7 @@ class Daemon:
         if mqtt.host:
             self.broker_address = (mqtt.host, mqtt.port)
             return mqtt.host, mqtt.port, mqtt.protocol
-        from gateway.mqtt.embedded_broker import EmbeddedBroker, EmbeddedBrokerError
+        from gateway.embedded.broker import EmbeddedBroker, EmbeddedBrokerError
 
         broker = EmbeddedBroker("127.0.0.1", mqtt.port)
         try:

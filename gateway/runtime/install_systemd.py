@@ -21,6 +21,9 @@ __all__ = ["DEFAULT_EXECUTABLE", "UNIT_NAMES", "install_units", "render_unit"]
 DEFAULT_EXECUTABLE: Final = "/opt/gateway/venv/bin/gateway"
 UNIT_NAMES: Final = ("gateway.service", "gateway@.service")
 SYSTEMD_SYSTEM_DIR: Final = Path("/etc/systemd/system")
+# The units set PrivateTmp=yes: the service sees empty private /tmp and /var/tmp of its own, so
+# an ExecStart= under either cannot start (status 203/EXEC).
+PRIVATE_TMP_DIRS: Final = (Path("/tmp"), Path("/var/tmp"))  # noqa: S108 - compared, not written
 
 # The executable of ExecStart= and ExecStartPre=, commented out or not, after systemd's
 # optional prefixes (-, @, :, +, !). ExecReload= (/bin/kill) is left alone.
@@ -56,16 +59,29 @@ def install_units(
     *,
     executable: str | None = None,
     force: bool = False,
+    allow_tmp: bool = False,
 ) -> list[Path]:
     """Write every packaged unit into ``target_dir``; return the paths written.
 
     A unit already there with other content (an older version, local edits) is not replaced
     unless ``force``: nothing is written then, and :class:`FileExistsError` names the files.
     Local changes belong in drop-ins (``systemctl edit gateway``), which this never touches.
+
+    An executable under ``/tmp`` or ``/var/tmp`` (a virtualenv made in a temporary directory)
+    is refused with :class:`ValueError` unless ``allow_tmp`` (a drop-in setting
+    ``PrivateTmp=no``): the units' ``PrivateTmp=yes`` hides it from the service.
     """
     executable = executable or default_executable()
     if not os.access(executable, os.X_OK):
         raise FileNotFoundError(f"{executable} is not an executable file; pass executable=")
+    temporary = _under_private_tmp(executable)
+    if temporary is not None and not allow_tmp:
+        raise ValueError(
+            f"{executable} is inside {temporary}, which the units' PrivateTmp=yes replaces with "
+            "an empty directory of the service's own: systemd could not start it. Install the "
+            "gateway outside /tmp and /var/tmp (e.g. /opt/gateway/venv), or, with a drop-in "
+            "setting PrivateTmp=no, run gateway install-systemd --allow-tmp"
+        )
     rendered = {target_dir / name: render_unit(name, executable) for name in UNIT_NAMES}
     if not force:
         conflicts = [path for path, text in rendered.items() if _differs(path, text)]
@@ -79,6 +95,15 @@ def install_units(
     for path, text in rendered.items():
         _write_atomically(path, text)
     return list(rendered)
+
+
+def _under_private_tmp(executable: str) -> Path | None:
+    """The private temporary directory ``executable`` lies in, as written or resolved."""
+    for path in (Path(os.path.normpath(executable)), Path(os.path.realpath(executable))):
+        for directory in PRIVATE_TMP_DIRS:
+            if path.is_relative_to(directory):
+                return directory
+    return None
 
 
 def _differs(path: Path, text: str) -> bool:

@@ -14,8 +14,8 @@ from typing import Final
 import pytest
 from playwright.async_api import Browser, Page, expect
 
-from gateway.runtime.demo import CHROMIUM
-from gateway.runtime.screenshots import launch_chromium
+from gateway.demo.run import CHROMIUM
+from gateway.demo.screenshots import launch_chromium
 
 # Generous for a loaded CI machine; every wait is on a condition, never a sleep.
 WAIT_MS: Final = 20_000

@@ -19,7 +19,7 @@ import aiomqtt
 import asyncpg
 import pytest
 
-from gateway.mqtt.embedded_broker import EmbeddedBroker
+from gateway.embedded.broker import EmbeddedBroker
 from tests.integration.acceptance.test_startup_failures import _DYNSEC_PLUGINS
 from tests.support.daemon import DaemonProcess, config_toml, make_config, running_daemon
 from tests.support.gateway_cli import Finished, gateway_run

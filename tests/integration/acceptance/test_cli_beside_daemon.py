@@ -17,8 +17,8 @@ import aiomqtt
 import asyncpg
 import pytest
 
+from gateway.embedded.postgres import EmbeddedPostgres
 from protocol import Topics
-from storage.embedded import EmbeddedPostgres
 from tests.support.daemon import DaemonProcess, count_rows, http_healthy
 from tests.support.ports import free_port
 from tests.support.waiting import wait_until

@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.runtime.demo import CHROMIUM
+from gateway.demo.run import CHROMIUM
 from tests.support.ports import free_port
 from tests.support.waiting import wait_until_sync
 

@@ -138,7 +138,7 @@ async def test_zero_setup_default_ingests_on_embedded_broker_and_database(
                 b'{"ts": 1767225600000, "metrics": {"temp": 21.5}}',
                 qos=1,
             )
-        from storage.embedded import EmbeddedPostgres
+        from gateway.embedded.postgres import EmbeddedPostgres
 
         dsn = EmbeddedPostgres(state_dir).dsn
 

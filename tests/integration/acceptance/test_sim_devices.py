@@ -123,7 +123,7 @@ async def test_devices_on_the_embedded_broker_are_stored_and_raise_alarms(
 
 @pytest.mark.embedded
 async def test_mqtt_5_against_the_embedded_broker_says_to_use_3_1_1(tmp_path: Path) -> None:
-    from gateway.mqtt.embedded_broker import EmbeddedBroker
+    from gateway.embedded.broker import EmbeddedBroker
 
     async with (
         EmbeddedBroker("127.0.0.1", free_port()) as broker,

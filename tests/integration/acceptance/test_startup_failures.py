@@ -23,7 +23,7 @@ import aiohttp
 import asyncpg
 import pytest
 
-from storage.embedded import EmbeddedPostgres
+from gateway.embedded.postgres import EmbeddedPostgres
 from tests.support.credentials import password_file
 from tests.support.daemon import DaemonProcess, config_toml
 from tests.support.dsn import proxy_for, through, with_database

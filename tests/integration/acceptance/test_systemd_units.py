@@ -10,6 +10,7 @@ import shutil
 import stat
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -175,10 +176,13 @@ def test_render_refuses_unknown_units() -> None:
         render_unit("postgresql.service", "/usr/bin/true")
 
 
+# pytest's tmp_path is under /tmp, which install_units refuses unless allow_tmp (below).
+
+
 def test_install_writes_every_unit_with_the_given_executable(tmp_path: Path) -> None:
     executable = _fake_gateway(tmp_path / "venv")
     target = tmp_path / "etc" / "systemd" / "system"
-    written = install_units(target, executable=str(executable))
+    written = install_units(target, executable=str(executable), allow_tmp=True)
     assert written == [target / name for name in UNIT_NAMES]
     for path in written:
         assert path.read_text() == render_unit(path.name, str(executable))
@@ -186,7 +190,7 @@ def test_install_writes_every_unit_with_the_given_executable(tmp_path: Path) -> 
         assert stat.S_IMODE(path.stat().st_mode) == 0o644
     assert sorted(p.name for p in target.iterdir()) == sorted(UNIT_NAMES)  # no temp files left
     # Installing the same thing again is a no-op, not a conflict.
-    assert install_units(target, executable=str(executable)) == written
+    assert install_units(target, executable=str(executable), allow_tmp=True) == written
 
 
 def test_install_defaults_to_the_console_script_next_to_the_interpreter(
@@ -194,7 +198,7 @@ def test_install_defaults_to_the_console_script_next_to_the_interpreter(
 ) -> None:
     executable = _fake_gateway(tmp_path / "venv")
     monkeypatch.setattr(sys, "executable", str(executable.parent / "python"))
-    (written, *_) = install_units(tmp_path / "units")
+    (written, *_) = install_units(tmp_path / "units", allow_tmp=True)
     assert f"ExecStart={executable} run" in written.read_text()
 
 
@@ -206,12 +210,12 @@ def test_install_refuses_a_different_existing_unit_unless_forced(tmp_path: Path)
     edited.write_text("[Service]\nExecStart=/usr/bin/local-edit\n")
 
     with pytest.raises(FileExistsError, match=r"gateway@\.service.*force"):
-        install_units(target, executable=executable)
+        install_units(target, executable=executable, allow_tmp=True)
     # All or nothing: the unit without a conflict was not written either.
     assert sorted(p.name for p in target.iterdir()) == ["gateway@.service"]
     assert edited.read_text() == "[Service]\nExecStart=/usr/bin/local-edit\n"
 
-    install_units(target, executable=executable, force=True)
+    install_units(target, executable=executable, force=True, allow_tmp=True)
     assert edited.read_text() == render_unit("gateway@.service", executable)
 
 
@@ -219,3 +223,36 @@ def test_install_refuses_a_missing_executable(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="not an executable"):
         install_units(tmp_path / "units", executable=str(tmp_path / "nowhere" / "gateway"))
     assert not (tmp_path / "units").exists()
+
+
+@pytest.mark.parametrize("private", ["/tmp", "/var/tmp"])
+def test_install_refuses_an_executable_the_private_tmp_hides(private: str) -> None:
+    # PrivateTmp=yes gives the service an empty /tmp and /var/tmp: an ExecStart= there is
+    # unstartable, so nothing is written, and the error says where and why.
+    if not os.access(private, os.W_OK):
+        pytest.skip(f"{private} is not writable here")
+    with tempfile.TemporaryDirectory(dir=private) as directory:
+        executable = str(_fake_gateway(Path(directory) / "venv"))
+        target = Path(directory) / "units"
+        with pytest.raises(
+            ValueError, match=rf"{re.escape(executable)} is inside {private}.*PrivateTmp"
+        ):
+            install_units(target, executable=executable)
+        assert not target.exists()
+        # The override, for a drop-in that sets PrivateTmp=no.
+        assert install_units(target, executable=executable, allow_tmp=True)
+
+
+def test_the_cli_refuses_a_tmp_executable_with_exit_1(tmp_path: Path) -> None:
+    executable = _fake_gateway(tmp_path / "venv")
+    if not executable.resolve().is_relative_to("/tmp"):
+        pytest.skip("pytest's tmp_path is not under /tmp here")
+    argv = [sys.executable, "-m", "gateway", "install-systemd", "--target", str(tmp_path / "u")]
+    refused = _run([*argv, "--executable", str(executable)])
+    assert refused.returncode == 1
+    assert f"{executable} is inside /tmp" in refused.stderr
+    assert "--allow-tmp" in refused.stderr
+    assert not (tmp_path / "u").exists()
+    allowed = _run([*argv, "--executable", str(executable), "--allow-tmp"])
+    assert allowed.returncode == 0, allowed.stderr
+    assert (tmp_path / "u" / "gateway.service").exists()

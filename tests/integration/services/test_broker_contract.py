@@ -27,7 +27,7 @@ from typing import Any, Literal, Protocol
 import aiomqtt
 import pytest
 
-from gateway.mqtt.embedded_broker import EmbeddedBroker
+from gateway.embedded.broker import EmbeddedBroker
 from gateway.mqtt.v5_connection import Mqtt5Connection
 from gateway.mqtt.v311_client import AckingClient, ConnectionSettings, TlsSettings
 from tests.support.credentials import make_ca, make_server_cert, password_file

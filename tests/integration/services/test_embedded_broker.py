@@ -10,7 +10,7 @@ from pathlib import Path
 import aiomqtt
 import pytest
 
-from gateway.mqtt.embedded_broker import EmbeddedBroker, EmbeddedBrokerError
+from gateway.embedded.broker import EmbeddedBroker, EmbeddedBrokerError
 from tests.support.ports import free_port
 
 pytestmark = pytest.mark.embedded

@@ -16,7 +16,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from storage.embedded import (
+from gateway.embedded.postgres import (
     EmbeddedPostgres,
     EmbeddedPostgresBusyError,
     RunningServer,
@@ -32,7 +32,7 @@ PROJECT_ROOT = Path(__file__).resolve().parents[3]
 OWNER_SCRIPT = """
 import sys
 from pathlib import Path
-from storage.embedded import EmbeddedPostgres
+from gateway.embedded.postgres import EmbeddedPostgres
 server = EmbeddedPostgres(Path(sys.argv[1]))
 print("DSN " + server.start(), flush=True)
 sys.stdin.read()

@@ -15,7 +15,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from storage.embedded import (
+from gateway.embedded.postgres import (
     EmbeddedPostgres,
     EmbeddedPostgresError,
     start_embedded_postgres,
@@ -31,7 +31,7 @@ OWNER_SCRIPT = """
 import sys
 import tempfile
 from pathlib import Path
-from storage.embedded import EmbeddedPostgres
+from gateway.embedded.postgres import EmbeddedPostgres
 server = EmbeddedPostgres(Path(sys.argv[1]))
 print("DSN " + server.start(), flush=True)
 sys.stdin.read()

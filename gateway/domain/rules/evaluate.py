@@ -1,66 +1,58 @@
-"""Alarm rules: their configuration, its validation, and the pure evaluation engine.
-
-Nothing here does I/O or reads a clock: times come from the messages (device timestamps) or
-from the caller (`now`).
-
-The state of each (device, rule) — firing or not, pending samples, the device times that
-order late samples — is a `RuleState`, a row of the `rule_state` table. The ingest
-transaction of a batch reads the rows its messages touch (`state_keys`) under lock, lets
-`evaluate` judge the messages in order against them, writes the outcomes, then writes the
-rows back (the hold timer, `fire_held`, writes pending rows under the same locks); no process
-keeps any of it between batches, so every node decides alike:
-
-    states = {key: row for key, row in locked rows of the union of state_keys(...)}
-    for device_id, event_id, message in batch:  # later messages see the earlier ones' effects
-        evaluation = evaluate(rules, states, device_id, event_id, message)
-        ...write evaluation.outcomes, in order...
-    write back the entries of `states` that changed; commit
-
-Per (device, rule), the outcomes of successive in-order evaluations alternate Firing,
-Clearing, Firing... except that an event rule fires again on every new occurrence (the
-database supersedes the previous alarm). Outcomes of one message must be written in their
-order: a message carrying `DOOR_OPEN` then `DOOR_CLOSE` fires an alarm and then clears it.
-"""
+"""The pure evaluation engine: `evaluate` judges a message against the rules and their
+states, outcomes in order; `fire_held` and `hold_due_at` are the hold timer's side."""
 
 from __future__ import annotations
 
 import enum
-import fnmatch
 import hashlib
-import math
-import re
-from collections import Counter, OrderedDict
-from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping, Sequence
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, ClassVar, Final, Literal, TypeAlias, TypeGuard, TypeVar
+from typing import Any, Final, TypeAlias
 
 import msgspec
 
-from gateway.domain.alarm import CLEAR_PAIRS, Severity
-from gateway.domain.errors import ConfigError
-from protocol import MetricValue, Telemetry, is_valid_device_id
-from protocol.ids import IDENTIFIER_PATTERN
+from gateway.domain.alarm import Severity
+from gateway.domain.rules.model import (
+    EventRule,
+    InactivityRule,
+    Op,
+    Rule,
+    RuleSet,
+    ThresholdRule,
+    _DeviceRules,
+    _is_number,
+)
+from gateway.domain.rules.state import (
+    IDLE,
+    ClockAdjustment,
+    DeviceClock,
+    RuleState,
+    RuleStates,
+    _without_future,
+    judged_time,
+    replace,
+    seq_order,
+    state_keys,
+)
+from protocol import MetricValue, Telemetry
 
-RuleKind: TypeAlias = Literal["event", "threshold", "inactivity"]
-Op: TypeAlias = Literal[">", ">=", "<", "<=", "==", "!="]
+__all__ = [
+    "Clearing",
+    "Evaluation",
+    "Firing",
+    "Outcome",
+    "evaluate",
+    "fire_held",
+    "hold_due_at",
+    "hold_event_id",
+    "inactivity_firing",
+    "silence_trigger",
+    "trigger_of",
+]
 
-SEVERITIES: Final[tuple[Severity, ...]] = tuple(Severity)
-RULE_KINDS: Final[tuple[RuleKind, ...]] = ("event", "threshold", "inactivity")
-OPS: Final[tuple[Op, ...]] = (">", ">=", "<", "<=", "==", "!=")
 
-_T = TypeVar("_T")
-
-RULE_KEY_PATTERN: Final = r"^[A-Za-z0-9_.-]{1,64}\Z"
-DEFAULT_DEVICE_CACHE_SIZE: Final = 100_000
-
-_RULE_KEY_RE: Final = re.compile(RULE_KEY_PATTERN)
-_IDENTIFIER_RE: Final = re.compile(IDENTIFIER_PATTERN)
-_GLOB_RE: Final = re.compile(r"^[A-Za-z0-9_.:\-*?\[\]!]{1,128}\Z")
-_GLOB_MAGIC: Final = frozenset("*?[")
-_SEVERITY_BY_NAME: Final[Mapping[str, Severity]] = {s.value: s for s in Severity}
-_KIND_BY_NAME: Final[Mapping[str, RuleKind]] = {name: name for name in RULE_KINDS}
-_OP_BY_NAME: Final[Mapping[str, Op]] = {name: name for name in OPS}
 _NEGATED: Final[Mapping[Op, Op]] = {
     ">": "<=",
     ">=": "<",
@@ -69,528 +61,6 @@ _NEGATED: Final[Mapping[Op, Op]] = {
     "==": "!=",
     "!=": "==",
 }
-# Fields that belong to one kind only; any other kind refuses them.
-_KIND_FIELDS: Final[Mapping[RuleKind, frozenset[str]]] = {
-    "event": frozenset({"event"}),
-    "threshold": frozenset({"metric", "op", "value", "clear_value", "for_samples", "for_seconds"}),
-    "inactivity": frozenset({"silent_seconds"}),
-}
-_ALL_KIND_FIELDS: Final = tuple(sorted(frozenset().union(*_KIND_FIELDS.values())))
-
-
-class RuleConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
-    """One `[[rules]]` table as written by operators; `compile_rules` validates it.
-
-    `kind`, `severity` and `op` are plain strings so that `compile_rules` reports every
-    mistake the same way; kind-specific fields are `None` when absent so that a field given
-    to the wrong kind is an error rather than silently ignored.
-    """
-
-    key: str
-    kind: str
-    severity: str
-    devices: str | list[str] = "*"
-    description: str = ""
-    event: str | None = None
-    metric: str | None = None
-    op: str | None = None
-    value: MetricValue | None = None
-    clear_value: MetricValue | None = None
-    for_samples: int | None = None
-    for_seconds: float | None = None
-    silent_seconds: float | None = None
-
-
-def _is_glob(pattern: str) -> bool:
-    return not _GLOB_MAGIC.isdisjoint(pattern)
-
-
-@dataclass(frozen=True)
-class DeviceSelector:
-    """Device ids and `fnmatch` globs (case-sensitive); a device matches if any entry does."""
-
-    patterns: tuple[str, ...]
-    _exact: frozenset[str] = field(init=False, repr=False, compare=False)
-    _glob: re.Pattern[str] | None = field(init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        globs = [pattern for pattern in self.patterns if _is_glob(pattern)]
-        regex = "|".join(f"(?:{fnmatch.translate(glob)})" for glob in globs)
-        object.__setattr__(self, "_exact", frozenset(p for p in self.patterns if not _is_glob(p)))
-        object.__setattr__(self, "_glob", re.compile(regex) if globs else None)
-
-    def matches(self, device_id: str) -> bool:
-        if device_id in self._exact:
-            return True
-        return self._glob is not None and self._glob.match(device_id) is not None
-
-
-ALL_DEVICES: Final = DeviceSelector(("*",))
-
-
-@dataclass(frozen=True, kw_only=True)
-class Rule:
-    """A validated rule; build them with `compile_rules` (the constructors do not validate)."""
-
-    kind: ClassVar[RuleKind]
-    key: str
-    severity: Severity
-    selector: DeviceSelector = ALL_DEVICES
-    description: str = ""
-
-
-@dataclass(frozen=True, kw_only=True)
-class EventRule(Rule):
-    kind: ClassVar[RuleKind] = "event"
-    event: str
-
-
-@dataclass(frozen=True, kw_only=True)
-class ThresholdRule(Rule):
-    kind: ClassVar[RuleKind] = "threshold"
-    metric: str
-    op: Op
-    value: MetricValue
-    # Ordering ops only; `None` means `value` (no hysteresis).
-    clear_value: int | float | None = None
-    for_samples: int = 1
-    for_seconds: float = 0.0
-
-    @property
-    def clear_threshold(self) -> MetricValue:
-        return self.value if self.clear_value is None else self.clear_value
-
-
-@dataclass(frozen=True, kw_only=True)
-class InactivityRule(Rule):
-    kind: ClassVar[RuleKind] = "inactivity"
-    silent_seconds: float
-
-
-@dataclass(frozen=True)
-class _DeviceRules:
-    """The rules that apply to one device, indexed the way `evaluate` looks them up."""
-
-    rules: tuple[Rule, ...]
-    events: Mapping[str, tuple[EventRule, ...]]
-    cleared: Mapping[str, tuple[EventRule, ...]]  # clear event type -> the rules it clears
-    thresholds: tuple[ThresholdRule, ...]
-    inactivity: tuple[InactivityRule, ...]
-
-    @classmethod
-    def of(cls, rules: tuple[Rule, ...]) -> _DeviceRules:
-        events: dict[str, list[EventRule]] = {}
-        cleared: dict[str, list[EventRule]] = {}
-        for rule in rules:
-            if isinstance(rule, EventRule):
-                events.setdefault(rule.event, []).append(rule)
-                for clear_event, types in CLEAR_PAIRS.items():
-                    if rule.event in types:
-                        cleared.setdefault(clear_event, []).append(rule)
-        return cls(
-            rules=rules,
-            events={name: tuple(found) for name, found in events.items()},
-            cleared={name: tuple(found) for name, found in cleared.items()},
-            thresholds=tuple(r for r in rules if isinstance(r, ThresholdRule)),
-            inactivity=tuple(r for r in rules if isinstance(r, InactivityRule)),
-        )
-
-
-class RuleSet:
-    """An immutable set of rules (in configuration order) with a bounded per-device cache."""
-
-    def __init__(
-        self, rules: Iterable[Rule] = (), *, cache_size: int = DEFAULT_DEVICE_CACHE_SIZE
-    ) -> None:
-        self.rules: Final = tuple(rules)
-        self._by_key: Final = {rule.key: rule for rule in self.rules}
-        if len(self._by_key) != len(self.rules):
-            raise ValueError("rule keys must be unique")
-        self.inactivity_rules: Final = tuple(
-            rule for rule in self.rules if isinstance(rule, InactivityRule)
-        )
-        self._events: Final = _DeviceRules.of(self.rules).events
-        self._cache_size: Final = max(1, cache_size)
-        self._cache: OrderedDict[str, _DeviceRules] = OrderedDict()
-
-    def __len__(self) -> int:
-        return len(self.rules)
-
-    def __iter__(self) -> Iterator[Rule]:
-        return iter(self.rules)
-
-    def by_key(self, key: str) -> Rule | None:
-        return self._by_key.get(key)
-
-    def for_device(self, device_id: str) -> tuple[Rule, ...]:
-        return self._device(device_id).rules
-
-    def event_rules_for(self, event_type: str) -> tuple[EventRule, ...]:
-        """Every event rule of that type, whatever its devices."""
-        return self._events.get(event_type, ())
-
-    def _device(self, device_id: str) -> _DeviceRules:
-        cached = self._cache.get(device_id)
-        if cached is not None:
-            self._cache.move_to_end(device_id)
-            return cached
-        found = _DeviceRules.of(tuple(r for r in self.rules if r.selector.matches(device_id)))
-        self._cache[device_id] = found
-        if len(self._cache) > self._cache_size:
-            self._cache.popitem(last=False)
-        return found
-
-
-# --- validation ---------------------------------------------------------------------------
-
-
-def compile_rules(configs: Sequence[RuleConfig]) -> RuleSet:
-    """Validate the `[[rules]]` tables; errors name the key path (`rules[2].clear_value`)."""
-    first_index: dict[str, int] = {}
-    rules: list[Rule] = []
-    for index, config in enumerate(configs):
-        path = f"rules[{index}]"
-        rule = compile_rule(config, path)
-        if rule.key in first_index:
-            raise ConfigError(
-                f"{path}.key",
-                f"duplicate rule key {rule.key!r} (already used by rules[{first_index[rule.key]}])",
-            )
-        first_index[rule.key] = index
-        rules.append(rule)
-    return RuleSet(rules)
-
-
-def compile_rule(config: RuleConfig, path: str = "rule") -> Rule:
-    def at(name: str) -> str:
-        return f"{path}.{name}"
-
-    if _RULE_KEY_RE.fullmatch(config.key) is None:
-        raise ConfigError(at("key"), f"must match {RULE_KEY_PATTERN}")
-    kind = _KIND_BY_NAME.get(config.kind)
-    if kind is None:
-        raise ConfigError(
-            at("kind"), f"unknown kind {config.kind!r}; expected {_one_of(RULE_KINDS)}"
-        )
-    severity = _SEVERITY_BY_NAME.get(config.severity)
-    if severity is None:
-        raise ConfigError(
-            at("severity"), f"unknown severity {config.severity!r}; expected {_one_of(SEVERITIES)}"
-        )
-    for name in _ALL_KIND_FIELDS:
-        if name not in _KIND_FIELDS[kind] and getattr(config, name) is not None:
-            raise ConfigError(at(name), f"does not apply to a rule of kind {kind!r}")
-    selector = device_selector(config.devices, at("devices"))
-    match kind:
-        case "event":
-            return EventRule(
-                key=config.key,
-                severity=severity,
-                selector=selector,
-                description=config.description,
-                event=_identifier(config.event, at("event"), kind),
-            )
-        case "threshold":
-            return _threshold_rule(config, severity, selector, at)
-        case "inactivity":
-            silent = _required(config.silent_seconds, at("silent_seconds"), kind)
-            if not (math.isfinite(silent) and silent > 0):
-                raise ConfigError(at("silent_seconds"), "must be a number of seconds > 0")
-            return InactivityRule(
-                key=config.key,
-                severity=severity,
-                selector=selector,
-                description=config.description,
-                silent_seconds=silent,
-            )
-
-
-def _threshold_rule(
-    config: RuleConfig,
-    severity: Severity,
-    selector: DeviceSelector,
-    at: Callable[[str], str],
-) -> ThresholdRule:
-    metric = _identifier(config.metric, at("metric"), "threshold")
-    op_name = _required(config.op, at("op"), "threshold")
-    op = _OP_BY_NAME.get(op_name)
-    if op is None:
-        raise ConfigError(at("op"), f"unknown operator {op_name!r}; expected {_one_of(OPS)}")
-    value = config.value
-    if value is None:
-        raise ConfigError(at("value"), "required for a rule of kind 'threshold'")
-    if isinstance(value, float) and not math.isfinite(value):
-        raise ConfigError(at("value"), "must be finite")
-    clear_value = _clear_value(config, op, value, at)
-    for_samples = 1 if config.for_samples is None else config.for_samples
-    if type(for_samples) is not int or for_samples < 1:
-        raise ConfigError(at("for_samples"), "must be an integer >= 1")
-    for_seconds = 0.0 if config.for_seconds is None else float(config.for_seconds)
-    if not (math.isfinite(for_seconds) and for_seconds >= 0):
-        raise ConfigError(at("for_seconds"), "must be a number of seconds >= 0")
-    return ThresholdRule(
-        key=config.key,
-        severity=severity,
-        selector=selector,
-        description=config.description,
-        metric=metric,
-        op=op,
-        value=value,
-        clear_value=clear_value,
-        for_samples=for_samples,
-        for_seconds=for_seconds,
-    )
-
-
-def _clear_value(
-    config: RuleConfig, op: Op, value: MetricValue, at: Callable[[str], str]
-) -> int | float | None:
-    if op in ("==", "!="):
-        if config.clear_value is not None:
-            raise ConfigError(
-                at("clear_value"),
-                f"does not apply to {op}: the rule clears as soon as the comparison is false",
-            )
-        return None
-    if not _is_number(value):
-        raise ConfigError(at("value"), f"{op} compares numbers; got {_type_name(value)}")
-    clear = value if config.clear_value is None else config.clear_value
-    if not _is_number(clear):
-        raise ConfigError(at("clear_value"), f"{op} compares numbers; got {_type_name(clear)}")
-    if isinstance(clear, float) and not math.isfinite(clear):
-        raise ConfigError(at("clear_value"), "must be finite")
-    if op in (">", ">=") and clear > value:
-        raise ConfigError(
-            at("clear_value"),
-            f"must be <= value ({value}) for {op}: the rule re-arms below clear_value",
-        )
-    if op in ("<", "<=") and clear < value:
-        raise ConfigError(
-            at("clear_value"),
-            f"must be >= value ({value}) for {op}: the rule re-arms above clear_value",
-        )
-    return clear
-
-
-def device_selector(devices: str | Sequence[str], path: str) -> DeviceSelector:
-    if isinstance(devices, str):
-        _check_device_pattern(devices, path)
-        return DeviceSelector((devices,))
-    if not devices:
-        raise ConfigError(path, 'must not be empty (use "*" for every device)')
-    for index, pattern in enumerate(devices):
-        _check_device_pattern(pattern, f"{path}[{index}]")
-    return DeviceSelector(tuple(devices))
-
-
-def _check_device_pattern(pattern: str, path: str) -> None:
-    if _is_glob(pattern):
-        if _GLOB_RE.fullmatch(pattern) is None:
-            raise ConfigError(path, f"invalid device glob {pattern!r}")
-    elif not is_valid_device_id(pattern):
-        raise ConfigError(path, f"invalid device id {pattern!r}: must match {IDENTIFIER_PATTERN}")
-
-
-def _identifier(value: str | None, path: str, kind: RuleKind) -> str:
-    name = _required(value, path, kind)
-    if _IDENTIFIER_RE.fullmatch(name) is None:
-        raise ConfigError(path, f"must match {IDENTIFIER_PATTERN}")
-    return name
-
-
-def _required(value: _T | None, path: str, kind: RuleKind) -> _T:
-    if value is None:
-        raise ConfigError(path, f"required for a rule of kind {kind!r}")
-    return value
-
-
-def _one_of(names: Iterable[str]) -> str:
-    return " | ".join(names)
-
-
-def _is_number(value: object) -> TypeGuard[int | float]:
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-def _type_name(value: object) -> str:
-    return "a bool" if isinstance(value, bool) else f"a {type(value).__name__}"
-
-
-# --- rule state ------------------------------------------------------------------------------
-
-SlotKey: TypeAlias = tuple[str, str]  # (device_id, rule_key)
-
-
-class RuleState(msgspec.Struct, frozen=True, gc=False):
-    """The evaluation state of one (device, rule): one row of the `rule_state` table.
-
-    Every time here is a device time (a sample's own timestamp), never a node's clock, so that
-    every node judges the same samples alike. `last_ts`/`last_seq` order the samples: one older
-    than the newest already judged is *late* (another node committed a newer one first), and a
-    late sample never moves the state back (see `evaluate`).
-    """
-
-    firing: bool = False
-    pending_count: int = 0  # consecutive violating samples of a threshold not yet fired
-    pending_since: datetime | None = None  # the first of them
-    last_ts: datetime | None = None  # the newest sample judged
-    last_seq: int | None = None
-    fired_ts: datetime | None = None  # the sample that raised the latest alarm
-    fired_event_id: str | None = None
-    released_ts: datetime | None = None  # the sample that cleared the latest alarm
-    clear_ts: datetime | None = None  # the newest sample or event that says "clear"
-    clear_event_id: str | None = None
-    violating_ts: datetime | None = None  # the newest violating sample (thresholds)
-
-    def rearmed(self) -> RuleState:
-        """The same facts under a changed rule definition: pending samples no longer count."""
-        return replace(self, pending_count=0, pending_since=None)
-
-
-# A msgspec Struct, not a dataclass: evaluation replaces a state several times per sample, and
-# msgspec's replace is about ten times cheaper than dataclasses.replace.
-replace = msgspec.structs.replace
-
-
-IDLE: Final = RuleState()
-
-# The states of the (device, rule) pairs a batch touches, read under lock at the start of the
-# batch's transaction; `evaluate` replaces entries as it goes. A missing key is `IDLE`.
-RuleStates: TypeAlias = MutableMapping[SlotKey, RuleState]
-
-
-# --- device clocks --------------------------------------------------------------------------
-
-
-class ClockAdjustment(enum.StrEnum):
-    """Why a sample was judged at another time than its device time, or ordered by its
-    `seq` against what its device time says."""
-
-    AHEAD = "ahead"  # dated further ahead of its receipt than max_future_skew
-    BEHIND = "behind"  # further back than reorder_window from the newest already judged
-    STATE_AHEAD = "state_ahead"  # the rule state held device times from a clock ahead
-    # Its seq follows the newest judged, its time is before it (an NTP step back): newer,
-    # judged at the newest time already judged.
-    STEPPED_BACK = "stepped_back"
-    # Its seq is below the newest judged, its time after it (a reboot): a new seq epoch,
-    # judged at its device time.
-    SEQ_RESET = "seq_reset"
-
-
-@dataclass(frozen=True, slots=True)
-class DeviceClock:
-    """The bounds within which a device's own time orders its samples (docs/rules-and-alarms.md,
-    "Device clocks"). Device time is evidence, not truth: a sample dated more than
-    `max_future_skew` ahead of its receipt is judged at its receipt; one dated more than
-    `reorder_window` before the newest sample already judged for its rules is a clock reset or
-    a store-and-forward upload, not a reordering between nodes, and is judged at its receipt
-    too (in arrival order): it neither moves a rule's state back to its old time nor holds the
-    state at a bogus one."""
-
-    max_future_skew: timedelta = timedelta(seconds=300)
-    reorder_window: timedelta = timedelta(seconds=300)
-
-
-def judged_time(
-    sent: datetime, received: datetime, newest: datetime | None, clock: DeviceClock
-) -> tuple[datetime, ClockAdjustment | None]:
-    """The time a sample is judged at: its device time `sent` within the bounds of `clock`,
-    else its receipt `received` (and why). `newest` is the newest time already judged for the
-    rules it touches."""
-    if sent > received + clock.max_future_skew:
-        return received, ClockAdjustment.AHEAD
-    if newest is not None and sent < newest - clock.reorder_window:
-        return received, ClockAdjustment.BEHIND
-    return sent, None
-
-
-def seq_order(
-    at: datetime, seq: int | None, newest: datetime | None, newest_seq: int | None
-) -> tuple[datetime, ClockAdjustment | None]:
-    """The time a sample judged at `at` (within the clock's bounds) is judged at once its
-    `seq` is weighed against the newest sample already judged (`newest`, `newest_seq`).
-
-    Where both have a seq, seq orders the device's samples inside an epoch, and a new epoch
-    (seq dropping while time moves forward: a reboot) is newer than the last, in arrival
-    order. A seq above the newest judged with a time before it is a clock stepped back (NTP),
-    not a reordering: the sample is newer, judged at `newest` so that no state moves back. A
-    seq below with a time after is a new epoch, judged at its time. Where seq and time agree,
-    or either side has no seq, time alone orders (a reordering between nodes stays late)."""
-    if seq is None or newest is None or newest_seq is None:
-        return at, None
-    if seq > newest_seq and at < newest:
-        return newest, ClockAdjustment.STEPPED_BACK
-    if seq < newest_seq and at > newest:
-        return at, ClockAdjustment.SEQ_RESET
-    return at, None
-
-
-_STATE_TIMES: Final = (
-    "pending_since",
-    "last_ts",
-    "fired_ts",
-    "released_ts",
-    "clear_ts",
-    "violating_ts",
-)
-
-
-def _without_future(state: RuleState, received: datetime, clock: DeviceClock) -> RuleState | None:
-    """`state` with every time further ahead of `received` than the skew allows brought back
-    to `received` (written from a clock ahead before this model, such a time would hold the
-    rule until real time passed it); None when it has none."""
-    bound = received + clock.max_future_skew
-    changes = {
-        name: received
-        for name in _STATE_TIMES
-        if (value := getattr(state, name)) is not None and value > bound
-    }
-    return replace(state, **changes) if changes else None
-
-
-def rule_version(rule: Rule) -> str:
-    """A fingerprint of what a rule's state depends on (not its severity, devices or text).
-
-    A state row written under another version keeps its facts (firing, the times) and drops
-    its pending count: samples counted against `> 80` prove nothing about `> 90`.
-    """
-    if isinstance(rule, ThresholdRule):
-        parts: list[object] = [
-            rule.kind,
-            rule.metric,
-            rule.op,
-            rule.value,
-            rule.clear_value,
-            rule.for_samples,
-            rule.for_seconds,
-        ]
-    elif isinstance(rule, EventRule):
-        parts = [rule.kind, rule.event]
-    else:
-        parts = [rule.kind]
-    return hashlib.sha256(msgspec.json.encode(parts)).hexdigest()[:16]
-
-
-def state_keys(rules: RuleSet, device_id: str, message: Telemetry) -> set[SlotKey]:
-    """The (device, rule) pairs whose state `evaluate` reads or writes for this message."""
-    device_rules = rules._device(device_id)
-    keys: set[SlotKey] = set()
-    if not device_rules.rules:
-        return keys
-    if message.events:
-        for event_type in message.event_types():
-            for rule in device_rules.events.get(event_type, ()):
-                keys.add((device_id, rule.key))
-            for rule in device_rules.cleared.get(event_type, ()):
-                keys.add((device_id, rule.key))
-    if message.metrics:
-        for threshold in device_rules.thresholds:
-            if threshold.metric in message.metrics:
-                keys.add((device_id, threshold.key))
-    return keys
-
-
-# --- evaluation ---------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)

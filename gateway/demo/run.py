@@ -33,6 +33,7 @@ import aiomqtt
 import structlog
 
 from gateway.config import Config, parse_config
+from gateway.runtime.components import node_metrics
 from gateway.runtime.daemon import Daemon
 from gateway.runtime.logging import configure_logging
 from protocol import Telemetry, encode_telemetry
@@ -184,7 +185,7 @@ async def running_demo(settings: DemoSettings, stop: asyncio.Event) -> AsyncIter
     state_dir = Path(tempfile.mkdtemp(prefix="gateway-demo-")) if own_state else settings.state_dir
     assert state_dir is not None
     token = secrets.token_urlsafe(24)
-    daemon = Daemon(demo_config(settings, state_dir, token))
+    daemon = Daemon(demo_config(settings, state_dir, token), metrics=node_metrics())
     daemon_stop = asyncio.Event()
     fleet_stop = asyncio.Event()
     daemon_task = asyncio.create_task(daemon.run(daemon_stop), name="demo-daemon")
@@ -283,7 +284,7 @@ async def run_screenshots(settings: DemoSettings, outdir: Path) -> int:
     written: list[Path] = []
 
     async def photograph(demo: Demo) -> None:
-        from gateway.runtime.screenshots import take_screenshots  # imports playwright
+        from gateway.demo.screenshots import take_screenshots  # imports playwright
 
         written.extend(await take_screenshots(demo.url, demo.token, outdir, CHROMIUM, SCREEN_SIZES))
 
@@ -299,7 +300,7 @@ async def run_measure_live(settings: DemoSettings, count: int) -> int:
     millis: list[float] = []
 
     async def measure(demo: Demo) -> None:
-        from gateway.runtime.screenshots import measure_live_alarms  # imports playwright
+        from gateway.demo.screenshots import measure_live_alarms  # imports playwright
 
         assert demo.daemon.broker_address is not None
         host, port = demo.daemon.broker_address

@@ -1,0 +1,50 @@
+"""The alarm engine's and the alarm timers' metrics; alarm transitions, which the alarm
+service, the outbox and the stream count too, are in :class:`gateway.support.metrics.Metrics`."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter
+
+from gateway.support.metrics import MetricSet
+
+
+class AlarmMetrics(MetricSet):
+    def __init__(self, registry: CollectorRegistry) -> None:
+        r = registry
+        self.alarms_created = Counter(
+            "gateway_alarms_created", "Alarms raised, by rule", ["rule_key"], registry=r
+        )
+        self.alarms_deduplicated = Counter(
+            "gateway_alarms_deduplicated", "Firings that hit an existing dedup key", registry=r
+        )
+        self.alarms_superseded = Counter(
+            "gateway_alarms_superseded", "Alarms superseded by a newer one", registry=r
+        )
+        self.alarms_cleared = Counter(
+            "gateway_alarms_cleared", "Alarms marked cleared by recovery", registry=r
+        )
+        self.alarms_late = Counter(
+            "gateway_alarms_late",
+            "Alarms raised by a sample committed after a newer one (created already cleared "
+            "or superseded)",
+            registry=r,
+        )
+        self.clock_adjustments = Counter(
+            "gateway_clock_adjustments",
+            "Samples judged at their receipt instead of their device time, by why: ahead (dated "
+            "past max_future_skew_s), behind (back past reorder_window_s: a reset or an upload), "
+            "state_ahead (a rule state held times from a clock ahead)",
+            ["reason"],
+            registry=r,
+        )
+        self.rule_states_written = Counter(
+            "gateway_rule_states_written",
+            "Rule state rows written back by ingest batches",
+            registry=r,
+        )
+        self.alarms_unreached = Counter(
+            "gateway_alarms_unreached",
+            "Alarms still NEW after [alarms] unreached_after_s: no subscriber, no receiver "
+            "reached a person",
+            registry=r,
+        )

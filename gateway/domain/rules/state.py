@@ -1,0 +1,207 @@
+"""The state of one (device, rule), `RuleState` (a row of the `rule_state` table), the
+device clocks that order samples, and which states a message touches (`state_keys`)."""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+from collections.abc import MutableMapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Final, TypeAlias
+
+import msgspec
+
+from gateway.domain.rules.model import (
+    EventRule,
+    Rule,
+    RuleSet,
+    ThresholdRule,
+)
+from protocol import Telemetry
+
+__all__ = [
+    "IDLE",
+    "ClockAdjustment",
+    "DeviceClock",
+    "RuleState",
+    "RuleStates",
+    "SlotKey",
+    "judged_time",
+    "replace",
+    "rule_version",
+    "seq_order",
+    "state_keys",
+]
+
+
+SlotKey: TypeAlias = tuple[str, str]  # (device_id, rule_key)
+
+
+class RuleState(msgspec.Struct, frozen=True, gc=False):
+    """The evaluation state of one (device, rule): one row of the `rule_state` table.
+
+    Every time here is a device time (a sample's own timestamp), never a node's clock, so that
+    every node judges the same samples alike. `last_ts`/`last_seq` order the samples: one older
+    than the newest already judged is *late* (another node committed a newer one first), and a
+    late sample never moves the state back (see `evaluate`).
+    """
+
+    firing: bool = False
+    pending_count: int = 0  # consecutive violating samples of a threshold not yet fired
+    pending_since: datetime | None = None  # the first of them
+    last_ts: datetime | None = None  # the newest sample judged
+    last_seq: int | None = None
+    fired_ts: datetime | None = None  # the sample that raised the latest alarm
+    fired_event_id: str | None = None
+    released_ts: datetime | None = None  # the sample that cleared the latest alarm
+    clear_ts: datetime | None = None  # the newest sample or event that says "clear"
+    clear_event_id: str | None = None
+    violating_ts: datetime | None = None  # the newest violating sample (thresholds)
+
+    def rearmed(self) -> RuleState:
+        """The same facts under a changed rule definition: pending samples no longer count."""
+        return replace(self, pending_count=0, pending_since=None)
+
+
+# A msgspec Struct, not a dataclass: evaluation replaces a state several times per sample, and
+# msgspec's replace is about ten times cheaper than dataclasses.replace.
+replace = msgspec.structs.replace
+
+
+IDLE: Final = RuleState()
+
+# The states of the (device, rule) pairs a batch touches, read under lock at the start of the
+# batch's transaction; `evaluate` replaces entries as it goes. A missing key is `IDLE`.
+RuleStates: TypeAlias = MutableMapping[SlotKey, RuleState]
+
+
+# --- device clocks --------------------------------------------------------------------------
+
+
+class ClockAdjustment(enum.StrEnum):
+    """Why a sample was judged at another time than its device time, or ordered by its
+    `seq` against what its device time says."""
+
+    AHEAD = "ahead"  # dated further ahead of its receipt than max_future_skew
+    BEHIND = "behind"  # further back than reorder_window from the newest already judged
+    STATE_AHEAD = "state_ahead"  # the rule state held device times from a clock ahead
+    # Its seq follows the newest judged, its time is before it (an NTP step back): newer,
+    # judged at the newest time already judged.
+    STEPPED_BACK = "stepped_back"
+    # Its seq is below the newest judged, its time after it (a reboot): a new seq epoch,
+    # judged at its device time.
+    SEQ_RESET = "seq_reset"
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceClock:
+    """The bounds within which a device's own time orders its samples (docs/rules-and-alarms.md,
+    "Device clocks"). Device time is evidence, not truth: a sample dated more than
+    `max_future_skew` ahead of its receipt is judged at its receipt; one dated more than
+    `reorder_window` before the newest sample already judged for its rules is a clock reset or
+    a store-and-forward upload, not a reordering between nodes, and is judged at its receipt
+    too (in arrival order): it neither moves a rule's state back to its old time nor holds the
+    state at a bogus one."""
+
+    max_future_skew: timedelta = timedelta(seconds=300)
+    reorder_window: timedelta = timedelta(seconds=300)
+
+
+def judged_time(
+    sent: datetime, received: datetime, newest: datetime | None, clock: DeviceClock
+) -> tuple[datetime, ClockAdjustment | None]:
+    """The time a sample is judged at: its device time `sent` within the bounds of `clock`,
+    else its receipt `received` (and why). `newest` is the newest time already judged for the
+    rules it touches."""
+    if sent > received + clock.max_future_skew:
+        return received, ClockAdjustment.AHEAD
+    if newest is not None and sent < newest - clock.reorder_window:
+        return received, ClockAdjustment.BEHIND
+    return sent, None
+
+
+def seq_order(
+    at: datetime, seq: int | None, newest: datetime | None, newest_seq: int | None
+) -> tuple[datetime, ClockAdjustment | None]:
+    """The time a sample judged at `at` (within the clock's bounds) is judged at once its
+    `seq` is weighed against the newest sample already judged (`newest`, `newest_seq`).
+
+    Where both have a seq, seq orders the device's samples inside an epoch, and a new epoch
+    (seq dropping while time moves forward: a reboot) is newer than the last, in arrival
+    order. A seq above the newest judged with a time before it is a clock stepped back (NTP),
+    not a reordering: the sample is newer, judged at `newest` so that no state moves back. A
+    seq below with a time after is a new epoch, judged at its time. Where seq and time agree,
+    or either side has no seq, time alone orders (a reordering between nodes stays late)."""
+    if seq is None or newest is None or newest_seq is None:
+        return at, None
+    if seq > newest_seq and at < newest:
+        return newest, ClockAdjustment.STEPPED_BACK
+    if seq < newest_seq and at > newest:
+        return at, ClockAdjustment.SEQ_RESET
+    return at, None
+
+
+_STATE_TIMES: Final = (
+    "pending_since",
+    "last_ts",
+    "fired_ts",
+    "released_ts",
+    "clear_ts",
+    "violating_ts",
+)
+
+
+def _without_future(state: RuleState, received: datetime, clock: DeviceClock) -> RuleState | None:
+    """`state` with every time further ahead of `received` than the skew allows brought back
+    to `received` (written from a clock ahead before this model, such a time would hold the
+    rule until real time passed it); None when it has none."""
+    bound = received + clock.max_future_skew
+    changes = {
+        name: received
+        for name in _STATE_TIMES
+        if (value := getattr(state, name)) is not None and value > bound
+    }
+    return replace(state, **changes) if changes else None
+
+
+def rule_version(rule: Rule) -> str:
+    """A fingerprint of what a rule's state depends on (not its severity, devices or text).
+
+    A state row written under another version keeps its facts (firing, the times) and drops
+    its pending count: samples counted against `> 80` prove nothing about `> 90`.
+    """
+    if isinstance(rule, ThresholdRule):
+        parts: list[object] = [
+            rule.kind,
+            rule.metric,
+            rule.op,
+            rule.value,
+            rule.clear_value,
+            rule.for_samples,
+            rule.for_seconds,
+        ]
+    elif isinstance(rule, EventRule):
+        parts = [rule.kind, rule.event]
+    else:
+        parts = [rule.kind]
+    return hashlib.sha256(msgspec.json.encode(parts)).hexdigest()[:16]
+
+
+def state_keys(rules: RuleSet, device_id: str, message: Telemetry) -> set[SlotKey]:
+    """The (device, rule) pairs whose state `evaluate` reads or writes for this message."""
+    device_rules = rules._device(device_id)
+    keys: set[SlotKey] = set()
+    if not device_rules.rules:
+        return keys
+    if message.events:
+        for event_type in message.event_types():
+            for rule in device_rules.events.get(event_type, ()):
+                keys.add((device_id, rule.key))
+            for rule in device_rules.cleared.get(event_type, ()):
+                keys.add((device_id, rule.key))
+    if message.metrics:
+        for threshold in device_rules.thresholds:
+            if threshold.metric in message.metrics:
+                keys.add((device_id, threshold.key))
+    return keys

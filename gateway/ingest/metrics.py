@@ -1,0 +1,56 @@
+"""The ingest pipeline's metrics (the batch writer); dead letters, batch sizes and database
+retries, which the broker session, the store and the daemon count too, are in
+:class:`gateway.support.metrics.Metrics`."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from gateway.support.metrics import LATENCY_BUCKETS, MetricSet
+
+
+class IngestMetrics(MetricSet):
+    def __init__(self, registry: CollectorRegistry) -> None:
+        r = registry
+        self.telemetry_received = Counter(
+            "gateway_telemetry_received", "Telemetry messages received from the broker", registry=r
+        )
+        self.telemetry_stored = Counter(
+            "gateway_telemetry_stored", "Telemetry messages stored (new event ids)", registry=r
+        )
+        self.telemetry_duplicates = Counter(
+            "gateway_telemetry_duplicates",
+            "Telemetry messages whose event id was already stored (redeliveries)",
+            registry=r,
+        )
+        self.presence_updates = Counter(
+            "gateway_presence_updates", "Device presence messages applied", registry=r
+        )
+        self.commit_seconds = Histogram(
+            "gateway_ingest_commit_seconds",
+            "Duration of one ingest transaction",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.handler_seconds = Histogram(
+            "gateway_ingest_handler_seconds",
+            "From receipt of a message to its acknowledgement to the broker",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.inflight = Gauge(
+            "gateway_ingest_inflight", "Messages received and not yet acknowledged", registry=r
+        )
+        self.acks_skipped = Counter(
+            "gateway_acks_skipped",
+            "Stored messages whose connection closed before the ack (the broker redelivers)",
+            registry=r,
+        )
+        self.batch_refusals = Counter(
+            "gateway_ingest_batch_refusals",
+            "Batches PostgreSQL refused for their content; explained: whether messages refused "
+            "on their own were found (and dead-lettered) or not (retried with backoff, then the "
+            "whole batch dead-lettered)",
+            ["explained"],
+            registry=r,
+        )
