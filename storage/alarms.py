@@ -330,6 +330,19 @@ async def release_held_deliveries(conn: asyncpg.Connection, alarm_id: int, now: 
     await conn.execute(_Q["release_held_deliveries"], alarm_id, now)
 
 
+async def held_deliveries(
+    conn: asyncpg.Connection, now: datetime, after_id: int, limit: int
+) -> list[asyncpg.Record]:
+    """Alarm notifications held for quiet hours (never tried, due later): id, device, severity."""
+    return list(await conn.fetch(_Q["held_deliveries"], now, after_id, limit))
+
+
+async def release_deliveries(conn: asyncpg.Connection, ids: list[int], now: datetime) -> int:
+    """Make these held notifications due now; how many were still held."""
+    status = await conn.execute(_Q["release_deliveries"], ids, now)
+    return int(status.split()[-1])
+
+
 async def delayed(conn: asyncpg.Connection, after_id: int, limit: int) -> list[asyncpg.Record]:
     return list(await conn.fetch(DELAYED, after_id, limit))
 

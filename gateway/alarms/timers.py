@@ -22,6 +22,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Final
 
 import asyncpg
 import structlog
@@ -52,6 +53,7 @@ log = structlog.get_logger(__name__)
 ESCALATION_ACTOR = "system:escalation"
 UNREACHED_ACTOR = "system:unreached"
 BATCH = 200
+_NEVER: Final = object()  # no release pass yet (AlarmTimers._released_under)
 
 Clock = Callable[[asyncpg.Connection], Awaitable[datetime]]
 
@@ -66,6 +68,7 @@ class TimerReport:
     escalated: list[int] = field(default_factory=list)
     reminded: list[int] = field(default_factory=list)
     unreached: list[int] = field(default_factory=list)
+    released: int = 0  # held notifications made due (see AlarmTimers._release_held)
 
 
 class AlarmTimers:
@@ -92,6 +95,8 @@ class AlarmTimers:
         self.clock = clock
         self.metrics = metrics
         self.alarm_metrics = None if metrics is None else AlarmMetrics.of(metrics.registry)
+        # The quiet hours the last release pass ran under (_release_held); none yet.
+        self._released_under: QuietHours | object | None = _NEVER
 
     @classmethod
     def from_config(
@@ -116,6 +121,8 @@ class AlarmTimers:
         async with self.pool.acquire() as conn:
             now = await self.clock(conn)
             await self._wake(conn, now, report)
+            if self.quiet is not self._released_under:
+                await self._release_held(conn, now, report)
             if self.escalate_after_s > 0:
                 await self._escalate(conn, now, report)
             if self.repeat_interval_s > 0:
@@ -189,6 +196,37 @@ class AlarmTimers:
                     report.woken.append(row["id"])
             if len(rows) < BATCH:
                 break
+
+    async def _release_held(
+        self, conn: asyncpg.Connection, now: datetime, report: TimerReport
+    ) -> None:
+        """Notifications held for quiet hours that the quiet hours in force no longer hold
+        back: due now. The notify consumer holds a delivery by the quiet hours of the node that
+        made it, whatever the alarm's own status: during a reload that reaches the nodes one
+        after another, a node still without a window may leave its alarm NEW while another
+        node, already with it, holds the alarm's notifications. Waking a DELAYED alarm releases
+        its own (_wake); this pass releases the rest. It runs at start and after each change of
+        the quiet hours (a reload), on every node."""
+        quiet = self.quiet  # one configuration for the whole pass
+        after = 0
+        while rows := await repo.held_deliveries(conn, now, after, BATCH):
+            after = rows[-1]["id"]
+            due = [
+                row["id"]
+                for row in rows
+                if row["device_id"] is None
+                or row["severity"] is None
+                or not held_back(
+                    quiet, device_id=row["device_id"], severity=row["severity"], at=now
+                )
+            ]
+            if due:
+                report.released += await repo.release_deliveries(conn, due, now)
+            if len(rows) < BATCH:
+                break
+        self._released_under = quiet
+        if report.released:
+            log.info("held_notifications_released", deliveries=report.released)
 
     async def _escalate(self, conn: asyncpg.Connection, now: datetime, report: TimerReport) -> None:
         due = now - timedelta(seconds=self.escalate_after_s)

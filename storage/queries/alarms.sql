@@ -168,6 +168,19 @@ UPDATE notify_delivery
 SET next_attempt_at = $2
 WHERE alarm_id = $1 AND status = 'PENDING' AND attempts = 0 AND next_attempt_at > $2;
 
+-- name: held_deliveries
+-- $1 now, $2 after id (keyset), $3 limit; alarm notifications never tried and due later: held
+-- for quiet hours (the only reason a delivery not yet tried waits).
+SELECT id, device_id, severity FROM notify_delivery
+WHERE status = 'PENDING' AND attempts = 0 AND next_attempt_at > $1 AND event LIKE 'alarm.%'
+  AND id > $2
+ORDER BY id LIMIT $3;
+
+-- name: release_deliveries
+-- $1 delivery ids, $2 now; held notifications the quiet hours in force no longer hold: due now.
+UPDATE notify_delivery SET next_attempt_at = $2
+WHERE id = ANY($1::bigint[]) AND status = 'PENDING' AND attempts = 0 AND next_attempt_at > $2;
+
 -- name: mark_unreached
 -- $1 fired at or before, $2 now, $3 limit; NEW alarms that reached nobody in time, marked once
 -- (another node's pass skips the rows this one holds, then finds them marked).

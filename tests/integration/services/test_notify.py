@@ -21,6 +21,7 @@ import pytest
 from aiohttp import web
 from structlog.testing import capture_logs
 
+from gateway.alarms.timers import AlarmTimers
 from gateway.config import Config, TokenConfig, apply_secrets, parse_config
 from gateway.domain.notify import verify_signature
 from gateway.domain.quiet_hours import QuietHoursConfig, QuietWindowConfig, compile_quiet_hours
@@ -533,6 +534,43 @@ async def test_quiet_hours_delay_the_send_except_for_exempt_severities(
     async with pool.acquire() as conn:
         claimed = await repo.claim_due(conn, receiver="hook", node_id="n1", lease_s=30, limit=10)
     assert [c.event_id for c in claimed] == [exempt]
+
+
+async def test_notifications_held_by_a_node_are_released_when_the_quiet_hours_go(
+    pool: asyncpg.Pool, db_dsn: str, db: asyncpg.Connection
+) -> None:
+    """A reload reaching the nodes one after another: a node that already has a window holds
+    the notifications of an alarm that a node still without it left NEW (never DELAYED, so no
+    wake releases them). The timers' release pass, after the quiet hours change on a node,
+    makes them due; under quiet hours that still hold them, it leaves them held."""
+    config = _config(_webhook("hook", "http://127.0.0.1:9/hook"), _route(["hook"]))
+    window = compile_quiet_hours(
+        QuietHoursConfig(windows=[QuietWindowConfig(start="00:00", end="23:59")])
+    )
+    node = Notifier(pool, db_dsn, config)
+    node.consumer.quiet = window
+    held = await _event(db, 1, severity="MAJOR")
+    await _drain(node.consumer)
+    now = await db.fetchval("SELECT now()")
+    [row] = await _deliveries(db)
+    assert (row["event_id"], row["status"], row["attempts"]) == (held, "PENDING", 0)
+    assert row["next_attempt_at"] > now + timedelta(seconds=30)
+
+    still = AlarmTimers(pool=pool, node_id="n2", quiet=window, escalate_after_s=0,
+                        repeat_interval_s=0)  # fmt: skip
+    assert (await still.run_once()).released == 0
+    [row] = await _deliveries(db)
+    assert row["next_attempt_at"] > now + timedelta(seconds=30)
+
+    gone = AlarmTimers(pool=pool, node_id="n2", quiet=None, escalate_after_s=0,
+                       repeat_interval_s=0)  # fmt: skip
+    assert (await gone.run_once()).released == 1
+    [row] = await _deliveries(db)
+    assert row["next_attempt_at"] <= await db.fetchval("SELECT now()")
+    assert (await gone.run_once()).released == 0  # once per change of the quiet hours
+    async with pool.acquire() as conn:
+        claimed = await repo.claim_due(conn, receiver="hook", node_id="n1", lease_s=30, limit=10)
+    assert [c.event_id for c in claimed] == [held]
 
 
 async def test_a_finish_after_the_lease_was_taken_over_changes_nothing(
