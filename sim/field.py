@@ -251,6 +251,25 @@ class Nodes:
             for node in self.nodes:
                 await wait_healthy(http, node, timeout_s=120)
 
+    async def one_subscribed(self) -> None:
+        """One node healthy again: the group has a member, so what devices publish now is
+        delivered (to it), as a real fleet's messages would be."""
+        async with aiohttp.ClientSession() as http:
+            waits = [
+                asyncio.create_task(wait_healthy(http, node, timeout_s=120)) for node in self.nodes
+            ]
+            try:
+                done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    if task.exception() is None:
+                        return
+                # The first to end ended badly (its node exited): wait for the others.
+                await asyncio.gather(*(t for t in waits if t not in done))
+            finally:
+                for task in waits:
+                    task.cancel()
+                await asyncio.gather(*waits, return_exceptions=True)
+
     def kill(self, node: Node) -> None:
         if node.process is not None and node.process.returncode is None:
             node.process.send_signal(signal.SIGKILL)
@@ -516,8 +535,9 @@ async def _inject(  # noqa: PLR0917 - the run's parts, each used by some fault
         devices.broker_ready.clear()
         broker.stop()
         broker.start()
-        await fleet.subscribed()
+        await fleet.one_subscribed()
         devices.broker_ready.set()
+        await fleet.subscribed()  # every node back before the next fault
     elif fault.kind == "db_cut":
         conn = await asyncpg.connect(dsn)
         try:
@@ -535,8 +555,9 @@ async def _inject(  # noqa: PLR0917 - the run's parts, each used by some fault
     else:
         devices.broker_ready.clear()
         await _outage(fault, plan, fleet, broker)
-        await fleet.subscribed()
+        await fleet.one_subscribed()
         devices.broker_ready.set()
+        await fleet.subscribed()
 
 
 async def _outage(fault: Fault, plan: Plan, fleet: Nodes, broker: FieldBroker) -> None:
