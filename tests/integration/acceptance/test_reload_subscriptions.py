@@ -17,9 +17,9 @@ import aiohttp
 import aiomqtt
 import asyncpg
 import pytest
-from gateway.mqtt.embedded_broker import EmbeddedBroker
 
 from gateway.config import Config
+from gateway.embedded.broker import EmbeddedBroker
 from gateway.runtime.components import subscriptions
 from gateway.runtime.daemon import Daemon
 from tests.support.api_client import OPERATOR, ApiClient
