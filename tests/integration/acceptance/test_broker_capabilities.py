@@ -148,23 +148,30 @@ async def test_a_refused_telemetry_subscription_is_a_configuration_error(
     assert line["error"].endswith(f"(reason code {code})"), line
 
 
-@pytest.mark.parametrize("protocol", ["3.1.1", "5"])
-async def test_an_acl_file_denying_the_telemetry_topic_is_caught_by_the_probe(
-    db_dsn: str, tmp_path: Path, protocol: str
-) -> None:
-    # mosquitto's ACL file grants every SUBSCRIBE and denies at delivery: neither protocol
-    # version can tell (MQTT 5's SUBACK says granted), the probe does.
+def _acl_broker(tmp_path: Path, telemetry_lines: str) -> Mosquitto:
+    """A started mosquitto whose ACL file lets everyone use the acks, status and gateway topics,
+    and the telemetry topic as ``telemetry_lines`` say (mosquitto's ACL file grants every
+    SUBSCRIBE and decides at delivery)."""
     workdir = tmp_path / "mosquitto"
     workdir.mkdir()
     acl = workdir / "acl"
     acl.write_text(
         "pattern readwrite iot/devices/+/acks\n"
         "pattern readwrite iot/devices/+/status\n"
-        "pattern readwrite iot/gateways/#\n"
-        "pattern write iot/devices/+/telemetry\n"
+        "pattern readwrite iot/gateways/#\n" + telemetry_lines
     )
     broker = Mosquitto(workdir, extra_config=f"acl_file {acl}\n")
     broker.start()
+    return broker
+
+
+@pytest.mark.parametrize("protocol", ["3.1.1", "5"])
+async def test_an_acl_file_denying_the_telemetry_topic_is_caught_by_the_probe(
+    db_dsn: str, tmp_path: Path, protocol: str
+) -> None:
+    # mosquitto's ACL file grants every SUBSCRIBE and denies at delivery: neither protocol
+    # version can tell (MQTT 5's SUBACK says granted), the probe does.
+    broker = _acl_broker(tmp_path, "pattern write iot/devices/+/telemetry\n")
     try:
         config = _write(
             tmp_path,
@@ -188,19 +195,10 @@ async def test_an_mqtt5_probe_the_acl_refuses_is_said_and_the_gateway_runs(
     """MQTT 5 says when the broker refuses the probe itself (PUBACK 0x87: the ACL does not let
     the gateway publish there): the subscriptions cannot be proven then, which is logged
     (``probe_refused``), and the node runs and stores as with the probe off."""
-    workdir = tmp_path / "mosquitto"
-    workdir.mkdir()
-    acl = workdir / "acl"
-    acl.write_text(
-        "pattern readwrite iot/devices/+/acks\n"
-        "pattern readwrite iot/devices/+/status\n"
-        "pattern readwrite iot/gateways/#\n"
-        "pattern read iot/devices/+/telemetry\n"
-        "user device\n"
-        "topic write iot/devices/+/telemetry\n"
+    broker = _acl_broker(
+        tmp_path,
+        "pattern read iot/devices/+/telemetry\nuser device\ntopic write iot/devices/+/telemetry\n",
     )
-    broker = Mosquitto(workdir, extra_config=f"acl_file {acl}\n")
-    broker.start()
     try:
         config = _write(
             tmp_path,
