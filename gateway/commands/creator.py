@@ -30,6 +30,7 @@ from typing import Any, Final
 import asyncpg
 
 from gateway.commands.lifecycle import DeviceUnboundError
+from gateway.commands.metrics import CommandMetrics
 from gateway.domain.command import Delivery
 from gateway.support.metrics import Metrics
 from storage import commands as repo
@@ -90,6 +91,7 @@ class CommandCreator:
         self.node_id = node_id
         self.expire_after_s = expire_after_s
         self.metrics = metrics
+        self.command_metrics = None if metrics is None else CommandMetrics.of(metrics.registry)
         self.max_batch = max_batch
         self._queue: deque[_Waiting] = deque()
         self._writer: asyncio.Task[None] | None = None
@@ -133,8 +135,8 @@ class CommandCreator:
             self._writer = None
 
     async def _write(self, batch: Sequence[_Waiting]) -> None:
-        if self.metrics is not None:
-            self.metrics.command_create_batch.observe(len(batch))
+        if self.command_metrics is not None:
+            self.command_metrics.command_create_batch.observe(len(batch))
         try:
             answers = await self._transaction([w.command for w in batch])
         except _RETRY_ALONE as exc:

@@ -29,6 +29,7 @@ import msgspec
 import structlog
 
 from gateway.commands.lifecycle import DISPATCHER_ACTOR, fail_unsendable, mark_sent
+from gateway.commands.metrics import CommandMetrics
 from gateway.config import CommandsConfig
 from gateway.support.broker_link import BrokerLink, SessionDown
 from gateway.support.loops import drain_on_notify
@@ -81,6 +82,7 @@ class Dispatcher:
         self.topics = topics
         self.publish = publish
         self.metrics = metrics
+        self.command_metrics = CommandMetrics.of(metrics.registry)
         self.lease_s = lease_s
         self.sent_timeout_s = sent_timeout_s
         self.batch = batch
@@ -149,7 +151,7 @@ class Dispatcher:
         if not claimed:
             self._slots.release()
             return 0
-        self.metrics.command_claim_batch.observe(len(claimed))
+        self.command_metrics.command_claim_batch.observe(len(claimed))
         self.metrics.count_command("PENDING", "CLAIMED", len(claimed))
         task = asyncio.create_task(self._send_batch(claimed), name="command-send")
         self._sending.add(task)

@@ -16,6 +16,7 @@ import asyncpg
 import structlog
 
 from gateway.commands.lifecycle import AGGREGATE, EVENT_FINISHED, command_to_json, record_change
+from gateway.commands.metrics import CommandMetrics
 from gateway.domain.command import (
     TERMINAL_STATUSES,
     CommandStatus,
@@ -281,6 +282,7 @@ class ReceiptApplier:
         self.node_id = node_id
         self.sent_timeout_s = sent_timeout_s
         self.metrics = metrics
+        self.command_metrics = None if metrics is None else CommandMetrics.of(metrics.registry)
 
     async def apply(
         self, conn: asyncpg.Connection, receipts: Sequence[tuple[str, CommandReceipt]]
@@ -289,13 +291,14 @@ class ReceiptApplier:
         batch = await apply_receipts(
             conn, receipts, node_id=self.node_id, sent_timeout_s=self.sent_timeout_s
         )
+        metrics, counted = self.metrics, self.command_metrics
         for applied in batch:
-            if self.metrics is not None:
+            if metrics is not None and counted is not None:
                 reason = "" if applied.reason is None else applied.reason.value
-                self.metrics.command_receipts.labels(applied.outcome.value, reason).inc()
+                counted.command_receipts.labels(applied.outcome.value, reason).inc()
                 row, before = applied.command, applied.previous_status
                 if row is not None and before is not None and row.status != before:
-                    self.metrics.count_command(before, row.status)
+                    metrics.count_command(before, row.status)
                     if row.finished_at is not None and row.claimed_at is not None:
                         latency = (row.finished_at - row.claimed_at).total_seconds()
-                        self.metrics.command_latency.observe(max(latency, 0.0))
+                        counted.command_latency.observe(max(latency, 0.0))

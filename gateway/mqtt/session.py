@@ -26,6 +26,7 @@ from gateway.mqtt.capabilities import (
     speaks_mqtt311,
 )
 from gateway.mqtt.memory import SubscriptionMemory
+from gateway.mqtt.metrics import MqttMetrics
 from gateway.mqtt.v5_connection import (
     UNSUPPORTED_PROTOCOL_VERSION,
     Mqtt5Connection,
@@ -118,6 +119,7 @@ class MqttSession:
         self.presence_topic = presence_topic
         self.writer = writer
         self.metrics = metrics
+        self.mqtt_metrics = MqttMetrics.of(metrics.registry)
         self.backoff = backoff
         self.drain_timeout_s = drain_timeout_s
         self.on_connected = on_connected
@@ -248,7 +250,7 @@ class MqttSession:
     def _subscription_failed(
         self, exc: SubscriptionRefusedError | SubscriptionUnprovenError
     ) -> float:
-        self.metrics.mqtt_connects.labels("error").inc()
+        self.mqtt_metrics.mqtt_connects.labels("error").inc()
         setting = _subscription_setting(exc.topic)
         if isinstance(exc, SubscriptionRefusedError):
             what = (
@@ -302,7 +304,7 @@ class MqttSession:
         return delay
 
     def _incapable(self, exc: BrokerIncapableError) -> float:
-        self.metrics.mqtt_connects.labels("error").inc()
+        self.mqtt_metrics.mqtt_connects.labels("error").inc()
         what = f"the broker at {self._where} cannot serve this configuration: {exc.why.reason}"
         if self.established == 0:
             raise StartupError(what, setting=exc.why.setting, configuration=True) from None
@@ -314,7 +316,7 @@ class MqttSession:
         return delay
 
     async def _connection_failed(self, exc: aiomqtt.MqttError) -> float:
-        self.metrics.mqtt_connects.labels("error").inc()
+        self.mqtt_metrics.mqtt_connects.labels("error").inc()
         refused = _refusal(exc)
         if refused is not None and self.connections == 0:
             # Never connected yet: the broker will refuse these settings however long we
@@ -422,7 +424,7 @@ class MqttSession:
     async def _serve(self, client: BrokerConnection, stop: asyncio.Event) -> None:
         self.connections += 1
         self._connected_at = asyncio.get_running_loop().time()
-        self.metrics.mqtt_connects.labels("ok").inc()
+        self.mqtt_metrics.mqtt_connects.labels("ok").inc()
         self._learn(client)
         self._set_connected(True)
         # Read from the first moment: a resumed session delivers its backlog right after
@@ -743,7 +745,7 @@ class MqttSession:
         return self.max_packet_size
 
     def _paused(self, bound: str) -> None:
-        self.metrics.read_pauses.labels(bound).inc()
+        self.mqtt_metrics.read_pauses.labels(bound).inc()
 
     def hearing(self) -> tuple[float, float]:
         """How long this node has been subscribed without a break (0 while it is not), and how
@@ -759,7 +761,7 @@ class MqttSession:
             if self.subscribed:
                 self._lost_at = asyncio.get_running_loop().time()
             self.subscribed = False
-        self.metrics.mqtt_connected.set(1 if connected else 0)
+        self.mqtt_metrics.mqtt_connected.set(1 if connected else 0)
 
 
 def _refusal(exc: aiomqtt.MqttError) -> tuple[int, str] | None:

@@ -36,6 +36,7 @@ from gateway.alarms.delivery import deliver
 from gateway.alarms.lifecycle import EVENT_CREATED, EVENT_WOKEN
 from gateway.config import OutboxConfig
 from gateway.domain.quiet_hours import QuietHours
+from gateway.outbox.metrics import OutboxMetrics
 from gateway.support.backoff import Backoff
 from gateway.support.broker_link import BrokerLink, SessionDown
 from gateway.support.loops import drain_on_notify
@@ -94,6 +95,7 @@ class OutboxPublisher:
         self.topics = topics
         self.publish = publish
         self.metrics = metrics
+        self.outbox_metrics = OutboxMetrics.of(metrics.registry)
         self.lease_s = lease_s
         self.batch = batch
         self.poll_s = poll_s
@@ -147,8 +149,8 @@ class OutboxPublisher:
             if last is None or now - last >= BACKLOG_EVERY_S:
                 backlog, oldest = await outbox.backlog(conn)
                 self._backlog_read_at = now
-                self.metrics.outbox_backlog.set(backlog)
-                self.metrics.outbox_oldest_age.set(oldest)
+                self.outbox_metrics.outbox_backlog.set(backlog)
+                self.outbox_metrics.outbox_oldest_age.set(oldest)
         if claimed:
             outcomes = await asyncio.gather(*(self._publish(event) for event in claimed))
             paired = list(zip(claimed, outcomes, strict=True))
@@ -212,7 +214,7 @@ class OutboxPublisher:
         held = await outbox.mark_published_many(self.pool, [e.id for e in events], self.node_id)
         for event in events:
             if event.id in held:
-                self.metrics.outbox_published.labels(event.event_type).inc()
+                self.outbox_metrics.outbox_published.labels(event.event_type).inc()
             else:
                 # Our lease ran out and another publisher took the event: it publishes.
                 log.info("outbox_lease_lost", event_id=str(event.event_id))
@@ -231,7 +233,7 @@ class OutboxPublisher:
                 node_id=self.node_id,
                 reached=reached,
             )
-        self.metrics.outbox_published.labels(event.event_type).inc()
+        self.outbox_metrics.outbox_published.labels(event.event_type).inc()
         if delivered is not None:
             self.metrics.count_alarm_transition("NEW", delivered.value)
 
@@ -248,7 +250,7 @@ class OutboxPublisher:
 
     async def _dead(self, event: ClaimedEvent, exc: PublishRefused, topic: str, size: int) -> None:
         reason = f"{exc.reason}: {exc}"
-        self.metrics.outbox_dead.inc()
+        self.outbox_metrics.outbox_dead.inc()
         log.error(
             "outbox_event_dead",
             event_id=str(event.event_id),
@@ -265,7 +267,7 @@ class OutboxPublisher:
 
     async def _failed(self, event: ClaimedEvent, exc: BaseException) -> None:
         delay = Backoff(self.retry_base_s, self.retry_cap_s, attempt=event.retry_count).next_delay()
-        self.metrics.outbox_failures.inc()
+        self.outbox_metrics.outbox_failures.inc()
         log.warning(
             "outbox_publish_failed",
             event_id=str(event.event_id),

@@ -30,6 +30,7 @@ from gateway.api.auth import BearerAuth
 from gateway.api.metrics import StreamMetrics
 from gateway.commands.campaigns import CampaignService, CampaignSettler
 from gateway.commands.dispatcher import Dispatcher
+from gateway.commands.metrics import CommandMetrics
 from gateway.commands.reaper import Reaper
 from gateway.commands.service import CommandService
 from gateway.config import Config
@@ -41,11 +42,13 @@ from gateway.ingest.writer import IngestWriter
 from gateway.maintenance.metrics import MaintenanceMetrics
 from gateway.maintenance.runner import Maintenance
 from gateway.mqtt.memory import SubscriptionMemory
+from gateway.mqtt.metrics import MqttMetrics
 from gateway.mqtt.session import MqttSession
 from gateway.mqtt.v311_client import ConnectionSettings
 from gateway.notify.consumer import NotifyConsumer
 from gateway.notify.metrics import NotifyMetrics
 from gateway.notify.worker import DeliveryWorker
+from gateway.outbox.metrics import OutboxMetrics
 from gateway.outbox.publisher import OutboxPublisher
 from gateway.support.backoff import Backoff
 from gateway.support.metrics import Metrics, MetricSet
@@ -62,6 +65,9 @@ FEATURE_METRICS: tuple[type[MetricSet], ...] = (
     AiMetrics,
     MaintenanceMetrics,
     NotifyMetrics,
+    CommandMetrics,
+    MqttMetrics,
+    OutboxMetrics,
 )
 
 

@@ -28,6 +28,7 @@ from gateway.ingest.writer import IngestWriter
 from gateway.mqtt.session import OFFLINE, MqttSession
 from gateway.mqtt.v311_client import ConnectionSettings, TlsSettings
 from gateway.notify.service import NotifyService
+from gateway.outbox.metrics import OutboxMetrics
 from gateway.outbox.publisher import OutboxPublisher
 from gateway.runtime.components import Components, build, subscriptions
 from gateway.runtime.failures import (
@@ -608,8 +609,8 @@ class Daemon:
                 backlog, oldest_age_s = await outbox.backlog(conn)
         except DB_ERRORS as exc:
             return DatabaseHealth(ok=False, error=repr(exc))
-        self.metrics.outbox_backlog.set(backlog)
-        self.metrics.outbox_oldest_age.set(oldest_age_s)
+        OutboxMetrics.of(self.metrics.registry).outbox_backlog.set(backlog)
+        OutboxMetrics.of(self.metrics.registry).outbox_oldest_age.set(oldest_age_s)
         return DatabaseHealth(
             ok=True,
             pool_size=pool.get_size(),

@@ -1,10 +1,11 @@
 """Prometheus metrics, one registry per daemon (several daemons can share a test process).
 
 :class:`Metrics` holds the registry, the process and build collectors, and the metrics that
-several layers or the daemon's wiring share (database, broker, commands, the outbox backlog,
-alarm transitions). A feature's own metrics live beside it, as a :class:`MetricSet`
-(``gateway/ingest/metrics.py``, ``gateway/alarms/metrics.py``, ``gateway/notify/metrics.py``,
-...), registered once per registry.
+several layers or the daemon's wiring share (database, dead letters, the batch size, command
+and alarm transitions, audit failures). A feature's own metrics live beside it, as a
+:class:`MetricSet` (``gateway/ingest/metrics.py``, ``gateway/commands/metrics.py``,
+``gateway/mqtt/metrics.py``, ``gateway/outbox/metrics.py``, ``gateway/notify/metrics.py``, ...),
+registered once per registry.
 """
 
 from __future__ import annotations
@@ -85,15 +86,6 @@ class Metrics:
             "Transactions retried after a database connection failure",
             registry=r,
         )
-        self.mqtt_connects = Counter(
-            "gateway_mqtt_connects",
-            "Broker connection attempts, by outcome",
-            ["outcome"],
-            registry=r,
-        )
-        self.mqtt_connected = Gauge(
-            "gateway_mqtt_connected", "1 while connected to the broker", registry=r
-        )
         self.db_pool_size = Gauge(
             "gateway_db_pool_size", "Connections open in the pool", registry=r
         )
@@ -101,39 +93,10 @@ class Metrics:
             "gateway_db_pool_idle", "Idle connections in the pool", registry=r
         )
 
-        self.outbox_backlog = Gauge(
-            "gateway_outbox_backlog", "Outbox events not yet published", registry=r
-        )
-        self.outbox_oldest_age = Gauge(
-            "gateway_outbox_oldest_age_seconds",
-            "Age of the oldest unpublished outbox event",
-            registry=r,
-        )
-        self.outbox_published = Counter(
-            "gateway_outbox_published",
-            "Outbox events published, by type",
-            ["event_type"],
-            registry=r,
-        )
-        self.outbox_failures = Counter(
-            "gateway_outbox_failures", "Outbox publish attempts that failed", registry=r
-        )
-        self.outbox_dead = Counter(
-            "gateway_outbox_dead",
-            "Outbox events given up: the broker can never take them (too large, refused for good)",
-            registry=r,
-        )
         self.alarm_transitions = Counter(
             "gateway_alarm_transitions",
             "Alarm status changes",
             ["from_status", "to_status"],
-            registry=r,
-        )
-
-        self.command_receipts = Counter(
-            "gateway_command_receipts",
-            "Command receipts by outcome and reason",
-            ["outcome", "reason"],
             registry=r,
         )
 
@@ -143,36 +106,11 @@ class Metrics:
             ["from_status", "to_status"],
             registry=r,
         )
-        self.command_claim_batch = Histogram(
-            "gateway_command_claim_batch_size",
-            "Commands claimed per dispatch pass",
-            buckets=BATCH_BUCKETS,
-            registry=r,
-        )
-        self.command_create_batch = Histogram(
-            "gateway_command_create_batch_size",
-            "API command creations per transaction (concurrent requests share one)",
-            buckets=BATCH_BUCKETS,
-            registry=r,
-        )
-        self.command_latency = Histogram(
-            "gateway_command_dispatch_to_receipt_seconds",
-            "From the claim of a command to the receipt that finished it",
-            buckets=LATENCY_BUCKETS,
-            registry=r,
-        )
 
         # Audit rows PostgreSQL refused (the change they recorded rolled back with them).
         self.audit_failures = Counter(
             "gateway_audit_failures",
             "Audit rows (alarm or command) that could not be written; their changes rolled back",
-            registry=r,
-        )
-        self.read_pauses = Counter(
-            "gateway_mqtt_read_pauses",
-            "Times reading the broker connection paused, by the bound of the read buffer that "
-            "was reached (messages: [ingest] read_buffer, bytes: [ingest] read_buffer_bytes)",
-            ["bound"],
             registry=r,
         )
 

@@ -1,0 +1,28 @@
+"""The broker session's metrics: connection attempts, whether connected, read pauses."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from gateway.support.metrics import MetricSet
+
+
+class MqttMetrics(MetricSet):
+    def __init__(self, registry: CollectorRegistry) -> None:
+        r = registry
+        self.mqtt_connects = Counter(
+            "gateway_mqtt_connects",
+            "Broker connection attempts, by outcome",
+            ["outcome"],
+            registry=r,
+        )
+        self.mqtt_connected = Gauge(
+            "gateway_mqtt_connected", "1 while connected to the broker", registry=r
+        )
+        self.read_pauses = Counter(
+            "gateway_mqtt_read_pauses",
+            "Times reading the broker connection paused, by the bound of the read buffer that "
+            "was reached (messages: [ingest] read_buffer, bytes: [ingest] read_buffer_bytes)",
+            ["bound"],
+            registry=r,
+        )
