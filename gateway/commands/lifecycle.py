@@ -34,6 +34,7 @@ from gateway.domain.command import (
     retry_delay_s,
 )
 from protocol import CommandReceipt, ReceiptResult
+from protocol.events import CommandFinished, EventType
 from storage import alarms as alarm_repo
 from storage import commands as repo
 from storage import outbox
@@ -41,7 +42,6 @@ from storage import outbox
 log = structlog.get_logger(__name__)
 
 AGGREGATE = "command"
-EVENT_FINISHED = "command.finished"
 DEVICE_ACTOR = "device"
 DISPATCHER_ACTOR = "system:dispatcher"
 REAPER_ACTOR = "system:reaper"
@@ -131,8 +131,8 @@ async def _record(
             conn,
             aggregate_type=AGGREGATE,
             aggregate_id=str(row["id"]),
-            event_type=EVENT_FINISHED,
-            payload={"command": command_to_json(row), "actor": actor},
+            event_type=EventType.COMMAND_FINISHED,
+            payload=CommandFinished(command=command_to_json(row), actor=actor),
         )
 
 
@@ -352,7 +352,7 @@ async def apply_receipts(
         updated = {row["id"]: row for row in await repo.apply_receipts(conn, columns)}
     results: dict[int, ReceiptResultRecord] = {}
     audits: list[tuple[Any, ...]] = []
-    events: list[tuple[str, dict[str, Any]]] = []
+    events: list[tuple[str, CommandFinished]] = []
     logged: list[tuple[Any, ...]] = []
     for index, device_id, receipt, current, _effect in planned:
         row = updated.get(current["id"])
@@ -365,7 +365,10 @@ async def apply_receipts(
             )  # fmt: skip
             if CommandStatus(row["status"]) in TERMINAL_STATUSES:
                 events.append(
-                    (str(row["id"]), {"command": command_to_json(row), "actor": DEVICE_ACTOR})
+                    (
+                        str(row["id"]),
+                        CommandFinished(command=command_to_json(row), actor=DEVICE_ACTOR),
+                    )
                 )
         logged.append(
             (row["id"], receipt.command_id, device_id, receipt.claim_generation, receipt.node_id,
@@ -378,7 +381,7 @@ async def apply_receipts(
     await repo.insert_audits(conn, audits)
     if events:
         await outbox.add_events(
-            conn, aggregate_type=AGGREGATE, event_type=EVENT_FINISHED, events=events
+            conn, aggregate_type=AGGREGATE, event_type=EventType.COMMAND_FINISHED, events=events
         )
     await repo.insert_receipts(conn, logged)
     for index, (device_id, receipt) in enumerate(receipts):
