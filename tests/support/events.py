@@ -5,6 +5,9 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
+import asyncpg
+import msgspec
+
 from protocol.events import (
     AlarmChanged,
     AlarmCleared,
@@ -17,6 +20,7 @@ from protocol.events import (
     EventPayload,
     EventType,
     SummaryTaskFinished,
+    decode_payload,
 )
 
 AT = datetime(2026, 1, 1, tzinfo=UTC)
@@ -90,3 +94,31 @@ def samples() -> dict[EventType, EventPayload]:
         EventType.AI_SUMMARY_SUCCEEDED: SummaryTaskFinished(task={"id": 1, "status": "DONE"}),
         EventType.AI_SUMMARY_FAILED: SummaryTaskFinished(task={"id": 1, "status": "FAILED"}),
     }
+
+
+async def assert_outbox_decodes(dsn: str) -> int:
+    """Every event of the catalogue's types in the database's outbox decodes into its Struct,
+    and encodes back to the same JSON (the Struct holds all of it); how many there were.
+    Events of other types (a test's own ``test.e``) are left alone."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        if await conn.fetchval("SELECT to_regclass('outbox_event')") is None:
+            return 0
+        rows = await conn.fetch(
+            "SELECT id, event_type, payload::text AS payload FROM outbox_event "
+            "WHERE event_type = ANY($1::text[])",
+            [event_type.value for event_type in EventType],
+        )
+    finally:
+        await conn.close()
+    for row in rows:
+        try:
+            event = decode_payload(row["event_type"], row["payload"])
+        except msgspec.ValidationError as exc:
+            raise AssertionError(
+                f"outbox event {row['id']} ({row['event_type']}) is not of its schema: {exc}; "
+                f"payload {row['payload']}"
+            ) from exc
+        written = msgspec.json.decode(row["payload"])
+        assert msgspec.json.decode(msgspec.json.encode(event)) == written, row["event_type"]
+    return len(rows)
