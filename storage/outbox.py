@@ -10,7 +10,7 @@ from datetime import datetime
 import asyncpg
 import msgspec
 
-from protocol.events import EventPayload, EventType
+from protocol.events import Aggregate, EventPayload, EventType
 from storage.sql import load_queries
 
 _Q = load_queries("outbox.sql")
@@ -42,7 +42,7 @@ class ClaimedEvent:
 async def add_event(
     conn: asyncpg.Connection,
     *,
-    aggregate_type: str,
+    aggregate_type: Aggregate,
     aggregate_id: str,
     event_type: EventType,
     payload: EventPayload,
@@ -63,7 +63,7 @@ async def add_event(
 async def add_events(
     conn: asyncpg.Connection,
     *,
-    aggregate_type: str,
+    aggregate_type: Aggregate,
     event_type: EventType,
     events: Sequence[tuple[str, EventPayload]],
 ) -> list[uuid.UUID]:

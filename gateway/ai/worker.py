@@ -36,7 +36,7 @@ from gateway.support.loops import (
 )
 from gateway.support.metrics import Metrics
 from gateway.support.node import Node
-from protocol.events import EventType, SummaryTaskFinished
+from protocol.events import Aggregate, EventType, SummaryTaskFinished
 from storage import ai_tasks as repo
 from storage import alarms as alarm_repo
 from storage import outbox
@@ -249,7 +249,7 @@ class SummaryWorker:
     ) -> None:
         await outbox.add_event(
             conn,
-            aggregate_type="alarm",
+            aggregate_type=Aggregate.ALARM,
             aggregate_id=str(row["alarm_id"]),
             event_type=event_type,
             payload=SummaryTaskFinished(task=task_to_json(row, with_payloads=False)),

@@ -30,6 +30,7 @@ from gateway.domain.alarm import (
 from gateway.domain.errors import GatewayError
 from gateway.support.metrics import Metrics
 from protocol.events import (
+    Aggregate,
     AlarmChanged,
     AlarmCleared,
     AlarmCreated,
@@ -39,7 +40,7 @@ from storage import ai_tasks as ai_repo
 from storage import alarms as repo
 from storage import outbox
 
-AGGREGATE = "alarm"
+AGGREGATE = Aggregate.ALARM
 RULES_ACTOR = "system:rules"
 
 # The step each people's action records: finding it already taken means someone else did it.
@@ -141,7 +142,11 @@ async def _record(
         request_id=request_id,
         event_id=event_id,
     )
-    payload = created or event_payload(alarm, action=action, actor=actor, from_status=from_status)
+    payload = (
+        created
+        if created is not None
+        else event_payload(alarm, action=action, actor=actor, from_status=from_status)
+    )
     await outbox.add_event(
         conn,
         aggregate_type=AGGREGATE,

@@ -39,7 +39,7 @@ from gateway.domain.quiet_hours import QuietHours, held_back
 from gateway.support.loops import every
 from gateway.support.metrics import Metrics
 from gateway.support.node import Node
-from protocol.events import AlarmReminder, EventType
+from protocol.events import Aggregate, AlarmReminder, EventType
 from storage import alarms as repo
 from storage import outbox
 
@@ -258,7 +258,7 @@ class AlarmTimers:
             alarm = alarm_from_record(updated)
             await outbox.add_event(
                 conn,
-                aggregate_type="alarm",
+                aggregate_type=Aggregate.ALARM,
                 aggregate_id=str(alarm.id),
                 event_type=EventType.ALARM_REMINDER,
                 payload=AlarmReminder(alarm=alarm),

@@ -36,7 +36,7 @@ from storage import outbox
 
 log = structlog.get_logger(__name__)
 
-AGGREGATE: Final = "campaign"
+AGGREGATE: Final = events.Aggregate.CAMPAIGN
 EVENT_CLOSED: Final = {
     CampaignStatus.COMPLETED: events.EventType.CAMPAIGN_COMPLETED,
     CampaignStatus.ABORTED: events.EventType.CAMPAIGN_ABORTED,
@@ -44,7 +44,7 @@ EVENT_CLOSED: Final = {
 }
 SETTLER_ACTOR: Final = "system:campaigns"
 NOTIFY_CHANNEL: Final = "campaign_settle"
-COMMAND_AGGREGATE: Final = "command"
+COMMAND_AGGREGATE: Final = events.Aggregate.COMMAND
 # A campaign this large refreshes the command table's statistics once it is committed: it is a
 # bulk load, and claims planned from statistics that have not seen it scan every pending row.
 ANALYZE_AFTER_COMMANDS: Final = 1000

@@ -34,14 +34,14 @@ from gateway.domain.command import (
     retry_delay_s,
 )
 from protocol import CommandReceipt, ReceiptResult
-from protocol.events import CommandFinished, EventType
+from protocol.events import Aggregate, CommandFinished, EventType
 from storage import alarms as alarm_repo
 from storage import commands as repo
 from storage import outbox
 
 log = structlog.get_logger(__name__)
 
-AGGREGATE = "command"
+AGGREGATE = Aggregate.COMMAND
 DEVICE_ACTOR = "device"
 DISPATCHER_ACTOR = "system:dispatcher"
 REAPER_ACTOR = "system:reaper"
