@@ -43,6 +43,7 @@ import asyncpg
 from aiohttp import web
 
 from protocol import Topics
+from protocol.events import EventType
 from sim.broker import free_port, mosquitto_binary, wait_listening
 from sim.field_plan import (
     EPOCH,
@@ -215,7 +216,8 @@ class Nodes:
             "[notify]\npoll_s = 0.5\nbackoff_max_s = 2\n"
             f'[[notify.receivers]]\nname = "field-hook"\nkind = "webhook"\n'
             f'url = "{self.hook_url}"\n'
-            '[[notify.routes]]\nevents = ["alarm.created"]\nreceivers = ["field-hook"]\n'
+            f'[[notify.routes]]\nevents = ["{EventType.ALARM_CREATED}"]\n'
+            'receivers = ["field-hook"]\n'
             f'[[api.tokens]]\ntoken = "{TOKEN}"\nrole = "operator"\nname = "field"\n'
             f"{RULES}{self.extra}"
         )
@@ -1049,12 +1051,12 @@ async def _check_reach(conn: asyncpg.Connection, hook: Webhook, result: FieldRes
                 waiting = await conn.fetchval(
                     "SELECT count(*) FROM alarm WHERE status IN ('NEW', 'DELAYED')"
                 )
-                if not waiting and critical <= hook.alarm_ids("alarm.created"):
+                if not waiting and critical <= hook.alarm_ids(EventType.ALARM_CREATED):
                     return
                 await asyncio.sleep(0.5)
     except TimeoutError:
         pass
-    missed = critical - hook.alarm_ids("alarm.created")
+    missed = critical - hook.alarm_ids(EventType.ALARM_CREATED)
     if missed:
         result.discrepancies.append(
             Discrepancy("reach", f"CRITICAL alarms never at the webhook: {sorted(missed)}")

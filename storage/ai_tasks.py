@@ -11,6 +11,7 @@ from typing import Any
 import asyncpg
 import msgspec
 
+from protocol.events import AlarmCreated, EventType
 from storage.sql import load_queries
 
 _Q = load_queries("ai_tasks.sql")
@@ -115,8 +116,14 @@ async def start(
 
 
 async def alarm_reason(conn: asyncpg.Connection, alarm_id: int) -> str | None:
-    value = await conn.fetchval(ALARM_REASON, str(alarm_id))
-    return None if value is None else str(value)
+    """The reason in the alarm's ``alarm.created`` event; None once that event is pruned."""
+    payload = await conn.fetchval(ALARM_REASON, str(alarm_id), EventType.ALARM_CREATED)
+    if payload is None:
+        return None
+    try:
+        return msgspec.json.decode(payload, type=AlarmCreated).reason
+    except msgspec.ValidationError:
+        return None
 
 
 async def recent_telemetry(

@@ -6,11 +6,11 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 
 import asyncpg
 import msgspec
 
+from protocol.events import Aggregate, EventPayload, EventType
 from storage.sql import load_queries
 
 _Q = load_queries("outbox.sql")
@@ -42,10 +42,10 @@ class ClaimedEvent:
 async def add_event(
     conn: asyncpg.Connection,
     *,
-    aggregate_type: str,
+    aggregate_type: Aggregate,
     aggregate_id: str,
-    event_type: str,
-    payload: dict[str, Any],
+    event_type: EventType,
+    payload: EventPayload,
 ) -> uuid.UUID:
     """Insert an event on the caller's connection: it commits with the caller's change."""
     event_id = uuid.uuid4()
@@ -63,9 +63,9 @@ async def add_event(
 async def add_events(
     conn: asyncpg.Connection,
     *,
-    aggregate_type: str,
-    event_type: str,
-    events: Sequence[tuple[str, dict[str, Any]]],
+    aggregate_type: Aggregate,
+    event_type: EventType,
+    events: Sequence[tuple[str, EventPayload]],
 ) -> list[uuid.UUID]:
     """`add_event` for many (aggregate id, payload) pairs in one statement, in their order."""
     event_ids = [uuid.uuid4() for _ in events]

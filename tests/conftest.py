@@ -16,6 +16,7 @@ import asyncpg
 import pytest
 
 from tests.support.dsn import with_database
+from tests.support.events import assert_outbox_decodes
 from tests.support.mosquitto import Mosquitto
 
 TEST_DSN_ENV = "GATEWAY_TEST_DSN"
@@ -99,10 +100,19 @@ async def _fresh_database(server_dsn: str, prefix: str, template: str | None) ->
 
 
 @pytest.fixture
-async def db_dsn(pg_server_dsn: str, template_db: str) -> AsyncIterator[str]:
-    """A fresh, migrated database for one test."""
+async def db_dsn(
+    pg_server_dsn: str, template_db: str, request: pytest.FixtureRequest
+) -> AsyncIterator[str]:
+    """A fresh, migrated database for one test.
+
+    Afterwards every outbox event the test made the gateway write must decode into its
+    type's Struct (protocol/events.py): every test that raises alarms, finishes commands or
+    runs campaigns checks the event catalogue. A test that writes placeholder events of the
+    catalogue's types on purpose is marked ``synthetic_events``."""
     async with _fresh_database(pg_server_dsn, "gw_t", template_db) as dsn:
         yield dsn
+        if request.node.get_closest_marker("synthetic_events") is None:
+            await assert_outbox_decodes(dsn)
 
 
 @pytest.fixture

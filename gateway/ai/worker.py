@@ -38,6 +38,7 @@ from gateway.support.loops import (
 )
 from gateway.support.metrics import Metrics
 from gateway.support.node import Node
+from protocol.events import Aggregate, EventType, SummaryTaskFinished
 from storage import ai_tasks as repo
 from storage import alarms as alarm_repo
 from storage import outbox
@@ -45,8 +46,6 @@ from storage.ai_tasks import AiTaskRow
 
 log = structlog.get_logger(__name__)
 
-EVENT_SUCCEEDED = "ai.summary_succeeded"
-EVENT_FAILED = "ai.summary_failed"
 TELEMETRY_SAMPLES = 50
 
 
@@ -208,7 +207,7 @@ class SummaryWorker:
                     model_name=reply.model or task.model_name,
                 )
                 if row is not None:
-                    await self._event(conn, row, EVENT_SUCCEEDED)
+                    await self._event(conn, row, EventType.AI_SUMMARY_SUCCEEDED)
             self._count(row, "SUCCEEDED", "")
         finally:
             self.ai_metrics.ai_latency.observe(loop.time() - started)
@@ -236,7 +235,7 @@ class SummaryWorker:
         self.ai_metrics.ai_tasks.labels(status, code).inc()
 
     async def _after_failure(self, conn: asyncpg.Connection, row: AiTaskRow) -> None:
-        await self._event(conn, row, EVENT_FAILED)
+        await self._event(conn, row, EventType.AI_SUMMARY_FAILED)
         attempt = row.attempt
         if should_retry(attempt, self.max_attempts):
             await repo.insert_task(
@@ -248,13 +247,15 @@ class SummaryWorker:
                 delay_s=retry_delay_s(attempt),
             )
 
-    async def _event(self, conn: asyncpg.Connection, row: AiTaskRow, event_type: str) -> None:
+    async def _event(
+        self, conn: asyncpg.Connection, row: AiTaskRow, event_type: EventType
+    ) -> None:
         await outbox.add_event(
             conn,
-            aggregate_type="alarm",
+            aggregate_type=Aggregate.ALARM,
             aggregate_id=str(row.alarm_id),
             event_type=event_type,
-            payload={"task": task_to_json(row, with_payloads=False)},
+            payload=SummaryTaskFinished(task=task_to_json(row, with_payloads=False)),
         )
 
     async def sweep(self) -> list[int]:

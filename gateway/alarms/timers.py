@@ -29,13 +29,9 @@ import structlog
 
 from gateway.alarms.delivery import QUIET_ACTOR
 from gateway.alarms.lifecycle import (
-    EVENT_ESCALATED,
-    EVENT_REMINDER,
-    EVENT_WOKEN,
     AlarmNotFoundError,
     StatusChangedError,
     alarm_from_record,
-    alarm_to_json,
     transition,
 )
 from gateway.alarms.metrics import AlarmMetrics
@@ -45,6 +41,7 @@ from gateway.domain.quiet_hours import QuietHours, held_back
 from gateway.support.loops import every
 from gateway.support.metrics import Metrics
 from gateway.support.node import Node
+from protocol.events import Aggregate, AlarmReminder, EventType
 from storage import alarms as repo
 from storage import outbox
 
@@ -188,7 +185,7 @@ class AlarmTimers:
                     expected=AlarmStatus.DELAYED,
                     now=now,
                     actor=QUIET_ACTOR,
-                    event_type=EVENT_WOKEN,
+                    event_type=EventType.ALARM_WOKEN,
                 ):
                     # Its notifications were made due when the window was to end: a window
                     # that ended sooner (a reload took it away) must not hold them longer.
@@ -238,7 +235,7 @@ class AlarmTimers:
                 expected=AlarmStatus.CONFIRMED,
                 now=now,
                 actor=ESCALATION_ACTOR,
-                event_type=EVENT_ESCALATED,
+                event_type=EventType.ALARM_ESCALATED,
             ):
                 report.escalated.append(alarm_id)
 
@@ -251,7 +248,7 @@ class AlarmTimers:
         expected: AlarmStatus,
         now: datetime,
         actor: str,
-        event_type: str,
+        event_type: EventType,
     ) -> bool:
         try:
             async with conn.transaction():
@@ -301,9 +298,9 @@ class AlarmTimers:
             alarm = alarm_from_record(updated)
             await outbox.add_event(
                 conn,
-                aggregate_type="alarm",
+                aggregate_type=Aggregate.ALARM,
                 aggregate_id=str(alarm.id),
-                event_type=EVENT_REMINDER,
-                payload={"alarm": alarm_to_json(alarm)},
+                event_type=EventType.ALARM_REMINDER,
+                payload=AlarmReminder(alarm=alarm),
             )
         return True

@@ -57,7 +57,7 @@ from litestar.params import HeaderParameter, Parameter
 from litestar.response import Stream
 
 from gateway.alarms.delivery import reached_on_stream
-from gateway.alarms.lifecycle import AGGREGATE, EVENT_CREATED, EVENT_WOKEN
+from gateway.alarms.lifecycle import AGGREGATE
 from gateway.api.auth import BearerAuth, CallDep, Caller, Role, log_refusal
 from gateway.api.errors import (
     BAD_REQUEST,
@@ -87,6 +87,7 @@ from gateway.support.loops import (
     wait_event_or_stop,
 )
 from gateway.support.metrics import Metrics
+from protocol.events import EventType
 from storage import console as repo
 from storage.console import Cursor, StreamEvent
 
@@ -116,7 +117,7 @@ TICKET_PATTERN: Final = r"^[A-Za-z0-9_-]{20,100}$"
 _TICKET: Final = re.compile(TICKET_PATTERN.removesuffix("$") + r"\Z")
 # The events whose writing to a client reaches a person with the alarm (as their publish does
 # over MQTT 5): its creation, and its wake-up after quiet hours.
-REACH_EVENTS: Final = frozenset({EVENT_CREATED, EVENT_WOKEN})
+REACH_EVENTS: Final = frozenset({EventType.ALARM_CREATED, EventType.ALARM_WOKEN})
 # A round of pushes that failed (the database away) is tried again after this.
 REACH_RETRY_S: Final = 1.0
 

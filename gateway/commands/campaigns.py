@@ -30,6 +30,7 @@ from gateway.domain.command import CommandStatus, Delivery
 from gateway.domain.rules import DeviceSelector
 from gateway.support.loops import drain_on_notify
 from gateway.support.metrics import Metrics
+from protocol import events
 from storage import campaigns as repo
 from storage import outbox
 from storage.campaigns import CampaignRow, CountedCampaignRow
@@ -37,17 +38,15 @@ from storage.commands import CommandRow, MovedCommandRow
 
 log = structlog.get_logger(__name__)
 
-AGGREGATE: Final = "campaign"
-EVENT_CREATED: Final = "campaign.created"
+AGGREGATE: Final = events.Aggregate.CAMPAIGN
 EVENT_CLOSED: Final = {
-    CampaignStatus.COMPLETED: "campaign.completed",
-    CampaignStatus.ABORTED: "campaign.aborted",
-    CampaignStatus.CANCELLED: "campaign.cancelled",
+    CampaignStatus.COMPLETED: events.EventType.CAMPAIGN_COMPLETED,
+    CampaignStatus.ABORTED: events.EventType.CAMPAIGN_ABORTED,
+    CampaignStatus.CANCELLED: events.EventType.CAMPAIGN_CANCELLED,
 }
 SETTLER_ACTOR: Final = "system:campaigns"
 NOTIFY_CHANNEL: Final = "campaign_settle"
-COMMAND_AGGREGATE: Final = "command"
-COMMAND_FINISHED: Final = "command.finished"
+COMMAND_AGGREGATE: Final = events.Aggregate.COMMAND
 # A campaign this large refreshes the command table's statistics once it is committed: it is a
 # bulk load, and claims planned from statistics that have not seen it scan every pending row.
 ANALYZE_AFTER_COMMANDS: Final = 1000
@@ -181,9 +180,10 @@ async def _closed(
             await outbox.add_events(
                 conn,
                 aggregate_type=COMMAND_AGGREGATE,
-                event_type=COMMAND_FINISHED,
+                event_type=events.EventType.COMMAND_FINISHED,
                 events=[
-                    (str(r.id), {"command": command_to_json(r), "actor": actor}) for r in cancelled
+                    (str(r.id), events.CommandFinished(command=command_to_json(r), actor=actor))
+                    for r in cancelled
                 ],
             )
     row = await repo.get(conn, campaign_id)
@@ -193,7 +193,9 @@ async def _closed(
         aggregate_type=AGGREGATE,
         aggregate_id=str(campaign_id),
         event_type=EVENT_CLOSED[status],
-        payload={"campaign": campaign_to_json(row), "counts": counts_of(row), "actor": actor},
+        payload=events.CampaignClosed(
+            campaign=campaign_to_json(row), counts=counts_of(row), actor=actor
+        ),
     )
     return row, cancelled
 
@@ -262,8 +264,8 @@ class CampaignService:
                 conn,
                 aggregate_type=AGGREGATE,
                 aggregate_id=str(row.id),
-                event_type=EVENT_CREATED,
-                payload={"campaign": campaign_to_json(created), "actor": actor},
+                event_type=events.EventType.CAMPAIGN_CREATED,
+                payload=events.CampaignCreated(campaign=campaign_to_json(created), actor=actor),
             )
         if len(devices) >= ANALYZE_AFTER_COMMANDS:
             await self._analyze(campaign_id=row.id, commands=len(devices))

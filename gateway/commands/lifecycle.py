@@ -14,12 +14,12 @@ import asyncpg
 import msgspec
 
 from gateway.domain.command import CommandError, CommandStatus
+from protocol.events import Aggregate, CommandFinished, EventType
 from storage import commands as repo
 from storage import outbox
 from storage.commands import CommandRow, MovedCommandRow
 
-AGGREGATE = "command"
-EVENT_FINISHED = "command.finished"
+AGGREGATE = Aggregate.COMMAND
 DISPATCHER_ACTOR = "system:dispatcher"
 
 
@@ -105,8 +105,8 @@ async def record_change(
             conn,
             aggregate_type=AGGREGATE,
             aggregate_id=str(row.id),
-            event_type=EVENT_FINISHED,
-            payload={"command": command_to_json(row), "actor": actor},
+            event_type=EventType.COMMAND_FINISHED,
+            payload=CommandFinished(command=command_to_json(row), actor=actor),
         )
 
 

@@ -62,6 +62,7 @@ from typing import Any, Final
 import msgspec
 
 from gateway.domain.errors import GatewayError
+from protocol.events import AlarmSnapshot
 
 SYSTEM_ACTOR_PREFIX: Final = "system:"
 
@@ -216,38 +217,12 @@ def next_status(status: AlarmStatus, action: Action) -> AlarmStatus:
     return target
 
 
-class Alarm(msgspec.Struct, frozen=True, kw_only=True):
-    id: int
-    device_id: str
-    rule_key: str
+class Alarm(AlarmSnapshot, frozen=True, kw_only=True):
+    """The alarm: its columns are those of the alarm events' snapshot (protocol/events.py),
+    what it is on the wire; its severity and status are the domain's enums."""
+
     severity: Severity
     status: AlarmStatus
-    telemetry_event_id: str
-    dedup_key: str
-    active_key: str | None  # None once released
-    triggered_at: datetime
-    pushed_at: datetime | None = None
-    delayed_at: datetime | None = None
-    woken_at: datetime | None = None
-    confirmed_at: datetime | None = None
-    confirmed_by: str | None = None
-    escalated_at: datetime | None = None
-    handled_at: datetime | None = None
-    handled_by: str | None = None
-    closed_at: datetime | None = None
-    closed_by: str | None = None
-    false_at: datetime | None = None
-    false_by: str | None = None
-    superseded_at: datetime | None = None
-    superseded_by: int | None = None
-    cleared_at: datetime | None = None
-    clear_event_id: str | None = None
-    last_notified_at: datetime | None = None  # reminders: no state change
-    # Why it fired, kept from its creation (null for alarms created before it was kept): a
-    # threshold rule's {metric, op, threshold, value, sample_ts}, an event rule's {event,
-    # sample_ts}, an inactivity rule's {silent_since}; and its rule's description.
-    trigger: dict[str, Any] | None = None
-    rule_description: str | None = None
 
 
 def dedup_key(rule_key: str, device_id: str, telemetry_event_id: str) -> str:

@@ -25,15 +25,27 @@ from msgspec import Meta, Struct, field
 
 from gateway.domain.errors import ConfigError
 from gateway.domain.rules import RULE_KEY_PATTERN, SEVERITIES, DeviceSelector, device_selector
+from protocol.events import (
+    AlarmChanged,
+    AlarmCleared,
+    AlarmCreated,
+    AlarmReminder,
+    AlarmSnapshot,
+    CommandFinished,
+    EventPayload,
+    EventType,
+)
 
-# The notification events a route may name.
-ALARM_CREATED: Final = "alarm.created"
-ALARM_ESCALATED: Final = "alarm.escalated"
-ALARM_REMINDER: Final = "alarm.reminder"
-ALARM_CLEARED: Final = "alarm.cleared"
+# The notification events a route may name: outbox event types passed through, and two
+# steps of outbox events (alarm.closed of a status change, command.failed of a finished
+# command), which are no outbox event type of their own.
+ALARM_CREATED: Final = EventType.ALARM_CREATED.value
+ALARM_ESCALATED: Final = EventType.ALARM_ESCALATED.value
+ALARM_REMINDER: Final = EventType.ALARM_REMINDER.value
+ALARM_CLEARED: Final = EventType.ALARM_CLEARED.value
 ALARM_CLOSED: Final = "alarm.closed"
 COMMAND_FAILED: Final = "command.failed"
-CAMPAIGN_ABORTED: Final = "campaign.aborted"
+CAMPAIGN_ABORTED: Final = EventType.CAMPAIGN_ABORTED.value
 EVENTS: Final[tuple[str, ...]] = (
     ALARM_CREATED,
     ALARM_ESCALATED,
@@ -43,16 +55,16 @@ EVENTS: Final[tuple[str, ...]] = (
     COMMAND_FAILED,
     CAMPAIGN_ABORTED,
 )
-# The outbox's event types behind them (alarm.closed and command.failed are steps of a
-# status change and of a finished command).
+# The outbox's event types behind them.
 _PASS_THROUGH: Final = frozenset(
     {ALARM_CREATED, ALARM_ESCALATED, ALARM_REMINDER, ALARM_CLEARED, CAMPAIGN_ABORTED}
 )
-_STATUS_CHANGED: Final = "alarm.status_changed"
-_COMMAND_FINISHED: Final = "command.finished"
 _COMMAND_FAILURES: Final = frozenset({"FAILED", "TIMEOUT"})
 # The outbox event type each notification comes from (the rest pass through by name).
-_OUTBOX_TYPE: Final = {ALARM_CLOSED: _STATUS_CHANGED, COMMAND_FAILED: _COMMAND_FINISHED}
+_OUTBOX_TYPE: Final = {
+    ALARM_CLOSED: EventType.ALARM_STATUS_CHANGED.value,
+    COMMAND_FAILED: EventType.COMMAND_FINISHED.value,
+}
 
 
 class DeliveryStatus(StrEnum):
@@ -345,43 +357,38 @@ def _check_email(receiver: ReceiverConfig, at: str) -> None:
 # --- what an outbox event means to people ------------------------------------------------------
 
 
-def notification_of(event_type: str, payload: Mapping[str, Any]) -> Facts | None:
-    """The notification an outbox event is, or None (most status changes are not one)."""
-    alarm = payload.get("alarm")
-    alarm = alarm if isinstance(alarm, Mapping) else None
-    if event_type == _STATUS_CHANGED:
-        closed = alarm is not None and alarm.get("status") == "CLOSED"
-        return _alarm_facts(ALARM_CLOSED, alarm) if closed and alarm is not None else None
-    if event_type == _COMMAND_FINISHED:
-        return _command_failed(payload.get("command"))
-    if event_type not in _PASS_THROUGH:
-        return None
-    if alarm is not None:
-        return _alarm_facts(event_type, alarm)
-    alarm_id = payload.get("alarm_id")
-    return Facts(
-        event=event_type,
-        device_id=_text(payload.get("device_id")),
-        rule_key=_text(payload.get("rule_key")),
-        severity=_text(payload.get("severity")),
-        alarm_id=alarm_id if isinstance(alarm_id, int) else None,
-    )
+def notification_of(event_type: str, event: EventPayload) -> Facts | None:
+    """The notification an outbox event (its payload decoded for its type) is, or None (most
+    status changes are not one)."""
+    match event:
+        case AlarmChanged(alarm=alarm) if event_type == EventType.ALARM_STATUS_CHANGED:
+            return _alarm_facts(ALARM_CLOSED, alarm) if alarm.status == "CLOSED" else None
+        case CommandFinished(command=command):
+            return _command_failed(command)
+        case _ if event_type not in _PASS_THROUGH:
+            return None
+        case AlarmCreated(alarm=alarm) | AlarmChanged(alarm=alarm) | AlarmReminder(alarm=alarm):
+            return _alarm_facts(event_type, alarm)
+        case AlarmCleared(alarm_id=alarm_id, device_id=device_id, rule_key=rule_key):
+            return Facts(
+                event=event_type, device_id=device_id, rule_key=rule_key, alarm_id=alarm_id
+            )
+    return Facts(event=event_type)  # campaign.aborted: about no alarm or device
 
 
-def _command_failed(command: object) -> Facts | None:
-    if not isinstance(command, Mapping) or command.get("status") not in _COMMAND_FAILURES:
+def _command_failed(command: Mapping[str, Any]) -> Facts | None:
+    if command.get("status") not in _COMMAND_FAILURES:
         return None
     return Facts(event=COMMAND_FAILED, device_id=_text(command.get("device_id")))
 
 
-def _alarm_facts(event: str, alarm: Mapping[str, Any]) -> Facts:
-    alarm_id = alarm.get("id")
+def _alarm_facts(event: str, alarm: AlarmSnapshot) -> Facts:
     return Facts(
         event=event,
-        device_id=_text(alarm.get("device_id")),
-        rule_key=_text(alarm.get("rule_key")),
-        severity=_text(alarm.get("severity")),
-        alarm_id=alarm_id if isinstance(alarm_id, int) else None,
+        device_id=alarm.device_id,
+        rule_key=alarm.rule_key,
+        severity=alarm.severity,
+        alarm_id=alarm.id,
     )
 
 

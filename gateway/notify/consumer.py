@@ -48,6 +48,7 @@ from gateway.domain.notify import (
 from gateway.domain.quiet_hours import QuietHours
 from gateway.notify.metrics import NotifyMetrics
 from gateway.support.loops import drain_on_notify
+from protocol.events import CommandFinished, EventPayload, decode_payload
 from storage import notify as repo
 from storage.notify import NewDelivery, OutboxRow
 
@@ -130,8 +131,8 @@ class NotifyConsumer:
             if not taken:
                 return 0
             mine = [r for r in rows if r.event_id in taken]
-            payloads = {r.event_id: msgspec.json.decode(r.payload) for r in mine}
-            facts = {r.event_id: notification_of(r.event_type, payloads[r.event_id]) for r in mine}
+            events = {r.event_id: _decoded(r) for r in mine}
+            facts = {r.event_id: _notification(r.event_type, events[r.event_id]) for r in mine}
             alarm_ids = sorted({f.alarm_id for f in facts.values() if f and f.alarm_id})
             alarms = await repo.alarm_facts(conn, alarm_ids) if alarm_ids else {}
             now: datetime = await conn.fetchval("SELECT now()")
@@ -147,7 +148,7 @@ class NotifyConsumer:
                 if not receivers:
                     continue
                 silence = first_silence(silences, fact, now)
-                body = self._body(row, fact, payloads[row.event_id], alarm)
+                body = self._body(row, fact, events[row.event_id], alarm)
                 due_in_s = self._quiet_delay(fact, now)
                 deliveries.extend(
                     NewDelivery(
@@ -189,7 +190,7 @@ class NotifyConsumer:
         self,
         row: OutboxRow,
         fact: Facts,
-        payload: Any,
+        event: EventPayload | None,
         alarm: dict[str, Any] | None,
     ) -> dict[str, Any]:
         """What a receiver gets: the event's payload as it is, with the alarm's device,
@@ -205,7 +206,7 @@ class NotifyConsumer:
             "alarm_id": fact.alarm_id,
             "status": None,
             "link": alarm_link(self.public_url, fact.alarm_id),
-            "payload": payload,
+            "payload": msgspec.Raw(row.payload.encode()),  # as written
         }
         if alarm is not None:
             body["status"] = alarm["status"]
@@ -214,9 +215,28 @@ class NotifyConsumer:
                 for key, value in alarm.items()
                 if key.endswith("_at") and isinstance(value, datetime)
             }
-        elif isinstance(payload, dict) and isinstance(payload.get("command"), dict):
-            body["status"] = payload["command"].get("status")
+        elif isinstance(event, CommandFinished):
+            body["status"] = event.command.get("status")
         return body
+
+
+def _decoded(row: OutboxRow) -> EventPayload | None:
+    """The event's payload as its type's Struct; None, logged, for one not of its schema (a
+    row no route can make a notification of, rather than a consumer stuck on it)."""
+    try:
+        return decode_payload(row.event_type, row.payload)
+    except (ValueError, msgspec.ValidationError) as exc:
+        log.warning(
+            "notify_event_undecodable",
+            event_id=str(row.event_id),
+            type=row.event_type,
+            error=str(exc),
+        )
+        return None
+
+
+def _notification(event_type: str, event: EventPayload | None) -> Facts | None:
+    return None if event is None else notification_of(event_type, event)
 
 
 def _with_alarm(fact: Facts, alarm: dict[str, Any] | None) -> Facts:

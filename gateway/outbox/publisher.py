@@ -33,7 +33,6 @@ import msgspec
 import structlog
 
 from gateway.alarms.delivery import deliver
-from gateway.alarms.lifecycle import EVENT_CREATED, EVENT_WOKEN
 from gateway.config import OutboxConfig
 from gateway.domain.quiet_hours import QuietHours
 from gateway.outbox.metrics import OutboxMetrics
@@ -44,6 +43,7 @@ from gateway.support.metrics import Metrics
 from gateway.support.node import Node, Publish
 from gateway.support.publish_refusal import PublishRefused
 from protocol import Topics
+from protocol.events import EventType
 from storage import outbox
 from storage.errors import DB_ERRORS
 from storage.outbox import ClaimedEvent
@@ -54,7 +54,7 @@ NOTIFY_CHANNEL = "outbox_event"
 # Push transactions running at once, per publisher.
 DELIVERY_CONCURRENCY = 2
 # Publishing these is what brings an alarm to people: then it is pushed (or held back).
-DELIVERING_EVENTS = frozenset({EVENT_CREATED, EVENT_WOKEN})
+DELIVERING_EVENTS = frozenset({EventType.ALARM_CREATED, EventType.ALARM_WOKEN})
 # MQTT 5 PUBACK reason code 0, SUCCESS: the broker had subscribers for it (without any it
 # answers 0x10, NO_MATCHING_SUBSCRIBERS).
 PUBACK_SUBSCRIBED = 0

@@ -29,9 +29,10 @@ WHERE id = $1 AND status = 'PENDING'
 RETURNING id, started_at;
 
 -- name: alarm_reason
--- $1 alarm id; the reason the rule gave when it raised the alarm.
-SELECT payload->>'reason' FROM outbox_event
-WHERE aggregate_type = 'alarm' AND aggregate_id = $1::text AND event_type = 'alarm.created'
+-- $1 alarm id, $2 the type of its creation event; that event's payload (it holds the reason
+-- the rule gave when it raised the alarm).
+SELECT payload::text FROM outbox_event
+WHERE aggregate_type = 'alarm' AND aggregate_id = $1::text AND event_type = $2
 ORDER BY id LIMIT 1;
 
 -- name: recent_telemetry

@@ -74,6 +74,7 @@ async def test_a_clean_answer_succeeds_with_every_field_archived(
     request = msgspec.json.decode(task["request_payload"])
     assert request["messages"][0]["role"] == "system"
     assert "door-1" in request["messages"][1]["content"]
+    assert "DOOR_OPEN" in request["messages"][1]["content"]  # the reason, from alarm.created
     assert llm_server.requests[0]["messages"] == request["messages"]
     assert msgspec.json.decode(task["raw_response"])["choices"]
     assert task["finished_at"] >= task["started_at"]

@@ -13,7 +13,6 @@ import pytest
 
 from gateway.alarms.engine import AlarmEngine, BatchAlarms
 from gateway.alarms.lifecycle import (
-    EVENT_CREATED,
     AlarmRequest,
     SummarySpec,
     create_alarm,
@@ -24,6 +23,7 @@ from gateway.domain.errors import ConcurrentWriteError
 from gateway.domain.rules import RuleConfig, compile_rules
 from gateway.support.metrics import Metrics
 from protocol import Telemetry, telemetry_event_id
+from protocol.events import EventType
 
 T0 = 1_767_225_600_000
 THRESHOLD = RuleConfig(
@@ -89,7 +89,7 @@ async def test_a_storm_in_one_batch_writes_each_alarm_with_its_audit_event_and_t
         "SELECT aggregate_id, event_type, payload FROM outbox_event ORDER BY id"
     )
     assert [e["aggregate_id"] for e in events] == [str(a["id"]) for a in alarms]
-    assert {e["event_type"] for e in events} == {EVENT_CREATED}
+    assert {e["event_type"] for e in events} == {EventType.ALARM_CREATED}
     assert (
         await db.fetchval(
             "SELECT count(*) FROM ai_task WHERE attempt = 1 AND model_name = 'test-model'"

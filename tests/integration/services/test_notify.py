@@ -30,8 +30,10 @@ from gateway.notify.metrics import NotifyMetrics
 from gateway.notify.service import NotifyService
 from gateway.notify.worker import DeliveryWorker
 from gateway.support.metrics import Metrics
+from protocol.events import AlarmCreated
 from storage import notify as repo
 from storage import outbox
+from tests.support import events
 from tests.support.api_client import VIEWER, ApiClient
 from tests.support.api_server import serve_api
 from tests.support.credentials import make_ca, make_server_cert
@@ -115,22 +117,15 @@ class Notifier:
 
 def _alarm(
     alarm_id: int, *, device: str = "dev-1", rule: str = "hot", severity: str = "MAJOR"
-) -> dict[str, Any]:
-    return {
-        "alarm": {
-            "id": alarm_id,
-            "device_id": device,
-            "rule_key": rule,
-            "severity": severity,
-            "status": "NEW",
-            "triggered_at": "2026-01-01T00:00:00+00:00",
-        },
-        "action": "raise",
-        "actor": "system:engine",
-        "from": None,
-        "trigger": {"metric": "temp", "value": 91},
-        "rule_description": "too hot",
-    }  # fmt: skip
+) -> AlarmCreated:
+    return events.created(
+        alarm_id,
+        device_id=device,
+        rule_key=rule,
+        severity=severity,
+        trigger={"metric": "temp", "value": 91},
+        rule_description="too hot",
+    )
 
 
 async def _event(db: asyncpg.Connection, alarm_id: int, **kw: str) -> uuid.UUID:
@@ -185,8 +180,8 @@ async def test_a_receiver_failing_twice_then_succeeding_gets_one_delivery_in_thr
     assert body["alarm_id"] == 1
     assert body["device_id"] == "dev-1"
     assert body["link"] == "https://gw.example.com/#/alarms/1"
-    assert body["payload"]["trigger"] == {"metric": "temp", "value": 91}
-    assert body["payload"]["rule_description"] == "too hot"
+    assert body["payload"]["alarm"]["trigger"] == {"metric": "temp", "value": 91}
+    assert body["payload"]["alarm"]["rule_description"] == "too hot"
     [row] = await _deliveries(db)
     assert (row["status"], row["attempts"], row["sent_by"]) == ("SENT", 3, "n1")
     assert node.count("hook", "RETRY") == 2
@@ -682,7 +677,7 @@ async def test_the_consumer_reads_only_event_types_a_route_sends_on(
             aggregate_type="command",
             aggregate_id="7",
             event_type="command.finished",
-            payload={"command": {"id": 7, "device_id": "dev-1", "status": status}},
+            payload=events.command(status, device_id="dev-1"),
         )
     alarm = await _event(db, 1)
     await _drain(node.consumer)

@@ -21,6 +21,8 @@ from gateway.domain.notify import (
     silence_from_row,
     verify_signature,
 )
+from protocol.events import EventType
+from tests.support import events
 
 NOW = datetime(2026, 1, 1, 12, tzinfo=UTC)
 
@@ -255,28 +257,24 @@ def test_bad_silence_matchers_name_the_field() -> None:
 
 
 def test_which_outbox_events_are_notifications() -> None:
-    alarm = {"id": 7, "device_id": "d", "rule_key": "hot", "severity": "MAJOR", "status": "NEW"}
-    created = notification_of("alarm.created", {"alarm": alarm, "action": "raise"})
+    created = notification_of("alarm.created", events.created())
     assert created == Facts(
         event="alarm.created", device_id="d", rule_key="hot", severity="MAJOR", alarm_id=7
     )
-    closed = notification_of("alarm.status_changed", {"alarm": {**alarm, "status": "CLOSED"}})
+    closed = notification_of("alarm.status_changed", events.changed("CLOSED"))
     assert closed is not None
     assert closed.event == "alarm.closed"
-    assert (
-        notification_of("alarm.status_changed", {"alarm": {**alarm, "status": "HANDLED"}}) is None
-    )
-    cleared = notification_of(
-        "alarm.cleared", {"alarm_id": 7, "device_id": "d", "rule_key": "hot", "status": "PUSHED"}
-    )
+    assert notification_of("alarm.status_changed", events.changed("HANDLED")) is None
+    samples = events.samples()
+    cleared = notification_of("alarm.cleared", samples[EventType.ALARM_CLEARED])
     assert cleared == Facts(event="alarm.cleared", device_id="d", rule_key="hot", alarm_id=7)
-    failed = notification_of(
-        "command.finished", {"command": {"status": "TIMEOUT", "device_id": "d"}}
-    )
+    failed = notification_of("command.finished", events.command("TIMEOUT"))
     assert failed == Facts(event="command.failed", device_id="d")
-    assert notification_of("command.finished", {"command": {"status": "ACKED"}}) is None
-    assert notification_of("alarm.superseded", {"alarm": alarm}) is None
-    assert notification_of("campaign.aborted", {}) == Facts(event="campaign.aborted")
+    assert notification_of("command.finished", events.command("ACKED")) is None
+    superseded = samples[EventType.ALARM_SUPERSEDED]
+    assert notification_of("alarm.superseded", superseded) is None
+    aborted = samples[EventType.CAMPAIGN_ABORTED]
+    assert notification_of("campaign.aborted", aborted) == Facts(event="campaign.aborted")
 
 
 def test_link_to_the_console() -> None:
