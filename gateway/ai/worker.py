@@ -247,9 +247,7 @@ class SummaryWorker:
                 delay_s=retry_delay_s(attempt),
             )
 
-    async def _event(
-        self, conn: asyncpg.Connection, row: AiTaskRow, event_type: EventType
-    ) -> None:
+    async def _event(self, conn: asyncpg.Connection, row: AiTaskRow, event_type: EventType) -> None:
         await outbox.add_event(
             conn,
             aggregate_type=Aggregate.ALARM,

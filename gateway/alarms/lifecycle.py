@@ -28,18 +28,18 @@ from gateway.domain.alarm import (
     on_refire,
 )
 from gateway.domain.errors import ConcurrentWriteError
+from protocol.events import (
+    Aggregate,
+    AlarmChanged,
+    AlarmCleared,
+    AlarmCreated,
+    EventType,
+)
 from storage import ai_tasks as ai_repo
 from storage import alarms as repo
 from storage import outbox
 
-AGGREGATE = "alarm"
-EVENT_CREATED = "alarm.created"
-EVENT_SUPERSEDED = "alarm.superseded"
-EVENT_CLEARED = "alarm.cleared"
-EVENT_STATUS_CHANGED = "alarm.status_changed"
-EVENT_WOKEN = "alarm.woken"
-EVENT_ESCALATED = "alarm.escalated"
-EVENT_REMINDER = "alarm.reminder"
+AGGREGATE = Aggregate.ALARM
 RULES_ACTOR = "system:rules"
 
 # The step each people's action records: finding it already taken means someone else did it.
@@ -80,23 +80,27 @@ def alarm_from_record(record: asyncpg.Record) -> Alarm:
     return msgspec.convert(fields, Alarm, strict=False)
 
 
-def alarm_to_json(alarm: Alarm) -> dict[str, Any]:
-    body: dict[str, Any] = msgspec.to_builtins(alarm)
-    return body
-
-
 def event_payload(
-    alarm: Alarm, *, action: str, actor: str, from_status: AlarmStatus | None, **extra: Any
-) -> dict[str, Any]:
-    """The payload of every ``alarm.*`` outbox event but ``alarm.cleared``
-    (``record_cleared``): the alarm as it is now, the step, who took it, from which status."""
-    return {
-        "alarm": alarm_to_json(alarm),
-        "action": action,
-        "actor": actor,
-        "from": None if from_status is None else from_status.value,
-        **extra,
-    }
+    alarm: Alarm, *, action: str, actor: str, from_status: AlarmStatus | None
+) -> AlarmChanged:
+    """The payload of an alarm's step (``alarm.status_changed``, ``.superseded``, ``.woken``,
+    ``.escalated``): the alarm as it is now, the step, who took it, from which status."""
+    return AlarmChanged(
+        alarm=alarm,
+        action=action,
+        actor=actor,
+        from_=None if from_status is None else from_status.value,
+    )
+
+
+def created_payload(
+    alarm: Alarm, *, reason: str, supersedes: int | None, late: bool = False
+) -> AlarmCreated:
+    """The payload of ``alarm.created``: a step from nothing by the rules, and why."""
+    step = event_payload(alarm, action="create", actor=RULES_ACTOR, from_status=None)
+    return AlarmCreated(
+        **msgspec.structs.asdict(step), reason=reason, supersedes=supersedes, late=late
+    )
 
 
 def _lifecycle_values(alarm: Alarm) -> dict[str, Any]:
@@ -107,7 +111,7 @@ async def _record(
     conn: asyncpg.Connection,
     *,
     alarm: Alarm,
-    event_type: str,
+    event_type: EventType,
     action: str,
     from_status: AlarmStatus | None,
     actor: str,
@@ -115,7 +119,7 @@ async def _record(
     note: str | None = None,
     request_id: str | None = None,
     event_id: str | None = None,
-    extra: dict[str, Any] | None = None,
+    created: AlarmCreated | None = None,
     stated_actor: str | None = None,
 ) -> None:
     """The audit row and the outbox event of one change, on the change's transaction."""
@@ -132,8 +136,10 @@ async def _record(
         request_id=request_id,
         event_id=event_id,
     )
-    payload = event_payload(
-        alarm, action=action, actor=actor, from_status=from_status, **(extra or {})
+    payload = (
+        created
+        if created is not None
+        else event_payload(alarm, action=action, actor=actor, from_status=from_status)
     )
     await outbox.add_event(
         conn,
@@ -232,13 +238,15 @@ async def create_alarm(
     await _record(
         conn,
         alarm=alarm,
-        event_type=EVENT_CREATED,
+        event_type=EventType.ALARM_CREATED,
         action="create",
         from_status=None,
         actor=RULES_ACTOR,
         node_id=node_id,
         event_id=telemetry_event_id,
-        extra={"reason": reason, "supersedes": None if superseded is None else superseded[0]},
+        created=created_payload(
+            alarm, reason=reason, supersedes=None if superseded is None else superseded[0]
+        ),
     )
     if superseded is not None:
         old_id, old_status = superseded
@@ -248,7 +256,7 @@ async def create_alarm(
         await _record(
             conn,
             alarm=alarm_from_record(old),
-            event_type=EVENT_SUPERSEDED,
+            event_type=EventType.ALARM_SUPERSEDED,
             action=Action.SUPERSEDE.value,
             from_status=old_status,
             actor=RULES_ACTOR,
@@ -372,19 +380,9 @@ async def _insert_fresh(
     await outbox.add_events(
         conn,
         aggregate_type=AGGREGATE,
-        event_type=EVENT_CREATED,
+        event_type=EventType.ALARM_CREATED,
         events=[
-            (
-                str(alarm.id),
-                event_payload(
-                    alarm,
-                    action="create",
-                    actor=RULES_ACTOR,
-                    from_status=None,
-                    reason=requests[i].reason,
-                    supersedes=None,
-                ),
-            )
+            (str(alarm.id), created_payload(alarm, reason=requests[i].reason, supersedes=None))
             for i, alarm in zip(fresh, alarms, strict=True)
         ],
     )
@@ -432,14 +430,14 @@ async def create_late_alarm(
     await _record(
         conn,
         alarm=alarm,
-        event_type=EVENT_CREATED,
+        event_type=EventType.ALARM_CREATED,
         action="create",
         from_status=None,
         actor=RULES_ACTOR,
         node_id=node_id,
         event_id=request.telemetry_event_id,
         note="committed after a newer alarm of its rule: created superseded by it",
-        extra={"reason": request.reason, "supersedes": None, "late": True},
+        created=created_payload(alarm, reason=request.reason, supersedes=None, late=True),
     )
     return Creation(created=True, alarm=alarm)
 
@@ -486,19 +484,19 @@ async def record_cleared(
         conn,
         aggregate_type=AGGREGATE,
         aggregate_id=str(row["id"]),
-        event_type=EVENT_CLEARED,
-        payload={
-            "alarm_id": row["id"],
-            "device_id": row["device_id"],
-            "rule_key": row["rule_key"],
-            "status": row["status"],
-            "clear_event_id": clear_event_id,
-            "reason": reason,
-            "cleared_at": row["cleared_at"].isoformat(),
+        event_type=EventType.ALARM_CLEARED,
+        payload=AlarmCleared(
+            alarm_id=row["id"],
+            device_id=row["device_id"],
+            rule_key=row["rule_key"],
+            status=row["status"],
+            clear_event_id=clear_event_id,
+            reason=reason,
+            cleared_at=row["cleared_at"].isoformat(),
             # Why it fired, as every alarm.* event says it.
-            "trigger": None if row["trigger"] is None else msgspec.json.decode(row["trigger"]),
-            "rule_description": row["rule_description"],
-        },
+            trigger=None if row["trigger"] is None else msgspec.json.decode(row["trigger"]),
+            rule_description=row["rule_description"],
+        ),
     )
 
 
@@ -513,7 +511,7 @@ async def transition(
     request_id: str | None = None,
     expected: AlarmStatus | None = None,
     now: datetime | None = None,
-    event_type: str = EVENT_STATUS_CHANGED,
+    event_type: EventType = EventType.ALARM_STATUS_CHANGED,
     stated_actor: str | None = None,
 ) -> Alarm:
     """Apply one action in the caller's transaction, conditional on the prior status.

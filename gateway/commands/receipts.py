@@ -15,7 +15,7 @@ from typing import Any
 import asyncpg
 import structlog
 
-from gateway.commands.lifecycle import AGGREGATE, EVENT_FINISHED, command_to_json, record_change
+from gateway.commands.lifecycle import AGGREGATE, command_to_json, record_change
 from gateway.commands.metrics import CommandMetrics
 from gateway.domain.command import (
     TERMINAL_STATUSES,
@@ -31,6 +31,7 @@ from gateway.domain.command import (
 )
 from gateway.support.metrics import Metrics
 from protocol import CommandReceipt
+from protocol.events import CommandFinished, EventType
 from storage import commands as repo
 from storage import outbox
 from storage.commands import CommandRow
@@ -216,7 +217,7 @@ async def apply_receipts(
         updated = {row.id: row for row in await repo.apply_receipts(conn, columns)}
     results: dict[int, AppliedReceipt] = {}
     audits: list[tuple[Any, ...]] = []
-    events: list[tuple[str, dict[str, Any]]] = []
+    events: list[tuple[str, CommandFinished]] = []
     logged: list[tuple[Any, ...]] = []
     for index, device_id, receipt, current, _effect in planned:
         row = updated.get(current.id)
@@ -229,7 +230,7 @@ async def apply_receipts(
             )  # fmt: skip
             if CommandStatus(row.status) in TERMINAL_STATUSES:
                 events.append(
-                    (str(row.id), {"command": command_to_json(row), "actor": DEVICE_ACTOR})
+                    (str(row.id), CommandFinished(command=command_to_json(row), actor=DEVICE_ACTOR))
                 )
         logged.append(
             (row.id, receipt.command_id, device_id, receipt.claim_generation, receipt.node_id,
@@ -240,7 +241,7 @@ async def apply_receipts(
     await repo.insert_audits(conn, audits)
     if events:
         await outbox.add_events(
-            conn, aggregate_type=AGGREGATE, event_type=EVENT_FINISHED, events=events
+            conn, aggregate_type=AGGREGATE, event_type=EventType.COMMAND_FINISHED, events=events
         )
     await repo.insert_receipts(conn, logged)
     for index, (device_id, receipt) in enumerate(receipts):

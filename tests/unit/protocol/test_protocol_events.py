@@ -8,7 +8,7 @@ from typing import get_args
 import msgspec
 import pytest
 
-from gateway.alarms.service import created_payload, event_payload
+from gateway.alarms.lifecycle import created_payload, event_payload
 from gateway.domain.alarm import Alarm, AlarmStatus
 from protocol.events import (
     PAYLOADS,
