@@ -330,6 +330,12 @@ async def release_held_deliveries(conn: asyncpg.Connection, alarm_id: int, now: 
     await conn.execute(_Q["release_held_deliveries"], alarm_id, now)
 
 
+async def sent_delivery(conn: asyncpg.Connection, alarm_id: int) -> asyncpg.Record | None:
+    """A notification of the alarm its receiver accepted (id, receiver), if any."""
+    record: asyncpg.Record | None = await conn.fetchrow(_Q["sent_delivery"], alarm_id)
+    return record
+
+
 async def held_deliveries(
     conn: asyncpg.Connection, now: datetime, after_id: int, limit: int
 ) -> list[asyncpg.Record]:

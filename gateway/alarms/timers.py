@@ -27,7 +27,7 @@ from typing import Final
 import asyncpg
 import structlog
 
-from gateway.alarms.delivery import QUIET_ACTOR
+from gateway.alarms.delivery import QUIET_ACTOR, reached
 from gateway.alarms.lifecycle import (
     AlarmNotFoundError,
     StatusChangedError,
@@ -191,6 +191,7 @@ class AlarmTimers:
                     # that ended sooner (a reload took it away) must not hold them longer.
                     await repo.release_held_deliveries(conn, row["id"], now)
                     report.woken.append(row["id"])
+                    await self._reached_while_held(conn, row["id"])
             if len(rows) < BATCH:
                 break
 
@@ -238,6 +239,18 @@ class AlarmTimers:
                 event_type=EventType.ALARM_ESCALATED,
             ):
                 report.escalated.append(alarm_id)
+
+    async def _reached_while_held(self, conn: asyncpg.Connection, alarm_id: int) -> None:
+        """A notification a receiver accepted while the alarm was DELAYED reached a person: a
+        node still without the window (a reload reaching the nodes one by one) sent it, and
+        its push found the alarm held. Woken, the alarm is pushed for it now; otherwise it
+        would stay NEW with a person already told."""
+        sent = await repo.sent_delivery(conn, alarm_id)
+        if sent is None:
+            return
+        via = f"{sent['receiver']} receiver (delivery {sent['id']}, sent while the alarm was held)"
+        async with conn.transaction():
+            await reached(conn, alarm_id, via=via, node_id=self.node_id)
 
     async def _act(
         self,

@@ -168,6 +168,11 @@ UPDATE notify_delivery
 SET next_attempt_at = $2
 WHERE alarm_id = $1 AND status = 'PENDING' AND attempts = 0 AND next_attempt_at > $2;
 
+-- name: sent_delivery
+-- $1 alarm id; a notification of the alarm its receiver accepted (the first), if any.
+SELECT id, receiver FROM notify_delivery WHERE alarm_id = $1 AND status = 'SENT'
+ORDER BY id LIMIT 1;
+
 -- name: held_deliveries
 -- $1 now, $2 after id (keyset), $3 limit; alarm notifications never tried and due later: held
 -- for quiet hours (the only reason a delivery not yet tried waits).

@@ -8,16 +8,23 @@ from datetime import UTC, datetime, timedelta
 import aiomqtt
 import asyncpg
 
+from gateway.alarms.delivery import QUIET_ACTOR
 from gateway.alarms.lifecycle import create_alarm, transition
 from gateway.alarms.service import AlarmService
 from gateway.alarms.timers import AlarmTimers
+from gateway.config import parse_config
 from gateway.domain.alarm import Action, AlarmStatus
 from gateway.domain.quiet_hours import QuietHoursConfig, QuietWindowConfig, compile_quiet_hours
+from gateway.notify.consumer import NotifyConsumer
+from gateway.notify.metrics import NotifyMetrics
+from gateway.notify.worker import DeliveryWorker
 from gateway.outbox.publisher import OutboxPublisher
 from gateway.support.metrics import Metrics
 from protocol import Topics
 from storage import alarms as repo
 from tests.support.mosquitto import Mosquitto, events_subscriber
+from tests.support.receivers import webhook_server
+from tests.support.waiting import wait_until
 
 TOPICS = Topics("iot")
 
@@ -202,3 +209,59 @@ async def test_a_long_quiet_window_yields_one_reminder_per_alarm_at_its_end(
             "SELECT count(*) FROM outbox_event WHERE event_type = 'alarm.reminder'"
         )
     assert count == len(alarms)
+
+
+async def test_a_woken_alarm_whose_notification_went_out_while_it_was_held_is_pushed(
+    pool: asyncpg.Pool, db_dsn: str
+) -> None:
+    """A reload reaching the nodes one by one: one node's outbox holds the alarm DELAYED (it
+    has the window) while another's notify worker (still without it) has its webhook accepted;
+    that push finds the alarm held and changes nothing. When the alarm is woken, the person it
+    already reached pushes it: it does not stay NEW with someone told."""
+    async with webhook_server() as hook:
+        config = parse_config(
+            "[notify]\npoll_s = 0.1\nbackoff_min_s = 0.05\nbackoff_max_s = 0.2\n"
+            f'[[notify.receivers]]\nname = "hook"\nkind = "webhook"\nurl = "{hook.url("/hook")}"\n'
+            '[[notify.routes]]\nevents = ["alarm.created"]\nreceivers = ["hook"]\n'
+        )
+        alarm_id = await _raise(pool, "care-7")
+        async with pool.acquire() as conn, conn.transaction():
+            await transition(conn, alarm_id, Action.DELAY, actor=QUIET_ACTOR, node_id="n1",
+                             expected=AlarmStatus.NEW)  # fmt: skip
+        metrics = NotifyMetrics(Metrics().registry)
+        rules = config.notify_rules()
+        worker = DeliveryWorker(
+            pool=pool, node_id="n2", metrics=metrics, settings=config.notify, rules=rules
+        )
+        consumer = NotifyConsumer(pool=pool, dsn=db_dsn, metrics=metrics, rules=rules,
+                                  public_url="", quiet=None, batch=10)  # fmt: skip
+        while await consumer.run_once():
+            pass
+        stop = asyncio.Event()
+        sending = asyncio.create_task(worker.run(stop))
+        try:
+
+            async def sent() -> bool:
+                async with pool.acquire() as conn:
+                    status = await conn.fetchval(
+                        "SELECT status FROM notify_delivery WHERE alarm_id = $1", alarm_id
+                    )
+                return bool(status == "SENT")
+
+            await wait_until(sent, timeout=30, message="the webhook took the notification")
+        finally:
+            stop.set()
+            await sending
+            await worker.close()
+        assert len(hook.on("/hook")) == 1
+        assert await _status(pool, alarm_id) == "DELAYED"  # its push found it held
+
+        timers = AlarmTimers(pool=pool, node_id="n1", quiet=None, escalate_after_s=0,
+                             repeat_interval_s=0)  # fmt: skip
+        assert (await timers.run_once()).woken == [alarm_id]
+        assert await _status(pool, alarm_id) == "PUSHED"
+        async with pool.acquire() as conn:
+            note = await conn.fetchval(
+                "SELECT note FROM alarm_audit WHERE alarm_id = $1 AND action = 'push'", alarm_id
+            )
+        assert "sent while the alarm was held" in note
