@@ -1,3 +1,3 @@
-from gateway.runtime.entry import main
+from gateway.cli.entry import main
 
 raise SystemExit(main())

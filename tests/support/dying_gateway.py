@@ -30,7 +30,7 @@ def _install() -> None:
 
 
 if __name__ == "__main__":
-    from gateway.runtime.entry import main
+    from gateway.cli.entry import main
 
     _install()
     raise SystemExit(main())

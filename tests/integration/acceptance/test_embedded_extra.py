@@ -14,7 +14,7 @@ WITHOUT_EXTRA = """
 import sys
 for name in sys.argv[1].split(","):
     sys.modules[name] = None
-from gateway.runtime.cli import main
+from gateway.cli.commands import main
 sys.exit(main(sys.argv[2:]))
 """
 

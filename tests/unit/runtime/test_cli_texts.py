@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from gateway.cli.commands import _duration, _parser
 from gateway.config import parse_config
 from gateway.runtime.admin_token import TOKEN_NAME, with_zero_setup_token
-from gateway.runtime.cli import _duration, _parser
 
 MARKUP = ("``", ":func:", ":class:", ":meth:", "\\n")
 

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from gateway.runtime import entry
+from gateway.cli import entry
 
 
 @pytest.fixture

@@ -25,11 +25,11 @@ import asyncpg
 import msgspec
 import structlog
 
+from gateway.cli.entry import take_held_hup
 from gateway.config import Config, default_node_id, load_config
 from gateway.domain.errors import ConfigError, ConfigErrors, StartupError
 from gateway.domain.replay import Received, replay
 from gateway.runtime.admin_token import wants_zero_setup_token, with_zero_setup_token
-from gateway.runtime.entry import take_held_hup
 from gateway.runtime.failures import DSN_SETTING, REFUSED_AT_CONNECT, check_writable, refused
 from gateway.runtime.logging import configure_logging, set_secrets
 from gateway.support.version import gateway_version

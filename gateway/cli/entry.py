@@ -17,7 +17,7 @@ from typing import Final
 
 # A SIGHUP that reached `gateway run` before the daemon's own handler existed (Python's default
 # action would end the process: a `systemctl reload` racing a start). Held here, it is applied
-# once the handler is installed (gateway.runtime.cli).
+# once the handler is installed (gateway.cli.commands).
 _HUP_HELD: Final = threading.Event()
 
 
@@ -43,7 +43,7 @@ def main() -> int:
     if _runs_daemon(sys.argv[1:]):
         signal.signal(signal.SIGHUP, _hold_hup)
     try:
-        from gateway.runtime.cli import main as run
+        from gateway.cli.commands import main as run
 
         return run()
     except KeyboardInterrupt:
