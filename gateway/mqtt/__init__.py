@@ -4,6 +4,6 @@ reconnect), the MQTT 3.1.1 and 5 clients that acknowledge QoS 1 only when told
 subscriptions remembered per broker (``memory``); the embedded broker of the zero-setup path
 is in ``gateway.embedded``.
 
-Entry point: ``MqttSession``. May import ``ingest`` and everything below it,
+Entry points: ``MqttSession``, ``SessionPublisher``. May import ``ingest`` and everything below it,
 ``storage`` and ``protocol``; not ``api`` (its own layer) or ``runtime``.
 """

@@ -9,7 +9,6 @@ from collections.abc import Coroutine
 from contextlib import AsyncExitStack
 from typing import Any, TypeVar
 
-import aiomqtt
 import asyncpg
 import structlog
 from msgspec import UNSET
@@ -25,6 +24,7 @@ from gateway.domain.errors import StartupError
 from gateway.ingest import live_path
 from gateway.ingest.live_path import LivePath
 from gateway.ingest.writer import IngestWriter
+from gateway.mqtt.publisher import SessionPublisher
 from gateway.mqtt.session import OFFLINE, MqttSession
 from gateway.mqtt.v311_client import ConnectionSettings, TlsSettings
 from gateway.notify.service import NotifyService
@@ -42,11 +42,10 @@ from gateway.runtime.logging import set_secrets
 from gateway.runtime.sdnotify import Notifier
 from gateway.runtime.supervision import Watchdog
 from gateway.support.backoff import Backoff
-from gateway.support.broker_link import BrokerLink, SessionDown
+from gateway.support.broker_link import BrokerLink
 from gateway.support.loops import sleep_unless_stopped
 from gateway.support.metrics import Metrics
 from gateway.support.node import Node
-from gateway.support.publish_refusal import PublishRefused
 from gateway.support.version import gateway_version
 from storage import ingest as repo
 from storage import outbox
@@ -97,8 +96,10 @@ class Daemon:
         self.components: Components | None = None
         self.auth = BearerAuth(config.api.tokens)
         self.services = Services()
-        # The dispatcher and the outbox claim only while it is up; a reconnect wakes them.
-        self.broker = BrokerLink(self._broker_up)
+        # Downlinks and outbox events go out on the session (gateway.mqtt.publisher); the
+        # dispatcher and the outbox claim only while it is up, and a reconnect wakes them.
+        self.publisher = SessionPublisher(lambda: self.session)
+        self.broker = BrokerLink(self.publisher.up)
         self._starting: str | None = "starting"
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -163,7 +164,7 @@ class Daemon:
             dsn=self.database_dsn or "",
             topics=cfg.topics,
             metrics=self.metrics,
-            publish=self._publish,
+            publish=self.publisher.publish,
             broker=self.broker,
         )
         self.starting = "loading the rules"
@@ -262,34 +263,6 @@ class Daemon:
     @property
     def outbox(self) -> OutboxPublisher | None:
         return None if self.components is None else self.components.outbox
-
-    def _broker_up(self) -> bool:
-        """The session can publish now (what :meth:`_publish` checks first)."""
-        session = self.session
-        client = None if session is None else session.client
-        return session is not None and session.connected and client is not None and client.is_open
-
-    async def _publish(self, topic: str, payload: bytes) -> int | None:
-        """QoS 1 on the daemon's broker connection; returns after the broker's PUBACK, with its
-        reason code (MQTT 5) or None (3.1.1: the PUBACK has none).
-
-        Raises :class:`SessionDown` when the session is down, or went down before the PUBACK
-        came: the callers put the message back at once rather than count it as failed; and
-        :class:`PublishRefused` when the broker refused this message (``final``: it never will
-        take it), even if it dropped the connection for it.
-        """
-        session = self.session
-        client = None if session is None else session.client
-        if client is None or not self._broker_up():
-            raise SessionDown("not connected to the broker")
-        try:
-            return await client.publish(topic, payload, qos=1)
-        except PublishRefused:
-            raise  # about this message, not the session: even when the broker hung up for it
-        except aiomqtt.MqttError as exc:
-            if not client.is_open:
-                raise SessionDown(f"the broker connection ended: {exc}") from exc
-            raise
 
     def reload(self, config: Config) -> None:
         """Swap what may change at run time (rules; quiet hours, escalation and tokens with

@@ -1,0 +1,49 @@
+"""Publishing on the node's broker session: the downlinks of the command dispatcher and the
+outbox's events reach the broker through :class:`SessionPublisher` (``Node.publish``), so
+neither climbs to the daemon for it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import aiomqtt
+
+from gateway.mqtt.session import MqttSession
+from gateway.support.broker_link import SessionDown
+from gateway.support.publish_refusal import PublishRefused
+
+
+class SessionPublisher:
+    """QoS 1 publishes on whatever session the node has now (``session``: None before the
+    daemon built it, and between its stop and exit)."""
+
+    def __init__(self, session: Callable[[], MqttSession | None]) -> None:
+        self._session = session
+
+    def up(self) -> bool:
+        """The session can publish now (what :meth:`publish` checks first)."""
+        session = self._session()
+        client = None if session is None else session.client
+        return session is not None and session.connected and client is not None and client.is_open
+
+    async def publish(self, topic: str, payload: bytes) -> int | None:
+        """QoS 1; returns after the broker's PUBACK, with its reason code (MQTT 5) or None
+        (3.1.1: the PUBACK has none).
+
+        Raises :class:`SessionDown` when the session is down, or went down before the PUBACK
+        came: the callers put the message back at once rather than count it as failed; and
+        :class:`PublishRefused` when the broker refused this message (``final``: it never will
+        take it), even if it dropped the connection for it.
+        """
+        session = self._session()
+        client = None if session is None else session.client
+        if client is None or not self.up():
+            raise SessionDown("not connected to the broker")
+        try:
+            return await client.publish(topic, payload, qos=1)
+        except PublishRefused:
+            raise  # about this message, not the session: even when the broker hung up for it
+        except aiomqtt.MqttError as exc:
+            if not client.is_open:
+                raise SessionDown(f"the broker connection ended: {exc}") from exc
+            raise
