@@ -1,5 +1,6 @@
-"""The daemon's wiring: the daemon (``daemon``), its components
-built from the configuration (``components``), logging, sd_notify and supervision, expected
+"""The daemon's wiring: the daemon (``daemon``), its start-up steps (``startup``: the broker
+and the database found or started, the pool migrated), its components built from the
+configuration (``components``), logging, sd_notify and supervision, expected
 failures said the operator's way (``failures``), ``install-systemd`` and the zero-setup admin
 token. (The demo is ``gateway.demo``; the embedded servers, ``gateway.embedded``.)
 

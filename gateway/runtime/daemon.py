@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
-from collections.abc import Coroutine
 from contextlib import AsyncExitStack
-from typing import Any, TypeVar
 
 import asyncpg
 import structlog
@@ -26,52 +23,28 @@ from gateway.ingest.live_path import LivePath
 from gateway.ingest.writer import IngestWriter
 from gateway.mqtt.publisher import SessionPublisher
 from gateway.mqtt.session import OFFLINE, MqttSession
-from gateway.mqtt.v311_client import ConnectionSettings, TlsSettings
 from gateway.notify.service import NotifyService
 from gateway.outbox.metrics import OutboxMetrics
 from gateway.outbox.publisher import OutboxPublisher
 from gateway.runtime.components import Components, build, subscriptions
 from gateway.runtime.failures import (
-    DSN_SETTING,
-    REFUSED_AT_CONNECT,
-    check_writable,
     http_error,
-    refused,
 )
 from gateway.runtime.logging import set_secrets
 from gateway.runtime.sdnotify import Notifier
+from gateway.runtime.startup import Startup
 from gateway.runtime.supervision import Watchdog
-from gateway.support.backoff import Backoff
 from gateway.support.broker_link import BrokerLink
-from gateway.support.loops import sleep_unless_stopped
 from gateway.support.metrics import Metrics
 from gateway.support.node import Node
 from gateway.support.version import gateway_version
 from storage import ingest as repo
 from storage import outbox
-from storage.errors import DB_ERRORS, TRANSIENT_DB_ERRORS, StorageError
-from storage.migrate import migrate
-from storage.pool import create_pool, describe, user_of
+from storage.errors import DB_ERRORS
 
 log = structlog.get_logger(__name__)
 
-T = TypeVar("T")
-
 HEALTH_DB_TIMEOUT_S = 2.0
-
-
-async def _unless_stopped(work: Coroutine[Any, Any, T], stop: asyncio.Event) -> T | None:
-    """``work``'s result, or None once ``stop`` is set first (``work`` is cancelled)."""
-    task = asyncio.ensure_future(work)
-    stopping = asyncio.ensure_future(stop.wait())
-    try:
-        await asyncio.wait({task, stopping}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        stopping.cancel()
-        if not task.done():
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-    return None if task.cancelled() else task.result()
 
 
 class Daemon:
@@ -90,8 +63,6 @@ class Daemon:
         self.metrics = metrics or Metrics()
         self.ready = asyncio.Event()
         self.http_port: int | None = None
-        self.database_dsn: str | None = None
-        self.broker_address: tuple[str, int] | None = None
         self.pool: asyncpg.Pool | None = None
         self.components: Components | None = None
         self.auth = BearerAuth(config.api.tokens)
@@ -101,6 +72,26 @@ class Daemon:
         self.publisher = SessionPublisher(lambda: self.session)
         self.broker = BrokerLink(self.publisher.up)
         self._starting: str | None = "starting"
+        # The broker and the database found (or started), the pool migrated (runtime/startup).
+        self.startup = Startup(
+            config,
+            node_id=self.node_id,
+            metrics=self.metrics,
+            step=self._step,
+            on_audit_failure=self._audit_failed,
+        )
+
+    def _step(self, step: str) -> None:
+        self.starting = step
+
+    @property
+    def database_dsn(self) -> str | None:
+        """The DSN the node uses: the configured one, or the embedded server's once started."""
+        return self.startup.database_dsn
+
+    @property
+    def broker_address(self) -> tuple[str, int] | None:
+        return self.startup.broker_address
 
     async def run(self, stop: asyncio.Event) -> None:
         """Serve until ``stop``; a stop at any moment of the start (even during the embedded
@@ -116,11 +107,11 @@ class Daemon:
                     await self._http(stack)
                 # The embedded broker before the embedded database: a taken port is found at
                 # once, not after a first start's initdb.
-                host, port, protocol = await self._broker(stack)
-                dsn = await self._database(stack, stop)
+                host, port, protocol = await self.startup.broker(stack)
+                dsn = await self.startup.database(stack, stop)
                 if dsn is None:
                     return  # stopped while the embedded PostgreSQL was starting
-                pool = await self._open_database(dsn, stop)
+                pool = await self.startup.open_database(dsn, stop)
                 if pool is None:
                     return  # stopped while waiting for the database
                 stack.push_async_callback(pool.close)
@@ -172,7 +163,7 @@ class Daemon:
             cfg,
             node,
             auth=self.auth,
-            connection=self._connection_settings(
+            connection=self.startup.connection_settings(
                 host, port, protocol, cfg.topics.gateway_status(self.node_id)
             ),
             protocol=protocol,
@@ -321,200 +312,6 @@ class Daemon:
             self._starting = None
             self.notifier.ready(self.status_line())
             log.info("daemon_ready", http_port=self.http_port)
-
-    def _connection_settings(
-        self, host: str, port: int, protocol: str, presence_topic: str
-    ) -> ConnectionSettings:
-        mqtt = self.config.mqtt
-        tls = None
-        if mqtt.tls.enabled:
-            tls = TlsSettings(
-                ca_file=mqtt.tls.ca_file,
-                cert_file=mqtt.tls.cert_file,
-                key_file=mqtt.tls.key_file,
-                insecure=mqtt.tls.insecure,
-            )
-        return ConnectionSettings(
-            host=host,
-            port=port,
-            client_id=mqtt.client_id or f"gateway-{self.node_id}",
-            protocol="5" if protocol == "5" else "3.1.1",
-            persistent_session=True,
-            session_expiry_s=mqtt.session_expiry_s,
-            receive_maximum=mqtt.receive_maximum,
-            keepalive_s=mqtt.keepalive_s,
-            username=mqtt.username,
-            password=mqtt.password,
-            tls=tls,
-            will_topic=presence_topic,
-            will_payload=OFFLINE,
-            buffer_high=self.config.ingest.read_buffer,
-            buffer_high_bytes=self.config.ingest.read_buffer_bytes,
-            max_packet_size=mqtt.max_packet_size,
-        )
-
-    async def _database(self, stack: AsyncExitStack, stop: asyncio.Event) -> str | None:
-        """The configured DSN, or the embedded PostgreSQL's once it runs (None: stopped first)."""
-        if self.config.database.dsn:
-            self.database_dsn = self.config.database.dsn
-            return self.database_dsn
-        from gateway.embedded.postgres import (
-            EmbeddedPostgres,
-            EmbeddedPostgresCancelled,
-            EmbeddedPostgresError,
-        )
-
-        state_dir = self.config.state_dir
-        check_writable(state_dir)
-        embedded = EmbeddedPostgres(state_dir)
-        self.starting = f"starting the embedded PostgreSQL in {embedded.data_dir}"
-        starting = asyncio.ensure_future(asyncio.to_thread(embedded.start))
-        stopping = asyncio.ensure_future(stop.wait())
-        try:
-            await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            stopping.cancel()
-            if not starting.done():
-                # The thread cannot be interrupted: cancel() stops initdb, or lets pg_ctl finish
-                # and stops its server; either way start() returns soon, leaving nothing behind.
-                embedded.cancel()
-                with contextlib.suppress(Exception, asyncio.CancelledError):
-                    await asyncio.shield(starting)
-        if starting.cancelled():
-            return None
-        error = starting.exception()
-        if isinstance(error, EmbeddedPostgresCancelled):
-            return None
-        if isinstance(error, EmbeddedPostgresError):
-            first, _, rest = str(error).partition("\n")
-            raise StartupError(
-                first,
-                setting="[node] state_dir, or [database] dsn for a PostgreSQL of your own",
-                detail=rest,
-            ) from None
-        if error is not None:
-            raise error
-        stack.push_async_callback(asyncio.to_thread, embedded.stop)
-        dsn = starting.result()
-        if stop.is_set():
-            return None
-        log.info("embedded_postgres_started", data_dir=str(embedded.data_dir), dsn=dsn)
-        self.database_dsn = dsn
-        return dsn
-
-    async def _broker(self, stack: AsyncExitStack) -> tuple[str, int, str]:
-        mqtt = self.config.mqtt
-        if mqtt.host:
-            self.broker_address = (mqtt.host, mqtt.port)
-            return mqtt.host, mqtt.port, mqtt.protocol
-        from gateway.embedded.broker import EmbeddedBroker, EmbeddedBrokerError
-
-        broker = EmbeddedBroker("127.0.0.1", mqtt.port)
-        try:
-            await broker.start()
-        except EmbeddedBrokerError as exc:
-            raise StartupError(str(exc), setting="[mqtt] port, or [mqtt] host") from None
-        stack.push_async_callback(broker.stop)
-        if mqtt.shared_group:
-            log.warning(
-                "shared_group_ignored", reason="the embedded broker has no shared subscriptions"
-            )
-        topic = self.config.topics.telemetry("dev-1")
-        log.info(
-            "embedded_broker_started",
-            host=broker.host,
-            port=broker.port,
-            protocol="3.1.1",
-            try_it=(
-                f"mosquitto_pub -h {broker.host} -p {broker.port} -q 1 -t {topic} "
-                '-m \'{"ts": 1767225600000, "metrics": {"temp": 21.5}}\''
-            ),
-        )
-        self.broker_address = (broker.host, broker.port)
-        return broker.host, broker.port, "3.1.1"
-
-    async def _open_database(self, dsn: str, stop: asyncio.Event) -> asyncpg.Pool | None:
-        """Connect and migrate, waiting while the database is unreachable.
-
-        A database that refuses the name, the role or the password will not change its mind:
-        that is a configuration error (exit 2), not something to wait for.
-        """
-        db = self.config.database
-        where = describe(dsn)
-        backoff = Backoff(db.retry_min_s, db.retry_max_s)
-        self.starting = f"connecting to the database at {where}"
-        while not stop.is_set():
-            try:
-                # A stop does not wait out a connect timeout (a host that drops packets).
-                pool = await _unless_stopped(
-                    create_pool(
-                        dsn,
-                        min_size=db.pool_min,
-                        max_size=db.pool_max,
-                        connect_timeout_s=db.connect_timeout_s,
-                        application_name=f"gateway:{self.node_id}",
-                        on_audit_failure=self._audit_failed,
-                    ),
-                    stop,
-                )
-                if pool is None:
-                    return None
-            except REFUSED_AT_CONNECT as exc:
-                raise refused(dsn, exc) from None
-            except (ValueError, asyncpg.exceptions.ClientConfigurationError) as exc:
-                raise StartupError(
-                    f"the database DSN does not parse: {exc}",
-                    setting=DSN_SETTING,
-                    configuration=True,
-                ) from None
-            except TRANSIENT_DB_ERRORS as exc:
-                await self._database_unavailable(where, exc, backoff, stop)
-                continue
-            try:
-                self.starting = f"migrating the database at {where}"
-                async with pool.acquire() as conn:
-                    applied = await migrate(conn)
-            except StorageError as exc:
-                await pool.close()
-                raise StartupError(str(exc)) from exc
-            except asyncpg.exceptions.InsufficientPrivilegeError as exc:
-                await pool.close()
-                raise StartupError(
-                    f"the database at {where} refused the migration to role "
-                    f"{user_of(dsn) or '(default)'}: {exc}; it must own the schema "
-                    "(or be allowed to create in it)",
-                    setting=DSN_SETTING,
-                    configuration=True,
-                ) from None
-            except TRANSIENT_DB_ERRORS as exc:
-                # Lost between connecting and migrating (a restart, a cut): start over.
-                pool.terminate()
-                await self._database_unavailable(where, exc, backoff, stop)
-                continue
-            except BaseException:
-                await pool.close()
-                raise
-            if applied:
-                log.info("database_migrated", applied=applied)
-            return pool
-        return None
-
-    async def _database_unavailable(
-        self, where: str, exc: BaseException, backoff: Backoff, stop: asyncio.Event
-    ) -> None:
-        delay = backoff.next_delay()
-        self.metrics.db_retries.inc()
-        error = str(exc) or type(exc).__name__
-        self.starting = f"waiting for the database at {where}: {error}"
-        log.warning(
-            "database_unavailable",
-            database=where,
-            error=error,
-            error_type=type(exc).__name__,
-            retry_in_s=round(delay, 3),
-            setting=DSN_SETTING,
-        )
-        await sleep_unless_stopped(stop, delay)
 
     async def health(self) -> tuple[bool, Health]:
         database = await self._database_health()

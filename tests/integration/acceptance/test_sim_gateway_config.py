@@ -19,7 +19,7 @@ def test_the_simulators_defaults_are_the_gateways() -> None:
     assert broker_of(None) == Broker(
         host="127.0.0.1", port=defaults.mqtt.port, prefix=defaults.mqtt.topic_prefix
     )
-    assert defaults.mqtt.host == ""  # the embedded broker, on 127.0.0.1 (daemon._broker)
+    assert defaults.mqtt.host == ""  # the embedded broker, on 127.0.0.1 (Startup.broker)
 
 
 def test_a_config_file_names_the_broker(tmp_path: Path) -> None:
