@@ -124,20 +124,21 @@ def test_install_systemd_writes_the_units_for_this_installation(tmp_path: Path) 
     executable.chmod(0o755)
     target = tmp_path / "units"
     target.mkdir()
-    result = _gateway("install-systemd", "--target", str(target), "--executable", str(executable))
+    # The executable sits under the test's temporary directory, which the units' PrivateTmp
+    # would hide: --allow-tmp says the test knows (the refusal is tested in test_systemd_units).
+    install = ("install-systemd", "--allow-tmp", "--target", str(target))
+    result = _gateway(*install, "--executable", str(executable))
     assert result.returncode == 0, result.stderr
     assert sorted(p.name for p in target.iterdir()) == ["gateway.service", "gateway@.service"]
     unit = (target / "gateway.service").read_text()
     assert f"ExecStart={executable} run" in unit
     assert "Type=notify" in unit
     (target / "gateway.service").write_text("edited by the operator\n")
-    refused = _gateway("install-systemd", "--target", str(target), "--executable", str(executable))
+    refused = _gateway(*install, "--executable", str(executable))
     assert refused.returncode == 1
     assert "gateway.service" in refused.stderr
     assert "--force" in refused.stderr
-    forced = _gateway(
-        "install-systemd", "--target", str(target), "--executable", str(executable), "--force"
-    )
+    forced = _gateway(*install, "--executable", str(executable), "--force")
     assert forced.returncode == 0, forced.stderr
     assert "Type=notify" in (target / "gateway.service").read_text()
 
