@@ -58,19 +58,37 @@ async def test_sigkill_mid_stream_then_restart_stores_every_message_exactly_once
     )
     process = DaemonProcess(config, tmp_path / "daemon.log")
     stream = list(telemetry_stream(TOPICS, device_ids(50), 5000))
+    blocker = await asyncpg.connect(db_dsn)
     try:
         process.start()
         await _wait_healthy(process, http_port)
         async with aiomqtt.Client("127.0.0.1", mosquitto.port, max_inflight_messages=500) as pub:
-            await publish_many(pub, stream, window=500)
+            await publish_many(pub, stream[:1000], window=500)
 
-        async def stored_some() -> bool:
-            return await count_rows(db_dsn) >= 1000
+            async def first_stored() -> bool:
+                return await count_rows(db_dsn) >= 1000
 
-        await wait_until(stored_some, timeout=60)
+            await wait_until(first_stored, timeout=60, message="the first 1,000 stored")
+            # Hold inserts back: the daemon's next batch waits on this lock inside its
+            # transaction, so the kill lands with messages received and not yet committed,
+            # whatever the machine's speed.
+            blocker_tx = blocker.transaction()
+            await blocker_tx.start()
+            await blocker.execute("LOCK TABLE telemetry IN EXCLUSIVE MODE")
+            await publish_many(pub, stream[1000:], window=500)
+
+        async def writer_blocked() -> bool:
+            waiting = await blocker.fetchval(
+                "SELECT count(*) FROM pg_stat_activity"
+                " WHERE wait_event_type = 'Lock' AND datname = current_database()"
+            )
+            return bool(waiting)
+
+        await wait_until(writer_blocked, timeout=60, message="a batch waiting on the lock")
         process.kill()
         at_kill = await count_rows(db_dsn)
-        assert at_kill < 5000, "the kill must land in the middle of the stream"
+        await blocker_tx.rollback()
+        assert at_kill == 1000, "the kill lands with the second part received, none committed"
 
         process.start()
         await _wait_healthy(process, http_port)
@@ -82,6 +100,7 @@ async def test_sigkill_mid_stream_then_restart_stores_every_message_exactly_once
         assert process.terminate() == 0
         assert await _retained(mosquitto.port, TOPICS.gateway_status("crash-node")) == b"offline"
     finally:
+        await blocker.close()
         process.cleanup()
 
     conn = await asyncpg.connect(db_dsn)
