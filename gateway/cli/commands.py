@@ -26,7 +26,7 @@ import msgspec
 import structlog
 
 from gateway.cli.entry import take_held_hup
-from gateway.config import Config, default_node_id, load_config
+from gateway.config import Config, broker_endpoints, default_node_id, load_config
 from gateway.domain.errors import ConfigError, ConfigErrors, StartupError
 from gateway.domain.replay import Received, replay
 from gateway.runtime.admin_token import wants_zero_setup_token, with_zero_setup_token
@@ -292,7 +292,9 @@ def _command(config: Config, args: argparse.Namespace) -> int:  # noqa: PLR0911 
     }
     try:
         if args.command == "run":
-            _require_embedded(database=not config.database.dsn, broker=not config.mqtt.host)
+            _require_embedded(
+                database=not config.database.dsn, broker=not broker_endpoints(config.mqtt)
+            )
         return _run_async(handlers[args.command](config, args))
     except MissingExtraError as exc:
         # The operator's choice of the zero-setup path: a configuration matter (exit 2).

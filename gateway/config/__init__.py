@@ -61,6 +61,9 @@ class TlsConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
 class MqttConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     host: str = ""
     port: Port = 1883
+    # The broker's endpoints, tried in order ("host:port", "[v6]:port"; a missing port is
+    # `port`): the first that answers, the next on a loss. Excludes `host` (validate).
+    hosts: list[str] = field(default_factory=list)
     topic_prefix: str = "iot"
     client_id: str = ""
     username: str = ""
@@ -278,6 +281,43 @@ class Config(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
         return max(1, min(self.ingest.batch_max, window // 2))
 
 
+def broker_endpoints(mqtt: MqttConfig) -> list[tuple[str, int]]:
+    """The broker endpoints to try, in order: ``[mqtt] hosts``, or ``[mqtt] host`` and
+    ``port``; empty for the embedded broker (neither set). Raises :class:`ConfigError` for an
+    entry that does not parse (``validate`` has reported it already)."""
+    if mqtt.hosts:
+        return [
+            parse_endpoint(entry, mqtt.port, f"mqtt.hosts[{index}]")
+            for index, entry in enumerate(mqtt.hosts)
+        ]
+    return [(mqtt.host, mqtt.port)] if mqtt.host else []
+
+
+_ENDPOINT: Final = re.compile(
+    r"^(?:\[(?P<v6>[0-9A-Fa-f:.]*:[0-9A-Fa-f:.%\w]*)\]|(?P<name>[^\s\[\]:/]+))"
+    r"(?::(?P<port>\d{1,5}))?\Z"
+)
+
+
+def parse_endpoint(text: str, default_port: int, key_path: str) -> tuple[str, int]:
+    """``host``, ``host:port``, ``[v6]`` or ``[v6]:port`` as (host, port); a missing port is
+    ``default_port``. An IPv6 address needs its brackets (``::1:1883`` cannot be split)."""
+    match = _ENDPOINT.match(text.strip())
+    if match is None:
+        hint = "; write an IPv6 address in brackets: [::1]:1883" if text.count(":") > 1 else ""
+        raise ConfigError(key_path, f"{text!r} is not host:port{hint}")
+    port_text = match.group("port")
+    port = default_port if port_text is None else int(port_text)
+    if not 1 <= port <= 65535:
+        raise ConfigError(key_path, f"{text!r}: the port must be 1 to 65535")
+    return match.group("v6") or match.group("name"), port
+
+
+def endpoint_label(host: str, port: int) -> str:
+    """``host:port``, an IPv6 address in brackets (as in ``[mqtt] hosts``)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 def default_node_id() -> str:
     name = re.sub(r"[^A-Za-z0-9_.:-]", "-", socket.gethostname())[:64]
     return name or "gateway"
@@ -479,6 +519,7 @@ def validate(config: Config) -> None:
             topics.subscription(TopicKind.TELEMETRY, config.mqtt.shared_group)
         except ValueError as exc:
             errors.append(ConfigError("mqtt.shared_group", str(exc)))
+    errors.extend(_endpoint_errors(config.mqtt))
     check(
         "mqtt.reconnect_min_s",
         config.mqtt.reconnect_min_s <= config.mqtt.reconnect_max_s,
@@ -526,6 +567,32 @@ def validate(config: Config) -> None:
     )
     if errors:
         raise config_errors(errors)
+
+
+def _endpoint_errors(mqtt: MqttConfig) -> list[ConfigError]:
+    """``[mqtt] hosts``: every entry host:port, none twice, and not beside ``host``."""
+    errors: list[ConfigError] = []
+    if mqtt.hosts and mqtt.host:
+        errors.append(
+            ConfigError(
+                "mqtt.hosts",
+                "set [mqtt] host or [mqtt] hosts, not both (hosts lists every endpoint,"
+                " the one of host included)",
+            )
+        )
+    seen: dict[tuple[str, int], int] = {}
+    for index, entry in enumerate(mqtt.hosts):
+        try:
+            endpoint = parse_endpoint(entry, mqtt.port, f"mqtt.hosts[{index}]")
+        except ConfigError as exc:
+            errors.append(exc)
+            continue
+        if endpoint in seen:
+            errors.append(
+                ConfigError(f"mqtt.hosts[{index}]", f"{entry!r} is mqtt.hosts[{seen[endpoint]}]")
+            )
+        seen.setdefault(endpoint, index)
+    return errors
 
 
 TOKEN_NAME_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9 _.@-]{0,63}$"  # noqa: S105 - a pattern
