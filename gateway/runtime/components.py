@@ -132,6 +132,7 @@ async def build(
     *,
     auth: BearerAuth,
     connection: ConnectionSettings,
+    endpoints: list[tuple[str, int]],
     protocol: str,
     stack: AsyncExitStack,
     stop: asyncio.Event,
@@ -173,6 +174,7 @@ async def build(
             broker=f"{connection.host}:{connection.port}",
         ),
         resubscribe_stale=config.mqtt.broker_family == "rabbitmq",
+        endpoints=endpoints,
     )
     quiet = config.quiet_hours()
     dispatcher = Dispatcher.from_config(node, config.commands)
