@@ -46,7 +46,8 @@ BrokerConnection = AckingClient | Mqtt5Connection
 
 log = structlog.get_logger(__name__)
 
-BROKER_SETTING: Final = "[mqtt] host, [mqtt] port (or [mqtt] hosts)"
+BROKER_SETTING: Final = "[mqtt] host, [mqtt] port"
+ENDPOINTS_SETTING: Final = "[mqtt] hosts"
 _CREDENTIALS: Final = "[mqtt] username, [mqtt] password (or GATEWAY_MQTT_PASSWORD)"
 # CONNACK reason codes (MQTT 5; paho maps 3.1.1's return codes 2, 4, 5 onto them) that no
 # retry can change: the setting to fix for each.
@@ -116,8 +117,11 @@ class MqttSession:
         memory: SubscriptionMemory | None = None,
         resubscribe_stale: bool = False,
         endpoints: Sequence[tuple[str, int]] = (),
+        broker_setting: str = BROKER_SETTING,
     ) -> None:
         self.settings = settings
+        # What an unreachable broker's log line names ([mqtt] hosts when configured).
+        self.broker_setting = broker_setting
         # The broker's endpoints ([mqtt] hosts), tried in turn from the first: a failed
         # connect or a lost connection moves to the next at once; the reconnect backoff is
         # waited once a whole round of them failed (see _next_delay). One by default: the
@@ -488,7 +492,7 @@ class MqttSession:
             port=self.settings.port,
             error=str(exc),
             retry_in_s=round(delay, 3),
-            setting=BROKER_SETTING if refused is None else refused[1],
+            setting=self.broker_setting if refused is None else refused[1],
             **_hint(exc),
         )
         return delay

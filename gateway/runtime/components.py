@@ -43,7 +43,7 @@ from gateway.maintenance.metrics import MaintenanceMetrics
 from gateway.maintenance.runner import Maintenance
 from gateway.mqtt.memory import SubscriptionMemory
 from gateway.mqtt.metrics import MqttMetrics
-from gateway.mqtt.session import MqttSession
+from gateway.mqtt.session import BROKER_SETTING, ENDPOINTS_SETTING, MqttSession
 from gateway.mqtt.v311_client import ConnectionSettings
 from gateway.notify.consumer import NotifyConsumer
 from gateway.notify.metrics import NotifyMetrics
@@ -175,6 +175,7 @@ async def build(
         ),
         resubscribe_stale=config.mqtt.broker_family == "rabbitmq",
         endpoints=endpoints,
+        broker_setting=ENDPOINTS_SETTING if config.mqtt.hosts else BROKER_SETTING,
     )
     quiet = config.quiet_hours()
     dispatcher = Dispatcher.from_config(node, config.commands)

@@ -66,12 +66,12 @@ async def _stored(dsn: str, low: int, high: int) -> int:
         await conn.close()
 
 
-def _switches(process: DaemonProcess) -> list[dict[str, object]]:
+def _records(process: DaemonProcess, event: str) -> list[dict[str, object]]:
     lines = []
     for line in process.log_text().splitlines():
         if line.startswith("{"):
             entry = json.loads(line)
-            if entry.get("event") == "broker_endpoint_switched":
+            if entry.get("event") == event:
                 lines.append(entry)
     return lines
 
@@ -189,10 +189,14 @@ async def test_the_first_broker_killed_mid_stream_the_gateway_carries_on_with_th
     # gateway had received by then was stored (its PUBACK went nowhere).
     assert 0 < held_stored < HELD, held_stored
     # One line for the move: which endpoint, from which, and why.
-    (switch,) = _switches(process)
+    (switch,) = _records(process, "broker_endpoint_switched")
     assert switch["endpoint"] == b
     assert switch["previous"] == a
     assert switch["reason"]
+    # The loss itself, as for one broker, naming the key to check.
+    lost = _records(process, "broker_unavailable")
+    assert lost
+    assert all(r["port"] == first.port and r["setting"] == "[mqtt] hosts" for r in lost), lost
     assert switch["session_present"] in (False, None)  # a new session on the second broker
 
 
