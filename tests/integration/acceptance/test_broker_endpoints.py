@@ -341,3 +341,23 @@ async def test_an_endpoint_refusing_the_connection_at_start_moves_on_to_the_next
     assert caught.value.configuration
     assert f"the broker at {worse} refused the connection" in str(caught.value)
     assert metric(refused, "gateway_mqtt_connects_total", {"outcome": "error"}) == 2
+
+
+@pytest.mark.parametrize("protocol", ["5", "3.1.1"])
+async def test_an_ipv6_endpoint_in_brackets(db_dsn: str, tmp_path: Path, protocol: str) -> None:
+    v6_port = free_port()
+    extra = f"listener {v6_port} ::1"
+    with Mosquitto(tmp_path / "v6", extra_config=extra) as broker:
+        dead = f"127.0.0.1:{free_port()}"
+        v6 = f"[::1]:{v6_port}"
+        config = make_config(dsn=db_dsn, mqtt_port=0, mqtt_hosts=[dead, v6], protocol=protocol)
+        async with running_daemon(config) as daemon:
+            healthy, body = await daemon.health()
+            assert healthy
+            assert body.broker.endpoint == v6
+            assert body.broker.address == ("::1", v6_port)
+            # Through the broker's IPv4 listener: the same broker, so the message reaches the
+            # gateway connected over IPv6.
+            async with aiomqtt.Client("127.0.0.1", broker.port) as pub:
+                await publish_many(pub, telemetry_stream(TOPICS, DEVICES, 10))
+            await wait_until(lambda: _stored_all(db_dsn, 0, 10), timeout=30, message="stored")
