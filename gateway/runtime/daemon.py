@@ -293,7 +293,8 @@ class Daemon:
                 self.services.replay_path.decoder.topics = topics
 
         endpoints = broker_endpoints(config.mqtt)
-        embedded = not broker_endpoints(self.config.mqtt)
+        # What the node started with decides: the embedded broker runs for its whole life.
+        embedded = not broker_endpoints(self.startup.config.mqtt)
         if embedded or not endpoints:
             # The embedded broker is started (or not) at start only.
             if embedded != (not endpoints):

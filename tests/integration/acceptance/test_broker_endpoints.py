@@ -309,10 +309,20 @@ async def test_a_reload_follows_a_changed_endpoint_list(db_dsn: str, tmp_path: P
             async with aiomqtt.Client("127.0.0.1", second.port) as pub:
                 await publish_many(pub, telemetry_stream(TOPICS, DEVICES, 10))
             await wait_until(lambda: _stored_all(db_dsn, 0, 10), timeout=30, message="stored")
+            # No broker of its own any more: the embedded one is started at start only, so the
+            # node keeps its endpoints (mqtt_endpoints_not_reloaded), and a later reload works.
+            none = config([b])
+            daemon.reload(
+                msgspec.structs.replace(none, mqtt=msgspec.structs.replace(none.mqtt, hosts=[]))
+            )
+            assert session.endpoints == (("127.0.0.1", second.port),)
+            daemon.reload(config([b, a]))
+            assert session.endpoints == (("127.0.0.1", second.port), ("127.0.0.1", first.port))
+            assert session.connections == 2
             healthy, body = await daemon.health()
             assert healthy
             assert body.broker.endpoint == b
-            assert body.broker.endpoints == [b]
+            assert body.broker.endpoints == [b, a]
 
 
 async def test_an_endpoint_refusing_the_connection_at_start_moves_on_to_the_next(
