@@ -607,6 +607,8 @@ class MqttSession:
         self._home = endpoint
         if endpoint == home:
             return
+        # Short-lived connections in a row say "taken over" on one broker, not across two.
+        self._short_lived = 0
         self.mqtt_metrics.endpoint_switches.inc()
         log.warning(
             "broker_endpoint_switched",
