@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 from pathlib import Path
 
 import aiohttp
@@ -371,3 +372,61 @@ async def test_an_ipv6_endpoint_in_brackets(db_dsn: str, tmp_path: Path, protoco
             async with aiomqtt.Client("127.0.0.1", broker.port) as pub:
                 await publish_many(pub, telemetry_stream(TOPICS, DEVICES, 10))
             await wait_until(lambda: _stored_all(db_dsn, 0, 10), timeout=30, message="stored")
+
+
+async def test_sighup_follows_a_changed_list_and_refuses_host_beside_hosts(
+    db_dsn: str, tmp_path: Path
+) -> None:
+    with Mosquitto(tmp_path / "a") as first, Mosquitto(tmp_path / "b") as second:
+        a, b = f"127.0.0.1:{first.port}", f"127.0.0.1:{second.port}"
+        http_port = free_port()
+        config = tmp_path / "gateway.toml"
+
+        def write(hosts: list[str], extra: str = "") -> None:
+            config.write_text(
+                config_toml(
+                    dsn=db_dsn,
+                    mqtt_port=0,
+                    mqtt_hosts=hosts,
+                    http_port=http_port,
+                    log_level="info",
+                    mqtt_extra=extra,
+                )
+            )
+
+        write([a])
+        process = DaemonProcess(config, tmp_path / "daemon.log")
+        try:
+            process.start()
+
+            async def on(endpoint: str) -> bool:
+                assert process.alive(), f"daemon exited:\n{process.log_tail()}"
+                try:
+                    health = await _health(http_port)
+                except aiohttp.ClientError:
+                    return False
+                broker = health["broker"]
+                assert isinstance(broker, dict)
+                return health["status_code"] == 200 and broker["endpoint"] == endpoint
+
+            await wait_until(lambda: on(a), timeout=60, message="healthy on the first broker")
+            # Invalid: refused whole, the node stays where it is.
+            write([b], extra='host = "127.0.0.1"')
+            process.signal(signal.SIGHUP)
+            await wait_until(
+                lambda: bool(_records(process, "config_reload_refused")),
+                timeout=30,
+                message="the reload refused",
+            )
+            assert await on(a)
+            write([b])
+            process.signal(signal.SIGHUP)
+            await wait_until(lambda: on(b), timeout=30, message="healthy on the second broker")
+            assert process.terminate() == 0
+        finally:
+            process.cleanup()
+    (refused,) = _records(process, "config_reload_refused")
+    assert "mqtt.hosts: set [mqtt] host or [mqtt] hosts, not both" in str(refused["error"])
+    (changing,) = _records(process, "mqtt_endpoints_changing")
+    assert changing["endpoint"] == a
+    assert changing["configured"] == [b]
