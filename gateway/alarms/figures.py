@@ -26,9 +26,15 @@ from gateway.support.loops import every_while_configured
 from storage import figures as repo
 
 INTERVAL: Final = timedelta(minutes=10)
-# ?window=: a number and a unit (minutes, hours, days), from one interval to 31 days (4,464
-# intervals in the series).
-WINDOW_PATTERN: Final = r"^[1-9][0-9]{0,5}[mhd]$"
+# ?window=: a whole number of minutes, hours or days, from one interval to 31 days (4,464
+# intervals in the series): 10m to 44640m, 1h to 744h, 1d to 31d and nothing else, so that
+# the API document says exactly what is accepted (read alike by Python and ECMA 262).
+WINDOW_PATTERN: Final = (
+    r"^((1[0-9]|[2-9][0-9]|[1-9][0-9]{2,3}|[1-3][0-9]{4}|4[0-3][0-9]{3}|44[0-5][0-9]{2}"
+    r"|446[0-3][0-9]|44640)m"
+    r"|([1-9]|[1-9][0-9]|[1-6][0-9]{2}|7[0-3][0-9]|74[0-4])h"
+    r"|([1-9]|[12][0-9]|3[01])d)$"
+)
 WINDOW_MIN: Final = INTERVAL
 WINDOW_MAX: Final = timedelta(days=31)
 WINDOW_DEFAULT: Final = "24h"

@@ -4,13 +4,14 @@ PostgreSQL computes them; and the gauges' loop in run-once mode."""
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime, timedelta
 
 import asyncpg
 import pytest
 from prometheus_client import CollectorRegistry
 
-from gateway.alarms.figures import AlarmFigures, WindowError, parse_window
+from gateway.alarms.figures import WINDOW_PATTERN, AlarmFigures, WindowError, parse_window
 from gateway.alarms.metrics import AlarmMetrics
 from gateway.config import AlarmFiguresConfig
 from tests.support.alarm_history import raise_alarm
@@ -265,3 +266,17 @@ def test_windows(text: str, seconds: int) -> None:
 def test_windows_refused(text: str) -> None:
     with pytest.raises(WindowError):
         parse_window(text)
+
+
+def test_the_pattern_is_exactly_the_windows_read() -> None:
+    # The API document's pattern admits a window exactly when parse_window reads it.
+    pattern = re.compile(WINDOW_PATTERN.removesuffix("$") + r"\Z")
+    for unit, most in (("m", 50_000), ("h", 1_000), ("d", 100)):
+        for number in range(most):
+            for text in (f"{number}{unit}", f"0{number}{unit}"):
+                try:
+                    parse_window(text)
+                    read = True
+                except WindowError:
+                    read = False
+                assert (pattern.match(text) is not None) == read, text
