@@ -10,6 +10,7 @@ import asyncpg
 from storage.sql import load_queries
 
 _Q = load_queries("figures.sql")
+NO_JIT = _Q["no_jit"]
 PER_INTERVAL = _Q["per_interval"]
 FLOODS = _Q["floods"]
 TOP_RULES = _Q["top_rules"]
@@ -18,6 +19,11 @@ CHATTERING = _Q["chattering"]
 STALE = _Q["stale"]
 OPERATORS = _Q["operators"]
 GAUGES = _Q["gauges"]
+
+
+async def no_jit(conn: asyncpg.Connection) -> None:
+    """No JIT compilation for the rest of the caller's transaction."""
+    await conn.execute(NO_JIT)
 
 
 async def per_interval(

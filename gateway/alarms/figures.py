@@ -101,6 +101,7 @@ class AlarmFigures:
             self.pool.acquire() as conn,
             conn.transaction(isolation="repeatable_read", readonly=True),
         ):
+            await repo.no_jit(conn)
             intervals = await repo.per_interval(conn, since, until)
             flood_rows = await repo.floods(conn, since, until, settings.flood_alarms)
             rules = await repo.top_rules(conn, since, until, TOP)
@@ -200,7 +201,8 @@ class AlarmFigures:
         """Sample the gauges once; what it set (``flood`` is 0 or 1)."""
         settings = self.settings
         now = self.clock()
-        async with self.pool.acquire() as conn:
+        async with self.pool.acquire() as conn, conn.transaction(readonly=True):
+            await repo.no_jit(conn)
             row = await repo.gauges(
                 conn,
                 now,
