@@ -7,14 +7,21 @@ from __future__ import annotations
 import re
 from datetime import UTC, datetime, timedelta
 
+import aiohttp
 import asyncpg
 import pytest
 from prometheus_client import CollectorRegistry
 
 from gateway.alarms.figures import WINDOW_PATTERN, AlarmFigures, WindowError, parse_window
 from gateway.alarms.metrics import AlarmMetrics
-from gateway.config import AlarmFiguresConfig
+from gateway.config import AlarmFiguresConfig, Config
+from storage.alarms import db_now
 from tests.support.alarm_history import raise_alarm
+from tests.support.api_client import VIEWER
+from tests.support.daemon import make_config, running_daemon
+from tests.support.mosquitto import Mosquitto
+from tests.support.ports import free_port
+from tests.support.waiting import wait_until
 
 NOW = datetime(2026, 3, 2, 12, 0, tzinfo=UTC)
 DAY = timedelta(days=1)
@@ -280,3 +287,44 @@ def test_the_pattern_is_exactly_the_windows_read() -> None:
                 except WindowError:
                     read = False
                 assert (pattern.match(text) is not None) == read, text
+
+
+async def test_a_reload_brings_new_thresholds_to_the_gauges_and_the_api(
+    db_dsn: str, db: asyncpg.Connection, mosquitto: Mosquitto
+) -> None:
+    tokens = f'[[api.tokens]]\nname = "wall"\ntoken = "{VIEWER}"\nrole = "viewer"\n'
+    port = free_port()
+
+    def config(figures: str) -> Config:
+        extra = f"{tokens}\n[alarms.figures]\n{figures}\n"
+        return make_config(dsn=db_dsn, mqtt_port=mosquitto.port, http_port=port, extra=extra)
+
+    now = await db_now(db)
+    for i in range(6):  # six in the last 10 minutes: no flood at 10, a flood at 5
+        await raise_alarm(db, "door", f"door-{i}", now - s(60 + i))
+    async with running_daemon(config("interval_s = 3600")) as daemon:
+        registry = daemon.metrics.registry
+        await wait_until(
+            lambda: registry.get_sample_value("gateway_alarm_figures_last_10min") == 6,
+            timeout=30,
+            message="the first sample, at start",
+        )
+        assert registry.get_sample_value("gateway_alarm_figures_flood") == 0
+        daemon.reload(config("interval_s = 3600\nflood_alarms = 5"))
+        # The reload wakes the loop: no waiting out the hour.
+        await wait_until(
+            lambda: registry.get_sample_value("gateway_alarm_figures_flood") == 1,
+            timeout=30,
+            message="a sample with the reloaded threshold",
+        )
+        async with (
+            aiohttp.ClientSession() as http,
+            http.get(
+                f"http://127.0.0.1:{port}/alarm-stats?window=1h",
+                headers={"Authorization": f"Bearer {VIEWER}"},
+            ) as reply,
+        ):
+            body = await reply.json()
+        assert reply.status == 200, body
+        assert body["thresholds"]["flood_alarms"] == 5
+        assert body["alarms"] == 6
