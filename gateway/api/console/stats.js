@@ -2,7 +2,7 @@
 // 10 minutes against the target and the flood threshold, flood periods, chattering pairs,
 // stale alarms, the top rules and devices, operators and the time to acknowledge.
 import { query } from "./api.js";
-import { clear, el, throttle, timeEl } from "./util.js";
+import { clear, el, throttle, timeEl, when } from "./util.js";
 
 const NS = "http://www.w3.org/2000/svg";
 
@@ -28,7 +28,7 @@ function percent(share) {
 // One bar per 10-minute interval; bars over the flood threshold in the flood colour, a line at
 // the threshold.
 function intervalChart(series, flood) {
-  const width = 720;
+  const width = 1000;
   const height = 170;
   const pad = { left: 36, right: 8, top: 10, bottom: 20 };
   const peak = Math.max(flood + 1, ...series.map((b) => b.alarms));
@@ -46,16 +46,15 @@ function intervalChart(series, flood) {
       width: Math.max(1, step - 1).toFixed(2), height: (plotH - (y(bucket.alarms) - pad.top)).toFixed(2),
       class: bucket.alarms > flood ? "flood" : "",
     });
-    bar.append(svg("title", {}, `${new Date(bucket.starts_at).toLocaleString()}: ${bucket.alarms}`));
+    bar.append(svg("title", {}, `${when(bucket.starts_at)}: ${bucket.alarms}`));
     root.append(bar);
   });
   root.append(svg("line", { x1: pad.left, x2: width - pad.right, y1: y(flood), y2: y(flood), class: "threshold" }));
   root.append(svg("text", { x: 2, y: y(flood) + 4 }, String(flood)));
   root.append(svg("text", { x: 2, y: pad.top + 8 }, String(peak)));
   if (series.length) {
-    const fmt = (t) => new Date(t).toLocaleString();
-    root.append(svg("text", { x: pad.left, y: height - 4 }, fmt(series[0].starts_at)));
-    root.append(svg("text", { x: width - pad.right, y: height - 4, "text-anchor": "end" }, fmt(series[series.length - 1].starts_at)));
+    root.append(svg("text", { x: pad.left, y: height - 4 }, when(series[0].starts_at)));
+    root.append(svg("text", { x: width - pad.right, y: height - 4, "text-anchor": "end" }, when(series[series.length - 1].starts_at)));
   }
   return root;
 }
