@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import re
+import time
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any, Final
 
 import asyncpg
@@ -24,6 +25,7 @@ from gateway.alarms.metrics import AlarmMetrics
 from gateway.config import AlarmFiguresConfig
 from gateway.support.loops import every_while_configured
 from storage import figures as repo
+from storage.alarms import db_now
 
 INTERVAL: Final = timedelta(minutes=10)
 # ?window=: a whole number of minutes, hours or days, from one interval to 31 days (4,464
@@ -61,10 +63,6 @@ def parse_window(text: str) -> timedelta:
     return window
 
 
-def utc_now() -> datetime:
-    return datetime.now(UTC)
-
-
 def _per_10min(count: int, window: timedelta) -> float:
     return round(count * (INTERVAL / window), 3)
 
@@ -78,11 +76,12 @@ class AlarmFigures:
         settings: AlarmFiguresConfig | None = None,
         *,
         metrics: AlarmMetrics | None = None,
-        clock: Clock = utc_now,
+        clock: Clock | None = None,
     ) -> None:
         self.pool = pool
         self.settings = settings or AlarmFiguresConfig()
         self.metrics = metrics
+        # None: the database's clock (every node's figures agree); tests give a fixed one.
         self.clock = clock
         self.wakeup = asyncio.Event()
 
@@ -92,15 +91,17 @@ class AlarmFigures:
         self.wakeup.set()
 
     async def report(self, window: timedelta, *, now: datetime | None = None) -> dict[str, Any]:
-        """The figures of ``[now - window, now)``, as ``GET /alarm-stats`` answers them."""
+        """The figures of ``[now - window, now)``, as ``GET /alarm-stats`` answers them; ``now``
+        is the database's transaction time unless given (or the clock the figures were made
+        with)."""
         settings = self.settings
-        until = self.clock() if now is None else now
-        since = until - window
         within = timedelta(seconds=settings.chatter_window_s)
         async with (
             self.pool.acquire() as conn,
             conn.transaction(isolation="repeatable_read", readonly=True),
         ):
+            until = now or await self._now(conn)
+            since = until - window
             await repo.no_jit(conn)
             intervals = await repo.per_interval(conn, since, until)
             flood_rows = await repo.floods(conn, since, until, settings.flood_alarms)
@@ -188,6 +189,9 @@ class AlarmFigures:
             ],
         }
 
+    async def _now(self, conn: asyncpg.Connection) -> datetime:
+        return self.clock() if self.clock is not None else await db_now(conn)
+
     async def run(self, stop: asyncio.Event) -> None:
         await every_while_configured(
             lambda: self.settings.interval_s,
@@ -200,8 +204,8 @@ class AlarmFigures:
     async def run_once(self) -> dict[str, int]:
         """Sample the gauges once; what it set (``flood`` is 0 or 1)."""
         settings = self.settings
-        now = self.clock()
         async with self.pool.acquire() as conn, conn.transaction(readonly=True):
+            now = await self._now(conn)
             await repo.no_jit(conn)
             row = await repo.gauges(
                 conn,
@@ -225,5 +229,5 @@ class AlarmFigures:
             m.figures_chattering.set(sampled["chattering"])
             m.figures_stale.set(sampled["stale"])
             m.figures_open.set(sampled["open"])
-            m.figures_sampled.set(now.timestamp())
+            m.figures_sampled.set(time.time())
         return sampled
