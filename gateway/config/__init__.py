@@ -141,6 +141,25 @@ class ApiConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     tokens: list[TokenConfig] = field(default_factory=list)
 
 
+class AlarmFiguresConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """[alarms.figures]: the alarm system's own figures (docs/alarm-figures.md). The defaults
+    are the alarm-management standards' (EEMUA 191, ISA-18.2 / IEC 62682)."""
+
+    # A fixed 10-minute interval holding more alarms than this is part of a flood.
+    flood_alarms: PositiveInt = 10
+    # A (rule, device) raising this many alarms within chatter_window_s is chattering.
+    chatter_raises: Annotated[int, Meta(ge=2)] = 3
+    chatter_window_s: PositiveFloat = 60.0
+    # An alarm open for longer than this is stale.
+    stale_after_s: PositiveFloat = 86400.0
+    # The average rate the figures are held against (alarms per 10 minutes).
+    target_per_10min: PositiveFloat = 1.0
+    # How often every node samples the figures' gauges (a few cheap indexed counts), and how
+    # far back the chattering gauge looks.
+    interval_s: Annotated[float, Meta(ge=1)] = 60.0
+    chatter_lookback_s: PositiveFloat = 3600.0
+
+
 class AlarmsConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     escalate_after_s: Annotated[float, Meta(ge=0)] = 0.0
     repeat_interval_s: Annotated[float, Meta(ge=0)] = 0.0
@@ -155,6 +174,7 @@ class AlarmsConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True
     max_future_skew_s: Annotated[float, Meta(ge=0)] = 300.0
     reorder_window_s: Annotated[float, Meta(ge=0)] = 300.0
     quiet_hours: QuietHoursConfig = field(default_factory=QuietHoursConfig)
+    figures: AlarmFiguresConfig = field(default_factory=AlarmFiguresConfig)
 
 
 class CommandsConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -559,6 +579,17 @@ def validate(config: Config) -> None:
         "database.retry_min_s",
         config.database.retry_min_s <= config.database.retry_max_s,
         "must not exceed database.retry_max_s",
+    )
+    figures = config.alarms.figures
+    check(
+        "alarms.figures.chatter_lookback_s",
+        figures.chatter_lookback_s >= figures.chatter_window_s,
+        "must not be shorter than alarms.figures.chatter_window_s",
+    )
+    check(
+        "alarms.figures.chatter_window_s",
+        figures.chatter_window_s <= 86400,
+        "at most 86400 (a day)",
     )
     check(
         "outbox.retry_min_s",

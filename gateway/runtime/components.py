@@ -20,6 +20,7 @@ from gateway.ai.llm import OpenAiCompatibleLlm
 from gateway.ai.metrics import AiMetrics
 from gateway.ai.worker import SummaryWorker
 from gateway.alarms.engine import AlarmEngine
+from gateway.alarms.figures import AlarmFigures
 from gateway.alarms.holds import HoldTimer
 from gateway.alarms.inactivity import InactivityMonitor
 from gateway.alarms.metrics import AlarmMetrics
@@ -99,6 +100,7 @@ class Components:
     notify_worker: DeliveryWorker
     inactivity: InactivityMonitor
     rule_watch: RuleWatch
+    figures: AlarmFigures
     # Besides the session and the writer: the outbox, timers, dispatcher, reaper, rule-state
     # janitor, retention maintenance, inactivity monitor and rule watch, and the AI workers
     # where configured. The loops a reload may switch on or off (inactivity, rule watch, the
@@ -112,6 +114,7 @@ class Components:
         self.engine.clock = config.device_clock()
         self.inactivity.rules_replaced()
         self.rule_watch.reconfigure(config.alarms.rule_check_after_s)
+        self.figures.reconfigure(config.alarms.figures)
         self.auth.replace(config.api.tokens)
         quiet = config.quiet_hours()
         self.outbox.quiet = quiet
@@ -206,6 +209,11 @@ async def build(
         pool=node.pool, rules=lambda: engine.rules, after_s=config.alarms.rule_check_after_s
     )
     loops.append(("rule-watch", watch.run))
+    # Every node samples the figures' gauges (a few indexed counts each interval_s).
+    figures = AlarmFigures(
+        node.pool, config.alarms.figures, metrics=AlarmMetrics.of(node.metrics.registry)
+    )
+    loops.append(("alarm-figures", figures.run))
     return Components(
         engine=engine,
         writer=writer,
@@ -215,7 +223,7 @@ async def build(
         outbox=outbox,
         timers=timers,
         auth=auth,
-        alarm_service=AlarmService(node.pool, node.node_id, node.metrics),
+        alarm_service=AlarmService(node.pool, node.node_id, node.metrics, figures=figures),
         command_service=CommandService(
             node.pool,
             node.node_id,
@@ -230,6 +238,7 @@ async def build(
         notify_worker=notify_worker,
         inactivity=inactivity,
         rule_watch=watch,
+        figures=figures,
         loops=tuple(loops),
     )
 
