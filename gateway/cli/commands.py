@@ -451,10 +451,12 @@ async def _freeze_when_ready(ready: asyncio.Event) -> None:
 
 
 @asynccontextmanager
-async def _database(config: Config) -> AsyncIterator[asyncpg.Pool]:
+async def _database(config: Config, *, schema: bool = True) -> AsyncIterator[asyncpg.Pool]:
     """A pool on the configured database, else on the embedded one under the state dir: the
     running daemon's server when one runs (a second server on its cluster is impossible),
-    else one started for this command and stopped after it."""
+    else one started for this command and stopped after it. With ``schema``, a database the
+    gateway never migrated, or migrated by an older gateway, is a `StartupError` (one line,
+    exit 2) before the command reads a table that is not there."""
     from storage.pool import create_pool
 
     dsn = config.database.dsn
@@ -464,12 +466,36 @@ async def _database(config: Config) -> AsyncIterator[asyncpg.Pool]:
     try:
         pool = await create_pool(dsn, min_size=1, max_size=2, application_name="gateway-cli")
         try:
+            if schema:
+                await _check_schema(pool, config.database.dsn)
             yield pool
         finally:
             await pool.close()
     finally:
         if embedded is not None:
             await asyncio.to_thread(embedded.stop)
+
+
+async def _check_schema(pool: asyncpg.Pool, dsn: str) -> None:
+    from storage.migrate import latest_version, schema_version
+
+    async with pool.acquire() as conn:
+        version = await schema_version(conn)
+    latest = latest_version()
+    if version >= latest:
+        return  # a newer schema: the commands read what they know of it
+    where = describe(dsn) if dsn else "the embedded PostgreSQL"
+    what = (
+        "has no gateway schema"
+        if version == 0
+        else f"has the gateway schema of migration {version}, this gateway needs {latest}"
+    )
+    raise StartupError(
+        f"the database at {where} {what}: run `gateway migrate` with the same configuration, "
+        "or point [database] dsn at the gateway's database",
+        setting=DSN_SETTING,
+        configuration=True,
+    )
 
 
 async def _embedded_dsn(config: Config) -> tuple[EmbeddedPostgres | None, str]:
@@ -526,7 +552,7 @@ async def _migrate(config: Config, _args: argparse.Namespace) -> int:
     from storage.errors import StorageError
     from storage.migrate import migrate
 
-    async with _database(config) as pool, pool.acquire() as conn:
+    async with _database(config, schema=False) as pool, pool.acquire() as conn:
         try:
             applied = await migrate(conn)
         except StorageError as exc:
