@@ -128,10 +128,16 @@ def _parser() -> argparse.ArgumentParser:
         "--http-port", type=int, default=8080, help="the console's port (default: 8080; 0: any)"
     )
     demo.add_argument(
-        "--mqtt-port", type=int, default=1883, help="the embedded broker's port (default: 1883)"
+        "--mqtt-port",
+        type=int,
+        default=1883,
+        help="the embedded broker's port (default: 1883; 0: any)",
     )
     demo.add_argument(
-        "--state-dir", type=Path, help="keep the demo's data here (default: a temporary directory)"
+        "--state-dir",
+        type=Path,
+        help="keep the demo's data here (default: a temporary directory, removed at the end); "
+        "the demo writes gateway.toml there, for the other commands' --config",
     )
     demo.add_argument(
         "--screenshots",
@@ -358,11 +364,16 @@ def _demo(args: argparse.Namespace) -> int:
     settings = demo.DemoSettings(
         http_port=args.http_port, mqtt_port=args.mqtt_port, state_dir=args.state_dir
     )
-    if args.screenshots is not None:
-        return _run_async(demo.run_screenshots(settings, args.screenshots))
-    if args.measure_live is not None:
-        return _run_async(demo.run_measure_live(settings, args.measure_live))
-    return _run_async(demo.run_demo(settings))
+    try:
+        if args.screenshots is not None:
+            return _run_async(demo.run_screenshots(settings, args.screenshots))
+        if args.measure_live is not None:
+            return _run_async(demo.run_measure_live(settings, args.measure_live))
+        return _run_async(demo.run_demo(settings))
+    except demo.DemoError as exc:
+        # One line naming the demo's own flag; everything it started is stopped by then.
+        print(f"gateway demo: {exc}", file=sys.stderr)
+        return EXIT_CONFIG if exc.configuration else EXIT_FAILURE
 
 
 def _install_systemd(args: argparse.Namespace) -> int:
