@@ -128,6 +128,10 @@ async def online_gateways(client: aiomqtt.Client, prefix: str, wait_s: float) ->
     try:
         async with asyncio.timeout(wait_s):
             async for message in client.messages:
+                if not message.topic.matches(status_filter):
+                    # The embedded broker (amqtt 0.12) sometimes hands a new connection
+                    # retained messages of another client's subscription (devices' status).
+                    continue
                 payload = message.payload
                 text = payload.decode(errors="replace") if isinstance(payload, bytes) else ""
                 if text.strip().strip('"') == "online":
