@@ -1,16 +1,26 @@
 """``gateway demo``: the whole product on this machine in one command, for a first look.
 
 The zero-setup daemon (embedded PostgreSQL and MQTT broker, as ``gateway run`` without a
-configuration), a handful of example rules, about a hundred simulated devices with the
-``gateway-sim devices`` patterns (temperature walks that spike, doors, SOS and smoke buttons,
-leaks, power cuts, one device that goes silent) answering downlink commands, and an admin token
-made up for the occasion. It prints one line: the console's address and the token. Ctrl-C
-(or SIGTERM) stops the devices, then the daemon, which stops its broker and its PostgreSQL;
-the state directory is a temporary one, removed at the end, unless ``--state-dir`` names one.
+configuration); rules written as an alarm philosophy would have them (see `RULES`); about a
+hundred simulated devices with the ``gateway-sim devices`` patterns (``demo-00000`` …:
+temperature walks with rare excursions, doors, SOS and smoke buttons, leaks, power cuts, one
+device that goes silent) answering downlink commands; hubs with presence (birth and Will, one of
+them losing its connection now and then) and a chattering fan (gateway/demo/devices.py); a
+webhook receiver of its own that the notification routes deliver to (gateway/demo/webhook.py);
+and an admin token made up for the occasion.
+
+It prints two lines: the console's address and the token, then its state directory and the
+``gateway.toml`` it wrote there, which every other command reads with ``--config`` (``gateway
+dead-letters list --config …``, ``gateway-sim publish --config …``). Ctrl-C (or SIGTERM) stops
+the devices, then the daemon, which stops its broker and its PostgreSQL; the state directory is
+a temporary one, removed at the end, unless ``--state-dir`` names one. A start that cannot
+succeed as asked (a port taken, a state directory that cannot be one) is a `DemoError`: one
+line naming the demo's flag, with nothing left behind.
 
 ``--screenshots OUTDIR`` runs the same demo until it has open alarms, photographs the console
 (the alarm list and an alarm's detail, at 1280x800 and 390x844) with Debian's chromium driven
-by Playwright, and stops.
+by Playwright, and stops. ``--measure-live N`` times N alarms from their telemetry to an open
+console page.
 """
 
 from __future__ import annotations
@@ -490,8 +500,9 @@ async def run_measure_live(settings: DemoSettings, count: int) -> int:
         async with aiomqtt.Client(host, port, identifier="gateway-demo-latency") as client:
 
             async def spike(device: str) -> None:
-                hot = Telemetry(ts=datetime.now(UTC), metrics={"temp": 95.0})
-                await client.publish(topics.telemetry(device), encode_telemetry(hot), qos=1)
+                # One message that raises an alarm (`water-leak`; `temp-high` needs four).
+                leak = Telemetry(ts=datetime.now(UTC), events=[{"type": "WATER_LEAK"}])
+                await client.publish(topics.telemetry(device), encode_telemetry(leak), qos=1)
 
             millis.extend(await measure_live_alarms(demo.url, demo.token, CHROMIUM, devices, spike))
 
