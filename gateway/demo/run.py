@@ -125,6 +125,7 @@ key = "silent"
 kind = "inactivity"
 silent_seconds = {DEMO_SILENT_S}
 severity = "WARNING"
+devices = "{DEVICE_PREFIX}-*"
 description = "The device has said nothing for {DEMO_SILENT_S} s, or went offline (its Will): \
 check its power and network."
 
