@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
 import asyncpg
 import msgspec
@@ -67,8 +67,19 @@ def _subcommand(
     return commands.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".")
 
 
+class _Parser(argparse.ArgumentParser):
+    """``gateway demo``'s own mistakes (``--http-port eighty``) are one line naming the flag,
+    as its other failures are; the other commands keep argparse's usage and error."""
+
+    def error(self, message: str) -> NoReturn:
+        if self.prog.endswith(" demo"):
+            self.exit(EXIT_CONFIG, f"{self.prog}: {message} (see {self.prog} --help)\n")
+        super().error(message)
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="gateway", description=DESCRIPTION)
+    # Its subcommands' parsers are of its class too (argparse's default).
+    parser: argparse.ArgumentParser = _Parser(prog="gateway", description=DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"gateway {gateway_version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -266,7 +277,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _main(argv: Sequence[str] | None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        if args.command == "demo":
+            print(
+                f"gateway demo: unrecognized arguments: {' '.join(unknown)} "
+                "(see gateway demo --help)",
+                file=sys.stderr,
+            )
+            return EXIT_CONFIG
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     if args.command == "check-config":
         return _check_config(args.path)
     if args.command in {"install-systemd", "demo"}:  # they read no configuration file

@@ -243,6 +243,8 @@ def test_the_demo_fails_in_one_line_naming_its_flag_and_leaves_nothing(
             "or --mqtt-port 0 for any free port",
             ("--http-port", "70000"): "--http-port 70000 is not a port: 1 to 65535, or 0 for "
             "any free port",
+            ("--http-port", "eighty"): "argument --http-port: invalid int value: 'eighty'",
+            ("--mqtt-port", "0", "--bogus"): "unrecognized arguments: --bogus",
             ("--http-port", "0", "--mqtt-port", "0", "--state-dir", str(not_a_dir / "sub")): (
                 f"cannot write to --state-dir {not_a_dir / 'sub'}"
             ),
