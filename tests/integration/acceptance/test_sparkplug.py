@@ -1,0 +1,244 @@
+"""The gateway as a Sparkplug B host application, against an edge node nobody here wrote
+(Eclipse Tahu's JavaScript ``sparkplug-client`` 3.2.4), through a real mosquitto to a real
+daemon and PostgreSQL (docs/sparkplug.md)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import aiomqtt
+import asyncpg
+
+from protocol import sparkplug
+from storage import sparkplug as repo
+from tests.support.daemon import make_config, metric, running_daemon
+from tests.support.mosquitto import Mosquitto
+from tests.support.sparkplug_edge import edge_node
+from tests.support.waiting import wait_until
+
+SPARKPLUG = """
+[sparkplug]
+enabled = true
+host_id = "gw-host"
+groups = ["Plant1"]
+"""
+
+RULES = """
+[[rules]]
+key = "oven-hot"
+kind = "threshold"
+metric = "temp"
+op = ">"
+value = 80
+severity = "CRITICAL"
+devices = "Plant1/*"
+"""
+
+NODE_METRICS = [{"name": "Uptime", "alias": 1, "type": "Int64", "value": 7}]
+OVEN_METRICS = [
+    {"name": "temp", "alias": 10, "type": "Double", "value": 20.5},
+    {"name": "door", "alias": 11, "type": "Boolean", "value": False},
+    {"name": "level", "alias": 12, "type": "Int16", "value": -3},
+]
+
+
+async def _rows(dsn: str, query: str, *args: object) -> list[asyncpg.Record]:
+    conn = await asyncpg.connect(dsn)
+    try:
+        return list(await conn.fetch(query, *args))
+    finally:
+        await conn.close()
+
+
+async def _metrics_of(dsn: str, device: str) -> list[dict[str, Any]]:
+    rows = await _rows(
+        dsn,
+        "SELECT metrics::text FROM telemetry WHERE device_id = $1 ORDER BY ts, event_id",
+        device,
+    )
+    return [json.loads(r[0]) for r in rows]
+
+
+async def _alarms(dsn: str, device: str) -> list[asyncpg.Record]:
+    """The device's alarms, with the reason their alarm.created event gives."""
+    return await _rows(
+        dsn,
+        "SELECT a.rule_key, (SELECT e.payload->>'reason' FROM outbox_event e"
+        " WHERE e.aggregate_type = 'alarm' AND e.aggregate_id = a.id::text"
+        " AND e.event_type = 'alarm.created') AS reason"
+        " FROM alarm a WHERE a.device_id = $1 ORDER BY a.id",
+        device,
+    )
+
+
+async def _presence(dsn: str, device: str) -> str | None:
+    rows = await _rows(dsn, "SELECT presence FROM device WHERE device_id = $1", device)
+    return None if not rows else rows[0][0]
+
+
+async def _node(dsn: str, group: str, node: str) -> repo.StoredNode | None:
+    conn = await asyncpg.connect(dsn)
+    try:
+        return await repo.get_node(conn, group, node)
+    finally:
+        await conn.close()
+
+
+async def test_births_and_data_by_alias_are_stored_and_judged_by_the_rules(
+    db_dsn: str, mosquitto: Mosquitto
+) -> None:
+    config = make_config(dsn=db_dsn, mqtt_port=mosquitto.port, extra=SPARKPLUG + RULES)
+    async with running_daemon(config), edge_node(mosquitto.port, "Plant1", "Line4") as edge:
+        # The host's STATE is retained: a late subscriber reads it, JSON per Sparkplug 3.0.
+        async with aiomqtt.Client("127.0.0.1", mosquitto.port) as watcher:
+            await watcher.subscribe(sparkplug.state_topic("gw-host"), qos=1)
+            async with asyncio.timeout(30):
+                async for message in watcher.messages:
+                    state = sparkplug.parse_state(bytes(message.payload))  # type: ignore[arg-type]
+                    assert message.retain
+                    assert state is not None
+                    assert state[0] is True
+                    break
+
+        await edge.send("nbirth", metrics=NODE_METRICS)
+        await edge.send("dbirth", device="Oven", metrics=OVEN_METRICS)
+        # By alias only, as an edge node sends after its birth.
+        await edge.send(
+            "ddata", device="Oven", metrics=[{"alias": 10, "type": "Double", "value": 85.25}]
+        )
+        await edge.send(
+            "ddata", device="Oven", metrics=[{"alias": 12, "type": "Int16", "value": -7}]
+        )
+
+        async def judged() -> bool:
+            return len(await _alarms(db_dsn, "Plant1/Line4/Oven")) == 1
+
+        await wait_until(judged, timeout=30, message="the temp rule fired on the Sparkplug device")
+        oven = await _metrics_of(db_dsn, "Plant1/Line4/Oven")
+        assert oven[0] == {"temp": 20.5, "door": False, "level": -3}  # the birth's values
+        assert {"temp": 85.25} in oven
+        assert {"level": -7} in oven  # Int16 signed, by its birth's datatype
+        node_rows = await _metrics_of(db_dsn, "Plant1/Line4")
+        assert node_rows == [{"Uptime": 7}]  # bdSeq is the host's, not a reading
+        assert [a["rule_key"] for a in await _alarms(db_dsn, "Plant1/Line4/Oven")] == ["oven-hot"]
+        assert await _presence(db_dsn, "Plant1/Line4") == "online"
+        assert await _presence(db_dsn, "Plant1/Line4/Oven") == "online"
+        state = await _node(db_dsn, "Plant1", "Line4")
+        assert state is not None
+        assert state.born
+        assert state.trusted
+        assert state.seq == 3  # NBIRTH 0, DBIRTH 1, DDATA 2 and 3
+        assert state.bdseq == 0
+        assert state.rebirth_reason is None
+        assert json.loads(state.aliases)["10"] == ["Oven", "temp", sparkplug.DataType.DOUBLE]
+
+
+async def test_a_seq_gap_asks_for_a_rebirth_on_the_wire_and_data_until_it_is_not_judged(
+    db_dsn: str, mosquitto: Mosquitto
+) -> None:
+    config = make_config(dsn=db_dsn, mqtt_port=mosquitto.port, extra=SPARKPLUG + RULES)
+    async with (
+        running_daemon(config) as daemon,
+        edge_node(mosquitto.port, "Plant1", "Line4") as edge,
+    ):
+        await edge.send("nbirth", metrics=NODE_METRICS)
+        await edge.send("dbirth", device="Oven", metrics=OVEN_METRICS)
+        await edge.send("skip", count=3)  # three messages the host never sees
+        await edge.send(
+            "ddata", device="Oven", metrics=[{"alias": 10, "type": "Double", "value": 95.0}]
+        )
+
+        # The edge node receives NCMD Node Control/Rebirth = true, and publishes its births again.
+        await edge.wait_for(lambda: edge.count("rebirth") >= 1, "a rebirth request", timeout=30)
+        ncmd = next(e for e in edge.events if e.get("event") == "ncmd")
+        assert {
+            "name": "Node Control/Rebirth",
+            "alias": None,
+            "type": "Boolean",
+            "value": True,
+        } in [{**m, "alias": m.get("alias")} for m in ncmd["metrics"]]
+
+        async def trusted_again() -> bool:
+            state = await _node(db_dsn, "Plant1", "Line4")
+            return state is not None and state.trusted and state.rebirth_reason is None
+
+        await wait_until(trusted_again, timeout=30, message="the rebirth taken")
+        # The reading that came through the gap is stored, not judged: no alarm for it.
+        assert {"temp": 95.0} in await _metrics_of(db_dsn, "Plant1/Line4/Oven")
+        assert await _alarms(db_dsn, "Plant1/Line4/Oven") == []
+        assert metric(daemon, "gateway_sparkplug_rebirth_requests_total") >= 1
+        assert metric(daemon, "gateway_sparkplug_untrusted_total") >= 1
+
+        # After the rebirth the node is followed again, and its data judged.
+        await edge.send(
+            "ddata", device="Oven", metrics=[{"alias": 10, "type": "Double", "value": 96.0}]
+        )
+
+        async def judged() -> bool:
+            return len(await _alarms(db_dsn, "Plant1/Line4/Oven")) == 1
+
+        await wait_until(judged, timeout=30, message="the rule judged the data after the rebirth")
+
+
+async def test_data_before_any_birth_is_a_dead_letter_and_asks_for_a_birth(
+    db_dsn: str, mosquitto: Mosquitto
+) -> None:
+    config = make_config(dsn=db_dsn, mqtt_port=mosquitto.port, extra=SPARKPLUG)
+    async with running_daemon(config), edge_node(mosquitto.port, "Plant1", "Press") as edge:
+        await edge.send("ndata", metrics=[{"alias": 1, "type": "Int64", "value": 5}])
+        await edge.wait_for(lambda: edge.count("ncmd") >= 1, "a rebirth request", timeout=30)
+
+        async def lettered() -> bool:
+            rows = await _rows(db_dsn, "SELECT reason, topic FROM dead_letter")
+            return [tuple(r) for r in rows] == [
+                ("SPARKPLUG_NOT_BORN", "spBv1.0/Plant1/NDATA/Press")
+            ]
+
+        await wait_until(lettered, timeout=30, message="the data before birth dead-lettered")
+
+
+async def test_a_killed_edge_node_sets_its_devices_offline_and_raises_inactivity_alarms(
+    db_dsn: str, mosquitto: Mosquitto
+) -> None:
+    rules = """
+[[rules]]
+key = "line-gone"
+kind = "inactivity"
+silent_seconds = 600
+severity = "MAJOR"
+devices = "Plant1/Line4*"
+"""
+    config = make_config(dsn=db_dsn, mqtt_port=mosquitto.port, extra=SPARKPLUG + rules)
+    async with running_daemon(config), edge_node(mosquitto.port, "Plant1", "Line4") as edge:
+        await edge.send("nbirth", metrics=NODE_METRICS)
+        await edge.send("dbirth", device="Oven", metrics=OVEN_METRICS)
+
+        async def online() -> bool:
+            return await _presence(db_dsn, "Plant1/Line4/Oven") == "online"
+
+        await wait_until(online, timeout=30, message="the device born")
+        edge.kill()  # no DISCONNECT: the broker publishes the client's Will, the NDEATH
+
+        async def offline() -> bool:
+            node = await _presence(db_dsn, "Plant1/Line4")
+            device = await _presence(db_dsn, "Plant1/Line4/Oven")
+            return node == device == "offline"
+
+        await wait_until(offline, timeout=60, message="NDEATH set the node and its device offline")
+
+        async def alarmed() -> bool:
+            node = await _alarms(db_dsn, "Plant1/Line4")
+            device = await _alarms(db_dsn, "Plant1/Line4/Oven")
+            return len(node) == len(device) == 1
+
+        await wait_until(alarmed, timeout=60, message="the inactivity rule raised both alarms")
+        for device in ("Plant1/Line4", "Plant1/Line4/Oven"):
+            [alarm] = await _alarms(db_dsn, device)
+            assert alarm["rule_key"] == "line-gone"
+            assert alarm["reason"] == "presence offline"
+        state = await _node(db_dsn, "Plant1", "Line4")
+        assert state is not None
+        assert not state.born
+        assert state.rebirth_reason is None  # nobody asks a dead node for a birth
