@@ -242,3 +242,62 @@ devices = "Plant1/Line4*"
         assert state is not None
         assert not state.born
         assert state.rebirth_reason is None  # nobody asks a dead node for a birth
+
+
+async def test_two_gateway_nodes_in_a_share_group_store_each_message_once(
+    db_dsn: str, mosquitto: Mosquitto
+) -> None:
+    # Each node sees part of the edge node's stream, out of order between them: the reorder
+    # window keeps that from passing for a gap.
+    shared = SPARKPLUG + "reorder_window_s = 10\n"
+    configs = [
+        make_config(
+            dsn=db_dsn,
+            mqtt_port=mosquitto.port,
+            node_id=f"node-{n}",
+            extra=shared + RULES,
+            mqtt_extra='shared_group = "sp"',
+        )
+        for n in (1, 2)
+    ]
+    async with (
+        running_daemon(configs[0]) as one,
+        running_daemon(configs[1]) as two,
+        edge_node(mosquitto.port, "Plant1", "Line4") as edge,
+    ):
+        await edge.send("nbirth", metrics=NODE_METRICS)
+
+        async def born() -> bool:
+            state = await _node(db_dsn, "Plant1", "Line4")
+            return state is not None and state.born
+
+        # Births split between the nodes could race (docs/sparkplug.md): each is taken first.
+        await wait_until(born, timeout=30, message="the NBIRTH stored")
+        await edge.send("dbirth", device="Oven", metrics=OVEN_METRICS)
+
+        async def device_born() -> bool:
+            state = await _node(db_dsn, "Plant1", "Line4")
+            return state is not None and state.devices == ["Oven"]
+
+        await wait_until(device_born, timeout=30, message="the DBIRTH stored")
+        for n in range(300):
+            await edge.send(
+                "ddata", device="Oven", metrics=[{"alias": 12, "type": "Int16", "value": n}]
+            )
+
+        async def all_stored() -> bool:
+            return len(await _metrics_of(db_dsn, "Plant1/Line4/Oven")) == 301
+
+        await wait_until(all_stored, timeout=60, message="every DDATA stored")
+        rows = await _metrics_of(db_dsn, "Plant1/Line4/Oven")
+        assert sorted(r["level"] for r in rows[1:]) == list(range(300))
+        taken = [
+            metric(d, "gateway_sparkplug_messages_total", {"type": "DDATA"}) for d in (one, two)
+        ]
+        assert sum(taken) == 300
+        assert all(t > 0 for t in taken), f"one node took everything: {taken}"
+        state = await _node(db_dsn, "Plant1", "Line4")
+        assert state is not None
+        assert state.trusted
+        assert state.rebirth_reason is None
+        assert await _rows(db_dsn, "SELECT 1 FROM dead_letter") == []
