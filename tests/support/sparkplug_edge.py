@@ -81,7 +81,10 @@ class EdgeNode:
 
 
 @contextlib.asynccontextmanager
-async def edge_node(port: int, group: str, node: str) -> AsyncIterator[EdgeNode]:
+async def edge_node(
+    port: int, group: str, node: str, *, qos1: bool = False
+) -> AsyncIterator[EdgeNode]:
+    """``qos1``: its publishes at QoS 1 instead of Sparkplug's QoS 0 (see edge.js)."""
     script = edge_script()
     process = await asyncio.create_subprocess_exec(
         "node",
@@ -90,6 +93,7 @@ async def edge_node(port: int, group: str, node: str) -> AsyncIterator[EdgeNode]
         group,
         node,
         f"edge-{group}-{node}",
+        *(["qos1"] if qos1 else []),
         stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,
         cwd=EDGE_DIR,

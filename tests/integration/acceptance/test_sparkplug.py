@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 from typing import Any
 
 import aiomqtt
@@ -13,8 +14,16 @@ import asyncpg
 
 from protocol import sparkplug
 from storage import sparkplug as repo
-from tests.support.daemon import make_config, metric, running_daemon
+from tests.support.daemon import (
+    DaemonProcess,
+    config_toml,
+    http_healthy,
+    make_config,
+    metric,
+    running_daemon,
+)
 from tests.support.mosquitto import Mosquitto
+from tests.support.ports import free_port
 from tests.support.sparkplug_edge import edge_node
 from tests.support.waiting import wait_until
 
@@ -301,3 +310,87 @@ async def test_two_gateway_nodes_in_a_share_group_store_each_message_once(
         assert state.trusted
         assert state.rebirth_reason is None
         assert await _rows(db_dsn, "SELECT 1 FROM dead_letter") == []
+
+
+async def test_sigkill_of_a_gateway_node_mid_stream_loses_no_qos1_sparkplug_message(
+    db_dsn: str, mosquitto: Mosquitto, tmp_path: Path
+) -> None:
+    http_port = free_port()
+    config = tmp_path / "gateway.toml"
+    config.write_text(
+        config_toml(
+            dsn=db_dsn,
+            mqtt_port=mosquitto.port,
+            node_id="crash-node",
+            http_port=http_port,
+            ingest_extra="batch_max = 20\nlinger_ms = 0",
+            extra=SPARKPLUG,
+        )
+    )
+    process = DaemonProcess(config, tmp_path / "daemon.log")
+    blocker = await asyncpg.connect(db_dsn)
+    oven = "Plant1/Line4/Oven"
+
+    async def healthy() -> bool:
+        assert process.alive(), f"daemon exited:\n{process.log_tail()}"
+        return await http_healthy(http_port)
+
+    try:
+        process.start()
+        await wait_until(healthy, timeout=60, message="daemon healthy")
+        async with edge_node(mosquitto.port, "Plant1", "Line4", qos1=True) as edge:
+            await edge.send("nbirth", metrics=NODE_METRICS)
+            await edge.send("dbirth", device="Oven", metrics=OVEN_METRICS)
+            for n in range(200):
+                await edge.send(
+                    "ddata", device="Oven", metrics=[{"alias": 12, "type": "Int16", "value": n}]
+                )
+
+            async def first_stored() -> bool:
+                return len(await _metrics_of(db_dsn, oven)) == 201
+
+            await wait_until(first_stored, timeout=60, message="the first 200 stored")
+            # The next batch waits on this lock inside its transaction (after its edge node's
+            # row is locked and judged): the kill lands with messages received, not committed.
+            blocker_tx = blocker.transaction()
+            await blocker_tx.start()
+            await blocker.execute("LOCK TABLE telemetry IN EXCLUSIVE MODE")
+            for n in range(200, 400):
+                await edge.send(
+                    "ddata", device="Oven", metrics=[{"alias": 12, "type": "Int16", "value": n}]
+                )
+
+            async def writer_blocked() -> bool:
+                waiting = await blocker.fetchval(
+                    "SELECT count(*) FROM pg_stat_activity"
+                    " WHERE wait_event_type = 'Lock' AND datname = current_database()"
+                )
+                return bool(waiting)
+
+            await wait_until(writer_blocked, timeout=60, message="a batch waiting on the lock")
+            process.kill()
+            await blocker_tx.rollback()
+            assert len(await _metrics_of(db_dsn, oven)) == 201, (
+                "nothing of the second part committed"
+            )
+
+            process.start()
+            await wait_until(healthy, timeout=60, message="daemon healthy again")
+
+            async def all_stored() -> bool:
+                return len(await _metrics_of(db_dsn, oven)) >= 401
+
+            await wait_until(all_stored, timeout=90, message="every message stored after restart")
+            state = await _node(db_dsn, "Plant1", "Line4")
+            assert state is not None
+            # The killed batch's judgement rolled back with it: redelivered, the stream is whole.
+            assert state.trusted
+            assert state.rebirth_reason is None
+            assert state.seq == 401 % 256
+        assert process.terminate() == 0
+    finally:
+        await blocker.close()
+        process.cleanup()
+
+    rows = await _metrics_of(db_dsn, oven)
+    assert sorted(r["level"] for r in rows[1:]) == list(range(400))  # each once, none lost

@@ -13,13 +13,16 @@
 // {"event": "ncmd", "metrics": [...]}, {"event": "dcmd", "device": "d", "metrics": [...]},
 // {"event": "rebirth"} (births published again after an NCMD Node Control/Rebirth).
 //
-// argv: serverUrl group node clientId
+// argv: serverUrl group node clientId [qos1]
+// qos1: the client's publishes go at QoS 1. Sparkplug sends data at QoS 0, which the broker
+// forgets once sent: a host killed mid-stream cannot get it back (docs/sparkplug.md); at QoS 1
+// the broker keeps it for the host's persistent session, and the test shows none is lost.
 "use strict";
 
 const readline = require("readline");
 const sparkplug = require("sparkplug-client");
 
-const [serverUrl, groupId, edgeNode, clientId] = process.argv.slice(2);
+const [serverUrl, groupId, edgeNode, clientId, qos] = process.argv.slice(2);
 const client = sparkplug.newClient({
   serverUrl,
   username: "",
@@ -29,6 +32,13 @@ const client = sparkplug.newClient({
   clientId,
   publishDeath: true,
 });
+
+if (qos === "qos1") {
+  const mqttClient = client.client;
+  const publish = mqttClient.publish.bind(mqttClient);
+  mqttClient.publish = (topic, message, options, callback) =>
+    publish(topic, message, Object.assign({}, options || {}, { qos: 1 }), callback);
+}
 
 const births = { node: null, devices: new Map() };
 
