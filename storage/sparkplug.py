@@ -20,6 +20,8 @@ TAKE_REBIRTHS = _Q["take_rebirths"]
 EXPIRE_MISSING = _Q["expire_missing"]
 GET_NODE = _Q["get_node"]
 DB_EPOCH = _Q["db_epoch"]
+METRIC_DEFINITION = _Q["metric_definition"]
+OPEN_WRITES = _Q["open_writes"]
 
 
 @dataclass(slots=True)
@@ -135,3 +137,33 @@ async def get_node(conn: asyncpg.Connection, group_id: str, edge_node_id: str) -
 
 async def db_epoch(conn: asyncpg.Connection) -> float:
     return float(await conn.fetchval(DB_EPOCH))
+
+
+async def metric_definition(
+    conn: asyncpg.Connection | asyncpg.Pool, group: str, node: str, device: str, name: str
+) -> tuple[bool, int | None]:
+    """Whether the node (and device, '' for the node) is born, and the metric's datatype from
+    its birth (None: no birth names it)."""
+    record = await conn.fetchrow(METRIC_DEFINITION, group, node, device, name)
+    if record is None:
+        return False, None
+    return bool(record["born"]), record["datatype"]
+
+
+@dataclass(frozen=True, slots=True)
+class OpenWrite:
+    """An open command of a Sparkplug device: what it wrote, to confirm."""
+
+    id: int
+    device_id: str
+    claim_generation: int
+    claimed_node_id: str | None
+    name: str
+    params: str
+
+
+async def open_writes(conn: asyncpg.Connection, device_ids: Sequence[str]) -> list[OpenWrite]:
+    if not device_ids:
+        return []
+    records = await conn.fetch(OPEN_WRITES, sorted(set(device_ids)))
+    return [OpenWrite(*record.values()) for record in records]

@@ -40,11 +40,12 @@ def message_decoder(config: Config) -> MessageDecoder:
     )
 
 
-def sparkplug_host(config: Config) -> SparkplugHost | None:
-    """The Sparkplug host's judgement of a batch ([sparkplug] enabled), or None."""
+def sparkplug_host(config: Config, *, replay: bool = False) -> SparkplugHost | None:
+    """The Sparkplug host's judgement of a batch ([sparkplug] enabled), or None; ``replay``:
+    of a replayed dead letter (see SparkplugHost)."""
     if not config.sparkplug.enabled:
         return None
-    return SparkplugHost(reorder_window_s=config.sparkplug.reorder_window_s)
+    return SparkplugHost(reorder_window_s=config.sparkplug.reorder_window_s, replay=replay)
 
 
 def alarm_engine(config: Config, metrics: Metrics) -> AlarmEngine:
@@ -74,5 +75,5 @@ def for_replay(config: Config, metrics: Metrics) -> LivePath:
         node_id=config.node_id,
         engine=alarm_engine(config, metrics),
         receipts=receipt_applier(config, metrics),
-        sparkplug=sparkplug_host(config),
+        sparkplug=sparkplug_host(config, replay=True),
     )

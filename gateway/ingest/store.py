@@ -10,6 +10,7 @@ import msgspec
 import structlog
 
 from gateway.alarms.engine import AlarmEngine, BatchAlarms
+from gateway.commands import sparkplug as sparkplug_writes
 from gateway.commands.receipts import ReceiptApplier
 from gateway.ingest.decoder import Classified
 from gateway.sparkplug.host import HostOutcome, SparkplugHost
@@ -69,10 +70,15 @@ async def store(
     await repo.touch_devices(conn, seen)
     await repo.record_presence(conn, presence)
     await repo.insert_dead_letters(conn, letters, node_id)
-    if batch.receipts:
+    applied = batch.receipts
+    if outcome is not None and outcome.telemetry and receipts is not None:
+        # Sparkplug has no receipt: a write is confirmed by the value reported back.
+        samples = list(zip(outcome.telemetry, outcome.decoded, strict=True))
+        applied = [*applied, *await sparkplug_writes.confirmations(conn, samples)]
+    if applied:
         if receipts is None:
             raise RuntimeError("command receipts in a batch but no receipt applier configured")
-        await receipts.apply(conn, batch.receipts)
+        await receipts.apply(conn, applied)
     alarms = None
     if engine is not None:
         fresh = []

@@ -189,7 +189,7 @@ class Daemon:
             node_id=self.node_id,
             engine=parts.engine,
             receipts=live_path.receipt_applier(cfg, self.metrics),
-            sparkplug=live_path.sparkplug_host(cfg),
+            sparkplug=live_path.sparkplug_host(cfg, replay=True),
         )
         self.services.stream_hub = hub
         self.services.notifications = NotifyService(pool)

@@ -142,8 +142,13 @@ class _Node:
 class SparkplugHost:
     """Judges the Sparkplug messages of a batch (``apply``), in the caller's transaction."""
 
-    def __init__(self, *, reorder_window_s: float = 0.0) -> None:
+    def __init__(self, *, reorder_window_s: float = 0.0, replay: bool = False) -> None:
         self.reorder_window_s = reorder_window_s
+        # Replaying dead letters: a message from the past, judged against today's births. Its
+        # data is read with the aliases in force and stored, never judged by the rules, and it
+        # moves nothing of the stream (seq, births, presence); births and deaths are not
+        # replayed (their moment has passed).
+        self.replay = replay
 
     async def apply(
         self, conn: asyncpg.Connection, messages: Sequence[SparkplugMessage]
@@ -160,8 +165,12 @@ class SparkplugHost:
             if short in node.recent:
                 out.duplicates += 1
                 continue
-            node.recent.append(short)
+            letters = len(out.dead_letters)
             self._one(node, message, out, now)
+            if len(out.dead_letters) == letters:
+                # Applied: a redelivery is skipped. (A dead letter is not: replayed, it is
+                # judged again.)
+                node.recent.append(short)
         await repo.write_nodes(conn, [node.write() for node in nodes.values()])
         return out
 
@@ -169,20 +178,25 @@ class SparkplugHost:
 
     def _one(self, node: _Node, message: SparkplugMessage, out: HostOutcome, now: float) -> None:
         kind = message.topic.type
-        if kind is MessageType.NBIRTH:
+        if self.replay:
+            self._replayed(node, message, out)
+        elif kind is MessageType.NBIRTH:
             self._nbirth(node, message, out)
-            return
-        if kind is MessageType.NDEATH:
+        elif kind is MessageType.NDEATH:
             self._ndeath(node, message, out)
-            return
-        if not node.born:
+        elif not node.born:
             self._distrust(node, out, "data before the node's birth")
             out.dead_letters.append(
                 message.letter(
                     NOT_BORN, f"edge node {node.key} has no birth in force: a rebirth is requested"
                 )
             )
-            return
+        else:
+            self._stream(node, message, out, now)
+
+    def _stream(self, node: _Node, message: SparkplugMessage, out: HostOutcome, now: float) -> None:
+        """A born node's DBIRTH, DDEATH or data."""
+        kind = message.topic.type
         self._check_seq(node, message.payload.seq, out, now)
         device = message.topic.device
         if kind is MessageType.DBIRTH:
@@ -209,6 +223,37 @@ class SparkplugHost:
             out.deaths += 1
             return
         self._data(node, message, out, birth=False)
+
+    def _replayed(self, node: _Node, message: SparkplugMessage, out: HostOutcome) -> None:
+        topic = message.topic
+        if topic.type not in (MessageType.NDATA, MessageType.DDATA):
+            out.dead_letters.append(
+                message.letter(
+                    INVALID, f"a replayed {topic.type.value} changes nothing: not applied"
+                )
+            )
+            return
+        if not node.born or (topic.device is not None and topic.device not in node.devices):
+            out.dead_letters.append(
+                message.letter(NOT_BORN, f"{topic.device_key} has no birth in force")
+            )
+            return
+        trusted = node.trusted
+        node.trusted = False  # stored, not judged: it is from the past
+        before = (node.rebirth_reason, len(out.distrusted))
+        self._data(node, message, out, birth=False)
+        node.trusted = trusted
+        if len(out.distrusted) > before[1]:  # an alias today's births do not have
+            node.rebirth_reason = before[0]
+            del out.distrusted[before[1] :]
+            out.dead_letters.append(
+                message.letter(
+                    NOT_BORN,
+                    f"the births in force do not define all of {topic.device_key}'s metrics",
+                )
+            )
+            out.telemetry.clear()
+            out.decoded.clear()
 
     def _nbirth(self, node: _Node, message: SparkplugMessage, out: HostOutcome) -> None:
         payload = message.payload

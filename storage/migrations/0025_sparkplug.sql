@@ -40,3 +40,9 @@ CREATE TABLE sparkplug_node (
 -- The rebirth loop's work: edge nodes with a request to send.
 CREATE INDEX sparkplug_node_rebirth_wanted ON sparkplug_node (rebirth_wanted_at)
     WHERE rebirth_wanted_at IS NOT NULL;
+
+-- Commands to Sparkplug devices and edge nodes (docs/commands.md, "Sparkplug devices"): their
+-- ids are two or three levels of the native grammar, `{group}/{node}[/{device}]`.
+ALTER TABLE command DROP CONSTRAINT command_device_id_valid;
+ALTER TABLE command ADD CONSTRAINT command_device_id_valid
+    CHECK (device_id ~ '^[A-Za-z0-9_.:-]{1,64}(/[A-Za-z0-9_.:-]{1,64}){0,2}$');

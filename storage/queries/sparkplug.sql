@@ -74,3 +74,17 @@ FROM sparkplug_node WHERE group_id = $1 AND edge_node_id = $2;
 -- name: db_epoch
 -- no parameters; the database's now as epoch seconds (the clock every node shares).
 SELECT extract(epoch FROM now())::double precision;
+
+-- name: metric_definition
+-- $1 group id, $2 edge node id, $3 device ('' for the node), $4 metric name; whether the node
+-- and the device are born, and the metric's datatype (null: not in their births).
+SELECT s.born AND ($3 = '' OR $3 = ANY (s.devices)) AS born,
+       (s.metrics -> $3 ->> $4)::integer AS datatype
+FROM sparkplug_node s WHERE s.group_id = $1 AND s.edge_node_id = $2;
+
+-- name: open_writes
+-- $1 device ids; the open (claimed or sent) commands of those Sparkplug devices, oldest first.
+SELECT id, device_id, claim_generation, claimed_node_id, name, params::text
+FROM command
+WHERE device_id = ANY ($1::text[]) AND status IN ('CLAIMED', 'SENT')
+ORDER BY id;

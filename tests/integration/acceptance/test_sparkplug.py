@@ -12,8 +12,11 @@ from typing import Any
 import aiomqtt
 import asyncpg
 
+from gateway.domain.command import Delivery
+from gateway.ingest.replay import replay_one
 from protocol import sparkplug
 from storage import sparkplug as repo
+from storage.pool import create_pool
 from tests.support.daemon import (
     DaemonProcess,
     config_toml,
@@ -191,12 +194,16 @@ async def test_a_seq_gap_asks_for_a_rebirth_on_the_wire_and_data_until_it_is_not
         await wait_until(judged, timeout=30, message="the rule judged the data after the rebirth")
 
 
-async def test_data_before_any_birth_is_a_dead_letter_and_asks_for_a_birth(
+async def test_data_before_any_birth_is_a_dead_letter_and_replayed_after_the_birth(
     db_dsn: str, mosquitto: Mosquitto
 ) -> None:
     config = make_config(dsn=db_dsn, mqtt_port=mosquitto.port, extra=SPARKPLUG)
-    async with running_daemon(config), edge_node(mosquitto.port, "Plant1", "Press") as edge:
+    async with (
+        running_daemon(config) as daemon,
+        edge_node(mosquitto.port, "Plant1", "Press") as edge,
+    ):
         await edge.send("ndata", metrics=[{"alias": 1, "type": "Int64", "value": 5}])
+        # A rebirth request: the edge node (edge.js) answers with its births, none yet here.
         await edge.wait_for(lambda: edge.count("ncmd") >= 1, "a rebirth request", timeout=30)
 
         async def lettered() -> bool:
@@ -206,6 +213,29 @@ async def test_data_before_any_birth_is_a_dead_letter_and_asks_for_a_birth(
             ]
 
         await wait_until(lettered, timeout=30, message="the data before birth dead-lettered")
+        await edge.send("nbirth", metrics=NODE_METRICS)
+
+        async def trusted() -> bool:
+            state = await _node(db_dsn, "Plant1", "Press")
+            return state is not None and state.born and state.trusted
+
+        await wait_until(trusted, timeout=30, message="the birth taken")
+        [letter] = await _rows(db_dsn, "SELECT id FROM dead_letter")
+        path = daemon.services.replay_path
+        assert path is not None
+        pool = await create_pool(db_dsn, min_size=1, max_size=2)
+        try:
+            outcome = await replay_one(pool, path, letter["id"])
+        finally:
+            await pool.close()
+        assert outcome is not None
+        assert (outcome.outcome, outcome.succeeded) == ("stored", True)
+        # Read with today's aliases, stored; the stream it came from is left as it is.
+        assert {"Uptime": 5} in await _metrics_of(db_dsn, "Plant1/Press")
+        state = await _node(db_dsn, "Plant1", "Press")
+        assert state is not None
+        assert state.trusted
+        assert state.rebirth_reason is None
 
 
 async def test_a_killed_edge_node_sets_its_devices_offline_and_raises_inactivity_alarms(
@@ -394,3 +424,97 @@ async def test_sigkill_of_a_gateway_node_mid_stream_loses_no_qos1_sparkplug_mess
 
     rows = await _metrics_of(db_dsn, oven)
     assert sorted(r["level"] for r in rows[1:]) == list(range(400))  # each once, none lost
+
+
+COMMANDS = """
+[commands]
+ack_window_s = 3
+reaper_interval_s = 0.2
+"""
+
+
+async def _command(dsn: str, command_id: int) -> asyncpg.Record:
+    [row] = await _rows(
+        dsn,
+        "SELECT status, result, result_code, raw_result_code FROM command WHERE id = $1",
+        command_id,
+    )
+    return row
+
+
+async def test_a_dcmd_write_is_acked_by_the_value_reported_back_and_fails_unconfirmed(
+    db_dsn: str, mosquitto: Mosquitto
+) -> None:
+    config = make_config(dsn=db_dsn, mqtt_port=mosquitto.port, extra=SPARKPLUG + COMMANDS)
+    oven_metrics = [
+        *OVEN_METRICS,
+        {"name": "setpoint", "alias": 13, "type": "Float", "value": 20.0},
+    ]
+    async with (
+        running_daemon(config) as daemon,
+        edge_node(mosquitto.port, "Plant1", "Line4") as edge,
+    ):
+        await edge.send("nbirth", metrics=NODE_METRICS)
+        await edge.send("dbirth", device="Oven", metrics=oven_metrics)
+
+        async def born() -> bool:
+            state = await _node(db_dsn, "Plant1", "Line4")
+            return state is not None and state.devices == ["Oven"]
+
+        await wait_until(born, timeout=30, message="the device born")
+        await edge.send("echo", on=True)
+        service = daemon.services.commands
+        assert service is not None
+        created = await service.create(
+            device_id="Plant1/Line4/Oven",
+            name="setpoint",
+            params={"value": 42.5},
+            delivery=Delivery.REALTIME,
+            idempotency_key="sp-1",
+            actor="test",
+        )
+
+        async def acked() -> bool:
+            return (await _command(db_dsn, created.command.id))["status"] == "ACKED"
+
+        await wait_until(acked, timeout=30, message="the write confirmed by the DDATA echo")
+        dcmd = next(e for e in edge.events if e.get("event") == "dcmd")
+        assert dcmd["device"] == "Oven"
+        assert dcmd["metrics"] == [{"name": "setpoint", "type": "Float", "value": 42.5}]
+        assert {"setpoint": 42.5} in await _metrics_of(db_dsn, "Plant1/Line4/Oven")
+
+        # A device that does not apply the write: no confirmation within the ack window.
+        await edge.send("echo", on=False)
+        unconfirmed = await service.create(
+            device_id="Plant1/Line4/Oven",
+            name="setpoint",
+            params={"value": 50},
+            delivery=Delivery.REALTIME,
+            idempotency_key="sp-2",
+            actor="test",
+        )
+
+        async def failed() -> bool:
+            return (await _command(db_dsn, unconfirmed.command.id))["status"] == "FAILED"
+
+        await wait_until(failed, timeout=30, message="the unconfirmed write failed")
+        assert edge.count("dcmd") == 2
+
+        # A metric no birth names cannot be written: FAILED at once, nothing sent.
+        unknown = await service.create(
+            device_id="Plant1/Line4/Oven",
+            name="speed",
+            params={"value": 3},
+            delivery=Delivery.REALTIME,
+            idempotency_key="sp-3",
+            actor="test",
+        )
+
+        async def refused() -> bool:
+            return (await _command(db_dsn, unknown.command.id))["status"] == "FAILED"
+
+        await wait_until(refused, timeout=30, message="the unknown metric refused")
+        assert (await _command(db_dsn, unknown.command.id))[
+            "raw_result_code"
+        ] == "SPARKPLUG_UNKNOWN_METRIC"
+        assert edge.count("dcmd") == 2

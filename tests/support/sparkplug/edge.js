@@ -8,6 +8,8 @@
 //   {"op": "ddeath", "device": "d"}
 //   {"op": "skip", "count": n}                    lose n seqs (a gap on the wire)
 //   {"op": "stop"}                                a clean stop (NDEATH first: publishDeath)
+//   {"op": "echo", "on": true}                    apply each DCMD and report the written
+//                                                 metrics back in a DDATA (as a device would)
 // Metrics as sparkplug-payload takes them: {"name", "alias", "type", "value", "timestamp"}.
 // stdout, one JSON object a line: {"event": "connected"}, {"event": "published", "op": ...},
 // {"event": "ncmd", "metrics": [...]}, {"event": "dcmd", "device": "d", "metrics": [...]},
@@ -41,6 +43,7 @@ if (qos === "qos1") {
 }
 
 const births = { node: null, devices: new Map() };
+let echo = false;
 
 function emit(event) {
   process.stdout.write(JSON.stringify(event) + "\n");
@@ -83,7 +86,14 @@ client.on("ncmd", (message) => {
   }
 });
 client.on("dcmd", (device, message) => {
-  emit({ event: "dcmd", device, metrics: plain(message.metrics) });
+  const metrics = plain(message.metrics);
+  emit({ event: "dcmd", device, metrics });
+  if (echo) {
+    const types = new Map((births.devices.get(device) || []).map((m) => [m.name, m.type]));
+    const written = metrics.map((m) => ({ name: m.name, type: types.get(m.name) || m.type, value: m.value }));
+    client.publishDeviceData(device, payload(written));
+    emit({ event: "echoed", device });
+  }
 });
 client.on("error", (error) => emit({ event: "error", message: String(error) }));
 
@@ -118,6 +128,9 @@ input.on("line", (line) => {
       for (let i = 0; i < (command.count || 1); i++) {
         client.incrementSeqNum();
       }
+      break;
+    case "echo":
+      echo = Boolean(command.on);
       break;
     case "stop":
       client.stop();
