@@ -1,6 +1,7 @@
 """Sparkplug edge nodes nobody here wrote, for the host tests: Eclipse Tahu's JavaScript client
 (npm ``sparkplug-client`` 3.2.4) in a node process (tests/support/sparkplug/edge.js), driven
-by JSON lines; and payloads built with Tahu's own codec the same way."""
+by JSON lines; and PyPI's ``pysparkplug`` (tests/support/sparkplug/pysparkplug_edge.py) in a
+venv of its own."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import json
 import shutil
 import signal
 import subprocess
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, Final
@@ -35,6 +37,33 @@ def edge_script() -> Path:
         )
         assert done.returncode == 0, f"npm ci in {EDGE_DIR} failed:\n{done.stderr}"
     return EDGE_DIR / "edge.js"
+
+
+PYVENV: Final = EDGE_DIR / ".pyvenv"
+
+
+def pysparkplug_python() -> Path:
+    """The interpreter of the venv holding pysparkplug (made once, as .ci/run makes it):
+    pysparkplug pins paho-mqtt<2, which the gateway's own environment cannot hold."""
+    python = PYVENV / "bin" / "python"
+    probe = [str(python), "-c", "import pysparkplug"]
+    if python.exists() and subprocess.run(probe, capture_output=True, check=False).returncode == 0:
+        return python
+    for step in (
+        [sys.executable, "-m", "venv", str(PYVENV)],
+        [
+            str(python),
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "-r",
+            str(EDGE_DIR / "pysparkplug-requirements.txt"),
+        ],
+    ):
+        done = subprocess.run(step, capture_output=True, text=True, timeout=300, check=False)
+        assert done.returncode == 0, f"{step} failed:\n{done.stderr}"
+    return python
 
 
 class EdgeNode:

@@ -27,7 +27,7 @@ from tests.support.daemon import (
 )
 from tests.support.mosquitto import Mosquitto
 from tests.support.ports import free_port
-from tests.support.sparkplug_edge import edge_node
+from tests.support.sparkplug_edge import EDGE_DIR, edge_node, pysparkplug_python
 from tests.support.waiting import wait_until
 
 SPARKPLUG = """
@@ -518,3 +518,85 @@ async def test_a_dcmd_write_is_acked_by_the_value_reported_back_and_fails_unconf
             "raw_result_code"
         ] == "SPARKPLUG_UNKNOWN_METRIC"
         assert edge.count("dcmd") == 2
+
+
+async def test_an_edge_node_of_pysparkplug_is_stored_judged_and_its_will_sets_it_offline(
+    db_dsn: str, mosquitto: Mosquitto
+) -> None:
+    python = pysparkplug_python()
+    rules = """
+[[rules]]
+key = "pump-hot"
+kind = "threshold"
+metric = "temp"
+op = ">"
+value = 80
+severity = "MAJOR"
+devices = "Plant2/*"
+
+[[rules]]
+key = "cell-gone"
+kind = "inactivity"
+silent_seconds = 600
+severity = "MAJOR"
+devices = "Plant2/Cell1/Pump"
+"""
+    extra = SPARKPLUG.replace('groups = ["Plant1"]', 'groups = ["Plant2"]') + rules
+    config = make_config(dsn=db_dsn, mqtt_port=mosquitto.port, extra=extra)
+    async with running_daemon(config):
+        process = await asyncio.create_subprocess_exec(
+            str(python),
+            str(EDGE_DIR / "pysparkplug_edge.py"),
+            "127.0.0.1",
+            str(mosquitto.port),
+            "Plant2",
+            "Cell1",
+            "Pump",
+            "21.5",
+            "85.5",
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+        )
+        try:
+            assert process.stdout is not None
+            async with asyncio.timeout(60):
+                assert (await process.stdout.readline()).strip() == b"published"
+
+            async def stored() -> bool:
+                return len(await _metrics_of(db_dsn, "Plant2/Cell1/Pump")) == 3
+
+            await wait_until(stored, timeout=30, message="the DBIRTH and two DDATA stored")
+            pump = await _metrics_of(db_dsn, "Plant2/Cell1/Pump")
+            assert pump[0] == {"temp": 20.0, "running": True}
+            assert {"temp": 85.5} in pump
+            assert await _metrics_of(db_dsn, "Plant2/Cell1") == [{"Firmware": "1.2"}]
+
+            async def fired() -> bool:
+                return [a["rule_key"] for a in await _alarms(db_dsn, "Plant2/Cell1/Pump")] == [
+                    "pump-hot"
+                ]
+
+            await wait_until(fired, timeout=30, message="the temp rule fired")
+            state = await _node(db_dsn, "Plant2", "Cell1")
+            assert state is not None
+            assert state.trusted
+            assert state.bdseq == 0
+            # Its Will: stdin closed, it leaves with no DISCONNECT.
+            assert process.stdin is not None
+            process.stdin.close()
+            await process.wait()
+
+            async def offline() -> bool:
+                return await _presence(db_dsn, "Plant2/Cell1/Pump") == "offline"
+
+            await wait_until(offline, timeout=60, message="its NDEATH set the device offline")
+
+            async def gone() -> bool:
+                alarms = await _alarms(db_dsn, "Plant2/Cell1/Pump")
+                return ("cell-gone", "presence offline") in [tuple(a) for a in alarms]
+
+            await wait_until(gone, timeout=60, message="the inactivity alarm raised")
+        finally:
+            if process.returncode is None:
+                process.kill()
+                await process.wait()
