@@ -600,3 +600,41 @@ devices = "Plant2/Cell1/Pump"
             if process.returncode is None:
                 process.kill()
                 await process.wait()
+
+
+async def test_the_host_state_stays_online_while_one_node_of_the_host_serves(
+    db_dsn: str, mosquitto: Mosquitto
+) -> None:
+    configs = [
+        make_config(dsn=db_dsn, mqtt_port=mosquitto.port, node_id=f"node-{n}", extra=SPARKPLUG)
+        for n in (1, 2)
+    ]
+    seen: list[tuple[bool, int]] = []
+    async with aiomqtt.Client("127.0.0.1", mosquitto.port) as watcher:
+        await watcher.subscribe(sparkplug.state_topic("gw-host"), qos=1)
+
+        async def watch() -> None:
+            async for message in watcher.messages:
+                state = sparkplug.parse_state(bytes(message.payload))  # type: ignore[arg-type]
+                assert state is not None, message.payload
+                seen.append(state)
+
+        watching = asyncio.create_task(watch())
+        try:
+            async with running_daemon(configs[0]):
+                async with running_daemon(configs[1]):
+                    await wait_until(lambda: len({t for _, t in seen}) >= 2, message="two births")
+                    assert all(online for online, _ in seen)
+                births = {t for online, t in seen if online}
+                # The stopped node says offline (its own timestamp); the other, still serving,
+                # answers with its birth again.
+                await wait_until(
+                    lambda: len(seen) >= 2 and not seen[-2][0] and seen[-1][0],
+                    message="the offline STATE answered by the serving node's birth",
+                )
+                assert seen[-1][1] in births
+                assert seen[-2][1] != seen[-1][1]
+            # The last node stops: the host is offline.
+            await wait_until(lambda: not seen[-1][0], message="the host offline at the end")
+        finally:
+            watching.cancel()
