@@ -75,6 +75,11 @@ class RebirthRequester:
                 # Marked sent, not sent: the retry interval sends it again.
                 log.info("sparkplug_rebirth_deferred", edge_node=f"{group}/{node}")
                 continue
+            except Exception as exc:  # refused, or no PUBACK: the retry interval sends it again
+                log.warning(
+                    "sparkplug_rebirth_not_sent", edge_node=f"{group}/{node}", error=repr(exc)
+                )
+                continue
             self.metrics.rebirth_requests.inc()
             log.info("sparkplug_rebirth_requested", edge_node=f"{group}/{node}", reason=reason)
             asked.append((group, node))
