@@ -28,6 +28,7 @@ import asyncpg
 import msgspec
 import structlog
 
+from gateway.commands import sparkplug as sparkplug_writes
 from gateway.commands.lifecycle import DISPATCHER_ACTOR, fail_unsendable, mark_sent
 from gateway.commands.metrics import CommandMetrics
 from gateway.config import CommandsConfig
@@ -36,7 +37,7 @@ from gateway.support.loops import drain_on_notify
 from gateway.support.metrics import Metrics
 from gateway.support.node import Node, Publish
 from gateway.support.publish_refusal import PublishRefused, publish_packet_size
-from protocol import DownlinkCommand, Topics, encode_command
+from protocol import DownlinkCommand, Topics, encode_command, sparkplug
 from protocol.ids import UnportableDeviceIdError
 from storage import commands as repo
 from storage.commands import CommandRow
@@ -179,6 +180,16 @@ class Dispatcher:
         await self._fail([row for row, outcome in paired if outcome is Outcome.UNSENDABLE])
 
     async def _publish(self, row: CommandRow) -> Outcome:
+        if sparkplug.is_device_key(row.device_id):
+            # A Sparkplug device's command: its metric write as DCMD/NCMD (commands/sparkplug.py).
+            try:
+                topic, payload = await sparkplug_writes.downlink(
+                    self.pool, row.device_id, row.name, row.params
+                )
+            except sparkplug_writes.SparkplugWriteError as exc:
+                self._refusals[row.id] = (exc.code, f"not sent: {exc.reason}")
+                return Outcome.UNSENDABLE
+            return await self._send(row, topic, payload)
         downlink = DownlinkCommand(
             command_id=row.id,
             claim_generation=row.claim_generation,
@@ -192,8 +203,11 @@ class Dispatcher:
         except UnportableDeviceIdError as exc:  # stored before [mqtt] broker_family said so
             self._refusals[row.id] = ("BAD_DEVICE_ID", f"not sent: {exc}")
             return Outcome.UNSENDABLE
+        return await self._send(row, topic, encode_command(downlink))
+
+    async def _send(self, row: CommandRow, topic: str, payload: bytes) -> Outcome:
         try:
-            await self.publish(topic, encode_command(downlink))
+            await self.publish(topic, payload)
         except SessionDown:
             return Outcome.SESSION_DOWN
         except PublishRefused as exc:

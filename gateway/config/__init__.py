@@ -226,6 +226,24 @@ class RetentionConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=T
 # --- end of [retention] ---------------------------------------------------------------------------
 
 
+class SparkplugConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """[sparkplug]: the gateway as a Sparkplug B host application (docs/sparkplug.md)."""
+
+    enabled: bool = False
+    # Sparkplug group ids to consume (`spBv1.0/{group}/#` each); empty: every group (`spBv1.0/#`).
+    groups: list[str] = field(default_factory=list)
+    # The host application id: STATE is published on `spBv1.0/STATE/{host_id}`.
+    host_id: str = ""
+    # How long a `seq` missing from an edge node's stream may stay missing before it counts as
+    # a gap (0: at once). Nodes of a `$share` group see one node's stream in pieces, out of
+    # order; there a few seconds keep reordering from passing for loss.
+    reorder_window_s: Annotated[float, Meta(ge=0, le=3600)] = 0.0
+    # Seconds between two rebirth requests to one edge node that has not answered yet.
+    rebirth_retry_s: PositiveFloat = 30.0
+    # Seconds between passes of the loop that sends rebirth requests.
+    interval_s: PositiveFloat = 1.0
+
+
 class Config(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     node: NodeConfig = field(default_factory=NodeConfig)
     mqtt: MqttConfig = field(default_factory=MqttConfig)
@@ -241,6 +259,7 @@ class Config(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     ai: AiConfig = field(default_factory=AiConfig)
     notify: NotifyConfig = field(default_factory=NotifyConfig)
     retention: RetentionConfig = field(default_factory=RetentionConfig)
+    sparkplug: SparkplugConfig = field(default_factory=SparkplugConfig)
 
     @property
     def node_id(self) -> str:
@@ -568,6 +587,7 @@ def validate(config: Config) -> None:
             "must be at least 16 characters",
         )
     errors.extend(_token_name_errors(config.api.tokens))
+    errors.extend(_validate_sparkplug(config.sparkplug, config.mqtt.broker_family))
     errors.extend(_rule_errors(config.rules))
     errors.extend(_validate_ai(config.ai))
     errors.extend(_validate_notify(config))
@@ -687,4 +707,30 @@ def _validate_ai(ai: AiConfig) -> list[ConfigError]:
         errors.append(
             ConfigError("ai.prompt_version", f"unknown prompt version; known: {sorted(PROMPTS)}")
         )
+    return errors
+
+
+def _validate_sparkplug(sparkplug: SparkplugConfig, broker_family: str) -> list[ConfigError]:
+    errors: list[ConfigError] = []
+    if sparkplug.enabled and not sparkplug.host_id:
+        errors.append(ConfigError("sparkplug.host_id", "required when sparkplug.enabled is true"))
+    dotted = broker_family in _DOTTED
+    if sparkplug.host_id and not is_valid_device_id(sparkplug.host_id):
+        errors.append(ConfigError("sparkplug.host_id", "must match ^[A-Za-z0-9_.:-]{1,64}$"))
+    if sparkplug.enabled and dotted:
+        errors.append(
+            ConfigError(
+                "sparkplug.enabled",
+                f"Sparkplug's namespace `spBv1.0` holds a `.`, which [mqtt] broker_family = "
+                f"{broker_family!r} maps to its own separator: use a broker that keeps it",
+            )
+        )
+    seen: set[str] = set()
+    for index, group in enumerate(sparkplug.groups):
+        path = f"sparkplug.groups[{index}]"
+        if not is_valid_device_id(group):
+            errors.append(ConfigError(path, "must match ^[A-Za-z0-9_.:-]{1,64}$"))
+        elif group in seen:
+            errors.append(ConfigError(path, f"{group!r} is listed twice"))
+        seen.add(group)
     return errors

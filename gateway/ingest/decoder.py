@@ -3,6 +3,7 @@ telemetry rows, presence updates, command receipts or dead letters."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -11,6 +12,7 @@ from typing import Any, Protocol
 import msgspec
 import structlog
 
+from gateway.sparkplug.host import SparkplugMessage
 from protocol import (
     CommandReceipt,
     DecodeError,
@@ -22,6 +24,7 @@ from protocol import (
     decode_presence,
     decode_receipt,
     decode_telemetry,
+    sparkplug,
     telemetry_event_id,
 )
 from storage.ingest import DeadLetterRow, TelemetryRow
@@ -69,6 +72,8 @@ class Classified:
     receipts: list[tuple[str, CommandReceipt]] = field(default_factory=list)
     dead_letters: list[DeadLetterRow] = field(default_factory=list)
     seen_devices: set[str] = field(default_factory=set)
+    # Sparkplug B messages ([sparkplug]), judged in the batch's transaction (gateway.sparkplug).
+    sparkplug: list[SparkplugMessage] = field(default_factory=list)
 
 
 class MessageDecoder:
@@ -80,8 +85,12 @@ class MessageDecoder:
         encoding: Encoding,
         max_payload_bytes: int,
         dead_letter_max_bytes: int = DEAD_LETTER_MAX_BYTES,
+        *,
+        sparkplug: bool = False,
     ) -> None:
         self.topics = topics
+        # Topics under `spBv1.0/` are Sparkplug B's ([sparkplug] enabled).
+        self.sparkplug = sparkplug
         self.encoding = encoding
         self.max_payload_bytes = max_payload_bytes
         self.dead_letter_max_bytes = dead_letter_max_bytes
@@ -130,6 +139,9 @@ class MessageDecoder:
     def _classify_one(self, out: Classified, item: Inbound) -> None:
         """Sorts one message into ``out``; raises only for a bug (after appending nothing
         but its device to ``seen_devices``)."""
+        if self.sparkplug and sparkplug.is_topic(item.topic):
+            self._classify_sparkplug(out, item)
+            return
         try:
             target = self.topics.parse_device_topic(item.topic)
         except TopicError as exc:
@@ -169,6 +181,38 @@ class MessageDecoder:
                 )
         except DecodeError as exc:
             out.dead_letters.append(self.dead_letter(item, exc.code, exc.detail))
+
+    def _classify_sparkplug(self, out: Classified, item: Inbound) -> None:
+        """A Sparkplug B message: parsed here, judged against the edge node's stored state in
+        the batch's transaction. STATE and other hosts' commands are not for ingest."""
+        parts = item.topic.split("/", 3)
+        if len(parts) >= 2 and parts[1] == sparkplug.STATE:
+            return
+        try:
+            target = sparkplug.parse_topic(item.topic)
+        except sparkplug.SparkplugError as exc:
+            out.dead_letters.append(self.dead_letter(item, exc.code, exc.detail))
+            return
+        if target.type not in sparkplug.CONSUMED:
+            return  # NCMD/DCMD: commands to edge nodes, ours or another host's
+        size = item.size if item.size is not None else len(item.payload)
+        if size > self.max_payload_bytes:
+            detail = f"payload is {size} bytes, the limit is {self.max_payload_bytes}"
+            out.dead_letters.append(self.dead_letter(item, "OVERSIZED", detail))
+            return
+        try:
+            payload = sparkplug.decode_payload(item.payload)
+        except sparkplug.SparkplugError as exc:
+            out.dead_letters.append(self.dead_letter(item, exc.code, exc.detail))
+            return
+        out.sparkplug.append(
+            SparkplugMessage(
+                topic=target,
+                payload=payload,
+                message_id=sparkplug.message_id(item.topic, item.payload),
+                letter=functools.partial(self.dead_letter, item),
+            )
+        )
 
 
 def failure_detail(exc: BaseException) -> str:

@@ -8,12 +8,14 @@ reports health and stops through it.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 from collections.abc import Callable, Coroutine
 from contextlib import AsyncExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+import aiomqtt
 import structlog
 
 from gateway.ai.llm import OpenAiCompatibleLlm
@@ -34,7 +36,7 @@ from gateway.commands.dispatcher import Dispatcher
 from gateway.commands.metrics import CommandMetrics
 from gateway.commands.reaper import Reaper
 from gateway.commands.service import CommandService
-from gateway.config import Config
+from gateway.config import Config, SparkplugConfig
 from gateway.domain.quiet_hours import QuietHours
 from gateway.ingest import live_path
 from gateway.ingest.metrics import IngestMetrics
@@ -51,10 +53,14 @@ from gateway.notify.metrics import NotifyMetrics
 from gateway.notify.worker import DeliveryWorker
 from gateway.outbox.metrics import OutboxMetrics
 from gateway.outbox.publisher import OutboxPublisher
+from gateway.sparkplug.metrics import SparkplugMetrics
+from gateway.sparkplug.rebirth import RebirthRequester
+from gateway.sparkplug.state import HostStateLink
 from gateway.support.backoff import Backoff
 from gateway.support.metrics import Metrics, MetricSet
 from gateway.support.node import Node
 from protocol import TopicKind
+from protocol import sparkplug as sparkplug_wire
 
 log = structlog.get_logger(__name__)
 
@@ -69,6 +75,7 @@ FEATURE_METRICS: tuple[type[MetricSet], ...] = (
     CommandMetrics,
     MqttMetrics,
     OutboxMetrics,
+    SparkplugMetrics,
 )
 
 
@@ -107,6 +114,8 @@ class Components:
     # timers' quiet-hours wake) run on every node, the first two idle while nothing is
     # configured for them: a reload needs to start or stop no task.
     loops: tuple[Loop, ...]
+    # The [sparkplug] section the node started with: read at start only (docs/sparkplug.md).
+    sparkplug: SparkplugConfig = field(default_factory=SparkplugConfig)
 
     def reload(self, config: Config) -> None:
         """Swap what may change at run time, between batches; messages keep flowing."""
@@ -156,6 +165,7 @@ async def build(
         engine=engine,
         receipts=live_path.receipt_applier(config, node.metrics),
         batch_size=config.batch_size(protocol),
+        sparkplug=live_path.sparkplug_host(config),
     )
     # Before the first message: what this node was storing when it last died.
     await writer.recover()
@@ -200,6 +210,8 @@ async def build(
     if config.ai.enabled:
         summaries = await _summaries(config, node, stack)
         loops.append(("ai-summaries", summaries.run))
+    if config.sparkplug.enabled:
+        loops.extend(_sparkplug_loops(config, node, connection))
     inactivity = InactivityMonitor(pool=node.pool, engine=engine, hearing=session.hearing)
     loops.append(("inactivity-monitor", inactivity.run))
     # Reads the engine's rules on every pass: a reload needs nothing of its own here.
@@ -240,6 +252,7 @@ async def build(
         rule_watch=watch,
         figures=figures,
         loops=tuple(loops),
+        sparkplug=config.sparkplug,
     )
 
 
@@ -279,16 +292,66 @@ def _settler(config: Config, node: Node) -> CampaignSettler:
     return CampaignSettler(service, dsn=node.dsn)
 
 
-def subscriptions(config: Config, protocol: str) -> list[str]:
+def subscriptions(
+    config: Config, protocol: str, sparkplug: SparkplugConfig | None = None
+) -> list[str]:
+    """The node's filters; ``sparkplug``: the [sparkplug] section the node started with (it is
+    read at start only), ``config``'s by default."""
     topics = config.topics
     group = config.mqtt.shared_group if protocol == config.mqtt.protocol else ""
     # Presence is retained, and retained messages are not sent to shared subscriptions: every
     # node subscribes to it directly (applying it twice is harmless).
-    return [
+    filters = [
         topics.subscription(TopicKind.TELEMETRY, group or None),
         topics.subscription(TopicKind.ACKS, group or None),
         topics.subscription(TopicKind.STATUS),
     ]
+    sparkplug = config.sparkplug if sparkplug is None else sparkplug
+    if sparkplug.enabled:
+        # Sparkplug has nothing retained a host needs (births are asked for again): shared
+        # like telemetry, each message goes to one node of the group.
+        share = f"$share/{group}/" if group else ""
+        filters.extend(share + f for f in sparkplug_wire.subscriptions(sparkplug.groups))
+    return filters
+
+
+def _sparkplug_loops(config: Config, node: Node, connection: ConnectionSettings) -> list[Loop]:
+    """[sparkplug] enabled: the rebirth requests, and the host's STATE on its own connection."""
+    settings = config.sparkplug
+    requester = RebirthRequester(
+        pool=node.pool,
+        publish=node.publish,
+        metrics=SparkplugMetrics.of(node.metrics.registry),
+        retry_s=settings.rebirth_retry_s,
+        interval_s=settings.interval_s,
+        reorder_window_s=settings.reorder_window_s,
+        up=node.broker.up,
+    )
+    link = HostStateLink(
+        host_id=settings.host_id,
+        client=functools.partial(_state_client, connection),
+        backoff=Backoff(config.mqtt.reconnect_min_s, config.mqtt.reconnect_max_s),
+    )
+    return [("sparkplug-rebirth", requester.run), ("sparkplug-state", link.run)]
+
+
+def _state_client(settings: ConnectionSettings, will: aiomqtt.Will) -> aiomqtt.Client:
+    """The STATE link's client: the node's broker and credentials, a clean session of its own
+    client id, and the STATE Will."""
+    v5 = settings.protocol == "5"
+    return aiomqtt.Client(
+        settings.host,
+        settings.port,
+        identifier=f"{settings.client_id}-spstate",
+        protocol=aiomqtt.ProtocolVersion.V5 if v5 else aiomqtt.ProtocolVersion.V311,
+        clean_session=None if v5 else True,
+        keepalive=settings.keepalive_s,
+        username=settings.username or None,
+        password=settings.password or None,
+        tls_context=settings.tls.context() if settings.tls else None,
+        will=will,
+        timeout=settings.timeout_s,
+    )
 
 
 async def _summaries(config: Config, node: Node, stack: AsyncExitStack) -> SummaryWorker:

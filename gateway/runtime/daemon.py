@@ -192,6 +192,7 @@ class Daemon:
             node_id=self.node_id,
             engine=parts.engine,
             receipts=live_path.receipt_applier(cfg, self.metrics),
+            sparkplug=live_path.sparkplug_host(cfg, replay=True),
         )
         self.services.stream_hub = hub
         self.services.notifications = NotifyService(pool)
@@ -305,8 +306,13 @@ class Daemon:
                     setting="[mqtt] host, [mqtt] hosts",
                 )
             endpoints = list(session.endpoints)
+        if config.sparkplug != parts.sparkplug:
+            log.warning(
+                "sparkplug_change_needs_restart",
+                note="[sparkplug] is read at start: the node keeps the section it started with",
+            )
         session.reconfigure(
-            subscriptions=subscriptions(config, session.settings.protocol),
+            subscriptions=subscriptions(config, session.settings.protocol, parts.sparkplug),
             settings=dataclasses.replace(session.settings, will_topic=presence),
             presence_topic=presence,
             apply=apply,
