@@ -49,6 +49,7 @@ async def store(
     new_ids = await repo.insert_telemetry(conn, batch.telemetry, node_id)
     await repo.touch_devices(conn, batch.seen_devices)
     await repo.record_presence(conn, batch.presence)
+    await repo.record_device_mappings(conn, batch.mapped_devices)
     await repo.insert_dead_letters(conn, batch.dead_letters, node_id)
     if batch.receipts:
         if receipts is None:

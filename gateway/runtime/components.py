@@ -175,7 +175,7 @@ async def build(
         resubscribe_stale=config.mqtt.broker_family == "rabbitmq",
     )
     quiet = config.quiet_hours()
-    dispatcher = Dispatcher.from_config(node, config.commands)
+    dispatcher = Dispatcher.from_config(node, config.commands, mappings=writer.decoder.mappings)
     reaper = Reaper.from_config(node, config.commands)
     outbox = OutboxPublisher.from_config(node, config.outbox, quiet=quiet)
     timers = AlarmTimers.from_config(node, config.alarms, quiet=quiet)
@@ -271,11 +271,15 @@ def subscriptions(config: Config, protocol: str) -> list[str]:
     topics = config.topics
     group = config.mqtt.shared_group if protocol == config.mqtt.protocol else ""
     # Presence is retained, and retained messages are not sent to shared subscriptions: every
-    # node subscribes to it directly (applying it twice is harmless).
+    # node subscribes to it directly (applying it twice is harmless). So for the topics of
+    # [[ingest.mappings]]: their telemetry shared, their presence direct.
+    mapped, mapped_presence = config.mappings().filters()
     return [
         topics.subscription(TopicKind.TELEMETRY, group or None),
         topics.subscription(TopicKind.ACKS, group or None),
         topics.subscription(TopicKind.STATUS),
+        *(f"$share/{group}/{mqtt_filter}" if group else mqtt_filter for mqtt_filter in mapped),
+        *mapped_presence,
     ]
 
 
