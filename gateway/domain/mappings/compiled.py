@@ -8,20 +8,20 @@ Pure: no I/O. ``compile_mappings`` raises `ConfigError`s naming the key path; a 
 
 from __future__ import annotations
 
-import hashlib
 import math
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import msgspec
 
 from gateway.domain.errors import ConfigError, config_errors
 from gateway.domain.mappings.config import PROFILES, MappingConfig, resolve
 from protocol import Telemetry
-from protocol.eventid import canonical_bytes
+from protocol.eventid import telemetry_event_id
 from protocol.ids import DEVICE_ID_RE, NOT_PORTABLE
 
 # Reason codes of the dead letters a mapping writes (docs/devices.md).
@@ -293,7 +293,7 @@ class CompiledMapping:
     normalise_ids: bool
     timestamp_path: JsonPath | None
     timestamp_format: str
-    identity_paths: tuple[JsonPath, ...]
+    timezone: ZoneInfo | None
     receive_window_ms: int
     flatten: JsonPath | None
     exclude: frozenset[str]
@@ -454,6 +454,16 @@ class _Compiler:
             self.error("timestamp_format", "must not be 'receive' when timestamp_path is given")
         return timestamp_path, fmt
 
+    def zone(self) -> ZoneInfo | None:
+        name = self.config.timezone
+        if not name:
+            return None
+        try:
+            return ZoneInfo(name)
+        except (ZoneInfoNotFoundError, ValueError):
+            self.error("timezone", f"unknown time zone {name!r} (an IANA name: Europe/Berlin)")
+            return None
+
     def metrics(self) -> list[_MetricMap]:
         metrics = []
         for number, metric in enumerate(self.config.metrics or ()):
@@ -545,11 +555,7 @@ def _compile_one(
     if config.device_ids not in DEVICE_ID_POLICIES:
         c.error("device_ids", f"one of {', '.join(DEVICE_ID_POLICIES)}")
     timestamp_path, timestamp_format = c.timestamp()
-    identity_paths = [
-        parsed
-        for number, text in enumerate(config.identity_paths or ())
-        if (parsed := c.json_path(f"identity_paths[{number}]", text)) is not None
-    ]
+    zone = c.zone()
     window = config.receive_window_ms or 0
     if not 1 <= window <= 3_600_000:
         c.error("receive_window_ms", "from 1 to 3600000")
@@ -573,7 +579,7 @@ def _compile_one(
         normalise_ids=config.device_ids == "normalise",
         timestamp_path=timestamp_path,
         timestamp_format=timestamp_format,
-        identity_paths=tuple(identity_paths),
+        timezone=zone,
         receive_window_ms=window,
         flatten=flatten,
         exclude=frozenset(config.exclude or ()),
@@ -769,7 +775,10 @@ def _telemetry(  # noqa: PLR0911 - one return per reason a payload is refused
         message = msgspec.convert(wire, Telemetry)
     except msgspec.ValidationError as exc:
         return _refuse(mapping, MAPPING_INVALID, str(exc))
-    event_id = _event_id(mapping, device_id, message, document, received_ms)
+    # As a native message's: the device and the decoded message, its time included (the
+    # table's key is the id and the time). The time read from the payload makes every
+    # redelivery the same row; a receive time is cut to the window for the same reason.
+    event_id = telemetry_event_id(device_id, message)
     return MappedTelemetry(mapping.name, device_id, message, event_id, captures)
 
 
@@ -777,12 +786,13 @@ def _timestamp(
     mapping: CompiledMapping, document: dict[str, Any], received_ms: int
 ) -> int | Refusal:
     if mapping.timestamp_path is None:
-        return received_ms
+        window = mapping.receive_window_ms
+        return received_ms // window * window
     value = mapping.timestamp_path.read(document)
     fmt = mapping.timestamp_format
     where = f"{mapping.timestamp_path.text} ({fmt})"
     try:
-        ms = _epoch_ms(value, fmt)
+        ms = _epoch_ms(value, fmt, mapping.timezone)
     except (ValueError, OverflowError) as exc:
         shown = "absent" if value is _ABSENT else repr(value)[:80]
         return _refuse(mapping, MAPPING_BAD_TIMESTAMP, f"{shown} at {where}: {exc}")
@@ -791,14 +801,16 @@ def _timestamp(
     return ms
 
 
-def _epoch_ms(value: Any, fmt: str) -> int:
+def _epoch_ms(value: Any, fmt: str, zone: ZoneInfo | None) -> int:
     """Raises `ValueError` saying why ``value`` is no time of format ``fmt``."""
     if fmt == "iso8601":
         if not isinstance(value, str):
             raise ValueError("not a string")
         parsed = datetime.fromisoformat(value)
         if parsed.utcoffset() is None:
-            raise ValueError("no UTC offset: the time it names is unknown")
+            if zone is None:
+                raise ValueError("no UTC offset, and no timezone for the mapping")
+            parsed = parsed.replace(tzinfo=zone)
         return (parsed - _EPOCH) // _MS
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ValueError("not a number")  # noqa: TRY004 - reported as the payload's mistake
@@ -864,41 +876,6 @@ def _events(mapping: CompiledMapping, document: dict[str, Any]) -> list[dict[str
                 )
             events.append({"type": kind, "value": item})
     return events
-
-
-def _event_id(
-    mapping: CompiledMapping,
-    device_id: str,
-    message: Telemetry,
-    document: dict[str, Any],
-    received_ms: int,
-) -> str:
-    """One id per reading, the same for its every redelivery (docs/devices.md):
-
-    - the sample time read from the payload: the device and the decoded message, exactly as
-      a native message's id (`protocol.telemetry_event_id`);
-    - else with ``identity_paths``: the decoded message without the receive time, and the
-      values at those paths (Tasmota's ``Time``);
-    - else: the decoded message with its receive time cut to ``receive_window_ms``, so a
-      redelivery within the window is the same reading (and two identical readings within
-      it are one).
-    """
-    digest = hashlib.sha256(device_id.encode() + b"\n")
-    if mapping.timestamp_path is not None:
-        digest.update(canonical_bytes(message))
-        return digest.hexdigest()
-    if mapping.identity_paths:
-        identity = [path.read(document) for path in mapping.identity_paths]
-        stamped = msgspec.structs.replace(message, ts=0)
-        digest.update(canonical_bytes(stamped))
-        digest.update(b"\nidentity\n")
-        digest.update(msgspec.json.encode([None if v is _ABSENT else v for v in identity]))
-        return digest.hexdigest()
-    window = mapping.receive_window_ms
-    stamped = msgspec.structs.replace(message, ts=received_ms // window * window)
-    digest.update(canonical_bytes(stamped))
-    digest.update(b"\nreceived\n")
-    return digest.hexdigest()
 
 
 def _presence(mapping: CompiledMapping, captures: dict[str, str], payload: bytes) -> Mapped:

@@ -41,7 +41,7 @@ class MappingConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_
     device_ids: str | None = None  # "refuse" | "normalise"
     timestamp_path: str | None = None
     timestamp_format: str | None = None  # "iso8601" | "epoch_s" | "epoch_ms" | "receive"
-    identity_paths: list[str] | None = None
+    timezone: str | None = None  # IANA name: the zone of ISO times that carry no offset
     receive_window_ms: int | None = None
     flatten: str | None = None
     exclude: list[str] | None = None
@@ -63,7 +63,7 @@ DEFAULTS: Final = MappingConfig(
     device_ids="refuse",
     timestamp_path="",
     timestamp_format="",
-    identity_paths=[],
+    timezone="",
     receive_window_ms=1000,
     flatten="",
     exclude=[],
@@ -81,12 +81,14 @@ DEFAULTS: Final = MappingConfig(
 # where each comes from; tests/fixtures/mappings/ holds the payloads of their documentation).
 PROFILES: Final[dict[str, MappingConfig]] = {
     # https://tasmota.github.io/docs/MQTT/ : tele/%topic%/SENSOR, tele/%topic%/LWT,
-    # cmnd/%topic%/<command>. `Time` is the device's local time without an offset: the
-    # receive time is the sample time, and `Time` tells a reading from its redelivery.
+    # cmnd/%topic%/<command>. `Time` is the device's local time without an offset: read in
+    # `timezone` (UTC unless the mapping names the devices' zone).
     "tasmota": MappingConfig(
         topic="tele/{device}/SENSOR",
         device="{device}",
-        identity_paths=["$.Time"],
+        timestamp_path="$.Time",
+        timestamp_format="iso8601",
+        timezone="UTC",
         flatten="$",
         exclude=["Time", "TempUnit", "PressureUnit", "SpeedUnit"],
         presence_topic="tele/{device}/LWT",

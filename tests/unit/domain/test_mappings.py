@@ -50,8 +50,12 @@ def test_tasmota_sensor_readings_become_metrics_named_by_their_nested_keys() -> 
     assert read.device_id == "kitchen"
     assert read.message.metrics == {"AM2301.Temperature": 24.6, "AM2301.Humidity": 58.2}
     assert read.message.events is None
-    # Tasmota's Time has no offset: the receive time is the sample time.
-    assert read.message.ts == NOW_MS
+    # Tasmota's Time has no offset: read in the mapping's timezone, UTC by default.
+    assert read.message.ts == 1_546_300_800_000  # 2019-01-01T00:00:00Z
+    berlin = mappings(
+        '[[ingest.mappings]]\nname = "t"\nprofile = "tasmota"\ntimezone = "Europe/Berlin"\n'
+    ).read("tele/kitchen/SENSOR", fixture("tasmota-am2301-sensor.json"), NOW_MS)
+    assert telemetry(berlin).message.ts == 1_546_300_800_000 - 3_600_000
     assert read.captures == {"device": "kitchen"}
 
 
@@ -66,8 +70,9 @@ def test_tasmota_lwt_is_presence() -> None:
 
 
 def test_tasmota_redelivery_has_one_id_and_a_new_reading_another() -> None:
-    """The id hangs on the payload's own Time, not on when it arrived: a redelivery an hour
-    later is the same reading; the next reading (another Time, same values) is not."""
+    """The id (and the stored time, the other half of the table's key) hang on the payload's
+    own Time, not on when it arrived: a redelivery an hour later is the same reading; the
+    next reading (another Time, same values) is not."""
     m = profile("tasmota")
     payload = fixture("tasmota-am2301-sensor.json")
     first = telemetry(m.read("tele/kitchen/SENSOR", payload, NOW_MS))
@@ -114,7 +119,9 @@ def test_zigbee2mqtt_presses_are_apart_beyond_the_receive_window_and_one_within_
     redelivered = telemetry(m.read("zigbee2mqtt/sw", press, NOW_MS + 900))
     second_press = telemetry(m.read("zigbee2mqtt/sw", press, NOW_MS + 1100))
     assert first.event_id == redelivered.event_id
+    assert first.message.ts == redelivered.message.ts == NOW_MS  # the window's start
     assert second_press.event_id != first.event_id
+    assert second_press.message.ts == NOW_MS + 1000
 
 
 def test_shelly_gen2_notify_status() -> None:

@@ -1,0 +1,206 @@
+"""[[ingest.mappings]] end to end: a real daemon, real mosquitto, real PostgreSQL, and a
+device client publishing Tasmota's documented payloads on Tasmota's own topics (issue 25 §2).
+
+The mapped messages take the native path unchanged from there: stored once however often
+redelivered (event ids), PUBACK after the commit, rules raising alarms on mapped metrics,
+presence from the LWT feeding the inactivity rules, dead letters keeping the raw bytes; a
+command to a mapped device goes out on the mapping's topic; a reload adding a mapping
+subscribes its topics at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Final
+
+import aiohttp
+import aiomqtt
+import asyncpg
+
+from gateway.runtime.components import subscriptions
+from tests.support.api_client import OPERATOR, ApiClient
+from tests.support.daemon import make_config, running_daemon
+from tests.support.mosquitto import Mosquitto
+from tests.support.waiting import wait_until
+
+FIXTURES: Final = Path(__file__).resolve().parents[2] / "fixtures" / "mappings"
+SENSOR: Final = (FIXTURES / "tasmota-am2301-sensor.json").read_bytes()
+API: Final = f'[[api.tokens]]\ntoken = "{OPERATOR}"\nrole = "operator"\nname = "ops"\n'
+TASMOTA: Final = '[[ingest.mappings]]\nname = "tasmota"\nprofile = "tasmota"\n'
+RULES: Final = """
+[[rules]]
+key = "hot"
+kind = "threshold"
+metric = "AM2301.Temperature"
+op = ">"
+value = 30
+severity = "CRITICAL"
+
+[[rules]]
+key = "gone"
+kind = "inactivity"
+silent_seconds = 3600
+severity = "WARNING"
+"""
+
+
+def _reading(temperature: float, at: str) -> bytes:
+    return SENSOR.replace(b"24.6", str(temperature).encode()).replace(
+        b"2019-01-01T00:00:00", at.encode()
+    )
+
+
+async def _publish(port: int, messages: list[tuple[str, bytes, bool]]) -> None:
+    async with aiomqtt.Client("127.0.0.1", port, identifier="tasmota-kitchen") as device:
+        for topic, payload, retain in messages:
+            await device.publish(topic, payload, qos=1, retain=retain)
+
+
+async def _count(db: asyncpg.Connection, sql: str, *args: object) -> int:
+    return int(await db.fetchval(sql, *args))
+
+
+async def test_tasmota_device_end_to_end(
+    db_dsn: str, db: asyncpg.Connection, mosquitto: Mosquitto
+) -> None:
+    config = make_config(
+        dsn=db_dsn, mqtt_port=mosquitto.port, ingest_extra="", extra=API + RULES + _ingest()
+    )
+    async with running_daemon(config) as daemon:
+        port = mosquitto.port
+        hot = _reading(35.5, "2026-01-01T10:00:00")
+        # The same reading three times (a device retrying, a broker redelivering), then a
+        # cooler one, then a payload nobody can read.
+        await _publish(
+            port,
+            [
+                ("tele/kitchen/SENSOR", hot, False),
+                ("tele/kitchen/SENSOR", hot, False),
+                ("tele/kitchen/SENSOR", hot, False),
+                ("tele/kitchen/SENSOR", _reading(21.0, "2026-01-01T10:05:00"), False),
+                ("tele/kitchen/SENSOR", b'{"AM2301": {"Temperature": ', False),
+            ],
+        )
+
+        async def settled() -> bool:
+            letters = await _count(db, "SELECT count(*) FROM dead_letter")
+            stored = await _count(db, "SELECT count(*) FROM telemetry")
+            return letters == 1 and stored == 2
+
+        await wait_until(settled, timeout=30, message="two readings and one dead letter")
+        # Redeliveries come one by one too: after the commit of the first, each is known.
+        await _publish(port, [("tele/kitchen/SENSOR", hot, False)])
+        await _publish(port, [("tele/kitchen/SENSOR", b"{}", False)])
+        await wait_until(settled_after_redelivery(db), timeout=30, message="one more letter")
+        assert await _count(db, "SELECT count(*) FROM telemetry") == 2
+        rows = await db.fetch(
+            "SELECT device_id, metrics::text AS metrics FROM telemetry ORDER BY metrics::text"
+        )
+        assert [(r["device_id"], r["metrics"]) for r in rows] == [
+            ("kitchen", '{"AM2301.Humidity": 58.2, "AM2301.Temperature": 21.0}'),
+            ("kitchen", '{"AM2301.Humidity": 58.2, "AM2301.Temperature": 35.5}'),
+        ]
+        letter = await db.fetchrow("SELECT topic, payload, reason, detail FROM dead_letter")
+        assert letter["topic"] == "tele/kitchen/SENSOR"
+        assert bytes(letter["payload"]) == b'{"AM2301": {"Temperature": '
+        assert letter["reason"] == "MAPPING_MALFORMED"
+        assert letter["detail"].startswith("mapping 'tasmota': not JSON")
+        # The rule on the mapped metric fired once (the redeliveries raised nothing more).
+        alarms = await db.fetch("SELECT device_id, rule_key FROM alarm WHERE rule_key = 'hot'")
+        assert [(a["device_id"], a["rule_key"]) for a in alarms] == [("kitchen", "hot")]
+        assert (
+            await db.fetchval(
+                "SELECT mapping || ' ' || captures::text FROM device_mapping"
+                " WHERE device_id = 'kitchen'"
+            )
+            == 'tasmota {"device": "kitchen"}'
+        )
+
+        # The LWT (retained, as Tasmota publishes it): presence offline, an inactivity alarm.
+        await _publish(port, [("tele/kitchen/LWT", b"Offline", True)])
+
+        async def offline() -> bool:
+            return bool(
+                await db.fetchval("SELECT presence FROM device WHERE device_id = 'kitchen'")
+                == "offline"
+            )
+
+        await wait_until(offline, timeout=30, message="kitchen offline")
+        assert daemon.components is not None
+        raised = await daemon.components.inactivity.run_once()
+        assert len(raised) == 1
+        assert await db.fetchval("SELECT rule_key FROM alarm WHERE id = $1", raised[0]) == "gone"
+
+        # A command to the mapped device: Tasmota's own command topic, the template's payload.
+        async with aiomqtt.Client("127.0.0.1", port, identifier="tasmota-listener") as listener:
+            await listener.subscribe("cmnd/kitchen/#", qos=1)
+            async with aiohttp.ClientSession() as http:
+                api = ApiClient(base=f"http://127.0.0.1:{daemon.http_port}", http=http)
+                reply = await api.call(
+                    "POST",
+                    "/devices/kitchen/commands",
+                    token=OPERATOR,
+                    json={"name": "POWER", "params": {"value": "ON"}},
+                )
+                assert reply.status == 201, reply.body
+                command_id = reply.body["command"]["id"]
+            async with asyncio.timeout(30):
+                message = await anext(aiter(listener.messages))
+            assert message.topic.value == "cmnd/kitchen/POWER"
+            assert message.payload == b"ON"
+
+        async def sent() -> bool:
+            status = await db.fetchval("SELECT status FROM command WHERE id = $1", command_id)
+            return bool(status == "SENT")
+
+        await wait_until(sent, timeout=30, message="the command SENT")
+
+
+def settled_after_redelivery(db: asyncpg.Connection) -> Callable[[], Awaitable[bool]]:
+    async def done() -> bool:
+        # The `{}` after the redelivery: once it is a dead letter, the redelivery (read
+        # before it) is settled too.
+        return await _count(db, "SELECT count(*) FROM dead_letter") == 2
+
+    return done
+
+
+def _ingest() -> str:
+    return TASMOTA
+
+
+async def test_a_reload_adding_a_mapping_subscribes_its_topics_and_ingests_them(
+    db_dsn: str, db: asyncpg.Connection, mosquitto: Mosquitto
+) -> None:
+    port = mosquitto.port
+    before = make_config(dsn=db_dsn, mqtt_port=port)
+    after = make_config(
+        dsn=db_dsn,
+        mqtt_port=port,
+        extra='[[ingest.mappings]]\nname = "z2m"\nprofile = "zigbee2mqtt"\n',
+    )
+    async with running_daemon(before) as daemon:
+        session = daemon.session
+        assert session is not None
+        assert "zigbee2mqtt/+" not in session.subscriptions
+        daemon.reload(after)
+        wanted = tuple(subscriptions(after, session.settings.protocol))
+        assert "zigbee2mqtt/+" in wanted
+        assert "zigbee2mqtt/+/availability" in wanted
+        await wait_until(
+            lambda: session.subscribed and session.subscriptions == wanted,
+            timeout=30,
+            message="subscribed to the mapping's topics",
+        )
+        payload = (FIXTURES / "zigbee2mqtt-wsdcgq01lm.json").read_bytes()
+        await _publish(port, [("zigbee2mqtt/0x00158d0001d8e1d2", payload, False)])
+
+        async def stored() -> bool:
+            return await _count(db, "SELECT count(*) FROM telemetry") == 1
+
+        await wait_until(stored, timeout=30, message="the mapped reading stored")
+        row = await db.fetchrow("SELECT device_id, metrics::text AS metrics FROM telemetry")
+        assert row["device_id"] == "0x00158d0001d8e1d2"
+        assert row["metrics"] == '{"humidity": 44.72, "temperature": 27.34}'
