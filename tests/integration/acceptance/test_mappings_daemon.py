@@ -11,7 +11,10 @@ subscribes its topics at once.
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Final
 
@@ -19,9 +22,10 @@ import aiohttp
 import aiomqtt
 import asyncpg
 
+from gateway.config import parse_config
 from gateway.runtime.components import subscriptions
 from tests.support.api_client import OPERATOR, ApiClient
-from tests.support.daemon import make_config, running_daemon
+from tests.support.daemon import config_toml, make_config, running_daemon
 from tests.support.mosquitto import Mosquitto
 from tests.support.waiting import wait_until
 
@@ -37,6 +41,14 @@ metric = "AM2301.Temperature"
 op = ">"
 value = 30
 severity = "CRITICAL"
+
+[[rules]]
+key = "misspelled"
+kind = "threshold"
+metric = "AM2301.Temperatur"
+op = ">"
+value = 30
+severity = "WARNING"
 
 [[rules]]
 key = "gone"
@@ -63,14 +75,15 @@ async def _count(db: asyncpg.Connection, sql: str, *args: object) -> int:
 
 
 async def test_tasmota_device_end_to_end(
-    db_dsn: str, db: asyncpg.Connection, mosquitto: Mosquitto
+    db_dsn: str, db: asyncpg.Connection, mosquitto: Mosquitto, tmp_path: Path
 ) -> None:
-    config = make_config(
-        dsn=db_dsn, mqtt_port=mosquitto.port, ingest_extra="", extra=API + RULES + _ingest()
-    )
+    toml = config_toml(dsn=db_dsn, mqtt_port=mosquitto.port, extra=API + RULES + TASMOTA)
+    config = parse_config(toml)
     async with running_daemon(config) as daemon:
         port = mosquitto.port
-        hot = _reading(35.5, "2026-01-01T10:00:00")
+        # Tasmota's Time, as a device set to UTC prints it: within the `rules check` window.
+        now = datetime.now(UTC).replace(microsecond=0, tzinfo=None)
+        hot = _reading(35.5, (now - timedelta(seconds=60)).isoformat())
         # The same reading three times (a device retrying, a broker redelivering), then a
         # cooler one, then a payload nobody can read.
         await _publish(
@@ -79,7 +92,11 @@ async def test_tasmota_device_end_to_end(
                 ("tele/kitchen/SENSOR", hot, False),
                 ("tele/kitchen/SENSOR", hot, False),
                 ("tele/kitchen/SENSOR", hot, False),
-                ("tele/kitchen/SENSOR", _reading(21.0, "2026-01-01T10:05:00"), False),
+                (
+                    "tele/kitchen/SENSOR",
+                    _reading(21.0, (now - timedelta(seconds=30)).isoformat()),
+                    False,
+                ),
                 ("tele/kitchen/SENSOR", b'{"AM2301": {"Temperature": ', False),
             ],
         )
@@ -157,6 +174,43 @@ async def test_tasmota_device_end_to_end(
 
         await wait_until(sent, timeout=30, message="the command SENT")
 
+    # `gateway rules check` sees the mapped metric names as any others: the misspelled rule
+    # is named with the mapped name closest to it, the right one is not.
+    path = tmp_path / "gateway.toml"
+    path.write_text(toml)
+    check = _gateway("rules", "check", "--config", str(path), "--since", "2h")
+    assert check.returncode == 1, check.stderr
+    lines = check.stdout.splitlines()
+    assert any(
+        "'misspelled'" in line and "closest seen: AM2301.Temperature" in line for line in lines
+    ), check.stdout
+    assert not any("'hot'" in line for line in lines)
+
+
+def test_check_config_names_a_mapping_mistake_by_its_key_path(tmp_path: Path) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text(
+        '[[ingest.mappings]]\nname = "t"\nprofile = "tasmota"\ntimezone = "Mars/Olympus"\n'
+        '[[ingest.mappings]]\nname = "c"\ntopic = "iot/devices/{device}/telemetry"\n'
+        'flatten = "$"\n'
+    )
+    result = _gateway("check-config", str(path))
+    assert result.returncode == 2
+    assert "ingest.mappings[0].timezone: unknown time zone 'Mars/Olympus'" in result.stderr
+    good = tmp_path / "good.toml"
+    good.write_text('[[ingest.mappings]]\nname = "t"\nprofile = "tasmota"\n')
+    assert _gateway("check-config", str(good)).returncode == 0
+
+
+def _gateway(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gateway", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
 
 def settled_after_redelivery(db: asyncpg.Connection) -> Callable[[], Awaitable[bool]]:
     async def done() -> bool:
@@ -165,10 +219,6 @@ def settled_after_redelivery(db: asyncpg.Connection) -> Callable[[], Awaitable[b
         return await _count(db, "SELECT count(*) FROM dead_letter") == 2
 
     return done
-
-
-def _ingest() -> str:
-    return TASMOTA
 
 
 async def test_a_reload_adding_a_mapping_subscribes_its_topics_and_ingests_them(
