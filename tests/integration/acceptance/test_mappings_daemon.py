@@ -77,7 +77,11 @@ async def _count(db: asyncpg.Connection, sql: str, *args: object) -> int:
 async def test_tasmota_device_end_to_end(
     db_dsn: str, db: asyncpg.Connection, mosquitto: Mosquitto, tmp_path: Path
 ) -> None:
-    toml = config_toml(dsn=db_dsn, mqtt_port=mosquitto.port, extra=API + RULES + TASMOTA)
+    toml = config_toml(
+        dsn=db_dsn,
+        mqtt_port=mosquitto.port,
+        extra=API + RULES + TASMOTA + "[commands]\nack_window_s = 0.2\n",
+    )
     config = parse_config(toml)
     async with running_daemon(config) as daemon:
         port = mosquitto.port
@@ -173,6 +177,20 @@ async def test_tasmota_device_end_to_end(
             return bool(status == "SENT")
 
         await wait_until(sent, timeout=30, message="the command SENT")
+
+        # No receipt will ever come from a vendor device: the ack window does not turn its
+        # command into a TIMEOUT (nor publish a deferrable one again and again).
+        async def window_passed() -> bool:
+            return bool(
+                await db.fetchval(
+                    "SELECT sent_at < now() - interval '0.5 s' FROM command WHERE id = $1",
+                    command_id,
+                )
+            )
+
+        await wait_until(window_passed, timeout=30, message="past the ack window")
+        await daemon.components.reaper.run_once()
+        assert await db.fetchval("SELECT status FROM command WHERE id = $1", command_id) == "SENT"
 
     # `gateway rules check` sees the mapped metric names as any others: the misspelled rule
     # is named with the mapped name closest to it, the right one is not.
