@@ -23,6 +23,7 @@ from sim import devices_cli
 from sim.gateway_config import add_broker_arguments, resolve_broker
 from sim.publisher import publish_many
 from sim.telemetry import device_ids, telemetry_stream
+from sim.vendor import FORMATS, vendor_stream
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -35,6 +36,13 @@ def _parser() -> argparse.ArgumentParser:
     publish.add_argument("--seed", type=int, default=1)
     publish.add_argument("--start-seq", type=int, default=0)
     publish.add_argument("--window", type=int, default=256, help="publishes in flight")
+    publish.add_argument(
+        "--format",
+        choices=FORMATS,
+        default="native",
+        help="the gateway's own schema (native), or a vendor's JSON on its own topics, as the "
+        "[[ingest.mappings]] profile of that name reads it (docs/devices.md)",
+    )
 
     devices_cli.add_arguments(commands.add_parser("devices", help=devices_cli.HELP))
 
@@ -100,12 +108,17 @@ async def _publish(args: argparse.Namespace) -> int:
             client,
             telemetry_stream(
                 topics, devices, args.messages, seed=args.seed, start_seq=args.start_seq
+            )
+            if args.format == "native"
+            else vendor_stream(
+                args.format, devices, args.messages, seed=args.seed, start_seq=args.start_seq
             ),
             window=args.window,
         )
     elapsed = time.perf_counter() - started
     print(
-        f"published {count} messages from {len(devices)} devices in {elapsed:.2f}s "
+        f"published {count} messages from {len(devices)} devices ({args.format}) "
+        f"in {elapsed:.2f}s "
         f"({count / elapsed:.0f} msg/s)"
     )
     return 0
