@@ -24,8 +24,9 @@ import asyncpg
 
 from gateway.config import parse_config
 from gateway.runtime.components import subscriptions
+from gateway.runtime.daemon import Daemon
 from tests.support.api_client import OPERATOR, ApiClient
-from tests.support.daemon import config_toml, make_config, running_daemon
+from tests.support.daemon import config_toml, make_config, metric, running_daemon
 from tests.support.mosquitto import Mosquitto
 from tests.support.waiting import wait_until
 
@@ -321,3 +322,59 @@ async def test_gateway_sim_publishes_each_vendor_format_and_every_reading_is_sto
         assert await _count(db, "SELECT count(*) FROM dead_letter") == 0
         # gateway-sim names devices sim-00000...; ChirpStack's are their DevEUIs.
         assert await _count(db, "SELECT count(*) FROM device_mapping") == 12
+
+
+async def test_two_nodes_in_a_shared_group_store_each_mapped_reading_once(
+    db_dsn: str, db: asyncpg.Connection, mosquitto: Mosquitto
+) -> None:
+    """Mapped telemetry is subscribed with the shared group (each message reaches one node),
+    mapped presence without it (retained: both nodes apply it, harmlessly)."""
+    configs = [
+        make_config(
+            dsn=db_dsn,
+            mqtt_port=mosquitto.port,
+            node_id=node,
+            mqtt_extra='shared_group = "gateways"',
+            extra=TASMOTA,
+        )
+        for node in ("node-0", "node-1")
+    ]
+    assert "$share/gateways/tele/+/SENSOR" in subscriptions(configs[0], "5")
+    assert "tele/+/LWT" in subscriptions(configs[0], "5")
+    count = 400
+    now = datetime.now(UTC).replace(microsecond=0, tzinfo=None)
+    readings = [
+        (
+            f"tele/plug-{n % 8}/SENSOR",
+            _reading(20 + n % 10, (now - timedelta(seconds=count - n)).isoformat()),
+            False,
+        )
+        for n in range(count)
+    ]
+    async with running_daemon(configs[0]) as first, running_daemon(configs[1]) as second:
+        await _publish(mosquitto.port, [*readings, ("tele/plug-0/LWT", b"Online", True)])
+
+        async def stored() -> bool:
+            return await _count(db, "SELECT count(*) FROM telemetry") == count
+
+        await wait_until(stored, timeout=60, message="every reading stored")
+
+        def received(daemon: Daemon) -> float:
+            return metric(daemon, "gateway_telemetry_received_total")
+
+        # Shared: between them the nodes received each reading once (none twice).
+        await wait_until(
+            lambda: received(first) + received(second) == count,
+            timeout=30,
+            message="each reading received by one node",
+        )
+        assert received(first) > 0
+        assert received(second) > 0
+
+        async def online() -> bool:
+            return bool(
+                await db.fetchval("SELECT presence FROM device WHERE device_id = 'plug-0'")
+                == "online"
+            )
+
+        await wait_until(online, timeout=30, message="plug-0 online")
