@@ -274,6 +274,34 @@ async def test_a_reload_adding_a_mapping_subscribes_its_topics_and_ingests_them(
         assert row["device_id"] == "0x00158d0001d8e1d2"
         assert row["metrics"] == '{"humidity": 44.72, "temperature": 27.34}'
 
+        # The same topics, another reading of them: swapped between batches, no reconnect.
+        connections = session.connections
+        daemon.reload(
+            make_config(
+                dsn=db_dsn,
+                mqtt_port=port,
+                extra='[[ingest.mappings]]\nname = "z2m"\nprofile = "zigbee2mqtt"\n'
+                'exclude = ["humidity"]\n',
+            )
+        )
+        await _publish(
+            port,
+            [("zigbee2mqtt/0x00158d0001d8e1d2", b'{"temperature": 30.5, "humidity": 50}', False)],
+        )
+
+        async def second() -> bool:
+            return await _count(db, "SELECT count(*) FROM telemetry") == 2
+
+        await wait_until(second, timeout=30, message="the second reading stored")
+        assert (
+            await db.fetchval(
+                "SELECT metrics::text FROM telemetry WHERE metrics ? 'temperature'"
+                " AND (metrics->>'temperature')::float = 30.5"
+            )
+            == '{"temperature": 30.5}'
+        )
+        assert session.connections == connections
+
 
 async def test_gateway_sim_publishes_each_vendor_format_and_every_reading_is_stored_once(
     db_dsn: str, db: asyncpg.Connection, mosquitto: Mosquitto
