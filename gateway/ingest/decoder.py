@@ -212,9 +212,16 @@ def _wall_ms(received_at: float) -> int:
     """Epoch milliseconds of a delivery timed on the event loop's (monotonic) clock; now for
     a message with no receive time (a dead letter being replayed)."""
     now = time.time()
-    if received_at > 0:
-        now -= max(0.0, time.monotonic() - received_at)
+    age = time.monotonic() - received_at
+    # The loop's clock is the monotonic one (asyncio's and uvloop's alike); an age outside
+    # these bounds means it is not, and then the time of reading stands in for it.
+    if received_at > 0 and 0.0 <= age < _MAX_QUEUED_S:
+        now -= age
     return int(now * 1000)
+
+
+# Longer than any message waits in the pipeline (its queue and read buffer are bounded).
+_MAX_QUEUED_S = 3600.0
 
 
 def failure_detail(exc: BaseException) -> str:

@@ -21,6 +21,7 @@ from typing import Final
 import aiohttp
 import aiomqtt
 import asyncpg
+import pytest
 
 from gateway.config import parse_config
 from gateway.runtime.components import subscriptions
@@ -240,14 +241,17 @@ def settled_after_redelivery(db: asyncpg.Connection) -> Callable[[], Awaitable[b
     return done
 
 
+@pytest.mark.parametrize("protocol", ["5", "3.1.1"])
 async def test_a_reload_adding_a_mapping_subscribes_its_topics_and_ingests_them(
-    db_dsn: str, db: asyncpg.Connection, mosquitto: Mosquitto
+    db_dsn: str, db: asyncpg.Connection, mosquitto: Mosquitto, protocol: str
 ) -> None:
+    """On 3.1.1 the new filters are proven by the probe, as the native ones are."""
     port = mosquitto.port
-    before = make_config(dsn=db_dsn, mqtt_port=port)
+    before = make_config(dsn=db_dsn, mqtt_port=port, protocol=protocol)
     after = make_config(
         dsn=db_dsn,
         mqtt_port=port,
+        protocol=protocol,
         extra='[[ingest.mappings]]\nname = "z2m"\nprofile = "zigbee2mqtt"\n',
     )
     async with running_daemon(before) as daemon:
@@ -280,6 +284,7 @@ async def test_a_reload_adding_a_mapping_subscribes_its_topics_and_ingests_them(
             make_config(
                 dsn=db_dsn,
                 mqtt_port=port,
+                protocol=protocol,
                 extra='[[ingest.mappings]]\nname = "z2m"\nprofile = "zigbee2mqtt"\n'
                 'exclude = ["humidity"]\n',
             )
