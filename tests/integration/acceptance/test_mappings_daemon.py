@@ -26,7 +26,7 @@ import pytest
 from gateway.config import parse_config
 from gateway.runtime.components import subscriptions
 from gateway.runtime.daemon import Daemon
-from tests.support.api_client import OPERATOR, ApiClient
+from tests.support.api_client import ADMIN, OPERATOR, ApiClient
 from tests.support.daemon import config_toml, make_config, metric, running_daemon
 from tests.support.mosquitto import Mosquitto
 from tests.support.waiting import wait_until
@@ -411,3 +411,45 @@ async def test_two_nodes_in_a_shared_group_store_each_mapped_reading_once(
             )
 
         await wait_until(online, timeout=30, message="plug-0 online")
+
+
+async def test_a_dead_letter_of_a_mapping_is_replayed_once_the_mapping_is_fixed(
+    db_dsn: str, db: asyncpg.Connection, mosquitto: Mosquitto
+) -> None:
+    """A boiler's naive ISO time, and no timezone yet: MAPPING_BAD_TIMESTAMP with the raw
+    bytes. The reload that names the zone reaches the replay path too: replayed, stored."""
+    mapping = (
+        '[[ingest.mappings]]\nname = "boilers"\ntopic = "plant/{device}/state"\n'
+        'timestamp_path = "$.at"\nflatten = "$"\nexclude = ["at"]\n'
+    )
+    admin = f'[[api.tokens]]\ntoken = "{ADMIN}"\nrole = "admin"\nname = "root"\n'
+    port = mosquitto.port
+    payload = b'{"at": "2026-01-01T12:00:00", "temp": 71.5}'
+    config = make_config(dsn=db_dsn, mqtt_port=port, extra=admin + mapping)
+    async with running_daemon(config) as daemon:
+        await _publish(port, [("plant/b-1/state", payload, False)])
+
+        async def lettered() -> bool:
+            return await _count(db, "SELECT count(*) FROM dead_letter") == 1
+
+        await wait_until(lettered, timeout=30, message="the dead letter")
+        letter = await db.fetchrow("SELECT id, reason, payload FROM dead_letter")
+        assert letter["reason"] == "MAPPING_BAD_TIMESTAMP"
+        assert bytes(letter["payload"]) == payload
+
+        daemon.reload(
+            make_config(
+                dsn=db_dsn,
+                mqtt_port=port,
+                extra=admin + mapping + 'timezone = "Europe/Berlin"\n',
+            )
+        )
+        async with aiohttp.ClientSession() as http:
+            api = ApiClient(base=f"http://127.0.0.1:{daemon.http_port}", http=http)
+            reply = await api.call("POST", f"/dead-letters/{letter['id']}/replay", token=ADMIN)
+        assert reply.status == 200, reply.body
+        assert reply.body["outcome"] == "stored"
+        row = await db.fetchrow("SELECT device_id, ts, metrics::text AS metrics FROM telemetry")
+        assert row["device_id"] == "b-1"
+        assert row["ts"] == datetime(2026, 1, 1, 11, 0, tzinfo=UTC)  # 12:00 in Berlin
+        assert row["metrics"] == '{"temp": 71.5}'
