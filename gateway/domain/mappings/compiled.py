@@ -23,6 +23,7 @@ from gateway.domain.mappings.config import PROFILES, MappingConfig, resolve
 from protocol import Telemetry
 from protocol.eventid import telemetry_event_id
 from protocol.ids import DEVICE_ID_RE, NOT_PORTABLE
+from protocol.messages import INT64_MAX, INT64_MIN, MAX_STRING_BYTES
 
 # Reason codes of the dead letters a mapping writes (docs/devices.md).
 MAPPING_MALFORMED: Final = "MAPPING_MALFORMED"  # not JSON, or not a JSON object
@@ -175,8 +176,6 @@ def parse_topic(text: str) -> TopicPattern:
                 f"level {level!r}: use a named wildcard `{{name}}` instead of `+`/`#` (and no NUL)"
             )
         levels.append(level)
-    if not names:
-        raise ValueError("must hold a named wildcard (`{device}`) or read the device elsewhere")
     mqtt_filter = "/".join("+" if level is None else level for level in levels)
     return TopicPattern(text, tuple(levels), tuple(names), mqtt_filter)
 
@@ -422,7 +421,13 @@ class _Compiler:
         if device_path is None and topic is not None:
             if len(topic.names) == 1:
                 return parse_template("{" + topic.names[0] + "}")
-            self.error("device", f"required: which of {_braced(topic.names)} names the device")
+            if not topic.names:
+                self.error(
+                    "device_path",
+                    "required: the topic has no wildcard to name the device by",
+                )
+            else:
+                self.error("device", f"required: which of {_braced(topic.names)} names the device")
         return None
 
     def presence_device(
@@ -848,10 +853,20 @@ def _leaves(root: dict[str, Any]) -> Iterator[tuple[str, Any]]:
             if isinstance(value, dict):
                 if len(path) < MAX_FLATTEN_DEPTH:
                     stack.append((path, value))
-            elif value is not None and not isinstance(value, list):
+            elif value is not None and not isinstance(value, list) and _fits(value):
                 name = _flat_name(path)
                 if name is not None:
                     yield name, value
+
+
+def _fits(value: Any) -> bool:
+    """A flattened value telemetry can carry; one it cannot (a string over 1024 characters, an
+    integer outside int64) is left out, as arrays are, rather than refuse the whole reading."""
+    if isinstance(value, str):
+        return len(value) <= MAX_STRING_BYTES
+    if isinstance(value, int) and not isinstance(value, bool):
+        return INT64_MIN <= value <= INT64_MAX
+    return True
 
 
 def _events(mapping: CompiledMapping, document: dict[str, Any]) -> list[dict[str, Any]] | Refusal:

@@ -419,3 +419,28 @@ def test_every_profile_with_its_defaults_subscribes_telemetry_shared_and_presenc
         ["tele/+/SENSOR", "zigbee2mqtt/+", "+/events/rpc", "application/+/device/+/event/up"],
         ["tele/+/LWT", "zigbee2mqtt/+/availability", "+/online"],
     )
+
+
+def test_a_topic_without_wildcards_names_its_device_from_the_payload() -> None:
+    m = mappings(
+        '[[ingest.mappings]]\nname = "gw"\ntopic = "lora/uplink"\n'
+        'device_path = "$.dev"\nflatten = "$.data"\n'
+    )
+    read = telemetry(m.read("lora/uplink", b'{"dev": 42, "data": {"t": 1}}', NOW_MS))
+    assert (read.device_id, read.message.metrics) == ("42", {"t": 1})
+    errors = _errors('[[ingest.mappings]]\nname = "gw"\ntopic = "lora/uplink"\nflatten = "$"\n')
+    assert errors == [
+        (
+            "ingest.mappings[0].device_path",
+            "required: the topic has no wildcard to name the device by",
+        )
+    ]
+
+
+def test_flattened_values_telemetry_cannot_carry_are_left_out() -> None:
+    payload = b'{"Time": "2026-01-01T00:00:00", "note": "%s", "big": %d, "ok": 1}' % (
+        b"x" * 2000,
+        2**70,
+    )
+    read = telemetry(profile("tasmota").read("tele/a/SENSOR", payload, NOW_MS))
+    assert read.message.metrics == {"ok": 1}
