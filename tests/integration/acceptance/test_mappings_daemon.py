@@ -26,9 +26,21 @@ import pytest
 from gateway.config import parse_config
 from gateway.runtime.components import subscriptions
 from gateway.runtime.daemon import Daemon
+from sim.publisher import publish_many
+from sim.telemetry import device_ids
+from sim.vendor import vendor_stream
 from tests.support.api_client import ADMIN, OPERATOR, ApiClient
-from tests.support.daemon import config_toml, make_config, metric, running_daemon
+from tests.support.daemon import (
+    DaemonProcess,
+    config_toml,
+    count_rows,
+    http_healthy,
+    make_config,
+    metric,
+    running_daemon,
+)
 from tests.support.mosquitto import Mosquitto
+from tests.support.ports import free_port
 from tests.support.waiting import wait_until
 
 FIXTURES: Final = Path(__file__).resolve().parents[2] / "fixtures" / "mappings"
@@ -453,3 +465,73 @@ async def test_a_dead_letter_of_a_mapping_is_replayed_once_the_mapping_is_fixed(
         assert row["device_id"] == "b-1"
         assert row["ts"] == datetime(2026, 1, 1, 11, 0, tzinfo=UTC)  # 12:00 in Berlin
         assert row["metrics"] == '{"temp": 71.5}'
+
+
+async def test_sigkill_mid_stream_of_mapped_messages_then_restart_loses_none(
+    db_dsn: str, mosquitto: Mosquitto, tmp_path: Path
+) -> None:
+    """As the native SIGKILL test (test_process.py), on Tasmota traffic: the kill lands while
+    a batch of mapped messages waits on a lock inside its transaction (received, not
+    committed, not acknowledged); after the restart the broker redelivers them and every
+    reading is stored, once."""
+    http_port = free_port()
+    config = tmp_path / "gateway.toml"
+    config.write_text(
+        config_toml(
+            dsn=db_dsn,
+            mqtt_port=mosquitto.port,
+            node_id="crash-node",
+            http_port=http_port,
+            ingest_extra="batch_max = 20\nlinger_ms = 0",
+            extra=TASMOTA,
+        )
+    )
+    process = DaemonProcess(config, tmp_path / "daemon.log")
+    stream = list(vendor_stream("tasmota", device_ids(50), 3000))
+    blocker = await asyncpg.connect(db_dsn)
+
+    async def healthy() -> bool:
+        assert process.alive(), f"daemon exited:\n{process.log_tail()}"
+        return await http_healthy(http_port)
+
+    try:
+        process.start()
+        await wait_until(healthy, timeout=60, message="daemon healthy")
+        async with aiomqtt.Client("127.0.0.1", mosquitto.port, max_inflight_messages=500) as pub:
+            await publish_many(pub, stream[:1000], window=500)
+
+            async def first_stored() -> bool:
+                return await count_rows(db_dsn) >= 1000
+
+            await wait_until(first_stored, timeout=60, message="the first 1,000 stored")
+            blocker_tx = blocker.transaction()
+            await blocker_tx.start()
+            await blocker.execute("LOCK TABLE telemetry IN EXCLUSIVE MODE")
+            await publish_many(pub, stream[1000:], window=500)
+
+        async def writer_blocked() -> bool:
+            waiting = await blocker.fetchval(
+                "SELECT count(*) FROM pg_stat_activity"
+                " WHERE wait_event_type = 'Lock' AND datname = current_database()"
+            )
+            return bool(waiting)
+
+        await wait_until(writer_blocked, timeout=60, message="a batch waiting on the lock")
+        process.kill()
+        at_kill = await count_rows(db_dsn)
+        await blocker_tx.rollback()
+        assert at_kill == 1000, "the kill lands with the second part received, none committed"
+
+        process.start()
+        await wait_until(healthy, timeout=60, message="daemon healthy again")
+
+        async def all_stored() -> bool:
+            return await count_rows(db_dsn) >= 3000
+
+        await wait_until(all_stored, timeout=90, message="every reading stored after restart")
+        assert process.terminate() == 0
+    finally:
+        await blocker.close()
+        process.cleanup()
+    assert await count_rows(db_dsn) == 3000
+    assert await count_rows(db_dsn, "dead_letter") == 0
