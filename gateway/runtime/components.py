@@ -274,13 +274,14 @@ def subscriptions(config: Config, protocol: str) -> list[str]:
     # node subscribes to it directly (applying it twice is harmless). So for the topics of
     # [[ingest.mappings]]: their telemetry shared, their presence direct.
     mapped, mapped_presence = config.mappings().filters()
-    return [
+    filters = [
         topics.subscription(TopicKind.TELEMETRY, group or None),
         topics.subscription(TopicKind.ACKS, group or None),
         topics.subscription(TopicKind.STATUS),
         *(f"$share/{group}/{mqtt_filter}" if group else mqtt_filter for mqtt_filter in mapped),
         *mapped_presence,
     ]
+    return list(dict.fromkeys(filters))  # one mapping's telemetry topic may be another's presence
 
 
 async def _summaries(config: Config, node: Node, stack: AsyncExitStack) -> SummaryWorker:
