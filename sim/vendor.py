@@ -18,14 +18,17 @@ from typing import Final
 from sim.telemetry import EPOCH_MS
 
 FORMATS: Final = ("native", "tasmota", "zigbee2mqtt", "shelly-gen2", "chirpstack-v4")
-_EPOCH: Final = datetime.fromtimestamp(EPOCH_MS / 1000, UTC)
 _APPLICATION: Final = "5f1e9a3c-7d1b-4c55-9a2e-0c6f1d2b3a40"
 _NAMESPACE: Final = uuid.UUID("0b6f0c9e-3c1e-4a7b-9f51-6e1b9c2d7a11")
 
 
-def _tasmota(device: str, n: int, temp: float) -> tuple[str, bytes]:
-    # A second per message: Time (the device's clock, no offset) tells each reading apart.
-    at = (_EPOCH + timedelta(seconds=n)).replace(tzinfo=None).isoformat()
+def _at(epoch_ms: int, offset_ms: int) -> datetime:
+    return datetime.fromtimestamp(epoch_ms / 1000, UTC) + timedelta(milliseconds=offset_ms)
+
+
+def _tasmota(device: str, n: int, temp: float, epoch_ms: int, round_: int) -> tuple[str, bytes]:
+    # Tasmota's Time has whole seconds and no offset: a device's k-th reading k seconds on.
+    at = _at(epoch_ms, round_ * 1000).replace(tzinfo=None, microsecond=0).isoformat()
     body = {
         "Time": at,
         "SI7021": {"Temperature": temp, "Humidity": round(40 + (n % 200) / 10, 1)},
@@ -34,7 +37,9 @@ def _tasmota(device: str, n: int, temp: float) -> tuple[str, bytes]:
     return f"tele/{device}/SENSOR", json.dumps(body).encode()
 
 
-def _zigbee2mqtt(device: str, n: int, _temp: float) -> tuple[str, bytes]:
+def _zigbee2mqtt(
+    device: str, n: int, _temp: float, _epoch_ms: int, _round: int
+) -> tuple[str, bytes]:
     # No time in the payload: the values differ from one message to the next instead.
     body = {
         "temperature": round(20 + (n % 1000) / 100, 2),
@@ -45,22 +50,22 @@ def _zigbee2mqtt(device: str, n: int, _temp: float) -> tuple[str, bytes]:
     return f"zigbee2mqtt/{device}", json.dumps(body).encode()
 
 
-def _shelly(device: str, n: int, temp: float) -> tuple[str, bytes]:
+def _shelly(device: str, n: int, temp: float, epoch_ms: int, _round: int) -> tuple[str, bytes]:
     body = {
         "src": device,
         "dst": f"{device}/events",
         "method": "NotifyStatus",
         "params": {
-            "ts": round(EPOCH_MS / 1000 + n / 100, 2),
+            "ts": (epoch_ms + n) / 1000,
             "switch:0": {"id": 0, "apower": round(temp * 10, 1), "temperature": {"tC": temp}},
         },
     }
     return f"{device}/events/rpc", json.dumps(body).encode()
 
 
-def _chirpstack(device: str, n: int, temp: float) -> tuple[str, bytes]:
+def _chirpstack(device: str, n: int, temp: float, epoch_ms: int, _round: int) -> tuple[str, bytes]:
     eui = device_eui(device)
-    at = _EPOCH + timedelta(milliseconds=n)
+    at = _at(epoch_ms, n)
     body = {
         "deduplicationId": str(uuid.uuid5(_NAMESPACE, f"{eui}/{n}")),
         "time": at.isoformat(),
@@ -79,7 +84,7 @@ def device_eui(device: str) -> str:
     return f"{int(device.rsplit('-', 1)[1]):016d}"
 
 
-_ENCODERS: Final[dict[str, Callable[[str, int, float], tuple[str, bytes]]]] = {
+_ENCODERS: Final[dict[str, Callable[[str, int, float, int, int], tuple[str, bytes]]]] = {
     "tasmota": _tasmota,
     "zigbee2mqtt": _zigbee2mqtt,
     "shelly-gen2": _shelly,
@@ -87,14 +92,28 @@ _ENCODERS: Final[dict[str, Callable[[str, int, float], tuple[str, bytes]]]] = {
 }
 
 
+def span_ms(fmt: str, devices: int, messages: int) -> int:
+    """How long after its first time a stream's last reading is dated."""
+    if fmt == "tasmota":
+        return (messages // max(devices, 1)) * 1000
+    return messages
+
+
 def vendor_stream(
-    fmt: str, devices: list[str], messages: int, *, seed: int = 1, start_seq: int = 0
+    fmt: str,
+    devices: list[str],
+    messages: int,
+    *,
+    seed: int = 1,
+    start_seq: int = 0,
+    epoch_ms: int = EPOCH_MS,
 ) -> Iterator[tuple[str, bytes]]:
-    """``messages`` distinct readings in vendor format ``fmt``, round-robin over ``devices``."""
+    """``messages`` distinct readings in vendor format ``fmt``, round-robin over ``devices``,
+    dated from ``epoch_ms`` (the default, a fixed time: the same run, the same event ids)."""
     encode = _ENCODERS[fmt]
     rng = random.Random(seed)
     temps = {device: 20.0 + rng.random() * 5 for device in devices}
     for n in range(start_seq, start_seq + messages):
         device = devices[n % len(devices)]
         temps[device] += rng.uniform(-0.5, 0.5)
-        yield encode(device, n, round(temps[device], 2))
+        yield encode(device, n, round(temps[device], 2), epoch_ms, n // len(devices))

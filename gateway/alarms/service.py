@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import asyncpg
 
+from gateway.alarms.figures import AlarmFigures
 from gateway.alarms.lifecycle import AlarmNotFoundError, alarm_from_record, transition
 from gateway.domain.alarm import Action, Alarm, AlarmStatus, allowed_actions
 from gateway.support.metrics import Metrics
@@ -17,10 +19,23 @@ from storage import alarms as repo
 class AlarmService:
     """Reads and people's actions for the HTTP API, each in its own short transaction."""
 
-    def __init__(self, pool: asyncpg.Pool, node_id: str, metrics: Metrics | None = None) -> None:
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        node_id: str,
+        metrics: Metrics | None = None,
+        *,
+        figures: AlarmFigures | None = None,
+    ) -> None:
         self.pool = pool
         self.node_id = node_id
         self.metrics = metrics
+        # The daemon's (reloaded with it); by default one with [alarms.figures]' defaults.
+        self.figures = figures or AlarmFigures(pool)
+
+    async def stats(self, window: timedelta) -> dict[str, Any]:
+        """The alarm system's figures over the last ``window`` (GET /alarm-stats)."""
+        return await self.figures.report(window)
 
     async def get(self, alarm_id: int) -> Alarm:
         async with self.pool.acquire() as conn:

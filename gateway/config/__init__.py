@@ -62,6 +62,9 @@ class TlsConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
 class MqttConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     host: str = ""
     port: Port = 1883
+    # The broker's endpoints, tried in order ("host:port", "[v6]:port"; a missing port is
+    # `port`): the first that answers, the next on a loss. Excludes `host` (validate).
+    hosts: list[str] = field(default_factory=list)
     topic_prefix: str = "iot"
     client_id: str = ""
     username: str = ""
@@ -142,6 +145,25 @@ class ApiConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     tokens: list[TokenConfig] = field(default_factory=list)
 
 
+class AlarmFiguresConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """[alarms.figures]: the alarm system's own figures (docs/alarm-figures.md). The defaults
+    are the alarm-management standards' (EEMUA 191, ISA-18.2 / IEC 62682)."""
+
+    # A fixed 10-minute interval holding more alarms than this is part of a flood.
+    flood_alarms: PositiveInt = 10
+    # A (rule, device) raising this many alarms within chatter_window_s is chattering.
+    chatter_raises: Annotated[int, Meta(ge=2)] = 3
+    chatter_window_s: PositiveFloat = 60.0
+    # An alarm open for longer than this is stale.
+    stale_after_s: PositiveFloat = 86400.0
+    # The average rate the figures are held against (alarms per 10 minutes).
+    target_per_10min: PositiveFloat = 1.0
+    # How often every node samples the figures' gauges (a few cheap indexed counts), and how
+    # far back the chattering gauge looks.
+    interval_s: Annotated[float, Meta(ge=1)] = 60.0
+    chatter_lookback_s: PositiveFloat = 3600.0
+
+
 class AlarmsConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     escalate_after_s: Annotated[float, Meta(ge=0)] = 0.0
     repeat_interval_s: Annotated[float, Meta(ge=0)] = 0.0
@@ -156,6 +178,7 @@ class AlarmsConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True
     max_future_skew_s: Annotated[float, Meta(ge=0)] = 300.0
     reorder_window_s: Annotated[float, Meta(ge=0)] = 300.0
     quiet_hours: QuietHoursConfig = field(default_factory=QuietHoursConfig)
+    figures: AlarmFiguresConfig = field(default_factory=AlarmFiguresConfig)
 
 
 class CommandsConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -297,6 +320,43 @@ def native_filters(topics: Topics) -> list[str]:
         f"{topics.prefix}/events/+/+",
         f"{topics.prefix}/gateways/+/status",
     ]
+
+
+def broker_endpoints(mqtt: MqttConfig) -> list[tuple[str, int]]:
+    """The broker endpoints to try, in order: ``[mqtt] hosts``, or ``[mqtt] host`` and
+    ``port``; empty for the embedded broker (neither set). Raises :class:`ConfigError` for an
+    entry that does not parse (``validate`` has reported it already)."""
+    if mqtt.hosts:
+        return [
+            parse_endpoint(entry, mqtt.port, f"mqtt.hosts[{index}]")
+            for index, entry in enumerate(mqtt.hosts)
+        ]
+    return [(mqtt.host, mqtt.port)] if mqtt.host else []
+
+
+_ENDPOINT: Final = re.compile(
+    r"^(?:\[(?P<v6>[0-9A-Fa-f:.]*:[0-9A-Fa-f:.%\w]*)\]|(?P<name>[^\s\[\]:/]+))"
+    r"(?::(?P<port>\d{1,5}))?\Z"
+)
+
+
+def parse_endpoint(text: str, default_port: int, key_path: str) -> tuple[str, int]:
+    """``host``, ``host:port``, ``[v6]`` or ``[v6]:port`` as (host, port); a missing port is
+    ``default_port``. An IPv6 address needs its brackets (``::1:1883`` cannot be split)."""
+    match = _ENDPOINT.match(text.strip())
+    if match is None:
+        hint = "; write an IPv6 address in brackets: [::1]:1883" if text.count(":") > 1 else ""
+        raise ConfigError(key_path, f"{text!r} is not host:port{hint}")
+    port_text = match.group("port")
+    port = default_port if port_text is None else int(port_text)
+    if not 1 <= port <= 65535:
+        raise ConfigError(key_path, f"{text!r}: the port must be 1 to 65535")
+    return match.group("v6") or match.group("name"), port
+
+
+def endpoint_label(host: str, port: int) -> str:
+    """``host:port``, an IPv6 address in brackets (as in ``[mqtt] hosts``)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def default_node_id() -> str:
@@ -500,6 +560,7 @@ def validate(config: Config) -> None:
             topics.subscription(TopicKind.TELEMETRY, config.mqtt.shared_group)
         except ValueError as exc:
             errors.append(ConfigError("mqtt.shared_group", str(exc)))
+    errors.extend(_endpoint_errors(config.mqtt))
     check(
         "mqtt.reconnect_min_s",
         config.mqtt.reconnect_min_s <= config.mqtt.reconnect_max_s,
@@ -549,6 +610,17 @@ def validate(config: Config) -> None:
         config.database.retry_min_s <= config.database.retry_max_s,
         "must not exceed database.retry_max_s",
     )
+    figures = config.alarms.figures
+    check(
+        "alarms.figures.chatter_lookback_s",
+        figures.chatter_lookback_s >= figures.chatter_window_s,
+        "must not be shorter than alarms.figures.chatter_window_s",
+    )
+    check(
+        "alarms.figures.chatter_window_s",
+        figures.chatter_window_s <= 86400,
+        "at most 86400 (a day)",
+    )
     check(
         "outbox.retry_min_s",
         config.outbox.retry_min_s <= config.outbox.retry_max_s,
@@ -556,6 +628,32 @@ def validate(config: Config) -> None:
     )
     if errors:
         raise config_errors(errors)
+
+
+def _endpoint_errors(mqtt: MqttConfig) -> list[ConfigError]:
+    """``[mqtt] hosts``: every entry host:port, none twice, and not beside ``host``."""
+    errors: list[ConfigError] = []
+    if mqtt.hosts and mqtt.host:
+        errors.append(
+            ConfigError(
+                "mqtt.hosts",
+                "set [mqtt] host or [mqtt] hosts, not both (hosts lists every endpoint,"
+                " the one of host included)",
+            )
+        )
+    seen: dict[tuple[str, int], int] = {}
+    for index, entry in enumerate(mqtt.hosts):
+        try:
+            endpoint = parse_endpoint(entry, mqtt.port, f"mqtt.hosts[{index}]")
+        except ConfigError as exc:
+            errors.append(exc)
+            continue
+        if endpoint in seen:
+            errors.append(
+                ConfigError(f"mqtt.hosts[{index}]", f"{entry!r} is mqtt.hosts[{seen[endpoint]}]")
+            )
+        seen.setdefault(endpoint, index)
+    return errors
 
 
 TOKEN_NAME_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9 _.@-]{0,63}$"  # noqa: S105 - a pattern

@@ -20,6 +20,7 @@ from gateway.ai.llm import OpenAiCompatibleLlm
 from gateway.ai.metrics import AiMetrics
 from gateway.ai.worker import SummaryWorker
 from gateway.alarms.engine import AlarmEngine
+from gateway.alarms.figures import AlarmFigures
 from gateway.alarms.holds import HoldTimer
 from gateway.alarms.inactivity import InactivityMonitor
 from gateway.alarms.metrics import AlarmMetrics
@@ -43,7 +44,7 @@ from gateway.maintenance.metrics import MaintenanceMetrics
 from gateway.maintenance.runner import Maintenance
 from gateway.mqtt.memory import SubscriptionMemory
 from gateway.mqtt.metrics import MqttMetrics
-from gateway.mqtt.session import MqttSession
+from gateway.mqtt.session import BROKER_SETTING, ENDPOINTS_SETTING, MqttSession
 from gateway.mqtt.v311_client import ConnectionSettings
 from gateway.notify.consumer import NotifyConsumer
 from gateway.notify.metrics import NotifyMetrics
@@ -99,6 +100,7 @@ class Components:
     notify_worker: DeliveryWorker
     inactivity: InactivityMonitor
     rule_watch: RuleWatch
+    figures: AlarmFigures
     # Besides the session and the writer: the outbox, timers, dispatcher, reaper, rule-state
     # janitor, retention maintenance, inactivity monitor and rule watch, and the AI workers
     # where configured. The loops a reload may switch on or off (inactivity, rule watch, the
@@ -112,6 +114,7 @@ class Components:
         self.engine.clock = config.device_clock()
         self.inactivity.rules_replaced()
         self.rule_watch.reconfigure(config.alarms.rule_check_after_s)
+        self.figures.reconfigure(config.alarms.figures)
         self.auth.replace(config.api.tokens)
         quiet = config.quiet_hours()
         self.outbox.quiet = quiet
@@ -132,6 +135,7 @@ async def build(
     *,
     auth: BearerAuth,
     connection: ConnectionSettings,
+    endpoints: list[tuple[str, int]],
     protocol: str,
     stack: AsyncExitStack,
     stop: asyncio.Event,
@@ -173,6 +177,8 @@ async def build(
             broker=f"{connection.host}:{connection.port}",
         ),
         resubscribe_stale=config.mqtt.broker_family == "rabbitmq",
+        endpoints=endpoints,
+        broker_setting=ENDPOINTS_SETTING if config.mqtt.hosts else BROKER_SETTING,
     )
     quiet = config.quiet_hours()
     dispatcher = Dispatcher.from_config(node, config.commands, mappings=writer.decoder.mappings)
@@ -203,6 +209,11 @@ async def build(
         pool=node.pool, rules=lambda: engine.rules, after_s=config.alarms.rule_check_after_s
     )
     loops.append(("rule-watch", watch.run))
+    # Every node samples the figures' gauges (a few indexed counts each interval_s).
+    figures = AlarmFigures(
+        node.pool, config.alarms.figures, metrics=AlarmMetrics.of(node.metrics.registry)
+    )
+    loops.append(("alarm-figures", figures.run))
     return Components(
         engine=engine,
         writer=writer,
@@ -212,7 +223,7 @@ async def build(
         outbox=outbox,
         timers=timers,
         auth=auth,
-        alarm_service=AlarmService(node.pool, node.node_id, node.metrics),
+        alarm_service=AlarmService(node.pool, node.node_id, node.metrics, figures=figures),
         command_service=CommandService(
             node.pool,
             node.node_id,
@@ -227,6 +238,7 @@ async def build(
         notify_worker=notify_worker,
         inactivity=inactivity,
         rule_watch=watch,
+        figures=figures,
         loops=tuple(loops),
     )
 

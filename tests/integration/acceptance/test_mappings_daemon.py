@@ -324,9 +324,9 @@ async def test_gateway_sim_publishes_each_vendor_format_and_every_reading_is_sto
     db_dsn: str, db: asyncpg.Connection, mosquitto: Mosquitto
 ) -> None:
     """`gateway-sim publish --format` against a daemon with the four profiles: every message
-    stored once, no dead letter. Published again, the readings that carry their time are the
-    same rows; Zigbee2MQTT's, which carry none, are new readings in a later receive window
-    (docs/devices.md#event-ids-and-redelivery)."""
+    stored once, no dead letter. Published again (`--fixed-time`: the same readings), those
+    that carry their time are the same rows; Zigbee2MQTT's, which carry none, are new
+    readings in a later receive window (docs/devices.md#event-ids-and-redelivery)."""
     profiles = ("tasmota", "zigbee2mqtt", "shelly-gen2", "chirpstack-v4")
     extra = "".join(f'[[ingest.mappings]]\nname = "{p}"\nprofile = "{p}"\n' for p in profiles)
     config = make_config(dsn=db_dsn, mqtt_port=mosquitto.port, extra=extra)
@@ -336,7 +336,7 @@ async def test_gateway_sim_publishes_each_vendor_format_and_every_reading_is_sto
         published = await asyncio.to_thread(
             subprocess.run,
             [
-                *(sys.executable, "-m", "sim", "publish", "--format", fmt),
+                *(sys.executable, "-m", "sim", "publish", "--format", fmt, "--fixed-time"),
                 *("--host", "127.0.0.1", "--port", str(mosquitto.port)),
                 *("--devices", "6", "--messages", str(per_format)),
             ],
@@ -346,7 +346,7 @@ async def test_gateway_sim_publishes_each_vendor_format_and_every_reading_is_sto
             check=False,
         )
         assert published.returncode == 0, published.stderr
-        assert f"published {per_format} messages from 6 devices ({fmt})" in published.stdout
+        assert f"published {per_format} messages ({fmt}) from 6 devices" in published.stdout
 
     async def stored(count: int) -> None:
         async def done() -> bool:
@@ -365,7 +365,7 @@ async def test_gateway_sim_publishes_each_vendor_format_and_every_reading_is_sto
         await publish("zigbee2mqtt")
         await stored(5 * per_format)
         assert await _count(db, "SELECT count(*) FROM dead_letter") == 0
-        # gateway-sim names devices sim-00000...; ChirpStack's are their DevEUIs.
+        # gateway-sim names devices pub-00000...; ChirpStack's are their DevEUIs.
         assert await _count(db, "SELECT count(*) FROM device_mapping") == 12
 
 
