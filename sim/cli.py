@@ -24,6 +24,7 @@ from sim import devices_cli
 from sim.gateway_config import add_broker_arguments, resolve_broker
 from sim.publisher import publish_many
 from sim.telemetry import EPOCH_MS, device_ids, telemetry_stream
+from sim.vendor import FORMATS, span_ms, vendor_stream
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -52,6 +53,13 @@ def _parser() -> argparse.ArgumentParser:
         "--force",
         action="store_true",
         help="publish even when no gateway says it is online on this broker and prefix",
+    )
+    publish.add_argument(
+        "--format",
+        choices=FORMATS,
+        default="native",
+        help="the gateway's own schema (native), or a vendor's JSON on its own topics, as the "
+        "[[ingest.mappings]] profile of that name reads it (docs/devices.md)",
     )
 
     devices_cli.add_arguments(commands.add_parser("devices", help=devices_cli.HELP))
@@ -156,7 +164,13 @@ async def _publish(args: argparse.Namespace) -> int:
                 "(gateway run, gateway demo), point at its broker with --config (the demo "
                 "prints its file) or --host/--port/--prefix, or publish anyway with --force"
             )
-        epoch_ms = EPOCH_MS if args.fixed_time else time.time_ns() // 1_000_000 - args.messages
+        now_ms = time.time_ns() // 1_000_000
+        epoch_ms = EPOCH_MS if args.fixed_time else now_ms - args.messages
+        # A vendor stream spans its own time (Tasmota's clock has whole seconds): the last
+        # message dated now.
+        span = span_ms(args.format, len(devices), args.messages)
+        vendor_epoch_ms = EPOCH_MS if args.fixed_time else now_ms - span
+        kind = "" if args.format == "native" else f" ({args.format})"
         started = time.perf_counter()
         count = await publish_many(
             client,
@@ -167,13 +181,22 @@ async def _publish(args: argparse.Namespace) -> int:
                 seed=args.seed,
                 start_seq=args.start_seq,
                 epoch_ms=epoch_ms,
+            )
+            if args.format == "native"
+            else vendor_stream(
+                args.format,
+                devices,
+                args.messages,
+                seed=args.seed,
+                start_seq=args.start_seq,
+                epoch_ms=vendor_epoch_ms,
             ),
             window=args.window,
         )
     elapsed = time.perf_counter() - started
     listener = f"gateway {gateways[0]} online" if gateways else "no gateway checked (--force)"
     print(
-        f"published {count} messages from {len(devices)} devices ({devices[0]} ...) to "
+        f"published {count} messages{kind} from {len(devices)} devices ({devices[0]} ...) to "
         f"{where} ({listener}) in {elapsed:.2f}s ({count / max(elapsed, 1e-9):.0f} msg/s)"
     )
     return 0

@@ -25,6 +25,7 @@ from msgspec import Meta, Struct, field
 
 from gateway.domain.ai_prompt import PROMPTS
 from gateway.domain.errors import ConfigError, ConfigErrors, config_errors
+from gateway.domain.mappings import MappingConfig, Mappings, compile_mappings
 from gateway.domain.notify import Notify, NotifyConfig, compile_notify, receiver_secrets
 from gateway.domain.quiet_hours import QuietHours, QuietHoursConfig, compile_quiet_hours
 from gateway.domain.rules import DeviceClock, RuleConfig, RuleSet, compile_rule, compile_rules
@@ -110,6 +111,9 @@ class IngestConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True
     drain_timeout_s: PositiveFloat = 20.0
     refused_batch_attempts: PositiveInt = 5
     dead_letter_max_bytes: Annotated[int, Meta(ge=0)] = 65536
+    # Vendor JSON devices on their own topics (docs/devices.md): each read into telemetry,
+    # presence and commands by its keys or a built-in profile. Reloaded on SIGHUP.
+    mappings: list[MappingConfig] = field(default_factory=list)
 
 
 class HttpConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -287,6 +291,14 @@ class Config(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
             *notify_secrets(self),
         ]
 
+    def mappings(self) -> Mappings:
+        """The compiled ``[[ingest.mappings]]`` (validated already: see ``validate``)."""
+        return compile_mappings(
+            self.ingest.mappings,
+            native_filters=native_filters(self.topics),
+            portable_ids=self.mqtt.broker_family in _DOTTED,
+        )
+
     def rule_set(self) -> RuleSet:
         return compile_rules(self.rules)
 
@@ -318,6 +330,15 @@ class Config(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
         """
         window = self.mqtt.receive_maximum if protocol == "5" else self.mqtt.broker_inflight
         return max(1, min(self.ingest.batch_max, window // 2))
+
+
+def native_filters(topics: Topics) -> list[str]:
+    """Every topic filter of the gateway's own topics, which no mapping may match."""
+    return [
+        *(topics.subscription(kind) for kind in TopicKind),
+        f"{topics.prefix}/events/+/+",
+        f"{topics.prefix}/gateways/+/status",
+    ]
 
 
 def broker_endpoints(mqtt: MqttConfig) -> list[tuple[str, int]]:
@@ -589,6 +610,15 @@ def validate(config: Config) -> None:
     errors.extend(_token_name_errors(config.api.tokens))
     errors.extend(_validate_sparkplug(config.sparkplug, config.mqtt.broker_family))
     errors.extend(_rule_errors(config.rules))
+    if topics is not None:
+        try:
+            compile_mappings(
+                config.ingest.mappings,
+                native_filters=native_filters(topics),
+                portable_ids=config.mqtt.broker_family in _DOTTED,
+            )
+        except ConfigError as exc:
+            errors.extend(_each(exc))
     errors.extend(_validate_ai(config.ai))
     errors.extend(_validate_notify(config))
     try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -12,6 +13,7 @@ from typing import Any, Protocol
 import msgspec
 import structlog
 
+from gateway.domain.mappings import MappedPresence, MappedTelemetry, Mappings, Refusal
 from gateway.sparkplug.host import SparkplugMessage
 from protocol import (
     CommandReceipt,
@@ -74,6 +76,9 @@ class Classified:
     seen_devices: set[str] = field(default_factory=set)
     # Sparkplug B messages ([sparkplug]), judged in the batch's transaction (gateway.sparkplug).
     sparkplug: list[SparkplugMessage] = field(default_factory=list)
+    # Devices read through a mapping: its name and the topic wildcards they were seen with
+    # (what a command to them is rendered from: docs/devices.md).
+    mapped_devices: dict[str, tuple[str, dict[str, str]]] = field(default_factory=dict)
 
 
 class MessageDecoder:
@@ -85,12 +90,15 @@ class MessageDecoder:
         encoding: Encoding,
         max_payload_bytes: int,
         dead_letter_max_bytes: int = DEAD_LETTER_MAX_BYTES,
+        mappings: Mappings | None = None,
         *,
         sparkplug: bool = False,
     ) -> None:
         self.topics = topics
         # Topics under `spBv1.0/` are Sparkplug B's ([sparkplug] enabled).
         self.sparkplug = sparkplug
+        # Swapped whole on reload (``[[ingest.mappings]]``), between batches.
+        self.mappings = mappings or Mappings()
         self.encoding = encoding
         self.max_payload_bytes = max_payload_bytes
         self.dead_letter_max_bytes = dead_letter_max_bytes
@@ -141,6 +149,8 @@ class MessageDecoder:
         but its device to ``seen_devices``)."""
         if self.sparkplug and sparkplug.is_topic(item.topic):
             self._classify_sparkplug(out, item)
+            return
+        if self.mappings and self._classify_mapped(out, item):
             return
         try:
             target = self.topics.parse_device_topic(item.topic)
@@ -214,6 +224,49 @@ class MessageDecoder:
             )
         )
 
+    def _classify_mapped(self, out: Classified, item: Inbound) -> bool:
+        """A message on a topic of ``[[ingest.mappings]]``, read into the native shapes: a
+        telemetry row of its device, a presence update, or a dead letter with the mapping's
+        reason. False when no mapping's topic matches (the native parse follows)."""
+        if item.size is not None:
+            if not self.mappings.matches(item.topic):
+                return False
+            detail = f"payload is {item.size} bytes, the limit is {self.max_payload_bytes}"
+            out.dead_letters.append(self.dead_letter(item, "OVERSIZED", detail))
+            return True
+        mapped = self.mappings.read(item.topic, item.payload, _wall_ms(item.received_at))
+        if mapped is None:
+            return False
+        if isinstance(mapped, Refusal):
+            out.dead_letters.append(self.dead_letter(item, mapped.code, mapped.detail))
+        elif isinstance(mapped, MappedTelemetry):
+            message = mapped.message
+            out.seen_devices.add(mapped.device_id)
+            out.mapped_devices[mapped.device_id] = (mapped.mapping, mapped.captures)
+            out.telemetry.append(_row(mapped.device_id, message, mapped.event_id))
+            out.telemetry_sources.append(item)
+            out.decoded.append(message)
+        elif isinstance(mapped, MappedPresence):
+            out.mapped_devices[mapped.device_id] = (mapped.mapping, mapped.captures)
+            out.presence[mapped.device_id] = mapped.value
+        return True
+
+
+def _wall_ms(received_at: float) -> int:
+    """Epoch milliseconds of a delivery timed on the event loop's (monotonic) clock; now for
+    a message with no receive time (a dead letter being replayed)."""
+    now = time.time()
+    age = time.monotonic() - received_at
+    # The loop's clock is the monotonic one (asyncio's and uvloop's alike); an age outside
+    # these bounds means it is not, and then the time of reading stands in for it.
+    if received_at > 0 and 0.0 <= age < _MAX_QUEUED_S:
+        now -= age
+    return int(now * 1000)
+
+
+# Longer than any message waits in the pipeline (its queue and read buffer are bounded).
+_MAX_QUEUED_S = 3600.0
+
 
 def failure_detail(exc: BaseException) -> str:
     """What a dead letter says of an unexpected exception: its type and message, bounded."""
@@ -221,9 +274,9 @@ def failure_detail(exc: BaseException) -> str:
     return text if len(text) <= 1000 else text[:1000] + "..."
 
 
-def _row(device_id: str, message: Telemetry) -> TelemetryRow:
+def _row(device_id: str, message: Telemetry, event_id: str | None = None) -> TelemetryRow:
     return TelemetryRow(
-        event_id=telemetry_event_id(device_id, message),
+        event_id=event_id or telemetry_event_id(device_id, message),
         device_id=device_id,
         ts=message.timestamp(),
         seq=message.seq,

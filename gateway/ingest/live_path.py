@@ -36,6 +36,7 @@ def message_decoder(config: Config) -> MessageDecoder:
         Encoding(config.mqtt.encoding),
         config.mqtt.max_payload_bytes,
         config.ingest.dead_letter_max_bytes,
+        config.mappings(),
         sparkplug=config.sparkplug.enabled,
     )
 

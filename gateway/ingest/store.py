@@ -69,6 +69,7 @@ async def store(
     new_ids = await repo.insert_telemetry(conn, telemetry, node_id)
     await repo.touch_devices(conn, seen)
     await repo.record_presence(conn, presence)
+    await repo.record_device_mappings(conn, batch.mapped_devices)
     await repo.insert_dead_letters(conn, letters, node_id)
     applied = batch.receipts
     if outcome is not None and outcome.telemetry and receipts is not None:

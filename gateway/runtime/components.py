@@ -191,7 +191,7 @@ async def build(
         broker_setting=ENDPOINTS_SETTING if config.mqtt.hosts else BROKER_SETTING,
     )
     quiet = config.quiet_hours()
-    dispatcher = Dispatcher.from_config(node, config.commands)
+    dispatcher = Dispatcher.from_config(node, config.commands, mappings=writer.decoder.mappings)
     reaper = Reaper.from_config(node, config.commands)
     outbox = OutboxPublisher.from_config(node, config.outbox, quiet=quiet)
     timers = AlarmTimers.from_config(node, config.alarms, quiet=quiet)
@@ -300,11 +300,15 @@ def subscriptions(
     topics = config.topics
     group = config.mqtt.shared_group if protocol == config.mqtt.protocol else ""
     # Presence is retained, and retained messages are not sent to shared subscriptions: every
-    # node subscribes to it directly (applying it twice is harmless).
+    # node subscribes to it directly (applying it twice is harmless). So for the topics of
+    # [[ingest.mappings]]: their telemetry shared, their presence direct.
+    mapped, mapped_presence = config.mappings().filters()
     filters = [
         topics.subscription(TopicKind.TELEMETRY, group or None),
         topics.subscription(TopicKind.ACKS, group or None),
         topics.subscription(TopicKind.STATUS),
+        *(f"$share/{group}/{mqtt_filter}" if group else mqtt_filter for mqtt_filter in mapped),
+        *mapped_presence,
     ]
     sparkplug = config.sparkplug if sparkplug is None else sparkplug
     if sparkplug.enabled:
@@ -312,7 +316,7 @@ def subscriptions(
         # like telemetry, each message goes to one node of the group.
         share = f"$share/{group}/" if group else ""
         filters.extend(share + f for f in sparkplug_wire.subscriptions(sparkplug.groups))
-    return filters
+    return list(dict.fromkeys(filters))  # one mapping's telemetry topic may be another's presence
 
 
 def _sparkplug_loops(config: Config, node: Node, connection: ConnectionSettings) -> list[Loop]:

@@ -273,7 +273,7 @@ class Daemon:
             # The tokens are swapped: what a removed (or rotated) one opened ends now.
             hub.revoke(self.auth.holds)
         self.config = config
-        log.info("config_reloaded", rules=len(config.rules))
+        log.info("config_reloaded", rules=len(config.rules), mappings=len(config.ingest.mappings))
 
     def _follow_topics(self, parts: Components, config: Config) -> None:
         """A changed ``[mqtt] topic_prefix`` or ``shared_group``: the session makes its
@@ -284,8 +284,17 @@ class Daemon:
         session = parts.session
         presence = config.topics.gateway_status(self.node_id)
         topics = config.topics
+        mappings = config.mappings()
+
+        def apply_mappings() -> None:
+            # [[ingest.mappings]]: what reads vendor topics, and what renders their commands.
+            parts.writer.decoder.mappings = mappings
+            parts.dispatcher.mappings = mappings
+            if self.services.replay_path is not None:
+                self.services.replay_path.decoder.mappings = mappings
 
         def apply() -> None:
+            apply_mappings()
             parts.writer.decoder.topics = topics
             parts.dispatcher.topics = topics
             parts.outbox.topics = topics
@@ -311,13 +320,17 @@ class Daemon:
                 "sparkplug_change_needs_restart",
                 note="[sparkplug] is read at start: the node keeps the section it started with",
             )
-        session.reconfigure(
+        changed = session.reconfigure(
             subscriptions=subscriptions(config, session.settings.protocol, parts.sparkplug),
             settings=dataclasses.replace(session.settings, will_topic=presence),
             presence_topic=presence,
             apply=apply,
             endpoints=endpoints,
         )
+        if not changed:
+            # The same topics: the new mappings read the next batch on (a batch is classified
+            # at once, so none is read half by the old ones).
+            apply_mappings()
 
     def status_line(self) -> str:
         writer, session = self.writer, self.session
