@@ -21,7 +21,7 @@ from typing import Any, ClassVar, Final
 
 import asyncpg
 
-AUDIT_TABLES: Final = ("alarm_audit", "command_audit")
+AUDIT_TABLES: Final = ("alarm_audit", "command_audit", "dead_letter_audit")
 _WRITES_AUDIT: Final = re.compile(
     r"\bINSERT\s+INTO\s+(" + "|".join(AUDIT_TABLES) + r")\b", re.IGNORECASE
 )

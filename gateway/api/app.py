@@ -43,6 +43,7 @@ from gateway.api import (
     devices,
     health,
     notify,
+    rules,
     session,
     stream,
 )
@@ -215,6 +216,7 @@ def build_app(
             *campaigns.HANDLERS,
             *devices.HANDLERS,
             *dead_letters.HANDLERS,
+            *rules.HANDLERS,
             *session.HANDLERS,
             stream.create_ticket,
             *notify.HANDLERS,

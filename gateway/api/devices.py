@@ -123,7 +123,7 @@ async def list_devices(
         rows = await repo.device_page(pool, presence=presence, after=after, limit=limit + 1)
         page = [_device(r) for r in rows[:limit]]
         more = len(rows) > limit
-        return DevicePage(devices=page, next_after=page[-1].device_id if more else None)
+        return _page(page, page[-1].device_id if more else None)
     # Globs do not translate to SQL exactly: the selector itself picks, over a bounded scan.
     found: list[Device] = []
     cursor, scanned = after, 0
@@ -135,10 +135,15 @@ async def list_devices(
             if chosen.matches(row["device_id"]):
                 found.append(_device(row))
                 if len(found) == limit:
-                    return DevicePage(devices=found, next_after=cursor)
+                    return _page(found, cursor)
         if len(rows) < _SCAN_BATCH:
-            return DevicePage(devices=found, next_after=None)
-    return DevicePage(devices=found, next_after=cursor)
+            return _page(found, None)
+    return _page(found, cursor)
+
+
+def _page(devices: list[Device], next_after: str | None) -> DevicePage:
+    # `devices` repeats `items` for clients written before the one envelope (deprecated).
+    return DevicePage(items=devices, devices=devices, next_after=next_after)
 
 
 def _latest(samples: list[Any]) -> tuple[dict[str, LatestMetric], list[LatestEvent]]:
@@ -290,6 +295,7 @@ async def device_telemetry(
     ]
     more = len(rows) > limit
     return SamplePage(
+        items=samples,
         samples=samples,
         next_before=_cursor_of(page[-1]["ts"], page[-1]["event_id"]) if more else None,
     )

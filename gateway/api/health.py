@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any, Final, Literal
+from typing import Annotated, Any, Final, Literal
 
 import msgspec
 from litestar import Request, Response
@@ -58,8 +58,24 @@ class Health(msgspec.Struct, kw_only=True, omit_defaults=True):
     database: DatabaseHealth
     broker: BrokerHealth
     # Audit rows PostgreSQL refused since the node started (each one's change rolled back).
-    audit_failures: int = msgspec.field(name="auditFailures")
+    audit_failures: int
     ingest: IngestHealth
+    # The same count under its first, camelCase name: kept for monitors written against it
+    # (deprecated; every other key is snake_case).
+    # (Set from `audit_failures` whatever is passed: UNSET only until then, never encoded so.)
+    audit_failures_legacy: (
+        Annotated[
+            int,
+            msgspec.Meta(
+                description="Deprecated: `audit_failures` under its old name.",
+                extra_json_schema={"deprecated": True},
+            ),
+        ]
+        | UnsetType
+    ) = msgspec.field(default=UNSET, name="auditFailures")
+
+    def __post_init__(self) -> None:
+        self.audit_failures_legacy = self.audit_failures
 
 
 HealthCheck = Callable[[], Awaitable[tuple[bool, Health]]]
