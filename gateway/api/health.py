@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Annotated, Any, Final, Literal
+from typing import Any, Final, Literal
 
 import msgspec
 from litestar import Request, Response
 from litestar.openapi.datastructures import ResponseSpec
+from litestar.openapi.spec import Schema
+from litestar.openapi.spec.enums import OpenAPIType
 from msgspec import UNSET, UnsetType
 
 from gateway.api.routes import route
@@ -63,19 +65,23 @@ class Health(msgspec.Struct, kw_only=True, omit_defaults=True):
     # The same count under its first, camelCase name: kept for monitors written against it
     # (deprecated; every other key is snake_case).
     # (Set from `audit_failures` whatever is passed: UNSET only until then, never encoded so.)
-    audit_failures_legacy: (
-        Annotated[
-            int,
-            msgspec.Meta(
-                description="Deprecated: `audit_failures` under its old name.",
-                extra_json_schema={"deprecated": True},
-            ),
-        ]
-        | UnsetType
-    ) = msgspec.field(default=UNSET, name="auditFailures")
+    audit_failures_legacy: int | UnsetType = msgspec.field(default=UNSET, name="auditFailures")
 
     def __post_init__(self) -> None:
         self.audit_failures_legacy = self.audit_failures
+
+
+def complete(schemas: dict[str, Schema]) -> None:
+    """`auditFailures` as it is sent: always, an integer, deprecated for `audit_failures`."""
+    health = schemas.get(Health.__name__)
+    if health is None or health.properties is None:
+        return
+    health.properties["auditFailures"] = Schema(
+        type=OpenAPIType.INTEGER,
+        deprecated=True,
+        description="Deprecated: `audit_failures` under its first name, kept for old monitors.",
+    )
+    health.required = sorted({*(health.required or []), "auditFailures"})
 
 
 HealthCheck = Callable[[], Awaitable[tuple[bool, Health]]]

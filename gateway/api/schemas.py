@@ -381,7 +381,7 @@ class DevicePage(msgspec.Struct, kw_only=True):
 
     items: list[Device]
     next_after: str | None = None
-    devices: Annotated[list[Device], msgspec.Meta(extra_json_schema={"deprecated": True})]
+    devices: list[Device]
 
 
 class LatestMetric(msgspec.Struct, kw_only=True):
@@ -456,7 +456,7 @@ class SamplePage(msgspec.Struct, kw_only=True):
 
     items: list[Sample]
     next_before: str | None = None
-    samples: Annotated[list[Sample], msgspec.Meta(extra_json_schema={"deprecated": True})]
+    samples: list[Sample]
 
 
 # --- dead letters -------------------------------------------------------------------------------
@@ -521,6 +521,15 @@ class DeadLetterDiscarded(msgspec.Struct, kw_only=True):
     dead_letter_id: int
     discarded_by: str
     discarded_at: datetime
+
+
+# Properties kept under an old name for clients written before (docs/api.md, "Lists: one
+# envelope"; /health's keys): the document marks them deprecated and says what replaced them.
+DEPRECATED_PROPERTIES: Final[dict[str, dict[str, str]]] = {
+    "DeadLetterPage": {"dead_letters": "items"},
+    "DevicePage": {"devices": "items"},
+    "SamplePage": {"samples": "items"},
+}
 
 
 # --- rows to Structs: the one place ------------------------------------------------------------
