@@ -15,6 +15,8 @@ from gateway.api.params import DeviceId, Limit
 from gateway.api.routes import route
 from gateway.api.schemas import (
     LIMIT_DEFAULT,
+    SELECTOR_ITEMS_MAX,
+    SELECTOR_PATTERN,
     ClockAdjustmentSeen,
     Device,
     DeviceClockFigures,
@@ -49,15 +51,6 @@ SAMPLE_CURSOR_PATTERN: Final = r"^[0-9]{1,19}-[0-9a-f]{64}$"
 _SAMPLE_CURSOR: Final = re.compile(SAMPLE_CURSOR_PATTERN.removesuffix("$") + r"\Z")
 _EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
 _LATEST: Final = datetime(9999, 12, 31, tzinfo=UTC)
-# A selector item is a device id, or a glob (a `*`, `?` or `[` in its first 21 characters);
-# either way at most 64 characters. Every string the pattern admits is a selector the rules
-# accept, so the document's readers and the server agree.
-_ID_ITEM: Final = r"[A-Za-z0-9_.:-]{1,64}"
-_GLOB_ITEM: Final = r"[A-Za-z0-9_.:!\]-]{0,20}[*?\[][A-Za-z0-9_.:*?!\[\]-]{0,43}"
-SELECTOR_ITEMS_MAX: Final = 32
-SELECTOR_PATTERN: Final = (
-    rf"^(?:{_ID_ITEM}|{_GLOB_ITEM})(?:,(?:{_ID_ITEM}|{_GLOB_ITEM})){{0,{SELECTOR_ITEMS_MAX - 1}}}$"
-)
 
 
 def _selector(text: str | None) -> DeviceSelector | None:

@@ -60,6 +60,15 @@ DEVICE_SELECTOR_PATTERN: Final = (
     r"^([A-Za-z0-9_.:-]{1,64}|[A-Za-z0-9_.:\]!-]*[*?\[][A-Za-z0-9_.:*?\[\]!-]*)$"
 )
 DEVICE_SELECTOR_MAX_LENGTH: Final = 128
+# A selector in a query string (`GET /devices?selector=`, `GET /campaigns/targets?selector=`):
+# comma-separated items, each a device id, or a glob (a `*`, `?` or `[` in its first 21
+# characters); either way at most 64 characters. Every string the pattern admits is a selector
+# the rules accept, so the document's readers and the server agree.
+_SELECTOR_ID_ITEM: Final = r"[A-Za-z0-9_.:-]{1,64}"
+_SELECTOR_GLOB_ITEM: Final = r"[A-Za-z0-9_.:!\]-]{0,20}[*?\[][A-Za-z0-9_.:*?!\[\]-]{0,43}"
+_SELECTOR_ITEM: Final = rf"(?:{_SELECTOR_ID_ITEM}|{_SELECTOR_GLOB_ITEM})"
+SELECTOR_ITEMS_MAX: Final = 32
+SELECTOR_PATTERN: Final = rf"^{_SELECTOR_ITEM}(?:,{_SELECTOR_ITEM}){{0,{SELECTOR_ITEMS_MAX - 1}}}$"
 
 NulFreeText = Annotated[str, msgspec.Meta(pattern=NUL_FREE)]
 Actor = Annotated[
