@@ -44,8 +44,9 @@ export function lineChart(points, { title, lines = [], width = 600, height = 200
   root.append(svg("polyline", {
     points: sorted.map((p) => `${x(p.t.getTime()).toFixed(1)},${y(p.v).toFixed(1)}`).join(" "),
   }));
-  root.append(svg("text", { x: 2, y: pad.top + 8 }, number(hi)));
-  root.append(svg("text", { x: 2, y: height - pad.bottom }, number(lo)));
+  const axisValue = (v) => String(Number(v.toPrecision(4)));
+  root.append(svg("text", { x: 2, y: pad.top + 8 }, axisValue(hi)));
+  root.append(svg("text", { x: 2, y: height - pad.bottom }, axisValue(lo)));
   const sameDay = new Date(t0).toDateString() === new Date(t1).toDateString();
   const axis = (t) => (sameDay ? clock(t) : when(t));
   root.append(svg("text", { x: pad.left, y: height - 5 }, axis(t0)));

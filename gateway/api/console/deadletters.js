@@ -6,11 +6,12 @@ import { query } from "./api.js";
 import { append, bytes, clear, el, timeEl } from "./util.js";
 
 const PAGE = 50;
-const HEX_ROW = 16;
+// Bytes per line of the hex dump: eight fit the detail pane beside the list.
+const HEX_ROW = 8;
 // The outcomes of a replay that ingested nothing (the API's `succeeded` says so too).
 const FAILED = /^(still_invalid|truncated)/;
 
-// A hex dump: offset, 16 bytes in hex, the same bytes as ASCII (a dot for the rest).
+// A hex dump: offset, HEX_ROW bytes in hex, the same bytes as ASCII (a dot for the rest).
 function hexDump(hex) {
   const lines = [];
   for (let at = 0; at < hex.length; at += HEX_ROW * 2) {
