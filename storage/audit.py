@@ -8,9 +8,9 @@ writes audit rows is refused, the pool's hook hears of it (the daemon counts it)
 exception is marked, so that the HTTP API can answer with a precise code (:func:`audit_failure`).
 
 Statements are recognised by their SQL (``INSERT INTO alarm_audit`` / ``command_audit`` /
-``dead_letter_audit``), not by
-the function that sent them: whoever writes audit rows, and however the SQL is arranged (a CTE
-updating the row and auditing it in one statement), is covered.
+``dead_letter_audit``), not by the function that sent them: whoever writes audit rows, and
+however the SQL is arranged (a CTE updating the row and auditing it in one statement), is
+covered.
 """
 
 from __future__ import annotations
