@@ -1,15 +1,16 @@
 """Noticing an audit row PostgreSQL refused to write.
 
-Every audit row (``alarm_audit``, ``command_audit``) is written in the transaction of the change
-it records, so when PostgreSQL refuses the row the change rolls back with it: nothing happens
-unaudited. The change did not happen either, though, and operators need to see that. Pooled
-connections are :class:`AuditedConnection`: when a statement that writes audit rows is refused,
-the pool's hook hears of it (the daemon counts it) and the exception is marked, so that the HTTP
-API can answer with a precise code (:func:`audit_failure`).
+Every audit row (``alarm_audit``, ``command_audit``, ``dead_letter_audit``) is written in the
+transaction of the change it records, so when PostgreSQL refuses the row the change rolls back
+with it: nothing happens unaudited. The change did not happen either, though, and operators
+need to see that. Pooled connections are :class:`AuditedConnection`: when a statement that
+writes audit rows is refused, the pool's hook hears of it (the daemon counts it) and the
+exception is marked, so that the HTTP API can answer with a precise code (:func:`audit_failure`).
 
-Statements are recognised by their SQL (``INSERT INTO alarm_audit`` / ``command_audit``), not by
-the function that sent them: whoever writes audit rows, and however the SQL is arranged (a CTE
-updating the row and auditing it in one statement), is covered.
+Statements are recognised by their SQL (``INSERT INTO alarm_audit`` / ``command_audit`` /
+``dead_letter_audit``), not by the function that sent them: whoever writes audit rows, and
+however the SQL is arranged (a CTE updating the row and auditing it in one statement), is
+covered.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any, ClassVar, Final
 
 import asyncpg
 
-AUDIT_TABLES: Final = ("alarm_audit", "command_audit")
+AUDIT_TABLES: Final = ("alarm_audit", "command_audit", "dead_letter_audit")
 _WRITES_AUDIT: Final = re.compile(
     r"\bINSERT\s+INTO\s+(" + "|".join(AUDIT_TABLES) + r")\b", re.IGNORECASE
 )

@@ -24,6 +24,10 @@ LATEST_SAMPLES = _Q["latest_samples"]
 TELEMETRY_PAGE = _Q["telemetry_page"]
 DEAD_LETTER_PAGE = _Q["dead_letter_page"]
 DEAD_LETTER_EXISTS = _Q["dead_letter_exists"]
+DEAD_LETTER = _Q["dead_letter"]
+LOCK_DEAD_LETTER_FOR_DISCARD = _Q["lock_dead_letter_for_discard"]
+DISCARD_DEAD_LETTER = _Q["discard_dead_letter"]
+DEAD_LETTER_DISCARDED = _Q["dead_letter_discarded"]
 INSERT_TICKET = _Q["insert_ticket"]
 USE_TICKET = _Q["use_ticket"]
 STREAM_CURSOR_AHEAD = _Q["stream_cursor_ahead"]
@@ -74,6 +78,42 @@ async def dead_letter_page(
 
 async def dead_letter_exists(conn: asyncpg.Connection | asyncpg.Pool, dead_letter_id: int) -> bool:
     return bool(await conn.fetchval(DEAD_LETTER_EXISTS, dead_letter_id))
+
+
+async def dead_letter(
+    conn: asyncpg.Connection | asyncpg.Pool, dead_letter_id: int
+) -> asyncpg.Record | None:
+    """One dead letter with its payload as kept."""
+    return await conn.fetchrow(DEAD_LETTER, dead_letter_id)
+
+
+@dataclass(frozen=True, slots=True)
+class Discarded:
+    dead_letter_id: int
+    actor: str
+    at: datetime
+
+
+class DiscardBusyError(Exception):
+    """A replay holds the letter right now."""
+
+
+async def discard_dead_letter(
+    pool: asyncpg.Pool, dead_letter_id: int, *, actor: str, node_id: str, request_id: str | None
+) -> tuple[Discarded | None, bool]:
+    """Delete the letter with its audit row, in one transaction: (the discard, True) when
+    this call discarded it; (the earlier discard, False) when someone had; (None, False) when
+    there never was such a letter. Raises DiscardBusyError while a replay holds it."""
+    async with pool.acquire() as conn, conn.transaction():
+        locked = await conn.fetchval(LOCK_DEAD_LETTER_FOR_DISCARD, dead_letter_id)
+        if locked is None:
+            if await conn.fetchval(DEAD_LETTER_EXISTS, dead_letter_id):
+                raise DiscardBusyError
+            earlier = await conn.fetchrow(DEAD_LETTER_DISCARDED, dead_letter_id)
+            return (None if earlier is None else Discarded(*earlier)), False
+        row = await conn.fetchrow(DISCARD_DEAD_LETTER, dead_letter_id, actor, node_id, request_id)
+        assert row is not None  # locked above, in this transaction
+        return Discarded(*row), True
 
 
 async def insert_ticket(

@@ -38,6 +38,7 @@ WALKED: Final = {
     "dead_letter": _Q["prune_dead_letters"],
     "alarm_audit": _Q["prune_alarm_audit"],
     "command_audit": _Q["prune_command_audit"],
+    "dead_letter_audit": _Q["prune_dead_letter_audit"],
     "command_receipt": _Q["prune_receipts"],
     "outbox_event": _Q["prune_outbox"],
     "notify_delivery": _Q["prune_deliveries"],

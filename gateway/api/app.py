@@ -44,6 +44,7 @@ from gateway.api import (
     figures,
     health,
     notify,
+    rules,
     session,
     stream,
 )
@@ -62,6 +63,7 @@ from gateway.api.health import HealthCheck
 from gateway.api.routes import check_inputs, route
 from gateway.api.schemas import (
     ACTOR_MAX_LENGTH,
+    DEPRECATED_PROPERTIES,
     IDEMPOTENCY_KEY_MAX_LENGTH,
     JSON_VALUE,
     JSON_VALUE_SCHEMA,
@@ -217,6 +219,7 @@ def build_app(
             *devices.HANDLERS,
             *dead_letters.HANDLERS,
             *figures.HANDLERS,
+            *rules.HANDLERS,
             *session.HANDLERS,
             stream.create_ticket,
             *notify.HANDLERS,
@@ -293,6 +296,15 @@ def _complete(document: OpenAPI) -> None:
     schemas[JSON_VALUE] = JSON_VALUE_SCHEMA
     notify.complete(schemas)
     campaigns.complete(schemas)
+    health.complete(schemas)
+    for name, renamed in DEPRECATED_PROPERTIES.items():
+        properties = schemas[name].properties if name in schemas else None
+        for old, new in renamed.items():
+            if properties is not None and isinstance(properties.get(old), Schema):
+                kept = properties[old]
+                assert isinstance(kept, Schema)
+                kept.deprecated = True
+                kept.description = f"Deprecated: the same as `{new}`, under its first name."
     # A body Struct that forbids unknown fields says so (msgspec refuses them: a 422).
     for body in (ActionBody, CommandBody, notify.SilenceBody, *campaigns.BODIES):
         if body.__struct_config__.forbid_unknown_fields and body.__name__ in schemas:

@@ -15,7 +15,13 @@ from litestar.params import JSONBody, Parameter
 from msgspec import UNSET, UnsetType
 
 from gateway.api.auth import CallDep, Role, actor_of
-from gateway.api.errors import CAMPAIGN_CLOSED, CAMPAIGN_NOT_FOUND, NO_TARGETS, TARGETS_UNBOUND
+from gateway.api.errors import (
+    CAMPAIGN_CLOSED,
+    CAMPAIGN_NOT_FOUND,
+    NO_TARGETS,
+    TARGETS_UNBOUND,
+    bad_request,
+)
 from gateway.api.params import Before, CampaignId, CommandStatusFilter, Limit, page
 from gateway.api.routes import route
 from gateway.api.schemas import (
@@ -23,10 +29,13 @@ from gateway.api.schemas import (
     DEVICE_SELECTOR_MAX_LENGTH,
     DEVICE_SELECTOR_PATTERN,
     LIMIT_DEFAULT,
+    SELECTOR_ITEMS_MAX,
+    SELECTOR_PATTERN,
     Command,
     CommandName,
     IdempotencyKey,
     Params,
+    exact,
     from_row,
 )
 from gateway.api.schemas import (
@@ -151,6 +160,15 @@ class Campaign(msgspec.Struct, kw_only=True):
     counts: dict[str, int]
 
 
+class CampaignTargets(msgspec.Struct, kw_only=True):
+    """What a selector picks now: ``count`` devices (known and bound: a campaign started now
+    commands exactly these), the first of them by id in ``sample``."""
+
+    selector: list[str]
+    count: int
+    sample: list[str]
+
+
 class CampaignCreatedBody(msgspec.Struct, kw_only=True):
     campaign: Campaign
     created: bool  # false when the idempotency key named an existing campaign
@@ -259,6 +277,47 @@ async def create_campaign(
         CampaignCreatedBody(campaign=campaign_of(row), created=created.created),
         status_code=201 if created.created else 200,
     )
+
+
+TARGETS_SAMPLE: Final = 20
+
+
+@route(
+    "GET",
+    "/campaigns/targets",
+    operation_id="countCampaignTargets",
+    tag=TAG,
+    summary="How many devices a selector picks now: the targets a campaign would command",
+    role=Role.VIEWER,
+    description=(
+        "Resolves the selector exactly as `POST /campaigns` does when a campaign starts "
+        "(the known devices that are bound), without creating anything: `count`, and the "
+        f"first {TARGETS_SAMPLE} device ids in `sample`. Devices that appear or are unbound "
+        "between this answer and the campaign's start change what the campaign commands."
+    ),
+)
+async def count_campaign_targets(
+    commands: Commands,
+    selector: Annotated[
+        str,
+        Parameter(
+            pattern=SELECTOR_PATTERN,
+            schema_extra=exact("string"),
+            description=(
+                "The rules' device selector: device ids and globs (`*`, `?`, `[...]`, "
+                f"`[!...]`), comma-separated, e.g. `door-*,pump-1`; at most "
+                f"{SELECTOR_ITEMS_MAX} of them, each at most 64 characters."
+            ),
+        ),
+    ],
+) -> CampaignTargets:
+    patterns = selector.split(",")
+    try:
+        device_selector(patterns, "selector")
+    except ConfigError as exc:
+        raise bad_request("selector", exc.message) from None
+    found = await _service(commands).matching(patterns)
+    return CampaignTargets(selector=patterns, count=len(found), sample=found[:TARGETS_SAMPLE])
 
 
 @route(
@@ -419,6 +478,7 @@ def complete(schemas: dict[str, Any]) -> None:
 
 
 HANDLERS: Final = [
+    count_campaign_targets,
     create_campaign,
     list_campaigns,
     get_campaign,

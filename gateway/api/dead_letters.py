@@ -1,5 +1,6 @@
-"""Dead letters over HTTP (behaviour §3), for admins: the list, and a replay through the same
-path as ``gateway dead-letters replay`` (:mod:`gateway.ingest.replay`)."""
+"""Dead letters over HTTP (behaviour §3), for admins: the list, one letter with its payload, a
+replay through the same path as ``gateway dead-letters replay`` (:mod:`gateway.ingest.replay`),
+and a discard (deleted, with its audit row in ``dead_letter_audit``)."""
 
 from __future__ import annotations
 
@@ -10,18 +11,26 @@ from litestar import Request
 from litestar.params import Parameter
 
 from gateway.api.auth import CallDep, Role
-from gateway.api.errors import DEAD_LETTER_NOT_FOUND, UNAVAILABLE, ApiError
+from gateway.api.errors import (
+    DEAD_LETTER_BUSY,
+    DEAD_LETTER_DISCARDED,
+    DEAD_LETTER_NOT_FOUND,
+    UNAVAILABLE,
+    ApiError,
+)
 from gateway.api.params import Before, DeadLetterId, Limit, page
 from gateway.api.routes import route
 from gateway.api.schemas import (
     LIMIT_DEFAULT,
     DeadLetter,
+    DeadLetterDetail,
+    DeadLetterDiscarded,
     DeadLetterPage,
     Replayed,
     exact,
-    from_row,
 )
 from gateway.api.services import Pool, services_of
+from gateway.domain.dead_letter import why_never_replayable
 from gateway.ingest.replay import replay_one
 from storage import console as repo
 
@@ -53,8 +62,57 @@ async def list_dead_letters(
     before: Before = None,
 ) -> DeadLetterPage:
     rows = await repo.dead_letter_page(pool, reason=reason, before=before, limit=limit + 1)
-    items, next_before = page(rows, limit, lambda r: from_row(DeadLetter, r))
-    return DeadLetterPage(dead_letters=items, next_before=next_before)
+    items, next_before = page(rows, limit, _letter)
+    return DeadLetterPage(items=items, dead_letters=items, next_before=next_before)
+
+
+def _fields(row: Any) -> dict[str, Any]:
+    why = why_never_replayable(row["reason"], size=row["size"], kept=row["kept"])
+    return {
+        **{name: row[name] for name in DeadLetter.__struct_fields__ if name in row},
+        "replayable": why is None,
+        "not_replayable_because": why,
+    }
+
+
+def _letter(row: Any) -> DeadLetter:
+    return DeadLetter(**_fields(row))
+
+
+def _text(payload: bytes) -> str | None:
+    try:
+        return payload.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+@route(
+    "GET",
+    "/dead-letters/{id:str}",
+    summary="One dead letter with its payload (hex, and text when it is UTF-8)",
+    operation_id="getDeadLetter",
+    tag=TAG,
+    role=Role.ADMIN,
+    errors=[DEAD_LETTER_NOT_FOUND],
+    description=(
+        "The payload as kept (at most `[ingest] dead_letter_max_bytes`; `kept` < `size` means "
+        "it was truncated): every byte in `payload_hex`, and `payload_text`, the same bytes "
+        "read as UTF-8, or null when they are not UTF-8."
+    ),
+)
+async def get_dead_letter(pool: Pool, id: DeadLetterId) -> DeadLetterDetail:
+    row = await repo.dead_letter(pool, id)
+    if row is None:
+        raise ApiError(DEAD_LETTER_NOT_FOUND, f"no dead letter {id}", dead_letter_id=id)
+    payload = bytes(row["payload"])
+    return DeadLetterDetail(
+        **_fields(row),
+        payload_hex=payload.hex(),
+        payload_text=_text(payload),
+        payload_sha256=row["payload_sha256"],
+        seen_count=row["seen_count"],
+        last_seen_at=row["last_seen_at"],
+    )
 
 
 @route(
@@ -87,7 +145,56 @@ async def replay_dead_letter(
         actor=call.caller.name,
         request_id=call.request_id,
     )
-    return Replayed(dead_letter_id=id, outcome=outcome.outcome)
+    return Replayed(dead_letter_id=id, outcome=outcome.outcome, succeeded=outcome.succeeded)
 
 
-HANDLERS: Final = [list_dead_letters, replay_dead_letter]
+@route(
+    "DELETE",
+    "/dead-letters/{id:str}",
+    summary="Discard the dead letter: deleted, with an audit row naming who",
+    operation_id="discardDeadLetter",
+    tag=TAG,
+    role=Role.ADMIN,
+    writes=True,
+    errors=[DEAD_LETTER_NOT_FOUND, DEAD_LETTER_DISCARDED, DEAD_LETTER_BUSY],
+    description=(
+        "The letter is deleted and `dead_letter_audit` keeps what it was (topic, reason, size, "
+        "SHA-256 of the whole payload, its replays) with the token's name, in one transaction. "
+        "A letter discarded already is 409 `ALREADY_DISCARDED` with who did it and when; one a "
+        "replay holds at this very moment is 409 `DEAD_LETTER_BUSY`. No request body."
+    ),
+)
+async def discard_dead_letter(
+    request: Request[Any, Any, Any], pool: Pool, call: CallDep, id: DeadLetterId
+) -> DeadLetterDiscarded:
+    node_id = services_of(request).replay().node_id
+    try:
+        discarded, now = await repo.discard_dead_letter(
+            pool, id, actor=call.caller.name, node_id=node_id, request_id=call.request_id
+        )
+    except repo.DiscardBusyError:
+        raise ApiError(
+            DEAD_LETTER_BUSY, f"a replay holds dead letter {id} right now", dead_letter_id=id
+        ) from None
+    if discarded is None:
+        raise ApiError(DEAD_LETTER_NOT_FOUND, f"no dead letter {id}", dead_letter_id=id)
+    if not now:
+        raise ApiError(
+            DEAD_LETTER_DISCARDED,
+            f"{discarded.actor} discarded dead letter {id} already",
+            dead_letter_id=id,
+            actor=discarded.actor,
+            discarded_at=discarded.at,
+        )
+    log.info(
+        "dead_letter_discarded",
+        dead_letter_id=id,
+        actor=call.caller.name,
+        request_id=call.request_id,
+    )
+    return DeadLetterDiscarded(
+        dead_letter_id=id, discarded_by=discarded.actor, discarded_at=discarded.at
+    )
+
+
+HANDLERS: Final = [list_dead_letters, get_dead_letter, replay_dead_letter, discard_dead_letter]

@@ -15,6 +15,8 @@ from gateway.api.params import DeviceId, Limit
 from gateway.api.routes import route
 from gateway.api.schemas import (
     LIMIT_DEFAULT,
+    SELECTOR_ITEMS_MAX,
+    SELECTOR_PATTERN,
     ClockAdjustmentSeen,
     Device,
     DeviceClockFigures,
@@ -49,15 +51,6 @@ SAMPLE_CURSOR_PATTERN: Final = r"^[0-9]{1,19}-[0-9a-f]{64}$"
 _SAMPLE_CURSOR: Final = re.compile(SAMPLE_CURSOR_PATTERN.removesuffix("$") + r"\Z")
 _EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
 _LATEST: Final = datetime(9999, 12, 31, tzinfo=UTC)
-# A selector item is a device id, or a glob (a `*`, `?` or `[` in its first 21 characters);
-# either way at most 64 characters. Every string the pattern admits is a selector the rules
-# accept, so the document's readers and the server agree.
-_ID_ITEM: Final = r"[A-Za-z0-9_.:-]{1,64}"
-_GLOB_ITEM: Final = r"[A-Za-z0-9_.:!\]-]{0,20}[*?\[][A-Za-z0-9_.:*?!\[\]-]{0,43}"
-SELECTOR_ITEMS_MAX: Final = 32
-SELECTOR_PATTERN: Final = (
-    rf"^(?:{_ID_ITEM}|{_GLOB_ITEM})(?:,(?:{_ID_ITEM}|{_GLOB_ITEM})){{0,{SELECTOR_ITEMS_MAX - 1}}}$"
-)
 
 
 def _selector(text: str | None) -> DeviceSelector | None:
@@ -123,7 +116,7 @@ async def list_devices(
         rows = await repo.device_page(pool, presence=presence, after=after, limit=limit + 1)
         page = [_device(r) for r in rows[:limit]]
         more = len(rows) > limit
-        return DevicePage(devices=page, next_after=page[-1].device_id if more else None)
+        return _page(page, page[-1].device_id if more else None)
     # Globs do not translate to SQL exactly: the selector itself picks, over a bounded scan.
     found: list[Device] = []
     cursor, scanned = after, 0
@@ -135,10 +128,15 @@ async def list_devices(
             if chosen.matches(row["device_id"]):
                 found.append(_device(row))
                 if len(found) == limit:
-                    return DevicePage(devices=found, next_after=cursor)
+                    return _page(found, cursor)
         if len(rows) < _SCAN_BATCH:
-            return DevicePage(devices=found, next_after=None)
-    return DevicePage(devices=found, next_after=cursor)
+            return _page(found, None)
+    return _page(found, cursor)
+
+
+def _page(devices: list[Device], next_after: str | None) -> DevicePage:
+    # `devices` repeats `items` for clients written before the one envelope (deprecated).
+    return DevicePage(items=devices, devices=devices, next_after=next_after)
 
 
 def _latest(samples: list[Any]) -> tuple[dict[str, LatestMetric], list[LatestEvent]]:
@@ -290,6 +288,7 @@ async def device_telemetry(
     ]
     more = len(rows) > limit
     return SamplePage(
+        items=samples,
         samples=samples,
         next_before=_cursor_of(page[-1]["ts"], page[-1]["event_id"]) if more else None,
     )

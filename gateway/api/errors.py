@@ -14,6 +14,7 @@ from __future__ import annotations
 import traceback
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Final
 
 import msgspec
@@ -83,6 +84,18 @@ COMMAND_NOT_FOUND: Final = ErrorKind(404, "NOT_FOUND", "no such command (`comman
 ROUTE_NOT_FOUND: Final = ErrorKind(404, "NOT_FOUND", "no such path")
 DEVICE_NOT_FOUND: Final = ErrorKind(404, "NOT_FOUND", "no such device (`device_id`)")
 DEAD_LETTER_NOT_FOUND: Final = ErrorKind(404, "NOT_FOUND", "no such dead letter (`dead_letter_id`)")
+DEAD_LETTER_DISCARDED: Final = ErrorKind(
+    409,
+    "ALREADY_DISCARDED",
+    "the dead letter was discarded already (`dead_letter_id`, `actor`: who, `discarded_at`); "
+    "nothing is changed",
+)
+DEAD_LETTER_BUSY: Final = ErrorKind(
+    409,
+    "DEAD_LETTER_BUSY",
+    "a replay holds the dead letter at this very moment (`dead_letter_id`); nothing is "
+    "changed, retry",
+)
 METHOD_NOT_ALLOWED: Final = ErrorKind(
     405, "METHOD_NOT_ALLOWED", "the path exists, the method does not (`Allow` lists them)"
 )
@@ -206,6 +219,7 @@ class ErrorBody(msgspec.Struct, kw_only=True, omit_defaults=True):
     required_role: str | UnsetType = UNSET
     size: int | UnsetType = UNSET
     limit: int | UnsetType = UNSET
+    discarded_at: datetime | UnsetType = UNSET
 
 
 class ApiError(GatewayError):

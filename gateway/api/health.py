@@ -8,6 +8,8 @@ from typing import Any, Final, Literal
 import msgspec
 from litestar import Request, Response
 from litestar.openapi.datastructures import ResponseSpec
+from litestar.openapi.spec import Schema
+from litestar.openapi.spec.enums import OpenAPIType
 from msgspec import UNSET, UnsetType
 
 from gateway.api.routes import route
@@ -63,8 +65,28 @@ class Health(msgspec.Struct, kw_only=True, omit_defaults=True):
     database: DatabaseHealth
     broker: BrokerHealth
     # Audit rows PostgreSQL refused since the node started (each one's change rolled back).
-    audit_failures: int = msgspec.field(name="auditFailures")
+    audit_failures: int
     ingest: IngestHealth
+    # The same count under its first, camelCase name: kept for monitors written against it
+    # (deprecated; every other key is snake_case).
+    # (Set from `audit_failures` whatever is passed: UNSET only until then, never encoded so.)
+    audit_failures_legacy: int | UnsetType = msgspec.field(default=UNSET, name="auditFailures")
+
+    def __post_init__(self) -> None:
+        self.audit_failures_legacy = self.audit_failures
+
+
+def complete(schemas: dict[str, Schema]) -> None:
+    """`auditFailures` as it is sent: always, an integer, deprecated for `audit_failures`."""
+    health = schemas.get(Health.__name__)
+    if health is None or health.properties is None:
+        return
+    health.properties["auditFailures"] = Schema(
+        type=OpenAPIType.INTEGER,
+        deprecated=True,
+        description="Deprecated: `audit_failures` under its first name, kept for old monitors.",
+    )
+    health.required = sorted({*(health.required or []), "auditFailures"})
 
 
 HealthCheck = Callable[[], Awaitable[tuple[bool, Health]]]

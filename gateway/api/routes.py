@@ -133,6 +133,7 @@ class _Param:
     kind: type | None  # int or float: a stricter grammar than msgspec's; None otherwise
     pattern: re.Pattern[str] | None
     null_is_none: bool  # msgspec would read the text `null` as None: refused
+    required: bool = False  # no default: absent is a 400 here (not the framework's answer)
 
 
 def _reads_null_as_none(annotation: Any) -> bool:
@@ -177,6 +178,7 @@ def _param(name: str, field: Any) -> _Param:
         kind=kind,
         pattern=_strict(pattern) if pattern else None,
         null_is_none=field.is_optional and _reads_null_as_none(field.annotation),
+        required=not field.is_optional and not field.has_default,
     )
 
 
@@ -238,6 +240,9 @@ async def check_inputs(request: Request[Any, Any, Any]) -> None:
             raise bad_request(name, "given more than once")
         for value in values:
             _check(param, value)
+    for name, param in inputs.query.items():
+        if param.required and name not in query:
+            raise bad_request(name, "required")
     for name, param in inputs.path.items():
         _check(param, str(request.path_params[name]))
     if inputs.body is not None:

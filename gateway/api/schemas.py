@@ -60,6 +60,15 @@ DEVICE_SELECTOR_PATTERN: Final = (
     r"^([A-Za-z0-9_.:-]{1,64}|[A-Za-z0-9_.:\]!-]*[*?\[][A-Za-z0-9_.:*?\[\]!-]*)$"
 )
 DEVICE_SELECTOR_MAX_LENGTH: Final = 128
+# A selector in a query string (`GET /devices?selector=`, `GET /campaigns/targets?selector=`):
+# comma-separated items, each a device id, or a glob (a `*`, `?` or `[` in its first 21
+# characters); either way at most 64 characters. Every string the pattern admits is a selector
+# the rules accept, so the document's readers and the server agree.
+_SELECTOR_ID_ITEM: Final = r"[A-Za-z0-9_.:-]{1,64}"
+_SELECTOR_GLOB_ITEM: Final = r"[A-Za-z0-9_.:!\]-]{0,20}[*?\[][A-Za-z0-9_.:*?!\[\]-]{0,43}"
+_SELECTOR_ITEM: Final = rf"(?:{_SELECTOR_ID_ITEM}|{_SELECTOR_GLOB_ITEM})"
+SELECTOR_ITEMS_MAX: Final = 32
+SELECTOR_PATTERN: Final = rf"^{_SELECTOR_ITEM}(?:,{_SELECTOR_ITEM}){{0,{SELECTOR_ITEMS_MAX - 1}}}$"
 
 NulFreeText = Annotated[str, msgspec.Meta(pattern=NUL_FREE)]
 Actor = Annotated[
@@ -376,10 +385,12 @@ class Device(msgspec.Struct, kw_only=True):
 
 class DevicePage(msgspec.Struct, kw_only=True):
     """Devices by id, ascending. ``next_after`` is ``after`` for the next page (null on the
-    last); a page may be shorter than ``limit`` and still have a next one (``selector``)."""
+    last); a page may be shorter than ``limit`` and still have a next one (``selector``).
+    ``devices`` is ``items`` again, kept for older clients (deprecated)."""
 
-    devices: list[Device]
+    items: list[Device]
     next_after: str | None = None
+    devices: list[Device]
 
 
 class LatestMetric(msgspec.Struct, kw_only=True):
@@ -449,10 +460,12 @@ class Sample(msgspec.Struct, kw_only=True):
 
 
 class SamplePage(msgspec.Struct, kw_only=True):
-    """Newest first; ``next_before`` is ``before`` for the next (older) page, null on the last."""
+    """Newest first; ``next_before`` is ``before`` for the next (older) page, null on the last.
+    ``samples`` is ``items`` again, kept for older clients (deprecated)."""
 
-    samples: list[Sample]
+    items: list[Sample]
     next_before: str | None = None
+    samples: list[Sample]
 
 
 # --- dead letters -------------------------------------------------------------------------------
@@ -460,31 +473,72 @@ class SamplePage(msgspec.Struct, kw_only=True):
 
 class DeadLetter(msgspec.Struct, kw_only=True):
     """A message that could not be ingested, kept with why (``reason``, ``detail``); ``size`` is
-    the payload's size as it arrived; the replay columns say what the last replay did."""
+    the payload's size as it arrived, ``kept`` how many of its bytes were kept (fewer: it was
+    truncated); the replay columns say what the last replay did. ``replayable`` is false for a
+    letter no replay can ever ingest (truncated, ``MALFORMED``, ``BAD_DEVICE_ID``), with why in
+    ``not_replayable_because`` (docs/api.md, Dead letters)."""
 
     id: int
     topic: str
     reason: str
     detail: str
     size: int
+    kept: int
     received_at: datetime
     node_id: str
     replay_count: int
     replayed_at: datetime | None
     replay_outcome: str | None
+    replayable: bool
+    not_replayable_because: str | None
+
+
+class DeadLetterDetail(DeadLetter, kw_only=True):
+    """A dead letter with its payload as kept: ``payload_hex`` (every byte), and
+    ``payload_text``, the bytes read as UTF-8 (null when they are not UTF-8: the hex has them),
+    ``payload_sha256`` of the whole payload, how often it was seen and when last."""
+
+    payload_hex: str
+    payload_text: str | None
+    payload_sha256: str
+    seen_count: int
+    last_seen_at: datetime
 
 
 class DeadLetterPage(msgspec.Struct, kw_only=True):
-    dead_letters: list[DeadLetter]
+    """Newest first (see `ListEnvelope`); ``dead_letters`` is ``items`` again, kept for clients
+    written before the envelope was one shape (deprecated)."""
+
+    items: list[DeadLetter]
     next_before: int | None = None  # `before` for the next (older) page; null on the last
+    dead_letters: Annotated[list[DeadLetter], msgspec.Meta(extra_json_schema={"deprecated": True})]
 
 
 class Replayed(msgspec.Struct, kw_only=True):
-    """What a replay did: ``stored``, ``duplicate``, ``receipt``, ``presence`` (ingested), or
-    ``still_invalid: <reason>``, ``truncated`` (not ingested, kept)."""
+    """What a replay did: ``stored``, ``duplicate``, ``receipt``, ``presence`` (ingested,
+    ``succeeded`` true), or ``still_invalid: <reason>``, ``truncated`` (not ingested, kept;
+    ``succeeded`` false)."""
 
     dead_letter_id: int
     outcome: str
+    succeeded: bool
+
+
+class DeadLetterDiscarded(msgspec.Struct, kw_only=True):
+    """A discarded dead letter: who discarded it (the token's name) and when."""
+
+    dead_letter_id: int
+    discarded_by: str
+    discarded_at: datetime
+
+
+# Properties kept under an old name for clients written before (docs/api.md, "Lists: one
+# envelope"; /health's keys): the document marks them deprecated and says what replaced them.
+DEPRECATED_PROPERTIES: Final[dict[str, dict[str, str]]] = {
+    "DeadLetterPage": {"dead_letters": "items"},
+    "DevicePage": {"devices": "items"},
+    "SamplePage": {"samples": "items"},
+}
 
 
 # --- the alarm system's figures (GET /alarm-stats) ----------------------------------------------

@@ -293,6 +293,15 @@ class CampaignService:
             raise CampaignNotFoundError(campaign_id)
         return row
 
+    async def matching(self, selector: Sequence[str]) -> list[str]:
+        """The devices a campaign with this selector would command if it started now: the
+        known bound devices it picks, sorted (what ``create`` resolves it to)."""
+        async with self.pool.acquire() as conn:
+            try:
+                return await _resolve(conn, Targets(selector=tuple(selector)))
+            except NoTargetsError:
+                return []
+
     async def get(self, campaign_id: int) -> CountedCampaignRow:
         """The campaign with its count per command status, read in one statement."""
         return await self._read(self.pool, campaign_id)

@@ -2,7 +2,8 @@
 
 Used by ``gateway demo --screenshots OUTDIR``: Debian's chromium, driven by Playwright (a dev
 dependency, imported only here), signs in with the demo's token, waits for open alarms, and
-saves the alarm list and the most severe alarm's detail at each size as PNG files. And by
+saves the alarm list, the most severe alarm's detail and the campaign form at its confirmation
+at each size as PNG files. And by
 ``gateway demo --measure-live N``: how long an alarm takes from its telemetry to an open page.
 """
 
@@ -68,9 +69,33 @@ async def take_screenshots(
             await page.locator("#alarm-detail").scroll_into_view_if_needed()
             detail = outdir / f"console-alarm-detail-{label}.png"
             await page.screenshot(path=str(detail))
-            written += [listing, detail]
+            written += [
+                listing,
+                detail,
+                await _campaign_form(page, outdir / f"console-campaign-{label}.png"),
+            ]
             await context.close()
     return written
+
+
+async def _campaign_form(page: Page, path: Path) -> Path:
+    """The campaign form filled in, its selector counted, at its confirmation; nothing is
+    started (Back)."""
+    await page.get_by_role("link", name="Campaigns").click()
+    form = page.locator("#campaign-create")
+    await form.get_by_label("Command", exact=True).fill("set-interval")
+    await form.get_by_label("Params (JSON object)").fill('{"seconds": 30}')
+    await form.get_by_label("Targets (selector)").fill("sim-0000*")
+    await expect(page.locator("#campaign-target-count")).to_contain_text("match:", timeout=WAIT_MS)
+    await form.get_by_label("Rollout: commands per minute").fill("60")
+    await form.get_by_label("Abort when failed").fill("20")
+    await form.get_by_label("once finished").fill("10")
+    await form.get_by_role("button", name="Review campaign").click()
+    await expect(page.locator("#campaign-confirm")).to_be_visible(timeout=WAIT_MS)
+    await page.locator("#view-campaigns").scroll_into_view_if_needed()
+    await page.screenshot(path=str(path))
+    await page.get_by_role("button", name="Back").click()
+    return path
 
 
 # Records, in the page, when a row naming each watched device first shows in the alarm list

@@ -45,8 +45,8 @@ LIMIT $7;
 
 -- name: dead_letter_page
 -- $1 reason or null, $2 before id (keyset, newest first) or null, $3 limit.
-SELECT id, topic, reason, detail, payload_size AS size, received_at, node_id, replay_count,
-       replayed_at, replay_outcome
+SELECT id, topic, reason, detail, payload_size AS size, octet_length(payload) AS kept,
+       received_at, node_id, replay_count, replayed_at, replay_outcome
 FROM dead_letter
 WHERE ($1::text IS NULL OR reason = $1)
   AND ($2::bigint IS NULL OR id < $2)
@@ -56,6 +56,36 @@ LIMIT $3;
 -- name: dead_letter_exists
 -- $1 id.
 SELECT EXISTS (SELECT 1 FROM dead_letter WHERE id = $1);
+
+-- name: dead_letter
+-- $1 id; one dead letter with its payload (as kept: at most [ingest] dead_letter_max_bytes).
+SELECT id, topic, reason, detail, payload_size AS size, octet_length(payload) AS kept,
+       received_at, node_id, replay_count, replayed_at, replay_outcome, payload,
+       payload_sha256, seen_count, last_seen_at
+FROM dead_letter WHERE id = $1;
+
+-- name: lock_dead_letter_for_discard
+-- $1 id; locks the letter, or nothing when it is gone or a replay holds it right now.
+SELECT id FROM dead_letter WHERE id = $1 FOR UPDATE SKIP LOCKED;
+
+-- name: discard_dead_letter
+-- $1 id (locked by lock_dead_letter_for_discard), $2 actor, $3 node id, $4 request id; deletes
+-- the letter and writes its audit row in one statement.
+WITH gone AS (
+    DELETE FROM dead_letter WHERE id = $1
+    RETURNING id, topic, reason, payload_size, payload_sha256, replay_count, replay_outcome
+)
+INSERT INTO dead_letter_audit (dead_letter_id, action, actor, topic, reason, payload_size,
+                               payload_sha256, replay_count, replay_outcome, node_id, request_id)
+SELECT id, 'discard', $2, topic, reason, payload_size, payload_sha256, replay_count,
+       replay_outcome, $3, $4
+FROM gone
+RETURNING dead_letter_id, actor, at;
+
+-- name: dead_letter_discarded
+-- $1 id; who discarded it and when (nothing if it never was).
+SELECT dead_letter_id, actor, at FROM dead_letter_audit
+WHERE dead_letter_id = $1 AND action = 'discard';
 
 -- name: insert_ticket
 -- $1 digest, $2 token name, $3 role, $4 lifetime seconds; expires_at on the database clock.

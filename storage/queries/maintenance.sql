@@ -93,6 +93,18 @@ WITH chunk AS (
 SELECT (SELECT count(*) FROM gone) AS done, (SELECT max(id) FROM chunk) AS last_id,
        (SELECT min(at) FROM chunk) AS oldest;
 
+-- name: prune_dead_letter_audit
+-- $1 after id, $2 cut-off, $3 chunk; discards recorded before the cut-off (the letters they
+-- describe are gone already).
+WITH chunk AS (
+    SELECT id, at FROM dead_letter_audit WHERE id > $1 ORDER BY id LIMIT $3
+), gone AS (
+    DELETE FROM dead_letter_audit WHERE id IN (SELECT id FROM chunk WHERE at < $2)
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM gone) AS done, (SELECT max(id) FROM chunk) AS last_id,
+       (SELECT min(at) FROM chunk) AS oldest;
+
 -- name: prune_receipts
 -- $1 after id, $2 cut-off, $3 chunk; receipts received before the cut-off that name no known
 -- command, or whose command finished before it. Receipts of an open command stay.

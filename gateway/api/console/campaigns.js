@@ -2,10 +2,31 @@
 // page reads each visible campaign's detail (GET /campaigns/{id}: total and counts per command
 // status). Live: campaign.* events, and command.finished events of a campaign's command, read
 // the list again, throttled (a campaign of a thousand devices finishing costs a read a second).
+// Operators start one with the form: targets by selector with a live count of the devices it
+// picks (GET /campaigns/targets), rollout and abort criteria, then a confirmation that says how
+// many devices will be commanded before anything is created.
 import { query } from "./api.js";
 import { clear, el, throttle, timeEl } from "./util.js";
 
 const PAGE = 20;
+const COUNT_DELAY_MS = 300;
+
+// A selector as typed: comma-separated, spaces around the items dropped.
+function selectorOf(text) {
+  return text.split(",").map((s) => s.trim()).filter(Boolean).join(",");
+}
+
+function newKey() {
+  const bytes = new Uint8Array(16);
+  crypto.getRandomValues(bytes);
+  return `console-${Array.from(bytes, (b) => b.toString(16).padStart(2, "0")).join("")}`;
+}
+
+function whole(text) {
+  if (text === "") return null;
+  const value = Number(text);
+  return Number.isInteger(value) && value >= 1 ? value : NaN;
+}
 // The order a command moves in; the counts are shown in it.
 const COMMAND_STATUSES = ["PENDING", "CLAIMED", "SENT", "ACKED", "FAILED", "TIMEOUT", "CANCELLED"];
 
@@ -25,6 +46,139 @@ export class CampaignsView {
     });
     this.more.addEventListener("click", () => this.load(true));
     this.refreshSoon = throttle(() => this.reload(), 1000);
+    this.create = document.getElementById("campaign-create");
+    this.countOut = document.getElementById("campaign-target-count");
+    this.confirm = document.getElementById("campaign-confirm");
+    this.countTimer = null;
+    this.countAsked = 0;
+    this.pending = null;
+    this.create.elements.selector.addEventListener("input", () => {
+      clearTimeout(this.countTimer);
+      this.countTimer = setTimeout(() => this.count(), COUNT_DELAY_MS);
+    });
+    this.create.addEventListener("submit", (event) => {
+      event.preventDefault();
+      this.review();
+    });
+    // Any change to the form after a review makes that review stale.
+    this.create.addEventListener("input", () => { if (!this.confirm.hidden) this.back(false); });
+    document.getElementById("campaign-start").addEventListener("click", () => this.start());
+    document.getElementById("campaign-back").addEventListener("click", () => this.back(true));
+  }
+
+  // The live count: what the selector picks now, as a campaign started now would.
+  async count() {
+    const selector = selectorOf(this.create.elements.selector.value);
+    const asked = ++this.countAsked;
+    if (!selector) {
+      this.countOut.textContent = "Type a selector: device ids and globs, comma-separated.";
+      this.countOut.dataset.count = "";
+      return null;
+    }
+    let answer;
+    try {
+      answer = await this.ctx.api.get(`/campaigns/targets${query({ selector })}`);
+    } catch (error) {
+      if (asked !== this.countAsked) return null;
+      this.countOut.textContent = error.status === 400 ? `Not a selector: ${error.message}` : `Cannot count: ${error.message}`;
+      this.countOut.dataset.count = "";
+      return null;
+    }
+    if (asked !== this.countAsked) return null;
+    const shown = answer.sample.join(", ") + (answer.count > answer.sample.length ? ", …" : "");
+    this.countOut.dataset.count = String(answer.count);
+    this.countOut.textContent = answer.count === 0
+      ? "No device that takes commands matches."
+      : `${answer.count} device${answer.count === 1 ? "" : "s"} match: ${shown}`;
+    return answer;
+  }
+
+  // The form checked and the targets counted again: the confirmation, nothing created yet.
+  async review() {
+    const f = this.create.elements;
+    const name = f.name.value.trim();
+    const selector = selectorOf(f.selector.value);
+    if (!name) { this.ctx.notify("A campaign needs a command name."); f.name.focus(); return; }
+    let params;
+    try {
+      params = JSON.parse(f.params.value || "{}");
+      if (params === null || typeof params !== "object" || Array.isArray(params)) throw new Error("not an object");
+    } catch {
+      this.ctx.notify("Params must be a JSON object, e.g. {\"level\": 3}.");
+      f.params.focus();
+      return;
+    }
+    if (!selector) { this.ctx.notify("A campaign needs targets: a selector such as pump-*."); f.selector.focus(); return; }
+    const perMinute = whole(f.per_minute.value.trim());
+    if (Number.isNaN(perMinute)) { this.ctx.notify("Rollout: a whole number of commands per minute, 1 or more."); f.per_minute.focus(); return; }
+    const percent = f.failure_ratio.value.trim() === "" ? null : Number(f.failure_ratio.value);
+    const minFinished = whole(f.min_finished.value.trim());
+    if ((percent === null) !== (minFinished === null)) {
+      this.ctx.notify("Abort criteria: give both the failed share and how many must be finished first, or neither.");
+      (percent === null ? f.failure_ratio : f.min_finished).focus();
+      return;
+    }
+    if (percent !== null && (!(percent > 0 && percent <= 100) || Number.isNaN(minFinished))) {
+      this.ctx.notify("Abort criteria: a share above 0 and at most 100 %, and a whole number finished.");
+      f.failure_ratio.focus();
+      return;
+    }
+    const counted = await this.count();
+    if (counted === null) { f.selector.focus(); return; }
+    if (counted.count === 0) {
+      this.ctx.notify("The selector picks no device that takes commands: nothing to start.");
+      f.selector.focus();
+      return;
+    }
+    const body = { name, params, delivery: f.delivery.value, targets: { selector: selector.split(",") }, idempotency_key: newKey() };
+    if (perMinute !== null) body.rollout = { per_minute: perMinute };
+    if (percent !== null) body.abort = { failure_ratio: percent / 100, min_finished: minFinished };
+    this.pending = { body, count: counted.count };
+    const n = counted.count;
+    document.getElementById("campaign-confirm-text").textContent =
+      `Send “${name}” to ${n} device${n === 1 ? "" : "s"}?`;
+    document.getElementById("campaign-confirm-text").dataset.count = String(n);
+    const parts = [
+      `Targets: ${selector} (${counted.sample.join(", ")}${n > counted.sample.length ? ", …" : ""})`,
+      `params ${JSON.stringify(params)}`,
+      `${body.delivery} delivery`,
+      perMinute !== null ? `at most ${perMinute} per minute` : "no rollout limit",
+      percent !== null ? `aborted once ${minFinished} are finished with ${percent} % or more failed` : "no abort criteria",
+    ];
+    document.getElementById("campaign-confirm-detail").textContent = `${parts.join("; ")}. Devices that appear or are unbound before you start change the count.`;
+    this.confirm.hidden = false;
+    document.getElementById("campaign-confirm-title").focus();
+  }
+
+  back(focus) {
+    this.confirm.hidden = true;
+    this.pending = null;
+    if (focus) this.create.elements.name.focus();
+  }
+
+  async start() {
+    if (!this.pending) return;
+    const { body, count } = this.pending;
+    const button = document.getElementById("campaign-start");
+    button.disabled = true;
+    let answer;
+    try {
+      answer = await this.ctx.api.post("/campaigns", body);
+    } catch (error) {
+      const detail = error.code === "NO_TARGETS" ? " (the selector picks no device now)" : "";
+      this.ctx.notify(`Could not start the campaign: ${error.message}${detail}`);
+      button.disabled = false;
+      return;
+    }
+    button.disabled = false;
+    const campaign = answer.campaign;
+    const differs = campaign.total !== count ? ` (${count} matched when you reviewed it)` : "";
+    this.ctx.notify(`Campaign #${campaign.id} “${campaign.name}” started: ${campaign.total} command${campaign.total === 1 ? "" : "s"}${differs}.`, "ok");
+    this.confirm.hidden = true;
+    this.pending = null;
+    this.create.reset();
+    this.countOut.textContent = "Type a selector: device ids and globs, comma-separated.";
+    await this.reload();
   }
 
   show() { return this.load(false); }

@@ -8,6 +8,30 @@ import { clear, el, throttle, timeEl } from "./util.js";
 const OPEN = new Set(["PENDING", "CLAIMED", "SENT"]);
 const POLL_MS = 2000;
 
+// POST /devices/{id}/commands from a form's values (params as JSON text); the answer, or null
+// once the error is shown. The commands view and a device's page both send through this.
+export async function sendCommand(ctx, device, { name, params, delivery }, paramsField = null) {
+  let parsed;
+  try {
+    parsed = JSON.parse(params || "{}");
+    if (parsed === null || typeof parsed !== "object" || Array.isArray(parsed)) throw new Error("not an object");
+  } catch {
+    ctx.notify("Params must be a JSON object, e.g. {\"level\": 3}.");
+    if (paramsField) paramsField.focus();
+    return null;
+  }
+  try {
+    const answer = await ctx.api.post(`/devices/${encodeURIComponent(device)}/commands`, {
+      name: name.trim(), params: parsed, delivery,
+    });
+    ctx.notify(`Command ${answer.command.id} to ${device} ${answer.created ? "created" : "already existed"} (${answer.command.status}).`, "ok");
+    return answer;
+  } catch (error) {
+    ctx.notify(`Could not send to ${device}: ${error.message}`);
+    return null;
+  }
+}
+
 export class CommandsView {
   constructor(ctx) {
     this.ctx = ctx;
@@ -38,7 +62,10 @@ export class CommandsView {
   async show(device) {
     this.device = device || null;
     this.pick.elements.device.value = this.device || "";
-    this.create.hidden = !this.device || !this.ctx.canAct();
+    // The form is there for operators whatever the list shows: the device is one of its fields,
+    // filled in from the device being shown.
+    this.create.hidden = !this.ctx.canAct();
+    if (this.device) this.create.elements.device.value = this.device;
     await this.load();
   }
 
@@ -95,22 +122,16 @@ export class CommandsView {
 
   async send() {
     const form = this.create.elements;
-    let params;
-    try {
-      params = JSON.parse(form.params.value || "{}");
-      if (params === null || typeof params !== "object" || Array.isArray(params)) throw new Error("not an object");
-    } catch {
-      this.ctx.notify("Params must be a JSON object, e.g. {\"level\": 3}.");
-      form.params.focus();
-      return;
-    }
-    try {
-      const answer = await this.ctx.api.post(`/devices/${encodeURIComponent(this.device)}/commands`, {
-        name: form.name.value.trim(), params, delivery: form.delivery.value,
-      });
-      this.ctx.notify(`Command ${answer.command.id} ${answer.created ? "created" : "already existed"} (${answer.command.status}).`, "ok");
-    } catch (error) {
-      this.ctx.notify(`Could not send: ${error.message}`);
+    const device = form.device.value.trim();
+    const answer = await sendCommand(this.ctx, device, {
+      name: form.name.value, params: form.params.value, delivery: form.delivery.value,
+    }, form.params);
+    // Sent to another device than the list shows: show that device's commands (the address
+    // follows without a hashchange, which would redraw and hide the notice).
+    if (answer && device !== this.device) {
+      history.replaceState(null, "", `#/commands/${encodeURIComponent(device)}`);
+      this.device = device;
+      this.pick.elements.device.value = device;
     }
     await this.load();
   }

@@ -1,8 +1,30 @@
-// Dead letters (admin): what could not be ingested, why, how big; replay through the normal path.
+// Dead letters (admin): what could not be ingested, why, how big; a letter's payload (hex and
+// text); replay through the normal path — offered only where a replay can ever ingest it (the
+// API's `replayable`: not a truncated, MALFORMED or BAD_DEVICE_ID letter) —, a replay that
+// failed shown as a failure; and discard, after a confirmation (audited by the gateway).
 import { query } from "./api.js";
-import { bytes, clear, el, timeEl } from "./util.js";
+import { append, bytes, clear, el, timeEl } from "./util.js";
 
 const PAGE = 50;
+// Bytes per line of the hex dump: eight fit the detail pane beside the list.
+const HEX_ROW = 8;
+// The outcomes of a replay that ingested nothing (the API's `succeeded` says so too).
+const FAILED = /^(still_invalid|truncated)/;
+
+// A hex dump: offset, HEX_ROW bytes in hex, the same bytes as ASCII (a dot for the rest).
+function hexDump(hex) {
+  const lines = [];
+  for (let at = 0; at < hex.length; at += HEX_ROW * 2) {
+    const chunk = hex.slice(at, at + HEX_ROW * 2);
+    const pairs = chunk.match(/../g) || [];
+    const ascii = pairs.map((p) => {
+      const code = parseInt(p, 16);
+      return code >= 0x20 && code < 0x7f ? String.fromCharCode(code) : ".";
+    }).join("");
+    lines.push(`${(at / 2).toString(16).padStart(8, "0")}  ${pairs.join(" ").padEnd(HEX_ROW * 3 - 1)}  ${ascii}`);
+  }
+  return lines.join("\n");
+}
 
 export class DeadLettersView {
   constructor(ctx) {
@@ -11,8 +33,10 @@ export class DeadLettersView {
     this.body = document.querySelector("#dead-letter-table tbody");
     this.empty = document.getElementById("dead-letter-empty");
     this.more = document.getElementById("dead-letter-more");
+    this.detail = document.getElementById("dead-letter-detail");
     this.items = [];
     this.next = null;
+    this.selected = null;
     this.form.addEventListener("submit", (event) => {
       event.preventDefault();
       this.load(false);
@@ -20,7 +44,14 @@ export class DeadLettersView {
     this.more.addEventListener("click", () => this.load(true));
   }
 
-  show() { return this.load(false); }
+  async show(id) {
+    await this.load(false);
+    if (id) await this.open(Number(id));
+    else {
+      this.selected = null;
+      this.detail.hidden = true;
+    }
+  }
 
   refresh() { return this.load(false); }
 
@@ -33,7 +64,7 @@ export class DeadLettersView {
       this.ctx.notify(`Dead letters: ${error.message}`);
       return;
     }
-    this.items = append ? [...this.items, ...page.dead_letters] : page.dead_letters;
+    this.items = append ? [...this.items, ...page.items] : page.items;
     this.next = page.next_before ?? null;
     this.render();
   }
@@ -41,29 +72,111 @@ export class DeadLettersView {
   render() {
     clear(this.body);
     for (const letter of this.items) {
+      const failed = letter.replay_outcome !== null && FAILED.test(letter.replay_outcome);
       const replayed = letter.replay_count
-        ? `${letter.replay_outcome || "?"} (${letter.replay_count}×)`
+        ? `${failed ? "failed: " : ""}${letter.replay_outcome || "?"} (${letter.replay_count}×)`
         : "no";
-      this.body.append(el("tr", { dataset: { deadLetterId: letter.id } },
+      const actions = el("td", { class: "row-actions" },
+        el("a", { href: `#/dead-letters/${letter.id}`, class: "button-link", text: "View", "aria-label": `View dead letter ${letter.id}` }),
+        letter.replayable
+          ? el("button", { type: "button", class: "secondary", text: "Replay", "aria-label": `Replay dead letter ${letter.id}`, onclick: () => this.replay(letter.id) })
+          : el("span", { class: "hint not-replayable", title: letter.not_replayable_because || "", text: "cannot be replayed" }));
+      this.body.append(el("tr", { dataset: { deadLetterId: letter.id }, class: [failed ? "failed" : "", letter.id === this.selected ? "selected" : ""].join(" ").trim() || null },
         el("td", { "data-label": "Id", class: "num", text: String(letter.id) }),
         el("td", { "data-label": "Received" }, timeEl(letter.received_at)),
         el("td", { "data-label": "Topic", text: letter.topic }),
         el("td", { "data-label": "Reason" }, el("strong", { text: letter.reason }), letter.detail ? el("div", { class: "hint", text: letter.detail }) : null),
-        el("td", { "data-label": "Size", class: "num", text: bytes(letter.size) }),
-        el("td", { "data-label": "Replayed", class: "replayed", text: replayed }),
-        el("td", {}, el("button", { type: "button", class: "secondary", text: "Replay", "aria-label": `Replay dead letter ${letter.id}`, onclick: () => this.replay(letter.id) }))));
+        el("td", { "data-label": "Size", class: "num", text: letter.kept < letter.size ? `${bytes(letter.size)} (${bytes(letter.kept)} kept)` : bytes(letter.size) }),
+        el("td", { "data-label": "Replayed", class: failed ? "replayed last-error" : "replayed", text: replayed }),
+        actions));
     }
     this.empty.hidden = this.items.length > 0;
     this.more.hidden = this.next === null;
   }
 
-  async replay(id) {
+  async open(id) {
+    let letter;
     try {
-      const answer = await this.ctx.api.post(`/dead-letters/${id}/replay`);
-      this.ctx.notify(`Dead letter ${id} replayed: ${answer.outcome}.`, "ok");
+      letter = await this.ctx.api.get(`/dead-letters/${id}`);
+    } catch (error) {
+      this.ctx.notify(error.status === 404 ? `Dead letter ${id} is gone (discarded, or pruned by retention).` : `Dead letter ${id}: ${error.message}`);
+      this.detail.hidden = true;
+      return;
+    }
+    this.selected = id;
+    this.render();
+    const d = clear(this.detail);
+    d.hidden = false;
+    d.dataset.deadLetterId = String(id);
+    const failed = letter.replay_outcome !== null && FAILED.test(letter.replay_outcome);
+    append(d,
+      el("h3", { tabindex: "-1", text: `Dead letter ${letter.id}` }),
+      el("dl", {},
+        el("dt", { text: "Topic" }), el("dd", { text: letter.topic }),
+        el("dt", { text: "Reason" }), el("dd", {}, el("strong", { text: letter.reason }), " ", letter.detail),
+        el("dt", { text: "Received" }), el("dd", {}, timeEl(letter.received_at), ` on ${letter.node_id}`),
+        el("dt", { text: "Seen" }), el("dd", {}, `${letter.seen_count}×, last `, timeEl(letter.last_seen_at)),
+        el("dt", { text: "Size" }), el("dd", { text: letter.kept < letter.size ? `${bytes(letter.size)}, of which the first ${bytes(letter.kept)} were kept` : bytes(letter.size) }),
+        el("dt", { text: "SHA-256" }), el("dd", { class: "mono", text: letter.payload_sha256 }),
+        el("dt", { text: "Replayed" }), el("dd", { class: failed ? "replay-failed" : null },
+          letter.replay_count ? `${letter.replay_count}×, last ` : "never",
+          letter.replay_count ? timeEl(letter.replayed_at) : null,
+          letter.replay_count ? `: ${failed ? "failed, " : ""}${letter.replay_outcome}` : null)),
+      el("h3", { text: "Payload as text" }),
+      letter.payload_text === null
+        ? el("p", { class: "hint payload-text-none", text: "Not UTF-8 text: see the bytes below." })
+        : el("pre", { class: "payload payload-text", text: letter.payload_text || "(empty)" }),
+      el("h3", { text: "Payload bytes (hex)" }),
+      el("pre", { class: "payload payload-hex", text: hexDump(letter.payload_hex) || "(empty)" }),
+    );
+    const actions = el("div", { class: "actions" });
+    if (letter.replayable) {
+      actions.append(el("button", { type: "button", text: "Replay", onclick: () => this.replay(id) }));
+    } else {
+      actions.append(el("p", { class: "hint not-replayable", text: `No replay: ${letter.not_replayable_because}.` }));
+    }
+    const discard = el("button", { type: "button", class: "secondary", text: "Discard…", onclick: () => {
+      clear(confirmBox);
+      append(confirmBox,
+        el("p", { text: `Discard dead letter ${id}? It is deleted; the audit keeps what it was and that you discarded it.` }),
+        el("button", { type: "button", class: "danger", text: "Discard dead letter", onclick: () => this.discard(id) }),
+        " ",
+        el("button", { type: "button", class: "secondary", text: "Keep it", onclick: () => { clear(confirmBox); discard.focus(); } }));
+      confirmBox.querySelector("button").focus();
+    } });
+    const confirmBox = el("div", { class: "confirm", role: "group", "aria-label": "Confirm the discard" });
+    actions.append(discard);
+    append(d, actions, confirmBox);
+    d.querySelector("h3").focus();
+  }
+
+  async replay(id) {
+    let answer;
+    try {
+      answer = await this.ctx.api.post(`/dead-letters/${id}/replay`);
     } catch (error) {
       this.ctx.notify(`Could not replay dead letter ${id}: ${error.message}`);
+      await this.load(false);
+      return;
     }
+    if (answer.succeeded) this.ctx.notify(`Dead letter ${id} replayed: ${answer.outcome}.`, "ok");
+    else this.ctx.notify(`Replay of dead letter ${id} failed: ${answer.outcome}. The letter stays.`);
+    await this.load(false);
+    if (this.selected === id) await this.open(id);
+  }
+
+  async discard(id) {
+    try {
+      const answer = await this.ctx.api.delete(`/dead-letters/${id}`);
+      this.ctx.notify(`Dead letter ${id} discarded by ${answer.discarded_by}.`, "ok");
+    } catch (error) {
+      const who = error.code === "ALREADY_DISCARDED" ? ` (${error.body.actor} did, first)` : "";
+      this.ctx.notify(`Could not discard dead letter ${id}: ${error.message}${who}`);
+    }
+    this.selected = null;
+    this.detail.hidden = true;
+    // The address follows without a hashchange (which would redraw and hide the notice).
+    if (location.hash !== "#/dead-letters") history.replaceState(null, "", "#/dead-letters");
     await this.load(false);
   }
 }

@@ -1,11 +1,24 @@
-// Devices: presence, last seen, open alarms; a device's latest metrics and events, and a
-// chart of one metric's recent values.
+// Devices: presence, last seen, open alarms; a device's latest metrics and events, a chart of
+// one metric over a time range with its rules' threshold and clear lines, and a form to send
+// the device a command. #/devices/<id>?metric=<m>&rule=<key> opens the chart on that metric
+// (an alarm's), with that rule's lines.
 import { query } from "./api.js";
 import { lineChart } from "./chart.js";
+import { sendCommand } from "./commands.js";
 import { append, clear, el, number, throttle, timeEl } from "./util.js";
 
 const PAGE = 100;
 const CHART_SAMPLES = 100;
+// The chart's ranges: the newest values, or a window back from now (the API's page: 500).
+const RANGES = [
+  { key: "last", label: "Last 100 values", seconds: null },
+  { key: "15m", label: "Last 15 minutes", seconds: 900 },
+  { key: "1h", label: "Last hour", seconds: 3600 },
+  { key: "6h", label: "Last 6 hours", seconds: 21600 },
+  { key: "24h", label: "Last 24 hours", seconds: 86400 },
+  { key: "7d", label: "Last 7 days", seconds: 604800 },
+];
+const RANGE_LIMIT = 500;
 
 export class DevicesView {
   constructor(ctx) {
@@ -19,6 +32,8 @@ export class DevicesView {
     this.next = null;
     this.selected = null;
     this.metric = null;
+    this.rule = null;
+    this.range = "last";
     this.refreshListSoon = throttle(() => this.load(false), 1000);
     this.form.addEventListener("submit", (event) => {
       event.preventDefault();
@@ -27,8 +42,15 @@ export class DevicesView {
     this.more.addEventListener("click", () => this.load(true));
   }
 
-  async show(id) {
+  async show(id, params = {}) {
     await this.load(false);
+    if (id && (params.metric || params.range)) {
+      // A link to a metric (an alarm's): the chart opens on it, with its rule's lines.
+      this.selected = id;
+      this.metric = params.metric || null;
+      this.rule = params.rule || null;
+      if (RANGES.some((r) => r.key === params.range)) this.range = params.range;
+    }
     if (id) await this.open(id);
     else {
       this.selected = null;
@@ -60,7 +82,7 @@ export class DevicesView {
     }
     this.cursorName = "next_after" in page ? "after" : "before";
     this.next = page.next_after ?? page.next_before ?? null;
-    this.items = append ? [...this.items, ...page.devices] : page.devices;
+    this.items = append ? [...this.items, ...page.items] : page.items;
     this.render();
   }
 
@@ -88,7 +110,10 @@ export class DevicesView {
       return;
     }
     const device = answer.device;
-    if (this.selected !== id) this.metric = null;
+    if (this.selected !== id) {
+      this.metric = null;
+      this.rule = null;
+    }
     this.selected = id;
     this.render();
     const d = clear(this.detail);
@@ -111,11 +136,12 @@ export class DevicesView {
           el("div", { class: "hint", text: name }),
           el("div", { class: "value", text: number(sample.value) }),
           el("div", { class: "hint" }, timeEl(sample.ts, true)),
-          el("button", { type: "button", class: "secondary", "aria-pressed": String(name === this.metric), text: `Chart ${name}`, onclick: () => { this.metric = name; this.open(id, { keepFocus: true }); } }))))
+          el("button", { type: "button", class: "secondary", "aria-pressed": String(name === this.metric), text: `Chart ${name}`, onclick: () => { this.metric = name; this.rule = null; this.open(id, { keepFocus: true }); } }))))
         : el("p", { class: "hint", text: "No metrics received yet." }),
     );
     const chartBox = el("div", { class: "chart-box" });
     append(d, chartBox);
+    if (this.ctx.canAct()) append(d, this.commandForm(id, device));
     const events = device.latest_events || [];
     append(d, el("h3", { text: "Latest events" }), events.length
       ? el("ol", { class: "audit" }, events.map((e) => el("li", {}, timeEl(e.ts), ` ${e.event}`)))
@@ -125,17 +151,83 @@ export class DevicesView {
   }
 
   async chart(id, metric, box) {
+    const range = RANGES.find((r) => r.key === this.range) || RANGES[0];
+    const params = range.seconds === null
+      ? { metric, limit: CHART_SAMPLES }
+      : { metric, limit: RANGE_LIMIT, since: new Date(Date.now() - range.seconds * 1000).toISOString() };
     let page;
+    let rules;
     try {
-      page = await this.ctx.api.get(`/devices/${encodeURIComponent(id)}/telemetry${query({ metric, limit: CHART_SAMPLES })}`);
+      [page, rules] = await Promise.all([
+        this.ctx.api.get(`/devices/${encodeURIComponent(id)}/telemetry${query(params)}`),
+        this.ctx.api.get(`/rules${query({ device: id, metric })}`),
+      ]);
     } catch (error) {
       box.append(el("p", { class: "error", text: `Chart: ${error.message}` }));
       return;
     }
-    const points = page.samples
+    const points = page.items
       .filter((s) => s.metrics && typeof s.metrics[metric] === "number")
       .map((s) => ({ t: new Date(s.ts), v: s.metrics[metric] }));
-    box.append(el("h3", { text: `${metric}, last ${points.length} values` }), lineChart(points, { title: `${metric} of ${id}` }));
+    // The rule the link named, or every threshold rule on this metric for this device.
+    const chosen = rules.items.filter((r) => typeof r.value === "number" && (!this.rule || r.key === this.rule));
+    const lines = [];
+    for (const rule of chosen) {
+      lines.push({ v: rule.value, kind: "trigger", label: `${rule.key}: fires ${rule.op} ${number(rule.value)}` });
+      if (typeof rule.clear_value === "number" && rule.clear_value !== rule.value) {
+        lines.push({ v: rule.clear_value, kind: "clear", label: `${rule.key}: clears at ${number(rule.clear_value)}` });
+      }
+    }
+    const select = el("select", { name: "range", "aria-label": "Time range" },
+      RANGES.map((r) => el("option", { value: r.key, selected: r.key === range.key, text: r.label })));
+    select.addEventListener("change", () => {
+      this.range = select.value;
+      this.open(id, { keepFocus: true }).then(() => {
+        const again = this.detail.querySelector(".chart-box select[name=range]");
+        if (again) again.focus();
+      });
+    });
+    const shown = range.seconds === null
+      ? `last ${points.length} values`
+      : `${points.length} values, ${range.label.toLowerCase()}${page.next_before ? ` (the newest ${RANGE_LIMIT})` : ""}`;
+    box.append(
+      el("div", { class: "chart-head" },
+        el("h3", { text: `${metric}, ${shown}` }),
+        el("label", {}, "Range", select)),
+      lineChart(points, { title: `${metric} of ${id}`, lines }),
+      lines.length
+        ? el("p", { class: "hint chart-legend" }, lines.map((l) => el("span", { class: `legend-${l.kind}`, text: l.label })))
+        : null,
+      el("p", { class: "hint", text: "Point at the chart (or focus it and use the arrow keys) to read a value." }),
+    );
+  }
+
+  // Sending this device a command, from its page (operators and admins).
+  commandForm(id, device) {
+    const name = el("input", { name: "name", type: "text", required: true, spellcheck: "false", autocomplete: "off" });
+    const params = el("input", { name: "params", type: "text", value: "{}", spellcheck: "false", autocomplete: "off" });
+    const delivery = el("select", { name: "delivery" },
+      el("option", { value: "realtime", text: "realtime" }), el("option", { value: "deferrable", text: "deferrable" }));
+    const result = el("p", { class: "command-result", role: "status" });
+    const form = el("form", { class: "filters device-command" },
+      el("fieldset", {},
+        el("legend", { text: `Send ${id} a command` }),
+        el("label", {}, "Command", name),
+        el("label", {}, "Params (JSON object)", params),
+        el("label", {}, "Delivery", delivery),
+        el("button", { type: "submit", text: "Send command" })));
+    form.addEventListener("submit", async (event) => {
+      event.preventDefault();
+      const answer = await sendCommand(this.ctx, id, { name: name.value, params: params.value, delivery: delivery.value }, params);
+      if (!answer) return;
+      clear(result);
+      append(result, `Command ${answer.command.id} ${answer.created ? "sent" : "already existed"} (${answer.command.status}). `,
+        el("a", { href: `#/commands/${encodeURIComponent(id)}`, text: "Follow it in Commands" }));
+    });
+    return el("section", { class: "device-commands", "aria-label": "Send a command" },
+      el("h3", { text: "Send a command" }),
+      device.bound === false ? el("p", { class: "hint", text: "This device is unbound: it takes no commands (the gateway refuses them)." }) : null,
+      form, result);
   }
 
   // Alarms change the open-alarm counts of the list; the open device is read on Refresh.

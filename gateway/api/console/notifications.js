@@ -79,10 +79,17 @@ export class NotificationsView {
   renderDeliveries() {
     clear(this.deliveryBody);
     for (const d of this.deliveries) {
-      const subject = [d.alarm_id ? `alarm ${d.alarm_id}` : null, d.device_id, d.rule_key].filter(Boolean).join(" · ");
+      // The alarm it is about, as a link to the alarm itself.
+      const about = [d.device_id, d.rule_key].filter(Boolean).join(" · ");
+      const subject = d.alarm_id || about
+        ? el("div", { class: "hint" },
+          d.alarm_id ? el("a", { href: `#/alarms/${d.alarm_id}`, class: "delivery-alarm", text: `alarm ${d.alarm_id}` }) : null,
+          d.alarm_id && about ? " · " : null,
+          about || null)
+        : null;
       this.deliveryBody.append(el("tr", { class: d.status === "FAILED" ? "failed" : null, dataset: { deliveryId: d.id, status: d.status } },
         el("td", { "data-label": "Id", class: "num", text: String(d.id) }),
-        el("td", { "data-label": "Event" }, el("span", { text: d.event }), subject ? el("div", { class: "hint", text: subject }) : null),
+        el("td", { "data-label": "Event" }, el("span", { text: d.event }), subject),
         el("td", { "data-label": "Receiver", text: d.receiver }),
         el("td", { "data-label": "Status" }, el("span", { class: `status delivery-${d.status}`, text: d.status })),
         el("td", { "data-label": "Attempts", class: "num", text: String(d.attempts) }),

@@ -32,14 +32,47 @@ export function clear(node) {
   return node;
 }
 
-const TIME = new Intl.DateTimeFormat(undefined, {
-  year: "numeric", month: "2-digit", day: "2-digit", hour: "2-digit", minute: "2-digit", second: "2-digit",
-});
+// Every date on every page goes through here: ISO 8601 order (2026-12-02 16:05:09), in the
+// browser's time zone, on a 24-hour clock; its title (and a <time>'s datetime) carries the
+// full ISO 8601 form with the zone's offset. One format whatever the browser's language: a
+// control room reads "2026-12-02" the same everywhere, "02/12/2026" it does not.
+const pad = (n, width = 2) => String(n).padStart(width, "0");
 
+function dateOf(value) {
+  if (value === null || value === undefined || value === "") return null;
+  const date = value instanceof Date ? value : new Date(value);
+  return Number.isNaN(date.getTime()) ? null : date;
+}
+
+// The date's UTC offset in the browser's zone, ISO 8601 style: "+01:00", "-05:30", "Z".
+export function offset(date) {
+  const minutes = -date.getTimezoneOffset();
+  if (minutes === 0) return "Z";
+  const sign = minutes > 0 ? "+" : "-";
+  const abs = Math.abs(minutes);
+  return `${sign}${pad(Math.floor(abs / 60))}:${pad(abs % 60)}`;
+}
+
+// "2026-12-02 16:05:09" (local); "—" for nothing; the text itself when it is not a date.
 export function when(value) {
-  if (!value) return "—";
-  const date = new Date(value);
-  return Number.isNaN(date.getTime()) ? String(value) : TIME.format(date);
+  if (value === null || value === undefined || value === "") return "—";
+  const date = dateOf(value);
+  if (date === null) return String(value);
+  return `${date.getFullYear()}-${pad(date.getMonth() + 1)}-${pad(date.getDate())} ${clock(date)}`;
+}
+
+// "16:05:09" (local): a chart's axis, where the day is plain.
+export function clock(value) {
+  const date = dateOf(value);
+  if (date === null) return "—";
+  return `${pad(date.getHours())}:${pad(date.getMinutes())}:${pad(date.getSeconds())}`;
+}
+
+// The full ISO 8601 form in the browser's zone: "2026-12-02T16:05:09.120+01:00".
+export function isoLocal(value) {
+  const date = dateOf(value);
+  if (date === null) return "";
+  return `${when(date).replace(" ", "T")}.${pad(date.getMilliseconds(), 3)}${offset(date)}`;
 }
 
 export function ago(value) {
@@ -54,7 +87,17 @@ export function ago(value) {
 }
 
 export function timeEl(value, relative = false) {
-  return el("time", { datetime: value || null, title: value ? when(value) : null, text: relative ? ago(value) : when(value) });
+  return el("time", { datetime: value || null, title: value ? isoLocal(value) : null, text: relative ? ago(value) : when(value) });
+}
+
+// Where an alarm's device page opens: on the alarm's metric (a threshold rule's), with that
+// rule's lines drawn (#/devices/<id>?metric=<m>&rule=<key>). For the alarm views to link with.
+export function deviceHref(deviceId, { metric = null, rule = null } = {}) {
+  const search = new URLSearchParams();
+  if (metric) search.set("metric", metric);
+  if (rule) search.set("rule", rule);
+  const text = search.toString();
+  return `#/devices/${encodeURIComponent(deviceId)}${text ? `?${text}` : ""}`;
 }
 
 export function bytes(size) {

@@ -288,7 +288,7 @@ def test_the_demo_photographs_the_console_at_both_sizes(tmpdir_for_demo: Path) -
     assert done.returncode == 0, done.stderr[-2000:]
     expected = {
         f"console-{view}-{size}.png": dims
-        for view in ("alarms", "alarm-detail")
+        for view in ("alarms", "alarm-detail", "campaign")
         for size, dims in (("desktop", (1280, 800)), ("phone", (390, 844)))
     }
     assert sorted(done.stdout.split()) == sorted(str(outdir / name) for name in expected)

@@ -318,3 +318,42 @@ async def test_options_names_every_method_the_path_serves(
         reply = await client.call(unserved.upper(), target)
         assert reply.status == 405, (unserved, target)
         assert {m.strip() for m in reply.headers["Allow"].split(",")} == expected, target
+
+
+async def test_every_list_has_one_envelope_items_and_one_cursor_named_for_its_parameter(
+    served: tuple[Served, ApiClient],
+) -> None:
+    """docs/api.md, "Lists: one envelope": every GET answering a list has `items`; a paged one
+    exactly one `next_<param>` cursor whose `<param>` is a query parameter of the operation;
+    a property kept under its old name is marked deprecated."""
+    _, api = served
+    document = (await api.get("/openapi.json", token=None)).body
+    schemas = document["components"]["schemas"]
+    lists = 0
+    for path, item in document["paths"].items():
+        operation = item.get("get")
+        if operation is None:
+            continue
+        answer = operation["responses"]["200"]["content"].get("application/json")
+        if answer is None:
+            continue
+        schema = _resolve(answer["schema"], document)
+        properties = schema.get("properties", {})
+        arrays = [n for n, p in properties.items() if _resolve(p, document).get("type") == "array"]
+        # (`next_attempt_at` and the like are times, not cursors.)
+        cursors = [n for n in properties if n.startswith("next_") and not n.endswith("_at")]
+        if not cursors and "items" not in properties:
+            continue  # one thing, not a list
+        lists += 1
+        assert "items" in properties, (path, sorted(properties))
+        assert len(cursors) <= 1, (path, cursors)
+        parameters = {p["name"] for p in operation.get("parameters", []) if p["in"] == "query"}
+        for cursor in cursors:
+            assert cursor.removeprefix("next_") in parameters, (path, cursor, parameters)
+        for name in arrays:
+            if name != "items":
+                assert properties[name].get("deprecated") is True, (path, name)
+    assert lists >= 12, lists
+    health = schemas["Health"]["properties"]
+    assert health["auditFailures"]["deprecated"] is True
+    assert all(re.fullmatch(r"[a-z_]+", k) for k in health if k != "auditFailures"), sorted(health)

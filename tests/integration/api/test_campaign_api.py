@@ -146,6 +146,33 @@ async def test_a_selector_resolves_against_bound_known_devices_when_it_starts(ap
     assert (single.status, single.body["campaign"]["total"]) == (201, 1)
 
 
+async def test_targets_count_what_a_campaign_would_command_and_create_nothing(api: Api) -> None:
+    await api.register("pump-1", "pump-2", "pump-10", "fan-1")
+    await api.register("pump-3", bound=False)
+    before = await api.snapshot()
+    reply = await api.get("/campaigns/targets?selector=pump-?,fan-*", token=VIEWER)
+    assert reply.status == 200, reply.body
+    assert reply.body == {
+        "selector": ["pump-?", "fan-*"], "count": 3, "sample": ["fan-1", "pump-1", "pump-2"],
+    }  # fmt: skip
+    # The same selector started: exactly those devices, as the count said.
+    started = await api.start({"name": "reboot", "targets": {"selector": ["pump-?", "fan-*"]}})
+    assert started.body["campaign"]["total"] == reply.body["count"]
+    assert (await api.snapshot())[0] == before[0] + 1
+    none = await api.get("/campaigns/targets?selector=nothing-*")
+    assert none.body == {"selector": ["nothing-*"], "count": 0, "sample": []}
+    await api.register(*(f"many-{n:03d}" for n in range(30)))
+    many = await api.get("/campaigns/targets?selector=many-*")
+    assert (many.body["count"], len(many.body["sample"])) == (30, 20)
+    assert many.body["sample"][0] == "many-000"
+    for bad in ("selector=", "selector=a,,b", "selector=%00", "selector=a&selector=b", "x=1"):
+        refused = await api.get(f"/campaigns/targets?{bad}")
+        assert (refused.status, refused.body["error"]) == (400, "BAD_REQUEST"), (bad, refused.body)
+    missing = await api.get("/campaigns/targets")
+    assert missing.status == 400, missing.body
+    assert (await api.get("/campaigns/targets?selector=a", token=None)).status == 401
+
+
 async def test_unbound_targets_and_empty_targets_are_409_and_change_nothing(api: Api) -> None:
     await api.register("ok-1")
     await api.register("gone-2", "gone-1", bound=False)

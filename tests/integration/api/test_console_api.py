@@ -119,6 +119,7 @@ async def test_devices_are_listed_by_id_filtered_and_paged(
     everything = await api.get("/devices?limit=500")
     assert everything.status == 200, everything.body
     assert [d["device_id"] for d in everything.body["devices"]] == ids
+    assert everything.body["items"] == everything.body["devices"]  # one envelope, old name kept
     assert everything.body["next_after"] is None
     first = everything.body["devices"][3]
     assert first == {
@@ -234,6 +235,7 @@ async def test_telemetry_pages_are_exact_when_samples_share_a_time(
             )
             assert reply.status == 200, reply.body
             walked += [s["event_id"] for s in reply.body["samples"]]
+            assert reply.body["items"] == reply.body["samples"]  # one envelope, old name kept
             before = reply.body["next_before"]
             if before is None:
                 break
@@ -291,10 +293,11 @@ async def test_dead_letters_are_listed_and_replayed_by_admins_only(
     listed = await api.get("/dead-letters", token=ADMIN)
     assert listed.status == 200
     assert [d["id"] for d in listed.body["dead_letters"]] == [*reversed(others), broken, replayable]
+    assert listed.body["items"] == listed.body["dead_letters"]  # the old name, kept
     first = listed.body["dead_letters"][-1]
     assert set(first) == {
-        "id", "topic", "reason", "detail", "size", "received_at", "node_id", "replay_count",
-        "replayed_at", "replay_outcome",
+        "id", "topic", "reason", "detail", "size", "kept", "received_at", "node_id",
+        "replay_count", "replayed_at", "replay_outcome", "replayable", "not_replayable_because",
     }  # fmt: skip
     assert (first["size"], first["replay_count"], first["replayed_at"]) == (len(good), 0, None)
 
@@ -308,11 +311,13 @@ async def test_dead_letters_are_listed_and_replayed_by_admins_only(
 
     replayed = await api.call("POST", f"/dead-letters/{replayable}/replay", token=ADMIN)
     assert (replayed.status, replayed.body) == (
-        200, {"dead_letter_id": replayable, "outcome": "stored"},
+        200, {"dead_letter_id": replayable, "outcome": "stored", "succeeded": True},
     )  # fmt: skip
     assert await db.fetchval("SELECT count(*) FROM telemetry WHERE device_id = 'late-1'") == 1
     still = await api.call("POST", f"/dead-letters/{broken}/replay", token=ADMIN)
-    assert (still.status, still.body["outcome"]) == (200, "still_invalid: MALFORMED")
+    assert (still.status, still.body["outcome"], still.body["succeeded"]) == (
+        200, "still_invalid: MALFORMED", False,
+    )  # fmt: skip
     listed = await api.get("/dead-letters?limit=2", token=ADMIN)
     row = await db.fetchrow(
         "SELECT replay_count, replay_outcome FROM dead_letter WHERE id = $1", replayable
@@ -323,6 +328,113 @@ async def test_dead_letters_are_listed_and_replayed_by_admins_only(
     missing = await api.call("POST", "/dead-letters/999999/replay", token=ADMIN)
     assert (missing.status, missing.body["dead_letter_id"]) == (404, 999999)
     assert (await api.call("POST", "/dead-letters/x/replay", token=ADMIN)).status == 400
+
+
+async def test_a_dead_letter_shows_its_payload_and_whether_a_replay_can_ever_ingest_it(
+    api: ApiClient, db: asyncpg.Connection
+) -> None:
+    text = await add_dead_letter(
+        db, b'{"ts": "x", "m\xc3\xa9": 1}', "INVALID", "iot/devices/a/telemetry"
+    )
+    binary = await add_dead_letter(db, b"\x00\xff\xfe{", "MALFORMED", "iot/devices/b/telemetry")
+    bad_id = await add_dead_letter(db, b"{}", "BAD_DEVICE_ID", "iot/devices/b%20c/telemetry")
+    cut = await add_dead_letter(db, b'{"ts": ', "OVERSIZED", "iot/devices/c/telemetry")
+    await db.execute("UPDATE dead_letter SET payload_size = 70000 WHERE id = $1", cut)
+
+    one = await api.get(f"/dead-letters/{text}", token=ADMIN)
+    assert one.status == 200, one.body
+    assert one.body["payload_text"] == '{"ts": "x", "mé": 1}'
+    assert one.body["payload_hex"] == b'{"ts": "x", "m\xc3\xa9": 1}'.hex()
+    assert (one.body["replayable"], one.body["not_replayable_because"]) == (True, None)
+    assert (one.body["size"], one.body["kept"], one.body["seen_count"]) == (21, 21, 1)
+    raw = (await api.get(f"/dead-letters/{binary}", token=ADMIN)).body
+    assert (raw["payload_hex"], raw["payload_text"]) == ("00fffe7b", None)
+    listed = {d["id"]: d for d in (await api.get("/dead-letters", token=ADMIN)).body["items"]}
+    assert {i: listed[i]["replayable"] for i in (text, binary, bad_id, cut)} == {
+        text: True, binary: False, bad_id: False, cut: False,
+    }  # fmt: skip
+    assert "neither JSON nor MessagePack" in listed[binary]["not_replayable_because"]
+    assert "only the first bytes" in listed[cut]["not_replayable_because"]
+    assert (listed[cut]["size"], listed[cut]["kept"]) == (70000, 7)
+
+    for token in (VIEWER, OPERATOR):
+        for method in ("GET", "DELETE"):
+            refused = await api.call(method, f"/dead-letters/{text}", token=token)
+            assert (refused.status, refused.body["error"]) == (403, "FORBIDDEN")
+    missing = await api.get("/dead-letters/999999", token=ADMIN)
+    assert (missing.status, missing.body["error"], missing.body["dead_letter_id"]) == (
+        404, "NOT_FOUND", 999999,
+    )  # fmt: skip
+
+
+async def test_discarding_a_dead_letter_deletes_it_with_an_audit_row_once(
+    api: ApiClient, db: asyncpg.Connection
+) -> None:
+    payload = b"{broken"
+    letter = await add_dead_letter(db, payload, "MALFORMED", "iot/devices/z/telemetry")
+    reply = await api.call(
+        "DELETE", f"/dead-letters/{letter}", token=ADMIN, headers={"X-Request-ID": "req-discard-1"}
+    )
+    assert reply.status == 200, reply.body
+    assert (reply.body["dead_letter_id"], reply.body["discarded_by"]) == (letter, "root")
+    assert await db.fetchval("SELECT count(*) FROM dead_letter WHERE id = $1", letter) == 0
+    audit = await db.fetchrow("SELECT * FROM dead_letter_audit WHERE dead_letter_id = $1", letter)
+    assert audit is not None
+    assert (audit["action"], audit["actor"], audit["topic"], audit["reason"]) == (
+        "discard", "root", "iot/devices/z/telemetry", "MALFORMED",
+    )  # fmt: skip
+    assert (audit["payload_size"], audit["payload_sha256"], audit["node_id"]) == (
+        len(payload), hashlib.sha256(payload).hexdigest(), "api-test",
+    )  # fmt: skip
+    assert audit["request_id"] == "req-discard-1"
+
+    again = await api.call("DELETE", f"/dead-letters/{letter}", token=ADMIN)
+    assert (again.status, again.body["error"], again.body["actor"]) == (
+        409, "ALREADY_DISCARDED", "root",
+    )  # fmt: skip
+    assert again.body["discarded_at"] is not None
+    assert await db.fetchval("SELECT count(*) FROM dead_letter_audit") == 1
+    gone = await api.get(f"/dead-letters/{letter}", token=ADMIN)
+    assert gone.status == 404
+    assert (await api.call("POST", f"/dead-letters/{letter}/replay", token=ADMIN)).status == 404
+    never = await api.call("DELETE", "/dead-letters/424242", token=ADMIN)
+    assert (never.status, never.body["error"]) == (404, "NOT_FOUND")
+    assert (await api.call("DELETE", "/dead-letters/0", token=ADMIN)).status == 400
+
+
+async def test_a_dead_letter_a_replay_holds_is_not_discarded(
+    api: ApiClient, db: asyncpg.Connection, db_dsn: str
+) -> None:
+    letter = await add_dead_letter(db, b"{x", "MALFORMED", "iot/devices/h/telemetry")
+    holder = await asyncpg.connect(db_dsn)
+    try:
+        async with holder.transaction():
+            # What a replay does first: the letter locked for the time of its transaction.
+            await holder.execute("SELECT id FROM dead_letter WHERE id = $1 FOR UPDATE", letter)
+            busy = await api.call("DELETE", f"/dead-letters/{letter}", token=ADMIN)
+            assert (busy.status, busy.body["error"], busy.body["dead_letter_id"]) == (
+                409, "DEAD_LETTER_BUSY", letter,
+            )  # fmt: skip
+    finally:
+        await holder.close()
+    assert await db.fetchval("SELECT count(*) FROM dead_letter WHERE id = $1", letter) == 1
+    assert await db.fetchval("SELECT count(*) FROM dead_letter_audit") == 0
+    assert (await api.call("DELETE", f"/dead-letters/{letter}", token=ADMIN)).status == 200
+
+
+async def test_an_audit_row_the_database_refuses_leaves_the_letter(
+    api: ApiClient, db: asyncpg.Connection
+) -> None:
+    letter = await add_dead_letter(db, b"{x", "MALFORMED", "iot/devices/r/telemetry")
+    await db.execute(
+        "ALTER TABLE dead_letter_audit ADD CONSTRAINT test_refuses CHECK (actor <> 'root')"
+    )
+    try:
+        refused = await api.call("DELETE", f"/dead-letters/{letter}", token=ADMIN)
+    finally:
+        await db.execute("ALTER TABLE dead_letter_audit DROP CONSTRAINT test_refuses")
+    assert (refused.status, refused.body["error"]) == (500, "AUDIT_FAILED")
+    assert await db.fetchval("SELECT count(*) FROM dead_letter WHERE id = $1", letter) == 1
 
 
 # --- stream tickets -----------------------------------------------------------------------------
@@ -394,3 +506,67 @@ async def test_a_ticket_opens_one_stream_however_many_nodes_race_for_it(db_dsn: 
         for response in opened:
             response.close()
     assert sorted(statuses) == [200] + [401] * 19
+
+
+# --- rules ---------------------------------------------------------------------------------------
+
+RULES = """
+[node]
+id = "api-test"
+
+[[rules]]
+key = "temp-high"
+kind = "threshold"
+metric = "temp"
+op = ">"
+value = 80
+clear_value = 75
+severity = "CRITICAL"
+devices = "sensor-*"
+description = "too hot"
+
+[[rules]]
+key = "temp-low"
+kind = "threshold"
+metric = "temp"
+op = "<"
+value = 2
+severity = "WARNING"
+
+[[rules]]
+key = "door-open"
+kind = "event"
+event = "DOOR_OPEN"
+severity = "MAJOR"
+
+[[rules]]
+key = "silent"
+kind = "inactivity"
+silent_seconds = 300
+severity = "WARNING"
+"""
+
+
+async def test_rules_give_a_threshold_rule_its_trigger_and_clear_values(db_dsn: str) -> None:
+    async with serve_api(db_dsn, TOKENS, RULES) as served, aiohttp.ClientSession() as http:
+        api = ApiClient(served.base, http)
+        every = await api.get("/rules", token=VIEWER)
+        assert every.status == 200, every.body
+        assert [r["key"] for r in every.body["items"]] == [
+            "temp-high", "temp-low", "door-open", "silent",
+        ]  # fmt: skip
+        hot = await api.get("/rules?device=sensor-1&metric=temp", token=VIEWER)
+        assert hot.body["items"] == [
+            {"key": "temp-high", "kind": "threshold", "severity": "CRITICAL",
+             "description": "too hot", "devices": ["sensor-*"], "metric": "temp", "op": ">",
+             "value": 80, "clear_value": 75, "for_samples": 1, "for_seconds": 0.0},
+            {"key": "temp-low", "kind": "threshold", "severity": "WARNING", "description": "",
+             "devices": ["*"], "metric": "temp", "op": "<", "value": 2, "clear_value": 2,
+             "for_samples": 1, "for_seconds": 0.0},
+        ]  # fmt: skip
+        other = await api.get("/rules?device=pump-1&metric=temp", token=VIEWER)
+        assert [r["key"] for r in other.body["items"]] == ["temp-low"]
+        door = await api.get("/rules?device=pump-1", token=VIEWER)
+        assert {r["key"]: r.get("event") for r in door.body["items"]}["door-open"] == "DOOR_OPEN"
+        assert (await api.get("/rules?device=a%20b", token=VIEWER)).status == 400
+        assert (await api.get("/rules", token=None)).status == 401

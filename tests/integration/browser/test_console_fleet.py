@@ -281,4 +281,11 @@ async def test_a_failed_delivery_is_listed_with_its_error(
     await filters.get_by_label("Status").select_option("FAILED")
     await filters.get_by_role("button", name="Filter").click()
     await expect(row).to_be_visible(timeout=WAIT_MS)
+    # The delivery links to its alarm: the alarm opens.
+    alarm_id = delivery["alarm_id"]
+    assert alarm_id is not None
+    await row.get_by_role("link", name=f"alarm {alarm_id}").click()
+    await expect(page).to_have_url(f"{base}/#/alarms/{alarm_id}")
+    await expect(page.locator("#alarm-detail")).to_be_visible(timeout=WAIT_MS)
+    await expect(page.locator("#alarm-detail")).to_contain_text("door-9")
     assert errors.errors == []

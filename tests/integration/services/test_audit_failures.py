@@ -1,5 +1,5 @@
 """An audit row PostgreSQL refuses to write: the change rolls back, the API says why, and the
-daemon counts it (/health auditFailures, gateway_audit_failures_total).
+daemon counts it (/health audit_failures, gateway_audit_failures_total).
 
 The refusal is real: a trigger on the audit tables raises for one actor, as a broken constraint,
 a revoked privilege or a full disk would make PostgreSQL refuse the row.
@@ -81,7 +81,9 @@ async def test_a_refused_audit_row_rolls_the_action_back_and_is_counted(
         async def audit_failures() -> tuple[int, float]:
             health = await api.get("/health", token=None)
             assert health.status == 200, health.body
-            return health.body["auditFailures"], metric(daemon, "gateway_audit_failures_total")
+            # The snake_case key, and the same count under the old camelCase one (kept).
+            assert health.body["audit_failures"] == health.body["auditFailures"], health.body
+            return health.body["audit_failures"], metric(daemon, "gateway_audit_failures_total")
 
         assert await audit_failures() == (0, 0)
 

@@ -102,6 +102,12 @@ async def populate(conn: asyncpg.Connection, copies: int = 1) -> dict[str, int]:
                 "($1, 'op', 'confirm', 'CONFIRMED', 'n1')",
                 alarm,
             )
+        await conn.execute(
+            "INSERT INTO dead_letter_audit (dead_letter_id, action, actor, topic, reason, "
+            "payload_size, payload_sha256, replay_count, node_id) "
+            "VALUES ($1, 'discard', 'root', 't', 'MALFORMED', 1, 'ab', 0, 'n1')",
+            1000 + n,
+        )
         open_command = await conn.fetchval(
             "INSERT INTO command (device_id, name) VALUES ('d', 'reboot') RETURNING id"
         )
@@ -195,6 +201,7 @@ async def counts(conn: asyncpg.Connection) -> dict[str, int]:
         SELECT (SELECT count(*) FROM dead_letter) AS dead_letter,
                (SELECT count(*) FROM alarm_audit) AS alarm_audit,
                (SELECT count(*) FROM command_audit) AS command_audit,
+               (SELECT count(*) FROM dead_letter_audit) AS dead_letter_audit,
                (SELECT count(*) FROM command_receipt) AS command_receipt,
                (SELECT count(*) FROM outbox_event) AS outbox_event,
                (SELECT count(*) FROM consumed_event) AS consumed_event,
@@ -222,7 +229,8 @@ async def test_each_table_is_pruned_past_its_setting_and_live_rows_stay(
     expected = dict(before)
     steps = [
         (11, {"dead_letter": 0}),
-        (21, {"alarm_audit": 10, "command_audit": 5}),  # the open alarm's and command's
+        # The open alarm's and command's; discards have no live state: all go.
+        (21, {"alarm_audit": 10, "command_audit": 5, "dead_letter_audit": 0}),
         (31, {"command_receipt": 5}),  # the open command's
         (41, {"outbox_event": 5, "consumed_event": 0}),  # the PENDING ones
         (51, {"ai_payloads": 5}),  # the PROCESSING task's

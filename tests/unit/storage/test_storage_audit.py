@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncpg
 import pytest
 
-from storage import commands
+from storage import commands, console
 from storage.audit import audit_failure, audit_table_written, failed_audit_table
 from storage.sql import load_queries, query_files
 
@@ -22,7 +22,10 @@ def test_the_statements_that_write_audit_rows_are_recognised() -> None:
         for queries in map(load_queries, query_files())
         for name in queries.names()
     }
-    assert written == {None, "alarm_audit", "command_audit"}
+    assert written == {None, "alarm_audit", "command_audit", "dead_letter_audit"}
+    # A dead letter's discard: the delete and its audit row in one statement.
+    assert audit_table_written(console.DISCARD_DEAD_LETTER) == "dead_letter_audit"
+    assert audit_table_written(console.DEAD_LETTER_DISCARDED) is None
     assert audit_table_written("insert  into\n  Alarm_Audit (x) VALUES (1)") == "alarm_audit"
     assert audit_table_written("SELECT * FROM alarm_audit") is None
 
