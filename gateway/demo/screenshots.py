@@ -85,7 +85,7 @@ async def _campaign_form(page: Page, path: Path) -> Path:
     form = page.locator("#campaign-create")
     await form.get_by_label("Command", exact=True).fill("set-interval")
     await form.get_by_label("Params (JSON object)").fill('{"seconds": 30}')
-    await form.get_by_label("Targets (selector)").fill("sim-0000*")
+    await form.get_by_label("Targets (selector)").fill("demo-0000*")
     await expect(page.locator("#campaign-target-count")).to_contain_text("match:", timeout=WAIT_MS)
     await form.get_by_label("Rollout: commands per minute").fill("60")
     await form.get_by_label("Abort when failed").fill("20")
