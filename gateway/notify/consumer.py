@@ -38,14 +38,17 @@ import msgspec
 import structlog
 
 from gateway.domain.notify import (
-    Facts,
     Notify,
+    Route,
     alarm_link,
     first_silence,
     notification_of,
     silence_from_row,
 )
+from gateway.domain.notify_match import Facts
+from gateway.domain.notify_policy import facts_of_alarm, inhibitor, source_rule_keys
 from gateway.domain.quiet_hours import QuietHours
+from gateway.notify.groups import GroupWindows, Pending
 from gateway.notify.metrics import NotifyMetrics
 from gateway.support.loops import drain_on_notify
 from protocol.events import CommandFinished, EventPayload, decode_payload
@@ -110,6 +113,7 @@ class NotifyConsumer:
             if not types:  # one statement a pass: nothing is read
                 await repo.skip_horizon(conn, self.consumer)
                 return 0
+            repeated = await GroupWindows(conn).repeat()
             horizon = await repo.read_horizon(conn, self.consumer)
             rows = await repo.scan_unconsumed(
                 conn, self.consumer, horizon.horizon, self.batch, types
@@ -118,7 +122,7 @@ class NotifyConsumer:
             if rows:
                 consumed = await self._consume(conn, rows)
             await repo.advance_horizon(conn, self.consumer, horizon.running, types)
-        if consumed and self.on_created is not None:
+        if (consumed or repeated) and self.on_created is not None:
             self.on_created()
         # A full batch means there may be more; a pass that found only events another node
         # consumed first is not progress of ours, but the scan moves on once they commit.
@@ -137,44 +141,67 @@ class NotifyConsumer:
             alarms = await repo.alarm_facts(conn, alarm_ids) if alarm_ids else {}
             now: datetime = await conn.fetchval("SELECT now()")
             silences = [silence_from_row(s) for s in await repo.active_silences(conn)]
+            sources = await self._inhibition_sources(conn, rules)
             deliveries: list[NewDelivery] = []
+            grouped: list[Pending] = []
             for row in mine:
                 fact = facts[row.event_id]
                 if fact is None:
                     continue
                 alarm = alarms.get(fact.alarm_id) if fact.alarm_id is not None else None
                 fact = _with_alarm(fact, alarm)
-                receivers = rules.route(fact)
-                if not receivers:
+                targets = rules.targets(fact)
+                if not targets:
                     continue
                 silence = first_silence(silences, fact, now)
+                inhibited = inhibitor(rules.inhibit, fact, sources, rules.sites)
                 body = self._body(row, fact, events[row.event_id], alarm)
                 due_in_s = self._quiet_delay(fact, now)
-                deliveries.extend(
-                    NewDelivery(
-                        event_id=row.event_id,
-                        outbox_id=row.id,
-                        event=fact.event,
-                        receiver=name,
-                        body=body,
-                        alarm_id=fact.alarm_id,
-                        device_id=fact.device_id,
-                        rule_key=fact.rule_key,
-                        severity=fact.severity,
-                        silence_id=None if silence is None else silence.id,
-                        due_in_s=due_in_s,
-                        event_created_at=row.created_at,
+                for name, route in targets:
+                    if _grouped(route, silence is None and inhibited is None, due_in_s):
+                        grouped.append(Pending(row=row, fact=fact, body=body, receiver=name,
+                                               route=route))  # fmt: skip
+                        continue
+                    deliveries.append(
+                        NewDelivery(
+                            event_id=row.event_id,
+                            outbox_id=row.id,
+                            event=fact.event,
+                            receiver=name,
+                            body=body,
+                            alarm_id=fact.alarm_id,
+                            device_id=fact.device_id,
+                            rule_key=fact.rule_key,
+                            severity=fact.severity,
+                            silence_id=None if silence is None else silence.id,
+                            due_in_s=due_in_s,
+                            event_created_at=row.created_at,
+                            inhibited_by=None if inhibited is None else inhibited[1].alarm_id,
+                            inhibit_rule=None if inhibited is None else inhibited[0].name,
+                        )
                     )
-                    for name in receivers
-                )
             created = await repo.insert_deliveries(conn, deliveries)
+            windows = await GroupWindows(conn).add(grouped, rules.sites, now)
         self.metrics.events_consumed.inc(len(mine))
         for record in created:
-            if record["status"] == "SILENCED":
-                self.metrics.deliveries.labels(record["receiver"], "SILENCED").inc()
-        if created:
-            log.info("notify_deliveries_created", events=len(mine), deliveries=len(created))
+            if record["status"] in ("SILENCED", "INHIBITED"):
+                self.metrics.deliveries.labels(record["receiver"], record["status"]).inc()
+        if created or grouped:
+            log.info(
+                "notify_deliveries_created",
+                events=len(mine),
+                deliveries=len(created),
+                grouped=len(grouped),
+                windows_opened=windows,
+            )
         return len(mine)
+
+    async def _inhibition_sources(self, conn: asyncpg.Connection, rules: Notify) -> list[Facts]:
+        """The open alarms that may inhibit (those of the rules' source rule keys)."""
+        keys = source_rule_keys(rules.inhibit)
+        if not keys:
+            return []
+        return [facts_of_alarm(r) for r in await repo.open_alarms_of_rules(conn, keys)]
 
     def _quiet_delay(self, fact: Facts, now: datetime) -> float:
         """Seconds until quiet hours end for this alarm's device and severity (0: now)."""
@@ -218,6 +245,13 @@ class NotifyConsumer:
         elif isinstance(event, CommandFinished):
             body["status"] = event.command.get("status")
         return body
+
+
+def _grouped(route: Route, sendable: bool, due_in_s: float) -> bool:
+    """Whether a notification joins its group's window: the route groups, nothing silences or
+    inhibits it (those are final deliveries of their own), and quiet hours do not hold it (a
+    held one waits on its own, for its alarm's quiet hours)."""
+    return route.grouping is not None and sendable and due_in_s == 0
 
 
 def _decoded(row: OutboxRow) -> EventPayload | None:

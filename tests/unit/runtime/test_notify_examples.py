@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from gateway.config import load_config
-from gateway.domain.notify import Facts
+from gateway.domain.notify_match import Facts
 
 ROOT = Path(__file__).resolve().parents[3]
 _TOML_BLOCK = re.compile(r"```toml\n(.*?)```", re.DOTALL)
