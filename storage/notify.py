@@ -310,7 +310,7 @@ class NewWindow:
     event_id: uuid.UUID
     outbox_id: int
     receiver: str
-    body: dict[str, Any]
+    body: Any  # a protocol.notifications.GroupedNotification; encoded as JSON
     due_at: datetime
     event_created_at: datetime
     group_id: int

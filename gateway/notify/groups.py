@@ -135,7 +135,7 @@ class GroupWindows:
                 event_id=event_id,
                 outbox_id=outbox_id,
                 receiver=receiver,
-                body=msgspec.to_builtins(body),
+                body=body,
                 due_at=due,
                 event_created_at=event_created_at,
                 group_id=group_id,
