@@ -12,8 +12,12 @@ A pass:
 3. In one transaction: record the events in ``consumed_event`` (``ON CONFLICT DO NOTHING``;
    a racing node's insert of the same event waits for ours and then finds it taken) and create
    the deliveries of exactly the events recorded now. Routes pick the receivers; an active
-   silence makes the delivery ``SILENCED`` (visible, never sent); quiet hours make it due when
-   they end.
+   silence makes the delivery ``SILENCED`` (visible, never sent), an open alarm matching an
+   inhibition rule ``INHIBITED``; a grouped route's go into their group's window
+   (gateway.notify.groups). Quiet hours are decided once per alarm
+   (gateway.alarms.delivery.hold: a new alarm of this batch not decided on yet, inside quiet
+   hours, goes DELAYED first); a delivery of an alarm that is DELAYED is held until the wake
+   (gateway.alarms.timers) releases it.
 4. Move the horizon to ``running``, or to the oldest transaction below it whose event is still
    unconsumed (a batch that was full), never backwards.
 
@@ -37,7 +41,10 @@ import asyncpg
 import msgspec
 import structlog
 
+from gateway.alarms.delivery import hold
+from gateway.domain.alarm import AlarmStatus
 from gateway.domain.notify import (
+    ALARM_CREATED,
     Notify,
     Route,
     alarm_link,
@@ -58,9 +65,9 @@ from storage.notify import NewDelivery, OutboxRow
 log = structlog.get_logger(__name__)
 
 CONSUMER = "notify"
+# A held delivery's due time when this node's quiet hours do not say when its alarm wakes.
+HELD_FALLBACK_S = 86400.0
 OUTBOX_CHANNEL = "outbox_event"
-# Events whose sends wait out quiet hours (as the alarm's own push does).
-_QUIET_PREFIX = "alarm."
 
 
 class NotifyConsumer:
@@ -77,7 +84,9 @@ class NotifyConsumer:
         poll_s: float = 1.0,
         on_created: Callable[[], None] | None = None,
         consumer: str = CONSUMER,
+        node_id: str = "",
     ) -> None:
+        self.node_id = node_id  # the audit rows of the quiet-hours decisions it takes
         self.pool = pool
         self.dsn = dsn
         self.metrics = metrics
@@ -138,8 +147,9 @@ class NotifyConsumer:
             events = {r.event_id: _decoded(r) for r in mine}
             facts = {r.event_id: _notification(r.event_type, events[r.event_id]) for r in mine}
             alarm_ids = sorted({f.alarm_id for f in facts.values() if f and f.alarm_id})
-            alarms = await repo.alarm_facts(conn, alarm_ids) if alarm_ids else {}
             now: datetime = await conn.fetchval("SELECT now()")
+            await self._hold(conn, [f for f in facts.values() if f is not None], now)
+            alarms = await repo.alarm_facts(conn, alarm_ids) if alarm_ids else {}
             silences = [silence_from_row(s) for s in await repo.active_silences(conn)]
             sources = await self._inhibition_sources(conn, rules)
             deliveries: list[NewDelivery] = []
@@ -156,9 +166,10 @@ class NotifyConsumer:
                 silence = first_silence(silences, fact, now)
                 inhibited = inhibitor(rules.inhibit, fact, sources, rules.sites)
                 body = self._body(row, fact, events[row.event_id], alarm)
-                due_in_s = self._quiet_delay(fact, now)
+                held = alarm is not None and alarm["status"] == AlarmStatus.DELAYED.value
+                due_in_s = self._held_for(fact, now) if held else 0.0
                 for name, route in targets:
-                    if _grouped(route, silence is None and inhibited is None, due_in_s):
+                    if _grouped(route, silence is None and inhibited is None, held):
                         grouped.append(Pending(row=row, fact=fact, body=body, receiver=name,
                                                route=route))  # fmt: skip
                         continue
@@ -203,15 +214,27 @@ class NotifyConsumer:
             return []
         return [facts_of_alarm(r) for r in await repo.open_alarms_of_rules(conn, keys)]
 
-    def _quiet_delay(self, fact: Facts, now: datetime) -> float:
-        """Seconds until quiet hours end for this alarm's device and severity (0: now)."""
+    async def _hold(self, conn: asyncpg.Connection, facts: list[Facts], now: datetime) -> None:
+        """Quiet hours, decided once per alarm (gateway.alarms.delivery.hold): the new alarms
+        of these events that nobody decided on yet, inside quiet hours, go DELAYED now, before
+        their notifications are made; those notifications are then held until the wake."""
         quiet = self.quiet
-        if quiet is None or not fact.event.startswith(_QUIET_PREFIX):
-            return 0.0
-        if fact.device_id is None or fact.severity is None:
-            return 0.0
-        until = quiet.quiet_until(device_id=fact.device_id, severity=fact.severity, at=now)
-        return 0.0 if until is None else max(0.0, (until - now).total_seconds())
+        if quiet is None:
+            return
+        new = sorted({f.alarm_id for f in facts if f.event == ALARM_CREATED and f.alarm_id})
+        for alarm_id in new:  # in id order: two consumers never wait on each other in a circle
+            await hold(conn, alarm_id, quiet=quiet, node_id=self.node_id, now=now,
+                       deliveries_made=True)  # fmt: skip
+
+    def _held_for(self, fact: Facts, now: datetime) -> float:
+        """Seconds a held delivery is expected to wait: until this node's quiet hours end (or,
+        if this node would not hold the alarm, a day). Only an estimate shown with it: the
+        claim takes no delivery of a DELAYED alarm, and the wake makes them due at once."""
+        quiet = self.quiet
+        until = None
+        if quiet is not None and fact.device_id is not None and fact.severity is not None:
+            until = quiet.quiet_until(device_id=fact.device_id, severity=fact.severity, at=now)
+        return HELD_FALLBACK_S if until is None else max(0.0, (until - now).total_seconds())
 
     def _body(
         self,
@@ -247,11 +270,11 @@ class NotifyConsumer:
         return body
 
 
-def _grouped(route: Route, sendable: bool, due_in_s: float) -> bool:
+def _grouped(route: Route, sendable: bool, held: bool) -> bool:
     """Whether a notification joins its group's window: the route groups, nothing silences or
-    inhibits it (those are final deliveries of their own), and quiet hours do not hold it (a
-    held one waits on its own, for its alarm's quiet hours)."""
-    return route.grouping is not None and sendable and due_in_s == 0
+    inhibits it (those are final deliveries of their own), and its alarm is not DELAYED (a
+    held one waits on its own, for its alarm's wake)."""
+    return route.grouping is not None and sendable and not held
 
 
 def _decoded(row: OutboxRow) -> EventPayload | None:

@@ -175,12 +175,15 @@ WHERE delivery_id = $1 AND alarm_id IS NOT NULL ORDER BY alarm_id;
 -- name: claim_due
 -- $1 receiver, $2 node id, $3 lease seconds, $4 at most. Due PENDING deliveries of the
 -- receiver, and SENDING ones whose lease ran out (their sender died): SENDING with this
--- node's lease, one attempt more (the generation the finishing write names).
+-- node's lease, one attempt more (the generation the finishing write names). Never one of
+-- an alarm that quiet hours hold (DELAYED): the wake releases those.
 WITH due AS (
     SELECT id FROM notify_delivery
     WHERE receiver = $1
       AND ((status = 'PENDING' AND next_attempt_at <= now())
            OR (status = 'SENDING' AND lease_until < now()))
+      AND (alarm_id IS NULL OR NOT EXISTS (
+          SELECT 1 FROM alarm a WHERE a.id = alarm_id AND a.status = 'DELAYED'))
     ORDER BY next_attempt_at, id
     LIMIT $4
     FOR UPDATE SKIP LOCKED

@@ -211,13 +211,14 @@ async def test_a_long_quiet_window_yields_one_reminder_per_alarm_at_its_end(
     assert count == len(alarms)
 
 
-async def test_a_woken_alarm_whose_notification_went_out_while_it_was_held_is_pushed(
+async def test_a_held_alarms_notification_goes_out_on_its_wake_and_pushes_it(
     pool: asyncpg.Pool, db_dsn: str
 ) -> None:
-    """A reload reaching the nodes one by one: one node's outbox holds the alarm DELAYED (it
-    has the window) while another's notify worker (still without it) has its webhook accepted;
-    that push finds the alarm held and changes nothing. When the alarm is woken, the person it
-    already reached pushes it: it does not stay NEW with someone told."""
+    """A reload reaching the nodes one by one: one node holds the alarm DELAYED (it has the
+    window) while another node's notify consumer (still without it) reads its event. The
+    notification follows the alarm, not the reading node's quiet hours: held while the alarm
+    is DELAYED, nobody told; the wake releases it, and the receiver accepting it pushes the
+    alarm, so it does not stay NEW with someone told."""
     async with webhook_server() as hook:
         config = parse_config(
             "[notify]\npoll_s = 0.1\nbackoff_min_s = 0.05\nbackoff_max_s = 0.2\n"
@@ -237,31 +238,33 @@ async def test_a_woken_alarm_whose_notification_went_out_while_it_was_held_is_pu
                                   public_url="", quiet=None, batch=10)  # fmt: skip
         while await consumer.run_once():
             pass
+        # Held: no claim takes it while the alarm is DELAYED.
+        assert await worker.run_once() == 0
+        assert hook.on("/hook") == []
+        assert await _status(pool, alarm_id) == "DELAYED"
+
+        timers = AlarmTimers(pool=pool, node_id="n1", quiet=None, escalate_after_s=0,
+                             repeat_interval_s=0)  # fmt: skip
+        report = await timers.run_once()
+        assert (report.woken, report.released) == ([alarm_id], 1)
         stop = asyncio.Event()
         sending = asyncio.create_task(worker.run(stop))
         try:
 
-            async def sent() -> bool:
-                async with pool.acquire() as conn:
-                    status = await conn.fetchval(
-                        "SELECT status FROM notify_delivery WHERE alarm_id = $1", alarm_id
-                    )
-                return bool(status == "SENT")
+            async def pushed() -> bool:
+                return await _status(pool, alarm_id) == "PUSHED"
 
-            await wait_until(sent, timeout=30, message="the webhook took the notification")
+            await wait_until(pushed, timeout=30, message="the released notification pushed it")
         finally:
             stop.set()
             await sending
             await worker.close()
         assert len(hook.on("/hook")) == 1
-        assert await _status(pool, alarm_id) == "DELAYED"  # its push found it held
-
-        timers = AlarmTimers(pool=pool, node_id="n1", quiet=None, escalate_after_s=0,
-                             repeat_interval_s=0)  # fmt: skip
-        assert (await timers.run_once()).woken == [alarm_id]
-        assert await _status(pool, alarm_id) == "PUSHED"
         async with pool.acquire() as conn:
             note = await conn.fetchval(
                 "SELECT note FROM alarm_audit WHERE alarm_id = $1 AND action = 'push'", alarm_id
             )
-        assert "sent while the alarm was held" in note
+            delivery_id = await conn.fetchval(
+                "SELECT id FROM notify_delivery WHERE alarm_id = $1", alarm_id
+            )
+        assert note == f"reached via webhook receiver hook (delivery {delivery_id})"
