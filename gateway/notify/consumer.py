@@ -122,7 +122,9 @@ class NotifyConsumer:
             if not types:  # one statement a pass: nothing is read
                 await repo.skip_horizon(conn, self.consumer)
                 return 0
-            repeated = await GroupWindows(conn).repeat()
+            # Repeats only while some route groups (a reload dropping grouping ends them).
+            grouping = any(route.grouping is not None for route in self.rules.routes)
+            repeated = await GroupWindows(conn).repeat() if grouping else 0
             horizon = await repo.read_horizon(conn, self.consumer)
             rows = await repo.scan_unconsumed(
                 conn, self.consumer, horizon.horizon, self.batch, types
