@@ -5,8 +5,8 @@ In the consumer's transaction, for each notification: the group's row is locked 
 new), then its latest window's delivery, if nobody has claimed it yet (``open_window``, locked
 too: a claim skips it until this transaction ends). An open window gets the notification
 appended to its body; otherwise a new window is made, due when the route's grouping says
-(``Grouping.window_due``), with an event id derived from receiver, group and window number: a
-second node making the same window finds that id taken. Two consumers on two nodes adding to
+(``Grouping.window_due``), with an event id derived from the group and the window number: a
+second node making the same window would find that id taken. Two consumers on two nodes adding to
 one group queue on the group's row; a window, once claimed, takes nothing more.
 
 The repeat pass (each consumer pass, any node, ``SKIP LOCKED``): a group whose latest window
@@ -32,13 +32,14 @@ from protocol.notifications import GroupedNotification
 from storage import notify as repo
 from storage.notify import NewWindow, OutboxRow
 
-# Window event ids: uuid5 of "<receiver>\n<group key>\n<window>" in this namespace.
+# Window event ids: uuid5 of "<group id>\n<receiver>\n<group key>\n<window>" in this namespace
+# (the group's id too: a group made again after its row was deleted never reuses an id).
 _WINDOWS: Final = uuid.UUID("0b7f6c1e-6a53-4f0e-9b1c-2d1f3c5e7a90")
 REPEAT_BATCH: Final = 50
 
 
-def window_event_id(receiver: str, group_key: str, window: int) -> uuid.UUID:
-    return uuid.uuid5(_WINDOWS, f"{receiver}\n{group_key}\n{window}")
+def window_event_id(group_id: int, receiver: str, group_key: str, window: int) -> uuid.UUID:
+    return uuid.uuid5(_WINDOWS, f"{group_id}\n{receiver}\n{group_key}\n{window}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,7 +119,7 @@ class GroupWindows:
         repeat_s: float,
         repeat: bool,
     ) -> None:
-        event_id = window_event_id(receiver, key, window)
+        event_id = window_event_id(group_id, receiver, key, window)
         body = GroupedNotification(
             event_id=str(event_id),
             receiver=receiver,

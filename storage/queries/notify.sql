@@ -109,9 +109,11 @@ RETURNING id, windows, window_delivery_id, window_due_at;
 
 -- name: open_window
 -- $1 delivery id; the group's latest window if it is still open: its delivery not claimed
--- yet (locked: a claim waits, or skips it, until the caller commits).
+-- yet, and no repeat (which lists what was sent before) (locked: a claim waits, or skips it,
+-- until the caller commits).
 SELECT id FROM notify_delivery
 WHERE id = $1 AND status = 'PENDING' AND attempts = 0
+  AND NOT coalesce((body ->> 'repeat')::boolean, false)
 FOR UPDATE;
 
 -- name: append_to_window

@@ -311,7 +311,13 @@ async def test_a_sites_gateway_offline_mutes_its_devices_silent_alarms_until_it_
             assert rows[elsewhere]["inhibited_by"] is None
             # Created and shown, not notified.
             assert set((await _statuses(db, muted)).values()) == {"NEW"}
-            # The source is dealt with: later targets are notified again.
+            # The source is dealt with (once its own notification's push has committed: the
+            # receiver answers before the worker records it): later targets are notified again.
+
+            async def gateway_pushed() -> bool:
+                return (await _statuses(db, [gateway]))[gateway] == "PUSHED"
+
+            await wait_until(gateway_pushed, message="the gateway's alarm pushed")
             async with db.transaction():
                 await transition(db, gateway, Action.FALSE, actor="op", node_id="n0")
             after = await _raise(db, "north-9", "device-silent", 30)
