@@ -268,3 +268,63 @@ async def test_a_held_alarms_notification_goes_out_on_its_wake_and_pushes_it(
                 "SELECT id FROM notify_delivery WHERE alarm_id = $1", alarm_id
             )
         assert note == f"reached via webhook receiver hook (delivery {delivery_id})"
+
+
+async def test_quiet_hours_are_decided_once_per_alarm_by_whichever_reaches_it_first(
+    pool: asyncpg.Pool, db_dsn: str, mosquitto: Mosquitto
+) -> None:
+    """Nodes that disagree on the quiet hours (a reload reaching them one by one). Whoever
+    reaches the new alarm first decides, and the other follows the stored decision: the
+    consumer of a node without the window made the alarm's notification first, so the
+    publisher of a node with it does not hold the alarm (its notification may be on its way
+    to a person); the consumer of a node with the window held the other alarm first, so the
+    publisher of a node without it leaves it DELAYED, and its notification waits for the
+    wake."""
+    quiet = compile_quiet_hours(_window_around_now())
+    config = parse_config(
+        '[[notify.receivers]]\nname = "hook"\nkind = "webhook"\nurl = "http://127.0.0.1:9/h"\n'
+        '[[notify.routes]]\nevents = ["alarm.created"]\nreceivers = ["hook"]\n'
+    )
+    rules = config.notify_rules()
+    metrics = NotifyMetrics(Metrics().registry)
+
+    def consumer(window: object) -> NotifyConsumer:
+        return NotifyConsumer(pool=pool, dsn=db_dsn, metrics=metrics, rules=rules,
+                              quiet=quiet if window else None, node_id="n2")  # fmt: skip
+
+    async with aiomqtt.Client("127.0.0.1", mosquitto.port) as broker:
+
+        async def publish(topic: str, payload: bytes) -> int:
+            await broker.publish(topic, payload, qos=1)
+            return 0x10  # no subscribers: a publish pushes nothing
+
+        def publisher(window: object) -> OutboxPublisher:
+            return OutboxPublisher(pool=pool, dsn=db_dsn, node_id="n1", topics=TOPICS,
+                                   publish=publish, metrics=Metrics(),
+                                   quiet=quiet if window else None)  # fmt: skip
+
+        told = await _raise(pool, "care-1", n=1)
+        while await consumer(window=False).run_once():
+            pass
+        while await publisher(window=True).run_once():
+            pass
+        assert await _status(pool, told) == "NEW"  # not held: its notification is due
+        async with pool.acquire() as conn:
+            [due] = await conn.fetch(
+                "SELECT next_attempt_at <= now() AS due FROM notify_delivery WHERE alarm_id = $1",
+                told,
+            )
+        assert due["due"]
+
+        held = await _raise(pool, "care-2", n=2)
+        while await consumer(window=True).run_once():
+            pass
+        assert await _status(pool, held) == "DELAYED"
+        while await publisher(window=False).run_once():
+            pass
+        assert await _status(pool, held) == "DELAYED"  # the stored decision stands
+    async with pool.acquire() as conn:
+        trail = await conn.fetch(
+            "SELECT alarm_id, action, actor FROM alarm_audit WHERE action = 'delay' ORDER BY id"
+        )
+    assert [(r["alarm_id"], r["actor"]) for r in trail] == [(held, QUIET_ACTOR)]
