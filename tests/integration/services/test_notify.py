@@ -422,6 +422,36 @@ async def test_email_has_subject_both_parts_and_recipients(
     assert "<td>pump-7</td>" in html.get_content()
 
 
+async def test_a_grouped_email_is_one_digest_of_its_windows_notifications(
+    pool: asyncpg.Pool, db_dsn: str, db: asyncpg.Connection
+) -> None:
+    with smtp_server() as smtp:
+        grouped = 'group_by = ["rule"]\ngroup_wait_s = 0'
+        node = Notifier(pool, db_dsn, _config(_email(smtp.port), _route(["mail"], grouped)))
+        first = await _event(db, 5, device="pump-7", rule="pressure", severity="MAJOR")
+        second = await _event(db, 6, device="pump-8", rule="pressure", severity="CRITICAL")
+        await _drain(node.consumer)  # one pass, one transaction: both in the first window
+        async with node.running():
+            await wait_until(lambda: _status_is(db, "SENT"), message="mail SENT")
+        [mail] = smtp.handler.mails
+    [window] = await _deliveries(db)
+    message = mail.message
+    assert message["Subject"] == "[CRITICAL] 2 notifications: rule=pressure"
+    assert message["X-Gateway-Event-Id"] == str(window["event_id"])
+    plain = message.get_body(("plain",))
+    html = message.get_body(("html",))
+    assert plain is not None
+    assert html is not None
+    text = plain.get_content()
+    assert "== [MAJOR] pressure on pump-7: alarm.created" in text
+    assert "== [CRITICAL] pressure on pump-8: alarm.created" in text
+    assert text.index("pump-7") < text.index("pump-8")  # oldest first
+    assert "https://gw.example.com/#/alarms/6" in text
+    assert "<td>pump-8</td>" in html.get_content()
+    body = msgspec.json.decode(window["body"])
+    assert [n["event_id"] for n in body["notifications"]] == [str(first), str(second)]
+
+
 def _server_tls(tmp_path: Path) -> tuple[ssl.SSLContext, Path]:
     """A TLS context for a server on 127.0.0.1 with a certificate of a test CA, and that CA."""
     ca_cert, ca_key = make_ca(tmp_path / "pki", "smtp-test-ca")
