@@ -53,3 +53,5 @@ CREATE INDEX notify_delivery_member_alarm_idx ON notify_delivery_member (alarm_i
     WHERE alarm_id IS NOT NULL;
 -- The repeat pass: groups whose latest window may be due for a repeat.
 CREATE INDEX notify_group_repeat_idx ON notify_group (window_due_at) WHERE repeat_interval_s > 0;
+-- Retention: a group none of whose deliveries remain is deleted (maintenance).
+CREATE INDEX notify_delivery_group_idx ON notify_delivery (group_id) WHERE group_id IS NOT NULL;

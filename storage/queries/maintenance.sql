@@ -150,6 +150,24 @@ WITH doomed AS (
 )
 SELECT count(*) FROM gone;
 
+-- name: prune_notify_groups
+-- $1 cut-off, $2 batch; notification groups made before the cut-off none of whose deliveries
+-- remain (their windows were pruned): a notification of the group makes it again (with a
+-- new id, so its windows' ids are new too). One a consumer holds is skipped.
+WITH doomed AS (
+    SELECT g.id FROM notify_group g
+    WHERE g.created_at < $1
+      AND NOT EXISTS (SELECT 1 FROM notify_delivery d WHERE d.group_id = g.id)
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+), gone AS (
+    DELETE FROM notify_group g USING doomed
+    WHERE g.id = doomed.id
+      AND NOT EXISTS (SELECT 1 FROM notify_delivery d WHERE d.group_id = g.id)
+    RETURNING 1
+)
+SELECT count(*) FROM gone;
+
 -- name: prune_ai_payloads
 -- $1 after id, $2 cut-off, $3 chunk, $4 now; clears request_payload and raw_response of tasks
 -- that finished (SUCCEEDED, FAILED) before the cut-off. Open tasks keep theirs; the task row,
