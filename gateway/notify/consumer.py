@@ -46,7 +46,6 @@ from gateway.domain.alarm import AlarmStatus
 from gateway.domain.notify import (
     ALARM_CREATED,
     Notify,
-    Route,
     alarm_link,
     first_silence,
     notification_of,
@@ -171,9 +170,10 @@ class NotifyConsumer:
                 held = alarm is not None and alarm["status"] == AlarmStatus.DELAYED.value
                 due_in_s = self._held_for(fact, now) if held else 0.0
                 for name, route in targets:
-                    if _grouped(route, silence is None and inhibited is None, held):
+                    if route.grouping is not None and silence is None and inhibited is None:
                         grouped.append(Pending(row=row, fact=fact, body=body, receiver=name,
-                                               route=route))  # fmt: skip
+                                               route=route,
+                                               held_for_s=due_in_s if held else None))  # fmt: skip
                         continue
                     deliveries.append(
                         NewDelivery(
@@ -270,13 +270,6 @@ class NotifyConsumer:
         elif isinstance(event, CommandFinished):
             body["status"] = event.command.get("status")
         return body
-
-
-def _grouped(route: Route, sendable: bool, held: bool) -> bool:
-    """Whether a notification joins its group's window: the route groups, nothing silences or
-    inhibits it (those are final deliveries of their own), and its alarm is not DELAYED (a
-    held one waits on its own, for its alarm's wake)."""
-    return route.grouping is not None and sendable and not held
 
 
 def _decoded(row: OutboxRow) -> EventPayload | None:

@@ -9,6 +9,11 @@ appended to its body; otherwise a new window is made, due when the route's group
 second node making the same window would find that id taken. Two consumers on two nodes adding to
 one group queue on the group's row; a window, once claimed, takes nothing more.
 
+The notifications of alarms that quiet hours hold (DELAYED) gather in a window of their own
+(the group's key with ``|held``), due when the quiet hours are expected to end: no claim takes
+a window while one of its alarms is DELAYED, and the wake of an alarm makes its window due.
+So a night's held alarms of one group go out together when the night ends, not one by one.
+
 The repeat pass (each consumer pass, any node, ``SKIP LOCKED``): a group whose latest window
 was SENT at least ``repeat_interval_s`` ago and whose alarms are still open gets a new window,
 due now, listing those (``repeat: true``); when none is open the group stops repeating.
@@ -19,7 +24,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Final
 
 import asyncpg
@@ -36,6 +41,8 @@ from storage.notify import NewWindow, OutboxRow
 # (the group's id too: a group made again after its row was deleted never reuses an id).
 _WINDOWS: Final = uuid.UUID("0b7f6c1e-6a53-4f0e-9b1c-2d1f3c5e7a90")
 REPEAT_BATCH: Final = 50
+# The group key of a group's notifications whose alarms quiet hours hold (DELAYED).
+HELD_SUFFIX: Final = "|held"
 
 
 def window_event_id(group_id: int, receiver: str, group_key: str, window: int) -> uuid.UUID:
@@ -51,6 +58,8 @@ class Pending:
     body: dict[str, Any]
     receiver: str
     route: Route
+    # Seconds its alarm is expected to stay DELAYED (quiet hours); None: not held.
+    held_for_s: float | None = None
 
 
 class GroupWindows:
@@ -67,6 +76,10 @@ class GroupWindows:
         for item in pending:
             assert item.route.grouping is not None
             key, labels = item.route.grouping.group(item.route.index, item.fact, sites)
+            if item.held_for_s is not None:
+                # Held ones gather apart: their window waits for the wake, the group's other
+                # one does not.
+                key += HELD_SUFFIX
             keyed.append((item.receiver, key, labels, item))
         keyed.sort(key=lambda k: (k[0], k[1]))
         for receiver, key, labels, item in keyed:
@@ -88,7 +101,11 @@ class GroupWindows:
             return False
         grouping = item.route.grouping
         assert grouping is not None
-        due = grouping.window_due(now, group.window_due_at)
+        due = (
+            grouping.window_due(now, group.window_due_at)
+            if item.held_for_s is None
+            else now + timedelta(seconds=item.held_for_s)
+        )
         await self._open(
             group_id=group.id,
             window=group.windows + 1,

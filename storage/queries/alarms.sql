@@ -164,10 +164,14 @@ ORDER BY id LIMIT $2;
 -- name: release_held_deliveries
 -- $1 alarm id, $2 now; the notifications of a woken alarm, held while it was DELAYED: due
 -- now. The count of those released.
+-- A group's window of held alarms is made due too (still held while another of its alarms is
+-- DELAYED: the claim skips it until that one is woken as well).
 WITH released AS (
     UPDATE notify_delivery
     SET next_attempt_at = $2
-    WHERE alarm_id = $1 AND status = 'PENDING' AND attempts = 0 AND next_attempt_at > $2
+    WHERE (alarm_id = $1 OR id IN (
+               SELECT delivery_id FROM notify_delivery_member WHERE alarm_id = $1))
+      AND status = 'PENDING' AND attempts = 0 AND next_attempt_at > $2
     RETURNING 1
 )
 SELECT count(*) FROM released;

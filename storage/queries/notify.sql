@@ -178,7 +178,8 @@ WHERE delivery_id = $1 AND alarm_id IS NOT NULL ORDER BY alarm_id;
 -- $1 receiver, $2 node id, $3 lease seconds, $4 at most. Due PENDING deliveries of the
 -- receiver, and SENDING ones whose lease ran out (their sender died): SENDING with this
 -- node's lease, one attempt more (the generation the finishing write names). Never one of
--- an alarm that quiet hours hold (DELAYED): the wake releases those.
+-- an alarm that quiet hours hold (DELAYED), nor a window carrying one: the wake releases
+-- those.
 WITH due AS (
     SELECT id FROM notify_delivery
     WHERE receiver = $1
@@ -186,6 +187,9 @@ WITH due AS (
            OR (status = 'SENDING' AND lease_until < now()))
       AND (alarm_id IS NULL OR NOT EXISTS (
           SELECT 1 FROM alarm a WHERE a.id = alarm_id AND a.status = 'DELAYED'))
+      AND (group_id IS NULL OR NOT EXISTS (
+          SELECT 1 FROM notify_delivery_member m JOIN alarm a ON a.id = m.alarm_id
+          WHERE m.delivery_id = notify_delivery.id AND a.status = 'DELAYED'))
     ORDER BY next_attempt_at, id
     LIMIT $4
     FOR UPDATE SKIP LOCKED

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import asyncpg
@@ -18,8 +18,10 @@ import msgspec
 import pytest
 
 from gateway.alarms.lifecycle import create_alarm, transition
+from gateway.alarms.timers import AlarmTimers
 from gateway.config import Config, parse_config
 from gateway.domain.alarm import Action
+from gateway.domain.quiet_hours import QuietHoursConfig, QuietWindowConfig, compile_quiet_hours
 from gateway.notify.consumer import NotifyConsumer
 from gateway.notify.metrics import NotifyMetrics
 from gateway.notify.worker import DeliveryWorker
@@ -353,3 +355,64 @@ async def test_an_inhibited_alarm_joins_no_window(
             if grouped:
                 [window] = await _windows(db)
                 assert [x["alarm_id"] for x in window["body"]["notifications"]] == [gateway]
+
+
+async def test_a_nights_held_alarms_of_a_group_go_out_as_one_window_at_their_wake(
+    db_dsn: str, db: asyncpg.Connection
+) -> None:
+    """Quiet hours hold two alarms of the group (the consumer decides: DELAYED): they gather
+    in a window of their own, which no claim takes while they are DELAYED, even once due; an
+    exempt CRITICAL goes in the group's ordinary window and out. The wake releases the held
+    window: one request lists both, and pushes both."""
+    now = datetime.now(UTC)
+    quiet = compile_quiet_hours(
+        QuietHoursConfig(windows=[QuietWindowConfig(
+            devices="care-*", start=(now - timedelta(hours=1)).strftime("%H:%M"),
+            end=(now + timedelta(hours=1)).strftime("%H:%M"))])
+    )  # fmt: skip
+    async with webhook_server() as server:
+        config = _config(
+            server.url(""), ONLY_GROUPED.replace("group_wait_s = 60", "group_wait_s = 0")
+        )
+        async with _two_nodes(db_dsn, config) as nodes:
+            for node in nodes:
+                node.consumer.quiet = quiet
+            held = [await _raise(db, f"care-{k}", "hot", k) for k in range(2)]
+            async with db.transaction():
+                creation = await create_alarm(
+                    db, device_id="care-9", rule_key="hot", severity="CRITICAL",
+                    telemetry_event_id=f"{99:064x}", reason="test", node_id="n0",
+                    now=await alarm_repo.db_now(db),
+                )  # fmt: skip
+            assert creation.alarm is not None
+            critical = creation.alarm.id
+            await _consume_together(nodes)
+            assert await _statuses(db, [*held, critical]) == {
+                held[0]: "DELAYED",
+                held[1]: "DELAYED",
+                critical: "NEW",
+            }
+            windows = {w["body"]["group_key"]: w for w in await _windows(db)}
+            assert set(windows) == {"routes[0]{rule=hot}", "routes[0]{rule=hot}|held"}
+            night = windows["routes[0]{rule=hot}|held"]
+            assert sorted(x["alarm_id"] for x in night["body"]["notifications"]) == held
+            await wait_until(lambda: _sent_each_hook(server, 1), message="the CRITICAL one")
+            assert [x["alarm_id"] for x in server.on("/hook")[0].json["notifications"]] == [
+                critical
+            ]
+            # Due, yet held: no claim takes it while its alarms are DELAYED.
+            await _make_due(db, night["id"])
+            for node in nodes:
+                assert await node.worker.run_once() == 0
+            timers = AlarmTimers(pool=nodes[0].worker.pool, node_id="n1", quiet=None,
+                                 escalate_after_s=0, repeat_interval_s=0)  # fmt: skip
+            report = await timers.run_once()
+            assert sorted(report.woken) == held
+            await wait_until(lambda: _window_status(db, night["id"], "SENT"), message="sent")
+        assert len(server.on("/hook")) == 2
+        assert sorted(x["alarm_id"] for x in server.on("/hook")[1].json["notifications"]) == held
+    assert set((await _statuses(db, held)).values()) == {"PUSHED"}
+
+
+async def _sent_each_hook(server: WebhookServer, n: int) -> bool:
+    return len(server.on("/hook")) >= n
