@@ -325,28 +325,19 @@ async def silent_devices(
     return list(await conn.fetch(SILENT_DEVICES, silent_seconds, rule_key))
 
 
-async def release_held_deliveries(conn: asyncpg.Connection, alarm_id: int, now: datetime) -> None:
-    """A woken alarm's notifications held for quiet hours: due now."""
-    await conn.execute(_Q["release_held_deliveries"], alarm_id, now)
+async def release_held_deliveries(conn: asyncpg.Connection, alarm_id: int, now: datetime) -> int:
+    """A woken alarm's notifications, held while it was DELAYED: due now; how many."""
+    return int(await conn.fetchval(_Q["release_held_deliveries"], alarm_id, now))
 
 
-async def sent_delivery(conn: asyncpg.Connection, alarm_id: int) -> asyncpg.Record | None:
-    """A notification of the alarm its receiver accepted (id, receiver), if any."""
-    record: asyncpg.Record | None = await conn.fetchrow(_Q["sent_delivery"], alarm_id)
+async def lock_new_alarm(conn: asyncpg.Connection, alarm_id: int) -> asyncpg.Record | None:
+    """The alarm (id, device_id, severity) if still NEW, locked till the caller commits."""
+    record: asyncpg.Record | None = await conn.fetchrow(_Q["lock_new_alarm"], alarm_id)
     return record
 
 
-async def held_deliveries(
-    conn: asyncpg.Connection, now: datetime, after_id: int, limit: int
-) -> list[asyncpg.Record]:
-    """Alarm notifications held for quiet hours (never tried, due later): id, device, severity."""
-    return list(await conn.fetch(_Q["held_deliveries"], now, after_id, limit))
-
-
-async def release_deliveries(conn: asyncpg.Connection, ids: list[int], now: datetime) -> int:
-    """Make these held notifications due now; how many were still held."""
-    status = await conn.execute(_Q["release_deliveries"], ids, now)
-    return int(status.split()[-1])
+async def has_deliveries(conn: asyncpg.Connection, alarm_id: int) -> bool:
+    return bool(await conn.fetchval(_Q["has_deliveries"], alarm_id))
 
 
 async def delayed(conn: asyncpg.Connection, after_id: int, limit: int) -> list[asyncpg.Record]:

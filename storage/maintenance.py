@@ -28,6 +28,7 @@ DROP_DAY_PARTITION = _Q["drop_day_partition"]
 DEFAULT_PARTITION_PAGES = _Q["default_partition_pages"]
 PRUNE_DEFAULT_PARTITION = _Q["prune_default_partition"]
 PRUNE_CONSUMED = _Q["prune_consumed"]
+PRUNE_NOTIFY_GROUPS = _Q["prune_notify_groups"]
 PRUNE_AI_PAYLOADS = _Q["prune_ai_payloads"]
 PRUNE_STREAM_TICKETS = _Q["prune_stream_tickets"]
 TABLE_SIZES = _Q["table_sizes"]
@@ -111,6 +112,11 @@ async def prune_ai_payloads(
 
 async def prune_consumed(conn: asyncpg.Connection, before: datetime, *, chunk: int) -> int:
     return await _batches(conn, PRUNE_CONSUMED, chunk, before)
+
+
+async def prune_notify_groups(conn: asyncpg.Connection, before: datetime, *, chunk: int) -> int:
+    """Delete the notification groups made before ``before`` whose deliveries are all gone."""
+    return await _batches(conn, PRUNE_NOTIFY_GROUPS, chunk, before)
 
 
 async def prune_stream_tickets(conn: asyncpg.Connection, *, chunk: int) -> int:

@@ -34,6 +34,17 @@ LIST_SILENCES = _Q["list_silences"]
 GET_SILENCE = _Q["get_silence"]
 EXPIRE_SILENCE = _Q["expire_silence"]
 LIST_DELIVERIES = _Q["list_deliveries"]
+OPEN_ALARMS_OF_RULES = _Q["open_alarms_of_rules"]
+LOCK_GROUP = _Q["lock_group"]
+OPEN_WINDOW = _Q["open_window"]
+APPEND_TO_WINDOW = _Q["append_to_window"]
+INSERT_WINDOW = _Q["insert_window"]
+SET_WINDOW = _Q["set_window"]
+ADD_MEMBER = _Q["add_member"]
+REPEAT_DUE = _Q["repeat_due"]
+STOP_REPEATING = _Q["stop_repeating"]
+OPEN_MEMBERS = _Q["open_members"]
+DELIVERY_ALARMS = _Q["delivery_alarms"]
 GET_DELIVERY = _Q["get_delivery"]
 
 
@@ -70,6 +81,8 @@ class NewDelivery:
     silence_id: int | None
     due_in_s: float
     event_created_at: datetime
+    inhibited_by: int | None = None
+    inhibit_rule: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +99,7 @@ class ClaimedDelivery:
     alarm_id: int | None
     event_created_at: datetime
     created_at: datetime
+    group_id: int | None = None
 
 
 async def ensure_consumer(conn: asyncpg.Connection, consumer: str) -> None:
@@ -156,6 +170,8 @@ async def insert_deliveries(
             [x.silence_id for x in d],
             [x.due_in_s for x in d],
             [x.event_created_at for x in d],
+            [x.inhibited_by for x in d],
+            [x.inhibit_rule for x in d],
         )
     )
 
@@ -250,3 +266,107 @@ async def get_delivery(
     conn: asyncpg.Connection | asyncpg.Pool, delivery_id: int
 ) -> asyncpg.Record | None:
     return await conn.fetchrow(GET_DELIVERY, delivery_id)
+
+
+async def open_alarms_of_rules(
+    conn: asyncpg.Connection, rule_keys: Sequence[str]
+) -> list[asyncpg.Record]:
+    return list(await conn.fetch(OPEN_ALARMS_OF_RULES, list(rule_keys)))
+
+
+@dataclass(frozen=True, slots=True)
+class GroupRow:
+    """A group's row, locked by the caller's transaction, and its latest window."""
+
+    id: int
+    windows: int
+    window_delivery_id: int | None
+    window_due_at: datetime | None
+
+
+async def lock_group(
+    conn: asyncpg.Connection, receiver: str, group_key: str, labels: dict[str, str]
+) -> GroupRow:
+    row = await conn.fetchrow(LOCK_GROUP, receiver, group_key, msgspec.json.encode(labels).decode())
+    assert row is not None
+    return GroupRow(**dict(row.items()))
+
+
+async def open_window(conn: asyncpg.Connection, delivery_id: int | None) -> bool:
+    """Whether the group's latest window is open (locked till the caller commits)."""
+    if delivery_id is None:
+        return False
+    return await conn.fetchval(OPEN_WINDOW, delivery_id) is not None
+
+
+async def append_to_window(
+    conn: asyncpg.Connection, delivery_id: int, item: dict[str, Any]
+) -> None:
+    await conn.execute(APPEND_TO_WINDOW, delivery_id, msgspec.json.encode(item).decode())
+
+
+@dataclass(frozen=True, slots=True)
+class NewWindow:
+    event_id: uuid.UUID
+    outbox_id: int
+    receiver: str
+    body: Any  # a protocol.notifications.GroupedNotification; encoded as JSON
+    due_at: datetime
+    event_created_at: datetime
+    group_id: int
+    device_id: str | None
+    rule_key: str | None
+    severity: str | None
+
+
+async def insert_window(conn: asyncpg.Connection, window: NewWindow) -> int | None:
+    """The window's delivery id; None if it was made already (its event id is taken)."""
+    w = window
+    value = await conn.fetchval(
+        INSERT_WINDOW,
+        w.event_id,
+        w.outbox_id,
+        w.receiver,
+        msgspec.json.encode(w.body).decode(),
+        w.due_at,
+        w.event_created_at,
+        w.group_id,
+        w.device_id,
+        w.rule_key,
+        w.severity,
+    )
+    return None if value is None else int(value)
+
+
+async def set_window(
+    conn: asyncpg.Connection,
+    group_id: int,
+    *,
+    windows: int,
+    delivery_id: int,
+    due_at: datetime,
+    repeat_interval_s: float,
+) -> None:
+    await conn.execute(SET_WINDOW, group_id, windows, delivery_id, due_at, repeat_interval_s)
+
+
+async def add_member(
+    conn: asyncpg.Connection, delivery_id: int, event_id: uuid.UUID, alarm_id: int | None
+) -> None:
+    await conn.execute(ADD_MEMBER, delivery_id, event_id, alarm_id)
+
+
+async def repeat_due(conn: asyncpg.Connection, limit: int) -> list[asyncpg.Record]:
+    return list(await conn.fetch(REPEAT_DUE, limit))
+
+
+async def stop_repeating(conn: asyncpg.Connection, group_id: int) -> None:
+    await conn.execute(STOP_REPEATING, group_id)
+
+
+async def open_members(conn: asyncpg.Connection, delivery_id: int) -> list[asyncpg.Record]:
+    return list(await conn.fetch(OPEN_MEMBERS, delivery_id))
+
+
+async def delivery_alarms(conn: asyncpg.Connection, delivery_id: int) -> list[int]:
+    return [int(r["alarm_id"]) for r in await conn.fetch(DELIVERY_ALARMS, delivery_id)]

@@ -1,7 +1,10 @@
 """An alarm reaching people (docs/behaviour.md §5): PUSHED means a person really received it.
 
-When its creation (or wake-up) event has been published, the outbox publisher calls
-:func:`deliver`: inside quiet hours the alarm is held back as DELAYED; otherwise it is pushed
+Quiet hours are decided once per alarm, by :func:`hold`: the outbox publisher and the
+notification consumer both call it, and the first to reach the NEW alarm decides (DELAYED, or
+left NEW); notifications follow that stored decision. When its creation (or wake-up) event has
+been published, the outbox publisher calls :func:`deliver`: inside quiet hours the alarm is
+held back as DELAYED; otherwise it is pushed
 only if that publish reached someone (an MQTT 5 PUBACK with reason code 0: there were
 subscribers). A notification delivery that its receiver accepted pushes it too
 (:func:`reached`, called by the delivery worker), and so does a console ``/stream`` session
@@ -27,6 +30,50 @@ NOTIFY_ACTOR = "system:notify"
 STREAM_ACTOR = "system:stream"
 
 
+async def hold(
+    conn: asyncpg.Connection,
+    alarm_id: int,
+    *,
+    quiet: QuietHours | None,
+    node_id: str,
+    now: datetime | None = None,
+    deliveries_made: bool = False,
+) -> bool:
+    """Quiet hours, decided once per alarm: a NEW alarm inside quiet hours (and not of an
+    exempt severity) goes DELAYED, in the caller's transaction; whether it did.
+
+    Called by the outbox publisher and by the notification consumer, whichever reaches the
+    alarm first; the alarm's row is locked while deciding, so one decides and the other finds
+    the outcome. Notifications follow the stored decision: the consumer holds them while the
+    alarm is DELAYED, and the wake releases them. So the publisher (``deliveries_made=False``)
+    never holds an alarm whose notifications were made already: the consumer that made them
+    decided, and a delivery of them may be on its way to a person.
+    """
+    if quiet is None:
+        return False
+    record = await repo.lock_new_alarm(conn, alarm_id)
+    if record is None:
+        return False
+    at = now or await repo.db_now(conn)
+    if not quiet.is_quiet(device_id=record["device_id"], severity=record["severity"], at=at):
+        return False
+    if not deliveries_made and await repo.has_deliveries(conn, alarm_id):
+        return False
+    try:
+        await transition(
+            conn,
+            alarm_id,
+            Action.DELAY,
+            actor=QUIET_ACTOR,
+            node_id=node_id,
+            expected=AlarmStatus.NEW,
+            now=at,
+        )
+    except (StatusChangedError, AlarmNotFoundError):
+        return False
+    return True
+
+
 async def deliver(
     conn: asyncpg.Connection,
     alarm_id: int,
@@ -36,33 +83,30 @@ async def deliver(
     reached: str | None = None,
     now: datetime | None = None,
 ) -> AlarmStatus | None:
-    """The alarm's creation (or wake-up) event went out: push it, or hold it back.
+    """The alarm's creation (or wake-up) event went out: hold it back, or push it.
 
-    Inside quiet hours (and not of an exempt severity) a NEW alarm goes DELAYED instead of
-    PUSHED. Otherwise it is pushed only when ``reached`` names who the publish reached (the
-    audit note); None: nobody was (no subscriber, or a 3.1.1 PUBACK, which cannot say), and it
-    stays NEW. Conditional on still being NEW; None when nothing changed.
+    Inside quiet hours a NEW alarm goes DELAYED (:func:`hold`). Otherwise it is pushed only
+    when ``reached`` names who the publish reached (the audit note); None: nobody was (no
+    subscriber, or a 3.1.1 PUBACK, which cannot say), and it stays NEW. Conditional on still
+    being NEW; None when nothing changed.
     """
+    if await hold(conn, alarm_id, quiet=quiet, node_id=node_id, now=now):
+        return AlarmStatus.DELAYED
+    if reached is None:
+        return None
     record = await repo.get(conn, alarm_id)
     if record is None or record["status"] != AlarmStatus.NEW.value:
         return None
-    at = now or await repo.db_now(conn)
-    held = quiet is not None and quiet.is_quiet(
-        device_id=record["device_id"], severity=record["severity"], at=at
-    )
-    if not held and reached is None:
-        return None
-    action, actor = (Action.DELAY, QUIET_ACTOR) if held else (Action.PUSH, PUSH_ACTOR)
     try:
         changed = await transition(
             conn,
             alarm_id,
-            action,
-            actor=actor,
+            Action.PUSH,
+            actor=PUSH_ACTOR,
             node_id=node_id,
             expected=AlarmStatus.NEW,
-            now=at,
-            note=None if held else f"reached via {reached}",
+            now=now,
+            note=f"reached via {reached}",
         )
     except (StatusChangedError, AlarmNotFoundError):
         return None

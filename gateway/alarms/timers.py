@@ -5,7 +5,10 @@ run on every node, survive restarts, and never act twice: two nodes that decide 
 thing at once race on ``WHERE status = $expected``, and one of them finds nothing to do.
 
 Quiet hours are looked at on every pass, configured or not: a reload that removes or moves a
-window wakes the alarms it held (none left means nothing holds them). Inside a window no
+window wakes the alarms it held (none left means nothing holds them). The wake also releases,
+in the same transaction, the notifications the consumer held while the alarm was DELAYED:
+quiet hours are decided once per alarm (gateway.alarms.delivery.hold), and its notifications
+follow its status, whatever each node's configuration. Inside a window no
 reminder is made: the reminder due is made once, on the first pass after the window, instead
 of one per interval that passed inside it.
 
@@ -22,12 +25,11 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Final
 
 import asyncpg
 import structlog
 
-from gateway.alarms.delivery import QUIET_ACTOR, reached
+from gateway.alarms.delivery import QUIET_ACTOR
 from gateway.alarms.lifecycle import (
     AlarmNotFoundError,
     StatusChangedError,
@@ -50,7 +52,6 @@ log = structlog.get_logger(__name__)
 ESCALATION_ACTOR = "system:escalation"
 UNREACHED_ACTOR = "system:unreached"
 BATCH = 200
-_NEVER: Final = object()  # no release pass yet (AlarmTimers._released_under)
 
 Clock = Callable[[asyncpg.Connection], Awaitable[datetime]]
 
@@ -65,7 +66,7 @@ class TimerReport:
     escalated: list[int] = field(default_factory=list)
     reminded: list[int] = field(default_factory=list)
     unreached: list[int] = field(default_factory=list)
-    released: int = 0  # held notifications made due (see AlarmTimers._release_held)
+    released: int = 0  # notifications held while their alarm was DELAYED, made due by the wake
 
 
 class AlarmTimers:
@@ -92,8 +93,6 @@ class AlarmTimers:
         self.clock = clock
         self.metrics = metrics
         self.alarm_metrics = None if metrics is None else AlarmMetrics.of(metrics.registry)
-        # The quiet hours the last release pass ran under (_release_held); none yet.
-        self._released_under: QuietHours | object | None = _NEVER
 
     @classmethod
     def from_config(
@@ -118,8 +117,6 @@ class AlarmTimers:
         async with self.pool.acquire() as conn:
             now = await self.clock(conn)
             await self._wake(conn, now, report)
-            if self.quiet is not self._released_under:
-                await self._release_held(conn, now, report)
             if self.escalate_after_s > 0:
                 await self._escalate(conn, now, report)
             if self.repeat_interval_s > 0:
@@ -177,54 +174,15 @@ class AlarmTimers:
             for row in rows:
                 if held_back(quiet, device_id=row["device_id"], severity=row["severity"], at=now):
                     continue
-                # Back to NEW; publishing the wake-up event pushes it (see delivery.deliver).
-                if await self._act(
-                    conn,
-                    row["id"],
-                    Action.WAKE,
-                    expected=AlarmStatus.DELAYED,
-                    now=now,
-                    actor=QUIET_ACTOR,
-                    event_type=EventType.ALARM_WOKEN,
-                ):
-                    # Its notifications were made due when the window was to end: a window
-                    # that ended sooner (a reload took it away) must not hold them longer.
-                    await repo.release_held_deliveries(conn, row["id"], now)
+                # Back to NEW, and its notifications, held while it was DELAYED, due now, in
+                # one transaction: publishing the wake-up event pushes it (delivery.deliver),
+                # and so does a receiver accepting one of them.
+                released = await self._wake_one(conn, row["id"], now)
+                if released is not None:
                     report.woken.append(row["id"])
-                    await self._reached_while_held(conn, row["id"])
+                    report.released += released
             if len(rows) < BATCH:
                 break
-
-    async def _release_held(
-        self, conn: asyncpg.Connection, now: datetime, report: TimerReport
-    ) -> None:
-        """Notifications held for quiet hours that the quiet hours in force no longer hold
-        back: due now. The notify consumer holds a delivery by the quiet hours of the node that
-        made it, whatever the alarm's own status: during a reload that reaches the nodes one
-        after another, a node still without a window may leave its alarm NEW while another
-        node, already with it, holds the alarm's notifications. Waking a DELAYED alarm releases
-        its own (_wake); this pass releases the rest. It runs at start and after each change of
-        the quiet hours (a reload), on every node."""
-        quiet = self.quiet  # one configuration for the whole pass
-        after = 0
-        while rows := await repo.held_deliveries(conn, now, after, BATCH):
-            after = rows[-1]["id"]
-            due = [
-                row["id"]
-                for row in rows
-                if row["device_id"] is None
-                or row["severity"] is None
-                or not held_back(
-                    quiet, device_id=row["device_id"], severity=row["severity"], at=now
-                )
-            ]
-            if due:
-                report.released += await repo.release_deliveries(conn, due, now)
-            if len(rows) < BATCH:
-                break
-        self._released_under = quiet
-        if report.released:
-            log.info("held_notifications_released", deliveries=report.released)
 
     async def _escalate(self, conn: asyncpg.Connection, now: datetime, report: TimerReport) -> None:
         due = now - timedelta(seconds=self.escalate_after_s)
@@ -240,17 +198,30 @@ class AlarmTimers:
             ):
                 report.escalated.append(alarm_id)
 
-    async def _reached_while_held(self, conn: asyncpg.Connection, alarm_id: int) -> None:
-        """A notification a receiver accepted while the alarm was DELAYED reached a person: a
-        node still without the window (a reload reaching the nodes one by one) sent it, and
-        its push found the alarm held. Woken, the alarm is pushed for it now; otherwise it
-        would stay NEW with a person already told."""
-        sent = await repo.sent_delivery(conn, alarm_id)
-        if sent is None:
-            return
-        via = f"{sent['receiver']} receiver (delivery {sent['id']}, sent while the alarm was held)"
-        async with conn.transaction():
-            await reached(conn, alarm_id, via=via, node_id=self.node_id)
+    async def _wake_one(self, conn: asyncpg.Connection, alarm_id: int, now: datetime) -> int | None:
+        """DELAYED → NEW and the release of its held notifications, together; how many were
+        released, or None if another node or a person got there first."""
+        try:
+            async with conn.transaction():
+                await transition(
+                    conn,
+                    alarm_id,
+                    Action.WAKE,
+                    actor=QUIET_ACTOR,
+                    node_id=self.node_id,
+                    expected=AlarmStatus.DELAYED,
+                    now=now,
+                    event_type=EventType.ALARM_WOKEN,
+                )
+                released = await repo.release_held_deliveries(conn, alarm_id, now)
+        except (StatusChangedError, AlarmNotFoundError):
+            return None
+        log.info("alarm_timer_transition", alarm_id=alarm_id, action=Action.WAKE.value)
+        if released:
+            log.info("held_notifications_released", alarm_id=alarm_id, deliveries=released)
+        if self.metrics is not None:
+            self.metrics.count_alarm_transition(AlarmStatus.DELAYED.value, AlarmStatus.NEW.value)
+        return released
 
     async def _act(
         self,

@@ -117,6 +117,11 @@ class Delivery(msgspec.Struct, kw_only=True):
     event_created_at: datetime
     created_at: datetime
     finished_at: datetime | None
+    # INHIBITED: the open alarm that inhibited it, and the [[notify.inhibit]] rule's name.
+    inhibited_by: int | None = None
+    inhibit_rule: str | None = None
+    # A grouped delivery (event notify.group): its group; the alarms it carries are in its body.
+    group_id: int | None = None
 
 
 class DeliveryDetail(Delivery, kw_only=True):

@@ -15,6 +15,7 @@ import hmac
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any, Final, Literal
@@ -24,7 +25,17 @@ import msgspec
 from msgspec import Meta, Struct, field
 
 from gateway.domain.errors import ConfigError
-from gateway.domain.rules import RULE_KEY_PATTERN, SEVERITIES, DeviceSelector, device_selector
+from gateway.domain.notify_match import Facts, Matchers, compile_matchers
+from gateway.domain.notify_policy import (
+    Grouping,
+    InhibitConfig,
+    InhibitRule,
+    SiteConfig,
+    Sites,
+    compile_grouping,
+    compile_inhibit,
+    compile_sites,
+)
 from protocol.events import (
     AlarmChanged,
     AlarmCleared,
@@ -73,6 +84,11 @@ class DeliveryStatus(StrEnum):
     SENT = "SENT"  # the receiver accepted it
     FAILED = "FAILED"  # no attempts left; last_error says why
     SILENCED = "SILENCED"  # a silence matched when the event was consumed: never sent
+    INHIBITED = "INHIBITED"  # an open alarm inhibited it (inhibited_by): never sent
+
+
+# The event of a grouped delivery: one window of a route's group, carrying its notifications.
+GROUP_EVENT: Final = "notify.group"
 
 
 RECEIVER_NAME_PATTERN: Final = r"^[A-Za-z0-9_.-]{1,64}$"
@@ -81,7 +97,6 @@ EVENT_ID_HEADER: Final = "X-Gateway-Event-Id"
 
 PositiveFloat = Annotated[float, Meta(gt=0)]
 PositiveInt = Annotated[int, Meta(ge=1)]
-_RULE_KEY_RE: Final = re.compile(RULE_KEY_PATTERN)
 _NAME_RE: Final = re.compile(RECEIVER_NAME_PATTERN.removesuffix("$") + r"\Z")
 _HEADER_RE: Final = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,128}\Z")
 _ADDRESS_RE: Final = re.compile(r"^[^@\s<>,;]+@[^@\s<>,;]+\Z")
@@ -132,6 +147,11 @@ class RouteConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True)
     devices: str | list[str] | None = None
     receivers: list[str] = field(default_factory=list)
     continue_: bool = field(default=False, name="continue")
+    # Grouping (docs/notifications.md, "Grouping"): None sends one delivery per notification.
+    group_by: list[str] | None = None
+    group_wait_s: Annotated[float, Meta(ge=0)] | None = None
+    group_interval_s: Annotated[float, Meta(ge=0)] | None = None
+    repeat_interval_s: Annotated[float, Meta(ge=0)] | None = None
 
 
 class NotifyConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -139,6 +159,8 @@ class NotifyConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True
 
     receivers: list[ReceiverConfig] = field(default_factory=list)
     routes: list[RouteConfig] = field(default_factory=list)
+    sites: list[SiteConfig] = field(default_factory=list)
+    inhibit: list[InhibitConfig] = field(default_factory=list)
     lease_s: PositiveFloat = 60.0
     max_attempts: PositiveInt = 5
     backoff_min_s: PositiveFloat = 1.0
@@ -149,40 +171,13 @@ class NotifyConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True
 
 
 @dataclass(frozen=True, slots=True)
-class Facts:
-    """What routes and silences look at in a notification."""
-
-    event: str
-    device_id: str | None = None
-    rule_key: str | None = None
-    severity: str | None = None
-    alarm_id: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Matchers:
-    """Rules, devices and severities; None matches everything."""
-
-    rules: frozenset[str] | None = None
-    devices: DeviceSelector | None = None
-    severities: frozenset[str] | None = None
-
-    def matches(self, facts: Facts) -> bool:
-        if self.rules is not None and facts.rule_key not in self.rules:
-            return False
-        if self.devices is not None and (
-            facts.device_id is None or not self.devices.matches(facts.device_id)
-        ):
-            return False
-        return self.severities is None or facts.severity in self.severities
-
-
-@dataclass(frozen=True, slots=True)
 class Route:
     events: frozenset[str] | None
     matchers: Matchers
     receivers: tuple[str, ...]
     continue_: bool
+    index: int = 0
+    grouping: Grouping | None = None
 
     def matches(self, facts: Facts) -> bool:
         return (self.events is None or facts.event in self.events) and self.matchers.matches(facts)
@@ -194,17 +189,25 @@ class Notify:
 
     receivers: Mapping[str, ReceiverConfig]
     routes: tuple[Route, ...]
+    sites: Sites = dataclass_field(default_factory=Sites)
+    inhibit: tuple[InhibitRule, ...] = ()
 
     def route(self, facts: Facts) -> list[str]:
         """The receivers of a notification: first match wins unless it says ``continue``."""
-        chosen: list[str] = []
+        return [receiver for receiver, _ in self.targets(facts)]
+
+    def targets(self, facts: Facts) -> list[tuple[str, Route]]:
+        """Each receiver of a notification with the route that chose it (a receiver chosen
+        twice: by the first, whose grouping applies)."""
+        chosen: dict[str, Route] = {}
         for route in self.routes:
             if not route.matches(facts):
                 continue
-            chosen.extend(r for r in route.receivers if r not in chosen)
+            for receiver in route.receivers:
+                chosen.setdefault(receiver, route)
             if not route.continue_:
                 break
-        return chosen
+        return list(chosen.items())
 
     def outbox_types(self) -> frozenset[str]:
         """The outbox event types some route may turn into a notification: the only ones the
@@ -233,36 +236,6 @@ def first_silence(silences: Sequence[Silence], facts: Facts, at: datetime) -> Si
 # --- compiling ---------------------------------------------------------------------------------
 
 
-def compile_matchers(
-    *,
-    rules: Sequence[str] | None,
-    devices: str | Sequence[str] | None,
-    severities: Sequence[str] | None,
-    path: str,
-) -> Matchers:
-    """Validated matchers; a `ConfigError` names the key (``<path>.rules[2]``)."""
-    if rules is not None:
-        if not rules:
-            raise ConfigError(f"{path}.rules", "must not be empty (leave it out to match all)")
-        for index, rule in enumerate(rules):
-            if _RULE_KEY_RE.match(rule) is None:
-                raise ConfigError(f"{path}.rules[{index}]", f"invalid rule key {rule!r}")
-    if severities is not None:
-        if not severities:
-            raise ConfigError(f"{path}.severities", "must not be empty (leave it out)")
-        for index, severity in enumerate(severities):
-            if severity not in SEVERITIES:
-                raise ConfigError(
-                    f"{path}.severities[{index}]",
-                    f"unknown severity {severity!r}; known: {list(SEVERITIES)}",
-                )
-    return Matchers(
-        rules=None if rules is None else frozenset(rules),
-        devices=None if devices is None else device_selector(devices, f"{path}.devices"),
-        severities=None if severities is None else frozenset(severities),
-    )
-
-
 def compile_notify(config: NotifyConfig, path: str = "notify") -> Notify:
     """Validate the section; a `ConfigError` names the offending key."""
     if config.backoff_min_s > config.backoff_max_s:
@@ -279,6 +252,7 @@ def compile_notify(config: NotifyConfig, path: str = "notify") -> Notify:
             # A send still running when its lease ends would be sent again by another node.
             raise ConfigError(f"{at}.timeout_s", f"must be shorter than {path}.lease_s")
         receivers[receiver.name] = receiver
+    sites = compile_sites(config.sites, f"{path}.sites")
     routes = []
     for index, route in enumerate(config.routes):
         at = f"{path}.routes[{index}]"
@@ -304,9 +278,23 @@ def compile_notify(config: NotifyConfig, path: str = "notify") -> Notify:
                 ),
                 receivers=tuple(dict.fromkeys(route.receivers)),
                 continue_=route.continue_,
+                index=index,
+                grouping=compile_grouping(
+                    group_by=route.group_by,
+                    wait_s=route.group_wait_s,
+                    interval_s=route.group_interval_s,
+                    repeat_s=route.repeat_interval_s,
+                    path=at,
+                    sites=sites,
+                ),
             )
         )
-    return Notify(receivers=receivers, routes=tuple(routes))
+    return Notify(
+        receivers=receivers,
+        routes=tuple(routes),
+        sites=sites,
+        inhibit=compile_inhibit(config.inhibit, f"{path}.inhibit", sites),
+    )
 
 
 def _check_receiver(receiver: ReceiverConfig, at: str) -> None:

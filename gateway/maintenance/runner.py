@@ -149,6 +149,25 @@ class Maintenance:
             )
         return report
 
+    async def _dependents(
+        self, conn: asyncpg.Connection, now: datetime, report: PassReport
+    ) -> None:
+        """What goes with the walked tables' rows: consumer records, notification groups left
+        without deliveries, AI payloads."""
+        r = self.retention
+        if r.notify_days:
+            report.deleted["notify_group"] = await repo.prune_notify_groups(
+                conn, now - timedelta(days=r.notify_days), chunk=self.chunk_rows
+            )
+        if r.outbox_days:
+            report.deleted["consumed_event"] = await repo.prune_consumed(
+                conn, now - timedelta(days=r.outbox_days), chunk=self.chunk_rows
+            )
+        if r.ai_payload_days:
+            report.deleted["ai_task_payloads"] = await repo.prune_ai_payloads(
+                conn, now - timedelta(days=r.ai_payload_days), now, chunk=self.chunk_rows
+            )
+
     async def _pass(self, conn: asyncpg.Connection, now: datetime) -> PassReport:
         r = self.retention
         report = PassReport(ran=True)
@@ -184,14 +203,7 @@ class Maintenance:
                 report.deleted[table] = await repo.prune_walked(
                     conn, table, now - timedelta(days=days), chunk=self.chunk_rows
                 )
-        if r.outbox_days:
-            report.deleted["consumed_event"] = await repo.prune_consumed(
-                conn, now - timedelta(days=r.outbox_days), chunk=self.chunk_rows
-            )
-        if r.ai_payload_days:
-            report.deleted["ai_task_payloads"] = await repo.prune_ai_payloads(
-                conn, now - timedelta(days=r.ai_payload_days), now, chunk=self.chunk_rows
-            )
+        await self._dependents(conn, now, report)
         # Not a retention setting: an expired ticket is of no use to anyone.
         tickets = await repo.prune_stream_tickets(conn, chunk=self.chunk_rows)
         if tickets:

@@ -12,8 +12,12 @@ A pass:
 3. In one transaction: record the events in ``consumed_event`` (``ON CONFLICT DO NOTHING``;
    a racing node's insert of the same event waits for ours and then finds it taken) and create
    the deliveries of exactly the events recorded now. Routes pick the receivers; an active
-   silence makes the delivery ``SILENCED`` (visible, never sent); quiet hours make it due when
-   they end.
+   silence makes the delivery ``SILENCED`` (visible, never sent), an open alarm matching an
+   inhibition rule ``INHIBITED``; a grouped route's go into their group's window
+   (gateway.notify.groups). Quiet hours are decided once per alarm
+   (gateway.alarms.delivery.hold: a new alarm of this batch not decided on yet, inside quiet
+   hours, goes DELAYED first); a delivery of an alarm that is DELAYED is held until the wake
+   (gateway.alarms.timers) releases it.
 4. Move the horizon to ``running``, or to the oldest transaction below it whose event is still
    unconsumed (a batch that was full), never backwards.
 
@@ -37,15 +41,20 @@ import asyncpg
 import msgspec
 import structlog
 
+from gateway.alarms.delivery import hold
+from gateway.domain.alarm import AlarmStatus
 from gateway.domain.notify import (
-    Facts,
+    ALARM_CREATED,
     Notify,
     alarm_link,
     first_silence,
     notification_of,
     silence_from_row,
 )
+from gateway.domain.notify_match import Facts
+from gateway.domain.notify_policy import facts_of_alarm, inhibitor, source_rule_keys
 from gateway.domain.quiet_hours import QuietHours
+from gateway.notify.groups import GroupWindows, Pending
 from gateway.notify.metrics import NotifyMetrics
 from gateway.support.loops import drain_on_notify
 from protocol.events import CommandFinished, EventPayload, decode_payload
@@ -55,9 +64,9 @@ from storage.notify import NewDelivery, OutboxRow
 log = structlog.get_logger(__name__)
 
 CONSUMER = "notify"
+# A held delivery's due time when this node's quiet hours do not say when its alarm wakes.
+HELD_FALLBACK_S = 86400.0
 OUTBOX_CHANNEL = "outbox_event"
-# Events whose sends wait out quiet hours (as the alarm's own push does).
-_QUIET_PREFIX = "alarm."
 
 
 class NotifyConsumer:
@@ -74,7 +83,9 @@ class NotifyConsumer:
         poll_s: float = 1.0,
         on_created: Callable[[], None] | None = None,
         consumer: str = CONSUMER,
+        node_id: str = "",
     ) -> None:
+        self.node_id = node_id  # the audit rows of the quiet-hours decisions it takes
         self.pool = pool
         self.dsn = dsn
         self.metrics = metrics
@@ -110,6 +121,9 @@ class NotifyConsumer:
             if not types:  # one statement a pass: nothing is read
                 await repo.skip_horizon(conn, self.consumer)
                 return 0
+            # Repeats only while some route groups (a reload dropping grouping ends them).
+            grouping = any(route.grouping is not None for route in self.rules.routes)
+            repeated = await GroupWindows(conn).repeat() if grouping else 0
             horizon = await repo.read_horizon(conn, self.consumer)
             rows = await repo.scan_unconsumed(
                 conn, self.consumer, horizon.horizon, self.batch, types
@@ -118,7 +132,7 @@ class NotifyConsumer:
             if rows:
                 consumed = await self._consume(conn, rows)
             await repo.advance_horizon(conn, self.consumer, horizon.running, types)
-        if consumed and self.on_created is not None:
+        if (consumed or repeated) and self.on_created is not None:
             self.on_created()
         # A full batch means there may be more; a pass that found only events another node
         # consumed first is not progress of ours, but the scan moves on once they commit.
@@ -134,57 +148,95 @@ class NotifyConsumer:
             events = {r.event_id: _decoded(r) for r in mine}
             facts = {r.event_id: _notification(r.event_type, events[r.event_id]) for r in mine}
             alarm_ids = sorted({f.alarm_id for f in facts.values() if f and f.alarm_id})
-            alarms = await repo.alarm_facts(conn, alarm_ids) if alarm_ids else {}
             now: datetime = await conn.fetchval("SELECT now()")
+            await self._hold(conn, [f for f in facts.values() if f is not None], now)
+            alarms = await repo.alarm_facts(conn, alarm_ids) if alarm_ids else {}
             silences = [silence_from_row(s) for s in await repo.active_silences(conn)]
+            sources = await self._inhibition_sources(conn, rules)
             deliveries: list[NewDelivery] = []
+            grouped: list[Pending] = []
             for row in mine:
                 fact = facts[row.event_id]
                 if fact is None:
                     continue
                 alarm = alarms.get(fact.alarm_id) if fact.alarm_id is not None else None
                 fact = _with_alarm(fact, alarm)
-                receivers = rules.route(fact)
-                if not receivers:
+                targets = rules.targets(fact)
+                if not targets:
                     continue
                 silence = first_silence(silences, fact, now)
+                inhibited = inhibitor(rules.inhibit, fact, sources, rules.sites)
                 body = self._body(row, fact, events[row.event_id], alarm)
-                due_in_s = self._quiet_delay(fact, now)
-                deliveries.extend(
-                    NewDelivery(
-                        event_id=row.event_id,
-                        outbox_id=row.id,
-                        event=fact.event,
-                        receiver=name,
-                        body=body,
-                        alarm_id=fact.alarm_id,
-                        device_id=fact.device_id,
-                        rule_key=fact.rule_key,
-                        severity=fact.severity,
-                        silence_id=None if silence is None else silence.id,
-                        due_in_s=due_in_s,
-                        event_created_at=row.created_at,
+                held = alarm is not None and alarm["status"] == AlarmStatus.DELAYED.value
+                due_in_s = self._held_for(fact, now) if held else 0.0
+                for name, route in targets:
+                    if route.grouping is not None and silence is None and inhibited is None:
+                        grouped.append(Pending(row=row, fact=fact, body=body, receiver=name,
+                                               route=route,
+                                               held_for_s=due_in_s if held else None))  # fmt: skip
+                        continue
+                    deliveries.append(
+                        NewDelivery(
+                            event_id=row.event_id,
+                            outbox_id=row.id,
+                            event=fact.event,
+                            receiver=name,
+                            body=body,
+                            alarm_id=fact.alarm_id,
+                            device_id=fact.device_id,
+                            rule_key=fact.rule_key,
+                            severity=fact.severity,
+                            silence_id=None if silence is None else silence.id,
+                            due_in_s=due_in_s,
+                            event_created_at=row.created_at,
+                            inhibited_by=None if inhibited is None else inhibited[1].alarm_id,
+                            inhibit_rule=None if inhibited is None else inhibited[0].name,
+                        )
                     )
-                    for name in receivers
-                )
             created = await repo.insert_deliveries(conn, deliveries)
+            windows = await GroupWindows(conn).add(grouped, rules.sites, now)
         self.metrics.events_consumed.inc(len(mine))
         for record in created:
-            if record["status"] == "SILENCED":
-                self.metrics.deliveries.labels(record["receiver"], "SILENCED").inc()
-        if created:
-            log.info("notify_deliveries_created", events=len(mine), deliveries=len(created))
+            if record["status"] in ("SILENCED", "INHIBITED"):
+                self.metrics.deliveries.labels(record["receiver"], record["status"]).inc()
+        if created or grouped:
+            log.info(
+                "notify_deliveries_created",
+                events=len(mine),
+                deliveries=len(created),
+                grouped=len(grouped),
+                windows_opened=windows,
+            )
         return len(mine)
 
-    def _quiet_delay(self, fact: Facts, now: datetime) -> float:
-        """Seconds until quiet hours end for this alarm's device and severity (0: now)."""
+    async def _inhibition_sources(self, conn: asyncpg.Connection, rules: Notify) -> list[Facts]:
+        """The open alarms that may inhibit (those of the rules' source rule keys)."""
+        keys = source_rule_keys(rules.inhibit)
+        if not keys:
+            return []
+        return [facts_of_alarm(r) for r in await repo.open_alarms_of_rules(conn, keys)]
+
+    async def _hold(self, conn: asyncpg.Connection, facts: list[Facts], now: datetime) -> None:
+        """Quiet hours, decided once per alarm (gateway.alarms.delivery.hold): the new alarms
+        of these events that nobody decided on yet, inside quiet hours, go DELAYED now, before
+        their notifications are made; those notifications are then held until the wake."""
         quiet = self.quiet
-        if quiet is None or not fact.event.startswith(_QUIET_PREFIX):
-            return 0.0
-        if fact.device_id is None or fact.severity is None:
-            return 0.0
-        until = quiet.quiet_until(device_id=fact.device_id, severity=fact.severity, at=now)
-        return 0.0 if until is None else max(0.0, (until - now).total_seconds())
+        if quiet is None:
+            return
+        new = sorted({f.alarm_id for f in facts if f.event == ALARM_CREATED and f.alarm_id})
+        for alarm_id in new:  # in id order: two consumers never wait on each other in a circle
+            await hold(conn, alarm_id, quiet=quiet, node_id=self.node_id, now=now,
+                       deliveries_made=True)  # fmt: skip
+
+    def _held_for(self, fact: Facts, now: datetime) -> float:
+        """Seconds a held delivery is expected to wait: until this node's quiet hours end (or,
+        if this node would not hold the alarm, a day). Only an estimate shown with it: the
+        claim takes no delivery of a DELAYED alarm, and the wake makes them due at once."""
+        quiet = self.quiet
+        until = None
+        if quiet is not None and fact.device_id is not None and fact.severity is not None:
+            until = quiet.quiet_until(device_id=fact.device_id, severity=fact.severity, at=now)
+        return HELD_FALLBACK_S if until is None else max(0.0, (until - now).total_seconds())
 
     def _body(
         self,

@@ -176,21 +176,50 @@ def _lines(body: dict[str, Any]) -> list[tuple[str, str]]:
     ]
 
 
+_SEVERITY_RANK: Final = {"INFO": 0, "WARNING": 1, "MAJOR": 2, "CRITICAL": 3}
+
+
+def digest_subject(body: dict[str, Any]) -> str:
+    """A grouped delivery's subject: ``[WORST SEVERITY] N notifications: label=value, ...``."""
+    items = [n for n in body.get("notifications", []) if isinstance(n, dict)]
+    severities = [str(n["severity"]) for n in items if n.get("severity") in _SEVERITY_RANK]
+    worst = max(severities, key=lambda s: _SEVERITY_RANK[s]) if severities else "NOTICE"
+    group = body.get("group") if isinstance(body.get("group"), dict) else {}
+    assert isinstance(group, dict)
+    labels = ", ".join(f"{k}={v}" for k, v in group.items()) or "all"
+    again = " (still open)" if body.get("repeat") else ""
+    return f"[{worst}] {len(items)} notifications{again}: {labels}"
+
+
 def build_email(receiver: ReceiverConfig, body: dict[str, Any], event_id: str) -> EmailMessage:
+    """One notification's mail; for a grouped delivery, a digest: one section each."""
     message = EmailMessage()
-    message["Subject"] = subject_of(body)
+    grouped = body.get("kind") == "group"
+    message["Subject"] = digest_subject(body) if grouped else subject_of(body)
     message["From"] = receiver.from_
     message["To"] = ", ".join(receiver.to)
     message["X-Gateway-Event-Id"] = event_id
-    lines = _lines(body)
-    message.set_content("\n".join(f"{label}: {value}" for label, value in lines) + "\n")
-    rows = "".join(
-        f"<tr><th align='left'>{html.escape(label)}</th><td>{html.escape(value)}</td></tr>"
-        for label, value in lines
+    sections = (
+        [(subject_of(n), _lines(n)) for n in body.get("notifications", []) if isinstance(n, dict)]
+        if grouped
+        else [("", _lines(body))]
     )
+    text = "\n".join(
+        (f"== {head}\n" if head else "") + "".join(f"{label}: {value}\n" for label, value in lines)
+        for head, lines in sections
+    )
+    message.set_content(text)
+    parts = []
+    for head, lines in sections:
+        rows = "".join(
+            f"<tr><th align='left'>{html.escape(label)}</th><td>{html.escape(value)}</td></tr>"
+            for label, value in lines
+        )
+        caption = f"<h3>{html.escape(head)}</h3>" if head else ""
+        parts.append(f"{caption}<table>{rows}</table>")
     title = html.escape(message["Subject"])
     message.add_alternative(
-        f"<html><body><h2>{title}</h2><table>{rows}</table></body></html>", subtype="html"
+        f"<html><body><h2>{title}</h2>{''.join(parts)}</body></html>", subtype="html"
     )
     return message
 

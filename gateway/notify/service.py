@@ -9,7 +9,7 @@ from typing import Any
 import asyncpg
 
 from gateway.domain.errors import GatewayError
-from gateway.domain.notify import compile_matchers
+from gateway.domain.notify_match import compile_matchers
 from storage import notify as repo
 
 

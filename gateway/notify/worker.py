@@ -208,21 +208,21 @@ class DeliveryWorker:
     ) -> None:
         name = receiver.name
         if error is None:
+            pushed: list[int] = []
             async with self.pool.acquire() as conn, conn.transaction():
                 held = await repo.finish_sent(conn, delivery.id, self.node_id, delivery.attempts)
-                pushed = (
-                    held
-                    and delivery.alarm_id is not None
-                    and await reached(
+                what = "grouped delivery" if delivery.group_id is not None else "delivery"
+                for alarm_id in await self._alarms(conn, delivery) if held else []:
+                    if await reached(
                         conn,
-                        delivery.alarm_id,
-                        via=f"{receiver.kind} receiver {name} (delivery {delivery.id})",
+                        alarm_id,
+                        via=f"{receiver.kind} receiver {name} ({what} {delivery.id})",
                         node_id=self.node_id,
-                    )
-                )
+                    ):
+                        pushed.append(alarm_id)
             outcome = "SENT" if held else "LEASE_LOST"
-            if pushed:
-                log.info("alarm_reached", alarm_id=delivery.alarm_id, receiver=name)
+            for alarm_id in pushed:
+                log.info("alarm_reached", alarm_id=alarm_id, receiver=name)
                 if self.alarm_metrics is not None:
                     self.alarm_metrics.count_alarm_transition("NEW", "PUSHED")
             if held:
@@ -233,8 +233,8 @@ class DeliveryWorker:
                 held = await repo.finish_failed(
                     conn, delivery.id, self.node_id, delivery.attempts, error=error
                 )
-                if held and delivery.alarm_id is not None:
-                    await self._audit_failed(conn, delivery.alarm_id, name, error)
+                for alarm_id in await self._alarms(conn, delivery) if held else []:
+                    await self._audit_failed(conn, alarm_id, name, error)
             outcome = "FAILED" if held else "LEASE_LOST"
             if held:
                 log.warning(
@@ -270,6 +270,12 @@ class DeliveryWorker:
         if outcome == "LEASE_LOST":
             log.info("notify_lease_lost", delivery_id=delivery.id, receiver=name)
         self.metrics.deliveries.labels(name, outcome).inc()
+
+    async def _alarms(self, conn: asyncpg.Connection, delivery: ClaimedDelivery) -> list[int]:
+        """The alarms a delivery carries: its own, or every one of its window's."""
+        if delivery.group_id is not None:
+            return await repo.delivery_alarms(conn, delivery.id)
+        return [] if delivery.alarm_id is None else [delivery.alarm_id]
 
     async def _audit_failed(
         self, conn: asyncpg.Connection, alarm_id: int, receiver: str, error: str

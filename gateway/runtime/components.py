@@ -281,6 +281,7 @@ def _notifications(
         batch=config.notify.batch,
         poll_s=config.notify.poll_s,
         on_created=worker.wakeup.set,
+        node_id=node.node_id,
     )
     return consumer, worker
 

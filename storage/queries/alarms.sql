@@ -162,29 +162,30 @@ WHERE status = 'DELAYED' AND id > $1
 ORDER BY id LIMIT $2;
 
 -- name: release_held_deliveries
--- $1 alarm id, $2 now; its notifications that waited for the end of quiet hours, due now: the
--- alarm was woken (its window ended early, or a reload took it away), so they wait no longer.
-UPDATE notify_delivery
-SET next_attempt_at = $2
-WHERE alarm_id = $1 AND status = 'PENDING' AND attempts = 0 AND next_attempt_at > $2;
+-- $1 alarm id, $2 now; the notifications of a woken alarm, held while it was DELAYED: due
+-- now. The count of those released.
+-- A group's window of held alarms is made due too (still held while another of its alarms is
+-- DELAYED: the claim skips it until that one is woken as well).
+WITH released AS (
+    UPDATE notify_delivery
+    SET next_attempt_at = $2
+    WHERE (alarm_id = $1 OR id IN (
+               SELECT delivery_id FROM notify_delivery_member WHERE alarm_id = $1))
+      AND status = 'PENDING' AND attempts = 0 AND next_attempt_at > $2
+    RETURNING 1
+)
+SELECT count(*) FROM released;
 
--- name: sent_delivery
--- $1 alarm id; a notification of the alarm its receiver accepted (the first), if any.
-SELECT id, receiver FROM notify_delivery WHERE alarm_id = $1 AND status = 'SENT'
-ORDER BY id LIMIT 1;
+-- name: lock_new_alarm
+-- $1 id; the alarm if it is still NEW, locked until the caller commits: the quiet-hours
+-- decision on it is taken by one transaction at a time (outbox publisher, notify consumer).
+SELECT id, device_id, severity FROM alarm WHERE id = $1 AND status = 'NEW' FOR UPDATE;
 
--- name: held_deliveries
--- $1 now, $2 after id (keyset), $3 limit; alarm notifications never tried and due later: held
--- for quiet hours (the only reason a delivery not yet tried waits).
-SELECT id, device_id, severity FROM notify_delivery
-WHERE status = 'PENDING' AND attempts = 0 AND next_attempt_at > $1 AND event LIKE 'alarm.%'
-  AND id > $2
-ORDER BY id LIMIT $3;
-
--- name: release_deliveries
--- $1 delivery ids, $2 now; held notifications the quiet hours in force no longer hold: due now.
-UPDATE notify_delivery SET next_attempt_at = $2
-WHERE id = ANY($1::bigint[]) AND status = 'PENDING' AND attempts = 0 AND next_attempt_at > $2;
+-- name: has_deliveries
+-- $1 alarm id; whether notifications of it were made already, on their own or in a group's
+-- window (its quiet hours were decided by the consumer that made them).
+SELECT EXISTS (SELECT 1 FROM notify_delivery WHERE alarm_id = $1)
+    OR EXISTS (SELECT 1 FROM notify_delivery_member WHERE alarm_id = $1);
 
 -- name: mark_unreached
 -- $1 fired at or before, $2 now, $3 limit; NEW alarms that reached nobody in time, marked once

@@ -138,13 +138,13 @@ SELECT (SELECT count(*) FROM gone) AS done, (SELECT max(id) FROM chunk) AS last_
 
 -- name: prune_deliveries
 -- $1 after id, $2 cut-off, $3 chunk; notification deliveries that ended (SENT, FAILED,
--- SILENCED) before the cut-off. PENDING and SENDING ones stay, however old.
+-- SILENCED, INHIBITED) before the cut-off. PENDING and SENDING ones stay, however old.
 WITH chunk AS (
     SELECT id, created_at FROM notify_delivery WHERE id > $1 ORDER BY id LIMIT $3
 ), gone AS (
     DELETE FROM notify_delivery
     WHERE id IN (SELECT id FROM chunk)
-      AND status IN ('SENT', 'FAILED', 'SILENCED') AND finished_at < $2
+      AND status IN ('SENT', 'FAILED', 'SILENCED', 'INHIBITED') AND finished_at < $2
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM gone) AS done, (SELECT max(id) FROM chunk) AS last_id,
@@ -158,6 +158,24 @@ WITH doomed AS (
 ), gone AS (
     DELETE FROM consumed_event c USING doomed d
     WHERE c.consumer = d.consumer AND c.event_id = d.event_id
+    RETURNING 1
+)
+SELECT count(*) FROM gone;
+
+-- name: prune_notify_groups
+-- $1 cut-off, $2 batch; notification groups made before the cut-off none of whose deliveries
+-- remain (their windows were pruned): a notification of the group makes it again (with a
+-- new id, so its windows' ids are new too). One a consumer holds is skipped.
+WITH doomed AS (
+    SELECT g.id FROM notify_group g
+    WHERE g.created_at < $1
+      AND NOT EXISTS (SELECT 1 FROM notify_delivery d WHERE d.group_id = g.id)
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+), gone AS (
+    DELETE FROM notify_group g USING doomed
+    WHERE g.id = doomed.id
+      AND NOT EXISTS (SELECT 1 FROM notify_delivery d WHERE d.group_id = g.id)
     RETURNING 1
 )
 SELECT count(*) FROM gone;

@@ -72,29 +72,124 @@ ORDER BY id;
 -- name: insert_deliveries
 -- $1 event ids, $2 outbox ids, $3 events, $4 receivers, $5 bodies (json text), $6 alarm ids,
 -- $7 device ids, $8 rule keys, $9 severities, $10 silence ids (null: not silenced),
--- $11 due in seconds, $12 event creation times (arrays, pairwise). Silenced ones are final.
+-- $11 due in seconds, $12 event creation times, $13 inhibiting alarm ids (null: not
+-- inhibited), $14 inhibition rule names (arrays, pairwise). Silenced and inhibited ones are
+-- final.
 INSERT INTO notify_delivery (
     event_id, outbox_id, event, receiver, body, alarm_id, device_id, rule_key, severity,
-    status, silence_id, next_attempt_at, event_created_at, finished_at)
+    status, silence_id, next_attempt_at, event_created_at, finished_at, inhibited_by,
+    inhibit_rule)
 SELECT e, o, ev, r, b::jsonb, a, d, k, s,
-       CASE WHEN si IS NULL THEN 'PENDING' ELSE 'SILENCED' END, si,
+       CASE WHEN si IS NOT NULL THEN 'SILENCED' WHEN ib IS NOT NULL THEN 'INHIBITED'
+            ELSE 'PENDING' END, si,
        now() + make_interval(secs => due), created,
-       CASE WHEN si IS NULL THEN NULL ELSE now() END
+       CASE WHEN si IS NULL AND ib IS NULL THEN NULL ELSE now() END,
+       CASE WHEN si IS NULL THEN ib END, CASE WHEN si IS NULL THEN ir END
 FROM unnest($1::uuid[], $2::bigint[], $3::text[], $4::text[], $5::text[], $6::bigint[],
             $7::text[], $8::text[], $9::text[], $10::bigint[], $11::float8[],
-            $12::timestamptz[]) AS u(e, o, ev, r, b, a, d, k, s, si, due, created)
+            $12::timestamptz[], $13::bigint[], $14::text[])
+     AS u(e, o, ev, r, b, a, d, k, s, si, due, created, ib, ir)
 ON CONFLICT (event_id, receiver) DO NOTHING
 RETURNING id, receiver, status;
+
+-- name: open_alarms_of_rules
+-- $1 rule keys; the open alarms of those rules (not cleared, not dealt with): the possible
+-- inhibition sources.
+SELECT id, device_id, rule_key, severity FROM alarm
+WHERE rule_key = ANY($1::text[]) AND cleared_at IS NULL
+  AND status IN ('NEW', 'PUSHED', 'DELAYED', 'CONFIRMED', 'ESCALATED')
+ORDER BY id;
+
+-- name: lock_group
+-- $1 receiver, $2 group key, $3 labels (json); the group's row, made if new, locked until
+-- the caller's transaction ends: one consumer at a time adds to a group's windows.
+INSERT INTO notify_group (receiver, group_key, labels) VALUES ($1, $2, $3::jsonb)
+ON CONFLICT (receiver, group_key) DO UPDATE SET labels = EXCLUDED.labels
+RETURNING id, windows, window_delivery_id, window_due_at;
+
+-- name: open_window
+-- $1 delivery id; the group's latest window if it is still open: its delivery not claimed
+-- yet, and no repeat (which lists what was sent before) (locked: a claim waits, or skips it,
+-- until the caller commits).
+SELECT id FROM notify_delivery
+WHERE id = $1 AND status = 'PENDING' AND attempts = 0
+  AND NOT coalesce((body ->> 'repeat')::boolean, false)
+FOR UPDATE;
+
+-- name: append_to_window
+-- $1 delivery id, $2 notification (json); the window's body lists it too.
+UPDATE notify_delivery
+SET body = jsonb_set(jsonb_set(body, '{notifications}',
+                               (body -> 'notifications') || jsonb_build_array($2::jsonb)),
+                     '{count}', to_jsonb((body ->> 'count')::int + 1))
+WHERE id = $1;
+
+-- name: insert_window
+-- $1 event id (the window's), $2 outbox id (its first event's), $3 receiver, $4 body (json),
+-- $5 due at, $6 first event's creation time, $7 group id, $8 device, $9 rule, $10 severity
+-- (the group's labels, where it groups by them).
+INSERT INTO notify_delivery (
+    event_id, outbox_id, event, receiver, body, device_id, rule_key, severity,
+    next_attempt_at, event_created_at, group_id)
+VALUES ($1, $2, 'notify.group', $3, $4::jsonb, $8, $9, $10, greatest($5, now()), $6, $7)
+ON CONFLICT (event_id, receiver) DO NOTHING
+RETURNING id;
+
+-- name: set_window
+-- $1 group id, $2 window count, $3 window delivery id, $4 due at, $5 repeat interval s.
+UPDATE notify_group
+SET windows = $2, window_delivery_id = $3, window_due_at = $4, repeat_interval_s = $5
+WHERE id = $1;
+
+-- name: add_member
+-- $1 delivery id, $2 event id, $3 alarm id (or null).
+INSERT INTO notify_delivery_member (delivery_id, event_id, alarm_id) VALUES ($1, $2, $3)
+ON CONFLICT DO NOTHING;
+
+-- name: repeat_due
+-- $1 limit; groups whose latest window was sent at least repeat_interval_s ago (locked,
+-- skipping those another node holds), with that window's body.
+SELECT g.id, g.receiver, g.group_key, g.labels::text AS labels, g.windows,
+       g.window_delivery_id, g.window_due_at, g.repeat_interval_s, d.body::text AS body,
+       d.outbox_id, d.event_created_at, d.device_id, d.rule_key, d.severity
+FROM notify_group g JOIN notify_delivery d ON d.id = g.window_delivery_id
+WHERE g.repeat_interval_s > 0 AND d.status = 'SENT'
+  AND d.finished_at + make_interval(secs => g.repeat_interval_s) <= now()
+ORDER BY g.id
+LIMIT $1
+FOR UPDATE OF g SKIP LOCKED;
+
+-- name: stop_repeating
+-- $1 group id; none of its latest window's alarms is open any more.
+UPDATE notify_group SET repeat_interval_s = 0 WHERE id = $1;
+
+-- name: open_members
+-- $1 delivery id; the events it carried whose alarm is still open (not dealt with).
+SELECT m.event_id, m.alarm_id FROM notify_delivery_member m JOIN alarm a ON a.id = m.alarm_id
+WHERE m.delivery_id = $1 AND a.status IN ('NEW', 'PUSHED', 'DELAYED', 'CONFIRMED', 'ESCALATED')
+ORDER BY m.alarm_id;
+
+-- name: delivery_alarms
+-- $1 delivery id; the alarms a window's delivery carries.
+SELECT DISTINCT alarm_id FROM notify_delivery_member
+WHERE delivery_id = $1 AND alarm_id IS NOT NULL ORDER BY alarm_id;
 
 -- name: claim_due
 -- $1 receiver, $2 node id, $3 lease seconds, $4 at most. Due PENDING deliveries of the
 -- receiver, and SENDING ones whose lease ran out (their sender died): SENDING with this
--- node's lease, one attempt more (the generation the finishing write names).
+-- node's lease, one attempt more (the generation the finishing write names). Never one of
+-- an alarm that quiet hours hold (DELAYED), nor a window carrying one: the wake releases
+-- those.
 WITH due AS (
     SELECT id FROM notify_delivery
     WHERE receiver = $1
       AND ((status = 'PENDING' AND next_attempt_at <= now())
            OR (status = 'SENDING' AND lease_until < now()))
+      AND (alarm_id IS NULL OR NOT EXISTS (
+          SELECT 1 FROM alarm a WHERE a.id = alarm_id AND a.status = 'DELAYED'))
+      AND (group_id IS NULL OR NOT EXISTS (
+          SELECT 1 FROM notify_delivery_member m JOIN alarm a ON a.id = m.alarm_id
+          WHERE m.delivery_id = notify_delivery.id AND a.status = 'DELAYED'))
     ORDER BY next_attempt_at, id
     LIMIT $4
     FOR UPDATE SKIP LOCKED
@@ -105,7 +200,8 @@ SET status = 'SENDING', lease_owner = $2, lease_until = now() + make_interval(se
 FROM due
 WHERE d.id = due.id
 RETURNING d.id, d.event_id, d.event, d.receiver, d.body::text AS body, d.attempts,
-          d.severity, d.rule_key, d.device_id, d.alarm_id, d.event_created_at, d.created_at;
+          d.severity, d.rule_key, d.device_id, d.alarm_id, d.event_created_at, d.created_at,
+          d.group_id;
 
 -- name: finish_sent
 -- $1 id, $2 node id, $3 attempt; only the claim that is still this node's attempt.
@@ -168,7 +264,7 @@ RETURNING id;
 -- $1 status or null, $2 receiver or null, $3 event or null, $4 before id or null, $5 limit.
 SELECT id, event_id, outbox_id, event, receiver, alarm_id, device_id, rule_key, severity,
        status, attempts, next_attempt_at, last_error, silence_id, sent_by, event_created_at,
-       created_at, finished_at
+       created_at, finished_at, inhibited_by, inhibit_rule, group_id
 FROM notify_delivery
 WHERE ($1::text IS NULL OR status = $1) AND ($2::text IS NULL OR receiver = $2)
   AND ($3::text IS NULL OR event = $3) AND ($4::bigint IS NULL OR id < $4)
@@ -179,5 +275,5 @@ LIMIT $5;
 -- $1 id; with its body.
 SELECT id, event_id, outbox_id, event, receiver, alarm_id, device_id, rule_key, severity,
        status, attempts, next_attempt_at, last_error, silence_id, sent_by, event_created_at,
-       created_at, finished_at, body::text AS body
+       created_at, finished_at, inhibited_by, inhibit_rule, group_id, body::text AS body
 FROM notify_delivery WHERE id = $1;

@@ -69,6 +69,30 @@ def test_check_config_refuses_url_credentials_beside_an_authorization_header(
     assert "t0k3n-0123" not in result.stderr + result.stdout
 
 
+def test_check_config_names_a_bad_grouping_and_a_bad_inhibit_rule(tmp_path: Path) -> None:
+    config = tmp_path / "groups.toml"
+    config.write_text(
+        '[[notify.receivers]]\nname = "ops"\nkind = "webhook"\nurl = "https://h/in"\n'
+        '[[notify.routes]]\nreceivers = ["ops"]\ngroup_by = ["rule", "room"]\n'
+        '[[notify.inhibit]]\n[notify.inhibit.source]\nseverities = ["MAJOR"]\n'
+    )
+    result = _gateway("check-config", str(config))
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.splitlines()[1:] == [
+        "  notify.routes[0].group_by[1]: unknown label 'room'; known: ['rule', 'device', "
+        "'severity', 'site']",
+    ]
+    config.write_text(
+        '[[notify.receivers]]\nname = "ops"\nkind = "webhook"\nurl = "https://h/in"\n'
+        '[[notify.inhibit]]\n[notify.inhibit.source]\nseverities = ["MAJOR"]\n'
+    )
+    result = _gateway("check-config", str(config))
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.splitlines()[1:] == [
+        "  notify.inhibit[0].source.rules: required: the rule keys of the source alarms",
+    ]
+
+
 async def test_migrate_is_idempotent_and_dead_letters_can_be_listed(
     empty_db_dsn: str, tmp_path: Path
 ) -> None:

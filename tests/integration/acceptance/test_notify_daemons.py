@@ -525,3 +525,68 @@ receivers = ["big", "ok"]
     rows = await _fetch(db_dsn, "SELECT last_error FROM notify_delivery WHERE receiver = 'big'")
     assert all(r["last_error"] == "HTTP 500: " + "x" * 200 for r in rows), rows[0]
     assert peak_after - peak_before < 30, (peak_before, peak_after)
+
+
+async def test_two_daemons_send_one_grouped_delivery_for_a_window_and_it_pushes_every_alarm(
+    db_dsn: str, mosquitto: Mosquitto
+) -> None:
+    """Twenty door alarms ingested and consumed by two daemons sharing the work: one window of
+    the route's group, one webhook request listing all twenty; the alarms stay NEW (nobody
+    subscribes to the events) until the receiver accepts that request, then all are PUSHED.
+    The window's group_wait is long; once every alarm is in it, its due time is moved to now,
+    as the clock would."""
+    devices = [f"door-{n:02d}" for n in range(20)]
+    grouped = 'group_by = ["rule"]\ngroup_wait_s = 600\n'
+    async with webhook_server() as server:
+        notify = _notify(server, poll_s=0.1).replace(
+            'receivers = ["hook"]\n', 'receivers = ["hook"]\n' + grouped
+        )
+        configs = [
+            make_config(
+                dsn=db_dsn, mqtt_port=mosquitto.port, node_id=f"node-{n}",
+                mqtt_extra='shared_group = "alarms"', extra=DOOR + notify,
+            )
+            for n in range(2)
+        ]  # fmt: skip
+        async with running_daemon(configs[0]) as one, running_daemon(configs[1]) as two:
+            await _publish(mosquitto.port, _doors(devices))
+
+            async def all_in_the_window() -> bool:
+                rows = await _fetch(
+                    db_dsn,
+                    "SELECT (body ->> 'count')::int AS n FROM notify_delivery "
+                    "WHERE event = 'notify.group'",
+                )
+                return [r["n"] for r in rows] == [len(devices)]
+
+            await wait_until(all_in_the_window, timeout=60, message="every alarm in one window")
+            statuses = await _fetch(db_dsn, "SELECT DISTINCT status FROM alarm")
+            assert [r["status"] for r in statuses] == ["NEW"]
+            assert server.on("/hook") == []
+            await _fetch(
+                db_dsn,
+                "UPDATE notify_delivery SET next_attempt_at = now() WHERE event = 'notify.group'",
+            )
+            await wait_until(lambda: _all_sent(db_dsn, 1), timeout=60, message="window sent")
+
+            def consumed() -> float:
+                return sum(metric(d, "gateway_notify_events_consumed_total") for d in (one, two))
+
+            await wait_until(lambda: consumed() >= len(devices), timeout=60, message="consumed")
+            assert consumed() == len(devices)
+
+            async def all_pushed() -> bool:
+                rows = await _fetch(db_dsn, "SELECT DISTINCT status FROM alarm")
+                return [r["status"] for r in rows] == ["PUSHED"]
+
+            await wait_until(all_pushed, timeout=30, message="every alarm pushed by the window")
+    [request] = server.on("/hook")
+    body = request.json
+    assert (body["kind"], body["count"], body["group"]) == ("group", 20, {"rule": "door"})
+    listed = {n["device_id"] for n in body["notifications"]}
+    assert listed == set(devices)
+    assert {n["event_id"] for n in body["notifications"]} == await _created_events(db_dsn)
+    await _assert_consumed_once(db_dsn)
+    notes = await _fetch(db_dsn, "SELECT note FROM alarm_audit WHERE action = 'push'")
+    assert len(notes) == len(devices)
+    assert all("grouped delivery" in r["note"] for r in notes)

@@ -211,13 +211,14 @@ async def test_a_long_quiet_window_yields_one_reminder_per_alarm_at_its_end(
     assert count == len(alarms)
 
 
-async def test_a_woken_alarm_whose_notification_went_out_while_it_was_held_is_pushed(
+async def test_a_held_alarms_notification_goes_out_on_its_wake_and_pushes_it(
     pool: asyncpg.Pool, db_dsn: str
 ) -> None:
-    """A reload reaching the nodes one by one: one node's outbox holds the alarm DELAYED (it
-    has the window) while another's notify worker (still without it) has its webhook accepted;
-    that push finds the alarm held and changes nothing. When the alarm is woken, the person it
-    already reached pushes it: it does not stay NEW with someone told."""
+    """A reload reaching the nodes one by one: one node holds the alarm DELAYED (it has the
+    window) while another node's notify consumer (still without it) reads its event. The
+    notification follows the alarm, not the reading node's quiet hours: held while the alarm
+    is DELAYED, nobody told; the wake releases it, and the receiver accepting it pushes the
+    alarm, so it does not stay NEW with someone told."""
     async with webhook_server() as hook:
         config = parse_config(
             "[notify]\npoll_s = 0.1\nbackoff_min_s = 0.05\nbackoff_max_s = 0.2\n"
@@ -237,31 +238,93 @@ async def test_a_woken_alarm_whose_notification_went_out_while_it_was_held_is_pu
                                   public_url="", quiet=None, batch=10)  # fmt: skip
         while await consumer.run_once():
             pass
+        # Held: no claim takes it while the alarm is DELAYED.
+        assert await worker.run_once() == 0
+        assert hook.on("/hook") == []
+        assert await _status(pool, alarm_id) == "DELAYED"
+
+        timers = AlarmTimers(pool=pool, node_id="n1", quiet=None, escalate_after_s=0,
+                             repeat_interval_s=0)  # fmt: skip
+        report = await timers.run_once()
+        assert (report.woken, report.released) == ([alarm_id], 1)
         stop = asyncio.Event()
         sending = asyncio.create_task(worker.run(stop))
         try:
 
-            async def sent() -> bool:
-                async with pool.acquire() as conn:
-                    status = await conn.fetchval(
-                        "SELECT status FROM notify_delivery WHERE alarm_id = $1", alarm_id
-                    )
-                return bool(status == "SENT")
+            async def pushed() -> bool:
+                return await _status(pool, alarm_id) == "PUSHED"
 
-            await wait_until(sent, timeout=30, message="the webhook took the notification")
+            await wait_until(pushed, timeout=30, message="the released notification pushed it")
         finally:
             stop.set()
             await sending
             await worker.close()
         assert len(hook.on("/hook")) == 1
-        assert await _status(pool, alarm_id) == "DELAYED"  # its push found it held
-
-        timers = AlarmTimers(pool=pool, node_id="n1", quiet=None, escalate_after_s=0,
-                             repeat_interval_s=0)  # fmt: skip
-        assert (await timers.run_once()).woken == [alarm_id]
-        assert await _status(pool, alarm_id) == "PUSHED"
         async with pool.acquire() as conn:
             note = await conn.fetchval(
                 "SELECT note FROM alarm_audit WHERE alarm_id = $1 AND action = 'push'", alarm_id
             )
-        assert "sent while the alarm was held" in note
+            delivery_id = await conn.fetchval(
+                "SELECT id FROM notify_delivery WHERE alarm_id = $1", alarm_id
+            )
+        assert note == f"reached via webhook receiver hook (delivery {delivery_id})"
+
+
+async def test_quiet_hours_are_decided_once_per_alarm_by_whichever_reaches_it_first(
+    pool: asyncpg.Pool, db_dsn: str, mosquitto: Mosquitto
+) -> None:
+    """Nodes that disagree on the quiet hours (a reload reaching them one by one). Whoever
+    reaches the new alarm first decides, and the other follows the stored decision: the
+    consumer of a node without the window made the alarm's notification first, so the
+    publisher of a node with it does not hold the alarm (its notification may be on its way
+    to a person); the consumer of a node with the window held the other alarm first, so the
+    publisher of a node without it leaves it DELAYED, and its notification waits for the
+    wake."""
+    quiet = compile_quiet_hours(_window_around_now())
+    config = parse_config(
+        '[[notify.receivers]]\nname = "hook"\nkind = "webhook"\nurl = "http://127.0.0.1:9/h"\n'
+        '[[notify.routes]]\nevents = ["alarm.created"]\nreceivers = ["hook"]\n'
+    )
+    rules = config.notify_rules()
+    metrics = NotifyMetrics(Metrics().registry)
+
+    def consumer(window: object) -> NotifyConsumer:
+        return NotifyConsumer(pool=pool, dsn=db_dsn, metrics=metrics, rules=rules,
+                              quiet=quiet if window else None, node_id="n2")  # fmt: skip
+
+    async with aiomqtt.Client("127.0.0.1", mosquitto.port) as broker:
+
+        async def publish(topic: str, payload: bytes) -> int:
+            await broker.publish(topic, payload, qos=1)
+            return 0x10  # no subscribers: a publish pushes nothing
+
+        def publisher(window: object) -> OutboxPublisher:
+            return OutboxPublisher(pool=pool, dsn=db_dsn, node_id="n1", topics=TOPICS,
+                                   publish=publish, metrics=Metrics(),
+                                   quiet=quiet if window else None)  # fmt: skip
+
+        told = await _raise(pool, "care-1", n=1)
+        while await consumer(window=False).run_once():
+            pass
+        while await publisher(window=True).run_once():
+            pass
+        assert await _status(pool, told) == "NEW"  # not held: its notification is due
+        async with pool.acquire() as conn:
+            [due] = await conn.fetch(
+                "SELECT next_attempt_at <= now() AS due FROM notify_delivery WHERE alarm_id = $1",
+                told,
+            )
+        assert due["due"]
+
+        held = await _raise(pool, "care-2", n=2)
+        while await consumer(window=True).run_once():
+            pass
+        assert await _status(pool, held) == "DELAYED"
+        while await publisher(window=False).run_once():
+            pass
+        assert await _status(pool, held) == "DELAYED"  # the stored decision stands
+    async with pool.acquire() as conn:
+        trail = await conn.fetch(
+            "SELECT alarm_id, action, actor FROM alarm_audit WHERE action = 'delay' ORDER BY id"
+        )
+    assert [(r["alarm_id"], r["actor"]) for r in trail] == [(held, QUIET_ACTOR)]

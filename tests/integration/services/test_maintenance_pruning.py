@@ -388,3 +388,39 @@ async def test_expired_stream_tickets_are_deleted_and_valid_ones_stay(
     assert report.deleted == {"stream_ticket": 9}
     assert await db.fetchval("SELECT count(*) FROM stream_ticket") == 1
     assert await console.use_ticket(db, b"v" * 32) == ("wall", "viewer")
+
+
+async def test_a_notification_group_goes_once_its_windows_deliveries_are_pruned(
+    pool: asyncpg.Pool, db: asyncpg.Connection
+) -> None:
+    """Two groups with a window each, one sent long ago, one still to be sent: after
+    notify_days the sent window is pruned, then its group; the other stays, with its window."""
+    groups = {}
+    for key, status in (("routes[0]{rule=done}", "SENT"), ("routes[0]{rule=open}", "PENDING")):
+        group_id = await db.fetchval(
+            "INSERT INTO notify_group (receiver, group_key, labels) VALUES ('hook', $1, '{}') "
+            "RETURNING id",
+            key,
+        )
+        delivery_id = await db.fetchval(
+            "INSERT INTO notify_delivery (event_id, outbox_id, event, receiver, body, status,"
+            " event_created_at, finished_at, group_id) VALUES ($1, 1, 'notify.group', 'hook',"
+            " '{}', $2, now(), $3, $4) RETURNING id",
+            uuid.uuid4(), status, NOW if status == "SENT" else None, group_id,
+        )  # fmt: skip
+        await db.execute(
+            "UPDATE notify_group SET windows = 1, window_delivery_id = $2, window_due_at = now()"
+            " WHERE id = $1",
+            group_id,
+            delivery_id,
+        )
+        groups[status] = group_id
+    clock = Clock(NOW + timedelta(days=10))
+    report = await runner(pool, clock).run_once()
+    assert report.deleted.get("notify_group") == 0  # its window is still there
+    clock.now = NOW + timedelta(days=DAYS["notify_days"] + 1)
+    report = await runner(pool, clock).run_once()
+    assert report.deleted["notify_group"] == 1
+    left = await db.fetch("SELECT id FROM notify_group")
+    assert [r["id"] for r in left] == [groups["PENDING"]]
+    assert await db.fetchval("SELECT count(*) FROM notify_delivery") == 1

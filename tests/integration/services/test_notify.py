@@ -21,6 +21,7 @@ import pytest
 from aiohttp import web
 from structlog.testing import capture_logs
 
+from gateway.alarms.lifecycle import create_alarm
 from gateway.alarms.timers import AlarmTimers
 from gateway.config import Config, TokenConfig, apply_secrets, parse_config
 from gateway.domain.notify import verify_signature
@@ -136,6 +137,23 @@ async def _event(db: asyncpg.Connection, alarm_id: int, **kw: str) -> uuid.UUID:
         event_type="alarm.created",
         payload=_alarm(alarm_id, **kw),
     )
+
+
+async def _raised(db: asyncpg.Connection, device: str, severity: str) -> tuple[uuid.UUID, int]:
+    """A real alarm (its row and its alarm.created event): its event id and alarm id."""
+    async with db.transaction():
+        creation = await create_alarm(
+            db, device_id=device, rule_key="hot", severity=severity,
+            telemetry_event_id=uuid.uuid4().hex * 2, reason="test", node_id="n0",
+            now=await db.fetchval("SELECT now()"),
+        )  # fmt: skip
+    assert creation.alarm is not None
+    event_id = await db.fetchval(
+        "SELECT event_id FROM outbox_event WHERE aggregate_id = $1 AND event_type = $2",
+        str(creation.alarm.id),
+        "alarm.created",
+    )
+    return event_id, creation.alarm.id
 
 
 async def _deliveries(db: asyncpg.Connection) -> list[asyncpg.Record]:
@@ -288,7 +306,9 @@ async def test_an_answer_whose_body_stalls_is_ended_by_the_receivers_timeout(
         await _drain(node.consumer)
         async with node.running():
             await wait_until(lambda: _status_is(db, "FAILED"), message="delivery FAILED")
-            assert node.worker.in_flight == {"stall": 0}
+            # The slot frees when the send's task ends, just after its FAILED commits (the
+            # connection goes back to the pool in between): waited for, not raced.
+            await wait_until(lambda: node.worker.in_flight == {"stall": 0}, message="slot free")
     assert stalled.is_set()
     [row] = await _deliveries(db)
     assert row["attempts"] == 2
@@ -400,6 +420,36 @@ async def test_email_has_subject_both_parts_and_recipients(
     assert "Rule description: too hot" in text
     assert "https://gw.example.com/#/alarms/5" in text
     assert "<td>pump-7</td>" in html.get_content()
+
+
+async def test_a_grouped_email_is_one_digest_of_its_windows_notifications(
+    pool: asyncpg.Pool, db_dsn: str, db: asyncpg.Connection
+) -> None:
+    with smtp_server() as smtp:
+        grouped = 'group_by = ["rule"]\ngroup_wait_s = 0'
+        node = Notifier(pool, db_dsn, _config(_email(smtp.port), _route(["mail"], grouped)))
+        first = await _event(db, 5, device="pump-7", rule="pressure", severity="MAJOR")
+        second = await _event(db, 6, device="pump-8", rule="pressure", severity="CRITICAL")
+        await _drain(node.consumer)  # one pass, one transaction: both in the first window
+        async with node.running():
+            await wait_until(lambda: _status_is(db, "SENT"), message="mail SENT")
+        [mail] = smtp.handler.mails
+    [window] = await _deliveries(db)
+    message = mail.message
+    assert message["Subject"] == "[CRITICAL] 2 notifications: rule=pressure"
+    assert message["X-Gateway-Event-Id"] == str(window["event_id"])
+    plain = message.get_body(("plain",))
+    html = message.get_body(("html",))
+    assert plain is not None
+    assert html is not None
+    text = plain.get_content()
+    assert "== [MAJOR] pressure on pump-7: alarm.created" in text
+    assert "== [CRITICAL] pressure on pump-8: alarm.created" in text
+    assert text.index("pump-7") < text.index("pump-8")  # oldest first
+    assert "https://gw.example.com/#/alarms/6" in text
+    assert "<td>pump-8</td>" in html.get_content()
+    body = msgspec.json.decode(window["body"])
+    assert [n["event_id"] for n in body["notifications"]] == [str(first), str(second)]
 
 
 def _server_tls(tmp_path: Path) -> tuple[ssl.SSLContext, Path]:
@@ -518,13 +568,15 @@ async def test_quiet_hours_delay_the_send_except_for_exempt_severities(
     node.consumer.quiet = compile_quiet_hours(
         QuietHoursConfig(windows=[QuietWindowConfig(start="00:00", end="23:59")])
     )
-    quiet = await _event(db, 1, severity="MAJOR")
-    exempt = await _event(db, 2, severity="CRITICAL")
+    quiet, quiet_alarm = await _raised(db, "dev-1", "MAJOR")
+    exempt, _ = await _raised(db, "dev-2", "CRITICAL")
     await _drain(node.consumer)
     rows = {r["event_id"]: r for r in await _deliveries(db)}
     now = await db.fetchval("SELECT now()")
     assert rows[quiet]["next_attempt_at"] > now + timedelta(seconds=30)
     assert rows[exempt]["next_attempt_at"] <= now
+    # Held because its alarm is: the consumer took the alarm's quiet-hours decision.
+    assert await db.fetchval("SELECT status FROM alarm WHERE id = $1", quiet_alarm) == "DELAYED"
     # Claims take only what is due.
     async with pool.acquire() as conn:
         claimed = await repo.claim_due(conn, receiver="hook", node_id="n1", lease_s=30, limit=10)
@@ -534,17 +586,17 @@ async def test_quiet_hours_delay_the_send_except_for_exempt_severities(
 async def test_notifications_held_by_a_node_are_released_when_the_quiet_hours_go(
     pool: asyncpg.Pool, db_dsn: str, db: asyncpg.Connection
 ) -> None:
-    """A reload reaching the nodes one after another: a node that already has a window holds
-    the notifications of an alarm that a node still without it left NEW (never DELAYED, so no
-    wake releases them). The timers' release pass, after the quiet hours change on a node,
-    makes them due; under quiet hours that still hold them, it leaves them held."""
+    """A reload reaching the nodes one after another: the consumer of a node that already has
+    a window decides the new alarm's quiet hours (DELAYED) and holds its notifications. Timers
+    under quiet hours that still hold it leave them held; the timers of a node without the
+    window wake the alarm, and the wake releases them, once."""
     config = _config(_webhook("hook", "http://127.0.0.1:9/hook"), _route(["hook"]))
     window = compile_quiet_hours(
         QuietHoursConfig(windows=[QuietWindowConfig(start="00:00", end="23:59")])
     )
     node = Notifier(pool, db_dsn, config)
     node.consumer.quiet = window
-    held = await _event(db, 1, severity="MAJOR")
+    held, alarm_id = await _raised(db, "dev-1", "MAJOR")
     await _drain(node.consumer)
     now = await db.fetchval("SELECT now()")
     [row] = await _deliveries(db)
@@ -563,6 +615,7 @@ async def test_notifications_held_by_a_node_are_released_when_the_quiet_hours_go
     [row] = await _deliveries(db)
     assert row["next_attempt_at"] <= await db.fetchval("SELECT now()")
     assert (await gone.run_once()).released == 0  # once per change of the quiet hours
+    assert await db.fetchval("SELECT status FROM alarm WHERE id = $1", alarm_id) == "NEW"
     async with pool.acquire() as conn:
         claimed = await repo.claim_due(conn, receiver="hook", node_id="n1", lease_s=30, limit=10)
     assert [c.event_id for c in claimed] == [held]

@@ -1,0 +1,211 @@
+"""Group windows (docs/notifications.md, "Grouping"): a grouped route's notifications for one
+receiver gathered into one delivery per window, exactly once across nodes.
+
+In the consumer's transaction, for each notification: the group's row is locked (made if
+new), then its latest window's delivery, if nobody has claimed it yet (``open_window``, locked
+too: a claim skips it until this transaction ends). An open window gets the notification
+appended to its body; otherwise a new window is made, due when the route's grouping says
+(``Grouping.window_due``), with an event id derived from the group and the window number: a
+second node making the same window would find that id taken. Two consumers on two nodes adding to
+one group queue on the group's row; a window, once claimed, takes nothing more.
+
+The notifications of alarms that quiet hours hold (DELAYED) gather in a window of their own
+(the group's key with ``|held``), due when the quiet hours are expected to end: no claim takes
+a window while one of its alarms is DELAYED, and the wake of an alarm makes its window due.
+So a night's held alarms of one group go out together when the night ends, not one by one.
+
+The repeat pass (each consumer pass, any node, ``SKIP LOCKED``): a group whose latest window
+was SENT at least ``repeat_interval_s`` ago and whose alarms are still open gets a new window,
+due now, listing those (``repeat: true``); when none is open the group stops repeating.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Final
+
+import asyncpg
+import msgspec
+
+from gateway.domain.notify import Route
+from gateway.domain.notify_match import Facts
+from gateway.domain.notify_policy import Sites
+from protocol.notifications import GroupedNotification
+from storage import notify as repo
+from storage.notify import NewWindow, OutboxRow
+
+# Window event ids: uuid5 of "<group id>\n<receiver>\n<group key>\n<window>" in this namespace
+# (the group's id too: a group made again after its row was deleted never reuses an id).
+_WINDOWS: Final = uuid.UUID("0b7f6c1e-6a53-4f0e-9b1c-2d1f3c5e7a90")
+REPEAT_BATCH: Final = 50
+# The group key of a group's notifications whose alarms quiet hours hold (DELAYED).
+HELD_SUFFIX: Final = "|held"
+
+
+def window_event_id(group_id: int, receiver: str, group_key: str, window: int) -> uuid.UUID:
+    return uuid.uuid5(_WINDOWS, f"{group_id}\n{receiver}\n{group_key}\n{window}")
+
+
+@dataclass(frozen=True, slots=True)
+class Pending:
+    """A notification for a grouped route's receiver, not yet in a window."""
+
+    row: OutboxRow
+    fact: Facts
+    body: dict[str, Any]
+    receiver: str
+    route: Route
+    # Seconds its alarm is expected to stay DELAYED (quiet hours); None: not held.
+    held_for_s: float | None = None
+
+
+class GroupWindows:
+    def __init__(self, conn: asyncpg.Connection) -> None:
+        self.conn = conn
+
+    async def add(self, pending: Sequence[Pending], sites: Sites, now: datetime) -> int:
+        """Put each notification in its group's window (in the caller's transaction); the
+        number of windows opened."""
+        opened = 0
+        # One lock order for every node: two transactions adding to the same groups cannot
+        # wait on each other in a circle.
+        keyed = []
+        for item in pending:
+            assert item.route.grouping is not None
+            key, labels = item.route.grouping.group(item.route.index, item.fact, sites)
+            if item.held_for_s is not None:
+                # Held ones gather apart: their window waits for the wake, the group's other
+                # one does not.
+                key += HELD_SUFFIX
+            keyed.append((item.receiver, key, labels, item))
+        keyed.sort(key=lambda k: (k[0], k[1]))
+        for receiver, key, labels, item in keyed:
+            if await self._add_one(receiver, key, labels, item, now):
+                opened += 1
+        return opened
+
+    async def _add_one(
+        self, receiver: str, key: str, labels: dict[str, str], item: Pending, now: datetime
+    ) -> bool:
+        conn = self.conn
+        group = await repo.lock_group(conn, receiver, key, labels)
+        if await repo.open_window(conn, group.window_delivery_id):
+            assert group.window_delivery_id is not None
+            await repo.append_to_window(conn, group.window_delivery_id, item.body)
+            await repo.add_member(
+                conn, group.window_delivery_id, item.row.event_id, item.fact.alarm_id
+            )
+            return False
+        grouping = item.route.grouping
+        assert grouping is not None
+        due = (
+            grouping.window_due(now, group.window_due_at)
+            if item.held_for_s is None
+            else now + timedelta(seconds=item.held_for_s)
+        )
+        await self._open(
+            group_id=group.id,
+            window=group.windows + 1,
+            receiver=receiver,
+            key=key,
+            labels=labels,
+            items=[(item.row.event_id, item.fact.alarm_id, item.body)],
+            outbox_id=item.row.id,
+            event_created_at=item.row.created_at,
+            due=due,
+            repeat_s=grouping.repeat_s,
+            repeat=False,
+        )
+        return True
+
+    async def _open(
+        self,
+        *,
+        group_id: int,
+        window: int,
+        receiver: str,
+        key: str,
+        labels: dict[str, str],
+        items: list[tuple[uuid.UUID, int | None, Any]],
+        outbox_id: int,
+        event_created_at: datetime,
+        due: datetime,
+        repeat_s: float,
+        repeat: bool,
+    ) -> None:
+        event_id = window_event_id(group_id, receiver, key, window)
+        body = GroupedNotification(
+            event_id=str(event_id),
+            receiver=receiver,
+            group_key=key,
+            group=labels,
+            window=window,
+            repeat=repeat,
+            count=len(items),
+            notifications=[body for _, _, body in items],
+        )
+        delivery_id = await repo.insert_window(
+            self.conn,
+            NewWindow(
+                event_id=event_id,
+                outbox_id=outbox_id,
+                receiver=receiver,
+                body=body,
+                due_at=due,
+                event_created_at=event_created_at,
+                group_id=group_id,
+                device_id=labels.get("device") or None,
+                rule_key=labels.get("rule") or None,
+                severity=labels.get("severity") or None,
+            ),
+        )
+        # Under the group's lock the window number is new: taken only if a pruned row left
+        # its id behind, and then the delivery exists already.
+        assert delivery_id is not None, f"window {window} of {key} exists already"
+        for member_event, alarm_id, _ in items:
+            await repo.add_member(self.conn, delivery_id, member_event, alarm_id)
+        await repo.set_window(
+            self.conn,
+            group_id,
+            windows=window,
+            delivery_id=delivery_id,
+            due_at=due,
+            repeat_interval_s=repeat_s,
+        )
+
+    async def repeat(self) -> int:
+        """Repeat the groups due for it (see the module); the number of windows made. The
+        interval is the one stored with the group's latest window."""
+        made = 0
+        async with self.conn.transaction():
+            now: datetime = await self.conn.fetchval("SELECT now()")
+            for group in await repo.repeat_due(self.conn, REPEAT_BATCH):
+                still = {r["event_id"]: r["alarm_id"] for r in await repo.open_members(
+                    self.conn, group["window_delivery_id"])}  # fmt: skip
+                if not still:
+                    await repo.stop_repeating(self.conn, group["id"])
+                    continue
+                last = msgspec.json.decode(group["body"])
+                items = [
+                    (uuid.UUID(n["event_id"]), still[uuid.UUID(n["event_id"])], n)
+                    for n in last["notifications"]
+                    if uuid.UUID(n["event_id"]) in still
+                ]
+                await self._open(
+                    group_id=group["id"],
+                    window=group["windows"] + 1,
+                    receiver=group["receiver"],
+                    key=group["group_key"],
+                    labels=msgspec.json.decode(group["labels"]),
+                    items=items,
+                    outbox_id=group["outbox_id"],
+                    event_created_at=group["event_created_at"],
+                    due=now,
+                    repeat_s=group["repeat_interval_s"],
+                    repeat=True,
+                )
+                made += 1
+        return made

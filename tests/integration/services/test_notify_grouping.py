@@ -1,0 +1,418 @@
+"""Grouped notifications and inhibition against a real PostgreSQL and a real webhook receiver,
+with two nodes (each its own pool, consumer and delivery worker) on one database.
+
+Group windows wait ``group_wait_s`` / ``group_interval_s``; rather than sleeping through
+them, a test checks the due time the window was given and then moves that due time to now (as
+the clock would), so what is asserted is the windowing, not a race with the clock."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import asyncpg
+import msgspec
+import pytest
+
+from gateway.alarms.lifecycle import create_alarm, transition
+from gateway.alarms.timers import AlarmTimers
+from gateway.config import Config, parse_config
+from gateway.domain.alarm import Action
+from gateway.domain.quiet_hours import QuietHoursConfig, QuietWindowConfig, compile_quiet_hours
+from gateway.notify.consumer import NotifyConsumer
+from gateway.notify.metrics import NotifyMetrics
+from gateway.notify.worker import DeliveryWorker
+from gateway.support.metrics import Metrics
+from storage import alarms as alarm_repo
+from storage.pool import create_pool
+from tests.support.receivers import WebhookServer, webhook_server
+from tests.support.waiting import wait_until
+
+FAST = """
+[notify]
+max_attempts = 5
+backoff_min_s = 0.01
+backoff_max_s = 0.05
+poll_s = 0.05
+lease_s = 30
+batch = 3
+
+[[notify.sites]]
+name = "north"
+devices = ["gw-north", "north-*"]
+"""
+
+
+def _config(url: str, routes: str, inhibit: str = "") -> Config:
+    return parse_config(
+        FAST
+        + f'[[notify.receivers]]\nname = "hook"\nkind = "webhook"\nurl = "{url}/hook"\n'
+        + f'[[notify.receivers]]\nname = "each"\nkind = "webhook"\nurl = "{url}/each"\n'
+        + routes
+        + inhibit
+    )
+
+
+GROUPED = """
+[[notify.routes]]
+events = ["alarm.created"]
+receivers = ["hook"]
+group_by = ["rule"]
+group_wait_s = 60
+group_interval_s = 300
+repeat_interval_s = 3600
+continue = true
+
+[[notify.routes]]
+events = ["alarm.created"]
+receivers = ["each"]
+"""
+
+
+class Node:
+    def __init__(self, pool: asyncpg.Pool, dsn: str, config: Config, node_id: str) -> None:
+        self.metrics = metrics = NotifyMetrics(Metrics().registry)
+        rules = config.notify_rules()
+        self.worker = DeliveryWorker(
+            pool=pool, node_id=node_id, metrics=metrics, settings=config.notify, rules=rules
+        )
+        self.consumer = NotifyConsumer(
+            pool=pool, dsn=dsn, metrics=metrics, rules=rules, batch=config.notify.batch
+        )
+
+    async def drain(self) -> None:
+        while await self.consumer.run_once():
+            pass
+
+
+@contextlib.asynccontextmanager
+async def _two_nodes(db_dsn: str, config: Config) -> AsyncIterator[tuple[Node, Node]]:
+    one = await create_pool(db_dsn, min_size=1, max_size=3)
+    two = await create_pool(db_dsn, min_size=1, max_size=3)
+    nodes = (Node(one, db_dsn, config, "n1"), Node(two, db_dsn, config, "n2"))
+    stop = asyncio.Event()
+    tasks = [asyncio.create_task(n.worker.run(stop)) for n in nodes]
+    try:
+        yield nodes
+    finally:
+        stop.set()
+        await asyncio.gather(*tasks)
+        await one.close()
+        await two.close()
+
+
+async def _consume_together(nodes: tuple[Node, Node]) -> None:
+    """Both consumers at once, each passing until neither finds anything."""
+    barrier = asyncio.Barrier(2)
+
+    async def run(node: Node) -> None:
+        await barrier.wait()
+        await node.drain()
+
+    await asyncio.gather(*(run(n) for n in nodes))
+    await asyncio.gather(*(n.drain() for n in nodes))
+
+
+async def _raise(db: asyncpg.Connection, device: str, rule: str, n: int) -> int:
+    async with db.transaction():
+        creation = await create_alarm(
+            db, device_id=device, rule_key=rule, severity="MAJOR",
+            telemetry_event_id=f"{n:064x}", reason="test", node_id="n0",
+            now=await alarm_repo.db_now(db),
+        )  # fmt: skip
+    assert creation.alarm is not None
+    return creation.alarm.id
+
+
+async def _windows(db: asyncpg.Connection) -> list[dict[str, Any]]:
+    """The grouped deliveries, oldest first, their bodies decoded."""
+    rows = await db.fetch("SELECT * FROM notify_delivery WHERE event = 'notify.group' ORDER BY id")
+    return [{**dict(r.items()), "body": msgspec.json.decode(r["body"])} for r in rows]
+
+
+async def _make_due(db: asyncpg.Connection, delivery_id: int) -> None:
+    """The window's wait is over (as the clock would have it)."""
+    await db.execute(
+        "UPDATE notify_delivery SET next_attempt_at = now() WHERE id = $1", delivery_id
+    )
+
+
+async def _statuses(db: asyncpg.Connection, ids: list[int]) -> dict[int, str]:
+    rows = await db.fetch("SELECT id, status FROM alarm WHERE id = ANY($1::bigint[])", ids)
+    return {r["id"]: r["status"] for r in rows}
+
+
+def _listed(server: WebhookServer, n: int) -> list[int]:
+    return sorted(x["alarm_id"] for x in server.on("/hook")[n].json["notifications"])
+
+
+async def test_n_alarms_in_a_window_make_one_delivery_with_two_nodes_and_push_only_once_received(
+    db_dsn: str, db: asyncpg.Connection
+) -> None:
+    n = 12
+    # The receiver refuses the window's first attempt: nothing is pushed until it takes it.
+    async with webhook_server(hook=lambda k, _r: 500 if k == 0 else 200) as server:
+        config = _config(server.url(""), GROUPED)
+        async with _two_nodes(db_dsn, config) as nodes:
+            hot = [await _raise(db, f"dev-{k}", "hot", k) for k in range(n)]
+            cold = await _raise(db, "dev-x", "cold", 99)
+            await _consume_together(nodes)
+            consumed = [n.metrics.events_consumed._value.get() for n in nodes]
+            assert sum(consumed) == n + 1
+            [first, other] = await _windows(db)
+            assert (first["status"], first["attempts"]) == ("PENDING", 0)
+            assert first["rule_key"] == "hot"
+            assert other["rule_key"] == "cold"
+            wait = first["next_attempt_at"] - first["created_at"]
+            assert timedelta(seconds=59) < wait <= timedelta(seconds=61), wait
+            body = first["body"]
+            assert body["count"] == n
+            assert sorted(x["alarm_id"] for x in body["notifications"]) == hot
+            # The ungrouped route: one delivery per alarm, as without grouping.
+            await wait_until(lambda: _sent_each(server, n + 1), message="every ungrouped one")
+            # Inside group_wait: nothing grouped sent, nothing pushed by it.
+            assert server.on("/hook") == []
+            await _make_due(db, first["id"])
+            await _make_due(db, other["id"])
+            await wait_until(lambda: _window_status(db, first["id"], "SENT"), message="window sent")
+        assert len(server.on("/hook")) == 3  # the refused attempt, then the two windows
+        got = {r.json["group"]["rule"]: r for r in server.on("/hook")[1:]}
+        assert sorted(x["alarm_id"] for x in got["hot"].json["notifications"]) == hot
+        assert [x["alarm_id"] for x in got["cold"].json["notifications"]] == [cold]
+        assert got["hot"].json["kind"] == "group"
+        assert got["hot"].json["window"] == 1
+        assert got["hot"].event_id == server.on("/hook")[0].event_id  # same window, retried
+    # The ungrouped route's webhook answered at once: the alarms were PUSHED by it already;
+    # the window's own audit rows say who pushed what.
+    rows = await db.fetch(
+        "SELECT alarm_id, note FROM alarm_audit WHERE action = 'push' ORDER BY alarm_id"
+    )
+    assert {r["alarm_id"] for r in rows} == {*hot, cold}
+    assert len(rows) == n + 1  # each alarm pushed exactly once
+
+
+async def _sent_each(server: WebhookServer, n: int) -> bool:
+    return len(server.on("/each")) >= n
+
+
+async def _window_status(db: asyncpg.Connection, delivery_id: int, status: str) -> bool:
+    value = await db.fetchval("SELECT status FROM notify_delivery WHERE id = $1", delivery_id)
+    return bool(value == status)
+
+
+ONLY_GROUPED = GROUPED.split("continue = true", maxsplit=1)[0]
+
+
+async def test_pushed_follows_the_grouped_delivery_and_its_receivers_acceptance(
+    db_dsn: str, db: asyncpg.Connection
+) -> None:
+    async with webhook_server(hook=lambda k, _r: 503 if k < 2 else 200) as server:
+        config = _config(server.url(""), ONLY_GROUPED)
+        async with _two_nodes(db_dsn, config) as nodes:
+            ids = [await _raise(db, f"dev-{k}", "hot", k) for k in range(5)]
+            await _consume_together(nodes)
+            [window] = await _windows(db)
+            assert set((await _statuses(db, ids)).values()) == {"NEW"}
+            await _make_due(db, window["id"])
+            await wait_until(lambda: len(server.on("/hook")) >= 1, message="first attempt")
+            # Refused: still NEW.
+            assert set((await _statuses(db, ids)).values()) == {"NEW"}
+            await wait_until(
+                lambda: _window_status(db, window["id"], "SENT"), message="accepted at last"
+            )
+        assert set((await _statuses(db, ids)).values()) == {"PUSHED"}
+        notes = await db.fetch(
+            "SELECT alarm_id, actor, note FROM alarm_audit WHERE action = 'push' ORDER BY alarm_id"
+        )
+        assert [r["alarm_id"] for r in notes] == ids
+        assert {r["actor"] for r in notes} == {"system:notify"}
+        assert all(f"grouped delivery {window['id']}" in r["note"] for r in notes)
+        assert len(server.on("/hook")) == 3
+
+
+async def test_group_interval_then_repeat_interval(db_dsn: str, db: asyncpg.Connection) -> None:
+    async with webhook_server() as server:
+        config = _config(server.url(""), ONLY_GROUPED)
+        async with _two_nodes(db_dsn, config) as nodes:
+            early = [await _raise(db, f"dev-{k}", "hot", k) for k in range(3)]
+            await _consume_together(nodes)
+            [first] = await _windows(db)
+            await _make_due(db, first["id"])
+            await wait_until(lambda: _window_status(db, first["id"], "SENT"), message="sent")
+            due_1 = await db.fetchval(
+                "SELECT window_due_at FROM notify_group WHERE window_delivery_id = $1",
+                first["id"],
+            )
+            # New alarms of the same group after the first window went: a second window,
+            # group_interval_s after the first was due, listing only them.
+            late = [await _raise(db, f"dev-{k}", "hot", k) for k in range(3, 5)]
+            await _consume_together(nodes)
+            [_, second] = await _windows(db)
+            assert second["next_attempt_at"] == due_1 + timedelta(seconds=300)
+            assert second["body"]["window"] == 2
+            await _make_due(db, second["id"])
+            await wait_until(lambda: _window_status(db, second["id"], "SENT"), message="sent")
+            assert _listed(server, 1) == late
+            # Nothing new; repeat_interval_s after the second window went, its alarms still
+            # open are sent again (one was dealt with meanwhile), once for both nodes.
+            async with db.transaction():
+                await transition(db, late[0], Action.FALSE, actor="op", node_id="n0")
+            await _consume_together(nodes)
+            assert len(await _windows(db)) == 2  # not yet: repeat_interval_s has not passed
+            await db.execute(
+                "UPDATE notify_delivery SET finished_at = finished_at - interval '3601 s' "
+                "WHERE id = $1",
+                second["id"],
+            )
+            await _consume_together(nodes)
+            [*_, third] = await _windows(db)
+            assert third["body"]["repeat"] is True
+            await wait_until(lambda: _window_status(db, third["id"], "SENT"), message="sent")
+            assert _listed(server, 2) == [late[1]]
+            assert len(await _windows(db)) == 3
+        assert len(server.on("/hook")) == 3
+        assert early  # (the first window's alarms were not repeated: not the latest window)
+
+
+SITE_OFFLINE = """
+[[notify.inhibit]]
+name = "site-offline"
+equal = ["site"]
+[notify.inhibit.source]
+rules = ["gateway-silent"]
+[notify.inhibit.target]
+rules = ["device-silent"]
+"""
+
+ROUTE_ALL = '[[notify.routes]]\nevents = ["alarm.created"]\nreceivers = ["each"]\n'
+
+
+async def test_a_sites_gateway_offline_mutes_its_devices_silent_alarms_until_it_closes(
+    db_dsn: str, db: asyncpg.Connection
+) -> None:
+    async with webhook_server() as server:
+        config = _config(server.url(""), ROUTE_ALL, SITE_OFFLINE)
+        async with _two_nodes(db_dsn, config) as nodes:
+            gateway = await _raise(db, "gw-north", "gateway-silent", 1)
+            muted = [await _raise(db, f"north-{k}", "device-silent", 10 + k) for k in range(3)]
+            elsewhere = await _raise(db, "south-1", "device-silent", 20)
+            await _consume_together(nodes)
+            await wait_until(lambda: _sent_each(server, 2), message="the two not inhibited")
+            rows = {
+                r["alarm_id"]: r
+                for r in await db.fetch("SELECT * FROM notify_delivery WHERE receiver = 'each'")
+            }
+            for alarm_id in muted:
+                assert rows[alarm_id]["status"] == "INHIBITED"
+                assert rows[alarm_id]["inhibited_by"] == gateway
+                assert rows[alarm_id]["inhibit_rule"] == "site-offline"
+            assert rows[gateway]["status"] in ("PENDING", "SENDING", "SENT")
+            assert rows[elsewhere]["inhibited_by"] is None
+            # Created and shown, not notified.
+            assert set((await _statuses(db, muted)).values()) == {"NEW"}
+            # The source is dealt with (once its own notification's push has committed: the
+            # receiver answers before the worker records it): later targets are notified again.
+
+            async def gateway_pushed() -> bool:
+                return (await _statuses(db, [gateway]))[gateway] == "PUSHED"
+
+            await wait_until(gateway_pushed, message="the gateway's alarm pushed")
+            async with db.transaction():
+                await transition(db, gateway, Action.FALSE, actor="op", node_id="n0")
+            after = await _raise(db, "north-9", "device-silent", 30)
+            await _consume_together(nodes)
+            await wait_until(lambda: _sent_each(server, 3), message="notified again")
+        sent = sorted(r.json["alarm_id"] for r in server.on("/each"))
+        assert sent == sorted([gateway, elsewhere, after])
+
+
+@pytest.mark.parametrize("grouped", [True, False])
+async def test_an_inhibited_alarm_joins_no_window(
+    db_dsn: str, db: asyncpg.Connection, grouped: bool
+) -> None:
+    routes = (
+        ONLY_GROUPED.replace('group_by = ["rule"]', 'group_by = ["site"]')
+        if grouped
+        else (ROUTE_ALL.replace('"each"', '"hook"'))
+    )
+    async with webhook_server() as server:
+        config = _config(server.url(""), routes, SITE_OFFLINE)
+        async with _two_nodes(db_dsn, config) as nodes:
+            gateway = await _raise(db, "gw-north", "gateway-silent", 1)
+            muted = await _raise(db, "north-1", "device-silent", 2)
+            await _consume_together(nodes)
+            status = await db.fetchval(
+                "SELECT status FROM notify_delivery WHERE alarm_id = $1", muted
+            )
+            assert status == "INHIBITED"
+            members = await db.fetchval(
+                "SELECT count(*) FROM notify_delivery_member WHERE alarm_id = $1", muted
+            )
+            assert members == 0
+            if grouped:
+                [window] = await _windows(db)
+                assert [x["alarm_id"] for x in window["body"]["notifications"]] == [gateway]
+
+
+async def test_a_nights_held_alarms_of_a_group_go_out_as_one_window_at_their_wake(
+    db_dsn: str, db: asyncpg.Connection
+) -> None:
+    """Quiet hours hold two alarms of the group (the consumer decides: DELAYED): they gather
+    in a window of their own, which no claim takes while they are DELAYED, even once due; an
+    exempt CRITICAL goes in the group's ordinary window and out. The wake releases the held
+    window: one request lists both, and pushes both."""
+    now = datetime.now(UTC)
+    quiet = compile_quiet_hours(
+        QuietHoursConfig(windows=[QuietWindowConfig(
+            devices="care-*", start=(now - timedelta(hours=1)).strftime("%H:%M"),
+            end=(now + timedelta(hours=1)).strftime("%H:%M"))])
+    )  # fmt: skip
+    async with webhook_server() as server:
+        config = _config(
+            server.url(""), ONLY_GROUPED.replace("group_wait_s = 60", "group_wait_s = 0")
+        )
+        async with _two_nodes(db_dsn, config) as nodes:
+            for node in nodes:
+                node.consumer.quiet = quiet
+            held = [await _raise(db, f"care-{k}", "hot", k) for k in range(2)]
+            async with db.transaction():
+                creation = await create_alarm(
+                    db, device_id="care-9", rule_key="hot", severity="CRITICAL",
+                    telemetry_event_id=f"{99:064x}", reason="test", node_id="n0",
+                    now=await alarm_repo.db_now(db),
+                )  # fmt: skip
+            assert creation.alarm is not None
+            critical = creation.alarm.id
+            await _consume_together(nodes)
+            assert await _statuses(db, [*held, critical]) == {
+                held[0]: "DELAYED",
+                held[1]: "DELAYED",
+                critical: "NEW",
+            }
+            windows = {w["body"]["group_key"]: w for w in await _windows(db)}
+            assert set(windows) == {"routes[0]{rule=hot}", "routes[0]{rule=hot}|held"}
+            night = windows["routes[0]{rule=hot}|held"]
+            assert sorted(x["alarm_id"] for x in night["body"]["notifications"]) == held
+            await wait_until(lambda: _sent_each_hook(server, 1), message="the CRITICAL one")
+            assert [x["alarm_id"] for x in server.on("/hook")[0].json["notifications"]] == [
+                critical
+            ]
+            # Due, yet held: no claim takes it while its alarms are DELAYED.
+            await _make_due(db, night["id"])
+            for node in nodes:
+                assert await node.worker.run_once() == 0
+            timers = AlarmTimers(pool=nodes[0].worker.pool, node_id="n1", quiet=None,
+                                 escalate_after_s=0, repeat_interval_s=0)  # fmt: skip
+            report = await timers.run_once()
+            assert sorted(report.woken) == held
+            await wait_until(lambda: _window_status(db, night["id"], "SENT"), message="sent")
+        assert len(server.on("/hook")) == 2
+        assert sorted(x["alarm_id"] for x in server.on("/hook")[1].json["notifications"]) == held
+    assert set((await _statuses(db, held)).values()) == {"PUSHED"}
+
+
+async def _sent_each_hook(server: WebhookServer, n: int) -> bool:
+    return len(server.on("/hook")) >= n
