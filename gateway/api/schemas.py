@@ -23,6 +23,7 @@ from gateway.domain.alarm import (
     Action,
     Alarm,
     AlarmStatus,
+    Severity,
 )
 from gateway.domain.command import CommandStatus, Delivery, ReceiptOutcome, RejectReason
 from gateway.domain.rules import RULE_KEY_PATTERN, ClockAdjustment
@@ -203,15 +204,213 @@ class AiSummary(msgspec.Struct, kw_only=True):
     finished_at: datetime | None
 
 
-class AlarmDetail(Alarm, frozen=True, kw_only=True):
+class AlarmView(Alarm, frozen=True, kw_only=True):
+    """An alarm as the desk shows it (docs/behaviour.md §5, "States people can read"):
+    ``active``: its condition is still true (not cleared; false: returned to normal);
+    ``acknowledged``: a person took a step (confirmed, handled or judged it false);
+    ``shelved_until``: until when it is shelved now (null: not shelved); ``out_of_service``:
+    its device was out of service when it was raised (its notifications are suppressed)."""
+
+    active: bool
+    acknowledged: bool
+    shelved_until: datetime | None = None
+    out_of_service: bool = False
+
+
+class AlarmDetail(AlarmView, frozen=True, kw_only=True):
     """An alarm with its latest AI summary attempt (null when there is none)."""
 
     ai_summary: AiSummary | None = None
 
 
 class AlarmPage(msgspec.Struct, kw_only=True):
-    items: list[Alarm]
+    items: list[AlarmView]
     next_before: int | None = None  # `before` for the next (older) page; null on the last
+
+
+# --- the desk: counts, groups, bulk actions, shelves, out of service ---------------------------
+
+BULK_ACTIONS: Final = (Action.CONFIRM, Action.FALSE, Action.CLOSE)
+BulkAction = Literal["confirm", "false", "close"]
+GroupBy = Literal["rule", "device"]
+ShelvedFilter = Literal["false", "true", "any"]
+SHELF_SECONDS_MAX: Final = 31_536_000.0  # a year: [alarms] shelve_max_s bounds it further
+REASON_MAX_LENGTH: Final = 500
+Reason = Annotated[
+    str,
+    msgspec.Meta(
+        min_length=1,
+        max_length=REASON_MAX_LENGTH,
+        pattern=NOT_BLANK,
+        description="Why (not blank).",
+    ),
+]
+DeviceIdText = Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=DEVICE_ID_PATTERN)]
+RuleKeyText = Annotated[
+    str, msgspec.Meta(min_length=1, max_length=128, pattern=RULE_KEY_FILTER_PATTERN)
+]
+PositiveId = Annotated[int, msgspec.Meta(ge=1, le=ID_MAX)]
+
+
+class StateCounts(msgspec.Struct, kw_only=True):
+    """Open alarms in exclusive buckets (their sum is ``total``): shelved ones apart, the rest
+    by active or returned to normal, acknowledged or not; ``out_of_service`` overlaps them (the
+    open alarms raised while their device was out of service)."""
+
+    total: int = 0
+    active_unacknowledged: int = 0
+    active_acknowledged: int = 0
+    returned_unacknowledged: int = 0
+    returned_acknowledged: int = 0
+    shelved: int = 0
+    out_of_service: int = 0
+
+
+class AlarmCounts(msgspec.Struct, kw_only=True):
+    """``GET /alarms/counts``: open alarms per severity (every severity listed), and all."""
+
+    all: StateCounts
+    by_severity: dict[Severity, StateCounts]
+
+
+class AlarmGroup(msgspec.Struct, kw_only=True):
+    key: str  # the rule key, or the device id
+    count: int
+    newest_at: datetime  # the newest alarm's trigger time
+    newest_id: int
+    worst_severity: Severity
+
+
+class AlarmGroups(msgspec.Struct, kw_only=True):
+    """Worst severity first, then newest first."""
+
+    by: GroupBy
+    items: list[AlarmGroup]
+
+
+class AlarmFilters(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """The list's filters, as ``GET /alarms`` takes them in its query."""
+
+    status: list[AlarmStatus] | None = None
+    device: DeviceIdText | None = None
+    rule: RuleKeyText | None = None
+    open: bool = False
+    active: bool | None = None
+    cleared: bool | None = None
+    acknowledged: bool | None = None
+    shelved: ShelvedFilter = "false"
+    severity: Severity | None = None
+
+
+class BulkGroup(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """A group of ``GET /alarms/groups``: its ``by``, its ``key``, the filters it was read with."""
+
+    by: GroupBy
+    key: Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=NOT_BLANK)]
+    filters: AlarmFilters = msgspec.field(default_factory=AlarmFilters)
+
+
+class BulkBody(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """``POST /alarms/bulk``: one person's action on the alarms ``ids``, or on every alarm of
+    ``group`` (exactly one of the two); ``note`` and ``actor`` as for one alarm's action."""
+
+    action: BulkAction
+    ids: Annotated[list[PositiveId], msgspec.Meta(min_length=1, max_length=10_000)] | None = None
+    group: BulkGroup | None = None
+    actor: Actor | UnsetType = UNSET
+    note: Note | None = None
+
+    def __post_init__(self) -> None:
+        if (self.ids is None) == (self.group is None):
+            raise ValueError("give exactly one of `ids` and `group`")
+
+
+class BulkItem(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """One alarm of a bulk action: ``ok`` with its ``status`` now, or the ``error`` code (as
+    the single action would answer) with ``message`` and, when it has one,
+    ``current_status``; nothing of a refused alarm changed."""
+
+    alarm_id: int
+    ok: bool
+    status: AlarmStatus | None = None
+    error: str | None = None
+    message: str | None = None
+    current_status: str | None = None
+
+
+class BulkResults(msgspec.Struct, kw_only=True):
+    action: BulkAction
+    done: int
+    refused: int
+    items: list[BulkItem]
+
+
+class ShelveBody(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """``POST /shelves``: ``scope`` "alarm" shelves the alarm ``alarm_id``; "pair" shelves
+    every alarm, present and future, of a device's rule: ``device_id`` and ``rule_key``, or
+    those of ``alarm_id``. For ``duration_s`` seconds (at most ``[alarms] shelve_max_s``)."""
+
+    scope: Literal["alarm", "pair"] = "alarm"
+    alarm_id: PositiveId | None = None
+    device_id: DeviceIdText | None = None
+    rule_key: RuleKeyText | None = None
+    duration_s: Annotated[float, msgspec.Meta(gt=0, le=SHELF_SECONDS_MAX)]
+    reason: Reason
+
+    def __post_init__(self) -> None:
+        named = self.device_id is not None or self.rule_key is not None
+        if self.scope == "alarm" and (self.alarm_id is None or named):
+            raise ValueError("scope `alarm` takes `alarm_id` alone")
+        if self.scope == "pair" and (self.alarm_id is not None) == named:
+            raise ValueError("scope `pair` takes `alarm_id`, or `device_id` and `rule_key`")
+        if self.scope == "pair" and named and (self.device_id is None or self.rule_key is None):
+            raise ValueError("scope `pair` takes both `device_id` and `rule_key`")
+
+
+class Shelf(msgspec.Struct, kw_only=True):
+    """A shelf: in force from ``shelved_at`` until ``until``, or until it ended first
+    (``ended_at``, ``ended_by``, ``end_reason``: lifted by a person, or expired)."""
+
+    id: int
+    scope: Literal["alarm", "pair"]
+    alarm_id: int | None
+    device_id: str
+    rule_key: str
+    reason: str
+    shelved_by: str
+    shelved_at: datetime
+    until: datetime
+    ended_at: datetime | None
+    ended_by: str | None
+    end_reason: Literal["expired", "lifted"] | None
+    request_id: str | None
+
+
+class ShelfPage(msgspec.Struct, kw_only=True):
+    items: list[Shelf]
+    next_before: int | None = None
+
+
+class OutOfServiceBody(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """``PUT /devices/{id}/out-of-service``: why, and until when (absent: until ended)."""
+
+    reason: Reason
+    until: Annotated[datetime, msgspec.Meta(tz=True)] | None = None
+
+
+class OutOfService(msgspec.Struct, kw_only=True):
+    """A device's maintenance period: in force from ``since`` until ``until`` (null: until
+    ended) or until it ended first (``ended_at``, ``ended_by``)."""
+
+    id: int
+    device_id: str
+    reason: str
+    set_by: str
+    since: datetime
+    until: datetime | None
+    ended_at: datetime | None
+    ended_by: str | None
+    request_id: str | None
 
 
 class AllowedActions(msgspec.Struct, kw_only=True):
@@ -227,7 +426,7 @@ class Chain(msgspec.Struct, kw_only=True):
     """Oldest first: the alarm and every alarm it superseded, directly or not. A superseded
     alarm's chain is itself alone, with ``hint`` and ``superseded_by``."""
 
-    items: list[Alarm]
+    items: list[AlarmView]
     hint: str | None = None
     superseded_by: int | UnsetType | None = UNSET
 
@@ -429,6 +628,7 @@ class DeviceDetail(Device, kw_only=True):
     most 20), both from its newest samples, and its clock figures."""
 
     bound: bool
+    out_of_service: OutOfService | None = None  # the maintenance period in force, if any
     latest_metrics: dict[str, LatestMetric]
     latest_events: list[LatestEvent]
     clock: DeviceClockFigures

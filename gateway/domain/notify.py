@@ -73,6 +73,9 @@ class DeliveryStatus(StrEnum):
     SENT = "SENT"  # the receiver accepted it
     FAILED = "FAILED"  # no attempts left; last_error says why
     SILENCED = "SILENCED"  # a silence matched when the event was consumed: never sent
+    # Its alarm was shelved, or raised while its device was out of service: never sent
+    # (`suppressed` says which).
+    SUPPRESSED = "SUPPRESSED"
 
 
 RECEIVER_NAME_PATTERN: Final = r"^[A-Za-z0-9_.-]{1,64}$"

@@ -12,8 +12,9 @@ A pass:
 3. In one transaction: record the events in ``consumed_event`` (``ON CONFLICT DO NOTHING``;
    a racing node's insert of the same event waits for ours and then finds it taken) and create
    the deliveries of exactly the events recorded now. Routes pick the receivers; an active
-   silence makes the delivery ``SILENCED`` (visible, never sent); quiet hours make it due when
-   they end.
+   silence makes the delivery ``SILENCED`` (visible, never sent); an alarm shelved when the
+   event was written, or raised while its device was out of service, makes it ``SUPPRESSED``
+   (visible, never sent, with why); quiet hours make it due when they end.
 4. Move the horizon to ``running``, or to the oldest transaction below it whose event is still
    unconsumed (a batch that was full), never backwards.
 
@@ -137,6 +138,7 @@ class NotifyConsumer:
             alarms = await repo.alarm_facts(conn, alarm_ids) if alarm_ids else {}
             now: datetime = await conn.fetchval("SELECT now()")
             silences = [silence_from_row(s) for s in await repo.active_silences(conn)]
+            suppressed = await self._suppressed(conn, mine, facts)
             deliveries: list[NewDelivery] = []
             for row in mine:
                 fact = facts[row.event_id]
@@ -164,17 +166,39 @@ class NotifyConsumer:
                         silence_id=None if silence is None else silence.id,
                         due_in_s=due_in_s,
                         event_created_at=row.created_at,
+                        suppressed=None if silence is not None else suppressed.get(row.event_id),
                     )
                     for name in receivers
                 )
             created = await repo.insert_deliveries(conn, deliveries)
         self.metrics.events_consumed.inc(len(mine))
         for record in created:
-            if record["status"] == "SILENCED":
-                self.metrics.deliveries.labels(record["receiver"], "SILENCED").inc()
+            if record["status"] in ("SILENCED", "SUPPRESSED"):
+                self.metrics.deliveries.labels(record["receiver"], record["status"]).inc()
         if created:
             log.info("notify_deliveries_created", events=len(mine), deliveries=len(created))
         return len(mine)
+
+    @staticmethod
+    async def _suppressed(
+        conn: asyncpg.Connection, rows: list[OutboxRow], facts: dict[Any, Facts | None]
+    ) -> dict[Any, str]:
+        """Why each alarm event's notifications are suppressed, by event id: its alarm was
+        shelved when the event was written, or was raised while its device was out of service
+        (one statement for the batch)."""
+        asked = [
+            (row.event_id, fact.alarm_id, row.created_at)
+            for row in rows
+            if (fact := facts[row.event_id]) is not None
+            and fact.alarm_id is not None
+            and fact.event.startswith(_QUIET_PREFIX)
+        ]
+        reasons = await repo.alarm_suppressions(conn, [(a, at) for _, a, at in asked])
+        return {
+            event_id: why
+            for (event_id, _, _), why in zip(asked, reasons, strict=True)
+            if why is not None
+        }
 
     def _quiet_delay(self, fact: Facts, now: datetime) -> float:
         """Seconds until quiet hours end for this alarm's device and severity (0: now)."""

@@ -212,7 +212,13 @@ async def build(
         outbox=outbox,
         timers=timers,
         auth=auth,
-        alarm_service=AlarmService(node.pool, node.node_id, node.metrics),
+        alarm_service=AlarmService(
+            node.pool,
+            node.node_id,
+            node.metrics,
+            shelve_max_s=config.alarms.shelve_max_s,
+            bulk_max=config.alarms.bulk_max,
+        ),
         command_service=CommandService(
             node.pool,
             node.node_id,
