@@ -257,7 +257,7 @@ _WORST: Final = {1: Severity.INFO, 2: Severity.WARNING, 3: Severity.MAJOR, 4: Se
 async def group_alarms(
     alarms: Alarms,
     *,
-    by: Annotated[GroupBy, Parameter(description="rule or device.")],
+    by: Annotated[GroupBy, Parameter(description="rule (the default) or device.")] = "rule",
     status: StatusFilter = None,
     device: DeviceFilter = None,
     rule: RuleFilter = None,
