@@ -61,6 +61,7 @@ from gateway.api.health import HealthCheck
 from gateway.api.routes import check_inputs, route
 from gateway.api.schemas import (
     ACTOR_MAX_LENGTH,
+    DESK_BODIES,
     IDEMPOTENCY_KEY_MAX_LENGTH,
     JSON_VALUE,
     JSON_VALUE_SCHEMA,
@@ -292,7 +293,7 @@ def _complete(document: OpenAPI) -> None:
     notify.complete(schemas)
     campaigns.complete(schemas)
     # A body Struct that forbids unknown fields says so (msgspec refuses them: a 422).
-    for body in (ActionBody, CommandBody, notify.SilenceBody, *campaigns.BODIES):
+    for body in (ActionBody, CommandBody, notify.SilenceBody, *campaigns.BODIES, *DESK_BODIES):
         if body.__struct_config__.forbid_unknown_fields and body.__name__ in schemas:
             schemas[body.__name__].additional_properties = False
 

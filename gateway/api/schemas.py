@@ -413,6 +413,10 @@ class OutOfService(msgspec.Struct, kw_only=True):
     request_id: str | None
 
 
+# The desk's request bodies (and the Structs inside them): each forbids unknown fields.
+DESK_BODIES: Final = (AlarmFilters, BulkGroup, BulkBody, ShelveBody, OutOfServiceBody)
+
+
 class AllowedActions(msgspec.Struct, kw_only=True):
     """The people's actions allowed now (render buttons from this); a SUPERSEDED alarm has
     none, and ``superseded_by``."""
