@@ -6,8 +6,8 @@
 //
 // A stable list under load: live updates read the list at most every LIVE_MS (so at most a few
 // repaints a second, whatever the event rate) and reuse each alarm's row. While the operator is
-// on the list (the pointer over it, an alarm open, a box ticked) a live update never moves a
-// row: rows change in place, alarms gone stay (dimmed), and new alarms wait behind an "N new"
+// on the list (the pointer moved onto a row, an alarm open, a box ticked) a live update never
+// moves a row: rows change in place, alarms gone stay (dimmed), and new alarms wait behind an "N new"
 // bar until the operator opens it. `window.__alarmRepaints` counts the list's repaints.
 import { query } from "./api.js";
 import { append, clear, el, throttle, timeEl, when } from "./util.js";
@@ -85,8 +85,16 @@ export class AlarmsView {
     });
     this.more.addEventListener("click", () => this.load(true));
     this.newBar.addEventListener("click", () => this.load(false));
-    this.list.addEventListener("mouseenter", () => { this.hovering = true; });
-    this.list.addEventListener("mouseleave", () => { this.hovering = false; });
+    // The pointer on a row: only a pointer that moved there counts (a browser reports a pointer
+    // at rest as moving when the content under it changes; a row that arrived under a resting
+    // pointer is not one the operator pointed at).
+    document.addEventListener("pointermove", (event) => {
+      const last = this.lastPointer;
+      const moved = !last || last[0] !== event.clientX || last[1] !== event.clientY;
+      this.lastPointer = [event.clientX, event.clientY];
+      if (moved) this.hovering = this.list.contains(event.target) && Boolean(event.target.closest("tbody tr"));
+    });
+    this.list.addEventListener("pointerleave", () => { this.hovering = false; });
     for (const button of this.bulkBar.querySelectorAll("button[data-bulk]")) {
       button.addEventListener("click", () => this.bulk(button.dataset.bulk));
     }
@@ -99,6 +107,7 @@ export class AlarmsView {
 
   // The operator is on the list: live updates must not move anything.
   pinned() {
+    if (this.shown.active.length + this.shown.returned.length === 0) return false; // nothing to move
     return this.selected !== null || this.hovering || this.checked.size > 0 || this.checkedGroups.size > 0;
   }
 
