@@ -22,8 +22,8 @@ from storage.desk import Filters, GroupBy, Scope, ShelvedMode
 # What the routes pass in (they import no storage module of their own).
 __all__ = [
     "AlarmService",
-    "AlarmView",
     "BulkResult",
+    "DeskAlarm",
     "Filters",
     "ShelvedMode",
     "TooManyAlarmsError",
@@ -36,7 +36,7 @@ BULK_MAX: Final = 500
 
 
 @dataclass(frozen=True, slots=True)
-class AlarmView:
+class DeskAlarm:
     """An alarm as the desk shows it: until when it is shelved now (None: it is not), and
     whether its device was out of service when it was raised."""
 
@@ -45,8 +45,8 @@ class AlarmView:
     out_of_service: bool
 
 
-def view_from_record(record: asyncpg.Record) -> AlarmView:
-    return AlarmView(
+def view_from_record(record: asyncpg.Record) -> DeskAlarm:
+    return DeskAlarm(
         alarm=alarm_from_record(record),
         shelved_until=record["shelved_until"],
         out_of_service=bool(record["out_of_service"]),
@@ -98,28 +98,6 @@ class AlarmService:
         if record is None:
             raise AlarmNotFoundError(alarm_id)
         return alarm_from_record(record)
-
-    async def find(
-        self,
-        *,
-        statuses: list[str] | None = None,
-        device_id: str | None = None,
-        rule_key: str | None = None,
-        open_only: bool = False,
-        before_id: int | None = None,
-        limit: int = 50,
-    ) -> list[Alarm]:
-        async with self.pool.acquire() as conn:
-            records = await repo.list_alarms(
-                conn,
-                statuses=statuses,
-                device_id=device_id,
-                rule_key=rule_key,
-                open_only=open_only,
-                before_id=before_id,
-                limit=limit,
-            )
-        return [alarm_from_record(r) for r in records]
 
     async def latest_summary(self, alarm_id: int) -> asyncpg.Record | None:
         async with self.pool.acquire() as conn:
@@ -177,7 +155,7 @@ class AlarmService:
 
     # --- the desk: views, counts, groups, bulk actions, shelves, out of service -------------
 
-    async def view(self, alarm_id: int) -> AlarmView:
+    async def view(self, alarm_id: int) -> DeskAlarm:
         async with self.pool.acquire() as conn:
             record = await desk_repo.one(conn, alarm_id)
         if record is None:
@@ -186,7 +164,7 @@ class AlarmService:
 
     async def views(
         self, filters: Filters, *, before_id: int | None = None, limit: int = 50
-    ) -> list[AlarmView]:
+    ) -> list[DeskAlarm]:
         async with self.pool.acquire() as conn:
             records = await desk_repo.list_alarms(conn, filters, before_id=before_id, limit=limit)
         return [view_from_record(r) for r in records]

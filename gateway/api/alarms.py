@@ -76,7 +76,7 @@ PATH_ACTIONS: Final = tuple(a for a in Action if a in PERSON_ACTIONS)
 _ID_PATH: Final = "{id:str}"  # parsed by the boundary and the handler's type, not the router
 
 
-def _desk_fields(view: desk.AlarmView) -> dict[str, Any]:
+def _desk_fields(view: desk.DeskAlarm) -> dict[str, Any]:
     alarm = view.alarm
     return {
         **{f: getattr(alarm, f) for f in Alarm.__struct_fields__},
@@ -89,7 +89,7 @@ def _desk_fields(view: desk.AlarmView) -> dict[str, Any]:
     }
 
 
-def alarm_view(view: desk.AlarmView) -> AlarmView:
+def alarm_view(view: desk.DeskAlarm) -> AlarmView:
     return AlarmView(**_desk_fields(view))
 
 
