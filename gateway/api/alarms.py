@@ -55,8 +55,9 @@ from gateway.api.schemas import (
     OutOfServiceBody,
     Shelf,
     ShelfPage,
-    ShelveBody,
+    ShelveAlarmBody,
     ShelvedFilter,
+    ShelvePairBody,
     StateCounts,
     SummaryAttempts,
     exact,
@@ -308,13 +309,13 @@ async def group_alarms(
     ),
 )
 async def bulk_alarms(alarms: Alarms, call: CallDep, data: JSONBody[BulkBody]) -> BulkResults:
-    if data.group is not None:
+    if isinstance(data.ids, UnsetType):
+        assert not isinstance(data.group, UnsetType)  # the body names exactly one
         ids = await alarms.group_ids(
             filters_of(data.group.filters), by=data.group.by, key=data.group.key
         )
     else:
-        assert data.ids is not None
-        ids = data.ids
+        ids = [int(i) for i in data.ids]
     stated = None if isinstance(data.actor, UnsetType) else data.actor
     results = await alarms.bulk(
         Action(data.action),
@@ -506,36 +507,15 @@ def _shelf(row: Any) -> Shelf:
     return from_row(Shelf, row)
 
 
-@route(
-    "POST",
-    "/shelves",
-    summary="Shelve an alarm, or a device's rule, for a while (ISA-18.2)",
-    operation_id="shelveAlarms",
-    tag=TAG,
-    role=Role.OPERATOR,
-    writes=True,
-    body=True,
-    status_code=201,
-    errors=[ALARM_NOT_FOUND, ALREADY_SHELVED, SHELF_TOO_LONG],
-    description=(
-        "A shelved alarm still exists and is counted; it leaves the default list "
-        "(`GET /alarms?shelved=true` shows it) and its notifications are suppressed. Scope "
-        "`pair` covers the rule's alarms on the device now and any raised while it lasts. It "
-        "ends by itself after `duration_s` (at most `[alarms] shelve_max_s`), or when lifted "
-        "(`DELETE /shelves/{id}`). Audited on every alarm it covers."
-    ),
+_SHELVING: Final = (
+    "A shelved alarm still exists and is counted; it leaves the default list "
+    "(`GET /alarms?shelved=true` shows it) and its notifications are suppressed. It ends by "
+    "itself after `duration_s` (at most `[alarms] shelve_max_s`), or when lifted "
+    "(`DELETE /shelves/{id}`). Audited on every alarm it covers."
 )
-async def shelve(alarms: Alarms, call: CallDep, data: JSONBody[ShelveBody]) -> Shelf:
-    row = await alarms.shelve(
-        scope=data.scope,
-        alarm_id=data.alarm_id,
-        device_id=data.device_id,
-        rule_key=data.rule_key,
-        seconds=data.duration_s,
-        reason=data.reason,
-        actor=actor_of(call),
-        request_id=call.request_id,
-    )
+
+
+def _shelved(call: Any, row: Any) -> Shelf:
     log.info(
         "alarm_shelved",
         shelf_id=row["id"],
@@ -547,6 +527,68 @@ async def shelve(alarms: Alarms, call: CallDep, data: JSONBody[ShelveBody]) -> S
         request_id=call.request_id,
     )
     return _shelf(row)
+
+
+@route(
+    "POST",
+    f"/alarms/{_ID_PATH}/shelve",
+    summary="Shelve the alarm, or its rule on its device, for a while (ISA-18.2)",
+    operation_id="shelveAlarm",
+    tag=TAG,
+    role=Role.OPERATOR,
+    writes=True,
+    body=True,
+    status_code=201,
+    errors=[ALARM_NOT_FOUND, ALREADY_SHELVED, SHELF_TOO_LONG],
+    description=(
+        "Scope `alarm`: this alarm; `pair`: every alarm of its rule on its device, now and "
+        "raised while the shelf lasts. " + _SHELVING
+    ),
+)
+async def shelve_alarm(
+    alarms: Alarms, call: CallDep, id: AlarmId, data: JSONBody[ShelveAlarmBody]
+) -> Shelf:
+    row = await alarms.shelve(
+        scope=data.scope,
+        alarm_id=id,
+        device_id=None,
+        rule_key=None,
+        seconds=data.duration_s,
+        reason=data.reason,
+        actor=actor_of(call),
+        request_id=call.request_id,
+    )
+    return _shelved(call, row)
+
+
+@route(
+    "POST",
+    "/shelves",
+    summary="Shelve a rule on a device for a while (ISA-18.2)",
+    operation_id="shelveRule",
+    tag=TAG,
+    role=Role.OPERATOR,
+    writes=True,
+    body=True,
+    status_code=201,
+    errors=[ALREADY_SHELVED, SHELF_TOO_LONG],
+    description=(
+        "Every alarm of `rule_key` on `device_id`, now and raised while the shelf lasts. "
+        + _SHELVING
+    ),
+)
+async def shelve_rule(alarms: Alarms, call: CallDep, data: JSONBody[ShelvePairBody]) -> Shelf:
+    row = await alarms.shelve(
+        scope="pair",
+        alarm_id=None,
+        device_id=data.device_id,
+        rule_key=data.rule_key,
+        seconds=data.duration_s,
+        reason=data.reason,
+        actor=actor_of(call),
+        request_id=call.request_id,
+    )
+    return _shelved(call, row)
 
 
 @route(
@@ -651,7 +693,8 @@ HANDLERS: Final = [
     count_alarms,
     group_alarms,
     bulk_alarms,
-    shelve,
+    shelve_alarm,
+    shelve_rule,
     list_shelves,
     get_shelf,
     lift_shelf,

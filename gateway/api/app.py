@@ -69,6 +69,7 @@ from gateway.api.schemas import (
     NOTE_MAX_LENGTH,
     ActionBody,
     CommandBody,
+    complete_desk,
 )
 from gateway.api.services import STATE_SERVICES, Services
 from gateway.support.metrics import Metrics
@@ -292,6 +293,7 @@ def _complete(document: OpenAPI) -> None:
     schemas[JSON_VALUE] = JSON_VALUE_SCHEMA
     notify.complete(schemas)
     campaigns.complete(schemas)
+    complete_desk(schemas)
     # A body Struct that forbids unknown fields says so (msgspec refuses them: a 422).
     for body in (ActionBody, CommandBody, notify.SilenceBody, *campaigns.BODIES, *DESK_BODIES):
         if body.__struct_config__.forbid_unknown_fields and body.__name__ in schemas:

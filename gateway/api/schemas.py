@@ -249,7 +249,6 @@ DeviceIdText = Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=
 RuleKeyText = Annotated[
     str, msgspec.Meta(min_length=1, max_length=128, pattern=RULE_KEY_FILTER_PATTERN)
 ]
-PositiveId = Annotated[int, msgspec.Meta(ge=1, le=ID_MAX)]
 
 
 class StateCounts(msgspec.Struct, kw_only=True):
@@ -310,18 +309,30 @@ class BulkGroup(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     filters: AlarmFilters = msgspec.field(default_factory=AlarmFilters)
 
 
+BULK_IDS_MAX: Final = 10_000
+# JSON Schema's `integer` is any number without a fraction (`7.0` is one, and generators send
+# it): an id in a body is read as a number that is a multiple of 1 (msgspec's `int` refuses
+# `7.0`), at most 2**53 (where a float stops being exact), and made an int where it is used.
+# The document calls it an integer (`complete_desk`). `7.5` is still a 422.
+BODY_ID_MAX: Final = 2**53
+BodyId = Annotated[float, msgspec.Meta(ge=1, le=BODY_ID_MAX, multiple_of=1)]
+
+
 class BulkBody(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """``POST /alarms/bulk``: one person's action on the alarms ``ids``, or on every alarm of
-    ``group`` (exactly one of the two); ``note`` and ``actor`` as for one alarm's action."""
+    ``group`` (exactly one of the two: the document says so with ``oneOf``); ``note`` and
+    ``actor`` as for one alarm's action."""
 
     action: BulkAction
-    ids: Annotated[list[PositiveId], msgspec.Meta(min_length=1, max_length=10_000)] | None = None
-    group: BulkGroup | None = None
+    ids: Annotated[list[BodyId], msgspec.Meta(min_length=1, max_length=BULK_IDS_MAX)] | (
+        UnsetType
+    ) = UNSET
+    group: BulkGroup | UnsetType = UNSET
     actor: Actor | UnsetType = UNSET
     note: Note | None = None
 
     def __post_init__(self) -> None:
-        if (self.ids is None) == (self.group is None):
+        if isinstance(self.ids, UnsetType) == isinstance(self.group, UnsetType):
             raise ValueError("give exactly one of `ids` and `group`")
 
 
@@ -345,26 +356,33 @@ class BulkResults(msgspec.Struct, kw_only=True):
     items: list[BulkItem]
 
 
-class ShelveBody(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    """``POST /shelves``: ``scope`` "alarm" shelves the alarm ``alarm_id``; "pair" shelves
-    every alarm, present and future, of a device's rule: ``device_id`` and ``rule_key``, or
-    those of ``alarm_id``. For ``duration_s`` seconds (at most ``[alarms] shelve_max_s``)."""
+ShelfSeconds = Annotated[
+    float,
+    msgspec.Meta(
+        ge=1,
+        le=SHELF_SECONDS_MAX,
+        description="Seconds; at most `[alarms] shelve_max_s` (a longer one is a 400).",
+    ),
+]
+
+
+class ShelveAlarmBody(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """``POST /alarms/{id}/shelve``: ``scope`` "alarm" shelves this alarm; "pair" shelves
+    every alarm, present and future, of its rule on its device. For ``duration_s`` seconds."""
 
     scope: Literal["alarm", "pair"] = "alarm"
-    alarm_id: PositiveId | None = None
-    device_id: DeviceIdText | None = None
-    rule_key: RuleKeyText | None = None
-    duration_s: Annotated[float, msgspec.Meta(gt=0, le=SHELF_SECONDS_MAX)]
+    duration_s: ShelfSeconds
     reason: Reason
 
-    def __post_init__(self) -> None:
-        named = self.device_id is not None or self.rule_key is not None
-        if self.scope == "alarm" and (self.alarm_id is None or named):
-            raise ValueError("scope `alarm` takes `alarm_id` alone")
-        if self.scope == "pair" and (self.alarm_id is not None) == named:
-            raise ValueError("scope `pair` takes `alarm_id`, or `device_id` and `rule_key`")
-        if self.scope == "pair" and named and (self.device_id is None or self.rule_key is None):
-            raise ValueError("scope `pair` takes both `device_id` and `rule_key`")
+
+class ShelvePairBody(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """``POST /shelves``: shelve every alarm, present and future, of ``rule_key`` on
+    ``device_id`` (whether it has alarms yet or not), for ``duration_s`` seconds."""
+
+    device_id: DeviceIdText
+    rule_key: RuleKeyText
+    duration_s: ShelfSeconds
+    reason: Reason
 
 
 class Shelf(msgspec.Struct, kw_only=True):
@@ -414,7 +432,42 @@ class OutOfService(msgspec.Struct, kw_only=True):
 
 
 # The desk's request bodies (and the Structs inside them): each forbids unknown fields.
-DESK_BODIES: Final = (AlarmFilters, BulkGroup, BulkBody, ShelveBody, OutOfServiceBody)
+DESK_BODIES: Final = (
+    AlarmFilters,
+    BulkGroup,
+    BulkBody,
+    ShelveAlarmBody,
+    ShelvePairBody,
+    OutOfServiceBody,
+)
+
+
+def complete_desk(schemas: dict[str, Any]) -> None:
+    """What Litestar's generation leaves out of the desk's bodies: ``ids``' items as the
+    integers they are, with their bounds, and that a bulk body names exactly one of ``ids`` and
+    ``group`` (two closed objects, one requiring each)."""
+    body = schemas.get("BulkBody")
+    if body is None or body.properties is None:
+        return
+    body.properties["ids"] = Schema(
+        type=OpenAPIType.ARRAY,
+        items=Schema(type=OpenAPIType.INTEGER, minimum=1, maximum=BODY_ID_MAX),
+        min_items=1,
+        max_items=BULK_IDS_MAX,
+        description=f"Alarm ids (at most `[alarms] bulk_max`, and {BULK_IDS_MAX}).",
+    )
+    branches = []
+    for name, other in (("ids", "group"), ("group", "ids")):
+        properties = {k: v for k, v in body.properties.items() if k != other}
+        branches.append(
+            Schema(
+                type=OpenAPIType.OBJECT,
+                properties=properties,
+                required=["action", name],
+                additional_properties=False,
+            )
+        )
+    body.one_of = branches
 
 
 class AllowedActions(msgspec.Struct, kw_only=True):

@@ -523,7 +523,7 @@ export class AlarmsView {
       return;
     }
     try {
-      await this.ctx.api.post("/shelves", { scope, alarm_id: alarm.id, duration_s: seconds, reason: reason.trim() });
+      await this.ctx.api.post(`/alarms/${alarm.id}/shelve`, { scope, duration_s: seconds, reason: reason.trim() });
       this.ctx.notify(`Alarm #${alarm.id} shelved.`, "ok");
     } catch (error) {
       this.ctx.notify(`Could not shelve alarm #${alarm.id}: ${error.message}`);

@@ -99,7 +99,7 @@ async def test_counts_per_severity_and_state(api: Api) -> None:
     await api.raise_alarm("d2", severity="CRITICAL")
     await api.clear("d2")
     shelved = await api.raise_alarm("d3", severity="INFO")
-    reply = await api.post("/shelves", {"alarm_id": shelved, "duration_s": 600, "reason": "known"})
+    reply = await api.post(f"/alarms/{shelved}/shelve", {"duration_s": 600, "reason": "known"})
     assert reply.status == 201, reply.body
     counts = await api.get("/alarms/counts")
     assert counts.status == 200, counts.body
@@ -185,6 +185,7 @@ async def test_bulk_refusals_change_nothing(api: Api) -> None:
         {"action": "handle", "ids": [alarm_id]},  # not a bulk action
         {"action": "confirm"},  # neither ids nor group
         {"action": "confirm", "ids": [alarm_id], "group": {"by": "rule", "key": "hot"}},
+        {"action": "confirm", "ids": None},
         {"action": "confirm", "ids": []},
         {"action": "confirm", "ids": [0]},
     ):
@@ -200,7 +201,7 @@ async def test_shelve_lift_and_the_default_view(api: Api) -> None:
     alarm_id = await api.raise_alarm("pump")
     other = await api.raise_alarm("fan")
     reply = await api.post(
-        "/shelves", {"scope": "pair", "alarm_id": alarm_id, "duration_s": 600, "reason": "work"}
+        f"/alarms/{alarm_id}/shelve", {"scope": "pair", "duration_s": 600, "reason": "work"}
     )
     assert reply.status == 201, reply.body
     shelf = reply.body
@@ -216,25 +217,25 @@ async def test_shelve_lift_and_the_default_view(api: Api) -> None:
     assert (trail[-1]["action"], trail[-1]["actor"]) == ("shelve", "console")
 
     again = await api.post(
-        "/shelves",
-        {"scope": "pair", "device_id": "pump", "rule_key": "hot", "duration_s": 60,
-         "reason": "x"},
-    )  # fmt: skip
+        "/shelves", {"device_id": "pump", "rule_key": "hot", "duration_s": 60, "reason": "x"}
+    )
     assert (again.status, again.body["error"], again.body["shelf_id"]) == (
         409, "ALREADY_SHELVED", shelf["id"],
     )  # fmt: skip
-    too_long = await api.post("/shelves", {"alarm_id": other, "duration_s": 86401, "reason": "x"})
+    too_long = await api.post(f"/alarms/{other}/shelve", {"duration_s": 86401, "reason": "x"})
     assert (too_long.status, too_long.body["error"]) == (400, "SHELF_TOO_LONG")
-    missing = await api.post("/shelves", {"alarm_id": 999999, "duration_s": 60, "reason": "x"})
+    missing = await api.post("/alarms/999999/shelve", {"duration_s": 60, "reason": "x"})
     assert (missing.status, missing.body["error"]) == (404, "NOT_FOUND")
-    for body in (
-        {"alarm_id": other, "duration_s": 60, "reason": "  "},
-        {"alarm_id": other, "duration_s": 0, "reason": "x"},
-        {"alarm_id": other, "duration_s": 60},
-        {"scope": "alarm", "device_id": "fan", "rule_key": "hot", "duration_s": 60, "reason": "x"},
-        {"scope": "pair", "device_id": "fan", "duration_s": 60, "reason": "x"},
-    ):
-        reply = await api.post("/shelves", body)
+    for path, body in (
+        (f"/alarms/{other}/shelve", {"duration_s": 60, "reason": "  "}),
+        (f"/alarms/{other}/shelve", {"duration_s": 0.5, "reason": "x"}),
+        (f"/alarms/{other}/shelve", {"duration_s": 60}),
+        (f"/alarms/{other}/shelve", {"scope": "rule", "duration_s": 60, "reason": "x"}),
+        ("/shelves", {"device_id": "fan", "duration_s": 60, "reason": "x"}),
+        ("/shelves", {"device_id": "fan", "rule_key": "hot", "alarm_id": 1, "duration_s": 60,
+                      "reason": "x"}),
+    ):  # fmt: skip
+        reply = await api.post(path, body)
         assert (reply.status, reply.body["error"]) == (422, "INVALID_BODY"), body
     listed = (await api.get("/shelves")).body["items"]
     assert [s["id"] for s in listed] == [shelf["id"]]
