@@ -214,4 +214,24 @@ async def test_grouping_bulk_confirm_and_shelving(desk: Desk, browser: Browser) 
     await detail.get_by_role("button", name="Unshelve").click()
     await expect(detail.locator(".shelved")).to_have_count(0, timeout=WAIT_MS)
     await expect(counts.locator(".count-total-shelved")).to_have_text("shelved 0")
+
+    # Out of service, from the device's page: shown there, and on its next alarm.
+    await page.goto(f"{desk.base}/#/devices/door-1")
+    await expect(page.locator("#device-detail h3").first).to_have_text("door-1", timeout=WAIT_MS)
+    device = page.locator("#device-detail")
+    await device.get_by_label("Maintenance reason").fill("hinge repair")
+    await device.get_by_role("button", name="Put out of service").click()
+    await expect(device.locator(".out-of-service")).to_contain_text(
+        "out of service since", timeout=WAIT_MS
+    )
+    await expect(device.locator(".out-of-service")).to_contain_text("hinge repair (olga)")
+    await publish_many(desk.mosquitto, [("door-1", {"events": [{"type": "DOOR_OPEN"}]})])
+    await page.goto(f"{desk.base}/#/alarms")
+    await filters.get_by_label("Shelved").select_option("false")
+    await filters.get_by_role("button", name="Filter").click()
+    # Its new alarm (the first one, nobody attended, is superseded by it).
+    await expect(rows.filter(has_text="door-1").locator(".tag-oos")).to_have_text(
+        "out of service", timeout=WAIT_MS
+    )
+    await expect(counts.locator(".count-oos")).to_have_text("out of service 1")
     assert errors.errors == []
