@@ -31,7 +31,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,12 +47,13 @@ from sim.bench_live import measure_campaign, measure_commands, measure_latency, 
 from sim.bench_streams import measure_streams, streams_fields
 from sim.broker import BenchBroker
 from sim.cpu import PARTIES, CpuSplit
-from sim.gateways import RECEIVE_MAXIMUM, GatewayProcesses
+from sim.gateways import RECEIVE_MAXIMUM, RULES, GatewayProcesses
 from sim.naive import naive_drain
 from sim.probes import Probes
 from sim.reference import reference_drain, reference_subscribe
 from sim.sql import blocks
 from sim.telemetry import device_ids, hysteresis_alarms, hysteresis_stream, telemetry_stream
+from sim.vendor import vendor_stream
 from sim.wire import WirePublisher
 
 DEVICES = 1000
@@ -102,10 +103,17 @@ def _manual_ack_client(port: int, client_id: str) -> aiomqtt.Client:
     return client
 
 
-async def _backlog(port: int, prefix: str, messages: int, period: int | None = None) -> None:
+async def _backlog(
+    port: int, prefix: str, messages: int, period: int | None = None, fmt: str = "native"
+) -> None:
     # Devices named after the phase: identical content would share event ids across phases
     # and be (correctly) stored once.
-    if period is None:
+    stream: Iterator[tuple[str, bytes]]
+    if fmt != "native":
+        # A vendor's JSON on its own topics, under the phase's prefix (see _mapping).
+        vendor = vendor_stream(fmt, device_ids(DEVICES, prefix), messages, seed=7)
+        stream = ((f"{prefix}/{topic}", payload) for topic, payload in vendor)
+    elif period is None:
         stream = telemetry_stream(Topics(prefix), device_ids(DEVICES, prefix), messages, seed=7)
     else:
         devices = device_ids(SHARED_DEVICES, prefix)
@@ -160,6 +168,23 @@ async def measure_native(port: int, messages: int) -> Drain:
     return Drain(messages, time.perf_counter() - started)
 
 
+def _mapping(prefix: str, fmt: str) -> str:
+    """The [[ingest.mappings]] table of a vendor-format phase: the profile of that name, its
+    telemetry topic under the phase's prefix (so that phases never read each other's)."""
+    if fmt == "native":
+        return ""
+    topic = {
+        "tasmota": "tele/{device}/SENSOR",
+        "zigbee2mqtt": "zigbee2mqtt/{device}",
+        "shelly-gen2": "{device}/events/rpc",
+        "chirpstack-v4": "application/{application_id}/device/{dev_eui}/event/up",
+    }[fmt]
+    return (
+        f'[[ingest.mappings]]\nname = "bench"\nprofile = "{fmt}"\n'
+        f'topic = "{prefix}/{topic}"\npresence_topic = ""\ncommand_topic = ""\n'
+    )
+
+
 async def _run(argv: list[str], timeout_s: float = 600) -> None:
     process = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.DEVNULL)
     async with asyncio.timeout(timeout_s):
@@ -178,6 +203,7 @@ async def measure_gateway(
     probes: Probes,
     period: int | None = None,
     protocol: str = "5",
+    fmt: str = "native",
 ) -> Drain:
     """Drain a pre-queued backlog (``live=False``) or keep up with a full-speed publisher.
 
@@ -190,9 +216,16 @@ async def measure_gateway(
     commit of the first rows to the commit of the last.
     """
     version = "" if protocol == "5" else protocol.replace(".", "")
-    prefix = f"gw{processes}{'live' if live else 'drain'}{version}"
+    mapped = "" if fmt == "native" else fmt.replace("-", "")
+    prefix = f"gw{processes}{'live' if live else 'drain'}{version}{mapped}"
     gateways = GatewayProcesses(
-        port=port, dsn=dsn, prefix=prefix, count=processes, workdir=workdir, protocol=protocol
+        port=port,
+        dsn=dsn,
+        prefix=prefix,
+        count=processes,
+        workdir=workdir,
+        protocol=protocol,
+        extra=RULES + _mapping(prefix, fmt),
     )
     nodes = gateways.nodes
     try:
@@ -205,7 +238,7 @@ async def measure_gateway(
             publisher = asyncio.create_task(_backlog(port, prefix, messages, period))
         else:
             await gateways.stop()  # the first start created the persistent session
-            await _backlog(port, prefix, messages)
+            await _backlog(port, prefix, messages, fmt=fmt)
             await gateways.start()
         last = await probes.until(
             lambda: sum(probes.stored[node] for node in nodes) >= messages,
@@ -517,6 +550,21 @@ async def _run_phases(sizes: Sizes, *, dsn: str) -> dict[str, Any]:
                             protocol="3.1.1",
                         ),
                     )
+                    # The same drain, the messages in Tasmota's JSON on Tasmota's topics,
+                    # read by the profile (issue 25): what a mapping costs per message.
+                    tasmota = _progress(
+                        "gateway tasmota",
+                        await measure_gateway(
+                            port,
+                            bench_dsn,
+                            messages,
+                            processes=1,
+                            live=False,
+                            workdir=workdir,
+                            probes=probes,
+                            fmt="tasmota",
+                        ),
+                    )
                     one_live = _progress("gateway live", await gateway(1, live=True))
                     one_alarms = await check_alarms(bench_dsn, "gw1live", messages, period)
                     two_live = _progress("gateway x2 live", await gateway(2, live=True))
@@ -598,6 +646,9 @@ async def _run_phases(sizes: Sizes, *, dsn: str) -> dict[str, Any]:
         "gateway_cpu_us_per_msg_mqtt5": round(one.cpu_us_per_msg, 1),
         "gateway_cpu_us_per_msg_mqtt311": round(one311.cpu_us_per_msg, 1),
         "gateway_live_cpu_us_per_msg": round(one_live.cpu_us_per_msg, 1),
+        "gateway_tasmota_msgs_per_s": round(tasmota.rate),
+        "gateway_tasmota_cpu_us_per_msg": round(tasmota.cpu_us_per_msg, 1),
+        "ratio_tasmota_vs_gateway": round(tasmota.rate / one.rate, 3),
         "ratio_gateway_vs_bare": round(one.rate / bare.rate, 3),
         "ratio_gateway_vs_naive": round(one.rate / naive.rate, 2),
         "ratio_gateway_vs_native": round(one.rate / native.rate, 3),
@@ -639,7 +690,15 @@ async def _run_phases(sizes: Sizes, *, dsn: str) -> dict[str, Any]:
         **cpu_fields("campaign", campaign.cpu, campaign.acked),
         "rss_mb": round(max(one.rss_mb, one311.rss_mb, storm.rss_mb), 1),
         "rss_all_phases_mb": round(
-            max(one.rss_mb, one311.rss_mb, one_live.rss_mb, two_live.rss_mb, storm.rss_mb), 1
+            max(
+                one.rss_mb,
+                one311.rss_mb,
+                tasmota.rss_mb,
+                one_live.rss_mb,
+                two_live.rss_mb,
+                storm.rss_mb,
+            ),
+            1,
         ),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, "
         f"Python {platform.python_version()}",
@@ -762,6 +821,17 @@ def render_table(result: dict[str, Any]) -> str:
             "ratio_gateway_vs_reference_mqtt5",
         ),
         ("gateway / reference (MQTT 3.1.1)", f"{r['ratio_gateway_vs_reference_mqtt311']:.2f}", ""),
+        (
+            "gateway, 1 process (drain, Tasmota JSON mapped)",
+            f"{r['gateway_tasmota_msgs_per_s']:,} msg/s",
+            "",
+        ),
+        (
+            "gateway CPU per message (Tasmota JSON mapped)",
+            f"{r['gateway_tasmota_cpu_us_per_msg']:.1f} us",
+            "",
+        ),
+        ("Tasmota mapped / native (drain)", f"{r['ratio_tasmota_vs_gateway']:.2f}", ""),
         ("gateway, 1 process, live publisher", f"{r['gateway_live_msgs_per_s']:,} msg/s", ""),
         ("gateway, 2 processes ($share), live", f"{r['gateway2_msgs_per_s']:,} msg/s", ""),
         ("naive: one commit per message", f"{r['naive_msgs_per_s']:,} msg/s", ""),

@@ -14,6 +14,7 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Final
 
 import aiomqtt
 import structlog
@@ -22,7 +23,8 @@ from protocol import Topics
 from sim import devices_cli
 from sim.gateway_config import add_broker_arguments, resolve_broker
 from sim.publisher import publish_many
-from sim.telemetry import device_ids, telemetry_stream
+from sim.telemetry import EPOCH_MS, device_ids, telemetry_stream
+from sim.vendor import FORMATS, span_ms, vendor_stream
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -35,6 +37,30 @@ def _parser() -> argparse.ArgumentParser:
     publish.add_argument("--seed", type=int, default=1)
     publish.add_argument("--start-seq", type=int, default=0)
     publish.add_argument("--window", type=int, default=256, help="publishes in flight")
+    publish.add_argument(
+        "--device-prefix",
+        default=PUBLISH_DEVICE_PREFIX,
+        help="device ids PREFIX-00000, PREFIX-00001, ... (default %(default)s: never the "
+        "demo's demo-... nor gateway-sim devices' sim-...)",
+    )
+    publish.add_argument(
+        "--fixed-time",
+        action="store_true",
+        help="date the messages from 2026-01-01T00:00:00Z, the same on every run (the same "
+        "event ids: a second run is stored as duplicates); default: the current time",
+    )
+    publish.add_argument(
+        "--force",
+        action="store_true",
+        help="publish even when no gateway says it is online on this broker and prefix",
+    )
+    publish.add_argument(
+        "--format",
+        choices=FORMATS,
+        default="native",
+        help="the gateway's own schema (native), or a vendor's JSON on its own topics, as the "
+        "[[ingest.mappings]] profile of that name reads it (docs/devices.md)",
+    )
 
     devices_cli.add_arguments(commands.add_parser("devices", help=devices_cli.HELP))
 
@@ -91,22 +117,87 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+PUBLISH_DEVICE_PREFIX: Final = "pub"
+# How long `publish` listens for a gateway's retained status before it refuses.
+GATEWAY_WAIT_S: Final = 3.0
+
+
+class NoGatewayError(Exception):
+    """No gateway says it is online on the broker and prefix ``publish`` was pointed at."""
+
+
+async def online_gateways(client: aiomqtt.Client, prefix: str, wait_s: float) -> list[str]:
+    """The node ids whose retained status (``{prefix}/gateways/{node}/status``) is ``online``:
+    every gateway publishes it retained when it connects, and its Will says ``offline``.
+    Returns at the first one, or empty after ``wait_s``."""
+    status_filter = f"{prefix}/gateways/+/status"
+    online: list[str] = []
+    await client.subscribe(status_filter, qos=1)
+    try:
+        async with asyncio.timeout(wait_s):
+            async for message in client.messages:
+                if not message.topic.matches(status_filter):
+                    # The embedded broker (amqtt 0.12) sometimes hands a new connection
+                    # retained messages of another client's subscription (devices' status).
+                    continue
+                payload = message.payload
+                text = payload.decode(errors="replace") if isinstance(payload, bytes) else ""
+                if text.strip().strip('"') == "online":
+                    online.append(str(message.topic).split("/")[-2])
+                    break
+    except TimeoutError:
+        pass
+    await client.unsubscribe(status_filter)
+    return online
+
+
 async def _publish(args: argparse.Namespace) -> int:
     topics = Topics(args.prefix)
-    devices = device_ids(args.devices)
-    started = time.perf_counter()
+    devices = device_ids(args.devices, args.device_prefix)
+    where = f"{args.host}:{args.port}, prefix {args.prefix}"
     async with aiomqtt.Client(args.host, args.port, max_inflight_messages=args.window) as client:
+        gateways = [] if args.force else await online_gateways(client, args.prefix, GATEWAY_WAIT_S)
+        if not args.force and not gateways:
+            raise NoGatewayError(
+                f"no gateway is online at {where} (no retained 'online' on "
+                f"{args.prefix}/gateways/+/status within {GATEWAY_WAIT_S:g} s): start one "
+                "(gateway run, gateway demo), point at its broker with --config (the demo "
+                "prints its file) or --host/--port/--prefix, or publish anyway with --force"
+            )
+        now_ms = time.time_ns() // 1_000_000
+        epoch_ms = EPOCH_MS if args.fixed_time else now_ms - args.messages
+        # A vendor stream spans its own time (Tasmota's clock has whole seconds): the last
+        # message dated now.
+        span = span_ms(args.format, len(devices), args.messages)
+        vendor_epoch_ms = EPOCH_MS if args.fixed_time else now_ms - span
+        kind = "" if args.format == "native" else f" ({args.format})"
+        started = time.perf_counter()
         count = await publish_many(
             client,
             telemetry_stream(
-                topics, devices, args.messages, seed=args.seed, start_seq=args.start_seq
+                topics,
+                devices,
+                args.messages,
+                seed=args.seed,
+                start_seq=args.start_seq,
+                epoch_ms=epoch_ms,
+            )
+            if args.format == "native"
+            else vendor_stream(
+                args.format,
+                devices,
+                args.messages,
+                seed=args.seed,
+                start_seq=args.start_seq,
+                epoch_ms=vendor_epoch_ms,
             ),
             window=args.window,
         )
     elapsed = time.perf_counter() - started
+    listener = f"gateway {gateways[0]} online" if gateways else "no gateway checked (--force)"
     print(
-        f"published {count} messages from {len(devices)} devices in {elapsed:.2f}s "
-        f"({count / elapsed:.0f} msg/s)"
+        f"published {count} messages{kind} from {len(devices)} devices ({devices[0]} ...) to "
+        f"{where} ({listener}) in {elapsed:.2f}s ({count / max(elapsed, 1e-9):.0f} msg/s)"
     )
     return 0
 
@@ -186,7 +277,7 @@ def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
     return uvloop.new_event_loop
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:  # noqa: PLR0911 - an exit per failure
     args = _parser().parse_args(argv)
     if args.command in ("publish", "devices"):
         try:
@@ -202,6 +293,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _field(args)
     try:
         return asyncio.run(_publish(args))
+    except NoGatewayError as exc:
+        print(f"gateway-sim publish: {exc}", file=sys.stderr)
+        return 1
     except aiomqtt.MqttError as exc:
-        print(f"broker error: {exc}", file=sys.stderr)
+        print(
+            f"gateway-sim publish: broker error at {args.host}:{args.port}: {exc}", file=sys.stderr
+        )
         return 1

@@ -733,7 +733,13 @@ class Responder:
     def _answer(self, raw_topic: bytes, payload: bytes) -> None:
         topic = raw_topic.decode(errors="replace")
         try:
-            device_id = self.topics.parse_device_topic(topic).device_id
+            parsed = self.topics.parse_device_topic(topic)
+            if parsed.kind is not TopicKind.COMMANDS:
+                # Outside the subscription: the embedded broker (amqtt 0.12) sometimes hands
+                # this connection retained messages of another client's subscription (devices'
+                # status). Not a command, and not ours to judge.
+                return
+            device_id = parsed.device_id
             command = decode_command(payload, self.encoding)
         except (TopicError, DecodeError) as exc:
             self.errors += 1

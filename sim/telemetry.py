@@ -21,8 +21,10 @@ def telemetry_stream(
     *,
     seed: int = 1,
     start_seq: int = 0,
+    epoch_ms: int = EPOCH_MS,
 ) -> Iterator[tuple[str, bytes]]:
-    """``messages`` distinct telemetry messages spread round-robin over ``devices``.
+    """``messages`` distinct telemetry messages spread round-robin over ``devices``, message
+    ``n`` dated ``epoch_ms + n`` (the default, a fixed time: the same run, the same event ids).
 
     Each message is unique (device, seq), so every one must be stored exactly once.
     """
@@ -32,7 +34,7 @@ def telemetry_stream(
         device = devices[n % len(devices)]
         temps[device] += rng.uniform(-0.5, 0.5)
         message = Telemetry(
-            ts=EPOCH_MS + n,
+            ts=epoch_ms + n,
             seq=n,
             metrics={"temp": round(temps[device], 2), "battery": 100 - (n % 100)},
         )

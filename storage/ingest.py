@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -15,6 +16,8 @@ _Q = load_queries("ingest.sql")
 INSERT_TELEMETRY = _Q["insert_telemetry"]
 UPSERT_DEVICES = _Q["upsert_devices"]
 UPSERT_PRESENCE = _Q["upsert_presence"]
+UPSERT_DEVICE_MAPPINGS = _Q["upsert_device_mappings"]
+DEVICE_MAPPINGS = _Q["device_mappings"]
 INSERT_DEAD_LETTERS = _Q["insert_dead_letters"]
 LIST_DEAD_LETTERS = _Q["list_dead_letters"]
 LOCK_DEAD_LETTER = _Q["lock_dead_letter"]
@@ -104,6 +107,30 @@ async def record_presence(conn: asyncpg.Connection, presence: dict[str, str]) ->
     if presence:
         ids = sorted(presence)
         await conn.execute(UPSERT_PRESENCE, ids, [presence[i] for i in ids])
+
+
+async def record_device_mappings(
+    conn: asyncpg.Connection, mapped: dict[str, tuple[str, dict[str, str]]]
+) -> None:
+    """Which mapping each device was read through, with its topic wildcards."""
+    if mapped:
+        ids = sorted(mapped)
+        await conn.execute(
+            UPSERT_DEVICE_MAPPINGS,
+            ids,
+            [mapped[i][0] for i in ids],
+            [json.dumps(mapped[i][1], sort_keys=True) for i in ids],
+        )
+
+
+async def device_mappings(
+    conn: asyncpg.Connection | asyncpg.Pool, device_ids: Sequence[str]
+) -> dict[str, tuple[str, dict[str, str]]]:
+    """The mapping and topic wildcards of each of ``device_ids`` seen through a mapping."""
+    if not device_ids:
+        return {}
+    rows = await conn.fetch(DEVICE_MAPPINGS, list(device_ids))
+    return {row["device_id"]: (row["mapping"], json.loads(row["captures"])) for row in rows}
 
 
 def _text(value: str) -> str:

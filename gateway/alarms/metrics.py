@@ -3,7 +3,7 @@ service, the outbox and the stream count too, are in :class:`gateway.support.met
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from gateway.support.metrics import MetricSet
 
@@ -46,5 +46,36 @@ class AlarmMetrics(MetricSet):
             "gateway_alarms_unreached",
             "Alarms still NEW after [alarms] unreached_after_s: no subscriber, no receiver "
             "reached a person",
+            registry=r,
+        )
+        # The alarm system's own figures (gateway/alarms/figures.py), sampled by every node's
+        # figures loop from the database ([alarms.figures] interval_s), never at scrape.
+        self.figures_last_10min = Gauge(
+            "gateway_alarm_figures_last_10min",
+            "Alarms raised (by trigger time) in the last 10 minutes, every node's",
+            registry=r,
+        )
+        self.figures_flood = Gauge(
+            "gateway_alarm_figures_flood",
+            "1 while the last 10 minutes hold more alarms than [alarms.figures] flood_alarms",
+            registry=r,
+        )
+        self.figures_chattering = Gauge(
+            "gateway_alarm_figures_chattering",
+            "(rule, device) pairs chattering within the last chatter_lookback_s: "
+            "chatter_raises alarms or more within chatter_window_s",
+            registry=r,
+        )
+        self.figures_stale = Gauge(
+            "gateway_alarm_figures_stale",
+            "Open alarms older than [alarms.figures] stale_after_s",
+            registry=r,
+        )
+        self.figures_open = Gauge(
+            "gateway_alarm_figures_open", "Open alarms (NEW to ESCALATED)", registry=r
+        )
+        self.figures_sampled = Gauge(
+            "gateway_alarm_figures_sampled_timestamp_seconds",
+            "When this node last sampled the alarm figures (its clock)",
             registry=r,
         )

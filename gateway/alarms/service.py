@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Final
 
 import asyncpg
 
 from gateway.alarms import shelving
+from gateway.alarms.figures import AlarmFigures
 from gateway.alarms.lifecycle import AlarmNotFoundError, alarm_from_record, transition
 from gateway.domain.alarm import Action, Alarm, AlarmError, AlarmStatus, allowed_actions
 from gateway.support.metrics import Metrics
@@ -83,6 +84,7 @@ class AlarmService:
         node_id: str,
         metrics: Metrics | None = None,
         *,
+        figures: AlarmFigures | None = None,
         shelve_max_s: float = SHELVE_MAX_S,
         bulk_max: int = BULK_MAX,
     ) -> None:
@@ -91,6 +93,12 @@ class AlarmService:
         self.metrics = metrics
         self.shelve_max_s = shelve_max_s
         self.bulk_max = bulk_max
+        # The daemon's (reloaded with it); by default one with [alarms.figures]' defaults.
+        self.figures = figures or AlarmFigures(pool)
+
+    async def stats(self, window: timedelta) -> dict[str, Any]:
+        """The alarm system's figures over the last ``window`` (GET /alarm-stats)."""
+        return await self.figures.report(window)
 
     async def get(self, alarm_id: int) -> Alarm:
         async with self.pool.acquire() as conn:

@@ -37,7 +37,12 @@ class BrokerHealth(msgspec.Struct, kw_only=True):
     # The subscriptions of this connection acknowledged (false while reconnecting, and
     # while a resumed session's backlog comes before the SUBACK).
     subscribed: bool
+    # The endpoint in use (connected to, or tried next): its host and port.
     address: tuple[str, int] | None
+    # The endpoint connected to ("host:port", "[v6]:port"; null while not connected), and
+    # every one configured ([mqtt] hosts), in order.
+    endpoint: str | None = None
+    endpoints: list[str] = msgspec.field(default_factory=list)
     connections: int
 
 

@@ -744,6 +744,143 @@ class Replayed(msgspec.Struct, kw_only=True):
     outcome: str
 
 
+# --- the alarm system's figures (GET /alarm-stats) ----------------------------------------------
+
+
+class FigureThresholds(msgspec.Struct, kw_only=True):
+    """The thresholds the figures were computed with ([alarms.figures])."""
+
+    flood_alarms: int
+    chatter_raises: int
+    chatter_window_s: float
+    stale_after_s: float
+    target_per_10min: float
+
+
+class IntervalCount(msgspec.Struct, kw_only=True):
+    """Alarms raised in one fixed 10-minute interval (``starts_at`` on :00, :10, ... UTC); the
+    first and the last intervals count only what falls inside the window."""
+
+    starts_at: datetime
+    alarms: int
+
+
+class Per10Minutes(msgspec.Struct, kw_only=True):
+    """``average``: the window's alarms per 10 minutes of it; ``peak``: the most in one
+    interval; ``series``: every interval meeting the window, oldest first."""
+
+    average: float
+    peak: int
+    series: list[IntervalCount]
+
+
+class FloodPeriod(msgspec.Struct, kw_only=True):
+    """Consecutive 10-minute intervals each holding more than ``flood_alarms`` alarms."""
+
+    starts_at: datetime
+    ends_at: datetime
+    intervals: int
+    alarms: int
+    peak: int
+
+
+class Floods(msgspec.Struct, kw_only=True):
+    """``intervals`` in flood, and their ``share`` of the window's intervals (0 to 1)."""
+
+    periods: list[FloodPeriod]
+    intervals: int
+    share: float
+
+
+class ChatteringPair(msgspec.Struct, kw_only=True):
+    """A (rule, device) that raised ``chatter_raises`` alarms or more within
+    ``chatter_window_s``: its alarms in the window, the most within ``chatter_window_s``
+    (``peak``), and the alarm with which it first reached the threshold (``since``)."""
+
+    rule_key: str
+    device_id: str
+    alarms: int
+    peak: int
+    since: datetime
+
+
+class Chattering(msgspec.Struct, kw_only=True):
+    """``count``: every chattering pair; ``items``: the first 100, most chattering first."""
+
+    count: int
+    items: list[ChatteringPair]
+
+
+class StaleAlarm(msgspec.Struct, kw_only=True):
+    id: int
+    device_id: str
+    rule_key: str
+    severity: str
+    status: AlarmStatus
+    triggered_at: datetime
+    open_s: float
+
+
+class Stale(msgspec.Struct, kw_only=True):
+    """Open alarms raised more than ``stale_after_s`` ago, whatever the window: ``count``, and
+    the 20 oldest."""
+
+    count: int
+    oldest: list[StaleAlarm]
+
+
+class TopEntry(msgspec.Struct, kw_only=True):
+    """A rule key or a device id, its alarms in the window and their share of all (0 to 1)."""
+
+    key: str
+    alarms: int
+    share: float
+
+
+class Acknowledgement(msgspec.Struct, kw_only=True):
+    """Alarms whose first person's action (confirm, handle or false) was made in the window,
+    and the seconds from their trigger to it: median, 90th percentile, longest (null: none)."""
+
+    acknowledged: int
+    median_s: float | None
+    p90_s: float | None
+    max_s: float | None
+
+
+class OperatorFigures(msgspec.Struct, kw_only=True):
+    """What one token (``actor``: its name) did in the window: people's actions, the alarms
+    they touched, actions per 10 minutes (average, and the most in one interval), its
+    acknowledgements and their median and 90th percentile seconds."""
+
+    actor: str
+    actions: int
+    alarms: int
+    per_10min: float
+    peak_10min: int
+    acknowledged: int
+    ack_median_s: float | None
+    ack_p90_s: float | None
+
+
+class AlarmStats(msgspec.Struct, kw_only=True):
+    """The alarm system's own figures over ``[since, until)`` (docs/alarm-figures.md)."""
+
+    window: str
+    window_s: float
+    since: datetime
+    until: datetime
+    thresholds: FigureThresholds
+    alarms: int
+    per_10min: Per10Minutes
+    floods: Floods
+    chattering: Chattering
+    stale: Stale
+    top_rules: list[TopEntry]
+    top_devices: list[TopEntry]
+    acknowledgement: Acknowledgement
+    operators: list[OperatorFigures]
+
+
 # --- rows to Structs: the one place ------------------------------------------------------------
 
 

@@ -19,14 +19,14 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
 import asyncpg
 import msgspec
 import structlog
 
 from gateway.cli.entry import take_held_hup
-from gateway.config import Config, default_node_id, load_config
+from gateway.config import Config, broker_endpoints, default_node_id, load_config
 from gateway.domain.errors import ConfigError, ConfigErrors, StartupError
 from gateway.domain.replay import Received, replay
 from gateway.runtime.admin_token import wants_zero_setup_token, with_zero_setup_token
@@ -67,8 +67,19 @@ def _subcommand(
     return commands.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".")
 
 
+class _Parser(argparse.ArgumentParser):
+    """``gateway demo``'s own mistakes (``--http-port eighty``) are one line naming the flag,
+    as its other failures are; the other commands keep argparse's usage and error."""
+
+    def error(self, message: str) -> NoReturn:
+        if self.prog.endswith(" demo"):
+            self.exit(EXIT_CONFIG, f"{self.prog}: {message} (see {self.prog} --help)\n")
+        super().error(message)
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="gateway", description=DESCRIPTION)
+    # Its subcommands' parsers are of its class too (argparse's default).
+    parser: argparse.ArgumentParser = _Parser(prog="gateway", description=DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"gateway {gateway_version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -128,10 +139,16 @@ def _parser() -> argparse.ArgumentParser:
         "--http-port", type=int, default=8080, help="the console's port (default: 8080; 0: any)"
     )
     demo.add_argument(
-        "--mqtt-port", type=int, default=1883, help="the embedded broker's port (default: 1883)"
+        "--mqtt-port",
+        type=int,
+        default=1883,
+        help="the embedded broker's port (default: 1883; 0: any)",
     )
     demo.add_argument(
-        "--state-dir", type=Path, help="keep the demo's data here (default: a temporary directory)"
+        "--state-dir",
+        type=Path,
+        help="keep the demo's data here (default: a temporary directory, removed at the end); "
+        "the demo writes gateway.toml there, for the other commands' --config",
     )
     demo.add_argument(
         "--screenshots",
@@ -260,7 +277,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _main(argv: Sequence[str] | None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        if args.command == "demo":
+            print(
+                f"gateway demo: unrecognized arguments: {' '.join(unknown)} "
+                "(see gateway demo --help)",
+                file=sys.stderr,
+            )
+            return EXIT_CONFIG
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     if args.command == "check-config":
         return _check_config(args.path)
     if args.command in {"install-systemd", "demo"}:  # they read no configuration file
@@ -292,7 +319,9 @@ def _command(config: Config, args: argparse.Namespace) -> int:  # noqa: PLR0911 
     }
     try:
         if args.command == "run":
-            _require_embedded(database=not config.database.dsn, broker=not config.mqtt.host)
+            _require_embedded(
+                database=not config.database.dsn, broker=not broker_endpoints(config.mqtt)
+            )
         return _run_async(handlers[args.command](config, args))
     except MissingExtraError as exc:
         # The operator's choice of the zero-setup path: a configuration matter (exit 2).
@@ -358,11 +387,16 @@ def _demo(args: argparse.Namespace) -> int:
     settings = demo.DemoSettings(
         http_port=args.http_port, mqtt_port=args.mqtt_port, state_dir=args.state_dir
     )
-    if args.screenshots is not None:
-        return _run_async(demo.run_screenshots(settings, args.screenshots))
-    if args.measure_live is not None:
-        return _run_async(demo.run_measure_live(settings, args.measure_live))
-    return _run_async(demo.run_demo(settings))
+    try:
+        if args.screenshots is not None:
+            return _run_async(demo.run_screenshots(settings, args.screenshots))
+        if args.measure_live is not None:
+            return _run_async(demo.run_measure_live(settings, args.measure_live))
+        return _run_async(demo.run_demo(settings))
+    except demo.DemoError as exc:
+        # One line naming the demo's own flag; everything it started is stopped by then.
+        print(f"gateway demo: {exc}", file=sys.stderr)
+        return EXIT_CONFIG if exc.configuration else EXIT_FAILURE
 
 
 def _install_systemd(args: argparse.Namespace) -> int:
@@ -451,10 +485,12 @@ async def _freeze_when_ready(ready: asyncio.Event) -> None:
 
 
 @asynccontextmanager
-async def _database(config: Config) -> AsyncIterator[asyncpg.Pool]:
+async def _database(config: Config, *, schema: bool = True) -> AsyncIterator[asyncpg.Pool]:
     """A pool on the configured database, else on the embedded one under the state dir: the
     running daemon's server when one runs (a second server on its cluster is impossible),
-    else one started for this command and stopped after it."""
+    else one started for this command and stopped after it. With ``schema``, a database the
+    gateway never migrated, or migrated by an older gateway, is a `StartupError` (one line,
+    exit 2) before the command reads a table that is not there."""
     from storage.pool import create_pool
 
     dsn = config.database.dsn
@@ -464,12 +500,36 @@ async def _database(config: Config) -> AsyncIterator[asyncpg.Pool]:
     try:
         pool = await create_pool(dsn, min_size=1, max_size=2, application_name="gateway-cli")
         try:
+            if schema:
+                await _check_schema(pool, config.database.dsn)
             yield pool
         finally:
             await pool.close()
     finally:
         if embedded is not None:
             await asyncio.to_thread(embedded.stop)
+
+
+async def _check_schema(pool: asyncpg.Pool, dsn: str) -> None:
+    from storage.migrate import latest_version, schema_version
+
+    async with pool.acquire() as conn:
+        version = await schema_version(conn)
+    latest = latest_version()
+    if version >= latest:
+        return  # a newer schema: the commands read what they know of it
+    where = describe(dsn) if dsn else "the embedded PostgreSQL"
+    what = (
+        "has no gateway schema"
+        if version == 0
+        else f"has the gateway schema of migration {version}, this gateway needs {latest}"
+    )
+    raise StartupError(
+        f"the database at {where} {what}: run `gateway migrate` with the same configuration, "
+        "or point [database] dsn at the gateway's database",
+        setting=DSN_SETTING,
+        configuration=True,
+    )
 
 
 async def _embedded_dsn(config: Config) -> tuple[EmbeddedPostgres | None, str]:
@@ -526,7 +586,7 @@ async def _migrate(config: Config, _args: argparse.Namespace) -> int:
     from storage.errors import StorageError
     from storage.migrate import migrate
 
-    async with _database(config) as pool, pool.acquire() as conn:
+    async with _database(config, schema=False) as pool, pool.acquire() as conn:
         try:
             applied = await migrate(conn)
         except StorageError as exc:

@@ -28,17 +28,20 @@ import asyncpg
 import msgspec
 import structlog
 
+from gateway.commands import sparkplug as sparkplug_writes
 from gateway.commands.lifecycle import DISPATCHER_ACTOR, fail_unsendable, mark_sent
 from gateway.commands.metrics import CommandMetrics
 from gateway.config import CommandsConfig
+from gateway.domain.mappings import DownlinkError, Mappings
 from gateway.support.broker_link import BrokerLink, SessionDown
 from gateway.support.loops import drain_on_notify
 from gateway.support.metrics import Metrics
 from gateway.support.node import Node, Publish
 from gateway.support.publish_refusal import PublishRefused, publish_packet_size
-from protocol import DownlinkCommand, Topics, encode_command
+from protocol import DownlinkCommand, Topics, encode_command, sparkplug
 from protocol.ids import UnportableDeviceIdError
 from storage import commands as repo
+from storage import ingest as repo_ingest
 from storage.commands import CommandRow
 
 log = structlog.get_logger(__name__)
@@ -75,8 +78,12 @@ class Dispatcher:
         max_in_flight: int = 1,
         poll_s: float = 1.0,
         broker: BrokerLink | None = None,
+        mappings: Mappings | None = None,
     ) -> None:
         self.pool = pool
+        # [[ingest.mappings]]: a device seen through one gets its commands on the mapping's
+        # command_topic, rendered from its template (swapped whole on reload).
+        self.mappings = mappings or Mappings()
         self.dsn = dsn
         self.node_id = node_id
         self.topics = topics
@@ -95,7 +102,9 @@ class Dispatcher:
         self._refusals: dict[int, tuple[str, str]] = {}  # command id: code, reason
 
     @classmethod
-    def from_config(cls, node: Node, commands: CommandsConfig) -> Dispatcher:
+    def from_config(
+        cls, node: Node, commands: CommandsConfig, *, mappings: Mappings | None = None
+    ) -> Dispatcher:
         return cls(
             pool=node.pool,
             dsn=node.dsn,
@@ -108,6 +117,7 @@ class Dispatcher:
             batch=commands.dispatch_batch,
             max_in_flight=commands.max_in_flight_per_device,
             broker=node.broker,
+            mappings=mappings,
         )
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -172,13 +182,47 @@ class Dispatcher:
 
     async def _send_batch(self, claimed: list[CommandRow]) -> None:
         # Downlinks all go out at once; their PUBACKs' SENT writes then go in one statement.
-        outcomes = await asyncio.gather(*(self._publish(row) for row in claimed))
+        mapped: dict[str, tuple[str, dict[str, str]]] = {}
+        if self.mappings:
+            mapped = await repo_ingest.device_mappings(
+                self.pool, sorted({row.device_id for row in claimed})
+            )
+        outcomes = await asyncio.gather(
+            *(self._publish(row, mapped.get(row.device_id)) for row in claimed)
+        )
         paired = list(zip(claimed, outcomes, strict=True))
         await self._mark_sent([row for row, outcome in paired if outcome is Outcome.SENT])
         await self._release([row for row, outcome in paired if outcome is Outcome.SESSION_DOWN])
         await self._fail([row for row, outcome in paired if outcome is Outcome.UNSENDABLE])
 
-    async def _publish(self, row: CommandRow) -> Outcome:
+    async def _publish(
+        self, row: CommandRow, mapped: tuple[str, dict[str, str]] | None = None
+    ) -> Outcome:
+        if sparkplug.is_device_key(row.device_id):
+            # A Sparkplug device's command: its metric write as DCMD/NCMD (commands/sparkplug.py).
+            try:
+                topic, payload = await sparkplug_writes.downlink(
+                    self.pool, row.device_id, row.name, row.params
+                )
+            except sparkplug_writes.SparkplugWriteError as exc:
+                self._refusals[row.id] = (exc.code, f"not sent: {exc.reason}")
+                return Outcome.UNSENDABLE
+            return await self._send(row, topic, payload)
+        if mapped is not None:
+            try:
+                vendor = self.mappings.downlink(
+                    mapped[0],
+                    mapped[1],
+                    device_id=row.device_id,
+                    command=row.name,
+                    command_id=row.id,
+                    params=_params(row.params),
+                )
+            except DownlinkError as exc:
+                self._refusals[row.id] = (exc.code, exc.detail)
+                return Outcome.UNSENDABLE
+            if vendor is not None:
+                return await self._send(row, vendor.topic, vendor.payload)
         downlink = DownlinkCommand(
             command_id=row.id,
             claim_generation=row.claim_generation,
@@ -192,8 +236,11 @@ class Dispatcher:
         except UnportableDeviceIdError as exc:  # stored before [mqtt] broker_family said so
             self._refusals[row.id] = ("BAD_DEVICE_ID", f"not sent: {exc}")
             return Outcome.UNSENDABLE
+        return await self._send(row, topic, encode_command(downlink))
+
+    async def _send(self, row: CommandRow, topic: str, payload: bytes) -> Outcome:
         try:
-            await self.publish(topic, encode_command(downlink))
+            await self.publish(topic, payload)
         except SessionDown:
             return Outcome.SESSION_DOWN
         except PublishRefused as exc:

@@ -30,7 +30,7 @@ from gateway.commands.lifecycle import (
 from gateway.domain.command import TERMINAL_STATUSES, CommandStatus, Delivery
 from gateway.support.loops import sleep_unless_stopped
 from gateway.support.metrics import Metrics
-from protocol import Topics
+from protocol import Topics, sparkplug
 from storage import commands as repo
 from storage.commands import CommandRow, MovedCommandRow
 from storage.errors import TRANSIENT_DB_ERRORS
@@ -88,9 +88,12 @@ class CommandService:
         cannot fit ``max_packet_size`` whatever its claim, or what the creator raises."""
         # The API checked the id's grammar; built only when a check needs it, a topic cannot
         # refuse a value the database's constraint should (and the creator isolates).
-        if self.topics.portable_ids:
+        # A Sparkplug device's command is a metric write, not a native downlink
+        # (commands/sparkplug.py): the native topic's checks are not its own.
+        native = not sparkplug.is_device_key(device_id)
+        if native and self.topics.portable_ids:
             self.topics.commands(device_id)
-        if self.max_packet_size:
+        if native and self.max_packet_size:
             topic = self.topics.commands(device_id)
             size = smallest_downlink(topic, name, params, mqtt5=self.mqtt5)
             if size > self.max_packet_size:

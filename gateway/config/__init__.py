@@ -25,6 +25,7 @@ from msgspec import Meta, Struct, field
 
 from gateway.domain.ai_prompt import PROMPTS
 from gateway.domain.errors import ConfigError, ConfigErrors, config_errors
+from gateway.domain.mappings import MappingConfig, Mappings, compile_mappings
 from gateway.domain.notify import Notify, NotifyConfig, compile_notify, receiver_secrets
 from gateway.domain.quiet_hours import QuietHours, QuietHoursConfig, compile_quiet_hours
 from gateway.domain.rules import DeviceClock, RuleConfig, RuleSet, compile_rule, compile_rules
@@ -61,6 +62,9 @@ class TlsConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
 class MqttConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     host: str = ""
     port: Port = 1883
+    # The broker's endpoints, tried in order ("host:port", "[v6]:port"; a missing port is
+    # `port`): the first that answers, the next on a loss. Excludes `host` (validate).
+    hosts: list[str] = field(default_factory=list)
     topic_prefix: str = "iot"
     client_id: str = ""
     username: str = ""
@@ -107,6 +111,9 @@ class IngestConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True
     drain_timeout_s: PositiveFloat = 20.0
     refused_batch_attempts: PositiveInt = 5
     dead_letter_max_bytes: Annotated[int, Meta(ge=0)] = 65536
+    # Vendor JSON devices on their own topics (docs/devices.md): each read into telemetry,
+    # presence and commands by its keys or a built-in profile. Reloaded on SIGHUP.
+    mappings: list[MappingConfig] = field(default_factory=list)
 
 
 class HttpConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -138,6 +145,25 @@ class ApiConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     tokens: list[TokenConfig] = field(default_factory=list)
 
 
+class AlarmFiguresConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """[alarms.figures]: the alarm system's own figures (docs/alarm-figures.md). The defaults
+    are the alarm-management standards' (EEMUA 191, ISA-18.2 / IEC 62682)."""
+
+    # A fixed 10-minute interval holding more alarms than this is part of a flood.
+    flood_alarms: PositiveInt = 10
+    # A (rule, device) raising this many alarms within chatter_window_s is chattering.
+    chatter_raises: Annotated[int, Meta(ge=2)] = 3
+    chatter_window_s: PositiveFloat = 60.0
+    # An alarm open for longer than this is stale.
+    stale_after_s: PositiveFloat = 86400.0
+    # The average rate the figures are held against (alarms per 10 minutes).
+    target_per_10min: PositiveFloat = 1.0
+    # How often every node samples the figures' gauges (a few cheap indexed counts), and how
+    # far back the chattering gauge looks.
+    interval_s: Annotated[float, Meta(ge=1)] = 60.0
+    chatter_lookback_s: PositiveFloat = 3600.0
+
+
 class AlarmsConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     escalate_after_s: Annotated[float, Meta(ge=0)] = 0.0
     repeat_interval_s: Annotated[float, Meta(ge=0)] = 0.0
@@ -156,6 +182,7 @@ class AlarmsConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True
     # The most alarms one bulk action (POST /alarms/bulk) acts on; more is refused whole.
     bulk_max: Annotated[int, Meta(ge=1, le=10_000)] = 500
     quiet_hours: QuietHoursConfig = field(default_factory=QuietHoursConfig)
+    figures: AlarmFiguresConfig = field(default_factory=AlarmFiguresConfig)
 
 
 class CommandsConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -207,6 +234,24 @@ class RetentionConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=T
 # --- end of [retention] ---------------------------------------------------------------------------
 
 
+class SparkplugConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """[sparkplug]: the gateway as a Sparkplug B host application (docs/sparkplug.md)."""
+
+    enabled: bool = False
+    # Sparkplug group ids to consume (`spBv1.0/{group}/#` each); empty: every group (`spBv1.0/#`).
+    groups: list[str] = field(default_factory=list)
+    # The host application id: STATE is published on `spBv1.0/STATE/{host_id}`.
+    host_id: str = ""
+    # How long a `seq` missing from an edge node's stream may stay missing before it counts as
+    # a gap (0: at once). Nodes of a `$share` group see one node's stream in pieces, out of
+    # order; there a few seconds keep reordering from passing for loss.
+    reorder_window_s: Annotated[float, Meta(ge=0, le=3600)] = 0.0
+    # Seconds between two rebirth requests to one edge node that has not answered yet.
+    rebirth_retry_s: PositiveFloat = 30.0
+    # Seconds between passes of the loop that sends rebirth requests.
+    interval_s: PositiveFloat = 1.0
+
+
 class Config(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     node: NodeConfig = field(default_factory=NodeConfig)
     mqtt: MqttConfig = field(default_factory=MqttConfig)
@@ -222,6 +267,7 @@ class Config(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     ai: AiConfig = field(default_factory=AiConfig)
     notify: NotifyConfig = field(default_factory=NotifyConfig)
     retention: RetentionConfig = field(default_factory=RetentionConfig)
+    sparkplug: SparkplugConfig = field(default_factory=SparkplugConfig)
 
     @property
     def node_id(self) -> str:
@@ -248,6 +294,14 @@ class Config(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
             password or "",
             *notify_secrets(self),
         ]
+
+    def mappings(self) -> Mappings:
+        """The compiled ``[[ingest.mappings]]`` (validated already: see ``validate``)."""
+        return compile_mappings(
+            self.ingest.mappings,
+            native_filters=native_filters(self.topics),
+            portable_ids=self.mqtt.broker_family in _DOTTED,
+        )
 
     def rule_set(self) -> RuleSet:
         return compile_rules(self.rules)
@@ -280,6 +334,52 @@ class Config(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
         """
         window = self.mqtt.receive_maximum if protocol == "5" else self.mqtt.broker_inflight
         return max(1, min(self.ingest.batch_max, window // 2))
+
+
+def native_filters(topics: Topics) -> list[str]:
+    """Every topic filter of the gateway's own topics, which no mapping may match."""
+    return [
+        *(topics.subscription(kind) for kind in TopicKind),
+        f"{topics.prefix}/events/+/+",
+        f"{topics.prefix}/gateways/+/status",
+    ]
+
+
+def broker_endpoints(mqtt: MqttConfig) -> list[tuple[str, int]]:
+    """The broker endpoints to try, in order: ``[mqtt] hosts``, or ``[mqtt] host`` and
+    ``port``; empty for the embedded broker (neither set). Raises :class:`ConfigError` for an
+    entry that does not parse (``validate`` has reported it already)."""
+    if mqtt.hosts:
+        return [
+            parse_endpoint(entry, mqtt.port, f"mqtt.hosts[{index}]")
+            for index, entry in enumerate(mqtt.hosts)
+        ]
+    return [(mqtt.host, mqtt.port)] if mqtt.host else []
+
+
+_ENDPOINT: Final = re.compile(
+    r"^(?:\[(?P<v6>[0-9A-Fa-f:.]*:[0-9A-Fa-f:.%\w]*)\]|(?P<name>[^\s\[\]:/]+))"
+    r"(?::(?P<port>\d{1,5}))?\Z"
+)
+
+
+def parse_endpoint(text: str, default_port: int, key_path: str) -> tuple[str, int]:
+    """``host``, ``host:port``, ``[v6]`` or ``[v6]:port`` as (host, port); a missing port is
+    ``default_port``. An IPv6 address needs its brackets (``::1:1883`` cannot be split)."""
+    match = _ENDPOINT.match(text.strip())
+    if match is None:
+        hint = "; write an IPv6 address in brackets: [::1]:1883" if text.count(":") > 1 else ""
+        raise ConfigError(key_path, f"{text!r} is not host:port{hint}")
+    port_text = match.group("port")
+    port = default_port if port_text is None else int(port_text)
+    if not 1 <= port <= 65535:
+        raise ConfigError(key_path, f"{text!r}: the port must be 1 to 65535")
+    return match.group("v6") or match.group("name"), port
+
+
+def endpoint_label(host: str, port: int) -> str:
+    """``host:port``, an IPv6 address in brackets (as in ``[mqtt] hosts``)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def default_node_id() -> str:
@@ -483,6 +583,7 @@ def validate(config: Config) -> None:
             topics.subscription(TopicKind.TELEMETRY, config.mqtt.shared_group)
         except ValueError as exc:
             errors.append(ConfigError("mqtt.shared_group", str(exc)))
+    errors.extend(_endpoint_errors(config.mqtt))
     check(
         "mqtt.reconnect_min_s",
         config.mqtt.reconnect_min_s <= config.mqtt.reconnect_max_s,
@@ -511,7 +612,17 @@ def validate(config: Config) -> None:
             "must be at least 16 characters",
         )
     errors.extend(_token_name_errors(config.api.tokens))
+    errors.extend(_validate_sparkplug(config.sparkplug, config.mqtt.broker_family))
     errors.extend(_rule_errors(config.rules))
+    if topics is not None:
+        try:
+            compile_mappings(
+                config.ingest.mappings,
+                native_filters=native_filters(topics),
+                portable_ids=config.mqtt.broker_family in _DOTTED,
+            )
+        except ConfigError as exc:
+            errors.extend(_each(exc))
     errors.extend(_validate_ai(config.ai))
     errors.extend(_validate_notify(config))
     try:
@@ -523,6 +634,17 @@ def validate(config: Config) -> None:
         config.database.retry_min_s <= config.database.retry_max_s,
         "must not exceed database.retry_max_s",
     )
+    figures = config.alarms.figures
+    check(
+        "alarms.figures.chatter_lookback_s",
+        figures.chatter_lookback_s >= figures.chatter_window_s,
+        "must not be shorter than alarms.figures.chatter_window_s",
+    )
+    check(
+        "alarms.figures.chatter_window_s",
+        figures.chatter_window_s <= 86400,
+        "at most 86400 (a day)",
+    )
     check(
         "outbox.retry_min_s",
         config.outbox.retry_min_s <= config.outbox.retry_max_s,
@@ -530,6 +652,32 @@ def validate(config: Config) -> None:
     )
     if errors:
         raise config_errors(errors)
+
+
+def _endpoint_errors(mqtt: MqttConfig) -> list[ConfigError]:
+    """``[mqtt] hosts``: every entry host:port, none twice, and not beside ``host``."""
+    errors: list[ConfigError] = []
+    if mqtt.hosts and mqtt.host:
+        errors.append(
+            ConfigError(
+                "mqtt.hosts",
+                "set [mqtt] host or [mqtt] hosts, not both (hosts lists every endpoint,"
+                " the one of host included)",
+            )
+        )
+    seen: dict[tuple[str, int], int] = {}
+    for index, entry in enumerate(mqtt.hosts):
+        try:
+            endpoint = parse_endpoint(entry, mqtt.port, f"mqtt.hosts[{index}]")
+        except ConfigError as exc:
+            errors.append(exc)
+            continue
+        if endpoint in seen:
+            errors.append(
+                ConfigError(f"mqtt.hosts[{index}]", f"{entry!r} is mqtt.hosts[{seen[endpoint]}]")
+            )
+        seen.setdefault(endpoint, index)
+    return errors
 
 
 TOKEN_NAME_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9 _.@-]{0,63}$"  # noqa: S105 - a pattern
@@ -593,4 +741,30 @@ def _validate_ai(ai: AiConfig) -> list[ConfigError]:
         errors.append(
             ConfigError("ai.prompt_version", f"unknown prompt version; known: {sorted(PROMPTS)}")
         )
+    return errors
+
+
+def _validate_sparkplug(sparkplug: SparkplugConfig, broker_family: str) -> list[ConfigError]:
+    errors: list[ConfigError] = []
+    if sparkplug.enabled and not sparkplug.host_id:
+        errors.append(ConfigError("sparkplug.host_id", "required when sparkplug.enabled is true"))
+    dotted = broker_family in _DOTTED
+    if sparkplug.host_id and not is_valid_device_id(sparkplug.host_id):
+        errors.append(ConfigError("sparkplug.host_id", "must match ^[A-Za-z0-9_.:-]{1,64}$"))
+    if sparkplug.enabled and dotted:
+        errors.append(
+            ConfigError(
+                "sparkplug.enabled",
+                f"Sparkplug's namespace `spBv1.0` holds a `.`, which [mqtt] broker_family = "
+                f"{broker_family!r} maps to its own separator: use a broker that keeps it",
+            )
+        )
+    seen: set[str] = set()
+    for index, group in enumerate(sparkplug.groups):
+        path = f"sparkplug.groups[{index}]"
+        if not is_valid_device_id(group):
+            errors.append(ConfigError(path, "must match ^[A-Za-z0-9_.:-]{1,64}$"))
+        elif group in seen:
+            errors.append(ConfigError(path, f"{group!r} is listed twice"))
+        seen.add(group)
     return errors

@@ -1,30 +1,42 @@
 """``gateway demo``: the whole product on this machine in one command, for a first look.
 
 The zero-setup daemon (embedded PostgreSQL and MQTT broker, as ``gateway run`` without a
-configuration), a handful of example rules, about a hundred simulated devices with the
-``gateway-sim devices`` patterns (temperature walks that spike, doors, SOS and smoke buttons,
-leaks, power cuts, one device that goes silent) answering downlink commands, and an admin token
-made up for the occasion. It prints one line: the console's address and the token. Ctrl-C
-(or SIGTERM) stops the devices, then the daemon, which stops its broker and its PostgreSQL;
-the state directory is a temporary one, removed at the end, unless ``--state-dir`` names one.
+configuration); rules written as an alarm philosophy would have them (see `RULES`); about a
+hundred simulated devices with the ``gateway-sim devices`` patterns (``demo-00000`` …:
+temperature walks with rare excursions, doors, SOS and smoke buttons, leaks, power cuts, one
+device that goes silent) answering downlink commands; hubs with presence (birth and Will, one of
+them losing its connection now and then) and a chattering fan (gateway/demo/devices.py); a
+webhook receiver of its own that the notification routes deliver to (gateway/demo/webhook.py);
+and an admin token made up for the occasion.
+
+It prints two lines: the console's address and the token, then its state directory and the
+``gateway.toml`` it wrote there, which every other command reads with ``--config`` (``gateway
+dead-letters list --config …``, ``gateway-sim publish --config …``). Ctrl-C (or SIGTERM) stops
+the devices, then the daemon, which stops its broker and its PostgreSQL; the state directory is
+a temporary one, removed at the end, unless ``--state-dir`` names one. A start that cannot
+succeed as asked (a port taken, a state directory that cannot be one) is a `DemoError`: one
+line naming the demo's flag, with nothing left behind.
 
 ``--screenshots OUTDIR`` runs the same demo until it has open alarms, photographs the console
 (the alarm list and an alarm's detail, at 1280x800 and 390x844) with Debian's chromium driven
-by Playwright, and stops.
+by Playwright, and stops. ``--measure-live N`` times N alarms from their telemetry to an open
+console page.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import importlib.util
 import secrets
 import shutil
 import signal
+import socket
 import sys
 import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Final
@@ -33,6 +45,9 @@ import aiomqtt
 import structlog
 
 from gateway.config import Config, parse_config
+from gateway.demo.devices import DemoDevices
+from gateway.demo.webhook import WebhookReceiver
+from gateway.domain.errors import StartupError
 from gateway.runtime.components import node_metrics
 from gateway.runtime.daemon import Daemon
 from gateway.runtime.logging import configure_logging
@@ -44,16 +59,26 @@ from sim.responder import Script
 log = structlog.get_logger(__name__)
 
 DEMO_DEVICES: Final = 100
+DEVICE_PREFIX: Final = "demo"
 # Messages per second over the fleet: each device speaks about every two seconds.
 DEMO_RATE: Final = 50.0
 # One silent device in a hundred; the rest as `gateway-sim devices` mixes them.
-DEMO_MIX: Final = "walk=70,door=10,sos=5,smoke=5,water_leak=5,power=4,silent=1"
-DEMO_SILENT_S: Final = 20
+DEMO_MIX: Final = "walk=76,door=10,sos=3,smoke=3,water_leak=4,power=3,silent=1"
+DEMO_SILENT_S: Final = 30
 TOKEN_NAME: Final = "demo-admin"  # noqa: S105 - the token's name, not a secret
+RECEIVER_NAME: Final = "demo-webhook"
+CONFIG_FILE: Final = "gateway.toml"
 READY_TIMEOUT_S: Final = 120.0
 CHROMIUM: Final = Path("/usr/bin/chromium")
 SCREEN_SIZES: Final = {"desktop": (1280, 800), "phone": (390, 844)}
 
+# The alarm philosophy of the demo (ISA-18.2, EEMUA 191): every alarm asks a person to do
+# something, its severity says how soon, and noise never reaches the list. A temperature blip of
+# a sample or two is noise (`for_samples`), a value must fall well back before the rule re-arms
+# (`clear_value`), a door opening is an event worth storing but not an alarm (no rule), and
+# CRITICAL is kept for people in danger. `fan-vibration` is the exception on purpose: its
+# deadband is too narrow, so it chatters, and the alarm figures name it a bad actor; its
+# notifications are muted by the first route until someone fixes the rule.
 RULES: Final = f"""
 [[rules]]
 key = "temp-high"
@@ -62,50 +87,59 @@ metric = "temp"
 op = ">"
 value = 80
 clear_value = 75
-severity = "CRITICAL"
-description = "Temperature above 80 °C: check the cooling; clears below 75 °C."
-
-[[rules]]
-key = "door-open"
-kind = "event"
-event = "DOOR_OPEN"
+for_samples = 4
 severity = "MAJOR"
-description = "A door opened; clears when it closes."
+description = "Above 80 °C for four readings in a row (about 8 s), not a one-sample blip: \
+check the cooling. Re-arms below 75 °C."
 
 [[rules]]
 key = "sos"
 kind = "event"
 event = "SOS"
 severity = "CRITICAL"
-description = "Someone pressed the SOS button: call them back."
+description = "Someone pressed the SOS button: call them back now."
 
 [[rules]]
 key = "smoke"
 kind = "event"
 event = "SMOKE"
 severity = "CRITICAL"
-description = "Smoke detected."
+description = "Smoke detected: check the room, call the fire service if confirmed."
 
 [[rules]]
 key = "water-leak"
 kind = "event"
 event = "WATER_LEAK"
 severity = "MAJOR"
-description = "Water on the floor sensor."
+description = "Water on the floor sensor: send someone to stop the leak."
 
 [[rules]]
 key = "power-off"
 kind = "event"
 event = "POWER_OFF"
 severity = "WARNING"
-description = "Mains power lost; the device runs on battery."
+description = "Mains power lost; the device runs on battery: check the supply within the hour."
 
 [[rules]]
 key = "silent"
 kind = "inactivity"
 silent_seconds = {DEMO_SILENT_S}
 severity = "WARNING"
-description = "The device has said nothing for {DEMO_SILENT_S} s."
+devices = "{DEVICE_PREFIX}-*"
+description = "The device has said nothing for {DEMO_SILENT_S} s, or went offline (its Will): \
+check its power and network."
+
+[[rules]]
+key = "fan-vibration"
+kind = "threshold"
+metric = "vibration"
+op = ">"
+value = 7.0
+clear_value = 6.95
+severity = "WARNING"
+devices = "demo-fan-*"
+description = "Fan vibration above 7 mm/s. (A badly tuned rule on purpose: its deadband is \
+too narrow, so it chatters.)"
 """
 
 
@@ -114,14 +148,26 @@ class DemoSettings:
     http_host: str = "127.0.0.1"
     http_port: int = 8080
     mqtt_port: int = 1883
+    """0: a free port, found before the start (the embedded broker needs a number)."""
     state_dir: Path | None = None
     devices: int = DEMO_DEVICES
     rate: float = DEMO_RATE
 
 
-def demo_config(settings: DemoSettings, state_dir: Path, token: str) -> Config:
-    """The daemon's configuration: embedded everything, the example rules, one admin token."""
-    return parse_config(f"""
+class DemoError(Exception):
+    """The demo cannot start as asked: one line, naming the demo's flag that changes it when
+    one can (``configuration``: the command exits 2, else 1)."""
+
+    def __init__(self, message: str, *, configuration: bool = True) -> None:
+        super().__init__(message)
+        self.configuration = configuration
+
+
+def demo_config_text(settings: DemoSettings, state_dir: Path, webhook_url: str) -> str:
+    """The configuration every ``gateway`` command can read (``--config``): the demo's state
+    directory, broker and console ports, rules and notifications; no API token."""
+    return f"""# Written by `gateway demo`: the other commands find the demo with --config this file
+# (gateway dead-letters list --config ..., gateway-sim publish --config ...).
 [node]
 id = "demo"
 state_dir = "{state_dir}"
@@ -142,11 +188,35 @@ timer_interval_s = 1
 [commands]
 reaper_interval_s = 1
 
+# The demo's own webhook receiver (gateway/demo/webhook.py): its deliveries show in the
+# console's Notifications page.
+[[notify.receivers]]
+name = "{RECEIVER_NAME}"
+kind = "webhook"
+url = "{webhook_url}"
+
+# The chattering rule is muted until it is fixed (its notifications would page all day).
+[[notify.routes]]
+rules = ["fan-vibration"]
+receivers = []
+
+[[notify.routes]]
+events = ["alarm.created", "alarm.escalated"]
+receivers = ["{RECEIVER_NAME}"]
+{RULES}"""
+
+
+def demo_config(settings: DemoSettings, state_dir: Path, token: str, webhook_url: str) -> Config:
+    """The daemon's configuration: the file's, and one admin token."""
+    return parse_config(
+        demo_config_text(settings, state_dir, webhook_url)
+        + f"""
 [[api.tokens]]
 name = "{TOKEN_NAME}"
 token = "{token}"
 role = "admin"
-{RULES}""")
+"""
+    )
 
 
 def fleet_config(settings: DemoSettings, broker: tuple[str, int]) -> FleetConfig:
@@ -158,12 +228,16 @@ def fleet_config(settings: DemoSettings, broker: tuple[str, int]) -> FleetConfig
         devices=settings.devices,
         rate=settings.rate,
         mix=parse_mix(DEMO_MIX),
-        # Spikes and events often enough that alarms come within seconds; the silent device
-        # goes quiet after a few messages and stays so long enough to raise its alarm.
+        device_prefix=DEVICE_PREFIX,
+        # Rare enough that the list stays calm (a few alarms a minute over the fleet): a
+        # temperature excursion of 1 to 6 samples, of which those of 4 or more fire
+        # `temp-high`; an event now and then; the silent device quiet for long enough to
+        # raise its alarm, then back.
         params=PatternParams(
-            crossing_probability=0.02,
-            event_probability=0.05,
-            active_messages=5,
+            crossing_probability=0.001,
+            spike_samples=(1, 6),
+            event_probability=0.002,
+            active_messages=15,
             silence_s=3 * DEMO_SILENT_S,
         ),
         client_id="gateway-demo-devices",
@@ -176,20 +250,112 @@ class Demo:
     url: str
     token: str
     daemon: Daemon
+    state_dir: Path
+    config_path: Path
+    webhook: WebhookReceiver
+
+
+def _free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind((host, 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def check_settings(settings: DemoSettings) -> DemoSettings:
+    """Ports in range and free, the state directory usable; a `DemoError` names the flag.
+    ``--mqtt-port 0`` becomes a free port here."""
+    for flag, port in (("--http-port", settings.http_port), ("--mqtt-port", settings.mqtt_port)):
+        if not 0 <= port <= 65535:
+            raise DemoError(f"{flag} {port} is not a port: 1 to 65535, or 0 for any free port")
+    for flag, port in (("--http-port", settings.http_port), ("--mqtt-port", settings.mqtt_port)):
+        if port:
+            _check_port_free(
+                flag, settings.http_host if flag == "--http-port" else "127.0.0.1", port
+            )
+    if (
+        settings.state_dir is not None
+        and settings.state_dir.exists()
+        and not settings.state_dir.is_dir()
+    ):
+        raise DemoError(f"--state-dir {settings.state_dir} is not a directory")
+    if settings.mqtt_port == 0:
+        settings = replace(settings, mqtt_port=_free_port("127.0.0.1"))
+    return settings
+
+
+def _check_port_free(flag: str, host: str, port: int) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        # As asyncio.start_server binds: the probe fails exactly when the server would.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise DemoError(
+                    f"port {port} on {host} is already in use: choose another with "
+                    f"{flag} PORT, or {flag} 0 for any free port"
+                ) from None
+            raise DemoError(
+                f"cannot listen on {host}:{port} ({exc.strerror}): change {flag}"
+            ) from None
+
+
+def _flag_of(exc: StartupError) -> str:
+    """The demo's flag for the daemon's setting: the demo has no configuration file."""
+    if exc.setting.startswith("[http]"):
+        return "--http-port PORT (0: any free port)"
+    if exc.setting.startswith("[mqtt]"):
+        return "--mqtt-port PORT (0: any free port)"
+    if exc.setting.startswith("[node] state_dir"):
+        return "--state-dir DIR"
+    return ""
 
 
 @contextlib.asynccontextmanager
 async def running_demo(settings: DemoSettings, stop: asyncio.Event) -> AsyncIterator[Demo]:
-    """The daemon and the fleet running; both stopped, and the state removed, on exit."""
+    """The daemon, the fleet, the hand-made devices and the webhook receiver running; all
+    stopped, and a temporary state directory removed, on exit. Raises `DemoError` (one line,
+    naming the demo's flag) when it cannot start as asked."""
+    settings = check_settings(settings)
+    token = secrets.token_urlsafe(24)
     own_state = settings.state_dir is None
     state_dir = Path(tempfile.mkdtemp(prefix="gateway-demo-")) if own_state else settings.state_dir
     assert state_dir is not None
-    token = secrets.token_urlsafe(24)
-    daemon = Daemon(demo_config(settings, state_dir, token), metrics=node_metrics())
+    try:
+        async with WebhookReceiver() as webhook:
+            try:
+                state_dir.mkdir(parents=True, exist_ok=True)
+                config_path = state_dir / CONFIG_FILE
+                config_path.write_text(demo_config_text(settings, state_dir, webhook.url))
+            except OSError as exc:
+                raise DemoError(
+                    f"cannot write to --state-dir {state_dir}: {exc.strerror}"
+                ) from None
+            config = demo_config(settings, state_dir, token, webhook.url)
+            daemon = Daemon(config, metrics=node_metrics())
+            async with _daemon_running(daemon, stop):
+                assert daemon.broker_address is not None
+                wildcard = settings.http_host in ("0.0.0.0", "::")  # noqa: S104 - compared, not bound
+                host = "127.0.0.1" if wildcard else settings.http_host
+                async with _devices_running(settings, daemon.broker_address, config):
+                    yield Demo(
+                        url=f"http://{host}:{daemon.http_port}/",
+                        token=token,
+                        daemon=daemon,
+                        state_dir=state_dir,
+                        config_path=config_path,
+                        webhook=webhook,
+                    )
+    finally:
+        if own_state:
+            shutil.rmtree(state_dir, ignore_errors=True)
+
+
+@contextlib.asynccontextmanager
+async def _daemon_running(daemon: Daemon, stop: asyncio.Event) -> AsyncIterator[None]:
     daemon_stop = asyncio.Event()
-    fleet_stop = asyncio.Event()
     daemon_task = asyncio.create_task(daemon.run(daemon_stop), name="demo-daemon")
-    fleet_task: asyncio.Task[object] | None = None
     try:
         ready = asyncio.create_task(daemon.ready.wait())
         stopped = asyncio.create_task(stop.wait())
@@ -201,28 +367,47 @@ async def running_demo(settings: DemoSettings, stop: asyncio.Event) -> AsyncIter
         ready.cancel()
         stopped.cancel()
         if daemon_task in done:
-            daemon_task.result()  # its error, if it failed
+            try:
+                daemon_task.result()  # its error, if it failed
+            except StartupError as exc:
+                flag = _flag_of(exc)
+                raise DemoError(
+                    f"{exc}{': change ' + flag if flag else ''}",
+                    configuration=bool(flag) or exc.configuration,
+                ) from None
             raise RuntimeError("the daemon stopped before it was ready")
         if not done:
             raise RuntimeError(f"the daemon was not ready within {READY_TIMEOUT_S:g} s")
         if daemon.broker_address is None or daemon.http_port is None:
             raise RuntimeError("the daemon is ready without a broker or an HTTP port")
-        fleet = DeviceFleet(fleet_config(settings, daemon.broker_address))
-        fleet_task = asyncio.create_task(fleet.run(fleet_stop), name="demo-fleet")
-        fleet_task.add_done_callback(_report_fleet_end)
-        host = settings.http_host if settings.http_host not in ("0.0.0.0", "::") else "127.0.0.1"  # noqa: S104 - compared, not bound
-        yield Demo(url=f"http://{host}:{daemon.http_port}/", token=token, daemon=daemon)
+        yield
     finally:
-        fleet_stop.set()
-        if fleet_task is not None:
-            with contextlib.suppress(Exception):  # reported when it happened
-                await fleet_task
         daemon_stop.set()
-        try:
+        with contextlib.suppress(StartupError):  # raised above as a DemoError
             await daemon_task
-        finally:
-            if own_state:
-                shutil.rmtree(state_dir, ignore_errors=True)
+
+
+@contextlib.asynccontextmanager
+async def _devices_running(
+    settings: DemoSettings, broker: tuple[str, int], config: Config
+) -> AsyncIterator[None]:
+    """The simulated fleet and the hand-made devices; stopped (and awaited) on exit."""
+    devices_stop = asyncio.Event()
+    fleet = DeviceFleet(fleet_config(settings, broker))
+    own = DemoDevices(host=broker[0], port=broker[1], topics=config.topics)
+    tasks: list[asyncio.Task[object]] = [
+        asyncio.create_task(fleet.run(devices_stop), name="demo-fleet"),
+        asyncio.create_task(own.run(devices_stop), name="demo-devices"),
+    ]
+    for task in tasks:
+        task.add_done_callback(_report_fleet_end)
+    try:
+        yield
+    finally:
+        devices_stop.set()
+        for task in tasks:
+            with contextlib.suppress(Exception):  # reported when it happened
+                await task
 
 
 def _report_fleet_end(task: asyncio.Task[object]) -> None:
@@ -246,6 +431,13 @@ async def run_demo(settings: DemoSettings) -> int:
         print(
             f"Gateway demo: open {demo.url} and sign in with the token {demo.token} "
             "(Ctrl-C stops everything)",
+            flush=True,
+        )
+        kept = "" if settings.state_dir is not None else ", removed at the end"
+        print(
+            f"State directory: {demo.state_dir}{kept}; the other commands find the demo with "
+            f"--config {demo.config_path} (gateway dead-letters list --config ..., "
+            "gateway-sim publish --config ...)",
             flush=True,
         )
         await stop.wait()
@@ -309,8 +501,9 @@ async def run_measure_live(settings: DemoSettings, count: int) -> int:
         async with aiomqtt.Client(host, port, identifier="gateway-demo-latency") as client:
 
             async def spike(device: str) -> None:
-                hot = Telemetry(ts=datetime.now(UTC), metrics={"temp": 95.0})
-                await client.publish(topics.telemetry(device), encode_telemetry(hot), qos=1)
+                # One message that raises an alarm (`water-leak`; `temp-high` needs four).
+                leak = Telemetry(ts=datetime.now(UTC), events=[{"type": "WATER_LEAK"}])
+                await client.publish(topics.telemetry(device), encode_telemetry(leak), qos=1)
 
             millis.extend(await measure_live_alarms(demo.url, demo.token, CHROMIUM, devices, spike))
 

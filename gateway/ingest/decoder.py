@@ -3,7 +3,9 @@ telemetry rows, presence updates, command receipts or dead letters."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -11,6 +13,8 @@ from typing import Any, Protocol
 import msgspec
 import structlog
 
+from gateway.domain.mappings import MappedPresence, MappedTelemetry, Mappings, Refusal
+from gateway.sparkplug.host import SparkplugMessage
 from protocol import (
     CommandReceipt,
     DecodeError,
@@ -22,6 +26,7 @@ from protocol import (
     decode_presence,
     decode_receipt,
     decode_telemetry,
+    sparkplug,
     telemetry_event_id,
 )
 from storage.ingest import DeadLetterRow, TelemetryRow
@@ -69,6 +74,11 @@ class Classified:
     receipts: list[tuple[str, CommandReceipt]] = field(default_factory=list)
     dead_letters: list[DeadLetterRow] = field(default_factory=list)
     seen_devices: set[str] = field(default_factory=set)
+    # Sparkplug B messages ([sparkplug]), judged in the batch's transaction (gateway.sparkplug).
+    sparkplug: list[SparkplugMessage] = field(default_factory=list)
+    # Devices read through a mapping: its name and the topic wildcards they were seen with
+    # (what a command to them is rendered from: docs/devices.md).
+    mapped_devices: dict[str, tuple[str, dict[str, str]]] = field(default_factory=dict)
 
 
 class MessageDecoder:
@@ -80,8 +90,15 @@ class MessageDecoder:
         encoding: Encoding,
         max_payload_bytes: int,
         dead_letter_max_bytes: int = DEAD_LETTER_MAX_BYTES,
+        mappings: Mappings | None = None,
+        *,
+        sparkplug: bool = False,
     ) -> None:
         self.topics = topics
+        # Topics under `spBv1.0/` are Sparkplug B's ([sparkplug] enabled).
+        self.sparkplug = sparkplug
+        # Swapped whole on reload (``[[ingest.mappings]]``), between batches.
+        self.mappings = mappings or Mappings()
         self.encoding = encoding
         self.max_payload_bytes = max_payload_bytes
         self.dead_letter_max_bytes = dead_letter_max_bytes
@@ -130,6 +147,11 @@ class MessageDecoder:
     def _classify_one(self, out: Classified, item: Inbound) -> None:
         """Sorts one message into ``out``; raises only for a bug (after appending nothing
         but its device to ``seen_devices``)."""
+        if self.sparkplug and sparkplug.is_topic(item.topic):
+            self._classify_sparkplug(out, item)
+            return
+        if self.mappings and self._classify_mapped(out, item):
+            return
         try:
             target = self.topics.parse_device_topic(item.topic)
         except TopicError as exc:
@@ -170,6 +192,81 @@ class MessageDecoder:
         except DecodeError as exc:
             out.dead_letters.append(self.dead_letter(item, exc.code, exc.detail))
 
+    def _classify_sparkplug(self, out: Classified, item: Inbound) -> None:
+        """A Sparkplug B message: parsed here, judged against the edge node's stored state in
+        the batch's transaction. STATE and other hosts' commands are not for ingest."""
+        parts = item.topic.split("/", 3)
+        if len(parts) >= 2 and parts[1] == sparkplug.STATE:
+            return
+        try:
+            target = sparkplug.parse_topic(item.topic)
+        except sparkplug.SparkplugError as exc:
+            out.dead_letters.append(self.dead_letter(item, exc.code, exc.detail))
+            return
+        if target.type not in sparkplug.CONSUMED:
+            return  # NCMD/DCMD: commands to edge nodes, ours or another host's
+        size = item.size if item.size is not None else len(item.payload)
+        if size > self.max_payload_bytes:
+            detail = f"payload is {size} bytes, the limit is {self.max_payload_bytes}"
+            out.dead_letters.append(self.dead_letter(item, "OVERSIZED", detail))
+            return
+        try:
+            payload = sparkplug.decode_payload(item.payload)
+        except sparkplug.SparkplugError as exc:
+            out.dead_letters.append(self.dead_letter(item, exc.code, exc.detail))
+            return
+        out.sparkplug.append(
+            SparkplugMessage(
+                topic=target,
+                payload=payload,
+                message_id=sparkplug.message_id(item.topic, item.payload),
+                letter=functools.partial(self.dead_letter, item),
+            )
+        )
+
+    def _classify_mapped(self, out: Classified, item: Inbound) -> bool:
+        """A message on a topic of ``[[ingest.mappings]]``, read into the native shapes: a
+        telemetry row of its device, a presence update, or a dead letter with the mapping's
+        reason. False when no mapping's topic matches (the native parse follows)."""
+        if item.size is not None:
+            if not self.mappings.matches(item.topic):
+                return False
+            detail = f"payload is {item.size} bytes, the limit is {self.max_payload_bytes}"
+            out.dead_letters.append(self.dead_letter(item, "OVERSIZED", detail))
+            return True
+        mapped = self.mappings.read(item.topic, item.payload, _wall_ms(item.received_at))
+        if mapped is None:
+            return False
+        if isinstance(mapped, Refusal):
+            out.dead_letters.append(self.dead_letter(item, mapped.code, mapped.detail))
+        elif isinstance(mapped, MappedTelemetry):
+            message = mapped.message
+            out.seen_devices.add(mapped.device_id)
+            out.mapped_devices[mapped.device_id] = (mapped.mapping, mapped.captures)
+            out.telemetry.append(_row(mapped.device_id, message, mapped.event_id))
+            out.telemetry_sources.append(item)
+            out.decoded.append(message)
+        elif isinstance(mapped, MappedPresence):
+            out.mapped_devices[mapped.device_id] = (mapped.mapping, mapped.captures)
+            out.presence[mapped.device_id] = mapped.value
+        return True
+
+
+def _wall_ms(received_at: float) -> int:
+    """Epoch milliseconds of a delivery timed on the event loop's (monotonic) clock; now for
+    a message with no receive time (a dead letter being replayed)."""
+    now = time.time()
+    age = time.monotonic() - received_at
+    # The loop's clock is the monotonic one (asyncio's and uvloop's alike); an age outside
+    # these bounds means it is not, and then the time of reading stands in for it.
+    if received_at > 0 and 0.0 <= age < _MAX_QUEUED_S:
+        now -= age
+    return int(now * 1000)
+
+
+# Longer than any message waits in the pipeline (its queue and read buffer are bounded).
+_MAX_QUEUED_S = 3600.0
+
 
 def failure_detail(exc: BaseException) -> str:
     """What a dead letter says of an unexpected exception: its type and message, bounded."""
@@ -177,9 +274,9 @@ def failure_detail(exc: BaseException) -> str:
     return text if len(text) <= 1000 else text[:1000] + "..."
 
 
-def _row(device_id: str, message: Telemetry) -> TelemetryRow:
+def _row(device_id: str, message: Telemetry, event_id: str | None = None) -> TelemetryRow:
     return TelemetryRow(
-        event_id=telemetry_event_id(device_id, message),
+        event_id=event_id or telemetry_event_id(device_id, message),
         device_id=device_id,
         ts=message.timestamp(),
         seq=message.seq,

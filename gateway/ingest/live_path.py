@@ -14,6 +14,7 @@ from gateway.alarms.lifecycle import SummarySpec
 from gateway.commands.receipts import ReceiptApplier
 from gateway.config import Config
 from gateway.ingest.decoder import MessageDecoder
+from gateway.sparkplug.host import SparkplugHost
 from gateway.support.metrics import Metrics
 from protocol import Encoding
 
@@ -26,6 +27,7 @@ class LivePath:
     node_id: str
     engine: AlarmEngine
     receipts: ReceiptApplier
+    sparkplug: SparkplugHost | None = None
 
 
 def message_decoder(config: Config) -> MessageDecoder:
@@ -34,7 +36,17 @@ def message_decoder(config: Config) -> MessageDecoder:
         Encoding(config.mqtt.encoding),
         config.mqtt.max_payload_bytes,
         config.ingest.dead_letter_max_bytes,
+        config.mappings(),
+        sparkplug=config.sparkplug.enabled,
     )
+
+
+def sparkplug_host(config: Config, *, replay: bool = False) -> SparkplugHost | None:
+    """The Sparkplug host's judgement of a batch ([sparkplug] enabled), or None; ``replay``:
+    of a replayed dead letter (see SparkplugHost)."""
+    if not config.sparkplug.enabled:
+        return None
+    return SparkplugHost(reorder_window_s=config.sparkplug.reorder_window_s, replay=replay)
 
 
 def alarm_engine(config: Config, metrics: Metrics) -> AlarmEngine:
@@ -64,4 +76,5 @@ def for_replay(config: Config, metrics: Metrics) -> LivePath:
         node_id=config.node_id,
         engine=alarm_engine(config, metrics),
         receipts=receipt_applier(config, metrics),
+        sparkplug=sparkplug_host(config, replay=True),
     )

@@ -52,7 +52,14 @@ async def replay_one(
                 # A savepoint: a message the database or the rules still refuse leaves the
                 # transaction able to record that.
                 async with conn.transaction():
-                    result = await store(conn, classified, path.node_id, path.engine, path.receipts)
+                    result = await store(
+                        conn,
+                        classified,
+                        path.node_id,
+                        path.engine,
+                        path.receipts,
+                        sparkplug=path.sparkplug,
+                    )
             except Exception as exc:
                 if isinstance(exc, RETRY_LATER):
                     raise
@@ -66,13 +73,17 @@ async def replay_one(
                 outcome, succeeded = f"still_invalid: {reason}", False
             else:
                 alarms = result.alarms
-                if result.telemetry:
+                if result.sparkplug is not None and result.sparkplug.dead_letters:
+                    # Judged again against its edge node's state, and still not readable.
+                    reason = result.sparkplug.dead_letters[0].reason
+                    outcome, succeeded = f"still_invalid: {reason}", False
+                elif result.telemetry:
                     outcome = "stored" if result.stored else "duplicate"
                 elif classified.receipts:
                     outcome = "receipt"
                 else:
                     outcome = "presence"
-                succeeded = True
+                succeeded = not outcome.startswith("still_invalid")
         await repo.mark_dead_letter_replayed(conn, dead_letter_id, outcome, succeeded=succeeded)
     # Committed: only now are its alarms counted.
     if alarms is not None:

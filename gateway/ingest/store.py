@@ -10,8 +10,10 @@ import msgspec
 import structlog
 
 from gateway.alarms.engine import AlarmEngine, BatchAlarms
+from gateway.commands import sparkplug as sparkplug_writes
 from gateway.commands.receipts import ReceiptApplier
 from gateway.ingest.decoder import Classified
+from gateway.sparkplug.host import HostOutcome, SparkplugHost
 from protocol import Topics
 from storage import breaker as breaker_repo
 from storage import ingest as repo
@@ -27,6 +29,7 @@ class StoreResult:
     presence: int
     dead_letters: tuple[DeadLetterRow, ...]
     alarms: BatchAlarms | None = None
+    sparkplug: HostOutcome | None = None
 
     @property
     def stored(self) -> int:
@@ -43,22 +46,46 @@ async def store(
     node_id: str,
     engine: AlarmEngine | None = None,
     receipts: ReceiptApplier | None = None,
+    *,
+    sparkplug: SparkplugHost | None = None,
 ) -> StoreResult:
     """Everything a batch writes, in the caller's transaction: telemetry, devices, presence,
-    dead letters, command receipts, and the alarms the new telemetry raises or clears."""
-    new_ids = await repo.insert_telemetry(conn, batch.telemetry, node_id)
-    await repo.touch_devices(conn, batch.seen_devices)
-    await repo.record_presence(conn, batch.presence)
-    await repo.insert_dead_letters(conn, batch.dead_letters, node_id)
-    if batch.receipts:
+    dead letters, command receipts, and the alarms the new telemetry raises or clears; the
+    Sparkplug messages first, judged against their edge nodes' state (gateway.sparkplug),
+    which adds telemetry, presence and dead letters of their own."""
+    telemetry, decoded = batch.telemetry, batch.decoded
+    seen, presence, letters = batch.seen_devices, batch.presence, batch.dead_letters
+    outcome = None
+    if batch.sparkplug:
+        if sparkplug is None:
+            raise RuntimeError("Sparkplug messages in a batch but no Sparkplug host configured")
+        # The batch itself is left as it is: a retry of this transaction starts over.
+        outcome = await sparkplug.apply(conn, batch.sparkplug)
+        telemetry = [*telemetry, *outcome.telemetry]
+        decoded = [*decoded, *outcome.decoded]
+        seen = seen | outcome.seen_devices
+        presence = {**presence, **outcome.presence}
+        letters = [*letters, *outcome.dead_letters]
+    new_ids = await repo.insert_telemetry(conn, telemetry, node_id)
+    await repo.touch_devices(conn, seen)
+    await repo.record_presence(conn, presence)
+    await repo.record_device_mappings(conn, batch.mapped_devices)
+    await repo.insert_dead_letters(conn, letters, node_id)
+    applied = batch.receipts
+    if outcome is not None and outcome.telemetry and receipts is not None:
+        # Sparkplug has no receipt: a write is confirmed by the value reported back.
+        samples = list(zip(outcome.telemetry, outcome.decoded, strict=True))
+        applied = [*applied, *await sparkplug_writes.confirmations(conn, samples)]
+    if applied:
         if receipts is None:
             raise RuntimeError("command receipts in a batch but no receipt applier configured")
-        await receipts.apply(conn, batch.receipts)
+        await receipts.apply(conn, applied)
     alarms = None
     if engine is not None:
         fresh = []
-        evaluated: set[str] = set()
-        for row, message in zip(batch.telemetry, batch.decoded, strict=True):
+        # An untrusted Sparkplug edge node's data is stored, not judged (docs/sparkplug.md).
+        evaluated: set[str] = set() if outcome is None else set(outcome.untrusted)
+        for row, message in zip(telemetry, decoded, strict=True):
             # Only what was new, once: a redelivery must not raise anything again.
             if row.event_id in new_ids and row.event_id not in evaluated:
                 evaluated.add(row.event_id)
@@ -66,10 +93,11 @@ async def store(
         alarms = await engine.on_stored(conn, fresh)
     return StoreResult(
         new_event_ids=frozenset(new_ids),
-        telemetry=len(batch.telemetry),
-        presence=len(batch.presence),
-        dead_letters=tuple(batch.dead_letters),
+        telemetry=len(telemetry),
+        presence=len(presence),
+        dead_letters=tuple(letters),
         alarms=alarms,
+        sparkplug=outcome,
     )
 
 

@@ -28,6 +28,8 @@ from gateway.ingest.decoder import (
 )
 from gateway.ingest.metrics import IngestMetrics
 from gateway.ingest.store import StoreResult, store
+from gateway.sparkplug.host import SparkplugHost
+from gateway.sparkplug.metrics import SparkplugMetrics
 from gateway.support.backoff import Backoff
 from gateway.support.metrics import Metrics, observe_many
 from gateway.support.node import Node
@@ -82,8 +84,12 @@ class IngestWriter:
         refused_batch_attempts: int = 5,
         database: str = "",
         breaker: CrashLoopBreaker | None = None,
+        sparkplug: SparkplugHost | None = None,
     ) -> None:
         self.pool = pool
+        # Judges the batches' Sparkplug messages ([sparkplug] enabled; None: off).
+        self.sparkplug = sparkplug
+        self.sparkplug_metrics = SparkplugMetrics.of(metrics.registry)
         self.breaker = breaker
         # Where the pool points (host:port/name), for the lines saying it is out of reach.
         self.database = database
@@ -124,6 +130,7 @@ class IngestWriter:
         engine: AlarmEngine,
         receipts: ReceiptApplier,
         batch_size: int,
+        sparkplug: SparkplugHost | None = None,
     ) -> IngestWriter:
         return cls(
             pool=node.pool,
@@ -139,6 +146,7 @@ class IngestWriter:
             refused_batch_attempts=ingest.refused_batch_attempts,
             database=describe(node.dsn),
             breaker=CrashLoopBreaker(node.node_id),
+            sparkplug=sparkplug,
         )
 
     async def put(self, item: Inbound) -> None:
@@ -227,7 +235,7 @@ class IngestWriter:
             result = await self.store_with_retry(
                 classified, carried=carried, settled=quarantined if index == 0 else []
             )
-            self._count(result, received=len(classified.telemetry_sources))
+            self._count(result, classified, received=len(classified.telemetry_sources))
         done = loop.time()
         self.ingest_metrics.commit_seconds.observe(done - started)
         self.metrics.batch_size.observe(len(batch))
@@ -260,12 +268,21 @@ class IngestWriter:
             letters.append(letter)
         return letters
 
-    def _count(self, result: StoreResult, *, received: int) -> None:
+    def _count(self, result: StoreResult, batch: Classified, *, received: int) -> None:
         m = self.ingest_metrics
         m.telemetry_received.inc(received)
         m.telemetry_stored.inc(result.stored)
         m.telemetry_duplicates.inc(result.duplicates)
         m.presence_updates.inc(result.presence)
+        outcome = result.sparkplug
+        if outcome is not None:
+            sm = self.sparkplug_metrics
+            for message in batch.sparkplug:
+                sm.messages.labels(message.topic.type.value).inc()
+            if outcome.duplicates:
+                sm.duplicates.inc(outcome.duplicates)
+            if outcome.distrusted:
+                sm.distrusted.inc(len(outcome.distrusted))
         for letter in result.dead_letters:
             self.metrics.dead_letters.labels(letter.reason).inc()
             log.warning(
@@ -379,7 +396,14 @@ class IngestWriter:
                 if breaker is not None:
                     await breaker.journal(conn, batch.items)
                 async with conn.transaction():
-                    result = await store(conn, batch, self.node_id, self.engine, self.receipts)
+                    result = await store(
+                        conn,
+                        batch,
+                        self.node_id,
+                        self.engine,
+                        self.receipts,
+                        sparkplug=self.sparkplug,
+                    )
                 if breaker is not None:
                     await breaker.settled(conn, [*batch.items, *settled])
         finally:
@@ -425,7 +449,14 @@ class IngestWriter:
                 transaction = conn.transaction()
                 await transaction.start()
                 try:
-                    await store(conn, alone, self.node_id, self.engine, self.probe_receipts)
+                    await store(
+                        conn,
+                        alone,
+                        self.node_id,
+                        self.engine,
+                        self.probe_receipts,
+                        sparkplug=self.sparkplug,
+                    )
                 except Exception as exc:
                     if isinstance(exc, RETRY_LATER):
                         raise

@@ -19,6 +19,17 @@ class MqttMetrics(MetricSet):
         self.mqtt_connected = Gauge(
             "gateway_mqtt_connected", "1 while connected to the broker", registry=r
         )
+        self.mqtt_endpoint = Gauge(
+            "gateway_mqtt_endpoint",
+            "1 for the broker endpoint ([mqtt] hosts) connected to, 0 for the others",
+            ["endpoint"],
+            registry=r,
+        )
+        self.endpoint_switches = Counter(
+            "gateway_mqtt_endpoint_switches",
+            "Sessions established on another broker endpoint than the last one",
+            registry=r,
+        )
         self.read_pauses = Counter(
             "gateway_mqtt_read_pauses",
             "Times reading the broker connection paused, by the bound of the read buffer that "

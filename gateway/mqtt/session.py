@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import math
 import secrets
 from collections.abc import Callable, Sequence
@@ -14,6 +15,7 @@ import aiomqtt
 import structlog
 from paho.mqtt.reasoncodes import ReasonCode
 
+from gateway.config import endpoint_label
 from gateway.domain.errors import StartupError
 from gateway.ingest.decoder import Inbound
 from gateway.ingest.writer import IngestWriter
@@ -45,6 +47,7 @@ BrokerConnection = AckingClient | Mqtt5Connection
 log = structlog.get_logger(__name__)
 
 BROKER_SETTING: Final = "[mqtt] host, [mqtt] port"
+ENDPOINTS_SETTING: Final = "[mqtt] hosts"
 _CREDENTIALS: Final = "[mqtt] username, [mqtt] password (or GATEWAY_MQTT_PASSWORD)"
 # CONNACK reason codes (MQTT 5; paho maps 3.1.1's return codes 2, 4, 5 onto them) that no
 # retry can change: the setting to fix for each.
@@ -113,8 +116,28 @@ class MqttSession:
         probe_timeout_s: float = 0.0,
         memory: SubscriptionMemory | None = None,
         resubscribe_stale: bool = False,
+        endpoints: Sequence[tuple[str, int]] = (),
+        broker_setting: str = BROKER_SETTING,
     ) -> None:
         self.settings = settings
+        # What an unreachable broker's log line names ([mqtt] hosts when configured).
+        self.broker_setting = broker_setting
+        # The broker's endpoints ([mqtt] hosts), tried in turn from the first: a failed
+        # connect or a lost connection moves to the next at once; the reconnect backoff is
+        # waited once a whole round of them failed (see _next_delay). One by default: the
+        # settings' own.
+        self.endpoints: tuple[tuple[str, int], ...] = tuple(endpoints) or (
+            (settings.host, settings.port),
+        )
+        self._index = 0
+        # Attempts that failed in a row in this round over the endpoints.
+        self._failed_in_round = 0
+        # The endpoint of the last session established, and the last error seen at each
+        # endpoint (what the one line of an endpoint switch says).
+        self._home: tuple[str, int] | None = None
+        self._last_error: dict[tuple[str, int], str] = {}
+        # Endpoints that refused the connection before any was made (all of them: exit 2).
+        self._refused_at_start: set[tuple[str, int]] = set()
         self.subscriptions = tuple(subscriptions)
         self.presence_topic = presence_topic
         self.writer = writer
@@ -165,8 +188,10 @@ class MqttSession:
         # connect with next, set while the current connection is ended cleanly.
         self._next: Reconfiguration | None = None
         self._remake = asyncio.Event()
-        # The filters this process proved with the probe (see _proven_before).
-        self._proven: frozenset[str] = frozenset()
+        # The filters this process proved with the probe, by endpoint (see _proven_before):
+        # proven on one broker says nothing of another's session.
+        self._proven: dict[tuple[str, int], frozenset[str]] = {}
+        self._show_endpoint()
 
     def reconfigure(
         self,
@@ -175,25 +200,75 @@ class MqttSession:
         settings: ConnectionSettings,
         presence_topic: str,
         apply: Callable[[], None],
+        endpoints: Sequence[tuple[str, int]] | None = None,
     ) -> bool:
         """Follow a reload that changed the filters or the presence topic (``[mqtt]
         topic_prefix``, ``shared_group``): the connection is ended as at a stop (reading
         stops, what was read is stored and acknowledged) and made again at once with the new
         filters; ``apply`` runs between the two connections, when no message of the old
         configuration is in the pipeline. At that connect the old filters are unsubscribed
-        (they are remembered as stale) and the new ones are proven as at a start. Returns
-        whether there was anything to change."""
-        if tuple(subscriptions) == self.subscriptions and presence_topic == self.presence_topic:
-            return False
-        self._next = Reconfiguration(tuple(subscriptions), settings, presence_topic, apply)
-        self._remake.set()
-        log.info(
-            "mqtt_subscriptions_changing",
-            subscribed=list(self.subscriptions),
-            configured=list(subscriptions),
-            note="the broker connection is made again with the new filters",
+        (they are remembered as stale) and the new ones are proven as at a start.
+
+        A changed endpoint list (``[mqtt] hosts``) is followed too: while it still holds the
+        endpoint in use, the connection stays and the next switch takes the new list; without
+        it, the connection is ended as above and made on the new list's first endpoint.
+        Returns whether there was anything to change."""
+        wanted = self.endpoints if endpoints is None else tuple(endpoints)
+        topics_same = (
+            tuple(subscriptions) == self.subscriptions and presence_topic == self.presence_topic
         )
+        if topics_same and wanted == self.endpoints:
+            return False
+        if topics_same and self.endpoint in wanted:
+            self._set_endpoints(wanted)
+            return True
+        self._next = Reconfiguration(tuple(subscriptions), settings, presence_topic, apply, wanted)
+        self._remake.set()
+        if topics_same:
+            log.info(
+                "mqtt_endpoints_changing",
+                endpoint=endpoint_label(*self.endpoint),
+                configured=[endpoint_label(*e) for e in wanted],
+                note="the endpoint in use is no longer configured: the connection is made"
+                " again on the new list",
+            )
+        else:
+            log.info(
+                "mqtt_subscriptions_changing",
+                subscribed=list(self.subscriptions),
+                configured=list(subscriptions),
+                note="the broker connection is made again with the new filters",
+            )
         return True
+
+    @property
+    def endpoint(self) -> tuple[str, int]:
+        """The endpoint in use: connected to, or the next to try."""
+        return self.endpoints[self._index]
+
+    def _set_endpoints(self, endpoints: tuple[tuple[str, int], ...]) -> None:
+        """A new endpoint list: the one in use is kept when it is in it, else the first."""
+        current = self.endpoint
+        old = self.endpoints
+        self.endpoints = endpoints
+        self._index = endpoints.index(current) if current in endpoints else 0
+        self._failed_in_round = 0
+        self._refused_at_start.clear()
+        self.mqtt_metrics.mqtt_endpoint.clear()
+        self._show_endpoint()
+        log.info(
+            "mqtt_endpoints_changed",
+            endpoints=[endpoint_label(*e) for e in endpoints],
+            previous=[endpoint_label(*e) for e in old],
+            endpoint=endpoint_label(*self.endpoint),
+        )
+
+    def _show_endpoint(self) -> None:
+        """``gateway_mqtt_endpoint``: 1 for the endpoint connected to, 0 for the others."""
+        gauge = self.mqtt_metrics.mqtt_endpoint
+        for index, endpoint in enumerate(self.endpoints):
+            up = self.connected and index == self._index
+            gauge.labels(endpoint_label(*endpoint)).set(1 if up else 0)
 
     def _take_reconfiguration(self) -> None:
         """Between two connections: what a reload asked for becomes the session's."""
@@ -204,31 +279,60 @@ class MqttSession:
         self.subscriptions = change.subscriptions
         self.settings = change.settings
         self.presence_topic = change.presence_topic
+        if change.endpoints != self.endpoints:
+            self._set_endpoints(change.endpoints)
         change.apply()
         log.info("mqtt_subscriptions_changed", subscriptions=list(self.subscriptions))
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             self._take_reconfiguration()
+            host, port = self.endpoint
+            if (self.settings.host, self.settings.port) != (host, port):
+                self.settings = dataclasses.replace(self.settings, host=host, port=port)
             client = self.client = self._connection()
             self._connected_at = None
             delay = 0.0
+            failure: BaseException | None = None
             try:
                 async with client:
                     await self._serve(client, stop)
                     if stop.is_set() or not self._remake.is_set():
                         return
             except (SubscriptionRefusedError, SubscriptionUnprovenError) as exc:
+                failure = exc
                 delay = self._subscription_failed(exc)
             except BrokerIncapableError as exc:
+                failure = exc
                 delay = self._incapable(exc)
             except aiomqtt.MqttError as exc:
+                failure = exc
                 delay = await self._connection_failed(exc)
             finally:
                 self._set_connected(False)
                 self._learn_packet_limit(client)
+            if failure is not None:
+                self._move_on(failure)
             if delay > 0 and not self._remake.is_set():
                 await self._pause(stop, delay)
+
+    def _move_on(self, failure: BaseException) -> None:
+        """After a failed connect or a lost connection: the next endpoint (with one)."""
+        endpoint = self.endpoint
+        self._last_error[endpoint] = str(failure) or type(failure).__name__
+        if len(self.endpoints) > 1:
+            self._index = (self._index + 1) % len(self.endpoints)
+            self._show_endpoint()
+
+    def _next_delay(self) -> float:
+        """The wait before the next attempt: none while endpoints of this round are left to
+        try (a dead first endpoint costs the second no backoff), the backoff's next delay
+        once every endpoint failed in a row."""
+        self._failed_in_round += 1
+        if self._failed_in_round < len(self.endpoints):
+            return 0.0
+        self._failed_in_round = 0
+        return self.backoff.next_delay()
 
     async def _pause(self, stop: asyncio.Event, delay: float) -> None:
         """The backoff before the next attempt, cut short by a stop or by a reload that
@@ -245,7 +349,7 @@ class MqttSession:
 
     @property
     def _where(self) -> str:
-        return f"{self.settings.host}:{self.settings.port}"
+        return endpoint_label(self.settings.host, self.settings.port)
 
     def _subscription_failed(
         self, exc: SubscriptionRefusedError | SubscriptionUnprovenError
@@ -272,7 +376,7 @@ class MqttSession:
                 self._unproven_since = now
                 self._unproven_progress = progress
             if now - self._unproven_since < PROBE_START_TRIES * self.probe_timeout_s:
-                delay = self.backoff.next_delay()
+                delay = self._next_delay()
                 self.problem = f"{what} ({setting}); probing again"
                 log.warning(
                     "subscription_unproven",
@@ -319,8 +423,15 @@ class MqttSession:
         self.mqtt_metrics.mqtt_connects.labels("error").inc()
         refused = _refusal(exc)
         if refused is not None and self.connections == 0:
-            # Never connected yet: the broker will refuse these settings however long we
-            # retry. (Refused later, say after a password rotation, we wait.)
+            self._refused_at_start.add(self.endpoint)
+        if (
+            refused is not None
+            and self.connections == 0
+            and len(self._refused_at_start) >= len(self.endpoints)
+        ):
+            # Never connected yet, and every endpoint refused: the broker will refuse these
+            # settings however long we retry. (Refused later, say after a password rotation,
+            # we wait; refused by one endpoint of several, the next is tried.)
             code, setting = refused
             means = f"; {_REFUSAL_MEANS[code]}" if code in _REFUSAL_MEANS else ""
             raise StartupError(
@@ -381,7 +492,7 @@ class MqttSession:
             port=self.settings.port,
             error=str(exc),
             retry_in_s=round(delay, 3),
-            setting=BROKER_SETTING if refused is None else refused[1],
+            setting=self.broker_setting if refused is None else refused[1],
             **_hint(exc),
         )
         return delay
@@ -397,7 +508,7 @@ class MqttSession:
                 self._short_lived = 0
             else:
                 self._short_lived += 1
-        return self.backoff.next_delay()
+        return self._next_delay()
 
     def _taken_over(self, exc: aiomqtt.MqttError) -> bool:
         """MQTT 5 may say it (DISCONNECT 0x8E); mosquitto 2.0 and MQTT 3.1.1 just close the
@@ -450,6 +561,7 @@ class MqttSession:
                     self.last_gap_s = now - self._lost_at
                     self._lost_at = None
                 self.problem = None
+                self._arrived()
                 log.info(
                     "broker_connected",
                     host=self.settings.host,
@@ -474,10 +586,37 @@ class MqttSession:
         # next session) so that the PUBACK of the offline presence can be read.
         client.stop_intake()
         change = self._next if self._remake.is_set() else None
-        if change is None or change.presence_topic != self.presence_topic:
-            # (Made again for a reload under the same presence topic: the node stays online.)
+        if (
+            change is None
+            or change.presence_topic != self.presence_topic
+            or self.endpoint not in change.endpoints
+        ):
+            # (Made again for a reload under the same presence topic on the same broker: the
+            # node stays online. Leaving an endpoint, it is left offline there.)
             await client.publish(self.presence_topic, OFFLINE, qos=1, retain=self._retain())
         log.info("broker_disconnecting", drained=drained)
+
+    def _arrived(self) -> None:
+        """A session established on the endpoint in use: the round over the endpoints starts
+        again from here, and a move from the endpoint of the last session (at start: the
+        first configured) is said in one line, with why the gateway left it."""
+        self._failed_in_round = 0
+        self._refused_at_start.clear()
+        endpoint = self.endpoint
+        home = self._home if self._home is not None else self.endpoints[0]
+        self._home = endpoint
+        if endpoint == home:
+            return
+        # Short-lived connections in a row say "taken over" on one broker, not across two.
+        self._short_lived = 0
+        self.mqtt_metrics.endpoint_switches.inc()
+        log.warning(
+            "broker_endpoint_switched",
+            endpoint=endpoint_label(*endpoint),
+            previous=endpoint_label(*home),
+            reason=self._last_error.get(home, "not tried"),
+            session_present=self.capabilities.session_present if self.capabilities else None,
+        )
 
     def _learn(self, client: BrokerConnection) -> None:
         """What the broker can do: logged at the first connect; refused when the
@@ -508,6 +647,8 @@ class MqttSession:
         # takes to drain. A dead connection ends the reader instead, which _until watches.
         remembered = None
         if self.memory is not None:
+            # Per endpoint: a standalone broker's session holds what was subscribed there.
+            self.memory.broker = f"{self.settings.host}:{self.settings.port}"
             # Before subscribing: a crash between the two must not leave a filter unknown.
             remembered = await self.memory.remember(self.subscriptions)
         for topic in self.subscriptions:
@@ -516,7 +657,7 @@ class MqttSession:
             await self._unsubscribe_stale(client, remembered)
         if self.probe_timeout_s > 0 and not self._proven_before(client, remembered):
             await self._probe(client)
-            self._proven = frozenset(self.subscriptions)
+            self._proven[self.endpoint] = frozenset(self.subscriptions)
         await client.publish(
             self.presence_topic, ONLINE, qos=1, retain=self._retain(), wait_s=math.inf
         )
@@ -534,7 +675,9 @@ class MqttSession:
             return False
         if self._unproven_since is not None:
             return False
-        return self._proven == wanted or self.established == 0
+        # Proven on this endpoint: a probe that came back through another broker proves
+        # nothing of this one's session (a standalone broker holds its own).
+        return self._proven.get(self.endpoint) == wanted or self.established == 0
 
     async def _unsubscribe_stale(self, client: BrokerConnection, remembered: set[str]) -> None:
         """Remove from the persistent session what an earlier configuration subscribed to."""
@@ -762,6 +905,7 @@ class MqttSession:
                 self._lost_at = asyncio.get_running_loop().time()
             self.subscribed = False
         self.mqtt_metrics.mqtt_connected.set(1 if connected else 0)
+        self._show_endpoint()
 
 
 def _refusal(exc: aiomqtt.MqttError) -> tuple[int, str] | None:
@@ -847,3 +991,4 @@ class Reconfiguration:
     settings: ConnectionSettings
     presence_topic: str
     apply: Callable[[], None]
+    endpoints: tuple[tuple[str, int], ...]

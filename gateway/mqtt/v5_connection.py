@@ -434,6 +434,7 @@ class Mqtt5Connection:
         connack = self._connack = loop.create_future()
         self._lost = loop.create_future()
         ssl_context = s.tls.context() if s.tls is not None else None
+        connected = False
         try:
             async with asyncio.timeout(s.timeout_s):
                 await loop.create_connection(
@@ -443,11 +444,18 @@ class Mqtt5Connection:
                     ssl=ssl_context,
                     server_hostname=s.host if ssl_context is not None else None,
                 )
+                connected = True
                 self._send_now(self._connect_packet())
                 outcome = await connack
         except TimeoutError:
-            error: MqttConnectError = MqttNoConnAckError(
-                f"no CONNACK from {s.host}:{s.port} within {s.timeout_s}s"
+            # Only a broker that took the connection and said nothing is "no CONNACK" (maybe a
+            # 3.1.1-only one: the session asks); an address that drops packets is unreachable.
+            error: MqttConnectError = (
+                MqttNoConnAckError(f"no CONNACK from {s.host}:{s.port} within {s.timeout_s}s")
+                if connected
+                else MqttConnectError(
+                    f"cannot connect to {s.host}:{s.port}: no answer within {s.timeout_s}s"
+                )
             )
             self._terminate(error, abort=True)
             raise error from None

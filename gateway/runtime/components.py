@@ -8,18 +8,21 @@ reports health and stops through it.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 from collections.abc import Callable, Coroutine
 from contextlib import AsyncExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+import aiomqtt
 import structlog
 
 from gateway.ai.llm import OpenAiCompatibleLlm
 from gateway.ai.metrics import AiMetrics
 from gateway.ai.worker import SummaryWorker
 from gateway.alarms.engine import AlarmEngine
+from gateway.alarms.figures import AlarmFigures
 from gateway.alarms.holds import HoldTimer
 from gateway.alarms.inactivity import InactivityMonitor
 from gateway.alarms.metrics import AlarmMetrics
@@ -33,7 +36,7 @@ from gateway.commands.dispatcher import Dispatcher
 from gateway.commands.metrics import CommandMetrics
 from gateway.commands.reaper import Reaper
 from gateway.commands.service import CommandService
-from gateway.config import Config
+from gateway.config import Config, SparkplugConfig
 from gateway.domain.quiet_hours import QuietHours
 from gateway.ingest import live_path
 from gateway.ingest.metrics import IngestMetrics
@@ -43,17 +46,21 @@ from gateway.maintenance.metrics import MaintenanceMetrics
 from gateway.maintenance.runner import Maintenance
 from gateway.mqtt.memory import SubscriptionMemory
 from gateway.mqtt.metrics import MqttMetrics
-from gateway.mqtt.session import MqttSession
+from gateway.mqtt.session import BROKER_SETTING, ENDPOINTS_SETTING, MqttSession
 from gateway.mqtt.v311_client import ConnectionSettings
 from gateway.notify.consumer import NotifyConsumer
 from gateway.notify.metrics import NotifyMetrics
 from gateway.notify.worker import DeliveryWorker
 from gateway.outbox.metrics import OutboxMetrics
 from gateway.outbox.publisher import OutboxPublisher
+from gateway.sparkplug.metrics import SparkplugMetrics
+from gateway.sparkplug.rebirth import RebirthRequester
+from gateway.sparkplug.state import HostStateLink
 from gateway.support.backoff import Backoff
 from gateway.support.metrics import Metrics, MetricSet
 from gateway.support.node import Node
 from protocol import TopicKind
+from protocol import sparkplug as sparkplug_wire
 
 log = structlog.get_logger(__name__)
 
@@ -68,6 +75,7 @@ FEATURE_METRICS: tuple[type[MetricSet], ...] = (
     CommandMetrics,
     MqttMetrics,
     OutboxMetrics,
+    SparkplugMetrics,
 )
 
 
@@ -99,12 +107,15 @@ class Components:
     notify_worker: DeliveryWorker
     inactivity: InactivityMonitor
     rule_watch: RuleWatch
+    figures: AlarmFigures
     # Besides the session and the writer: the outbox, timers, dispatcher, reaper, rule-state
     # janitor, retention maintenance, inactivity monitor and rule watch, and the AI workers
     # where configured. The loops a reload may switch on or off (inactivity, rule watch, the
     # timers' quiet-hours wake) run on every node, the first two idle while nothing is
     # configured for them: a reload needs to start or stop no task.
     loops: tuple[Loop, ...]
+    # The [sparkplug] section the node started with: read at start only (docs/sparkplug.md).
+    sparkplug: SparkplugConfig = field(default_factory=SparkplugConfig)
 
     def reload(self, config: Config) -> None:
         """Swap what may change at run time, between batches; messages keep flowing."""
@@ -112,6 +123,7 @@ class Components:
         self.engine.clock = config.device_clock()
         self.inactivity.rules_replaced()
         self.rule_watch.reconfigure(config.alarms.rule_check_after_s)
+        self.figures.reconfigure(config.alarms.figures)
         self.auth.replace(config.api.tokens)
         quiet = config.quiet_hours()
         self.outbox.quiet = quiet
@@ -132,6 +144,7 @@ async def build(
     *,
     auth: BearerAuth,
     connection: ConnectionSettings,
+    endpoints: list[tuple[str, int]],
     protocol: str,
     stack: AsyncExitStack,
     stop: asyncio.Event,
@@ -152,6 +165,7 @@ async def build(
         engine=engine,
         receipts=live_path.receipt_applier(config, node.metrics),
         batch_size=config.batch_size(protocol),
+        sparkplug=live_path.sparkplug_host(config),
     )
     # Before the first message: what this node was storing when it last died.
     await writer.recover()
@@ -173,9 +187,11 @@ async def build(
             broker=f"{connection.host}:{connection.port}",
         ),
         resubscribe_stale=config.mqtt.broker_family == "rabbitmq",
+        endpoints=endpoints,
+        broker_setting=ENDPOINTS_SETTING if config.mqtt.hosts else BROKER_SETTING,
     )
     quiet = config.quiet_hours()
-    dispatcher = Dispatcher.from_config(node, config.commands)
+    dispatcher = Dispatcher.from_config(node, config.commands, mappings=writer.decoder.mappings)
     reaper = Reaper.from_config(node, config.commands)
     outbox = OutboxPublisher.from_config(node, config.outbox, quiet=quiet)
     timers = AlarmTimers.from_config(node, config.alarms, quiet=quiet)
@@ -194,6 +210,8 @@ async def build(
     if config.ai.enabled:
         summaries = await _summaries(config, node, stack)
         loops.append(("ai-summaries", summaries.run))
+    if config.sparkplug.enabled:
+        loops.extend(_sparkplug_loops(config, node, connection))
     inactivity = InactivityMonitor(pool=node.pool, engine=engine, hearing=session.hearing)
     loops.append(("inactivity-monitor", inactivity.run))
     # Reads the engine's rules on every pass: a reload needs nothing of its own here.
@@ -203,6 +221,11 @@ async def build(
         pool=node.pool, rules=lambda: engine.rules, after_s=config.alarms.rule_check_after_s
     )
     loops.append(("rule-watch", watch.run))
+    # Every node samples the figures' gauges (a few indexed counts each interval_s).
+    figures = AlarmFigures(
+        node.pool, config.alarms.figures, metrics=AlarmMetrics.of(node.metrics.registry)
+    )
+    loops.append(("alarm-figures", figures.run))
     return Components(
         engine=engine,
         writer=writer,
@@ -216,6 +239,7 @@ async def build(
             node.pool,
             node.node_id,
             node.metrics,
+            figures=figures,
             shelve_max_s=config.alarms.shelve_max_s,
             bulk_max=config.alarms.bulk_max,
         ),
@@ -233,7 +257,9 @@ async def build(
         notify_worker=notify_worker,
         inactivity=inactivity,
         rule_watch=watch,
+        figures=figures,
         loops=tuple(loops),
+        sparkplug=config.sparkplug,
     )
 
 
@@ -273,16 +299,70 @@ def _settler(config: Config, node: Node) -> CampaignSettler:
     return CampaignSettler(service, dsn=node.dsn)
 
 
-def subscriptions(config: Config, protocol: str) -> list[str]:
+def subscriptions(
+    config: Config, protocol: str, sparkplug: SparkplugConfig | None = None
+) -> list[str]:
+    """The node's filters; ``sparkplug``: the [sparkplug] section the node started with (it is
+    read at start only), ``config``'s by default."""
     topics = config.topics
     group = config.mqtt.shared_group if protocol == config.mqtt.protocol else ""
     # Presence is retained, and retained messages are not sent to shared subscriptions: every
-    # node subscribes to it directly (applying it twice is harmless).
-    return [
+    # node subscribes to it directly (applying it twice is harmless). So for the topics of
+    # [[ingest.mappings]]: their telemetry shared, their presence direct.
+    mapped, mapped_presence = config.mappings().filters()
+    filters = [
         topics.subscription(TopicKind.TELEMETRY, group or None),
         topics.subscription(TopicKind.ACKS, group or None),
         topics.subscription(TopicKind.STATUS),
+        *(f"$share/{group}/{mqtt_filter}" if group else mqtt_filter for mqtt_filter in mapped),
+        *mapped_presence,
     ]
+    sparkplug = config.sparkplug if sparkplug is None else sparkplug
+    if sparkplug.enabled:
+        # Sparkplug has nothing retained a host needs (births are asked for again): shared
+        # like telemetry, each message goes to one node of the group.
+        share = f"$share/{group}/" if group else ""
+        filters.extend(share + f for f in sparkplug_wire.subscriptions(sparkplug.groups))
+    return list(dict.fromkeys(filters))  # one mapping's telemetry topic may be another's presence
+
+
+def _sparkplug_loops(config: Config, node: Node, connection: ConnectionSettings) -> list[Loop]:
+    """[sparkplug] enabled: the rebirth requests, and the host's STATE on its own connection."""
+    settings = config.sparkplug
+    requester = RebirthRequester(
+        pool=node.pool,
+        publish=node.publish,
+        metrics=SparkplugMetrics.of(node.metrics.registry),
+        retry_s=settings.rebirth_retry_s,
+        interval_s=settings.interval_s,
+        reorder_window_s=settings.reorder_window_s,
+        up=node.broker.up,
+    )
+    link = HostStateLink(
+        host_id=settings.host_id,
+        client=functools.partial(_state_client, connection),
+        backoff=Backoff(config.mqtt.reconnect_min_s, config.mqtt.reconnect_max_s),
+    )
+    return [("sparkplug-rebirth", requester.run), ("sparkplug-state", link.run)]
+
+
+def _state_client(settings: ConnectionSettings, will: aiomqtt.Will) -> aiomqtt.Client:
+    """The STATE link's client: the node's broker and credentials, a clean session of its own
+    client id, and the STATE Will."""
+    v5 = settings.protocol == "5"
+    return aiomqtt.Client(
+        settings.host,
+        settings.port,
+        identifier=f"{settings.client_id}-spstate",
+        protocol=aiomqtt.ProtocolVersion.V5 if v5 else aiomqtt.ProtocolVersion.V311,
+        clean_session=None if v5 else True,
+        keepalive=settings.keepalive_s,
+        username=settings.username or None,
+        password=settings.password or None,
+        tls_context=settings.tls.context() if settings.tls else None,
+        will=will,
+        timeout=settings.timeout_s,
+    )
 
 
 async def _summaries(config: Config, node: Node, stack: AsyncExitStack) -> SummaryWorker:

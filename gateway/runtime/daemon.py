@@ -16,7 +16,7 @@ from gateway.api.health import BrokerHealth, DatabaseHealth, Health, IngestHealt
 from gateway.api.server import ApiServer
 from gateway.api.services import Services
 from gateway.api.stream import StreamHub
-from gateway.config import Config
+from gateway.config import Config, broker_endpoints, endpoint_label
 from gateway.domain.errors import StartupError
 from gateway.ingest import live_path
 from gateway.ingest.live_path import LivePath
@@ -91,7 +91,10 @@ class Daemon:
 
     @property
     def broker_address(self) -> tuple[str, int] | None:
-        return self.startup.broker_address
+        """The broker endpoint in use (connected to, or tried next); the first configured
+        before the session exists."""
+        session = self.session
+        return session.endpoint if session is not None else self.startup.broker_address
 
     async def run(self, stop: asyncio.Event) -> None:
         """Serve until ``stop``; a stop at any moment of the start (even during the embedded
@@ -107,7 +110,7 @@ class Daemon:
                     await self._http(stack)
                 # The embedded broker before the embedded database: a taken port is found at
                 # once, not after a first start's initdb.
-                host, port, protocol = await self.startup.broker(stack)
+                endpoints, protocol = await self.startup.broker(stack)
                 dsn = await self.startup.database(stack, stop)
                 if dsn is None:
                     return  # stopped while the embedded PostgreSQL was starting
@@ -120,7 +123,7 @@ class Daemon:
                 self.metrics.db_pool_size.set_function(pool.get_size)
                 self.metrics.db_pool_idle.set_function(pool.get_idle_size)
                 await self._serve(
-                    stack=stack, pool=pool, host=host, port=port, protocol=protocol, stop=stop
+                    stack=stack, pool=pool, endpoints=endpoints, protocol=protocol, stop=stop
                 )
         except* StartupError as group:
             # From a task of the TaskGroup (the broker refusing the credentials): the first.
@@ -143,8 +146,7 @@ class Daemon:
         *,
         stack: AsyncExitStack,
         pool: asyncpg.Pool,
-        host: str,
-        port: int,
+        endpoints: list[tuple[str, int]],
         protocol: str,
         stop: asyncio.Event,
     ) -> None:
@@ -164,8 +166,9 @@ class Daemon:
             node,
             auth=self.auth,
             connection=self.startup.connection_settings(
-                host, port, protocol, cfg.topics.gateway_status(self.node_id)
+                *endpoints[0], protocol, cfg.topics.gateway_status(self.node_id)
             ),
+            endpoints=endpoints,
             protocol=protocol,
             stack=stack,
             stop=stop,
@@ -189,14 +192,13 @@ class Daemon:
             node_id=self.node_id,
             engine=parts.engine,
             receipts=live_path.receipt_applier(cfg, self.metrics),
+            sparkplug=live_path.sparkplug_host(cfg, replay=True),
         )
         self.services.stream_hub = hub
         self.services.notifications = NotifyService(pool)
         self.services.alarms = parts.alarm_service
         self.services.commands = parts.command_service
-        if self.broker_address is not None:
-            address = "{}:{}".format(*self.broker_address)
-            self.starting = f"connecting to the broker at {address}"
+        self.starting = f"connecting to the broker at {_addresses(endpoints)}"
         async with asyncio.TaskGroup() as tasks:
             writer_task = tasks.create_task(parts.writer.run(), name="ingest-writer")
             for name, loop in parts.loops:
@@ -271,17 +273,28 @@ class Daemon:
             # The tokens are swapped: what a removed (or rotated) one opened ends now.
             hub.revoke(self.auth.holds)
         self.config = config
-        log.info("config_reloaded", rules=len(config.rules))
+        log.info("config_reloaded", rules=len(config.rules), mappings=len(config.ingest.mappings))
 
     def _follow_topics(self, parts: Components, config: Config) -> None:
         """A changed ``[mqtt] topic_prefix`` or ``shared_group``: the session makes its
         connection again with the new filters (the old ones are unsubscribed there), and
-        between the two connections every part that names a topic takes the new ones."""
+        between the two connections every part that names a topic takes the new ones. A
+        changed endpoint list (``[mqtt] hosts``, ``host``, ``port``) is followed by the
+        session (:meth:`MqttSession.reconfigure`); to or from the embedded broker, not."""
         session = parts.session
         presence = config.topics.gateway_status(self.node_id)
         topics = config.topics
+        mappings = config.mappings()
+
+        def apply_mappings() -> None:
+            # [[ingest.mappings]]: what reads vendor topics, and what renders their commands.
+            parts.writer.decoder.mappings = mappings
+            parts.dispatcher.mappings = mappings
+            if self.services.replay_path is not None:
+                self.services.replay_path.decoder.mappings = mappings
 
         def apply() -> None:
+            apply_mappings()
             parts.writer.decoder.topics = topics
             parts.dispatcher.topics = topics
             parts.outbox.topics = topics
@@ -289,12 +302,35 @@ class Daemon:
             if self.services.replay_path is not None:
                 self.services.replay_path.decoder.topics = topics
 
-        session.reconfigure(
-            subscriptions=subscriptions(config, session.settings.protocol),
+        endpoints = broker_endpoints(config.mqtt)
+        # What the node started with decides: the embedded broker runs for its whole life.
+        embedded = not broker_endpoints(self.startup.config.mqtt)
+        if embedded or not endpoints:
+            # The embedded broker is started (or not) at start only.
+            if embedded != (not endpoints):
+                log.warning(
+                    "mqtt_endpoints_not_reloaded",
+                    reason="a move between the embedded broker and a broker of your own"
+                    " ([mqtt] host, hosts) takes a restart",
+                    setting="[mqtt] host, [mqtt] hosts",
+                )
+            endpoints = list(session.endpoints)
+        if config.sparkplug != parts.sparkplug:
+            log.warning(
+                "sparkplug_change_needs_restart",
+                note="[sparkplug] is read at start: the node keeps the section it started with",
+            )
+        changed = session.reconfigure(
+            subscriptions=subscriptions(config, session.settings.protocol, parts.sparkplug),
             settings=dataclasses.replace(session.settings, will_topic=presence),
             presence_topic=presence,
             apply=apply,
+            endpoints=endpoints,
         )
+        if not changed:
+            # The same topics: the new mappings read the next batch on (a batch is classified
+            # at once, so none is read half by the old ones).
+            apply_mappings()
 
     def status_line(self) -> str:
         writer, session = self.writer, self.session
@@ -330,6 +366,12 @@ class Daemon:
                 ok=subscribed,
                 subscribed=subscribed,
                 address=self.broker_address,
+                endpoint=(
+                    endpoint_label(*session.endpoint)
+                    if session is not None and session.connected
+                    else None
+                ),
+                endpoints=[endpoint_label(*e) for e in self._endpoints()],
                 connections=0 if self.session is None else self.session.connections,
             ),
             # Every audit row is written in the transaction of its change, so a refused one
@@ -354,10 +396,18 @@ class Daemon:
         session = self.session
         if session is not None and session.problem is not None:
             return session.problem
-        address = "{}:{}".format(*self.broker_address) if self.broker_address else "?"
+        address = endpoint_label(*self.broker_address) if self.broker_address else "?"
         if broker:
             return f"connected to the broker at {address}, subscriptions not acknowledged yet"
-        return f"not connected to the broker at {address}"
+        return f"not connected to the broker at {_addresses(self._endpoints()) or '?'}"
+
+    def _endpoints(self) -> list[tuple[str, int]]:
+        """The broker endpoints configured (the embedded broker's, once started)."""
+        session = self.session
+        if session is not None:
+            return list(session.endpoints)
+        address = self.startup.broker_address
+        return [address] if address is not None else []
 
     def _audit_failed(self, table: str, exc: asyncpg.PostgresError) -> None:
         self.metrics.audit_failures.inc()
@@ -387,3 +437,9 @@ class Daemon:
             pool_idle=pool.get_idle_size(),
             outbox=OutboxHealth(backlog=backlog, oldest_age_s=round(oldest_age_s, 3)),
         )
+
+
+def _addresses(endpoints: list[tuple[str, int]]) -> str:
+    """``host:port``, or ``any of a:1, b:2`` for an endpoint list."""
+    labels = [endpoint_label(*e) for e in endpoints]
+    return labels[0] if len(labels) == 1 else "any of " + ", ".join(labels)

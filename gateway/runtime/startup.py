@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 import asyncpg
 import structlog
 
-from gateway.config import Config
+from gateway.config import Config, broker_endpoints
 from gateway.domain.errors import StartupError
 from gateway.mqtt.session import OFFLINE
 from gateway.mqtt.v311_client import ConnectionSettings, TlsSettings
@@ -151,11 +151,14 @@ class Startup:
         self.database_dsn = dsn
         return dsn
 
-    async def broker(self, stack: AsyncExitStack) -> tuple[str, int, str]:
+    async def broker(self, stack: AsyncExitStack) -> tuple[list[tuple[str, int]], str]:
+        """The broker's endpoints (``[mqtt] hosts``, or ``host`` and ``port``; the embedded
+        broker's one, started, when none is configured) and the protocol version to speak."""
         mqtt = self.config.mqtt
-        if mqtt.host:
-            self.broker_address = (mqtt.host, mqtt.port)
-            return mqtt.host, mqtt.port, mqtt.protocol
+        endpoints = broker_endpoints(mqtt)
+        if endpoints:
+            self.broker_address = endpoints[0]
+            return endpoints, mqtt.protocol
         from gateway.embedded.broker import EmbeddedBroker, EmbeddedBrokerError
 
         broker = EmbeddedBroker("127.0.0.1", mqtt.port)
@@ -180,7 +183,7 @@ class Startup:
             ),
         )
         self.broker_address = (broker.host, broker.port)
-        return broker.host, broker.port, "3.1.1"
+        return [(broker.host, broker.port)], "3.1.1"
 
     async def open_database(self, dsn: str, stop: asyncio.Event) -> asyncpg.Pool | None:
         """Connect and migrate, waiting while the database is unreachable.

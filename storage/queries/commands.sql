@@ -249,9 +249,12 @@ WHERE status = 'CLAIMED' AND lease_expire_at < now()
 RETURNING *;
 
 -- name: ack_window_passed
--- $1 ack window seconds; SENT commands whose device gave no receipt in time.
+-- $1 ack window seconds; SENT commands whose device gave no receipt in time. A device read
+-- through an [[ingest.mappings]] table (device_mapping) sends no receipt at all: its commands
+-- are left SENT (docs/devices.md#commands-to-mapped-devices).
 SELECT * FROM command
 WHERE status = 'SENT' AND sent_at < now() - make_interval(secs => $1)
+  AND NOT EXISTS (SELECT 1 FROM device_mapping m WHERE m.device_id = command.device_id)
 ORDER BY id LIMIT 500;
 
 -- name: fail_sent_timeout

@@ -1,6 +1,6 @@
 -- The alarm desk (docs/behaviour.md §5): the list's filters, counts and groups, shelves and
 -- out-of-service periods. Shelved and out of service are read through the functions of
--- migration 0025 (alarm_shelved_until, device_out_of_service_at).
+-- migration 0028 (alarm_shelved_until, device_out_of_service_at).
 --
 -- The filters, in this order in every block that takes them: $1 statuses or null, $2 device or
 -- null, $3 rule or null, $4 open only, $5 active (not cleared) or null, $6 cleared or null,

@@ -81,3 +81,18 @@ SELECT count(*) FROM telemetry;
 -- name: ping
 -- no parameters; a cheap liveness probe.
 SELECT 1;
+
+-- name: upsert_device_mappings
+-- $1 device ids (unique, sorted), $2 mapping names, $3 topic wildcards (JSON objects). Only a
+-- change is written: most messages come from a device already known with the same wildcards.
+INSERT INTO device_mapping (device_id, mapping, captures, updated_at)
+SELECT d, m, c::jsonb, now() FROM unnest($1::text[], $2::text[], $3::text[]) AS u(d, m, c)
+ON CONFLICT (device_id) DO UPDATE
+SET mapping = EXCLUDED.mapping, captures = EXCLUDED.captures, updated_at = now()
+WHERE (device_mapping.mapping, device_mapping.captures)
+    IS DISTINCT FROM (EXCLUDED.mapping, EXCLUDED.captures);
+
+-- name: device_mappings
+-- $1 device ids: the mapping and topic wildcards of those seen through a mapping.
+SELECT device_id, mapping, captures::text AS captures
+FROM device_mapping WHERE device_id = ANY($1::text[]);

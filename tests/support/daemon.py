@@ -34,14 +34,19 @@ def config_toml(
     # The tests' samples carry fixed 2026-01-01 timestamps (reproducible event ids): a daemon
     # keeping 30 days would prune them at its first maintenance pass, mid-test.
     retention: str = "telemetry_days = 0",
+    # Broker endpoints ([mqtt] hosts, "host:port") instead of 127.0.0.1:mqtt_port.
+    mqtt_hosts: list[str] | None = None,
 ) -> str:
+    if mqtt_hosts is None:
+        broker = f'host = "127.0.0.1"\nport = {mqtt_port}'
+    else:
+        broker = "hosts = [" + ", ".join(f'"{h}"' for h in mqtt_hosts) + "]"
     return f"""
 [node]
 id = "{node_id}"
 
 [mqtt]
-host = "127.0.0.1"
-port = {mqtt_port}
+{broker}
 protocol = "{protocol}"
 reconnect_min_s = 0.05
 reconnect_max_s = 0.5

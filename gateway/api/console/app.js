@@ -7,11 +7,12 @@ import { CommandsView } from "./commands.js";
 import { DeadLettersView } from "./deadletters.js";
 import { DevicesView } from "./devices.js";
 import { NotificationsView } from "./notifications.js";
+import { StatsView } from "./stats.js";
 import { LiveStream } from "./stream.js";
 
 const TOKEN_KEY = "gateway.token";
 const ROLES = { viewer: 1, operator: 2, admin: 3 };
-const SECTIONS = ["alarms", "devices", "commands", "campaigns", "notifications", "dead-letters"];
+const SECTIONS = ["alarms", "devices", "commands", "campaigns", "notifications", "figures", "dead-letters"];
 
 const $ = (id) => document.getElementById(id);
 
@@ -88,6 +89,7 @@ async function signIn(token, { remembered = false } = {}) {
     commands: new CommandsView(ctx),
     campaigns: new CampaignsView(ctx),
     notifications: new NotificationsView(ctx),
+    figures: new StatsView(ctx),
     "dead-letters": new DeadLettersView(ctx),
   };
   state.stream = new LiveStream(api, {

@@ -27,7 +27,7 @@ from gateway.domain.rules.model import (
     _is_glob,
     _is_number,
 )
-from protocol import MetricValue, is_valid_device_id
+from protocol import MetricValue, is_valid_device_id, sparkplug
 from protocol.ids import IDENTIFIER_PATTERN
 
 __all__ = [
@@ -45,7 +45,11 @@ RULE_KEY_PATTERN: Final = r"^[A-Za-z0-9_.-]{1,64}\Z"
 
 _RULE_KEY_RE: Final = re.compile(RULE_KEY_PATTERN)
 _IDENTIFIER_RE: Final = re.compile(IDENTIFIER_PATTERN)
-_GLOB_RE: Final = re.compile(r"^[A-Za-z0-9_.:\-*?\[\]!]{1,128}\Z")
+# `/` separates the levels of a Sparkplug id (`{group}/{node}/{device}`, docs/sparkplug.md).
+_GLOB_RE: Final = re.compile(r"^[A-Za-z0-9_.:/\-*?\[\]!]{1,200}\Z")
+# A metric name: a native one, or a Sparkplug one with its folders and spaces ("Inputs/temp").
+METRIC_NAME_PATTERN: Final = r"^[A-Za-z0-9_.:/ -]{1,256}\Z"
+_METRIC_NAME_RE: Final = re.compile(METRIC_NAME_PATTERN)
 _SEVERITY_BY_NAME: Final[Mapping[str, Severity]] = {s.value: s for s in Severity}
 _KIND_BY_NAME: Final[Mapping[str, RuleKind]] = {name: name for name in RULE_KINDS}
 _OP_BY_NAME: Final[Mapping[str, Op]] = {name: name for name in OPS}
@@ -148,7 +152,7 @@ def _threshold_rule(
     selector: DeviceSelector,
     at: Callable[[str], str],
 ) -> ThresholdRule:
-    metric = _identifier(config.metric, at("metric"), "threshold")
+    metric = _metric_name(config.metric, at("metric"))
     op_name = _required(config.op, at("op"), "threshold")
     op = _OP_BY_NAME.get(op_name)
     if op is None:
@@ -224,8 +228,19 @@ def _check_device_pattern(pattern: str, path: str) -> None:
     if _is_glob(pattern):
         if _GLOB_RE.fullmatch(pattern) is None:
             raise ConfigError(path, f"invalid device glob {pattern!r}")
-    elif not is_valid_device_id(pattern):
-        raise ConfigError(path, f"invalid device id {pattern!r}: must match {IDENTIFIER_PATTERN}")
+    elif not is_valid_device_id(pattern) and not sparkplug.is_device_key(pattern):
+        raise ConfigError(
+            path,
+            f"invalid device id {pattern!r}: must match {IDENTIFIER_PATTERN}, or be a "
+            "Sparkplug id {group}/{node}[/{device}] whose levels do",
+        )
+
+
+def _metric_name(value: str | None, path: str) -> str:
+    name = _required(value, path, "threshold")
+    if _METRIC_NAME_RE.fullmatch(name) is None:
+        raise ConfigError(path, f"must match {METRIC_NAME_PATTERN}")
+    return name
 
 
 def _identifier(value: str | None, path: str, kind: RuleKind) -> str:

@@ -117,6 +117,58 @@ async def test_an_older_release_refuses_a_newer_schema(db_dsn: str, tmp_path: Pa
     assert "refusing to start" in result.stderr
 
 
+async def test_a_command_on_a_database_without_the_schema_says_so_in_one_line(
+    empty_db_dsn: str, tmp_path: Path
+) -> None:
+    """Not a traceback about a missing table: one line naming the database and `gateway
+    migrate`, exit 2, for each command that reads the gateway's tables; and the database is
+    left as it was (nothing created)."""
+    config = tmp_path / "gateway.toml"
+    config.write_text(f'[database]\ndsn = "{empty_db_dsn}"\n[log]\nformat = "json"\n')
+    for command in (
+        ("dead-letters", "list"),
+        ("dead-letters", "replay", "--all"),
+        ("rules", "check"),
+        ("maintenance", "run-once"),
+    ):
+        result = _gateway(*command, "--config", str(config))
+        assert result.returncode == 2, (command, result.stderr)
+        assert result.stdout == "", command
+        (line,) = result.stderr.splitlines()
+        error = json.loads(line)
+        assert error["event"] == "startup_failed", line
+        assert "has no gateway schema" in error["error"], line
+        assert "gateway migrate" in error["error"], line
+        assert "Traceback" not in result.stderr
+    conn = await asyncpg.connect(empty_db_dsn)
+    try:
+        tables = await conn.fetchval(
+            "SELECT count(*) FROM information_schema.tables WHERE table_schema = 'public'"
+        )
+    finally:
+        await conn.close()
+    assert tables == 0
+
+
+async def test_a_command_on_an_older_schema_names_both_versions(
+    db_dsn: str, tmp_path: Path
+) -> None:
+    conn = await asyncpg.connect(db_dsn)
+    try:
+        await conn.execute("DELETE FROM schema_migration WHERE version = $1", latest_version())
+    finally:
+        await conn.close()
+    config = tmp_path / "gateway.toml"
+    config.write_text(f'[database]\ndsn = "{db_dsn}"\n[log]\nformat = "json"\n')
+    result = _gateway("dead-letters", "list", "--config", str(config))
+    assert result.returncode == 2, result.stderr
+    (line,) = result.stderr.splitlines()
+    assert (
+        f"has the gateway schema of migration {latest_version() - 1}, this gateway needs "
+        f"{latest_version()}" in json.loads(line)["error"]
+    )
+
+
 def test_install_systemd_writes_the_units_for_this_installation(tmp_path: Path) -> None:
     executable = tmp_path / "bin" / "gateway"
     executable.parent.mkdir()

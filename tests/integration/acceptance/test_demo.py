@@ -1,6 +1,9 @@
-"""``gateway demo`` as a newcomer runs it: one line with the console's address and a token,
-alarms from the simulated devices within seconds, commands answered, and Ctrl-C leaves
-nothing running (no child, no PostgreSQL, no temporary state)."""
+"""``gateway demo`` as a newcomer runs it: a line with the console's address and a token and
+one with its state directory (which the other commands find with ``--config``), alarms from
+the simulated devices within seconds but calm ones, devices with presence (a Will seen), the
+demo's webhook receiver taking notifications, a chattering device, commands answered, and
+Ctrl-C leaves nothing running (no child, no PostgreSQL, no temporary state). Its failures are
+one line naming its own flag, exit 2, with nothing left behind."""
 
 from __future__ import annotations
 
@@ -8,11 +11,13 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import threading
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
@@ -25,7 +30,21 @@ from tests.support.waiting import wait_until_sync
 LINE = re.compile(
     r"^Gateway demo: open (?P<url>http://\S+/) and sign in with the token (?P<token>\S+) "
 )
+STATE_LINE = re.compile(
+    r"^State directory: (?P<dir>\S+), removed at the end; the other commands find the demo "
+    r"with --config (?P<config>\S+) "
+)
 START_TIMEOUT_S = 120.0
+# Over the whole test (about a minute of demo), the alarms of every device but the chattering
+# one: the fleet's rules are calm (before them: about 75 a minute, most of them CRITICAL).
+CALM_MAX_ALARMS = 12
+
+
+def _run(module: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", module, *args],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
 
 
 def _processes() -> dict[int, tuple[int, str]]:
@@ -54,7 +73,7 @@ def tmpdir_for_demo() -> Iterator[Path]:
 
 
 @pytest.mark.embedded
-def test_the_demo_prints_one_line_serves_the_console_and_stops_cleanly(
+def test_the_demo_shows_the_product_calmly_and_stops_cleanly(
     tmpdir_for_demo: Path,
 ) -> None:
     http_port, mqtt_port = free_port(), free_port()
@@ -94,16 +113,92 @@ def test_the_demo_prints_one_line_serves_the_console_and_stops_cleanly(
             reply = httpx.get(f"{url}alarms?open=true", headers=auth, timeout=10)
             return reply.status_code == 200 and len(reply.json()["items"]) > 0
 
-        wait_until_sync(alarms, timeout=60, interval=0.5, message="an alarm from the fleet")
+        wait_until_sync(alarms, timeout=60, interval=0.5, message="an alarm from the demo")
         # A command to a simulated device is answered by its responder.
         reply = httpx.post(
-            f"{url}devices/sim-00000/commands?wait=30",
+            f"{url}devices/demo-00000/commands?wait=30",
             json={"name": "reboot"},
             headers=auth,
             timeout=40,
         )
         assert reply.status_code == 201
         assert reply.json()["command"]["status"] == "ACKED"
+
+        # The second line: the state directory, and the file the other commands read.
+        state = STATE_LINE.match(lines[1])
+        assert state, lines
+        assert Path(state["dir"]) == state_dir
+        config = Path(state["config"])
+        assert config == state_dir / "gateway.toml"
+        assert "token" not in config.read_text()  # the API token is printed, not written
+        listed = _run("gateway", "dead-letters", "list", "--config", str(config))
+        assert listed.returncode == 0, listed.stderr
+        published = _run("sim", "publish", "--config", str(config), "--devices", "2",
+                         "--messages", "4")  # fmt: skip
+        assert published.returncode == 0, published.stderr
+        assert "(gateway demo online)" in published.stdout, published.stdout
+
+        def devices(selector: str) -> dict[str, dict[str, object]]:
+            reply = httpx.get(
+                f"{url}devices", params={"selector": selector}, headers=auth, timeout=10
+            )
+            assert reply.status_code == 200, reply.text
+            return {d["device_id"]: d for d in reply.json()["devices"]}
+
+        wait_until_sync(
+            lambda: set(devices("pub-*")) == {"pub-00000", "pub-00001"},
+            timeout=30, interval=0.5, message="gateway-sim publish's devices, stored",
+        )  # fmt: skip
+        samples = httpx.get(f"{url}devices/pub-00000/telemetry", headers=auth, timeout=10)
+        newest = datetime.fromisoformat(samples.json()["samples"][0]["ts"])
+        assert abs((datetime.now(UTC) - newest).total_seconds()) < 120, newest  # dated now
+
+        # Presence: births retained, and the flaky hub's Will (a cut without DISCONNECT).
+        wait_until_sync(
+            lambda: devices("demo-hub-*")["demo-hub-3"]["presence"] == "offline",
+            timeout=60, interval=0.5, message="demo-hub-3 offline by its Will",
+        )  # fmt: skip
+        hubs = devices("demo-hub-*")
+        assert hubs["demo-hub-1"]["presence"] == hubs["demo-hub-2"]["presence"] == "online"
+
+        def alarm_list(**params: str) -> list[dict[str, object]]:
+            reply = httpx.get(
+                f"{url}alarms", params={"limit": "500", **params}, headers=auth, timeout=10
+            )
+            assert reply.status_code == 200, reply.text
+            items: list[dict[str, object]] = reply.json()["items"]
+            return items
+
+        wait_until_sync(
+            lambda: bool(alarm_list(device="demo-hub-3", rule="silent")),
+            timeout=30, interval=0.5, message="the silent alarm of the hub that went offline",
+        )  # fmt: skip
+
+        # The demo's own webhook receiver took notifications (sent: it answered 2xx).
+        def sent() -> list[dict[str, object]]:
+            reply = httpx.get(
+                f"{url}deliveries", params={"receiver": "demo-webhook"}, headers=auth, timeout=10
+            )
+            assert reply.status_code == 200, reply.text
+            return [d for d in reply.json()["items"] if d["status"] == "SENT"]
+
+        wait_until_sync(
+            lambda: bool(sent()), timeout=30, interval=0.5, message="a delivery to the webhook"
+        )
+
+        # The chattering device: raised again and again (each raise supersedes the last).
+        wait_until_sync(
+            lambda: len(alarm_list(device="demo-fan-1", rule="fan-vibration")) >= 3,
+            timeout=60, interval=0.5, message="three raises of the chattering rule",
+        )  # fmt: skip
+        assert len(alarm_list(device="demo-fan-1", open="true")) == 1
+        # ... and muted: its rule is routed nowhere until it is fixed.
+        assert not [d for d in sent() if d["rule_key"] == "fan-vibration"]
+
+        # Calm: few alarms, CRITICAL only where a person may be in danger.
+        calm = [a for a in alarm_list() if a["device_id"] != "demo-fan-1"]
+        assert len(calm) <= CALM_MAX_ALARMS, calm
+        assert {a["rule_key"] for a in calm if a["severity"] == "CRITICAL"} <= {"sos", "smoke"}
         session = process.pid
         assert any(str(state_dir) in cmd for _, (_, cmd) in _processes().items()), (
             "the embedded PostgreSQL runs from the demo's state directory"
@@ -111,6 +206,10 @@ def test_the_demo_prints_one_line_serves_the_console_and_stops_cleanly(
 
         process.send_signal(signal.SIGINT)
         assert process.wait(timeout=60) == 0, process.stderr.read() if process.stderr else ""
+        errors = process.stderr.read() if process.stderr else ""
+        # The hubs' retained births that amqtt hands to the wrong subscriber are not taken for
+        # commands (the simulated devices' responder used to warn of each).
+        assert "responder_command_undecodable" not in errors, errors
         left = {
             pid: cmd
             for pid, (sid, cmd) in _processes().items()
@@ -118,11 +217,55 @@ def test_the_demo_prints_one_line_serves_the_console_and_stops_cleanly(
         }
         assert not left, left
         assert not state_dir.exists(), "the temporary state is removed"
-        assert len([line for line in lines if line.strip()]) == 1, lines
+        assert len([line for line in lines if line.strip()]) == 2, lines
     finally:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait(timeout=30)
+
+
+def test_the_demo_fails_in_one_line_naming_its_flag_and_leaves_nothing(
+    tmpdir_for_demo: Path,
+) -> None:
+    """A taken port, a port out of range, a state directory that cannot be one: one line on
+    stderr naming the demo's own flag (not a setting of a file it does not have), exit 2,
+    nothing on stdout, no temporary directory, no process left."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        not_a_dir = tmpdir_for_demo / "file"
+        not_a_dir.write_text("")
+        cases = {
+            ("--http-port", port, "--mqtt-port", "0"): "choose another with --http-port PORT, "
+            "or --http-port 0 for any free port",
+            ("--http-port", "0", "--mqtt-port", port): "choose another with --mqtt-port PORT, "
+            "or --mqtt-port 0 for any free port",
+            ("--http-port", "70000"): "--http-port 70000 is not a port: 1 to 65535, or 0 for "
+            "any free port",
+            ("--http-port", "eighty"): "argument --http-port: invalid int value: 'eighty'",
+            ("--mqtt-port", "0", "--bogus"): "unrecognized arguments: --bogus",
+            ("--http-port", "0", "--mqtt-port", "0", "--state-dir", str(not_a_dir / "sub")): (
+                f"cannot write to --state-dir {not_a_dir / 'sub'}"
+            ),
+        }
+        temp = tmpdir_for_demo / "tmp"
+        temp.mkdir()
+        for args, said in cases.items():
+            process = subprocess.Popen(
+                [sys.executable, "-m", "gateway", "demo", *args],
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                env={**os.environ, "TMPDIR": str(temp)}, start_new_session=True,
+            )  # fmt: skip
+            out, err = process.communicate(timeout=60)
+            assert process.returncode == 2, (args, err)
+            assert out == "", args
+            (line,) = err.splitlines()
+            assert line.startswith("gateway demo: "), line
+            assert said in line, (args, line)
+            assert not list(temp.iterdir()), args
+            left = [cmd for _, (sid, cmd) in _processes().items() if sid == process.pid]
+            assert not left, left
 
 
 def _png_size(path: Path) -> tuple[int, int]:

@@ -505,7 +505,7 @@ async def test_every_control_of_every_section_is_reachable_with_tab(
     await alarm_row(page, "tab-1").get_by_role("link", name="#").first.click()
     await expect(page.locator("#alarm-detail .actions button").first).to_be_visible(timeout=WAIT_MS)
     for section in ("alarms", "devices", "commands/tab-1", "campaigns", "notifications",
-                    "dead-letters"):  # fmt: skip
+                    "figures", "dead-letters"):  # fmt: skip
         if section != "alarms":
             await page.goto(f"{console.base}/#/{section}")
         view = page.locator(f"#view-{section.split('/')[0]}")

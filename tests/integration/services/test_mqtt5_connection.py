@@ -24,6 +24,7 @@ from gateway.mqtt.v5_connection import (
     MqttConnectError,
     MqttConnectionLostError,
     MqttKeepAliveError,
+    MqttNoConnAckError,
     MqttProtocolError,
     MqttPublishError,
     MqttSubscribeError,
@@ -149,6 +150,31 @@ async def test_unreachable_broker_and_a_silent_one_fail_to_connect() -> None:
         with pytest.raises(MqttConnectError, match="no CONNACK"):
             async with Mqtt5Connection(_settings(fake.port, "silent", timeout_s=0.5)):
                 pass  # pragma: no cover
+
+
+async def test_an_address_that_never_answers_tcp_is_no_missing_connack() -> None:
+    # A listener that never accepts, its backlog full: Linux drops further SYNs, so a connect
+    # there hangs as to an address that drops packets.
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(0)
+        port = listener.getsockname()[1]
+        fillers = []
+        try:
+            for _ in range(4):
+                filler = socket.socket()
+                filler.setblocking(False)
+                with contextlib.suppress(BlockingIOError):
+                    filler.connect(("127.0.0.1", port))
+                fillers.append(filler)
+            with pytest.raises(MqttConnectError, match="no answer within") as caught:
+                async with Mqtt5Connection(_settings(port, "blackholed", timeout_s=0.5)):
+                    pass  # pragma: no cover
+        finally:
+            for filler in fillers:
+                filler.close()
+    # Not taken for a broker that got the CONNECT and kept silent (the session's 3.1.1 check).
+    assert not isinstance(caught.value, MqttNoConnAckError)
 
 
 async def test_tls_with_a_real_ca_and_refusal_with_a_wrong_one(tmp_path: Path) -> None:

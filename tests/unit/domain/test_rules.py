@@ -209,7 +209,8 @@ GOOD = [event_rule("first", "SOS"), threshold("second")]
         (threshold("x", silent_seconds=5), "silent_seconds", "does not apply"),
         (threshold("x", event="SOS"), "event", "does not apply"),
         ({**threshold("x"), "metric": None}, "metric", "required"),
-        (threshold("x", metric="te mp"), "metric", "must match"),
+        (threshold("x", metric="te#mp"), "metric", "must match"),
+        (threshold("x", metric="te\tmp"), "metric", "must match"),
         ({**threshold("x"), "op": None}, "op", "required"),
         (threshold("x", op="=>"), "op", "unknown operator '=>'"),
         ({**threshold("x"), "value": None}, "value", "required"),
@@ -231,9 +232,10 @@ GOOD = [event_rule("first", "SOS"), threshold("second")]
         ({**inactivity("x"), "silent_seconds": None}, "silent_seconds", "required"),
         (inactivity("x", silent_seconds=0), "silent_seconds", "> 0"),
         (event_rule("x", "SOS", devices=[]), "devices", "must not be empty"),
-        (event_rule("x", "SOS", devices="dev/1"), "devices", "invalid device id"),
+        (event_rule("x", "SOS", devices="dev/1/2/3"), "devices", "invalid device id"),
+        (event_rule("x", "SOS", devices="dev//1"), "devices", "invalid device id"),
         (event_rule("x", "SOS", devices=["dev-1", "dev 2"]), "devices[1]", "invalid device id"),
-        (event_rule("x", "SOS", devices=["dev-*", "a/*"]), "devices[1]", "invalid device glob"),
+        (event_rule("x", "SOS", devices=["dev-*", "a /*"]), "devices[1]", "invalid device glob"),
     ],
 )
 def test_invalid_rule_names_its_key_path(table: dict[str, Any], field: str, fragment: str) -> None:

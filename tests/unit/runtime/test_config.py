@@ -72,6 +72,20 @@ def _sections(config: Config) -> list[tuple[str, object]]:
         ("[database]\npool_min = 5\npool_max = 2\n", "database.pool_min", "must not exceed"),
         ("[ingest]\nbatch_max = 0\n", "ingest.batch_max", ">= 1"),
         ("[mqtt\n", "<toml>", ""),
+        # [alarms.figures]: thresholds that mean something.
+        ("[alarms.figures]\nflood_alarms = 0\n", "alarms.figures.flood_alarms", ">= 1"),
+        ("[alarms.figures]\nchatter_raises = 1\n", "alarms.figures.chatter_raises", ">= 2"),
+        ("[alarms.figures]\nstale_after_s = 0\n", "alarms.figures.stale_after_s", "> 0"),
+        (
+            "[alarms.figures]\nchatter_window_s = 120\nchatter_lookback_s = 60\n",
+            "alarms.figures.chatter_lookback_s",
+            "not be shorter than alarms.figures.chatter_window_s",
+        ),
+        (
+            "[alarms.figures]\nchatter_window_s = 90000\nchatter_lookback_s = 90000\n",
+            "alarms.figures.chatter_window_s",
+            "at most 86400",
+        ),
         # Every token is named (the audit's actor), names are unique.
         ("[[api.tokens]]\ntoken = 'a-token-of-16-chars'\n", "api.tokens[0].name", "required"),
         (

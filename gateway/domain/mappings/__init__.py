@@ -1,0 +1,37 @@
+"""Declarative mappings of vendor JSON devices onto the gateway's telemetry and presence
+(``[[ingest.mappings]]``, docs/devices.md). Pure: the ingest decoder and the command
+dispatcher use what ``compile_mappings`` returns."""
+
+from gateway.domain.mappings.compiled import (
+    REASONS,
+    Downlink,
+    DownlinkError,
+    MappedPresence,
+    MappedTelemetry,
+    Mappings,
+    Refusal,
+    compile_mappings,
+)
+from gateway.domain.mappings.config import (
+    PROFILES,
+    EventMapConfig,
+    MappingConfig,
+    MetricMapConfig,
+    resolve,
+)
+
+__all__ = [
+    "PROFILES",
+    "REASONS",
+    "Downlink",
+    "DownlinkError",
+    "EventMapConfig",
+    "MappedPresence",
+    "MappedTelemetry",
+    "MappingConfig",
+    "Mappings",
+    "MetricMapConfig",
+    "Refusal",
+    "compile_mappings",
+    "resolve",
+]

@@ -1,0 +1,434 @@
+"""The host application's judgement of a batch of Sparkplug messages, in the batch's own
+transaction (so the PUBACK still follows the commit that stored what they said).
+
+Per edge node, in message order, against the state PostgreSQL holds for it (locked for the
+batch, so any node of a ``$share`` group decides as one would):
+
+- ``NBIRTH`` defines the node's metrics and aliases (forgetting its devices'), its ``bdSeq``
+  and ``seq``; the node is online and trusted again, and a pending rebirth request is done.
+- ``DBIRTH`` adds a device's metrics and aliases; the device is online.
+- ``NDATA``/``DDATA`` become telemetry rows (metrics by name or by the birth's alias);
+  ``DDEATH`` sets its device offline; ``NDEATH`` with the birth's ``bdSeq`` sets the node and
+  every device of it offline (another ``bdSeq``: an older session's Will, ignored).
+- A ``seq`` that skips (beyond ``[sparkplug] reorder_window_s``) or goes back, an alias or a
+  device no birth defined: the node is not trusted — its data is stored but not judged by the
+  rules — until its next ``NBIRTH``, and a rebirth request is wanted (the loop in
+  :mod:`gateway.sparkplug.rebirth` sends it).
+- Data of a node (or device) that is not born (never, or since its death) cannot be read for
+  sure: a dead letter, ``SPARKPLUG_NOT_BORN``, and a rebirth request.
+- A message seen already (a redelivery: same topic and bytes among the node's last ones) is
+  skipped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+
+import asyncpg
+import structlog
+
+from protocol import Telemetry, canonical_bytes
+from protocol.messages import MAX_TIME, MIN_TIME
+from protocol.sparkplug import (
+    BDSEQ,
+    MessageType,
+    RawMetric,
+    SparkplugPayload,
+    SparkplugTopic,
+    SparkplugValue,
+    metric_value,
+)
+from storage import sparkplug as repo
+from storage.ingest import DeadLetterRow, TelemetryRow
+
+log = structlog.get_logger(__name__)
+
+NOT_BORN = "SPARKPLUG_NOT_BORN"
+INVALID = "INVALID"
+# Message ids kept per edge node to recognise a redelivery.
+RECENT = 64
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+@dataclass(slots=True)
+class SparkplugMessage:
+    """One decoded Sparkplug message of a batch; ``letter`` makes its dead letter."""
+
+    topic: SparkplugTopic
+    payload: SparkplugPayload
+    message_id: str
+    letter: Callable[[str, str], DeadLetterRow]
+
+
+@dataclass(slots=True)
+class HostOutcome:
+    """What a batch's Sparkplug messages add to it."""
+
+    telemetry: list[TelemetryRow] = field(default_factory=list)
+    decoded: list[Telemetry] = field(default_factory=list)
+    # Event ids stored but not judged by the rules (an untrusted edge node's).
+    untrusted: set[str] = field(default_factory=set)
+    presence: dict[str, str] = field(default_factory=dict)
+    seen_devices: set[str] = field(default_factory=set)
+    dead_letters: list[DeadLetterRow] = field(default_factory=list)
+    births: int = 0
+    deaths: int = 0
+    duplicates: int = 0
+    # Edge nodes that became untrusted in this batch, with why.
+    distrusted: list[tuple[str, str]] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class _Node:
+    """One edge node's state while a batch is judged (decoded from ``NodeRow``)."""
+
+    group: str
+    node: str
+    born: bool
+    bdseq: int | None
+    seq: int | None
+    missing: dict[str, float]
+    trusted: bool
+    aliases: dict[str, list[object]]
+    metrics: dict[str, dict[str, int | None]]
+    devices: list[str]
+    recent: list[str]
+    rebirth_reason: str | None
+    born_now: bool = False
+
+    @classmethod
+    def of(cls, row: repo.NodeRow) -> _Node:
+        return cls(
+            group=row.group_id,
+            node=row.edge_node_id,
+            born=row.born,
+            bdseq=row.bdseq,
+            seq=row.seq,
+            missing=json.loads(row.missing),
+            trusted=row.trusted,
+            aliases=json.loads(row.aliases),
+            metrics=json.loads(row.metrics),
+            devices=list(row.devices),
+            recent=list(row.recent),
+            rebirth_reason=row.rebirth_reason,
+        )
+
+    def write(self) -> repo.NodeWrite:
+        return repo.NodeWrite(
+            group_id=self.group,
+            edge_node_id=self.node,
+            born=self.born,
+            bdseq=self.bdseq,
+            seq=self.seq,
+            missing=json.dumps(self.missing),
+            trusted=self.trusted,
+            aliases=json.dumps(self.aliases),
+            metrics=json.dumps(self.metrics),
+            devices=self.devices,
+            recent=self.recent[-RECENT:],
+            rebirth_reason=self.rebirth_reason,
+            born_now=self.born_now,
+        )
+
+    @property
+    def key(self) -> str:
+        return f"{self.group}/{self.node}"
+
+
+class SparkplugHost:
+    """Judges the Sparkplug messages of a batch (``apply``), in the caller's transaction."""
+
+    def __init__(self, *, reorder_window_s: float = 0.0, replay: bool = False) -> None:
+        self.reorder_window_s = reorder_window_s
+        # Replaying dead letters: a message from the past, judged against today's births. Its
+        # data is read with the aliases in force and stored, never judged by the rules, and it
+        # moves nothing of the stream (seq, births, presence); births and deaths are not
+        # replayed (their moment has passed).
+        self.replay = replay
+
+    async def apply(
+        self, conn: asyncpg.Connection, messages: Sequence[SparkplugMessage]
+    ) -> HostOutcome:
+        out = HostOutcome()
+        if not messages:
+            return out
+        rows = await repo.lock_nodes(conn, [(m.topic.group, m.topic.node) for m in messages])
+        nodes = {key: _Node.of(row) for key, row in rows.items()}
+        now = await repo.db_epoch(conn) if self.reorder_window_s > 0 else 0.0
+        for message in messages:
+            node = nodes[(message.topic.group, message.topic.node)]
+            short = message.message_id[:16]
+            if short in node.recent:
+                out.duplicates += 1
+                continue
+            letters = len(out.dead_letters)
+            self._one(node, message, out, now)
+            if len(out.dead_letters) == letters:
+                # Applied: a redelivery is skipped. (A dead letter is not: replayed, it is
+                # judged again.)
+                node.recent.append(short)
+        await repo.write_nodes(conn, [node.write() for node in nodes.values()])
+        return out
+
+    # --- one message ---------------------------------------------------------------------
+
+    def _one(self, node: _Node, message: SparkplugMessage, out: HostOutcome, now: float) -> None:
+        kind = message.topic.type
+        if self.replay:
+            self._replayed(node, message, out)
+        elif kind is MessageType.NBIRTH:
+            self._nbirth(node, message, out)
+        elif kind is MessageType.NDEATH:
+            self._ndeath(node, message, out)
+        elif not node.born:
+            self._distrust(node, out, "data before the node's birth")
+            out.dead_letters.append(
+                message.letter(
+                    NOT_BORN, f"edge node {node.key} has no birth in force: a rebirth is requested"
+                )
+            )
+        else:
+            self._stream(node, message, out, now)
+
+    def _stream(self, node: _Node, message: SparkplugMessage, out: HostOutcome, now: float) -> None:
+        """A born node's DBIRTH, DDEATH or data."""
+        kind = message.topic.type
+        self._check_seq(node, message.payload.seq, out, now)
+        device = message.topic.device
+        if kind is MessageType.DBIRTH:
+            self._dbirth(node, message, out)
+            return
+        assert device is None or kind in (MessageType.DDATA, MessageType.DDEATH)
+        if device is not None and device not in node.devices:
+            self._distrust(node, out, f"device {device} has no birth in force")
+            if kind is MessageType.DDATA:
+                out.dead_letters.append(
+                    message.letter(
+                        NOT_BORN,
+                        f"device {message.topic.device_key} has no birth in force: "
+                        "a rebirth is requested",
+                    )
+                )
+            else:
+                out.presence[message.topic.device_key] = "offline"
+            return
+        if kind is MessageType.DDEATH:
+            assert device is not None
+            node.devices.remove(device)
+            out.presence[message.topic.device_key] = "offline"
+            out.deaths += 1
+            return
+        self._data(node, message, out, birth=False)
+
+    def _replayed(self, node: _Node, message: SparkplugMessage, out: HostOutcome) -> None:
+        topic = message.topic
+        if topic.type not in (MessageType.NDATA, MessageType.DDATA):
+            out.dead_letters.append(
+                message.letter(
+                    INVALID, f"a replayed {topic.type.value} changes nothing: not applied"
+                )
+            )
+            return
+        if not node.born or (topic.device is not None and topic.device not in node.devices):
+            out.dead_letters.append(
+                message.letter(NOT_BORN, f"{topic.device_key} has no birth in force")
+            )
+            return
+        trusted = node.trusted
+        node.trusted = False  # stored, not judged: it is from the past
+        before = (node.rebirth_reason, len(out.distrusted))
+        self._data(node, message, out, birth=False)
+        node.trusted = trusted
+        if len(out.distrusted) > before[1]:  # an alias today's births do not have
+            node.rebirth_reason = before[0]
+            del out.distrusted[before[1] :]
+            out.dead_letters.append(
+                message.letter(
+                    NOT_BORN,
+                    f"the births in force do not define all of {topic.device_key}'s metrics",
+                )
+            )
+            out.telemetry.clear()
+            out.decoded.clear()
+
+    def _nbirth(self, node: _Node, message: SparkplugMessage, out: HostOutcome) -> None:
+        payload = message.payload
+        if payload.seq is None or not 0 <= payload.seq <= 255:
+            out.dead_letters.append(
+                message.letter(INVALID, "an NBIRTH carries a seq from 0 to 255")
+            )
+            self._distrust(node, out, "an NBIRTH without a valid seq")
+            return
+        node.born = True
+        node.born_now = True
+        node.trusted = True
+        node.rebirth_reason = None
+        node.bdseq = payload.bdseq()
+        node.seq = payload.seq
+        node.missing = {}
+        node.aliases = {}
+        node.metrics = {}
+        # The devices' births are void too: they come again after the node's.
+        for device in node.devices:
+            out.presence[f"{node.key}/{device}"] = "offline"
+        node.devices = []
+        out.presence[node.key] = "online"
+        out.births += 1
+        self._define(node, "", payload.metrics)
+        self._data(node, message, out, birth=True)
+
+    def _dbirth(self, node: _Node, message: SparkplugMessage, out: HostOutcome) -> None:
+        device = message.topic.device
+        assert device is not None
+        node.aliases = {a: d for a, d in node.aliases.items() if d[0] != device}
+        node.metrics.pop(device, None)
+        self._define(node, device, message.payload.metrics)
+        if device not in node.devices:
+            node.devices.append(device)
+        out.presence[message.topic.device_key] = "online"
+        out.births += 1
+        self._data(node, message, out, birth=True)
+
+    def _ndeath(self, node: _Node, message: SparkplugMessage, out: HostOutcome) -> None:
+        bdseq = message.payload.bdseq()
+        if not node.born or bdseq != node.bdseq:
+            log.info(
+                "sparkplug_stale_death",
+                edge_node=node.key,
+                bdseq=bdseq,
+                birth_bdseq=node.bdseq,
+                note="an NDEATH of another session than the birth in force: ignored",
+            )
+            return
+        node.born = False
+        node.trusted = False
+        node.rebirth_reason = None  # a dead node is not asked for anything; its birth will come
+        node.missing = {}
+        out.presence[node.key] = "offline"
+        for device in node.devices:
+            out.presence[f"{node.key}/{device}"] = "offline"
+        node.devices = []
+        out.deaths += 1
+
+    # --- births, metrics -----------------------------------------------------------------
+
+    @staticmethod
+    def _define(node: _Node, device: str, metrics: Sequence[RawMetric]) -> None:
+        names = node.metrics.setdefault(device, {})
+        for metric in metrics:
+            if metric.name is None:
+                continue
+            names[metric.name] = metric.datatype
+            if metric.alias is not None:
+                node.aliases[str(metric.alias)] = [device, metric.name, metric.datatype]
+
+    def _data(
+        self, node: _Node, message: SparkplugMessage, out: HostOutcome, *, birth: bool
+    ) -> None:
+        topic = message.topic
+        device = topic.device or ""
+        payload = message.payload
+        known = node.metrics.get(device, {})
+        by_time: dict[int, dict[str, SparkplugValue]] = {}
+        out.seen_devices.add(topic.device_key)
+        for metric in payload.metrics:
+            name = metric.name
+            datatype: int | None = None
+            if name is None and metric.alias is not None:
+                entry = node.aliases.get(str(metric.alias))
+                if entry is None or entry[0] != device:
+                    self._distrust(
+                        node, out, f"alias {metric.alias} is in no birth of {topic.device_key}"
+                    )
+                    continue
+                name = str(entry[1])
+                datatype = entry[2] if isinstance(entry[2], int) else None
+            elif name is not None:
+                if name not in known and not birth:
+                    self._distrust(
+                        node, out, f"metric {name!r} is in no birth of {topic.device_key}"
+                    )
+                    continue
+                datatype = known.get(name)
+            if name is None or (name == BDSEQ and device == ""):
+                continue
+            value = metric_value(metric, datatype)
+            if value is None:
+                continue  # null, or a kind rules do not compare (docs/sparkplug.md)
+            at = metric.timestamp if metric.timestamp is not None else payload.timestamp
+            if at is None:
+                out.dead_letters.append(
+                    message.letter(INVALID, f"metric {name!r} has no timestamp, nor its payload")
+                )
+                return
+            by_time.setdefault(at, {})[name] = value
+        for at, values in sorted(by_time.items()):
+            ts = _EPOCH + timedelta(milliseconds=at)
+            if not MIN_TIME <= ts < MAX_TIME:
+                out.dead_letters.append(message.letter(INVALID, f"timestamp {at} is out of range"))
+                return
+            telemetry = Telemetry(ts=ts, seq=payload.seq, metrics=values)
+            event_id = event_id_of(topic.device_key, telemetry)
+            out.telemetry.append(
+                TelemetryRow(
+                    event_id=event_id,
+                    device_id=topic.device_key,
+                    ts=ts,
+                    seq=payload.seq,
+                    metrics_json=json.dumps(values, separators=(",", ":")),
+                    events_json=None,
+                )
+            )
+            out.decoded.append(telemetry)
+            if not node.trusted:
+                out.untrusted.add(event_id)
+
+    # --- seq -----------------------------------------------------------------------------
+
+    def _check_seq(self, node: _Node, seq: int | None, out: HostOutcome, now: float) -> None:
+        if seq is None or not 0 <= seq <= 255:
+            self._distrust(node, out, "a message without a valid seq")
+            return
+        last = node.seq
+        if last is None:
+            node.seq = seq
+            return
+        ahead = (seq - last) % 256
+        if ahead == 1:
+            node.seq = seq
+        elif str(seq) in node.missing:
+            del node.missing[str(seq)]  # late, within the reorder window
+        elif 1 < ahead < 128 and self.reorder_window_s > 0:
+            for skipped in range(1, ahead):
+                node.missing.setdefault(str((last + skipped) % 256), now)
+            node.seq = seq
+        else:
+            node.seq = seq
+            node.missing = {}
+            self._distrust(node, out, f"seq {seq} after {last}")
+        window = self.reorder_window_s
+        if window > 0 and node.missing and min(node.missing.values()) < now - window:
+            node.missing = {}
+            self._distrust(node, out, "a seq missing longer than the reorder window")
+
+    @staticmethod
+    def _distrust(node: _Node, out: HostOutcome, why: str) -> None:
+        if node.trusted or node.rebirth_reason is None:
+            out.distrusted.append((node.key, why))
+            log.warning("sparkplug_rebirth_wanted", edge_node=node.key, reason=why)
+        node.trusted = False
+        if node.rebirth_reason is None:
+            node.rebirth_reason = why[:200]
+
+
+def event_id_of(device_key: str, telemetry: Telemetry) -> str:
+    """Hex SHA-256 of the namespace, the Sparkplug id and the sample's canonical bytes: a
+    redelivery (or the same sample in another message) has the same id, a native device's
+    never does (its id holds no `/`)."""
+    return hashlib.sha256(
+        b"spBv1.0\n" + device_key.encode() + b"\n" + canonical_bytes(telemetry)
+    ).hexdigest()

@@ -1,0 +1,418 @@
+"""Sparkplug B (Eclipse Sparkplug 3.0) on the wire: topics, protobuf payloads, the host
+application's STATE message, and the commands a host sends (NCMD/DCMD).
+
+The payload is Eclipse Tahu's ``sparkplug_b.proto`` (EPL-2.0, vendored with its header as
+``protocol/sparkplug_b.proto``) compiled by protobuf's own compiler into
+``protocol/sparkplug_b_pb2.py``; the ``protobuf`` runtime parses it. Everything here is pure:
+decoding gives plain structs, the state they are judged against lives in PostgreSQL
+(``gateway.sparkplug``).
+
+Identity: an edge node is ``{group}/{node}``, a device behind it ``{group}/{node}/{device}``
+(docs/sparkplug.md). Each level must match the native id grammar (``protocol.ids``): the
+``/`` only ever separates levels, so the ids never collide with native ones, which hold none.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Final, TypeAlias
+
+from google.protobuf.message import DecodeError as ProtobufDecodeError
+
+from protocol import sparkplug_b_pb2 as pb
+from protocol.ids import DEVICE_ID_RE
+
+NAMESPACE: Final = "spBv1.0"
+STATE: Final = "STATE"
+BDSEQ: Final = "bdSeq"
+REBIRTH: Final = "Node Control/Rebirth"
+
+# Sparkplug metric names may hold `/` (folders) and spaces; NUL and control characters are
+# refused, and names longer than this.
+MAX_METRIC_NAME: Final = 256
+_METRIC_NAME_RE: Final = re.compile(r"^[^\x00-\x1f\x7f]{1,256}\Z")
+
+SparkplugValue: TypeAlias = int | float | bool | str
+
+
+class MessageType(enum.StrEnum):
+    NBIRTH = "NBIRTH"
+    NDEATH = "NDEATH"
+    DBIRTH = "DBIRTH"
+    DDEATH = "DDEATH"
+    NDATA = "NDATA"
+    DDATA = "DDATA"
+    NCMD = "NCMD"
+    DCMD = "DCMD"
+
+
+_TYPES: Final = {t.value: t for t in MessageType}
+_DEVICE_TYPES: Final = frozenset({MessageType.DBIRTH, MessageType.DDEATH, MessageType.DDATA})
+# What a host application consumes; NCMD/DCMD are other hosts' commands.
+CONSUMED: Final = frozenset(
+    {
+        MessageType.NBIRTH,
+        MessageType.NDEATH,
+        MessageType.DBIRTH,
+        MessageType.DDEATH,
+        MessageType.NDATA,
+        MessageType.DDATA,
+    }
+)
+
+
+class DataType(enum.IntEnum):
+    """The datatypes of ``sparkplug_b.proto`` (the ones a metric value is read from)."""
+
+    UNKNOWN = 0
+    INT8 = 1
+    INT16 = 2
+    INT32 = 3
+    INT64 = 4
+    UINT8 = 5
+    UINT16 = 6
+    UINT32 = 7
+    UINT64 = 8
+    FLOAT = 9
+    DOUBLE = 10
+    BOOLEAN = 11
+    STRING = 12
+    DATETIME = 13
+    TEXT = 14
+    UUID = 15
+    DATASET = 16
+    BYTES = 17
+    FILE = 18
+    TEMPLATE = 19
+
+
+_KNOWN: Final = frozenset(DataType)
+_SIGNED_BITS: Final = {DataType.INT8: 8, DataType.INT16: 16, DataType.INT32: 32, DataType.INT64: 64}
+_STRINGS: Final = frozenset({DataType.STRING, DataType.TEXT, DataType.UUID})
+
+
+class SparkplugError(ValueError):
+    """A topic or payload no Sparkplug host can read; ``code`` is the dead letter's reason."""
+
+    def __init__(self, code: str, detail: str) -> None:
+        super().__init__(f"{code}: {detail}")
+        self.code = code
+        self.detail = detail
+
+    def __reduce__(self) -> tuple[type[SparkplugError], tuple[str, str]]:
+        return (type(self), (self.code, self.detail))
+
+
+@dataclass(frozen=True, slots=True)
+class SparkplugTopic:
+    group: str
+    type: MessageType
+    node: str
+    device: str | None = None
+
+    @property
+    def node_key(self) -> str:
+        """The edge node's id: ``{group}/{node}``."""
+        return f"{self.group}/{self.node}"
+
+    @property
+    def device_key(self) -> str:
+        """Whose data the message carries: the device's id, or the node's."""
+        return self.node_key if self.device is None else f"{self.node_key}/{self.device}"
+
+
+def is_topic(topic: str) -> bool:
+    return topic.startswith(NAMESPACE + "/")
+
+
+def parse_topic(topic: str) -> SparkplugTopic:
+    """``spBv1.0/{group}/{type}/{node}[/{device}]``; raises :class:`SparkplugError`
+    (``BAD_TOPIC``, ``BAD_DEVICE_ID``)."""
+    levels = topic.split("/")
+    if len(levels) not in (4, 5) or levels[0] != NAMESPACE:
+        raise SparkplugError(
+            "BAD_TOPIC", f"expected `{NAMESPACE}/{{group}}/{{type}}/{{node}}[/{{device}}]`"
+        )
+    group, kind, node = levels[1], levels[2], levels[3]
+    message_type = _TYPES.get(kind)
+    if message_type is None:
+        raise SparkplugError("BAD_TOPIC", f"unknown Sparkplug message type {kind!r}")
+    device = levels[4] if len(levels) == 5 else None
+    if (device is not None) != (message_type in _DEVICE_TYPES | {MessageType.DCMD}):
+        raise SparkplugError(
+            "BAD_TOPIC", f"{message_type.value} {'needs' if device is None else 'takes no'} device"
+        )
+    for what, value in (("group id", group), ("edge node id", node), ("device id", device)):
+        if value is not None and DEVICE_ID_RE.fullmatch(value) is None:
+            raise SparkplugError(
+                "BAD_DEVICE_ID", f"{what} {value!r} must match {DEVICE_ID_RE.pattern}"
+            )
+    return SparkplugTopic(group, message_type, node, device)
+
+
+def topic(group: str, message_type: MessageType, node: str, device: str | None = None) -> str:
+    for value in (group, node, device):
+        if value is not None and DEVICE_ID_RE.fullmatch(value) is None:
+            raise ValueError(f"invalid Sparkplug id {value!r}: must match {DEVICE_ID_RE.pattern}")
+    tail = "" if device is None else f"/{device}"
+    return f"{NAMESPACE}/{group}/{message_type.value}/{node}{tail}"
+
+
+def split_device_key(device_id: str) -> tuple[str, str, str | None] | None:
+    """``(group, node, device)`` of a Sparkplug id (``{group}/{node}[/{device}]``), None for
+    anything else (a native id holds no `/`)."""
+    levels = device_id.split("/")
+    if len(levels) not in (2, 3) or any(DEVICE_ID_RE.fullmatch(level) is None for level in levels):
+        return None
+    return levels[0], levels[1], levels[2] if len(levels) == 3 else None
+
+
+def is_device_key(device_id: str) -> bool:
+    return split_device_key(device_id) is not None
+
+
+def state_topic(host_id: str) -> str:
+    if DEVICE_ID_RE.fullmatch(host_id) is None:
+        raise ValueError(
+            f"invalid host application id {host_id!r}: must match {DEVICE_ID_RE.pattern}"
+        )
+    return f"{NAMESPACE}/{STATE}/{host_id}"
+
+
+def subscriptions(groups: tuple[str, ...] | list[str]) -> list[str]:
+    """The filters a host consuming ``groups`` subscribes to (every group when empty)."""
+    if not groups:
+        return [f"{NAMESPACE}/#"]
+    return [f"{NAMESPACE}/{group}/#" for group in groups]
+
+
+def state_payload(online: bool, timestamp_ms: int) -> bytes:
+    """Sparkplug 3.0's host STATE: ``{"online": …, "timestamp": …}`` (UTF-8 JSON); the Will
+    (``online`` false) carries the same timestamp as the birth that follows its CONNECT."""
+    return json.dumps({"online": online, "timestamp": timestamp_ms}, separators=(",", ":")).encode()
+
+
+def parse_state(payload: bytes) -> tuple[bool, int] | None:
+    try:
+        value = json.loads(payload)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    if not isinstance(value, dict):
+        return None
+    online, timestamp = value.get("online"), value.get("timestamp")
+    if (
+        not isinstance(online, bool)
+        or not isinstance(timestamp, int)
+        or isinstance(timestamp, bool)
+    ):
+        return None
+    return online, timestamp
+
+
+@dataclass(frozen=True, slots=True)
+class RawMetric:
+    """One metric as the payload has it: the value in whichever field carries it (read with
+    the birth's datatype, which a data message may leave out: :func:`metric_value`)."""
+
+    name: str | None
+    alias: int | None
+    timestamp: int | None
+    datatype: int | None
+    is_null: bool
+    is_historical: bool
+    is_transient: bool
+    which: str | None  # the oneof field set: int_value, long_value, ... or None
+    raw: object
+    properties: dict[str, SparkplugValue | None] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class SparkplugPayload:
+    timestamp: int | None
+    seq: int | None
+    metrics: tuple[RawMetric, ...]
+
+    def bdseq(self) -> int | None:
+        for metric in self.metrics:
+            if metric.name == BDSEQ and isinstance(metric.raw, int) and not metric.is_null:
+                return metric.raw
+        return None
+
+
+def _properties(metric: pb.Payload.Metric) -> dict[str, SparkplugValue | None]:
+    if not metric.HasField("properties"):
+        return {}
+    props = metric.properties
+    out: dict[str, SparkplugValue | None] = {}
+    for key, value in zip(props.keys, props.values, strict=False):
+        which = value.WhichOneof("value")
+        if value.is_null or which is None:
+            out[key] = None
+        elif which in ("int_value", "long_value", "float_value", "double_value"):
+            out[key] = _convert(value.type, which, getattr(value, which))
+        elif which in ("boolean_value", "string_value"):
+            out[key] = getattr(value, which)
+        # property sets (nested) are not kept
+    return out
+
+
+def decode_payload(data: bytes) -> SparkplugPayload:
+    """Parse a Sparkplug B payload; raises :class:`SparkplugError` ``MALFORMED``."""
+    message = pb.Payload()
+    try:
+        message.ParseFromString(data)
+    except ProtobufDecodeError as exc:
+        raise SparkplugError("MALFORMED", f"not a Sparkplug B payload: {exc}") from exc
+    metrics = []
+    for metric in message.metrics:
+        which = metric.WhichOneof("value")
+        raw: object = None
+        if which is not None:
+            raw = getattr(metric, which)
+        name = metric.name if metric.HasField("name") else None
+        if name is not None and _METRIC_NAME_RE.fullmatch(name) is None:
+            raise SparkplugError(
+                "INVALID", f"metric name {name[:80]!r} is empty, too long or holds control codes"
+            )
+        metrics.append(
+            RawMetric(
+                name=name,
+                alias=metric.alias if metric.HasField("alias") else None,
+                timestamp=metric.timestamp if metric.HasField("timestamp") else None,
+                datatype=metric.datatype if metric.HasField("datatype") else None,
+                is_null=metric.is_null,
+                is_historical=metric.is_historical,
+                is_transient=metric.is_transient,
+                which=which,
+                raw=raw,
+                properties=_properties(metric),
+            )
+        )
+    return SparkplugPayload(
+        timestamp=message.timestamp if message.HasField("timestamp") else None,
+        seq=message.seq if message.HasField("seq") else None,
+        metrics=tuple(metrics),
+    )
+
+
+def _convert(datatype: int | None, which: str, raw: object) -> SparkplugValue | None:
+    if which in ("int_value", "long_value") and isinstance(raw, int):
+        bits = _SIGNED_BITS.get(DataType(datatype)) if datatype in _KNOWN else None
+        if bits is not None:
+            # Signed integers travel as their two's complement in an unsigned field.
+            width = 32 if which == "int_value" else 64
+            raw &= (1 << width) - 1
+            if raw >= 1 << (width - 1):
+                raw -= 1 << width
+            elif bits < width and (1 << (bits - 1)) <= raw < (1 << bits):
+                raw -= 1 << bits  # sent as the complement of its own width (Int8 -1 as 255)
+        return raw
+    if which in ("float_value", "double_value") and isinstance(raw, float):
+        return raw if math.isfinite(raw) else None
+    if which == "boolean_value" and isinstance(raw, bool):
+        return raw
+    if which == "string_value" and isinstance(raw, str):
+        return raw.replace("\x00", "")
+    return None
+
+
+def metric_value(metric: RawMetric, datatype: int | None) -> SparkplugValue | None:
+    """The metric's value as a rule can compare it: integers (signed by the datatype), floats,
+    booleans, strings, DateTime as epoch milliseconds; None for a null, NaN/±inf, and the
+    kinds rules cannot compare (bytes, files, data sets, templates, arrays, property sets)."""
+    if metric.is_null or metric.which is None:
+        return None
+    kind = metric.datatype if metric.datatype is not None else datatype
+    if kind is not None and kind not in _KNOWN:
+        return None  # arrays (22..34), property sets: not values a rule compares
+    if kind in (DataType.DATASET, DataType.BYTES, DataType.FILE, DataType.TEMPLATE):
+        return None
+    return _convert(kind, metric.which, metric.raw)
+
+
+def message_id(topic_name: str, payload: bytes) -> str:
+    """A message's identity (hex SHA-256 of its topic and bytes): a redelivery has the same."""
+    return hashlib.sha256(topic_name.encode() + b"\n" + payload).hexdigest()
+
+
+def encode_rebirth(timestamp_ms: int) -> bytes:
+    """An NCMD payload asking an edge node to publish its births again."""
+    payload = pb.Payload(timestamp=timestamp_ms)
+    metric = payload.metrics.add()
+    metric.name = REBIRTH
+    metric.timestamp = timestamp_ms
+    metric.datatype = DataType.BOOLEAN
+    metric.boolean_value = True
+    return payload.SerializeToString()
+
+
+def encode_write(
+    timestamp_ms: int, writes: list[tuple[str, int | None, int, SparkplugValue]]
+) -> bytes:
+    """An NCMD/DCMD payload writing metrics: ``(name, alias, datatype, value)`` each (the name
+    is always sent: an edge node need not keep aliases for commands)."""
+    payload = pb.Payload(timestamp=timestamp_ms)
+    for name, alias, datatype, value in writes:
+        metric = payload.metrics.add()
+        metric.name = name
+        if alias is not None:
+            metric.alias = alias
+        metric.timestamp = timestamp_ms
+        metric.datatype = datatype
+        _set_value(metric, datatype, value)
+    return payload.SerializeToString()
+
+
+def _set_value(metric: pb.Payload.Metric, datatype: int, value: SparkplugValue) -> None:
+    kind = DataType(datatype) if datatype in _KNOWN else DataType.UNKNOWN
+    if kind is DataType.BOOLEAN:
+        if not isinstance(value, bool):
+            raise ValueError(f"{metric.name}: a Boolean metric takes true or false")
+        metric.boolean_value = value
+    elif kind in _STRINGS:
+        if not isinstance(value, str):
+            raise ValueError(f"{metric.name}: a {kind.name.title()} metric takes a string")
+        metric.string_value = value
+    elif kind in (DataType.FLOAT, DataType.DOUBLE):
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ValueError(f"{metric.name}: a {kind.name.title()} metric takes a number")
+        if kind is DataType.FLOAT:
+            metric.float_value = float(value)
+        else:
+            metric.double_value = float(value)
+    elif kind in (
+        DataType.INT8, DataType.INT16, DataType.INT32, DataType.UINT8, DataType.UINT16,
+        DataType.UINT32,
+    ):  # fmt: skip
+        metric.int_value = _integer(metric.name, kind, value, 32)
+    elif kind in (DataType.INT64, DataType.UINT64, DataType.DATETIME):
+        metric.long_value = _integer(metric.name, kind, value, 64)
+    else:
+        raise ValueError(f"{metric.name}: datatype {datatype} cannot be written by a command")
+
+
+_RANGES: Final = {
+    DataType.INT8: (-(2**7), 2**7 - 1),
+    DataType.INT16: (-(2**15), 2**15 - 1),
+    DataType.INT32: (-(2**31), 2**31 - 1),
+    DataType.INT64: (-(2**63), 2**63 - 1),
+    DataType.UINT8: (0, 2**8 - 1),
+    DataType.UINT16: (0, 2**16 - 1),
+    DataType.UINT32: (0, 2**32 - 1),
+    DataType.UINT64: (0, 2**64 - 1),
+    DataType.DATETIME: (0, 2**63 - 1),
+}
+
+
+def _integer(name: str, kind: DataType, value: SparkplugValue, width: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name}: an {kind.name.title()} metric takes an integer")  # noqa: TRY004
+    low, high = _RANGES[kind]
+    if not low <= value <= high:
+        raise ValueError(f"{name}: {value} is out of range for {kind.name.title()}")
+    return value & ((1 << width) - 1)  # two's complement for the signed kinds

@@ -1,0 +1,90 @@
+-- name: create_nodes
+-- $1 group ids, $2 edge node ids (pairwise, sorted); creates the rows not seen yet, in one
+-- order on every node (two batches wait for each other, never deadlock).
+INSERT INTO sparkplug_node (group_id, edge_node_id)
+SELECT g, n FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS u(g, n, o)
+ORDER BY o
+ON CONFLICT (group_id, edge_node_id) DO NOTHING;
+
+-- name: lock_nodes
+-- $1 group ids, $2 edge node ids (pairwise); every row, locked until the transaction ends, in
+-- key order, columns in `NodeRow` order.
+SELECT s.group_id, s.edge_node_id, s.born, s.bdseq, s.seq, s.missing::text, s.trusted,
+       s.aliases::text, s.metrics::text, s.devices, s.recent, s.rebirth_reason,
+       s.rebirth_wanted_at IS NOT NULL AS rebirth_wanted
+FROM sparkplug_node s
+JOIN unnest($1::text[], $2::text[]) AS u(g, n) ON s.group_id = u.g AND s.edge_node_id = u.n
+ORDER BY s.group_id, s.edge_node_id
+FOR UPDATE OF s;
+
+-- name: write_node
+-- $1 group id, $2 edge node id, $3 born, $4 bdseq, $5 seq, $6 missing (json), $7 trusted,
+-- $8 aliases (json), $9 metrics (json), $10 devices, $11 recent, $12 rebirth reason or null
+-- (null: none wanted), $13 born now (a birth was taken in this batch).
+UPDATE sparkplug_node
+SET born = $3, bdseq = $4, seq = $5, missing = $6::jsonb, trusted = $7, aliases = $8::jsonb,
+    metrics = $9::jsonb, devices = $10, recent = $11,
+    rebirth_reason = $12,
+    rebirth_wanted_at = CASE WHEN $12::text IS NULL THEN NULL
+                             ELSE coalesce(rebirth_wanted_at, now()) END,
+    rebirth_sent_at = CASE WHEN $12::text IS NULL THEN NULL ELSE rebirth_sent_at END,
+    born_at = CASE WHEN $13::boolean THEN now() ELSE born_at END,
+    updated_at = now()
+WHERE group_id = $1 AND edge_node_id = $2;
+
+-- name: take_rebirths
+-- $1 seconds before an unanswered request is sent again, $2 most rows; the edge nodes whose
+-- rebirth request is due, locked (SKIP LOCKED: another node's pass takes the others) and marked
+-- sent. The caller publishes after its commit: a crash between the two loses one request,
+-- which the retry interval sends again.
+UPDATE sparkplug_node s
+SET rebirth_sent_at = now(), rebirth_requests = s.rebirth_requests + 1
+FROM (
+    SELECT group_id, edge_node_id FROM sparkplug_node
+    WHERE rebirth_wanted_at IS NOT NULL
+      AND (rebirth_sent_at IS NULL OR rebirth_sent_at < now() - make_interval(secs => $1))
+    ORDER BY rebirth_wanted_at
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+) due
+WHERE s.group_id = due.group_id AND s.edge_node_id = due.edge_node_id
+RETURNING s.group_id, s.edge_node_id, s.rebirth_reason;
+
+-- name: expire_missing
+-- $1 reorder window (seconds); edge nodes whose oldest missing seq has been missing longer than
+-- it: untrusted, a rebirth wanted. Returns them.
+UPDATE sparkplug_node s
+SET trusted = false, missing = '{}'::jsonb,
+    rebirth_reason = coalesce(s.rebirth_reason, 'seq gap'),
+    rebirth_wanted_at = coalesce(s.rebirth_wanted_at, now()),
+    updated_at = now()
+WHERE s.born AND s.missing <> '{}'::jsonb
+  AND EXISTS (
+      SELECT 1 FROM jsonb_each_text(s.missing) AS m(k, v)
+      WHERE v::double precision < extract(epoch FROM now()) - $1
+  )
+RETURNING s.group_id, s.edge_node_id;
+
+-- name: get_node
+-- $1 group id, $2 edge node id; one edge node's state for the API and tests.
+SELECT group_id, edge_node_id, born, bdseq, seq, trusted, aliases::text, metrics::text, devices,
+       rebirth_reason, rebirth_wanted_at, rebirth_sent_at, rebirth_requests, born_at
+FROM sparkplug_node WHERE group_id = $1 AND edge_node_id = $2;
+
+-- name: db_epoch
+-- no parameters; the database's now as epoch seconds (the clock every node shares).
+SELECT extract(epoch FROM now())::double precision;
+
+-- name: metric_definition
+-- $1 group id, $2 edge node id, $3 device ('' for the node), $4 metric name; whether the node
+-- and the device are born, and the metric's datatype (null: not in their births).
+SELECT s.born AND ($3 = '' OR $3 = ANY (s.devices)) AS born,
+       (s.metrics -> $3 ->> $4)::integer AS datatype
+FROM sparkplug_node s WHERE s.group_id = $1 AND s.edge_node_id = $2;
+
+-- name: open_writes
+-- $1 device ids; the open (claimed or sent) commands of those Sparkplug devices, oldest first.
+SELECT id, device_id, claim_generation, claimed_node_id, name, params::text
+FROM command
+WHERE device_id = ANY ($1::text[]) AND status IN ('CLAIMED', 'SENT')
+ORDER BY id;

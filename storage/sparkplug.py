@@ -1,0 +1,169 @@
+"""The Sparkplug host's state per edge node (``sparkplug_node``), on the caller's connection
+and transaction: locked and read for a batch, written back by it; and the rebirth requests
+the loop sends."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+import asyncpg
+
+from storage.sql import load_queries
+
+_Q = load_queries("sparkplug.sql")
+CREATE_NODES = _Q["create_nodes"]
+LOCK_NODES = _Q["lock_nodes"]
+WRITE_NODE = _Q["write_node"]
+TAKE_REBIRTHS = _Q["take_rebirths"]
+EXPIRE_MISSING = _Q["expire_missing"]
+GET_NODE = _Q["get_node"]
+DB_EPOCH = _Q["db_epoch"]
+METRIC_DEFINITION = _Q["metric_definition"]
+OPEN_WRITES = _Q["open_writes"]
+
+
+@dataclass(slots=True)
+class NodeRow:
+    """One edge node's state as stored; json columns as text (the caller decodes them)."""
+
+    group_id: str
+    edge_node_id: str
+    born: bool
+    bdseq: int | None
+    seq: int | None
+    missing: str
+    trusted: bool
+    aliases: str
+    metrics: str
+    devices: list[str]
+    recent: list[str]
+    rebirth_reason: str | None
+    rebirth_wanted: bool
+
+
+@dataclass(frozen=True, slots=True)
+class NodeWrite:
+    group_id: str
+    edge_node_id: str
+    born: bool
+    bdseq: int | None
+    seq: int | None
+    missing: str
+    trusted: bool
+    aliases: str
+    metrics: str
+    devices: list[str]
+    recent: list[str]
+    rebirth_reason: str | None
+    born_now: bool
+
+
+@dataclass(frozen=True, slots=True)
+class StoredNode:
+    group_id: str
+    edge_node_id: str
+    born: bool
+    bdseq: int | None
+    seq: int | None
+    trusted: bool
+    aliases: str
+    metrics: str
+    devices: list[str]
+    rebirth_reason: str | None
+    rebirth_wanted_at: datetime | None
+    rebirth_sent_at: datetime | None
+    rebirth_requests: int
+    born_at: datetime | None
+
+
+async def lock_nodes(
+    conn: asyncpg.Connection, keys: Sequence[tuple[str, str]]
+) -> dict[tuple[str, str], NodeRow]:
+    """Create the rows not seen yet, then lock and read every one (in key order)."""
+    ordered = sorted(set(keys))
+    if not ordered:
+        return {}
+    groups = [g for g, _ in ordered]
+    nodes = [n for _, n in ordered]
+    await conn.execute(CREATE_NODES, groups, nodes)
+    records = await conn.fetch(LOCK_NODES, groups, nodes)
+    rows = [NodeRow(*record.values()) for record in records]
+    return {(row.group_id, row.edge_node_id): row for row in rows}
+
+
+async def write_nodes(conn: asyncpg.Connection, writes: Sequence[NodeWrite]) -> None:
+    if writes:
+        await conn.executemany(
+            WRITE_NODE,
+            [
+                (
+                    w.group_id,
+                    w.edge_node_id,
+                    w.born,
+                    w.bdseq,
+                    w.seq,
+                    w.missing,
+                    w.trusted,
+                    w.aliases,
+                    w.metrics,
+                    w.devices,
+                    w.recent,
+                    w.rebirth_reason,
+                    w.born_now,
+                )
+                for w in writes
+            ],
+        )
+
+
+async def take_rebirths(
+    conn: asyncpg.Connection, retry_s: float, limit: int
+) -> list[tuple[str, str, str | None]]:
+    records = await conn.fetch(TAKE_REBIRTHS, retry_s, limit)
+    return [(r["group_id"], r["edge_node_id"], r["rebirth_reason"]) for r in records]
+
+
+async def expire_missing(conn: asyncpg.Connection, window_s: float) -> list[tuple[str, str]]:
+    records = await conn.fetch(EXPIRE_MISSING, window_s)
+    return [(r["group_id"], r["edge_node_id"]) for r in records]
+
+
+async def get_node(conn: asyncpg.Connection, group_id: str, edge_node_id: str) -> StoredNode | None:
+    record = await conn.fetchrow(GET_NODE, group_id, edge_node_id)
+    return None if record is None else StoredNode(*record.values())
+
+
+async def db_epoch(conn: asyncpg.Connection) -> float:
+    return float(await conn.fetchval(DB_EPOCH))
+
+
+async def metric_definition(
+    conn: asyncpg.Connection | asyncpg.Pool, group: str, node: str, device: str, name: str
+) -> tuple[bool, int | None]:
+    """Whether the node (and device, '' for the node) is born, and the metric's datatype from
+    its birth (None: no birth names it)."""
+    record = await conn.fetchrow(METRIC_DEFINITION, group, node, device, name)
+    if record is None:
+        return False, None
+    return bool(record["born"]), record["datatype"]
+
+
+@dataclass(frozen=True, slots=True)
+class OpenWrite:
+    """An open command of a Sparkplug device: what it wrote, to confirm."""
+
+    id: int
+    device_id: str
+    claim_generation: int
+    claimed_node_id: str | None
+    name: str
+    params: str
+
+
+async def open_writes(conn: asyncpg.Connection, device_ids: Sequence[str]) -> list[OpenWrite]:
+    if not device_ids:
+        return []
+    records = await conn.fetch(OPEN_WRITES, sorted(set(device_ids)))
+    return [OpenWrite(*record.values()) for record in records]

@@ -1,0 +1,644 @@
+"""The gateway as a Sparkplug B host application, against an edge node nobody here wrote
+(Eclipse Tahu's JavaScript ``sparkplug-client`` 3.2.4), through a real mosquitto to a real
+daemon and PostgreSQL (docs/sparkplug.md)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import aiomqtt
+import asyncpg
+
+from gateway.domain.command import Delivery
+from gateway.ingest.replay import replay_one
+from protocol import sparkplug
+from storage import sparkplug as repo
+from storage.pool import create_pool
+from tests.support.daemon import (
+    DaemonProcess,
+    config_toml,
+    http_healthy,
+    make_config,
+    metric,
+    running_daemon,
+)
+from tests.support.mosquitto import Mosquitto
+from tests.support.ports import free_port
+from tests.support.sparkplug_edge import EDGE_DIR, edge_node, pysparkplug_python
+from tests.support.waiting import wait_until
+
+SPARKPLUG = """
+[sparkplug]
+enabled = true
+host_id = "gw-host"
+groups = ["Plant1"]
+"""
+
+RULES = """
+[[rules]]
+key = "oven-hot"
+kind = "threshold"
+metric = "temp"
+op = ">"
+value = 80
+severity = "CRITICAL"
+devices = "Plant1/*"
+"""
+
+NODE_METRICS = [{"name": "Uptime", "alias": 1, "type": "Int64", "value": 7}]
+OVEN_METRICS = [
+    {"name": "temp", "alias": 10, "type": "Double", "value": 20.5},
+    {"name": "door", "alias": 11, "type": "Boolean", "value": False},
+    {"name": "level", "alias": 12, "type": "Int16", "value": -3},
+]
+
+
+async def _rows(dsn: str, query: str, *args: object) -> list[asyncpg.Record]:
+    conn = await asyncpg.connect(dsn)
+    try:
+        return list(await conn.fetch(query, *args))
+    finally:
+        await conn.close()
+
+
+async def _metrics_of(dsn: str, device: str) -> list[dict[str, Any]]:
+    rows = await _rows(
+        dsn,
+        "SELECT metrics::text FROM telemetry WHERE device_id = $1 ORDER BY ts, event_id",
+        device,
+    )
+    return [json.loads(r[0]) for r in rows]
+
+
+async def _alarms(dsn: str, device: str) -> list[asyncpg.Record]:
+    """The device's alarms, with the reason their alarm.created event gives."""
+    return await _rows(
+        dsn,
+        "SELECT a.rule_key, (SELECT e.payload->>'reason' FROM outbox_event e"
+        " WHERE e.aggregate_type = 'alarm' AND e.aggregate_id = a.id::text"
+        " AND e.event_type = 'alarm.created') AS reason"
+        " FROM alarm a WHERE a.device_id = $1 ORDER BY a.id",
+        device,
+    )
+
+
+async def _presence(dsn: str, device: str) -> str | None:
+    rows = await _rows(dsn, "SELECT presence FROM device WHERE device_id = $1", device)
+    return None if not rows else rows[0][0]
+
+
+async def _node(dsn: str, group: str, node: str) -> repo.StoredNode | None:
+    conn = await asyncpg.connect(dsn)
+    try:
+        return await repo.get_node(conn, group, node)
+    finally:
+        await conn.close()
+
+
+async def test_births_and_data_by_alias_are_stored_and_judged_by_the_rules(
+    db_dsn: str, mosquitto: Mosquitto
+) -> None:
+    config = make_config(dsn=db_dsn, mqtt_port=mosquitto.port, extra=SPARKPLUG + RULES)
+    async with running_daemon(config), edge_node(mosquitto.port, "Plant1", "Line4") as edge:
+        # The host's STATE is retained: a late subscriber reads it, JSON per Sparkplug 3.0.
+        async with aiomqtt.Client("127.0.0.1", mosquitto.port) as watcher:
+            await watcher.subscribe(sparkplug.state_topic("gw-host"), qos=1)
+            async with asyncio.timeout(30):
+                async for message in watcher.messages:
+                    state = sparkplug.parse_state(bytes(message.payload))  # type: ignore[arg-type]
+                    assert message.retain
+                    assert state is not None
+                    assert state[0] is True
+                    break
+
+        await edge.send("nbirth", metrics=NODE_METRICS)
+        await edge.send("dbirth", device="Oven", metrics=OVEN_METRICS)
+        # By alias only, as an edge node sends after its birth.
+        await edge.send(
+            "ddata", device="Oven", metrics=[{"alias": 10, "type": "Double", "value": 85.25}]
+        )
+        await edge.send(
+            "ddata", device="Oven", metrics=[{"alias": 12, "type": "Int16", "value": -7}]
+        )
+
+        async def judged() -> bool:
+            return len(await _alarms(db_dsn, "Plant1/Line4/Oven")) == 1
+
+        await wait_until(judged, timeout=30, message="the temp rule fired on the Sparkplug device")
+        oven = await _metrics_of(db_dsn, "Plant1/Line4/Oven")
+        # The birth's values (a sample may share its millisecond: no order is assumed).
+        assert {"temp": 20.5, "door": False, "level": -3} in oven
+        assert {"temp": 85.25} in oven
+        assert {"level": -7} in oven  # Int16 signed, by its birth's datatype
+        node_rows = await _metrics_of(db_dsn, "Plant1/Line4")
+        assert node_rows == [{"Uptime": 7}]  # bdSeq is the host's, not a reading
+        assert [a["rule_key"] for a in await _alarms(db_dsn, "Plant1/Line4/Oven")] == ["oven-hot"]
+        assert await _presence(db_dsn, "Plant1/Line4") == "online"
+        assert await _presence(db_dsn, "Plant1/Line4/Oven") == "online"
+        state = await _node(db_dsn, "Plant1", "Line4")
+        assert state is not None
+        assert state.born
+        assert state.trusted
+        assert state.seq == 3  # NBIRTH 0, DBIRTH 1, DDATA 2 and 3
+        assert state.bdseq == 0
+        assert state.rebirth_reason is None
+        assert json.loads(state.aliases)["10"] == ["Oven", "temp", sparkplug.DataType.DOUBLE]
+
+
+async def test_a_seq_gap_asks_for_a_rebirth_on_the_wire_and_data_until_it_is_not_judged(
+    db_dsn: str, mosquitto: Mosquitto
+) -> None:
+    config = make_config(dsn=db_dsn, mqtt_port=mosquitto.port, extra=SPARKPLUG + RULES)
+    async with (
+        running_daemon(config) as daemon,
+        edge_node(mosquitto.port, "Plant1", "Line4") as edge,
+    ):
+        await edge.send("nbirth", metrics=NODE_METRICS)
+        await edge.send("dbirth", device="Oven", metrics=OVEN_METRICS)
+        await edge.send("skip", count=3)  # three messages the host never sees
+        await edge.send(
+            "ddata", device="Oven", metrics=[{"alias": 10, "type": "Double", "value": 95.0}]
+        )
+
+        # The edge node receives NCMD Node Control/Rebirth = true, and publishes its births again.
+        await edge.wait_for(lambda: edge.count("rebirth") >= 1, "a rebirth request", timeout=30)
+        ncmd = next(e for e in edge.events if e.get("event") == "ncmd")
+        assert {
+            "name": "Node Control/Rebirth",
+            "alias": None,
+            "type": "Boolean",
+            "value": True,
+        } in [{**m, "alias": m.get("alias")} for m in ncmd["metrics"]]
+
+        async def trusted_again() -> bool:
+            state = await _node(db_dsn, "Plant1", "Line4")
+            return state is not None and state.trusted and state.rebirth_reason is None
+
+        await wait_until(trusted_again, timeout=30, message="the rebirth taken")
+        # The reading that came through the gap is stored, not judged: no alarm for it.
+        assert {"temp": 95.0} in await _metrics_of(db_dsn, "Plant1/Line4/Oven")
+        assert await _alarms(db_dsn, "Plant1/Line4/Oven") == []
+        assert metric(daemon, "gateway_sparkplug_rebirth_requests_total") >= 1
+        assert metric(daemon, "gateway_sparkplug_untrusted_total") >= 1
+
+        # After the rebirth the node is followed again, and its data judged.
+        await edge.send(
+            "ddata", device="Oven", metrics=[{"alias": 10, "type": "Double", "value": 96.0}]
+        )
+
+        async def judged() -> bool:
+            return len(await _alarms(db_dsn, "Plant1/Line4/Oven")) == 1
+
+        await wait_until(judged, timeout=30, message="the rule judged the data after the rebirth")
+
+
+async def test_data_before_any_birth_is_a_dead_letter_and_replayed_after_the_birth(
+    db_dsn: str, mosquitto: Mosquitto
+) -> None:
+    config = make_config(dsn=db_dsn, mqtt_port=mosquitto.port, extra=SPARKPLUG)
+    async with (
+        running_daemon(config) as daemon,
+        edge_node(mosquitto.port, "Plant1", "Press") as edge,
+    ):
+        await edge.send("ndata", metrics=[{"alias": 1, "type": "Int64", "value": 5}])
+        # A rebirth request: the edge node (edge.js) answers with its births, none yet here.
+        await edge.wait_for(lambda: edge.count("ncmd") >= 1, "a rebirth request", timeout=30)
+
+        async def lettered() -> bool:
+            rows = await _rows(db_dsn, "SELECT reason, topic FROM dead_letter")
+            return [tuple(r) for r in rows] == [
+                ("SPARKPLUG_NOT_BORN", "spBv1.0/Plant1/NDATA/Press")
+            ]
+
+        await wait_until(lettered, timeout=30, message="the data before birth dead-lettered")
+        await edge.send("nbirth", metrics=NODE_METRICS)
+
+        async def trusted() -> bool:
+            state = await _node(db_dsn, "Plant1", "Press")
+            return state is not None and state.born and state.trusted
+
+        await wait_until(trusted, timeout=30, message="the birth taken")
+        [letter] = await _rows(db_dsn, "SELECT id FROM dead_letter")
+        path = daemon.services.replay_path
+        assert path is not None
+        pool = await create_pool(db_dsn, min_size=1, max_size=2)
+        try:
+            outcome = await replay_one(pool, path, letter["id"])
+        finally:
+            await pool.close()
+        assert outcome is not None
+        assert (outcome.outcome, outcome.succeeded) == ("stored", True)
+        # Read with today's aliases, stored; the stream it came from is left as it is.
+        assert {"Uptime": 5} in await _metrics_of(db_dsn, "Plant1/Press")
+        state = await _node(db_dsn, "Plant1", "Press")
+        assert state is not None
+        assert state.trusted
+        assert state.rebirth_reason is None
+
+
+async def test_a_killed_edge_node_sets_its_devices_offline_and_raises_inactivity_alarms(
+    db_dsn: str, mosquitto: Mosquitto
+) -> None:
+    rules = """
+[[rules]]
+key = "line-gone"
+kind = "inactivity"
+silent_seconds = 600
+severity = "MAJOR"
+devices = "Plant1/Line4*"
+"""
+    config = make_config(dsn=db_dsn, mqtt_port=mosquitto.port, extra=SPARKPLUG + rules)
+    async with running_daemon(config), edge_node(mosquitto.port, "Plant1", "Line4") as edge:
+        await edge.send("nbirth", metrics=NODE_METRICS)
+        await edge.send("dbirth", device="Oven", metrics=OVEN_METRICS)
+
+        async def online() -> bool:
+            return await _presence(db_dsn, "Plant1/Line4/Oven") == "online"
+
+        await wait_until(online, timeout=30, message="the device born")
+        edge.kill()  # no DISCONNECT: the broker publishes the client's Will, the NDEATH
+
+        async def offline() -> bool:
+            node = await _presence(db_dsn, "Plant1/Line4")
+            device = await _presence(db_dsn, "Plant1/Line4/Oven")
+            return node == device == "offline"
+
+        await wait_until(offline, timeout=60, message="NDEATH set the node and its device offline")
+
+        async def alarmed() -> bool:
+            node = await _alarms(db_dsn, "Plant1/Line4")
+            device = await _alarms(db_dsn, "Plant1/Line4/Oven")
+            return len(node) == len(device) == 1
+
+        await wait_until(alarmed, timeout=60, message="the inactivity rule raised both alarms")
+        for device in ("Plant1/Line4", "Plant1/Line4/Oven"):
+            [alarm] = await _alarms(db_dsn, device)
+            assert alarm["rule_key"] == "line-gone"
+            assert alarm["reason"] == "presence offline"
+        state = await _node(db_dsn, "Plant1", "Line4")
+        assert state is not None
+        assert not state.born
+        assert state.rebirth_reason is None  # nobody asks a dead node for a birth
+
+
+async def test_two_gateway_nodes_in_a_share_group_store_each_message_once(
+    db_dsn: str, mosquitto: Mosquitto
+) -> None:
+    # Each node sees part of the edge node's stream, out of order between them: the reorder
+    # window keeps that from passing for a gap.
+    shared = SPARKPLUG + "reorder_window_s = 10\n"
+    configs = [
+        make_config(
+            dsn=db_dsn,
+            mqtt_port=mosquitto.port,
+            node_id=f"node-{n}",
+            extra=shared + RULES,
+            mqtt_extra='shared_group = "sp"',
+        )
+        for n in (1, 2)
+    ]
+    async with (
+        running_daemon(configs[0]) as one,
+        running_daemon(configs[1]) as two,
+        edge_node(mosquitto.port, "Plant1", "Line4") as edge,
+    ):
+        await edge.send("nbirth", metrics=NODE_METRICS)
+
+        async def born() -> bool:
+            state = await _node(db_dsn, "Plant1", "Line4")
+            return state is not None and state.born
+
+        # Births split between the nodes could race (docs/sparkplug.md): each is taken first.
+        await wait_until(born, timeout=30, message="the NBIRTH stored")
+        await edge.send("dbirth", device="Oven", metrics=OVEN_METRICS)
+
+        async def device_born() -> bool:
+            state = await _node(db_dsn, "Plant1", "Line4")
+            return state is not None and state.devices == ["Oven"]
+
+        await wait_until(device_born, timeout=30, message="the DBIRTH stored")
+        for n in range(300):
+            await edge.send(
+                "ddata", device="Oven", metrics=[{"alias": 12, "type": "Int16", "value": n}]
+            )
+
+        async def all_stored() -> bool:
+            return len(await _metrics_of(db_dsn, "Plant1/Line4/Oven")) == 301
+
+        await wait_until(all_stored, timeout=60, message="every DDATA stored")
+        rows = await _metrics_of(db_dsn, "Plant1/Line4/Oven")
+        # Every DDATA (the birth's sample is the one with a temp), each once.
+        assert sorted(r["level"] for r in rows if "temp" not in r) == list(range(300))
+        taken = [
+            metric(d, "gateway_sparkplug_messages_total", {"type": "DDATA"}) for d in (one, two)
+        ]
+        assert sum(taken) == 300
+        assert all(t > 0 for t in taken), f"one node took everything: {taken}"
+        state = await _node(db_dsn, "Plant1", "Line4")
+        assert state is not None
+        assert state.trusted
+        assert state.rebirth_reason is None
+        assert await _rows(db_dsn, "SELECT 1 FROM dead_letter") == []
+
+
+async def test_sigkill_of_a_gateway_node_mid_stream_loses_no_qos1_sparkplug_message(
+    db_dsn: str, mosquitto: Mosquitto, tmp_path: Path
+) -> None:
+    http_port = free_port()
+    config = tmp_path / "gateway.toml"
+    config.write_text(
+        config_toml(
+            dsn=db_dsn,
+            mqtt_port=mosquitto.port,
+            node_id="crash-node",
+            http_port=http_port,
+            ingest_extra="batch_max = 20\nlinger_ms = 0",
+            extra=SPARKPLUG,
+        )
+    )
+    process = DaemonProcess(config, tmp_path / "daemon.log")
+    blocker = await asyncpg.connect(db_dsn)
+    oven = "Plant1/Line4/Oven"
+
+    async def healthy() -> bool:
+        assert process.alive(), f"daemon exited:\n{process.log_tail()}"
+        return await http_healthy(http_port)
+
+    try:
+        process.start()
+        await wait_until(healthy, timeout=60, message="daemon healthy")
+        async with edge_node(mosquitto.port, "Plant1", "Line4", qos1=True) as edge:
+            await edge.send("nbirth", metrics=NODE_METRICS)
+            await edge.send("dbirth", device="Oven", metrics=OVEN_METRICS)
+            for n in range(200):
+                await edge.send(
+                    "ddata", device="Oven", metrics=[{"alias": 12, "type": "Int16", "value": n}]
+                )
+
+            async def first_stored() -> bool:
+                return len(await _metrics_of(db_dsn, oven)) == 201
+
+            await wait_until(first_stored, timeout=60, message="the first 200 stored")
+            # The next batch waits on this lock inside its transaction (after its edge node's
+            # row is locked and judged): the kill lands with messages received, not committed.
+            blocker_tx = blocker.transaction()
+            await blocker_tx.start()
+            await blocker.execute("LOCK TABLE telemetry IN EXCLUSIVE MODE")
+            for n in range(200, 400):
+                await edge.send(
+                    "ddata", device="Oven", metrics=[{"alias": 12, "type": "Int16", "value": n}]
+                )
+
+            async def writer_blocked() -> bool:
+                waiting = await blocker.fetchval(
+                    "SELECT count(*) FROM pg_stat_activity"
+                    " WHERE wait_event_type = 'Lock' AND datname = current_database()"
+                )
+                return bool(waiting)
+
+            await wait_until(writer_blocked, timeout=60, message="a batch waiting on the lock")
+            process.kill()
+            await blocker_tx.rollback()
+            assert len(await _metrics_of(db_dsn, oven)) == 201, (
+                "nothing of the second part committed"
+            )
+
+            process.start()
+            await wait_until(healthy, timeout=60, message="daemon healthy again")
+
+            async def all_stored() -> bool:
+                return len(await _metrics_of(db_dsn, oven)) >= 401
+
+            await wait_until(all_stored, timeout=90, message="every message stored after restart")
+            state = await _node(db_dsn, "Plant1", "Line4")
+            assert state is not None
+            # The killed batch's judgement rolled back with it: redelivered, the stream is whole.
+            assert state.trusted
+            assert state.rebirth_reason is None
+            assert state.seq == 401 % 256
+        assert process.terminate() == 0
+    finally:
+        await blocker.close()
+        process.cleanup()
+
+    rows = await _metrics_of(db_dsn, oven)
+    # Every DDATA once, none lost (the birth's sample is the one with a temp).
+    assert sorted(r["level"] for r in rows if "temp" not in r) == list(range(400))
+
+
+COMMANDS = """
+[commands]
+ack_window_s = 3
+reaper_interval_s = 0.2
+"""
+
+
+async def _command(dsn: str, command_id: int) -> asyncpg.Record:
+    [row] = await _rows(
+        dsn,
+        "SELECT status, result, result_code, raw_result_code FROM command WHERE id = $1",
+        command_id,
+    )
+    return row
+
+
+async def test_a_dcmd_write_is_acked_by_the_value_reported_back_and_fails_unconfirmed(
+    db_dsn: str, mosquitto: Mosquitto
+) -> None:
+    config = make_config(dsn=db_dsn, mqtt_port=mosquitto.port, extra=SPARKPLUG + COMMANDS)
+    oven_metrics = [
+        *OVEN_METRICS,
+        {"name": "setpoint", "alias": 13, "type": "Float", "value": 20.0},
+    ]
+    async with (
+        running_daemon(config) as daemon,
+        edge_node(mosquitto.port, "Plant1", "Line4") as edge,
+    ):
+        await edge.send("nbirth", metrics=NODE_METRICS)
+        await edge.send("dbirth", device="Oven", metrics=oven_metrics)
+
+        async def born() -> bool:
+            state = await _node(db_dsn, "Plant1", "Line4")
+            return state is not None and state.devices == ["Oven"]
+
+        await wait_until(born, timeout=30, message="the device born")
+        await edge.send("echo", on=True)
+        service = daemon.services.commands
+        assert service is not None
+        created = await service.create(
+            device_id="Plant1/Line4/Oven",
+            name="setpoint",
+            params={"value": 42.5},
+            delivery=Delivery.REALTIME,
+            idempotency_key="sp-1",
+            actor="test",
+        )
+
+        async def acked() -> bool:
+            return (await _command(db_dsn, created.command.id))["status"] == "ACKED"
+
+        await wait_until(acked, timeout=30, message="the write confirmed by the DDATA echo")
+        dcmd = next(e for e in edge.events if e.get("event") == "dcmd")
+        assert dcmd["device"] == "Oven"
+        assert dcmd["metrics"] == [{"name": "setpoint", "type": "Float", "value": 42.5}]
+        assert {"setpoint": 42.5} in await _metrics_of(db_dsn, "Plant1/Line4/Oven")
+
+        # A device that does not apply the write: no confirmation within the ack window.
+        await edge.send("echo", on=False)
+        unconfirmed = await service.create(
+            device_id="Plant1/Line4/Oven",
+            name="setpoint",
+            params={"value": 50},
+            delivery=Delivery.REALTIME,
+            idempotency_key="sp-2",
+            actor="test",
+        )
+
+        async def failed() -> bool:
+            return (await _command(db_dsn, unconfirmed.command.id))["status"] == "FAILED"
+
+        await wait_until(failed, timeout=30, message="the unconfirmed write failed")
+        assert edge.count("dcmd") == 2
+
+        # A metric no birth names cannot be written: FAILED at once, nothing sent.
+        unknown = await service.create(
+            device_id="Plant1/Line4/Oven",
+            name="speed",
+            params={"value": 3},
+            delivery=Delivery.REALTIME,
+            idempotency_key="sp-3",
+            actor="test",
+        )
+
+        async def refused() -> bool:
+            return (await _command(db_dsn, unknown.command.id))["status"] == "FAILED"
+
+        await wait_until(refused, timeout=30, message="the unknown metric refused")
+        assert (await _command(db_dsn, unknown.command.id))[
+            "raw_result_code"
+        ] == "SPARKPLUG_UNKNOWN_METRIC"
+        assert edge.count("dcmd") == 2
+
+
+async def test_an_edge_node_of_pysparkplug_is_stored_judged_and_its_will_sets_it_offline(
+    db_dsn: str, mosquitto: Mosquitto
+) -> None:
+    python = pysparkplug_python()
+    rules = """
+[[rules]]
+key = "pump-hot"
+kind = "threshold"
+metric = "temp"
+op = ">"
+value = 80
+severity = "MAJOR"
+devices = "Plant2/*"
+
+[[rules]]
+key = "cell-gone"
+kind = "inactivity"
+silent_seconds = 600
+severity = "MAJOR"
+devices = "Plant2/Cell1/Pump"
+"""
+    extra = SPARKPLUG.replace('groups = ["Plant1"]', 'groups = ["Plant2"]') + rules
+    config = make_config(dsn=db_dsn, mqtt_port=mosquitto.port, extra=extra)
+    async with running_daemon(config):
+        process = await asyncio.create_subprocess_exec(
+            str(python),
+            str(EDGE_DIR / "pysparkplug_edge.py"),
+            "127.0.0.1",
+            str(mosquitto.port),
+            "Plant2",
+            "Cell1",
+            "Pump",
+            "21.5",
+            "85.5",
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+        )
+        try:
+            assert process.stdout is not None
+            async with asyncio.timeout(60):
+                assert (await process.stdout.readline()).strip() == b"published"
+
+            async def stored() -> bool:
+                return len(await _metrics_of(db_dsn, "Plant2/Cell1/Pump")) == 3
+
+            await wait_until(stored, timeout=30, message="the DBIRTH and two DDATA stored")
+            pump = await _metrics_of(db_dsn, "Plant2/Cell1/Pump")
+            # (Its samples may share a millisecond: no order between them is assumed.)
+            assert {"temp": 20.0, "running": True} in pump  # the DBIRTH's values
+            assert {"temp": 85.5} in pump
+            assert await _metrics_of(db_dsn, "Plant2/Cell1") == [{"Firmware": "1.2"}]
+
+            async def fired() -> bool:
+                return [a["rule_key"] for a in await _alarms(db_dsn, "Plant2/Cell1/Pump")] == [
+                    "pump-hot"
+                ]
+
+            await wait_until(fired, timeout=30, message="the temp rule fired")
+            state = await _node(db_dsn, "Plant2", "Cell1")
+            assert state is not None
+            assert state.trusted
+            assert state.bdseq == 0
+            # Its Will: stdin closed, it leaves with no DISCONNECT.
+            assert process.stdin is not None
+            process.stdin.close()
+            await process.wait()
+
+            async def offline() -> bool:
+                return await _presence(db_dsn, "Plant2/Cell1/Pump") == "offline"
+
+            await wait_until(offline, timeout=60, message="its NDEATH set the device offline")
+
+            async def gone() -> bool:
+                alarms = await _alarms(db_dsn, "Plant2/Cell1/Pump")
+                return ("cell-gone", "presence offline") in [tuple(a) for a in alarms]
+
+            await wait_until(gone, timeout=60, message="the inactivity alarm raised")
+        finally:
+            if process.returncode is None:
+                process.kill()
+                await process.wait()
+
+
+async def test_the_host_state_stays_online_while_one_node_of_the_host_serves(
+    db_dsn: str, mosquitto: Mosquitto
+) -> None:
+    configs = [
+        make_config(dsn=db_dsn, mqtt_port=mosquitto.port, node_id=f"node-{n}", extra=SPARKPLUG)
+        for n in (1, 2)
+    ]
+    seen: list[tuple[bool, int]] = []
+    async with aiomqtt.Client("127.0.0.1", mosquitto.port) as watcher:
+        await watcher.subscribe(sparkplug.state_topic("gw-host"), qos=1)
+
+        async def watch() -> None:
+            async for message in watcher.messages:
+                state = sparkplug.parse_state(bytes(message.payload))  # type: ignore[arg-type]
+                assert state is not None, message.payload
+                seen.append(state)
+
+        watching = asyncio.create_task(watch())
+        try:
+            async with running_daemon(configs[0]):
+                async with running_daemon(configs[1]):
+                    await wait_until(lambda: len({t for _, t in seen}) >= 2, message="two births")
+                    assert all(online for online, _ in seen)
+                births = {t for online, t in seen if online}
+                # The stopped node says offline (its own timestamp); the other, still serving,
+                # answers with its birth again.
+                await wait_until(
+                    lambda: len(seen) >= 2 and not seen[-2][0] and seen[-1][0],
+                    message="the offline STATE answered by the serving node's birth",
+                )
+                assert seen[-1][1] in births
+                assert seen[-2][1] != seen[-1][1]
+            # The last node stops: the host is offline.
+            await wait_until(lambda: not seen[-1][0], message="the host offline at the end")
+        finally:
+            watching.cancel()

@@ -1,0 +1,162 @@
+"""The Sparkplug host's judgement (gateway/sparkplug/host.py) against a real PostgreSQL, batch by
+batch through the ingest store: the cases the edge-node tests do not reach (a device's death,
+an older session's Will, an alias no birth has, a reset, redeliveries, the reorder window)."""
+
+from __future__ import annotations
+
+import json
+
+import asyncpg
+
+from gateway.ingest.decoder import Inbound, MessageDecoder
+from gateway.ingest.store import StoreResult, store
+from gateway.sparkplug.host import SparkplugHost
+from protocol import Encoding, Topics
+from protocol import sparkplug_b_pb2 as pb
+from protocol.sparkplug import DataType
+from storage import sparkplug as repo
+
+DECODER = MessageDecoder(Topics("iot"), Encoding.JSON, 65536, sparkplug=True)
+NODE = "spBv1.0/G/{}/N"
+DEVICE = "spBv1.0/G/{}/N/D"
+
+
+def _payload(seq: int | None, *metrics: dict[str, object], ts: int = 1767225600000) -> bytes:
+    message = pb.Payload(timestamp=ts)
+    if seq is not None:
+        message.seq = seq
+    for fields in metrics:
+        metric = message.metrics.add()
+        for key, value in fields.items():
+            setattr(metric, key, value)
+    return message.SerializeToString()
+
+
+def _bdseq(value: int) -> dict[str, object]:
+    return {"name": "bdSeq", "datatype": DataType.INT64, "long_value": value}
+
+
+def _temp(value: float, **extra: object) -> dict[str, object]:
+    return {"alias": 1, "double_value": value, **extra}
+
+
+def _births(ts: int = 1767225600000) -> list[tuple[str, str, bytes]]:
+    """NBIRTH (bdSeq 3) and the device's DBIRTH; a rebirth has another time (other bytes)."""
+    temp = {"name": "temp", "alias": 1, "datatype": DataType.DOUBLE, "double_value": 1.0}
+    return [
+        ("NBIRTH", NODE, _payload(0, _bdseq(3), ts=ts)),
+        ("DBIRTH", DEVICE, _payload(1, temp, ts=ts)),
+    ]
+
+
+async def _batch(
+    pool: asyncpg.Pool, host: SparkplugHost, messages: list[tuple[str, str, bytes]]
+) -> StoreResult:
+    items = [Inbound(topic=topic.format(kind), payload=body) for kind, topic, body in messages]
+    batch = DECODER.classify(items)
+    async with pool.acquire() as conn, conn.transaction():
+        return await store(conn, batch, "test-node", sparkplug=host)
+
+
+async def _state(pool: asyncpg.Pool) -> repo.StoredNode:
+    async with pool.acquire() as conn:
+        node = await repo.get_node(conn, "G", "N")
+    assert node is not None
+    return node
+
+
+async def _presence(pool: asyncpg.Pool, device: str) -> str | None:
+    value = await pool.fetchval("SELECT presence FROM device WHERE device_id = $1", device)
+    return None if value is None else str(value)
+
+
+async def test_device_death_and_an_older_sessions_will(pool: asyncpg.Pool) -> None:
+    host = SparkplugHost()
+    await _batch(pool, host, _births())
+    assert await _presence(pool, "G/N/D") == "online"
+    await _batch(pool, host, [("DDEATH", DEVICE, _payload(2))])
+    assert await _presence(pool, "G/N/D") == "offline"
+    assert (await _state(pool)).devices == []
+    # An NDEATH of another bdSeq (a Will of an earlier connection) kills nothing.
+    await _batch(pool, host, [("NDEATH", NODE, _payload(None, _bdseq(2)))])
+    assert (await _state(pool)).born
+    assert await _presence(pool, "G/N") == "online"
+    await _batch(pool, host, [("NDEATH", NODE, _payload(None, _bdseq(3)))])
+    state = await _state(pool)
+    assert not state.born
+    assert await _presence(pool, "G/N") == "offline"
+
+
+async def test_an_unknown_alias_or_a_seq_reset_distrusts_until_the_next_birth(
+    pool: asyncpg.Pool,
+) -> None:
+    host = SparkplugHost()
+    await _batch(pool, host, _births())
+    result = await _batch(
+        pool, host, [("DDATA", DEVICE, _payload(2, _temp(5.0), {"alias": 9, "int_value": 1}))]
+    )
+    assert result.sparkplug is not None
+    assert [why for _, why in result.sparkplug.distrusted] == ["alias 9 is in no birth of G/N/D"]
+    # The known metric is stored, not judged.
+    assert len(result.sparkplug.untrusted) == 1
+    state = await _state(pool)
+    assert not state.trusted
+    assert state.rebirth_reason == "alias 9 is in no birth of G/N/D"
+    assert state.rebirth_wanted_at is not None
+    rows = await pool.fetch(
+        "SELECT metrics::text FROM telemetry WHERE device_id = 'G/N/D' ORDER BY ts"
+    )
+    assert {"temp": 5.0} in [json.loads(r[0]) for r in rows]
+
+    await _batch(pool, host, _births(ts=1767225601000))  # the rebirth
+    state = await _state(pool)
+    assert state.trusted
+    assert state.rebirth_wanted_at is None
+    # A seq going back is a reset.
+    result = await _batch(pool, host, [("DDATA", DEVICE, _payload(0, _temp(6.0)))])
+    assert result.sparkplug is not None
+    assert [why for _, why in result.sparkplug.distrusted] == ["seq 0 after 1"]
+
+
+async def test_a_redelivered_message_is_skipped_and_moves_nothing(pool: asyncpg.Pool) -> None:
+    host = SparkplugHost()
+    await _batch(pool, host, _births())
+    data = ("DDATA", DEVICE, _payload(2, _temp(7.0)))
+    first = await _batch(pool, host, [data])
+    again = await _batch(pool, host, [data])  # committed, then delivered again (no PUBACK seen)
+    assert first.stored == 1
+    assert again.sparkplug is not None
+    assert again.sparkplug.duplicates == 1
+    assert again.stored == 0
+    state = await _state(pool)
+    assert state.trusted, state.rebirth_reason
+    assert state.seq == 2
+
+
+async def test_the_reorder_window_takes_late_seqs_and_expires_missing_ones(
+    pool: asyncpg.Pool,
+) -> None:
+    host = SparkplugHost(reorder_window_s=30)
+    await _batch(pool, host, _births())
+    # 3 before 2: another node of the group still committing 2.
+    await _batch(pool, host, [("DDATA", DEVICE, _payload(3, _temp(3.0)))])
+    assert json.loads(await pool.fetchval("SELECT missing::text FROM sparkplug_node")).keys() == {
+        "2"
+    }
+    await _batch(pool, host, [("DDATA", DEVICE, _payload(2, _temp(2.0)))])
+    state = await _state(pool)
+    assert state.trusted
+    assert state.seq == 3
+    assert await pool.fetchval("SELECT missing::text FROM sparkplug_node") == "{}"
+    # 5 with 4 never coming: a gap once 4 has been missing longer than the window.
+    await _batch(pool, host, [("DDATA", DEVICE, _payload(5, _temp(5.0)))])
+    async with pool.acquire() as conn:
+        assert await repo.expire_missing(conn, 30) == []
+        await conn.execute("UPDATE sparkplug_node SET missing = '{\"4\": 0}'::jsonb")  # long ago
+        assert await repo.expire_missing(conn, 30) == [("G", "N")]
+    state = await _state(pool)
+    assert not state.trusted
+    assert state.rebirth_reason == "seq gap"
+    async with pool.acquire() as conn, conn.transaction():
+        assert await repo.take_rebirths(conn, 30, 10) == [("G", "N", "seq gap")]
+        assert await repo.take_rebirths(conn, 30, 10) == []  # sent: again after the retry

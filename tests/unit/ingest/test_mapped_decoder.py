@@ -1,0 +1,77 @@
+"""The decoder's mapped step (gateway/ingest/decoder.py): before the native topic parse, a
+topic of [[ingest.mappings]] becomes a telemetry row, a presence update or a dead letter;
+every other topic takes the native path as before."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Final
+
+from gateway.config import parse_config
+from gateway.ingest.decoder import Inbound, MessageDecoder
+from gateway.ingest.live_path import message_decoder
+
+FIXTURES: Final = Path(__file__).resolve().parents[2] / "fixtures" / "mappings"
+SENSOR: Final = (FIXTURES / "tasmota-am2301-sensor.json").read_bytes()
+
+
+def _decoder(max_payload_bytes: int = 65536, dead_letter_max_bytes: int = 65536) -> MessageDecoder:
+    config = parse_config(
+        f"[mqtt]\nmax_payload_bytes = {max_payload_bytes}\n"
+        f"[ingest]\ndead_letter_max_bytes = {dead_letter_max_bytes}\n"
+        '[[ingest.mappings]]\nname = "tasmota"\nprofile = "tasmota"\n'
+    )
+    return message_decoder(config)
+
+
+def test_mapped_and_native_messages_in_one_batch() -> None:
+    decoder = _decoder()
+    native = b'{"ts": 1767225600000, "metrics": {"t": 1.5}}'
+    batch = decoder.classify(
+        [
+            Inbound("tele/kitchen/SENSOR", SENSOR, time.monotonic()),
+            Inbound("iot/devices/dev-1/telemetry", native, time.monotonic()),
+            Inbound("tele/kitchen/LWT", b"Online", time.monotonic()),
+            Inbound("tele/kitchen/SENSOR", b"[]", time.monotonic()),
+            Inbound("elsewhere/kitchen/SENSOR", SENSOR, time.monotonic()),
+        ]
+    )
+    assert [row.device_id for row in batch.telemetry] == ["kitchen", "dev-1"]
+    assert batch.telemetry[0].metrics_json == ('{"AM2301.Temperature":24.6,"AM2301.Humidity":58.2}')
+    assert batch.presence == {"kitchen": "online"}
+    assert batch.seen_devices == {"kitchen", "dev-1"}
+    assert batch.mapped_devices == {"kitchen": ("tasmota", {"device": "kitchen"})}
+    reasons = [(letter.topic, letter.reason) for letter in batch.dead_letters]
+    # A topic neither a mapping nor the gateway reads: BAD_TOPIC, as before.
+    assert reasons == [
+        ("tele/kitchen/SENSOR", "MAPPING_MALFORMED"),
+        ("elsewhere/kitchen/SENSOR", "BAD_TOPIC"),
+    ]
+    assert batch.dead_letters[0].payload == b"[]"
+
+
+def test_an_oversized_mapped_payload_is_a_dead_letter_cut_down_on_arrival() -> None:
+    decoder = _decoder(max_payload_bytes=64, dead_letter_max_bytes=16)
+    big = SENSOR + b" " * 200
+    kept, size, sha256 = decoder.admit(big)
+    assert size == len(big)
+    batch = decoder.classify([Inbound("tele/kitchen/SENSOR", kept, 0.0, size=size, sha256=sha256)])
+    (letter,) = batch.dead_letters
+    assert letter.reason == "OVERSIZED"
+    assert letter.payload == big[:16]
+    assert letter.payload_size == len(big)
+    assert not batch.telemetry
+
+
+def test_a_redelivery_in_the_same_batch_is_one_event_id() -> None:
+    decoder = _decoder()
+    batch = decoder.classify(
+        [
+            Inbound("tele/kitchen/SENSOR", SENSOR, time.monotonic()),
+            Inbound("tele/kitchen/SENSOR", SENSOR, time.monotonic() - 30),
+        ]
+    )
+    first, second = batch.telemetry
+    assert first.event_id == second.event_id
+    assert first.ts == second.ts
