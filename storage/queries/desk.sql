@@ -66,7 +66,7 @@ LIMIT $11;
 -- no parameters; open alarms per severity, in exclusive buckets: shelved ones apart, the rest
 -- by active (not cleared) or returned to normal, and acknowledged or not; and, overlapping
 -- those, how many were raised while their device was out of service. One pass over the open
--- alarms (the partial index alarm_open_id_idx).
+-- alarms (a partial index of them).
 SELECT a.severity,
        count(*) AS total,
        count(*) FILTER (WHERE sh.until IS NULL AND a.cleared_at IS NULL AND NOT ack.yes)
