@@ -33,7 +33,6 @@ GET = _Q["get"]
 STILL_NEW = _Q["still_new"]
 UPDATE_LIFECYCLE = _Q["update_lifecycle"]
 INSERT_AUDIT = _Q["insert_audit"]
-LIST = _Q["list"]
 AUDIT_OF = _Q["audit_of"]
 CHAIN = _Q["chain"]
 NOW = _Q["now"]
@@ -266,21 +265,6 @@ async def insert_audit(
         node_id,
         stated_actor,
     )
-
-
-async def list_alarms(
-    conn: asyncpg.Connection,
-    *,
-    statuses: Sequence[str] | None = None,
-    device_id: str | None = None,
-    rule_key: str | None = None,
-    open_only: bool = False,
-    before_id: int | None = None,
-    limit: int = 50,
-) -> list[asyncpg.Record]:
-    wanted = None if statuses is None else list(statuses)
-    records = await conn.fetch(LIST, wanted, device_id, rule_key, open_only, before_id, limit)
-    return list(records)
 
 
 async def audit_of(conn: asyncpg.Connection, alarm_id: int) -> list[asyncpg.Record]:

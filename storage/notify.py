@@ -83,6 +83,7 @@ class NewDelivery:
     event_created_at: datetime
     inhibited_by: int | None = None
     inhibit_rule: str | None = None
+    suppressed: str | None = None  # why it is never sent (a shelf, out of service)
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +146,23 @@ async def alarm_facts(
     return {int(r["id"]): dict(r.items()) for r in rows}
 
 
+async def alarm_suppressions(
+    conn: asyncpg.Connection, pairs: Sequence[tuple[int, datetime]]
+) -> list[str | None]:
+    """For each (alarm id, event time): why the alarm's notifications are suppressed then
+    ("shelved (shelf N)", "out of service"), or None; in the order given."""
+    found: list[str | None] = [None] * len(pairs)
+    if not pairs:
+        return found
+    rows = await conn.fetch(_Q["alarm_suppressions"], [p[0] for p in pairs], [p[1] for p in pairs])
+    for row in rows:
+        if row["shelf_id"] is not None:
+            found[row["n"] - 1] = f"shelved (shelf {row['shelf_id']})"
+        elif row["out_of_service"]:
+            found[row["n"] - 1] = "out of service"
+    return found
+
+
 async def active_silences(conn: asyncpg.Connection) -> list[asyncpg.Record]:
     return list(await conn.fetch(ACTIVE_SILENCES))
 
@@ -172,6 +190,7 @@ async def insert_deliveries(
             [x.event_created_at for x in d],
             [x.inhibited_by for x in d],
             [x.inhibit_rule for x in d],
+            [x.suppressed for x in d],
         )
     )
 

@@ -3,17 +3,76 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
-from typing import Any
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Final
 
 import asyncpg
 
+from gateway.alarms import shelving
 from gateway.alarms.figures import AlarmFigures
 from gateway.alarms.lifecycle import AlarmNotFoundError, alarm_from_record, transition
-from gateway.domain.alarm import Action, Alarm, AlarmStatus, allowed_actions
+from gateway.domain.alarm import Action, Alarm, AlarmError, AlarmStatus, allowed_actions
 from gateway.support.metrics import Metrics
 from storage import ai_tasks as ai_repo
 from storage import alarms as repo
+from storage import desk as desk_repo
+from storage.desk import Filters, GroupBy, Scope, ShelvedMode
+
+# What the routes pass in (they import no storage module of their own).
+__all__ = [
+    "AlarmService",
+    "BulkResult",
+    "DeskAlarm",
+    "Filters",
+    "ShelvedMode",
+    "TooManyAlarmsError",
+    "view_from_record",
+]
+
+# The defaults of [alarms] shelve_max_s and bulk_max (gateway.config.AlarmsConfig).
+SHELVE_MAX_S: Final = 86_400.0
+BULK_MAX: Final = 500
+
+
+@dataclass(frozen=True, slots=True)
+class DeskAlarm:
+    """An alarm as the desk shows it: until when it is shelved now (None: it is not), and
+    whether its device was out of service when it was raised."""
+
+    alarm: Alarm
+    shelved_until: datetime | None
+    out_of_service: bool
+
+
+def view_from_record(record: asyncpg.Record) -> DeskAlarm:
+    return DeskAlarm(
+        alarm=alarm_from_record(record),
+        shelved_until=record["shelved_until"],
+        out_of_service=bool(record["out_of_service"]),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class BulkResult:
+    """One alarm of a bulk action: the alarm after it, or the error that refused it."""
+
+    alarm_id: int
+    alarm: Alarm | None = None
+    error: AlarmError | None = None
+
+
+class TooManyAlarmsError(AlarmError):
+    """A bulk action over more alarms than ``[alarms] bulk_max`` (HTTP 400); nothing done."""
+
+    code = "TOO_MANY_ALARMS"
+
+    def __init__(self, count: int, limit: int) -> None:
+        more = f"more than {limit}" if count > limit else str(count)
+        super().__init__(f"{more} alarms selected; a bulk action takes at most {limit}")
+        self.count = count
+        self.limit = limit
 
 
 class AlarmService:
@@ -26,10 +85,14 @@ class AlarmService:
         metrics: Metrics | None = None,
         *,
         figures: AlarmFigures | None = None,
+        shelve_max_s: float = SHELVE_MAX_S,
+        bulk_max: int = BULK_MAX,
     ) -> None:
         self.pool = pool
         self.node_id = node_id
         self.metrics = metrics
+        self.shelve_max_s = shelve_max_s
+        self.bulk_max = bulk_max
         # The daemon's (reloaded with it); by default one with [alarms.figures]' defaults.
         self.figures = figures or AlarmFigures(pool)
 
@@ -43,28 +106,6 @@ class AlarmService:
         if record is None:
             raise AlarmNotFoundError(alarm_id)
         return alarm_from_record(record)
-
-    async def find(
-        self,
-        *,
-        statuses: list[str] | None = None,
-        device_id: str | None = None,
-        rule_key: str | None = None,
-        open_only: bool = False,
-        before_id: int | None = None,
-        limit: int = 50,
-    ) -> list[Alarm]:
-        async with self.pool.acquire() as conn:
-            records = await repo.list_alarms(
-                conn,
-                statuses=statuses,
-                device_id=device_id,
-                rule_key=rule_key,
-                open_only=open_only,
-                before_id=before_id,
-                limit=limit,
-            )
-        return [alarm_from_record(r) for r in records]
 
     async def latest_summary(self, alarm_id: int) -> asyncpg.Record | None:
         async with self.pool.acquire() as conn:
@@ -119,3 +160,158 @@ class AlarmService:
         if self.metrics is not None and before is not None:
             self.metrics.count_alarm_transition(before["status"], changed.status.value)
         return changed
+
+    # --- the desk: views, counts, groups, bulk actions, shelves, out of service -------------
+
+    async def view(self, alarm_id: int) -> DeskAlarm:
+        async with self.pool.acquire() as conn:
+            record = await desk_repo.one(conn, alarm_id)
+        if record is None:
+            raise AlarmNotFoundError(alarm_id)
+        return view_from_record(record)
+
+    async def views(
+        self, filters: Filters, *, before_id: int | None = None, limit: int = 50
+    ) -> list[DeskAlarm]:
+        async with self.pool.acquire() as conn:
+            records = await desk_repo.list_alarms(conn, filters, before_id=before_id, limit=limit)
+        return [view_from_record(r) for r in records]
+
+    async def groups(self, filters: Filters, *, by: GroupBy, limit: int) -> list[asyncpg.Record]:
+        async with self.pool.acquire() as conn:
+            return await desk_repo.groups(conn, filters, by=by, limit=limit)
+
+    async def counts(self) -> list[asyncpg.Record]:
+        async with self.pool.acquire() as conn:
+            return await desk_repo.counts(conn)
+
+    async def group_ids(self, filters: Filters, *, by: GroupBy, key: str) -> list[int]:
+        """The ids of one group's alarms (at most ``bulk_max``; more is refused, whole)."""
+        narrowed = Filters(
+            statuses=filters.statuses,
+            device_id=key if by == "device" else filters.device_id,
+            rule_key=key if by == "rule" else filters.rule_key,
+            open_only=filters.open_only,
+            active=filters.active,
+            cleared=filters.cleared,
+            acknowledged=filters.acknowledged,
+            shelved=filters.shelved,
+            severity=filters.severity,
+        )
+        if (by == "device" and filters.device_id not in (None, key)) or (
+            by == "rule" and filters.rule_key not in (None, key)
+        ):
+            return []  # the group's key contradicts a filter: no alarm is in both
+        async with self.pool.acquire() as conn:
+            records = await desk_repo.list_alarms(
+                conn, narrowed, before_id=None, limit=self.bulk_max + 1
+            )
+        if len(records) > self.bulk_max:
+            raise TooManyAlarmsError(len(records), self.bulk_max)
+        return [int(r["id"]) for r in records]
+
+    async def bulk(
+        self,
+        action: Action,
+        alarm_ids: Sequence[int],
+        *,
+        actor: str,
+        note: str | None = None,
+        request_id: str | None = None,
+        stated_actor: str | None = None,
+    ) -> list[BulkResult]:
+        """The action on each alarm, each as ``act`` does it (its own conditional write, audit
+        row and event, in its own transaction): one refused leaves the others be."""
+        ids = list(dict.fromkeys(alarm_ids))  # each once, in the order given
+        if len(ids) > self.bulk_max:
+            raise TooManyAlarmsError(len(ids), self.bulk_max)
+        results: list[BulkResult] = []
+        for alarm_id in ids:
+            try:
+                alarm = await self.act(
+                    alarm_id,
+                    action,
+                    actor=actor,
+                    note=note,
+                    request_id=request_id,
+                    stated_actor=stated_actor,
+                )
+            except AlarmError as exc:
+                results.append(BulkResult(alarm_id=alarm_id, error=exc))
+            else:
+                results.append(BulkResult(alarm_id=alarm_id, alarm=alarm))
+        return results
+
+    async def shelve(
+        self,
+        *,
+        scope: Scope,
+        alarm_id: int | None,
+        device_id: str | None,
+        rule_key: str | None,
+        seconds: float,
+        reason: str,
+        actor: str,
+        request_id: str | None = None,
+    ) -> asyncpg.Record:
+        if seconds > self.shelve_max_s:
+            raise shelving.ShelfTooLongError(seconds, self.shelve_max_s)
+        async with self.pool.acquire() as conn, conn.transaction():
+            return await shelving.shelve(
+                conn,
+                scope=scope,
+                alarm_id=alarm_id,
+                device_id=device_id,
+                rule_key=rule_key,
+                seconds=seconds,
+                reason=reason,
+                actor=actor,
+                node_id=self.node_id,
+                request_id=request_id,
+            )
+
+    async def lift(
+        self, shelf_id: int, *, actor: str, request_id: str | None = None
+    ) -> asyncpg.Record:
+        async with self.pool.acquire() as conn, conn.transaction():
+            return await shelving.lift(
+                conn, shelf_id, actor=actor, node_id=self.node_id, request_id=request_id
+            )
+
+    async def shelf(self, shelf_id: int) -> asyncpg.Record:
+        async with self.pool.acquire() as conn:
+            record = await desk_repo.get_shelf(conn, shelf_id)
+        if record is None:
+            raise shelving.ShelfNotFoundError(shelf_id)
+        return record
+
+    async def shelves(
+        self, *, in_force: bool, before_id: int | None, limit: int
+    ) -> list[asyncpg.Record]:
+        async with self.pool.acquire() as conn:
+            return await desk_repo.list_shelves(
+                conn, in_force=in_force, before_id=before_id, limit=limit
+            )
+
+    async def set_out_of_service(
+        self,
+        device_id: str,
+        *,
+        reason: str,
+        until: datetime | None,
+        actor: str,
+        request_id: str | None = None,
+    ) -> asyncpg.Record:
+        async with self.pool.acquire() as conn, conn.transaction():
+            return await shelving.set_out_of_service(
+                conn, device_id, reason=reason, until=until, actor=actor, request_id=request_id
+            )
+
+    async def end_out_of_service(self, device_id: str, *, actor: str) -> asyncpg.Record:
+        async with self.pool.acquire() as conn, conn.transaction():
+            return await shelving.end_out_of_service(conn, device_id, actor=actor)
+
+    async def out_of_service(self, device_id: str) -> asyncpg.Record | None:
+        """The device's maintenance period in force now, if any."""
+        async with self.pool.acquire() as conn:
+            return await desk_repo.period_in_force(conn, device_id)

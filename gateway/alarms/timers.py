@@ -12,6 +12,8 @@ follow its status, whatever each node's configuration. Inside a window no
 reminder is made: the reminder due is made once, on the first pass after the window, instead
 of one per interval that passed inside it.
 
+Shelves past their until are ended here too (gateway/alarms/shelving.py).
+
 An alarm still NEW ``unreached_after_s`` after it fired reached nobody (docs/behaviour.md §5).
 The lifecycle has no step out of NEW for that (escalation starts from CONFIRMED, and the nine
 states stay as they are), so it is marked once (``unreached_at``, a conditional write), logged
@@ -29,6 +31,7 @@ from datetime import datetime, timedelta
 import asyncpg
 import structlog
 
+from gateway.alarms import shelving
 from gateway.alarms.delivery import QUIET_ACTOR
 from gateway.alarms.lifecycle import (
     AlarmNotFoundError,
@@ -67,6 +70,7 @@ class TimerReport:
     reminded: list[int] = field(default_factory=list)
     unreached: list[int] = field(default_factory=list)
     released: int = 0  # notifications held while their alarm was DELAYED, made due by the wake
+    unshelved: list[int] = field(default_factory=list)  # shelves this pass ended (expired)
 
 
 class AlarmTimers:
@@ -123,7 +127,30 @@ class AlarmTimers:
                 await self._remind(conn, now, report)
             if self.unreached_after_s > 0:
                 await self._unreached(conn, now, report)
+            await self._expire_shelves(conn, now, report)
         return report
+
+    async def _expire_shelves(
+        self, conn: asyncpg.Connection, now: datetime, report: TimerReport
+    ) -> None:
+        """Shelves past their until end, at it: each once, whichever node's pass gets it (a
+        conditional write; another node skips the rows this one holds, then finds them ended),
+        with an ``unshelve`` audit row on each alarm they covered."""
+        while True:
+            async with conn.transaction():
+                ended = await shelving.expire_due(conn, now, node_id=self.node_id, limit=BATCH)
+            for shelf in ended:
+                log.info(
+                    "alarm_shelf_expired",
+                    shelf_id=shelf["id"],
+                    scope=shelf["scope"],
+                    alarm_id=shelf["alarm_id"],
+                    device_id=shelf["device_id"],
+                    rule_key=shelf["rule_key"],
+                )
+                report.unshelved.append(int(shelf["id"]))
+            if len(ended) < BATCH:
+                return
 
     async def _unreached(
         self, conn: asyncpg.Connection, now: datetime, report: TimerReport

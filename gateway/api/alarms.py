@@ -2,23 +2,33 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Final
+from typing import Annotated, Any, Final
 
 import structlog
 from litestar.handlers import HTTPRouteHandler
 from litestar.params import JSONBody, Parameter
 from msgspec import UnsetType
 
+from gateway.alarms import service as desk
 from gateway.alarms.service import AlarmService
 from gateway.api.auth import CallDep, Role, actor_of
 from gateway.api.errors import (
     ALARM_NOT_FOUND,
     ALARM_SUPERSEDED,
+    ALREADY_SHELVED,
+    DEVICE_NOT_FOUND,
     ILLEGAL_TRANSITION,
+    INVALID_ACTOR,
+    NOT_OUT_OF_SERVICE,
+    SHELF_ENDED,
+    SHELF_NOT_FOUND,
+    SHELF_TOO_LONG,
     STATUS_CHANGED,
+    TOO_MANY_ALARMS,
+    UNTIL_PAST,
     from_domain,
 )
-from gateway.api.params import AlarmId, Before, Limit, page
+from gateway.api.params import AlarmId, Before, DeviceId, Id, Limit, page
 from gateway.api.routes import route
 from gateway.api.schemas import (
     DEVICE_ID_PATTERN,
@@ -26,19 +36,36 @@ from gateway.api.schemas import (
     RULE_KEY_FILTER_PATTERN,
     ActionBody,
     AiSummary,
+    AlarmCounts,
     AlarmDetail,
+    AlarmFilters,
+    AlarmGroup,
+    AlarmGroups,
     AlarmPage,
+    AlarmView,
     AllowedActions,
     AuditEntry,
     AuditTrail,
+    BulkBody,
+    BulkItem,
+    BulkResults,
     Chain,
+    GroupBy,
+    OutOfService,
+    OutOfServiceBody,
+    Shelf,
+    ShelfPage,
+    ShelveAlarmBody,
+    ShelvedFilter,
+    ShelvePairBody,
+    StateCounts,
     SummaryAttempts,
     exact,
     from_row,
     summary_attempt,
 )
 from gateway.api.services import Alarms
-from gateway.domain.alarm import PERSON_ACTIONS, Action, Alarm, AlarmStatus
+from gateway.domain.alarm import PERSON_ACTIONS, Action, Alarm, AlarmStatus, Severity
 
 log = structlog.get_logger(__name__)
 
@@ -50,14 +77,109 @@ PATH_ACTIONS: Final = tuple(a for a in Action if a in PERSON_ACTIONS)
 _ID_PATH: Final = "{id:str}"  # parsed by the boundary and the handler's type, not the router
 
 
-async def detail(service: AlarmService, alarm: Alarm) -> AlarmDetail:
+def _desk_fields(view: desk.DeskAlarm) -> dict[str, Any]:
+    alarm = view.alarm
+    return {
+        **{f: getattr(alarm, f) for f in Alarm.__struct_fields__},
+        "active": alarm.cleared_at is None,
+        "acknowledged": any(
+            at is not None for at in (alarm.confirmed_at, alarm.handled_at, alarm.false_at)
+        ),
+        "shelved_until": view.shelved_until,
+        "out_of_service": view.out_of_service,
+    }
+
+
+def alarm_view(view: desk.DeskAlarm) -> AlarmView:
+    return AlarmView(**_desk_fields(view))
+
+
+async def detail(service: AlarmService, alarm_id: int) -> AlarmDetail:
     """An alarm as ``GET /alarms/{id}`` and the actions answer it, with its latest AI summary
     attempt under ``ai_summary`` (null when there is none)."""
-    latest = await service.latest_summary(alarm.id)
+    view = await service.view(alarm_id)
+    latest = await service.latest_summary(alarm_id)
     summary = None if latest is None else from_row(AiSummary, latest)
-    return AlarmDetail(
-        **{f: getattr(alarm, f) for f in Alarm.__struct_fields__}, ai_summary=summary
+    return AlarmDetail(**_desk_fields(view), ai_summary=summary)
+
+
+_SHELVED_MODE: Final[dict[str, desk.ShelvedMode]] = {
+    "false": "exclude",
+    "true": "only",
+    "any": "any",
+}
+
+
+def filters_of(given: AlarmFilters) -> desk.Filters:
+    return desk.Filters(
+        statuses=None if given.status is None else [s.value for s in given.status],
+        device_id=given.device,
+        rule_key=given.rule,
+        open_only=given.open,
+        active=given.active,
+        cleared=given.cleared,
+        acknowledged=given.acknowledged,
+        shelved=_SHELVED_MODE[given.shelved],
+        severity=None if given.severity is None else given.severity.value,
     )
+
+
+StatusFilter = Annotated[
+    list[AlarmStatus] | None,
+    Parameter(
+        description="Only these statuses (repeat the parameter for several).",
+        schema_extra=exact("array", items={"$ref": "#/components/schemas/AlarmStatus"}),
+    ),
+]
+DeviceFilter = Annotated[
+    str | None,
+    Parameter(
+        pattern=DEVICE_ID_PATTERN, schema_extra=exact("string"), description="Only this device."
+    ),
+]
+RuleFilter = Annotated[
+    str | None,
+    Parameter(
+        pattern=RULE_KEY_FILTER_PATTERN,
+        schema_extra=exact("string"),
+        description="Only this rule key.",
+    ),
+]
+OpenFilter = Annotated[
+    bool,
+    Parameter(description="Only open alarms (NEW, PUSHED, DELAYED, CONFIRMED, ESCALATED)."),
+]
+ActiveFilter = Annotated[
+    bool | None,
+    Parameter(
+        schema_extra=exact("boolean"),
+        description="true: only alarms whose condition is still true (not cleared); false: "
+        "only those returned to normal.",
+    ),
+]
+ClearedFilter = Annotated[
+    bool | None,
+    Parameter(
+        schema_extra=exact("boolean"),
+        description="true: only alarms returned to normal (cleared); false: only active ones.",
+    ),
+]
+AckFilter = Annotated[
+    bool | None,
+    Parameter(
+        schema_extra=exact("boolean"),
+        description="true: only alarms a person acknowledged (confirmed, handled or judged "
+        "false); false: only those nobody did.",
+    ),
+]
+ShelvedParam = Annotated[
+    ShelvedFilter,
+    Parameter(
+        description="false (the default view): shelved alarms left out; true: only shelved "
+        "ones; any: both."
+    ),
+]
+SeverityFilter = Annotated[Severity | None, Parameter(description="Only this severity.")]
 
 
 @route(
@@ -71,45 +193,165 @@ async def detail(service: AlarmService, alarm: Alarm) -> AlarmDetail:
 async def list_alarms(
     alarms: Alarms,
     *,
-    status: Annotated[
-        list[AlarmStatus] | None,
-        Parameter(
-            description="Only these statuses (repeat the parameter for several).",
-            schema_extra=exact("array", items={"$ref": "#/components/schemas/AlarmStatus"}),
-        ),
-    ] = None,
-    device: Annotated[
-        str | None,
-        Parameter(
-            pattern=DEVICE_ID_PATTERN, schema_extra=exact("string"), description="Only this device."
-        ),
-    ] = None,
-    rule: Annotated[
-        str | None,
-        Parameter(
-            pattern=RULE_KEY_FILTER_PATTERN,
-            schema_extra=exact("string"),
-            description="Only this rule key.",
-        ),
-    ] = None,
-    open: Annotated[
-        bool,
-        Parameter(description="Only open alarms (NEW, PUSHED, DELAYED, CONFIRMED, ESCALATED)."),
-    ] = False,
+    status: StatusFilter = None,
+    device: DeviceFilter = None,
+    rule: RuleFilter = None,
+    open: OpenFilter = False,
+    active: ActiveFilter = None,
+    cleared: ClearedFilter = None,
+    acknowledged: AckFilter = None,
+    shelved: ShelvedParam = "false",
+    severity: SeverityFilter = None,
     limit: Limit = LIMIT_DEFAULT,
     before: Before = None,
 ) -> AlarmPage:
+    filters = AlarmFilters(
+        status=status, device=device, rule=rule, open=open, active=active, cleared=cleared,
+        acknowledged=acknowledged, shelved=shelved, severity=severity,
+    )  # fmt: skip
     # One more than asked: a next page is promised only if it has something on it.
-    found = await alarms.find(
-        statuses=None if status is None else [s.value for s in status],
-        device_id=device,
-        rule_key=rule,
-        open_only=open,
-        before_id=before,
-        limit=limit + 1,
+    found = await alarms.views(filters_of(filters), before_id=before, limit=limit + 1)
+    items = [alarm_view(v) for v in found[:limit]]
+    return AlarmPage(items=items, next_before=items[-1].id if len(found) > limit else None)
+
+
+@route(
+    "GET",
+    "/alarms/counts",
+    summary="Open alarms per severity and state (the desk's header)",
+    operation_id="countAlarms",
+    tag=TAG,
+    role=Role.VIEWER,
+    description=(
+        "Open alarms (NEW, PUSHED, DELAYED, CONFIRMED, ESCALATED) in exclusive buckets: "
+        "`shelved`, then the rest by active or returned to normal, acknowledged or not; "
+        "`out_of_service` overlaps them. One pass over the open alarms."
+    ),
+)
+async def count_alarms(alarms: Alarms) -> AlarmCounts:
+    by_severity = {s: StateCounts() for s in Severity}
+    every = StateCounts()
+    for row in await alarms.counts():
+        counts = StateCounts(**{f: int(row[f]) for f in StateCounts.__struct_fields__})
+        by_severity[Severity(row["severity"])] = counts
+        for f in StateCounts.__struct_fields__:
+            setattr(every, f, getattr(every, f) + getattr(counts, f))
+    return AlarmCounts(all=every, by_severity=by_severity)
+
+
+_WORST: Final = {1: Severity.INFO, 2: Severity.WARNING, 3: Severity.MAJOR, 4: Severity.CRITICAL}
+
+
+@route(
+    "GET",
+    "/alarms/groups",
+    summary="Alarms grouped by rule or by device, over the list's filters",
+    operation_id="groupAlarms",
+    tag=TAG,
+    role=Role.VIEWER,
+    description=(
+        "One row per rule key (or device): how many alarms, the newest one's trigger time "
+        "and id, the worst severity; worst first, then newest. A group's alarms are "
+        "`GET /alarms` with the same filters and `rule` (or `device`) set to its key."
+    ),
+)
+async def group_alarms(
+    alarms: Alarms,
+    *,
+    by: Annotated[GroupBy, Parameter(description="rule (the default) or device.")] = "rule",
+    status: StatusFilter = None,
+    device: DeviceFilter = None,
+    rule: RuleFilter = None,
+    open: OpenFilter = False,
+    active: ActiveFilter = None,
+    cleared: ClearedFilter = None,
+    acknowledged: AckFilter = None,
+    shelved: ShelvedParam = "false",
+    severity: SeverityFilter = None,
+    limit: Limit = LIMIT_DEFAULT,
+) -> AlarmGroups:
+    filters = AlarmFilters(
+        status=status, device=device, rule=rule, open=open, active=active, cleared=cleared,
+        acknowledged=acknowledged, shelved=shelved, severity=severity,
+    )  # fmt: skip
+    rows = await alarms.groups(filters_of(filters), by=by, limit=limit)
+    return AlarmGroups(
+        by=by,
+        items=[
+            AlarmGroup(
+                key=r["key"],
+                count=r["count"],
+                newest_at=r["newest_at"],
+                newest_id=r["newest_id"],
+                worst_severity=_WORST[r["worst"]],
+            )
+            for r in rows
+        ],
     )
-    items, next_before = page(found, limit)
-    return AlarmPage(items=items, next_before=next_before)
+
+
+@route(
+    "POST",
+    "/alarms/bulk",
+    summary="One person's action on many alarms, with a result per alarm",
+    operation_id="bulkAlarms",
+    tag=TAG,
+    role=Role.OPERATOR,
+    writes=True,
+    body=True,
+    errors=[TOO_MANY_ALARMS, INVALID_ACTOR],
+    description=(
+        "`confirm`, `false` or `close` on the alarms `ids`, or on every alarm of a `group` "
+        "(as `GET /alarms/groups` showed it, with its filters). Each alarm is acted on as "
+        "`POST /alarms/{id}/{action}` would: its own conditional write, audit row and event. "
+        "One refused leaves the others be; `items` says what happened to each. More alarms "
+        "than `[alarms] bulk_max` is refused whole (400 `TOO_MANY_ALARMS`), nothing done."
+    ),
+)
+async def bulk_alarms(alarms: Alarms, call: CallDep, data: JSONBody[BulkBody]) -> BulkResults:
+    if isinstance(data.ids, UnsetType):
+        assert not isinstance(data.group, UnsetType)  # the body names exactly one
+        ids = await alarms.group_ids(
+            filters_of(data.group.filters), by=data.group.by, key=data.group.key
+        )
+    else:
+        ids = [int(i) for i in data.ids]
+    stated = None if isinstance(data.actor, UnsetType) else data.actor
+    results = await alarms.bulk(
+        Action(data.action),
+        ids,
+        actor=actor_of(call),
+        stated_actor=stated,
+        note=data.note,
+        request_id=call.request_id,
+    )
+    items: list[BulkItem] = []
+    for result in results:
+        if result.alarm is not None:
+            items.append(BulkItem(alarm_id=result.alarm_id, ok=True, status=result.alarm.status))
+            continue
+        refused = from_domain(result.error) if result.error is not None else None
+        assert refused is not None
+        current = refused.details.get("current_status")
+        items.append(
+            BulkItem(
+                alarm_id=result.alarm_id,
+                ok=False,
+                error=refused.kind.code,
+                message=refused.message,
+                current_status=current if isinstance(current, str) else None,
+            )
+        )
+    done = sum(1 for item in items if item.ok)
+    log.info(
+        "alarm_bulk_action",
+        action=data.action,
+        actor=call.caller.name,
+        request_id=call.request_id,
+        done=done,
+        refused=len(items) - done,
+    )
+    return BulkResults(action=data.action, done=done, refused=len(items) - done, items=items)
 
 
 @route(
@@ -122,7 +364,7 @@ async def list_alarms(
     errors=[ALARM_NOT_FOUND],
 )
 async def get_alarm(alarms: Alarms, id: AlarmId) -> AlarmDetail:
-    return await detail(alarms, await alarms.get(id))
+    return await detail(alarms, id)
 
 
 @route(
@@ -151,7 +393,8 @@ async def alarm_actions(alarms: Alarms, id: AlarmId) -> AllowedActions:
     errors=[ALARM_NOT_FOUND],
 )
 async def alarm_chain(alarms: Alarms, id: AlarmId) -> Chain:
-    items = await alarms.chain(id)
+    # Each as the list shows it (a chain is short: a read per alarm).
+    items = [alarm_view(await alarms.view(a.id)) for a in await alarms.chain(id)]
     this = next(a for a in items if a.id == id)
     if this.status is AlarmStatus.SUPERSEDED:
         successor = "a newer alarm" if this.superseded_by is None else this.superseded_by
@@ -236,7 +479,7 @@ def _action_route(action: Action) -> HTTPRouteHandler:
             request_id=call.request_id,
             status=alarm.status.value,
         )
-        return await detail(alarms, alarm)
+        return await detail(alarms, alarm.id)
 
     act.__name__ = f"{action.value}_alarm"
     return route(
@@ -257,8 +500,206 @@ def _action_route(action: Action) -> HTTPRouteHandler:
     )(act)
 
 
+# --- shelves ------------------------------------------------------------------------------------
+
+
+def _shelf(row: Any) -> Shelf:
+    return from_row(Shelf, row)
+
+
+_SHELVING: Final = (
+    "A shelved alarm still exists and is counted; it leaves the default list "
+    "(`GET /alarms?shelved=true` shows it) and its notifications are suppressed. It ends by "
+    "itself after `duration_s` (at most `[alarms] shelve_max_s`), or when lifted "
+    "(`DELETE /shelves/{id}`). Audited on every alarm it covers."
+)
+
+
+def _shelved(call: Any, row: Any) -> Shelf:
+    log.info(
+        "alarm_shelved",
+        shelf_id=row["id"],
+        scope=row["scope"],
+        alarm_id=row["alarm_id"],
+        device_id=row["device_id"],
+        rule_key=row["rule_key"],
+        actor=call.caller.name,
+        request_id=call.request_id,
+    )
+    return _shelf(row)
+
+
+@route(
+    "POST",
+    f"/alarms/{_ID_PATH}/shelve",
+    summary="Shelve the alarm, or its rule on its device, for a while (ISA-18.2)",
+    operation_id="shelveAlarm",
+    tag=TAG,
+    role=Role.OPERATOR,
+    writes=True,
+    body=True,
+    status_code=201,
+    errors=[ALARM_NOT_FOUND, ALREADY_SHELVED, SHELF_TOO_LONG],
+    description=(
+        "Scope `alarm`: this alarm; `pair`: every alarm of its rule on its device, now and "
+        "raised while the shelf lasts. " + _SHELVING
+    ),
+)
+async def shelve_alarm(
+    alarms: Alarms, call: CallDep, id: AlarmId, data: JSONBody[ShelveAlarmBody]
+) -> Shelf:
+    row = await alarms.shelve(
+        scope=data.scope,
+        alarm_id=id,
+        device_id=None,
+        rule_key=None,
+        seconds=data.duration_s,
+        reason=data.reason,
+        actor=actor_of(call),
+        request_id=call.request_id,
+    )
+    return _shelved(call, row)
+
+
+@route(
+    "POST",
+    "/shelves",
+    summary="Shelve a rule on a device for a while (ISA-18.2)",
+    operation_id="shelveRule",
+    tag=TAG,
+    role=Role.OPERATOR,
+    writes=True,
+    body=True,
+    status_code=201,
+    errors=[ALREADY_SHELVED, SHELF_TOO_LONG],
+    description=(
+        "Every alarm of `rule_key` on `device_id`, now and raised while the shelf lasts. "
+        + _SHELVING
+    ),
+)
+async def shelve_rule(alarms: Alarms, call: CallDep, data: JSONBody[ShelvePairBody]) -> Shelf:
+    row = await alarms.shelve(
+        scope="pair",
+        alarm_id=None,
+        device_id=data.device_id,
+        rule_key=data.rule_key,
+        seconds=data.duration_s,
+        reason=data.reason,
+        actor=actor_of(call),
+        request_id=call.request_id,
+    )
+    return _shelved(call, row)
+
+
+@route(
+    "GET",
+    "/shelves",
+    summary="Shelves, newest first (keyset pagination by id)",
+    operation_id="listShelves",
+    tag=TAG,
+    role=Role.VIEWER,
+)
+async def list_shelves(
+    alarms: Alarms,
+    *,
+    in_force: Annotated[
+        bool, Parameter(description="Only shelves in force now (false: every shelf).")
+    ] = True,
+    limit: Limit = LIMIT_DEFAULT,
+    before: Before = None,
+) -> ShelfPage:
+    found = await alarms.shelves(in_force=in_force, before_id=before, limit=limit + 1)
+    items, next_before = page(found, limit, _shelf)
+    return ShelfPage(items=items, next_before=next_before)
+
+
+@route(
+    "GET",
+    "/shelves/{id:str}",
+    summary="One shelf",
+    operation_id="getShelf",
+    tag=TAG,
+    role=Role.VIEWER,
+    errors=[SHELF_NOT_FOUND],
+)
+async def get_shelf(alarms: Alarms, id: Id) -> Shelf:
+    return _shelf(await alarms.shelf(id))
+
+
+@route(
+    "DELETE",
+    "/shelves/{id:str}",
+    summary="Lift a shelf before its time",
+    operation_id="liftShelf",
+    tag=TAG,
+    role=Role.OPERATOR,
+    writes=True,
+    errors=[SHELF_NOT_FOUND, SHELF_ENDED],
+    description="Audited on every alarm it covers; a shelf that ended already is a 409.",
+)
+async def lift_shelf(alarms: Alarms, call: CallDep, id: Id) -> Shelf:
+    row = await alarms.lift(id, actor=actor_of(call), request_id=call.request_id)
+    log.info("alarm_shelf_lifted", shelf_id=id, actor=call.caller.name, request_id=call.request_id)
+    return _shelf(row)
+
+
+# --- out of service ----------------------------------------------------------------------------
+
+
+@route(
+    "PUT",
+    "/devices/{id:str}/out-of-service",
+    summary="Put a device out of service (maintenance)",
+    operation_id="setOutOfService",
+    tag=TAG,
+    role=Role.OPERATOR,
+    writes=True,
+    body=True,
+    errors=[DEVICE_NOT_FOUND, UNTIL_PAST],
+    description=(
+        "Its alarms are still raised and shown (`out_of_service` on each), their "
+        "notifications suppressed. Until `until`, or until ended (`DELETE`); a period in "
+        "force is replaced."
+    ),
+)
+async def set_out_of_service(
+    alarms: Alarms, call: CallDep, id: DeviceId, data: JSONBody[OutOfServiceBody]
+) -> OutOfService:
+    row = await alarms.set_out_of_service(
+        id, reason=data.reason, until=data.until, actor=actor_of(call), request_id=call.request_id
+    )
+    log.info("device_out_of_service", device_id=id, actor=call.caller.name, until=data.until)
+    return from_row(OutOfService, row)
+
+
+@route(
+    "DELETE",
+    "/devices/{id:str}/out-of-service",
+    summary="Put a device back in service",
+    operation_id="endOutOfService",
+    tag=TAG,
+    role=Role.OPERATOR,
+    writes=True,
+    errors=[DEVICE_NOT_FOUND, NOT_OUT_OF_SERVICE],
+)
+async def end_out_of_service(alarms: Alarms, call: CallDep, id: DeviceId) -> OutOfService:
+    row = await alarms.end_out_of_service(id, actor=actor_of(call))
+    log.info("device_back_in_service", device_id=id, actor=call.caller.name)
+    return from_row(OutOfService, row)
+
+
 HANDLERS: Final = [
     list_alarms,
+    count_alarms,
+    group_alarms,
+    bulk_alarms,
+    shelve_alarm,
+    shelve_rule,
+    list_shelves,
+    get_shelf,
+    lift_shelf,
+    set_out_of_service,
+    end_out_of_service,
     get_alarm,
     alarm_actions,
     alarm_chain,

@@ -64,6 +64,7 @@ from gateway.api.routes import check_inputs, route
 from gateway.api.schemas import (
     ACTOR_MAX_LENGTH,
     DEPRECATED_PROPERTIES,
+    DESK_BODIES,
     IDEMPOTENCY_KEY_MAX_LENGTH,
     JSON_VALUE,
     JSON_VALUE_SCHEMA,
@@ -71,6 +72,7 @@ from gateway.api.schemas import (
     NOTE_MAX_LENGTH,
     ActionBody,
     CommandBody,
+    complete_desk,
 )
 from gateway.api.services import STATE_SERVICES, Services
 from gateway.support.metrics import Metrics
@@ -305,8 +307,9 @@ def _complete(document: OpenAPI) -> None:
                 assert isinstance(kept, Schema)
                 kept.deprecated = True
                 kept.description = f"Deprecated: the same as `{new}`, under its first name."
+    complete_desk(schemas)
     # A body Struct that forbids unknown fields says so (msgspec refuses them: a 422).
-    for body in (ActionBody, CommandBody, notify.SilenceBody, *campaigns.BODIES):
+    for body in (ActionBody, CommandBody, notify.SilenceBody, *campaigns.BODIES, *DESK_BODIES):
         if body.__struct_config__.forbid_unknown_fields and body.__name__ in schemas:
             schemas[body.__name__].additional_properties = False
 

@@ -25,12 +25,14 @@ from gateway.api.schemas import (
     DevicePage,
     LatestEvent,
     LatestMetric,
+    OutOfService,
     Presence,
     Sample,
     SamplePage,
     exact,
+    from_row,
 )
-from gateway.api.services import Pool
+from gateway.api.services import Alarms, Pool
 from gateway.domain.errors import ConfigError
 from gateway.domain.rules import DeviceSelector, device_selector
 from protocol.ids import IDENTIFIER_PATTERN
@@ -167,17 +169,19 @@ def _latest(samples: list[Any]) -> tuple[dict[str, LatestMetric], list[LatestEve
         "own (or ordered by `seq` against it), per reason, and shows the last one."
     ),
 )
-async def get_device(pool: Pool, id: DeviceId) -> DeviceOne:
+async def get_device(pool: Pool, alarms: Alarms, id: DeviceId) -> DeviceOne:
     row = await repo.device(pool, id)
     if row is None:
         raise ApiError(DEVICE_NOT_FOUND, f"no device {id}", device_id=id)
     metrics, events = _latest(await repo.latest_samples(pool, id, LATEST_WINDOW))
     clock = _clock(await clock_repo.device_adjustments(pool, id))
     base = _device(row)
+    period = await alarms.out_of_service(id)
     return DeviceOne(
         device=DeviceDetail(
             **{f: getattr(base, f) for f in Device.__struct_fields__},
             bound=row["bound"],
+            out_of_service=None if period is None else from_row(OutOfService, period),
             latest_metrics=metrics,
             latest_events=events,
             clock=clock,

@@ -30,6 +30,16 @@ from litestar.status_codes import HTTP_413_REQUEST_ENTITY_TOO_LARGE
 from msgspec import UNSET, UnsetType
 
 from gateway.alarms.lifecycle import AlarmNotFoundError, StatusChangedError
+from gateway.alarms.service import TooManyAlarmsError
+from gateway.alarms.shelving import (
+    AlreadyShelvedError,
+    DeviceNotFoundError,
+    NotOutOfServiceError,
+    ShelfEndedError,
+    ShelfNotFoundError,
+    ShelfTooLongError,
+    UntilPastError,
+)
 from gateway.commands.campaigns import (
     CampaignClosedError,
     CampaignNotFoundError,
@@ -171,6 +181,31 @@ STREAMS_FULL: Final = ErrorKind(
     "STREAMS_FULL",
     "this node has `[http] max_streams` streams open; retry later (`Retry-After`) or elsewhere",
 )
+SHELF_NOT_FOUND: Final = ErrorKind(404, "NOT_FOUND", "no such shelf (`shelf_id`)")
+ALREADY_SHELVED: Final = ErrorKind(
+    409,
+    "ALREADY_SHELVED",
+    "a shelf in force covers the same alarm or pair already (`shelf_id`); nothing is changed",
+)
+SHELF_ENDED: Final = ErrorKind(
+    409, "SHELF_ENDED", "the shelf has ended already (`shelf_id`); nothing is changed"
+)
+SHELF_TOO_LONG: Final = ErrorKind(
+    400,
+    "SHELF_TOO_LONG",
+    "longer than `[alarms] shelve_max_s` (`limit`, in seconds); nothing is changed",
+)
+NOT_OUT_OF_SERVICE: Final = ErrorKind(
+    409,
+    "NOT_OUT_OF_SERVICE",
+    "the device is not out of service (`device_id`); nothing is changed",
+)
+UNTIL_PAST: Final = ErrorKind(400, "UNTIL_PAST", "`until` is not in the future; nothing is changed")
+TOO_MANY_ALARMS: Final = ErrorKind(
+    400,
+    "TOO_MANY_ALARMS",
+    "more alarms than `[alarms] bulk_max` (`limit`) selected; nothing is done",
+)
 PAYLOAD_TOO_LARGE: Final = ErrorKind(413, "PAYLOAD_TOO_LARGE", "the body is too large")
 INVALID_BODY: Final = ErrorKind(
     422,
@@ -207,6 +242,7 @@ class ErrorBody(msgspec.Struct, kw_only=True, omit_defaults=True):
     command_id: int | UnsetType = UNSET
     dead_letter_id: int | UnsetType = UNSET
     campaign_id: int | UnsetType = UNSET
+    shelf_id: int | UnsetType = UNSET
     device_id: str | UnsetType = UNSET
     device_ids: list[str] | UnsetType = UNSET
     current_status: str | UnsetType = UNSET
@@ -301,6 +337,14 @@ _DOMAIN: Final[Mapping[type[Exception], Callable[[Any], ApiError]]] = {
     ),
     UnboundTargetsError: lambda e: ApiError(TARGETS_UNBOUND, str(e), device_ids=e.device_ids),
     NoTargetsError: lambda e: ApiError(NO_TARGETS, str(e)),
+    ShelfNotFoundError: lambda e: ApiError(SHELF_NOT_FOUND, str(e), shelf_id=e.shelf_id),
+    AlreadyShelvedError: lambda e: ApiError(ALREADY_SHELVED, str(e), shelf_id=e.shelf_id),
+    ShelfEndedError: lambda e: ApiError(SHELF_ENDED, str(e), shelf_id=e.shelf_id),
+    ShelfTooLongError: lambda e: ApiError(SHELF_TOO_LONG, str(e), limit=int(e.limit)),
+    DeviceNotFoundError: lambda e: ApiError(DEVICE_NOT_FOUND, str(e), device_id=e.device_id),
+    NotOutOfServiceError: lambda e: ApiError(NOT_OUT_OF_SERVICE, str(e), device_id=e.device_id),
+    UntilPastError: lambda e: ApiError(UNTIL_PAST, str(e)),
+    TooManyAlarmsError: lambda e: ApiError(TOO_MANY_ALARMS, str(e), limit=e.limit),
 }
 
 

@@ -113,6 +113,7 @@ class Delivery(msgspec.Struct, kw_only=True):
     next_attempt_at: datetime
     last_error: str | None
     silence_id: int | None
+    suppressed: str | None = None  # SUPPRESSED: why ("shelved (shelf N)", "out of service")
     sent_by: str | None  # the node whose attempt the receiver accepted
     event_created_at: datetime
     created_at: datetime

@@ -57,7 +57,7 @@ _NOT_QUERY: Final = frozenset({"data", "request", "state", "headers", "query", "
 
 
 def route(
-    method: Literal["GET", "POST", "DELETE"],
+    method: Literal["GET", "POST", "PUT", "DELETE"],
     path: str,
     *,
     summary: str,

@@ -23,6 +23,7 @@ from gateway.domain.alarm import (
     Action,
     Alarm,
     AlarmStatus,
+    Severity,
 )
 from gateway.domain.command import CommandStatus, Delivery, ReceiptOutcome, RejectReason
 from gateway.domain.rules import RULE_KEY_PATTERN, ClockAdjustment
@@ -212,15 +213,270 @@ class AiSummary(msgspec.Struct, kw_only=True):
     finished_at: datetime | None
 
 
-class AlarmDetail(Alarm, frozen=True, kw_only=True):
+class AlarmView(Alarm, frozen=True, kw_only=True):
+    """An alarm as the desk shows it (docs/behaviour.md §5, "States people can read"):
+    ``active``: its condition is still true (not cleared; false: returned to normal);
+    ``acknowledged``: a person took a step (confirmed, handled or judged it false);
+    ``shelved_until``: until when it is shelved now (null: not shelved); ``out_of_service``:
+    its device was out of service when it was raised (its notifications are suppressed)."""
+
+    active: bool
+    acknowledged: bool
+    shelved_until: datetime | None = None
+    out_of_service: bool = False
+
+
+class AlarmDetail(AlarmView, frozen=True, kw_only=True):
     """An alarm with its latest AI summary attempt (null when there is none)."""
 
     ai_summary: AiSummary | None = None
 
 
 class AlarmPage(msgspec.Struct, kw_only=True):
-    items: list[Alarm]
+    items: list[AlarmView]
     next_before: int | None = None  # `before` for the next (older) page; null on the last
+
+
+# --- the desk: counts, groups, bulk actions, shelves, out of service ---------------------------
+
+BULK_ACTIONS: Final = (Action.CONFIRM, Action.FALSE, Action.CLOSE)
+BulkAction = Literal["confirm", "false", "close"]
+GroupBy = Literal["rule", "device"]
+ShelvedFilter = Literal["false", "true", "any"]
+SHELF_SECONDS_MAX: Final = 31_536_000.0  # a year: [alarms] shelve_max_s bounds it further
+REASON_MAX_LENGTH: Final = 500
+Reason = Annotated[
+    str,
+    msgspec.Meta(
+        min_length=1,
+        max_length=REASON_MAX_LENGTH,
+        pattern=NOT_BLANK,
+        description="Why (not blank).",
+    ),
+]
+DeviceIdText = Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=DEVICE_ID_PATTERN)]
+RuleKeyText = Annotated[
+    str, msgspec.Meta(min_length=1, max_length=128, pattern=RULE_KEY_FILTER_PATTERN)
+]
+
+
+class StateCounts(msgspec.Struct, kw_only=True):
+    """Open alarms in exclusive buckets (their sum is ``total``): shelved ones apart, the rest
+    by active or returned to normal, acknowledged or not; ``out_of_service`` overlaps them (the
+    open alarms raised while their device was out of service)."""
+
+    total: int = 0
+    active_unacknowledged: int = 0
+    active_acknowledged: int = 0
+    returned_unacknowledged: int = 0
+    returned_acknowledged: int = 0
+    shelved: int = 0
+    out_of_service: int = 0
+
+
+class AlarmCounts(msgspec.Struct, kw_only=True):
+    """``GET /alarms/counts``: open alarms per severity (every severity listed), and all."""
+
+    all: StateCounts
+    by_severity: dict[Severity, StateCounts]
+
+
+class AlarmGroup(msgspec.Struct, kw_only=True):
+    key: str  # the rule key, or the device id
+    count: int
+    newest_at: datetime  # the newest alarm's trigger time
+    newest_id: int
+    worst_severity: Severity
+
+
+class AlarmGroups(msgspec.Struct, kw_only=True):
+    """Worst severity first, then newest first."""
+
+    by: GroupBy
+    items: list[AlarmGroup]
+
+
+class AlarmFilters(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """The list's filters, as ``GET /alarms`` takes them in its query."""
+
+    status: list[AlarmStatus] | None = None
+    device: DeviceIdText | None = None
+    rule: RuleKeyText | None = None
+    open: bool = False
+    active: bool | None = None
+    cleared: bool | None = None
+    acknowledged: bool | None = None
+    shelved: ShelvedFilter = "false"
+    severity: Severity | None = None
+
+
+class BulkGroup(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """A group of ``GET /alarms/groups``: its ``by``, its ``key``, the filters it was read with."""
+
+    by: GroupBy
+    key: Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=NOT_BLANK)]
+    filters: AlarmFilters = msgspec.field(default_factory=AlarmFilters)
+
+
+BULK_IDS_MAX: Final = 10_000
+# JSON Schema's `integer` is any number without a fraction (`7.0` is one, and generators send
+# it): an id in a body is read as a number that is a multiple of 1 (msgspec's `int` refuses
+# `7.0`), at most 2**53 (where a float stops being exact), and made an int where it is used.
+# The document calls it an integer (`complete_desk`). `7.5` is still a 422.
+BODY_ID_MAX: Final = 2**53
+BodyId = Annotated[float, msgspec.Meta(ge=1, le=BODY_ID_MAX, multiple_of=1)]
+
+
+class BulkBody(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """``POST /alarms/bulk``: one person's action on the alarms ``ids``, or on every alarm of
+    ``group`` (exactly one of the two: the document says so with ``oneOf``); ``note`` and
+    ``actor`` as for one alarm's action."""
+
+    action: BulkAction
+    ids: Annotated[list[BodyId], msgspec.Meta(min_length=1, max_length=BULK_IDS_MAX)] | (
+        UnsetType
+    ) = UNSET
+    group: BulkGroup | UnsetType = UNSET
+    actor: Actor | UnsetType = UNSET
+    note: Note | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.ids, UnsetType) == isinstance(self.group, UnsetType):
+            raise ValueError("give exactly one of `ids` and `group`")
+
+
+class BulkItem(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """One alarm of a bulk action: ``ok`` with its ``status`` now, or the ``error`` code (as
+    the single action would answer) with ``message`` and, when it has one,
+    ``current_status``; nothing of a refused alarm changed."""
+
+    alarm_id: int
+    ok: bool
+    status: AlarmStatus | None = None
+    error: str | None = None
+    message: str | None = None
+    current_status: str | None = None
+
+
+class BulkResults(msgspec.Struct, kw_only=True):
+    action: BulkAction
+    done: int
+    refused: int
+    items: list[BulkItem]
+
+
+ShelfSeconds = Annotated[
+    float,
+    msgspec.Meta(
+        ge=1,
+        le=SHELF_SECONDS_MAX,
+        description="Seconds; at most `[alarms] shelve_max_s` (a longer one is a 400).",
+    ),
+]
+
+
+class ShelveAlarmBody(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """``POST /alarms/{id}/shelve``: ``scope`` "alarm" shelves this alarm; "pair" shelves
+    every alarm, present and future, of its rule on its device. For ``duration_s`` seconds."""
+
+    scope: Literal["alarm", "pair"] = "alarm"
+    duration_s: ShelfSeconds
+    reason: Reason
+
+
+class ShelvePairBody(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """``POST /shelves``: shelve every alarm, present and future, of ``rule_key`` on
+    ``device_id`` (whether it has alarms yet or not), for ``duration_s`` seconds."""
+
+    device_id: DeviceIdText
+    rule_key: RuleKeyText
+    duration_s: ShelfSeconds
+    reason: Reason
+
+
+class Shelf(msgspec.Struct, kw_only=True):
+    """A shelf: in force from ``shelved_at`` until ``until``, or until it ended first
+    (``ended_at``, ``ended_by``, ``end_reason``: lifted by a person, or expired)."""
+
+    id: int
+    scope: Literal["alarm", "pair"]
+    alarm_id: int | None
+    device_id: str
+    rule_key: str
+    reason: str
+    shelved_by: str
+    shelved_at: datetime
+    until: datetime
+    ended_at: datetime | None
+    ended_by: str | None
+    end_reason: Literal["expired", "lifted"] | None
+    request_id: str | None
+
+
+class ShelfPage(msgspec.Struct, kw_only=True):
+    items: list[Shelf]
+    next_before: int | None = None
+
+
+class OutOfServiceBody(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """``PUT /devices/{id}/out-of-service``: why, and until when (absent: until ended)."""
+
+    reason: Reason
+    until: Annotated[datetime, msgspec.Meta(tz=True)] | None = None
+
+
+class OutOfService(msgspec.Struct, kw_only=True):
+    """A device's maintenance period: in force from ``since`` until ``until`` (null: until
+    ended) or until it ended first (``ended_at``, ``ended_by``)."""
+
+    id: int
+    device_id: str
+    reason: str
+    set_by: str
+    since: datetime
+    until: datetime | None
+    ended_at: datetime | None
+    ended_by: str | None
+    request_id: str | None
+
+
+# The desk's request bodies (and the Structs inside them): each forbids unknown fields.
+DESK_BODIES: Final = (
+    AlarmFilters,
+    BulkGroup,
+    BulkBody,
+    ShelveAlarmBody,
+    ShelvePairBody,
+    OutOfServiceBody,
+)
+
+
+def complete_desk(schemas: dict[str, Any]) -> None:
+    """What Litestar's generation leaves out of the desk's bodies: ``ids``' items as the
+    integers they are, with their bounds, and that a bulk body names exactly one of ``ids`` and
+    ``group`` (two closed objects, one requiring each)."""
+    body = schemas.get("BulkBody")
+    if body is None or body.properties is None:
+        return
+    body.properties["ids"] = Schema(
+        type=OpenAPIType.ARRAY,
+        items=Schema(type=OpenAPIType.INTEGER, minimum=1, maximum=BODY_ID_MAX),
+        min_items=1,
+        max_items=BULK_IDS_MAX,
+        description=f"Alarm ids (at most `[alarms] bulk_max`, and {BULK_IDS_MAX}).",
+    )
+    branches = []
+    for name, other in (("ids", "group"), ("group", "ids")):
+        properties = {k: v for k, v in body.properties.items() if k != other}
+        branches.append(
+            Schema(
+                type=OpenAPIType.OBJECT,
+                properties=properties,
+                required=["action", name],
+                additional_properties=False,
+            )
+        )
+    body.one_of = branches
 
 
 class AllowedActions(msgspec.Struct, kw_only=True):
@@ -236,7 +492,7 @@ class Chain(msgspec.Struct, kw_only=True):
     """Oldest first: the alarm and every alarm it superseded, directly or not. A superseded
     alarm's chain is itself alone, with ``hint`` and ``superseded_by``."""
 
-    items: list[Alarm]
+    items: list[AlarmView]
     hint: str | None = None
     superseded_by: int | UnsetType | None = UNSET
 
@@ -440,6 +696,7 @@ class DeviceDetail(Device, kw_only=True):
     most 20), both from its newest samples, and its clock figures."""
 
     bound: bool
+    out_of_service: OutOfService | None = None  # the maintenance period in force, if any
     latest_metrics: dict[str, LatestMetric]
     latest_events: list[LatestEvent]
     clock: DeviceClockFigures

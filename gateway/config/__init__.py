@@ -177,6 +177,10 @@ class AlarmsConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True
     # further back than the newest judged for its rules, is judged at its receipt.
     max_future_skew_s: Annotated[float, Meta(ge=0)] = 300.0
     reorder_window_s: Annotated[float, Meta(ge=0)] = 300.0
+    # The longest an operator may shelve an alarm (or a device's rule) for, in seconds.
+    shelve_max_s: PositiveFloat = 86400.0
+    # The most alarms one bulk action (POST /alarms/bulk) acts on; more is refused whole.
+    bulk_max: Annotated[int, Meta(ge=1, le=10_000)] = 500
     quiet_hours: QuietHoursConfig = field(default_factory=QuietHoursConfig)
     figures: AlarmFiguresConfig = field(default_factory=AlarmFiguresConfig)
 

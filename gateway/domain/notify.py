@@ -85,6 +85,9 @@ class DeliveryStatus(StrEnum):
     FAILED = "FAILED"  # no attempts left; last_error says why
     SILENCED = "SILENCED"  # a silence matched when the event was consumed: never sent
     INHIBITED = "INHIBITED"  # an open alarm inhibited it (inhibited_by): never sent
+    # Its alarm was shelved, or raised while its device was out of service: never sent
+    # (`suppressed` says which).
+    SUPPRESSED = "SUPPRESSED"
 
 
 # The event of a grouped delivery: one window of a route's group, carrying its notifications.

@@ -12,12 +12,13 @@ A pass:
 3. In one transaction: record the events in ``consumed_event`` (``ON CONFLICT DO NOTHING``;
    a racing node's insert of the same event waits for ours and then finds it taken) and create
    the deliveries of exactly the events recorded now. Routes pick the receivers; an active
-   silence makes the delivery ``SILENCED`` (visible, never sent), an open alarm matching an
-   inhibition rule ``INHIBITED``; a grouped route's go into their group's window
-   (gateway.notify.groups). Quiet hours are decided once per alarm
-   (gateway.alarms.delivery.hold: a new alarm of this batch not decided on yet, inside quiet
-   hours, goes DELAYED first); a delivery of an alarm that is DELAYED is held until the wake
-   (gateway.alarms.timers) releases it.
+   silence makes the delivery ``SILENCED`` (visible, never sent), an alarm shelved when the
+   event was written, or raised while its device was out of service, ``SUPPRESSED`` (visible,
+   never sent, with why); an open alarm matching an inhibition rule ``INHIBITED``; a grouped
+   route's go into their group's window (gateway.notify.groups). Quiet hours are decided once
+   per alarm (gateway.alarms.delivery.hold: a new alarm of this batch not decided on yet,
+   inside quiet hours, goes DELAYED first); a delivery of an alarm that is DELAYED is held
+   until the wake (gateway.alarms.timers) releases it.
 4. Move the horizon to ``running``, or to the oldest transaction below it whose event is still
    unconsumed (a batch that was full), never backwards.
 
@@ -153,6 +154,7 @@ class NotifyConsumer:
             alarms = await repo.alarm_facts(conn, alarm_ids) if alarm_ids else {}
             silences = [silence_from_row(s) for s in await repo.active_silences(conn)]
             sources = await self._inhibition_sources(conn, rules)
+            suppressed = await self._suppressed(conn, mine, facts)
             deliveries: list[NewDelivery] = []
             grouped: list[Pending] = []
             for row in mine:
@@ -169,8 +171,10 @@ class NotifyConsumer:
                 body = self._body(row, fact, events[row.event_id], alarm)
                 held = alarm is not None and alarm["status"] == AlarmStatus.DELAYED.value
                 due_in_s = self._held_for(fact, now) if held else 0.0
+                why = None if silence is not None else suppressed.get(row.event_id)
                 for name, route in targets:
-                    if route.grouping is not None and silence is None and inhibited is None:
+                    held_back = silence is not None or inhibited is not None or why is not None
+                    if route.grouping is not None and not held_back:
                         grouped.append(Pending(row=row, fact=fact, body=body, receiver=name,
                                                route=route,
                                                held_for_s=due_in_s if held else None))  # fmt: skip
@@ -191,13 +195,14 @@ class NotifyConsumer:
                             event_created_at=row.created_at,
                             inhibited_by=None if inhibited is None else inhibited[1].alarm_id,
                             inhibit_rule=None if inhibited is None else inhibited[0].name,
+                            suppressed=why,
                         )
                     )
             created = await repo.insert_deliveries(conn, deliveries)
             windows = await GroupWindows(conn).add(grouped, rules.sites, now)
         self.metrics.events_consumed.inc(len(mine))
         for record in created:
-            if record["status"] in ("SILENCED", "INHIBITED"):
+            if record["status"] in ("SILENCED", "INHIBITED", "SUPPRESSED"):
                 self.metrics.deliveries.labels(record["receiver"], record["status"]).inc()
         if created or grouped:
             log.info(
@@ -208,6 +213,27 @@ class NotifyConsumer:
                 windows_opened=windows,
             )
         return len(mine)
+
+    @staticmethod
+    async def _suppressed(
+        conn: asyncpg.Connection, rows: list[OutboxRow], facts: dict[Any, Facts | None]
+    ) -> dict[Any, str]:
+        """Why each alarm event's notifications are suppressed, by event id: its alarm was
+        shelved when the event was written, or was raised while its device was out of service
+        (one statement for the batch)."""
+        asked = [
+            (row.event_id, fact.alarm_id, row.created_at)
+            for row in rows
+            if (fact := facts[row.event_id]) is not None
+            and fact.alarm_id is not None
+            and fact.event.startswith("alarm.")
+        ]
+        reasons = await repo.alarm_suppressions(conn, [(a, at) for _, a, at in asked])
+        return {
+            event_id: why
+            for (event_id, _, _), why in zip(asked, reasons, strict=True)
+            if why is not None
+        }
 
     async def _inhibition_sources(self, conn: asyncpg.Connection, rules: Notify) -> list[Facts]:
         """The open alarms that may inhibit (those of the rules' source rule keys)."""

@@ -15,7 +15,7 @@ class NotifyMetrics(MetricSet):
         self.deliveries = Counter(
             "gateway_notify_deliveries",
             "Delivery outcomes by receiver: SENT, RETRY (an attempt failed, another follows), "
-            "FAILED (no attempts left), SILENCED, INHIBITED, "
+            "FAILED (no attempts left), SILENCED, INHIBITED, SUPPRESSED (shelved, out of service), "
             "LEASE_LOST (another node took it over)",
             ["receiver", "outcome"],
             registry=r,

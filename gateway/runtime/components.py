@@ -235,7 +235,14 @@ async def build(
         outbox=outbox,
         timers=timers,
         auth=auth,
-        alarm_service=AlarmService(node.pool, node.node_id, node.metrics, figures=figures),
+        alarm_service=AlarmService(
+            node.pool,
+            node.node_id,
+            node.metrics,
+            figures=figures,
+            shelve_max_s=config.alarms.shelve_max_s,
+            bulk_max=config.alarms.bulk_max,
+        ),
         command_service=CommandService(
             node.pool,
             node.node_id,

@@ -101,18 +101,6 @@ INSERT INTO alarm_audit (alarm_id, actor, action, from_status, to_status, note, 
                          event_id, node_id, stated_actor)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10);
 
--- name: list
--- $1 statuses or null, $2 device or null, $3 rule or null, $4 open only, $5 before id (keyset,
--- newest first) or null, $6 limit.
-SELECT * FROM alarm
-WHERE ($1::text[] IS NULL OR status = ANY ($1::text[]))
-  AND ($2::text IS NULL OR device_id = $2)
-  AND ($3::text IS NULL OR rule_key = $3)
-  AND (NOT $4::boolean OR status IN ('NEW', 'PUSHED', 'DELAYED', 'CONFIRMED', 'ESCALATED'))
-  AND ($5::bigint IS NULL OR id < $5)
-ORDER BY id DESC
-LIMIT $6;
-
 -- name: audit_of
 -- $1 alarm id; its audit trail, oldest first.
 SELECT id, actor, stated_actor, action, from_status, to_status, note, request_id, event_id,

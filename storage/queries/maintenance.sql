@@ -138,13 +138,14 @@ SELECT (SELECT count(*) FROM gone) AS done, (SELECT max(id) FROM chunk) AS last_
 
 -- name: prune_deliveries
 -- $1 after id, $2 cut-off, $3 chunk; notification deliveries that ended (SENT, FAILED,
--- SILENCED, INHIBITED) before the cut-off. PENDING and SENDING ones stay, however old.
+-- SILENCED, INHIBITED,
+-- SUPPRESSED) before the cut-off. PENDING and SENDING ones stay, however old.
 WITH chunk AS (
     SELECT id, created_at FROM notify_delivery WHERE id > $1 ORDER BY id LIMIT $3
 ), gone AS (
     DELETE FROM notify_delivery
     WHERE id IN (SELECT id FROM chunk)
-      AND status IN ('SENT', 'FAILED', 'SILENCED', 'INHIBITED') AND finished_at < $2
+      AND status IN ('SENT', 'FAILED', 'SILENCED', 'INHIBITED', 'SUPPRESSED') AND finished_at < $2
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM gone) AS done, (SELECT max(id) FROM chunk) AS last_id,

@@ -63,6 +63,21 @@ SELECT id, device_id, rule_key, severity, status, triggered_at, pushed_at, confi
        confirmed_by, escalated_at, handled_at, handled_by, closed_at, closed_by, cleared_at
 FROM alarm WHERE id = ANY($1::bigint[]);
 
+-- name: alarm_suppressions
+-- $1 alarm ids, $2 event times (arrays, pairwise); for each pair whose alarm was shelved at
+-- that time (the shelf covering it), or raised while its device was out of service: why its
+-- notifications are suppressed (docs/behaviour.md §5, Shelving, Out of service).
+SELECT u.n::int AS n,
+       (SELECT s.id FROM alarm_shelf s
+        WHERE ((s.scope = 'alarm' AND s.alarm_id = a.id)
+               OR (s.scope = 'pair' AND s.device_id = a.device_id AND s.rule_key = a.rule_key))
+          AND s.shelved_at <= u.at
+          AND u.at < least(s.until, coalesce(s.ended_at, 'infinity'::timestamptz))
+        ORDER BY s.id LIMIT 1) AS shelf_id,
+       device_out_of_service_at(a.device_id, a.triggered_at) AS out_of_service
+FROM unnest($1::bigint[], $2::timestamptz[]) WITH ORDINALITY AS u(alarm_id, at, n)
+JOIN alarm a ON a.id = u.alarm_id;
+
 -- name: active_silences
 -- no parameters; silences in force now.
 SELECT id, matchers::text AS matchers, starts_at, ends_at
@@ -73,22 +88,25 @@ ORDER BY id;
 -- $1 event ids, $2 outbox ids, $3 events, $4 receivers, $5 bodies (json text), $6 alarm ids,
 -- $7 device ids, $8 rule keys, $9 severities, $10 silence ids (null: not silenced),
 -- $11 due in seconds, $12 event creation times, $13 inhibiting alarm ids (null: not
--- inhibited), $14 inhibition rule names (arrays, pairwise). Silenced and inhibited ones are
--- final.
+-- inhibited), $14 inhibition rule names, $15 why suppressed (null: not; a shelf, out of
+-- service) (arrays, pairwise). Silenced, suppressed and inhibited ones are final; a silence
+-- decides first, then a suppression, then an inhibition.
 INSERT INTO notify_delivery (
     event_id, outbox_id, event, receiver, body, alarm_id, device_id, rule_key, severity,
-    status, silence_id, next_attempt_at, event_created_at, finished_at, inhibited_by,
-    inhibit_rule)
+    status, silence_id, suppressed, next_attempt_at, event_created_at, finished_at,
+    inhibited_by, inhibit_rule)
 SELECT e, o, ev, r, b::jsonb, a, d, k, s,
-       CASE WHEN si IS NOT NULL THEN 'SILENCED' WHEN ib IS NOT NULL THEN 'INHIBITED'
-            ELSE 'PENDING' END, si,
+       CASE WHEN si IS NOT NULL THEN 'SILENCED' WHEN sup IS NOT NULL THEN 'SUPPRESSED'
+            WHEN ib IS NOT NULL THEN 'INHIBITED' ELSE 'PENDING' END,
+       si, CASE WHEN si IS NULL THEN sup END,
        now() + make_interval(secs => due), created,
-       CASE WHEN si IS NULL AND ib IS NULL THEN NULL ELSE now() END,
-       CASE WHEN si IS NULL THEN ib END, CASE WHEN si IS NULL THEN ir END
+       CASE WHEN si IS NULL AND sup IS NULL AND ib IS NULL THEN NULL ELSE now() END,
+       CASE WHEN si IS NULL AND sup IS NULL THEN ib END,
+       CASE WHEN si IS NULL AND sup IS NULL THEN ir END
 FROM unnest($1::uuid[], $2::bigint[], $3::text[], $4::text[], $5::text[], $6::bigint[],
             $7::text[], $8::text[], $9::text[], $10::bigint[], $11::float8[],
-            $12::timestamptz[], $13::bigint[], $14::text[])
-     AS u(e, o, ev, r, b, a, d, k, s, si, due, created, ib, ir)
+            $12::timestamptz[], $13::bigint[], $14::text[], $15::text[])
+     AS u(e, o, ev, r, b, a, d, k, s, si, due, created, ib, ir, sup)
 ON CONFLICT (event_id, receiver) DO NOTHING
 RETURNING id, receiver, status;
 
@@ -263,8 +281,8 @@ RETURNING id;
 -- name: list_deliveries
 -- $1 status or null, $2 receiver or null, $3 event or null, $4 before id or null, $5 limit.
 SELECT id, event_id, outbox_id, event, receiver, alarm_id, device_id, rule_key, severity,
-       status, attempts, next_attempt_at, last_error, silence_id, sent_by, event_created_at,
-       created_at, finished_at, inhibited_by, inhibit_rule, group_id
+       status, attempts, next_attempt_at, last_error, silence_id, suppressed, sent_by,
+       event_created_at, created_at, finished_at, inhibited_by, inhibit_rule, group_id
 FROM notify_delivery
 WHERE ($1::text IS NULL OR status = $1) AND ($2::text IS NULL OR receiver = $2)
   AND ($3::text IS NULL OR event = $3) AND ($4::bigint IS NULL OR id < $4)
@@ -274,6 +292,7 @@ LIMIT $5;
 -- name: get_delivery
 -- $1 id; with its body.
 SELECT id, event_id, outbox_id, event, receiver, alarm_id, device_id, rule_key, severity,
-       status, attempts, next_attempt_at, last_error, silence_id, sent_by, event_created_at,
-       created_at, finished_at, inhibited_by, inhibit_rule, group_id, body::text AS body
+       status, attempts, next_attempt_at, last_error, silence_id, suppressed, sent_by,
+       event_created_at, created_at, finished_at, inhibited_by, inhibit_rule, group_id,
+       body::text AS body
 FROM notify_delivery WHERE id = $1;

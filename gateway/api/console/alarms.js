@@ -1,13 +1,24 @@
-// Alarms: the open ones first, most severe first; filters; the detail with why it fired,
-// its chain, its audit trail, its AI summary and the buttons GET /alarms/{id}/actions allows.
+// Alarms: the desk. A header always in sight counts the open alarms per severity and state;
+// the list separates active alarms from those returned to normal (unacknowledged first); it
+// groups by rule or device; checkboxes feed bulk actions (one result per alarm); the detail has
+// why it fired, its chain, its audit trail, its AI summary, the buttons GET /alarms/{id}/actions
+// allows, and shelving.
+//
+// A stable list under load: live updates read the list at most every LIVE_MS (so at most a few
+// repaints a second, whatever the event rate) and reuse each alarm's row. While the operator is
+// on the list (the pointer moved onto a row, an alarm open, a box ticked) a live update never
+// moves a row: rows change in place, alarms gone stay (dimmed), and new alarms wait behind an "N new"
+// bar until the operator opens it. `window.__alarmRepaints` counts the list's repaints.
 import { query } from "./api.js";
 import { append, clear, el, throttle, timeEl, when } from "./util.js";
 
 const SEVERITY_RANK = { CRITICAL: 4, MAJOR: 3, WARNING: 2, INFO: 1 };
+const SEVERITIES = ["CRITICAL", "MAJOR", "WARNING", "INFO"];
 const OPEN = new Set(["NEW", "PUSHED", "DELAYED", "CONFIRMED", "ESCALATED"]);
 const PAGE = 200;
+const LIVE_MS = 400;
 const ACTION_LABELS = { confirm: "Confirm", handle: "Mark handled", close: "Close", false: "False alarm" };
-
+const SHELVE_FOR = [["900", "15 min"], ["3600", "1 h"], ["14400", "4 h"], ["28800", "8 h"], ["86400", "24 h"]];
 export function order(alarms) {
   return [...alarms].sort((a, b) =>
     Number(OPEN.has(b.status)) - Number(OPEN.has(a.status))
@@ -34,20 +45,70 @@ export class AlarmsView {
     this.ctx = ctx;
     this.root = document.getElementById("view-alarms");
     this.form = document.getElementById("alarm-filters");
-    this.body = document.querySelector("#alarm-table tbody");
+    this.list = document.getElementById("alarm-list");
+    this.activeBody = document.querySelector("#alarm-table tbody");
+    this.returnedBody = document.querySelector("#alarm-returned tbody");
+    this.returnedTitle = document.getElementById("alarm-returned-title");
+    this.returnedTable = document.getElementById("alarm-returned");
+    this.activeTitle = document.getElementById("alarm-active-title");
+    this.activeTable = document.getElementById("alarm-table");
+    this.groupsTable = document.getElementById("alarm-groups");
+    this.counts = document.getElementById("alarm-counts");
+    this.newBar = document.getElementById("alarm-new");
+    this.bulkBar = document.getElementById("bulk-bar");
+    this.bulkResults = document.getElementById("bulk-results");
     this.empty = document.getElementById("alarm-empty");
     this.more = document.getElementById("alarm-more");
     this.detail = document.getElementById("alarm-detail");
     this.items = [];
+    this.byId = new Map();
+    this.shown = { active: [], returned: [] };
+    this.pending = new Set();
+    this.present = new Set();
+    this.rows = new Map();
+    this.signatures = new Map();
+    this.checked = new Set();
+    this.checkedGroups = new Set();
+    this.groups = [];
+    this.expanded = new Map();
     this.nextBefore = null;
     this.selected = null;
-    this.refreshListSoon = throttle(() => this.load(false), 300);
-    this.refreshDetailSoon = throttle(() => this.selected === null ? null : this.open(this.selected, { keepFocus: true }), 300);
+    this.hovering = false;
+    this.loaded = false;
+    this.stale = false;
+    window.__alarmRepaints = 0;
+    this.refreshListSoon = throttle(() => this.load(false, { live: true }), LIVE_MS);
+    this.refreshDetailSoon = throttle(() => this.selected === null ? null : this.open(this.selected, { keepFocus: true }), LIVE_MS);
     this.form.addEventListener("submit", (event) => {
       event.preventDefault();
       this.refresh();
     });
     this.more.addEventListener("click", () => this.load(true));
+    this.newBar.addEventListener("click", () => this.load(false));
+    // The pointer on a row: only a pointer that moved there counts (a browser reports a pointer
+    // at rest as moving when the content under it changes; a row that arrived under a resting
+    // pointer is not one the operator pointed at).
+    document.addEventListener("pointermove", (event) => {
+      const last = this.lastPointer;
+      const moved = !last || last[0] !== event.clientX || last[1] !== event.clientY;
+      this.lastPointer = [event.clientX, event.clientY];
+      if (moved) this.hovering = this.list.contains(event.target) && Boolean(event.target.closest("tbody tr"));
+    });
+    this.list.addEventListener("pointerleave", () => { this.hovering = false; });
+    for (const button of this.bulkBar.querySelectorAll("button[data-bulk]")) {
+      button.addEventListener("click", () => this.bulk(button.dataset.bulk));
+    }
+    document.getElementById("bulk-clear").addEventListener("click", () => {
+      this.checked.clear();
+      this.checkedGroups.clear();
+      this.render();
+    });
+  }
+
+  // The operator is on the list: live updates must not move anything.
+  pinned() {
+    if (this.shown.active.length + this.shown.returned.length === 0) return false; // nothing to move
+    return this.selected !== null || this.hovering || this.checked.size > 0 || this.checkedGroups.size > 0;
   }
 
   filters() {
@@ -57,6 +118,8 @@ export class AlarmsView {
       severity: data.get("severity"),
       device: data.get("device").trim(),
       rule: data.get("rule").trim(),
+      shelved: data.get("shelved") || "false",
+      group: data.get("group") || "",
     };
   }
 
@@ -66,11 +129,26 @@ export class AlarmsView {
     }
   }
 
+  // The filters as the API takes them (GET /alarms, /alarms/groups, a bulk group's filters).
+  apiFilters() {
+    const f = this.filters();
+    return {
+      open: f.status === "open" ? true : null,
+      status: f.status && f.status !== "open" ? [f.status] : null,
+      device: f.device || null,
+      rule: f.rule || null,
+      severity: f.severity || null,
+      shelved: f.shelved === "false" ? null : f.shelved,
+    };
+  }
+
   async show(id, params) {
-    if (params && (params.device || params.rule)) {
+    const filtered = params && (params.device || params.rule);
+    if (filtered) {
       this.setFilters({ device: params.device || "", rule: params.rule || "", status: "" });
     }
-    await this.load(false);
+    // Opening an alarm of the list does not read the list again (that would move its rows).
+    if (!this.loaded || this.stale || filtered) await this.load(false);
     if (id) await this.open(Number(id));
     else this.close();
   }
@@ -80,46 +158,258 @@ export class AlarmsView {
     if (this.selected !== null) await this.open(this.selected, { keepFocus: true });
   }
 
-  async load(append) {
+  async load(append, { live = false } = {}) {
     const f = this.filters();
-    const params = {
-      open: f.status === "open" ? "true" : null,
-      status: f.status && f.status !== "open" ? f.status : null,
-      device: f.device || null,
-      rule: f.rule || null,
-      limit: PAGE,
-      before: append ? this.nextBefore : null,
-    };
-    let page;
+    const params = { ...this.apiFilters(), limit: PAGE, before: append ? this.nextBefore : null };
+    let page, counts, groups = null;
     try {
-      page = await this.ctx.api.get(`/alarms${query(params)}`);
+      [page, counts, groups] = await Promise.all([
+        this.ctx.api.get(`/alarms${query(params)}`),
+        this.ctx.api.get("/alarms/counts"),
+        f.group ? this.ctx.api.get(`/alarms/groups${query({ ...this.apiFilters(), by: f.group, limit: PAGE })}`) : null,
+      ]);
+      if (f.group !== this.groupedBy) {
+        this.expanded.clear();
+        this.groupedBy = f.group;
+      }
+      if (f.group) await this.loadExpanded(f.group);
     } catch (error) {
       this.ctx.notify(`Alarms: ${error.message}`);
       return;
     }
+    this.loaded = true;
+    this.stale = false;
     this.items = append ? [...this.items, ...page.items] : page.items;
+    for (const alarm of this.items) this.byId.set(alarm.id, alarm);
     this.nextBefore = page.next_before;
+    this.countsBody = counts;
+    this.groups = groups ? groups.items : [];
+    const fresh = this.sections(this.items);
+    if (live && this.pinned()) {
+      // Nothing moves: the rows shown stay where they are; what is new waits behind the bar.
+      const showing = new Set([...this.shown.active, ...this.shown.returned]);
+      for (const id of [...fresh.active, ...fresh.returned]) if (!showing.has(id)) this.pending.add(id);
+    } else {
+      this.shown = fresh;
+      this.pending.clear();
+    }
+    this.present = new Set(this.items.map((a) => a.id));
     this.render();
   }
 
-  render() {
-    const severity = this.filters().severity;
-    // The API filters by status, device and rule; severity is filtered here, on the loaded pages.
-    const shown = order(this.items.filter((a) => !severity || a.severity === severity));
-    clear(this.body);
-    for (const alarm of shown) {
-      const link = el("a", { href: `#/alarms/${alarm.id}`, text: `#${alarm.id}` });
-      const row = el("tr", { dataset: { alarmId: alarm.id }, class: alarm.id === this.selected ? "selected" : null },
-        el("td", { "data-label": "Severity" }, severityBadge(alarm.severity)),
-        el("td", { "data-label": "Alarm" }, link, alarm.rule_description ? el("div", { class: "hint", text: alarm.rule_description }) : null),
-        el("td", { "data-label": "Device" }, el("a", { href: `#/devices/${encodeURIComponent(alarm.device_id)}`, text: alarm.device_id })),
-        el("td", { "data-label": "Rule", text: alarm.rule_key }),
-        el("td", { "data-label": "Status" }, el("span", { class: "status", text: alarm.status })),
-        el("td", { "data-label": "Triggered" }, timeEl(alarm.triggered_at)));
-      this.body.append(row);
+  async loadExpanded(by) {
+    for (const key of this.expanded.keys()) {
+      const params = { ...this.apiFilters(), [by]: key, limit: 50 };
+      this.expanded.set(key, by);
+      this.groupItems = this.groupItems || new Map();
+      this.groupItems.set(key, (await this.ctx.api.get(`/alarms${query(params)}`)).items);
     }
-    this.empty.hidden = shown.length > 0;
-    this.more.hidden = this.nextBefore === null || this.nextBefore === undefined;
+  }
+
+  // Active alarms (most severe first), and those returned to normal (unacknowledged first).
+  sections(items) {
+    const active = order(items.filter((a) => a.active !== false)).map((a) => a.id);
+    const back = items.filter((a) => a.active === false);
+    const returned = [
+      ...order(back.filter((a) => !a.acknowledged)), ...order(back.filter((a) => a.acknowledged)),
+    ].map((a) => a.id);
+    return { active, returned };
+  }
+
+  render() {
+    window.__alarmRepaints += 1;
+    this.renderCounts();
+    const grouped = Boolean(this.filters().group);
+    this.groupsTable.hidden = !grouped;
+    for (const node of [this.activeTitle, this.activeTable]) node.hidden = grouped;
+    this.reconcile(this.activeBody, grouped ? [] : this.shown.active);
+    this.reconcile(this.returnedBody, grouped ? [] : this.shown.returned);
+    const anyReturned = !grouped && this.shown.returned.length > 0;
+    this.returnedTitle.hidden = !anyReturned;
+    this.returnedTable.hidden = !anyReturned;
+    if (grouped) this.renderGroups();
+    const count = this.pending.size;
+    this.newBar.classList.toggle("none", count === 0);
+    this.newBar.textContent = count === 1 ? "1 new alarm: show it" : `${count} new alarms: show them`;
+    const nothing = grouped ? this.groups.length === 0 : this.shown.active.length + this.shown.returned.length === 0;
+    this.empty.hidden = !nothing;
+    this.more.hidden = grouped || this.nextBefore === null || this.nextBefore === undefined;
+    this.renderBulkBar();
+  }
+
+  renderCounts() {
+    const body = this.countsBody;
+    if (!body) return;
+    const all = body.all;
+    const parts = [el("strong", { text: `${all.total} open` })];
+    for (const severity of SEVERITIES) {
+      const c = body.by_severity[severity];
+      if (!c) continue;
+      parts.push(el("span", { class: `count-sev${c.total ? "" : " count-zero"}`, dataset: { severity } },
+        severityBadge(severity),
+        el("span", { class: "count-active", title: "active (unacknowledged / acknowledged)", text: `active ${c.active_unacknowledged}/${c.active_acknowledged}` }),
+        el("span", { class: "count-returned", title: "returned to normal, unacknowledged", text: `returned ${c.returned_unacknowledged}` }),
+        el("span", { class: "count-shelved", text: `shelved ${c.shelved}` })));
+    }
+    parts.push(el("span", { class: "count-total-shelved", text: `shelved ${all.shelved}` }));
+    parts.push(el("span", { class: "count-oos", text: `out of service ${all.out_of_service}` }));
+    this.counts.replaceChildren(...parts);
+  }
+
+  // The rows of `ids` in `body`, in that order, each alarm's row reused (and redrawn only when
+  // something it shows changed): an unchanged row is never touched.
+  reconcile(body, ids) {
+    const wanted = ids.map((id) => this.rowFor(id));
+    for (const [index, row] of wanted.entries()) {
+      if (body.children[index] !== row) body.insertBefore(row, body.children[index] || null);
+    }
+    while (body.children.length > wanted.length) body.lastElementChild.remove();
+  }
+
+  rowFor(id) {
+    const alarm = this.byId.get(id);
+    const gone = !this.present.has(id);
+    const signature = JSON.stringify([alarm, gone, this.selected === id, this.checked.has(id), this.ctx.canAct()]);
+    let row = this.rows.get(id);
+    if (row && this.signatures.get(id) === signature) return row;
+    if (!row) {
+      row = el("tr", { dataset: { alarmId: id } });
+      this.rows.set(id, row);
+    }
+    this.signatures.set(id, signature);
+    row.className = [id === this.selected ? "selected" : "", gone ? "gone" : ""].join(" ").trim();
+    row.replaceChildren(...this.cells(alarm, gone));
+    return row;
+  }
+
+  checkbox(id) {
+    if (!this.ctx.canAct()) return el("td", { class: "pick" });
+    const box = el("input", { type: "checkbox", "aria-label": `Select alarm #${id}`, checked: this.checked.has(id) });
+    box.addEventListener("change", () => {
+      if (box.checked) this.checked.add(id); else this.checked.delete(id);
+      this.renderBulkBar();
+    });
+    return el("td", { class: "pick" }, box);
+  }
+
+  cells(alarm, gone) {
+    const link = el("a", { href: `#/alarms/${alarm.id}`, text: `#${alarm.id}` });
+    const tags = [
+      alarm.active === false && !alarm.acknowledged ? el("span", { class: "tag tag-unack", text: "unacknowledged" }) : null,
+      alarm.shelved_until ? el("span", { class: "tag tag-shelved", text: `shelved until ${when(alarm.shelved_until)}` }) : null,
+      alarm.out_of_service ? el("span", { class: "tag tag-oos", text: "out of service" }) : null,
+      gone ? el("span", { class: "tag", text: "changed: no longer in this view" }) : null,
+    ];
+    return [
+      this.checkbox(alarm.id),
+      el("td", { "data-label": "Severity" }, severityBadge(alarm.severity)),
+      el("td", { "data-label": "Alarm" }, link, ...tags, alarm.rule_description ? el("div", { class: "hint", text: alarm.rule_description }) : null),
+      el("td", { "data-label": "Device" }, el("a", { href: `#/devices/${encodeURIComponent(alarm.device_id)}`, text: alarm.device_id })),
+      el("td", { "data-label": "Rule", text: alarm.rule_key }),
+      el("td", { "data-label": "Status" }, el("span", { class: "status", text: alarm.status })),
+      el("td", { "data-label": "Triggered" }, timeEl(alarm.triggered_at)),
+    ];
+  }
+
+  renderGroups() {
+    const body = this.groupsTable.querySelector("tbody");
+    const by = this.filters().group;
+    const rows = [];
+    for (const group of this.groups) {
+      const open = this.expanded.has(group.key);
+      const pick = this.ctx.canAct() ? el("input", { type: "checkbox", "aria-label": `Select every alarm of ${group.key}`, checked: this.checkedGroups.has(group.key) }) : null;
+      if (pick) pick.addEventListener("change", () => {
+        if (pick.checked) this.checkedGroups.add(group.key); else this.checkedGroups.delete(group.key);
+        this.renderBulkBar();
+      });
+      const toggle = el("button", {
+        type: "button", class: "group-toggle", "aria-expanded": open ? "true" : "false",
+        text: `${open ? "▾" : "▸"} ${group.key}`,
+        onclick: () => this.toggleGroup(group.key),
+      });
+      rows.push(el("tr", { class: "group-row", dataset: { group: group.key } },
+        el("td", { class: "pick" }, pick),
+        el("td", { "data-label": by === "rule" ? "Rule" : "Device" }, toggle),
+        el("td", { "data-label": "Alarms", class: "group-count", text: String(group.count) }),
+        el("td", { "data-label": "Worst" }, severityBadge(group.worst_severity)),
+        el("td", { "data-label": "Newest" }, timeEl(group.newest_at))));
+      if (open) {
+        for (const alarm of (this.groupItems && this.groupItems.get(group.key)) || []) {
+          this.byId.set(alarm.id, alarm);
+          rows.push(el("tr", { class: "group-alarm", dataset: { alarmId: alarm.id } },
+            this.checkbox(alarm.id),
+            el("td", { "data-label": "Alarm" }, el("a", { href: `#/alarms/${alarm.id}`, text: `#${alarm.id}` }), " ", severityBadge(alarm.severity)),
+            el("td", { "data-label": by === "rule" ? "Device" : "Rule", text: by === "rule" ? alarm.device_id : alarm.rule_key }),
+            el("td", { "data-label": "Status" }, el("span", { class: "status", text: alarm.status })),
+            el("td", { "data-label": "Triggered" }, timeEl(alarm.triggered_at))));
+        }
+      }
+    }
+    body.replaceChildren(...rows);
+  }
+
+  async toggleGroup(key) {
+    if (this.expanded.has(key)) this.expanded.delete(key);
+    else this.expanded.set(key, this.filters().group);
+    try {
+      await this.loadExpanded(this.filters().group);
+    } catch (error) {
+      this.ctx.notify(`Alarms: ${error.message}`);
+    }
+    this.render();
+  }
+
+  renderBulkBar() {
+    const n = this.checked.size;
+    const g = this.checkedGroups.size;
+    this.bulkBar.hidden = !this.ctx.canAct() || n + g === 0;
+    const parts = [];
+    if (n) parts.push(n === 1 ? "1 alarm" : `${n} alarms`);
+    if (g) parts.push(g === 1 ? "1 group" : `${g} groups`);
+    document.getElementById("bulk-count").textContent = `${parts.join(" and ")} selected:`;
+  }
+
+  async bulk(action) {
+    const buttons = this.bulkBar.querySelectorAll("button");
+    for (const b of buttons) b.disabled = true;
+    const by = this.filters().group;
+    const requests = [];
+    if (this.checked.size) requests.push({ action, ids: [...this.checked] });
+    for (const key of this.checkedGroups) {
+      requests.push({ action, group: { by, key, filters: this.groupFilters() } });
+    }
+    const lines = [];
+    for (const body of requests) {
+      try {
+        const reply = await this.ctx.api.post("/alarms/bulk", body);
+        for (const item of reply.items) {
+          lines.push(item.ok
+            ? el("li", { class: "done", dataset: { alarmId: item.alarm_id }, text: `#${item.alarm_id}: ${item.status}` })
+            : el("li", { class: "refused", dataset: { alarmId: item.alarm_id }, text: `#${item.alarm_id}: refused (${item.error}${item.current_status ? `, ${item.current_status}` : ""}): ${item.message}` }));
+        }
+      } catch (error) {
+        lines.push(el("li", { class: "refused", text: `Refused: ${error.message}` }));
+      }
+    }
+    this.bulkResults.replaceChildren(...lines);
+    this.bulkResults.hidden = lines.length === 0;
+    for (const b of buttons) b.disabled = false;
+    this.checked.clear();
+    this.checkedGroups.clear();
+    await this.load(false);
+    if (this.selected !== null) await this.open(this.selected, { keepFocus: true });
+  }
+
+  // A group's filters, as POST /alarms/bulk takes them (booleans, not text).
+  groupFilters() {
+    const f = this.apiFilters();
+    const out = { shelved: f.shelved || "false" };
+    if (f.open) out.open = true;
+    if (f.status) out.status = f.status;
+    if (f.device) out.device = f.device;
+    if (f.rule) out.rule = f.rule;
+    if (f.severity) out.severity = f.severity;
+    return out;
   }
 
   close() {
@@ -164,10 +454,15 @@ export class AlarmsView {
         el("dt", { text: "Why" }), el("dd", { class: "trigger", text: describeTrigger(alarm.trigger) }),
         el("dt", { text: "Rule says" }), el("dd", { class: "rule-description", text: alarm.rule_description || "—" }),
         el("dt", { text: "Triggered" }), el("dd", {}, timeEl(alarm.triggered_at)),
+        el("dt", { text: "Condition" }), el("dd", { class: "condition", text: alarm.active === false ? "returned to normal" : "active" }),
+        el("dt", { text: "Acknowledged" }), el("dd", { class: "acknowledged", text: alarm.acknowledged ? "yes" : "no" }),
         alarm.cleared_at ? [el("dt", { text: "Cleared" }), el("dd", {}, timeEl(alarm.cleared_at))] : null,
+        alarm.shelved_until ? [el("dt", { text: "Shelved until" }), el("dd", { class: "shelved" }, timeEl(alarm.shelved_until))] : null,
+        alarm.out_of_service ? [el("dt", { text: "Out of service" }), el("dd", { text: "raised while its device was out of service: not notified" })] : null,
         alarm.superseded_by ? [el("dt", { text: "Superseded by" }), el("dd", {}, el("a", { href: `#/alarms/${alarm.superseded_by}`, text: `#${alarm.superseded_by}` }))] : null),
     );
     append(d, this.renderActions(alarm, actions));
+    append(d, this.renderShelving(alarm));
     if (note) { const input = d.querySelector(".actions input"); if (input) input.value = note; }
     if (focused) { const button = d.querySelector(`.actions button[data-action="${focused}"]`); if (button) button.focus(); }
     append(d, el("h3", { text: "AI summary" }), this.renderSummary(alarm.ai_summary));
@@ -200,6 +495,58 @@ export class AlarmsView {
     return box;
   }
 
+  // Shelve this alarm (or its rule on its device) for a while, with a reason; or lift it.
+  renderShelving(alarm) {
+    if (!this.ctx.canAct() || !OPEN.has(alarm.status)) return null;
+    const box = el("div", { class: "shelve", role: "group", "aria-label": "Shelving" });
+    if (alarm.shelved_until) {
+      box.append(el("button", { type: "button", class: "unshelve", text: "Unshelve", onclick: () => this.unshelve(alarm) }));
+      return box;
+    }
+    const id = alarm.id;
+    const scope = el("select", { id: `shelve-scope-${id}` },
+      el("option", { value: "alarm", text: "this alarm" }),
+      el("option", { value: "pair", text: `${alarm.rule_key} on ${alarm.device_id}` }));
+    const duration = el("select", { id: `shelve-for-${id}` }, SHELVE_FOR.map(([value, label]) => el("option", { value, text: label })));
+    const reason = el("input", { id: `shelve-reason-${id}`, type: "text", maxlength: "500", autocomplete: "off", required: true });
+    box.append(
+      el("label", { for: scope.id }, "Shelve", scope),
+      el("label", { for: duration.id }, "for", duration),
+      el("label", { for: reason.id }, "Reason", reason),
+      el("button", { type: "button", class: "shelve-button", text: "Shelve", onclick: () => this.shelve(alarm, scope.value, Number(duration.value), reason.value) }));
+    return box;
+  }
+
+  async shelve(alarm, scope, seconds, reason) {
+    if (!reason.trim()) {
+      this.ctx.notify("Shelving needs a reason.");
+      return;
+    }
+    try {
+      await this.ctx.api.post(`/alarms/${alarm.id}/shelve`, { scope, duration_s: seconds, reason: reason.trim() });
+      this.ctx.notify(`Alarm #${alarm.id} shelved.`, "ok");
+    } catch (error) {
+      this.ctx.notify(`Could not shelve alarm #${alarm.id}: ${error.message}`);
+    }
+    await this.load(false);
+    await this.open(alarm.id, { keepFocus: true });
+  }
+
+  async unshelve(alarm) {
+    try {
+      const shelves = await this.ctx.api.get("/shelves?limit=500");
+      const shelf = shelves.items.find((s) => (s.scope === "alarm" && s.alarm_id === alarm.id)
+        || (s.scope === "pair" && s.device_id === alarm.device_id && s.rule_key === alarm.rule_key));
+      if (!shelf) throw new Error("its shelf has ended already");
+      await this.ctx.api.delete(`/shelves/${shelf.id}`);
+      this.ctx.notify(`Alarm #${alarm.id} unshelved.`, "ok");
+    } catch (error) {
+      this.ctx.notify(`Could not unshelve alarm #${alarm.id}: ${error.message}`);
+    }
+    await this.load(false);
+    await this.open(alarm.id, { keepFocus: true });
+  }
+
   renderSummary(summary) {
     if (!summary) return el("p", { class: "hint", text: "No AI summary for this alarm." });
     if (summary.status !== "SUCCEEDED") {
@@ -221,7 +568,8 @@ export class AlarmsView {
     } catch (error) {
       this.ctx.notify(await this.refusal(id, action, error));
     }
-    await this.load(false);
+    // As a live update: the alarm acted on, open in the detail, does not move.
+    await this.load(false, { live: true });
     await this.open(id, { keepFocus: true });
     const again = this.detail.querySelector(`.actions button[data-action="${action}"]`) || this.detail.querySelector(".actions button") || this.detail.querySelector("h3");
     if (button) again.focus();
@@ -244,7 +592,11 @@ export class AlarmsView {
   }
 
   onEvent(event) {
-    if (event.aggregate_type !== "alarm" || this.ctx.current() !== "alarms") return;
+    if (event.aggregate_type !== "alarm") return;
+    if (this.ctx.current() !== "alarms") {
+      this.stale = true;
+      return;
+    }
     this.refreshListSoon();
     // The detail is drawn again only for its own alarm: a note being typed is kept.
     if (this.selected !== null && String(event.aggregate_id) === String(this.selected)) this.refreshDetailSoon();

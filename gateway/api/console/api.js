@@ -45,6 +45,7 @@ export class Api {
 
   get(path) { return this.call("GET", path); }
   post(path, body) { return this.call("POST", path, body); }
+  put(path, body) { return this.call("PUT", path, body); }
   delete(path) { return this.call("DELETE", path); }
 }
 

@@ -5,7 +5,7 @@
 import { query } from "./api.js";
 import { lineChart } from "./chart.js";
 import { sendCommand } from "./commands.js";
-import { append, clear, el, number, throttle, timeEl } from "./util.js";
+import { append, clear, el, number, throttle, timeEl, when } from "./util.js";
 
 const PAGE = 100;
 const CHART_SAMPLES = 100;
@@ -101,6 +101,36 @@ export class DevicesView {
     this.more.hidden = this.next === null;
   }
 
+  // Maintenance: its new alarms are still raised and listed, their notifications suppressed.
+  serviceControls(id, device) {
+    if (!this.ctx.canAct()) return null;
+    if (device.out_of_service) {
+      return el("div", { class: "actions" }, el("button", {
+        type: "button", text: "Back in service",
+        onclick: () => this.service(id, () => this.ctx.api.delete(`/devices/${encodeURIComponent(id)}/out-of-service`)),
+      }));
+    }
+    const reason = el("input", { id: `oos-reason-${id}`, type: "text", maxlength: "500", autocomplete: "off" });
+    return el("div", { class: "shelve", role: "group", "aria-label": "Out of service" },
+      el("label", { for: reason.id }, "Maintenance reason", reason),
+      el("button", {
+        type: "button", text: "Put out of service",
+        onclick: () => reason.value.trim()
+          ? this.service(id, () => this.ctx.api.put(`/devices/${encodeURIComponent(id)}/out-of-service`, { reason: reason.value.trim() }))
+          : this.ctx.notify("Out of service needs a reason."),
+      }));
+  }
+
+  async service(id, call) {
+    try {
+      await call();
+      this.ctx.notify(`Device ${id}: done.`, "ok");
+    } catch (error) {
+      this.ctx.notify(`Device ${id}: ${error.message}`);
+    }
+    await this.open(id, { keepFocus: true });
+  }
+
   async open(id, { keepFocus = false } = {}) {
     let answer;
     try {
@@ -128,8 +158,12 @@ export class DevicesView {
         el("dt", { text: "Last seen" }), el("dd", {}, timeEl(device.last_seen), " (", timeEl(device.last_seen, true), ")"),
         el("dt", { text: "First seen" }), el("dd", {}, timeEl(device.first_seen)),
         el("dt", { text: "Open alarms" }), el("dd", {}, el("a", { href: `#/alarms?device=${encodeURIComponent(id)}`, text: String(device.open_alarms) })),
-        el("dt", { text: "Commands" }), el("dd", {}, device.bound === false ? "unbound " : "", el("a", { href: `#/commands/${encodeURIComponent(id)}`, text: "show commands" }))),
+        el("dt", { text: "Commands" }), el("dd", {}, device.bound === false ? "unbound " : "", el("a", { href: `#/commands/${encodeURIComponent(id)}`, text: "show commands" })),
+        el("dt", { text: "Service" }), el("dd", { class: "out-of-service" }, device.out_of_service
+          ? [`out of service since ${when(device.out_of_service.since)}`, device.out_of_service.until ? ` until ${when(device.out_of_service.until)}` : "", `: ${device.out_of_service.reason} (${device.out_of_service.set_by})`]
+          : "in service")),
       el("div", { class: "actions" }, el("button", { type: "button", class: "secondary", text: "Refresh", onclick: () => this.open(id, { keepFocus: true }) })),
+      this.serviceControls(id, device),
       el("h3", { text: "Latest metrics" }),
       metrics.length
         ? el("div", { class: "metrics" }, metrics.map(([name, sample]) => el("div", { class: "metric", dataset: { metric: name } },

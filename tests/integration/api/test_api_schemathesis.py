@@ -60,10 +60,25 @@ TOKENS: Final = {"viewer": VIEWER, "operator": OPERATOR, "admin": ADMIN}
 ROLES: Final = ("viewer", "operator", "admin")
 # Refusals a schema-valid request may get, by status: they depend on the state, not the input.
 STATE_DEPENDENT: Final = {
-    400: {"ILLEGAL_TRANSITION", "ALARM_SUPERSEDED"},
+    # The desk's: a shelf's length and a bulk action's size are bounded by the configuration
+    # ([alarms] shelve_max_s, bulk_max), an out-of-service `until` by the clock.
+    400: {
+        "ILLEGAL_TRANSITION",
+        "ALARM_SUPERSEDED",
+        "SHELF_TOO_LONG",
+        "TOO_MANY_ALARMS",
+        "UNTIL_PAST",
+    },
     404: {"NOT_FOUND"},
     # NO_TARGETS: a campaign's selector is resolved against the devices known at the time.
-    409: {"STATUS_CHANGED", "DEVICE_UNBOUND", "NO_TARGETS"},
+    409: {
+        "STATUS_CHANGED",
+        "DEVICE_UNBOUND",
+        "NO_TARGETS",
+        "ALREADY_SHELVED",
+        "SHELF_ENDED",
+        "NOT_OUT_OF_SERVICE",
+    },
     # Each token gets stream tickets at a bounded rate, whatever the request.
     429: {"TOO_MANY_TICKETS"},
 }

@@ -1,0 +1,245 @@
+"""Shelving (ISA-18.2) and out of service: attributes around the nine states, never a status.
+
+A shelf takes one alarm, or every alarm of a (device, rule) pair, present and future, off the
+main view and keeps its notifications from being sent, for a bounded time, with a reason. It
+ends by itself at its ``until`` (:func:`expire_due`, run by the alarm timers on every node: a
+conditional write, so a shelf ends once however many nodes race) or earlier when a person lifts
+it. Every step writes an audit row on each alarm it concerns (the shelved alarm, or the pair's
+open alarms), in the step's transaction.
+
+Out of service is a device's maintenance period: its alarms are raised as ever, their
+notifications suppressed (the notify consumer reads both, docs/notifications.md).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Final
+
+import asyncpg
+
+from gateway.alarms.lifecycle import AlarmNotFoundError
+from gateway.domain.alarm import AlarmError
+from storage import desk as repo
+from storage.desk import Scope
+
+SHELF_ACTOR: Final = "system:shelving"
+
+
+class ShelfNotFoundError(AlarmError):
+    code = "NOT_FOUND"
+
+    def __init__(self, shelf_id: int) -> None:
+        super().__init__(f"no shelf {shelf_id}")
+        self.shelf_id = shelf_id
+
+
+class AlreadyShelvedError(AlarmError):
+    """A shelf in force covers the same alarm (or pair) already (HTTP 409)."""
+
+    code = "ALREADY_SHELVED"
+
+    def __init__(self, shelf: asyncpg.Record) -> None:
+        what = (
+            f"alarm {shelf['alarm_id']}"
+            if shelf["scope"] == "alarm"
+            else f"{shelf['rule_key']} on {shelf['device_id']}"
+        )
+        super().__init__(f"{what} is shelved already (shelf {shelf['id']}, until {shelf['until']})")
+        self.shelf_id = int(shelf["id"])
+
+
+class ShelfEndedError(AlarmError):
+    """Lifting a shelf that ended already (lifted, or past its until) (HTTP 409)."""
+
+    code = "SHELF_ENDED"
+
+    def __init__(self, shelf_id: int) -> None:
+        super().__init__(f"shelf {shelf_id} has ended already")
+        self.shelf_id = shelf_id
+
+
+class ShelfTooLongError(AlarmError):
+    """A shelf longer than ``[alarms] shelve_max_s`` (HTTP 400)."""
+
+    code = "SHELF_TOO_LONG"
+
+    def __init__(self, seconds: float, limit: float) -> None:
+        super().__init__(f"a shelf of {seconds:g} s is longer than the limit, {limit:g} s")
+        self.seconds = seconds
+        self.limit = limit
+
+
+class DeviceNotFoundError(AlarmError):
+    code = "NOT_FOUND"
+
+    def __init__(self, device_id: str) -> None:
+        super().__init__(f"no device {device_id}")
+        self.device_id = device_id
+
+
+class NotOutOfServiceError(AlarmError):
+    """Ending a maintenance period where none is in force (HTTP 409)."""
+
+    code = "NOT_OUT_OF_SERVICE"
+
+    def __init__(self, device_id: str) -> None:
+        super().__init__(f"device {device_id} is not out of service")
+        self.device_id = device_id
+
+
+class UntilPastError(AlarmError):
+    """An out-of-service period ending before it starts (HTTP 400)."""
+
+    code = "UNTIL_PAST"
+
+    def __init__(self, until: datetime) -> None:
+        super().__init__(f"until {until.isoformat()} is not in the future")
+        self.until = until
+
+
+def _until_note(shelf: asyncpg.Record) -> str:
+    scope = "this alarm" if shelf["scope"] == "alarm" else f"{shelf['rule_key']} on this device"
+    return f"shelf {shelf['id']} ({scope}) until {shelf['until'].isoformat()}: {shelf['reason']}"
+
+
+async def shelve(
+    conn: asyncpg.Connection,
+    *,
+    scope: Scope,
+    alarm_id: int | None,
+    device_id: str | None,
+    rule_key: str | None,
+    seconds: float,
+    reason: str,
+    actor: str,
+    node_id: str,
+    request_id: str | None,
+) -> asyncpg.Record:
+    """Shelve, in the caller's transaction: the shelf row and its audit rows, or nothing.
+
+    ``scope`` "alarm" shelves ``alarm_id``; "pair" shelves (``device_id``, ``rule_key``), or
+    the pair of ``alarm_id`` when given. A shelf of the same target past its until that the
+    timer has not ended yet is ended first (as the timer would, audited).
+    """
+    if alarm_id is not None:
+        target = await repo.shelf_target(conn, alarm_id)
+        if target is None:
+            raise AlarmNotFoundError(alarm_id)
+        device_id, rule_key = target["device_id"], target["rule_key"]
+    assert device_id is not None
+    assert rule_key is not None
+    shelf_alarm = alarm_id if scope == "alarm" else None
+    stale = await repo.open_shelf(
+        conn, scope=scope, alarm_id=shelf_alarm, device_id=device_id, rule_key=rule_key
+    )
+    if stale is not None:
+        ended = await repo.expire_shelf(conn, stale["id"], SHELF_ACTOR)
+        if ended is None:
+            raise AlreadyShelvedError(stale)
+        await _audit_end(conn, ended, actor=SHELF_ACTOR, node_id=node_id, request_id=None)
+    shelf = await repo.insert_shelf(
+        conn,
+        scope=scope,
+        alarm_id=shelf_alarm,
+        device_id=device_id,
+        rule_key=rule_key,
+        reason=reason,
+        by=actor,
+        seconds=seconds,
+        node_id=node_id,
+        request_id=request_id,
+    )
+    if shelf is None:  # another request shelved it meanwhile
+        current = await repo.open_shelf(
+            conn, scope=scope, alarm_id=shelf_alarm, device_id=device_id, rule_key=rule_key
+        )
+        assert current is not None
+        raise AlreadyShelvedError(current)
+    await repo.audit_shelf_step(
+        conn,
+        shelf,
+        actor=actor,
+        action="shelve",
+        note=_until_note(shelf),
+        request_id=request_id,
+        node_id=node_id,
+    )
+    return shelf
+
+
+async def lift(
+    conn: asyncpg.Connection, shelf_id: int, *, actor: str, node_id: str, request_id: str | None
+) -> asyncpg.Record:
+    """Lift a shelf in force, in the caller's transaction, audited."""
+    ended = await repo.lift_shelf(conn, shelf_id, actor)
+    if ended is None:
+        if await repo.get_shelf(conn, shelf_id) is None:
+            raise ShelfNotFoundError(shelf_id)
+        raise ShelfEndedError(shelf_id)
+    await _audit_end(conn, ended, actor=actor, node_id=node_id, request_id=request_id)
+    return ended
+
+
+async def _audit_end(
+    conn: asyncpg.Connection,
+    shelf: asyncpg.Record,
+    *,
+    actor: str,
+    node_id: str,
+    request_id: str | None,
+) -> list[int]:
+    how = "lifted" if shelf["end_reason"] == "lifted" else "expired"
+    return await repo.audit_shelf_step(
+        conn,
+        shelf,
+        actor=actor,
+        action="unshelve",
+        note=f"shelf {shelf['id']} {how}",
+        request_id=request_id,
+        node_id=node_id,
+    )
+
+
+async def expire_due(
+    conn: asyncpg.Connection, now: datetime, *, node_id: str, limit: int
+) -> list[asyncpg.Record]:
+    """End the shelves past their until (at most ``limit``), each in this one transaction of
+    the caller's with its audit rows; the shelves this call ended."""
+    ended = await repo.expire_due(conn, now, SHELF_ACTOR, limit)
+    for shelf in ended:
+        await _audit_end(conn, shelf, actor=SHELF_ACTOR, node_id=node_id, request_id=None)
+    return ended
+
+
+async def set_out_of_service(
+    conn: asyncpg.Connection,
+    device_id: str,
+    *,
+    reason: str,
+    until: datetime | None,
+    actor: str,
+    request_id: str | None,
+) -> asyncpg.Record:
+    """Put the device out of service (a period already in force ends now, replaced)."""
+    if not await repo.device_known(conn, device_id):
+        raise DeviceNotFoundError(device_id)
+    await repo.end_open_period(conn, device_id, actor)
+    period = await repo.insert_period(
+        conn, device_id=device_id, reason=reason, by=actor, until=until, request_id=request_id
+    )
+    if period is None:
+        assert until is not None
+        raise UntilPastError(until)
+    return period
+
+
+async def end_out_of_service(
+    conn: asyncpg.Connection, device_id: str, *, actor: str
+) -> asyncpg.Record:
+    if not await repo.device_known(conn, device_id):
+        raise DeviceNotFoundError(device_id)
+    ended = await repo.end_period_in_force(conn, device_id, actor)
+    if ended is None:
+        raise NotOutOfServiceError(device_id)
+    return ended

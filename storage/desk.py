@@ -1,0 +1,189 @@
+"""The alarm desk's rows: the list's filters, counts and groups, shelves, out-of-service
+periods (docs/behaviour.md §5). Conditional writes on the caller's connection."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Literal
+
+import asyncpg
+
+from storage.sql import load_queries
+
+_Q = load_queries("desk.sql")
+
+ShelvedMode = Literal["exclude", "only", "any"]
+GroupBy = Literal["rule", "device"]
+Scope = Literal["alarm", "pair"]
+
+
+@dataclass(frozen=True, slots=True)
+class Filters:
+    """What the list, its groups and a bulk action over a group select (see desk.sql)."""
+
+    statuses: Sequence[str] | None = None
+    device_id: str | None = None
+    rule_key: str | None = None
+    open_only: bool = False
+    active: bool | None = None
+    cleared: bool | None = None
+    acknowledged: bool | None = None
+    shelved: ShelvedMode = "exclude"
+    severity: str | None = None
+
+    def args(self) -> tuple[object, ...]:
+        return (
+            None if self.statuses is None else list(self.statuses),
+            self.device_id,
+            self.rule_key,
+            self.open_only,
+            self.active,
+            self.cleared,
+            self.acknowledged,
+            self.shelved,
+            self.severity,
+        )
+
+
+async def list_alarms(
+    conn: asyncpg.Connection, filters: Filters, *, before_id: int | None, limit: int
+) -> list[asyncpg.Record]:
+    """Alarm rows with ``shelved_until`` and ``out_of_service``, newest first."""
+    return list(await conn.fetch(_Q["list"], *filters.args(), before_id, limit))
+
+
+async def one(conn: asyncpg.Connection, alarm_id: int) -> asyncpg.Record | None:
+    return await conn.fetchrow(_Q["one"], alarm_id)
+
+
+async def groups(
+    conn: asyncpg.Connection, filters: Filters, *, by: GroupBy, limit: int
+) -> list[asyncpg.Record]:
+    return list(await conn.fetch(_Q["groups"], *filters.args(), by, limit))
+
+
+async def counts(conn: asyncpg.Connection) -> list[asyncpg.Record]:
+    return list(await conn.fetch(_Q["counts"]))
+
+
+async def shelf_target(conn: asyncpg.Connection, alarm_id: int) -> asyncpg.Record | None:
+    return await conn.fetchrow(_Q["shelf_target"], alarm_id)
+
+
+async def insert_shelf(
+    conn: asyncpg.Connection,
+    *,
+    scope: Scope,
+    alarm_id: int | None,
+    device_id: str,
+    rule_key: str,
+    reason: str,
+    by: str,
+    seconds: float,
+    node_id: str,
+    request_id: str | None,
+) -> asyncpg.Record | None:
+    """The new shelf, or None when one not ended covers the same alarm (or pair)."""
+    return await conn.fetchrow(
+        _Q["insert_shelf"],
+        scope,
+        alarm_id,
+        device_id,
+        rule_key,
+        reason,
+        by,
+        seconds,
+        node_id,
+        request_id,
+    )
+
+
+async def open_shelf(
+    conn: asyncpg.Connection, *, scope: Scope, alarm_id: int | None, device_id: str, rule_key: str
+) -> asyncpg.Record | None:
+    return await conn.fetchrow(_Q["open_shelf"], scope, alarm_id, device_id, rule_key)
+
+
+async def get_shelf(conn: asyncpg.Connection, shelf_id: int) -> asyncpg.Record | None:
+    return await conn.fetchrow(_Q["get_shelf"], shelf_id)
+
+
+async def list_shelves(
+    conn: asyncpg.Connection, *, in_force: bool, before_id: int | None, limit: int
+) -> list[asyncpg.Record]:
+    return list(await conn.fetch(_Q["list_shelves"], in_force, before_id, limit))
+
+
+async def lift_shelf(conn: asyncpg.Connection, shelf_id: int, by: str) -> asyncpg.Record | None:
+    return await conn.fetchrow(_Q["lift_shelf"], shelf_id, by)
+
+
+async def expire_shelf(conn: asyncpg.Connection, shelf_id: int, by: str) -> asyncpg.Record | None:
+    return await conn.fetchrow(_Q["expire_shelf"], shelf_id, by)
+
+
+async def expire_due(
+    conn: asyncpg.Connection, now: datetime, by: str, limit: int
+) -> list[asyncpg.Record]:
+    return list(await conn.fetch(_Q["expire_due"], now, by, limit))
+
+
+async def audit_shelf_step(
+    conn: asyncpg.Connection,
+    shelf: asyncpg.Record,
+    *,
+    actor: str,
+    action: str,
+    note: str,
+    request_id: str | None,
+    node_id: str,
+) -> list[int]:
+    """An audit row on each alarm the shelf step concerns; their ids."""
+    rows = await conn.fetch(
+        _Q["audit_shelf_step"],
+        shelf["scope"],
+        shelf["alarm_id"],
+        shelf["device_id"],
+        shelf["rule_key"],
+        actor,
+        action,
+        note,
+        request_id,
+        node_id,
+    )
+    return [int(r["alarm_id"]) for r in rows]
+
+
+async def device_known(conn: asyncpg.Connection, device_id: str) -> bool:
+    return bool(await conn.fetchval(_Q["device_known"], device_id))
+
+
+async def end_open_period(
+    conn: asyncpg.Connection, device_id: str, by: str
+) -> asyncpg.Record | None:
+    return await conn.fetchrow(_Q["end_open_period"], device_id, by)
+
+
+async def insert_period(
+    conn: asyncpg.Connection,
+    *,
+    device_id: str,
+    reason: str,
+    by: str,
+    until: datetime | None,
+    request_id: str | None,
+) -> asyncpg.Record | None:
+    """The new period; None when ``until`` is not in the future."""
+    return await conn.fetchrow(_Q["insert_period"], device_id, reason, by, until, request_id)
+
+
+async def end_period_in_force(
+    conn: asyncpg.Connection, device_id: str, by: str
+) -> asyncpg.Record | None:
+    return await conn.fetchrow(_Q["end_period_in_force"], device_id, by)
+
+
+async def period_in_force(conn: asyncpg.Connection, device_id: str) -> asyncpg.Record | None:
+    return await conn.fetchrow(_Q["period_in_force"], device_id)

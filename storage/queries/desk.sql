@@ -1,0 +1,190 @@
+-- The alarm desk (docs/behaviour.md §5): the list's filters, counts and groups, shelves and
+-- out-of-service periods. Shelved and out of service are read through the functions of
+-- migration 0028 (alarm_shelved_until, device_out_of_service_at).
+--
+-- The filters, in this order in every block that takes them: $1 statuses or null, $2 device or
+-- null, $3 rule or null, $4 open only, $5 active (not cleared) or null, $6 cleared or null,
+-- $7 acknowledged or null, $8 shelved: 'exclude' (the default view), 'only' or 'any',
+-- $9 severity or null. "Acknowledged": a person took a step (confirmed, handled or judged
+-- false: confirmed_at, handled_at or false_at is set).
+
+-- name: list
+-- The filters ($1-$9), $10 before id (keyset, newest first) or null, $11 limit; each alarm with
+-- until when it is shelved now (null: not shelved) and whether its device was out of service
+-- when it was raised.
+SELECT a.*, sh.until AS shelved_until,
+       device_out_of_service_at(a.device_id, a.triggered_at) AS out_of_service
+FROM alarm a
+CROSS JOIN LATERAL (SELECT alarm_shelved_until(a.id, a.device_id, a.rule_key, now()) AS until) sh
+WHERE ($1::text[] IS NULL OR a.status = ANY ($1::text[]))
+  AND ($2::text IS NULL OR a.device_id = $2)
+  AND ($3::text IS NULL OR a.rule_key = $3)
+  AND (NOT $4::boolean OR a.status IN ('NEW', 'PUSHED', 'DELAYED', 'CONFIRMED', 'ESCALATED'))
+  AND ($5::boolean IS NULL OR (a.cleared_at IS NULL) = $5)
+  AND ($6::boolean IS NULL OR (a.cleared_at IS NOT NULL) = $6)
+  AND ($7::boolean IS NULL
+       OR (a.confirmed_at IS NOT NULL OR a.handled_at IS NOT NULL OR a.false_at IS NOT NULL) = $7)
+  AND ($8::text = 'any' OR (sh.until IS NOT NULL) = ($8::text = 'only'))
+  AND ($9::text IS NULL OR a.severity = $9)
+  AND ($10::bigint IS NULL OR a.id < $10)
+ORDER BY a.id DESC
+LIMIT $11;
+
+-- name: one
+-- $1 id; the alarm as `list` gives it.
+SELECT a.*, alarm_shelved_until(a.id, a.device_id, a.rule_key, now()) AS shelved_until,
+       device_out_of_service_at(a.device_id, a.triggered_at) AS out_of_service
+FROM alarm a WHERE a.id = $1;
+
+-- name: groups
+-- The filters ($1-$9), $10 'rule' or 'device', $11 limit; one row per rule (or device): how
+-- many alarms, the newest one's trigger time and id, the worst severity (1 INFO .. 4 CRITICAL),
+-- worst first, then newest first.
+SELECT CASE WHEN $10::text = 'rule' THEN a.rule_key ELSE a.device_id END AS key,
+       count(*) AS count,
+       max(a.triggered_at) AS newest_at,
+       max(a.id) AS newest_id,
+       max(CASE a.severity WHEN 'INFO' THEN 1 WHEN 'WARNING' THEN 2 WHEN 'MAJOR' THEN 3
+                           ELSE 4 END) AS worst
+FROM alarm a
+CROSS JOIN LATERAL (SELECT alarm_shelved_until(a.id, a.device_id, a.rule_key, now()) AS until) sh
+WHERE ($1::text[] IS NULL OR a.status = ANY ($1::text[]))
+  AND ($2::text IS NULL OR a.device_id = $2)
+  AND ($3::text IS NULL OR a.rule_key = $3)
+  AND (NOT $4::boolean OR a.status IN ('NEW', 'PUSHED', 'DELAYED', 'CONFIRMED', 'ESCALATED'))
+  AND ($5::boolean IS NULL OR (a.cleared_at IS NULL) = $5)
+  AND ($6::boolean IS NULL OR (a.cleared_at IS NOT NULL) = $6)
+  AND ($7::boolean IS NULL
+       OR (a.confirmed_at IS NOT NULL OR a.handled_at IS NOT NULL OR a.false_at IS NOT NULL) = $7)
+  AND ($8::text = 'any' OR (sh.until IS NOT NULL) = ($8::text = 'only'))
+  AND ($9::text IS NULL OR a.severity = $9)
+GROUP BY 1
+ORDER BY worst DESC, newest_id DESC
+LIMIT $11;
+
+-- name: counts
+-- no parameters; open alarms per severity, in exclusive buckets: shelved ones apart, the rest
+-- by active (not cleared) or returned to normal, and acknowledged or not; and, overlapping
+-- those, how many were raised while their device was out of service. One pass over the open
+-- alarms (a partial index of them).
+SELECT a.severity,
+       count(*) AS total,
+       count(*) FILTER (WHERE sh.until IS NULL AND a.cleared_at IS NULL AND NOT ack.yes)
+           AS active_unacknowledged,
+       count(*) FILTER (WHERE sh.until IS NULL AND a.cleared_at IS NULL AND ack.yes)
+           AS active_acknowledged,
+       count(*) FILTER (WHERE sh.until IS NULL AND a.cleared_at IS NOT NULL AND NOT ack.yes)
+           AS returned_unacknowledged,
+       count(*) FILTER (WHERE sh.until IS NULL AND a.cleared_at IS NOT NULL AND ack.yes)
+           AS returned_acknowledged,
+       count(*) FILTER (WHERE sh.until IS NOT NULL) AS shelved,
+       count(*) FILTER (WHERE device_out_of_service_at(a.device_id, a.triggered_at))
+           AS out_of_service
+FROM alarm a
+CROSS JOIN LATERAL (SELECT alarm_shelved_until(a.id, a.device_id, a.rule_key, now()) AS until) sh
+CROSS JOIN LATERAL (
+    SELECT (a.confirmed_at IS NOT NULL OR a.handled_at IS NOT NULL OR a.false_at IS NOT NULL)
+           AS yes
+) ack
+WHERE a.status IN ('NEW', 'PUSHED', 'DELAYED', 'CONFIRMED', 'ESCALATED')
+GROUP BY a.severity;
+
+-- name: shelf_target
+-- $1 alarm id; what a shelf of it (or of its pair) needs: its device, rule and status.
+SELECT id, device_id, rule_key, status FROM alarm WHERE id = $1;
+
+-- name: insert_shelf
+-- $1 scope ('alarm' or 'pair'), $2 alarm id or null, $3 device, $4 rule key, $5 reason,
+-- $6 by, $7 seconds, $8 node id, $9 request id or null; nothing when a shelf not ended already
+-- covers the same alarm (or pair).
+INSERT INTO alarm_shelf (scope, alarm_id, device_id, rule_key, reason, shelved_by, until,
+                         node_id, request_id)
+VALUES ($1, $2, $3, $4, $5, $6, now() + make_interval(secs => $7), $8, $9)
+ON CONFLICT DO NOTHING
+RETURNING *;
+
+-- name: open_shelf
+-- $1 scope, $2 alarm id or null, $3 device, $4 rule key; the shelf of that alarm (or pair) not
+-- ended yet, if any (it may be past its until: the timer has not ended it yet).
+SELECT * FROM alarm_shelf
+WHERE ended_at IS NULL AND scope = $1
+  AND (($1 = 'alarm' AND alarm_id = $2) OR ($1 = 'pair' AND device_id = $3 AND rule_key = $4));
+
+-- name: get_shelf
+-- $1 id.
+SELECT * FROM alarm_shelf WHERE id = $1;
+
+-- name: list_shelves
+-- $1 in force only, $2 before id (keyset, newest first) or null, $3 limit.
+SELECT * FROM alarm_shelf
+WHERE (NOT $1::boolean OR (ended_at IS NULL AND until > now()))
+  AND ($2::bigint IS NULL OR id < $2)
+ORDER BY id DESC
+LIMIT $3;
+
+-- name: lift_shelf
+-- $1 id, $2 who; ends a shelf in force now (one not ended and not past its until).
+UPDATE alarm_shelf SET ended_at = now(), ended_by = $2, end_reason = 'lifted'
+WHERE id = $1 AND ended_at IS NULL AND until > now()
+RETURNING *;
+
+-- name: expire_shelf
+-- $1 id, $2 who; ends a shelf past its until, at its until (a conditional write: once).
+UPDATE alarm_shelf SET ended_at = until, ended_by = $2, end_reason = 'expired'
+WHERE id = $1 AND ended_at IS NULL AND until <= now()
+RETURNING *;
+
+-- name: expire_due
+-- $1 now, $2 who, $3 limit; shelves past their until, ended at it. Another node's pass skips
+-- the rows this one holds, then finds them ended: each shelf ends once.
+UPDATE alarm_shelf s SET ended_at = s.until, ended_by = $2, end_reason = 'expired'
+FROM (SELECT id FROM alarm_shelf
+      WHERE ended_at IS NULL AND until <= $1
+      ORDER BY until, id LIMIT $3
+      FOR UPDATE SKIP LOCKED) due
+WHERE s.id = due.id AND s.ended_at IS NULL
+RETURNING s.*;
+
+-- name: audit_shelf_step
+-- $1 scope, $2 alarm id or null, $3 device, $4 rule key, $5 actor, $6 action, $7 note,
+-- $8 request id or null, $9 node id; an audit row on each alarm a shelf step concerns: the
+-- alarm, or the pair's open alarms (status unchanged: from = to). The ids audited.
+INSERT INTO alarm_audit (alarm_id, actor, action, from_status, to_status, note, request_id,
+                         node_id)
+SELECT a.id, $5, $6, a.status, a.status, $7, $8, $9
+FROM alarm a
+WHERE ($1 = 'alarm' AND a.id = $2)
+   OR ($1 = 'pair' AND a.device_id = $3 AND a.rule_key = $4
+       AND a.status IN ('NEW', 'PUSHED', 'DELAYED', 'CONFIRMED', 'ESCALATED'))
+RETURNING alarm_id;
+
+-- name: device_known
+-- $1 device id.
+SELECT EXISTS (SELECT 1 FROM device WHERE device_id = $1);
+
+-- name: end_open_period
+-- $1 device id, $2 who; ends the device's period not ended yet, if any: now, or at its until
+-- when that passed already. The row ended.
+UPDATE device_out_of_service
+SET ended_at = greatest(since, least(now(), coalesce(until, now()))), ended_by = $2
+WHERE device_id = $1 AND ended_at IS NULL
+RETURNING *;
+
+-- name: insert_period
+-- $1 device id, $2 reason, $3 by, $4 until or null, $5 request id or null; nothing when
+-- $4 is not in the future.
+INSERT INTO device_out_of_service (device_id, reason, set_by, until, request_id)
+SELECT $1, $2, $3, $4, $5
+WHERE $4::timestamptz IS NULL OR $4::timestamptz > now()
+RETURNING *;
+
+-- name: end_period_in_force
+-- $1 device id, $2 who; ends the period in force now (DELETE): none when there is none.
+UPDATE device_out_of_service SET ended_at = now(), ended_by = $2
+WHERE device_id = $1 AND ended_at IS NULL AND (until IS NULL OR until > now())
+RETURNING *;
+
+-- name: period_in_force
+-- $1 device id; the device's out-of-service period in force now, if any.
+SELECT * FROM device_out_of_service
+WHERE device_id = $1 AND ended_at IS NULL AND (until IS NULL OR until > now());
