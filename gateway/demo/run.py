@@ -5,9 +5,10 @@ configuration); rules written as an alarm philosophy would have them (see `RULES
 hundred simulated devices with the ``gateway-sim devices`` patterns (``demo-00000`` …:
 temperature walks with rare excursions, doors, SOS and smoke buttons, leaks, power cuts, one
 device that goes silent) answering downlink commands; hubs with presence (birth and Will, one of
-them losing its connection now and then) and a chattering fan (gateway/demo/devices.py); a
-webhook receiver of its own that the notification routes deliver to (gateway/demo/webhook.py);
-and an admin token made up for the occasion.
+them losing its connection now and then) and a chattering fan (gateway/demo/devices.py); one
+device out of service (`OUT_OF_SERVICE_DEVICE`: its alarms shown, never notified); a webhook
+receiver of its own that the notification routes deliver to (gateway/demo/webhook.py); and an
+admin token made up for the occasion.
 
 It prints two lines: the console's address and the token, then its state directory and the
 ``gateway.toml`` it wrote there, which every other command reads with ``--config`` (``gateway
@@ -41,6 +42,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Final
 
+import aiohttp
 import aiomqtt
 import structlog
 
@@ -67,6 +69,10 @@ DEMO_MIX: Final = "walk=76,door=10,sos=3,smoke=3,water_leak=4,power=3,silent=1"
 DEMO_SILENT_S: Final = 30
 TOKEN_NAME: Final = "demo-admin"  # noqa: S105 - the token's name, not a secret
 RECEIVER_NAME: Final = "demo-webhook"
+# A device under maintenance: its alarms are still raised and shown, never notified (a power
+# device: its mains is being worked on). Put out of service through the API, as an operator.
+OUT_OF_SERVICE_DEVICE: Final = "demo-00020"
+OUT_OF_SERVICE_REASON: Final = "demo: an electrician is working on its supply"
 CONFIG_FILE: Final = "gateway.toml"
 READY_TIMEOUT_S: Final = 120.0
 CHROMIUM: Final = Path("/usr/bin/chromium")
@@ -338,9 +344,13 @@ async def running_demo(settings: DemoSettings, stop: asyncio.Event) -> AsyncIter
                 assert daemon.broker_address is not None
                 wildcard = settings.http_host in ("0.0.0.0", "::")  # noqa: S104 - compared, not bound
                 host = "127.0.0.1" if wildcard else settings.http_host
-                async with _devices_running(settings, daemon.broker_address, config):
+                url = f"http://{host}:{daemon.http_port}/"
+                async with (
+                    _devices_running(settings, daemon.broker_address, config),
+                    _in_background(_put_out_of_service(url, token)),
+                ):
                     yield Demo(
-                        url=f"http://{host}:{daemon.http_port}/",
+                        url=url,
                         token=token,
                         daemon=daemon,
                         state_dir=state_dir,
@@ -350,6 +360,37 @@ async def running_demo(settings: DemoSettings, stop: asyncio.Event) -> AsyncIter
     finally:
         if own_state:
             shutil.rmtree(state_dir, ignore_errors=True)
+
+
+@contextlib.asynccontextmanager
+async def _in_background(work: Awaitable[None]) -> AsyncIterator[None]:
+    task = asyncio.ensure_future(work)
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def _put_out_of_service(url: str, token: str) -> None:
+    """`OUT_OF_SERVICE_DEVICE` out of service as soon as the gateway knows it (its first
+    message; the API answers 404 before), through the API as an operator would."""
+    target = f"{url}devices/{OUT_OF_SERVICE_DEVICE}/out-of-service"
+    headers = {"Authorization": f"Bearer {token}"}
+    body = {"reason": OUT_OF_SERVICE_REASON}
+    deadline = asyncio.get_running_loop().time() + READY_TIMEOUT_S
+    async with aiohttp.ClientSession(headers=headers) as http:
+        while True:
+            async with http.put(target, json=body) as answer:
+                if answer.status == 200:
+                    log.info("demo_device_out_of_service", device_id=OUT_OF_SERVICE_DEVICE)
+                    return
+                if answer.status != 404 or asyncio.get_running_loop().time() > deadline:
+                    log.warning("demo_out_of_service_refused", status=answer.status,
+                                answer=(await answer.text())[:200])  # fmt: skip
+                    return
+            await asyncio.sleep(0.5)  # polls for the device's first message, with a deadline
 
 
 @contextlib.asynccontextmanager

@@ -10,7 +10,7 @@
 // moves a row: rows change in place, alarms gone stay (dimmed), and new alarms wait behind an "N new"
 // bar until the operator opens it. `window.__alarmRepaints` counts the list's repaints.
 import { query } from "./api.js";
-import { append, clear, el, throttle, timeEl, when } from "./util.js";
+import { append, clear, deviceHref, el, throttle, timeEl, when } from "./util.js";
 
 const SEVERITY_RANK = { CRITICAL: 4, MAJOR: 3, WARNING: 2, INFO: 1 };
 const SEVERITIES = ["CRITICAL", "MAJOR", "WARNING", "INFO"];
@@ -451,6 +451,9 @@ export class AlarmsView {
       el("dl", {},
         el("dt", { text: "Device" }), el("dd", {}, el("a", { href: `#/devices/${encodeURIComponent(alarm.device_id)}`, text: alarm.device_id })),
         el("dt", { text: "Rule" }), el("dd", { text: alarm.rule_key }),
+        // A threshold alarm leads to its reading in context: the device's chart on the alarm's
+        // metric, with the rule's trigger and clear lines.
+        alarm.trigger && alarm.trigger.metric ? [el("dt", { text: "Chart" }), el("dd", {}, el("a", { class: "alarm-chart", href: deviceHref(alarm.device_id, { metric: alarm.trigger.metric, rule: alarm.rule_key }), text: `${alarm.trigger.metric} on ${alarm.device_id}` }))] : null,
         el("dt", { text: "Why" }), el("dd", { class: "trigger", text: describeTrigger(alarm.trigger) }),
         el("dt", { text: "Rule says" }), el("dd", { class: "rule-description", text: alarm.rule_description || "—" }),
         el("dt", { text: "Triggered" }), el("dd", {}, timeEl(alarm.triggered_at)),

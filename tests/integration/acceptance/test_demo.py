@@ -194,6 +194,24 @@ def test_the_demo_shows_the_product_calmly_and_stops_cleanly(
         assert len(alarm_list(device="demo-fan-1", open="true")) == 1
         # ... and muted: its rule is routed nowhere until it is fixed.
         assert not [d for d in sent() if d["rule_key"] == "fan-vibration"]
+        # The alarm system's own figures name it as chattering.
+        stats = httpx.get(f"{url}alarm-stats", params={"window": "10m"}, headers=auth, timeout=10)
+        assert stats.status_code == 200, stats.text
+        chattering = {(p["rule_key"], p["device_id"]) for p in stats.json()["chattering"]["items"]}
+        assert ("fan-vibration", "demo-fan-1") in chattering, stats.json()["chattering"]
+
+        # The device under maintenance: out of service, said on the device.
+        def out_of_service() -> object:
+            reply = httpx.get(f"{url}devices/demo-00020", headers=auth, timeout=10)
+            return reply.json().get("out_of_service") if reply.status_code == 200 else None
+
+        wait_until_sync(
+            lambda: out_of_service() is not None,
+            timeout=30, interval=0.5, message="demo-00020 out of service",
+        )  # fmt: skip
+        period = out_of_service()
+        assert isinstance(period, dict)
+        assert period["reason"].startswith("demo:"), period
 
         # Calm: few alarms, CRITICAL only where a person may be in danger.
         calm = [a for a in alarm_list() if a["device_id"] != "demo-fan-1"]

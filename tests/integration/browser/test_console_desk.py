@@ -297,9 +297,15 @@ async def test_the_chart_opens_on_the_alarms_metric_with_its_rules_lines(
         timeout=30,
         message="temp-high raised",
     )
+    alarm_id = await fetchval(db_dsn, "SELECT min(id) FROM alarm WHERE device_id = 'boiler-2'")
     page, errors = await open_console(browser, base)
     await sign_in(page, OPERATOR)
-    await page.goto(f"{base}/#/devices/boiler-2?metric=temp&rule=temp-high")
+    # The alarm leads there: its detail links to the device's chart on the alarm's metric.
+    await page.goto(f"{base}/#/alarms/{alarm_id}")
+    link = page.locator("#alarm-detail a.alarm-chart")
+    await expect(link).to_have_text("temp on boiler-2", timeout=WAIT_MS)
+    await link.click()
+    await expect(page).to_have_url(re.compile(r"#/devices/boiler-2\?metric=temp&rule=temp-high$"))
     box = page.locator("#device-detail .chart-box")
     await expect(box.locator("h3")).to_have_text("temp, last 4 values", timeout=WAIT_MS)
     chart = box.locator("svg.chart")
