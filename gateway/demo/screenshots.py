@@ -57,11 +57,12 @@ async def take_screenshots(
             context = await browser.new_context(viewport={"width": width, "height": height})
             page = await context.new_page()
             await _signed_in(page, url, token)
-            rows = page.locator("#alarm-table tbody tr")
+            # Both sections of the list: active alarms, then those returned to normal.
+            rows = page.locator("#alarm-table tbody tr, #alarm-returned tbody tr")
             await expect(rows.nth(MIN_ALARMS - 1)).to_be_visible(timeout=WAIT_MS)
             listing = outdir / f"console-alarms-{label}.png"
             await page.screenshot(path=str(listing))
-            # The list is ordered most severe first: its first alarm is the one to show.
+            # Each section is ordered most severe first: the first alarm is the one to show.
             await rows.first.get_by_role("link").first.click()
             await expect(page.locator("#alarm-detail .audit li").first).to_be_visible(
                 timeout=WAIT_MS

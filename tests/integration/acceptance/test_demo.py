@@ -203,7 +203,9 @@ def test_the_demo_shows_the_product_calmly_and_stops_cleanly(
         # The device under maintenance: out of service, said on the device.
         def out_of_service() -> object:
             reply = httpx.get(f"{url}devices/demo-00020", headers=auth, timeout=10)
-            return reply.json().get("out_of_service") if reply.status_code == 200 else None
+            if reply.status_code != 200:
+                return None
+            return reply.json()["device"].get("out_of_service")
 
         wait_until_sync(
             lambda: out_of_service() is not None,
