@@ -123,6 +123,8 @@ export class CampaignsView {
       f.failure_ratio.focus();
       return;
     }
+    // The live count still waiting to run would make this one stale (and the review silent).
+    clearTimeout(this.countTimer);
     const counted = await this.count();
     if (counted === null) { f.selector.focus(); return; }
     if (counted.count === 0) {
