@@ -8,10 +8,13 @@ alarms; realtime commands in flight. The primary's host dies (its Patroni and it
 SIGKILLed) mid-stream; Patroni promotes the synchronous standby. Then:
 
 - every message the publisher got a PUBACK for is stored exactly once;
-- the alarms are the reference evaluator's (per device, in device order), none twice;
+- no alarm twice; a one-sample rule's alarms are the reference evaluator's (one node reading
+  each device in order); a ``for_samples`` rule's never more than it, one per run at most (the
+  runs it misses, samples reordered past a run by the nodes' skew, are printed);
 - every command ends terminal once (one terminal transition in its audit);
-- each node logged one ``database_failover`` line, naming the old and the new primary, and
-  answered ``/health`` 503 while there was no primary.
+- each node logged one ``database_failover`` line, naming the old and the new primary,
+  answered ``/health`` 503 while there was no primary and names the new one after; every
+  LISTEN connection is open again on the new primary.
 
 It prints the time without a primary and the time until ingest resumed (docs/deploying.md).
 """
