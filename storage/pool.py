@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import asyncpg
@@ -18,13 +19,20 @@ async def create_pool(
     command_timeout_s: float | None = 60.0,
     application_name: str = "gateway",
     on_audit_failure: AuditFailureHook | None = None,
+    on_server: Callable[[str], None] | None = None,
 ) -> asyncpg.Pool:
     """A pool whose connections are named after the node (visible in pg_stat_activity).
 
     Its connections notice audit rows PostgreSQL refuses (:mod:`storage.audit`) and report
-    them to ``on_audit_failure``.
+    them to ``on_audit_failure``. ``on_server`` is told the server (``host:port``) each new
+    connection reached: with a multi-host DSN, which member of the pair is the primary now.
     """
     hooks = () if on_audit_failure is None else (on_audit_failure,)
+
+    async def init(conn: asyncpg.Connection) -> None:
+        if on_server is not None:
+            on_server(server_of(conn))
+
     pool = await asyncpg.create_pool(
         dsn,
         min_size=min_size,
@@ -34,6 +42,7 @@ async def create_pool(
         server_settings={"application_name": application_name},
         reset=_keep_session,
         connection_class=audited_connection_class(*hooks),
+        init=init,
     )
     assert pool is not None
     return pool
@@ -49,11 +58,22 @@ async def _keep_session(_conn: asyncpg.Connection) -> None:
     """
 
 
+def server_of(conn: asyncpg.Connection) -> str:
+    """The server a connection reached: ``host:port``, or the socket's path."""
+    # asyncpg keeps the address it connected to (one of a multi-host DSN's) on the connection.
+    addr = getattr(conn, "_addr", None)
+    if isinstance(addr, tuple) and len(addr) >= 2:
+        host = str(addr[0])
+        return f"[{host}]:{addr[1]}" if ":" in host else f"{host}:{addr[1]}"
+    return str(addr) if addr is not None else "?"
+
+
 def describe(dsn: str) -> str:
     """Where a DSN points, for log lines and errors: ``host:port/database``, never credentials.
 
     A unix socket (``?host=/dir``) reads ``/dir/database``; parts the DSN leaves out are
-    libpq's defaults (port 5432, the database named after the user).
+    libpq's defaults (port 5432, the database named after the user). A multi-host DSN
+    (``h1:p1,h2:p2``, a failover pair) reads ``h1:p1,h2:p2/database``.
     """
     parts = urlsplit(dsn)
     query = parse_qs(parts.query)
@@ -61,6 +81,12 @@ def describe(dsn: str) -> str:
     database = parts.path.lstrip("/") or query.get("dbname", [""])[0] or parts.username or ""
     if socket_dir is not None:
         return f"{socket_dir}/{unquote(database)}"
+    hosts = parts.netloc.rpartition("@")[2]
+    if "," in hosts:
+        members = [
+            h if ":" in h.lstrip("[").rpartition("]")[2] else f"{h}:5432" for h in hosts.split(",")
+        ]
+        return f"{','.join(members)}/{unquote(database)}"
     host = parts.hostname or query.get("host", ["localhost"])[0]
     try:
         port = parts.port or int(query.get("port", ["5432"])[0])

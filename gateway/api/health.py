@@ -28,6 +28,9 @@ class DatabaseHealth(msgspec.Struct, kw_only=True, omit_defaults=True):
 
     ok: bool
     error: str | UnsetType = UNSET
+    # The server ("host:port") the pool's connections reach: with a multi-host DSN, the
+    # member of the pair that is the primary now.
+    server: str | UnsetType = UNSET
     pool_size: int | UnsetType = UNSET
     pool_idle: int | UnsetType = UNSET
     outbox: OutboxHealth | UnsetType = UNSET

@@ -433,6 +433,7 @@ class Daemon:
         OutboxMetrics.of(self.metrics.registry).outbox_oldest_age.set(oldest_age_s)
         return DatabaseHealth(
             ok=True,
+            server=self.startup.primary.server or UNSET,
             pool_size=pool.get_size(),
             pool_idle=pool.get_idle_size(),
             outbox=OutboxHealth(backlog=backlog, oldest_age_s=round(oldest_age_s, 3)),

@@ -50,6 +50,27 @@ async def _unless_stopped(work: Coroutine[Any, Any, T], stop: asyncio.Event) -> 
     return None if task.cancelled() else task.result()
 
 
+class PrimaryWatch:
+    """The server the pool's connections reach; one ``database_failover`` line when it changes.
+
+    With a multi-host DSN (``h1:p1,h2:p2/db?target_session_attrs=read-write``) every new
+    connection reaches whichever member is the primary: the first connection opened after a
+    failover names the new one, and the ones after it the same (so one line per failover).
+    """
+
+    def __init__(self) -> None:
+        self.server: str | None = None
+        self.failovers = 0
+
+    def __call__(self, server: str) -> None:
+        if server == self.server:
+            return
+        if self.server is not None:
+            self.failovers += 1
+            log.warning("database_failover", old=self.server, new=server)
+        self.server = server
+
+
 class Startup:
     """One node's start-up steps; what they find is kept (``database_dsn``,
     ``broker_address``) for the daemon's health and its LISTEN connections."""
@@ -70,6 +91,7 @@ class Startup:
         self.on_audit_failure = on_audit_failure
         self.database_dsn: str | None = None
         self.broker_address: tuple[str, int] | None = None
+        self.primary = PrimaryWatch()
 
     def connection_settings(
         self, host: str, port: int, protocol: str, presence_topic: str
@@ -206,6 +228,7 @@ class Startup:
                         connect_timeout_s=db.connect_timeout_s,
                         application_name=f"gateway:{self.node_id}",
                         on_audit_failure=self.on_audit_failure,
+                        on_server=self.primary,
                     ),
                     stop,
                 )

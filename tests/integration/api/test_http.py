@@ -21,6 +21,8 @@ async def test_health_and_metrics(db_dsn: str, mosquitto: Mosquitto) -> None:
         assert body["status"] == "ok"
         assert body["node_id"] == "http-node"
         assert body["database"]["ok"] is True
+        # The server the pool's connections reach (host:port, or the embedded one's socket).
+        assert body["database"]["server"]
         assert body["broker"]["ok"] is True
 
         async with aiomqtt.Client("127.0.0.1", mosquitto.port) as pub:

@@ -17,6 +17,13 @@ from storage.pool import describe, user_of
         ("postgresql://postgres@/gateway?host=/var/lib/gw/pgsock", "/var/lib/gw/pgsock/gateway"),
         ("postgresql://u@h:notaport/x", "h:5432/x"),
         ("postgresql://u:p%40ss@h/my%20db", "h:5432/my db"),
+        # A failover pair: every member, in order (libpq's default port where none is given).
+        (
+            "postgresql://gw:s3cret@db1:5432,db2:6432/gateway?target_session_attrs=read-write",
+            "db1:5432,db2:6432/gateway",
+        ),
+        ("postgresql://gw@db1,db2:7/gateway", "db1:5432,db2:7/gateway"),
+        ("postgresql://gw@[::1]:5,[::2]/gateway", "[::1]:5,[::2]:5432/gateway"),
     ],
 )
 def test_describe_names_host_port_and_database_only(dsn: str, where: str) -> None:
