@@ -14,6 +14,8 @@ from gateway.api.errors import DEVICE_NOT_FOUND, ApiError, bad_request
 from gateway.api.params import DeviceId, Limit
 from gateway.api.routes import route
 from gateway.api.schemas import (
+    ANY_DEVICE_ID_MAX_LENGTH,
+    ANY_DEVICE_ID_PATTERN,
     LIMIT_DEFAULT,
     SELECTOR_ITEMS_MAX,
     SELECTOR_PATTERN,
@@ -107,9 +109,13 @@ async def list_devices(
     after: Annotated[
         str | None,
         Parameter(
-            pattern=IDENTIFIER_PATTERN.removesuffix(r"\Z") + "$",
+            pattern=ANY_DEVICE_ID_PATTERN,
+            max_length=ANY_DEVICE_ID_MAX_LENGTH,
             schema_extra=exact("string"),
-            description="Keyset cursor: only devices whose id sorts after this (`next_after`).",
+            description=(
+                "Keyset cursor: only devices whose id sorts after this (`next_after`, a native "
+                "or a Sparkplug id)."
+            ),
         ),
     ] = None,
 ) -> DevicePage:

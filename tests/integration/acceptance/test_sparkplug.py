@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import aiomqtt
 import asyncpg
 
@@ -17,6 +18,7 @@ from gateway.ingest.replay import replay_one
 from protocol import sparkplug
 from storage import sparkplug as repo
 from storage.pool import create_pool
+from tests.support.api_client import OPERATOR, ApiClient
 from tests.support.daemon import (
     DaemonProcess,
     config_toml,
@@ -429,10 +431,15 @@ async def test_sigkill_of_a_gateway_node_mid_stream_loses_no_qos1_sparkplug_mess
     assert sorted(r["level"] for r in rows if "temp" not in r) == list(range(400))
 
 
-COMMANDS = """
+COMMANDS = f"""
 [commands]
 ack_window_s = 3
 reaper_interval_s = 0.2
+
+[[api.tokens]]
+token = "{OPERATOR}"
+role = "operator"
+name = "ops"
 """
 
 
@@ -466,19 +473,28 @@ async def test_a_dcmd_write_is_acked_by_the_value_reported_back_and_fails_unconf
 
         await wait_until(born, timeout=30, message="the device born")
         await edge.send("echo", on=True)
-        service = daemon.services.commands
-        assert service is not None
-        created = await service.create(
-            device_id="Plant1/Line4/Oven",
-            name="setpoint",
-            params={"value": 42.5},
-            delivery=Delivery.REALTIME,
-            idempotency_key="sp-1",
-            actor="test",
-        )
+        async with aiohttp.ClientSession() as http:
+            # Through the HTTP API, the device in the body: a Sparkplug id cannot be in a path.
+            api = ApiClient(base=f"http://127.0.0.1:{daemon.http_port}", http=http)
+            reply = await api.call(
+                "POST",
+                "/commands",
+                token=OPERATOR,
+                json={
+                    "device_id": "Plant1/Line4/Oven",
+                    "name": "setpoint",
+                    "params": {"value": 42.5},
+                    "delivery": "realtime",
+                    "idempotency_key": "sp-1",
+                },
+            )
+        assert reply.status == 201, reply.body
+        assert reply.body["command"]["device_id"] == "Plant1/Line4/Oven"
+        assert reply.body["command"]["created_by"] == "ops"
+        command_id = reply.body["command"]["id"]
 
         async def acked() -> bool:
-            return (await _command(db_dsn, created.command.id))["status"] == "ACKED"
+            return (await _command(db_dsn, command_id))["status"] == "ACKED"
 
         await wait_until(acked, timeout=30, message="the write confirmed by the DDATA echo")
         dcmd = next(e for e in edge.events if e.get("event") == "dcmd")
@@ -488,6 +504,8 @@ async def test_a_dcmd_write_is_acked_by_the_value_reported_back_and_fails_unconf
 
         # A device that does not apply the write: no confirmation within the ack window.
         await edge.send("echo", on=False)
+        service = daemon.services.commands
+        assert service is not None
         unconfirmed = await service.create(
             device_id="Plant1/Line4/Oven",
             name="setpoint",

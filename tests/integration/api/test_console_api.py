@@ -10,6 +10,7 @@ import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
+from urllib.parse import quote
 
 import aiohttp
 import asyncpg
@@ -172,6 +173,31 @@ async def test_devices_are_listed_by_id_filtered_and_paged(
         "limit=0",
     ):
         reply = await api.get(f"/devices?{bad}")
+        assert (reply.status, reply.body.get("error")) == (400, "BAD_REQUEST"), (bad, reply.body)
+
+
+async def test_sparkplug_devices_are_listed_and_paged_past(
+    api: ApiClient, db: asyncpg.Connection
+) -> None:
+    """Sparkplug ids (`{group}/{node}[/{device}]`) are in the list, and a page that ends on one
+    gives a cursor the next request takes."""
+    ids = ["Plant1/Line4", "Plant1/Line4/Mixer", "Plant1/Line4/Oven", "dev-01", "dev-02"]
+    for device_id in ids:
+        await add_device(db, device_id)
+    seen, after, cursors = [], None, []
+    while True:
+        query = "/devices?limit=2" + (f"&after={quote(after, safe='')}" if after else "")
+        reply = await api.get(query)
+        assert reply.status == 200, reply.body
+        seen += [d["device_id"] for d in reply.body["items"]]
+        after = reply.body["next_after"]
+        if after is None:
+            break
+        cursors.append(after)
+    assert seen == sorted(ids)
+    assert cursors == ["Plant1/Line4/Mixer", "dev-01"]
+    for bad in ("a/b/c/d", "a//b", "/a"):
+        reply = await api.get(f"/devices?after={quote(bad, safe='')}")
         assert (reply.status, reply.body.get("error")) == (400, "BAD_REQUEST"), (bad, reply.body)
 
 
