@@ -51,6 +51,7 @@ from sim.gateways import RECEIVE_MAXIMUM, RULES, GatewayProcesses
 from sim.naive import naive_drain
 from sim.probes import Probes
 from sim.reference import reference_drain, reference_subscribe
+from sim.sparkplug import sparkplug_stream
 from sim.sql import blocks
 from sim.telemetry import device_ids, hysteresis_alarms, hysteresis_stream, telemetry_stream
 from sim.vendor import vendor_stream
@@ -109,7 +110,11 @@ async def _backlog(
     # Devices named after the phase: identical content would share event ids across phases
     # and be (correctly) stored once.
     stream: Iterator[tuple[str, bytes]]
-    if fmt != "native":
+    if fmt == "sparkplug":
+        # Sparkplug B edge nodes in a group of the phase's name (see _mapping): births first,
+        # then DDATA by alias; every message stores one sample.
+        stream = sparkplug_stream(device_ids(DEVICES, prefix), messages, group=prefix, seed=7)
+    elif fmt != "native":
         # A vendor's JSON on its own topics, under the phase's prefix (see _mapping).
         vendor = vendor_stream(fmt, device_ids(DEVICES, prefix), messages, seed=7)
         stream = ((f"{prefix}/{topic}", payload) for topic, payload in vendor)
@@ -170,9 +175,12 @@ async def measure_native(port: int, messages: int) -> Drain:
 
 def _mapping(prefix: str, fmt: str) -> str:
     """The [[ingest.mappings]] table of a vendor-format phase: the profile of that name, its
-    telemetry topic under the phase's prefix (so that phases never read each other's)."""
+    telemetry topic under the phase's prefix (so that phases never read each other's); for
+    Sparkplug, the [sparkplug] section consuming the group of the phase's name."""
     if fmt == "native":
         return ""
+    if fmt == "sparkplug":
+        return f'[sparkplug]\nenabled = true\nhost_id = "{prefix}"\ngroups = ["{prefix}"]\n'
     topic = {
         "tasmota": "tele/{device}/SENSOR",
         "zigbee2mqtt": "zigbee2mqtt/{device}",
@@ -565,6 +573,21 @@ async def _run_phases(sizes: Sizes, *, dsn: str) -> dict[str, Any]:
                             fmt="tasmota",
                         ),
                     )
+                    # The same drain from Sparkplug B edge nodes (protobuf, births then data
+                    # by alias, the host's state in PostgreSQL): what Sparkplug costs.
+                    spb = _progress(
+                        "gateway sparkplug",
+                        await measure_gateway(
+                            port,
+                            bench_dsn,
+                            messages,
+                            processes=1,
+                            live=False,
+                            workdir=workdir,
+                            probes=probes,
+                            fmt="sparkplug",
+                        ),
+                    )
                     one_live = _progress("gateway live", await gateway(1, live=True))
                     one_alarms = await check_alarms(bench_dsn, "gw1live", messages, period)
                     two_live = _progress("gateway x2 live", await gateway(2, live=True))
@@ -649,6 +672,9 @@ async def _run_phases(sizes: Sizes, *, dsn: str) -> dict[str, Any]:
         "gateway_tasmota_msgs_per_s": round(tasmota.rate),
         "gateway_tasmota_cpu_us_per_msg": round(tasmota.cpu_us_per_msg, 1),
         "ratio_tasmota_vs_gateway": round(tasmota.rate / one.rate, 3),
+        "gateway_sparkplug_msgs_per_s": round(spb.rate),
+        "gateway_sparkplug_cpu_us_per_msg": round(spb.cpu_us_per_msg, 1),
+        "ratio_sparkplug_vs_gateway": round(spb.rate / one.rate, 3),
         "ratio_gateway_vs_bare": round(one.rate / bare.rate, 3),
         "ratio_gateway_vs_naive": round(one.rate / naive.rate, 2),
         "ratio_gateway_vs_native": round(one.rate / native.rate, 3),
@@ -694,6 +720,7 @@ async def _run_phases(sizes: Sizes, *, dsn: str) -> dict[str, Any]:
                 one.rss_mb,
                 one311.rss_mb,
                 tasmota.rss_mb,
+                spb.rss_mb,
                 one_live.rss_mb,
                 two_live.rss_mb,
                 storm.rss_mb,
@@ -832,6 +859,17 @@ def render_table(result: dict[str, Any]) -> str:
             "",
         ),
         ("Tasmota mapped / native (drain)", f"{r['ratio_tasmota_vs_gateway']:.2f}", ""),
+        (
+            "gateway, 1 process (drain, Sparkplug B)",
+            f"{r['gateway_sparkplug_msgs_per_s']:,} msg/s",
+            "",
+        ),
+        (
+            "gateway CPU per message (Sparkplug B)",
+            f"{r['gateway_sparkplug_cpu_us_per_msg']:.1f} us",
+            "",
+        ),
+        ("Sparkplug B / native (drain)", f"{r['ratio_sparkplug_vs_gateway']:.2f}", ""),
         ("gateway, 1 process, live publisher", f"{r['gateway_live_msgs_per_s']:,} msg/s", ""),
         ("gateway, 2 processes ($share), live", f"{r['gateway2_msgs_per_s']:,} msg/s", ""),
         ("naive: one commit per message", f"{r['naive_msgs_per_s']:,} msg/s", ""),

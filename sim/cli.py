@@ -23,6 +23,8 @@ from protocol import Topics
 from sim import devices_cli
 from sim.gateway_config import add_broker_arguments, resolve_broker
 from sim.publisher import publish_many
+from sim.sparkplug import GROUP as SPARKPLUG_GROUP
+from sim.sparkplug import sparkplug_stream
 from sim.telemetry import EPOCH_MS, device_ids, telemetry_stream
 from sim.vendor import FORMATS, span_ms, vendor_stream
 
@@ -56,10 +58,18 @@ def _parser() -> argparse.ArgumentParser:
     )
     publish.add_argument(
         "--format",
-        choices=FORMATS,
+        choices=(*FORMATS, "sparkplug"),
         default="native",
-        help="the gateway's own schema (native), or a vendor's JSON on its own topics, as the "
-        "[[ingest.mappings]] profile of that name reads it (docs/devices.md)",
+        help="the gateway's own schema (native), a vendor's JSON on its own topics, as the "
+        "[[ingest.mappings]] profile of that name reads it (docs/devices.md), or Sparkplug B "
+        "edge nodes (births, then DDATA by alias; the gateway's [sparkplug] section must take "
+        "--sparkplug-group, docs/sparkplug.md)",
+    )
+    publish.add_argument(
+        "--sparkplug-group",
+        default=SPARKPLUG_GROUP,
+        help="with --format sparkplug: the Sparkplug group id (default %(default)s); devices are "
+        "{group}/edge-NNNNN/{device}, ten to an edge node",
     )
 
     devices_cli.add_arguments(commands.add_parser("devices", help=devices_cli.HELP))
@@ -183,6 +193,17 @@ async def _publish(args: argparse.Namespace) -> int:
                 epoch_ms=epoch_ms,
             )
             if args.format == "native"
+            else sparkplug_stream(
+                devices,
+                args.messages,
+                group=args.sparkplug_group,
+                seed=args.seed,
+                start_seq=args.start_seq,
+                epoch_ms=vendor_epoch_ms,
+                # A new session's number on every run that is not replayed (--fixed-time).
+                bdseq=0 if args.fixed_time else now_ms // 1000 % 256,
+            )
+            if args.format == "sparkplug"
             else vendor_stream(
                 args.format,
                 devices,

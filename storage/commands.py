@@ -82,6 +82,7 @@ def _row(record: asyncpg.Record | None) -> CommandRow | None:
 _Q = load_queries("commands.sql")
 GET = _Q["get"]
 LIST_FOR_DEVICE = _Q["list_for_device"]
+LIST_FOR_DEVICE_OF_STATUS = _Q["list_for_device_of_status"]
 LIST_ALL = _Q["list_all"]
 # Which statement pages a status (see commands.sql): ACKED and anything else, the generic one.
 LIST_OF_STATUS = {
@@ -116,9 +117,16 @@ async def get(conn: asyncpg.Connection, command_id: int) -> CommandRow | None:
 
 
 async def list_for_device(
-    conn: asyncpg.Connection, device_id: str, *, before_id: int | None, limit: int
+    conn: asyncpg.Connection,
+    device_id: str,
+    *,
+    before_id: int | None,
+    limit: int,
+    status: str | None = None,
 ) -> list[CommandRow]:
-    return _rows(await conn.fetch(LIST_FOR_DEVICE, device_id, before_id, limit))
+    if status is None:
+        return _rows(await conn.fetch(LIST_FOR_DEVICE, device_id, before_id, limit))
+    return _rows(await conn.fetch(LIST_FOR_DEVICE_OF_STATUS, device_id, status, before_id, limit))
 
 
 async def list_all(

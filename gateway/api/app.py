@@ -72,6 +72,7 @@ from gateway.api.schemas import (
     NOTE_MAX_LENGTH,
     ActionBody,
     CommandBody,
+    DeviceCommandBody,
     complete_desk,
 )
 from gateway.api.services import STATE_SERVICES, Services
@@ -309,7 +310,14 @@ def _complete(document: OpenAPI) -> None:
                 kept.description = f"Deprecated: the same as `{new}`, under its first name."
     complete_desk(schemas)
     # A body Struct that forbids unknown fields says so (msgspec refuses them: a 422).
-    for body in (ActionBody, CommandBody, notify.SilenceBody, *campaigns.BODIES, *DESK_BODIES):
+    for body in (
+        ActionBody,
+        CommandBody,
+        DeviceCommandBody,
+        notify.SilenceBody,
+        *campaigns.BODIES,
+        *DESK_BODIES,
+    ):
         if body.__struct_config__.forbid_unknown_fields and body.__name__ in schemas:
             schemas[body.__name__].additional_properties = False
 

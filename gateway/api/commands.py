@@ -17,10 +17,20 @@ from gateway.api.errors import (
     DEVICE_ID_NOT_PORTABLE,
     DEVICE_UNBOUND,
     DOWNLINK_TOO_LARGE,
+    bad_request,
 )
-from gateway.api.params import Before, CommandId, CommandStatusFilter, DeviceId, Limit, page
+from gateway.api.params import (
+    AnyDeviceIdFilter,
+    Before,
+    CommandId,
+    CommandStatusFilter,
+    DeviceId,
+    Limit,
+    page,
+)
 from gateway.api.routes import route
 from gateway.api.schemas import (
+    ANY_DEVICE_ID_PATTERN,
     LIMIT_DEFAULT,
     WAIT_MAX_S,
     Command,
@@ -28,6 +38,7 @@ from gateway.api.schemas import (
     CommandCreated,
     CommandDetail,
     CommandPage,
+    DeviceCommandBody,
     Receipt,
     Unbound,
     exact,
@@ -40,6 +51,7 @@ from gateway.commands.lifecycle import (
     DeviceUnboundError,
     DownlinkTooLargeError,
 )
+from protocol import is_valid_device_id, sparkplug
 from protocol.ids import UnportableDeviceIdError
 from storage.commands import CommandRow
 
@@ -61,6 +73,27 @@ Wait = Annotated[
 ]
 
 
+_CREATED_AGAIN: Final = {
+    200: ResponseSpec(
+        data_container=CommandCreated,
+        generate_examples=False,
+        description=(
+            "The idempotency key named an existing command of this device: that command "
+            "(`created` false), whatever this request's name and params."
+        ),
+    )
+}
+_CREATE_DESCRIPTION: Final = (
+    "The command is created PENDING, attributed to the token's name (`created_by`); any "
+    "node's dispatcher claims and publishes it. With `wait`, the call returns once the "
+    "command is terminal (ACKED, FAILED, TIMEOUT, CANCELLED) or the wait is over, with "
+    "the command as it is then: a realtime command's failure comes back in this call. The "
+    "gateway reads the command a few times a second while waiting (no connection is held "
+    "in between); the status code is 201 or 200 whatever the outcome, which is in "
+    "`command.status`."
+)
+
+
 @route(
     "POST",
     "/devices/{id:str}/commands",
@@ -72,25 +105,9 @@ Wait = Annotated[
     body=True,
     errors=[DEVICE_ID_NOT_PORTABLE, DEVICE_UNBOUND, DOWNLINK_TOO_LARGE],
     status_code=201,
-    also={
-        200: ResponseSpec(
-            data_container=CommandCreated,
-            generate_examples=False,
-            description=(
-                "The idempotency key named an existing command of this device: that command "
-                "(`created` false), whatever this request's name and params."
-            ),
-        )
-    },
-    description=(
-        "The command is created PENDING, attributed to the token's name (`created_by`); any "
-        "node's dispatcher claims and publishes it. With `wait`, the call returns once the "
-        "command is terminal (ACKED, FAILED, TIMEOUT, CANCELLED) or the wait is over, with "
-        "the command as it is then: a realtime command's failure comes back in this call. The "
-        "gateway reads the command a few times a second while waiting (no connection is held "
-        "in between); the status code is 201 or 200 whatever the outcome, which is in "
-        "`command.status`."
-    ),
+    also=_CREATED_AGAIN,
+    description=_CREATE_DESCRIPTION
+    + " A Sparkplug device, whose id holds `/`, takes its commands through `POST /commands`.",
 )
 async def create_command(
     commands: Commands,
@@ -99,9 +116,45 @@ async def create_command(
     data: JSONBody[CommandBody],
     wait: Wait = None,
 ) -> Response[CommandCreated]:
+    return await _create(commands, call, id, data, wait)
+
+
+@route(
+    "POST",
+    "/commands",
+    operation_id="createDeviceCommand",
+    tag=TAG,
+    summary="Send a command to the device named in the body (native or Sparkplug id)",
+    role=Role.OPERATOR,
+    writes=True,
+    body=True,
+    errors=[DEVICE_ID_NOT_PORTABLE, DEVICE_UNBOUND, DOWNLINK_TOO_LARGE],
+    status_code=201,
+    also=_CREATED_AGAIN,
+    description=(
+        "The same as `POST /devices/{id}/commands` with the device in the body (`device_id`): "
+        "a native id or a Sparkplug one (`{group}/{node}/{device}`, `{group}/{node}` for the "
+        "edge node), which a path cannot carry. A `device_id` no device can have is a 422, "
+        "as the body's other fields. "
+    )
+    + _CREATE_DESCRIPTION,
+)
+async def create_device_command(
+    commands: Commands,
+    call: CallDep,
+    data: JSONBody[DeviceCommandBody],
+    wait: Wait = None,
+) -> Response[CommandCreated]:
+    return await _create(commands, call, data.device_id, data.command(), wait)
+
+
+async def _create(
+    commands: Commands, call: CallDep, device_id: str, data: CommandBody, wait: float | None
+) -> Response[CommandCreated]:
+    """Both create routes: the command, logged, refused as the service refuses it."""
     try:
         created = await commands.create(
-            device_id=id,
+            device_id=device_id,
             name=data.name,
             params=data.params,
             delivery=data.delivery,
@@ -111,7 +164,7 @@ async def create_command(
     except (DeviceUnboundError, DownlinkTooLargeError, UnportableDeviceIdError) as exc:
         log.info(
             "command_create_refused",
-            device_id=id,
+            device_id=device_id,
             token=call.caller.name,
             request_id=call.request_id,
             code=getattr(exc, "code", "BAD_DEVICE_ID"),
@@ -121,7 +174,7 @@ async def create_command(
     log.info(
         "command_created" if created.created else "command_create_repeated",
         command_id=row.id,
-        device_id=id,
+        device_id=device_id,
         name=data.name,
         delivery=data.delivery.value,
         token=call.caller.name,
@@ -163,18 +216,25 @@ async def list_commands(
     role=Role.VIEWER,
     description=(
         "Every device's commands, campaigns' included; `status` keeps one status (e.g. "
-        "`FAILED`: what went wrong across the fleet, or `SENT`: what is waiting on devices)."
+        "`FAILED`: what went wrong across the fleet, or `SENT`: what is waiting on devices); "
+        "`device` keeps one device's, a native or a Sparkplug id (which "
+        "`GET /devices/{id}/commands` cannot name)."
     ),
 )
 async def list_fleet_commands(
     commands: Commands,
     status: CommandStatusFilter = None,
+    device: AnyDeviceIdFilter = None,
     limit: Limit = LIMIT_DEFAULT,
     before: Before = None,
 ) -> CommandPage:
-    found = await commands.list_all(
-        status=None if status is None else status.value, before_id=before, limit=limit + 1
-    )
+    wanted = None if status is None else status.value
+    if device is None:
+        found = await commands.list_all(status=wanted, before_id=before, limit=limit + 1)
+    elif is_valid_device_id(device) or sparkplug.is_device_key(device):
+        found = await commands.list(device, status=wanted, before_id=before, limit=limit + 1)
+    else:  # the pattern's `$` admits a closing "\n" in Python: the protocol's checks decide
+        raise bad_request("device", f"must match {ANY_DEVICE_ID_PATTERN}")
     return _page(found, limit)
 
 
@@ -273,6 +333,7 @@ async def cancel_command(
 
 HANDLERS: Final = [
     create_command,
+    create_device_command,
     list_commands,
     list_fleet_commands,
     unbind_device,

@@ -14,6 +14,8 @@ from gateway.api.errors import DEVICE_NOT_FOUND, ApiError, bad_request
 from gateway.api.params import DeviceId, Limit
 from gateway.api.routes import route
 from gateway.api.schemas import (
+    ANY_DEVICE_ID_MAX_LENGTH,
+    ANY_DEVICE_ID_PATTERN,
     LIMIT_DEFAULT,
     SELECTOR_ITEMS_MAX,
     SELECTOR_PATTERN,
@@ -35,6 +37,7 @@ from gateway.api.schemas import (
 from gateway.api.services import Alarms, Pool
 from gateway.domain.errors import ConfigError
 from gateway.domain.rules import DeviceSelector, device_selector
+from protocol import is_valid_device_id, sparkplug
 from protocol.ids import IDENTIFIER_PATTERN
 from storage import console as repo
 from storage import device_clock as clock_repo
@@ -107,9 +110,13 @@ async def list_devices(
     after: Annotated[
         str | None,
         Parameter(
-            pattern=IDENTIFIER_PATTERN.removesuffix(r"\Z") + "$",
+            pattern=ANY_DEVICE_ID_PATTERN,
+            max_length=ANY_DEVICE_ID_MAX_LENGTH,
             schema_extra=exact("string"),
-            description="Keyset cursor: only devices whose id sorts after this (`next_after`).",
+            description=(
+                "Keyset cursor: only devices whose id sorts after this (`next_after`, a native "
+                "or a Sparkplug id)."
+            ),
         ),
     ] = None,
 ) -> DevicePage:
@@ -170,6 +177,45 @@ def _latest(samples: list[Any]) -> tuple[dict[str, LatestMetric], list[LatestEve
     ),
 )
 async def get_device(pool: Pool, alarms: Alarms, id: DeviceId) -> DeviceOne:
+    return await _one(pool, alarms, id)
+
+
+@route(
+    "GET",
+    "/device",
+    summary="One device named in the query: a native or a Sparkplug id",
+    operation_id="getDeviceById",
+    tag=TAG,
+    role=Role.VIEWER,
+    errors=[DEVICE_NOT_FOUND],
+    description=(
+        "`GET /devices/{id}` for any device, Sparkplug ones included "
+        "(`?id=Plant1%2FLine4%2FOven`), whose `/` no path can carry (an encoded `%2F` is "
+        "decoded before routing)."
+    ),
+)
+async def get_device_by_id(
+    pool: Pool,
+    alarms: Alarms,
+    id: Annotated[
+        str,
+        Parameter(
+            pattern=ANY_DEVICE_ID_PATTERN,
+            min_length=1,
+            max_length=ANY_DEVICE_ID_MAX_LENGTH,
+            schema_extra=exact("string"),
+            description="The device: a native or a Sparkplug id (`{group}/{node}[/{device}]`).",
+        ),
+    ],
+) -> DeviceOne:
+    if not is_valid_device_id(id) and not sparkplug.is_device_key(id):
+        # The pattern's `$` admits a closing "\n" in Python: the protocol's checks decide.
+        raise bad_request("id", f"must match {ANY_DEVICE_ID_PATTERN}")
+    return await _one(pool, alarms, id)
+
+
+async def _one(pool: Pool, alarms: Alarms, id: str) -> DeviceOne:
+    """The device with its latest metrics and events, its clock figures, its out of service."""
     row = await repo.device(pool, id)
     if row is None:
         raise ApiError(DEVICE_NOT_FOUND, f"no device {id}", device_id=id)
@@ -298,4 +344,4 @@ async def device_telemetry(
     )
 
 
-HANDLERS: Final = [list_devices, get_device, device_telemetry]
+HANDLERS: Final = [list_devices, get_device, get_device_by_id, device_telemetry]

@@ -11,11 +11,19 @@ from typing import Annotated, Any, Protocol, TypeVar, overload
 
 from litestar.params import Parameter
 
-from gateway.api.schemas import DEVICE_ID_PATTERN, ID_MAX, LIMIT_MAX, exact
+from gateway.api.schemas import (
+    ANY_DEVICE_ID_MAX_LENGTH,
+    ANY_DEVICE_ID_PATTERN,
+    DEVICE_ID_PATTERN,
+    ID_MAX,
+    LIMIT_MAX,
+    exact,
+)
 from gateway.domain.command import CommandStatus
 
 __all__ = [
     "AlarmId",
+    "AnyDeviceIdFilter",
     "Before",
     "CampaignId",
     "CommandId",
@@ -47,6 +55,18 @@ DeviceId = Annotated[
         min_length=1,
         max_length=64,
         description="Device id (anything else is a 400).",
+    ),
+]
+AnyDeviceIdFilter = Annotated[
+    str | None,
+    Parameter(
+        pattern=ANY_DEVICE_ID_PATTERN,
+        min_length=1,
+        max_length=ANY_DEVICE_ID_MAX_LENGTH,
+        schema_extra=exact("string"),
+        description=(
+            "Only this device's: a native id or a Sparkplug one (`{group}/{node}[/{device}]`)."
+        ),
     ),
 ]
 AlarmId = Annotated[int, _id("Alarm id (anything but a positive integer is a 400).")]

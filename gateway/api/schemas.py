@@ -27,7 +27,7 @@ from gateway.domain.alarm import (
 )
 from gateway.domain.command import CommandStatus, Delivery, ReceiptOutcome, RejectReason
 from gateway.domain.rules import RULE_KEY_PATTERN, ClockAdjustment
-from protocol import MetricValue, ReceiptResult
+from protocol import MetricValue, ReceiptResult, is_valid_device_id, sparkplug
 from protocol.ids import IDENTIFIER_PATTERN
 
 ID_MAX: Final = 2**63 - 1  # bigint: a larger id would be a driver error, not a 400
@@ -54,6 +54,14 @@ NOT_BLANK: Final = rf"^[^{_NUL}]*[^{_SPACES}{_NUL}][^{_NUL}]*$"
 # The protocol's and the rules' own patterns, with the closing `\Z` ECMA does not know as `$`
 # (the classes admit no "\n", and the boundary checks device ids with the protocol's regex).
 DEVICE_ID_PATTERN: Final = IDENTIFIER_PATTERN.removesuffix(r"\Z") + "$"
+# Any device's id, a native one or a Sparkplug one (`{group}/{node}` for an edge node,
+# `{group}/{node}/{device}` for a device: each level a native id, docs/sparkplug.md), as the
+# command table's CHECK says it. It cannot travel in a path (`/` separates the levels, and the
+# framework decodes `%2F` before routing): the routes that take one read it from the body or
+# the query.
+_IDENTIFIER_LEVEL: Final = IDENTIFIER_PATTERN.removeprefix("^").removesuffix(r"\Z")
+ANY_DEVICE_ID_PATTERN: Final = rf"^{_IDENTIFIER_LEVEL}(/{_IDENTIFIER_LEVEL}){{0,2}}$"
+ANY_DEVICE_ID_MAX_LENGTH: Final = 3 * 64 + 2
 RULE_KEY_FILTER_PATTERN: Final = RULE_KEY_PATTERN.removesuffix(r"\Z") + "$"
 # A device id, or a glob (at least one of `*?[`) of at most 128 characters: what the rules
 # accept (gateway.domain.rules.device_selector), in a pattern both Python and ECMA 262 read alike.
@@ -173,6 +181,20 @@ class ActionBody(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     note: Note | None = None
 
 
+AnyDeviceId = Annotated[
+    str,
+    msgspec.Meta(
+        min_length=1,
+        max_length=ANY_DEVICE_ID_MAX_LENGTH,
+        pattern=ANY_DEVICE_ID_PATTERN,
+        description=(
+            "The device: a native id, or a Sparkplug one (`{group}/{node}` for an edge node, "
+            "`{group}/{node}/{device}` for a device)."
+        ),
+    ),
+]
+
+
 class CommandBody(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """``POST /devices/{id}/commands``: what to send, and how hard to try."""
 
@@ -188,6 +210,27 @@ class CommandBody(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
         size = len(msgspec.json.encode(self.params))
         if size > PARAMS_MAX_BYTES:
             raise ValueError(f"params: {size} bytes as JSON, at most {PARAMS_MAX_BYTES}")
+
+
+class DeviceCommandBody(CommandBody, forbid_unknown_fields=True, kw_only=True):
+    """``POST /commands``: the same as ``POST /devices/{id}/commands``' body, with the device
+    in it (the only way to name a Sparkplug device, whose id holds `/`)."""
+
+    device_id: AnyDeviceId
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        # The pattern's `$` admits a closing "\n" in Python: the protocol's own checks decide.
+        if not is_valid_device_id(self.device_id) and not sparkplug.is_device_key(self.device_id):
+            raise ValueError(f"device_id: must match {ANY_DEVICE_ID_PATTERN}")
+
+    def command(self) -> CommandBody:
+        return CommandBody(
+            name=self.name,
+            params=self.params,
+            delivery=self.delivery,
+            idempotency_key=self.idempotency_key,
+        )
 
 
 # --- alarms ------------------------------------------------------------------------------------

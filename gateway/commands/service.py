@@ -169,11 +169,13 @@ class CommandService:
         return row
 
     async def list(
-        self, device_id: str, *, before_id: int | None, limit: int
+        self, device_id: str, *, before_id: int | None, limit: int, status: str | None = None
     ) -> Sequence[CommandRow]:
-        """The device's commands, newest first, with ids below ``before_id``."""
+        """The device's commands, newest first, with ids below ``before_id``; of one status."""
         async with self.pool.acquire() as conn:
-            return await repo.list_for_device(conn, device_id, before_id=before_id, limit=limit)
+            return await repo.list_for_device(
+                conn, device_id, before_id=before_id, limit=limit, status=status
+            )
 
     async def list_all(
         self, *, status: str | None, before_id: int | None, limit: int

@@ -8,6 +8,12 @@ SELECT * FROM command
 WHERE device_id = $1 AND ($2::bigint IS NULL OR id < $2)
 ORDER BY id DESC LIMIT $3;
 
+-- name: list_for_device_of_status
+-- $1 device, $2 status, $3 before id (keyset, newest first) or null, $4 limit.
+SELECT * FROM command
+WHERE device_id = $1 AND status = $2 AND ($3::bigint IS NULL OR id < $3)
+ORDER BY id DESC LIMIT $4;
+
 -- name: list_all
 -- $1 before id (keyset, newest first) or null, $2 limit. The fleet's commands.
 SELECT * FROM command WHERE ($1::bigint IS NULL OR id < $1) ORDER BY id DESC LIMIT $2;

@@ -8,8 +8,9 @@ import { clear, el, throttle, timeEl } from "./util.js";
 const OPEN = new Set(["PENDING", "CLAIMED", "SENT"]);
 const POLL_MS = 2000;
 
-// POST /devices/{id}/commands from a form's values (params as JSON text); the answer, or null
-// once the error is shown. The commands view and a device's page both send through this.
+// POST /commands from a form's values (params as JSON text), the device in the body: a native
+// id or a Sparkplug one (`{group}/{node}/{device}`, which no path can carry); the answer, or
+// null once the error is shown. The commands view and a device's page both send through this.
 export async function sendCommand(ctx, device, { name, params, delivery }, paramsField = null) {
   let parsed;
   try {
@@ -21,8 +22,8 @@ export async function sendCommand(ctx, device, { name, params, delivery }, param
     return null;
   }
   try {
-    const answer = await ctx.api.post(`/devices/${encodeURIComponent(device)}/commands`, {
-      name: name.trim(), params: parsed, delivery,
+    const answer = await ctx.api.post("/commands", {
+      device_id: device, name: name.trim(), params: parsed, delivery,
     });
     ctx.notify(`Command ${answer.command.id} to ${device} ${answer.created ? "created" : "already existed"} (${answer.command.status}).`, "ok");
     return answer;
@@ -79,10 +80,8 @@ export class CommandsView {
   async load() {
     const device = this.device;
     const status = this.status;
-    // One device's list has no status filter in the API: its 50 newest are filtered here.
-    const path = device
-      ? `/devices/${encodeURIComponent(device)}/commands${query({ limit: 50 })}`
-      : `/commands${query({ limit: 50, status: status || undefined })}`;
+    // One device's (native or Sparkplug) or the fleet's, of one status or all.
+    const path = `/commands${query({ limit: 50, device: device || undefined, status: status || undefined })}`;
     let page;
     try {
       page = await this.ctx.api.get(path);
@@ -91,7 +90,7 @@ export class CommandsView {
       return;
     }
     if (device !== this.device || status !== this.status) return;
-    this.items = status ? page.items.filter((c) => c.status === status) : page.items;
+    this.items = page.items;
     this.render();
     clearTimeout(this.poll);
     if (this.items.some((c) => OPEN.has(c.status)) && this.ctx.current() === "commands") {

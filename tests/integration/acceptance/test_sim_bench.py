@@ -99,7 +99,7 @@ async def test_bench_quick_completes_and_reports_every_figure(
     rates = ["bare_msgs_per_s", "native_msgs_per_s", "gateway_msgs_per_s",
              "gateway_live_msgs_per_s", "gateway2_msgs_per_s", "naive_msgs_per_s",
              "commands_per_s", "reference_msgs_per_s", "gateway_msgs_per_s_mqtt311",
-             "gateway_tasmota_msgs_per_s"]  # fmt: skip
+             "gateway_tasmota_msgs_per_s", "gateway_sparkplug_msgs_per_s"]  # fmt: skip
     for key in rates:
         assert isinstance(result[key], int), key
         assert result[key] > 0, key
@@ -116,6 +116,7 @@ async def test_bench_quick_completes_and_reports_every_figure(
         ),
         ("ratio_gateway_vs_bare_mqtt311", "gateway_msgs_per_s_mqtt311", "bare_msgs_per_s"),
         ("ratio_tasmota_vs_gateway", "gateway_tasmota_msgs_per_s", "gateway_msgs_per_s"),
+        ("ratio_sparkplug_vs_gateway", "gateway_sparkplug_msgs_per_s", "gateway_msgs_per_s"),
     ]:
         expected = result[numerator] / result[denominator]
         assert result[key] == pytest.approx(expected, rel=0.01, abs=0.001)

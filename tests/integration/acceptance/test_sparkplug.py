@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import aiomqtt
 import asyncpg
 
@@ -17,6 +20,7 @@ from gateway.ingest.replay import replay_one
 from protocol import sparkplug
 from storage import sparkplug as repo
 from storage.pool import create_pool
+from tests.support.api_client import OPERATOR, ApiClient
 from tests.support.daemon import (
     DaemonProcess,
     config_toml,
@@ -429,10 +433,15 @@ async def test_sigkill_of_a_gateway_node_mid_stream_loses_no_qos1_sparkplug_mess
     assert sorted(r["level"] for r in rows if "temp" not in r) == list(range(400))
 
 
-COMMANDS = """
+COMMANDS = f"""
 [commands]
 ack_window_s = 3
 reaper_interval_s = 0.2
+
+[[api.tokens]]
+token = "{OPERATOR}"
+role = "operator"
+name = "ops"
 """
 
 
@@ -466,19 +475,28 @@ async def test_a_dcmd_write_is_acked_by_the_value_reported_back_and_fails_unconf
 
         await wait_until(born, timeout=30, message="the device born")
         await edge.send("echo", on=True)
-        service = daemon.services.commands
-        assert service is not None
-        created = await service.create(
-            device_id="Plant1/Line4/Oven",
-            name="setpoint",
-            params={"value": 42.5},
-            delivery=Delivery.REALTIME,
-            idempotency_key="sp-1",
-            actor="test",
-        )
+        async with aiohttp.ClientSession() as http:
+            # Through the HTTP API, the device in the body: a Sparkplug id cannot be in a path.
+            api = ApiClient(base=f"http://127.0.0.1:{daemon.http_port}", http=http)
+            reply = await api.call(
+                "POST",
+                "/commands",
+                token=OPERATOR,
+                json={
+                    "device_id": "Plant1/Line4/Oven",
+                    "name": "setpoint",
+                    "params": {"value": 42.5},
+                    "delivery": "realtime",
+                    "idempotency_key": "sp-1",
+                },
+            )
+        assert reply.status == 201, reply.body
+        assert reply.body["command"]["device_id"] == "Plant1/Line4/Oven"
+        assert reply.body["command"]["created_by"] == "ops"
+        command_id = reply.body["command"]["id"]
 
         async def acked() -> bool:
-            return (await _command(db_dsn, created.command.id))["status"] == "ACKED"
+            return (await _command(db_dsn, command_id))["status"] == "ACKED"
 
         await wait_until(acked, timeout=30, message="the write confirmed by the DDATA echo")
         dcmd = next(e for e in edge.events if e.get("event") == "dcmd")
@@ -488,6 +506,8 @@ async def test_a_dcmd_write_is_acked_by_the_value_reported_back_and_fails_unconf
 
         # A device that does not apply the write: no confirmation within the ack window.
         await edge.send("echo", on=False)
+        service = daemon.services.commands
+        assert service is not None
         unconfirmed = await service.create(
             device_id="Plant1/Line4/Oven",
             name="setpoint",
@@ -642,3 +662,65 @@ async def test_the_host_state_stays_online_while_one_node_of_the_host_serves(
             await wait_until(lambda: not seen[-1][0], message="the host offline at the end")
         finally:
             watching.cancel()
+
+
+async def test_gateway_sim_publishes_sparkplug_and_every_message_is_stored_once(
+    db_dsn: str, mosquitto: Mosquitto
+) -> None:
+    """`gateway-sim publish --format sparkplug` against a daemon with `[sparkplug]` enabled:
+    births, then data by alias past a seq wrap; every message stored once, no dead letter, every
+    edge node trusted with nothing to ask again. Published again (`--start-seq`: a new
+    session, its births first), every message is a new sample."""
+    config = make_config(
+        dsn=db_dsn,
+        mqtt_port=mosquitto.port,
+        extra='[sparkplug]\nenabled = true\nhost_id = "gw-host"\ngroups = ["sim-plant"]\n',
+    )
+    devices, per_run = 25, 900  # three edge nodes (10, 10, 5 devices), ~300 messages each
+
+    async def publish(start_seq: int) -> None:
+        published = await asyncio.to_thread(
+            subprocess.run,
+            [
+                *(sys.executable, "-m", "sim", "publish", "--format", "sparkplug"),
+                *("--sparkplug-group", "sim-plant", "--start-seq", str(start_seq)),
+                *("--host", "127.0.0.1", "--port", str(mosquitto.port)),
+                *("--devices", str(devices), "--messages", str(per_run)),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert published.returncode == 0, published.stderr
+        assert f"published {per_run} messages (sparkplug) from {devices} devices" in (
+            published.stdout
+        )
+
+    async def stored(count: int) -> None:
+        async def done() -> bool:
+            [row] = await _rows(db_dsn, "SELECT count(*) FROM telemetry")
+            return bool(row[0] == count)
+
+        await wait_until(done, timeout=90, message=f"{count} Sparkplug samples stored")
+
+    async with running_daemon(config) as daemon:
+        await publish(0)
+        await stored(per_run)
+        await publish(per_run)
+        await stored(2 * per_run)
+        assert metric(daemon, "gateway_sparkplug_untrusted_total") == 0
+    assert await _rows(db_dsn, "SELECT reason FROM dead_letter") == []
+    for node in ("edge-00000", "edge-00001", "edge-00002"):
+        state = await _node(db_dsn, "sim-plant", node)
+        assert state is not None
+        assert (state.born, state.trusted, state.rebirth_wanted_at) == (True, True, None), node
+    listed = await _rows(
+        db_dsn, "SELECT device_id, presence FROM device WHERE device_id LIKE 'sim-plant/%'"
+    )
+    assert len(listed) == 3 + devices
+    assert {r["presence"] for r in listed} == {"online"}
+    # Each device's samples: its birth's and its data, by alias, read by the birth's names.
+    samples = await _metrics_of(db_dsn, "sim-plant/edge-00002/pub-00024")
+    assert len(samples) == 2 * (1 + (per_run - 3 - devices) // devices)
+    assert all(set(s) == {"temp", "humidity", "count"} for s in samples)

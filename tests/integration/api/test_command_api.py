@@ -348,6 +348,122 @@ async def test_bad_device_ids_are_400(api: Api, bad_id: str) -> None:
     assert await api.db.fetchval("SELECT count(*) FROM device") == 0
 
 
+SPARKPLUG_DEVICE = "Plant1/Line4/Oven"
+
+
+async def test_post_commands_takes_the_device_in_the_body_sparkplug_or_native(api: Api) -> None:
+    """`POST /commands` is `POST /devices/{id}/commands` with the id in the body: a path cannot
+    carry a Sparkplug id (`%2F` is decoded before routing, the path splits: the router's 404)."""
+    split = await api.call(
+        "POST", "/devices/Plant1%2FLine4%2FOven/commands", token=OPERATOR, json={"name": "a"}
+    )
+    assert (split.status, split.body["error"]) == (404, "NOT_FOUND")
+
+    body = {
+        "device_id": SPARKPLUG_DEVICE,
+        "name": "setpoint",
+        "params": {"value": 42.5},
+        "delivery": "deferrable",
+        "idempotency_key": "sp-1",
+    }
+    reply = await api.call("POST", "/commands", token=OPERATOR, json=body)
+    assert reply.status == 201, reply.body
+    assert reply.body["created"] is True
+    command = reply.body["command"]
+    assert set(command) >= COMMAND_FIELDS
+    assert (command["device_id"], command["name"], command["params"], command["delivery"]) == (
+        SPARKPLUG_DEVICE, "setpoint", {"value": 42.5}, "deferrable",
+    )  # fmt: skip
+    assert (command["status"], command["created_by"]) == ("PENDING", "console")
+    # The same key again on the same device: that command, 200, nothing new.
+    again = await api.call("POST", "/commands", token=OPERATOR, json={**body, "name": "other"})
+    assert (again.status, again.body["created"]) == (200, False)
+    assert again.body["command"]["id"] == command["id"]
+    # The edge node itself (two levels) takes commands too (NCMD).
+    node = await api.call(
+        "POST", "/commands", token=OPERATOR, json={"device_id": "Plant1/Line4", "name": "Rebirth"}
+    )
+    assert (node.status, node.body["command"]["device_id"]) == (201, "Plant1/Line4")
+
+    # A native id: the same command as through its path, the same key space per device.
+    native = await api.call(
+        "POST", "/commands", token=OPERATOR, json={"device_id": "dev-1", "name": "reboot"}
+    )
+    assert native.status == 201, native.body
+    assert (native.body["command"]["device_id"], native.body["command"]["delivery"]) == (
+        "dev-1", "realtime",
+    )  # fmt: skip
+    listed = await api.get("/devices/dev-1/commands")
+    assert [c["id"] for c in listed.body["items"]] == [native.body["command"]["id"]]
+    # `wait` as on the path route: no dispatcher here, the command is still PENDING after it.
+    waited = await api.call(
+        "POST", "/commands?wait=0.2", token=OPERATOR, json={"device_id": "dev-1", "name": "x"}
+    )
+    assert (waited.status, waited.body["command"]["status"]) == (201, "PENDING")
+
+    detail = await api.command(command["id"])
+    assert detail["command"] == command
+    audit = await api.db.fetch(
+        "SELECT actor, action, to_status FROM command_audit WHERE command_id = $1", command["id"]
+    )
+    assert [tuple(r) for r in audit] == [("console", "create", "PENDING")]
+    fleet = await api.get("/commands")
+    assert {c["device_id"] for c in fleet.body["items"]} == {
+        SPARKPLUG_DEVICE, "Plant1/Line4", "dev-1",
+    }  # fmt: skip
+    # One device's commands by query, a Sparkplug id among them, of one status or all.
+    oven = await api.get("/commands?device=Plant1%2FLine4%2FOven")
+    assert [c["id"] for c in oven.body["items"]] == [command["id"]]
+    ones = await api.get("/commands?device=dev-1&limit=1")
+    assert [c["device_id"] for c in ones.body["items"]] == ["dev-1"]
+    rest = await api.get(f"/commands?device=dev-1&before={ones.body['next_before']}")
+    assert [c["id"] for c in rest.body["items"]] == [native.body["command"]["id"]]
+    assert rest.body["next_before"] is None
+    await api.call("POST", f"/commands/{native.body['command']['id']}/cancel", token=OPERATOR)
+    pending = await api.get("/commands?device=dev-1&status=PENDING")
+    cancelled = await api.get("/commands?device=dev-1&status=CANCELLED")
+    assert [c["id"] for c in pending.body["items"]] == [waited.body["command"]["id"]]
+    assert [c["id"] for c in cancelled.body["items"]] == [native.body["command"]["id"]]
+    for bad in ("a%2Fb%2Fc%2Fd", "a%2F%2Fb", "a%0A", "a%20b"):
+        reply = await api.get(f"/commands?device={bad}")
+        assert (reply.status, reply.body["error"], reply.body["param"]) == (
+            400, "BAD_REQUEST", "device",
+        ), (bad, reply.body)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "bad_id",
+    ["a/b/c/d", "a//b", "/a", "a/", "a b", "a/b\n", "a\n", "", "x" * 65 + "/y", "a/b%2Fc", 7],
+)
+async def test_post_commands_refuses_an_id_no_device_has_and_creates_nothing(
+    api: Api, bad_id: object
+) -> None:
+    reply = await api.call(
+        "POST", "/commands", token=OPERATOR, json={"device_id": bad_id, "name": "reboot"}
+    )
+    assert reply.status == 422, reply.body
+    assert await api.snapshot() == ([], 0, 0)
+
+
+async def test_post_commands_keeps_the_roles_and_the_unbound_refusal(api: Api) -> None:
+    body = {"device_id": SPARKPLUG_DEVICE, "name": "setpoint", "params": {"value": 1}}
+    viewer = await api.call("POST", "/commands", token=VIEWER, json=body)
+    assert viewer.status == 403, viewer.body
+    anonymous = await api.call("POST", "/commands", token=None, json=body)
+    assert anonymous.status == 401, anonymous.body
+    missing = await api.call("POST", "/commands", token=OPERATOR, json={"name": "reboot"})
+    assert missing.status == 422, missing.body
+    assert await api.snapshot() == ([], 0, 0)
+    # An unbound device refuses through the body route as through the path.
+    unbound = await api.call("POST", "/devices/dev-9/unbind", token=OPERATOR)
+    assert unbound.status in {200, 201}, unbound.body
+    refused = await api.call(
+        "POST", "/commands", token=OPERATOR, json={"device_id": "dev-9", "name": "reboot"}
+    )
+    assert (refused.status, refused.body["error"]) == (409, "DEVICE_UNBOUND")
+    assert (await api.snapshot())[0] == []
+
+
 @pytest.mark.parametrize("bad_id", BAD_COMMAND_IDS)
 async def test_bad_command_ids_are_400(api: Api, bad_id: str) -> None:
     for method, path, token in (

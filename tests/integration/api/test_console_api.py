@@ -10,6 +10,7 @@ import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
+from urllib.parse import quote
 
 import aiohttp
 import asyncpg
@@ -173,6 +174,63 @@ async def test_devices_are_listed_by_id_filtered_and_paged(
     ):
         reply = await api.get(f"/devices?{bad}")
         assert (reply.status, reply.body.get("error")) == (400, "BAD_REQUEST"), (bad, reply.body)
+
+
+async def test_sparkplug_devices_are_listed_and_paged_past(
+    api: ApiClient, db: asyncpg.Connection
+) -> None:
+    """Sparkplug ids (`{group}/{node}[/{device}]`) are in the list, and a page that ends on one
+    gives a cursor the next request takes."""
+    ids = ["Plant1/Line4", "Plant1/Line4/Mixer", "Plant1/Line4/Oven", "dev-01", "dev-02"]
+    for device_id in ids:
+        await add_device(db, device_id)
+    seen, after, cursors = [], None, []
+    while True:
+        query = "/devices?limit=2" + (f"&after={quote(after, safe='')}" if after else "")
+        reply = await api.get(query)
+        assert reply.status == 200, reply.body
+        seen += [d["device_id"] for d in reply.body["items"]]
+        after = reply.body["next_after"]
+        if after is None:
+            break
+        cursors.append(after)
+    assert seen == sorted(ids)
+    assert cursors == ["Plant1/Line4/Mixer", "dev-01"]
+    for bad in ("a/b/c/d", "a//b", "/a"):
+        reply = await api.get(f"/devices?after={quote(bad, safe='')}")
+        assert (reply.status, reply.body.get("error")) == (400, "BAD_REQUEST"), (bad, reply.body)
+
+
+async def test_one_device_by_id_in_the_query_sparkplug_or_native(
+    api: ApiClient, db: asyncpg.Connection
+) -> None:
+    """`GET /device?id=` is `GET /devices/{id}` for any id: a Sparkplug one cannot be in a path
+    (the router decodes `%2F` first, and the path splits)."""
+    oven = "Plant1/Line4/Oven"
+    await add_device(db, oven)
+    await add_device(db, "dev-01")
+    await add_sample(db, oven, T0, metrics={"temp": 85.25})
+    split = await api.get(f"/devices/{quote(oven, safe='')}")
+    assert (split.status, split.body["error"]) == (404, "NOT_FOUND")
+
+    reply = await api.get(f"/device?id={quote(oven, safe='')}")
+    assert reply.status == 200, reply.body
+    device = reply.body["device"]
+    assert (device["device_id"], device["presence"], device["bound"]) == (oven, "online", True)
+    assert device["latest_metrics"]["temp"]["value"] == 85.25
+    native = await api.get("/device?id=dev-01")
+    assert native.status == 200, native.body
+    assert native.body == (await api.get("/devices/dev-01")).body
+
+    missing = await api.get("/device?id=Plant1%2FLine4%2FPress")
+    assert (missing.status, missing.body["error"], missing.body["device_id"]) == (
+        404, "NOT_FOUND", "Plant1/Line4/Press",
+    )  # fmt: skip
+    for bad in ("a%2Fb%2Fc%2Fd", "a%2F%2Fb", "a%0A", "a%20b", ""):
+        reply = await api.get(f"/device?id={bad}")
+        assert (reply.status, reply.body.get("error")) == (400, "BAD_REQUEST"), (bad, reply.body)
+    absent = await api.get("/device")
+    assert (absent.status, absent.body.get("error")) == (400, "BAD_REQUEST"), absent.body
 
 
 async def test_a_device_shows_its_latest_metrics_and_events(

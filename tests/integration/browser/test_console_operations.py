@@ -170,6 +170,37 @@ async def test_a_command_is_cancelled_from_the_page(
     assert errors.errors == []
 
 
+async def test_a_command_to_a_sparkplug_device_is_sent_and_listed_from_the_page(
+    base: str, db_dsn: str, browser: Browser
+) -> None:
+    """The form's "To device" takes a Sparkplug id (`{group}/{node}/{device}`): the console
+    sends it in the body (`POST /commands`) and lists that device's commands by query."""
+    page, errors = await open_console(browser, base)
+    await sign_in(page, OPERATOR)
+    await page.goto(f"{base}/#/commands")
+    form = page.locator("#command-create")
+    await expect(form).to_be_visible(timeout=WAIT_MS)
+    await form.get_by_label("To device").fill("Plant1/Line4/Oven")
+    await form.get_by_label("Name").fill("setpoint")
+    await form.get_by_label("Params").fill('{"value": 42.5}')
+    await form.get_by_label("Delivery").select_option("deferrable")
+    await form.get_by_role("button", name="Send").click()
+    await expect(page).to_have_url(f"{base}/#/commands/Plant1%2FLine4%2FOven", timeout=WAIT_MS)
+    row = page.locator("#command-table tbody tr").first
+    await expect(row).to_contain_text("setpoint", timeout=WAIT_MS)
+    await expect(row).to_contain_text("Plant1/Line4/Oven")
+    await expect(page.locator("#command-table tbody tr")).to_have_count(1)
+    conn = await asyncpg.connect(db_dsn)
+    try:
+        stored = await conn.fetch("SELECT device_id, name, params::text, created_by FROM command")
+    finally:
+        await conn.close()
+    assert [tuple(r) for r in stored] == [
+        ("Plant1/Line4/Oven", "setpoint", '{"value": 42.5}', "olga")
+    ]
+    assert errors.errors == []
+
+
 async def test_the_fleets_commands_are_listed_live_and_filtered_by_status(
     base: str, mosquitto: Mosquitto, browser: Browser
 ) -> None:

@@ -43,6 +43,8 @@ RESULT = {
     "commands_machine_busy_pct": 71.0, "commands_cpu_ceiling_per_s": 1_351,
     "gateway_tasmota_msgs_per_s": 7_900, "gateway_tasmota_cpu_us_per_msg": 131.5,
     "ratio_tasmota_vs_gateway": 0.929,
+    "gateway_sparkplug_msgs_per_s": 6_400, "gateway_sparkplug_cpu_us_per_msg": 155.5,
+    "ratio_sparkplug_vs_gateway": 0.753,
 }  # fmt: skip
 
 
@@ -77,7 +79,8 @@ def test_the_table_shows_every_figure_and_each_verdict() -> None:
                    "1 request to 10,000 devices", "every one: ok",
                    "280 / 610 / 70 / 95 us", "1,055 us; 88 %", "1,896 /s",
                    "1,100 / n/a / 80 / 300 us", "1,480 us; 71 %", "1,351 /s",
-                   "7,900 msg/s", "131.5 us", "Tasmota mapped / native (drain)  "):  # fmt: skip
+                   "7,900 msg/s", "131.5 us", "Tasmota mapped / native (drain)  ",
+                   "6,400 msg/s", "155.5 us", "Sparkplug B / native (drain)  "):  # fmt: skip
         assert needle in table, needle
     verdicts = {line.split("target")[0].strip(): line.rsplit(":", 1)[1].strip()
                 for line in table.splitlines() if "target" in line}  # fmt: skip
