@@ -10,6 +10,12 @@
 - **A chattering device** (``demo-fan-1``): its vibration hovers around the ``fan-vibration``
   rule's threshold, which has almost no deadband, so the rule raises and clears several times a
   minute: the bad actor that the alarm figures are there to find.
+- **A Sparkplug B edge node** (group ``Demo``, node ``Line1``, devices ``Oven`` and ``Pump``:
+  ``Demo/Line1/Oven``, ``Demo/Line1/Pump`` in the gateway), with births, data by alias, a
+  ``bdSeq`` Will, rebirths on request, and metric writes reported back
+  (gateway/demo/sparkplug_edge.py).
+- **Two Tasmota devices** (``tasmota-plug-1``, ``tasmota-climate-1``) on Tasmota's own topics,
+  read by the demo's ``tasmota`` mapping (gateway/demo/tasmota.py).
 """
 
 from __future__ import annotations
@@ -27,6 +33,9 @@ from typing import Final, Self
 import aiomqtt
 import structlog
 
+from gateway.demo.sparkplug_edge import DemoEdgeNode
+from gateway.demo.tasmota import DEVICES as TASMOTA_DEVICES
+from gateway.demo.tasmota import TasmotaDevice, run_tasmota
 from protocol import Telemetry, Topics, encode_telemetry
 from sim.wire import DISCONNECT, WireError, remaining_length
 
@@ -62,6 +71,13 @@ class DemoDevices:
             for hub in HUBS:
                 tasks.create_task(self._hub(hub, stop), name=f"demo-{hub}")
             tasks.create_task(self._chatter(stop), name="demo-chatter")
+            edge = DemoEdgeNode(self.host, self.port)
+            tasks.create_task(edge.run(stop), name="demo-sparkplug-edge-node")
+            for name in TASMOTA_DEVICES:
+                device = TasmotaDevice(name)
+                tasks.create_task(
+                    run_tasmota(self.host, self.port, device, stop), name=f"demo-{name}"
+                )
 
     async def _hub(self, device_id: str, stop: asyncio.Event) -> None:
         flaky = device_id == FLAKY_HUB
