@@ -57,11 +57,12 @@ async def take_screenshots(
             context = await browser.new_context(viewport={"width": width, "height": height})
             page = await context.new_page()
             await _signed_in(page, url, token)
-            rows = page.locator("#alarm-table tbody tr")
+            # Open alarms in both of the list's tables: active, then returned to normal.
+            rows = page.locator("#alarm-table tbody tr, #alarm-returned tbody tr")
             await expect(rows.nth(MIN_ALARMS - 1)).to_be_visible(timeout=WAIT_MS)
             listing = outdir / f"console-alarms-{label}.png"
             await page.screenshot(path=str(listing))
-            # The list is ordered most severe first: its first alarm is the one to show.
+            # Each table is ordered most severe first: the first active alarm is the one to show.
             await rows.first.get_by_role("link").first.click()
             await expect(page.locator("#alarm-detail .audit li").first).to_be_visible(
                 timeout=WAIT_MS
