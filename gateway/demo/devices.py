@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from types import TracebackType
-from typing import Final, Self
+from typing import Any, Final, Self
 
 import aiomqtt
 import structlog
@@ -65,19 +66,36 @@ class DemoDevices:
     port: int
     topics: Topics
 
-    async def run(self, stop: asyncio.Event) -> None:
-        """Every hand-made device until ``stop``; a lost broker is retried, never fatal."""
+    async def run(self, stop: asyncio.Event, subscribed: asyncio.Event | None = None) -> None:
+        """Every hand-made device until ``stop``; a lost broker is retried, never fatal.
+
+        The devices that subscribe (to their commands) connect one after the other, each once
+        the one before has subscribed, and ``subscribed`` is set after the last: the embedded
+        broker (amqtt 0.12) drops a connection whose CONNECT it handles while another client
+        subscribes (it walks every subscription to hand the newcomer retained messages, and
+        the walk fails when a subscription is added meanwhile)."""
         async with asyncio.TaskGroup() as tasks:
+            edge = DemoEdgeNode(self.host, self.port)
+            starts: list[tuple[str, Callable[[asyncio.Event], Coroutine[Any, Any, None]]]] = [
+                ("demo-sparkplug-edge-node", functools.partial(edge.run, stop))
+            ]
+            for name in TASMOTA_DEVICES:
+                device = TasmotaDevice(name)
+                starts.append(
+                    (
+                        f"demo-{name}",
+                        functools.partial(run_tasmota, self.host, self.port, device, stop),
+                    )
+                )
+            for task_name, start in starts:
+                ready = asyncio.Event()
+                tasks.create_task(start(ready), name=task_name)
+                await _until(ready, stop, CONNECT_TIMEOUT_S)
+            if subscribed is not None:
+                subscribed.set()
             for hub in HUBS:
                 tasks.create_task(self._hub(hub, stop), name=f"demo-{hub}")
             tasks.create_task(self._chatter(stop), name="demo-chatter")
-            edge = DemoEdgeNode(self.host, self.port)
-            tasks.create_task(edge.run(stop), name="demo-sparkplug-edge-node")
-            for name in TASMOTA_DEVICES:
-                device = TasmotaDevice(name)
-                tasks.create_task(
-                    run_tasmota(self.host, self.port, device, stop), name=f"demo-{name}"
-                )
 
     async def _hub(self, device_id: str, stop: asyncio.Event) -> None:
         flaky = device_id == FLAKY_HUB
@@ -222,6 +240,16 @@ async def _drain(reader: asyncio.StreamReader) -> None:
 def _string(text: str) -> bytes:
     raw = text.encode()
     return struct.pack("!H", len(raw)) + raw
+
+
+async def _until(event: asyncio.Event, stop: asyncio.Event, seconds: float) -> None:
+    """Until ``event`` or ``stop`` is set, for at most ``seconds``."""
+    waits = [asyncio.ensure_future(event.wait()), asyncio.ensure_future(stop.wait())]
+    try:
+        await asyncio.wait(waits, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiting in waits:
+            waiting.cancel()
 
 
 async def _wait(stop: asyncio.Event, seconds: float) -> None:

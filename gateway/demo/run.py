@@ -72,6 +72,8 @@ RECEIVER_NAME: Final = "demo-webhook"
 SPARKPLUG_HOST_ID: Final = "gateway-demo"
 CONFIG_FILE: Final = "gateway.toml"
 READY_TIMEOUT_S: Final = 120.0
+# How long the fleet waits for the hand-made devices' subscriptions (then starts anyway).
+SUBSCRIBED_TIMEOUT_S: Final = 30.0
 CHROMIUM: Final = Path("/usr/bin/chromium")
 SCREEN_SIZES: Final = {"desktop": (1280, 800), "phone": (390, 844)}
 
@@ -436,17 +438,22 @@ async def _daemon_running(daemon: Daemon, stop: asyncio.Event) -> AsyncIterator[
 async def _devices_running(
     settings: DemoSettings, broker: tuple[str, int], config: Config
 ) -> AsyncIterator[None]:
-    """The simulated fleet and the hand-made devices; stopped (and awaited) on exit."""
+    """The simulated fleet and the hand-made devices; stopped (and awaited) on exit. The
+    hand-made devices that subscribe do so before the fleet connects (see `DemoDevices.run`:
+    the embedded broker drops a connection made while another client subscribes)."""
     devices_stop = asyncio.Event()
     fleet = DeviceFleet(fleet_config(settings, broker))
     own = DemoDevices(host=broker[0], port=broker[1], topics=config.topics)
+    own_subscribed = asyncio.Event()
     tasks: list[asyncio.Task[object]] = [
-        asyncio.create_task(fleet.run(devices_stop), name="demo-fleet"),
-        asyncio.create_task(own.run(devices_stop), name="demo-devices"),
+        asyncio.create_task(own.run(devices_stop, own_subscribed), name="demo-devices"),
     ]
-    for task in tasks:
-        task.add_done_callback(_report_fleet_end)
+    tasks[0].add_done_callback(_report_fleet_end)
     try:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(own_subscribed.wait(), timeout=SUBSCRIBED_TIMEOUT_S)
+        tasks.append(asyncio.create_task(fleet.run(devices_stop), name="demo-fleet"))
+        tasks[-1].add_done_callback(_report_fleet_end)
         yield
     finally:
         devices_stop.set()

@@ -249,7 +249,8 @@ class DemoEdgeNode:
     def node_key(self) -> str:
         return f"{GROUP}/{NODE}"
 
-    async def run(self, stop: asyncio.Event) -> None:
+    async def run(self, stop: asyncio.Event, subscribed: asyncio.Event | None = None) -> None:
+        """``subscribed`` is set once it has subscribed to its commands (the first time)."""
         while not stop.is_set():
             bdseq = next(self._bdseq)
             will = aiomqtt.Will(
@@ -268,6 +269,8 @@ class DemoEdgeNode:
                     await client.subscribe(
                         f"{sparkplug.NAMESPACE}/{GROUP}/{MessageType.DCMD.value}/{NODE}/+", qos=1
                     )
+                    if subscribed is not None:
+                        subscribed.set()
                     await self._births(client, bdseq)
                     async with asyncio.TaskGroup() as tasks:
                         reader = tasks.create_task(self._commands(client, bdseq))

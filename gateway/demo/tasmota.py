@@ -130,8 +130,15 @@ def _dew_point(temp: float, humidity: float) -> float:
     return 243.12 * gamma / (17.62 - gamma)
 
 
-async def run_tasmota(host: str, port: int, device: TasmotaDevice, stop: asyncio.Event) -> None:
-    """One Tasmota device until ``stop``; a lost broker is retried, never fatal."""
+async def run_tasmota(
+    host: str,
+    port: int,
+    device: TasmotaDevice,
+    stop: asyncio.Event,
+    subscribed: asyncio.Event | None = None,
+) -> None:
+    """One Tasmota device until ``stop``; a lost broker is retried, never fatal.
+    ``subscribed`` is set once it has subscribed to its commands (the first time)."""
     lwt = f"tele/{device.name}/LWT"
     while not stop.is_set():
         try:
@@ -143,6 +150,8 @@ async def run_tasmota(host: str, port: int, device: TasmotaDevice, stop: asyncio
                 will=aiomqtt.Will(lwt, b"Offline", qos=1, retain=True),
             ) as client:
                 await client.subscribe(f"cmnd/{device.name}/+", qos=1)
+                if subscribed is not None:
+                    subscribed.set()
                 await client.publish(lwt, b"Online", qos=1, retain=True)
                 async with asyncio.TaskGroup() as tasks:
                     reader = tasks.create_task(_commands(client, device))
