@@ -732,6 +732,11 @@ class Responder:
 
     def _answer(self, raw_topic: bytes, payload: bytes) -> None:
         topic = raw_topic.decode(errors="replace")
+        if not topic.startswith(f"{self.topics.prefix}/devices/"):
+            # Outside the subscription's prefix (as below): another client's retained message
+            # that the embedded broker handed this connection (a Sparkplug host's STATE, a
+            # Tasmota LWT). Not a command, and not ours to judge.
+            return
         try:
             parsed = self.topics.parse_device_topic(topic)
             if parsed.kind is not TopicKind.COMMANDS:

@@ -10,23 +10,33 @@
 - **A chattering device** (``demo-fan-1``): its vibration hovers around the ``fan-vibration``
   rule's threshold, which has almost no deadband, so the rule raises and clears several times a
   minute: the bad actor that the alarm figures are there to find.
+- **A Sparkplug B edge node** (group ``Demo``, node ``Line1``, devices ``Oven`` and ``Pump``:
+  ``Demo/Line1/Oven``, ``Demo/Line1/Pump`` in the gateway), with births, data by alias, a
+  ``bdSeq`` Will, rebirths on request, and metric writes reported back
+  (gateway/demo/sparkplug_edge.py).
+- **Two Tasmota devices** (``tasmota-plug-1``, ``tasmota-climate-1``) on Tasmota's own topics,
+  read by the demo's ``tasmota`` mapping (gateway/demo/tasmota.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from types import TracebackType
-from typing import Final, Self
+from typing import Any, Final, Self
 
 import aiomqtt
 import structlog
 
+from gateway.demo.sparkplug_edge import DemoEdgeNode
+from gateway.demo.tasmota import DEVICES as TASMOTA_DEVICES
+from gateway.demo.tasmota import TasmotaDevice, run_tasmota
 from protocol import Telemetry, Topics, encode_telemetry
 from sim.wire import DISCONNECT, WireError, remaining_length
 
@@ -56,9 +66,33 @@ class DemoDevices:
     port: int
     topics: Topics
 
-    async def run(self, stop: asyncio.Event) -> None:
-        """Every hand-made device until ``stop``; a lost broker is retried, never fatal."""
+    async def run(self, stop: asyncio.Event, subscribed: asyncio.Event | None = None) -> None:
+        """Every hand-made device until ``stop``; a lost broker is retried, never fatal.
+
+        The devices that subscribe (to their commands) connect one after the other, each once
+        the one before has subscribed, and ``subscribed`` is set after the last: the embedded
+        broker (amqtt 0.12) drops a connection whose CONNECT it handles while another client
+        subscribes (it walks every subscription to hand the newcomer retained messages, and
+        the walk fails when a subscription is added meanwhile)."""
         async with asyncio.TaskGroup() as tasks:
+            edge = DemoEdgeNode(self.host, self.port)
+            starts: list[tuple[str, Callable[[asyncio.Event], Coroutine[Any, Any, None]]]] = [
+                ("demo-sparkplug-edge-node", functools.partial(edge.run, stop))
+            ]
+            for name in TASMOTA_DEVICES:
+                device = TasmotaDevice(name)
+                starts.append(
+                    (
+                        f"demo-{name}",
+                        functools.partial(run_tasmota, self.host, self.port, device, stop),
+                    )
+                )
+            for task_name, start in starts:
+                ready = asyncio.Event()
+                tasks.create_task(start(ready), name=task_name)
+                await _until(ready, stop, CONNECT_TIMEOUT_S)
+            if subscribed is not None:
+                subscribed.set()
             for hub in HUBS:
                 tasks.create_task(self._hub(hub, stop), name=f"demo-{hub}")
             tasks.create_task(self._chatter(stop), name="demo-chatter")
@@ -206,6 +240,16 @@ async def _drain(reader: asyncio.StreamReader) -> None:
 def _string(text: str) -> bytes:
     raw = text.encode()
     return struct.pack("!H", len(raw)) + raw
+
+
+async def _until(event: asyncio.Event, stop: asyncio.Event, seconds: float) -> None:
+    """Until ``event`` or ``stop`` is set, for at most ``seconds``."""
+    waits = [asyncio.ensure_future(event.wait()), asyncio.ensure_future(stop.wait())]
+    try:
+        await asyncio.wait(waits, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiting in waits:
+            waiting.cancel()
 
 
 async def _wait(stop: asyncio.Event, seconds: float) -> None:

@@ -48,6 +48,8 @@ import structlog
 
 from gateway.config import Config, parse_config
 from gateway.demo.devices import DemoDevices
+from gateway.demo.sparkplug_edge import GROUP as SPARKPLUG_GROUP
+from gateway.demo.sparkplug_edge import NODE as SPARKPLUG_NODE
 from gateway.demo.webhook import WebhookReceiver
 from gateway.domain.errors import StartupError
 from gateway.runtime.components import node_metrics
@@ -73,8 +75,11 @@ RECEIVER_NAME: Final = "demo-webhook"
 # device: its mains is being worked on). Put out of service through the API, as an operator.
 OUT_OF_SERVICE_DEVICE: Final = "demo-00020"
 OUT_OF_SERVICE_REASON: Final = "demo: an electrician is working on its supply"
+SPARKPLUG_HOST_ID: Final = "gateway-demo"
 CONFIG_FILE: Final = "gateway.toml"
 READY_TIMEOUT_S: Final = 120.0
+# How long the fleet waits for the hand-made devices' subscriptions (then starts anyway).
+SUBSCRIBED_TIMEOUT_S: Final = 30.0
 CHROMIUM: Final = Path("/usr/bin/chromium")
 SCREEN_SIZES: Final = {"desktop": (1280, 800), "phone": (390, 844)}
 
@@ -82,9 +87,12 @@ SCREEN_SIZES: Final = {"desktop": (1280, 800), "phone": (390, 844)}
 # something, its severity says how soon, and noise never reaches the list. A temperature blip of
 # a sample or two is noise (`for_samples`), a value must fall well back before the rule re-arms
 # (`clear_value`), a door opening is an event worth storing but not an alarm (no rule), and
-# CRITICAL is kept for people in danger. `fan-vibration` is the exception on purpose: its
-# deadband is too narrow, so it chatters, and the alarm figures name it a bad actor; its
-# notifications are muted by the first route until someone fixes the rule.
+# CRITICAL is kept for people in danger. The Sparkplug oven and the Tasmota room sensor have a
+# rule each on their own metric names, with the same persistence and deadband; neither fires
+# unless someone drives the process there (a `Setpoint` above 250 °C written to the oven).
+# `fan-vibration` is the exception on purpose: its deadband is too narrow, so it chatters, and
+# the alarm figures name it a bad actor; its notifications are muted by the first route until
+# someone fixes the rule.
 RULES: Final = f"""
 [[rules]]
 key = "temp-high"
@@ -131,9 +139,35 @@ key = "silent"
 kind = "inactivity"
 silent_seconds = {DEMO_SILENT_S}
 severity = "WARNING"
-devices = "{DEVICE_PREFIX}-*"
-description = "The device has said nothing for {DEMO_SILENT_S} s, or went offline (its Will): \
-check its power and network."
+devices = ["{DEVICE_PREFIX}-*", "tasmota-*", "{SPARKPLUG_GROUP}/{SPARKPLUG_NODE}/*"]
+description = "The device has said nothing for {DEMO_SILENT_S} s, or went offline (its Will, \
+a Tasmota LWT, a Sparkplug NDEATH or DDEATH): check its power and network."
+
+[[rules]]
+key = "oven-overheat"
+kind = "threshold"
+metric = "Temperature"
+op = ">"
+value = 250
+clear_value = 240
+for_samples = 3
+severity = "MAJOR"
+devices = "{SPARKPLUG_GROUP}/{SPARKPLUG_NODE}/Oven"
+description = "The oven (a Sparkplug device) is above 250 °C for three readings: the product \
+burns. Check its Setpoint and the burner. Re-arms below 240 °C."
+
+[[rules]]
+key = "room-warm"
+kind = "threshold"
+metric = "AM2301.Temperature"
+op = ">"
+value = 30
+clear_value = 28
+for_samples = 3
+severity = "WARNING"
+devices = "tasmota-climate-*"
+description = "The server room (a Tasmota sensor) is above 30 °C for three readings (30 s): \
+check its air conditioning before the equipment suffers. Re-arms below 28 °C."
 
 [[rules]]
 key = "fan-vibration"
@@ -193,6 +227,19 @@ timer_interval_s = 1
 
 [commands]
 reaper_interval_s = 1
+
+# The demo's Sparkplug B edge node (group {SPARKPLUG_GROUP}): its devices are
+# {SPARKPLUG_GROUP}/{SPARKPLUG_NODE}/Oven and {SPARKPLUG_GROUP}/{SPARKPLUG_NODE}/Pump.
+[sparkplug]
+enabled = true
+host_id = "{SPARKPLUG_HOST_ID}"
+groups = ["{SPARKPLUG_GROUP}"]
+
+# The demo's Tasmota devices, on Tasmota's own topics (tele/{{device}}/SENSOR, its LWT,
+# cmnd/{{device}}/POWER).
+[[ingest.mappings]]
+name = "tasmota"
+profile = "tasmota"
 
 # The demo's own webhook receiver (gateway/demo/webhook.py): its deliveries show in the
 # console's Notifications page.
@@ -432,17 +479,22 @@ async def _daemon_running(daemon: Daemon, stop: asyncio.Event) -> AsyncIterator[
 async def _devices_running(
     settings: DemoSettings, broker: tuple[str, int], config: Config
 ) -> AsyncIterator[None]:
-    """The simulated fleet and the hand-made devices; stopped (and awaited) on exit."""
+    """The simulated fleet and the hand-made devices; stopped (and awaited) on exit. The
+    hand-made devices that subscribe do so before the fleet connects (see `DemoDevices.run`:
+    the embedded broker drops a connection made while another client subscribes)."""
     devices_stop = asyncio.Event()
     fleet = DeviceFleet(fleet_config(settings, broker))
     own = DemoDevices(host=broker[0], port=broker[1], topics=config.topics)
+    own_subscribed = asyncio.Event()
     tasks: list[asyncio.Task[object]] = [
-        asyncio.create_task(fleet.run(devices_stop), name="demo-fleet"),
-        asyncio.create_task(own.run(devices_stop), name="demo-devices"),
+        asyncio.create_task(own.run(devices_stop, own_subscribed), name="demo-devices"),
     ]
-    for task in tasks:
-        task.add_done_callback(_report_fleet_end)
+    tasks[0].add_done_callback(_report_fleet_end)
     try:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(own_subscribed.wait(), timeout=SUBSCRIBED_TIMEOUT_S)
+        tasks.append(asyncio.create_task(fleet.run(devices_stop), name="demo-fleet"))
+        tasks[-1].add_done_callback(_report_fleet_end)
         yield
     finally:
         devices_stop.set()

@@ -7,6 +7,7 @@ one line naming its own flag, exit 2, with nothing left behind."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import shutil
@@ -19,13 +20,18 @@ import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
+import asyncpg
 import httpx
 import pytest
 
+from gateway.commands.service import CommandService
 from gateway.demo.run import CHROMIUM
+from gateway.demo.tasmota import DEVICES as TASMOTA
+from gateway.domain.command import Delivery
 from tests.support.ports import free_port
-from tests.support.waiting import wait_until_sync
+from tests.support.waiting import wait_until, wait_until_sync
 
 LINE = re.compile(
     r"^Gateway demo: open (?P<url>http://\S+/) and sign in with the token (?P<token>\S+) "
@@ -45,6 +51,76 @@ def _run(module: str, *args: str) -> subprocess.CompletedProcess[str]:
         [sys.executable, "-m", module, *args],
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
+
+
+def _all_devices(url: str, auth: dict[str, str]) -> dict[str, dict[str, Any]]:
+    """Every device the API lists (no selector: its pattern takes no Sparkplug `/`)."""
+    found: dict[str, dict[str, Any]] = {}
+    after: str | None = None
+    while True:
+        params = {"limit": "500", **({"after": after} if after else {})}
+        reply = httpx.get(f"{url}devices", params=params, headers=auth, timeout=10)
+        assert reply.status_code == 200, reply.text
+        page = reply.json()
+        found.update({d["device_id"]: d for d in page["items"]})
+        after = page["next_after"]
+        if after is None:
+            return found
+
+
+def _latest_metrics(url: str, auth: dict[str, str], device: str) -> dict[str, Any]:
+    reply = httpx.get(f"{url}devices/{device}", headers=auth, timeout=10)
+    assert reply.status_code == 200, reply.text
+    metrics: dict[str, Any] = reply.json()["device"]["latest_metrics"]
+    return metrics
+
+
+async def _sparkplug_state(dsn: str) -> dict[str, Any]:
+    """The metric names stored for each Sparkplug device, and how many aliases the edge
+    node's births defined (the API reads no Sparkplug id yet: read from its database)."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        rows = await conn.fetch(
+            "SELECT device_id, array_agg(DISTINCT key) AS names FROM telemetry, "
+            "jsonb_object_keys(metrics) AS key WHERE device_id LIKE 'Demo/Line1/%' "
+            "GROUP BY device_id"
+        )
+        aliases = await conn.fetchval(
+            "SELECT count(*) FROM sparkplug_node, jsonb_object_keys(aliases) "
+            "WHERE group_id = 'Demo' AND edge_node_id = 'Line1' AND born"
+        )
+    finally:
+        await conn.close()
+    return {**{r["device_id"]: set(r["names"]) for r in rows}, "aliases": aliases}
+
+
+async def _write_setpoint(dsn: str, value: float) -> str:
+    """Write the oven's Setpoint as a command would (DCMD); its final status."""
+    pool = await asyncpg.create_pool(dsn, min_size=1, max_size=2)
+    try:
+        service = CommandService(pool, "demo-test", 300)
+        created = await service.create(
+            device_id="Demo/Line1/Oven",
+            name="Setpoint",
+            params={"value": value},
+            delivery=Delivery.REALTIME,
+            idempotency_key=None,
+            actor="test",
+        )
+
+        async def finished() -> bool:
+            status = await pool.fetchval(
+                "SELECT status FROM command WHERE id = $1", created.command.id
+            )
+            return status in ("ACKED", "FAILED", "TIMEOUT", "CANCELLED")
+
+        await wait_until(finished, timeout=30, message="the Setpoint write answered")
+        status: str = await pool.fetchval(
+            "SELECT status FROM command WHERE id = $1", created.command.id
+        )
+        return status
+    finally:
+        await pool.close()
 
 
 def _processes() -> dict[int, tuple[int, str]]:
@@ -153,6 +229,42 @@ def test_the_demo_shows_the_product_calmly_and_stops_cleanly(
         newest = datetime.fromisoformat(samples.json()["samples"][0]["ts"])
         assert abs((datetime.now(UTC) - newest).total_seconds()) < 120, newest  # dated now
 
+        # Beside the native devices: the Sparkplug edge node's devices and the Tasmota ones,
+        # known with their metrics and online (its birth; their retained LWT).
+        beside = ("Demo/Line1", "Demo/Line1/Oven", "Demo/Line1/Pump", *TASMOTA)
+
+        def beside_known() -> bool:
+            listed = _all_devices(url, auth)
+            return all(listed.get(d, {}).get("presence") == "online" for d in beside) and all(
+                _latest_metrics(url, auth, d) for d in TASMOTA
+            )
+
+        wait_until_sync(
+            beside_known, timeout=30, interval=0.5, message=f"{beside} online, with readings"
+        )
+        dsn = _run("gateway", "embedded-db", "--config", str(config)).stdout.strip()
+        assert dsn, "the demo's embedded PostgreSQL"
+        sparkplug = asyncio.run(_sparkplug_state(dsn))
+        assert {"Temperature", "Setpoint", "Door Open"} <= sparkplug["Demo/Line1/Oven"]
+        assert {"Pressure", "Flow", "Running"} <= sparkplug["Demo/Line1/Pump"]
+        assert sparkplug["aliases"] == 7  # the births' aliases, the data sent by alias
+        climate = _latest_metrics(url, auth, "tasmota-climate-1")
+        assert {"AM2301.Temperature", "AM2301.Humidity", "AM2301.DewPoint"} <= set(climate)
+        assert _latest_metrics(url, auth, "tasmota-plug-1")["ENERGY.Power"]["value"] > 0
+        # A Tasmota POWER goes out on cmnd/tasmota-plug-1/POWER and stays SENT by design (no
+        # receipt a gateway understands); its effect shows in the plug's next readings.
+        reply = httpx.post(
+            f"{url}devices/tasmota-plug-1/commands?wait=5",
+            json={"name": "POWER", "params": {"value": "OFF"}},
+            headers=auth,
+            timeout=20,
+        )
+        assert reply.status_code == 201, reply.text
+        assert reply.json()["command"]["status"] == "SENT"
+        # A Sparkplug write (DCMD), created through the service layer (the HTTP path takes no
+        # `/` in a device id): the edge node reports the written value back, so it is ACKED.
+        assert asyncio.run(_write_setpoint(dsn, 190.0)) == "ACKED"
+
         # Presence: births retained, and the flaky hub's Will (a cut without DISCONNECT).
         wait_until_sync(
             lambda: devices("demo-hub-*")["demo-hub-3"]["presence"] == "offline",
@@ -214,6 +326,12 @@ def test_the_demo_shows_the_product_calmly_and_stops_cleanly(
         period = out_of_service()
         assert isinstance(period, dict)
         assert period["reason"].startswith("demo:"), period
+
+        # The plug switched off by the POWER above: its readings say so.
+        wait_until_sync(
+            lambda: _latest_metrics(url, auth, "tasmota-plug-1")["ENERGY.Power"]["value"] == 0,
+            timeout=30, interval=0.5, message="the plug's power off in its readings",
+        )  # fmt: skip
 
         # Calm: few alarms, CRITICAL only where a person may be in danger.
         calm = [a for a in alarm_list() if a["device_id"] != "demo-fan-1"]

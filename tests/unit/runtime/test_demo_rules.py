@@ -25,8 +25,22 @@ def test_the_demo_rules_are_calm_and_the_chatter_is_muted(tmp_path: Path) -> Non
     assert temp.for_samples >= 3
     assert temp.clear_value == 75
     assert temp.severity == "MAJOR"
-    # Silence is judged only for the demo's own devices, which report regularly.
-    assert rules["silent"].devices == "demo-*"
+    # Silence is judged only for the demo's own devices, which report regularly: the native
+    # ones, the Tasmota ones (every 10 s) and the Sparkplug edge node's (every 2 s).
+    assert rules["silent"].devices == ["demo-*", "tasmota-*", "Demo/Line1/*"]
+    # The vendor devices' rules persist and re-arm as temp-high does, for the device they mean.
+    for key, device in (("oven-overheat", "Demo/Line1/Oven"), ("room-warm", "tasmota-climate-*")):
+        rule = rules[key]
+        assert rule.devices == device
+        assert rule.for_samples is not None
+        assert rule.for_samples >= 3
+        assert isinstance(rule.clear_value, int | float)
+        assert isinstance(rule.value, int | float)
+        assert rule.clear_value < rule.value
+        assert rule.severity in ("MAJOR", "WARNING")
+    assert config.sparkplug.enabled
+    assert config.sparkplug.groups == ["Demo"]
+    assert [(m.name, m.profile) for m in config.ingest.mappings] == [("tasmota", "tasmota")]
     for rule in rules.values():
         assert rule.description, rule.key
     (receiver,) = config.notify.receivers
