@@ -121,3 +121,70 @@ def command_parties(
         "broker": lambda: None if broker_pid is None else process_cpu_s(broker_pid),
         "simulator": time.process_time,
     }
+
+
+# The PostgreSQL processes that work for one database: its backends ("backends"), and the
+# server's own ("server": WAL writer, checkpointer, background writer, autovacuum launcher
+# and workers, WAL senders; the postmaster is added as their parent). The server's serve every
+# database of the server: on a server others use too, their time is counted whole, an upper
+# bound (on the embedded server, or a primary of one site, it is exact).
+POSTGRES_PIDS_SQL: Final = """
+SELECT pid, CASE WHEN datname IS NULL THEN 'server' ELSE 'backends' END AS part
+FROM pg_stat_activity
+WHERE datname = current_database() OR datname IS NULL
+"""
+
+
+def _parent_pid(pid: int) -> int | None:
+    try:
+        stat = (PROC / str(pid) / "stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[1])
+
+
+def _is_postgres(pid: int) -> bool:
+    try:
+        return (PROC / str(pid) / "comm").read_text().strip() == "postgres"
+    except OSError:
+        return False
+
+
+class PostgresCpu:
+    """CPU a PostgreSQL server on this machine spent over a window, by part ("backends" of one
+    database, the "server"'s own processes; see ``POSTGRES_PIDS_SQL``).
+
+    The pids are read at :meth:`start` and again at :meth:`stop`, before the clients close
+    their connections. A backend born inside the window counts whole; one that ended inside
+    it takes its time with it (the gateway's pools keep theirs open). A part is ``None`` when
+    the server is not on this machine (its pids are not postgres processes here)."""
+
+    def __init__(self) -> None:
+        self._before: dict[str, dict[int, float]] = {}
+
+    @staticmethod
+    def read(pids: Iterable[int], *, parent: bool) -> dict[int, float] | None:
+        local = [pid for pid in pids if _is_postgres(pid)]
+        if not local:
+            return None
+        if parent:
+            parents = {_parent_pid(pid) for pid in local}
+            local += [pid for pid in parents if pid is not None and _is_postgres(pid)]
+        return {pid: process_cpu_s(pid) for pid in set(local)}
+
+    def start(self, parts: Mapping[str, Iterable[int]]) -> None:
+        self._before = {
+            part: self.read(pids, parent=part == "server") or {} for part, pids in parts.items()
+        }
+
+    def stop(self, parts: Mapping[str, Iterable[int]]) -> dict[str, float | None]:
+        used: dict[str, float | None] = {}
+        for part, before in self._before.items():
+            pids = list(parts.get(part, ())) + list(before)
+            after = self.read(pids, parent=part == "server")
+            used[part] = (
+                None
+                if after is None or not before
+                else sum(max(cpu - before.get(pid, 0.0), 0.0) for pid, cpu in after.items())
+            )
+        return used
