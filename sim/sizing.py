@@ -196,6 +196,9 @@ async def drive_load(dsn: str, plan: SizingPlan, *, seed: int = 1) -> LoadFigure
     watcher = await asyncpg.connect(dsn)
     pids = [conn.get_server_pid() for conn in conns]
     rules = plan.rule_keys
+    # The hot devices spread over the whole fleet (every stride-th): which devices talk most
+    # has nothing to do with where their rows were filled.
+    stride = plan.devices // plan.hot
     done = asyncio.Event()
 
     async def work(index: int, conn: asyncpg.Connection) -> None:
@@ -204,7 +207,7 @@ async def drive_load(dsn: str, plan: SizingPlan, *, seed: int = 1) -> LoadFigure
         first = True
         while first or time.perf_counter() < deadline:
             first = False
-            devices = sorted({_device(rng.randrange(plan.hot)) for _ in range(plan.batch)})
+            devices = sorted({_device(rng.randrange(plan.hot) * stride) for _ in range(plan.batch)})
             started = time.perf_counter()
             written, refused, device_ms, lock_ms = await _batch(
                 conn, devices, rules, f"node-{index}", rng
@@ -291,6 +294,36 @@ async def explain_sweep(conn: asyncpg.Connection) -> dict[str, Any]:
     }
 
 
+async def explain_drop_removed(conn: asyncpg.Connection, rules: list[str]) -> dict[str, Any]:
+    """``EXPLAIN (ANALYZE, BUFFERS)`` of removing the last rule's state (``drop_removed`` with
+    the others kept), rolled back: the one statement that reads rule_state by rule key."""
+    query = gateway_sql("rule_state.sql")["drop_removed"]
+    tx = conn.transaction()
+    await tx.start()
+    try:
+        plan = await conn.fetchval(
+            f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {query}", rules[:-1] or ["none"], 30.0
+        )
+    finally:
+        await tx.rollback()
+    top = json.loads(plan)[0]
+    scans = sorted(set(re.findall(r'"Node Type": "([^"]*Scan)"', plan)))
+    indexes = sorted(set(re.findall(r'"Index Name": "([^"]+)"', plan)))
+    return {
+        "ms": round(top["Execution Time"], 1),
+        "scans": scans,
+        "indexes_used": indexes,
+        "rows_deleted": _deleted(top["Plan"]),
+    }
+
+
+def _deleted(node: dict[str, Any]) -> int:
+    """Rows the plan's DELETE removed (its ModifyTable node's actual rows' input)."""
+    if node.get("Node Type") == "ModifyTable":
+        return int(sum(child.get("Actual Rows", 0) for child in node.get("Plans", [])))
+    return max((_deleted(child) for child in node.get("Plans", [])), default=0)
+
+
 async def _migrate(dsn: str, workdir: Path) -> None:
     config = workdir / "migrate.toml"
     config.write_text(f'[database]\ndsn = "{dsn}"\n')
@@ -326,6 +359,7 @@ async def size_once(admin_dsn: str, plan: SizingPlan, fillfactor: int) -> dict[s
             await _stats_settled(conn, before["rule_state"]["updates"] + load.rows_written)
             after = await _tables(conn)
             sweep = await explain_sweep(conn)
+            drop = await explain_drop_removed(conn, plan.rule_keys)
         finally:
             await conn.close()
     finally:
@@ -338,6 +372,7 @@ async def size_once(admin_dsn: str, plan: SizingPlan, fillfactor: int) -> dict[s
         "after": after,
         "load": _load_fields(load),
         "sweep": sweep,
+        "drop_removed": drop,
     }
 
 
@@ -411,6 +446,11 @@ def render_run(plan: SizingPlan, run: dict[str, Any]) -> str:
     lines.append(
         f"  inactivity sweep: {sweep['ms']} ms ({sweep['plan_node']}, {sweep['rows']} rows,"
         f" {sweep['shared_hit']:,} blocks hit, {sweep['shared_read']:,} read)"
+    )
+    drop = run["drop_removed"]
+    lines.append(
+        f"  removing a rule's state (rolled back): {drop['ms']} ms, {drop['rows_deleted']:,}"
+        f" rows, scans {', '.join(drop['scans'])}, indexes {', '.join(drop['indexes_used'])}"
     )
     return "\n".join(lines)
 
