@@ -142,8 +142,15 @@ async def test_bench_quick_completes_and_reports_every_figure(
     assert result["gateway2_cleared_found"] == result["gateway2_cleared_expected"] > 0
     assert result["gateway_live_alarms_found"] == result["gateway_live_alarms_expected"]
     assert result["gateway2_devices_on_both_nodes"] == result["shared_devices"]
-    assert result["gateway3_alarms_found"] == result["gateway3_alarms_expected"] > 0
-    assert result["gateway3_cleared_found"] == result["gateway3_cleared_expected"] > 0
+    # Three nodes: never an alarm one node would not raise; a normal run committed after the
+    # next violation (its samples on two nodes, the violation on the third) may merge two
+    # episodes into one, the ordering rule's documented limit (docs/rules-and-alarms.md).
+    assert 0 < result["gateway3_alarms_found"] <= result["gateway3_alarms_expected"]
+    assert 0 < result["gateway3_cleared_found"] <= result["gateway3_cleared_expected"]
+    assert result["gateway3_no_extra_alarms"] is True
+    assert result["gateway3_runs_merged"] == (
+        result["gateway3_alarms_expected"] - result["gateway3_alarms_found"]
+    )
     assert result["gateway3_devices_on_several_nodes"] > 0
     assert result["alarms_match"] is True
     # The live phases' CPU per message: the gateways', and PostgreSQL's (its server runs here
