@@ -46,7 +46,7 @@ from protocol import TopicKind, Topics
 from sim.bench_live import measure_campaign, measure_commands, measure_latency, measure_storm
 from sim.bench_streams import measure_streams, streams_fields
 from sim.broker import BenchBroker
-from sim.cpu import PARTIES, CpuSplit
+from sim.cpu import PARTIES, POSTGRES_PIDS_SQL, CpuSplit, PostgresCpu
 from sim.gateways import RECEIVE_MAXIMUM, RULES, GatewayProcesses
 from sim.naive import naive_drain
 from sim.probes import Probes
@@ -58,9 +58,10 @@ from sim.vendor import vendor_stream
 from sim.wire import WirePublisher
 
 DEVICES = 1000
-# Odd: two processes sharing the subscription each get every other message, so each of these
-# devices has its samples judged by both (with 1,000 each device would go to one only).
-SHARED_DEVICES = 999
+# Prime to 2 and 3: two or three processes sharing the subscription each get every second or
+# third message, so each of these devices has its samples judged by every one of them (with
+# 1,000 a device would go to one process of two only, with 999 to one of three).
+SHARED_DEVICES = 1001
 Q = blocks("bench.sql")
 
 
@@ -70,6 +71,10 @@ class Drain:
     seconds: float
     rss_mb: float = 0.0
     cpu_s: float = 0.0  # CPU time of the consumer's process(es) spent on these messages
+    # PostgreSQL's (sim.cpu.PostgresCpu), live only: the bench database's backends, and the
+    # server's own processes (shared with any other database of that server).
+    pg_cpu_s: float | None = None
+    pg_server_cpu_s: float | None = None
 
     @property
     def rate(self) -> float:
@@ -78,6 +83,18 @@ class Drain:
     @property
     def cpu_us_per_msg(self) -> float:
         return self.cpu_s / self.messages * 1e6 if self.messages else 0.0
+
+    @property
+    def pg_cpu_us_per_msg(self) -> float | None:
+        if self.pg_cpu_s is None or not self.messages:
+            return None
+        return self.pg_cpu_s / self.messages * 1e6
+
+    @property
+    def pg_server_cpu_us_per_msg(self) -> float | None:
+        if self.pg_server_cpu_s is None or not self.messages:
+            return None
+        return self.pg_server_cpu_s / self.messages * 1e6
 
 
 def _subscription(prefix: str) -> str:
@@ -236,12 +253,16 @@ async def measure_gateway(
         extra=RULES + _mapping(prefix, fmt),
     )
     nodes = gateways.nodes
+    conn = await asyncpg.connect(dsn)
+    postgres = PostgresCpu()
     try:
         await gateways.start()
         # CPU spent before the messages: starting up (imports, connections, subscriptions).
         # Live, the messages come after it; draining, the backlog is read while the second
         # start is still going, so the first start's cost stands in for it.
         startup_cpu = gateways.cpu_seconds()
+        if live:  # PostgreSQL's share is measured live only: a drain restarts its gateway
+            postgres.start(await _postgres_pids(conn))
         if live:
             publisher = asyncio.create_task(_backlog(port, prefix, messages, period))
         else:
@@ -254,13 +275,22 @@ async def measure_gateway(
             what=f"{prefix} to store {messages} messages",
         )
         cpu = gateways.cpu_seconds() - startup_cpu
+        pg_cpu = postgres.stop(await _postgres_pids(conn)) if live else {}
         first = min(probes.first_stored[node] for node in nodes if node in probes.first_stored)
         if live:
             await publisher
         rss = gateways.peak_rss_mb()
     finally:
         await gateways.stop()
-    return Drain(messages, last - first, rss, cpu)
+        await conn.close()
+    return Drain(messages, last - first, rss, cpu, pg_cpu.get("backends"), pg_cpu.get("server"))
+
+
+async def _postgres_pids(conn: asyncpg.Connection) -> dict[str, list[int]]:
+    parts: dict[str, list[int]] = {"backends": [], "server": []}
+    for row in await conn.fetch(POSTGRES_PIDS_SQL):
+        parts[row["part"]].append(row["pid"])
+    return parts
 
 
 @dataclass(frozen=True, slots=True)
@@ -598,6 +628,14 @@ async def _run_phases(sizes: Sizes, *, dsn: str) -> dict[str, Any]:
                         f" {two_alarms.cleared_expected:,} cleared;"
                         f" {two_alarms.devices_on_several_nodes} devices on both"
                     )
+                    three_live = _progress("gateway x3 live", await gateway(3, live=True))
+                    three_alarms = await check_alarms(bench_dsn, "gw3live", messages, period)
+                    _note(
+                        f"alarms, 3 processes: {three_alarms.found:,} of"
+                        f" {three_alarms.expected:,} raised, {three_alarms.cleared_found:,} of"
+                        f" {three_alarms.cleared_expected:,} cleared;"
+                        f" {three_alarms.devices_on_several_nodes} devices on several"
+                    )
                     await settle(bench_dsn)
                     latency = await measure_latency(
                         port,
@@ -657,6 +695,7 @@ async def _run_phases(sizes: Sizes, *, dsn: str) -> dict[str, Any]:
         "gateway_msgs_per_s": round(one.rate),
         "gateway_live_msgs_per_s": round(one_live.rate),
         "gateway2_msgs_per_s": round(two_live.rate),
+        "gateway3_msgs_per_s": round(three_live.rate),
         "naive_msgs_per_s": round(naive.rate),
         "reference_msgs_per_s": round(reference.rate),
         "reference_cpu_us_per_msg": round(reference.cpu_us_per_msg, 1),
@@ -679,6 +718,8 @@ async def _run_phases(sizes: Sizes, *, dsn: str) -> dict[str, Any]:
         "ratio_gateway_vs_naive": round(one.rate / naive.rate, 2),
         "ratio_gateway_vs_native": round(one.rate / native.rate, 3),
         "ratio_two_vs_one": round(two_live.rate / one_live.rate, 3),
+        "ratio_three_vs_one": round(three_live.rate / one_live.rate, 3),
+        **scaling_fields({"gateway_live": one_live, "gateway2": two_live, "gateway3": three_live}),
         "shared_devices": SHARED_DEVICES,
         "gateway_live_alarms_expected": one_alarms.expected,
         "gateway_live_alarms_found": one_alarms.found,
@@ -689,6 +730,17 @@ async def _run_phases(sizes: Sizes, *, dsn: str) -> dict[str, Any]:
         "gateway2_cleared_expected": two_alarms.cleared_expected,
         "gateway2_cleared_found": two_alarms.cleared_found,
         "gateway2_devices_on_both_nodes": two_alarms.devices_on_several_nodes,
+        "gateway3_alarms_expected": three_alarms.expected,
+        "gateway3_alarms_found": three_alarms.found,
+        "gateway3_cleared_expected": three_alarms.cleared_expected,
+        "gateway3_cleared_found": three_alarms.cleared_found,
+        "gateway3_devices_on_several_nodes": three_alarms.devices_on_several_nodes,
+        # Three nodes may show two of a device's episodes as one (the ordering rule's documented
+        # limit, docs/rules-and-alarms.md): a normal run's samples, on two nodes, committed after
+        # the next violation, on the third. Never more alarms than one node decides.
+        "gateway3_runs_merged": three_alarms.expected - three_alarms.found,
+        "gateway3_no_extra_alarms": three_alarms.found <= three_alarms.expected
+        and three_alarms.cleared_found <= three_alarms.cleared_expected,
         "alarms_match": one_alarms.matches and two_alarms.matches,
         "latency_rate_msgs_per_s": round(latency.rate),
         "latency_messages": latency.timings.count,
@@ -723,6 +775,7 @@ async def _run_phases(sizes: Sizes, *, dsn: str) -> dict[str, Any]:
                 spb.rss_mb,
                 one_live.rss_mb,
                 two_live.rss_mb,
+                three_live.rss_mb,
                 storm.rss_mb,
             ),
             1,
@@ -730,6 +783,31 @@ async def _run_phases(sizes: Sizes, *, dsn: str) -> dict[str, Any]:
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, "
         f"Python {platform.python_version()}",
     }
+
+
+def scaling_fields(live: dict[str, Drain]) -> dict[str, Any]:
+    """Per live phase (1, 2, 3 nodes): the gateways' CPU per message (all nodes together),
+    PostgreSQL's backends' for the bench database and its server processes' (None where the
+    server is not on this machine); and, from the widest phase, how many gateway cores one
+    PostgreSQL core keeps busy: the ratio of the gateways' cost to the backends' and server's
+    together, the node-cores one primary serves per core of its own."""
+
+    def us(value: float | None) -> float | None:
+        return None if value is None else round(value, 1)
+
+    fields: dict[str, Any] = {}
+    for phase, drain in live.items():
+        fields[f"{phase}_gateway_cpu_us_per_msg"] = round(drain.cpu_us_per_msg, 1)
+        fields[f"{phase}_pg_cpu_us_per_msg"] = us(drain.pg_cpu_us_per_msg)
+        fields[f"{phase}_pg_server_cpu_us_per_msg"] = us(drain.pg_server_cpu_us_per_msg)
+    widest = list(live.values())[-1]
+    pg = (widest.pg_cpu_us_per_msg or 0.0) + (widest.pg_server_cpu_us_per_msg or 0.0)
+    fields["gateway_cores_per_pg_core"] = (
+        None
+        if widest.pg_cpu_us_per_msg is None or pg <= 0
+        else round(widest.cpu_us_per_msg / pg, 2)
+    )
+    return fields
 
 
 def cpu_fields(phase: str, split: CpuSplit, units: int) -> dict[str, Any]:
@@ -819,6 +897,29 @@ def _cpu_rows(r: dict[str, Any], phase: str, name: str) -> list[tuple[str, str, 
     ]
 
 
+def _scaling_rows(r: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """CPU per message of the gateways and of PostgreSQL, live with 1, 2 and 3 processes."""
+
+    def us(value: float | None) -> str:
+        return "n/a" if value is None else f"{value:.1f}"
+
+    rows = [
+        (
+            f"live, {n} process{'es' if n > 1 else ''}: CPU/msg gateways / PG backends / server",
+            f"{us(r[f'{phase}_gateway_cpu_us_per_msg'])}"
+            f" / {us(r[f'{phase}_pg_cpu_us_per_msg'])}"
+            f" / {us(r[f'{phase}_pg_server_cpu_us_per_msg'])} us",
+            "",
+        )
+        for n, phase in ((1, "gateway_live"), (2, "gateway2"), (3, "gateway3"))
+    ]
+    cores = r["gateway_cores_per_pg_core"]
+    rows.append(
+        ("gateway cores per PostgreSQL core (3 live)", "n/a" if cores is None else f"{cores}", "")
+    )
+    return rows
+
+
 def render_table(result: dict[str, Any]) -> str:
     r = result
     rows: list[tuple[str, str, str]] = [
@@ -872,6 +973,8 @@ def render_table(result: dict[str, Any]) -> str:
         ("Sparkplug B / native (drain)", f"{r['ratio_sparkplug_vs_gateway']:.2f}", ""),
         ("gateway, 1 process, live publisher", f"{r['gateway_live_msgs_per_s']:,} msg/s", ""),
         ("gateway, 2 processes ($share), live", f"{r['gateway2_msgs_per_s']:,} msg/s", ""),
+        ("gateway, 3 processes ($share), live", f"{r['gateway3_msgs_per_s']:,} msg/s", ""),
+        *_scaling_rows(r),
         ("naive: one commit per message", f"{r['naive_msgs_per_s']:,} msg/s", ""),
         (
             "gateway / bare (MQTT 5)",
@@ -882,6 +985,7 @@ def render_table(result: dict[str, Any]) -> str:
         ("gateway / native", f"{r['ratio_gateway_vs_native']:.3f}", ""),
         ("gateway / naive", f"{r['ratio_gateway_vs_naive']:.1f}x", "ratio_gateway_vs_naive"),
         ("two processes / one", f"{r['ratio_two_vs_one']:.2f}", "ratio_two_vs_one"),
+        ("three processes / one", f"{r['ratio_three_vs_one']:.2f}", ""),
         (
             f"alarms, live on {r['shared_devices']} shared devices: 1 process",
             f"{r['gateway_live_alarms_found']:,} / {r['gateway_live_alarms_expected']:,}"
@@ -895,6 +999,13 @@ def render_table(result: dict[str, Any]) -> str:
             f" ({r['gateway2_cleared_found']:,} / {r['gateway2_cleared_expected']:,}"
             " cleared)",
             "alarms_match",
+        ),
+        (
+            f"alarms, 3 processes ({r['gateway3_devices_on_several_nodes']} devices on several)",
+            f"{r['gateway3_alarms_found']:,} / {r['gateway3_alarms_expected']:,}"
+            f" ({r['gateway3_cleared_found']:,} / {r['gateway3_cleared_expected']:,}"
+            f" cleared; {r['gateway3_runs_merged']:,} episodes merged)",
+            "",
         ),
         (
             f"latency at {r['latency_rate_msgs_per_s']:,} msg/s: p50 / p95",

@@ -14,7 +14,7 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 import aiomqtt
 import structlog
@@ -97,6 +97,31 @@ def _parser() -> argparse.ArgumentParser:
         default=os.environ.get("GATEWAY_BENCH_DSN"),
         help="PostgreSQL DSN of a role that may create databases; the bench creates and drops "
         "its own (default: $GATEWAY_BENCH_DSN, else the gateway's embedded PostgreSQL)",
+    )
+
+    size = commands.add_parser(
+        "size",
+        help="fill the state tables for a large fleet, drive a load, report sizes, HOT updates, "
+        "lock waits and the inactivity sweep (docs/performance.md)",
+    )
+    size.add_argument("--devices", type=int, default=1_000_000, help="fleet (default 1,000,000)")
+    size.add_argument("--rules", type=int, default=3, help="threshold rules per device (1-3)")
+    size.add_argument("--hot", type=int, default=10_000, help="devices the load reports from")
+    size.add_argument("--workers", type=int, default=3, help="connections (nodes) of the load")
+    size.add_argument("--batch", type=int, default=100, help="samples per batch")
+    size.add_argument("--seconds", type=float, default=60.0, help="load per fillfactor (s)")
+    size.add_argument(
+        "--fillfactor",
+        type=int,
+        action="append",
+        help="fillfactor of device and rule_state, one run each (default: 100 and 80)",
+    )
+    size.add_argument("--json", type=Path, help="also write the figures to this JSON file")
+    size.add_argument(
+        "--dsn",
+        default=os.environ.get("GATEWAY_BENCH_DSN"),
+        help="PostgreSQL DSN of a role that may create databases; one database per run is "
+        "created and dropped (default: $GATEWAY_BENCH_DSN, else the embedded PostgreSQL)",
     )
 
     field = commands.add_parser(
@@ -252,6 +277,39 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _size(args: argparse.Namespace) -> int:
+    from sim.bench import embedded_database
+    from sim.sizing import SizingPlan, render_run, run_sizing
+
+    try:
+        plan = SizingPlan(
+            devices=args.devices,
+            rules=args.rules,
+            hot=args.hot,
+            workers=args.workers,
+            batch=args.batch,
+            seconds=args.seconds,
+            fillfactors=tuple(args.fillfactor or (100, 80)),
+        )
+    except ValueError as exc:
+        print(f"gateway-sim size: {exc}", file=sys.stderr)
+        return 2
+
+    async def run() -> dict[str, Any]:
+        if args.dsn is not None:
+            return await run_sizing(args.dsn, plan)
+        with tempfile.TemporaryDirectory(prefix="gw-size-db-") as tmp:
+            async with embedded_database(Path(tmp)) as dsn:
+                return await run_sizing(dsn, plan)
+
+    with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+        result = runner.run(run())
+    print("\n".join(render_run(plan, one) for one in result["runs"]))
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
 def _field(args: argparse.Namespace) -> int:
     from sim.field import plan_summary, render, run_field
 
@@ -312,6 +370,8 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: PLR0911 - an exit p
         return _bench(args)
     if args.command == "field":
         return _field(args)
+    if args.command == "size":
+        return _size(args)
     try:
         return asyncio.run(_publish(args))
     except NoGatewayError as exc:

@@ -97,7 +97,8 @@ async def test_bench_quick_completes_and_reports_every_figure(
     result = json.loads(out.read_text())
 
     rates = ["bare_msgs_per_s", "native_msgs_per_s", "gateway_msgs_per_s",
-             "gateway_live_msgs_per_s", "gateway2_msgs_per_s", "naive_msgs_per_s",
+             "gateway_live_msgs_per_s", "gateway2_msgs_per_s", "gateway3_msgs_per_s",
+             "naive_msgs_per_s",
              "commands_per_s", "reference_msgs_per_s", "gateway_msgs_per_s_mqtt311",
              "gateway_tasmota_msgs_per_s", "gateway_sparkplug_msgs_per_s"]  # fmt: skip
     for key in rates:
@@ -108,6 +109,7 @@ async def test_bench_quick_completes_and_reports_every_figure(
         ("ratio_gateway_vs_naive", "gateway_msgs_per_s", "naive_msgs_per_s"),
         ("ratio_gateway_vs_native", "gateway_msgs_per_s", "native_msgs_per_s"),
         ("ratio_two_vs_one", "gateway2_msgs_per_s", "gateway_live_msgs_per_s"),
+        ("ratio_three_vs_one", "gateway3_msgs_per_s", "gateway_live_msgs_per_s"),
         ("ratio_gateway_vs_reference_mqtt5", "gateway_msgs_per_s", "reference_msgs_per_s"),
         (
             "ratio_gateway_vs_reference_mqtt311",
@@ -141,7 +143,27 @@ async def test_bench_quick_completes_and_reports_every_figure(
     assert result["gateway2_cleared_found"] == result["gateway2_cleared_expected"] > 0
     assert result["gateway_live_alarms_found"] == result["gateway_live_alarms_expected"]
     assert result["gateway2_devices_on_both_nodes"] == result["shared_devices"]
+    # Three nodes: never an alarm one node would not raise; a normal run committed after the
+    # next violation (its samples on two nodes, the violation on the third) may merge two
+    # episodes into one, the ordering rule's documented limit (docs/rules-and-alarms.md).
+    assert 0 < result["gateway3_alarms_found"] <= result["gateway3_alarms_expected"]
+    assert 0 < result["gateway3_cleared_found"] <= result["gateway3_cleared_expected"]
+    assert result["gateway3_no_extra_alarms"] is True
+    assert result["gateway3_runs_merged"] == (
+        result["gateway3_alarms_expected"] - result["gateway3_alarms_found"]
+    )
+    assert result["gateway3_devices_on_several_nodes"] > 0
     assert result["alarms_match"] is True
+    # The live phases' CPU per message: the gateways', and PostgreSQL's (its server runs here
+    # in the tests, the machine's or the embedded one), and what one follows from the other.
+    for phase in ("gateway_live", "gateway2", "gateway3"):
+        assert result[f"{phase}_gateway_cpu_us_per_msg"] > 0, phase
+        assert result[f"{phase}_pg_cpu_us_per_msg"] > 0, phase
+        assert result[f"{phase}_pg_server_cpu_us_per_msg"] >= 0, phase
+    pg_per_msg = result["gateway3_pg_cpu_us_per_msg"] + result["gateway3_pg_server_cpu_us_per_msg"]
+    assert result["gateway_cores_per_pg_core"] == pytest.approx(
+        result["gateway3_gateway_cpu_us_per_msg"] / pg_per_msg, rel=0.02, abs=0.01
+    )
     assert set(TARGETS) <= set(result)
     # Who paid for the commands: every party runs on this machine and did some of the work.
     for phase in ("commands", "campaign"):

@@ -13,6 +13,7 @@ from sim.cpu import (
     command_parties,
     machine_cpu_s,
     named_cpu_s,
+    pid_deltas,
     process_cpu_s,
     processes_cpu_s,
 )
@@ -59,3 +60,15 @@ def test_a_window_splits_the_cpu_between_parties_and_sees_the_machine_busy() -> 
     per = split.per_unit_us(1_000)
     assert (per["simulator"] or 0.0) >= 300
     assert per["broker"] is None
+
+
+def test_a_process_that_ends_inside_a_window_never_makes_a_party_negative() -> None:
+    # Per-pid readings of a party whose processes come and go (other clients' backends on a
+    # shared PostgreSQL): one that ended took its time with it, one born inside counts whole.
+    before = {10: 5.0, 11: 100.0}
+    after = {10: 5.5, 12: 0.25}  # 11 ended, 12 was born
+    assert pid_deltas(before, after) == 0.75
+    readings = iter([before, after])
+    window = CpuWindow({"postgres": lambda: next(readings)})
+    window.start()
+    assert window.stop().seconds["postgres"] == 0.75
