@@ -172,8 +172,9 @@ class NotifyConsumer:
                 held = alarm is not None and alarm["status"] == AlarmStatus.DELAYED.value
                 due_in_s = self._held_for(fact, now) if held else 0.0
                 why = None if silence is not None else suppressed.get(row.event_id)
+                # Silenced, inhibited or suppressed: a final delivery of its own, in no window.
+                held_back = silence is not None or inhibited is not None or why is not None
                 for name, route in targets:
-                    held_back = silence is not None or inhibited is not None or why is not None
                     if route.grouping is not None and not held_back:
                         grouped.append(Pending(row=row, fact=fact, body=body, receiver=name,
                                                route=route,
