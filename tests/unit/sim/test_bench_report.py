@@ -45,6 +45,16 @@ RESULT = {
     "ratio_tasmota_vs_gateway": 0.929,
     "gateway_sparkplug_msgs_per_s": 6_400, "gateway_sparkplug_cpu_us_per_msg": 155.5,
     "ratio_sparkplug_vs_gateway": 0.753,
+    "gateway3_msgs_per_s": 9_000, "ratio_three_vs_one": 0.783,
+    "gateway_live_gateway_cpu_us_per_msg": 61.2, "gateway_live_pg_cpu_us_per_msg": 88.1,
+    "gateway_live_pg_server_cpu_us_per_msg": 6.1,
+    "gateway2_gateway_cpu_us_per_msg": 71.6, "gateway2_pg_cpu_us_per_msg": 150.9,
+    "gateway2_pg_server_cpu_us_per_msg": 8.3,
+    "gateway3_gateway_cpu_us_per_msg": 74.2, "gateway3_pg_cpu_us_per_msg": None,
+    "gateway3_pg_server_cpu_us_per_msg": 9.5, "gateway_cores_per_pg_core": 0.3,
+    "gateway3_alarms_expected": 3_003, "gateway3_alarms_found": 3_003,
+    "gateway3_cleared_expected": 2_002, "gateway3_cleared_found": 2_002,
+    "gateway3_devices_on_several_nodes": 1_001, "gateway3_runs_merged": 0,
 }  # fmt: skip
 
 
