@@ -8,7 +8,6 @@ reports health and stops through it.
 from __future__ import annotations
 
 import asyncio
-import functools
 import os
 from collections.abc import Callable, Coroutine
 from contextlib import AsyncExitStack
@@ -211,7 +210,7 @@ async def build(
         summaries = await _summaries(config, node, stack)
         loops.append(("ai-summaries", summaries.run))
     if config.sparkplug.enabled:
-        loops.extend(_sparkplug_loops(config, node, connection))
+        loops.extend(_sparkplug_loops(config, node, session))
     inactivity = InactivityMonitor(pool=node.pool, engine=engine, hearing=session.hearing)
     loops.append(("inactivity-monitor", inactivity.run))
     # Reads the engine's rules on every pass: a reload needs nothing of its own here.
@@ -327,8 +326,12 @@ def subscriptions(
     return list(dict.fromkeys(filters))  # one mapping's telemetry topic may be another's presence
 
 
-def _sparkplug_loops(config: Config, node: Node, connection: ConnectionSettings) -> list[Loop]:
-    """[sparkplug] enabled: the rebirth requests, and the host's STATE on its own connection."""
+def _sparkplug_loops(config: Config, node: Node, session: MqttSession) -> list[Loop]:
+    """[sparkplug] enabled: the rebirth requests, and the host's STATE on its own connection.
+
+    The STATE link connects where the session is: its settings follow the session's endpoint
+    (``[mqtt] hosts``), so when the session moves to the next broker, the link's next connect
+    goes there too, and edge nodes on that broker see the host's birth."""
     settings = config.sparkplug
     requester = RebirthRequester(
         pool=node.pool,
@@ -341,7 +344,7 @@ def _sparkplug_loops(config: Config, node: Node, connection: ConnectionSettings)
     )
     link = HostStateLink(
         host_id=settings.host_id,
-        client=functools.partial(_state_client, connection),
+        client=lambda will: _state_client(session.settings, will),
         backoff=Backoff(config.mqtt.reconnect_min_s, config.mqtt.reconnect_max_s),
     )
     return [("sparkplug-rebirth", requester.run), ("sparkplug-state", link.run)]

@@ -25,6 +25,7 @@ from gateway.config import Config
 from gateway.domain.errors import StartupError
 from gateway.runtime.daemon import Daemon
 from protocol import Topics
+from protocol import sparkplug as sparkplug_wire
 from sim.publisher import publish_many
 from sim.telemetry import device_ids, telemetry_stream
 from tests.support.daemon import (
@@ -201,10 +202,10 @@ async def test_the_first_broker_killed_mid_stream_the_gateway_carries_on_with_th
     assert switch["session_present"] in (False, None)  # a new session on the second broker
 
 
-async def _retained(port: int, topic: str) -> bytes:
+async def _retained(port: int, topic: str, within_s: float = 10) -> bytes:
     async with aiomqtt.Client("127.0.0.1", port) as client:
         await client.subscribe(topic, qos=1)
-        async with asyncio.timeout(10):
+        async with asyncio.timeout(within_s):
             async for message in client.messages:
                 assert isinstance(message.payload, bytes)
                 return message.payload
@@ -213,6 +214,62 @@ async def _retained(port: int, topic: str) -> bytes:
 
 async def _stored_all(dsn: str, low: int, high: int) -> bool:
     return await _stored(dsn, low, high) == high - low
+
+
+@pytest.mark.parametrize("protocol", ["5", "3.1.1"])
+async def test_the_sparkplug_host_state_follows_the_session_to_the_second_broker(
+    db_dsn: str, tmp_path: Path, protocol: str
+) -> None:
+    """Edge nodes on the second broker must see the host's birth once the gateway serves them
+    from there: the STATE link connects where the session is, not to the first endpoint."""
+    first = Mosquitto(tmp_path / "broker-a")
+    second = Mosquitto(tmp_path / "broker-b")
+    http_port = free_port()
+    config = tmp_path / "gateway.toml"
+    config.write_text(
+        config_toml(
+            dsn=db_dsn,
+            mqtt_port=0,
+            mqtt_hosts=[f"127.0.0.1:{first.port}", f"127.0.0.1:{second.port}"],
+            node_id="state-node",
+            protocol=protocol,
+            http_port=http_port,
+            log_level="info",
+            extra='[sparkplug]\nenabled = true\nhost_id = "gw-host"\ngroups = ["Plant1"]\n',
+        )
+    )
+    topic = sparkplug_wire.state_topic("gw-host")
+    process = DaemonProcess(config, tmp_path / "daemon.log")
+    first.start()
+    second.start()
+    try:
+        process.start()
+
+        async def online_on(port: int) -> bool:
+            assert process.alive(), f"daemon exited:\n{process.log_tail()}"
+            try:
+                state = sparkplug_wire.parse_state(await _retained(port, topic))
+            except (TimeoutError, aiomqtt.MqttError):
+                return False
+            return state is not None and state[0]
+
+        await wait_until(lambda: online_on(first.port), timeout=60, message="STATE on the first")
+        # Nothing on the second broker yet: the link is where the session is.
+        with pytest.raises(TimeoutError):
+            await _retained(second.port, topic, within_s=1)
+        first.kill()
+        await wait_until(
+            lambda: online_on(second.port), timeout=60, message="STATE online on the second"
+        )
+        assert process.terminate() == 0
+        # A clean stop says offline where the link was: on the second broker.
+        state = sparkplug_wire.parse_state(await _retained(second.port, topic))
+        assert state is not None
+        assert state[0] is False
+    finally:
+        process.cleanup()
+        first.kill()
+        second.stop()
 
 
 def _backoff(config: Config, low: float, high: float) -> Config:
