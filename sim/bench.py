@@ -34,7 +34,7 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 from urllib.parse import urlsplit, urlunsplit
 
 import aiomqtt
@@ -132,9 +132,10 @@ async def _backlog(
         # then DDATA by alias; every message stores one sample.
         stream = sparkplug_stream(device_ids(DEVICES, prefix), messages, group=prefix, seed=7)
     elif fmt != "native":
-        # A vendor's JSON on its own topics, under the phase's prefix (see _mapping).
+        # A vendor's JSON on its own topics, under the phase's vendor root (see _mapping).
         vendor = vendor_stream(fmt, device_ids(DEVICES, prefix), messages, seed=7)
-        stream = ((f"{prefix}/{topic}", payload) for topic, payload in vendor)
+        root = _vendor_root(prefix)
+        stream = ((f"{root}/{topic}", payload) for topic, payload in vendor)
     elif period is None:
         stream = telemetry_stream(Topics(prefix), device_ids(DEVICES, prefix), messages, seed=7)
     else:
@@ -190,10 +191,26 @@ async def measure_native(port: int, messages: int) -> Drain:
     return Drain(messages, time.perf_counter() - started)
 
 
+# Vendor profiles drained besides Tasmota (phase 3d), each through its own profile.
+OTHER_VENDOR_FORMATS: Final = ("zigbee2mqtt", "shelly-gen2", "chirpstack-v4")
+
+
+def _key(fmt: str) -> str:
+    """A format's name in the report's keys: ``shelly-gen2`` → ``shelly_gen2``."""
+    return fmt.replace("-", "_")
+
+
+def _vendor_root(prefix: str) -> str:
+    """The first topic level of a vendor phase's topics: the phase's own (phases never read
+    each other's), and not the gateway's ``[mqtt] topic_prefix``, which a mapping may not
+    overlap (``{prefix}/{device}/events/rpc`` would match ``{prefix}/events/+/+``)."""
+    return f"{prefix}-vendor"
+
+
 def _mapping(prefix: str, fmt: str) -> str:
     """The [[ingest.mappings]] table of a vendor-format phase: the profile of that name, its
-    telemetry topic under the phase's prefix (so that phases never read each other's); for
-    Sparkplug, the [sparkplug] section consuming the group of the phase's name."""
+    telemetry topic under the phase's vendor root; for Sparkplug, the [sparkplug] section
+    consuming the group of the phase's name."""
     if fmt == "native":
         return ""
     if fmt == "sparkplug":
@@ -206,7 +223,7 @@ def _mapping(prefix: str, fmt: str) -> str:
     }[fmt]
     return (
         f'[[ingest.mappings]]\nname = "bench"\nprofile = "{fmt}"\n'
-        f'topic = "{prefix}/{topic}"\npresence_topic = ""\ncommand_topic = ""\n'
+        f'topic = "{_vendor_root(prefix)}/{topic}"\npresence_topic = ""\ncommand_topic = ""\n'
     )
 
 
@@ -618,6 +635,24 @@ async def _run_phases(sizes: Sizes, *, dsn: str) -> dict[str, Any]:
                             fmt="sparkplug",
                         ),
                     )
+                    # The other vendor profiles' drains: their JSON on their own topics, read
+                    # by the same mapping code as Tasmota's (issue 25: each format measured).
+                    vendors = {
+                        fmt: _progress(
+                            f"gateway {fmt}",
+                            await measure_gateway(
+                                port,
+                                bench_dsn,
+                                messages,
+                                processes=1,
+                                live=False,
+                                workdir=workdir,
+                                probes=probes,
+                                fmt=fmt,
+                            ),
+                        )
+                        for fmt in OTHER_VENDOR_FORMATS
+                    }
                     one_live = _progress("gateway live", await gateway(1, live=True))
                     one_alarms = await check_alarms(bench_dsn, "gw1live", messages, period)
                     two_live = _progress("gateway x2 live", await gateway(2, live=True))
@@ -714,6 +749,15 @@ async def _run_phases(sizes: Sizes, *, dsn: str) -> dict[str, Any]:
         "gateway_sparkplug_msgs_per_s": round(spb.rate),
         "gateway_sparkplug_cpu_us_per_msg": round(spb.cpu_us_per_msg, 1),
         "ratio_sparkplug_vs_gateway": round(spb.rate / one.rate, 3),
+        **{
+            field: value
+            for fmt, drain in vendors.items()
+            for field, value in (
+                (f"gateway_{_key(fmt)}_msgs_per_s", round(drain.rate)),
+                (f"gateway_{_key(fmt)}_cpu_us_per_msg", round(drain.cpu_us_per_msg, 1)),
+                (f"ratio_{_key(fmt)}_vs_gateway", round(drain.rate / one.rate, 3)),
+            )
+        },
         "ratio_gateway_vs_bare": round(one.rate / bare.rate, 3),
         "ratio_gateway_vs_naive": round(one.rate / naive.rate, 2),
         "ratio_gateway_vs_native": round(one.rate / native.rate, 3),
@@ -773,6 +817,7 @@ async def _run_phases(sizes: Sizes, *, dsn: str) -> dict[str, Any]:
                 one311.rss_mb,
                 tasmota.rss_mb,
                 spb.rss_mb,
+                *(drain.rss_mb for drain in vendors.values()),
                 one_live.rss_mb,
                 two_live.rss_mb,
                 three_live.rss_mb,
@@ -971,6 +1016,23 @@ def render_table(result: dict[str, Any]) -> str:
             "",
         ),
         ("Sparkplug B / native (drain)", f"{r['ratio_sparkplug_vs_gateway']:.2f}", ""),
+        *(
+            row
+            for fmt in OTHER_VENDOR_FORMATS
+            if f"gateway_{_key(fmt)}_msgs_per_s" in r
+            for row in (
+                (
+                    f"gateway, 1 process (drain, {fmt} mapped)",
+                    f"{r[f'gateway_{_key(fmt)}_msgs_per_s']:,} msg/s",
+                    "",
+                ),
+                (
+                    f"gateway CPU per message ({fmt} mapped)",
+                    f"{r[f'gateway_{_key(fmt)}_cpu_us_per_msg']:.1f} us",
+                    "",
+                ),
+            )
+        ),
         ("gateway, 1 process, live publisher", f"{r['gateway_live_msgs_per_s']:,} msg/s", ""),
         ("gateway, 2 processes ($share), live", f"{r['gateway2_msgs_per_s']:,} msg/s", ""),
         ("gateway, 3 processes ($share), live", f"{r['gateway3_msgs_per_s']:,} msg/s", ""),

@@ -105,8 +105,12 @@ class GatewayProcesses:
                 )
             self.processes.append(process)
         async with aiohttp.ClientSession() as http:
-            for port in self.http_ports:
-                await wait_healthy(http, port)
+            for port, process in zip(self.http_ports, self.processes, strict=True):
+                try:
+                    # A gateway that exits (a refused config) fails the phase at once.
+                    await wait_healthy(http, port, process=process)
+                except RuntimeError as exc:
+                    raise RuntimeError(f"{exc}:\n{self.log_tail()}") from exc
 
     def peak_rss_mb(self) -> float:
         """Largest peak resident set size (VmHWM) among the processes."""

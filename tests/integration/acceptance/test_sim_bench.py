@@ -100,7 +100,9 @@ async def test_bench_quick_completes_and_reports_every_figure(
              "gateway_live_msgs_per_s", "gateway2_msgs_per_s", "gateway3_msgs_per_s",
              "naive_msgs_per_s",
              "commands_per_s", "reference_msgs_per_s", "gateway_msgs_per_s_mqtt311",
-             "gateway_tasmota_msgs_per_s", "gateway_sparkplug_msgs_per_s"]  # fmt: skip
+             "gateway_tasmota_msgs_per_s", "gateway_sparkplug_msgs_per_s",
+             "gateway_zigbee2mqtt_msgs_per_s", "gateway_shelly_gen2_msgs_per_s",
+             "gateway_chirpstack_v4_msgs_per_s"]  # fmt: skip
     for key in rates:
         assert isinstance(result[key], int), key
         assert result[key] > 0, key
