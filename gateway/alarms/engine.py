@@ -33,6 +33,7 @@ from gateway.alarms.metrics import AlarmMetrics
 from gateway.domain.alarm import active_key, dedup_key
 from gateway.domain.errors import ConcurrentWriteError
 from gateway.domain.rules import (
+    IDLE,
     Clearing,
     DeviceClock,
     Evaluation,
@@ -42,17 +43,25 @@ from gateway.domain.rules import (
     RuleState,
     RuleStates,
     SlotKey,
+    StoredAlarm,
+    StoredSample,
     ThresholdRule,
     evaluate,
     fire_held,
+    judged_from_samples,
+    merged_state,
+    newest_clearing,
+    replay_samples,
     rule_version,
     state_keys,
+    uncovered,
 )
 from gateway.support.loops import RETRYABLE, sleep_unless_stopped, wait_event_or_stop
 from gateway.support.metrics import Metrics
 from protocol import Telemetry
 from storage import alarms as repo
 from storage import device_clock as clock_repo
+from storage import rule_runs as runs_repo
 from storage import rule_state as state_repo
 from storage.device_clock import ClockFigure
 from storage.rule_state import HoldRule, RuleStateRow, StateWriteConflictError
@@ -67,6 +76,10 @@ HEARTBEAT_S = 10.0
 NODE_LIVE_S = 60.0
 # Pending rows the hold timer locks and judges per transaction.
 HOLD_PAGE = 200
+# A late sample's run judged from the stored samples: how far back its start is looked for,
+# and how many samples from there on are read at most (gateway.domain.rules.runs).
+RUN_LOOKBACK = 1000
+RUN_REPLAY_MAX = 5000
 
 
 @dataclass(slots=True)
@@ -78,6 +91,11 @@ class BatchAlarms:
     deduplicated: int = 0
     cleared: int = 0
     late: int = 0  # alarms raised by samples committed out of order (already cleared/superseded)
+    # Late samples' runs judged again from the stored samples (gateway.domain.rules.runs),
+    # the alarms that raised, and the runs too long or too far behind to judge that way.
+    runs_judged: int = 0
+    runs_raised: int = 0
+    runs_unjudged: int = 0
     states_written: int = 0
     clock_adjustments: dict[str, int] = field(default_factory=dict)
     # The same per (device, reason), with the batch's last adjustment of each: written in
@@ -189,6 +207,8 @@ class AlarmEngine:
         run: list[Firing] = []
         in_run: set[tuple[str, str]] = set()
         clock = self.clock
+        # (device, rule) → the oldest late sample of the batch its state could not place.
+        unplaced: dict[SlotKey, datetime] = {}
         for device_id, event_id, message in messages:
             # Judged against the database's clock (the receipt, alike on every node).
             evaluation = evaluate(
@@ -196,6 +216,10 @@ class AlarmEngine:
             )
             if evaluation.clock_adjustment is not None:
                 _count_adjustment(batch, device_id, message, evaluation, now)
+            for rule_key in evaluation.unplaced:
+                at = message.timestamp()
+                known = unplaced.get((device_id, rule_key))
+                unplaced[(device_id, rule_key)] = at if known is None else min(known, at)
             for outcome in evaluation.outcomes:
                 if isinstance(outcome, Firing) and outcome.superseded_by_event is None:
                     if (outcome.device_id, outcome.rule_key) in in_run:
@@ -211,10 +235,92 @@ class AlarmEngine:
                 else:
                     await self._clear(conn, outcome, now, batch)
         await self._fire(conn, run, now, batch)
+        for key, at in sorted(unplaced.items()):
+            await self._judge_run(conn, rules, key, at, states=loaded.states, now=now, batch=batch)
         await self._write_states(conn, loaded, batch)
         if batch.device_clocks:  # rare: no statement at all when no clock was adjusted
             await clock_repo.record_adjustments(conn, list(batch.device_clocks.values()))
         return batch
+
+    async def _judge_run(
+        self,
+        conn: asyncpg.Connection,
+        rules: RuleSet,
+        key: SlotKey,
+        at: datetime,
+        *,
+        states: RuleStates,
+        now: datetime,
+        batch: BatchAlarms,
+    ) -> None:
+        """A late sample (device time ``at``) the rule state could not place: its rule judged
+        again from the device's stored samples, from the newest clearing sample before it
+        (gateway.domain.rules.runs). The runs no alarm stands for are raised (already cleared
+        or superseded where a newer sample says so), the episodes that ended are cleared, and
+        the state becomes the replay's. Under the row lock the batch holds: two nodes judge
+        one run one after the other, and the second finds the first's alarm."""
+        device_id, rule_key = key
+        rule = rules.by_key(rule_key)
+        if not isinstance(rule, ThresholdRule) or not judged_from_samples(rule):
+            return
+        before = [
+            StoredSample(*row)
+            for row in await runs_repo.samples_before(
+                conn, device_id, rule.metric, at, RUN_LOOKBACK
+            )
+        ]
+        index = newest_clearing(rule, before, at)
+        if not before or (index is None and len(before) == RUN_LOOKBACK):
+            # A run longer than the lookback reached `for_samples` long ago: its alarm was
+            # raised in its time (the state placed those samples).
+            batch.runs_unjudged += 1
+            return
+        start = before[-1] if index is None else before[index]
+        samples = [
+            StoredSample(*row)
+            for row in await runs_repo.samples_from(
+                conn, device_id, rule.metric, start.ts, RUN_REPLAY_MAX
+            )
+        ]
+        if len(samples) == RUN_REPLAY_MAX:
+            # Far behind the newest (a backlog of hours): left to the ordering rule.
+            batch.runs_unjudged += 1
+            return
+        seqs = await runs_repo.device_seqs(conn, device_id, start.ts, 4 * RUN_REPLAY_MAX)
+        alarms = [
+            StoredAlarm(*row)
+            for row in await runs_repo.alarms_after(conn, device_id, rule_key, start.ts)
+        ]
+        episodes, replayed = replay_samples(
+            rules, rule, device_id, samples, seqs=seqs, raised=alarms
+        )
+        for episode in uncovered(episodes, alarms):
+            firing = dataclasses.replace(
+                episode.firing,
+                reason=f"{episode.firing.reason} (late: its run judged from the stored samples)",
+            )
+            newer = [a for a in alarms if a.sample_ts > firing.observed_at]
+            if newer:
+                successor = max(newer, key=lambda alarm: alarm.sample_ts)
+                cleared_by = episode.clearing
+                firing = dataclasses.replace(
+                    firing,
+                    superseded_by_event=successor.event_id,
+                    cleared_by_event=None if cleared_by is None else cleared_by.telemetry_event_id,
+                )
+                await self._fire_late(conn, firing, now, batch)
+            else:
+                await self._fire(conn, [firing], now, batch)
+                batch.late += 1
+            alarms.append(StoredAlarm(firing.observed_at, firing.telemetry_event_id))
+            batch.runs_raised += 1
+        for episode in episodes:
+            if episode.clearing is not None:
+                clearing = episode.clearing
+                late_clear = dataclasses.replace(clearing, raised_by_then=clearing.observed_at)
+                await self._clear(conn, late_clear, now, batch)
+        states[key] = merged_state(states.get(key, IDLE), replayed, episodes, alarms)
+        batch.runs_judged += 1
 
     async def fire_due_holds(
         self,
@@ -281,6 +387,10 @@ class AlarmEngine:
         m.alarms_cleared.inc(batch.cleared)
         m.rule_states_written.inc(batch.states_written)
         m.alarms_late.inc(batch.late)
+        if batch.runs_judged or batch.runs_unjudged:
+            m.late_runs.labels("judged").inc(batch.runs_judged)
+            m.late_runs.labels("raised").inc(batch.runs_raised)
+            m.late_runs.labels("unjudged").inc(batch.runs_unjudged)
         for reason, count in batch.clock_adjustments.items():
             m.clock_adjustments.labels(reason).inc(count)
 

@@ -29,6 +29,15 @@ class AlarmMetrics(MetricSet):
             "or superseded)",
             registry=r,
         )
+        self.late_runs = Counter(
+            "gateway_rule_late_runs",
+            "Late samples of for_samples rules the rule state could not place, by outcome: "
+            "judged (their rule replayed from the stored samples), raised (a run's alarm the "
+            "ordering rule had missed), unjudged (a run longer or further behind than the "
+            "replay reads)",
+            ["outcome"],
+            registry=r,
+        )
         self.clock_adjustments = Counter(
             "gateway_clock_adjustments",
             "Samples judged at their receipt instead of their device time, by why: ahead (dated "

@@ -33,4 +33,5 @@ from __future__ import annotations
 from gateway.domain.rules.config import *
 from gateway.domain.rules.evaluate import *
 from gateway.domain.rules.model import *
+from gateway.domain.rules.runs import *
 from gateway.domain.rules.state import *

@@ -43,6 +43,7 @@ __all__ = [
     "Evaluation",
     "Firing",
     "Outcome",
+    "clears",
     "evaluate",
     "fire_held",
     "hold_due_at",
@@ -116,6 +117,9 @@ class Evaluation:
     clock_adjustment: ClockAdjustment | None = None
     # The time it was judged at, when `clock_adjustment` is set.
     judged_at: datetime | None = None
+    # Rules for which it is a late sample the state cannot place: judged again from the
+    # stored samples of its run (gateway.domain.rules.runs); empty when its clock was adjusted.
+    unplaced: tuple[str, ...] = ()
 
     @property
     def firings(self) -> tuple[Firing, ...]:
@@ -153,6 +157,7 @@ class _Run:
         self.sent_at = observed_at if sent_at is None else sent_at  # its device time
         self.seq = seq
         self.outcomes: list[Outcome] = []
+        self.unplaced: list[str] = []
 
     def get(self, rule: Rule) -> RuleState:
         return self.states.get((self.device_id, rule.key), IDLE)
@@ -316,7 +321,12 @@ def evaluate(
         for threshold in device_rules.thresholds:
             if threshold.metric in message.metrics:
                 _judge_sample(threshold, message.metrics[threshold.metric], run)
-    return Evaluation(tuple(run.outcomes), adjustment, None if adjustment is None else at)
+    return Evaluation(
+        tuple(run.outcomes),
+        adjustment,
+        None if adjustment is None else at,
+        () if adjustment is not None else tuple(run.unplaced),
+    )
 
 
 def _seq_above(state: RuleState, seq: int | None) -> bool:
@@ -388,6 +398,8 @@ def _judge_sample(rule: ThresholdRule, observed: MetricValue, run: _Run) -> None
     late = run.is_late(state)
     state = _noted(state, verdict, run)
     if late:
+        if _unplaced(rule, verdict, state, run.observed_at):
+            run.unplaced.append(rule.key)
         _judge_late_sample(rule, observed, verdict, state, run)
         return
     at = run.observed_at
@@ -433,6 +445,38 @@ def _count_violation(
     else:
         state = replace(state, pending_count=count, pending_since=since)
     run.put(rule, state)
+
+
+def _unplaced(rule: ThresholdRule, verdict: _Verdict, state: RuleState, at: datetime) -> bool:
+    """Whether a late sample of a rule that counts samples lies where the state cannot say
+    what device order made of it: a violation outside the pending run and before the firing
+    one (its run may have reached `for_samples`, or been cut short), a break inside the
+    pending run (it splits it), a clear before the latest alarm (it may end a run that
+    alarm was taken to stand for), a clear after the latest alarm and before its release
+    with a violation since (in device order it cleared, and the violation began a new run).
+    See gateway.domain.rules.runs."""
+    if rule.for_samples <= 1 or rule.for_seconds > 0:
+        return False
+    if verdict is _Verdict.VIOLATING:
+        in_pending = state.pending_since is not None and state.pending_since <= at
+        in_firing = state.firing and state.fired_ts is not None and state.fired_ts <= at
+        return not (in_pending or in_firing)
+    if state.pending_since is not None and state.pending_since < at:
+        return True
+    if verdict is not _Verdict.CLEAR or state.fired_ts is None:
+        return False
+    # Before the latest alarm: it may end a run the alarm was taken to stand for. After it
+    # and before its release (or while it fires), with a violation since: in device order
+    # the alarm ended here, and that violation began a run of its own.
+    released_later = state.released_ts is not None and at < state.released_ts
+    violated_since = state.violating_ts is not None and state.violating_ts > at
+    return at < state.fired_ts or ((state.firing or released_later) and violated_since)
+
+
+def clears(rule: ThresholdRule, observed: MetricValue) -> bool:
+    """Whether a sample of `observed` says clear for `rule` (neither violating nor in band):
+    after one, in device order, the rule is neither firing nor pending."""
+    return _verdict(rule, observed) is _Verdict.CLEAR
 
 
 def _judge_late_sample(

@@ -1,0 +1,44 @@
+-- Late samples judged again from the stored samples of their run (gateway.domain.rules.runs):
+-- read on the ingest transaction, under the rule state's row lock, only for a late sample the
+-- state cannot place.
+
+-- name: samples_before
+-- $1 device id, $2 metric, $3 device time, $4 how many; the device's stored samples of the
+-- metric at or before $3, newest first (device time, then seq): where the late sample's run
+-- began. Reads telemetry_device_ts_idx.
+SELECT ts, seq, event_id, (metrics -> $2)::text AS value
+FROM telemetry
+WHERE device_id = $1 AND ts <= $3 AND metrics ? $2
+ORDER BY ts DESC, seq DESC NULLS LAST
+LIMIT $4;
+
+-- name: samples_from
+-- $1 device id, $2 metric, $3 device time, $4 how many; the device's stored samples of the
+-- metric from $3 on, oldest first: what the replay reads.
+SELECT ts, seq, event_id, (metrics -> $2)::text AS value
+FROM telemetry
+WHERE device_id = $1 AND ts >= $3 AND metrics ? $2
+ORDER BY ts, seq NULLS FIRST
+LIMIT $4;
+
+-- name: alarms_after
+-- $1 device id, $2 rule key, $3 device time; the alarms of (device, rule) raised by a sample
+-- dated after $3, oldest first: that sample's time (its trigger's `sample_ts`; an alarm from
+-- before migration 0010 looks its sample up) and event id. Reads alarm_device_idx.
+SELECT raised.ts AS sample_ts, a.telemetry_event_id AS event_id
+FROM alarm a
+CROSS JOIN LATERAL (
+    SELECT coalesce((a.trigger ->> 'sample_ts')::timestamptz,
+                    (SELECT t.ts FROM telemetry t WHERE t.event_id = a.telemetry_event_id))
+           AS ts
+) AS raised
+WHERE a.device_id = $1 AND a.rule_key = $2 AND raised.ts > $3
+ORDER BY raised.ts, a.id;
+
+-- name: device_seqs
+-- $1 device id, $2 device time, $3 how many; the seqs of the device's stored messages from $2
+-- on, whatever they carried: where a message is missing between two samples of a metric.
+SELECT seq FROM telemetry
+WHERE device_id = $1 AND ts >= $2 AND seq IS NOT NULL
+ORDER BY ts, seq
+LIMIT $3;

@@ -1,0 +1,57 @@
+"""The stored samples and alarms a late sample's run is judged again from
+(gateway.domain.rules.runs), read on the caller's ingest transaction."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import asyncpg
+import msgspec
+
+from protocol import MetricValue
+from storage.sql import load_queries
+
+_Q = load_queries("rule_runs.sql")
+SAMPLES_BEFORE = _Q["samples_before"]
+SAMPLES_FROM = _Q["samples_from"]
+ALARMS_AFTER = _Q["alarms_after"]
+DEVICE_SEQS = _Q["device_seqs"]
+
+_VALUE = msgspec.json.Decoder(int | float | bool | str)
+
+# (device time, seq, event id, value) of one stored sample of a metric.
+Sample = tuple[datetime, int | None, str, MetricValue]
+
+
+def _samples(rows: list[asyncpg.Record]) -> list[Sample]:
+    return [(row["ts"], row["seq"], row["event_id"], _VALUE.decode(row["value"])) for row in rows]
+
+
+async def samples_before(
+    conn: asyncpg.Connection, device_id: str, metric: str, at: datetime, limit: int
+) -> list[Sample]:
+    """The device's stored samples of ``metric`` at or before ``at``, newest first."""
+    return _samples(await conn.fetch(SAMPLES_BEFORE, device_id, metric, at, limit))
+
+
+async def samples_from(
+    conn: asyncpg.Connection, device_id: str, metric: str, since: datetime, limit: int
+) -> list[Sample]:
+    """The device's stored samples of ``metric`` from ``since`` on, oldest first."""
+    return _samples(await conn.fetch(SAMPLES_FROM, device_id, metric, since, limit))
+
+
+async def alarms_after(
+    conn: asyncpg.Connection, device_id: str, rule_key: str, after: datetime
+) -> list[tuple[datetime, str]]:
+    """The alarms of (device, rule) raised by a sample dated after ``after``, oldest first:
+    (that sample's device time, its event id)."""
+    rows = await conn.fetch(ALARMS_AFTER, device_id, rule_key, after)
+    return [(row["sample_ts"], row["event_id"]) for row in rows]
+
+
+async def device_seqs(
+    conn: asyncpg.Connection, device_id: str, since: datetime, limit: int
+) -> frozenset[int]:
+    """The seqs of the device's stored messages from ``since`` on (any metric, any event)."""
+    return frozenset(row["seq"] for row in await conn.fetch(DEVICE_SEQS, device_id, since, limit))

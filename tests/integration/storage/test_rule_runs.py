@@ -1,0 +1,304 @@
+"""A `for_samples` rule across nodes that commit one device's samples out of step.
+
+Each "node" stores a batch as the daemon does: the telemetry rows, then the engine on the same
+transaction. The commit order is chosen by the test. What is asserted is the reference's
+decision (one node reading the device's samples in device order, `evaluate` on a fresh state):
+every run that reached `for_samples` has exactly one alarm, raised by a sample of that run,
+cleared exactly when the run was cleared; no other alarm. Before late samples were judged from
+the stored samples of their run (gateway.domain.rules.runs), a run whose samples were committed
+after the clear that ended it was never raised.
+
+The randomised test is seeded; a failing seed prints the command that replays it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+import asyncpg
+import pytest
+
+from gateway.alarms.engine import AlarmEngine
+from gateway.domain.rules import (
+    Clearing,
+    Firing,
+    RuleConfig,
+    RuleStates,
+    compile_rules,
+    evaluate,
+)
+from gateway.support.metrics import Metrics
+from protocol import Telemetry, telemetry_event_id
+from storage import ingest as ingest_repo
+
+T0 = 1_767_225_600_000
+SLOW = RuleConfig(
+    key="hot-3", kind="threshold", metric="temp", op=">", value=80, clear_value=75,
+    for_samples=3, severity="MAJOR",
+)  # fmt: skip
+RULES = compile_rules([SLOW])
+HOT, BAND, COOL = 95.0, 77.0, 70.0
+
+
+def _sample(seq: int, temp: float) -> Telemetry:
+    return Telemetry(ts=T0 + seq * 1000, seq=seq, metrics={"temp": temp})
+
+
+@dataclass(frozen=True)
+class _Stored:
+    device: str
+    event_id: str
+    message: Telemetry
+
+
+def _stream(device: str, temps: Sequence[float]) -> list[_Stored]:
+    samples = [_sample(seq, temp) for seq, temp in enumerate(temps)]
+    return [_Stored(device, telemetry_event_id(device, m), m) for m in samples]
+
+
+async def _commit(engine: AlarmEngine, conn: asyncpg.Connection, batch: list[_Stored]) -> None:
+    """One node's batch: its telemetry, then its rules, in one transaction (as the daemon)."""
+    rows = [
+        ingest_repo.TelemetryRow(
+            s.event_id, s.device, s.message.timestamp(), s.message.seq,
+            json.dumps(s.message.metrics), None,
+        )
+        for s in batch
+    ]  # fmt: skip
+    async with conn.transaction():
+        new = await ingest_repo.insert_telemetry(conn, rows, engine.node_id)
+        fresh = [(s.device, s.event_id, s.message) for s in batch if s.event_id in new]
+        alarms = await engine.on_stored(conn, fresh)
+    engine.committed(alarms)
+
+
+@dataclass(frozen=True)
+class _Episode:
+    """A reference firing: raised by `trigger`, over the samples after `after` up to
+    `cleared_at` (None: still standing)."""
+
+    trigger: str
+    after: datetime
+    cleared_at: datetime | None
+
+
+def _reference(stream: list[_Stored]) -> list[_Episode]:
+    """One node reading the device's samples in device order: each firing, from the last
+    clearing sample before it to the clearing that ended it."""
+    states: RuleStates = {}
+    episodes: list[_Episode] = []
+    standing: tuple[str, datetime] | None = None
+    after = datetime.min.replace(tzinfo=stream[0].message.timestamp().tzinfo)
+    for s in sorted(stream, key=lambda s: s.message.seq or 0):
+        for outcome in evaluate(RULES, states, s.device, s.event_id, s.message).outcomes:
+            if isinstance(outcome, Firing):
+                assert standing is None  # the rule clears before it fires again
+                standing = (outcome.telemetry_event_id, after)
+            elif isinstance(outcome, Clearing) and standing is not None:
+                episodes.append(_Episode(standing[0], standing[1], outcome.observed_at))
+                standing = None
+        assert s.message.metrics is not None
+        if s.message.metrics["temp"] == COOL:
+            after = s.message.timestamp()
+    if standing is not None:
+        episodes.append(_Episode(standing[0], standing[1], None))
+    return episodes
+
+
+async def _differences(db: asyncpg.Connection, device: str, stream: list[_Stored]) -> list[str]:
+    """How the stored alarms of `device` differ from the reference's episodes (none: equal)."""
+    ts_of = {s.event_id: s.message.timestamp() for s in stream}
+    seq_of = {s.event_id: s.message.seq for s in stream}
+    alarms = await db.fetch(
+        "SELECT telemetry_event_id, cleared_at IS NOT NULL AS cleared"
+        " FROM alarm WHERE device_id = $1 AND rule_key = $2 ORDER BY id",
+        device,
+        SLOW.key,
+    )
+    differences: list[str] = []
+    matched: set[str] = set()
+    for episode in _reference(stream):
+        inside = [
+            a["telemetry_event_id"]
+            for a in alarms
+            if episode.after < ts_of[a["telemetry_event_id"]]
+            and (episode.cleared_at is None or ts_of[a["telemetry_event_id"]] <= episode.cleared_at)
+        ]
+        matched.update(inside)
+        trigger = seq_of[episode.trigger]
+        if not inside:
+            differences.append(f"{device}: missed the run raised on seq {trigger}")
+        elif len(inside) > 1:
+            differences.append(f"{device}: {len(inside)} alarms for the run of seq {trigger}")
+        cleared = {a["telemetry_event_id"]: a["cleared"] for a in alarms}
+        if inside and cleared[inside[0]] != (episode.cleared_at is not None):
+            differences.append(f"{device}: the run of seq {trigger} cleared is wrong")
+    extra = sorted(
+        seq_of[a["telemetry_event_id"]] for a in alarms if a["telemetry_event_id"] not in matched
+    )
+    if extra:
+        differences.append(f"{device}: {EXTRA} on seqs {extra}")
+    return differences
+
+
+# An alarm device order never raises: a run counted on the samples that had arrived, while a
+# break between them was still in flight on another node (docs/rules-and-alarms.md, "Runs of
+# samples across nodes"). It is raised, then cleared by the next clearing sample.
+EXTRA = "alarms device order never raises"
+
+
+async def _check(db: asyncpg.Connection, device: str, stream: list[_Stored]) -> list[str]:
+    """Assert no run missed, none raised twice, each cleared as device order clears it;
+    return the alarms device order never raises (see EXTRA)."""
+    differences = await _differences(db, device, stream)
+    assert [d for d in differences if EXTRA not in d] == []
+    return differences
+
+
+@pytest.fixture
+async def three(db_dsn: str) -> AsyncIterator[list[tuple[AlarmEngine, asyncpg.Connection]]]:
+    conns = [await asyncpg.connect(db_dsn) for _ in range(3)]
+    engines = [AlarmEngine(rules=RULES, node_id=f"node-{n}", metrics=Metrics()) for n in "abc"]
+    try:
+        yield list(zip(engines, conns, strict=True))
+    finally:
+        for conn in conns:
+            await conn.close()
+
+
+async def test_a_run_committed_after_its_own_clear_is_raised_already_cleared(
+    three: list[tuple[AlarmEngine, asyncpg.Connection]], db: asyncpg.Connection
+) -> None:
+    """Eight hot samples, then cool ones: node B commits the last hot one and the first cool
+    one before node A commits the other seven. The run reached three samples in device order:
+    its alarm is raised on its third sample, cleared by the first cool one."""
+    stream = _stream("dev", [HOT] * 8 + [COOL] * 4)
+    (a, conn_a), (b, conn_b), _ = three
+    await _commit(b, conn_b, stream[7:9])
+    assert await db.fetchval("SELECT count(*) FROM alarm") == 0  # 1 violation, then a clear
+    await _commit(a, conn_a, stream[:7])
+    row = await db.fetchrow("SELECT telemetry_event_id, cleared_at, clear_event_id FROM alarm")
+    assert row is not None
+    assert row["telemetry_event_id"] == stream[2].event_id  # the run's third sample
+    assert row["cleared_at"] is not None
+    assert row["clear_event_id"] == stream[8].event_id
+    await _commit(a, conn_a, stream[9:])
+    assert await _check(db, "dev", stream) == []
+    state = await db.fetchrow(
+        "SELECT firing, pending_count FROM rule_state WHERE device_id = 'dev'"
+    )
+    assert state is not None
+    assert (state["firing"], state["pending_count"]) == (False, 0)
+    judged = a.alarm_metrics.late_runs.labels("raised")._value.get()
+    assert judged == 1
+
+
+async def test_a_late_break_splits_the_pending_run(
+    three: list[tuple[AlarmEngine, asyncpg.Connection]], db: asyncpg.Connection
+) -> None:
+    """Hot, in band, hot, hot: in device order the band sample breaks the run (two, not four,
+    in a row). Node B commits the hot samples first; node A's late band sample must split
+    what B counted, so the next hot sample (the third in a row only after it) fires, and not
+    before."""
+    stream = _stream("dev", [HOT, BAND, HOT, HOT, HOT, COOL])
+    (a, conn_a), (b, conn_b), _ = three
+    await _commit(b, conn_b, [stream[0], stream[2]])  # pending 2 (device order: 1, then 1)
+    await _commit(a, conn_a, [stream[1]])  # the late break
+    await _commit(b, conn_b, [stream[3]])  # 2 in a row in device order: nothing yet
+    assert await db.fetchval("SELECT count(*) FROM alarm") == 0
+    await _commit(b, conn_b, [stream[4]])  # the third in a row
+    assert await db.fetchval("SELECT telemetry_event_id FROM alarm") == stream[4].event_id
+    await _commit(b, conn_b, [stream[5]])
+    assert await _check(db, "dev", stream) == []
+
+
+async def test_a_run_whose_clear_is_still_in_flight_waits_for_it(
+    three: list[tuple[AlarmEngine, asyncpg.Connection]], db: asyncpg.Connection
+) -> None:
+    """Cool, three hot, cool, four hot, cool. Node B counts 1, 2 and 5 as three in a row (3
+    and 4 are still on node A) and raises on 5. Node A's late 3 completes the first run in
+    device order, but whether 4 ends it, or the alarm on 5 stands for a longer run, is not
+    known until 4 arrives: nothing is raised yet. When 4 (a clear) arrives, the first run's
+    alarm is raised on its third sample, superseded by the alarm on 5, cleared by 4."""
+    stream = _stream("dev", [COOL, HOT, HOT, HOT, COOL, HOT, HOT, HOT, HOT, COOL])
+    (a, conn_a), (b, conn_b), _ = three
+    await _commit(b, conn_b, stream[0:3])
+    await _commit(b, conn_b, stream[5:8])
+    assert await db.fetchval("SELECT telemetry_event_id FROM alarm") == stream[5].event_id
+    await _commit(a, conn_a, [stream[3]])
+    assert await db.fetchval("SELECT count(*) FROM alarm") == 1
+    await _commit(a, conn_a, [stream[4]])
+    first = await db.fetchrow(
+        "SELECT status, cleared_at IS NOT NULL AS cleared, clear_event_id FROM alarm"
+        " WHERE telemetry_event_id = $1",
+        stream[3].event_id,
+    )
+    assert first is not None
+    assert dict(first) == {
+        "status": "SUPERSEDED", "cleared": True, "clear_event_id": stream[4].event_id,
+    }  # fmt: skip
+    await _commit(b, conn_b, stream[8:])
+    assert await _check(db, "dev", stream) == []
+
+
+SEEDS = int(os.environ.get("GATEWAY_RULE_RUN_SEEDS", "12"))
+FIRST_SEED = int(os.environ.get("GATEWAY_RULE_RUN_SEED", "1"))
+
+
+def _temps(rng: random.Random, count: int) -> list[float]:
+    temps: list[float] = []
+    while len(temps) < count:
+        temps += [rng.choice([HOT, HOT, BAND, COOL])] * rng.randint(1, 6)
+    return temps[:count]
+
+
+def _interleaving(
+    rng: random.Random, stream: list[_Stored], nodes: int
+) -> list[tuple[int, list[_Stored]]]:
+    """Each sample goes to one node; each node cuts what it got into batches in arrival order;
+    the batches commit in an order that keeps each node's own in turn."""
+    got: list[list[_Stored]] = [[] for _ in range(nodes)]
+    for s in stream:
+        got[rng.randrange(nodes)].append(s)
+    queues: list[list[list[_Stored]]] = []
+    for items in got:
+        batches, start = [], 0
+        while start < len(items):
+            size = rng.randint(1, 8)
+            batches.append(items[start : start + size])
+            start += size
+        queues.append(batches)
+    order: list[tuple[int, list[_Stored]]] = []
+    while any(queues):
+        node = rng.choice([n for n, q in enumerate(queues) if q])
+        order.append((node, queues[node].pop(0)))
+    return order
+
+
+@pytest.mark.parametrize("seed", range(FIRST_SEED, FIRST_SEED + SEEDS))
+async def test_three_nodes_in_any_commit_order_raise_what_device_order_raises(
+    three: list[tuple[AlarmEngine, asyncpg.Connection]], db: asyncpg.Connection, seed: int
+) -> None:
+    rng = random.Random(seed)
+    streams = {f"dev-{d}": _stream(f"dev-{d}", _temps(rng, 60)) for d in range(4)}
+    everything = [s for stream in streams.values() for s in stream]
+    try:
+        for node, batch in _interleaving(rng, everything, len(three)):
+            engine, conn = three[node]
+            await _commit(engine, conn, batch)
+        extra = [d for device, stream in streams.items() for d in await _check(db, device, stream)]
+        # Measured over seeds 1-210: 2 seeds with one such alarm each (55 and 94), none in the
+        # default range. More than one in a seed is not that limit any more.
+        assert len(extra) <= 1, extra
+    except AssertionError:
+        print(
+            "replay: GATEWAY_RULE_RUN_SEED="
+            f"{seed} GATEWAY_RULE_RUN_SEEDS=1 pytest -q {__file__}"
+            " -k test_three_nodes_in_any_commit_order"
+        )
+        raise
