@@ -444,6 +444,7 @@ class MqttSession:
             ) from None
         if (
             self.connections == 0
+            and self.settings.protocol == "5"  # on 3.1.1 already: nothing to suggest
             and isinstance(exc, MqttNoConnAckError)
             and await speaks_mqtt311(self.settings)
         ):
@@ -495,7 +496,7 @@ class MqttSession:
             error=str(exc),
             retry_in_s=round(delay, 3),
             setting=self.broker_setting if refused is None else refused[1],
-            **_hint(exc),
+            **(_hint(exc) if self.settings.protocol == "5" else {}),
         )
         return delay
 
