@@ -13,7 +13,10 @@ only; paho's and amqtt's parsers are tied to their own clients and sockets (paho
 ceiling we are leaving; amqtt's reads through an ``asyncio.StreamReader`` per packet);
 ``hbmqtt`` is amqtt's unmaintained ancestor; ``gmqtt`` and ``asyncio-mqtt`` are clients with
 their own automatic acknowledgement, not codecs. MQTT 3.1.1's client side is small: the packets
-below are all a client sends or receives at QoS 0/1.
+below are all a client sends or receives at QoS 0/1. ``sim/wire.py`` (the benchmark's load
+generator) writes CONNECT and PUBLISH too; it is not shared, since ``sim`` sits below ``gateway``
+in the import layers and the load generator stays independent of what it measures: the unit
+tests check that both write the same bytes.
 
 What it speaks (OASIS MQTT 3.1.1):
 
