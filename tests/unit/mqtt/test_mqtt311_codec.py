@@ -20,7 +20,7 @@ from gateway.mqtt.v5_connection import (
     MqttProtocolError,
     _Wire,
 )
-from gateway.mqtt.v311_client import ConnectionSettings
+from gateway.mqtt.v311_client import SETTLE_FILTER, ConnectionSettings
 from gateway.mqtt.v311_connection import (
     CONNACK_REFUSALS,
     DISCONNECT_PACKET,
@@ -350,3 +350,50 @@ async def test_a_malformed_connack_fails_the_connect(connecting: Make) -> None:
     conn._on_data(b"\x20\x02\x02\x00")  # reserved acknowledge flags
     assert conn._connack is not None
     assert isinstance(conn._connack.result(), MqttProtocolError)
+
+
+# --------------------------------------------------------------------------- how it ends
+
+
+async def _until_eof(end: socket.socket) -> bytes:
+    """Everything the connection writes until it closes its side."""
+    loop = asyncio.get_running_loop()
+    data = b""
+    async with asyncio.timeout(5):
+        while chunk := await loop.sock_recv(end, 65536):
+            data += chunk
+    return data
+
+
+async def test_a_protocol_error_closes_without_disconnect_so_the_will_is_published(
+    open_: Make, sockets: list[socket.socket]
+) -> None:
+    conn = await open_()
+    conn._on_data(b"\xc0\x00")  # PINGREQ: no packet a client receives
+    assert isinstance(conn._error, MqttProtocolError)
+    assert await _until_eof(sockets[0]) == b""
+
+
+async def test_closing_settles_the_acks_with_an_unsubscribe_round_trip_then_disconnects(
+    open_: Make, sockets: list[socket.socket]
+) -> None:
+    conn = await open_()
+    far = sockets[0]
+    conn._on_data(publish_packet("a", b"p", qos=1, packet_id=3))
+    assert conn.ack(conn._deliveries[0])
+    closing = asyncio.create_task(conn.__aexit__(None, None, None))
+    settle = unsubscribe_packet(1, SETTLE_FILTER)
+    assert await _written(far, 4 + len(settle)) == b"\x40\x02\x00\x03" + settle
+    assert not closing.done()  # no DISCONNECT before the broker answered
+    await asyncio.get_running_loop().sock_sendall(far, b"\xb0\x02\x00\x01")  # UNSUBACK
+    assert await _until_eof(far) == DISCONNECT_PACKET
+    await closing
+    assert conn.unsettled_acks == 0
+
+
+async def test_closing_without_acks_disconnects_at_once(
+    open_: Make, sockets: list[socket.socket]
+) -> None:
+    conn = await open_()
+    await conn.__aexit__(None, None, None)
+    assert await _until_eof(sockets[0]) == DISCONNECT_PACKET
