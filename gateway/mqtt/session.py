@@ -35,14 +35,16 @@ from gateway.mqtt.v5_connection import (
     MqttConnectError,
     MqttNoConnAckError,
 )
-from gateway.mqtt.v311_client import AckingClient, ConnectionSettings, SubscriptionRefusedError
+from gateway.mqtt.v311_client import ConnectionSettings, SubscriptionRefusedError
+from gateway.mqtt.v311_connection import Mqtt311Connection
 from gateway.support.backoff import Backoff
 from gateway.support.metrics import Metrics
 from gateway.support.publish_refusal import PublishRefused
 
-# MQTT 5 speaks through our own client on the mqtt5 codec (parsing is the hot path: about 15x
-# paho's rate); MQTT 3.1.1 — the embedded amqtt broker's only version — through aiomqtt.
-BrokerConnection = AckingClient | Mqtt5Connection
+# Both protocols speak through our own client (parsing is the hot path): MQTT 5 on the mqtt5
+# codec, MQTT 3.1.1 (the embedded amqtt broker's only version) on a hand-written codec over the
+# same machinery (Mqtt311Connection is an Mqtt5Connection with another codec; issue 27).
+BrokerConnection = Mqtt5Connection
 
 log = structlog.get_logger(__name__)
 
@@ -442,6 +444,7 @@ class MqttSession:
             ) from None
         if (
             self.connections == 0
+            and self.settings.protocol == "5"  # on 3.1.1 already: nothing to suggest
             and isinstance(exc, MqttNoConnAckError)
             and await speaks_mqtt311(self.settings)
         ):
@@ -493,7 +496,7 @@ class MqttSession:
             error=str(exc),
             retry_in_s=round(delay, 3),
             setting=self.broker_setting if refused is None else refused[1],
-            **_hint(exc),
+            **(_hint(exc) if self.settings.protocol == "5" else {}),
         )
         return delay
 
@@ -530,7 +533,12 @@ class MqttSession:
                 on_pause=self._paused,
                 max_packet_size=self.max_packet_size,
             )
-        return AckingClient(settings, on_pause=self._paused)
+        return Mqtt311Connection(
+            settings,
+            buffer_high_bytes=settings.buffer_high_bytes,
+            on_pause=self._paused,
+            max_packet_size=self.max_packet_size,
+        )
 
     async def _serve(self, client: BrokerConnection, stop: asyncio.Event) -> None:
         self.connections += 1
@@ -621,10 +629,7 @@ class MqttSession:
     def _learn(self, client: BrokerConnection) -> None:
         """What the broker can do: logged at the first connect; refused when the
         configuration needs what it lacks (raises BrokerIncapableError)."""
-        if isinstance(client, Mqtt5Connection):
-            caps = client.capabilities
-        else:
-            caps = BrokerCapabilities(protocol="3.1.1")
+        caps = client.capabilities  # on MQTT 3.1.1: the protocol, nothing else
         first = self.capabilities is None
         self.capabilities = caps
         if first:
@@ -668,7 +673,7 @@ class MqttSession:
         (probing again would wait behind the backlog the session resumes with). Never after
         a probe of this process came back unproven. On MQTT 3.1.1 they are proven at every
         connect."""
-        if not isinstance(client, Mqtt5Connection) or not client.session_present:
+        if client.PROTOCOL != "5" or not client.session_present:
             return False
         wanted = frozenset(self.subscriptions)
         if remembered is None or frozenset(remembered) != wanted:
@@ -808,40 +813,7 @@ class MqttSession:
         raise aiomqtt.MqttError("message stream ended")
 
     async def _read(self, client: BrokerConnection) -> None:
-        if isinstance(client, Mqtt5Connection):
-            await self._read_batches(client)
-            return
-        loop = asyncio.get_running_loop()
-        writer = self.writer
-        admit = writer.decoder.admit
-        async for message in client.messages:
-            payload = message.payload
-            assert isinstance(payload, bytes | bytearray)  # paho delivers bytes
-            self._last_delivery = loop.time()
-            if payload.startswith(PROBE_MARK):
-                client.ack(message)
-                self._probe_arrived(bytes(payload))
-                continue
-            kept, size, sha256 = admit(bytes(payload))
-            if size is not None:
-                # Neither the message (kept for its PUBACK, which needs its mid and qos only)
-                # nor this frame may keep the whole oversized payload alive while it waits.
-                message.payload = kept
-                del payload
-            await writer.put(
-                Inbound(
-                    topic=message.topic.value,
-                    payload=kept,
-                    received_at=loop.time(),
-                    acker=client,
-                    message=message,
-                    size=size,
-                    sha256=sha256,
-                )
-            )
-
-    async def _read_batches(self, client: Mqtt5Connection) -> None:
-        """The MQTT 5 reader: whatever arrived, up to a batch, handed over at once."""
+        """Whatever arrived, up to a batch, handed over at once."""
         loop = asyncio.get_running_loop()
         writer = self.writer
         admit = writer.decoder.admit
@@ -860,14 +832,16 @@ class MqttSession:
                     continue
                 kept, size, sha256 = admit(delivery.payload)
                 if size is not None:
-                    delivery.payload = kept  # see _read
+                    # Neither the delivery (kept for its PUBACK, which needs its packet id only)
+                    # nor this frame may keep the whole oversized payload alive while it waits.
+                    delivery.payload = kept
                 items.append(
                     Inbound(delivery.topic, kept, received_at, client, delivery, size, sha256)
                 )
             await writer.put_many(items)
 
     def _learn_packet_limit(self, client: BrokerConnection) -> None:
-        learned = client.learned_max_packet_size if isinstance(client, Mqtt5Connection) else None
+        learned = client.learned_max_packet_size
         if learned is not None and (self.max_packet_size is None or learned < self.max_packet_size):
             self.max_packet_size = learned
             log.warning(
@@ -882,7 +856,7 @@ class MqttSession:
     def packet_limit(self) -> int | None:
         """The bound a publish keeps to now (the broker's, ours or learned; None: none)."""
         client = self.client
-        if isinstance(client, Mqtt5Connection) and client.is_open:
+        if client is not None and client.is_open:
             limit = client.packet_limit
             return None if limit is None else limit[0]
         return self.max_packet_size

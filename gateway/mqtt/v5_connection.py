@@ -135,7 +135,6 @@ _FAILURE: Final = 0x80  # reason codes from here up are failures (MQTT 5, 2.4)
 _PUBACK_TYPE: Final = 4
 _DISCONNECT_TYPE: Final = 14
 _DEAD_AFTER: Final = 1.5  # keep-alive intervals without any packet received
-_V311_CONNACK: Final = b"\x20\x02"  # CONNACK, remaining length 2: MQTT 3.1.1's format
 
 _NEW, _CONNECTING, _OPEN, _CLOSED = range(4)
 
@@ -297,7 +296,16 @@ class _Messages:
 
 
 class Mqtt5Connection:
-    """One MQTT 5 connection (single use): ``async with Mqtt5Connection(settings) as conn``."""
+    """One MQTT 5 connection (single use): ``async with Mqtt5Connection(settings) as conn``.
+
+    Everything but the codec is protocol-independent (reading over a memoryview, bounded
+    buffering, batched PUBACKs, keep-alive, in-flight slots): ``gateway.mqtt.v311_connection``
+    reuses it for MQTT 3.1.1 by overriding the hooks marked "codec hook" below."""
+
+    # Codec hooks: the protocol this class speaks, and a CONNACK of another protocol that
+    # means the broker cannot speak ours.
+    PROTOCOL: str = "5"
+    _FOREIGN_CONNACK: bytes | None = b"\x20\x02"  # MQTT 3.1.1's format: remaining length 2
 
     def __init__(  # noqa: PLR0915 - one assignment per piece of connection state
         self,
@@ -308,8 +316,8 @@ class Mqtt5Connection:
         on_pause: Callable[[str], None] | None = None,
         max_packet_size: int | None = None,
     ) -> None:
-        if settings.protocol != "5":
-            raise ValueError("Mqtt5Connection speaks MQTT 5 only")
+        if settings.protocol != self.PROTOCOL:
+            raise ValueError(f"{type(self).__name__} speaks MQTT {self.PROTOCOL} only")
         if not 1 <= settings.receive_maximum <= _MAX_PACKET_ID:
             raise ValueError("receive_maximum must be within 1..65535")
         self.settings = settings
@@ -318,7 +326,8 @@ class Mqtt5Connection:
         self._transport: asyncio.Transport | None = None
         self._state = _NEW
         self._error: Mqtt5Error | None = None
-        self._connack: asyncio.Future[ConnAckPacket | Mqtt5Error] | None = None
+        # The CONNACK (None from a codec that keeps no packet object), or why there is none.
+        self._connack: asyncio.Future[ConnAckPacket | Mqtt5Error | None] | None = None
         self._lost: asyncio.Future[None] | None = None
         self._abort_handle: asyncio.TimerHandle | None = None
         # Reading: the incomplete tail of the last chunk, and the size it must reach.
@@ -366,7 +375,7 @@ class Mqtt5Connection:
         self.pings_sent = 0
         self.pingresps_received = 0
         self.session_present = False
-        self.capabilities = BrokerCapabilities(protocol="5")
+        self.capabilities = BrokerCapabilities(protocol=self.PROTOCOL)
         self._messages = _Messages(self)
 
     # ------------------------------------------------------------------ public state
@@ -427,7 +436,7 @@ class Mqtt5Connection:
 
     async def __aenter__(self) -> Self:
         if self._state != _NEW:
-            raise RuntimeError("an Mqtt5Connection connects once; make a new one")
+            raise RuntimeError(f"an {type(self).__name__} connects once; make a new one")
         self._state = _CONNECTING
         s = self.settings
         loop = self._loop = asyncio.get_running_loop()
@@ -472,7 +481,7 @@ class Mqtt5Connection:
             raise MqttConnectError(str(outcome), outcome.reason_code) from outcome
         return self
 
-    def _connect_packet(self) -> bytes:
+    def _connect_packet(self) -> bytes:  # codec hook
         s = self.settings
         will = None
         if s.will_topic:
@@ -601,17 +610,14 @@ class Mqtt5Connection:
         self._check_open()
         loop = cast("asyncio.AbstractEventLoop", self._loop)
         packet_id = self._allocate_id()
-        topic_filter = mqtt5.TopicFilter(
-            topic, max_qos=_QOS1 if qos else _QOS0, retain_as_published=False
-        )
-        data = mqtt5.SubscribePacket(packet_id, [topic_filter]).write()
+        data = self._subscribe_packet(packet_id, topic, qos)
         future: asyncio.Future[list[int]] = loop.create_future()
         self._subscribes[packet_id] = future
         self._send(data)
         # The entry stays until the SUBACK arrives, even if we stop waiting: the id is in use.
         (code,) = await self._wait(future, wait_s, f"SUBACK for {topic!r}")
         if code >= _FAILURE:
-            raise MqttSubscribeError(topic, code, _reason_name(mqtt5.SubAckReasonCode, code))
+            raise MqttSubscribeError(topic, code, self._suback_reason(code))
         if code < qos:
             raise MqttSubscribeError(topic, code, f"granted QoS {code}, asked {qos}")
 
@@ -622,7 +628,7 @@ class Mqtt5Connection:
         self._check_open()
         loop = cast("asyncio.AbstractEventLoop", self._loop)
         packet_id = self._allocate_id()
-        data = mqtt5.UnsubscribePacket(packet_id, [topic]).write()
+        data = self._unsubscribe_packet(packet_id, topic)
         future: asyncio.Future[list[int]] = loop.create_future()
         self._unsubscribes[packet_id] = future
         self._send(data)
@@ -680,6 +686,23 @@ class Mqtt5Connection:
             raise MqttPublishError(topic, code)
         return code
 
+    # Codec hooks: the request packets, and the name of a SUBACK's failure code.
+
+    def _subscribe_packet(self, packet_id: int, topic: str, qos: int) -> bytes:
+        topic_filter = mqtt5.TopicFilter(
+            topic, max_qos=_QOS1 if qos else _QOS0, retain_as_published=False
+        )
+        return mqtt5.SubscribePacket(packet_id, [topic_filter]).write()
+
+    def _unsubscribe_packet(self, packet_id: int, topic: str) -> bytes:
+        return mqtt5.UnsubscribePacket(packet_id, [topic]).write()
+
+    def _suback_reason(self, code: int) -> str:
+        return _reason_name(mqtt5.SubAckReasonCode, code)
+
+    def _disconnect_packet(self, reason: DisconnectReasonCode) -> bytes:
+        return DisconnectPacket(reason_code=reason).write()
+
     def _refused(self, code: int) -> None:
         """Log a PUBACK refusal once per code and connection; count them all."""
         self.publish_refusals += 1
@@ -697,7 +720,7 @@ class Mqtt5Connection:
             **self._where(),
         )
 
-    def _publish_bytes(
+    def _publish_bytes(  # codec hook
         self, topic: str, payload: bytes, qos: QoS, retain: bool, packet_id: int | None
     ) -> bytes:
         data = PublishPacket(topic, payload, qos=qos, retain=retain, packet_id=packet_id).write()
@@ -823,7 +846,8 @@ class Mqtt5Connection:
         else:
             buffer = data
         self._need = 0
-        if self._state == _CONNECTING and buffer[:2] == _V311_CONNACK:
+        foreign = self._FOREIGN_CONNACK
+        if self._state == _CONNECTING and foreign is not None and buffer[:2] == foreign:
             self._v311_connack(buffer)
             return
         try:
@@ -846,7 +870,7 @@ class Mqtt5Connection:
                 elif self._buffered_bytes >= self.buffer_high_bytes:
                     self._pause("bytes")
 
-    def _parse(self, buffer: bytes | bytearray) -> tuple[int, int]:  # noqa: PLR0912, PLR0915 - the hot loop, inlined
+    def _parse(self, buffer: bytes | bytearray) -> tuple[int, int]:  # noqa: PLR0912, PLR0915 - the hot loop, inlined; codec hook
         """The hot loop, inlined on purpose (no call per PUBLISH): the deliveries added and
         their bytes. Raises _Violation for what must end the connection."""
         view = memoryview(buffer)
@@ -1077,7 +1101,7 @@ class Mqtt5Connection:
     def _on_connack(self, packet: ConnAckPacket) -> None:
         if self._state != _CONNECTING:
             raise _Violation(DisconnectReasonCode.PROTOCOL_ERROR, "second CONNACK")
-        connack = cast("asyncio.Future[ConnAckPacket | Mqtt5Error]", self._connack)
+        connack = cast("asyncio.Future[ConnAckPacket | Mqtt5Error | None]", self._connack)
         code = int(packet.reason_code)
         if code != 0:
             reason = packet.reason_code.name
@@ -1233,7 +1257,7 @@ class Mqtt5Connection:
             return
         out = self._out
         if disconnect is not None:
-            out += DisconnectPacket(reason_code=disconnect).write()
+            out += self._disconnect_packet(disconnect)
         if out:
             transport.write(out)
         transport.close()

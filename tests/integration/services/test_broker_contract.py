@@ -1,8 +1,8 @@
 """One broker contract, checked for every session the gateway can hold and every broker it meets.
 
 The daemon speaks to its broker through one of two connection classes sharing a surface:
-``Mqtt5Connection`` (MQTT 5, our client on the ``mqtt5`` codec) and ``AckingClient`` (MQTT
-3.1.1, aiomqtt + paho with manual ack). Each test below is written once against a thin
+``Mqtt5Connection`` (MQTT 5, our client on the ``mqtt5`` codec) and ``Mqtt311Connection`` (MQTT
+3.1.1, the same client on a hand-written codec). Each test below is written once against a thin
 ``Session`` adapter and runs for (MQTT 5, mosquitto), (MQTT 3.1.1, mosquitto) and (MQTT 3.1.1,
 the embedded amqtt broker, which speaks 3.1.1 only). Where a broker lacks a feature the case is
 skipped; where a broker or client really gets the contract wrong it is a strict xfail naming
@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import socket
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -29,7 +28,8 @@ import pytest
 
 from gateway.embedded.broker import EmbeddedBroker
 from gateway.mqtt.v5_connection import Mqtt5Connection
-from gateway.mqtt.v311_client import AckingClient, ConnectionSettings, TlsSettings
+from gateway.mqtt.v311_client import ConnectionSettings, TlsSettings
+from gateway.mqtt.v311_connection import Mqtt311Connection
 from tests.support.credentials import make_ca, make_server_cert, password_file
 from tests.support.mosquitto import Mosquitto
 from tests.support.ports import free_port
@@ -40,8 +40,8 @@ TOPIC = "contract/devices/dev-1/telemetry"
 ROUND_TRIP_TOPIC = "contract/round-trip"  # nobody subscribes to it
 WAIT_S = 10.0  # deadline for anything that should arrive at once
 
-Connection = Mqtt5Connection | AckingClient
-Message = Any  # Delivery (MQTT 5) or aiomqtt.Message (3.1.1)
+Connection = Mqtt5Connection  # Mqtt311Connection is one, with another codec
+Message = Any  # Delivery
 
 
 # --------------------------------------------------------------------------- sessions
@@ -98,29 +98,24 @@ class Mqtt311Session:
     protocol: Literal["5", "3.1.1"] = "3.1.1"
 
     def connect(self, settings: ConnectionSettings) -> Connection:
-        return AckingClient(settings)
+        # As gateway.mqtt.session builds it.
+        return Mqtt311Connection(settings, buffer_high_bytes=settings.buffer_high_bytes)
 
     def topic_of(self, message: Message) -> str:
-        return str(message.topic.value)
+        return str(message.topic)
 
     async def kill(self, conn: Connection) -> None:
-        assert isinstance(conn, AckingClient)
-        client = conn.client
-        sock = client._client.socket()
-        assert sock is not None, "not connected"
-        # The descriptor stays valid for paho; the broker reads EOF without a DISCONNECT.
-        sock.shutdown(socket.SHUT_RDWR)
-        await wait_until(client._disconnected.done, timeout=WAIT_S, message="paho saw the EOF")
-        await conn.__aexit__(None, None, None)  # already disconnected: sends nothing
-        client._disconnected.exception()  # expected: not "never retrieved" at exit
+        assert isinstance(conn, Mqtt311Connection)
+        conn.abort()
+        await conn.close()  # waits for the transport to be gone
 
     def window(self, size: int) -> tuple[dict[str, Any], dict[str, Any]]:
         # MQTT 3.1.1 has no Receive Maximum: the window is the broker's configuration.
         return {"max_inflight_messages": size}, {}
 
     def refusal_code(self, error: aiomqtt.MqttError) -> int | None:
-        rc = getattr(error, "rc", None)
-        return None if rc is None else int(getattr(rc, "value", rc))
+        # 3.1.1's return codes come as the MQTT 5 reason codes that mean the same.
+        return getattr(error, "reason_code", None)
 
 
 # --------------------------------------------------------------------------- brokers
@@ -606,7 +601,7 @@ async def test_the_right_password_is_accepted_a_wrong_one_and_none_refused(
             with pytest.raises(aiomqtt.MqttError) as refused:
                 async with session.connect(bad):
                     pass  # pragma: no cover
-            # BAD_USER_NAME_OR_PASSWORD or NOT_AUTHORIZED (3.1.1's 4 and 5, as paho maps them).
+            # BAD_USER_NAME_OR_PASSWORD or NOT_AUTHORIZED (3.1.1's 4 and 5, mapped onto them).
             assert session.refusal_code(refused.value) in (134, 135), repr(refused.value)
 
 
