@@ -81,8 +81,17 @@ async def insert_telemetry(
     conn: asyncpg.Connection, rows: Sequence[TelemetryRow], node_id: str
 ) -> set[str]:
     """Insert rows, ignoring event ids already stored; return the ids that were new."""
+    new, _ = await insert_telemetry_at(conn, rows, node_id)
+    return new
+
+
+async def insert_telemetry_at(
+    conn: asyncpg.Connection, rows: Sequence[TelemetryRow], node_id: str
+) -> tuple[set[str], datetime | None]:
+    """`insert_telemetry`, and the transaction's time on the database clock when a row was
+    new (None when none was: nothing new to judge)."""
     if not rows:
-        return set()
+        return set(), None
     records = await conn.fetch(
         INSERT_TELEMETRY,
         [r.event_id for r in rows],
@@ -93,7 +102,7 @@ async def insert_telemetry(
         [r.events_json for r in rows],
         node_id,
     )
-    return {record[0] for record in records}
+    return {record[0] for record in records}, records[0][1] if records else None
 
 
 async def touch_devices(conn: asyncpg.Connection, device_ids: set[str]) -> None:

@@ -190,14 +190,22 @@ class AlarmEngine:
         return dropped
 
     async def on_stored(
-        self, conn: asyncpg.Connection, messages: Sequence[tuple[str, str, Telemetry]]
+        self,
+        conn: asyncpg.Connection,
+        messages: Sequence[tuple[str, str, Telemetry]],
+        *,
+        now: datetime | None = None,
     ) -> BatchAlarms:
-        """Evaluate (device id, event id, message) in order; write alarms on ``conn``."""
+        """Evaluate (device id, event id, message) in order; write alarms on ``conn``.
+
+        ``now``: the transaction's time on the database clock if the caller has it already
+        (the telemetry insert returns it), else it is read."""
         rules = self.rules  # one rule set per batch, even if a reload swaps it meanwhile
         batch = BatchAlarms()
         if not messages or not len(rules):
             return batch
-        now = await repo.db_now(conn)
+        if now is None:
+            now = await repo.db_now(conn)
         await self._clear_inactivity(conn, rules, messages, now, batch)
         loaded = await self._lock_states(conn, rules, messages)
         # Firings are written in runs, one statement per step for the whole run (an alarm

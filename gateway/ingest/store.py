@@ -66,7 +66,7 @@ async def store(
         seen = seen | outcome.seen_devices
         presence = {**presence, **outcome.presence}
         letters = [*letters, *outcome.dead_letters]
-    new_ids = await repo.insert_telemetry(conn, telemetry, node_id)
+    new_ids, db_now = await repo.insert_telemetry_at(conn, telemetry, node_id)
     await repo.touch_devices(conn, seen)
     await repo.record_presence(conn, presence)
     await repo.record_device_mappings(conn, batch.mapped_devices)
@@ -90,7 +90,7 @@ async def store(
             if row.event_id in new_ids and row.event_id not in evaluated:
                 evaluated.add(row.event_id)
                 fresh.append((row.device_id, row.event_id, message))
-        alarms = await engine.on_stored(conn, fresh)
+        alarms = await engine.on_stored(conn, fresh, now=db_now)
     return StoreResult(
         new_event_ids=frozenset(new_ids),
         telemetry=len(telemetry),
