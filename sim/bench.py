@@ -75,6 +75,10 @@ class Drain:
     # server's own processes (shared with any other database of that server).
     pg_cpu_s: float | None = None
     pg_server_cpu_s: float | None = None
+    # The gateways' ingest transactions and the statements they sent (round trips, BEGIN and
+    # COMMIT included), over the measurement: gateway_ingest_transactions/_statements.
+    transactions: float | None = None
+    statements: float | None = None
 
     @property
     def rate(self) -> float:
@@ -83,6 +87,16 @@ class Drain:
     @property
     def cpu_us_per_msg(self) -> float:
         return self.cpu_s / self.messages * 1e6 if self.messages else 0.0
+
+    @property
+    def statements_per_batch(self) -> float | None:
+        if not self.transactions or self.statements is None:
+            return None
+        return self.statements / self.transactions
+
+    @property
+    def messages_per_batch(self) -> float | None:
+        return self.messages / self.transactions if self.transactions else None
 
     @property
     def pg_cpu_us_per_msg(self) -> float | None:
@@ -278,6 +292,10 @@ async def measure_gateway(
         # Live, the messages come after it; draining, the backlog is read while the second
         # start is still going, so the first start's cost stands in for it.
         startup_cpu = gateways.cpu_seconds()
+        # A drain counts from the restart (a new process); live, from here.
+        before = dict.fromkeys(_ROUND_TRIPS, 0.0)
+        if live:
+            before = await gateways.counters(*_ROUND_TRIPS)
         if live:  # PostgreSQL's share is measured live only: a drain restarts its gateway
             postgres.start(await _postgres_pids(conn))
         if live:
@@ -292,6 +310,7 @@ async def measure_gateway(
             what=f"{prefix} to store {messages} messages",
         )
         cpu = gateways.cpu_seconds() - startup_cpu
+        after = await gateways.counters(*_ROUND_TRIPS)
         pg_cpu = postgres.stop(await _postgres_pids(conn)) if live else {}
         first = min(probes.first_stored[node] for node in nodes if node in probes.first_stored)
         if live:
@@ -300,7 +319,25 @@ async def measure_gateway(
     finally:
         await gateways.stop()
         await conn.close()
-    return Drain(messages, last - first, rss, cpu, pg_cpu.get("backends"), pg_cpu.get("server"))
+    transactions, statements = (after[name] - before[name] for name in _ROUND_TRIPS)
+    return Drain(
+        messages,
+        last - first,
+        rss,
+        cpu,
+        pg_cpu.get("backends"),
+        pg_cpu.get("server"),
+        transactions,
+        statements,
+    )
+
+
+def _rounded(value: float | None, digits: int) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+# The ingest writer's counters of transactions and of the statements they sent.
+_ROUND_TRIPS: Final = ("gateway_ingest_transactions_total", "gateway_ingest_statements_total")
 
 
 async def _postgres_pids(conn: asyncpg.Connection) -> dict[str, list[int]]:
@@ -742,6 +779,12 @@ async def _run_phases(sizes: Sizes, *, dsn: str) -> dict[str, Any]:
         "ratio_gateway_vs_bare_mqtt311": round(one311.rate / bare.rate, 3),
         "gateway_cpu_us_per_msg_mqtt5": round(one.cpu_us_per_msg, 1),
         "gateway_cpu_us_per_msg_mqtt311": round(one311.cpu_us_per_msg, 1),
+        # Round trips (statements, BEGIN and COMMIT included) and messages per ingest
+        # transaction, the MQTT 5 drain's and the live phase's (issue 27).
+        "gateway_statements_per_batch": _rounded(one.statements_per_batch, 2),
+        "gateway_messages_per_batch": _rounded(one.messages_per_batch, 1),
+        "gateway_live_statements_per_batch": _rounded(one_live.statements_per_batch, 2),
+        "gateway_live_messages_per_batch": _rounded(one_live.messages_per_batch, 1),
         "gateway_live_cpu_us_per_msg": round(one_live.cpu_us_per_msg, 1),
         "gateway_tasmota_msgs_per_s": round(tasmota.rate),
         "gateway_tasmota_cpu_us_per_msg": round(tasmota.cpu_us_per_msg, 1),
@@ -994,6 +1037,15 @@ def render_table(result: dict[str, Any]) -> str:
             "ratio_gateway_vs_reference_mqtt5",
         ),
         ("gateway / reference (MQTT 3.1.1)", f"{r['ratio_gateway_vs_reference_mqtt311']:.2f}", ""),
+        *(
+            (
+                f"round trips per batch ({phase})",
+                f"{r[f'{key}_statements_per_batch']} ({r[f'{key}_messages_per_batch']} msg)",
+                "",
+            )
+            for phase, key in (("MQTT 5 drain", "gateway"), ("live", "gateway_live"))
+            if r.get(f"{key}_statements_per_batch") is not None
+        ),
         (
             "gateway, 1 process (drain, Tasmota JSON mapped)",
             f"{r['gateway_tasmota_msgs_per_s']:,} msg/s",

@@ -115,6 +115,20 @@ class GatewayProcesses:
                 except RuntimeError as exc:
                     raise RuntimeError(f"{exc}:\n{self.log_tail()}") from exc
 
+    async def counters(self, *names: str) -> dict[str, float]:
+        """The sum over the running processes of each counter in ``names`` (as /metrics
+        exposes it: ``gateway_ingest_statements_total``)."""
+        sums = dict.fromkeys(names, 0.0)
+        async with aiohttp.ClientSession() as http:
+            for port in self.http_ports:
+                async with http.get(f"http://127.0.0.1:{port}/metrics") as response:
+                    text = await response.text()
+                for line in text.splitlines():
+                    name, _, value = line.partition(" ")
+                    if name in sums:
+                        sums[name] += float(value)
+        return sums
+
     def peak_rss_mb(self) -> float:
         """Largest peak resident set size (VmHWM) among the processes."""
         peaks = []

@@ -46,6 +46,17 @@ class IngestMetrics(MetricSet):
             "Stored messages whose connection closed before the ack (the broker redelivers)",
             registry=r,
         )
+        self.statements = Counter(
+            "gateway_ingest_statements",
+            "Statements the ingest writer sent to PostgreSQL, each a round trip (BEGIN and COMMIT "
+            "included); divided by gateway_ingest_transactions: the round trips per batch",
+            registry=r,
+        )
+        self.transactions = Counter(
+            "gateway_ingest_transactions",
+            "Transactions the ingest writer ran (a batch's, its retries and its isolation)",
+            registry=r,
+        )
         self.batch_refusals = Counter(
             "gateway_ingest_batch_refusals",
             "Batches PostgreSQL refused for their content; explained: whether messages refused "

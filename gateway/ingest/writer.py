@@ -391,23 +391,31 @@ class IngestWriter:
     async def _store_once(self, batch: Classified, settled: Sequence[Inbound] = ()) -> StoreResult:
         breaker = self.breaker
         self.in_db_call_since = asyncio.get_running_loop().time()
+        # Round trips, counted as asyncpg sends them (its query logger, which it calls soon
+        # after each statement: BEGIN and COMMIT included).
+        sent = self._count_statement
         try:
             async with self.pool.acquire() as conn:
-                if breaker is not None:
-                    await breaker.journal(conn, batch.items)
-                async with conn.transaction():
-                    result = await store(
-                        conn,
-                        batch,
-                        self.node_id,
-                        self.engine,
-                        self.receipts,
-                        sparkplug=self.sparkplug,
-                    )
-                if breaker is not None:
-                    await breaker.settled(conn, [*batch.items, *settled])
+                conn.add_query_logger(sent)
+                try:
+                    if breaker is not None:
+                        await breaker.journal(conn, batch.items)
+                    async with conn.transaction():
+                        result = await store(
+                            conn,
+                            batch,
+                            self.node_id,
+                            self.engine,
+                            self.receipts,
+                            sparkplug=self.sparkplug,
+                        )
+                    if breaker is not None:
+                        await breaker.settled(conn, [*batch.items, *settled])
+                finally:
+                    conn.remove_query_logger(sent)
         finally:
             self.in_db_call_since = None
+            self.ingest_metrics.transactions.inc()
         self.stored_total += result.stored
         # Committed: only now are its alarms counted (a rolled-back batch counts nothing).
         if self.engine is not None and result.alarms is not None:
@@ -416,6 +424,9 @@ class IngestWriter:
             except Exception:  # counting must never undo or repeat a committed batch
                 log.exception("alarm_counting_failed")
         return result
+
+    def _count_statement(self, _: object) -> None:
+        self.ingest_metrics.statements.inc()
 
     async def _isolate_refused(
         self, items: list[Inbound]

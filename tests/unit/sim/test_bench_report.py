@@ -61,6 +61,8 @@ RESULT = {
     "gateway3_alarms_expected": 3_003, "gateway3_alarms_found": 3_003,
     "gateway3_cleared_expected": 2_002, "gateway3_cleared_found": 2_002,
     "gateway3_devices_on_several_nodes": 1_001, "gateway3_runs_merged": 0,
+    "gateway_statements_per_batch": 8.02, "gateway_messages_per_batch": 555.6,
+    "gateway_live_statements_per_batch": 8.0, "gateway_live_messages_per_batch": 41.2,
 }  # fmt: skip
 
 
@@ -96,7 +98,9 @@ def test_the_table_shows_every_figure_and_each_verdict() -> None:
                    "280 / 610 / 70 / 95 us", "1,055 us; 88 %", "1,896 /s",
                    "1,100 / n/a / 80 / 300 us", "1,480 us; 71 %", "1,351 /s",
                    "7,900 msg/s", "131.5 us", "Tasmota mapped / native (drain)  ",
-                   "6,400 msg/s", "155.5 us", "Sparkplug B / native (drain)  "):  # fmt: skip
+                   "6,400 msg/s", "155.5 us", "Sparkplug B / native (drain)  ",
+                   "round trips per batch (MQTT 5 drain)", "8.02 (555.6 msg)",
+                   "round trips per batch (live)", "8.0 (41.2 msg)"):  # fmt: skip
         assert needle in table, needle
     verdicts = {line.split("target")[0].strip(): line.rsplit(":", 1)[1].strip()
                 for line in table.splitlines() if "target" in line}  # fmt: skip
