@@ -629,9 +629,9 @@ async def _run_phases(sizes: Sizes, *, dsn: str) -> dict[str, Any]:
                         )
 
                     one = _progress("gateway", await gateway(1, live=False))
-                    one311 = _progress(
-                        "gateway 3.1.1",
-                        await measure_gateway(
+
+                    async def drain(fmt: str = "native", protocol: str = "5") -> Drain:
+                        return await measure_gateway(
                             port,
                             bench_dsn,
                             messages,
@@ -639,55 +639,21 @@ async def _run_phases(sizes: Sizes, *, dsn: str) -> dict[str, Any]:
                             live=False,
                             workdir=workdir,
                             probes=probes,
-                            protocol="3.1.1",
-                        ),
-                    )
+                            protocol=protocol,
+                            fmt=fmt,
+                        )
+
+                    one311 = _progress("gateway 3.1.1", await drain(protocol="3.1.1"))
                     # The same drain, the messages in Tasmota's JSON on Tasmota's topics,
                     # read by the profile (issue 25): what a mapping costs per message.
-                    tasmota = _progress(
-                        "gateway tasmota",
-                        await measure_gateway(
-                            port,
-                            bench_dsn,
-                            messages,
-                            processes=1,
-                            live=False,
-                            workdir=workdir,
-                            probes=probes,
-                            fmt="tasmota",
-                        ),
-                    )
+                    tasmota = _progress("gateway tasmota", await drain("tasmota"))
                     # The same drain from Sparkplug B edge nodes (protobuf, births then data
                     # by alias, the host's state in PostgreSQL): what Sparkplug costs.
-                    spb = _progress(
-                        "gateway sparkplug",
-                        await measure_gateway(
-                            port,
-                            bench_dsn,
-                            messages,
-                            processes=1,
-                            live=False,
-                            workdir=workdir,
-                            probes=probes,
-                            fmt="sparkplug",
-                        ),
-                    )
+                    spb = _progress("gateway sparkplug", await drain("sparkplug"))
                     # The other vendor profiles' drains: their JSON on their own topics, read
                     # by the same mapping code as Tasmota's (issue 25: each format measured).
                     vendors = {
-                        fmt: _progress(
-                            f"gateway {fmt}",
-                            await measure_gateway(
-                                port,
-                                bench_dsn,
-                                messages,
-                                processes=1,
-                                live=False,
-                                workdir=workdir,
-                                probes=probes,
-                                fmt=fmt,
-                            ),
-                        )
+                        fmt: _progress(f"gateway {fmt}", await drain(fmt))
                         for fmt in OTHER_VENDOR_FORMATS
                     }
                     one_live = _progress("gateway live", await gateway(1, live=True))

@@ -131,7 +131,9 @@ class CpuWindow:
                 raise TypeError(f"{party}: one reading per pid and one total")
         elapsed = total - self._machine[1]
         share = (busy - self._machine[0]) / elapsed if elapsed > 0 else 0.0
-        return CpuSplit(seconds=seconds, wall_s=wall, busy=share)
+        # Busy time is part of the total; on a machine busy throughout, the two deltas are
+        # equal but for float rounding (1.0000000000005 was seen): a share, at most 1.
+        return CpuSplit(seconds=seconds, wall_s=wall, busy=min(share, 1.0))
 
 
 def command_parties(
