@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Sequence
+from datetime import datetime
 
 import asyncpg
 import msgspec
@@ -33,11 +34,15 @@ class BuggyEngine(AlarmEngine):
     """The real engine, with a bug that one device's messages set off."""
 
     async def on_stored(
-        self, conn: asyncpg.Connection, messages: Sequence[tuple[str, str, Telemetry]]
+        self,
+        conn: asyncpg.Connection,
+        messages: Sequence[tuple[str, str, Telemetry]],
+        *,
+        now: datetime | None = None,
     ) -> BatchAlarms:
         if any(device.startswith("bug") for device, _, _ in messages):
             raise TypeError("can't compare offset-naive and offset-aware datetimes")
-        return await super().on_stored(conn, messages)
+        return await super().on_stored(conn, messages, now=now)
 
 
 class BuggyDecoder(MessageDecoder):
