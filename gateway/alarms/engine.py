@@ -23,11 +23,13 @@ import structlog
 
 from gateway.alarms.lifecycle import (
     AlarmRequest,
+    ClearRequest,
     SummarySpec,
     clear_alarm,
+    clear_alarms,
     create_alarms,
     create_late_alarm,
-    record_cleared,
+    record_cleared_many,
 )
 from gateway.alarms.metrics import AlarmMetrics
 from gateway.domain.alarm import active_key, dedup_key
@@ -101,6 +103,22 @@ class BatchAlarms:
     # The same per (device, reason), with the batch's last adjustment of each: written in
     # the batch's transaction (storage.device_clock), only when there is one.
     device_clocks: dict[tuple[str, str], ClockFigure] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class _Step:
+    """Outcomes written together: each of a distinct (device, rule), none of them late."""
+
+    firings: list[Firing] = field(default_factory=list)
+    clearings: list[Clearing] = field(default_factory=list)
+    keys: set[SlotKey] = field(default_factory=set)
+
+    def add(self, key: SlotKey, outcome: Firing | Clearing) -> None:
+        self.keys.add(key)
+        if isinstance(outcome, Firing):
+            self.firings.append(outcome)
+        else:
+            self.clearings.append(outcome)
 
 
 @dataclass(slots=True)
@@ -208,12 +226,14 @@ class AlarmEngine:
             now = await repo.db_now(conn)
         await self._clear_inactivity(conn, rules, messages, now, batch)
         loaded = await self._lock_states(conn, rules, messages)
-        # Firings are written in runs, one statement per step for the whole run (an alarm
-        # storm is one run). A run ends before a clearing, before a late firing and before a
-        # second firing of the same (device, rule): outcomes still take effect in message
-        # order, so one message may raise an alarm and clear it again (OPEN then CLOSE).
-        run: list[Firing] = []
-        in_run: set[tuple[str, str]] = set()
+        # Firings and clearings are written in steps, one statement per kind of write for the
+        # whole step (an alarm storm is one step; so is a batch of a fleet's hysteresis). A
+        # step holds each (device, rule) once: it ends before a second outcome of the same
+        # (device, rule), and before a late firing or a late clearing, which are written on
+        # their own. So outcomes of one (device, rule) still take effect in message order
+        # (one message may raise an alarm and clear it again: OPEN then CLOSE), and those of
+        # different ones touch different alarms.
+        step = _Step()
         clock = self.clock
         # (device, rule) → the oldest late sample of the batch its state could not place.
         unplaced: dict[SlotKey, datetime] = {}
@@ -229,20 +249,16 @@ class AlarmEngine:
                 known = unplaced.get((device_id, rule_key))
                 unplaced[(device_id, rule_key)] = at if known is None else min(known, at)
             for outcome in evaluation.outcomes:
-                if isinstance(outcome, Firing) and outcome.superseded_by_event is None:
-                    if (outcome.device_id, outcome.rule_key) in in_run:
-                        await self._fire(conn, run, now, batch)
-                        in_run.clear()
-                    run.append(outcome)
-                    in_run.add((outcome.device_id, outcome.rule_key))
-                    continue
-                await self._fire(conn, run, now, batch)
-                in_run.clear()
-                if isinstance(outcome, Firing):
+                key = (outcome.device_id, outcome.rule_key)
+                if _late(outcome) or key in step.keys:
+                    await self._write_step(conn, step, now, batch)
+                if not _late(outcome):
+                    step.add(key, outcome)
+                elif isinstance(outcome, Firing):
                     await self._fire_late(conn, outcome, now, batch)
                 else:
                     await self._clear(conn, outcome, now, batch)
-        await self._fire(conn, run, now, batch)
+        await self._write_step(conn, step, now, batch)
         for key, at in sorted(unplaced.items()):
             await self._judge_run(conn, rules, key, at, states=loaded.states, now=now, batch=batch)
         await self._write_states(conn, loaded, batch)
@@ -443,6 +459,25 @@ class AlarmEngine:
             raise ConcurrentWriteError(str(exc)) from exc
         batch.states_written += len(changed)
 
+    async def _write_step(
+        self, conn: asyncpg.Connection, step: _Step, now: datetime, batch: BatchAlarms
+    ) -> None:
+        """Write a step's firings, then its clearings (of other (device, rule)s), and empty it."""
+        await self._fire(conn, step.firings, now, batch)
+        if step.clearings:
+            requests = [
+                ClearRequest(
+                    device_id=c.device_id,
+                    rule_key=c.rule_key,
+                    clear_event_id=c.telemetry_event_id,
+                    reason=c.reason,
+                )
+                for c in step.clearings
+            ]
+            batch.cleared += len(await clear_alarms(conn, requests, now=now))
+            step.clearings.clear()
+        step.keys.clear()
+
     async def _fire(
         self, conn: asyncpg.Connection, run: list[Firing], now: datetime, batch: BatchAlarms
     ) -> None:
@@ -528,11 +563,19 @@ class AlarmEngine:
                 if isinstance(rule, InactivityRule):
                     keys.append(active_key(device_id, rule.key))
                     events.append(event_id)
-        for row in await repo.clear_many(conn, keys, events, now):
-            batch.cleared += 1
-            await record_cleared(
-                conn, row, clear_event_id=row["event_id"], reason="device heard from again"
-            )
+        rows = await repo.clear_many(conn, keys, events, now)
+        batch.cleared += len(rows)
+        await record_cleared_many(
+            conn, [(row, row["event_id"], "device heard from again") for row in rows]
+        )
+
+
+def _late(outcome: Firing | Clearing) -> bool:
+    """A late firing (a newer alarm of its rule stands) or a late clearing (of the alarm that
+    was active at its time): written on its own, between steps."""
+    if isinstance(outcome, Firing):
+        return outcome.superseded_by_event is not None
+    return outcome.raised_by_then is not None
 
 
 def _count_adjustment(

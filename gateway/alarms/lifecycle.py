@@ -474,6 +474,59 @@ async def clear_alarm(
     return int(row["id"])
 
 
+@dataclass(frozen=True, slots=True)
+class ClearRequest:
+    """Recovery of the active alarm of (device, rule), by the sample ``clear_event_id``."""
+
+    device_id: str
+    rule_key: str
+    clear_event_id: str
+    reason: str
+
+
+async def clear_alarms(
+    conn: asyncpg.Connection, requests: Sequence[ClearRequest], *, now: datetime
+) -> list[int]:
+    """`clear_alarm` (not late) for many distinct (device, rule) at once: one statement clears
+    them and one writes their ``alarm.cleared`` events, in the order of ``requests``. The ids
+    of the alarms cleared (a (device, rule) with no active alarm clears nothing)."""
+    if not requests:
+        return []
+    keys = [active_key(r.device_id, r.rule_key) for r in requests]
+    if len(set(keys)) != len(keys):
+        raise ValueError("clear_alarms takes each (device, rule) once")
+    order = {key: index for index, key in enumerate(keys)}
+    rows = await repo.clear_many(conn, keys, [r.clear_event_id for r in requests], now)
+    rows.sort(key=lambda row: order[active_key(row["device_id"], row["rule_key"])])
+    await record_cleared_many(
+        conn,
+        [
+            (
+                row,
+                row["event_id"],
+                requests[order[active_key(row["device_id"], row["rule_key"])]].reason,
+            )
+            for row in rows
+        ],
+    )
+    return [int(row["id"]) for row in rows]
+
+
+def _cleared_event(row: asyncpg.Record, *, clear_event_id: str, reason: str) -> AlarmCleared:
+    return AlarmCleared(
+        alarm_id=row["id"],
+        device_id=row["device_id"],
+        rule_key=row["rule_key"],
+        status=row["status"],
+        clear_event_id=clear_event_id,
+        reason=reason,
+        cleared_at=row["cleared_at"].isoformat(),
+        # Why it fired, as every alarm.* event says it.
+        trigger=None if row["trigger"] is None else msgspec.json.decode(row["trigger"]),
+        rule_description=row["rule_description"],
+    )
+
+
 async def record_cleared(
     conn: asyncpg.Connection, row: asyncpg.Record, *, clear_event_id: str, reason: str
 ) -> None:
@@ -485,18 +538,24 @@ async def record_cleared(
         aggregate_type=AGGREGATE,
         aggregate_id=str(row["id"]),
         event_type=EventType.ALARM_CLEARED,
-        payload=AlarmCleared(
-            alarm_id=row["id"],
-            device_id=row["device_id"],
-            rule_key=row["rule_key"],
-            status=row["status"],
-            clear_event_id=clear_event_id,
-            reason=reason,
-            cleared_at=row["cleared_at"].isoformat(),
-            # Why it fired, as every alarm.* event says it.
-            trigger=None if row["trigger"] is None else msgspec.json.decode(row["trigger"]),
-            rule_description=row["rule_description"],
-        ),
+        payload=_cleared_event(row, clear_event_id=clear_event_id, reason=reason),
+    )
+
+
+async def record_cleared_many(
+    conn: asyncpg.Connection, cleared: Sequence[tuple[asyncpg.Record, str, str]]
+) -> None:
+    """`record_cleared` for many (row, clear event id, reason) in one statement, in order."""
+    if not cleared:
+        return
+    await outbox.add_events(
+        conn,
+        aggregate_type=AGGREGATE,
+        event_type=EventType.ALARM_CLEARED,
+        events=[
+            (str(row["id"]), _cleared_event(row, clear_event_id=event_id, reason=reason))
+            for row, event_id, reason in cleared
+        ],
     )
 
 

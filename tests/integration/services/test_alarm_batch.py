@@ -194,3 +194,50 @@ async def test_two_nodes_racing_for_the_same_alarm_one_wins_the_other_retries(
         for conn in conns:
             await conn.close()
     assert sorted(outcomes) == ["created", "retry"]
+
+
+async def test_a_fleet_clearing_and_firing_in_one_batch_is_one_step_of_few_statements(
+    db: asyncpg.Connection,
+) -> None:
+    """Hysteresis across a fleet: in one batch half the devices clear and the other half
+    fire, interleaved. Each (device, rule) appears once, so the whole batch is one step: one
+    statement per kind of write (not a run of firings cut by every clearing, two statements
+    per clearing), with every alarm and event as one by one, in message order."""
+    engine = _engine()
+    devices = [f"dev-{n:03d}" for n in range(200)]
+    hot, cool = devices[0::2], devices[1::2]
+    await _batch(engine, db, [(d, _temp(0, 95.0 if d in hot else 20.0)) for d in devices])
+    assert await db.fetchval("SELECT count(*) FROM alarm WHERE cleared_at IS NULL") == 100
+
+    statements: list[str] = []
+
+    def sent(record: asyncpg.connection.LoggedQuery) -> None:
+        statements.append(record.query)
+
+    db.add_query_logger(sent)
+    try:
+        batch = await _batch(
+            engine, db, [(d, _temp(1, 70.0 if d in hot else 90.0)) for d in devices]
+        )
+    finally:
+        db.remove_query_logger(sent)
+
+    assert batch.cleared == 100
+    assert len(batch.created) == 100
+    # lock states, the firings (taken keys, alarms, AI tasks, audits, events), the clearings
+    # (alarms, events), states written back, BEGIN and COMMIT: 12. Before steps: 705.
+    assert len(statements) <= 12, statements
+    cleared = await db.fetch(
+        "SELECT device_id, clear_event_id FROM alarm WHERE cleared_at IS NOT NULL ORDER BY id"
+    )
+    assert [(r["device_id"], r["clear_event_id"]) for r in cleared] == [
+        (d, telemetry_event_id(d, _temp(1, 70.0))) for d in hot
+    ]
+    open_now = await db.fetch("SELECT device_id FROM alarm WHERE cleared_at IS NULL ORDER BY id")
+    assert [r["device_id"] for r in open_now] == cool
+    events = await db.fetch(
+        "SELECT event_type, payload::jsonb->>'device_id' AS device FROM outbox_event "
+        "WHERE event_type = $1 ORDER BY id",
+        EventType.ALARM_CLEARED,
+    )
+    assert [e["device"] for e in events] == hot  # in message order
