@@ -37,6 +37,11 @@ AUDIT_OF = _Q["audit_of"]
 CHAIN = _Q["chain"]
 NOW = _Q["now"]
 CLEAR_MANY = _Q["clear_many"]
+LOCK_ACTIVE_MANY = _Q["lock_active_many"]
+SUPERSEDE_MANY = _Q["supersede_many"]
+RELEASE_KEYS = _Q["release_keys"]
+LINK_SUPERSEDED_MANY = _Q["link_superseded_many"]
+INSERT_SUPERSEDE_AUDITS = _Q["insert_supersede_audits"]
 SILENT_DEVICES = _Q["silent_devices"]
 DELAYED = _Q["delayed"]
 ESCALATION_DUE = _Q["escalation_due"]
@@ -181,6 +186,65 @@ async def insert_creation_audits(
 
 async def link_superseded(conn: asyncpg.Connection, old_id: int, new_id: int) -> None:
     await conn.execute(LINK_SUPERSEDED, old_id, new_id)
+
+
+async def lock_active_many(
+    conn: asyncpg.Connection, active_keys: Sequence[str]
+) -> dict[str, tuple[int, str]]:
+    """`lock_active` for many keys: active key → (id, status) of the alarm holding it."""
+    if not active_keys:
+        return {}
+    rows = await conn.fetch(LOCK_ACTIVE_MANY, list(active_keys))
+    return {row["active_key"]: (int(row["id"]), row["status"]) for row in rows}
+
+
+async def supersede_many(
+    conn: asyncpg.Connection, alarms: Sequence[tuple[int, str]], at: datetime
+) -> set[int]:
+    """`supersede` for many (id, expected status): the ids superseded."""
+    if not alarms:
+        return set()
+    rows = await conn.fetch(SUPERSEDE_MANY, [a[0] for a in alarms], [a[1] for a in alarms], at)
+    return {int(row["id"]) for row in rows}
+
+
+async def release_keys(conn: asyncpg.Connection, alarms: Sequence[tuple[int, str]]) -> set[int]:
+    """`release_key` for many (id, expected status): the ids released."""
+    if not alarms:
+        return set()
+    rows = await conn.fetch(RELEASE_KEYS, [a[0] for a in alarms], [a[1] for a in alarms])
+    return {int(row["id"]) for row in rows}
+
+
+async def link_superseded_many(
+    conn: asyncpg.Connection, links: Sequence[tuple[int, int]]
+) -> list[asyncpg.Record]:
+    """`link_superseded` for many (superseded id, new id): the superseded rows."""
+    if not links:
+        return []
+    return list(
+        await conn.fetch(LINK_SUPERSEDED_MANY, [old for old, _ in links], [new for _, new in links])
+    )
+
+
+async def insert_supersede_audits(
+    conn: asyncpg.Connection,
+    *,
+    alarm_ids: Sequence[int],
+    from_statuses: Sequence[str],
+    event_ids: Sequence[str],
+    actor: str,
+    node_id: str,
+) -> None:
+    if alarm_ids:
+        await conn.execute(
+            INSERT_SUPERSEDE_AUDITS,
+            list(alarm_ids),
+            list(from_statuses),
+            list(event_ids),
+            actor,
+            node_id,
+        )
 
 
 async def clear_active(

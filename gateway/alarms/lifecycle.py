@@ -7,7 +7,7 @@ audit row and its outbox event in one transaction: if any of the three fails, no
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -292,10 +292,12 @@ async def create_alarms(
     """`create_alarm` for each request (distinct active keys), in a few statements for all.
 
     One query finds the dedup hits (not created, as in `create_alarm`) and the active keys
-    another alarm holds; those go through `create_alarm` one by one (supersede or release).
-    The rest, the storm's common case, are inserted with their AI tasks, audit rows and
-    outbox events in one statement each. If another node inserts one of them meanwhile,
-    the insert conflicts and the batch is retried, as with `create_alarm`.
+    another alarm holds. The holders are locked in one statement (in active key order) and
+    superseded or released as `create_alarm` would, each kind in one statement; then every
+    new alarm is inserted with its AI task, audit row and outbox event, one statement each;
+    then the superseded ones are linked to their successors with their audit rows and
+    events. If another node changes one of them meanwhile (a dedup or active key taken, a
+    holder changed), `ConcurrentWriteError` and the batch is retried, as with `create_alarm`.
     """
     keys = [dedup_key(r.rule_key, r.device_id, r.telemetry_event_id) for r in requests]
     holders = [active_key(r.device_id, r.rule_key) for r in requests]
@@ -303,33 +305,114 @@ async def create_alarms(
         raise ValueError("create_alarms takes requests with distinct active keys")
     dedup_hits, held = await repo.taken_keys(conn, keys, holders)
     results: dict[int, Creation] = {}
-    fresh: list[int] = []
-    for index, request in enumerate(requests):
+    new: list[int] = []
+    holding: list[str] = []
+    for index in range(len(requests)):
         if keys[index] in dedup_hits:
             results[index] = Creation(created=False)
-        elif holders[index] in held:
-            results[index] = await create_alarm(
-                conn,
-                device_id=request.device_id,
-                rule_key=request.rule_key,
-                severity=request.severity,
-                telemetry_event_id=request.telemetry_event_id,
-                reason=request.reason,
-                node_id=node_id,
-                now=now,
-                summary=summary,
-                trigger=request.trigger,
-                rule_description=request.rule_description,
-            )
-        else:
-            fresh.append(index)
-    if fresh:
-        alarms = await _insert_fresh(
-            conn, requests, keys, holders, fresh, node_id=node_id, now=now, summary=summary
+            continue
+        new.append(index)
+        if holders[index] in held:
+            holding.append(holders[index])
+    if not new:
+        return [results[index] for index in range(len(requests))]
+    # The previous holders make way first: any other order trips the unique active key.
+    superseded = await _make_way(conn, holding, now)
+    supersedes = {i: superseded[holders[i]][0] for i in new if holders[i] in superseded}
+    alarms = await _insert_fresh(
+        conn,
+        requests,
+        keys,
+        holders,
+        new,
+        node_id=node_id,
+        now=now,
+        summary=summary,
+        supersedes=supersedes,
+    )
+    for index, alarm in zip(new, alarms, strict=True):
+        results[index] = Creation(created=True, alarm=alarm, superseded_id=supersedes.get(index))
+    if supersedes:
+        by_index = dict(zip(new, alarms, strict=True))
+        await _link_superseded(
+            conn,
+            [
+                (old_id, by_index[i].id, superseded[holders[i]][1], requests[i].telemetry_event_id)
+                for i, old_id in supersedes.items()
+            ],
+            node_id=node_id,
         )
-        for index, alarm in zip(fresh, alarms, strict=True):
-            results[index] = Creation(created=True, alarm=alarm)
     return [results[index] for index in range(len(requests))]
+
+
+async def _make_way(
+    conn: asyncpg.Connection, holders: Sequence[str], now: datetime
+) -> dict[str, tuple[int, AlarmStatus]]:
+    """Lock the alarms holding these active keys and supersede or release each, as
+    `create_alarm` does for one (`on_refire`); active key → (id, status before) of the
+    alarms superseded. A key released since it was seen held needs nothing."""
+    if not holders:
+        return {}
+    locked = await repo.lock_active_many(conn, holders)
+    to_supersede: list[tuple[str, int, AlarmStatus]] = []
+    to_release: list[tuple[int, str]] = []
+    for holder in holders:
+        found = locked.get(holder)
+        if found is None:
+            continue
+        old_id, status = found[0], AlarmStatus(found[1])
+        outcome = on_refire(status)
+        if outcome is RefireOutcome.SUPERSEDE:
+            to_supersede.append((holder, old_id, status))
+        elif outcome is RefireOutcome.RELEASE_KEY:
+            to_release.append((old_id, status.value))
+    done = await repo.supersede_many(
+        conn, [(old_id, status.value) for _, old_id, status in to_supersede], now
+    )
+    if len(done) != len(to_supersede):
+        raise ConcurrentWriteError("the superseded alarm changed meanwhile")
+    if len(await repo.release_keys(conn, to_release)) != len(to_release):
+        raise ConcurrentWriteError("the previous alarm changed meanwhile")
+    return {holder: (old_id, status) for holder, old_id, status in to_supersede}
+
+
+async def _link_superseded(
+    conn: asyncpg.Connection,
+    links: Sequence[tuple[int, int, AlarmStatus, str]],
+    *,
+    node_id: str,
+) -> None:
+    """Point each superseded alarm (id, successor id, status before, the telemetry event that
+    superseded it) at its successor, with its audit row and ``alarm.superseded`` event."""
+    rows = await repo.link_superseded_many(conn, [(old, new) for old, new, _, _ in links])
+    if len(rows) != len(links):
+        raise ConcurrentWriteError("the superseded alarm changed meanwhile")
+    old = {int(row["id"]): alarm_from_record(row) for row in rows}
+    await repo.insert_supersede_audits(
+        conn,
+        alarm_ids=[link[0] for link in links],
+        from_statuses=[link[2].value for link in links],
+        event_ids=[link[3] for link in links],
+        actor=RULES_ACTOR,
+        node_id=node_id,
+    )
+    await outbox.add_events(
+        conn,
+        aggregate_type=AGGREGATE,
+        event_type=EventType.ALARM_SUPERSEDED,
+        events=[
+            (
+                str(old_id),
+                event_payload(
+                    old[old_id],
+                    action=Action.SUPERSEDE.value,
+                    actor=RULES_ACTOR,
+                    from_status=status,
+                ),
+            )
+            for old_id, _, status, _ in links
+        ],
+    )
 
 
 async def _insert_fresh(
@@ -342,7 +425,11 @@ async def _insert_fresh(
     node_id: str,
     now: datetime,
     summary: SummarySpec | None,
+    supersedes: Mapping[int, int] | None = None,
 ) -> list[Alarm]:
+    """Insert the alarms of ``fresh`` (request indexes, in order) with their AI tasks, audit
+    rows and ``alarm.created`` events; ``supersedes``: request index → the alarm it replaces."""
+    supersedes = supersedes or {}
     rows = [
         repo.NewAlarm(
             device_id=requests[i].device_id,
@@ -382,7 +469,10 @@ async def _insert_fresh(
         aggregate_type=AGGREGATE,
         event_type=EventType.ALARM_CREATED,
         events=[
-            (str(alarm.id), created_payload(alarm, reason=requests[i].reason, supersedes=None))
+            (
+                str(alarm.id),
+                created_payload(alarm, reason=requests[i].reason, supersedes=supersedes.get(i)),
+            )
             for i, alarm in zip(fresh, alarms, strict=True)
         ],
     )

@@ -18,6 +18,45 @@ RETURNING id;
 -- $1 id, $2 expected status; a person is on it: only the active key is released.
 UPDATE alarm SET active_key = NULL WHERE id = $1 AND status = $2 RETURNING id;
 
+-- name: lock_active_many
+-- $1 active keys; the alarms holding them, locked for the supersede decision in one fixed
+-- order (by active key), as `lock_active` does for one.
+SELECT a.id, a.status, a.active_key
+FROM unnest($1::text[]) AS k(key)
+JOIN alarm a ON a.active_key = k.key
+ORDER BY a.active_key
+FOR UPDATE OF a;
+
+-- name: supersede_many
+-- $1 ids, $2 expected statuses (pairwise), $3 at; `supersede` for many: the ids superseded
+-- (fewer than asked: one changed meanwhile).
+UPDATE alarm a
+SET status = 'SUPERSEDED', superseded_at = greatest($3, a.triggered_at), active_key = NULL
+FROM unnest($1::bigint[], $2::text[]) AS u(id, status)
+WHERE a.id = u.id AND a.status = u.status
+RETURNING a.id;
+
+-- name: release_keys
+-- $1 ids, $2 expected statuses (pairwise); `release_key` for many: the ids released.
+UPDATE alarm a SET active_key = NULL
+FROM unnest($1::bigint[], $2::text[]) AS u(id, status)
+WHERE a.id = u.id AND a.status = u.status
+RETURNING a.id;
+
+-- name: link_superseded_many
+-- $1 superseded ids, $2 the ids that replaced them (pairwise); the superseded rows.
+UPDATE alarm a SET superseded_by = u.new_id
+FROM unnest($1::bigint[], $2::bigint[]) AS u(old_id, new_id)
+WHERE a.id = u.old_id AND a.status = 'SUPERSEDED'
+RETURNING a.*;
+
+-- name: insert_supersede_audits
+-- $1 alarm ids, $2 their statuses before, $3 the telemetry event ids that superseded them
+-- (arrays, pairwise), $4 actor, $5 node id.
+INSERT INTO alarm_audit (alarm_id, actor, action, from_status, to_status, event_id, node_id)
+SELECT a, $4, 'supersede', f, 'SUPERSEDED', e, $5
+FROM unnest($1::bigint[], $2::text[], $3::text[]) AS u(a, f, e);
+
 -- name: insert_alarm
 -- $1 device, $2 rule key, $3 severity, $4 telemetry event id, $5 dedup key, $6 active key,
 -- $7 triggered at, $8 node id, $9 trigger json or null, $10 rule description or null;

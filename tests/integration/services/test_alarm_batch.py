@@ -241,3 +241,52 @@ async def test_a_fleet_clearing_and_firing_in_one_batch_is_one_step_of_few_state
         EventType.ALARM_CLEARED,
     )
     assert [e["device"] for e in events] == hot  # in message order
+
+    # The next swing: the cleared alarms, still NEW, are superseded by their devices' new
+    # ones (and the alarms of the others clear), again as one step.
+    statements.clear()
+    db.add_query_logger(sent)
+    try:
+        swing = await _batch(
+            engine, db, [(d, _temp(2, 95.0 if d in hot else 70.0)) for d in devices]
+        )
+    finally:
+        db.remove_query_logger(sent)
+    assert len(swing.created) == 100
+    assert swing.superseded == 100
+    assert swing.cleared == 100
+    # As above, and the holders locked, superseded and linked, with their audits and events.
+    assert len(statements) <= 17, statements
+    rows = await db.fetch(
+        "SELECT old.id, old.device_id, old.status, old.superseded_by, new.status AS new_status, "
+        "new.telemetry_event_id AS new_event FROM alarm old JOIN alarm new "
+        "ON new.id = old.superseded_by ORDER BY old.id"
+    )
+    assert [r["device_id"] for r in rows] == hot
+    assert {(r["status"], r["new_status"]) for r in rows} == {("SUPERSEDED", "NEW")}
+    assert [r["new_event"] for r in rows] == [telemetry_event_id(d, _temp(2, 95.0)) for d in hot]
+    audits = await db.fetch(
+        "SELECT a.device_id, u.from_status, u.to_status, u.event_id FROM alarm_audit u "
+        "JOIN alarm a ON a.id = u.alarm_id WHERE u.action = 'supersede' ORDER BY u.id"
+    )
+    assert [(r["device_id"], r["from_status"], r["to_status"], r["event_id"]) for r in audits] == [
+        (d, "NEW", "SUPERSEDED", telemetry_event_id(d, _temp(2, 95.0))) for d in hot
+    ]
+    superseded_events = await db.fetch(
+        "SELECT payload::jsonb->'alarm'->>'device_id' AS device, "
+        "payload::jsonb->'alarm'->>'status' AS status, payload::jsonb->>'from' AS was "
+        "FROM outbox_event WHERE event_type = $1 ORDER BY id",
+        EventType.ALARM_SUPERSEDED,
+    )
+    assert [(e["device"], e["status"], e["was"]) for e in superseded_events] == [
+        (d, "SUPERSEDED", "NEW") for d in hot
+    ]
+    created = await db.fetch(
+        "SELECT payload::jsonb->'alarm'->>'device_id' AS device, "
+        "payload::jsonb->>'supersedes' AS old "
+        "FROM outbox_event WHERE event_type = $1 ORDER BY id",
+        EventType.ALARM_CREATED,
+    )
+    assert [(e["device"], e["old"]) for e in created[-100:]] == [
+        (r["device_id"], str(r["id"])) for r in rows
+    ]
