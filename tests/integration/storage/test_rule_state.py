@@ -7,7 +7,6 @@ order in which their batches commit is chosen by the test, never left to the sch
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 from collections.abc import AsyncIterator
 from datetime import timedelta
 
@@ -331,5 +330,5 @@ async def test_a_concurrent_alarm_on_the_same_active_key_asks_for_a_retry_not_a_
 def test_a_stored_row_carries_the_domain_state_in_the_same_field_order() -> None:
     """The engine converts rows and states positionally (per touched pair, per batch)."""
     domain = list(RuleState.__struct_fields__)
-    stored = [f.name for f in dataclasses.fields(state_repo.RuleStateRow)]
+    stored = list(state_repo.RuleStateRow.__struct_fields__)
     assert stored == ["device_id", "rule_key", "version", "rule_version", *domain]
