@@ -55,6 +55,22 @@ async def _batch(
     return batch
 
 
+async def _counted(
+    engine: AlarmEngine, db: asyncpg.Connection, messages: list[tuple[str, Telemetry]]
+) -> tuple[BatchAlarms, list[str]]:
+    """`_batch`, and the statements it sent (BEGIN and COMMIT included)."""
+    statements: list[str] = []
+
+    def sent(record: asyncpg.connection.LoggedQuery) -> None:
+        statements.append(record.query)
+
+    db.add_query_logger(sent)
+    try:
+        return await _batch(engine, db, messages), statements
+    finally:
+        db.remove_query_logger(sent)
+
+
 def _engine() -> AlarmEngine:
     engine = AlarmEngine(rules=RULES, node_id="node-a", metrics=Metrics())
     engine.summary = SUMMARY
@@ -209,18 +225,9 @@ async def test_a_fleet_clearing_and_firing_in_one_batch_is_one_step_of_few_state
     await _batch(engine, db, [(d, _temp(0, 95.0 if d in hot else 20.0)) for d in devices])
     assert await db.fetchval("SELECT count(*) FROM alarm WHERE cleared_at IS NULL") == 100
 
-    statements: list[str] = []
-
-    def sent(record: asyncpg.connection.LoggedQuery) -> None:
-        statements.append(record.query)
-
-    db.add_query_logger(sent)
-    try:
-        batch = await _batch(
-            engine, db, [(d, _temp(1, 70.0 if d in hot else 90.0)) for d in devices]
-        )
-    finally:
-        db.remove_query_logger(sent)
+    batch, statements = await _counted(
+        engine, db, [(d, _temp(1, 70.0 if d in hot else 90.0)) for d in devices]
+    )
 
     assert batch.cleared == 100
     assert len(batch.created) == 100
@@ -244,14 +251,9 @@ async def test_a_fleet_clearing_and_firing_in_one_batch_is_one_step_of_few_state
 
     # The next swing: the cleared alarms, still NEW, are superseded by their devices' new
     # ones (and the alarms of the others clear), again as one step.
-    statements.clear()
-    db.add_query_logger(sent)
-    try:
-        swing = await _batch(
-            engine, db, [(d, _temp(2, 95.0 if d in hot else 70.0)) for d in devices]
-        )
-    finally:
-        db.remove_query_logger(sent)
+    swing, statements = await _counted(
+        engine, db, [(d, _temp(2, 95.0 if d in hot else 70.0)) for d in devices]
+    )
     assert len(swing.created) == 100
     assert swing.superseded == 100
     assert swing.cleared == 100
