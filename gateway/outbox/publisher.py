@@ -159,9 +159,12 @@ class OutboxPublisher:
                 event.id: outcome.reached for event, outcome in paired if isinstance(outcome, _Sent)
             }
             await self._release([(e, exc) for e, exc in paired if isinstance(exc, SessionDown)])
-            await self._mark_published(
-                [event for event in published if event.event_type not in DELIVERING_EVENTS]
-            )
+            # A delivering event whose publish reached nobody, with no quiet hours to decide,
+            # changes no alarm (``deliver`` would find nothing to do): it only informs, and is
+            # marked published with the others rather than in a transaction of its own (an
+            # alarm storm's creations, 10,000 transactions before).
+            pushing = [e for e in published if self._decides(e, reach[e.id])]
+            await self._mark_published([e for e in published if not self._decides(e, reach[e.id])])
             # Pushes write the alarm too, one transaction each; a few at a time, so the
             # ingest path always finds a free connection in the pool.
             slots = asyncio.Semaphore(DELIVERY_CONCURRENCY)
@@ -170,10 +173,14 @@ class OutboxPublisher:
                 async with slots:
                     await self._push(event, reach[event.id])
 
-            await asyncio.gather(
-                *(push(event) for event in published if event.event_type in DELIVERING_EVENTS)
-            )
+            await asyncio.gather(*(push(event) for event in pushing))
         return len(claimed)
+
+    def _decides(self, event: ClaimedEvent, reached: str | None) -> bool:
+        """Whether publishing this event may change its alarm (see ``_push``)."""
+        if event.event_type not in DELIVERING_EVENTS:
+            return False
+        return reached is not None or self.quiet is not None
 
     async def _publish(self, event: ClaimedEvent) -> _Sent | Exception:
         """Publish one event: once the broker has it, whom it reached; else the error (a failure
