@@ -20,12 +20,14 @@ import json
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Final, TypeAlias
+from typing import TYPE_CHECKING, Final, TypeAlias
 
-from google.protobuf.message import DecodeError as ProtobufDecodeError
-
-from protocol import sparkplug_b_pb2 as pb
 from protocol.ids import DEVICE_ID_RE
+
+if TYPE_CHECKING:
+    # The protobuf runtime and the compiled schema are imported by the functions that read or
+    # write a payload: a gateway without [sparkplug] never loads them (about 4 MB resident).
+    from protocol import sparkplug_b_pb2 as pb
 
 NAMESPACE: Final = "spBv1.0"
 STATE: Final = "STATE"
@@ -263,6 +265,10 @@ def _properties(metric: pb.Payload.Metric) -> dict[str, SparkplugValue | None]:
 
 def decode_payload(data: bytes) -> SparkplugPayload:
     """Parse a Sparkplug B payload; raises :class:`SparkplugError` ``MALFORMED``."""
+    from google.protobuf.message import DecodeError as ProtobufDecodeError
+
+    from protocol import sparkplug_b_pb2 as pb
+
     message = pb.Payload()
     try:
         message.ParseFromString(data)
@@ -342,6 +348,8 @@ def message_id(topic_name: str, payload: bytes) -> str:
 
 def encode_rebirth(timestamp_ms: int) -> bytes:
     """An NCMD payload asking an edge node to publish its births again."""
+    from protocol import sparkplug_b_pb2 as pb
+
     payload = pb.Payload(timestamp=timestamp_ms)
     metric = payload.metrics.add()
     metric.name = REBIRTH
@@ -356,6 +364,8 @@ def encode_write(
 ) -> bytes:
     """An NCMD/DCMD payload writing metrics: ``(name, alias, datatype, value)`` each (the name
     is always sent: an edge node need not keep aliases for commands)."""
+    from protocol import sparkplug_b_pb2 as pb
+
     payload = pb.Payload(timestamp=timestamp_ms)
     for name, alias, datatype, value in writes:
         metric = payload.metrics.add()

@@ -24,13 +24,17 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Protocol, Self
+from typing import TYPE_CHECKING, Protocol, Self
 
-import aiohttp
 import structlog
 import yarl
 
 from gateway.domain.errors import GatewayError
+
+if TYPE_CHECKING:
+    # Imported where a request is made: a gateway without [ai] never loads aiohttp (about
+    # 8 MB of its resident memory; docs/performance.md).
+    import aiohttp
 
 log = structlog.get_logger(__name__)
 
@@ -193,6 +197,8 @@ class OpenAiCompatibleLlm:
             await session.close()
 
     def _client(self) -> aiohttp.ClientSession:
+        import aiohttp
+
         if self._session is None or self._session.closed:
             # Our own deadline (asyncio.timeout) bounds each call; no session-wide timeout.
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None))
@@ -234,6 +240,8 @@ class OpenAiCompatibleLlm:
 
     async def _post(self, body: dict[str, object]) -> LlmReply:
         """One HTTP exchange. Raises ``_Rejected`` when the server refuses response_format."""
+        import aiohttp
+
         payload = json.dumps(body, ensure_ascii=False).encode()
         requested_model = str(body["model"])
         try:

@@ -16,10 +16,8 @@ from __future__ import annotations
 import html
 import time
 from email.message import EmailMessage
-from typing import Any, Final, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
-import aiohttp
-import aiosmtplib
 import msgspec
 
 from gateway.domain.notify import (
@@ -31,6 +29,11 @@ from gateway.domain.notify import (
 )
 from gateway.domain.redaction import redact_credentials
 from gateway.support.version import gateway_version
+
+if TYPE_CHECKING:
+    # Both are imported where a sender first sends: a gateway with no receiver configured
+    # never loads them (aiohttp alone is about 8 MB of resident memory; docs/performance.md).
+    import aiohttp
 from storage.notify import ClaimedDelivery
 
 DELIVERY_HEADER: Final = "X-Gateway-Delivery"
@@ -63,6 +66,8 @@ class WebhookSender:
         self.session = session
 
     async def send(self, delivery: ClaimedDelivery) -> None:
+        import aiohttp
+
         body = delivery.body.encode()
         headers = {
             "Content-Type": "application/json",
@@ -119,6 +124,8 @@ class EmailSender:
         self.receiver = receiver
 
     async def send(self, delivery: ClaimedDelivery) -> None:
+        import aiosmtplib
+
         r = self.receiver
         message = build_email(r, msgspec.json.decode(delivery.body), str(delivery.event_id))
         port = r.port or (465 if r.tls else 587 if r.starttls else 25)

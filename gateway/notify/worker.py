@@ -20,8 +20,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
-import aiohttp
 import asyncpg
 import structlog
 
@@ -38,6 +38,9 @@ from gateway.support.loops import (
     wait_event_or_stop,
 )
 from gateway.support.metrics import Metrics
+
+if TYPE_CHECKING:
+    import aiohttp  # imported with the first receiver (see gateway.notify.receivers)
 from storage import alarms as alarm_repo
 from storage import notify as repo
 from storage.errors import DB_ERRORS
@@ -92,6 +95,8 @@ class DeliveryWorker:
         entry = self._senders.get(receiver.name)
         if entry is None or entry[0] != receiver:
             if self._session is None:
+                import aiohttp
+
                 # No cap on connections in total (aiohttp's default is 100): receivers that
                 # hang would take them all and every other send would queue behind them. Each
                 # receiver's slots already bound its sends.
