@@ -119,7 +119,8 @@ def _device(n: int) -> str:
 
 def _next_state(row: asyncpg.Record, ts: datetime, rng: random.Random) -> tuple[Any, ...]:
     """The row after one sample, as a ``> threshold`` rule held for ``FOR_SAMPLES`` samples
-    moves it: the columns of ``write_states`` ($4 … $15), in its order."""
+    moves it: the state's fields of a ``rule_state_write`` record (after the device, the
+    rule key and the version read), in its order."""
     firing, pending, since = row["firing"], row["pending_count"], row["pending_since"]
     fired_ts, fired_id = row["fired_ts"], row["fired_event_id"]
     clear_ts, clear_id, violating_ts = row["clear_ts"], row["clear_event_id"], None
@@ -161,17 +162,12 @@ async def _batch(
         rows = await conn.fetch(states["lock_states"], keys_d, keys_r)
         lock_ms = (time.perf_counter() - started) * 1000
         ts = datetime.now(UTC)
-        moved = [_next_state(row, ts, rng) for row in rows]
-        columns = list(zip(*moved, strict=True))
-        written = await conn.fetch(
-            states["write_states"],
-            [row["device_id"] for row in rows],
-            [row["rule_key"] for row in rows],
-            [row["version"] for row in rows],
-            *columns,
-            node,
-        )
-    return len(written), len(rows) - len(written), device_ms, lock_ms
+        moved = [
+            (row["device_id"], row["rule_key"], row["version"], *_next_state(row, ts, rng))
+            for row in rows
+        ]
+        written = int(await conn.fetchval(states["write_states"], moved, node))
+    return written, len(rows) - written, device_ms, lock_ms
 
 
 def _rule_version(rule_key: str) -> str:

@@ -8,6 +8,7 @@ from datetime import datetime
 
 import asyncpg
 import msgspec
+from msgspec.structs import astuple
 
 from storage.sql import load_queries
 
@@ -76,11 +77,11 @@ async def write_states(
     """Write rows back, each conditional on the version it was read at."""
     if not rows:
         return
-    columns = [[getattr(row, name) for row in rows] for name in _COLUMNS]
-    written = await conn.fetch(WRITE_STATES, *columns, node_id)
-    if len(written) != len(rows):
+    # One array of records (the type rule_state_write has RuleStateRow's fields, in order).
+    written = await conn.fetchval(WRITE_STATES, [astuple(row) for row in rows], node_id)
+    if written != len(rows):
         raise StateWriteConflictError(
-            f"{len(rows) - len(written)} of {len(rows)} rule states changed since they were read"
+            f"{len(rows) - written} of {len(rows)} rule states changed since they were read"
         )
 
 

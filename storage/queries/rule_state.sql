@@ -21,26 +21,21 @@ ORDER BY s.device_id, s.rule_key
 FOR UPDATE OF s;
 
 -- name: write_states
--- $1 device ids, $2 rule keys, $3 versions read, $4 rule versions, $5 firing, $6 pending
--- counts, $7 pending since, $8 last ts, $9 last seq, $10 fired ts, $11 fired event ids,
--- $12 released ts, $13 clear ts, $14 clear event ids, $15 violating ts (arrays, pairwise),
--- $16 node id;
--- conditional on the version read: the keys written (fewer than asked: someone else wrote).
-UPDATE rule_state s
-SET rule_version = u.rule_version, firing = u.firing, pending_count = u.pending_count,
-    pending_since = u.pending_since, last_ts = u.last_ts, last_seq = u.last_seq,
-    fired_ts = u.fired_ts, fired_event_id = u.fired_event_id, released_ts = u.released_ts,
-    clear_ts = u.clear_ts, clear_event_id = u.clear_event_id, violating_ts = u.violating_ts,
-    version = s.version + 1, updated_at = now(), node_id = $16
-FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::boolean[], $6::integer[],
-            $7::timestamptz[], $8::timestamptz[], $9::bigint[], $10::timestamptz[],
-            $11::text[], $12::timestamptz[], $13::timestamptz[], $14::text[],
-            $15::timestamptz[])
-     AS u(device_id, rule_key, version, rule_version, firing, pending_count, pending_since,
-          last_ts, last_seq, fired_ts, fired_event_id, released_ts, clear_ts, clear_event_id,
-          violating_ts)
-WHERE s.device_id = u.device_id AND s.rule_key = u.rule_key AND s.version = u.version
-RETURNING s.device_id, s.rule_key;
+-- $1 the rows (rule_state_write[], migration 0032: device id, rule key, the version read, then
+-- the state's columns), $2 node id; conditional on the version read: how many rows were
+-- written (fewer than sent: someone else wrote).
+WITH written AS (
+    UPDATE rule_state s
+    SET rule_version = u.rule_version, firing = u.firing, pending_count = u.pending_count,
+        pending_since = u.pending_since, last_ts = u.last_ts, last_seq = u.last_seq,
+        fired_ts = u.fired_ts, fired_event_id = u.fired_event_id, released_ts = u.released_ts,
+        clear_ts = u.clear_ts, clear_event_id = u.clear_event_id, violating_ts = u.violating_ts,
+        version = s.version + 1, updated_at = now(), node_id = $2
+    FROM unnest($1::rule_state_write[]) AS u
+    WHERE s.device_id = u.device_id AND s.rule_key = u.rule_key AND s.version = u.version
+    RETURNING 1
+)
+SELECT count(*) FROM written;
 
 -- name: drop_removed
 -- $1 the rule keys this node runs now (event and threshold rules), $2 seconds within which

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from datetime import timedelta
 
 import asyncpg
+import msgspec
 import pytest
 
 from gateway.alarms.engine import AlarmEngine, BatchAlarms
@@ -332,3 +333,30 @@ def test_a_stored_row_carries_the_domain_state_in_the_same_field_order() -> None
     domain = list(RuleState.__struct_fields__)
     stored = list(state_repo.RuleStateRow.__struct_fields__)
     assert stored == ["device_id", "rule_key", "version", "rule_version", *domain]
+
+
+async def test_a_write_back_is_conditional_on_the_version_each_row_was_read_at(
+    db: asyncpg.Connection,
+) -> None:
+    """Rows travel as one array of `rule_state_write` records; each is written only if its
+    row still has the version it was read at, and a write of fewer rows than sent raises (the
+    caller's transaction then rolls back and the batch is evaluated again)."""
+    version = rule_version(RULES.by_key("temp-high"))  # type: ignore[arg-type]
+    keys = [(f"dev-{n}", "temp-high", version) for n in range(3)]
+    async with db.transaction():
+        read = await state_repo.lock_states(db, keys)
+    assert [row.version for row in read] == [0, 0, 0]
+    moved = [msgspec.structs.replace(row, last_seq=7, firing=True) for row in read]
+    async with db.transaction():
+        await state_repo.write_states(db, moved, "node-a")
+    rows = await db.fetch(
+        "SELECT device_id, version, last_seq, firing, node_id FROM rule_state ORDER BY device_id"
+    )
+    assert [tuple(r) for r in rows] == [(f"dev-{n}", 1, 7, True, "node-a") for n in range(3)]
+
+    stale = [msgspec.structs.replace(row, last_seq=8) for row in read]  # still version 0
+    fresh = msgspec.structs.replace(moved[0], version=1, last_seq=9)
+    with pytest.raises(state_repo.StateWriteConflictError, match="2 of 3 rule states changed"):
+        async with db.transaction():
+            await state_repo.write_states(db, [fresh, *stale[1:]], "node-b")
+    assert await db.fetchval("SELECT max(last_seq) FROM rule_state") == 7  # rolled back
