@@ -29,12 +29,12 @@ from gateway.domain.notify import (
 )
 from gateway.domain.redaction import redact_credentials
 from gateway.support.version import gateway_version
+from storage.notify import ClaimedDelivery
 
 if TYPE_CHECKING:
     # Both are imported where a sender first sends: a gateway with no receiver configured
     # never loads them (aiohttp alone is about 8 MB of resident memory; docs/performance.md).
     import aiohttp
-from storage.notify import ClaimedDelivery
 
 DELIVERY_HEADER: Final = "X-Gateway-Delivery"
 ATTEMPT_HEADER: Final = "X-Gateway-Attempt"

@@ -38,13 +38,13 @@ from gateway.support.loops import (
     wait_event_or_stop,
 )
 from gateway.support.metrics import Metrics
-
-if TYPE_CHECKING:
-    import aiohttp  # imported with the first receiver (see gateway.notify.receivers)
 from storage import alarms as alarm_repo
 from storage import notify as repo
 from storage.errors import DB_ERRORS
 from storage.notify import ClaimedDelivery
+
+if TYPE_CHECKING:
+    import aiohttp  # imported with the first receiver (see gateway.notify.receivers)
 
 log = structlog.get_logger(__name__)
 
