@@ -175,9 +175,15 @@ async def test_n_alarms_in_a_window_make_one_delivery_with_two_nodes_and_push_on
             await wait_until(lambda: _sent_each(server, n + 1), message="every ungrouped one")
             # Inside group_wait: nothing grouped sent, nothing pushed by it.
             assert server.on("/hook") == []
+            # One window due at a time: with both due at once, the two nodes send them
+            # concurrently and the refusal (the first request to arrive) could fall on either.
             await _make_due(db, first["id"])
+            await wait_until(lambda: _sent_each_hook(server, 1), message="the refused attempt")
             await _make_due(db, other["id"])
-            await wait_until(lambda: _window_status(db, first["id"], "SENT"), message="window sent")
+            for window in (first, other):
+                await wait_until(
+                    lambda w=window: _window_status(db, w["id"], "SENT"), message="window sent"
+                )
         assert len(server.on("/hook")) == 3  # the refused attempt, then the two windows
         got = {r.json["group"]["rule"]: r for r in server.on("/hook")[1:]}
         assert sorted(x["alarm_id"] for x in got["hot"].json["notifications"]) == hot
