@@ -163,8 +163,11 @@ class OutboxPublisher:
             # changes no alarm (``deliver`` would find nothing to do): it only informs, and is
             # marked published with the others rather than in a transaction of its own (an
             # alarm storm's creations, 10,000 transactions before).
-            pushing = [e for e in published if self._decides(e, reach[e.id])]
-            await self._mark_published([e for e in published if not self._decides(e, reach[e.id])])
+            pushing: list[ClaimedEvent] = []
+            informing: list[ClaimedEvent] = []
+            for event in published:
+                (pushing if self._decides(event, reach[event.id]) else informing).append(event)
+            await self._mark_published(informing)
             # Pushes write the alarm too, one transaction each; a few at a time, so the
             # ingest path always finds a free connection in the pool.
             slots = asyncio.Semaphore(DELIVERY_CONCURRENCY)
