@@ -127,6 +127,22 @@ class MessageDecoder:
             hashlib.sha256(payload).hexdigest(),
         )
 
+    def order_key(self, item: Inbound) -> str | None:
+        """What ``item`` must stay in order with, read from its topic alone (no decoding): its
+        device id for the gateway's own topics; ``""`` for a topic that can only become a dead
+        letter (ordered with nothing); None for a message whose device is only known once
+        decoded or whose state is shared (Sparkplug B edge nodes, vendor mappings), which is
+        stored with nothing else in flight (see ``gateway.ingest.flights``)."""
+        topic = item.topic
+        if self.sparkplug and sparkplug.is_topic(topic):
+            return None
+        if self.mappings and self.mappings.matches(topic):
+            return None
+        try:
+            return self.topics.parse_device_topic(topic).device_id
+        except TopicError:
+            return ""
+
     def classify(self, items: Sequence[Inbound]) -> Classified:
         out = Classified(items=list(items))
         for item in items:

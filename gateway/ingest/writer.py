@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+from collections import deque
 from collections.abc import Sequence
 
 import asyncpg
@@ -26,6 +27,7 @@ from gateway.ingest.decoder import (
     MessageDecoder,
     failure_detail,
 )
+from gateway.ingest.flights import Flight, plan
 from gateway.ingest.metrics import IngestMetrics
 from gateway.ingest.store import StoreResult, store
 from gateway.sparkplug.host import SparkplugHost
@@ -51,6 +53,10 @@ RETRY_LATER: tuple[type[BaseException], ...] = (*TRANSIENT_DB_ERRORS, Concurrent
 # The driver refusing a value before it reaches the server (out of a column type's range, say):
 # about the data, never transient, though asyncpg derives it from InterfaceError.
 REFUSED_DATA: tuple[type[BaseException], ...] = (asyncpg.exceptions.DataError,)
+
+
+def _tasks(flights: Sequence[Flight[Inbound]]) -> list[asyncio.Task[None]]:
+    return [f.task for f in flights if f.task is not None]
 
 
 def refusal_reason(exc: BaseException) -> str:
@@ -85,6 +91,7 @@ class IngestWriter:
         database: str = "",
         breaker: CrashLoopBreaker | None = None,
         sparkplug: SparkplugHost | None = None,
+        in_flight: int = 2,
     ) -> None:
         self.pool = pool
         # Judges the batches' Sparkplug messages ([sparkplug] enabled; None: off).
@@ -113,11 +120,19 @@ class IngestWriter:
         self.engine = engine
         self.queue: asyncio.Queue[Inbound] = asyncio.Queue(maxsize=queue_max)
         self.last_progress = 0.0
-        # Set while a database call of the writer is under way: a call that never returns
-        # (a lock, a black-holed connection) is what "stuck" means to the watchdog. Failing
-        # fast and retrying is not stuck.
-        self.in_db_call_since: float | None = None
+        # The database calls of the writer under way, with when each began (the watchdog
+        # reads the oldest: ``in_db_call_since``).
+        self._db_calls: dict[object, float] = {}
         self.stored_total = 0
+        # Transactions open at once on distinct devices (gateway.ingest.flights), and the
+        # acknowledgement sequencer: every message taken from the queue and not yet
+        # acknowledged, in delivery order, and for each whose flight landed, whether stored.
+        self.in_flight = in_flight
+        self._flights: list[Flight[Inbound]] = []
+        self._order: deque[Inbound] = deque()
+        self._settled: dict[int, bool] = {}
+        # Journal writes of concurrent flights, one at a time, each with all that flies.
+        self._journal_lock = asyncio.Lock()
 
     @classmethod
     def from_config(
@@ -131,6 +146,7 @@ class IngestWriter:
         receipts: ReceiptApplier,
         batch_size: int,
         sparkplug: SparkplugHost | None = None,
+        in_flight: int = 2,
     ) -> IngestWriter:
         return cls(
             pool=node.pool,
@@ -147,6 +163,7 @@ class IngestWriter:
             database=describe(node.dsn),
             breaker=CrashLoopBreaker(node.node_id),
             sparkplug=sparkplug,
+            in_flight=in_flight,
         )
 
     async def put(self, item: Inbound) -> None:
@@ -187,19 +204,102 @@ class IngestWriter:
                 await self.breaker.clean_stop(conn)
 
     async def run(self) -> None:
-        while True:
-            batch = await self._next_batch()
-            try:
-                await self._handle(batch)
-            except Exception:
-                # Every message's failure is caught where it happens (decoding, storing); this
-                # is a bug around them. The batch stays unacknowledged (the broker delivers it
-                # again after a reconnect), and the node goes on with the next one.
-                log.exception("ingest_batch_failed", size=len(batch))
-            finally:
-                for _ in batch:
-                    self.queue.task_done()
-                self.ingest_metrics.inflight.dec(len(batch))
+        """Take batches from the queue and store them, up to ``in_flight`` transactions at
+        once on distinct devices (``gateway.ingest.flights``); acknowledge every message in
+        the order it was delivered, each after the commit that stored it."""
+        flights = self._flights
+        waiting: list[Inbound] = []
+        try:
+            while True:
+                # Room for another flight, and, for messages held back, something landed.
+                while flights and (waiting or len(flights) >= self.in_flight):
+                    await asyncio.wait(_tasks(flights), return_when=asyncio.FIRST_COMPLETED)
+                    if waiting:
+                        break
+                if waiting:
+                    batch = waiting + self._take_now(self.batch_size - len(waiting))
+                else:
+                    batch = await self._next_batch()
+                self._order.extend(batch[len(waiting) :])
+                if self.breaker is not None and self.breaker.suspects:
+                    # Suspects are stored alone, each in its own transaction: nothing beside.
+                    while flights:
+                        await asyncio.wait(_tasks(flights))
+                    flight: Flight[Inbound] | None = Flight[Inbound](batch, None)
+                    waiting = []
+                else:
+                    flight, waiting = plan(batch, self.decoder.order_key, flights)
+                if flight is not None:
+                    flight.started_at = asyncio.get_running_loop().time()
+                    flight.task = asyncio.create_task(self._fly(flight))
+                    flights.append(flight)
+        finally:
+            tasks = _tasks(flights)
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _fly(self, flight: Flight[Inbound]) -> None:
+        stored = False
+        try:
+            await self._handle(flight.items, Backoff(self.retry.base_s, self.retry.cap_s))
+            stored = True
+        except Exception:
+            # Every message's failure is caught where it happens (decoding, storing); this
+            # is a bug around them. The flight stays unacknowledged (the broker delivers it
+            # again after a reconnect), and the node goes on with the next one.
+            log.exception("ingest_batch_failed", size=len(flight.items))
+        finally:
+            self._flights.remove(flight)
+            self.ingest_metrics.commit_seconds.observe(
+                asyncio.get_running_loop().time() - flight.started_at
+            )
+            self.metrics.batch_size.observe(len(flight.items))
+            settled = self._settled
+            for item in flight.items:
+                settled[id(item)] = stored
+            self._release()
+
+    def _release(self) -> None:
+        """Acknowledge, in delivery order, every message whose flight has landed and that
+        no earlier message still waits for."""
+        order, settled = self._order, self._settled
+        if not order or id(order[0]) not in settled:
+            return
+        done = asyncio.get_running_loop().time()
+        skipped = released = 0
+        latencies: dict[float, int] = {}  # a reader's chunk shares one arrival time
+        queue = self.queue
+        while order and id(order[0]) in settled:
+            item = order.popleft()
+            stored = settled.pop(id(item))
+            released += 1
+            if stored and item.acker is not None:
+                if not item.acker.ack(item.message):
+                    skipped += 1
+                latencies[item.received_at] = latencies.get(item.received_at, 0) + 1
+            queue.task_done()
+        self.ingest_metrics.inflight.dec(released)
+        if skipped:
+            self.ingest_metrics.acks_skipped.inc(skipped)
+        for received_at, count in latencies.items():
+            observe_many(self.ingest_metrics.handler_seconds, done - received_at, count)
+        self.last_progress = done
+
+    @property
+    def in_db_call_since(self) -> float | None:
+        """Since when the oldest database call of the writer under way has been waiting
+        (None: none is): a call that never returns (a lock, a black-holed connection) is
+        what "stuck" means to the watchdog. Failing fast and retrying is not stuck."""
+        calls = self._db_calls
+        return min(calls.values()) if calls else None
+
+    def _take_now(self, limit: int) -> list[Inbound]:
+        queue = self.queue
+        taken: list[Inbound] = []
+        while len(taken) < limit and not queue.empty():
+            taken.append(queue.get_nowait())
+        return taken
 
     async def _next_batch(self) -> list[Inbound]:
         queue = self.queue
@@ -219,9 +319,8 @@ class IngestWriter:
                 break
         return batch
 
-    async def _handle(self, batch: list[Inbound]) -> None:
-        loop = asyncio.get_running_loop()
-        started = loop.time()
+    async def _handle(self, batch: list[Inbound], retry: Backoff) -> None:
+        """Store ``batch`` (its suspects alone, its quarantined messages as dead letters)."""
         quarantined: list[Inbound] = []
         groups = [batch]
         if self.breaker is not None:
@@ -233,24 +332,12 @@ class IngestWriter:
             classified = self.decoder.classify(group)
             classified.dead_letters.extend(carried)
             result = await self.store_with_retry(
-                classified, carried=carried, settled=quarantined if index == 0 else []
+                classified,
+                carried=carried,
+                settled=quarantined if index == 0 else [],
+                retry=retry,
             )
             self._count(result, classified, received=len(classified.telemetry_sources))
-        done = loop.time()
-        self.ingest_metrics.commit_seconds.observe(done - started)
-        self.metrics.batch_size.observe(len(batch))
-        skipped = 0
-        latencies: dict[float, int] = {}  # a reader's chunk shares one arrival time
-        for item in batch:
-            if item.acker is not None:
-                if not item.acker.ack(item.message):
-                    skipped += 1
-                latencies[item.received_at] = latencies.get(item.received_at, 0) + 1
-        if skipped:
-            self.ingest_metrics.acks_skipped.inc(skipped)
-        for received_at, count in latencies.items():
-            observe_many(self.ingest_metrics.handler_seconds, done - received_at, count)
-        self.last_progress = done
 
     def _quarantine(self, items: list[Inbound]) -> list[DeadLetterRow]:
         letters = []
@@ -301,6 +388,7 @@ class IngestWriter:
         *,
         carried: Sequence[DeadLetterRow] = (),
         settled: Sequence[Inbound] = (),
+        retry: Backoff | None = None,
     ) -> StoreResult:
         """Commit the batch, retrying for as long as the database is unreachable.
 
@@ -318,13 +406,14 @@ class IngestWriter:
         are dead letters decided before (the quarantined messages, ``settled``), kept
         through every split.
         """
+        retry = self.retry if retry is None else retry
         refused: list[DeadLetterRow] = list(carried)  # messages dead-lettered on the way
         unexplained = 0
         while True:
             try:
                 result = await self._store_once(batch, settled)
             except RETRY_LATER as exc:
-                delay = self.retry.next_delay()
+                delay = retry.next_delay()
                 self.metrics.db_retries.inc()
                 log.warning(
                     "database_unavailable",
@@ -339,7 +428,7 @@ class IngestWriter:
                     log.error("batch_refused_by_database", error=repr(exc), size=len(batch.items))
                 else:
                     log.error("batch_processing_failed", error=repr(exc), size=len(batch.items))
-                kept, rejected = await self._isolate_refused(batch.items)
+                kept, rejected = await self._isolate_refused(batch.items, retry)
                 if rejected:
                     self.ingest_metrics.batch_refusals.labels("true").inc()
                     refused.extend(rejected)
@@ -363,7 +452,7 @@ class IngestWriter:
                     continue
                 # Nothing left to split: only the dead letters themselves are refused, and
                 # retrying (with backoff) is all there is.
-                delay = self.retry.next_delay()
+                delay = retry.next_delay()
                 log.warning(
                     "batch_refusal_unexplained",
                     attempt=unexplained,
@@ -372,7 +461,7 @@ class IngestWriter:
                 )
                 await asyncio.sleep(delay)
                 continue
-            self.retry.reset()
+            retry.reset()
             return result
 
     def _rebuild(self, items: list[Inbound], refused: list[DeadLetterRow]) -> Classified:
@@ -390,7 +479,8 @@ class IngestWriter:
 
     async def _store_once(self, batch: Classified, settled: Sequence[Inbound] = ()) -> StoreResult:
         breaker = self.breaker
-        self.in_db_call_since = asyncio.get_running_loop().time()
+        call = object()
+        self._db_calls[call] = asyncio.get_running_loop().time()
         # Round trips, counted as asyncpg sends them (its query logger, which it calls soon
         # after each statement: BEGIN and COMMIT included).
         sent = self._count_statement
@@ -399,7 +489,8 @@ class IngestWriter:
                 conn.add_query_logger(sent)
                 try:
                     if breaker is not None:
-                        await breaker.journal(conn, batch.items)
+                        async with self._journal_lock:
+                            await breaker.journal(conn, self._in_flight_items(batch))
                     async with conn.transaction():
                         result = await store(
                             conn,
@@ -414,7 +505,7 @@ class IngestWriter:
                 finally:
                     conn.remove_query_logger(sent)
         finally:
-            self.in_db_call_since = None
+            del self._db_calls[call]
             self.ingest_metrics.transactions.inc()
         self.stored_total += result.stored
         # Committed: only now are its alarms counted (a rolled-back batch counts nothing).
@@ -425,11 +516,20 @@ class IngestWriter:
                 log.exception("alarm_counting_failed")
         return result
 
+    def _in_flight_items(self, batch: Classified) -> list[Inbound]:
+        """What the breaker's journal holds while ``batch`` is stored: the batch itself when
+        nothing else is in flight (a suspect alone, so that a death points at it), else every
+        message of every flight not landed, in delivery order of their flights."""
+        flights = self._flights
+        if len(flights) <= 1:
+            return batch.items
+        return [item for flight in flights for item in flight.items]
+
     def _count_statement(self, _: object) -> None:
         self.ingest_metrics.statements.inc()
 
     async def _isolate_refused(
-        self, items: list[Inbound]
+        self, items: list[Inbound], retry: Backoff
     ) -> tuple[list[Inbound], list[DeadLetterRow]]:
         """Try each message alone; the ones the database accepts, and the others' dead letters."""
         kept: list[Inbound] = []
@@ -441,7 +541,7 @@ class IngestWriter:
                 except RETRY_LATER as exc:
                     self.metrics.db_retries.inc()
                     log.warning("database_unavailable", database=self.database, error=repr(exc))
-                    await asyncio.sleep(self.retry.next_delay())
+                    await asyncio.sleep(retry.next_delay())
                     continue
                 if refusal is None:
                     kept.append(item)
@@ -454,7 +554,8 @@ class IngestWriter:
         """Store one message the way its batch would, in a transaction always rolled back;
         the refusal (its reason code and detail), if any."""
         alone = self.decoder.classify([item])
-        self.in_db_call_since = asyncio.get_running_loop().time()
+        call = object()
+        self._db_calls[call] = asyncio.get_running_loop().time()
         try:
             async with self.pool.acquire() as conn:
                 transaction = conn.transaction()
@@ -485,5 +586,5 @@ class IngestWriter:
                 finally:
                     await transaction.rollback()
         finally:
-            self.in_db_call_since = None
+            del self._db_calls[call]
         return None

@@ -165,6 +165,7 @@ async def build(
         receipts=live_path.receipt_applier(config, node.metrics),
         batch_size=config.batch_size(protocol),
         sparkplug=live_path.sparkplug_host(config),
+        in_flight=config.transactions_in_flight(),
     )
     # Before the first message: what this node was storing when it last died.
     await writer.recover()

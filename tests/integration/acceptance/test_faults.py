@@ -157,7 +157,9 @@ async def test_a_stalled_database_bounds_memory_instead_of_buffering_the_backlog
             assert writer is not None
             assert writer.queue.qsize() <= 100
             assert client.buffered <= 51
-            assert metric(daemon, "gateway_ingest_inflight") <= 100 + 20 + 1
+            # The queue, a batch in each transaction in flight, and the message in hand.
+            assert writer.in_flight == 2
+            assert metric(daemon, "gateway_ingest_inflight") <= 100 + 2 * 20 + 1
             assert _acked(daemon) == 0
             await blocker.execute("ROLLBACK")
             await wait_until(_count_is(db_dsn, 5000), timeout=60, message="all 5000 stored")
