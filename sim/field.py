@@ -207,6 +207,9 @@ class Nodes:
             f'[mqtt]\nhost = "127.0.0.1"\nport = {self.broker_port}\n'
             f'topic_prefix = "{PREFIX}"\nshared_group = "{PREFIX}"\nprotocol = "5"\n'
             f'[database]\ndsn = "{self.dsn}"\n'
+            # A shared group chooses one transaction at a time; the simulation runs two, so
+            # that every fault also meets transactions stored beside each other.
+            "[ingest]\ntransactions_in_flight = 2\n"
             f"[http]\nport = {node.http_port}\n"
             '[log]\nformat = "json"\nlevel = "info"\n'
             "[retention]\ntelemetry_days = 30\n"
