@@ -131,13 +131,17 @@ class MessageDecoder:
         """What ``item`` must stay in order with, read from its topic alone (no decoding): its
         device id for the gateway's own topics; ``""`` for a topic that can only become a dead
         letter (ordered with nothing); None for a message whose device is only known once
-        decoded or whose state is shared (Sparkplug B edge nodes, vendor mappings), which is
-        stored with nothing else in flight (see ``gateway.ingest.flights``)."""
+        decoded (a vendor mapping naming it from the payload) or whose state is shared
+        (Sparkplug B edge nodes), which is stored with nothing else in flight (see
+        ``gateway.ingest.flights``). A mapping that names the device from the topic gives
+        the device id it stores the message under."""
         topic = item.topic
         if self.sparkplug and sparkplug.is_topic(topic):
             return None
-        if self.mappings and self.mappings.matches(topic):
-            return None
+        if self.mappings:
+            matched, device = self.mappings.order_key(topic)
+            if matched:
+                return device
         try:
             return self.topics.parse_device_topic(topic).device_id
         except TopicError:

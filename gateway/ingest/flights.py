@@ -10,8 +10,9 @@ of that device behind it, and is planned again once something lands. Acknowledge
 in delivery order whatever order the transactions commit in (the writer's sequencer).
 
 What cannot be placed from the topic alone is a *barrier*: Sparkplug B messages (the edge
-node's state is shared by its devices, and judged in the transaction) and messages on a
-vendor mapping's topics (the device id may be in the payload). A barrier waits until nothing
+node's state is shared by its devices, and judged in the transaction) and messages of a
+vendor mapping that names the device from the payload (``device_path``); a mapping naming it
+by a topic wildcard orders its messages by that device, like the gateway's own topics. A barrier waits until nothing
 is in flight, and nothing starts beside it: those messages are stored exactly as with one
 transaction at a time.
 

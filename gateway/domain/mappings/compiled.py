@@ -661,6 +661,26 @@ class Mappings:
                     return _presence(mapping, captures, payload)
         return None
 
+    def order_key(self, topic: str) -> tuple[bool, str | None]:
+        """``(matched, device)``: whether a mapping reads ``topic`` (the one ``read`` would
+        take), and the device id it names the message by when the topic alone names it (as
+        ``read`` names it; ``""`` for an id it refuses). None: the id is in the payload."""
+        for mapping in self.mappings:
+            for pattern, template in (
+                (mapping.topic, mapping.device),
+                (mapping.presence_topic, mapping.presence_device),
+            ):
+                if pattern is None:
+                    continue
+                captures = pattern.match(topic)
+                if captures is None:
+                    continue
+                if template is None:
+                    return True, None
+                device = _device_id(mapping, template, captures, None)
+                return True, "" if isinstance(device, Refusal) else device
+        return False, None
+
     def downlink(
         self,
         mapping_name: str,

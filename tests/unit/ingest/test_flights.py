@@ -107,10 +107,29 @@ def test_the_decoder_orders_a_message_with_its_device_from_the_topic() -> None:
     assert decoder.order_key(Inbound("spBv1.0/plant/DDATA/edge-1/pump-1", b"")) is None
 
 
-def test_a_vendor_mappings_message_is_a_barrier() -> None:
-    """Its device id may be in the payload: not known before decoding."""
-    config = parse_config('[[ingest.mappings]]\nname = "tasmota"\nprofile = "tasmota"\n')
+def test_a_mapping_naming_the_device_by_its_topic_orders_by_that_device() -> None:
+    """The id the mapping stores the message under: telemetry and presence alike."""
+    config = parse_config(
+        '[[ingest.mappings]]\nname = "tasmota"\nprofile = "tasmota"\n'
+        '[[ingest.mappings]]\nname = "lights"\nprofile = "zigbee2mqtt"\n'
+        'device_ids = "normalise"\n'
+    )
     decoder = message_decoder(config)
-    assert decoder.order_key(Inbound("tele/kitchen/SENSOR", b"{}")) is None
-    assert decoder.order_key(Inbound("tele/kitchen/LWT", b"Online")) is None
+    assert decoder.order_key(Inbound("tele/kitchen/SENSOR", b"{}")) == "kitchen"
+    assert decoder.order_key(Inbound("tele/kitchen/LWT", b"Online")) == "kitchen"
+    # Normalised as stored ("hall lamp" is stored as hall_lamp).
+    assert decoder.order_key(Inbound("zigbee2mqtt/hall lamp", b"{}")) == "hall_lamp"
+    assert decoder.order_key(Inbound("zigbee2mqtt/hall lamp/availability", b"")) == "hall_lamp"
+    assert decoder.order_key(Inbound("iot/devices/dev-1/telemetry", b"")) == "dev-1"
+
+
+def test_a_mapping_naming_the_device_from_the_payload_is_a_barrier() -> None:
+    """Its device is not known before decoding."""
+    config = parse_config(
+        '[[ingest.mappings]]\nname = "boiler"\ntopic = "plant/{site}/boiler/{unit}/state"\n'
+        'device_path = "$.meta.serial"\ntimestamp_path = "$.meta.at"\n'
+        'timestamp_format = "iso8601"\nflatten = "$.readings"\n'
+    )
+    decoder = message_decoder(config)
+    assert decoder.order_key(Inbound("plant/a/boiler/1/state", b"{}")) is None
     assert decoder.order_key(Inbound("iot/devices/dev-1/telemetry", b"")) == "dev-1"
