@@ -17,9 +17,12 @@ import pytest
 
 from gateway.alarms.engine import AlarmEngine
 from gateway.commands.receipts import ReceiptApplier
+from gateway.config import parse_config
 from gateway.domain.rules import RuleConfig, compile_rules
 from gateway.ingest.breaker import CrashLoopBreaker, digest
-from gateway.ingest.decoder import Inbound, MessageDecoder
+from gateway.ingest.decoder import Classified, Inbound, MessageDecoder
+from gateway.ingest.live_path import message_decoder
+from gateway.ingest.store import StoreResult
 from gateway.ingest.writer import IngestWriter
 from gateway.support.backoff import Backoff
 from gateway.support.metrics import Metrics
@@ -43,11 +46,40 @@ class Acks:
         return True
 
 
-def _writer(pool: asyncpg.Pool, in_flight: int) -> IngestWriter:
+class BuggyCounting(IngestWriter):
+    """The real writer, with a bug after the commit of a batch holding device "boom"."""
+
+    def _count(self, result: StoreResult, batch: Classified, *, received: int) -> None:
+        if any("/boom/" in item.topic for item in batch.items):
+            raise RuntimeError("a bug after the commit")
+        super()._count(result, batch, received=received)
+
+
+# A vendor mapping that reads the device id from the payload: a barrier.
+BOILER = """
+[[ingest.mappings]]
+name = "boiler"
+topic = "plant/{site}/boiler/{unit}/state"
+device_path = "$.serial"
+timestamp_path = "$.at"
+timestamp_format = "epoch_ms"
+[[ingest.mappings.metrics]]
+path = "$.t"
+name = "t"
+"""
+
+
+def _writer(
+    pool: asyncpg.Pool,
+    in_flight: int,
+    *,
+    kind: type[IngestWriter] = IngestWriter,
+    decoder: MessageDecoder | None = None,
+) -> IngestWriter:
     metrics = Metrics()
-    return IngestWriter(
+    return kind(
         pool=pool,
-        decoder=MessageDecoder(TOPICS, Encoding.JSON, 65536),
+        decoder=decoder or MessageDecoder(TOPICS, Encoding.JSON, 65536),
         node_id="node-a",
         metrics=metrics,
         batch_size=100,
@@ -79,7 +111,7 @@ async def conn(db_dsn: str) -> AsyncIterator[asyncpg.Connection]:
         await c.close()
 
 
-async def _stored(conn: asyncpg.Connection) -> list[tuple[str, int]]:
+async def _stored(conn: asyncpg.Connection) -> list[tuple[str, int | None]]:
     rows = await conn.fetch("SELECT device_id, seq FROM telemetry ORDER BY device_id, seq")
     return [(r["device_id"], r["seq"]) for r in rows]
 
@@ -176,13 +208,103 @@ async def test_with_one_transaction_in_flight_nothing_passes_a_held_batch(
 
         await wait_until(held, message="the flight waiting on dev-a's row")
         await writer.put_many([_sos(acks, "dev-b:1")])
-        # The writer took dev-b's message off the queue only once the held flight lands.
-        assert writer.queue.qsize() == 1
         assert await _stored(conn) == [("dev-a", 0)]
+        # A round trip later, dev-b's message is still queued: the writer takes the next
+        # batch only once the held one lands (with two in flight it would be stored by now).
+        assert writer.queue.qsize() == 1
         await lock.rollback()
         assert await writer.drain(30)
         assert await _stored(conn) == [("dev-a", 0), ("dev-a", 1), ("dev-b", 1)]
         assert acks.acked == ["dev-a:0", "dev-a:1", "dev-b:1"]
+    finally:
+        await locker.close()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+
+async def _held_on_dev_a(
+    writer: IngestWriter, acks: Acks, conn: asyncpg.Connection, locker: asyncpg.Connection
+) -> asyncpg.transaction.Transaction:
+    """dev-a:0 stored, then dev-a:1 in a flight held inside its transaction by a row lock
+    (returned: rolling it back lets the flight go on)."""
+    await writer.put_many([_sos(acks, "dev-a:0")])
+    assert await writer.drain(30)
+    lock = locker.transaction()
+    await lock.start()
+    await locker.execute("SELECT 1 FROM device WHERE device_id = 'dev-a' FOR UPDATE")
+    await writer.put_many([_sos(acks, "dev-a:1")])
+
+    async def held() -> bool:
+        return bool(
+            await conn.fetchval(
+                "SELECT count(*) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+            )
+        )
+
+    await wait_until(held, message="the flight waiting on dev-a's row")
+    return lock
+
+
+async def test_a_barrier_waits_for_every_flight_and_what_follows_it_waits_for_it(
+    pool: asyncpg.Pool, conn: asyncpg.Connection, db_dsn: str
+) -> None:
+    """A mapping naming its device from the payload: nothing is stored beside it."""
+    decoder = message_decoder(parse_config(BOILER))
+    writer = _writer(pool, in_flight=2, decoder=decoder)
+    await writer.recover()
+    acks = Acks()
+    task = asyncio.create_task(writer.run())
+    locker = await asyncpg.connect(db_dsn)
+    try:
+        lock = await _held_on_dev_a(writer, acks, conn, locker)
+        boiler = Inbound(
+            "plant/north/boiler/1/state",
+            msgspec.json.encode({"serial": "boiler-7", "at": T0, "t": 1.5}),
+            acker=acks,
+            message="boiler-7",
+        )
+        await writer.put_many([boiler, _sos(acks, "dev-c:1")])
+        assert await _stored(conn) == [("dev-a", 0)]
+        await wait_until(lambda: writer.queue.qsize() == 0, message="both taken")
+        # Taken and planned: the barrier waits for dev-a's flight, dev-c for the barrier.
+        assert len(writer._flights) == 1
+        assert acks.acked == ["dev-a:0"]
+        await lock.rollback()
+        assert await writer.drain(30)
+        assert await _stored(conn) == [("boiler-7", None), ("dev-a", 0), ("dev-a", 1), ("dev-c", 1)]
+        assert acks.acked == ["dev-a:0", "dev-a:1", "boiler-7", "dev-c:1"]
+    finally:
+        await locker.close()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+
+async def test_a_flight_that_fails_on_a_bug_stays_unacknowledged_and_the_rest_go_on(
+    pool: asyncpg.Pool, conn: asyncpg.Connection, db_dsn: str
+) -> None:
+    """Its messages are left for the broker to deliver again; the ones delivered before and
+    after them are acknowledged in order, and the queue drains."""
+    writer = _writer(pool, in_flight=2, kind=BuggyCounting)
+    await writer.recover()
+    acks = Acks()
+    task = asyncio.create_task(writer.run())
+    locker = await asyncpg.connect(db_dsn)
+    try:
+        lock = await _held_on_dev_a(writer, acks, conn, locker)
+        await writer.put_many([_sos(acks, "boom:1"), _sos(acks, "dev-c:1")])
+
+        async def beside() -> bool:
+            return {d for d, _ in await _stored(conn)} >= {"boom", "dev-c"}
+
+        await wait_until(beside, message="the failing flight committed beside the held one")
+        await lock.rollback()
+        await writer.put_many([_sos(acks, "dev-d:1")])
+        assert await writer.drain(30)
+        assert acks.acked == ["dev-a:0", "dev-a:1", "dev-d:1"]
+        assert writer.metrics.registry.get_sample_value("gateway_ingest_inflight") == 0
     finally:
         await locker.close()
         task.cancel()
