@@ -9,6 +9,7 @@ flight inside its transaction for as long as the test wants."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 
 import asyncpg
@@ -116,35 +117,51 @@ async def _stored(conn: asyncpg.Connection) -> list[tuple[str, int | None]]:
     return [(r["device_id"], r["seq"]) for r in rows]
 
 
-async def test_a_flight_on_other_devices_commits_beside_a_held_one_and_acks_wait_their_turn(
-    pool: asyncpg.Pool, conn: asyncpg.Connection, db_dsn: str
-) -> None:
-    writer = _writer(pool, in_flight=2)
+@contextlib.asynccontextmanager
+async def _running(writer: IngestWriter, db_dsn: str) -> AsyncIterator[asyncpg.Connection]:
+    """The writer's own loop running, and a connection of the test's to hold rows with."""
     await writer.recover()
-    acks = Acks()
     task = asyncio.create_task(writer.run())
     locker = await asyncpg.connect(db_dsn)
     try:
-        # dev-a exists; the test then holds its row, so the next flight with dev-a stops
-        # inside its transaction (the device upsert) until the test lets it go.
-        await writer.put_many([_sos(acks, "dev-a:0")])
-        assert await writer.drain(30)
-        lock = locker.transaction()
-        await lock.start()
-        await locker.execute("SELECT 1 FROM device WHERE device_id = 'dev-a' FOR UPDATE")
+        yield locker
+    finally:
+        await locker.close()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
 
-        await writer.put_many([_sos(acks, "dev-a:1")])
 
-        async def held() -> bool:
-            return bool(
-                await conn.fetchval(
-                    "SELECT count(*) FROM pg_stat_activity"
-                    " WHERE datname = current_database() AND wait_event_type = 'Lock'"
-                )
+async def _held_on_dev_a(
+    writer: IngestWriter, acks: Acks, conn: asyncpg.Connection, locker: asyncpg.Connection
+) -> asyncpg.transaction.Transaction:
+    """dev-a:0 stored, then dev-a:1 in a flight held inside its transaction (the device
+    upsert) by the row lock of the transaction returned: rolling it back lets it go on."""
+    await writer.put_many([_sos(acks, "dev-a:0")])
+    assert await writer.drain(30)
+    lock = locker.transaction()
+    await lock.start()
+    await locker.execute("SELECT 1 FROM device WHERE device_id = 'dev-a' FOR UPDATE")
+    await writer.put_many([_sos(acks, "dev-a:1")])
+
+    async def held() -> bool:
+        return bool(
+            await conn.fetchval(
+                "SELECT count(*) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND wait_event_type = 'Lock'"
             )
+        )
 
-        await wait_until(held, message="the first flight waiting on dev-a's row")
+    await wait_until(held, message="the flight waiting on dev-a's row")
+    return lock
 
+
+async def test_a_flight_on_other_devices_commits_beside_a_held_one_and_acks_wait_their_turn(
+    pool: asyncpg.Pool, conn: asyncpg.Connection, db_dsn: str
+) -> None:
+    writer, acks = _writer(pool, in_flight=2), Acks()
+    async with _running(writer, db_dsn) as locker:
+        lock = await _held_on_dev_a(writer, acks, conn, locker)
         # dev-a's second message waits for its first; dev-b and dev-c go beside it.
         await writer.put_many([_sos(acks, "dev-b:1"), _sos(acks, "dev-a:2"), _sos(acks, "dev-c:1")])
 
@@ -173,11 +190,6 @@ async def test_a_flight_on_other_devices_commits_beside_a_held_one_and_acks_wait
         # Every SOS raised its alarm, each once.
         alarms = await conn.fetch("SELECT device_id FROM alarm ORDER BY device_id")
         assert [r["device_id"] for r in alarms] == ["dev-a", "dev-a", "dev-a", "dev-b", "dev-c"]
-    finally:
-        await locker.close()
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
 
 
 async def test_with_one_transaction_in_flight_nothing_passes_a_held_batch(
@@ -185,28 +197,9 @@ async def test_with_one_transaction_in_flight_nothing_passes_a_held_batch(
 ) -> None:
     """``transactions_in_flight = 1``: the batch behind a held one waits for it, whatever
     its devices (one transaction at a time, as before the setting)."""
-    writer = _writer(pool, in_flight=1)
-    await writer.recover()
-    acks = Acks()
-    task = asyncio.create_task(writer.run())
-    locker = await asyncpg.connect(db_dsn)
-    try:
-        await writer.put_many([_sos(acks, "dev-a:0")])
-        assert await writer.drain(30)
-        lock = locker.transaction()
-        await lock.start()
-        await locker.execute("SELECT 1 FROM device WHERE device_id = 'dev-a' FOR UPDATE")
-        await writer.put_many([_sos(acks, "dev-a:1")])
-
-        async def held() -> bool:
-            return bool(
-                await conn.fetchval(
-                    "SELECT count(*) FROM pg_stat_activity"
-                    " WHERE datname = current_database() AND wait_event_type = 'Lock'"
-                )
-            )
-
-        await wait_until(held, message="the flight waiting on dev-a's row")
+    writer, acks = _writer(pool, in_flight=1), Acks()
+    async with _running(writer, db_dsn) as locker:
+        lock = await _held_on_dev_a(writer, acks, conn, locker)
         await writer.put_many([_sos(acks, "dev-b:1")])
         assert await _stored(conn) == [("dev-a", 0)]
         # A round trip later, dev-b's message is still queued: the writer takes the next
@@ -216,35 +209,6 @@ async def test_with_one_transaction_in_flight_nothing_passes_a_held_batch(
         assert await writer.drain(30)
         assert await _stored(conn) == [("dev-a", 0), ("dev-a", 1), ("dev-b", 1)]
         assert acks.acked == ["dev-a:0", "dev-a:1", "dev-b:1"]
-    finally:
-        await locker.close()
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
-
-
-async def _held_on_dev_a(
-    writer: IngestWriter, acks: Acks, conn: asyncpg.Connection, locker: asyncpg.Connection
-) -> asyncpg.transaction.Transaction:
-    """dev-a:0 stored, then dev-a:1 in a flight held inside its transaction by a row lock
-    (returned: rolling it back lets the flight go on)."""
-    await writer.put_many([_sos(acks, "dev-a:0")])
-    assert await writer.drain(30)
-    lock = locker.transaction()
-    await lock.start()
-    await locker.execute("SELECT 1 FROM device WHERE device_id = 'dev-a' FOR UPDATE")
-    await writer.put_many([_sos(acks, "dev-a:1")])
-
-    async def held() -> bool:
-        return bool(
-            await conn.fetchval(
-                "SELECT count(*) FROM pg_stat_activity"
-                " WHERE datname = current_database() AND wait_event_type = 'Lock'"
-            )
-        )
-
-    await wait_until(held, message="the flight waiting on dev-a's row")
-    return lock
 
 
 async def test_a_barrier_waits_for_every_flight_and_what_follows_it_waits_for_it(
@@ -252,12 +216,8 @@ async def test_a_barrier_waits_for_every_flight_and_what_follows_it_waits_for_it
 ) -> None:
     """A mapping naming its device from the payload: nothing is stored beside it."""
     decoder = message_decoder(parse_config(BOILER))
-    writer = _writer(pool, in_flight=2, decoder=decoder)
-    await writer.recover()
-    acks = Acks()
-    task = asyncio.create_task(writer.run())
-    locker = await asyncpg.connect(db_dsn)
-    try:
+    writer, acks = _writer(pool, in_flight=2, decoder=decoder), Acks()
+    async with _running(writer, db_dsn) as locker:
         lock = await _held_on_dev_a(writer, acks, conn, locker)
         boiler = Inbound(
             "plant/north/boiler/1/state",
@@ -273,13 +233,13 @@ async def test_a_barrier_waits_for_every_flight_and_what_follows_it_waits_for_it
         assert acks.acked == ["dev-a:0"]
         await lock.rollback()
         assert await writer.drain(30)
-        assert await _stored(conn) == [("boiler-7", None), ("dev-a", 0), ("dev-a", 1), ("dev-c", 1)]
+        assert await _stored(conn) == [
+            ("boiler-7", None),
+            ("dev-a", 0),
+            ("dev-a", 1),
+            ("dev-c", 1),
+        ]
         assert acks.acked == ["dev-a:0", "dev-a:1", "boiler-7", "dev-c:1"]
-    finally:
-        await locker.close()
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
 
 
 async def test_a_flight_that_fails_on_a_bug_stays_unacknowledged_and_the_rest_go_on(
@@ -287,12 +247,8 @@ async def test_a_flight_that_fails_on_a_bug_stays_unacknowledged_and_the_rest_go
 ) -> None:
     """Its messages are left for the broker to deliver again; the ones delivered before and
     after them are acknowledged in order, and the queue drains."""
-    writer = _writer(pool, in_flight=2, kind=BuggyCounting)
-    await writer.recover()
-    acks = Acks()
-    task = asyncio.create_task(writer.run())
-    locker = await asyncpg.connect(db_dsn)
-    try:
+    writer, acks = _writer(pool, in_flight=2, kind=BuggyCounting), Acks()
+    async with _running(writer, db_dsn) as locker:
         lock = await _held_on_dev_a(writer, acks, conn, locker)
         await writer.put_many([_sos(acks, "boom:1"), _sos(acks, "dev-c:1")])
 
@@ -305,8 +261,3 @@ async def test_a_flight_that_fails_on_a_bug_stays_unacknowledged_and_the_rest_go
         assert await writer.drain(30)
         assert acks.acked == ["dev-a:0", "dev-a:1", "dev-d:1"]
         assert writer.metrics.registry.get_sample_value("gateway_ingest_inflight") == 0
-    finally:
-        await locker.close()
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
