@@ -12,9 +12,9 @@ in delivery order whatever order the transactions commit in (the writer's sequen
 What cannot be placed from the topic alone is a *barrier*: Sparkplug B messages (the edge
 node's state is shared by its devices, and judged in the transaction) and messages of a
 vendor mapping that names the device from the payload (``device_path``); a mapping naming it
-by a topic wildcard orders its messages by that device, like the gateway's own topics. A barrier waits until nothing
-is in flight, and nothing starts beside it: those messages are stored exactly as with one
-transaction at a time.
+by a topic wildcard orders its messages by that device, like the gateway's own topics. A
+barrier waits until nothing is in flight, and nothing starts beside it: those messages are
+stored exactly as with one transaction at a time.
 
 Plain functions over what the writer holds, so the rules are tested without a database.
 """
