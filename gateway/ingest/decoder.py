@@ -131,13 +131,18 @@ class MessageDecoder:
         """What ``item`` must stay in order with, read from its topic alone (no decoding): its
         device id for the gateway's own topics; ``""`` for a topic that can only become a dead
         letter (ordered with nothing); None for a message whose device is only known once
-        decoded (a vendor mapping naming it from the payload) or whose state is shared
-        (Sparkplug B edge nodes), which is stored with nothing else in flight (see
-        ``gateway.ingest.flights``). A mapping that names the device from the topic gives
-        the device id it stores the message under."""
+        decoded (a vendor mapping naming it from the payload), which is stored with nothing
+        else in flight (see ``gateway.ingest.flights``). A mapping that names the device
+        from the topic gives the device id it stores the message under. A Sparkplug B
+        message gives its edge node (``group/node``): the node's state is judged with every
+        message of it and of its devices, whose ids (``group/node/device``) hold a ``/`` no
+        native id holds."""
         topic = item.topic
         if self.sparkplug and sparkplug.is_topic(topic):
-            return None
+            try:
+                return sparkplug.parse_topic(topic).node_key
+            except sparkplug.SparkplugError:
+                return ""  # STATE, or a dead letter
         if self.mappings:
             matched, device = self.mappings.order_key(topic)
             if matched:

@@ -9,10 +9,10 @@ hold none of its devices; a message of a device already in flight waits, with ev
 of that device behind it, and is planned again once something lands. Acknowledgements stay
 in delivery order whatever order the transactions commit in (the writer's sequencer).
 
-What cannot be placed from the topic alone is a *barrier*: Sparkplug B messages (the edge
-node's state is shared by its devices, and judged in the transaction) and messages of a
-vendor mapping that names the device from the payload (``device_path``); a mapping naming it
-by a topic wildcard orders its messages by that device, like the gateway's own topics. A
+A message keeps order with its device as the topic names it: the gateway's own topics, a
+mapping's topic wildcards, or for Sparkplug B the edge node (whose state is judged with its
+own and all its devices' messages). What cannot be placed from the topic alone is a
+*barrier*: a vendor mapping that names the device from the payload (``device_path``). A
 barrier waits until nothing is in flight, and nothing starts beside it: those messages are
 stored exactly as with one transaction at a time.
 

@@ -103,8 +103,11 @@ def test_the_decoder_orders_a_message_with_its_device_from_the_topic() -> None:
     # A topic that can only become a dead letter is ordered with nothing.
     assert decoder.order_key(Inbound("iot/devices/dev-1/telemetry/extra", b"")) == ""
     assert decoder.order_key(Inbound("elsewhere/x", b"")) == ""
-    # Sparkplug B: the edge node's state is judged in the transaction, shared by its devices.
-    assert decoder.order_key(Inbound("spBv1.0/plant/DDATA/edge-1/pump-1", b"")) is None
+    # Sparkplug B: by edge node, whose state is judged with its own and its devices' messages.
+    assert decoder.order_key(Inbound("spBv1.0/plant/DDATA/edge-1/pump-1", b"")) == "plant/edge-1"
+    assert decoder.order_key(Inbound("spBv1.0/plant/NDATA/edge-1", b"")) == "plant/edge-1"
+    assert decoder.order_key(Inbound("spBv1.0/plant/NBIRTH/edge-2", b"")) == "plant/edge-2"
+    assert decoder.order_key(Inbound("spBv1.0/STATE/host-1", b"")) == ""
 
 
 def test_a_mapping_naming_the_device_by_its_topic_orders_by_that_device() -> None:
