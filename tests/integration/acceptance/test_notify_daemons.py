@@ -416,6 +416,14 @@ role = "operator"
                 },
             )
             await until_sent("command.failed", "campaign.aborted")
+
+            # The webhook has the last request before the worker has its answer and marks the
+            # delivery SENT; a stop in between leaves it to be sent again at the next start.
+            async def all_marked_sent() -> bool:
+                rows = await _fetch(db_dsn, "SELECT status FROM notify_delivery")
+                return bool(rows) and all(r["status"] == "SENT" for r in rows)
+
+            await wait_until(all_marked_sent, timeout=30, message="every delivery marked SENT")
     for event in events:
         assert got(event), event
     alarm_events = [e for e in events if e.startswith("alarm.")]
