@@ -640,46 +640,46 @@ class Mappings:
         return telemetry, presence
 
     def matches(self, topic: str) -> bool:
-        return any(
-            pattern.match(topic) is not None
-            for mapping in self.mappings
-            for pattern in (mapping.topic, mapping.presence_topic)
-            if pattern is not None
-        )
+        return self._match(topic) is not None
 
-    def read(self, topic: str, payload: bytes, received_ms: int) -> Mapped | None:
-        """What the first mapping matching ``topic`` makes of the message; None when no
-        mapping matches (a native topic, or none of ours)."""
+    def _match(self, topic: str) -> tuple[CompiledMapping, dict[str, str], bool] | None:
+        """The first mapping whose topic (or presence topic) matches ``topic``: ``(mapping,
+        captures, presence)``; None when none does. ``read`` and ``order_key`` both go by it."""
         for mapping in self.mappings:
             if mapping.topic is not None:
                 captures = mapping.topic.match(topic)
                 if captures is not None:
-                    return _telemetry(mapping, captures, payload, received_ms)
+                    return mapping, captures, False
             if mapping.presence_topic is not None:
                 captures = mapping.presence_topic.match(topic)
                 if captures is not None:
-                    return _presence(mapping, captures, payload)
+                    return mapping, captures, True
         return None
+
+    def read(self, topic: str, payload: bytes, received_ms: int) -> Mapped | None:
+        """What the first mapping matching ``topic`` makes of the message; None when no
+        mapping matches (a native topic, or none of ours)."""
+        found = self._match(topic)
+        if found is None:
+            return None
+        mapping, captures, presence = found
+        if presence:
+            return _presence(mapping, captures, payload)
+        return _telemetry(mapping, captures, payload, received_ms)
 
     def order_key(self, topic: str) -> tuple[bool, str | None]:
         """``(matched, device)``: whether a mapping reads ``topic`` (the one ``read`` would
         take), and the device id it names the message by when the topic alone names it (as
         ``read`` names it; ``""`` for an id it refuses). None: the id is in the payload."""
-        for mapping in self.mappings:
-            for pattern, template in (
-                (mapping.topic, mapping.device),
-                (mapping.presence_topic, mapping.presence_device),
-            ):
-                if pattern is None:
-                    continue
-                captures = pattern.match(topic)
-                if captures is None:
-                    continue
-                if template is None:
-                    return True, None
-                device = _device_id(mapping, template, captures, None)
-                return True, "" if isinstance(device, Refusal) else device
-        return False, None
+        found = self._match(topic)
+        if found is None:
+            return False, None
+        mapping, captures, presence = found
+        template = mapping.presence_device if presence else mapping.device
+        if template is None:
+            return True, None
+        device = _device_id(mapping, template, captures, None)
+        return True, "" if isinstance(device, Refusal) else device
 
     def downlink(
         self,
