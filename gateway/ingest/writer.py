@@ -8,6 +8,7 @@ the reader blocks, the window fills and the broker stops sending."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 from collections import deque
 from collections.abc import Sequence
@@ -217,10 +218,11 @@ class IngestWriter:
                     if waiting:
                         break
                 if waiting:
-                    batch = waiting + self._take_now(self.batch_size - len(waiting))
+                    taken = self._take_now(self.batch_size - len(waiting))
                 else:
-                    batch = await self._next_batch()
-                self._order.extend(batch[len(waiting) :])
+                    taken = await self._next_batch()
+                self._order.extend(taken)
+                batch = waiting + taken
                 if self.breaker is not None and self.breaker.suspects:
                     # Suspects are stored alone, each in its own transaction: nothing beside.
                     while flights:
@@ -242,7 +244,7 @@ class IngestWriter:
     async def _fly(self, flight: Flight[Inbound]) -> None:
         stored = False
         try:
-            await self._handle(flight.items, Backoff(self.retry.base_s, self.retry.cap_s))
+            await self._handle(flight.items, dataclasses.replace(self.retry, attempt=0))
             stored = True
         except Exception:
             # Every message's failure is caught where it happens (decoding, storing); this
@@ -295,6 +297,7 @@ class IngestWriter:
         return min(calls.values()) if calls else None
 
     def _take_now(self, limit: int) -> list[Inbound]:
+        """Up to ``limit`` queued messages, without waiting."""
         queue = self.queue
         taken: list[Inbound] = []
         while len(taken) < limit and not queue.empty():
@@ -307,8 +310,7 @@ class IngestWriter:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.linger_s
         while len(batch) < self.batch_size:
-            while len(batch) < self.batch_size and not queue.empty():
-                batch.append(queue.get_nowait())
+            batch.extend(self._take_now(self.batch_size - len(batch)))
             remaining = deadline - loop.time()
             if len(batch) >= self.batch_size or remaining <= 0:
                 break
