@@ -55,20 +55,35 @@ class StateWriteConflictError(Exception):
 
 
 async def lock_states(
-    conn: asyncpg.Connection, keys: Sequence[tuple[str, str, str]]
+    conn: asyncpg.Connection, keys: Sequence[tuple[str, str, str]], *, exist: bool = False
 ) -> list[RuleStateRow]:
     """Lock (creating where missing) the rows of (device id, rule key, rule version) keys.
 
-    Two statements, both in one sorted order on every node: the missing rows are created
-    (each locked by its insert), then every row is read and locked with no write.
+    Every row is read and locked with no write, in one sorted order on every node. Without
+    ``exist`` the missing rows are created first, in that order too, so two batches wait for
+    each other, never deadlock. With ``exist`` (the caller has seen every row already: every
+    batch but a device's first) the create is skipped: an insert attempt per row per batch,
+    measured at ~2 µs of PostgreSQL CPU per row, half the cost of the rule state. A row the
+    caller believed to exist but that is gone (a rule's state dropped) is created and locked
+    after the others; PostgreSQL breaks the deadlock that may then rarely cause, and the
+    writer retries.
     """
     if not keys:
         return []
     ordered = sorted(keys)
-    devices, rules = [k[0] for k in ordered], [k[1] for k in ordered]
-    await conn.execute(CREATE_STATES, devices, rules, [k[2] for k in ordered])
-    records = await conn.fetch(LOCK_STATES, devices, rules)
-    return [RuleStateRow(*record) for record in records]  # the columns come in field order
+    if not exist:
+        await conn.execute(
+            CREATE_STATES, [k[0] for k in ordered], [k[1] for k in ordered], [k[2] for k in ordered]
+        )
+    records = await conn.fetch(LOCK_STATES, [k[0] for k in ordered], [k[1] for k in ordered])
+    rows = [RuleStateRow(*record) for record in records]  # the columns come in field order
+    if len(rows) < len(ordered):
+        found = {(row.device_id, row.rule_key) for row in rows}
+        missing = [k for k in ordered if (k[0], k[1]) not in found]
+        devices, rules = [k[0] for k in missing], [k[1] for k in missing]
+        await conn.execute(CREATE_STATES, devices, rules, [k[2] for k in missing])
+        rows += [RuleStateRow(*record) for record in await conn.fetch(LOCK_STATES, devices, rules)]
+    return rows
 
 
 async def write_states(

@@ -130,6 +130,11 @@ class _LoadedStates:
     states: RuleStates
 
 
+# How many (device, rule) rule-state rows a node remembers having seen (as hashes, ~60 bytes
+# each): a batch whose rows were all seen skips creating them (storage.rule_state.lock_states).
+KNOWN_STATES_MAX = 32_768
+
+
 class AlarmEngine:
     def __init__(
         self,
@@ -146,6 +151,9 @@ class AlarmEngine:
         self.alarm_metrics = AlarmMetrics.of(metrics.registry)
         self.summary: SummarySpec | None = None  # set when AI summaries are enabled
         self._rules_replaced = asyncio.Event()
+        # Hashes of the (device, rule) rows seen: a hint only, the lock's answer decides (a
+        # row gone, or a hash collision, is created then; see lock_states).
+        self._known_states: set[int] = set()
 
     def replace_rules(self, rules: RuleSet) -> None:
         """A reload: the next batch uses `rules`; `forget_loop` records them for the other
@@ -434,10 +442,18 @@ class AlarmEngine:
                 rule = rules.by_key(rule_key)
                 assert rule is not None
                 versions[rule_key] = rule_version(rule)
+        known = self._known_states
+        exist = all(hash(key) in known for key in keys)
         rows = await state_repo.lock_states(
-            conn, [(device_id, rule_key, versions[rule_key]) for device_id, rule_key in keys]
+            conn,
+            [(device_id, rule_key, versions[rule_key]) for device_id, rule_key in keys],
+            exist=exist,
         )
         read = {(row.device_id, row.rule_key): row for row in rows}
+        if not exist:
+            if len(known) + len(read) > KNOWN_STATES_MAX:
+                known.clear()
+            known.update(hash(key) for key in read)
         states: RuleStates = {}
         for key, row in read.items():
             state = _state_of(row)

@@ -135,13 +135,15 @@ async def _running(writer: IngestWriter, db_dsn: str) -> AsyncIterator[asyncpg.C
 async def _held_on_dev_a(
     writer: IngestWriter, acks: Acks, conn: asyncpg.Connection, locker: asyncpg.Connection
 ) -> asyncpg.transaction.Transaction:
-    """dev-a:0 stored, then dev-a:1 in a flight held inside its transaction (the device
-    upsert) by the row lock of the transaction returned: rolling it back lets it go on."""
+    """dev-a:0 stored, then dev-a:1 in a flight held inside its transaction (locking its
+    rule state) by the row lock of the transaction returned: rolling it back lets it go on."""
     await writer.put_many([_sos(acks, "dev-a:0")])
     assert await writer.drain(30)
     lock = locker.transaction()
     await lock.start()
-    await locker.execute("SELECT 1 FROM device WHERE device_id = 'dev-a' FOR UPDATE")
+    assert await locker.fetchval(
+        "SELECT count(*) FROM (SELECT FROM rule_state WHERE device_id = 'dev-a' FOR UPDATE) s"
+    )
     await writer.put_many([_sos(acks, "dev-a:1")])
 
     async def held() -> bool:

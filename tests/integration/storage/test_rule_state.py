@@ -360,3 +360,38 @@ async def test_a_write_back_is_conditional_on_the_version_each_row_was_read_at(
         async with db.transaction():
             await state_repo.write_states(db, [fresh, *stale[1:]], "node-b")
     assert await db.fetchval("SELECT max(last_seq) FROM rule_state") == 7  # rolled back
+
+
+async def test_rows_a_node_has_seen_are_locked_without_an_insert_and_a_vanished_one_comes_back(
+    nodes: list[tuple[AlarmEngine, asyncpg.Connection]], db: asyncpg.Connection
+) -> None:
+    """A device's first batch creates its rows then locks them; later batches only lock
+    (one statement). A row gone meanwhile (a rule's state dropped) is created again and the
+    batch decides as on a first sample."""
+    conn = nodes[0][1]
+    queries: list[str] = []
+    conn.add_query_logger(lambda logged: queries.append(logged.query))
+
+    def creates() -> int:
+        return sum(q == state_repo.CREATE_STATES for q in queries)
+
+    await _commit(nodes[0], _rows("dev", _temp(1, 70), _event(1, "DOOR_OPEN")))
+    assert creates() == 1
+    await _commit(nodes[0], _rows("dev", _temp(2, 71)))
+    await _commit(nodes[0], _rows("dev", _temp(3, 72), _event(3, "DOOR_OPEN")))
+    assert creates() == 1
+    assert sum(q == state_repo.LOCK_STATES for q in queries) == 3
+    await _commit(nodes[0], _rows("other", _temp(3, 72)))  # a new device: created
+    assert creates() == 2
+
+    await db.execute("DELETE FROM rule_state WHERE device_id = 'dev' AND rule_key = 'temp-high'")
+    batch = await _commit(nodes[0], _rows("dev", _temp(4, 95)))
+    assert creates() == 3
+    assert len(batch.created) == 1
+    state = await state_repo.get_state(db, "dev", "temp-high")
+    assert state is not None
+    assert (state["firing"], state["version"]) == (True, 1)
+    # The other node has seen none of these rows: it creates, and decides alike.
+    other = await _commit(nodes[1], _rows("dev", _temp(5, 96)))
+    assert (other.created, other.cleared) == ([], 0)
+    assert (await state_repo.get_state(db, "dev", "temp-high"))["version"] == 2  # type: ignore[index]

@@ -174,6 +174,28 @@ async def test_last_seen_moves_by_the_second_but_always_past_an_offline_presence
     assert await db.fetchval("SELECT last_seen FROM device WHERE device_id = 'dev-ls'") > first
 
 
+async def test_a_device_seen_within_the_second_is_neither_written_nor_locked(
+    db: asyncpg.Connection, db_dsn: str
+) -> None:
+    """A batch's devices were mostly seen a moment ago: touching them writes nothing and takes
+    no row lock, so it never waits for another transaction holding the row (a lock would
+    cost a WAL record per device per batch)."""
+    await repo.touch_devices(db, {"dev-held", "dev-free"})
+    before = dict(await db.fetch("SELECT device_id, xmin::text FROM device"))
+    holder = await asyncpg.connect(db_dsn)
+    try:
+        async with holder.transaction():
+            await holder.execute("SELECT FROM device WHERE device_id = 'dev-held' FOR UPDATE")
+            async with db.transaction():
+                await asyncio.wait_for(repo.touch_devices(db, {"dev-held", "dev-free"}), 30)
+    finally:
+        await holder.close()
+    await repo.touch_devices(db, {"dev-free"})
+    rows = await db.fetch("SELECT device_id, xmin::text, xmax::text FROM device")
+    assert {r["device_id"]: r["xmin"] for r in rows} == before  # no new row version
+    assert {r["device_id"]: r["xmax"] for r in rows}["dev-free"] == "0"  # never locked
+
+
 async def test_a_repeated_presence_changes_nothing_and_a_change_is_stored(
     db: asyncpg.Connection,
 ) -> None:
