@@ -31,8 +31,15 @@ class UnboundedTelemetry:
     events_json: str | None
 
 
+DIGEST_BYTES = 16  # what write_journal cuts its one bytea into
+
+
 async def write_journal(conn: asyncpg.Connection, node_id: str, digests: Sequence[bytes]) -> None:
-    await conn.execute(WRITE_JOURNAL, node_id, digests)
+    """Replace the node's journal with ``digests`` (each ``DIGEST_BYTES`` long)."""
+    joined = b"".join(digests)
+    if len(joined) != DIGEST_BYTES * len(digests):
+        raise ValueError(f"journal digests are {DIGEST_BYTES} bytes each")
+    await conn.execute(WRITE_JOURNAL, node_id, joined)
 
 
 async def clear_journal(conn: asyncpg.Connection, node_id: str) -> None:

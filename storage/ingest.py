@@ -10,6 +10,7 @@ from hashlib import sha256
 
 import asyncpg
 import msgspec
+from msgspec.structs import astuple
 
 from storage.sql import load_queries
 
@@ -29,7 +30,8 @@ PING = _Q["ping"]
 
 class TelemetryRow(msgspec.Struct, frozen=True, gc=False):
     """One telemetry row to insert (a Struct: one per message, cheaper to build than a
-    frozen dataclass)."""
+    frozen dataclass). Its fields are the `telemetry_write` type's, in order: a row is sent
+    as is."""
 
     event_id: str
     device_id: str
@@ -95,16 +97,8 @@ async def insert_telemetry_at(
     new (None when none was: nothing new to judge)."""
     if not rows:
         return set(), None
-    records = await conn.fetch(
-        INSERT_TELEMETRY,
-        [r.event_id for r in rows],
-        [r.device_id for r in rows],
-        [r.ts for r in rows],
-        [r.seq for r in rows],
-        [r.metrics_json for r in rows],
-        [r.events_json for r in rows],
-        node_id,
-    )
+    # One array of records (the type telemetry_write has TelemetryRow's fields, in order).
+    records = await conn.fetch(INSERT_TELEMETRY, [astuple(r) for r in rows], node_id)
     return {record[0] for record in records}, records[0][1] if records else None
 
 

@@ -42,7 +42,7 @@ def digest(item: Inbound) -> bytes:
     """What identifies a message across deliveries and nodes: its topic and payload (or, for
     one cut down on arrival, its whole payload's SHA-256)."""
     if item.digest is None:
-        h = hashlib.blake2b(item.topic.encode(), digest_size=16)
+        h = hashlib.blake2b(item.topic.encode(), digest_size=repo.DIGEST_BYTES)
         h.update(b"\x00")
         if item.sha256 is not None:
             h.update(item.sha256.encode())

@@ -1,13 +1,12 @@
 -- name: insert_telemetry
--- $1 event ids, $2 device ids, $3 ts, $4 seq, $5 metrics json, $6 events json, $7 node id;
--- returns the event ids that were new (a redelivery returns nothing), each with the
--- transaction's time on the database clock (now(): the rules judge new telemetry against it,
--- and it comes with the rows instead of in a round trip of its own).
+-- $1 the rows (telemetry_write[], migration 0033: event id, device id, ts, seq, metrics json,
+-- events json), $2 node id; returns the event ids that were new (a redelivery returns
+-- nothing), each with the transaction's time on the database clock (now(): the rules judge
+-- new telemetry against it, and it comes with the rows instead of in a round trip of its own).
 INSERT INTO telemetry (event_id, device_id, ts, seq, metrics, events, node_id)
-SELECT e, d, t, s, m::jsonb, ev::jsonb, $7
-FROM unnest($1::text[], $2::text[], $3::timestamptz[], $4::bigint[], $5::text[], $6::text[])
-     AS u(e, d, t, s, m, ev)
-ORDER BY e
+SELECT u.event_id, u.device_id, u.ts, u.seq, u.metrics_json::jsonb, u.events_json::jsonb, $2
+FROM unnest($1::telemetry_write[]) AS u
+ORDER BY u.event_id
 ON CONFLICT (event_id, ts) DO NOTHING
 RETURNING event_id, now() AS db_now;
 
