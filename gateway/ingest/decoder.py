@@ -18,6 +18,7 @@ from gateway.sparkplug.host import SparkplugMessage
 from protocol import (
     CommandReceipt,
     DecodeError,
+    DeviceTopic,
     Encoding,
     Telemetry,
     TopicError,
@@ -59,6 +60,8 @@ class Inbound:
     sha256: str | None = None
     # The crash-loop breaker's digest of topic and payload, computed once (see breaker.py).
     digest: bytes | None = None
+    # The native topic as parsed for the message's ordering key, kept for its classification.
+    device_topic: DeviceTopic | None = None
 
 
 @dataclass(slots=True)
@@ -148,9 +151,10 @@ class MessageDecoder:
             if matched:
                 return device
         try:
-            return self.topics.parse_device_topic(topic).device_id
+            item.device_topic = self.topics.parse_device_topic(topic)
         except TopicError:
             return ""
+        return item.device_topic.device_id
 
     def classify(self, items: Sequence[Inbound]) -> Classified:
         out = Classified(items=list(items))
@@ -177,11 +181,13 @@ class MessageDecoder:
             return
         if self.mappings and self._classify_mapped(out, item):
             return
-        try:
-            target = self.topics.parse_device_topic(item.topic)
-        except TopicError as exc:
-            out.dead_letters.append(self.dead_letter(item, exc.code, str(exc)))
-            return
+        target = item.device_topic
+        if target is None:
+            try:
+                target = self.topics.parse_device_topic(item.topic)
+            except TopicError as exc:
+                out.dead_letters.append(self.dead_letter(item, exc.code, str(exc)))
+                return
         device_id = target.device_id
         if item.size is not None:
             if target.kind is TopicKind.TELEMETRY:
