@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import pickle
+import random
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
@@ -28,6 +29,7 @@ from protocol import (
     encode_receipt,
     encode_telemetry,
 )
+from protocol.messages import MAX_EPOCH_MS
 
 
 def invalid(payload: bytes | dict[str, Any], encoding: Encoding = Encoding.JSON) -> str:
@@ -510,3 +512,24 @@ def test_presence_rejects_everything_else(payload: bytes) -> None:
 def test_presence_encoding() -> None:
     assert encode_presence(Presence.ONLINE) == b"online"
     assert decode_presence(encode_presence(Presence.OFFLINE)) is Presence.OFFLINE
+
+
+@pytest.mark.parametrize("seed", [0])
+def test_an_epoch_milliseconds_timestamp_is_exact_to_the_millisecond_over_the_whole_range(
+    seed: int,
+) -> None:
+    """timestamp() multiplies a one-millisecond timedelta; it must equal the plain sum for
+    every accepted value (replay a failure: the seed is in the test id)."""
+    epoch = datetime(1970, 1, 1, tzinfo=UTC)
+    draw = random.Random(seed)
+    for ts in [
+        0,
+        1,
+        999,
+        1_767_225_600_123,
+        MAX_EPOCH_MS,
+        *(draw.randrange(MAX_EPOCH_MS) for _ in range(2000)),
+    ]:
+        stamp = Telemetry(ts=ts, metrics={"m": 1}).timestamp()
+        assert stamp == epoch + timedelta(milliseconds=ts), ts
+        assert stamp.tzinfo is UTC
