@@ -98,8 +98,12 @@ async def insert_telemetry_at(
     if not rows:
         return set(), None
     # One array of records (the type telemetry_write has TelemetryRow's fields, in order).
-    records = await conn.fetch(INSERT_TELEMETRY, [astuple(r) for r in rows], node_id)
-    return {record[0] for record in records}, records[0][1] if records else None
+    new, db_now, new_ids = await conn.fetchrow(
+        INSERT_TELEMETRY, [astuple(r) for r in rows], node_id, len(rows)
+    )
+    if not new:
+        return set(), None
+    return {r.event_id for r in rows} if new_ids is None else set(new_ids), db_now
 
 
 async def touch_devices(conn: asyncpg.Connection, device_ids: set[str]) -> None:
