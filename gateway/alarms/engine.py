@@ -128,6 +128,7 @@ class _LoadedStates:
     read: dict[SlotKey, RuleStateRow]
     versions: dict[str, str]
     states: RuleStates
+    touched: list[set[SlotKey]]  # per message of the batch, the keys it reads and writes
 
 
 # How many (device, rule) rule-state rows a node remembers having seen (as hashes, ~60 bytes
@@ -245,10 +246,17 @@ class AlarmEngine:
         clock = self.clock
         # (device, rule) → the oldest late sample of the batch its state could not place.
         unplaced: dict[SlotKey, datetime] = {}
-        for device_id, event_id, message in messages:
+        for (device_id, event_id, message), keys in zip(messages, loaded.touched, strict=True):
             # Judged against the database's clock (the receipt, alike on every node).
             evaluation = evaluate(
-                rules, loaded.states, device_id, event_id, message, received_at=now, clock=clock
+                rules,
+                loaded.states,
+                device_id,
+                event_id,
+                message,
+                received_at=now,
+                clock=clock,
+                keys=keys,
             )
             if evaluation.clock_adjustment is not None:
                 _count_adjustment(batch, device_id, message, evaluation, now)
@@ -434,8 +442,10 @@ class AlarmEngine:
     ) -> _LoadedStates:
         """Read the states the batch touches, in one statement, locked in a fixed order."""
         keys: set[SlotKey] = set()
+        touched = []  # each message's keys, for its evaluation
         for device_id, _, message in messages:
-            keys |= state_keys(rules, device_id, message)
+            touched.append(mine := state_keys(rules, device_id, message))
+            keys |= mine
         versions: dict[str, str] = {}
         for _, rule_key in keys:
             if rule_key not in versions:
@@ -458,7 +468,7 @@ class AlarmEngine:
         for key, row in read.items():
             state = _state_of(row)
             states[key] = state if row.rule_version == versions[key[1]] else state.rearmed()
-        return _LoadedStates(read=read, versions=versions, states=states)
+        return _LoadedStates(read=read, versions=versions, states=states, touched=touched)
 
     async def _write_states(
         self, conn: asyncpg.Connection, loaded: _LoadedStates, batch: BatchAlarms

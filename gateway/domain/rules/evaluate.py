@@ -6,7 +6,7 @@ from __future__ import annotations
 import enum
 import hashlib
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Final, TypeAlias
@@ -30,6 +30,7 @@ from gateway.domain.rules.state import (
     DeviceClock,
     RuleState,
     RuleStates,
+    SlotKey,
     _without_future,
     judged_time,
     replace,
@@ -265,11 +266,13 @@ def evaluate(
     *,
     received_at: datetime | None = None,
     clock: DeviceClock = DeviceClock(),
+    keys: Iterable[SlotKey] | None = None,
 ) -> Evaluation:
     """Judge one telemetry message of `device_id` (whose telemetry event id is `event_id`).
 
-    Reads and replaces the entries of `states` for the pairs `state_keys` names; the caller
-    writes them back in the transaction that writes the outcomes (or drops them on rollback).
+    Reads and replaces the entries of `states` for the pairs `state_keys` names (`keys`: what
+    it returned for this message, when the caller has it already); the caller writes them
+    back in the transaction that writes the outcomes (or drops them on rollback).
 
     The ordering rule, for samples of one device committed out of order by several nodes:
     a late sample (older than the newest judged for that rule) is stored but never moves the
@@ -295,7 +298,7 @@ def evaluate(
     at, adjustment = sent, None
     newest: datetime | None = None
     newest_seq: int | None = None
-    for key in state_keys(rules, device_id, message):
+    for key in state_keys(rules, device_id, message) if keys is None else keys:
         state = states.get(key)
         if state is None:
             continue
