@@ -131,9 +131,11 @@ class _LoadedStates:
     touched: list[set[SlotKey]]  # per message of the batch, the keys it reads and writes
 
 
-# How many (device, rule) rule-state rows a node remembers having seen (as hashes, ~60 bytes
-# each): a batch whose rows were all seen skips creating them (storage.rule_state.lock_states).
-KNOWN_STATES_MAX = 32_768
+# Which (device, rule) rule-state rows a node has seen, as one bit each of a fixed bitmap
+# indexed by the pair's hash (128 KiB, however many devices): a batch whose rows were all seen
+# skips creating them (storage.rule_state.lock_states). Two pairs may share a bit; the lock's
+# answer decides then, as for a row gone meanwhile.
+_KNOWN_BITS = 1 << 20
 
 
 class AlarmEngine:
@@ -152,9 +154,7 @@ class AlarmEngine:
         self.alarm_metrics = AlarmMetrics.of(metrics.registry)
         self.summary: SummarySpec | None = None  # set when AI summaries are enabled
         self._rules_replaced = asyncio.Event()
-        # Hashes of the (device, rule) rows seen: a hint only, the lock's answer decides (a
-        # row gone, or a hash collision, is created then; see lock_states).
-        self._known_states: set[int] = set()
+        self._known_states = bytearray(_KNOWN_BITS // 8)  # a hint only: see _KNOWN_BITS
 
     def replace_rules(self, rules: RuleSet) -> None:
         """A reload: the next batch uses `rules`; `forget_loop` records them for the other
@@ -453,7 +453,7 @@ class AlarmEngine:
                 assert rule is not None
                 versions[rule_key] = rule_version(rule)
         known = self._known_states
-        exist = all(hash(key) in known for key in keys)
+        exist = all(known[(bit := hash(key) % _KNOWN_BITS) >> 3] >> (bit & 7) & 1 for key in keys)
         rows = await state_repo.lock_states(
             conn,
             [(device_id, rule_key, versions[rule_key]) for device_id, rule_key in keys],
@@ -461,9 +461,9 @@ class AlarmEngine:
         )
         read = {(row.device_id, row.rule_key): row for row in rows}
         if not exist:
-            if len(known) + len(read) > KNOWN_STATES_MAX:
-                known.clear()
-            known.update(hash(key) for key in read)
+            for key in read:
+                bit = hash(key) % _KNOWN_BITS
+                known[bit >> 3] |= 1 << (bit & 7)
         states: RuleStates = {}
         for key, row in read.items():
             state = _state_of(row)
