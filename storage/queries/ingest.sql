@@ -28,12 +28,13 @@ FROM inserted;
 -- 2.1 µs of PostgreSQL CPU per device against 0.9). A re-check after waiting for another
 -- batch's lock sees that batch's last_seen and leaves the row alone.
 WITH due AS (
-    SELECT device_id FROM device
-    WHERE device_id = ANY($1::text[])
-      AND (last_seen < now() - interval '1 second'
-           OR (presence_at >= last_seen AND last_seen < now()))
-    ORDER BY device_id
-    FOR NO KEY UPDATE
+    -- A join, not `device_id = ANY($1)`: a generic plan scans the table with an unhashed
+    -- ANY, one comparison per device and id (measured: 0.6 -> 4.5 ms a batch of 500).
+    SELECT d.device_id FROM unnest($1::text[]) AS u(id) JOIN device d ON d.device_id = u.id
+    WHERE d.last_seen < now() - interval '1 second'
+       OR (d.presence_at >= d.last_seen AND d.last_seen < now())
+    ORDER BY d.device_id
+    FOR NO KEY UPDATE OF d
 ), moved AS (
     UPDATE device SET last_seen = now() FROM due WHERE device.device_id = due.device_id
 )

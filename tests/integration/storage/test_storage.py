@@ -196,6 +196,24 @@ async def test_a_device_seen_within_the_second_is_neither_written_nor_locked(
     assert {r["device_id"]: r["xmax"] for r in rows}["dev-free"] == "0"  # never locked
 
 
+async def test_touching_devices_never_compares_each_device_with_each_id(
+    db: asyncpg.Connection,
+) -> None:
+    """The statement is prepared once and PostgreSQL soon plans it for any ids (a generic
+    plan): there a `device_id = ANY($1)` filter is a linear search of the ids for every row
+    scanned (a drain measured 4.5 ms a batch of 500 against 0.4). It joins the ids instead."""
+    await repo.touch_devices(db, {f"dev-{n}" for n in range(50)})
+    await db.execute("ANALYZE device")
+    await db.execute(f"PREPARE touch(text[]) AS {repo.UPSERT_DEVICES.rstrip().rstrip(';')}")
+    try:
+        await db.execute("SET plan_cache_mode = force_generic_plan")
+        plan = "\n".join(r[0] for r in await db.fetch("EXPLAIN EXECUTE touch('{dev-1,dev-2}')"))
+    finally:
+        await db.execute("RESET plan_cache_mode")
+        await db.execute("DEALLOCATE touch")
+    assert "ANY" not in plan, plan
+
+
 async def test_a_repeated_presence_changes_nothing_and_a_change_is_stored(
     db: asyncpg.Connection,
 ) -> None:
