@@ -49,6 +49,12 @@ import asyncpg
 from sim.bench_live import percentile
 from sim.sql import blocks
 
+
+def _lines(values: list[str]) -> str:
+    """A text of lines, as the gateway sends ids (storage.sql.lines; sim may not import it)."""
+    return "\n".join(values)
+
+
 Q: Final = blocks("sizing.sql")
 PREFIX: Final = "size-"
 RULE_KEYS: Final = ("temp-high", "humidity-high", "battery-low")
@@ -153,13 +159,16 @@ async def _batch(
     keys_r = [r for _ in devices for r in rules]
     async with conn.transaction():
         started = time.perf_counter()
-        await conn.execute(ingest["upsert_devices"], devices)
+        await conn.execute(ingest["upsert_devices"], _lines(devices))
         device_ms = (time.perf_counter() - started) * 1000
         await conn.execute(
-            states["create_states"], keys_d, keys_r, [_rule_version(r) for r in keys_r]
+            states["create_states"],
+            _lines(keys_d),
+            _lines(keys_r),
+            _lines([_rule_version(r) for r in keys_r]),
         )
         started = time.perf_counter()
-        rows = await conn.fetch(states["lock_states"], keys_d, keys_r)
+        rows = await conn.fetch(states["lock_states"], _lines(keys_d), _lines(keys_r))
         lock_ms = (time.perf_counter() - started) * 1000
         ts = datetime.now(UTC)
         moved = [

@@ -12,7 +12,7 @@ import asyncpg
 import msgspec
 from msgspec.structs import astuple
 
-from storage.sql import load_queries
+from storage.sql import lines, load_queries
 
 _Q = load_queries("ingest.sql")
 INSERT_TELEMETRY = _Q["insert_telemetry"]
@@ -109,7 +109,7 @@ async def insert_telemetry_at(
 async def touch_devices(conn: asyncpg.Connection, device_ids: set[str]) -> None:
     """Register unseen devices and move ``last_seen`` of the others to now."""
     if device_ids:
-        await conn.execute(UPSERT_DEVICES, sorted(device_ids))
+        await conn.execute(UPSERT_DEVICES, lines(sorted(device_ids)))
 
 
 async def record_presence(conn: asyncpg.Connection, presence: dict[str, str]) -> None:

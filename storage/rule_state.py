@@ -10,7 +10,7 @@ import asyncpg
 import msgspec
 from msgspec.structs import astuple
 
-from storage.sql import load_queries
+from storage.sql import lines, load_queries
 
 _Q = load_queries("rule_state.sql")
 CREATE_STATES = _Q["create_states"]
@@ -71,17 +71,16 @@ async def lock_states(
     if not keys:
         return []
     ordered = sorted(keys)
+    devices, rules = lines([k[0] for k in ordered]), lines([k[1] for k in ordered])
     if not exist:
-        await conn.execute(
-            CREATE_STATES, [k[0] for k in ordered], [k[1] for k in ordered], [k[2] for k in ordered]
-        )
-    records = await conn.fetch(LOCK_STATES, [k[0] for k in ordered], [k[1] for k in ordered])
+        await conn.execute(CREATE_STATES, devices, rules, lines([k[2] for k in ordered]))
+    records = await conn.fetch(LOCK_STATES, devices, rules)
     rows = [RuleStateRow(*record) for record in records]  # the columns come in field order
     if len(rows) < len(ordered):
         found = {(row.device_id, row.rule_key) for row in rows}
         missing = [k for k in ordered if (k[0], k[1]) not in found]
-        devices, rules = [k[0] for k in missing], [k[1] for k in missing]
-        await conn.execute(CREATE_STATES, devices, rules, [k[2] for k in missing])
+        devices, rules = lines([k[0] for k in missing]), lines([k[1] for k in missing])
+        await conn.execute(CREATE_STATES, devices, rules, lines([k[2] for k in missing]))
         rows += [RuleStateRow(*record) for record in await conn.fetch(LOCK_STATES, devices, rules)]
     return rows
 

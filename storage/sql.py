@@ -8,6 +8,7 @@ that uses them, so a typo fails at start-up rather than on the first message.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from functools import cache
 from importlib import resources
 from types import MappingProxyType
@@ -74,3 +75,18 @@ def query_files() -> list[str]:
         for entry in resources.files("storage.queries").iterdir()
         if entry.name.endswith(".sql")
     )
+
+
+def lines(values: Sequence[str]) -> str:
+    """``values`` as one text, a value a line, for ``string_to_array($n, E'\\n')``.
+
+    For the ids a batch sends by the hundred (device ids, rule keys, rule versions: no id
+    holds a newline, every one is validated against a pattern first). asyncpg checks every
+    element of an array parameter against ``collections.abc`` in Python, two calls a string;
+    one text costs none (measured on 500 keys: 1.90 -> 1.51 µs of the gateway's CPU a key
+    for lock_states, answer included). A newline in a value is a bug, refused here.
+    """
+    text = "\n".join(values)
+    if text.count("\n") != max(len(values) - 1, 0):
+        raise ValueError("a value sent as a line holds a newline")
+    return text

@@ -204,10 +204,10 @@ async def test_touching_devices_never_compares_each_device_with_each_id(
     scanned (a drain measured 4.5 ms a batch of 500 against 0.4). It joins the ids instead."""
     await repo.touch_devices(db, {f"dev-{n}" for n in range(50)})
     await db.execute("ANALYZE device")
-    await db.execute(f"PREPARE touch(text[]) AS {repo.UPSERT_DEVICES.rstrip().rstrip(';')}")
+    await db.execute(f"PREPARE touch(text) AS {repo.UPSERT_DEVICES.rstrip().rstrip(';')}")
     try:
         await db.execute("SET plan_cache_mode = force_generic_plan")
-        plan = "\n".join(r[0] for r in await db.fetch("EXPLAIN EXECUTE touch('{dev-1,dev-2}')"))
+        plan = "\n".join(r[0] for r in await db.fetch("EXPLAIN EXECUTE touch(E'dev-1\\ndev-2')"))
     finally:
         await db.execute("RESET plan_cache_mode")
         await db.execute("DEALLOCATE touch")
