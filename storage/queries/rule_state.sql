@@ -1,8 +1,9 @@
 -- name: create_states
 -- $1 device ids, $2 rule keys, $3 rule versions (each a text of lines, storage.sql.lines;
--- pairwise, sorted by device then rule); creates the rows not seen yet. Existing rows are left alone: locking them is
--- lock_states' job, which writes no tuple for it (DO UPDATE would write each row twice per
--- batch). Every node inserts in this one order, so two batches wait, never deadlock.
+-- pairwise, sorted by device then rule); creates the rows not seen yet. Existing rows are
+-- left alone: locking them is lock_states' job, which writes no tuple for it (DO UPDATE
+-- would write each row twice per batch). Every node inserts in this one order, so two
+-- batches wait, never deadlock.
 INSERT INTO rule_state (device_id, rule_key, rule_version)
 SELECT d, r, v
 FROM unnest(string_to_array($1, E'\n'), string_to_array($2, E'\n'), string_to_array($3, E'\n'))
@@ -11,8 +12,9 @@ ORDER BY n
 ON CONFLICT (device_id, rule_key) DO NOTHING;
 
 -- name: lock_states
--- $1 device ids, $2 rule keys (each a text of lines, storage.sql.lines; pairwise); every row, locked until the transaction
--- ends, in the same fixed order (device, then rule), columns in `RuleStateRow` order.
+-- $1 device ids, $2 rule keys (each a text of lines, storage.sql.lines; pairwise); every
+-- row, locked until the transaction ends, in the same fixed order (device, then rule),
+-- columns in `RuleStateRow` order.
 SELECT s.device_id, s.rule_key, s.version, s.rule_version, s.firing, s.pending_count,
        s.pending_since, s.last_ts, s.last_seq, s.fired_ts, s.fired_event_id, s.released_ts,
        s.clear_ts, s.clear_event_id, s.violating_ts
