@@ -21,10 +21,20 @@ class SessionPublisher:
         self._session = session
 
     def up(self) -> bool:
-        """The session can publish now (what :meth:`publish` checks first)."""
+        """The session can publish now (what :meth:`publish` checks first): connected *and*
+        subscribed. Between the two (the subscription memory written, each SUBACK awaited) a
+        downlink sent at once could be answered before the receipts' subscription exists: the
+        broker would give that receipt to nobody on this session, and the command would wait
+        SENT for its ack window. The daemon's dispatcher and outbox are woken once it is."""
         session = self._session()
         client = None if session is None else session.client
-        return session is not None and session.connected and client is not None and client.is_open
+        return (
+            session is not None
+            and session.connected
+            and session.subscribed
+            and client is not None
+            and client.is_open
+        )
 
     async def publish(self, topic: str, payload: bytes) -> int | None:
         """QoS 1; returns after the broker's PUBACK, with its reason code (MQTT 5) or None

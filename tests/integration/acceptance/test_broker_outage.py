@@ -361,3 +361,53 @@ async def test_a_broker_outage_longer_than_a_silence_raises_no_inactivity_alarm(
         await db.close()
     assert during == 0
     assert after == 0
+
+
+async def test_nothing_is_sent_before_the_receipts_subscription_exists(
+    db_dsn: str, mosquitto: Mosquitto
+) -> None:
+    """Connected is not subscribed: in between (the subscription memory written, each SUBACK
+    awaited) a downlink sent at once can be answered before the broker holds the receipts'
+    filter for this session, and that receipt reaches nobody here: the command waits SENT for
+    its ack window (seen in CI under load). Forced: the subscription memory's table is locked,
+    so the session stays connected and unsubscribed while the dispatcher is asked to send."""
+    config = make_config(dsn=db_dsn, mqtt_port=mosquitto.port, node_id="node-new", extra=COMMANDS)
+    responder = Responder(host="127.0.0.1", port=mosquitto.port, topics=TOPICS, script=Script())
+    stop_answering, stop = asyncio.Event(), asyncio.Event()
+    answering = asyncio.create_task(responder.run(stop_answering))
+    db = await asyncpg.connect(db_dsn)
+    holder = await asyncpg.connect(db_dsn)
+    daemon = Daemon(config)
+    running: asyncio.Task[None] | None = None
+    try:
+        await responder.wait_subscribed()
+        ids = await _create_commands(db)
+        lock = holder.transaction()
+        await lock.start()
+        await holder.execute("LOCK TABLE mqtt_subscription IN SHARE MODE")
+        running = asyncio.create_task(daemon.run(stop))
+
+        def between() -> bool:
+            session = daemon.session
+            return session is not None and session.connected and not session.subscribed
+
+        await wait_until(between, timeout=30, message="connected, not yet subscribed")
+        assert daemon.components is not None
+        assert not daemon.publisher.up()
+        assert await daemon.components.dispatcher.run_once() == 0
+        assert between()  # still in between: the lock held throughout
+        statuses = await db.fetch("SELECT status FROM command ORDER BY id")
+        assert [r["status"] for r in statuses] == ["PENDING"] * len(ids)
+
+        await lock.rollback()  # the memory written, the filters subscribed: now they go out
+        await wait_until(_all_acked(db), timeout=30, message="every command ACKED")
+    finally:
+        stop.set()
+        if running is not None:
+            async with asyncio.timeout(60):
+                await running
+        stop_answering.set()
+        await answering
+        await holder.close()
+        await db.close()
+    assert responder.answered == len(DEVICES)
