@@ -14,7 +14,7 @@ import asyncio
 import dataclasses
 import hashlib
 import operator
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -131,11 +131,26 @@ class _LoadedStates:
     touched: list[set[SlotKey]]  # per message of the batch, the keys it reads and writes
 
 
-# Which (device, rule) rule-state rows a node has seen, as one bit each of a fixed bitmap
-# indexed by the pair's hash (128 KiB, however many devices): a batch whose rows were all seen
-# skips creating them (storage.rule_state.lock_states). Two pairs may share a bit; the lock's
-# answer decides then, as for a row gone meanwhile.
-_KNOWN_BITS = 1 << 20
+class _SeenRows:
+    """Which (device, rule) rule-state rows a node has seen, as one bit each of a fixed bitmap
+    indexed by the pair's hash (128 KiB, however many devices): a batch whose rows were all
+    seen skips creating them (storage.rule_state.lock_states). A hint only: two pairs may share
+    a bit, and the lock's answer decides then, as for a row gone meanwhile."""
+
+    BITS = 1 << 20
+
+    def __init__(self) -> None:
+        self._bits = bytearray(self.BITS // 8)
+
+    def all_seen(self, keys: Iterable[SlotKey]) -> bool:
+        bits = self._bits
+        return all(bits[(bit := hash(key) % self.BITS) >> 3] >> (bit & 7) & 1 for key in keys)
+
+    def add(self, keys: Iterable[SlotKey]) -> None:
+        bits = self._bits
+        for key in keys:
+            bit = hash(key) % self.BITS
+            bits[bit >> 3] |= 1 << (bit & 7)
 
 
 class AlarmEngine:
@@ -154,7 +169,7 @@ class AlarmEngine:
         self.alarm_metrics = AlarmMetrics.of(metrics.registry)
         self.summary: SummarySpec | None = None  # set when AI summaries are enabled
         self._rules_replaced = asyncio.Event()
-        self._known_states = bytearray(_KNOWN_BITS // 8)  # a hint only: see _KNOWN_BITS
+        self._seen_rows = _SeenRows()
 
     def replace_rules(self, rules: RuleSet) -> None:
         """A reload: the next batch uses `rules`; `forget_loop` records them for the other
@@ -452,8 +467,7 @@ class AlarmEngine:
                 rule = rules.by_key(rule_key)
                 assert rule is not None
                 versions[rule_key] = rule_version(rule)
-        known = self._known_states
-        exist = all(known[(bit := hash(key) % _KNOWN_BITS) >> 3] >> (bit & 7) & 1 for key in keys)
+        exist = self._seen_rows.all_seen(keys)
         rows = await state_repo.lock_states(
             conn,
             [(device_id, rule_key, versions[rule_key]) for device_id, rule_key in keys],
@@ -461,9 +475,7 @@ class AlarmEngine:
         )
         read = {(row.device_id, row.rule_key): row for row in rows}
         if not exist:
-            for key in read:
-                bit = hash(key) % _KNOWN_BITS
-                known[bit >> 3] |= 1 << (bit & 7)
+            self._seen_rows.add(read)
         states: RuleStates = {}
         for key, row in read.items():
             state = _state_of(row)
