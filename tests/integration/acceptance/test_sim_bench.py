@@ -102,7 +102,7 @@ async def test_bench_quick_completes_and_reports_every_figure(
              "commands_per_s", "reference_msgs_per_s", "gateway_msgs_per_s_mqtt311",
              "gateway_tasmota_msgs_per_s", "gateway_sparkplug_msgs_per_s",
              "gateway_zigbee2mqtt_msgs_per_s", "gateway_shelly_gen2_msgs_per_s",
-             "gateway_chirpstack_v4_msgs_per_s"]  # fmt: skip
+             "gateway_chirpstack_v4_msgs_per_s", "gateway_norules_msgs_per_s"]  # fmt: skip
     for key in rates:
         assert isinstance(result[key], int), key
         assert result[key] > 0, key
@@ -133,8 +133,19 @@ async def test_bench_quick_completes_and_reports_every_figure(
         "gateway_cpu_us_per_msg_mqtt311",
         "reference_cpu_us_per_msg",
         "gateway_live_cpu_us_per_msg",
+        "gateway_norules_cpu_us_per_msg",
     ):
         assert result[key] > 0, key
+    # The rules' share is the difference of the two drains' CPU per message, as reported.
+    assert result["gateway_rules_cpu_us_per_msg"] == pytest.approx(
+        result["gateway_cpu_us_per_msg_mqtt5"] - result["gateway_norules_cpu_us_per_msg"], abs=0.11
+    )
+    assert result["ratio_gateway_cpu_vs_reference_mqtt5"] == pytest.approx(
+        result["gateway_cpu_us_per_msg_mqtt5"] / result["reference_cpu_us_per_msg"], abs=0.011
+    )
+    assert result["ratio_gateway_norules_cpu_vs_reference"] == pytest.approx(
+        result["gateway_norules_cpu_us_per_msg"] / result["reference_cpu_us_per_msg"], abs=0.011
+    )
     # One alarm per device: a storm raises each device's alarm once, never twice.
     assert result["storm_alarms"] == result["storm_alarmed_devices"] == result["storm_devices"]
     assert result["commands_acked"] == result["commands"]
