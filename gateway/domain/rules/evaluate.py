@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import enum
 import hashlib
+import operator
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Final, TypeAlias
@@ -108,9 +109,11 @@ class Clearing:
 Outcome: TypeAlias = Firing | Clearing
 
 
-@dataclass(frozen=True)
-class Evaluation:
-    """What one message does: `outcomes`, to write in this order."""
+class Evaluation(msgspec.Struct, frozen=True, gc=False):
+    """What one message does: `outcomes`, to write in this order.
+
+    A msgspec Struct, not a frozen dataclass: one is built per message of every batch, and
+    the dataclass's construction cost about 1 µs a message (measured in a drain's profile)."""
 
     outcomes: tuple[Outcome, ...] = ()
     # Set when the message was judged at another time than its device time (its receipt,
@@ -140,6 +143,17 @@ class _Verdict(enum.Enum):
 
 class _Run:
     """One message's evaluation: the states it reads and replaces, and its outcomes so far."""
+
+    __slots__ = (
+        "device_id",
+        "event_id",
+        "observed_at",
+        "outcomes",
+        "sent_at",
+        "seq",
+        "states",
+        "unplaced",
+    )
 
     def __init__(
         self,
@@ -535,32 +549,31 @@ def _judge_late_sample(
 
 
 def _verdict(rule: ThresholdRule, observed: MetricValue) -> _Verdict:
-    if rule.op in ("==", "!="):
-        holds = _same(observed, rule.value) == (rule.op == "==")
+    op = rule.op
+    if op in _EQUALITY:
+        holds = _same(observed, rule.value) == (op == "==")
         return _Verdict.VIOLATING if holds else _Verdict.CLEAR
-    threshold, clear_threshold = rule.value, rule.clear_threshold
+    threshold = rule.value
+    clear_threshold = threshold if rule.clear_value is None else rule.clear_value
     if not (_is_number(observed) and _is_number(threshold) and _is_number(clear_threshold)):
         return _Verdict.UNKNOWN
-    if _holds(rule.op, observed, threshold):
+    if _COMPARE[op](observed, threshold):
         return _Verdict.VIOLATING
-    back = observed < clear_threshold if rule.op in (">", ">=") else observed > clear_threshold
+    back = observed < clear_threshold if op in _ABOVE else observed > clear_threshold
     return _Verdict.CLEAR if back else _Verdict.BAND
 
 
-def _holds(op: Op, left: float, right: float) -> bool:
-    match op:
-        case ">":
-            return left > right
-        case ">=":
-            return left >= right
-        case "<":
-            return left < right
-        case "<=":
-            return left <= right
-        case "==":
-            return left == right
-        case "!=":
-            return left != right
+_EQUALITY: Final = frozenset(("==", "!="))
+_ABOVE: Final = frozenset((">", ">="))  # ops that violate above the threshold
+# Each op as its comparison (a lookup: `_verdict` runs for every sample of every batch).
+_COMPARE: Final[Mapping[Op, Callable[[Any, Any], bool]]] = {
+    ">": operator.gt,
+    ">=": operator.ge,
+    "<": operator.lt,
+    "<=": operator.le,
+    "==": operator.eq,
+    "!=": operator.ne,
+}
 
 
 def _same(left: MetricValue, right: MetricValue) -> bool:

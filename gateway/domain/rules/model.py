@@ -184,4 +184,7 @@ class RuleSet:
 
 
 def _is_number(value: object) -> TypeGuard[int | float]:
+    kind = type(value)
+    if kind is float or kind is int:  # what decoding gives: the common case, first
+        return True
     return isinstance(value, int | float) and not isinstance(value, bool)

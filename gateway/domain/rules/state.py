@@ -157,6 +157,17 @@ def _without_future(state: RuleState, received: datetime, clock: DeviceClock) ->
     to `received` (written from a clock ahead before this model, such a time would hold the
     rule until real time passed it); None when it has none."""
     bound = received + clock.max_future_skew
+    # Every sample of a batch comes here once per rule it touches, and a state ahead is rare:
+    # the plain comparisons first (a third of the cost of the general form below).
+    if (
+        (state.last_ts is None or state.last_ts <= bound)
+        and (state.clear_ts is None or state.clear_ts <= bound)
+        and (state.violating_ts is None or state.violating_ts <= bound)
+        and (state.pending_since is None or state.pending_since <= bound)
+        and (state.fired_ts is None or state.fired_ts <= bound)
+        and (state.released_ts is None or state.released_ts <= bound)
+    ):
+        return None
     changes = {
         name: received
         for name in _STATE_TIMES

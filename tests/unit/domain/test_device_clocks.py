@@ -157,6 +157,27 @@ def test_a_threshold_is_never_held_by_a_state_written_from_a_clock_ahead() -> No
     assert [f.rule_key for f in fired.firings] == ["hot"]
 
 
+@pytest.mark.parametrize(
+    "name",
+    [name for name, kind in RuleState.__annotations__.items() if "datetime" in str(kind)],
+)
+def test_any_one_time_of_a_state_ahead_is_brought_back_to_the_receipt(name: str) -> None:
+    # Each time a state holds, alone ahead of the skew, is repaired (and the sample says so);
+    # one just within the skew is left alone.
+    bogus, within = NOW + timedelta(hours=8), NOW + CLOCK.max_future_skew
+    pairs = {"fired_ts": "fired_event_id", "clear_ts": "clear_event_id"}
+    for when, repaired in ((bogus, True), (within, False)):
+        device = Device()
+        extra: dict[str, Any] = {pairs[name]: "old"} if name in pairs else {}
+        device.states[("dev-1", "hot")] = RuleState(**{name: when}, **extra)
+        judged = device.send(temp(NOW - timedelta(seconds=1), 45), received=NOW)
+        if repaired:
+            assert judged.clock_adjustment is ClockAdjustment.STATE_AHEAD, name
+            assert getattr(device.state("hot"), name) != bogus, name
+        else:
+            assert judged.clock_adjustment is not ClockAdjustment.STATE_AHEAD, name
+
+
 def test_inside_the_bounds_the_ordering_rule_is_unchanged() -> None:
     """Two nodes committing one device's samples out of order, seconds apart: a late event
     older than the alarm raised since is still created superseded by it."""
