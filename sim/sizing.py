@@ -168,11 +168,14 @@ async def _batch(
             _lines([_rule_version(r) for r in keys_r]),
         )
         started = time.perf_counter()
-        rows = await conn.fetch(states["lock_states"], _lines(keys_d), _lines(keys_r))
+        # Nothing held between batches (every token empty): each row is read whole.
+        rows = await conn.fetch(
+            states["lock_states"], _lines(keys_d), _lines(keys_r), _lines([""] * len(keys_d))
+        )
         lock_ms = (time.perf_counter() - started) * 1000
         ts = datetime.now(UTC)
         moved = [
-            (row["device_id"], row["rule_key"], row["version"], *_next_state(row, ts, rng))
+            (keys_d[row["n"] - 1], keys_r[row["n"] - 1], row["version"], *_next_state(row, ts, rng))
             for row in rows
         ]
         written = int(await conn.fetchval(states["write_states"], moved, node))

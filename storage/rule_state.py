@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import TypeAlias
 
 import asyncpg
 import msgspec
@@ -54,10 +55,20 @@ class StateWriteConflictError(Exception):
     """A rule state row changed since it was read: the batch must be evaluated again."""
 
 
+# What a node holds of a rule-state row between batches, by (device id, rule key): the row's
+# token ("version.xmin": which write of the row it is) and the row as that write left it.
+Held: TypeAlias = Mapping[tuple[str, str], tuple[str, RuleStateRow]]
+
+
 async def lock_states(
-    conn: asyncpg.Connection, keys: Sequence[tuple[str, str, str]], *, exist: bool = False
-) -> list[RuleStateRow]:
-    """Lock (creating where missing) the rows of (device id, rule key, rule version) keys.
+    conn: asyncpg.Connection,
+    keys: Sequence[tuple[str, str, str]],
+    *,
+    exist: bool = False,
+    held: Held | None = None,
+) -> list[tuple[RuleStateRow, str]]:
+    """Lock (creating where missing) the rows of (device id, rule key, rule version) keys;
+    each row with its token ("version.xmin").
 
     Every row is read and locked with no write, in one sorted order on every node. Without
     ``exist`` the missing rows are created first, in that order too, so two batches wait for
@@ -67,6 +78,11 @@ async def lock_states(
     caller believed to exist but that is gone (a rule's state dropped) is created and locked
     after the others; PostgreSQL breaks the deadlock that may then rarely cause, and the
     writer retries.
+
+    ``held``: rows the caller kept from earlier batches with their tokens. A row whose version
+    and xmin still equal the token is the same write of the row (an update always makes a new
+    xmin, and the version counts the row's writes): it is answered as held, its columns not
+    sent. Any other row is read whole.
     """
     if not keys:
         return []
@@ -74,29 +90,55 @@ async def lock_states(
     devices, rules = lines([k[0] for k in ordered]), lines([k[1] for k in ordered])
     if not exist:
         await conn.execute(CREATE_STATES, devices, rules, lines([k[2] for k in ordered]))
-    records = await conn.fetch(LOCK_STATES, devices, rules)
-    rows = [RuleStateRow(*record) for record in records]  # the columns come in field order
-    if len(rows) < len(ordered):
-        found = {(row.device_id, row.rule_key) for row in rows}
+    # A copy: the caller's may change while the answer is awaited (another batch commits).
+    sent = (
+        {}
+        if held is None
+        else {(k[0], k[1]): held[k[0], k[1]] for k in ordered if (k[0], k[1]) in held}
+    )
+    tokens = lines([sent[k[0], k[1]][0] if (k[0], k[1]) in sent else "" for k in ordered])
+    answer = _locked(await conn.fetch(LOCK_STATES, devices, rules, tokens), ordered, sent)
+    if len(answer) < len(ordered):
+        found = {(row.device_id, row.rule_key) for row, _ in answer}
         missing = [k for k in ordered if (k[0], k[1]) not in found]
         devices, rules = lines([k[0] for k in missing]), lines([k[1] for k in missing])
         await conn.execute(CREATE_STATES, devices, rules, lines([k[2] for k in missing]))
-        rows += [RuleStateRow(*record) for record in await conn.fetch(LOCK_STATES, devices, rules)]
-    return rows
+        tokens = lines([""] * len(missing))
+        answer += _locked(await conn.fetch(LOCK_STATES, devices, rules, tokens), missing, {})
+    return answer
 
 
-async def write_states(
-    conn: asyncpg.Connection, rows: Sequence[RuleStateRow], node_id: str
-) -> None:
-    """Write rows back, each conditional on the version it was read at."""
+def _locked(
+    records: Sequence[asyncpg.Record],
+    ordered: Sequence[tuple[str, str, str]],
+    sent: Held,
+) -> list[tuple[RuleStateRow, str]]:
+    """lock_states' answer: each row as held (its token matched) or as read."""
+    answer = []
+    for record in records:
+        device_id, rule_key, _ = ordered[record[0] - 1]
+        if record[3]:  # the token sent is the row's own
+            row, token = sent[device_id, rule_key][1], sent[device_id, rule_key][0]
+        else:  # the columns come in field order, after the keys and the version
+            row = RuleStateRow(device_id, rule_key, record[1], *record[4:])
+            token = f"{record[1]}.{record[2]}"
+        answer.append((row, token))
+    return answer
+
+
+async def write_states(conn: asyncpg.Connection, rows: Sequence[RuleStateRow], node_id: str) -> str:
+    """Write rows back, each conditional on the version it was read at; the writing
+    transaction's id as the rows' xmin shows it ("" when there was nothing to write): a row
+    written is then token f"{version + 1}.{xmin}" for lock_states."""
     if not rows:
-        return
+        return ""
     # One array of records (the type rule_state_write has RuleStateRow's fields, in order).
-    written = await conn.fetchval(WRITE_STATES, [astuple(row) for row in rows], node_id)
+    written, xmin = await conn.fetchrow(WRITE_STATES, [astuple(row) for row in rows], node_id)
     if written != len(rows):
         raise StateWriteConflictError(
             f"{len(rows) - written} of {len(rows)} rule states changed since they were read"
         )
+    return str(xmin)
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 import asyncpg
+import msgspec
 import structlog
 
 from gateway.alarms.lifecycle import (
@@ -103,6 +104,9 @@ class BatchAlarms:
     # The same per (device, reason), with the batch's last adjustment of each: written in
     # the batch's transaction (storage.device_clock), only when there is one.
     device_clocks: dict[tuple[str, str], ClockFigure] = field(default_factory=dict)
+    # The rule-state rows as this batch leaves them, with their tokens: the node holds them
+    # for its next batches once the batch has committed (AlarmEngine.committed).
+    held: dict[SlotKey, tuple[str, RuleStateRow]] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -126,6 +130,7 @@ class _LoadedStates:
     """The batch's rule states as read (to write back only what changed) and as judged."""
 
     read: dict[SlotKey, RuleStateRow]
+    tokens: dict[SlotKey, str]  # each row's token as read (storage.rule_state.lock_states)
     versions: dict[str, str]
     states: RuleStates
     touched: list[set[SlotKey]]  # per message of the batch, the keys it reads and writes
@@ -153,6 +158,12 @@ class _SeenRows:
             bits[bit >> 3] |= 1 << (bit & 7)
 
 
+# How many rule-state rows a node holds between batches (with their tokens, so that a batch
+# whose rows nobody else wrote since reads only their versions: storage.rule_state.lock_states).
+# About 0.6 KB each; the least recently committed go first.
+HELD_ROWS = 4096
+
+
 class AlarmEngine:
     def __init__(
         self,
@@ -170,6 +181,7 @@ class AlarmEngine:
         self.summary: SummarySpec | None = None  # set when AI summaries are enabled
         self._rules_replaced = asyncio.Event()
         self._seen_rows = _SeenRows()
+        self._held: dict[SlotKey, tuple[str, RuleStateRow]] = {}  # see HELD_ROWS
 
     def replace_rules(self, rules: RuleSet) -> None:
         """A reload: the next batch uses `rules`; `forget_loop` records them for the other
@@ -433,6 +445,14 @@ class AlarmEngine:
         return batch, (last.device_id, last.rule_key)
 
     def committed(self, batch: BatchAlarms) -> None:
+        """After the commit of ``batch``'s transaction (never after a rollback): its metrics,
+        and the rule-state rows it left, held for the next batches."""
+        held = self._held
+        for key, entry in batch.held.items():
+            held.pop(key, None)  # to the end: the most recently committed
+            held[key] = entry
+        while len(held) > HELD_ROWS:
+            del held[next(iter(held))]
         m = self.alarm_metrics
         for rule_key, alarm_id in batch.created:
             m.alarms_created.labels(rule_key).inc()
@@ -468,33 +488,47 @@ class AlarmEngine:
                 assert rule is not None
                 versions[rule_key] = rule_version(rule)
         exist = self._seen_rows.all_seen(keys)
-        rows = await state_repo.lock_states(
+        locked = await state_repo.lock_states(
             conn,
             [(device_id, rule_key, versions[rule_key]) for device_id, rule_key in keys],
             exist=exist,
+            held=self._held,
         )
-        read = {(row.device_id, row.rule_key): row for row in rows}
+        read: dict[SlotKey, RuleStateRow] = {}
+        tokens: dict[SlotKey, str] = {}
+        for row, token in locked:
+            key = (row.device_id, row.rule_key)
+            read[key] = row
+            tokens[key] = token
         if not exist:
             self._seen_rows.add(read)
         states: RuleStates = {}
         for key, row in read.items():
             state = _state_of(row)
             states[key] = state if row.rule_version == versions[key[1]] else state.rearmed()
-        return _LoadedStates(read=read, versions=versions, states=states, touched=touched)
+        return _LoadedStates(
+            read=read, tokens=tokens, versions=versions, states=states, touched=touched
+        )
 
     async def _write_states(
         self, conn: asyncpg.Connection, loaded: _LoadedStates, batch: BatchAlarms
     ) -> None:
         changed = []
+        held = batch.held
         for key, row in loaded.read.items():
             state = loaded.states[key]
             version = loaded.versions[key[1]]
             if state != _state_of(row) or row.rule_version != version:
                 changed.append(_row_of(row, state, version))
+            else:  # left as read: held with the token it was read with
+                held[key] = (loaded.tokens[key], row)
         try:
-            await state_repo.write_states(conn, changed, self.node_id)
+            xmin = await state_repo.write_states(conn, changed, self.node_id)
         except StateWriteConflictError as exc:  # cannot happen under the lock; never trust it
             raise ConcurrentWriteError(str(exc)) from exc
+        for row in changed:  # as the write left them: one version on, this transaction's xmin
+            written = msgspec.structs.replace(row, version=row.version + 1)
+            held[row.device_id, row.rule_key] = (f"{written.version}.{xmin}", written)
         batch.states_written += len(changed)
 
     async def _write_step(

@@ -344,7 +344,7 @@ async def test_a_write_back_is_conditional_on_the_version_each_row_was_read_at(
     version = rule_version(RULES.by_key("temp-high"))  # type: ignore[arg-type]
     keys = [(f"dev-{n}", "temp-high", version) for n in range(3)]
     async with db.transaction():
-        read = await state_repo.lock_states(db, keys)
+        read = [row for row, _ in await state_repo.lock_states(db, keys)]
     assert [row.version for row in read] == [0, 0, 0]
     moved = [msgspec.structs.replace(row, last_seq=7, firing=True) for row in read]
     async with db.transaction():
@@ -395,3 +395,100 @@ async def test_rows_a_node_has_seen_are_locked_without_an_insert_and_a_vanished_
     other = await _commit(nodes[1], _rows("dev", _temp(5, 96)))
     assert (other.created, other.cleared) == ([], 0)
     assert (await state_repo.get_state(db, "dev", "temp-high"))["version"] == 2  # type: ignore[index]
+
+
+async def test_a_held_row_is_answered_as_held_only_while_nobody_wrote_it_since(
+    db: asyncpg.Connection, db_dsn: str
+) -> None:
+    """lock_states answers a row the caller holds (its token: version and xmin) without its
+    columns, and reads whole every row written since: by another writer, or deleted and
+    written again up to the same version (the xmin tells that write from the one held)."""
+    version = rule_version(RULES.by_key("temp-high"))  # type: ignore[arg-type]
+    keys = [(f"dev-{n}", "temp-high", version) for n in range(3)]
+    async with db.transaction():
+        locked = await state_repo.lock_states(db, keys)
+        moved = [msgspec.structs.replace(row, last_seq=1, firing=True) for row, _ in locked]
+        xmin = await state_repo.write_states(db, moved, "node-a")
+    held = {
+        (row.device_id, row.rule_key): (
+            f"{row.version + 1}.{xmin}",
+            msgspec.structs.replace(row, version=row.version + 1),
+        )
+        for row in moved
+    }
+    answers: list[list[bool]] = []
+
+    async def lock() -> list[tuple[state_repo.RuleStateRow, str]]:
+        queries: list[asyncpg.connection.LoggedQuery] = []
+        db.add_query_logger(queries.append)
+        try:
+            async with db.transaction():
+                locked = await state_repo.lock_states(db, keys, exist=True, held=held)
+        finally:
+            db.remove_query_logger(queries.append)
+        (query,) = (q for q in queries if q.query == state_repo.LOCK_STATES)
+        # What the server answered: whether each row came as held (its columns not sent).
+        answers.append(
+            [r["hit"] for r in await db.fetch(query.query, *query.args)]  # same tokens again
+        )
+        return locked
+
+    first = await lock()
+    assert answers[-1] == [True, True, True]
+    assert [row for row, _ in first] == [held[k[0], k[1]][1] for k in keys]
+
+    # Another writer moves dev-1; dev-2 is deleted and written again to the same version.
+    other = await asyncpg.connect(db_dsn)
+    try:
+        async with other.transaction():
+            ((row1, _),) = await state_repo.lock_states(other, keys[1:2])
+            await state_repo.write_states(
+                other, [msgspec.structs.replace(row1, last_seq=2, firing=False)], "node-b"
+            )
+        await other.execute("DELETE FROM rule_state WHERE device_id = 'dev-2'")
+        async with other.transaction():
+            ((fresh, _),) = await state_repo.lock_states(other, keys[2:])
+            assert fresh.version == 0
+            await state_repo.write_states(
+                other, [msgspec.structs.replace(fresh, last_seq=3, firing=False)], "node-b"
+            )
+    finally:
+        await other.close()
+
+    second = await lock()
+    assert answers[-1] == [True, False, False]
+    rows = {row.device_id: row for row, _ in second}
+    assert rows["dev-0"] == held["dev-0", "temp-high"][1]
+    assert (rows["dev-1"].last_seq, rows["dev-1"].firing, rows["dev-1"].version) == (2, False, 2)
+    # Same version as held (1), another write: read whole, with its own token.
+    assert (rows["dev-2"].last_seq, rows["dev-2"].firing, rows["dev-2"].version) == (3, False, 1)
+    tokens = {row.device_id: token for row, token in second}
+    assert tokens["dev-2"] != held["dev-2", "temp-high"][0]
+    assert tokens["dev-2"].startswith("1.")
+
+
+async def test_a_node_holding_its_rows_still_decides_on_what_another_node_wrote(
+    nodes: list[tuple[AlarmEngine, asyncpg.Connection]], db: asyncpg.Connection
+) -> None:
+    """Node A holds the row it wrote; node B clears the alarm on the same device; A's next
+    violation must raise a new alarm (a stale held state would say "still firing"). A batch
+    rolled back leaves nothing held."""
+    a, b = nodes
+    assert len((await _commit(a, _rows("dev", _temp(1, 90)))).created) == 1
+    assert (await _commit(b, _rows("dev", _temp(2, 70)))).cleared == 1
+    assert len((await _commit(a, _rows("dev", _temp(3, 91)))).created) == 1
+    assert (await _commit(b, _rows("dev", _temp(4, 70)))).cleared == 1
+
+    # A batch of A's that rolls back: its rows are not held (committed() is never called).
+    engine, conn = a
+    transaction = conn.transaction()
+    await transaction.start()
+    rolled_back = await engine.on_stored(conn, _rows("dev", _temp(5, 95)))
+    await transaction.rollback()
+    assert rolled_back.held  # what it would have held, had it committed
+    assert len((await _commit(b, _rows("dev", _temp(6, 92)))).created) == 1
+    # A's view: firing since B's sample of second 6; a clear from A closes B's alarm.
+    assert (await _commit(a, _rows("dev", _temp(7, 60)))).cleared == 1
+    alarms = await _alarms(db)
+    assert len(alarms) == 3  # the rolled-back batch's alarm is gone with it
+    assert all(r["cleared_at"] is not None for r in alarms)
