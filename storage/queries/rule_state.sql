@@ -13,39 +13,54 @@ ON CONFLICT (device_id, rule_key) DO NOTHING;
 
 -- name: lock_states
 -- $1 device ids, $2 rule keys, $3 what the caller holds of each row (a token
--- "version.xmin", or an empty line: nothing), each a text of lines (storage.sql.lines;
+-- "version.xmin@server", or an empty line: nothing), each a text of lines (storage.sql.lines;
 -- pairwise); every row, locked until the transaction ends, in the same fixed order (device,
 -- then rule). Each row answers its key's position in $1 (from 1), its version and xmin (the
--- transaction that wrote it), and whether the caller's token is the row's own: then the
--- caller holds the row as it is and the other columns are NULL (not sent, not decoded);
--- otherwise they follow in `RuleStateRow` order (after its keys and version). A row updated
--- while this one waited for its lock is answered as that update left it.
-SELECT u.n::int4 AS n, s.version, s.xmin::text AS xmin, h.hit,
-       CASE WHEN h.hit THEN NULL ELSE s.rule_version END AS rule_version,
-       CASE WHEN h.hit THEN NULL ELSE s.firing END AS firing,
-       CASE WHEN h.hit THEN NULL ELSE s.pending_count END AS pending_count,
-       CASE WHEN h.hit THEN NULL ELSE s.pending_since END AS pending_since,
-       CASE WHEN h.hit THEN NULL ELSE s.last_ts END AS last_ts,
-       CASE WHEN h.hit THEN NULL ELSE s.last_seq END AS last_seq,
-       CASE WHEN h.hit THEN NULL ELSE s.fired_ts END AS fired_ts,
-       CASE WHEN h.hit THEN NULL ELSE s.fired_event_id END AS fired_event_id,
-       CASE WHEN h.hit THEN NULL ELSE s.released_ts END AS released_ts,
-       CASE WHEN h.hit THEN NULL ELSE s.clear_ts END AS clear_ts,
-       CASE WHEN h.hit THEN NULL ELSE s.clear_event_id END AS clear_event_id,
-       CASE WHEN h.hit THEN NULL ELSE s.violating_ts END AS violating_ts
-FROM rule_state s
-JOIN unnest(string_to_array($1, E'\n'), string_to_array($2, E'\n'),
-            string_to_array($3, E'\n')) WITH ORDINALITY AS u(d, r, t, n)
-  ON s.device_id = u.d AND s.rule_key = u.r
-CROSS JOIN LATERAL (SELECT u.t = s.version::text || '.' || s.xmin::text AS hit) h
-ORDER BY s.device_id, s.rule_key
-FOR UPDATE OF s;
+-- transaction that wrote it, with the server's start time: after a failover or a
+-- point-in-time restore, transaction ids lost with the old timeline are issued again, so an
+-- xmin names one write only within one run of one server), and whether the caller's token is
+-- the row's own: then the caller holds the row as it is and the other columns are NULL (not
+-- sent, not decoded); otherwise they follow in `RuleStateRow` order (after its keys and
+-- version). A row updated while this one waited for its lock is answered as that update
+-- left it.
+WITH server AS (  -- the server's start time, once a statement (microseconds, as text)
+    SELECT (extract(epoch FROM pg_postmaster_start_time()) * 1000000)::bigint::text AS started
+)
+SELECT l.n, l.version, l.xmin, l.hit,
+       CASE WHEN l.hit THEN NULL ELSE l.rule_version END AS rule_version,
+       CASE WHEN l.hit THEN NULL ELSE l.firing END AS firing,
+       CASE WHEN l.hit THEN NULL ELSE l.pending_count END AS pending_count,
+       CASE WHEN l.hit THEN NULL ELSE l.pending_since END AS pending_since,
+       CASE WHEN l.hit THEN NULL ELSE l.last_ts END AS last_ts,
+       CASE WHEN l.hit THEN NULL ELSE l.last_seq END AS last_seq,
+       CASE WHEN l.hit THEN NULL ELSE l.fired_ts END AS fired_ts,
+       CASE WHEN l.hit THEN NULL ELSE l.fired_event_id END AS fired_event_id,
+       CASE WHEN l.hit THEN NULL ELSE l.released_ts END AS released_ts,
+       CASE WHEN l.hit THEN NULL ELSE l.clear_ts END AS clear_ts,
+       CASE WHEN l.hit THEN NULL ELSE l.clear_event_id END AS clear_event_id,
+       CASE WHEN l.hit THEN NULL ELSE l.violating_ts END AS violating_ts
+FROM (
+    -- Not flattened into the outer query (it locks): `hit` is computed once a row.
+    SELECT u.n::int4 AS n, s.version, s.rule_version, s.firing, s.pending_count,
+           s.pending_since, s.last_ts, s.last_seq, s.fired_ts, s.fired_event_id, s.released_ts,
+           s.clear_ts, s.clear_event_id, s.violating_ts,
+           s.xmin::text || '@' || (SELECT started FROM server) AS xmin,
+           u.t = s.version::text || '.' || s.xmin::text || '@' || (SELECT started FROM server)
+               AS hit
+    FROM rule_state s
+    JOIN unnest(string_to_array($1, E'\n'), string_to_array($2, E'\n'),
+                string_to_array($3, E'\n')) WITH ORDINALITY AS u(d, r, t, n)
+      ON s.device_id = u.d AND s.rule_key = u.r
+    ORDER BY s.device_id, s.rule_key
+    FOR UPDATE OF s
+) l;
 
 -- name: write_states
 -- $1 the rows (rule_state_write[], migration 0032: device id, rule key, the version read, then
 -- the state's columns), $2 node id; conditional on the version read: how many rows were
 -- written (fewer than sent: someone else wrote), and the writing transaction's id as the rows'
--- xmin shows it (its low 32 bits: with each row's new version, the token lock_states compares).
+-- xmin shows it (its low 32 bits), with the server's start time, as lock_states answers it:
+-- with each row's new version, the token lock_states compares.
 WITH written AS (
     UPDATE rule_state s
     SET rule_version = u.rule_version, firing = u.firing, pending_count = u.pending_count,
@@ -57,7 +72,10 @@ WITH written AS (
     WHERE s.device_id = u.device_id AND s.rule_key = u.rule_key AND s.version = u.version
     RETURNING 1
 )
-SELECT count(*) AS written, (txid_current() & 4294967295)::text AS xmin FROM written;
+SELECT count(*) AS written,
+       (txid_current() & 4294967295)::text || '@'
+       || (extract(epoch FROM pg_postmaster_start_time()) * 1000000)::bigint::text AS xmin
+FROM written;
 
 -- name: drop_removed
 -- $1 the rule keys this node runs now (event and threshold rules), $2 seconds within which

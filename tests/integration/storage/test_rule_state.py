@@ -492,3 +492,31 @@ async def test_a_node_holding_its_rows_still_decides_on_what_another_node_wrote(
     alarms = await _alarms(db)
     assert len(alarms) == 3  # the rolled-back batch's alarm is gone with it
     assert all(r["cleared_at"] is not None for r in alarms)
+
+
+async def test_a_held_row_from_another_run_of_the_server_is_read_whole(
+    db: asyncpg.Connection,
+) -> None:
+    """Transaction ids lost with a timeline (an asynchronous standby promoted, a point-in-time
+    restore) are issued again, so a token names the server's run too: the same version and
+    xmin held from another run is read whole."""
+    version = rule_version(RULES.by_key("temp-high"))  # type: ignore[arg-type]
+    keys = [("dev-0", "temp-high", version)]
+    async with db.transaction():
+        ((row, _),) = await state_repo.lock_states(db, keys)
+        xmin = await state_repo.write_states(db, [msgspec.structs.replace(row, last_seq=1)], "a")
+    started = await db.fetchval(
+        "SELECT (extract(epoch FROM pg_postmaster_start_time()) * 1000000)::bigint::text"
+    )
+    xid, _, tag = xmin.partition("@")
+    assert tag == started
+    written = msgspec.structs.replace(row, last_seq=1, version=1)
+    for token, hit in ((f"1.{xid}@{started}", True), (f"1.{xid}@{int(started) - 1}", False)):
+        # The copy held says last_seq 7: only a hit may answer with it.
+        copy = msgspec.structs.replace(written, last_seq=7)
+        async with db.transaction():
+            ((got, answered),) = await state_repo.lock_states(
+                db, keys, exist=True, held={("dev-0", "temp-high"): (token, copy)}
+            )
+        assert got.last_seq == (7 if hit else 1), token
+        assert answered == f"1.{xid}@{started}"
