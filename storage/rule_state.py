@@ -56,7 +56,8 @@ class StateWriteConflictError(Exception):
 
 
 # What a node holds of a rule-state row between batches, by (device id, rule key): the row's
-# token ("version.xmin": which write of the row it is) and the row as that write left it.
+# token ("version.xmin@start": which write of the row it is, on which run of the server) and
+# the row as that write left it.
 Held: TypeAlias = Mapping[tuple[str, str], tuple[str, RuleStateRow]]
 
 
@@ -68,7 +69,7 @@ async def lock_states(
     held: Held | None = None,
 ) -> list[tuple[RuleStateRow, str]]:
     """Lock (creating where missing) the rows of (device id, rule key, rule version) keys;
-    each row with its token ("version.xmin").
+    each row with its token ("version.xmin@start").
 
     Every row is read and locked with no write, in one sorted order on every node. Without
     ``exist`` the missing rows are created first, in that order too, so two batches wait for
@@ -79,10 +80,11 @@ async def lock_states(
     after the others; PostgreSQL breaks the deadlock that may then rarely cause, and the
     writer retries.
 
-    ``held``: rows the caller kept from earlier batches with their tokens. A row whose version
-    and xmin still equal the token is the same write of the row (an update always makes a new
-    xmin, and the version counts the row's writes): it is answered as held, its columns not
-    sent. Any other row is read whole.
+    ``held``: rows the caller kept from earlier batches with their tokens. A row whose version,
+    xmin and server start still equal the token is the same write of the row (an update always
+    makes a new xmin, the version counts the row's writes, and transaction ids are issued again
+    only by another run of a server: a promoted standby, a restore): it is answered as held,
+    its columns not sent. Any other row is read whole.
     """
     if not keys:
         return []
@@ -128,8 +130,9 @@ def _locked(
 
 async def write_states(conn: asyncpg.Connection, rows: Sequence[RuleStateRow], node_id: str) -> str:
     """Write rows back, each conditional on the version it was read at; the writing
-    transaction's id as the rows' xmin shows it ("" when there was nothing to write): a row
-    written is then token f"{version + 1}.{xmin}" for lock_states."""
+    transaction's id as the rows' xmin shows it, with the server's start ("xid@start"; ""
+    when there was nothing to write): a row written is then token f"{version + 1}.{xmin}"
+    for lock_states."""
     if not rows:
         return ""
     # One array of records (the type rule_state_write has RuleStateRow's fields, in order).
