@@ -296,6 +296,7 @@ async def measure_gateway(
     nodes = gateways.nodes
     conn = await asyncpg.connect(dsn)
     postgres = PostgresCpu()
+    first_commit: asyncio.Task[tuple[float, int]] | None = None
     try:
         await gateways.start()
         # CPU spent before the messages: starting up (imports, connections, subscriptions).
@@ -308,7 +309,6 @@ async def measure_gateway(
             before = await gateways.counters(*_ROUND_TRIPS)
         if live:  # PostgreSQL's share is measured live only: a drain restarts its gateway
             postgres.start(await _postgres_pids(conn))
-        first_commit: asyncio.Task[tuple[float, int]] | None = None
         if live:
             publisher = asyncio.create_task(_backlog(port, prefix, messages, period))
         else:
@@ -338,6 +338,8 @@ async def measure_gateway(
             await publisher
         rss = gateways.peak_rss_mb()
     finally:
+        if first_commit is not None and not first_commit.done():
+            first_commit.cancel()  # the phase failed before its first commit
         await gateways.stop()
         await conn.close()
     transactions, statements = (after[name] - before[name] for name in _ROUND_TRIPS)
