@@ -433,17 +433,23 @@ async def test_an_alarms_ai_summary_shows_in_its_detail(
 async def test_alarms_come_most_severe_first_and_every_filter_narrows_them(
     console: Console, browser: Browser
 ) -> None:
+    async def raised(count: int) -> None:
+        async def listed() -> bool:
+            alarms = await api(console.base, "GET", "/alarms", VIEWER)
+            return len(alarms["items"]) == count  # type: ignore[index]  # JSON
+
+        await wait_until(listed, message=f"{count} alarms raised")
+
+    # One after another: messages of different devices may commit in either order (two
+    # transactions in flight), and "newest" is the order they were raised in. Raised before the
+    # page opens: its stream, starting from now, never writes their creation, which would push
+    # them (an open console reaches a person); the last filter wants them NEW.
     await publish(console.mosquitto, "door-2", {"events": [{"type": "DOOR_OPEN"}]})  # MAJOR
+    await raised(1)
     await publish(console.mosquitto, "boiler-3", {"metrics": {"temp": 91}})  # CRITICAL
+    await raised(2)
     await publish(console.mosquitto, "door-4", {"events": [{"type": "DOOR_OPEN"}]})  # MAJOR
-
-    async def raised() -> bool:
-        listed = await api(console.base, "GET", "/alarms", VIEWER)
-        return len(listed["items"]) == 3  # type: ignore[index]  # JSON
-
-    # Raised before the page opens: its stream, starting from now, never writes their creation,
-    # which would push them (an open console reaches a person); the last filter wants them NEW.
-    await wait_until(raised, message="the three alarms raised")
+    await raised(3)
     page, errors = await open_console(browser, console.base)
     await sign_in(page, OPERATOR)
     rows = page.locator("#alarm-table tbody tr")
