@@ -55,10 +55,18 @@ class StateWriteConflictError(Exception):
     """A rule state row changed since it was read: the batch must be evaluated again."""
 
 
-# What a node holds of a rule-state row between batches, by (device id, rule key): the row's
-# token ("version.xmin@start": which write of the row it is, on which run of the server) and
-# the row as that write left it.
-Held: TypeAlias = Mapping[tuple[str, str], tuple[str, RuleStateRow]]
+class LockedRow(msgspec.Struct, frozen=True, gc=False):
+    """A rule-state row as lock_states answers it, with its token ("version.xmin@start":
+    which write of the row it is, on which run of the server). A node holds these between
+    batches and hands them back to lock_states, which answers a row nobody wrote since with
+    the very object it was given (a subclass the caller made stays itself)."""
+
+    token: str
+    row: RuleStateRow
+
+
+# What a node holds of rule-state rows between batches, by (device id, rule key).
+Held: TypeAlias = Mapping[tuple[str, str], LockedRow]
 
 
 async def lock_states(
@@ -67,9 +75,9 @@ async def lock_states(
     *,
     exist: bool = False,
     held: Held | None = None,
-) -> list[tuple[RuleStateRow, str]]:
+) -> list[LockedRow]:
     """Lock (creating where missing) the rows of (device id, rule key, rule version) keys;
-    each row with its token ("version.xmin@start").
+    each row with its token.
 
     Every row is read and locked with no write, in one sorted order on every node. Without
     ``exist`` the missing rows are created first, in that order too, so two batches wait for
@@ -80,11 +88,11 @@ async def lock_states(
     after the others; PostgreSQL breaks the deadlock that may then rarely cause, and the
     writer retries.
 
-    ``held``: rows the caller kept from earlier batches with their tokens. A row whose version,
-    xmin and server start still equal the token is the same write of the row (an update always
-    makes a new xmin, the version counts the row's writes, and transaction ids are issued again
-    only by another run of a server: a promoted standby, a restore): it is answered as held,
-    its columns not sent. Any other row is read whole.
+    ``held``: rows the caller kept from earlier batches. A row whose version, xmin and server
+    start still equal the held token is the same write of the row (an update always makes a
+    new xmin, the version counts the row's writes, and transaction ids are issued again only
+    by another run of a server: a promoted standby, a restore): it is answered as held (the
+    held object itself), its columns not sent. Any other row is read whole.
     """
     if not keys:
         return []
@@ -92,39 +100,40 @@ async def lock_states(
     devices, rules = lines([k[0] for k in ordered]), lines([k[1] for k in ordered])
     if not exist:
         await conn.execute(CREATE_STATES, devices, rules, lines([k[2] for k in ordered]))
-    # A copy: the caller's may change while the answer is awaited (another batch commits).
-    sent = (
-        {}
-        if held is None
-        else {(k[0], k[1]): held[k[0], k[1]] for k in ordered if (k[0], k[1]) in held}
+    # Looked up before the answer is awaited: the caller's may change meanwhile (another
+    # batch commits), and a hit must answer with the copy whose token was sent.
+    sent: list[LockedRow | None] = (
+        [None] * len(ordered) if not held else [held.get((k[0], k[1])) for k in ordered]
     )
-    tokens = lines([sent[k[0], k[1]][0] if (k[0], k[1]) in sent else "" for k in ordered])
+    tokens = lines(["" if entry is None else entry.token for entry in sent])
     answer = _locked(await conn.fetch(LOCK_STATES, devices, rules, tokens), ordered, sent)
     if len(answer) < len(ordered):
-        found = {(row.device_id, row.rule_key) for row, _ in answer}
+        found = {(entry.row.device_id, entry.row.rule_key) for entry in answer}
         missing = [k for k in ordered if (k[0], k[1]) not in found]
         devices, rules = lines([k[0] for k in missing]), lines([k[1] for k in missing])
         await conn.execute(CREATE_STATES, devices, rules, lines([k[2] for k in missing]))
         tokens = lines([""] * len(missing))
-        answer += _locked(await conn.fetch(LOCK_STATES, devices, rules, tokens), missing, {})
+        records = await conn.fetch(LOCK_STATES, devices, rules, tokens)
+        answer += _locked(records, missing, [None] * len(missing))
     return answer
 
 
 def _locked(
     records: Sequence[asyncpg.Record],
     ordered: Sequence[tuple[str, str, str]],
-    sent: Held,
-) -> list[tuple[RuleStateRow, str]]:
-    """lock_states' answer: each row as held (its token matched) or as read."""
+    sent: Sequence[LockedRow | None],
+) -> list[LockedRow]:
+    """lock_states' answer: each row as held (the token sent is the row's own) or as read."""
     answer = []
     for record in records:
-        device_id, rule_key, _ = ordered[record[0] - 1]
-        if record[3]:  # the token sent is the row's own
-            row, token = sent[device_id, rule_key][1], sent[device_id, rule_key][0]
+        index = record[0] - 1  # the key's position in what was sent, from 1
+        entry = sent[index]
+        if record[3] and entry is not None:
+            answer.append(entry)
         else:  # the columns come in field order, after the keys and the version
+            device_id, rule_key, _ = ordered[index]
             row = RuleStateRow(device_id, rule_key, record[1], *record[4:])
-            token = f"{record[1]}.{record[2]}"
-        answer.append((row, token))
+            answer.append(LockedRow(f"{record[1]}.{record[2]}", row))
     return answer
 
 

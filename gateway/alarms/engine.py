@@ -67,7 +67,7 @@ from storage import device_clock as clock_repo
 from storage import rule_runs as runs_repo
 from storage import rule_state as state_repo
 from storage.device_clock import ClockFigure
-from storage.rule_state import HoldRule, RuleStateRow, StateWriteConflictError
+from storage.rule_state import HoldRule, LockedRow, RuleStateRow, StateWriteConflictError
 
 log = structlog.get_logger(__name__)
 
@@ -83,6 +83,13 @@ HOLD_PAGE = 200
 # and how many samples from there on are read at most (gateway.domain.rules.runs).
 RUN_LOOKBACK = 1000
 RUN_REPLAY_MAX = 5000
+
+
+class _Held(LockedRow, frozen=True, gc=False):
+    """A rule-state row as locked or held, with its state as the rules read it (converted
+    once: a row held from batch to batch is not converted again)."""
+
+    state: RuleState
 
 
 @dataclass(slots=True)
@@ -106,7 +113,7 @@ class BatchAlarms:
     device_clocks: dict[tuple[str, str], ClockFigure] = field(default_factory=dict)
     # The rule-state rows as this batch leaves them, with their tokens: the node holds them
     # for its next batches once the batch has committed (AlarmEngine.committed).
-    held: dict[SlotKey, tuple[str, RuleStateRow]] = field(default_factory=dict)
+    held: dict[SlotKey, _Held] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -129,8 +136,7 @@ class _Step:
 class _LoadedStates:
     """The batch's rule states as read (to write back only what changed) and as judged."""
 
-    read: dict[SlotKey, RuleStateRow]
-    tokens: dict[SlotKey, str]  # each row's token as read (storage.rule_state.lock_states)
+    read: dict[SlotKey, _Held]  # each row as read (or held), its token and its state
     versions: dict[str, str]
     states: RuleStates
     touched: list[set[SlotKey]]  # per message of the batch, the keys it reads and writes
@@ -183,7 +189,7 @@ class AlarmEngine:
         self.summary: SummarySpec | None = None  # set when AI summaries are enabled
         self._rules_replaced = asyncio.Event()
         self._seen_rows = _SeenRows()
-        self._held: dict[SlotKey, tuple[str, RuleStateRow]] = {}  # see HELD_ROWS
+        self._held: dict[SlotKey, _Held] = {}  # see HELD_ROWS
 
     def replace_rules(self, rules: RuleSet) -> None:
         """A reload: the next batch uses `rules`; `forget_loop` records them for the other
@@ -496,41 +502,47 @@ class AlarmEngine:
             exist=exist,
             held=self._held,
         )
-        read: dict[SlotKey, RuleStateRow] = {}
-        tokens: dict[SlotKey, str] = {}
-        for row, token in locked:
+        read: dict[SlotKey, _Held] = {}
+        states: RuleStates = {}
+        for answered in locked:
+            row = answered.row
             key = (row.device_id, row.rule_key)
-            read[key] = row
-            tokens[key] = token
+            # A held row comes back as held; one read whole gets its state once.
+            entry = (
+                answered
+                if isinstance(answered, _Held)
+                else _Held(answered.token, row, _state_of(row))
+            )
+            read[key] = entry
+            state = entry.state
+            states[key] = state if row.rule_version == versions[key[1]] else state.rearmed()
         if not exist:
             self._seen_rows.add(read)
-        states: RuleStates = {}
-        for key, row in read.items():
-            state = _state_of(row)
-            states[key] = state if row.rule_version == versions[key[1]] else state.rearmed()
-        return _LoadedStates(
-            read=read, tokens=tokens, versions=versions, states=states, touched=touched
-        )
+        return _LoadedStates(read=read, versions=versions, states=states, touched=touched)
 
     async def _write_states(
         self, conn: asyncpg.Connection, loaded: _LoadedStates, batch: BatchAlarms
     ) -> None:
-        changed = []
+        changed: list[RuleStateRow] = []
+        states: list[RuleState] = []
         held = batch.held
-        for key, row in loaded.read.items():
+        for key, entry in loaded.read.items():
             state = loaded.states[key]
             version = loaded.versions[key[1]]
-            if state != _state_of(row) or row.rule_version != version:
-                changed.append(_row_of(row, state, version))
+            if state != entry.state or entry.row.rule_version != version:
+                changed.append(_row_of(entry.row, state, version))
+                states.append(state)
             else:  # left as read: held with the token it was read with
-                held[key] = (loaded.tokens[key], row)
+                held[key] = entry
         try:
             xmin = await state_repo.write_states(conn, changed, self.node_id)
         except StateWriteConflictError as exc:  # cannot happen under the lock; never trust it
             raise ConcurrentWriteError(str(exc)) from exc
-        for row in changed:  # as the write left them: one version on, this transaction's xmin
+        for row, state in zip(changed, states, strict=True):
+            # As the write left it: one version on, this transaction's xmin.
             written = msgspec.structs.replace(row, version=row.version + 1)
-            held[row.device_id, row.rule_key] = (f"{written.version}.{xmin}", written)
+            token = f"{written.version}.{xmin}"
+            held[row.device_id, row.rule_key] = _Held(token, written, state)
         batch.states_written += len(changed)
 
     async def _write_step(

@@ -344,7 +344,7 @@ async def test_a_write_back_is_conditional_on_the_version_each_row_was_read_at(
     version = rule_version(RULES.by_key("temp-high"))  # type: ignore[arg-type]
     keys = [(f"dev-{n}", "temp-high", version) for n in range(3)]
     async with db.transaction():
-        read = [row for row, _ in await state_repo.lock_states(db, keys)]
+        read = [entry.row for entry in await state_repo.lock_states(db, keys)]
     assert [row.version for row in read] == [0, 0, 0]
     moved = [msgspec.structs.replace(row, last_seq=7, firing=True) for row in read]
     async with db.transaction():
@@ -407,10 +407,10 @@ async def test_a_held_row_is_answered_as_held_only_while_nobody_wrote_it_since(
     keys = [(f"dev-{n}", "temp-high", version) for n in range(3)]
     async with db.transaction():
         locked = await state_repo.lock_states(db, keys)
-        moved = [msgspec.structs.replace(row, last_seq=1, firing=True) for row, _ in locked]
+        moved = [msgspec.structs.replace(e.row, last_seq=1, firing=True) for e in locked]
         xmin = await state_repo.write_states(db, moved, "node-a")
     held = {
-        (row.device_id, row.rule_key): (
+        (row.device_id, row.rule_key): state_repo.LockedRow(
             f"{row.version + 1}.{xmin}",
             msgspec.structs.replace(row, version=row.version + 1),
         )
@@ -418,7 +418,7 @@ async def test_a_held_row_is_answered_as_held_only_while_nobody_wrote_it_since(
     }
     answers: list[list[bool]] = []
 
-    async def lock() -> list[tuple[state_repo.RuleStateRow, str]]:
+    async def lock() -> list[state_repo.LockedRow]:
         queries: list[asyncpg.connection.LoggedQuery] = []
         db.add_query_logger(queries.append)
         try:
@@ -435,19 +435,22 @@ async def test_a_held_row_is_answered_as_held_only_while_nobody_wrote_it_since(
 
     first = await lock()
     assert answers[-1] == [True, True, True]
-    assert [row for row, _ in first] == [held[k[0], k[1]][1] for k in keys]
+    # Each held row is answered with the very copy held.
+    assert all(got is held[k[0], k[1]] for got, k in zip(first, keys, strict=True))
 
     # Another writer moves dev-1; dev-2 is deleted and written again to the same version.
     other = await asyncpg.connect(db_dsn)
     try:
         async with other.transaction():
-            ((row1, _),) = await state_repo.lock_states(other, keys[1:2])
+            (locked1,) = await state_repo.lock_states(other, keys[1:2])
+            row1 = locked1.row
             await state_repo.write_states(
                 other, [msgspec.structs.replace(row1, last_seq=2, firing=False)], "node-b"
             )
         await other.execute("DELETE FROM rule_state WHERE device_id = 'dev-2'")
         async with other.transaction():
-            ((fresh, _),) = await state_repo.lock_states(other, keys[2:])
+            (locked2,) = await state_repo.lock_states(other, keys[2:])
+            fresh = locked2.row
             assert fresh.version == 0
             await state_repo.write_states(
                 other, [msgspec.structs.replace(fresh, last_seq=3, firing=False)], "node-b"
@@ -457,13 +460,13 @@ async def test_a_held_row_is_answered_as_held_only_while_nobody_wrote_it_since(
 
     second = await lock()
     assert answers[-1] == [True, False, False]
-    rows = {row.device_id: row for row, _ in second}
-    assert rows["dev-0"] == held["dev-0", "temp-high"][1]
+    rows = {entry.row.device_id: entry.row for entry in second}
+    assert rows["dev-0"] == held["dev-0", "temp-high"].row
     assert (rows["dev-1"].last_seq, rows["dev-1"].firing, rows["dev-1"].version) == (2, False, 2)
     # Same version as held (1), another write: read whole, with its own token.
     assert (rows["dev-2"].last_seq, rows["dev-2"].firing, rows["dev-2"].version) == (3, False, 1)
-    tokens = {row.device_id: token for row, token in second}
-    assert tokens["dev-2"] != held["dev-2", "temp-high"][0]
+    tokens = {entry.row.device_id: entry.token for entry in second}
+    assert tokens["dev-2"] != held["dev-2", "temp-high"].token
     assert tokens["dev-2"].startswith("1.")
 
 
@@ -503,7 +506,8 @@ async def test_a_held_row_from_another_run_of_the_server_is_read_whole(
     version = rule_version(RULES.by_key("temp-high"))  # type: ignore[arg-type]
     keys = [("dev-0", "temp-high", version)]
     async with db.transaction():
-        ((row, _),) = await state_repo.lock_states(db, keys)
+        (locked,) = await state_repo.lock_states(db, keys)
+        row = locked.row
         xmin = await state_repo.write_states(db, [msgspec.structs.replace(row, last_seq=1)], "a")
     started = await db.fetchval(
         "SELECT (extract(epoch FROM pg_postmaster_start_time()) * 1000000)::bigint::text"
@@ -515,8 +519,11 @@ async def test_a_held_row_from_another_run_of_the_server_is_read_whole(
         # The copy held says last_seq 7: only a hit may answer with it.
         copy = msgspec.structs.replace(written, last_seq=7)
         async with db.transaction():
-            ((got, answered),) = await state_repo.lock_states(
-                db, keys, exist=True, held={("dev-0", "temp-high"): (token, copy)}
+            (got,) = await state_repo.lock_states(
+                db,
+                keys,
+                exist=True,
+                held={("dev-0", "temp-high"): state_repo.LockedRow(token, copy)},
             )
-        assert got.last_seq == (7 if hit else 1), token
-        assert answered == f"1.{xid}@{started}"
+        assert got.row.last_seq == (7 if hit else 1), token
+        assert got.token == f"1.{xid}@{started}"
