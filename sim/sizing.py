@@ -38,7 +38,7 @@ import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from functools import cache
 from pathlib import Path
 from types import MappingProxyType
@@ -48,6 +48,9 @@ import asyncpg
 
 from sim.bench_live import percentile
 from sim.sql import blocks
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
 
 
 def _lines(values: list[str]) -> str:
@@ -125,7 +128,7 @@ def _device(n: int) -> str:
 
 def _next_state(row: asyncpg.Record, ts: datetime, rng: random.Random) -> tuple[Any, ...]:
     """The row after one sample, as a ``> threshold`` rule held for ``FOR_SAMPLES`` samples
-    moves it: the state's fields of a ``rule_state_write`` record (after the device, the
+    moves it: the state's fields of a ``rule_state_write_us`` record (after the device, the
     rule key and the version read), in its order."""
     firing, pending, since = row["firing"], row["pending_count"], row["pending_since"]
     fired_ts, fired_id = row["fired_ts"], row["fired_event_id"]
@@ -178,8 +181,14 @@ async def _batch(
             (keys_d[row["n"] - 1], keys_r[row["n"] - 1], row["version"], *_next_state(row, ts, rng))
             for row in rows
         ]
+        # rule_state_write_us records: times as microseconds since the epoch.
+        moved = [tuple(_micros(v) if isinstance(v, datetime) else v for v in r) for r in moved]
         written = int(await conn.fetchval(states["write_states"], moved, node))
     return written, len(rows) - written, device_ms, lock_ms
+
+
+def _micros(at: datetime) -> int:
+    return (at - _EPOCH) // _MICROSECOND
 
 
 def _rule_version(rule_key: str) -> str:

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import TypeAlias
 
 import asyncpg
 import msgspec
-from msgspec.structs import astuple
 
 from storage.sql import lines, load_queries
 
@@ -49,6 +48,10 @@ class RuleStateRow(msgspec.Struct, frozen=True, gc=False):
 
 
 _COLUMNS = RuleStateRow.__struct_fields__
+# Times are written as whole microseconds since this instant (write_states): integer
+# arithmetic on aware datetimes, exact over their whole range.
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
 
 
 class StateWriteConflictError(Exception):
@@ -144,8 +147,29 @@ async def write_states(conn: asyncpg.Connection, rows: Sequence[RuleStateRow], n
     for lock_states."""
     if not rows:
         return ""
-    # One array of records (the type rule_state_write has RuleStateRow's fields, in order).
-    written, xmin = await conn.fetchrow(WRITE_STATES, [astuple(row) for row in rows], node_id)
+    # One array of records (the type rule_state_write_us has RuleStateRow's fields, in order,
+    # its times as microseconds: migration 0034).
+    records = [
+        (
+            r.device_id,
+            r.rule_key,
+            r.version,
+            r.rule_version,
+            r.firing,
+            r.pending_count,
+            None if (t := r.pending_since) is None else (t - _EPOCH) // _MICROSECOND,
+            None if (t := r.last_ts) is None else (t - _EPOCH) // _MICROSECOND,
+            r.last_seq,
+            None if (t := r.fired_ts) is None else (t - _EPOCH) // _MICROSECOND,
+            r.fired_event_id,
+            None if (t := r.released_ts) is None else (t - _EPOCH) // _MICROSECOND,
+            None if (t := r.clear_ts) is None else (t - _EPOCH) // _MICROSECOND,
+            r.clear_event_id,
+            None if (t := r.violating_ts) is None else (t - _EPOCH) // _MICROSECOND,
+        )
+        for r in rows
+    ]
+    written, xmin = await conn.fetchrow(WRITE_STATES, records, node_id)
     if written != len(rows):
         raise StateWriteConflictError(
             f"{len(rows) - written} of {len(rows)} rule states changed since they were read"

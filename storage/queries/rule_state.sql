@@ -56,19 +56,34 @@ FROM (
 ) l;
 
 -- name: write_states
--- $1 the rows (rule_state_write[], migration 0032: device id, rule key, the version read, then
--- the state's columns), $2 node id; conditional on the version read: how many rows were
--- written (fewer than sent: someone else wrote), and the writing transaction's id as the rows'
--- xmin shows it (its low 32 bits), with the server's start time, as lock_states answers it:
--- with each row's new version, the token lock_states compares.
+-- $1 the rows (rule_state_write_us[], migration 0034: device id, rule key, the version read,
+-- then the state's columns, times as microseconds since 1970-01-01T00:00:00Z), $2 node id;
+-- conditional on the version read: how many rows were written (fewer than sent: someone else
+-- wrote), and the writing transaction's id as the rows' xmin shows it (its low 32 bits), with
+-- the server's start time, as lock_states answers it: with each row's new version, the token
+-- lock_states compares. A time comes back exactly: whole seconds through to_timestamp (exact
+-- for any second a float8 holds) plus the microseconds as an interval, never a float8 of
+-- microseconds (inexact from the 2110s on).
 WITH written AS (
     UPDATE rule_state s
     SET rule_version = u.rule_version, firing = u.firing, pending_count = u.pending_count,
-        pending_since = u.pending_since, last_ts = u.last_ts, last_seq = u.last_seq,
-        fired_ts = u.fired_ts, fired_event_id = u.fired_event_id, released_ts = u.released_ts,
-        clear_ts = u.clear_ts, clear_event_id = u.clear_event_id, violating_ts = u.violating_ts,
+        pending_since = to_timestamp(u.pending_since / 1000000)
+            + (u.pending_since % 1000000) * interval '1 microsecond',
+        last_ts = to_timestamp(u.last_ts / 1000000)
+            + (u.last_ts % 1000000) * interval '1 microsecond',
+        last_seq = u.last_seq,
+        fired_ts = to_timestamp(u.fired_ts / 1000000)
+            + (u.fired_ts % 1000000) * interval '1 microsecond',
+        fired_event_id = u.fired_event_id,
+        released_ts = to_timestamp(u.released_ts / 1000000)
+            + (u.released_ts % 1000000) * interval '1 microsecond',
+        clear_ts = to_timestamp(u.clear_ts / 1000000)
+            + (u.clear_ts % 1000000) * interval '1 microsecond',
+        clear_event_id = u.clear_event_id,
+        violating_ts = to_timestamp(u.violating_ts / 1000000)
+            + (u.violating_ts % 1000000) * interval '1 microsecond',
         version = s.version + 1, updated_at = now(), node_id = $2
-    FROM unnest($1::rule_state_write[]) AS u
+    FROM unnest($1::rule_state_write_us[]) AS u
     WHERE s.device_id = u.device_id AND s.rule_key = u.rule_key AND s.version = u.version
     RETURNING 1
 )

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import asyncpg
 import msgspec
@@ -360,6 +360,55 @@ async def test_a_write_back_is_conditional_on_the_version_each_row_was_read_at(
         async with db.transaction():
             await state_repo.write_states(db, [fresh, *stale[1:]], "node-b")
     assert await db.fetchval("SELECT max(last_seq) FROM rule_state") == 7  # rolled back
+
+
+@pytest.mark.parametrize(
+    "at",
+    [
+        datetime(1970, 1, 1, tzinfo=UTC),
+        datetime(1969, 12, 31, 23, 59, 59, 999999, tzinfo=UTC),
+        datetime(2026, 12, 3, 18, 30, 1, 123457, tzinfo=UTC),
+        datetime(2112, 1, 1, 0, 0, 0, 999999, tzinfo=UTC),
+        datetime(9998, 12, 31, 23, 59, 59, 999999, tzinfo=UTC),
+    ],
+)
+async def test_times_written_back_come_back_to_the_microsecond(
+    db: asyncpg.Connection, at: datetime
+) -> None:
+    """The write-back sends its times as microseconds (rule_state_write_us) and the query turns
+    them back: every time column, over the whole range a device time may take (a float8 of
+    microseconds would be off from the 2110s on), and a time before 1970."""
+    version = rule_version(RULES.by_key("temp-high"))  # type: ignore[arg-type]
+    async with db.transaction():
+        (locked,) = await state_repo.lock_states(db, [("dev", "temp-high", version)])
+    # Each column its own time (a column written into another's fails too).
+    times = {name: at - timedelta(microseconds=i) for i, name in enumerate(_TIME_FIELDS)}
+    row = msgspec.structs.replace(
+        locked.row, **times, last_seq=1, fired_event_id="e1", clear_event_id="e2", pending_count=1
+    )
+    async with db.transaction():
+        await state_repo.write_states(db, [row], "node-a")
+    stored = await state_repo.get_state(db, "dev", "temp-high")
+    assert stored is not None
+    assert {name: stored[name] for name in _TIME_FIELDS} == times
+
+
+_TIME_FIELDS = [
+    name
+    for name, kind in zip(
+        state_repo.RuleStateRow.__struct_fields__,
+        msgspec.structs.fields(state_repo.RuleStateRow),
+        strict=True,
+    )
+    if "datetime" in str(kind.type)
+]
+
+
+def test_every_time_field_of_a_row_is_written_as_microseconds() -> None:
+    """The write-back's record spells each time field out: a new one must be added there."""
+    assert _TIME_FIELDS == [
+        "pending_since", "last_ts", "fired_ts", "released_ts", "clear_ts", "violating_ts"
+    ]  # fmt: skip
 
 
 async def test_rows_a_node_has_seen_are_locked_without_an_insert_and_a_vanished_one_comes_back(
