@@ -61,6 +61,7 @@ _EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
 # fast as `timedelta(milliseconds=ts)`, whose keyword is parsed on every call (0.22 against
 # 0.46 µs, measured here; two calls per message).
 _MILLISECOND: Final = timedelta(milliseconds=1)
+_MICROSECOND: Final = timedelta(microseconds=1)
 _IDENTIFIER_RE: Final = re.compile(IDENTIFIER_PATTERN)
 
 
@@ -93,6 +94,14 @@ class Telemetry(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_de
         if isinstance(self.ts, datetime):
             return self.ts.astimezone(UTC)
         return _EPOCH + _MILLISECOND * self.ts
+
+    def micros(self) -> int:
+        """The message time as whole microseconds since 1970-01-01T00:00:00Z (exact: integer
+        arithmetic; what storage writes, cheaper to send than a datetime)."""
+        ts = self.ts
+        if type(ts) is int:
+            return ts * 1000
+        return (self.timestamp() - _EPOCH) // _MICROSECOND
 
     def event_types(self) -> tuple[str, ...]:
         return tuple(event["type"] for event in self.events or ())

@@ -309,7 +309,7 @@ def _row(device_id: str, message: Telemetry, event_id: str | None = None) -> Tel
     return TelemetryRow(
         event_id=event_id or telemetry_event_id(device_id, message),
         device_id=device_id,
-        ts=message.timestamp(),
+        ts_us=message.micros(),
         seq=message.seq,
         metrics_json=None
         if message.metrics is None

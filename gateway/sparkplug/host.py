@@ -377,7 +377,7 @@ class SparkplugHost:
                 TelemetryRow(
                     event_id=event_id,
                     device_id=topic.device_key,
-                    ts=ts,
+                    ts_us=at * 1000,
                     seq=payload.seq,
                     metrics_json=json.dumps(values, separators=(",", ":")),
                     events_json=None,

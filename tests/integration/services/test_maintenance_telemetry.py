@@ -27,7 +27,7 @@ def sample(device: str, ts: datetime, seq: int) -> TelemetryRow:
     return TelemetryRow(
         event_id=telemetry_event_id(device, message),
         device_id=device,
-        ts=message.timestamp(),
+        ts_us=message.micros(),
         seq=seq,
         metrics_json=f'{{"temp": {20.5 + seq}}}',
         events_json=None,

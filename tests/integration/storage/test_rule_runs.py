@@ -65,7 +65,7 @@ async def _commit(engine: AlarmEngine, conn: asyncpg.Connection, batch: list[_St
     """One node's batch: its telemetry, then its rules, in one transaction (as the daemon)."""
     rows = [
         ingest_repo.TelemetryRow(
-            s.event_id, s.device, s.message.timestamp(), s.message.seq,
+            s.event_id, s.device, s.message.micros(), s.message.seq,
             json.dumps(s.message.metrics), None,
         )
         for s in batch

@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 import asyncpg
 import pytest
 
+from protocol import Telemetry
 from storage import ingest as repo
 from storage.errors import MigrationChecksumError, SchemaTooNewError
 from storage.ingest import DeadLetterRow, TelemetryRow
@@ -105,8 +106,35 @@ async def test_every_named_block_prepares_against_the_schema(db: asyncpg.Connect
 
 def _row(event_id: str, device: str = "dev-1", seq: int = 0) -> TelemetryRow:
     return TelemetryRow(
-        event_id, device, datetime(2026, 1, 1, tzinfo=UTC), seq, '{"temp": 1}', None
+        event_id,
+        device,
+        Telemetry(ts=datetime(2026, 1, 1, tzinfo=UTC), seq=seq, metrics={"temp": 1}).micros(),
+        seq,
+        '{"temp": 1}',
+        None,
     )
+
+
+@pytest.mark.parametrize(
+    "ts",
+    [
+        0,
+        1_767_225_600_123,
+        253_370_764_799_999,  # the last millisecond a device time may take
+        datetime(2026, 12, 3, 18, 30, 1, 123457, tzinfo=UTC),
+        datetime(9998, 12, 31, 23, 59, 59, 999999, tzinfo=UTC),
+    ],
+)
+async def test_a_stored_time_is_the_message_time_to_the_microsecond(
+    db: asyncpg.Connection, ts: int | datetime
+) -> None:
+    """Rows travel with their time as microseconds (telemetry_write_us); the statement turns
+    it back exactly, over a device time's whole range (a float8 of microseconds would not)."""
+    message = Telemetry(ts=ts, seq=1, metrics={"temp": 1})
+    row = TelemetryRow("e" * 64, "dev-1", message.micros(), 1, '{"temp": 1}', None)
+    async with db.transaction():
+        assert await repo.insert_telemetry(db, [row], "n1") == {row.event_id}
+    assert await db.fetchval("SELECT ts FROM telemetry") == message.timestamp()
 
 
 async def test_insert_reports_only_new_event_ids(db: asyncpg.Connection) -> None:

@@ -74,4 +74,4 @@ def test_a_redelivery_in_the_same_batch_is_one_event_id() -> None:
     )
     first, second = batch.telemetry
     assert first.event_id == second.event_id
-    assert first.ts == second.ts
+    assert first.ts_us == second.ts_us
