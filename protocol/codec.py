@@ -17,7 +17,14 @@ from typing import Final, Literal, TypeAlias, TypeVar
 
 import msgspec
 
-from protocol.messages import CommandReceipt, DownlinkCommand, Presence, Telemetry
+from protocol.messages import (
+    CommandReceipt,
+    DownlinkCommand,
+    Presence,
+    Telemetry,
+    WireTelemetry,
+    wire_telemetry,
+)
 
 DecodeErrorCode: TypeAlias = Literal["OVERSIZED", "MALFORMED", "INVALID"]
 
@@ -53,7 +60,7 @@ def _decoders(kind: type[_T]) -> dict[Encoding, Callable[[bytes], _T]]:
     }
 
 
-_TELEMETRY_DECODERS: Final = _decoders(Telemetry)
+_TELEMETRY_DECODERS: Final = _decoders(WireTelemetry)  # then wire_telemetry: see WireTelemetry
 _RECEIPT_DECODERS: Final = _decoders(CommandReceipt)
 _COMMAND_DECODERS: Final = _decoders(DownlinkCommand)
 _ENCODERS: Final[dict[Encoding, Callable[[object], bytes]]] = {
@@ -80,7 +87,11 @@ def _decode(decode: Callable[[bytes], _T], payload: bytes, max_bytes: int | None
 def decode_telemetry(
     payload: bytes, encoding: Encoding = Encoding.JSON, *, max_bytes: int | None = None
 ) -> Telemetry:
-    return _decode(_TELEMETRY_DECODERS[encoding], payload, max_bytes)
+    wire = _decode(_TELEMETRY_DECODERS[encoding], payload, max_bytes)
+    try:
+        return wire_telemetry(wire)
+    except ValueError as exc:  # as Telemetry's own decoding says it (a ValidationError)
+        raise DecodeError("INVALID", str(exc)) from exc
 
 
 def encode_telemetry(message: Telemetry, encoding: Encoding = Encoding.JSON) -> bytes:

@@ -53,6 +53,8 @@ _WireMetricValue: TypeAlias = (
     | Annotated[str, Meta(max_length=MAX_STRING_BYTES)]
 )
 _Metrics: TypeAlias = Annotated[dict[_MetricName, _WireMetricValue], Meta(max_length=MAX_METRICS)]
+# The same with the names left to `wire_telemetry` (see `WireTelemetry`).
+_WireMetrics: TypeAlias = Annotated[dict[str, _WireMetricValue], Meta(max_length=MAX_METRICS)]
 _Events: TypeAlias = Annotated[list[dict[str, Any]], Meta(max_length=MAX_EVENTS)]
 _Seq: TypeAlias = Annotated[int, Meta(ge=0, le=INT64_MAX)]
 
@@ -105,6 +107,45 @@ class Telemetry(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_de
 
     def event_types(self) -> tuple[str, ...]:
         return tuple(event["type"] for event in self.events or ())
+
+
+class WireTelemetry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """A telemetry payload as decoding reads it, before it becomes a `Telemetry`
+    (`wire_telemetry`): `Telemetry`'s fields and constraints, but metric names are checked
+    afterwards. msgspec checks a `pattern` with a regular-expression search per name, per
+    message (1.5 µs of a 3 µs decode for two metrics, measured here); a fleet sends the same
+    few names over and over, and `wire_telemetry` checks each name once. Every other decoding
+    of `Telemetry` (vendor mappings, replay) keeps its pattern."""
+
+    ts: Timestamp
+    seq: _Seq | None = None
+    metrics: _WireMetrics | None = None
+    events: _Events | None = None
+
+
+# Metric names found valid (by IDENTIFIER_PATTERN, as `Telemetry`'s own type checks them), up
+# to this many; past it a name not among them is checked every time (bounded memory whatever
+# names arrive).
+_VALID_NAMES_MAX: Final = 4096
+_valid_names: set[str] = set()
+
+
+def wire_telemetry(wire: WireTelemetry) -> Telemetry:
+    """The `Telemetry` of a decoded payload, or ValueError with the message `Telemetry`'s own
+    decoding gives (its metric names checked here, then `Telemetry.__post_init__`)."""
+    metrics = wire.metrics
+    if metrics:
+        valid = _valid_names
+        for name in metrics:
+            if name not in valid:
+                if _IDENTIFIER_RE.fullmatch(name) is None:
+                    raise ValueError(
+                        f"Expected `str` matching regex {IDENTIFIER_PATTERN!r}"
+                        " - at `key` in `$.metrics`"
+                    )
+                if len(valid) < _VALID_NAMES_MAX:
+                    valid.add(name)
+    return Telemetry(wire.ts, wire.seq, metrics, wire.events)
 
 
 def _to_utc(ts: datetime) -> datetime:

@@ -268,6 +268,43 @@ def test_invalid_telemetry_json(payload: bytes, detail: str) -> None:
     assert invalid(payload) == detail
 
 
+_NAMES = ["temp", "a.b:c-d_9", "x" * 64, "x" * 65, "", "bad name", "tëmp", "a/b", "temp\n"]
+
+
+@pytest.mark.parametrize("encoding", [Encoding.JSON, Encoding.MSGPACK])
+def test_the_decoder_says_what_telemetrys_own_type_says(encoding: Encoding) -> None:
+    """decode_telemetry reads a payload as WireTelemetry and checks metric names once each
+    (messages.wire_telemetry); whatever the names, valid or not, seen before or not, it
+    answers what decoding `Telemetry` itself (its name pattern included) answers."""
+    own = (msgspec.json if encoding is Encoding.JSON else msgspec.msgpack).Decoder(Telemetry)
+    encode = (msgspec.json if encoding is Encoding.JSON else msgspec.msgpack).encode
+    rng = random.Random(5)
+    for _ in range(300):
+        names = rng.sample(_NAMES, rng.randint(1, 3))
+        payload = encode({"ts": rng.choice([1, 2**60]), "metrics": dict.fromkeys(names, 1.5)})
+        try:
+            expected: Telemetry | tuple[str, str] = own.decode(payload)
+        except msgspec.ValidationError as exc:
+            expected = ("INVALID", str(exc))
+        try:
+            got: Telemetry | tuple[str, str] = decode_telemetry(payload, encoding)
+        except DecodeError as exc:
+            got = (exc.code, exc.detail)
+        assert got == expected, names
+
+
+def test_names_found_valid_are_remembered_up_to_a_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past the bound, names are checked every time and nothing more is kept."""
+    from protocol import messages
+
+    monkeypatch.setattr(messages, "_valid_names", set())
+    monkeypatch.setattr(messages, "_VALID_NAMES_MAX", 3)
+    for n in range(5):
+        decode_telemetry(encode_telemetry(Telemetry(ts=1, metrics={f"m{n}": 1})))
+    assert messages._valid_names == {"m0", "m1", "m2"}
+    assert invalid({"ts": 1, "metrics": {"m0": 1, "m 9": 1}}).endswith("at `key` in `$.metrics`")
+
+
 def test_too_many_metrics() -> None:
     metrics = {f"m{i}": i for i in range(MAX_METRICS + 1)}
     assert invalid({"ts": 1, "metrics": metrics}) == (
