@@ -495,7 +495,8 @@ class AlarmEngine:
                 rule = rules.by_key(rule_key)
                 assert rule is not None
                 versions[rule_key] = rule_version(rule)
-        exist = self._seen_rows.all_seen(keys)
+        # Rows held exist (a set comparison in C, the usual batch); else the bitmap's hint.
+        exist = keys <= self._held.keys() or self._seen_rows.all_seen(keys)
         locked = await state_repo.lock_states(
             conn,
             [(device_id, rule_key, versions[rule_key]) for device_id, rule_key in keys],
