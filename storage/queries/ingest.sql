@@ -1,8 +1,7 @@
 -- name: insert_telemetry
 -- $1 the rows (telemetry_write_us[], migration 0034: event id, device id, ts as microseconds
--- since 1970-01-01T00:00:00Z, seq, metrics json, events json), $2 node id, $3 how many rows $1
--- holds. The time is turned back exactly: whole seconds through to_timestamp, then the
--- microseconds as an interval (a float8 of microseconds is inexact from the 2110s on). One row back: how many were new (a
+-- since 1970-01-01T00:00:00Z, turned back exactly by from_micros), seq, metrics json, events
+-- json), $2 node id, $3 how many rows $1 holds. One row back: how many were new (a
 -- redelivery is not), the transaction's time on the database clock (now(): the rules judge
 -- new telemetry against it, and it comes here instead of in a round trip of its own), and
 -- the new event ids only when some rows were not new: in the usual batch every row is, and
@@ -10,8 +9,7 @@
 WITH inserted AS (
     INSERT INTO telemetry (event_id, device_id, ts, seq, metrics, events, node_id)
     SELECT u.event_id, u.device_id,
-           to_timestamp(u.ts_us / 1000000) + (u.ts_us % 1000000) * interval '1 microsecond',
-           u.seq, u.metrics_json::jsonb, u.events_json::jsonb, $2
+           from_micros(u.ts_us), u.seq, u.metrics_json::jsonb, u.events_json::jsonb, $2
     FROM unnest($1::telemetry_write_us[]) AS u
     ORDER BY u.event_id
     ON CONFLICT (event_id, ts) DO NOTHING

@@ -61,27 +61,19 @@ FROM (
 -- conditional on the version read: how many rows were written (fewer than sent: someone else
 -- wrote), and the writing transaction's id as the rows' xmin shows it (its low 32 bits), with
 -- the server's start time, as lock_states answers it: with each row's new version, the token
--- lock_states compares. A time comes back exactly: whole seconds through to_timestamp (exact
--- for any second a float8 holds) plus the microseconds as an interval, never a float8 of
--- microseconds (inexact from the 2110s on).
+-- lock_states compares. Times come back exactly (from_micros, migration 0034).
 WITH written AS (
     UPDATE rule_state s
     SET rule_version = u.rule_version, firing = u.firing, pending_count = u.pending_count,
-        pending_since = to_timestamp(u.pending_since / 1000000)
-            + (u.pending_since % 1000000) * interval '1 microsecond',
-        last_ts = to_timestamp(u.last_ts / 1000000)
-            + (u.last_ts % 1000000) * interval '1 microsecond',
+        pending_since = from_micros(u.pending_since),
+        last_ts = from_micros(u.last_ts),
         last_seq = u.last_seq,
-        fired_ts = to_timestamp(u.fired_ts / 1000000)
-            + (u.fired_ts % 1000000) * interval '1 microsecond',
+        fired_ts = from_micros(u.fired_ts),
         fired_event_id = u.fired_event_id,
-        released_ts = to_timestamp(u.released_ts / 1000000)
-            + (u.released_ts % 1000000) * interval '1 microsecond',
-        clear_ts = to_timestamp(u.clear_ts / 1000000)
-            + (u.clear_ts % 1000000) * interval '1 microsecond',
+        released_ts = from_micros(u.released_ts),
+        clear_ts = from_micros(u.clear_ts),
         clear_event_id = u.clear_event_id,
-        violating_ts = to_timestamp(u.violating_ts / 1000000)
-            + (u.violating_ts % 1000000) * interval '1 microsecond',
+        violating_ts = from_micros(u.violating_ts),
         version = s.version + 1, updated_at = now(), node_id = $2
     FROM unnest($1::rule_state_write_us[]) AS u
     WHERE s.device_id = u.device_id AND s.rule_key = u.rule_key AND s.version = u.version

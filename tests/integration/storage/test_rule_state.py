@@ -393,6 +393,19 @@ async def test_times_written_back_come_back_to_the_microsecond(
     assert {name: stored[name] for name in _TIME_FIELDS} == times
 
 
+async def test_the_write_backs_time_conversion_is_inlined_not_called_per_row(
+    db: asyncpg.Connection,
+) -> None:
+    """from_micros (migration 0034) is one SQL expression the planner inlines: declared
+    IMMUTABLE or STRICT it would stay a function call per time per row."""
+    rows = "'{}'::rule_state_write_us[]"
+    statement = state_repo.WRITE_STATES.replace("$1", rows).replace("$2", "'n'")
+    async with db.transaction():
+        plan = "\n".join(r[0] for r in await db.fetch(f"EXPLAIN VERBOSE {statement}"))
+    assert "to_timestamp" in plan
+    assert "from_micros(" not in plan
+
+
 _TIME_FIELDS = [
     name
     for name, kind in zip(
