@@ -136,16 +136,19 @@ async def test_bench_quick_completes_and_reports_every_figure(
         "gateway_norules_cpu_us_per_msg",
     ):
         assert result[key] > 0, key
-    # The rules' share is the difference of the two drains' CPU per message, as reported.
-    assert result["gateway_rules_cpu_us_per_msg"] == pytest.approx(
-        result["gateway_cpu_us_per_msg_mqtt5"] - result["gateway_norules_cpu_us_per_msg"], abs=0.11
-    )
-    assert result["ratio_gateway_cpu_vs_reference_mqtt5"] == pytest.approx(
-        result["gateway_cpu_us_per_msg_mqtt5"] / result["reference_cpu_us_per_msg"], abs=0.011
-    )
-    assert result["ratio_gateway_norules_cpu_vs_reference"] == pytest.approx(
-        result["gateway_norules_cpu_us_per_msg"] / result["reference_cpu_us_per_msg"], abs=0.011
-    )
+    # The rules' share is the difference of the two drains' CPU per message, and the CPU ratios
+    # their quotients by the reference's. The report computes each from the unrounded figures
+    # and rounds every figure (CPU to 0.1 µs, ratios to 0.01): checked within what that
+    # rounding allows, which for a quotient grows as the reference's CPU shrinks (a quick
+    # run's 5.2 µs is 5.15-5.25, 1 %).
+    cpu, norules = result["gateway_cpu_us_per_msg_mqtt5"], result["gateway_norules_cpu_us_per_msg"]
+    assert abs(result["gateway_rules_cpu_us_per_msg"] - (cpu - norules)) <= 0.15 + 1e-9
+    for ratio, numerator in (
+        ("ratio_gateway_cpu_vs_reference_mqtt5", cpu),
+        ("ratio_gateway_norules_cpu_vs_reference", norules),
+    ):
+        low, high = _quotient_bounds(numerator, result["reference_cpu_us_per_msg"], step=0.1)
+        assert low - 0.005 - 1e-9 <= result[ratio] <= high + 0.005 + 1e-9, ratio
     # One alarm per device: a storm raises each device's alarm once, never twice.
     assert result["storm_alarms"] == result["storm_alarmed_devices"] == result["storm_devices"]
     assert result["commands_acked"] == result["commands"]
@@ -189,3 +192,9 @@ async def test_bench_quick_completes_and_reports_every_figure(
     table = stdout.decode()
     assert f"{result['gateway_msgs_per_s']:,} msg/s" in table
     assert table.count("target") == len(TARGETS)
+
+
+def _quotient_bounds(numerator: float, denominator: float, *, step: float) -> tuple[float, float]:
+    """The range of a / b for the values a and b that round to these (to ``step``)."""
+    half = step / 2
+    return (numerator - half) / (denominator + half), (numerator + half) / (denominator - half)
