@@ -594,8 +594,8 @@ devices = "Plant2/Cell1/Pump"
             try:
                 await wait_until(stored, timeout=30, message="the DBIRTH and two DDATA stored")
             except AssertionError:
-                # Once seen failing under load in CI (2026-12-02, not reproduced in 6 runs):
-                # what was stored, and what became of the rest, for the next look.
+                # What was stored, and what became of the rest. (This showed, 2026-12-03, a
+                # fourth sample: the edge script's late DBIRTH, a race in the script, mended.)
                 letters = await _rows(db_dsn, "SELECT topic, reason, detail FROM dead_letter")
                 print(f"stored for the pump: {seen}; dead letters: {[tuple(r) for r in letters]}")
                 raise

@@ -10,7 +10,9 @@ DISCONNECT (os._exit): the broker publishes its Will, the NDEATH.
 
 import os
 import sys
-import time
+import threading
+from collections.abc import Callable
+from typing import Any
 
 import pysparkplug as sp
 
@@ -26,12 +28,26 @@ def main() -> None:
         ],
         client=sp.Client(client_id=f"pysparkplug-{group}-{node}"),
     )
+    # Wait for its connect callback to *finish*. EdgeNode sets `_connected` first thing in that
+    # callback (on paho's thread), then publishes the NBIRTH and a DBIRTH for each registered
+    # device with their metrics as they are then. Waiting on `_connected` alone raced it: once
+    # in CI the callback resumed after this thread had registered the device and published
+    # both DDATA, and its late DBIRTH carried temp 85.5: a fourth sample the test did not expect
+    # (a DBIRTH before the NBIRTH would have been refused as not born).
+    births_out = threading.Event()
+    connect = edge._client.connect
+
+    def connect_and_tell(*args: Any, callback: Callable[[Any], None], **kwargs: Any) -> None:
+        def then_tell(client: Any) -> None:
+            callback(client)
+            births_out.set()
+
+        connect(*args, callback=then_tell, **kwargs)
+
+    edge._client.connect = connect_and_tell
     edge.connect(host, port=int(port), blocking=False)
-    deadline = time.monotonic() + 30
-    while not edge._connected:  # set by its connect callback, after the NBIRTH went out
-        if time.monotonic() > deadline:
-            sys.exit("not connected")
-        time.sleep(0.01)
+    if not births_out.wait(timeout=30):
+        sys.exit("not connected")
     edge.register(
         sp.Device(
             device_id=device,
