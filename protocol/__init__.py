@@ -36,6 +36,7 @@ from protocol.messages import (
     ReceiptResult,
     ResultCode,
     Telemetry,
+    micros,
 )
 from protocol.topics import DeviceTopic, TopicError, TopicKind, Topics
 
@@ -68,6 +69,7 @@ __all__ = [
     "encode_receipt",
     "encode_telemetry",
     "is_valid_device_id",
+    "micros",
     "telemetry_event_id",
     "validate_device_id",
 ]

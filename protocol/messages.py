@@ -67,6 +67,13 @@ _MICROSECOND: Final = timedelta(microseconds=1)
 _IDENTIFIER_RE: Final = re.compile(IDENTIFIER_PATTERN)
 
 
+def micros(at: datetime) -> int:
+    """An aware time as whole microseconds since 1970-01-01T00:00:00Z: exact (integer arithmetic
+    on the datetime's own fields) over its whole range, before 1970 too. What storage writes in
+    place of a datetime (cheaper to send) and turns back with its SQL ``from_micros``."""
+    return (at - _EPOCH) // _MICROSECOND
+
+
 class Telemetry(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
     """One telemetry message from a device.
 
@@ -98,12 +105,11 @@ class Telemetry(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_de
         return _EPOCH + _MILLISECOND * self.ts
 
     def micros(self) -> int:
-        """The message time as whole microseconds since 1970-01-01T00:00:00Z (exact: integer
-        arithmetic; what storage writes, cheaper to send than a datetime)."""
+        """The message time as whole microseconds since 1970-01-01T00:00:00Z (`micros`)."""
         ts = self.ts
         if type(ts) is int:
             return ts * 1000
-        return (self.timestamp() - _EPOCH) // _MICROSECOND
+        return micros(self.timestamp())
 
     def event_types(self) -> tuple[str, ...]:
         return tuple(event["type"] for event in self.events or ())

@@ -38,7 +38,7 @@ import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from functools import cache
 from pathlib import Path
 from types import MappingProxyType
@@ -46,11 +46,9 @@ from typing import Any, Final
 
 import asyncpg
 
+from protocol import micros
 from sim.bench_live import percentile
 from sim.sql import blocks
-
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_MICROSECOND = timedelta(microseconds=1)
 
 
 def _lines(values: list[str]) -> str:
@@ -182,13 +180,9 @@ async def _batch(
             for row in rows
         ]
         # rule_state_write_us records: times as microseconds since the epoch.
-        moved = [tuple(_micros(v) if isinstance(v, datetime) else v for v in r) for r in moved]
+        moved = [tuple(micros(v) if isinstance(v, datetime) else v for v in r) for r in moved]
         written = int(await conn.fetchval(states["write_states"], moved, node))
     return written, len(rows) - written, device_ms, lock_ms
-
-
-def _micros(at: datetime) -> int:
-    return (at - _EPOCH) // _MICROSECOND
 
 
 def _rule_version(rule_key: str) -> str:

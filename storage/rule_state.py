@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from typing import TypeAlias
 
 import asyncpg
 import msgspec
 
+from protocol import micros
 from storage.sql import lines, load_queries
 
 _Q = load_queries("rule_state.sql")
@@ -48,10 +49,6 @@ class RuleStateRow(msgspec.Struct, frozen=True, gc=False):
 
 
 _COLUMNS = RuleStateRow.__struct_fields__
-# Times are written as whole microseconds since this instant (write_states): integer
-# arithmetic on aware datetimes, exact over their whole range.
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_MICROSECOND = timedelta(microseconds=1)
 
 
 class StateWriteConflictError(Exception):
@@ -157,15 +154,15 @@ async def write_states(conn: asyncpg.Connection, rows: Sequence[RuleStateRow], n
             r.rule_version,
             r.firing,
             r.pending_count,
-            None if (t := r.pending_since) is None else (t - _EPOCH) // _MICROSECOND,
-            None if (t := r.last_ts) is None else (t - _EPOCH) // _MICROSECOND,
+            None if (t := r.pending_since) is None else micros(t),
+            None if (t := r.last_ts) is None else micros(t),
             r.last_seq,
-            None if (t := r.fired_ts) is None else (t - _EPOCH) // _MICROSECOND,
+            None if (t := r.fired_ts) is None else micros(t),
             r.fired_event_id,
-            None if (t := r.released_ts) is None else (t - _EPOCH) // _MICROSECOND,
-            None if (t := r.clear_ts) is None else (t - _EPOCH) // _MICROSECOND,
+            None if (t := r.released_ts) is None else micros(t),
+            None if (t := r.clear_ts) is None else micros(t),
             r.clear_event_id,
-            None if (t := r.violating_ts) is None else (t - _EPOCH) // _MICROSECOND,
+            None if (t := r.violating_ts) is None else micros(t),
         )
         for r in rows
     ]

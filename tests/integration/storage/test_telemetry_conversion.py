@@ -10,16 +10,12 @@ from datetime import UTC, datetime, timedelta
 import asyncpg
 import pytest
 
+from protocol import micros
 from storage.ingest import TelemetryRow, insert_telemetry
 from storage.migrate import CREATE_TABLE, RECORD, migrate, shipped_migrations
 
 RETENTION = next(m.version for m in shipped_migrations() if m.name == "retention")
 NOW = datetime.now(UTC)
-
-
-def _micros(at: datetime) -> int:
-    """A time as the ingest statement takes it (storage.ingest.TelemetryRow.ts_us)."""
-    return (at - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(microseconds=1)
 
 
 async def _schema_before_retention(conn: asyncpg.Connection) -> None:
@@ -96,10 +92,10 @@ async def test_a_populated_table_is_converted_with_every_row(empty_db_dsn: str) 
         # The ingest statement refuses the rows that were there before (exactly once holds
         # across the conversion), wherever they now live, and stores a new one.
         old = [
-            TelemetryRow(r["event_id"], r["device_id"], _micros(r["ts"]), r["seq"], None, None)
+            TelemetryRow(r["event_id"], r["device_id"], micros(r["ts"]), r["seq"], None, None)
             for r in before[:: len(before) // 50]
         ]
-        new = TelemetryRow("f" * 64, "dev-1", _micros(NOW), 1, '{"temp": 1}', None)
+        new = TelemetryRow("f" * 64, "dev-1", micros(NOW), 1, '{"temp": 1}', None)
         async with conn.transaction():
             stored = await insert_telemetry(conn, [*old, new], "n9")
         assert stored == {new.event_id}

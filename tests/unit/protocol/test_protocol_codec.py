@@ -28,6 +28,7 @@ from protocol import (
     encode_presence,
     encode_receipt,
     encode_telemetry,
+    micros,
 )
 from protocol.messages import MAX_EPOCH_MS
 
@@ -570,3 +571,31 @@ def test_an_epoch_milliseconds_timestamp_is_exact_to_the_millisecond_over_the_wh
         stamp = Telemetry(ts=ts, metrics={"m": 1}).timestamp()
         assert stamp == epoch + timedelta(milliseconds=ts), ts
         assert stamp.tzinfo is UTC
+
+
+@pytest.mark.parametrize(
+    ("at", "expected"),
+    [
+        (datetime(1970, 1, 1, tzinfo=UTC), 0),
+        (datetime(1969, 12, 31, 23, 59, 59, 999_999, tzinfo=UTC), -1),
+        (datetime(1, 1, 1, tzinfo=UTC), -62_135_596_800_000_000),
+        (datetime(9999, 12, 31, 23, 59, 59, 999_999, tzinfo=UTC), 253_402_300_799_999_999),
+        # The same instant at another offset: the same microseconds.
+        (
+            datetime(2026, 12, 3, 23, 0, 0, 1, tzinfo=timezone(timedelta(hours=-5))),
+            1_796_356_800_000_001,
+        ),
+    ],
+)
+def test_micros_is_the_exact_microsecond_count_since_the_epoch(at: datetime, expected: int) -> None:
+    assert micros(at) == expected
+    # Where a float holds it exactly, the float arithmetic agrees.
+    if abs(expected) < 2**53:
+        assert expected == round(at.timestamp() * 1_000_000)
+
+
+def test_a_messages_micros_is_its_times_whether_sent_as_milliseconds_or_a_datetime() -> None:
+    for ms in (0, 1, 1_796_443_200_123, MAX_EPOCH_MS):
+        as_int = Telemetry(ts=ms, metrics={"temp": 1})
+        as_datetime = Telemetry(ts=as_int.timestamp(), metrics={"temp": 1})
+        assert as_int.micros() == as_datetime.micros() == micros(as_int.timestamp()) == ms * 1000
