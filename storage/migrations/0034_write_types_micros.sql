@@ -15,6 +15,7 @@
 CREATE FUNCTION from_micros(us bigint) RETURNS timestamptz
 LANGUAGE sql STABLE PARALLEL SAFE
 RETURN to_timestamp(us / 1000000) + (us % 1000000) * interval '1 microsecond';
+
 CREATE TYPE rule_state_write_us AS (
     device_id      text,
     rule_key       text,
