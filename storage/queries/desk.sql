@@ -137,12 +137,15 @@ RETURNING *;
 -- name: expire_due
 -- $1 now, $2 who, $3 limit; shelves past their until, ended at it. Another node's pass skips
 -- the rows this one holds, then finds them ended: each shelf ends once.
+-- The rows due are found once, then looked up by id (see alarms.sql, mark_unreached).
+WITH due AS (
+    SELECT id FROM alarm_shelf
+    WHERE ended_at IS NULL AND until <= $1
+    ORDER BY until, id LIMIT $3
+    FOR UPDATE SKIP LOCKED
+)
 UPDATE alarm_shelf s SET ended_at = s.until, ended_by = $2, end_reason = 'expired'
-FROM (SELECT id FROM alarm_shelf
-      WHERE ended_at IS NULL AND until <= $1
-      ORDER BY until, id LIMIT $3
-      FOR UPDATE SKIP LOCKED) due
-WHERE s.id = due.id AND s.ended_at IS NULL
+WHERE s.id = ANY (ARRAY(SELECT id FROM due)) AND s.ended_at IS NULL
 RETURNING s.*;
 
 -- name: audit_shelf_step

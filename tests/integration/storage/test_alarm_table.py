@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -430,3 +431,50 @@ async def test_a_late_clear_finds_its_alarm_by_the_trigger_time_with_the_sample_
         at=LATER, clear_event_id="clear-2",
     )  # fmt: skip
     assert again is None  # cleared already
+
+
+def _loops(node: dict[str, Any]) -> Iterator[tuple[str, int]]:
+    yield node["Node Type"], node["Actual Loops"]
+    for child in node.get("Plans", ()):
+        yield from _loops(child)
+
+
+async def test_the_unreached_pass_finds_its_rows_once_however_many_alarms_are_open(
+    db: asyncpg.Connection,
+) -> None:
+    """With statistics taken while the table was empty (a storm after a quiet spell), the pass
+    must not run its locking search again for every open NEW alarm: it did, 206 ms a pass with
+    1,001 open and none due. Every node of its plan runs once, due rows or none."""
+    from gateway.alarms.lifecycle import create_alarm
+
+    await db.execute("ANALYZE alarm")
+    now = await alarm_repo.db_now(db)
+    async with db.transaction():
+        for n in range(300):
+            await create_alarm(
+                db, device_id=f"dev-{n}", rule_key="r", severity="MAJOR",
+                telemetry_event_id=f"{n:064x}", reason="test", node_id="n1", now=now,
+            )  # fmt: skip
+    statement = alarm_repo.MARK_UNREACHED.rstrip().rstrip(";")
+    await db.execute(f"PREPARE unreached(timestamptz, timestamptz, int) AS {statement}")
+    try:
+        for fired_before, marked in ((now - timedelta(hours=1), 0), (now, 100)):
+            attempt = db.transaction()
+            await attempt.start()
+            try:
+                (explained,) = json.loads(
+                    await db.fetchval(
+                        "EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE unreached("
+                        f"'{fired_before.isoformat()}', '{now.isoformat()}', 100)"
+                    )
+                )
+                marked_now = await db.fetchval(
+                    "SELECT count(*) FROM alarm WHERE unreached_at IS NOT NULL"
+                )
+            finally:
+                await attempt.rollback()
+            assert marked_now == marked
+            repeated = [(kind, n) for kind, n in _loops(explained["Plan"]) if n > 1]
+            assert not repeated, repeated
+    finally:
+        await db.execute("DEALLOCATE unreached")
