@@ -16,6 +16,7 @@ from storage.sql import load_queries
 _Q = load_queries("outbox.sql")
 INSERT_EVENT = _Q["insert_event"]
 INSERT_EVENTS = _Q["insert_events"]
+CLAIM_PLAN = _Q["claim_plan"]
 CLAIM_DUE = _Q["claim_due"]
 MARK_PUBLISHED = _Q["mark_published"]
 MARK_PUBLISHED_MANY = _Q["mark_published_many"]
@@ -83,7 +84,13 @@ async def add_events(
 async def claim_due(
     conn: asyncpg.Connection, *, node_id: str, lease_s: float, limit: int
 ) -> list[ClaimedEvent]:
-    records = await conn.fetch(CLAIM_DUE, node_id, lease_s, limit)
+    """Claim up to ``limit`` due events (see `claim_due` in outbox.sql), in a transaction of
+    its own: not inside a caller's, whose later statements its plan setting would reach."""
+    if conn.is_in_transaction():
+        raise RuntimeError("outbox.claim_due runs in a transaction of its own")
+    async with conn.transaction():
+        await conn.execute(CLAIM_PLAN)
+        records = await conn.fetch(CLAIM_DUE, node_id, lease_s, limit)
     return [ClaimedEvent(**dict(r.items())) for r in records]
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import uuid
+from typing import Any
 
 import aiomqtt
 import asyncpg
@@ -210,3 +212,78 @@ async def test_creations_that_reached_nobody_are_marked_published_together(
     ]
     assert {row["status"]: row["n"] for row in statuses} == {"NEW": 39, "PUSHED": 1}
     assert len(singles) == 1  # only the one that reached someone, in a transaction of its own
+
+
+def _rows_read(node: dict[str, Any]) -> int:
+    """Rows a plan's scans produced or filtered out, over all their loops (EXPLAIN shows both
+    per loop)."""
+    read = 0
+    if "Scan" in node["Node Type"]:
+        per_loop = node["Actual Rows"] + node.get("Rows Removed by Filter", 0)
+        read = per_loop * node["Actual Loops"]
+    return read + sum(_rows_read(child) for child in node.get("Plans", ()))
+
+
+@pytest.mark.parametrize("statistics", ["taken-empty", "taken-on-history", "taken-on-backlog"])
+async def test_a_claim_reads_rows_by_the_batch_not_by_the_backlog(
+    db: asyncpg.Connection, statistics: str
+) -> None:
+    """A storm leaves thousands of events to publish, and the table's statistics are whatever
+    they were before it: taken while it was empty, or while it held only published history.
+    A claim of 10 must read rows by the batch (its 10, the 2 it skips, and for each one the
+    lookup of its aggregate's oldest open event), not by the backlog: written as an anti-join
+    it read all 2,000 (a hash of them, statistics taken empty) or all 2,000 for every row it
+    examined (a nested loop, taken on history: 123 ms a claim of 100 in a 10,000-event
+    storm)."""
+    if statistics == "taken-on-history":
+        await db.execute(
+            "INSERT INTO outbox_event (event_id, aggregate_type, aggregate_id, event_type,"
+            " payload, status, published_at)"
+            " SELECT gen_random_uuid(), 'alarm', 'old-' || n, 'e', '{}', 'PUBLISHED', now()"
+            " FROM generate_series(1, 5000) n"
+        )
+    if statistics != "taken-on-backlog":
+        await db.execute("ANALYZE outbox_event")
+    for n in range(3):  # one aggregate with three events first: only its oldest is claimable
+        await _add(db, "A", n)
+    await db.execute(
+        "INSERT INTO outbox_event (event_id, aggregate_type, aggregate_id, event_type, payload)"
+        " SELECT gen_random_uuid(), 'alarm', 'storm-' || n, 'e', '{}'"
+        " FROM generate_series(0, 1999) n ORDER BY n"
+    )
+    if statistics == "taken-on-backlog":
+        await db.execute("ANALYZE outbox_event")
+    statement = outbox.CLAIM_DUE.rstrip().rstrip(";")
+    await db.execute(f"PREPARE claim(text, float8, int) AS {statement}")
+    try:
+        attempt = db.transaction()
+        await attempt.start()
+        try:
+            await db.execute(outbox.CLAIM_PLAN)
+            (explained,) = json.loads(
+                await db.fetchval("EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE claim('n1', 30, 10)")
+            )
+            claimed = await db.fetch(
+                "SELECT aggregate_id FROM outbox_event WHERE status = 'PUBLISHING' ORDER BY id"
+            )
+        finally:
+            await attempt.rollback()
+    finally:
+        await db.execute("DEALLOCATE claim")
+    assert [r["aggregate_id"] for r in claimed] == ["A"] + [f"storm-{n}" for n in range(9)]
+    assert _rows_read(explained["Plan"]) < 200, json.dumps(explained["Plan"], indent=1)
+
+
+async def test_a_claim_refuses_to_run_inside_a_callers_transaction(
+    db: asyncpg.Connection,
+) -> None:
+    """Its plan setting lasts to the end of the transaction it runs in: a caller's later
+    statements would be planned with it."""
+    await _add(db, "A", 0)
+    async with db.transaction():
+        with pytest.raises(RuntimeError, match="transaction of its own"):
+            await outbox.claim_due(db, node_id="n1", lease_s=30, limit=10)
+    assert await db.fetchval("SHOW enable_sort") == "on"
+    (claimed,) = await outbox.claim_due(db, node_id="n1", lease_s=30, limit=10)
+    assert claimed.aggregate_id == "A"
+    assert await db.fetchval("SHOW enable_sort") == "on"
