@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import aiohttp
 import aiomqtt
+import asyncpg
 import msgspec
 import pytest
 from playwright.async_api import Browser, Locator, Page, Route, expect
@@ -19,6 +20,7 @@ from playwright.async_api import Browser, Locator, Page, Route, expect
 from gateway.config import Config
 from gateway.runtime.daemon import Daemon
 from protocol import Topics
+from storage.console import Cursor
 from tests.support.api_client import ADMIN, OPERATOR, VIEWER
 from tests.support.browser import PHONE, WAIT_MS, chromium, open_console, require_chromium, sign_in
 from tests.support.daemon import make_config, running_daemon
@@ -430,8 +432,25 @@ async def test_an_alarms_ai_summary_shows_in_its_detail(
             assert errors.errors == []
 
 
+async def _stream_past_every_event(console: Console, db: asyncpg.Connection) -> None:
+    """The node's stream hub has passed every event written so far: a stream opened now
+    starts after them. (Events reach streams once final, when every older transaction on the
+    server has ended: a transaction of another test running beside this one holds them back,
+    and a page opened before then would still be written their creation, and push them.)"""
+    newest = await db.fetchrow("SELECT xid::text AS xid, id FROM outbox_event ORDER BY id DESC")
+    assert newest is not None
+    last = Cursor(int(newest["xid"]), newest["id"])
+    hub = console.daemon.services.stream_hub
+    assert hub is not None
+    await wait_until(
+        lambda: hub.head is not None and hub.head >= last,
+        timeout=90,
+        message="the stream past the events",
+    )
+
+
 async def test_alarms_come_most_severe_first_and_every_filter_narrows_them(
-    console: Console, browser: Browser
+    console: Console, browser: Browser, db: asyncpg.Connection
 ) -> None:
     async def raised(count: int) -> None:
         async def listed() -> bool:
@@ -443,13 +462,15 @@ async def test_alarms_come_most_severe_first_and_every_filter_narrows_them(
     # One after another: messages of different devices may commit in either order (two
     # transactions in flight), and "newest" is the order they were raised in. Raised before the
     # page opens: its stream, starting from now, never writes their creation, which would push
-    # them (an open console reaches a person); the last filter wants them NEW.
+    # them (an open console reaches a person); the last filter wants them NEW. So the page
+    # opens once the node's stream is past them.
     await publish(console.mosquitto, "door-2", {"events": [{"type": "DOOR_OPEN"}]})  # MAJOR
     await raised(1)
     await publish(console.mosquitto, "boiler-3", {"metrics": {"temp": 91}})  # CRITICAL
     await raised(2)
     await publish(console.mosquitto, "door-4", {"events": [{"type": "DOOR_OPEN"}]})  # MAJOR
     await raised(3)
+    await _stream_past_every_event(console, db)
     page, errors = await open_console(browser, console.base)
     await sign_in(page, OPERATOR)
     rows = page.locator("#alarm-table tbody tr")
