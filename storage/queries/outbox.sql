@@ -16,8 +16,8 @@ ORDER BY n;
 -- order and stop at the batch, then update the rows it found by their key; statistics of a
 -- queue table, taken while it was quiet, make PostgreSQL sort the whole backlog first, or read
 -- the whole table for the rows to update. See `claim_due`.
-SET LOCAL enable_sort = off;
-SET LOCAL enable_seqscan = off;
+-- (set_config(…, true) is SET LOCAL, both in one statement.)
+SELECT set_config('enable_sort', 'off', true), set_config('enable_seqscan', 'off', true);
 
 -- name: claim_due
 -- $1 node id, $2 lease seconds, $3 batch size. Claims the oldest unpublished event of each
