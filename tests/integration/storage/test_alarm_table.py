@@ -31,6 +31,7 @@ from gateway.domain.alarm import (
     record_reminder,
 )
 from storage import alarms as alarm_repo
+from tests.support.plans import plan_nodes
 
 S, A = AlarmStatus, Action
 T0 = datetime(2024, 5, 1, 8, 0, tzinfo=UTC)
@@ -433,12 +434,6 @@ async def test_a_late_clear_finds_its_alarm_by_the_trigger_time_with_the_sample_
     assert again is None  # cleared already
 
 
-def _loops(node: dict[str, Any]) -> Iterator[tuple[str, int]]:
-    yield node["Node Type"], node["Actual Loops"]
-    for child in node.get("Plans", ()):
-        yield from _loops(child)
-
-
 async def test_the_unreached_pass_finds_its_rows_once_however_many_alarms_are_open(
     db: asyncpg.Connection,
 ) -> None:
@@ -474,7 +469,11 @@ async def test_the_unreached_pass_finds_its_rows_once_however_many_alarms_are_op
             finally:
                 await attempt.rollback()
             assert marked_now == marked
-            repeated = [(kind, n) for kind, n in _loops(explained["Plan"]) if n > 1]
+            repeated = [
+                (node["Node Type"], node["Actual Loops"])
+                for node in plan_nodes(explained["Plan"])
+                if node["Actual Loops"] > 1
+            ]
             assert not repeated, repeated
     finally:
         await db.execute("DEALLOCATE unreached")
