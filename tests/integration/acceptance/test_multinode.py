@@ -39,7 +39,7 @@ from tests.support.daemon import (
     metric,
     running_daemon,
 )
-from tests.support.mosquitto import Mosquitto
+from tests.support.mosquitto import Mosquitto, events_subscriber
 from tests.support.ports import free_port
 from tests.support.waiting import wait_until
 
@@ -171,6 +171,39 @@ async def _assert_alarms_equal_one_node(dsn: str, rules: RuleSet) -> None:
     assert firing[0]["n"] == 0
 
 
+async def _assert_every_event_heard_in_its_aggregates_order(
+    dsn: str, heard: list[dict[str, str]]
+) -> None:
+    """Every node's outbox publisher claims from the same table: every event is published and
+    reaches the app, each alarm's events in the order they were written (a claim never takes
+    an event behind an unpublished one of its aggregate, whichever node holds that one)."""
+
+    async def all_heard() -> bool:
+        rows = await _fetch(
+            dsn, "SELECT count(*) FILTER (WHERE status <> 'PUBLISHED') AS open, count(*) AS n"
+            " FROM outbox_event"
+        )  # fmt: skip
+        return rows[0]["open"] == 0 and len({e["event_id"] for e in heard}) >= rows[0]["n"]
+
+    await wait_until(all_heard, timeout=120, message="every event published and heard")
+    written = await _fetch(
+        dsn, "SELECT event_id::text, aggregate_type, aggregate_id FROM outbox_event ORDER BY id"
+    )
+    assert written, "the stream raises alarms: there are events"
+    assert {e["event_id"] for e in heard} == {r["event_id"] for r in written}
+    first_heard: dict[tuple[str, str], list[str]] = {}
+    for event in heard:
+        ids = first_heard.setdefault((event["aggregate_type"], event["aggregate_id"]), [])
+        if event["event_id"] not in ids:
+            ids.append(event["event_id"])
+    in_order: dict[tuple[str, str], list[str]] = {}
+    for row in written:
+        in_order.setdefault((row["aggregate_type"], row["aggregate_id"]), []).append(
+            row["event_id"]
+        )
+    assert first_heard == in_order
+
+
 @contextlib.asynccontextmanager
 async def _daemons(configs: Sequence[str]) -> AsyncIterator[list[Daemon]]:
     async with contextlib.AsyncExitStack() as stack:
@@ -190,7 +223,15 @@ async def test_nodes_in_a_shared_group_decide_every_alarm_as_one_node_would(
         for n in range(nodes)
     ]  # fmt: skip
     publications = _publications()
-    async with _daemons(configs) as daemons:
+    heard: list[dict[str, str]] = []  # the events as a person's app received them, in order
+
+    async def listen(app: aiomqtt.Client) -> None:
+        async for message in app.messages:
+            assert isinstance(message.payload, bytes)
+            heard.append(msgspec.json.decode(message.payload))
+
+    async with events_subscriber(mosquitto.port) as app, _daemons(configs) as daemons:
+        listener = asyncio.create_task(listen(app))
         async with aiomqtt.Client("127.0.0.1", mosquitto.port, max_inflight_messages=200) as pub:
             await publish_many(pub, publications, window=100)
 
@@ -209,6 +250,8 @@ async def test_nodes_in_a_shared_group_decide_every_alarm_as_one_node_would(
         await wait_until(all_counted, timeout=30, message="every message counted")
         received = counted()
         rules = daemons[0].config.rule_set()
+        await _assert_every_event_heard_in_its_aggregates_order(db_dsn, heard)
+        listener.cancel()
     assert all(r > 0 for r in received), received
     assert sum(received) == len(publications)
     await _assert_each_device_reached_every_node(db_dsn, nodes)
