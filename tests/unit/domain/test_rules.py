@@ -294,6 +294,29 @@ def test_for_device_keeps_config_order_and_a_bounded_cache() -> None:
     assert len(rules._cache) == 2
 
 
+def test_devices_the_same_rules_apply_to_share_one_index_and_the_shared_ones_are_bounded() -> None:
+    built = rules_of(
+        event_rule("a", "SOS", devices="lab-*"),
+        event_rule("b", "SOS"),
+        threshold("t", devices=["lab-2"]),
+    )
+    rules = RuleSet(built.rules, cache_size=100)
+    labs = [rules._device(f"lab-{n}") for n in (1, 3, 4)]
+    assert all(index is labs[0] for index in labs), "one index for every lab but lab-2"
+    lab2 = rules._device("lab-2")
+    assert lab2 is not labs[0]
+    assert [r.key for r in lab2.thresholds] == ["t"]
+    assert labs[0].thresholds == ()
+    assert rules._device("other") is rules._device("elsewhere")
+    assert len(rules._shared) == 3
+
+    small = RuleSet(built.rules, cache_size=2)
+    for device in ("lab-1", "lab-2", "other", "lab-2", "lab-1"):
+        small._device(device)
+        assert len(small._shared) <= 2
+    assert [r.key for r in small.for_device("lab-2")] == ["a", "b", "t"]
+
+
 def test_rule_set_refuses_duplicate_keys() -> None:
     rule = EventRule(key="x", severity="INFO", event="SOS")
     with pytest.raises(ValueError, match="unique"):
