@@ -181,16 +181,9 @@ class IngestWriter:
             in_flight=in_flight,
         )
 
-    async def put(self, item: Inbound) -> None:
-        """Blocks while the queue is full: overload slows the reader, never grows memory."""
-        self.ingest_metrics.inflight.inc()
-        queue = self.queue
-        await queue.put(item)
-        if queue.qsize() >= self._wake_at or queue.full():
-            self._wake.set()
-
     async def put_many(self, items: Sequence[Inbound]) -> None:
-        """``put`` for each, in order, waiting only when the queue is full."""
+        """Queue each, in order, waiting only when the queue is full: overload slows the
+        reader, never grows memory."""
         queue = self.queue
         self.ingest_metrics.inflight.inc(len(items))
         for item in items:
@@ -344,7 +337,7 @@ class IngestWriter:
             if len(batch) >= self.batch_size or remaining <= 0:
                 return batch
             if self._flights:
-                # Woken when a flight lands or the queue fills the batch (put, put_many).
+                # Woken when a flight lands or the queue fills the batch (put_many).
                 self._wake_at = self.batch_size - len(batch)
                 self._wake.clear()
                 with contextlib.suppress(TimeoutError):

@@ -61,6 +61,15 @@ async def _settle() -> None:
         await asyncio.sleep(0)
 
 
+async def _lingering(writer: IngestWriter, count: int, why: str) -> asyncio.Task[list[Inbound]]:
+    """The writer gathering a batch, ``count`` messages queued, and still waiting."""
+    task = asyncio.create_task(writer._next_batch())
+    await writer.put_many(_messages(count))
+    await _settle()
+    assert not task.done(), why
+    return task
+
+
 async def _gathered(task: asyncio.Task[list[Inbound]]) -> list[Inbound]:
     async with asyncio.timeout(10):
         return await task
@@ -68,10 +77,7 @@ async def _gathered(task: asyncio.Task[list[Inbound]]) -> list[Inbound]:
 
 async def test_with_nothing_in_flight_a_batch_starts_once_it_holds_start_at_messages() -> None:
     writer = _writer()
-    task = asyncio.create_task(writer._next_batch())
-    await writer.put_many(_messages(START_AT - 1))
-    await _settle()
-    assert not task.done(), "a batch under START_AT messages lingers"
+    task = await _lingering(writer, START_AT - 1, "a batch under START_AT messages lingers")
     await writer.put_many(_messages(1, first=START_AT - 1))
     assert len(await _gathered(task)) == START_AT
 
@@ -79,10 +85,7 @@ async def test_with_nothing_in_flight_a_batch_starts_once_it_holds_start_at_mess
 async def test_beside_a_flight_a_batch_waits_for_it_to_land_then_starts() -> None:
     writer = _writer()
     flight = _in_flight(writer)
-    task = asyncio.create_task(writer._next_batch())
-    await writer.put_many(_messages(40))
-    await _settle()
-    assert not task.done(), "beside a transaction in flight, a batch lingers"
+    task = await _lingering(writer, 40, "beside a transaction in flight, a batch lingers")
     await writer.put_many(_messages(5, first=40))
     writer._land(flight)
     batch = await _gathered(task)
@@ -92,9 +95,7 @@ async def test_beside_a_flight_a_batch_waits_for_it_to_land_then_starts() -> Non
 async def test_a_flight_landing_under_start_at_messages_leaves_the_batch_lingering() -> None:
     writer = _writer()
     flight = _in_flight(writer)
-    task = asyncio.create_task(writer._next_batch())
-    await writer.put_many(_messages(3))
-    await _settle()
+    task = await _lingering(writer, 3, "beside a transaction in flight, a batch lingers")
     writer._land(flight)
     await _settle()
     assert not task.done(), "3 messages and nothing in flight: the linger goes on"
@@ -105,10 +106,7 @@ async def test_a_flight_landing_under_start_at_messages_leaves_the_batch_lingeri
 async def test_beside_a_flight_a_full_batch_starts_at_once() -> None:
     writer = _writer()
     _in_flight(writer)
-    task = asyncio.create_task(writer._next_batch())
-    await writer.put_many(_messages(START_AT))
-    await _settle()
-    assert not task.done()
+    task = await _lingering(writer, START_AT, "beside a transaction in flight, a batch lingers")
     await writer.put_many(_messages(BATCH + 7 - START_AT, first=START_AT))
     batch = await _gathered(task)
     assert len(batch) == BATCH
