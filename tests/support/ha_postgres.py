@@ -21,6 +21,7 @@ import contextlib
 import json
 import os
 import pwd
+import re
 import shutil
 import signal
 import subprocess
@@ -43,6 +44,8 @@ SCOPE = "gateway-ha"
 TTL_S = 10
 LOOP_WAIT_S = 1
 RETRY_TIMEOUT_S = 3
+# PostgreSQL's, Patroni's and etcd's ways of saying something went wrong.
+_ERROR_MARKS = re.compile(r"FATAL|PANIC|ERROR|CRITICAL| E \| |already in use")
 
 
 def available() -> str | None:
@@ -119,6 +122,27 @@ class HaPair:
                 )
             )  # fmt: skip
         return pair
+
+    def _start_over_on_new_ports(self) -> None:
+        """Everything stopped and removed, and every port chosen again."""
+        self.stop()
+        for entry in self.base.iterdir():
+            if entry.is_dir():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
+        self.etcd, self.etcd_port = None, free_port()
+        for member in self.members:
+            member.process, member.port, member.api_port = None, free_port(), free_port()
+
+    def _port_taken(self) -> bool:
+        """Whether a process of the pair could not bind its port (PostgreSQL, Patroni's REST
+        API and etcd all say "address already in use")."""
+        for path in [self.base / "etcd.log", *(m.log for m in self.members)]:
+            with contextlib.suppress(OSError):
+                if "already in use" in path.read_text().lower():
+                    return True
+        return False
 
     # -- the DSN the gateway uses -------------------------------------------------------
 
@@ -204,7 +228,26 @@ class HaPair:
         if ids is not None:
             os.chown(member.config, *ids)
 
-    def start(self, timeout_s: float = 90) -> None:
+    def start(self, timeout_s: float = 90, attempts: int = 3) -> None:
+        """etcd, then pg0's Patroni (which bootstraps and leads), then pg1's, until pg1 is the
+        synchronous standby; then the gateway's database.
+
+        A port is chosen free and bound a moment later by another process, so it can be taken
+        in between (any outgoing connection on the machine may get it as its local port): when
+        a process of the pair says so in its log, the pair starts over on new ports, at most
+        ``attempts`` times. Any other failure is raised at once.
+        """
+        for attempt in range(1, attempts + 1):
+            try:
+                self._start_once(timeout_s)
+            except (TimeoutError, PairProcessExited):
+                if attempt == attempts or not self._port_taken():
+                    raise
+                self._start_over_on_new_ports()
+            else:
+                return
+
+    def _start_once(self, timeout_s: float) -> None:
         peer = free_port()
         etcd_url = f"http://127.0.0.1:{self.etcd_port}"
         self.etcd = self._popen(
@@ -319,10 +362,17 @@ class HaPair:
             time.sleep(0.05)
 
     def log_tail(self, lines: int = 30) -> str:
+        """Each log's errors (wherever they are: a failed bootstrap ends in a long traceback
+        that buries PostgreSQL's FATAL), then its last ``lines`` lines."""
         out = []
         for path in [self.base / "etcd.log", *(m.log for m in self.members)]:
             with contextlib.suppress(OSError):
-                out.append(f"--- {path.name}\n" + "\n".join(path.read_text().splitlines()[-lines:]))
+                text = path.read_text().splitlines()
+                errors = [line for line in text if _ERROR_MARKS.search(line)]
+                out.append(
+                    f"--- {path.name}: errors\n" + "\n".join(errors[-lines:])
+                    + f"\n--- {path.name}: last {lines} lines\n" + "\n".join(text[-lines:])
+                )  # fmt: skip
         return "\n".join(out)
 
 
@@ -355,11 +405,23 @@ def _http_ok(url: str) -> bool:
         return False
 
 
+class PairProcessExited(RuntimeError):
+    """A process of the pair ended while the pair was starting."""
+
+
 def _wait(condition: object, timeout_s: float, what: str, pair: HaPair) -> None:
-    """Poll a condition with a deadline (a blocking helper: the pair starts before any loop)."""
+    """Poll a condition with a deadline (a blocking helper: the pair starts before any loop);
+    a process of the pair that has exited ends the wait at once."""
     assert callable(condition)
     deadline = time.monotonic() + timeout_s
     while not condition():
+        named = [("etcd", pair.etcd), *((m.name, m.process) for m in pair.members)]
+        for name, process in named:
+            if process is not None and process.poll() is not None:
+                raise PairProcessExited(
+                    f"HA pair: {name} exited ({process.returncode}) while waiting for "
+                    f"{what}\n{pair.log_tail()}"
+                )
         if time.monotonic() > deadline:
             raise TimeoutError(f"HA pair: no {what} after {timeout_s}s\n{pair.log_tail()}")
         time.sleep(0.1)
