@@ -279,20 +279,15 @@ SELECT EXISTS (
 -- name: clear_raised_by
 -- $1 device, $2 rule key, $3 device time, $4 cleared at, $5 clear event id; a late clear: the
 -- newest alarm of (device, rule) raised by a sample at or before $3, if it has not cleared.
--- The sample's time is the one its trigger keeps (`sample_ts`, since migration 0010). Only an
--- older alarm without it looks its sample up in telemetry: by event id alone that visits every
--- day's partition (373 ms for 1,000 alarms with 30 days kept), and finds nothing once the
--- sample's day has been pruned.
+-- The sample's time is the one its trigger keeps (`sample_ts`, since migration 0010; migration
+-- 0036 gave it to the older alarms whose sample was still stored). An alarm without it is
+-- never the one.
 UPDATE alarm
 SET cleared_at = greatest($4, triggered_at), clear_event_id = $5
 WHERE id = (
     SELECT a.id
     FROM alarm a
-    CROSS JOIN LATERAL (
-        SELECT coalesce((a.trigger ->> 'sample_ts')::timestamptz,
-                        (SELECT t.ts FROM telemetry t WHERE t.event_id = a.telemetry_event_id))
-               AS ts
-    ) AS raised
+    CROSS JOIN LATERAL (SELECT (a.trigger ->> 'sample_ts')::timestamptz AS ts) AS raised
     WHERE a.device_id = $1 AND a.rule_key = $2 AND raised.ts <= $3
     ORDER BY raised.ts DESC, a.id DESC
     LIMIT 1

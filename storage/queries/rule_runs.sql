@@ -23,15 +23,12 @@ LIMIT $4;
 
 -- name: alarms_after
 -- $1 device id, $2 rule key, $3 device time; the alarms of (device, rule) raised by a sample
--- dated after $3, oldest first: that sample's time (its trigger's `sample_ts`; an alarm from
--- before migration 0010 looks its sample up) and event id. Reads alarm_device_idx.
+-- dated after $3, oldest first: that sample's time (its trigger's `sample_ts`, which migration
+-- 0036 gave to the alarms from before migration 0010 whose sample was still stored) and event
+-- id. Reads alarm_device_idx.
 SELECT raised.ts AS sample_ts, a.telemetry_event_id AS event_id
 FROM alarm a
-CROSS JOIN LATERAL (
-    SELECT coalesce((a.trigger ->> 'sample_ts')::timestamptz,
-                    (SELECT t.ts FROM telemetry t WHERE t.event_id = a.telemetry_event_id))
-           AS ts
-) AS raised
+CROSS JOIN LATERAL (SELECT (a.trigger ->> 'sample_ts')::timestamptz AS ts) AS raised
 WHERE a.device_id = $1 AND a.rule_key = $2 AND raised.ts > $3
 ORDER BY raised.ts, a.id;
 

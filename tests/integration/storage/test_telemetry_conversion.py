@@ -85,9 +85,10 @@ async def test_a_populated_table_is_converted_with_every_row(empty_db_dsn: str) 
             await conn.fetchval("SELECT count(*) FROM ONLY telemetry_default WHERE ts > $1", NOW)
             == 1  # 9999-12-31 only: the rows of the next hours are in today's partitions
         )
+        # Migrated to the last: the key migration 0036 gave it, the time first.
         assert await conn.fetchval(
             "SELECT pg_get_constraintdef(oid) FROM pg_constraint WHERE conname = 'telemetry_pkey'"
-        ) == ("PRIMARY KEY (event_id, ts)")
+        ) == ("PRIMARY KEY (ts, event_id)")
 
         # The ingest statement refuses the rows that were there before (exactly once holds
         # across the conversion), wherever they now live, and stores a new one.
