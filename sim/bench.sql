@@ -107,3 +107,26 @@ SELECT c.id, c.status, c.claim_generation, c.created_at, c.finished_at,
         WHERE r.command_id = c.id AND r.outcome = 'accepted' AND r.result = 'ACKED'
           AND r.claim_generation = c.claim_generation) AS acked_receipts
 FROM command c WHERE c.campaign_id = $1 ORDER BY c.id;
+
+-- name: prefill_telemetry
+-- $1 how many rows, $2 the newest row's time, $3 the seconds they span before it: telemetry
+-- shaped as the gateway's rows (event ids of 64 hex characters of a hash, so in no order;
+-- 1,000 devices), for scripts/hot-path insert --prefill. The caller keeps the span inside one
+-- day, so that the rows share the partition of the batches measured after them.
+INSERT INTO telemetry (event_id, device_id, ts, seq, metrics, node_id)
+SELECT encode(sha256(('prefill-' || g)::bytea), 'hex'), 'prefill-' || (g % 1000),
+       $2::timestamptz - make_interval(secs => $3::float8 * g / $1), g,
+       jsonb_build_object('temp', 20.5), 'prefill'
+FROM generate_series(1, $1::bigint) AS g;
+
+-- name: telemetry_key_by_event_id
+-- Telemetry keyed as before migration 0036, (event_id, ts): scripts/hot-path insert
+-- --event-id-key, to measure what the key by time changed (no parameters).
+ALTER TABLE telemetry DROP CONSTRAINT telemetry_pkey,
+    ADD CONSTRAINT telemetry_pkey PRIMARY KEY (event_id, ts);
+
+-- name: wal_written
+-- The server's WAL so far (no parameters): the bytes up to the current position (a
+-- cluster-wide counter that moves whoever writes) and the full-page images from the
+-- cumulative statistics (a backend's own reach them at its next flush).
+SELECT (pg_current_wal_lsn() - '0/0'::pg_lsn)::bigint AS bytes, wal_fpi AS fpi FROM pg_stat_wal;

@@ -47,3 +47,25 @@ async def test_the_probes_report_each_commit_and_leave_no_trace(
 def test_a_block_names_a_file_that_exists() -> None:
     with pytest.raises(FileNotFoundError):
         blocks("missing.sql")
+
+
+async def test_the_prefill_fills_todays_partition_and_the_old_key_can_be_put_back(
+    db: asyncpg.Connection,
+) -> None:
+    """scripts/hot-path insert --prefill and --event-id-key: rows shaped as the gateway's,
+    spread over the span asked for, in the batches' partition (today's here, none in the
+    default one), and the key as it was before migration 0036."""
+    q = blocks("bench.sql")
+    now = await db.fetchval("SELECT date_trunc('day', now(), 'UTC') + interval '12 hours'")
+    await db.execute(q["prefill_telemetry"], 3_000, now, 600.0)
+    assert await db.fetchval("SELECT count(*) FROM telemetry") == 3_000
+    assert await db.fetchval("SELECT count(*) FROM ONLY telemetry_default") == 0
+    assert await db.fetchval("SELECT count(DISTINCT device_id) FROM telemetry") == 1_000
+    assert await db.fetchval("SELECT bool_and(event_id ~ '^[0-9a-f]{64}$') FROM telemetry")
+    span = await db.fetchrow("SELECT min(ts) AS first, max(ts) AS last FROM telemetry")
+    assert span["last"] < now
+    assert (now - span["first"]).total_seconds() == pytest.approx(600.0)
+    await db.execute(q["telemetry_key_by_event_id"])
+    assert await db.fetchval(
+        "SELECT pg_get_constraintdef(oid) FROM pg_constraint WHERE conname = 'telemetry_pkey'"
+    ) == ("PRIMARY KEY (event_id, ts)")
