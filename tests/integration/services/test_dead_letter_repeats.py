@@ -11,10 +11,11 @@ from gateway.support.metrics import Metrics
 from protocol import Topics
 from storage import ingest as repo
 from storage.ingest import DeadLetterRow
-from storage.migrate import CREATE_TABLE, RECORD, migrate, shipped_migrations
+from storage.migrate import migrate
 from storage.pool import create_pool
 from tests.support.daemon import count_rows, make_config, metric, running_daemon
 from tests.support.mosquitto import Mosquitto
+from tests.support.schema import schema_before
 from tests.support.waiting import wait_until
 
 TOPICS = Topics("iot")
@@ -92,11 +93,7 @@ async def test_the_migration_folds_pending_duplicates_into_the_oldest(empty_db_d
     conn = await asyncpg.connect(empty_db_dsn)
     try:
         # The schema as it was before 0008, with the duplicates it let pile up.
-        await conn.execute(CREATE_TABLE)
-        for step in shipped_migrations():
-            if step.version < FOLDING_MIGRATION:
-                await conn.execute(step.sql)
-                await conn.execute(RECORD, step.version, step.name, step.checksum)
+        await schema_before(conn, FOLDING_MIGRATION)
         await conn.execute(
             "INSERT INTO dead_letter (topic, payload, reason, detail, node_id, received_at, "
             "replayed_at) VALUES "

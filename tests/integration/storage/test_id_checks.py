@@ -8,11 +8,12 @@ from datetime import UTC, datetime, timedelta
 
 import asyncpg
 
-from storage.migrate import CREATE_TABLE, RECORD, migrate, shipped_migrations
+from storage.migrate import migrate
+from tests.support.schema import schema_before, version_of
 
 NOW = datetime.now(UTC)
 HEX = "0123456789abcdef" * 4
-CHECKS = next(m.version for m in shipped_migrations() if m.name == "checks_without_bounded_repeats")
+CHECKS = version_of("checks_without_bounded_repeats")
 
 # What the checks said before migration 0035, as Python says it (fullmatch: no trailing newline,
 # as PostgreSQL's `$` allows none).
@@ -119,8 +120,7 @@ async def test_an_upgraded_database_keeps_its_rows_and_loses_every_costly_check(
 ) -> None:
     conn = await asyncpg.connect(empty_db_dsn)
     try:
-        await conn.execute(CREATE_TABLE)
-        await _apply_before(conn, CHECKS)
+        await schema_before(conn, CHECKS)
         # Rows in two days before, today, and a day ahead: four partitions and the default.
         await conn.execute(
             """
@@ -142,10 +142,3 @@ async def test_an_upgraded_database_keeps_its_rows_and_loses_every_costly_check(
         await _every_check_as_before(conn)
     finally:
         await conn.close()
-
-
-async def _apply_before(conn: asyncpg.Connection, version: int) -> None:
-    for step in shipped_migrations():
-        if step.version < version:
-            await conn.execute(step.sql)
-            await conn.execute(RECORD, step.version, step.name, step.checksum)

@@ -12,18 +12,11 @@ import pytest
 
 from protocol import micros
 from storage.ingest import TelemetryRow, insert_telemetry
-from storage.migrate import CREATE_TABLE, RECORD, migrate, shipped_migrations
+from storage.migrate import migrate
+from tests.support.schema import schema_before, version_of
 
-RETENTION = next(m.version for m in shipped_migrations() if m.name == "retention")
+RETENTION = version_of("retention")
 NOW = datetime.now(UTC)
-
-
-async def _schema_before_retention(conn: asyncpg.Connection) -> None:
-    await conn.execute(CREATE_TABLE)
-    for step in shipped_migrations():
-        if step.version < RETENTION:
-            await conn.execute(step.sql)
-            await conn.execute(RECORD, step.version, step.name, step.checksum)
 
 
 async def test_a_populated_table_is_converted_with_every_row(empty_db_dsn: str) -> None:
@@ -31,7 +24,7 @@ async def test_a_populated_table_is_converted_with_every_row(empty_db_dsn: str) 
     try:
         # The schema as it was before the retention migration, with a year of rows, rows of
         # a device clock far off, and rows from the future.
-        await _schema_before_retention(conn)
+        await schema_before(conn, RETENTION)
         await conn.execute(
             """
             INSERT INTO telemetry (event_id, device_id, ts, seq, metrics, events, received_at,
@@ -113,7 +106,7 @@ async def test_conversion_time_by_hand(empty_db_dsn: str) -> None:
     rows = int(os.environ["CONVERSION_ROWS"])
     conn = await asyncpg.connect(empty_db_dsn)
     try:
-        await _schema_before_retention(conn)
+        await schema_before(conn, RETENTION)
         await conn.execute(
             """
             INSERT INTO telemetry (event_id, device_id, ts, seq, metrics, events, received_at,

@@ -14,23 +14,16 @@ from protocol import micros
 from storage import alarms as alarm_repo
 from storage import rule_runs as runs_repo
 from storage.ingest import TelemetryRow, insert_telemetry
-from storage.migrate import CREATE_TABLE, RECORD, migrate, shipped_migrations
+from storage.migrate import migrate
+from tests.support.schema import schema_before, version_of
 
-KEY_BY_TIME = next(m.version for m in shipped_migrations() if m.name == "telemetry_key_by_time")
+KEY_BY_TIME = version_of("telemetry_key_by_time")
 NOW = datetime.now(UTC).replace(microsecond=250_000)
 FAR_BACK = NOW - timedelta(days=800)  # no partition: the default one
 
 
 def _event_id(n: int) -> str:
     return f"{n:064x}"
-
-
-async def _schema_before(conn: asyncpg.Connection) -> None:
-    await conn.execute(CREATE_TABLE)
-    for step in shipped_migrations():
-        if step.version < KEY_BY_TIME:
-            await conn.execute(step.sql)
-            await conn.execute(RECORD, step.version, step.name, step.checksum)
 
 
 async def _alarm(
@@ -60,7 +53,7 @@ async def test_the_key_leads_with_the_time_and_old_alarms_get_their_sample_time(
 ) -> None:
     conn = await asyncpg.connect(empty_db_dsn)
     try:
-        await _schema_before(conn)
+        await schema_before(conn, KEY_BY_TIME)
         # Rows in today's partition, in the default one (a clock far behind), on two devices.
         await conn.execute(
             """
