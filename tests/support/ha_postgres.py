@@ -261,13 +261,15 @@ class HaPair:
             ],
             self.base / "etcd.log",
         )  # fmt: skip
-        _wait(lambda: _http_ok(f"{etcd_url}/health"), timeout_s, "etcd healthy", self)
+        etcd_healthy = lambda: _http_ok(f"{etcd_url}/health")  # noqa: E731
+        _wait(etcd_healthy, timeout_s, "etcd healthy", self, starting=True)
         for n, member in enumerate(self.members):
             self._write_config(member)
             member.process = self._popen([PATRONI, str(member.config)], member.log)
             if n == 0:  # the first one bootstraps (initdb) and becomes the leader
-                _wait(lambda m=member: self.role(m) == "master", timeout_s, "pg0 primary", self)  # type: ignore[misc]
-        self.wait_synchronous(timeout_s)
+                leads = lambda m=member: self.role(m) == "master"  # type: ignore[misc]  # noqa: E731
+                _wait(leads, timeout_s, "pg0 primary", self, starting=True)
+        self.wait_synchronous(timeout_s, starting=True)
         self._create_database()
 
     def _create_database(self) -> None:
@@ -334,8 +336,11 @@ class HaPair:
                 return next((m for m in self.members if m.name == entry.get("name")), None)
         return None
 
-    def wait_synchronous(self, timeout_s: float = 90) -> None:
-        _wait(lambda: self.synchronous_standby() is not None, timeout_s, "a sync standby", self)
+    def wait_synchronous(self, timeout_s: float = 90, *, starting: bool = False) -> None:
+        _wait(
+            lambda: self.synchronous_standby() is not None,
+            timeout_s, "a sync standby", self, starting=starting,
+        )  # fmt: skip
 
     # -- a host dying -------------------------------------------------------------------
 
@@ -409,14 +414,17 @@ class PairProcessExited(RuntimeError):
     """A process of the pair ended while the pair was starting."""
 
 
-def _wait(condition: object, timeout_s: float, what: str, pair: HaPair) -> None:
+def _wait(
+    condition: object, timeout_s: float, what: str, pair: HaPair, *, starting: bool = False
+) -> None:
     """Poll a condition with a deadline (a blocking helper: the pair starts before any loop);
-    a process of the pair that has exited ends the wait at once."""
+    while ``starting``, a process of the pair that has exited ends the wait at once (later one
+    may have been killed on purpose)."""
     assert callable(condition)
     deadline = time.monotonic() + timeout_s
     while not condition():
         named = [("etcd", pair.etcd), *((m.name, m.process) for m in pair.members)]
-        for name, process in named:
+        for name, process in named if starting else ():
             if process is not None and process.poll() is not None:
                 raise PairProcessExited(
                     f"HA pair: {name} exited ({process.returncode}) while waiting for "
