@@ -465,7 +465,7 @@ class AlarmEngine:
         m = self.alarm_metrics
         if batch.created:
             # One logger for the batch: the module's lazy proxy builds a new one at every call
-            # (7 us an alarm in a storm, with the line filtered out by the level).
+            # (3.6 us a call, timed with the line filtered out by the level: the bench's).
             logger = log.bind()
             for rule_key, alarm_id in batch.created:
                 logger.info("alarm_created", alarm_id=alarm_id, rule_key=rule_key)
