@@ -261,14 +261,17 @@ class HaPair:
             ],
             self.base / "etcd.log",
         )  # fmt: skip
-        etcd_healthy = lambda: _http_ok(f"{etcd_url}/health")  # noqa: E731
-        _wait(etcd_healthy, timeout_s, "etcd healthy", self, starting=True)
+        _wait(
+            lambda: _http_ok(f"{etcd_url}/health"), timeout_s, "etcd healthy", self, starting=True
+        )
         for n, member in enumerate(self.members):
             self._write_config(member)
             member.process = self._popen([PATRONI, str(member.config)], member.log)
             if n == 0:  # the first one bootstraps (initdb) and becomes the leader
-                leads = lambda m=member: self.role(m) == "master"  # type: ignore[misc]  # noqa: E731
-                _wait(leads, timeout_s, "pg0 primary", self, starting=True)
+                _wait(
+                    lambda: self.role(self.members[0]) == "master", timeout_s, "pg0 primary",
+                    self, starting=True,
+                )  # fmt: skip
         self.wait_synchronous(timeout_s, starting=True)
         self._create_database()
 
