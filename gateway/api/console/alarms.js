@@ -37,6 +37,8 @@ function describeTrigger(trigger) {
   }
   if ("event" in trigger) return `event ${trigger.event} at ${when(trigger.sample_ts)}`;
   if ("silent_since" in trigger) return `silent since ${when(trigger.silent_since)}`;
+  // Raised before alarms kept their reason: an upgrade left only the sample's time.
+  if ("sample_ts" in trigger) return `the sample of ${when(trigger.sample_ts)} (no reason kept: raised by an older release)`;
   return JSON.stringify(trigger);
 }
 

@@ -184,6 +184,34 @@ async def test_an_alarm_from_telemetry_appears_live_and_is_handled_through_the_b
     assert errors.errors == []
 
 
+async def test_an_alarm_from_an_older_release_says_when_not_why(
+    console: Console, browser: Browser, db: asyncpg.Connection
+) -> None:
+    """An alarm raised before alarms kept their reason has, since migration 0036, only its
+    sample's time as its trigger: the detail says so in words, not as JSON."""
+    await publish(console.mosquitto, "cellar-door", {"events": [{"type": "DOOR_OPEN"}]})
+
+    async def raised() -> bool:
+        return bool(await db.fetchval("SELECT count(*) FROM alarm WHERE device_id = 'cellar-door'"))
+
+    await wait_until(raised, timeout=60, interval=0.05, message="the alarm")
+    # What the migration leaves on such an alarm (its to_char format).
+    await db.execute(
+        "UPDATE alarm SET trigger = jsonb_build_object('sample_ts', "
+        "'2025-03-01T12:00:00.000000+00:00') WHERE device_id = 'cellar-door'"
+    )
+    page, errors = await open_console(browser, console.base)
+    await sign_in(page, VIEWER)
+    row = alarm_row(page, "cellar-door")
+    await expect(row).to_be_visible(timeout=WAIT_MS)
+    await row.get_by_role("link", name="#").first.click()
+    why = page.locator("#alarm-detail .trigger")
+    await expect(why).to_contain_text("no reason kept", timeout=WAIT_MS)
+    await expect(why).to_contain_text("2025-03-01")
+    await expect(why).not_to_contain_text("{")
+    assert errors.errors == []
+
+
 async def test_a_viewer_sees_no_action_buttons(console: Console, browser: Browser) -> None:
     await publish(console.mosquitto, "door-9", {"events": [{"type": "DOOR_OPEN"}]})
     page, errors = await open_console(browser, console.base)
