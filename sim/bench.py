@@ -43,7 +43,13 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from protocol import TopicKind, Topics
-from sim.bench_live import measure_campaign, measure_commands, measure_latency, measure_storm
+from sim.bench_live import (
+    STORM_SPAN_MS,
+    measure_campaign,
+    measure_commands,
+    measure_latency,
+    measure_storm,
+)
 from sim.bench_streams import measure_streams, streams_fields
 from sim.broker import BenchBroker
 from sim.cpu import PARTIES, POSTGRES_PIDS_SQL, CpuSplit, PostgresCpu
@@ -53,8 +59,16 @@ from sim.probes import Probes
 from sim.reference import reference_drain, reference_subscribe
 from sim.sparkplug import sparkplug_stream
 from sim.sql import blocks
-from sim.telemetry import device_ids, hysteresis_alarms, hysteresis_stream, telemetry_stream
-from sim.vendor import vendor_stream
+from sim.telemetry import (
+    EPOCH_MS,
+    Timeline,
+    device_ids,
+    hysteresis_alarms,
+    hysteresis_span_ms,
+    hysteresis_stream,
+    telemetry_stream,
+)
+from sim.vendor import span_ms, vendor_stream
 from sim.wire import WirePublisher
 
 DEVICES = 1000
@@ -139,26 +153,49 @@ def _manual_ack_client(port: int, client_id: str) -> aiomqtt.Client:
     return client
 
 
+def backlog_span_ms(messages: int, *, period: int | None = None, fmt: str = "native") -> int:
+    """How long after its first time the last sample of `_backlog`'s stream is dated: what a
+    phase takes of the run's `Timeline`."""
+    if period is not None:
+        return hysteresis_span_ms(SHARED_DEVICES, messages)
+    return span_ms(fmt, DEVICES, messages)
+
+
 async def _backlog(
-    port: int, prefix: str, messages: int, period: int | None = None, fmt: str = "native"
+    port: int,
+    prefix: str,
+    messages: int,
+    period: int | None = None,
+    fmt: str = "native",
+    *,
+    epoch_ms: int = EPOCH_MS,
 ) -> None:
     # Devices named after the phase: identical content would share event ids across phases
-    # and be (correctly) stored once.
+    # and be (correctly) stored once. Dated from epoch_ms: a phase of a full run has its own
+    # stretch of the run's Timeline (after the earlier phases'), one alone the fixed epoch.
     stream: Iterator[tuple[str, bytes]]
     if fmt == "sparkplug":
         # Sparkplug B edge nodes in a group of the phase's name (see _mapping): births first,
         # then DDATA by alias; every message stores one sample.
-        stream = sparkplug_stream(device_ids(DEVICES, prefix), messages, group=prefix, seed=7)
+        stream = sparkplug_stream(
+            device_ids(DEVICES, prefix), messages, group=prefix, seed=7, epoch_ms=epoch_ms
+        )
     elif fmt != "native":
         # A vendor's JSON on its own topics, under the phase's vendor root (see _mapping).
-        vendor = vendor_stream(fmt, device_ids(DEVICES, prefix), messages, seed=7)
+        vendor = vendor_stream(
+            fmt, device_ids(DEVICES, prefix), messages, seed=7, epoch_ms=epoch_ms
+        )
         root = _vendor_root(prefix)
         stream = ((f"{root}/{topic}", payload) for topic, payload in vendor)
     elif period is None:
-        stream = telemetry_stream(Topics(prefix), device_ids(DEVICES, prefix), messages, seed=7)
+        stream = telemetry_stream(
+            Topics(prefix), device_ids(DEVICES, prefix), messages, seed=7, epoch_ms=epoch_ms
+        )
     else:
         devices = device_ids(SHARED_DEVICES, prefix)
-        stream = hysteresis_stream(Topics(prefix), devices, messages, period=period)
+        stream = hysteresis_stream(
+            Topics(prefix), devices, messages, period=period, epoch_ms=epoch_ms
+        )
     async with WirePublisher("127.0.0.1", port, f"bench-publisher-{prefix}") as publisher:
         await publisher.publish_all(stream)
 
@@ -265,6 +302,7 @@ async def measure_gateway(
     protocol: str = "5",
     fmt: str = "native",
     rules: bool = True,
+    epoch_ms: int = EPOCH_MS,
 ) -> Drain:
     """Drain a pre-queued backlog (``live=False``) or keep up with a full-speed publisher.
 
@@ -310,10 +348,12 @@ async def measure_gateway(
         if live:  # PostgreSQL's share is measured live only: a drain restarts its gateway
             postgres.start(await _postgres_pids(conn))
         if live:
-            publisher = asyncio.create_task(_backlog(port, prefix, messages, period))
+            publisher = asyncio.create_task(
+                _backlog(port, prefix, messages, period, epoch_ms=epoch_ms)
+            )
         else:
             await gateways.stop()  # the first start created the persistent session
-            await _backlog(port, prefix, messages, fmt=fmt)
+            await _backlog(port, prefix, messages, fmt=fmt, epoch_ms=epoch_ms)
             first_commit = asyncio.create_task(_at_first_commit(probes, nodes, gateways))
             await gateways.start()
         last = await probes.until(
@@ -412,7 +452,9 @@ async def check_alarms(dsn: str, prefix: str, messages: int, period: int) -> Ala
     )
 
 
-async def measure_reference(port: int, dsn: str, messages: int) -> Drain:
+async def measure_reference(
+    port: int, dsn: str, messages: int, *, epoch_ms: int = EPOCH_MS
+) -> Drain:
     """The minimal exactly-once consumer (``sim.reference``) on the same kind of backlog."""
     prefix, client_id = "reference", "bench-reference"
     topics = Topics(prefix)
@@ -423,7 +465,7 @@ async def measure_reference(port: int, dsn: str, messages: int) -> Drain:
         topic=_subscription(prefix),
         receive_max=RECEIVE_MAXIMUM,
     )
-    await _backlog(port, prefix, messages)
+    await _backlog(port, prefix, messages, epoch_ms=epoch_ms)
     cpu = time.process_time()
     seconds = await reference_drain(
         host="127.0.0.1",
@@ -437,7 +479,7 @@ async def measure_reference(port: int, dsn: str, messages: int) -> Drain:
     return Drain(messages, seconds, cpu_s=time.process_time() - cpu)
 
 
-async def measure_naive(port: int, dsn: str, messages: int) -> Drain:
+async def measure_naive(port: int, dsn: str, messages: int, *, epoch_ms: int = EPOCH_MS) -> Drain:
     prefix, client_id = "naive", "bench-naive"
     topic = _subscription(prefix)
     async with aiomqtt.Client(
@@ -448,7 +490,7 @@ async def measure_naive(port: int, dsn: str, messages: int) -> Drain:
         clean_session=False,
     ) as client:
         await client.subscribe(topic, qos=1)
-    await _backlog(port, prefix, messages)
+    await _backlog(port, prefix, messages, epoch_ms=epoch_ms)
     seconds = await naive_drain(
         host="127.0.0.1",
         port=port,
@@ -638,15 +680,29 @@ async def _run_phases(sizes: Sizes, *, dsn: str) -> dict[str, Any]:  # noqa: PLR
             with BenchBroker(inflight=RECEIVE_MAXIMUM) as broker:
                 port = broker.port
 
+                # Each phase that stores telemetry dates it after every earlier phase's.
+                timeline = Timeline()
                 bare = _progress("bare", await measure_bare(port, messages))
                 native = _progress("native", await measure_native(port, messages))
                 # Before the probes: their trigger would cost the baseline a notification
                 # per message; it times itself, from its first message to its last commit.
                 naive = _progress(
-                    "naive", await measure_naive(port, bench_dsn, sizes.naive_messages)
+                    "naive",
+                    await measure_naive(
+                        port,
+                        bench_dsn,
+                        sizes.naive_messages,
+                        epoch_ms=timeline.take(backlog_span_ms(sizes.naive_messages)),
+                    ),
                 )
                 reference = _progress(
-                    "reference", await measure_reference(port, bench_dsn, messages)
+                    "reference",
+                    await measure_reference(
+                        port,
+                        bench_dsn,
+                        messages,
+                        epoch_ms=timeline.take(backlog_span_ms(messages)),
+                    ),
                 )
                 async with Probes(bench_dsn) as probes:
                     # The live phases cross the threshold all along, on shared devices: about
@@ -663,6 +719,9 @@ async def _run_phases(sizes: Sizes, *, dsn: str) -> dict[str, Any]:  # noqa: PLR
                             workdir=workdir,
                             probes=probes,
                             period=period if live else None,
+                            epoch_ms=timeline.take(
+                                backlog_span_ms(messages, period=period if live else None)
+                            ),
                         )
 
                     one = _progress("gateway", await gateway(1, live=False))
@@ -681,6 +740,7 @@ async def _run_phases(sizes: Sizes, *, dsn: str) -> dict[str, Any]:  # noqa: PLR
                             protocol=protocol,
                             fmt=fmt,
                             rules=rules,
+                            epoch_ms=timeline.take(backlog_span_ms(messages, fmt=fmt)),
                         )
 
                     one311 = _progress("gateway 3.1.1", await drain(protocol="3.1.1"))
@@ -727,6 +787,7 @@ async def _run_phases(sizes: Sizes, *, dsn: str) -> dict[str, Any]:  # noqa: PLR
                         devices=DEVICES,
                         workdir=workdir,
                         probes=probes,
+                        timeline=timeline,
                     )
                     _note(
                         f"latency at {latency.rate:,.0f} msg/s: p99 {latency.timings.p99_ms:.1f} ms"
@@ -738,6 +799,7 @@ async def _run_phases(sizes: Sizes, *, dsn: str) -> dict[str, Any]:  # noqa: PLR
                         devices=sizes.storm_devices,
                         workdir=workdir,
                         probes=probes,
+                        epoch_ms=timeline.take(STORM_SPAN_MS),
                     )
                     _note(f"storm: {storm.alarms} alarms in {storm.seconds:.2f} s")
                     await settle(bench_dsn)

@@ -38,7 +38,7 @@ from sim.http_client import LeanHttp
 from sim.probes import Probes
 from sim.responder import Responder, Script
 from sim.sql import blocks
-from sim.telemetry import EPOCH_MS, device_ids
+from sim.telemetry import EPOCH_MS, Timeline, device_ids
 from sim.wire import WirePublisher
 
 Q: Final = blocks("bench.sql")
@@ -143,10 +143,15 @@ async def measure_latency(
     devices: int,
     workdir: Path,
     probes: Probes,
+    timeline: Timeline | None = None,
 ) -> Latency:
+    """Telemetry at ``rate`` for ``seconds``, one millisecond of device time apart (from its
+    stretch of ``timeline``, else the fixed epoch), each stamped with its publish time:
+    publish → commit percentiles, the warm-up left out."""
     prefix = "lat"
     topics, ids = Topics(prefix), device_ids(devices, prefix)
     total = max(1, round(rate * seconds))
+    epoch_ms = EPOCH_MS if timeline is None else timeline.take(total - 1)
     started_us = time.time_ns() // 1000
     samples: list[float] = []
     committed = 0
@@ -170,7 +175,7 @@ async def measure_latency(
                         "temp": 20.0,
                         "sent_us": time.time_ns() // 1000,
                     }
-                    message = Telemetry(ts=EPOCH_MS + n, seq=n, metrics=metrics)
+                    message = Telemetry(ts=epoch_ms + n, seq=n, metrics=metrics)
                     yield topics.telemetry(ids[n % len(ids)]), encode_telemetry(message)
 
             started_us = time.time_ns() // 1000
@@ -192,20 +197,30 @@ async def measure_latency(
 # -- alarm storm -------------------------------------------------------------------------------
 
 
+# The storm's readings are dated seq 0 and 1 from its first time.
+STORM_SPAN_MS = 1
+
+
 def _readings(
-    topics: Topics, ids: Iterable[str], *, seq: int, temp: float
+    topics: Topics, ids: Iterable[str], *, seq: int, temp: float, epoch_ms: int
 ) -> list[tuple[str, bytes]]:
     return [
         (
             topics.telemetry(device),
-            encode_telemetry(Telemetry(ts=EPOCH_MS + seq, seq=seq, metrics={"temp": temp})),
+            encode_telemetry(Telemetry(ts=epoch_ms + seq, seq=seq, metrics={"temp": temp})),
         )
         for device in ids
     ]
 
 
 async def measure_storm(
-    port: int, dsn: str, *, devices: int, workdir: Path, probes: Probes
+    port: int,
+    dsn: str,
+    *,
+    devices: int,
+    workdir: Path,
+    probes: Probes,
+    epoch_ms: int = EPOCH_MS,
 ) -> Storm:
     """Every device reports a normal reading, then all cross the threshold at once."""
     prefix = "storm"
@@ -217,13 +232,13 @@ async def measure_storm(
         await gateways.start()
         async with WirePublisher("127.0.0.1", port, "bench-storm") as publisher:
             # Known devices below the threshold first: the storm is a crossing, not first sight.
-            await publisher.publish_all(_readings(topics, ids, seq=0, temp=20.0))
+            await publisher.publish_all(_readings(topics, ids, seq=0, temp=20.0, epoch_ms=epoch_ms))
             await probes.until(
                 lambda: probes.stored[node] >= devices,
                 timeout_s=300,
                 what="the storm's normal readings",
             )
-            crossing = _readings(topics, ids, seq=1, temp=95.0)
+            crossing = _readings(topics, ids, seq=1, temp=95.0, epoch_ms=epoch_ms)
             started = time.perf_counter()
             await publisher.publish_all(crossing)
             published = time.perf_counter()

@@ -200,11 +200,10 @@ async def _publish(args: argparse.Namespace) -> int:
                 "prints its file) or --host/--port/--prefix, or publish anyway with --force"
             )
         now_ms = time.time_ns() // 1_000_000
-        epoch_ms = EPOCH_MS if args.fixed_time else now_ms - args.messages
-        # A vendor stream spans its own time (Tasmota's clock has whole seconds): the last
-        # message dated now.
+        # The last message dated now: each stream spans its own time (a millisecond a
+        # message; Tasmota's clock has whole seconds, a second a round of the devices).
         span = span_ms(args.format, len(devices), args.messages)
-        vendor_epoch_ms = EPOCH_MS if args.fixed_time else now_ms - span
+        epoch_ms = EPOCH_MS if args.fixed_time else now_ms - span
         kind = "" if args.format == "native" else f" ({args.format})"
         started = time.perf_counter()
         count = await publish_many(
@@ -224,7 +223,7 @@ async def _publish(args: argparse.Namespace) -> int:
                 group=args.sparkplug_group,
                 seed=args.seed,
                 start_seq=args.start_seq,
-                epoch_ms=vendor_epoch_ms,
+                epoch_ms=epoch_ms,
                 # A new session's number on every run that is not replayed (--fixed-time).
                 bdseq=0 if args.fixed_time else now_ms // 1000 % 256,
             )
@@ -235,7 +234,7 @@ async def _publish(args: argparse.Namespace) -> int:
                 args.messages,
                 seed=args.seed,
                 start_seq=args.start_seq,
-                epoch_ms=vendor_epoch_ms,
+                epoch_ms=epoch_ms,
             ),
             window=args.window,
         )

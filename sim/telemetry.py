@@ -8,6 +8,29 @@ from collections.abc import Iterator
 from protocol import Telemetry, Topics, encode_telemetry
 
 EPOCH_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z: fixed, so runs are reproducible
+# Between two phases' stretches of a Timeline.
+PHASE_GAP_MS = 1_000
+
+
+class Timeline:
+    """Device time for the phases of one benchmark run, one stretch after another from
+    ``start_ms``: every phase's samples are dated after all the earlier phases', as a fleet's
+    samples come in time order. Telemetry's key leads with the time (migration 0036), so a
+    phase then appends to what the earlier phases stored, as a fleet's ingest does, instead of
+    writing between their rows (which split pages all over the index, and after the settle's
+    checkpoint wrote a full-page image for each). The same phases in the same order get the
+    same times: a run still publishes the same messages."""
+
+    def __init__(self, start_ms: int = EPOCH_MS) -> None:
+        self._next = start_ms
+
+    def take(self, span_ms: int) -> int:
+        """The first time of a phase whose samples span ``span_ms`` after it."""
+        if span_ms < 0:
+            raise ValueError(f"a phase cannot span {span_ms} ms")
+        start = self._next
+        self._next = start + span_ms + PHASE_GAP_MS
+        return start
 
 
 def device_ids(count: int, prefix: str = "sim") -> list[str]:
@@ -42,18 +65,29 @@ def telemetry_stream(
 
 
 def hysteresis_stream(
-    topics: Topics, devices: list[str], messages: int, *, period: int
+    topics: Topics,
+    devices: list[str],
+    messages: int,
+    *,
+    period: int,
+    epoch_ms: int = EPOCH_MS,
 ) -> Iterator[tuple[str, bytes]]:
     """``messages`` samples round-robin over ``devices``, each device alternating ``period``
     samples of ``temp`` 95 and ``period`` of 70 (a ``temp > 80``, ``clear_value = 75`` rule
-    fires on each run of 95 and clears on each run of 70), one second apart per device."""
+    fires on each run of 95 and clears on each run of 70), one second apart per device, from
+    ``epoch_ms`` (over `hysteresis_span_ms`)."""
     count = len(devices)
     for n in range(messages):
         k = n // count
         message = Telemetry(
-            ts=EPOCH_MS + k * 1000, seq=k, metrics={"temp": 95 if (k // period) % 2 == 0 else 70}
+            ts=epoch_ms + k * 1000, seq=k, metrics={"temp": 95 if (k // period) % 2 == 0 else 70}
         )
         yield topics.telemetry(devices[n % count]), encode_telemetry(message)
+
+
+def hysteresis_span_ms(devices: int, messages: int) -> int:
+    """How long after its first time `hysteresis_stream`'s last sample is dated."""
+    return (max(messages - 1, 0) // max(devices, 1)) * 1000
 
 
 def hysteresis_alarms(devices: int, messages: int, *, period: int) -> tuple[int, int]:

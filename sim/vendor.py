@@ -93,10 +93,14 @@ _ENCODERS: Final[dict[str, Callable[[str, int, float, int, int], tuple[str, byte
 
 
 def span_ms(fmt: str, devices: int, messages: int) -> int:
-    """How long after its first time a stream's last reading is dated."""
+    """How long after its first time a stream's last reading is dated (0 for Zigbee2MQTT,
+    whose readings carry no time: the gateway dates them when it receives them)."""
+    last = max(messages - 1, 0)
     if fmt == "tasmota":
-        return (messages // max(devices, 1)) * 1000
-    return messages
+        return (last // max(devices, 1)) * 1000
+    if fmt == "zigbee2mqtt":
+        return 0
+    return last
 
 
 def vendor_stream(
