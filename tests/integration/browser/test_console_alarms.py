@@ -128,6 +128,14 @@ def alarm_row(page: Page, device: str) -> Locator:
     return page.locator("#alarm-table tbody tr", has_text=device)
 
 
+async def open_alarm(page: Page, device: str) -> Locator:
+    """Wait for the device's alarm in the list and open its detail; its row."""
+    row = alarm_row(page, device)
+    await expect(row).to_be_visible(timeout=WAIT_MS)
+    await row.get_by_role("link", name="#").first.click()
+    return row
+
+
 async def test_a_bad_token_is_refused_with_a_clear_message(
     console: Console, browser: Browser
 ) -> None:
@@ -202,9 +210,7 @@ async def test_an_alarm_from_an_older_release_says_when_not_why(
     )
     page, errors = await open_console(browser, console.base)
     await sign_in(page, VIEWER)
-    row = alarm_row(page, "cellar-door")
-    await expect(row).to_be_visible(timeout=WAIT_MS)
-    await row.get_by_role("link", name="#").first.click()
+    await open_alarm(page, "cellar-door")
     why = page.locator("#alarm-detail .trigger")
     await expect(why).to_contain_text("no reason kept", timeout=WAIT_MS)
     await expect(why).to_contain_text("2025-03-01")
@@ -216,9 +222,7 @@ async def test_a_viewer_sees_no_action_buttons(console: Console, browser: Browse
     await publish(console.mosquitto, "door-9", {"events": [{"type": "DOOR_OPEN"}]})
     page, errors = await open_console(browser, console.base)
     await sign_in(page, VIEWER)
-    row = alarm_row(page, "door-9")
-    await expect(row).to_be_visible(timeout=WAIT_MS)
-    await row.get_by_role("link", name="#").first.click()
+    await open_alarm(page, "door-9")
     detail = page.locator("#alarm-detail")
     await expect(detail.locator("ol.audit li").first).to_be_visible(timeout=WAIT_MS)
     await expect(detail.locator("button")).to_have_count(0)
@@ -344,9 +348,7 @@ async def test_the_alarm_list_and_detail_fit_a_phone(console: Console, browser: 
     await publish(console.mosquitto, "phone-1", {"metrics": {"temp": 99}})
     page, errors = await open_console(browser, console.base, viewport=PHONE)
     await sign_in(page, OPERATOR)
-    row = alarm_row(page, "phone-1")
-    await expect(row).to_be_visible(timeout=WAIT_MS)
-    await row.get_by_role("link", name="#").first.click()
+    await open_alarm(page, "phone-1")
     confirm = page.locator("#alarm-detail").get_by_role("button", name="Confirm")
     await expect(confirm).to_be_visible(timeout=WAIT_MS)
     # Nothing is wider than the screen: no sideways scrolling to reach a button.
@@ -440,9 +442,7 @@ async def test_an_alarms_ai_summary_shows_in_its_detail(
             page, errors = await open_console(browser, f"http://127.0.0.1:{port}")
             await sign_in(page, VIEWER)
             await publish(mosquitto, "hall-door", {"events": [{"type": "DOOR_OPEN"}]})
-            row = alarm_row(page, "hall-door")
-            await expect(row).to_be_visible(timeout=WAIT_MS)
-            await row.get_by_role("link", name="#").first.click()
+            row = await open_alarm(page, "hall-door")
             alarm_id = await row.get_attribute("data-alarm-id")
             base = f"http://127.0.0.1:{port}"
 
