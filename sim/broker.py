@@ -11,11 +11,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+from sim.ports import free_port
 
 
 def wait_listening(port: int, timeout_s: float = 10.0) -> None:

@@ -44,7 +44,7 @@ from aiohttp import web
 
 from protocol import Topics
 from protocol.events import EventType
-from sim.broker import free_port, mosquitto_binary, wait_listening
+from sim.broker import mosquitto_binary, wait_listening
 from sim.field_plan import (
     EPOCH,
     HOLD_S,
@@ -58,6 +58,7 @@ from sim.field_plan import (
     silent_seconds,
 )
 from sim.gateways import wait_healthy as gateway_healthy
+from sim.ports import free_port
 
 PREFIX: Final = "field"
 TOKEN: Final = secrets.token_urlsafe(24)

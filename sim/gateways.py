@@ -14,8 +14,8 @@ from typing import Final
 
 import aiohttp
 
-from sim.broker import free_port
 from sim.cpu import processes_cpu_s
+from sim.ports import free_port
 
 RECEIVE_MAXIMUM: Final = 1000
 # A fresh operator token per run: the API refuses calls without one.

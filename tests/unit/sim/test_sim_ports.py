@@ -1,5 +1,6 @@
-"""Test ports come from outside the kernel's ephemeral range (which every outgoing connection
-takes its local port from), a slice per pytest-xdist worker, each checked free."""
+"""Ports for the servers the simulator and the tests start come from outside the kernel's
+ephemeral range (which every outgoing connection takes its local port from), in turn, each
+checked free."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import ports
-from tests.support.ports import candidate_range, ephemeral_range, free_port, worker_slice
+from sim import ports
+from sim.ports import PortTurns, candidate_range, ephemeral_range, free_port
 
 
 def test_the_ephemeral_range_is_read_from_the_kernel_or_defaults(tmp_path: Path) -> None:
@@ -26,19 +27,6 @@ def test_ports_are_taken_above_the_ephemeral_range_else_below_it() -> None:
         candidate_range(range(31_000, 64_000))
 
 
-def test_each_worker_has_its_own_slice() -> None:
-    whole = range(61_000, 65_536)
-    slices = [worker_slice(whole, f"gw{i}", "3") for i in range(3)]
-    seen: set[int] = set()
-    for share in slices:
-        assert len(share) == len(whole) // 3
-        assert share.start >= whole.start
-        assert share.stop <= whole.stop
-        assert not seen & set(share)
-        seen |= set(share)
-    assert worker_slice(whole, None, None) == whole
-
-
 def test_a_free_port_is_outside_the_ephemeral_range_and_not_handed_out_twice() -> None:
     ephemeral = ephemeral_range()
     taken = [free_port() for _ in range(50)]
@@ -49,16 +37,23 @@ def test_a_free_port_is_outside_the_ephemeral_range_and_not_handed_out_twice() -
             sock.bind(("127.0.0.1", port))  # each one free
 
 
-def test_a_port_someone_holds_is_skipped() -> None:
-    free_port()  # the worker's slice is chosen
-    state = ports._PORTS
-    assert state._slice is not None
-    upcoming = state._slice[state._next % len(state._slice)]
+def test_a_port_someone_holds_is_skipped_and_the_turn_wraps() -> None:
+    turns = PortTurns(range(62_000, 62_003))
+    turns.next = 0
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as holder:
         holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            holder.bind(("127.0.0.1", upcoming))
+            holder.bind(("127.0.0.1", 62_001))
         except OSError:
-            pytest.skip(f"port {upcoming} is taken already")
+            pytest.skip("port 62001 is taken already")
         holder.listen()
-        assert free_port() != upcoming
+        taken = [turns.take() for _ in range(3)]
+    assert 62_001 not in taken
+    assert taken[0] == 62_000
+    assert taken[1] == 62_002
+    assert taken[2] == 62_000  # round again
+
+
+def test_no_ports_is_refused() -> None:
+    with pytest.raises(ValueError, match="no ports"):
+        PortTurns(range(0))
