@@ -74,6 +74,13 @@ def bindable(port: int) -> bool:
 _TURNS: PortTurns | None = None
 
 
+def use(turns: PortTurns) -> None:
+    """Hand out this process's ports from ``turns`` from now on (the tests: their pytest-xdist
+    worker's slice, so that two workers never reach for the same port)."""
+    global _TURNS  # noqa: PLW0603 - the process's one turn
+    _TURNS = turns
+
+
 def free_port() -> int:
     """A port free on 127.0.0.1 a moment ago, outside the kernel's ephemeral range, not handed
     out before by this process until the range wraps around. The caller binds it next."""

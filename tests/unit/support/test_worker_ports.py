@@ -3,8 +3,9 @@ kernel's ephemeral ports (sim.ports)."""
 
 from __future__ import annotations
 
+from sim import ports
 from sim.ports import ephemeral_range
-from tests.support.ports import free_port, turns, worker_slice
+from tests.support.ports import TURNS, free_port, worker_slice
 
 
 def test_each_worker_has_its_own_slice() -> None:
@@ -20,7 +21,7 @@ def test_each_worker_has_its_own_slice() -> None:
     assert worker_slice(whole, None, None) == whole
 
 
-def test_a_test_port_is_in_this_workers_slice() -> None:
-    port = free_port()
-    assert port in turns().ports
-    assert port not in ephemeral_range()
+def test_the_tests_and_the_simulator_take_ports_from_this_workers_slice() -> None:
+    for port in (free_port(), ports.free_port()):
+        assert port in TURNS.ports
+        assert port not in ephemeral_range()
