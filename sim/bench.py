@@ -43,13 +43,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from protocol import TopicKind, Topics
-from sim.bench_live import (
-    STORM_SPAN_MS,
-    measure_campaign,
-    measure_commands,
-    measure_latency,
-    measure_storm,
-)
+from sim.bench_live import measure_campaign, measure_commands, measure_latency, measure_storm
 from sim.bench_streams import measure_streams, streams_fields
 from sim.broker import BenchBroker
 from sim.cpu import PARTIES, POSTGRES_PIDS_SQL, CpuSplit, PostgresCpu
@@ -803,7 +797,7 @@ async def _run_phases(sizes: Sizes, *, dsn: str) -> dict[str, Any]:  # noqa: PLR
                         devices=sizes.storm_devices,
                         workdir=workdir,
                         probes=probes,
-                        epoch_ms=timeline.take(STORM_SPAN_MS),
+                        timeline=timeline,
                     )
                     _note(f"storm: {storm.alarms} alarms in {storm.seconds:.2f} s")
                     await settle(bench_dsn)

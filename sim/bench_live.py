@@ -220,9 +220,11 @@ async def measure_storm(
     devices: int,
     workdir: Path,
     probes: Probes,
-    epoch_ms: int = EPOCH_MS,
+    timeline: Timeline | None = None,
 ) -> Storm:
-    """Every device reports a normal reading, then all cross the threshold at once."""
+    """Every device reports a normal reading, then all cross the threshold at once (dated from
+    its stretch of ``timeline``, else the fixed epoch)."""
+    epoch_ms = EPOCH_MS if timeline is None else timeline.take(STORM_SPAN_MS)
     prefix = "storm"
     topics, ids = Topics(prefix), device_ids(devices, prefix)
     gateways = GatewayProcesses(port=port, dsn=dsn, prefix=prefix, count=1, workdir=workdir)

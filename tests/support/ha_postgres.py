@@ -29,7 +29,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -418,21 +418,26 @@ class PairProcessExited(RuntimeError):
 
 
 def _wait(
-    condition: object, timeout_s: float, what: str, pair: HaPair, *, starting: bool = False
+    condition: Callable[[], bool],
+    timeout_s: float,
+    what: str,
+    pair: HaPair,
+    *,
+    starting: bool = False,
 ) -> None:
     """Poll a condition with a deadline (a blocking helper: the pair starts before any loop);
     while ``starting``, a process of the pair that has exited ends the wait at once (later one
     may have been killed on purpose)."""
-    assert callable(condition)
     deadline = time.monotonic() + timeout_s
     while not condition():
-        named = [("etcd", pair.etcd), *((m.name, m.process) for m in pair.members)]
-        for name, process in named if starting else ():
-            if process is not None and process.poll() is not None:
-                raise PairProcessExited(
-                    f"HA pair: {name} exited ({process.returncode}) while waiting for "
-                    f"{what}\n{pair.log_tail()}"
-                )
+        if starting:
+            named = [("etcd", pair.etcd), *((m.name, m.process) for m in pair.members)]
+            for name, process in named:
+                if process is not None and process.poll() is not None:
+                    raise PairProcessExited(
+                        f"HA pair: {name} exited ({process.returncode}) while waiting for "
+                        f"{what}\n{pair.log_tail()}"
+                    )
         if time.monotonic() > deadline:
             raise TimeoutError(f"HA pair: no {what} after {timeout_s}s\n{pair.log_tail()}")
         time.sleep(0.1)

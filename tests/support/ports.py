@@ -13,7 +13,9 @@ from __future__ import annotations
 import os
 
 from sim import ports
-from sim.ports import PortTurns, candidate_range, ephemeral_range
+from sim.ports import PortTurns, candidate_range, ephemeral_range, free_port
+
+__all__ = ["TURNS", "free_port", "worker_slice"]  # free_port: from this worker's slice
 
 
 def worker_slice(ports_: range, worker: str | None, workers: str | None) -> range:
@@ -33,10 +35,3 @@ TURNS = PortTurns(
     )
 )
 ports.use(TURNS)
-
-
-def free_port() -> int:
-    """A port free on 127.0.0.1 a moment ago, from this worker's slice, not handed out before
-    by this process until the slice wraps around. The caller binds it next; only another
-    server binding that same port could take it first."""
-    return ports.free_port()
