@@ -17,6 +17,7 @@ _Q = load_queries("rule_state.sql")
 CREATE_STATES = _Q["create_states"]
 LOCK_STATES = _Q["lock_states"]
 WRITE_STATES = _Q["write_states"]
+WRITE_HELD_STATES = _Q["write_held_states"]
 DROP_REMOVED = _Q["drop_removed"]
 REGISTER_RULE_SET = _Q["register_rule_set"]
 LIVE_RULE_SETS = _Q["live_rule_sets"]
@@ -144,9 +145,51 @@ async def write_states(conn: asyncpg.Connection, rows: Sequence[RuleStateRow], n
     for lock_states."""
     if not rows:
         return ""
+    written, xmin = await conn.fetchrow(WRITE_STATES, _records(rows), node_id)
+    if written != len(rows):
+        raise StateWriteConflictError(
+            f"{len(rows) - written} of {len(rows)} rule states changed since they were read"
+        )
+    return str(xmin)
+
+
+async def write_held_states(
+    conn: asyncpg.Connection,
+    held: Sequence[tuple[str, str, str]],
+    rows: Sequence[RuleStateRow],
+    node_id: str,
+) -> str | None:
+    """Lock the rows of ``held`` (device id, rule key, the token the caller holds it with)
+    and write ``rows`` back (changed ones of them, as write_states), in one statement, only
+    if every row is still the one held: the caller evaluated from what it held and took no
+    lock first. The writing transaction's id as write_states answers it; None when a row
+    was written by anyone since (or is gone): then nothing was written, and the caller
+    reads the rows with lock_states (those locked here stay locked, unchanged)."""
+    if not held:
+        return ""
+    ordered = sorted(held)
+    complete, written, xmin = await conn.fetchrow(
+        WRITE_HELD_STATES,
+        lines([k[0] for k in ordered]),
+        lines([k[1] for k in ordered]),
+        lines([k[2] for k in ordered]),
+        len(ordered),
+        _records(rows),
+        node_id,
+    )
+    if not complete:
+        return None
+    if written != len(rows):  # every row locked as held: cannot happen; never trust it
+        raise StateWriteConflictError(
+            f"{len(rows) - written} of {len(rows)} rule states changed though held"
+        )
+    return str(xmin)
+
+
+def _records(rows: Sequence[RuleStateRow]) -> list[tuple[object, ...]]:
     # One array of records (the type rule_state_write_us has RuleStateRow's fields, in order,
     # its times as microseconds: migration 0034).
-    records = [
+    return [
         (
             r.device_id,
             r.rule_key,
@@ -166,12 +209,6 @@ async def write_states(conn: asyncpg.Connection, rows: Sequence[RuleStateRow], n
         )
         for r in rows
     ]
-    written, xmin = await conn.fetchrow(WRITE_STATES, records, node_id)
-    if written != len(rows):
-        raise StateWriteConflictError(
-            f"{len(rows) - written} of {len(rows)} rule states changed since they were read"
-        )
-    return str(xmin)
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,10 +2,13 @@
 
 The rule state of every (device, rule) the batch touches is read from `rule_state` under
 lock, the messages are judged in order against it, the alarms written, and the rows written
-back — all in the batch's transaction. Nothing of it stays in the process between batches,
-so any node, a restarted one, or several taking turns on one device decide alike; and a
-rolled-back batch leaves nothing behind. The hold timer (`fire_due_holds`) fires pending
-`for_seconds` violations on the clock under the same locks and conditional writes.
+back — all in the batch's transaction. A batch whose rows the node holds from its own
+committed batches is judged from those copies first; they are locked and written in one
+statement only if each is still the row held, else the batch is judged again under the
+lock. Nothing that decides stays in the process between batches, so any node, a restarted
+one, or several taking turns on one device decide alike; and a rolled-back batch leaves
+nothing behind. The hold timer (`fire_due_holds`) fires pending `for_seconds` violations on
+the clock under the same locks and conditional writes.
 """
 
 from __future__ import annotations
@@ -115,6 +118,10 @@ class BatchAlarms:
     # The rule-state rows as this batch leaves them, with their tokens: the node holds them
     # for its next batches once the batch has committed (AlarmEngine.committed).
     held: dict[SlotKey, _Held] = field(default_factory=dict)
+    # Judged from the rows the node held: written so, or contended (someone else had written
+    # one since: judged again under lock). Neither when the batch locked its rows first.
+    held_written: bool = False
+    held_contended: bool = False
 
 
 @dataclass(slots=True)
@@ -141,6 +148,40 @@ class _LoadedStates:
     versions: dict[str, str]
     states: RuleStates
     touched: list[set[SlotKey]]  # per message of the batch, the keys it reads and writes
+    missed: bool = False  # a row the node held was found written by someone else since
+
+
+class _Touched:
+    """The (device, rule) rows a batch reads and writes: all of them, each message's, and
+    the version of each rule they belong to."""
+
+    __slots__ = ("keys", "per_message", "versions")
+
+    def __init__(self, rules: RuleSet, messages: Sequence[tuple[str, str, Telemetry]]) -> None:
+        keys: set[SlotKey] = set()
+        per_message = []  # each message's keys, for its evaluation
+        for device_id, _, message in messages:
+            per_message.append(mine := state_keys(rules, device_id, message))
+            keys |= mine
+        versions: dict[str, str] = {}
+        for _, rule_key in keys:
+            if rule_key not in versions:
+                rule = rules.by_key(rule_key)
+                assert rule is not None
+                versions[rule_key] = rule_version(rule)
+        self.keys = keys
+        self.per_message = per_message
+        self.versions = versions
+
+
+def _loaded(read: dict[SlotKey, _Held], touched: _Touched) -> _LoadedStates:
+    """The batch's states from its rows (a row of an older rule version starts over)."""
+    versions = touched.versions
+    states: RuleStates = {}
+    for key, entry in read.items():
+        state = entry.state
+        states[key] = state if entry.row.rule_version == versions[key[1]] else state.rearmed()
+    return _LoadedStates(read=read, versions=versions, states=states, touched=touched.per_message)
 
 
 class _SeenRows:
@@ -171,6 +212,10 @@ class _SeenRows:
 # +1.3 MB of peak RSS (4,096 cost +3-4 MB, too near the bench's 100 MB bound). The least
 # recently committed go first; a row not held is read whole, as before.
 HELD_ROWS = 2048
+# A node that finds rows it held written by someone else (another node on the same devices)
+# locks and reads its batches' rows first for the next 1, 2, 4, ... batches, at most this
+# many, before it judges a batch from what it holds again (AlarmEngine._held_states).
+HELD_SKIP_MAX = 256
 
 
 class AlarmEngine:
@@ -191,6 +236,8 @@ class AlarmEngine:
         self._rules_replaced = asyncio.Event()
         self._seen_rows = _SeenRows()
         self._held: dict[SlotKey, _Held] = {}  # see HELD_ROWS
+        self._held_skip = 0  # batches left to lock first (see HELD_SKIP_MAX)
+        self._held_backoff = 1
 
     def replace_rules(self, rules: RuleSet) -> None:
         """A reload: the next batch uses `rules`; `forget_loop` records them for the other
@@ -270,17 +317,39 @@ class AlarmEngine:
         if now is None:
             now = await repo.db_now(conn)
         await self._clear_inactivity(conn, rules, messages, now, batch)
-        loaded = await self._lock_states(conn, rules, messages)
-        # Firings and clearings are written in steps, one statement per kind of write for the
-        # whole step (an alarm storm is one step; so is a batch of a fleet's hysteresis). A
-        # step holds each (device, rule) once: it ends before a second outcome of the same
-        # (device, rule), and before a late firing or a late clearing, which are written on
-        # their own. So outcomes of one (device, rule) still take effect in message order
-        # (one message may raise an alarm and clear it again: OPEN then CLOSE), and those of
-        # different ones touch different alarms.
-        step = _Step()
+        touched = _Touched(rules, messages)
+        held = self._held_states(touched)
+        if held is not None:
+            # Judged from the rows held, then locked and written in one statement if nobody
+            # wrote them since: before any alarm is written, as under lock_states.
+            evaluations, unplaced = self._evaluate(rules, held, messages, now)
+            if not unplaced and await self._write_states(conn, held, batch, locked=False):
+                await self._write_outcomes(conn, messages, evaluations, now, batch)
+                return await self._record_clocks(conn, batch)
+            # A late sample to place (its run is judged under the lock), or a row written by
+            # someone else since: judged again from the rows as lock_states reads them.
+        loaded = await self._lock_states(conn, touched)
+        if held is None and loaded.missed:
+            self._contended(True)  # another writer on these devices: lock first a while
+        evaluations, unplaced = self._evaluate(rules, loaded, messages, now)
+        await self._write_outcomes(conn, messages, evaluations, now, batch)
+        for key, at in sorted(unplaced.items()):
+            await self._judge_run(conn, rules, key, at, states=loaded.states, now=now, batch=batch)
+        await self._write_states(conn, loaded, batch, locked=True)
+        return await self._record_clocks(conn, batch)
+
+    def _evaluate(
+        self,
+        rules: RuleSet,
+        loaded: _LoadedStates,
+        messages: Sequence[tuple[str, str, Telemetry]],
+        now: datetime,
+    ) -> tuple[list[Evaluation], dict[SlotKey, datetime]]:
+        """Each message judged in order against ``loaded.states`` (which it moves on), with
+        no statement: the evaluations, and per (device, rule) the oldest late sample of the
+        batch its state could not place."""
         clock = self.clock
-        # (device, rule) → the oldest late sample of the batch its state could not place.
+        evaluations = []
         unplaced: dict[SlotKey, datetime] = {}
         for (device_id, event_id, message), keys in zip(messages, loaded.touched, strict=True):
             # Judged against the database's clock (the receipt, alike on every node).
@@ -294,12 +363,33 @@ class AlarmEngine:
                 clock=clock,
                 keys=keys,
             )
-            if evaluation.clock_adjustment is not None:
-                _count_adjustment(batch, device_id, message, evaluation, now)
+            evaluations.append(evaluation)
             for rule_key in evaluation.unplaced:
                 at = message.timestamp()
                 known = unplaced.get((device_id, rule_key))
                 unplaced[(device_id, rule_key)] = at if known is None else min(known, at)
+        return evaluations, unplaced
+
+    async def _write_outcomes(
+        self,
+        conn: asyncpg.Connection,
+        messages: Sequence[tuple[str, str, Telemetry]],
+        evaluations: Sequence[Evaluation],
+        now: datetime,
+        batch: BatchAlarms,
+    ) -> None:
+        """The evaluations' firings and clearings written, in message order."""
+        # Firings and clearings are written in steps, one statement per kind of write for the
+        # whole step (an alarm storm is one step; so is a batch of a fleet's hysteresis). A
+        # step holds each (device, rule) once: it ends before a second outcome of the same
+        # (device, rule), and before a late firing or a late clearing, which are written on
+        # their own. So outcomes of one (device, rule) still take effect in message order
+        # (one message may raise an alarm and clear it again: OPEN then CLOSE), and those of
+        # different ones touch different alarms.
+        step = _Step()
+        for (device_id, _, message), evaluation in zip(messages, evaluations, strict=True):
+            if evaluation.clock_adjustment is not None:
+                _count_adjustment(batch, device_id, message, evaluation, now)
             for outcome in evaluation.outcomes:
                 key = (outcome.device_id, outcome.rule_key)
                 if _late(outcome) or key in step.keys:
@@ -311,9 +401,9 @@ class AlarmEngine:
                 else:
                     await self._clear(conn, outcome, now, batch)
         await self._write_step(conn, step, now, batch)
-        for key, at in sorted(unplaced.items()):
-            await self._judge_run(conn, rules, key, at, states=loaded.states, now=now, batch=batch)
-        await self._write_states(conn, loaded, batch)
+
+    @staticmethod
+    async def _record_clocks(conn: asyncpg.Connection, batch: BatchAlarms) -> BatchAlarms:
         if batch.device_clocks:  # rare: no statement at all when no clock was adjusted
             await clock_repo.record_adjustments(conn, list(batch.device_clocks.values()))
         return batch
@@ -475,6 +565,10 @@ class AlarmEngine:
         m.alarms_deduplicated.inc(batch.deduplicated)
         m.alarms_cleared.inc(batch.cleared)
         m.rule_states_written.inc(batch.states_written)
+        if batch.held_written:
+            m.held_batches.labels("written").inc()
+        if batch.held_contended:
+            m.held_batches.labels("contended").inc()
         m.alarms_late.inc(batch.late)
         if batch.runs_judged or batch.runs_unjudged:
             m.late_runs.labels("judged").inc(batch.runs_judged)
@@ -483,56 +577,67 @@ class AlarmEngine:
         for reason, count in batch.clock_adjustments.items():
             m.clock_adjustments.labels(reason).inc(count)
 
-    async def _lock_states(
-        self,
-        conn: asyncpg.Connection,
-        rules: RuleSet,
-        messages: Sequence[tuple[str, str, Telemetry]],
-    ) -> _LoadedStates:
+    def _held_states(self, touched: _Touched) -> _LoadedStates | None:
+        """The batch's rows as this node holds them, when it holds every one and has not
+        found them written by others lately (else None: the batch locks and reads them)."""
+        if self._held_skip:
+            self._held_skip -= 1
+            return None
+        held = self._held
+        if not touched.keys <= held.keys():
+            return None
+        return _loaded({key: held[key] for key in touched.keys}, touched)
+
+    def _contended(self, contended: bool) -> None:
+        """What a batch found of its held rows: written by someone else since (then the next
+        batches lock their rows first, for twice as many batches each time it happens again,
+        up to HELD_SKIP_MAX), or all as held (the node writes alone again)."""
+        if contended:
+            self._held_skip = self._held_backoff
+            self._held_backoff = min(2 * self._held_backoff, HELD_SKIP_MAX)
+        else:
+            self._held_backoff = 1
+
+    async def _lock_states(self, conn: asyncpg.Connection, touched: _Touched) -> _LoadedStates:
         """Read the states the batch touches, in one statement, locked in a fixed order."""
-        keys: set[SlotKey] = set()
-        touched = []  # each message's keys, for its evaluation
-        for device_id, _, message in messages:
-            touched.append(mine := state_keys(rules, device_id, message))
-            keys |= mine
-        versions: dict[str, str] = {}
-        for _, rule_key in keys:
-            if rule_key not in versions:
-                rule = rules.by_key(rule_key)
-                assert rule is not None
-                versions[rule_key] = rule_version(rule)
+        keys, versions = touched.keys, touched.versions
+        held = self._held
         # Rows held exist (a set comparison in C, the usual batch); else the bitmap's hint.
-        exist = keys <= self._held.keys() or self._seen_rows.all_seen(keys)
+        exist = keys <= held.keys() or self._seen_rows.all_seen(keys)
         locked = await state_repo.lock_states(
             conn,
             [(device_id, rule_key, versions[rule_key]) for device_id, rule_key in keys],
             exist=exist,
-            held=self._held,
+            held=held,
         )
         read: dict[SlotKey, _Held] = {}
-        states: RuleStates = {}
+        missed = False
         for answered in locked:
             row = answered.row
             key = (row.device_id, row.rule_key)
             # A held row comes back as held; one read whole gets its state once.
-            entry = (
-                answered
-                if isinstance(answered, _Held)
-                else _Held(answered.token, row, _state_of(row))
-            )
-            read[key] = entry
-            state = entry.state
-            states[key] = state if row.rule_version == versions[key[1]] else state.rearmed()
+            if isinstance(answered, _Held):
+                read[key] = answered
+            else:
+                read[key] = _Held(answered.token, row, _state_of(row))
+                missed = missed or key in held  # held, and written by someone else since
         if not exist:
             self._seen_rows.add(read)
-        return _LoadedStates(read=read, versions=versions, states=states, touched=touched)
+        loaded = _loaded(read, touched)
+        loaded.missed = missed
+        return loaded
 
     async def _write_states(
-        self, conn: asyncpg.Connection, loaded: _LoadedStates, batch: BatchAlarms
-    ) -> None:
+        self, conn: asyncpg.Connection, loaded: _LoadedStates, batch: BatchAlarms, *, locked: bool
+    ) -> bool:
+        """Write back the rows whose state or rule version changed, each conditional on the
+        version read. ``locked``: the batch read them under lock_states; else it judged them
+        as held, and they are locked and written only if every row it touches is still the
+        one held (False: nothing was written, and the batch is judged again under
+        lock_states)."""
         changed: list[RuleStateRow] = []
         states: list[RuleState] = []
-        held = batch.held
+        kept: list[tuple[SlotKey, _Held]] = []
         for key, entry in loaded.read.items():
             state = loaded.states[key]
             version = loaded.versions[key[1]]
@@ -540,17 +645,33 @@ class AlarmEngine:
                 changed.append(_row_of(entry.row, state, version))
                 states.append(state)
             else:  # left as read: held with the token it was read with
-                held[key] = entry
+                kept.append((key, entry))
         try:
-            xmin = await state_repo.write_states(conn, changed, self.node_id)
+            if locked:
+                xmin = await state_repo.write_states(conn, changed, self.node_id)
+            elif loaded.read:
+                tokens = [(k[0], k[1], entry.token) for k, entry in loaded.read.items()]
+                answer = await state_repo.write_held_states(conn, tokens, changed, self.node_id)
+                self._contended(answer is None)
+                if answer is None:
+                    batch.held_contended = True
+                    return False
+                batch.held_written = True
+                xmin = answer
+            else:  # no row to lock: nothing stateful in the batch
+                xmin = ""
         except StateWriteConflictError as exc:  # cannot happen under the lock; never trust it
             raise ConcurrentWriteError(str(exc)) from exc
+        held = batch.held
+        for key, entry in kept:
+            held[key] = entry
         for row, state in zip(changed, states, strict=True):
             # As the write left it: one version on, this transaction's xmin.
             written = msgspec.structs.replace(row, version=row.version + 1)
             token = f"{written.version}.{xmin}"
             held[row.device_id, row.rule_key] = _Held(token, written, state)
         batch.states_written += len(changed)
+        return True
 
     async def _write_step(
         self, conn: asyncpg.Connection, step: _Step, now: datetime, batch: BatchAlarms

@@ -51,6 +51,14 @@ class AlarmMetrics(MetricSet):
             "Rule state rows written back by ingest batches",
             registry=r,
         )
+        self.held_batches = Counter(
+            "gateway_rule_state_held_batches",
+            "Ingest batches judged from the rule-state rows the node held, without locking "
+            "them first: written (nobody wrote them since) or contended (someone had: the "
+            "batch was judged again under lock)",
+            ["outcome"],
+            registry=r,
+        )
         self.alarms_unreached = Counter(
             "gateway_alarms_unreached",
             "Alarms still NEW after [alarms] unreached_after_s: no subscriber, no receiver "

@@ -18,7 +18,7 @@ import os
 import random
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 
 import asyncpg
 import pytest
@@ -61,8 +61,15 @@ def _stream(device: str, temps: Sequence[float]) -> list[_Stored]:
     return [_Stored(device, telemetry_event_id(device, m), m) for m in samples]
 
 
-async def _commit(engine: AlarmEngine, conn: asyncpg.Connection, batch: list[_Stored]) -> None:
-    """One node's batch: its telemetry, then its rules, in one transaction (as the daemon)."""
+async def _commit(
+    engine: AlarmEngine,
+    conn: asyncpg.Connection,
+    batch: list[_Stored],
+    *,
+    now: datetime | None = None,
+) -> None:
+    """One node's batch: its telemetry, then its rules, in one transaction (as the daemon);
+    judged at the database's time, or at ``now``."""
     rows = [
         ingest_repo.TelemetryRow(
             s.event_id, s.device, s.message.micros(), s.message.seq,
@@ -73,7 +80,7 @@ async def _commit(engine: AlarmEngine, conn: asyncpg.Connection, batch: list[_St
     async with conn.transaction():
         new = await ingest_repo.insert_telemetry(conn, rows, engine.node_id)
         fresh = [(s.device, s.event_id, s.message) for s in batch if s.event_id in new]
-        alarms = await engine.on_stored(conn, fresh)
+        alarms = await engine.on_stored(conn, fresh, now=now)
     engine.committed(alarms)
 
 
@@ -302,3 +309,100 @@ async def test_three_nodes_in_any_commit_order_raise_what_device_order_raises(
             " -k test_three_nodes_in_any_commit_order"
         )
         raise
+
+
+HELD_SEEDS = int(os.environ.get("GATEWAY_HELD_SEEDS", "6"))
+FIRST_HELD_SEED = int(os.environ.get("GATEWAY_HELD_SEED", "1"))
+QUICK = RuleConfig(
+    key="hot-now", kind="threshold", metric="temp", op=">", value=90, clear_value=75,
+    severity="CRITICAL",
+)  # fmt: skip
+DOOR = RuleConfig(key="door", kind="event", event="DOOR_OPEN", severity="MAJOR")
+MIXED = compile_rules([SLOW, QUICK, DOOR])
+
+
+def _field_stream(rng: random.Random, device: str, count: int) -> list[_Stored]:
+    """A device's samples as the field delivers them: mostly in order, some swapped with the
+    next, some late by a few places (placed by the rule state or judged from the stored run),
+    some from a clock set back beyond the reorder window, some with a door event."""
+    messages = []
+    for seq, temp in enumerate(_temps(rng, count)):
+        ts = T0 + seq * 1000 - (3_600_000 if rng.random() < 0.03 else 0)
+        events = [{"type": "DOOR_OPEN"}] if rng.random() < 0.1 else None
+        messages.append(Telemetry(ts=ts, seq=seq, metrics={"temp": temp}, events=events))
+    for i in range(len(messages) - 1):
+        if rng.random() < 0.1:
+            messages[i], messages[i + 1] = messages[i + 1], messages[i]
+    for _ in range(count // 20):
+        late = rng.randrange(len(messages) - 1)
+        messages.insert(min(len(messages), late + rng.randint(2, 6)), messages.pop(late))
+    return [_Stored(device, telemetry_event_id(device, m), m) for m in messages]
+
+
+async def _decided(db: asyncpg.Connection, prefix: str) -> tuple[list[object], list[object]]:
+    """Every alarm and rule-state row of the devices named with `prefix`, by device suffix,
+    rule and sample (not event id: the ids differ with the device's name)."""
+    alarms = await db.fetch(
+        "SELECT substr(a.device_id, length($1) + 1) AS device, a.rule_key, t.seq, a.status,"
+        " a.cleared_at IS NOT NULL AS cleared, a.superseded_by IS NOT NULL AS superseded"
+        " FROM alarm a LEFT JOIN telemetry t ON t.event_id = a.telemetry_event_id"
+        " WHERE a.device_id LIKE $1 || '%' ORDER BY 1, 2, 3",
+        prefix,
+    )
+    states = await db.fetch(
+        "SELECT substr(device_id, length($1) + 1) AS device, rule_key, rule_version, firing,"
+        " pending_count, pending_since, last_ts, last_seq, fired_ts, released_ts, clear_ts,"
+        " violating_ts FROM rule_state WHERE device_id LIKE $1 || '%' ORDER BY 1, 2",
+        prefix,
+    )
+    return [tuple(r) for r in alarms], [tuple(r) for r in states]
+
+
+@pytest.mark.parametrize("seed", range(FIRST_HELD_SEED, FIRST_HELD_SEED + HELD_SEEDS))
+async def test_a_node_judging_from_its_held_rows_decides_as_one_that_locks_every_batch(
+    db: asyncpg.Connection, db_dsn: str, seed: int
+) -> None:
+    """The same batches of field-order samples (swapped, late, a clock set back, events) on
+    two sets of devices: one node judges from the rows it holds where it can (locking and
+    writing them in one statement), the other locks and reads its rows before every batch.
+    Every alarm and every rule-state row come out the same."""
+    rng = random.Random(seed)
+    held = AlarmEngine(rules=MIXED, node_id="held", metrics=Metrics())
+    locking = AlarmEngine(rules=MIXED, node_id="locking", metrics=Metrics())
+    conns = [await asyncpg.connect(db_dsn) for _ in range(2)]
+    try:
+        streams = [_field_stream(rng, f"{d}", 80) for d in range(4)]
+        order = [s for stream in streams for s in stream]
+        rng.shuffle(order)
+        # Each device's samples keep their delivery order across the batches.
+        order.sort(key=lambda s: [x.event_id for x in streams[int(s.device)]].index(s.event_id))
+        cuts = sorted(rng.sample(range(1, len(order)), 40))
+        batches = [order[a:b] for a, b in zip([0, *cuts], [*cuts, len(order)], strict=True)]
+        # Samples set back beyond the reorder window are judged at their receipt: the same
+        # receipt for both nodes' batch.
+        receipt = datetime.fromtimestamp(T0 / 1000 + 86_400, tz=UTC)
+        for n, batch in enumerate(batches):
+            locking._held_skip = len(batches)  # never judges from held rows
+            for engine, conn, prefix in ((held, conns[0], "h-"), (locking, conns[1], "l-")):
+                named = [
+                    _Stored(
+                        prefix + s.device,
+                        telemetry_event_id(prefix + s.device, s.message),
+                        s.message,
+                    )
+                    for s in batch
+                ]
+                await _commit(engine, conn, named, now=receipt + timedelta(seconds=n))
+        assert await _decided(db, "h-") == await _decided(db, "l-")
+        written = held.alarm_metrics.held_batches.labels("written")._value.get()
+        assert written >= len(batches) // 2, written  # the held path was taken, mostly
+        assert locking.alarm_metrics.held_batches.labels("written")._value.get() == 0
+    except AssertionError:
+        print(
+            f"replay: GATEWAY_HELD_SEED={seed} GATEWAY_HELD_SEEDS=1 pytest -q {__file__}"
+            " -k test_a_node_judging_from_its_held_rows"
+        )
+        raise
+    finally:
+        for conn in conns:
+            await conn.close()

@@ -14,7 +14,7 @@ import asyncpg
 import msgspec
 import pytest
 
-from gateway.alarms.engine import AlarmEngine, BatchAlarms
+from gateway.alarms.engine import HELD_SKIP_MAX, AlarmEngine, BatchAlarms
 from gateway.alarms.lifecycle import clear_alarm, create_alarm
 from gateway.domain.errors import ConcurrentWriteError
 from gateway.domain.rules import RuleConfig, RuleState, compile_rules, rule_version
@@ -427,9 +427,10 @@ def test_every_time_field_of_a_row_is_written_as_microseconds() -> None:
 async def test_rows_a_node_has_seen_are_locked_without_an_insert_and_a_vanished_one_comes_back(
     nodes: list[tuple[AlarmEngine, asyncpg.Connection]], db: asyncpg.Connection
 ) -> None:
-    """A device's first batch creates its rows then locks them; later batches only lock
-    (one statement). A row gone meanwhile (a rule's state dropped) is created again and the
-    batch decides as on a first sample."""
+    """A device's first batch creates its rows then locks them; later batches are judged
+    from the rows the node holds, locked and written in one statement (no create, no lock
+    first). A row gone meanwhile (a rule's state dropped) is created again and the batch
+    decides as on a first sample."""
     conn = nodes[0][1]
     queries: list[str] = []
     conn.add_query_logger(lambda logged: queries.append(logged.query))
@@ -442,7 +443,9 @@ async def test_rows_a_node_has_seen_are_locked_without_an_insert_and_a_vanished_
     await _commit(nodes[0], _rows("dev", _temp(2, 71)))
     await _commit(nodes[0], _rows("dev", _temp(3, 72), _event(3, "DOOR_OPEN")))
     assert creates() == 1
-    assert sum(q == state_repo.LOCK_STATES for q in queries) == 3
+    assert sum(q == state_repo.LOCK_STATES for q in queries) == 1
+    assert sum(q == state_repo.WRITE_STATES for q in queries) == 1
+    assert sum(q == state_repo.WRITE_HELD_STATES for q in queries) == 2
     await _commit(nodes[0], _rows("other", _temp(3, 72)))  # a new device: created
     assert creates() == 2
 
@@ -589,3 +592,114 @@ async def test_a_held_row_from_another_run_of_the_server_is_read_whole(
             )
         assert got.row.last_seq == (7 if hit else 1), token
         assert got.token == f"1.{xid}@{started}"
+
+
+async def test_a_held_batch_that_waits_for_another_nodes_write_is_judged_again_under_lock(
+    nodes: list[tuple[AlarmEngine, asyncpg.Connection]], db: asyncpg.Connection
+) -> None:
+    """Node A holds the row it wrote (firing since 95) and judges its next batch (96) from
+    it, with no lock first. Node B clears the alarm (70) in a transaction still open when
+    A's statement comes: A waits for B's row, finds it written by B, writes nothing of what
+    it judged, and judges the batch again from B's row: 96 raises a new alarm (the held
+    state said "still firing"). A then locks first for its next batch, and after a batch in
+    which nobody wrote its rows judges from what it holds again."""
+    (engine_a, conn_a), (engine_b, conn_b) = nodes
+    queries: list[str] = []
+    conn_a.add_query_logger(lambda logged: queries.append(logged.query))
+    a_pid = await conn_a.fetchval("SELECT pg_backend_pid()")
+    assert len((await _commit(nodes[0], _rows("dev", _temp(1, 95)))).created) == 1
+
+    transaction = conn_b.transaction()
+    await transaction.start()
+    b_batch = await engine_b.on_stored(conn_b, _rows("dev", _temp(2, 70)))
+    assert b_batch.cleared == 1
+    del queries[:]
+    a_task = asyncio.create_task(_commit(nodes[0], _rows("dev", _temp(3, 96))))
+
+    async def a_waits_on_b() -> bool:
+        kind = await db.fetchval("SELECT wait_event_type FROM pg_stat_activity WHERE pid = $1",
+                                 a_pid)  # fmt: skip
+        return kind == "Lock"
+
+    await wait_until(a_waits_on_b, timeout=30, message="node A blocked on B's row")
+    # Judged as held, waiting to lock and write it: no lock taken before.
+    waiting = await db.fetchval("SELECT query FROM pg_stat_activity WHERE pid = $1", a_pid)
+    assert state_repo.WRITE_HELD_STATES.startswith(waiting[:900])  # the view cuts it at 1 KB
+    assert state_repo.LOCK_STATES not in queries
+    await transaction.commit()
+    engine_b.committed(b_batch)
+    a_batch = await a_task
+
+    assert len(a_batch.created) == 1
+    held_at = queries.index(state_repo.WRITE_HELD_STATES)
+    assert queries[held_at + 1] == state_repo.LOCK_STATES  # then judged again under lock
+    metric = engine_a.alarm_metrics.held_batches
+    assert (metric.labels("written")._value.get(), metric.labels("contended")._value.get()) == (
+        0,
+        1,
+    )
+    alarms = await _alarms(db)
+    assert [a["cleared_at"] is not None for a in alarms] == [True, False]
+    state = await state_repo.get_state(db, "dev", "temp-high")
+    assert state is not None
+    assert (state["firing"], state["version"], state["node_id"]) == (True, 3, "node-a")
+
+    # Contended once: the next batch locks first; the one after judges from held rows again.
+    del queries[:]
+    await _commit(nodes[0], _rows("dev", _temp(4, 97)))
+    assert state_repo.LOCK_STATES in queries
+    assert state_repo.WRITE_HELD_STATES not in queries
+    del queries[:]
+    await _commit(nodes[0], _rows("dev", _temp(5, 98)))
+    assert state_repo.WRITE_HELD_STATES in queries
+    assert state_repo.LOCK_STATES not in queries
+    assert metric.labels("written")._value.get() == 1
+
+
+def test_a_node_finding_its_rows_written_by_others_again_locks_first_for_longer() -> None:
+    """1, 2, 4, ... batches locked first after each contention in a row, at most
+    HELD_SKIP_MAX; a batch written as held makes the next contention cost one batch again."""
+    engine = AlarmEngine(rules=RULES, node_id="n", metrics=Metrics())
+    skips = []
+    for _ in range(11):
+        engine._contended(True)
+        skips.append(engine._held_skip)
+    assert skips == [1, 2, 4, 8, 16, 32, 64, 128, 256, 256, 256]
+    assert HELD_SKIP_MAX == 256
+    engine._contended(False)
+    engine._contended(True)
+    assert engine._held_skip == 1
+
+
+async def test_rows_held_are_written_only_if_every_one_is_the_write_held(
+    db: asyncpg.Connection,
+) -> None:
+    """write_held_states writes the changed rows only when every row the batch touches is
+    still the write the caller holds (version, xmin and the server's run): one row held from
+    another run of the server (a promoted standby reissues transaction ids) and nothing is
+    written, the others included."""
+    version = rule_version(RULES.by_key("temp-high"))  # type: ignore[arg-type]
+    keys = [(f"dev-{n}", "temp-high", version) for n in range(2)]
+    async with db.transaction():
+        rows = [e.row for e in await state_repo.lock_states(db, keys)]
+        xmin = await state_repo.write_states(db, rows, "a")
+    xid, _, started = xmin.partition("@")
+    rows = [msgspec.structs.replace(r, version=1) for r in rows]
+    moved = [msgspec.structs.replace(r, last_seq=9) for r in rows]
+    elsewhere = [(r.device_id, r.rule_key, f"1.{xid}@{int(started) - 1}") for r in rows]
+    held = [(r.device_id, r.rule_key, f"1.{xid}@{started}") for r in rows]
+    async with db.transaction():
+        mixed = [held[0], elsewhere[1]]
+        assert await state_repo.write_held_states(db, mixed, moved, "a") is None
+    assert [
+        (await state_repo.get_state(db, r.device_id, r.rule_key))["last_seq"] for r in rows
+    ] == [  # type: ignore[index]
+        None,
+        None,
+    ]
+    async with db.transaction():
+        written = await state_repo.write_held_states(db, held, moved[:1], "a")
+    assert written is not None
+    assert written.endswith(f"@{started}")
+    got = [await state_repo.get_state(db, r.device_id, r.rule_key) for r in rows]
+    assert [(g["last_seq"], g["version"]) for g in got] == [(9, 2), (None, 1)]  # type: ignore[index]
