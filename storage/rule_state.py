@@ -17,7 +17,6 @@ _Q = load_queries("rule_state.sql")
 CREATE_STATES = _Q["create_states"]
 LOCK_STATES = _Q["lock_states"]
 WRITE_STATES = _Q["write_states"]
-WRITE_HELD_STATES = _Q["write_held_states"]
 DROP_REMOVED = _Q["drop_removed"]
 REGISTER_RULE_SET = _Q["register_rule_set"]
 LIVE_RULE_SETS = _Q["live_rule_sets"]
@@ -139,13 +138,13 @@ def _locked(
 
 
 async def write_states(conn: asyncpg.Connection, rows: Sequence[RuleStateRow], node_id: str) -> str:
-    """Write rows back, each conditional on the version it was read at; the writing
-    transaction's id as the rows' xmin shows it, with the server's start ("xid@start"; ""
-    when there was nothing to write): a row written is then token f"{version + 1}.{xmin}"
-    for lock_states."""
+    """Write rows back, each conditional on the version it was read at (under lock_states'
+    lock); the writing transaction's id as the rows' xmin shows it, with the server's start
+    ("xid@start"; "" when there was nothing to write): a row written is then token
+    f"{version + 1}.{xmin}" for lock_states."""
     if not rows:
         return ""
-    written, xmin = await conn.fetchrow(WRITE_STATES, _records(rows), node_id)
+    _, written, xmin = await conn.fetchrow(WRITE_STATES, _records(rows), node_id, "", "", "", 0)
     if written != len(rows):
         raise StateWriteConflictError(
             f"{len(rows) - written} of {len(rows)} rule states changed since they were read"
@@ -161,7 +160,7 @@ async def write_held_states(
 ) -> str | None:
     """Lock the rows of ``held`` (device id, rule key, the token the caller holds it with)
     and write ``rows`` back (changed ones of them, as write_states), in one statement, only
-    if every row is still the one held: the caller evaluated from what it held and took no
+    if every row is still the one held: the caller judged from what it held and took no
     lock first. The writing transaction's id as write_states answers it; None when a row
     was written by anyone since (or is gone): then nothing was written, and the caller
     reads the rows with lock_states (those locked here stay locked, unchanged)."""
@@ -169,13 +168,13 @@ async def write_held_states(
         return ""
     ordered = sorted(held)
     complete, written, xmin = await conn.fetchrow(
-        WRITE_HELD_STATES,
+        WRITE_STATES,
+        _records(rows),
+        node_id,
         lines([k[0] for k in ordered]),
         lines([k[1] for k in ordered]),
         lines([k[2] for k in ordered]),
         len(ordered),
-        _records(rows),
-        node_id,
     )
     if not complete:
         return None

@@ -58,11 +58,34 @@ FROM (
 -- name: write_states
 -- $1 the rows (rule_state_write_us[], migration 0034: device id, rule key, the version read,
 -- then the state's columns, times as microseconds since 1970-01-01T00:00:00Z), $2 node id;
--- conditional on the version read: how many rows were written (fewer than sent: someone else
--- wrote), and the writing transaction's id as the rows' xmin shows it (its low 32 bits), with
--- the server's start time, as lock_states answers it: with each row's new version, the token
--- lock_states compares. Times come back exactly (from_micros, migration 0034).
-WITH written AS (
+-- each write conditional on the version read. Times come back exactly (from_micros,
+-- migration 0034).
+-- $3 device ids, $4 rule keys, $5 tokens (each a text of lines, storage.sql.lines; pairwise,
+-- sorted by device then rule), $6 how many: empty and 0 when the caller holds the rows under
+-- lock_states' lock. When it judged them from the rows it holds, with no lock taken first:
+-- every row the batch touches, with the token it was held with. Every such row whose token
+-- is still its own is locked, in lock_states' order (so a node doing this and one doing
+-- lock_states wait, never deadlock; a row another transaction is writing is waited for, then
+-- judged as it left it), and only when all $6 are, $1 is written (`complete`); else nothing
+-- is, and the caller reads the rows with lock_states (those locked here stay locked).
+-- Answers `complete`, how many rows were written (fewer than sent: someone else wrote), and
+-- the writing transaction's id as the rows' xmin shows it (its low 32 bits), with the
+-- server's start time, as lock_states answers it: with each row's new version, the token
+-- lock_states compares.
+WITH server AS (  -- the server's start time, once a statement (microseconds, as text)
+    SELECT (extract(epoch FROM pg_postmaster_start_time()) * 1000000)::bigint::text AS started
+), held AS (
+    SELECT 1
+    FROM rule_state s
+    JOIN unnest(string_to_array($3, E'\n'), string_to_array($4, E'\n'),
+                string_to_array($5, E'\n')) AS u(d, r, t)
+      ON s.device_id = u.d AND s.rule_key = u.r
+    WHERE u.t = s.version::text || '.' || s.xmin::text || '@' || (SELECT started FROM server)
+    ORDER BY s.device_id, s.rule_key
+    FOR UPDATE OF s
+), complete AS (
+    SELECT count(*) = $6 AS ok FROM held
+), written AS (
     UPDATE rule_state s
     SET rule_version = u.rule_version, firing = u.firing, pending_count = u.pending_count,
         pending_since = from_micros(u.pending_since),
@@ -76,51 +99,6 @@ WITH written AS (
         violating_ts = from_micros(u.violating_ts),
         version = s.version + 1, updated_at = now(), node_id = $2
     FROM unnest($1::rule_state_write_us[]) AS u
-    WHERE s.device_id = u.device_id AND s.rule_key = u.rule_key AND s.version = u.version
-    RETURNING 1
-)
-SELECT count(*) AS written,
-       (txid_current() & 4294967295)::text || '@'
-       || (extract(epoch FROM pg_postmaster_start_time()) * 1000000)::bigint::text AS xmin
-FROM written;
-
--- name: write_held_states
--- The batch evaluated from the rows the node holds, with no lock taken first: $1 device ids,
--- $2 rule keys, $3 the tokens they were held with (each a text of lines, storage.sql.lines;
--- pairwise, sorted by device then rule: every row the batch touches), $4 how many; $5 the
--- rows that changed (rule_state_write_us[], as write_states), $6 node id. Every row whose
--- token is still its own is locked, in lock_states' order (so a node doing this and one
--- doing lock_states wait, never deadlock; a row another transaction is writing is waited
--- for, then judged as it left it). Only when all $4 are, the changed rows are written
--- (`complete`); else nothing is, and the caller reads the rows with lock_states (those
--- locked here stay locked, unchanged). `written` and `xmin` as write_states answers them.
-WITH server AS (  -- the server's start time, once a statement (microseconds, as text)
-    SELECT (extract(epoch FROM pg_postmaster_start_time()) * 1000000)::bigint::text AS started
-), held AS (
-    SELECT 1
-    FROM rule_state s
-    JOIN unnest(string_to_array($1, E'\n'), string_to_array($2, E'\n'),
-                string_to_array($3, E'\n')) AS u(d, r, t)
-      ON s.device_id = u.d AND s.rule_key = u.r
-    WHERE u.t = s.version::text || '.' || s.xmin::text || '@' || (SELECT started FROM server)
-    ORDER BY s.device_id, s.rule_key
-    FOR UPDATE OF s
-), complete AS (
-    SELECT count(*) = $4 AS ok FROM held
-), written AS (
-    UPDATE rule_state s
-    SET rule_version = u.rule_version, firing = u.firing, pending_count = u.pending_count,
-        pending_since = from_micros(u.pending_since),
-        last_ts = from_micros(u.last_ts),
-        last_seq = u.last_seq,
-        fired_ts = from_micros(u.fired_ts),
-        fired_event_id = u.fired_event_id,
-        released_ts = from_micros(u.released_ts),
-        clear_ts = from_micros(u.clear_ts),
-        clear_event_id = u.clear_event_id,
-        violating_ts = from_micros(u.violating_ts),
-        version = s.version + 1, updated_at = now(), node_id = $6
-    FROM unnest($5::rule_state_write_us[]) AS u
     WHERE s.device_id = u.device_id AND s.rule_key = u.rule_key AND s.version = u.version
       AND (SELECT ok FROM complete)
     RETURNING 1
