@@ -321,7 +321,7 @@ class AlarmEngine:
         held = self._held_states(touched)
         if held is not None:
             # Judged from the rows held, then locked and written in one statement if nobody
-            # wrote them since: before any alarm is written, as under lock_states.
+            # wrote them since: before an alarm of theirs is written, as under lock_states.
             evaluations, unplaced = self._evaluate(rules, held, messages, now)
             if not unplaced and await self._write_states(conn, held, batch, locked=False):
                 await self._write_outcomes(conn, messages, evaluations, now, batch)
