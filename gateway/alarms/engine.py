@@ -323,15 +323,28 @@ class AlarmEngine:
             # Judged from the rows held, then locked and written in one statement if nobody
             # wrote them since: before an alarm of theirs is written, as under lock_states.
             evaluations, unplaced = self._evaluate(rules, held, messages, now)
-            if not unplaced and await self._write_states(conn, held, batch, locked=False):
-                await self._write_outcomes(conn, messages, evaluations, now, batch)
-                return await self._record_clocks(conn, batch)
-            # A late sample to place (its run is judged under the lock), or a row written by
-            # someone else since: judged again from the rows as lock_states reads them.
-        loaded = await self._lock_states(conn, touched)
-        if held is None and loaded.missed:
-            self._contended(True)  # another writer on these devices: lock first a while
-        evaluations, unplaced = self._evaluate(rules, loaded, messages, now)
+            if not unplaced:
+                if await self._write_states(conn, held, batch, locked=False):
+                    await self._write_outcomes(conn, messages, evaluations, now, batch)
+                    return await self._record_clocks(conn, batch)
+                loaded = await self._lock_states(conn, touched)  # written since: judged again
+            else:
+                # A late sample to place: its run is judged from the stored samples under the
+                # lock. The judgement from the copies stands if the lock finds every row the
+                # very one held (no second evaluation of the batch).
+                loaded = await self._lock_states(conn, touched)
+                read = loaded.read
+                if all(read.get(key) is entry for key, entry in held.read.items()):
+                    loaded = held
+                else:
+                    batch.held_contended = True
+                    self._contended(True)
+        else:
+            loaded = await self._lock_states(conn, touched)
+            if loaded.missed:
+                self._contended(True)  # another writer on these devices: lock first a while
+        if loaded is not held:
+            evaluations, unplaced = self._evaluate(rules, loaded, messages, now)
         await self._write_outcomes(conn, messages, evaluations, now, batch)
         for key, at in sorted(unplaced.items()):
             await self._judge_run(conn, rules, key, at, states=loaded.states, now=now, batch=batch)

@@ -19,10 +19,12 @@ import random
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import asyncpg
 import pytest
 
+from gateway.alarms import engine as engine_module
 from gateway.alarms.engine import AlarmEngine
 from gateway.domain.rules import (
     Clearing,
@@ -35,6 +37,7 @@ from gateway.domain.rules import (
 from gateway.support.metrics import Metrics
 from protocol import Telemetry, telemetry_event_id
 from storage import ingest as ingest_repo
+from storage import rule_state as state_repo
 
 T0 = 1_767_225_600_000
 SLOW = RuleConfig(
@@ -406,3 +409,43 @@ async def test_a_node_judging_from_its_held_rows_decides_as_one_that_locks_every
     finally:
         for conn in conns:
             await conn.close()
+
+
+async def test_a_held_batch_with_a_late_sample_is_judged_once_under_the_lock(
+    db_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Hot samples 0-2 raise the alarm, cool 4 clears it, then hot 3 comes late: the state
+    cannot place it, so its run is judged from the stored samples under the lock. The batch
+    was judged from the rows held first; the lock finds them as held, so that judgement
+    stands: each message is evaluated once, and the late run is judged (raised already
+    cleared, as on a node that locked first)."""
+    engine = AlarmEngine(rules=RULES, node_id="n", metrics=Metrics())
+    conn = await asyncpg.connect(db_dsn)
+    calls: list[str] = []
+    judged = engine_module.evaluate
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls.append(args[3])  # the event id
+        return judged(*args, **kwargs)
+
+    monkeypatch.setattr(engine_module, "evaluate", counted)
+    try:
+        stream = _stream("dev", [HOT, HOT, HOT, HOT, COOL])
+        await _commit(engine, conn, stream[:3])
+        await _commit(engine, conn, [stream[4]])
+        del calls[:]
+        statements: list[str] = []
+        conn.add_query_logger(lambda logged: statements.append(logged.query))
+        await _commit(engine, conn, [stream[3]])
+        assert calls == [stream[3].event_id]  # evaluated once
+        assert state_repo.LOCK_STATES in statements
+        assert engine.alarm_metrics.late_runs.labels("judged")._value.get() == 1
+        assert engine.alarm_metrics.held_batches.labels("contended")._value.get() == 0
+        alarms = await conn.fetch(
+            "SELECT telemetry_event_id, cleared_at IS NOT NULL AS cleared FROM alarm ORDER BY id"
+        )
+        assert [(a["telemetry_event_id"], a["cleared"]) for a in alarms] == [
+            (stream[2].event_id, True)
+        ]
+    finally:
+        await conn.close()
