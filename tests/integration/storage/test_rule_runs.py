@@ -417,8 +417,8 @@ async def test_a_held_batch_with_a_late_sample_is_judged_once_under_the_lock(
     """Hot samples 0-2 raise the alarm, cool 4 clears it, then hot 3 comes late: the state
     cannot place it, so its run is judged from the stored samples under the lock. The batch
     was judged from the rows held first; the lock finds them as held, so that judgement
-    stands: each message is evaluated once, and the late run is judged (raised already
-    cleared, as on a node that locked first)."""
+    stands: each message is evaluated once, and the late run is judged: its one alarm,
+    raised by sample 2 and cleared by 4, stays the only one, as on a node that locked first."""
     engine = AlarmEngine(rules=RULES, node_id="n", metrics=Metrics())
     conn = await asyncpg.connect(db_dsn)
     calls: list[str] = []
