@@ -17,6 +17,9 @@ _Q = load_queries("rule_state.sql")
 CREATE_STATES = _Q["create_states"]
 LOCK_STATES = _Q["lock_states"]
 WRITE_STATES = _Q["write_states"]
+# write_states' held rows to check ($3-$6) when the caller holds its rows under lock_states'
+# lock: none.
+UNDER_LOCK = ("", "", "", 0)
 DROP_REMOVED = _Q["drop_removed"]
 REGISTER_RULE_SET = _Q["register_rule_set"]
 LIVE_RULE_SETS = _Q["live_rule_sets"]
@@ -144,7 +147,7 @@ async def write_states(conn: asyncpg.Connection, rows: Sequence[RuleStateRow], n
     f"{version + 1}.{xmin}" for lock_states."""
     if not rows:
         return ""
-    _, written, xmin = await conn.fetchrow(WRITE_STATES, _records(rows), node_id, "", "", "", 0)
+    _, written, xmin = await conn.fetchrow(WRITE_STATES, _records(rows), node_id, *UNDER_LOCK)
     if written != len(rows):
         raise StateWriteConflictError(
             f"{len(rows) - written} of {len(rows)} rule states changed since they were read"

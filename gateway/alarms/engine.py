@@ -174,14 +174,18 @@ class _Touched:
         self.versions = versions
 
 
-def _loaded(read: dict[SlotKey, _Held], touched: _Touched) -> _LoadedStates:
+def _loaded(
+    read: dict[SlotKey, _Held], touched: _Touched, *, missed: bool = False
+) -> _LoadedStates:
     """The batch's states from its rows (a row of an older rule version starts over)."""
     versions = touched.versions
     states: RuleStates = {}
     for key, entry in read.items():
         state = entry.state
         states[key] = state if entry.row.rule_version == versions[key[1]] else state.rearmed()
-    return _LoadedStates(read=read, versions=versions, states=states, touched=touched.per_message)
+    return _LoadedStates(
+        read=read, versions=versions, states=states, touched=touched.per_message, missed=missed
+    )
 
 
 class _SeenRows:
@@ -636,9 +640,7 @@ class AlarmEngine:
                 missed = missed or key in held  # held, and written by someone else since
         if not exist:
             self._seen_rows.add(read)
-        loaded = _loaded(read, touched)
-        loaded.missed = missed
-        return loaded
+        return _loaded(read, touched, missed=missed)
 
     async def _write_states(
         self, conn: asyncpg.Connection, loaded: _LoadedStates, batch: BatchAlarms, *, locked: bool
