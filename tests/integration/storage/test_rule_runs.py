@@ -22,6 +22,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import asyncpg
+import msgspec
 import pytest
 
 from gateway.alarms import engine as engine_module
@@ -322,15 +323,27 @@ QUICK = RuleConfig(
 )  # fmt: skip
 DOOR = RuleConfig(key="door", kind="event", event="DOOR_OPEN", severity="MAJOR")
 MIXED = compile_rules([SLOW, QUICK, DOOR])
+# The same rules after a SIGHUP that changed one (its state restarts its count).
+RELOADED = compile_rules([SLOW, msgspec.structs.replace(QUICK, value=88), DOOR])
+# The receipt of the equivalence test's batches: a day after the samples' time.
+RECEIPT_MS = T0 + 86_400_000
 
 
 def _field_stream(rng: random.Random, device: str, count: int) -> list[_Stored]:
     """A device's samples as the field delivers them: mostly in order, some swapped with the
     next, some late by a few places (placed by the rule state or judged from the stored run),
-    some from a clock set back beyond the reorder window, some with a door event."""
+    some from a clock set back beyond the reorder window, ahead of the receipt by hours or
+    reset to 1970, some with a door event."""
     messages = []
     for seq, temp in enumerate(_temps(rng, count)):
-        ts = T0 + seq * 1000 - (3_600_000 if rng.random() < 0.03 else 0)
+        clock = rng.random()
+        ts = T0 + seq * 1000
+        if clock < 0.03:
+            ts -= 3_600_000  # set back an hour
+        elif clock < 0.05:
+            ts = RECEIPT_MS + 8 * 3_600_000  # 8 hours ahead of the receipt
+        elif clock < 0.07:
+            ts = seq * 1000  # reset to 1970
         events = [{"type": "DOOR_OPEN"}] if rng.random() < 0.1 else None
         messages.append(Telemetry(ts=ts, seq=seq, metrics={"temp": temp}, events=events))
     for i in range(len(messages) - 1):
@@ -365,27 +378,31 @@ async def _decided(db: asyncpg.Connection, prefix: str) -> tuple[list[object], l
 async def test_a_node_judging_from_its_held_rows_decides_as_one_that_locks_every_batch(
     db: asyncpg.Connection, db_dsn: str, seed: int
 ) -> None:
-    """The same batches of field-order samples (swapped, late, a clock set back, events) on
-    two sets of devices: one node judges from the rows it holds where it can (locking and
-    writing them in one statement), the other locks and reads its rows before every batch.
-    Every alarm and every rule-state row come out the same."""
+    """The same batches of field-order samples (swapped, late, clocks set back, ahead and
+    reset to 1970, events) on two sets of devices, with a reload that changes a rule half-way:
+    one node judges from the rows it holds where it can (locking and writing them in one
+    statement), the other locks and reads its rows before every batch. Every alarm and every
+    rule-state row come out the same."""
     rng = random.Random(seed)
     held = AlarmEngine(rules=MIXED, node_id="held", metrics=Metrics())
     locking = AlarmEngine(rules=MIXED, node_id="locking", metrics=Metrics())
     conns = [await asyncpg.connect(db_dsn) for _ in range(2)]
     try:
         streams = [_field_stream(rng, f"{d}", 80) for d in range(4)]
-        order = [s for stream in streams for s in stream]
-        rng.shuffle(order)
-        # Each device's samples keep their delivery order across the batches.
-        order.sort(key=lambda s: [x.event_id for x in streams[int(s.device)]].index(s.event_id))
+        # Each device's samples keep their delivery order; the devices take turns.
+        order = []
+        for turn in zip(*streams, strict=True):
+            order += rng.sample(turn, len(turn))
         cuts = sorted(rng.sample(range(1, len(order)), 40))
         batches = [order[a:b] for a, b in zip([0, *cuts], [*cuts, len(order)], strict=True)]
         # Samples set back beyond the reorder window are judged at their receipt: the same
         # receipt for both nodes' batch.
-        receipt = datetime.fromtimestamp(T0 / 1000 + 86_400, tz=UTC)
+        receipt = datetime.fromtimestamp(RECEIPT_MS / 1000, tz=UTC)
         for n, batch in enumerate(batches):
             locking._held_skip = len(batches)  # never judges from held rows
+            if n == len(batches) // 2:  # a SIGHUP on both, between batches
+                held.replace_rules(RELOADED)
+                locking.replace_rules(RELOADED)
             for engine, conn, prefix in ((held, conns[0], "h-"), (locking, conns[1], "l-")):
                 named = [
                     _Stored(
@@ -397,6 +414,9 @@ async def test_a_node_judging_from_its_held_rows_decides_as_one_that_locks_every
                 ]
                 await _commit(engine, conn, named, now=receipt + timedelta(seconds=n))
         assert await _decided(db, "h-") == await _decided(db, "l-")
+        adjusted = held.alarm_metrics.clock_adjustments
+        for reason in ("ahead", "behind"):  # the clocks' faults were in the stream
+            assert adjusted.labels(reason)._value.get() > 0, reason
         written = held.alarm_metrics.held_batches.labels("written")._value.get()
         assert written >= len(batches) // 2, written  # the held path was taken, mostly
         assert locking.alarm_metrics.held_batches.labels("written")._value.get() == 0
