@@ -360,6 +360,10 @@ class IngestWriter:
         for index, group in enumerate(groups or [[]]):
             # The quarantined messages' dead letters commit with the first group.
             carried = letters if index == 0 else []
+            # Journaled before it is decoded: decoding runs C extensions (JSON, Sparkplug's
+            # protobuf) on what devices sent, and a message that kills the process there must
+            # count its deaths like one that kills it while stored.
+            await self._journal(group, retry)
             classified = self.decoder.classify(group)
             classified.dead_letters.extend(carried)
             result = await self.store_with_retry(
@@ -508,6 +512,42 @@ class IngestWriter:
             letters.extend(verdict or [self.decoder.dead_letter(item, STORAGE_REJECTED, detail)])
         return letters
 
+    async def _journal(self, items: list[Inbound], retry: Backoff) -> None:
+        """Before ``items`` are decoded and stored: the breaker's journal holds them and every
+        message in flight beside them, committed (tried again while the database is away).
+        Their batch is then stored without writing the journal again, retries included: the
+        journal holds them until one written after it does too (another flight's journal
+        holds every flight not landed)."""
+        breaker = self.breaker
+        if breaker is None:
+            return
+        sent = self._count_statement
+        while True:
+            call = object()
+            self._db_calls[call] = asyncio.get_running_loop().time()
+            try:
+                async with self.pool.acquire() as conn, self._journal_lock:
+                    conn.add_query_logger(sent)
+                    try:
+                        await breaker.journal(conn, self._in_flight_items(items))
+                    finally:
+                        conn.remove_query_logger(sent)
+            except RETRY_LATER as exc:
+                error = exc
+            else:
+                return
+            finally:
+                del self._db_calls[call]  # waiting to try again is not a call under way
+            delay = retry.next_delay()
+            self.metrics.db_retries.inc()
+            log.warning(
+                "database_unavailable",
+                database=self.database,
+                error=repr(error),
+                retry_in_s=round(delay, 3),
+            )
+            await asyncio.sleep(delay)
+
     async def _store_once(self, batch: Classified, settled: Sequence[Inbound] = ()) -> StoreResult:
         breaker = self.breaker
         call = object()
@@ -519,9 +559,6 @@ class IngestWriter:
             async with self.pool.acquire() as conn:
                 conn.add_query_logger(sent)
                 try:
-                    if breaker is not None:
-                        async with self._journal_lock:
-                            await breaker.journal(conn, self._in_flight_items(batch))
                     async with conn.transaction():
                         result = await store(
                             conn,
@@ -547,13 +584,13 @@ class IngestWriter:
                 log.exception("alarm_counting_failed")
         return result
 
-    def _in_flight_items(self, batch: Classified) -> list[Inbound]:
-        """What the breaker's journal holds while ``batch`` is stored: the batch itself when
+    def _in_flight_items(self, items: list[Inbound]) -> list[Inbound]:
+        """What the breaker's journal holds while ``items`` are stored: they alone when
         nothing else is in flight (a suspect alone, so that a death points at it), else every
         message of every flight not landed, in delivery order of their flights."""
         flights = self._flights
         if len(flights) <= 1:
-            return batch.items
+            return items
         return [item for flight in flights for item in flight.items]
 
     def _count_statement(self, _: object) -> None:

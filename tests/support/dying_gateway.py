@@ -1,9 +1,11 @@
-"""``gateway`` whose process dies outright while judging a message with one event type.
+"""``gateway`` whose process dies outright while judging a message with one event type, or
+while decoding a payload that holds one marker.
 
-A stand-in for what no ``except`` can catch — a crash in a C extension, memory exhausted, a
-hang the service manager's watchdog ends — wired to a message the test chooses. Everything
-else is the real daemon. Run as ``python -m tests.support.dying_gateway run --config FILE``;
-importing this module (for its constants) changes nothing.
+A stand-in for what no ``except`` can catch — a crash in a C extension (the JSON or protobuf
+decoder, say), memory exhausted, a hang the service manager's watchdog ends — wired to a
+message the test chooses. Everything else is the real daemon. Run as
+``python -m tests.support.dying_gateway run --config FILE``; importing this module (for its
+constants) changes nothing.
 """
 
 from __future__ import annotations
@@ -12,13 +14,17 @@ import os
 from typing import Any
 
 DEADLY_EVENT = "DIE_NOW"
+# A payload holding these bytes kills the process in the decoder, before any rule sees it.
+DEADLY_WHILE_DECODING = b"DIE_WHILE_DECODING"
 DEATH_CODE = 86
 
 
 def _install() -> None:
     from gateway.alarms import engine
+    from gateway.ingest import decoder
 
     evaluate = engine.evaluate
+    decode_telemetry = decoder.decode_telemetry
 
     def deadly(*args: Any, **kwargs: Any) -> Any:
         message = args[4]
@@ -26,7 +32,14 @@ def _install() -> None:
             os._exit(DEATH_CODE)
         return evaluate(*args, **kwargs)
 
-    engine.evaluate = deadly  # type: ignore[assignment]  # the one change: a deadly message
+    def deadly_to_decode(payload: bytes, *args: Any, **kwargs: Any) -> Any:
+        if DEADLY_WHILE_DECODING in payload:
+            os._exit(DEATH_CODE)
+        return decode_telemetry(payload, *args, **kwargs)
+
+    # The only changes: a deadly message, and a deadly payload.
+    engine.evaluate = deadly  # type: ignore[assignment]
+    decoder.decode_telemetry = deadly_to_decode  # type: ignore[assignment]
 
 
 if __name__ == "__main__":

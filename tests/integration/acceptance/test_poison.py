@@ -13,10 +13,11 @@ from pathlib import Path
 import aiomqtt
 import asyncpg
 import msgspec
+import pytest
 
 from protocol import Topics
 from tests.support.daemon import DaemonProcess, config_toml, http_healthy
-from tests.support.dying_gateway import DEADLY_EVENT, DEATH_CODE
+from tests.support.dying_gateway import DEADLY_EVENT, DEADLY_WHILE_DECODING, DEATH_CODE
 from tests.support.mosquitto import Mosquitto
 from tests.support.ports import free_port
 from tests.support.waiting import wait_until
@@ -274,14 +275,23 @@ async def test_poison_among_good_messages_is_dead_lettered_and_the_daemon_never_
     assert sos == 2 * len(POISON) + 1
 
 
+# Where the deadly message kills the process: while its rules judge it, or while it is
+# decoded (before any statement of its batch).
+DEADLY = {
+    "judging": _json({"ts": T0, "events": [{"type": DEADLY_EVENT}]}),
+    "decoding": _json({"ts": T0, "metrics": {"t": 1}, "note": DEADLY_WHILE_DECODING.decode()}),
+}
+
+
+@pytest.mark.parametrize("where", sorted(DEADLY))
 async def test_a_message_that_kills_the_process_is_quarantined_after_two_deaths(
-    db_dsn: str, mosquitto: Mosquitto, tmp_path: Path
+    db_dsn: str, mosquitto: Mosquitto, tmp_path: Path, where: str
 ) -> None:
     http_port = free_port()
     config = tmp_path / "gateway.toml"
     _write_config(config, db_dsn, mosquitto.port, http_port, "dying-node")
     process = DaemonProcess(config, tmp_path / "daemon.log", module="tests.support.dying_gateway")
-    deadly = _json({"ts": T0, "events": [{"type": DEADLY_EVENT}]})
+    deadly = DEADLY[where]
     around = [
         (TOPICS.telemetry(f"dev-{n}"), _json({"ts": T0 + n, "metrics": {"temp": n}}))
         for n in range(40)
