@@ -24,6 +24,11 @@ PUBLISH_QOS1: Final = 0x32
 PUBACK: Final = 0x40
 DISCONNECT: Final = b"\xe0\x00"
 MAX_PACKET_ID: Final = 65535
+# A PUBACK of MQTT 3.1.1 (what this client speaks): type, remaining length 2, packet id.
+PUBACK_SIZE: Final = 4
+# Messages written to the socket at once, and bytes of PUBACKs read at once.
+CHUNK: Final = 64
+ACK_READ: Final = 65536
 
 
 class WireError(Exception):
@@ -93,38 +98,63 @@ class WirePublisher:
     async def publish_all(self, messages: Iterable[tuple[str, bytes]]) -> int:
         """Publish every (topic, payload) at QoS 1; return once all are acknowledged.
 
+        At most ``window`` messages are unacknowledged at once. Packets go out in one write
+        per ``CHUNK`` messages (or fewer, when the window is full or ``messages`` is done),
+        and PUBACKs are read as whatever the socket holds: a write and a read per packet,
+        and a semaphore slot per message of the window at the end of every call, cost the
+        latency phase's publisher (paced calls of ~22 messages) a quarter of its CPU, on the
+        cores it shares with what it measures.
+
         A broken connection raises (``WireError`` or ``OSError``); bound the wait with
         ``asyncio.timeout`` if the broker may stall.
         """
         assert self._reader is not None
         assert self._writer is not None
-        reader, writer = self._reader, self._writer
-        room = asyncio.Semaphore(self.window)
+        reader, writer, window = self._reader, self._writer, self.window
+        acked = asyncio.Event()
+        unacked = 0
 
         async def read_acks() -> None:
+            nonlocal unacked
+            pending = b""
             while True:
-                header = await reader.readexactly(4)
-                if header[0] != PUBACK:
-                    raise WireError(f"expected PUBACK, got packet type {header[0] >> 4}")
-                room.release()
+                data = await reader.read(ACK_READ)
+                if not data:
+                    raise WireError("the broker closed the connection")
+                pending += data
+                whole = len(pending) - len(pending) % PUBACK_SIZE
+                for at in range(0, whole, PUBACK_SIZE):
+                    if pending[at] != PUBACK:
+                        raise WireError(f"expected PUBACK, got packet type {pending[at] >> 4}")
+                unacked -= whole // PUBACK_SIZE
+                pending = pending[whole:]
+                acked.set()
 
-        async def all_acked() -> None:
-            for _ in range(self.window):
-                await room.acquire()
+        async def wait_for_acks(most: int) -> None:
+            """Until at most ``most`` messages are unacknowledged."""
+            while unacked > most:
+                acked.clear()
+                await _first(acked.wait(), acks)
 
         acks = asyncio.create_task(read_acks(), name="wire-publisher-acks")
         sent = 0
+        chunk: list[bytes] = []
         try:
             for topic, payload in messages:
-                if room.locked():
+                if unacked >= window:
+                    writer.write(b"".join(chunk))
+                    chunk.clear()
                     await writer.drain()
-                    await _first(room.acquire(), acks)
-                else:
-                    await room.acquire()
-                writer.write(publish_packet(topic, payload, sent % MAX_PACKET_ID + 1))
+                    await wait_for_acks(window - 1)
+                chunk.append(publish_packet(topic, payload, sent % MAX_PACKET_ID + 1))
+                unacked += 1
                 sent += 1
+                if len(chunk) >= CHUNK:
+                    writer.write(b"".join(chunk))
+                    chunk.clear()
+            writer.write(b"".join(chunk))
             await writer.drain()
-            await _first(all_acked(), acks)
+            await wait_for_acks(0)
         finally:
             acks.cancel()
         return sent
