@@ -31,7 +31,7 @@ class UnboundedTelemetry:
     events_json: str | None
 
 
-DIGEST_BYTES = 16  # what write_journal cuts its one bytea into
+DIGEST_BYTES = 16  # each digest in the journal's one bytea (recover_journal cuts it)
 
 
 async def write_journal(conn: asyncpg.Connection, node_id: str, digests: Sequence[bytes]) -> None:
