@@ -448,15 +448,7 @@ class IngestWriter:
             try:
                 result = await self._store_once(batch, settled)
             except RETRY_LATER as exc:
-                delay = retry.next_delay()
-                self.metrics.db_retries.inc()
-                log.warning(
-                    "database_unavailable",
-                    database=self.database,
-                    error=repr(exc),
-                    retry_in_s=round(delay, 3),
-                )
-                await asyncio.sleep(delay)
+                await self._database_away(exc, retry)
                 continue
             except Exception as exc:
                 if refusal_reason(exc) == STORAGE_REJECTED:
@@ -538,15 +530,19 @@ class IngestWriter:
                 return
             finally:
                 del self._db_calls[call]  # waiting to try again is not a call under way
-            delay = retry.next_delay()
-            self.metrics.db_retries.inc()
-            log.warning(
-                "database_unavailable",
-                database=self.database,
-                error=repr(error),
-                retry_in_s=round(delay, 3),
-            )
-            await asyncio.sleep(delay)
+            await self._database_away(error, retry)
+
+    async def _database_away(self, exc: BaseException, retry: Backoff) -> None:
+        """After a call failed with ``exc`` (one of ``RETRY_LATER``): wait before trying again."""
+        delay = retry.next_delay()
+        self.metrics.db_retries.inc()
+        log.warning(
+            "database_unavailable",
+            database=self.database,
+            error=repr(exc),
+            retry_in_s=round(delay, 3),
+        )
+        await asyncio.sleep(delay)
 
     async def _store_once(self, batch: Classified, settled: Sequence[Inbound] = ()) -> StoreResult:
         breaker = self.breaker
