@@ -24,7 +24,7 @@ async def test_a_journal_left_before_the_upgrade_counts_a_death_for_each_message
             "INSERT INTO ingest_journal (node_id, digests) VALUES ('died', $1), ('idle', '{}')",
             DIGESTS,
         )
-        assert await migrate(conn) == [ONE_BYTEA]
+        assert ONE_BYTEA in await migrate(conn)  # and every later one
         kept = await conn.fetch("SELECT node_id, digests FROM ingest_journal ORDER BY node_id")
         assert [(r["node_id"], bytes(r["digests"])) for r in kept] == [
             ("died", b"".join(DIGESTS)),  # in their order

@@ -76,7 +76,7 @@ async def test_the_key_leads_with_the_time_and_old_alarms_get_their_sample_time(
         await _alarm(conn, 3, _event_id(2), modern)
         await _alarm(conn, 4, _event_id(8), {"event": "DOOR_OPEN"})  # no time, sample stored
 
-        assert await migrate(conn) == [KEY_BY_TIME]
+        assert KEY_BY_TIME in await migrate(conn)  # and every later one
 
         after = await conn.fetch("SELECT * FROM telemetry ORDER BY event_id")
         assert [tuple(r) for r in after] == [tuple(r) for r in before]
