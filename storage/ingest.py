@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from hashlib import sha256
@@ -16,7 +16,6 @@ from storage.sql import lines, load_queries
 
 _Q = load_queries("ingest.sql")
 INSERT_TELEMETRY = _Q["insert_telemetry"]
-UPSERT_DEVICES = _Q["upsert_devices"]
 UPSERT_PRESENCE = _Q["upsert_presence"]
 UPSERT_DEVICE_MAPPINGS = _Q["upsert_device_mappings"]
 DEVICE_MAPPINGS = _Q["device_mappings"]
@@ -92,25 +91,32 @@ async def insert_telemetry(
 
 
 async def insert_telemetry_at(
-    conn: asyncpg.Connection, rows: Sequence[TelemetryRow], node_id: str
+    conn: asyncpg.Connection,
+    rows: Sequence[TelemetryRow],
+    node_id: str,
+    devices: Collection[str] = (),
 ) -> tuple[set[str], datetime | None]:
     """`insert_telemetry`, and the transaction's time on the database clock when a row was
-    new (None when none was: nothing new to judge)."""
-    if not rows:
+    new (None when none was: nothing new to judge); ``devices`` heard from are touched in
+    the same statement (`touch_devices`)."""
+    if not rows and not devices:
         return set(), None
     # One array of records (the type telemetry_write_us has TelemetryRow's fields, in order).
     new, db_now, new_ids = await conn.fetchrow(
-        INSERT_TELEMETRY, [astuple(r) for r in rows], node_id, len(rows)
+        INSERT_TELEMETRY,
+        [astuple(r) for r in rows],
+        node_id,
+        len(rows),
+        lines(sorted(devices)),
     )
     if not new:
         return set(), None
     return {r.event_id for r in rows} if new_ids is None else set(new_ids), db_now
 
 
-async def touch_devices(conn: asyncpg.Connection, device_ids: set[str]) -> None:
+async def touch_devices(conn: asyncpg.Connection, device_ids: Collection[str]) -> None:
     """Register unseen devices and move ``last_seen`` of the others to now."""
-    if device_ids:
-        await conn.execute(UPSERT_DEVICES, lines(sorted(device_ids)))
+    await insert_telemetry_at(conn, (), "", device_ids)
 
 
 async def record_presence(conn: asyncpg.Connection, presence: dict[str, str]) -> None:

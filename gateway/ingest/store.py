@@ -66,8 +66,7 @@ async def store(
         seen = seen | outcome.seen_devices
         presence = {**presence, **outcome.presence}
         letters = [*letters, *outcome.dead_letters]
-    new_ids, db_now = await repo.insert_telemetry_at(conn, telemetry, node_id)
-    await repo.touch_devices(conn, seen)
+    new_ids, db_now = await repo.insert_telemetry_at(conn, telemetry, node_id, seen)
     await repo.record_presence(conn, presence)
     await repo.record_device_mappings(conn, batch.mapped_devices)
     await repo.insert_dead_letters(conn, letters, node_id)
