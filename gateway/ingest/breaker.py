@@ -5,9 +5,10 @@ An exception in processing is caught per message (``IngestWriter``) and dead-let
 message alone. What no ``except`` sees is the process dying: a crash in a C extension, memory
 exhausted, a hang the service manager's watchdog ends. The message was never acknowledged,
 so the broker delivers it again after the restart, and again: one device's message would stop
-ingest for the whole fleet, across every restart. So before each batch is stored, the digests
-of its messages are written to the node's journal in PostgreSQL, on their own (committed
-before the batch's transaction begins); a clean stop empties it. At start, what the journal
+ingest for the whole fleet, across every restart. So before each batch is decoded (decoders
+are C extensions too) and stored, the digests of its messages are written to the node's
+journal in PostgreSQL, on their own (committed before decoding begins); a clean stop empties
+it. At start, what the journal
 still holds was in flight when the node died: each such message counts one death
 (``ingest_suspect``). A suspect is processed alone, so that the next death points at the
 message that caused it and not at its batch-mates; once stored (or dead-lettered), it is
