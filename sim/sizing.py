@@ -13,9 +13,8 @@ For each fillfactor asked for (100 and 80 by default), on a fresh database migra
    ``lock_states`` (``FOR UPDATE``, where two nodes' batches on the same devices wait for
    each other), ``write_states`` (the conditional write). The samples move the rows as a
    ``> threshold, for 3 samples`` rule would: mostly the last sample's time, now and then a
-   pending count, a firing, a clear. Telemetry rows
-   and alarms are not written: their cost is ``gateway-sim bench``'s subject; this one is the
-   state a fleet keeps;
+   pending count, a firing, a clear. Telemetry rows and alarms are not written: their cost
+   is ``gateway-sim bench``'s subject; this one is the state a fleet keeps;
 3. **report** — table and index sizes before and after, HOT updates among all updates, dead
    rows and autovacuum runs, how long ``lock_states`` took per batch (which is where the lock
    waits are) and how often a worker was seen waiting for a lock (sampled every 20 ms), and
@@ -113,9 +112,8 @@ class LoadFigures:
     samples: int = 0
     rows_written: int = 0
     refused_writes: int = 0  # conditional writes that found another version (must stay 0)
-    device_ms: list[float] = field(
-        default_factory=list
-    )  # touching the devices: their row locks too
+    # Touching the devices (insert_telemetry with no telemetry): their row locks too.
+    device_ms: list[float] = field(default_factory=list)
     lock_ms: list[float] = field(default_factory=list)
     batch_ms: list[float] = field(default_factory=list)
     lock_samples: int = 0
