@@ -22,6 +22,15 @@ NOW = datetime.now(UTC)
 TODAY = utc_day(NOW)
 
 
+@pytest.fixture(autouse=True)
+def _now() -> None:
+    """Each test's time, taken as it starts: taken at import, a run that crossed midnight UTC
+    compared yesterday's clock with rows the database had received today."""
+    global NOW, TODAY  # noqa: PLW0603  # read by every test and helper of the module
+    NOW = datetime.now(UTC)
+    TODAY = utc_day(NOW)
+
+
 def sample(device: str, ts: datetime, seq: int) -> TelemetryRow:
     message = Telemetry(ts=ts, seq=seq, metrics={"temp": 20.5 + seq})
     return TelemetryRow(

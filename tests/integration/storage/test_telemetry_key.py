@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 
 import asyncpg
 import msgspec
+import pytest
 
 from protocol import micros
 from storage import alarms as alarm_repo
@@ -20,6 +21,15 @@ from tests.support.schema import schema_before, version_of
 KEY_BY_TIME = version_of("telemetry_key_by_time")
 NOW = datetime.now(UTC).replace(microsecond=250_000)
 FAR_BACK = NOW - timedelta(days=800)  # no partition: the default one
+
+
+@pytest.fixture(autouse=True)
+def _now() -> None:
+    """The test's time, taken as it starts: taken at import, a run that crossed midnight UTC
+    dated "today's" rows into a day the migrations (run in the test) made no partition for."""
+    global NOW, FAR_BACK  # noqa: PLW0603  # read by the test and its helpers
+    NOW = datetime.now(UTC).replace(microsecond=250_000)
+    FAR_BACK = NOW - timedelta(days=800)
 
 
 def _event_id(n: int) -> str:
