@@ -12,7 +12,7 @@ import contextlib
 import dataclasses
 import hashlib
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 
 import asyncpg
 import structlog
@@ -504,6 +504,27 @@ class IngestWriter:
             letters.extend(verdict or [self.decoder.dead_letter(item, STORAGE_REJECTED, detail)])
         return letters
 
+    @contextlib.asynccontextmanager
+    async def _connection(self, *, counted: bool = True) -> AsyncIterator[asyncpg.Connection]:
+        """A pooled connection for one database call of the writer: the watchdog sees the
+        call under way until it ends (``in_db_call_since``), and, ``counted``, its round trips
+        are counted as asyncpg sends them (its query logger, which it calls soon after each
+        statement: BEGIN and COMMIT included)."""
+        call = object()
+        self._db_calls[call] = asyncio.get_running_loop().time()
+        try:
+            async with self.pool.acquire() as conn:
+                if not counted:
+                    yield conn
+                    return
+                conn.add_query_logger(self._count_statement)
+                try:
+                    yield conn
+                finally:
+                    conn.remove_query_logger(self._count_statement)
+        finally:
+            del self._db_calls[call]
+
     async def _journal(self, items: list[Inbound], retry: Backoff) -> None:
         """Before ``items`` are decoded and stored: the breaker's journal holds them and every
         message in flight beside them, committed (tried again while the database is away).
@@ -513,24 +534,15 @@ class IngestWriter:
         breaker = self.breaker
         if breaker is None:
             return
-        sent = self._count_statement
         while True:
-            call = object()
-            self._db_calls[call] = asyncio.get_running_loop().time()
             try:
-                async with self.pool.acquire() as conn, self._journal_lock:
-                    conn.add_query_logger(sent)
-                    try:
-                        await breaker.journal(conn, self._in_flight_items(items))
-                    finally:
-                        conn.remove_query_logger(sent)
+                async with self._connection() as conn, self._journal_lock:
+                    await breaker.journal(conn, self._in_flight_items(items))
             except RETRY_LATER as exc:
-                error = exc
+                # Out of the call first: waiting to try again is not a call under way.
+                await self._database_away(exc, retry)
             else:
                 return
-            finally:
-                del self._db_calls[call]  # waiting to try again is not a call under way
-            await self._database_away(error, retry)
 
     async def _database_away(self, exc: BaseException, retry: Backoff) -> None:
         """After a call failed with ``exc`` (one of ``RETRY_LATER``): wait before trying again."""
@@ -546,30 +558,20 @@ class IngestWriter:
 
     async def _store_once(self, batch: Classified, settled: Sequence[Inbound] = ()) -> StoreResult:
         breaker = self.breaker
-        call = object()
-        self._db_calls[call] = asyncio.get_running_loop().time()
-        # Round trips, counted as asyncpg sends them (its query logger, which it calls soon
-        # after each statement: BEGIN and COMMIT included).
-        sent = self._count_statement
         try:
-            async with self.pool.acquire() as conn:
-                conn.add_query_logger(sent)
-                try:
-                    async with conn.transaction():
-                        result = await store(
-                            conn,
-                            batch,
-                            self.node_id,
-                            self.engine,
-                            self.receipts,
-                            sparkplug=self.sparkplug,
-                        )
-                    if breaker is not None:
-                        await breaker.settled(conn, [*batch.items, *settled])
-                finally:
-                    conn.remove_query_logger(sent)
+            async with self._connection() as conn:
+                async with conn.transaction():
+                    result = await store(
+                        conn,
+                        batch,
+                        self.node_id,
+                        self.engine,
+                        self.receipts,
+                        sparkplug=self.sparkplug,
+                    )
+                if breaker is not None:
+                    await breaker.settled(conn, [*batch.items, *settled])
         finally:
-            del self._db_calls[call]
             self.ingest_metrics.transactions.inc()
         self.stored_total += result.stored
         # Committed: only now are its alarms counted (a rolled-back batch counts nothing).
@@ -618,37 +620,32 @@ class IngestWriter:
         """Store one message the way its batch would, in a transaction always rolled back;
         the refusal (its reason code and detail), if any."""
         alone = self.decoder.classify([item])
-        call = object()
-        self._db_calls[call] = asyncio.get_running_loop().time()
-        try:
-            async with self.pool.acquire() as conn:
-                transaction = conn.transaction()
-                await transaction.start()
-                try:
-                    await store(
-                        conn,
-                        alone,
-                        self.node_id,
-                        self.engine,
-                        self.probe_receipts,
-                        sparkplug=self.sparkplug,
-                    )
-                except Exception as exc:
-                    if isinstance(exc, RETRY_LATER):
-                        raise
-                    if refusal_reason(exc) == STORAGE_REJECTED:
-                        return STORAGE_REJECTED, str(exc)
-                    # A bug one message sets off: logged once, with the message's identity.
-                    log.error(
-                        "message_processing_failed",
-                        stage="store",
-                        topic=item.topic,
-                        payload_sha256=item.sha256 or hashlib.sha256(item.payload).hexdigest(),
-                        exc_info=exc,
-                    )
-                    return PROCESSING_FAILED, failure_detail(exc)
-                finally:
-                    await transaction.rollback()
-        finally:
-            del self._db_calls[call]
+        async with self._connection(counted=False) as conn:
+            transaction = conn.transaction()
+            await transaction.start()
+            try:
+                await store(
+                    conn,
+                    alone,
+                    self.node_id,
+                    self.engine,
+                    self.probe_receipts,
+                    sparkplug=self.sparkplug,
+                )
+            except Exception as exc:
+                if isinstance(exc, RETRY_LATER):
+                    raise
+                if refusal_reason(exc) == STORAGE_REJECTED:
+                    return STORAGE_REJECTED, str(exc)
+                # A bug one message sets off: logged once, with the message's identity.
+                log.error(
+                    "message_processing_failed",
+                    stage="store",
+                    topic=item.topic,
+                    payload_sha256=item.sha256 or hashlib.sha256(item.payload).hexdigest(),
+                    exc_info=exc,
+                )
+                return PROCESSING_FAILED, failure_detail(exc)
+            finally:
+                await transaction.rollback()
         return None
