@@ -28,7 +28,7 @@ from gateway.ingest.writer import IngestWriter
 from gateway.support.backoff import Backoff
 from gateway.support.metrics import Metrics
 from protocol import Encoding, Topics
-from storage.breaker import DIGEST_BYTES
+from tests.support.journal import journal_digests
 from tests.support.waiting import wait_until
 
 TOPICS = Topics("iot")
@@ -176,10 +176,7 @@ async def test_a_flight_on_other_devices_commits_beside_a_held_one_and_acks_wait
         # Committed, but dev-a:1 was delivered before them and is not stored yet.
         assert acks.acked == ["dev-a:0"]
         # The journal holds both flights' messages: a death now counts one for each.
-        joined = await conn.fetchval("SELECT digests FROM ingest_journal WHERE node_id = 'node-a'")
-        journal = {
-            bytes(joined[at : at + DIGEST_BYTES]) for at in range(0, len(joined), DIGEST_BYTES)
-        }
+        journal = set(await journal_digests(conn, "node-a"))
         held_items = [_sos(acks, "dev-a:1"), _sos(acks, "dev-b:1"), _sos(acks, "dev-c:1")]
         assert {digest(item) for item in held_items} <= journal
 

@@ -24,7 +24,7 @@ from gateway.ingest.writer import IngestWriter
 from gateway.support.backoff import Backoff
 from gateway.support.metrics import Metrics
 from protocol import Encoding, Telemetry, Topics
-from storage import breaker as breaker_repo
+from tests.support.journal import journal_digests
 
 TOPICS = Topics("iot")
 T0 = 1767225600000
@@ -149,11 +149,7 @@ async def test_replaying_a_message_the_rules_still_fail_on_says_so(
 
 
 async def _journal(conn: asyncpg.Connection) -> list[bytes]:
-    joined = await conn.fetchval("SELECT digests FROM ingest_journal WHERE node_id = 'node-a'")
-    if joined is None:
-        return []
-    size = breaker_repo.DIGEST_BYTES
-    return [bytes(joined[at : at + size]) for at in range(0, len(joined), size)]
+    return await journal_digests(conn, "node-a")
 
 
 async def test_deaths_in_a_row_are_counted_suspects_judged_alone_and_the_second_quarantined(
