@@ -162,7 +162,7 @@ async def _batch(
     async with conn.transaction():
         started = time.perf_counter()
         # The devices' part of the telemetry insert, with no telemetry.
-        await conn.execute(ingest["insert_telemetry"], [], node, 0, _lines(devices))
+        await conn.execute(ingest["insert_telemetry"], *[""] * 6, node, 0, _lines(devices))
         device_ms = (time.perf_counter() - started) * 1000
         await conn.execute(
             states["create_states"],

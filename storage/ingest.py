@@ -10,7 +10,6 @@ from hashlib import sha256
 
 import asyncpg
 import msgspec
-from msgspec.structs import astuple
 
 from storage.sql import lines, load_queries
 
@@ -29,9 +28,9 @@ PING = _Q["ping"]
 
 class TelemetryRow(msgspec.Struct, frozen=True, gc=False):
     """One telemetry row to insert (a Struct: one per message, cheaper to build than a
-    frozen dataclass). Its fields are the `telemetry_write_us` type's, in order: a row is sent
-    as is. The time is whole microseconds since 1970-01-01T00:00:00Z (`Telemetry.micros`):
-    asyncpg encodes an int for a fraction of what a datetime costs (migration 0034)."""
+    frozen dataclass). The time is whole microseconds since 1970-01-01T00:00:00Z
+    (`Telemetry.micros`), sent as text and turned back exactly by the statement. The JSON
+    texts are a JSON encoder's (one line: a newline inside a string is escaped)."""
 
     event_id: str
     device_id: str
@@ -101,10 +100,15 @@ async def insert_telemetry_at(
     the same statement (`touch_devices`)."""
     if not rows and not devices:
         return set(), None
-    # One array of records (the type telemetry_write_us has TelemetryRow's fields, in order).
+    # A column a parameter, each a text of lines; an empty line is NULL (ingest.sql).
     new, db_now, new_ids = await conn.fetchrow(
         INSERT_TELEMETRY,
-        [astuple(r) for r in rows],
+        lines([r.event_id for r in rows]),
+        lines([r.device_id for r in rows]),
+        "\n".join([str(r.ts_us) for r in rows]),
+        "\n".join(["" if (seq := r.seq) is None else str(seq) for r in rows]),
+        lines([r.metrics_json or "" for r in rows]),
+        lines([r.events_json or "" for r in rows]),
         node_id,
         len(rows),
         lines(sorted(devices)),

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from datetime import UTC, datetime
 
 import asyncpg
+import msgspec
 import pytest
 
-from protocol import Telemetry
+from protocol import Telemetry, micros
 from storage import ingest as repo
 from storage.errors import MigrationChecksumError, SchemaTooNewError
 from storage.ingest import DeadLetterRow, TelemetryRow
@@ -137,6 +139,61 @@ async def test_a_stored_time_is_the_message_time_to_the_microsecond(
     assert await db.fetchval("SELECT ts FROM telemetry") == message.timestamp()
 
 
+@pytest.mark.parametrize(
+    ("seqs", "metrics", "events"),
+    [
+        ([None], [None], [None]),  # one row, every nullable column NULL: an empty text each
+        ([7], [{"t": 1}], [None]),
+        ([None, None, None], [None, None, None], [None, None, None]),
+        ([1, None, 3], [{"a": 1}, None, {"b": 2}], [None, ["X"], None]),
+        ([None, None, 0], [None, None, {"z": 0}], [["A"], None, None]),  # NULLs first
+    ],
+)
+async def test_rows_travel_as_columns_of_lines_and_come_back_whole(
+    db: asyncpg.Connection,
+    seqs: list[int | None],
+    metrics: list[dict[str, object] | None],
+    events: list[list[str] | None],
+) -> None:
+    """The rows go as one text of lines a column, an empty line standing for NULL: every
+    column lands on its own row whatever is NULL where, and JSON whose strings hold newlines,
+    tabs, quotes and backslashes (escaped by the encoder, as the decoder's rows are) is
+    stored as it was."""
+    awkward = {"line\nbreak": 'a\nb\tc "q" \\ é', "n": 1.5}
+    sent = [
+        TelemetryRow(
+            f"{n:064x}",
+            f"dev-{n}",
+            1_767_225_600_000_000 + n,
+            seq,
+            None if m is None else msgspec.json.encode({**m, **awkward}).decode(),
+            None if e is None else msgspec.json.encode(e).decode(),
+        )
+        for n, (seq, m, e) in enumerate(zip(seqs, metrics, events, strict=True))
+    ]
+    async with db.transaction():
+        new = await repo.insert_telemetry(db, sent, "n1")
+    assert new == {r.event_id for r in sent}
+    stored = {
+        r["event_id"]: r
+        for r in await db.fetch(
+            "SELECT event_id, device_id, ts, seq, metrics::text AS m, events::text AS e,"
+            " node_id FROM telemetry"
+        )
+    }
+    assert len(stored) == len(sent)
+    for row, seq, m, e in zip(sent, seqs, metrics, events, strict=True):
+        got = stored[row.event_id]
+        assert got["device_id"] == row.device_id
+        assert micros(got["ts"]) == row.ts_us
+        assert got["seq"] == seq
+        assert (None if got["m"] is None else json.loads(got["m"])) == (
+            None if m is None else {**m, **awkward}
+        )
+        assert (None if got["e"] is None else json.loads(got["e"])) == e
+        assert got["node_id"] == "n1"
+
+
 async def test_insert_reports_only_new_event_ids(db: asyncpg.Connection) -> None:
     a, b, c = "a" * 64, "b" * 64, "c" * 64
     async with db.transaction():
@@ -233,11 +290,16 @@ async def test_touching_devices_never_compares_each_device_with_each_id(
     await repo.touch_devices(db, {f"dev-{n}" for n in range(50)})
     await db.execute("ANALYZE device")
     statement = repo.INSERT_TELEMETRY.rstrip().rstrip(";")
-    await db.execute(f"PREPARE touch(telemetry_write_us[], text, int, text) AS {statement}")
+    await db.execute(
+        f"PREPARE touch(text, text, text, text, text, text, text, int, text) AS {statement}"
+    )
     try:
         await db.execute("SET plan_cache_mode = force_generic_plan")
         plan = "\n".join(
-            r[0] for r in await db.fetch("EXPLAIN EXECUTE touch('{}', '', 0, E'dev-1\\ndev-2')")
+            r[0]
+            for r in await db.fetch(
+                "EXPLAIN EXECUTE touch('', '', '', '', '', '', '', 0, E'dev-1\\ndev-2')"
+            )
         )
     finally:
         await db.execute("RESET plan_cache_mode")
