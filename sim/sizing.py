@@ -184,8 +184,8 @@ async def _batch(
         # rule_state_write_us records: times as microseconds since the epoch.
         moved = [tuple(micros(v) if isinstance(v, datetime) else v for v in r) for r in moved]
         # Under the lock just taken: no held rows to check (storage.rule_state.UNDER_LOCK;
-        # sim may not import it).
-        answer = await conn.fetchrow(states["write_states"], moved, node, "", "", "", 0)
+        # sim may not import it), every row written whole (none as only "moved").
+        answer = await conn.fetchrow(states["write_states"], moved, node, "", "", "", 0, *[""] * 8)
         written = int(answer["written"])
     return written, len(rows) - written, device_ms, lock_ms
 

@@ -650,23 +650,31 @@ class AlarmEngine:
         as held, and they are locked and written only if every row it touches is still the
         one held (False: nothing was written, and the batch is judged again under
         lock_states)."""
-        changed: list[RuleStateRow] = []
-        states: list[RuleState] = []
+        changed: list[RuleStateRow] = []  # written whole
+        moved: list[RuleStateRow] = []  # changed in the columns a sample moves only
+        states: list[RuleState] = []  # of changed, then moved
+        moved_states: list[RuleState] = []
         kept: list[tuple[SlotKey, _Held]] = []
         for key, entry in loaded.read.items():
             state = loaded.states[key]
             version = loaded.versions[key[1]]
-            if state != entry.state or entry.row.rule_version != version:
+            if state == entry.state and entry.row.rule_version == version:
+                kept.append((key, entry))  # left as read: held with the token it was read with
+            elif entry.row.rule_version == version and _UNMOVED(state) == _UNMOVED(entry.state):
+                moved.append(_row_of(entry.row, state, version))
+                moved_states.append(state)
+            else:
                 changed.append(_row_of(entry.row, state, version))
                 states.append(state)
-            else:  # left as read: held with the token it was read with
-                kept.append((key, entry))
+        states += moved_states
         try:
             if locked:
-                xmin = await state_repo.write_states(conn, changed, self.node_id)
+                xmin = await state_repo.write_states(conn, changed, self.node_id, moved)
             elif loaded.read:
                 tokens = [(k[0], k[1], entry.token) for k, entry in loaded.read.items()]
-                answer = await state_repo.write_held_states(conn, tokens, changed, self.node_id)
+                answer = await state_repo.write_held_states(
+                    conn, tokens, changed, self.node_id, moved
+                )
                 self._contended(answer is None)
                 if answer is None:
                     batch.held_contended = True
@@ -680,12 +688,12 @@ class AlarmEngine:
         held = batch.held
         for key, entry in kept:
             held[key] = entry
-        for row, state in zip(changed, states, strict=True):
+        for row, state in zip(changed + moved, states, strict=True):
             # As the write left it: one version on, this transaction's xmin.
             written = msgspec.structs.replace(row, version=row.version + 1)
             token = f"{written.version}.{xmin}"
             held[row.device_id, row.rule_key] = _Held(token, written, state)
-        batch.states_written += len(changed)
+        batch.states_written += len(changed) + len(moved)
         return True
 
     async def _write_step(
@@ -854,6 +862,10 @@ def _row_of(read: RuleStateRow, state: RuleState, rule_version: str) -> RuleStat
 
 # RuleState's fields, which RuleStateRow has too (after its keys), in the same order.
 _STATE_FIELDS = operator.attrgetter(*RuleState.__struct_fields__)
+# Those a sample does not move: a state changed in none of them is written as "moved".
+_UNMOVED = operator.attrgetter(
+    *(f for f in RuleState.__struct_fields__ if f not in state_repo.SAMPLE_MOVES)
+)
 
 
 def inactivity_event_id(rule_key: str, device_id: str, last_seen: datetime) -> str:

@@ -7,8 +7,10 @@ order in which their batches commit is chosen by the test, never left to the sch
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import asyncpg
 import msgspec
@@ -373,6 +375,132 @@ async def test_a_write_back_is_conditional_on_the_version_each_row_was_read_at(
     assert await db.fetchval("SELECT max(last_seq) FROM rule_state") == 7  # rolled back
 
 
+_AT = datetime(2026, 12, 5, 3, 0, 0, 123457, tzinfo=UTC)
+
+
+@pytest.mark.parametrize(
+    "moves",
+    [
+        # a clearing sample: the newest sample and the newest clearing one
+        {"last_ts": _AT, "last_seq": 5, "clear_ts": _AT, "clear_event_id": "c" * 64},
+        # a violating one, no seq
+        {"last_ts": _AT, "last_seq": None, "violating_ts": _AT - timedelta(microseconds=1)},
+        # every moved column NULL again (a state brought back from a clock ahead)
+        {"last_ts": None, "last_seq": None, "clear_ts": None, "clear_event_id": None},
+    ],
+)
+@pytest.mark.parametrize("count", [1, 3])
+async def test_rows_a_sample_moved_are_written_in_those_columns_only_beside_whole_rows(
+    db: asyncpg.Connection, moves: dict[str, object], count: int
+) -> None:
+    """write_states' ``moved`` rows (changed in SAMPLE_MOVES only) travel as columns of lines
+    and set those columns alone; rows written whole beside them in the same statement set
+    every column. Each row comes back exactly as sent, its version one on, and a token the
+    next lock_states answers as held."""
+    version = rule_version(RULES.by_key("temp-high"))  # type: ignore[arg-type]
+    keys = [(f"dev-{n}", "temp-high", version) for n in range(count + 1)]
+    async with db.transaction():
+        read = [e.row for e in await state_repo.lock_states(db, keys)]
+    # Start from rows with every column set, so that a column the moved write left alone
+    # (or wrote by mistake) shows.
+    full = {
+        "pending_count": 2, "pending_since": _AT - timedelta(seconds=9), "fired_ts": _AT,
+        "fired_event_id": "f" * 64, "released_ts": _AT - timedelta(seconds=1),
+        "clear_ts": _AT - timedelta(seconds=3), "clear_event_id": "0" * 64,
+        "violating_ts": _AT - timedelta(seconds=2), "last_ts": _AT - timedelta(seconds=4),
+        "last_seq": 4,
+    }  # fmt: skip
+    async with db.transaction():
+        await state_repo.write_states(db, [msgspec.structs.replace(r, **full) for r in read], "a")
+    async with db.transaction():
+        read = [e.row for e in await state_repo.lock_states(db, keys)]
+    assert {r.version for r in read} == {1}
+    whole = msgspec.structs.replace(read[0], firing=True, pending_count=0, pending_since=None)
+    moved = [msgspec.structs.replace(r, **moves) for r in read[1:]]
+    async with db.transaction():
+        xmin = await state_repo.write_states(db, [whole], "b", moved)
+    async with db.transaction():
+        again = await state_repo.lock_states(db, keys)
+    assert [e.row for e in again] == [
+        msgspec.structs.replace(r, version=2) for r in [whole, *moved]
+    ]
+    assert {e.token for e in again} == {f"2.{xmin}"}
+    assert await db.fetchval("SELECT count(*) FROM rule_state WHERE node_id = 'b'") == count + 1
+
+
+async def test_a_moved_row_read_at_an_older_version_fails_the_write_and_writes_nothing(
+    db: asyncpg.Connection,
+) -> None:
+    """A moved row is as conditional on the version read as a whole one: one written by
+    someone since counts among the rows not written, and the caller's transaction rolls back;
+    a held write whose held rows are not all still held writes no moved row either."""
+    version = rule_version(RULES.by_key("temp-high"))  # type: ignore[arg-type]
+    keys = [(f"dev-{n}", "temp-high", version) for n in range(3)]
+    async with db.transaction():
+        read = [e.row for e in await state_repo.lock_states(db, keys)]
+        xmin = await state_repo.write_states(db, read, "a")  # now version 1
+    stale = [msgspec.structs.replace(r, last_seq=8) for r in read]  # read at version 0
+    fresh = [msgspec.structs.replace(r, version=1, last_seq=9) for r in read]
+    with pytest.raises(state_repo.StateWriteConflictError, match="1 of 3 rule states changed"):
+        async with db.transaction():
+            await state_repo.write_states(db, [fresh[0]], "b", [fresh[1], stale[2]])
+    with pytest.raises(state_repo.StateWriteConflictError, match="2 of 2 rule states changed"):
+        async with db.transaction():
+            await state_repo.write_states(db, [], "b", stale[:2])
+    assert await db.fetchval("SELECT count(*) FROM rule_state WHERE last_seq IS NOT NULL") == 0
+    xid, _, started = xmin.partition("@")
+    held = [(r.device_id, r.rule_key, f"1.{xid}@{started}") for r in read]
+    gone = [*held[:2], (read[2].device_id, read[2].rule_key, f"1.{xid}@{int(started) - 1}")]
+    async with db.transaction():
+        assert await state_repo.write_held_states(db, gone, [], "b", fresh) is None
+    assert await db.fetchval("SELECT count(*) FROM rule_state WHERE last_seq IS NOT NULL") == 0
+    async with db.transaction():
+        assert await state_repo.write_held_states(db, held, [], "b", fresh) is not None
+    assert await db.fetchval("SELECT count(*) FROM rule_state WHERE last_seq = 9") == 3
+
+
+async def test_the_engine_writes_a_sample_that_moved_the_state_only_as_moved(
+    db: asyncpg.Connection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the engine sends, on both write paths (rows locked and read, rows held): a
+    sample that changes no more than the newest times (a clearing sample of a quiet device)
+    goes as a moved row; one that fires or clears an alarm goes whole. Either way the row
+    stored is the state judged."""
+    engine = AlarmEngine(rules=RULES, node_id="a", metrics=Metrics())
+    sent: list[tuple[str, int, int]] = []
+    write, write_held = state_repo.write_states, state_repo.write_held_states
+
+    async def spy(conn: asyncpg.Connection, rows: Any, node_id: str, moved: Any = ()) -> str:
+        sent.append(("locked", len(rows), len(moved)))
+        return await write(conn, rows, node_id, moved)
+
+    async def spy_held(
+        conn: asyncpg.Connection, held: Any, rows: Any, node_id: str, moved: Any = ()
+    ) -> str | None:
+        sent.append(("held", len(rows), len(moved)))
+        return await write_held(conn, held, rows, node_id, moved)
+
+    monkeypatch.setattr(state_repo, "write_states", spy)
+    monkeypatch.setattr(state_repo, "write_held_states", spy_held)
+    for second, temp in [(1, 70.0), (2, 71.0), (3, 90.0), (4, 60.0), (5, 61.0)]:
+        async with db.transaction():
+            batch = await engine.on_stored(db, _rows("dev-1", _temp(second, temp)))
+        engine.committed(batch)
+    # 70 and 71 clear again (moved); 90 fires, 60 clears the alarm (whole); 61 moved again.
+    # The first batch holds nothing and locks its row; the others judge the row held.
+    assert sent == [
+        ("locked", 0, 1), ("held", 0, 1), ("held", 1, 0), ("held", 1, 0), ("held", 0, 1)
+    ]  # fmt: skip
+    stored = await state_repo.get_state(db, "dev-1", "temp-high")
+    assert stored is not None
+    judged = engine._held["dev-1", "temp-high"]
+    fields = state_repo.RuleStateRow.__struct_fields__
+    assert state_repo.RuleStateRow(*(stored[f] for f in fields)) == judged.row
+    assert (stored["version"], stored["firing"], stored["last_ts"]) == (
+        5, False, datetime.fromtimestamp((T0 + 5000) / 1000, UTC)
+    )  # fmt: skip
+
+
 @pytest.mark.parametrize(
     "at",
     [
@@ -408,11 +536,10 @@ async def test_the_write_backs_time_conversion_is_inlined_not_called_per_row(
     db: asyncpg.Connection,
 ) -> None:
     """from_micros (migration 0034) is one SQL expression the planner inlines: declared
-    IMMUTABLE or STRICT it would stay a function call per time per row."""
-    rows = "'{}'::rule_state_write_us[]"
-    statement = state_repo.WRITE_STATES.replace("$1", rows).replace("$2", "'n'")
-    for n, value in (("$3", "''"), ("$4", "''"), ("$5", "''"), ("$6", "0")):
-        statement = statement.replace(n, value)
+    IMMUTABLE or STRICT it would stay a function call per time per row (in the rows written
+    whole and in the moved ones)."""
+    values = {1: "'{}'::rule_state_write_us[]", 2: "'n'", 6: "0"}  # every other one ''
+    statement = re.sub(r"\$(\d+)\b", lambda m: values.get(int(m[1]), "''"), state_repo.WRITE_STATES)
     async with db.transaction():
         plan = "\n".join(r[0] for r in await db.fetch(f"EXPLAIN VERBOSE {statement}"))
     assert "to_timestamp" in plan
