@@ -428,6 +428,28 @@ async def test_rows_a_sample_moved_are_written_in_those_columns_only_beside_whol
     assert await db.fetchval("SELECT count(*) FROM rule_state WHERE node_id = 'b'") == count + 1
 
 
+@pytest.mark.parametrize("column", state_repo.SAMPLE_MOVES)
+async def test_each_column_a_sample_moves_is_written_by_the_moved_write(
+    db: asyncpg.Connection, column: str
+) -> None:
+    """Every column SAMPLE_MOVES names (the engine sends a row as moved when it changed in
+    no other) is one the moved write sends and sets: a name added there and not to the
+    statement fails here, not in the field as a change silently dropped."""
+    version = rule_version(RULES.by_key("temp-high"))  # type: ignore[arg-type]
+    async with db.transaction():
+        (read,) = [e.row for e in await state_repo.lock_states(db, [("d", "temp-high", version)])]
+    value = {"last_seq": 3, "clear_event_id": "c" * 64}.get(column, _AT)
+    changed = msgspec.structs.replace(read, **{column: value})
+    if column.startswith("clear_"):  # the table keeps the clear's time and id in pairs
+        changed = msgspec.structs.replace(changed, clear_ts=_AT, clear_event_id="c" * 64)
+    async with db.transaction():
+        await state_repo.write_states(db, [], "a", [changed])
+    stored = await state_repo.get_state(db, "d", "temp-high")
+    assert stored is not None
+    assert stored[column] == value
+    assert stored["version"] == 1
+
+
 async def test_a_moved_row_read_at_an_older_version_fails_the_write_and_writes_nothing(
     db: asyncpg.Connection,
 ) -> None:
