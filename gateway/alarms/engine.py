@@ -652,21 +652,20 @@ class AlarmEngine:
         lock_states)."""
         changed: list[RuleStateRow] = []  # written whole
         moved: list[RuleStateRow] = []  # changed in the columns a sample moves only
-        states: list[RuleState] = []  # of changed, then moved
-        moved_states: list[RuleState] = []
+        written: list[tuple[RuleStateRow, RuleState]] = []  # either, with its state
         kept: list[tuple[SlotKey, _Held]] = []
         for key, entry in loaded.read.items():
             state = loaded.states[key]
             version = loaded.versions[key[1]]
             if state == entry.state and entry.row.rule_version == version:
                 kept.append((key, entry))  # left as read: held with the token it was read with
-            elif entry.row.rule_version == version and _UNMOVED(state) == _UNMOVED(entry.state):
-                moved.append(_row_of(entry.row, state, version))
-                moved_states.append(state)
+                continue
+            row = _row_of(entry.row, state, version)
+            if entry.row.rule_version == version and _UNMOVED(state) == _UNMOVED(entry.state):
+                moved.append(row)
             else:
-                changed.append(_row_of(entry.row, state, version))
-                states.append(state)
-        states += moved_states
+                changed.append(row)
+            written.append((row, state))
         try:
             if locked:
                 xmin = await state_repo.write_states(conn, changed, self.node_id, moved)
@@ -688,12 +687,11 @@ class AlarmEngine:
         held = batch.held
         for key, entry in kept:
             held[key] = entry
-        for row, state in zip(changed + moved, states, strict=True):
+        for row, state in written:
             # As the write left it: one version on, this transaction's xmin.
-            written = msgspec.structs.replace(row, version=row.version + 1)
-            token = f"{written.version}.{xmin}"
-            held[row.device_id, row.rule_key] = _Held(token, written, state)
-        batch.states_written += len(changed) + len(moved)
+            after = msgspec.structs.replace(row, version=row.version + 1)
+            held[row.device_id, row.rule_key] = _Held(f"{after.version}.{xmin}", after, state)
+        batch.states_written += len(written)
         return True
 
     async def _write_step(
