@@ -18,7 +18,7 @@ from protocol.codec import (
     encode_receipt,
     encode_telemetry,
 )
-from protocol.eventid import canonical_bytes, telemetry_event_id
+from protocol.eventid import canonical_bytes, checked_device_event_id, telemetry_event_id
 from protocol.ids import (
     DEVICE_ID_RE,
     InvalidDeviceIdError,
@@ -60,6 +60,7 @@ __all__ = [
     "TopicKind",
     "Topics",
     "canonical_bytes",
+    "checked_device_event_id",
     "decode_command",
     "decode_presence",
     "decode_receipt",

@@ -18,12 +18,12 @@ from gateway.sparkplug.host import SparkplugMessage
 from protocol import (
     CommandReceipt,
     DecodeError,
-    DeviceTopic,
     Encoding,
     Telemetry,
     TopicError,
     TopicKind,
     Topics,
+    checked_device_event_id,
     decode_presence,
     decode_receipt,
     decode_telemetry,
@@ -60,8 +60,9 @@ class Inbound:
     sha256: str | None = None
     # The crash-loop breaker's digest of topic and payload, computed once (see breaker.py).
     digest: bytes | None = None
-    # The native topic as parsed for the message's ordering key, kept for its classification.
-    device_topic: DeviceTopic | None = None
+    # The native topic as parsed for the message's ordering key (kind, device id), kept for
+    # its classification.
+    device_topic: tuple[TopicKind, str] | None = None
 
 
 @dataclass(slots=True)
@@ -151,10 +152,10 @@ class MessageDecoder:
             if matched:
                 return device
         try:
-            item.device_topic = self.topics.parse_device_topic(topic)
+            item.device_topic = self.topics.split_device_topic(topic)
         except TopicError:
             return ""
-        return item.device_topic.device_id
+        return item.device_topic[1]
 
     def classify(self, items: Sequence[Inbound]) -> Classified:
         out = Classified(items=list(items))
@@ -184,30 +185,31 @@ class MessageDecoder:
         target = item.device_topic
         if target is None:
             try:
-                target = self.topics.parse_device_topic(item.topic)
+                target = self.topics.split_device_topic(item.topic)
             except TopicError as exc:
                 out.dead_letters.append(self.dead_letter(item, exc.code, str(exc)))
                 return
-        device_id = target.device_id
+        kind, device_id = target
         if item.size is not None:
-            if target.kind is TopicKind.TELEMETRY:
+            if kind is TopicKind.TELEMETRY:
                 out.seen_devices.add(device_id)  # as for any other oversized telemetry
             detail = f"payload is {item.size} bytes, the limit is {self.max_payload_bytes}"
             out.dead_letters.append(self.dead_letter(item, "OVERSIZED", detail))
             return
         try:
-            if target.kind is TopicKind.TELEMETRY:
+            if kind is TopicKind.TELEMETRY:
                 out.seen_devices.add(device_id)
                 message = decode_telemetry(
                     item.payload, self.encoding, max_bytes=self.max_payload_bytes
                 )
-                row = _row(device_id, message)
+                # The topic's parse checked the device id.
+                row = _row(device_id, message, checked_device_event_id(device_id, message))
                 out.telemetry.append(row)
                 out.telemetry_sources.append(item)
                 out.decoded.append(message)
-            elif target.kind is TopicKind.STATUS:
+            elif kind is TopicKind.STATUS:
                 out.presence[device_id] = decode_presence(item.payload).value
-            elif target.kind is TopicKind.ACKS:
+            elif kind is TopicKind.ACKS:
                 receipt = decode_receipt(
                     item.payload, self.encoding, max_bytes=self.max_payload_bytes
                 )
@@ -217,7 +219,7 @@ class MessageDecoder:
                     self.dead_letter(
                         item,
                         "UNSUPPORTED_TOPIC",
-                        f"the gateway does not consume {target.kind.value} messages",
+                        f"the gateway does not consume {kind.value} messages",
                     )
                 )
         except DecodeError as exc:
