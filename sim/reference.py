@@ -18,7 +18,7 @@ import asyncpg
 import mqtt5
 import msgspec
 
-from protocol import Topics, decode_telemetry, telemetry_event_id
+from protocol import Topics, checked_device_event_id, decode_telemetry
 from sim.sql import blocks
 
 INSERT_BATCH = blocks("reference.sql")["insert_batch"]
@@ -142,9 +142,10 @@ async def reference_drain(
             del session.publishes[:batch_max]
             ids, devices, stamps, seqs, metrics = [], [], [], [], []
             for packet in batch:
-                device_id = topics.parse_device_topic(packet.topic).device_id
+                # As the gateway's decoder does: the topic's parse checks the device id once.
+                device_id = topics.split_device_topic(packet.topic)[1]
                 message = decode_telemetry(packet.payload)
-                ids.append(telemetry_event_id(device_id, message))
+                ids.append(checked_device_event_id(device_id, message))
                 devices.append(device_id)
                 stamps.append(message.timestamp())
                 seqs.append(message.seq)
