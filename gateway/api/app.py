@@ -8,7 +8,7 @@ files (no CDN: the page works on a site with no internet).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Final, TypeVar
 
 import msgspec
@@ -290,9 +290,10 @@ def build_app(
 def _complete(document: OpenAPI) -> None:
     """What Litestar's generation leaves out, added from the same declarations, and what it
     renders in a way the served answers would not match, corrected."""
-    for schema in _nodes(document, Schema):
+    found_schemas, parameters = _schemas_and_parameters(document)
+    for schema in found_schemas:
         _overlapping_union_as_any_of(schema)
-    for parameter in _nodes(document, Parameter):
+    for parameter in parameters:
         _absent_not_null(parameter)
     schemas = document.components.schemas or {}
     # `params`' recursive schema: no Python type spells it, so it joins the generated ones here.
@@ -322,30 +323,46 @@ def _complete(document: OpenAPI) -> None:
             schemas[body.__name__].additional_properties = False
 
 
-_NodeT = TypeVar("_NodeT")
-
-
-def _nodes(node: Any, kind: type[_NodeT], seen: set[int] | None = None) -> Iterator[_NodeT]:
-    """Every ``kind`` in the document's object tree (Litestar's spec dataclasses, lists and
-    dicts, raw ``schema_extra`` dicts among them), each once."""
-    seen = set() if seen is None else seen
-    if id(node) in seen:
-        return
-    if dataclasses.is_dataclass(node) and not isinstance(node, type):
-        seen.add(id(node))
-        if isinstance(node, kind):
-            yield node
-        children: Any = [getattr(node, f.name) for f in dataclasses.fields(node)]
-    elif isinstance(node, dict):
-        seen.add(id(node))
-        children = node.values()
-    elif isinstance(node, list | tuple):
-        seen.add(id(node))
-        children = node
-    else:
-        return
-    for child in children:
-        yield from _nodes(child, kind, seen)
+def _schemas_and_parameters(document: OpenAPI) -> tuple[list[Schema], list[Parameter]]:
+    """Every ``Schema`` and every ``Parameter`` in the document's object tree (Litestar's spec
+    dataclasses, lists and dicts, raw ``schema_extra`` dicts among them), each once, found
+    before any is changed. One walk with a stack and each class's field names read once: the
+    document has some 78,000 nodes (69,000 of them unset fields), and a recursive generator
+    over ``dataclasses.fields`` took a third of building the app (0.13 of 0.33 s), paid at
+    every start."""
+    schemas: list[Schema] = []
+    parameters: list[Parameter] = []
+    seen: set[int] = set()
+    names: dict[type, tuple[str, ...]] = {}
+    stack: list[Any] = [document]
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        kind = type(node)
+        if kind is dict:
+            seen.add(id(node))
+            stack.extend(node.values())
+        elif kind is list or kind is tuple:
+            seen.add(id(node))
+            stack.extend(node)
+        elif dataclasses.is_dataclass(node) and not isinstance(node, type):
+            seen.add(id(node))
+            if isinstance(node, Schema):
+                schemas.append(node)
+            elif isinstance(node, Parameter):
+                parameters.append(node)
+            fields = names.get(kind)
+            if fields is None:
+                fields = names[kind] = tuple(f.name for f in dataclasses.fields(node))
+            for name in fields:  # most fields are None (69,000 of 78,000 nodes): left out
+                child = getattr(node, name)
+                if child is not None:
+                    stack.append(child)
+        elif isinstance(node, dict | list | tuple):
+            seen.add(id(node))
+            stack.extend(node.values() if isinstance(node, dict) else node)
+    return schemas, parameters
 
 
 def _overlapping_union_as_any_of(schema: Schema) -> None:
