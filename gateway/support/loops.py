@@ -171,6 +171,16 @@ class _Listener:
         # Whatever was notified while nobody listened: look once, at once.
         self.wakeup.set()
 
+    def wait_s(self, poll_s: float) -> float:
+        """How long the loop may wait for a wake-up: ``poll_s``, or less while there is no
+        connection and its next attempt comes sooner. A LISTEN lost or refused part way (the
+        backend terminated while it ran) installs no termination listener and sets no
+        wake-up: without this bound it was tried again only after the poll."""
+        if self.connection is not None and not self.connection.is_closed():
+            return poll_s
+        left = self.next_attempt - asyncio.get_running_loop().time()
+        return min(poll_s, max(left, 0.0))
+
     async def close(self) -> None:
         connection, self.connection = self.connection, None
         if connection is not None:
@@ -220,6 +230,6 @@ async def drain_on_notify(
                 continue
             backoff.reset()
             await listener.ensure()
-            await wait_event_or_stop(wakeup, stop, poll_s)
+            await wait_event_or_stop(wakeup, stop, listener.wait_s(poll_s))
     finally:
         await listener.close()
