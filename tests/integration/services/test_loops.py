@@ -4,9 +4,10 @@ LISTEN connection is opened again."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 
 import asyncpg
+import pytest
 
 from gateway.support.loops import drain_on_notify
 from tests.support.waiting import wait_until
@@ -81,6 +82,65 @@ async def test_a_lost_listen_connection_is_opened_again(db_dsn: str) -> None:
         before = passes
         await admin.execute(f"NOTIFY {CHANNEL}")
         await wait_until(lambda: passes > before, timeout=30, message="woken by the NOTIFY")
+    finally:
+        stop.set()
+        async with asyncio.timeout(30):
+            await loop
+        await admin.close()
+
+
+async def test_a_listen_lost_while_it_runs_is_tried_again_after_its_backoff(
+    db_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The race the test above can meet: the listener's backend terminated while its LISTEN
+    runs. Forced here: the second LISTEN's backend is terminated just before the LISTEN is
+    sent. No termination listener is installed then and no wake-up set: the loop must try
+    again after the listener's backoff (1 s), not after its poll (an hour)."""
+    admin = await asyncpg.connect(db_dsn)
+    listens = 0
+    add_listener = asyncpg.Connection.add_listener
+
+    async def terminated_on_the_second(
+        self: asyncpg.Connection, channel: str, callback: Callable[..., object]
+    ) -> None:
+        nonlocal listens
+        listens += 1
+        if listens == 2:
+            killer = await asyncpg.connect(db_dsn)
+            try:
+                await killer.execute("SELECT pg_terminate_backend($1)", self.get_server_pid())
+            finally:
+                await killer.close()
+        await add_listener(self, channel, callback)
+
+    monkeypatch.setattr(asyncpg.Connection, "add_listener", terminated_on_the_second)
+
+    async def listener_pid() -> int | None:
+        pid = await admin.fetchval(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+            "AND pid <> pg_backend_pid() AND query = $1",
+            f'LISTEN "{CHANNEL}"',
+        )
+        return None if pid is None else int(pid)
+
+    stop = asyncio.Event()
+
+    async def step() -> int:
+        return 0
+
+    loop = asyncio.create_task(
+        drain_on_notify(dsn=db_dsn, channel=CHANNEL, stop=stop, step=step, poll_s=3600, name="t")
+    )
+    try:
+        await wait_until(lambda: _is_not_none(listener_pid()), timeout=30)
+        first = await listener_pid()
+        await admin.execute("SELECT pg_terminate_backend($1)", first)
+
+        async def listening_again() -> bool:
+            pid = await listener_pid()
+            return listens == 3 and pid is not None and pid != first
+
+        await wait_until(listening_again, timeout=30, message="a LISTEN after the lost one")
     finally:
         stop.set()
         async with asyncio.timeout(30):
