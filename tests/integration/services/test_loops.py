@@ -57,36 +57,18 @@ async def test_a_lost_listen_connection_is_opened_again(db_dsn: str) -> None:
         passes += 1
         return 0
 
-    async def listener_pid() -> int | None:
-        pid = await admin.fetchval(
-            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
-            "AND pid <> pg_backend_pid() AND query = $1",
-            f'LISTEN "{CHANNEL}"',
-        )
-        return None if pid is None else int(pid)
-
-    # Polling once an hour: only a notification (or the loss of the listener) starts a pass.
-    loop = asyncio.create_task(
-        drain_on_notify(dsn=db_dsn, channel=CHANNEL, stop=stop, step=step, poll_s=3600, name="t")
-    )
+    loop = _hourly_loop(db_dsn, stop, step)
     try:
-        await wait_until(lambda: _is_not_none(listener_pid()), timeout=30)
-        first = await listener_pid()
-        await admin.execute("SELECT pg_terminate_backend($1)", first)
+        first = await _cut_the_listener(admin)
 
-        async def listening_again() -> bool:
-            pid = await listener_pid()
-            return pid is not None and pid != first
-
-        await wait_until(listening_again, timeout=30, message="a new LISTEN connection")
+        await wait_until(
+            lambda: _listening_again(admin, first), timeout=30, message="a new LISTEN connection"
+        )
         before = passes
         await admin.execute(f"NOTIFY {CHANNEL}")
         await wait_until(lambda: passes > before, timeout=30, message="woken by the NOTIFY")
     finally:
-        stop.set()
-        async with asyncio.timeout(30):
-            await loop
-        await admin.close()
+        await _stopped(loop, stop, admin)
 
 
 async def test_a_listen_lost_while_it_runs_is_tried_again_after_its_backoff(
@@ -115,37 +97,65 @@ async def test_a_listen_lost_while_it_runs_is_tried_again_after_its_backoff(
 
     monkeypatch.setattr(asyncpg.Connection, "add_listener", terminated_on_the_second)
 
-    async def listener_pid() -> int | None:
-        pid = await admin.fetchval(
-            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
-            "AND pid <> pg_backend_pid() AND query = $1",
-            f'LISTEN "{CHANNEL}"',
-        )
-        return None if pid is None else int(pid)
-
     stop = asyncio.Event()
 
     async def step() -> int:
         return 0
 
-    loop = asyncio.create_task(
+    loop = _hourly_loop(db_dsn, stop, step)
+    try:
+        first = await _cut_the_listener(admin)
+
+        await wait_until(
+            lambda: _listening_again(admin, first),
+            timeout=30,
+            message="a LISTEN after the lost one",
+        )
+        assert listens == 3
+    finally:
+        await _stopped(loop, stop, admin)
+
+
+async def _listener_pid(admin: asyncpg.Connection) -> int | None:
+    """The backend LISTENing on the channel (its last statement the LISTEN), if any."""
+    pid = await admin.fetchval(
+        "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+        "AND pid <> pg_backend_pid() AND query = $1",
+        f'LISTEN "{CHANNEL}"',
+    )
+    return None if pid is None else int(pid)
+
+
+def _hourly_loop(
+    db_dsn: str, stop: asyncio.Event, step: Callable[[], Awaitable[int]]
+) -> asyncio.Task[None]:
+    """The loop under test, polling once an hour: only a notification, or the loss of its
+    listener, starts a pass."""
+    return asyncio.create_task(
         drain_on_notify(dsn=db_dsn, channel=CHANNEL, stop=stop, step=step, poll_s=3600, name="t")
     )
-    try:
-        await wait_until(lambda: _is_not_none(listener_pid()), timeout=30)
-        first = await listener_pid()
-        await admin.execute("SELECT pg_terminate_backend($1)", first)
 
-        async def listening_again() -> bool:
-            pid = await listener_pid()
-            return listens == 3 and pid is not None and pid != first
 
-        await wait_until(listening_again, timeout=30, message="a LISTEN after the lost one")
-    finally:
-        stop.set()
-        async with asyncio.timeout(30):
-            await loop
-        await admin.close()
+async def _listening_again(admin: asyncpg.Connection, first: int | None) -> bool:
+    pid = await _listener_pid(admin)
+    return pid is not None and pid != first
+
+
+async def _cut_the_listener(admin: asyncpg.Connection) -> int | None:
+    """Once the loop LISTENs, terminate its backend; the backend's pid."""
+    await wait_until(lambda: _is_not_none(_listener_pid(admin)), timeout=30)
+    first = await _listener_pid(admin)
+    await admin.execute("SELECT pg_terminate_backend($1)", first)
+    return first
+
+
+async def _stopped(
+    loop: asyncio.Task[None], stop: asyncio.Event, admin: asyncpg.Connection
+) -> None:
+    stop.set()
+    async with asyncio.timeout(30):
+        await loop
+    await admin.close()
 
 
 async def _is_not_none(value: Awaitable[object]) -> bool:
