@@ -127,9 +127,14 @@ class _Listener:
         self.backoff = failure_backoff(1.0)
         self.next_attempt = 0.0
 
+    @property
+    def listening(self) -> bool:
+        """Whether the connection is open (then its LISTEN was accepted)."""
+        return self.connection is not None and not self.connection.is_closed()
+
     async def ensure(self) -> None:
         """Open the connection if there is none (at most once per backoff delay)."""
-        if self.connection is not None and not self.connection.is_closed():
+        if self.listening:
             return
         loop = asyncio.get_running_loop()
         if loop.time() < self.next_attempt:
@@ -176,7 +181,7 @@ class _Listener:
         connection and its next attempt comes sooner. A LISTEN lost or refused part way (the
         backend terminated while it ran) installs no termination listener and sets no
         wake-up: without this bound it was tried again only after the poll."""
-        if self.connection is not None and not self.connection.is_closed():
+        if self.listening:
             return poll_s
         left = self.next_attempt - asyncio.get_running_loop().time()
         return min(poll_s, max(left, 0.0))
