@@ -339,11 +339,10 @@ def _schemas_and_parameters(document: OpenAPI) -> tuple[list[Schema], list[Param
         node = stack.pop()
         if id(node) in seen:
             continue
-        kind = type(node)
-        if kind is dict:
+        if isinstance(node, dict):
             seen.add(id(node))
             stack.extend(node.values())
-        elif kind is list or kind is tuple:
+        elif isinstance(node, list | tuple):
             seen.add(id(node))
             stack.extend(node)
         elif dataclasses.is_dataclass(node) and not isinstance(node, type):
@@ -352,6 +351,7 @@ def _schemas_and_parameters(document: OpenAPI) -> tuple[list[Schema], list[Param
                 schemas.append(node)
             elif isinstance(node, Parameter):
                 parameters.append(node)
+            kind = type(node)
             fields = names.get(kind)
             if fields is None:
                 fields = names[kind] = tuple(f.name for f in dataclasses.fields(node))
@@ -359,9 +359,6 @@ def _schemas_and_parameters(document: OpenAPI) -> tuple[list[Schema], list[Param
                 child = getattr(node, name)
                 if child is not None:
                     stack.append(child)
-        elif isinstance(node, dict | list | tuple):
-            seen.add(id(node))
-            stack.extend(node.values() if isinstance(node, dict) else node)
     return schemas, parameters
 
 
