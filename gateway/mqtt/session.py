@@ -661,32 +661,44 @@ class MqttSession:
         if remembered is not None:
             await self._unsubscribe_stale(client, remembered)
         if self.probe_timeout_s > 0 and not self._proven_before(client, remembered):
-            await self._probe(client)
+            try:
+                proven = await self._probe(client)
+            except SubscriptionUnprovenError:
+                if self.memory is not None:  # the next process must probe again too
+                    await self.memory.prove(self.subscriptions, proven=False)
+                raise
             self._proven[self.endpoint] = frozenset(self.subscriptions)
+            if proven and self.memory is not None:
+                await self.memory.prove(self.subscriptions, proven=True)
         await client.publish(
             self.presence_topic, ONLINE, qos=1, retain=self._retain(), wait_s=math.inf
         )
 
-    def _proven_before(self, client: BrokerConnection, remembered: set[str] | None) -> bool:
-        """A resumed MQTT 5 session holding exactly the configured filters, proven when they
-        were made: by this process, or by the one before it at this process's first connect
-        (probing again would wait behind the backlog the session resumes with). Never after
-        a probe of this process came back unproven. On MQTT 3.1.1 they are proven at every
-        connect."""
-        if client.PROTOCOL != "5" or not client.session_present:
+    def _proven_before(self, client: BrokerConnection, remembered: dict[str, bool] | None) -> bool:
+        """A resumed session (either protocol version) holding exactly the configured
+        filters, proven on this broker: by this process, or by an earlier one as the database
+        records it (migration 0038). Probing again would wait behind the backlog the session
+        resumes with: on MQTT 3.1.1, whose broker may send a whole queued backlog at once
+        (mosquitto past its inflight window), the node reported itself starting until all of
+        it was delivered. Never after a probe of this process came back unproven, nor for a
+        filter whose last probe did (it is recorded unproven, so the next process probes)."""
+        if not client.session_present:
             return False
         wanted = frozenset(self.subscriptions)
-        if remembered is None or frozenset(remembered) != wanted:
+        if remembered is None or remembered.keys() != wanted:
             return False
         if self._unproven_since is not None:
             return False
         # Proven on this endpoint: a probe that came back through another broker proves
-        # nothing of this one's session (a standalone broker holds its own).
-        return self._proven.get(self.endpoint) == wanted or self.established == 0
+        # nothing of this one's session (a standalone broker holds its own; the record is
+        # per broker too).
+        return self._proven.get(self.endpoint) == wanted or all(remembered.values())
 
-    async def _unsubscribe_stale(self, client: BrokerConnection, remembered: set[str]) -> None:
+    async def _unsubscribe_stale(
+        self, client: BrokerConnection, remembered: dict[str, bool]
+    ) -> None:
         """Remove from the persistent session what an earlier configuration subscribed to."""
-        stale = sorted(remembered.difference(self.subscriptions))
+        stale = sorted(remembered.keys() - set(self.subscriptions))
         if not stale or self.memory is None:
             return
         for topic in stale:
@@ -704,15 +716,17 @@ class MqttSession:
             note="subscribed under an earlier configuration",
         )
 
-    async def _probe(self, client: BrokerConnection) -> None:
+    async def _probe(self, client: BrokerConnection) -> bool:
         """Prove each subscription delivers: publish a marked message on a topic the filter
         must match and require it back before ``probe_timeout_s`` pass without anything
         arriving (a backlog delivered first keeps the wait going). MQTT 3.1.1 cannot say
         whether a subscription works; neither can MQTT 5 when the broker grants the
         SUBSCRIBE and filters at delivery (mosquitto's ``acl_file``). A shared filter gets
         ``PROBE_SHARE_COPIES`` probes a round (the broker hands them round the group; one back
-        proves it), repeated every ``PROBE_REPEAT_S``. Raises SubscriptionUnprovenError naming
-        the first filter that delivered nothing."""
+        proves it), repeated every ``PROBE_REPEAT_S``. True when every probe came back; False
+        when the broker refused a probe itself (nothing proven, nothing held against the
+        filters). Raises SubscriptionUnprovenError naming the first filter that delivered
+        nothing."""
         loop = asyncio.get_running_loop()
         nonce = secrets.token_hex(6)
         owed: dict[str, list[bytes]] = {}
@@ -736,7 +750,7 @@ class MqttSession:
                         sent[topic] = now
                         for payload in payloads:
                             if not await self._publish_probe(client, topic, payload):
-                                return
+                                return False
                 quiet_since = max(started, self._last_delivery, self.writer.last_progress)
                 left = quiet_since + self.probe_timeout_s - loop.time()
                 if left <= 0:
@@ -757,6 +771,7 @@ class MqttSession:
         finally:
             self._probes = set()
         log.info("subscriptions_proven", topics=list(self.subscriptions), probe=PROBE_DEVICE)
+        return True
 
     async def _publish_probe(self, client: BrokerConnection, topic: str, payload: bytes) -> bool:
         """False when the broker refused the probe itself (MQTT 5 says so in its PUBACK: an

@@ -148,11 +148,13 @@ async def test_a_refused_telemetry_subscription_is_a_configuration_error(
     assert line["error"].endswith(f"(reason code {code})"), line
 
 
-def _acl_broker(tmp_path: Path, telemetry_lines: str) -> Mosquitto:
+def _acl_broker(
+    tmp_path: Path, telemetry_lines: str, *, port: int | None = None, name: str = "mosquitto"
+) -> Mosquitto:
     """A started mosquitto whose ACL file lets everyone use the acks, status and gateway topics,
     and the telemetry topic as ``telemetry_lines`` say (mosquitto's ACL file grants every
-    SUBSCRIBE and decides at delivery)."""
-    workdir = tmp_path / "mosquitto"
+    SUBSCRIBE and decides at delivery). Its state in ``tmp_path / name``."""
+    workdir = tmp_path / name
     workdir.mkdir()
     acl = workdir / "acl"
     acl.write_text(
@@ -160,7 +162,7 @@ def _acl_broker(tmp_path: Path, telemetry_lines: str) -> Mosquitto:
         "pattern readwrite iot/devices/+/status\n"
         "pattern readwrite iot/gateways/#\n" + telemetry_lines
     )
-    broker = Mosquitto(workdir, extra_config=f"acl_file {acl}\n")
+    broker = Mosquitto(workdir, port=port, extra_config=f"acl_file {acl}\n")
     broker.start()
     return broker
 
@@ -170,7 +172,10 @@ async def test_an_acl_file_denying_the_telemetry_topic_is_caught_by_the_probe(
     db_dsn: str, tmp_path: Path, protocol: str
 ) -> None:
     # mosquitto's ACL file grants every SUBSCRIBE and denies at delivery: neither protocol
-    # version can tell (MQTT 5's SUBACK says granted), the probe does.
+    # version can tell (MQTT 5's SUBACK says granted), the probe does. Started again, the
+    # broker resumes the session the first start made, holding exactly the configured filters:
+    # they are recorded unproven, so the probe runs and fails again (an MQTT 5 node used to
+    # trust the process before it there, and ran healthy, storing nothing).
     broker = _acl_broker(tmp_path, "pattern write iot/devices/+/telemetry\n")
     try:
         config = _write(
@@ -183,10 +188,57 @@ async def test_an_acl_file_denying_the_telemetry_topic_is_caught_by_the_probe(
             ),
         )
         line = _failed(await gateway_run(config), ACL_SETTING)
+        again = _failed(await gateway_run(config), ACL_SETTING)
     finally:
         broker.stop()
     assert "'iot/devices/+/telemetry'" in line["error"], line
     assert "'iot/devices/gateway-probe/telemetry'" in line["error"], line
+    assert again["error"] == line["error"], again
+    conn = await asyncpg.connect(db_dsn)
+    try:
+        proven = await conn.fetch(
+            "SELECT topic_filter FROM mqtt_subscription WHERE proven_at IS NOT NULL"
+        )
+    finally:
+        await conn.close()
+    assert proven == []
+
+
+@pytest.mark.parametrize("protocol", ["3.1.1", "5"])
+async def test_a_proven_filter_whose_probe_later_delivers_nothing_is_proven_no_more(
+    db_dsn: str, tmp_path: Path, protocol: str
+) -> None:
+    """Proven on a broker, then probed again on that broker (a new session: its state lost)
+    whose ACL now denies delivery: the start fails, and the record says unproven, so that no
+    later start resumes a session on the strength of the old proof."""
+    port = free_port()
+    settings: dict[str, object] = {
+        "dsn": db_dsn, "mqtt_port": port, "protocol": protocol, "mqtt_extra": "probe_timeout_s = 2"
+    }  # fmt: skip
+    allowing = _acl_broker(tmp_path, "pattern readwrite iot/devices/+/telemetry\n", port=port)
+    try:
+        async with running_daemon(make_config(**settings)):
+            pass
+    finally:
+        allowing.stop()
+    conn = await asyncpg.connect(db_dsn)
+    try:
+        proof = "SELECT topic_filter, proven_at IS NOT NULL FROM mqtt_subscription ORDER BY 1"
+        before = [tuple(r) for r in await conn.fetch(proof)]
+        assert before
+        assert all(proven for _, proven in before), before
+        denying = _acl_broker(
+            tmp_path, "pattern write iot/devices/+/telemetry\n", port=port, name="denying"
+        )
+        try:
+            config = _write(tmp_path, config_toml(**settings))  # type: ignore[arg-type]
+            _failed(await gateway_run(config), ACL_SETTING)
+        finally:
+            denying.stop()
+        after = [tuple(r) for r in await conn.fetch(proof)]
+    finally:
+        await conn.close()
+    assert after == [(topic, False) for topic, _ in before]
 
 
 async def test_an_mqtt5_probe_the_acl_refuses_is_said_and_the_gateway_runs(

@@ -431,7 +431,11 @@ async def test_nats_holds_back_a_crashed_sessions_deliveries_for_its_ack_wait(
     its subscription for unproven and exit 2 blaming the ACL (under systemd,
     ``RestartPreventExitStatus=2``: never restarted). At start an unproven subscription is now
     probed again for 4 probe timeouts (40 s by default) before the node gives up: the node
-    waits out ack_wait, unhealthy and saying why, then stores everything exactly once."""
+    waits out ack_wait, unhealthy and saying why, then stores everything exactly once.
+
+    The probe runs at that restart because the filters are recorded unproven, as every filter
+    is after the upgrade to migration 0038 (a node whose record holds the proof resumes the
+    session without probing: test_resumed_session)."""
     corner = Corner(nats_broker)
 
     async def at_max_ack_pending() -> bool:
@@ -448,6 +452,11 @@ async def test_nats_holds_back_a_crashed_sessions_deliveries_for_its_ack_wait(
         batch_max=5,
         kill_when=at_max_ack_pending,
     )
+    conn = await asyncpg.connect(db_dsn)
+    try:  # as a database migrated to 0038 finds them: remembered, never proven
+        await conn.execute("UPDATE mqtt_subscription SET proven_at = NULL")
+    finally:
+        await conn.close()
     process = crash.process
     try:
         process.start()

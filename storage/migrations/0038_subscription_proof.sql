@@ -1,0 +1,13 @@
+-- When each remembered topic filter was proven to deliver on its broker (the session's probe:
+-- a marked message published on a topic the filter must match came back), NULL while it was
+-- not, or a later probe of it came back with nothing.
+--
+-- A broker that resumes the session holding exactly the configured filters, all proven, is
+-- not probed again at connect, on either protocol version: the probe's message would queue
+-- behind the backlog the session resumes with, and the node would report itself starting
+-- (no READY=1, /health 503) until the whole backlog was delivered. Until this migration only
+-- MQTT 5 skipped it, trusting the process before at a first connect without a record of its
+-- proof; a node that had exited because its probe found nothing (an ACL denying delivery)
+-- resumed that session at its next start and ran healthy, storing nothing. Filters remembered
+-- before this migration count as unproven: the first connect after it probes.
+ALTER TABLE mqtt_subscription ADD COLUMN proven_at timestamptz;
