@@ -15,6 +15,8 @@ import asyncpg
 import msgspec
 import pytest
 
+from gateway.ingest.breaker import digest
+from gateway.ingest.decoder import Inbound
 from protocol import Topics
 from tests.support.daemon import DaemonProcess, config_toml, http_healthy
 from tests.support.dying_gateway import DEADLY_EVENT, DEADLY_WHILE_DECODING, DEATH_CODE
@@ -191,6 +193,16 @@ async def _wait_healthy(process: DaemonProcess, port: int) -> None:
     await wait_until(ready, timeout=60, message="daemon healthy")
 
 
+async def _stored_devices(dsn: str) -> set[str]:
+    """The telemetry topics of the devices whose messages are stored (one message each)."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        rows = await conn.fetch("SELECT device_id FROM telemetry")
+    finally:
+        await conn.close()
+    return {TOPICS.telemetry(r[0]) for r in rows}
+
+
 def _write_config(path: Path, dsn: str, mqtt_port: int, http_port: int, node: str) -> None:
     path.write_text(
         config_toml(
@@ -309,6 +321,7 @@ async def test_a_message_that_kills_the_process_is_quarantined_after_two_deaths(
         # Death one: the message's batch was in flight.
         await wait_until(lambda: not process.alive(), timeout=60, message="first death")
         assert process.exit_code() == DEATH_CODE
+        landed = await _stored_devices(db_dsn)  # before the death: never delivered again
         # Death two: redelivered after the restart, processed alone as a suspect.
         process.start()
         await wait_until(lambda: not process.alive(), timeout=60, message="second death")
@@ -352,7 +365,7 @@ async def test_a_message_that_kills_the_process_is_quarantined_after_two_deaths(
     conn = await asyncpg.connect(db_dsn)
     try:
         letter = await conn.fetchrow("SELECT topic, payload, reason, detail FROM dead_letter")
-        suspects = await conn.fetchval("SELECT count(*) FROM ingest_suspect")
+        suspects = {bytes(r[0]) for r in await conn.fetch("SELECT digest FROM ingest_suspect")}
         journal = await conn.fetchval("SELECT count(*) FROM ingest_journal")
         stored = await conn.fetchval("SELECT count(*) FROM telemetry")
     finally:
@@ -364,5 +377,11 @@ async def test_a_message_that_kills_the_process_is_quarantined_after_two_deaths(
     )
     assert "2 times in a row" in letter["detail"]
     assert stored == len(around) + 1
-    assert suspects == 0, "the breaker forgets what it settled"
+    # The breaker forgets what it settled: every suspect delivered again and stored. What may
+    # stay (remembered for REMEMBER_DAYS, as a suspect that never came back) is a message whose
+    # batch landed and was acknowledged before the first death while the killer's batch, in
+    # flight beside it, had journaled it (seen in CI: one batch of 8).
+    never_again = {digest(Inbound(topic, payload)) for topic, payload in around if topic in landed}
+    assert suspects <= never_again, "the breaker forgets what it settled"
+    assert len(suspects) <= len(landed)
     assert journal == 0, "a clean stop leaves nothing in flight"
