@@ -117,6 +117,17 @@ async def count_rows(dsn: str, table: str = "telemetry") -> int:
         await conn.close()
 
 
+async def subscription_proof(dsn: str) -> dict[str, bool]:
+    """Each MQTT filter the database remembers, and whether it is recorded proven to deliver
+    (``mqtt_subscription.proven_at``, migration 0038)."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        rows = await conn.fetch("SELECT topic_filter, proven_at IS NOT NULL FROM mqtt_subscription")
+    finally:
+        await conn.close()
+    return {row[0]: row[1] for row in rows}
+
+
 class DaemonProcess:
     """``gateway run`` in a child process (for SIGKILL and SIGTERM tests)."""
 

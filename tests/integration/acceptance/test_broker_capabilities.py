@@ -21,7 +21,13 @@ import pytest
 
 from gateway.embedded.broker import EmbeddedBroker
 from tests.integration.acceptance.test_startup_failures import _DYNSEC_PLUGINS
-from tests.support.daemon import DaemonProcess, config_toml, make_config, running_daemon
+from tests.support.daemon import (
+    DaemonProcess,
+    config_toml,
+    make_config,
+    running_daemon,
+    subscription_proof,
+)
 from tests.support.gateway_cli import Finished, gateway_run
 from tests.support.mosquitto import Mosquitto
 from tests.support.ports import free_port
@@ -148,16 +154,6 @@ async def test_a_refused_telemetry_subscription_is_a_configuration_error(
     assert line["error"].endswith(f"(reason code {code})"), line
 
 
-async def _proof(dsn: str) -> dict[str, bool]:
-    """Each remembered filter, and whether it is recorded proven (migration 0038)."""
-    conn = await asyncpg.connect(dsn)
-    try:
-        rows = await conn.fetch("SELECT topic_filter, proven_at IS NOT NULL FROM mqtt_subscription")
-    finally:
-        await conn.close()
-    return {row[0]: row[1] for row in rows}
-
-
 def _acl_broker(
     tmp_path: Path, telemetry_lines: str, *, port: int | None = None, name: str = "mosquitto"
 ) -> Mosquitto:
@@ -204,7 +200,7 @@ async def test_an_acl_file_denying_the_telemetry_topic_is_caught_by_the_probe(
     assert "'iot/devices/+/telemetry'" in line["error"], line
     assert "'iot/devices/gateway-probe/telemetry'" in line["error"], line
     assert again["error"] == line["error"], again
-    proof = await _proof(db_dsn)
+    proof = await subscription_proof(db_dsn)
     assert proof
     assert not any(proof.values()), proof
 
@@ -226,7 +222,7 @@ async def test_a_proven_filter_whose_probe_later_delivers_nothing_is_proven_no_m
             pass
     finally:
         allowing.stop()
-    before = await _proof(db_dsn)
+    before = await subscription_proof(db_dsn)
     assert before
     assert all(before.values()), before
     denying = _acl_broker(
@@ -237,7 +233,7 @@ async def test_a_proven_filter_whose_probe_later_delivers_nothing_is_proven_no_m
         _failed(await gateway_run(config), ACL_SETTING)
     finally:
         denying.stop()
-    assert await _proof(db_dsn) == dict.fromkeys(before, False)
+    assert await subscription_proof(db_dsn) == dict.fromkeys(before, False)
 
 
 async def test_an_mqtt5_probe_the_acl_refuses_is_said_and_the_gateway_runs(

@@ -21,7 +21,7 @@ import asyncpg
 import pytest
 
 from gateway.runtime.daemon import Daemon
-from tests.support.daemon import make_config, running_daemon
+from tests.support.daemon import make_config, running_daemon, subscription_proof
 from tests.support.mosquitto import Mosquitto
 from tests.support.waiting import wait_until
 
@@ -30,11 +30,6 @@ BACKLOG = 300  # beyond mosquitto's inflight window (100 in the fixture): most o
 
 def _sample(n: int) -> bytes:
     return b'{"ts": %d, "seq": %d, "metrics": {"t": 1.5}}' % (1_767_225_600_000 + n, n)
-
-
-async def _proof(db: asyncpg.Connection) -> dict[str, bool]:
-    rows = await db.fetch("SELECT topic_filter, proven_at IS NOT NULL FROM mqtt_subscription")
-    return {row[0]: row[1] for row in rows}
 
 
 @pytest.mark.parametrize("protocol", ["3.1.1", "5"])
@@ -49,7 +44,7 @@ async def test_a_node_restarted_onto_a_backlog_is_ready_before_storing_any_of_it
     try:
         async with running_daemon(config):
             pass  # subscribed and proven (its probe came back), stopped cleanly
-        proof = await _proof(db)
+        proof = await subscription_proof(db_dsn)
         assert proof
         assert all(proof.values()), proof
 
@@ -93,7 +88,7 @@ async def test_a_node_restarted_onto_a_backlog_is_ready_before_storing_any_of_it
             stop.set()
             async with asyncio.timeout(60):
                 await running
-        assert all((await _proof(db)).values())
+        assert all((await subscription_proof(db_dsn)).values())
     finally:
         await holder.close()
         await db.close()
