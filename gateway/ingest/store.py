@@ -3,7 +3,7 @@ letters, command receipts, and the rule state and alarms the new telemetry moves
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import asyncpg
 import msgspec
@@ -13,6 +13,7 @@ from gateway.alarms.engine import AlarmEngine, BatchAlarms
 from gateway.commands import sparkplug as sparkplug_writes
 from gateway.commands.receipts import ReceiptApplier
 from gateway.ingest.decoder import Classified
+from gateway.ingest.mapping_memory import MappingMemory, Recorded
 from gateway.sparkplug.host import HostOutcome, SparkplugHost
 from protocol import Topics
 from storage import breaker as breaker_repo
@@ -30,6 +31,8 @@ class StoreResult:
     dead_letters: tuple[DeadLetterRow, ...]
     alarms: BatchAlarms | None = None
     sparkplug: HostOutcome | None = None
+    # The mapped devices whose mapping the batch recorded (for the writer's MappingMemory).
+    mapped: dict[str, Recorded] = field(default_factory=dict)
 
     @property
     def stored(self) -> int:
@@ -48,11 +51,13 @@ async def store(
     receipts: ReceiptApplier | None = None,
     *,
     sparkplug: SparkplugHost | None = None,
+    mappings: MappingMemory | None = None,
 ) -> StoreResult:
     """Everything a batch writes, in the caller's transaction: telemetry, devices, presence,
     dead letters, command receipts, and the alarms the new telemetry raises or clears; the
     Sparkplug messages first, judged against their edge nodes' state (gateway.sparkplug),
-    which adds telemetry, presence and dead letters of their own."""
+    which adds telemetry, presence and dead letters of their own. ``mappings``: what the
+    caller's node recorded of its mapped devices (only what is due is recorded; None: all)."""
     telemetry, decoded = batch.telemetry, batch.decoded
     seen, presence, letters = batch.seen_devices, batch.presence, batch.dead_letters
     outcome = None
@@ -68,7 +73,8 @@ async def store(
         letters = [*letters, *outcome.dead_letters]
     new_ids, db_now = await repo.insert_telemetry_at(conn, telemetry, node_id, seen)
     await repo.record_presence(conn, presence)
-    await repo.record_device_mappings(conn, batch.mapped_devices)
+    mapped = batch.mapped_devices if mappings is None else mappings.due(batch.mapped_devices)
+    await repo.record_device_mappings(conn, mapped)
     await repo.insert_dead_letters(conn, letters, node_id)
     applied = batch.receipts
     if outcome is not None and outcome.telemetry and receipts is not None:
@@ -97,6 +103,7 @@ async def store(
         dead_letters=tuple(letters),
         alarms=alarms,
         sparkplug=outcome,
+        mapped=mapped,
     )
 
 

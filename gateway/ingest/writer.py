@@ -30,6 +30,7 @@ from gateway.ingest.decoder import (
     failure_detail,
 )
 from gateway.ingest.flights import Flight, plan
+from gateway.ingest.mapping_memory import MappingMemory
 from gateway.ingest.metrics import IngestMetrics
 from gateway.ingest.store import StoreResult, store
 from gateway.sparkplug.host import SparkplugHost
@@ -129,6 +130,8 @@ class IngestWriter:
         self.linger_s = linger_s
         self.retry = retry
         self.engine = engine
+        # What this node recorded of its mapped devices: a batch records only what is due.
+        self.mapping_memory = MappingMemory()
         self.queue: asyncio.Queue[Inbound] = asyncio.Queue(maxsize=queue_max)
         self.last_progress = 0.0
         # The database calls of the writer under way, with when each began (the watchdog
@@ -568,12 +571,14 @@ class IngestWriter:
                         self.engine,
                         self.receipts,
                         sparkplug=self.sparkplug,
+                        mappings=self.mapping_memory,
                     )
                 if breaker is not None:
                     await breaker.settled(conn, [*batch.items, *settled])
         finally:
             self.ingest_metrics.transactions.inc()
         self.stored_total += result.stored
+        self.mapping_memory.recorded(result.mapped)
         # Committed: only now are its alarms counted (a rolled-back batch counts nothing).
         if self.engine is not None and result.alarms is not None:
             try:
