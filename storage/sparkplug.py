@@ -52,8 +52,8 @@ class NodeWrite:
     seq: int | None
     missing: str
     trusted: bool
-    aliases: str
-    metrics: str
+    aliases: str | None  # None: as stored
+    metrics: str | None  # None: as stored
     devices: list[str]
     recent: list[str]
     rebirth_reason: str | None

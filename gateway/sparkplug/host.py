@@ -112,6 +112,8 @@ class _Node:
     recent: list[str]
     rebirth_reason: str | None
     born_now: bool = False
+    # A birth in this batch replaced aliases and metrics: only then are they written back.
+    births_changed: bool = False
 
     @classmethod
     def of(cls, row: repo.NodeRow) -> _Node:
@@ -139,8 +141,11 @@ class _Node:
             seq=self.seq,
             missing=_json(self.missing),
             trusted=self.trusted,
-            aliases=_json(self.aliases),
-            metrics=_json(self.metrics),
+            # Unchanged (no birth in the batch): left as stored, neither encoded here nor
+            # parsed and written again by PostgreSQL (an edge node's aliases grow with every
+            # metric it has: kilobytes, written back by every batch before).
+            aliases=_json(self.aliases) if self.births_changed else None,
+            metrics=_json(self.metrics) if self.births_changed else None,
             devices=self.devices,
             recent=self.recent[-RECENT:],
             rebirth_reason=self.rebirth_reason,
@@ -285,6 +290,7 @@ class SparkplugHost:
         node.missing = {}
         node.aliases = {}
         node.metrics = {}
+        node.births_changed = True
         # The devices' births are void too: they come again after the node's.
         for device in node.devices:
             out.presence[f"{node.key}/{device}"] = "offline"
@@ -299,6 +305,7 @@ class SparkplugHost:
         assert device is not None
         node.aliases = {a: d for a, d in node.aliases.items() if d[0] != device}
         node.metrics.pop(device, None)
+        node.births_changed = True
         self._define(node, device, message.payload.metrics)
         if device not in node.devices:
             node.devices.append(device)

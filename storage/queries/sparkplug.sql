@@ -19,11 +19,13 @@ FOR UPDATE OF s;
 
 -- name: write_node
 -- $1 group id, $2 edge node id, $3 born, $4 bdseq, $5 seq, $6 missing (json), $7 trusted,
--- $8 aliases (json), $9 metrics (json), $10 devices, $11 recent, $12 rebirth reason or null
--- (null: none wanted), $13 born now (a birth was taken in this batch).
+-- $8 aliases (json), $9 metrics (json), each null when no birth of the batch changed them
+-- (the row is locked since it was read: they are as stored), $10 devices, $11 recent, $12
+-- rebirth reason or null (null: none wanted), $13 born now (a birth was taken in this batch).
 UPDATE sparkplug_node
-SET born = $3, bdseq = $4, seq = $5, missing = $6::jsonb, trusted = $7, aliases = $8::jsonb,
-    metrics = $9::jsonb, devices = $10, recent = $11,
+SET born = $3, bdseq = $4, seq = $5, missing = $6::jsonb, trusted = $7,
+    aliases = coalesce($8::jsonb, aliases), metrics = coalesce($9::jsonb, metrics),
+    devices = $10, recent = $11,
     rebirth_reason = $12,
     rebirth_wanted_at = CASE WHEN $12::text IS NULL THEN NULL
                              ELSE coalesce(rebirth_wanted_at, now()) END,

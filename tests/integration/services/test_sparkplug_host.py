@@ -5,8 +5,10 @@ an older session's Will, an alias no birth has, a reset, redeliveries, the reord
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 
 import asyncpg
+import pytest
 
 from gateway.ingest.decoder import Inbound, MessageDecoder
 from gateway.ingest.store import StoreResult, store
@@ -160,3 +162,45 @@ async def test_the_reorder_window_takes_late_seqs_and_expires_missing_ones(
     async with pool.acquire() as conn, conn.transaction():
         assert await repo.take_rebirths(conn, 30, 10) == [("G", "N", "seq gap")]
         assert await repo.take_rebirths(conn, 30, 10) == []  # sent: again after the retry
+
+
+async def test_aliases_and_metric_types_are_written_back_only_by_a_batch_with_a_birth(
+    pool: asyncpg.Pool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An edge node's aliases and metric types (kilobytes for a node with many metrics) are
+    encoded and written with its row only when a birth of the batch changed them; a batch
+    of data leaves them as stored, and the next batch reads them from there."""
+    written: list[list[repo.NodeWrite]] = []
+    write_nodes = repo.write_nodes
+
+    async def watched(conn: asyncpg.Connection, writes: Sequence[repo.NodeWrite]) -> None:
+        written.append(list(writes))
+        await write_nodes(conn, writes)
+
+    monkeypatch.setattr(repo, "write_nodes", watched)
+    host = SparkplugHost()
+    await _batch(pool, host, _births())
+    await _batch(pool, host, [("DDATA", DEVICE, _payload(2, _temp(7.0)))])
+    # A second metric born for the device (a DBIRTH again), then data by its alias.
+    hum = {"name": "hum", "alias": 2, "datatype": DataType.DOUBLE, "double_value": 40.0}
+    temp = {"name": "temp", "alias": 1, "datatype": DataType.DOUBLE, "double_value": 7.5}
+    await _batch(pool, host, [("DBIRTH", DEVICE, _payload(3, temp, hum))])
+    result = await _batch(
+        pool, host, [("DDATA", DEVICE, _payload(4, {"alias": 2, "double_value": 41.0}))]
+    )
+
+    assert [(w.aliases is None, w.metrics is None) for (w,) in written] == [
+        (False, False), (True, True), (False, False), (True, True)
+    ]  # fmt: skip
+    state = await _state(pool)
+    assert json.loads(state.aliases) == {
+        "1": ["D", "temp", DataType.DOUBLE], "2": ["D", "hum", DataType.DOUBLE]
+    }  # fmt: skip
+    assert json.loads(state.metrics) == {
+        "": {"bdSeq": DataType.INT64},
+        "D": {"temp": 10, "hum": 10},
+    }
+    assert state.trusted, state.rebirth_reason
+    assert result.sparkplug is not None
+    assert result.sparkplug.distrusted == []
+    assert [message.metrics for message in result.sparkplug.decoded] == [{"hum": 41.0}]
