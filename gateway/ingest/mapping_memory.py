@@ -1,7 +1,7 @@
 """Which mapping, with which topic wildcards, this node last recorded for each device read
 through an ``[[ingest.mappings]]`` entry (the ``device_mapping`` table a command to such a
-device is rendered from): a batch records only the devices whose differ from that, or whose
-record is older than ``REFRESH_S``.
+device is rendered from): a batch records only the devices whose mapping or wildcards differ
+from that, or whose record is older than ``REFRESH_S``.
 
 Every batch used to record every mapped device it held. Most never change (a device keeps
 its vendor topic), yet each cost the gateway the wildcards encoded as JSON with sorted keys,

@@ -54,7 +54,8 @@ RECENT = 64
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 # JSON of an edge node's state (jsonb columns) and of each sample's metrics, through msgspec:
 # the standard library's json.dumps and json.loads were a tenth of a Sparkplug drain's CPU
-# (the node's aliases, read and written every batch, and a dumps per sample). The values are
+# (the node's aliases, read every batch and then written by every batch too, and a dumps
+# per sample). The values are
 # what metric_value gives (finite floats, integers within 64 bits, booleans, valid strings),
 # which both encode alike for jsonb.
 _encode = msgspec.json.Encoder().encode
