@@ -4,7 +4,7 @@ the loop sends."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -16,6 +16,7 @@ _Q = load_queries("sparkplug.sql")
 CREATE_NODES = _Q["create_nodes"]
 LOCK_NODES = _Q["lock_nodes"]
 WRITE_NODE = _Q["write_node"]
+WRITE_BIRTHS = _Q["write_births"]
 TAKE_REBIRTHS = _Q["take_rebirths"]
 EXPIRE_MISSING = _Q["expire_missing"]
 GET_NODE = _Q["get_node"]
@@ -35,12 +36,13 @@ class NodeRow:
     seq: int | None
     missing: str
     trusted: bool
-    aliases: str
-    metrics: str
+    aliases: str | None  # None: the caller holds them as they are (lock_nodes' ``held``)
+    metrics: str | None  # as aliases
     devices: list[str]
     recent: list[str]
     rebirth_reason: str | None
     rebirth_wanted: bool
+    births: str  # the births' token (version and server), for ``held`` next time
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,43 +81,56 @@ class StoredNode:
 
 
 async def lock_nodes(
-    conn: asyncpg.Connection, keys: Sequence[tuple[str, str]]
+    conn: asyncpg.Connection,
+    keys: Sequence[tuple[str, str]],
+    held: Mapping[tuple[str, str], str] | None = None,
 ) -> dict[tuple[str, str], NodeRow]:
-    """Create the rows not seen yet, then lock and read every one (in key order)."""
+    """Create the rows not seen yet, then lock and read every one (in key order). ``held``:
+    the births' token of the nodes whose births the caller holds: theirs come back as None
+    while the token is still the row's."""
     ordered = sorted(set(keys))
     if not ordered:
         return {}
+    held = held or {}
     groups = [g for g, _ in ordered]
     nodes = [n for _, n in ordered]
     await conn.execute(CREATE_NODES, groups, nodes)
-    records = await conn.fetch(LOCK_NODES, groups, nodes)
+    records = await conn.fetch(LOCK_NODES, groups, nodes, [held.get(k, "") for k in ordered])
     rows = [NodeRow(*record.values()) for record in records]
     return {(row.group_id, row.edge_node_id): row for row in rows}
 
 
 async def write_nodes(conn: asyncpg.Connection, writes: Sequence[NodeWrite]) -> None:
-    if writes:
-        await conn.executemany(
-            WRITE_NODE,
-            [
-                (
-                    w.group_id,
-                    w.edge_node_id,
-                    w.born,
-                    w.bdseq,
-                    w.seq,
-                    w.missing,
-                    w.trusted,
-                    w.aliases,
-                    w.metrics,
-                    w.devices,
-                    w.recent,
-                    w.rebirth_reason,
-                    w.born_now,
-                )
-                for w in writes
-            ],
-        )
+    """Each node's stream state; then the births of those whose births changed (``aliases``
+    and ``metrics`` not None), which moves their version."""
+    if not writes:
+        return
+    await conn.executemany(
+        WRITE_NODE,
+        [
+            (
+                w.group_id,
+                w.edge_node_id,
+                w.born,
+                w.bdseq,
+                w.seq,
+                w.missing,
+                w.trusted,
+                w.devices,
+                w.recent,
+                w.rebirth_reason,
+                w.born_now,
+            )
+            for w in writes
+        ],
+    )
+    births = [
+        (w.group_id, w.edge_node_id, w.aliases, w.metrics)
+        for w in writes
+        if w.aliases is not None and w.metrics is not None
+    ]
+    if births:
+        await conn.executemany(WRITE_BIRTHS, births)
 
 
 async def take_rebirths(

@@ -579,6 +579,8 @@ class IngestWriter:
             self.ingest_metrics.transactions.inc()
         self.stored_total += result.stored
         self.mapping_memory.recorded(result.mapped)
+        if self.sparkplug is not None and result.sparkplug is not None:
+            self.sparkplug.committed(result.sparkplug)  # the births it wrote, held
         # Committed: only now are its alarms counted (a rolled-back batch counts nothing).
         if self.engine is not None and result.alarms is not None:
             try:

@@ -51,6 +51,10 @@ NOT_BORN = "SPARKPLUG_NOT_BORN"
 INVALID = "INVALID"
 # Message ids kept per edge node to recognise a redelivery.
 RECENT = 64
+# Aliases and metric names of the edge nodes' births a host holds between batches, in all
+# (about 0.16 KB each decoded, tracemalloc: ~8 MB); past that the least recently used
+# node's are dropped, and read again by its next batch.
+HELD_BIRTHS = 50_000
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 # JSON of an edge node's state (jsonb columns) and of each sample's metrics, through msgspec:
 # the standard library's json.dumps and json.loads were a tenth of a Sparkplug drain's CPU
@@ -94,6 +98,31 @@ class HostOutcome:
     duplicates: int = 0
     # Edge nodes that became untrusted in this batch, with why.
     distrusted: list[tuple[str, str]] = field(default_factory=list)
+    # The births the batch wrote (its NBIRTHs and DBIRTHs), as the commit leaves them: the
+    # host holds them once the caller says the batch committed (SparkplugHost.committed).
+    births_written: dict[tuple[str, str], _Births] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class _Births:
+    """An edge node's aliases and metric datatypes as the row holds them under ``token``
+    (never changed in place: a birth replaces the dicts of the node it is judged against)."""
+
+    token: str
+    aliases: dict[str, list[object]]
+    metrics: dict[str, dict[str, int | None]]
+
+    @property
+    def size(self) -> int:
+        return len(self.aliases) + sum(len(names) for names in self.metrics.values())
+
+    def after_write(
+        self, aliases: dict[str, list[object]], metrics: dict[str, dict[str, int | None]]
+    ) -> _Births:
+        """The births a write of ``aliases`` and ``metrics`` leaves on the row read under
+        this token: the version one on (migration 0039's trigger), on the same server."""
+        version, _, server = self.token.partition("@")
+        return _Births(f"{int(version) + 1}@{server}", aliases, metrics)
 
 
 @dataclass(slots=True)
@@ -112,12 +141,13 @@ class _Node:
     devices: list[str]
     recent: list[str]
     rebirth_reason: str | None
+    births: _Births  # as read: aliases and metrics start as its dicts
     born_now: bool = False
     # A birth in this batch replaced aliases and metrics: only then are they written back.
     births_changed: bool = False
 
     @classmethod
-    def of(cls, row: repo.NodeRow) -> _Node:
+    def of(cls, row: repo.NodeRow, births: _Births) -> _Node:
         return cls(
             group=row.group_id,
             node=row.edge_node_id,
@@ -126,11 +156,12 @@ class _Node:
             seq=row.seq,
             missing=_decode(row.missing),
             trusted=row.trusted,
-            aliases=_decode(row.aliases),
-            metrics=_decode(row.metrics),
+            aliases=births.aliases,
+            metrics=births.metrics,
             devices=list(row.devices),
             recent=list(row.recent),
             rebirth_reason=row.rebirth_reason,
+            births=births,
         )
 
     def write(self) -> repo.NodeWrite:
@@ -168,6 +199,11 @@ class SparkplugHost:
         # moves nothing of the stream (seq, births, presence); births and deaths are not
         # replayed (their moment has passed).
         self.replay = replay
+        # Edge nodes' births held between batches (the least recently used first), at most
+        # HELD_BIRTHS aliases and metric names in all: a batch is sent again only the births
+        # another writer changed since (storage.sparkplug.lock_nodes).
+        self._births: dict[tuple[str, str], _Births] = {}
+        self._births_size = 0
 
     async def apply(
         self, conn: asyncpg.Connection, messages: Sequence[SparkplugMessage]
@@ -175,8 +211,23 @@ class SparkplugHost:
         out = HostOutcome()
         if not messages:
             return out
-        rows = await repo.lock_nodes(conn, [(m.topic.group, m.topic.node) for m in messages])
-        nodes = {key: _Node.of(row) for key, row in rows.items()}
+        keys = {(m.topic.group, m.topic.node) for m in messages}
+        # What this batch holds, taken now: another flight's batch may change the host's
+        # copies while this one waits for its rows.
+        held = {key: births for key in keys if (births := self._births.get(key)) is not None}
+        rows = await repo.lock_nodes(
+            conn, list(keys), {key: births.token for key, births in held.items()}
+        )
+        nodes = {}
+        for key, row in rows.items():
+            if row.aliases is None or row.metrics is None:
+                births = held[key]  # the row's own still
+                if self._births.get(key) is births:
+                    self._births[key] = self._births.pop(key)  # the most recently used
+            else:
+                births = _Births(row.births, _decode(row.aliases), _decode(row.metrics))
+                self._hold(key, births)  # as committed: whatever this batch does
+            nodes[key] = _Node.of(row, births)
         now = await repo.db_epoch(conn) if self.reorder_window_s > 0 else 0.0
         for message in messages:
             node = nodes[(message.topic.group, message.topic.node)]
@@ -191,7 +242,29 @@ class SparkplugHost:
                 # judged again.)
                 node.recent.append(short)
         await repo.write_nodes(conn, [node.write() for node in nodes.values()])
+        for key, node in nodes.items():
+            if node.births_changed:
+                out.births_written[key] = node.births.after_write(node.aliases, node.metrics)
         return out
+
+    def committed(self, out: HostOutcome) -> None:
+        """After the commit of the batch ``out`` came from (never after a rollback): the
+        births it wrote are held as the row now has them."""
+        for key, births in out.births_written.items():
+            self._hold(key, births)
+
+    def _hold(self, key: tuple[str, str], births: _Births) -> None:
+        known = self._births.pop(key, None)
+        if known is not None:
+            self._births_size -= known.size
+        size = births.size
+        if size > HELD_BIRTHS:
+            return  # larger than all that is held: read each batch
+        self._births[key] = births
+        self._births_size += size
+        while self._births_size > HELD_BIRTHS:
+            oldest = next(iter(self._births))
+            self._births_size -= self._births.pop(oldest).size
 
     # --- one message ---------------------------------------------------------------------
 
@@ -304,8 +377,9 @@ class SparkplugHost:
     def _dbirth(self, node: _Node, message: SparkplugMessage, out: HostOutcome) -> None:
         device = message.topic.device
         assert device is not None
+        # New dicts, not the read ones changed in place: those are held (_Births).
         node.aliases = {a: d for a, d in node.aliases.items() if d[0] != device}
-        node.metrics.pop(device, None)
+        node.metrics = {d: names for d, names in node.metrics.items() if d != device}
         node.births_changed = True
         self._define(node, device, message.payload.metrics)
         if device not in node.devices:

@@ -7,31 +7,56 @@ ORDER BY o
 ON CONFLICT (group_id, edge_node_id) DO NOTHING;
 
 -- name: lock_nodes
--- $1 group ids, $2 edge node ids (pairwise); every row, locked until the transaction ends, in
--- key order, columns in `NodeRow` order.
-SELECT s.group_id, s.edge_node_id, s.born, s.bdseq, s.seq, s.missing::text, s.trusted,
-       s.aliases::text, s.metrics::text, s.devices, s.recent, s.rebirth_reason,
-       s.rebirth_wanted_at IS NOT NULL AS rebirth_wanted
-FROM sparkplug_node s
-JOIN unnest($1::text[], $2::text[]) AS u(g, n) ON s.group_id = u.g AND s.edge_node_id = u.n
-ORDER BY s.group_id, s.edge_node_id
-FOR UPDATE OF s;
+-- $1 group ids, $2 edge node ids, $3 the births the caller holds of each (a token
+-- "births_version@server start", or an empty text: none) (pairwise); every row, locked until
+-- the transaction ends, in key order, columns in `NodeRow` order. The aliases and metric
+-- datatypes come as text only where the caller's token is not the row's own (NULL where it
+-- holds them as they are); `births` is the row's token. The server's start time is in it as
+-- in rule_state.sql's tokens: after a failover or a restore, a version may be reached again
+-- with other births. A row updated while this one waited for its lock is answered as that
+-- update left it.
+WITH server AS (  -- the server's start time, once a statement (microseconds, as text)
+    SELECT (extract(epoch FROM pg_postmaster_start_time()) * 1000000)::bigint::text AS started
+)
+SELECT l.group_id, l.edge_node_id, l.born, l.bdseq, l.seq, l.missing, l.trusted,
+       CASE WHEN l.held THEN NULL ELSE l.aliases::text END AS aliases,
+       CASE WHEN l.held THEN NULL ELSE l.metrics::text END AS metrics,
+       l.devices, l.recent, l.rebirth_reason, l.rebirth_wanted, l.births
+FROM (
+    -- Not flattened into the outer query (it locks): `births` is computed once a row.
+    SELECT s.group_id, s.edge_node_id, s.born, s.bdseq, s.seq, s.missing::text AS missing,
+           s.trusted, s.aliases, s.metrics, s.devices, s.recent, s.rebirth_reason,
+           s.rebirth_wanted_at IS NOT NULL AS rebirth_wanted,
+           s.births_version::text || '@' || (SELECT started FROM server) AS births,
+           u.t = s.births_version::text || '@' || (SELECT started FROM server) AS held
+    FROM sparkplug_node s
+    JOIN unnest($1::text[], $2::text[], $3::text[]) AS u(g, n, t)
+      ON s.group_id = u.g AND s.edge_node_id = u.n
+    ORDER BY s.group_id, s.edge_node_id
+    FOR UPDATE OF s
+) l;
 
 -- name: write_node
 -- $1 group id, $2 edge node id, $3 born, $4 bdseq, $5 seq, $6 missing (json), $7 trusted,
--- $8 aliases (json), $9 metrics (json), each null when no birth of the batch changed them
--- (the row is locked since it was read: they are as stored), $10 devices, $11 recent, $12
--- rebirth reason or null (null: none wanted), $13 born now (a birth was taken in this batch).
+-- $8 devices, $9 recent, $10 rebirth reason or null (null: none wanted), $11 born now (a
+-- birth was taken in this batch). The births (aliases, metric datatypes) are left as they
+-- are: write_node_births writes those a birth of the batch changed.
 UPDATE sparkplug_node
 SET born = $3, bdseq = $4, seq = $5, missing = $6::jsonb, trusted = $7,
-    aliases = coalesce($8::jsonb, aliases), metrics = coalesce($9::jsonb, metrics),
-    devices = $10, recent = $11,
-    rebirth_reason = $12,
-    rebirth_wanted_at = CASE WHEN $12::text IS NULL THEN NULL
+    devices = $8, recent = $9,
+    rebirth_reason = $10,
+    rebirth_wanted_at = CASE WHEN $10::text IS NULL THEN NULL
                              ELSE coalesce(rebirth_wanted_at, now()) END,
-    rebirth_sent_at = CASE WHEN $12::text IS NULL THEN NULL ELSE rebirth_sent_at END,
-    born_at = CASE WHEN $13::boolean THEN now() ELSE born_at END,
+    rebirth_sent_at = CASE WHEN $10::text IS NULL THEN NULL ELSE rebirth_sent_at END,
+    born_at = CASE WHEN $11::boolean THEN now() ELSE born_at END,
     updated_at = now()
+WHERE group_id = $1 AND edge_node_id = $2;
+
+-- name: write_births
+-- $1 group id, $2 edge node id, $3 aliases (json), $4 metric datatypes (json): after
+-- write_node, for a node whose births the batch changed (an NBIRTH, a DBIRTH; rare beside
+-- its data). Naming them moves births_version by one (migration 0039's trigger).
+UPDATE sparkplug_node SET aliases = $3::jsonb, metrics = $4::jsonb
 WHERE group_id = $1 AND edge_node_id = $2;
 
 -- name: take_rebirths

@@ -5,7 +5,7 @@ an older session's Will, an alias no birth has, a reset, redeliveries, the reord
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import asyncpg
 import pytest
@@ -204,3 +204,122 @@ async def test_aliases_and_metric_types_are_written_back_only_by_a_batch_with_a_
     assert result.sparkplug is not None
     assert result.sparkplug.distrusted == []
     assert [message.metrics for message in result.sparkplug.decoded] == [{"hum": 41.0}]
+
+
+async def _committed(
+    pool: asyncpg.Pool, host: SparkplugHost, messages: list[tuple[str, str, bytes]]
+) -> StoreResult:
+    """A batch committed, then told to the host, as the writer does."""
+    result = await _batch(pool, host, messages)
+    assert result.sparkplug is not None
+    host.committed(result.sparkplug)
+    return result
+
+
+def _data(seq: int, alias: int, value: float) -> tuple[str, str, bytes]:
+    return ("DDATA", DEVICE, _payload(seq, {"alias": alias, "double_value": value}))
+
+
+def _dbirth(seq: int, *names: tuple[str, int]) -> tuple[str, str, bytes]:
+    metrics = [
+        {"name": name, "alias": alias, "datatype": DataType.DOUBLE, "double_value": 1.0}
+        for name, alias in names
+    ]
+    return ("DBIRTH", DEVICE, _payload(seq, *metrics))
+
+
+@pytest.fixture
+def births_sent(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """Per batch: whether its edge node's births came from PostgreSQL (not held)."""
+    sent: list[bool] = []
+    lock_nodes = repo.lock_nodes
+
+    async def watched(
+        conn: asyncpg.Connection,
+        keys: Sequence[tuple[str, str]],
+        held: Mapping[tuple[str, str], str] | None = None,
+    ) -> dict[tuple[str, str], repo.NodeRow]:
+        rows = await lock_nodes(conn, keys, held)
+        sent.append(all(row.aliases is not None for row in rows.values()))
+        return rows
+
+    monkeypatch.setattr(repo, "lock_nodes", watched)
+    return sent
+
+
+async def test_births_are_sent_again_only_when_another_writer_changed_them(
+    pool: asyncpg.Pool, births_sent: list[bool]
+) -> None:
+    """Two gateways on one edge node (two hosts): each holds the births it read or wrote, and
+    is sent them again only after the other changed them (a DBIRTH), or after a gateway of an
+    earlier version wrote them (it writes them with every batch)."""
+    a, b = SparkplugHost(), SparkplugHost()
+    await _committed(pool, a, _births())
+    await _committed(pool, a, [_data(2, 1, 20.0)])
+    assert births_sent == [True, False]
+
+    await _committed(pool, b, [_dbirth(3, ("temp", 1), ("hum", 2))])
+    result = await _committed(pool, a, [_data(4, 2, 41.0)])  # by the alias b's birth added
+    assert births_sent[2:] == [True, True]
+    assert result.sparkplug is not None
+    assert result.sparkplug.distrusted == []
+    assert [message.metrics for message in result.sparkplug.decoded] == [{"hum": 41.0}]
+    await _committed(pool, a, [_data(5, 2, 42.0)])
+    assert births_sent[4:] == [False]
+
+    await pool.execute("UPDATE sparkplug_node SET aliases = aliases, metrics = metrics")
+    await _committed(pool, a, [_data(6, 2, 43.0)])
+    await _committed(pool, a, [_data(7, 2, 44.0)])
+    assert births_sent[5:] == [True, False]
+    assert (await _state(pool)).trusted
+
+
+async def test_a_birth_rolled_back_is_never_held(
+    pool: asyncpg.Pool, births_sent: list[bool]
+) -> None:
+    """A batch whose DBIRTH was rolled back leaves the host holding the births as committed:
+    when another gateway then writes other births (the same version number the rolled-back
+    write would have reached), this one is sent them."""
+    a, b = SparkplugHost(), SparkplugHost()
+    await _committed(pool, a, _births())
+    items = [Inbound(topic=topic.format(kind), payload=body) for kind, topic, body in [
+        _dbirth(2, ("temp", 1), ("hum", 2))
+    ]]  # fmt: skip
+    async with pool.acquire() as conn:
+        transaction = conn.transaction()
+        await transaction.start()
+        rolled_back = await store(conn, DECODER.classify(items), "test-node", sparkplug=a)
+        await transaction.rollback()
+    assert rolled_back.sparkplug is not None
+    assert list(rolled_back.sparkplug.births_written) == [("G", "N")]
+
+    await _committed(pool, b, [_dbirth(2, ("temp", 1), ("pressure", 3))])
+    result = await _committed(pool, a, [_data(3, 2, 41.0)])
+    assert births_sent[-1] is True
+    assert result.sparkplug is not None
+    assert [why for _, why in result.sparkplug.distrusted] == ["alias 2 is in no birth of G/N/D"]
+
+
+async def test_a_birth_rolled_back_leaves_the_births_held_as_they_were(
+    pool: asyncpg.Pool, births_sent: list[bool]
+) -> None:
+    """The rolled-back DBIRTH was judged against the very dicts the host holds: they are not
+    changed in place, so a metric only that birth named is still unknown after it."""
+    host = SparkplugHost()
+    await _committed(pool, host, _births())
+    items = [Inbound(topic=topic.format(kind), payload=body) for kind, topic, body in [
+        _dbirth(2, ("temp", 1), ("hum", 2))
+    ]]  # fmt: skip
+    async with pool.acquire() as conn:
+        transaction = conn.transaction()
+        await transaction.start()
+        await store(conn, DECODER.classify(items), "test-node", sparkplug=host)
+        await transaction.rollback()
+
+    by_name = ("DDATA", DEVICE, _payload(2, {"name": "hum", "double_value": 41.0}))
+    result = await _committed(pool, host, [by_name])
+    assert births_sent[-1] is False  # judged against what the host holds
+    assert result.sparkplug is not None
+    assert [why for _, why in result.sparkplug.distrusted] == [
+        "metric 'hum' is in no birth of G/N/D"
+    ]
