@@ -216,6 +216,20 @@ async def _committed(
     return result
 
 
+async def _rolled_back(
+    pool: asyncpg.Pool, host: SparkplugHost, messages: list[tuple[str, str, bytes]]
+) -> StoreResult:
+    """A batch stored, then rolled back (as by a failure after it): never told to the host."""
+    items = [Inbound(topic=topic.format(kind), payload=body) for kind, topic, body in messages]
+    async with pool.acquire() as conn:
+        transaction = conn.transaction()
+        await transaction.start()
+        try:
+            return await store(conn, DECODER.classify(items), "test-node", sparkplug=host)
+        finally:
+            await transaction.rollback()
+
+
 def _data(seq: int, alias: int, value: float) -> tuple[str, str, bytes]:
     return ("DDATA", DEVICE, _payload(seq, {"alias": alias, "double_value": value}))
 
@@ -282,14 +296,7 @@ async def test_a_birth_rolled_back_is_never_held(
     write would have reached), this one is sent them."""
     a, b = SparkplugHost(), SparkplugHost()
     await _committed(pool, a, _births())
-    items = [Inbound(topic=topic.format(kind), payload=body) for kind, topic, body in [
-        _dbirth(2, ("temp", 1), ("hum", 2))
-    ]]  # fmt: skip
-    async with pool.acquire() as conn:
-        transaction = conn.transaction()
-        await transaction.start()
-        rolled_back = await store(conn, DECODER.classify(items), "test-node", sparkplug=a)
-        await transaction.rollback()
+    rolled_back = await _rolled_back(pool, a, [_dbirth(2, ("temp", 1), ("hum", 2))])
     assert rolled_back.sparkplug is not None
     assert list(rolled_back.sparkplug.births_written) == [("G", "N")]
 
@@ -307,14 +314,7 @@ async def test_a_birth_rolled_back_leaves_the_births_held_as_they_were(
     changed in place, so a metric only that birth named is still unknown after it."""
     host = SparkplugHost()
     await _committed(pool, host, _births())
-    items = [Inbound(topic=topic.format(kind), payload=body) for kind, topic, body in [
-        _dbirth(2, ("temp", 1), ("hum", 2))
-    ]]  # fmt: skip
-    async with pool.acquire() as conn:
-        transaction = conn.transaction()
-        await transaction.start()
-        await store(conn, DECODER.classify(items), "test-node", sparkplug=host)
-        await transaction.rollback()
+    await _rolled_back(pool, host, [_dbirth(2, ("temp", 1), ("hum", 2))])
 
     by_name = ("DDATA", DEVICE, _payload(2, {"name": "hum", "double_value": 41.0}))
     result = await _committed(pool, host, [by_name])
