@@ -116,13 +116,14 @@ class _Births:
     def size(self) -> int:
         return len(self.aliases) + sum(len(names) for names in self.metrics.values())
 
-    def after_write(
-        self, aliases: dict[str, list[object]], metrics: dict[str, dict[str, int | None]]
-    ) -> _Births:
-        """The births a write of ``aliases`` and ``metrics`` leaves on the row read under
-        this token: the version one on (migration 0039's trigger), on the same server."""
-        version, _, server = self.token.partition("@")
-        return _Births(f"{int(version) + 1}@{server}", aliases, metrics)
+
+def _written(
+    read: str, aliases: dict[str, list[object]], metrics: dict[str, dict[str, int | None]]
+) -> _Births:
+    """The births a write of ``aliases`` and ``metrics`` leaves on a row read under the
+    token ``read``: the version one on (migration 0039's trigger), on the same server."""
+    version, _, server = read.partition("@")
+    return _Births(f"{int(version) + 1}@{server}", aliases, metrics)
 
 
 @dataclass(slots=True)
@@ -141,7 +142,7 @@ class _Node:
     devices: list[str]
     recent: list[str]
     rebirth_reason: str | None
-    births: _Births  # as read: aliases and metrics start as its dicts
+    births_token: str  # the births' token as read (lock_nodes)
     born_now: bool = False
     # A birth in this batch replaced aliases and metrics: only then are they written back.
     births_changed: bool = False
@@ -161,7 +162,7 @@ class _Node:
             devices=list(row.devices),
             recent=list(row.recent),
             rebirth_reason=row.rebirth_reason,
-            births=births,
+            births_token=births.token,
         )
 
     def write(self) -> repo.NodeWrite:
@@ -244,7 +245,7 @@ class SparkplugHost:
         await repo.write_nodes(conn, [node.write() for node in nodes.values()])
         for key, node in nodes.items():
             if node.births_changed:
-                out.births_written[key] = node.births.after_write(node.aliases, node.metrics)
+                out.births_written[key] = _written(node.births_token, node.aliases, node.metrics)
         return out
 
     def committed(self, out: HostOutcome) -> None:
