@@ -37,6 +37,7 @@ from gateway.mqtt.v5_connection import (
 )
 from gateway.mqtt.v311_client import ConnectionSettings, SubscriptionRefusedError
 from gateway.mqtt.v311_connection import Mqtt311Connection
+from gateway.mqtt.witness import closes_subscribing
 from gateway.support.backoff import Backoff
 from gateway.support.metrics import Metrics
 from gateway.support.publish_refusal import PublishRefused
@@ -454,7 +455,7 @@ class MqttSession:
                 setting=PROTOCOL_SETTING,
                 configuration=True,
             ) from None
-        if self._lost_subscribing >= LOST_SUBSCRIBING_LIMIT:
+        if self._lost_subscribing >= LOST_SUBSCRIBING_LIMIT and await self._closes_subscribing():
             what = (
                 f"the broker at {self._where} closed the connection each time the gateway "
                 f"subscribed ({self._lost_subscribing} times in a row: {exc}); RabbitMQ does so "
@@ -499,6 +500,30 @@ class MqttSession:
             **(_hint(exc) if self.settings.protocol == "5" else {}),
         )
         return delay
+
+    async def _closes_subscribing(self) -> bool:
+        """After connections lost while subscribing, LOST_SUBSCRIBING_LIMIT in a row: whether
+        the broker closes a connection for subscribing (RabbitMQ's answer to a denied
+        subscription). A witness under another client id subscribes as the gateway did; if the
+        broker lets it, the losses were not the subscription's (another client with our client
+        id took the connections over while they subscribed: two nodes started with one id) and
+        the count starts again. When the witness cannot tell, the losses name the ACL as
+        before."""
+        probe = None
+        if self.probe_timeout_s > 0 and self.subscriptions:
+            mark = f"{self.settings.client_id}/witness/{secrets.token_hex(6)}".encode()
+            probe = (_probe_topic(self.subscriptions[0]), PROBE_MARK + mark)
+        closes = await closes_subscribing(self.settings, self.subscriptions, probe)
+        if closes is not False:
+            return True
+        log.info(
+            "subscription_not_refused",
+            lost_subscribing=self._lost_subscribing,
+            note="the broker let another client id subscribe with these credentials: the lost"
+            " connections were not the subscription's",
+        )
+        self._lost_subscribing = 0
+        return False
 
     def _after_loss(self) -> float:
         """The delay before the next attempt. Only a connection that lived STABLE_S starts the
@@ -916,8 +941,9 @@ def _hint(exc: aiomqtt.MqttError) -> dict[str, str]:
     return {}
 
 
-# Connections in a row the broker closed while the gateway subscribed before the gateway names
-# the subscription (and its ACL) instead of the broker's address.
+# Connections in a row the broker closed while the gateway subscribed before the gateway asks a
+# witness (gateway/mqtt/witness.py) and, when the broker closes the witness's subscription too,
+# names the subscription (and its ACL) instead of the broker's address.
 LOST_SUBSCRIBING_LIMIT: Final = 2
 ACL_SETTING: Final = "[mqtt] topic_prefix, [mqtt] shared_group, or the broker's ACL"
 # At start, a subscription that delivered no probe is probed again for this many probe

@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import socket
 import struct
+from collections.abc import Callable
 from types import TracebackType
 from typing import Self, cast
 
@@ -62,8 +63,11 @@ class _Half(asyncio.Protocol):
             self.connection.proxy._accepted(self.connection)
 
     def data_received(self, data: bytes) -> None:
-        if self.connection.proxy.swallowing:
+        proxy = self.connection.proxy
+        if proxy.swallowing:
             return  # black-holed: the connection stays open and carries nothing
+        if not self.upstream and proxy.from_client is not None and not proxy.from_client(data):
+            return  # dropped by the test's filter
         peer = self.peer
         if peer is not None and peer.transport is not None:
             peer.transport.write(data)
@@ -164,6 +168,9 @@ class TcpProxy:
         self._server: asyncio.Server | None = None
         self._connections: set[_Connection] = set()
         self.swallowing = False
+        # Called with each chunk a client sends (as read: a packet may span chunks, or a chunk
+        # hold several); False drops the chunk instead of forwarding it.
+        self.from_client: Callable[[bytes], bool] | None = None
 
     @property
     def connections(self) -> int:

@@ -31,6 +31,7 @@ from tests.support.daemon import (
 from tests.support.gateway_cli import Finished, gateway_run
 from tests.support.mosquitto import Mosquitto
 from tests.support.ports import free_port
+from tests.support.tcp_proxy import TcpProxy
 from tests.support.waiting import wait_until
 
 EXIT_CONFIG: Final = 2
@@ -363,6 +364,73 @@ async def test_a_client_id_taken_over_is_named_and_backed_off(
     # mosquitto 2.0.11 closes the old connection without DISCONNECT 0x8E even on MQTT 5: the
     # clash is inferred from connections closed soon after their CONNACK, on both versions.
     assert line["certain"] is False
+
+
+@pytest.mark.parametrize("protocol", ["5", "3.1.1"])
+async def test_connections_taken_over_while_subscribing_are_not_named_an_acl(
+    db_dsn: str, tmp_path: Path, mosquitto: Mosquitto, protocol: str
+) -> None:
+    """Another client connects with the gateway's client id while the gateway subscribes, at
+    its first two connections (two nodes started with one id; a red CI run caught it). mosquitto
+    closes the gateway's connection each time without a reason code, as RabbitMQ closes one on a
+    denied subscription: the gateway exited 2 at start naming the ACL. Forced here: a proxy drops
+    the gateway's SUBSCRIBE and an impostor (paho, through aiomqtt) takes the client id over
+    meanwhile. Now a witness under another client id subscribes, the broker lets it, and the
+    gateway names the clash, backs off, and serves once the impostor is gone."""
+    impostors: list[asyncio.Task[None]] = []
+
+    async def take_over() -> None:
+        version = aiomqtt.ProtocolVersion.V5 if protocol == "5" else aiomqtt.ProtocolVersion.V311
+        async with aiomqtt.Client(
+            "127.0.0.1", mosquitto.port, identifier="gateway-test-node", protocol=version
+        ):
+            pass
+
+    def forward(chunk: bytes) -> bool:
+        if chunk[:1] == b"\x82" and len(impostors) < 2:  # the gateway's SUBSCRIBE
+            impostors.append(asyncio.create_task(take_over()))
+            return False
+        return True
+
+    async with TcpProxy("127.0.0.1", mosquitto.port) as proxy:
+        proxy.from_client = forward
+        config = _write(
+            tmp_path,
+            config_toml(dsn=db_dsn, mqtt_port=proxy.port, protocol=protocol, log_level="info"),
+        )
+        daemon = DaemonProcess(config, tmp_path / "daemon.log")
+        daemon.start()
+        try:
+            await wait_until(
+                lambda: '"broker_connected"' in daemon.log_text() or not daemon.alive(),
+                timeout=40,
+                message="broker_connected or an exit",
+            )
+            assert daemon.alive(), daemon.log_tail()
+            await asyncio.gather(*impostors)
+            async with aiomqtt.Client("127.0.0.1", mosquitto.port) as device:
+                await device.publish("iot/devices/dev-1/telemetry", TELEMETRY, qos=1)
+
+            async def stored() -> bool:
+                conn = await asyncpg.connect(db_dsn)
+                try:
+                    return bool(await conn.fetchval("SELECT count(*) FROM telemetry") == 1)
+                finally:
+                    await conn.close()
+
+            await wait_until(stored, timeout=30, message="the device's message stored")
+        finally:
+            code = daemon.terminate() if daemon.alive() else daemon.exit_code()
+        assert code == 0, daemon.log_tail()
+    assert len(impostors) == 2
+    lines = [json.loads(x) for x in daemon.log_text().splitlines() if x.startswith("{")]
+    events = [x.get("event") for x in lines]
+    assert "startup_failed" not in events, daemon.log_tail()
+    (witnessed,) = [x for x in lines if x.get("event") == "subscription_not_refused"]
+    assert witnessed["lost_subscribing"] == 2, witnessed
+    clash = next(x for x in lines if x.get("event") == "client_id_taken_over")
+    assert clash["client_id"] == "gateway-test-node", clash
+    assert clash["certain"] is False, clash
 
 
 def _connections(broker: Mosquitto) -> int:

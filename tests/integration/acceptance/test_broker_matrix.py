@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import secrets
 import shutil
@@ -33,6 +34,9 @@ import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
 from gateway.domain.command import Delivery
+from gateway.mqtt.session import PROBE_DEVICE, PROBE_MARK
+from gateway.mqtt.v311_client import ConnectionSettings
+from gateway.mqtt.witness import closes_subscribing
 from gateway.runtime.components import subscriptions
 from protocol import Topics
 from sim.telemetry import device_ids, telemetry_stream
@@ -725,6 +729,27 @@ async def test_rabbitmq_closes_the_connection_on_a_refused_subscription(
     assert "closed the connection each time the gateway subscribed" in line["error"], line
     assert "ACL" in line["setting"], line
     assert await count_rows(db_dsn) == 0
+
+
+async def test_a_witness_tells_rabbitmq_s_denial_from_a_granted_subscription(
+    rabbit_broker: RabbitMQ,
+) -> None:
+    """What the gateway asks after two connections lost while subscribing (a denial, or another
+    client taking its client id over): a witness under another client id subscribes and
+    probes. RabbitMQ closes the restricted user's witness (True), lets the unrestricted one do
+    it all (False); a broker the witness cannot reach tells nothing (None)."""
+    corner = Corner(rabbit_broker)
+    filters = [f"{corner.prefix}/devices/+/telemetry"]
+    probe = (f"{corner.prefix}/devices/{PROBE_DEVICE}/telemetry", PROBE_MARK + b"witness-test")
+    granted = ConnectionSettings(
+        host="127.0.0.1", port=rabbit_broker.port, client_id=corner.node_id, protocol="3.1.1"
+    )
+    denied = dataclasses.replace(granted, username=RESTRICTED_USER, password=RESTRICTED_PASSWORD)
+    assert await closes_subscribing(denied, filters, probe) is True
+    assert await closes_subscribing(denied, filters, None) is True
+    assert await closes_subscribing(granted, filters, probe) is False
+    unreachable = dataclasses.replace(granted, port=free_port(), timeout_s=2)
+    assert await closes_subscribing(unreachable, filters, probe) is None
 
 
 async def test_device_ids_with_a_dot_are_refused_at_the_api(corner: Corner, db_dsn: str) -> None:
