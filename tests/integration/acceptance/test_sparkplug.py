@@ -348,6 +348,121 @@ async def test_two_gateway_nodes_in_a_share_group_store_each_message_once(
         assert await _rows(db_dsn, "SELECT 1 FROM dead_letter") == []
 
 
+async def test_a_rebirth_taken_by_one_node_reaches_the_other_holding_the_old_births(
+    db_dsn: str, mosquitto: Mosquitto
+) -> None:
+    """Two nodes in a $share group both hold an edge node's births (each judged DDATA by
+    them); the edge node is born again with two aliases swapped, and both births go to one node
+    (mosquitto hands a group's messages round: another edge node's NDATA between the two goes
+    to the other). The other still holds the old births, in which alias 12 is `level`: the
+    row's births version has moved, so its next batch reads them again instead of storing the
+    new `temp` readings as `level`."""
+    shared = SPARKPLUG + "reorder_window_s = 10\n"
+    configs = [
+        make_config(
+            dsn=db_dsn,
+            mqtt_port=mosquitto.port,
+            node_id=f"node-{n}",
+            extra=shared,
+            mqtt_extra='shared_group = "sp"',
+        )
+        for n in (1, 2)
+    ]
+    oven = "Plant1/Line4/Oven"
+
+    async def alias_12() -> str | None:
+        state = await _node(db_dsn, "Plant1", "Line4")
+        found = {} if state is None else json.loads(state.aliases)
+        return found.get("12", [None, None])[1]  # type: ignore[no-any-return]
+
+    async def rows_of(shape: set[str]) -> list[dict[str, Any]]:
+        return [r for r in await _metrics_of(db_dsn, oven) if set(r) == shape]
+
+    def taken(kind: str) -> list[float]:
+        return [metric(d, "gateway_sparkplug_messages_total", {"type": kind}) for d in (one, two)]
+
+    async with (
+        running_daemon(configs[0]) as one,
+        running_daemon(configs[1]) as two,
+        edge_node(mosquitto.port, "Plant1", "Line4") as edge,
+        edge_node(mosquitto.port, "Plant1", "Line5") as other,
+    ):
+        await other.send("nbirth", metrics=NODE_METRICS)
+        await wait_until(
+            lambda: _node(db_dsn, "Plant1", "Line5"), timeout=30, message="Line5's NBIRTH stored"
+        )
+        await edge.send("nbirth", metrics=NODE_METRICS)
+        await wait_until(
+            lambda: _node(db_dsn, "Plant1", "Line4"), timeout=30, message="the NBIRTH stored"
+        )
+        await edge.send("dbirth", device="Oven", metrics=OVEN_METRICS)
+
+        async def old_births() -> bool:
+            return await alias_12() == "level"
+
+        await wait_until(old_births, timeout=30, message="the DBIRTH stored")
+        for n in range(100):
+            await edge.send(
+                "ddata", device="Oven", metrics=[{"alias": 12, "type": "Int16", "value": n}]
+            )
+
+        async def levels_stored() -> bool:
+            return len(await rows_of({"level"})) == 100
+
+        await wait_until(levels_stored, timeout=60, message="the first DDATA stored")
+        assert all(t > 0 for t in taken("DDATA")), f"one node took every DDATA: {taken('DDATA')}"
+
+        # Born again: NBIRTH, another edge node's NDATA, then a DBIRTH swapping the aliases of
+        # temp and level.
+        births_before = [a + b for a, b in zip(taken("NBIRTH"), taken("DBIRTH"), strict=True)]
+        ddata_before = taken("DDATA")
+        born_at = (await _node(db_dsn, "Plant1", "Line4")).born_at  # type: ignore[union-attr]
+        await edge.send("nbirth", metrics=NODE_METRICS)
+
+        async def reborn() -> bool:
+            state = await _node(db_dsn, "Plant1", "Line4")
+            return state is not None and state.born_at != born_at
+
+        await wait_until(reborn, timeout=30, message="the second NBIRTH stored")
+        await other.send("ndata", metrics=[{"alias": 1, "type": "Int64", "value": 8}])
+        swapped = [
+            {"name": "temp", "alias": 12, "type": "Double", "value": 20.5},
+            {"name": "door", "alias": 11, "type": "Boolean", "value": False},
+            {"name": "level", "alias": 10, "type": "Int16", "value": -3},
+        ]
+        await edge.send("dbirth", device="Oven", metrics=swapped)
+
+        async def new_births() -> bool:
+            return await alias_12() == "temp"
+
+        await wait_until(new_births, timeout=30, message="the second DBIRTH stored")
+        births = [
+            a + b - before
+            for a, b, before in zip(taken("NBIRTH"), taken("DBIRTH"), births_before, strict=True)
+        ]
+        # The case this test is for: one node took both births, the other neither.
+        assert sorted(births) == [0, 2], f"births taken by each node: {births}"
+        for n in range(200):
+            await edge.send(
+                "ddata", device="Oven", metrics=[{"alias": 12, "type": "Double", "value": n / 4}]
+            )
+
+        async def temps_stored() -> bool:
+            return len(await rows_of({"temp"})) == 200
+
+        await wait_until(temps_stored, timeout=60, message="the DDATA after the rebirth stored")
+        after = [a - b for a, b in zip(taken("DDATA"), ddata_before, strict=True)]
+        assert sum(after) == 200
+        # The node that took no birth held the old ones, and judged DDATA by the new.
+        assert after[births.index(0)] > 0, f"DDATA taken by each node: {after}"
+        assert sorted(r["temp"] for r in await rows_of({"temp"})) == [n / 4 for n in range(200)]
+        assert sorted(r["level"] for r in await rows_of({"level"})) == list(range(100))
+        state = await _node(db_dsn, "Plant1", "Line4")
+        assert state is not None
+        assert state.trusted, state
+        assert await _rows(db_dsn, "SELECT 1 FROM dead_letter") == []
+
+
 async def test_sigkill_of_a_gateway_node_mid_stream_loses_no_qos1_sparkplug_message(
     db_dsn: str, mosquitto: Mosquitto, tmp_path: Path
 ) -> None:
