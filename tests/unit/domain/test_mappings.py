@@ -5,8 +5,10 @@ check-config's errors."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Final
+from zoneinfo import ZoneInfo
 
 import pytest
 
@@ -18,6 +20,7 @@ from gateway.domain.mappings import (
     MappedTelemetry,
     Mappings,
     Refusal,
+    compiled,
 )
 
 FIXTURES: Final = Path(__file__).resolve().parents[2] / "fixtures" / "mappings"
@@ -444,3 +447,76 @@ def test_flattened_values_telemetry_cannot_carry_are_left_out() -> None:
     )
     read = telemetry(profile("tasmota").read("tele/a/SENSOR", payload, NOW_MS))
     assert read.message.metrics == {"ok": 1}
+
+
+def _reference_ms(text: str, zone: str) -> int:
+    """A naive time read in ``zone`` the long way: the zone's own offset at that wall time."""
+    at = datetime.fromisoformat(text).replace(tzinfo=ZoneInfo(zone))
+    return (at - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(milliseconds=1)
+
+
+@pytest.mark.parametrize("zone", ["UTC", "Etc/UTC", "Zulu", "Europe/Berlin", "America/New_York"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "2026-01-01T00:00:00",
+        "2026-03-29T01:59:59.999999",  # an hour before Berlin's clocks go forward
+        "2026-03-29T03:00:00.000500",
+        "2026-10-25T02:30:00",  # Berlin's hour that happens twice
+        "2026-11-01T01:30:00.123",  # New York's
+        "1970-01-01T05:00:00",
+        "9999-12-31T23:59:59.999",
+    ],
+)
+def test_naive_times_are_read_in_the_mapping_s_zone(text: str, zone: str) -> None:
+    """Zones that are UTC always are read without the zone object (a third of the time);
+    every zone answers as the zone's own offset does, to the millisecond (floored)."""
+    payload = b'{"Time": "%s", "t": 1}' % text.encode()
+    read = mappings(
+        f'[[ingest.mappings]]\nname = "t"\nprofile = "tasmota"\ntimezone = "{zone}"\n'
+    ).read("tele/a/SENSOR", payload, NOW_MS)
+    expected = _reference_ms(text, zone)
+    if 0 <= expected <= 253_370_764_799_999:
+        assert telemetry(read).message.ts == expected
+    else:
+        assert isinstance(read, Refusal), read
+        assert read.code == "MAPPING_BAD_TIMESTAMP"
+
+
+def test_flattened_names_held_or_not_are_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The names of flattened leaves are held per mapping up to FLAT_NAMES_HELD; past it they
+    are made each time, and read the same."""
+    monkeypatch.setattr(compiled, "FLAT_NAMES_HELD", 3)
+    m = profile("tasmota")
+    for n in range(6):
+        payload = b'{"Time": "2026-01-01T00:00:0%d", "S%d": {"a b": %d, "c": {"d": 1}}}' % (
+            n,
+            n % 4,
+            n,
+        )
+        read = telemetry(m.read("tele/a/SENSOR", payload, NOW_MS))
+        assert read.message.metrics == {f"S{n % 4}.a_b": n, f"S{n % 4}.c.d": 1}
+    assert len(m.mappings[0]._flat_names) == 3
+
+
+def test_topics_held_or_not_read_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a topic matched is held per `Mappings` up to TOPICS_HELD, a refused device id
+    included; past it a topic is matched each time. Each reading's wildcards are its own."""
+    monkeypatch.setattr(compiled, "TOPICS_HELD", 2)
+    m = profile("tasmota")
+    sensor = fixture("tasmota-am2301-sensor.json")
+    for _ in range(2):
+        for device in ("a", "b", "c", "d"):
+            read = telemetry(m.read(f"tele/{device}/SENSOR", sensor, NOW_MS))
+            assert (read.device_id, read.captures) == (device, {"device": device})
+            read.captures["device"] = "changed"  # never seen by the next reading
+        refused = m.read("tele/a b/SENSOR", sensor, NOW_MS)
+        assert isinstance(refused, Refusal)
+        assert refused.code == "MAPPING_BAD_DEVICE_ID"
+        assert m.order_key("tele/a b/SENSOR") == (True, "")
+        assert m.order_key("tele/e/SENSOR") == (True, "e")
+        assert m.read("elsewhere/e", sensor, NOW_MS) is None
+        assert m.read("tele/e/LWT", b"Online", NOW_MS) == MappedPresence(
+            "m", "e", "online", {"device": "e"}
+        )
+    assert len(m._topics) == 2
