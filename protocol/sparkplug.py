@@ -20,8 +20,10 @@ import hashlib
 import json
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final, TypeAlias
+
+import msgspec
 
 from protocol.ids import DEVICE_ID_RE
 
@@ -225,10 +227,11 @@ def parse_state(payload: bytes) -> tuple[bool, int] | None:
     return online, timestamp
 
 
-@dataclass(frozen=True, slots=True)
-class RawMetric:
+class RawMetric(msgspec.Struct, frozen=True):
     """One metric as the payload has it: the value in whichever field carries it (read with
-    the birth's datatype, which a data message may leave out: :func:`metric_value`)."""
+    the birth's datatype, which a data message may leave out: :func:`metric_value`). A Struct,
+    not a frozen dataclass: made for every metric of every message, whose ten fields a frozen
+    dataclass sets one ``object.__setattr__`` at a time (1.14 µs a metric, a Struct 0.09)."""
 
     name: str | None
     alias: int | None
@@ -239,11 +242,10 @@ class RawMetric:
     is_transient: bool
     which: str | None  # the oneof field set: int_value, long_value, ... or None
     raw: object
-    properties: dict[str, SparkplugValue | None] = field(default_factory=dict)
+    properties: dict[str, SparkplugValue | None] = {}
 
 
-@dataclass(frozen=True, slots=True)
-class SparkplugPayload:
+class SparkplugPayload(msgspec.Struct, frozen=True):
     timestamp: int | None
     seq: int | None
     metrics: tuple[RawMetric, ...]
@@ -285,43 +287,91 @@ def _wire() -> tuple[type[pb.Payload], type[Exception]]:
 
 
 def decode_payload(data: bytes) -> SparkplugPayload:
-    """Parse a Sparkplug B payload; raises :class:`SparkplugError` ``MALFORMED``."""
+    """Parse a Sparkplug B payload; raises :class:`SparkplugError` ``MALFORMED``.
+
+    Each metric's fields are read from one ``ListFields()`` (the fields present, proto2's
+    presence: an alias of 0 is there, an absent one is not), not a ``HasField`` and an
+    attribute each: a third less time a metric with protobuf's upb runtime."""
     payload_type, decode_error = _wire()
     message = payload_type()
     try:
         message.ParseFromString(data)
     except decode_error as exc:
         raise SparkplugError("MALFORMED", f"not a Sparkplug B payload: {exc}") from exc
-    metrics = []
-    for metric in message.metrics:
-        which = metric.WhichOneof("value")
-        raw: object = None
-        if which is not None:
-            raw = getattr(metric, which)
-        name = metric.name if metric.HasField("name") else None
-        if name is not None and _METRIC_NAME_RE.fullmatch(name) is None:
-            raise SparkplugError(
-                "INVALID", f"metric name {name[:80]!r} is empty, too long or holds control codes"
-            )
-        metrics.append(
-            RawMetric(
-                name=name,
-                alias=metric.alias if metric.HasField("alias") else None,
-                timestamp=metric.timestamp if metric.HasField("timestamp") else None,
-                datatype=metric.datatype if metric.HasField("datatype") else None,
-                is_null=metric.is_null,
-                is_historical=metric.is_historical,
-                is_transient=metric.is_transient,
-                which=which,
-                raw=raw,
-                properties=_properties(metric),
-            )
-        )
+    values = _value_fields()
+    metrics = tuple([_metric(metric, values) for metric in message.metrics])
     return SparkplugPayload(
-        timestamp=message.timestamp if message.HasField("timestamp") else None,
-        seq=message.seq if message.HasField("seq") else None,
-        metrics=tuple(metrics),
+        message.timestamp if message.HasField("timestamp") else None,
+        message.seq if message.HasField("seq") else None,
+        metrics,
     )
+
+
+def _metric(metric: pb.Payload.Metric, values: dict[int, str]) -> RawMetric:
+    name = alias = timestamp = datatype = which = None
+    raw: object = None
+    is_null = is_historical = is_transient = False
+    properties: dict[str, SparkplugValue | None] = {}
+    for descriptor, value in metric.ListFields():
+        number = descriptor.number
+        if number in values:
+            which, raw = values[number], value
+        elif number == _M_ALIAS:
+            alias = value
+        elif number == _M_NAME:
+            name = value
+        elif number == _M_TIMESTAMP:
+            timestamp = value
+        elif number == _M_DATATYPE:
+            datatype = value
+        elif number == _M_IS_NULL:
+            is_null = value
+        elif number == _M_IS_HISTORICAL:
+            is_historical = value
+        elif number == _M_IS_TRANSIENT:
+            is_transient = value
+        elif number == _M_PROPERTIES:
+            properties = _properties(metric)
+    if name is not None and _METRIC_NAME_RE.fullmatch(name) is None:
+        raise SparkplugError(
+            "INVALID", f"metric name {name[:80]!r} is empty, too long or holds control codes"
+        )
+    return RawMetric(
+        name, alias, timestamp, datatype, is_null, is_historical, is_transient, which, raw,
+        properties,
+    )  # fmt: skip
+
+
+# The Metric fields decode_payload reads, by number (Sparkplug B's sparkplug_b.proto).
+_M_NAME: Final = 1
+_M_ALIAS: Final = 2
+_M_TIMESTAMP: Final = 3
+_M_DATATYPE: Final = 4
+_M_IS_HISTORICAL: Final = 5
+_M_IS_TRANSIENT: Final = 6
+_M_IS_NULL: Final = 7
+_M_PROPERTIES: Final = 9
+
+
+@functools.cache
+def _value_fields() -> dict[int, str]:
+    """The fields of Metric's ``value`` oneof: number -> name (int_value, ..., as WhichOneof
+    names them). Checked against the numbers above: a schema that moved one fails here."""
+    metric = _wire()[0].Metric.DESCRIPTOR
+    numbers = {
+        "name": _M_NAME,
+        "alias": _M_ALIAS,
+        "timestamp": _M_TIMESTAMP,
+        "datatype": _M_DATATYPE,
+        "is_historical": _M_IS_HISTORICAL,
+        "is_transient": _M_IS_TRANSIENT,
+        "is_null": _M_IS_NULL,
+        "properties": _M_PROPERTIES,
+    }
+    for name, number in numbers.items():
+        if metric.fields_by_name[name].number != number:
+            raise RuntimeError(f"sparkplug_b.proto: Metric.{name} is not field {number}")
+    return {f.number: f.name for f in metric.oneofs_by_name["value"].fields}
 
 
 def _convert(datatype: int | None, which: str, raw: object) -> SparkplugValue | None:

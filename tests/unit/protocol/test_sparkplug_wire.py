@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from gateway.config import parse_config
@@ -217,3 +219,84 @@ devices = ["Plant1/Line4/Oven", "Plant1/*"]
     assert rule.selector.matches("Plant1/Line4/Oven")
     assert rule.selector.matches("Plant1/Line9/Press")
     assert not rule.selector.matches("Plant2/Line4/Oven")
+
+
+_VALUES: dict[str, list[object]] = {
+    "int_value": [0, 1, 255, 2**31, 2**32 - 1],
+    "long_value": [0, 7, 2**63, 2**64 - 1],
+    "float_value": [0.0, -1.5, float("inf")],
+    "double_value": [0.0, 23.96, float("nan")],
+    "boolean_value": [False, True],
+    "string_value": ["", "on", "a\x00b"],
+    "bytes_value": [b"", b"\x01\x02"],
+}
+
+
+def _random_payload(draw: random.Random) -> bytes:
+    message = pb.Payload()
+    if draw.random() < 0.8:
+        message.timestamp = draw.choice([0, 1767225600000])
+    if draw.random() < 0.8:
+        message.seq = draw.randrange(256)
+    for _ in range(draw.randrange(6)):
+        metric = message.metrics.add()
+        if draw.random() < 0.5:
+            metric.name = draw.choice(["temp", "Node Control/Rebirth", "bdSeq", "a/b c"])
+        if draw.random() < 0.6:
+            metric.alias = draw.choice([0, 1, 37, 2**64 - 1])
+        if draw.random() < 0.3:
+            metric.timestamp = draw.choice([0, 1767225600001])
+        if draw.random() < 0.5:
+            metric.datatype = draw.choice([0, 1, 2, 3, 4, 7, 8, 9, 10, 11, 12, 13, 17, 22])
+        for flag in ("is_null", "is_historical", "is_transient"):
+            if draw.random() < 0.2:
+                setattr(metric, flag, draw.random() < 0.5)  # set, to either value
+        if draw.random() < 0.8:
+            which = draw.choice(sorted(_VALUES))
+            setattr(metric, which, draw.choice(_VALUES[which]))
+        if draw.random() < 0.15:
+            metric.properties.keys.append("engUnit")
+            value = metric.properties.values.add()
+            value.type = DataType.STRING
+            value.string_value = "°C"
+    return message.SerializeToString()
+
+
+def _reference(data: bytes) -> sparkplug.SparkplugPayload:
+    """The payload read field by field (HasField, WhichOneof): what decode_payload answers."""
+    message = pb.Payload()
+    message.ParseFromString(data)
+    metrics = []
+    for metric in message.metrics:
+        which = metric.WhichOneof("value")
+        metrics.append(
+            sparkplug.RawMetric(
+                name=metric.name if metric.HasField("name") else None,
+                alias=metric.alias if metric.HasField("alias") else None,
+                timestamp=metric.timestamp if metric.HasField("timestamp") else None,
+                datatype=metric.datatype if metric.HasField("datatype") else None,
+                is_null=metric.is_null,
+                is_historical=metric.is_historical,
+                is_transient=metric.is_transient,
+                which=which,
+                raw=None if which is None else getattr(metric, which),
+                properties={"engUnit": "°C"} if metric.HasField("properties") else {},
+            )
+        )
+    return sparkplug.SparkplugPayload(
+        message.timestamp if message.HasField("timestamp") else None,
+        message.seq if message.HasField("seq") else None,
+        tuple(metrics),
+    )
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_payloads_decode_as_read_field_by_field(seed: int) -> None:
+    """decode_payload reads each metric from the fields present (one ListFields): every field
+    present, at any value (an alias of 0, a flag set to false, a default value in the oneof),
+    and none absent, as HasField and WhichOneof read them (replay: the seed is in the id)."""
+    draw = random.Random(seed)
+    for _ in range(2000):
+        data = _random_payload(draw)
+        # NaN is not equal to itself: compare what the values are, not the floats.
+        assert repr(sparkplug.decode_payload(data)) == repr(_reference(data)), data.hex()
