@@ -36,25 +36,35 @@ FROM (
     FOR UPDATE OF s
 ) l;
 
--- name: write_node
--- $1 group id, $2 edge node id, $3 born, $4 bdseq, $5 seq, $6 missing (json), $7 trusted,
--- $8 devices, $9 recent, $10 rebirth reason or null (null: none wanted), $11 born now (a
--- birth was taken in this batch). The births (aliases, metric datatypes) are left as they
--- are: write_node_births writes those a birth of the batch changed.
-UPDATE sparkplug_node
-SET born = $3, bdseq = $4, seq = $5, missing = $6::jsonb, trusted = $7,
-    devices = $8, recent = $9,
-    rebirth_reason = $10,
-    rebirth_wanted_at = CASE WHEN $10::text IS NULL THEN NULL
-                             ELSE coalesce(rebirth_wanted_at, now()) END,
-    rebirth_sent_at = CASE WHEN $10::text IS NULL THEN NULL ELSE rebirth_sent_at END,
-    born_at = CASE WHEN $11::boolean THEN now() ELSE born_at END,
+-- name: write_nodes
+-- Each edge node's stream state, every node of the batch in one statement (rows locked by
+-- lock_nodes in this transaction): $1 group ids, $2 edge node ids, $6 missing (json), $8
+-- devices and $9 recent ids (each node's joined by `,`, which neither ids nor hex hold), each a
+-- text of lines (storage.sql.lines), pairwise with $3 born, $4 bdseq, $5 seq, $7 trusted, $10
+-- rebirth reasons (null: none wanted), $11 born now (a birth was taken in this batch). The
+-- births (aliases, metric datatypes) are left as they are: write_births writes those a birth
+-- of the batch changed.
+UPDATE sparkplug_node s
+SET born = u.born, bdseq = u.bdseq, seq = u.seq, missing = u.missing::jsonb,
+    trusted = u.trusted,
+    devices = coalesce(string_to_array(nullif(u.devices, ''), ','), '{}'),
+    recent = coalesce(string_to_array(nullif(u.recent, ''), ','), '{}'),
+    rebirth_reason = u.reason,
+    rebirth_wanted_at = CASE WHEN u.reason IS NULL THEN NULL
+                             ELSE coalesce(s.rebirth_wanted_at, now()) END,
+    rebirth_sent_at = CASE WHEN u.reason IS NULL THEN NULL ELSE s.rebirth_sent_at END,
+    born_at = CASE WHEN u.born_now THEN now() ELSE s.born_at END,
     updated_at = now()
-WHERE group_id = $1 AND edge_node_id = $2;
+FROM unnest(string_to_array($1, E'\n'), string_to_array($2, E'\n'), $3::boolean[],
+            $4::bigint[], $5::integer[], string_to_array($6, E'\n'), $7::boolean[],
+            string_to_array($8, E'\n'), string_to_array($9, E'\n'), $10::text[],
+            $11::boolean[])
+     AS u(g, n, born, bdseq, seq, missing, trusted, devices, recent, reason, born_now)
+WHERE s.group_id = u.g AND s.edge_node_id = u.n;
 
 -- name: write_births
 -- $1 group id, $2 edge node id, $3 aliases (json), $4 metric datatypes (json): after
--- write_node, for a node whose births the batch changed (an NBIRTH, a DBIRTH; rare beside
+-- write_nodes, for a node whose births the batch changed (an NBIRTH, a DBIRTH; rare beside
 -- its data). Naming them moves births_version by one (migration 0039's trigger).
 UPDATE sparkplug_node SET aliases = $3::jsonb, metrics = $4::jsonb
 WHERE group_id = $1 AND edge_node_id = $2;

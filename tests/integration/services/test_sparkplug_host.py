@@ -323,3 +323,60 @@ async def test_a_birth_rolled_back_leaves_the_births_held_as_they_were(
     assert [why for _, why in result.sparkplug.distrusted] == [
         "metric 'hum' is in no birth of G/N/D"
     ]
+
+
+async def test_every_node_of_a_batch_is_written_by_one_statement(pool: asyncpg.Pool) -> None:
+    """write_nodes sends the batch's nodes as columns (lines, a node's devices and recent ids
+    joined by `,`): each row gets its own values, empty lists and nulls included, and the
+    rebirth's times follow the reason (kept while wanted, cleared when none)."""
+    keys = [("G", "A"), ("G", "B"), ("H", "A")]
+    async with pool.acquire() as conn, conn.transaction():
+        await repo.lock_nodes(conn, keys)
+        await repo.write_nodes(
+            conn,
+            [
+                repo.NodeWrite(
+                    "G", "A", True, 3, 7, '{"5": 1.5}', True, None, None,
+                    ["D1", "D.2:x"], ["00ab", "00cd"], None, True,
+                ),
+                repo.NodeWrite(
+                    "G", "B", False, None, None, "{}", False, None, None, [], [],
+                    "seq 9 after 7", False,
+                ),
+                repo.NodeWrite(
+                    "H", "A", True, 0, 0, "{}", True, None, None, ["D1"], [], None, False,
+                ),
+            ],
+        )  # fmt: skip
+    async with pool.acquire() as conn:
+        rows = {
+            (r["group_id"], r["edge_node_id"]): r
+            for r in await conn.fetch(
+                "SELECT group_id, edge_node_id, born, bdseq, seq, missing::text, trusted,"
+                " devices, recent, rebirth_reason, rebirth_wanted_at IS NOT NULL AS wanted,"
+                " born_at IS NOT NULL AS born_now FROM sparkplug_node"
+            )
+        }
+    assert set(rows) == set(keys)
+    a, b, h = rows["G", "A"], rows["G", "B"], rows["H", "A"]
+    assert (a["born"], a["bdseq"], a["seq"], json.loads(a["missing"])) == (True, 3, 7, {"5": 1.5})
+    assert (a["devices"], a["recent"], a["rebirth_reason"], a["wanted"]) == (
+        ["D1", "D.2:x"], ["00ab", "00cd"], None, False,
+    )  # fmt: skip
+    assert a["born_now"]
+    assert (b["born"], b["bdseq"], b["seq"], b["trusted"]) == (False, None, None, False)
+    assert (b["devices"], b["recent"], b["rebirth_reason"], b["wanted"]) == (
+        [], [], "seq 9 after 7", True,
+    )  # fmt: skip
+    assert not b["born_now"]
+    assert (h["bdseq"], h["seq"], h["devices"], h["recent"]) == (0, 0, ["D1"], [])
+    async with pool.acquire() as conn:
+        with pytest.raises(ValueError, match="holds a ','"):
+            await repo.write_nodes(
+                conn,
+                [
+                    repo.NodeWrite(
+                        "G", "A", True, 3, 7, "{}", True, None, None, ["a,b"], [], None, False
+                    )
+                ],
+            )
