@@ -95,8 +95,15 @@ class DataType(enum.IntEnum):
 
 
 _KNOWN: Final = frozenset(DataType)
-_SIGNED_BITS: Final = {DataType.INT8: 8, DataType.INT16: 16, DataType.INT32: 32, DataType.INT64: 64}
+# By plain int: looked up with a payload's datatype as is (no DataType(...) made a metric).
+_SIGNED_BITS: Final[dict[int, int]] = {
+    int(DataType.INT8): 8, int(DataType.INT16): 16, int(DataType.INT32): 32,
+    int(DataType.INT64): 64,
+}  # fmt: skip
 _STRINGS: Final = frozenset({DataType.STRING, DataType.TEXT, DataType.UUID})
+_NOT_COMPARED: Final = frozenset(
+    {DataType.DATASET, DataType.BYTES, DataType.FILE, DataType.TEMPLATE}
+)
 
 
 class SparkplugError(ValueError):
@@ -376,7 +383,7 @@ def _value_fields() -> dict[int, str]:
 
 def _convert(datatype: int | None, which: str, raw: object) -> SparkplugValue | None:
     if which in ("int_value", "long_value") and isinstance(raw, int):
-        bits = _SIGNED_BITS.get(DataType(datatype)) if datatype in _KNOWN else None
+        bits = None if datatype is None else _SIGNED_BITS.get(datatype)
         if bits is not None:
             # Signed integers travel as their two's complement in an unsigned field.
             width = 32 if which == "int_value" else 64
@@ -404,7 +411,7 @@ def metric_value(metric: RawMetric, datatype: int | None) -> SparkplugValue | No
     kind = metric.datatype if metric.datatype is not None else datatype
     if kind is not None and kind not in _KNOWN:
         return None  # arrays (22..34), property sets: not values a rule compares
-    if kind in (DataType.DATASET, DataType.BYTES, DataType.FILE, DataType.TEMPLATE):
+    if kind in _NOT_COMPARED:
         return None
     return _convert(kind, metric.which, metric.raw)
 
