@@ -47,10 +47,12 @@ TIMESTAMP_FORMATS: Final = ("iso8601", "epoch_s", "epoch_ms", "receive")
 DEVICE_ID_POLICIES: Final = ("refuse", "normalise")
 # Nested objects are flattened this deep at most; deeper leaves are left out.
 MAX_FLATTEN_DEPTH: Final = 8
-# Flattened leaves' names held per mapping (~0.2 KB each): beyond, a name is made each time.
+# Flattened leaves' names held per mapping (~0.2 KB each), and topics held per `Mappings` with
+# what they match (the mapping, its wildcards, the device id a topic alone names; ~0.4 KB
+# each). Full, either is emptied and fills again: a burst of one-off keys or topics (ids as
+# keys, a client publishing everywhere) never keeps a fleet's own out for good, and a fleet
+# larger than the bound is no slower than without it.
 FLAT_NAMES_HELD: Final = 4096
-# Topics held per `Mappings` with what they match (the mapping, its wildcards, the device id
-# a topic alone names): beyond, a topic is matched each time.
 TOPICS_HELD: Final = 8192
 _NAME_RE: Final = re.compile(r"^[A-Za-z0-9_-]{1,64}\Z")
 _CAPTURE_RE: Final = re.compile(r"^\{([A-Za-z_][A-Za-z0-9_]{0,31})\}\Z")
@@ -317,9 +319,9 @@ class CompiledMapping:
     command_payload: Template | None
     portable_ids: bool = False
     _flattened_away: frozenset[str] = field(default=frozenset())
-    # The metric name of each flattened leaf's path met so far (see _leaves), at most
-    # FLAT_NAMES_HELD: a name is a join and a regular expression over the path, and a fleet's
-    # documents repeat their keys.
+    # The metric name of each flattened leaf's path met (see _leaves), FLAT_NAMES_HELD at
+    # most: a name is a join and a regular expression over the path, and a fleet's documents
+    # repeat their keys.
     _flat_names: dict[tuple[tuple[str, ...], str], str | None] = field(
         default_factory=dict, compare=False, repr=False
     )
@@ -639,7 +641,7 @@ class Mappings:
     def __init__(self, mappings: tuple[CompiledMapping, ...] = ()) -> None:
         self.mappings = mappings
         self.by_name = {mapping.name: mapping for mapping in mappings}
-        # What each topic met so far matched (TOPICS_HELD at most): see _matched.
+        # What each topic met matched (TOPICS_HELD at most): see _matched.
         self._topics: dict[str, _Match | None] = {}
 
     def __bool__(self) -> bool:
@@ -676,8 +678,9 @@ class Mappings:
             template = mapping.presence_device if presence else mapping.device
             device = None if template is None else _device_id(mapping, template, captures, None)
             matched = _Match(mapping, captures, presence, device)
-        if len(topics) < TOPICS_HELD:
-            topics[topic] = matched
+        if len(topics) >= TOPICS_HELD:
+            topics.clear()
+        topics[topic] = matched
         return matched
 
     def _match(self, topic: str) -> tuple[CompiledMapping, dict[str, str], bool] | None:
@@ -937,8 +940,9 @@ def _leaves(
                 name = names.get(at, _ABSENT)
                 if name is _ABSENT:
                     name = _flat_name((*keys, key))
-                    if len(names) < FLAT_NAMES_HELD:
-                        names[at] = name
+                    if len(names) >= FLAT_NAMES_HELD:
+                        names.clear()
+                    names[at] = name
                 if name is not None:
                     yield name, value  # type: ignore[misc]
 

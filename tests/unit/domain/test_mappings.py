@@ -484,8 +484,8 @@ def test_naive_times_are_read_in_the_mapping_s_zone(text: str, zone: str) -> Non
 
 
 def test_flattened_names_held_or_not_are_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The names of flattened leaves are held per mapping up to FLAT_NAMES_HELD; past it they
-    are made each time, and read the same."""
+    """The names of flattened leaves are held per mapping, FLAT_NAMES_HELD at most (emptied
+    when full); held or made again, they read the same."""
     monkeypatch.setattr(compiled, "FLAT_NAMES_HELD", 3)
     m = profile("tasmota")
     for n in range(6):
@@ -496,12 +496,13 @@ def test_flattened_names_held_or_not_are_the_same(monkeypatch: pytest.MonkeyPatc
         )
         read = telemetry(m.read("tele/a/SENSOR", payload, NOW_MS))
         assert read.message.metrics == {f"S{n % 4}.a_b": n, f"S{n % 4}.c.d": 1}
-    assert len(m.mappings[0]._flat_names) == 3
+    assert 0 < len(m.mappings[0]._flat_names) <= 3
 
 
 def test_topics_held_or_not_read_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
-    """What a topic matched is held per `Mappings` up to TOPICS_HELD, a refused device id
-    included; past it a topic is matched each time. Each reading's wildcards are its own."""
+    """What a topic matched is held per `Mappings`, a refused device id included, TOPICS_HELD
+    at most (emptied when full); held or matched again, it reads the same. Each reading's
+    wildcards are its own."""
     monkeypatch.setattr(compiled, "TOPICS_HELD", 2)
     m = profile("tasmota")
     sensor = fixture("tasmota-am2301-sensor.json")
@@ -519,4 +520,4 @@ def test_topics_held_or_not_read_the_same(monkeypatch: pytest.MonkeyPatch) -> No
         assert m.read("tele/e/LWT", b"Online", NOW_MS) == MappedPresence(
             "m", "e", "online", {"device": "e"}
         )
-    assert len(m._topics) == 2
+    assert 0 < len(m._topics) <= 2
