@@ -48,6 +48,15 @@ def _write(tmp_path: Path, text: str) -> Path:
     return path
 
 
+async def _stored_one(dsn: str) -> bool:
+    """Whether the one message the test's device published is stored."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        return bool(await conn.fetchval("SELECT count(*) FROM telemetry") == 1)
+    finally:
+        await conn.close()
+
+
 def _failed(done: Finished, setting: str) -> dict[str, Any]:
     assert done.returncode == EXIT_CONFIG, done.output
     done.assert_no_traceback()
@@ -265,14 +274,9 @@ async def test_an_mqtt5_probe_the_acl_refuses_is_said_and_the_gateway_runs(
             async with aiomqtt.Client("127.0.0.1", broker.port, username="device") as device:
                 await device.publish("iot/devices/dev-1/telemetry", TELEMETRY, qos=1)
 
-            async def stored() -> bool:
-                conn = await asyncpg.connect(db_dsn)
-                try:
-                    return bool(await conn.fetchval("SELECT count(*) FROM telemetry") == 1)
-                finally:
-                    await conn.close()
-
-            await wait_until(stored, timeout=30, message="the device's message stored")
+            await wait_until(
+                lambda: _stored_one(db_dsn), timeout=30, message="the device's message stored"
+            )
         finally:
             assert daemon.terminate() == 0
     finally:
@@ -411,14 +415,9 @@ async def test_connections_taken_over_while_subscribing_are_not_named_an_acl(
             async with aiomqtt.Client("127.0.0.1", mosquitto.port) as device:
                 await device.publish("iot/devices/dev-1/telemetry", TELEMETRY, qos=1)
 
-            async def stored() -> bool:
-                conn = await asyncpg.connect(db_dsn)
-                try:
-                    return bool(await conn.fetchval("SELECT count(*) FROM telemetry") == 1)
-                finally:
-                    await conn.close()
-
-            await wait_until(stored, timeout=30, message="the device's message stored")
+            await wait_until(
+                lambda: _stored_one(db_dsn), timeout=30, message="the device's message stored"
+            )
         finally:
             code = daemon.terminate() if daemon.alive() else daemon.exit_code()
         assert code == 0, daemon.log_tail()

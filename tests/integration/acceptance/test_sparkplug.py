@@ -15,6 +15,7 @@ import aiohttp
 import aiomqtt
 import asyncpg
 
+from gateway.config import Config
 from gateway.domain.command import Delivery
 from gateway.ingest.replay import replay_one
 from protocol import sparkplug
@@ -288,22 +289,26 @@ devices = "Plant1/Line4*"
         assert state.rebirth_reason is None  # nobody asks a dead node for a birth
 
 
-async def test_two_gateway_nodes_in_a_share_group_store_each_message_once(
-    db_dsn: str, mosquitto: Mosquitto
-) -> None:
-    # Each node sees part of the edge node's stream, out of order between them: the reorder
-    # window keeps that from passing for a gap.
-    shared = SPARKPLUG + "reorder_window_s = 10\n"
-    configs = [
+def _share_group(dsn: str, mqtt_port: int, extra: str = "") -> list[Config]:
+    """Two gateway nodes' configurations in one $share group. Each node sees part of an edge
+    node's stream, out of order between them: the reorder window keeps that from passing for
+    a gap."""
+    return [
         make_config(
-            dsn=db_dsn,
-            mqtt_port=mosquitto.port,
+            dsn=dsn,
+            mqtt_port=mqtt_port,
             node_id=f"node-{n}",
-            extra=shared + RULES,
+            extra=SPARKPLUG + "reorder_window_s = 10\n" + extra,
             mqtt_extra='shared_group = "sp"',
         )
         for n in (1, 2)
     ]
+
+
+async def test_two_gateway_nodes_in_a_share_group_store_each_message_once(
+    db_dsn: str, mosquitto: Mosquitto
+) -> None:
+    configs = _share_group(db_dsn, mosquitto.port, RULES)
     async with (
         running_daemon(configs[0]) as one,
         running_daemon(configs[1]) as two,
@@ -357,17 +362,7 @@ async def test_a_rebirth_taken_by_one_node_reaches_the_other_holding_the_old_bir
     to the other). The other still holds the old births, in which alias 12 is `level`: the
     row's births version has moved, so its next batch reads them again instead of storing the
     new `temp` readings as `level`."""
-    shared = SPARKPLUG + "reorder_window_s = 10\n"
-    configs = [
-        make_config(
-            dsn=db_dsn,
-            mqtt_port=mosquitto.port,
-            node_id=f"node-{n}",
-            extra=shared,
-            mqtt_extra='shared_group = "sp"',
-        )
-        for n in (1, 2)
-    ]
+    configs = _share_group(db_dsn, mosquitto.port)
     oven = "Plant1/Line4/Oven"
 
     async def alias_12() -> str | None:
