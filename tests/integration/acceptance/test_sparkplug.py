@@ -14,6 +14,7 @@ from typing import Any
 import aiohttp
 import aiomqtt
 import asyncpg
+import pytest
 
 from gateway.config import Config
 from gateway.domain.command import Delivery
@@ -357,24 +358,39 @@ async def test_a_rebirth_taken_by_one_node_reaches_the_other_holding_the_old_bir
     db_dsn: str, mosquitto: Mosquitto
 ) -> None:
     """Two nodes in a $share group both hold an edge node's births (each judged DDATA by
-    them); the edge node is born again with two aliases swapped, and both births go to one node
-    (mosquitto hands a group's messages round: another edge node's NDATA between the two goes
-    to the other). The other still holds the old births, in which alias 12 is `level`: the
-    row's births version has moved, so its next batch reads them again instead of storing the
-    new `temp` readings as `level`."""
+    them); the edge node is born again with alias 12 naming another metric, and both births go
+    to one node. The other still holds the old births: the row's births version has moved, so
+    its next batch reads them again instead of storing the new metric's readings under the old
+    name. Which node takes a message is the broker's round: the test watches it (each node's
+    count of each message type) and sends another edge node's NDATA between the births until
+    it lands on the other node, so that the DBIRTH comes back to the NBIRTH's; a round whose
+    births still split is born again, eight rounds at most."""
     configs = _share_group(db_dsn, mosquitto.port)
     oven = "Plant1/Line4/Oven"
+    rounds = 8
 
     async def alias_12() -> str | None:
         state = await _node(db_dsn, "Plant1", "Line4")
         found = {} if state is None else json.loads(state.aliases)
         return found.get("12", [None, None])[1]  # type: ignore[no-any-return]
 
-    async def rows_of(shape: set[str]) -> list[dict[str, Any]]:
-        return [r for r in await _metrics_of(db_dsn, oven) if set(r) == shape]
+    async def rows_of(name: str) -> list[Any]:
+        return [r[name] for r in await _metrics_of(db_dsn, oven) if set(r) == {name}]
 
     def taken(kind: str) -> list[float]:
         return [metric(d, "gateway_sparkplug_messages_total", {"type": kind}) for d in (one, two)]
+
+    async def taker(kind: str, before: list[float]) -> int:
+        """The node (0 or 1) whose count of ``kind`` moved past ``before``."""
+        moved: list[int] = []
+
+        def one_moved() -> bool:
+            moved[:] = [i for i, n in enumerate(taken(kind)) if n > before[i]]
+            return bool(moved)
+
+        await wait_until(one_moved, timeout=30, message=f"a node took the {kind}")
+        assert len(moved) == 1, f"both nodes took a {kind}"
+        return moved[0]
 
     async with (
         running_daemon(configs[0]) as one,
@@ -392,66 +408,68 @@ async def test_a_rebirth_taken_by_one_node_reaches_the_other_holding_the_old_bir
         )
         await edge.send("dbirth", device="Oven", metrics=OVEN_METRICS)
 
-        async def old_births() -> bool:
-            return await alias_12() == "level"
+        async def named(name: str) -> None:
+            async def stored() -> bool:
+                return await alias_12() == name
 
-        await wait_until(old_births, timeout=30, message="the DBIRTH stored")
+            await wait_until(stored, timeout=30, message=f"a DBIRTH naming alias 12 {name!r}")
+
+        await named("level")
         for n in range(100):
             await edge.send(
                 "ddata", device="Oven", metrics=[{"alias": 12, "type": "Int16", "value": n}]
             )
 
         async def levels_stored() -> bool:
-            return len(await rows_of({"level"})) == 100
+            return len(await rows_of("level")) == 100
 
         await wait_until(levels_stored, timeout=60, message="the first DDATA stored")
         assert all(t > 0 for t in taken("DDATA")), f"one node took every DDATA: {taken('DDATA')}"
 
-        # Born again: NBIRTH, another edge node's NDATA, then a DBIRTH swapping the aliases of
-        # temp and level.
-        births_before = [a + b for a, b in zip(taken("NBIRTH"), taken("DBIRTH"), strict=True)]
-        ddata_before = taken("DDATA")
-        born_at = (await _node(db_dsn, "Plant1", "Line4")).born_at  # type: ignore[union-attr]
-        await edge.send("nbirth", metrics=NODE_METRICS)
-
-        async def reborn() -> bool:
-            state = await _node(db_dsn, "Plant1", "Line4")
-            return state is not None and state.born_at != born_at
-
-        await wait_until(reborn, timeout=30, message="the second NBIRTH stored")
-        await other.send("ndata", metrics=[{"alias": 1, "type": "Int64", "value": 8}])
-        swapped = [
-            {"name": "temp", "alias": 12, "type": "Double", "value": 20.5},
-            {"name": "door", "alias": 11, "type": "Boolean", "value": False},
-            {"name": "level", "alias": 10, "type": "Int16", "value": -3},
-        ]
-        await edge.send("dbirth", device="Oven", metrics=swapped)
-
-        async def new_births() -> bool:
-            return await alias_12() == "temp"
-
-        await wait_until(new_births, timeout=30, message="the second DBIRTH stored")
-        births = [
-            a + b - before
-            for a, b, before in zip(taken("NBIRTH"), taken("DBIRTH"), births_before, strict=True)
-        ]
-        # The case this test is for: one node took both births, the other neither.
-        assert sorted(births) == [0, 2], f"births taken by each node: {births}"
+        for round_ in range(rounds):
+            # Born again: NBIRTH, another edge node's NDATA until one lands on the other node,
+            # then a DBIRTH naming alias 12 anew (a Double).
+            name = f"r{round_}"
+            births = taken("NBIRTH")
+            await edge.send("nbirth", metrics=NODE_METRICS)
+            first = await taker("NBIRTH", births)
+            for _ in range(6):
+                ndata = taken("NDATA")
+                await other.send("ndata", metrics=[{"alias": 1, "type": "Int64", "value": 8}])
+                if await taker("NDATA", ndata) != first:
+                    break
+            births = taken("DBIRTH")
+            await edge.send(
+                "dbirth",
+                device="Oven",
+                metrics=[
+                    {"name": name, "alias": 12, "type": "Double", "value": 20.5},
+                    {"name": "door", "alias": 11, "type": "Boolean", "value": False},
+                ],
+            )
+            second = await taker("DBIRTH", births)
+            await named(name)
+            if second == first:
+                break  # the case this test is for: one node took both births, the other none
+        else:
+            pytest.fail(f"the births split between the nodes in each of {rounds} rounds")
+        stale = 1 - first
+        ddata = taken("DDATA")
         for n in range(200):
             await edge.send(
                 "ddata", device="Oven", metrics=[{"alias": 12, "type": "Double", "value": n / 4}]
             )
 
-        async def temps_stored() -> bool:
-            return len(await rows_of({"temp"})) == 200
+        async def new_stored() -> bool:
+            return len(await rows_of(name)) == 200
 
-        await wait_until(temps_stored, timeout=60, message="the DDATA after the rebirth stored")
-        after = [a - b for a, b in zip(taken("DDATA"), ddata_before, strict=True)]
+        await wait_until(new_stored, timeout=60, message="the DDATA after the rebirth stored")
+        after = [a - b for a, b in zip(taken("DDATA"), ddata, strict=True)]
         assert sum(after) == 200
         # The node that took no birth held the old ones, and judged DDATA by the new.
-        assert after[births.index(0)] > 0, f"DDATA taken by each node: {after}"
-        assert sorted(r["temp"] for r in await rows_of({"temp"})) == [n / 4 for n in range(200)]
-        assert sorted(r["level"] for r in await rows_of({"level"})) == list(range(100))
+        assert after[stale] > 0, f"DDATA taken by each node: {after}"
+        assert sorted(await rows_of(name)) == [n / 4 for n in range(200)]
+        assert sorted(await rows_of("level")) == list(range(100))
         state = await _node(db_dsn, "Plant1", "Line4")
         assert state is not None
         assert state.trusted, state
