@@ -149,3 +149,11 @@ class Topics:
                 "maps to its own separator",
             )
         return kind, device_id
+
+
+def unshared(topic_filter: str) -> str:
+    """``topic_filter`` without its ``$share/<group>/`` prefix (as is without one): the filter
+    a shared subscription matches topics by (`Topics.subscription` adds the prefix)."""
+    if topic_filter.startswith("$share/"):
+        return topic_filter.split("/", 2)[2]
+    return topic_filter

@@ -41,6 +41,7 @@ from gateway.mqtt.witness import closes_subscribing
 from gateway.support.backoff import Backoff
 from gateway.support.metrics import Metrics
 from gateway.support.publish_refusal import PublishRefused
+from protocol.topics import unshared
 
 # Both protocols speak through our own client (parsing is the hot path): MQTT 5 on the mqtt5
 # codec, MQTT 3.1.1 (the embedded amqtt broker's only version) on a hand-written codec over the
@@ -953,10 +954,9 @@ PROBE_START_TRIES: Final = 4
 
 def _probe_topic(topic_filter: str) -> str:
     """A topic ``topic_filter`` must match (its $share prefix off, its wildcards filled)."""
-    if topic_filter.startswith("$share/"):
-        topic_filter = topic_filter.split("/", 2)[2]
     return "/".join(
-        PROBE_DEVICE if level in ("+", "#") else level for level in topic_filter.split("/")
+        PROBE_DEVICE if level in ("+", "#") else level
+        for level in unshared(topic_filter).split("/")
     )
 
 

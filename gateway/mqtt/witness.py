@@ -26,6 +26,7 @@ from gateway.mqtt.v5_connection import Mqtt5Connection, MqttTimeoutError
 from gateway.mqtt.v311_client import ConnectionSettings, SubscriptionRefusedError
 from gateway.mqtt.v311_connection import Mqtt311Connection
 from gateway.support.publish_refusal import PublishRefused
+from protocol.topics import unshared
 
 log = structlog.get_logger(__name__)
 
@@ -67,7 +68,7 @@ async def closes_subscribing(
     connection.stop_intake()
     try:
         for topic_filter in filters:
-            await connection.subscribe(_unshared(topic_filter), qos=0)
+            await connection.subscribe(unshared(topic_filter), qos=0)
         if probe is not None:
             await connection.publish(probe[0], probe[1], qos=1)
     except SubscriptionRefusedError:
@@ -84,9 +85,3 @@ async def closes_subscribing(
     finally:
         await connection.close()
     return False
-
-
-def _unshared(topic_filter: str) -> str:
-    if topic_filter.startswith("$share/"):
-        return topic_filter.split("/", 2)[2]
-    return topic_filter
