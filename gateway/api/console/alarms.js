@@ -78,7 +78,12 @@ export class AlarmsView {
     this.hovering = false;
     this.loaded = false;
     this.stale = false;
+    // Each reading of the list is numbered: one answered after a newer one began (a slow
+    // answer to the filters before, a live update behind the operator's filter) is dropped,
+    // never painted over what the form now says.
+    this.loads = 0;
     window.__alarmRepaints = 0;
+    window.__alarmReadingsDropped = 0;
     this.refreshListSoon = throttle(() => this.load(false, { live: true }), LIVE_MS);
     this.refreshDetailSoon = throttle(() => this.selected === null ? null : this.open(this.selected, { keepFocus: true }), LIVE_MS);
     this.form.addEventListener("submit", (event) => {
@@ -163,6 +168,10 @@ export class AlarmsView {
   async load(append, { live = false } = {}) {
     const f = this.filters();
     const params = { ...this.apiFilters(), limit: PAGE, before: append ? this.nextBefore : null };
+    const reading = ++this.loads;
+    // Busy until the newest reading is shown (for assistive technology, and for a test to
+    // know the list answers the filters it just gave).
+    if (!live) this.list.setAttribute("aria-busy", "true");
     let page, counts, groups = null;
     try {
       [page, counts, groups] = await Promise.all([
@@ -170,15 +179,20 @@ export class AlarmsView {
         this.ctx.api.get("/alarms/counts"),
         f.group ? this.ctx.api.get(`/alarms/groups${query({ ...this.apiFilters(), by: f.group, limit: PAGE })}`) : null,
       ]);
+      if (reading !== this.loads) { window.__alarmReadingsDropped += 1; return; }
       if (f.group !== this.groupedBy) {
         this.expanded.clear();
         this.groupedBy = f.group;
       }
       if (f.group) await this.loadExpanded(f.group);
     } catch (error) {
+      if (reading !== this.loads) { window.__alarmReadingsDropped += 1; return; }
+      this.list.setAttribute("aria-busy", "false");
       this.ctx.notify(`Alarms: ${error.message}`);
       return;
     }
+    if (reading !== this.loads) { window.__alarmReadingsDropped += 1; return; }
+    this.list.setAttribute("aria-busy", "false");
     this.loaded = true;
     this.stale = false;
     this.items = append ? [...this.items, ...page.items] : page.items;

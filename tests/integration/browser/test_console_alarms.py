@@ -522,6 +522,10 @@ async def test_alarms_come_most_severe_first_and_every_filter_narrows_them(
         await filters.get_by_label("Device").fill(device)
         await filters.get_by_label("Rule").fill(rule)
         await filters.get_by_role("button", name="Filter").click()
+        # The list as it was has as many rows as some filters' answers: wait for the answer.
+        await expect(page.locator("#alarm-list")).to_have_attribute(
+            "aria-busy", "false", timeout=WAIT_MS
+        )
 
     async def shown(*devices: str) -> None:
         await expect(rows).to_have_count(len(devices), timeout=WAIT_MS)
@@ -536,6 +540,7 @@ async def test_alarms_come_most_severe_first_and_every_filter_narrows_them(
     await shown("boiler-3")
     # Confirm one; the status filter then finds it alone.
     await apply(device="door-4")
+    await shown("door-4")
     await rows.first.get_by_role("link", name="#").first.click()
     detail = page.locator("#alarm-detail")
     await detail.get_by_role("button", name="Confirm").click()
@@ -546,6 +551,64 @@ async def test_alarms_come_most_severe_first_and_every_filter_narrows_them(
     # they were made): the others are NEW.
     await apply(status="NEW")
     await shown("boiler-3", "door-2")
+    assert errors.errors == []
+
+
+async def test_an_answer_to_filters_no_longer_asked_is_never_shown(
+    console: Console, browser: Browser, db: asyncpg.Connection
+) -> None:
+    """An operator filters by one device, then by another before the first answer came (a slow
+    network, a loaded node): the list shows the second device, and the first answer, when it
+    comes, is dropped, never painted over the filters the form now holds."""
+
+    async def raised(count: int) -> None:
+        async def listed() -> bool:
+            alarms = await api(console.base, "GET", "/alarms", VIEWER)
+            return len(alarms["items"]) == count  # type: ignore[index]  # JSON
+
+        await wait_until(listed, message=f"{count} alarms raised")
+
+    await publish(console.mosquitto, "door-2", {"events": [{"type": "DOOR_OPEN"}]})
+    await raised(1)
+    await publish(console.mosquitto, "boiler-3", {"metrics": {"temp": 91}})
+    await raised(2)
+    await _stream_past_every_event(console, db)
+    page, errors = await open_console(browser, console.base)
+    await sign_in(page, OPERATOR)
+    rows = page.locator("#alarm-table tbody tr")
+    await expect(rows).to_have_count(2, timeout=WAIT_MS)
+    filters = page.locator("#alarm-filters")
+    held = asyncio.Event()
+    release = asyncio.Event()
+
+    async def hold(route: Route) -> None:
+        held.set()
+        await release.wait()
+        await route.continue_()
+
+    await page.route(lambda url: "/alarms?" in url and "device=door-2" in url, hold)
+    try:
+        await filters.get_by_label("Device").fill("door-2")
+        await filters.get_by_role("button", name="Filter").click()
+        await asyncio.wait_for(held.wait(), timeout=WAIT_MS / 1000)
+        await filters.get_by_label("Device").fill("boiler-3")
+        await filters.get_by_role("button", name="Filter").click()
+        # The first answer has not come: the list is still busy with the newest filters.
+        await expect(rows).to_have_count(1, timeout=WAIT_MS)
+        await expect(rows.first).to_contain_text("boiler-3")
+        await expect(page.locator("#alarm-list")).to_have_attribute("aria-busy", "false")
+        painted = int(await page.evaluate("window.__alarmRepaints"))
+    finally:
+        release.set()
+
+    async def answered() -> bool:
+        dropped = int(await page.evaluate("window.__alarmReadingsDropped"))
+        return dropped > 0 or int(await page.evaluate("window.__alarmRepaints")) > painted
+
+    await wait_until(answered, message="the first filter's answer handled")
+    await expect(rows).to_have_count(1)
+    await expect(rows.first).to_contain_text("boiler-3")
+    assert int(await page.evaluate("window.__alarmReadingsDropped")) == 1
     assert errors.errors == []
 
 
