@@ -10,7 +10,7 @@
 // moves a row: rows change in place, alarms gone stay (dimmed), and new alarms wait behind an "N new"
 // bar until the operator opens it. `window.__alarmRepaints` counts the list's repaints.
 import { query } from "./api.js";
-import { append, clear, deviceHref, el, throttle, timeEl, when } from "./util.js";
+import { append, clear, deviceHref, el, readings, throttle, timeEl, when } from "./util.js";
 
 const SEVERITY_RANK = { CRITICAL: 4, MAJOR: 3, WARNING: 2, INFO: 1 };
 const SEVERITIES = ["CRITICAL", "MAJOR", "WARNING", "INFO"];
@@ -78,12 +78,10 @@ export class AlarmsView {
     this.hovering = false;
     this.loaded = false;
     this.stale = false;
-    // Each reading of the list is numbered: one answered after a newer one began (a slow
-    // answer to the filters before, a live update behind the operator's filter) is dropped,
-    // never painted over what the form now says.
-    this.loads = 0;
+    // Only the newest reading of the list is shown (util.readings): a live update overtaken
+    // by the operator's Filter, a slow answer to the filters before, are dropped.
+    this.reading = readings();
     window.__alarmRepaints = 0;
-    window.__alarmReadingsDropped = 0;
     this.refreshListSoon = throttle(() => this.load(false, { live: true }), LIVE_MS);
     this.refreshDetailSoon = throttle(() => this.selected === null ? null : this.open(this.selected, { keepFocus: true }), LIVE_MS);
     this.form.addEventListener("submit", (event) => {
@@ -168,7 +166,7 @@ export class AlarmsView {
   async load(append, { live = false } = {}) {
     const f = this.filters();
     const params = { ...this.apiFilters(), limit: PAGE, before: append ? this.nextBefore : null };
-    const reading = ++this.loads;
+    const current = this.reading();
     // Busy until the newest reading is shown (for assistive technology, and for a test to
     // know the list answers the filters it just gave).
     if (!live) this.list.setAttribute("aria-busy", "true");
@@ -179,19 +177,19 @@ export class AlarmsView {
         this.ctx.api.get("/alarms/counts"),
         f.group ? this.ctx.api.get(`/alarms/groups${query({ ...this.apiFilters(), by: f.group, limit: PAGE })}`) : null,
       ]);
-      if (reading !== this.loads) { window.__alarmReadingsDropped += 1; return; }
+      if (!current()) return;
       if (f.group !== this.groupedBy) {
         this.expanded.clear();
         this.groupedBy = f.group;
       }
       if (f.group) await this.loadExpanded(f.group);
     } catch (error) {
-      if (reading !== this.loads) { window.__alarmReadingsDropped += 1; return; }
+      if (!current()) return;
       this.list.setAttribute("aria-busy", "false");
       this.ctx.notify(`Alarms: ${error.message}`);
       return;
     }
-    if (reading !== this.loads) { window.__alarmReadingsDropped += 1; return; }
+    if (!current()) return;
     this.list.setAttribute("aria-busy", "false");
     this.loaded = true;
     this.stale = false;

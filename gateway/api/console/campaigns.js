@@ -6,7 +6,7 @@
 // picks (GET /campaigns/targets), rollout and abort criteria, then a confirmation that says how
 // many devices will be commanded before anything is created.
 import { query } from "./api.js";
-import { clear, el, throttle, timeEl } from "./util.js";
+import { clear, el, readings, throttle, timeEl } from "./util.js";
 
 const PAGE = 20;
 const COUNT_DELAY_MS = 300;
@@ -33,6 +33,7 @@ const COMMAND_STATUSES = ["PENDING", "CLAIMED", "SENT", "ACKED", "FAILED", "TIME
 export class CampaignsView {
   constructor(ctx) {
     this.ctx = ctx;
+    this.reading = readings(); // load and reload read the same list
     this.form = document.getElementById("campaign-filters");
     this.body = document.querySelector("#campaign-table tbody");
     this.empty = document.getElementById("campaign-empty");
@@ -189,15 +190,16 @@ export class CampaignsView {
 
   async load(append) {
     const status = new FormData(this.form).get("status");
+    const current = this.reading();
     let page;
     try {
       page = await this.ctx.api.get(`/campaigns${query({ status, limit: PAGE, before: append ? this.next : null })}`);
     } catch (error) {
-      this.ctx.notify(`Campaigns: ${error.message}`);
+      if (current()) this.ctx.notify(`Campaigns: ${error.message}`);
       return;
     }
     const detailed = await this.details(page.items);
-    if (detailed === null) return;
+    if (detailed === null || !current()) return;
     this.items = append ? [...this.items, ...detailed] : detailed;
     this.next = page.next_before ?? null;
     this.render();
@@ -207,15 +209,16 @@ export class CampaignsView {
   async reload() {
     const status = new FormData(this.form).get("status");
     const limit = Math.max(PAGE, this.items.length);
+    const current = this.reading();
     let page;
     try {
       page = await this.ctx.api.get(`/campaigns${query({ status, limit: Math.min(limit, 500) })}`);
     } catch (error) {
-      this.ctx.notify(`Campaigns: ${error.message}`);
+      if (current()) this.ctx.notify(`Campaigns: ${error.message}`);
       return;
     }
     const detailed = await this.details(page.items);
-    if (detailed === null) return;
+    if (detailed === null || !current()) return;
     this.items = detailed;
     this.next = page.next_before ?? null;
     this.render();

@@ -3,7 +3,7 @@
 // API's `replayable`: not a truncated, MALFORMED or BAD_DEVICE_ID letter) —, a replay that
 // failed shown as a failure; and discard, after a confirmation (audited by the gateway).
 import { query } from "./api.js";
-import { append, bytes, clear, el, timeEl } from "./util.js";
+import { append, bytes, clear, el, readings, timeEl } from "./util.js";
 
 const PAGE = 50;
 // Bytes per line of the hex dump: eight fit the detail pane beside the list.
@@ -29,6 +29,7 @@ function hexDump(hex) {
 export class DeadLettersView {
   constructor(ctx) {
     this.ctx = ctx;
+    this.reading = readings();
     this.form = document.getElementById("dead-letter-filters");
     this.body = document.querySelector("#dead-letter-table tbody");
     this.empty = document.getElementById("dead-letter-empty");
@@ -57,13 +58,15 @@ export class DeadLettersView {
 
   async load(append) {
     const reason = new FormData(this.form).get("reason").trim();
+    const current = this.reading();
     let page;
     try {
       page = await this.ctx.api.get(`/dead-letters${query({ reason, limit: PAGE, before: append ? this.next : null })}`);
     } catch (error) {
-      this.ctx.notify(`Dead letters: ${error.message}`);
+      if (current()) this.ctx.notify(`Dead letters: ${error.message}`);
       return;
     }
+    if (!current()) return;
     this.items = append ? [...this.items, ...page.items] : page.items;
     this.next = page.next_before ?? null;
     this.render();

@@ -5,7 +5,7 @@
 import { query } from "./api.js";
 import { lineChart } from "./chart.js";
 import { sendCommand } from "./commands.js";
-import { append, clear, el, number, throttle, timeEl, when } from "./util.js";
+import { append, clear, el, number, readings, throttle, timeEl, when } from "./util.js";
 
 const PAGE = 100;
 const CHART_SAMPLES = 100;
@@ -23,6 +23,7 @@ const RANGE_LIMIT = 500;
 export class DevicesView {
   constructor(ctx) {
     this.ctx = ctx;
+    this.reading = readings();
     this.form = document.getElementById("device-filters");
     this.body = document.querySelector("#device-table tbody");
     this.empty = document.getElementById("device-empty");
@@ -73,13 +74,15 @@ export class DevicesView {
       before: append && this.cursorName === "before" ? this.next : null,
       after: append && this.cursorName === "after" ? this.next : null,
     };
+    const current = this.reading();
     let page;
     try {
       page = await this.ctx.api.get(`/devices${query(params)}`);
     } catch (error) {
-      this.ctx.notify(`Devices: ${error.message}`);
+      if (current()) this.ctx.notify(`Devices: ${error.message}`);
       return;
     }
+    if (!current()) return;
     this.cursorName = "next_after" in page ? "after" : "before";
     this.next = page.next_after ?? page.next_before ?? null;
     this.items = append ? [...this.items, ...page.items] : page.items;

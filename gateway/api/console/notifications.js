@@ -4,7 +4,7 @@
 // is for: while the section is shown its list is read again every 3 s when one shown is PENDING
 // or SENDING, every 10 s otherwise; alarm, command and campaign events read it too, throttled.
 import { query } from "./api.js";
-import { clear, el, throttle, timeEl } from "./util.js";
+import { clear, el, readings, throttle, timeEl } from "./util.js";
 
 const PAGE = 50;
 const OPEN = new Set(["PENDING", "SENDING"]);
@@ -24,6 +24,8 @@ function matcherText(matchers) {
 export class NotificationsView {
   constructor(ctx) {
     this.ctx = ctx;
+    this.deliveryReading = readings();
+    this.silenceReading = readings();
     this.filters = document.getElementById("delivery-filters");
     this.deliveryBody = document.querySelector("#delivery-table tbody");
     this.deliveryEmpty = document.getElementById("delivery-empty");
@@ -64,13 +66,15 @@ export class NotificationsView {
       limit: PAGE,
       before: append ? this.deliveriesNext : null,
     };
+    const current = this.deliveryReading();
     let page;
     try {
       page = await this.ctx.api.get(`/deliveries${query(params)}`);
     } catch (error) {
-      this.ctx.notify(`Deliveries: ${error.message}`);
+      if (current()) this.ctx.notify(`Deliveries: ${error.message}`);
       return;
     }
+    if (!current()) return;
     this.deliveries = append ? [...this.deliveries, ...page.items] : page.items;
     this.deliveriesNext = page.next_before ?? null;
     this.renderDeliveries();
@@ -114,13 +118,15 @@ export class NotificationsView {
   }
 
   async loadSilences(append) {
+    const current = this.silenceReading();
     let page;
     try {
       page = await this.ctx.api.get(`/silences${query({ limit: PAGE, before: append ? this.silencesNext : null })}`);
     } catch (error) {
-      this.ctx.notify(`Silences: ${error.message}`);
+      if (current()) this.ctx.notify(`Silences: ${error.message}`);
       return;
     }
+    if (!current()) return;
     this.silences = append ? [...this.silences, ...page.items] : page.items;
     this.silencesNext = page.next_before ?? null;
     this.renderSilences();

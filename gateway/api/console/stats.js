@@ -2,7 +2,7 @@
 // 10 minutes against the target and the flood threshold, flood periods, chattering pairs,
 // stale alarms, the top rules and devices, operators and the time to acknowledge.
 import { query } from "./api.js";
-import { clear, el, throttle, timeEl, when } from "./util.js";
+import { clear, el, readings, throttle, timeEl, when } from "./util.js";
 
 const NS = "http://www.w3.org/2000/svg";
 
@@ -77,6 +77,7 @@ function table(caption, headers, rows, empty) {
 export class StatsView {
   constructor(ctx) {
     this.ctx = ctx;
+    this.reading = readings();
     this.form = document.getElementById("figure-filters");
     this.root = document.getElementById("figures");
     this.stats = null;
@@ -97,12 +98,16 @@ export class StatsView {
 
   async load() {
     const span = this.form.elements.window.value;
+    const current = this.reading();
+    let stats;
     try {
-      this.stats = await this.ctx.api.get(`/alarm-stats${query({ window: span })}`);
+      stats = await this.ctx.api.get(`/alarm-stats${query({ window: span })}`);
     } catch (error) {
-      this.ctx.notify(`Figures: ${error.message}`);
+      if (current()) this.ctx.notify(`Figures: ${error.message}`);
       return;
     }
+    if (!current()) return;
+    this.stats = stats;
     this.render();
   }
 

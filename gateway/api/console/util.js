@@ -113,6 +113,22 @@ export function number(value) {
   return String(Number(value.toPrecision(6)));
 }
 
+// A list's readings, numbered: `const current = reading();` before asking, `current()` once
+// answered says whether it is still the newest. One answered after a newer one began (a slow
+// answer to the filters before, a poll overtaken by Filter) is dropped, never painted over
+// what the form now says. The page counts them in `window.__readingsDropped`.
+export function readings() {
+  let newest = 0;
+  return () => {
+    const mine = ++newest;
+    return () => {
+      if (mine === newest) return true;
+      window.__readingsDropped = (window.__readingsDropped || 0) + 1;
+      return false;
+    };
+  };
+}
+
 // At most one run per `ms`, however many calls: a burst of events (a hundred devices) costs
 // one read, the last call is never lost, and two runs never overlap.
 export function throttle(fn, ms) {

@@ -554,12 +554,8 @@ async def test_alarms_come_most_severe_first_and_every_filter_narrows_them(
     assert errors.errors == []
 
 
-async def test_an_answer_to_filters_no_longer_asked_is_never_shown(
-    console: Console, browser: Browser, db: asyncpg.Connection
-) -> None:
-    """An operator filters by one device, then by another before the first answer came (a slow
-    network, a loaded node): the list shows the second device, and the first answer, when it
-    comes, is dropped, never painted over the filters the form now holds."""
+async def _two_devices_alarmed(console: Console, db: asyncpg.Connection) -> None:
+    """door-2 (MAJOR) and boiler-3 (CRITICAL) alarmed, and the node's stream past them."""
 
     async def raised(count: int) -> None:
         async def listed() -> bool:
@@ -573,11 +569,16 @@ async def test_an_answer_to_filters_no_longer_asked_is_never_shown(
     await publish(console.mosquitto, "boiler-3", {"metrics": {"temp": 91}})
     await raised(2)
     await _stream_past_every_event(console, db)
-    page, errors = await open_console(browser, console.base)
-    await sign_in(page, OPERATOR)
-    rows = page.locator("#alarm-table tbody tr")
-    await expect(rows).to_have_count(2, timeout=WAIT_MS)
-    filters = page.locator("#alarm-filters")
+
+
+async def _an_overtaken_answer_is_dropped(
+    page: Page, *, path: str, form: str, field: str, table: str
+) -> None:
+    """The list at ``path`` filtered by ``field`` of ``form``: first door-2, then boiler-3
+    before the first answer came. The list shows boiler-3; the first answer, when it comes, is
+    dropped (the page counts it), never painted over the filters the form now holds."""
+    rows = page.locator(f"{table} tbody tr")
+    filters = page.locator(form)
     held = asyncio.Event()
     release = asyncio.Event()
 
@@ -586,29 +587,50 @@ async def test_an_answer_to_filters_no_longer_asked_is_never_shown(
         await release.wait()
         await route.continue_()
 
-    await page.route(lambda url: "/alarms?" in url and "device=door-2" in url, hold)
+    await page.route(lambda url: f"{path}?" in url and "door-2" in url, hold)
     try:
-        await filters.get_by_label("Device").fill("door-2")
+        await filters.get_by_label(field).fill("door-2")
         await filters.get_by_role("button", name="Filter").click()
         await asyncio.wait_for(held.wait(), timeout=WAIT_MS / 1000)
-        await filters.get_by_label("Device").fill("boiler-3")
+        await filters.get_by_label(field).fill("boiler-3")
         await filters.get_by_role("button", name="Filter").click()
-        # The first answer has not come: the list is still busy with the newest filters.
         await expect(rows).to_have_count(1, timeout=WAIT_MS)
         await expect(rows.first).to_contain_text("boiler-3")
-        await expect(page.locator("#alarm-list")).to_have_attribute("aria-busy", "false")
-        painted = int(await page.evaluate("window.__alarmRepaints"))
+        dropped = int(await page.evaluate("window.__readingsDropped || 0"))
+        painted = await rows.first.inner_html()
     finally:
         release.set()
 
     async def answered() -> bool:
-        dropped = int(await page.evaluate("window.__alarmReadingsDropped"))
-        return dropped > 0 or int(await page.evaluate("window.__alarmRepaints")) > painted
+        now = int(await page.evaluate("window.__readingsDropped || 0"))
+        return now > dropped or await rows.first.inner_html() != painted
 
     await wait_until(answered, message="the first filter's answer handled")
     await expect(rows).to_have_count(1)
     await expect(rows.first).to_contain_text("boiler-3")
-    assert int(await page.evaluate("window.__alarmReadingsDropped")) == 1
+    assert int(await page.evaluate("window.__readingsDropped || 0")) == dropped + 1
+
+
+async def test_an_answer_to_filters_no_longer_asked_is_never_shown(
+    console: Console, browser: Browser, db: asyncpg.Connection
+) -> None:
+    """An operator filters a list by one device, then by another before the first answer came
+    (a slow network, a loaded node): the alarm list, then the device list."""
+    await _two_devices_alarmed(console, db)
+    page, errors = await open_console(browser, console.base)
+    await sign_in(page, OPERATOR)
+    rows = page.locator("#alarm-table tbody tr")
+    await expect(rows).to_have_count(2, timeout=WAIT_MS)
+    await _an_overtaken_answer_is_dropped(
+        page, path="/alarms", form="#alarm-filters", field="Device", table="#alarm-table"
+    )
+    # The alarm list is busy until its newest reading is shown: it is.
+    await expect(page.locator("#alarm-list")).to_have_attribute("aria-busy", "false")
+    await page.goto(f"{console.base}/#/devices")
+    await expect(page.locator("#device-table tbody tr")).to_have_count(2, timeout=WAIT_MS)
+    await _an_overtaken_answer_is_dropped(
+        page, path="/devices", form="#device-filters", field="Selector", table="#device-table"
+    )
     assert errors.errors == []
 
 
