@@ -77,6 +77,7 @@ export class AlarmsView {
     this.selected = null;
     this.hovering = false;
     this.loaded = false;
+    this.asked = false;
     this.stale = false;
     // Only the newest reading of the list is shown (util.readings): a live update overtaken
     // by the operator's Filter, a slow answer to the filters before, are dropped.
@@ -167,9 +168,13 @@ export class AlarmsView {
     const f = this.filters();
     const params = { ...this.apiFilters(), limit: PAGE, before: append ? this.nextBefore : null };
     const current = this.reading();
-    // Busy until the newest reading is shown (for assistive technology, and for a test to
-    // know the list answers the filters it just gave).
-    if (!live) this.list.setAttribute("aria-busy", "true");
+    if (!live) {
+      // Asked for (Filter, the bar, a link): the answer orders the list afresh, even when a
+      // live update overtakes this reading and answers in its place. Busy until then (for
+      // assistive technology, and for a test to know the list answers its filters).
+      this.asked = true;
+      this.list.setAttribute("aria-busy", "true");
+    }
     let page, counts, groups = null;
     try {
       [page, counts, groups] = await Promise.all([
@@ -185,6 +190,7 @@ export class AlarmsView {
       if (f.group) await this.loadExpanded(f.group);
     } catch (error) {
       if (!current()) return;
+      this.asked = false;
       this.list.setAttribute("aria-busy", "false");
       this.ctx.notify(`Alarms: ${error.message}`);
       return;
@@ -199,7 +205,7 @@ export class AlarmsView {
     this.countsBody = counts;
     this.groups = groups ? groups.items : [];
     const fresh = this.sections(this.items);
-    if (live && this.pinned()) {
+    if (live && !this.asked && this.pinned()) {
       // Nothing moves: the rows shown stay where they are; what is new waits behind the bar.
       const showing = new Set([...this.shown.active, ...this.shown.returned]);
       for (const id of [...fresh.active, ...fresh.returned]) if (!showing.has(id)) this.pending.add(id);
@@ -207,6 +213,7 @@ export class AlarmsView {
       this.shown = fresh;
       this.pending.clear();
     }
+    this.asked = false;
     this.present = new Set(this.items.map((a) => a.id));
     this.render();
   }

@@ -634,6 +634,53 @@ async def test_an_answer_to_filters_no_longer_asked_is_never_shown(
     assert errors.errors == []
 
 
+async def test_a_live_update_answering_for_a_filter_still_orders_the_list_afresh(
+    console: Console, browser: Browser, db: asyncpg.Connection
+) -> None:
+    """An alarm open (the list holds still for live updates), the operator filters by a device;
+    a live update overtakes that reading and answers first: the list shows the filter's alarms
+    (what Filter asked for), not the rows it held with the filtered-out ones dimmed; the
+    overtaken answer, when it comes, is dropped."""
+    await _two_devices_alarmed(console, db)
+    page, errors = await open_console(browser, console.base)
+    await sign_in(page, OPERATOR)
+    rows = page.locator("#alarm-table tbody tr")
+    await expect(rows).to_have_count(2, timeout=WAIT_MS)
+    await rows.filter(has_text="door-2").get_by_role("link", name="#").first.click()
+    await expect(page.locator("#alarm-detail")).to_contain_text("door-2", timeout=WAIT_MS)
+    filters = page.locator("#alarm-filters")
+    held = asyncio.Event()
+    release = asyncio.Event()
+
+    async def hold_the_first(route: Route) -> None:
+        if not held.is_set():
+            held.set()
+            await release.wait()
+        await route.continue_()
+
+    await page.route(lambda url: "/alarms?" in url and "boiler-3" in url, hold_the_first)
+    try:
+        await filters.get_by_label("Device").fill("boiler-3")
+        await filters.get_by_role("button", name="Filter").click()
+        await asyncio.wait_for(held.wait(), timeout=WAIT_MS / 1000)
+        dropped = int(await page.evaluate("window.__readingsDropped || 0"))
+        # A new alarm elsewhere: its event reaches the page, which reads the list again.
+        await publish(console.mosquitto, "door-5", {"events": [{"type": "DOOR_OPEN"}]})
+        await expect(rows).to_have_count(1, timeout=WAIT_MS)
+        await expect(rows.first).to_contain_text("boiler-3")
+        await expect(page.locator("#alarm-list")).to_have_attribute("aria-busy", "false")
+    finally:
+        release.set()
+
+    async def dropped_now() -> bool:
+        return int(await page.evaluate("window.__readingsDropped || 0")) > dropped
+
+    await wait_until(dropped_now, message="the overtaken answer dropped")
+    await expect(rows).to_have_count(1)
+    await expect(rows.first).to_contain_text("boiler-3")
+    assert errors.errors == []
+
+
 # What the keyboard must reach: every visible control of a section.
 _CONTROLS = "a[href], button, input, select, textarea, [tabindex]:not([tabindex='-1'])"
 
