@@ -82,6 +82,9 @@ export class AlarmsView {
     // Only the newest reading of the list is shown (util.readings): a live update overtaken
     // by the operator's Filter, a slow answer to the filters before, are dropped.
     this.reading = readings();
+    // And of the detail: an answer for the alarm opened before (a quick second click, a live
+    // refresh overtaken by an action's) never paints over the one now open, whose buttons act.
+    this.detailReading = readings();
     window.__alarmRepaints = 0;
     this.refreshListSoon = throttle(() => this.load(false, { live: true }), LIVE_MS);
     this.refreshDetailSoon = throttle(() => this.selected === null ? null : this.open(this.selected, { keepFocus: true }), LIVE_MS);
@@ -434,6 +437,7 @@ export class AlarmsView {
   }
 
   close() {
+    this.detailReading(); // an answer on its way for the detail closed is dropped
     this.selected = null;
     this.detail.hidden = true;
     clear(this.detail);
@@ -442,6 +446,7 @@ export class AlarmsView {
 
   async open(id, { keepFocus = false } = {}) {
     const api = this.ctx.api;
+    const current = this.detailReading();
     let alarm, actions, chain, audit;
     try {
       [alarm, actions, chain, audit] = await Promise.all([
@@ -449,9 +454,10 @@ export class AlarmsView {
         api.get(`/alarms/${id}/chain`), api.get(`/alarms/${id}/audit`),
       ]);
     } catch (error) {
-      this.ctx.notify(`Alarm #${id}: ${error.message}`);
+      if (current()) this.ctx.notify(`Alarm #${id}: ${error.message}`);
       return;
     }
+    if (!current()) return;
     this.selected = id;
     this.render();
     this.renderDetail(alarm, actions, chain, audit);

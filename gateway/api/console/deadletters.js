@@ -30,6 +30,7 @@ export class DeadLettersView {
   constructor(ctx) {
     this.ctx = ctx;
     this.reading = readings();
+    this.detailReading = readings(); // the detail: only the letter opened last is shown
     this.form = document.getElementById("dead-letter-filters");
     this.body = document.querySelector("#dead-letter-table tbody");
     this.empty = document.getElementById("dead-letter-empty");
@@ -49,6 +50,7 @@ export class DeadLettersView {
     await this.load(false);
     if (id) await this.open(Number(id));
     else {
+      this.detailReading();
       this.selected = null;
       this.detail.hidden = true;
     }
@@ -98,14 +100,17 @@ export class DeadLettersView {
   }
 
   async open(id) {
+    const current = this.detailReading();
     let letter;
     try {
       letter = await this.ctx.api.get(`/dead-letters/${id}`);
     } catch (error) {
+      if (!current()) return;
       this.ctx.notify(error.status === 404 ? `Dead letter ${id} is gone (discarded, or pruned by retention).` : `Dead letter ${id}: ${error.message}`);
       this.detail.hidden = true;
       return;
     }
+    if (!current()) return;
     this.selected = id;
     this.render();
     const d = clear(this.detail);
@@ -176,6 +181,7 @@ export class DeadLettersView {
       const who = error.code === "ALREADY_DISCARDED" ? ` (${error.body.actor} did, first)` : "";
       this.ctx.notify(`Could not discard dead letter ${id}: ${error.message}${who}`);
     }
+    this.detailReading();
     this.selected = null;
     this.detail.hidden = true;
     // The address follows without a hashchange (which would redraw and hide the notice).

@@ -24,6 +24,7 @@ export class DevicesView {
   constructor(ctx) {
     this.ctx = ctx;
     this.reading = readings();
+    this.detailReading = readings(); // the detail: only the device opened last is shown
     this.form = document.getElementById("device-filters");
     this.body = document.querySelector("#device-table tbody");
     this.empty = document.getElementById("device-empty");
@@ -54,6 +55,7 @@ export class DevicesView {
     }
     if (id) await this.open(id);
     else {
+      this.detailReading();
       this.selected = null;
       this.detail.hidden = true;
     }
@@ -135,13 +137,15 @@ export class DevicesView {
   }
 
   async open(id, { keepFocus = false } = {}) {
+    const current = this.detailReading();
     let answer;
     try {
       answer = await this.ctx.api.get(`/devices/${encodeURIComponent(id)}`);
     } catch (error) {
-      this.ctx.notify(`Device ${id}: ${error.message}`);
+      if (current()) this.ctx.notify(`Device ${id}: ${error.message}`);
       return;
     }
+    if (!current()) return;
     const device = answer.device;
     if (this.selected !== id) {
       this.metric = null;

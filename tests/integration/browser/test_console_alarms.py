@@ -681,6 +681,96 @@ async def test_a_live_update_answering_for_a_filter_still_orders_the_list_afresh
     assert errors.errors == []
 
 
+async def test_the_detail_shows_the_alarm_opened_last_and_its_buttons_act_on_it(
+    console: Console, browser: Browser, db: asyncpg.Connection
+) -> None:
+    """The operator opens one alarm, then another before the first one's answer came: the
+    detail shows the second; the first answer, when it comes, is dropped, so Confirm confirms
+    the alarm the operator sees, never the one opened before."""
+    await _two_devices_alarmed(console, db)
+    alarms = await api(console.base, "GET", "/alarms", VIEWER)
+    ids = {a["device_id"]: a["id"] for a in alarms["items"]}  # type: ignore[index]  # JSON
+    page, errors = await open_console(browser, console.base)
+    await sign_in(page, OPERATOR)
+    rows = page.locator("#alarm-table tbody tr")
+    await expect(rows).to_have_count(2, timeout=WAIT_MS)
+    detail = page.locator("#alarm-detail")
+    held = asyncio.Event()
+    release = asyncio.Event()
+
+    async def hold(route: Route) -> None:
+        held.set()
+        await release.wait()
+        await route.continue_()
+
+    await page.route(lambda url: url.endswith(f"/alarms/{ids['door-2']}"), hold)
+    try:
+        await rows.filter(has_text="door-2").get_by_role("link", name="#").first.click()
+        await asyncio.wait_for(held.wait(), timeout=WAIT_MS / 1000)
+        await rows.filter(has_text="boiler-3").get_by_role("link", name="#").first.click()
+        await expect(detail).to_have_attribute(
+            "data-alarm-id", str(ids["boiler-3"]), timeout=WAIT_MS
+        )
+        dropped = int(await page.evaluate("window.__readingsDropped || 0"))
+    finally:
+        release.set()
+
+    async def answered() -> bool:
+        if int(await page.evaluate("window.__readingsDropped || 0")) > dropped:
+            return True
+        return await detail.get_attribute("data-alarm-id") != str(ids["boiler-3"])
+
+    await wait_until(answered, message="the first alarm's answer handled")
+    await expect(detail).to_have_attribute("data-alarm-id", str(ids["boiler-3"]))
+    await expect(detail).to_contain_text("boiler-3")
+    await detail.get_by_role("button", name="Confirm").click()
+    await expect(detail.locator("#alarm-status")).to_have_text("CONFIRMED", timeout=WAIT_MS)
+    boiler = await api(console.base, "GET", f"/alarms/{ids['boiler-3']}", VIEWER)
+    door = await api(console.base, "GET", f"/alarms/{ids['door-2']}", VIEWER)
+    assert (boiler["status"], door["status"]) == ("CONFIRMED", "NEW")  # type: ignore[index]  # JSON
+    assert errors.errors == []
+
+
+async def test_the_device_page_shows_the_device_opened_last(
+    console: Console, browser: Browser, db: asyncpg.Connection
+) -> None:
+    """The same for a device's page (its commands form acts on the device shown)."""
+    await _two_devices_alarmed(console, db)
+    page, errors = await open_console(browser, console.base)
+    await sign_in(page, OPERATOR)
+    await page.goto(f"{console.base}/#/devices")
+    rows = page.locator("#device-table tbody tr")
+    await expect(rows).to_have_count(2, timeout=WAIT_MS)
+    detail = page.locator("#device-detail")
+    held = asyncio.Event()
+    release = asyncio.Event()
+
+    async def hold(route: Route) -> None:
+        held.set()
+        await release.wait()
+        await route.continue_()
+
+    await page.route(lambda url: url.endswith("/devices/door-2"), hold)
+    try:
+        await rows.get_by_role("link", name="door-2").click()
+        await asyncio.wait_for(held.wait(), timeout=WAIT_MS / 1000)
+        await rows.get_by_role("link", name="boiler-3").click()
+        await expect(detail).to_have_attribute("data-device-id", "boiler-3", timeout=WAIT_MS)
+        dropped = int(await page.evaluate("window.__readingsDropped || 0"))
+    finally:
+        release.set()
+
+    async def answered() -> bool:
+        if int(await page.evaluate("window.__readingsDropped || 0")) > dropped:
+            return True
+        return await detail.get_attribute("data-device-id") != "boiler-3"
+
+    await wait_until(answered, message="the first device's answer handled")
+    await expect(detail).to_have_attribute("data-device-id", "boiler-3")
+    await expect(detail.locator("h3").first).to_have_text("boiler-3")
+    assert errors.errors == []
+
+
 # What the keyboard must reach: every visible control of a section.
 _CONTROLS = "a[href], button, input, select, textarea, [tabindex]:not([tabindex='-1'])"
 
