@@ -447,6 +447,8 @@ export class AlarmsView {
   async open(id, { keepFocus = false } = {}) {
     const api = this.ctx.api;
     const current = this.detailReading();
+    // Selected at once: a live refresh on its way reads this alarm, not the one shown before.
+    this.selected = id;
     let alarm, actions, chain, audit;
     try {
       [alarm, actions, chain, audit] = await Promise.all([
@@ -454,11 +456,13 @@ export class AlarmsView {
         api.get(`/alarms/${id}/chain`), api.get(`/alarms/${id}/audit`),
       ]);
     } catch (error) {
-      if (current()) this.ctx.notify(`Alarm #${id}: ${error.message}`);
+      if (!current()) return;
+      // Another alarm's detail must not stay under this one's selection (its buttons act).
+      if (this.detail.hidden || this.detail.dataset.alarmId !== String(id)) this.close();
+      this.ctx.notify(`Alarm #${id}: ${error.message}`);
       return;
     }
     if (!current()) return;
-    this.selected = id;
     this.render();
     this.renderDetail(alarm, actions, chain, audit);
     if (!keepFocus) this.detail.querySelector("h3").focus();

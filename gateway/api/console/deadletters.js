@@ -101,17 +101,19 @@ export class DeadLettersView {
 
   async open(id) {
     const current = this.detailReading();
+    this.selected = id; // at once: as the alarms' and devices' details
     let letter;
     try {
       letter = await this.ctx.api.get(`/dead-letters/${id}`);
     } catch (error) {
       if (!current()) return;
+      this.selected = null;
+      this.render();
       this.ctx.notify(error.status === 404 ? `Dead letter ${id} is gone (discarded, or pruned by retention).` : `Dead letter ${id}: ${error.message}`);
       this.detail.hidden = true;
       return;
     }
     if (!current()) return;
-    this.selected = id;
     this.render();
     const d = clear(this.detail);
     d.hidden = false;

@@ -138,20 +138,30 @@ export class DevicesView {
 
   async open(id, { keepFocus = false } = {}) {
     const current = this.detailReading();
+    const other = this.selected !== id;
+    // Selected at once: a refresh on its way reads this device, not the one shown before.
+    this.selected = id;
     let answer;
     try {
       answer = await this.ctx.api.get(`/devices/${encodeURIComponent(id)}`);
     } catch (error) {
-      if (current()) this.ctx.notify(`Device ${id}: ${error.message}`);
+      if (!current()) return;
+      // Another device's page must not stay under this one's selection (its forms act).
+      if (this.detail.hidden || this.detail.dataset.deviceId !== id) {
+        this.selected = null;
+        this.detail.hidden = true;
+        clear(this.detail);
+        this.render();
+      }
+      this.ctx.notify(`Device ${id}: ${error.message}`);
       return;
     }
     if (!current()) return;
     const device = answer.device;
-    if (this.selected !== id) {
+    if (other) {
       this.metric = null;
       this.rule = null;
     }
-    this.selected = id;
     this.render();
     const d = clear(this.detail);
     d.hidden = false;

@@ -731,6 +731,81 @@ async def test_the_detail_shows_the_alarm_opened_last_and_its_buttons_act_on_it(
     assert errors.errors == []
 
 
+async def test_a_change_to_the_alarm_being_opened_is_followed_before_its_first_answer(
+    console: Console, browser: Browser, db: asyncpg.Connection
+) -> None:
+    """One alarm shown, the operator opens another; before its answer comes, someone else
+    confirms that other one: the detail follows the alarm being opened (it is the selection
+    from the click on), so the change is drawn without waiting for the first answer, which is
+    dropped when it comes."""
+    await _two_devices_alarmed(console, db)
+    alarms = await api(console.base, "GET", "/alarms", VIEWER)
+    ids = {a["device_id"]: a["id"] for a in alarms["items"]}  # type: ignore[index]  # JSON
+    page, errors = await open_console(browser, console.base)
+    await sign_in(page, OPERATOR)
+    rows = page.locator("#alarm-table tbody tr")
+    await expect(rows).to_have_count(2, timeout=WAIT_MS)
+    detail = page.locator("#alarm-detail")
+    await rows.filter(has_text="door-2").get_by_role("link", name="#").first.click()
+    await expect(detail).to_have_attribute("data-alarm-id", str(ids["door-2"]), timeout=WAIT_MS)
+    held = asyncio.Event()
+    release = asyncio.Event()
+
+    async def hold_the_first(route: Route) -> None:
+        if not held.is_set():
+            held.set()
+            await release.wait()
+        await route.continue_()
+
+    await page.route(lambda url: url.endswith(f"/alarms/{ids['boiler-3']}"), hold_the_first)
+    try:
+        await rows.filter(has_text="boiler-3").get_by_role("link", name="#").first.click()
+        await asyncio.wait_for(held.wait(), timeout=WAIT_MS / 1000)
+        dropped = int(await page.evaluate("window.__readingsDropped || 0"))
+        await api(console.base, "POST", f"/alarms/{ids['boiler-3']}/confirm", ADMIN, {})
+        await expect(detail).to_have_attribute(
+            "data-alarm-id", str(ids["boiler-3"]), timeout=WAIT_MS
+        )
+        await expect(detail.locator("#alarm-status")).to_have_text("CONFIRMED")
+    finally:
+        release.set()
+
+    async def dropped_now() -> bool:
+        return int(await page.evaluate("window.__readingsDropped || 0")) > dropped
+
+    await wait_until(dropped_now, message="the first answer dropped")
+    await expect(detail).to_have_attribute("data-alarm-id", str(ids["boiler-3"]))
+    await expect(detail.locator("#alarm-status")).to_have_text("CONFIRMED")
+    assert errors.errors == []
+
+
+async def test_an_alarm_that_cannot_be_read_closes_the_detail_of_the_one_before(
+    console: Console, browser: Browser, db: asyncpg.Connection
+) -> None:
+    """One alarm shown, the operator opens another whose reading fails: the detail closes (the
+    first alarm's buttons never stay under the second's selection) and the failure is said."""
+    await _two_devices_alarmed(console, db)
+    alarms = await api(console.base, "GET", "/alarms", VIEWER)
+    ids = {a["device_id"]: a["id"] for a in alarms["items"]}  # type: ignore[index]  # JSON
+    page, errors = await open_console(browser, console.base)
+    await sign_in(page, OPERATOR)
+    rows = page.locator("#alarm-table tbody tr")
+    await expect(rows).to_have_count(2, timeout=WAIT_MS)
+    detail = page.locator("#alarm-detail")
+    await rows.filter(has_text="door-2").get_by_role("link", name="#").first.click()
+    await expect(detail).to_have_attribute("data-alarm-id", str(ids["door-2"]), timeout=WAIT_MS)
+
+    async def unavailable(route: Route) -> None:
+        await route.fulfill(status=503, json={"code": "UNAVAILABLE", "detail": "try again"})
+
+    await page.route(lambda url: url.endswith(f"/alarms/{ids['boiler-3']}"), unavailable)
+    await rows.filter(has_text="boiler-3").get_by_role("link", name="#").first.click()
+    await expect(detail).to_be_hidden(timeout=WAIT_MS)
+    await expect(detail.get_by_role("button", name="Confirm")).to_have_count(0)
+    await expect(page.locator("#alarm-table tbody tr.selected")).to_have_count(0)
+    assert errors.errors == []
+
+
 async def test_the_device_page_shows_the_device_opened_last(
     console: Console, browser: Browser, db: asyncpg.Connection
 ) -> None:
