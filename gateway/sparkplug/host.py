@@ -479,7 +479,12 @@ class SparkplugHost:
                     events_json=None,
                 )
             )
-            out.decoded.append(telemetry)
+            # The rules order the device's samples by time alone: a Sparkplug seq is the edge
+            # node's transport counter (0-255, wrapping, shared by its devices), not a device's
+            # sample counter. Given to them, each wrap was a reboot (`seq_reset`) and a late
+            # sample from before a wrap a clock stepped back, judged newer than the newest
+            # (docs/sparkplug.md). The row and the event id keep the seq as sent.
+            out.decoded.append(msgspec.structs.replace(telemetry, seq=None))
             if not node.trusted:
                 out.untrusted.add(event_id)
 

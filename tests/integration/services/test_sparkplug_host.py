@@ -10,9 +10,12 @@ from collections.abc import Mapping, Sequence
 import asyncpg
 import pytest
 
+from gateway.alarms.engine import AlarmEngine
+from gateway.domain.rules import DeviceClock, RuleConfig, compile_rules
 from gateway.ingest.decoder import Inbound, MessageDecoder
 from gateway.ingest.store import StoreResult, store
 from gateway.sparkplug.host import SparkplugHost
+from gateway.support.metrics import Metrics
 from protocol import Encoding, Topics
 from protocol import sparkplug_b_pb2 as pb
 from protocol.sparkplug import DataType
@@ -380,3 +383,96 @@ async def test_every_node_of_a_batch_is_written_by_one_statement(pool: asyncpg.P
                     )
                 ],
             )
+
+
+# --- the rules on a Sparkplug device: its seq wraps -------------------------------------------
+
+TEMP_HIGH = compile_rules(
+    [
+        RuleConfig(
+            key="temp-high",
+            kind="threshold",
+            metric="temp",
+            op=">",
+            value=80,
+            clear_value=75,
+            severity="CRITICAL",
+        )
+    ]
+)
+T0 = 1767225600000
+
+
+def _engine(node_id: str) -> AlarmEngine:
+    return AlarmEngine(rules=TEMP_HIGH, node_id=node_id, metrics=Metrics(), clock=DeviceClock())
+
+
+def _births_at(seq: int) -> list[tuple[str, str, bytes]]:
+    """NBIRTH at ``seq``, the device's DBIRTH (temp 1.0, alias 1) at the next, both at T0."""
+    temp = {"name": "temp", "alias": 1, "datatype": DataType.DOUBLE, "double_value": 1.0}
+    return [
+        ("NBIRTH", NODE, _payload(seq, _bdseq(3), ts=T0)),
+        ("DBIRTH", DEVICE, _payload((seq + 1) % 256, temp, ts=T0)),
+    ]
+
+
+def _temp_at(seq: int, value: float, seconds: int) -> tuple[str, str, bytes]:
+    return ("DDATA", DEVICE, _payload(seq, _temp(value), ts=T0 + 1000 * seconds))
+
+
+async def _judged(
+    pool: asyncpg.Pool,
+    host: SparkplugHost,
+    engine: AlarmEngine,
+    messages: list[tuple[str, str, bytes]],
+) -> StoreResult:
+    """A batch stored and judged by the rules on ``engine``'s node, committed, as the writer
+    does."""
+    items = [Inbound(topic=topic.format(kind), payload=body) for kind, topic, body in messages]
+    async with pool.acquire() as conn, conn.transaction():
+        result = await store(
+            conn, DECODER.classify(items), engine.node_id, engine=engine, sparkplug=host
+        )
+    assert result.sparkplug is not None
+    assert result.alarms is not None
+    host.committed(result.sparkplug)
+    engine.committed(result.alarms)
+    return result
+
+
+async def test_a_seq_wrapping_after_255_is_no_reboot_to_the_rules(pool: asyncpg.Pool) -> None:
+    """The edge node's seq goes 252..255, 0..3: its stream goes on (trusted), and the device's
+    samples are not a new epoch of a rebooted device (no `seq_reset` counted on it)."""
+    host, engine = SparkplugHost(), _engine("node-a")
+    await _judged(pool, host, engine, _births_at(250))
+    seqs = [252, 253, 254, 255, 0, 1, 2, 3]
+    result = await _judged(
+        pool, host, engine, [_temp_at(seq, 20.0, n + 1) for n, seq in enumerate(seqs)]
+    )
+    assert result.sparkplug is not None
+    assert result.sparkplug.distrusted == []
+    assert result.alarms is not None
+    assert result.alarms.clock_adjustments == {}
+    assert await pool.fetch("SELECT device_id, reason, count FROM device_clock") == []
+    assert (await _state(pool)).seq == 3
+
+
+async def test_a_late_sample_from_before_a_wrap_is_judged_late(pool: asyncpg.Pool) -> None:
+    """Two nodes of a group: one judges the data after the wrap (seq 253..3, temp back to
+    normal), the other then commits seq 252, sent before them and violating. It is a late
+    sample, not a clock stepped back: its alarm is raised already cleared by the newer samples,
+    never left active on a device that is back to normal."""
+    host_a, host_b = SparkplugHost(reorder_window_s=30), SparkplugHost(reorder_window_s=30)
+    node_a, node_b = _engine("node-a"), _engine("node-b")
+    await _judged(pool, host_a, node_a, _births_at(250))
+    after = [253, 254, 255, 0, 1, 2, 3]
+    await _judged(pool, host_b, node_b, [_temp_at(seq, 20.0, n + 2) for n, seq in enumerate(after)])
+    late = await _judged(pool, host_a, node_a, [_temp_at(252, 95.0, 1)])
+    assert late.sparkplug is not None
+    assert late.sparkplug.distrusted == []
+    assert late.alarms is not None
+    assert late.alarms.clock_adjustments == {}
+    (alarm,) = await pool.fetch("SELECT device_id, rule_key, cleared_at FROM alarm")
+    assert (alarm["device_id"], alarm["rule_key"]) == ("G/N/D", "temp-high")
+    assert alarm["cleared_at"] is not None  # cleared by the newer samples: not active
+    assert (await _state(pool)).trusted
