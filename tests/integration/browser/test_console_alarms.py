@@ -23,7 +23,15 @@ from gateway.runtime.daemon import Daemon
 from protocol import Topics
 from storage.console import Cursor
 from tests.support.api_client import ADMIN, OPERATOR, VIEWER
-from tests.support.browser import PHONE, WAIT_MS, chromium, open_console, require_chromium, sign_in
+from tests.support.browser import (
+    PHONE,
+    WAIT_MS,
+    PageErrors,
+    chromium,
+    open_console,
+    require_chromium,
+    sign_in,
+)
 from tests.support.daemon import make_config, running_daemon
 from tests.support.fake_llm import FakeLlm
 from tests.support.mosquitto import Mosquitto, events_subscriber
@@ -571,6 +579,57 @@ async def _two_devices_alarmed(console: Console, db: asyncpg.Connection) -> None
     await _stream_past_every_event(console, db)
 
 
+class _Held:
+    """A route handler that holds the first request it matches (its answer on its way) until
+    ``release``; later ones pass."""
+
+    def __init__(self) -> None:
+        self.held = asyncio.Event()
+        self.released = asyncio.Event()
+
+    async def __call__(self, route: Route) -> None:
+        if not self.held.is_set():
+            self.held.set()
+            await self.released.wait()
+        await route.continue_()
+
+    async def taken(self) -> None:
+        await asyncio.wait_for(self.held.wait(), timeout=WAIT_MS / 1000)
+
+    def release(self) -> None:
+        self.released.set()
+
+
+async def _two_alarms_open(
+    console: Console, browser: Browser, db: asyncpg.Connection
+) -> tuple[Page, PageErrors, dict[str, int]]:
+    """door-2's and boiler-3's alarms listed on an operator's page; their ids by device."""
+    await _two_devices_alarmed(console, db)
+    alarms = await api(console.base, "GET", "/alarms", VIEWER)
+    ids = {a["device_id"]: a["id"] for a in alarms["items"]}  # type: ignore[index]  # JSON
+    page, errors = await open_console(browser, console.base)
+    await sign_in(page, OPERATOR)
+    await expect(page.locator("#alarm-table tbody tr")).to_have_count(2, timeout=WAIT_MS)
+    return page, errors, ids
+
+
+async def _readings_dropped(page: Page) -> int:
+    return int(await page.evaluate("window.__readingsDropped || 0"))
+
+
+async def _first_answer_handled(
+    page: Page, detail: Locator, attribute: str, shown: str, dropped: int
+) -> None:
+    """The held first answer has come and been dropped, or (the fault) painted over ``shown``."""
+
+    async def handled() -> bool:
+        if await _readings_dropped(page) > dropped:
+            return True
+        return await detail.get_attribute(attribute) != shown
+
+    await wait_until(handled, message="the first answer handled")
+
+
 async def _an_overtaken_answer_is_dropped(
     page: Page, *, path: str, form: str, field: str, table: str
 ) -> None:
@@ -579,35 +638,28 @@ async def _an_overtaken_answer_is_dropped(
     dropped (the page counts it), never painted over the filters the form now holds."""
     rows = page.locator(f"{table} tbody tr")
     filters = page.locator(form)
-    held = asyncio.Event()
-    release = asyncio.Event()
-
-    async def hold(route: Route) -> None:
-        held.set()
-        await release.wait()
-        await route.continue_()
-
-    await page.route(lambda url: f"{path}?" in url and "door-2" in url, hold)
+    first = _Held()
+    await page.route(lambda url: f"{path}?" in url and "door-2" in url, first)
     try:
         await filters.get_by_label(field).fill("door-2")
         await filters.get_by_role("button", name="Filter").click()
-        await asyncio.wait_for(held.wait(), timeout=WAIT_MS / 1000)
+        await first.taken()
         await filters.get_by_label(field).fill("boiler-3")
         await filters.get_by_role("button", name="Filter").click()
         await expect(rows).to_have_count(1, timeout=WAIT_MS)
         await expect(rows.first).to_contain_text("boiler-3")
-        dropped = int(await page.evaluate("window.__readingsDropped || 0"))
+        dropped = await _readings_dropped(page)
     finally:
-        release.set()
+        first.release()
 
     async def answered() -> bool:  # dropped, or (the fault) painted
-        now = int(await page.evaluate("window.__readingsDropped || 0"))
-        return now > dropped or await rows.filter(has_text="door-2").count() > 0
+        painted = await rows.filter(has_text="door-2").count() > 0
+        return painted or await _readings_dropped(page) > dropped
 
     await wait_until(answered, message="the first filter's answer handled")
     await expect(rows).to_have_count(1)
     await expect(rows.first).to_contain_text("boiler-3")
-    assert int(await page.evaluate("window.__readingsDropped || 0")) == dropped + 1
+    assert await _readings_dropped(page) == dropped + 1
 
 
 async def test_an_answer_to_filters_no_longer_asked_is_never_shown(
@@ -615,11 +667,7 @@ async def test_an_answer_to_filters_no_longer_asked_is_never_shown(
 ) -> None:
     """An operator filters a list by one device, then by another before the first answer came
     (a slow network, a loaded node): the alarm list, then the device list."""
-    await _two_devices_alarmed(console, db)
-    page, errors = await open_console(browser, console.base)
-    await sign_in(page, OPERATOR)
-    rows = page.locator("#alarm-table tbody tr")
-    await expect(rows).to_have_count(2, timeout=WAIT_MS)
+    page, errors, _ = await _two_alarms_open(console, browser, db)
     await _an_overtaken_answer_is_dropped(
         page, path="/alarms", form="#alarm-filters", field="Device", table="#alarm-table"
     )
@@ -640,39 +688,28 @@ async def test_a_live_update_answering_for_a_filter_still_orders_the_list_afresh
     a live update overtakes that reading and answers first: the list shows the filter's alarms
     (what Filter asked for), not the rows it held with the filtered-out ones dimmed; the
     overtaken answer, when it comes, is dropped."""
-    await _two_devices_alarmed(console, db)
-    page, errors = await open_console(browser, console.base)
-    await sign_in(page, OPERATOR)
+    page, errors, _ = await _two_alarms_open(console, browser, db)
     rows = page.locator("#alarm-table tbody tr")
-    await expect(rows).to_have_count(2, timeout=WAIT_MS)
     await rows.filter(has_text="door-2").get_by_role("link", name="#").first.click()
     await expect(page.locator("#alarm-detail")).to_contain_text("door-2", timeout=WAIT_MS)
     filters = page.locator("#alarm-filters")
-    held = asyncio.Event()
-    release = asyncio.Event()
-
-    async def hold_the_first(route: Route) -> None:
-        if not held.is_set():
-            held.set()
-            await release.wait()
-        await route.continue_()
-
-    await page.route(lambda url: "/alarms?" in url and "boiler-3" in url, hold_the_first)
+    first = _Held()
+    await page.route(lambda url: "/alarms?" in url and "boiler-3" in url, first)
     try:
         await filters.get_by_label("Device").fill("boiler-3")
         await filters.get_by_role("button", name="Filter").click()
-        await asyncio.wait_for(held.wait(), timeout=WAIT_MS / 1000)
-        dropped = int(await page.evaluate("window.__readingsDropped || 0"))
+        await first.taken()
+        dropped = await _readings_dropped(page)
         # A new alarm elsewhere: its event reaches the page, which reads the list again.
         await publish(console.mosquitto, "door-5", {"events": [{"type": "DOOR_OPEN"}]})
         await expect(rows).to_have_count(1, timeout=WAIT_MS)
         await expect(rows.first).to_contain_text("boiler-3")
         await expect(page.locator("#alarm-list")).to_have_attribute("aria-busy", "false")
     finally:
-        release.set()
+        first.release()
 
     async def dropped_now() -> bool:
-        return int(await page.evaluate("window.__readingsDropped || 0")) > dropped
+        return await _readings_dropped(page) > dropped
 
     await wait_until(dropped_now, message="the overtaken answer dropped")
     await expect(rows).to_have_count(1)
@@ -686,40 +723,22 @@ async def test_the_detail_shows_the_alarm_opened_last_and_its_buttons_act_on_it(
     """The operator opens one alarm, then another before the first one's answer came: the
     detail shows the second; the first answer, when it comes, is dropped, so Confirm confirms
     the alarm the operator sees, never the one opened before."""
-    await _two_devices_alarmed(console, db)
-    alarms = await api(console.base, "GET", "/alarms", VIEWER)
-    ids = {a["device_id"]: a["id"] for a in alarms["items"]}  # type: ignore[index]  # JSON
-    page, errors = await open_console(browser, console.base)
-    await sign_in(page, OPERATOR)
+    page, errors, ids = await _two_alarms_open(console, browser, db)
     rows = page.locator("#alarm-table tbody tr")
-    await expect(rows).to_have_count(2, timeout=WAIT_MS)
     detail = page.locator("#alarm-detail")
-    held = asyncio.Event()
-    release = asyncio.Event()
-
-    async def hold(route: Route) -> None:
-        held.set()
-        await release.wait()
-        await route.continue_()
-
-    await page.route(lambda url: url.endswith(f"/alarms/{ids['door-2']}"), hold)
+    first = _Held()
+    await page.route(lambda url: url.endswith(f"/alarms/{ids['door-2']}"), first)
     try:
         await rows.filter(has_text="door-2").get_by_role("link", name="#").first.click()
-        await asyncio.wait_for(held.wait(), timeout=WAIT_MS / 1000)
+        await first.taken()
         await rows.filter(has_text="boiler-3").get_by_role("link", name="#").first.click()
         await expect(detail).to_have_attribute(
             "data-alarm-id", str(ids["boiler-3"]), timeout=WAIT_MS
         )
-        dropped = int(await page.evaluate("window.__readingsDropped || 0"))
+        dropped = await _readings_dropped(page)
     finally:
-        release.set()
-
-    async def answered() -> bool:
-        if int(await page.evaluate("window.__readingsDropped || 0")) > dropped:
-            return True
-        return await detail.get_attribute("data-alarm-id") != str(ids["boiler-3"])
-
-    await wait_until(answered, message="the first alarm's answer handled")
+        first.release()
+    await _first_answer_handled(page, detail, "data-alarm-id", str(ids["boiler-3"]), dropped)
     await expect(detail).to_have_attribute("data-alarm-id", str(ids["boiler-3"]))
     await expect(detail).to_contain_text("boiler-3")
     await detail.get_by_role("button", name="Confirm").click()
@@ -737,40 +756,27 @@ async def test_a_change_to_the_alarm_being_opened_is_followed_before_its_first_a
     confirms that other one: the detail follows the alarm being opened (it is the selection
     from the click on), so the change is drawn without waiting for the first answer, which is
     dropped when it comes."""
-    await _two_devices_alarmed(console, db)
-    alarms = await api(console.base, "GET", "/alarms", VIEWER)
-    ids = {a["device_id"]: a["id"] for a in alarms["items"]}  # type: ignore[index]  # JSON
-    page, errors = await open_console(browser, console.base)
-    await sign_in(page, OPERATOR)
+    page, errors, ids = await _two_alarms_open(console, browser, db)
     rows = page.locator("#alarm-table tbody tr")
-    await expect(rows).to_have_count(2, timeout=WAIT_MS)
     detail = page.locator("#alarm-detail")
     await rows.filter(has_text="door-2").get_by_role("link", name="#").first.click()
     await expect(detail).to_have_attribute("data-alarm-id", str(ids["door-2"]), timeout=WAIT_MS)
-    held = asyncio.Event()
-    release = asyncio.Event()
-
-    async def hold_the_first(route: Route) -> None:
-        if not held.is_set():
-            held.set()
-            await release.wait()
-        await route.continue_()
-
-    await page.route(lambda url: url.endswith(f"/alarms/{ids['boiler-3']}"), hold_the_first)
+    first = _Held()
+    await page.route(lambda url: url.endswith(f"/alarms/{ids['boiler-3']}"), first)
     try:
         await rows.filter(has_text="boiler-3").get_by_role("link", name="#").first.click()
-        await asyncio.wait_for(held.wait(), timeout=WAIT_MS / 1000)
-        dropped = int(await page.evaluate("window.__readingsDropped || 0"))
+        await first.taken()
+        dropped = await _readings_dropped(page)
         await api(console.base, "POST", f"/alarms/{ids['boiler-3']}/confirm", ADMIN, {})
         await expect(detail).to_have_attribute(
             "data-alarm-id", str(ids["boiler-3"]), timeout=WAIT_MS
         )
         await expect(detail.locator("#alarm-status")).to_have_text("CONFIRMED")
     finally:
-        release.set()
+        first.release()
 
     async def dropped_now() -> bool:
-        return int(await page.evaluate("window.__readingsDropped || 0")) > dropped
+        return await _readings_dropped(page) > dropped
 
     await wait_until(dropped_now, message="the first answer dropped")
     await expect(detail).to_have_attribute("data-alarm-id", str(ids["boiler-3"]))
@@ -783,13 +789,8 @@ async def test_an_alarm_that_cannot_be_read_closes_the_detail_of_the_one_before(
 ) -> None:
     """One alarm shown, the operator opens another whose reading fails: the detail closes (the
     first alarm's buttons never stay under the second's selection) and the failure is said."""
-    await _two_devices_alarmed(console, db)
-    alarms = await api(console.base, "GET", "/alarms", VIEWER)
-    ids = {a["device_id"]: a["id"] for a in alarms["items"]}  # type: ignore[index]  # JSON
-    page, errors = await open_console(browser, console.base)
-    await sign_in(page, OPERATOR)
+    page, errors, ids = await _two_alarms_open(console, browser, db)
     rows = page.locator("#alarm-table tbody tr")
-    await expect(rows).to_have_count(2, timeout=WAIT_MS)
     detail = page.locator("#alarm-detail")
     await rows.filter(has_text="door-2").get_by_role("link", name="#").first.click()
     await expect(detail).to_have_attribute("data-alarm-id", str(ids["door-2"]), timeout=WAIT_MS)
@@ -809,37 +810,22 @@ async def test_the_device_page_shows_the_device_opened_last(
     console: Console, browser: Browser, db: asyncpg.Connection
 ) -> None:
     """The same for a device's page (its commands form acts on the device shown)."""
-    await _two_devices_alarmed(console, db)
-    page, errors = await open_console(browser, console.base)
-    await sign_in(page, OPERATOR)
+    page, errors, _ = await _two_alarms_open(console, browser, db)
     await page.goto(f"{console.base}/#/devices")
     rows = page.locator("#device-table tbody tr")
     await expect(rows).to_have_count(2, timeout=WAIT_MS)
     detail = page.locator("#device-detail")
-    held = asyncio.Event()
-    release = asyncio.Event()
-
-    async def hold(route: Route) -> None:
-        held.set()
-        await release.wait()
-        await route.continue_()
-
-    await page.route(lambda url: url.endswith("/devices/door-2"), hold)
+    first = _Held()
+    await page.route(lambda url: url.endswith("/devices/door-2"), first)
     try:
         await rows.get_by_role("link", name="door-2").click()
-        await asyncio.wait_for(held.wait(), timeout=WAIT_MS / 1000)
+        await first.taken()
         await rows.get_by_role("link", name="boiler-3").click()
         await expect(detail).to_have_attribute("data-device-id", "boiler-3", timeout=WAIT_MS)
-        dropped = int(await page.evaluate("window.__readingsDropped || 0"))
+        dropped = await _readings_dropped(page)
     finally:
-        release.set()
-
-    async def answered() -> bool:
-        if int(await page.evaluate("window.__readingsDropped || 0")) > dropped:
-            return True
-        return await detail.get_attribute("data-device-id") != "boiler-3"
-
-    await wait_until(answered, message="the first device's answer handled")
+        first.release()
+    await _first_answer_handled(page, detail, "data-device-id", "boiler-3", dropped)
     await expect(detail).to_have_attribute("data-device-id", "boiler-3")
     await expect(detail.locator("h3").first).to_have_text("boiler-3")
     assert errors.errors == []

@@ -387,19 +387,10 @@ async def test_every_node_of_a_batch_is_written_by_one_statement(pool: asyncpg.P
 
 # --- the rules on a Sparkplug device: its seq wraps -------------------------------------------
 
-TEMP_HIGH = compile_rules(
-    [
-        RuleConfig(
-            key="temp-high",
-            kind="threshold",
-            metric="temp",
-            op=">",
-            value=80,
-            clear_value=75,
-            severity="CRITICAL",
-        )
-    ]
-)
+TEMP_HIGH = compile_rules([
+    RuleConfig(key="temp-high", kind="threshold", metric="temp", op=">", value=80,
+               clear_value=75, severity="CRITICAL"),
+])  # fmt: skip
 T0 = 1767225600000
 
 
