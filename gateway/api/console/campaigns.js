@@ -51,7 +51,7 @@ export class CampaignsView {
     this.countOut = document.getElementById("campaign-target-count");
     this.confirm = document.getElementById("campaign-confirm");
     this.countTimer = null;
-    this.countAsked = 0;
+    this.countReading = readings(); // the live count: only the newest selector's answer
     this.pending = null;
     this.create.elements.selector.addEventListener("input", () => {
       clearTimeout(this.countTimer);
@@ -70,7 +70,7 @@ export class CampaignsView {
   // The live count: what the selector picks now, as a campaign started now would.
   async count() {
     const selector = selectorOf(this.create.elements.selector.value);
-    const asked = ++this.countAsked;
+    const current = this.countReading();
     if (!selector) {
       this.countOut.textContent = "Type a selector: device ids and globs, comma-separated.";
       this.countOut.dataset.count = "";
@@ -80,12 +80,12 @@ export class CampaignsView {
     try {
       answer = await this.ctx.api.get(`/campaigns/targets${query({ selector })}`);
     } catch (error) {
-      if (asked !== this.countAsked) return null;
+      if (!current()) return null;
       this.countOut.textContent = error.status === 400 ? `Not a selector: ${error.message}` : `Cannot count: ${error.message}`;
       this.countOut.dataset.count = "";
       return null;
     }
-    if (asked !== this.countAsked) return null;
+    if (!current()) return null;
     const shown = answer.sample.join(", ") + (answer.count > answer.sample.length ? ", …" : "");
     this.countOut.dataset.count = String(answer.count);
     this.countOut.textContent = answer.count === 0

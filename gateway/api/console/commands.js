@@ -3,7 +3,7 @@
 // the stream (command.finished); the steps before it (CLAIMED, SENT) have no event, so while
 // one shown is open the list is read again every 2 s.
 import { query } from "./api.js";
-import { clear, el, throttle, timeEl } from "./util.js";
+import { clear, el, readings, throttle, timeEl } from "./util.js";
 
 const OPEN = new Set(["PENDING", "CLAIMED", "SENT"]);
 const POLL_MS = 2000;
@@ -36,6 +36,7 @@ export async function sendCommand(ctx, device, { name, params, delivery }, param
 export class CommandsView {
   constructor(ctx) {
     this.ctx = ctx;
+    this.reading = readings(); // only the newest device's and status's answer is shown
     this.pick = document.getElementById("command-device");
     this.create = document.getElementById("command-create");
     this.body = document.querySelector("#command-table tbody");
@@ -82,14 +83,15 @@ export class CommandsView {
     const status = this.status;
     // One device's (native or Sparkplug) or the fleet's, of one status or all.
     const path = `/commands${query({ limit: 50, device: device || undefined, status: status || undefined })}`;
+    const current = this.reading();
     let page;
     try {
       page = await this.ctx.api.get(path);
     } catch (error) {
-      this.ctx.notify(`Commands${device ? ` of ${device}` : ""}: ${error.message}`);
+      if (current()) this.ctx.notify(`Commands${device ? ` of ${device}` : ""}: ${error.message}`);
       return;
     }
-    if (device !== this.device || status !== this.status) return;
+    if (!current()) return;
     this.items = page.items;
     this.render();
     clearTimeout(this.poll);

@@ -49,11 +49,14 @@ export class DeadLettersView {
   async show(id) {
     await this.load(false);
     if (id) await this.open(Number(id));
-    else {
-      this.detailReading();
-      this.selected = null;
-      this.detail.hidden = true;
-    }
+    else this.close();
+  }
+
+  close() {
+    this.detailReading(); // an answer on its way for the letter closed is dropped
+    this.selected = null;
+    this.detail.hidden = true;
+    this.render();
   }
 
   refresh() { return this.load(false); }
@@ -107,10 +110,8 @@ export class DeadLettersView {
       letter = await this.ctx.api.get(`/dead-letters/${id}`);
     } catch (error) {
       if (!current()) return;
-      this.selected = null;
-      this.render();
+      this.close();
       this.ctx.notify(error.status === 404 ? `Dead letter ${id} is gone (discarded, or pruned by retention).` : `Dead letter ${id}: ${error.message}`);
-      this.detail.hidden = true;
       return;
     }
     if (!current()) return;
@@ -183,9 +184,7 @@ export class DeadLettersView {
       const who = error.code === "ALREADY_DISCARDED" ? ` (${error.body.actor} did, first)` : "";
       this.ctx.notify(`Could not discard dead letter ${id}: ${error.message}${who}`);
     }
-    this.detailReading();
-    this.selected = null;
-    this.detail.hidden = true;
+    this.close();
     // The address follows without a hashchange (which would redraw and hide the notice).
     if (location.hash !== "#/dead-letters") history.replaceState(null, "", "#/dead-letters");
     await this.load(false);

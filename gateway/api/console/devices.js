@@ -54,11 +54,15 @@ export class DevicesView {
       if (RANGES.some((r) => r.key === params.range)) this.range = params.range;
     }
     if (id) await this.open(id);
-    else {
-      this.detailReading();
-      this.selected = null;
-      this.detail.hidden = true;
-    }
+    else this.close();
+  }
+
+  close() {
+    this.detailReading(); // an answer on its way for the page closed is dropped
+    this.selected = null;
+    this.detail.hidden = true;
+    clear(this.detail);
+    this.render();
   }
 
   async refresh() {
@@ -147,12 +151,7 @@ export class DevicesView {
     } catch (error) {
       if (!current()) return;
       // Another device's page must not stay under this one's selection (its forms act).
-      if (this.detail.hidden || this.detail.dataset.deviceId !== id) {
-        this.selected = null;
-        this.detail.hidden = true;
-        clear(this.detail);
-        this.render();
-      }
+      if (this.detail.hidden || this.detail.dataset.deviceId !== id) this.close();
       this.ctx.notify(`Device ${id}: ${error.message}`);
       return;
     }
