@@ -261,10 +261,13 @@ class MessageDecoder:
         """A message on a topic of ``[[ingest.mappings]]``, read into the native shapes: a
         telemetry row of its device, a presence update, or a dead letter with the mapping's
         reason. False when no mapping's topic matches (the native parse follows)."""
-        if item.size is not None:
+        # Over [mqtt] max_payload_bytes, as on native and Sparkplug topics: cut down on
+        # arrival (beyond what a dead letter keeps too) or kept whole, never read.
+        size = item.size if item.size is not None else len(item.payload)
+        if size > self.max_payload_bytes:
             if not self.mappings.matches(item.topic):
                 return False
-            detail = f"payload is {item.size} bytes, the limit is {self.max_payload_bytes}"
+            detail = f"payload is {size} bytes, the limit is {self.max_payload_bytes}"
             out.dead_letters.append(self.dead_letter(item, "OVERSIZED", detail))
             return True
         mapped = self.mappings.read(item.topic, item.payload, _wall_ms(item.received_at))

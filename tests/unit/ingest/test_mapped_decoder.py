@@ -64,6 +64,29 @@ def test_an_oversized_mapped_payload_is_a_dead_letter_cut_down_on_arrival() -> N
     assert not batch.telemetry
 
 
+def test_a_mapped_payload_over_the_limit_is_oversized_when_kept_whole_too() -> None:
+    # Over [mqtt] max_payload_bytes but within what a dead letter keeps: kept whole on arrival,
+    # and refused as on a native topic, never read (telemetry and presence alike).
+    decoder = _decoder(max_payload_bytes=64)
+    native = b'{"ts": 1767225600000, "metrics": {"t": 1.5}}' + b" " * 100
+    sensor = SENSOR + b" " * 100
+    lwt = b"Online" + b" " * 100
+    for payload in (native, sensor, lwt):
+        assert decoder.admit(payload) == (payload, None, None)
+    batch = decoder.classify(
+        [
+            Inbound("iot/devices/dev-1/telemetry", native, time.monotonic()),
+            Inbound("tele/kitchen/SENSOR", sensor, time.monotonic()),
+            Inbound("tele/kitchen/LWT", lwt, time.monotonic()),
+        ]
+    )
+    assert [letter.reason for letter in batch.dead_letters] == ["OVERSIZED"] * 3
+    assert [letter.payload for letter in batch.dead_letters] == [native, sensor, lwt]
+    assert batch.dead_letters[1].detail == f"payload is {len(sensor)} bytes, the limit is 64"
+    assert not batch.telemetry
+    assert not batch.presence
+
+
 def test_a_redelivery_in_the_same_batch_is_one_event_id() -> None:
     decoder = _decoder()
     batch = decoder.classify(
