@@ -818,6 +818,9 @@ def _json_object(mapping: CompiledMapping, payload: bytes) -> dict[str, Any] | R
         document = msgspec.json.decode(payload)
     except msgspec.DecodeError as exc:
         return _refuse(mapping, MAPPING_MALFORMED, f"not JSON: {exc}")
+    except RecursionError as exc:
+        # msgspec raises this, not a DecodeError, for JSON nested a few thousand deep (~10 kB).
+        return _refuse(mapping, MAPPING_MALFORMED, f"nesting too deep to decode: {exc}")
     if not isinstance(document, dict):
         return _refuse(
             mapping, MAPPING_MALFORMED, f"a JSON {type(document).__name__}, not an object"
@@ -905,6 +908,10 @@ def _epoch_ms(value: Any, fmt: str, zone: ZoneInfo | None) -> int:
 _MS: Final = datetime(1970, 1, 1, 0, 0, 0, 1000, tzinfo=UTC) - _EPOCH
 
 
+def _in_int64(value: int) -> bool:
+    return -(2**63) <= value < 2**63
+
+
 def _metrics(mapping: CompiledMapping, document: dict[str, Any]) -> dict[str, Any]:
     metrics: dict[str, Any] = {}
     if mapping.flatten is not None:
@@ -918,7 +925,12 @@ def _metrics(mapping: CompiledMapping, document: dict[str, Any]) -> dict[str, An
         if value is _ABSENT or value is None or isinstance(value, dict | list):
             continue
         scaled = metric.scale != 1.0 or metric.offset != 0.0
-        if scaled and isinstance(value, int | float) and not isinstance(value, bool):
+        # An integer outside int64 is never scaled (one too large for a float raises
+        # OverflowError): it stays as read, refused as MAPPING_INVALID as it is unscaled.
+        if scaled and (
+            isinstance(value, float)
+            or (isinstance(value, int) and not isinstance(value, bool) and _in_int64(value))
+        ):
             value = value * metric.scale + metric.offset
         metrics[metric.name] = value
     return metrics
@@ -988,7 +1000,7 @@ def _presence(
     if mapping.presence_path is not None:
         try:
             document = msgspec.json.decode(payload)
-        except msgspec.DecodeError:
+        except (msgspec.DecodeError, RecursionError):  # not JSON, or nested too deep to read
             document = _ABSENT
     device_id = (
         device if device is not None else _device_id(mapping, mapping.presence_device, captures, {})

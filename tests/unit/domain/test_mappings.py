@@ -267,6 +267,20 @@ def test_a_custom_mapping_with_wildcards_paths_scaling_renames_iso_times_and_eve
             b'"readings": [{"tempF": 1e400}]}',
             "MAPPING_MALFORMED",
         ),
+        # Nested a few thousand deep (10 kB): msgspec raises RecursionError, not a DecodeError.
+        (b"[" * 5000 + b"]" * 5000, "MAPPING_MALFORMED"),
+        # An integer outside int64 under a scaled metric: refused as unscaled, never scaled
+        # (one too large for a float would raise OverflowError).
+        (
+            b'{"meta": {"serial": "x", "at": "2026-01-01T00:00:00Z"}, '
+            b'"readings": [{"tempF": 1' + b"0" * 400 + b"}]}",
+            "MAPPING_INVALID",
+        ),
+        (
+            b'{"meta": {"serial": "x", "at": "2026-01-01T00:00:00Z"}, '
+            b'"readings": [{"tempF": 9223372036854775808}]}',
+            "MAPPING_INVALID",
+        ),
     ],
 )
 def test_payloads_the_mapping_cannot_read_are_refused_with_its_reason(
@@ -280,6 +294,11 @@ def test_payloads_the_mapping_cannot_read_are_refused_with_its_reason(
 
 def test_presence_values_that_are_neither_are_refused() -> None:
     refusal = profile("tasmota").read("tele/kitchen/LWT", b"Sleeping", NOW_MS)
+    assert isinstance(refusal, Refusal)
+    assert refusal.code == "MAPPING_UNKNOWN_PRESENCE"
+    # A presence document nested too deep to decode is no presence value either.
+    nested = b"[" * 5000 + b"]" * 5000
+    refusal = profile("zigbee2mqtt").read("zigbee2mqtt/door/availability", nested, NOW_MS)
     assert isinstance(refusal, Refusal)
     assert refusal.code == "MAPPING_UNKNOWN_PRESENCE"
 
