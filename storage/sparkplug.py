@@ -43,6 +43,7 @@ class NodeRow:
     rebirth_reason: str | None
     rebirth_wanted: bool
     births: str  # the births' token (version and server), for ``held`` next time
+    dead_bdseq: int | None  # the bdSeq of a death taken before its session's birth
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +61,7 @@ class NodeWrite:
     recent: list[str]
     rebirth_reason: str | None
     born_now: bool
+    dead_bdseq: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +121,7 @@ async def write_nodes(conn: asyncpg.Connection, writes: Sequence[NodeWrite]) -> 
         lines([_joined(w.recent) for w in writes]),
         [w.rebirth_reason for w in writes],
         [w.born_now for w in writes],
+        [w.dead_bdseq for w in writes],
     )
     births = [
         (w.group_id, w.edge_node_id, w.aliases, w.metrics)

@@ -143,6 +143,9 @@ class _Node:
     recent: list[str]
     rebirth_reason: str | None
     births_token: str  # the births' token as read (lock_nodes)
+    # The bdSeq of an NDEATH taken before its session's NBIRTH (another node of a $share group
+    # committed the Will first): that NBIRTH finds its session dead.
+    dead_bdseq: int | None = None
     born_now: bool = False
     # A birth in this batch replaced aliases and metrics: only then are they written back.
     births_changed: bool = False
@@ -163,6 +166,7 @@ class _Node:
             recent=list(row.recent),
             rebirth_reason=row.rebirth_reason,
             births_token=births.token,
+            dead_bdseq=row.dead_bdseq,
         )
 
     def write(self) -> repo.NodeWrite:
@@ -183,6 +187,7 @@ class _Node:
             recent=self.recent[-RECENT:],
             rebirth_reason=self.rebirth_reason,
             born_now=self.born_now,
+            dead_bdseq=self.dead_bdseq,
         )
 
     @property
@@ -374,6 +379,20 @@ class SparkplugHost:
         out.births += 1
         self._define(node, "", payload.metrics)
         self._data(node, message, out, birth=True)
+        dead = node.dead_bdseq
+        if dead is not None and (node.bdseq is None or not _after(dead, node.bdseq)):
+            node.dead_bdseq = None  # this session's, or one before it: done with
+        if dead is not None and dead == node.bdseq:
+            # Its Will came first ($share: committed by another node before this birth): the
+            # session is over. Its birth's values are stored (they were read); the node and
+            # its devices are offline, as the death left them.
+            log.info(
+                "sparkplug_death_before_birth",
+                edge_node=node.key,
+                bdseq=dead,
+                note="the NDEATH of this NBIRTH's session was taken first: the node is dead",
+            )
+            self._die(node, out)
 
     def _dbirth(self, node: _Node, message: SparkplugMessage, out: HostOutcome) -> None:
         device = message.topic.device
@@ -391,6 +410,19 @@ class SparkplugHost:
 
     def _ndeath(self, node: _Node, message: SparkplugMessage, out: HostOutcome) -> None:
         bdseq = message.payload.bdseq()
+        if bdseq is not None and _after(bdseq, node.bdseq):
+            # A session after the birth in force (bdSeq counts sessions, 0-255 wrapping): its
+            # NBIRTH is still on its way ($share: another node commits it). Kept, so that
+            # this birth, when it comes, finds its session dead.
+            node.dead_bdseq = bdseq
+            log.info(
+                "sparkplug_death_before_birth",
+                edge_node=node.key,
+                bdseq=bdseq,
+                birth_bdseq=node.bdseq,
+                note="an NDEATH of a session not born yet: its NBIRTH will find it dead",
+            )
+            return
         if not node.born or bdseq != node.bdseq:
             log.info(
                 "sparkplug_stale_death",
@@ -400,6 +432,10 @@ class SparkplugHost:
                 note="an NDEATH of another session than the birth in force: ignored",
             )
             return
+        self._die(node, out)
+
+    @staticmethod
+    def _die(node: _Node, out: HostOutcome) -> None:
         node.born = False
         node.trusted = False
         node.rebirth_reason = None  # a dead node is not asked for anything; its birth will come
@@ -524,6 +560,13 @@ class SparkplugHost:
         node.trusted = False
         if node.rebirth_reason is None:
             node.rebirth_reason = why[:200]
+
+
+def _after(bdseq: int, birth: int | None) -> bool:
+    """``bdseq`` is a session after ``birth``'s (bdSeq counts an edge node's sessions, 0-255
+    and wrapping). After no birth at all, nothing is known to be: a node never born here may
+    have been born before this gateway ran, and its Will be that session's."""
+    return birth is not None and 0 < (bdseq - birth) % 256 < 128
 
 
 def event_id_of(device_key: str, telemetry: Telemetry) -> str:

@@ -21,14 +21,15 @@ WITH server AS (  -- the server's start time, once a statement (microseconds, as
 SELECT l.group_id, l.edge_node_id, l.born, l.bdseq, l.seq, l.missing, l.trusted,
        CASE WHEN l.held THEN NULL ELSE l.aliases::text END AS aliases,
        CASE WHEN l.held THEN NULL ELSE l.metrics::text END AS metrics,
-       l.devices, l.recent, l.rebirth_reason, l.rebirth_wanted, l.births
+       l.devices, l.recent, l.rebirth_reason, l.rebirth_wanted, l.births, l.dead_bdseq
 FROM (
     -- Not flattened into the outer query (it locks): `births` is computed once a row.
     SELECT s.group_id, s.edge_node_id, s.born, s.bdseq, s.seq, s.missing::text AS missing,
            s.trusted, s.aliases, s.metrics, s.devices, s.recent, s.rebirth_reason,
            s.rebirth_wanted_at IS NOT NULL AS rebirth_wanted,
            s.births_version::text || '@' || (SELECT started FROM server) AS births,
-           u.t = s.births_version::text || '@' || (SELECT started FROM server) AS held
+           u.t = s.births_version::text || '@' || (SELECT started FROM server) AS held,
+           s.dead_bdseq
     FROM sparkplug_node s
     JOIN unnest($1::text[], $2::text[], $3::text[]) AS u(g, n, t)
       ON s.group_id = u.g AND s.edge_node_id = u.n
@@ -41,7 +42,8 @@ FROM (
 -- lock_nodes in this transaction): $1 group ids, $2 edge node ids, $6 missing (json), $8
 -- devices and $9 recent ids (each node's joined by `,`, which neither ids nor hex hold), each a
 -- text of lines (storage.sql.lines), pairwise with $3 born, $4 bdseq, $5 seq, $7 trusted, $10
--- rebirth reasons (null: none wanted), $11 born now (a birth was taken in this batch). The
+-- rebirth reasons (null: none wanted), $11 born now (a birth was taken in this batch), $12 the
+-- bdSeq of a death taken before its session's birth (null: none; migration 0040). The
 -- births (aliases, metric datatypes) are left as they are: write_births writes those a birth
 -- of the batch changed.
 UPDATE sparkplug_node s
@@ -54,12 +56,14 @@ SET born = u.born, bdseq = u.bdseq, seq = u.seq, missing = u.missing::jsonb,
                              ELSE coalesce(s.rebirth_wanted_at, now()) END,
     rebirth_sent_at = CASE WHEN u.reason IS NULL THEN NULL ELSE s.rebirth_sent_at END,
     born_at = CASE WHEN u.born_now THEN now() ELSE s.born_at END,
+    dead_bdseq = u.dead_bdseq,
     updated_at = now()
 FROM unnest(string_to_array($1, E'\n'), string_to_array($2, E'\n'), $3::boolean[],
             $4::bigint[], $5::integer[], string_to_array($6, E'\n'), $7::boolean[],
             string_to_array($8, E'\n'), string_to_array($9, E'\n'), $10::text[],
-            $11::boolean[])
-     AS u(g, n, born, bdseq, seq, missing, trusted, devices, recent, reason, born_now)
+            $11::boolean[], $12::bigint[])
+     AS u(g, n, born, bdseq, seq, missing, trusted, devices, recent, reason, born_now,
+          dead_bdseq)
 WHERE s.group_id = u.g AND s.edge_node_id = u.n;
 
 -- name: write_births

@@ -467,3 +467,45 @@ async def test_a_late_sample_from_before_a_wrap_is_judged_late(pool: asyncpg.Poo
     assert (alarm["device_id"], alarm["rule_key"]) == ("G/N/D", "temp-high")
     assert alarm["cleared_at"] is not None  # cleared by the newer samples: not active
     assert (await _state(pool)).trusted
+
+
+async def test_a_death_committed_before_its_own_birth_leaves_the_node_dead(
+    pool: asyncpg.Pool,
+) -> None:
+    """An edge node connects (its Will bdSeq 5), births and loses its connection at once: the
+    broker publishes its Will right after the NBIRTH, and another node of the `$share` group
+    commits the Will first. The NBIRTH, committed after it, finds its session dead: the node
+    and its device stay offline. The next session's birth is not held back by it."""
+    host_a, host_b = SparkplugHost(), SparkplugHost()
+    temp = {"name": "temp", "alias": 1, "datatype": DataType.DOUBLE, "double_value": 20.0}
+
+    def births(bdseq: int, seconds: int) -> list[tuple[str, str, bytes]]:
+        return [
+            ("NBIRTH", NODE, _payload(0, _bdseq(bdseq), ts=T0 + 1000 * seconds)),
+            ("DBIRTH", DEVICE, _payload(1, temp, ts=T0 + 1000 * seconds)),
+        ]
+
+    await _batch(pool, host_a, births(4, 0))
+    # Session 5's Will, taken while session 4 is still born (its own Will not committed yet):
+    # session 4 stays born until its death.
+    await _batch(pool, host_b, [("NDEATH", NODE, _payload(None, _bdseq(5)))])
+    assert (await _state(pool)).born
+    assert await _presence(pool, "G/N") == "online"
+    await _batch(pool, host_b, [("NDEATH", NODE, _payload(None, _bdseq(4)))])
+    assert await _presence(pool, "G/N") == "offline"
+    # Session 5's births, committed after its death.
+    result = await _batch(pool, host_a, births(5, 1))
+    assert result.sparkplug is not None
+    assert result.sparkplug.deaths == 1
+    state = await _state(pool)
+    assert (state.born, state.bdseq, state.trusted) == (False, 5, False)
+    assert await _presence(pool, "G/N") == "offline"
+    # Its device's birth came after the node's death: not online either.
+    assert await _presence(pool, "G/N/D") == "offline"
+    # Session 6 births: born, online, nothing of session 5's death held against it.
+    await _batch(pool, host_b, births(6, 2))
+    state = await _state(pool)
+    assert (state.born, state.bdseq, state.trusted) == (True, 6, True)
+    assert await _presence(pool, "G/N") == "online"
+    assert await _presence(pool, "G/N/D") == "online"
+    assert await pool.fetchval("SELECT dead_bdseq FROM sparkplug_node") is None
