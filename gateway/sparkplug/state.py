@@ -3,10 +3,15 @@ QoS 1, the JSON ``{"online": true, "timestamp": t}`` after each connect, and the
 ``{"online": false, "timestamp": t}`` with the same ``t`` (the time of the CONNECT).
 
 Its own MQTT connection, beside the ingest session whose Will is the node's native presence (a
-connection has one Will). The link subscribes to its own STATE topic and publishes its birth
-again whenever the retained STATE says offline with another timestamp than its own: with
-several nodes sharing one host id, the Will of one that died does not leave the host offline
-while another serves. A clean stop publishes the offline STATE before disconnecting.
+connection has one Will). The link subscribes to its own STATE topic. An edge node following
+Sparkplug 3.0 disconnects on an offline STATE whose timestamp is at least that of the online
+one it accepted last, and accepts an online STATE only if its timestamp is at least the last
+one's: so when an offline STATE from another session (a node of the same host id that stopped
+or died, the one that connected last) is not older than this link's birth, the link connects
+again, with a new Will and birth above the timestamp seen, and the host is online again for
+them. Only such an offline STATE does it: another node's birth never does, and a reconnect
+disconnects cleanly (no Will), so two nodes cannot keep each other reconnecting. A clean stop
+publishes the offline STATE before disconnecting.
 """
 
 from __future__ import annotations
@@ -39,15 +44,24 @@ class HostStateLink:
         self.births = 0
 
     async def run(self, stop: asyncio.Event) -> None:
+        # The timestamp of an offline STATE that superseded this link's birth: the next is above.
+        above: int | None = None
         while not stop.is_set():
-            self.timestamp = timestamp = int(time.time() * 1000)
+            timestamp = int(time.time() * 1000)
+            if above is not None:
+                timestamp = max(timestamp, above + 1)
+            self.timestamp = timestamp
             will = aiomqtt.Will(
                 self.topic, sparkplug.state_payload(False, timestamp), qos=1, retain=True
             )
             try:
                 async with self.client(will) as client:
-                    await self._serve(client, timestamp, stop)
-                    return
+                    above = await self._serve(client, timestamp, stop)
+                    if above is None:
+                        return
+                # Left with a DISCONNECT: the broker discards this Will, nobody sees it.
+                self.online = False
+                log.info("sparkplug_state_superseded", topic=self.topic, offline_at=above)
             except aiomqtt.MqttError as exc:
                 self.online = False
                 delay = self.backoff.next_delay()
@@ -58,7 +72,11 @@ class HostStateLink:
                     async with asyncio.timeout(delay):
                         await stop.wait()
 
-    async def _serve(self, client: aiomqtt.Client, timestamp: int, stop: asyncio.Event) -> None:
+    async def _serve(
+        self, client: aiomqtt.Client, timestamp: int, stop: asyncio.Event
+    ) -> int | None:
+        """Serve until ``stop`` (None) or an offline STATE that would take the host offline
+        for the edge nodes (its timestamp, to connect again above it)."""
         # Subscribed first: the retained STATE read back is what tells whether to speak again.
         await client.subscribe(self.topic, qos=1)
         await self._birth(client, timestamp)
@@ -68,7 +86,9 @@ class HostStateLink:
         try:
             done, _ = await asyncio.wait({reader, stopping}, return_when=asyncio.FIRST_COMPLETED)
             if reader in done:
-                reader.result()  # the connection's error, if it ended with one
+                superseded = reader.result()  # the connection's error, if it ended with one
+                if not stop.is_set():
+                    return superseded
         finally:
             reader.cancel()
             stopping.cancel()
@@ -80,6 +100,7 @@ class HostStateLink:
             )
             self.online = False
             log.info("sparkplug_state_offline", topic=self.topic)
+        return None
 
     async def _birth(self, client: aiomqtt.Client, timestamp: int) -> None:
         await client.publish(
@@ -89,13 +110,17 @@ class HostStateLink:
         self.births += 1
         log.info("sparkplug_state_online", topic=self.topic, timestamp=timestamp)
 
-    async def _watch(self, client: aiomqtt.Client, timestamp: int) -> None:
+    async def _watch(self, client: aiomqtt.Client, timestamp: int) -> int:
+        """The timestamp of the first offline STATE not older than this link's birth."""
         async for message in client.messages:
             state = sparkplug.parse_state(bytes(message.payload))
             if state is None:
                 continue
             online, at = state
-            if not online and at != timestamp:
-                # Another session's Will (a node of ours that died, or our own earlier one)
-                # says the host is gone while this link serves it.
-                await self._birth(client, timestamp)
+            if not online and at >= timestamp:
+                # Another session's death (a node of ours that stopped or died, connected
+                # later, or an earlier session of this link): edge nodes now take the host for
+                # offline. This link's own Will comes once the link is gone, and its clean
+                # stop's STATE once the reader is stopped.
+                return at
+        raise aiomqtt.MqttError("the STATE subscription ended")

@@ -5,9 +5,11 @@ daemon and PostgreSQL (docs/sparkplug.md)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import subprocess
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +21,8 @@ import pytest
 from gateway.config import Config
 from gateway.domain.command import Delivery
 from gateway.ingest.replay import replay_one
+from gateway.sparkplug.state import HostStateLink
+from gateway.support.backoff import Backoff
 from protocol import sparkplug
 from storage import sparkplug as repo
 from storage.pool import create_pool
@@ -34,6 +38,7 @@ from tests.support.daemon import (
 from tests.support.mosquitto import Mosquitto
 from tests.support.ports import free_port
 from tests.support.sparkplug_edge import EDGE_DIR, edge_node, pysparkplug_python
+from tests.support.tcp_proxy import TcpProxy
 from tests.support.waiting import wait_until
 
 SPARKPLUG = """
@@ -764,42 +769,142 @@ devices = "Plant2/Cell1/Pump"
                 await process.wait()
 
 
+class SpecEdge:
+    """What an edge node following Sparkplug 3.0 with this primary host concludes from its
+    STATE (the bundled edge nodes do not read it): an online STATE counts only if its
+    timestamp is at least the last one counted (tck-id-message-flow-edge-node-birth-publish-
+    phid-wait-timestamp); an offline one takes the host offline if its timestamp is at least
+    that of the last online one (tck-id-operational-behavior-edge-node-termination-host-
+    offline), and once reconnected the edge waits for an online STATE again."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[bool, int]] = []
+        # Births older than the last STATE counted: a spec edge ignores them.
+        self.ignored: list[int] = []
+        self.latest: int | None = None
+        self.online_at: int | None = None
+        self.host_online = False
+
+    def on_state(self, online: bool, ts: int) -> None:
+        self.seen.append((online, ts))
+        if online:
+            if self.latest is not None and ts < self.latest:
+                self.ignored.append(ts)
+                return
+            self.latest = self.online_at = ts
+            self.host_online = True
+        elif self.online_at is None or ts >= self.online_at:
+            self.host_online = False
+            self.latest = ts if self.latest is None else max(self.latest, ts)
+
+    def reconnected(self) -> None:
+        self.host_online = False
+
+    def births(self) -> list[int]:
+        return [ts for online, ts in self.seen if online]
+
+
+@contextlib.asynccontextmanager
+async def _spec_edge(port: int) -> AsyncIterator[SpecEdge]:
+    """A SpecEdge fed by its own subscription to the host's STATE, connected again (with its
+    memory) when the broker goes away."""
+    edge = SpecEdge()
+    subscribed = asyncio.Event()
+
+    async def watch() -> None:
+        while True:
+            try:
+                async with aiomqtt.Client("127.0.0.1", port) as client:
+                    await client.subscribe(sparkplug.state_topic("gw-host"), qos=1)
+                    subscribed.set()
+                    async for message in client.messages:
+                        state = sparkplug.parse_state(bytes(message.payload))  # type: ignore[arg-type]
+                        assert state is not None, message.payload
+                        edge.on_state(*state)
+            except aiomqtt.MqttError:
+                edge.reconnected()
+                await asyncio.sleep(0.05)  # the broker is away: the next attempt's pace
+
+    watching = asyncio.create_task(watch())
+    try:
+        await wait_until(subscribed.is_set, message="the edge subscribed to the host's STATE")
+        yield edge
+    finally:
+        watching.cancel()
+        await asyncio.gather(watching, return_exceptions=True)
+
+
+def _state_link(port: int, client_id: str) -> HostStateLink:
+    def client(will: aiomqtt.Will) -> aiomqtt.Client:
+        return aiomqtt.Client("127.0.0.1", port, identifier=client_id, will=will)
+
+    return HostStateLink(host_id="gw-host", client=client, backoff=Backoff(0.05, 0.2))
+
+
 async def test_the_host_state_stays_online_while_one_node_of_the_host_serves(
     db_dsn: str, mosquitto: Mosquitto
 ) -> None:
+    """The node that connected last stops: its offline STATE takes the host offline for a spec
+    edge (its timestamp is the latest birth's), and the node still serving connects again with a
+    later birth, which the edge takes."""
     configs = [
         make_config(dsn=db_dsn, mqtt_port=mosquitto.port, node_id=f"node-{n}", extra=SPARKPLUG)
         for n in (1, 2)
     ]
-    seen: list[tuple[bool, int]] = []
-    async with aiomqtt.Client("127.0.0.1", mosquitto.port) as watcher:
-        await watcher.subscribe(sparkplug.state_topic("gw-host"), qos=1)
+    async with _spec_edge(mosquitto.port) as edge:
+        async with running_daemon(configs[0]):
+            await wait_until(lambda: edge.host_online, message="node-1's birth")
+            async with running_daemon(configs[1]):
+                await wait_until(lambda: len(edge.births()) >= 2, message="two births")
+                first, second = edge.births()
+                assert second >= first  # node-2's birth is the one edge nodes hold
+            await wait_until(lambda: (False, second) in edge.seen, message="node-2's offline STATE")
+            await wait_until(
+                lambda: edge.host_online,
+                timeout=10,
+                message="node-1 serves: a spec edge holds the host online",
+            )
+            assert edge.births()[-1] > second
+            assert edge.ignored == []
+        # The last node stops: the host is offline.
+        await wait_until(lambda: not edge.host_online, message="the host offline at the end")
 
-        async def watch() -> None:
-            async for message in watcher.messages:
-                state = sparkplug.parse_state(bytes(message.payload))  # type: ignore[arg-type]
-                assert state is not None, message.payload
-                seen.append(state)
 
-        watching = asyncio.create_task(watch())
+async def test_the_will_of_the_node_that_connected_last_leaves_the_host_online_while_another_serves(
+    mosquitto: Mosquitto,
+) -> None:
+    """Node-2's STATE link dies (its connection reset: the broker sends its Will, the latest
+    timestamp); node-1's connects again above it, once, and the host is online for a spec edge.
+    Node-2's birth before did not make node-1 connect again."""
+    async with (
+        _spec_edge(mosquitto.port) as edge,
+        TcpProxy("127.0.0.1", mosquitto.port) as proxy,
+    ):
+        one, two = _state_link(mosquitto.port, "node-1"), _state_link(proxy.port, "node-2")
+        stop_one, stop_two = asyncio.Event(), asyncio.Event()
+        runs = [asyncio.create_task(one.run(stop_one))]
         try:
-            async with running_daemon(configs[0]):
-                async with running_daemon(configs[1]):
-                    await wait_until(lambda: len({t for _, t in seen}) >= 2, message="two births")
-                    assert all(online for online, _ in seen)
-                births = {t for online, t in seen if online}
-                # The stopped node says offline (its own timestamp); the other, still serving,
-                # answers with its birth again.
-                await wait_until(
-                    lambda: len(seen) >= 2 and not seen[-2][0] and seen[-1][0],
-                    message="the offline STATE answered by the serving node's birth",
-                )
-                assert seen[-1][1] in births
-                assert seen[-2][1] != seen[-1][1]
-            # The last node stops: the host is offline.
-            await wait_until(lambda: not seen[-1][0], message="the host offline at the end")
+            await wait_until(lambda: edge.host_online, message="node-1's birth")
+            runs.append(asyncio.create_task(two.run(stop_two)))
+            await wait_until(lambda: len(edge.births()) >= 2, message="node-2's birth")
+            died = two.timestamp
+            assert died is not None
+            assert died >= edge.births()[0]
+            await proxy.cut()  # node-2 dies
+            await wait_until(lambda: (False, died) in edge.seen, message="node-2's Will")
+            await wait_until(
+                lambda: edge.host_online,
+                timeout=10,
+                message="node-1 serves: a spec edge holds the host online",
+            )
+            assert edge.births()[-1] == one.timestamp
+            assert edge.births()[-1] > died
+            assert one.births == 2
+            assert edge.ignored == []
         finally:
-            watching.cancel()
+            stop_one.set()
+            stop_two.set()
+            await asyncio.gather(*runs)
 
 
 async def test_gateway_sim_publishes_sparkplug_and_every_message_is_stored_once(
