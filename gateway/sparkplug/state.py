@@ -1,6 +1,7 @@
 """The host application's STATE (Sparkplug 3.0): on ``spBv1.0/STATE/{host_id}``, retained,
 QoS 1, the JSON ``{"online": true, "timestamp": t}`` after each connect, and the Will
-``{"online": false, "timestamp": t}`` with the same ``t`` (the time of the CONNECT).
+``{"online": false, "timestamp": t}`` with the same ``t`` (the time of the CONNECT, or later:
+below).
 
 Its own MQTT connection, beside the ingest session whose Will is the node's native presence (a
 connection has one Will). The link subscribes to its own STATE topic. An edge node following
@@ -12,6 +13,11 @@ again, with a new Will and birth above the timestamp seen, and the host is onlin
 them. Only such an offline STATE does it: another node's birth never does, and a reconnect
 disconnects cleanly (no Will), so two nodes cannot keep each other reconnecting. A clean stop
 publishes the offline STATE before disconnecting.
+
+A timestamp never goes back: each connect's is above the highest STATE timestamp the link has
+seen on the topic (retained or live) or published, whatever the clock says (NTP may step it
+back), or edge nodes would ignore the birth. A higher offline STATE known only from the
+retained one read after the connect (the process's first) is answered as above.
 """
 
 from __future__ import annotations
@@ -34,34 +40,39 @@ ClientFactory = Callable[[aiomqtt.Will], aiomqtt.Client]
 
 
 class HostStateLink:
-    def __init__(self, *, host_id: str, client: ClientFactory, backoff: Backoff) -> None:
+    def __init__(
+        self,
+        *,
+        host_id: str,
+        client: ClientFactory,
+        backoff: Backoff,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.topic = sparkplug.state_topic(host_id)
         self.client = client
         self.backoff = backoff
+        self.clock = clock
         self.online = False
         # The timestamp of this link's current birth (and Will).
         self.timestamp: int | None = None
+        # The highest STATE timestamp seen on the topic or published: the next is above it.
+        self.highest: int | None = None
         self.births = 0
 
     async def run(self, stop: asyncio.Event) -> None:
-        # The timestamp of an offline STATE that superseded this link's birth: the next is above.
-        above: int | None = None
         while not stop.is_set():
-            timestamp = int(time.time() * 1000)
-            if above is not None:
-                timestamp = max(timestamp, above + 1)
-            self.timestamp = timestamp
+            self.timestamp = timestamp = self._next_timestamp()
             will = aiomqtt.Will(
                 self.topic, sparkplug.state_payload(False, timestamp), qos=1, retain=True
             )
             try:
                 async with self.client(will) as client:
-                    above = await self._serve(client, timestamp, stop)
-                    if above is None:
+                    superseded = await self._serve(client, timestamp, stop)
+                    if superseded is None:
                         return
                 # Left with a DISCONNECT: the broker discards this Will, nobody sees it.
                 self.online = False
-                log.info("sparkplug_state_superseded", topic=self.topic, offline_at=above)
+                log.info("sparkplug_state_superseded", topic=self.topic, offline_at=superseded)
             except aiomqtt.MqttError as exc:
                 self.online = False
                 delay = self.backoff.next_delay()
@@ -71,6 +82,13 @@ class HostStateLink:
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(delay):
                         await stop.wait()
+
+    def _next_timestamp(self) -> int:
+        now = int(self.clock() * 1000)
+        return now if self.highest is None else max(now, self.highest + 1)
+
+    def _saw(self, timestamp: int) -> None:
+        self.highest = timestamp if self.highest is None else max(self.highest, timestamp)
 
     async def _serve(
         self, client: aiomqtt.Client, timestamp: int, stop: asyncio.Event
@@ -103,6 +121,7 @@ class HostStateLink:
         return None
 
     async def _birth(self, client: aiomqtt.Client, timestamp: int) -> None:
+        self._saw(timestamp)
         await client.publish(
             self.topic, sparkplug.state_payload(True, timestamp), qos=1, retain=True
         )
@@ -117,6 +136,7 @@ class HostStateLink:
             if state is None:
                 continue
             online, at = state
+            self._saw(at)
             if not online and at >= timestamp:
                 # Another session's death (a node of ours that stopped or died, connected
                 # later, or an earlier session of this link): edge nodes now take the host for

@@ -9,7 +9,8 @@ import contextlib
 import json
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -834,11 +835,11 @@ async def _spec_edge(port: int) -> AsyncIterator[SpecEdge]:
         await asyncio.gather(watching, return_exceptions=True)
 
 
-def _state_link(port: int, client_id: str) -> HostStateLink:
+def _state_link(port: int, client_id: str, clock: Callable[[], float] = time.time) -> HostStateLink:
     def client(will: aiomqtt.Will) -> aiomqtt.Client:
         return aiomqtt.Client("127.0.0.1", port, identifier=client_id, will=will)
 
-    return HostStateLink(host_id="gw-host", client=client, backoff=Backoff(0.05, 0.2))
+    return HostStateLink(host_id="gw-host", client=client, backoff=Backoff(0.05, 0.2), clock=clock)
 
 
 async def test_the_host_state_stays_online_while_one_node_of_the_host_serves(
@@ -905,6 +906,46 @@ async def test_the_will_of_the_node_that_connected_last_leaves_the_host_online_w
             stop_one.set()
             stop_two.set()
             await asyncio.gather(*runs)
+
+
+@pytest.mark.parametrize("gone", ["stopped", "broker restarted empty"])
+async def test_a_clock_stepped_back_does_not_make_the_hosts_next_birth_older(
+    mosquitto: Mosquitto, gone: str
+) -> None:
+    """The gateway's clock steps back a minute (NTP) while its STATE link is away: stopped (the
+    offline STATE retained), or its broker killed and started again without the retained STATE
+    (the edge node remembers the last timestamp, the broker does not). The link's next birth is
+    above the last STATE all the same: a spec edge takes it, and ignores none."""
+    now = [2_000_000.0]
+    link = _state_link(mosquitto.port, "node-1", clock=lambda: now[0])
+    async with _spec_edge(mosquitto.port) as edge:
+        stop = asyncio.Event()
+        run = asyncio.create_task(link.run(stop))
+        try:
+            await wait_until(lambda: edge.host_online, message="the first birth")
+            before = link.timestamp
+            assert before is not None
+            now[0] -= 60
+            if gone == "stopped":
+                stop.set()
+                await run
+                await wait_until(lambda: not edge.host_online, message="the offline STATE")
+                stop = asyncio.Event()
+                run = asyncio.create_task(link.run(stop))
+            else:
+                mosquitto.kill()
+                mosquitto.start()
+            await wait_until(
+                lambda: link.births >= 2 and link.timestamp in edge.births()[1:],
+                timeout=10,
+                message="the birth after the step",
+            )
+            assert edge.host_online
+            assert edge.ignored == []
+            assert edge.births()[-1] > before
+        finally:
+            stop.set()
+            await run
 
 
 async def test_gateway_sim_publishes_sparkplug_and_every_message_is_stored_once(
