@@ -30,6 +30,7 @@ INSERT_LATE = _Q["insert_late"]
 SUCCESSOR_OPEN = _Q["successor_open"]
 CLEAR_RAISED_BY = _Q["clear_raised_by"]
 GET = _Q["get"]
+LOCK = _Q["lock"]
 STILL_NEW = _Q["still_new"]
 UPDATE_LIFECYCLE = _Q["update_lifecycle"]
 INSERT_AUDIT = _Q["insert_audit"]
@@ -286,6 +287,11 @@ async def insert_late(
 
 async def get(conn: asyncpg.Connection, alarm_id: int) -> asyncpg.Record | None:
     return await conn.fetchrow(GET, alarm_id)
+
+
+async def lock(conn: asyncpg.Connection, alarm_id: int) -> asyncpg.Record | None:
+    """The alarm, locked until the caller's transaction ends (waiting for one writing it)."""
+    return await conn.fetchrow(LOCK, alarm_id)
 
 
 async def still_new(conn: asyncpg.Connection, alarm_ids: Sequence[int]) -> list[asyncpg.Record]:

@@ -671,8 +671,12 @@ async def transition(
     ``expected``: the status the caller saw (system transitions pass it so that a timer
     never acts on an alarm a person just changed). ``now``: an injected clock (timers in
     tests); by default the database's.
+
+    The alarm is read locked, so what is written back is what was read: a change committed
+    meanwhile (a refire releasing the key of an alarm a person is on, keeping its status) is
+    read, not overwritten, and one still running is waited for (docs/behaviour.md §5).
     """
-    record = await repo.get(conn, alarm_id)
+    record = await repo.lock(conn, alarm_id)
     if record is None:
         raise AlarmNotFoundError(alarm_id)
     alarm = alarm_from_record(record)

@@ -113,6 +113,14 @@ RETURNING id, device_id, rule_key, status, cleared_at, trigger::text AS trigger,
 -- $1 id.
 SELECT * FROM alarm WHERE id = $1;
 
+-- name: lock
+-- $1 id; the alarm, locked until the caller commits: a transition reads the row it writes
+-- back. A refire's key release (or a timer, or another person) committed first is what it
+-- reads; one still running is waited for. The lock is the one an update of its other
+-- columns takes (NO KEY UPDATE): an audit row of the alarm being written elsewhere (a key
+-- share) does not wait for it.
+SELECT * FROM alarm WHERE id = $1 FOR NO KEY UPDATE;
+
 -- name: still_new
 -- $1 ids; those of these alarms still NEW (one probe for every alarm a round of the console
 -- stream wrote: almost always none, each already pushed).
@@ -124,9 +132,12 @@ ORDER BY id;
 -- $5 pushed_at, $6 delayed_at, $7 woken_at, $8 confirmed_at, $9 confirmed_by,
 -- $10 handled_at, $11 handled_by, $12 closed_at, $13 closed_by, $14 false_at, $15 false_by,
 -- $16 escalated_at, $17 superseded_at, $18 superseded_by, $19 last_notified_at.
--- Zero rows: somebody changed the alarm first.
+-- Zero rows: somebody changed the alarm first. A transition only ever releases the active key
+-- (reaching a terminal state): it never gives one back, whatever was read (a refire may have
+-- released it, and a new alarm taken it).
 UPDATE alarm
-SET status = $3, active_key = $4, pushed_at = $5, delayed_at = $6, woken_at = $7,
+SET status = $3, active_key = CASE WHEN $4::text IS NULL THEN NULL ELSE active_key END,
+    pushed_at = $5, delayed_at = $6, woken_at = $7,
     confirmed_at = $8, confirmed_by = $9, handled_at = $10, handled_by = $11,
     closed_at = $12, closed_by = $13, false_at = $14, false_by = $15, escalated_at = $16,
     superseded_at = $17, superseded_by = $18, last_notified_at = $19

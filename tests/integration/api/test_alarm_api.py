@@ -28,6 +28,8 @@ from gateway.domain.alarm import Action
 from storage.alarms import db_now
 from tests.support.api_client import ADMIN, OPERATOR, VIEWER, ApiClient, Reply
 from tests.support.api_server import FAKE_HEALTH_JSON, serve_api
+from tests.support.held_batch import lock_waiters
+from tests.support.waiting import wait_until
 
 TOKENS = [
     TokenConfig(token=VIEWER, role="viewer", name="wall-screen"),
@@ -304,6 +306,39 @@ async def test_one_hundred_concurrent_confirms_have_exactly_one_winner(api: Api)
     stored, audit_after, events_after = await api.snapshot(alarm_id)
     assert (stored["status"], stored["confirmed_by"]) == ("CONFIRMED", winner)
     assert (audit_after, events_after) == (audit_before + 1, events_before + 1)
+
+
+async def test_handling_a_confirmed_alarm_while_its_rule_fires_again_is_200_and_keeps_the_refire(
+    api: Api, db_dsn: str
+) -> None:
+    """The rule fires again while a person handles the alarm they confirmed: the refire's
+    transaction releases the confirmed alarm's active key (its status stays) and gives it to
+    the new alarm, and is still open while the handle reads the alarm. The handle waits for
+    it and then writes the alarm as the refire left it: 200 HANDLED, the key stays released
+    and the new alarm keeps it (never the old key written back: a unique violation, a 500)."""
+    alarm_id = await api.raise_alarm("refire")
+    assert (await api.act(alarm_id, "confirm")).status == 200
+    ingest = await asyncpg.connect(db_dsn)
+    try:
+        refire = ingest.transaction()
+        await refire.start()
+        created = await create_alarm(
+            ingest, device_id="refire", rule_key="r1", severity="MAJOR",
+            telemetry_event_id=uuid.uuid4().hex, reason="refire", node_id="ingest",
+            now=await db_now(ingest),
+        )  # fmt: skip
+        assert created.alarm is not None
+        handling = asyncio.create_task(api.act(alarm_id, "handle"))
+        await wait_until(lambda: lock_waiters(db_dsn), message="the handle waits for the refire")
+        assert not handling.done()
+        await refire.commit()
+        reply = await handling
+    finally:
+        await ingest.close()
+    assert reply.status == 200, reply.body
+    assert (reply.body["status"], reply.body["handled_by"]) == ("HANDLED", "console")
+    keys = dict(await api.db.fetch("SELECT id, active_key FROM alarm WHERE device_id = 'refire'"))
+    assert keys == {alarm_id: None, created.alarm.id: "refire:r1"}
 
 
 # --- authentication -----------------------------------------------------------------------------

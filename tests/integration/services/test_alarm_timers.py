@@ -22,6 +22,7 @@ from gateway.outbox.publisher import OutboxPublisher
 from gateway.support.metrics import Metrics
 from protocol import Topics
 from storage import alarms as repo
+from tests.support.held_batch import lock_waiters
 from tests.support.mosquitto import Mosquitto, events_subscriber
 from tests.support.receivers import webhook_server
 from tests.support.waiting import wait_until
@@ -129,6 +130,39 @@ async def test_escalation_after_the_deadline_once_even_with_two_nodes(pool: asyn
     # A person handles it: nothing for the timer any more.
     await AlarmService(pool, "n1").act(alarm_id, Action.HANDLE, actor="bob")
     assert (await late[0].run_once()).escalated == []
+
+
+async def test_an_escalation_waiting_for_a_refire_escalates_and_leaves_the_new_alarm_its_key(
+    pool: asyncpg.Pool, db_dsn: str
+) -> None:
+    """The rule fires again as the escalation timer acts on the confirmed alarm: the refire's
+    transaction has released the confirmed alarm's key (its status stays) and given it to the
+    new alarm. The timer waits for it and escalates the alarm as the refire left it, its key
+    released (not written back over the new alarm's: a unique violation ending the pass)."""
+    alarm_id = await _raise(pool, "d7", n=1)
+    await AlarmService(pool, "n1").act(alarm_id, Action.CONFIRM, actor="alice")
+    timers = AlarmTimers(pool=pool, node_id="n1", quiet=None, escalate_after_s=900,
+                         repeat_interval_s=0, clock=_shifted(timedelta(seconds=901)))  # fmt: skip
+    async with pool.acquire() as ingest:
+        refire = ingest.transaction()
+        await refire.start()
+        created = await create_alarm(
+            ingest, device_id="d7", rule_key="r", severity="MAJOR",
+            telemetry_event_id=f"{2:064x}", reason="refire", node_id="n2",
+            now=await repo.db_now(ingest),
+        )  # fmt: skip
+        assert created.alarm is not None
+        passing = asyncio.create_task(timers.run_once())
+        await wait_until(lambda: lock_waiters(db_dsn), message="the timer waits for the refire")
+        assert not passing.done()
+        await refire.commit()
+        report = await passing
+    assert report.escalated == [alarm_id]
+    async with pool.acquire() as conn:
+        rows = await conn.fetch("SELECT id, status, active_key FROM alarm ORDER BY id")
+    assert [tuple(r) for r in rows] == [
+        (alarm_id, "ESCALATED", None), (created.alarm.id, "NEW", "d7:r"),
+    ]  # fmt: skip
 
 
 async def test_reminders_renotify_without_changing_state(pool: asyncpg.Pool) -> None:
