@@ -419,7 +419,8 @@ async def mark_reminded(
 
 
 async def mark_unreached(
-    conn: asyncpg.Connection, fired_before: datetime, now: datetime, limit: int
+    conn: asyncpg.Connection, new_before: datetime, now: datetime, limit: int
 ) -> list[asyncpg.Record]:
-    """NEW alarms fired at or before ``fired_before`` not yet found unreached: marked now, once."""
-    return list(await conn.fetch(MARK_UNREACHED, fired_before, now, limit))
+    """Alarms NEW since at or before ``new_before`` (fired, or woken after quiet hours) not
+    yet found unreached: marked now, once."""
+    return list(await conn.fetch(MARK_UNREACHED, new_before, now, limit))

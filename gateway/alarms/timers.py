@@ -14,7 +14,8 @@ of one per interval that passed inside it.
 
 Shelves past their until are ended here too (gateway/alarms/shelving.py).
 
-An alarm still NEW ``unreached_after_s`` after it fired reached nobody (docs/behaviour.md §5).
+An alarm still NEW ``unreached_after_s`` after it fired (or after its wake, when quiet hours
+held it) reached nobody (docs/behaviour.md §5).
 The lifecycle has no step out of NEW for that (escalation starts from CONFIRMED, and the nine
 states stay as they are), so it is marked once (``unreached_at``, a conditional write), logged
 as ``alarm_unreached``, counted and audited; its status stays NEW, and its reminders, if
@@ -156,10 +157,11 @@ class AlarmTimers:
         self, conn: asyncpg.Connection, now: datetime, report: TimerReport
     ) -> None:
         after_s = self.unreached_after_s
-        fired_before = now - timedelta(seconds=after_s)
+        # NEW for that long: since it fired, or since its wake (quiet hours held it on purpose).
+        new_before = now - timedelta(seconds=after_s)
         while True:
             async with conn.transaction():
-                rows = await repo.mark_unreached(conn, fired_before, now, BATCH)
+                rows = await repo.mark_unreached(conn, new_before, now, BATCH)
                 for row in rows:
                     await repo.insert_audit(
                         conn,

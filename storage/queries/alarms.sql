@@ -226,15 +226,17 @@ SELECT EXISTS (SELECT 1 FROM notify_delivery WHERE alarm_id = $1)
     OR EXISTS (SELECT 1 FROM notify_delivery_member WHERE alarm_id = $1);
 
 -- name: mark_unreached
--- $1 fired at or before, $2 now, $3 limit; NEW alarms that reached nobody in time, marked once
--- (another node's pass skips the rows this one holds, then finds them marked). The rows due
+-- $1 NEW since at or before, $2 now, $3 limit; NEW alarms that reached nobody in time, marked
+-- once (another node's pass skips the rows this one holds, then finds them marked). An alarm
+-- quiet hours held is NEW since its wake (`woken_at`), not since it fired: held on purpose,
+-- it could reach nobody before (the pass that wakes it does not find it unreached). The rows due
 -- are found once and then looked up by id: joined to the table (UPDATE ... FROM (subquery)),
 -- PostgreSQL, trusting statistics taken while the table was nearly empty, ran the locking
 -- subquery again for every open NEW alarm, quadratic in them (206 ms a pass with 1,001 open
 -- and none due; a test reads the plan).
 WITH due AS (
     SELECT id FROM alarm
-    WHERE status = 'NEW' AND unreached_at IS NULL AND triggered_at <= $1
+    WHERE status = 'NEW' AND unreached_at IS NULL AND coalesce(woken_at, triggered_at) <= $1
     ORDER BY id LIMIT $3
     FOR UPDATE SKIP LOCKED
 )

@@ -165,6 +165,29 @@ async def test_an_escalation_waiting_for_a_refire_escalates_and_leaves_the_new_a
     ]  # fmt: skip
 
 
+async def test_an_alarm_quiet_hours_held_is_unreached_only_after_the_bound_from_its_wake(
+    pool: asyncpg.Pool,
+) -> None:
+    """Held DELAYED through a night (on purpose: nobody was to be told), an alarm is NEW again
+    from its wake: the pass that wakes it, long after it fired, does not find it unreached, and
+    neither does one before `unreached_after_s` from the wake; the first pass after does."""
+    alarm_id = await _raise(pool, "care-1", n=1)
+    async with pool.acquire() as conn, conn.transaction():
+        await transition(conn, alarm_id, Action.DELAY, actor=QUIET_ACTOR, node_id="n1",
+                         expected=AlarmStatus.NEW)  # fmt: skip
+
+    def timers(after: timedelta) -> AlarmTimers:
+        return AlarmTimers(pool=pool, node_id="n1", quiet=None, escalate_after_s=0,
+                           repeat_interval_s=0, unreached_after_s=300,
+                           clock=_shifted(timedelta(hours=3) + after))  # fmt: skip
+
+    waking = await timers(timedelta(0)).run_once()
+    assert (waking.woken, waking.unreached) == ([alarm_id], [])
+    assert (await timers(timedelta(seconds=299)).run_once()).unreached == []
+    assert (await timers(timedelta(seconds=301)).run_once()).unreached == [alarm_id]
+    assert await _status(pool, alarm_id) == "NEW"
+
+
 async def test_reminders_renotify_without_changing_state(pool: asyncpg.Pool) -> None:
     alarm_id = await _raise(pool, "d2")
     async with pool.acquire() as conn, conn.transaction():
