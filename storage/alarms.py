@@ -300,11 +300,21 @@ async def still_new(conn: asyncpg.Connection, alarm_ids: Sequence[int]) -> list[
 
 
 async def update_lifecycle(
-    conn: asyncpg.Connection, alarm_id: int, expected: str, values: dict[str, Any]
+    conn: asyncpg.Connection,
+    alarm_id: int,
+    expected: str,
+    values: dict[str, Any],
+    *,
+    confirmed_not_after: datetime | None = None,
 ) -> asyncpg.Record | None:
-    """Write the new lifecycle columns if the status is still ``expected``; None if not."""
+    """Write the new lifecycle columns if the status is still ``expected`` (and, given
+    ``confirmed_not_after``, the alarm was confirmed at or before it); None if not."""
     return await conn.fetchrow(
-        UPDATE_LIFECYCLE, alarm_id, expected, *(values[c] for c in LIFECYCLE_COLUMNS)
+        UPDATE_LIFECYCLE,
+        alarm_id,
+        expected,
+        *(values[c] for c in LIFECYCLE_COLUMNS),
+        confirmed_not_after,
     )
 
 

@@ -662,6 +662,7 @@ async def transition(
     now: datetime | None = None,
     event_type: EventType = EventType.ALARM_STATUS_CHANGED,
     stated_actor: str | None = None,
+    confirmed_not_after: datetime | None = None,
 ) -> Alarm:
     """Apply one action in the caller's transaction, conditional on the prior status.
 
@@ -670,7 +671,9 @@ async def transition(
 
     ``expected``: the status the caller saw (system transitions pass it so that a timer
     never acts on an alarm a person just changed). ``now``: an injected clock (timers in
-    tests); by default the database's.
+    tests); by default the database's. ``confirmed_not_after``: the write is conditional on the
+    alarm's latest confirmation being at or before it too (the escalation timer: still due,
+    not confirmed again since the pass read it).
 
     The alarm is read locked, so what is written back is what was read: a change committed
     meanwhile (a refire releasing the key of an alarm a person is on, keeping its status) is
@@ -691,7 +694,11 @@ async def transition(
             raise StatusChangedError(alarm, action) from None
         raise
     row = await repo.update_lifecycle(
-        conn, alarm.id, alarm.status.value, _lifecycle_values(changed)
+        conn,
+        alarm.id,
+        alarm.status.value,
+        _lifecycle_values(changed),
+        confirmed_not_after=confirmed_not_after,
     )
     if row is None:
         current = await repo.get(conn, alarm_id)

@@ -216,6 +216,8 @@ class AlarmTimers:
     async def _escalate(self, conn: asyncpg.Connection, now: datetime, report: TimerReport) -> None:
         due = now - timedelta(seconds=self.escalate_after_s)
         for alarm_id in await repo.escalation_due(conn, due, BATCH):
+            # Still due when written: another node may have escalated it since this pass read
+            # it, and a person confirmed it again (its clock starts again then).
             if await self._act(
                 conn,
                 alarm_id,
@@ -224,6 +226,7 @@ class AlarmTimers:
                 now=now,
                 actor=ESCALATION_ACTOR,
                 event_type=EventType.ALARM_ESCALATED,
+                confirmed_not_after=due,
             ):
                 report.escalated.append(alarm_id)
 
@@ -262,6 +265,7 @@ class AlarmTimers:
         now: datetime,
         actor: str,
         event_type: EventType,
+        confirmed_not_after: datetime | None = None,
     ) -> bool:
         try:
             async with conn.transaction():
@@ -274,6 +278,7 @@ class AlarmTimers:
                     expected=expected,
                     now=now,
                     event_type=event_type,
+                    confirmed_not_after=confirmed_not_after,
                 )
         except (StatusChangedError, AlarmNotFoundError):
             return False  # a person or another node got there first

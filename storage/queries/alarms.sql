@@ -131,7 +131,10 @@ ORDER BY id;
 -- $1 id, $2 expected (prior) status, then the new values: $3 status, $4 active key,
 -- $5 pushed_at, $6 delayed_at, $7 woken_at, $8 confirmed_at, $9 confirmed_by,
 -- $10 handled_at, $11 handled_by, $12 closed_at, $13 closed_by, $14 false_at, $15 false_by,
--- $16 escalated_at, $17 superseded_at, $18 superseded_by, $19 last_notified_at.
+-- $16 escalated_at, $17 superseded_at, $18 superseded_by, $19 last_notified_at; $20 null, or
+-- the latest confirmation the write is still for (the escalation: confirmed at or before its
+-- due time; a person confirming again since restarts the clock, and a stale pass, one that
+-- read its due alarms before, escalates nothing).
 -- Zero rows: somebody changed the alarm first. A transition only ever releases the active key
 -- (reaching a terminal state): it never gives one back, whatever was read (a refire may have
 -- released it, and a new alarm taken it).
@@ -141,7 +144,7 @@ SET status = $3, active_key = CASE WHEN $4::text IS NULL THEN NULL ELSE active_k
     confirmed_at = $8, confirmed_by = $9, handled_at = $10, handled_by = $11,
     closed_at = $12, closed_by = $13, false_at = $14, false_by = $15, escalated_at = $16,
     superseded_at = $17, superseded_by = $18, last_notified_at = $19
-WHERE id = $1 AND status = $2
+WHERE id = $1 AND status = $2 AND ($20::timestamptz IS NULL OR confirmed_at <= $20)
 RETURNING *;
 
 -- name: insert_audit

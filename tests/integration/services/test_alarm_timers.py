@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import aiomqtt
 import asyncpg
+import pytest
 
 from gateway.alarms.delivery import QUIET_ACTOR
 from gateway.alarms.lifecycle import create_alarm, transition
@@ -130,6 +131,47 @@ async def test_escalation_after_the_deadline_once_even_with_two_nodes(pool: asyn
     # A person handles it: nothing for the timer any more.
     await AlarmService(pool, "n1").act(alarm_id, Action.HANDLE, actor="bob")
     assert (await late[0].run_once()).escalated == []
+
+
+async def test_a_pass_that_read_an_alarm_due_does_not_escalate_it_once_confirmed_again(
+    pool: asyncpg.Pool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Node B's pass has read the alarms due; before it writes, node A's pass escalates the
+    alarm and bob confirms it again (ESCALATED → CONFIRMED: his clock starts now). B finds it
+    CONFIRMED, as it read it, but no longer due: it does not escalate bob's confirmation. The
+    clocks are `escalate_after_s` ahead, so each pass's due time is its own database time:
+    alice's confirmation is due for both, bob's (after B read) is not."""
+    alarm_id = await _raise(pool, "d8")
+    service = AlarmService(pool, "n1")
+    await service.act(alarm_id, Action.CONFIRM, actor="alice")
+    node_a, node_b = (
+        AlarmTimers(pool=pool, node_id=node, quiet=None, escalate_after_s=900,
+                    repeat_interval_s=0, clock=_shifted(timedelta(seconds=900)))
+        for node in ("A", "B")
+    )  # fmt: skip
+    read_due = repo.escalation_due
+
+    async def others_act_once_b_has_read(
+        conn: asyncpg.Connection, due: datetime, limit: int
+    ) -> list[int]:
+        ids = await read_due(conn, due, limit)
+        monkeypatch.setattr(repo, "escalation_due", read_due)
+        assert (await node_a.run_once()).escalated == [alarm_id]
+        await service.act(alarm_id, Action.CONFIRM, actor="bob")
+        return ids
+
+    monkeypatch.setattr(repo, "escalation_due", others_act_once_b_has_read)
+    assert (await node_b.run_once()).escalated == []
+    async with pool.acquire() as conn:
+        row = await conn.fetchrow("SELECT status, confirmed_by FROM alarm WHERE id = $1", alarm_id)
+        trail = await conn.fetch(
+            "SELECT action, actor FROM alarm_audit WHERE alarm_id = $1 ORDER BY id", alarm_id
+        )
+    assert tuple(row) == ("CONFIRMED", "bob")
+    assert [(r["action"], r["actor"]) for r in trail] == [
+        ("create", "system:rules"), ("confirm", "alice"), ("escalate", "system:escalation"),
+        ("confirm", "bob"),
+    ]  # fmt: skip
 
 
 async def test_an_escalation_waiting_for_a_refire_escalates_and_leaves_the_new_alarm_its_key(
