@@ -389,6 +389,14 @@ async def silent_devices(
     return list(await conn.fetch(SILENT_DEVICES, silent_seconds, rule_key))
 
 
+async def suppress_held_deliveries(
+    conn: asyncpg.Connection, alarm_id: int, now: datetime, why: str
+) -> list[str]:
+    """A woken alarm's held notifications, SUPPRESSED for ``why``; their receivers."""
+    rows = await conn.fetch(_Q["suppress_held_deliveries"], alarm_id, now, why)
+    return [r["receiver"] for r in rows]
+
+
 async def release_held_deliveries(conn: asyncpg.Connection, alarm_id: int, now: datetime) -> int:
     """A woken alarm's notifications, held while it was DELAYED: due now; how many."""
     return int(await conn.fetchval(_Q["release_held_deliveries"], alarm_id, now))

@@ -49,6 +49,7 @@ from gateway.support.metrics import Metrics
 from gateway.support.node import Node
 from protocol.events import Aggregate, AlarmReminder, EventType
 from storage import alarms as repo
+from storage import notify as notify_repo
 from storage import outbox
 
 log = structlog.get_logger(__name__)
@@ -71,7 +72,18 @@ class TimerReport:
     reminded: list[int] = field(default_factory=list)
     unreached: list[int] = field(default_factory=list)
     released: int = 0  # notifications held while their alarm was DELAYED, made due by the wake
+    # Of those, the ones the wake found shelved or out of service: SUPPRESSED instead.
+    suppressed: int = 0
     unshelved: list[int] = field(default_factory=list)  # shelves this pass ended (expired)
+
+
+@dataclass(frozen=True, slots=True)
+class Woken:
+    """A wake's held notifications: how many were made due, and the receivers of those
+    suppressed (the alarm shelved, or out of service)."""
+
+    released: int
+    suppressed: list[str]
 
 
 class AlarmTimers:
@@ -87,6 +99,7 @@ class AlarmTimers:
         interval_s: float = 5.0,
         clock: Clock = database_clock,
         metrics: Metrics | None = None,
+        count_suppressed: Callable[[str], None] | None = None,
     ) -> None:
         self.pool = pool
         self.node_id = node_id
@@ -98,10 +111,18 @@ class AlarmTimers:
         self.clock = clock
         self.metrics = metrics
         self.alarm_metrics = None if metrics is None else AlarmMetrics.of(metrics.registry)
+        # A held notification suppressed by the wake, by receiver: counted with the consumer's
+        # (gateway_notify_deliveries_total{outcome="SUPPRESSED"}; the notify layer owns it).
+        self.count_suppressed = count_suppressed
 
     @classmethod
     def from_config(
-        cls, node: Node, alarms: AlarmsConfig, *, quiet: QuietHours | None
+        cls,
+        node: Node,
+        alarms: AlarmsConfig,
+        *,
+        quiet: QuietHours | None,
+        count_suppressed: Callable[[str], None] | None = None,
     ) -> AlarmTimers:
         return cls(
             pool=node.pool,
@@ -112,6 +133,7 @@ class AlarmTimers:
             unreached_after_s=alarms.unreached_after_s,
             interval_s=alarms.timer_interval_s,
             metrics=node.metrics,
+            count_suppressed=count_suppressed,
         )
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -206,10 +228,11 @@ class AlarmTimers:
                 # Back to NEW, and its notifications, held while it was DELAYED, due now, in
                 # one transaction: publishing the wake-up event pushes it (delivery.deliver),
                 # and so does a receiver accepting one of them.
-                released = await self._wake_one(conn, row["id"], now)
-                if released is not None:
+                woken = await self._wake_one(conn, row["id"], now)
+                if woken is not None:
                     report.woken.append(row["id"])
-                    report.released += released
+                    report.released += woken.released
+                    report.suppressed += len(woken.suppressed)
             if len(rows) < BATCH:
                 break
 
@@ -230,9 +253,15 @@ class AlarmTimers:
             ):
                 report.escalated.append(alarm_id)
 
-    async def _wake_one(self, conn: asyncpg.Connection, alarm_id: int, now: datetime) -> int | None:
-        """DELAYED → NEW and the release of its held notifications, together; how many were
-        released, or None if another node or a person got there first."""
+    async def _wake_one(
+        self, conn: asyncpg.Connection, alarm_id: int, now: datetime
+    ) -> Woken | None:
+        """DELAYED → NEW and the release of its held notifications, together; what was
+        released, or None if another node or a person got there first.
+
+        A held notification is made at the wake, and judged then as the consumer judges one it
+        makes: an alarm shelved now (or raised while its device was out of service) sends none,
+        so its held deliveries are SUPPRESSED, not made due (docs/behaviour.md §5, Shelving)."""
         try:
             async with conn.transaction():
                 await transition(
@@ -245,15 +274,30 @@ class AlarmTimers:
                     now=now,
                     event_type=EventType.ALARM_WOKEN,
                 )
+                [why] = await notify_repo.alarm_suppressions(conn, [(alarm_id, now)])
+                suppressed = (
+                    [] if why is None
+                    else await repo.suppress_held_deliveries(conn, alarm_id, now, why)
+                )  # fmt: skip
                 released = await repo.release_held_deliveries(conn, alarm_id, now)
         except (StatusChangedError, AlarmNotFoundError):
             return None
         log.info("alarm_timer_transition", alarm_id=alarm_id, action=Action.WAKE.value)
         if released:
             log.info("held_notifications_released", alarm_id=alarm_id, deliveries=released)
+        if suppressed:
+            log.info(
+                "held_notifications_suppressed",
+                alarm_id=alarm_id,
+                deliveries=len(suppressed),
+                suppressed=why,
+            )
+        for receiver in suppressed:
+            if self.count_suppressed is not None:
+                self.count_suppressed(receiver)
         if self.metrics is not None:
             self.metrics.count_alarm_transition(AlarmStatus.DELAYED.value, AlarmStatus.NEW.value)
-        return released
+        return Woken(released=released, suppressed=suppressed)
 
     async def _act(
         self,

@@ -194,7 +194,15 @@ async def build(
     dispatcher = Dispatcher.from_config(node, config.commands, mappings=writer.decoder.mappings)
     reaper = Reaper.from_config(node, config.commands)
     outbox = OutboxPublisher.from_config(node, config.outbox, quiet=quiet)
-    timers = AlarmTimers.from_config(node, config.alarms, quiet=quiet)
+    notify_metrics = NotifyMetrics.of(node.metrics.registry)
+    timers = AlarmTimers.from_config(
+        node,
+        config.alarms,
+        quiet=quiet,
+        count_suppressed=lambda receiver: notify_metrics.deliveries.labels(
+            receiver, "SUPPRESSED"
+        ).inc(),
+    )
     notify_consumer, notify_worker = _notifications(config, node, quiet)
     loops: list[Loop] = [
         ("outbox-publisher", outbox.run),

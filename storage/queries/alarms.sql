@@ -202,6 +202,17 @@ SELECT id, device_id, severity FROM alarm
 WHERE status = 'DELAYED' AND id > $1
 ORDER BY id LIMIT $2;
 
+-- name: suppress_held_deliveries
+-- $1 alarm id, $2 now (its wake), $3 why (a shelf, out of service); the notifications of a
+-- woken alarm, held while it was DELAYED, that its shelf (or its device's maintenance) keeps
+-- from being sent: SUPPRESSED at the wake, as the consumer records one (final, never sent,
+-- pushing nothing). The receivers of those suppressed. (One in a group's held window stays
+-- there: see docs/notifications.md.)
+UPDATE notify_delivery
+SET status = 'SUPPRESSED', suppressed = $3, finished_at = $2
+WHERE alarm_id = $1 AND status = 'PENDING' AND attempts = 0
+RETURNING receiver;
+
 -- name: release_held_deliveries
 -- $1 alarm id, $2 now; the notifications of a woken alarm, held while it was DELAYED: due
 -- now. The count of those released.

@@ -369,6 +369,76 @@ async def test_a_held_alarms_notification_goes_out_on_its_wake_and_pushes_it(
         assert note == f"reached via webhook receiver hook (delivery {delivery_id})"
 
 
+async def test_a_held_notification_of_an_alarm_shelved_in_the_night_is_suppressed_at_its_wake(
+    pool: asyncpg.Pool, db_dsn: str
+) -> None:
+    """Two alarms held DELAYED by the night, their notifications held with them; an operator
+    shelves one. At the end of the window the wake makes the other's notification due (sent,
+    it pushes its alarm) and records the shelved one's SUPPRESSED, naming the shelf, as the
+    consumer records a notification of a shelved alarm: never sent, it pushes nothing."""
+    async with webhook_server() as hook:
+        config = parse_config(
+            "[notify]\npoll_s = 0.1\nbackoff_min_s = 0.05\nbackoff_max_s = 0.2\n"
+            f'[[notify.receivers]]\nname = "hook"\nkind = "webhook"\nurl = "{hook.url("/hook")}"\n'
+            '[[notify.routes]]\nevents = ["alarm.created"]\nreceivers = ["hook"]\n'
+        )
+        shelved, loud = await _raise(pool, "care-7", n=1), await _raise(pool, "care-8", n=2)
+        async with pool.acquire() as conn, conn.transaction():
+            for alarm_id in (shelved, loud):
+                await transition(conn, alarm_id, Action.DELAY, actor=QUIET_ACTOR, node_id="n1",
+                                 expected=AlarmStatus.NEW)  # fmt: skip
+        metrics = NotifyMetrics(Metrics().registry)
+        rules = config.notify_rules()
+        consumer = NotifyConsumer(pool=pool, dsn=db_dsn, metrics=metrics, rules=rules,
+                                  public_url="", quiet=None, batch=10)  # fmt: skip
+        while await consumer.run_once():
+            pass
+        service = AlarmService(pool, "n1", shelve_max_s=86400)
+        await service.shelve(scope="alarm", alarm_id=shelved, device_id=None, rule_key=None,
+                             seconds=3600, reason="known sensor fault", actor="alice")  # fmt: skip
+        suppressed_for: list[str] = []
+        timers = AlarmTimers(
+            pool=pool, node_id="n1", quiet=None, escalate_after_s=0, repeat_interval_s=0,
+            count_suppressed=suppressed_for.append,
+        )  # fmt: skip
+        report = await timers.run_once()
+        assert (sorted(report.woken), report.released, report.suppressed) == (
+            sorted([shelved, loud]), 1, 1,
+        )  # fmt: skip
+        assert suppressed_for == ["hook"]
+        worker = DeliveryWorker(
+            pool=pool, node_id="n2", metrics=metrics, settings=config.notify, rules=rules
+        )
+        stop = asyncio.Event()
+        sending = asyncio.create_task(worker.run(stop))
+        try:
+
+            async def all_final() -> bool:
+                async with pool.acquire() as conn:
+                    return not await conn.fetchval(
+                        "SELECT count(*) FROM notify_delivery"
+                        " WHERE status IN ('PENDING', 'SENDING')"
+                    )
+
+            await wait_until(all_final, timeout=30, message="every delivery sent or suppressed")
+        finally:
+            stop.set()
+            await sending
+            await worker.close()
+        async with pool.acquire() as conn:
+            rows = {
+                r["alarm_id"]: (r["status"], r["suppressed"])
+                for r in await conn.fetch("SELECT * FROM notify_delivery")
+            }
+            shelf_id = await conn.fetchval("SELECT id FROM alarm_shelf")
+        assert rows == {
+            shelved: ("SUPPRESSED", f"shelved (shelf {shelf_id})"),
+            loud: ("SENT", None),
+        }
+        assert [r.json["alarm_id"] for r in hook.on("/hook")] == [loud]
+        assert (await _status(pool, shelved), await _status(pool, loud)) == ("NEW", "PUSHED")
+
+
 async def test_quiet_hours_are_decided_once_per_alarm_by_whichever_reaches_it_first(
     pool: asyncpg.Pool, db_dsn: str, mosquitto: Mosquitto
 ) -> None:
