@@ -144,6 +144,8 @@ WITH clock AS (
     UPDATE command c
     SET status = 'CLAIMED', claim_generation = c.claim_generation + 1, claimed_node_id = $1,
         claimed_at = now(), lease_expire_at = now() + make_interval(secs => $2),
+        -- Not sent in this claim yet: an earlier claim's SENT times are not this one's.
+        sent_at = NULL, timeout_at = NULL,
         legacy_claim = false, updated_at = now()
     FROM due
     WHERE c.id = due.id
@@ -214,6 +216,9 @@ RETURNING *;
 -- The four guards ($1 id, $2 generation, $3 node, status open) plus $4 the status the effect
 -- was computed from; then $5 new status, $6 result, $7 result code, $8 raw result code,
 -- $9 raw ack, $10 terminal, $11 retry (0/1), $12 retry delay seconds, $13 timeout seconds.
+-- A SENT receipt on a CLAIMED command (the device answered before the dispatcher handled the
+-- PUBACK) sends it as mark_sent would: this claim's sent_at and timeout_at, from now, never an
+-- earlier claim's (the reaper judges the claim by them). On a SENT command it keeps them.
 UPDATE command
 SET status = $5, result = $6, result_code = $7, raw_result_code = $8, raw_ack = $9,
     finished_at = CASE WHEN $10::boolean THEN now() END,
@@ -221,9 +226,9 @@ SET status = $5, result = $6, result_code = $7, raw_result_code = $8, raw_ack = 
     next_attempt_at = CASE WHEN $11 = 1 THEN now() + make_interval(secs => $12)
                            ELSE next_attempt_at END,
     lease_expire_at = NULL,
-    sent_at = CASE WHEN $5 = 'SENT' THEN coalesce(sent_at, now()) ELSE sent_at END,
-    timeout_at = CASE WHEN $5 = 'SENT'
-                      THEN coalesce(timeout_at, now() + make_interval(secs => $13))
+    sent_at = CASE WHEN $4 = 'CLAIMED' AND $5 = 'SENT' THEN now() ELSE sent_at END,
+    timeout_at = CASE WHEN $4 = 'CLAIMED' AND $5 = 'SENT'
+                      THEN now() + make_interval(secs => $13)
                       ELSE timeout_at END,
     updated_at = now()
 WHERE id = $1 AND claim_generation = $2 AND claimed_node_id = $3
@@ -346,7 +351,8 @@ SELECT id FROM sent;
 -- The four-guard update of apply_receipt for many receipts at once, one per command (arrays,
 -- pairwise): $1 ids, $2 generations, $3 nodes, $4 expected statuses, $5 new statuses,
 -- $6 results, $7 result codes, $8 raw result codes, $9 raw acks, $10 terminal, $11 retry (0/1),
--- $12 retry delays, $13 timeout seconds. The rows whose guards held come back.
+-- $12 retry delays, $13 timeout seconds. The rows whose guards held come back. SENT times
+-- as in apply_receipt: set by a SENT receipt on a CLAIMED command, kept on a SENT one.
 -- The open statuses are tested on the expected ones (the row must still have it): on the
 -- table, they matched the partial index of commands in flight, which PostgreSQL then read
 -- whole rather than look the ids up (see mark_sent_many).
@@ -358,9 +364,10 @@ SET status = u.status, result = u.result, result_code = u.result_code,
     next_attempt_at = CASE WHEN u.retry = 1 THEN now() + make_interval(secs => u.delay)
                            ELSE c.next_attempt_at END,
     lease_expire_at = NULL,
-    sent_at = CASE WHEN u.status = 'SENT' THEN coalesce(c.sent_at, now()) ELSE c.sent_at END,
-    timeout_at = CASE WHEN u.status = 'SENT'
-                      THEN coalesce(c.timeout_at, now() + make_interval(secs => u.timeout))
+    sent_at = CASE WHEN u.expected = 'CLAIMED' AND u.status = 'SENT' THEN now()
+                   ELSE c.sent_at END,
+    timeout_at = CASE WHEN u.expected = 'CLAIMED' AND u.status = 'SENT'
+                      THEN now() + make_interval(secs => u.timeout)
                       ELSE c.timeout_at END,
     updated_at = now()
 FROM unnest($1::bigint[], $2::integer[], $3::text[], $4::text[], $5::text[], $6::text[],

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+from datetime import timedelta
 
 import aiomqtt
 import asyncpg
@@ -18,7 +19,7 @@ from gateway.commands.lifecycle import (
     unbind,
 )
 from gateway.commands.reaper import reap
-from gateway.commands.receipts import apply_receipt
+from gateway.commands.receipts import apply_receipt, apply_receipts
 from gateway.domain.command import Delivery, ReceiptOutcome, RejectReason
 from gateway.support.broker_link import BrokerLink, SessionDown
 from gateway.support.metrics import Metrics
@@ -344,6 +345,106 @@ async def test_a_result_code_outside_the_standard_ones_is_refused_and_kept_raw(
     assert await _receipt(db, command_id, generation=1, node="n", code=4) == ("accepted", None)
     row = await _row(db, command_id)
     assert (row.status, row.result_code) == ("FAILED", 4)
+
+
+async def _sent_receipt(
+    db: asyncpg.Connection, command_id: int, generation: int, *, batch: bool
+) -> None:
+    """The device's SENT receipt ("received, working on it"), alone or through a batch."""
+    receipt = CommandReceipt(command_id=command_id, claim_generation=generation, node_id="n",
+                             result=ReceiptResult.SENT)  # fmt: skip
+    if batch:
+        (applied,) = await apply_receipts(
+            db, [("d1", receipt)], node_id="receiver", sent_timeout_s=SENT_TIMEOUT_S
+        )
+    else:
+        applied = await apply_receipt(
+            db, device_id="d1", receipt=receipt, node_id="receiver", sent_timeout_s=SENT_TIMEOUT_S
+        )
+    assert applied.outcome is ReceiptOutcome.ACCEPTED
+
+
+@pytest.mark.parametrize("batch", [False, True], ids=["alone", "batch"])
+async def test_a_retry_the_device_confirms_before_the_puback_is_sent_from_now(
+    db: asyncpg.Connection, batch: bool
+) -> None:
+    """A deferrable command sent, failed (DEVICE_OFFLINE) and kept waiting a day is claimed
+    again; the device's SENT receipt arrives before the dispatcher handles the PUBACK (which
+    then finds it SENT and writes nothing). The new claim is SENT from now, with its own
+    timeout_at: the reaper neither times it out nor fails it by the first claim's times."""
+    command_id = await _create(db, delivery=Delivery.DEFERRABLE)
+    (first,) = await _claim(db, "n")
+    assert await mark_sent(db, first, node_id="n", sent_timeout_s=SENT_TIMEOUT_S) is not None
+    await _receipt(db, command_id, generation=1, node="n", result=ReceiptResult.DEVICE_OFFLINE,
+                   code=None)  # fmt: skip
+    await db.execute(
+        "UPDATE command SET sent_at = sent_at - interval '25 hours', "
+        "timeout_at = timeout_at - interval '25 hours', next_attempt_at = now() WHERE id = $1",
+        command_id,
+    )
+    (second,) = await _claim(db, "n")
+    assert (second.claim_generation, second.sent_at, second.timeout_at) == (2, None, None)
+    before = await db.fetchval("SELECT now()")
+    await _sent_receipt(db, command_id, 2, batch=batch)
+    assert await mark_sent(db, second, node_id="n", sent_timeout_s=SENT_TIMEOUT_S) is None
+    row = await _row(db, command_id)
+    assert row.status == "SENT"
+    assert row.sent_at is not None
+    assert row.sent_at >= before  # this claim's, not a day old
+    assert row.timeout_at == row.sent_at + timedelta(seconds=SENT_TIMEOUT_S)
+    report = await reap(db, node_id="n", ack_window_s=30, sent_timeout_s=SENT_TIMEOUT_S)
+    assert (report.timed_out_receipts, report.failed) == ([], [])
+    assert (await _row(db, command_id)).status == "SENT"
+
+
+async def test_a_retry_after_the_ack_window_is_judged_by_its_own_window(
+    db: asyncpg.Connection,
+) -> None:
+    """The first claim's device stayed silent past the ack window (the node's TIMEOUT: a
+    retry); the retry's device confirms it with a SENT receipt, and the next reaper pass
+    leaves it SENT rather than time it out again by the first claim's sent_at."""
+    command_id = await _create(db, delivery=Delivery.DEFERRABLE)
+    (first,) = await _claim(db, "n")
+    assert await mark_sent(db, first, node_id="n", sent_timeout_s=SENT_TIMEOUT_S) is not None
+    await db.execute(
+        "UPDATE command SET sent_at = now() - interval '31 seconds' WHERE id = $1", command_id
+    )
+    one = await reap(db, node_id="n", ack_window_s=30, sent_timeout_s=SENT_TIMEOUT_S)
+    assert one.timed_out_receipts == [command_id]
+    await db.execute("UPDATE command SET next_attempt_at = now() WHERE id = $1", command_id)
+    (second,) = await _claim(db, "n")
+    assert second.claim_generation == 2
+    await _sent_receipt(db, command_id, 2, batch=True)
+    two = await reap(db, node_id="n", ack_window_s=30, sent_timeout_s=SENT_TIMEOUT_S)
+    assert two.timed_out_receipts == []
+    row = await _row(db, command_id)
+    assert (row.status, row.claim_generation, row.retry_count) == ("SENT", 2, 1)
+
+
+@pytest.mark.parametrize("batch", [False, True], ids=["alone", "batch"])
+async def test_a_sent_receipt_sends_a_claim_from_now_whatever_times_the_row_held(
+    db: asyncpg.Connection, batch: bool
+) -> None:
+    """A claim made before claims cleared the SENT times (in flight at an upgrade) still holds
+    an earlier claim's: a SENT receipt on it sets them anew, as the PUBACK would. A second SENT
+    receipt on the SENT command keeps them (its ack window is not extended)."""
+    command_id = await _create(db, delivery=Delivery.DEFERRABLE)
+    await _claim(db, "n")
+    await db.execute(
+        "UPDATE command SET sent_at = now() - interval '25 hours', "
+        "timeout_at = now() - interval '1 hour' WHERE id = $1",
+        command_id,
+    )
+    before = await db.fetchval("SELECT now()")
+    await _sent_receipt(db, command_id, 1, batch=batch)
+    row = await _row(db, command_id)
+    assert row.status == "SENT"
+    assert row.sent_at is not None
+    assert row.sent_at >= before
+    assert row.timeout_at == row.sent_at + timedelta(seconds=SENT_TIMEOUT_S)
+    await _sent_receipt(db, command_id, 1, batch=batch)
+    again = await _row(db, command_id)
+    assert (again.sent_at, again.timeout_at) == (row.sent_at, row.timeout_at)
 
 
 async def _audit_of(db: asyncpg.Connection, command_ids: list[int], action: str) -> list[tuple]:
