@@ -277,7 +277,8 @@ def _may_apply(current: CommandRow | None, receipt: CommandReceipt) -> bool:
 
 
 class ReceiptApplier:
-    """Applies command receipts in the ingest transaction (so the PUBACK follows the commit)."""
+    """Applies command receipts in the ingest transaction (so the PUBACK follows the commit),
+    and counts them once that transaction has committed (:meth:`committed`)."""
 
     def __init__(self, *, node_id: str, sent_timeout_s: float, metrics: Metrics | None) -> None:
         self.node_id = node_id
@@ -287,19 +288,30 @@ class ReceiptApplier:
 
     async def apply(
         self, conn: asyncpg.Connection, receipts: Sequence[tuple[str, CommandReceipt]]
-    ) -> None:
+    ) -> tuple[AppliedReceipt, ...]:
+        """The receipts applied in the caller's transaction; what they did, for
+        :meth:`committed`. Nothing is counted here: a transaction rolled back and retried (a
+        lost race, the database away, a poisoned message beside them) applies them again."""
         # One batch: a few statements for all of them (apply_receipts).
-        batch = await apply_receipts(
-            conn, receipts, node_id=self.node_id, sent_timeout_s=self.sent_timeout_s
+        return tuple(
+            await apply_receipts(
+                conn, receipts, node_id=self.node_id, sent_timeout_s=self.sent_timeout_s
+            )
         )
+
+    def committed(self, batch: Sequence[AppliedReceipt]) -> None:
+        """After the commit of ``batch``'s transaction (never after a rollback): each receipt
+        by its outcome, each status it moved, and the latency of each command it finished. So
+        per pair the transitions counted and the audit rows agree."""
         metrics, counted = self.metrics, self.command_metrics
+        if metrics is None or counted is None:
+            return
         for applied in batch:
-            if metrics is not None and counted is not None:
-                reason = "" if applied.reason is None else applied.reason.value
-                counted.command_receipts.labels(applied.outcome.value, reason).inc()
-                row, before = applied.command, applied.previous_status
-                if row is not None and before is not None and row.status != before:
-                    metrics.count_command(before, row.status)
-                    if row.finished_at is not None and row.claimed_at is not None:
-                        latency = (row.finished_at - row.claimed_at).total_seconds()
-                        counted.command_latency.observe(max(latency, 0.0))
+            reason = "" if applied.reason is None else applied.reason.value
+            counted.command_receipts.labels(applied.outcome.value, reason).inc()
+            row, before = applied.command, applied.previous_status
+            if row is not None and before is not None and row.status != before:
+                metrics.count_command(before, row.status)
+                if row.finished_at is not None and row.claimed_at is not None:
+                    latency = (row.finished_at - row.claimed_at).total_seconds()
+                    counted.command_latency.observe(max(latency, 0.0))

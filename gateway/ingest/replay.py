@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import asyncpg
 import structlog
 
+from gateway.commands.receipts import AppliedReceipt
 from gateway.ingest.decoder import Inbound, failure_detail
 from gateway.ingest.live_path import LivePath
 from gateway.ingest.store import store
@@ -36,6 +37,7 @@ async def replay_one(
 ) -> ReplayOutcome | None:
     """None when the id does not exist or another replayer holds it right now."""
     alarms = None
+    receipts: tuple[AppliedReceipt, ...] = ()
     async with pool.acquire() as conn, conn.transaction():
         letter = await repo.lock_dead_letter(conn, dead_letter_id)
         if letter is None:
@@ -72,7 +74,7 @@ async def replay_one(
                 )
                 outcome, succeeded = f"still_invalid: {reason}", False
             else:
-                alarms = result.alarms
+                alarms, receipts = result.alarms, result.receipts
                 if result.sparkplug is not None and result.sparkplug.dead_letters:
                     # Judged again against its edge node's state, and still not readable.
                     reason = result.sparkplug.dead_letters[0].reason
@@ -85,9 +87,10 @@ async def replay_one(
                     outcome = "presence"
                 succeeded = not outcome.startswith("still_invalid")
         await repo.mark_dead_letter_replayed(conn, dead_letter_id, outcome, succeeded=succeeded)
-    # Committed: only now are its alarms counted.
+    # Committed: only now are its alarms and receipts counted.
     if alarms is not None:
         path.engine.committed(alarms)
+    path.receipts.committed(receipts)
     return ReplayOutcome(dead_letter_id, outcome, succeeded)
 
 

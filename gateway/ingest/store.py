@@ -11,7 +11,7 @@ import structlog
 
 from gateway.alarms.engine import AlarmEngine, BatchAlarms
 from gateway.commands import sparkplug as sparkplug_writes
-from gateway.commands.receipts import ReceiptApplier
+from gateway.commands.receipts import AppliedReceipt, ReceiptApplier
 from gateway.ingest.decoder import Classified
 from gateway.ingest.mapping_memory import MappingMemory, Recorded
 from gateway.sparkplug.host import HostOutcome, SparkplugHost
@@ -33,6 +33,8 @@ class StoreResult:
     sparkplug: HostOutcome | None = None
     # The mapped devices whose mapping the batch recorded (for the writer's MappingMemory).
     mapped: dict[str, Recorded] = field(default_factory=dict)
+    # What its command receipts did, counted once the transaction commits (ReceiptApplier).
+    receipts: tuple[AppliedReceipt, ...] = ()
 
     @property
     def stored(self) -> int:
@@ -57,7 +59,9 @@ async def store(
     dead letters, command receipts, and the alarms the new telemetry raises or clears; the
     Sparkplug messages first, judged against their edge nodes' state (gateway.sparkplug),
     which adds telemetry, presence and dead letters of their own. ``mappings``: what the
-    caller's node recorded of its mapped devices (only what is due is recorded; None: all)."""
+    caller's node recorded of its mapped devices (only what is due is recorded; None: all).
+    Nothing is counted here: the caller counts the result's alarms and receipts once the
+    transaction has committed (a rolled-back attempt counts nothing)."""
     telemetry, decoded = batch.telemetry, batch.decoded
     seen, presence, letters = batch.seen_devices, batch.presence, batch.dead_letters
     outcome = None
@@ -81,10 +85,11 @@ async def store(
         # Sparkplug has no receipt: a write is confirmed by the value reported back.
         samples = list(zip(outcome.telemetry, outcome.decoded, strict=True))
         applied = [*applied, *await sparkplug_writes.confirmations(conn, samples)]
+    done: tuple[AppliedReceipt, ...] = ()
     if applied:
         if receipts is None:
             raise RuntimeError("command receipts in a batch but no receipt applier configured")
-        await receipts.apply(conn, applied)
+        done = await receipts.apply(conn, applied)
     alarms = None
     if engine is not None:
         fresh = []
@@ -104,6 +109,7 @@ async def store(
         alarms=alarms,
         sparkplug=outcome,
         mapped=mapped,
+        receipts=done,
     )
 
 

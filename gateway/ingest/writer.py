@@ -112,15 +112,9 @@ class IngestWriter:
         self.breaker = breaker
         # Where the pool points (host:port/name), for the lines saying it is out of reach.
         self.database = database
+        # Applies receipts in a batch's transaction; counted by the writer after its commit
+        # (a probe's transaction, always rolled back, counts nothing).
         self.receipts = receipts
-        # Probes apply receipts in transactions that are rolled back: nothing to count.
-        self.probe_receipts = (
-            None
-            if receipts is None
-            else ReceiptApplier(
-                node_id=receipts.node_id, sent_timeout_s=receipts.sent_timeout_s, metrics=None
-            )
-        )
         self.refused_batch_attempts = refused_batch_attempts
         self.decoder = decoder
         self.node_id = node_id
@@ -581,12 +575,18 @@ class IngestWriter:
         self.mapping_memory.recorded(result.mapped)
         if self.sparkplug is not None and result.sparkplug is not None:
             self.sparkplug.committed(result.sparkplug)  # the births it wrote, held
-        # Committed: only now are its alarms counted (a rolled-back batch counts nothing).
+        # Committed: only now are its alarms and receipts counted (a rolled-back batch, retried
+        # or split, counts nothing).
         if self.engine is not None and result.alarms is not None:
             try:
                 self.engine.committed(result.alarms)
             except Exception:  # counting must never undo or repeat a committed batch
                 log.exception("alarm_counting_failed")
+        if self.receipts is not None and result.receipts:
+            try:
+                self.receipts.committed(result.receipts)
+            except Exception:  # as above
+                log.exception("receipt_counting_failed")
         return result
 
     def _in_flight_items(self, items: list[Inbound]) -> list[Inbound]:
@@ -636,7 +636,7 @@ class IngestWriter:
                     alone,
                     self.node_id,
                     self.engine,
-                    self.probe_receipts,
+                    self.receipts,
                     sparkplug=self.sparkplug,
                 )
             except Exception as exc:

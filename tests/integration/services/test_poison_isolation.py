@@ -1,6 +1,7 @@
 """One message's failure costs that message alone: an exception nobody expected in decoding
 or in the rules dead-letters it (PROCESSING_FAILED) and its batch goes on; the crash-loop
-breaker remembers, in PostgreSQL, what was in flight when a process died."""
+breaker remembers, in PostgreSQL, what was in flight when a process died. A batch tried
+again (split around such a message, or after losing a race) counts what it did once."""
 
 from __future__ import annotations
 
@@ -13,7 +14,10 @@ import msgspec
 import pytest
 
 from gateway.alarms.engine import AlarmEngine, BatchAlarms
+from gateway.commands.lifecycle import mark_sent
 from gateway.commands.receipts import ReceiptApplier
+from gateway.domain.command import Delivery
+from gateway.domain.errors import ConcurrentWriteError
 from gateway.domain.rules import RuleConfig, compile_rules
 from gateway.ingest.breaker import CrashLoopBreaker, digest
 from gateway.ingest.decoder import Classified, Inbound, MessageDecoder
@@ -23,7 +27,12 @@ from gateway.ingest.store import set_aside_unbounded_telemetry
 from gateway.ingest.writer import IngestWriter
 from gateway.support.backoff import Backoff
 from gateway.support.metrics import Metrics
-from protocol import Encoding, Telemetry, Topics
+from protocol import CommandReceipt, Encoding, ReceiptResult, Telemetry, Topics
+from protocol.codec import encode_receipt
+from storage import commands, ingest
+from storage.commands import CommandRow
+from storage.ingest import DeadLetterRow
+from tests.support.commands import new_command
 from tests.support.journal import journal_digests
 
 TOPICS = Topics("iot")
@@ -46,6 +55,39 @@ class BuggyEngine(AlarmEngine):
         return await super().on_stored(conn, messages, now=now)
 
 
+class LosesOneRace(AlarmEngine):
+    """The real engine, except that its first batch with telemetry loses a conditional write
+    to another node (ConcurrentWriteError: the whole batch is tried again), as two nodes
+    sharing devices do."""
+
+    lost = False
+
+    async def on_stored(
+        self,
+        conn: asyncpg.Connection,
+        messages: Sequence[tuple[str, str, Telemetry]],
+        *,
+        now: datetime | None = None,
+    ) -> BatchAlarms:
+        if messages and not self.lost:
+            self.lost = True
+            raise ConcurrentWriteError("another node raised this alarm first")
+        return await super().on_stored(conn, messages, now=now)
+
+
+class BrokenEngine(AlarmEngine):
+    """Rules that fail on every batch, after its receipts are applied."""
+
+    async def on_stored(
+        self,
+        conn: asyncpg.Connection,
+        messages: Sequence[tuple[str, str, Telemetry]],
+        *,
+        now: datetime | None = None,
+    ) -> BatchAlarms:
+        raise TypeError("a bug in the rules")
+
+
 class BuggyDecoder(MessageDecoder):
     def _classify_one(self, out: Classified, item: Inbound) -> None:
         if "odd" in item.topic:
@@ -53,7 +95,12 @@ class BuggyDecoder(MessageDecoder):
         super()._classify_one(out, item)
 
 
-def _writer(pool: asyncpg.Pool, *, decoder: MessageDecoder | None = None) -> IngestWriter:
+def _writer(
+    pool: asyncpg.Pool,
+    *,
+    decoder: MessageDecoder | None = None,
+    engine: type[AlarmEngine] = BuggyEngine,
+) -> IngestWriter:
     metrics = Metrics()
     return IngestWriter(
         pool=pool,
@@ -64,8 +111,8 @@ def _writer(pool: asyncpg.Pool, *, decoder: MessageDecoder | None = None) -> Ing
         linger_s=0.0,
         queue_max=1000,
         retry=Backoff(0.01, 0.1),
-        engine=BuggyEngine(rules=RULES, node_id="node-a", metrics=metrics),
-        receipts=ReceiptApplier(node_id="node-a", sent_timeout_s=60, metrics=None),
+        engine=engine(rules=RULES, node_id="node-a", metrics=metrics),
+        receipts=ReceiptApplier(node_id="node-a", sent_timeout_s=60, metrics=metrics),
         breaker=CrashLoopBreaker("node-a"),
     )
 
@@ -73,6 +120,49 @@ def _writer(pool: asyncpg.Pool, *, decoder: MessageDecoder | None = None) -> Ing
 def _sos(device: str, n: int = 0) -> Inbound:
     payload = msgspec.json.encode({"ts": T0 + n, "events": [{"type": "SOS"}]})
     return Inbound(topic=TOPICS.telemetry(device), payload=payload)
+
+
+async def _sent_command(conn: asyncpg.Connection) -> CommandRow:
+    await new_command(conn, device_id="valve-1", name="open_valve", params={"valve": 2},
+                      delivery=Delivery.REALTIME, actor="op", node_id="api")  # fmt: skip
+    (row,) = await commands.claim_due(
+        conn, node_id="node-a", lease_s=30, limit=10, max_in_flight=1, actor="system:dispatcher"
+    )
+    sent = await mark_sent(conn, row, node_id="node-a", sent_timeout_s=60)
+    assert sent is not None
+    return sent
+
+
+def _acked(command: CommandRow) -> Inbound:
+    receipt = CommandReceipt(
+        command_id=command.id, claim_generation=command.claim_generation, node_id="node-a",
+        result=ReceiptResult.ACKED, result_code=0,
+    )  # fmt: skip
+    return Inbound(topic=TOPICS.acks(command.device_id), payload=encode_receipt(receipt))
+
+
+async def _counted_as_audited(
+    metrics: Metrics, conn: asyncpg.Connection, command: CommandRow
+) -> None:
+    """The command ACKED by one receipt: one receipt row, one SENT -> ACKED audit row, and
+    each counted once (the receipt, the transition, its latency)."""
+    assert await conn.fetchval("SELECT status FROM command WHERE id = $1", command.id) == "ACKED"
+    audited = await conn.fetchval(
+        "SELECT count(*) FROM command_audit WHERE command_id = $1 AND from_status = 'SENT' "
+        "AND to_status = 'ACKED'",
+        command.id,
+    )
+    logged = await conn.fetch(
+        "SELECT outcome FROM command_receipt WHERE command_id = $1", command.id
+    )
+    assert (audited, [r["outcome"] for r in logged]) == (1, ["accepted"])
+    sample = metrics.registry.get_sample_value
+    counted = (
+        sample("gateway_command_receipts_total", {"outcome": "accepted", "reason": ""}),
+        sample("gateway_command_transitions_total", {"from_status": "SENT", "to_status": "ACKED"}),
+        sample("gateway_command_dispatch_to_receipt_seconds_count"),
+    )
+    assert counted == (1, 1, 1)
 
 
 async def _handle(writer: IngestWriter, items: list[Inbound]) -> None:
@@ -146,6 +236,56 @@ async def test_replaying_a_message_the_rules_still_fail_on_says_so(
     assert outcome is not None
     assert (outcome.outcome, outcome.succeeded) == ("still_invalid: PROCESSING_FAILED", False)
     assert await conn.fetchval("SELECT count(*) FROM telemetry") == 0
+
+
+async def test_a_receipt_in_a_batch_split_around_a_poisoned_message_is_counted_once(
+    pool: asyncpg.Pool, conn: asyncpg.Connection
+) -> None:
+    """The whole batch fails on the poisoned message and is rolled back, each message is tried
+    alone (rolled back too), and the rest is stored: the receipt is counted by that commit
+    alone, as it is audited."""
+    command = await _sent_command(conn)
+    writer = _writer(pool)
+    await _handle(writer, [_acked(command), _sos("bug-1")])
+    assert await conn.fetchval("SELECT count(*) FROM dead_letter") == 1
+    await _counted_as_audited(writer.metrics, conn, command)
+
+
+async def test_a_receipt_in_a_batch_retried_after_losing_a_race_is_counted_once(
+    pool: asyncpg.Pool, conn: asyncpg.Connection
+) -> None:
+    """Another node wrote an alarm of the batch first: the whole batch is rolled back and tried
+    again, and its receipt counted by the commit alone."""
+    command = await _sent_command(conn)
+    writer = _writer(pool, engine=LosesOneRace)
+    await _handle(writer, [_acked(command), _sos("door-1")])
+    assert isinstance(writer.engine, LosesOneRace)
+    assert writer.engine.lost
+    await _counted_as_audited(writer.metrics, conn, command)
+
+
+async def test_a_replayed_receipt_is_counted_only_by_the_replay_that_commits(
+    pool: asyncpg.Pool, conn: asyncpg.Connection
+) -> None:
+    command = await _sent_command(conn)
+    acked = _acked(command)
+    await ingest.insert_dead_letters(
+        conn, [DeadLetterRow.whole(acked.topic, acked.payload, "INVALID", "once refused")], "n"
+    )
+    letter_id = await conn.fetchval("SELECT id FROM dead_letter")
+    metrics = Metrics()
+    decoder = MessageDecoder(TOPICS, Encoding.JSON, 65536)
+    receipts = ReceiptApplier(node_id="node-a", sent_timeout_s=60, metrics=metrics)
+    broken = BrokenEngine(rules=RULES, node_id="node-a", metrics=metrics)
+    failed = await replay_one(pool, LivePath(decoder, "node-a", broken, receipts), letter_id)
+    assert failed is not None
+    assert failed.outcome == "still_invalid: PROCESSING_FAILED"
+    assert await conn.fetchval("SELECT status FROM command WHERE id = $1", command.id) == "SENT"
+    fine = AlarmEngine(rules=RULES, node_id="node-a", metrics=metrics)
+    done = await replay_one(pool, LivePath(decoder, "node-a", fine, receipts), letter_id)
+    assert done is not None
+    assert done.outcome == "receipt"
+    await _counted_as_audited(metrics, conn, command)
 
 
 async def _journal(conn: asyncpg.Connection) -> list[bytes]:
