@@ -1,12 +1,22 @@
 """Command reaping, on every node: lapsed claims back to PENDING (a new generation), receipts
 that never came to TIMEOUT or FAILED, expired commands to EXPIRED — each a conditional write,
-so whichever node passes first does it once."""
+so whichever node passes first does it once.
+
+A receipt that never came is judged only by a node that could have heard it: one whose broker
+session, and its own passes against the database, have been up for the whole ack window. While
+the broker (or the database) was away, a device's receipt waits at the broker, or in the
+ingest queue, and comes once they are back; judged before, the command a device carried out
+was failed or sent again, and its receipt refused as closed (docs/commands.md, Reaper).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import math
+import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import asyncpg
@@ -18,6 +28,7 @@ from gateway.commands.receipts import apply_receipt
 from gateway.config import CommandsConfig
 from gateway.domain.command import ReceiptOutcome, needs_people
 from gateway.domain.errors import ConcurrentWriteError
+from gateway.support.broker_link import BrokerLink
 from gateway.support.loops import every
 from gateway.support.metrics import Metrics
 from gateway.support.node import Node
@@ -53,8 +64,11 @@ async def reap(
     node_id: str,
     ack_window_s: float,
     sent_timeout_s: float,
+    heard_for_s: float = math.inf,
 ) -> ReapReport:
-    """One pass of the reaper in the caller's transaction; every write is conditional."""
+    """One pass of the reaper in the caller's transaction; every write is conditional.
+    ``heard_for_s``: how long the node has been able to hear receipts (its broker session and
+    the database up); a missing receipt is judged only once that covers the ack window."""
     report = ReapReport([], [], [], [], [])
     for row in await repo.reclaim_expired(conn):
         report.reclaimed.append(row.id)
@@ -73,7 +87,7 @@ async def reap(
             alarm_id = await _reclaim_alarm(conn, row, node_id)
             if alarm_id is not None:
                 report.alarms.append(alarm_id)
-    if ack_window_s > 0:
+    if 0 < ack_window_s <= heard_for_s:
         for row in await repo.ack_window_passed(conn, ack_window_s):
             # The node reports TIMEOUT itself: the same effect as a device's TIMEOUT receipt.
             own = CommandReceipt(
@@ -148,6 +162,8 @@ class Reaper:
         sent_timeout_s: float,
         interval_s: float,
         metrics: Metrics,
+        broker: BrokerLink | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.metrics = metrics
         self.pool = pool
@@ -155,6 +171,13 @@ class Reaper:
         self.ack_window_s = ack_window_s
         self.sent_timeout_s = sent_timeout_s
         self.interval_s = interval_s
+        self.broker = broker or BrokerLink()
+        self.clock = clock
+        # Since when this node has been able to hear receipts (None: it cannot now): from its
+        # start, and again from each reconnect of its broker session (the wakeup) and from the
+        # first pass after one that could not reach the database.
+        self._reconnected = self.broker.wakeup()
+        self._hearing_since: float | None = clock()
 
     @classmethod
     def from_config(cls, node: Node, commands: CommandsConfig) -> Reaper:
@@ -165,19 +188,40 @@ class Reaper:
             sent_timeout_s=commands.sent_timeout_s,
             interval_s=commands.reaper_interval_s,
             metrics=node.metrics,
+            broker=node.broker,
         )
 
     async def run(self, stop: asyncio.Event) -> None:
         await every(self.interval_s, stop, self.run_once, name="command-reaper")
 
+    def heard_for_s(self) -> float:
+        """How long this node has been able to hear receipts, up to now (0: it cannot)."""
+        now = self.clock()
+        if self._reconnected.is_set():
+            self._reconnected.clear()
+            self._hearing_since = now
+        if not self.broker.up():
+            self._hearing_since = None
+        elif self._hearing_since is None:
+            self._hearing_since = now
+        return 0.0 if self._hearing_since is None else now - self._hearing_since
+
     async def run_once(self) -> None:
-        async with self.pool.acquire() as conn, conn.transaction():
-            report = await reap(
-                conn,
-                node_id=self.node_id,
-                ack_window_s=self.ack_window_s,
-                sent_timeout_s=self.sent_timeout_s,
-            )
+        heard_for_s = self.heard_for_s()
+        try:
+            async with self.pool.acquire() as conn, conn.transaction():
+                report = await reap(
+                    conn,
+                    node_id=self.node_id,
+                    ack_window_s=self.ack_window_s,
+                    sent_timeout_s=self.sent_timeout_s,
+                    heard_for_s=heard_for_s,
+                )
+        except Exception:
+            # The database out of reach (or the pass failed): receipts may be waiting in the
+            # ingest queue for it. The window starts again from the next pass that gets through.
+            self._hearing_since = None
+            raise
         # After the commit: a pass that rolled back changed nothing.
         for (from_status, to_status), n in Counter(report.transitions).items():
             self.metrics.count_command(from_status, to_status, n)

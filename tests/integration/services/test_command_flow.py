@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import Counter
 from typing import Any
 
@@ -202,7 +203,14 @@ async def test_every_transition_is_counted_as_it_is_audited(
             await reaches(a2, "TIMEOUT")  # the reaper: PENDING -> TIMEOUT
             await clock(a1, "timeout_at")
             await reaches(a1, "FAILED")  # the reaper: SENT -> FAILED, timeout_at passed
-            # No receipt within the ack window: the node answers TIMEOUT for the device.
+            # No receipt within the ack window: the node answers TIMEOUT for the device, once
+            # it has listened for the whole window (it started seconds ago): the clock it
+            # measures its listening by is moved on, as the command's clocks are.
+            assert daemon.components is not None
+            reaper, moved = daemon.components.reaper, [0.0]
+            reaper.clock = lambda: time.monotonic() + moved[0]
+            await wait_until(lambda: reaper.heard_for_s() > 0, message="the reaper listening")
+            moved[0] = 600.0
             b1 = await create("mute-b")
             await reaches(b1, "SENT")
             await clock(b1, "sent_at")

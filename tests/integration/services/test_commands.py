@@ -18,7 +18,7 @@ from gateway.commands.lifecycle import (
     mark_sent,
     unbind,
 )
-from gateway.commands.reaper import reap
+from gateway.commands.reaper import Reaper, reap
 from gateway.commands.receipts import apply_receipt, apply_receipts
 from gateway.domain.command import Delivery, ReceiptOutcome, RejectReason
 from gateway.support.broker_link import BrokerLink, SessionDown
@@ -659,3 +659,68 @@ async def test_a_dispatcher_whose_broker_session_is_down_loses_no_claim_to_it(
     assert not dispatcher._wakeup.is_set()
     link.connected()
     assert dispatcher._wakeup.is_set()
+
+
+async def test_a_missing_receipt_is_judged_only_by_a_node_that_could_hear_it_all_the_window(
+    db: asyncpg.Connection, pool: asyncpg.Pool
+) -> None:
+    """The broker, then the database, away for longer than the ack window: a device's receipt
+    waits at the broker (or in the ingest queue) meanwhile. The node times out no SENT command
+    until its broker session, and its passes against the database, have been up for the whole
+    window again: the held receipt is applied, not refused as closed; a device that stays
+    silent is timed out once the window has passed since."""
+    answered, silent = await _create(db, device="d1"), await _create(db, device="d2")
+    for row in await _claim(db, "n"):
+        await mark_sent(db, row, node_id="n", sent_timeout_s=SENT_TIMEOUT_S)
+    await db.execute("UPDATE command SET sent_at = now() - interval '10 minutes'")
+    up, now = True, 1000.0
+    link = BrokerLink(up=lambda: up)
+    reaper = Reaper(
+        pool=pool, node_id="n", ack_window_s=30, sent_timeout_s=SENT_TIMEOUT_S, interval_s=1,
+        metrics=Metrics(), broker=link, clock=lambda: now,
+    )  # fmt: skip
+
+    async def statuses() -> tuple[str, str]:
+        await reaper.run_once()
+        return (await _row(db, answered)).status, (await _row(db, silent)).status
+
+    # Just started: it has heard nothing for a window yet.
+    assert await statuses() == ("SENT", "SENT")
+    now += 30
+    up = False  # the broker away, ten minutes
+    assert await statuses() == ("SENT", "SENT")
+    now += 600
+    assert await statuses() == ("SENT", "SENT")
+    up = True  # back: the session reconnected
+    link.connected()
+    now += 1
+    assert await statuses() == ("SENT", "SENT")
+    now += 28
+    assert await statuses() == ("SENT", "SENT")
+    # The receipt the broker held comes: applied.
+    generation = (await _row(db, answered)).claim_generation
+    assert await _receipt(db, answered, generation=generation, node="n", device="d1") == (
+        ReceiptOutcome.ACCEPTED,
+        None,
+    )
+    now += 2  # 31 s heard: the silent device is timed out
+    assert await statuses() == ("ACKED", "FAILED")
+
+    # The database out of reach: a pass fails; the window starts again after it.
+    third = await _create(db, device="d3")
+    for row in await _claim(db, "n"):
+        await mark_sent(db, row, node_id="n", sent_timeout_s=SENT_TIMEOUT_S)
+    await db.execute(
+        "UPDATE command SET sent_at = now() - interval '10 minutes' WHERE id = $1", third
+    )
+    reaper.pool = await asyncpg.create_pool("postgresql://postgres@127.0.0.1:1/none", min_size=0)
+    with pytest.raises(ConnectionRefusedError):
+        await reaper.run_once()
+    await reaper.pool.close()
+    reaper.pool = pool
+    now += 100
+    await reaper.run_once()
+    assert (await _row(db, third)).status == "SENT"
+    now += 31
+    await reaper.run_once()
+    assert (await _row(db, third)).status == "FAILED"
