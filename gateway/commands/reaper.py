@@ -16,7 +16,7 @@ import hashlib
 import math
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import asyncpg
@@ -28,6 +28,7 @@ from gateway.commands.receipts import apply_receipt
 from gateway.config import CommandsConfig
 from gateway.domain.command import ReceiptOutcome, needs_people
 from gateway.domain.errors import ConcurrentWriteError
+from gateway.domain.mappings import Mappings
 from gateway.support.broker_link import BrokerLink
 from gateway.support.loops import every
 from gateway.support.metrics import Metrics
@@ -65,10 +66,13 @@ async def reap(
     ack_window_s: float,
     sent_timeout_s: float,
     heard_for_s: float = math.inf,
+    mappings: Sequence[str] = (),
 ) -> ReapReport:
     """One pass of the reaper in the caller's transaction; every write is conditional.
     ``heard_for_s``: how long the node has been able to hear receipts (its broker session and
-    the database up); a missing receipt is judged only once that covers the ack window."""
+    the database up); a missing receipt is judged only once that covers the ack window.
+    ``mappings``: the names of the [[ingest.mappings]] configured, whose devices answer no
+    receipt (their commands go out on vendor topics)."""
     report = ReapReport([], [], [], [], [])
     for row in await repo.reclaim_expired(conn):
         report.reclaimed.append(row.id)
@@ -88,7 +92,7 @@ async def reap(
             if alarm_id is not None:
                 report.alarms.append(alarm_id)
     if 0 < ack_window_s <= heard_for_s:
-        for row in await repo.ack_window_passed(conn, ack_window_s):
+        for row in await repo.ack_window_passed(conn, ack_window_s, mappings):
             # The node reports TIMEOUT itself: the same effect as a device's TIMEOUT receipt.
             own = CommandReceipt(
                 command_id=row.id,
@@ -164,6 +168,7 @@ class Reaper:
         metrics: Metrics,
         broker: BrokerLink | None = None,
         clock: Callable[[], float] = time.monotonic,
+        mappings: Mappings | None = None,
     ) -> None:
         self.metrics = metrics
         self.pool = pool
@@ -173,6 +178,9 @@ class Reaper:
         self.interval_s = interval_s
         self.broker = broker or BrokerLink()
         self.clock = clock
+        # [[ingest.mappings]] (swapped whole on reload, as the dispatcher's): a device read
+        # through one of these gets vendor commands and answers no receipt.
+        self.mappings = mappings or Mappings()
         # Since when this node has been able to hear receipts (None: it cannot now): from its
         # start, and again from each reconnect of its broker session (the wakeup) and from the
         # first pass after one that could not reach the database.
@@ -180,7 +188,9 @@ class Reaper:
         self._hearing_since: float | None = clock()
 
     @classmethod
-    def from_config(cls, node: Node, commands: CommandsConfig) -> Reaper:
+    def from_config(
+        cls, node: Node, commands: CommandsConfig, *, mappings: Mappings | None = None
+    ) -> Reaper:
         return cls(
             pool=node.pool,
             node_id=node.node_id,
@@ -189,6 +199,7 @@ class Reaper:
             interval_s=commands.reaper_interval_s,
             metrics=node.metrics,
             broker=node.broker,
+            mappings=mappings,
         )
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -216,6 +227,7 @@ class Reaper:
                     ack_window_s=self.ack_window_s,
                     sent_timeout_s=self.sent_timeout_s,
                     heard_for_s=heard_for_s,
+                    mappings=list(self.mappings.by_name),
                 )
         except Exception:
             # The database out of reach (or the pass failed): receipts may be waiting in the

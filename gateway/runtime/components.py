@@ -192,7 +192,7 @@ async def build(
     )
     quiet = config.quiet_hours()
     dispatcher = Dispatcher.from_config(node, config.commands, mappings=writer.decoder.mappings)
-    reaper = Reaper.from_config(node, config.commands)
+    reaper = Reaper.from_config(node, config.commands, mappings=writer.decoder.mappings)
     outbox = OutboxPublisher.from_config(node, config.outbox, quiet=quiet)
     notify_metrics = NotifyMetrics.of(node.metrics.registry)
     timers = AlarmTimers.from_config(

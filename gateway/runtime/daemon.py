@@ -290,6 +290,7 @@ class Daemon:
             # [[ingest.mappings]]: what reads vendor topics, and what renders their commands.
             parts.writer.decoder.mappings = mappings
             parts.dispatcher.mappings = mappings
+            parts.reaper.mappings = mappings
             if self.services.replay_path is not None:
                 self.services.replay_path.decoder.mappings = mappings
 

@@ -260,12 +260,15 @@ WHERE status = 'CLAIMED' AND lease_expire_at < now()
 RETURNING *;
 
 -- name: ack_window_passed
--- $1 ack window seconds; SENT commands whose device gave no receipt in time. A device read
--- through an [[ingest.mappings]] table (device_mapping) sends no receipt at all: its commands
--- are left SENT (docs/devices.md#commands-to-mapped-devices).
+-- $1 ack window seconds, $2 the names of the [[ingest.mappings]] configured; SENT commands
+-- whose device gave no receipt in time. A device read through one of those mappings
+-- (device_mapping) gets its commands on the vendor's topic and sends no receipt at all: its
+-- commands are left SENT (docs/devices.md#commands-to-mapped-devices). One whose mapping is
+-- gone from the configuration gets the native downlink again, and is judged as any device.
 SELECT * FROM command
 WHERE status = 'SENT' AND sent_at < now() - make_interval(secs => $1)
-  AND NOT EXISTS (SELECT 1 FROM device_mapping m WHERE m.device_id = command.device_id)
+  AND NOT EXISTS (SELECT 1 FROM device_mapping m
+                  WHERE m.device_id = command.device_id AND m.mapping = ANY ($2::text[]))
 ORDER BY id LIMIT 500;
 
 -- name: fail_sent_timeout

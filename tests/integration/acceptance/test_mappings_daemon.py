@@ -320,6 +320,53 @@ async def test_a_reload_adding_a_mapping_subscribes_its_topics_and_ingests_them(
         assert session.connections == connections
 
 
+async def test_a_device_whose_mapping_a_reload_removed_gets_the_ack_window_again(
+    db_dsn: str, db: asyncpg.Connection, mosquitto: Mosquitto
+) -> None:
+    """A Tasmota device reflashed to speak the native protocol: its mapping is removed from
+    the file and the daemon reloaded. Its commands go out natively again, and one the device
+    does not answer is judged by the ack window (FAILED, realtime), not left SENT for a day as
+    a vendor device's."""
+    port = mosquitto.port
+    commands = "[commands]\nack_window_s = 0.2\nreaper_interval_s = 3600\n"
+    before = parse_config(config_toml(dsn=db_dsn, mqtt_port=port, extra=API + TASMOTA + commands))
+    after = parse_config(config_toml(dsn=db_dsn, mqtt_port=port, extra=API + commands))
+    async with running_daemon(before) as daemon:
+        now = datetime.now(UTC).replace(microsecond=0, tzinfo=None)
+        await _publish(port, [("tele/kitchen/SENSOR", _reading(24.6, now.isoformat()), False)])
+
+        async def recorded() -> bool:
+            sql = "SELECT count(*) FROM device_mapping WHERE device_id = 'kitchen'"
+            return await _count(db, sql) == 1
+
+        await wait_until(recorded, timeout=30, message="kitchen recorded as mapped")
+        daemon.reload(after)
+        async with aiomqtt.Client("127.0.0.1", port, identifier="kitchen-native") as device:
+            await device.subscribe("iot/devices/kitchen/commands", qos=1)
+            async with aiohttp.ClientSession() as http:
+                api = ApiClient(base=f"http://127.0.0.1:{daemon.http_port}", http=http)
+                reply = await api.call(
+                    "POST", "/devices/kitchen/commands", token=OPERATOR,
+                    json={"name": "reboot", "params": {}, "delivery": "realtime"},
+                )  # fmt: skip
+                assert reply.status == 201, reply.body
+                command_id = reply.body["command"]["id"]
+            async with asyncio.timeout(30):
+                message = await anext(aiter(device.messages))
+            assert message.topic.value == "iot/devices/kitchen/commands"  # native again
+        assert daemon.components is not None
+        reaper = daemon.components.reaper
+
+        async def failed() -> bool:
+            await reaper.run_once()
+            sql = "SELECT status FROM command WHERE id = $1"
+            return bool(await db.fetchval(sql, command_id) == "FAILED")
+
+        await wait_until(failed, timeout=30, message="the unanswered command FAILED")
+        result = await db.fetchval("SELECT result FROM command WHERE id = $1", command_id)
+        assert result == "TIMEOUT"
+
+
 async def test_gateway_sim_publishes_each_vendor_format_and_every_reading_is_stored_once(
     db_dsn: str, db: asyncpg.Connection, mosquitto: Mosquitto
 ) -> None:

@@ -724,3 +724,29 @@ async def test_a_missing_receipt_is_judged_only_by_a_node_that_could_hear_it_all
     now += 31
     await reaper.run_once()
     assert (await _row(db, third)).status == "FAILED"
+
+
+async def test_the_ack_window_spares_only_devices_of_a_mapping_still_configured(
+    db: asyncpg.Connection,
+) -> None:
+    """A device read through [[ingest.mappings]] answers no receipt (its commands go out on
+    the vendor's topic): the ack window leaves them SENT. Once its mapping is gone from the
+    configuration it gets the native downlink again, and its commands are judged as any."""
+    command_id = await _create(db, device="kitchen")
+    for row in await _claim(db, "n"):
+        await mark_sent(db, row, node_id="n", sent_timeout_s=SENT_TIMEOUT_S)
+    await db.execute("UPDATE command SET sent_at = now() - interval '1 minute'")
+    await db.execute(
+        "INSERT INTO device_mapping (device_id, mapping, captures) "
+        "VALUES ('kitchen', 'tasmota', '{\"device\": \"kitchen\"}')"
+    )
+    kept = await reap(
+        db, node_id="n", ack_window_s=30, sent_timeout_s=SENT_TIMEOUT_S, mappings=["tasmota"]
+    )
+    assert kept.timed_out_receipts == []
+    assert (await _row(db, command_id)).status == "SENT"
+    gone = await reap(
+        db, node_id="n", ack_window_s=30, sent_timeout_s=SENT_TIMEOUT_S, mappings=["shelly"]
+    )
+    assert gone.timed_out_receipts == [command_id]
+    assert (await _row(db, command_id)).status == "FAILED"
