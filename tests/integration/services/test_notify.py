@@ -315,6 +315,48 @@ async def test_an_answer_whose_body_stalls_is_ended_by_the_receivers_timeout(
     assert "0.5" in row["last_error"] or "Timeout" in row["last_error"], row["last_error"]
 
 
+async def test_a_webhook_answering_2xx_is_a_delivery_even_if_its_body_then_stalls(
+    pool: asyncpg.Pool, db_dsn: str, db: asyncpg.Connection
+) -> None:
+    """Any 2xx is a delivery: the receiver took the notification once its status came, so its
+    body (a few bytes, then nothing) is not waited for. The delivery is SENT at the first
+    attempt and pushes its alarm; the connection is closed rather than left to the stall."""
+    answering: list[web.Request] = []
+
+    async def stall(request: web.Request, _got: Received, status: int) -> web.StreamResponse:
+        response = web.StreamResponse(status=status)
+        response.content_length = 10_000
+        await response.prepare(request)
+        await response.write(b"accepted ")
+        answering.append(request)
+        await asyncio.Event().wait()  # until the server stops
+        return response
+
+    async with webhook_server(ok=always(200)) as server:
+        server.answers["/ok"] = stall
+        config = _config(
+            _webhook("ok", server.url("/ok"), "timeout_s = 0.5"),
+            _route(["ok"]),
+            FAST.replace("max_attempts = 5", "max_attempts = 3"),
+        )
+        node = Notifier(pool, db_dsn, config)
+        _, alarm_id = await _raised(db, "dev-1", "MAJOR")
+        await _drain(node.consumer)
+        async with node.running():
+            await wait_until(lambda: _status_is(db, "SENT", "FAILED"), message="finished")
+            await wait_until(lambda: node.worker.in_flight == {"ok": 0}, message="slot free")
+        assert len(server.on("/ok")) == 1, "sent again"
+        [request] = answering
+        transport = request.transport
+        await wait_until(
+            lambda: transport is None or transport.is_closing(), message="connection closed"
+        )
+    [row] = await _deliveries(db)
+    assert (row["status"], row["attempts"], row["last_error"]) == ("SENT", 1, None)
+    assert await db.fetchval("SELECT status FROM alarm WHERE id = $1", alarm_id) == "PUSHED"
+    assert node.count("ok", "SENT") == 1
+
+
 async def test_an_event_whose_transaction_commits_late_is_still_consumed_exactly_once(
     pool: asyncpg.Pool, db_dsn: str, db_dsn_conn: asyncpg.Connection
 ) -> None:
