@@ -14,8 +14,12 @@ receiver's sends from 3 to 46 s.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import functools
 import html
 import time
+from collections.abc import Awaitable, Callable
 from email.message import EmailMessage
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
@@ -36,6 +40,7 @@ if TYPE_CHECKING:
     # Both are imported where a sender first sends: a gateway with no receiver configured
     # never loads them (aiohttp alone is about 8 MB of resident memory; docs/performance.md).
     import aiohttp
+    import aiosmtplib
 
 DELIVERY_HEADER: Final = "X-Gateway-Delivery"
 ATTEMPT_HEADER: Final = "X-Gateway-Attempt"
@@ -55,8 +60,14 @@ def error_text(receiver: ReceiverConfig, text: str, limit: int = ERROR_MAX) -> s
     return redact_credentials(text, receiver_secrets(receiver))[:limit]
 
 
+# What is left to do once an attempt has succeeded (an SMTP QUIT): the worker awaits it after
+# the outcome is recorded, outside the attempt's timeout. Best effort: it bounds itself, never
+# raises, and leaves no connection open.
+Farewell = Callable[[], Awaitable[None]]
+
+
 class Sender(Protocol):
-    async def send(self, delivery: ClaimedDelivery) -> None: ...
+    async def send(self, delivery: ClaimedDelivery) -> Farewell | None: ...
 
 
 class WebhookSender:
@@ -129,27 +140,47 @@ class EmailSender:
     def __init__(self, receiver: ReceiverConfig) -> None:
         self.receiver = receiver
 
-    async def send(self, delivery: ClaimedDelivery) -> None:
+    async def send(self, delivery: ClaimedDelivery) -> Farewell:
         import aiosmtplib
 
         r = self.receiver
         message = build_email(r, msgspec.json.decode(delivery.body), str(delivery.event_id))
         port = r.port or (465 if r.tls else 587 if r.starttls else 25)
+        client = aiosmtplib.SMTP(
+            hostname=r.host,
+            port=port,
+            username=r.username or None,
+            password=r.password or None,
+            use_tls=r.tls,
+            start_tls=r.starttls,
+            timeout=r.timeout_s,
+        )
         try:
-            await aiosmtplib.send(
-                message,
-                hostname=r.host,
-                port=port,
-                username=r.username or None,
-                password=r.password or None,
-                use_tls=r.tls,
-                start_tls=r.starttls,
-                timeout=r.timeout_s,
-            )
+            try:
+                await client.connect()  # with STARTTLS and the login, as configured
+                await client.send_message(message)
+            except BaseException:
+                client.close()
+                raise
         except aiosmtplib.SMTPException as exc:
             raise SendError(error_text(r, f"{type(exc).__name__}: {exc}")) from exc
         except OSError as exc:
             raise SendError(error_text(r, f"{type(exc).__name__}: {exc.strerror or exc}")) from exc
+        # The server accepted the mail (250 to its DATA): this attempt is a delivery, whatever
+        # the QUIT does. A server stalling on it had the mail recorded a failed attempt, and
+        # mailed again, when the QUIT ran under the attempt's timeout.
+        return functools.partial(_quit, client, r.timeout_s)
+
+
+async def _quit(client: aiosmtplib.SMTP, timeout_s: float) -> None:
+    """Say goodbye to a server that accepted the mail: at most ``timeout_s``, any error
+    ignored (the mail is the server's), the connection closed whatever happens."""
+    try:
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(timeout_s):
+                await client.quit()
+    finally:
+        client.close()
 
 
 def subject_of(body: dict[str, Any]) -> str:

@@ -28,7 +28,7 @@ import structlog
 from gateway.alarms.delivery import NOTIFY_ACTOR, reached
 from gateway.domain.notify import Notify, NotifyConfig, ReceiverConfig
 from gateway.notify.metrics import NotifyMetrics
-from gateway.notify.receivers import Sender, SendError, error_text, sender_for
+from gateway.notify.receivers import Farewell, Sender, SendError, error_text, sender_for
 from gateway.support.backoff import Backoff
 from gateway.support.loops import (
     RETRYABLE,
@@ -188,10 +188,11 @@ class DeliveryWorker:
     async def deliver(self, receiver: ReceiverConfig, delivery: ClaimedDelivery) -> None:
         """Send one claimed delivery and record the outcome."""
         error: str | None = None
+        farewell: Farewell | None = None
         try:
             # No transaction, no pooled connection: a hanging receiver holds only its slot.
             async with asyncio.timeout(receiver.timeout_s):
-                await self._sender(receiver).send(delivery)
+                farewell = await self._sender(receiver).send(delivery)
         except SendError as exc:
             error = str(exc) or type(exc).__name__
         except TimeoutError:
@@ -207,6 +208,11 @@ class DeliveryWorker:
         except DB_ERRORS as exc:
             # Not recorded: the lease runs out and the delivery is claimed (and sent) again.
             log.warning("notify_finish_failed", delivery_id=delivery.id, error=repr(exc))
+        finally:
+            if farewell is not None:
+                # Once the outcome is recorded and outside the attempt's timeout (an SMTP
+                # QUIT): nothing it does makes the delivery a failed attempt.
+                await farewell()
 
     async def _finish(
         self, receiver: ReceiverConfig, delivery: ClaimedDelivery, error: str | None

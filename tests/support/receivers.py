@@ -153,6 +153,25 @@ class _Handler:
         return "250 OK"
 
 
+class _StallingQuit(_Handler):
+    """Takes the mail (250 to its DATA), then never answers QUIT: counts the QUITs it got and
+    the clients that hung up on one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.quits = 0
+        self.hung_up = 0
+
+    async def handle_QUIT(self, server: Any, session: Any, envelope: Any) -> str:
+        self.quits += 1
+        try:
+            await asyncio.Event().wait()  # until the client hangs up (or the server stops)
+        except asyncio.CancelledError:
+            self.hung_up += 1
+            raise
+        return "221 Bye"
+
+
 class Logins:
     """An aiosmtpd authenticator accepting one login and password; what was tried, in order."""
 
@@ -169,11 +188,12 @@ class Logins:
 
 
 @contextlib.contextmanager
-def smtp_server(**smtp: Any) -> Any:
+def smtp_server(*, stall_quit: bool = False, **smtp: Any) -> Any:
     """A real SMTP server (aiosmtpd) on loopback; ``.handler.mails`` collects what it got.
     ``smtp`` goes to the server: ``tls_context`` and ``require_starttls`` for STARTTLS,
-    ``authenticator`` for AUTH, or ``ssl_context`` for implicit TLS."""
-    handler = _Handler()
+    ``authenticator`` for AUTH, or ``ssl_context`` for implicit TLS. ``stall_quit``: it never
+    answers QUIT (``.handler.quits``, ``.handler.hung_up``)."""
+    handler = _StallingQuit() if stall_quit else _Handler()
     controller = Controller(handler, hostname="127.0.0.1", port=free_port(), **smtp)
     controller.start()
     try:

@@ -494,6 +494,33 @@ async def test_a_grouped_email_is_one_digest_of_its_windows_notifications(
     assert [n["event_id"] for n in body["notifications"]] == [str(first), str(second)]
 
 
+async def test_a_mail_the_server_accepted_is_a_delivery_even_if_it_then_stalls_on_quit(
+    pool: asyncpg.Pool, db_dsn: str, db: asyncpg.Connection
+) -> None:
+    """250 to the DATA: the server has the mail. Its QUIT is a goodbye, said after the
+    delivery is recorded SENT (and the alarm pushed), bounded by ``timeout_s`` of its own: the
+    gateway hangs up and the slot is free again."""
+    with smtp_server(stall_quit=True) as smtp:
+        config = _config(
+            _email(smtp.port, extra="timeout_s = 0.5"),
+            _route(["mail"]),
+            FAST.replace("max_attempts = 5", "max_attempts = 2"),
+        )
+        node = Notifier(pool, db_dsn, config)
+        _, alarm_id = await _raised(db, "dev-1", "MAJOR")
+        await _drain(node.consumer)
+        async with node.running():
+            await wait_until(lambda: _status_is(db, "SENT", "FAILED"), message="finished")
+            await wait_until(lambda: node.worker.in_flight == {"mail": 0}, message="slot free")
+        handler = smtp.handler
+        assert len(handler.mails) == 1, "mailed again"
+        await wait_until(lambda: handler.hung_up == handler.quits == 1, message="hung up")
+    [row] = await _deliveries(db)
+    assert (row["status"], row["attempts"], row["last_error"]) == ("SENT", 1, None)
+    assert await db.fetchval("SELECT status FROM alarm WHERE id = $1", alarm_id) == "PUSHED"
+    assert node.count("mail", "SENT") == 1
+
+
 def _server_tls(tmp_path: Path) -> tuple[ssl.SSLContext, Path]:
     """A TLS context for a server on 127.0.0.1 with a certificate of a test CA, and that CA."""
     ca_cert, ca_key = make_ca(tmp_path / "pki", "smtp-test-ca")
