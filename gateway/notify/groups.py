@@ -16,7 +16,8 @@ So a night's held alarms of one group go out together when the night ends, not o
 
 The repeat pass (each consumer pass, any node, ``SKIP LOCKED``): a group whose latest window
 was SENT at least ``repeat_interval_s`` ago and whose alarms are still open gets a new window,
-due now, listing those (``repeat: true``); when none is open the group stops repeating.
+due now, listing those not shelved now (``repeat: true``); when none is left the group stops
+repeating.
 """
 
 from __future__ import annotations

@@ -178,13 +178,17 @@ LIMIT $1
 FOR UPDATE OF g SKIP LOCKED;
 
 -- name: stop_repeating
--- $1 group id; none of its latest window's alarms is open any more.
+-- $1 group id; none of its latest window's alarms is open (and unshelved) any more.
 UPDATE notify_group SET repeat_interval_s = 0 WHERE id = $1;
 
 -- name: open_members
--- $1 delivery id; the events it carried whose alarm is still open (not dealt with).
+-- $1 delivery id; the events it carried whose alarm is still open (not dealt with) and not
+-- shelved now (its own shelf or its pair's in force: a shelved alarm sends no notifications,
+-- docs/behaviour.md §5). Out of service needs no test here: an alarm raised while its device
+-- was (what suppresses its notifications) joins no window.
 SELECT m.event_id, m.alarm_id FROM notify_delivery_member m JOIN alarm a ON a.id = m.alarm_id
 WHERE m.delivery_id = $1 AND a.status IN ('NEW', 'PUSHED', 'DELAYED', 'CONFIRMED', 'ESCALATED')
+  AND alarm_shelved_until(a.id, a.device_id, a.rule_key, now()) IS NULL
 ORDER BY m.alarm_id;
 
 -- name: delivery_alarms

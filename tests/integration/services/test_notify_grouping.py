@@ -18,6 +18,7 @@ import msgspec
 import pytest
 
 from gateway.alarms.lifecycle import create_alarm, transition
+from gateway.alarms.shelving import lift, shelve
 from gateway.alarms.timers import AlarmTimers
 from gateway.config import Config, parse_config
 from gateway.domain.alarm import Action
@@ -27,6 +28,7 @@ from gateway.notify.metrics import NotifyMetrics
 from gateway.notify.worker import DeliveryWorker
 from gateway.support.metrics import Metrics
 from storage import alarms as alarm_repo
+from storage.desk import Scope
 from storage.pool import create_pool
 from tests.support.receivers import WebhookServer, webhook_server
 from tests.support.waiting import wait_until
@@ -281,6 +283,72 @@ async def test_group_interval_then_repeat_interval(db_dsn: str, db: asyncpg.Conn
             assert len(await _windows(db)) == 3
         assert len(server.on("/hook")) == 3
         assert early  # (the first window's alarms were not repeated: not the latest window)
+
+
+async def _shelve(db: asyncpg.Connection, scope: Scope, alarm_id: int) -> asyncpg.Record:
+    """An operator shelves the alarm (scope "alarm") or its device's rule ("pair") for an
+    hour."""
+    return await shelve(
+        db, scope=scope, alarm_id=alarm_id, device_id=None, rule_key=None,
+        seconds=3600, reason="known leak", actor="op", node_id="n0", request_id=None,
+    )  # fmt: skip
+
+
+async def _sent_long_ago(db: asyncpg.Connection, delivery_id: int) -> None:
+    """repeat_interval_s has passed since the window was sent (as the clock would have it)."""
+    await db.execute(
+        "UPDATE notify_delivery SET finished_at = finished_at - interval '3601 s' WHERE id = $1",
+        delivery_id,
+    )
+
+
+async def test_a_groups_repeat_leaves_out_shelved_alarms_and_stops_when_every_one_is(
+    db_dsn: str, db: asyncpg.Connection
+) -> None:
+    """A shelved alarm sends no notifications (behaviour §5): a repeat lists the window's
+    open alarms but those under a shelf in force, their own or their pair's (a shelf lifted
+    counts no more). With every open alarm shelved the group stops repeating, as when none is
+    open. Pushing is the first window's, once per alarm."""
+    async with webhook_server() as server:
+        config = _config(server.url(""), ONLY_GROUPED)
+        async with _two_nodes(db_dsn, config) as nodes:
+            ids = [await _raise(db, f"dev-{k}", "hot", k) for k in range(4)]
+            await _consume_together(nodes)
+            [first] = await _windows(db)
+            await _make_due(db, first["id"])
+            await wait_until(lambda: _window_status(db, first["id"], "SENT"), message="sent")
+            async with db.transaction():
+                await _shelve(db, "alarm", ids[0])
+                await _shelve(db, "pair", ids[1])
+                lifted = await _shelve(db, "pair", ids[2])
+                await lift(db, lifted["id"], actor="op", node_id="n0", request_id=None)
+            await _sent_long_ago(db, first["id"])
+            await _consume_together(nodes)
+            [_, repeat] = await _windows(db)
+            assert repeat["body"]["repeat"] is True
+            assert sorted(n["alarm_id"] for n in repeat["body"]["notifications"]) == ids[2:]
+            members = await db.fetch(
+                "SELECT alarm_id FROM notify_delivery_member WHERE delivery_id = $1"
+                " ORDER BY alarm_id",
+                repeat["id"],
+            )
+            assert [r["alarm_id"] for r in members] == ids[2:]
+            await wait_until(lambda: _window_status(db, repeat["id"], "SENT"), message="sent")
+            assert _listed(server, 1) == ids[2:]
+            # The last two shelved as well: no repeat, and the group stops repeating.
+            async with db.transaction():
+                for alarm_id in ids[2:]:
+                    await _shelve(db, "alarm", alarm_id)
+            await _sent_long_ago(db, repeat["id"])
+            await _consume_together(nodes)
+            assert len(await _windows(db)) == 2
+            assert await db.fetchval("SELECT repeat_interval_s FROM notify_group") == 0
+        assert len(server.on("/hook")) == 2
+    pushes = await db.fetch(
+        "SELECT alarm_id, note FROM alarm_audit WHERE action = 'push' ORDER BY alarm_id"
+    )
+    assert [r["alarm_id"] for r in pushes] == ids
+    assert all(f"grouped delivery {first['id']}" in r["note"] for r in pushes)
 
 
 SITE_OFFLINE = """
