@@ -1,12 +1,17 @@
 """AI summary tasks: conditional writes for claim, result and sweep. Tasks come back as
-:class:`AiTaskRow` (``request_payload`` decoded), a due task as :class:`DueTask`."""
+:class:`AiTaskRow` (``request_payload`` decoded), a due task as :class:`DueTask`.
+
+What came from the model's server (its raw response, an error message quoting it, the model
+name it reported) is written through :func:`storable`: PostgreSQL text cannot hold a NUL, and
+a refused write would leave the task PROCESSING with its answer lost."""
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, Final
 
 import asyncpg
 import msgspec
@@ -27,6 +32,16 @@ SWEEP_LOST = _Q["sweep_lost"]
 RESET = _Q["reset"]
 LATEST_FOR_ALARM = _Q["latest_for_alarm"]
 FOR_ALARM = _Q["for_alarm"]
+
+
+# What PostgreSQL text cannot hold: NUL, and a surrogate (no UTF-8 encodes one alone).
+_UNSTORABLE: Final = re.compile("[\x00\ud800-\udfff]")
+
+
+def storable(text: str) -> str:
+    """``text`` as PostgreSQL text can hold it: each NUL (or lone surrogate) written as its
+    JSON escape, ``\\u0000``; any other text unchanged."""
+    return _UNSTORABLE.sub(lambda found: f"\\u{ord(found.group()):04x}", text)
 
 
 class AiTaskRow(msgspec.Struct, frozen=True, kw_only=True):
@@ -163,8 +178,8 @@ async def succeed(
             inspection_suggestion,
             risk_level,
             confidence,
-            raw_response,
-            model_name,
+            storable(raw_response),
+            storable(model_name),
         )
     )
 
@@ -178,7 +193,8 @@ async def fail(
     error_message: str,
     raw_response: str | None,
 ) -> AiTaskRow | None:
-    return _row(await conn.fetchrow(FAIL, task_id, token, error_code, error_message, raw_response))
+    raw = None if raw_response is None else storable(raw_response)
+    return _row(await conn.fetchrow(FAIL, task_id, token, error_code, storable(error_message), raw))
 
 
 async def sweep_lost(conn: asyncpg.Connection, timeout_s: float) -> list[AiTaskRow]:

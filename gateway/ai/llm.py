@@ -137,7 +137,8 @@ def _parse_reply(raw: str, requested_model: str) -> LlmReply:
     return LlmReply(
         text=content,
         raw_response=raw,
-        model=model if isinstance(model, str) and model else requested_model,
+        # A blank name would break the record's rule (ai_task_model_name_not_blank).
+        model=model if isinstance(model, str) and model.strip() else requested_model,
         finish_reason=finish_reason if isinstance(finish_reason, str) else None,
     )
 

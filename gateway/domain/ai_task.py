@@ -5,7 +5,8 @@ a retry is a new PENDING row with ``attempt + 1``, never a reset of the failed o
 CHECK constraints carry the names used here, so the domain and the table report the same rule:
 
 - ``ai_task_confidence_in_range``, ``ai_task_risk_level_valid``, ``ai_task_result_text_valid``:
-  a :class:`Summary` (text fields not blank and at most :data:`TEXT_MAX_CHARS` characters).
+  a :class:`Summary` (text fields not blank, at most :data:`TEXT_MAX_CHARS` characters, and
+  without a character PostgreSQL text cannot hold: a NUL, a lone surrogate).
 - ``ai_task_model_name_not_blank``, ``ai_task_prompt_version_not_blank``: every outcome says
   which model and which prompt produced it.
 - ``ai_task_request_payload_valid``: the request payload is a non-empty JSON object.
@@ -36,6 +37,8 @@ from gateway.domain.errors import GatewayError
 MAX_ATTEMPTS_DEFAULT: Final = 3
 TEXT_MAX_CHARS: Final = 2000
 _ERROR_CODE: Final = re.compile(r"^[A-Z][A-Z0-9_]*$")
+# What PostgreSQL text cannot hold: NUL, and a surrogate (no UTF-8 encodes one alone).
+_UNSTORABLE: Final = re.compile("[\x00\ud800-\udfff]")
 
 
 class TaskStatus(StrEnum):
@@ -133,6 +136,10 @@ def _text_problem(name: str, value: object) -> str | None:
         return f"{name} is blank"
     if len(value) > TEXT_MAX_CHARS:
         return f"{name} has {len(value)} characters, more than {TEXT_MAX_CHARS}"
+    unstorable = _UNSTORABLE.search(value)
+    if unstorable is not None:
+        code = f"U+{ord(unstorable.group()):04X}"
+        return f"{name} holds {code}, which a database text cannot hold"
     return None
 
 

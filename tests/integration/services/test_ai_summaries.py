@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
+from typing import Any
 
 import aiohttp
 import aiomqtt
@@ -33,11 +35,24 @@ async def llm_server() -> AsyncIterator[FakeLlm]:
         yield server
 
 
+# The clients _worker made, closed after each test: a session left to the collector warns
+# from wherever the collection runs (once, inside the compiler, failing the whole session).
+_CLIENTS: list[OpenAiCompatibleLlm] = []
+
+
+@pytest.fixture(autouse=True)
+async def _close_clients() -> AsyncIterator[None]:
+    yield
+    while _CLIENTS:
+        await _CLIENTS.pop().close()
+
+
 def _worker(
     pool: asyncpg.Pool, server: FakeLlm, *, timeout_s: float = 5.0, **kw: object
 ) -> SummaryWorker:
     llm = OpenAiCompatibleLlm(base_url=server.base_url, model="fake-model", api_key=None,
                               timeout_s=timeout_s)  # fmt: skip
+    _CLIENTS.append(llm)
     return SummaryWorker(pool=pool, llm=llm, node_id="n1", metrics=Metrics(), max_attempts=3,
                          **kw)  # type: ignore[arg-type]  # fmt: skip
 
@@ -116,6 +131,95 @@ async def test_invalid_output_fails_with_the_raw_response_kept(
             "SELECT count(*) FROM outbox_event WHERE event_type = 'ai.summary_failed'"
         )
     assert events == 1
+
+
+@pytest.mark.parametrize(
+    ("fields", "detail"),
+    [
+        ({**DEFAULT_SUMMARY, "summary": "door\u0000open"}, "summary holds U+0000"),
+        ({**DEFAULT_SUMMARY, "inspection_suggestion": "\u0000"}, "suggestion holds U+0000"),
+        ({**DEFAULT_SUMMARY, "note\u0000": "x"}, "unknown field `note\\u0000`"),
+    ],
+    ids=["nul-in-the-summary", "nul-alone", "nul-in-an-unknown-field-name"],
+)
+async def test_an_answer_holding_a_nul_fails_as_invalid_output_with_the_raw_response_kept(
+    pool: asyncpg.Pool, llm_server: FakeLlm, fields: dict[str, object], detail: str
+) -> None:
+    """PostgreSQL text cannot hold a NUL: the summary is refused as invalid output, not left
+    PROCESSING by a refused write (then failed as WORKER_LOST with the answer lost)."""
+    alarm_id = await _alarm(pool)
+    content = json.dumps(fields)
+    body = json.dumps(llm_server.completion(content))
+    llm_server.reply_raw(body)
+    await _worker(pool, llm_server).run_once()
+    first, retry = await ai_repo_for(pool, alarm_id)
+    assert (first["status"], first["error_code"]) == ("FAILED", "LLM_OUTPUT_INVALID")
+    assert first["raw_response"] == body  # JSON escapes its NUL: the body is kept as received
+    assert detail in first["error_message"]
+    assert (retry["attempt"], retry["status"]) == (2, "PENDING")
+    [event] = await _events(pool, "ai.summary_failed")
+    assert event["task"]["error_message"] == first["error_message"]
+
+
+# The server's status and body; the raw response, error code and error message stored.
+NUL_FAILURES: dict[str, tuple[int, str, str, str, str]] = {
+    "nul-byte-in-an-error-body": (
+        502, '{"error": "bad\x00gateway"}',
+        '{"error": "bad\\u0000gateway"}', "LLM_HTTP_502", "bad\\u0000gateway",
+    ),
+    "escaped-nul-in-its-message": (
+        502, '{"error": "bad\\u0000gateway"}',
+        '{"error": "bad\\u0000gateway"}', "LLM_HTTP_502", "bad\\u0000gateway",
+    ),
+    "nul-byte-after-a-200": (
+        200, '{"choices": []}\x00', '{"choices": []}\\u0000', "LLM_PROTOCOL", "not JSON",
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", NUL_FAILURES.values(), ids=NUL_FAILURES.keys())
+async def test_a_nul_in_a_failed_answer_is_stored_escaped_and_the_failure_recorded(
+    pool: asyncpg.Pool, llm_server: FakeLlm, case: tuple[int, str, str, str, str]
+) -> None:
+    """The raw response and the error message are kept whatever the server sent: a NUL is
+    written as its JSON escape, \\u0000, in the row and in the event."""
+    status, body, kept, code, message = case
+    alarm_id = await _alarm(pool)
+    llm_server.reply_raw(body, status=status)
+    await _worker(pool, llm_server).run_once()
+    first, retry = await ai_repo_for(pool, alarm_id)
+    assert (first["status"], first["error_code"]) == ("FAILED", code)
+    assert first["raw_response"] == kept
+    assert message in first["error_message"]
+    assert "\x00" not in first["error_message"]
+    assert retry["status"] == "PENDING"
+    [event] = await _events(pool, "ai.summary_failed")
+    assert event["task"]["error_message"] == first["error_message"]
+
+
+@pytest.mark.parametrize(
+    ("reported", "stored"),
+    [("fake\x00model", "fake\\u0000model"), ("  ", "fake-model")],
+    ids=["nul-escaped", "blank-is-the-requested-one"],
+)
+async def test_the_model_name_the_server_reports_is_stored_as_the_table_can_hold_it(
+    pool: asyncpg.Pool, llm_server: FakeLlm, reported: str, stored: str
+) -> None:
+    alarm_id = await _alarm(pool)
+    llm_server.reply(json.dumps(DEFAULT_SUMMARY), model=reported)
+    await _worker(pool, llm_server).run_once()
+    [task] = await ai_repo_for(pool, alarm_id)
+    assert (task["status"], task["model_name"]) == ("SUCCEEDED", stored)
+    [event] = await _events(pool, "ai.summary_succeeded")
+    assert event["task"]["model_name"] == stored
+
+
+async def _events(pool: asyncpg.Pool, event_type: str) -> list[dict[str, Any]]:
+    async with pool.acquire() as conn:
+        rows = await conn.fetch(
+            "SELECT payload::text FROM outbox_event WHERE event_type = $1 ORDER BY id", event_type
+        )
+    return [json.loads(row["payload"]) for row in rows]
 
 
 async def ai_repo_for(pool: asyncpg.Pool, alarm_id: int) -> list[asyncpg.Record]:

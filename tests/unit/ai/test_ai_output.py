@@ -110,6 +110,9 @@ INVALID: list[tuple[str, str]] = [
     ("42", "Expected `object`, got `int`"),
     (f"{GOOD}{GOOD}", "not JSON"),
     ("\ud800", "not valid Unicode"),
+    # A NUL PostgreSQL text cannot hold: in a field, invalid output (the raw response is kept).
+    (with_field("summary", "door\x00open"), "summary holds U+0000"),
+    (with_field("inspection_suggestion", "\x00"), "inspection_suggestion holds U+0000"),
 ]
 
 
@@ -144,7 +147,10 @@ def test_strip_fence_only_strips_a_fence_around_everything() -> None:
     assert strip_fence("```json\n{}\n``` b") == "```json\n{}\n``` b"
 
 
-_text = st.text(min_size=1, max_size=50).filter(lambda s: s.strip() != "")
+# What a summary field may hold: not blank, and no NUL (PostgreSQL text cannot hold one).
+_text = st.text(st.characters(exclude_characters="\x00"), min_size=1, max_size=50).filter(
+    lambda s: s.strip() != ""
+)
 _summaries = st.builds(
     Summary,
     summary=_text,

@@ -95,6 +95,10 @@ INVALID_SUMMARIES: list[tuple[str, dict[str, Any]]] = [
     ("ai_task_result_text_valid", {"inspection_suggestion": " "}),
     ("ai_task_result_text_valid", {"inspection_suggestion": "i" * (TEXT_MAX_CHARS + 1)}),
     ("ai_task_result_text_valid", {"summary": 42}),
+    # What PostgreSQL text cannot hold: the write would be refused, the answer lost.
+    ("ai_task_result_text_valid", {"summary": "door\x00open"}),
+    ("ai_task_result_text_valid", {"possible_cause": "\x00"}),
+    ("ai_task_result_text_valid", {"inspection_suggestion": "check \ud800"}),
     ("ai_task_risk_level_valid", {"risk_level": "SEVERE"}),
     ("ai_task_risk_level_valid", {"risk_level": "high"}),
     ("ai_task_confidence_in_range", {"confidence": 1.7}),
