@@ -30,6 +30,7 @@ import structlog
 import yarl
 
 from gateway.domain.errors import GatewayError
+from gateway.domain.redaction import url_credentials, without_userinfo
 
 if TYPE_CHECKING:
     # Imported where a request is made: a gateway without [ai] never loads aiohttp (about
@@ -170,8 +171,12 @@ class OpenAiCompatibleLlm:
     ) -> None:
         if timeout_s <= 0:
             raise ValueError(f"LLM timeout_s must be positive, got {timeout_s}")
+        if api_key and url_credentials(base_url):
+            raise ValueError("LLM base_url credentials exclude an api_key (both authenticate)")
         self.model = model
         self.url = f"{_check_base_url(base_url)}/chat/completions"
+        # What messages and log lines name: an error message is stored, published and shown.
+        self.shown_url = without_userinfo(self.url)
         self.timeout_s = timeout_s
         self.json_mode = json_mode
         self._headers = {"Accept": "application/json", "Content-Type": "application/json"}
@@ -228,7 +233,7 @@ class OpenAiCompatibleLlm:
                             self._send_response_format = False
                             log.warning(
                                 "llm_response_format_unsupported",
-                                url=self.url,
+                                url=self.shown_url,
                                 model=requested_model,
                                 detail=rejected.error.message,
                             )
@@ -236,7 +241,7 @@ class OpenAiCompatibleLlm:
         except TimeoutError as exc:
             # aiohttp's own socket timeouts are TimeoutErrors too: same code, same meaning.
             raise LlmError(
-                "LLM_TIMEOUT", f"no answer from {self.url} within {self.timeout_s}s"
+                "LLM_TIMEOUT", f"no answer from {self.shown_url} within {self.timeout_s}s"
             ) from exc
 
     async def _post(self, body: dict[str, object]) -> LlmReply:
@@ -266,15 +271,17 @@ class OpenAiCompatibleLlm:
         except aiohttp.ServerTimeoutError:
             raise  # a TimeoutError first: complete() reports it as LLM_TIMEOUT
         except aiohttp.ClientConnectionError as exc:  # refused, DNS, reset, closed mid-answer
-            raise LlmError("LLM_UNREACHABLE", f"{self.url}: {exc or type(exc).__name__}") from exc
+            shown = f"{self.shown_url}: {exc or type(exc).__name__}"
+            raise LlmError("LLM_UNREACHABLE", shown) from exc
         except aiohttp.ClientPayloadError as exc:  # the body was cut short
-            raise LlmError("LLM_UNREACHABLE", f"{self.url}: {exc}") from exc
+            raise LlmError("LLM_UNREACHABLE", f"{self.shown_url}: {exc}") from exc
         except aiohttp.ClientResponseError as exc:  # not even a well-formed HTTP answer
-            raise LlmError("LLM_PROTOCOL", f"{self.url}: {exc.message}") from exc
+            raise LlmError("LLM_PROTOCOL", f"{self.shown_url}: {exc.message}") from exc
 
         raw = _decode(data)
         detail = _error_detail(raw)
-        error = LlmError(f"LLM_HTTP_{status}", f"HTTP {status} from {self.url}: {detail}", raw=raw)
+        message = f"HTTP {status} from {self.shown_url}: {detail}"
+        error = LlmError(f"LLM_HTTP_{status}", message, raw=raw)
         if status in _REJECTION_STATUSES and "response_format" in body and "response_format" in raw:
             raise _Rejected(error)
         raise error

@@ -28,6 +28,7 @@ from gateway.domain.errors import ConfigError, ConfigErrors, config_errors
 from gateway.domain.mappings import MappingConfig, Mappings, compile_mappings
 from gateway.domain.notify import Notify, NotifyConfig, compile_notify, receiver_secrets
 from gateway.domain.quiet_hours import QuietHours, QuietHoursConfig, compile_quiet_hours
+from gateway.domain.redaction import url_credentials
 from gateway.domain.rules import DeviceClock, RuleConfig, RuleSet, compile_rule, compile_rules
 from protocol import TopicKind, Topics, is_valid_device_id
 from protocol.ids import is_portable_device_id
@@ -206,6 +207,8 @@ class AiConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     enabled: bool = False
     base_url: str = ""
     model: str = ""
+    # The key, or the variable holding it (read into api_key by apply_secrets); at most one.
+    api_key: str = ""
     api_key_env: str = ""
     prompt_version: str = "v1"
     timeout_s: PositiveFloat = 30.0
@@ -288,12 +291,15 @@ class Config(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
 
     def secrets(self) -> list[str]:
         """What no log line may carry: the API tokens, the broker's and the database's
-        passwords, the notification receivers' secrets."""
+        passwords, the AI server's key and URL userinfo, the notification receivers'
+        secrets."""
         password = urlsplit(self.database.dsn).password if self.database.dsn else None
         return [
             *(t.token for t in self.api.tokens),
             self.mqtt.password,
             password or "",
+            self.ai.api_key,
+            *url_credentials(self.ai.base_url),
             *notify_secrets(self),
         ]
 
@@ -521,7 +527,22 @@ def apply_secrets(config: Config, environ: Mapping[str, str]) -> Config:
         tokens.append(entry)
     api = msgspec.structs.replace(config.api, tokens=tokens)
     notify = _notify_secrets(config.notify, environ)
-    return msgspec.structs.replace(config, database=database, mqtt=mqtt, api=api, notify=notify)
+    ai = _ai_secrets(config.ai, environ)
+    return msgspec.structs.replace(
+        config, database=database, mqtt=mqtt, api=api, ai=ai, notify=notify
+    )
+
+
+def _ai_secrets(ai: AiConfig, environ: Mapping[str, str]) -> AiConfig:
+    """``api_key_env`` read into ``api_key`` (with AI enabled: a disabled section sends no key,
+    so its variable may be missing)."""
+    if not ai.enabled or not ai.api_key_env:
+        return ai
+    value = environ.get(ai.api_key_env, "")
+    if not value:
+        raise ConfigError("ai.api_key_env", f"environment variable {ai.api_key_env} is not set")
+    # The value replaces the variable's name: the resolved section has one of the two.
+    return msgspec.structs.replace(ai, api_key=value, api_key_env="")
 
 
 # --- notifications ([notify], [http] public_url) ------------------------------------------------
@@ -753,6 +774,14 @@ def _validate_ai(ai: AiConfig) -> list[ConfigError]:
         for key in ("base_url", "model"):
             if not getattr(ai, key):
                 errors.append(ConfigError(f"ai.{key}", "required when ai.enabled is true"))
+    if ai.api_key and ai.api_key_env:
+        errors.append(ConfigError("ai.api_key", "set at most one of api_key and api_key_env"))
+    if (ai.api_key or ai.api_key_env) and url_credentials(ai.base_url):
+        # The HTTP client sends the URL's credentials as Basic authentication, and refuses
+        # them beside the key's Authorization header.
+        errors.append(
+            ConfigError("ai.base_url", "credentials in the URL exclude api_key and api_key_env")
+        )
     if ai.prompt_version not in PROMPTS:
         errors.append(
             ConfigError("ai.prompt_version", f"unknown prompt version; known: {sorted(PROMPTS)}")

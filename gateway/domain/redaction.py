@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from typing import Final
+from urllib.parse import urlsplit, urlunsplit
 
 REDACTED: Final = "[redacted]"
 # Shorter values are left alone: "1" or "on" would cut the message to pieces.
@@ -52,3 +53,26 @@ def redact_credentials(text: str, secrets: Iterable[str] = ()) -> str:
     text = _AUTHORIZATION.sub(rf"\1{REDACTED}", text)
     text = _SCHEME.sub(rf"\1\2{REDACTED}", text)
     return _PAIR.sub(rf"\1{REDACTED}", text)
+
+
+def url_credentials(url: str) -> list[str]:
+    """The userinfo of ``url`` (``user:password``) and each of its two parts; none without."""
+    try:
+        userinfo = urlsplit(url).netloc.rpartition("@")[0]
+    except ValueError:  # "http://[::1": an invalid IPv6 address
+        found = _USERINFO.match(url)
+        userinfo = found.group()[len(found.group(1)) : -1] if found else ""
+    if not userinfo:
+        return []
+    return list(dict.fromkeys(s for s in (userinfo, *userinfo.split(":", 1)) if s))
+
+
+def without_userinfo(url: str) -> str:
+    """``url`` as a message or a log line may show it: without its userinfo (credentials)."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # "http://[::1": an invalid IPv6 address
+        return _USERINFO.sub(r"\1", url)
+    if "@" not in parts.netloc:
+        return url
+    return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))

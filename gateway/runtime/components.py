@@ -8,7 +8,6 @@ reports health and stops through it.
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import Callable, Coroutine
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
@@ -37,6 +36,7 @@ from gateway.commands.reaper import Reaper
 from gateway.commands.service import CommandService
 from gateway.config import Config, SparkplugConfig
 from gateway.domain.quiet_hours import QuietHours
+from gateway.domain.redaction import without_userinfo
 from gateway.ingest import live_path
 from gateway.ingest.metrics import IngestMetrics
 from gateway.ingest.store import set_aside_unbounded_telemetry
@@ -384,14 +384,14 @@ async def _summaries(config: Config, node: Node, stack: AsyncExitStack) -> Summa
     llm = OpenAiCompatibleLlm(
         base_url=ai.base_url,
         model=ai.model,
-        api_key=os.environ.get(ai.api_key_env) if ai.api_key_env else None,
+        api_key=ai.api_key or None,  # read from api_key_env by apply_secrets
         timeout_s=ai.timeout_s,
         json_mode=ai.json_mode,
     )
     stack.push_async_callback(llm.close)
     log.info(
         "ai_summaries_enabled",
-        base_url=ai.base_url,
+        base_url=without_userinfo(ai.base_url),
         model=ai.model,
         prompt_version=ai.prompt_version,
     )

@@ -12,6 +12,7 @@ import aiomqtt
 import asyncpg
 import msgspec
 import pytest
+from structlog.testing import capture_logs
 
 from gateway.ai.llm import OpenAiCompatibleLlm
 from gateway.ai.worker import SummaryWorker
@@ -293,6 +294,54 @@ async def test_a_killed_worker_is_swept_as_worker_lost_then_retried(
         await conn.execute("UPDATE ai_task SET next_attempt_at = now() WHERE id = $1", retry["id"])
     assert await survivor.run_once()
     assert (await _task(pool, alarm_id))["status"] == "SUCCEEDED"
+
+
+async def test_credentials_in_the_base_url_reach_no_log_line_no_task_and_no_event(
+    db_dsn: str, mosquitto: Mosquitto, llm_server: FakeLlm
+) -> None:
+    """The URL's userinfo authenticates (Basic); the start's log line, the failed task's
+    error message and its event name the server without it."""
+    base_url = llm_server.base_url.replace("http://", "http://gw:url-pass-0123@")
+    llm_server.reply('{"error": "boom"}', status=500)
+    config = make_config(
+        dsn=db_dsn, mqtt_port=mosquitto.port,
+        extra=(
+            '[[rules]]\nkey = "door-open"\nkind = "event"\nevent = "DOOR_OPEN"\n'
+            'severity = "MAJOR"\n'
+            f'[ai]\nenabled = true\nbase_url = "{base_url}"\nmodel = "fake-model"\n'
+            "max_attempts = 1\n"
+        ),
+    )  # fmt: skip
+
+    async def failed() -> bool:
+        conn = await asyncpg.connect(db_dsn)
+        try:
+            return bool(await conn.fetchval("SELECT count(*) FROM ai_task WHERE status = 'FAILED'"))
+        finally:
+            await conn.close()
+
+    with capture_logs() as logs:
+        async with running_daemon(config):
+            async with aiomqtt.Client("127.0.0.1", mosquitto.port) as pub:
+                door = b'{"ts": 1, "events": [{"type": "DOOR_OPEN"}]}'
+                await pub.publish(Topics("iot").telemetry("door-1"), door, qos=1)
+            await wait_until(failed, timeout=30, message="the task FAILED")
+    assert llm_server.headers[0]["Authorization"].startswith("Basic ")
+    [started] = [line for line in logs if line["event"] == "ai_summaries_enabled"]
+    assert started["base_url"] == llm_server.base_url
+    assert "url-pass-0123" not in repr(logs)
+    conn = await asyncpg.connect(db_dsn)
+    try:
+        [task] = await conn.fetch("SELECT error_code, error_message FROM ai_task")
+        [event] = await conn.fetch(
+            "SELECT payload::text FROM outbox_event WHERE event_type = 'ai.summary_failed'"
+        )
+    finally:
+        await conn.close()
+    assert task["error_code"] == "LLM_HTTP_500"
+    assert f"from {llm_server.base_url}/chat/completions: boom" in task["error_message"]
+    assert "url-pass-0123" not in event["payload"]
+    assert "gw:" not in task["error_message"] + event["payload"]
 
 
 async def test_a_slow_llm_holds_no_connection_and_ingest_keeps_going(

@@ -169,6 +169,36 @@ async def test_nothing_listening_is_unreachable() -> None:
     assert error.raw is None
 
 
+async def test_error_messages_name_the_server_without_the_credentials_in_its_url() -> None:
+    """An error message is stored in the task, published in its event and logged: the URL's
+    userinfo (sent as Basic authentication) stays out of it."""
+    async with FakeLlm() as fake:
+        base_url = fake.base_url.replace("http://", "http://gw:url-pass-0123@")
+        async with OpenAiCompatibleLlm(
+            base_url=base_url, model="summary-model", api_key=None, timeout_s=0.3
+        ) as llm:
+            fake.reply('{"error": "boom"}', status=500)
+            refused = await failure(llm)
+            fake.hang()
+            silent = await failure(llm)
+        dead = OpenAiCompatibleLlm(
+            base_url=f"http://gw:url-pass-0123@127.0.0.1:{free_port()}/v1",
+            model="summary-model",
+            api_key=None,
+            timeout_s=5.0,
+        )
+        async with dead:
+            unreachable = await failure(dead)
+    assert fake.headers[0]["Authorization"].startswith("Basic ")  # the credentials were sent
+    assert [e.code for e in (refused, silent, unreachable)] == [
+        "LLM_HTTP_500", "LLM_TIMEOUT", "LLM_UNREACHABLE",
+    ]  # fmt: skip
+    for error in (refused, silent, unreachable):
+        assert "url-pass-0123" not in error.message
+        assert "gw:" not in error.message
+        assert "http://127.0.0.1:" in error.message
+
+
 @pytest.mark.parametrize(
     "body",
     [
@@ -262,3 +292,5 @@ def test_construction_has_no_side_effects_and_checks_its_settings() -> None:
         OpenAiCompatibleLlm(base_url="localhost:11434", model="m", api_key=None, timeout_s=1)
     with pytest.raises(ValueError, match="timeout_s"):
         OpenAiCompatibleLlm(base_url="http://x/v1", model="m", api_key=None, timeout_s=0)
+    with pytest.raises(ValueError, match="credentials exclude an api_key"):
+        OpenAiCompatibleLlm(base_url="http://u:p@x/v1", model="m", api_key="k", timeout_s=1)

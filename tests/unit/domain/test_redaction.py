@@ -5,7 +5,12 @@ from __future__ import annotations
 import pytest
 
 from gateway.domain.notify import ReceiverConfig, receiver_secrets
-from gateway.domain.redaction import REDACTED, redact_credentials
+from gateway.domain.redaction import (
+    REDACTED,
+    redact_credentials,
+    url_credentials,
+    without_userinfo,
+)
 
 
 @pytest.mark.parametrize(
@@ -49,3 +54,21 @@ def test_a_receivers_secrets_are_its_secret_password_headers_and_userinfo() -> N
     assert set(receiver_secrets(receiver)) == {
         "signing-secret", "key-0123", "bob:hunter22", "bob", "hunter22",
     }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("url", "shown", "credentials"),
+    [
+        ("https://bob:hunter22@llm.example/v1", "https://llm.example/v1",
+         ["bob:hunter22", "bob", "hunter22"]),
+        ("http://token-0123@10.0.0.5:8000/v1", "http://10.0.0.5:8000/v1", ["token-0123"]),
+        ("http://localhost:11434/v1", "http://localhost:11434/v1", []),
+        ("http://bob:pw@[::1/v1", "http://[::1/v1", ["bob:pw", "bob", "pw"]),  # not a URL
+        ("", "", []),
+    ],
+)  # fmt: skip
+def test_a_url_is_shown_without_its_userinfo_whose_parts_are_its_credentials(
+    url: str, shown: str, credentials: list[str]
+) -> None:
+    assert without_userinfo(url) == shown
+    assert url_credentials(url) == credentials

@@ -132,6 +132,58 @@ def test_systemd_credentials_are_read_when_no_environment_variable(tmp_path: Pat
     assert config.mqtt.password == "from-credential"
 
 
+AI = """
+[ai]
+enabled = true
+base_url = "https://llm.example.com/v1"
+model = "gpt-4o-mini"
+api_key_env = "GW_TEST_OPENAI_KEY"
+"""
+
+
+def test_an_unset_api_key_variable_is_a_configuration_error_naming_the_key(
+    tmp_path: Path,
+) -> None:
+    """At start and on SIGHUP alike (both load the file): a refused reload changes nothing."""
+    path = tmp_path / "gateway.toml"
+    path.write_text(AI)
+    for environ in ({}, {"GW_TEST_OPENAI_KEY": ""}):
+        with pytest.raises(ConfigError) as caught:
+            load_config(path, environ=environ)
+        assert caught.value.key_path == "ai.api_key_env"
+        assert "GW_TEST_OPENAI_KEY is not set" in caught.value.message
+    # A disabled section sends no key: its variable may be missing.
+    path.write_text(AI.replace("enabled = true", "enabled = false"))
+    assert load_config(path, environ={}).ai.api_key == ""
+
+
+def test_the_api_key_is_read_from_its_variable_and_no_log_line_carries_it(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "gateway.toml"
+    path.write_text(AI)
+    config = load_config(path, environ={"GW_TEST_OPENAI_KEY": "sk-test-0123456789"})
+    assert config.ai.api_key == "sk-test-0123456789"
+    assert "sk-test-0123456789" in config.secrets()
+    keyed = parse_config(
+        AI.replace('api_key_env = "GW_TEST_OPENAI_KEY"', 'api_key = "sk-file-0123"')
+    )
+    assert "sk-file-0123" in keyed.secrets()
+
+
+def test_credentials_in_the_ai_base_url_are_secrets_and_exclude_an_api_key() -> None:
+    with_userinfo = AI.replace("https://llm", "https://gw:url-pass-0123@llm")
+    keyless = parse_config(with_userinfo.replace('api_key_env = "GW_TEST_OPENAI_KEY"', ""))
+    assert {"gw:url-pass-0123", "url-pass-0123"} <= set(keyless.secrets())
+    # Sent as Basic authentication by the HTTP client, which refuses them beside a key.
+    with pytest.raises(ConfigError) as caught:
+        parse_config(with_userinfo)
+    assert caught.value.key_path == "ai.base_url"
+    with pytest.raises(ConfigError) as both:
+        parse_config(AI + 'api_key = "sk-file-0123"\n')
+    assert both.value.key_path == "ai.api_key"
+
+
 def test_missing_file_is_a_config_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as caught:
         load_config(tmp_path / "nope.toml", environ={})
