@@ -243,16 +243,39 @@ SELECT EXISTS (SELECT 1 FROM notify_delivery WHERE alarm_id = $1)
 -- $1 NEW since at or before, $2 now, $3 limit; NEW alarms that reached nobody in time, marked
 -- once (another node's pass skips the rows this one holds, then finds them marked). An alarm
 -- quiet hours held is NEW since its wake (`woken_at`), not since it fired: held on purpose,
--- it could reach nobody before (the pass that wakes it does not find it unreached). The rows due
+-- it could reach nobody before (the pass that wakes it does not find it unreached). Nor is one
+-- whose notifications are kept back on purpose: shelved now, or until less than the bound ago
+-- (measured from its shelf's end, as from a wake), or raised while its device was out of
+-- service (it notifies nobody, by design): each set found once (hashed), not looked for alarm
+-- by alarm. The rows due
 -- are found once and then looked up by id: joined to the table (UPDATE ... FROM (subquery)),
 -- PostgreSQL, trusting statistics taken while the table was nearly empty, ran the locking
 -- subquery again for every open NEW alarm, quadratic in them (206 ms a pass with 1,001 open
 -- and none due; a test reads the plan).
 WITH due AS (
-    SELECT id FROM alarm
-    WHERE status = 'NEW' AND unreached_at IS NULL AND coalesce(woken_at, triggered_at) <= $1
-    ORDER BY id LIMIT $3
-    FOR UPDATE SKIP LOCKED
+    SELECT a.id FROM alarm a
+    WHERE a.status = 'NEW' AND a.unreached_at IS NULL
+      AND coalesce(a.woken_at, a.triggered_at) <= $1
+      AND a.id NOT IN (
+          SELECT s.alarm_id FROM alarm_shelf s
+          WHERE s.scope = 'alarm' AND s.alarm_id IS NOT NULL AND s.shelved_at <= $2
+            AND least(s.until, coalesce(s.ended_at, 'infinity'::timestamptz)) > $1)
+      AND (a.device_id, a.rule_key) NOT IN (
+          SELECT s.device_id, s.rule_key FROM alarm_shelf s
+          WHERE s.scope = 'pair' AND s.device_id IS NOT NULL AND s.rule_key IS NOT NULL
+            AND s.shelved_at <= $2
+            AND least(s.until, coalesce(s.ended_at, 'infinity'::timestamptz)) > $1)
+      AND a.id NOT IN (
+          -- Driven by the periods (LATERAL): one look-up of a device's alarms a period.
+          SELECT k.id FROM device_out_of_service o, LATERAL (
+              SELECT k.id FROM alarm k
+              WHERE k.device_id = o.device_id AND k.status = 'NEW' AND k.unreached_at IS NULL
+                AND o.since <= k.triggered_at
+                AND k.triggered_at < least(coalesce(o.until, 'infinity'::timestamptz),
+                                           coalesce(o.ended_at, 'infinity'::timestamptz))
+              OFFSET 0) k)  -- not flattened: the periods stay outside, the alarms inside
+    ORDER BY a.id LIMIT $3
+    FOR UPDATE OF a SKIP LOCKED
 )
 UPDATE alarm a SET unreached_at = $2
 WHERE a.id = ANY (ARRAY(SELECT id FROM due)) AND a.status = 'NEW' AND a.unreached_at IS NULL

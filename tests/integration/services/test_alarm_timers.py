@@ -12,6 +12,7 @@ import pytest
 from gateway.alarms.delivery import QUIET_ACTOR
 from gateway.alarms.lifecycle import create_alarm, transition
 from gateway.alarms.service import AlarmService
+from gateway.alarms.shelving import lift, set_out_of_service, shelve
 from gateway.alarms.timers import AlarmTimers
 from gateway.config import parse_config
 from gateway.domain.alarm import Action, AlarmStatus
@@ -228,6 +229,42 @@ async def test_an_alarm_quiet_hours_held_is_unreached_only_after_the_bound_from_
     assert (await timers(timedelta(seconds=299)).run_once()).unreached == []
     assert (await timers(timedelta(seconds=301)).run_once()).unreached == [alarm_id]
     assert await _status(pool, alarm_id) == "NEW"
+
+
+async def test_an_alarm_kept_back_on_purpose_is_unreached_only_from_its_shelfs_end_or_never(
+    pool: asyncpg.Pool,
+) -> None:
+    """Shelved, an alarm notifies nobody on purpose: no pass finds it unreached while the
+    shelf stands, and once it is lifted, only `unreached_after_s` after. One raised while its
+    device was out of service notifies nobody by design: never unreached. Another is, as any."""
+    shelved = await _raise(pool, "d-shelved", n=1)
+    plain = await _raise(pool, "d-plain", n=2)
+    async with pool.acquire() as conn, conn.transaction():
+        await conn.execute(
+            "INSERT INTO device (device_id, first_seen, last_seen) VALUES ('d-away', now(), now())"
+        )
+        await set_out_of_service(
+            conn, "d-away", reason="pump swap", until=None, actor="carol", request_id=None
+        )
+        shelf = await shelve(
+            conn, scope="alarm", alarm_id=shelved, device_id=None, rule_key=None,
+            seconds=3600, reason="known", actor="carol", node_id="n1", request_id=None,
+        )  # fmt: skip
+    away = await _raise(pool, "d-away", n=3)
+
+    def timers(after: timedelta) -> AlarmTimers:
+        return AlarmTimers(pool=pool, node_id="n1", quiet=None, escalate_after_s=0,
+                           repeat_interval_s=0, unreached_after_s=300,
+                           clock=_shifted(after))  # fmt: skip
+
+    assert (await timers(timedelta(seconds=301)).run_once()).unreached == [plain]
+    assert (await timers(timedelta(seconds=1000)).run_once()).unreached == []
+    async with pool.acquire() as conn, conn.transaction():
+        await lift(conn, shelf["id"], actor="carol", node_id="n1", request_id=None)
+    assert (await timers(timedelta(seconds=299)).run_once()).unreached == []
+    assert (await timers(timedelta(seconds=301)).run_once()).unreached == [shelved]
+    assert (await timers(timedelta(days=2)).run_once()).unreached == []  # `away`: never
+    assert [await _status(pool, a) for a in (shelved, plain, away)] == ["NEW"] * 3
 
 
 async def test_reminders_renotify_without_changing_state(pool: asyncpg.Pool) -> None:

@@ -470,7 +470,7 @@ async def test_the_unreached_pass_finds_its_rows_once_however_many_alarms_are_op
                 await attempt.rollback()
             assert marked_now == marked
             repeated = [
-                (node["Node Type"], node["Actual Loops"])
+                (node["Node Type"], node.get("Relation Name"), node["Actual Loops"])
                 for node in plan_nodes(explained["Plan"])
                 if node["Actual Loops"] > 1
             ]
