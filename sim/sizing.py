@@ -31,6 +31,7 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import math
 import random
 import re
 import sys
@@ -288,8 +289,13 @@ async def _stats_settled(conn: asyncpg.Connection, updates: int) -> None:
 async def explain_sweep(conn: asyncpg.Connection) -> dict[str, Any]:
     """``EXPLAIN (ANALYZE, BUFFERS)`` of the inactivity sweep's query over the whole fleet."""
     query = gateway_sql("alarms.sql")["silent_devices"]
+    # A node up for an hour: one break, from before its first subscribe to then.
     plan = await conn.fetchval(
-        f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {query}", SILENT_S, "device-silent"
+        f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {query}",
+        SILENT_S,
+        "device-silent",
+        [math.inf],
+        [3600.0],
     )
     top = json.loads(plan)[0]
     node = top["Plan"]

@@ -384,9 +384,20 @@ async def clear_raised_by(
 
 
 async def silent_devices(
-    conn: asyncpg.Connection, silent_seconds: float, rule_key: str
+    conn: asyncpg.Connection,
+    silent_seconds: float,
+    rule_key: str,
+    breaks_began: Sequence[float] = (),
+    breaks_ended: Sequence[float] = (),
 ) -> list[asyncpg.Record]:
-    return list(await conn.fetch(SILENT_DEVICES, silent_seconds, rule_key))
+    """Devices silent for `silent_seconds` of this node's listening (the breaks, each when
+    it began and ended in seconds before now, left out; began inf: before the process), or
+    offline; not already alarmed by `rule_key`."""
+    return list(
+        await conn.fetch(
+            SILENT_DEVICES, silent_seconds, rule_key, list(breaks_began), list(breaks_ended)
+        )
+    )
 
 
 async def suppress_held_deliveries(

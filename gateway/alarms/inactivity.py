@@ -8,7 +8,6 @@ computed from the stored silence, and whoever commits first raises it.
 from __future__ import annotations
 
 import asyncio
-import math
 from collections.abc import Callable
 from datetime import datetime
 
@@ -19,6 +18,7 @@ from gateway.alarms.engine import AlarmEngine, inactivity_event_id
 from gateway.alarms.lifecycle import create_alarm
 from gateway.domain.errors import ConcurrentWriteError
 from gateway.domain.rules import InactivityRule, RuleSet, silence_trigger
+from gateway.support.hearing import ALWAYS, Hearing
 from gateway.support.loops import every_while_configured
 from storage import alarms as repo
 
@@ -49,16 +49,18 @@ class InactivityMonitor:
         pool: asyncpg.Pool,
         engine: AlarmEngine,
         interval_s: float | None = None,
-        hearing: Callable[[], tuple[float, float]] | None = None,
+        hearing: Callable[[float], Hearing] | None = None,
     ) -> None:
         self.pool = pool
         self.engine = engine
         self.interval_s = interval_s  # None: from the rules (`pass_interval_s`)
-        # (seconds this node's broker session has been subscribed without a break, 0 while it
-        # is not; how long its last break lasted); None: always listening (a monitor built
-        # without a session). Silence counts only while someone listens: while the broker is
-        # away nothing is judged (every device would look silent at once, an alarm flood), the
-        # break is not counted as silence, and after it the devices get `REHEAR_S` to be heard.
+        # What this node's broker session heard (given the longest silence it must answer
+        # for): how long it has been subscribed without a break and its breaks, the first
+        # from before its first subscribe; None: always listening (a monitor built without a
+        # session). Silence counts only while someone listens: a device is silent when this
+        # node listened for `silent_seconds` since its last_seen, breaks left out (every
+        # device would look silent after an outage, an alarm flood); while the broker is away
+        # nothing is judged, and after a break the devices get `REHEAR_S` to be heard.
         self.hearing = hearing
         # Seconds until the last pass's node will have listened long enough (None: it had).
         self._deaf_for_s: float | None = None
@@ -87,18 +89,25 @@ class InactivityMonitor:
     async def run_once(self) -> list[int]:
         """Raise the inactivity alarms due now; the ids raised by this call."""
         raised: list[int] = []
-        listening, gap = (math.inf, 0.0) if self.hearing is None else self.hearing()
+        rules = self.engine.rules.inactivity_rules
+        if not rules:
+            return raised
+        longest = max(rule.silent_seconds for rule in rules)
+        heard = ALWAYS if self.hearing is None else self.hearing(longest)
+        listening = heard.listening_s
+        began = [b for b, _ in heard.breaks]
+        ended = [e for _, e in heard.breaks]
         self._deaf_for_s = None
-        for rule in self.engine.rules.inactivity_rules:
-            # A break inside the silence window was not silence: the window grows by it.
-            window = rule.silent_seconds + (gap if listening < rule.silent_seconds else 0.0)
+        for rule in rules:
             needed = min(rule.silent_seconds, REHEAR_S)
             deaf = listening < needed
             if deaf:
                 wait = needed - listening
                 self._deaf_for_s = min(wait, self._deaf_for_s or wait)
             async with self.pool.acquire() as conn:
-                silent = await repo.silent_devices(conn, window, rule.key)
+                silent = await repo.silent_devices(
+                    conn, rule.silent_seconds, rule.key, began, ended
+                )
             for device in silent:
                 device_id = device["device_id"]
                 if not rule.selector.matches(device_id):

@@ -39,6 +39,7 @@ from gateway.mqtt.v311_client import ConnectionSettings, SubscriptionRefusedErro
 from gateway.mqtt.v311_connection import Mqtt311Connection
 from gateway.mqtt.witness import closes_subscribing
 from gateway.support.backoff import Backoff
+from gateway.support.hearing import Hearing, Listening
 from gateway.support.metrics import Metrics
 from gateway.support.publish_refusal import PublishRefused
 from protocol.topics import unshared
@@ -158,10 +159,9 @@ class MqttSession:
         # broker that lost the session's `$share` subscriptions, as mosquitto does across
         # its own restart, delivers nothing to the group until they are made again).
         self.subscribed = False
-        self._subscribed_at: float | None = None
-        # When the subscriptions were lost (loop time), and how long the last break lasted.
-        self._lost_at: float | None = None
-        self.last_gap_s = 0.0
+        # Every break of the subscriptions, the first from before the process (nothing was
+        # listened to before the first subscribe): what the inactivity monitor hears.
+        self.listening = Listening()
         self.client: BrokerConnection | None = None
         # The bound our publishes keep to, besides the broker's CONNACK: [mqtt] max_packet_size,
         # lowered for good when the broker disconnects us for a packet too large (0x95), so
@@ -590,10 +590,7 @@ class MqttSession:
                 self._lost_subscribing = 0
                 self.established += 1
                 self.subscribed = True
-                self._subscribed_at = now = asyncio.get_running_loop().time()
-                if self._lost_at is not None:
-                    self.last_gap_s = now - self._lost_at
-                    self._lost_at = None
+                self.listening.subscribed()
                 self.problem = None
                 self._arrived()
                 log.info(
@@ -905,19 +902,18 @@ class MqttSession:
     def _paused(self, bound: str) -> None:
         self.mqtt_metrics.read_pauses.labels(bound).inc()
 
-    def hearing(self) -> tuple[float, float]:
-        """How long this node has been subscribed without a break (0 while it is not), and how
-        long its last break lasted (0 if it had none): a device's silence means something only
-        while someone listened (inactivity rules)."""
-        if not self.subscribed or self._subscribed_at is None:
-            return 0.0, self.last_gap_s
-        return asyncio.get_running_loop().time() - self._subscribed_at, self.last_gap_s
+    def hearing(self, keep_s: float) -> Hearing:
+        """How long this node has been subscribed without a break (0 while it is not), and its
+        breaks, from before its first subscribe on (those a silence of up to `keep_s` can
+        need): a device's silence means something only while someone listened (inactivity
+        rules)."""
+        return self.listening.hearing(keep_s)
 
     def _set_connected(self, connected: bool) -> None:
         self.connected = connected
         if not connected:
             if self.subscribed:
-                self._lost_at = asyncio.get_running_loop().time()
+                self.listening.lost()
             self.subscribed = False
         self.mqtt_metrics.mqtt_connected.set(1 if connected else 0)
         self._show_endpoint()

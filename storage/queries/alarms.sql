@@ -184,13 +184,20 @@ RETURNING a.id, a.device_id, a.rule_key, a.status, a.cleared_at, u.event_id,
           a.trigger::text AS trigger, a.rule_description;
 
 -- name: silent_devices
--- $1 silent seconds, $2 rule key; devices not heard from for that long (or whose retained
--- presence says offline) and not already alarmed by this rule (an uncleared active alarm).
+-- $1 silent seconds, $2 rule key, $3 and $4 the breaks of this node's listening: when each
+-- began and ended, in seconds before now (began 'Infinity': before the node's first
+-- subscribe, nothing before it was listened to); devices whose retained presence says offline
+-- (a statement, judged whatever the node heard), or that this node listened to for that long
+-- without hearing them (the time since last_seen, less the breaks inside it), and not already
+-- alarmed by this rule (an uncleared active alarm). `last_seen < now() - $1` first: nobody
+-- listened to a device longer than it has been silent.
 SELECT d.device_id, d.last_seen, d.presence, d.presence_at
-FROM device d
+FROM device d, LATERAL (SELECT extract(epoch FROM now() - d.last_seen)::float8 AS age) AS s
 WHERE d.bound
-  AND (d.last_seen < now() - make_interval(secs => $1)
-       OR (d.presence = 'offline' AND d.presence_at >= d.last_seen))
+  AND ((d.presence = 'offline' AND d.presence_at >= d.last_seen)
+       OR (d.last_seen < now() - make_interval(secs => $1)
+           AND s.age - (SELECT coalesce(sum(greatest(least(b.began, s.age) - b.ended, 0)), 0)
+                        FROM unnest($3::float8[], $4::float8[]) AS b(began, ended)) >= $1))
   AND NOT EXISTS (
       SELECT 1 FROM alarm a
       WHERE a.active_key = d.device_id || ':' || $2 AND a.cleared_at IS NULL)

@@ -9,6 +9,7 @@ behaviour needed to misbehave (on the database clock), the sessions back, the ro
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Awaitable, Callable
 
@@ -411,3 +412,42 @@ async def test_nothing_is_sent_before_the_receipts_subscription_exists(
         await holder.close()
         await db.close()
     assert responder.answered == len(DEVICES)
+
+
+async def test_a_node_started_with_the_broker_away_heard_nothing_before_and_keeps_every_break(
+    db_dsn: str, mosquitto: Mosquitto
+) -> None:
+    """What the inactivity monitor hears: a daemon started while the broker is away (a site
+    power cut, a restart during a broker maintenance) has a break from before its start, not
+    none; after two more breaks it has all three, not only the last."""
+    config = make_config(dsn=db_dsn, mqtt_port=mosquitto.port)
+    mosquitto.stop()
+    daemon = Daemon(config)
+    stop = asyncio.Event()
+    task = asyncio.create_task(daemon.run(stop))
+
+    def subscribed() -> bool:
+        return daemon.session is not None and daemon.session.subscribed
+
+    try:
+        await wait_until(lambda: _down(daemon), timeout=30, message="the session trying")
+        mosquitto.start()
+        await wait_until(subscribed, timeout=60, message="subscribed")
+        assert daemon.session is not None
+        first = daemon.session.hearing(math.inf)
+        assert [began for began, _ in first.breaks] == [math.inf]
+        for _ in range(2):
+            mosquitto.stop()
+            await wait_until(lambda: _down(daemon), timeout=30, message="the session down")
+            mosquitto.start()
+            await wait_until(subscribed, timeout=60, message="subscribed again")
+        heard = daemon.session.hearing(math.inf)
+    finally:
+        stop.set()
+        async with asyncio.timeout(60):
+            await task
+    breaks = heard.breaks
+    assert len(breaks) == 3
+    assert breaks[0][0] == math.inf
+    assert all(began > ended for began, ended in breaks)
+    assert all(breaks[n][1] > breaks[n + 1][0] for n in range(2))  # oldest first, apart

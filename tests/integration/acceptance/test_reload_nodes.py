@@ -96,13 +96,9 @@ async def test_an_inactivity_rule_added_by_a_reload_fires(
         await _publish(mosquitto.port, _telemetry({"metrics": {"t": 1}}))
         stored = "SELECT count(*) FROM telemetry"
         await wait_until(_count_is(db_dsn, stored, len(DEVICES)), timeout=60, message="stored")
-        # Ten minutes of silence without waiting for them: move the stored fact.
-        await _execute(
-            db_dsn,
-            "UPDATE device SET first_seen = now() - interval '1 hour', "
-            "last_seen = now() - interval '10 minutes'",
-        )
-        reloaded = _configs(db_dsn, mosquitto.port, DOOR + SILENT)
+        # A real silence, heard by both nodes (a last_seen moved back would be a silence from
+        # before they listened, which they do not judge).
+        reloaded = _configs(db_dsn, mosquitto.port, DOOR + SILENT.replace("300", "3"))
         for daemon, config in zip(daemons, reloaded, strict=True):
             daemon.reload(config)
         alarms = "SELECT count(*) FROM alarm WHERE rule_key = 'silent'"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 from datetime import datetime
 
 import aiomqtt
@@ -18,9 +19,11 @@ from gateway.domain.alarm import Action, AlarmStatus, AlarmSupersededError
 from gateway.domain.rules import RuleConfig, compile_rules
 from gateway.outbox.publisher import OutboxPublisher
 from gateway.runtime.daemon import Daemon
+from gateway.support.hearing import Hearing
 from gateway.support.metrics import Metrics
 from protocol import Topics
 from sim.publisher import publish_many
+from storage import ingest as ingest_repo
 from storage import outbox
 from storage.pool import create_pool
 from tests.support.daemon import make_config, running_daemon
@@ -391,3 +394,54 @@ async def test_inactivity_raises_once_across_a_restart_and_the_next_message_clea
     assert datetime.fromisoformat(json.loads(alarm["trigger"])["silent_since"]) == silent_since
     assert alarm["cleared_at"] is not None
     assert alarm["status"] in {"NEW", "PUSHED"}
+
+
+SILENT_300 = compile_rules(
+    [RuleConfig(key="silent", kind="inactivity", severity="WARNING", silent_seconds=300)]
+)
+
+
+def _silence_monitor(
+    pool: asyncpg.Pool, node: str = "node-a", hearing: Hearing | None = None
+) -> InactivityMonitor:
+    engine = AlarmEngine(rules=SILENT_300, node_id=node, metrics=Metrics())
+    heard = None if hearing is None else (lambda _keep_s: hearing)
+    return InactivityMonitor(pool=pool, engine=engine, interval_s=1, hearing=heard)
+
+
+async def _last_heard(db: asyncpg.Connection, seconds_ago: dict[str, float]) -> None:
+    await ingest_repo.touch_devices(db, set(seconds_ago))
+    for device_id, ago in seconds_ago.items():
+        await db.execute(
+            "UPDATE device SET first_seen = now() - interval '1 day', "
+            "last_seen = now() - make_interval(secs => $2) WHERE device_id = $1",
+            device_id,
+            ago,
+        )
+
+
+async def test_silence_before_the_nodes_first_subscribe_is_not_silence(
+    pool: asyncpg.Pool, db: asyncpg.Connection
+) -> None:
+    """A site power cut: broker and gateway down 6 minutes; the device (reporting every 60 s)
+    was last heard 370 s ago. The node subscribed 11 s ago: it has listened 11 s, nothing
+    before (the break began before its start), so no alarm; at 301 s of listening, one."""
+    await _last_heard(db, {"dev-ok": 370})
+    just_up = Hearing(11.0, ((math.inf, 11.0),))
+    assert await _silence_monitor(pool, hearing=just_up).run_once() == []
+    await _last_heard(db, {"dev-ok": 660})
+    listened_301 = Hearing(301.0, ((math.inf, 301.0),))
+    assert len(await _silence_monitor(pool, hearing=listened_301).run_once()) == 1
+
+
+async def test_every_break_inside_a_silence_is_left_out_not_only_the_last(
+    pool: asyncpg.Pool, db: asyncpg.Connection
+) -> None:
+    """Last heard 480 s ago (reports every 280 s; silent_seconds 300). The node listened 100 s,
+    broke 170 s, listened 5 s, broke 175 s (the report due in it went unheard), listened
+    30 s: 135 s of listening, no alarm. Heard 650 s ago: 305 s of listening, an alarm."""
+    await _last_heard(db, {"dev-280": 480, "dev-gone": 650})
+    heard = Hearing(30.0, ((math.inf, 1000.0), (380.0, 210.0), (205.0, 30.0)))
+    raised = await _silence_monitor(pool, hearing=heard).run_once()
+    rows = await db.fetch("SELECT device_id FROM alarm WHERE id = ANY($1)", raised)
+    assert [r["device_id"] for r in rows] == ["dev-gone"]

@@ -1,0 +1,87 @@
+"""What a node has heard: how long its broker session has listened, and its breaks.
+
+A device's silence means something only while someone listened (inactivity rules). The
+session records each break of its subscriptions here; the first one starts at the process's
+start, or rather before anything: nothing before this node first subscribed was listened to
+by it (a daemon started while the broker is away, after a site power cut or during a broker
+maintenance, has heard nothing of the silence before).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+# Breaks kept at most: beyond, the oldest ones join the first break (the one from before the
+# process), which only counts more as unheard (a silence judged later, never one too many).
+BREAKS_KEPT = 256
+
+
+@dataclass(frozen=True, slots=True)
+class Hearing:
+    """``listening_s``: seconds subscribed without a break (0 while not subscribed; inf: a
+    node without a session, always listening). ``breaks``: each break as (began, ended)
+    seconds before now, oldest first; the first may have begun ``inf`` ago (before the
+    process), the current one, while not subscribed, ends 0 s ago."""
+
+    listening_s: float
+    breaks: tuple[tuple[float, float], ...] = ()
+
+
+ALWAYS = Hearing(math.inf)
+
+
+class Listening:
+    """The breaks of a node's listening, as loop time (``clock``): ``subscribed()`` ends
+    the current break, ``lost()`` begins one. ``hearing(keep_s)`` forgets what no silence
+    of up to ``keep_s`` can need: a break followed by ``keep_s`` of listening joins the first
+    break (every device silent since before it has been listened to for that long)."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        # When each break began and ended (None: not yet), oldest first; the first began
+        # before the process.
+        self._began: list[float] = [-math.inf]
+        self._ended: list[float | None] = [None]
+        self._subscribed_at: float | None = None
+
+    def subscribed(self) -> None:
+        if self._subscribed_at is None:
+            self._subscribed_at = self._ended[-1] = self._clock()
+
+    def lost(self) -> None:
+        if self._subscribed_at is not None:
+            self._subscribed_at = None
+            self._began.append(self._clock())
+            self._ended.append(None)
+
+    def hearing(self, keep_s: float = math.inf) -> Hearing:
+        now = self._clock()
+        self._forget(now, keep_s)
+        listening = 0.0 if self._subscribed_at is None else now - self._subscribed_at
+        return Hearing(
+            listening,
+            tuple(
+                (now - began, 0.0 if ended is None else now - ended)
+                for began, ended in zip(self._began, self._ended, strict=True)
+            ),
+        )
+
+    def _forget(self, now: float, keep_s: float) -> None:
+        began, ended = self._began, self._ended
+        listened, after = 0.0, now
+        for index in range(len(began) - 1, 0, -1):
+            end = ended[index]
+            if end is not None:
+                listened += after - end
+                if listened >= keep_s:
+                    # Every device silent since before this break was listened to for keep_s.
+                    ended[0] = end
+                    del began[1 : index + 1], ended[1 : index + 1]
+                    break
+            after = began[index]
+        while len(began) > BREAKS_KEPT:
+            ended[0] = ended[1]
+            del began[1], ended[1]
