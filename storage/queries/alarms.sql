@@ -189,8 +189,11 @@ RETURNING a.id, a.device_id, a.rule_key, a.status, a.cleared_at, u.event_id,
 -- subscribe, nothing before it was listened to); devices whose retained presence says offline
 -- (a statement, judged whatever the node heard), or that this node listened to for that long
 -- without hearing them (the time since last_seen, less the breaks inside it), and not already
--- alarmed by this rule (an uncleared active alarm). `last_seen < now() - $1` first: nobody
--- listened to a device longer than it has been silent.
+-- alarmed by this rule: an uncleared active alarm, or an alarm in any state for a silence
+-- that began at or after last_seen (the device has not been heard from since: a presence
+-- replayed by a lagging or restarted node moves presence_at, not the silence). `last_seen <
+-- now() - $1` first: nobody listened to a device longer than it has been silent. The alarms
+-- are read by device (alarm_device_idx); one raised before last_seen is no candidate.
 SELECT d.device_id, d.last_seen, d.presence, d.presence_at
 FROM device d, LATERAL (SELECT extract(epoch FROM now() - d.last_seen)::float8 AS age) AS s
 WHERE d.bound
@@ -201,6 +204,10 @@ WHERE d.bound
   AND NOT EXISTS (
       SELECT 1 FROM alarm a
       WHERE a.active_key = d.device_id || ':' || $2 AND a.cleared_at IS NULL)
+  AND NOT EXISTS (
+      SELECT 1 FROM alarm a
+      WHERE a.device_id = d.device_id AND a.rule_key = $2 AND a.triggered_at >= d.last_seen
+        AND (a.trigger ->> 'silent_since')::timestamptz >= d.last_seen)
 ORDER BY d.device_id;
 
 -- name: delayed

@@ -23,7 +23,9 @@ import pytest
 
 from gateway.alarms.engine import AlarmEngine
 from gateway.alarms.inactivity import InactivityMonitor
+from gateway.alarms.service import AlarmService
 from gateway.config import parse_config
+from gateway.domain.alarm import Action
 from gateway.domain.rules import Firing, RuleSet, RuleStates, evaluate
 from gateway.runtime.daemon import Daemon
 from gateway.support.metrics import Metrics
@@ -374,6 +376,88 @@ async def test_inactivity_is_raised_once_by_racing_nodes_and_cleared_by_any_node
     assert {r["device_id"]: r["n"] for r in rows} == dict.fromkeys(DEVICES, 1)
     nodes = await _fetch(db_dsn, "SELECT DISTINCT node_id FROM telemetry")
     assert len(nodes) == 2
+
+
+async def test_a_restarted_node_replaying_its_sessions_presence_raises_no_closed_silence_again(
+    db_dsn: str, mosquitto: Mosquitto
+) -> None:
+    """Every node subscribes to the status topics directly, with a persistent session. Node B
+    is stopped; meanwhile dev-dead says `online`, the fleet's other devices their births, and
+    dev-dead's Will `offline` follows (no telemetry since). Node A stores them; the alarm is
+    raised and people close it. B restarts and replays its session: dev-dead's `online` and
+    `offline` in different batches, each a change, presence_at moved to B's now. The silence
+    is the same (dev-dead was not heard from since): no second alarm."""
+    silent = (
+        '[[rules]]\nkey = "silent"\nkind = "inactivity"\nsilent_seconds = 300\n'
+        'severity = "WARNING"\n'
+    )
+    a, b = (
+        make_config(dsn=db_dsn, mqtt_port=mosquitto.port, node_id=f"node-{n}", extra=silent,
+                    mqtt_extra='shared_group = "alarms"')
+        for n in "ab"
+    )  # fmt: skip
+    others = [(TOPICS.device_status(f"other-{n:03d}"), b"online") for n in range(600)]
+    dead = TOPICS.device_status("dev-dead")
+    conn = await asyncpg.connect(db_dsn)
+    pool = await create_pool(db_dsn, min_size=1, max_size=4)
+    try:
+        # Each change of dev-dead's presence, in commit order (what B's replay writes).
+        await conn.execute(
+            "CREATE TABLE presence_log (id bigserial, presence text, presence_at timestamptz)"
+        )
+        await conn.execute(
+            "CREATE FUNCTION log_presence() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+            "IF NEW.device_id = 'dev-dead' THEN INSERT INTO presence_log (presence, presence_at)"
+            " VALUES (NEW.presence, NEW.presence_at); END IF; RETURN NEW; END $$"
+        )
+        await conn.execute(
+            "CREATE TRIGGER log_presence AFTER INSERT OR UPDATE OF presence ON device "
+            "FOR EACH ROW EXECUTE FUNCTION log_presence()"
+        )
+        async with running_daemon(b):
+            pass  # B has subscribed once: its session keeps what it misses from now on
+        monitor = InactivityMonitor(
+            pool=pool,
+            engine=AlarmEngine(rules=a.rule_set(), node_id="node-t", metrics=Metrics()),
+            interval_s=1,
+        )
+        async with running_daemon(a):
+            async with aiomqtt.Client("127.0.0.1", mosquitto.port) as pub:
+                await pub.publish(dead, b"online", qos=1, retain=True)
+                await publish_many(pub, others, window=50)
+                await pub.publish(dead, b"offline", qos=1, retain=True)
+
+            async def a_stored_the_will() -> bool:
+                return bool(
+                    await conn.fetchval(
+                        "SELECT count(*) = 601 AND bool_or(device_id = 'dev-dead'"
+                        " AND presence = 'offline') FROM device"
+                    )
+                )
+
+            await wait_until(a_stored_the_will, timeout=60, message="A stored the Will")
+            await monitor.run_once()  # (or A's own pass: one alarm either way)
+            alarm_id = await conn.fetchval("SELECT id FROM alarm WHERE device_id = 'dev-dead'")
+            service = AlarmService(pool, "desk")
+            for action in (Action.CONFIRM, Action.HANDLE, Action.CLOSE):
+                await service.act(alarm_id, action, actor="alice")
+            replayed_from = await conn.fetchval("SELECT max(id) FROM presence_log")
+            async with running_daemon(b):
+
+                async def b_replayed_both() -> bool:
+                    rows = await conn.fetch(
+                        "SELECT presence FROM presence_log WHERE id > $1 ORDER BY id",
+                        replayed_from,
+                    )
+                    return [r["presence"] for r in rows] == ["online", "offline"]
+
+                await wait_until(b_replayed_both, timeout=60, message="B replayed its session")
+                assert await monitor.run_once() == []
+        rows = await conn.fetch("SELECT status FROM alarm WHERE device_id = 'dev-dead'")
+    finally:
+        await pool.close()
+        await conn.close()
+    assert [r["status"] for r in rows] == ["CLOSED"]
 
 
 async def _is(dsn: str, count_query: str, expected: int) -> bool:

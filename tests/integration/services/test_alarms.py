@@ -445,3 +445,28 @@ async def test_every_break_inside_a_silence_is_left_out_not_only_the_last(
     raised = await _silence_monitor(pool, hearing=heard).run_once()
     rows = await db.fetch("SELECT device_id FROM alarm WHERE id = ANY($1)", raised)
     assert [r["device_id"] for r in rows] == ["dev-gone"]
+
+
+async def test_a_lagging_node_storing_online_then_offline_again_raises_no_closed_silence_again(
+    pool: asyncpg.Pool, db: asyncpg.Connection
+) -> None:
+    """One silence, one alarm: the device said `online`, then died (its Will `offline`, no
+    telemetry since). Node A stored both; the alarm was raised and people closed it. Node B,
+    a batch behind (or replaying its persistent session after a restart), stores the same
+    `online` and `offline` again: presence_at moves to B's now, but the device has not been
+    heard from since, so the silence is the one people closed."""
+    await _last_heard(db, {"dev-dead": 30})
+    await ingest_repo.record_presence(db, {"dev-dead": "online"})  # node A: the birth
+    await ingest_repo.record_presence(db, {"dev-dead": "offline"})  # node A: the Will
+    (first,) = await _silence_monitor(pool).run_once()
+    service = AlarmService(pool, "desk")
+    for action in (Action.CONFIRM, Action.HANDLE, Action.CLOSE):
+        await service.act(first, action, actor="alice")
+    await ingest_repo.record_presence(db, {"dev-dead": "online"})  # node B, behind: the birth
+    await ingest_repo.record_presence(db, {"dev-dead": "offline"})  # node B: the same Will
+    assert await _silence_monitor(pool, "node-c").run_once() == []
+    # Heard from again, then offline anew: a new silence, a new alarm.
+    await ingest_repo.touch_devices(db, {"dev-dead"})
+    await ingest_repo.record_presence(db, {"dev-dead": "online"})
+    await ingest_repo.record_presence(db, {"dev-dead": "offline"})
+    assert len(await _silence_monitor(pool, "node-c").run_once()) == 1
