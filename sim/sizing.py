@@ -296,6 +296,7 @@ async def explain_sweep(conn: asyncpg.Connection) -> dict[str, Any]:
         "device-silent",
         [math.inf],
         [3600.0],
+        ["device-silent"],
     )
     top = json.loads(plan)[0]
     node = top["Plan"]

@@ -5,7 +5,7 @@ Rows come back as ``asyncpg.Record``; the gateway maps them to its domain ``Alar
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -44,6 +44,7 @@ RELEASE_KEYS = _Q["release_keys"]
 LINK_SUPERSEDED_MANY = _Q["link_superseded_many"]
 INSERT_SUPERSEDE_AUDITS = _Q["insert_supersede_audits"]
 SILENT_DEVICES = _Q["silent_devices"]
+UNCLEARED_INACTIVITY_RULES = _Q["uncleared_inactivity_rules"]
 DELAYED = _Q["delayed"]
 ESCALATION_DUE = _Q["escalation_due"]
 MARK_UNREACHED = _Q["mark_unreached"]
@@ -362,11 +363,25 @@ async def db_now(conn: asyncpg.Connection) -> datetime:
 
 
 async def clear_many(
-    conn: asyncpg.Connection, keys: Sequence[str], event_ids: Sequence[str], at: datetime
+    conn: asyncpg.Connection,
+    keys: Sequence[str],
+    event_ids: Sequence[str],
+    at: datetime,
+    by_trigger: Collection[str] = (),
 ) -> list[asyncpg.Record]:
+    """Clear the alarms holding `keys`; those of the rules `by_trigger` only if they are
+    inactivity alarms (recognised by their trigger, not by a rule configured now)."""
     if not keys:
         return []
-    return list(await conn.fetch(CLEAR_MANY, list(keys), list(event_ids), at))
+    return list(await conn.fetch(CLEAR_MANY, list(keys), list(event_ids), at, list(by_trigger)))
+
+
+async def uncleared_inactivity_rules(
+    conn: asyncpg.Connection, configured: Sequence[str]
+) -> frozenset[str]:
+    """The keys of rules other than `configured` that hold an uncleared inactivity alarm."""
+    rows = await conn.fetch(UNCLEARED_INACTIVITY_RULES, list(configured))
+    return frozenset(row["rule_key"] for row in rows)
 
 
 async def clear_raised_by(
@@ -387,15 +402,23 @@ async def silent_devices(
     conn: asyncpg.Connection,
     silent_seconds: float,
     rule_key: str,
+    *,
     breaks_began: Sequence[float] = (),
     breaks_ended: Sequence[float] = (),
+    configured: Sequence[str] = (),
 ) -> list[asyncpg.Record]:
     """Devices silent for `silent_seconds` of this node's listening (the breaks, each when
     it began and ended in seconds before now, left out; began inf: before the process), or
-    offline; not already alarmed by `rule_key`."""
+    offline; not already alarmed by `rule_key`, nor for the same silence by a rule no longer
+    among the `configured` inactivity rules (by default: `rule_key` alone)."""
     return list(
         await conn.fetch(
-            SILENT_DEVICES, silent_seconds, rule_key, list(breaks_began), list(breaks_ended)
+            SILENT_DEVICES,
+            silent_seconds,
+            rule_key,
+            list(breaks_began),
+            list(breaks_ended),
+            list(configured) or [rule_key],
         )
     )
 

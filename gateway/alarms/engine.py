@@ -242,12 +242,32 @@ class AlarmEngine:
         self._held: dict[SlotKey, _Held] = {}  # see HELD_ROWS
         self._held_skip = 0  # batches left to lock first (see HELD_SKIP_MAX)
         self._held_backoff = 1
+        # The keys of rules not configured as inactivity rules here that hold an uncleared
+        # inactivity alarm (a reload removed or renamed them): a device's next message clears
+        # those too. Found at start, at each reload and with each heartbeat (another node's
+        # reload); a rule a reload takes away joins at once. Empty, the usual case, a batch
+        # of a node without inactivity rules clears nothing and asks nothing.
+        self._unconfigured_inactivity: frozenset[str] = frozenset()
 
     def replace_rules(self, rules: RuleSet) -> None:
         """A reload: the next batch uses `rules`; `forget_loop` records them for the other
         nodes and drops the state of the rules no live node runs any more."""
+        removed = _inactivity_keys(self.rules) - _inactivity_keys(rules)
         self.rules = rules
+        self._unconfigured_inactivity = (
+            self._unconfigured_inactivity | removed
+        ) - _inactivity_keys(rules)
         self._rules_replaced.set()
+
+    async def find_unconfigured_inactivity(self, conn: asyncpg.Connection) -> frozenset[str]:
+        """Look again for the rules, not configured as inactivity rules here, that hold an
+        uncleared inactivity alarm (see `_unconfigured_inactivity`)."""
+        rules = self.rules
+        found = await repo.uncleared_inactivity_rules(conn, sorted(_inactivity_keys(rules)))
+        if self.rules is not rules:  # a reload meanwhile: keep what it added
+            found |= self._unconfigured_inactivity
+        self._unconfigured_inactivity = found - _inactivity_keys(self.rules)
+        return self._unconfigured_inactivity
 
     def stateful_rule_keys(self) -> list[str]:
         """The keys of the rules that keep rule state (inactivity rules keep none)."""
@@ -274,6 +294,7 @@ class AlarmEngine:
                         await state_repo.register_rule_set(
                             conn, self.node_id, self.stateful_rule_keys()
                         )
+                        await self.find_unconfigured_inactivity(conn)
             except RETRYABLE as exc:
                 if replaced:
                     log.warning("rule_state_drop_failed", error=repr(exc))
@@ -301,6 +322,7 @@ class AlarmEngine:
         dropped = await state_repo.drop_removed(conn, kept, NODE_LIVE_S)
         if dropped:
             log.info("rule_state_dropped", rows=dropped)
+        await self.find_unconfigured_inactivity(conn)
         return dropped
 
     async def on_stored(
@@ -786,8 +808,10 @@ class AlarmEngine:
         now: datetime,
         batch: BatchAlarms,
     ) -> None:
-        """Any message clears the device's inactivity alarms, whichever node raised them."""
-        if not rules.inactivity_rules:
+        """Any message clears the device's inactivity alarms, whichever node raised them, and
+        those of rules a reload removed or renamed (recognised by their trigger)."""
+        unconfigured = self._unconfigured_inactivity
+        if not rules.inactivity_rules and not unconfigured:
             return
         first_event: dict[str, str] = {}
         for device_id, event_id, _ in messages:
@@ -798,11 +822,18 @@ class AlarmEngine:
                 if isinstance(rule, InactivityRule):
                     keys.append(active_key(device_id, rule.key))
                     events.append(event_id)
-        rows = await repo.clear_many(conn, keys, events, now)
+            for rule_key in unconfigured:
+                keys.append(active_key(device_id, rule_key))
+                events.append(event_id)
+        rows = await repo.clear_many(conn, keys, events, now, by_trigger=unconfigured)
         batch.cleared += len(rows)
         await record_cleared_many(
             conn, [(row, row["event_id"], "device heard from again") for row in rows]
         )
+
+
+def _inactivity_keys(rules: RuleSet) -> frozenset[str]:
+    return frozenset(rule.key for rule in rules.inactivity_rules)
 
 
 def _late(outcome: Firing | Clearing) -> bool:

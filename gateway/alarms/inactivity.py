@@ -97,6 +97,7 @@ class InactivityMonitor:
         listening = heard.listening_s
         began = [b for b, _ in heard.breaks]
         ended = [e for _, e in heard.breaks]
+        configured = [rule.key for rule in rules]
         self._deaf_for_s = None
         for rule in rules:
             needed = min(rule.silent_seconds, REHEAR_S)
@@ -106,7 +107,12 @@ class InactivityMonitor:
                 self._deaf_for_s = min(wait, self._deaf_for_s or wait)
             async with self.pool.acquire() as conn:
                 silent = await repo.silent_devices(
-                    conn, rule.silent_seconds, rule.key, began, ended
+                    conn,
+                    rule.silent_seconds,
+                    rule.key,
+                    breaks_began=began,
+                    breaks_ended=ended,
+                    configured=configured,
                 )
             for device in silent:
                 device_id = device["device_id"]

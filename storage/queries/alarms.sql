@@ -174,24 +174,39 @@ SELECT * FROM chain ORDER BY id;
 SELECT now();
 
 -- name: clear_many
--- $1 active keys, $2 clear event id per key, $3 cleared at; recovery of many alarms at once
--- (a device heard from clears its inactivity alarms, whichever node raised them).
+-- $1 active keys, $2 clear event id per key, $3 cleared at, $4 rule keys whose alarms are
+-- cleared only if they are inactivity alarms (their trigger says since when the device was
+-- silent: rules no longer configured as inactivity rules; usually none); recovery of many
+-- alarms at once (a device heard from clears its inactivity alarms, whichever node raised
+-- them, whatever rule).
 UPDATE alarm a
 SET cleared_at = greatest($3, a.triggered_at), clear_event_id = u.event_id
 FROM unnest($1::text[], $2::text[]) AS u(active_key, event_id)
 WHERE a.active_key = u.active_key AND a.cleared_at IS NULL
+  AND (a.rule_key <> ALL($4::text[]) OR a.trigger ? 'silent_since')
 RETURNING a.id, a.device_id, a.rule_key, a.status, a.cleared_at, u.event_id,
           a.trigger::text AS trigger, a.rule_description;
+
+-- name: uncleared_inactivity_rules
+-- $1 the keys of the inactivity rules configured now; the keys of the other rules that hold
+-- an uncleared inactivity alarm (its trigger says since when the device was silent): a
+-- reload removed or renamed them, and the device's next message still clears the alarm. Read
+-- by the active key's index (one row per device and rule at most).
+SELECT DISTINCT rule_key FROM alarm
+WHERE active_key IS NOT NULL AND cleared_at IS NULL AND trigger ? 'silent_since'
+  AND rule_key <> ALL($1::text[]);
 
 -- name: silent_devices
 -- $1 silent seconds, $2 rule key, $3 and $4 the breaks of this node's listening: when each
 -- began and ended, in seconds before now (began 'Infinity': before the node's first
--- subscribe, nothing before it was listened to); devices whose retained presence says offline
+-- subscribe, nothing before it was listened to), $5 the keys of the inactivity rules
+-- configured now; devices whose retained presence says offline
 -- (a statement, judged whatever the node heard), or that this node listened to for that long
 -- without hearing them (the time since last_seen, less the breaks inside it), and not already
 -- alarmed by this rule: an uncleared active alarm, or an alarm in any state for a silence
 -- that began at or after last_seen (the device has not been heard from since: a presence
--- replayed by a lagging or restarted node moves presence_at, not the silence). `last_seen <
+-- replayed by a lagging or restarted node moves presence_at, not the silence), by this rule
+-- or by one no longer configured as an inactivity rule (renamed: the same silence). `last_seen <
 -- now() - $1` first: nobody listened to a device longer than it has been silent. The alarms
 -- are read by device (alarm_device_idx); one raised before last_seen is no candidate.
 SELECT d.device_id, d.last_seen, d.presence, d.presence_at
@@ -206,7 +221,8 @@ WHERE d.bound
       WHERE a.active_key = d.device_id || ':' || $2 AND a.cleared_at IS NULL)
   AND NOT EXISTS (
       SELECT 1 FROM alarm a
-      WHERE a.device_id = d.device_id AND a.rule_key = $2 AND a.triggered_at >= d.last_seen
+      WHERE a.device_id = d.device_id AND (a.rule_key = $2 OR a.rule_key <> ALL($5::text[]))
+        AND a.triggered_at >= d.last_seen
         AND (a.trigger ->> 'silent_since')::timestamptz >= d.last_seen)
 ORDER BY d.device_id;
 

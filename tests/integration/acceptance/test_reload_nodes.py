@@ -3,7 +3,8 @@
 A reload that adds the first inactivity rule makes it fire; one that removes the quiet-hours
 window wakes the alarms it held; a node started with fewer rules leaves the rule state of the
 rules another live node runs; a reconnect that reads a retained `offline` again brings no
-closed inactivity alarm back.
+closed inactivity alarm back; an inactivity alarm whose rule a reload (or a restart) removed
+clears on the device's next message, and a renamed rule raises none again for its silence.
 """
 
 from __future__ import annotations
@@ -117,6 +118,80 @@ async def test_an_inactivity_rule_added_by_a_reload_fires(
         db_dsn, "SELECT count(DISTINCT device_id) = count(*) FROM alarm WHERE rule_key = 'silent'"
     )
     assert per_device is True  # one alarm per device, whichever node raised it
+
+
+async def _offline_alarm(dsn: str, port: int, daemon: Daemon) -> int:
+    """dev-00 heard once, then silent for ten minutes and offline: its alarm, raised by a pass
+    (this one, or the daemon's own)."""
+    await _publish(port, _telemetry({"metrics": {"t": 1}})[:1])
+    stored = "SELECT count(*) FROM telemetry"
+    await wait_until(_count_is(dsn, stored, 1), timeout=60, message="stored")
+    await _execute(
+        dsn,
+        "UPDATE device SET first_seen = now() - interval '1 hour', "
+        "last_seen = now() - interval '10 minutes', presence = 'offline', presence_at = now()",
+    )
+    assert daemon.components is not None
+    await daemon.components.inactivity.run_once()
+    alarm_id = await _value(dsn, "SELECT id FROM alarm WHERE device_id = 'dev-00'")
+    assert isinstance(alarm_id, int)
+    return alarm_id
+
+
+async def _heard_again(dsn: str, port: int) -> None:
+    await _publish(port, _telemetry({"metrics": {"t": 2}}, ts=T0 + 60_000)[:1])
+    stored = "SELECT count(*) FROM telemetry"
+    await wait_until(_count_is(dsn, stored, 2), timeout=60, message="heard again")
+
+
+async def test_an_inactivity_alarm_whose_rule_a_reload_removed_clears_on_the_next_message(
+    db_dsn: str, mosquitto: Mosquitto
+) -> None:
+    configs = _configs(db_dsn, mosquitto.port, DOOR + SILENT)
+    async with _two(configs) as daemons:
+        alarm_id = await _offline_alarm(db_dsn, mosquitto.port, daemons[0])
+        for daemon, config in zip(daemons, _configs(db_dsn, mosquitto.port, DOOR), strict=True):
+            daemon.reload(config)  # the operator removes the rule
+        await _heard_again(db_dsn, mosquitto.port)  # whichever node takes it
+        cleared = await _value(db_dsn, "SELECT cleared_at FROM alarm WHERE id = $1", alarm_id)
+    assert cleared is not None
+
+
+async def test_an_inactivity_alarm_of_a_rule_removed_across_a_restart_clears_on_the_next_message(
+    db_dsn: str, mosquitto: Mosquitto
+) -> None:
+    with_rule = make_config(dsn=db_dsn, mqtt_port=mosquitto.port, extra=DOOR + SILENT)
+    async with running_daemon(with_rule) as daemon:
+        alarm_id = await _offline_alarm(db_dsn, mosquitto.port, daemon)
+    without = make_config(dsn=db_dsn, mqtt_port=mosquitto.port, extra=DOOR)
+    async with running_daemon(without):
+        await _heard_again(db_dsn, mosquitto.port)
+        cleared = await _value(db_dsn, "SELECT cleared_at FROM alarm WHERE id = $1", alarm_id)
+    assert cleared is not None
+
+
+async def test_a_renamed_inactivity_rule_raises_no_second_alarm_for_the_same_silence(
+    db_dsn: str, mosquitto: Mosquitto
+) -> None:
+    """The alarm of the old key stands for the silence (a rule no longer configured as an
+    inactivity rule); the device's next message clears it, and the renamed rule alarms the
+    next silence."""
+    configs = _configs(db_dsn, mosquitto.port, DOOR + SILENT)
+    renamed = _configs(db_dsn, mosquitto.port, DOOR + SILENT.replace('"silent"', '"gone"'))
+    async with _two(configs) as daemons:
+        alarm_id = await _offline_alarm(db_dsn, mosquitto.port, daemons[0])
+        for daemon, config in zip(daemons, renamed, strict=True):
+            daemon.reload(config)
+            assert daemon.components is not None
+            assert await daemon.components.inactivity.run_once() == []
+        await _heard_again(db_dsn, mosquitto.port)
+        cleared = await _value(db_dsn, "SELECT cleared_at FROM alarm WHERE id = $1", alarm_id)
+        await _execute(db_dsn, "UPDATE device SET presence_at = now(), presence = 'offline'")
+        assert daemons[0].components is not None
+        await daemons[0].components.inactivity.run_once()
+        keys = await _value(db_dsn, "SELECT array_agg(rule_key ORDER BY id) FROM alarm")
+    assert cleared is not None
+    assert keys == ["silent", "gone"]
 
 
 def _window_around_now() -> str:
