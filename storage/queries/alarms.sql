@@ -349,11 +349,12 @@ RETURNING *;
 
 -- name: successor_open
 -- $1 the dedup key of the alarm a late occurrence would be superseded by; true when that alarm
--- exists and has not ended (CLOSED, FALSE, SUPERSEDED): only then may it stand for the
--- occurrence.
+-- exists and is still open for people: not ended (CLOSED, FALSE, SUPERSEDED) nor HANDLED (a
+-- person is done with it: what joined it would be shown to nobody, as a new SOS after an NTP
+-- step hung off a handled one was). Only then may it stand for the occurrence.
 SELECT EXISTS (
     SELECT 1 FROM alarm
-    WHERE dedup_key = $1 AND status NOT IN ('CLOSED', 'FALSE', 'SUPERSEDED')
+    WHERE dedup_key = $1 AND status NOT IN ('CLOSED', 'FALSE', 'SUPERSEDED', 'HANDLED')
 );
 
 -- name: clear_raised_by

@@ -111,3 +111,24 @@ async def test_a_late_occurrence_whose_newer_alarm_is_open_joins_it(db: asyncpg.
     newer, older = await _alarms(db)
     assert newer["status"] == "NEW"
     assert (older["status"], older["superseded_by"]) == ("SUPERSEDED", newer["id"])
+
+
+async def test_a_late_occurrence_whose_newer_alarm_was_handled_is_raised_on_its_own(
+    db: asyncpg.Connection,
+) -> None:
+    """A clock 200 s ahead (inside max_future_skew_s): the first SOS is dated 200 s ahead, and
+    a carer handles its alarm. NTP steps the clock back, and a new SOS a minute later is dated
+    before the first: late. A handled alarm is done with for people (nobody is notified of
+    what joins it): the new SOS is an alarm of its own, open, never hung off it."""
+    node_a, node_b = _node("node-a"), _node("node-b")
+    now = await _db_now(db)
+    await _store(node_a, db, _sos(now + timedelta(seconds=200)))
+    (handled,) = await _alarms(db)
+    for action in (Action.CONFIRM, Action.HANDLE):
+        async with db.transaction():
+            await transition(db, handled["id"], action, actor="op:carer", node_id="api")
+    late = await _store(node_b, db, _sos(now + timedelta(seconds=60)))
+    assert late.late == 1
+    first, second = await _alarms(db)
+    assert first["status"] == "HANDLED"
+    assert (second["status"], second["superseded_by"]) == ("NEW", None)
