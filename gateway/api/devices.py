@@ -19,6 +19,7 @@ from gateway.api.schemas import (
     LIMIT_DEFAULT,
     SELECTOR_ITEMS_MAX,
     SELECTOR_PATTERN,
+    TIME_RANGE,
     ClockAdjustmentSeen,
     Device,
     DeviceClockFigures,
@@ -33,6 +34,7 @@ from gateway.api.schemas import (
     SamplePage,
     exact,
     from_row,
+    time_problem,
 )
 from gateway.api.services import Alarms, Pool
 from gateway.domain.errors import ConfigError
@@ -267,9 +269,10 @@ def _parse_cursor(text: str) -> tuple[datetime, str]:
         return _LATEST, event_id
 
 
-def _aware(name: str, value: datetime | None) -> datetime | None:
-    if value is not None and value.tzinfo is None:
-        raise bad_request(name, "give a UTC offset (`Z` or `+hh:mm`)")
+def _time(name: str, value: datetime | None) -> datetime | None:
+    problem = None if value is None else time_problem(value)
+    if problem is not None:
+        raise bad_request(name, problem)
     return value
 
 
@@ -289,14 +292,18 @@ async def device_telemetry(
     since: Annotated[
         datetime | None,
         Parameter(
-            description="Only samples at or after this device time (RFC 3339, with offset).",
+            description=(
+                f"Only samples at or after this device time (RFC 3339, with offset; {TIME_RANGE})."
+            ),
             schema_extra=exact("string", format="date-time"),
         ),
     ] = None,
     until: Annotated[
         datetime | None,
         Parameter(
-            description="Only samples before this device time (RFC 3339, with offset).",
+            description=(
+                f"Only samples before this device time (RFC 3339, with offset; {TIME_RANGE})."
+            ),
             schema_extra=exact("string", format="date-time"),
         ),
     ] = None,
@@ -319,7 +326,7 @@ async def device_telemetry(
     ] = None,
 ) -> SamplePage:
     cursor = None if before is None else _parse_cursor(before)
-    since, until = _aware("since", since), _aware("until", until)
+    since, until = _time("since", since), _time("until", until)
     if await repo.device(pool, id) is None:
         raise ApiError(DEVICE_NOT_FOUND, f"no device {id}", device_id=id)
     rows = await repo.telemetry_page(

@@ -24,8 +24,10 @@ from gateway.api.schemas import (
     NOTE_MAX_LENGTH,
     NUL_FREE,
     RULE_KEY_FILTER_PATTERN,
+    TIME_RANGE,
     exact,
     from_row,
+    time_problem,
 )
 from gateway.api.services import Notifications
 from gateway.domain.errors import ConfigError
@@ -74,11 +76,21 @@ class SilenceBody(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     ends_at: Annotated[
         datetime,
         msgspec.Meta(
-            tz=True, description="RFC 3339; a time already past ends the silence at once."
+            tz=True,
+            description=(
+                f"RFC 3339, with an offset; {TIME_RANGE}. A time already past ends the silence "
+                "at once."
+            ),
         ),
     ]
     matchers: SilenceMatchers = msgspec.field(default_factory=SilenceMatchers)
     comment: Annotated[str, msgspec.Meta(max_length=NOTE_MAX_LENGTH, pattern=NUL_FREE)] = ""
+
+    def __post_init__(self) -> None:
+        # Raised here, msgspec reports it as a ValidationError: the same 422 as the rest.
+        problem = time_problem(self.ends_at)
+        if problem is not None:
+            raise ValueError(f"ends_at: {problem}")
 
 
 class Silence(msgspec.Struct, kw_only=True):

@@ -8,7 +8,7 @@ gets past them. Rows become Structs in one place, :func:`from_row`.
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Annotated, Any, Final, Literal, TypeVar
 
 import msgspec
@@ -78,6 +78,26 @@ _SELECTOR_GLOB_ITEM: Final = r"[A-Za-z0-9_.:!\]-]{0,20}[*?\[][A-Za-z0-9_.:*?!\[\
 _SELECTOR_ITEM: Final = rf"(?:{_SELECTOR_ID_ITEM}|{_SELECTOR_GLOB_ITEM})"
 SELECTOR_ITEMS_MAX: Final = 32
 SELECTOR_PATTERN: Final = rf"^{_SELECTOR_ITEM}(?:,{_SELECTOR_ITEM}){{0,{SELECTOR_ITEMS_MAX - 1}}}$"
+
+# The instants a time the API is given may name: in UTC, inside the years 1 to 9999 that Python's
+# datetime (and so the database driver) holds. An offset can push a valid RFC 3339 time past
+# either end (`0001-01-01T00:00:00+01:00` is in year 0 in UTC), which the driver cannot convert
+# to UTC: every time input goes through :func:`time_problem`.
+_TIME_FLOOR: Final = datetime.min.replace(tzinfo=UTC)
+_TIME_CEILING: Final = datetime.max.replace(tzinfo=UTC)
+TIME_RANGE: Final = "from 0001-01-01T00:00:00Z to 9999-12-31T23:59:59.999999Z"
+
+
+def time_problem(value: datetime) -> str | None:
+    """Why ``value`` is not a time the API takes (no UTC offset, or an instant outside
+    :data:`TIME_RANGE`), or None when it is one."""
+    if value.utcoffset() is None:
+        return "give a UTC offset (`Z` or `+hh:mm`)"
+    # Aware datetimes compare as instants, without converting (which would overflow).
+    if not _TIME_FLOOR <= value <= _TIME_CEILING:
+        return f"must be {TIME_RANGE} in UTC"
+    return None
+
 
 NulFreeText = Annotated[str, msgspec.Meta(pattern=NUL_FREE)]
 Actor = Annotated[
@@ -465,7 +485,17 @@ class OutOfServiceBody(msgspec.Struct, forbid_unknown_fields=True, kw_only=True)
     """``PUT /devices/{id}/out-of-service``: why, and until when (absent: until ended)."""
 
     reason: Reason
-    until: Annotated[datetime, msgspec.Meta(tz=True)] | None = None
+    until: (
+        Annotated[
+            datetime, msgspec.Meta(tz=True, description=f"RFC 3339, with an offset; {TIME_RANGE}.")
+        ]
+        | None
+    ) = None
+
+    def __post_init__(self) -> None:
+        problem = None if self.until is None else time_problem(self.until)
+        if problem is not None:
+            raise ValueError(f"until: {problem}")
 
 
 class OutOfService(msgspec.Struct, kw_only=True):

@@ -291,3 +291,18 @@ async def test_out_of_service_on_the_device_and_its_alarms(api: Api) -> None:
                             token=VIEWER)  # fmt: skip
     assert viewer.status == 403
     assert await api.db.fetchval("SELECT count(*) FROM device_out_of_service") == 1
+
+
+@pytest.mark.parametrize("until", ["0001-01-01T00:00:00+01:00", "9999-12-31T23:59:59-01:00"])
+async def test_out_of_service_until_past_the_ends_of_time_in_utc_is_a_422(
+    api: Api, until: str
+) -> None:
+    await api.db.execute(
+        "INSERT INTO device (device_id, first_seen, last_seen) VALUES ('m1', now(), now())"
+    )
+    reply = await api.call(
+        "PUT", "/devices/m1/out-of-service", json={"reason": "x", "until": until}, token=OPERATOR
+    )
+    assert (reply.status, reply.body["error"]) == (422, "INVALID_BODY"), reply.body
+    assert "until" in reply.body["detail"]
+    assert await api.db.fetchval("SELECT count(*) FROM device_out_of_service") == 0

@@ -320,6 +320,20 @@ async def test_telemetry_pages_are_exact_when_samples_share_a_time(
     assert (missing.status, missing.body["device_id"]) == (404, "nobody")
 
 
+# Valid RFC 3339 times whose offset puts their UTC instant outside the years 1 to 9999.
+PAST_THE_ENDS = ("0001-01-01T00:00:00+01:00", "9999-12-31T23:59:59-01:00")
+
+
+@pytest.mark.parametrize("param", ["since", "until"])
+@pytest.mark.parametrize("ts", PAST_THE_ENDS)
+async def test_a_telemetry_window_past_the_ends_of_time_in_utc_is_a_400(
+    api: ApiClient, db: asyncpg.Connection, param: str, ts: str
+) -> None:
+    await add_device(db, "meter-1")
+    reply = await api.get(f"/devices/meter-1/telemetry?{param}={ts.replace('+', '%2B')}")
+    assert (reply.status, reply.body["error"], reply.body["param"]) == (400, "BAD_REQUEST", param)
+
+
 # --- dead letters --------------------------------------------------------------------------------
 
 
