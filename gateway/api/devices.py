@@ -19,6 +19,7 @@ from gateway.api.schemas import (
     LIMIT_DEFAULT,
     SELECTOR_ITEMS_MAX,
     SELECTOR_PATTERN,
+    TIME_PATTERN,
     TIME_RANGE,
     ClockAdjustmentSeen,
     Device,
@@ -295,7 +296,7 @@ async def device_telemetry(
             description=(
                 f"Only samples at or after this device time (RFC 3339, with offset; {TIME_RANGE})."
             ),
-            schema_extra=exact("string", format="date-time"),
+            schema_extra=exact("string", format="date-time", pattern=TIME_PATTERN),
         ),
     ] = None,
     until: Annotated[
@@ -304,7 +305,7 @@ async def device_telemetry(
             description=(
                 f"Only samples before this device time (RFC 3339, with offset; {TIME_RANGE})."
             ),
-            schema_extra=exact("string", format="date-time"),
+            schema_extra=exact("string", format="date-time", pattern=TIME_PATTERN),
         ),
     ] = None,
     metric: Annotated[

@@ -28,6 +28,7 @@ from gateway.api.schemas import (
     exact,
     from_row,
     time_problem,
+    time_schema,
 )
 from gateway.api.services import Notifications
 from gateway.domain.errors import ConfigError
@@ -77,7 +78,7 @@ class SilenceBody(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         datetime,
         msgspec.Meta(
             tz=True,
-            description=(
+            extra_json_schema=time_schema(
                 f"RFC 3339, with an offset; {TIME_RANGE}. A time already past ends the silence "
                 "at once."
             ),

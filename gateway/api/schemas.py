@@ -8,7 +8,7 @@ gets past them. Rows become Structs in one place, :func:`from_row`.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import date, datetime
 from typing import Annotated, Any, Final, Literal, TypeVar
 
 import msgspec
@@ -79,23 +79,34 @@ _SELECTOR_ITEM: Final = rf"(?:{_SELECTOR_ID_ITEM}|{_SELECTOR_GLOB_ITEM})"
 SELECTOR_ITEMS_MAX: Final = 32
 SELECTOR_PATTERN: Final = rf"^{_SELECTOR_ITEM}(?:,{_SELECTOR_ITEM}){{0,{SELECTOR_ITEMS_MAX - 1}}}$"
 
-# The instants a time the API is given may name: in UTC, inside the years 1 to 9999 that Python's
-# datetime (and so the database driver) holds. An offset can push a valid RFC 3339 time past
-# either end (`0001-01-01T00:00:00+01:00` is in year 0 in UTC), which the driver cannot convert
-# to UTC: every time input goes through :func:`time_problem`.
-_TIME_FLOOR: Final = datetime.min.replace(tzinfo=UTC)
-_TIME_CEILING: Final = datetime.max.replace(tzinfo=UTC)
-TIME_RANGE: Final = "from 0001-01-01T00:00:00Z to 9999-12-31T23:59:59.999999Z"
+# The times the API takes: with a UTC offset, and not written on the first day of year 1 or the
+# last day of year 9999. An offset (under 24 h) can push a time on either day out of the years
+# 1 to 9999 that Python's datetime, and so the database driver, holds in UTC
+# (`0001-01-01T00:00:00+01:00` is in year 0), which the driver cannot convert; and the driver
+# writes those ends themselves as PostgreSQL's -infinity and infinity, read back as naive
+# datetimes (answered without an offset), as protocol/messages.py says of device times. From the
+# day after to the day before, every offset gives an instant the driver keeps. The document says
+# so with a pattern, so that a time it allows is one the API takes: every time input is declared
+# with :func:`time_schema` and checked with :func:`time_problem`.
+TIME_PATTERN: Final = r"^(?!0001-01-01|9999-12-31)"
+TIME_RANGE: Final = "from 0001-01-02 to 9999-12-30 as written"
+
+
+def time_schema(description: str) -> dict[str, Any]:
+    """A time's ``extra_json_schema``: its description and the pattern of :data:`TIME_RANGE`."""
+    return {"description": description, "extra": {"pattern": TIME_PATTERN}}
 
 
 def time_problem(value: datetime) -> str | None:
-    """Why ``value`` is not a time the API takes (no UTC offset, or an instant outside
+    """Why ``value`` is not a time the API takes (no UTC offset, or a day outside
     :data:`TIME_RANGE`), or None when it is one."""
     if value.utcoffset() is None:
         return "give a UTC offset (`Z` or `+hh:mm`)"
-    # Aware datetimes compare as instants, without converting (which would overflow).
-    if not _TIME_FLOOR <= value <= _TIME_CEILING:
-        return f"must be {TIME_RANGE} in UTC"
+    if value.date() in (date.min, date.max):
+        return (
+            f"must be {TIME_RANGE}: with its offset, a time on 0001-01-01 or 9999-12-31 can "
+            "fall outside the years 1 to 9999 in UTC, which the database driver cannot keep"
+        )
     return None
 
 
@@ -487,7 +498,11 @@ class OutOfServiceBody(msgspec.Struct, forbid_unknown_fields=True, kw_only=True)
     reason: Reason
     until: (
         Annotated[
-            datetime, msgspec.Meta(tz=True, description=f"RFC 3339, with an offset; {TIME_RANGE}.")
+            datetime,
+            msgspec.Meta(
+                tz=True,
+                extra_json_schema=time_schema(f"RFC 3339, with an offset; {TIME_RANGE}."),
+            ),
         ]
         | None
     ) = None

@@ -306,3 +306,29 @@ async def test_out_of_service_until_past_the_ends_of_time_in_utc_is_a_422(
     assert (reply.status, reply.body["error"]) == (422, "INVALID_BODY"), reply.body
     assert "until" in reply.body["detail"]
     assert await api.db.fetchval("SELECT count(*) FROM device_out_of_service") == 0
+
+
+async def test_out_of_service_until_answers_with_its_offset_and_the_last_day_is_refused(
+    api: Api,
+) -> None:
+    """The driver keeps 9999-12-31T23:59:59.999999Z as PostgreSQL's infinity and reads it back
+    without an offset: a time on the last day is refused (the document's pattern says so), one
+    on the day before kept, whatever its offset, and answered in UTC."""
+    await api.db.execute(
+        "INSERT INTO device (device_id, first_seen, last_seen) VALUES ('m1', now(), now())"
+    )
+    last = await api.call(
+        "PUT", "/devices/m1/out-of-service",
+        json={"reason": "x", "until": "9999-12-31T23:59:59.999999Z"}, token=OPERATOR,
+    )  # fmt: skip
+    assert (last.status, last.body["error"]) == (422, "INVALID_BODY"), last.body
+    assert await api.db.fetchval("SELECT count(*) FROM device_out_of_service") == 0
+
+    kept = await api.call(
+        "PUT", "/devices/m1/out-of-service",
+        json={"reason": "x", "until": "9999-12-30T23:59:59.999999-23:59"}, token=OPERATOR,
+    )  # fmt: skip
+    in_utc = "9999-12-31T23:58:59.999999Z"
+    assert (kept.status, kept.body["until"]) == (200, in_utc), kept.body
+    device = (await api.get("/devices/m1")).body["device"]
+    assert device["out_of_service"]["until"] == in_utc

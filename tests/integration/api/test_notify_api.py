@@ -86,6 +86,8 @@ async def test_create_list_and_expire_a_silence(api: ApiClient, db: asyncpg.Conn
         {"ends_at": "2030-01-01T00:00:00"},  # no offset
         {"ends_at": "0001-01-01T00:00:00+01:00"},  # in year 0 in UTC
         {"ends_at": "9999-12-31T23:59:59-01:00"},  # in year 10000 in UTC
+        {"ends_at": "9999-12-31T23:59:59.999999Z"},  # the driver's infinity
+        {"ends_at": "0001-01-01T00:00:00Z"},  # the driver's -infinity
         {"ends_at": "2030-01-01T00:00:00Z", "matchers": {"rules": []}},
         {"ends_at": "2030-01-01T00:00:00Z", "matchers": {"rules": ["bad key"]}},
         {"ends_at": "2030-01-01T00:00:00Z", "matchers": {"devices": "x y"}},
