@@ -18,7 +18,9 @@ from gateway.support.metrics import Metrics
 from storage import ai_tasks as ai_repo
 from storage import alarms as repo
 from storage import desk as desk_repo
+from storage.audit import audit_failure
 from storage.desk import Filters, GroupBy, Scope, ShelvedMode
+from storage.errors import DB_ERRORS, TRANSIENT_DB_ERRORS
 
 # What the routes pass in (they import no storage module of their own).
 __all__ = [
@@ -56,11 +58,15 @@ def view_from_record(record: asyncpg.Record) -> DeskAlarm:
 
 @dataclass(frozen=True, slots=True)
 class BulkResult:
-    """One alarm of a bulk action: the alarm after it, or the error that refused it."""
+    """One alarm of a bulk action: the alarm after it; or ``error``, why nothing of it changed
+    (an :class:`AlarmError` that refused it, or the database fault that rolled its transaction
+    back: its audit row refused, the database away); or neither, when it was not attempted
+    (``attempted`` false: the database went away on an earlier alarm of the action)."""
 
     alarm_id: int
     alarm: Alarm | None = None
-    error: AlarmError | None = None
+    error: BaseException | None = None
+    attempted: bool = True
 
 
 class TooManyAlarmsError(AlarmError):
@@ -221,12 +227,15 @@ class AlarmService:
         stated_actor: str | None = None,
     ) -> list[BulkResult]:
         """The action on each alarm, each as ``act`` does it (its own conditional write, audit
-        row and event, in its own transaction): one refused leaves the others be."""
+        row and event, in its own transaction): one refused, or rolled back by a fault of its
+        own (its audit row refused), leaves the others be. Once the database is away (a
+        transient fault, as ``storage.errors`` defines it), the alarms after it are not
+        attempted. Every alarm gets its result, and those before a fault stay committed."""
         ids = list(dict.fromkeys(alarm_ids))  # each once, in the order given
         if len(ids) > self.bulk_max:
             raise TooManyAlarmsError(len(ids), self.bulk_max)
         results: list[BulkResult] = []
-        for alarm_id in ids:
+        for index, alarm_id in enumerate(ids):
             try:
                 alarm = await self.act(
                     alarm_id,
@@ -238,6 +247,12 @@ class AlarmService:
                 )
             except AlarmError as exc:
                 results.append(BulkResult(alarm_id=alarm_id, error=exc))
+            except DB_ERRORS as exc:  # its transaction rolled back
+                results.append(BulkResult(alarm_id=alarm_id, error=exc))
+                if isinstance(exc, TRANSIENT_DB_ERRORS) and audit_failure(exc) is None:
+                    rest = ids[index + 1 :]
+                    results.extend(BulkResult(alarm_id=i, attempted=False) for i in rest)
+                    break
             else:
                 results.append(BulkResult(alarm_id=alarm_id, alarm=alarm))
         return results

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Final
 
 import structlog
+from litestar import Request
 from litestar.handlers import HTTPRouteHandler
 from litestar.params import JSONBody, Parameter
 from msgspec import UnsetType
@@ -27,10 +28,12 @@ from gateway.api.errors import (
     TOO_MANY_ALARMS,
     UNTIL_PAST,
     from_domain,
+    to_api_error,
 )
 from gateway.api.params import AlarmId, Before, DeviceId, Id, Limit, page
 from gateway.api.routes import route
 from gateway.api.schemas import (
+    BULK_NOT_ATTEMPTED,
     DEVICE_ID_PATTERN,
     LIMIT_DEFAULT,
     RULE_KEY_FILTER_PATTERN,
@@ -297,18 +300,22 @@ async def group_alarms(
     operation_id="bulkAlarms",
     tag=TAG,
     role=Role.OPERATOR,
-    writes=True,
-    body=True,
+    body=True,  # no `writes`: an alarm whose audit row is refused is an item (`AUDIT_FAILED`)
     errors=[TOO_MANY_ALARMS, INVALID_ACTOR],
     description=(
         "`confirm`, `false` or `close` on the alarms `ids`, or on every alarm of a `group` "
         "(as `GET /alarms/groups` showed it, with its filters). Each alarm is acted on as "
-        "`POST /alarms/{id}/{action}` would: its own conditional write, audit row and event. "
-        "One refused leaves the others be; `items` says what happened to each. More alarms "
-        "than `[alarms] bulk_max` is refused whole (400 `TOO_MANY_ALARMS`), nothing done."
+        "`POST /alarms/{id}/{action}` would: its own conditional write, audit row and event, "
+        "in its own transaction. One refused, or rolled back (`AUDIT_FAILED`), leaves the "
+        "others be; once the database is out of reach (`UNAVAILABLE`) the alarms after it are "
+        f"not attempted (`{BULK_NOT_ATTEMPTED}`). 200 with `items`, what happened to each: an "
+        "alarm acted on before a fault stays acted on. More alarms than `[alarms] bulk_max` "
+        "is refused whole (400 `TOO_MANY_ALARMS`), nothing done."
     ),
 )
-async def bulk_alarms(alarms: Alarms, call: CallDep, data: JSONBody[BulkBody]) -> BulkResults:
+async def bulk_alarms(
+    alarms: Alarms, call: CallDep, request: Request[Any, Any, Any], data: JSONBody[BulkBody]
+) -> BulkResults:
     if isinstance(data.ids, UnsetType):
         assert not isinstance(data.group, UnsetType)  # the body names exactly one
         ids = await alarms.group_ids(
@@ -330,8 +337,19 @@ async def bulk_alarms(alarms: Alarms, call: CallDep, data: JSONBody[BulkBody]) -
         if result.alarm is not None:
             items.append(BulkItem(alarm_id=result.alarm_id, ok=True, status=result.alarm.status))
             continue
-        refused = from_domain(result.error) if result.error is not None else None
-        assert refused is not None
+        if result.error is None:
+            items.append(
+                BulkItem(
+                    alarm_id=result.alarm_id,
+                    ok=False,
+                    error=BULK_NOT_ATTEMPTED,
+                    message="not attempted: the database went out of reach on an earlier alarm; "
+                    "nothing of this one changed, retry",
+                )
+            )
+            continue
+        # What the single action would answer (and log): a refusal, AUDIT_FAILED, UNAVAILABLE.
+        refused = to_api_error(request, result.error)
         current = refused.details.get("current_status")
         items.append(
             BulkItem(

@@ -413,7 +413,7 @@ def _redacted_traceback(exc: BaseException, request: Request[Any, Any, Any]) -> 
     return text
 
 
-def to_api_error(request: Request[Any, Any, Any], exc: Exception) -> ApiError:
+def to_api_error(request: Request[Any, Any, Any], exc: BaseException) -> ApiError:
     """Any exception as an :class:`ApiError`; unexpected ones are logged here."""
     if isinstance(exc, ApiError):
         return exc

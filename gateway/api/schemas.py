@@ -419,15 +419,35 @@ class BulkBody(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
             raise ValueError("give exactly one of `ids` and `group`")
 
 
+# A bulk action's item for an alarm it did not act on: the database went out of reach on an
+# earlier alarm of the same action.
+BULK_NOT_ATTEMPTED: Final = "NOT_ATTEMPTED"
+
+
 class BulkItem(msgspec.Struct, kw_only=True, omit_defaults=True):
     """One alarm of a bulk action: ``ok`` with its ``status`` now, or the ``error`` code (as
-    the single action would answer) with ``message`` and, when it has one,
-    ``current_status``; nothing of a refused alarm changed."""
+    the single action would answer, ``AUDIT_FAILED`` and ``UNAVAILABLE`` included, or
+    ``NOT_ATTEMPTED``) with ``message`` and, when it has one, ``current_status``; nothing of
+    an alarm that is not ``ok`` changed."""
 
     alarm_id: int
     ok: bool
     status: AlarmStatus | None = None
-    error: str | None = None
+    error: (
+        Annotated[
+            str,
+            msgspec.Meta(
+                description=(
+                    "The code `POST /alarms/{id}/{action}` would answer (`STATUS_CHANGED`, "
+                    "`ILLEGAL_TRANSITION`, `NOT_FOUND`, `AUDIT_FAILED`: its audit row refused, "
+                    "`UNAVAILABLE`: the database out of reach...), or "
+                    f"`{BULK_NOT_ATTEMPTED}`: not tried, the database went out of reach on an "
+                    "earlier alarm of the action."
+                )
+            ),
+        ]
+        | None
+    ) = None
     message: str | None = None
     current_status: str | None = None
 

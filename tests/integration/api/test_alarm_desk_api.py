@@ -161,6 +161,53 @@ async def test_bulk_confirm_gives_a_result_per_alarm_and_one_refused_stops_nothi
     )  # fmt: skip
 
 
+def _results(reply: Reply) -> list[tuple[int, bool, str | None]]:
+    """Each item's alarm, whether it was acted on, and its status or error code."""
+    assert reply.status == 200, reply.body
+    return [
+        (i["alarm_id"], i["ok"], i.get("status") or i.get("error")) for i in reply.body["items"]
+    ]
+
+
+async def test_a_bulk_alarm_whose_audit_row_is_refused_is_its_own_item_and_the_rest_are_acted_on(
+    api: Api,
+) -> None:
+    first, second, third = [await api.raise_alarm(f"d{n}") for n in range(3)]
+    await api.db.execute(  # the audit storage refuses the second alarm's row only
+        f"ALTER TABLE alarm_audit ADD CONSTRAINT test_refuses CHECK (alarm_id <> {second}) "
+        "NOT VALID"
+    )
+    reply = await api.post("/alarms/bulk", {"action": "confirm", "ids": [first, second, third]})
+    assert _results(reply) == [
+        (first, True, "CONFIRMED"), (second, False, "AUDIT_FAILED"), (third, True, "CONFIRMED"),
+    ]  # fmt: skip
+    assert (reply.body["done"], reply.body["refused"]) == (2, 1)
+    statuses = [(await api.get(f"/alarms/{a}")).body["status"] for a in (first, second, third)]
+    assert statuses == ["CONFIRMED", "NEW", "CONFIRMED"]
+
+
+async def test_a_bulk_action_stops_where_the_database_went_away_and_says_so_for_each_alarm(
+    api: Api,
+) -> None:
+    first, second, third = [await api.raise_alarm(f"d{n}") for n in range(3)]
+    # The second alarm's update ends its own connection, as a server going down would.
+    await api.db.execute(
+        "CREATE FUNCTION test_cut() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+        "PERFORM pg_terminate_backend(pg_backend_pid()); RETURN NEW; END $$"
+    )
+    await api.db.execute(
+        "CREATE TRIGGER test_cut BEFORE UPDATE ON alarm FOR EACH ROW "
+        f"WHEN (OLD.id = {second}) EXECUTE FUNCTION test_cut()"
+    )
+    reply = await api.post("/alarms/bulk", {"action": "confirm", "ids": [first, second, third]})
+    assert _results(reply) == [
+        (first, True, "CONFIRMED"), (second, False, "UNAVAILABLE"), (third, False, "NOT_ATTEMPTED"),
+    ]  # fmt: skip
+    assert (reply.body["done"], reply.body["refused"]) == (1, 2)
+    statuses = [(await api.get(f"/alarms/{a}")).body["status"] for a in (first, second, third)]
+    assert statuses == ["CONFIRMED", "NEW", "NEW"]
+
+
 async def test_bulk_over_a_group_acts_on_the_groups_alarms_only(api: Api) -> None:
     hot = [await api.raise_alarm(f"d{n}", "hot") for n in range(3)]
     cold = await api.raise_alarm("d9", "cold")
