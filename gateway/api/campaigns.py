@@ -18,6 +18,8 @@ from gateway.api.auth import CallDep, Role, actor_of
 from gateway.api.errors import (
     CAMPAIGN_CLOSED,
     CAMPAIGN_NOT_FOUND,
+    DEVICE_ID_NOT_PORTABLE,
+    DOWNLINK_TOO_LARGE,
     NO_TARGETS,
     TARGETS_UNBOUND,
     bad_request,
@@ -51,11 +53,13 @@ from gateway.commands.campaigns import (
     UnboundTargetsError,
     counts_of,
 )
+from gateway.commands.lifecycle import DownlinkTooLargeError
 from gateway.commands.service import CommandService
 from gateway.domain.campaign import AbortCriteria, CampaignStatus
 from gateway.domain.command import Delivery
 from gateway.domain.errors import ConfigError
 from gateway.domain.rules import device_selector
+from protocol.ids import UnportableDeviceIdError
 from storage.campaigns import CampaignRow, CountedCampaignRow
 
 log = structlog.get_logger(__name__)
@@ -194,7 +198,11 @@ def campaign_of(row: CampaignRow, *, with_counts: bool = True) -> Campaign:
 def _service(commands: CommandService) -> CampaignService:
     """The campaign service on the command service's pool and node (stateless: cheap)."""
     return CampaignService(
-        commands.pool, commands.node_id, commands.expire_after_s, metrics=commands.metrics
+        commands.pool,
+        commands.node_id,
+        commands.expire_after_s,
+        metrics=commands.metrics,
+        refuse_unsendable=commands.refuse_unsendable,
     )
 
 
@@ -212,7 +220,7 @@ StatusFilter = Annotated[
     role=Role.OPERATOR,
     writes=True,
     body=True,
-    errors=[TARGETS_UNBOUND, NO_TARGETS],
+    errors=[TARGETS_UNBOUND, NO_TARGETS, DOWNLINK_TOO_LARGE, DEVICE_ID_NOT_PORTABLE],
     status_code=201,
     also={
         200: ResponseSpec(
@@ -227,7 +235,10 @@ StatusFilter = Annotated[
         "how many of them leave PENDING per minute across all nodes; `abort` aborts the "
         "campaign (its open commands CANCELLED) once `min_finished` commands are terminal and "
         "the FAILED + TIMEOUT share reaches `failure_ratio`. A selector is resolved against "
-        "the known devices that are bound, when the campaign starts."
+        "the known devices that are bound, when the campaign starts. A campaign with a target "
+        "the broker could never carry the command to (its downlink over the maximum packet "
+        "size, an id it cannot carry) is refused as `POST /devices/{id}/commands` would "
+        "refuse that command, nothing created."
     ),
 )
 async def create_campaign(
@@ -255,12 +266,17 @@ async def create_campaign(
         created = await _service(commands).create(
             request, actor=actor_of(call), request_id=call.request_id
         )
-    except (UnboundTargetsError, NoTargetsError) as exc:
+    except (
+        UnboundTargetsError,
+        NoTargetsError,
+        DownlinkTooLargeError,
+        UnportableDeviceIdError,
+    ) as exc:
         log.info(
             "campaign_create_refused",
             token=call.caller.name,
             request_id=call.request_id,
-            code=exc.code,
+            code=getattr(exc, "code", DEVICE_ID_NOT_PORTABLE.code),
         )
         raise
     row = created.campaign

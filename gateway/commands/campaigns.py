@@ -16,7 +16,7 @@ The rollout limit is enforced by the dispatchers' claim statement (storage/queri
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -200,8 +200,16 @@ async def _closed(
     return row, cancelled
 
 
+# Raises for what the broker could never carry of a command to these devices: the command
+# path's own check (CommandService.refuse_unsendable), which sits a layer above campaigns.
+RefuseUnsendable = Callable[[Sequence[str], str, dict[str, Any]], None]
+
+
 class CampaignService:
-    """Campaigns for the API and the settler: each call one transaction on a pooled connection."""
+    """Campaigns for the API and the settler: each call one transaction on a pooled connection.
+
+    ``refuse_unsendable``: checks the resolved targets before anything is created (the API
+    passes the command path's check, so a campaign is refused what a command would be)."""
 
     def __init__(
         self,
@@ -210,11 +218,13 @@ class CampaignService:
         expire_after_s: float,
         *,
         metrics: Metrics | None = None,
+        refuse_unsendable: RefuseUnsendable | None = None,
     ) -> None:
         self.pool = pool
         self.node_id = node_id
         self.expire_after_s = expire_after_s
         self.metrics = metrics
+        self.refuse_unsendable = refuse_unsendable
 
     async def create(
         self, request: CampaignRequest, *, actor: str, request_id: str | None = None
@@ -225,6 +235,8 @@ class CampaignService:
                 if existing is not None:
                     return CampaignCreation(await self._read(conn, existing.id), created=False)
             devices = await _resolve(conn, request.targets)
+            if self.refuse_unsendable is not None:  # before any insert: nothing is created
+                self.refuse_unsendable(devices, request.name, request.params)
             abort = request.abort
             row = await repo.insert(
                 conn,

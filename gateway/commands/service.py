@@ -83,21 +83,9 @@ class CommandService:
         idempotency_key: str | None,
         actor: str,
     ) -> Creation:
-        """Raises (nothing created) :class:`UnportableDeviceIdError` for an id the broker would
-        not carry (``[mqtt] broker_family``), :class:`DownlinkTooLargeError` when the downlink
-        cannot fit ``max_packet_size`` whatever its claim, or what the creator raises."""
-        # The API checked the id's grammar; built only when a check needs it, a topic cannot
-        # refuse a value the database's constraint should (and the creator isolates).
-        # A Sparkplug device's command is a metric write, not a native downlink
-        # (commands/sparkplug.py): the native topic's checks are not its own.
-        native = not sparkplug.is_device_key(device_id)
-        if native and self.topics.portable_ids:
-            self.topics.commands(device_id)
-        if native and self.max_packet_size:
-            topic = self.topics.commands(device_id)
-            size = smallest_downlink(topic, name, params, mqtt5=self.mqtt5)
-            if size > self.max_packet_size:
-                raise DownlinkTooLargeError(device_id, size, self.max_packet_size)
+        """Raises (nothing created) what :meth:`refuse_unsendable` raises, or what the creator
+        raises."""
+        self.refuse_unsendable((device_id,), name, params)
         return await self.creator.create(
             NewCommand(
                 device_id=device_id,
@@ -108,6 +96,30 @@ class CommandService:
                 actor=actor,
             )
         )
+
+    def refuse_unsendable(
+        self, device_ids: Sequence[str], name: str, params: dict[str, Any]
+    ) -> None:
+        """Raises :class:`UnportableDeviceIdError` for the first id the broker would not carry
+        (``[mqtt] broker_family``), :class:`DownlinkTooLargeError` when the command's downlink
+        to one of the devices cannot fit ``max_packet_size`` whatever its claim: what can
+        never be sent is refused before anything is created (a command, a campaign's)."""
+        # The API checked the ids' grammar; built only when a check needs it, a topic cannot
+        # refuse a value the database's constraint should (and the creator isolates).
+        # A Sparkplug device's command is a metric write, not a native downlink
+        # (commands/sparkplug.py): the native topic's checks are not its own.
+        native = [d for d in device_ids if not sparkplug.is_device_key(d)]
+        if self.topics.portable_ids:
+            for device_id in native:
+                self.topics.commands(device_id)
+        if native and self.max_packet_size:
+            # The downlinks differ in their topic alone, which grows with the id (ASCII): the
+            # longest id's is the largest.
+            longest = max(native, key=len)
+            topic = self.topics.commands(longest)
+            size = smallest_downlink(topic, name, params, mqtt5=self.mqtt5)
+            if size > self.max_packet_size:
+                raise DownlinkTooLargeError(longest, size, self.max_packet_size)
 
     async def get(self, command_id: int) -> tuple[CommandRow, list[asyncpg.Record]]:
         """The command and every receipt for it, read in one snapshot."""

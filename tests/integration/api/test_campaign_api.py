@@ -17,9 +17,10 @@ import aiohttp
 import asyncpg
 import pytest
 
+from gateway.commands.dispatcher import smallest_downlink
 from gateway.commands.receipts import apply_receipt
 from gateway.config import TokenConfig
-from protocol import CommandReceipt, ReceiptResult
+from protocol import CommandReceipt, ReceiptResult, Topics
 from storage import commands as command_repo
 from tests.support.api_client import ADMIN, OPERATOR, VIEWER, ApiClient, Reply
 from tests.support.api_server import serve_api
@@ -189,6 +190,44 @@ async def test_unbound_targets_and_empty_targets_are_409_and_change_nothing(api:
     only_unbound = await api.start({"name": "reboot", "targets": {"selector": "gone-*"}})
     assert (only_unbound.status, only_unbound.body["error"]) == (409, "NO_TARGETS")
     assert await api.snapshot() == before
+
+
+async def test_a_campaign_is_refused_whole_as_a_command_to_any_of_its_targets_is_refused(
+    db_dsn: str, db: asyncpg.Connection
+) -> None:
+    """What can never be sent is refused up front (behaviour §7), for each target: a downlink
+    over the broker's maximum packet size (the longest id's is the largest), an id the broker
+    cannot carry."""
+    short, long = "dev-1", "dev-1-with-a-longer-id"
+    params = {"blob": "x" * 2000}
+    async with serve_api(db_dsn, TOKENS) as served, aiohttp.ClientSession() as http:
+        api = Api(base=served.base, http=http, db=db)
+        await api.register(short, long)
+        # [mqtt] max_packet_size: the short id's downlink fits exactly, the long one's cannot.
+        limit = smallest_downlink(Topics("iot").commands(short), "fw", params, mqtt5=True)
+        served.commands.max_packet_size = limit
+        fits = await api.call(
+            "POST", f"/devices/{short}/commands", json={"name": "fw", "params": params},
+            token=OPERATOR,
+        )  # fmt: skip
+        assert fits.status == 201, fits.body
+        before = await api.snapshot()
+        for targets in ({"devices": [short, long]}, {"selector": "dev-*"}):
+            reply = await api.start({"name": "fw", "params": params, "targets": targets})
+            assert reply.status == 422, reply.body
+            assert reply.body["error"] == "DOWNLINK_TOO_LARGE"
+            assert (reply.body["device_id"], reply.body["limit"]) == (long, limit)
+            assert reply.body["size"] > limit
+        # [mqtt] broker_family maps `.` to its own separator: such an id cannot be carried.
+        served.commands.topics = Topics("iot", portable_ids=True)
+        await api.register("dev.3")
+        dotted = await api.start({"name": "fw", "targets": {"devices": [short, "dev.3"]}})
+        assert (dotted.status, dotted.body["error"], dotted.body["device_id"]) == (
+            400, "BAD_DEVICE_ID", "dev.3",
+        )  # fmt: skip
+        assert await api.snapshot() == before
+        sendable = await api.start({"name": "fw", "targets": {"devices": [short, long]}})
+        assert sendable.status == 201, sendable.body
 
 
 @pytest.mark.parametrize(
