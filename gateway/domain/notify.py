@@ -36,6 +36,7 @@ from gateway.domain.notify_policy import (
     compile_inhibit,
     compile_sites,
 )
+from gateway.domain.redaction import url_credentials
 from protocol.events import (
     AlarmChanged,
     AlarmCleared,
@@ -135,9 +136,8 @@ def receiver_secrets(receiver: ReceiverConfig) -> list[str]:
     """What of a receiver is a credential, never to be logged or shown: its webhook secret,
     its SMTP password, its headers' values (an ``Authorization``, an ``X-Api-Key``), and the
     userinfo of its URL."""
-    userinfo = urlsplit(receiver.url).netloc.rpartition("@")[0] if receiver.url else ""
-    found = [receiver.secret, receiver.password, *receiver.headers.values(), userinfo]
-    found += userinfo.split(":", 1) if userinfo else []
+    userinfo = url_credentials(receiver.url) if receiver.url else []
+    found = [receiver.secret, receiver.password, *receiver.headers.values(), *userinfo]
     return [s for s in found if s]
 
 
