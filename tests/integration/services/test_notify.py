@@ -39,6 +39,7 @@ from tests.support.api_client import VIEWER, ApiClient
 from tests.support.api_server import serve_api
 from tests.support.credentials import make_ca, make_server_cert
 from tests.support.receivers import (
+    Answer,
     Logins,
     Received,
     always,
@@ -278,21 +279,29 @@ async def test_a_receiver_echoing_the_request_gets_no_credential_into_last_error
             assert secret not in text, text
 
 
-async def test_an_answer_whose_body_stalls_is_ended_by_the_receivers_timeout(
-    pool: asyncpg.Pool, db_dsn: str, db: asyncpg.Connection
-) -> None:
-    """The status line came, then a few bytes, then nothing: ``timeout_s`` bounds the reading
-    of the body too, and the slot is free again."""
-    stalled = asyncio.Event()
+def _stalling(first: bytes, answering: list[web.Request]) -> Answer:
+    """An answer whose status line comes, then ``first`` of a 10,000-byte body, then nothing
+    (until the client hangs up or the server stops); each request answered so is noted."""
 
     async def stall(request: web.Request, _got: Received, status: int) -> web.StreamResponse:
         response = web.StreamResponse(status=status)
         response.content_length = 10_000
         await response.prepare(request)
-        await response.write(b"partial ")
-        stalled.set()
-        await asyncio.Event().wait()  # until the client hangs up (or the server stops)
+        await response.write(first)
+        answering.append(request)
+        await asyncio.Event().wait()
         return response
+
+    return stall
+
+
+async def test_an_answer_whose_body_stalls_is_ended_by_the_receivers_timeout(
+    pool: asyncpg.Pool, db_dsn: str, db: asyncpg.Connection
+) -> None:
+    """The status line came, then a few bytes, then nothing: ``timeout_s`` bounds the reading
+    of the body too, and the slot is free again."""
+    answering: list[web.Request] = []
+    stall = _stalling(b"partial ", answering)
 
     async with webhook_server(stall=always(500)) as server:
         server.answers["/stall"] = stall
@@ -309,7 +318,7 @@ async def test_an_answer_whose_body_stalls_is_ended_by_the_receivers_timeout(
             # The slot frees when the send's task ends, just after its FAILED commits (the
             # connection goes back to the pool in between): waited for, not raced.
             await wait_until(lambda: node.worker.in_flight == {"stall": 0}, message="slot free")
-    assert stalled.is_set()
+    assert answering
     [row] = await _deliveries(db)
     assert row["attempts"] == 2
     assert "0.5" in row["last_error"] or "Timeout" in row["last_error"], row["last_error"]
@@ -322,15 +331,7 @@ async def test_a_webhook_answering_2xx_is_a_delivery_even_if_its_body_then_stall
     body (a few bytes, then nothing) is not waited for. The delivery is SENT at the first
     attempt and pushes its alarm; the connection is closed rather than left to the stall."""
     answering: list[web.Request] = []
-
-    async def stall(request: web.Request, _got: Received, status: int) -> web.StreamResponse:
-        response = web.StreamResponse(status=status)
-        response.content_length = 10_000
-        await response.prepare(request)
-        await response.write(b"accepted ")
-        answering.append(request)
-        await asyncio.Event().wait()  # until the server stops
-        return response
+    stall = _stalling(b"accepted ", answering)
 
     async with webhook_server(ok=always(200)) as server:
         server.answers["/ok"] = stall
