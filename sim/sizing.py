@@ -128,7 +128,7 @@ def _device(n: int) -> str:
 
 def _next_state(row: asyncpg.Record, ts: datetime, rng: random.Random) -> tuple[Any, ...]:
     """The row after one sample, as a ``> threshold`` rule held for ``FOR_SAMPLES`` samples
-    moves it: the state's fields of a ``rule_state_write_us`` record (after the device, the
+    moves it: the state's fields of a ``rule_state_write_us2`` record (after the device, the
     rule key and the version read), in its order."""
     firing, pending, since = row["firing"], row["pending_count"], row["pending_since"]
     fired_ts, fired_id = row["fired_ts"], row["fired_event_id"]
@@ -147,7 +147,7 @@ def _next_state(row: asyncpg.Record, ts: datetime, rng: random.Random) -> tuple[
     seq = (row["last_seq"] or 0) + 1
     return (
         row["rule_version"], firing, pending, since, ts, seq, fired_ts, fired_id, released,
-        clear_ts, clear_id, violating_ts,
+        clear_ts, clear_id, violating_ts, None,
     )  # fmt: skip
 
 
@@ -182,11 +182,11 @@ async def _batch(
             (keys_d[row["n"] - 1], keys_r[row["n"] - 1], row["version"], *_next_state(row, ts, rng))
             for row in rows
         ]
-        # rule_state_write_us records: times as microseconds since the epoch.
+        # rule_state_write_us2 records: times as microseconds since the epoch.
         moved = [tuple(micros(v) if isinstance(v, datetime) else v for v in r) for r in moved]
         # Under the lock just taken: no held rows to check (storage.rule_state.UNDER_LOCK;
         # sim may not import it), every row written whole (none as only "moved").
-        answer = await conn.fetchrow(states["write_states"], moved, node, "", "", "", 0, *[""] * 8)
+        answer = await conn.fetchrow(states["write_states"], moved, node, "", "", "", 0, *[""] * 9)
         written = int(answer["written"])
     return written, len(rows) - written, device_ms, lock_ms
 

@@ -49,6 +49,7 @@ class RuleStateRow(msgspec.Struct, frozen=True, gc=False):
     clear_ts: datetime | None
     clear_event_id: str | None
     violating_ts: datetime | None
+    last_device_ts: datetime | None
 
 
 _COLUMNS = RuleStateRow.__struct_fields__
@@ -206,14 +207,24 @@ async def write_held_states(
 # The columns of a rule-state row that a sample judged in order moves on every write (the
 # newest sample, and the newest violating or clearing one); a row that differs from the row
 # read in none but these is written as write_states' ``moved``.
-SAMPLE_MOVES: Final = ("last_ts", "last_seq", "clear_ts", "clear_event_id", "violating_ts")
+SAMPLE_MOVES: Final = (
+    "last_ts",
+    "last_seq",
+    "clear_ts",
+    "clear_event_id",
+    "violating_ts",
+    "last_device_ts",
+)
 
 
 def _moved(rows: Sequence[RuleStateRow]) -> tuple[str, ...]:
-    # write_states' $7-$14: a column each, a text of lines; an empty line is NULL. A sample
+    # write_states' $7-$15: a column each, a text of lines; an empty line is NULL. A sample
     # judged in order sets the newest clearing or violating time to the newest sample's
     # time, the same object: converted once (a conversion is most of a row's cost here).
+    # The newest's own device time is NULL but for a sample judged at another time: a
+    # column of NULLs goes as one empty text.
     versions, last_ts, last_seq, clear_ts, violating_ts = [], [], [], [], []
+    device_ts: list[str] | None = None
     for r in rows:
         versions.append(str(r.version))
         last = r.last_ts
@@ -224,6 +235,10 @@ def _moved(rows: Sequence[RuleStateRow]) -> tuple[str, ...]:
         clear_ts.append("" if at is None else newest if at is last else str(micros(at)))
         at = r.violating_ts
         violating_ts.append("" if at is None else newest if at is last else str(micros(at)))
+        if (at := r.last_device_ts) is not None:
+            if device_ts is None:
+                device_ts = [""] * len(rows)
+            device_ts[len(versions) - 1] = str(micros(at))
     return (
         lines([r.device_id for r in rows]),
         lines([r.rule_key for r in rows]),
@@ -233,12 +248,13 @@ def _moved(rows: Sequence[RuleStateRow]) -> tuple[str, ...]:
         "\n".join(clear_ts),
         lines([r.clear_event_id or "" for r in rows]),
         "\n".join(violating_ts),
+        "" if device_ts is None else "\n".join(device_ts),
     )
 
 
 def _records(rows: Sequence[RuleStateRow]) -> list[tuple[object, ...]]:
-    # One array of records (the type rule_state_write_us has RuleStateRow's fields, in order,
-    # its times as microseconds: migration 0034).
+    # One array of records (the type rule_state_write_us2 has RuleStateRow's fields, in order,
+    # its times as microseconds: migrations 0034, 0041).
     return [
         (
             r.device_id,
@@ -256,6 +272,7 @@ def _records(rows: Sequence[RuleStateRow]) -> list[tuple[object, ...]]:
             None if (t := r.clear_ts) is None else micros(t),
             r.clear_event_id,
             None if (t := r.violating_ts) is None else micros(t),
+            None if (t := r.last_device_ts) is None else micros(t),
         )
         for r in rows
     ]

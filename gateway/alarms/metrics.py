@@ -40,9 +40,12 @@ class AlarmMetrics(MetricSet):
         )
         self.clock_adjustments = Counter(
             "gateway_clock_adjustments",
-            "Samples judged at their receipt instead of their device time, by why: ahead (dated "
-            "past max_future_skew_s), behind (back past reorder_window_s: a reset or an upload), "
-            "state_ahead (a rule state held times from a clock ahead)",
+            "Samples judged at another time than their device time, or ordered by seq against "
+            "it, by why: ahead (dated past max_future_skew_s), behind (back past "
+            "reorder_window_s: a reset or an upload), state_ahead (a rule state held times from "
+            "a clock ahead), stepped_back (seq above, time before the newest judged), seq_reset "
+            "(seq below, time after: a new epoch), corrected (no seq; before the newest judged "
+            "but after its own time: a clock corrected while its samples waited)",
             ["reason"],
             registry=r,
         )

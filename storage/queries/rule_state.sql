@@ -38,12 +38,13 @@ SELECT l.n, l.version, l.xmin, l.hit,
        CASE WHEN l.hit THEN NULL ELSE l.released_ts END AS released_ts,
        CASE WHEN l.hit THEN NULL ELSE l.clear_ts END AS clear_ts,
        CASE WHEN l.hit THEN NULL ELSE l.clear_event_id END AS clear_event_id,
-       CASE WHEN l.hit THEN NULL ELSE l.violating_ts END AS violating_ts
+       CASE WHEN l.hit THEN NULL ELSE l.violating_ts END AS violating_ts,
+       CASE WHEN l.hit THEN NULL ELSE l.last_device_ts END AS last_device_ts
 FROM (
     -- Not flattened into the outer query (it locks): `hit` is computed once a row.
     SELECT u.n::int4 AS n, s.version, s.rule_version, s.firing, s.pending_count,
            s.pending_since, s.last_ts, s.last_seq, s.fired_ts, s.fired_event_id, s.released_ts,
-           s.clear_ts, s.clear_event_id, s.violating_ts,
+           s.clear_ts, s.clear_event_id, s.violating_ts, s.last_device_ts,
            s.xmin::text || '@' || (SELECT started FROM server) AS xmin,
            u.t = s.version::text || '.' || s.xmin::text || '@' || (SELECT started FROM server)
                AS hit
@@ -56,7 +57,7 @@ FROM (
 ) l;
 
 -- name: write_states
--- $1 the rows (rule_state_write_us[], migration 0034: device id, rule key, the version read,
+-- $1 the rows (rule_state_write_us2[], migration 0041: device id, rule key, the version read,
 -- then the state's columns, times as microseconds since 1970-01-01T00:00:00Z), $2 node id;
 -- each write conditional on the version read. Times come back exactly (from_micros,
 -- migration 0034).
@@ -66,14 +67,14 @@ FROM (
 -- every row the batch touches, with the token it was held with. Every such row whose token
 -- is still its own is locked, in lock_states' order (so a node doing this and one doing
 -- lock_states wait, never deadlock; a row another transaction is writing is waited for, then
--- judged as it left it), and only when all $6 are, $1 and $7-$14 are written (`complete`);
+-- judged as it left it), and only when all $6 are, $1 and $7-$15 are written (`complete`);
 -- else nothing is, and the caller reads the rows with lock_states (those locked here stay
 -- locked).
--- $7-$14 the moved rows (storage.rule_state.write_states): rows none of whose columns but
--- the five a sample moves changed, a column each as a text of lines, an empty line NULL (a
+-- $7-$15 the moved rows (storage.rule_state.write_states): rows none of whose columns but
+-- the six a sample moves changed, a column each as a text of lines, an empty line NULL (a
 -- column of NULLs only may come as one empty text: unnest pads a shorter array with NULLs):
 -- device ids, rule keys, the versions read, then last_ts, last_seq, clear_ts, clear_event_id,
--- violating_ts (times as microseconds). Most rows of a batch are these; sent as an array of
+-- violating_ts, last_device_ts (times as microseconds). Most rows of a batch are these; sent as an array of
 -- records each cost asyncpg Python checks of its own (measured on 500 rows: the client's CPU
 -- 3.6-3.8 µs a row against 2.1-2.5, the statement's wall time alike).
 -- Answers `complete`, how many rows were written of both (fewer than sent: someone else
@@ -105,8 +106,9 @@ WITH server AS (  -- the server's start time, once a statement (microseconds, as
         clear_ts = from_micros(u.clear_ts),
         clear_event_id = u.clear_event_id,
         violating_ts = from_micros(u.violating_ts),
+        last_device_ts = from_micros(u.last_device_ts),
         version = s.version + 1, updated_at = now(), node_id = $2
-    FROM unnest($1::rule_state_write_us[]) AS u
+    FROM unnest($1::rule_state_write_us2[]) AS u
     WHERE s.device_id = u.device_id AND s.rule_key = u.rule_key AND s.version = u.version
       AND (SELECT ok FROM complete)
     RETURNING 1
@@ -117,13 +119,15 @@ WITH server AS (  -- the server's start time, once a statement (microseconds, as
         clear_ts = from_micros(u.clear_ts::bigint),
         clear_event_id = u.clear_event_id,
         violating_ts = from_micros(u.violating_ts::bigint),
+        last_device_ts = from_micros(u.last_device_ts::bigint),
         version = s.version + 1, updated_at = now(), node_id = $2
     FROM unnest(string_to_array($7, E'\n'), string_to_array($8, E'\n'),
                 string_to_array($9, E'\n'), string_to_array($10, E'\n', ''),
                 string_to_array($11, E'\n', ''), string_to_array($12, E'\n', ''),
-                string_to_array($13, E'\n', ''), string_to_array($14, E'\n', ''))
+                string_to_array($13, E'\n', ''), string_to_array($14, E'\n', ''),
+                string_to_array($15, E'\n', ''))
          AS u(device_id, rule_key, version, last_ts, last_seq, clear_ts, clear_event_id,
-              violating_ts)
+              violating_ts, last_device_ts)
     WHERE s.device_id = u.device_id AND s.rule_key = u.rule_key
       AND s.version = u.version::bigint
       AND (SELECT ok FROM complete)
@@ -182,7 +186,7 @@ SELECT * FROM rule_state WHERE device_id = $1 AND rule_key = $2;
 -- re-checks the conditions on the newest version). Reads rule_state_pending_idx only.
 SELECT s.device_id, s.rule_key, s.version, s.rule_version, s.firing, s.pending_count,
        s.pending_since, s.last_ts, s.last_seq, s.fired_ts, s.fired_event_id, s.released_ts,
-       s.clear_ts, s.clear_event_id, s.violating_ts, s.updated_at
+       s.clear_ts, s.clear_event_id, s.violating_ts, s.last_device_ts, s.updated_at
 FROM rule_state s
 JOIN unnest($1::text[], $2::text[], $3::float8[], $4::integer[]) AS u(r, v, secs, n)
     ON s.rule_key = u.r

@@ -146,6 +146,7 @@ class _Run:
 
     __slots__ = (
         "device_id",
+        "device_ts",
         "event_id",
         "observed_at",
         "outcomes",
@@ -170,6 +171,8 @@ class _Run:
         self.event_id = event_id
         self.observed_at = observed_at  # the time it is judged at
         self.sent_at = observed_at if sent_at is None else sent_at  # its device time
+        # Its device time as the state keeps the newest's: None when judged at it.
+        self.device_ts = None if self.sent_at == observed_at else self.sent_at
         self.seq = seq
         self.outcomes: list[Outcome] = []
         self.unplaced: list[str] = []
@@ -231,11 +234,13 @@ class _Run:
         )
 
     def newest(self, state: RuleState) -> RuleState:
-        """`state` with this sample as the newest judged, unless it is late: `last_ts` and
-        `last_seq` are always the time and seq of one sample."""
+        """`state` with this sample as the newest judged, unless it is late: `last_ts`,
+        `last_seq` and `last_device_ts` are always the times and seq of one sample."""
         if self.is_late(state):
             return state
-        return replace(state, last_ts=self.observed_at, last_seq=self.seq)
+        return replace(
+            state, last_ts=self.observed_at, last_seq=self.seq, last_device_ts=self.device_ts
+        )
 
     def is_late(self, state: RuleState) -> bool:
         """Older than the newest sample judged for this (device, rule)."""
@@ -303,7 +308,8 @@ def evaluate(
     of `clock` (`judged_time`): outside them the message is judged at its receipt, and a rule
     state holding times from a clock ahead is brought back first. Without it, device time
     alone (the pure ordering rule above, for tests of it). Either way, where the message and
-    the newest sample judged both have a seq, seq orders them first (`seq_order`).
+    the newest sample judged both have a seq, seq orders them first, and the newest's own time
+    (`last_device_ts`) where it was judged at another (`seq_order`).
     """
     device_rules = rules._device(device_id)
     if not device_rules.rules:
@@ -312,6 +318,7 @@ def evaluate(
     at, adjustment = sent, None
     newest: datetime | None = None
     newest_seq: int | None = None
+    newest_sent: datetime | None = None
     for key in state_keys(rules, device_id, message) if keys is None else keys:
         state = states.get(key)
         if state is None:
@@ -325,11 +332,20 @@ def evaluate(
         if last is not None and (
             newest is None or last > newest or (last == newest and _seq_above(state, newest_seq))
         ):
-            newest, newest_seq = last, state.last_seq
+            newest, newest_seq, newest_sent = last, state.last_seq, state.last_device_ts
     if received_at is not None:
         at, judged = judged_time(sent, received_at, newest, clock)
         adjustment = judged or adjustment
-    at, ordered = seq_order(at, message.seq, newest, newest_seq)
+    at, ordered = seq_order(
+        at,
+        message.seq,
+        newest,
+        newest_seq,
+        sent=sent,
+        newest_sent=newest_sent,
+        received=received_at,
+        clock=clock,
+    )
     adjustment = adjustment or ordered
     run = _Run(states, device_id, event_id, at, message.seq, sent_at=sent)
     if message.events:

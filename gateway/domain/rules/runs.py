@@ -220,9 +220,10 @@ def merged_state(
     clear_ts, clear_event_id = old.clear_ts, old.clear_event_id
     if replayed.clear_ts is not None and (clear_ts is None or replayed.clear_ts > clear_ts):
         clear_ts, clear_event_id = replayed.clear_ts, replayed.clear_event_id
-    last_ts, last_seq = old.last_ts, old.last_seq
+    last_ts, last_seq, last_device_ts = old.last_ts, old.last_seq, old.last_device_ts
     if replayed.last_ts is not None and (last_ts is None or replayed.last_ts > last_ts):
         last_ts, last_seq = replayed.last_ts, replayed.last_seq
+        last_device_ts = replayed.last_device_ts
     return RuleState(
         firing=replayed.firing,
         pending_count=replayed.pending_count,
@@ -235,6 +236,7 @@ def merged_state(
         clear_ts=clear_ts,
         clear_event_id=clear_event_id,
         violating_ts=_newest(old.violating_ts, replayed.violating_ts),
+        last_device_ts=last_device_ts,
     )
 
 

@@ -44,7 +44,9 @@ class RuleState(msgspec.Struct, frozen=True, gc=False):
     Every time here is a device time (a sample's own timestamp), never a node's clock, so that
     every node judges the same samples alike. `last_ts`/`last_seq` order the samples: one older
     than the newest already judged is *late* (another node committed a newer one first), and a
-    late sample never moves the state back (see `evaluate`).
+    late sample never moves the state back (see `evaluate`). `last_device_ts` is the newest
+    sample's own device time where it was judged at another (`last_ts`: its receipt, or the
+    newest time judged before it), else None.
     """
 
     firing: bool = False
@@ -58,6 +60,7 @@ class RuleState(msgspec.Struct, frozen=True, gc=False):
     clear_ts: datetime | None = None  # the newest sample or event that says "clear"
     clear_event_id: str | None = None
     violating_ts: datetime | None = None  # the newest violating sample (thresholds)
+    last_device_ts: datetime | None = None  # the newest sample's own time, if not last_ts
 
     def rearmed(self) -> RuleState:
         """The same facts under a changed rule definition: pending samples no longer count."""
@@ -92,6 +95,10 @@ class ClockAdjustment(enum.StrEnum):
     # Its seq is below the newest judged, its time after it (a reboot): a new seq epoch,
     # judged at its device time.
     SEQ_RESET = "seq_reset"
+    # No seq to weigh; its time is before the newest judged, but after that one's own time,
+    # or that one's own time was ahead of it (a clock corrected while its samples waited):
+    # newer, judged at the newest time already judged.
+    CORRECTED = "corrected"
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,24 +129,94 @@ def judged_time(
 
 
 def seq_order(
-    at: datetime, seq: int | None, newest: datetime | None, newest_seq: int | None
+    at: datetime,
+    seq: int | None,
+    newest: datetime | None,
+    newest_seq: int | None,
+    *,
+    sent: datetime | None = None,
+    newest_sent: datetime | None = None,
+    received: datetime | None = None,
+    clock: DeviceClock | None = None,
 ) -> tuple[datetime, ClockAdjustment | None]:
-    """The time a sample judged at `at` (within the clock's bounds) is judged at once its
-    `seq` is weighed against the newest sample already judged (`newest`, `newest_seq`).
+    """The time a sample judged at `at` (within the clock's bounds) is judged at once it is
+    weighed against the newest sample already judged (`newest`, `newest_seq`, and that one's
+    own device time `newest_sent`: None when it was judged at it).
 
     Where both have a seq, seq orders the device's samples inside an epoch, and a new epoch
     (seq dropping while time moves forward: a reboot) is newer than the last, in arrival
     order. A seq above the newest judged with a time before it is a clock stepped back (NTP),
     not a reordering: the sample is newer, judged at `newest` so that no state moves back. A
-    seq below with a time after is a new epoch, judged at its time. Where seq and time agree,
-    or either side has no seq, time alone orders (a reordering between nodes stays late)."""
-    if seq is None or newest is None or newest_seq is None:
+    seq below with a time after is a new epoch, judged at its time, unless the sample was
+    judged at its receipt (`at` is not its own time `sent`: a clock past the bounds) and its
+    own time is within `reorder_window` at or before the newest's own time, received within
+    `reorder_window` of the newest time judged: its seq and its own time both say older, and
+    only its receipt is later (a reordering between nodes of a clock stuck at 1970, or hours
+    ahead). It is late, judged just before the newest (a microsecond per seq between them,
+    at most a second). Where seq and time agree, time orders (a reordering between nodes
+    stays late).
+
+    Where either has no seq, time orders, and the newest's own time where it was judged at
+    another: a sample judged at its own time `sent`, before the newest time judged, is newer
+    (judged at it) if it is dated after the newest's own time, or that own time was ahead of
+    the time it was judged at (its place in device time is unknown: arrival orders), else
+    late."""
+    if newest is None:
+        return at, None
+    if seq is None or newest_seq is None:
+        # Judged at its own time, before the newest judged but after that one's own time (or
+        # that one was ahead: its own time places it nowhere).
+        if (
+            at < newest
+            and newest_sent is not None
+            and sent == at
+            and (newest_sent > newest or sent > newest_sent)
+        ):
+            return newest, ClockAdjustment.CORRECTED
         return at, None
     if seq > newest_seq and at < newest:
         return newest, ClockAdjustment.STEPPED_BACK
     if seq < newest_seq and at > newest:
-        return at, ClockAdjustment.SEQ_RESET
+        late = _late_past_bounds(
+            at,
+            seq,
+            newest,
+            newest_seq,
+            sent=sent,
+            newest_sent=newest_sent,
+            received=received,
+            clock=clock,
+        )
+        return (at, ClockAdjustment.SEQ_RESET) if late is None else (late, None)
     return at, None
+
+
+def _late_past_bounds(
+    at: datetime,
+    seq: int,
+    newest: datetime,
+    newest_seq: int,
+    *,
+    sent: datetime | None,
+    newest_sent: datetime | None,
+    received: datetime | None,
+    clock: DeviceClock | None,
+) -> datetime | None:
+    """The time a sample with a seq below the newest's, judged at its receipt `at` after the
+    newest time judged, is judged at if it is late (see `seq_order`); None if it is a new
+    epoch."""
+    if clock is None or received is None or sent is None or sent == at:
+        return None
+    window = clock.reorder_window
+    own = newest if newest_sent is None else newest_sent
+    if received > newest + window or not own - window <= sent <= own:
+        return None
+    return newest - timedelta(microseconds=min(newest_seq - seq, _MOST_BEHIND_US))
+
+
+# A late sample of a clock past the bounds, with seq, is judged this many microseconds at
+# most before the newest sample judged (one a seq between them).
+_MOST_BEHIND_US: Final = 1_000_000
 
 
 _STATE_TIMES: Final = (

@@ -132,3 +132,127 @@ async def test_a_late_occurrence_whose_newer_alarm_was_handled_is_raised_on_its_
     first, second = await _alarms(db)
     assert first["status"] == "HANDLED"
     assert (second["status"], second["superseded_by"]) == ("NEW", None)
+
+
+# --- clocks past the bounds and corrected clocks, on two nodes -----------------------------
+
+HOT = compile_rules(
+    [
+        RuleConfig(
+            key="hot", kind="threshold", metric="temp", op=">", value=50, clear_value=40,
+            severity="MAJOR",
+        )
+    ]
+)  # fmt: skip
+
+
+def _sensor_node(name: str) -> AlarmEngine:
+    return AlarmEngine(rules=HOT, node_id=name, metrics=Metrics(), clock=DeviceClock())
+
+
+def _temp(ts: datetime, value: float, seq: int | None = None) -> Telemetry:
+    return Telemetry(ts=ts, seq=seq, metrics={"temp": value})
+
+
+async def _store_all(
+    engine: AlarmEngine, db: asyncpg.Connection, messages: list[Telemetry]
+) -> BatchAlarms:
+    rows = [("sensor-1", telemetry_event_id("sensor-1", m), m) for m in messages]
+    async with db.transaction():
+        batch = await engine.on_stored(db, rows)
+    engine.committed(batch)
+    return batch
+
+
+async def _active(db: asyncpg.Connection) -> list[asyncpg.Record]:
+    return await db.fetch("SELECT id, trigger FROM alarm WHERE cleared_at IS NULL ORDER BY id")
+
+
+async def _state(db: asyncpg.Connection) -> asyncpg.Record:
+    row = await db.fetchrow(
+        "SELECT firing, last_ts, last_seq, last_device_ts FROM rule_state"
+        " WHERE device_id = 'sensor-1' AND rule_key = 'hot'"
+    )
+    assert row is not None
+    return row
+
+
+EPOCH = datetime(1970, 1, 1, 0, 0, 5, tzinfo=UTC)
+
+
+async def test_a_clock_past_the_bounds_reordered_between_nodes_leaves_no_alarm_active(
+    db: asyncpg.Connection,
+) -> None:
+    """A sensor rebooted to 1970 (seq restarts): seq 1 says 60, seq 2 says 30. Node b commits
+    seq 2 first; node a commits seq 1 after it, in a later transaction (a later receipt).
+    seq 1 is late, its alarm cleared by seq 2; it used to be taken for a new epoch and left
+    its alarm active on a sensor back to normal. And the other way round (seq 1 clears, seq 2
+    violates): the late clear leaves the newer alarm active; it used to clear it."""
+    node_a, node_b = _sensor_node("node-a"), _sensor_node("node-b")
+    now = await _db_now(db)
+    await _store_all(node_a, db, [_temp(now, 45, seq=900)])
+    rebooted = await _store_all(node_a, db, [_temp(EPOCH, 45, seq=0)])
+    assert rebooted.clock_adjustments == {"behind": 1}
+    await _store_all(node_b, db, [_temp(EPOCH + timedelta(seconds=2), 30, seq=2)])
+    late = await _store_all(node_a, db, [_temp(EPOCH + timedelta(seconds=1), 60, seq=1)])
+    assert late.clock_adjustments == {"behind": 1}
+    assert len(late.created) == 1
+    assert await _active(db) == []
+    state = await _state(db)
+    assert (state["firing"], state["last_seq"]) == (False, 2)
+    assert state["last_device_ts"] == EPOCH + timedelta(seconds=2)
+    # The next pair the other way round: seq 4 violates, committed first; seq 3 clears.
+    await _store_all(node_b, db, [_temp(EPOCH + timedelta(seconds=4), 60, seq=4)])
+    (raised,) = await _active(db)
+    await _store_all(node_a, db, [_temp(EPOCH + timedelta(seconds=3), 30, seq=3)])
+    assert [a["id"] for a in await _active(db)] == [raised["id"]]
+    state = await _state(db)
+    assert (state["firing"], state["last_seq"]) == (True, 4)
+
+
+async def test_a_clock_ahead_past_the_bounds_reordered_between_nodes_is_late(
+    db: asyncpg.Connection,
+) -> None:
+    node_a, node_b = _sensor_node("node-a"), _sensor_node("node-b")
+    now = await _db_now(db)
+    ahead = now + timedelta(hours=8)
+    await _store_all(node_a, db, [_temp(ahead, 45, seq=10)])
+    await _store_all(node_b, db, [_temp(ahead + timedelta(seconds=2), 30, seq=12)])
+    late = await _store_all(node_a, db, [_temp(ahead + timedelta(seconds=1), 60, seq=11)])
+    assert late.clock_adjustments == {"ahead": 1}
+    assert await _active(db) == []
+    assert (await _state(db))["last_seq"] == 12
+
+
+async def test_a_clock_ahead_corrected_while_its_samples_wait_clears_on_two_nodes(
+    db: asyncpg.Connection,
+) -> None:
+    """No seq. A sensor's clock runs 8 hours ahead: its 60 is judged at its batch's receipt.
+    NTP corrects it; its next sample, 30, waited in a backlog and is dated before that
+    receipt. Stored by the other node in a later batch, it clears; it used to be judged late
+    and leave the alarm active."""
+    node_a, node_b = _sensor_node("node-a"), _sensor_node("node-b")
+    now = await _db_now(db)
+    await _store_all(node_a, db, [_temp(now + timedelta(hours=8), 60)])
+    assert len(await _active(db)) == 1
+    # Dated before the receipt of node a's batch (which is after `now`).
+    corrected = await _store_all(node_b, db, [_temp(now - timedelta(seconds=1), 30)])
+    assert await _active(db) == []
+    assert corrected.clock_adjustments == {"corrected": 1}
+    state = await _state(db)
+    assert state["last_device_ts"] == now - timedelta(seconds=1)
+    # A sample sent before that one, committed after it by node a: late, as any reordering.
+    late = await _store_all(node_a, db, [_temp(now - timedelta(seconds=2), 60)])
+    assert late.clock_adjustments == {}
+    assert await _active(db) == []
+    assert not (await _state(db))["firing"]
+
+
+async def test_a_clock_ahead_corrected_within_one_batch_clears(db: asyncpg.Connection) -> None:
+    node = _sensor_node("node-a")
+    now = await _db_now(db)
+    batch = await _store_all(
+        node, db, [_temp(now + timedelta(hours=8), 60), _temp(now - timedelta(seconds=1), 30)]
+    )
+    assert await _active(db) == []
+    assert batch.clock_adjustments == {"ahead": 1, "corrected": 1}

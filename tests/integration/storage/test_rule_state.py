@@ -386,7 +386,19 @@ _AT = datetime(2026, 12, 5, 3, 0, 0, 123457, tzinfo=UTC)
         # a violating one, no seq
         {"last_ts": _AT, "last_seq": None, "violating_ts": _AT - timedelta(microseconds=1)},
         # every moved column NULL again (a state brought back from a clock ahead)
-        {"last_ts": None, "last_seq": None, "clear_ts": None, "clear_event_id": None},
+        {
+            "last_ts": None,
+            "last_seq": None,
+            "clear_ts": None,
+            "clear_event_id": None,
+            "last_device_ts": None,
+        },
+        # a sample judged at its receipt: its own time beside it (a clock reset to 1970)
+        {
+            "last_ts": _AT,
+            "last_seq": 0,
+            "last_device_ts": datetime(1970, 1, 1, 0, 0, 5, tzinfo=UTC),
+        },
     ],
 )
 @pytest.mark.parametrize("count", [1, 3])
@@ -408,7 +420,7 @@ async def test_rows_a_sample_moved_are_written_in_those_columns_only_beside_whol
         "fired_event_id": "f" * 64, "released_ts": _AT - timedelta(seconds=1),
         "clear_ts": _AT - timedelta(seconds=3), "clear_event_id": "0" * 64,
         "violating_ts": _AT - timedelta(seconds=2), "last_ts": _AT - timedelta(seconds=4),
-        "last_seq": 4,
+        "last_seq": 4, "last_device_ts": _AT + timedelta(hours=8),
     }  # fmt: skip
     async with db.transaction():
         await state_repo.write_states(db, [msgspec.structs.replace(r, **full) for r in read], "a")
@@ -536,7 +548,7 @@ async def test_the_engine_writes_a_sample_that_moved_the_state_only_as_moved(
 async def test_times_written_back_come_back_to_the_microsecond(
     db: asyncpg.Connection, at: datetime
 ) -> None:
-    """The write-back sends its times as microseconds (rule_state_write_us) and the query turns
+    """The write-back sends its times as microseconds (rule_state_write_us2) and the query turns
     them back: every time column, over the whole range a device time may take (a float8 of
     microseconds would be off from the 2110s on), and a time before 1970."""
     version = rule_version(RULES.by_key("temp-high"))  # type: ignore[arg-type]
@@ -560,7 +572,7 @@ async def test_the_write_backs_time_conversion_is_inlined_not_called_per_row(
     """from_micros (migration 0034) is one SQL expression the planner inlines: declared
     IMMUTABLE or STRICT it would stay a function call per time per row (in the rows written
     whole and in the moved ones)."""
-    values = {1: "'{}'::rule_state_write_us[]", 2: "'n'", 6: "0"}  # every other one ''
+    values = {1: "'{}'::rule_state_write_us2[]", 2: "'n'", 6: "0"}  # every other one ''
     statement = re.sub(r"\$(\d+)\b", lambda m: values.get(int(m[1]), "''"), state_repo.WRITE_STATES)
     async with db.transaction():
         plan = "\n".join(r[0] for r in await db.fetch(f"EXPLAIN VERBOSE {statement}"))
@@ -582,7 +594,8 @@ _TIME_FIELDS = [
 def test_every_time_field_of_a_row_is_written_as_microseconds() -> None:
     """The write-back's record spells each time field out: a new one must be added there."""
     assert _TIME_FIELDS == [
-        "pending_since", "last_ts", "fired_ts", "released_ts", "clear_ts", "violating_ts"
+        "pending_since", "last_ts", "fired_ts", "released_ts", "clear_ts", "violating_ts",
+        "last_device_ts",
     ]  # fmt: skip
 
 

@@ -159,7 +159,12 @@ def test_a_threshold_is_never_held_by_a_state_written_from_a_clock_ahead() -> No
 
 @pytest.mark.parametrize(
     "name",
-    [name for name, kind in RuleState.__annotations__.items() if "datetime" in str(kind)],
+    [
+        name
+        for name, kind in RuleState.__annotations__.items()
+        # The newest sample's own device time is kept as it was sent: ahead is what it says.
+        if "datetime" in str(kind) and name != "last_device_ts"
+    ],
 )
 def test_any_one_time_of_a_state_ahead_is_brought_back_to_the_receipt(name: str) -> None:
     # Each time a state holds, alone ahead of the skew, is repaired (and the sample says so);
@@ -350,3 +355,167 @@ def test_with_seq_counting_up_clock_steps_change_no_decision(
         assert [f.superseded_by_event for f in a.firings] == [
             f.superseded_by_event for f in b.firings
         ]
+
+
+# --- clocks past the bounds, with seq, reordered between nodes -----------------------------
+#
+# A device whose clock is stuck at 1970 (or hours ahead) has every sample judged at its
+# receipt. Another node may commit an older sample (lower seq, older own time) after a newer
+# one, with a later receipt: it is late (its seq and its own time both say so), not a new
+# epoch.
+
+EPOCH = datetime(1970, 1, 1, 0, 0, 5, tzinfo=UTC)
+BROKEN = {"1970": EPOCH, "8h ahead": NOW + timedelta(hours=8)}
+
+
+def _broken_device(kind: str) -> tuple[Device, datetime]:
+    """A device whose clock broke (a reboot to 1970, or set 8 hours ahead) after a sample of a
+    good clock, and one sample since: its state judged at receipts, seq 0 the newest."""
+    device = Device()
+    device.send(numbered(NOW, 100, metrics={"temp": 45}), received=NOW)
+    device.send(
+        numbered(BROKEN[kind], 0, metrics={"temp": 45}), received=NOW + timedelta(seconds=30)
+    )
+    return device, BROKEN[kind]
+
+
+@pytest.mark.parametrize("kind", list(BROKEN))
+def test_a_violation_of_a_clock_past_the_bounds_committed_late_is_cleared_by_the_newer(
+    kind: str,
+) -> None:
+    device, clock = _broken_device(kind)
+    received = NOW + timedelta(seconds=40)
+    cool = device.send(numbered(clock + timedelta(seconds=2), 2, metrics={"temp": 30}), received)
+    assert cool.clock_adjustment in (ClockAdjustment.BEHIND, ClockAdjustment.AHEAD)
+    # seq 1, dated before seq 2, committed after it by another node (a later receipt).
+    hot = device.send(
+        numbered(clock + timedelta(seconds=1), 1, metrics={"temp": 60}),
+        received + timedelta(seconds=1),
+    )
+    # Late: its alarm is raised, already cleared by the newer sample; nothing stays active.
+    assert hot.clock_adjustment in (ClockAdjustment.BEHIND, ClockAdjustment.AHEAD)
+    assert hot.judged_at is not None
+    assert hot.judged_at < received
+    firing, clearing = hot.outcomes
+    assert (type(firing).__name__, type(clearing).__name__) == ("Firing", "Clearing")
+    assert clearing.observed_at == received
+    state = device.state("hot")
+    assert not state.firing
+    assert (state.last_ts, state.last_seq, state.last_device_ts) == (
+        received,
+        2,
+        clock + timedelta(seconds=2),
+    )
+
+
+@pytest.mark.parametrize("kind", list(BROKEN))
+def test_a_clear_of_a_clock_past_the_bounds_committed_late_leaves_the_newer_violation(
+    kind: str,
+) -> None:
+    device, clock = _broken_device(kind)
+    received = NOW + timedelta(seconds=40)
+    hot = device.send(numbered(clock + timedelta(seconds=2), 2, metrics={"temp": 60}), received)
+    assert [f.rule_key for f in hot.firings] == ["hot"]
+    cool = device.send(
+        numbered(clock + timedelta(seconds=1), 1, metrics={"temp": 30}),
+        received + timedelta(seconds=1),
+    )
+    assert cool.clock_adjustment is not ClockAdjustment.SEQ_RESET
+    # Older than the alarm: it clears only the alarm of its time (none).
+    (clearing,) = cool.clearings
+    assert clearing.raised_by_then is not None
+    assert clearing.raised_by_then < received
+    assert device.state("hot").firing
+    assert device.state("hot").last_seq == 2
+
+
+def test_several_late_samples_of_a_stuck_clock_keep_their_seq_order() -> None:
+    """A clock stuck at one time: seq alone orders; late samples are judged before the newest,
+    one microsecond a seq."""
+    device, _ = _broken_device("1970")
+    received = NOW + timedelta(seconds=40)
+    device.send(numbered(EPOCH, 5, metrics={"temp": 45}), received)
+    late = [
+        device.send(numbered(EPOCH, seq, metrics={"temp": 45}), received + timedelta(seconds=1))
+        for seq in (3, 4)
+    ]
+    assert [e.judged_at for e in late] == [
+        received - timedelta(microseconds=2),
+        received - timedelta(microseconds=1),
+    ]
+    assert device.state("hot").last_seq == 5
+
+
+def test_a_lower_seq_past_the_bounds_is_a_new_epoch_when_its_time_or_receipt_says_so() -> None:
+    """A reboot to 1970 after more than reorder_window_s of uptime: its own time is further
+    back than the window from the newest's; and a clock stuck at one time, rebooted: its
+    receipt is later than the window after the newest's."""
+    device, _ = _broken_device("1970")
+    received = NOW + timedelta(seconds=40)
+    device.send(numbered(EPOCH + timedelta(seconds=400), 7, metrics={"temp": 45}), received)
+    rebooted = device.send(
+        numbered(EPOCH, 0, metrics={"temp": 60}), received + timedelta(seconds=1)
+    )
+    assert rebooted.judged_at == received + timedelta(seconds=1)
+    assert [f.rule_key for f in rebooted.firings] == ["hot"]
+    assert device.state("hot").last_seq == 0
+    stuck, _ = _broken_device("1970")
+    stuck.send(numbered(EPOCH, 7, metrics={"temp": 45}), received)
+    later = received + CLOCK.reorder_window + timedelta(seconds=1)
+    again = stuck.send(numbered(EPOCH, 0, metrics={"temp": 60}), later)
+    assert again.judged_at == later
+    assert [f.rule_key for f in again.firings] == ["hot"]
+    assert stuck.state("hot").last_seq == 0
+
+
+# --- a clock ahead, corrected while its samples wait --------------------------------------
+#
+# A sample of a clock beyond max_future_skew is judged at its receipt; the samples the
+# corrected clock sends after it are dated before that receipt when they wait (a broker
+# outage, a slow drain). Without seq they are newer than it (arrival orders: its own time
+# says nothing), judged at that receipt until their own time passes it.
+
+
+@pytest.mark.parametrize("same_batch", [True, False])
+def test_a_clock_ahead_corrected_while_its_samples_wait_clears_its_alarm(same_batch: bool) -> None:
+    device = Device()
+    receipt = NOW + timedelta(minutes=2)  # the batch's time: the backlog drains
+    hot = device.send(temp(NOW + timedelta(hours=8), 60), received=receipt)
+    assert hot.clock_adjustment is ClockAdjustment.AHEAD
+    assert [f.rule_key for f in hot.firings] == ["hot"]
+    # Sent after it, from the corrected clock, a minute before the receipt.
+    later = receipt if same_batch else receipt + timedelta(seconds=1)
+    cool = device.send(temp(NOW + timedelta(minutes=1), 30), received=later)
+    assert not device.state("hot").firing
+    (clearing,) = cool.clearings
+    assert clearing.raised_by_then is None  # the firing alarm, not "the alarm of its time"
+    assert cool.judged_at == receipt
+    assert cool.clock_adjustment is ClockAdjustment.CORRECTED
+    assert device.state("hot").last_device_ts == NOW + timedelta(minutes=1)
+    # The next ones go on by their own time while it is before the receipt: newer is newer...
+    again = device.send(temp(NOW + timedelta(minutes=1, seconds=1), 60), received=later)
+    assert [f.rule_key for f in again.firings] == ["hot"]
+    assert again.clock_adjustment is ClockAdjustment.CORRECTED
+    # ... and older is late, as a reordering between nodes is.
+    late = device.send(temp(NOW + timedelta(seconds=59), 30), received=later)
+    assert late.clock_adjustment is None
+    assert late.judged_at is None
+    assert device.state("hot").firing
+    # Once past the receipt, its own time again.
+    past = device.send(temp(receipt + timedelta(seconds=1), 30), received=later)
+    assert past.clock_adjustment is None
+    assert [c.rule_key for c in past.clearings] == ["hot"]
+    assert device.state("hot").last_device_ts is None
+
+
+def test_a_clock_reset_to_1970_then_set_while_its_samples_wait_is_judged_in_order() -> None:
+    device = Device()
+    device.send(temp(NOW, 45), received=NOW)
+    receipt = NOW + timedelta(minutes=2)
+    hot = device.send(temp(EPOCH, 60), received=receipt)
+    assert hot.clock_adjustment is ClockAdjustment.BEHIND
+    # NTP sets the clock; its next sample, dated before the receipt, clears.
+    cool = device.send(temp(NOW + timedelta(minutes=1), 30), received=receipt)
+    assert not device.state("hot").firing
+    assert [c.raised_by_then for c in cool.clearings] == [None]
+    assert cool.clock_adjustment is ClockAdjustment.CORRECTED
