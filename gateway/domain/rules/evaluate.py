@@ -172,7 +172,9 @@ class _Run:
         self.observed_at = observed_at  # the time it is judged at
         self.sent_at = observed_at if sent_at is None else sent_at  # its device time
         # Its device time as the state keeps the newest's: None when judged at it.
-        self.device_ts = None if self.sent_at == observed_at else self.sent_at
+        # (The same object when judged at its own time: most samples, spared the comparison.)
+        sent = self.sent_at
+        self.device_ts = None if sent is observed_at or sent == observed_at else sent
         self.seq = seq
         self.outcomes: list[Outcome] = []
         self.unplaced: list[str] = []
@@ -336,18 +338,24 @@ def evaluate(
     if received_at is not None:
         at, judged = judged_time(sent, received_at, newest, clock)
         adjustment = judged or adjustment
-    at, ordered = seq_order(
-        at,
-        message.seq,
-        newest,
-        newest_seq,
-        sent=sent,
-        newest_sent=newest_sent,
-        received=received_at,
-        clock=clock,
-    )
-    adjustment = adjustment or ordered
-    run = _Run(states, device_id, event_id, at, message.seq, sent_at=sent)
+    seq = message.seq
+    # seq_order changes nothing for a sample at or after the newest judged whose seq (if both
+    # have one) is not below the newest's: most samples, spared the call.
+    if newest is not None and (
+        at < newest or (seq is not None and newest_seq is not None and seq < newest_seq)
+    ):
+        at, ordered = seq_order(
+            at,
+            seq,
+            newest,
+            newest_seq,
+            sent=sent,
+            newest_sent=newest_sent,
+            received=received_at,
+            clock=clock,
+        )
+        adjustment = adjustment or ordered
+    run = _Run(states, device_id, event_id, at, seq, sent_at=sent)
     if message.events:
         _judge_events(device_rules, message.event_types(), run)
     if message.metrics:
