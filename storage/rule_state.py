@@ -25,6 +25,8 @@ REGISTER_RULE_SET = _Q["register_rule_set"]
 LIVE_RULE_SETS = _Q["live_rule_sets"]
 GET_STATE = _Q["get_state"]
 DUE_HOLDS = _Q["due_holds"]
+STALE_HOLDS = _Q["stale_holds"]
+WRITE_REJUDGED = _Q["write_rejudged"]
 
 
 class RuleStateRow(msgspec.Struct, frozen=True, gc=False):
@@ -325,10 +327,12 @@ async def drop_removed(
 
 
 async def register_rule_set(
-    conn: asyncpg.Connection, node_id: str, rule_keys: Sequence[str]
+    conn: asyncpg.Connection, node_id: str, rules: Mapping[str, str]
 ) -> None:
-    """Record the rule keys `node_id` runs, and its heartbeat (now)."""
-    await conn.execute(REGISTER_RULE_SET, node_id, sorted(rule_keys))
+    """Record the rules `node_id` runs (rule key -> its definition, `rule_version`), and its
+    heartbeat (now)."""
+    keys = sorted(rules)
+    await conn.execute(REGISTER_RULE_SET, node_id, keys, [rules[key] for key in keys])
 
 
 async def live_rule_sets(conn: asyncpg.Connection, live_within_s: float) -> dict[str, list[str]]:
@@ -341,3 +345,54 @@ async def get_state(
     conn: asyncpg.Connection, device_id: str, rule_key: str
 ) -> asyncpg.Record | None:
     return await conn.fetchrow(GET_STATE, device_id, rule_key)
+
+
+async def lock_stale_holds(
+    conn: asyncpg.Connection,
+    rules: Sequence[HoldRule],
+    node_id: str,
+    live_within_s: float,
+    *,
+    after: tuple[str, str] = ("", ""),
+    limit: int,
+) -> list[RuleStateRow]:
+    """Lock the pending rows of `rules` written under another definition that no other node
+    whose heartbeat is younger than `live_within_s` runs (in (device, rule) order, after
+    `after`), skipping rows another transaction holds. Only in a transaction."""
+    if not rules:
+        return []
+    records = await conn.fetch(
+        STALE_HOLDS,
+        [r.rule_key for r in rules],
+        [r.rule_version for r in rules],
+        live_within_s,
+        node_id,
+        after[0],
+        after[1],
+        limit,
+    )
+    return [RuleStateRow(*record) for record in records]
+
+
+async def write_rejudged(
+    conn: asyncpg.Connection, rows: Sequence[RuleStateRow], node_id: str
+) -> None:
+    """Write back rows judged again under another definition (lock_stale_holds' rows, each
+    with its new `rule_version` and pending run), conditional on the version read; the
+    time the row was last written (the hold's clock) is kept."""
+    if not rows:
+        return
+    written = await conn.fetchval(
+        WRITE_REJUDGED,
+        [r.device_id for r in rows],
+        [r.rule_key for r in rows],
+        [r.version for r in rows],
+        [r.rule_version for r in rows],
+        [r.pending_count for r in rows],
+        [r.pending_since for r in rows],
+        node_id,
+    )
+    if written != len(rows):
+        raise StateWriteConflictError(
+            f"{len(rows) - written} of {len(rows)} rule states changed since they were read"
+        )

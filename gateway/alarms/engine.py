@@ -20,7 +20,7 @@ import hashlib
 import operator
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 
 import asyncpg
 import msgspec
@@ -53,6 +53,7 @@ from gateway.domain.rules import (
     StoredAlarm,
     StoredSample,
     ThresholdRule,
+    current_run,
     evaluate,
     fire_held,
     judged_from_samples,
@@ -87,6 +88,8 @@ HOLD_PAGE = 200
 # and how many samples from there on are read at most (gateway.domain.rules.runs).
 RUN_LOOKBACK = 1000
 RUN_REPLAY_MAX = 5000
+# Later than any stored sample: the newest ones are read from there back.
+_END_OF_TIME = datetime.max.replace(tzinfo=UTC)
 
 
 class _Held(LockedRow, frozen=True, gc=False):
@@ -273,12 +276,22 @@ class AlarmEngine:
         """The keys of the rules that keep rule state (inactivity rules keep none)."""
         return [rule.key for rule in self.rules if not isinstance(rule, InactivityRule)]
 
+    def stateful_rules(self) -> dict[str, str]:
+        """The rules that keep rule state, key -> definition (`rule_version`), as recorded."""
+        return {
+            rule.key: rule_version(rule)
+            for rule in self.rules
+            if not isinstance(rule, InactivityRule)
+        }
+
     async def forget_loop(self, pool: asyncpg.Pool, stop: asyncio.Event) -> None:
         """The node's heartbeat with its rule keys; after each reload, also drop the state of
         the rules no live node runs (own transactions).
 
         Unchanged rules keep their state; a changed rule keeps its facts and drops its
-        pending count, per row, when a batch next reads it (`rule_version`).
+        pending count, per row, when a batch next reads it (`rule_version`), unless the hold
+        timer judged its pending hold again first (`rejudge_stale_holds`). The definitions
+        recorded here tell the timer which rows another live node still runs.
         """
         while not stop.is_set():
             await wait_event_or_stop(self._rules_replaced, stop, timeout_s=HEARTBEAT_S)
@@ -292,7 +305,7 @@ class AlarmEngine:
                         await self.forget_removed_rules(conn)
                     else:
                         await state_repo.register_rule_set(
-                            conn, self.node_id, self.stateful_rule_keys()
+                            conn, self.node_id, self.stateful_rules()
                         )
                         await self.find_unconfigured_inactivity(conn)
             except RETRYABLE as exc:
@@ -308,8 +321,9 @@ class AlarmEngine:
         """Record the rules this node runs, then drop the state of the rules no live node
         runs (at start and on reload): a node started or reloaded with fewer rules than the
         others leaves theirs alone."""
-        kept = self.stateful_rule_keys()
-        await state_repo.register_rule_set(conn, self.node_id, kept)
+        running = self.stateful_rules()
+        kept = list(running)
+        await state_repo.register_rule_set(conn, self.node_id, running)
         live = await state_repo.live_rule_sets(conn, NODE_LIVE_S)
         others_only = sorted({key for keys in live.values() for key in keys} - set(kept))
         if others_only:
@@ -526,6 +540,94 @@ class AlarmEngine:
                 await self._clear(conn, late_clear, now, batch)
         states[key] = merged_state(states.get(key, IDLE), replayed, episodes, alarms)
         batch.runs_judged += 1
+
+    async def rejudge_stale_holds(
+        self,
+        conn: asyncpg.Connection,
+        *,
+        after: SlotKey = ("", ""),
+        limit: int = HOLD_PAGE,
+    ) -> tuple[int, SlotKey | None]:
+        """One page of the hold timer's first step, on ``conn`` in the caller's transaction:
+        the pending rows of this node's hold rules written under another definition that no
+        other live node runs (a reload changed the rule while its hold was pending), judged
+        again under this node's definition from the device's newest stored samples of the
+        metric (`current_run`: from the newest sample that clears it on). A run still
+        violating stays pending, from its first violating sample but never from before the
+        row's own `pending_since` (the same one when the violation goes on under the new
+        definition); otherwise the row is re-armed.
+        Each row is written with this node's definition and the time it was last written
+        kept, so `fire_due_holds` then fires it when the new definition's hold is due, on the
+        same clock as before the reload. Only the rule's definition and the run change: its
+        facts stay. A row this node's rule no longer selects is re-armed.
+
+        Locked as `fire_due_holds` locks (another transaction's row is skipped), and written
+        conditional on its version. Returns how many rows were judged again and the key to
+        page after (None: no more rows)."""
+        rules = self.rules  # one rule set per page, even if a reload swaps it meanwhile
+        holds = {
+            rule.key: rule
+            for rule in rules
+            if isinstance(rule, ThresholdRule) and rule.for_seconds > 0
+        }
+        if not holds:
+            return 0, None
+        asked = [
+            HoldRule(key, rule_version(rule), rule.for_seconds, rule.for_samples)
+            for key, rule in holds.items()
+        ]
+        rows = await state_repo.lock_stale_holds(
+            conn, asked, self.node_id, NODE_LIVE_S, after=after, limit=limit
+        )
+        judged: list[RuleStateRow] = []
+        for row in rows:
+            rule = holds[row.rule_key]
+            count, since = 0, None
+            if rule.selector.matches(row.device_id):
+                count, since = await self._current_run(conn, rule, row.device_id)
+            if since is not None and row.pending_since is not None:
+                # Never from before the row's own run: its start is on the row's timeline
+                # (a time judged within the clock's bounds), the stored samples' device
+                # times may not be (a clock behind, an upload judged at its receipt).
+                since = max(since, row.pending_since)
+            judged.append(
+                msgspec.structs.replace(
+                    row, rule_version=rule_version(rule), pending_count=count, pending_since=since
+                )
+            )
+            log.info(
+                "hold_rejudged",
+                device_id=row.device_id,
+                rule_key=row.rule_key,
+                pending_since=None if row.pending_since is None else row.pending_since.isoformat(),
+                now_pending_since=None if since is None else since.isoformat(),
+            )
+        try:
+            await state_repo.write_rejudged(conn, judged, self.node_id)
+        except StateWriteConflictError as exc:  # cannot happen under the lock; never trust it
+            raise ConcurrentWriteError(str(exc)) from exc
+        if len(rows) < limit:
+            return len(rows), None
+        last = rows[-1]
+        return len(rows), (last.device_id, last.rule_key)
+
+    @staticmethod
+    async def _current_run(
+        conn: asyncpg.Connection, rule: ThresholdRule, device_id: str
+    ) -> tuple[int, datetime | None]:
+        """The pending run of `rule` on the device's newest stored samples (`current_run`)."""
+        newest = [
+            StoredSample(*row)
+            for row in await runs_repo.samples_before(
+                conn, device_id, rule.metric, _END_OF_TIME, RUN_LOOKBACK
+            )
+        ]
+        if not newest:
+            return 0, None  # none stored (or all past retention): nothing known to violate
+        index = newest_clearing(rule, newest, _END_OF_TIME)
+        start = newest[-1] if index is None else newest[index]
+        seqs = await runs_repo.device_seqs(conn, device_id, start.ts, 4 * RUN_LOOKBACK)
+        return current_run(rule, device_id, newest, seqs=seqs)
 
     async def fire_due_holds(
         self,

@@ -7,6 +7,9 @@ sample and fires them (`AlarmEngine.fire_due_holds`), a page per transaction. Th
 lives in the rows, taken under the same locks and conditional writes as an ingest batch, so
 two nodes never fire a hold twice and a sample committed meanwhile is never raced: whichever
 commits first, the other sees its effect (docs/rules-and-alarms.md, "Holds on the clock").
+Before that, each pass judges again the pending rows a reload left under another definition
+of their rule that no live node runs (`AlarmEngine.rejudge_stale_holds`): no sample may come
+to bring them up to date.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import structlog
 from gateway.alarms.engine import AlarmEngine
 from gateway.alarms.timers import Clock, database_clock
 from gateway.domain.errors import ConcurrentWriteError
-from gateway.domain.rules import SlotKey
+from gateway.domain.rules import SlotKey, ThresholdRule
 from gateway.support.loops import every
 
 log = structlog.get_logger(__name__)
@@ -44,7 +47,12 @@ class HoldTimer:
         await every(self.interval_s, stop, self.run_once, name="hold-timer")
 
     async def run_once(self) -> list[int]:
-        """Fire every hold due now; the ids of the alarms this call raised."""
+        """Fire every hold due now; the ids of the alarms this call raised.
+
+        First the pending rows of a definition no live node runs any more (a rule a reload
+        changed mid-hold) are judged again under this node's (`rejudge_stale_holds`), then
+        the holds due are fired, those rows' among them."""
+        await self.rejudge_stale()
         raised: list[int] = []
         after: SlotKey | None = ("", "")
         while after is not None:
@@ -62,3 +70,20 @@ class HoldTimer:
                 log.info("alarm_hold_fired", alarm_id=alarm_id, rule_key=rule_key)
                 raised.append(alarm_id)
         return raised
+
+    async def rejudge_stale(self) -> int:
+        """Judge again, under this node's definitions, the pending rows written under one no
+        live node runs any more; how many."""
+        judged = 0
+        if not any(isinstance(r, ThresholdRule) and r.for_seconds > 0 for r in self.engine.rules):
+            return judged  # no hold rule: no transaction either
+        after: SlotKey | None = ("", "")
+        while after is not None:
+            try:
+                async with self.pool.acquire() as conn, conn.transaction():
+                    page, after = await self.engine.rejudge_stale_holds(conn, after=after)
+            except ConcurrentWriteError as exc:
+                log.warning("hold_timer_conflict", error=str(exc))
+                break
+            judged += page
+        return judged

@@ -154,11 +154,14 @@ WITH live AS (
 SELECT count(*) FROM gone;
 
 -- name: register_rule_set
--- $1 node id, $2 the rule keys it runs (event and threshold rules); its heartbeat, now. A
--- heartbeat never moves back (a delayed write of the node's own is refused).
-INSERT INTO node_rule_set (node_id, rule_keys) VALUES ($1, $2::text[])
+-- $1 node id, $2 the rule keys it runs (event and threshold rules), $3 their definitions
+-- (rule_version, pairwise); its heartbeat, now. A heartbeat never moves back (a delayed write
+-- of the node's own is refused).
+INSERT INTO node_rule_set (node_id, rule_keys, rule_versions)
+VALUES ($1, $2::text[], $3::text[])
 ON CONFLICT (node_id) DO UPDATE
 SET rule_keys = EXCLUDED.rule_keys,
+    rule_versions = EXCLUDED.rule_versions,
     heartbeat_at = EXCLUDED.heartbeat_at,
     registered_at = CASE WHEN node_rule_set.rule_keys = EXCLUDED.rule_keys
                          THEN node_rule_set.registered_at ELSE EXCLUDED.registered_at END
@@ -199,3 +202,53 @@ WHERE s.pending_count > 0
 ORDER BY s.device_id, s.rule_key
 LIMIT $8
 FOR UPDATE OF s SKIP LOCKED;
+
+-- name: stale_holds
+-- $1 rule keys, $2 rule versions (arrays, pairwise: this node's threshold rules with a hold),
+-- $3 seconds within which a heartbeat makes a node live, $4 this node's id, $5 device id and
+-- $6 rule key to page after, $7 how many; the pending rows of these rules written under
+-- another definition that no other live node runs (node_rule_set.rule_versions, migration
+-- 0042): a rule a reload changed while its hold was pending. Columns in `RuleStateRow` order.
+-- Locked until the transaction ends; a row another transaction holds is skipped (the next
+-- pass sees it as that one left it: an ingest batch brought it to this definition, or another
+-- node's timer judged it again). Reads rule_state_pending_idx only.
+WITH live AS (
+    SELECT k.rule_key, k.rule_version
+    FROM node_rule_set n
+    CROSS JOIN LATERAL unnest(n.rule_keys, n.rule_versions) AS k(rule_key, rule_version)
+    WHERE n.heartbeat_at > now() - make_interval(secs => $3) AND n.node_id <> $4
+)
+SELECT s.device_id, s.rule_key, s.version, s.rule_version, s.firing, s.pending_count,
+       s.pending_since, s.last_ts, s.last_seq, s.fired_ts, s.fired_event_id, s.released_ts,
+       s.clear_ts, s.clear_event_id, s.violating_ts, s.last_device_ts
+FROM rule_state s
+JOIN unnest($1::text[], $2::text[]) AS u(r, v) ON s.rule_key = u.r
+WHERE s.pending_count > 0
+  AND NOT s.firing
+  AND s.rule_version <> u.v
+  AND NOT EXISTS (
+      SELECT 1 FROM live WHERE live.rule_key = s.rule_key AND live.rule_version = s.rule_version
+  )
+  AND (s.device_id, s.rule_key) > ($5::text, $6::text)
+ORDER BY s.device_id, s.rule_key
+LIMIT $7
+FOR UPDATE OF s SKIP LOCKED;
+
+-- name: write_rejudged
+-- $1 device ids, $2 rule keys, $3 the versions read, $4 the rule versions now, $5 pending
+-- counts, $6 pending_since (arrays, pairwise), $7 node id; the rows the hold timer judged
+-- again under another definition (stale_holds), each conditional on the version read, under
+-- its lock. Only the definition and the pending run change; `updated_at` is kept: it is the
+-- hold's clock (the database time of the newest sample's batch, due_holds), which judging
+-- the same samples again does not move. How many rows were written.
+WITH written AS (
+    UPDATE rule_state s
+    SET rule_version = u.rule_version, pending_count = u.pending_count,
+        pending_since = u.pending_since, version = s.version + 1, node_id = $7
+    FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::integer[],
+                $6::timestamptz[]) AS u(device_id, rule_key, version, rule_version,
+                                        pending_count, pending_since)
+    WHERE s.device_id = u.device_id AND s.rule_key = u.rule_key AND s.version = u.version
+    RETURNING 1
+)
+SELECT count(*) FROM written;

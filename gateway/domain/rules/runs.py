@@ -31,10 +31,12 @@ database's clock, which a replay of samples cannot reproduce.
 
 from __future__ import annotations
 
+import dataclasses
+import sys
 from collections.abc import Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 
 from gateway.domain.rules.evaluate import Clearing, Firing, clears, evaluate
 from gateway.domain.rules.model import RuleSet, ThresholdRule
@@ -46,6 +48,7 @@ __all__ = [
     "StoredAlarm",
     "StoredSample",
     "covering",
+    "current_run",
     "judged_from_samples",
     "merged_state",
     "newest_clearing",
@@ -244,3 +247,31 @@ def _newest(a: datetime | None, b: datetime | None) -> datetime | None:
     if a is None:
         return b
     return a if b is None or a >= b else b
+
+
+# Later than any stored sample: where the newest clearing sample is looked for from.
+_END_OF_TIME = datetime.max.replace(tzinfo=UTC)
+
+
+def current_run(
+    rule: ThresholdRule,
+    device_id: str,
+    newest: Sequence[StoredSample],
+    *,
+    seqs: AbstractSet[int] = frozenset(),
+) -> tuple[int, datetime | None]:
+    """The run of violations `rule` has pending on the device's newest stored samples
+    (`newest`: newest first, as many as were read): its count and its first sample's time,
+    (0, None) when the newest sample does not violate. Judged as `replay_samples` judges a
+    late sample's run, from the newest clearing sample on (the oldest read if none clears),
+    with one difference: nothing fires. The hold timer takes it for the pending run of a row
+    written under another definition of the rule (a reload), and judges its hold on the
+    clock from there."""
+    index = newest_clearing(rule, newest, _END_OF_TIME)
+    run = list(reversed(newest if index is None else newest[: index + 1]))
+    if not run:
+        return 0, None
+    # The same rule, counting for ever: the replay ends pending, never firing.
+    counting = dataclasses.replace(rule, for_samples=sys.maxsize)
+    _, state = replay_samples(RuleSet([counting]), counting, device_id, run, seqs=seqs)
+    return state.pending_count, state.pending_since

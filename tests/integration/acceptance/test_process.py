@@ -1,4 +1,5 @@
-"""The daemon as a real process: SIGKILL mid-stream, SIGTERM drain, the zero-setup default."""
+"""The daemon as a real process: SIGKILL mid-stream, SIGTERM drain, the zero-setup default,
+rules reloaded by SIGHUP."""
 
 from __future__ import annotations
 
@@ -6,13 +7,16 @@ import asyncio
 import shutil
 import signal
 import tempfile
+import time
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import aiomqtt
 import asyncpg
 import pytest
 
+from gateway.domain.rules import hold_event_id
 from protocol import Topics
 from sim.publisher import publish_many
 from sim.telemetry import device_ids, telemetry_stream
@@ -297,6 +301,80 @@ async def test_sighup_adding_the_first_inactivity_rule_makes_it_fire_on_two_node
         for process in processes:
             process.cleanup()
     assert await count("SELECT count(DISTINCT device_id) FROM alarm") == 2
+
+
+async def test_a_hold_a_sighup_changes_mid_hold_is_judged_again_on_two_nodes(
+    db_dsn: str, mosquitto: Mosquitto, tmp_path: Path
+) -> None:
+    """Two devices report by exception under `temp > 90 for 600 s`: 95 and 92 once, then
+    nothing. Five minutes into the hold (the rows' clock moved back), SIGHUP gives both
+    processes `temp > 93 for 60 s`. The rows were written under the old definition, and no
+    sample comes to bring them up to date: the 95 must still fire (once, whichever node's timer
+    judges it), from its own sample's hold, and the 92, no longer a violation, must not."""
+
+    def rule(value: int, for_seconds: int) -> str:
+        return (
+            "[alarms]\ntimer_interval_s = 0.5\n"
+            '[[rules]]\nkey = "hot"\nkind = "threshold"\nmetric = "temp"\nop = ">"\n'
+            f'value = {value}\nfor_seconds = {for_seconds}\nseverity = "MAJOR"\n'
+        )
+
+    ports = [free_port(), free_port()]
+    paths = [tmp_path / f"node-{n}.toml" for n in range(2)]
+
+    def write(rules: str) -> None:
+        for n, (path, port) in enumerate(zip(paths, ports, strict=True)):
+            path.write_text(
+                config_toml(dsn=db_dsn, mqtt_port=mosquitto.port, node_id=f"node-{n}",
+                            http_port=port, log_level="info", extra=rules,
+                            mqtt_extra='shared_group = "alarms"')
+            )  # fmt: skip
+
+    async def fetch(query: str) -> list[asyncpg.Record]:
+        conn = await asyncpg.connect(db_dsn)
+        try:
+            return list(await conn.fetch(query))
+        finally:
+            await conn.close()
+
+    write(rule(90, 600))
+    processes = [DaemonProcess(path, tmp_path / f"{path.stem}.log") for path in paths]
+    ts = int(time.time() * 1000)
+    try:
+        for process, port in zip(processes, ports, strict=True):
+            process.start()
+            await _wait_healthy(process, port)
+        async with aiomqtt.Client("127.0.0.1", mosquitto.port) as pub:
+            for device, temp in (("boiler-1", 95), ("boiler-2", 92)):
+                payload = f'{{"ts": {ts}, "metrics": {{"temp": {temp}}}}}'.encode()
+                await pub.publish(TOPICS.telemetry(device), payload, qos=1)
+
+        async def pending() -> bool:
+            rows = await fetch("SELECT pending_count FROM rule_state WHERE pending_count = 1")
+            return len(rows) == 2
+
+        await wait_until(pending, timeout=30, message="both holds pending")
+        await fetch("UPDATE rule_state SET updated_at = updated_at - interval '300 seconds'")
+        write(rule(93, 60))
+        for process in processes:
+            process.signal(signal.SIGHUP)
+
+        async def judged() -> bool:
+            rows = await fetch(
+                "SELECT device_id, firing, pending_count FROM rule_state ORDER BY device_id"
+            )
+            return [tuple(r) for r in rows] == [("boiler-1", True, 0), ("boiler-2", False, 0)]
+
+        await wait_until(judged, timeout=30, message="the 95 fired, the 92 re-armed")
+        alarms = await fetch("SELECT device_id, telemetry_event_id FROM alarm")
+        for process in processes:
+            assert "config_reloaded" in process.log_text()
+            assert process.terminate() == 0
+    finally:
+        for process in processes:
+            process.cleanup()
+    since = datetime.fromtimestamp(ts // 1000, UTC) + timedelta(milliseconds=ts % 1000)
+    assert [tuple(a) for a in alarms] == [("boiler-1", hold_event_id("hot", "boiler-1", since))]
 
 
 def _catches_sighup(pid: int) -> bool:

@@ -1,12 +1,14 @@
 """`for_seconds` on a clock: the hold timer fires a pending violation once its hold has passed
 with no further sample (a device that reports by exception), on two nodes sharing one
-database. Each timer pass is run once with an injected clock (the database's, shifted): no
-sleeps; interleavings are forced by holding one transaction open while the other node acts.
+database, and a rule reloaded while its hold is pending. Each timer pass is run once with an
+injected clock (the database's, shifted): no sleeps; interleavings are forced by holding one
+transaction open while the other node acts.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 
@@ -19,6 +21,8 @@ from gateway.domain.rules import RuleConfig, compile_rules, hold_event_id
 from gateway.support.metrics import Metrics
 from protocol import Telemetry, telemetry_event_id
 from storage import alarms as repo
+from storage import ingest as ingest_repo
+from storage import rule_state as state_repo
 from tests.support.held_batch import lock_waiters
 from tests.support.waiting import wait_until
 
@@ -55,9 +59,15 @@ def _temp(ts: datetime, value: float) -> Telemetry:
 
 
 async def _store(engine: AlarmEngine, pool: asyncpg.Pool, message: Telemetry) -> BatchAlarms:
-    """One ingest transaction with one message, committed."""
-    row = (DEVICE, telemetry_event_id(DEVICE, message), message)
+    """One ingest transaction with one message, committed: its telemetry row, then the rules
+    (as the daemon's writer)."""
+    event_id = telemetry_event_id(DEVICE, message)
+    row = (DEVICE, event_id, message)
+    stored = ingest_repo.TelemetryRow(
+        event_id, DEVICE, message.micros(), message.seq, json.dumps(message.metrics), None
+    )
     async with pool.acquire() as conn, conn.transaction():
+        await ingest_repo.insert_telemetry(conn, [stored], engine.node_id)
         batch = await engine.on_stored(conn, [row])
     engine.committed(batch)
     return batch
@@ -208,13 +218,136 @@ async def test_for_samples_still_needs_its_samples(pool: asyncpg.Pool) -> None:
     assert alarm["rule_key"] == "temp-counted"
 
 
-async def test_a_row_of_another_rule_definition_is_not_fired(pool: asyncpg.Pool) -> None:
-    """A row pending under `for_seconds = 60` proves nothing about a rule changed since: a node
-    running the new definition leaves it to the next sample (which re-arms it)."""
+# --- a rule changed (a reload) while its hold was pending -----------------------------------
+LONG = msgspec.structs.replace(HELD, for_seconds=600)
+
+
+async def _row(pool: asyncpg.Pool) -> asyncpg.Record:
+    async with pool.acquire() as conn:
+        row = await conn.fetchrow(
+            "SELECT rule_version, firing, pending_count, pending_since, updated_at, node_id"
+            " FROM rule_state WHERE rule_key = 'temp-held'"
+        )
+    assert row is not None
+    return row
+
+
+async def test_a_hold_shortened_by_a_reload_fires_when_the_new_hold_is_due(
+    pool: asyncpg.Pool,
+) -> None:
+    """The device reported 95 once under `for_seconds = 600`, then nothing; the rule is
+    reloaded with 60. The row's definition is the old one, so it was never fired (a device that
+    reports by exception sends nothing to bring it up to date). The timer judges it again from
+    the stored sample: still violating, the hold counts from the same sample, on the same
+    clock, and fires 60 s after it."""
+    sent = await _now(pool)
+    await _store(_engine("node-a", LONG), pool, _temp(sent, 95.0))
+    before = await _row(pool)
+    reloaded = _engine("node-a", HELD)
+    assert await _timer(pool, reloaded, 30).run_once() == []  # held 30 s of 60
+    after = await _row(pool)
+    assert after["rule_version"] != before["rule_version"]  # judged again, under the new one
+    assert (after["pending_count"], after["pending_since"]) == (1, sent)
+    assert after["updated_at"] == before["updated_at"]  # the hold's clock is kept
+    (alarm_id,) = await _timer(pool, reloaded, 61).run_once()
+    (alarm,) = await _alarms(pool)
+    assert alarm["id"] == alarm_id
+    assert alarm["telemetry_event_id"] == hold_event_id("temp-held", DEVICE, sent)
+    assert await _timer(pool, reloaded, 3600).run_once() == []
+
+
+async def test_a_hold_already_past_under_the_new_definition_fires_at_the_first_pass(
+    pool: asyncpg.Pool,
+) -> None:
+    """Pending for 5 minutes of 10, shortened to 1: due since 4 minutes, fired at once."""
+    sent = await _now(pool)
+    await _store(_engine("node-a", LONG), pool, _temp(sent, 95.0))
+    assert await _timer(pool, _engine("node-a", LONG), 300).run_once() == []
+    assert len(await _timer(pool, _engine("node-a", HELD), 300).run_once()) == 1
+
+
+async def test_a_threshold_raised_past_the_value_rearms_the_row_and_fires_nothing(
+    pool: asyncpg.Pool,
+) -> None:
     await _store(_engine("node-a"), pool, _temp(await _now(pool), 95.0))
-    changed = msgspec.structs.replace(HELD, for_seconds=30)
-    assert await _timer(pool, _engine("node-b", changed), 3600).run_once() == []
+    raised = msgspec.structs.replace(HELD, value=96, clear_value=94)
+    assert await _timer(pool, _engine("node-b", raised), 3600).run_once() == []
+    row = await _row(pool)
+    assert (row["firing"], row["pending_count"], row["pending_since"]) == (False, 0, None)
+    assert row["node_id"] == "node-b"
     assert await _alarms(pool) == []
+
+
+async def test_a_threshold_lowered_counts_the_hold_from_the_rows_own_run_not_before(
+    pool: asyncpg.Pool,
+) -> None:
+    """85 then 95 under `> 90`: pending since the 95. Lowered to `> 80`, the stored 85 violates
+    too, but the hold still counts from the 95: never from before the row's own run, whose
+    start is on the row's clock (a stored sample's device time may not be)."""
+    sent = await _now(pool)
+    ninety = msgspec.structs.replace(HELD, value=90, clear_value=88)
+    node = _engine("node-a", ninety)
+    await _store(node, pool, _temp(sent - timedelta(seconds=40), 70.0))
+    await _store(node, pool, _temp(sent - timedelta(seconds=30), 85.0))
+    await _store(node, pool, _temp(sent, 95.0))
+    reloaded = _engine("node-a", HELD)
+    assert await _timer(pool, reloaded, 31).run_once() == []
+    row = await _row(pool)
+    assert (row["pending_count"], row["pending_since"]) == (2, sent)  # both samples counted
+    assert len(await _timer(pool, reloaded, 61).run_once()) == 1
+
+
+async def test_two_nodes_judging_a_reloaded_hold_together_fire_it_exactly_once(
+    pool: asyncpg.Pool,
+) -> None:
+    await _store(_engine("node-a", LONG), pool, _temp(await _now(pool), 95.0))
+    node_a, node_b = _engine("node-a"), _engine("node-b")
+    raised = await asyncio.gather(
+        _timer(pool, node_a, 61).run_once(), _timer(pool, node_b, 61).run_once()
+    )
+    assert sorted(len(ids) for ids in raised) == [0, 1]
+    assert len(await _alarms(pool)) == 1
+
+
+async def test_a_node_judging_the_row_again_holds_it_and_the_other_skips_it(
+    pool: asyncpg.Pool,
+) -> None:
+    sent = await _now(pool)
+    await _store(_engine("node-a", LONG), pool, _temp(sent, 95.0))
+    node_a, node_b = _engine("node-a"), _engine("node-b")
+    timer_b = _timer(pool, node_b, 61)
+    async with pool.acquire() as conn:
+        async with conn.transaction():
+            judged, _ = await node_a.rejudge_stale_holds(conn)
+            assert judged == 1
+            # Node A holds the row until it commits: node B neither judges nor fires it.
+            assert await timer_b.rejudge_stale() == 0
+            assert await timer_b.run_once() == []
+        # Committed under the new definition: node B fires it, once; node A finds it firing.
+        assert len(await timer_b.run_once()) == 1
+    assert await _timer(pool, node_a, 61).run_once() == []
+    (alarm,) = await _alarms(pool)
+    assert alarm["telemetry_event_id"] == hold_event_id("temp-held", DEVICE, sent)
+
+
+async def test_a_row_of_a_definition_another_live_node_runs_is_left_to_that_node(
+    pool: asyncpg.Pool,
+) -> None:
+    """A rolling reload: node A still runs `for_seconds = 600`, node B already 60. Node B
+    leaves A's row alone (no writing it back and forth); A fires it under its own definition.
+    Once A runs the new definition too, B judges A's rows again."""
+    sent = await _now(pool)
+    node_a, node_b = _engine("node-a", LONG), _engine("node-b")
+    await _store(node_a, pool, _temp(sent, 95.0))
+    async with pool.acquire() as conn:
+        await node_a.forget_removed_rules(conn)  # its rule set recorded, as at start
+        await node_b.forget_removed_rules(conn)
+    assert await _timer(pool, node_b, 61).run_once() == []
+    assert (await _row(pool))["node_id"] == "node-a"  # not judged again
+    # Node A is reloaded too: its record says so, and its rows are node B's to judge again.
+    async with pool.acquire() as conn:
+        await state_repo.register_rule_set(conn, "node-a", _engine("node-a").stateful_rules())
+    assert len(await _timer(pool, node_b, 61).run_once()) == 1
 
 
 async def test_rows_the_rule_no_longer_selects_do_not_hold_up_the_rows_after_them(
