@@ -5,6 +5,7 @@ Rows come back as ``asyncpg.Record``; the gateway maps them to its domain ``Alar
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -429,6 +430,26 @@ async def suppress_held_deliveries(
     """A woken alarm's held notifications, SUPPRESSED for ``why``; their receivers."""
     rows = await conn.fetch(_Q["suppress_held_deliveries"], alarm_id, now, why)
     return [r["receiver"] for r in rows]
+
+
+async def held_window_members(conn: asyncpg.Connection, alarm_id: int) -> list[asyncpg.Record]:
+    """The alarm's notifications in unclaimed group windows, those windows locked."""
+    return list(await conn.fetch(_Q["held_window_members"], alarm_id))
+
+
+async def drop_from_window(
+    conn: asyncpg.Connection,
+    delivery_id: int,
+    event_ids: Sequence[uuid.UUID],
+    now: datetime,
+    why: str,
+) -> str:
+    """Take these notifications out of the window; its status after (SUPPRESSED if none is
+    left)."""
+    status: str = await conn.fetchval(
+        _Q["drop_from_window"], delivery_id, list(event_ids), now, why
+    )
+    return status
 
 
 async def release_held_deliveries(conn: asyncpg.Connection, alarm_id: int, now: datetime) -> int:

@@ -25,11 +25,13 @@ configured, go on.
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 import asyncpg
+import msgspec
 import structlog
 
 from gateway.alarms import shelving
@@ -261,7 +263,9 @@ class AlarmTimers:
 
         A held notification is made at the wake, and judged then as the consumer judges one it
         makes: an alarm shelved now (or raised while its device was out of service) sends none,
-        so its held deliveries are SUPPRESSED, not made due (docs/behaviour.md §5, Shelving)."""
+        so its held deliveries are SUPPRESSED, not made due (docs/behaviour.md §5, Shelving);
+        one in a group's window leaves the window, SUPPRESSED on its own, and the rest of the
+        window goes."""
         try:
             async with conn.transaction():
                 await transition(
@@ -277,7 +281,8 @@ class AlarmTimers:
                 [why] = await notify_repo.alarm_suppressions(conn, [(alarm_id, now)])
                 suppressed = (
                     [] if why is None
-                    else await repo.suppress_held_deliveries(conn, alarm_id, now, why)
+                    else [*await repo.suppress_held_deliveries(conn, alarm_id, now, why),
+                          *await self._suppress_in_windows(conn, alarm_id, now, why)]
                 )  # fmt: skip
                 released = await repo.release_held_deliveries(conn, alarm_id, now)
         except (StatusChangedError, AlarmNotFoundError):
@@ -298,6 +303,45 @@ class AlarmTimers:
         if self.metrics is not None:
             self.metrics.count_alarm_transition(AlarmStatus.DELAYED.value, AlarmStatus.NEW.value)
         return Woken(released=released, suppressed=suppressed)
+
+    async def _suppress_in_windows(
+        self, conn: asyncpg.Connection, alarm_id: int, now: datetime, why: str
+    ) -> list[str]:
+        """The woken alarm's notifications in group windows not yet claimed (a held window):
+        each leaves its window and is recorded SUPPRESSED on its own, as the consumer records
+        a suppressed notification of a grouped route (it joins no window); a window left empty
+        is SUPPRESSED too, never sent. The receivers of the notifications suppressed."""
+        rows = await repo.held_window_members(conn, alarm_id)
+        if not rows:
+            return []
+        by_window: dict[int, list[uuid.UUID]] = {}
+        deliveries: list[notify_repo.NewDelivery] = []
+        for row in rows:
+            by_window.setdefault(row["delivery_id"], []).append(row["event_id"])
+            body = msgspec.json.decode(row["body"])
+            deliveries.append(
+                notify_repo.NewDelivery(
+                    event_id=row["event_id"],
+                    outbox_id=row["outbox_id"],
+                    event=body["event"],
+                    receiver=row["receiver"],
+                    body=body,
+                    alarm_id=alarm_id,
+                    device_id=body.get("device_id"),
+                    rule_key=body.get("rule_key"),
+                    severity=body.get("severity"),
+                    silence_id=None,
+                    due_in_s=0.0,
+                    event_created_at=datetime.fromisoformat(body["occurred_at"]),
+                    suppressed=why,
+                )
+            )
+        for delivery_id, event_ids in by_window.items():
+            status = await repo.drop_from_window(conn, delivery_id, event_ids, now, why)
+            if status == "SUPPRESSED":
+                log.info("held_window_emptied", delivery_id=delivery_id, suppressed=why)
+        created = await notify_repo.insert_deliveries(conn, deliveries)
+        return [r["receiver"] for r in created]
 
     async def _act(
         self,

@@ -236,12 +236,59 @@ ORDER BY id LIMIT $2;
 -- $1 alarm id, $2 now (its wake), $3 why (a shelf, out of service); the notifications of a
 -- woken alarm, held while it was DELAYED, that its shelf (or its device's maintenance) keeps
 -- from being sent: SUPPRESSED at the wake, as the consumer records one (final, never sent,
--- pushing nothing). The receivers of those suppressed. (One in a group's held window stays
--- there: see docs/notifications.md.)
+-- pushing nothing). The receivers of those suppressed. (One in a group's window is taken out
+-- of it: held_window_members, drop_from_window.)
 UPDATE notify_delivery
 SET status = 'SUPPRESSED', suppressed = $3, finished_at = $2
 WHERE alarm_id = $1 AND status = 'PENDING' AND attempts = 0
 RETURNING receiver;
+
+-- name: held_window_members
+-- $1 alarm id; its notifications in group windows nobody has claimed yet (a held window,
+-- waiting for the wake), the windows locked until the caller commits (a consumer adding to
+-- one waits, then finds what this transaction left): the window, its receiver, each
+-- notification's event id and body (as the window lists it), and its outbox row (the
+-- window's first one if the event's was pruned).
+WITH w AS (
+    SELECT d.id, d.receiver, d.body, d.outbox_id FROM notify_delivery d
+    WHERE d.id IN (SELECT delivery_id FROM notify_delivery_member WHERE alarm_id = $1)
+      AND d.group_id IS NOT NULL AND d.status = 'PENDING' AND d.attempts = 0
+    ORDER BY d.id
+    FOR UPDATE
+)
+SELECT w.id AS delivery_id, w.receiver, m.event_id, n.value::text AS body,
+       coalesce((SELECT o.id FROM outbox_event o WHERE o.event_id = m.event_id),
+                w.outbox_id) AS outbox_id
+FROM w
+JOIN notify_delivery_member m ON m.delivery_id = w.id AND m.alarm_id = $1
+CROSS JOIN LATERAL jsonb_array_elements(w.body -> 'notifications') AS n(value)
+WHERE n.value ->> 'event_id' = m.event_id::text
+ORDER BY w.id, m.event_id;
+
+-- name: drop_from_window
+-- $1 window's delivery id (locked), $2 event ids (uuid[]), $3 now, $4 why; those
+-- notifications leave the window (its body and members); a window left with none is
+-- SUPPRESSED for that reason (final, never sent). Its status after.
+WITH gone AS (
+    DELETE FROM notify_delivery_member
+    WHERE delivery_id = $1 AND event_id = ANY($2::uuid[])
+), kept AS (
+    SELECT coalesce(jsonb_agg(n.value ORDER BY n.pos), '[]'::jsonb) AS notifications
+    FROM notify_delivery x
+    CROSS JOIN LATERAL jsonb_array_elements(x.body -> 'notifications')
+        WITH ORDINALITY AS n(value, pos)
+    WHERE x.id = $1 AND (n.value ->> 'event_id')::uuid <> ALL($2::uuid[])
+)
+UPDATE notify_delivery d
+SET body = jsonb_set(jsonb_set(d.body, '{notifications}', k.notifications),
+                     '{count}', to_jsonb(jsonb_array_length(k.notifications))),
+    status = CASE WHEN jsonb_array_length(k.notifications) = 0 THEN 'SUPPRESSED'
+                  ELSE d.status END,
+    suppressed = CASE WHEN jsonb_array_length(k.notifications) = 0 THEN $4::text END,
+    finished_at = CASE WHEN jsonb_array_length(k.notifications) = 0 THEN $3::timestamptz END
+FROM kept k
+WHERE d.id = $1
+RETURNING d.status;
 
 -- name: release_held_deliveries
 -- $1 alarm id, $2 now; the notifications of a woken alarm, held while it was DELAYED: due

@@ -28,6 +28,7 @@ from gateway.notify.metrics import NotifyMetrics
 from gateway.notify.worker import DeliveryWorker
 from gateway.support.metrics import Metrics
 from storage import alarms as alarm_repo
+from storage import notify as notify_repo
 from storage.desk import Scope
 from storage.pool import create_pool
 from tests.support.receivers import WebhookServer, webhook_server
@@ -496,3 +497,84 @@ async def _status_is(db: asyncpg.Connection, alarm_id: int, status: str) -> bool
 
 async def _sent_each_hook(server: WebhookServer, n: int) -> bool:
     return len(server.on("/hook")) >= n
+
+
+def _timers(node: Node, node_id: str) -> AlarmTimers:
+    """A node's alarm timers (no quiet hours of their own, no escalation, no reminders)."""
+    return AlarmTimers(pool=node.worker.pool, node_id=node_id, quiet=None,
+                       escalate_after_s=0, repeat_interval_s=0)  # fmt: skip
+
+
+@pytest.mark.parametrize("shelved", ["one", "all"])
+async def test_a_held_window_judges_its_alarms_again_at_their_wake(
+    db_dsn: str, db: asyncpg.Connection, shelved: str
+) -> None:
+    """Quiet hours hold three alarms of a group in its held window; one (or all) is shelved
+    before the wake. The wake (both nodes' timers racing; each alarm woken once) judges them
+    as the ungrouped path does: a shelved one leaves the window, recorded SUPPRESSED on its
+    own (naming its shelf, visible in the deliveries' list), never sent, pushing nothing; the
+    rest of the window goes as one request. A window left empty is not sent."""
+    now = datetime.now(UTC)
+    quiet = compile_quiet_hours(
+        QuietHoursConfig(windows=[QuietWindowConfig(
+            devices="care-*", start=(now - timedelta(hours=1)).strftime("%H:%M"),
+            end=(now + timedelta(hours=1)).strftime("%H:%M"))])
+    )  # fmt: skip
+    async with webhook_server() as server:
+        config = _config(
+            server.url(""), ONLY_GROUPED.replace("group_wait_s = 60", "group_wait_s = 0")
+        )
+        async with _two_nodes(db_dsn, config) as nodes:
+            for node in nodes:
+                node.consumer.quiet = quiet
+            held = [await _raise(db, f"care-{k}", "hot", k) for k in range(3)]
+            await _consume_together(nodes)
+            assert set((await _statuses(db, held)).values()) == {"DELAYED"}
+            [night] = await _windows(db)
+            assert sorted(x["alarm_id"] for x in night["body"]["notifications"]) == held
+            gone = held[:1] if shelved == "one" else held
+            shelves = {}
+            async with db.transaction():
+                for alarm_id in gone:
+                    shelves[alarm_id] = (await _shelve(db, "alarm", alarm_id))["id"]
+            await _make_due(db, night["id"])
+            reports = await asyncio.gather(*(_timers(n, f"n{k}").run_once()
+                                             for k, n in enumerate(nodes, 1)))  # fmt: skip
+            assert sorted(w for r in reports for w in r.woken) == held
+            assert sum(r.suppressed for r in reports) == len(gone)
+            rows = await db.fetch(
+                "SELECT * FROM notify_delivery WHERE status = 'SUPPRESSED' AND group_id IS NULL"
+                " ORDER BY alarm_id"
+            )
+            assert [r["alarm_id"] for r in rows] == gone
+            for row in rows:
+                assert row["receiver"] == "hook"
+                assert row["event"] == "alarm.created"
+                assert row["suppressed"] == f"shelved (shelf {shelves[row['alarm_id']]})"
+            listed = await notify_repo.list_deliveries(
+                db, status="SUPPRESSED", receiver="hook", event=None, before=None, limit=10
+            )
+            assert {r["alarm_id"] for r in listed} >= set(gone)
+            members = await db.fetch(
+                "SELECT alarm_id FROM notify_delivery_member WHERE delivery_id = $1"
+                " ORDER BY alarm_id",
+                night["id"],
+            )
+            kept = [a for a in held if a not in gone]
+            assert [r["alarm_id"] for r in members] == kept
+            if kept:
+                await wait_until(lambda: _window_status(db, night["id"], "SENT"), message="sent")
+                [request] = server.on("/hook")
+                assert sorted(x["alarm_id"] for x in request.json["notifications"]) == kept
+                assert request.json["count"] == len(kept)
+            else:
+                window = await db.fetchrow(
+                    "SELECT status, suppressed FROM notify_delivery WHERE id = $1", night["id"]
+                )
+                assert window["status"] == "SUPPRESSED"
+                for node in nodes:
+                    assert await node.worker.run_once() == 0
+        assert len(server.on("/hook")) == (1 if kept else 0)
+    statuses = await _statuses(db, held)
+    assert [statuses[a] for a in gone] == ["NEW"] * len(gone)  # reached nobody
+    assert [statuses[a] for a in kept] == ["PUSHED"] * len(kept)
