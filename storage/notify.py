@@ -44,6 +44,9 @@ ADD_MEMBER = _Q["add_member"]
 REPEAT_DUE = _Q["repeat_due"]
 STOP_REPEATING = _Q["stop_repeating"]
 OPEN_MEMBERS = _Q["open_members"]
+RESUME_GROUPS = _Q["resume_groups"]
+DROP_RESUME = _Q["drop_resume"]
+RESUMED_MEMBERS = _Q["resumed_members"]
 DELIVERY_ALARMS = _Q["delivery_alarms"]
 GET_DELIVERY = _Q["get_delivery"]
 
@@ -365,8 +368,19 @@ async def set_window(
     delivery_id: int,
     due_at: datetime,
     repeat_interval_s: float,
+    group_interval_s: float,
+    repeat: bool,
 ) -> None:
-    await conn.execute(SET_WINDOW, group_id, windows, delivery_id, due_at, repeat_interval_s)
+    await conn.execute(
+        SET_WINDOW,
+        group_id,
+        windows,
+        delivery_id,
+        due_at,
+        repeat_interval_s,
+        group_interval_s,
+        repeat,
+    )
 
 
 async def add_member(
@@ -385,6 +399,21 @@ async def stop_repeating(conn: asyncpg.Connection, group_id: int) -> None:
 
 async def open_members(conn: asyncpg.Connection, delivery_id: int) -> list[asyncpg.Record]:
     return list(await conn.fetch(OPEN_MEMBERS, delivery_id))
+
+
+async def resume_groups(conn: asyncpg.Connection, shelf_id: int) -> list[int]:
+    """The groups owed a repeat by the end of this shelf (in the caller's transaction)."""
+    return [int(r["id"]) for r in await conn.fetch(RESUME_GROUPS, shelf_id)]
+
+
+async def drop_resume(conn: asyncpg.Connection, group_id: int) -> None:
+    await conn.execute(DROP_RESUME, group_id)
+
+
+async def resumed_members(
+    conn: asyncpg.Connection, group_id: int, alarm_ids: Sequence[int]
+) -> list[asyncpg.Record]:
+    return list(await conn.fetch(RESUMED_MEMBERS, group_id, list(alarm_ids)))
 
 
 async def delivery_alarms(conn: asyncpg.Connection, delivery_id: int) -> list[int]:

@@ -5,7 +5,8 @@ main view and keeps its notifications from being sent, for a bounded time, with 
 ends by itself at its ``until`` (:func:`expire_due`, run by the alarm timers on every node: a
 conditional write, so a shelf ends once however many nodes race) or earlier when a person lifts
 it. Every step writes an audit row on each alarm it concerns (the shelved alarm, or the pair's
-open alarms), in the step's transaction.
+open alarms), in the step's transaction. A shelf's end also owes a repeat to the notification
+groups that carried its alarms still open (docs/notifications.md, "Repeat").
 
 Out of service is a device's maintenance period: its alarms are raised as ever, their
 notifications suppressed (the notify consumer reads both, docs/notifications.md).
@@ -21,6 +22,7 @@ import asyncpg
 from gateway.alarms.lifecycle import AlarmNotFoundError
 from gateway.domain.alarm import AlarmError
 from storage import desk as repo
+from storage import notify as notify_repo
 from storage.desk import Scope
 
 SHELF_ACTOR: Final = "system:shelving"
@@ -190,6 +192,9 @@ async def _audit_end(
     request_id: str | None,
 ) -> list[int]:
     how = "lifted" if shelf["end_reason"] == "lifted" else "expired"
+    # Its alarms still open return to annunciation: the grouped routes' groups that carried
+    # them are owed a repeat (gateway.notify.groups), recorded with the end, so once.
+    await notify_repo.resume_groups(conn, int(shelf["id"]))
     return await repo.audit_shelf_step(
         conn,
         shelf,

@@ -17,7 +17,11 @@ So a night's held alarms of one group go out together when the night ends, not o
 The repeat pass (each consumer pass, any node, ``SKIP LOCKED``): a group whose latest window
 was SENT at least ``repeat_interval_s`` ago and whose alarms are still open gets a new window,
 due now, listing those not shelved now (``repeat: true``); when none is left the group stops
-repeating.
+repeating. A shelf's end over open alarms of a repeating group (gateway.alarms.shelving,
+decided once, recorded on the group in the same transaction) owes the group a repeat, whether
+it had stopped or not: made at that end, but no sooner than ``group_interval_s`` after the
+latest window was due (and once that window is sent), it lists those alarms too, and the
+group repeats again from there. If by then none of them is open and unshelved, nothing is owed.
 """
 
 from __future__ import annotations
@@ -118,6 +122,7 @@ class GroupWindows:
             event_created_at=item.row.created_at,
             due=due,
             repeat_s=grouping.repeat_s,
+            interval_s=grouping.interval_s,
             repeat=False,
         )
         return True
@@ -135,6 +140,7 @@ class GroupWindows:
         event_created_at: datetime,
         due: datetime,
         repeat_s: float,
+        interval_s: float,
         repeat: bool,
     ) -> None:
         event_id = window_event_id(group_id, receiver, key, window)
@@ -175,26 +181,27 @@ class GroupWindows:
             delivery_id=delivery_id,
             due_at=due,
             repeat_interval_s=repeat_s,
+            group_interval_s=interval_s,
+            repeat=repeat,
         )
 
     async def repeat(self) -> int:
         """Repeat the groups due for it (see the module); the number of windows made. The
-        interval is the one stored with the group's latest window."""
+        intervals are the ones stored with the group's latest window."""
         made = 0
         async with self.conn.transaction():
             now: datetime = await self.conn.fetchval("SELECT now()")
             for group in await repo.repeat_due(self.conn, REPEAT_BATCH):
-                still = {r["event_id"]: r["alarm_id"] for r in await repo.open_members(
-                    self.conn, group["window_delivery_id"])}  # fmt: skip
-                if not still:
+                freed = await self._freed(group)
+                if group["resuming"] and not freed and not group["interval_due"]:
+                    # What the shelf's end freed is closed, or shelved again, by now: no
+                    # repeat is owed, and the group's own repeats go on as they were.
+                    await repo.drop_resume(self.conn, group["id"])
+                    continue
+                items = await self._still_open(group, freed)
+                if not items:
                     await repo.stop_repeating(self.conn, group["id"])
                     continue
-                last = msgspec.json.decode(group["body"])
-                items = [
-                    (uuid.UUID(n["event_id"]), still[uuid.UUID(n["event_id"])], n)
-                    for n in last["notifications"]
-                    if uuid.UUID(n["event_id"]) in still
-                ]
                 await self._open(
                     group_id=group["id"],
                     window=group["windows"] + 1,
@@ -206,7 +213,37 @@ class GroupWindows:
                     event_created_at=group["event_created_at"],
                     due=now,
                     repeat_s=group["repeat_interval_s"],
+                    interval_s=group["group_interval_s"],
                     repeat=True,
                 )
                 made += 1
         return made
+
+    async def _freed(self, group: Any) -> list[tuple[uuid.UUID, int | None, Any]]:
+        """Once a shelf's end freed alarms of the group (``resuming``): their notifications
+        the group's windows carried (as the latest window carrying each has it), those whose
+        alarm is still open and not shelved now."""
+        if not group["resuming"]:
+            return []
+        return [
+            (r["event_id"], r["alarm_id"], msgspec.json.decode(r["body"]))
+            for r in await repo.resumed_members(self.conn, group["id"], group["resume_alarm_ids"])
+        ]
+
+    async def _still_open(
+        self, group: Any, freed: list[tuple[uuid.UUID, int | None, Any]]
+    ) -> list[tuple[uuid.UUID, int | None, Any]]:
+        """What a repeat lists: the latest window's notifications whose alarm is open and not
+        shelved now, in its order, and the ``freed`` ones it does not list, oldest first."""
+        still = {r["event_id"]: r["alarm_id"] for r in await repo.open_members(
+            self.conn, group["window_delivery_id"])}  # fmt: skip
+        last = msgspec.json.decode(group["body"])
+        items: list[tuple[uuid.UUID, int | None, Any]] = [
+            (uuid.UUID(n["event_id"]), still[uuid.UUID(n["event_id"])], n)
+            for n in last["notifications"]
+            if uuid.UUID(n["event_id"]) in still
+        ]
+        more = [item for item in freed if item[0] not in still]
+        if not more:
+            return items
+        return sorted([*items, *more], key=lambda item: (item[2]["occurred_at"], str(item[0])))

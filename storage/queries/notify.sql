@@ -154,9 +154,14 @@ ON CONFLICT (event_id, receiver) DO NOTHING
 RETURNING id;
 
 -- name: set_window
--- $1 group id, $2 window count, $3 window delivery id, $4 due at, $5 repeat interval s.
+-- $1 group id, $2 window count, $3 window delivery id, $4 due at, $5 repeat interval s,
+-- $6 group interval s, $7 a repeat (which pays what a shelf's end owed the group). A new
+-- window starts a stopped group's repeats again.
 UPDATE notify_group
-SET windows = $2, window_delivery_id = $3, window_due_at = $4, repeat_interval_s = $5
+SET windows = $2, window_delivery_id = $3, window_due_at = $4, repeat_interval_s = $5,
+    group_interval_s = $6, repeat_stopped = false,
+    resume_at = CASE WHEN $7 THEN NULL ELSE resume_at END,
+    resume_alarm_ids = CASE WHEN $7 THEN NULL ELSE resume_alarm_ids END
 WHERE id = $1;
 
 -- name: add_member
@@ -165,21 +170,105 @@ INSERT INTO notify_delivery_member (delivery_id, event_id, alarm_id) VALUES ($1,
 ON CONFLICT DO NOTHING;
 
 -- name: repeat_due
--- $1 limit; groups whose latest window was sent at least repeat_interval_s ago (locked,
--- skipping those another node holds), with that window's body.
+-- $1 limit; groups whose latest window was sent and that are due a repeat (locked, skipping
+-- those another node holds), with that window's body: repeat_interval_s after that send
+-- (unless the group stopped repeating), or, owed one by a shelf's end (`resume_at`), at that
+-- end but no sooner than group_interval_s after the latest window was due (`resuming`;
+-- `interval_due`: the other).
 SELECT g.id, g.receiver, g.group_key, g.labels::text AS labels, g.windows,
-       g.window_delivery_id, g.window_due_at, g.repeat_interval_s, d.body::text AS body,
-       d.outbox_id, d.event_created_at, d.device_id, d.rule_key, d.severity
+       g.window_delivery_id, g.window_due_at, g.repeat_interval_s, g.group_interval_s,
+       g.resume_alarm_ids, d.body::text AS body,
+       d.outbox_id, d.event_created_at, d.device_id, d.rule_key, d.severity,
+       (g.resume_at IS NOT NULL
+        AND greatest(g.resume_at, g.window_due_at + make_interval(secs => g.group_interval_s))
+            <= now()) AS resuming,
+       (NOT g.repeat_stopped
+        AND d.finished_at + make_interval(secs => g.repeat_interval_s) <= now())
+           AS interval_due
 FROM notify_group g JOIN notify_delivery d ON d.id = g.window_delivery_id
 WHERE g.repeat_interval_s > 0 AND d.status = 'SENT'
-  AND d.finished_at + make_interval(secs => g.repeat_interval_s) <= now()
+  AND ((NOT g.repeat_stopped
+        AND d.finished_at + make_interval(secs => g.repeat_interval_s) <= now())
+       OR (g.resume_at IS NOT NULL
+           AND greatest(g.resume_at,
+                        g.window_due_at + make_interval(secs => g.group_interval_s)) <= now()))
 ORDER BY g.id
 LIMIT $1
 FOR UPDATE OF g SKIP LOCKED;
 
 -- name: stop_repeating
--- $1 group id; none of its latest window's alarms is open (and unshelved) any more.
-UPDATE notify_group SET repeat_interval_s = 0 WHERE id = $1;
+-- $1 group id; none of its latest window's alarms (nor of those a shelf's end freed) is
+-- open and unshelved any more: no repeat until a new window, or another shelf's end.
+UPDATE notify_group
+SET repeat_stopped = true, resume_at = NULL, resume_alarm_ids = NULL
+WHERE id = $1;
+
+-- name: drop_resume
+-- $1 group id; the repeat a shelf's end owed it is owed no more (what it freed is closed, or
+-- shelved again).
+UPDATE notify_group SET resume_at = NULL, resume_alarm_ids = NULL WHERE id = $1;
+
+-- name: resume_groups
+-- $1 shelf id (ended, in the caller's transaction); the groups owed a repeat by its end: those
+-- a window of which carried an alarm the shelf covered (the shelved alarm, or the pair's)
+-- still open and no longer shelved, if they repeat. Each records when the shelf ended and
+-- those alarms (with any an earlier end freed, not yet repeated). The groups are locked in
+-- the consumer's order (receiver, key; code-point order as Python sorts): no circular wait
+-- with a consumer adding to several of them.
+WITH covered AS (
+    SELECT a.id, a.device_id, a.rule_key, a.status, s.ended_at
+    FROM alarm_shelf s JOIN alarm a ON a.id = s.alarm_id
+    WHERE s.id = $1 AND s.scope = 'alarm'
+    UNION ALL
+    SELECT a.id, a.device_id, a.rule_key, a.status, s.ended_at
+    FROM alarm_shelf s JOIN alarm a ON a.device_id = s.device_id AND a.rule_key = s.rule_key
+    WHERE s.id = $1 AND s.scope = 'pair'
+), freed AS (
+    SELECT d.group_id, array_agg(DISTINCT c.id ORDER BY c.id) AS alarm_ids,
+           min(c.ended_at) AS ended_at
+    FROM covered c
+    JOIN notify_delivery_member m ON m.alarm_id = c.id
+    JOIN notify_delivery d ON d.id = m.delivery_id
+    WHERE d.group_id IS NOT NULL AND c.ended_at IS NOT NULL
+      AND c.status IN ('NEW', 'PUSHED', 'DELAYED', 'CONFIRMED', 'ESCALATED')
+      AND alarm_shelved_until(c.id, c.device_id, c.rule_key, c.ended_at) IS NULL
+    GROUP BY d.group_id
+), locked AS (
+    SELECT g.id FROM notify_group g JOIN freed f ON f.group_id = g.id
+    WHERE g.repeat_interval_s > 0
+    ORDER BY g.receiver COLLATE "C", g.group_key COLLATE "C"
+    FOR UPDATE OF g
+)
+UPDATE notify_group g
+SET resume_at = coalesce(g.resume_at, f.ended_at),
+    resume_alarm_ids = ARRAY(
+        SELECT DISTINCT x FROM unnest(coalesce(g.resume_alarm_ids, '{}') || f.alarm_ids) AS x
+        ORDER BY x)
+FROM locked l JOIN freed f ON f.group_id = l.id
+WHERE g.id = l.id
+RETURNING g.id;
+
+-- name: resumed_members
+-- $1 group id, $2 alarm ids (a shelf's end freed them); their notifications the group's
+-- windows carried, each once (as the latest window carrying it has it), whose alarm is still
+-- open and not shelved now.
+WITH m AS (
+    SELECT DISTINCT ON (m.event_id) m.event_id, m.alarm_id, m.delivery_id
+    FROM notify_delivery_member m
+    JOIN notify_delivery d ON d.id = m.delivery_id
+    JOIN alarm a ON a.id = m.alarm_id
+    WHERE m.alarm_id = ANY($2::bigint[]) AND d.group_id = $1
+      AND a.status IN ('NEW', 'PUSHED', 'DELAYED', 'CONFIRMED', 'ESCALATED')
+      AND alarm_shelved_until(a.id, a.device_id, a.rule_key, now()) IS NULL
+    ORDER BY m.event_id, m.delivery_id DESC
+), n AS (  -- each carrying window's list expanded once (a pair may free a whole window)
+    SELECT d.id AS delivery_id, e.value
+    FROM notify_delivery d
+    CROSS JOIN LATERAL jsonb_array_elements(d.body -> 'notifications') AS e(value)
+    WHERE d.id IN (SELECT delivery_id FROM m)
+)
+SELECT m.event_id, m.alarm_id, n.value::text AS body
+FROM m JOIN n ON n.delivery_id = m.delivery_id AND n.value ->> 'event_id' = m.event_id::text;
 
 -- name: open_members
 -- $1 delivery id; the events it carried whose alarm is still open (not dealt with) and not

@@ -343,7 +343,7 @@ async def test_a_groups_repeat_leaves_out_shelved_alarms_and_stops_when_every_on
             await _sent_long_ago(db, repeat["id"])
             await _consume_together(nodes)
             assert len(await _windows(db)) == 2
-            assert await db.fetchval("SELECT repeat_interval_s FROM notify_group") == 0
+            assert await db.fetchval("SELECT repeat_stopped FROM notify_group") is True
         assert len(server.on("/hook")) == 2
     pushes = await db.fetch(
         "SELECT alarm_id, note FROM alarm_audit WHERE action = 'push' ORDER BY alarm_id"
@@ -505,6 +505,79 @@ def _timers(node: Node, node_id: str) -> AlarmTimers:
                        escalate_after_s=0, repeat_interval_s=0)  # fmt: skip
 
 
+async def _interval_passed(db: asyncpg.Connection) -> None:
+    """group_interval_s has passed since the group's latest window was due (as the clock
+    would have it)."""
+    await db.execute(
+        "UPDATE notify_group SET window_due_at = least(window_due_at, now()) - interval '301 s'"
+    )
+
+
+async def test_a_shelf_ending_brings_a_stopped_group_back_once_on_two_nodes(
+    db_dsn: str, db: asyncpg.Connection
+) -> None:
+    """ISA-18.2: an unshelved alarm returns to annunciation. A group stopped repeating because
+    its open alarms were all shelved; one shelf expires (two nodes' timers race, one ends it):
+    the group repeats again, once for both nodes' consumers, no sooner than group_interval_s
+    after its latest window was due, listing that alarm. The other shelf is lifted later: the
+    next repeat lists that alarm too, though the latest window (the repeat) did not carry it."""
+    async with webhook_server() as server:
+        config = _config(server.url(""), ONLY_GROUPED)
+        async with _two_nodes(db_dsn, config) as nodes:
+            a, b, c = [await _raise(db, f"dev-{k}", "hot", k) for k in range(3)]
+            await _consume_together(nodes)
+            [first] = await _windows(db)
+            await _make_due(db, first["id"])
+            await wait_until(lambda: _window_status(db, first["id"], "SENT"), message="sent")
+            async with db.transaction():
+                expiring = await _shelve(db, "alarm", a)
+                lifted = await _shelve(db, "pair", b)
+                await transition(db, c, Action.FALSE, actor="op", node_id="n0")
+            await _sent_long_ago(db, first["id"])
+            await _consume_together(nodes)
+            assert len(await _windows(db)) == 1  # every open alarm shelved: it stopped
+            # The first shelf's until passes (as the clock would have it); both nodes' timers
+            # look at once, one ends it.
+            await db.execute(
+                "UPDATE alarm_shelf SET shelved_at = now() - interval '2 h',"
+                " until = now() - interval '1 s' WHERE id = $1",
+                expiring["id"],
+            )
+            reports = await asyncio.gather(*(_timers(n, f"n{k}").run_once()
+                                             for k, n in enumerate(nodes, 1)))  # fmt: skip
+            assert sorted(s for r in reports for s in r.unshelved) == [expiring["id"]]
+            # Owed a repeat, but not within group_interval_s of the latest window's due time.
+            await _consume_together(nodes)
+            assert len(await _windows(db)) == 1
+            await _interval_passed(db)
+            await _consume_together(nodes)
+            [_, resumed] = await _windows(db)
+            assert resumed["body"]["repeat"] is True
+            assert [n["alarm_id"] for n in resumed["body"]["notifications"]] == [a]
+            await wait_until(lambda: _window_status(db, resumed["id"], "SENT"), message="sent")
+            assert _listed(server, 1) == [a]
+            # A person lifts the pair's shelf: the next repeat lists b as well, once.
+            async with db.transaction():
+                await lift(db, lifted["id"], actor="op", node_id="n0", request_id=None)
+            await _consume_together(nodes)
+            assert len(await _windows(db)) == 2
+            await _interval_passed(db)
+            await _consume_together(nodes)
+            [*_, again] = await _windows(db)
+            assert [n["alarm_id"] for n in again["body"]["notifications"]] == [a, b]
+            await wait_until(lambda: _window_status(db, again["id"], "SENT"), message="sent")
+            await _consume_together(nodes)
+            assert len(await _windows(db)) == 3  # paid: nothing more until repeat_interval_s
+            # From there on the group repeats as any: repeat_interval_s after the last send.
+            await _sent_long_ago(db, again["id"])
+            await _consume_together(nodes)
+            [*_, reminder] = await _windows(db)
+            assert [n["alarm_id"] for n in reminder["body"]["notifications"]] == [a, b]
+            assert len(await _windows(db)) == 4
+            await wait_until(lambda: _window_status(db, reminder["id"], "SENT"), message="sent")
+        assert [len(r.json["notifications"]) for r in server.on("/hook")] == [3, 1, 2, 2]
+
+
 @pytest.mark.parametrize("shelved", ["one", "all"])
 async def test_a_held_window_judges_its_alarms_again_at_their_wake(
     db_dsn: str, db: asyncpg.Connection, shelved: str
@@ -578,3 +651,37 @@ async def test_a_held_window_judges_its_alarms_again_at_their_wake(
     statuses = await _statuses(db, held)
     assert [statuses[a] for a in gone] == ["NEW"] * len(gone)  # reached nobody
     assert [statuses[a] for a in kept] == ["PUSHED"] * len(kept)
+
+
+async def test_a_shelf_ended_and_at_once_renewed_owes_no_repeat(
+    db_dsn: str, db: asyncpg.Connection
+) -> None:
+    """An operator shelves an alarm again whose shelf is past its until (the new shelf ends
+    the old one first, in its transaction): the alarm stays shelved, so the group, still
+    repeating its other alarm, gets no extra repeat; its own repeat comes as ever."""
+    async with webhook_server() as server:
+        config = _config(server.url(""), ONLY_GROUPED)
+        async with _two_nodes(db_dsn, config) as nodes:
+            a, b = [await _raise(db, f"dev-{k}", "hot", k) for k in range(2)]
+            await _consume_together(nodes)
+            [first] = await _windows(db)
+            await _make_due(db, first["id"])
+            await wait_until(lambda: _window_status(db, first["id"], "SENT"), message="sent")
+            old = await _shelve(db, "alarm", a)
+            await db.execute(
+                "UPDATE alarm_shelf SET shelved_at = now() - interval '2 h',"
+                " until = now() - interval '1 s' WHERE id = $1",
+                old["id"],
+            )
+            async with db.transaction():
+                renewed = await _shelve(db, "alarm", a)
+            assert renewed["id"] != old["id"]
+            await _interval_passed(db)
+            await _consume_together(nodes)
+            assert len(await _windows(db)) == 1
+            await _sent_long_ago(db, first["id"])
+            await _consume_together(nodes)
+            [_, repeat] = await _windows(db)
+            assert [n["alarm_id"] for n in repeat["body"]["notifications"]] == [b]
+            await wait_until(lambda: _window_status(db, repeat["id"], "SENT"), message="sent")
+        assert [len(r.json["notifications"]) for r in server.on("/hook")] == [2, 1]
