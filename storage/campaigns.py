@@ -25,6 +25,8 @@ LIST = _Q["list"]
 COMMANDS_OF = _Q["commands_of"]
 RUNNING = _Q["running"]
 LOCK_RUNNING = _Q["lock_running"]
+STATUS_OF = _Q["status_of"]
+CHANGED_BY = _Q["changed_by"]
 COUNTS = _Q["counts"]
 CLOSE = _Q["close"]
 INSERT_AUDIT = _Q["insert_audit"]
@@ -200,6 +202,18 @@ async def lock_running(conn: asyncpg.Connection, campaign_id: int) -> CampaignRo
 
 async def counts(conn: asyncpg.Connection, campaign_id: int) -> dict[str, int]:
     return {r["status"]: int(r["n"]) for r in await conn.fetch(COUNTS, campaign_id)}
+
+
+async def status_of(conn: asyncpg.Connection, campaign_id: int) -> str | None:
+    """The campaign's status; None: no such campaign."""
+    status: str | None = await conn.fetchval(STATUS_OF, campaign_id)
+    return status
+
+
+async def changed_by(conn: asyncpg.Connection, campaign_id: int) -> tuple[str, str | None] | None:
+    """The campaign's status now and the actor of its latest change; None: no such campaign."""
+    record = await conn.fetchrow(CHANGED_BY, campaign_id)
+    return None if record is None else (record["status"], record["actor"])
 
 
 async def close(

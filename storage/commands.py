@@ -108,6 +108,7 @@ ACK_WINDOW_PASSED = _Q["ack_window_passed"]
 FAIL_SENT_TIMEOUT = _Q["fail_sent_timeout"]
 EXPIRE = _Q["expire"]
 CANCEL = _Q["cancel"]
+CHANGED_BY = _Q["changed_by"]
 CANCEL_OPEN_OF_DEVICE = _Q["cancel_open_of_device"]
 UNBIND_DEVICE = _Q["unbind_device"]
 
@@ -298,6 +299,12 @@ async def expire(conn: asyncpg.Connection) -> list[MovedCommandRow]:
 async def cancel(conn: asyncpg.Connection, command_id: int) -> MovedCommandRow | None:
     record = await conn.fetchrow(CANCEL, command_id)
     return None if record is None else moved_command_row(record)
+
+
+async def changed_by(conn: asyncpg.Connection, command_id: int) -> tuple[str, str | None] | None:
+    """The command's status now and the actor of its latest change; None: no such command."""
+    record = await conn.fetchrow(CHANGED_BY, command_id)
+    return None if record is None else (record["status"], record["actor"])
 
 
 async def cancel_open_of_device(conn: asyncpg.Connection, device_id: str) -> list[MovedCommandRow]:

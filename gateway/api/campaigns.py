@@ -16,6 +16,7 @@ from msgspec import UNSET, UnsetType
 
 from gateway.api.auth import CallDep, Role, actor_of
 from gateway.api.errors import (
+    CAMPAIGN_CHANGED,
     CAMPAIGN_CLOSED,
     CAMPAIGN_NOT_FOUND,
     DEVICE_ID_NOT_PORTABLE,
@@ -45,6 +46,8 @@ from gateway.api.schemas import (
 )
 from gateway.api.services import Commands
 from gateway.commands.campaigns import (
+    CampaignChangedError,
+    CampaignClosedError,
     CampaignNotFoundError,
     CampaignRequest,
     CampaignService,
@@ -398,16 +401,20 @@ async def list_campaign_commands(
     summary="Cancel the campaign: RUNNING → CANCELLED, its open commands CANCELLED",
     role=Role.OPERATOR,
     writes=True,
-    errors=[CAMPAIGN_NOT_FOUND, CAMPAIGN_CLOSED],
+    errors=[CAMPAIGN_NOT_FOUND, CAMPAIGN_CLOSED, CAMPAIGN_CHANGED],
     description=(
-        "A conditional write: of concurrent cancels exactly one wins. Receipts arriving later "
-        "for its commands are kept and refused (`COMMAND_CLOSED`). No request body."
+        "The campaign is read, then closed by a conditional write: of concurrent cancels "
+        "exactly one wins. A campaign closed when read is 400 `ILLEGAL_TRANSITION`; one closed "
+        "between the read and the write (another operator, or the settler completing or "
+        "aborting it) is 409 `STATUS_CHANGED` with its `current_status` and the `actor` who "
+        "closed it. Receipts arriving later for its commands are kept and refused "
+        "(`COMMAND_CLOSED`). No request body."
     ),
 )
 async def cancel_campaign(commands: Commands, call: CallDep, id: CampaignId) -> Campaign:
     try:
         row = await _service(commands).cancel(id, actor=actor_of(call), request_id=call.request_id)
-    except CampaignNotFoundError as exc:
+    except (CampaignNotFoundError, CampaignClosedError, CampaignChangedError) as exc:
         log.info("campaign_cancel_refused", campaign_id=id, code=exc.code)
         raise
     log.info(

@@ -12,6 +12,7 @@ from litestar.params import JSONBody, Parameter
 
 from gateway.api.auth import CallDep, Role, actor_of
 from gateway.api.errors import (
+    COMMAND_CHANGED,
     COMMAND_CLOSED,
     COMMAND_NOT_FOUND,
     DEVICE_ID_NOT_PORTABLE,
@@ -46,6 +47,7 @@ from gateway.api.schemas import (
 )
 from gateway.api.services import Commands
 from gateway.commands.lifecycle import (
+    CommandChangedError,
     CommandClosedError,
     CommandNotFoundError,
     DeviceUnboundError,
@@ -299,10 +301,14 @@ async def get_command(commands: Commands, id: CommandId) -> CommandDetail:
     summary="Cancel the command (PENDING, CLAIMED or SENT → CANCELLED)",
     role=Role.OPERATOR,
     writes=True,
-    errors=[COMMAND_NOT_FOUND, COMMAND_CLOSED],
+    errors=[COMMAND_NOT_FOUND, COMMAND_CLOSED, COMMAND_CHANGED],
     description=(
-        "A conditional write: of concurrent cancels exactly one wins. A command already "
-        "published may still run on the device. No request body."
+        "The command is read, then cancelled by a conditional write: of concurrent cancels "
+        "exactly one wins. A command terminal when read is 400 `ILLEGAL_TRANSITION`; one that "
+        "turned terminal between the read and the write (another operator's cancel, the "
+        "device's receipt, a campaign, an unbind, the reaper) is 409 `STATUS_CHANGED` with "
+        "its `current_status` and the `actor` of that change. A command already published "
+        "may still run on the device. No request body."
     ),
 )
 async def cancel_command(
@@ -312,7 +318,7 @@ async def cancel_command(
 ) -> Command:
     try:
         row = await commands.cancel(id, actor=actor_of(call))
-    except (CommandNotFoundError, CommandClosedError) as exc:
+    except (CommandNotFoundError, CommandClosedError, CommandChangedError) as exc:
         log.info(
             "command_cancel_refused",
             command_id=id,

@@ -41,12 +41,14 @@ from gateway.alarms.shelving import (
     UntilPastError,
 )
 from gateway.commands.campaigns import (
+    CampaignChangedError,
     CampaignClosedError,
     CampaignNotFoundError,
     NoTargetsError,
     UnboundTargetsError,
 )
 from gateway.commands.lifecycle import (
+    CommandChangedError,
     CommandClosedError,
     CommandNotFoundError,
     DeviceUnboundError,
@@ -131,6 +133,12 @@ STATUS_CHANGED: Final = ErrorKind(
     "someone changed the alarm first (`current_status`, `actor`: `already confirmed by X`, "
     "`alarm` as it is now); nothing is changed",
 )
+COMMAND_CHANGED: Final = ErrorKind(
+    409,
+    "STATUS_CHANGED",
+    "someone changed the command first, between this request's read and its write "
+    "(`current_status`, `actor`: the latest change's, `command_id`); nothing is changed",
+)
 DEVICE_UNBOUND: Final = ErrorKind(
     409, "DEVICE_UNBOUND", "the device is unbound (`device_id`); nothing is created"
 )
@@ -151,6 +159,12 @@ CAMPAIGN_CLOSED: Final = ErrorKind(
     400,
     "ILLEGAL_TRANSITION",
     "the campaign is closed already (`current_status`, `campaign_id`); nothing is changed",
+)
+CAMPAIGN_CHANGED: Final = ErrorKind(
+    409,
+    "STATUS_CHANGED",
+    "someone closed the campaign first, between this request's read and its write "
+    "(`current_status`, `actor`: who closed it, `campaign_id`); nothing is changed",
 )
 TARGETS_UNBOUND: Final = ErrorKind(
     409,
@@ -328,6 +342,12 @@ _DOMAIN: Final[Mapping[type[Exception], Callable[[Any], ApiError]]] = {
     ),
     CommandClosedError: lambda e: ApiError(
         COMMAND_CLOSED, str(e), command_id=e.command_id, current_status=e.status
+    ),
+    CommandChangedError: lambda e: ApiError(
+        COMMAND_CHANGED, str(e), command_id=e.command_id, current_status=e.status, actor=e.actor
+    ),
+    CampaignChangedError: lambda e: ApiError(
+        CAMPAIGN_CHANGED, str(e), campaign_id=e.campaign_id, current_status=e.status, actor=e.actor
     ),
     CampaignNotFoundError: lambda e: ApiError(
         CAMPAIGN_NOT_FOUND, str(e), campaign_id=e.campaign_id

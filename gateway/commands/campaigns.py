@@ -70,6 +70,20 @@ class CampaignClosedError(CampaignError):
         self.status = status
 
 
+class CampaignChangedError(CampaignError):
+    """The cancel read the campaign RUNNING, and its conditional write found it closed: the
+    settler (completed, aborted) or another operator closed it first (HTTP 409)."""
+
+    code = "STATUS_CHANGED"
+
+    def __init__(self, campaign_id: int, status: str, actor: str | None) -> None:
+        by = f" by {actor}" if actor else ""
+        super().__init__(f"campaign {campaign_id} changed meanwhile: already {status}{by}")
+        self.campaign_id = campaign_id
+        self.status = status
+        self.actor = actor
+
+
 class UnboundTargetsError(CampaignError):
     code = "DEVICE_UNBOUND"
 
@@ -349,8 +363,15 @@ class CampaignService:
     async def cancel(
         self, campaign_id: int, *, actor: str, request_id: str | None = None
     ) -> CountedCampaignRow:
-        """RUNNING → CANCELLED, and every command of it not yet terminal with it."""
+        """RUNNING → CANCELLED, and every command of it not yet terminal with it. Read, then
+        a conditional write: closed when read is :class:`CampaignClosedError`, closed by the
+        time of the write (someone else won) :class:`CampaignChangedError`."""
         async with self.pool.acquire() as conn, conn.transaction():
+            seen = await repo.status_of(conn, campaign_id)
+            if seen is None:
+                raise CampaignNotFoundError(campaign_id)
+            if seen != CampaignStatus.RUNNING.value:
+                raise CampaignClosedError(campaign_id, seen)
             done = await _closed(
                 conn,
                 campaign_id,
@@ -362,8 +383,10 @@ class CampaignService:
                 request_id=request_id,
             )
             if done is None:
-                current = await self._read(conn, campaign_id)
-                raise CampaignClosedError(campaign_id, current.status)
+                current = await repo.changed_by(conn, campaign_id)
+                if current is None:
+                    raise CampaignNotFoundError(campaign_id)
+                raise CampaignChangedError(campaign_id, *current)
         row, cancelled = done
         self._count(cancelled)
         return row

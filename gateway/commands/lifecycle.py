@@ -13,7 +13,7 @@ from typing import Any
 import asyncpg
 import msgspec
 
-from gateway.domain.command import CommandError, CommandStatus
+from gateway.domain.command import TERMINAL_STATUSES, CommandError, CommandStatus
 from protocol.events import Aggregate, CommandFinished, EventType
 from storage import commands as repo
 from storage import outbox
@@ -62,6 +62,21 @@ class CommandClosedError(CommandError):
         super().__init__(f"command {command_id} is {status}: it cannot be cancelled")
         self.command_id = command_id
         self.status = status
+
+
+class CommandChangedError(CommandError):
+    """The cancel read the command open, and its conditional write found it changed: someone
+    moved it first (another operator's cancel, the device's receipt, a campaign, an unbind, the
+    reaper). Losing that race is HTTP 409, as for alarms; nothing is changed."""
+
+    code = "STATUS_CHANGED"
+
+    def __init__(self, command_id: int, status: str, actor: str | None) -> None:
+        by = f" by {actor}" if actor else ""
+        super().__init__(f"command {command_id} changed meanwhile: already {status}{by}")
+        self.command_id = command_id
+        self.status = status
+        self.actor = actor
 
 
 def command_to_json(row: CommandRow) -> dict[str, Any]:
@@ -158,13 +173,24 @@ async def fail_unsendable(
 async def cancel(
     conn: asyncpg.Connection, command_id: int, *, actor: str, node_id: str
 ) -> MovedCommandRow:
-    """The cancelled row, with ``previous_status``: the status it left."""
+    """The cancelled row, with ``previous_status``: the status it left.
+
+    The command is read, then cancelled by a conditional write: one terminal when read raises
+    :class:`CommandClosedError` (an illegal action); one the write finds terminal, changed
+    meanwhile by someone else, :class:`CommandChangedError` (a lost race). A claim or a PUBACK
+    committed meanwhile is no race: the command is still open, and the write says what it left.
+    """
+    seen = await repo.get(conn, command_id)
+    if seen is None:
+        raise CommandNotFoundError(command_id)
+    if CommandStatus(seen.status) in TERMINAL_STATUSES:
+        raise CommandClosedError(command_id, seen.status)
     row = await repo.cancel(conn, command_id)
     if row is None:
-        current = await repo.get(conn, command_id)
-        if current is None:
+        current = await repo.changed_by(conn, command_id)
+        if current is None:  # commands are never deleted; a restored backup could do it
             raise CommandNotFoundError(command_id)
-        raise CommandClosedError(command_id, current.status)
+        raise CommandChangedError(command_id, *current)
     await record_change(
         conn, row, from_status=row.previous_status, actor=actor, action="cancel", node_id=node_id
     )

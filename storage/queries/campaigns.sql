@@ -75,6 +75,18 @@ SELECT k.id, k.failure_ratio IS NOT NULL AS may_abort,
            AS has_open
 FROM campaign k WHERE k.status = 'RUNNING' ORDER BY k.id;
 
+-- name: status_of
+-- $1 id; the campaign's status alone (no counts): what a cancel reads before its write.
+SELECT status FROM campaign WHERE id = $1;
+
+-- name: changed_by
+-- $1 id; the campaign's status now and who made its latest change (its newest audit row's
+-- actor): what a cancel that lost its race answers.
+SELECT k.status,
+       (SELECT a.actor FROM campaign_audit a
+        WHERE a.campaign_id = k.id ORDER BY a.id DESC LIMIT 1) AS actor
+FROM campaign k WHERE k.id = $1;
+
 -- name: lock_running
 -- $1 id; the campaign if it is still RUNNING, locked until the transaction ends. Statements
 -- after this one see every change committed before the lock was granted.

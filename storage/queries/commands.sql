@@ -299,6 +299,14 @@ FROM (SELECT id, status FROM command
 WHERE c.id = old.id
 RETURNING c.*, old.status AS previous_status;
 
+-- name: changed_by
+-- $1 id; the command's status now and who made its latest change (its newest audit row's
+-- actor; null once retention pruned them): what a cancel that lost its race answers.
+SELECT c.status,
+       (SELECT a.actor FROM command_audit a
+        WHERE a.command_id = c.id ORDER BY a.id DESC LIMIT 1) AS actor
+FROM command c WHERE c.id = $1;
+
 -- name: cancel_open_of_device
 -- $1 device; every open command of the device (unbind), with the status each one left.
 UPDATE command c

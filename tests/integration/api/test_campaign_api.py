@@ -17,13 +17,16 @@ import aiohttp
 import asyncpg
 import pytest
 
+from gateway.commands.campaigns import SETTLER_ACTOR, _closed
 from gateway.commands.dispatcher import smallest_downlink
 from gateway.commands.receipts import apply_receipt
 from gateway.config import TokenConfig
+from gateway.domain.campaign import CampaignStatus
 from protocol import CommandReceipt, ReceiptResult, Topics
 from storage import commands as command_repo
 from tests.support.api_client import ADMIN, OPERATOR, VIEWER, ApiClient, Reply
 from tests.support.api_server import serve_api
+from tests.support.waiting import wait_until
 
 TOKENS = [
     TokenConfig(token=VIEWER, role="viewer", name="wall-screen"),
@@ -362,9 +365,10 @@ async def test_cancel_closes_every_open_command_once_and_late_receipts_are_refus
     assert len(winners) == 1, [r.body for r in results]
     for loser in results:
         if loser.status != 200:
-            assert (loser.status, loser.body["error"], loser.body["current_status"]) == (
-                400, "ILLEGAL_TRANSITION", "CANCELLED",
-            )  # fmt: skip
+            # Read closed already (400), or read RUNNING and beaten to the write (409).
+            assert (loser.status, loser.body["error"], loser.body["current_status"]) in {
+                (400, "ILLEGAL_TRANSITION", "CANCELLED"), (409, "STATUS_CHANGED", "CANCELLED"),
+            }  # fmt: skip
     closed = winners[0].body
     assert (closed["status"], closed["counts"]) == ("CANCELLED", counts(ACKED=1, CANCELLED=3))
     assert closed["finished_at"] is not None
@@ -406,3 +410,50 @@ async def test_cancel_closes_every_open_command_once_and_late_receipts_are_refus
         await api.db.fetchval("SELECT status FROM command WHERE id = $1", by_device["a"].id)
         == "CANCELLED"
     )
+
+
+async def test_a_cancel_that_loses_its_race_to_the_settler_is_409_and_changes_nothing(
+    api: Api, db_dsn: str
+) -> None:
+    """behaviour §14: the request reads the campaign RUNNING; the settler's abort commits
+    between that read and the request's write (its transaction holds the campaign's row until
+    the request's write waits for it). The settler won: 409, and nothing of the cancel."""
+    reply = await api.start({"name": "reboot", "targets": {"devices": ["a", "b"]}})
+    campaign_id = reply.body["campaign"]["id"]
+    before = await api.snapshot()
+    settler = await asyncpg.connect(db_dsn)
+    try:
+        held = settler.transaction()
+        await held.start()
+        assert await _closed(
+            settler, campaign_id, status=CampaignStatus.ABORTED, reason="failures",
+            actor=SETTLER_ACTOR, action="abort", node_id="n2", request_id=None,
+        )  # fmt: skip
+        request = asyncio.create_task(
+            api.call("POST", f"/campaigns/{campaign_id}/cancel", token=OPERATOR)
+        )
+
+        async def waiting() -> bool:
+            return bool(
+                await api.db.fetchval(
+                    "SELECT count(*) FROM pg_stat_activity"
+                    " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+                )
+            )
+
+        await wait_until(waiting, message="the cancel's write waits for the campaign's row")
+        await held.commit()
+        lost = await request
+    finally:
+        await settler.close()
+    assert lost.status == 409, lost.body
+    assert (lost.body["error"], lost.body["current_status"]) == ("STATUS_CHANGED", "ABORTED")
+    assert (lost.body["actor"], lost.body["campaign_id"]) == (SETTLER_ACTOR, campaign_id)
+    # The abort alone: its campaign audit row, its two commands' cancels, its three events.
+    campaigns, commands, campaign_audit, command_audit, events = await api.snapshot()
+    assert (campaigns, commands) == before[:2]
+    assert (campaign_audit, command_audit, events) == (
+        before[2] + 1, before[3] + 2, before[4] + 3,
+    )  # fmt: skip
+    trail = await api.db.fetch("SELECT actor, action FROM campaign_audit ORDER BY id")
+    assert [tuple(t) for t in trail] == [("console", "create"), (SETTLER_ACTOR, "abort")]

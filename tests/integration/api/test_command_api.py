@@ -20,11 +20,13 @@ import asyncpg
 import pytest
 from litestar import Litestar
 
-from gateway.commands.lifecycle import CommandNotFoundError
+from gateway.commands.lifecycle import CommandNotFoundError, cancel, mark_sent, unbind
+from gateway.commands.receipts import apply_receipt
 from gateway.commands.service import CommandService
 from gateway.config import TokenConfig
-from protocol import Topics
+from protocol import CommandReceipt, ReceiptResult, Topics
 from sim.responder import Behaviour, Responder, Script
+from storage import commands as command_repo
 from tests.support.api_client import ADMIN, OPERATOR, VIEWER, ApiClient, Reply
 from tests.support.api_server import serve_api
 from tests.support.daemon import make_config, running_daemon
@@ -55,6 +57,7 @@ class Api(ApiClient):
     app: Litestar
     db: asyncpg.Connection
     service: CommandService
+    db_dsn: str
 
     async def send(
         self, device: str, body: Any, *, query: str = "", token: str | None = OPERATOR
@@ -91,7 +94,10 @@ async def serve(dsn: str, db: asyncpg.Connection) -> AsyncIterator[Api]:
         serve_api(dsn, TOKENS) as served,
         aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=200)) as http,
     ):
-        yield Api(base=served.base, http=http, app=served.app, db=db, service=served.commands)
+        yield Api(
+            base=served.base, http=http, app=served.app, db=db, service=served.commands,
+            db_dsn=dsn,
+        )  # fmt: skip
 
 
 @pytest.fixture
@@ -596,13 +602,87 @@ async def test_concurrent_cancels_have_one_winner(api: Api) -> None:
     replies = await asyncio.gather(
         *(api.call("POST", f"/commands/{command['id']}/cancel", token=OPERATOR) for _ in range(10))
     )
-    assert sorted(r.status for r in replies) == [200] + [400] * 9
-    assert {r.body["error"] for r in replies if r.status == 400} == {"ILLEGAL_TRANSITION"}
+    assert [r.status for r in replies].count(200) == 1
+    # A loser that read the command cancelled already is refused (400); one that read it open
+    # and lost the write is told so (409): which, depends on when each read.
+    for reply in replies:
+        if reply.status != 200:
+            assert (reply.status, reply.body["error"]) in {
+                (400, "ILLEGAL_TRANSITION"), (409, "STATUS_CHANGED"),
+            }, reply.body  # fmt: skip
+            assert reply.body["current_status"] == "CANCELLED"
     cancels = await api.db.fetchval(
         "SELECT count(*) FROM command_audit WHERE command_id = $1 AND action = 'cancel'",
         command["id"],
     )
     assert cancels == 1
+
+
+async def _waiting_on_a_lock(db: asyncpg.Connection) -> bool:
+    waiting = await db.fetchval(
+        "SELECT count(*) FROM pg_stat_activity"
+        " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+    )
+    return bool(waiting)
+
+
+@pytest.mark.parametrize(
+    ("competitor", "status", "actor"),
+    [("cancel", "CANCELLED", "op:alice"), ("receipt", "ACKED", "device"),
+     ("unbind", "CANCELLED", "op:alice")],
+)  # fmt: skip
+async def test_a_cancel_that_loses_its_race_is_409_and_changes_nothing(
+    api: Api, db_dsn: str, competitor: str, status: str, actor: str
+) -> None:
+    """behaviour §14: of two acting at once exactly one wins, the other gets 409. The request
+    reads the command SENT; the competing change (another operator's cancel, the device's
+    ACK, an unbind) commits between that read and the request's write: its transaction holds
+    the row until the request's write waits for it."""
+    command = await api.create("dev-1")
+    (claimed,) = await command_repo.claim_due(
+        api.db, node_id="n1", lease_s=60, limit=1, max_in_flight=1, actor="system:dispatcher"
+    )
+    assert await mark_sent(api.db, claimed, node_id="n1", sent_timeout_s=60)
+    _, audit_before, events_before = await api.snapshot()
+    other = await asyncpg.connect(api.db_dsn)
+    try:
+        held = other.transaction()
+        await held.start()
+        if competitor == "cancel":
+            await cancel(other, command["id"], actor="op:alice", node_id="api")
+        elif competitor == "receipt":
+            receipt = CommandReceipt(
+                command_id=command["id"], claim_generation=1, node_id="n1",
+                result=ReceiptResult.ACKED, result_code=0,
+            )  # fmt: skip
+            await apply_receipt(
+                other, device_id="dev-1", receipt=receipt, node_id="n1", sent_timeout_s=60
+            )
+        else:
+            await unbind(other, "dev-1", actor="op:alice", node_id="api")
+        request = asyncio.create_task(
+            api.call("POST", f"/commands/{command['id']}/cancel", token=OPERATOR)
+        )
+        await wait_until(
+            lambda: _waiting_on_a_lock(api.db), message="the cancel's write waits for the row"
+        )
+        await held.commit()
+        reply = await request
+    finally:
+        await other.close()
+    assert reply.status == 409, reply.body
+    assert reply.body["error"] == "STATUS_CHANGED"
+    assert (reply.body["current_status"], reply.body["actor"]) == (status, actor)
+    assert reply.body["command_id"] == command["id"]
+    assert f"already {status} by {actor}" in reply.body["message"]
+    # Only the winner's change: its audit row and its command.finished event.
+    rows, audit_after, events_after = await api.snapshot()
+    assert (audit_after, events_after) == (audit_before + 1, events_before + 1)
+    assert [r["status"] for r in rows] == [status]
+    console = await api.db.fetchval(
+        "SELECT count(*) FROM command_audit WHERE actor = 'console' AND action = 'cancel'"
+    )
+    assert console == 0
 
 
 async def test_unbind_cancels_open_commands_and_refuses_new_ones(api: Api) -> None:
