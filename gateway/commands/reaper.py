@@ -24,7 +24,8 @@ import structlog
 
 from gateway.alarms.lifecycle import create_alarm
 from gateway.commands.lifecycle import record_change
-from gateway.commands.receipts import apply_receipt
+from gateway.commands.metrics import CommandMetrics
+from gateway.commands.receipts import AppliedReceipt, apply_receipt, count_receipts
 from gateway.config import CommandsConfig
 from gateway.domain.command import ReceiptOutcome, needs_people
 from gateway.domain.errors import ConcurrentWriteError
@@ -57,6 +58,8 @@ class ReapReport:
     alarms: list[int]
     # Every status change the pass audited, whichever step made it (metrics count these).
     transitions: list[Transition] = field(default_factory=list)
+    # The node's own TIMEOUT receipts (each kept as a receipt row), counted as receipts are.
+    receipts: list[AppliedReceipt] = field(default_factory=list)
 
 
 async def reap(
@@ -108,6 +111,7 @@ async def reap(
                 node_id=node_id,
                 sent_timeout_s=sent_timeout_s,
             )
+            report.receipts.append(applied)
             if applied.outcome is ReceiptOutcome.ACCEPTED:
                 report.timed_out_receipts.append(row.id)
             moved = applied.command
@@ -171,6 +175,7 @@ class Reaper:
         mappings: Mappings | None = None,
     ) -> None:
         self.metrics = metrics
+        self.command_metrics = CommandMetrics.of(metrics.registry)
         self.pool = pool
         self.node_id = node_id
         self.ack_window_s = ack_window_s
@@ -237,6 +242,7 @@ class Reaper:
         # After the commit: a pass that rolled back changed nothing.
         for (from_status, to_status), n in Counter(report.transitions).items():
             self.metrics.count_command(from_status, to_status, n)
+        count_receipts(self.command_metrics, report.receipts)
         if any((report.reclaimed, report.timed_out_receipts, report.failed, report.expired)):
             log.info(
                 "commands_reaped",

@@ -307,11 +307,21 @@ class ReceiptApplier:
         if metrics is None or counted is None:
             return
         for applied in batch:
-            reason = "" if applied.reason is None else applied.reason.value
-            counted.command_receipts.labels(applied.outcome.value, reason).inc()
             row, before = applied.command, applied.previous_status
             if row is not None and before is not None and row.status != before:
                 metrics.count_command(before, row.status)
-                if row.finished_at is not None and row.claimed_at is not None:
-                    latency = (row.finished_at - row.claimed_at).total_seconds()
-                    counted.command_latency.observe(max(latency, 0.0))
+        count_receipts(counted, batch)
+
+
+def count_receipts(counted: CommandMetrics, batch: Sequence[AppliedReceipt]) -> None:
+    """After the commit that kept ``batch``'s receipt rows (never after a rollback): each
+    receipt by its outcome, and the latency of each command it finished. Every receipt row is
+    counted, a device's and the node's own (the ack window's ``TIMEOUT``: the reaper's pass)."""
+    for applied in batch:
+        reason = "" if applied.reason is None else applied.reason.value
+        counted.command_receipts.labels(applied.outcome.value, reason).inc()
+        row, before = applied.command, applied.previous_status
+        moved = row is not None and before is not None and row.status != before
+        if moved and row is not None and row.finished_at and row.claimed_at:
+            latency = (row.finished_at - row.claimed_at).total_seconds()
+            counted.command_latency.observe(max(latency, 0.0))

@@ -750,3 +750,64 @@ async def test_the_ack_window_spares_only_devices_of_a_mapping_still_configured(
     )
     assert gone.timed_out_receipts == [command_id]
     assert (await _row(db, command_id)).status == "FAILED"
+
+
+REFUSE_NODE_RECEIPTS = """
+CREATE FUNCTION refuse_receipt() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF NEW.received_by = 'n-refused' THEN
+        RAISE EXCEPTION 'receipt rows kept by % are refused here', NEW.received_by;
+    END IF;
+    RETURN NEW;
+END
+$$;
+CREATE TRIGGER refuse_receipt BEFORE INSERT ON command_receipt
+    FOR EACH ROW EXECUTE FUNCTION refuse_receipt();
+"""
+
+
+async def test_the_nodes_own_timeout_receipts_are_counted_as_receipts_once_committed(
+    db: asyncpg.Connection, pool: asyncpg.Pool
+) -> None:
+    """gateway_command_receipts_total counts every receipt row (docs/commands.md), the node's
+    own TIMEOUT of the ack window too, after the commit that keeps it: a pass rolled back
+    counts nothing, the pass that commits counts each once, with the transitions."""
+    realtime = await _create(db, device="d1")
+    deferrable = await _create(db, device="d2", delivery=Delivery.DEFERRABLE)
+    for row in await _claim(db, "n"):
+        await mark_sent(db, row, node_id="n", sent_timeout_s=SENT_TIMEOUT_S)
+    await db.execute("UPDATE command SET sent_at = now() - interval '1 minute'")
+    await db.execute(REFUSE_NODE_RECEIPTS)
+    metrics = Metrics()
+
+    def counted(name: str, **labels: str) -> float:
+        return metrics.registry.get_sample_value(name, labels) or 0.0
+
+    def reaper(node: str) -> Reaper:
+        """A node that has heard receipts for longer than the ack window."""
+        now = [1000.0]
+        made = Reaper(
+            pool=pool, node_id=node, ack_window_s=30, sent_timeout_s=SENT_TIMEOUT_S,
+            interval_s=1, metrics=metrics, clock=lambda: now[0],
+        )  # fmt: skip
+        now[0] += 31
+        return made
+
+    with pytest.raises(asyncpg.RaiseError):
+        await reaper("n-refused").run_once()  # its receipt rows refused: the pass rolls back
+    assert (await _row(db, realtime)).status == "SENT"
+    assert counted("gateway_command_receipts_total", outcome="accepted", reason="") == 0
+    assert counted("gateway_command_dispatch_to_receipt_seconds_count") == 0
+
+    await reaper("n").run_once()
+    assert (await _row(db, realtime)).status == "FAILED"
+    assert (await _row(db, deferrable)).status == "PENDING"
+    kept = await db.fetch("SELECT result, outcome, reason FROM command_receipt")
+    assert [tuple(r) for r in kept] == [("TIMEOUT", "accepted", None)] * 2
+    assert counted("gateway_command_receipts_total", outcome="accepted", reason="") == 2
+    # The realtime one finished: its latency from the claim, as any finishing receipt's.
+    assert counted("gateway_command_dispatch_to_receipt_seconds_count") == 1
+    assert counted("gateway_command_transitions_total", from_status="SENT", to_status="FAILED") == 1
+    assert (
+        counted("gateway_command_transitions_total", from_status="SENT", to_status="PENDING") == 1
+    )
