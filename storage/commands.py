@@ -99,6 +99,7 @@ CLAIM_DUE = _Q["claim_due"]
 PLAN_ONCE = _Q["plan_once"]
 MARK_SENT = _Q["mark_sent"]
 RELEASE_UNSENT = _Q["release_unsent"]
+CLAIMS_OF = _Q["claims_of"]
 FAIL_UNSENDABLE = _Q["fail_unsendable"]
 APPLY_RECEIPT = _Q["apply_receipt"]
 INSERT_RECEIPT = _Q["insert_receipt"]
@@ -341,6 +342,16 @@ async def mark_sent_many(
         MARK_SENT_MANY, [c for c, _ in claims], [g for _, g in claims], node_id, timeout_s, actor
     )
     return {int(row["id"]) for row in rows}
+
+
+async def still_claimed(
+    conn: asyncpg.Connection | asyncpg.Pool, claims: Sequence[tuple[int, int]], *, node_id: str
+) -> set[int]:
+    """Of these claims (id, generation), the ids still CLAIMED by them on ``node_id``."""
+    ids = [c for c, _ in claims]
+    generations = [g for _, g in claims]
+    records = await conn.fetch(CLAIMS_OF, ids, generations, node_id)
+    return {r["id"] for r in records if r["status"] == "CLAIMED"}
 
 
 async def release_unsent(

@@ -11,6 +11,12 @@ down the dispatcher claims nothing (another node, whose session is up, may), a p
 failed because the session went down returns its claim to PENDING at once without counting a
 reclaim, and the session wakes the dispatcher when it is back.
 
+A downlink that has to wait for its slot under the broker's Receive Maximum (a slow broker:
+a batch goes out as PUBACKs come back, seconds for its last commands) is published only if its
+command is still this claim's and CLAIMED when the slot comes: a cancel committed meanwhile
+stops it. The batch's waiting commands are read in one statement, at most every
+``RECHECK_AFTER_S``; a slot free at once asks nothing.
+
 A downlink the broker can never take — larger than its maximum packet size (refused before
 sending, or answered 0x95), a topic or payload it refuses for good, or a device id holding a
 `.` where ``[mqtt] broker_family`` says the broker maps it (``BAD_DEVICE_ID``) — fails its
@@ -21,8 +27,11 @@ delivery class: a retry would be refused the same way, and a reclaim loop would 
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from enum import Enum
+from typing import Final
 
 import asyncpg
 import msgspec
@@ -33,7 +42,7 @@ from gateway.commands.lifecycle import DISPATCHER_ACTOR, fail_unsendable, mark_s
 from gateway.commands.metrics import CommandMetrics
 from gateway.config import CommandsConfig
 from gateway.domain.mappings import DownlinkError, Mappings
-from gateway.support.broker_link import BrokerLink, SessionDown
+from gateway.support.broker_link import BrokerLink, PublishWithdrawn, Ready, SessionDown
 from gateway.support.loops import drain_on_notify
 from gateway.support.metrics import Metrics
 from gateway.support.node import Node, Publish
@@ -43,6 +52,7 @@ from protocol.ids import UnportableDeviceIdError
 from storage import commands as repo
 from storage import ingest as repo_ingest
 from storage.commands import CommandRow
+from storage.errors import DB_ERRORS
 
 log = structlog.get_logger(__name__)
 
@@ -50,6 +60,12 @@ NOTIFY_CHANNEL = "command_due"
 # Claimed batches being published at once, per dispatcher.
 PIPELINE = 4
 RELEASE_NOTE = "broker session down: not published, not a reclaim"
+# How old the batch's read of its claims may be when a downlink's slot comes after a wait: a
+# cancel committed longer ago than this before the slot is never published.
+RECHECK_AFTER_S: Final = 0.25
+# One re-read may not hold a slot longer than this (the database away: published as claimed).
+RECHECK_TIMEOUT_S: Final = 1.0
+_RECHECK_FAILURES: Final[tuple[type[BaseException], ...]] = (*DB_ERRORS, TimeoutError)
 
 
 class Outcome(Enum):
@@ -60,6 +76,66 @@ class Outcome(Enum):
     FAILED = "failed"
     # The broker can never take it (too large, a final refusal): the command fails now.
     UNSENDABLE = "unsendable"
+    # Not published: its slot came after a wait, and the command was no longer this claim's
+    # (cancelled, or lapsed) by then. Nothing to write.
+    WITHDRAWN = "withdrawn"
+
+
+class ClaimCheck:
+    """Whether a claimed batch's commands are still its claims, for the downlinks that waited
+    for a slot at the broker: the claim's own read serves until ``after_s`` have passed, then
+    one statement re-reads the batch's undecided commands (shared by the downlinks asking at
+    once), and serves for ``after_s`` again."""
+
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        rows: Sequence[CommandRow],
+        *,
+        node_id: str,
+        after_s: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.pool = pool
+        self.node_id = node_id
+        self.after_s = after_s
+        self.clock = clock
+        self.generations = {row.id: row.claim_generation for row in rows}
+        self.undecided = set(self.generations)
+        self.withdrawn: set[int] = set()
+        self.read_at = clock()  # the claim read them
+        self._reading: asyncio.Task[None] | None = None
+
+    def ready(self, command_id: int) -> Ready:
+        async def ready() -> bool:
+            return await self.still_claimed(command_id)
+
+        return ready
+
+    async def still_claimed(self, command_id: int) -> bool:
+        if self.clock() - self.read_at >= self.after_s:
+            if self._reading is None:
+                self._reading = asyncio.create_task(self._read(), name="downlink-recheck")
+            await asyncio.shield(self._reading)
+        self.undecided.discard(command_id)
+        return command_id not in self.withdrawn
+
+    async def _read(self) -> None:
+        started = self.clock()
+        ids = sorted(self.undecided)
+        try:
+            async with asyncio.timeout(RECHECK_TIMEOUT_S):
+                still = await repo.still_claimed(
+                    self.pool, [(i, self.generations[i]) for i in ids], node_id=self.node_id
+                )
+        except _RECHECK_FAILURES as exc:
+            # Published as claimed, as before this check: a lost downlink is worse.
+            log.warning("downlink_recheck_failed", commands=len(ids), error=repr(exc))
+        else:
+            self.withdrawn.update(set(ids) - still)
+        finally:
+            self.read_at = started
+            self._reading = None
 
 
 class Dispatcher:
@@ -100,6 +176,8 @@ class Dispatcher:
         self._slots = asyncio.Semaphore(PIPELINE)
         self._sending: set[asyncio.Task[None]] = set()
         self._refusals: dict[int, tuple[str, str]] = {}  # command id: code, reason
+        # How old a batch's read of its claims may be for a downlink whose slot came late.
+        self.recheck_after_s = RECHECK_AFTER_S
 
     @classmethod
     def from_config(
@@ -187,16 +265,21 @@ class Dispatcher:
             mapped = await repo_ingest.device_mappings(
                 self.pool, sorted({row.device_id for row in claimed})
             )
+        check = ClaimCheck(self.pool, claimed, node_id=self.node_id, after_s=self.recheck_after_s)
         outcomes = await asyncio.gather(
-            *(self._publish(row, mapped.get(row.device_id)) for row in claimed)
+            *(self._publish(row, check, mapped.get(row.device_id)) for row in claimed)
         )
         paired = list(zip(claimed, outcomes, strict=True))
+        withdrawn = [row.id for row, outcome in paired if outcome is Outcome.WITHDRAWN]
+        if withdrawn:
+            # Cancelled (or lapsed) while waiting for the broker: never sent.
+            log.info("downlinks_withdrawn", command_ids=withdrawn)
         await self._mark_sent([row for row, outcome in paired if outcome is Outcome.SENT])
         await self._release([row for row, outcome in paired if outcome is Outcome.SESSION_DOWN])
         await self._fail([row for row, outcome in paired if outcome is Outcome.UNSENDABLE])
 
     async def _publish(
-        self, row: CommandRow, mapped: tuple[str, dict[str, str]] | None = None
+        self, row: CommandRow, check: ClaimCheck, mapped: tuple[str, dict[str, str]] | None = None
     ) -> Outcome:
         if sparkplug.is_device_key(row.device_id):
             # A Sparkplug device's command: its metric write as DCMD/NCMD (commands/sparkplug.py).
@@ -207,7 +290,7 @@ class Dispatcher:
             except sparkplug_writes.SparkplugWriteError as exc:
                 self._refusals[row.id] = (exc.code, f"not sent: {exc.reason}")
                 return Outcome.UNSENDABLE
-            return await self._send(row, topic, payload)
+            return await self._send(row, check, topic, payload)
         if mapped is not None:
             try:
                 vendor = self.mappings.downlink(
@@ -222,7 +305,7 @@ class Dispatcher:
                 self._refusals[row.id] = (exc.code, exc.detail)
                 return Outcome.UNSENDABLE
             if vendor is not None:
-                return await self._send(row, vendor.topic, vendor.payload)
+                return await self._send(row, check, vendor.topic, vendor.payload)
         downlink = DownlinkCommand(
             command_id=row.id,
             claim_generation=row.claim_generation,
@@ -236,13 +319,17 @@ class Dispatcher:
         except UnportableDeviceIdError as exc:  # stored before [mqtt] broker_family said so
             self._refusals[row.id] = ("BAD_DEVICE_ID", f"not sent: {exc}")
             return Outcome.UNSENDABLE
-        return await self._send(row, topic, encode_command(downlink))
+        return await self._send(row, check, topic, encode_command(downlink))
 
-    async def _send(self, row: CommandRow, topic: str, payload: bytes) -> Outcome:
+    async def _send(
+        self, row: CommandRow, check: ClaimCheck, topic: str, payload: bytes
+    ) -> Outcome:
         try:
-            await self.publish(topic, payload)
+            await self.publish(topic, payload, ready=check.ready(row.id))
         except SessionDown:
             return Outcome.SESSION_DOWN
+        except PublishWithdrawn:
+            return Outcome.WITHDRAWN
         except PublishRefused as exc:
             if exc.final:
                 self._refusals[row.id] = (exc.reason, f"not sent: {exc}")

@@ -9,7 +9,7 @@ from collections.abc import Callable
 import aiomqtt
 
 from gateway.mqtt.session import MqttSession
-from gateway.support.broker_link import SessionDown
+from gateway.support.broker_link import Ready, SessionDown
 from gateway.support.publish_refusal import PublishRefused
 
 
@@ -36,21 +36,24 @@ class SessionPublisher:
             and client.is_open
         )
 
-    async def publish(self, topic: str, payload: bytes) -> int | None:
+    async def publish(
+        self, topic: str, payload: bytes, /, *, ready: Ready | None = None
+    ) -> int | None:
         """QoS 1; returns after the broker's PUBACK, with its reason code (MQTT 5) or None
         (3.1.1: the PUBACK has none).
 
         Raises :class:`SessionDown` when the session is down, or went down before the PUBACK
         came: the callers put the message back at once rather than count it as failed; and
         :class:`PublishRefused` when the broker refused this message (``final``: it never will
-        take it), even if it dropped the connection for it.
+        take it), even if it dropped the connection for it; :class:`PublishWithdrawn` when
+        ``ready``, asked once a slot came after a wait, said no (nothing was sent).
         """
         session = self._session()
         client = None if session is None else session.client
         if client is None or not self.up():
             raise SessionDown("not connected to the broker")
         try:
-            return await client.publish(topic, payload, qos=1)
+            return await client.publish(topic, payload, qos=1, ready=ready)
         except PublishRefused:
             raise  # about this message, not the session: even when the broker hung up for it
         except aiomqtt.MqttError as exc:

@@ -76,6 +76,7 @@ from gateway.mqtt.v5_connection import (
     _Violation,
 )
 from gateway.mqtt.v311_client import SETTLE_FILTER, ConnectionSettings
+from gateway.support.broker_link import Ready
 from gateway.support.publish_refusal import PacketTooLarge
 
 log = structlog.get_logger(__name__)
@@ -273,12 +274,13 @@ class Mqtt311Connection(Mqtt5Connection):
         qos: int = 1,
         retain: bool = False,
         wait_s: float | None = None,
+        ready: Ready | None = None,
     ) -> int | None:
         """As ``Mqtt5Connection.publish``, returning None: a 3.1.1 PUBACK carries no reason
         code, so it cannot say whether anyone was subscribed. A packet over
         ``max_packet_size`` raises ``PacketTooLarge`` unsent: a 3.1.1 broker cannot say why it
         refuses one (it closes the connection)."""
-        await super().publish(topic, payload, qos=qos, retain=retain, wait_s=wait_s)
+        await super().publish(topic, payload, qos=qos, retain=retain, wait_s=wait_s, ready=ready)
         return None
 
     def ack(self, delivery: Delivery) -> bool:

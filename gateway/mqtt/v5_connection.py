@@ -100,6 +100,7 @@ from mqtt5 import (
 
 from gateway.mqtt.capabilities import BrokerCapabilities
 from gateway.mqtt.v311_client import ConnectionSettings, SubscriptionRefusedError
+from gateway.support.broker_link import PublishWithdrawn, Ready
 from gateway.support.publish_refusal import (
     PACKET_TOO_LARGE,
     PacketTooLarge,
@@ -646,11 +647,15 @@ class Mqtt5Connection:
         qos: int = 1,
         retain: bool = False,
         wait_s: float | None = None,
+        ready: Ready | None = None,
     ) -> int | None:
         """QoS 1: returns the PUBACK's reason code once it arrives (0x10 NO_MATCHING_SUBSCRIBERS
         is success too: the broker took it, nobody was subscribed; a code of 0x80 or more raises
-        MqttPublishError); waits for a slot under the broker's Receive Maximum first. QoS 0:
-        returns None once queued for writing (there is no answer)."""
+        MqttPublishError); waits for a slot under the broker's Receive Maximum first. A slot
+        that came after a wait is not used before ``ready`` says the message is still wanted:
+        False passes the slot on and raises :class:`PublishWithdrawn`, nothing sent (a slot
+        free at once asks nothing). QoS 0: returns None once queued for writing (there is no
+        answer)."""
         if qos not in (0, 1):
             raise ValueError("QoS 2 is not supported: publish with qos 0 or 1")
         self._check_open()
@@ -664,7 +669,17 @@ class Mqtt5Connection:
         wait = self.settings.timeout_s if wait_s is None else wait_s
         try:
             async with asyncio.timeout(None if math.isinf(wait) else wait):
-                await self._acquire_slot()
+                waited = await self._acquire_slot()
+                if waited and ready is not None:
+                    try:
+                        wanted = await ready()
+                    except BaseException:
+                        self._release_slot()
+                        raise
+                    if not wanted:
+                        self._release_slot()
+                        raise PublishWithdrawn(topic)
+                    self._check_open()
                 packet_id = self._allocate_id()
                 loop = cast("asyncio.AbstractEventLoop", self._loop)
                 future: asyncio.Future[int] = loop.create_future()
@@ -757,10 +772,11 @@ class Mqtt5Connection:
                 return packet_id
         raise Mqtt5Error("every packet id is in use")
 
-    async def _acquire_slot(self) -> None:
+    async def _acquire_slot(self) -> bool:
+        """A slot under the broker's Receive Maximum; True when it had to be waited for."""
         if self._slots_free > 0 and not self._slot_waiters:
             self._slots_free -= 1
-            return
+            return False
         loop = cast("asyncio.AbstractEventLoop", self._loop)
         waiter: asyncio.Future[None] = loop.create_future()
         self._slot_waiters.append(waiter)
@@ -774,6 +790,7 @@ class Mqtt5Connection:
             if not waiter.done():
                 self._slot_waiters.remove(waiter)
         self._check_open()  # woken by the connection's end
+        return True
 
     def _release_slot(self) -> None:
         waiters = self._slot_waiters

@@ -9,7 +9,7 @@ broker goes out at once instead of at its next poll or retry.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import aiomqtt
 
@@ -18,6 +18,15 @@ class SessionDown(aiomqtt.MqttError):
     """A publish failed because the node's broker session was down, or went down before the
     PUBACK came: nothing about the message itself; it goes out again once the session is back.
     (An ``MqttError`` still, for whoever catches those.)"""
+
+
+class PublishWithdrawn(Exception):
+    """The publisher's ``ready`` check, asked once the message's slot under the broker's
+    Receive Maximum came after a wait, said no: nothing was sent (the slot passed on)."""
+
+
+# Asked once a publish's slot came after a wait, before anything is written: still wanted?
+Ready = Callable[[], Awaitable[bool]]
 
 
 class BrokerLink:

@@ -180,6 +180,17 @@ WITH sent AS (
 )
 SELECT * FROM sent;
 
+-- name: claims_of
+-- $1 ids, $2 generations (pairwise), $3 node. The status of each of these commands still held
+-- by this claim (generation and node; a plain read, no lock): a downlink that waited at the
+-- broker for its slot goes out only if its command is still CLAIMED (docs/commands.md). By id
+-- alone, the status tested by the caller (as in mark_sent_many: a status on the table let
+-- PostgreSQL read every command in flight through their partial index).
+SELECT c.id, c.status
+FROM command c
+JOIN unnest($1::bigint[], $2::integer[]) AS u(id, gen) ON c.id = u.id
+WHERE c.claim_generation = u.gen AND c.claimed_node_id = $3;
+
 -- name: release_unsent
 -- $1 id, $2 generation, $3 node, $4 actor, $5 note. A claim whose downlink was never published
 -- because this node's broker session was down (or went down before the PUBACK): back to

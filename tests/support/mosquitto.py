@@ -183,6 +183,17 @@ class Mosquitto:
         """SIGKILL and wait: a crash, losing whatever was not saved by a previous stop()."""
         self._signal_and_wait(signal.SIGKILL)
 
+    def pause(self) -> None:
+        """SIGSTOP: every connection stays open and nothing is answered (a broker too slow to
+        send a PUBACK) until :meth:`resume`. Resume before stop()."""
+        assert self._process is not None
+        self._process.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """SIGCONT: the broker handles what waited meanwhile."""
+        assert self._process is not None
+        self._process.send_signal(signal.SIGCONT)
+
     def restart(self) -> None:
         """Clean stop then start, on the same port with the same persistence database."""
         self.stop()

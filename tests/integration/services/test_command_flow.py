@@ -5,11 +5,14 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import aiohttp
+import aiomqtt
 import asyncpg
 
+from gateway.commands.lifecycle import cancel
 from gateway.domain.command import Delivery
 from protocol import Topics
 from sim.responder import Behaviour, Responder, Script
@@ -282,3 +285,61 @@ async def test_every_transition_is_counted_as_it_is_audited(
     } <= set(audited)  # fmt: skip
     actions = {r["action"] for r in await db.fetch("SELECT action FROM command_audit")}
     assert {"receipt:TIMEOUT", "timeout", "expire", "cancel", "unbind"} <= actions
+
+
+async def test_a_downlink_waiting_for_a_slow_broker_is_not_published_once_cancelled(
+    db_dsn: str, db: asyncpg.Connection, tmp_path: Path
+) -> None:
+    """The broker takes one publish at a time (Receive Maximum 1) and stops answering: of a
+    batch of two claims, the first downlink is written and waits for its PUBACK, the second
+    waits for the slot. It is cancelled meanwhile (CLAIMED -> CANCELLED): when the broker
+    answers again, it is not published, and the first is."""
+    broker = Mosquitto(tmp_path / "slow", max_inflight_messages=1)
+    broker.start()
+    received: list[str] = []
+    try:
+        async with aiomqtt.Client("127.0.0.1", broker.port, identifier="watcher") as watcher:
+            await watcher.subscribe("iot/devices/+/commands", qos=1)
+
+            async def watch() -> None:
+                async for message in watcher.messages:
+                    received.append(str(message.topic))
+
+            watching = asyncio.create_task(watch())
+            config = make_config(dsn=db_dsn, mqtt_port=broker.port, extra=f"[commands]\n{FAST}\n")
+            async with running_daemon(config) as daemon:
+                assert daemon.components is not None
+                dispatcher = daemon.components.dispatcher
+                dispatcher.recheck_after_s = 0.0  # every late slot re-reads: no timing in this
+                broker.pause()
+                try:
+                    first, second = await _create_many(db_dsn, ["dev-a", "dev-b"], 1)
+
+                    async def both_claimed() -> bool:
+                        statuses = {await _status(db, c) for c in (first, second)}
+                        return statuses == {"CLAIMED"}
+
+                    await wait_until(both_claimed, message="both commands claimed")
+                    async with db.transaction():
+                        cancelled = await cancel(db, second, actor="op:bob", node_id="test")
+                    assert cancelled.previous_status == "CLAIMED"
+                finally:
+                    broker.resume()
+                await dispatcher.flush()
+                assert await _status(db, first) == "SENT"
+                assert await _status(db, second) == "CANCELLED"
+                # A marker published after the flush comes after any downlink of the batch.
+                await watcher.publish("iot/devices/marker/commands", b"{}", qos=1)
+                await wait_until(
+                    lambda: "iot/devices/marker/commands" in received,
+                    message="the marker through the broker",
+                )
+            watching.cancel()
+    finally:
+        broker.resume()
+        broker.stop()
+    assert received == ["iot/devices/dev-a/commands", "iot/devices/marker/commands"]
+    trail = await db.fetch(
+        "SELECT action FROM command_audit WHERE command_id = $1 ORDER BY id", second
+    )
+    assert [r["action"] for r in trail] == ["create", "claim", "cancel"]

@@ -625,7 +625,7 @@ async def test_a_dispatcher_whose_broker_session_is_down_loses_no_claim_to_it(
     up = {"now": False}
     failure: dict[str, Exception] = {"now": SessionDown("the broker connection ended")}
 
-    async def publish(_topic: str, _payload: bytes) -> None:
+    async def publish(_topic: str, _payload: bytes, *, ready: object = None) -> None:
         raise failure["now"]
 
     link = BrokerLink(lambda: up["now"])
