@@ -15,7 +15,7 @@ A downlink that has to wait for its slot under the broker's Receive Maximum (a s
 a batch goes out as PUBACKs come back, seconds for its last commands) is published only if its
 command is still this claim's and CLAIMED when the slot comes: a cancel committed meanwhile
 stops it. The batch's waiting commands are read in one statement, at most every
-``RECHECK_AFTER_S``; a slot free at once asks nothing.
+``RECHECK_AFTER_S`` (see :class:`ClaimCheck`); a slot free at once asks nothing.
 
 A downlink the broker can never take — larger than its maximum packet size (refused before
 sending, or answered 0x95), a topic or payload it refuses for good, or a device id holding a
@@ -52,7 +52,6 @@ from protocol.ids import UnportableDeviceIdError
 from storage import commands as repo
 from storage import ingest as repo_ingest
 from storage.commands import CommandRow
-from storage.errors import DB_ERRORS
 
 log = structlog.get_logger(__name__)
 
@@ -60,12 +59,12 @@ NOTIFY_CHANNEL = "command_due"
 # Claimed batches being published at once, per dispatcher.
 PIPELINE = 4
 RELEASE_NOTE = "broker session down: not published, not a reclaim"
-# How old the batch's read of its claims may be when a downlink's slot comes after a wait: a
-# cancel committed longer ago than this before the slot is never published.
+# How old the batch's read of its claims may be when a downlink's slot comes after a wait
+# before it is read again (in the background; waited for at twice this age): a cancel
+# committed more than twice this before the slot came is never published.
 RECHECK_AFTER_S: Final = 0.25
 # One re-read may not hold a slot longer than this (the database away: published as claimed).
 RECHECK_TIMEOUT_S: Final = 1.0
-_RECHECK_FAILURES: Final[tuple[type[BaseException], ...]] = (*DB_ERRORS, TimeoutError)
 
 
 class Outcome(Enum):
@@ -83,9 +82,11 @@ class Outcome(Enum):
 
 class ClaimCheck:
     """Whether a claimed batch's commands are still its claims, for the downlinks that waited
-    for a slot at the broker: the claim's own read serves until ``after_s`` have passed, then
-    one statement re-reads the batch's undecided commands (shared by the downlinks asking at
-    once), and serves for ``after_s`` again."""
+    for a slot at the broker. The claim's own read serves first. Once the last read is
+    ``after_s`` old, one statement reads the batch's undecided commands again, in the
+    background: the downlinks go on with the last read meanwhile, so that a busy database
+    does not hold the broker's slots idle. Only once it is twice that old (a broker slow
+    enough for long gaps) does a downlink wait for the new read."""
 
     def __init__(
         self,
@@ -106,6 +107,11 @@ class ClaimCheck:
         self.read_at = clock()  # the claim read them
         self._reading: asyncio.Task[None] | None = None
 
+    async def close(self) -> None:
+        """Once the batch is published: wait for a read still under way (never long)."""
+        if self._reading is not None:
+            await asyncio.shield(self._reading)
+
     def ready(self, command_id: int) -> Ready:
         async def ready() -> bool:
             return await self.still_claimed(command_id)
@@ -113,9 +119,10 @@ class ClaimCheck:
         return ready
 
     async def still_claimed(self, command_id: int) -> bool:
-        if self.clock() - self.read_at >= self.after_s:
-            if self._reading is None:
-                self._reading = asyncio.create_task(self._read(), name="downlink-recheck")
+        age = self.clock() - self.read_at
+        if age >= self.after_s and self._reading is None:
+            self._reading = asyncio.create_task(self._read(), name="downlink-recheck")
+        if age >= 2 * self.after_s and self._reading is not None:
             await asyncio.shield(self._reading)
         self.undecided.discard(command_id)
         return command_id not in self.withdrawn
@@ -128,8 +135,7 @@ class ClaimCheck:
                 still = await repo.still_claimed(
                     self.pool, [(i, self.generations[i]) for i in ids], node_id=self.node_id
                 )
-        except _RECHECK_FAILURES as exc:
-            # Published as claimed, as before this check: a lost downlink is worse.
+        except Exception as exc:  # the database away, or slow: published as claimed
             log.warning("downlink_recheck_failed", commands=len(ids), error=repr(exc))
         else:
             self.withdrawn.update(set(ids) - still)
@@ -269,6 +275,7 @@ class Dispatcher:
         outcomes = await asyncio.gather(
             *(self._publish(row, check, mapped.get(row.device_id)) for row in claimed)
         )
+        await check.close()
         paired = list(zip(claimed, outcomes, strict=True))
         withdrawn = [row.id for row, outcome in paired if outcome is Outcome.WITHDRAWN]
         if withdrawn:
