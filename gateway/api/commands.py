@@ -34,6 +34,7 @@ from gateway.api.schemas import (
     ANY_DEVICE_ID_PATTERN,
     LIMIT_DEFAULT,
     WAIT_MAX_S,
+    CancelledCommand,
     Command,
     CommandBody,
     CommandCreated,
@@ -307,15 +308,16 @@ async def get_command(commands: Commands, id: CommandId) -> CommandDetail:
         "exactly one wins. A command terminal when read is 400 `ILLEGAL_TRANSITION`; one that "
         "turned terminal between the read and the write (another operator's cancel, the "
         "device's receipt, a campaign, an unbind, the reaper) is 409 `STATUS_CHANGED` with "
-        "its `current_status` and the `actor` of that change. A command already published "
-        "may still run on the device. No request body."
+        "its `current_status` and the `actor` of that change. The answer says the status the "
+        "command left (`previous_status`): one that left `CLAIMED` or `SENT` may have reached "
+        "the device and may still run there. No request body."
     ),
 )
 async def cancel_command(
     commands: Commands,
     call: CallDep,
     id: CommandId,
-) -> Command:
+) -> CancelledCommand:
     try:
         row = await commands.cancel(id, actor=actor_of(call))
     except (CommandNotFoundError, CommandClosedError, CommandChangedError) as exc:
@@ -331,10 +333,11 @@ async def cancel_command(
         "command_cancelled",
         command_id=id,
         device_id=row.device_id,
+        previous_status=row.previous_status,
         token=call.caller.name,
         request_id=call.request_id,
     )
-    return from_row(Command, row)
+    return from_row(CancelledCommand, row)
 
 
 HANDLERS: Final = [

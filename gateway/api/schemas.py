@@ -692,6 +692,14 @@ class Command(msgspec.Struct, kw_only=True):
     campaign_id: int | None = None  # the campaign that made it, if one did
 
 
+class CancelledCommand(Command, kw_only=True):
+    """The command a cancel moved, with ``previous_status``, the status it left: what the
+    cancel means for the device (`PENDING`: nothing was sent; `CLAIMED`: a downlink may be on
+    its way; `SENT`: the broker took it, the device may carry it out)."""
+
+    previous_status: CommandStatus
+
+
 class Receipt(msgspec.Struct, kw_only=True):
     """A device's receipt as it came, kept whatever its outcome; ``node_id`` and
     ``claim_generation`` are what the device reported, ``received_by`` the node that judged

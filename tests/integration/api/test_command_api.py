@@ -580,6 +580,8 @@ async def test_cancel_pending_then_cancel_again_is_refused(api: Api) -> None:
     assert reply.body["id"] == command["id"]
     assert reply.body["status"] == "CANCELLED"
     assert reply.body["finished_at"] is not None
+    # The command as stored, and the status it left: nothing was sent.
+    assert reply.body.pop("previous_status") == "PENDING"
     assert (await api.command(command["id"]))["command"] == reply.body
     audit = await api.db.fetch(
         "SELECT actor, action, from_status, to_status FROM command_audit "
@@ -595,6 +597,16 @@ async def test_cancel_pending_then_cancel_again_is_refused(api: Api) -> None:
     assert again.body["current_status"] == "CANCELLED"
     assert again.body["command_id"] == command["id"]
     assert await api.snapshot() == before
+
+    # One the broker took: the answer says so (the device may carry it out).
+    sent = await api.create("dev-2")
+    (claimed,) = await command_repo.claim_due(
+        api.db, node_id="n1", lease_s=60, limit=1, max_in_flight=1, actor="system:dispatcher"
+    )
+    assert await mark_sent(api.db, claimed, node_id="n1", sent_timeout_s=60)
+    reply = await api.call("POST", f"/commands/{sent['id']}/cancel", token=OPERATOR)
+    assert (reply.status, reply.body["status"]) == (200, "CANCELLED"), reply.body
+    assert reply.body["previous_status"] == "SENT"
 
 
 async def test_concurrent_cancels_have_one_winner(api: Api) -> None:
