@@ -10,7 +10,7 @@ import aiomqtt
 import asyncpg
 import pytest
 
-from gateway.commands.dispatcher import Dispatcher
+from gateway.commands.dispatcher import ClaimCheck, Dispatcher
 from gateway.commands.lifecycle import (
     CommandClosedError,
     DeviceUnboundError,
@@ -811,3 +811,33 @@ async def test_the_nodes_own_timeout_receipts_are_counted_as_receipts_once_commi
     assert (
         counted("gateway_command_transitions_total", from_status="SENT", to_status="PENDING") == 1
     )
+
+
+async def test_a_batchs_claims_are_read_again_in_the_background_then_waited_for(
+    db: asyncpg.Connection, pool: asyncpg.Pool
+) -> None:
+    """The dispatcher's check of a batch's waiting downlinks (ClaimCheck): the claim's read
+    serves for after_s; then a slot reads again in the background and goes on with the last
+    read; from twice after_s on, it waits for the new read. A command cancelled, or claimed
+    by another node since, is withdrawn."""
+    ids = [await _create(db, device=f"d{n}") for n in range(4)]
+    claimed = await _claim(db, "n")
+    now = [100.0]
+    check = ClaimCheck(pool, claimed, node_id="n", after_s=0.25, clock=lambda: now[0])
+    async with db.transaction():
+        await cancel(db, ids[0], actor="op:bob", node_id="api")
+    now[0] += 0.1
+    assert await check.still_claimed(ids[1]) is True  # the claim's read still serves
+    assert check._reading is None
+    now[0] += 0.2  # 0.3 s: read again, not waited for
+    assert await check.still_claimed(ids[3]) is True
+    await check.close()
+    assert check.withdrawn == {ids[0]}
+    now[0] += 0.05
+    assert await check.still_claimed(ids[0]) is False
+    await _expire_lease(db, ids[2])
+    await repo.reclaim_expired(db)
+    assert [r.id for r in await _claim(db, "other")] == [ids[2]]
+    now[0] += 0.6  # 0.65 s since the last read: this one waits for the next
+    assert await check.still_claimed(ids[2]) is False
+    assert check.withdrawn == {ids[0], ids[2]}
