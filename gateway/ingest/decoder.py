@@ -63,6 +63,9 @@ class Inbound:
     # The native topic as parsed for the message's ordering key (kind, device id), kept for
     # its classification.
     device_topic: tuple[TopicKind, str] | None = None
+    # A dead letter being replayed: when it was received (epoch milliseconds), what a mapping
+    # without a time in its payload reads it at (``received_at`` is the loop's clock).
+    received_ms: int | None = None
 
 
 @dataclass(slots=True)
@@ -270,7 +273,10 @@ class MessageDecoder:
             detail = f"payload is {size} bytes, the limit is {self.max_payload_bytes}"
             out.dead_letters.append(self.dead_letter(item, "OVERSIZED", detail))
             return True
-        mapped = self.mappings.read(item.topic, item.payload, _wall_ms(item.received_at))
+        received_ms = item.received_ms
+        if received_ms is None:
+            received_ms = _wall_ms(item.received_at)
+        mapped = self.mappings.read(item.topic, item.payload, received_ms)
         if mapped is None:
             return False
         if isinstance(mapped, Refusal):
@@ -290,7 +296,7 @@ class MessageDecoder:
 
 def _wall_ms(received_at: float) -> int:
     """Epoch milliseconds of a delivery timed on the event loop's (monotonic) clock; now for
-    a message with no receive time (a dead letter being replayed)."""
+    a message with no receive time."""
     now = time.time()
     age = time.monotonic() - received_at
     # The loop's clock is the monotonic one (asyncio's and uvloop's alike); an age outside

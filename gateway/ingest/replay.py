@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 
 import asyncpg
 import structlog
@@ -23,6 +24,9 @@ from gateway.ingest.writer import RETRY_LATER, refusal_reason
 from storage import ingest as repo
 
 log = structlog.get_logger(__name__)
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MILLISECOND = timedelta(milliseconds=1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,7 +46,11 @@ async def replay_one(
         letter = await repo.lock_dead_letter(conn, dead_letter_id)
         if letter is None:
             return None
-        inbound = Inbound(topic=letter.topic, payload=letter.payload)
+        # Read at the time it was received, as live: a mapping whose payload carries no time
+        # takes the receive time, and the same letter must be the same reading (event id) at
+        # every replay, on every node.
+        received_ms = (letter.received_at - _EPOCH) // _MILLISECOND
+        inbound = Inbound(topic=letter.topic, payload=letter.payload, received_ms=received_ms)
         classified = path.decoder.classify([inbound])
         if letter.truncated:
             # Only its first bytes were kept: there is nothing whole to ingest.
