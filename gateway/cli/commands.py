@@ -677,7 +677,9 @@ async def _dead_letters(config: Config, args: argparse.Namespace) -> int:
         # live, receipts and presence are applied as the daemon applies them.
         path = live_path.for_replay(config, Metrics())
         ids = args.ids if args.ids else await pending_ids(pool, args.reason)
-        outcomes = await replay(pool, path, ids)
+        # --all: what another node (another --all) replayed since the listing is left out;
+        # --id: replayed whatever it is.
+        outcomes = await replay(pool, path, ids, again=bool(args.ids))
         for outcome in outcomes:
             print(f"{outcome.dead_letter_id}\t{outcome.outcome}")
         failed = sum(not o.succeeded for o in outcomes)

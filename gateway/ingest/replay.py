@@ -37,14 +37,16 @@ class ReplayOutcome:
 
 
 async def replay_one(
-    pool: asyncpg.Pool, path: LivePath, dead_letter_id: int
+    pool: asyncpg.Pool, path: LivePath, dead_letter_id: int, *, pending_only: bool = False
 ) -> ReplayOutcome | None:
-    """None when the id does not exist or another replayer holds it right now."""
+    """None when the id does not exist or another replayer holds it right now; with
+    ``pending_only``, also when it was replayed successfully already (by another node since
+    it was listed as pending: it is not replayed a second time)."""
     alarms = None
     receipts: tuple[AppliedReceipt, ...] = ()
     async with pool.acquire() as conn, conn.transaction():
         letter = await repo.lock_dead_letter(conn, dead_letter_id)
-        if letter is None:
+        if letter is None or (pending_only and letter.replayed_at is not None):
             return None
         # Read at the time it was received, as live: a mapping whose payload carries no time
         # takes the receive time, and the same letter must be the same reading (event id) at
@@ -116,10 +118,15 @@ async def pending_ids(pool: asyncpg.Pool, reason: str | None) -> list[int]:
             after = page[-1].id
 
 
-async def replay(pool: asyncpg.Pool, path: LivePath, ids: Iterable[int]) -> list[ReplayOutcome]:
+async def replay(
+    pool: asyncpg.Pool, path: LivePath, ids: Iterable[int], *, again: bool = False
+) -> list[ReplayOutcome]:
+    """Replay ``ids`` in turn. A letter replayed successfully already is left out (another
+    node replaying the pending letters at the same time took it since they were listed),
+    unless ``again`` (named by id: replayed once more, a harmless ``duplicate``)."""
     outcomes = []
     for dead_letter_id in ids:
-        outcome = await replay_one(pool, path, dead_letter_id)
+        outcome = await replay_one(pool, path, dead_letter_id, pending_only=not again)
         if outcome is not None:
             outcomes.append(outcome)
     return outcomes

@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 import asyncpg
 
 from gateway.ingest import live_path
-from gateway.ingest.replay import replay
+from gateway.ingest.replay import pending_ids, replay, replay_one
 from gateway.support.metrics import Metrics
 from protocol import Topics
 from storage import ingest as repo
@@ -38,10 +38,50 @@ async def test_a_letter_of_a_mapping_without_times_is_read_at_its_receive_time_o
     for node in ("node-a", "node-b"):
         config = make_config(dsn=db_dsn, mqtt_port=1, node_id=node, extra=Z2M)
         path = live_path.for_replay(config, Metrics())
-        outcomes += [o.outcome for o in await replay(pool, path, [letter_id])]
+        outcome = await replay_one(pool, path, letter_id)
+        assert outcome is not None
+        outcomes.append(outcome.outcome)
 
     assert outcomes == ["stored", "duplicate"]
     rows = await db.fetch("SELECT device_id, ts, metrics::text AS metrics FROM telemetry")
     assert [(r["device_id"], r["ts"]) for r in rows] == [
         ("0x00158d0001d8e1d2", datetime(2026, 1, 1, 12, 0, tzinfo=UTC))
     ]
+
+
+async def test_two_nodes_replaying_every_pending_letter_at_once_replay_each_once(
+    db: asyncpg.Connection, pool: asyncpg.Pool, db_dsn: str
+) -> None:
+    """`gateway dead-letters replay --all` on two nodes at once: both list the pending letters,
+    one replays them all first (forced here: it runs to its end before the other starts). The
+    other replays none of them again: they are not pending any more. It used to replay each
+    again, counting a second replay, and its `offline` set the device offline a second time,
+    after the device had come back online."""
+    letters = [
+        DeadLetterRow.whole(TOPICS.device_status("dev-1"), b"offline", "STORAGE_REJECTED", "x"),
+        DeadLetterRow.whole(
+            TOPICS.telemetry("dev-1"),
+            b'{"ts": 1767225600000, "metrics": {"temp": 21.5}}',
+            "STORAGE_REJECTED",
+            "x",
+        ),
+    ]
+    await repo.insert_dead_letters(db, letters, "gw-1")
+    paths = {
+        node: live_path.for_replay(make_config(dsn=db_dsn, mqtt_port=1, node_id=node), Metrics())
+        for node in ("node-a", "node-b")
+    }
+    listed = {node: await pending_ids(pool, None) for node in paths}
+    assert listed["node-a"] == listed["node-b"] != []
+
+    first = await replay(pool, paths["node-a"], listed["node-a"])
+    assert [o.outcome for o in first] == ["presence", "stored"]
+    await repo.record_presence(db, {"dev-1": "online"})  # the device is back, live
+
+    assert await replay(pool, paths["node-b"], listed["node-b"]) == []
+    rows = await db.fetch("SELECT replay_count, replay_outcome FROM dead_letter ORDER BY id")
+    assert [(r["replay_count"], r["replay_outcome"]) for r in rows] == [
+        (1, "presence"),
+        (1, "stored"),
+    ]
+    assert await db.fetchval("SELECT presence FROM device WHERE device_id = 'dev-1'") == "online"

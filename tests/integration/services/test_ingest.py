@@ -183,7 +183,7 @@ async def test_dead_letters_replay_through_the_normal_path_idempotently(
         assert [o.outcome for o in first] == ["stored", "still_invalid: MALFORMED"]
         assert await pending_ids(pool, None) == [ids[1]]
         # Replaying the stored one again (by id) is a harmless duplicate.
-        again = await replay(pool, path, [ids[0]])
+        again = await replay(pool, path, [ids[0]], again=True)
         assert [o.outcome for o in again] == ["duplicate"]
         async with pool.acquire() as conn:
             assert await conn.fetchval("SELECT count(*) FROM telemetry") == 2
