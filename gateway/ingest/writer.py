@@ -182,11 +182,19 @@ class IngestWriter:
         """Queue each, in order, waiting only when the queue is full: overload slows the
         reader, never grows memory."""
         queue = self.queue
-        self.ingest_metrics.inflight.inc(len(items))
+        inflight = self.ingest_metrics.inflight
+        inflight.inc(len(items))
         for item in items:
             if queue.full():
                 self._wake.set()
-                await queue.put(item)
+                try:
+                    await queue.put(item)
+                except asyncio.CancelledError:
+                    # The reader's connection ended: this one and the rest are left
+                    # unacknowledged (the broker delivers them again), not in flight.
+                    held = next(i for i, x in enumerate(items) if x is item)
+                    inflight.dec(len(items) - held)
+                    raise
             else:
                 queue.put_nowait(item)
         if queue.qsize() >= self._wake_at or queue.full():

@@ -578,7 +578,7 @@ class MqttSession:
         try:
             setup = asyncio.create_task(self._subscribe(client), name="mqtt-subscribe")
             try:
-                ready = await self._until(setup, reader, stop)
+                ready = await self._until(setup, reader, client, stop)
             except (SubscriptionRefusedError, SubscriptionUnprovenError):
                 raise
             except aiomqtt.MqttError:
@@ -602,7 +602,7 @@ class MqttSession:
                 )
                 if self.on_connected is not None:
                     self.on_connected()
-                await self._until(None, reader, stop)
+                await self._until(None, reader, client, stop)
         finally:
             reader.cancel()
             await asyncio.gather(reader, return_exceptions=True)
@@ -821,17 +821,22 @@ class MqttSession:
             self._probe_back.set()
 
     async def _until(
-        self, step: asyncio.Task[None] | None, reader: asyncio.Task[None], stop: asyncio.Event
+        self,
+        step: asyncio.Task[None] | None,
+        reader: asyncio.Task[None],
+        client: BrokerConnection,
+        stop: asyncio.Event,
     ) -> bool:
         """Wait for ``step`` (None: forever) while the connection lives and no stop comes.
 
         True when the step finished; False when stop was set, or a reload asked for the
         connection to be made again; raises MqttError when the connection dropped (the reader
-        ended).
+        ended, or the connection did while the reader was blocked handing a batch to a full
+        queue: the writer stalled, PostgreSQL away).
         """
         stopper = asyncio.create_task(stop.wait(), name="mqtt-stop")
         remaker = asyncio.create_task(self._remake.wait(), name="mqtt-remake")
-        waiting: set[asyncio.Future[Any]] = {reader, stopper, remaker}
+        waiting: set[asyncio.Future[Any]] = {reader, client.ended, stopper, remaker}
         if step is not None:
             waiting.add(step)
         try:
@@ -847,8 +852,11 @@ class MqttSession:
             return True
         if stop.is_set() or self._remake.is_set():
             return False
-        reader.result()  # re-raises the disconnect
-        raise aiomqtt.MqttError("message stream ended")
+        if reader.done():
+            reader.result()  # re-raises the disconnect
+        # Ended under a reader still handing over what it took (cancelled by the caller:
+        # none of it was acknowledged, the broker delivers it again).
+        raise client.error or aiomqtt.MqttError("message stream ended")
 
     async def _read(self, client: BrokerConnection) -> None:
         """Whatever arrived, up to a batch, handed over at once."""

@@ -330,6 +330,8 @@ class Mqtt5Connection:
         # The CONNACK (None from a codec that keeps no packet object), or why there is none.
         self._connack: asyncio.Future[ConnAckPacket | Mqtt5Error | None] | None = None
         self._lost: asyncio.Future[None] | None = None
+        # Done once the connection has ended, whatever ended it (see ``ended``).
+        self._ended: asyncio.Future[None] | None = None
         self._abort_handle: asyncio.TimerHandle | None = None
         # Reading: the incomplete tail of the last chunk, and the size it must reach.
         self._rest = bytearray()
@@ -384,6 +386,20 @@ class Mqtt5Connection:
     @property
     def is_open(self) -> bool:
         return self._state == _OPEN
+
+    @property
+    def ended(self) -> asyncio.Future[None]:
+        """Done once the connection has ended (lost, timed out, closed); ``error`` says why.
+        What waits on a reader of ``take`` waits on this too: a reader blocked elsewhere (its
+        queue full) would learn of the end only at its next ``take``."""
+        if self._ended is None:
+            raise RuntimeError("not connected yet")
+        return self._ended
+
+    @property
+    def error(self) -> Mqtt5Error | None:
+        """Why the connection ended (None while it has not)."""
+        return self._error
 
     @property
     def messages(self) -> _Messages:
@@ -443,6 +459,7 @@ class Mqtt5Connection:
         loop = self._loop = asyncio.get_running_loop()
         connack = self._connack = loop.create_future()
         self._lost = loop.create_future()
+        self._ended = loop.create_future()
         ssl_context = s.tls.context() if s.tls is not None else None
         connected = False
         try:
@@ -1264,6 +1281,8 @@ class Mqtt5Connection:
         self._deliveries.clear()
         self._buffered_bytes = 0
         self._wake_all(error)
+        if self._ended is not None and not self._ended.done():
+            self._ended.set_result(None)
 
     def _close_transport(self, disconnect: DisconnectReasonCode | None, *, abort: bool) -> None:
         transport = self._transport
