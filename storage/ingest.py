@@ -22,6 +22,7 @@ INSERT_DEAD_LETTERS = _Q["insert_dead_letters"]
 LIST_DEAD_LETTERS = _Q["list_dead_letters"]
 LOCK_DEAD_LETTER = _Q["lock_dead_letter"]
 MARK_DEAD_LETTER_REPLAYED = _Q["mark_dead_letter_replayed"]
+HEARD_SINCE = _Q["heard_since"]
 COUNT_TELEMETRY = _Q["count_telemetry"]
 PING = _Q["ping"]
 
@@ -208,6 +209,14 @@ async def lock_dead_letter(
 ) -> StoredDeadLetter | None:
     record = await conn.fetchrow(LOCK_DEAD_LETTER, dead_letter_id)
     return None if record is None else _dead_letter(record)
+
+
+async def heard_since(
+    conn: asyncpg.Connection, device_ids: Sequence[str], since: datetime
+) -> set[str]:
+    """Of ``device_ids``, those whose presence changed or that were heard after ``since``."""
+    rows = await conn.fetch(HEARD_SINCE, list(device_ids), since)
+    return {row["device_id"] for row in rows}
 
 
 async def mark_dead_letter_replayed(

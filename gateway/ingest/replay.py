@@ -17,9 +17,9 @@ import asyncpg
 import structlog
 
 from gateway.commands.receipts import AppliedReceipt
-from gateway.ingest.decoder import Inbound, failure_detail
+from gateway.ingest.decoder import Classified, Inbound, failure_detail
 from gateway.ingest.live_path import LivePath
-from gateway.ingest.store import store
+from gateway.ingest.store import StoreResult, store
 from gateway.ingest.writer import RETRY_LATER, refusal_reason
 from storage import ingest as repo
 
@@ -54,6 +54,7 @@ async def replay_one(
         received_ms = (letter.received_at - _EPOCH) // _MILLISECOND
         inbound = Inbound(topic=letter.topic, payload=letter.payload, received_ms=received_ms)
         classified = path.decoder.classify([inbound])
+        superseded = await _drop_superseded_presence(conn, classified, letter.received_at)
         if letter.truncated:
             # Only its first bytes were kept: there is nothing whole to ingest.
             outcome, succeeded = "truncated", False
@@ -85,16 +86,7 @@ async def replay_one(
                 outcome, succeeded = f"still_invalid: {reason}", False
             else:
                 alarms, receipts = result.alarms, result.receipts
-                if result.sparkplug is not None and result.sparkplug.dead_letters:
-                    # Judged again against its edge node's state, and still not readable.
-                    reason = result.sparkplug.dead_letters[0].reason
-                    outcome, succeeded = f"still_invalid: {reason}", False
-                elif result.telemetry:
-                    outcome = "stored" if result.stored else "duplicate"
-                elif classified.receipts:
-                    outcome = "receipt"
-                else:
-                    outcome = "presence"
+                outcome = _outcome(result, classified, superseded=superseded)
                 succeeded = not outcome.startswith("still_invalid")
         await repo.mark_dead_letter_replayed(conn, dead_letter_id, outcome, succeeded=succeeded)
     # Committed: only now are its alarms and receipts counted.
@@ -102,6 +94,32 @@ async def replay_one(
         path.engine.committed(alarms)
     path.receipts.committed(receipts)
     return ReplayOutcome(dead_letter_id, outcome, succeeded)
+
+
+async def _drop_superseded_presence(
+    conn: asyncpg.Connection, classified: Classified, received_at: datetime
+) -> bool:
+    """Leave out of ``classified`` the presence of each device that said something after
+    ``received_at`` (a newer presence, or anything at all): applied now it would overwrite the
+    present with the past (an ``offline`` from last week for a device talking now: a "presence
+    offline" alarm). True when that left no presence to apply."""
+    if not classified.presence:
+        return False
+    newer = await repo.heard_since(conn, list(classified.presence), received_at)
+    for device_id in newer:
+        del classified.presence[device_id]
+    return bool(newer) and not classified.presence
+
+
+def _outcome(result: StoreResult, classified: Classified, *, superseded: bool) -> str:
+    if result.sparkplug is not None and result.sparkplug.dead_letters:
+        # Judged again against its edge node's state, and still not readable.
+        return f"still_invalid: {result.sparkplug.dead_letters[0].reason}"
+    if result.telemetry:
+        return "stored" if result.stored else "duplicate"
+    if classified.receipts:
+        return "receipt"
+    return "presence_superseded" if superseded else "presence"
 
 
 async def pending_ids(pool: asyncpg.Pool, reason: str | None) -> list[int]:

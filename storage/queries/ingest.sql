@@ -101,9 +101,15 @@ SELECT id, topic, payload, reason, detail, received_at, node_id, replay_count, r
 FROM dead_letter WHERE id = $1
 FOR UPDATE SKIP LOCKED;
 
+-- name: heard_since
+-- $1 device ids, $2 a time; those whose presence changed or that were heard after it: a
+-- replayed presence received at that time says nothing of them any more.
+SELECT device_id FROM device
+WHERE device_id = ANY($1::text[]) AND (presence_at > $2 OR last_seen > $2);
+
 -- name: mark_dead_letter_replayed
--- $1 id, $2 outcome ('stored'|'duplicate'|'presence'|'receipt'|'still_invalid: <code>'|
--- 'truncated'), $3 succeeded.
+-- $1 id, $2 outcome ('stored'|'duplicate'|'presence'|'presence_superseded'|'receipt'|
+-- 'still_invalid: <code>'|'truncated'), $3 succeeded.
 UPDATE dead_letter
 SET replay_count = replay_count + 1,
     replay_outcome = $2,

@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 
 import asyncpg
 
+from gateway.alarms.inactivity import InactivityMonitor
 from gateway.ingest import live_path
 from gateway.ingest.replay import pending_ids, replay, replay_one
 from gateway.support.metrics import Metrics
@@ -85,3 +86,35 @@ async def test_two_nodes_replaying_every_pending_letter_at_once_replay_each_once
         (1, "stored"),
     ]
     assert await db.fetchval("SELECT presence FROM device WHERE device_id = 'dev-1'") == "online"
+
+
+async def test_a_presence_letter_older_than_what_the_device_said_since_changes_nothing(
+    db: asyncpg.Connection, pool: asyncpg.Pool, db_dsn: str
+) -> None:
+    """An `offline` dead-lettered an hour ago and replayed once the cause is fixed, while the
+    device has been online and reporting since: it is superseded, the device stays online.
+    It used to be stored as the device's presence now, and the inactivity monitor raised a
+    "presence offline" alarm for a device that was talking."""
+    offline = DeadLetterRow.whole(
+        TOPICS.device_status("dev-2"), b"offline", "STORAGE_REJECTED", "x"
+    )
+    online = DeadLetterRow.whole(TOPICS.device_status("dev-3"), b"online", "STORAGE_REJECTED", "x")
+    await repo.insert_dead_letters(db, [offline, online], "gw-1")
+    await db.execute("UPDATE dead_letter SET received_at = now() - interval '1 hour'")
+    await repo.record_presence(db, {"dev-2": "online"})  # heard since, live
+    silence = (
+        '[[rules]]\nkey = "silent"\nkind = "inactivity"\nsilent_seconds = 600\nseverity = "MAJOR"\n'
+    )
+    path = live_path.for_replay(make_config(dsn=db_dsn, mqtt_port=1, extra=silence), Metrics())
+
+    outcomes = await replay(pool, path, await pending_ids(pool, None))
+
+    # dev-3 was never heard since: its presence is applied as before.
+    assert [(o.outcome, o.succeeded) for o in outcomes] == [
+        ("presence_superseded", True),
+        ("presence", True),
+    ]
+    rows = await db.fetch("SELECT device_id, presence FROM device ORDER BY device_id")
+    assert [tuple(r) for r in rows] == [("dev-2", "online"), ("dev-3", "online")]
+    # A node listening all along judges both devices: neither is silent nor offline.
+    assert await InactivityMonitor(pool=pool, engine=path.engine).run_once() == []
