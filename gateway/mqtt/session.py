@@ -450,12 +450,17 @@ class MqttSession:
             and isinstance(exc, MqttNoConnAckError)
             and await speaks_mqtt311(self.settings)
         ):
-            raise StartupError(
-                f"the broker at {self._where} answers an MQTT 3.1.1 CONNECT but not an MQTT 5"
-                f" one ({exc}): it does not speak MQTT 5",
-                setting=PROTOCOL_SETTING,
-                configuration=True,
-            ) from None
+            # A refusal as final as a CONNACK's, and like one it ends a start only once every
+            # endpoint refused: the next of [mqtt] hosts may well speak MQTT 5.
+            self._refused_at_start.add(self.endpoint)
+            if len(self._refused_at_start) >= len(self.endpoints):
+                raise StartupError(
+                    f"the broker at {self._where} answers an MQTT 3.1.1 CONNECT but not an"
+                    f" MQTT 5 one ({exc}): it does not speak MQTT 5",
+                    setting=PROTOCOL_SETTING,
+                    configuration=True,
+                ) from None
+            refused = (UNSUPPORTED_PROTOCOL_VERSION, PROTOCOL_SETTING)
         if self._lost_subscribing >= LOST_SUBSCRIBING_LIMIT and await self._closes_subscribing():
             what = (
                 f"the broker at {self._where} closed the connection each time the gateway "

@@ -85,6 +85,27 @@ async def test_mqtt5_against_a_broker_speaking_311_only_names_the_protocol_setti
     assert "does not speak MQTT 5" in line["error"], line
 
 
+async def test_mqtt5_with_a_311_only_endpoint_first_runs_on_the_next_one(
+    db_dsn: str, amqtt: EmbeddedBroker, mosquitto: Mosquitto
+) -> None:
+    """`[mqtt] hosts` whose first endpoint speaks MQTT 3.1.1 only: a refusal of that endpoint,
+    as a CONNACK's is, and the next one is tried; the start ended (exit 2, "does not speak
+    MQTT 5") at the first endpoint, though the second speaks MQTT 5."""
+    config = make_config(
+        dsn=db_dsn,
+        mqtt_port=0,
+        protocol="5",
+        mqtt_hosts=[f"127.0.0.1:{amqtt.port}", f"127.0.0.1:{mosquitto.port}"],
+    )
+    async with running_daemon(config) as daemon:
+        session = daemon.session
+        assert session is not None
+        assert session.endpoint == ("127.0.0.1", mosquitto.port)
+        async with aiomqtt.Client("127.0.0.1", mosquitto.port) as device:
+            await device.publish("iot/devices/dev-1/telemetry", TELEMETRY, qos=1)
+        await wait_until(lambda: _stored_one(db_dsn), timeout=30, message="stored")
+
+
 async def test_shared_group_on_a_311_broker_without_shared_subscriptions_is_refused(
     db_dsn: str, tmp_path: Path, amqtt: EmbeddedBroker
 ) -> None:
