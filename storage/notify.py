@@ -43,10 +43,9 @@ SET_WINDOW = _Q["set_window"]
 ADD_MEMBER = _Q["add_member"]
 REPEAT_DUE = _Q["repeat_due"]
 STOP_REPEATING = _Q["stop_repeating"]
-OPEN_MEMBERS = _Q["open_members"]
+GROUP_OPEN_MEMBERS = _Q["group_open_members"]
 RESUME_GROUPS = _Q["resume_groups"]
 DROP_RESUME = _Q["drop_resume"]
-RESUMED_MEMBERS = _Q["resumed_members"]
 DELIVERY_ALARMS = _Q["delivery_alarms"]
 GET_DELIVERY = _Q["get_delivery"]
 
@@ -384,9 +383,18 @@ async def set_window(
 
 
 async def add_member(
-    conn: asyncpg.Connection, delivery_id: int, event_id: uuid.UUID, alarm_id: int | None
+    conn: asyncpg.Connection,
+    delivery_id: int,
+    event_id: uuid.UUID,
+    alarm_id: int | None,
+    *,
+    group_id: int,
+    body: dict[str, Any] | None,
 ) -> None:
-    await conn.execute(ADD_MEMBER, delivery_id, event_id, alarm_id)
+    """The window carries the event; one with an alarm is the group's too, with its
+    notification (``body``; None: a repeat's, the group has it already)."""
+    text = None if body is None or alarm_id is None else msgspec.json.encode(body).decode()
+    await conn.execute(ADD_MEMBER, delivery_id, event_id, alarm_id, group_id, text)
 
 
 async def repeat_due(conn: asyncpg.Connection, limit: int) -> list[asyncpg.Record]:
@@ -397,8 +405,10 @@ async def stop_repeating(conn: asyncpg.Connection, group_id: int) -> None:
     await conn.execute(STOP_REPEATING, group_id)
 
 
-async def open_members(conn: asyncpg.Connection, delivery_id: int) -> list[asyncpg.Record]:
-    return list(await conn.fetch(OPEN_MEMBERS, delivery_id))
+async def group_open_members(conn: asyncpg.Connection, group_id: int) -> list[asyncpg.Record]:
+    """What the group's repeat lists (event_id, alarm_id, body as JSON text), oldest first;
+    forgets the group's alarms dealt with."""
+    return list(await conn.fetch(GROUP_OPEN_MEMBERS, group_id))
 
 
 async def resume_groups(conn: asyncpg.Connection, shelf_id: int) -> list[int]:
@@ -408,12 +418,6 @@ async def resume_groups(conn: asyncpg.Connection, shelf_id: int) -> list[int]:
 
 async def drop_resume(conn: asyncpg.Connection, group_id: int) -> None:
     await conn.execute(DROP_RESUME, group_id)
-
-
-async def resumed_members(
-    conn: asyncpg.Connection, group_id: int, alarm_ids: Sequence[int]
-) -> list[asyncpg.Record]:
-    return list(await conn.fetch(RESUMED_MEMBERS, group_id, list(alarm_ids)))
 
 
 async def delivery_alarms(conn: asyncpg.Connection, delivery_id: int) -> list[int]:

@@ -15,13 +15,20 @@ a window while one of its alarms is DELAYED, and the wake of an alarm makes its 
 So a night's held alarms of one group go out together when the night ends, not one by one.
 
 The repeat pass (each consumer pass, any node, ``SKIP LOCKED``): a group whose latest window
-was SENT at least ``repeat_interval_s`` ago and whose alarms are still open gets a new window,
-due now, listing those not shelved now (``repeat: true``); when none is left the group stops
-repeating. A shelf's end over open alarms of a repeating group (gateway.alarms.shelving,
-decided once, recorded on the group in the same transaction) owes the group a repeat, whether
-it had stopped or not: made at that end, but no sooner than ``group_interval_s`` after the
-latest window was due (and once that window is sent), it lists those alarms too, and the
-group repeats again from there. If by then none of them is open and unshelved, nothing is owed.
+was SENT at least ``repeat_interval_s`` ago gets a new window, due now, listing every
+notification its windows carried whose alarm is still open and not shelved now, oldest first,
+however many windows ago it was sent (``repeat: true``); when none is left the group stops
+repeating. What a repeating group carried is kept apart from the window bodies
+(``notify_group_member``, one row per notification with an alarm, written with the window's
+member row when the route repeats: a route that never repeats keeps nothing); the pass
+deletes the rows of alarms it finds dealt with, so each repeat reads the group's alarms open
+at the one before and those carried since, not its whole history. A shelf's end over open
+alarms of a repeating group (gateway.alarms.shelving, decided once, recorded on the group in
+the same transaction) owes the group a repeat, whether it had stopped or not: made at that
+end, but no sooner than ``group_interval_s`` after the latest window was due (and once that
+window is sent), it lists the group's open alarms as any repeat (those freed among them), and
+the group repeats again from there. If by then none of the freed ones is open and unshelved,
+nothing is owed.
 """
 
 from __future__ import annotations
@@ -96,16 +103,17 @@ class GroupWindows:
         self, receiver: str, key: str, labels: dict[str, str], item: Pending, now: datetime
     ) -> bool:
         conn = self.conn
+        grouping = item.route.grouping
+        assert grouping is not None
         group = await repo.lock_group(conn, receiver, key, labels)
         if await repo.open_window(conn, group.window_delivery_id):
             assert group.window_delivery_id is not None
             await repo.append_to_window(conn, group.window_delivery_id, item.body)
             await repo.add_member(
-                conn, group.window_delivery_id, item.row.event_id, item.fact.alarm_id
-            )
+                conn, group.window_delivery_id, item.row.event_id, item.fact.alarm_id,
+                group_id=group.id, body=item.body if grouping.repeat_s else None,
+            )  # fmt: skip
             return False
-        grouping = item.route.grouping
-        assert grouping is not None
         due = (
             grouping.window_due(now, group.window_due_at)
             if item.held_for_s is None
@@ -172,8 +180,11 @@ class GroupWindows:
         # Under the group's lock the window number is new: taken only if a pruned row left
         # its id behind, and then the delivery exists already.
         assert delivery_id is not None, f"window {window} of {key} exists already"
-        for member_event, alarm_id, _ in items:
-            await repo.add_member(self.conn, delivery_id, member_event, alarm_id)
+        for member_event, alarm_id, item_body in items:
+            await repo.add_member(
+                self.conn, delivery_id, member_event, alarm_id,
+                group_id=group_id, body=None if repeat or not repeat_s else item_body,
+            )  # fmt: skip
         await repo.set_window(
             self.conn,
             group_id,
@@ -192,13 +203,17 @@ class GroupWindows:
         async with self.conn.transaction():
             now: datetime = await self.conn.fetchval("SELECT now()")
             for group in await repo.repeat_due(self.conn, REPEAT_BATCH):
-                freed = await self._freed(group)
-                if group["resuming"] and not freed and not group["interval_due"]:
-                    # What the shelf's end freed is closed, or shelved again, by now: no
-                    # repeat is owed, and the group's own repeats go on as they were.
-                    await repo.drop_resume(self.conn, group["id"])
-                    continue
-                items = await self._still_open(group, freed)
+                items = [
+                    (r["event_id"], r["alarm_id"], msgspec.json.decode(r["body"]))
+                    for r in await repo.group_open_members(self.conn, group["id"])
+                ]
+                if group["resuming"] and not group["interval_due"]:
+                    freed = set(group["resume_alarm_ids"])
+                    if not any(alarm_id in freed for _, alarm_id, _ in items):
+                        # What the shelf's end freed is closed, or shelved again, by now: no
+                        # repeat is owed, and the group's own repeats go on as they were.
+                        await repo.drop_resume(self.conn, group["id"])
+                        continue
                 if not items:
                     await repo.stop_repeating(self.conn, group["id"])
                     continue
@@ -218,32 +233,3 @@ class GroupWindows:
                 )
                 made += 1
         return made
-
-    async def _freed(self, group: Any) -> list[tuple[uuid.UUID, int | None, Any]]:
-        """Once a shelf's end freed alarms of the group (``resuming``): their notifications
-        the group's windows carried (as the latest window carrying each has it), those whose
-        alarm is still open and not shelved now."""
-        if not group["resuming"]:
-            return []
-        return [
-            (r["event_id"], r["alarm_id"], msgspec.json.decode(r["body"]))
-            for r in await repo.resumed_members(self.conn, group["id"], group["resume_alarm_ids"])
-        ]
-
-    async def _still_open(
-        self, group: Any, freed: list[tuple[uuid.UUID, int | None, Any]]
-    ) -> list[tuple[uuid.UUID, int | None, Any]]:
-        """What a repeat lists: the latest window's notifications whose alarm is open and not
-        shelved now, in its order, and the ``freed`` ones it does not list, oldest first."""
-        still = {r["event_id"]: r["alarm_id"] for r in await repo.open_members(
-            self.conn, group["window_delivery_id"])}  # fmt: skip
-        last = msgspec.json.decode(group["body"])
-        items: list[tuple[uuid.UUID, int | None, Any]] = [
-            (uuid.UUID(n["event_id"]), still[uuid.UUID(n["event_id"])], n)
-            for n in last["notifications"]
-            if uuid.UUID(n["event_id"]) in still
-        ]
-        more = [item for item in freed if item[0] not in still]
-        if not more:
-            return items
-        return sorted([*items, *more], key=lambda item: (item[2]["occurred_at"], str(item[0])))

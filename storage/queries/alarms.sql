@@ -267,11 +267,16 @@ ORDER BY w.id, m.event_id;
 
 -- name: drop_from_window
 -- $1 window's delivery id (locked), $2 event ids (uuid[]), $3 now, $4 why; those
--- notifications leave the window (its body and members); a window left with none is
--- SUPPRESSED for that reason (final, never sent). Its status after.
+-- notifications leave the window (its body and members) and its group (never sent in it:
+-- its repeats do not list them); a window left with none is SUPPRESSED for that reason
+-- (final, never sent). Its status after.
 WITH gone AS (
     DELETE FROM notify_delivery_member
     WHERE delivery_id = $1 AND event_id = ANY($2::uuid[])
+), ungrouped AS (
+    DELETE FROM notify_group_member g
+    USING notify_delivery w
+    WHERE w.id = $1 AND g.group_id = w.group_id AND g.event_id = ANY($2::uuid[])
 ), kept AS (
     SELECT coalesce(jsonb_agg(n.value ORDER BY n.pos), '[]'::jsonb) AS notifications
     FROM notify_delivery x

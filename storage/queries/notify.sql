@@ -165,19 +165,27 @@ SET windows = $2, window_delivery_id = $3, window_due_at = $4, repeat_interval_s
 WHERE id = $1;
 
 -- name: add_member
--- $1 delivery id, $2 event id, $3 alarm id (or null).
+-- $1 delivery id, $2 event id, $3 alarm id (or null), $4 the window's group id, $5 the
+-- notification (json; null: the group has it already, a repeat, or its route never repeats).
+-- One with an alarm is the group's too (notify_group_member, what its repeats list while the
+-- alarm is open).
+WITH grouped AS (
+    INSERT INTO notify_group_member (group_id, event_id, alarm_id, body)
+    SELECT $4, $2, $3, $5::jsonb WHERE $3::bigint IS NOT NULL AND $5::text IS NOT NULL
+    ON CONFLICT DO NOTHING
+)
 INSERT INTO notify_delivery_member (delivery_id, event_id, alarm_id) VALUES ($1, $2, $3)
 ON CONFLICT DO NOTHING;
 
 -- name: repeat_due
 -- $1 limit; groups whose latest window was sent and that are due a repeat (locked, skipping
--- those another node holds), with that window's body: repeat_interval_s after that send
+-- those another node holds): repeat_interval_s after that send
 -- (unless the group stopped repeating), or, owed one by a shelf's end (`resume_at`), at that
 -- end but no sooner than group_interval_s after the latest window was due (`resuming`;
 -- `interval_due`: the other).
 SELECT g.id, g.receiver, g.group_key, g.labels::text AS labels, g.windows,
        g.window_delivery_id, g.window_due_at, g.repeat_interval_s, g.group_interval_s,
-       g.resume_alarm_ids, d.body::text AS body,
+       g.resume_alarm_ids,
        d.outbox_id, d.event_created_at, d.device_id, d.rule_key, d.severity,
        (g.resume_at IS NOT NULL
         AND greatest(g.resume_at, g.window_due_at + make_interval(secs => g.group_interval_s))
@@ -197,8 +205,8 @@ LIMIT $1
 FOR UPDATE OF g SKIP LOCKED;
 
 -- name: stop_repeating
--- $1 group id; none of its latest window's alarms (nor of those a shelf's end freed) is
--- open and unshelved any more: no repeat until a new window, or another shelf's end.
+-- $1 group id; none of its alarms is open and unshelved any more: no repeat until a new
+-- window, or a shelf's end.
 UPDATE notify_group
 SET repeat_stopped = true, resume_at = NULL, resume_alarm_ids = NULL
 WHERE id = $1;
@@ -210,7 +218,7 @@ UPDATE notify_group SET resume_at = NULL, resume_alarm_ids = NULL WHERE id = $1;
 
 -- name: resume_groups
 -- $1 shelf id (ended, in the caller's transaction); the groups owed a repeat by its end: those
--- a window of which carried an alarm the shelf covered (the shelved alarm, or the pair's)
+-- a window of which carried an alarm (notify_group_member) the shelf covered (the shelved alarm, or the pair's)
 -- still open and no longer shelved, if they repeat. Each records when the shelf ended and
 -- those alarms (with any an earlier end freed, not yet repeated). The groups are locked in
 -- the consumer's order (receiver, key; code-point order as Python sorts): no circular wait
@@ -227,9 +235,8 @@ WITH covered AS (
     SELECT d.group_id, array_agg(DISTINCT c.id ORDER BY c.id) AS alarm_ids,
            min(c.ended_at) AS ended_at
     FROM covered c
-    JOIN notify_delivery_member m ON m.alarm_id = c.id
-    JOIN notify_delivery d ON d.id = m.delivery_id
-    WHERE d.group_id IS NOT NULL AND c.ended_at IS NOT NULL
+    JOIN notify_group_member d ON d.alarm_id = c.id
+    WHERE c.ended_at IS NOT NULL
       AND c.status IN ('NEW', 'PUSHED', 'DELAYED', 'CONFIRMED', 'ESCALATED')
       AND alarm_shelved_until(c.id, c.device_id, c.rule_key, c.ended_at) IS NULL
     GROUP BY d.group_id
@@ -248,37 +255,28 @@ FROM locked l JOIN freed f ON f.group_id = l.id
 WHERE g.id = l.id
 RETURNING g.id;
 
--- name: resumed_members
--- $1 group id, $2 alarm ids (a shelf's end freed them); their notifications the group's
--- windows carried, each once (as the latest window carrying it has it), whose alarm is still
--- open and not shelved now.
+-- name: group_open_members
+-- $1 group id (locked); what its repeat lists: the notifications its windows carried whose
+-- alarm is still open (not dealt with) and not shelved now (its own shelf or its pair's in
+-- force: a shelved alarm sends no notifications, docs/behaviour.md §5), each once, oldest
+-- carried first. Out of service needs no test here: an alarm raised while its device was
+-- (what suppresses its notifications) joins no window. The rows of alarms dealt with (never
+-- open again) or gone are deleted: the next repeat reads only what may still be open.
 WITH m AS (
-    SELECT DISTINCT ON (m.event_id) m.event_id, m.alarm_id, m.delivery_id
-    FROM notify_delivery_member m
-    JOIN notify_delivery d ON d.id = m.delivery_id
-    JOIN alarm a ON a.id = m.alarm_id
-    WHERE m.alarm_id = ANY($2::bigint[]) AND d.group_id = $1
-      AND a.status IN ('NEW', 'PUSHED', 'DELAYED', 'CONFIRMED', 'ESCALATED')
-      AND alarm_shelved_until(a.id, a.device_id, a.rule_key, now()) IS NULL
-    ORDER BY m.event_id, m.delivery_id DESC
-), n AS (  -- each carrying window's list expanded once (a pair may free a whole window)
-    SELECT d.id AS delivery_id, e.value
-    FROM notify_delivery d
-    CROSS JOIN LATERAL jsonb_array_elements(d.body -> 'notifications') AS e(value)
-    WHERE d.id IN (SELECT delivery_id FROM m)
+    SELECT m.event_id, m.alarm_id, m.seq,
+           coalesce(a.status IN ('NEW', 'PUSHED', 'DELAYED', 'CONFIRMED', 'ESCALATED'), false)
+               AS open,
+           a.device_id, a.rule_key
+    FROM notify_group_member m LEFT JOIN alarm a ON a.id = m.alarm_id
+    WHERE m.group_id = $1
+), gone AS (
+    DELETE FROM notify_group_member x USING m
+    WHERE x.group_id = $1 AND x.event_id = m.event_id AND NOT m.open
 )
-SELECT m.event_id, m.alarm_id, n.value::text AS body
-FROM m JOIN n ON n.delivery_id = m.delivery_id AND n.value ->> 'event_id' = m.event_id::text;
-
--- name: open_members
--- $1 delivery id; the events it carried whose alarm is still open (not dealt with) and not
--- shelved now (its own shelf or its pair's in force: a shelved alarm sends no notifications,
--- docs/behaviour.md §5). Out of service needs no test here: an alarm raised while its device
--- was (what suppresses its notifications) joins no window.
-SELECT m.event_id, m.alarm_id FROM notify_delivery_member m JOIN alarm a ON a.id = m.alarm_id
-WHERE m.delivery_id = $1 AND a.status IN ('NEW', 'PUSHED', 'DELAYED', 'CONFIRMED', 'ESCALATED')
-  AND alarm_shelved_until(a.id, a.device_id, a.rule_key, now()) IS NULL
-ORDER BY m.alarm_id;
+SELECT m.event_id, m.alarm_id, x.body::text AS body
+FROM m JOIN notify_group_member x ON x.group_id = $1 AND x.event_id = m.event_id
+WHERE m.open AND alarm_shelved_until(m.alarm_id, m.device_id, m.rule_key, now()) IS NULL
+ORDER BY m.seq;
 
 -- name: delivery_alarms
 -- $1 delivery id; the alarms a window's delivery carries.

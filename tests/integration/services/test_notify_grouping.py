@@ -24,6 +24,7 @@ from gateway.config import Config, parse_config
 from gateway.domain.alarm import Action
 from gateway.domain.quiet_hours import QuietHoursConfig, QuietWindowConfig, compile_quiet_hours
 from gateway.notify.consumer import NotifyConsumer
+from gateway.notify.groups import GroupWindows
 from gateway.notify.metrics import NotifyMetrics
 from gateway.notify.worker import DeliveryWorker
 from gateway.support.metrics import Metrics
@@ -265,8 +266,9 @@ async def test_group_interval_then_repeat_interval(db_dsn: str, db: asyncpg.Conn
             await _make_due(db, second["id"])
             await wait_until(lambda: _window_status(db, second["id"], "SENT"), message="sent")
             assert _listed(server, 1) == late
-            # Nothing new; repeat_interval_s after the second window went, its alarms still
-            # open are sent again (one was dealt with meanwhile), once for both nodes.
+            # Nothing new; repeat_interval_s after the second window went, every alarm of the
+            # group still open is sent again, the first window's too (one of the second's
+            # was dealt with meanwhile), oldest first, once for both nodes.
             async with db.transaction():
                 await transition(db, late[0], Action.FALSE, actor="op", node_id="n0")
             await _consume_together(nodes)
@@ -279,11 +281,67 @@ async def test_group_interval_then_repeat_interval(db_dsn: str, db: asyncpg.Conn
             await _consume_together(nodes)
             [*_, third] = await _windows(db)
             assert third["body"]["repeat"] is True
+            listed = [n["alarm_id"] for n in third["body"]["notifications"]]
+            assert listed == [*early, late[1]]
+            assert third["body"]["count"] == 4
             await wait_until(lambda: _window_status(db, third["id"], "SENT"), message="sent")
-            assert _listed(server, 2) == [late[1]]
+            assert _listed(server, 2) == sorted([*early, late[1]])
             assert len(await _windows(db)) == 3
         assert len(server.on("/hook")) == 3
-        assert early  # (the first window's alarms were not repeated: not the latest window)
+
+
+async def test_a_repeat_lists_every_open_alarm_of_the_group_once_on_two_nodes(
+    db_dsn: str, db: asyncpg.Connection
+) -> None:
+    """Three windows, alarms dealt with in each: the repeat lists every alarm of the group
+    still open, the oldest window's first, however many windows ago it was sent; two nodes'
+    consumers make it once (one holds the group while the other passes, then the other passes
+    again). The repeat forgets the alarms dealt with (an alarm never reopens), so the next one
+    reads only those still open; it lists them again, and an alarm closed since is left out."""
+    async with webhook_server() as server:
+        config = _config(server.url(""), ONLY_GROUPED)
+        async with _two_nodes(db_dsn, config) as nodes:
+            one, two = nodes
+            windows: list[list[int]] = []
+            for ks in (range(3), range(3, 5), range(5, 7)):
+                windows.append([await _raise(db, f"dev-{k}", "hot", k) for k in ks])
+                await _consume_together(nodes)
+                [*_, window] = await _windows(db)
+                await _make_due(db, window["id"])
+                await wait_until(
+                    lambda w=window["id"]: _window_status(db, w, "SENT"), message="sent"
+                )
+            (a, b, c), (d, e), (f, g) = windows
+            async with db.transaction():
+                await transition(db, b, Action.HANDLE, actor="op", node_id="n0")
+                await transition(db, d, Action.FALSE, actor="op", node_id="n0")
+                await transition(db, g, Action.CONFIRM, actor="op", node_id="n0")  # still open
+            await _sent_long_ago(db, window["id"])
+            # Node one's consumer makes the repeat and holds it uncommitted; node two's passes
+            # meanwhile: the group is taken, it makes none.
+            async with one.worker.pool.acquire() as held, held.transaction():
+                assert await GroupWindows(held).repeat() == 1
+                await two.drain()
+                assert len(await _windows(db)) == 3
+            await _consume_together(nodes)
+            [*_, repeat] = await _windows(db)
+            assert len(await _windows(db)) == 4
+            assert repeat["body"]["repeat"] is True
+            assert [n["alarm_id"] for n in repeat["body"]["notifications"]] == [a, c, e, f, g]
+            await wait_until(lambda: _window_status(db, repeat["id"], "SENT"), message="sent")
+            assert _listed(server, 3) == [a, c, e, f, g]
+            remembered = await db.fetch("SELECT alarm_id FROM notify_group_member ORDER BY seq")
+            assert [r["alarm_id"] for r in remembered] == [a, c, e, f, g]
+            # The next repeat, on either node: the same, less an alarm closed since.
+            async with db.transaction():
+                await transition(db, e, Action.HANDLE, actor="op", node_id="n0")
+            await _sent_long_ago(db, repeat["id"])
+            await _consume_together(nodes)
+            [*_, again] = await _windows(db)
+            assert len(await _windows(db)) == 5
+            assert [n["alarm_id"] for n in again["body"]["notifications"]] == [a, c, f, g]
+            await wait_until(lambda: _window_status(db, again["id"], "SENT"), message="sent")
+        assert [len(r.json["notifications"]) for r in server.on("/hook")] == [3, 2, 2, 5, 4]
 
 
 async def _shelve(db: asyncpg.Connection, scope: Scope, alarm_id: int) -> asyncpg.Record:
@@ -640,6 +698,15 @@ async def test_a_held_window_judges_its_alarms_again_at_their_wake(
                 [request] = server.on("/hook")
                 assert sorted(x["alarm_id"] for x in request.json["notifications"]) == kept
                 assert request.json["count"] == len(kept)
+                # The alarm that left the window is in no group: its shelf lifted, the group's
+                # repeat does not list it.
+                async with db.transaction():
+                    await lift(db, shelves[gone[0]], actor="op", node_id="n0", request_id=None)
+                await _sent_long_ago(db, night["id"])
+                await _consume_together(nodes)
+                [_, repeat] = await _windows(db)
+                assert sorted(x["alarm_id"] for x in repeat["body"]["notifications"]) == kept
+                await wait_until(lambda: _window_status(db, repeat["id"], "SENT"), message="sent")
             else:
                 window = await db.fetchrow(
                     "SELECT status, suppressed FROM notify_delivery WHERE id = $1", night["id"]
@@ -647,7 +714,7 @@ async def test_a_held_window_judges_its_alarms_again_at_their_wake(
                 assert window["status"] == "SUPPRESSED"
                 for node in nodes:
                     assert await node.worker.run_once() == 0
-        assert len(server.on("/hook")) == (1 if kept else 0)
+        assert len(server.on("/hook")) == (2 if kept else 0)
     statuses = await _statuses(db, held)
     assert [statuses[a] for a in gone] == ["NEW"] * len(gone)  # reached nobody
     assert [statuses[a] for a in kept] == ["PUSHED"] * len(kept)
