@@ -145,6 +145,11 @@ class IngestWriter:
         # (``_wake_at`` messages) or is full: a lingering batch looks again.
         self._wake = asyncio.Event()
         self._wake_at = batch_size
+        # Every message handed over and not yet released, as the reader's chunks in delivery
+        # order: when each chunk was received and how many of it are left. Its oldest is what
+        # the node holds unstored longest (``unstored_since``): the node's hearing stops there.
+        self._held_at: deque[float] = deque()
+        self._held_left: deque[int] = deque()
 
     @classmethod
     def from_config(
@@ -184,6 +189,11 @@ class IngestWriter:
         queue = self.queue
         inflight = self.ingest_metrics.inflight
         inflight.inc(len(items))
+        if items:
+            # Received in delivery order (a reader's chunk shares one arrival time): the
+            # first is the chunk's oldest.
+            self._held_at.append(items[0].received_at)
+            self._held_left.append(len(items))
         for item in items:
             if queue.full():
                 self._wake.set()
@@ -194,6 +204,10 @@ class IngestWriter:
                     # unacknowledged (the broker delivers them again), not in flight.
                     held = next(i for i, x in enumerate(items) if x is item)
                     inflight.dec(len(items) - held)
+                    self._held_left[-1] -= len(items) - held
+                    if not self._held_left[-1]:
+                        self._held_at.pop()
+                        self._held_left.pop()
                     raise
             else:
                 queue.put_nowait(item)
@@ -305,11 +319,31 @@ class IngestWriter:
                 latencies[item.received_at] = latencies.get(item.received_at, 0) + 1
             queue.task_done()
         self.ingest_metrics.inflight.dec(released)
+        self._unhold(released)
         if skipped:
             self.ingest_metrics.acks_skipped.inc(skipped)
         for received_at, count in latencies.items():
             observe_many(self.ingest_metrics.handler_seconds, done - received_at, count)
         self.last_progress = done
+
+    def _unhold(self, released: int) -> None:
+        """The oldest ``released`` messages handed over are no longer held."""
+        held_at, held_left = self._held_at, self._held_left
+        while released and held_left:
+            if held_left[0] > released:
+                held_left[0] -= released
+                return
+            released -= held_left.popleft()
+            held_at.popleft()
+
+    @property
+    def unstored_since(self) -> float | None:
+        """When the oldest message the node holds unstored was received (the loop's clock;
+        None: it holds none): handed over by the reader, queued, or in a flight, until its
+        flight lands and everything delivered before it has too. What the node heard since
+        is not known yet: a device whose message waits here is not silent."""
+        held_at = self._held_at
+        return held_at[0] if held_at else None
 
     @property
     def in_db_call_since(self) -> float | None:
