@@ -60,7 +60,9 @@ class InactivityMonitor:
         # session). Silence counts only while someone listens: a device is silent when this
         # node listened for `silent_seconds` since its last_seen, breaks left out (every
         # device would look silent after an outage, an alarm flood); while the broker is away
-        # nothing is judged, and after a break the devices get `REHEAR_S` to be heard.
+        # nothing is judged, and after a break the devices get `REHEAR_S` to be heard. What
+        # the node received and has not stored yet is not heard yet: from the oldest such
+        # message's receipt on is a break too (the session's hearing asks the writer).
         self.hearing = hearing
         # Seconds until the last pass's node will have listened long enough (None: it had).
         self._deaf_for_s: float | None = None

@@ -919,8 +919,9 @@ class MqttSession:
         """How long this node has been subscribed without a break (0 while it is not), and its
         breaks, from before its first subscribe on (those a silence of up to `keep_s` can
         need): a device's silence means something only while someone listened (inactivity
-        rules)."""
-        return self.listening.hearing(keep_s)
+        rules). What the node received and has not stored yet is not heard yet: from the
+        oldest such message's receipt on is a break too (the writer's lag)."""
+        return self.listening.hearing(keep_s, unstored_since=self.writer.unstored_since)
 
     def _set_connected(self, connected: bool) -> None:
         self.connected = connected

@@ -5,6 +5,11 @@ session records each break of its subscriptions here; the first one starts at th
 start, or rather before anything: nothing before this node first subscribed was listened to
 by it (a daemon started while the broker is away, after a site power cut or during a broker
 maintenance, has heard nothing of the silence before).
+
+What the node received but has not stored yet is not heard either, not by the monitor: it
+judges silence from the stored ``last_seen``. So the time since the oldest message the node
+holds unstored was received (the writer's lag: PostgreSQL slow or away, a lock, a backlog
+after an outage) is a break too, until that message is stored (``hearing(unstored_since=)``).
 """
 
 from __future__ import annotations
@@ -37,7 +42,10 @@ class Listening:
     """The breaks of a node's listening, as loop time (``clock``): ``subscribed()`` ends
     the current break, ``lost()`` begins one. ``hearing(keep_s)`` forgets what no silence
     of up to ``keep_s`` can need: a break followed by ``keep_s`` of listening joins the first
-    break (every device silent since before it has been listened to for that long)."""
+    break (every device silent since before it has been listened to for that long).
+    ``hearing(unstored_since=t)``: the node holds messages unstored, the oldest received at
+    ``t`` (the same clock); from then to now is a break (merged with those it overlaps), and
+    the listening stops at ``t``."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
@@ -57,31 +65,43 @@ class Listening:
             self._began.append(self._clock())
             self._ended.append(None)
 
-    def hearing(self, keep_s: float = math.inf) -> Hearing:
+    def hearing(self, keep_s: float = math.inf, *, unstored_since: float | None = None) -> Hearing:
         now = self._clock()
-        self._forget(now, keep_s)
-        listening = 0.0 if self._subscribed_at is None else now - self._subscribed_at
+        # Heard up to here: what came after the oldest message held unstored is not known.
+        heard_until = now if unstored_since is None else min(unstored_since, now)
+        self._forget(heard_until, keep_s)
+        subscribed_at = self._subscribed_at
+        listening = 0.0 if subscribed_at is None else max(heard_until - subscribed_at, 0.0)
+        breaks: list[tuple[float, float | None]] = list(zip(self._began, self._ended, strict=True))
+        if heard_until < now:
+            # The lag is a break from the oldest receipt on; a break it overlaps joins it
+            # (never counted twice), the one before the process included.
+            start = heard_until
+            while breaks:
+                last_began, last_ended = breaks[-1]
+                if last_ended is not None and last_ended < heard_until:
+                    break
+                start = min(start, last_began)
+                breaks.pop()
+            breaks.append((start, None))
         return Hearing(
             listening,
-            tuple(
-                (now - began, 0.0 if ended is None else now - ended)
-                for began, ended in zip(self._began, self._ended, strict=True)
-            ),
+            tuple((now - began, 0.0 if ended is None else now - ended) for began, ended in breaks),
         )
 
-    def _forget(self, now: float, keep_s: float) -> None:
+    def _forget(self, heard_until: float, keep_s: float) -> None:
         began, ended = self._began, self._ended
-        listened, after = 0.0, now
+        listened, after = 0.0, heard_until
         for index in range(len(began) - 1, 0, -1):
             end = ended[index]
-            if end is not None:
+            if end is not None and end < after:
                 listened += after - end
                 if listened >= keep_s:
                     # Every device silent since before this break was listened to for keep_s.
                     ended[0] = end
                     del began[1 : index + 1], ended[1 : index + 1]
                     break
-            after = began[index]
+            after = min(after, began[index])
         while len(began) > BREAKS_KEPT:
             ended[0] = ended[1]
             del began[1], ended[1]

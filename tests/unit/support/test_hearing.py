@@ -74,3 +74,79 @@ def test_beyond_the_breaks_kept_the_oldest_join_the_first_and_count_as_unheard()
     assert len(breaks) == BREAKS_KEPT
     assert breaks[0][0] == math.inf
     assert breaks[1][0] == breaks[0][1] - 1  # what came between counts as a break too
+
+
+def test_what_the_node_holds_unstored_is_a_break_from_its_receipt_until_it_is_stored() -> None:
+    """The writer's lag: the oldest message received and not stored yet. A device silent
+    since before it was listened to only up to that receipt; once stored, no break is left."""
+    clock = Clock()
+    listening = Listening(clock)
+    clock.now += 10
+    listening.subscribed()
+    clock.now += 600
+    received = clock.now
+    clock.now += 40  # the writer stalled since
+    assert listening.hearing(300, unstored_since=received) == Hearing(
+        600.0, ((math.inf, 640.0), (40.0, 0.0))
+    )
+    clock.now += 1  # stored
+    assert listening.hearing(300) == Hearing(641.0, ((math.inf, 641.0),))
+
+
+def test_the_lag_and_the_broker_breaks_it_overlaps_are_one_break_never_counted_twice() -> None:
+    clock = Clock()
+    listening = Listening(clock)
+    listening.subscribed()
+    clock.now += 500
+    listening.lost()  # a break over before the lag began: kept as it is
+    clock.now += 20
+    listening.subscribed()
+    clock.now += 100
+    received = clock.now
+    clock.now += 30
+    listening.lost()  # the broker lost under the lag
+    clock.now += 10
+    listening.subscribed()
+    clock.now += 5
+    listening.lost()  # and lost again: the lag still began first
+    clock.now += 15
+    assert listening.hearing(unstored_since=received) == Hearing(
+        0.0, ((math.inf, 680.0), (180.0, 160.0), (60.0, 0.0))
+    )
+    listening.subscribed()
+    clock.now += 10
+    # Held since before the node subscribed again: nothing heard since the last subscribe.
+    assert listening.hearing(unstored_since=received).listening_s == 0.0
+    # A break under way since before the receipt takes the lag in: one break, from its start.
+    listening.lost()
+    clock.now += 10
+    assert listening.hearing(unstored_since=clock.now - 5).breaks[-1] == (10.0, 0.0)
+
+
+def test_before_the_first_subscribe_the_lag_joins_the_first_break() -> None:
+    clock = Clock()
+    listening = Listening(clock)
+    clock.now += 10
+    assert listening.hearing(unstored_since=clock.now - 5) == Hearing(0.0, ((math.inf, 0.0),))
+
+
+def test_the_time_held_unstored_is_not_listening_that_forgets_a_break() -> None:
+    """A break is forgotten once ``keep_s`` was listened to after it: listened, not merely
+    passed while the node held what it received unstored."""
+    clock = Clock()
+    listening = Listening(clock)
+    listening.subscribed()
+    clock.now += 50
+    listening.lost()
+    clock.now += 10
+    listening.subscribed()
+    clock.now += 200
+    received = clock.now
+    clock.now += 150  # 350 s since the break, 200 of them heard
+    assert listening.hearing(300, unstored_since=received).breaks == (
+        (math.inf, 410.0),
+        (360.0, 350.0),
+        (150.0, 0.0),
+    )
+    # Stored: 350 s listened since the break, which joins the first.
+    assert listening.hearing(300) == Hearing(350.0, ((math.inf, 350.0),))
