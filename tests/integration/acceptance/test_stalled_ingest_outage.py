@@ -29,6 +29,28 @@ FAST_SILENCE = (
 )
 
 
+async def _report(mosquitto: Mosquitto, n: int) -> None:
+    """The talker's n-th report."""
+    async with aiomqtt.Client("127.0.0.1", mosquitto.port) as device:
+        payload = f'{{"ts": {1_767_225_600_000 + n}, "metrics": {{"t": {n}}}}}'
+        await device.publish(TOPICS.telemetry("talker"), payload.encode(), qos=1)
+
+
+async def _stored(db_dsn: str, count: int) -> bool:
+    return await count_rows(db_dsn) == count
+
+
+async def _past_the_silence(db: asyncpg.Connection) -> bool:
+    """The talker's last_seen is two silences old."""
+    return bool(
+        await db.fetchval(
+            "SELECT now() - last_seen > make_interval(secs => $1) FROM device"
+            " WHERE device_id = 'talker'",
+            2 * FAST_SILENCE_S,
+        )
+    )
+
+
 @pytest.mark.parametrize("protocol", ["5", "3.1.1"])
 async def test_the_broker_lost_under_a_stalled_writer_is_a_break_at_once(
     db_dsn: str, mosquitto: Mosquitto, protocol: str
@@ -123,39 +145,28 @@ async def test_a_device_whose_message_waits_in_a_stalled_writer_is_not_silent(
             assert writer is not None
             assert parts is not None
 
-            async def report(n: int) -> None:
-                async with aiomqtt.Client("127.0.0.1", mosquitto.port) as device:
-                    payload = f'{{"ts": {1_767_225_600_000 + n}, "metrics": {{"t": {n}}}}}'
-                    await device.publish(TOPICS.telemetry("talker"), payload.encode(), qos=1)
-
-            async def stored(count: int) -> bool:
-                return await count_rows(db_dsn) == count
-
-            await report(0)
-            await wait_until(lambda: stored(1), timeout=30, message="the first report stored")
+            await _report(mosquitto, 0)
+            await wait_until(
+                lambda: _stored(db_dsn, 1), timeout=30, message="the first report stored"
+            )
             # Telemetry waits on this lock; the rest of the database answers.
             await blocker.execute("BEGIN; LOCK TABLE telemetry IN ACCESS EXCLUSIVE MODE")
-            await report(1)
+            await _report(mosquitto, 1)
             await wait_until(
                 lambda: writer.in_db_call_since is not None, timeout=30, message="in flight"
             )
 
-            async def past_the_silence() -> bool:
-                return bool(
-                    await db.fetchval(
-                        "SELECT now() - last_seen > make_interval(secs => $1) FROM device"
-                        " WHERE device_id = 'talker'",
-                        2 * FAST_SILENCE_S,
-                    )
-                )
-
-            await wait_until(past_the_silence, timeout=30, message="last_seen a silence ago")
+            await wait_until(
+                lambda: _past_the_silence(db), timeout=30, message="last_seen a silence ago"
+            )
             # The talker spoke a moment after its last stored report: the node holds it. (A
             # pass now, at least: the monitor's own loop may have run one already.)
             await parts.inactivity.run_once()
             alarmed = await db.fetchval("SELECT count(*) FROM alarm WHERE device_id = 'talker'")
             await blocker.execute("ROLLBACK")
-            await wait_until(lambda: stored(2), timeout=30, message="the second report stored")
+            await wait_until(
+                lambda: _stored(db_dsn, 2), timeout=30, message="the second report stored"
+            )
     finally:
         await blocker.close()
         await db.close()
@@ -181,33 +192,20 @@ async def test_a_device_whose_message_waits_out_a_database_outage_is_not_silent_
             parts = daemon.components
             assert parts is not None
 
-            async def report(n: int) -> None:
-                async with aiomqtt.Client("127.0.0.1", mosquitto.port) as device:
-                    payload = f'{{"ts": {1_767_225_600_000 + n}, "metrics": {{"t": {n}}}}}'
-                    await device.publish(TOPICS.telemetry("talker"), payload.encode(), qos=1)
-
-            async def stored(count: int) -> bool:
-                return await count_rows(db_dsn) == count
-
-            await report(0)
-            await wait_until(lambda: stored(1), timeout=30, message="the first report stored")
+            await _report(mosquitto, 0)
+            await wait_until(
+                lambda: _stored(db_dsn, 1), timeout=30, message="the first report stored"
+            )
             await proxy.cut()
-            await report(1)
+            await _report(mosquitto, 1)
             await wait_until(
                 lambda: metric(daemon, "gateway_ingest_inflight") == 1,
                 timeout=30, message="the second report held by the node",
             )  # fmt: skip
 
-            async def past_the_silence() -> bool:
-                return bool(
-                    await db.fetchval(
-                        "SELECT now() - last_seen > make_interval(secs => $1) FROM device"
-                        " WHERE device_id = 'talker'",
-                        2 * FAST_SILENCE_S,
-                    )
-                )
-
-            await wait_until(past_the_silence, timeout=30, message="last_seen a silence ago")
+            await wait_until(
+                lambda: _past_the_silence(db), timeout=30, message="last_seen a silence ago"
+            )
             # The backlog cannot be stored before the monitor has looked, whatever the order
             # of the node's retries once PostgreSQL answers again.
             await blocker.execute("BEGIN; LOCK TABLE telemetry IN ACCESS EXCLUSIVE MODE")
@@ -224,7 +222,9 @@ async def test_a_device_whose_message_waits_out_a_database_outage_is_not_silent_
             assert metric(daemon, "gateway_ingest_inflight") == 1, "the report is still held"
             alarmed = await db.fetchval("SELECT count(*) FROM alarm WHERE device_id = 'talker'")
             await blocker.execute("ROLLBACK")
-            await wait_until(lambda: stored(2), timeout=30, message="the second report stored")
+            await wait_until(
+                lambda: _stored(db_dsn, 2), timeout=30, message="the second report stored"
+            )
     finally:
         await blocker.close()
         await db.close()
