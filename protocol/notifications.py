@@ -27,7 +27,9 @@ class GroupedNotification(Struct, frozen=True, kw_only=True):
     group: dict[str, str]
     # 1 for the group's first window, then 2, 3, ...
     window: int
-    # True: a repeat (repeat_interval_s) of the alarms of the previous window still open.
+    # True: a repeat (repeat_interval_s) of the group's alarms still open, each listed once
+    # with its newest notification (docs/notifications.md, "Repeat").
     repeat: bool = False
+    # The notifications listed (in a repeat: the alarms).
     count: int
     notifications: list[dict[str, Any]]

@@ -406,8 +406,9 @@ async def stop_repeating(conn: asyncpg.Connection, group_id: int) -> None:
 
 
 async def group_open_members(conn: asyncpg.Connection, group_id: int) -> list[asyncpg.Record]:
-    """What the group's repeat lists (event_id, alarm_id, body as JSON text), oldest first;
-    forgets the group's alarms dealt with."""
+    """What the group's repeat lists: each open, unshelved alarm once (event_id, alarm_id,
+    body as JSON text, of its newest notification), in the order first carried; forgets the
+    group's alarms dealt with, and an open alarm's notifications between its first and newest."""
     return list(await conn.fetch(GROUP_OPEN_MEMBERS, group_id))
 
 

@@ -15,14 +15,16 @@ a window while one of its alarms is DELAYED, and the wake of an alarm makes its 
 So a night's held alarms of one group go out together when the night ends, not one by one.
 
 The repeat pass (each consumer pass, any node, ``SKIP LOCKED``): a group whose latest window
-was SENT at least ``repeat_interval_s`` ago gets a new window, due now, listing every
-notification its windows carried whose alarm is still open and not shelved now, oldest first,
-however many windows ago it was sent (``repeat: true``); when none is left the group stops
+was SENT at least ``repeat_interval_s`` ago gets a new window, due now, listing every alarm
+its windows carried that is still open and not shelved now, once, with the newest of its
+notifications the group carried, in the order the alarms were first carried, however many
+windows ago (``repeat: true``; ``count`` counts alarms); when none is left the group stops
 repeating. What a repeating group carried is kept apart from the window bodies
 (``notify_group_member``, one row per notification with an alarm, written with the window's
 member row when the route repeats: a route that never repeats keeps nothing); the pass
-deletes the rows of alarms it finds dealt with, so each repeat reads the group's alarms open
-at the one before and those carried since, not its whole history. A shelf's end over open
+deletes the rows of alarms it finds dealt with, and those of an open alarm between its first
+and its newest, so each repeat reads the group's alarms open at the one before (two rows at
+most each) and those carried since, not its whole history. A shelf's end over open
 alarms of a repeating group (gateway.alarms.shelving, decided once, recorded on the group in
 the same transaction) owes the group a repeat, whether it had stopped or not: made at that
 end, but no sooner than ``group_interval_s`` after the latest window was due (and once that

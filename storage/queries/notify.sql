@@ -256,27 +256,34 @@ WHERE g.id = l.id
 RETURNING g.id;
 
 -- name: group_open_members
--- $1 group id (locked); what its repeat lists: the notifications its windows carried whose
--- alarm is still open (not dealt with) and not shelved now (its own shelf or its pair's in
--- force: a shelved alarm sends no notifications, docs/behaviour.md §5), each once, oldest
--- carried first. Out of service needs no test here: an alarm raised while its device was
--- (what suppresses its notifications) joins no window. The rows of alarms dealt with (never
--- open again) or gone are deleted: the next repeat reads only what may still be open.
+-- $1 group id (locked); what its repeat lists: each alarm its windows carried that is still
+-- open (not dealt with) and not shelved now (its own shelf or its pair's in force: a shelved
+-- alarm sends no notifications, docs/behaviour.md §5), once however many of its
+-- notifications the group carried (created, escalated, reminders ...): with the newest of
+-- them (the last carried: the alarm as it stands), in the place of the first (the order its
+-- alarms were first carried). Out of service needs no test here: an alarm raised while its
+-- device was (what suppresses its notifications) joins no window. Deleted: the rows of alarms
+-- dealt with (never open again) or gone, and an open alarm's rows between its first and its
+-- newest (neither its place nor its body): the next repeat reads at most two rows an alarm.
 WITH m AS (
     SELECT m.event_id, m.alarm_id, m.seq,
+           min(m.seq) OVER per_alarm AS first_seq, max(m.seq) OVER per_alarm AS last_seq,
            coalesce(a.status IN ('NEW', 'PUSHED', 'DELAYED', 'CONFIRMED', 'ESCALATED'), false)
                AS open,
            a.device_id, a.rule_key
     FROM notify_group_member m LEFT JOIN alarm a ON a.id = m.alarm_id
     WHERE m.group_id = $1
+    WINDOW per_alarm AS (PARTITION BY m.alarm_id)
 ), gone AS (
     DELETE FROM notify_group_member x USING m
-    WHERE x.group_id = $1 AND x.event_id = m.event_id AND NOT m.open
+    WHERE x.group_id = $1 AND x.event_id = m.event_id
+      AND (NOT m.open OR m.seq NOT IN (m.first_seq, m.last_seq))
 )
 SELECT m.event_id, m.alarm_id, x.body::text AS body
 FROM m JOIN notify_group_member x ON x.group_id = $1 AND x.event_id = m.event_id
-WHERE m.open AND alarm_shelved_until(m.alarm_id, m.device_id, m.rule_key, now()) IS NULL
-ORDER BY m.seq;
+WHERE m.open AND m.seq = m.last_seq
+  AND alarm_shelved_until(m.alarm_id, m.device_id, m.rule_key, now()) IS NULL
+ORDER BY m.first_seq;
 
 -- name: delivery_alarms
 -- $1 delivery id; the alarms a window's delivery carries.

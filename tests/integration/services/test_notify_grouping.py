@@ -28,6 +28,7 @@ from gateway.notify.groups import GroupWindows
 from gateway.notify.metrics import NotifyMetrics
 from gateway.notify.worker import DeliveryWorker
 from gateway.support.metrics import Metrics
+from protocol.events import EventType
 from storage import alarms as alarm_repo
 from storage import notify as notify_repo
 from storage.desk import Scope
@@ -342,6 +343,88 @@ async def test_a_repeat_lists_every_open_alarm_of_the_group_once_on_two_nodes(
             assert [n["alarm_id"] for n in again["body"]["notifications"]] == [a, c, f, g]
             await wait_until(lambda: _window_status(db, again["id"], "SENT"), message="sent")
         assert [len(r.json["notifications"]) for r in server.on("/hook")] == [3, 2, 2, 5, 4]
+
+
+ESCALATING = """
+[[notify.routes]]
+events = ["alarm.created", "alarm.escalated"]
+receivers = ["hook"]
+group_by = ["rule"]
+group_wait_s = 60
+group_interval_s = 300
+repeat_interval_s = 3600
+"""
+
+
+async def test_a_repeat_lists_an_alarm_created_then_escalated_once_on_two_nodes(
+    db_dsn: str, db: asyncpg.Connection
+) -> None:
+    """A repeat is a reminder of alarms, not of events: an alarm whose creation and then two
+    escalations the group carried (in two windows) is listed once, in the place of its first
+    notification, with its newest one (the second escalation), and ``count`` counts alarms.
+    An ordinary window lists each event it carries (both escalations: each is news). Two
+    nodes' consumers make the repeat once; it forgets the alarm's notifications between its
+    first and its newest, and the next repeat lists it once too."""
+    async with webhook_server() as server:
+        config = _config(server.url(""), ESCALATING)
+        async with _two_nodes(db_dsn, config) as nodes:
+            one, two = nodes
+            a, b = [await _raise(db, f"dev-{k}", "hot", k) for k in range(2)]
+            await _consume_together(nodes)
+            [first] = await _windows(db)
+            await _make_due(db, first["id"])
+            await wait_until(lambda: _window_status(db, first["id"], "SENT"), message="sent")
+            for _ in range(2):
+                async with db.transaction():
+                    await transition(db, a, Action.CONFIRM, actor="op", node_id="n0")
+                    await transition(
+                        db, a, Action.ESCALATE, actor="system:escalation", node_id="n0",
+                        event_type=EventType.ALARM_ESCALATED,
+                    )  # fmt: skip
+                await _consume_together(nodes)
+            [_, second] = await _windows(db)
+            carried = second["body"]["notifications"]
+            assert [(n["alarm_id"], n["event"]) for n in carried] == [(a, "alarm.escalated")] * 2
+            newest = carried[-1]["event_id"]
+            await _make_due(db, second["id"])
+            await wait_until(lambda: _window_status(db, second["id"], "SENT"), message="sent")
+            await _sent_long_ago(db, second["id"])
+            # Node one makes the repeat and holds it uncommitted; node two's pass makes none.
+            async with one.worker.pool.acquire() as held, held.transaction():
+                assert await GroupWindows(held).repeat() == 1
+                await two.drain()
+                assert len(await _windows(db)) == 2
+            await _consume_together(nodes)
+            [*_, repeat] = await _windows(db)
+            assert len(await _windows(db)) == 3
+            assert repeat["body"]["repeat"] is True
+            listed = [
+                (n["alarm_id"], n["event"], n["status"]) for n in repeat["body"]["notifications"]
+            ]
+            assert listed == [(a, "alarm.escalated", "ESCALATED"), (b, "alarm.created", "NEW")]
+            assert repeat["body"]["notifications"][0]["event_id"] == newest
+            assert repeat["body"]["count"] == 2
+            members = await db.fetch(
+                "SELECT alarm_id FROM notify_delivery_member WHERE delivery_id = $1"
+                " ORDER BY alarm_id",
+                repeat["id"],
+            )
+            assert [r["alarm_id"] for r in members] == [a, b]
+            kept = await db.fetch("SELECT alarm_id, body FROM notify_group_member ORDER BY seq")
+            # a's first escalation is forgotten: neither its place nor its body.
+            events = [(r["alarm_id"], msgspec.json.decode(r["body"])["event"]) for r in kept]
+            assert events == [(a, "alarm.created"), (b, "alarm.created"), (a, "alarm.escalated")]
+            await wait_until(lambda: _window_status(db, repeat["id"], "SENT"), message="sent")
+            assert _listed(server, 2) == [a, b]
+            await _sent_long_ago(db, repeat["id"])
+            await _consume_together(nodes)
+            [*_, again] = await _windows(db)
+            assert len(await _windows(db)) == 4
+            assert again["body"]["notifications"][0]["event_id"] == newest
+            assert [n["alarm_id"] for n in again["body"]["notifications"]] == [a, b]
+            assert again["body"]["count"] == 2
+            await wait_until(lambda: _window_status(db, again["id"], "SENT"), message="sent")
+        assert [r.json["count"] for r in server.on("/hook")] == [2, 2, 2, 2]
 
 
 async def _shelve(db: asyncpg.Connection, scope: Scope, alarm_id: int) -> asyncpg.Record:
