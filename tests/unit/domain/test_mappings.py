@@ -540,3 +540,33 @@ def test_topics_held_or_not_read_the_same(monkeypatch: pytest.MonkeyPatch) -> No
             "m", "e", "online", {"device": "e"}
         )
     assert 0 < len(m._topics) <= 2
+
+
+def _utc_ms(text: str) -> int:
+    return (datetime.fromisoformat(text) - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(
+        milliseconds=1
+    )
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="fault: a naive time in the hour that repeats when the clocks go back is always read "
+    "as its first pass (fold=0), so a live device's second pass is dated an hour early, and a "
+    "second-pass reading equal to the first pass's at that wall time is taken for a redelivery "
+    "and lost; reading it needs a rule for the ambiguous hour (e.g. the instant nearer the "
+    "receipt), which changes what a late redelivery is: a design decision",
+)
+def test_the_repeated_hour_s_second_pass_is_dated_in_the_second_pass() -> None:
+    """Berlin, 2026-10-25: the clocks go from 03:00 CEST back to 02:00 CET at 01:00 UTC, so a
+    Tasmota device (local time, no offset) shows 02:00-02:59 twice. Sent live, each pass's
+    02:30:00 is its own instant: 00:30 UTC (CEST), then 01:30 UTC (CET)."""
+    m = mappings(
+        '[[ingest.mappings]]\nname = "t"\nprofile = "tasmota"\ntimezone = "Europe/Berlin"\n'
+    )
+    payload = b'{"Time": "2026-10-25T02:30:00", "AM2301": {"Temperature": 21.5}}'
+    first = telemetry(m.read("tele/a/SENSOR", payload, _utc_ms("2026-10-25T00:30:02+00:00")))
+    second = telemetry(m.read("tele/a/SENSOR", payload, _utc_ms("2026-10-25T01:30:02+00:00")))
+    assert first.message.ts == _utc_ms("2026-10-25T00:30:00+00:00")
+    # Today: 00:30 UTC again, the same event id as the first pass's reading: a duplicate.
+    assert second.message.ts == _utc_ms("2026-10-25T01:30:00+00:00")
+    assert second.event_id != first.event_id
