@@ -219,10 +219,26 @@ def _add_rules(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     rule_replay.add_argument(
         "--until",
-        type=datetime.fromisoformat,
-        help="run the hold timer up to this time (RFC 3339) after the last message",
+        type=_instant,
+        help="run the hold timer up to this time (RFC 3339, with an offset) after the last message",
     )
     rule_replay.add_argument("--json", action="store_true", help="one JSON object per alarm")
+
+
+def _instant(text: str) -> datetime:
+    """An RFC 3339 time with its UTC offset: a wall time without one names no instant (in the
+    hour the clocks go back it names two), and is refused, as the API refuses one."""
+    try:
+        at = datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a time: RFC 3339 with an offset (2026-10-25T02:30:00+01:00)"
+        ) from None
+    if at.utcoffset() is None:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} has no UTC offset: give one (Z or +hh:mm, 2026-10-25T02:30:00+01:00)"
+        )
+    return at
 
 
 def _duration(text: str) -> timedelta:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import stat
 import threading
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -89,3 +89,36 @@ def test_a_configured_node_gets_no_token(tmp_path: Path) -> None:
     assert with_zero_setup_token(own_tokens) is own_tokens
     assert with_zero_setup_token(own_database) is own_database
     assert not (tmp_path / "admin-token").exists()
+
+
+def _replay_until(text: str) -> object:
+    return _parser().parse_args(["rules", "replay", "--until", text]).until
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        # Berlin's hour that happens twice (2026-10-25): the offset says which pass.
+        ("2026-10-25T02:30:00+02:00", datetime(2026, 10, 25, 0, 30, tzinfo=UTC)),
+        ("2026-10-25T02:30:00+01:00", datetime(2026, 10, 25, 1, 30, tzinfo=UTC)),
+        ("2026-10-25T01:30:00Z", datetime(2026, 10, 25, 1, 30, tzinfo=UTC)),
+        ("2026-10-25T07:00:00+05:30", datetime(2026, 10, 25, 1, 30, tzinfo=UTC)),
+    ],
+)
+def test_rules_replay_until_is_an_instant(text: str, expected: datetime) -> None:
+    assert _replay_until(text) == expected
+
+
+@pytest.mark.parametrize("text", ["2026-10-25T02:30:00", "2026-10-25", "tomorrow 7am"])
+def test_rules_replay_until_without_an_offset_is_refused_with_a_clear_error(
+    text: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A wall time names no instant (02:30 on 2026-10-25 in Berlin names two): refused by the
+    parser, saying what to give; it used to be taken, and the replay then stopped with a
+    traceback (comparing a naive time with the aware ones of the stream)."""
+    with pytest.raises(SystemExit) as exit_info:
+        _replay_until(text)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "--until" in err
+    assert "offset" in err
