@@ -365,3 +365,70 @@ async def test_a_long_reader_defers_partition_changes_and_the_rest_of_the_pass_g
     report = await maintenance().run_once()
     assert report.created == [new_day - timedelta(days=1), new_day]
     assert old_day in report.dropped
+
+
+@pytest.mark.parametrize("zone", ["UTC", "Europe/Berlin", "Asia/Kathmandu"])
+async def test_samples_either_side_of_midnight_utc_land_in_their_day_partitions(
+    db_dsn: str, db: asyncpg.Connection, zone: str
+) -> None:
+    """A node started at 23:59:58 UTC, its database sessions in any time zone (+05:45 puts
+    local midnight nowhere near UTC's): its first pass makes today's and tomorrow's
+    partitions, as UTC days, and the samples of 23:59:59.999, 00:00:00.001 and of a clock
+    ahead within max_future_skew_s land in their days' partitions, none in the default."""
+    day = TODAY + timedelta(days=120)  # a day no partition exists for yet
+    midnight = day_start(day)
+    node = await create_pool(f"{db_dsn}?TimeZone={zone}", min_size=1, max_size=2)
+    try:
+        async with node.acquire() as conn:
+            assert await conn.fetchval("SHOW TimeZone") == zone
+        report = await runner(
+            node, Clock(midnight - timedelta(seconds=2)), partitions_ahead_days=1
+        ).run_once()
+        assert report.created == [day - timedelta(days=1), day]
+        rows = [
+            sample("dev-1", midnight - timedelta(milliseconds=1), 1),
+            sample("dev-1", midnight + timedelta(milliseconds=1), 2),
+            sample("dev-1", midnight + timedelta(seconds=299), 3),  # a clock ahead
+        ]
+        async with node.acquire() as conn:
+            assert await store(conn, rows) == 3
+    finally:
+        await node.close()
+    assert [await where_stored(db, row.event_id) for row in rows] == [
+        [f"telemetry_p{day - timedelta(days=1):%Y%m%d}"],
+        [f"telemetry_p{day:%Y%m%d}"],
+        [f"telemetry_p{day:%Y%m%d}"],
+    ]
+
+
+async def test_a_day_dropped_while_a_batch_writes_into_it_keeps_the_batch(
+    pool: asyncpg.Pool, db_dsn: str, db: asyncpg.Connection
+) -> None:
+    """Forced interleaving: a node's batch stores a sample of a day past the window (a clock
+    40 days behind) and has not committed; the pass that drops that day waits for it, then
+    drops the day with what was received long ago and keeps the batch's fresh sample (in the
+    default partition), once."""
+    day = TODAY - timedelta(days=40)
+    await db.execute("SELECT telemetry_add_day_partition($1::date)", day)
+    fresh = sample("dev-1", at(day, 23), 1)
+    writer = await asyncpg.connect(db_dsn)
+    try:
+        batch = writer.transaction()
+        await batch.start()
+        assert len(await insert_telemetry(writer, [fresh], "n1")) == 1
+        maintenance = Maintenance(
+            pool=pool,
+            retention=RetentionConfig(telemetry_days=30, partitions_ahead_days=1),
+            metrics=Metrics(),
+            clock=Clock(NOW),
+            partition_lock_timeout="60s",
+        )
+        dropping = asyncio.create_task(maintenance.run_once())
+        await wait_for_lock_waiters(db, 1)
+        await batch.commit()
+        report = await dropping
+    finally:
+        await writer.close()
+    assert day in report.dropped
+    assert await where_stored(db, fresh.event_id) == ["telemetry_default"]
+    assert await store(db, [fresh]) == 0  # a redelivery is still a duplicate
