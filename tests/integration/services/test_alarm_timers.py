@@ -9,7 +9,7 @@ import aiomqtt
 import asyncpg
 import pytest
 
-from gateway.alarms.delivery import QUIET_ACTOR
+from gateway.alarms.delivery import QUIET_ACTOR, hold
 from gateway.alarms.lifecycle import create_alarm, transition
 from gateway.alarms.service import AlarmService
 from gateway.alarms.shelving import lift, set_out_of_service, shelve
@@ -534,3 +534,67 @@ async def test_quiet_hours_are_decided_once_per_alarm_by_whichever_reaches_it_fi
             "SELECT alarm_id, action, actor FROM alarm_audit WHERE action = 'delay' ORDER BY id"
         )
     assert [(r["alarm_id"], r["actor"]) for r in trail] == [(held, QUIET_ACTOR)]
+
+
+@pytest.mark.parametrize(
+    ("end", "zone", "evening", "wake"),
+    [
+        # Berlin, the night the clocks go back (03:00 CEST -> 02:00 CET): 07:00 is 06:00 UTC.
+        ("07:00", "Europe/Berlin", datetime(2030, 10, 26, 20, 30, tzinfo=UTC),
+         datetime(2030, 10, 27, 6, 0, tzinfo=UTC)),
+        # An end inside the hour that repeats: its last pass, 02:30 CET.
+        ("02:30", "Europe/Berlin", datetime(2030, 10, 26, 20, 30, tzinfo=UTC),
+         datetime(2030, 10, 27, 1, 30, tzinfo=UTC)),
+        # The night they go forward (02:00 CET -> 03:00 CEST): 07:00 is 05:00 UTC.
+        ("07:00", "Europe/Berlin", datetime(2030, 3, 30, 21, 30, tzinfo=UTC),
+         datetime(2030, 3, 31, 5, 0, tzinfo=UTC)),
+        # An end inside the hour that is skipped: when the gap ends, 03:00 CEST.
+        ("02:30", "Europe/Berlin", datetime(2030, 3, 30, 21, 30, tzinfo=UTC),
+         datetime(2030, 3, 31, 1, 0, tzinfo=UTC)),
+        # Lord Howe goes back half an hour (02:00 +11:00 -> 01:30 +10:30): 07:00 is 20:30 UTC.
+        ("07:00", "Australia/Lord_Howe", datetime(2030, 4, 6, 11, 30, tzinfo=UTC),
+         datetime(2030, 4, 6, 20, 30, tzinfo=UTC)),
+    ],
+)  # fmt: skip
+async def test_a_night_held_alarm_wakes_once_at_the_real_end_of_quiet_hours_across_dst(
+    pool: asyncpg.Pool, end: str, zone: str, evening: datetime, wake: datetime
+) -> None:
+    """22:00-07:00 (or -02:30) local on a night the clocks change: an alarm held at 22:30
+    wakes at the first pass at or after the window's end, once, never an hour (or half an
+    hour) early or late, with passes every 5 minutes on two nodes in turn; the wake the
+    consumer expects for its held notifications (quiet_until) is that instant too."""
+    night = compile_quiet_hours(QuietHoursConfig(
+        windows=[QuietWindowConfig(start="22:00", end=end, timezone=zone)]
+    ))  # fmt: skip
+    assert night.quiet_until(device_id="care-1", severity="MAJOR", at=evening) == wake
+    async with pool.acquire() as conn, conn.transaction():
+        creation = await create_alarm(
+            conn, device_id="care-1", rule_key="r", severity="MAJOR",
+            telemetry_event_id=f"{1:064x}", reason="test", node_id="n1", now=evening,
+        )  # fmt: skip
+        assert creation.alarm is not None
+        alarm_id = creation.alarm.id
+        assert await hold(conn, alarm_id, quiet=night, node_id="n1", now=evening)
+
+    def at(when: datetime):  # type: ignore[no-untyped-def]  # a clock factory
+        async def clock(conn: asyncpg.Connection) -> datetime:
+            return when
+
+        return clock
+
+    nodes = [
+        AlarmTimers(pool=pool, node_id=f"n{n}", quiet=night, escalate_after_s=0,
+                    repeat_interval_s=0)
+        for n in (1, 2)
+    ]  # fmt: skip
+    woken: list[datetime] = []
+    when, step = evening, 0
+    while when <= wake + timedelta(hours=2):
+        timers = nodes[step % 2]
+        timers.clock = at(when)
+        if (await timers.run_once()).woken:
+            woken.append(when)
+        when += timedelta(minutes=5)
+        step += 1
+    assert woken == [wake]
+    assert await _status(pool, alarm_id) == "NEW"
