@@ -386,3 +386,47 @@ async def _all_final(db: asyncpg.Connection) -> bool:
     return not await db.fetchval(
         "SELECT count(*) FROM notify_delivery WHERE status IN ('PENDING', 'SENDING')"
     )
+
+
+async def test_a_shelf_ends_at_its_until_exactly_once_not_a_microsecond_before(
+    db_dsn: str, service: AlarmService, db: asyncpg.Connection
+) -> None:
+    """Two nodes' timer passes with clocks injected: one a microsecond before the shelf's
+    until ends nothing; at the until itself both race and one ends it, at it; a pass after
+    finds nothing more to end. (The until is an instant: a person's local offset, across a
+    DST change or not, names the same one.)"""
+    alarm_id = await _raise(db, "d1")
+    shelf = await service.shelve(
+        scope="alarm", alarm_id=alarm_id, device_id=None, rule_key=None, seconds=3600,
+        reason="night", actor="alice",
+    )  # fmt: skip
+    until = shelf["until"]
+    pools = [await create_pool(db_dsn, min_size=1, max_size=2) for _ in range(2)]
+    try:
+
+        def timers(at: object) -> list[AlarmTimers]:
+            async def clock(_conn: asyncpg.Connection):  # type: ignore[no-untyped-def]
+                return at
+
+            return [
+                AlarmTimers(pool=p, node_id=f"node-{n}", quiet=None, escalate_after_s=0,
+                            repeat_interval_s=0, unreached_after_s=0, clock=clock)
+                for n, p in enumerate(pools)
+            ]  # fmt: skip
+
+        async def passes(at: object) -> list[list[int]]:
+            reports = await asyncio.gather(*(t.run_once() for t in timers(at)))
+            return sorted(r.unshelved for r in reports)
+
+        assert await passes(until - timedelta(microseconds=1)) == [[], []]
+        assert (
+            await db.fetchval("SELECT ended_at FROM alarm_shelf WHERE id = $1", shelf["id"]) is None
+        )
+        assert await passes(until) == [[], [shelf["id"]]]
+        assert await passes(until + timedelta(seconds=1)) == [[], []]
+    finally:
+        for p in pools:
+            await p.close()
+    ended = await db.fetchrow("SELECT * FROM alarm_shelf WHERE id = $1", shelf["id"])
+    assert (ended["end_reason"], ended["ended_at"]) == ("expired", until)
+    assert len(await _audit(db, alarm_id, "unshelve")) == 1
