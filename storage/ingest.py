@@ -25,6 +25,8 @@ MARK_DEAD_LETTER_REPLAYED = _Q["mark_dead_letter_replayed"]
 HEARD_SINCE = _Q["heard_since"]
 COUNT_TELEMETRY = _Q["count_telemetry"]
 PING = _Q["ping"]
+ASSIGNED_XACT_ID = _Q["assigned_xact_id"]
+XACT_STATUS = _Q["xact_status"]
 
 
 class TelemetryRow(msgspec.Struct, frozen=True, gc=False):
@@ -86,7 +88,7 @@ async def insert_telemetry(
     conn: asyncpg.Connection, rows: Sequence[TelemetryRow], node_id: str
 ) -> set[str]:
     """Insert rows, ignoring event ids already stored; return the ids that were new."""
-    new, _ = await insert_telemetry_at(conn, rows, node_id)
+    new, _, _ = await insert_telemetry_at(conn, rows, node_id)
     return new
 
 
@@ -95,14 +97,14 @@ async def insert_telemetry_at(
     rows: Sequence[TelemetryRow],
     node_id: str,
     devices: Collection[str] = (),
-) -> tuple[set[str], datetime | None]:
-    """`insert_telemetry`, and the transaction's time on the database clock when a row was
-    new (None when none was: nothing new to judge); ``devices`` heard from are touched in
-    the same statement (`touch_devices`)."""
+) -> tuple[set[str], datetime | None, int | None]:
+    """`insert_telemetry`, the transaction's time on the database clock when a row was new
+    (None when none was: nothing new to judge), and the transaction's id (None when nothing
+    was sent); ``devices`` heard from are touched in the same statement (`touch_devices`)."""
     if not rows and not devices:
-        return set(), None
+        return set(), None, None
     # A column a parameter, each a text of lines; an empty line is NULL (ingest.sql).
-    new, db_now, new_ids = await conn.fetchrow(
+    new, db_now, new_ids, xid = await conn.fetchrow(
         INSERT_TELEMETRY,
         lines([r.event_id for r in rows]),
         lines([r.device_id for r in rows]),
@@ -115,8 +117,21 @@ async def insert_telemetry_at(
         lines(sorted(devices)),
     )
     if not new:
-        return set(), None
-    return {r.event_id for r in rows} if new_ids is None else set(new_ids), db_now
+        return set(), None, xid
+    return {r.event_id for r in rows} if new_ids is None else set(new_ids), db_now, xid
+
+
+async def assigned_xact_id(conn: asyncpg.Connection) -> int | None:
+    """The id of the caller's transaction if it has one (it wrote something), else None."""
+    xid: int | None = await conn.fetchval(ASSIGNED_XACT_ID)
+    return xid
+
+
+async def xact_status(conn: asyncpg.Connection, xid: int) -> str | None:
+    """Whether transaction ``xid`` committed: 'committed', 'aborted', 'in progress', or None
+    when it is too old to tell."""
+    status: str | None = await conn.fetchval(XACT_STATUS, xid)
+    return status
 
 
 async def touch_devices(conn: asyncpg.Connection, device_ids: Collection[str]) -> None:
@@ -124,11 +139,14 @@ async def touch_devices(conn: asyncpg.Connection, device_ids: Collection[str]) -
     await insert_telemetry_at(conn, (), "", device_ids)
 
 
-async def record_presence(conn: asyncpg.Connection, presence: dict[str, str]) -> None:
-    """Store the latest presence per device (``online``/``offline``)."""
-    if presence:
-        ids = sorted(presence)
-        await conn.execute(UPSERT_PRESENCE, ids, [presence[i] for i in ids])
+async def record_presence(conn: asyncpg.Connection, presence: dict[str, str]) -> int | None:
+    """Store the latest presence per device (``online``/``offline``). The transaction's id
+    (None when there was nothing to store)."""
+    if not presence:
+        return None
+    ids = sorted(presence)
+    xid: int = await conn.fetchval(UPSERT_PRESENCE, ids, [presence[i] for i in ids])
+    return xid
 
 
 async def record_device_mappings(
@@ -163,11 +181,12 @@ def _text(value: str) -> str:
 
 async def insert_dead_letters(
     conn: asyncpg.Connection, rows: Sequence[DeadLetterRow], node_id: str
-) -> None:
+) -> int | None:
     """Store dead letters; one the same bytes on the same topic already have pending (not yet
-    replayed) is counted again (``seen_count``, ``last_seen_at``) instead."""
+    replayed) is counted again (``seen_count``, ``last_seen_at``) instead. The transaction's
+    id (None when there was nothing to store)."""
     if not rows:
-        return
+        return None
     # One row per key and statement: ON CONFLICT cannot touch the same row twice.
     seen: dict[tuple[str, str], tuple[DeadLetterRow, int]] = {}
     for row in rows:
@@ -175,7 +194,7 @@ async def insert_dead_letters(
         first, count = seen.get(key, (row, 0))
         seen[key] = (first, count + 1)
     letters = [(topic, row, count) for (topic, _), (row, count) in seen.items()]
-    await conn.execute(
+    xid: int = await conn.fetchval(
         INSERT_DEAD_LETTERS,
         [topic for topic, _, _ in letters],
         [r.payload for _, r, _ in letters],
@@ -186,6 +205,7 @@ async def insert_dead_letters(
         [count for _, _, count in letters],
         node_id,
     )
+    return xid
 
 
 def _dead_letter(record: asyncpg.Record) -> StoredDeadLetter:

@@ -57,6 +57,14 @@ class IngestMetrics(MetricSet):
             "Transactions the ingest writer ran (a batch's, its retries and its isolation)",
             registry=r,
         )
+        self.lost_commits = Counter(
+            "gateway_ingest_lost_commits",
+            "Batches whose COMMIT answer was lost with the connection, by what PostgreSQL then "
+            "said of the transaction: committed (done, not stored again), aborted or unknown "
+            "(stored again), in progress (still unfinished after the wait; stored again)",
+            ["status"],
+            registry=r,
+        )
         self.batch_refusals = Counter(
             "gateway_ingest_batch_refusals",
             "Batches PostgreSQL refused for their content; explained: whether messages refused "

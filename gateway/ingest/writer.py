@@ -38,6 +38,7 @@ from gateway.sparkplug.metrics import SparkplugMetrics
 from gateway.support.backoff import Backoff
 from gateway.support.metrics import Metrics, observe_many
 from gateway.support.node import Node
+from storage import ingest as repo
 from storage.errors import TRANSIENT_DB_ERRORS
 from storage.ingest import DeadLetterRow
 from storage.pool import describe
@@ -65,6 +66,10 @@ REFUSED_DATA: tuple[type[BaseException], ...] = (asyncpg.exceptions.DataError,)
 # more than the wait saves: starting every batch at once, the machine spent about a fifth
 # more CPU at 2,000 msg/s; with this it spends what the full linger did.
 START_AT = 16
+
+# How long a batch whose COMMIT answer was lost waits for PostgreSQL to finish its transaction
+# (pg_xact_status 'in progress') before storing it again.
+COMMIT_STATUS_WAIT_S = 60.0
 
 
 def _tasks(flights: Sequence[Flight[Inbound]]) -> list[asyncio.Task[None]]:
@@ -485,7 +490,7 @@ class IngestWriter:
         unexplained = 0
         while True:
             try:
-                result = await self._store_once(batch, settled)
+                result = await self._store_once(batch, settled, retry)
             except RETRY_LATER as exc:
                 await self._database_away(exc, retry)
                 continue
@@ -595,12 +600,15 @@ class IngestWriter:
         )
         await asyncio.sleep(delay)
 
-    async def _store_once(self, batch: Classified, settled: Sequence[Inbound] = ()) -> StoreResult:
+    async def _store_once(
+        self, batch: Classified, settled: Sequence[Inbound], retry: Backoff
+    ) -> StoreResult:
         breaker = self.breaker
+        sent: StoreResult | None = None  # what the transaction wrote, once its COMMIT is sent
         try:
             async with self._connection() as conn:
                 async with conn.transaction():
-                    result = await store(
+                    sent = await store(
                         conn,
                         batch,
                         self.node_id,
@@ -611,6 +619,21 @@ class IngestWriter:
                     )
                 if breaker is not None:
                     await breaker.settled(conn, [*batch.items, *settled])
+            result = sent
+        except RETRY_LATER as exc:
+            # Lost after its COMMIT was sent: it may have landed, and storing the batch again
+            # would count twice what is not idempotent (a dead letter's seen_count, ...). A
+            # rollback PostgreSQL answered (class 40: serialization, deadlock) is certain.
+            if (
+                sent is None
+                or sent.xid is None
+                or isinstance(exc, asyncpg.exceptions.TransactionRollbackError)
+                or not await self._committed(sent.xid, exc, retry)
+            ):
+                raise
+            result = sent
+            if breaker is not None:
+                await self._settle(breaker, [*batch.items, *settled], retry)
         finally:
             self.ingest_metrics.transactions.inc()
         self.stored_total += result.stored
@@ -630,6 +653,51 @@ class IngestWriter:
             except Exception:  # as above
                 log.exception("receipt_counting_failed")
         return result
+
+    async def _committed(self, xid: int, lost: BaseException, retry: Backoff) -> bool:
+        """The connection was lost after the COMMIT of transaction ``xid`` was sent (``lost``),
+        its answer unheard: whether it committed, asked on another connection (while the
+        database is away, until it is back). A transaction the server has not finished yet is
+        waited for, up to ``COMMIT_STATUS_WAIT_S``; then (or when PostgreSQL no longer knows
+        the id) it counts as not committed, and the batch is stored again as before."""
+        log.warning("commit_answer_lost", database=self.database, xid=xid, error=repr(lost))
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + COMMIT_STATUS_WAIT_S
+        while True:
+            try:
+                async with self._connection() as conn:
+                    status = await repo.xact_status(conn, xid)
+            except RETRY_LATER as exc:
+                await self._database_away(exc, retry)
+                continue
+            except asyncpg.PostgresError as exc:
+                # An id this server never gave ("in the future": a standby promoted since):
+                # it cannot tell, and the batch is stored again.
+                log.warning("commit_status_unknown", xid=xid, error=repr(exc))
+                status = None
+            if status != "in progress":
+                break
+            delay = retry.next_delay()
+            if loop.time() + delay > deadline:
+                break
+            await asyncio.sleep(delay)
+        log.warning("commit_status", xid=xid, status=status)
+        self.ingest_metrics.lost_commits.labels(status or "unknown").inc()
+        retry.reset()
+        return status == "committed"
+
+    async def _settle(
+        self, breaker: CrashLoopBreaker, items: Sequence[Inbound], retry: Backoff
+    ) -> None:
+        """``breaker.settled`` after a commit heard of on another connection."""
+        while True:
+            try:
+                async with self._connection() as conn:
+                    await breaker.settled(conn, items)
+            except RETRY_LATER as exc:
+                await self._database_away(exc, retry)
+            else:
+                return
 
     def _in_flight_items(self, items: list[Inbound]) -> list[Inbound]:
         """What the breaker's journal holds while ``items`` are stored: they alone when

@@ -25,6 +25,10 @@
 -- reads after it, so the telemetry is inserted before any device row is locked, as by the two
 -- statements this one replaced (and every node runs this one statement: their locks come in
 -- one order whatever order that is).
+-- The row also carries the transaction's id (pg_current_xact_id, as a bigint; asking assigns
+-- one, which a transaction that writes has anyway): should the answer to its COMMIT be lost,
+-- the writer asks a new connection whether it committed (xact_status) instead of storing the
+-- batch again. Here rather than in a statement of its own: no round trip more a batch.
 WITH inserted AS (
     INSERT INTO telemetry (event_id, device_id, ts, seq, metrics, events, node_id)
     SELECT u.event_id, u.device_id, from_micros(u.ts_us::bigint), u.seq::bigint,
@@ -54,34 +58,43 @@ WITH inserted AS (
     ON CONFLICT (device_id) DO NOTHING
 )
 SELECT count(*) AS new, now() AS db_now,
-       CASE WHEN count(*) < $8 THEN coalesce(array_agg(event_id), '{}') END AS new_ids
+       CASE WHEN count(*) < $8 THEN coalesce(array_agg(event_id), '{}') END AS new_ids,
+       pg_current_xact_id()::text::bigint AS xid
 FROM inserted;
 
 -- name: upsert_presence
 -- $1 device ids (unique, sorted), $2 presences ('online'|'offline'); observed now. Only a
 -- change is written: the status is retained, so every (re)connect of every node reads the
 -- last one again, and moving presence_at to now would stand for a new silence (a new
--- inactivity alarm where people had closed the one for this silence).
-INSERT INTO device (device_id, first_seen, last_seen, presence, presence_at)
-SELECT d, now(), now(), p, now() FROM unnest($1::text[], $2::text[]) AS u(d, p)
-ON CONFLICT (device_id) DO UPDATE
-SET presence = EXCLUDED.presence, presence_at = EXCLUDED.presence_at
-WHERE device.presence IS DISTINCT FROM EXCLUDED.presence;
+-- inactivity alarm where people had closed the one for this silence). Returns the
+-- transaction's id, as insert_telemetry does (for a batch that sends no telemetry).
+WITH recorded AS (
+    INSERT INTO device (device_id, first_seen, last_seen, presence, presence_at)
+    SELECT d, now(), now(), p, now() FROM unnest($1::text[], $2::text[]) AS u(d, p)
+    ON CONFLICT (device_id) DO UPDATE
+    SET presence = EXCLUDED.presence, presence_at = EXCLUDED.presence_at
+    WHERE device.presence IS DISTINCT FROM EXCLUDED.presence
+)
+SELECT pg_current_xact_id()::text::bigint AS xid;
 
 -- name: insert_dead_letters
 -- $1 topics, $2 payloads as kept (whole or first bytes), $3 whole sizes, $4 whole SHA-256 (hex),
 -- $5 reason codes, $6 details, $7 times seen (each (topic, sha256) once), $8 node id; a pending
 -- letter of the same bytes on the same topic is counted again instead. Ids follow the order
 -- given (message order); two nodes counting the same letters in opposite orders at once may
--- deadlock, which PostgreSQL breaks and the writer retries.
-INSERT INTO dead_letter AS l
-    (topic, payload, payload_size, payload_sha256, reason, detail, seen_count, node_id)
-SELECT t, p, s, h, r, d, n, $8
-FROM unnest($1::text[], $2::bytea[], $3::bigint[], $4::text[], $5::text[], $6::text[],
-            $7::integer[]) AS u(t, p, s, h, r, d, n)
-ON CONFLICT (topic, payload_sha256) WHERE replayed_at IS NULL DO UPDATE
-SET seen_count = l.seen_count + EXCLUDED.seen_count,
-    last_seen_at = GREATEST(l.last_seen_at, EXCLUDED.last_seen_at);
+-- deadlock, which PostgreSQL breaks and the writer retries. Returns the transaction's id, as
+-- insert_telemetry does (for a batch of dead letters only, which sends no telemetry).
+WITH counted AS (
+    INSERT INTO dead_letter AS l
+        (topic, payload, payload_size, payload_sha256, reason, detail, seen_count, node_id)
+    SELECT t, p, s, h, r, d, n, $8
+    FROM unnest($1::text[], $2::bytea[], $3::bigint[], $4::text[], $5::text[], $6::text[],
+                $7::integer[]) AS u(t, p, s, h, r, d, n)
+    ON CONFLICT (topic, payload_sha256) WHERE replayed_at IS NULL DO UPDATE
+    SET seen_count = l.seen_count + EXCLUDED.seen_count,
+        last_seen_at = GREATEST(l.last_seen_at, EXCLUDED.last_seen_at)
+)
+SELECT pg_current_xact_id()::text::bigint AS xid;
 
 -- name: list_dead_letters
 -- $1 reason filter or null, $2 only not yet replayed successfully, $3 after id (keyset), $4 limit.
@@ -115,6 +128,17 @@ SET replay_count = replay_count + 1,
     replay_outcome = $2,
     replayed_at = CASE WHEN $3::boolean THEN now() ELSE replayed_at END
 WHERE id = $1;
+
+-- name: assigned_xact_id
+-- no parameters; the id of the caller's transaction if it has one (it wrote something), else
+-- NULL, as a bigint. For a batch that sent none of insert_telemetry, upsert_presence and
+-- insert_dead_letters (command receipts only, say).
+SELECT pg_current_xact_id_if_assigned()::text::bigint;
+
+-- name: xact_status
+-- $1 a transaction id (as a bigint): 'committed', 'aborted', 'in progress', or NULL when it is
+-- too old to tell. Asked on a new connection after the answer to a batch's COMMIT was lost.
+SELECT pg_xact_status($1::bigint::text::xid8);
 
 -- name: count_telemetry
 -- no parameters; the number of stored telemetry rows.

@@ -1,13 +1,12 @@
-"""PostgreSQL lost between its commit of a batch and the writer hearing of it: the batch is
-stored again (the writer cannot tell a lost COMMIT from one that landed), and nothing it wrote
-may count twice."""
+"""PostgreSQL lost between its commit of a batch and the writer hearing of it: the writer asks
+a new connection whether the transaction committed (pg_xact_status of its id) and, as it did,
+takes the batch as stored; nothing it wrote may count twice."""
 
 from __future__ import annotations
 
 import asyncio
 
 import asyncpg
-import pytest
 
 from gateway.alarms.engine import AlarmEngine
 from gateway.ingest import live_path
@@ -28,16 +27,11 @@ COMMIT = b"COMMIT;\x00"
 DOOR_RULE = '[[rules]]\nkey = "door"\nkind = "event"\nevent = "DOOR_OPEN"\nseverity = "MAJOR"\n'
 
 
-async def _through_a_lost_commit(
-    db_dsn: str, db: asyncpg.Connection, messages: list[Inbound], engine: AlarmEngine | None
-) -> StoreResult:
-    """Store ``messages`` (dev-1's among them) as one batch whose COMMIT reaches PostgreSQL
-    and whose answer is lost: the connection is cut once the commit is visible (dev-1
-    registered), as PostgreSQL restarting at that moment would, and the writer retries."""
-    proxy = proxy_for(db_dsn)
-    await proxy.start()
-    pool = await create_pool(through(db_dsn, proxy), min_size=1, max_size=2)
-    writer = IngestWriter(
+LETTERS = "SELECT reason, seen_count FROM dead_letter"
+
+
+def _writer(pool: asyncpg.Pool, engine: AlarmEngine | None = None) -> IngestWriter:
+    return IngestWriter(
         pool=pool,
         decoder=MessageDecoder(TOPICS, Encoding.JSON, 65536),
         node_id="node-a",
@@ -48,6 +42,32 @@ async def _through_a_lost_commit(
         retry=Backoff(0.01, 0.1),
         engine=engine,
     )
+
+
+def _answers(writer: IngestWriter, status: str) -> float | None:
+    """How many lost COMMIT answers PostgreSQL then told ``status`` of."""
+    return writer.metrics.registry.get_sample_value(
+        "gateway_ingest_lost_commits_total", {"status": status}
+    )
+
+
+def _a_letter_and_a_sample() -> list[Inbound]:
+    return [
+        Inbound(TOPICS.telemetry("dev-1"), b'{"ts": 1767225600000, "metrics": {"t": 1}}'),
+        Inbound(TOPICS.telemetry("dev-1"), b"not json"),
+    ]
+
+
+async def _through_a_lost_commit(
+    db_dsn: str, db: asyncpg.Connection, messages: list[Inbound], engine: AlarmEngine | None
+) -> StoreResult:
+    """Store ``messages`` (dev-1's among them) as one batch whose COMMIT reaches PostgreSQL
+    and whose answer is lost: the connection is cut once the commit is visible (dev-1
+    registered), as PostgreSQL restarting at that moment would."""
+    proxy = proxy_for(db_dsn)
+    await proxy.start()
+    pool = await create_pool(through(db_dsn, proxy), min_size=1, max_size=2)
+    writer = _writer(pool, engine)
     batch = writer.decoder.classify(messages)
 
     def commit_then_silence(chunk: bytes) -> bool:
@@ -85,30 +105,128 @@ async def test_a_batch_committed_before_the_connection_was_lost_raises_its_alarm
     result = await _through_a_lost_commit(
         db_dsn, db, [Inbound(TOPICS.telemetry("dev-1"), door)], engine
     )
-    # The retry found the telemetry stored: nothing new, nothing judged again.
-    assert result.stored == 0
+    # Known committed: the batch's own result (its one new row), nothing judged again.
+    assert result.stored == 1
     assert await db.fetchval("SELECT count(*) FROM telemetry") == 1
     assert await db.fetchval("SELECT count(*) FROM alarm") == 1
     created = "SELECT count(*) FROM outbox_event WHERE event_type = 'alarm.created'"
     assert await db.fetchval(created) == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a batch whose COMMIT landed but whose answer was lost is stored again: telemetry "
-    "is a duplicate, but each dead letter of it is counted a second time (seen_count 2 for "
-    "one arrival); the writer needs to know its transaction committed (txid_status)",
-)
 async def test_a_batch_committed_before_the_connection_was_lost_counts_its_letters_once(
     db_dsn: str, db: asyncpg.Connection
 ) -> None:
-    messages = [
-        Inbound(TOPICS.telemetry("dev-1"), b'{"ts": 1767225600000, "metrics": {"t": 1}}'),
-        Inbound(TOPICS.telemetry("dev-1"), b"not json"),
-    ]
-    result = await _through_a_lost_commit(db_dsn, db, messages, None)
-    assert result.stored == 0
-    assert await db.fetchval("SELECT count(*) FROM telemetry") == 1
+    result = await _through_a_lost_commit(db_dsn, db, _a_letter_and_a_sample(), None)
     # One arrival, seen once.
-    letters = await db.fetch("SELECT reason, seen_count FROM dead_letter")
+    letters = await db.fetch(LETTERS)
     assert [tuple(r) for r in letters] == [("MALFORMED", 1)]
+    assert await db.fetchval("SELECT count(*) FROM telemetry") == 1
+    # The batch was not stored again: its result is the committed transaction's.
+    assert result.stored == 1
+    assert len(result.dead_letters) == 1
+
+
+async def test_a_batch_whose_commit_never_arrived_is_stored_again_and_counts_its_letters_once(
+    db_dsn: str, db: asyncpg.Connection
+) -> None:
+    """The connection is lost with the COMMIT itself: PostgreSQL rolls the transaction back,
+    says so (aborted), and the writer stores the batch again, as before."""
+    proxy = proxy_for(db_dsn)
+    await proxy.start()
+    pool = await create_pool(through(db_dsn, proxy), min_size=1, max_size=2)
+    writer = _writer(pool)
+    sent = asyncio.Event()
+
+    def commit_lost(chunk: bytes) -> bool:
+        if COMMIT in chunk:
+            proxy.black_hole()
+            sent.set()
+            return False  # never reaches PostgreSQL
+        return True
+
+    proxy.from_client = commit_lost
+    try:
+        storing = asyncio.create_task(
+            writer.store_with_retry(writer.decoder.classify(_a_letter_and_a_sample()))
+        )
+        async with asyncio.timeout(30):
+            await sent.wait()
+        proxy.from_client = None
+        await proxy.cut()
+        proxy.swallowing = False
+        await proxy.resume()
+        async with asyncio.timeout(30):
+            result = await storing
+    finally:
+        await pool.close()
+        await proxy.stop()
+    assert [tuple(r) for r in await db.fetch(LETTERS)] == [("MALFORMED", 1)]
+    assert await db.fetchval("SELECT count(*) FROM telemetry") == 1
+    assert result.stored == 1  # stored by the second transaction
+    assert _answers(writer, "aborted") == 1
+    assert _answers(writer, "committed") is None
+
+
+async def test_a_commit_still_under_way_when_the_connection_was_lost_is_waited_for(
+    db_dsn: str, db: asyncpg.Connection
+) -> None:
+    """The COMMIT reached PostgreSQL, which has not finished it when the connection is lost
+    (here a deferred trigger waits for a lock the test holds; in the field, a synchronous
+    standby's flush): the writer is told 'in progress', asks again, and once it is committed
+    takes the batch as stored."""
+    await db.execute(
+        """
+        CREATE FUNCTION hold_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN PERFORM pg_advisory_xact_lock_shared(4711); RETURN NULL; END $$;
+        CREATE CONSTRAINT TRIGGER hold_commit AFTER INSERT ON dead_letter
+        DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION hold_commit();
+        """
+    )
+    holder = await asyncpg.connect(db_dsn)
+    await holder.execute("SELECT pg_advisory_lock(4711)")
+    proxy = proxy_for(db_dsn)
+    await proxy.start()
+    pool = await create_pool(through(db_dsn, proxy), min_size=1, max_size=2)
+    writer = _writer(pool)
+
+    def commit_then_silence(chunk: bytes) -> bool:
+        if COMMIT in chunk:
+            proxy.black_hole()
+        return True
+
+    proxy.from_client = commit_then_silence
+    try:
+        storing = asyncio.create_task(
+            writer.store_with_retry(writer.decoder.classify(_a_letter_and_a_sample()))
+        )
+
+        async def committing() -> bool:
+            waiting = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+            return bool(await db.fetchval(waiting))
+
+        await wait_until(committing, timeout=30, message="the COMMIT waits in its trigger")
+        proxy.from_client = None
+        await proxy.cut()
+        proxy.swallowing = False
+        await proxy.resume()
+
+        async def asked() -> bool:
+            status = (
+                "SELECT count(*) FROM pg_stat_activity WHERE pid <> pg_backend_pid() "
+                "AND query LIKE '%pg_xact_status%'"
+            )
+            return bool(await db.fetchval(status))
+
+        await wait_until(asked, timeout=30, message="the writer asked while it was under way")
+        assert not storing.done()
+        await holder.execute("SELECT pg_advisory_unlock(4711)")
+        async with asyncio.timeout(30):
+            result = await storing
+    finally:
+        await holder.close()
+        await pool.close()
+        await proxy.stop()
+    assert [tuple(r) for r in await db.fetch(LETTERS)] == [("MALFORMED", 1)]
+    assert await db.fetchval("SELECT count(*) FROM telemetry") == 1
+    assert result.stored == 1
+    assert _answers(writer, "committed") == 1
