@@ -7,6 +7,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from hashlib import sha256
+from typing import NamedTuple
 
 import asyncpg
 import msgspec
@@ -27,6 +28,14 @@ COUNT_TELEMETRY = _Q["count_telemetry"]
 PING = _Q["ping"]
 ASSIGNED_XACT_ID = _Q["assigned_xact_id"]
 XACT_STATUS = _Q["xact_status"]
+
+
+class Xact(NamedTuple):
+    """A transaction that wrote: its id, and when the server that gave it started. Whether it
+    committed can be asked later (`xact_status`), of that server only."""
+
+    id: int
+    server_started: datetime
 
 
 class TelemetryRow(msgspec.Struct, frozen=True, gc=False):
@@ -97,14 +106,14 @@ async def insert_telemetry_at(
     rows: Sequence[TelemetryRow],
     node_id: str,
     devices: Collection[str] = (),
-) -> tuple[set[str], datetime | None, int | None]:
+) -> tuple[set[str], datetime | None, Xact | None]:
     """`insert_telemetry`, the transaction's time on the database clock when a row was new
-    (None when none was: nothing new to judge), and the transaction's id (None when nothing
-    was sent); ``devices`` heard from are touched in the same statement (`touch_devices`)."""
+    (None when none was: nothing new to judge), and the transaction (None when nothing was
+    sent); ``devices`` heard from are touched in the same statement (`touch_devices`)."""
     if not rows and not devices:
         return set(), None, None
     # A column a parameter, each a text of lines; an empty line is NULL (ingest.sql).
-    new, db_now, new_ids, xid = await conn.fetchrow(
+    new, db_now, new_ids, xid, started = await conn.fetchrow(
         INSERT_TELEMETRY,
         lines([r.event_id for r in rows]),
         lines([r.device_id for r in rows]),
@@ -116,22 +125,24 @@ async def insert_telemetry_at(
         len(rows),
         lines(sorted(devices)),
     )
+    xact = Xact(xid, started)
     if not new:
-        return set(), None, xid
-    return {r.event_id for r in rows} if new_ids is None else set(new_ids), db_now, xid
+        return set(), None, xact
+    return {r.event_id for r in rows} if new_ids is None else set(new_ids), db_now, xact
 
 
-async def assigned_xact_id(conn: asyncpg.Connection) -> int | None:
-    """The id of the caller's transaction if it has one (it wrote something), else None."""
-    xid: int | None = await conn.fetchval(ASSIGNED_XACT_ID)
-    return xid
+async def assigned_xact_id(conn: asyncpg.Connection) -> Xact | None:
+    """The caller's transaction if it has an id (it wrote something), else None."""
+    xid, started = await conn.fetchrow(ASSIGNED_XACT_ID)
+    return None if xid is None else Xact(xid, started)
 
 
-async def xact_status(conn: asyncpg.Connection, xid: int) -> str | None:
-    """Whether transaction ``xid`` committed: 'committed', 'aborted', 'in progress', or None
-    when it is too old to tell."""
-    status: str | None = await conn.fetchval(XACT_STATUS, xid)
-    return status
+async def xact_status(conn: asyncpg.Connection, xact: Xact) -> tuple[bool, str | None]:
+    """Whether ``conn``'s server is the one that gave ``xact`` its id, not restarted since,
+    and if so whether it committed: 'committed', 'aborted', 'in progress', or None when it is
+    too old to tell. Another server cannot tell (its status is None)."""
+    same, status = await conn.fetchrow(XACT_STATUS, xact.id, xact.server_started)
+    return bool(same), status
 
 
 async def touch_devices(conn: asyncpg.Connection, device_ids: Collection[str]) -> None:
@@ -139,14 +150,14 @@ async def touch_devices(conn: asyncpg.Connection, device_ids: Collection[str]) -
     await insert_telemetry_at(conn, (), "", device_ids)
 
 
-async def record_presence(conn: asyncpg.Connection, presence: dict[str, str]) -> int | None:
-    """Store the latest presence per device (``online``/``offline``). The transaction's id
-    (None when there was nothing to store)."""
+async def record_presence(conn: asyncpg.Connection, presence: dict[str, str]) -> Xact | None:
+    """Store the latest presence per device (``online``/``offline``). The transaction (None
+    when there was nothing to store)."""
     if not presence:
         return None
     ids = sorted(presence)
-    xid: int = await conn.fetchval(UPSERT_PRESENCE, ids, [presence[i] for i in ids])
-    return xid
+    xid, started = await conn.fetchrow(UPSERT_PRESENCE, ids, [presence[i] for i in ids])
+    return Xact(xid, started)
 
 
 async def record_device_mappings(
@@ -181,10 +192,10 @@ def _text(value: str) -> str:
 
 async def insert_dead_letters(
     conn: asyncpg.Connection, rows: Sequence[DeadLetterRow], node_id: str
-) -> int | None:
+) -> Xact | None:
     """Store dead letters; one the same bytes on the same topic already have pending (not yet
-    replayed) is counted again (``seen_count``, ``last_seen_at``) instead. The transaction's
-    id (None when there was nothing to store)."""
+    replayed) is counted again (``seen_count``, ``last_seen_at``) instead. The transaction
+    (None when there was nothing to store)."""
     if not rows:
         return None
     # One row per key and statement: ON CONFLICT cannot touch the same row twice.
@@ -194,7 +205,7 @@ async def insert_dead_letters(
         first, count = seen.get(key, (row, 0))
         seen[key] = (first, count + 1)
     letters = [(topic, row, count) for (topic, _), (row, count) in seen.items()]
-    xid: int = await conn.fetchval(
+    xid, started = await conn.fetchrow(
         INSERT_DEAD_LETTERS,
         [topic for topic, _, _ in letters],
         [r.payload for _, r, _ in letters],
@@ -205,7 +216,7 @@ async def insert_dead_letters(
         [count for _, _, count in letters],
         node_id,
     )
-    return xid
+    return Xact(xid, started)
 
 
 def _dead_letter(record: asyncpg.Record) -> StoredDeadLetter:

@@ -61,7 +61,8 @@ class IngestMetrics(MetricSet):
             "gateway_ingest_lost_commits",
             "Batches whose COMMIT answer was lost with the connection, by what PostgreSQL then "
             "said of the transaction: committed (done, not stored again), aborted or unknown "
-            "(stored again), in progress (still unfinished after the wait; stored again)",
+            "(stored again), in_progress (still unfinished after the wait; stored again), "
+            "other_server (a failover or a restart since: not asked; stored again)",
             ["status"],
             registry=r,
         )

@@ -35,9 +35,9 @@ class StoreResult:
     mapped: dict[str, Recorded] = field(default_factory=dict)
     # What its command receipts did, counted once the transaction commits (ReceiptApplier).
     receipts: tuple[AppliedReceipt, ...] = ()
-    # The transaction's id (None: it wrote nothing): whether it committed can be asked on
-    # another connection should the answer to its COMMIT be lost (the writer).
-    xid: int | None = None
+    # The transaction (None: it wrote nothing): whether it committed can be asked on another
+    # connection should the answer to its COMMIT be lost (the writer), of the same server.
+    xact: repo.Xact | None = None
 
     @property
     def stored(self) -> int:
@@ -78,13 +78,13 @@ async def store(
         seen = seen | outcome.seen_devices
         presence = {**presence, **outcome.presence}
         letters = [*letters, *outcome.dead_letters]
-    new_ids, db_now, xid = await repo.insert_telemetry_at(conn, telemetry, node_id, seen)
-    presence_xid = await repo.record_presence(conn, presence)
-    xid = presence_xid if xid is None else xid
+    new_ids, db_now, xact = await repo.insert_telemetry_at(conn, telemetry, node_id, seen)
+    presence_xact = await repo.record_presence(conn, presence)
+    xact = presence_xact if xact is None else xact
     mapped = batch.mapped_devices if mappings is None else mappings.due(batch.mapped_devices)
     await repo.record_device_mappings(conn, mapped)
-    letters_xid = await repo.insert_dead_letters(conn, letters, node_id)
-    xid = letters_xid if xid is None else xid
+    letters_xact = await repo.insert_dead_letters(conn, letters, node_id)
+    xact = letters_xact if xact is None else xact
     applied = batch.receipts
     if outcome is not None and outcome.telemetry and receipts is not None:
         # Sparkplug has no receipt: a write is confirmed by the value reported back.
@@ -106,10 +106,10 @@ async def store(
                 evaluated.add(row.event_id)
                 fresh.append((row.device_id, row.event_id, message))
         alarms = await engine.on_stored(conn, fresh, now=db_now)
-    if xid is None:
+    if xact is None:
         # No statement that tells it was sent (no telemetry, device, presence or dead letter:
         # command receipts only, say): asked apart, and only if the batch wrote something.
-        xid = await repo.assigned_xact_id(conn)
+        xact = await repo.assigned_xact_id(conn)
     return StoreResult(
         new_event_ids=frozenset(new_ids),
         telemetry=len(telemetry),
@@ -119,7 +119,7 @@ async def store(
         sparkplug=outcome,
         mapped=mapped,
         receipts=done,
-        xid=xid,
+        xact=xact,
     )
 
 

@@ -40,7 +40,7 @@ from gateway.support.metrics import Metrics, observe_many
 from gateway.support.node import Node
 from storage import ingest as repo
 from storage.errors import TRANSIENT_DB_ERRORS
-from storage.ingest import DeadLetterRow
+from storage.ingest import DeadLetterRow, Xact
 from storage.pool import describe
 
 log = structlog.get_logger(__name__)
@@ -626,9 +626,9 @@ class IngestWriter:
             # rollback PostgreSQL answered (class 40: serialization, deadlock) is certain.
             if (
                 sent is None
-                or sent.xid is None
+                or sent.xact is None
                 or isinstance(exc, asyncpg.exceptions.TransactionRollbackError)
-                or not await self._committed(sent.xid, exc, retry)
+                or not await self._committed(sent.xact, exc, retry)
             ):
                 raise
             result = sent
@@ -654,19 +654,25 @@ class IngestWriter:
                 log.exception("receipt_counting_failed")
         return result
 
-    async def _committed(self, xid: int, lost: BaseException, retry: Backoff) -> bool:
-        """The connection was lost after the COMMIT of transaction ``xid`` was sent (``lost``),
-        its answer unheard: whether it committed, asked on another connection (while the
-        database is away, until it is back). A transaction the server has not finished yet is
-        waited for, up to ``COMMIT_STATUS_WAIT_S``; then (or when PostgreSQL no longer knows
-        the id) it counts as not committed, and the batch is stored again as before."""
+    async def _committed(self, xact: Xact, lost: BaseException, retry: Backoff) -> bool:
+        """The connection was lost after the COMMIT of transaction ``xact`` was sent
+        (``lost``), its answer unheard: whether it committed, asked on another connection
+        (while the database is away, until it is back). A transaction the server has not
+        finished yet is waited for, up to ``COMMIT_STATUS_WAIT_S``; then (or when PostgreSQL
+        no longer knows the id) it counts as not committed, and the batch is stored again as
+        before. Only the server that gave the id, not restarted since, can tell: after a
+        failover the promoted standby goes on with the same ids, and one it never received
+        may have been given to another transaction there, which a "committed" would take for
+        this batch's (acknowledged, and lost). Another server's answer is not asked: the
+        batch is stored again (its telemetry and alarms are idempotent by event id)."""
+        xid = xact.id
         log.warning("commit_answer_lost", database=self.database, xid=xid, error=repr(lost))
         loop = asyncio.get_running_loop()
         deadline = loop.time() + COMMIT_STATUS_WAIT_S
         while True:
             try:
                 async with self._connection() as conn:
-                    status = await repo.xact_status(conn, xid)
+                    same_server, status = await repo.xact_status(conn, xact)
             except RETRY_LATER as exc:
                 await self._database_away(exc, retry)
                 continue
@@ -674,7 +680,11 @@ class IngestWriter:
                 # An id this server never gave ("in the future": a standby promoted since):
                 # it cannot tell, and the batch is stored again.
                 log.warning("commit_status_unknown", xid=xid, error=repr(exc))
-                status = None
+                same_server, status = True, None
+            if not same_server:
+                log.warning("commit_status_other_server", xid=xid)
+                status = "other server"
+                break
             if status != "in progress":
                 break
             delay = retry.next_delay()
@@ -682,7 +692,7 @@ class IngestWriter:
                 break
             await asyncio.sleep(delay)
         log.warning("commit_status", xid=xid, status=status)
-        self.ingest_metrics.lost_commits.labels(status or "unknown").inc()
+        self.ingest_metrics.lost_commits.labels((status or "unknown").replace(" ", "_")).inc()
         retry.reset()
         return status == "committed"
 

@@ -26,9 +26,11 @@
 -- statements this one replaced (and every node runs this one statement: their locks come in
 -- one order whatever order that is).
 -- The row also carries the transaction's id (pg_current_xact_id, as a bigint; asking assigns
--- one, which a transaction that writes has anyway): should the answer to its COMMIT be lost,
--- the writer asks a new connection whether it committed (xact_status) instead of storing the
--- batch again. Here rather than in a statement of its own: no round trip more a batch.
+-- one, which a transaction that writes has anyway) and when the server answering it started
+-- (pg_postmaster_start_time): should the answer to its COMMIT be lost, the writer asks a new
+-- connection whether it committed (xact_status) instead of storing the batch again, and
+-- trusts the answer only from the same server, not restarted since. Here rather than in a
+-- statement of its own: no round trip more a batch.
 WITH inserted AS (
     INSERT INTO telemetry (event_id, device_id, ts, seq, metrics, events, node_id)
     SELECT u.event_id, u.device_id, from_micros(u.ts_us::bigint), u.seq::bigint,
@@ -59,7 +61,7 @@ WITH inserted AS (
 )
 SELECT count(*) AS new, now() AS db_now,
        CASE WHEN count(*) < $8 THEN coalesce(array_agg(event_id), '{}') END AS new_ids,
-       pg_current_xact_id()::text::bigint AS xid
+       pg_current_xact_id()::text::bigint AS xid, pg_postmaster_start_time() AS server_started
 FROM inserted;
 
 -- name: upsert_presence
@@ -75,7 +77,7 @@ WITH recorded AS (
     SET presence = EXCLUDED.presence, presence_at = EXCLUDED.presence_at
     WHERE device.presence IS DISTINCT FROM EXCLUDED.presence
 )
-SELECT pg_current_xact_id()::text::bigint AS xid;
+SELECT pg_current_xact_id()::text::bigint AS xid, pg_postmaster_start_time() AS server_started;
 
 -- name: insert_dead_letters
 -- $1 topics, $2 payloads as kept (whole or first bytes), $3 whole sizes, $4 whole SHA-256 (hex),
@@ -94,7 +96,7 @@ WITH counted AS (
     SET seen_count = l.seen_count + EXCLUDED.seen_count,
         last_seen_at = GREATEST(l.last_seen_at, EXCLUDED.last_seen_at)
 )
-SELECT pg_current_xact_id()::text::bigint AS xid;
+SELECT pg_current_xact_id()::text::bigint AS xid, pg_postmaster_start_time() AS server_started;
 
 -- name: list_dead_letters
 -- $1 reason filter or null, $2 only not yet replayed successfully, $3 after id (keyset), $4 limit.
@@ -131,14 +133,21 @@ WHERE id = $1;
 
 -- name: assigned_xact_id
 -- no parameters; the id of the caller's transaction if it has one (it wrote something), else
--- NULL, as a bigint. For a batch that sent none of insert_telemetry, upsert_presence and
--- insert_dead_letters (command receipts only, say).
-SELECT pg_current_xact_id_if_assigned()::text::bigint;
+-- NULL, as a bigint, and when the server started (as insert_telemetry). For a batch that sent
+-- none of insert_telemetry, upsert_presence and insert_dead_letters (command receipts only).
+SELECT pg_current_xact_id_if_assigned()::text::bigint AS xid,
+       pg_postmaster_start_time() AS server_started;
 
 -- name: xact_status
--- $1 a transaction id (as a bigint): 'committed', 'aborted', 'in progress', or NULL when it is
--- too old to tell. Asked on a new connection after the answer to a batch's COMMIT was lost.
-SELECT pg_xact_status($1::bigint::text::xid8);
+-- $1 a transaction id (as a bigint), $2 when the server that gave it started: whether this is
+-- that server, not restarted since, and if so the transaction's status ('committed', 'aborted',
+-- 'in progress', or NULL when it is too old to tell). Asked on a new connection after the
+-- answer to a batch's COMMIT was lost. Another server (a standby promoted since: the same ids
+-- go on there, and one this server never received may since have been given to another
+-- transaction) or a restart cannot answer for it: the status is not asked.
+SELECT pg_postmaster_start_time() = $2 AS same_server,
+       CASE WHEN pg_postmaster_start_time() = $2
+            THEN pg_xact_status($1::bigint::text::xid8) END AS status;
 
 -- name: count_telemetry
 -- no parameters; the number of stored telemetry rows.

@@ -5,6 +5,7 @@ takes the batch as stored; nothing it wrote may count twice."""
 from __future__ import annotations
 
 import asyncio
+from datetime import timedelta
 
 import asyncpg
 
@@ -16,6 +17,7 @@ from gateway.ingest.writer import IngestWriter
 from gateway.support.backoff import Backoff
 from gateway.support.metrics import Metrics
 from protocol import Encoding, Topics
+from storage import ingest as ingest_repo
 from storage.pool import create_pool
 from tests.support.daemon import make_config
 from tests.support.dsn import proxy_for, through
@@ -230,3 +232,30 @@ async def test_a_commit_still_under_way_when_the_connection_was_lost_is_waited_f
     assert await db.fetchval("SELECT count(*) FROM telemetry") == 1
     assert result.stored == 1
     assert _answers(writer, "committed") == 1
+
+
+async def test_only_the_server_that_gave_the_id_not_restarted_since_is_asked(
+    db_dsn: str, db: asyncpg.Connection
+) -> None:
+    """After a failover the promoted standby goes on with the same ids, and one it never
+    received may have been given to another of its transactions: its "committed" would make
+    the writer acknowledge a batch it never stored. The statement that returns a batch's id
+    returns when its server started; another server (or the same restarted) is not asked,
+    and the batch is stored again."""
+    async with db.transaction():
+        _, _, xact = await ingest_repo.insert_telemetry_at(db, [], "node-a", ["dev-asked"])
+    assert xact is not None
+    assert await ingest_repo.xact_status(db, xact) == (True, "committed")
+    elsewhere = xact._replace(server_started=xact.server_started - timedelta(hours=1))
+    assert await ingest_repo.xact_status(db, elsewhere) == (False, None)
+
+    pool = await create_pool(db_dsn, min_size=1, max_size=1)
+    try:
+        writer = _writer(pool)
+        lost = ConnectionResetError("the answer to the COMMIT never came")
+        assert await writer._committed(xact, lost, Backoff(0.01, 0.1)) is True
+        assert await writer._committed(elsewhere, lost, Backoff(0.01, 0.1)) is False
+    finally:
+        await pool.close()
+    assert _answers(writer, "committed") == 1
+    assert _answers(writer, "other_server") == 1
