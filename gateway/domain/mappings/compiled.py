@@ -8,6 +8,7 @@ Pure: no I/O. ``compile_mappings`` raises `ConfigError`s naming the key path; a 
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Iterator, Mapping, Sequence
@@ -877,7 +878,7 @@ def _timestamp(
     fmt = mapping.timestamp_format
     where = f"{mapping.timestamp_path.text} ({fmt})"
     try:
-        ms = _epoch_ms(value, fmt, mapping.timezone)
+        ms = _epoch_ms(value, fmt, mapping.timezone, received_ms)
     except (ValueError, OverflowError) as exc:
         shown = "absent" if value is _ABSENT else repr(value)[:80]
         return _refuse(mapping, MAPPING_BAD_TIMESTAMP, f"{shown} at {where}: {exc}")
@@ -886,8 +887,14 @@ def _timestamp(
     return ms
 
 
-def _epoch_ms(value: Any, fmt: str, zone: ZoneInfo | None) -> int:
-    """Raises `ValueError` saying why ``value`` is no time of format ``fmt``."""
+def _epoch_ms(value: Any, fmt: str, zone: ZoneInfo | None, received_ms: int) -> int:
+    """Raises `ValueError` saying why ``value`` is no time of format ``fmt``. A local time
+    that names two instants (the hour the clocks go back shows twice) or none (the hour they
+    go forward is never shown, by a clock that changes) is read as the one of its two
+    readings (the offsets before and after the change) nearer ``received_ms``, when it was
+    received: a live device's second pass is its second pass, not a copy of the first's
+    (dated an hour early, a reading equal to the first pass's was taken for a redelivery and
+    lost). A redelivery more than half an hour late in that hour is dated in the other pass."""
     if fmt == "iso8601":
         if not isinstance(value, str):
             raise ValueError("not a string")
@@ -899,6 +906,12 @@ def _epoch_ms(value: Any, fmt: str, zone: ZoneInfo | None) -> int:
                 # The same instant as with the zone, without its look-ups (0.9 -> 0.3 µs).
                 return (parsed - _EPOCH_NAIVE) // _MS
             parsed = parsed.replace(tzinfo=zone)
+            ms = (parsed - _EPOCH) // _MS
+            if _one_offset(zone, parsed.year, parsed.month, parsed.day, parsed.hour):
+                return ms  # every hour of the year but two: one reading
+            other = parsed.replace(fold=1)
+            other_ms = (other - _EPOCH) // _MS
+            return other_ms if abs(other_ms - received_ms) < abs(ms - received_ms) else ms
         return (parsed - _EPOCH) // _MS
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ValueError("not a number")  # noqa: TRY004 - reported as the payload's mistake
@@ -906,6 +919,17 @@ def _epoch_ms(value: Any, fmt: str, zone: ZoneInfo | None) -> int:
 
 
 _MS: Final = datetime(1970, 1, 1, 0, 0, 0, 1000, tzinfo=UTC) - _EPOCH
+
+
+@functools.lru_cache(maxsize=256)
+def _one_offset(zone: ZoneInfo, year: int, month: int, day: int, hour: int) -> bool:
+    """Whether every local time of this hour in ``zone`` has one offset (no change of the
+    clocks inside it, so no time of it names two instants or none). Its first instant before
+    any change and its last after one compare; remembered per hour, as a fleet's samples
+    come hour by hour: 0.2 µs a sample where comparing each time's two readings cost 1.1."""
+    first = datetime(year, month, day, hour, tzinfo=zone)
+    last = first.replace(minute=59, second=59, microsecond=999999, fold=1)
+    return first.utcoffset() == last.utcoffset()
 
 
 def _in_int64(value: int) -> bool:

@@ -548,14 +548,6 @@ def _utc_ms(text: str) -> int:
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="fault: a naive time in the hour that repeats when the clocks go back is always read "
-    "as its first pass (fold=0), so a live device's second pass is dated an hour early, and a "
-    "second-pass reading equal to the first pass's at that wall time is taken for a redelivery "
-    "and lost; reading it needs a rule for the ambiguous hour (e.g. the instant nearer the "
-    "receipt), which changes what a late redelivery is: a design decision",
-)
 def test_the_repeated_hour_s_second_pass_is_dated_in_the_second_pass() -> None:
     """Berlin, 2026-10-25: the clocks go from 03:00 CEST back to 02:00 CET at 01:00 UTC, so a
     Tasmota device (local time, no offset) shows 02:00-02:59 twice. Sent live, each pass's
@@ -567,6 +559,25 @@ def test_the_repeated_hour_s_second_pass_is_dated_in_the_second_pass() -> None:
     first = telemetry(m.read("tele/a/SENSOR", payload, _utc_ms("2026-10-25T00:30:02+00:00")))
     second = telemetry(m.read("tele/a/SENSOR", payload, _utc_ms("2026-10-25T01:30:02+00:00")))
     assert first.message.ts == _utc_ms("2026-10-25T00:30:00+00:00")
-    # Today: 00:30 UTC again, the same event id as the first pass's reading: a duplicate.
+    # It used to be 00:30 UTC again, the first pass's reading's event id: a duplicate, lost.
     assert second.message.ts == _utc_ms("2026-10-25T01:30:00+00:00")
     assert second.event_id != first.event_id
+    # A redelivery of the first pass's reading is the same reading while it comes within the
+    # half hour; the instant nearer its receipt decides.
+    again = telemetry(m.read("tele/a/SENSOR", payload, _utc_ms("2026-10-25T00:59:00+00:00")))
+    assert again.event_id == first.event_id
+
+
+def test_the_hour_the_clocks_skip_is_read_with_the_offset_of_its_receipt() -> None:
+    """Berlin, 2026-03-29: 02:00 CET becomes 03:00 CEST at 01:00 UTC; a clock that does not
+    change shows 02:30 at 01:30 UTC (still +01:00 for it): read with the offset nearer its
+    receipt, not an hour off (and one already an hour ahead, at 00:30 UTC, with the offset
+    after the change)."""
+    m = mappings(
+        '[[ingest.mappings]]\nname = "t"\nprofile = "tasmota"\ntimezone = "Europe/Berlin"\n'
+    )
+    payload = b'{"Time": "2026-03-29T02:30:00", "AM2301": {"Temperature": 21.5}}'
+    late = telemetry(m.read("tele/a/SENSOR", payload, _utc_ms("2026-03-29T01:30:02+00:00")))
+    assert late.message.ts == _utc_ms("2026-03-29T01:30:00+00:00")
+    early = telemetry(m.read("tele/a/SENSOR", payload, _utc_ms("2026-03-29T00:30:02+00:00")))
+    assert early.message.ts == _utc_ms("2026-03-29T00:30:00+00:00")
