@@ -368,13 +368,19 @@ async def clear_many(
     keys: Sequence[str],
     event_ids: Sequence[str],
     at: datetime,
+    *,
     by_trigger: Collection[str] = (),
+    heard_at: datetime | None = None,
 ) -> list[asyncpg.Record]:
     """Clear the alarms holding `keys`; those of the rules `by_trigger` only if they are
-    inactivity alarms (recognised by their trigger, not by a rule configured now)."""
+    inactivity alarms (recognised by their trigger, not by a rule configured now); with
+    `heard_at` (a replayed dead letter's receipt), only an alarm for a silence begun before
+    it."""
     if not keys:
         return []
-    return list(await conn.fetch(CLEAR_MANY, list(keys), list(event_ids), at, list(by_trigger)))
+    return list(
+        await conn.fetch(CLEAR_MANY, list(keys), list(event_ids), at, list(by_trigger), heard_at)
+    )
 
 
 async def uncleared_inactivity_rules(

@@ -106,10 +106,13 @@ async def insert_telemetry_at(
     rows: Sequence[TelemetryRow],
     node_id: str,
     devices: Collection[str] = (),
+    heard_at: datetime | None = None,
 ) -> tuple[set[str], datetime | None, Xact | None]:
     """`insert_telemetry`, the transaction's time on the database clock when a row was new
     (None when none was: nothing new to judge), and the transaction (None when nothing was
-    sent); ``devices`` heard from are touched in the same statement (`touch_devices`)."""
+    sent); ``devices`` heard from are touched in the same statement (`touch_devices`), as
+    heard now, or at ``heard_at`` (a replayed dead letter's receipt: a newer last_seen
+    stays)."""
     if not rows and not devices:
         return set(), None, None
     # A column a parameter, each a text of lines; an empty line is NULL (ingest.sql).
@@ -124,6 +127,7 @@ async def insert_telemetry_at(
         node_id,
         len(rows),
         lines(sorted(devices)),
+        heard_at,
     )
     xact = Xact(xid, started)
     if not new:
@@ -150,13 +154,16 @@ async def touch_devices(conn: asyncpg.Connection, device_ids: Collection[str]) -
     await insert_telemetry_at(conn, (), "", device_ids)
 
 
-async def record_presence(conn: asyncpg.Connection, presence: dict[str, str]) -> Xact | None:
-    """Store the latest presence per device (``online``/``offline``). The transaction (None
-    when there was nothing to store)."""
+async def record_presence(
+    conn: asyncpg.Connection, presence: dict[str, str], heard_at: datetime | None = None
+) -> Xact | None:
+    """Store the latest presence per device (``online``/``offline``), observed now or at
+    ``heard_at`` (a replayed dead letter's receipt). The transaction (None when there was
+    nothing to store)."""
     if not presence:
         return None
     ids = sorted(presence)
-    xid, started = await conn.fetchrow(UPSERT_PRESENCE, ids, [presence[i] for i in ids])
+    xid, started = await conn.fetchrow(UPSERT_PRESENCE, ids, [presence[i] for i in ids], heard_at)
     return Xact(xid, started)
 
 

@@ -345,18 +345,21 @@ class AlarmEngine:
         messages: Sequence[tuple[str, str, Telemetry]],
         *,
         now: datetime | None = None,
+        heard_at: datetime | None = None,
     ) -> BatchAlarms:
         """Evaluate (device id, event id, message) in order; write alarms on ``conn``.
 
         ``now``: the transaction's time on the database clock if the caller has it already
-        (the telemetry insert returns it), else it is read."""
+        (the telemetry insert returns it), else it is read. ``heard_at``: when the messages
+        were received if not now (a replayed dead letter): they clear only an inactivity
+        alarm for a silence that began before it."""
         rules = self.rules  # one rule set per batch, even if a reload swaps it meanwhile
         batch = BatchAlarms()
         if not messages or not len(rules):
             return batch
         if now is None:
             now = await repo.db_now(conn)
-        await self._clear_inactivity(conn, rules, messages, now, batch)
+        await self._clear_inactivity(conn, rules, messages, now, batch, heard_at=heard_at)
         touched = _Touched(rules, messages)
         held = self._held_states(touched)
         if held is not None:
@@ -909,9 +912,12 @@ class AlarmEngine:
         messages: Sequence[tuple[str, str, Telemetry]],
         now: datetime,
         batch: BatchAlarms,
+        *,
+        heard_at: datetime | None = None,
     ) -> None:
         """Any message clears the device's inactivity alarms, whichever node raised them, and
-        those of rules a reload removed or renamed (recognised by their trigger)."""
+        those of rules a reload removed or renamed (recognised by their trigger); one heard
+        at ``heard_at`` (a replayed dead letter) only those for a silence begun before it."""
         unconfigured = self._unconfigured_inactivity
         if not rules.inactivity_rules and not unconfigured:
             return
@@ -927,7 +933,9 @@ class AlarmEngine:
             for rule_key in unconfigured:
                 keys.append(active_key(device_id, rule_key))
                 events.append(event_id)
-        rows = await repo.clear_many(conn, keys, events, now, by_trigger=unconfigured)
+        rows = await repo.clear_many(
+            conn, keys, events, now, by_trigger=unconfigured, heard_at=heard_at
+        )
         batch.cleared += len(rows)
         await record_cleared_many(
             conn, [(row, row["event_id"], "device heard from again") for row in rows]

@@ -72,6 +72,9 @@ async def replay_one(
                         path.engine,
                         path.receipts,
                         sparkplug=path.sparkplug,
+                        # Heard when it was received, not now: a device silent since stays
+                        # silent (its last_seen, its inactivity alarm).
+                        received_at=letter.received_at,
                     )
             except Exception as exc:
                 if isinstance(exc, RETRY_LATER):

@@ -4,6 +4,7 @@ letters, command receipts, and the rule state and alarms the new telemetry moves
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime
 
 import asyncpg
 import msgspec
@@ -57,6 +58,7 @@ async def store(
     *,
     sparkplug: SparkplugHost | None = None,
     mappings: MappingMemory | None = None,
+    received_at: datetime | None = None,
 ) -> StoreResult:
     """Everything a batch writes, in the caller's transaction: telemetry, devices, presence,
     dead letters, command receipts, and the alarms the new telemetry raises or clears; the
@@ -64,7 +66,9 @@ async def store(
     which adds telemetry, presence and dead letters of their own. ``mappings``: what the
     caller's node recorded of its mapped devices (only what is due is recorded; None: all).
     Nothing is counted here: the caller counts the result's alarms and receipts once the
-    transaction has committed (a rolled-back attempt counts nothing)."""
+    transaction has committed (a rolled-back attempt counts nothing). ``received_at``: when
+    the batch was received if not now (a replayed dead letter): its devices count as heard,
+    and its presence as observed, then, never later."""
     telemetry, decoded = batch.telemetry, batch.decoded
     seen, presence, letters = batch.seen_devices, batch.presence, batch.dead_letters
     outcome = None
@@ -78,8 +82,10 @@ async def store(
         seen = seen | outcome.seen_devices
         presence = {**presence, **outcome.presence}
         letters = [*letters, *outcome.dead_letters]
-    new_ids, db_now, xact = await repo.insert_telemetry_at(conn, telemetry, node_id, seen)
-    presence_xact = await repo.record_presence(conn, presence)
+    new_ids, db_now, xact = await repo.insert_telemetry_at(
+        conn, telemetry, node_id, seen, received_at
+    )
+    presence_xact = await repo.record_presence(conn, presence, received_at)
     xact = presence_xact if xact is None else xact
     mapped = batch.mapped_devices if mappings is None else mappings.due(batch.mapped_devices)
     await repo.record_device_mappings(conn, mapped)
@@ -105,7 +111,7 @@ async def store(
             if row.event_id in new_ids and row.event_id not in evaluated:
                 evaluated.add(row.event_id)
                 fresh.append((row.device_id, row.event_id, message))
-        alarms = await engine.on_stored(conn, fresh, now=db_now)
+        alarms = await engine.on_stored(conn, fresh, now=db_now, heard_at=received_at)
     if xact is None:
         # No statement that tells it was sent (no telemetry, device, presence or dead letter:
         # command receipts only, say): asked apart, and only if the batch wrote something.

@@ -178,12 +178,16 @@ SELECT now();
 -- cleared only if they are inactivity alarms (their trigger says since when the device was
 -- silent: rules no longer configured as inactivity rules; usually none); recovery of many
 -- alarms at once (a device heard from clears its inactivity alarms, whichever node raised
--- them, whatever rule).
+-- them, whatever rule). $5 when the device was heard if not now (a replayed dead letter's
+-- receipt), else null: then only an alarm for a silence that began before it is cleared (an
+-- old message says nothing of a silence after it).
 UPDATE alarm a
 SET cleared_at = greatest($3, a.triggered_at), clear_event_id = u.event_id
 FROM unnest($1::text[], $2::text[]) AS u(active_key, event_id)
 WHERE a.active_key = u.active_key AND a.cleared_at IS NULL
   AND (a.rule_key <> ALL($4::text[]) OR a.trigger ? 'silent_since')
+  AND ($5::timestamptz IS NULL
+       OR (a.trigger ->> 'silent_since')::timestamptz < $5::timestamptz)
 RETURNING a.id, a.device_id, a.rule_key, a.status, a.cleared_at, u.event_id,
           a.trigger::text AS trigger, a.rule_description;
 

@@ -8,7 +8,9 @@
 -- checks of its own (measured on 500 rows, 2.1-2.5 µs of the client's CPU a row against
 -- 0.8-0.9, and the statement's wall time 5.6-6.2 µs a row against 5.0-5.3).
 -- $7 node id, $8 how many rows, $9 the devices heard from (a text of lines; unique, sorted
--- so that concurrent nodes lock rows in one order; empty: none), seen now. One statement for
+-- so that concurrent nodes lock rows in one order; empty: none), seen now, or at $10 when
+-- not null: a replayed dead letter is heard when it was received, never later, and a newer
+-- last_seen stays (the same conditions, against $10 instead of now()). One statement for
 -- both, a round trip less a batch (issue 27). One row back: how many rows were new (a
 -- redelivery is not), the transaction's time on the database clock (now(): the rules judge
 -- new telemetry against it, and it comes here instead of in a round trip of its own), and
@@ -47,15 +49,17 @@ WITH inserted AS (
     -- ANY, one comparison per device and id (measured: 0.6 -> 4.5 ms a batch of 500).
     SELECT d.device_id
     FROM unnest(string_to_array($9, E'\n')) AS u(id) JOIN device d ON d.device_id = u.id
-    WHERE d.last_seen < now() - interval '1 second'
-       OR (d.presence_at >= d.last_seen AND d.last_seen < now())
+    WHERE d.last_seen < coalesce($10::timestamptz, now()) - interval '1 second'
+       OR (d.presence_at >= d.last_seen AND d.last_seen < coalesce($10::timestamptz, now()))
     ORDER BY d.device_id
     FOR NO KEY UPDATE OF d
 ), moved AS (
-    UPDATE device SET last_seen = now() FROM due WHERE device.device_id = due.device_id
+    UPDATE device SET last_seen = coalesce($10::timestamptz, now())
+    FROM due WHERE device.device_id = due.device_id
 ), registered AS (
     INSERT INTO device (device_id, first_seen, last_seen)
-    SELECT d, now(), now() FROM unnest(string_to_array($9, E'\n')) AS u(d)
+    SELECT d, coalesce($10::timestamptz, now()), coalesce($10::timestamptz, now())
+    FROM unnest(string_to_array($9, E'\n')) AS u(d)
     WHERE NOT EXISTS (SELECT FROM device x WHERE x.device_id = u.d)
     ON CONFLICT (device_id) DO NOTHING
 )
@@ -65,14 +69,18 @@ SELECT count(*) AS new, now() AS db_now,
 FROM inserted;
 
 -- name: upsert_presence
--- $1 device ids (unique, sorted), $2 presences ('online'|'offline'); observed now. Only a
+-- $1 device ids (unique, sorted), $2 presences ('online'|'offline'); observed now, or at $3
+-- when not null (a replayed dead letter: when it was received; replay applies it only to a
+-- device neither heard nor changed since, so presence_at never goes back). Only a
 -- change is written: the status is retained, so every (re)connect of every node reads the
 -- last one again, and moving presence_at to now would stand for a new silence (a new
 -- inactivity alarm where people had closed the one for this silence). Returns the
 -- transaction's id, as insert_telemetry does (for a batch that sends no telemetry).
 WITH recorded AS (
     INSERT INTO device (device_id, first_seen, last_seen, presence, presence_at)
-    SELECT d, now(), now(), p, now() FROM unnest($1::text[], $2::text[]) AS u(d, p)
+    SELECT d, coalesce($3::timestamptz, now()), coalesce($3::timestamptz, now()), p,
+           coalesce($3::timestamptz, now())
+    FROM unnest($1::text[], $2::text[]) AS u(d, p)
     ON CONFLICT (device_id) DO UPDATE
     SET presence = EXCLUDED.presence, presence_at = EXCLUDED.presence_at
     WHERE device.presence IS DISTINCT FROM EXCLUDED.presence

@@ -3,7 +3,7 @@ whose payloads carry no time."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import asyncpg
 
@@ -116,5 +116,67 @@ async def test_a_presence_letter_older_than_what_the_device_said_since_changes_n
     ]
     rows = await db.fetch("SELECT device_id, presence FROM device ORDER BY device_id")
     assert [tuple(r) for r in rows] == [("dev-2", "online"), ("dev-3", "online")]
-    # A node listening all along judges both devices: neither is silent nor offline.
-    assert await InactivityMonitor(pool=pool, engine=path.engine).run_once() == []
+    # A node listening all along judges both devices: neither is offline. dev-3, heard only
+    # by its `online` an hour ago, has been silent since then (the replay counts as heard when
+    # the letter was received, not now); dev-2, heard since, is not silent.
+    raised = await InactivityMonitor(pool=pool, engine=path.engine).run_once()
+    received = await db.fetchval("SELECT received_at FROM dead_letter LIMIT 1")
+    rows = await db.fetch("SELECT id, device_id, trigger->>'silent_since' AS since FROM alarm")
+    assert [(r["id"], r["device_id"], datetime.fromisoformat(r["since"])) for r in rows] == [
+        (raised[0], "dev-3", received)
+    ]
+
+
+SILENT = (
+    '[[rules]]\nkey = "silent"\nkind = "inactivity"\nsilent_seconds = 600\nseverity = "MAJOR"\n'
+)
+
+
+def _reading(device_id: str, at: datetime) -> DeadLetterRow:
+    ms = int(at.timestamp() * 1000)
+    payload = b'{"ts": %d, "metrics": {"temp": 21.5}}' % ms
+    return DeadLetterRow.whole(TOPICS.telemetry(device_id), payload, "STORAGE_REJECTED", "x")
+
+
+async def test_an_old_letter_replayed_counts_as_heard_when_it_was_received_not_now(
+    db: asyncpg.Connection, pool: asyncpg.Pool, db_dsn: str
+) -> None:
+    """Telemetry dead-lettered hours ago and replayed now, of devices silent since: dev-9 was
+    heard after the letter (a newer last_seen), dev-10 last before it. The replay counts as
+    heard when the letter was received: dev-9's last_seen and its inactivity alarm stay,
+    dev-10's last_seen moves to the letter's receipt only, and it is still silent (alarmed
+    again, from there). It used to count as heard now: both last_seen moved to the replay's
+    time, the alarms were cleared, and the dead devices looked alive for another 600 s."""
+    now = await db.fetchval("SELECT now()")
+    hours = [now - timedelta(hours=h) for h in (1, 2, 3)]
+    await db.execute(
+        "INSERT INTO device (device_id, first_seen, last_seen) VALUES"
+        " ('dev-9', $2, $1), ('dev-10', $2, $2)",
+        hours[0],
+        hours[2],
+    )
+    await repo.insert_dead_letters(db, [_reading("dev-9", hours[1])], "gw-1")
+    await repo.insert_dead_letters(db, [_reading("dev-10", hours[1])], "gw-1")
+    await db.execute("UPDATE dead_letter SET received_at = $1", hours[1])
+    path = live_path.for_replay(make_config(dsn=db_dsn, mqtt_port=1, extra=SILENT), Metrics())
+    monitor = InactivityMonitor(pool=pool, engine=path.engine)
+    assert len(await monitor.run_once()) == 2  # both silent for hours, listened to all along
+
+    outcomes = await replay(pool, path, await pending_ids(pool, None))
+
+    assert [o.outcome for o in outcomes] == ["stored", "stored"]
+    seen = dict(await db.fetch("SELECT device_id, last_seen FROM device"))
+    assert seen == {"dev-9": hours[0], "dev-10": hours[1]}
+    alarms = await db.fetch(
+        "SELECT device_id, cleared_at IS NULL AS open, trigger->>'silent_since' AS since"
+        " FROM alarm ORDER BY device_id, id"
+    )
+    # dev-10's silence since hours[2] was broken by the letter; dev-9's was not.
+    assert [(a["device_id"], a["open"]) for a in alarms] == [("dev-10", False), ("dev-9", True)]
+    # The next pass finds dev-10 silent since the letter's receipt, dev-9 alarmed already.
+    assert len(await monitor.run_once()) == 1
+    since = await db.fetchval(
+        "SELECT trigger->>'silent_since' FROM alarm"
+        " WHERE device_id = 'dev-10' AND cleared_at IS NULL"
+    )
+    assert datetime.fromisoformat(since) == hours[1]

@@ -49,10 +49,11 @@ class BuggyEngine(AlarmEngine):
         messages: Sequence[tuple[str, str, Telemetry]],
         *,
         now: datetime | None = None,
+        heard_at: datetime | None = None,
     ) -> BatchAlarms:
         if any(device.startswith("bug") for device, _, _ in messages):
             raise TypeError("can't compare offset-naive and offset-aware datetimes")
-        return await super().on_stored(conn, messages, now=now)
+        return await super().on_stored(conn, messages, now=now, heard_at=heard_at)
 
 
 class LosesOneRace(AlarmEngine):
@@ -68,11 +69,12 @@ class LosesOneRace(AlarmEngine):
         messages: Sequence[tuple[str, str, Telemetry]],
         *,
         now: datetime | None = None,
+        heard_at: datetime | None = None,
     ) -> BatchAlarms:
         if messages and not self.lost:
             self.lost = True
             raise ConcurrentWriteError("another node raised this alarm first")
-        return await super().on_stored(conn, messages, now=now)
+        return await super().on_stored(conn, messages, now=now, heard_at=heard_at)
 
 
 class BrokenEngine(AlarmEngine):
@@ -84,6 +86,7 @@ class BrokenEngine(AlarmEngine):
         messages: Sequence[tuple[str, str, Telemetry]],
         *,
         now: datetime | None = None,
+        heard_at: datetime | None = None,
     ) -> BatchAlarms:
         raise TypeError("a bug in the rules")
 

@@ -291,14 +291,15 @@ async def test_touching_devices_never_compares_each_device_with_each_id(
     await db.execute("ANALYZE device")
     statement = repo.INSERT_TELEMETRY.rstrip().rstrip(";")
     await db.execute(
-        f"PREPARE touch(text, text, text, text, text, text, text, int, text) AS {statement}"
+        f"PREPARE touch(text, text, text, text, text, text, text, int, text, timestamptz)"
+        f" AS {statement}"
     )
     try:
         await db.execute("SET plan_cache_mode = force_generic_plan")
         plan = "\n".join(
             r[0]
             for r in await db.fetch(
-                "EXPLAIN EXECUTE touch('', '', '', '', '', '', '', 0, E'dev-1\\ndev-2')"
+                "EXPLAIN EXECUTE touch('', '', '', '', '', '', '', 0, E'dev-1\\ndev-2', NULL)"
             )
         )
     finally:
