@@ -12,14 +12,19 @@ import pytest
 
 from gateway.alarms.engine import AlarmEngine
 from gateway.domain.rules import DeviceClock, RuleConfig, compile_rules
+from gateway.ingest import live_path
 from gateway.ingest.decoder import Inbound, MessageDecoder
+from gateway.ingest.replay import pending_ids, replay
 from gateway.ingest.store import StoreResult, store
 from gateway.sparkplug.host import SparkplugHost
 from gateway.support.metrics import Metrics
 from protocol import Encoding, Topics
 from protocol import sparkplug_b_pb2 as pb
 from protocol.sparkplug import DataType
+from storage import ingest as ingest_repo
 from storage import sparkplug as repo
+from storage.ingest import DeadLetterRow
+from tests.support.daemon import make_config
 
 DECODER = MessageDecoder(Topics("iot"), Encoding.JSON, 65536, sparkplug=True)
 NODE = "spBv1.0/G/{}/N"
@@ -509,3 +514,32 @@ async def test_a_death_committed_before_its_own_birth_leaves_the_node_dead(
     assert await _presence(pool, "G/N") == "online"
     assert await _presence(pool, "G/N/D") == "online"
     assert await pool.fetchval("SELECT dead_bdseq FROM sparkplug_node") is None
+
+
+async def test_a_death_or_birth_replayed_late_changes_no_presence(
+    pool: asyncpg.Pool, db_dsn: str
+) -> None:
+    """The node's NDEATH, its device's DDEATH and an older NBIRTH, dead-lettered an hour ago
+    and replayed while the node is born and online: each is refused (`INVALID`, its moment
+    has passed) and stays pending; the node and its device stay online, and nothing of the
+    stream (births, bdSeq) moves. Only data is replayed (read with the births in force)."""
+    live = SparkplugHost()
+    await _batch(pool, live, _births())
+    before = await _state(pool)
+    letters = [
+        DeadLetterRow.whole(NODE.format("NDEATH"), _payload(None, _bdseq(3)), "QUARANTINED", "x"),
+        DeadLetterRow.whole(DEVICE.format("DDEATH"), _payload(2), "QUARANTINED", "x"),
+        DeadLetterRow.whole(NODE.format("NBIRTH"), _births(ts=1)[0][2], "QUARANTINED", "x"),
+    ]
+    async with pool.acquire() as conn:
+        await ingest_repo.insert_dead_letters(conn, letters, "gw-1")
+        await conn.execute("UPDATE dead_letter SET received_at = now() - interval '1 hour'")
+    extra = '[sparkplug]\nenabled = true\nhost_id = "gw-host"\ngroups = ["G"]\n'
+    path = live_path.for_replay(make_config(dsn=db_dsn, mqtt_port=1, extra=extra), Metrics())
+
+    outcomes = await replay(pool, path, await pending_ids(pool, None))
+
+    assert [(o.outcome, o.succeeded) for o in outcomes] == [("still_invalid: INVALID", False)] * 3
+    assert await _presence(pool, "G/N") == await _presence(pool, "G/N/D") == "online"
+    after = await _state(pool)
+    assert after == before
