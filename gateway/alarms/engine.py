@@ -352,7 +352,8 @@ class AlarmEngine:
         ``now``: the transaction's time on the database clock if the caller has it already
         (the telemetry insert returns it), else it is read. ``heard_at``: when the messages
         were received if not now (a replayed dead letter): they clear only an inactivity
-        alarm for a silence that began before it."""
+        alarm for a silence that began before it, and it is their receipt for the device
+        clock's bounds (a reading received hours ago is judged then, not at the replay)."""
         rules = self.rules  # one rule set per batch, even if a reload swaps it meanwhile
         batch = BatchAlarms()
         if not messages or not len(rules):
@@ -365,7 +366,7 @@ class AlarmEngine:
         if held is not None:
             # Judged from the rows held, then locked and written in one statement if nobody
             # wrote them since: before an alarm of theirs is written, as under lock_states.
-            evaluations, unplaced = self._evaluate(rules, held, messages, now)
+            evaluations, unplaced = self._evaluate(rules, held, messages, now, heard_at)
             if not unplaced:
                 if await self._write_states(conn, held, batch, locked=False):
                     await self._write_outcomes(conn, messages, evaluations, now, batch)
@@ -387,7 +388,7 @@ class AlarmEngine:
             if loaded.missed:
                 self._contended(True)  # another writer on these devices: lock first a while
         if loaded is not held:
-            evaluations, unplaced = self._evaluate(rules, loaded, messages, now)
+            evaluations, unplaced = self._evaluate(rules, loaded, messages, now, heard_at)
         await self._write_outcomes(conn, messages, evaluations, now, batch)
         for key, at in sorted(unplaced.items()):
             await self._judge_run(conn, rules, key, at, states=loaded.states, now=now, batch=batch)
@@ -400,10 +401,12 @@ class AlarmEngine:
         loaded: _LoadedStates,
         messages: Sequence[tuple[str, str, Telemetry]],
         now: datetime,
+        heard_at: datetime | None = None,
     ) -> tuple[list[Evaluation], dict[SlotKey, datetime]]:
         """Each message judged in order against ``loaded.states`` (which it moves on), with
         no statement: the evaluations, and per (device, rule) the oldest late sample of the
-        batch its state could not place."""
+        batch its state could not place. ``heard_at``: the messages' receipt if not ``now``
+        (a replayed dead letter's)."""
         clock = self.clock
         evaluations = []
         unplaced: dict[SlotKey, datetime] = {}
@@ -418,6 +421,7 @@ class AlarmEngine:
                 received_at=now,
                 clock=clock,
                 keys=keys,
+                heard_at=heard_at,
             )
             evaluations.append(evaluation)
             for rule_key in evaluation.unplaced:

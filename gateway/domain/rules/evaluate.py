@@ -288,6 +288,7 @@ def evaluate(
     received_at: datetime | None = None,
     clock: DeviceClock = DeviceClock(),
     keys: Iterable[SlotKey] | None = None,
+    heard_at: datetime | None = None,
 ) -> Evaluation:
     """Judge one telemetry message of `device_id` (whose telemetry event id is `event_id`).
 
@@ -311,7 +312,9 @@ def evaluate(
     state holding times from a clock ahead is brought back first. Without it, device time
     alone (the pure ordering rule above, for tests of it). Either way, where the message and
     the newest sample judged both have a seq, seq orders them first, and the newest's own time
-    (`last_device_ts`) where it was judged at another (`seq_order`).
+    (`last_device_ts`) where it was judged at another (`seq_order`). `heard_at`: when the
+    message was received if not at `received_at` (a replayed dead letter): its receipt for
+    the bounds, so a reading received hours ago and replayed now is judged then, not now.
     """
     device_rules = rules._device(device_id)
     if not device_rules.rules:
@@ -335,8 +338,11 @@ def evaluate(
             newest is None or last > newest or (last == newest and _seq_above(state, newest_seq))
         ):
             newest, newest_seq, newest_sent = last, state.last_seq, state.last_device_ts
-    if received_at is not None:
-        at, judged = judged_time(sent, received_at, newest, clock)
+    # The sample's receipt: the batch's, or when a replayed dead letter was received (its
+    # bounds are its own; a state ahead is still judged against the batch's clock, above).
+    receipt = received_at if heard_at is None else heard_at
+    if receipt is not None:
+        at, judged = judged_time(sent, receipt, newest, clock)
         adjustment = judged or adjustment
     seq = message.seq
     # seq_order changes nothing for a sample at or after the newest judged whose seq (if both
@@ -351,7 +357,7 @@ def evaluate(
             newest_seq,
             sent=sent,
             newest_sent=newest_sent,
-            received=received_at,
+            received=receipt,
             clock=clock,
         )
         adjustment = adjustment or ordered

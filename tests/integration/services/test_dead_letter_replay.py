@@ -180,3 +180,41 @@ async def test_an_old_letter_replayed_counts_as_heard_when_it_was_received_not_n
         " WHERE device_id = 'dev-10' AND cleared_at IS NULL"
     )
     assert datetime.fromisoformat(since) == hours[1]
+
+
+HOT = (
+    '[[rules]]\nkey = "hot"\nkind = "threshold"\nmetric = "temp"\nop = ">"\nvalue = 30\n'
+    'clear_value = 25\nseverity = "MAJOR"\n'
+)
+
+
+def _temp(device_id: str, at: datetime, temp: float) -> DeadLetterRow:
+    ms = int(at.timestamp() * 1000)
+    payload = b'{"ts": %d, "metrics": {"temp": %r}}' % (ms, temp)
+    return DeadLetterRow.whole(TOPICS.telemetry(device_id), payload, "STORAGE_REJECTED", "x")
+
+
+async def test_an_old_reading_replayed_is_judged_at_its_receipt_not_the_replays(
+    db: asyncpg.Connection, pool: asyncpg.Pool, db_dsn: str
+) -> None:
+    """A reading of 35 received two hours ago and replayed now, after the device reported 20
+    an hour ago: it is older than the newest judged by more than the reorder window, so it is
+    judged at its receipt, which is when the gateway received it, two hours ago: late. It
+    used to be judged at the replay's time, newer than the 20: a "hot" alarm opened now on a
+    device back to normal, and the rule stayed firing. Late, it raises the alarm of its time,
+    cleared by the 20 after it, as any late sample does."""
+    now = await db.fetchval("SELECT now()")
+    two_hours_ago, an_hour_ago = now - timedelta(hours=2), now - timedelta(hours=1)
+    path = live_path.for_replay(make_config(dsn=db_dsn, mqtt_port=1, extra=HOT), Metrics())
+    for at, temp in ((an_hour_ago, 20.0), (two_hours_ago, 35.0)):
+        await repo.insert_dead_letters(db, [_temp("dev-hot", at, temp)], "gw-1")
+        await db.execute("UPDATE dead_letter SET received_at = $1 WHERE replayed_at IS NULL", at)
+        outcomes = await replay(pool, path, await pending_ids(pool, None))
+        assert [o.outcome for o in outcomes] == ["stored"]
+
+    # Late: the alarm of its time, raised and cleared by the 20 after it; nothing active.
+    (alarm,) = await db.fetch("SELECT cleared_at, trigger->>'sample_ts' AS at FROM alarm")
+    assert alarm["cleared_at"] is not None
+    assert abs(datetime.fromisoformat(alarm["at"]) - two_hours_ago) < timedelta(seconds=1)
+    firing = await db.fetchval("SELECT firing FROM rule_state WHERE device_id = 'dev-hot'")
+    assert firing is False
