@@ -162,8 +162,8 @@ async def _batch(
     keys_r = [r for _ in devices for r in rules]
     async with conn.transaction():
         started = time.perf_counter()
-        # The devices' part of the telemetry insert, with no telemetry.
-        await conn.execute(ingest["insert_telemetry"], *[""] * 6, node, 0, _lines(devices))
+        # The devices' part of the telemetry insert, with no telemetry, heard now.
+        await conn.execute(ingest["insert_telemetry"], *[""] * 6, node, 0, _lines(devices), None)
         device_ms = (time.perf_counter() - started) * 1000
         await conn.execute(
             states["create_states"],
