@@ -242,6 +242,18 @@ async def test_sighup_reloads_rules_and_a_broken_config_keeps_the_old_ones(
         await conn.close()
 
 
+def _write_shared(
+    paths: list[Path], ports: list[int], db_dsn: str, mosquitto: Mosquitto, rules: str
+) -> None:
+    """Each node's configuration (node-0, node-1, …), one shared group, with ``rules``."""
+    for n, (path, port) in enumerate(zip(paths, ports, strict=True)):
+        path.write_text(
+            config_toml(dsn=db_dsn, mqtt_port=mosquitto.port, node_id=f"node-{n}",
+                        http_port=port, log_level="info", extra=rules,
+                        mqtt_extra='shared_group = "alarms"')
+        )  # fmt: skip
+
+
 async def test_sighup_adding_the_first_inactivity_rule_makes_it_fire_on_two_nodes(
     db_dsn: str, mosquitto: Mosquitto, tmp_path: Path
 ) -> None:
@@ -254,12 +266,7 @@ async def test_sighup_adding_the_first_inactivity_rule_makes_it_fire_on_two_node
     paths = [tmp_path / f"node-{n}.toml" for n in range(2)]
 
     def write(rules: str) -> None:
-        for n, (path, port) in enumerate(zip(paths, ports, strict=True)):
-            path.write_text(
-                config_toml(dsn=db_dsn, mqtt_port=mosquitto.port, node_id=f"node-{n}",
-                            http_port=port, log_level="info", extra=rules,
-                            mqtt_extra='shared_group = "alarms"')
-            )  # fmt: skip
+        _write_shared(paths, ports, db_dsn, mosquitto, rules)
 
     async def count(query: str) -> int:
         conn = await asyncpg.connect(db_dsn)
@@ -323,12 +330,7 @@ async def test_a_hold_a_sighup_changes_mid_hold_is_judged_again_on_two_nodes(
     paths = [tmp_path / f"node-{n}.toml" for n in range(2)]
 
     def write(rules: str) -> None:
-        for n, (path, port) in enumerate(zip(paths, ports, strict=True)):
-            path.write_text(
-                config_toml(dsn=db_dsn, mqtt_port=mosquitto.port, node_id=f"node-{n}",
-                            http_port=port, log_level="info", extra=rules,
-                            mqtt_extra='shared_group = "alarms"')
-            )  # fmt: skip
+        _write_shared(paths, ports, db_dsn, mosquitto, rules)
 
     async def fetch(query: str) -> list[asyncpg.Record]:
         conn = await asyncpg.connect(db_dsn)

@@ -22,7 +22,12 @@ from gateway.alarms.shelving import lift, shelve
 from gateway.alarms.timers import AlarmTimers
 from gateway.config import Config, parse_config
 from gateway.domain.alarm import Action
-from gateway.domain.quiet_hours import QuietHoursConfig, QuietWindowConfig, compile_quiet_hours
+from gateway.domain.quiet_hours import (
+    QuietHours,
+    QuietHoursConfig,
+    QuietWindowConfig,
+    compile_quiet_hours,
+)
 from gateway.notify.consumer import NotifyConsumer
 from gateway.notify.groups import GroupWindows
 from gateway.notify.metrics import NotifyMetrics
@@ -573,6 +578,16 @@ async def test_an_inhibited_alarm_joins_no_window(
                 assert [x["alarm_id"] for x in window["body"]["notifications"]] == [gateway]
 
 
+def _quiet_now() -> QuietHours:
+    """Quiet hours for the care-* devices from an hour ago to an hour from now."""
+    now = datetime.now(UTC)
+    return compile_quiet_hours(
+        QuietHoursConfig(windows=[QuietWindowConfig(
+            devices="care-*", start=(now - timedelta(hours=1)).strftime("%H:%M"),
+            end=(now + timedelta(hours=1)).strftime("%H:%M"))])
+    )  # fmt: skip
+
+
 async def test_a_nights_held_alarms_of_a_group_go_out_as_one_window_at_their_wake(
     db_dsn: str, db: asyncpg.Connection
 ) -> None:
@@ -580,12 +595,7 @@ async def test_a_nights_held_alarms_of_a_group_go_out_as_one_window_at_their_wak
     in a window of their own, which no claim takes while they are DELAYED, even once due; an
     exempt CRITICAL goes in the group's ordinary window and out. The wake releases the held
     window: one request lists both, and pushes both."""
-    now = datetime.now(UTC)
-    quiet = compile_quiet_hours(
-        QuietHoursConfig(windows=[QuietWindowConfig(
-            devices="care-*", start=(now - timedelta(hours=1)).strftime("%H:%M"),
-            end=(now + timedelta(hours=1)).strftime("%H:%M"))])
-    )  # fmt: skip
+    quiet = _quiet_now()
     async with webhook_server() as server:
         config = _config(
             server.url(""), ONLY_GROUPED.replace("group_wait_s = 60", "group_wait_s = 0")
@@ -728,12 +738,7 @@ async def test_a_held_window_judges_its_alarms_again_at_their_wake(
     as the ungrouped path does: a shelved one leaves the window, recorded SUPPRESSED on its
     own (naming its shelf, visible in the deliveries' list), never sent, pushing nothing; the
     rest of the window goes as one request. A window left empty is not sent."""
-    now = datetime.now(UTC)
-    quiet = compile_quiet_hours(
-        QuietHoursConfig(windows=[QuietWindowConfig(
-            devices="care-*", start=(now - timedelta(hours=1)).strftime("%H:%M"),
-            end=(now + timedelta(hours=1)).strftime("%H:%M"))])
-    )  # fmt: skip
+    quiet = _quiet_now()
     async with webhook_server() as server:
         config = _config(
             server.url(""), ONLY_GROUPED.replace("group_wait_s = 60", "group_wait_s = 0")
