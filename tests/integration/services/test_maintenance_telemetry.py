@@ -377,7 +377,9 @@ async def test_samples_either_side_of_midnight_utc_land_in_their_day_partitions(
     ahead within max_future_skew_s land in their days' partitions, none in the default."""
     day = TODAY + timedelta(days=120)  # a day no partition exists for yet
     midnight = day_start(day)
-    node = await create_pool(f"{db_dsn}?TimeZone={zone}", min_size=1, max_size=2)
+    # The embedded server's DSN has a query already (its socket directory).
+    joined = "&" if "?" in db_dsn else "?"
+    node = await create_pool(f"{db_dsn}{joined}TimeZone={zone}", min_size=1, max_size=2)
     try:
         async with node.acquire() as conn:
             assert await conn.fetchval("SHOW TimeZone") == zone
