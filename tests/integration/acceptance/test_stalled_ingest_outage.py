@@ -51,6 +51,22 @@ async def _past_the_silence(db: asyncpg.Connection) -> bool:
     )
 
 
+async def _first_report_stored(mosquitto: Mosquitto, db_dsn: str) -> None:
+    await _report(mosquitto, 0)
+    await wait_until(lambda: _stored(db_dsn, 1), timeout=30, message="the first report stored")
+
+
+async def _alarmed_then_stored(
+    db: asyncpg.Connection, blocker: asyncpg.Connection, db_dsn: str
+) -> int:
+    """The talker's alarms while the node holds its second report; then the lock on telemetry
+    released and that report stored."""
+    alarmed: int = await db.fetchval("SELECT count(*) FROM alarm WHERE device_id = 'talker'")
+    await blocker.execute("ROLLBACK")
+    await wait_until(lambda: _stored(db_dsn, 2), timeout=30, message="the second report stored")
+    return alarmed
+
+
 @pytest.mark.parametrize("protocol", ["5", "3.1.1"])
 async def test_the_broker_lost_under_a_stalled_writer_is_a_break_at_once(
     db_dsn: str, mosquitto: Mosquitto, protocol: str
@@ -145,10 +161,7 @@ async def test_a_device_whose_message_waits_in_a_stalled_writer_is_not_silent(
             assert writer is not None
             assert parts is not None
 
-            await _report(mosquitto, 0)
-            await wait_until(
-                lambda: _stored(db_dsn, 1), timeout=30, message="the first report stored"
-            )
+            await _first_report_stored(mosquitto, db_dsn)
             # Telemetry waits on this lock; the rest of the database answers.
             await blocker.execute("BEGIN; LOCK TABLE telemetry IN ACCESS EXCLUSIVE MODE")
             await _report(mosquitto, 1)
@@ -162,11 +175,7 @@ async def test_a_device_whose_message_waits_in_a_stalled_writer_is_not_silent(
             # The talker spoke a moment after its last stored report: the node holds it. (A
             # pass now, at least: the monitor's own loop may have run one already.)
             await parts.inactivity.run_once()
-            alarmed = await db.fetchval("SELECT count(*) FROM alarm WHERE device_id = 'talker'")
-            await blocker.execute("ROLLBACK")
-            await wait_until(
-                lambda: _stored(db_dsn, 2), timeout=30, message="the second report stored"
-            )
+            alarmed = await _alarmed_then_stored(db, blocker, db_dsn)
     finally:
         await blocker.close()
         await db.close()
@@ -192,10 +201,7 @@ async def test_a_device_whose_message_waits_out_a_database_outage_is_not_silent_
             parts = daemon.components
             assert parts is not None
 
-            await _report(mosquitto, 0)
-            await wait_until(
-                lambda: _stored(db_dsn, 1), timeout=30, message="the first report stored"
-            )
+            await _first_report_stored(mosquitto, db_dsn)
             await proxy.cut()
             await _report(mosquitto, 1)
             await wait_until(
@@ -220,11 +226,7 @@ async def test_a_device_whose_message_waits_out_a_database_outage_is_not_silent_
 
             await wait_until(a_pass_done, timeout=30, message="a pass with the database back")
             assert metric(daemon, "gateway_ingest_inflight") == 1, "the report is still held"
-            alarmed = await db.fetchval("SELECT count(*) FROM alarm WHERE device_id = 'talker'")
-            await blocker.execute("ROLLBACK")
-            await wait_until(
-                lambda: _stored(db_dsn, 2), timeout=30, message="the second report stored"
-            )
+            alarmed = await _alarmed_then_stored(db, blocker, db_dsn)
     finally:
         await blocker.close()
         await db.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 
 import aiomqtt
@@ -13,10 +14,15 @@ from gateway.alarms.delivery import QUIET_ACTOR, hold
 from gateway.alarms.lifecycle import create_alarm, transition
 from gateway.alarms.service import AlarmService
 from gateway.alarms.shelving import lift, set_out_of_service, shelve
-from gateway.alarms.timers import AlarmTimers
+from gateway.alarms.timers import AlarmTimers, TimerReport
 from gateway.config import parse_config
 from gateway.domain.alarm import Action, AlarmStatus
-from gateway.domain.quiet_hours import QuietHoursConfig, QuietWindowConfig, compile_quiet_hours
+from gateway.domain.quiet_hours import (
+    QuietHours,
+    QuietHoursConfig,
+    QuietWindowConfig,
+    compile_quiet_hours,
+)
 from gateway.notify.consumer import NotifyConsumer
 from gateway.notify.metrics import NotifyMetrics
 from gateway.notify.worker import DeliveryWorker
@@ -51,6 +57,37 @@ async def _status(pool: asyncpg.Pool, alarm_id: int) -> str:
 def _shifted(delta: timedelta):  # type: ignore[no-untyped-def]  # a clock factory
     async def clock(conn: asyncpg.Connection) -> datetime:
         return await repo.db_now(conn) + delta
+
+    return clock
+
+
+async def _passes_on_two_nodes(
+    pool: asyncpg.Pool,
+    quiet: QuietHours,
+    *,
+    repeat_interval_s: int,
+    start: datetime,
+    end: datetime,
+) -> AsyncIterator[tuple[datetime, TimerReport]]:
+    """The alarm timers' passes every 5 minutes from `start` to `end`, on two nodes in turn,
+    each on a clock pinned to its pass's time."""
+    nodes = [
+        AlarmTimers(pool=pool, node_id=f"n{n}", quiet=quiet, escalate_after_s=0,
+                    repeat_interval_s=repeat_interval_s)
+        for n in (1, 2)
+    ]  # fmt: skip
+    when, step = start, 0
+    while when <= end:
+        timers = nodes[step % 2]
+        timers.clock = _at(when)
+        yield when, await timers.run_once()
+        when += timedelta(minutes=5)
+        step += 1
+
+
+def _at(when: datetime):  # type: ignore[no-untyped-def]  # a clock factory
+    async def clock(conn: asyncpg.Connection) -> datetime:
+        return when
 
     return clock
 
@@ -317,28 +354,14 @@ async def test_a_long_quiet_window_yields_one_reminder_per_alarm_at_its_end(
                              node_id="n1", now=evening)  # fmt: skip
         alarms.append(creation.alarm.id)
 
-    def at(when: datetime):  # type: ignore[no-untyped-def]  # a clock factory
-        async def clock(conn: asyncpg.Connection) -> datetime:
-            return when
-
-        return clock
-
-    nodes = [
-        AlarmTimers(pool=pool, node_id=f"n{n}", quiet=night, escalate_after_s=0,
-                    repeat_interval_s=600)
-        for n in (1, 2)
-    ]  # fmt: skip
     reminded: dict[datetime, list[int]] = {}
-    when = evening
-    step = 0
-    while when <= datetime(2030, 1, 8, 7, 5, tzinfo=UTC):
-        timers = nodes[step % 2]
-        timers.clock = at(when)
-        report = await timers.run_once()
+    passes = _passes_on_two_nodes(
+        pool, night, repeat_interval_s=600, start=evening,
+        end=datetime(2030, 1, 8, 7, 5, tzinfo=UTC),
+    )  # fmt: skip
+    async for when, report in passes:
         if report.reminded:
             reminded[when] = sorted(report.reminded)
-        when += timedelta(minutes=5)
-        step += 1
     assert reminded == {datetime(2030, 1, 8, 7, 0, tzinfo=UTC): sorted(alarms)}
     async with pool.acquire() as conn:
         count = await conn.fetchval(
@@ -576,25 +599,9 @@ async def test_a_night_held_alarm_wakes_once_at_the_real_end_of_quiet_hours_acro
         alarm_id = creation.alarm.id
         assert await hold(conn, alarm_id, quiet=night, node_id="n1", now=evening)
 
-    def at(when: datetime):  # type: ignore[no-untyped-def]  # a clock factory
-        async def clock(conn: asyncpg.Connection) -> datetime:
-            return when
-
-        return clock
-
-    nodes = [
-        AlarmTimers(pool=pool, node_id=f"n{n}", quiet=night, escalate_after_s=0,
-                    repeat_interval_s=0)
-        for n in (1, 2)
-    ]  # fmt: skip
-    woken: list[datetime] = []
-    when, step = evening, 0
-    while when <= wake + timedelta(hours=2):
-        timers = nodes[step % 2]
-        timers.clock = at(when)
-        if (await timers.run_once()).woken:
-            woken.append(when)
-        when += timedelta(minutes=5)
-        step += 1
+    passes = _passes_on_two_nodes(
+        pool, night, repeat_interval_s=0, start=evening, end=wake + timedelta(hours=2)
+    )
+    woken = [when async for when, report in passes if report.woken]
     assert woken == [wake]
     assert await _status(pool, alarm_id) == "NEW"

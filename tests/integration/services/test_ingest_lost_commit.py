@@ -21,11 +21,25 @@ from storage import ingest as ingest_repo
 from storage.pool import create_pool
 from tests.support.daemon import make_config
 from tests.support.dsn import proxy_for, through
+from tests.support.tcp_proxy import TcpProxy
 from tests.support.waiting import wait_until
 
 TOPICS = Topics("iot")
 # asyncpg's COMMIT of a transaction: a simple query.
 COMMIT = b"COMMIT;\x00"
+
+
+def _lose_the_commit_answer(proxy: TcpProxy) -> None:
+    """The next COMMIT goes through; PostgreSQL's answer, and everything after, is swallowed."""
+
+    def commit_then_silence(chunk: bytes) -> bool:
+        if COMMIT in chunk:
+            proxy.black_hole()
+        return True
+
+    proxy.from_client = commit_then_silence
+
+
 DOOR_RULE = '[[rules]]\nkey = "door"\nkind = "event"\nevent = "DOOR_OPEN"\nseverity = "MAJOR"\n'
 
 
@@ -72,13 +86,7 @@ async def _through_a_lost_commit(
     writer = _writer(pool, engine)
     batch = writer.decoder.classify(messages)
 
-    def commit_then_silence(chunk: bytes) -> bool:
-        # The COMMIT goes through; PostgreSQL's answer, and everything after, is swallowed.
-        if COMMIT in chunk:
-            proxy.black_hole()
-        return True
-
-    proxy.from_client = commit_then_silence
+    _lose_the_commit_answer(proxy)
     try:
         storing = asyncio.create_task(writer.store_with_retry(batch))
 
@@ -191,12 +199,7 @@ async def test_a_commit_still_under_way_when_the_connection_was_lost_is_waited_f
     pool = await create_pool(through(db_dsn, proxy), min_size=1, max_size=2)
     writer = _writer(pool)
 
-    def commit_then_silence(chunk: bytes) -> bool:
-        if COMMIT in chunk:
-            proxy.black_hole()
-        return True
-
-    proxy.from_client = commit_then_silence
+    _lose_the_commit_answer(proxy)
     try:
         storing = asyncio.create_task(
             writer.store_with_retry(writer.decoder.classify(_a_letter_and_a_sample()))

@@ -137,6 +137,25 @@ async def _raise(db: asyncpg.Connection, device: str, rule: str, n: int) -> int:
     return creation.alarm.id
 
 
+async def _one_repeat_of_two_nodes(
+    nodes: tuple[Node, Node], db: asyncpg.Connection
+) -> dict[str, Any]:
+    """Node one's consumer makes the group's repeat and holds it uncommitted; node two's
+    passes meanwhile: the group is taken, it makes none. Then both consume: one repeat."""
+    one, two = nodes
+    before = len(await _windows(db))
+    async with one.worker.pool.acquire() as held, held.transaction():
+        assert await GroupWindows(held).repeat() == 1
+        await two.drain()
+        assert len(await _windows(db)) == before
+    await _consume_together(nodes)
+    windows = await _windows(db)
+    assert len(windows) == before + 1
+    repeat = windows[-1]
+    assert repeat["body"]["repeat"] is True
+    return repeat
+
+
 async def _windows(db: asyncpg.Connection) -> list[dict[str, Any]]:
     """The grouped deliveries, oldest first, their bodies decoded."""
     rows = await db.fetch("SELECT * FROM notify_delivery WHERE event = 'notify.group' ORDER BY id")
@@ -307,7 +326,6 @@ async def test_a_repeat_lists_every_open_alarm_of_the_group_once_on_two_nodes(
     async with webhook_server() as server:
         config = _config(server.url(""), ONLY_GROUPED)
         async with _two_nodes(db_dsn, config) as nodes:
-            one, two = nodes
             windows: list[list[int]] = []
             for ks in (range(3), range(3, 5), range(5, 7)):
                 windows.append([await _raise(db, f"dev-{k}", "hot", k) for k in ks])
@@ -323,16 +341,7 @@ async def test_a_repeat_lists_every_open_alarm_of_the_group_once_on_two_nodes(
                 await transition(db, d, Action.FALSE, actor="op", node_id="n0")
                 await transition(db, g, Action.CONFIRM, actor="op", node_id="n0")  # still open
             await _sent_long_ago(db, window["id"])
-            # Node one's consumer makes the repeat and holds it uncommitted; node two's passes
-            # meanwhile: the group is taken, it makes none.
-            async with one.worker.pool.acquire() as held, held.transaction():
-                assert await GroupWindows(held).repeat() == 1
-                await two.drain()
-                assert len(await _windows(db)) == 3
-            await _consume_together(nodes)
-            [*_, repeat] = await _windows(db)
-            assert len(await _windows(db)) == 4
-            assert repeat["body"]["repeat"] is True
+            repeat = await _one_repeat_of_two_nodes(nodes, db)
             assert [n["alarm_id"] for n in repeat["body"]["notifications"]] == [a, c, e, f, g]
             await wait_until(lambda: _window_status(db, repeat["id"], "SENT"), message="sent")
             assert _listed(server, 3) == [a, c, e, f, g]
@@ -373,7 +382,6 @@ async def test_a_repeat_lists_an_alarm_created_then_escalated_once_on_two_nodes(
     async with webhook_server() as server:
         config = _config(server.url(""), ESCALATING)
         async with _two_nodes(db_dsn, config) as nodes:
-            one, two = nodes
             a, b = [await _raise(db, f"dev-{k}", "hot", k) for k in range(2)]
             await _consume_together(nodes)
             [first] = await _windows(db)
@@ -394,15 +402,7 @@ async def test_a_repeat_lists_an_alarm_created_then_escalated_once_on_two_nodes(
             await _make_due(db, second["id"])
             await wait_until(lambda: _window_status(db, second["id"], "SENT"), message="sent")
             await _sent_long_ago(db, second["id"])
-            # Node one makes the repeat and holds it uncommitted; node two's pass makes none.
-            async with one.worker.pool.acquire() as held, held.transaction():
-                assert await GroupWindows(held).repeat() == 1
-                await two.drain()
-                assert len(await _windows(db)) == 2
-            await _consume_together(nodes)
-            [*_, repeat] = await _windows(db)
-            assert len(await _windows(db)) == 3
-            assert repeat["body"]["repeat"] is True
+            repeat = await _one_repeat_of_two_nodes(nodes, db)
             listed = [
                 (n["alarm_id"], n["event"], n["status"]) for n in repeat["body"]["notifications"]
             ]

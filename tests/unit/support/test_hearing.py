@@ -13,6 +13,18 @@ class Clock:
         return self.now
 
 
+def _after_a_break() -> tuple[Clock, Listening]:
+    """Listened 50 s, lost the broker for 10 s, subscribed again just now."""
+    clock = Clock()
+    listening = Listening(clock)
+    listening.subscribed()
+    clock.now += 50
+    listening.lost()
+    clock.now += 10
+    listening.subscribed()
+    return clock, listening
+
+
 def test_a_node_that_never_subscribed_has_heard_nothing_since_before_it_started() -> None:
     clock = Clock()
     listening = Listening(clock)
@@ -42,13 +54,7 @@ def test_the_break_before_the_first_subscribe_and_every_later_one_are_kept() -> 
 def test_a_break_followed_by_the_longest_silence_of_listening_joins_the_first() -> None:
     """Every device silent since before it has been listened to for that long: the break
     cannot change a decision, and the first break now ends where it ended (never dropped)."""
-    clock = Clock()
-    listening = Listening(clock)
-    listening.subscribed()
-    clock.now += 50
-    listening.lost()
-    clock.now += 10
-    listening.subscribed()
+    clock, listening = _after_a_break()
     clock.now += 100
     listening.lost()
     clock.now += 20
@@ -133,13 +139,7 @@ def test_before_the_first_subscribe_the_lag_joins_the_first_break() -> None:
 def test_the_time_held_unstored_is_not_listening_that_forgets_a_break() -> None:
     """A break is forgotten once ``keep_s`` was listened to after it: listened, not merely
     passed while the node held what it received unstored."""
-    clock = Clock()
-    listening = Listening(clock)
-    listening.subscribed()
-    clock.now += 50
-    listening.lost()
-    clock.now += 10
-    listening.subscribed()
+    clock, listening = _after_a_break()
     clock.now += 200
     received = clock.now
     clock.now += 150  # 350 s since the break, 200 of them heard
