@@ -564,8 +564,14 @@ class IngestWriter:
                 conn.add_query_logger(self._count_statement)
                 try:
                     yield conn
-                finally:
-                    conn.remove_query_logger(self._count_statement)
+                except BaseException:
+                    # A connection that died under the call is already released with its
+                    # socket, and asyncpg refuses any call on it: that refusal must not
+                    # replace the error that ended the call (the one logged and judged).
+                    with contextlib.suppress(asyncpg.InterfaceError):
+                        conn.remove_query_logger(self._count_statement)
+                    raise
+                conn.remove_query_logger(self._count_statement)
         finally:
             del self._db_calls[call]
 
@@ -596,6 +602,9 @@ class IngestWriter:
             "database_unavailable",
             database=self.database,
             error=repr(exc),
+            # What asyncpg was handling when it raised `exc`: closing a transaction on a
+            # connection that died says only that it is closed; this says how it died.
+            during=None if exc.__context__ is None else repr(exc.__context__),
             retry_in_s=round(delay, 3),
         )
         await asyncio.sleep(delay)

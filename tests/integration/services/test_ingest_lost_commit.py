@@ -8,6 +8,7 @@ import asyncio
 from datetime import timedelta
 
 import asyncpg
+from structlog.testing import capture_logs
 
 from gateway.alarms.engine import AlarmEngine
 from gateway.ingest import live_path
@@ -262,3 +263,43 @@ async def test_only_the_server_that_gave_the_id_not_restarted_since_is_asked(
         await pool.close()
     assert _answers(writer, "committed") == 1
     assert _answers(writer, "other_server") == 1
+
+
+async def test_a_connection_lost_mid_batch_is_logged_as_what_ended_it(
+    db_dsn: str, db: asyncpg.Connection
+) -> None:
+    """PostgreSQL's connection reset while a batch waits on a lock: the writer logs the loss
+    (the connection closed) and stores the batch on its next try. The log line used to name
+    the writer's own clean-up instead (asyncpg refusing to remove the statement counter from
+    a connection already released with its socket), which hid what happened from whoever read
+    the log."""
+    proxy = proxy_for(db_dsn)
+    await proxy.start()
+    pool = await create_pool(through(db_dsn, proxy), min_size=1, max_size=2)
+    writer = _writer(pool)
+    blocker = await asyncpg.connect(db_dsn)
+    try:
+        await blocker.execute("BEGIN; LOCK TABLE telemetry IN ACCESS EXCLUSIVE MODE")
+        with capture_logs() as logs:
+            storing = asyncio.create_task(
+                writer.store_with_retry(writer.decoder.classify(_a_letter_and_a_sample()))
+            )
+            await wait_until(
+                lambda: writer.in_db_call_since is not None, timeout=30, message="waiting"
+            )
+            await proxy.cut()
+            await wait_until(
+                lambda: any(e["event"] == "database_unavailable" for e in logs),
+                timeout=30, message="the loss logged",
+            )  # fmt: skip
+            await blocker.execute("ROLLBACK")
+            await proxy.resume()
+            result = await asyncio.wait_for(storing, 60)
+    finally:
+        await blocker.close()
+        await pool.close()
+        await proxy.stop()
+    assert result.stored == 1
+    [first, *_] = [e for e in logs if e["event"] == "database_unavailable"]
+    assert "remove_query_logger" not in first["error"], first
+    assert "ConnectionDoesNotExistError" in f"{first['error']} {first['during']}", first
