@@ -86,6 +86,8 @@ class NewDelivery:
     inhibited_by: int | None = None
     inhibit_rule: str | None = None
     suppressed: str | None = None  # why it is never sent (a shelf, out of service)
+    # The route that chose the receiver groups: a shelf's end tells only ungrouped ones again.
+    route_grouped: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,6 +195,7 @@ async def insert_deliveries(
             [x.inhibited_by for x in d],
             [x.inhibit_rule for x in d],
             [x.suppressed for x in d],
+            [x.route_grouped for x in d],
         )
     )
 
@@ -410,6 +413,13 @@ async def group_open_members(conn: asyncpg.Connection, group_id: int) -> list[as
     body as JSON text, of its newest notification), in the order first carried; forgets the
     group's alarms dealt with, and an open alarm's notifications between its first and newest."""
     return list(await conn.fetch(GROUP_OPEN_MEMBERS, group_id))
+
+
+async def shelf_returns(conn: asyncpg.Connection, shelf_id: int) -> list[asyncpg.Record]:
+    """What the end of this shelf owes the ungrouped routes: per (alarm, receiver), the newest
+    notification the shelf suppressed, with the alarm as it is now (in the caller's
+    transaction, the one that ended the shelf)."""
+    return list(await conn.fetch(_Q["shelf_returns"], shelf_id))
 
 
 async def resume_groups(conn: asyncpg.Connection, shelf_id: int) -> list[int]:

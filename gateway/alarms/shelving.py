@@ -6,7 +6,9 @@ ends by itself at its ``until`` (:func:`expire_due`, run by the alarm timers on 
 conditional write, so a shelf ends once however many nodes race) or earlier when a person lifts
 it. Every step writes an audit row on each alarm it concerns (the shelved alarm, or the pair's
 open alarms), in the step's transaction. A shelf's end also owes a repeat to the notification
-groups that carried its alarms still open (docs/notifications.md, "Repeat").
+groups that carried its alarms still open (docs/notifications.md, "Repeat"), and tells the
+routes that do not group of each alarm it kept quiet that still stands, once
+(:func:`tell_returned`; docs/notifications.md, "A shelf's end tells its alarms again").
 
 Out of service is a device's maintenance period: its alarms are raised as ever, their
 notifications suppressed (the notify consumer reads both, docs/notifications.md).
@@ -14,10 +16,13 @@ notifications suppressed (the notify consumer reads both, docs/notifications.md)
 
 from __future__ import annotations
 
+import uuid
 from datetime import datetime
-from typing import Final
+from typing import Any, Final
 
 import asyncpg
+import msgspec
+import structlog
 
 from gateway.alarms.lifecycle import AlarmNotFoundError
 from gateway.domain.alarm import AlarmError
@@ -25,7 +30,16 @@ from storage import desk as repo
 from storage import notify as notify_repo
 from storage.desk import Scope
 
+log = structlog.get_logger(__name__)
+
 SHELF_ACTOR: Final = "system:shelving"
+# The ids of the notifications a shelf's end sends (one per alarm, the same for every receiver:
+# X-Gateway-Event-Id, what receivers deduplicate on) are derived from the shelf and the alarm.
+RETURN_NAMESPACE: Final = uuid.UUID("6c1f4a52-2f0e-4f55-9a57-5d0b8e3e51a7")
+_ALARM_TIMES: Final = (
+    "triggered_at", "pushed_at", "confirmed_at", "escalated_at", "handled_at", "closed_at",
+    "cleared_at",
+)  # fmt: skip
 
 
 class ShelfNotFoundError(AlarmError):
@@ -195,6 +209,8 @@ async def _audit_end(
     # Its alarms still open return to annunciation: the grouped routes' groups that carried
     # them are owed a repeat (gateway.notify.groups), recorded with the end, so once.
     await notify_repo.resume_groups(conn, int(shelf["id"]))
+    # ... and the routes that do not group tell those the shelf kept quiet, once.
+    await tell_returned(conn, shelf)
     return await repo.audit_shelf_step(
         conn,
         shelf,
@@ -204,6 +220,70 @@ async def _audit_end(
         request_id=request_id,
         node_id=node_id,
     )
+
+
+async def tell_returned(conn: asyncpg.Connection, shelf: asyncpg.Record) -> list[int]:
+    """ISA-18.2: an unshelved alarm returns to annunciation. In the transaction that ended the
+    shelf (decided once, however many nodes race): each alarm the shelf covered that still
+    stands (open, not cleared, shelved by no other shelf, not raised while its device was out
+    of service) gets, on each receiver an ungrouped route chose for a notification of it that
+    this shelf suppressed, that notification's newest one delivered once now: its body as the
+    consumer made it, with the alarm's status and times as they are now, a new event id, and
+    ``returned_from_shelf`` saying which shelf ended, when and how. Quiet hours hold it as any
+    delivery of its alarm (a DELAYED alarm's until its wake, which judges it again). The ids
+    of the deliveries made."""
+    rows = await notify_repo.shelf_returns(conn, int(shelf["id"]))
+    if not rows:
+        return []
+    ended_at: datetime = shelf["ended_at"]
+    deliveries = [
+        notify_repo.NewDelivery(
+            event_id=_return_event_id(int(shelf["id"]), int(row["alarm_id"])),
+            outbox_id=row["outbox_id"],
+            event=row["event"],
+            receiver=row["receiver"],
+            body=_returned_body(row, shelf),
+            alarm_id=row["alarm_id"],
+            device_id=row["device_id"],
+            rule_key=row["rule_key"],
+            severity=row["severity"],
+            silence_id=None,
+            due_in_s=0.0,
+            event_created_at=ended_at,
+            route_grouped=False,
+        )
+        for row in rows
+    ]
+    created = await notify_repo.insert_deliveries(conn, deliveries)
+    log.info(
+        "shelf_end_notifications",
+        shelf_id=shelf["id"],
+        end_reason=shelf["end_reason"],
+        alarms=len({row["alarm_id"] for row in rows}),
+        deliveries=len(created),
+    )
+    return [int(r["id"]) for r in created]
+
+
+def _return_event_id(shelf_id: int, alarm_id: int) -> uuid.UUID:
+    return uuid.uuid5(RETURN_NAMESPACE, f"shelf {shelf_id} alarm {alarm_id}")
+
+
+def _returned_body(row: asyncpg.Record, shelf: asyncpg.Record) -> dict[str, Any]:
+    """The suppressed notification's body as the receiver would have had it, the alarm as it
+    stands now, and what marks it a return from the shelf (docs/notifications.md)."""
+    body: dict[str, Any] = msgspec.json.decode(row["body"])
+    body["event_id"] = str(_return_event_id(int(shelf["id"]), int(row["alarm_id"])))
+    body["status"] = row["status"]
+    body["times"] = {key: row[key].isoformat() for key in _ALARM_TIMES if row[key] is not None}
+    body["returned_from_shelf"] = {
+        "shelf_id": int(shelf["id"]),
+        "end_reason": shelf["end_reason"],
+        "ended_at": shelf["ended_at"].isoformat(),
+        "ended_by": shelf["ended_by"],
+        "suppressed_event_id": str(row["event_id"]),
+    }
+    return body
 
 
 async def expire_due(

@@ -334,6 +334,7 @@ class AlarmTimers:
                     due_in_s=0.0,
                     event_created_at=datetime.fromisoformat(body["occurred_at"]),
                     suppressed=why,
+                    route_grouped=True,  # taken out of a group's window
                 )
             )
         for delivery_id, event_ids in by_window.items():

@@ -197,6 +197,7 @@ class NotifyConsumer:
                             inhibited_by=None if inhibited is None else inhibited[1].alarm_id,
                             inhibit_rule=None if inhibited is None else inhibited[0].name,
                             suppressed=why,
+                            route_grouped=route.grouping is not None,
                         )
                     )
             created = await repo.insert_deliveries(conn, deliveries)

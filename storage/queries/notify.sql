@@ -89,12 +89,13 @@ ORDER BY id;
 -- $7 device ids, $8 rule keys, $9 severities, $10 silence ids (null: not silenced),
 -- $11 due in seconds, $12 event creation times, $13 inhibiting alarm ids (null: not
 -- inhibited), $14 inhibition rule names, $15 why suppressed (null: not; a shelf, out of
--- service) (arrays, pairwise). Silenced, suppressed and inhibited ones are final; a silence
--- decides first, then a suppression, then an inhibition.
+-- service), $16 whether the route that chose the receiver groups (a shelf's end tells only
+-- the ungrouped ones again: shelf_returns) (arrays, pairwise). Silenced, suppressed and
+-- inhibited ones are final; a silence decides first, then a suppression, then an inhibition.
 INSERT INTO notify_delivery (
     event_id, outbox_id, event, receiver, body, alarm_id, device_id, rule_key, severity,
     status, silence_id, suppressed, next_attempt_at, event_created_at, finished_at,
-    inhibited_by, inhibit_rule)
+    inhibited_by, inhibit_rule, route_grouped)
 SELECT e, o, ev, r, b::jsonb, a, d, k, s,
        CASE WHEN si IS NOT NULL THEN 'SILENCED' WHEN sup IS NOT NULL THEN 'SUPPRESSED'
             WHEN ib IS NOT NULL THEN 'INHIBITED' ELSE 'PENDING' END,
@@ -102,11 +103,11 @@ SELECT e, o, ev, r, b::jsonb, a, d, k, s,
        now() + make_interval(secs => due), created,
        CASE WHEN si IS NULL AND sup IS NULL AND ib IS NULL THEN NULL ELSE now() END,
        CASE WHEN si IS NULL AND sup IS NULL THEN ib END,
-       CASE WHEN si IS NULL AND sup IS NULL THEN ir END
+       CASE WHEN si IS NULL AND sup IS NULL THEN ir END, grouped
 FROM unnest($1::uuid[], $2::bigint[], $3::text[], $4::text[], $5::text[], $6::bigint[],
             $7::text[], $8::text[], $9::text[], $10::bigint[], $11::float8[],
-            $12::timestamptz[], $13::bigint[], $14::text[], $15::text[])
-     AS u(e, o, ev, r, b, a, d, k, s, si, due, created, ib, ir, sup)
+            $12::timestamptz[], $13::bigint[], $14::text[], $15::text[], $16::boolean[])
+     AS u(e, o, ev, r, b, a, d, k, s, si, due, created, ib, ir, sup, grouped)
 ON CONFLICT (event_id, receiver) DO NOTHING
 RETURNING id, receiver, status;
 
@@ -254,6 +255,42 @@ SET resume_at = coalesce(g.resume_at, f.ended_at),
 FROM locked l JOIN freed f ON f.group_id = l.id
 WHERE g.id = l.id
 RETURNING g.id;
+
+-- name: shelf_returns
+-- $1 shelf id (ended, in the caller's transaction). What its end owes the routes that do not
+-- group (docs/notifications.md, "A shelf's end tells its alarms again"; ISA-18.2: an unshelved
+-- alarm returns to annunciation): for each alarm the shelf covered (the shelved alarm, or the
+-- pair's) that is still open (not cleared, not dealt with), shelved by no other shelf now,
+-- and not raised while its device was out of service, and each receiver an ungrouped route
+-- chose for one of its notifications that this shelf suppressed: the newest such
+-- notification (its delivery's body and facts) and the alarm as it is now. An alarm told
+-- before the shelf (nothing suppressed) is not here: the shelf's end is not a reminder. Found
+-- through the alarm (notify_delivery_alarm_idx), never by scanning the deliveries.
+WITH s AS (
+    SELECT id, scope, alarm_id, device_id, rule_key FROM alarm_shelf
+    WHERE id = $1 AND ended_at IS NOT NULL
+), covered AS (
+    SELECT a.* FROM s JOIN alarm a ON a.id = s.alarm_id WHERE s.scope = 'alarm'
+    UNION ALL
+    SELECT a.* FROM s JOIN alarm a ON a.device_id = s.device_id AND a.rule_key = s.rule_key
+    WHERE s.scope = 'pair'
+), open AS (
+    SELECT c.* FROM covered c
+    WHERE c.status IN ('NEW', 'PUSHED', 'DELAYED', 'CONFIRMED', 'ESCALATED')
+      AND c.cleared_at IS NULL
+      AND alarm_shelved_until(c.id, c.device_id, c.rule_key, now()) IS NULL
+      AND NOT device_out_of_service_at(c.device_id, c.triggered_at)
+)
+SELECT DISTINCT ON (d.alarm_id, d.receiver)
+       d.event_id, d.outbox_id, d.event, d.receiver, d.body::text AS body, d.alarm_id,
+       d.device_id, d.rule_key, d.severity,
+       o.status, o.triggered_at, o.pushed_at, o.confirmed_at, o.confirmed_by, o.escalated_at,
+       o.handled_at, o.handled_by, o.closed_at, o.closed_by, o.cleared_at
+FROM open o
+JOIN notify_delivery d ON d.alarm_id = o.id
+WHERE d.status = 'SUPPRESSED' AND d.suppressed = 'shelved (shelf ' || $1::bigint || ')'
+  AND d.route_grouped = false
+ORDER BY d.alarm_id, d.receiver, d.event_created_at DESC, d.id DESC;
 
 -- name: group_open_members
 -- $1 group id (locked); what its repeat lists: each alarm its windows carried that is still

@@ -1,0 +1,15 @@
+-- A shelf's end tells the ungrouped routes of the alarms it kept quiet (docs/notifications.md,
+-- "A shelf's end tells its alarms again"; ISA-18.2: an unshelved alarm returns to
+-- annunciation).
+--
+-- The end of a shelf sends, once per (alarm, receiver), the newest notification the shelf
+-- suppressed on a route that does not group (a grouped route's are the group's business:
+-- its repeats, migration 0043). A suppressed notification of a grouped route is recorded as a
+-- delivery of its own, like an ungrouped one (no group_id), so the consumer (and the wake, for
+-- one it takes out of a held window) now says which it was, as it decides, with the routes it
+-- decided with.
+--
+-- route_grouped: the route that chose this receiver for the event groups (true) or not
+-- (false). NULL for the deliveries made before this migration: unknown, so a shelf in force
+-- across the upgrade tells nobody of the notifications it suppressed before it, as before.
+ALTER TABLE notify_delivery ADD COLUMN route_grouped boolean;
