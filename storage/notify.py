@@ -155,16 +155,36 @@ async def alarm_suppressions(
 ) -> list[str | None]:
     """For each (alarm id, event time): why the alarm's notifications are suppressed then
     ("shelved (shelf N)", "out of service"), or None; in the order given."""
-    found: list[str | None] = [None] * len(pairs)
+    return [why for why, _ in await alarm_suppressions_by(conn, pairs)]
+
+
+async def alarm_suppressions_by(
+    conn: asyncpg.Connection, pairs: Sequence[tuple[int, datetime]]
+) -> list[tuple[str | None, int | None]]:
+    """As :func:`alarm_suppressions`, each with the shelf's id when a shelf suppresses."""
+    found: list[tuple[str | None, int | None]] = [(None, None)] * len(pairs)
     if not pairs:
         return found
     rows = await conn.fetch(_Q["alarm_suppressions"], [p[0] for p in pairs], [p[1] for p in pairs])
     for row in rows:
         if row["shelf_id"] is not None:
-            found[row["n"] - 1] = f"shelved (shelf {row['shelf_id']})"
+            found[row["n"] - 1] = (f"shelved (shelf {row['shelf_id']})", int(row["shelf_id"]))
         elif row["out_of_service"]:
-            found[row["n"] - 1] = "out of service"
+            found[row["n"] - 1] = ("out of service", None)
     return found
+
+
+async def lock_ended_shelves(
+    conn: asyncpg.Connection, shelf_ids: Sequence[int]
+) -> list[asyncpg.Record]:
+    """Lock these shelves (share, in the caller's transaction, in id order) and return those
+    that have ended: their end was decided before this transaction could add to what it
+    owes (shelf_returns), so the caller settles it."""
+    if not shelf_ids:
+        return []
+    # All of them locked (a WHERE on ended_at would leave those in force unlocked).
+    rows = await conn.fetch(_Q["lock_ended_shelves"], sorted(set(shelf_ids)))
+    return [r for r in rows if r["ended_at"] is not None]
 
 
 async def active_silences(conn: asyncpg.Connection) -> list[asyncpg.Record]:

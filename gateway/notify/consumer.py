@@ -43,6 +43,7 @@ import msgspec
 import structlog
 
 from gateway.alarms.delivery import hold
+from gateway.alarms.shelving import tell_returned
 from gateway.domain.alarm import AlarmStatus
 from gateway.domain.notify import (
     ALARM_CREATED,
@@ -150,11 +151,15 @@ class NotifyConsumer:
             facts = {r.event_id: _notification(r.event_type, events[r.event_id]) for r in mine}
             alarm_ids = sorted({f.alarm_id for f in facts.values() if f and f.alarm_id})
             now: datetime = await conn.fetchval("SELECT now()")
+            # Suppressions first (their shelves locked, share), then quiet hours (alarm rows
+            # locked): a shelf's end, which writes audit rows on its alarms, waits for this
+            # transaction, never the other way round too.
+            suppressed, shelves = await self._suppressed(conn, mine, facts)
+            ended = await repo.lock_ended_shelves(conn, shelves)
             await self._hold(conn, [f for f in facts.values() if f is not None], now)
             alarms = await repo.alarm_facts(conn, alarm_ids) if alarm_ids else {}
             silences = [silence_from_row(s) for s in await repo.active_silences(conn)]
             sources = await self._inhibition_sources(conn, rules)
-            suppressed = await self._suppressed(conn, mine, facts)
             deliveries: list[NewDelivery] = []
             grouped: list[Pending] = []
             for row in mine:
@@ -202,6 +207,12 @@ class NotifyConsumer:
                     )
             created = await repo.insert_deliveries(conn, deliveries)
             windows = await GroupWindows(conn).add(grouped, rules.sites, now)
+            # A shelf that suppressed some of these but ended before this transaction locked
+            # it (this consumer was behind): its end could not see them, so what it owes the
+            # ungrouped routes is settled here (once: the returns' ids are the shelf's and
+            # the alarm's, and deliveries are unique per id and receiver).
+            for shelf in ended:
+                await tell_returned(conn, shelf)
         self.metrics.events_consumed.inc(len(mine))
         for record in created:
             if record["status"] in ("SILENCED", "INHIBITED", "SUPPRESSED"):
@@ -219,10 +230,10 @@ class NotifyConsumer:
     @staticmethod
     async def _suppressed(
         conn: asyncpg.Connection, rows: list[OutboxRow], facts: dict[Any, Facts | None]
-    ) -> dict[Any, str]:
+    ) -> tuple[dict[Any, str], list[int]]:
         """Why each alarm event's notifications are suppressed, by event id: its alarm was
         shelved when the event was written, or was raised while its device was out of service
-        (one statement for the batch)."""
+        (one statement for the batch); and the shelves that suppress some."""
         asked = [
             (row.event_id, fact.alarm_id, row.created_at)
             for row in rows
@@ -230,12 +241,13 @@ class NotifyConsumer:
             and fact.alarm_id is not None
             and fact.event.startswith("alarm.")
         ]
-        reasons = await repo.alarm_suppressions(conn, [(a, at) for _, a, at in asked])
-        return {
+        reasons = await repo.alarm_suppressions_by(conn, [(a, at) for _, a, at in asked])
+        whys = {
             event_id: why
-            for (event_id, _, _), why in zip(asked, reasons, strict=True)
+            for (event_id, _, _), (why, _) in zip(asked, reasons, strict=True)
             if why is not None
         }
+        return whys, sorted({shelf for _, shelf in reasons if shelf is not None})
 
     async def _inhibition_sources(self, conn: asyncpg.Connection, rules: Notify) -> list[Facts]:
         """The open alarms that may inhibit (those of the rules' source rule keys)."""

@@ -78,6 +78,18 @@ SELECT u.n::int AS n,
 FROM unnest($1::bigint[], $2::timestamptz[]) WITH ORDINALITY AS u(alarm_id, at, n)
 JOIN alarm a ON a.id = u.alarm_id;
 
+-- name: lock_ended_shelves
+-- $1 shelf ids (sorted); the consumer suppressing notifications for these shelves holds them
+-- (share) until it commits, so a shelf's end (an update of its row: lift, expiry) either
+-- waits for those notifications (and its shelf_returns, a later statement, sees them) or
+-- ended first: then the lock waits for it, and the rows returned here, those ended, are the
+-- ends the caller must settle itself (a notification written under the shelf but read after
+-- its end: a consumer behind). Row locks taken in id order; an expiry skips a row held so.
+SELECT id, scope, alarm_id, device_id, rule_key, ended_at, ended_by, end_reason
+FROM alarm_shelf WHERE id = ANY($1::bigint[])
+ORDER BY id
+FOR SHARE;
+
 -- name: active_silences
 -- no parameters; silences in force now.
 SELECT id, matchers::text AS matchers, starts_at, ends_at

@@ -335,3 +335,73 @@ async def test_a_shelf_ending_in_quiet_hours_and_shelved_again_by_the_wake_tells
             for node in nodes:
                 assert await node.worker.run_once() == 0
         assert [len(server.on(p)) for p in ("/hook", "/each", "/grp")] == [0, 0, 0]
+
+
+async def test_a_consumer_behind_the_shelfs_end_settles_what_the_end_owes_once(
+    db_dsn: str, db: asyncpg.Connection
+) -> None:
+    """The consumer is behind (down, or held back by a long transaction): the alarm raised
+    under the shelf is read only after the shelf expired. Its notifications are recorded
+    SUPPRESSED (written under the shelf), and the end, which could not see them, is settled
+    by the consumer that made them: each ungrouped receiver told once, both nodes reading."""
+    async with webhook_server() as server:
+        async with _two_nodes(db_dsn, _config(server.url(""))) as nodes:
+            shelf_id = await _shelve_pair(db, "pump-5")
+            alarm_id = await _raise(db, "pump-5")
+            await _past_its_until(db, shelf_id)
+            report = await _timers(nodes[0], "n1").run_once()
+            assert report.unshelved == [shelf_id]
+            assert await _deliveries(db, alarm_id) == []  # nothing read yet
+            await _consume_together(nodes)
+            returns = await _returns(db, alarm_id)
+            assert sorted(d["receiver"] for d in returns) == ["each", "hook"]
+            await wait_until(lambda: _got(server, "/hook", "/each"), message="told")
+            await _consume_together(nodes)
+            for node in nodes:
+                await node.worker.run_once()
+        assert [len(server.on(p)) for p in ("/hook", "/each", "/grp")] == [1, 1, 0]
+    assert server.on("/hook")[0].json["returned_from_shelf"]["end_reason"] == "expired"
+
+
+async def _waiting_on_a_lock(db: asyncpg.Connection) -> bool:
+    return bool(
+        await db.fetchval(
+            "SELECT count(*) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+        )
+    )
+
+
+async def test_a_shelf_ending_while_the_consumer_reads_its_alarm_is_settled_once(
+    db_dsn: str, db: asyncpg.Connection
+) -> None:
+    """The interleaving forced: a person's lift is written (the shelf ended, what it owes
+    read: nothing suppressed yet) but not committed while a consumer reads the alarm's event,
+    written under the shelf. The consumer waits for the lift on the shelf's row, then finds
+    it ended and settles what the end owes: each ungrouped receiver told once."""
+    async with webhook_server() as server:
+        async with _two_nodes(db_dsn, _config(server.url(""))) as nodes:
+            shelf_id = await _shelve_pair(db, "pump-6")
+            alarm_id = await _raise(db, "pump-6")
+            ender = await asyncpg.connect(db_dsn)
+            try:
+                lifting = ender.transaction()
+                await lifting.start()
+                await lift(ender, shelf_id, actor="op", node_id="n0", request_id=None)
+                reading = asyncio.create_task(nodes[0].drain())
+                await wait_until(
+                    lambda: reading.done() or _waiting_on_a_lock(db),
+                    message="the consumer waits for the lift, or is done",
+                )
+                await lifting.commit()
+                await reading
+            finally:
+                await ender.close()
+            assert {d["status"] for d in await _deliveries(db, alarm_id)} >= {"SUPPRESSED"}
+            returns = await _returns(db, alarm_id)
+            assert sorted(d["receiver"] for d in returns) == ["each", "hook"]
+            await wait_until(lambda: _got(server, "/hook", "/each"), message="told")
+            await _consume_together(nodes)
+            for node in nodes:
+                await node.worker.run_once()
+        assert [len(server.on(p)) for p in ("/hook", "/each", "/grp")] == [1, 1, 0]
