@@ -188,7 +188,9 @@ def subject_of(body: dict[str, Any]) -> str:
     severity = body.get("severity") or "NOTICE"
     what = body.get("rule_key") or body.get("event")
     where = f" on {body['device_id']}" if body.get("device_id") else ""
-    return f"[{severity}] {what}{where}: {body.get('event')}"
+    # Told at its shelf's end (docs/notifications.md, "A shelf's end tells its alarms again").
+    back = " (shelf ended)" if body.get("returned_from_shelf") else ""
+    return f"[{severity}] {what}{where}: {body.get('event')}{back}"
 
 
 def _lines(body: dict[str, Any]) -> list[tuple[str, str]]:
@@ -206,6 +208,7 @@ def _lines(body: dict[str, Any]) -> list[tuple[str, str]]:
         ("Status", body.get("status")),
         ("Trigger", payload.get("trigger") or alarm.get("trigger") or payload.get("reason")),
         ("Occurred at", body.get("occurred_at")),
+        ("Returned from shelf", body.get("returned_from_shelf")),
     ]
     times = body.get("times") if isinstance(body.get("times"), dict) else {}
     assert isinstance(times, dict)

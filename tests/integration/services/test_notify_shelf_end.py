@@ -40,7 +40,7 @@ from tests.integration.services.test_notify_grouping import (
 )
 from tests.support.api_client import OPERATOR, ApiClient
 from tests.support.api_server import serve_api
-from tests.support.receivers import WebhookServer, webhook_server
+from tests.support.receivers import WebhookServer, smtp_server, webhook_server
 from tests.support.waiting import wait_until
 
 # "grp" through a route that groups (and continues); "hook" and "each" through one that does
@@ -405,3 +405,28 @@ async def test_a_shelf_ending_while_the_consumer_reads_its_alarm_is_settled_once
             for node in nodes:
                 await node.worker.run_once()
         assert [len(server.on(p)) for p in ("/hook", "/each", "/grp")] == [1, 1, 0]
+
+
+async def test_an_email_receiver_is_told_at_the_shelfs_end_with_the_subject_saying_so(
+    db_dsn: str, db: asyncpg.Connection
+) -> None:
+    """A real SMTP server behind an ungrouped route: the mail sent at the shelf's lift has the
+    event's own subject with "(shelf ended)" and a line naming the shelf."""
+    with smtp_server() as smtp:
+        config = parse_config(
+            FAST + f'[[notify.receivers]]\nname = "mail"\nkind = "email"\nhost = "127.0.0.1"\n'
+            f'port = {smtp.port}\nfrom = "gateway@example.com"\nto = ["ops@example.com"]\n'
+            '[[notify.routes]]\nevents = ["alarm.created"]\nreceivers = ["mail"]\n'
+        )
+        async with _two_nodes(db_dsn, config) as nodes:
+            shelf_id = await _shelve_pair(db, "pump-7")
+            alarm_id = await _raise(db, "pump-7")
+            await _consume_together(nodes)
+            async with db.transaction():
+                await lift(db, shelf_id, actor="op", node_id="n0", request_id=None)
+            await wait_until(lambda: _pushed(db, alarm_id), message="mailed, pushed")
+        [mail] = smtp.handler.mails
+    assert mail.message["Subject"] == "[CRITICAL] hot on pump-7: alarm.created (shelf ended)"
+    plain = mail.message.get_body(("plain",))
+    assert plain is not None
+    assert f'"shelf_id":{shelf_id}' in plain.get_content()
