@@ -21,16 +21,18 @@ import aiohttp
 import asyncpg
 import msgspec
 
-from gateway.alarms.lifecycle import clear_alarm, create_alarm
+from gateway.alarms.lifecycle import clear_alarm, create_alarm, transition
 from gateway.alarms.shelving import lift, shelve
 from gateway.alarms.timers import AlarmTimers
 from gateway.config import Config, TokenConfig, parse_config
+from gateway.domain.alarm import Action
 from gateway.domain.quiet_hours import (
     QuietHours,
     QuietHoursConfig,
     QuietWindowConfig,
     compile_quiet_hours,
 )
+from protocol.events import EventType
 from storage import alarms as alarm_repo
 from tests.integration.services.test_notify_grouping import (
     FAST,
@@ -61,12 +63,12 @@ receivers = ["hook", "each"]
 """
 
 
-def _config(url: str) -> Config:
+def _config(url: str, routes: str = ROUTES) -> Config:
     hooks = "".join(
         f'[[notify.receivers]]\nname = "{name}"\nkind = "webhook"\nurl = "{url}/{name}"\n'
         for name in ("hook", "each", "grp")
     )
-    return parse_config(FAST + hooks + ROUTES)
+    return parse_config(FAST + hooks + routes)
 
 
 async def _raise(db: asyncpg.Connection, device: str, severity: str = "CRITICAL") -> int:
@@ -430,3 +432,44 @@ async def test_an_email_receiver_is_told_at_the_shelfs_end_with_the_subject_sayi
     plain = mail.message.get_body(("plain",))
     assert plain is not None
     assert f'"shelf_id":{shelf_id}' in plain.get_content()
+
+
+async def test_the_newest_notification_the_shelf_kept_quiet_returns_once_per_alarm(
+    db_dsn: str, db: asyncpg.Connection
+) -> None:
+    """Raised, confirmed and escalated under the shelf (both events SUPPRESSED on a route of
+    both): at the shelf's end the alarm returns once per receiver, as its escalation, with its
+    status and times as they are then."""
+    async with webhook_server() as server:
+        routes = ROUTES.replace('["alarm.created"]', '["alarm.created", "alarm.escalated"]')
+        async with _two_nodes(db_dsn, _config(server.url(""), routes)) as nodes:
+            shelf_id = await _shelve_pair(db, "pump-8")
+            alarm_id = await _raise(db, "pump-8", severity="MAJOR")
+            async with db.transaction():
+                await transition(db, alarm_id, Action.CONFIRM, actor="op", node_id="n0")
+            async with db.transaction():
+                await transition(
+                    db, alarm_id, Action.ESCALATE, actor="system:escalation", node_id="n0",
+                    event_type=EventType.ALARM_ESCALATED,
+                )  # fmt: skip
+            await _consume_together(nodes)
+            suppressed = await _deliveries(db, alarm_id)
+            assert sorted((d["event"], d["receiver"]) for d in suppressed) == sorted(
+                (event, receiver)
+                for event in ("alarm.created", "alarm.escalated")
+                for receiver in ("each", "grp", "hook")
+            )
+            async with db.transaction():
+                await lift(db, shelf_id, actor="op", node_id="n0", request_id=None)
+            await wait_until(lambda: _got(server, "/hook", "/each"), message="told")
+            await _consume_together(nodes)
+            for node in nodes:
+                await node.worker.run_once()
+        assert [len(server.on(p)) for p in ("/hook", "/each", "/grp")] == [1, 1, 0]
+    body = server.on("/hook")[0].json
+    assert (body["event"], body["status"]) == ("alarm.escalated", "ESCALATED")
+    assert {"triggered_at", "confirmed_at", "escalated_at"} <= set(body["times"])
+    [escalation] = [
+        d for d in suppressed if d["receiver"] == "hook" and d["event"] == "alarm.escalated"
+    ]
+    assert body["returned_from_shelf"]["suppressed_event_id"] == escalation["body"]["event_id"]
