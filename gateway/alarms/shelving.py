@@ -153,7 +153,11 @@ async def shelve(
         ended = await repo.expire_shelf(conn, stale["id"], SHELF_ACTOR)
         if ended is None:
             raise AlreadyShelvedError(stale)
-        await _audit_end(conn, ended, actor=SHELF_ACTOR, node_id=node_id, request_id=None)
+        # Renewed at once: its alarms stay shelved, so nothing returns to annunciation now;
+        # what it suppressed is told at the new shelf's end (shelf_returns).
+        await _audit_end(
+            conn, ended, actor=SHELF_ACTOR, node_id=node_id, request_id=None, renewed=True
+        )
     shelf = await repo.insert_shelf(
         conn,
         scope=scope,
@@ -204,13 +208,15 @@ async def _audit_end(
     actor: str,
     node_id: str,
     request_id: str | None,
+    renewed: bool = False,
 ) -> list[int]:
     how = "lifted" if shelf["end_reason"] == "lifted" else "expired"
     # Its alarms still open return to annunciation: the grouped routes' groups that carried
     # them are owed a repeat (gateway.notify.groups), recorded with the end, so once.
     await notify_repo.resume_groups(conn, int(shelf["id"]))
     # ... and the routes that do not group tell those the shelf kept quiet, once.
-    await tell_returned(conn, shelf)
+    if not renewed:
+        await tell_returned(conn, shelf)
     return await repo.audit_shelf_step(
         conn,
         shelf,
@@ -226,12 +232,14 @@ async def tell_returned(conn: asyncpg.Connection, shelf: asyncpg.Record) -> list
     """ISA-18.2: an unshelved alarm returns to annunciation. In the transaction that ended the
     shelf (decided once, however many nodes race): each alarm the shelf covered that still
     stands (open, not cleared, shelved by no other shelf, not raised while its device was out
-    of service) gets, on each receiver an ungrouped route chose for a notification of it that
-    this shelf suppressed, that notification's newest one delivered once now: its body as the
-    consumer made it, with the alarm's status and times as they are now, a new event id, and
-    ``returned_from_shelf`` saying which shelf ended, when and how. Quiet hours hold it as any
-    delivery of its alarm (a DELAYED alarm's until its wake, which judges it again). The ids
-    of the deliveries made."""
+    of service) gets, on each receiver an ungrouped route chose for it whose newest
+    notification of it a shelf suppressed (this one, or one this shelf renewed or overlapped),
+    that notification delivered once now: its body as the consumer made it, with the alarm's
+    status and times as they are now, a new event id, and ``returned_from_shelf`` saying
+    which shelf ended, when and how. Quiet hours hold it as any delivery of its alarm (a
+    DELAYED alarm's until its wake, which judges it again). The ids of the deliveries made.
+    Also called by the notify consumer for a shelf that ended before it read a notification
+    written under it."""
     rows = await notify_repo.shelf_returns(conn, int(shelf["id"]))
     if not rows:
         return []

@@ -274,10 +274,13 @@ RETURNING g.id;
 -- alarm returns to annunciation): for each alarm the shelf covered (the shelved alarm, or the
 -- pair's) that is still open (not cleared, not dealt with), shelved by no other shelf now,
 -- and not raised while its device was out of service, and each receiver an ungrouped route
--- chose for one of its notifications that this shelf suppressed: the newest such
--- notification (its delivery's body and facts) and the alarm as it is now. An alarm told
--- before the shelf (nothing suppressed) is not here: the shelf's end is not a reminder. Found
--- through the alarm (notify_delivery_alarm_idx), never by scanning the deliveries.
+-- chose for it, whose newest notification of it (a return included) a shelf suppressed:
+-- that notification (its delivery's body and facts) and the alarm as it is now. A shelf, not
+-- only this one: a shelf renewed past its until (ended and replaced in one transaction), or
+-- two shelves over one alarm, leave the notifications their first shelf suppressed to the
+-- last end. An alarm told before the shelf, nothing suppressed since, is not here (its
+-- newest was sent): the shelf's end is not a reminder; nor is one a return told already.
+-- Found through the alarm (notify_delivery_alarm_idx), never by scanning the deliveries.
 WITH s AS (
     SELECT id, scope, alarm_id, device_id, rule_key FROM alarm_shelf
     WHERE id = $1 AND ended_at IS NOT NULL
@@ -292,17 +295,22 @@ WITH s AS (
       AND c.cleared_at IS NULL
       AND alarm_shelved_until(c.id, c.device_id, c.rule_key, now()) IS NULL
       AND NOT device_out_of_service_at(c.device_id, c.triggered_at)
+), newest AS (
+    SELECT DISTINCT ON (d.alarm_id, d.receiver)
+           d.event_id, d.outbox_id, d.event, d.receiver, d.body, d.alarm_id, d.device_id,
+           d.rule_key, d.severity, d.status, d.suppressed
+    FROM open o
+    JOIN notify_delivery d ON d.alarm_id = o.id
+    WHERE d.route_grouped = false
+    ORDER BY d.alarm_id, d.receiver, d.event_created_at DESC, d.id DESC
 )
-SELECT DISTINCT ON (d.alarm_id, d.receiver)
-       d.event_id, d.outbox_id, d.event, d.receiver, d.body::text AS body, d.alarm_id,
-       d.device_id, d.rule_key, d.severity,
+SELECT n.event_id, n.outbox_id, n.event, n.receiver, n.body::text AS body, n.alarm_id,
+       n.device_id, n.rule_key, n.severity,
        o.status, o.triggered_at, o.pushed_at, o.confirmed_at, o.confirmed_by, o.escalated_at,
        o.handled_at, o.handled_by, o.closed_at, o.closed_by, o.cleared_at
-FROM open o
-JOIN notify_delivery d ON d.alarm_id = o.id
-WHERE d.status = 'SUPPRESSED' AND d.suppressed = 'shelved (shelf ' || $1::bigint || ')'
-  AND d.route_grouped = false
-ORDER BY d.alarm_id, d.receiver, d.event_created_at DESC, d.id DESC;
+FROM newest n JOIN open o ON o.id = n.alarm_id
+WHERE n.status = 'SUPPRESSED' AND n.suppressed LIKE 'shelved (shelf %)'
+ORDER BY n.alarm_id, n.receiver;
 
 -- name: group_open_members
 -- $1 group id (locked); what its repeat lists: each alarm its windows carried that is still

@@ -473,3 +473,36 @@ async def test_the_newest_notification_the_shelf_kept_quiet_returns_once_per_ala
         d for d in suppressed if d["receiver"] == "hook" and d["event"] == "alarm.escalated"
     ]
     assert body["returned_from_shelf"]["suppressed_event_id"] == escalation["body"]["event_id"]
+
+
+async def test_a_shelf_renewed_past_its_until_tells_nobody_until_the_renewal_ends_once(
+    db_dsn: str, db: asyncpg.Connection
+) -> None:
+    """The night shift's shelf is past its until when the day shift shelves the pair again
+    (the new shelf ends the old one in its transaction): the alarm stays shelved, so nothing
+    is sent then. When the renewal is lifted the alarm the first shelf kept quiet is told,
+    once per receiver. Shelved and lifted once more with nothing new: nothing more (the
+    return was its newest notification)."""
+    async with webhook_server() as server:
+        async with _two_nodes(db_dsn, _config(server.url(""))) as nodes:
+            night = await _shelve_pair(db, "pump-9")
+            alarm_id = await _raise(db, "pump-9")
+            await _consume_together(nodes)
+            await _past_its_until(db, night)
+            day = await _shelve_pair(db, "pump-9")
+            assert day != night
+            assert await _returns(db, alarm_id) == []
+            async with db.transaction():
+                await lift(db, day, actor="op", node_id="n0", request_id=None)
+            returns = await _returns(db, alarm_id)
+            assert sorted(d["receiver"] for d in returns) == ["each", "hook"]
+            assert {d["body"]["returned_from_shelf"]["shelf_id"] for d in returns} == {day}
+            await wait_until(lambda: _got(server, "/hook", "/each"), message="told")
+            again = await _shelve_pair(db, "pump-9")
+            async with db.transaction():
+                await lift(db, again, actor="op", node_id="n0", request_id=None)
+            assert len(await _returns(db, alarm_id)) == 2
+            await _consume_together(nodes)
+            for node in nodes:
+                await node.worker.run_once()
+        assert [len(server.on(p)) for p in ("/hook", "/each", "/grp")] == [1, 1, 0]
