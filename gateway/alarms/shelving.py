@@ -26,6 +26,8 @@ import structlog
 
 from gateway.alarms.lifecycle import AlarmNotFoundError
 from gateway.domain.alarm import AlarmError
+from gateway.domain.notify import Silence, first_silence, silence_from_row
+from gateway.domain.notify_match import Facts
 from storage import desk as repo
 from storage import notify as notify_repo
 from storage.desk import Scope
@@ -236,14 +238,18 @@ async def tell_returned(conn: asyncpg.Connection, shelf: asyncpg.Record) -> list
     notification of it a shelf suppressed (this one, or one this shelf renewed or overlapped),
     that notification delivered once now: its body as the consumer made it, with the alarm's
     status and times as they are now, a new event id, and ``returned_from_shelf`` saying
-    which shelf ended, when and how. Quiet hours hold it as any delivery of its alarm (a
-    DELAYED alarm's until its wake, which judges it again). The ids of the deliveries made.
+    which shelf ended, when and how. A silence in force now makes it SILENCED; quiet hours
+    hold it as any delivery of its alarm (a DELAYED alarm's until its wake, which judges it
+    again). The ids of the deliveries made.
     Also called by the notify consumer for a shelf that ended before it read a notification
     written under it."""
     rows = await notify_repo.shelf_returns(conn, int(shelf["id"]))
     if not rows:
         return []
     ended_at: datetime = shelf["ended_at"]
+    # A silence in force now stops it as it stops any notification (SILENCED, never sent).
+    now: datetime = await conn.fetchval("SELECT now()")
+    silences = [silence_from_row(s) for s in await notify_repo.active_silences(conn)]
     deliveries = [
         notify_repo.NewDelivery(
             event_id=_return_event_id(int(shelf["id"]), int(row["alarm_id"])),
@@ -255,7 +261,7 @@ async def tell_returned(conn: asyncpg.Connection, shelf: asyncpg.Record) -> list
             device_id=row["device_id"],
             rule_key=row["rule_key"],
             severity=row["severity"],
-            silence_id=None,
+            silence_id=_silence_id(silences, row, now),
             due_in_s=0.0,
             event_created_at=ended_at,
             route_grouped=False,
@@ -271,6 +277,13 @@ async def tell_returned(conn: asyncpg.Connection, shelf: asyncpg.Record) -> list
         deliveries=len(created),
     )
     return [int(r["id"]) for r in created]
+
+
+def _silence_id(silences: list[Silence], row: asyncpg.Record, now: datetime) -> int | None:
+    facts = Facts(event=row["event"], device_id=row["device_id"], rule_key=row["rule_key"],
+                  severity=row["severity"], alarm_id=row["alarm_id"])  # fmt: skip
+    silence = first_silence(silences, facts, now)
+    return None if silence is None else silence.id
 
 
 def _return_event_id(shelf_id: int, alarm_id: int) -> uuid.UUID:

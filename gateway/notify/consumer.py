@@ -14,11 +14,13 @@ A pass:
    the deliveries of exactly the events recorded now. Routes pick the receivers; an active
    silence makes the delivery ``SILENCED`` (visible, never sent), an alarm shelved when the
    event was written, or raised while its device was out of service, ``SUPPRESSED`` (visible,
-   never sent, with why); an open alarm matching an inhibition rule ``INHIBITED``; a grouped
-   route's go into their group's window (gateway.notify.groups). Quiet hours are decided once
-   per alarm (gateway.alarms.delivery.hold: a new alarm of this batch not decided on yet,
-   inside quiet hours, goes DELAYED first); a delivery of an alarm that is DELAYED is held
-   until the wake (gateway.alarms.timers) releases it.
+   never sent, with why; the shelves that suppress held, shared, until the transaction ends,
+   and what the end of one that ended already owes settled here:
+   gateway.alarms.shelving.tell_returned); an open alarm matching an inhibition rule
+   ``INHIBITED``; a grouped route's go into their group's window (gateway.notify.groups).
+   Quiet hours are decided once per alarm (gateway.alarms.delivery.hold: a new alarm of this
+   batch not decided on yet, inside quiet hours, goes DELAYED first); a delivery of an alarm
+   that is DELAYED is held until the wake (gateway.alarms.timers) releases it.
 4. Move the horizon to ``running``, or to the oldest transaction below it whose event is still
    unconsumed (a batch that was full), never backwards.
 

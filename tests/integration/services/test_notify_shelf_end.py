@@ -506,3 +506,37 @@ async def test_a_shelf_renewed_past_its_until_tells_nobody_until_the_renewal_end
             for node in nodes:
                 await node.worker.run_once()
         assert [len(server.on(p)) for p in ("/hook", "/each", "/grp")] == [1, 1, 0]
+
+
+async def test_a_silence_in_force_at_the_shelfs_end_silences_the_return(
+    db_dsn: str, db: asyncpg.Connection
+) -> None:
+    """A silence stops people being notified: one over the device in force when the shelf is
+    lifted makes the return SILENCED (visible, never sent), as any notification."""
+    async with webhook_server() as server:
+        async with _two_nodes(db_dsn, _config(server.url(""))) as nodes:
+            shelf_id = await _shelve_pair(db, "pump-10")
+            alarm_id = await _raise(db, "pump-10")
+            await _consume_together(nodes)
+            silence = await db.fetchval(
+                "INSERT INTO notify_silence (matchers, ends_at, comment, created_by)"
+                """ VALUES ('{"devices": "pump-10"}', now() + interval '1 h', 'x', 'op')"""
+                " RETURNING id"
+            )
+            async with db.transaction():
+                await lift(db, shelf_id, actor="op", node_id="n0", request_id=None)
+            returns = await _returns(db, alarm_id)
+            assert sorted((d["receiver"], d["status"]) for d in returns) == [
+                ("each", "SILENCED"),
+                ("hook", "SILENCED"),
+            ]
+            assert {
+                r["silence_id"]
+                for r in await db.fetch(
+                    "SELECT silence_id FROM notify_delivery WHERE id = ANY($1::bigint[])",
+                    [d["id"] for d in returns],
+                )
+            } == {silence}
+            for node in nodes:
+                assert await node.worker.run_once() == 0
+        assert [len(server.on(p)) for p in ("/hook", "/each", "/grp")] == [0, 0, 0]
