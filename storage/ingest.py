@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Collection, Sequence
+import time
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from hashlib import sha256
@@ -155,16 +156,42 @@ async def touch_devices(conn: asyncpg.Connection, device_ids: Collection[str]) -
 
 
 async def record_presence(
-    conn: asyncpg.Connection, presence: dict[str, str], heard_at: datetime | None = None
+    conn: asyncpg.Connection,
+    presence: dict[str, str],
+    heard_at: datetime | None = None,
+    *,
+    received: Mapping[str, float] | None = None,
+    node_id: str | None = None,
 ) -> Xact | None:
     """Store the latest presence per device (``online``/``offline``), observed now or at
-    ``heard_at`` (a replayed dead letter's receipt). The transaction (None when there was
-    nothing to store)."""
+    ``heard_at`` (a replayed dead letter's receipt). ``received``: when ``node_id`` read each
+    one off the broker, on the monotonic clock (the event loop's, ``Inbound.received_at``);
+    a presence read before the one stored (by another node) is not applied. The
+    transaction (None when there was nothing to store)."""
     if not presence:
         return None
     ids = sorted(presence)
-    xid, started = await conn.fetchrow(UPSERT_PRESENCE, ids, [presence[i] for i in ids], heard_at)
+    # Ages, not times: the statement puts them on the database's clock (its own start less
+    # the age), so nodes' receipts compare on one clock whatever their wall clocks say.
+    now = time.monotonic()
+    ages = [_age(now, (received or {}).get(i)) for i in ids]
+    xid, started = await conn.fetchrow(
+        UPSERT_PRESENCE, ids, [presence[i] for i in ids], heard_at, ages, node_id
+    )
     return Xact(xid, started)
+
+
+def _age(now: float, received_at: float | None) -> float | None:
+    """Seconds since ``received_at`` (monotonic), or None when unknown or out of bounds (not
+    on this clock: no age rather than a wrong one)."""
+    if received_at is None or received_at <= 0:
+        return None
+    age = now - received_at
+    return age if 0.0 <= age < _MAX_RECEIPT_AGE_S else None
+
+
+# Longer than any message waits in the pipeline (as the decoder's bound on receive times).
+_MAX_RECEIPT_AGE_S = 3600.0
 
 
 async def record_device_mappings(

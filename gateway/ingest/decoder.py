@@ -78,6 +78,10 @@ class Classified:
     telemetry_sources: list[Inbound] = field(default_factory=list)
     decoded: list[Telemetry] = field(default_factory=list)
     presence: dict[str, str] = field(default_factory=dict)
+    # When the node read each device's presence (the last one in the batch) off the broker, on
+    # the loop's clock (``Inbound.received_at``); a device missing here has none known (a
+    # replayed dead letter, a Sparkplug birth or death).
+    presence_received: dict[str, float] = field(default_factory=dict)
     receipts: list[tuple[str, CommandReceipt]] = field(default_factory=list)
     dead_letters: list[DeadLetterRow] = field(default_factory=list)
     seen_devices: set[str] = field(default_factory=set)
@@ -212,6 +216,7 @@ class MessageDecoder:
                 out.decoded.append(message)
             elif kind is TopicKind.STATUS:
                 out.presence[device_id] = decode_presence(item.payload).value
+                _presence_received(out, device_id, item)
             elif kind is TopicKind.ACKS:
                 receipt = decode_receipt(
                     item.payload, self.encoding, max_bytes=self.max_payload_bytes
@@ -291,7 +296,17 @@ class MessageDecoder:
         elif isinstance(mapped, MappedPresence):
             out.mapped_devices[mapped.device_id] = (mapped.mapping, mapped.captures)
             out.presence[mapped.device_id] = mapped.value
+            _presence_received(out, mapped.device_id, item)
         return True
+
+
+def _presence_received(out: Classified, device_id: str, item: Inbound) -> None:
+    """Note when ``item``, the device's latest presence in the batch, was received (a message
+    with no receive time, a replayed dead letter, has none)."""
+    if item.received_at > 0:
+        out.presence_received[device_id] = item.received_at
+    else:
+        out.presence_received.pop(device_id, None)
 
 
 def _wall_ms(received_at: float) -> int:

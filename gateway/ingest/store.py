@@ -71,6 +71,7 @@ async def store(
     and its presence as observed, then, never later."""
     telemetry, decoded = batch.telemetry, batch.decoded
     seen, presence, letters = batch.seen_devices, batch.presence, batch.dead_letters
+    presence_received = batch.presence_received
     outcome = None
     if batch.sparkplug:
         if sparkplug is None:
@@ -81,11 +82,17 @@ async def store(
         decoded = [*decoded, *outcome.decoded]
         seen = seen | outcome.seen_devices
         presence = {**presence, **outcome.presence}
+        # A birth or death is ordered by the edge node's state, not by its receipt.
+        presence_received = {
+            d: t for d, t in presence_received.items() if d not in outcome.presence
+        }
         letters = [*letters, *outcome.dead_letters]
     new_ids, db_now, xact = await repo.insert_telemetry_at(
         conn, telemetry, node_id, seen, received_at
     )
-    presence_xact = await repo.record_presence(conn, presence, received_at)
+    presence_xact = await repo.record_presence(
+        conn, presence, received_at, received=presence_received, node_id=node_id
+    )
     xact = presence_xact if xact is None else xact
     mapped = batch.mapped_devices if mappings is None else mappings.due(batch.mapped_devices)
     await repo.record_device_mappings(conn, mapped)

@@ -74,16 +74,42 @@ FROM inserted;
 -- device neither heard nor changed since, so presence_at never goes back). Only a
 -- change is written: the status is retained, so every (re)connect of every node reads the
 -- last one again, and moving presence_at to now would stand for a new silence (a new
--- inactivity alarm where people had closed the one for this silence). Returns the
--- transaction's id, as insert_telemetry does (for a batch that sends no telemetry).
+-- inactivity alarm where people had closed the one for this silence).
+-- $4 for each, how long before this statement the node read it off the broker (seconds, on
+-- the node's monotonic clock), or NULL (not known: a Sparkplug birth or death); $5 the node.
+-- The receipt goes on the database's clock as the statement's start less that age (off by
+-- the statement's way to the server, about a millisecond or less: no wall clock of a node
+-- is read), and is kept with the node (presence_received_at, presence_node; a replay's
+-- receipt is $3). A change is written only when it was received after the presence stored,
+-- or the same node stored that one (its order is the broker's, whatever the ages say), or
+-- either receipt is not known: a node a batch behind no longer overwrites another node's
+-- newer `online` with the Will `offline` it read before it (a session takeover publishes
+-- both within milliseconds). The same presence received later than the one stored moves
+-- only the receipt and its node, never presence_at: a node that read the Will and the new
+-- `online` in one batch stores no change, yet has read `online` after the Will another node
+-- still holds. Returns the transaction's id, as insert_telemetry does (for a batch that
+-- sends no telemetry).
 WITH recorded AS (
-    INSERT INTO device (device_id, first_seen, last_seen, presence, presence_at)
+    INSERT INTO device AS dv
+        (device_id, first_seen, last_seen, presence, presence_at, presence_received_at,
+         presence_node)
     SELECT d, coalesce($3::timestamptz, now()), coalesce($3::timestamptz, now()), p,
-           coalesce($3::timestamptz, now())
-    FROM unnest($1::text[], $2::text[]) AS u(d, p)
+           coalesce($3::timestamptz, now()),
+           coalesce($3::timestamptz, statement_timestamp() - make_interval(secs => a)), $5
+    FROM unnest($1::text[], $2::text[], $4::float8[]) AS u(d, p, a)
     ON CONFLICT (device_id) DO UPDATE
-    SET presence = EXCLUDED.presence, presence_at = EXCLUDED.presence_at
-    WHERE device.presence IS DISTINCT FROM EXCLUDED.presence
+    SET presence = EXCLUDED.presence,
+        presence_at = CASE WHEN dv.presence IS DISTINCT FROM EXCLUDED.presence
+                           THEN EXCLUDED.presence_at ELSE dv.presence_at END,
+        presence_received_at = EXCLUDED.presence_received_at,
+        presence_node = EXCLUDED.presence_node
+    WHERE CASE WHEN dv.presence IS DISTINCT FROM EXCLUDED.presence
+               THEN dv.presence_node IS NOT DISTINCT FROM EXCLUDED.presence_node
+                    OR dv.presence_received_at IS NULL
+                    OR EXCLUDED.presence_received_at IS NULL
+                    OR EXCLUDED.presence_received_at > dv.presence_received_at
+               ELSE EXCLUDED.presence_received_at
+                    > coalesce(dv.presence_received_at, '-infinity') END
 )
 SELECT pg_current_xact_id()::text::bigint AS xid, pg_postmaster_start_time() AS server_started;
 
