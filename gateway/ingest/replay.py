@@ -75,6 +75,8 @@ async def replay_one(
                         # Heard when it was received, not now: a device silent since stays
                         # silent (its last_seen, its inactivity alarm).
                         received_at=letter.received_at,
+                        # Refused again, it is reported, not counted as seen again.
+                        write_letters=False,
                     )
             except Exception as exc:
                 if isinstance(exc, RETRY_LATER):
@@ -91,6 +93,13 @@ async def replay_one(
                 alarms, receipts = result.alarms, result.receipts
                 outcome = _outcome(result, classified, superseded=superseded)
                 succeeded = not outcome.startswith("still_invalid")
+                if result.dead_letters:
+                    log.info(
+                        "dead_letter_replay_refused",
+                        dead_letter_id=dead_letter_id,
+                        reason=result.dead_letters[0].reason,
+                        detail=result.dead_letters[0].detail,
+                    )
         await repo.mark_dead_letter_replayed(conn, dead_letter_id, outcome, succeeded=succeeded)
     # Committed: only now are its alarms and receipts counted.
     if alarms is not None:

@@ -59,6 +59,7 @@ async def store(
     sparkplug: SparkplugHost | None = None,
     mappings: MappingMemory | None = None,
     received_at: datetime | None = None,
+    write_letters: bool = True,
 ) -> StoreResult:
     """Everything a batch writes, in the caller's transaction: telemetry, devices, presence,
     dead letters, command receipts, and the alarms the new telemetry raises or clears; the
@@ -68,7 +69,10 @@ async def store(
     Nothing is counted here: the caller counts the result's alarms and receipts once the
     transaction has committed (a rolled-back attempt counts nothing). ``received_at``: when
     the batch was received if not now (a replayed dead letter): its devices count as heard,
-    and its presence as observed, then, never later."""
+    and its presence as observed, then, never later. ``write_letters``: False for a replayed
+    dead letter, which is no new sighting: what is refused again is only reported (the
+    result's ``dead_letters``), never written (it would count the pending letter again, or
+    write a new one of a letter replayed before)."""
     telemetry, decoded = batch.telemetry, batch.decoded
     seen, presence, letters = batch.seen_devices, batch.presence, batch.dead_letters
     presence_received = batch.presence_received
@@ -96,7 +100,7 @@ async def store(
     xact = presence_xact if xact is None else xact
     mapped = batch.mapped_devices if mappings is None else mappings.due(batch.mapped_devices)
     await repo.record_device_mappings(conn, mapped)
-    letters_xact = await repo.insert_dead_letters(conn, letters, node_id)
+    letters_xact = await repo.insert_dead_letters(conn, letters if write_letters else [], node_id)
     xact = letters_xact if xact is None else xact
     applied = batch.receipts
     if outcome is not None and outcome.telemetry and receipts is not None:

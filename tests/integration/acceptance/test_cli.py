@@ -235,3 +235,40 @@ def test_version_prints_the_release() -> None:
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("gateway ")
     assert result.stdout.split()[1][0].isdigit()
+
+
+async def test_a_replayed_sparkplug_death_is_refused_each_time_and_seen_once(
+    db_dsn: str, tmp_path: Path
+) -> None:
+    """`gateway dead-letters replay --all`, twice, of an edge node's NDEATH dead-lettered
+    once: each run says it is still invalid (`INVALID`: a death's moment has passed) and the
+    letter stays pending, seen once. Each run used to count it again (`seen_count` 2, 3)."""
+    from protocol import sparkplug_b_pb2 as pb
+    from protocol.sparkplug import DataType
+
+    death = pb.Payload(timestamp=1767225600000)
+    metric = death.metrics.add()
+    metric.name, metric.datatype, metric.long_value = "bdSeq", DataType.INT64, 3
+    config = tmp_path / "gateway.toml"
+    config.write_text(
+        f'[database]\ndsn = "{db_dsn}"\n[log]\nformat = "json"\n'
+        '[sparkplug]\nenabled = true\nhost_id = "gw-host"\ngroups = ["G"]\n'
+    )
+    conn = await asyncpg.connect(db_dsn)
+    try:
+        letter_id = await conn.fetchval(
+            "INSERT INTO dead_letter "
+            "(topic, payload, payload_size, payload_sha256, reason, detail, node_id) "
+            "VALUES ('spBv1.0/G/NDEATH/N', $1::bytea, length($1::bytea), "
+            "encode(sha256($1::bytea), 'hex'), 'QUARANTINED', 'held', 'n1') RETURNING id",
+            death.SerializeToString(),
+        )
+        for _ in range(2):
+            replay = _gateway("dead-letters", "replay", "--config", str(config), "--all")
+            assert replay.returncode == 0, replay.stderr
+            assert f"{letter_id}\tstill_invalid: INVALID" in replay.stdout
+            assert "replayed 1: 0 ingested, 1 still invalid" in replay.stdout
+        rows = await conn.fetch("SELECT id, seen_count, replay_count FROM dead_letter")
+    finally:
+        await conn.close()
+    assert [tuple(r) for r in rows] == [(letter_id, 1, 2)]

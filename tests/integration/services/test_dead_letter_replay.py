@@ -218,3 +218,31 @@ async def test_an_old_reading_replayed_is_judged_at_its_receipt_not_the_replays(
     assert abs(datetime.fromisoformat(alarm["at"]) - two_hours_ago) < timedelta(seconds=1)
     firing = await db.fetchval("SELECT firing FROM rule_state WHERE device_id = 'dev-hot'")
     assert firing is False
+
+
+async def test_a_letter_its_decoder_refuses_again_is_not_seen_again(
+    db: asyncpg.Connection, pool: asyncpg.Pool, db_dsn: str
+) -> None:
+    """A replay is not a new sighting. A Zigbee2MQTT payload its mapping still cannot read
+    and a native reading still invalid (a NUL in a metric name), each seen once and replayed
+    twice: each stays pending with its reason, seen once, and no other letter is written (a
+    decoder's refusal is reported before anything is stored)."""
+    letters = [
+        DeadLetterRow.whole("zigbee2mqtt/0x00158d0001d8e1d2", b"not json", "MAPPING_X", "x"),
+        DeadLetterRow.whole(
+            TOPICS.telemetry("dev-nul"),
+            b'{"ts": "2026-01-01T00:00:00Z", "metrics": {"a\\u0000b": 1}}',
+            "STORAGE_REJECTED",
+            "x",
+        ),
+    ]
+    await repo.insert_dead_letters(db, letters, "gw-1")
+    path = live_path.for_replay(make_config(dsn=db_dsn, mqtt_port=1, extra=Z2M), Metrics())
+    for _ in range(2):
+        outcomes = await replay(pool, path, await pending_ids(pool, None))
+        assert [(o.dead_letter_id, o.outcome, o.succeeded) for o in outcomes] == [
+            (1, "still_invalid: MAPPING_MALFORMED", False),
+            (2, "still_invalid: INVALID", False),
+        ]
+    rows = await db.fetch("SELECT seen_count, replay_count FROM dead_letter ORDER BY id")
+    assert [tuple(r) for r in rows] == [(1, 2), (1, 2)]

@@ -543,3 +543,40 @@ async def test_a_death_or_birth_replayed_late_changes_no_presence(
     assert await _presence(pool, "G/N") == await _presence(pool, "G/N/D") == "online"
     after = await _state(pool)
     assert after == before
+
+
+async def test_a_refused_replay_counts_its_letter_no_more_and_writes_no_letter(
+    pool: asyncpg.Pool, db_dsn: str
+) -> None:
+    """A replay is not a new sighting of the message. An NDEATH (refused: its moment has
+    passed) and a DDATA whose alias today's births do not define (refused: not born), each
+    seen once, replayed twice: each is refused with its reason both times and stays pending,
+    seen once. It used to count its pending letter again at each replay (`seen_count` 1, 2,
+    3: the refusal was stored as a dead letter of the same bytes). And an NDEATH replayed
+    successfully once (marked so) and replayed again by id is refused without writing a new
+    letter of itself (it used to: no pending letter of those bytes to count)."""
+    await _batch(pool, SparkplugHost(), _births())
+    letters = [
+        DeadLetterRow.whole(NODE.format("NDEATH"), _payload(None, _bdseq(3)), "QUARANTINED", "x"),
+        DeadLetterRow.whole(
+            DEVICE.format("DDATA"), _payload(2, _temp(20.0, alias=9)), "NOT_BORN", "x"
+        ),
+        DeadLetterRow.whole(NODE.format("NDEATH"), _payload(None, _bdseq(2)), "QUARANTINED", "x"),
+    ]
+    async with pool.acquire() as conn:
+        await ingest_repo.insert_dead_letters(conn, letters, "gw-1")
+        await conn.execute("UPDATE dead_letter SET replayed_at = now() WHERE id = 3")
+    extra = '[sparkplug]\nenabled = true\nhost_id = "gw-host"\ngroups = ["G"]\n'
+    path = live_path.for_replay(make_config(dsn=db_dsn, mqtt_port=1, extra=extra), Metrics())
+
+    for _ in range(2):
+        outcomes = await replay(pool, path, [1, 2, 3], again=True)
+        assert [(o.dead_letter_id, o.outcome, o.succeeded) for o in outcomes] == [
+            (1, "still_invalid: INVALID", False),
+            (2, "still_invalid: SPARKPLUG_NOT_BORN", False),
+            (3, "still_invalid: INVALID", False),
+        ]
+
+    rows = await pool.fetch("SELECT id, seen_count, replay_count FROM dead_letter ORDER BY id")
+    assert [tuple(r) for r in rows] == [(1, 1, 2), (2, 1, 2), (3, 1, 2)]
+    assert await pending_ids(pool, None) == [1, 2]
