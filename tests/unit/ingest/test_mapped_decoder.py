@@ -98,3 +98,21 @@ def test_a_redelivery_in_the_same_batch_is_one_event_id() -> None:
     first, second = batch.telemetry
     assert first.event_id == second.event_id
     assert first.ts_us == second.ts_us
+
+
+def test_each_devices_presence_keeps_the_receipt_of_its_last_one_in_the_batch() -> None:
+    """Native and mapped alike: the receipt of the presence the batch stores (its last), for
+    ordering it against other nodes' (docs/rules-and-alarms.md); none for a message without a
+    receive time (a replayed dead letter), even after one with a time."""
+    batch = _decoder().classify(
+        [
+            Inbound("iot/devices/dev-1/status", b"offline", 10.0),
+            Inbound("tele/kitchen/LWT", b"Offline", 10.5),
+            Inbound("iot/devices/dev-1/status", b"online", 11.0),
+            Inbound("tele/kitchen/LWT", b"Online", 11.5),
+            Inbound("iot/devices/dev-2/status", b"online", 12.0),
+            Inbound("iot/devices/dev-2/status", b"offline"),
+        ]
+    )
+    assert batch.presence == {"dev-1": "online", "kitchen": "online", "dev-2": "offline"}
+    assert batch.presence_received == {"dev-1": 11.0, "kitchen": 11.5}
