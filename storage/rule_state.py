@@ -27,6 +27,9 @@ GET_STATE = _Q["get_state"]
 DUE_HOLDS = _Q["due_holds"]
 STALE_HOLDS = _Q["stale_holds"]
 WRITE_REJUDGED = _Q["write_rejudged"]
+STALE_ROWS = _Q["stale_rows"]
+LOCK_STALE_ROWS = _Q["lock_stale_rows"]
+LIVE_DEFINITIONS = _Q["live_definitions"]
 
 
 class RuleStateRow(msgspec.Struct, frozen=True, gc=False):
@@ -396,3 +399,67 @@ async def write_rejudged(
         raise StateWriteConflictError(
             f"{len(rows) - written} of {len(rows)} rule states changed since they were read"
         )
+
+
+async def stale_rows(
+    conn: asyncpg.Connection,
+    rules: Sequence[HoldRule],
+    node_id: str,
+    live_within_s: float,
+    *,
+    after: tuple[str, str] = ("", ""),
+    limit: int,
+) -> list[tuple[str, str]]:
+    """The keys of the firing and normal rows of threshold `rules` (and the pending rows of
+    those that hold no time) written under another definition that no other node whose
+    heartbeat is younger than `live_within_s` runs, in (device, rule) order after `after`;
+    not locked. Reads every row of these rules: only after a rule set changed."""
+    if not rules:
+        return []
+    records = await conn.fetch(STALE_ROWS, *_stale_args(rules, node_id, live_within_s),
+                               after[0], after[1], limit)  # fmt: skip
+    return [(record["device_id"], record["rule_key"]) for record in records]
+
+
+async def lock_stale_rows(
+    conn: asyncpg.Connection,
+    keys: Sequence[tuple[str, str]],
+    rules: Sequence[HoldRule],
+    node_id: str,
+    live_within_s: float,
+) -> list[RuleStateRow]:
+    """Lock those of `keys` (stale_rows' page) still stale, skipping rows another
+    transaction holds. Only in a transaction."""
+    if not keys:
+        return []
+    records = await conn.fetch(
+        LOCK_STALE_ROWS,
+        [device_id for device_id, _ in keys],
+        [rule_key for _, rule_key in keys],
+        *_stale_args(rules, node_id, live_within_s),
+    )
+    return [RuleStateRow(*record) for record in records]
+
+
+def _stale_args(
+    rules: Sequence[HoldRule], node_id: str, live_within_s: float
+) -> tuple[list[str], list[str], list[bool], float, str]:
+    return (
+        [r.rule_key for r in rules],
+        [r.rule_version for r in rules],
+        [r.for_seconds > 0 for r in rules],
+        live_within_s,
+        node_id,
+    )
+
+
+async def live_definitions(
+    conn: asyncpg.Connection, node_id: str, live_within_s: float
+) -> frozenset[tuple[str, str]]:
+    """The (rule key, definition) pairs the other live nodes run."""
+    records = await conn.fetch(LIVE_DEFINITIONS, live_within_s, node_id)
+    return frozenset(
+        pair
+        for record in records
+        for pair in zip(record["rule_keys"], record["rule_versions"], strict=False)
+    )

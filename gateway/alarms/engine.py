@@ -56,13 +56,16 @@ from gateway.domain.rules import (
     current_run,
     evaluate,
     fire_held,
+    judged_again,
     judged_from_samples,
     merged_state,
     newest_clearing,
+    rejudged_event_id,
     replay_samples,
     rule_version,
     state_keys,
     uncovered,
+    violates,
 )
 from gateway.support.loops import RETRYABLE, sleep_unless_stopped, wait_event_or_stop
 from gateway.support.metrics import Metrics
@@ -251,6 +254,12 @@ class AlarmEngine:
         # reload); a rule a reload takes away joins at once. Empty, the usual case, a batch
         # of a node without inactivity rules clears nothing and asks nothing.
         self._unconfigured_inactivity: frozenset[str] = frozenset()
+        # Counts the changes of the rule sets in force: this node's (its start, each reload)
+        # and the other live nodes' (what they run, as the heartbeat reads it). The hold
+        # timer judges the rows of a definition no live node runs again after each change
+        # (`rejudge_stale_rows`), until a pass has judged every one it found.
+        self.rule_sets_changed = 1
+        self._others_run: frozenset[tuple[str, str]] | None = None
 
     def replace_rules(self, rules: RuleSet) -> None:
         """A reload: the next batch uses `rules`; `forget_loop` records them for the other
@@ -260,7 +269,19 @@ class AlarmEngine:
         self._unconfigured_inactivity = (
             self._unconfigured_inactivity | removed
         ) - _inactivity_keys(rules)
+        self.rule_sets_changed += 1
         self._rules_replaced.set()
+
+    async def watch_rule_sets(self, conn: asyncpg.Connection) -> bool:
+        """Read what the other live nodes run (their rule keys and definitions); whether it
+        changed since the last look (then `rule_sets_changed` counts it: a rolling reload
+        went on, a node stopped or came). With the heartbeat, every HEARTBEAT_S."""
+        others = await state_repo.live_definitions(conn, self.node_id, NODE_LIVE_S)
+        changed = self._others_run is not None and others != self._others_run
+        self._others_run = others
+        if changed:
+            self.rule_sets_changed += 1
+        return changed
 
     async def find_unconfigured_inactivity(self, conn: asyncpg.Connection) -> frozenset[str]:
         """Look again for the rules, not configured as inactivity rules here, that hold an
@@ -308,6 +329,7 @@ class AlarmEngine:
                             conn, self.node_id, self.stateful_rules()
                         )
                         await self.find_unconfigured_inactivity(conn)
+                        await self.watch_rule_sets(conn)
             except RETRYABLE as exc:
                 if replaced:
                     log.warning("rule_state_drop_failed", error=repr(exc))
@@ -337,6 +359,7 @@ class AlarmEngine:
         if dropped:
             log.info("rule_state_dropped", rows=dropped)
         await self.find_unconfigured_inactivity(conn)
+        await self.watch_rule_sets(conn)
         return dropped
 
     async def on_stored(
@@ -635,6 +658,107 @@ class AlarmEngine:
         start = newest[-1] if index is None else newest[index]
         seqs = await runs_repo.device_seqs(conn, device_id, start.ts, 4 * RUN_LOOKBACK)
         return current_run(rule, device_id, newest, seqs=seqs)
+
+    async def rejudge_stale_rows(
+        self,
+        conn: asyncpg.Connection,
+        now: datetime,
+        *,
+        after: SlotKey = ("", ""),
+        limit: int = HOLD_PAGE,
+    ) -> tuple[BatchAlarms, int, SlotKey | None]:
+        """One page of the hold timer's step after a rule set changed, on ``conn`` in the
+        caller's transaction: the firing and normal rows of this node's threshold rules (and
+        the pending rows of those that hold no time) written under another definition that
+        no other live node runs (a reload changed the rule), judged under this node's from
+        the device's newest stored sample of the metric (`judged_again`). A firing row whose
+        sample is back past the clear threshold is cleared through the clear path (the
+        reason says the rule changed); a normal row whose sample violates fires through
+        `create_alarms` (dedup key, supersede, audit, outbox), or starts its hold, or counts
+        its run. A row with no stored sample left keeps its facts. Every row is written with
+        this node's definition, conditional on its version, so no pass reads it again.
+
+        The page's keys are read first, then those still stale locked as `fire_due_holds`
+        locks (another transaction's row is skipped: an ingest batch brings it to its own
+        definition, or rolls back and the next pass finds it). Returns what the page did, how
+        many rows it found and could not lock, and the key to page after (None: no more)."""
+        rules = self.rules  # one rule set per page, even if a reload swaps it meanwhile
+        batch = BatchAlarms()
+        thresholds = {rule.key: rule for rule in rules if isinstance(rule, ThresholdRule)}
+        if not thresholds:
+            return batch, 0, None
+        asked = [
+            HoldRule(key, rule_version(rule), rule.for_seconds, rule.for_samples)
+            for key, rule in thresholds.items()
+        ]
+        keys = await state_repo.stale_rows(
+            conn, asked, self.node_id, NODE_LIVE_S, after=after, limit=limit
+        )
+        rows = await state_repo.lock_stale_rows(conn, keys, asked, self.node_id, NODE_LIVE_S)
+        firings: list[Firing] = []
+        clearings: list[ClearRequest] = []
+        changed: list[RuleStateRow] = []
+        for row in rows:
+            rule = thresholds[row.rule_key]
+            version = rule_version(rule)
+            state = _state_of(row)
+            newest: StoredSample | None = None
+            run: tuple[int, datetime | None] = (1, None)
+            if rule.selector.matches(row.device_id):
+                found = await runs_repo.samples_before(
+                    conn, row.device_id, rule.metric, _END_OF_TIME, 1
+                )
+                newest = StoredSample(*found[0]) if found else None
+            if (
+                newest is not None
+                and not state.firing
+                and rule.for_samples > 1
+                and violates(rule, newest.value)
+            ):
+                run = await self._current_run(conn, rule, row.device_id)
+            event_id = rejudged_event_id(
+                rule.key,
+                row.device_id,
+                "" if newest is None else newest.event_id,
+                version,
+                row.version,
+            )
+            judged = judged_again(
+                rule,
+                row.device_id,
+                state,
+                None if newest is None else (newest.value, newest.event_id),
+                run=run,
+                event_id=event_id,
+            )
+            if judged.firing is not None:
+                firings.append(judged.firing)
+            if judged.clearing is not None:
+                c = judged.clearing
+                clearings.append(
+                    ClearRequest(c.device_id, c.rule_key, c.telemetry_event_id, c.reason)
+                )
+            changed.append(_row_of(row, judged.state, version))
+            log.info(
+                "rule_rejudged",
+                device_id=row.device_id,
+                rule_key=row.rule_key,
+                firing=state.firing,
+                now_firing=judged.state.firing,
+                now_pending=judged.state.pending_count,
+                sample_event_id=None if newest is None else newest.event_id,
+            )
+        await self._fire(conn, firings, now, batch)
+        batch.cleared += len(await clear_alarms(conn, clearings, now=now))
+        try:
+            await state_repo.write_states(conn, changed, self.node_id)
+        except StateWriteConflictError as exc:  # cannot happen under the lock; never trust it
+            raise ConcurrentWriteError(str(exc)) from exc
+        batch.states_written += len(changed)
+        skipped = len(keys) - len(rows)
+        if len(keys) < limit:
+            return batch, skipped, None
+        return batch, skipped, keys[-1]
 
     async def fire_due_holds(
         self,

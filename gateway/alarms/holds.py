@@ -9,7 +9,11 @@ two nodes never fire a hold twice and a sample committed meanwhile is never race
 commits first, the other sees its effect (docs/rules-and-alarms.md, "Holds on the clock").
 Before that, each pass judges again the pending rows a reload left under another definition
 of their rule that no live node runs (`AlarmEngine.rejudge_stale_holds`): no sample may come
-to bring them up to date.
+to bring them up to date. And after a rule set changed (this node's start or reload, another
+live node's rules), the firing and normal rows of such a definition are judged again too, from
+the device's newest stored sample (`AlarmEngine.rejudge_stale_rows`: an alarm the definition
+in force no longer sees clears, one it sees now fires), until a pass has judged every one it
+found: that query reads every row of the rules, so it does not run on every pass.
 """
 
 from __future__ import annotations
@@ -42,6 +46,8 @@ class HoldTimer:
         # How late a hold may fire, at most, past its due time (plus a slow pass).
         self.interval_s = interval_s
         self.clock = clock
+        # The engine's `rule_sets_changed` for which every stale row found was judged.
+        self._judged_for = 0
 
     async def run(self, stop: asyncio.Event) -> None:
         await every(self.interval_s, stop, self.run_once, name="hold-timer")
@@ -51,9 +57,11 @@ class HoldTimer:
 
         First the pending rows of a definition no live node runs any more (a rule a reload
         changed mid-hold) are judged again under this node's (`rejudge_stale_holds`), then
-        the holds due are fired, those rows' among them."""
+        the holds due are fired, those rows' among them. After a rule set changed, the
+        firing and normal rows of such a definition are judged again first
+        (`rejudge_stale_rows`): the ids of the alarms that raised are among those returned."""
         await self.rejudge_stale()
-        raised: list[int] = []
+        raised: list[int] = await self.rejudge_stale_rows()
         after: SlotKey | None = ("", "")
         while after is not None:
             try:
@@ -87,3 +95,35 @@ class HoldTimer:
                 break
             judged += page
         return judged
+
+    async def rejudge_stale_rows(self) -> list[int]:
+        """After a rule set changed (`AlarmEngine.rule_sets_changed`), judge again the firing
+        and normal rows written under a definition no live node runs any more, a page per
+        transaction; the ids of the alarms raised. Done for that change once a pass has
+        judged every row it found (a row another transaction held is looked for again at
+        the next pass)."""
+        changed = self.engine.rule_sets_changed
+        if changed == self._judged_for:
+            return []
+        raised: list[int] = []
+        done = True
+        after: SlotKey | None = ("", "")
+        while after is not None:
+            try:
+                async with self.pool.acquire() as conn, conn.transaction():
+                    now = await self.clock(conn)
+                    batch, skipped, after = await self.engine.rejudge_stale_rows(
+                        conn, now, after=after
+                    )
+            except ConcurrentWriteError as exc:
+                log.warning("hold_timer_conflict", error=str(exc))
+                done = False
+                break
+            self.engine.committed(batch)
+            done = done and not skipped
+            raised.extend(alarm_id for _, alarm_id in batch.created)
+            if batch.cleared:
+                log.info("rule_rejudged_cleared", alarms=batch.cleared)
+        if done:
+            self._judged_for = changed
+        return raised

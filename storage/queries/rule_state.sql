@@ -252,3 +252,67 @@ WITH written AS (
     RETURNING 1
 )
 SELECT count(*) FROM written;
+
+-- name: stale_rows
+-- $1 rule keys, $2 rule versions, $3 whether each holds time (for_seconds > 0) (arrays,
+-- pairwise: this node's threshold rules), $4 seconds within which a heartbeat makes a node
+-- live, $5 this node's id, $6 device id and $7 rule key to page after, $8 how many; the keys
+-- of the rows of these rules written under another definition that no other live node runs
+-- (a reload changed the rule): firing and normal rows, and pending rows of rules that hold
+-- no time (the pending holds are stale_holds'). Not locked: lock_stale_rows locks them; a
+-- key here and not there was skipped (another transaction holds it) or judged meanwhile.
+-- No index has rule_version (none may slow the ingest's writes): this reads every row of
+-- these rules, so the hold timer runs it only after a rule set changed (this node's reload
+-- or start, another live node's), until a pass has judged every row it found.
+WITH live AS (
+    SELECT k.rule_key, k.rule_version
+    FROM node_rule_set n
+    CROSS JOIN LATERAL unnest(n.rule_keys, n.rule_versions) AS k(rule_key, rule_version)
+    WHERE n.heartbeat_at > now() - make_interval(secs => $4) AND n.node_id <> $5
+)
+SELECT s.device_id, s.rule_key
+FROM rule_state s
+JOIN unnest($1::text[], $2::text[], $3::boolean[]) AS u(r, v, hold) ON s.rule_key = u.r
+WHERE s.rule_version <> u.v
+  AND NOT (u.hold AND s.pending_count > 0)
+  AND NOT EXISTS (
+      SELECT 1 FROM live WHERE live.rule_key = s.rule_key AND live.rule_version = s.rule_version
+  )
+  AND (s.device_id, s.rule_key) > ($6::text, $7::text)
+ORDER BY s.device_id, s.rule_key
+LIMIT $8;
+
+-- name: lock_stale_rows
+-- $1 device ids, $2 rule keys (stale_rows' page), then $3-$7 as stale_rows' $1-$5; those of
+-- the rows that are still stale as stale_rows says, locked until the transaction ends, in
+-- (device, rule) order; a row another transaction holds (an ingest batch, another node's
+-- timer) is skipped, not waited for. A row written meanwhile is judged again as committed
+-- (FOR UPDATE re-checks the conditions on the newest version). Columns in `RuleStateRow`
+-- order.
+WITH live AS (
+    SELECT k.rule_key, k.rule_version
+    FROM node_rule_set n
+    CROSS JOIN LATERAL unnest(n.rule_keys, n.rule_versions) AS k(rule_key, rule_version)
+    WHERE n.heartbeat_at > now() - make_interval(secs => $6) AND n.node_id <> $7
+)
+SELECT s.device_id, s.rule_key, s.version, s.rule_version, s.firing, s.pending_count,
+       s.pending_since, s.last_ts, s.last_seq, s.fired_ts, s.fired_event_id, s.released_ts,
+       s.clear_ts, s.clear_event_id, s.violating_ts, s.last_device_ts
+FROM rule_state s
+JOIN unnest($1::text[], $2::text[]) AS p(d, r) ON s.device_id = p.d AND s.rule_key = p.r
+JOIN unnest($3::text[], $4::text[], $5::boolean[]) AS u(r, v, hold) ON s.rule_key = u.r
+WHERE s.rule_version <> u.v
+  AND NOT (u.hold AND s.pending_count > 0)
+  AND NOT EXISTS (
+      SELECT 1 FROM live WHERE live.rule_key = s.rule_key AND live.rule_version = s.rule_version
+  )
+ORDER BY s.device_id, s.rule_key
+FOR UPDATE OF s SKIP LOCKED;
+
+-- name: live_definitions
+-- $1 seconds within which a heartbeat makes a node live, $2 this node's id; each other live
+-- node's rule keys and their definitions (rule_version), pairwise: what it runs. The hold
+-- timer judges the rows of a definition no live node runs again once this changes.
+SELECT node_id, rule_keys, rule_versions FROM node_rule_set
+WHERE heartbeat_at > now() - make_interval(secs => $1) AND node_id <> $2
+ORDER BY node_id;

@@ -45,14 +45,18 @@ __all__ = [
     "Evaluation",
     "Firing",
     "Outcome",
+    "Rejudged",
     "clears",
     "evaluate",
     "fire_held",
     "hold_due_at",
     "hold_event_id",
     "inactivity_firing",
+    "judged_again",
+    "rejudged_event_id",
     "silence_trigger",
     "trigger_of",
+    "violates",
 ]
 
 
@@ -707,6 +711,127 @@ def fire_held(
     )
     fired = replace(state.rearmed(), firing=True, fired_ts=fired_ts, fired_event_id=event_id)
     return firing, fired
+
+
+# --- a row whose rule a reload changed ----------------------------------------------------
+#
+# A row written under another definition of its rule keeps its facts: a batch that next reads
+# it judges its sample under the definition in force from there. A device that reports by
+# exception sends no such sample, so the hold timer judges the firing and normal rows of a
+# definition no live node runs any more from the device's newest stored sample of the metric
+# (gateway.alarms.engine.AlarmEngine.rejudge_stale_rows; pending holds: rejudge_stale_holds).
+
+
+def rejudged_event_id(
+    rule_key: str, device_id: str, sample_event_id: str, rule_version: str, row_version: int
+) -> str:
+    """The stand-in telemetry event id of an alarm a reload's judgement raises: derived from
+    the stored sample, the definition in force and the version of the row judged, so every
+    node computes the same dedup key for the same judgement, and a definition changed back
+    and forth over the same sample raises again (the sample's own alarm may have cleared)."""
+    source = (
+        f"rejudged\n{rule_key}\n{device_id}\n{sample_event_id}\n{rule_version}\n{row_version}"
+    ).encode()
+    return hashlib.sha256(source).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class Rejudged:
+    """What judging a row again under the definition in force does: the state to write, and
+    the alarm to raise or to clear (at most one)."""
+
+    state: RuleState
+    firing: Firing | None = None
+    clearing: Clearing | None = None
+
+
+def judged_again(
+    rule: ThresholdRule,
+    device_id: str,
+    state: RuleState,
+    newest: tuple[MetricValue, str] | None,
+    *,
+    run: tuple[int, datetime | None] = (1, None),
+    event_id: str,
+) -> Rejudged:
+    """A firing or normal row of `rule` written under another definition (a reload), judged
+    under `rule` from the device's newest stored sample of its metric (`newest`: its value
+    and event id; None when none is stored, or the rule no longer selects the device) and the
+    run of violations it ends (`run`: count and first sample's time, `current_run`).
+
+    The row's own timeline places it: the judgement is at its newest time judged (`last_ts`).
+    - Firing, and the sample is back past the clear threshold: the alarm clears (by that
+      sample; the reason says the rule changed). Still violating, or in the hysteresis band:
+      it stays firing, as a sample there would leave it.
+    - Not firing, and the sample violates: the run fires if it has its `for_samples` and the
+      rule holds no time (`event_id`: `rejudged_event_id`); with `for_seconds`, it is pending
+      from the judgement (`pending_since` = `last_ts`, and the row written now: the hold runs
+      `for_seconds` of database time from this write, as `hold_due_at` reads it); else it is
+      pending with its count.
+    - Otherwise, and with no sample: its facts kept, nothing pending."""
+    at = state.last_ts
+    if newest is None or at is None:
+        return Rejudged(state if state.firing else state.rearmed())
+    value, sample_event_id = newest
+    verdict = _verdict(rule, value)
+    if state.firing:
+        if verdict is not _Verdict.CLEAR:
+            return Rejudged(state)
+        newer = state.clear_ts is None or at >= state.clear_ts
+        cleared = replace(
+            state,
+            firing=False,
+            released_ts=at,
+            clear_ts=at if newer else state.clear_ts,
+            clear_event_id=sample_event_id if newer else state.clear_event_id,
+        )
+        reason = f"{_clear_reason(rule, value)} ({_REJUDGED})"
+        return Rejudged(
+            cleared, clearing=Clearing(rule.key, device_id, sample_event_id, reason, at)
+        )
+    if verdict is not _Verdict.VIOLATING:
+        return Rejudged(state.rearmed())
+    return _violating_again(rule, device_id, state, value, at, run=run, event_id=event_id)
+
+
+_REJUDGED: Final = "the rule changed: judged again from the newest stored sample"
+
+
+def _violating_again(
+    rule: ThresholdRule,
+    device_id: str,
+    state: RuleState,
+    value: MetricValue,
+    at: datetime,
+    *,
+    run: tuple[int, datetime | None],
+    event_id: str,
+) -> Rejudged:
+    """`judged_again` of a row not firing whose newest sample violates the rule in force."""
+    if state.violating_ts is None or at > state.violating_ts:
+        state = replace(state, violating_ts=at)
+    count, since = run
+    if rule.for_seconds > 0:
+        return Rejudged(replace(state, pending_count=max(count, 1), pending_since=at))
+    if count < rule.for_samples:
+        return Rejudged(replace(state, pending_count=count, pending_since=since or at))
+    firing = Firing(
+        rule.key,
+        rule.severity,
+        device_id,
+        event_id,
+        f"{_threshold_reason(rule, value, count, timedelta(0))} ({_REJUDGED})",
+        at,
+        trigger=trigger_of(rule, at, value),
+        rule_description=rule.description,
+    )
+    fired = replace(state.rearmed(), firing=True, fired_ts=at, fired_event_id=event_id)
+    return Rejudged(fired, firing=firing)
+
+
+def violates(rule: ThresholdRule, observed: MetricValue) -> bool:
+    """Whether a sample of `observed` violates `rule`."""
+    return _verdict(rule, observed) is _Verdict.VIOLATING
 
 
 def _event_reason(event_type: str, occurrences: int) -> str:

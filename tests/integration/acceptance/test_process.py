@@ -379,6 +379,81 @@ async def test_a_hold_a_sighup_changes_mid_hold_is_judged_again_on_two_nodes(
     assert [tuple(a) for a in alarms] == [("boiler-1", hold_event_id("hot", "boiler-1", since))]
 
 
+async def test_a_sighup_clears_what_the_new_rule_no_longer_sees_and_fires_what_it_sees(
+    db_dsn: str, mosquitto: Mosquitto, tmp_path: Path
+) -> None:
+    """A device reporting by exception sends 85 once, then nothing. Two processes run `hot`
+    (`temp > 80`: it fires) and `warm` (`temp > 90`: normal). SIGHUP gives both `hot > 90`
+    and `warm > 80`. Under the rules in force the device is not hot and is warm: `hot`'s
+    alarm clears (once, saying the rule changed), `warm` fires (once, whichever node's timer
+    judges it), with no sample after the reload."""
+
+    def rules(hot: int, warm: int) -> str:
+        return "[alarms]\ntimer_interval_s = 0.5\n" + "".join(
+            f'[[rules]]\nkey = "{key}"\nkind = "threshold"\nmetric = "temp"\nop = ">"\n'
+            f'value = {value}\nseverity = "MAJOR"\n'
+            for key, value in (("hot", hot), ("warm", warm))
+        )
+
+    ports = [free_port(), free_port()]
+    paths = [tmp_path / f"node-{n}.toml" for n in range(2)]
+
+    def write(text: str) -> None:
+        _write_shared(paths, ports, db_dsn, mosquitto, text)
+
+    async def fetch(query: str) -> list[asyncpg.Record]:
+        conn = await asyncpg.connect(db_dsn)
+        try:
+            return list(await conn.fetch(query))
+        finally:
+            await conn.close()
+
+    async def alarms() -> list[tuple[str, bool]]:
+        rows = await fetch("SELECT rule_key, cleared_at IS NULL AS active FROM alarm ORDER BY id")
+        return [(row["rule_key"], row["active"]) for row in rows]
+
+    write(rules(80, 90))
+    processes = [DaemonProcess(path, tmp_path / f"{path.stem}.log") for path in paths]
+    try:
+        for process, port in zip(processes, ports, strict=True):
+            process.start()
+            await _wait_healthy(process, port)
+        async with aiomqtt.Client("127.0.0.1", mosquitto.port) as pub:
+            payload = f'{{"ts": {int(time.time() * 1000)}, "metrics": {{"temp": 85}}}}'.encode()
+            await pub.publish(TOPICS.telemetry("boiler-1"), payload, qos=1)
+
+        async def hot_fired() -> bool:
+            return await alarms() == [("hot", True)]
+
+        await wait_until(hot_fired, timeout=30, message="hot fired on the 85")
+        write(rules(90, 80))
+        for process in processes:
+            process.signal(signal.SIGHUP)
+
+        async def judged() -> bool:
+            return await alarms() == [("hot", False), ("warm", True)]
+
+        await wait_until(judged, timeout=30, message="hot cleared and warm fired after SIGHUP")
+        for process in processes:
+            assert "config_reloaded" in process.log_text()
+            assert process.terminate() == 0
+        cleared = await fetch(
+            "SELECT payload ->> 'reason' AS reason FROM outbox_event"
+            " WHERE event_type = 'alarm.cleared'"
+        )
+        created = await fetch(
+            "SELECT count(*) AS n FROM outbox_event WHERE event_type = 'alarm.created'"
+        )
+    finally:
+        for process in processes:
+            process.cleanup()
+    assert await alarms() == [("hot", False), ("warm", True)]
+    assert len(cleared) == 1
+    assert "rule changed" in cleared[0]["reason"]
+    assert created[0]["n"] == 2
+    assert await fetch("SELECT count(*) FROM telemetry") == [(1,)]  # no sample after the reload
+
+
 def _catches_sighup(pid: int) -> bool:
     """Whether the process has a handler for SIGHUP (its SigCgt mask, /proc/<pid>/status)."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():

@@ -371,3 +371,228 @@ async def test_rows_the_rule_no_longer_selects_do_not_hold_up_the_rows_after_the
         assert len(second.created) == 1
     (alarm,) = await _alarms(pool)
     assert alarm["rule_key"] == "temp-held"
+
+
+# --- a firing or normal row whose rule a reload changed -------------------------------------
+# The device reports by exception: nothing comes after the reload to judge the row again. The
+# timer's pass after the node's rule set changed judges it from the newest stored sample.
+HOT = RuleConfig(
+    key="temp-hot", kind="threshold", metric="temp", op=">", value=80, severity="MAJOR"
+)  # fmt: skip
+HOT_90 = msgspec.structs.replace(HOT, value=90)
+HELD_90 = msgspec.structs.replace(HELD, value=90, clear_value=88)
+
+
+async def _hot(pool: asyncpg.Pool) -> asyncpg.Record:
+    async with pool.acquire() as conn:
+        row = await conn.fetchrow(
+            "SELECT rule_version, firing, pending_count, pending_since, updated_at, node_id"
+            " FROM rule_state WHERE rule_key = 'temp-hot'"
+        )
+    assert row is not None
+    return row
+
+
+async def _events(pool: asyncpg.Pool, event_type: str) -> list[dict[str, object]]:
+    async with pool.acquire() as conn:
+        rows = await conn.fetch(
+            "SELECT aggregate_id, payload::text AS p FROM outbox_event WHERE event_type = $1"
+            " ORDER BY id",
+            event_type,
+        )
+    return [{**json.loads(row["p"]), "aggregate_id": row["aggregate_id"]} for row in rows]
+
+
+async def test_a_firing_rule_a_reload_raised_past_the_newest_sample_clears_at_the_next_pass(
+    pool: asyncpg.Pool,
+) -> None:
+    """`temp > 80` fired on 85; the device sends nothing more; the rule is reloaded as
+    `temp > 90`. Under the rule in force the device is normal: its alarm clears, through the
+    clear path (the alarm.cleared event, saying the rule changed), by the stored sample."""
+    sample = _temp(await _now(pool), 85.0)
+    fired = await _store(_engine("node-a", HOT), pool, sample)
+    assert len(fired.created) == 1
+    before = await _hot(pool)
+    reloaded = _engine("node-a", HOT_90)
+    assert await _timer(pool, reloaded, 0).run_once() == []
+    (alarm,) = await _alarms(pool)
+    assert alarm["cleared_at"] is not None, "the alarm of a definition that no longer violates"
+    async with pool.acquire() as conn:
+        clear_event_id = await conn.fetchval("SELECT clear_event_id FROM alarm")
+    assert clear_event_id == telemetry_event_id(DEVICE, sample)  # cleared by the stored sample
+    (cleared,) = await _events(pool, "alarm.cleared")
+    assert "rule changed" in str(cleared["reason"])
+    row = await _hot(pool)
+    assert (row["firing"], row["pending_count"]) == (False, 0)
+    assert row["rule_version"] != before["rule_version"]
+    # Judged once: later passes and a sample that still clears change nothing more.
+    assert await _timer(pool, reloaded, 600).run_once() == []
+    later = await _store(reloaded, pool, _temp(sample.timestamp() + timedelta(seconds=5), 84.0))
+    assert (later.created, later.cleared) == ([], 0)
+    assert len(await _events(pool, "alarm.cleared")) == 1
+
+
+async def test_a_firing_rule_whose_newest_sample_still_violates_stays_firing(
+    pool: asyncpg.Pool,
+) -> None:
+    await _store(_engine("node-a", HOT), pool, _temp(await _now(pool), 95.0))
+    assert await _timer(pool, _engine("node-a", HOT_90), 0).run_once() == []
+    (alarm,) = await _alarms(pool)
+    assert alarm["cleared_at"] is None
+    assert (await _hot(pool))["firing"] is True
+
+
+async def test_a_normal_rule_a_reload_lowered_under_the_newest_sample_fires_at_the_next_pass(
+    pool: asyncpg.Pool,
+) -> None:
+    """`temp > 90` normal on a device at 85, reloaded as `temp > 80`: "a reloaded rule never
+    fires" for a device reporting by exception. It fires at the pass after the reload,
+    through create_alarms (audit, outbox), once."""
+    sample = _temp(await _now(pool), 85.0)
+    assert (await _store(_engine("node-a", HOT_90), pool, sample)).created == []
+    reloaded = _engine("node-a", HOT)
+    (alarm_id,) = await _timer(pool, reloaded, 0).run_once()
+    (alarm,) = await _alarms(pool)
+    assert (alarm["id"], alarm["rule_key"], alarm["cleared_at"]) == (alarm_id, "temp-hot", None)
+    assert json.loads(alarm["trigger"])["value"] == 85.0
+    (created,) = await _events(pool, "alarm.created")
+    assert created["aggregate_id"] == str(alarm_id)
+    async with pool.acquire() as conn:
+        audit = await conn.fetchval(
+            "SELECT count(*) FROM alarm_audit WHERE alarm_id = $1", alarm_id
+        )
+    assert audit == 1
+    assert (await _hot(pool))["firing"] is True
+    assert await _timer(pool, reloaded, 600).run_once() == []
+    # The device's next violating sample raises nothing more; its clearing one clears.
+    again = await _store(reloaded, pool, _temp(sample.timestamp() + timedelta(seconds=5), 86.0))
+    assert again.created == []
+    cleared = await _store(reloaded, pool, _temp(sample.timestamp() + timedelta(seconds=9), 70.0))
+    assert cleared.cleared == 1
+
+
+async def test_a_hold_rule_a_reload_lowered_holds_from_the_judgement_and_fires_when_due(
+    pool: asyncpg.Pool,
+) -> None:
+    """`temp > 90 for 60 s` normal at 85 for an hour (the row written an hour ago), reloaded
+    as `temp > 80 for 60 s`: the hold starts at the reload's judgement, not at the hour-old
+    sample (nothing says the definition in force held it that long), and fires 60 s on."""
+    sample = _temp(await _now(pool) - timedelta(hours=1), 85.0)
+    await _store(_engine("node-a", HELD_90), pool, sample)
+    async with pool.acquire() as conn:
+        await conn.execute("UPDATE rule_state SET updated_at = updated_at - interval '1 hour'")
+    reloaded = _engine("node-a", HELD)
+    assert await _timer(pool, reloaded, 30).run_once() == []  # judged now: held 30 s of 60
+    row = await _row(pool)
+    assert (row["firing"], row["pending_count"]) == (False, 1)
+    assert len(await _timer(pool, reloaded, 61).run_once()) == 1
+    assert await _timer(pool, reloaded, 3600).run_once() == []
+    assert len(await _alarms(pool)) == 1
+
+
+async def test_two_nodes_judging_a_reloaded_rule_together_clear_once_and_fire_once(
+    pool: asyncpg.Pool,
+) -> None:
+    """Two devices: one firing under `> 80` at 85 (it must clear under `> 90`), one normal
+    under `> 90` at 85 under a second rule lowered to `> 80` (it must fire). Two nodes
+    reloaded pass at once: one clear, one alarm."""
+    warm = msgspec.structs.replace(HOT_90, key="temp-warm")
+    sample = _temp(await _now(pool), 85.0)
+    await _store(_engine("node-a", HOT, warm), pool, sample)
+    assert len(await _alarms(pool)) == 1
+    lowered = msgspec.structs.replace(HOT, key="temp-warm")
+    node_a, node_b = _engine("node-a", HOT_90, lowered), _engine("node-b", HOT_90, lowered)
+    raised = await asyncio.gather(
+        _timer(pool, node_a, 0).run_once(), _timer(pool, node_b, 0).run_once()
+    )
+    assert sorted(len(ids) for ids in raised) == [0, 1]
+    alarms = await _alarms(pool)
+    assert [(a["rule_key"], a["cleared_at"] is None) for a in alarms] == [
+        ("temp-hot", False), ("temp-warm", True)
+    ]  # fmt: skip
+    assert len(await _events(pool, "alarm.cleared")) == 1
+    assert len(await _events(pool, "alarm.created")) == 2
+
+
+async def test_a_node_judging_a_reloaded_row_holds_it_and_the_other_skips_it(
+    pool: asyncpg.Pool,
+) -> None:
+    sample = _temp(await _now(pool), 85.0)
+    await _store(_engine("node-a", HOT), pool, sample)
+    node_a, node_b = _engine("node-a", HOT_90), _engine("node-b", HOT_90)
+    timer_b = _timer(pool, node_b, 0)
+    async with pool.acquire() as conn:
+        async with conn.transaction():
+            batch, skipped, _ = await node_a.rejudge_stale_rows(conn, await repo.db_now(conn))
+            assert (batch.cleared, skipped) == (1, 0)
+            # Node A holds the row until it commits: node B skips it, and clears nothing.
+            assert await timer_b.rejudge_stale_rows() == []
+            assert (await _alarms(pool))[0]["cleared_at"] is None
+        # Committed: node B finds the row judged under the definition it runs.
+        assert await timer_b.rejudge_stale_rows() == []
+    assert len(await _events(pool, "alarm.cleared")) == 1
+
+
+async def test_a_reloaded_rule_of_a_definition_another_live_node_runs_is_left_to_it(
+    pool: asyncpg.Pool,
+) -> None:
+    """A rolling reload: node A still runs `temp > 80`, node B `temp > 90`. Node B writes
+    nothing (the alarm stays, the row stays A's); once A runs `> 90` too (its heartbeat
+    says so), node B's next pass judges the row and clears the alarm."""
+    node_a, node_b = _engine("node-a", HOT), _engine("node-b", HOT_90)
+    await _store(node_a, pool, _temp(await _now(pool), 85.0))
+    async with pool.acquire() as conn:
+        await node_a.forget_removed_rules(conn)  # its rule set recorded, as at start
+        await node_b.forget_removed_rules(conn)
+    timer_b = _timer(pool, node_b, 0)
+    assert await timer_b.run_once() == []
+    row = await _hot(pool)
+    assert (row["node_id"], row["firing"]) == ("node-a", True)  # not judged again
+    assert (await _alarms(pool))[0]["cleared_at"] is None
+    async with pool.acquire() as conn:
+        await state_repo.register_rule_set(conn, "node-a", node_b.stateful_rules())
+        await node_b.watch_rule_sets(conn)  # node B's heartbeat sees it
+    await timer_b.run_once()
+    assert (await _alarms(pool))[0]["cleared_at"] is not None
+    assert (await _hot(pool))["node_id"] == "node-b"
+
+
+async def test_a_reloaded_row_an_ingest_batch_holds_is_skipped_and_judged_at_the_next_pass(
+    pool: asyncpg.Pool,
+) -> None:
+    """A sample arrives in the same moment: its batch holds the row. The pass skips it (waits
+    for nothing); the batch rolls back (a failure of its own), and the next pass, still looking
+    since it skipped a row, clears the alarm."""
+    sample = _temp(await _now(pool), 85.0)
+    await _store(_engine("node-a", HOT), pool, sample)
+    reloaded = _engine("node-a", HOT_90)
+    timer = _timer(pool, reloaded, 0)
+    arriving = _temp(sample.timestamp() + timedelta(seconds=1), 85.0)
+    row = (DEVICE, telemetry_event_id(DEVICE, arriving), arriving)
+    async with pool.acquire() as conn:
+        tx = conn.transaction()
+        await tx.start()
+        await _engine("node-b", HOT_90).on_stored(conn, [row])
+        assert await timer.run_once() == []
+        assert (await _alarms(pool))[0]["cleared_at"] is None  # skipped, not waited for
+        await tx.rollback()
+    await timer.run_once()
+    assert (await _alarms(pool))[0]["cleared_at"] is not None
+
+
+async def test_a_reloaded_row_with_no_stored_sample_left_is_left_as_it_is(
+    pool: asyncpg.Pool,
+) -> None:
+    """Retention deleted the device's samples: nothing says what the definition in force
+    makes of the device. The alarm stays, the row keeps firing (taken over by the
+    definition in force, so no pass reads it again); the device's next sample decides."""
+    await _store(_engine("node-a", HOT), pool, _temp(await _now(pool), 85.0))
+    async with pool.acquire() as conn:
+        await conn.execute("DELETE FROM telemetry")
+    reloaded = _engine("node-a", HOT_90)
+    assert await _timer(pool, reloaded, 0).run_once() == []
+    (alarm,) = await _alarms(pool)
+    assert alarm["cleared_at"] is None
+    row = await _hot(pool)
+    assert row["firing"] is True
+    assert row["rule_version"] == reloaded.stateful_rules()["temp-hot"]
