@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 
 import asyncpg
@@ -16,6 +17,7 @@ SAMPLES_BEFORE = _Q["samples_before"]
 SAMPLES_FROM = _Q["samples_from"]
 ALARMS_AFTER = _Q["alarms_after"]
 DEVICE_SEQS = _Q["device_seqs"]
+NEWEST_SAMPLES = _Q["newest_samples"]
 
 _VALUE = msgspec.json.Decoder(int | float | bool | str)
 
@@ -55,3 +57,19 @@ async def device_seqs(
 ) -> frozenset[int]:
     """The seqs of the device's stored messages from ``since`` on (any metric, any event)."""
     return frozenset(row["seq"] for row in await conn.fetch(DEVICE_SEQS, device_id, since, limit))
+
+
+async def newest_samples(
+    conn: asyncpg.Connection, wanted: Sequence[tuple[str, str]]
+) -> list[Sample | None]:
+    """The newest stored sample of each (device id, metric) of ``wanted``, in its order
+    (None: none stored), in one statement."""
+    found: list[Sample | None] = [None] * len(wanted)
+    if not wanted:
+        return found
+    rows = await conn.fetch(
+        NEWEST_SAMPLES, [device for device, _ in wanted], [metric for _, metric in wanted]
+    )
+    for row in rows:
+        found[row["n"] - 1] = (row["ts"], row["seq"], row["event_id"], _VALUE.decode(row["value"]))
+    return found

@@ -87,6 +87,9 @@ HEARTBEAT_S = 10.0
 NODE_LIVE_S = 60.0
 # Pending rows the hold timer locks and judges per transaction.
 HOLD_PAGE = 200
+# Keys of rows a reload left under another definition read per statement (each reads every
+# row of the node's threshold rules): judged HOLD_PAGE per transaction.
+STALE_PAGE = 10_000
 # A late sample's run judged from the stored samples: how far back its start is looked for,
 # and how many samples from there on are read at most (gateway.domain.rules.runs).
 RUN_LOOKBACK = 1000
@@ -659,11 +662,25 @@ class AlarmEngine:
         seqs = await runs_repo.device_seqs(conn, device_id, start.ts, 4 * RUN_LOOKBACK)
         return current_run(rule, device_id, newest, seqs=seqs)
 
+    async def stale_keys(
+        self, conn: asyncpg.Connection, *, after: SlotKey = ("", ""), limit: int = STALE_PAGE
+    ) -> list[SlotKey]:
+        """The keys of the rows `rejudge_stale_rows` judges, in (device, rule) order after
+        ``after``, at most ``limit`` (not locked). One statement reads every row of this
+        node's threshold rules: the hold timer asks only after a rule set changed."""
+        asked = _threshold_rules(self.rules)
+        if not asked:
+            return []
+        return await state_repo.stale_rows(
+            conn, asked, self.node_id, NODE_LIVE_S, after=after, limit=limit
+        )
+
     async def rejudge_stale_rows(
         self,
         conn: asyncpg.Connection,
         now: datetime,
         *,
+        keys: Sequence[SlotKey] | None = None,
         after: SlotKey = ("", ""),
         limit: int = HOLD_PAGE,
     ) -> tuple[BatchAlarms, int, SlotKey | None]:
@@ -680,35 +697,40 @@ class AlarmEngine:
 
         The page's keys are read first, then those still stale locked as `fire_due_holds`
         locks (another transaction's row is skipped: an ingest batch brings it to its own
-        definition, or rolls back and the next pass finds it). Returns what the page did, how
-        many rows it found and could not lock, and the key to page after (None: no more)."""
+        definition, or rolls back and the next pass finds it). ``keys``: the page's keys as
+        `stale_keys` read them (else read here, at most ``limit`` after ``after``). Returns
+        what the page did, how many rows it found and could not lock, and the key to page
+        after (None: no more)."""
         rules = self.rules  # one rule set per page, even if a reload swaps it meanwhile
         batch = BatchAlarms()
         thresholds = {rule.key: rule for rule in rules if isinstance(rule, ThresholdRule)}
-        if not thresholds:
+        asked = _threshold_rules(rules)
+        if not asked:
             return batch, 0, None
-        asked = [
-            HoldRule(key, rule_version(rule), rule.for_seconds, rule.for_samples)
-            for key, rule in thresholds.items()
-        ]
-        keys = await state_repo.stale_rows(
-            conn, asked, self.node_id, NODE_LIVE_S, after=after, limit=limit
-        )
+        if keys is None:
+            keys = await state_repo.stale_rows(
+                conn, asked, self.node_id, NODE_LIVE_S, after=after, limit=limit
+            )
         rows = await state_repo.lock_stale_rows(conn, keys, asked, self.node_id, NODE_LIVE_S)
         firings: list[Firing] = []
         clearings: list[ClearRequest] = []
         changed: list[RuleStateRow] = []
+        # The newest sample of each row's metric, for the rows whose device the rule still
+        # selects (one statement for the page).
+        selected = [row for row in rows if thresholds[row.rule_key].selector.matches(row.device_id)]
+        samples = await runs_repo.newest_samples(
+            conn, [(row.device_id, thresholds[row.rule_key].metric) for row in selected]
+        )
+        newest_of = {
+            (row.device_id, row.rule_key): None if sample is None else StoredSample(*sample)
+            for row, sample in zip(selected, samples, strict=True)
+        }
         for row in rows:
             rule = thresholds[row.rule_key]
             version = rule_version(rule)
             state = _state_of(row)
-            newest: StoredSample | None = None
+            newest = newest_of.get((row.device_id, row.rule_key))
             run: tuple[int, datetime | None] = (1, None)
-            if rule.selector.matches(row.device_id):
-                found = await runs_repo.samples_before(
-                    conn, row.device_id, rule.metric, _END_OF_TIME, 1
-                )
-                newest = StoredSample(*found[0]) if found else None
             if (
                 newest is not None
                 and not state.firing
@@ -739,6 +761,11 @@ class AlarmEngine:
                     ClearRequest(c.device_id, c.rule_key, c.telemetry_event_id, c.reason)
                 )
             changed.append(_row_of(row, judged.state, version))
+            if (judged.state.firing, judged.state.pending_count) == (
+                state.firing,
+                state.pending_count,
+            ):
+                continue  # kept as it was: only its definition is written
             log.info(
                 "rule_rejudged",
                 device_id=row.device_id,
@@ -1068,6 +1095,15 @@ class AlarmEngine:
         await record_cleared_many(
             conn, [(row, row["event_id"], "device heard from again") for row in rows]
         )
+
+
+def _threshold_rules(rules: RuleSet) -> list[HoldRule]:
+    """The threshold rules of ``rules`` as the stale rows' queries ask for them."""
+    return [
+        HoldRule(rule.key, rule_version(rule), rule.for_seconds, rule.for_samples)
+        for rule in rules
+        if isinstance(rule, ThresholdRule)
+    ]
 
 
 def _inactivity_keys(rules: RuleSet) -> frozenset[str]:

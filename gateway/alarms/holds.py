@@ -23,7 +23,7 @@ import asyncio
 import asyncpg
 import structlog
 
-from gateway.alarms.engine import AlarmEngine
+from gateway.alarms.engine import HOLD_PAGE, STALE_PAGE, AlarmEngine
 from gateway.alarms.timers import Clock, database_clock
 from gateway.domain.errors import ConcurrentWriteError
 from gateway.domain.rules import SlotKey, ThresholdRule
@@ -40,14 +40,21 @@ class HoldTimer:
         engine: AlarmEngine,
         interval_s: float = 5.0,
         clock: Clock = database_clock,
+        stale_page: int = STALE_PAGE,
     ) -> None:
         self.pool = pool
         self.engine = engine
         # How late a hold may fire, at most, past its due time (plus a slow pass).
         self.interval_s = interval_s
         self.clock = clock
-        # The engine's `rule_sets_changed` for which every stale row found was judged.
+        # The engine's `rule_sets_changed` for which every stale row found was judged; the
+        # one the current sweep through the stale rows' keys is for, where it is, and
+        # whether it has judged every row it found so far.
         self._judged_for = 0
+        self._sweep_for = 0
+        self._sweep_after: SlotKey = ("", "")
+        self._sweep_clean = True
+        self.stale_page = stale_page  # keys of stale rows read per pass
 
     async def run(self, stop: asyncio.Event) -> None:
         await every(self.interval_s, stop, self.run_once, name="hold-timer")
@@ -98,32 +105,44 @@ class HoldTimer:
 
     async def rejudge_stale_rows(self) -> list[int]:
         """After a rule set changed (`AlarmEngine.rule_sets_changed`), judge again the firing
-        and normal rows written under a definition no live node runs any more, a page per
-        transaction; the ids of the alarms raised. Done for that change once a pass has
-        judged every row it found (a row another transaction held is looked for again at
-        the next pass)."""
+        and normal rows written under a definition no live node runs any more: one page of
+        their keys (`stale_page`) per pass, so that the holds due still fire between pages,
+        judged a page per transaction (HOLD_PAGE); the ids of the alarms raised. Done for
+        that change once a sweep through every key found has judged each row (a sweep that
+        found one another transaction held, or hit a conflict, starts again at the next
+        pass)."""
         changed = self.engine.rule_sets_changed
         if changed == self._judged_for:
             return []
+        if changed != self._sweep_for:  # a new change: a sweep from the first key
+            self._sweep_for, self._sweep_after, self._sweep_clean = changed, ("", ""), True
+        async with self.pool.acquire() as conn:
+            keys = await self.engine.stale_keys(
+                conn, after=self._sweep_after, limit=self.stale_page
+            )
+        ended = len(keys) < self.stale_page
+        self._sweep_after = ("", "") if ended else keys[-1]
         raised: list[int] = []
-        done = True
-        after: SlotKey | None = ("", "")
-        while after is not None:
+        for start in range(0, len(keys), HOLD_PAGE):
             try:
                 async with self.pool.acquire() as conn, conn.transaction():
                     now = await self.clock(conn)
-                    batch, skipped, after = await self.engine.rejudge_stale_rows(
-                        conn, now, after=after
+                    batch, skipped, _ = await self.engine.rejudge_stale_rows(
+                        conn, now, keys=keys[start : start + HOLD_PAGE]
                     )
             except ConcurrentWriteError as exc:
+                # Another transaction wrote an alarm of these rows first: nothing of the page
+                # was written; the next sweep judges them as that one left them.
                 log.warning("hold_timer_conflict", error=str(exc))
-                done = False
-                break
+                self._sweep_clean = False
+                continue
             self.engine.committed(batch)
-            done = done and not skipped
+            self._sweep_clean = self._sweep_clean and not skipped
             raised.extend(alarm_id for _, alarm_id in batch.created)
             if batch.cleared:
                 log.info("rule_rejudged_cleared", alarms=batch.cleared)
-        if done:
-            self._judged_for = changed
+        if ended:
+            if self._sweep_clean:
+                self._judged_for = changed
+            self._sweep_clean = True  # else again from the first key at the next pass
         return raised

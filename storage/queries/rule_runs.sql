@@ -39,3 +39,19 @@ SELECT seq FROM telemetry
 WHERE device_id = $1 AND ts >= $2 AND seq IS NOT NULL
 ORDER BY ts, seq
 LIMIT $3;
+
+-- name: newest_samples
+-- $1 device ids, $2 metrics (pairwise); the newest stored sample (device time, then seq) of
+-- each device's metric, answered with its position in $1 (from 1), none for a device with no
+-- sample of it stored: what the hold timer judges a row whose rule a reload changed from
+-- (AlarmEngine.rejudge_stale_rows), a page of rows in one statement. Reads
+-- telemetry_device_ts_idx, as samples_before.
+SELECT u.n::int4 AS n, t.ts, t.seq, t.event_id, (t.metrics -> u.m)::text AS value
+FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS u(d, m, n)
+CROSS JOIN LATERAL (
+    SELECT s.ts, s.seq, s.event_id, s.metrics
+    FROM telemetry s
+    WHERE s.device_id = u.d AND s.metrics ? u.m
+    ORDER BY s.ts DESC, s.seq DESC NULLS LAST
+    LIMIT 1
+) t;

@@ -58,13 +58,15 @@ def _temp(ts: datetime, value: float) -> Telemetry:
     return Telemetry(ts=ts, metrics={"temp": value})
 
 
-async def _store(engine: AlarmEngine, pool: asyncpg.Pool, message: Telemetry) -> BatchAlarms:
+async def _store(
+    engine: AlarmEngine, pool: asyncpg.Pool, message: Telemetry, device: str = DEVICE
+) -> BatchAlarms:
     """One ingest transaction with one message, committed: its telemetry row, then the rules
     (as the daemon's writer)."""
-    event_id = telemetry_event_id(DEVICE, message)
-    row = (DEVICE, event_id, message)
+    event_id = telemetry_event_id(device, message)
+    row = (device, event_id, message)
     stored = ingest_repo.TelemetryRow(
-        event_id, DEVICE, message.micros(), message.seq, json.dumps(message.metrics), None
+        event_id, device, message.micros(), message.seq, json.dumps(message.metrics), None
     )
     async with pool.acquire() as conn, conn.transaction():
         await ingest_repo.insert_telemetry(conn, [stored], engine.node_id)
@@ -596,3 +598,30 @@ async def test_a_reloaded_row_with_no_stored_sample_left_is_left_as_it_is(
     row = await _hot(pool)
     assert row["firing"] is True
     assert row["rule_version"] == reloaded.stateful_rules()["temp-hot"]
+
+
+async def test_a_sweep_longer_than_a_pass_goes_on_at_the_next_pass_and_then_stops(
+    pool: asyncpg.Pool,
+) -> None:
+    """Three devices firing under `> 80` at 85, reloaded as `> 90`, with two keys read per
+    pass: the first pass clears two alarms (the holds due fire between pages), the next the
+    third; then the sweep is done for this change of rule sets (no pass reads the keys again
+    until the next one)."""
+    sent = await _now(pool)
+    for device in ("a-boiler", "b-boiler", "c-boiler"):
+        await _store(_engine("node-a", HOT), pool, _temp(sent, 85.0), device)
+    reloaded = _engine("node-a", HOT_90)
+    timer = HoldTimer(pool=pool, engine=reloaded, stale_page=2)
+
+    async def active() -> list[str]:
+        async with pool.acquire() as conn:
+            rows = await conn.fetch(
+                "SELECT device_id FROM alarm WHERE cleared_at IS NULL ORDER BY device_id"
+            )
+        return [row["device_id"] for row in rows]
+
+    await timer.run_once()
+    assert await active() == ["c-boiler"]
+    await timer.run_once()
+    assert await active() == []
+    assert (timer._judged_for, reloaded.rule_sets_changed) == (1, 1)  # done for this change
