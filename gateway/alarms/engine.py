@@ -314,8 +314,9 @@ class AlarmEngine:
 
         Unchanged rules keep their state; a changed rule keeps its facts and drops its
         pending count, per row, when a batch next reads it (`rule_version`), unless the hold
-        timer judged its pending hold again first (`rejudge_stale_holds`). The definitions
-        recorded here tell the timer which rows another live node still runs.
+        timer judged the row again first from the stored samples (`rejudge_stale_holds`,
+        `rejudge_stale_rows`). The definitions recorded here tell the timer which rows
+        another live node still runs, and the heartbeat reads the others' (`watch_rule_sets`).
         """
         while not stop.is_set():
             await wait_event_or_stop(self._rules_replaced, stop, timeout_s=HEARTBEAT_S)

@@ -257,9 +257,10 @@ def rule_version(rule: Rule) -> str:
     """A fingerprint of what a rule's state depends on (not its severity, devices or text).
 
     A state row written under another version keeps its facts (firing, the times) and drops
-    its pending count: samples counted against `> 80` prove nothing about `> 90`. (A pending
-    `for_seconds` hold is judged again from the stored samples themselves by the hold timer:
-    gateway.alarms.engine.AlarmEngine.rejudge_stale_holds.)
+    its pending count: samples counted against `> 80` prove nothing about `> 90`. (The hold
+    timer judges the rows of a threshold rule again from the stored samples themselves, once
+    no live node runs their definition: a pending hold, `AlarmEngine.rejudge_stale_holds`; a
+    firing or normal row, `AlarmEngine.rejudge_stale_rows` and `judged_again`.)
     """
     if isinstance(rule, ThresholdRule):
         parts: list[object] = [
