@@ -492,22 +492,20 @@ async def test_a_hold_rule_a_reload_lowered_holds_from_the_judgement_and_fires_w
     assert len(await _alarms(pool)) == 1
 
 
-async def test_two_nodes_judging_a_reloaded_rule_together_clear_once_and_fire_once(
+async def test_three_nodes_judging_a_reloaded_rule_together_clear_once_and_fire_once(
     pool: asyncpg.Pool,
 ) -> None:
     """Two devices: one firing under `> 80` at 85 (it must clear under `> 90`), one normal
-    under `> 90` at 85 under a second rule lowered to `> 80` (it must fire). Two nodes
+    under `> 90` at 85 under a second rule lowered to `> 80` (it must fire). Three nodes
     reloaded pass at once: one clear, one alarm."""
     warm = msgspec.structs.replace(HOT_90, key="temp-warm")
     sample = _temp(await _now(pool), 85.0)
     await _store(_engine("node-a", HOT, warm), pool, sample)
     assert len(await _alarms(pool)) == 1
     lowered = msgspec.structs.replace(HOT, key="temp-warm")
-    node_a, node_b = _engine("node-a", HOT_90, lowered), _engine("node-b", HOT_90, lowered)
-    raised = await asyncio.gather(
-        _timer(pool, node_a, 0).run_once(), _timer(pool, node_b, 0).run_once()
-    )
-    assert sorted(len(ids) for ids in raised) == [0, 1]
+    nodes = [_engine(f"node-{n}", HOT_90, lowered) for n in "abc"]
+    raised = await asyncio.gather(*(_timer(pool, node, 0).run_once() for node in nodes))
+    assert sorted(len(ids) for ids in raised) == [0, 0, 1]
     alarms = await _alarms(pool)
     assert [(a["rule_key"], a["cleared_at"] is None) for a in alarms] == [
         ("temp-hot", False), ("temp-warm", True)
