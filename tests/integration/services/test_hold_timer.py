@@ -623,3 +623,31 @@ async def test_a_sweep_longer_than_a_pass_goes_on_at_the_next_pass_and_then_stop
     await timer.run_once()
     assert await active() == []
     assert (timer._judged_for, reloaded.rule_sets_changed) == (1, 1)  # done for this change
+
+
+async def test_a_sweep_stops_at_its_passs_interval_and_goes_on_from_there(
+    pool: asyncpg.Pool,
+) -> None:
+    """A pass's time is how late the holds due fire: a sweep through a reload's rows judges
+    no further page once the pass has taken its interval (here none: one page a pass), and
+    the next pass goes on from the row after the last it judged, until all are."""
+    sent = await _now(pool)
+    devices = ("a-boiler", "b-boiler", "c-boiler")
+    for device in devices:
+        await _store(_engine("node-a", HOT), pool, _temp(sent, 85.0), device)
+    reloaded = _engine("node-a", HOT_90)
+    timer = HoldTimer(pool=pool, engine=reloaded, interval_s=0.0, judge_page=1)
+
+    async def active() -> list[str]:
+        async with pool.acquire() as conn:
+            rows = await conn.fetch(
+                "SELECT device_id FROM alarm WHERE cleared_at IS NULL ORDER BY device_id"
+            )
+        return [row["device_id"] for row in rows]
+
+    for n in range(len(devices)):
+        assert await active() == list(devices[n:])
+        await timer.run_once()
+    assert await active() == []
+    await timer.run_once()  # the sweep's end: nothing left
+    assert (timer._judged_for, reloaded.rule_sets_changed) == (1, 1)
