@@ -187,6 +187,17 @@ async def lock_ended_shelves(
     return [r for r in rows if r["ended_at"] is not None]
 
 
+async def hold_shelf_ends(conn: asyncpg.Connection, shelves: Sequence[asyncpg.Record]) -> None:
+    """Before settling what these shelves' ends owe (shelf_returns), wait for any other
+    transaction settling an end over the same (device, rule) pairs, until it ends (in the
+    caller's transaction): the later one then sees the earlier's end and its returns."""
+    if not shelves:
+        return
+    await conn.execute(
+        _Q["hold_shelf_ends"], [s["device_id"] for s in shelves], [s["rule_key"] for s in shelves]
+    )
+
+
 async def active_silences(conn: asyncpg.Connection) -> list[asyncpg.Record]:
     return list(await conn.fetch(ACTIVE_SILENCES))
 

@@ -213,6 +213,10 @@ async def _audit_end(
     renewed: bool = False,
 ) -> list[int]:
     how = "lifted" if shelf["end_reason"] == "lifted" else "expired"
+    if not renewed:
+        # Another end over the same alarms (its own shelf and its pair's) is settled first,
+        # or waits for this one: the later sees the earlier (expire_due holds its page's).
+        await notify_repo.hold_shelf_ends(conn, [shelf])
     # Its alarms still open return to annunciation: the grouped routes' groups that carried
     # them are owed a repeat (gateway.notify.groups), recorded with the end, so once.
     await notify_repo.resume_groups(conn, int(shelf["id"]))
@@ -313,6 +317,8 @@ async def expire_due(
     """End the shelves past their until (at most ``limit``), each in this one transaction of
     the caller's with its audit rows; the shelves this call ended."""
     ended = await repo.expire_due(conn, now, SHELF_ACTOR, limit)
+    # All the page's pairs at once, in key order (two nodes' pages never wait in a circle).
+    await notify_repo.hold_shelf_ends(conn, ended)
     for shelf in ended:
         await _audit_end(conn, shelf, actor=SHELF_ACTOR, node_id=node_id, request_id=None)
     return ended

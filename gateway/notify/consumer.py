@@ -158,6 +158,9 @@ class NotifyConsumer:
             # transaction, never the other way round too.
             suppressed, shelves = await self._suppressed(conn, mine, facts)
             ended = await repo.lock_ended_shelves(conn, shelves)
+            # Settled below, after any other end over the same pairs (their order: shelves,
+            # then these locks, then alarms and groups, as a lift or an expiry takes them).
+            await repo.hold_shelf_ends(conn, ended)
             await self._hold(conn, [f for f in facts.values() if f is not None], now)
             alarms = await repo.alarm_facts(conn, alarm_ids) if alarm_ids else {}
             silences = [silence_from_row(s) for s in await repo.active_silences(conn)]

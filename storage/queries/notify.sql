@@ -90,6 +90,20 @@ FROM alarm_shelf WHERE id = ANY($1::bigint[])
 ORDER BY id
 FOR SHARE;
 
+-- name: hold_shelf_ends
+-- $1 device ids, $2 rule keys (pairwise): the pairs of the shelves whose end this transaction
+-- settles (a lift, an expiry pass, a consumer settling ends it found). Every shelf over an
+-- alarm is over its pair (its own shelf, or the pair's), so the ends that may concern one
+-- alarm are made one after the other across nodes: without it, two shelves over one alarm
+-- ending at once each saw the other still in force (uncommitted: nobody told) or each saw it
+-- past its until (both told: twice). Transaction-level advisory locks (class 45, the key a
+-- hash of the pair: a collision only serialises two pairs), taken in key order, all before
+-- the ends' groups and audit rows, so two passes never wait on each other in a circle.
+SELECT pg_advisory_xact_lock(45, h)
+FROM (SELECT DISTINCT hashtext(d || chr(31) || k) AS h
+      FROM unnest($1::text[], $2::text[]) AS u(d, k)) x
+ORDER BY h;
+
 -- name: active_silences
 -- no parameters; silences in force now.
 SELECT id, matchers::text AS matchers, starts_at, ends_at

@@ -1,0 +1,116 @@
+"""Two shelves over one alarm (its own shelf and its pair's) ending at once on two nodes or by
+two people: the alarm returns to annunciation when the last of them ends, so each ungrouped
+receiver is told once, never twice, and never by nobody (docs/notifications.md, "A shelf's end
+tells its alarms again"). Real PostgreSQL, real webhook receivers, two nodes; the interleaving
+is forced by holding one end's transaction open while the other runs."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+import asyncpg
+
+from gateway.alarms.shelving import expire_due, lift
+from storage import alarms as alarm_repo
+from tests.integration.services.test_notify_shelf_end import (
+    _config,
+    _consume_together,
+    _deliveries,
+    _raise,
+    _returns,
+    _shelve_alarm,
+    _shelve_pair,
+    _two_nodes,
+    _waiting_on_a_lock,
+)
+from tests.support.receivers import webhook_server
+from tests.support.waiting import wait_until
+
+End = Callable[[asyncpg.Connection], Awaitable[object]]
+
+
+async def _ends_at_once(db_dsn: str, db: asyncpg.Connection, first: End, second: End) -> None:
+    """`first` ends its shelf in a transaction held open while `second` ends the other in its
+    own (and commits, or waits for the first); then the first commits."""
+    one = await asyncpg.connect(db_dsn)
+    two = await asyncpg.connect(db_dsn)
+    try:
+        held = one.transaction()
+        await held.start()
+        await first(one)
+
+        async def other() -> None:
+            async with two.transaction():
+                await second(two)
+
+        racing = asyncio.create_task(other())
+        await wait_until(
+            lambda: racing.done() or _waiting_on_a_lock(db),
+            message="the second end is done, or waits for the first",
+        )
+        await held.commit()
+        await racing
+    finally:
+        await one.close()
+        await two.close()
+
+
+async def test_an_alarm_under_its_shelf_and_its_pairs_both_lifted_at_once_is_told_once(
+    db_dsn: str, db: asyncpg.Connection
+) -> None:
+    """An alarm raised under its pair's shelf, then shelved itself too; two operators lift the
+    two shelves at the same moment. Each end sees the other shelf still in force (not yet
+    committed), so neither told anybody: the alarm stood, unshelved, and no ungrouped receiver
+    ever heard of it. Now each ungrouped receiver gets it once."""
+    async with webhook_server() as server, _two_nodes(db_dsn, _config(server.url(""))) as nodes:
+        pair = await _shelve_pair(db, "pump-20")
+        alarm_id = await _raise(db, "pump-20")
+        own = await _shelve_alarm(db, alarm_id)
+        await _consume_together(nodes)
+        assert {d["status"] for d in await _deliveries(db, alarm_id)} == {"SUPPRESSED"}
+
+        async def lift_own(conn: asyncpg.Connection) -> None:
+            await lift(conn, own, actor="op-a", node_id="n1", request_id=None)
+
+        async def lift_pair(conn: asyncpg.Connection) -> None:
+            await lift(conn, pair, actor="op-b", node_id="n2", request_id=None)
+
+        await _ends_at_once(db_dsn, db, lift_own, lift_pair)
+        returns = await _returns(db, alarm_id)
+        assert sorted(d["receiver"] for d in returns) == ["each", "hook"]
+
+
+async def test_an_alarm_under_its_shelf_and_its_pairs_expiring_on_two_nodes_is_told_once(
+    db_dsn: str, db: asyncpg.Connection
+) -> None:
+    """Both shelves' until has passed; two nodes' timer passes end one each (a page each: the
+    other's row is held, skipped). Each end saw the other shelf past its until and the
+    suppressed notification still the newest, so each sent a return of its own (two event
+    ids): every ungrouped receiver was told twice. Now once."""
+    async with webhook_server() as server, _two_nodes(db_dsn, _config(server.url(""))) as nodes:
+        pair = await _shelve_pair(db, "pump-21")
+        alarm_id = await _raise(db, "pump-21")
+        own = await _shelve_alarm(db, alarm_id)
+        await _consume_together(nodes)
+        await db.execute(
+            "UPDATE alarm_shelf SET shelved_at = now() - interval '8 h',"
+            " until = now() - CASE WHEN id = $1 THEN interval '1 ms' ELSE interval '0' END"
+            " WHERE id = ANY($2::bigint[])",
+            own,
+            [own, pair],
+        )
+
+        async def expire(conn: asyncpg.Connection) -> None:
+            now = await alarm_repo.db_now(conn)
+            assert len(await expire_due(conn, now, node_id="n", limit=1)) == 1
+
+        await _ends_at_once(db_dsn, db, expire, expire)
+        ended = await db.fetchval(
+            "SELECT count(*) FROM alarm_shelf WHERE id = ANY($1::bigint[])"
+            " AND ended_at IS NOT NULL",
+            [own, pair],
+        )
+        assert ended == 2
+        returns = await _returns(db, alarm_id)
+        assert sorted(d["receiver"] for d in returns) == ["each", "hook"]
