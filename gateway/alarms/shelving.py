@@ -267,7 +267,11 @@ async def tell_returned(conn: asyncpg.Connection, shelf: asyncpg.Record) -> list
             severity=row["severity"],
             silence_id=_silence_id(silences, row, now),
             due_in_s=0.0,
-            event_created_at=ended_at,
+            # When the shelf ended, and never before what it returns: an expiry is dated at
+            # its until, which a late timer may see after another shelf over the alarm
+            # suppressed a newer notification; the return must be the newest afterwards, or
+            # that shelf's end tells it again.
+            event_created_at=max(ended_at, row["event_created_at"]),
             route_grouped=False,
         )
         for row in rows

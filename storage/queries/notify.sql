@@ -295,6 +295,8 @@ RETURNING g.id;
 -- last end. An alarm told before the shelf, nothing suppressed since, is not here (its
 -- newest was sent): the shelf's end is not a reminder; nor is one a return told already.
 -- Found through the alarm (notify_delivery_alarm_idx), never by scanning the deliveries.
+-- event_created_at: the suppressed notification's, so that its return is dated no earlier
+-- (the return must be the newest afterwards, for the next end over the alarm).
 WITH s AS (
     SELECT id, scope, alarm_id, device_id, rule_key FROM alarm_shelf
     WHERE id = $1 AND ended_at IS NOT NULL
@@ -312,14 +314,14 @@ WITH s AS (
 ), newest AS (
     SELECT DISTINCT ON (d.alarm_id, d.receiver)
            d.event_id, d.outbox_id, d.event, d.receiver, d.body, d.alarm_id, d.device_id,
-           d.rule_key, d.severity, d.status, d.suppressed
+           d.rule_key, d.severity, d.status, d.suppressed, d.event_created_at
     FROM open o
     JOIN notify_delivery d ON d.alarm_id = o.id
     WHERE d.route_grouped = false
     ORDER BY d.alarm_id, d.receiver, d.event_created_at DESC, d.id DESC
 )
 SELECT n.event_id, n.outbox_id, n.event, n.receiver, n.body::text AS body, n.alarm_id,
-       n.device_id, n.rule_key, n.severity,
+       n.device_id, n.rule_key, n.severity, n.event_created_at,
        o.status, o.triggered_at, o.pushed_at, o.confirmed_at, o.confirmed_by, o.escalated_at,
        o.handled_at, o.handled_by, o.closed_at, o.closed_by, o.cleared_at
 FROM newest n JOIN open o ON o.id = n.alarm_id

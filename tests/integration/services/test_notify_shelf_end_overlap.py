@@ -11,16 +11,22 @@ from collections.abc import Awaitable, Callable
 
 import asyncpg
 
+from gateway.alarms.lifecycle import transition
 from gateway.alarms.shelving import expire_due, lift
+from gateway.domain.alarm import Action
+from protocol.events import EventType
 from storage import alarms as alarm_repo
 from tests.integration.services.test_notify_shelf_end import (
+    ROUTES,
     _config,
     _consume_together,
     _deliveries,
+    _past_its_until,
     _raise,
     _returns,
     _shelve_alarm,
     _shelve_pair,
+    _timers,
     _two_nodes,
     _waiting_on_a_lock,
 )
@@ -114,3 +120,45 @@ async def test_an_alarm_under_its_shelf_and_its_pairs_expiring_on_two_nodes_is_t
         assert ended == 2
         returns = await _returns(db, alarm_id)
         assert sorted(d["receiver"] for d in returns) == ["each", "hook"]
+
+
+async def test_an_alarm_escalated_under_its_pairs_shelf_after_its_own_expired_is_told_once(
+    db_dsn: str, db: asyncpg.Connection
+) -> None:
+    """The timers are late (every node down for a while): the alarm's own shelf passed its
+    until, then the alarm escalated, suppressed by its pair's shelf, whose until then passed
+    too. One timer pass ends both, the earlier until first: that end tells the escalation
+    (the newest suppressed), but its return was dated at that shelf's until, older than the
+    escalation, so the pair's end found the escalation still the newest and told it again:
+    every ungrouped receiver twice, under two event ids. Now once."""
+    routes = ROUTES.replace('["alarm.created"]', '["alarm.created", "alarm.escalated"]')
+    async with (
+        webhook_server() as server,
+        _two_nodes(db_dsn, _config(server.url(""), routes)) as nodes,
+    ):
+        pair = await _shelve_pair(db, "pump-22")
+        alarm_id = await _raise(db, "pump-22", severity="MAJOR")
+        own = await _shelve_alarm(db, alarm_id)
+        await _past_its_until(db, own)
+        async with db.transaction():
+            await transition(db, alarm_id, Action.CONFIRM, actor="op", node_id="n0")
+        async with db.transaction():
+            await transition(
+                db, alarm_id, Action.ESCALATE, actor="system:escalation", node_id="n0",
+                event_type=EventType.ALARM_ESCALATED,
+            )  # fmt: skip
+        await _consume_together(nodes)
+        escalated = {
+            d["receiver"]: d
+            for d in await _deliveries(db, alarm_id)
+            if d["event"] == "alarm.escalated"
+        }
+        assert {d["suppressed"] for d in escalated.values()} == {f"shelved (shelf {pair})"}
+        await _past_its_until(db, pair)
+        report = await _timers(nodes[0], "n1").run_once()
+        assert sorted(report.unshelved) == sorted([own, pair])
+        returns = await _returns(db, alarm_id)
+        assert sorted((d["receiver"], d["event"]) for d in returns) == [
+            ("each", "alarm.escalated"),
+            ("hook", "alarm.escalated"),
+        ]
