@@ -230,7 +230,7 @@ class AlarmTimers:
                 # Back to NEW, and its notifications, held while it was DELAYED, due now, in
                 # one transaction: publishing the wake-up event pushes it (delivery.deliver),
                 # and so does a receiver accepting one of them.
-                woken = await self._wake_one(conn, row["id"], now)
+                woken = await self._wake_one(conn, row, now)
                 if woken is not None:
                     report.woken.append(row["id"])
                     report.released += woken.released
@@ -256,7 +256,7 @@ class AlarmTimers:
                 report.escalated.append(alarm_id)
 
     async def _wake_one(
-        self, conn: asyncpg.Connection, alarm_id: int, now: datetime
+        self, conn: asyncpg.Connection, row: asyncpg.Record, now: datetime
     ) -> Woken | None:
         """DELAYED → NEW and the release of its held notifications, together; what was
         released, or None if another node or a person got there first.
@@ -265,9 +265,17 @@ class AlarmTimers:
         makes: an alarm shelved now (or raised while its device was out of service) sends none,
         so its held deliveries are SUPPRESSED, not made due (docs/behaviour.md §5, Shelving);
         one in a group's window leaves the window, SUPPRESSED on its own, and the rest of the
-        window goes."""
+        window goes.
+
+        A shelf over the alarm ending at the same moment is made before or after the wake,
+        never beside it (its end's pair lock, taken first, as the end takes it before its
+        alarms): the end then tells what the wake suppressed, or the wake, judging after the
+        end (at the later of its pass's time and the lock's), releases them."""
+        alarm_id = int(row["id"])
         try:
             async with conn.transaction():
+                await notify_repo.hold_shelf_ends(conn, [row])
+                at = max(now, await conn.fetchval("SELECT clock_timestamp()"))
                 await transition(
                     conn,
                     alarm_id,
@@ -278,7 +286,7 @@ class AlarmTimers:
                     now=now,
                     event_type=EventType.ALARM_WOKEN,
                 )
-                [why] = await notify_repo.alarm_suppressions(conn, [(alarm_id, now)])
+                [why] = await notify_repo.alarm_suppressions(conn, [(alarm_id, at)])
                 suppressed = (
                     [] if why is None
                     else [*await repo.suppress_held_deliveries(conn, alarm_id, now, why),

@@ -231,8 +231,9 @@ WHERE d.bound
 ORDER BY d.device_id;
 
 -- name: delayed
--- $1 after id (keyset), $2 limit; alarms held back by quiet hours.
-SELECT id, device_id, severity FROM alarm
+-- $1 after id (keyset), $2 limit; alarms held back by quiet hours (rule_key: the wake waits
+-- for a shelf's end over the pair, notify.sql hold_shelf_ends).
+SELECT id, device_id, rule_key, severity FROM alarm
 WHERE status = 'DELAYED' AND id > $1
 ORDER BY id LIMIT $2;
 

@@ -21,11 +21,14 @@ from tests.integration.services.test_notify_shelf_end import (
     _config,
     _consume_together,
     _deliveries,
+    _got,
     _past_its_until,
+    _quiet_now,
     _raise,
     _returns,
     _shelve_alarm,
     _shelve_pair,
+    _status,
     _timers,
     _two_nodes,
     _waiting_on_a_lock,
@@ -162,3 +165,34 @@ async def test_an_alarm_escalated_under_its_pairs_shelf_after_its_own_expired_is
             ("each", "alarm.escalated"),
             ("hook", "alarm.escalated"),
         ]
+
+
+async def test_a_shelf_lifted_as_the_quiet_hours_wake_its_alarm_leaves_it_told(
+    db_dsn: str, db: asyncpg.Connection
+) -> None:
+    """An alarm raised in quiet hours (DELAYED, its notifications held PENDING), then shelved;
+    the operator lifts the shelf just as the quiet hours end and a node's timer wakes it. The
+    lift, not yet committed, found nothing suppressed (the held notifications are pending);
+    the wake, seeing the shelf still in force, suppressed the held notifications naming it.
+    Then the lift commits: the alarm is unshelved and awake, and no receiver is ever told."""
+    quiet = _quiet_now()
+    async with webhook_server() as server, _two_nodes(db_dsn, _config(server.url(""))) as nodes:
+        for node in nodes:
+            node.consumer.quiet = quiet
+        alarm_id = await _raise(db, "ward-20", severity="MAJOR")
+        await _consume_together(nodes)
+        assert await _status(db, alarm_id) == "DELAYED"
+        shelf_id = await _shelve_alarm(db, alarm_id)
+
+        async def lift_it(conn: asyncpg.Connection) -> None:
+            await lift(conn, shelf_id, actor="op", node_id="n0", request_id=None)
+
+        async def wake(conn: asyncpg.Connection) -> None:
+            report = await _timers(nodes[1], "n2").run_once()  # the quiet hours are over
+            assert report.woken == [alarm_id]
+
+        await _ends_at_once(db_dsn, db, lift_it, wake)
+        await wait_until(
+            lambda: _got(server, "/hook", "/each"),
+            message="each ungrouped receiver told of the alarm, awake and unshelved",
+        )
