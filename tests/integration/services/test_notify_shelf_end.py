@@ -20,6 +20,7 @@ from typing import Any
 import aiohttp
 import asyncpg
 import msgspec
+import pytest
 
 from gateway.alarms.lifecycle import clear_alarm, create_alarm, transition
 from gateway.alarms.shelving import lift, shelve
@@ -540,3 +541,66 @@ async def test_a_silence_in_force_at_the_shelfs_end_silences_the_return(
             for node in nodes:
                 assert await node.worker.run_once() == 0
         assert [len(server.on(p)) for p in ("/hook", "/each", "/grp")] == [0, 0, 0]
+
+
+ONLY_EACH = '\n[[notify.routes]]\nevents = ["alarm.created"]\nreceivers = ["each"]\n'
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a limit (notifications.md, 'The routes as they were'): the end tells the receivers "
+    "the routes chose when the notification was suppressed; the timers and the API that end "
+    "shelves do not hold the routes",
+)
+async def test_a_route_removed_by_a_reload_under_the_shelf_is_not_told_at_its_end(
+    db_dsn: str, db: asyncpg.Connection
+) -> None:
+    """Under the shelf an operator reloads the routes: "hook" is routed no longer (its
+    receiver still configured). At the shelf's end the routes then in force would decide."""
+    async with webhook_server() as server, _two_nodes(db_dsn, _config(server.url(""))) as nodes:
+        shelf_id = await _shelve_pair(db, "pump-30")
+        alarm_id = await _raise(db, "pump-30")
+        await _consume_together(nodes)
+        assert {d["status"] for d in await _deliveries(db, alarm_id)} == {"SUPPRESSED"}
+        reloaded = _config(server.url(""), ONLY_EACH)
+        for node in nodes:  # SIGHUP
+            node.consumer.rules = reloaded.notify_rules()
+            node.worker.replace(reloaded.notify, reloaded.notify_rules())
+        async with db.transaction():
+            await lift(db, shelf_id, actor="op", node_id="n0", request_id=None)
+        returns = await _returns(db, alarm_id)
+        assert sorted(d["receiver"] for d in returns) == ["each"]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a limit (notifications.md, 'A consumer far behind at the end'): each (shelf, "
+    "alarm) returns once per receiver, as the newest notification read by the end",
+)
+async def test_an_escalation_read_after_the_lift_returns_as_the_escalation(
+    db_dsn: str, db: asyncpg.Connection
+) -> None:
+    """Raised under the shelf (read: SUPPRESSED), then escalated under it; the consumer is
+    behind the escalation when the shelf is lifted. The alarm would return as its
+    escalation, the newest notification the shelf suppressed."""
+    async with webhook_server() as server:
+        routes = ROUTES.replace('["alarm.created"]', '["alarm.created", "alarm.escalated"]')
+        async with _two_nodes(db_dsn, _config(server.url(""), routes)) as nodes:
+            shelf_id = await _shelve_pair(db, "pump-31")
+            alarm_id = await _raise(db, "pump-31", severity="MAJOR")
+            await _consume_together(nodes)
+            async with db.transaction():
+                await transition(db, alarm_id, Action.CONFIRM, actor="op", node_id="n0")
+            async with db.transaction():
+                await transition(
+                    db, alarm_id, Action.ESCALATE, actor="system:escalation", node_id="n0",
+                    event_type=EventType.ALARM_ESCALATED,
+                )  # fmt: skip
+            async with db.transaction():
+                await lift(db, shelf_id, actor="op", node_id="n0", request_id=None)
+            await _consume_together(nodes)  # behind: reads the escalation only now
+            returns = await _returns(db, alarm_id)
+            assert sorted((d["receiver"], d["event"]) for d in returns) == [
+                ("each", "alarm.escalated"),
+                ("hook", "alarm.escalated"),
+            ]
