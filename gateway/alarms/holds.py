@@ -124,7 +124,6 @@ class HoldTimer:
                 conn, after=self._sweep_after, limit=self.stale_page
             )
         ended = len(keys) < self.stale_page
-        self._sweep_after = ("", "") if ended else keys[-1]
         raised: list[int] = []
         loop = asyncio.get_running_loop()
         began = loop.time()
@@ -133,7 +132,7 @@ class HoldTimer:
                 # A pass's time is the holds' lateness: the holds due fire now, and the next
                 # pass goes on from this key (a reload that changes a large fleet's alarms
                 # took 17 s for 10,000 rows on a loaded machine).
-                self._sweep_after, ended = keys[start - 1], False
+                ended = False
                 break
             try:
                 async with self.pool.acquire() as conn, conn.transaction():
@@ -146,13 +145,17 @@ class HoldTimer:
                 # was written; the next sweep judges them as that one left them.
                 log.warning("hold_timer_conflict", error=str(exc))
                 self._sweep_clean = False
-                continue
-            self.engine.committed(batch)
-            self._sweep_clean = self._sweep_clean and not skipped
-            raised.extend(alarm_id for _, alarm_id in batch.created)
-            if batch.cleared:
-                log.info("rule_rejudged_cleared", alarms=batch.cleared)
+            else:
+                self.engine.committed(batch)
+                self._sweep_clean = self._sweep_clean and not skipped
+                raised.extend(alarm_id for _, alarm_id in batch.created)
+                if batch.cleared:
+                    log.info("rule_rejudged_cleared", alarms=batch.cleared)
+            # Only past the rows a transaction ended for: a pass that fails (the database
+            # went away) is run again from the first row it did not judge.
+            self._sweep_after = keys[min(start + self.judge_page, len(keys)) - 1]
         if ended:
+            self._sweep_after = ("", "")
             if self._sweep_clean:
                 self._judged_for = changed
             self._sweep_clean = True  # else again from the first key at the next pass

@@ -18,6 +18,7 @@ import msgspec
 from gateway.alarms.engine import AlarmEngine, BatchAlarms
 from gateway.alarms.holds import HoldTimer
 from gateway.domain.rules import RuleConfig, compile_rules, hold_event_id
+from gateway.support.loops import RETRYABLE
 from gateway.support.metrics import Metrics
 from protocol import Telemetry, telemetry_event_id
 from storage import alarms as repo
@@ -651,3 +652,49 @@ async def test_a_sweep_stops_at_its_passs_interval_and_goes_on_from_there(
     assert await active() == []
     await timer.run_once()  # the sweep's end: nothing left
     assert (timer._judged_for, reloaded.rule_sets_changed) == (1, 1)
+
+
+async def test_a_sweep_a_database_failure_broke_off_judges_the_rows_of_its_page_it_missed(
+    pool: asyncpg.Pool, db_dsn: str
+) -> None:
+    """Four devices firing under `> 80` at 85, reloaded as `> 90`, two keys read per pass and
+    one row judged per transaction. The database fails the first row's transaction (its
+    backend terminated while it waits for the alarm's lock): the pass fails, and the timer's
+    loop runs it again. The next passes must still judge the first page's rows: every alarm
+    clears, and only then is the sweep done."""
+    sent = await _now(pool)
+    devices = ("a-boiler", "b-boiler", "c-boiler", "d-boiler")
+    for device in devices:
+        await _store(_engine("node-a", HOT), pool, _temp(sent, 85.0), device)
+    reloaded = _engine("node-a", HOT_90)
+    timer = HoldTimer(pool=pool, engine=reloaded, stale_page=2, judge_page=1)
+
+    async def active() -> list[str]:
+        async with pool.acquire() as conn:
+            rows = await conn.fetch(
+                "SELECT device_id FROM alarm WHERE cleared_at IS NULL ORDER BY device_id"
+            )
+        return [row["device_id"] for row in rows]
+
+    holder = await asyncpg.connect(db_dsn)
+    try:
+        tx = holder.transaction()
+        await tx.start()
+        await holder.execute("SELECT 1 FROM alarm WHERE device_id = 'a-boiler' FOR UPDATE")
+        passing = asyncio.ensure_future(timer.run_once())
+        await wait_until(lambda: lock_waiters(db_dsn), timeout=10)
+        (waiting,) = await lock_waiters(db_dsn)
+        await holder.execute("SELECT pg_terminate_backend($1)", waiting)
+        try:
+            await passing
+        except RETRYABLE:
+            pass  # the pass failed: `every` logs it and runs the next
+        else:
+            raise AssertionError("the pass went on past its terminated backend")
+        await tx.rollback()
+    finally:
+        await holder.close()
+    assert await active() == list(devices)
+    for _ in range(4):
+        await timer.run_once()
+    assert await active() == [], "rows of the page the failure broke off were never judged"
