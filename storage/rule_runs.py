@@ -60,15 +60,21 @@ async def device_seqs(
 
 
 async def newest_samples(
-    conn: asyncpg.Connection, wanted: Sequence[tuple[str, str]]
+    conn: asyncpg.Connection, wanted: Sequence[tuple[str, str, datetime | None, int | None]]
 ) -> list[Sample | None]:
-    """The newest stored sample of each (device id, metric) of ``wanted``, in its order
-    (None: none stored), in one statement."""
+    """The newest stored sample of each (device id, metric, device time, seq) of ``wanted``,
+    in its order (None: none stored), in one statement: the sample of that device time and
+    seq (the newest a rule state judged) where it holds the metric, else the newest by
+    device time."""
     found: list[Sample | None] = [None] * len(wanted)
     if not wanted:
         return found
     rows = await conn.fetch(
-        NEWEST_SAMPLES, [device for device, _ in wanted], [metric for _, metric in wanted]
+        NEWEST_SAMPLES,
+        [device for device, _, _, _ in wanted],
+        [metric for _, metric, _, _ in wanted],
+        [ts for _, _, ts, _ in wanted],
+        [seq for _, _, _, seq in wanted],
     )
     for row in rows:
         found[row["n"] - 1] = (row["ts"], row["seq"], row["event_id"], _VALUE.decode(row["value"]))

@@ -717,10 +717,14 @@ class AlarmEngine:
         clearings: list[ClearRequest] = []
         changed: list[RuleStateRow] = []
         # The newest sample of each row's metric, for the rows whose device the rule still
-        # selects (one statement for the page).
+        # selects (one statement for the page): the row's own newest, where it has the metric.
         selected = [row for row in rows if thresholds[row.rule_key].selector.matches(row.device_id)]
+        wanted = [
+            (row.device_id, thresholds[row.rule_key].metric, row.last_device_ts or row.last_ts)
+            for row in selected
+        ]
         samples = await runs_repo.newest_samples(
-            conn, [(row.device_id, thresholds[row.rule_key].metric) for row in selected]
+            conn, [(*want, row.last_seq) for want, row in zip(wanted, selected, strict=True)]
         )
         newest_of = {
             (row.device_id, row.rule_key): None if sample is None else StoredSample(*sample)

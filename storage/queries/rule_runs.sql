@@ -41,17 +41,34 @@ ORDER BY ts, seq
 LIMIT $3;
 
 -- name: newest_samples
--- $1 device ids, $2 metrics (pairwise); the newest stored sample (device time, then seq) of
--- each device's metric, answered with its position in $1 (from 1), none for a device with no
--- sample of it stored: what the hold timer judges a row whose rule a reload changed from
--- (AlarmEngine.rejudge_stale_rows), a page of rows in one statement. Reads
--- telemetry_device_ts_idx, as samples_before.
+-- $1 device ids, $2 metrics, $3 device times, $4 seqs (pairwise: per row judged, the device
+-- time and seq of the newest sample the row judged, its last_device_ts else last_ts, and
+-- last_seq); the newest stored sample of each device's metric, answered with its position in
+-- $1 (from 1), none for a device with no sample of it stored: what the hold timer judges a row
+-- whose rule a reload changed from (AlarmEngine.rejudge_stale_rows), a page of rows in one
+-- statement. The newest is the row's own newest sample where it holds the metric: on the
+-- row's timeline, no sample is newer (a sample dated ahead of its receipt, or a clock stepped
+-- back, is not newest by device time); else (the metric changed, the sample is gone) the
+-- newest by device time, then seq. Reads telemetry_device_ts_idx, as samples_before.
 SELECT u.n::int4 AS n, t.ts, t.seq, t.event_id, (t.metrics -> u.m)::text AS value
-FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS u(d, m, n)
+FROM unnest($1::text[], $2::text[], $3::timestamptz[], $4::int8[])
+    WITH ORDINALITY AS u(d, m, at, sq, n)
 CROSS JOIN LATERAL (
-    SELECT s.ts, s.seq, s.event_id, s.metrics
-    FROM telemetry s
-    WHERE s.device_id = u.d AND s.metrics ? u.m
-    ORDER BY s.ts DESC, s.seq DESC NULLS LAST
+    SELECT c.ts, c.seq, c.event_id, c.metrics
+    FROM (
+        (SELECT s.ts, s.seq, s.event_id, s.metrics, 0 AS rank
+         FROM telemetry s
+         WHERE s.device_id = u.d AND s.ts = u.at AND s.seq IS NOT DISTINCT FROM u.sq
+           AND s.metrics ? u.m
+         ORDER BY s.received_at DESC
+         LIMIT 1)
+        UNION ALL
+        (SELECT s.ts, s.seq, s.event_id, s.metrics, 1 AS rank
+         FROM telemetry s
+         WHERE s.device_id = u.d AND s.metrics ? u.m
+         ORDER BY s.ts DESC, s.seq DESC NULLS LAST
+         LIMIT 1)
+    ) c
+    ORDER BY c.rank
     LIMIT 1
 ) t;

@@ -698,3 +698,24 @@ async def test_a_sweep_a_database_failure_broke_off_judges_the_rows_of_its_page_
     for _ in range(4):
         await timer.run_once()
     assert await active() == [], "rows of the page the failure broke off were never judged"
+
+
+async def test_a_reloaded_row_is_judged_from_its_own_newest_sample_not_one_a_clock_dated_ahead(
+    pool: asyncpg.Pool,
+) -> None:
+    """A device's clock ran 8 hours ahead: its 95 was dated 8 hours on and judged at its
+    receipt (behaviour §3: a clock ahead cannot push the state into the future); NTP then
+    set it, and it sent 70, the newest sample the row judged. `temp > 90` fired on the 95
+    and cleared on the 70. Reloaded as `temp > 80`, the device is normal at 70: nothing
+    fires. The sample dated ahead is the newest by device time, and no newer than the 70."""
+    now = await _now(pool)
+    node = _engine("node-a", HOT_90)
+    ahead = await _store(node, pool, _temp(now + timedelta(hours=8), 95.0))
+    assert len(ahead.created) == 1
+    set_right = await _store(node, pool, _temp(now + timedelta(seconds=2), 70.0))
+    assert set_right.cleared == 1
+    assert (await _hot(pool))["firing"] is False
+    reloaded = _engine("node-a", HOT)
+    assert await _timer(pool, reloaded, 0).run_once() == [], "fired on the sample dated ahead"
+    assert (await _hot(pool))["firing"] is False
+    assert len(await _alarms(pool)) == 1
