@@ -743,6 +743,9 @@ class AlarmEngine:
                 and violates(rule, newest.value)
             ):
                 run = await self._current_run(conn, rule, row.device_id)
+                # The run is read by device time; the row's own newest sample may be newer than
+                # the newest by device time (a clock that ran ahead): it is a run of one then.
+                run = run if run[0] else (1, None)
             event_id = rejudged_event_id(
                 rule.key,
                 row.device_id,

@@ -719,3 +719,22 @@ async def test_a_reloaded_row_is_judged_from_its_own_newest_sample_not_one_a_clo
     assert await _timer(pool, reloaded, 0).run_once() == [], "fired on the sample dated ahead"
     assert (await _hot(pool))["firing"] is False
     assert len(await _alarms(pool)) == 1
+
+
+async def test_a_counted_rule_reloaded_after_a_clock_ahead_counts_its_own_newest_sample(
+    pool: asyncpg.Pool,
+) -> None:
+    """`temp > 90 for 2 samples`: 70 dated 8 hours ahead (judged at its receipt), then, the
+    clock set, 85. Reloaded as `temp > 80 for 2 samples`: the row's newest sample, 85,
+    violates, a run of one (the newest by device time, the 70, would say none); the device's
+    next violating sample is the second and fires."""
+    now = await _now(pool)
+    counted = msgspec.structs.replace(HOT, for_samples=2)
+    node = _engine("node-a", msgspec.structs.replace(counted, value=90))
+    await _store(node, pool, _temp(now + timedelta(hours=8), 70.0))
+    await _store(node, pool, _temp(now + timedelta(seconds=2), 85.0))
+    reloaded = _engine("node-a", counted)
+    assert await _timer(pool, reloaded, 0).run_once() == []
+    assert (await _hot(pool))["pending_count"] == 1
+    second = await _store(reloaded, pool, _temp(now + timedelta(seconds=4), 86.0))
+    assert len(second.created) == 1
