@@ -738,3 +738,19 @@ async def test_a_counted_rule_reloaded_after_a_clock_ahead_counts_its_own_newest
     assert (await _hot(pool))["pending_count"] == 1
     second = await _store(reloaded, pool, _temp(now + timedelta(seconds=4), 86.0))
     assert len(second.created) == 1
+
+
+async def test_a_reloaded_row_is_judged_from_the_sample_it_judged_last_of_two_at_one_time(
+    pool: asyncpg.Pool,
+) -> None:
+    """A clock of whole seconds, no seq: 70 then 85 in the same second. The ingest takes the
+    85 for the newer (under `temp > 80` it fires on it); the row judged it last. Reloaded
+    from `temp > 90` to `temp > 80`, the device at 85 fires, as the 85 would have fired it:
+    two samples of one device time are no order by device time."""
+    sent = (await _now(pool)).replace(microsecond=0)
+    node = _engine("node-a", HOT_90)
+    await _store(node, pool, _temp(sent, 70.0))
+    await _store(node, pool, _temp(sent, 85.0))
+    reloaded = _engine("node-a", HOT)
+    assert len(await _timer(pool, reloaded, 0).run_once()) == 1, "judged from the 70"
+    assert (await _hot(pool))["firing"] is True
