@@ -28,6 +28,7 @@ from gateway.alarms.timers import Clock, database_clock
 from gateway.domain.errors import ConcurrentWriteError
 from gateway.domain.rules import SlotKey, ThresholdRule
 from gateway.support.loops import every
+from storage.errors import TRANSIENT_DB_ERRORS
 
 log = structlog.get_logger(__name__)
 
@@ -69,8 +70,25 @@ class HoldTimer:
         the holds due are fired, those rows' among them. After a rule set changed, the
         firing and normal rows of such a definition are judged again first
         (`rejudge_stale_rows`): the ids of the alarms that raised are among those returned."""
-        await self.rejudge_stale()
-        raised: list[int] = await self.rejudge_stale_rows()
+        # Judging rows a reload left is a correction, and what breaks it (a bug of ours, a
+        # row the database refuses) must never keep the holds due from firing: only the
+        # database away (transient) ends the pass, as it would end the holds' own step.
+        try:
+            await self.rejudge_stale()
+        except TRANSIENT_DB_ERRORS:
+            raise
+        except Exception:
+            log.exception("hold_rejudge_failed")
+        raised: list[int] = []
+        try:
+            raised = await self.rejudge_stale_rows()
+        except TRANSIENT_DB_ERRORS:
+            raise
+        except Exception:
+            # Given up for this change of rule sets (the next change sweeps again): tried at
+            # every pass, it would fail again, and take its time from every pass's holds.
+            self._judged_for = self.engine.rule_sets_changed
+            log.exception("rule_rejudge_failed", gave_up_until="the next change of rule sets")
         after: SlotKey | None = ("", "")
         while after is not None:
             try:

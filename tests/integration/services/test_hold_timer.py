@@ -14,6 +14,7 @@ from datetime import UTC, datetime, timedelta
 
 import asyncpg
 import msgspec
+from structlog.testing import capture_logs
 
 from gateway.alarms.engine import AlarmEngine, BatchAlarms
 from gateway.alarms.holds import HoldTimer
@@ -754,3 +755,33 @@ async def test_a_reloaded_row_is_judged_from_the_sample_it_judged_last_of_two_at
     reloaded = _engine("node-a", HOT)
     assert len(await _timer(pool, reloaded, 0).run_once()) == 1, "judged from the 70"
     assert (await _hot(pool))["firing"] is True
+
+
+async def test_a_sweep_the_database_refuses_is_given_up_and_the_holds_due_still_fire(
+    pool: asyncpg.Pool,
+) -> None:
+    """The sweep through a reload's rows runs before the holds due fire. A sweep that fails
+    for good (here the database refuses its write of the reloaded row: a trigger standing for
+    a bug of ours or a row the schema refuses) used to end every pass before the holds: no
+    hold fired on that node again. Now the sweep is given up, logged, until the next change
+    of rule sets, and the holds due fire in the same pass."""
+    sent = await _now(pool)
+    await _store(_engine("node-a", HOT, HELD), pool, _temp(sent, 85.0))
+    async with pool.acquire() as conn:
+        await conn.execute(
+            "CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS"
+            " $$ BEGIN RAISE EXCEPTION 'refused by the test'; END $$;"
+            " CREATE TRIGGER refuse BEFORE UPDATE ON rule_state FOR EACH ROW"
+            " WHEN (OLD.rule_key = 'temp-hot') EXECUTE FUNCTION refuse()"
+        )
+    reloaded = _engine("node-a", HOT_90, HELD)
+    timer = HoldTimer(pool=pool, engine=reloaded, clock=_shifted(timedelta(seconds=61)))
+    with capture_logs() as logs:
+        raised = await timer.run_once()
+    assert [e["event"] for e in logs if e["log_level"] == "error"] == ["rule_rejudge_failed"]
+    (held,) = [a for a in await _alarms(pool) if a["rule_key"] == "temp-held"]
+    assert raised == [held["id"]]
+    # Given up for this change: the next pass does not try again.
+    with capture_logs() as logs:
+        assert await timer.run_once() == []
+    assert not [e for e in logs if e["event"] == "rule_rejudge_failed"]
