@@ -279,7 +279,8 @@ async def lock_dead_letter(
 async def heard_since(
     conn: asyncpg.Connection, device_ids: Sequence[str], since: datetime
 ) -> set[str]:
-    """Of ``device_ids``, those whose presence changed or that were heard after ``since``."""
+    """Of ``device_ids``, those whose presence changed or was read again (an unchanged
+    presence's receipt), or that were heard, after ``since``."""
     rows = await conn.fetch(HEARD_SINCE, list(device_ids), since)
     return {row["device_id"] for row in rows}
 

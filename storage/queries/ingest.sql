@@ -151,10 +151,15 @@ FROM dead_letter WHERE id = $1
 FOR UPDATE SKIP LOCKED;
 
 -- name: heard_since
--- $1 device ids, $2 a time; those whose presence changed or that were heard after it: a
--- replayed presence received at that time says nothing of them any more.
+-- $1 device ids, $2 a time; those whose presence changed, or was read again, or that were
+-- heard after it: a replayed presence received at that time says nothing of them any more.
+-- A presence read again unchanged moves only presence_received_at (upsert_presence): the
+-- `online` of a device's new session after its Will, the Will dead-lettered, is newer news
+-- than the Will, though presence_at stays (and the same node's presence would pass
+-- upsert_presence's receipt order: "its own order", which a replay is not).
 SELECT device_id FROM device
-WHERE device_id = ANY($1::text[]) AND (presence_at > $2 OR last_seen > $2);
+WHERE device_id = ANY($1::text[])
+  AND (presence_at > $2 OR last_seen > $2 OR presence_received_at > $2);
 
 -- name: mark_dead_letter_replayed
 -- $1 id, $2 outcome ('stored'|'duplicate'|'presence'|'presence_superseded'|'receipt'|

@@ -3,15 +3,19 @@ whose payloads carry no time."""
 
 from __future__ import annotations
 
+import time
 from datetime import UTC, datetime, timedelta
 
 import asyncpg
+import pytest
 
 from gateway.alarms.inactivity import InactivityMonitor
 from gateway.ingest import live_path
+from gateway.ingest.decoder import Inbound, MessageDecoder
 from gateway.ingest.replay import pending_ids, replay, replay_one
+from gateway.ingest.store import store
 from gateway.support.metrics import Metrics
-from protocol import Topics
+from protocol import Encoding, Topics
 from storage import ingest as repo
 from storage.ingest import DeadLetterRow
 from tests.support.daemon import make_config
@@ -246,3 +250,45 @@ async def test_a_letter_its_decoder_refuses_again_is_not_seen_again(
         ]
     rows = await db.fetch("SELECT seen_count, replay_count FROM dead_letter ORDER BY id")
     assert [tuple(r) for r in rows] == [(1, 2), (1, 2)]
+
+
+@pytest.mark.parametrize("replayed_by", ["node-a", "node-b"])
+async def test_a_will_letter_replayed_after_the_device_said_online_again_changes_nothing(
+    db: asyncpg.Connection, pool: asyncpg.Pool, db_dsn: str, replayed_by: str
+) -> None:
+    """A device online for an hour drops and comes back: its Will `offline` is dead-lettered
+    ten minutes ago (refused at the time), its new session's `online` a second later is
+    stored by node A as the unchanged presence it is: only its receipt moves (presence_at
+    stays an hour ago, a status is no telemetry: last_seen stays). Replayed once the cause
+    is fixed, the Will is older than what the device said since: superseded, the device
+    stays online. It was applied by node A's replay (the same node as the receipt stored:
+    "its own order", though a replay is no order of the broker's), setting the device
+    offline since ten minutes ago; node B's replay applied nothing yet reported `presence`."""
+    device = "dev-back"
+    decoder = MessageDecoder(TOPICS, Encoding.JSON, 65536)
+    born = time.monotonic() - 3600.0
+    await store(db, decoder.classify([_status(device, "online", born)]), "node-a")
+    await db.execute(
+        "UPDATE device SET first_seen = now() - interval '1 hour', presence_at = now() -"
+        " interval '1 hour', last_seen = now() - interval '1 hour' WHERE device_id = $1",
+        device,
+    )
+    will = DeadLetterRow.whole(TOPICS.device_status(device), b"offline", "STORAGE_REJECTED", "x")
+    await repo.insert_dead_letters(db, [will], "node-a")
+    await db.execute("UPDATE dead_letter SET received_at = now() - interval '600 seconds'")
+    back = time.monotonic() - 599.0  # the new session's `online`, a second after the Will
+    await store(db, decoder.classify([_status(device, "online", back)]), "node-a")
+    path = live_path.for_replay(
+        make_config(dsn=db_dsn, mqtt_port=1, node_id=replayed_by), Metrics()
+    )
+
+    outcomes = await replay(pool, path, await pending_ids(pool, None))
+
+    assert await db.fetchval("SELECT presence FROM device WHERE device_id = $1", device) == (
+        "online"
+    )
+    assert [(o.outcome, o.succeeded) for o in outcomes] == [("presence_superseded", True)]
+
+
+def _status(device: str, value: str, received_at: float) -> Inbound:
+    return Inbound(TOPICS.device_status(device), value.encode(), received_at)
