@@ -7,6 +7,7 @@ order forced by holding one node's transaction open."""
 from __future__ import annotations
 
 import time
+from types import SimpleNamespace
 
 import asyncpg
 import pytest
@@ -148,3 +149,31 @@ async def test_a_repeated_presence_read_later_moves_only_its_receipt_not_the_sil
     await _store(db, "node-a", _status("offline", reread - 0.050))
     assert await _presence(db) == "online"
     assert await repo.record_presence(db, {}) is None
+
+
+async def test_a_lagging_nodes_will_held_through_a_long_database_outage_leaves_it_online(
+    db: asyncpg.Connection, pool: asyncpg.Pool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PostgreSQL away for more than an hour (a failover gone wrong, a full disk): the
+    writers hold their batches and store them again and again until it is back, so the
+    takeover read meanwhile reaches the database with ages over an hour. Node B stores the
+    new session's `online` first, then node A its batch with the older Will. The device is
+    online: the receipts' ages were dropped beyond an hour ("not on this clock"), and with
+    no receipt the Will was applied in commit order, the fault of a node a batch behind
+    again, and a pass of the monitor raised "presence offline". (The nodes' monotonic clock
+    is moved on by 4,000 s, as on a machine up for longer than this test's may be.)"""
+    shifted = SimpleNamespace(monotonic=lambda: time.monotonic() + 4000.0)
+    monkeypatch.setattr(repo, "time", shifted)
+    now = shifted.monotonic()
+    await _store(db, "node-a", _status("online", now - 3800.0))  # born before the outage
+    await db.execute(
+        "UPDATE device SET first_seen = now() - interval '2 hours', presence_at = now() -"
+        " interval '2 hours', last_seen = now() - interval '30 seconds' WHERE device_id = $1",
+        DEVICE,
+    )
+    will_read_by_a = now - 3700.300
+    online_read_by_b = will_read_by_a + 0.050
+    await _store(db, "node-b", _status("online", online_read_by_b))
+    await _store(db, "node-a", _status("offline", will_read_by_a))
+    assert await _presence(db) == "online"
+    assert await _monitor(pool).run_once() == []
