@@ -87,8 +87,14 @@ FROM inserted;
 -- both within milliseconds). The same presence received later than the one stored moves
 -- only the receipt and its node, never presence_at: a node that read the Will and the new
 -- `online` in one batch stores no change, yet has read `online` after the Will another node
--- still holds. Returns the transaction's id, as insert_telemetry does (for a batch that
--- sends no telemetry).
+-- still holds. A stored receipt later than the clock now (clock_timestamp(), not the
+-- statement's start: a statement that waited for the row's lock may have started before
+-- the receipt it then reads) was put there by another clock, one ahead of this one (a
+-- failover to a standby whose clock is behind, the database host's clock stepped back): it
+-- orders nothing, as an unknown one, else until this clock reached it only the node that
+-- stored it could change the device's presence (a node perhaps gone with the old primary).
+-- Returns the transaction's id, as insert_telemetry does (for a batch that sends no
+-- telemetry).
 WITH recorded AS (
     INSERT INTO device AS dv
         (device_id, first_seen, last_seen, presence, presence_at, presence_received_at,
@@ -108,8 +114,10 @@ WITH recorded AS (
                     OR dv.presence_received_at IS NULL
                     OR EXCLUDED.presence_received_at IS NULL
                     OR EXCLUDED.presence_received_at > dv.presence_received_at
+                    OR dv.presence_received_at > clock_timestamp()
                ELSE EXCLUDED.presence_received_at
-                    > coalesce(dv.presence_received_at, '-infinity') END
+                    > coalesce(dv.presence_received_at, '-infinity')
+                    OR dv.presence_received_at > clock_timestamp() END
 )
 SELECT pg_current_xact_id()::text::bigint AS xid, pg_postmaster_start_time() AS server_started;
 

@@ -177,3 +177,24 @@ async def test_a_lagging_nodes_will_held_through_a_long_database_outage_leaves_i
     await _store(db, "node-a", _status("offline", will_read_by_a))
     assert await _presence(db) == "online"
     assert await _monitor(pool).run_once() == []
+
+
+async def test_a_receipt_stored_on_a_clock_ahead_does_not_freeze_the_presence(
+    db: asyncpg.Connection, pool: asyncpg.Pool
+) -> None:
+    """A failover to a standby whose clock is a minute behind the old primary's (or the
+    database host's clock stepped back a minute): the receipts stored before it are a minute
+    ahead of every receipt stored since (shifted here as the old clock wrote them). Node A
+    stored the device's `online` on the old primary and went down with it; node B reads the
+    device's Will `offline` now. It is stored and alarmed: it was refused for that minute,
+    a receipt "read after" its own, so only node A could change the device's presence (the
+    same node), and the device looked online, its silence unalarmed."""
+    await _online_since_a_while(db)
+    await db.execute(
+        "UPDATE device SET presence_received_at = presence_received_at + interval '1 minute'"
+        " WHERE device_id = $1",
+        DEVICE,
+    )
+    await _store(db, "node-b", _status("offline", time.monotonic() - 0.010))
+    assert await _presence(db) == "offline"
+    assert len(await _monitor(pool).run_once()) == 1
