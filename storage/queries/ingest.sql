@@ -71,7 +71,8 @@ FROM inserted;
 -- name: upsert_presence
 -- $1 device ids (unique, sorted), $2 presences ('online'|'offline'); observed now, or at $3
 -- when not null (a replayed dead letter: when it was received; replay applies it only to a
--- device neither heard nor changed since, so presence_at never goes back). Only a
+-- device neither heard, changed nor its presence read since (heard_since), so presence_at
+-- never goes back). Only a
 -- change is written: the status is retained, so every (re)connect of every node reads the
 -- last one again, and moving presence_at to now would stand for a new silence (a new
 -- inactivity alarm where people had closed the one for this silence).
@@ -81,8 +82,10 @@ FROM inserted;
 -- the statement's way to the server, about a millisecond or less: no wall clock of a node
 -- is read), and is kept with the node (presence_received_at, presence_node; a replay's
 -- receipt is $3). A change is written only when it was received after the presence stored,
--- or the same node stored that one (its order is the broker's, whatever the ages say), or
--- either receipt is not known: a node a batch behind no longer overwrites another node's
+-- or the same node stored that one (its order is the broker's, whatever the ages say; not
+-- for a replay, whose order is no broker's: a replay that waited for the row's lock while
+-- its node's live batch stored a newer reading was applied over it), or either receipt is
+-- not known: a node a batch behind no longer overwrites another node's
 -- newer `online` with the Will `offline` it read before it (a session takeover publishes
 -- both within milliseconds). The same presence received later than the one stored moves
 -- only the receipt and its node, never presence_at: a node that read the Will and the new
@@ -110,7 +113,8 @@ WITH recorded AS (
         presence_received_at = EXCLUDED.presence_received_at,
         presence_node = EXCLUDED.presence_node
     WHERE CASE WHEN dv.presence IS DISTINCT FROM EXCLUDED.presence
-               THEN dv.presence_node IS NOT DISTINCT FROM EXCLUDED.presence_node
+               THEN ($3::timestamptz IS NULL
+                     AND dv.presence_node IS NOT DISTINCT FROM EXCLUDED.presence_node)
                     OR dv.presence_received_at IS NULL
                     OR EXCLUDED.presence_received_at IS NULL
                     OR EXCLUDED.presence_received_at > dv.presence_received_at

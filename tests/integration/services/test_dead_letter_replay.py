@@ -3,6 +3,7 @@ whose payloads carry no time."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from datetime import UTC, datetime, timedelta
 
@@ -19,6 +20,8 @@ from protocol import Encoding, Topics
 from storage import ingest as repo
 from storage.ingest import DeadLetterRow
 from tests.support.daemon import make_config
+from tests.support.held_batch import lock_waiters
+from tests.support.waiting import wait_until
 
 TOPICS = Topics("iot")
 Z2M = '[[ingest.mappings]]\nname = "z2m"\nprofile = "zigbee2mqtt"\n'
@@ -288,6 +291,49 @@ async def test_a_will_letter_replayed_after_the_device_said_online_again_changes
         "online"
     )
     assert [(o.outcome, o.succeeded) for o in outcomes] == [("presence_superseded", True)]
+
+
+async def test_a_will_letter_replayed_while_the_node_stores_the_devices_online_changes_nothing(
+    db: asyncpg.Connection, pool: asyncpg.Pool, db_dsn: str
+) -> None:
+    """The same Will letter, replayed on node A while node A's live batch stores the
+    device's `online` of its new session (read a second after the Will, its receipt only):
+    the replay looked for anything newer before that batch committed, found nothing, and
+    then waited for the device's row. Once it got it, node A's `online` was there, read ten
+    minutes after the Will; the replay was applied all the same, as node A's own order
+    ("the same node": a replay is no order of the broker's), and the device went offline
+    since ten minutes ago. Forced: the live batch's transaction is held open until the
+    replay waits for its lock."""
+    device = "dev-back"
+    decoder = MessageDecoder(TOPICS, Encoding.JSON, 65536)
+    await store(db, decoder.classify([_status(device, "online", time.monotonic())]), "node-a")
+    await db.execute(
+        "UPDATE device SET first_seen = now() - interval '1 hour', presence_at = now() -"
+        " interval '1 hour', last_seen = now() - interval '1 hour', presence_received_at ="
+        " now() - interval '1 hour' WHERE device_id = $1",
+        device,
+    )
+    will = DeadLetterRow.whole(TOPICS.device_status(device), b"offline", "STORAGE_REJECTED", "x")
+    await repo.insert_dead_letters(db, [will], "node-a")
+    await db.execute("UPDATE dead_letter SET received_at = now() - interval '600 seconds'")
+    path = live_path.for_replay(make_config(dsn=db_dsn, mqtt_port=1, node_id="node-a"), Metrics())
+    live = await asyncpg.connect(db_dsn)
+    try:
+        held = live.transaction()
+        await held.start()
+        back = time.monotonic() - 599.0  # the new session's `online`, a second after the Will
+        await store(live, decoder.classify([_status(device, "online", back)]), "node-a")
+        replaying = asyncio.create_task(replay(pool, path, await pending_ids(pool, None)))
+        await wait_until(lambda: lock_waiters(db_dsn), message="the replay waits for the row")
+        await held.commit()
+        outcomes = await replaying
+    finally:
+        await live.close()
+
+    assert await db.fetchval("SELECT presence FROM device WHERE device_id = $1", device) == (
+        "online"
+    )
+    assert [o.succeeded for o in outcomes] == [True]
 
 
 def _status(device: str, value: str, received_at: float) -> Inbound:
