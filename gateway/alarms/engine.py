@@ -532,7 +532,13 @@ class AlarmEngine:
         samples = [
             StoredSample(*row)
             for row in await runs_repo.samples_from(
-                conn, device_id, rule.metric, start.ts, RUN_REPLAY_MAX
+                conn,
+                device_id,
+                rule.metric,
+                start.ts,
+                RUN_REPLAY_MAX,
+                # One dated past the bounds ahead is read at its receipt, where it was judged.
+                max_future_skew_s=self.clock.max_future_skew.total_seconds(),
             )
         ]
         if len(samples) == RUN_REPLAY_MAX:
