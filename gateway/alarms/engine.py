@@ -782,7 +782,7 @@ class AlarmEngine:
                 and rule.for_samples > 1
                 and violates(rule, newest.value)
             ):
-                run = await self._current_run(conn, rule, row.device_id)
+                run = await self._current_run(conn, rule, row.device_id, own=newest)
                 # The run is read by device time; the row's own newest sample may be newer than
                 # the newest by device time (a clock that ran ahead): it is a run of one then.
                 run = run if run[0] else (1, None)

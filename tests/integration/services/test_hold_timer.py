@@ -827,3 +827,24 @@ async def test_a_reloaded_hold_is_rearmed_when_its_own_newest_sample_clears_unde
     assert (row["pending_count"], row["pending_since"]) == (0, None), "held from the 95 ahead"
     assert await _timer(pool, reloaded, 9 * 3600).run_once() == []
     assert await _alarms(pool) == []
+
+
+async def test_a_counted_rule_reloaded_after_a_clock_ahead_does_not_count_the_sample_dated_ahead(
+    pool: asyncpg.Pool,
+) -> None:
+    """`temp > 90 for 2 samples`: 95 dated 8 hours ahead (judged at its receipt), then, the
+    clock set, 70 and 85. Reloaded as `temp > 80 for 2 samples`: the row's newest sample, 85,
+    is a run of one (the 70 cleared after the 95). Read by device time, the 95 came after the
+    85, a second in a row: an alarm on a device whose run is one sample."""
+    now = await _now(pool)
+    counted = msgspec.structs.replace(HOT, for_samples=2)
+    node = _engine("node-a", msgspec.structs.replace(counted, value=90))
+    await _store(node, pool, _temp(now + timedelta(hours=8), 95.0))
+    await _store(node, pool, _temp(now + timedelta(seconds=2), 70.0))
+    await _store(node, pool, _temp(now + timedelta(seconds=4), 85.0))
+    reloaded = _engine("node-a", counted)
+    assert await _timer(pool, reloaded, 0).run_once() == [], "counted the 95 dated ahead"
+    assert (await _hot(pool))["pending_count"] == 1
+    assert await _alarms(pool) == []
+    second = await _store(reloaded, pool, _temp(now + timedelta(seconds=6), 86.0))
+    assert len(second.created) == 1
