@@ -196,9 +196,17 @@ SELECT pg_current_xact_id_if_assigned()::text::bigint AS xid,
 -- answer to a batch's COMMIT was lost. Another server (a standby promoted since: the same ids
 -- go on there, and one this server never received may since have been given to another
 -- transaction) or a restart cannot answer for it: the status is not asked.
-SELECT pg_postmaster_start_time() = $2 AS same_server,
-       CASE WHEN pg_postmaster_start_time() = $2
-            THEN pg_xact_status($1::bigint::text::xid8) END AS status;
+-- 'committed' comes before a synchronous standby has it: so it writes a WAL record (an id
+-- alone does not), and this statement's commit waits for the standby as the batch's did.
+WITH asked AS (
+    SELECT pg_postmaster_start_time() = $2 AS same_server,
+           CASE WHEN pg_postmaster_start_time() = $2
+                THEN pg_xact_status($1::bigint::text::xid8) END AS status
+)
+SELECT same_server, status,
+       CASE WHEN status = 'committed'
+            THEN pg_logical_emit_message(true, 'gateway-commit-asked', '') END AS durable
+FROM asked;
 
 -- name: count_telemetry
 -- no parameters; the number of stored telemetry rows.
