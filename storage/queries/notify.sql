@@ -209,7 +209,10 @@ ON CONFLICT DO NOTHING;
 -- those another node holds): repeat_interval_s after that send
 -- (unless the group stopped repeating), or, owed one by a shelf's end (`resume_at`), at that
 -- end but no sooner than group_interval_s after the latest window was due (`resuming`;
--- `interval_due`: the other).
+-- `interval_due`: the other). A latest window SUPPRESSED is a held window its wake emptied
+-- (every alarm in it shelved by then: drop_from_window), ended then and never sent: the
+-- group's repeats go on from it as from a send, or the group's open alarms of earlier windows
+-- were never repeated again, nor a shelf's end over one of them told.
 SELECT g.id, g.receiver, g.group_key, g.labels::text AS labels, g.windows,
        g.window_delivery_id, g.window_due_at, g.repeat_interval_s, g.group_interval_s,
        g.resume_alarm_ids,
@@ -221,7 +224,7 @@ SELECT g.id, g.receiver, g.group_key, g.labels::text AS labels, g.windows,
         AND d.finished_at + make_interval(secs => g.repeat_interval_s) <= now())
            AS interval_due
 FROM notify_group g JOIN notify_delivery d ON d.id = g.window_delivery_id
-WHERE g.repeat_interval_s > 0 AND d.status = 'SENT'
+WHERE g.repeat_interval_s > 0 AND d.status IN ('SENT', 'SUPPRESSED')
   AND ((NOT g.repeat_stopped
         AND d.finished_at + make_interval(secs => g.repeat_interval_s) <= now())
        OR (g.resume_at IS NOT NULL

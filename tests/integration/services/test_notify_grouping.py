@@ -840,3 +840,55 @@ async def test_a_shelf_ended_and_at_once_renewed_owes_no_repeat(
             assert [n["alarm_id"] for n in repeat["body"]["notifications"]] == [b]
             await wait_until(lambda: _window_status(db, repeat["id"], "SENT"), message="sent")
         assert [len(r.json["notifications"]) for r in server.on("/hook")] == [2, 1]
+
+
+@pytest.mark.parametrize("then", ["repeat", "shelf_end"])
+async def test_a_held_window_emptied_at_its_wake_leaves_the_groups_repeats_going(
+    db_dsn: str, db: asyncpg.Connection, then: str
+) -> None:
+    """A night's held window (alarm a) went out; the next night holds alarm b in the group's
+    next held window, and b is shelved before its wake: the wake empties that window
+    (SUPPRESSED, never sent). a is still open: the group repeats it as ever, repeat_interval_s
+    on ("repeat"), or, a shelved since and its shelf lifted, group_interval_s on
+    ("shelf_end"). The emptied window is not a send the repeats wait for forever."""
+    quiet = _quiet_now()
+    async with webhook_server() as server:
+        config = _config(
+            server.url(""), ONLY_GROUPED.replace("group_wait_s = 60", "group_wait_s = 0")
+        )
+        async with _two_nodes(db_dsn, config) as nodes:
+            for node in nodes:
+                node.consumer.quiet = quiet
+            a = await _raise(db, "care-0", "hot", 0)
+            await _consume_together(nodes)
+            [first] = await _windows(db)
+            await _make_due(db, first["id"])
+            assert (await _timers(nodes[0], "n1").run_once()).woken == [a]
+            await wait_until(lambda: _window_status(db, first["id"], "SENT"), message="sent")
+            shelf = await _shelve(db, "alarm", a) if then == "shelf_end" else None
+            b = await _raise(db, "care-1", "hot", 1)
+            await _consume_together(nodes)
+            [_, night] = await _windows(db)
+            assert night["body"]["group_key"] == first["body"]["group_key"]
+            assert [x["alarm_id"] for x in night["body"]["notifications"]] == [b]
+            await _shelve(db, "alarm", b)
+            await _make_due(db, night["id"])
+            reports = await asyncio.gather(*(_timers(n, f"n{k}").run_once()
+                                             for k, n in enumerate(nodes, 1)))  # fmt: skip
+            assert sorted(w for r in reports for w in r.woken) == [b]
+            assert await _window_status(db, night["id"], "SUPPRESSED")
+            if shelf is None:
+                await _sent_long_ago(db, first["id"])
+                await _sent_long_ago(db, night["id"])
+            else:
+                async with db.transaction():
+                    await lift(db, shelf["id"], actor="op", node_id="n0", request_id=None)
+                await _interval_passed(db)
+            await _consume_together(nodes)
+            windows = await _windows(db)
+            assert len(windows) == 3, "a, still open, is never repeated"
+            repeat = windows[-1]
+            assert repeat["body"]["repeat"] is True
+            assert [x["alarm_id"] for x in repeat["body"]["notifications"]] == [a]
+            await wait_until(lambda: _window_status(db, repeat["id"], "SENT"), message="sent")
+        assert [_listed(server, k) for k in range(len(server.on("/hook")))] == [[a], [a]]
