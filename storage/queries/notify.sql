@@ -341,6 +341,10 @@ ORDER BY n.alarm_id, n.receiver;
 -- device was (what suppresses its notifications) joins no window. Deleted: the rows of alarms
 -- dealt with (never open again) or gone, and an open alarm's rows between its first and its
 -- newest (neither its place nor its body): the next repeat reads at most two rows an alarm.
+-- Shelved is judged at this statement's time, not the transaction's: a shelf lifted (or made)
+-- after the repeat pass began and committed before this statement is seen ended (or in force)
+-- here, so it is judged so; at the transaction's time a lifted alarm counted as shelved,
+-- the repeat left it out and, paying what the lift owed the group, cleared its debt.
 WITH m AS (
     SELECT m.event_id, m.alarm_id, m.seq,
            min(m.seq) OVER per_alarm AS first_seq, max(m.seq) OVER per_alarm AS last_seq,
@@ -358,7 +362,7 @@ WITH m AS (
 SELECT m.event_id, m.alarm_id, x.body::text AS body
 FROM m JOIN notify_group_member x ON x.group_id = $1 AND x.event_id = m.event_id
 WHERE m.open AND m.seq = m.last_seq
-  AND alarm_shelved_until(m.alarm_id, m.device_id, m.rule_key, now()) IS NULL
+  AND alarm_shelved_until(m.alarm_id, m.device_id, m.rule_key, statement_timestamp()) IS NULL
 ORDER BY m.first_seq;
 
 -- name: delivery_alarms

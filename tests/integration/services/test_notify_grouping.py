@@ -892,3 +892,36 @@ async def test_a_held_window_emptied_at_its_wake_leaves_the_groups_repeats_going
             assert [x["alarm_id"] for x in repeat["body"]["notifications"]] == [a]
             await wait_until(lambda: _window_status(db, repeat["id"], "SENT"), message="sent")
         assert [_listed(server, k) for k in range(len(server.on("/hook")))] == [[a], [a]]
+
+
+async def test_a_shelf_lifted_as_a_repeat_pass_begins_is_listed_by_that_repeat(
+    db_dsn: str, db: asyncpg.Connection
+) -> None:
+    """A repeat pass has begun on node one (its transaction open) when a person lifts the
+    shelf of alarm a and commits; the pass then finds the group due its repeat: the repeat
+    lists a, unshelved when it reads, as well as b. (It judged a at the time its transaction
+    began: still shelved, left out, and the repeat cleared what the lift owed the group, so a
+    was not told until the next repeat_interval_s.)"""
+    async with webhook_server() as server:
+        config = _config(server.url(""), ONLY_GROUPED)
+        async with _two_nodes(db_dsn, config) as nodes:
+            a, b = [await _raise(db, f"dev-{k}", "hot", k) for k in range(2)]
+            await _consume_together(nodes)
+            [first] = await _windows(db)
+            await _make_due(db, first["id"])
+            await wait_until(lambda: _window_status(db, first["id"], "SENT"), message="sent")
+            shelf = await _shelve(db, "alarm", a)
+            await _sent_long_ago(db, first["id"])
+            async with nodes[0].worker.pool.acquire() as held, held.transaction():
+                await held.fetchval("SELECT now()")  # node one's repeat pass has begun
+                async with db.transaction():
+                    await lift(db, shelf["id"], actor="op", node_id="n0", request_id=None)
+                assert await GroupWindows(held).repeat() == 1
+                await nodes[1].drain()  # the group is node one's: node two makes none
+            await _interval_passed(db)
+            await _consume_together(nodes)
+            repeats = [w for w in await _windows(db) if w["body"]["repeat"]]
+            listed = [[n["alarm_id"] for n in w["body"]["notifications"]] for w in repeats]
+            assert listed == [[a, b]]
+            await wait_until(lambda: _window_status(db, repeats[0]["id"], "SENT"), message="sent")
+        assert [_listed(server, k) for k in range(len(server.on("/hook")))] == [[a, b], [a, b]]
