@@ -269,6 +269,14 @@ WITH covered AS (
     WHERE c.ended_at IS NOT NULL
       AND c.status IN ('NEW', 'PUSHED', 'DELAYED', 'CONFIRMED', 'ESCALATED')
       AND alarm_shelved_until(c.id, c.device_id, c.rule_key, c.ended_at) IS NULL
+      -- A window of the group carrying the alarm and not yet sent (a held window waiting
+      -- for the wake, a window in its wait or being retried) tells it itself, after the end:
+      -- a repeat owed for it would tell it again group_interval_s later.
+      AND NOT EXISTS (
+          SELECT 1 FROM notify_delivery_member dm
+          JOIN notify_delivery w ON w.id = dm.delivery_id
+          WHERE dm.alarm_id = c.id AND w.group_id = d.group_id
+            AND w.status IN ('PENDING', 'SENDING'))
     GROUP BY d.group_id
 ), locked AS (
     SELECT g.id FROM notify_group g JOIN freed f ON f.group_id = g.id

@@ -925,3 +925,38 @@ async def test_a_shelf_lifted_as_a_repeat_pass_begins_is_listed_by_that_repeat(
             assert listed == [[a, b]]
             await wait_until(lambda: _window_status(db, repeats[0]["id"], "SENT"), message="sent")
         assert [_listed(server, k) for k in range(len(server.on("/hook")))] == [[a, b], [a, b]]
+
+
+async def test_a_shelf_lifted_before_its_held_window_goes_owes_the_group_no_repeat(
+    db_dsn: str, db: asyncpg.Connection
+) -> None:
+    """Quiet hours hold alarm b in the group's held window; b is shelved, and the shelf
+    lifted, before the wake (both nodes' timers race it): the window, sent at the wake, tells
+    b, for the first time. The lift owes the group no repeat: one group_interval_s later b
+    was told again."""
+    quiet = _quiet_now()
+    async with webhook_server() as server:
+        config = _config(
+            server.url(""), ONLY_GROUPED.replace("group_wait_s = 60", "group_wait_s = 0")
+        )
+        async with _two_nodes(db_dsn, config) as nodes:
+            for node in nodes:
+                node.consumer.quiet = quiet
+            b = await _raise(db, "care-1", "hot", 1)
+            await _consume_together(nodes)
+            [night] = await _windows(db)
+            shelf = await _shelve(db, "alarm", b)
+            async with db.transaction():
+                await lift(db, shelf["id"], actor="op", node_id="n0", request_id=None)
+            await _make_due(db, night["id"])
+            reports = await asyncio.gather(*(_timers(n, f"n{k}").run_once()
+                                             for k, n in enumerate(nodes, 1)))  # fmt: skip
+            assert sorted(w for r in reports for w in r.woken) == [b]
+            await wait_until(lambda: _window_status(db, night["id"], "SENT"), message="sent")
+            await _interval_passed(db)
+            await _consume_together(nodes)
+            listed = [
+                [n["alarm_id"] for n in w["body"]["notifications"]] for w in await _windows(db)
+            ]
+            assert listed == [[b]]
+        assert [_listed(server, k) for k in range(len(server.on("/hook")))] == [[b]]
