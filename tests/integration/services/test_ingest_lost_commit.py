@@ -430,3 +430,46 @@ async def test_a_commit_not_yet_on_the_synchronous_standby_is_not_taken_as_store
     finally:
         await db.close()
         await pool.close()
+
+
+async def test_a_server_crash_restarted_since_the_batch_is_not_asked(
+    sync_rep_dsn: str,
+) -> None:
+    """A backend killed (the OOM killer) makes PostgreSQL restart every process but the
+    postmaster: the WAL not flushed then is lost and its transaction ids are given out again,
+    so a lost COMMIT's id may now be another transaction's, 'committed'. The postmaster's
+    start time does not change; the statement returns the last crash-restart's too, and a
+    server crash-restarted since the batch is not asked (the batch is stored again)."""
+    local = {"synchronous_commit": "local"}
+    conn = await asyncpg.connect(sync_rep_dsn, server_settings=local)
+    victim = await asyncpg.connect(sync_rep_dsn, server_settings=local)
+    try:
+        async with conn.transaction():
+            _, _, xact = await ingest_repo.insert_telemetry_at(conn, [], "node-a", ["dev-crash"])
+        assert xact is not None
+        assert await ingest_repo.xact_status(conn, xact) == (True, "committed")
+        postmaster = await conn.fetchval("SELECT pg_postmaster_start_time()")
+        # Every process of the server restarts; the postmaster lives on.
+        os.kill(await victim.fetchval("SELECT pg_backend_pid()"), signal.SIGKILL)
+    finally:
+        victim.terminate()
+        conn.terminate()
+
+    async def restarted() -> bool:
+        try:
+            again = await asyncpg.connect(sync_rep_dsn, server_settings=local, timeout=2)
+        except (OSError, asyncpg.PostgresError):
+            return False
+        try:
+            reset = await again.fetchval("SELECT pg_stat_get_bgwriter_stat_reset_time()")
+            return bool(reset > xact.server_started)
+        finally:
+            await again.close()
+
+    await wait_until(restarted, timeout=60, message="the server crash-restarted")
+    conn = await asyncpg.connect(sync_rep_dsn, server_settings=local)
+    try:
+        assert await conn.fetchval("SELECT pg_postmaster_start_time()") == postmaster
+        assert await ingest_repo.xact_status(conn, xact) == (False, None)
+    finally:
+        await conn.close()
