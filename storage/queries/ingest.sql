@@ -199,16 +199,14 @@ SELECT pg_current_xact_id_if_assigned()::text::bigint AS xid,
 -- 'in progress', or NULL when it is too old to tell). Asked on a new connection after the
 -- answer to a batch's COMMIT was lost. Another server (a standby promoted since: the same ids
 -- go on there, and one this server never received may since have been given to another
--- transaction) or a restart, a crash-restart included (see insert_telemetry_at), cannot
--- answer for it: the status is not asked.
+-- transaction) or a restart cannot answer for it: the status is not asked.
 -- 'committed' comes before a synchronous standby has it: so it writes a WAL record (an id
 -- alone does not), and this statement's commit waits for the standby as the batch's did.
 WITH asked AS (
-    SELECT greatest(pg_postmaster_start_time(), pg_stat_get_bgwriter_stat_reset_time()) = $2
-           AS same_server,
-           CASE WHEN greatest(pg_postmaster_start_time(), pg_stat_get_bgwriter_stat_reset_time())
-                     = $2
-                THEN pg_xact_status($1::bigint::text::xid8) END AS status
+    SELECT CASE WHEN s.same THEN pg_xact_status($1::bigint::text::xid8) END AS status,
+           s.same AS same_server
+    FROM (SELECT greatest(pg_postmaster_start_time(), pg_stat_get_bgwriter_stat_reset_time())
+                 = $2 AS same) AS s
 )
 SELECT same_server, status,
        CASE WHEN status = 'committed'
