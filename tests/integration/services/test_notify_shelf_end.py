@@ -138,6 +138,15 @@ async def _status(db: asyncpg.Connection, alarm_id: int) -> str:
     return str(await db.fetchval("SELECT status FROM alarm WHERE id = $1", alarm_id))
 
 
+async def _no_more_than_once_each(nodes: tuple[Node, Node], server: WebhookServer) -> None:
+    """Both nodes consume and send what is left: each ungrouped receiver was told once, the
+    grouped one never."""
+    await _consume_together(nodes)
+    for node in nodes:
+        await node.worker.run_once()
+    assert [len(server.on(p)) for p in ("/hook", "/each", "/grp")] == [1, 1, 0]
+
+
 async def _pushed(db: asyncpg.Connection, alarm_id: int) -> bool:
     return await _status(db, alarm_id) == "PUSHED"
 
@@ -149,32 +158,27 @@ async def test_a_shelf_expiring_on_two_nodes_tells_each_ungrouped_route_once(
     route); at the shelf's until both nodes' timers race to end it. Each ungrouped receiver
     gets the alarm once, marked as returned from the shelf, which pushes it; the grouped
     receiver gets nothing (its group never carried the alarm)."""
-    async with webhook_server() as server:
-        async with _two_nodes(db_dsn, _config(server.url(""))) as nodes:
-            shelf_id = await _shelve_pair(db, "pump-1")
-            alarm_id = await _raise(db, "pump-1")
-            await _consume_together(nodes)
-            before = await _deliveries(db, alarm_id)
-            assert {(d["receiver"], d["status"], d["suppressed"]) for d in before} == {
-                (name, "SUPPRESSED", f"shelved (shelf {shelf_id})")
-                for name in ("hook", "each", "grp")
-            }
-            await _past_its_until(db, shelf_id)
-            reports = await asyncio.gather(
-                *(_timers(node, f"n{k}").run_once() for k, node in enumerate(nodes, 1))
-            )
-            assert sorted(s for r in reports for s in r.unshelved) == [shelf_id]
-            await wait_until(
-                lambda: _got(server, "/hook", "/each"),
-                message="each ungrouped receiver told of the alarm the shelf kept quiet",
-            )
-            await wait_until(lambda: _pushed(db, alarm_id), message="pushed")
-            returns = await _returns(db, alarm_id)
-            assert sorted(d["receiver"] for d in returns) == ["each", "hook"]
-            await _consume_together(nodes)
-            for node in nodes:
-                await node.worker.run_once()
-        assert [len(server.on(p)) for p in ("/hook", "/each", "/grp")] == [1, 1, 0]
+    async with webhook_server() as server, _two_nodes(db_dsn, _config(server.url(""))) as nodes:
+        shelf_id = await _shelve_pair(db, "pump-1")
+        alarm_id = await _raise(db, "pump-1")
+        await _consume_together(nodes)
+        before = await _deliveries(db, alarm_id)
+        assert {(d["receiver"], d["status"], d["suppressed"]) for d in before} == {
+            (name, "SUPPRESSED", f"shelved (shelf {shelf_id})") for name in ("hook", "each", "grp")
+        }
+        await _past_its_until(db, shelf_id)
+        reports = await asyncio.gather(
+            *(_timers(node, f"n{k}").run_once() for k, node in enumerate(nodes, 1))
+        )
+        assert sorted(s for r in reports for s in r.unshelved) == [shelf_id]
+        await wait_until(
+            lambda: _got(server, "/hook", "/each"),
+            message="each ungrouped receiver told of the alarm the shelf kept quiet",
+        )
+        await wait_until(lambda: _pushed(db, alarm_id), message="pushed")
+        returns = await _returns(db, alarm_id)
+        assert sorted(d["receiver"] for d in returns) == ["each", "hook"]
+        await _no_more_than_once_each(nodes, server)
     [suppressed] = [d for d in before if d["receiver"] == "hook"]
     got = server.on("/hook")[0]
     body = got.json
@@ -218,10 +222,7 @@ async def test_a_shelf_lifted_through_the_api_tells_the_ungrouped_routes(
         assert lifted.status == 200, lifted.body
         await wait_until(lambda: _got(server, "/hook", "/each"), message="told at the lift")
         await wait_until(lambda: _pushed(db, alarm_id), message="pushed")
-        await _consume_together(nodes)
-        for node in nodes:
-            await node.worker.run_once()
-        assert [len(server.on(p)) for p in ("/hook", "/each", "/grp")] == [1, 1, 0]
+        await _no_more_than_once_each(nodes, server)
     shelf = server.on("/each")[0].json["returned_from_shelf"]
     assert (shelf["shelf_id"], shelf["end_reason"], shelf["ended_by"]) == (
         made.body["id"],
@@ -347,22 +348,18 @@ async def test_a_consumer_behind_the_shelfs_end_settles_what_the_end_owes_once(
     under the shelf is read only after the shelf expired. Its notifications are recorded
     SUPPRESSED (written under the shelf), and the end, which could not see them, is settled
     by the consumer that made them: each ungrouped receiver told once, both nodes reading."""
-    async with webhook_server() as server:
-        async with _two_nodes(db_dsn, _config(server.url(""))) as nodes:
-            shelf_id = await _shelve_pair(db, "pump-5")
-            alarm_id = await _raise(db, "pump-5")
-            await _past_its_until(db, shelf_id)
-            report = await _timers(nodes[0], "n1").run_once()
-            assert report.unshelved == [shelf_id]
-            assert await _deliveries(db, alarm_id) == []  # nothing read yet
-            await _consume_together(nodes)
-            returns = await _returns(db, alarm_id)
-            assert sorted(d["receiver"] for d in returns) == ["each", "hook"]
-            await wait_until(lambda: _got(server, "/hook", "/each"), message="told")
-            await _consume_together(nodes)
-            for node in nodes:
-                await node.worker.run_once()
-        assert [len(server.on(p)) for p in ("/hook", "/each", "/grp")] == [1, 1, 0]
+    async with webhook_server() as server, _two_nodes(db_dsn, _config(server.url(""))) as nodes:
+        shelf_id = await _shelve_pair(db, "pump-5")
+        alarm_id = await _raise(db, "pump-5")
+        await _past_its_until(db, shelf_id)
+        report = await _timers(nodes[0], "n1").run_once()
+        assert report.unshelved == [shelf_id]
+        assert await _deliveries(db, alarm_id) == []  # nothing read yet
+        await _consume_together(nodes)
+        returns = await _returns(db, alarm_id)
+        assert sorted(d["receiver"] for d in returns) == ["each", "hook"]
+        await wait_until(lambda: _got(server, "/hook", "/each"), message="told")
+        await _no_more_than_once_each(nodes, server)
     assert server.on("/hook")[0].json["returned_from_shelf"]["end_reason"] == "expired"
 
 
@@ -382,32 +379,28 @@ async def test_a_shelf_ending_while_the_consumer_reads_its_alarm_is_settled_once
     read: nothing suppressed yet) but not committed while a consumer reads the alarm's event,
     written under the shelf. The consumer waits for the lift on the shelf's row, then finds
     it ended and settles what the end owes: each ungrouped receiver told once."""
-    async with webhook_server() as server:
-        async with _two_nodes(db_dsn, _config(server.url(""))) as nodes:
-            shelf_id = await _shelve_pair(db, "pump-6")
-            alarm_id = await _raise(db, "pump-6")
-            ender = await asyncpg.connect(db_dsn)
-            try:
-                lifting = ender.transaction()
-                await lifting.start()
-                await lift(ender, shelf_id, actor="op", node_id="n0", request_id=None)
-                reading = asyncio.create_task(nodes[0].drain())
-                await wait_until(
-                    lambda: reading.done() or _waiting_on_a_lock(db),
-                    message="the consumer waits for the lift, or is done",
-                )
-                await lifting.commit()
-                await reading
-            finally:
-                await ender.close()
-            assert {d["status"] for d in await _deliveries(db, alarm_id)} >= {"SUPPRESSED"}
-            returns = await _returns(db, alarm_id)
-            assert sorted(d["receiver"] for d in returns) == ["each", "hook"]
-            await wait_until(lambda: _got(server, "/hook", "/each"), message="told")
-            await _consume_together(nodes)
-            for node in nodes:
-                await node.worker.run_once()
-        assert [len(server.on(p)) for p in ("/hook", "/each", "/grp")] == [1, 1, 0]
+    async with webhook_server() as server, _two_nodes(db_dsn, _config(server.url(""))) as nodes:
+        shelf_id = await _shelve_pair(db, "pump-6")
+        alarm_id = await _raise(db, "pump-6")
+        ender = await asyncpg.connect(db_dsn)
+        try:
+            lifting = ender.transaction()
+            await lifting.start()
+            await lift(ender, shelf_id, actor="op", node_id="n0", request_id=None)
+            reading = asyncio.create_task(nodes[0].drain())
+            await wait_until(
+                lambda: reading.done() or _waiting_on_a_lock(db),
+                message="the consumer waits for the lift, or is done",
+            )
+            await lifting.commit()
+            await reading
+        finally:
+            await ender.close()
+        assert {d["status"] for d in await _deliveries(db, alarm_id)} >= {"SUPPRESSED"}
+        returns = await _returns(db, alarm_id)
+        assert sorted(d["receiver"] for d in returns) == ["each", "hook"]
+        await wait_until(lambda: _got(server, "/hook", "/each"), message="told")
+        await _no_more_than_once_each(nodes, server)
 
 
 async def test_an_email_receiver_is_told_at_the_shelfs_end_with_the_subject_saying_so(
@@ -463,10 +456,7 @@ async def test_the_newest_notification_the_shelf_kept_quiet_returns_once_per_ala
             async with db.transaction():
                 await lift(db, shelf_id, actor="op", node_id="n0", request_id=None)
             await wait_until(lambda: _got(server, "/hook", "/each"), message="told")
-            await _consume_together(nodes)
-            for node in nodes:
-                await node.worker.run_once()
-        assert [len(server.on(p)) for p in ("/hook", "/each", "/grp")] == [1, 1, 0]
+            await _no_more_than_once_each(nodes, server)
     body = server.on("/hook")[0].json
     assert (body["event"], body["status"]) == ("alarm.escalated", "ESCALATED")
     assert {"triggered_at", "confirmed_at", "escalated_at"} <= set(body["times"])
@@ -484,29 +474,25 @@ async def test_a_shelf_renewed_past_its_until_tells_nobody_until_the_renewal_end
     is sent then. When the renewal is lifted the alarm the first shelf kept quiet is told,
     once per receiver. Shelved and lifted once more with nothing new: nothing more (the
     return was its newest notification)."""
-    async with webhook_server() as server:
-        async with _two_nodes(db_dsn, _config(server.url(""))) as nodes:
-            night = await _shelve_pair(db, "pump-9")
-            alarm_id = await _raise(db, "pump-9")
-            await _consume_together(nodes)
-            await _past_its_until(db, night)
-            day = await _shelve_pair(db, "pump-9")
-            assert day != night
-            assert await _returns(db, alarm_id) == []
-            async with db.transaction():
-                await lift(db, day, actor="op", node_id="n0", request_id=None)
-            returns = await _returns(db, alarm_id)
-            assert sorted(d["receiver"] for d in returns) == ["each", "hook"]
-            assert {d["body"]["returned_from_shelf"]["shelf_id"] for d in returns} == {day}
-            await wait_until(lambda: _got(server, "/hook", "/each"), message="told")
-            again = await _shelve_pair(db, "pump-9")
-            async with db.transaction():
-                await lift(db, again, actor="op", node_id="n0", request_id=None)
-            assert len(await _returns(db, alarm_id)) == 2
-            await _consume_together(nodes)
-            for node in nodes:
-                await node.worker.run_once()
-        assert [len(server.on(p)) for p in ("/hook", "/each", "/grp")] == [1, 1, 0]
+    async with webhook_server() as server, _two_nodes(db_dsn, _config(server.url(""))) as nodes:
+        night = await _shelve_pair(db, "pump-9")
+        alarm_id = await _raise(db, "pump-9")
+        await _consume_together(nodes)
+        await _past_its_until(db, night)
+        day = await _shelve_pair(db, "pump-9")
+        assert day != night
+        assert await _returns(db, alarm_id) == []
+        async with db.transaction():
+            await lift(db, day, actor="op", node_id="n0", request_id=None)
+        returns = await _returns(db, alarm_id)
+        assert sorted(d["receiver"] for d in returns) == ["each", "hook"]
+        assert {d["body"]["returned_from_shelf"]["shelf_id"] for d in returns} == {day}
+        await wait_until(lambda: _got(server, "/hook", "/each"), message="told")
+        again = await _shelve_pair(db, "pump-9")
+        async with db.transaction():
+            await lift(db, again, actor="op", node_id="n0", request_id=None)
+        assert len(await _returns(db, alarm_id)) == 2
+        await _no_more_than_once_each(nodes, server)
 
 
 async def test_a_silence_in_force_at_the_shelfs_end_silences_the_return(
