@@ -28,6 +28,7 @@ from gateway.alarms.lifecycle import AlarmNotFoundError
 from gateway.domain.alarm import AlarmError
 from gateway.domain.notify import Silence, first_silence, silence_from_row
 from gateway.domain.notify_match import Facts
+from storage import alarms as alarm_repo
 from storage import desk as repo
 from storage import notify as notify_repo
 from storage.desk import Scope
@@ -252,7 +253,7 @@ async def tell_returned(conn: asyncpg.Connection, shelf: asyncpg.Record) -> list
         return []
     ended_at: datetime = shelf["ended_at"]
     # A silence in force now stops it as it stops any notification (SILENCED, never sent).
-    now: datetime = await conn.fetchval("SELECT now()")
+    now = await alarm_repo.db_now(conn)
     silences = [silence_from_row(s) for s in await notify_repo.active_silences(conn)]
     deliveries = [
         notify_repo.NewDelivery(
