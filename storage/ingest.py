@@ -145,8 +145,10 @@ async def assigned_xact_id(conn: asyncpg.Connection) -> Xact | None:
 async def xact_status(conn: asyncpg.Connection, xact: Xact) -> tuple[bool, str | None]:
     """Whether ``conn``'s server is the one that gave ``xact`` its id, not restarted since,
     and if so whether it committed: 'committed', 'aborted', 'in progress', or None when it is
-    too old to tell. Another server cannot tell (its status is None)."""
-    same, status = await conn.fetchrow(XACT_STATUS, xact.id, xact.server_started)
+    too old to tell. Another server cannot tell (its status is None). Call it outside a
+    transaction: 'committed' returns only once the answer's own commit has, which waits for a
+    synchronous standby as the batch's COMMIT did (a timeout, a lost connection: ask again)."""
+    same, status, _ = await conn.fetchrow(XACT_STATUS, xact.id, xact.server_started)
     return bool(same), status
 
 

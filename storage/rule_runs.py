@@ -37,10 +37,25 @@ async def samples_before(
 
 
 async def samples_from(
-    conn: asyncpg.Connection, device_id: str, metric: str, since: datetime, limit: int
+    conn: asyncpg.Connection,
+    device_id: str,
+    metric: str,
+    since: datetime,
+    limit: int,
+    *,
+    max_future_skew_s: float,
 ) -> list[Sample]:
-    """The device's stored samples of ``metric`` from ``since`` on, oldest first."""
-    return _samples(await conn.fetch(SAMPLES_FROM, device_id, metric, since, limit))
+    """The device's stored samples of ``metric`` from ``since`` on, oldest first; one dated
+    more than ``max_future_skew_s`` ahead of its receipt at its receipt (judged there), in
+    its place among the others (left out where that is before ``since``, unless ``limit``
+    rows came: a full page stays full, which the caller leaves to the ordering rule)."""
+    rows = await conn.fetch(SAMPLES_FROM, device_id, metric, since, limit, max_future_skew_s)
+    samples = _samples(rows)
+    if len(samples) < limit:
+        samples = [s for s in samples if s[0] >= since]
+    # Stable: the database's order (device time, then seq, no seq first) but for those moved.
+    samples.sort(key=lambda s: (s[0], s[1] is not None, s[1] or 0))
+    return samples
 
 
 async def alarms_after(

@@ -532,7 +532,13 @@ class AlarmEngine:
         samples = [
             StoredSample(*row)
             for row in await runs_repo.samples_from(
-                conn, device_id, rule.metric, start.ts, RUN_REPLAY_MAX
+                conn,
+                device_id,
+                rule.metric,
+                start.ts,
+                RUN_REPLAY_MAX,
+                # One dated past the bounds ahead is read at its receipt, where it was judged.
+                max_future_skew_s=self.clock.max_future_skew.total_seconds(),
             )
         ]
         if len(samples) == RUN_REPLAY_MAX:
@@ -613,12 +619,36 @@ class AlarmEngine:
         rows = await state_repo.lock_stale_holds(
             conn, asked, self.node_id, NODE_LIVE_S, after=after, limit=limit
         )
+        # Each row's own newest sample, the one it judged last (where it holds the metric;
+        # else the newest by device time), for the rows whose device the rule still selects:
+        # one statement for the page, as `rejudge_stale_rows` reads it.
+        selected = [row for row in rows if holds[row.rule_key].selector.matches(row.device_id)]
+        samples = await runs_repo.newest_samples(
+            conn,
+            [
+                (
+                    row.device_id,
+                    holds[row.rule_key].metric,
+                    row.last_device_ts or row.last_ts,
+                    row.last_seq,
+                )
+                for row in selected
+            ],
+        )
+        own_of = {
+            (row.device_id, row.rule_key): None if sample is None else StoredSample(*sample)
+            for row, sample in zip(selected, samples, strict=True)
+        }
         judged: list[RuleStateRow] = []
         for row in rows:
             rule = holds[row.rule_key]
             count, since = 0, None
             if rule.selector.matches(row.device_id):
-                count, since = await self._current_run(conn, rule, row.device_id)
+                own = own_of.get((row.device_id, row.rule_key))
+                count, since = await self._current_run(conn, rule, row.device_id, own=own)
+                if count and since is None:
+                    # A run of one, the row's own newest sample: from when the row judged it.
+                    since = row.last_ts
             if since is not None and row.pending_since is not None:
                 # Never from before the row's own run: its start is on the row's timeline
                 # (a time judged within the clock's bounds), the stored samples' device
@@ -647,9 +677,16 @@ class AlarmEngine:
 
     @staticmethod
     async def _current_run(
-        conn: asyncpg.Connection, rule: ThresholdRule, device_id: str
+        conn: asyncpg.Connection,
+        rule: ThresholdRule,
+        device_id: str,
+        *,
+        own: StoredSample | None = None,
     ) -> tuple[int, datetime | None]:
-        """The pending run of `rule` on the device's newest stored samples (`current_run`)."""
+        """The pending run of `rule` on the device's newest stored samples (`current_run`).
+        With `own`, the newest sample a row judged: where the newest by device time is
+        another (a sample a clock ahead dated after it, judged at its receipt), a run of one
+        with no start read if `own` violates, else none."""
         newest = [
             StoredSample(*row)
             for row in await runs_repo.samples_before(
@@ -658,6 +695,9 @@ class AlarmEngine:
         ]
         if not newest:
             return 0, None  # none stored (or all past retention): nothing known to violate
+        if own is not None and newest[0].event_id != own.event_id:
+            # The row's timeline is not the device time's: its own newest stands alone.
+            return (1, None) if violates(rule, own.value) else (0, None)
         index = newest_clearing(rule, newest, _END_OF_TIME)
         start = newest[-1] if index is None else newest[index]
         seqs = await runs_repo.device_seqs(conn, device_id, start.ts, 4 * RUN_LOOKBACK)
@@ -742,7 +782,7 @@ class AlarmEngine:
                 and rule.for_samples > 1
                 and violates(rule, newest.value)
             ):
-                run = await self._current_run(conn, rule, row.device_id)
+                run = await self._current_run(conn, rule, row.device_id, own=newest)
                 # The run is read by device time; the row's own newest sample may be newer than
                 # the newest by device time (a clock that ran ahead): it is a run of one then.
                 run = run if run[0] else (1, None)

@@ -673,7 +673,9 @@ class IngestWriter:
         failover the promoted standby goes on with the same ids, and one it never received
         may have been given to another transaction there, which a "committed" would take for
         this batch's (acknowledged, and lost). Another server's answer is not asked: the
-        batch is stored again (its telemetry and alarms are idempotent by event id)."""
+        batch is stored again (its telemetry and alarms are idempotent by event id).
+        "committed" comes back only once as durable as a commit (``repo.xact_status``: a
+        synchronous standby has it); the question cut short is asked again."""
         xid = xact.id
         log.warning("commit_answer_lost", database=self.database, xid=xid, error=repr(lost))
         loop = asyncio.get_running_loop()

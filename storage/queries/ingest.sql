@@ -29,10 +29,14 @@
 -- one order whatever order that is).
 -- The row also carries the transaction's id (pg_current_xact_id, as a bigint; asking assigns
 -- one, which a transaction that writes has anyway) and when the server answering it started
--- (pg_postmaster_start_time): should the answer to its COMMIT be lost, the writer asks a new
--- connection whether it committed (xact_status) instead of storing the batch again, and
--- trusts the answer only from the same server, not restarted since. Here rather than in a
--- statement of its own: no round trip more a batch.
+-- (pg_postmaster_start_time, or its last crash-restart: a backend killed (the OOM killer)
+-- restarts every process but not the postmaster, and the WAL not flushed then is lost, its
+-- transaction ids given out again; only the shared statistics' reset time tells, which a
+-- crash-restart sets to its own): should the answer to its COMMIT be lost, the writer asks a
+-- new connection whether it committed (xact_status) instead of storing the batch again, and
+-- trusts the answer only from the same server, not restarted since (a reset of the bgwriter's
+-- statistics by hand counts as a restart: the batch is stored again, as before). Here rather
+-- than in a statement of its own: no round trip more a batch.
 WITH inserted AS (
     INSERT INTO telemetry (event_id, device_id, ts, seq, metrics, events, node_id)
     SELECT u.event_id, u.device_id, from_micros(u.ts_us::bigint), u.seq::bigint,
@@ -65,7 +69,7 @@ WITH inserted AS (
 )
 SELECT count(*) AS new, now() AS db_now,
        CASE WHEN count(*) < $8 THEN coalesce(array_agg(event_id), '{}') END AS new_ids,
-       pg_current_xact_id()::text::bigint AS xid, pg_postmaster_start_time() AS server_started
+       pg_current_xact_id()::text::bigint AS xid, greatest(pg_postmaster_start_time(), pg_stat_get_bgwriter_stat_reset_time()) AS server_started
 FROM inserted;
 
 -- name: upsert_presence
@@ -123,7 +127,7 @@ WITH recorded AS (
                     > coalesce(dv.presence_received_at, '-infinity')
                     OR dv.presence_received_at > clock_timestamp() END
 )
-SELECT pg_current_xact_id()::text::bigint AS xid, pg_postmaster_start_time() AS server_started;
+SELECT pg_current_xact_id()::text::bigint AS xid, greatest(pg_postmaster_start_time(), pg_stat_get_bgwriter_stat_reset_time()) AS server_started;
 
 -- name: insert_dead_letters
 -- $1 topics, $2 payloads as kept (whole or first bytes), $3 whole sizes, $4 whole SHA-256 (hex),
@@ -142,7 +146,7 @@ WITH counted AS (
     SET seen_count = l.seen_count + EXCLUDED.seen_count,
         last_seen_at = GREATEST(l.last_seen_at, EXCLUDED.last_seen_at)
 )
-SELECT pg_current_xact_id()::text::bigint AS xid, pg_postmaster_start_time() AS server_started;
+SELECT pg_current_xact_id()::text::bigint AS xid, greatest(pg_postmaster_start_time(), pg_stat_get_bgwriter_stat_reset_time()) AS server_started;
 
 -- name: list_dead_letters
 -- $1 reason filter or null, $2 only not yet replayed successfully, $3 after id (keyset), $4 limit.
@@ -187,7 +191,7 @@ WHERE id = $1;
 -- NULL, as a bigint, and when the server started (as insert_telemetry). For a batch that sent
 -- none of insert_telemetry, upsert_presence and insert_dead_letters (command receipts only).
 SELECT pg_current_xact_id_if_assigned()::text::bigint AS xid,
-       pg_postmaster_start_time() AS server_started;
+       greatest(pg_postmaster_start_time(), pg_stat_get_bgwriter_stat_reset_time()) AS server_started;
 
 -- name: xact_status
 -- $1 a transaction id (as a bigint), $2 when the server that gave it started: whether this is
@@ -196,9 +200,18 @@ SELECT pg_current_xact_id_if_assigned()::text::bigint AS xid,
 -- answer to a batch's COMMIT was lost. Another server (a standby promoted since: the same ids
 -- go on there, and one this server never received may since have been given to another
 -- transaction) or a restart cannot answer for it: the status is not asked.
-SELECT pg_postmaster_start_time() = $2 AS same_server,
-       CASE WHEN pg_postmaster_start_time() = $2
-            THEN pg_xact_status($1::bigint::text::xid8) END AS status;
+-- 'committed' comes before a synchronous standby has it: so it writes a WAL record (an id
+-- alone does not), and this statement's commit waits for the standby as the batch's did.
+WITH asked AS (
+    SELECT CASE WHEN s.same THEN pg_xact_status($1::bigint::text::xid8) END AS status,
+           s.same AS same_server
+    FROM (SELECT greatest(pg_postmaster_start_time(), pg_stat_get_bgwriter_stat_reset_time())
+                 = $2 AS same) AS s
+)
+SELECT same_server, status,
+       CASE WHEN status = 'committed'
+            THEN pg_logical_emit_message(true, 'gateway-commit-asked', '') END AS durable
+FROM asked;
 
 -- name: count_telemetry
 -- no parameters; the number of stored telemetry rows.

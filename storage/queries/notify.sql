@@ -209,7 +209,10 @@ ON CONFLICT DO NOTHING;
 -- those another node holds): repeat_interval_s after that send
 -- (unless the group stopped repeating), or, owed one by a shelf's end (`resume_at`), at that
 -- end but no sooner than group_interval_s after the latest window was due (`resuming`;
--- `interval_due`: the other).
+-- `interval_due`: the other). A latest window SUPPRESSED is a held window its wake emptied
+-- (every alarm in it shelved by then: drop_from_window), ended then and never sent: the
+-- group's repeats go on from it as from a send, or the group's open alarms of earlier windows
+-- were never repeated again, nor a shelf's end over one of them told.
 SELECT g.id, g.receiver, g.group_key, g.labels::text AS labels, g.windows,
        g.window_delivery_id, g.window_due_at, g.repeat_interval_s, g.group_interval_s,
        g.resume_alarm_ids,
@@ -221,7 +224,7 @@ SELECT g.id, g.receiver, g.group_key, g.labels::text AS labels, g.windows,
         AND d.finished_at + make_interval(secs => g.repeat_interval_s) <= now())
            AS interval_due
 FROM notify_group g JOIN notify_delivery d ON d.id = g.window_delivery_id
-WHERE g.repeat_interval_s > 0 AND d.status = 'SENT'
+WHERE g.repeat_interval_s > 0 AND d.status IN ('SENT', 'SUPPRESSED')
   AND ((NOT g.repeat_stopped
         AND d.finished_at + make_interval(secs => g.repeat_interval_s) <= now())
        OR (g.resume_at IS NOT NULL
@@ -266,6 +269,14 @@ WITH covered AS (
     WHERE c.ended_at IS NOT NULL
       AND c.status IN ('NEW', 'PUSHED', 'DELAYED', 'CONFIRMED', 'ESCALATED')
       AND alarm_shelved_until(c.id, c.device_id, c.rule_key, c.ended_at) IS NULL
+      -- A window of the group carrying the alarm and not yet sent (a held window waiting
+      -- for the wake, a window in its wait or being retried) tells it itself, after the end:
+      -- a repeat owed for it would tell it again group_interval_s later.
+      AND NOT EXISTS (
+          SELECT 1 FROM notify_delivery_member dm
+          JOIN notify_delivery w ON w.id = dm.delivery_id
+          WHERE dm.alarm_id = c.id AND w.group_id = d.group_id
+            AND w.status IN ('PENDING', 'SENDING'))
     GROUP BY d.group_id
 ), locked AS (
     SELECT g.id FROM notify_group g JOIN freed f ON f.group_id = g.id
@@ -338,6 +349,10 @@ ORDER BY n.alarm_id, n.receiver;
 -- device was (what suppresses its notifications) joins no window. Deleted: the rows of alarms
 -- dealt with (never open again) or gone, and an open alarm's rows between its first and its
 -- newest (neither its place nor its body): the next repeat reads at most two rows an alarm.
+-- Shelved is judged at this statement's time, not the transaction's: a shelf lifted (or made)
+-- after the repeat pass began and committed before this statement is seen ended (or in force)
+-- here, so it is judged so; at the transaction's time a lifted alarm counted as shelved,
+-- the repeat left it out and, paying what the lift owed the group, cleared its debt.
 WITH m AS (
     SELECT m.event_id, m.alarm_id, m.seq,
            min(m.seq) OVER per_alarm AS first_seq, max(m.seq) OVER per_alarm AS last_seq,
@@ -355,7 +370,7 @@ WITH m AS (
 SELECT m.event_id, m.alarm_id, x.body::text AS body
 FROM m JOIN notify_group_member x ON x.group_id = $1 AND x.event_id = m.event_id
 WHERE m.open AND m.seq = m.last_seq
-  AND alarm_shelved_until(m.alarm_id, m.device_id, m.rule_key, now()) IS NULL
+  AND alarm_shelved_until(m.alarm_id, m.device_id, m.rule_key, statement_timestamp()) IS NULL
 ORDER BY m.first_seq;
 
 -- name: delivery_alarms

@@ -13,12 +13,19 @@ ORDER BY ts DESC, seq DESC NULLS LAST
 LIMIT $4;
 
 -- name: samples_from
--- $1 device id, $2 metric, $3 device time, $4 how many; the device's stored samples of the
--- metric from $3 on, oldest first: what the replay reads.
-SELECT ts, seq, event_id, (metrics -> $2)::text AS value
+-- $1 device id, $2 metric, $3 device time, $4 how many, $5 seconds (the device clock's
+-- max_future_skew_s); the device's stored samples of the metric from $3 on, in device time
+-- order (then seq): what the replay reads. A sample dated more than $5 ahead of its batch's
+-- time (received_at, the receipt the rules judged it against) comes with that receipt as its
+-- time: it was judged there, and its device time (a clock hours ahead) would place it after
+-- every later sample (storage.rule_runs.samples_from puts it in its place; one placed before
+-- $3 is left out). Reads telemetry_device_ts_idx in order, as before.
+SELECT CASE WHEN ts > received_at + make_interval(secs => $5) THEN received_at ELSE ts END
+           AS ts,
+       seq, event_id, (metrics -> $2)::text AS value
 FROM telemetry
 WHERE device_id = $1 AND ts >= $3 AND metrics ? $2
-ORDER BY ts, seq NULLS FIRST
+ORDER BY telemetry.ts, seq NULLS FIRST
 LIMIT $4;
 
 -- name: alarms_after

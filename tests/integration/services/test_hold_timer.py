@@ -785,3 +785,66 @@ async def test_a_sweep_the_database_refuses_is_given_up_and_the_holds_due_still_
     with capture_logs() as logs:
         assert await timer.run_once() == []
     assert not [e for e in logs if e["event"] == "rule_rejudge_failed"]
+
+
+async def test_a_reloaded_hold_is_judged_from_its_own_newest_sample_not_a_clearing_one_dated_ahead(
+    pool: asyncpg.Pool,
+) -> None:
+    """A device's clock ran 8 hours ahead: its 70 was dated 8 hours on and judged at its
+    receipt; NTP then set it, and it sent 95: pending under `for_seconds = 600`. Reloaded
+    with 60, the device is still at 95, its hold is still pending and fires when due. The 70
+    dated ahead is the newest by device time, no newer than the 95: judged from it, the hold
+    was re-armed, and a device reporting by exception never raised its alarm."""
+    now = await _now(pool)
+    node = _engine("node-a", LONG)
+    await _store(node, pool, _temp(now + timedelta(hours=8), 70.0))
+    sent = now + timedelta(seconds=2)
+    await _store(node, pool, _temp(sent, 95.0))
+    assert ((row := await _row(pool))["pending_count"], row["pending_since"]) == (1, sent)
+    reloaded = _engine("node-a", HELD)
+    assert await _timer(pool, reloaded, 30).run_once() == []  # held 30 s of 60
+    assert (await _row(pool))["pending_count"] == 1, "re-armed on the sample dated ahead"
+    assert len(await _timer(pool, reloaded, 120).run_once()) == 1
+    assert len(await _alarms(pool)) == 1
+
+
+async def test_a_reloaded_hold_is_rearmed_when_its_own_newest_sample_clears_under_it(
+    pool: asyncpg.Pool,
+) -> None:
+    """`temp > 60 for 600 s`: 95 dated 8 hours ahead (judged at its receipt), then, the clock
+    set, 70: pending. Reloaded as `temp > 80 for 60 s`, the device at 70 is normal: re-armed,
+    nothing fires. Judged from the 95 dated ahead, the hold counted from 8 hours on and fired
+    then on a device at 70."""
+    now = await _now(pool)
+    sixty = msgspec.structs.replace(LONG, value=60, clear_value=55)
+    node = _engine("node-a", sixty)
+    await _store(node, pool, _temp(now + timedelta(hours=8), 95.0))
+    await _store(node, pool, _temp(now + timedelta(seconds=2), 70.0))
+    assert (await _row(pool))["pending_count"] == 2
+    reloaded = _engine("node-a", HELD)
+    assert await _timer(pool, reloaded, 30).run_once() == []
+    row = await _row(pool)
+    assert (row["pending_count"], row["pending_since"]) == (0, None), "held from the 95 ahead"
+    assert await _timer(pool, reloaded, 9 * 3600).run_once() == []
+    assert await _alarms(pool) == []
+
+
+async def test_a_counted_rule_reloaded_after_a_clock_ahead_does_not_count_the_sample_dated_ahead(
+    pool: asyncpg.Pool,
+) -> None:
+    """`temp > 90 for 2 samples`: 95 dated 8 hours ahead (judged at its receipt), then, the
+    clock set, 70 and 85. Reloaded as `temp > 80 for 2 samples`: the row's newest sample, 85,
+    is a run of one (the 70 cleared after the 95). Read by device time, the 95 came after the
+    85, a second in a row: an alarm on a device whose run is one sample."""
+    now = await _now(pool)
+    counted = msgspec.structs.replace(HOT, for_samples=2)
+    node = _engine("node-a", msgspec.structs.replace(counted, value=90))
+    await _store(node, pool, _temp(now + timedelta(hours=8), 95.0))
+    await _store(node, pool, _temp(now + timedelta(seconds=2), 70.0))
+    await _store(node, pool, _temp(now + timedelta(seconds=4), 85.0))
+    reloaded = _engine("node-a", counted)
+    assert await _timer(pool, reloaded, 0).run_once() == [], "counted the 95 dated ahead"
+    assert (await _hot(pool))["pending_count"] == 1
+    assert await _alarms(pool) == []
+    second = await _store(reloaded, pool, _temp(now + timedelta(seconds=6), 86.0))
+    assert len(second.created) == 1

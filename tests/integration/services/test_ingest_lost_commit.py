@@ -5,9 +5,18 @@ takes the batch as stored; nothing it wrote may count twice."""
 from __future__ import annotations
 
 import asyncio
+import os
+import pwd
+import shutil
+import signal
+import subprocess
+import tempfile
+from collections.abc import AsyncIterator
 from datetime import timedelta
+from pathlib import Path
 
 import asyncpg
+import pytest
 from structlog.testing import capture_logs
 
 from gateway.alarms.engine import AlarmEngine
@@ -19,9 +28,11 @@ from gateway.support.backoff import Backoff
 from gateway.support.metrics import Metrics
 from protocol import Encoding, Topics
 from storage import ingest as ingest_repo
+from storage.migrate import migrate
 from storage.pool import create_pool
 from tests.support.daemon import make_config
 from tests.support.dsn import proxy_for, through
+from tests.support.ports import free_port
 from tests.support.tcp_proxy import TcpProxy
 from tests.support.waiting import wait_until
 
@@ -303,3 +314,162 @@ async def test_a_connection_lost_mid_batch_is_logged_as_what_ended_it(
     [first, *_] = [e for e in logs if e["event"] == "database_unavailable"]
     assert "remove_query_logger" not in first["error"], first
     assert "ConnectionDoesNotExistError" in f"{first['error']} {first['during']}", first
+
+
+PG_BIN = Path("/usr/lib/postgresql/15/bin")
+
+
+async def _reachable(dsn: str) -> bool:
+    try:
+        conn = await asyncpg.connect(dsn, timeout=2)
+    except (OSError, asyncpg.PostgresError):
+        return False
+    await conn.close()
+    return True
+
+
+def _start_waiting_server(home: Path) -> tuple[subprocess.Popen[bytes], int]:
+    """initdb and start a PostgreSQL under ``home`` whose commits wait for a synchronous
+    standby named ``ghost``, which never comes; the server and its port."""
+    user = pwd.getpwnam("postgres") if os.geteuid() == 0 else None
+    if user is not None:
+        os.chown(home, user.pw_uid, user.pw_gid)
+    as_user = {} if user is None else {"user": user.pw_uid, "group": user.pw_gid}
+    data = home / "data"
+    subprocess.run(
+        [str(PG_BIN / "initdb"), "-D", str(data), "-U", "postgres", "--auth=trust",
+         "-E", "UTF8", "--locale=C", "--no-sync"],
+        check=True, capture_output=True, **as_user,  # type: ignore[call-overload]
+    )  # fmt: skip
+    # In the file, not on the command line (which no ALTER SYSTEM can override): the test
+    # brings the standby "back" by emptying it.
+    with (data / "postgresql.auto.conf").open("a") as conf:
+        conf.write("synchronous_commit = on\nsynchronous_standby_names = 'ghost'\n")
+    port = free_port()
+    server = subprocess.Popen(
+        [str(PG_BIN / "postgres"), "-D", str(data), "-p", str(port), "-k", str(home),
+         "-c", "listen_addresses=127.0.0.1", "-c", "fsync=off"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, **as_user,  # type: ignore[call-overload]
+    )  # fmt: skip
+    return server, port
+
+
+def _stop(server: subprocess.Popen[bytes]) -> None:
+    server.send_signal(signal.SIGINT)  # fast shutdown: waiting commits are let go
+    try:
+        server.wait(30)
+    except subprocess.TimeoutExpired:
+        server.kill()
+        server.wait()
+
+
+@pytest.fixture
+async def sync_rep_dsn() -> AsyncIterator[str]:
+    """A migrated database on a PostgreSQL of the test's own whose commits wait for a
+    synchronous standby that is not there (``synchronous_standby_names``, as under Patroni's
+    ``synchronous_mode_strict`` with the standby gone): every COMMIT that wrote waits."""
+    if not (PG_BIN / "postgres").exists():
+        pytest.skip(f"{PG_BIN / 'postgres'} missing")
+    home = Path(tempfile.mkdtemp(prefix="gw-syncrep-"))
+    server, port = await asyncio.to_thread(_start_waiting_server, home)
+    try:
+        base = f"postgresql://postgres@127.0.0.1:{port}"
+        await wait_until(lambda: _reachable(f"{base}/postgres"), timeout=60, message="up")
+        # Migrated without waiting for the standby (this session's commits are local only).
+        local = {"synchronous_commit": "local"}
+        admin = await asyncpg.connect(f"{base}/postgres", server_settings=local)
+        try:
+            await admin.execute("CREATE DATABASE gw")
+        finally:
+            await admin.close()
+        conn = await asyncpg.connect(f"{base}/gw", server_settings=local)
+        try:
+            await migrate(conn)
+        finally:
+            await conn.close()
+        yield f"{base}/gw"
+    finally:
+        await asyncio.to_thread(_stop, server)
+        shutil.rmtree(home, ignore_errors=True)
+
+
+async def test_a_commit_not_yet_on_the_synchronous_standby_is_not_taken_as_stored(
+    sync_rep_dsn: str,
+) -> None:
+    """Synchronous replication (docs/deploying.md): a commit returns, and the batch is
+    acknowledged, only once the standby has it. The standby is gone, the batch's COMMIT waits
+    for it, and the call times out (the pool's command timeout; a connection lost alike): the
+    transaction is committed on the primary alone (pg_xact_status says 'committed' as soon as
+    it is marked there, the wait for the standby after). Taken as stored on that answer, the
+    batch was acknowledged, and lost with the primary should it die before the standby is back,
+    where "with no synchronous standby, commits wait. Nothing is acknowledged to the broker
+    meanwhile". It must wait as a commit does, until the standby has it."""
+    pool = await create_pool(sync_rep_dsn, min_size=1, max_size=2, command_timeout_s=1.0)
+    writer = _writer(pool)
+    db = await asyncpg.connect(sync_rep_dsn, server_settings={"synchronous_commit": "local"})
+    try:
+        storing = asyncio.create_task(
+            writer.store_with_retry(writer.decoder.classify(_a_letter_and_a_sample()))
+        )
+
+        def retried_or_done() -> bool:
+            retries = writer.metrics.registry.get_sample_value("gateway_db_retries_total")
+            return storing.done() or (retries or 0) >= 2
+
+        await wait_until(retried_or_done, timeout=30, message="the batch's commit asked about")
+        assert not storing.done(), "acknowledged though the standby does not have it"
+        # The standby back (here: none required any more): the waiting commits return.
+        await db.execute("ALTER SYSTEM SET synchronous_standby_names = ''")
+        await db.execute("SELECT pg_reload_conf()")
+        async with asyncio.timeout(30):
+            result = await storing
+        assert [tuple(r) for r in await db.fetch(LETTERS)] == [("MALFORMED", 1)]
+        assert await db.fetchval("SELECT count(*) FROM telemetry") == 1
+        assert result.stored == 1
+        assert _answers(writer, "committed") == 1
+    finally:
+        await db.close()
+        await pool.close()
+
+
+async def test_a_server_crash_restarted_since_the_batch_is_not_asked(
+    sync_rep_dsn: str,
+) -> None:
+    """A backend killed (the OOM killer) makes PostgreSQL restart every process but the
+    postmaster: the WAL not flushed then is lost and its transaction ids are given out again,
+    so a lost COMMIT's id may now be another transaction's, 'committed'. The postmaster's
+    start time does not change; the statement returns the last crash-restart's too, and a
+    server crash-restarted since the batch is not asked (the batch is stored again)."""
+    local = {"synchronous_commit": "local"}
+    conn = await asyncpg.connect(sync_rep_dsn, server_settings=local)
+    victim = await asyncpg.connect(sync_rep_dsn, server_settings=local)
+    try:
+        async with conn.transaction():
+            _, _, xact = await ingest_repo.insert_telemetry_at(conn, [], "node-a", ["dev-crash"])
+        assert xact is not None
+        assert await ingest_repo.xact_status(conn, xact) == (True, "committed")
+        postmaster = await conn.fetchval("SELECT pg_postmaster_start_time()")
+        # Every process of the server restarts; the postmaster lives on.
+        os.kill(await victim.fetchval("SELECT pg_backend_pid()"), signal.SIGKILL)
+    finally:
+        victim.terminate()
+        conn.terminate()
+
+    async def restarted() -> bool:
+        try:
+            again = await asyncpg.connect(sync_rep_dsn, server_settings=local, timeout=2)
+        except (OSError, asyncpg.PostgresError):
+            return False
+        try:
+            reset = await again.fetchval("SELECT pg_stat_get_bgwriter_stat_reset_time()")
+            return bool(reset > xact.server_started)
+        finally:
+            await again.close()
+
+    await wait_until(restarted, timeout=60, message="the server crash-restarted")
+    conn = await asyncpg.connect(sync_rep_dsn, server_settings=local)
+    try:
+        assert await conn.fetchval("SELECT pg_postmaster_start_time()") == postmaster
+        assert await ingest_repo.xact_status(conn, xact) == (False, None)
+    finally:
+        await conn.close()

@@ -840,3 +840,123 @@ async def test_a_shelf_ended_and_at_once_renewed_owes_no_repeat(
             assert [n["alarm_id"] for n in repeat["body"]["notifications"]] == [b]
             await wait_until(lambda: _window_status(db, repeat["id"], "SENT"), message="sent")
         assert [len(r.json["notifications"]) for r in server.on("/hook")] == [2, 1]
+
+
+@pytest.mark.parametrize("then", ["repeat", "shelf_end"])
+async def test_a_held_window_emptied_at_its_wake_leaves_the_groups_repeats_going(
+    db_dsn: str, db: asyncpg.Connection, then: str
+) -> None:
+    """A night's held window (alarm a) went out; the next night holds alarm b in the group's
+    next held window, and b is shelved before its wake: the wake empties that window
+    (SUPPRESSED, never sent). a is still open: the group repeats it as ever, repeat_interval_s
+    on ("repeat"), or, a shelved since and its shelf lifted, group_interval_s on
+    ("shelf_end"). The emptied window is not a send the repeats wait for forever."""
+    quiet = _quiet_now()
+    async with webhook_server() as server:
+        config = _config(
+            server.url(""), ONLY_GROUPED.replace("group_wait_s = 60", "group_wait_s = 0")
+        )
+        async with _two_nodes(db_dsn, config) as nodes:
+            for node in nodes:
+                node.consumer.quiet = quiet
+            a = await _raise(db, "care-0", "hot", 0)
+            await _consume_together(nodes)
+            [first] = await _windows(db)
+            await _make_due(db, first["id"])
+            assert (await _timers(nodes[0], "n1").run_once()).woken == [a]
+            await wait_until(lambda: _window_status(db, first["id"], "SENT"), message="sent")
+            shelf = await _shelve(db, "alarm", a) if then == "shelf_end" else None
+            b = await _raise(db, "care-1", "hot", 1)
+            await _consume_together(nodes)
+            [_, night] = await _windows(db)
+            assert night["body"]["group_key"] == first["body"]["group_key"]
+            assert [x["alarm_id"] for x in night["body"]["notifications"]] == [b]
+            await _shelve(db, "alarm", b)
+            await _make_due(db, night["id"])
+            reports = await asyncio.gather(*(_timers(n, f"n{k}").run_once()
+                                             for k, n in enumerate(nodes, 1)))  # fmt: skip
+            assert sorted(w for r in reports for w in r.woken) == [b]
+            assert await _window_status(db, night["id"], "SUPPRESSED")
+            if shelf is None:
+                await _sent_long_ago(db, first["id"])
+                await _sent_long_ago(db, night["id"])
+            else:
+                async with db.transaction():
+                    await lift(db, shelf["id"], actor="op", node_id="n0", request_id=None)
+                await _interval_passed(db)
+            await _consume_together(nodes)
+            windows = await _windows(db)
+            assert len(windows) == 3, "a, still open, is never repeated"
+            repeat = windows[-1]
+            assert repeat["body"]["repeat"] is True
+            assert [x["alarm_id"] for x in repeat["body"]["notifications"]] == [a]
+            await wait_until(lambda: _window_status(db, repeat["id"], "SENT"), message="sent")
+        assert [_listed(server, k) for k in range(len(server.on("/hook")))] == [[a], [a]]
+
+
+async def test_a_shelf_lifted_as_a_repeat_pass_begins_is_listed_by_that_repeat(
+    db_dsn: str, db: asyncpg.Connection
+) -> None:
+    """A repeat pass has begun on node one (its transaction open) when a person lifts the
+    shelf of alarm a and commits; the pass then finds the group due its repeat: the repeat
+    lists a, unshelved when it reads, as well as b. (It judged a at the time its transaction
+    began: still shelved, left out, and the repeat cleared what the lift owed the group, so a
+    was not told until the next repeat_interval_s.)"""
+    async with webhook_server() as server:
+        config = _config(server.url(""), ONLY_GROUPED)
+        async with _two_nodes(db_dsn, config) as nodes:
+            a, b = [await _raise(db, f"dev-{k}", "hot", k) for k in range(2)]
+            await _consume_together(nodes)
+            [first] = await _windows(db)
+            await _make_due(db, first["id"])
+            await wait_until(lambda: _window_status(db, first["id"], "SENT"), message="sent")
+            shelf = await _shelve(db, "alarm", a)
+            await _sent_long_ago(db, first["id"])
+            async with nodes[0].worker.pool.acquire() as held, held.transaction():
+                await held.fetchval("SELECT now()")  # node one's repeat pass has begun
+                async with db.transaction():
+                    await lift(db, shelf["id"], actor="op", node_id="n0", request_id=None)
+                assert await GroupWindows(held).repeat() == 1
+                await nodes[1].drain()  # the group is node one's: node two makes none
+            await _interval_passed(db)
+            await _consume_together(nodes)
+            repeats = [w for w in await _windows(db) if w["body"]["repeat"]]
+            listed = [[n["alarm_id"] for n in w["body"]["notifications"]] for w in repeats]
+            assert listed == [[a, b]]
+            await wait_until(lambda: _window_status(db, repeats[0]["id"], "SENT"), message="sent")
+        assert [_listed(server, k) for k in range(len(server.on("/hook")))] == [[a, b], [a, b]]
+
+
+async def test_a_shelf_lifted_before_its_held_window_goes_owes_the_group_no_repeat(
+    db_dsn: str, db: asyncpg.Connection
+) -> None:
+    """Quiet hours hold alarm b in the group's held window; b is shelved, and the shelf
+    lifted, before the wake (both nodes' timers race it): the window, sent at the wake, tells
+    b, for the first time. The lift owes the group no repeat: one group_interval_s later b
+    was told again."""
+    quiet = _quiet_now()
+    async with webhook_server() as server:
+        config = _config(
+            server.url(""), ONLY_GROUPED.replace("group_wait_s = 60", "group_wait_s = 0")
+        )
+        async with _two_nodes(db_dsn, config) as nodes:
+            for node in nodes:
+                node.consumer.quiet = quiet
+            b = await _raise(db, "care-1", "hot", 1)
+            await _consume_together(nodes)
+            [night] = await _windows(db)
+            shelf = await _shelve(db, "alarm", b)
+            async with db.transaction():
+                await lift(db, shelf["id"], actor="op", node_id="n0", request_id=None)
+            await _make_due(db, night["id"])
+            reports = await asyncio.gather(*(_timers(n, f"n{k}").run_once()
+                                             for k, n in enumerate(nodes, 1)))  # fmt: skip
+            assert sorted(w for r in reports for w in r.woken) == [b]
+            await wait_until(lambda: _window_status(db, night["id"], "SENT"), message="sent")
+            await _interval_passed(db)
+            await _consume_together(nodes)
+            listed = [
+                [n["alarm_id"] for n in w["body"]["notifications"]] for w in await _windows(db)
+            ]
+            assert listed == [[b]]
+        assert [_listed(server, k) for k in range(len(server.on("/hook")))] == [[b]]

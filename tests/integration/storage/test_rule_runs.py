@@ -469,3 +469,33 @@ async def test_a_held_batch_with_a_late_sample_is_judged_once_under_the_lock(
         ]
     finally:
         await conn.close()
+
+
+async def test_a_late_run_is_not_judged_with_a_sample_a_clock_dated_hours_ahead(
+    three: list[tuple[AlarmEngine, asyncpg.Connection]], db: asyncpg.Connection
+) -> None:
+    """No seq. The device's clock ran 8 hours ahead when it sent 95 (dated 8 hours on, judged
+    at its receipt); NTP set it, and it sent 70, 85, 85: node A counts two in a row. Node B
+    then commits a late 85 dated before the 70, a violation outside the pending run: its run
+    is judged from the stored samples. In device order, as the row judged them, nothing
+    reached three in a row (95 and the late 85, a clear, 85 and 85). Read by device time, the
+    95 dated ahead came after the last 85, a third in a row: a false alarm, raised late, and
+    the row left firing on a device whose newest sample is the second 85 of a pending run."""
+    now = await db.fetchval("SELECT now()")
+    (a, conn_a), (b, conn_b), _ = three
+
+    def sample(after: timedelta, temp: float) -> _Stored:
+        message = Telemetry(ts=now + after, metrics={"temp": temp})
+        return _Stored("dev", telemetry_event_id("dev", message), message)
+
+    await _commit(a, conn_a, [sample(timedelta(hours=8), HOT)])  # judged at its receipt
+    await _commit(a, conn_a, [sample(timedelta(seconds=2), COOL)])
+    await _commit(a, conn_a, [sample(timedelta(seconds=4), 85.0)])
+    await _commit(a, conn_a, [sample(timedelta(seconds=6), 85.0)])
+    await _commit(b, conn_b, [sample(timedelta(seconds=1), 85.0)])  # late, outside the run
+    assert await db.fetchval("SELECT count(*) FROM alarm") == 0, "raised with the 95 ahead"
+    state = await db.fetchrow(
+        "SELECT firing, pending_count FROM rule_state WHERE device_id = 'dev'"
+    )
+    assert state is not None
+    assert (state["firing"], state["pending_count"]) == (False, 2)

@@ -6,9 +6,13 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Final
 
+import pytest
+
 from gateway.config import parse_config
+from gateway.ingest import decoder as decoder_module
 from gateway.ingest.decoder import Inbound, MessageDecoder
 from gateway.ingest.live_path import message_decoder
 
@@ -116,3 +120,29 @@ def test_each_devices_presence_keeps_the_receipt_of_its_last_one_in_the_batch() 
     )
     assert batch.presence == {"dev-1": "online", "kitchen": "online", "dev-2": "offline"}
     assert batch.presence_received == {"dev-1": 11.0, "kitchen": 11.5}
+
+
+def test_a_reading_with_no_time_of_its_own_waited_out_a_long_outage_is_dated_at_receipt(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A zigbee2mqtt reading carries no time: it is dated when the node received it. One
+    that waited in the node's queue while PostgreSQL was away for over an hour (the writer
+    held, the queue full) used to be dated when it was decoded after the outage ("an age
+    outside the bounds is not on this clock"): hours late, and the device's readings held
+    together all dated within the same milliseconds. (The node's monotonic clock is moved on,
+    as on a machine up for longer than this test's may be.)"""
+    decoder = message_decoder(
+        parse_config('[[ingest.mappings]]\nname = "z2m"\nprofile = "zigbee2mqtt"\n')
+    )
+    shifted = SimpleNamespace(monotonic=lambda: time.monotonic() + 10_000.0, time=time.time)
+    monkeypatch.setattr(decoder_module, "time", shifted)
+    now = shifted.monotonic()
+    batch = decoder.classify(
+        [
+            Inbound("zigbee2mqtt/cellar", b'{"temperature": 4.5}', now - 3700.0),
+            Inbound("zigbee2mqtt/cellar", b'{"temperature": 4.6}', now - 3640.0),
+        ]
+    )
+    first, second = (row.ts_us / 1e6 for row in batch.telemetry)
+    assert abs(first - (time.time() - 3700.0)) < 5.0
+    assert second - first == pytest.approx(60.0, abs=0.01)
