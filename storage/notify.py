@@ -43,6 +43,7 @@ SET_WINDOW = _Q["set_window"]
 ADD_MEMBER = _Q["add_member"]
 REPEAT_DUE = _Q["repeat_due"]
 STOP_REPEATING = _Q["stop_repeating"]
+RETIME_GROUPS = _Q["retime_groups"]
 GROUP_OPEN_MEMBERS = _Q["group_open_members"]
 RESUME_GROUPS = _Q["resume_groups"]
 DROP_RESUME = _Q["drop_resume"]
@@ -437,6 +438,30 @@ async def repeat_due(conn: asyncpg.Connection, limit: int) -> list[asyncpg.Recor
 
 async def stop_repeating(conn: asyncpg.Connection, group_id: int) -> None:
     await conn.execute(STOP_REPEATING, group_id)
+
+
+@dataclass(frozen=True, slots=True)
+class RouteTimes:
+    """A grouping route's intervals for one of its receivers, as this node's configuration
+    has them (``position``: the route's place in ``[[notify.routes]]``)."""
+
+    position: int
+    receiver: str
+    repeat_s: float
+    interval_s: float
+
+
+async def retime_groups(conn: asyncpg.Connection, routes: Sequence[RouteTimes]) -> int:
+    """Every group's intervals made the configuration's (those no grouping route makes any
+    more repeat no more); the number of groups changed."""
+    status = await conn.execute(
+        RETIME_GROUPS,
+        [r.position for r in routes],
+        [r.receiver for r in routes],
+        [r.repeat_s for r in routes],
+        [r.interval_s for r in routes],
+    )
+    return int(status.split()[-1])
 
 
 async def group_open_members(conn: asyncpg.Connection, group_id: int) -> list[asyncpg.Record]:

@@ -101,6 +101,9 @@ class NotifyConsumer:
         self.on_created = on_created
         self.consumer = consumer
         self._ensured = False  # its notify_consumer row exists (made once per process)
+        # The rules whose intervals the stored groups were given (GroupWindows.retime): done
+        # once after the start and after each reload, which replaces ``rules``.
+        self._retimed: Notify | None = None
 
     async def run(self, stop: asyncio.Event) -> None:
         await drain_on_notify(
@@ -122,6 +125,12 @@ class NotifyConsumer:
             if not self._ensured:
                 await repo.ensure_consumer(conn, self.consumer)
                 self._ensured = True
+            rules = self.rules
+            if self._retimed is not rules:
+                retimed = await GroupWindows(conn).retime(rules.routes)
+                if retimed:
+                    log.info("notify_groups_retimed", groups=retimed)
+                self._retimed = rules
             if not types:  # one statement a pass: nothing is read
                 await repo.skip_horizon(conn, self.consumer)
                 return 0

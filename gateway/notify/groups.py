@@ -198,6 +198,26 @@ class GroupWindows:
             repeat=repeat,
         )
 
+    async def retime(self, routes: Sequence[Route]) -> int:
+        """The stored groups' intervals made those of ``routes`` (this node's configuration,
+        after its start or a reload): a group's repeats follow the route that made it as it
+        is now, and stop where that route no longer groups for its receiver (removed, its
+        repeats turned off, or the receiver taken off it). Without this a group kept the
+        intervals stored with its latest window, and a reload that removed its route went on
+        repeating its open alarms to the receiver. The number of groups changed."""
+        times = [
+            repo.RouteTimes(
+                position=route.index,
+                receiver=receiver,
+                repeat_s=route.grouping.repeat_s,
+                interval_s=route.grouping.interval_s,
+            )
+            for route in routes
+            if route.grouping is not None
+            for receiver in route.receivers
+        ]
+        return await repo.retime_groups(self.conn, times)
+
     async def repeat(self) -> int:
         """Repeat the groups due for it (see the module); the number of windows made. The
         intervals are the ones stored with the group's latest window."""

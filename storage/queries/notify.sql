@@ -241,6 +241,38 @@ UPDATE notify_group
 SET repeat_stopped = true, resume_at = NULL, resume_alarm_ids = NULL
 WHERE id = $1;
 
+-- name: retime_groups
+-- $1 route positions, $2 receivers, $3 repeat intervals, $4 group intervals (seconds): one
+-- element per (grouping route, receiver) of the configuration this node loaded. Each group
+-- takes the intervals of the route that made it (its key begins `routes[<position>]`) where
+-- that route still groups for the group's receiver; a group no such route makes (the route
+-- removed, no longer grouping, or no longer sending to the receiver) repeats no more
+-- (repeat_interval_s 0: repeat_due passes it over, and a shelf's end owes it nothing). A group
+-- takes the intervals of a route's new window anyway (set_window); this is for the groups
+-- whose alarms are still open, which may get none. Locked in id order, only those changed;
+-- the number changed.
+WITH routed AS (
+    SELECT * FROM unnest($1::int[], $2::text[], $3::float8[], $4::float8[])
+        AS r(position, receiver, repeat_s, interval_s)
+), changed AS (
+    SELECT g.id, coalesce(r.repeat_s, 0) AS repeat_s,
+           coalesce(r.interval_s, g.group_interval_s) AS interval_s
+    FROM notify_group g
+    LEFT JOIN routed r
+        ON r.receiver = g.receiver
+       AND r.position = substring(g.group_key FROM '^routes\[([0-9]+)\]')::int
+    WHERE g.repeat_interval_s <> coalesce(r.repeat_s, 0)
+       OR g.group_interval_s <> coalesce(r.interval_s, g.group_interval_s)
+    ORDER BY g.id
+    FOR UPDATE OF g
+)
+UPDATE notify_group g
+SET repeat_interval_s = c.repeat_s, group_interval_s = c.interval_s,
+    resume_at = CASE WHEN c.repeat_s = 0 THEN NULL ELSE g.resume_at END,
+    resume_alarm_ids = CASE WHEN c.repeat_s = 0 THEN NULL ELSE g.resume_alarm_ids END
+FROM changed c
+WHERE g.id = c.id;
+
 -- name: drop_resume
 -- $1 group id; the repeat a shelf's end owed it is owed no more (what it freed is closed, or
 -- shelved again).

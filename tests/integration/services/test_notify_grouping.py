@@ -960,3 +960,110 @@ async def test_a_shelf_lifted_before_its_held_window_goes_owes_the_group_no_repe
             ]
             assert listed == [[b]]
         assert [_listed(server, k) for k in range(len(server.on("/hook")))] == [[b]]
+
+
+def _reload(node: Node, config: Config) -> None:
+    """What a reload does to a node's notifications (gateway.runtime.components)."""
+    rules = config.notify_rules()
+    node.consumer.rules = rules
+    node.worker.rules = rules
+
+
+async def _one_window_sent(db: asyncpg.Connection, nodes: tuple[Node, Node]) -> dict[str, Any]:
+    """Two alarms raised, grouped into one window by both nodes, and the window sent."""
+    for k in range(2):
+        await _raise(db, f"dev-{k}", "hot", k)
+    await _consume_together(nodes)
+    [window] = await _windows(db)
+    await _make_due(db, window["id"])
+    await wait_until(lambda: _window_status(db, window["id"], "SENT"), message="sent")
+    return window
+
+
+# The grouping route to "hook" removed; another route groups (for another receiver).
+ELSEWHERE = """
+[[notify.routes]]
+events = ["alarm.created"]
+receivers = ["each"]
+continue = true
+
+[[notify.routes]]
+events = ["alarm.created"]
+receivers = ["each"]
+group_by = ["device"]
+repeat_interval_s = 3600
+"""
+
+
+@pytest.mark.parametrize(
+    ("reloaded", "both"),
+    [
+        (ELSEWHERE, True),  # the grouping route removed
+        (ONLY_GROUPED.replace("repeat_interval_s = 3600", "repeat_interval_s = 0"), True),
+        (ONLY_GROUPED.replace('receivers = ["hook"]', 'receivers = ["each"]'), True),
+        (ELSEWHERE, False),  # a rolling reload: one node has it, the other not yet
+    ],
+    ids=["removed", "repeats-off", "receiver-changed", "one-node-reloaded"],
+)
+async def test_a_reload_that_no_longer_groups_for_a_receiver_ends_its_groups_repeats(
+    db_dsn: str, db: asyncpg.Connection, reloaded: str, both: bool
+) -> None:
+    """A group repeats while its alarms are open, with the intervals its route had when its
+    latest window was made. A reload that removes the route (or turns its repeats off, or
+    sends it to another receiver) must end those repeats: an operator who took a receiver off
+    a route is not paged by it every repeat_interval_s until each alarm closes. The node
+    still on the old configuration does not bring them back."""
+    async with webhook_server() as server:
+        config = _config(server.url(""), ONLY_GROUPED)
+        async with _two_nodes(db_dsn, config) as nodes:
+            window = await _one_window_sent(db, nodes)
+            for node in nodes if both else nodes[1:]:
+                _reload(node, _config(server.url(""), reloaded))
+            await _sent_long_ago(db, window["id"])
+            # The reloaded node passes first (its reload's first pass), then both do: the
+            # node on the old configuration reads the group as the reload left it.
+            await nodes[1].drain()
+            await _consume_together(nodes)
+            assert len(await _windows(db)) == 1, "repeated after the reload"
+            assert await db.fetchval("SELECT repeat_interval_s FROM notify_group") == 0
+            # A shelf's end over one of its alarms owes such a group nothing either.
+            [alarm] = await db.fetch("SELECT id FROM alarm ORDER BY id LIMIT 1")
+            async with db.transaction():
+                shelf = await _shelve(db, "alarm", alarm["id"])
+            async with db.transaction():
+                await lift(db, shelf["id"], actor="op", node_id="n0", request_id=None)
+            await _interval_passed(db)
+            await _consume_together(nodes)
+            assert len(await _windows(db)) == 1
+        assert len(server.on("/hook")) == 1
+
+
+async def test_a_reload_that_changes_the_repeat_interval_repeats_at_the_new_one(
+    db_dsn: str, db: asyncpg.Connection
+) -> None:
+    """The route's repeat_interval_s lowered from an hour to ten minutes: the group sent
+    eleven minutes ago repeats at the next pass, not an hour after its send; and its next
+    repeat is ten minutes after this one."""
+    async with webhook_server() as server:
+        config = _config(server.url(""), ONLY_GROUPED)
+        async with _two_nodes(db_dsn, config) as nodes:
+            window = await _one_window_sent(db, nodes)
+            await db.execute(
+                "UPDATE notify_delivery SET finished_at = finished_at - interval '660 s' "
+                "WHERE id = $1",
+                window["id"],
+            )
+            await _consume_together(nodes)
+            assert len(await _windows(db)) == 1  # an hour has not passed
+            shorter = ONLY_GROUPED.replace("repeat_interval_s = 3600", "repeat_interval_s = 600")
+            for node in nodes:
+                _reload(node, _config(server.url(""), shorter))
+            await _consume_together(nodes)
+            [_, repeat] = await _windows(db)
+            assert repeat["body"]["repeat"] is True
+            assert repeat["body"]["count"] == 2
+            stored = "SELECT repeat_interval_s, group_interval_s FROM notify_group"
+            group = await db.fetchrow(stored)
+            assert tuple(group) == (600, 300)
+            await wait_until(lambda: _window_status(db, repeat["id"], "SENT"), message="sent")
+        assert len(server.on("/hook")) == 2
