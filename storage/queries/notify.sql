@@ -385,7 +385,19 @@ ORDER BY n.alarm_id, n.receiver;
 -- after the repeat pass began and committed before this statement is seen ended (or in force)
 -- here, so it is judged so; at the transaction's time a lifted alarm counted as shelved,
 -- the repeat left it out and, paying what the lift owed the group, cleared its debt.
-WITH m AS (
+-- An alarm the group's sibling (its held group, key `|held`, or the ordinary group of a held
+-- one: same receiver) carried a newer notification of is that group's to repeat, not this
+-- one's: an alarm raised in quiet hours (the held group) and escalated by day (the ordinary
+-- one) is listed once per interval, as it stands, not twice.
+WITH sibling AS (
+    SELECT s.id
+    FROM notify_group g
+    JOIN notify_group s
+      ON s.receiver = g.receiver
+     AND s.group_key = CASE WHEN g.group_key LIKE '%|held' THEN left(g.group_key, -5)
+                            ELSE g.group_key || '|held' END
+    WHERE g.id = $1
+), m AS (
     SELECT m.event_id, m.alarm_id, m.seq,
            min(m.seq) OVER per_alarm AS first_seq, max(m.seq) OVER per_alarm AS last_seq,
            coalesce(a.status IN ('NEW', 'PUSHED', 'DELAYED', 'CONFIRMED', 'ESCALATED'), false)
@@ -403,6 +415,9 @@ SELECT m.event_id, m.alarm_id, x.body::text AS body
 FROM m JOIN notify_group_member x ON x.group_id = $1 AND x.event_id = m.event_id
 WHERE m.open AND m.seq = m.last_seq
   AND alarm_shelved_until(m.alarm_id, m.device_id, m.rule_key, statement_timestamp()) IS NULL
+  AND NOT EXISTS (
+      SELECT 1 FROM notify_group_member o JOIN sibling ON sibling.id = o.group_id
+      WHERE o.alarm_id = m.alarm_id AND o.seq > m.seq)
 ORDER BY m.first_seq;
 
 -- name: delivery_alarms

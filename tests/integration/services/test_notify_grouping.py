@@ -1067,3 +1067,55 @@ async def test_a_reload_that_changes_the_repeat_interval_repeats_at_the_new_one(
             assert tuple(group) == (600, 300)
             await wait_until(lambda: _window_status(db, repeat["id"], "SENT"), message="sent")
         assert len(server.on("/hook")) == 2
+
+
+async def test_an_alarm_held_by_night_and_escalated_by_day_is_repeated_by_one_group(
+    db_dsn: str, db: asyncpg.Connection
+) -> None:
+    """Alarm a is raised in quiet hours: its creation goes in the group's held window, sent
+    at the wake. By day it is escalated: the escalation goes in the group's ordinary window.
+    Both groups carried it; the receiver is reminded of it once per interval, by the group
+    that carried its newest notification (the escalation, as the alarm stands), not by both.
+    The held group, left with nothing to repeat, stops. Two nodes' consumers."""
+    quiet = _quiet_now()
+    async with webhook_server() as server:
+        config = _config(
+            server.url(""), ESCALATING.replace("group_wait_s = 60", "group_wait_s = 0")
+        )
+        async with _two_nodes(db_dsn, config) as nodes:
+            for node in nodes:
+                node.consumer.quiet = quiet
+            a = await _raise(db, "care-0", "hot", 0)
+            await _consume_together(nodes)
+            [night] = await _windows(db)
+            assert night["body"]["group_key"] == "routes[0]{rule=hot}|held"
+            await _make_due(db, night["id"])
+            assert (await _timers(nodes[0], "n1").run_once()).woken == [a]
+            await wait_until(lambda: _window_status(db, night["id"], "SENT"), message="sent")
+            for node in nodes:  # by day
+                node.consumer.quiet = None
+            async with db.transaction():
+                await transition(db, a, Action.CONFIRM, actor="op", node_id="n0")
+                await transition(
+                    db, a, Action.ESCALATE, actor="system:escalation", node_id="n0",
+                    event_type=EventType.ALARM_ESCALATED,
+                )  # fmt: skip
+            await _consume_together(nodes)
+            [_, day] = await _windows(db)
+            assert day["body"]["group_key"] == "routes[0]{rule=hot}"
+            await _make_due(db, day["id"])
+            await wait_until(lambda: _window_status(db, day["id"], "SENT"), message="sent")
+            await _sent_long_ago(db, night["id"])
+            await _sent_long_ago(db, day["id"])
+            await _consume_together(nodes)
+            windows = await _windows(db)
+            assert len(windows) == 3, [w["body"]["group_key"] for w in windows[2:]]
+            repeat = windows[-1]
+            assert repeat["body"]["group_key"] == "routes[0]{rule=hot}"
+            assert [(n["alarm_id"], n["event"]) for n in repeat["body"]["notifications"]] == [
+                (a, "alarm.escalated")
+            ]
+            stopped = "SELECT repeat_stopped FROM notify_group WHERE group_key LIKE '%|held'"
+            assert await db.fetchval(stopped) is True
+            await wait_until(lambda: _window_status(db, repeat["id"], "SENT"), message="sent")
+        assert [_listed(server, k) for k in range(len(server.on("/hook")))] == [[a], [a], [a]]
