@@ -147,10 +147,11 @@ def test_strip_fence_only_strips_a_fence_around_everything() -> None:
     assert strip_fence("```json\n{}\n``` b") == "```json\n{}\n``` b"
 
 
-# What a summary field may hold: not blank, and no NUL (PostgreSQL text cannot hold one).
-_text = st.text(st.characters(exclude_characters="\x00"), min_size=1, max_size=50).filter(
-    lambda s: s.strip() != ""
-)
+# What a summary field may hold: not blank, no NUL and no lone surrogate (PostgreSQL text
+# cannot hold either; a Summary holding one is refused, gateway.domain.ai_task).
+_text = st.text(
+    st.characters(exclude_characters="\x00", exclude_categories=("Cs",)), min_size=1, max_size=50
+).filter(lambda s: s.strip() != "")
 _summaries = st.builds(
     Summary,
     summary=_text,
