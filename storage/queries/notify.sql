@@ -249,8 +249,10 @@ WHERE id = $1;
 -- removed, no longer grouping, or no longer sending to the receiver) repeats no more
 -- (repeat_interval_s 0: repeat_due passes it over, and a shelf's end owes it nothing). A group
 -- takes the intervals of a route's new window anyway (set_window); this is for the groups
--- whose alarms are still open, which may get none. Locked in id order, only those changed;
--- the number changed.
+-- whose alarms are still open, which may get none. Only those changed are locked, in the
+-- order every other locker takes groups (receiver, key; code-point order: the consumer's
+-- add, resume_groups): in id order it held a group a consumer adding to two groups waited
+-- for while it waited for the consumer's other one, a deadlock. The number changed.
 WITH routed AS (
     SELECT * FROM unnest($1::int[], $2::text[], $3::float8[], $4::float8[])
         AS r(position, receiver, repeat_s, interval_s)
@@ -263,7 +265,7 @@ WITH routed AS (
        AND r.position = substring(g.group_key FROM '^routes\[([0-9]+)\]')::int
     WHERE g.repeat_interval_s <> coalesce(r.repeat_s, 0)
        OR g.group_interval_s <> coalesce(r.interval_s, g.group_interval_s)
-    ORDER BY g.id
+    ORDER BY g.receiver COLLATE "C", g.group_key COLLATE "C"
     FOR UPDATE OF g
 )
 UPDATE notify_group g
