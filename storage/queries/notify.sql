@@ -390,7 +390,9 @@ ORDER BY n.alarm_id, n.receiver;
 -- An alarm the group's sibling (its held group, key `|held`, or the ordinary group of a held
 -- one: same receiver) carried a newer notification of is that group's to repeat, not this
 -- one's: an alarm raised in quiet hours (the held group) and escalated by day (the ordinary
--- one) is listed once per interval, as it stands, not twice.
+-- one) is listed once per interval, as it stands, not twice. Only a sibling that repeats:
+-- one whose repeats are off, or whose latest window FAILED (repeat_due passes it over until
+-- a new window), would remind nobody of the alarm.
 WITH sibling AS (
     SELECT s.id
     FROM notify_group g
@@ -398,7 +400,8 @@ WITH sibling AS (
       ON s.receiver = g.receiver
      AND s.group_key = CASE WHEN g.group_key LIKE '%|held' THEN left(g.group_key, -5)
                             ELSE g.group_key || '|held' END
-    WHERE g.id = $1
+    JOIN notify_delivery w ON w.id = s.window_delivery_id
+    WHERE g.id = $1 AND s.repeat_interval_s > 0 AND w.status <> 'FAILED'
 ), m AS (
     SELECT m.event_id, m.alarm_id, m.seq,
            min(m.seq) OVER per_alarm AS first_seq, max(m.seq) OVER per_alarm AS last_seq,

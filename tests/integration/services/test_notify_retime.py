@@ -7,13 +7,24 @@ import asyncio
 
 import asyncpg
 
+from gateway.alarms.lifecycle import transition
+from gateway.domain.alarm import Action
+from protocol.events import EventType
 from storage import notify as notify_repo
 from tests.integration.services.test_notify_grouping import (
+    ESCALATING,
     ONLY_GROUPED,
     _config,
+    _consume_together,
+    _make_due,
+    _quiet_now,
     _raise,
     _reload,
+    _sent_long_ago,
+    _timers,
     _two_nodes,
+    _window_status,
+    _windows,
 )
 from tests.support.receivers import webhook_server
 from tests.support.waiting import wait_until
@@ -59,3 +70,51 @@ async def test_a_reloads_retime_and_a_consumer_adding_to_two_groups_do_not_deadl
             await reloaded
             rows = await db.fetch("SELECT repeat_interval_s FROM notify_group")
             assert {r["repeat_interval_s"] for r in rows} == {600}
+
+
+async def test_an_alarm_whose_newest_notification_failed_in_the_sibling_is_still_repeated(
+    db_dsn: str, db: asyncpg.Connection
+) -> None:
+    """Alarm a is raised in quiet hours (its creation in the held window, sent at the wake)
+    and escalated by day (the ordinary window), but the receiver is down when the day's
+    window goes: it ends FAILED, and a group whose latest window failed repeats nothing. The
+    held group must not leave a out for the ordinary group's sake then: nobody would remind
+    the receiver of an open, escalated alarm (before the sibling rule the held group did)."""
+    quiet = _quiet_now()
+    # The night's window sent, the day's refused at every attempt (max_attempts = 5).
+    async with webhook_server(hook=lambda k, _r: 500 if 1 <= k <= 5 else 200) as server:
+        config = _config(
+            server.url(""), ESCALATING.replace("group_wait_s = 60", "group_wait_s = 0")
+        )
+        async with _two_nodes(db_dsn, config) as nodes:
+            for node in nodes:
+                node.consumer.quiet = quiet
+            a = await _raise(db, "care-0", "hot", 0)
+            await _consume_together(nodes)
+            [night] = await _windows(db)
+            assert night["body"]["group_key"] == "routes[0]{rule=hot}|held"
+            await _make_due(db, night["id"])
+            assert (await _timers(nodes[0], "n1").run_once()).woken == [a]
+            await wait_until(lambda: _window_status(db, night["id"], "SENT"), message="sent")
+            for node in nodes:  # by day
+                node.consumer.quiet = None
+            async with db.transaction():
+                await transition(db, a, Action.CONFIRM, actor="op", node_id="n0")
+                await transition(
+                    db, a, Action.ESCALATE, actor="system:escalation", node_id="n0",
+                    event_type=EventType.ALARM_ESCALATED,
+                )  # fmt: skip
+            await _consume_together(nodes)
+            [_, day] = await _windows(db)
+            assert day["body"]["group_key"] == "routes[0]{rule=hot}"
+            await _make_due(db, day["id"])
+            await wait_until(lambda: _window_status(db, day["id"], "FAILED"), message="failed")
+            await _sent_long_ago(db, night["id"])
+            await _consume_together(nodes)
+            windows = await _windows(db)
+            assert len(windows) == 3, "nobody repeats the open, escalated alarm"
+            repeat = windows[-1]
+            assert repeat["body"]["group_key"] == "routes[0]{rule=hot}|held"
+            assert [n["alarm_id"] for n in repeat["body"]["notifications"]] == [a]
+            await wait_until(lambda: _window_status(db, repeat["id"], "SENT"), message="sent")
+        assert len(server.on("/hook")) == 7
