@@ -43,6 +43,7 @@ SET_WINDOW = _Q["set_window"]
 ADD_MEMBER = _Q["add_member"]
 REPEAT_DUE = _Q["repeat_due"]
 STOP_REPEATING = _Q["stop_repeating"]
+GROUPS_TO_RETIME = _Q["groups_to_retime"]
 RETIME_GROUPS = _Q["retime_groups"]
 GROUP_OPEN_MEMBERS = _Q["group_open_members"]
 RESUME_GROUPS = _Q["resume_groups"]
@@ -404,7 +405,10 @@ async def set_window(
     repeat_interval_s: float,
     group_interval_s: float,
     repeat: bool,
+    route_identity: str | None = None,
 ) -> None:
+    """``route_identity``: the route that made the window (None: a repeat, the group's
+    stays)."""
     await conn.execute(
         SET_WINDOW,
         group_id,
@@ -414,6 +418,7 @@ async def set_window(
         repeat_interval_s,
         group_interval_s,
         repeat,
+        route_identity,
     )
 
 
@@ -440,26 +445,28 @@ async def stop_repeating(conn: asyncpg.Connection, group_id: int) -> None:
     await conn.execute(STOP_REPEATING, group_id)
 
 
-@dataclass(frozen=True, slots=True)
-class RouteTimes:
-    """A grouping route's intervals for one of its receivers, as this node's configuration
-    has them (``position``: the route's place in ``[[notify.routes]]``)."""
+async def groups_to_retime(conn: asyncpg.Connection) -> list[asyncpg.Record]:
+    """Every group: id, receiver, group_key, labels (JSON text), route_identity,
+    repeat_interval_s, group_interval_s."""
+    return list(await conn.fetch(GROUPS_TO_RETIME))
 
-    position: int
-    receiver: str
+
+@dataclass(frozen=True, slots=True)
+class GroupTimes:
+    """The intervals a reload gives a stored group (0 repeats: it repeats no more)."""
+
+    group_id: int
     repeat_s: float
     interval_s: float
 
 
-async def retime_groups(conn: asyncpg.Connection, routes: Sequence[RouteTimes]) -> int:
-    """Every group's intervals made the configuration's (those no grouping route makes any
-    more repeat no more); the number of groups changed."""
+async def retime_groups(conn: asyncpg.Connection, times: Sequence[GroupTimes]) -> int:
+    """The groups given their intervals (those that differ); the number changed."""
     status = await conn.execute(
         RETIME_GROUPS,
-        [r.position for r in routes],
-        [r.receiver for r in routes],
-        [r.repeat_s for r in routes],
-        [r.interval_s for r in routes],
+        [t.group_id for t in times],
+        [t.repeat_s for t in times],
+        [t.interval_s for t in times],
     )
     return int(status.split()[-1])
 

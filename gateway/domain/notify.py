@@ -181,6 +181,10 @@ class Route:
     continue_: bool
     index: int = 0
     grouping: Grouping | None = None
+    # What the route matches and how it groups, not its place, receivers or intervals
+    # (route_identity): a reload that moves it in the list leaves it the same route to the
+    # groups it made, and one removed is no other route's.
+    identity: str = ""
 
     def matches(self, facts: Facts) -> bool:
         return (self.events is None or facts.event in self.events) and self.matchers.matches(facts)
@@ -239,6 +243,72 @@ def first_silence(silences: Sequence[Silence], facts: Facts, at: datetime) -> Si
 # --- compiling ---------------------------------------------------------------------------------
 
 
+_GROUP_ROUTE_RE: Final = re.compile(r"routes\[([0-9]+)\]")
+
+
+def _labels_fit(matchers: Matchers, labels: Mapping[str, str]) -> bool:
+    """Whether a group's labels (its values of ``group_by``) are ones the matchers accept; a
+    label the group lacks (or leaves empty) accepts anything."""
+    rule, device, severity = labels.get("rule"), labels.get("device"), labels.get("severity")
+    if rule and matchers.rules is not None and rule not in matchers.rules:
+        return False
+    if device and matchers.devices is not None and not matchers.devices.matches(device):
+        return False
+    return not (
+        severity and matchers.severities is not None and severity not in matchers.severities
+    )
+
+
+def route_of_group(
+    routes: Sequence[Route],
+    *,
+    receiver: str,
+    group_key: str,
+    labels: Mapping[str, str],
+    identity: str | None,
+) -> Route | None:
+    """The route a stored group repeats for now (docs/notifications.md, "A reload re-times
+    the groups"), among the grouping routes that list its receiver: the first of its
+    ``identity`` (what the route matches and how it groups, wherever it stands now); else
+    the route at the place the group's key begins with (``routes[N]``, the place it had),
+    provided the group's labels are ones that route accepts (a route edited in place, or a
+    group made before identities were stored); else none (the route removed, or another in
+    its place, or the receiver taken off it): the group repeats no more."""
+    grouping = [r for r in routes if r.grouping is not None and receiver in r.receivers]
+    if identity:
+        for route in grouping:
+            if route.identity == identity:
+                return route
+    placed = _GROUP_ROUTE_RE.match(group_key)
+    if placed is None:
+        return None
+    position = int(placed.group(1))
+    for route in grouping:
+        if route.index == position and _labels_fit(route.matchers, labels):
+            return route
+    return None
+
+
+def route_identity(route: RouteConfig) -> str:
+    """What a route matches and how it groups, as a short digest: its events, rules,
+    devices, severities and group_by (each list as a set, but group_by, whose order makes the
+    group's key). Its receivers, ``continue`` and intervals are not part of it."""
+
+    def each(values: str | list[str] | None) -> list[str] | None:
+        if values is None:
+            return None
+        return sorted({values} if isinstance(values, str) else set(values))
+
+    what = [
+        each(route.events),
+        each(route.rules),
+        each(route.devices),
+        each(route.severities),
+        route.group_by,
+    ]
+    return hashlib.sha256(msgspec.json.encode(what)).hexdigest()[:32]
+
+
 def compile_notify(config: NotifyConfig, path: str = "notify") -> Notify:
     """Validate the section; a `ConfigError` names the offending key."""
     if config.backoff_min_s > config.backoff_max_s:
@@ -282,6 +352,7 @@ def compile_notify(config: NotifyConfig, path: str = "notify") -> Notify:
                 receivers=tuple(dict.fromkeys(route.receivers)),
                 continue_=route.continue_,
                 index=index,
+                identity=route_identity(route),
                 grouping=compile_grouping(
                     group_by=route.group_by,
                     wait_s=route.group_wait_s,

@@ -44,7 +44,7 @@ from typing import Any, Final
 import asyncpg
 import msgspec
 
-from gateway.domain.notify import Route
+from gateway.domain.notify import Route, route_of_group
 from gateway.domain.notify_match import Facts
 from gateway.domain.notify_policy import Sites
 from protocol.notifications import GroupedNotification
@@ -134,6 +134,7 @@ class GroupWindows:
             repeat_s=grouping.repeat_s,
             interval_s=grouping.interval_s,
             repeat=False,
+            route_identity=item.route.identity,
         )
         return True
 
@@ -152,6 +153,7 @@ class GroupWindows:
         repeat_s: float,
         interval_s: float,
         repeat: bool,
+        route_identity: str | None = None,
     ) -> None:
         event_id = window_event_id(group_id, receiver, key, window)
         body = GroupedNotification(
@@ -196,27 +198,33 @@ class GroupWindows:
             repeat_interval_s=repeat_s,
             group_interval_s=interval_s,
             repeat=repeat,
+            route_identity=route_identity,
         )
 
     async def retime(self, routes: Sequence[Route]) -> int:
         """The stored groups' intervals made those of ``routes`` (this node's configuration,
-        after its start or a reload): a group's repeats follow the route that made it as it
-        is now, and stop where that route no longer groups for its receiver (removed, its
-        repeats turned off, or the receiver taken off it). Without this a group kept the
-        intervals stored with its latest window, and a reload that removed its route went on
-        repeating its open alarms to the receiver. The number of groups changed."""
-        times = [
-            repo.RouteTimes(
-                position=route.index,
-                receiver=receiver,
-                repeat_s=route.grouping.repeat_s,
-                interval_s=route.grouping.interval_s,
+        after its start or a reload): a group's repeats follow the route it repeats for now
+        (``route_of_group``: by its identity wherever it stands, else in its place if it
+        accepts the group's labels), and stop where no grouping route makes it any more for
+        its receiver (removed, its repeats turned off, or the receiver taken off it).
+        Without this a group kept the intervals stored with its latest window, and a reload
+        that removed its route went on repeating its open alarms to the receiver. The number
+        of groups changed."""
+        times = []
+        for group in await repo.groups_to_retime(self.conn):
+            route = route_of_group(
+                routes,
+                receiver=group["receiver"],
+                group_key=group["group_key"],
+                labels=msgspec.json.decode(group["labels"]),
+                identity=group["route_identity"],
             )
-            for route in routes
-            if route.grouping is not None
-            for receiver in route.receivers
-        ]
-        return await repo.retime_groups(self.conn, times)
+            grouping = None if route is None else route.grouping
+            repeat_s = 0.0 if grouping is None else grouping.repeat_s
+            interval_s = group["group_interval_s"] if grouping is None else grouping.interval_s
+            if (repeat_s, interval_s) != (group["repeat_interval_s"], group["group_interval_s"]):
+                times.append(repo.GroupTimes(group["id"], repeat_s, interval_s))
+        return await repo.retime_groups(self.conn, times) if times else 0
 
     async def repeat(self) -> int:
         """Repeat the groups due for it (see the module); the number of windows made. The

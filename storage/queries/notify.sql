@@ -182,11 +182,13 @@ RETURNING id;
 
 -- name: set_window
 -- $1 group id, $2 window count, $3 window delivery id, $4 due at, $5 repeat interval s,
--- $6 group interval s, $7 a repeat (which pays what a shelf's end owed the group). A new
--- window starts a stopped group's repeats again.
+-- $6 group interval s, $7 a repeat (which pays what a shelf's end owed the group), $8 the
+-- identity of the route that made the window (null or empty: a repeat, which keeps the
+-- group's). A new window starts a stopped group's repeats again.
 UPDATE notify_group
 SET windows = $2, window_delivery_id = $3, window_due_at = $4, repeat_interval_s = $5,
     group_interval_s = $6, repeat_stopped = false,
+    route_identity = coalesce(nullif($8::text, ''), route_identity),
     resume_at = CASE WHEN $7 THEN NULL ELSE resume_at END,
     resume_alarm_ids = CASE WHEN $7 THEN NULL ELSE resume_alarm_ids END
 WHERE id = $1;
@@ -241,30 +243,29 @@ UPDATE notify_group
 SET repeat_stopped = true, resume_at = NULL, resume_alarm_ids = NULL
 WHERE id = $1;
 
+-- name: groups_to_retime
+-- no parameters; every group, with what a reload re-times it by (gateway.domain.notify's
+-- route_of_group): its receiver, key, labels and route identity, and its intervals now.
+SELECT id, receiver, group_key, labels::text AS labels, route_identity, repeat_interval_s,
+       group_interval_s
+FROM notify_group;
+
 -- name: retime_groups
--- $1 route positions, $2 receivers, $3 repeat intervals, $4 group intervals (seconds): one
--- element per (grouping route, receiver) of the configuration this node loaded. Each group
--- takes the intervals of the route that made it (its key begins `routes[<position>]`) where
--- that route still groups for the group's receiver; a group no such route makes (the route
--- removed, no longer grouping, or no longer sending to the receiver) repeats no more
--- (repeat_interval_s 0: repeat_due passes it over, and a shelf's end owes it nothing). A group
--- takes the intervals of a route's new window anyway (set_window); this is for the groups
--- whose alarms are still open, which may get none. Only those changed are locked, in the
--- order every other locker takes groups (receiver, key; code-point order: the consumer's
--- add, resume_groups): in id order it held a group a consumer adding to two groups waited
--- for while it waited for the consumer's other one, a deadlock. The number changed.
-WITH routed AS (
-    SELECT * FROM unnest($1::int[], $2::text[], $3::float8[], $4::float8[])
-        AS r(position, receiver, repeat_s, interval_s)
+-- $1 group ids, $2 repeat intervals, $3 group intervals (seconds): the intervals a reload
+-- gives the stored groups, those of the route each repeats for now (route_of_group; 0, and
+-- no shelf's end owed, for a group no grouping route makes any more for its receiver:
+-- repeat_due passes it over). A group takes the intervals of a route's new window anyway
+-- (set_window); this is for the groups whose alarms are still open, which may get none.
+-- Only those changed are locked, in the order every other locker takes groups (receiver,
+-- key; code-point order: the consumer's add, resume_groups): in id order it held a group a
+-- consumer adding to two groups waited for while it waited for the consumer's other one, a
+-- deadlock. The number changed.
+WITH given AS (
+    SELECT * FROM unnest($1::bigint[], $2::float8[], $3::float8[]) AS x(id, repeat_s, interval_s)
 ), changed AS (
-    SELECT g.id, coalesce(r.repeat_s, 0) AS repeat_s,
-           coalesce(r.interval_s, g.group_interval_s) AS interval_s
-    FROM notify_group g
-    LEFT JOIN routed r
-        ON r.receiver = g.receiver
-       AND r.position = substring(g.group_key FROM '^routes\[([0-9]+)\]')::int
-    WHERE g.repeat_interval_s <> coalesce(r.repeat_s, 0)
-       OR g.group_interval_s <> coalesce(r.interval_s, g.group_interval_s)
+    SELECT g.id, x.repeat_s, x.interval_s
+    FROM notify_group g JOIN given x ON x.id = g.id
+    WHERE g.repeat_interval_s <> x.repeat_s OR g.group_interval_s <> x.interval_s
     ORDER BY g.receiver COLLATE "C", g.group_key COLLATE "C"
     FOR UPDATE OF g
 )
@@ -387,21 +388,21 @@ ORDER BY n.alarm_id, n.receiver;
 -- after the repeat pass began and committed before this statement is seen ended (or in force)
 -- here, so it is judged so; at the transaction's time a lifted alarm counted as shelved,
 -- the repeat left it out and, paying what the lift owed the group, cleared its debt.
--- An alarm the group's sibling (its held group, key `|held`, or the ordinary group of a held
--- one: same receiver) carried a newer notification of is that group's to repeat, not this
--- one's: an alarm raised in quiet hours (the held group) and escalated by day (the ordinary
--- one) is listed once per interval, as it stands, not twice. Only a sibling that repeats:
--- one whose repeats are off, or whose latest window FAILED (repeat_due passes it over until
--- a new window), would remind nobody of the alarm.
-WITH sibling AS (
-    SELECT s.id
-    FROM notify_group g
-    JOIN notify_group s
-      ON s.receiver = g.receiver
-     AND s.group_key = CASE WHEN g.group_key LIKE '%|held' THEN left(g.group_key, -5)
-                            ELSE g.group_key || '|held' END
-    JOIN notify_delivery w ON w.id = s.window_delivery_id
-    WHERE g.id = $1 AND s.repeat_interval_s > 0 AND w.status <> 'FAILED'
+-- An alarm a sibling of the group carried a newer notification of is that group's to repeat,
+-- not this one's: a sibling is another group of the receiver made by the same route (its
+-- route_identity: the held group, key `|held`, of an ordinary one and the other way round,
+-- or the group of a key the route's new place in the list made), or, for a group with no
+-- identity (made before migration 0047), its held or ordinary group by key. An alarm raised in
+-- quiet hours (the held group) and escalated by day (the ordinary one) is listed once per
+-- interval, as it stands, not twice. Only a sibling that repeats: one whose repeats are off,
+-- or whose latest window FAILED (repeat_due passes it over until a new window), would remind
+-- nobody of the alarm. Read from the alarm's own member rows (notify_group_member_alarm_idx),
+-- never from the receiver's groups, which grouping by device makes many.
+WITH me AS (
+    SELECT g.receiver, g.route_identity,
+           CASE WHEN g.group_key LIKE '%|held' THEN left(g.group_key, -5)
+                ELSE g.group_key || '|held' END AS sibling_key
+    FROM notify_group g WHERE g.id = $1
 ), m AS (
     SELECT m.event_id, m.alarm_id, m.seq,
            min(m.seq) OVER per_alarm AS first_seq, max(m.seq) OVER per_alarm AS last_seq,
@@ -421,8 +422,14 @@ FROM m JOIN notify_group_member x ON x.group_id = $1 AND x.event_id = m.event_id
 WHERE m.open AND m.seq = m.last_seq
   AND alarm_shelved_until(m.alarm_id, m.device_id, m.rule_key, statement_timestamp()) IS NULL
   AND NOT EXISTS (
-      SELECT 1 FROM notify_group_member o JOIN sibling ON sibling.id = o.group_id
-      WHERE o.alarm_id = m.alarm_id AND o.seq > m.seq)
+      SELECT 1
+      FROM me, notify_group_member o
+      JOIN notify_group s ON s.id = o.group_id
+      JOIN notify_delivery w ON w.id = s.window_delivery_id
+      WHERE o.alarm_id = m.alarm_id AND o.seq > m.seq AND o.group_id <> $1
+        AND s.receiver = me.receiver
+        AND (s.route_identity = me.route_identity OR s.group_key = me.sibling_key)
+        AND s.repeat_interval_s > 0 AND w.status <> 'FAILED')
 ORDER BY m.first_seq;
 
 -- name: delivery_alarms

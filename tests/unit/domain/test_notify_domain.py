@@ -17,6 +17,7 @@ from gateway.domain.notify import (
     compile_notify,
     first_silence,
     notification_of,
+    route_of_group,
     signature,
     silence_from_row,
     verify_signature,
@@ -317,3 +318,62 @@ def test_the_consumer_reads_the_outbox_types_behind_the_routed_events(
     routes: str, types: set[str]
 ) -> None:
     assert compile_notify(_notify(routes)).outbox_types() == types
+
+
+_HOT = """
+[[notify.routes]]
+rules = ["hot"]
+devices = "care-*"
+receivers = ["a"]
+group_by = ["rule", "device"]
+repeat_interval_s = 3600
+"""
+_COLD = _HOT.replace('rules = ["hot"]', 'rules = ["cold"]')
+_PLAIN = '\n[[notify.routes]]\nreceivers = ["a", "b"]\n'
+
+
+def _group_route(routes: str, **group: object) -> int | None:
+    compiled = compile_notify(_notify(routes)).routes
+    defaults: dict[str, object] = {
+        "receiver": "a",
+        "group_key": "routes[0]{rule=hot,device=care-1}",
+        "labels": {"rule": "hot", "device": "care-1"},
+        "identity": None,
+    }
+    found = route_of_group(compiled, **{**defaults, **group})  # type: ignore[arg-type]
+    return None if found is None else found.index
+
+
+def test_a_stored_group_repeats_for_the_route_of_its_identity_else_the_one_in_its_place() -> None:
+    hot = compile_notify(_notify(_HOT)).routes[0].identity
+    # The same route moved behind another: found by its identity, wherever it stands.
+    assert _group_route(_COLD + _HOT, identity=hot) == 1
+    assert _group_route(_COLD + _HOT, identity=hot, group_key="routes[0]{…}|held") == 1
+    # Another route in its place, which does not accept the group's labels: none.
+    assert _group_route(_COLD, identity=hot) is None
+    assert _group_route(_HOT.replace('"care-*"', '"plant-*"'), identity=hot) is None
+    # The route edited in place (another identity), still accepting them; a group made
+    # before identities were stored, in its place.
+    assert _group_route(_HOT.replace('["hot"]', '["hot", "warm"]'), identity=hot) == 0
+    assert _group_route(_HOT) == 0
+    # Not for this receiver, not grouping, or a key of no route: none.
+    assert _group_route(_HOT, receiver="b", identity=hot) is None
+    assert _group_route(_PLAIN + _HOT, identity="elsewhere") is None
+    assert _group_route(_HOT, group_key="legacy") is None
+    # Routes equal in what they match: the first.
+    assert _group_route(_HOT + _HOT, identity=hot) == 0
+
+
+def test_a_routes_identity_is_what_it_matches_and_how_it_groups() -> None:
+    def identity(route: str) -> str:
+        return compile_notify(_notify(route)).routes[0].identity
+
+    same = [
+        _HOT.replace("repeat_interval_s = 3600", "repeat_interval_s = 600"),
+        _HOT.replace('receivers = ["a"]', 'receivers = ["a", "b"]'),
+        _HOT.replace('rules = ["hot"]', 'rules = ["hot", "hot"]'),
+        _HOT + "continue = true\n",
+    ]
+    assert {identity(r) for r in same} == {identity(_HOT)}
+    other = [_COLD, _HOT.replace('group_by = ["rule", "device"]', 'group_by = ["device", "rule"]')]
+    assert identity(_HOT) not in {identity(r) for r in other}

@@ -1,0 +1,14 @@
+-- Which route made a group (docs/notifications.md, "A reload re-times the groups").
+--
+-- A group's key begins with its route's place in [[notify.routes]] (`routes[N]`), which a
+-- reload that removes or inserts a route ahead of it changes: a group of a removed route was
+-- taken for the group of the route that moved into its place, and went on repeating its
+-- alarms to the receiver. route_identity says what the route matches and how it groups (its
+-- events, rules, devices, severities and group_by, not its place, receivers or intervals),
+-- as the configuration that made the group's latest window had it: a reload re-times a group
+-- by the route of that identity for its receiver wherever it stands (else by the one in its
+-- key's place, if that route accepts the group's labels: a route edited in place), and a
+-- group's repeats defer an alarm to the group of the same route that carried a newer
+-- notification of it. NULL for a group whose latest window was made before this migration:
+-- such a group is known by its key's place, as one of an edited route, until its next window.
+ALTER TABLE notify_group ADD COLUMN route_identity text;

@@ -1,0 +1,165 @@
+"""A route's groups are known by what the route is (its identity), not its place in the list:
+a route removed from the head of the list hands its groups to nobody, and a route moved keeps
+its own."""
+
+from __future__ import annotations
+
+import asyncpg
+import pytest
+
+from gateway.alarms.lifecycle import transition
+from gateway.domain.alarm import Action
+from protocol.events import EventType
+from tests.integration.services.test_notify_grouping import (
+    _config,
+    _consume_together,
+    _make_due,
+    _one_window_sent,
+    _reload,
+    _sent_long_ago,
+    _two_nodes,
+    _window_status,
+    _windows,
+)
+from tests.support.receivers import webhook_server
+from tests.support.waiting import wait_until
+
+HOT_THEN_COLD = """
+[[notify.routes]]
+events = ["alarm.created"]
+rules = ["hot"]
+receivers = ["hook"]
+group_by = ["rule"]
+group_wait_s = 60
+group_interval_s = 300
+repeat_interval_s = 3600
+
+[[notify.routes]]
+events = ["alarm.created"]
+rules = ["cold"]
+receivers = ["hook"]
+group_by = ["rule"]
+group_wait_s = 60
+group_interval_s = 300
+repeat_interval_s = 3600
+"""
+
+ONLY_COLD = "\n[[notify.routes]]" + HOT_THEN_COLD.split("[[notify.routes]]")[2]
+
+
+async def test_removing_the_first_route_ends_its_groups_repeats(
+    db_dsn: str, db: asyncpg.Connection
+) -> None:
+    """The operator removes the route sending "hot" alarms to hook; the "cold" route moves
+    to its place. No route sends hot alarms to hook any more: their group must stop
+    repeating, as when the route is removed from the end of the list."""
+    async with (
+        webhook_server() as server,
+        _two_nodes(db_dsn, _config(server.url(""), HOT_THEN_COLD)) as nodes,
+    ):
+        window = await _one_window_sent(db, nodes)
+        assert window["body"]["group_key"] == "routes[0]{rule=hot}"
+        for node in nodes:
+            _reload(node, _config(server.url(""), ONLY_COLD))
+        await _sent_long_ago(db, window["id"])
+        await _consume_together(nodes)
+        assert len(await _windows(db)) == 1, "the removed route's group repeated"
+
+
+HOT = """
+[[notify.routes]]
+events = ["alarm.created", "alarm.escalated"]
+rules = ["hot"]
+receivers = ["hook"]
+group_by = ["rule"]
+group_wait_s = 60
+group_interval_s = 300
+repeat_interval_s = 3600
+"""
+
+# A route inserted ahead of HOT, which moves to place 1 and repeats every ten minutes now.
+COLD_THEN_HOT = HOT_THEN_COLD.split("[[notify.routes]]")[2].join(
+    ["\n[[notify.routes]]", ""]
+) + HOT.replace("repeat_interval_s = 3600", "repeat_interval_s = 600")
+
+
+async def test_a_route_moved_in_the_list_keeps_its_groups_and_reminds_once(
+    db_dsn: str, db: asyncpg.Connection
+) -> None:
+    """A reload inserts a route ahead of the one that made a group and shortens its repeats:
+    the group is still that route's (its intervals follow it). The alarm's escalation after
+    the reload goes to the group of the route's new place; the receiver is reminded of the
+    alarm once per interval, by that group (the newest notification), not by both."""
+    async with (
+        webhook_server() as server,
+        _two_nodes(db_dsn, _config(server.url(""), HOT)) as nodes,
+    ):
+        first = await _one_window_sent(db, nodes)
+        assert first["body"]["group_key"] == "routes[0]{rule=hot}"
+        for node in nodes:
+            _reload(node, _config(server.url(""), COLD_THEN_HOT))
+        await _consume_together(nodes)
+        intervals = "SELECT repeat_interval_s FROM notify_group WHERE group_key = $1"
+        assert await db.fetchval(intervals, "routes[0]{rule=hot}") == 600
+        [a, *_] = [r["id"] for r in await db.fetch("SELECT id FROM alarm ORDER BY id")]
+        async with db.transaction():
+            await transition(db, a, Action.CONFIRM, actor="op", node_id="n0")
+            await transition(
+                db, a, Action.ESCALATE, actor="system:escalation", node_id="n0",
+                event_type=EventType.ALARM_ESCALATED,
+            )  # fmt: skip
+        await _consume_together(nodes)
+        [_, moved] = await _windows(db)
+        assert moved["body"]["group_key"] == "routes[1]{rule=hot}"
+        await _make_due(db, moved["id"])
+        await wait_until(lambda: _window_status(db, moved["id"], "SENT"), message="sent")
+        await _sent_long_ago(db, first["id"])
+        await _sent_long_ago(db, moved["id"])
+        await _consume_together(nodes)
+        repeats = [w for w in await _windows(db) if w["body"]["repeat"]]
+        listed = [
+            (
+                w["body"]["group_key"],
+                [(n["alarm_id"], n["event"]) for n in w["body"]["notifications"]],
+            )
+            for w in repeats
+        ]
+        # The old group repeats its other alarm (dev-1's), not a; the new one repeats a.
+        others = [r["id"] for r in await db.fetch("SELECT id FROM alarm WHERE id <> $1", a)]
+        assert sorted(listed) == [
+            ("routes[0]{rule=hot}", [(others[0], "alarm.created")]),
+            ("routes[1]{rule=hot}", [(a, "alarm.escalated")]),
+        ]
+
+
+@pytest.mark.parametrize(
+    ("rules", "repeats"),
+    [('["hot", "warm"]', True), ('["warm"]', False)],
+    ids=["still-matches", "no-longer-matches"],
+)
+async def test_a_route_edited_in_place_keeps_the_groups_it_still_accepts(
+    db_dsn: str, db: asyncpg.Connection, rules: str, repeats: bool
+) -> None:
+    """A reload edits the route in place (its rules, so another identity) and shortens its
+    repeats: the group of "hot" alarms is still the route's while the route accepts them
+    (its reminders are not lost to an edit), at the new interval; a route that no longer
+    accepts "hot" makes the group repeat no more."""
+    async with (
+        webhook_server() as server,
+        _two_nodes(db_dsn, _config(server.url(""), HOT)) as nodes,
+    ):
+        window = await _one_window_sent(db, nodes)
+        edited = HOT.replace('rules = ["hot"]', f"rules = {rules}").replace(
+            "repeat_interval_s = 3600", "repeat_interval_s = 600"
+        )
+        for node in nodes:
+            _reload(node, _config(server.url(""), edited))
+        await db.execute(
+            "UPDATE notify_delivery SET finished_at = finished_at - interval '601 s' WHERE id = $1",
+            window["id"],
+        )
+        await _consume_together(nodes)
+        assert await db.fetchval("SELECT repeat_interval_s FROM notify_group") == (
+            600 if repeats else 0
+        )
+        assert len(await _windows(db)) == (2 if repeats else 1)
