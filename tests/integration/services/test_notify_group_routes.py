@@ -7,12 +7,10 @@ from __future__ import annotations
 import asyncpg
 import pytest
 
-from gateway.alarms.lifecycle import transition
-from gateway.domain.alarm import Action
-from protocol.events import EventType
 from tests.integration.services.test_notify_grouping import (
     _config,
     _consume_together,
+    _escalate,
     _make_due,
     _one_window_sent,
     _reload,
@@ -24,27 +22,25 @@ from tests.integration.services.test_notify_grouping import (
 from tests.support.receivers import webhook_server
 from tests.support.waiting import wait_until
 
-HOT_THEN_COLD = """
-[[notify.routes]]
-events = ["alarm.created"]
-rules = ["hot"]
-receivers = ["hook"]
-group_by = ["rule"]
-group_wait_s = 60
-group_interval_s = 300
-repeat_interval_s = 3600
+ESCALATIONS = '["alarm.created", "alarm.escalated"]'
 
+
+def _route(rules: str, *, events: str = '["alarm.created"]', repeat_s: int = 3600) -> str:
+    """A route grouping by rule to hook."""
+    return f"""
 [[notify.routes]]
-events = ["alarm.created"]
-rules = ["cold"]
+events = {events}
+rules = {rules}
 receivers = ["hook"]
 group_by = ["rule"]
 group_wait_s = 60
 group_interval_s = 300
-repeat_interval_s = 3600
+repeat_interval_s = {repeat_s}
 """
 
-ONLY_COLD = "\n[[notify.routes]]" + HOT_THEN_COLD.split("[[notify.routes]]")[2]
+
+HOT_THEN_COLD = _route('["hot"]') + _route('["cold"]')
+ONLY_COLD = _route('["cold"]')
 
 
 async def test_removing_the_first_route_ends_its_groups_repeats(
@@ -66,21 +62,9 @@ async def test_removing_the_first_route_ends_its_groups_repeats(
         assert len(await _windows(db)) == 1, "the removed route's group repeated"
 
 
-HOT = """
-[[notify.routes]]
-events = ["alarm.created", "alarm.escalated"]
-rules = ["hot"]
-receivers = ["hook"]
-group_by = ["rule"]
-group_wait_s = 60
-group_interval_s = 300
-repeat_interval_s = 3600
-"""
-
+HOT = _route('["hot"]', events=ESCALATIONS)
 # A route inserted ahead of HOT, which moves to place 1 and repeats every ten minutes now.
-COLD_THEN_HOT = HOT_THEN_COLD.split("[[notify.routes]]")[2].join(
-    ["\n[[notify.routes]]", ""]
-) + HOT.replace("repeat_interval_s = 3600", "repeat_interval_s = 600")
+COLD_THEN_HOT = _route('["cold"]') + _route('["hot"]', events=ESCALATIONS, repeat_s=600)
 
 
 async def test_a_route_moved_in_the_list_keeps_its_groups_and_reminds_once(
@@ -102,12 +86,7 @@ async def test_a_route_moved_in_the_list_keeps_its_groups_and_reminds_once(
         intervals = "SELECT repeat_interval_s FROM notify_group WHERE group_key = $1"
         assert await db.fetchval(intervals, "routes[0]{rule=hot}") == 600
         [a, *_] = [r["id"] for r in await db.fetch("SELECT id FROM alarm ORDER BY id")]
-        async with db.transaction():
-            await transition(db, a, Action.CONFIRM, actor="op", node_id="n0")
-            await transition(
-                db, a, Action.ESCALATE, actor="system:escalation", node_id="n0",
-                event_type=EventType.ALARM_ESCALATED,
-            )  # fmt: skip
+        await _escalate(db, a)
         await _consume_together(nodes)
         [_, moved] = await _windows(db)
         assert moved["body"]["group_key"] == "routes[1]{rule=hot}"
@@ -149,9 +128,7 @@ async def test_a_route_edited_in_place_keeps_the_groups_it_still_accepts(
         _two_nodes(db_dsn, _config(server.url(""), HOT)) as nodes,
     ):
         window = await _one_window_sent(db, nodes)
-        edited = HOT.replace('rules = ["hot"]', f"rules = {rules}").replace(
-            "repeat_interval_s = 3600", "repeat_interval_s = 600"
-        )
+        edited = _route(rules, events=ESCALATIONS, repeat_s=600)
         for node in nodes:
             _reload(node, _config(server.url(""), edited))
         await db.execute(

@@ -137,6 +137,16 @@ async def _raise(db: asyncpg.Connection, device: str, rule: str, n: int) -> int:
     return creation.alarm.id
 
 
+async def _escalate(db: asyncpg.Connection, alarm_id: int) -> None:
+    """The alarm confirmed, then escalated by the system (an ``alarm.escalated`` event)."""
+    async with db.transaction():
+        await transition(db, alarm_id, Action.CONFIRM, actor="op", node_id="n0")
+        await transition(
+            db, alarm_id, Action.ESCALATE, actor="system:escalation", node_id="n0",
+            event_type=EventType.ALARM_ESCALATED,
+        )  # fmt: skip
+
+
 async def _one_repeat_of_two_nodes(
     nodes: tuple[Node, Node], db: asyncpg.Connection
 ) -> dict[str, Any]:
@@ -388,12 +398,7 @@ async def test_a_repeat_lists_an_alarm_created_then_escalated_once_on_two_nodes(
             await _make_due(db, first["id"])
             await wait_until(lambda: _window_status(db, first["id"], "SENT"), message="sent")
             for _ in range(2):
-                async with db.transaction():
-                    await transition(db, a, Action.CONFIRM, actor="op", node_id="n0")
-                    await transition(
-                        db, a, Action.ESCALATE, actor="system:escalation", node_id="n0",
-                        event_type=EventType.ALARM_ESCALATED,
-                    )  # fmt: skip
+                await _escalate(db, a)
                 await _consume_together(nodes)
             [_, second] = await _windows(db)
             carried = second["body"]["notifications"]
@@ -664,6 +669,39 @@ async def _interval_passed(db: asyncpg.Connection) -> None:
     )
 
 
+async def _night_window_sent(
+    db: asyncpg.Connection, nodes: tuple[Node, Node], quiet: QuietHours, device: str = "care-0"
+) -> tuple[int, dict[str, Any]]:
+    """Quiet hours on both nodes' consumers; an alarm of ``device`` raised: its creation goes
+    in the group's held window, which its wake (node one's timers) sends. The alarm and the
+    window."""
+    for node in nodes:
+        node.consumer.quiet = quiet
+    alarm = await _raise(db, device, "hot", int(device.rsplit("-", 1)[1]))
+    await _consume_together(nodes)
+    [*_, night] = await _windows(db)
+    assert night["body"]["group_key"] == "routes[0]{rule=hot}|held"
+    await _make_due(db, night["id"])
+    assert (await _timers(nodes[0], "n1").run_once()).woken == [alarm]
+    await wait_until(lambda: _window_status(db, night["id"], "SENT"), message="sent")
+    return alarm, night
+
+
+async def _escalated_by_day(
+    db: asyncpg.Connection, nodes: tuple[Node, Node], alarm_id: int
+) -> dict[str, Any]:
+    """Quiet hours over, the alarm escalated: its escalation goes in the group's ordinary
+    window, made due; the window."""
+    for node in nodes:
+        node.consumer.quiet = None
+    await _escalate(db, alarm_id)
+    await _consume_together(nodes)
+    [*_, day] = await _windows(db)
+    assert day["body"]["group_key"] == "routes[0]{rule=hot}"
+    await _make_due(db, day["id"])
+    return day
+
+
 async def test_a_shelf_ending_brings_a_stopped_group_back_once_on_two_nodes(
     db_dsn: str, db: asyncpg.Connection
 ) -> None:
@@ -857,14 +895,7 @@ async def test_a_held_window_emptied_at_its_wake_leaves_the_groups_repeats_going
             server.url(""), ONLY_GROUPED.replace("group_wait_s = 60", "group_wait_s = 0")
         )
         async with _two_nodes(db_dsn, config) as nodes:
-            for node in nodes:
-                node.consumer.quiet = quiet
-            a = await _raise(db, "care-0", "hot", 0)
-            await _consume_together(nodes)
-            [first] = await _windows(db)
-            await _make_due(db, first["id"])
-            assert (await _timers(nodes[0], "n1").run_once()).woken == [a]
-            await wait_until(lambda: _window_status(db, first["id"], "SENT"), message="sent")
+            a, first = await _night_window_sent(db, nodes, quiet)
             shelf = await _shelve(db, "alarm", a) if then == "shelf_end" else None
             b = await _raise(db, "care-1", "hot", 1)
             await _consume_together(nodes)
@@ -1083,27 +1114,8 @@ async def test_an_alarm_held_by_night_and_escalated_by_day_is_repeated_by_one_gr
             server.url(""), ESCALATING.replace("group_wait_s = 60", "group_wait_s = 0")
         )
         async with _two_nodes(db_dsn, config) as nodes:
-            for node in nodes:
-                node.consumer.quiet = quiet
-            a = await _raise(db, "care-0", "hot", 0)
-            await _consume_together(nodes)
-            [night] = await _windows(db)
-            assert night["body"]["group_key"] == "routes[0]{rule=hot}|held"
-            await _make_due(db, night["id"])
-            assert (await _timers(nodes[0], "n1").run_once()).woken == [a]
-            await wait_until(lambda: _window_status(db, night["id"], "SENT"), message="sent")
-            for node in nodes:  # by day
-                node.consumer.quiet = None
-            async with db.transaction():
-                await transition(db, a, Action.CONFIRM, actor="op", node_id="n0")
-                await transition(
-                    db, a, Action.ESCALATE, actor="system:escalation", node_id="n0",
-                    event_type=EventType.ALARM_ESCALATED,
-                )  # fmt: skip
-            await _consume_together(nodes)
-            [_, day] = await _windows(db)
-            assert day["body"]["group_key"] == "routes[0]{rule=hot}"
-            await _make_due(db, day["id"])
+            a, night = await _night_window_sent(db, nodes, quiet)
+            day = await _escalated_by_day(db, nodes, a)
             await wait_until(lambda: _window_status(db, day["id"], "SENT"), message="sent")
             await _sent_long_ago(db, night["id"])
             await _sent_long_ago(db, day["id"])

@@ -7,21 +7,18 @@ import asyncio
 
 import asyncpg
 
-from gateway.alarms.lifecycle import transition
-from gateway.domain.alarm import Action
-from protocol.events import EventType
 from storage import notify as notify_repo
 from tests.integration.services.test_notify_grouping import (
     ESCALATING,
     ONLY_GROUPED,
     _config,
     _consume_together,
-    _make_due,
+    _escalated_by_day,
+    _night_window_sent,
     _quiet_now,
     _raise,
     _reload,
     _sent_long_ago,
-    _timers,
     _two_nodes,
     _window_status,
     _windows,
@@ -88,27 +85,8 @@ async def test_an_alarm_whose_newest_notification_failed_in_the_sibling_is_still
             server.url(""), ESCALATING.replace("group_wait_s = 60", "group_wait_s = 0")
         )
         async with _two_nodes(db_dsn, config) as nodes:
-            for node in nodes:
-                node.consumer.quiet = quiet
-            a = await _raise(db, "care-0", "hot", 0)
-            await _consume_together(nodes)
-            [night] = await _windows(db)
-            assert night["body"]["group_key"] == "routes[0]{rule=hot}|held"
-            await _make_due(db, night["id"])
-            assert (await _timers(nodes[0], "n1").run_once()).woken == [a]
-            await wait_until(lambda: _window_status(db, night["id"], "SENT"), message="sent")
-            for node in nodes:  # by day
-                node.consumer.quiet = None
-            async with db.transaction():
-                await transition(db, a, Action.CONFIRM, actor="op", node_id="n0")
-                await transition(
-                    db, a, Action.ESCALATE, actor="system:escalation", node_id="n0",
-                    event_type=EventType.ALARM_ESCALATED,
-                )  # fmt: skip
-            await _consume_together(nodes)
-            [_, day] = await _windows(db)
-            assert day["body"]["group_key"] == "routes[0]{rule=hot}"
-            await _make_due(db, day["id"])
+            a, night = await _night_window_sent(db, nodes, quiet)
+            day = await _escalated_by_day(db, nodes, a)
             await wait_until(lambda: _window_status(db, day["id"], "FAILED"), message="failed")
             await _sent_long_ago(db, night["id"])
             await _consume_together(nodes)
