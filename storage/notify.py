@@ -28,6 +28,7 @@ CLAIM_DUE = _Q["claim_due"]
 FINISH_SENT = _Q["finish_sent"]
 FINISH_RETRY = _Q["finish_retry"]
 FINISH_FAILED = _Q["finish_failed"]
+WAKE_DEFERRING_GROUPS = _Q["wake_deferring_groups"]
 PENDING_STATS = _Q["pending_stats"]
 INSERT_SILENCE = _Q["insert_silence"]
 LIST_SILENCES = _Q["list_silences"]
@@ -268,6 +269,13 @@ async def finish_failed(
     error: str,
 ) -> bool:
     return await conn.fetchval(FINISH_FAILED, delivery_id, node_id, attempt, error) is not None
+
+
+async def wake_deferring_groups(conn: asyncpg.Connection, delivery_id: int) -> int:
+    """A grouped window just FAILED: the groups of its route for the receiver that stopped
+    repeating while they left its alarms to it repeat again; the number woken."""
+    status = await conn.execute(WAKE_DEFERRING_GROUPS, delivery_id)
+    return int(status.split()[-1])
 
 
 async def pending_stats(conn: asyncpg.Connection | asyncpg.Pool) -> tuple[int, float]:

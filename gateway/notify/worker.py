@@ -214,6 +214,17 @@ class DeliveryWorker:
                 # QUIT): nothing it does makes the delivery a failed attempt.
                 await farewell()
 
+    async def _failed(
+        self, conn: asyncpg.Connection, delivery: ClaimedDelivery, name: str, error: str
+    ) -> None:
+        """What a delivery FAILED means besides its status: each alarm's audit trail; and
+        for a group's window (its group repeats nothing until a new window), the groups of
+        its route that left its alarms to it remind of them again."""
+        for alarm_id in await self._alarms(conn, delivery):
+            await self._audit_failed(conn, alarm_id, name, error)
+        if delivery.group_id is not None:
+            await repo.wake_deferring_groups(conn, delivery.id)
+
     async def _finish(
         self, receiver: ReceiverConfig, delivery: ClaimedDelivery, error: str | None
     ) -> None:
@@ -244,8 +255,8 @@ class DeliveryWorker:
                 held = await repo.finish_failed(
                     conn, delivery.id, self.node_id, delivery.attempts, error=error
                 )
-                for alarm_id in await self._alarms(conn, delivery) if held else []:
-                    await self._audit_failed(conn, alarm_id, name, error)
+                if held:
+                    await self._failed(conn, delivery, name, error)
             outcome = "FAILED" if held else "LEASE_LOST"
             if held:
                 log.warning(

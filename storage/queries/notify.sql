@@ -488,6 +488,35 @@ SET status = 'FAILED', finished_at = now(), last_error = $4, lease_until = NULL
 WHERE id = $1 AND status = 'SENDING' AND lease_owner = $2 AND attempts = $3
 RETURNING id;
 
+-- name: wake_deferring_groups
+-- $1 a grouped window just FAILED (in the caller's transaction). If it is its group's latest
+-- (repeat_due passes the group over until a new window), the groups of the same route for
+-- the receiver (group_open_members's siblings: same route_identity, or the key's held or
+-- ordinary group) that stopped repeating while they left out an alarm this group carried a
+-- newer notification of (nothing else left) repeat again: they remind of it now, or nobody
+-- would (docs/notifications.md, "One reminder per alarm and route"). Locked in the
+-- consumer's order (receiver, key; code-point order). The number woken.
+WITH failed AS (
+    SELECT g.id, g.receiver, g.route_identity,
+           CASE WHEN g.group_key LIKE '%|held' THEN left(g.group_key, -5)
+                ELSE g.group_key || '|held' END AS sibling_key
+    FROM notify_group g JOIN notify_delivery w ON w.id = g.window_delivery_id
+    WHERE w.id = $1 AND w.status = 'FAILED'
+), woken AS (
+    SELECT s.id FROM failed f JOIN notify_group s
+      ON s.receiver = f.receiver AND s.id <> f.id
+     AND (s.route_identity = f.route_identity OR s.group_key = f.sibling_key)
+    WHERE s.repeat_stopped AND s.repeat_interval_s > 0
+      AND EXISTS (
+          SELECT 1 FROM notify_group_member m JOIN notify_group_member o
+            ON o.alarm_id = m.alarm_id AND o.group_id = f.id
+          WHERE m.group_id = s.id)
+    ORDER BY s.receiver COLLATE "C", s.group_key COLLATE "C"
+    FOR UPDATE OF s
+)
+UPDATE notify_group g SET repeat_stopped = false
+FROM woken WHERE g.id = woken.id;
+
 -- name: pending_stats
 -- no parameters; open deliveries and the age in seconds of the oldest one.
 SELECT count(*) AS pending,

@@ -1,0 +1,71 @@
+"""Audit of the route identity (dd44141) and the one-reminder rule: an open alarm's
+reminders are never silently lost."""
+
+from __future__ import annotations
+
+import asyncpg
+
+from gateway.alarms.lifecycle import transition
+from gateway.domain.alarm import Action
+from protocol.events import EventType
+from tests.integration.services.test_notify_group_routes import COLD_THEN_HOT, HOT
+from tests.integration.services.test_notify_grouping import (
+    _config,
+    _consume_together,
+    _make_due,
+    _raise,
+    _reload,
+    _sent_long_ago,
+    _two_nodes,
+    _window_status,
+    _windows,
+)
+from tests.support.receivers import webhook_server
+from tests.support.waiting import wait_until
+
+
+async def test_a_group_that_deferred_its_alarm_reminds_again_when_the_newer_group_fails(
+    db_dsn: str, db: asyncpg.Connection
+) -> None:
+    """docs/notifications.md, "One reminder per alarm and route": the others leave the alarm
+    out "unless the one that carried the newest does not repeat (... its latest window
+    FAILED): then the others go on reminding of it". Alarm a told by the route at place 0;
+    a reload moves the route to place 1 and a's escalation goes to that group. The old group
+    leaves a out at its repeat (nothing else left: it stops); the new group's repeat then
+    FAILS (the receiver down). The old group must remind of a again: nobody else will."""
+    # hook: the first window and the escalation sent; the new group's repeat refused at
+    # every attempt (max_attempts = 5); later ones accepted.
+    async with (
+        webhook_server(hook=lambda k, _r: 500 if 2 <= k <= 6 else 200) as server,
+        _two_nodes(db_dsn, _config(server.url(""), HOT)) as nodes,
+    ):
+        a = await _raise(db, "dev-0", "hot", 0)
+        await _consume_together(nodes)
+        [first] = await _windows(db)
+        await _make_due(db, first["id"])
+        await wait_until(lambda: _window_status(db, first["id"], "SENT"), message="sent")
+        for node in nodes:
+            _reload(node, _config(server.url(""), COLD_THEN_HOT))
+        await _consume_together(nodes)
+        async with db.transaction():
+            await transition(db, a, Action.CONFIRM, actor="op", node_id="n0")
+            await transition(
+                    db, a, Action.ESCALATE, actor="system:escalation", node_id="n0",
+                    event_type=EventType.ALARM_ESCALATED,
+                )  # fmt: skip
+        await _consume_together(nodes)
+        [_, moved] = await _windows(db)
+        assert moved["body"]["group_key"] == "routes[1]{rule=hot}"
+        await _make_due(db, moved["id"])
+        await wait_until(lambda: _window_status(db, moved["id"], "SENT"), message="sent")
+        await _sent_long_ago(db, first["id"])
+        await _sent_long_ago(db, moved["id"])
+        await _consume_together(nodes)
+        [_, _, repeat] = await _windows(db)
+        assert repeat["body"]["group_key"] == "routes[1]{rule=hot}"
+        await wait_until(lambda: _window_status(db, repeat["id"], "FAILED"), message="failed")
+        await _consume_together(nodes)
+        windows = await _windows(db)
+        assert len(windows) == 4, "nobody reminds of the open, escalated alarm"
+        assert windows[-1]["body"]["group_key"] == "routes[0]{rule=hot}"
+        assert [n["alarm_id"] for n in windows[-1]["body"]["notifications"]] == [a]
