@@ -136,7 +136,7 @@ class NotifyConsumer:
                 return 0
             # Repeats only while some route groups (a reload dropping grouping ends them).
             grouping = any(route.grouping is not None for route in self.rules.routes)
-            repeated = await GroupWindows(conn).repeat() if grouping else 0
+            repeated = await GroupWindows(conn).repeat(self.rules.routes) if grouping else 0
             horizon = await repo.read_horizon(conn, self.consumer)
             rows = await repo.scan_unconsumed(
                 conn, self.consumer, horizon.horizon, self.batch, types

@@ -44,7 +44,7 @@ from typing import Any, Final
 import asyncpg
 import msgspec
 
-from gateway.domain.notify import Route, route_of_group
+from gateway.domain.notify import Route, route_accepts, route_of_group
 from gateway.domain.notify_match import Facts
 from gateway.domain.notify_policy import Sites
 from protocol.notifications import GroupedNotification
@@ -226,9 +226,12 @@ class GroupWindows:
                 times.append(repo.GroupTimes(group["id"], repeat_s, interval_s))
         return await repo.retime_groups(self.conn, times) if times else 0
 
-    async def repeat(self) -> int:
+    async def repeat(self, routes: Sequence[Route] | None = None) -> int:
         """Repeat the groups due for it (see the module); the number of windows made. The
-        intervals are the ones stored with the group's latest window."""
+        intervals are the ones stored with the group's latest window. With ``routes`` (this
+        node's configuration) a repeat lists only the alarms the route it repeats for now
+        (``route_of_group``) accepts: a group whose key a route moved into its place took
+        over lists no alarm of the route removed from there."""
         made = 0
         async with self.conn.transaction():
             now: datetime = await self.conn.fetchval("SELECT now()")
@@ -237,6 +240,19 @@ class GroupWindows:
                     (r["event_id"], r["alarm_id"], msgspec.json.decode(r["body"]))
                     for r in await repo.group_open_members(self.conn, group["id"])
                 ]
+                route = (
+                    None
+                    if routes is None
+                    else route_of_group(
+                        routes,
+                        receiver=group["receiver"],
+                        group_key=group["group_key"],
+                        labels=msgspec.json.decode(group["labels"]),
+                        identity=group["route_identity"],
+                    )
+                )
+                if route is not None:
+                    items = [item for item in items if route_accepts(route, item[2])]
                 if group["resuming"] and not group["interval_due"]:
                     freed = set(group["resume_alarm_ids"])
                     if not any(alarm_id in freed for _, alarm_id, _ in items):

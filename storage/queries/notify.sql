@@ -217,7 +217,7 @@ ON CONFLICT DO NOTHING;
 -- were never repeated again, nor a shelf's end over one of them told.
 SELECT g.id, g.receiver, g.group_key, g.labels::text AS labels, g.windows,
        g.window_delivery_id, g.window_due_at, g.repeat_interval_s, g.group_interval_s,
-       g.resume_alarm_ids,
+       g.resume_alarm_ids, g.route_identity,
        d.outbox_id, d.event_created_at, d.device_id, d.rule_key, d.severity,
        (g.resume_at IS NOT NULL
         AND greatest(g.resume_at, g.window_due_at + make_interval(secs => g.group_interval_s))

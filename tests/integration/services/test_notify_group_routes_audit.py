@@ -8,7 +8,12 @@ import asyncpg
 from gateway.alarms.lifecycle import transition
 from gateway.domain.alarm import Action
 from protocol.events import EventType
-from tests.integration.services.test_notify_group_routes import COLD_THEN_HOT, HOT
+from tests.integration.services.test_notify_group_routes import (
+    COLD_THEN_HOT,
+    HOT,
+    HOT_THEN_COLD,
+    ONLY_COLD,
+)
 from tests.integration.services.test_notify_grouping import (
     _config,
     _consume_together,
@@ -69,3 +74,42 @@ async def test_a_group_that_deferred_its_alarm_reminds_again_when_the_newer_grou
         assert len(windows) == 4, "nobody reminds of the open, escalated alarm"
         assert windows[-1]["body"]["group_key"] == "routes[0]{rule=hot}"
         assert [n["alarm_id"] for n in windows[-1]["body"]["notifications"]] == [a]
+
+
+# Two routes grouping by device, both to hook: "hot" alarms first, "cold" ones after.
+HOT_THEN_COLD_BY_DEVICE = HOT_THEN_COLD.replace('group_by = ["rule"]', 'group_by = ["device"]')
+ONLY_COLD_BY_DEVICE = ONLY_COLD.replace('group_by = ["rule"]', 'group_by = ["device"]')
+
+
+async def test_a_removed_routes_alarm_is_not_repeated_by_the_route_moved_into_its_place(
+    db_dsn: str, db: asyncpg.Connection
+) -> None:
+    """The operator removes the route sending "hot" alarms to hook; the "cold" route (both
+    grouping by device) moves to its place. A cold alarm of the same device then lands in
+    the very group row the hot route made (same receiver, same key `routes[0]{device=...}`),
+    whose repeats list every open alarm it carried: hook must not be reminded of the hot
+    alarm, which no route sends it any more."""
+    async with webhook_server() as server:
+        config = _config(server.url(""), HOT_THEN_COLD_BY_DEVICE)
+        async with _two_nodes(db_dsn, config) as nodes:
+            a = await _raise(db, "dev-0", "hot", 0)
+            await _consume_together(nodes)
+            [first] = await _windows(db)
+            assert first["body"]["group_key"] == "routes[0]{device=dev-0}"
+            await _make_due(db, first["id"])
+            await wait_until(lambda: _window_status(db, first["id"], "SENT"), message="sent")
+            for node in nodes:
+                _reload(node, _config(server.url(""), ONLY_COLD_BY_DEVICE))
+            c = await _raise(db, "dev-0", "cold", 1)
+            await _consume_together(nodes)
+            [_, cold] = await _windows(db)
+            assert cold["body"]["group_key"] == "routes[0]{device=dev-0}"
+            await _make_due(db, cold["id"])
+            await wait_until(lambda: _window_status(db, cold["id"], "SENT"), message="sent")
+            await _sent_long_ago(db, cold["id"])
+            await _consume_together(nodes)
+            [*_, repeat] = await _windows(db)
+            assert repeat["body"]["repeat"] is True
+            listed = [n["alarm_id"] for n in repeat["body"]["notifications"]]
+            assert a not in listed, "the removed route's alarm repeated to hook"
+            assert listed == [c]
