@@ -271,6 +271,29 @@ def route_accepts(route: Route, notification: Mapping[str, Any]) -> bool:
     return _labels_fit(route.matchers, labels)
 
 
+def still_reminded(routes: Sequence[Route], receiver: str, notification: Mapping[str, Any]) -> bool:
+    """Whether ``receiver`` is still sent this notification (a group's member body: its
+    ``event``, ``device_id``, ``rule_key``, ``severity``) by a route that groups and repeats,
+    whichever it is now (the route choosing the receiver, as ``Notify.targets``): the alarm of
+    a route that moved off a group's place to another, whose group row the route moved into
+    that place took over, is still reminded of by that group, or by nobody."""
+    facts = Facts(
+        event=notification.get("event") or "",
+        device_id=notification.get("device_id"),
+        rule_key=notification.get("rule_key"),
+        severity=notification.get("severity"),
+        alarm_id=notification.get("alarm_id"),
+    )
+    for route in routes:
+        if not route.matches(facts):
+            continue
+        if receiver in route.receivers:
+            return route.grouping is not None and route.grouping.repeat_s > 0
+        if not route.continue_:
+            break
+    return False
+
+
 def route_of_group(
     routes: Sequence[Route],
     *,

@@ -44,7 +44,7 @@ from typing import Any, Final
 import asyncpg
 import msgspec
 
-from gateway.domain.notify import Route, route_accepts, route_of_group
+from gateway.domain.notify import Route, route_accepts, route_of_group, still_reminded
 from gateway.domain.notify_match import Facts
 from gateway.domain.notify_policy import Sites
 from protocol.notifications import GroupedNotification
@@ -251,8 +251,16 @@ class GroupWindows:
                         identity=group["route_identity"],
                     )
                 )
-                if route is not None:
-                    items = [item for item in items if route_accepts(route, item[2])]
+                if route is not None and routes is not None:
+                    # The route's own alarms, and those of a route that moved off this place
+                    # still sent to the receiver by a grouping route (nobody else reminds of
+                    # them: its groups at its new place carry none until a new notification).
+                    items = [
+                        item
+                        for item in items
+                        if route_accepts(route, item[2])
+                        or still_reminded(routes, group["receiver"], item[2])
+                    ]
                 if group["resuming"] and not group["interval_due"]:
                     freed = set(group["resume_alarm_ids"])
                     if not any(alarm_id in freed for _, alarm_id, _ in items):

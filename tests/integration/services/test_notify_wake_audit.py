@@ -1,0 +1,65 @@
+"""Audit of 3f233f1 (a FAILED window wakes the groups that deferred to it) and ea7b22d (a
+repeat lists only the alarms its route accepts): an open alarm's reminders are never
+silently lost, nobody is reminded twice per interval."""
+
+from __future__ import annotations
+
+import asyncpg
+
+from tests.integration.services.test_notify_group_routes import HOT_THEN_COLD
+from tests.integration.services.test_notify_grouping import (
+    _config,
+    _consume_together,
+    _make_due,
+    _raise,
+    _reload,
+    _sent_long_ago,
+    _two_nodes,
+    _window_status,
+    _windows,
+)
+from tests.support.receivers import webhook_server
+from tests.support.waiting import wait_until
+
+# Grouping by device, to hook: only "hot" alarms; then a "cold" route inserted ahead of it
+# (the hot route moves to place 1, unchanged: the same route, still sending hot alarms).
+_BY_DEVICE = ('group_by = ["rule"]', 'group_by = ["device"]')
+HOT_THEN_COLD_BY_DEVICE = HOT_THEN_COLD.replace(*_BY_DEVICE)
+_HOT, _COLD = HOT_THEN_COLD_BY_DEVICE.split("[[notify.routes]]")[1:]
+ONLY_HOT_BY_DEVICE = "[[notify.routes]]" + _HOT
+COLD_THEN_HOT_BY_DEVICE = "[[notify.routes]]" + _COLD + "[[notify.routes]]" + _HOT
+
+
+async def test_a_moved_routes_alarm_is_still_reminded_when_another_route_takes_its_place(
+    db_dsn: str, db: asyncpg.Connection
+) -> None:
+    """Hot alarm a told by the hot route's group `routes[0]{device=dev-0}`. A reload inserts
+    a cold route ahead of it: the hot route moves to place 1 (still sending hot alarms to
+    hook, still repeating). A cold alarm of the same device then lands in the group row at
+    `routes[0]{device=dev-0}`, which becomes the cold route's. Its repeat leaves a out (not
+    the cold route's) and no other group carries a: hook is never reminded of the open hot
+    alarm its route still sends it."""
+    async with (
+        webhook_server() as server,
+        _two_nodes(db_dsn, _config(server.url(""), ONLY_HOT_BY_DEVICE)) as nodes,
+    ):
+        a = await _raise(db, "dev-0", "hot", 0)
+        await _consume_together(nodes)
+        [first] = await _windows(db)
+        assert first["body"]["group_key"] == "routes[0]{device=dev-0}"
+        await _make_due(db, first["id"])
+        await wait_until(lambda: _window_status(db, first["id"], "SENT"), message="sent")
+        for node in nodes:
+            _reload(node, _config(server.url(""), COLD_THEN_HOT_BY_DEVICE))
+        c = await _raise(db, "dev-0", "cold", 1)
+        await _consume_together(nodes)
+        [_, cold] = await _windows(db)
+        assert cold["body"]["group_key"] == "routes[0]{device=dev-0}"
+        await _make_due(db, cold["id"])
+        await wait_until(lambda: _window_status(db, cold["id"], "SENT"), message="sent")
+        await _sent_long_ago(db, cold["id"])
+        await _consume_together(nodes)
+        repeats = [w for w in await _windows(db) if w["body"]["repeat"]]
+        listed = [n["alarm_id"] for w in repeats for n in w["body"]["notifications"]]
+        assert a in listed, "nobody reminds hook of the open hot alarm its route sends it"
+        assert sorted(listed) == sorted([a, c])
