@@ -46,6 +46,7 @@ REPEAT_DUE = _Q["repeat_due"]
 STOP_REPEATING = _Q["stop_repeating"]
 GROUPS_TO_RETIME = _Q["groups_to_retime"]
 RETIME_GROUPS = _Q["retime_groups"]
+WAKE_STOPPED_GROUPS = _Q["wake_stopped_groups"]
 GROUP_OPEN_MEMBERS = _Q["group_open_members"]
 RESUME_GROUPS = _Q["resume_groups"]
 DROP_RESUME = _Q["drop_resume"]
@@ -466,6 +467,13 @@ class GroupTimes:
     group_id: int
     repeat_s: float
     interval_s: float
+
+
+async def wake_stopped_groups(conn: asyncpg.Connection) -> int:
+    """After a reload's retime: the stopped groups with an alarm still open repeat again (an
+    empty pass stops them again); the number woken."""
+    status = await conn.execute(WAKE_STOPPED_GROUPS)
+    return int(status.split()[-1])
 
 
 async def retime_groups(conn: asyncpg.Connection, times: Sequence[GroupTimes]) -> int:

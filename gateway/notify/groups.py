@@ -224,7 +224,12 @@ class GroupWindows:
             interval_s = group["group_interval_s"] if grouping is None else grouping.interval_s
             if (repeat_s, interval_s) != (group["repeat_interval_s"], group["group_interval_s"]):
                 times.append(repo.GroupTimes(group["id"], repeat_s, interval_s))
-        return await repo.retime_groups(self.conn, times) if times else 0
+        changed = await repo.retime_groups(self.conn, times) if times else 0
+        # What a repeat lists depends on the routes too (a route edited to no longer accept
+        # a group's alarms leaves them out, and the group stops): the groups stopped with
+        # an alarm still open are judged again under these routes at their next repeat.
+        await repo.wake_stopped_groups(self.conn)
+        return changed
 
     async def repeat(self, routes: Sequence[Route] | None = None) -> int:
         """Repeat the groups due for it (see the module); the number of windows made. The

@@ -276,6 +276,28 @@ SET repeat_interval_s = c.repeat_s, group_interval_s = c.interval_s,
 FROM changed c
 WHERE g.id = c.id;
 
+-- name: wake_stopped_groups
+-- no parameters; after a reload's retime (its own statement, not in retime_groups's
+-- transaction): the groups that stopped repeating while an alarm they carried is still open
+-- repeat again if they repeat at all. A repeat's list depends on the routes (a route edited
+-- so that it no longer accepts a group's alarms leaves them out and the group stops); a
+-- reload that puts them back (the edit reverted) must bring their reminders back, as a
+-- route removed and put back does (its groups re-timed to 0 and back). A group with nothing
+-- to list when due stops again at its next pass. Locked in the consumer's order (receiver,
+-- key; code-point order). The number woken.
+WITH woken AS (
+    SELECT g.id FROM notify_group g
+    WHERE g.repeat_stopped AND g.repeat_interval_s > 0
+      AND EXISTS (
+          SELECT 1 FROM notify_group_member m JOIN alarm a ON a.id = m.alarm_id
+          WHERE m.group_id = g.id
+            AND a.status IN ('NEW', 'PUSHED', 'DELAYED', 'CONFIRMED', 'ESCALATED'))
+    ORDER BY g.receiver COLLATE "C", g.group_key COLLATE "C"
+    FOR UPDATE OF g
+)
+UPDATE notify_group g SET repeat_stopped = false
+FROM woken WHERE g.id = woken.id;
+
 -- name: drop_resume
 -- $1 group id; the repeat a shelf's end owed it is owed no more (what it freed is closed, or
 -- shelved again).

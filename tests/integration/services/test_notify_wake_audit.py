@@ -63,3 +63,37 @@ async def test_a_moved_routes_alarm_is_still_reminded_when_another_route_takes_i
         listed = [n["alarm_id"] for w in repeats for n in w["body"]["notifications"]]
         assert a in listed, "nobody reminds hook of the open hot alarm its route sends it"
         assert sorted(listed) == sorted([a, c])
+
+
+ONLY_COLD_BY_DEVICE = "[[notify.routes]]" + _HOT.replace('rules = ["hot"]', 'rules = ["cold"]')
+
+
+async def test_a_route_edit_reverted_brings_its_groups_reminders_back(
+    db_dsn: str, db: asyncpg.Connection
+) -> None:
+    """The operator edits the hot route (grouping by device) to send cold alarms instead,
+    then reverts the edit. While edited, the group's repeat lists none of its hot alarms
+    (ea7b22d) and it stops repeating. Reverted, the route sends the open hot alarm to hook
+    again with its repeats, as before: hook must be reminded of it, as it is after a route
+    removed and put back (its group re-timed to 0 and back)."""
+    async with (
+        webhook_server() as server,
+        _two_nodes(db_dsn, _config(server.url(""), ONLY_HOT_BY_DEVICE)) as nodes,
+    ):
+        a = await _raise(db, "dev-0", "hot", 0)
+        await _consume_together(nodes)
+        [first] = await _windows(db)
+        await _make_due(db, first["id"])
+        await wait_until(lambda: _window_status(db, first["id"], "SENT"), message="sent")
+        await _sent_long_ago(db, first["id"])
+        for node in nodes:
+            _reload(node, _config(server.url(""), ONLY_COLD_BY_DEVICE))
+        await _consume_together(nodes)
+        assert len(await _windows(db)) == 1, "the edited route reminded of a hot alarm"
+        for node in nodes:
+            _reload(node, _config(server.url(""), ONLY_HOT_BY_DEVICE))
+        await _consume_together(nodes)
+        windows = await _windows(db)
+        assert len(windows) == 2, "the reverted route never reminds of its open alarm"
+        assert windows[-1]["body"]["repeat"] is True
+        assert [n["alarm_id"] for n in windows[-1]["body"]["notifications"]] == [a]
