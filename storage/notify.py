@@ -47,6 +47,7 @@ STOP_REPEATING = _Q["stop_repeating"]
 GROUPS_TO_RETIME = _Q["groups_to_retime"]
 RETIME_GROUPS = _Q["retime_groups"]
 WAKE_STOPPED_GROUPS = _Q["wake_stopped_groups"]
+ROUTE_CARRIES_ALARM = _Q["route_carries_alarm"]
 GROUP_OPEN_MEMBERS = _Q["group_open_members"]
 RESUME_GROUPS = _Q["resume_groups"]
 DROP_RESUME = _Q["drop_resume"]
@@ -467,6 +468,14 @@ class GroupTimes:
     group_id: int
     repeat_s: float
     interval_s: float
+
+
+async def route_carries_alarm(
+    conn: asyncpg.Connection, group_id: int, receiver: str, identity: str, alarm_id: int
+) -> bool:
+    """Whether another group of the receiver made by the route of ``identity`` carries the
+    alarm and reminds of it."""
+    return bool(await conn.fetchval(ROUTE_CARRIES_ALARM, group_id, receiver, identity, alarm_id))
 
 
 async def wake_stopped_groups(conn: asyncpg.Connection) -> int:

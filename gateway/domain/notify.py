@@ -271,12 +271,14 @@ def route_accepts(route: Route, notification: Mapping[str, Any]) -> bool:
     return _labels_fit(route.matchers, labels)
 
 
-def still_reminded(routes: Sequence[Route], receiver: str, notification: Mapping[str, Any]) -> bool:
-    """Whether ``receiver`` is still sent this notification (a group's member body: its
-    ``event``, ``device_id``, ``rule_key``, ``severity``) by a route that groups and repeats,
-    whichever it is now (the route choosing the receiver, as ``Notify.targets``): the alarm of
-    a route that moved off a group's place to another, whose group row the route moved into
-    that place took over, is still reminded of by that group, or by nobody."""
+def reminding_route(
+    routes: Sequence[Route], receiver: str, notification: Mapping[str, Any]
+) -> Route | None:
+    """The route that sends ``receiver`` this notification now (a group's member body: its
+    ``event``, ``device_id``, ``rule_key``, ``severity``; the route choosing the receiver, as
+    ``Notify.targets``) if it groups and repeats; else None. The alarm of a route that moved
+    off a group's place, whose group row the route moved into that place took over, is
+    still that route's to remind of: by that group until one of the route's own carries it."""
     facts = Facts(
         event=notification.get("event") or "",
         device_id=notification.get("device_id"),
@@ -288,10 +290,11 @@ def still_reminded(routes: Sequence[Route], receiver: str, notification: Mapping
         if not route.matches(facts):
             continue
         if receiver in route.receivers:
-            return route.grouping is not None and route.grouping.repeat_s > 0
+            repeats = route.grouping is not None and route.grouping.repeat_s > 0
+            return route if repeats else None
         if not route.continue_:
             break
-    return False
+    return None
 
 
 def route_of_group(

@@ -44,7 +44,7 @@ from typing import Any, Final
 import asyncpg
 import msgspec
 
-from gateway.domain.notify import Route, route_accepts, route_of_group, still_reminded
+from gateway.domain.notify import Route, reminding_route, route_accepts, route_of_group
 from gateway.domain.notify_match import Facts
 from gateway.domain.notify_policy import Sites
 from protocol.notifications import GroupedNotification
@@ -231,6 +231,24 @@ class GroupWindows:
         await repo.wake_stopped_groups(self.conn)
         return changed
 
+    async def _still_owed(
+        self,
+        group: asyncpg.Record,
+        routes: Sequence[Route],
+        alarm_id: int | None,
+        notification: dict[str, Any],
+    ) -> bool:
+        """Whether a group lists an alarm its route does not accept: one a grouping route
+        that repeats still sends its receiver (a route that moved off the group's place,
+        whose group row the route moved in took over), as long as no group of that route
+        for the receiver carries the alarm (one reminder per alarm and route)."""
+        other = reminding_route(routes, group["receiver"], notification)
+        if other is None or alarm_id is None:
+            return False
+        return not await repo.route_carries_alarm(
+            self.conn, group["id"], group["receiver"], other.identity, alarm_id
+        )
+
     async def repeat(self, routes: Sequence[Route] | None = None) -> int:
         """Repeat the groups due for it (see the module); the number of windows made. The
         intervals are the ones stored with the group's latest window. With ``routes`` (this
@@ -257,14 +275,11 @@ class GroupWindows:
                     )
                 )
                 if route is not None and routes is not None:
-                    # The route's own alarms, and those of a route that moved off this place
-                    # still sent to the receiver by a grouping route (nobody else reminds of
-                    # them: its groups at its new place carry none until a new notification).
                     items = [
                         item
                         for item in items
                         if route_accepts(route, item[2])
-                        or still_reminded(routes, group["receiver"], item[2])
+                        or await self._still_owed(group, routes, item[1], item[2])
                     ]
                 if group["resuming"] and not group["interval_due"]:
                     freed = set(group["resume_alarm_ids"])

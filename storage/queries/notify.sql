@@ -454,6 +454,18 @@ WHERE m.open AND m.seq = m.last_seq
         AND s.repeat_interval_s > 0 AND w.status <> 'FAILED')
 ORDER BY m.first_seq;
 
+-- name: route_carries_alarm
+-- $1 group id, $2 receiver, $3 route identity, $4 alarm id; whether another group of the
+-- receiver made by that route (its route_identity) carries the alarm and reminds of it (it
+-- repeats, its latest window not FAILED): then the group $1, which carries the alarm of a
+-- route that moved off its place, leaves it to that group (one reminder per alarm and route).
+SELECT EXISTS (
+    SELECT 1 FROM notify_group_member m
+    JOIN notify_group s ON s.id = m.group_id
+    JOIN notify_delivery w ON w.id = s.window_delivery_id
+    WHERE m.alarm_id = $4 AND m.group_id <> $1 AND s.receiver = $2
+      AND s.route_identity = $3 AND s.repeat_interval_s > 0 AND w.status <> 'FAILED');
+
 -- name: delivery_alarms
 -- $1 delivery id; the alarms a window's delivery carries.
 SELECT DISTINCT alarm_id FROM notify_delivery_member

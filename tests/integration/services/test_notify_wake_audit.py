@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import asyncpg
 
-from tests.integration.services.test_notify_group_routes import HOT_THEN_COLD
+from tests.integration.services.test_notify_group_routes import ESCALATIONS, HOT_THEN_COLD, _route
 from tests.integration.services.test_notify_grouping import (
     _config,
     _consume_together,
+    _escalate,
     _make_due,
     _raise,
     _reload,
@@ -97,3 +98,46 @@ async def test_a_route_edit_reverted_brings_its_groups_reminders_back(
         assert len(windows) == 2, "the reverted route never reminds of its open alarm"
         assert windows[-1]["body"]["repeat"] is True
         assert [n["alarm_id"] for n in windows[-1]["body"]["notifications"]] == [a]
+
+
+_HOT_ESC = _route('["hot"]', events=ESCALATIONS).replace(*_BY_DEVICE)
+_COLD_PLAIN = _route('["cold"]').replace(*_BY_DEVICE)
+
+
+async def test_a_moved_routes_alarm_escalated_after_the_move_is_reminded_once(
+    db_dsn: str, db: asyncpg.Connection
+) -> None:
+    """As the first test, but the hot alarm is escalated after the move: its escalation
+    goes to the hot route's group at its new place (`routes[1]{device=dev-0}`), which
+    reminds of it from then on. The group the cold route took over at `routes[0]` must
+    leave it out: one reminder per interval of one alarm by one route."""
+    async with (
+        webhook_server() as server,
+        _two_nodes(db_dsn, _config(server.url(""), _HOT_ESC)) as nodes,
+    ):
+        a = await _raise(db, "dev-0", "hot", 0)
+        await _consume_together(nodes)
+        [first] = await _windows(db)
+        await _make_due(db, first["id"])
+        await wait_until(lambda: _window_status(db, first["id"], "SENT"), message="sent")
+        for node in nodes:
+            _reload(node, _config(server.url(""), _COLD_PLAIN + _HOT_ESC))
+        await _raise(db, "dev-0", "cold", 1)
+        await _consume_together(nodes)
+        await _escalate(db, a)
+        await _consume_together(nodes)
+        [_, *later] = await _windows(db)
+        keys = sorted(w["body"]["group_key"] for w in later)
+        assert keys == ["routes[0]{device=dev-0}", "routes[1]{device=dev-0}"]
+        for window in later:
+            await _make_due(db, window["id"])
+        for window in later:
+            await wait_until(
+                lambda w=window: _window_status(db, w["id"], "SENT"),  # type: ignore[misc]
+                message="sent",
+            )
+            await _sent_long_ago(db, window["id"])
+        await _consume_together(nodes)
+        repeats = [w for w in await _windows(db) if w["body"]["repeat"]]
+        listed = [n["alarm_id"] for w in repeats for n in w["body"]["notifications"]]
+        assert listed.count(a) == 1, "hook reminded twice per interval of the hot alarm"

@@ -1,10 +1,10 @@
 """Whether a receiver is still reminded of a group member's alarm by some grouping route
-(gateway.domain.notify.still_reminded): the route choosing the receiver now, wherever it
+(gateway.domain.notify.reminding_route): the route choosing the receiver now, wherever it
 stands."""
 
 from __future__ import annotations
 
-from gateway.domain.notify import compile_notify, still_reminded
+from gateway.domain.notify import compile_notify, reminding_route
 from tests.unit.domain.test_notify_domain import _notify
 
 _ROUTES = """
@@ -35,10 +35,10 @@ def _body(rule: str) -> dict[str, object]:
     return {"event": "alarm.created", "rule_key": rule, "device_id": "d-1", "severity": "MAJOR"}
 
 
-def test_still_reminded_by_the_grouping_route_that_sends_it_now() -> None:
+def test_reminding_route_by_the_grouping_route_that_sends_it_now() -> None:
     routes = compile_notify(_notify(_ROUTES)).routes
-    assert still_reminded(routes, "a", _body("hot"))  # moved to place 1: still grouped
-    assert not still_reminded(routes, "b", _body("hot"))  # not this receiver's
-    assert not still_reminded(routes, "a", _body("warm"))  # its route does not group
-    assert not still_reminded(routes, "a", _body("dull"))  # its route does not repeat
-    assert not still_reminded(routes, "a", _body("gone"))  # no route sends it
+    assert reminding_route(routes, "a", _body("hot")) is routes[1]  # moved: still grouped
+    assert reminding_route(routes, "b", _body("hot")) is None  # not this receiver's
+    assert reminding_route(routes, "a", _body("warm")) is None  # its route does not group
+    assert reminding_route(routes, "a", _body("dull")) is None  # its route does not repeat
+    assert reminding_route(routes, "a", _body("gone")) is None  # no route sends it
