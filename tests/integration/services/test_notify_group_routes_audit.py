@@ -5,9 +5,6 @@ from __future__ import annotations
 
 import asyncpg
 
-from gateway.alarms.lifecycle import transition
-from gateway.domain.alarm import Action
-from protocol.events import EventType
 from tests.integration.services.test_notify_group_routes import (
     COLD_THEN_HOT,
     HOT,
@@ -17,9 +14,10 @@ from tests.integration.services.test_notify_group_routes import (
 from tests.integration.services.test_notify_grouping import (
     _config,
     _consume_together,
+    _day_window_sent,
+    _escalate,
     _make_due,
-    _raise,
-    _reload,
+    _reload_all,
     _sent_long_ago,
     _two_nodes,
     _window_status,
@@ -44,20 +42,10 @@ async def test_a_group_that_deferred_its_alarm_reminds_again_when_the_newer_grou
         webhook_server(hook=lambda k, _r: 500 if 2 <= k <= 6 else 200) as server,
         _two_nodes(db_dsn, _config(server.url(""), HOT)) as nodes,
     ):
-        a = await _raise(db, "dev-0", "hot", 0)
+        a, first = await _day_window_sent(db, nodes, "dev-0", "hot", 0)
+        _reload_all(nodes, _config(server.url(""), COLD_THEN_HOT))
         await _consume_together(nodes)
-        [first] = await _windows(db)
-        await _make_due(db, first["id"])
-        await wait_until(lambda: _window_status(db, first["id"], "SENT"), message="sent")
-        for node in nodes:
-            _reload(node, _config(server.url(""), COLD_THEN_HOT))
-        await _consume_together(nodes)
-        async with db.transaction():
-            await transition(db, a, Action.CONFIRM, actor="op", node_id="n0")
-            await transition(
-                    db, a, Action.ESCALATE, actor="system:escalation", node_id="n0",
-                    event_type=EventType.ALARM_ESCALATED,
-                )  # fmt: skip
+        await _escalate(db, a)
         await _consume_together(nodes)
         [_, moved] = await _windows(db)
         assert moved["body"]["group_key"] == "routes[1]{rule=hot}"
@@ -92,20 +80,11 @@ async def test_a_removed_routes_alarm_is_not_repeated_by_the_route_moved_into_it
     async with webhook_server() as server:
         config = _config(server.url(""), HOT_THEN_COLD_BY_DEVICE)
         async with _two_nodes(db_dsn, config) as nodes:
-            a = await _raise(db, "dev-0", "hot", 0)
-            await _consume_together(nodes)
-            [first] = await _windows(db)
+            a, first = await _day_window_sent(db, nodes, "dev-0", "hot", 0)
             assert first["body"]["group_key"] == "routes[0]{device=dev-0}"
-            await _make_due(db, first["id"])
-            await wait_until(lambda: _window_status(db, first["id"], "SENT"), message="sent")
-            for node in nodes:
-                _reload(node, _config(server.url(""), ONLY_COLD_BY_DEVICE))
-            c = await _raise(db, "dev-0", "cold", 1)
-            await _consume_together(nodes)
-            [_, cold] = await _windows(db)
+            _reload_all(nodes, _config(server.url(""), ONLY_COLD_BY_DEVICE))
+            c, cold = await _day_window_sent(db, nodes, "dev-0", "cold", 1)
             assert cold["body"]["group_key"] == "routes[0]{device=dev-0}"
-            await _make_due(db, cold["id"])
-            await wait_until(lambda: _window_status(db, cold["id"], "SENT"), message="sent")
             await _sent_long_ago(db, cold["id"])
             await _consume_together(nodes)
             [*_, repeat] = await _windows(db)

@@ -1000,6 +1000,24 @@ def _reload(node: Node, config: Config) -> None:
     node.worker.rules = rules
 
 
+async def _day_window_sent(
+    db: asyncpg.Connection, nodes: tuple[Node, Node], device: str, rule: str, n: int
+) -> tuple[int, dict[str, Any]]:
+    """An alarm of ``device`` and ``rule`` raised (``n``: its telemetry's number), grouped by
+    both nodes into a window, and the window sent. The alarm and the window."""
+    alarm = await _raise(db, device, rule, n)
+    await _consume_together(nodes)
+    [*_, window] = await _windows(db)
+    await _make_due(db, window["id"])
+    await wait_until(lambda: _window_status(db, window["id"], "SENT"), message="sent")
+    return alarm, window
+
+
+def _reload_all(nodes: tuple[Node, Node], config: Config) -> None:
+    for node in nodes:
+        _reload(node, config)
+
+
 async def _one_window_sent(db: asyncpg.Connection, nodes: tuple[Node, Node]) -> dict[str, Any]:
     """Two alarms raised, grouped into one window by both nodes, and the window sent."""
     for k in range(2):

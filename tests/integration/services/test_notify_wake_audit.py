@@ -10,10 +10,11 @@ from tests.integration.services.test_notify_group_routes import ESCALATIONS, HOT
 from tests.integration.services.test_notify_grouping import (
     _config,
     _consume_together,
+    _day_window_sent,
     _escalate,
     _make_due,
     _raise,
-    _reload,
+    _reload_all,
     _sent_long_ago,
     _two_nodes,
     _window_status,
@@ -44,20 +45,11 @@ async def test_a_moved_routes_alarm_is_still_reminded_when_another_route_takes_i
         webhook_server() as server,
         _two_nodes(db_dsn, _config(server.url(""), ONLY_HOT_BY_DEVICE)) as nodes,
     ):
-        a = await _raise(db, "dev-0", "hot", 0)
-        await _consume_together(nodes)
-        [first] = await _windows(db)
+        a, first = await _day_window_sent(db, nodes, "dev-0", "hot", 0)
         assert first["body"]["group_key"] == "routes[0]{device=dev-0}"
-        await _make_due(db, first["id"])
-        await wait_until(lambda: _window_status(db, first["id"], "SENT"), message="sent")
-        for node in nodes:
-            _reload(node, _config(server.url(""), COLD_THEN_HOT_BY_DEVICE))
-        c = await _raise(db, "dev-0", "cold", 1)
-        await _consume_together(nodes)
-        [_, cold] = await _windows(db)
+        _reload_all(nodes, _config(server.url(""), COLD_THEN_HOT_BY_DEVICE))
+        c, cold = await _day_window_sent(db, nodes, "dev-0", "cold", 1)
         assert cold["body"]["group_key"] == "routes[0]{device=dev-0}"
-        await _make_due(db, cold["id"])
-        await wait_until(lambda: _window_status(db, cold["id"], "SENT"), message="sent")
         await _sent_long_ago(db, cold["id"])
         await _consume_together(nodes)
         repeats = [w for w in await _windows(db) if w["body"]["repeat"]]
@@ -81,18 +73,12 @@ async def test_a_route_edit_reverted_brings_its_groups_reminders_back(
         webhook_server() as server,
         _two_nodes(db_dsn, _config(server.url(""), ONLY_HOT_BY_DEVICE)) as nodes,
     ):
-        a = await _raise(db, "dev-0", "hot", 0)
-        await _consume_together(nodes)
-        [first] = await _windows(db)
-        await _make_due(db, first["id"])
-        await wait_until(lambda: _window_status(db, first["id"], "SENT"), message="sent")
+        a, first = await _day_window_sent(db, nodes, "dev-0", "hot", 0)
         await _sent_long_ago(db, first["id"])
-        for node in nodes:
-            _reload(node, _config(server.url(""), ONLY_COLD_BY_DEVICE))
+        _reload_all(nodes, _config(server.url(""), ONLY_COLD_BY_DEVICE))
         await _consume_together(nodes)
         assert len(await _windows(db)) == 1, "the edited route reminded of a hot alarm"
-        for node in nodes:
-            _reload(node, _config(server.url(""), ONLY_HOT_BY_DEVICE))
+        _reload_all(nodes, _config(server.url(""), ONLY_HOT_BY_DEVICE))
         await _consume_together(nodes)
         windows = await _windows(db)
         assert len(windows) == 2, "the reverted route never reminds of its open alarm"
@@ -115,13 +101,8 @@ async def test_a_moved_routes_alarm_escalated_after_the_move_is_reminded_once(
         webhook_server() as server,
         _two_nodes(db_dsn, _config(server.url(""), _HOT_ESC)) as nodes,
     ):
-        a = await _raise(db, "dev-0", "hot", 0)
-        await _consume_together(nodes)
-        [first] = await _windows(db)
-        await _make_due(db, first["id"])
-        await wait_until(lambda: _window_status(db, first["id"], "SENT"), message="sent")
-        for node in nodes:
-            _reload(node, _config(server.url(""), _COLD_PLAIN + _HOT_ESC))
+        a, _ = await _day_window_sent(db, nodes, "dev-0", "hot", 0)
+        _reload_all(nodes, _config(server.url(""), _COLD_PLAIN + _HOT_ESC))
         await _raise(db, "dev-0", "cold", 1)
         await _consume_together(nodes)
         await _escalate(db, a)
