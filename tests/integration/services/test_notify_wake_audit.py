@@ -6,16 +6,19 @@ from __future__ import annotations
 
 import asyncpg
 
+from gateway.alarms.shelving import lift
 from tests.integration.services.test_notify_group_routes import ESCALATIONS, HOT_THEN_COLD, _route
 from tests.integration.services.test_notify_grouping import (
     _config,
     _consume_together,
     _day_window_sent,
     _escalate,
+    _interval_passed,
     _make_due,
     _raise,
     _reload_all,
     _sent_long_ago,
+    _shelve,
     _two_nodes,
     _window_status,
     _windows,
@@ -122,3 +125,33 @@ async def test_a_moved_routes_alarm_escalated_after_the_move_is_reminded_once(
         repeats = [w for w in await _windows(db) if w["body"]["repeat"]]
         listed = [n["alarm_id"] for w in repeats for n in w["body"]["notifications"]]
         assert listed.count(a) == 1, "hook reminded twice per interval of the hot alarm"
+
+
+async def test_a_reload_leaves_a_group_stopped_under_a_shelf_alone_and_its_end_still_tells(
+    db_dsn: str, db: asyncpg.Connection
+) -> None:
+    """A group whose one open alarm is shelved stopped repeating (nothing to list). A reload
+    does not wake it (a fleet's groups stopped under a maintenance shelf would each make an
+    empty pass at every start and reload); the shelf's end still owes it its repeat."""
+    async with (
+        webhook_server() as server,
+        _two_nodes(db_dsn, _config(server.url(""), ONLY_HOT_BY_DEVICE)) as nodes,
+    ):
+        a, first = await _day_window_sent(db, nodes, "dev-0", "hot", 0)
+        async with db.transaction():
+            shelf = await _shelve(db, "alarm", a)
+        await _sent_long_ago(db, first["id"])
+        await _consume_together(nodes)
+        stopped = "SELECT repeat_stopped FROM notify_group"
+        assert await db.fetchval(stopped) is True
+        _reload_all(nodes, _config(server.url(""), ONLY_HOT_BY_DEVICE.replace("3600", "7200")))
+        await _consume_together(nodes)
+        assert await db.fetchval(stopped) is True, "woken by the reload with nothing to list"
+        assert len(await _windows(db)) == 1
+        async with db.transaction():
+            await lift(db, shelf["id"], actor="op", node_id="n0", request_id=None)
+        await _interval_passed(db)
+        await _consume_together(nodes)
+        [*_, repeat] = await _windows(db)
+        assert repeat["body"]["repeat"] is True
+        assert [n["alarm_id"] for n in repeat["body"]["notifications"]] == [a]
