@@ -206,15 +206,7 @@ class Notify:
     def targets(self, facts: Facts) -> list[tuple[str, Route]]:
         """Each receiver of a notification with the route that chose it (a receiver chosen
         twice: by the first, whose grouping applies)."""
-        chosen: dict[str, Route] = {}
-        for route in self.routes:
-            if not route.matches(facts):
-                continue
-            for receiver in route.receivers:
-                chosen.setdefault(receiver, route)
-            if not route.continue_:
-                break
-        return list(chosen.items())
+        return route_targets(self.routes, facts)
 
     def outbox_types(self) -> frozenset[str]:
         """The outbox event types some route may turn into a notification: the only ones the
@@ -241,6 +233,20 @@ def first_silence(silences: Sequence[Silence], facts: Facts, at: datetime) -> Si
 
 
 # --- compiling ---------------------------------------------------------------------------------
+
+
+def route_targets(routes: Sequence[Route], facts: Facts) -> list[tuple[str, Route]]:
+    """Each receiver of a notification with the route that chose it, routes in order: the
+    first match wins unless it says ``continue`` (``Notify.targets``)."""
+    chosen: dict[str, Route] = {}
+    for route in routes:
+        if not route.matches(facts):
+            continue
+        for receiver in route.receivers:
+            chosen.setdefault(receiver, route)
+        if not route.continue_:
+            break
+    return list(chosen.items())
 
 
 _GROUP_ROUTE_RE: Final = re.compile(r"routes\[([0-9]+)\]")
@@ -286,15 +292,10 @@ def reminding_route(
         severity=notification.get("severity"),
         alarm_id=notification.get("alarm_id"),
     )
-    for route in routes:
-        if not route.matches(facts):
-            continue
-        if receiver in route.receivers:
-            repeats = route.grouping is not None and route.grouping.repeat_s > 0
-            return route if repeats else None
-        if not route.continue_:
-            break
-    return None
+    route = dict(route_targets(routes, facts)).get(receiver)
+    if route is None or route.grouping is None or not route.grouping.repeat_s > 0:
+        return None
+    return route
 
 
 def route_of_group(

@@ -263,6 +263,7 @@ class GroupWindows:
                     (r["event_id"], r["alarm_id"], msgspec.json.decode(r["body"]))
                     for r in await repo.group_open_members(self.conn, group["id"])
                 ]
+                labels = msgspec.json.decode(group["labels"])
                 route = (
                     None
                     if routes is None
@@ -270,7 +271,7 @@ class GroupWindows:
                         routes,
                         receiver=group["receiver"],
                         group_key=group["group_key"],
-                        labels=msgspec.json.decode(group["labels"]),
+                        labels=labels,
                         identity=group["route_identity"],
                     )
                 )
@@ -296,7 +297,7 @@ class GroupWindows:
                     window=group["windows"] + 1,
                     receiver=group["receiver"],
                     key=group["group_key"],
-                    labels=msgspec.json.decode(group["labels"]),
+                    labels=labels,
                     items=items,
                     outbox_id=group["outbox_id"],
                     event_created_at=group["event_created_at"],
