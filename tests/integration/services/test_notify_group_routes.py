@@ -4,10 +4,13 @@ its own."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import asyncpg
 import pytest
 
 from tests.integration.services.test_notify_grouping import (
+    Node,
     _config,
     _consume_together,
     _escalate,
@@ -67,6 +70,23 @@ HOT = _route('["hot"]', events=ESCALATIONS)
 COLD_THEN_HOT = _route('["cold"]') + _route('["hot"]', events=ESCALATIONS, repeat_s=600)
 
 
+async def _escalated_at_the_new_place(
+    db: asyncpg.Connection, nodes: tuple[Node, Node], alarm_id: int, first: dict[str, Any]
+) -> None:
+    """After HOT moved to place 1: the alarm escalated, its escalation sent in the group at
+    the route's new place; both that window and ``first`` (the group at its old place) sent
+    repeat_interval_s ago, and both nodes pass."""
+    await _escalate(db, alarm_id)
+    await _consume_together(nodes)
+    [*_, moved] = await _windows(db)
+    assert moved["body"]["group_key"] == "routes[1]{rule=hot}"
+    await _make_due(db, moved["id"])
+    await wait_until(lambda: _window_status(db, moved["id"], "SENT"), message="sent")
+    await _sent_long_ago(db, first["id"])
+    await _sent_long_ago(db, moved["id"])
+    await _consume_together(nodes)
+
+
 async def test_a_route_moved_in_the_list_keeps_its_groups_and_reminds_once(
     db_dsn: str, db: asyncpg.Connection
 ) -> None:
@@ -86,15 +106,7 @@ async def test_a_route_moved_in_the_list_keeps_its_groups_and_reminds_once(
         intervals = "SELECT repeat_interval_s FROM notify_group WHERE group_key = $1"
         assert await db.fetchval(intervals, "routes[0]{rule=hot}") == 600
         [a, *_] = [r["id"] for r in await db.fetch("SELECT id FROM alarm ORDER BY id")]
-        await _escalate(db, a)
-        await _consume_together(nodes)
-        [_, moved] = await _windows(db)
-        assert moved["body"]["group_key"] == "routes[1]{rule=hot}"
-        await _make_due(db, moved["id"])
-        await wait_until(lambda: _window_status(db, moved["id"], "SENT"), message="sent")
-        await _sent_long_ago(db, first["id"])
-        await _sent_long_ago(db, moved["id"])
-        await _consume_together(nodes)
+        await _escalated_at_the_new_place(db, nodes, a, first)
         repeats = [w for w in await _windows(db) if w["body"]["repeat"]]
         listed = [
             (

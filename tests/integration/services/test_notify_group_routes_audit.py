@@ -10,13 +10,12 @@ from tests.integration.services.test_notify_group_routes import (
     HOT,
     HOT_THEN_COLD,
     ONLY_COLD,
+    _escalated_at_the_new_place,
 )
 from tests.integration.services.test_notify_grouping import (
     _config,
     _consume_together,
     _day_window_sent,
-    _escalate,
-    _make_due,
     _reload_all,
     _sent_long_ago,
     _two_nodes,
@@ -45,15 +44,7 @@ async def test_a_group_that_deferred_its_alarm_reminds_again_when_the_newer_grou
         a, first = await _day_window_sent(db, nodes, "dev-0", "hot", 0)
         _reload_all(nodes, _config(server.url(""), COLD_THEN_HOT))
         await _consume_together(nodes)
-        await _escalate(db, a)
-        await _consume_together(nodes)
-        [_, moved] = await _windows(db)
-        assert moved["body"]["group_key"] == "routes[1]{rule=hot}"
-        await _make_due(db, moved["id"])
-        await wait_until(lambda: _window_status(db, moved["id"], "SENT"), message="sent")
-        await _sent_long_ago(db, first["id"])
-        await _sent_long_ago(db, moved["id"])
-        await _consume_together(nodes)
+        await _escalated_at_the_new_place(db, nodes, a, first)
         [_, _, repeat] = await _windows(db)
         assert repeat["body"]["group_key"] == "routes[1]{rule=hot}"
         await wait_until(lambda: _window_status(db, repeat["id"], "FAILED"), message="failed")
