@@ -265,18 +265,6 @@ def _labels_fit(matchers: Matchers, labels: Mapping[str, str]) -> bool:
     )
 
 
-def route_accepts(route: Route, notification: Mapping[str, Any]) -> bool:
-    """Whether a notification a group carried (its body: ``rule_key``, ``device_id``,
-    ``severity``) is one ``route`` accepts: a group's repeat lists only the alarms of the
-    route it repeats for now, not those of a route removed from its place."""
-    labels = {
-        "rule": notification.get("rule_key") or "",
-        "device": notification.get("device_id") or "",
-        "severity": notification.get("severity") or "",
-    }
-    return _labels_fit(route.matchers, labels)
-
-
 def reminding_route(
     routes: Sequence[Route], receiver: str, notification: Mapping[str, Any]
 ) -> Route | None:

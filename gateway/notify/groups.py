@@ -44,7 +44,7 @@ from typing import Any, Final
 import asyncpg
 import msgspec
 
-from gateway.domain.notify import Route, reminding_route, route_accepts, route_of_group
+from gateway.domain.notify import Route, reminding_route, route_of_group
 from gateway.domain.notify_match import Facts
 from gateway.domain.notify_policy import Sites
 from protocol.notifications import GroupedNotification
@@ -231,30 +231,41 @@ class GroupWindows:
         await repo.wake_stopped_groups(self.conn)
         return changed
 
-    async def _still_owed(
+    async def _kept(
         self,
         group: asyncpg.Record,
+        route: Route,
         routes: Sequence[Route],
         alarm_id: int | None,
         notification: dict[str, Any],
     ) -> bool:
-        """Whether a group lists an alarm its route does not accept: one a grouping route
-        that repeats still sends its receiver (a route that moved off the group's place,
-        whose group row the route moved in took over), as long as no group of that route
-        for the receiver carries the alarm (one reminder per alarm and route)."""
-        other = reminding_route(routes, group["receiver"], notification)
-        if other is None or alarm_id is None:
+        """Whether a group's repeat lists this open alarm (its newest notification the group
+        carried): if the route the group repeats for is the one that sends its receiver that
+        notification now (``reminding_route``: the route's events and matchers, and its
+        place, since a route ahead of it that matches without ``continue`` takes the
+        notification); or if another grouping route that repeats sends it now (a route that
+        moved off the group's place, whose group row the route moved in took over), as long
+        as no group of that route for the receiver carries the alarm (one reminder per alarm
+        and route). Else nobody would send the receiver this alarm now: it is not reminded
+        of it."""
+        reminder = reminding_route(routes, group["receiver"], notification)
+        if reminder is None:
+            return False
+        if reminder.identity == route.identity:
+            return True
+        if alarm_id is None:
             return False
         return not await repo.route_carries_alarm(
-            self.conn, group["id"], group["receiver"], other.identity, alarm_id
+            self.conn, group["id"], group["receiver"], reminder.identity, alarm_id
         )
 
     async def repeat(self, routes: Sequence[Route] | None = None) -> int:
         """Repeat the groups due for it (see the module); the number of windows made. The
         intervals are the ones stored with the group's latest window. With ``routes`` (this
         node's configuration) a repeat lists only the alarms the route it repeats for now
-        (``route_of_group``) accepts: a group whose key a route moved into its place took
-        over lists no alarm of the route removed from there."""
+        (``route_of_group``) still sends its receiver (``_kept``): a group whose key a route
+        moved into its place took over lists no alarm of the route removed from there, nor
+        one a route put ahead of it takes, nor one whose event the route no longer sends."""
         made = 0
         async with self.conn.transaction():
             now: datetime = await self.conn.fetchval("SELECT now()")
@@ -279,8 +290,7 @@ class GroupWindows:
                     items = [
                         item
                         for item in items
-                        if route_accepts(route, item[2])
-                        or await self._still_owed(group, routes, item[1], item[2])
+                        if await self._kept(group, route, routes, item[1], item[2])
                     ]
                 if group["resuming"] and not group["interval_due"]:
                     freed = set(group["resume_alarm_ids"])
