@@ -18,7 +18,8 @@ import asyncpg
 
 from protocol import Topics
 from sim.publisher import publish_many
-from tests.support.daemon import DaemonProcess, config_toml, http_healthy
+from tests.integration.acceptance.test_process import _write_shared
+from tests.support.daemon import DaemonProcess, http_healthy
 from tests.support.mosquitto import Mosquitto
 from tests.support.ports import free_port
 from tests.support.receivers import WebhookServer, webhook_server
@@ -58,17 +59,6 @@ name = "hook"
 kind = "webhook"
 url = "{server.url("/hook")}"
 {routes}"""
-
-
-def _write(
-    paths: list[Path], ports: list[int], db_dsn: str, mosquitto: Mosquitto, extra: str
-) -> None:
-    for n, (path, port) in enumerate(zip(paths, ports, strict=True)):
-        path.write_text(
-            config_toml(dsn=db_dsn, mqtt_port=mosquitto.port, node_id=f"node-{n}",
-                        http_port=port, log_level="info", extra=extra,
-                        mqtt_extra='shared_group = "alarms"')
-        )  # fmt: skip
 
 
 async def _windows(db: asyncpg.Connection, rule: str) -> list[asyncpg.Record]:
@@ -117,7 +107,7 @@ async def test_a_route_taken_out_by_sighup_stops_reminding_and_put_back_reminds_
     async with webhook_server() as server:
         both = RULES + _notify(server, _route("door") + _route("smoke"))
         smoke_only = RULES + _notify(server, _route("smoke"))
-        _write(paths, ports, db_dsn, mosquitto, both)
+        _write_shared(paths, ports, db_dsn, mosquitto, both)
         try:
             for process, port in zip(processes, ports, strict=True):
                 process.start()
@@ -147,7 +137,7 @@ async def test_a_route_taken_out_by_sighup_stops_reminding_and_put_back_reminds_
                 )
 
             # The door route taken out on both nodes: its group reminds no more.
-            _write(paths, ports, db_dsn, mosquitto, smoke_only)
+            _write_shared(paths, ports, db_dsn, mosquitto, smoke_only)
             await _reload(processes)
             await wait_until(
                 lambda: db.fetchval(
@@ -165,7 +155,7 @@ async def test_a_route_taken_out_by_sighup_stops_reminding_and_put_back_reminds_
             # Put back: the group is the route's again. Its latest window was sent more than
             # repeat_interval_s ago (the clock moved on while it was out): it reminds at once,
             # once; the smoke group, reminded since, not before its own interval.
-            _write(paths, ports, db_dsn, mosquitto, both)
+            _write_shared(paths, ports, db_dsn, mosquitto, both)
             await _reload(processes)
             await wait_until(lambda: _all_sent(db, "door", 3), timeout=60, message="reminded")
             assert json.loads((await _windows(db, "door"))[-1]["body"])["window"] == 3
