@@ -18,7 +18,7 @@ _Q = load_queries("campaigns.sql")
 INSERT = _Q["insert"]
 BY_IDEMPOTENCY_KEY = _Q["by_idempotency_key"]
 INSERT_COMMANDS = _Q["insert_commands"]
-UNBOUND_AMONG = _Q["unbound_among"]
+LOCK_TARGETS = _Q["lock_targets"]
 BOUND_DEVICES = _Q["bound_devices"]
 GET = _Q["get"]
 LIST = _Q["list"]
@@ -152,8 +152,10 @@ async def insert_commands(
     return int(count)
 
 
-async def unbound_among(conn: asyncpg.Connection, device_ids: Sequence[str]) -> list[str]:
-    return [r["device_id"] for r in await conn.fetch(UNBOUND_AMONG, list(device_ids))]
+async def lock_targets(conn: asyncpg.Connection, device_ids: Sequence[str]) -> dict[str, bool]:
+    """The known devices among ``device_ids``, each with whether it is bound, locked until the
+    transaction ends (an unbind waits for it)."""
+    return {r["device_id"]: r["bound"] for r in await conn.fetch(LOCK_TARGETS, list(device_ids))}
 
 
 async def bound_devices(conn: asyncpg.Connection) -> list[str]:

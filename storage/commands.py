@@ -112,6 +112,7 @@ CANCEL = _Q["cancel"]
 CHANGED_BY = _Q["changed_by"]
 CANCEL_OPEN_OF_DEVICE = _Q["cancel_open_of_device"]
 UNBIND_DEVICE = _Q["unbind_device"]
+LOCK_DEVICE = _Q["lock_device"]
 
 
 async def get(conn: asyncpg.Connection, command_id: int) -> CommandRow | None:
@@ -313,6 +314,9 @@ async def cancel_open_of_device(conn: asyncpg.Connection, device_id: str) -> lis
 
 
 async def unbind_device(conn: asyncpg.Connection, device_id: str) -> None:
+    """Locks the device's row first (waiting for the creations that read it bound), then
+    registers it unbound; the caller cancels its open commands in a later statement."""
+    await conn.execute(LOCK_DEVICE, device_id)
     await conn.execute(UNBIND_DEVICE, device_id)
 
 

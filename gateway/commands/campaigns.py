@@ -145,16 +145,22 @@ def counts_of(row: CountedCampaignRow) -> dict[str, int]:
     return {status.value: int(found.get(status.value, 0)) for status in CommandStatus}
 
 
-async def _resolve(conn: asyncpg.Connection, targets: Targets) -> list[str]:
+async def _resolve(conn: asyncpg.Connection, targets: Targets, *, lock: bool = True) -> list[str]:
+    # The known targets stay locked until the campaign commits: an unbind racing it waits,
+    # then cancels the commands made here; one committed first is read here (repo.lock_targets).
     if targets.devices is not None:
         devices = list(dict.fromkeys(targets.devices))  # the first mention's order
-        unbound = await repo.unbound_among(conn, devices)
+        bound = await repo.lock_targets(conn, devices)
+        unbound = sorted(d for d, is_bound in bound.items() if not is_bound)
         if unbound:
             raise UnboundTargetsError(unbound)
     else:
         assert targets.selector is not None
         selector = DeviceSelector(targets.selector)
         devices = [d for d in await repo.bound_devices(conn) if selector.matches(d)]
+        if lock:
+            bound = await repo.lock_targets(conn, devices)
+            devices = [d for d in devices if bound.get(d, False)]  # unbound since the read
     if not devices:
         raise NoTargetsError
     return devices
@@ -324,7 +330,7 @@ class CampaignService:
         known bound devices it picks, sorted (what ``create`` resolves it to)."""
         async with self.pool.acquire() as conn:
             try:
-                return await _resolve(conn, Targets(selector=tuple(selector)))
+                return await _resolve(conn, Targets(selector=tuple(selector)), lock=False)
             except NoTargetsError:
                 return []
 

@@ -37,9 +37,14 @@ WITH made AS (
 )
 SELECT count(*) FROM made;
 
--- name: unbound_among
--- $1 device ids; those registered as unbound, sorted.
-SELECT device_id FROM device WHERE device_id = ANY($1::text[]) AND NOT bound ORDER BY device_id;
+-- name: lock_targets
+-- $1 device ids; the known ones with whether each is bound, sorted, locked FOR KEY SHARE until
+-- the campaign commits (commands.sql `unbound_among` says why: an unbind waits for it, then
+-- cancels its commands; one committed first is read here as unbound, after the wait).
+SELECT d.device_id, d.bound
+FROM device d JOIN unnest($1::text[]) AS u(id) ON d.device_id = u.id
+ORDER BY d.device_id
+FOR KEY SHARE OF d;
 
 -- name: bound_devices
 -- no parameters; every known device that takes commands, sorted (a selector picks among them).

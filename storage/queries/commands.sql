@@ -328,6 +328,14 @@ FROM (SELECT id, status FROM command
 WHERE c.id = old.id
 RETURNING c.*, old.status AS previous_status;
 
+-- name: lock_device
+-- $1 device; an unbind's first statement: the device's row locked FOR UPDATE, so it waits for
+-- every creation that read the device bound (`unbound_among` holds it FOR KEY SHARE) to
+-- commit, and its cancel, a statement after, sees their commands. A creation after it waits
+-- for the unbind and reads the device unbound. Telemetry's FOR NO KEY UPDATE of the row is
+-- never held back by a creation.
+SELECT 1 FROM device WHERE device_id = $1 FOR UPDATE;
+
 -- name: unbind_device
 -- $1 device; registers an unknown device as unbound too (no commands may follow).
 INSERT INTO device (device_id, first_seen, last_seen, bound)
@@ -419,9 +427,17 @@ SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::integer[], $5::
                      $12::text[]);
 
 -- name: unbound_among
--- $1 device ids; those registered as unbound (a device never seen takes commands).
-SELECT d.device_id FROM device d JOIN unnest($1::text[]) AS u(id) ON d.device_id = u.id
-WHERE NOT d.bound;
+-- $1 device ids; those registered as unbound (a device never seen takes commands). Every known
+-- one is locked FOR KEY SHARE until the creation commits: an unbind (`lock_device`) waits for
+-- it, then cancels what it created; one committed first is read here, after the wait.
+-- A CTE, not a subquery in FROM: with the latter, only the unbound rows came out locked.
+WITH known AS MATERIALIZED (
+    SELECT d.device_id, d.bound
+    FROM device d JOIN unnest($1::text[]) AS u(id) ON d.device_id = u.id
+    ORDER BY d.device_id
+    FOR KEY SHARE OF d
+)
+SELECT device_id FROM known WHERE NOT bound;
 
 -- name: insert_many
 -- Many new commands (arrays, pairwise): $1 devices, $2 names, $3 params json, $4 deliveries,
