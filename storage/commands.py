@@ -113,6 +113,7 @@ CHANGED_BY = _Q["changed_by"]
 CANCEL_OPEN_OF_DEVICE = _Q["cancel_open_of_device"]
 UNBIND_DEVICE = _Q["unbind_device"]
 LOCK_DEVICE = _Q["lock_device"]
+CLAIM_ANSWERED = _Q["claim_answered"]
 
 
 async def get(conn: asyncpg.Connection, command_id: int) -> CommandRow | None:
@@ -311,6 +312,13 @@ async def changed_by(conn: asyncpg.Connection, command_id: int) -> tuple[str, st
 
 async def cancel_open_of_device(conn: asyncpg.Connection, device_id: str) -> list[MovedCommandRow]:
     return [moved_command_row(r) for r in await conn.fetch(CANCEL_OPEN_OF_DEVICE, device_id)]
+
+
+async def claim_answered(
+    conn: asyncpg.Connection, command_id: int, generation: int, node_id: str
+) -> bool:
+    """Whether a receipt of this claim (generation and node) of the command was accepted."""
+    return bool(await conn.fetchval(CLAIM_ANSWERED, command_id, generation, node_id))
 
 
 async def unbind_device(conn: asyncpg.Connection, device_id: str) -> None:

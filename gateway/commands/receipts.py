@@ -118,11 +118,24 @@ async def apply_receipt(
             )
     else:
         fresh = None if current is None else await repo.get(conn, current.id)
+        # PENDING with this very claim (generation and node): lapsed, or requeued by an
+        # answer of that claim (a deferrable retry), which only the receipt log tells apart.
+        answered = (
+            fresh is not None
+            and fresh.status == CommandStatus.PENDING
+            and fresh.claimed_node_id is not None
+            and receipt.claim_generation == fresh.claim_generation
+            and receipt.node_id == fresh.claimed_node_id
+            and await repo.claim_answered(
+                conn, fresh.id, fresh.claim_generation, fresh.claimed_node_id
+            )
+        )
         guards = Guards(
             command_exists=fresh is not None,
             status=None if fresh is None else CommandStatus(fresh.status),
             claim_generation=None if fresh is None else fresh.claim_generation,
             claimed_node_id=None if fresh is None else fresh.claimed_node_id,
+            claim_answered=answered,
         )
         outcome, reason = judge_receipt(
             guards,

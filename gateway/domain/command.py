@@ -140,6 +140,9 @@ class Guards:
     status: CommandStatus | None
     claim_generation: int | None
     claimed_node_id: str | None
+    # A receipt of the row's latest claim (its generation and node) was accepted already: a
+    # PENDING row then waits for a retry that answer asked for, not after a lapsed lease.
+    claim_answered: bool = False
 
     def __post_init__(self) -> None:
         if self.command_exists:
@@ -149,6 +152,8 @@ class Guards:
                 raise ValueError("claim_generation is never negative")
         elif (self.status, self.claim_generation, self.claimed_node_id) != (None, None, None):
             raise ValueError("a missing command has no status, generation or node")
+        elif self.claim_answered:
+            raise ValueError("a missing command has no answered claim")
 
 
 def receipt_matches(
@@ -211,10 +216,15 @@ def judge_receipt(
         reason = RejectReason.UNKNOWN_GENERATION
     elif receipt_node != node:
         reason = RejectReason.NODE_MISMATCH
-    elif status in RECEIVING_STATUSES or status in ANSWERED_STATUSES:
+    elif (
+        status in RECEIVING_STATUSES
+        or status in ANSWERED_STATUSES
+        or (status is CommandStatus.PENDING and guards.claim_answered)
+    ):
         # The same claim, still open (another copy of the receipt won, or a SENT receipt
         # found the command SENT already), or already answered by it (a device repeating
-        # itself, a QoS 1 redelivery): a duplicate, not an error.
+        # itself, a QoS 1 redelivery; PENDING: the answer asked for a retry, which keeps the
+        # generation until the next claim): a duplicate, not an error.
         reason = None
     else:
         reason = _closed_or_not_claimed(status)

@@ -246,6 +246,13 @@ WHERE id = $1 AND claim_generation = $2 AND claimed_node_id = $3
   AND status IN ('CLAIMED', 'SENT') AND status = $4
 RETURNING *;
 
+-- name: claim_answered
+-- $1 command id, $2 generation, $3 node; whether a receipt of that claim was accepted (a PENDING
+-- command then waits for the retry that answer asked for: its claim did not lapse).
+SELECT EXISTS (SELECT 1 FROM command_receipt
+               WHERE command_id = $1 AND claim_generation = $2 AND node_id = $3
+                 AND outcome = 'accepted');
+
 -- name: insert_receipt
 -- $1 command id or null, $2 reported command id, $3 device, $4 generation, $5 node,
 -- $6 result, $7 result code, $8 raw result code, $9 raw ack, $10 outcome, $11 reason,
