@@ -21,13 +21,20 @@ SELECT * FROM campaign WHERE idempotency_key = $1;
 -- $1 campaign id, $2 name, $3 params json, $4 delivery, $5 created by, $6 expire after
 -- seconds, $7 device ids (in order), $8 node id. One PENDING command per device, ids in the
 -- list's order, paced when the campaign has a rollout limit, with each one's audit row: one
--- statement for the whole campaign.
-WITH made AS (
+-- statement for the whole campaign. A paced command expires $6 seconds after the rollout can
+-- let it out at the earliest, the n-th (n - 1) / per_minute minutes after the start: counted
+-- from the creation, the tail of a rollout longer than $6 expired unsent, each a TIMEOUT the
+-- abort criteria took for a device's failure.
+WITH pace AS (
+    SELECT k.per_minute FROM campaign k WHERE k.id = $1
+), made AS (
     INSERT INTO command (device_id, name, params, delivery, created_by, expire_at, campaign_id,
                          paced)
-    SELECT u.d, $2, $3::jsonb, $4, $5, now() + make_interval(secs => $6), $1,
-           (SELECT k.per_minute IS NOT NULL FROM campaign k WHERE k.id = $1)
-    FROM unnest($7::text[]) WITH ORDINALITY AS u(d, n)
+    SELECT u.d, $2, $3::jsonb, $4, $5,
+           now() + make_interval(secs => $6 + coalesce((u.n - 1) * 60.0::double precision
+                                                        / p.per_minute, 0.0)),
+           $1, p.per_minute IS NOT NULL
+    FROM unnest($7::text[]) WITH ORDINALITY AS u(d, n) CROSS JOIN pace p
     ORDER BY u.n
     RETURNING id, status, claim_generation
 ), audit AS (
