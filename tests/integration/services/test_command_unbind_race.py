@@ -16,8 +16,13 @@ import contextlib
 import asyncpg
 import pytest
 
-from gateway.commands.campaigns import CampaignRequest, CampaignService, Targets
-from gateway.commands.lifecycle import DeviceUnboundError
+from gateway.commands.campaigns import (
+    CampaignRequest,
+    CampaignService,
+    Targets,
+    UnboundTargetsError,
+)
+from gateway.commands.lifecycle import DeviceUnboundError, unbind
 from gateway.commands.service import CommandService
 from gateway.domain.command import Delivery
 from tests.support.waiting import wait_until
@@ -136,4 +141,33 @@ async def test_a_device_unbound_while_its_command_is_created_gets_no_open_comman
         await asyncio.wait_for(unbinding, timeout=20)
     finally:
         await holder.close()
+    assert await _open_commands_of(pool, "pump-2") == []
+
+
+async def test_a_campaign_created_while_an_unbind_is_in_flight_reads_it_unbound(
+    pool: asyncpg.Pool, db_dsn: str
+) -> None:
+    """The other order: the unbind's transaction is open when the campaign reads its targets."""
+    async with pool.acquire() as conn:
+        await _known(conn)
+    campaigns = CampaignService(pool, "api", 3600.0)
+    request = CampaignRequest(
+        name="reboot", params={}, delivery=Delivery.REALTIME, targets=Targets(devices=DEVICES),
+        per_minute=None, abort=None, idempotency_key=None,
+    )  # fmt: skip
+    unbinder = await asyncpg.connect(db_dsn)
+    try:
+        held = unbinder.transaction()
+        await held.start()
+        await unbind(unbinder, "pump-2", actor="api:ops", node_id="api")
+        creating = asyncio.create_task(campaigns.create(request, actor="api:ops"))
+        await wait_until(
+            lambda: creating.done() or _waiting_on_lock(pool, "FROM device"),
+            timeout=10, message="the campaign was created or waits",
+        )  # fmt: skip
+        await held.commit()
+        with contextlib.suppress(UnboundTargetsError):  # refused: nothing created
+            await asyncio.wait_for(creating, timeout=20)
+    finally:
+        await unbinder.close()
     assert await _open_commands_of(pool, "pump-2") == []
