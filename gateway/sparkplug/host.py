@@ -32,7 +32,7 @@ import msgspec
 import structlog
 
 from protocol import Telemetry, canonical_bytes
-from protocol.messages import MAX_TIME, MIN_TIME
+from protocol.messages import MAX_EPOCH_MS
 from protocol.sparkplug import (
     BDSEQ,
     MessageType,
@@ -499,10 +499,13 @@ class SparkplugHost:
                 return
             by_time.setdefault(at, {})[name] = value
         for at, values in sorted(by_time.items()):
-            ts = _EPOCH + timedelta(milliseconds=at)
-            if not MIN_TIME <= ts < MAX_TIME:
+            # Judged as an integer first: a time in microseconds or nanoseconds (an edge node
+            # that does not send milliseconds), or an unset uint64, holds no date at all, and
+            # making one raised (OverflowError: the whole batch refused, a bug to the writer).
+            if not 0 <= at <= MAX_EPOCH_MS:
                 out.dead_letters.append(message.letter(INVALID, f"timestamp {at} is out of range"))
                 return
+            ts = _EPOCH + timedelta(milliseconds=at)
             telemetry = Telemetry(ts=ts, seq=payload.seq, metrics=values)
             event_id = event_id_of(topic.device_key, telemetry)
             out.telemetry.append(
