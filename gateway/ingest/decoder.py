@@ -262,6 +262,8 @@ class MessageDecoder:
                 payload=payload,
                 message_id=sparkplug.message_id(item.topic, item.payload),
                 letter=functools.partial(self.dead_letter, item),
+                # The broker's delivery (a replayed dead letter has none): its QoS.
+                at_most_once=getattr(item.message, "qos", None) == 0,
             )
         )
 

@@ -80,6 +80,10 @@ class SparkplugMessage:
     payload: SparkplugPayload
     message_id: str
     letter: Callable[[str, str], DeadLetterRow]
+    # Delivered at QoS 0: the broker never delivers it again, so it is nobody's redelivery,
+    # even with the bytes of a message applied before (Eclipse Tahu's JavaScript client makes
+    # its Will once: every session's NDEATH is the same bytes, at QoS 0).
+    at_most_once: bool = False
 
 
 @dataclass(slots=True)
@@ -238,14 +242,14 @@ class SparkplugHost:
         for message in messages:
             node = nodes[(message.topic.group, message.topic.node)]
             short = message.message_id[:16]
-            if short in node.recent:
+            if not message.at_most_once and short in node.recent:
                 out.duplicates += 1
                 continue
             letters = len(out.dead_letters)
             self._one(node, message, out, now)
-            if len(out.dead_letters) == letters:
+            if len(out.dead_letters) == letters and not message.at_most_once:
                 # Applied: a redelivery is skipped. (A dead letter is not: replayed, it is
-                # judged again.)
+                # judged again. Nor a message at QoS 0: none comes again.)
                 node.recent.append(short)
         await repo.write_nodes(conn, [node.write() for node in nodes.values()])
         for key, node in nodes.items():
