@@ -159,6 +159,9 @@ class MqttSession:
         # broker that lost the session's `$share` subscriptions, as mosquitto does across
         # its own restart, delivers nothing to the group until they are made again).
         self.subscribed = False
+        # Set while ``subscribed``: what waits for the subscriptions (the Sparkplug host's
+        # STATE birth, which edge nodes answer at once with their births) waits on it.
+        self._subscribed_now = asyncio.Event()
         # Every break of the subscriptions, the first from before the process (nothing was
         # listened to before the first subscribe): what the inactivity monitor hears.
         self.listening = Listening()
@@ -595,6 +598,7 @@ class MqttSession:
                 self._lost_subscribing = 0
                 self.established += 1
                 self.subscribed = True
+                self._subscribed_now.set()
                 self.listening.subscribed()
                 self.problem = None
                 self._arrived()
@@ -912,6 +916,12 @@ class MqttSession:
             return None if limit is None else limit[0]
         return self.max_packet_size
 
+    @property
+    def subscribed_now(self) -> asyncio.Event:
+        """Set while the session is connected and every subscription acknowledged (to wait
+        on; only the session sets and clears it)."""
+        return self._subscribed_now
+
     def _paused(self, bound: str) -> None:
         self.mqtt_metrics.read_pauses.labels(bound).inc()
 
@@ -929,6 +939,7 @@ class MqttSession:
             if self.subscribed:
                 self.listening.lost()
             self.subscribed = False
+            self._subscribed_now.clear()
         self.mqtt_metrics.mqtt_connected.set(1 if connected else 0)
         self._show_endpoint()
 

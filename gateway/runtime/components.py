@@ -355,6 +355,7 @@ def _sparkplug_loops(config: Config, node: Node, session: MqttSession) -> list[L
         host_id=settings.host_id,
         client=lambda will: _state_client(session.settings, will),
         backoff=Backoff(config.mqtt.reconnect_min_s, config.mqtt.reconnect_max_s),
+        ingest_subscribed=session.subscribed_now,
     )
     return [("sparkplug-rebirth", requester.run), ("sparkplug-state", link.run)]
 

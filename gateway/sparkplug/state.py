@@ -18,6 +18,11 @@ A timestamp never goes back: each connect's is above the highest STATE timestamp
 seen on the topic (retained or live) or published, whatever the clock says (NTP may step it
 back), or edge nodes would ignore the birth. A higher offline STATE known only from the
 retained one read after the connect (the process's first) is answered as above.
+
+Each birth waits for the node's ingest session to be subscribed (``ingest_subscribed``): an edge
+node that has this host as its primary host answers the online STATE at once with its NBIRTH
+and DBIRTHs, at QoS 0, which the broker gives to nobody while the session is still connecting
+or subscribing (Sparkplug 3.0: the host subscribes, then publishes its birth).
 """
 
 from __future__ import annotations
@@ -47,8 +52,11 @@ class HostStateLink:
         client: ClientFactory,
         backoff: Backoff,
         clock: Callable[[], float] = time.time,
+        ingest_subscribed: asyncio.Event | None = None,
     ) -> None:
         self.topic = sparkplug.state_topic(host_id)
+        # Set while the ingest session is subscribed to the Sparkplug topics (None: no wait).
+        self.ingest_subscribed = ingest_subscribed
         self.client = client
         self.backoff = backoff
         self.clock = clock
@@ -61,6 +69,8 @@ class HostStateLink:
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
+            if not await self._ingest_subscribed(stop):
+                return
             self.timestamp = timestamp = self._next_timestamp()
             will = aiomqtt.Will(
                 self.topic, sparkplug.state_payload(False, timestamp), qos=1, retain=True
@@ -82,6 +92,25 @@ class HostStateLink:
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(delay):
                         await stop.wait()
+
+    async def _ingest_subscribed(self, stop: asyncio.Event) -> bool:
+        """Wait until the ingest session is subscribed, or ``stop`` (False)."""
+        if self.ingest_subscribed is None or self.ingest_subscribed.is_set():
+            return True
+        log.info(
+            "sparkplug_state_waits_for_ingest",
+            topic=self.topic,
+            note="the host's birth follows the subscription to the Sparkplug topics",
+        )
+        subscribed = asyncio.ensure_future(self.ingest_subscribed.wait())
+        stopping = asyncio.ensure_future(stop.wait())
+        try:
+            await asyncio.wait({subscribed, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (subscribed, stopping):
+                task.cancel()
+            await asyncio.gather(subscribed, stopping, return_exceptions=True)
+        return not stop.is_set()
 
     def _next_timestamp(self) -> int:
         now = int(self.clock() * 1000)
