@@ -19,6 +19,11 @@ seen on the topic (retained or live) or published, whatever the clock says (NTP 
 back), or edge nodes would ignore the birth. A higher offline STATE known only from the
 retained one read after the connect (the process's first) is answered as above.
 
+An offline STATE older than the link's birth (a node of the same host id that connected before
+it, stopped or dead) changes nothing for the edge nodes connected, but it replaced the retained
+STATE, which is all an edge node connecting later reads: the link publishes its birth again,
+with the same timestamp, so that the retained STATE says online while a node serves.
+
 Each birth waits for the node's ingest session to be subscribed (``ingest_subscribed``): an edge
 node that has this host as its primary host answers the online STATE at once with its NBIRTH
 and DBIRTHs, at QoS 0, which the broker gives to nobody while the session is still connecting
@@ -172,4 +177,16 @@ class HostStateLink:
                 # offline. This link's own Will comes once the link is gone, and its clean
                 # stop's STATE once the reader is stopped.
                 return at
+            if not online and not message.retain:
+                # An older session's death (a node of ours that connected before this link,
+                # stopped or dead, or this link's own earlier session): edge nodes connected
+                # ignore it, but it is the retained STATE now, all an edge node connecting
+                # from now on reads: the host offline, its births held back for good. The
+                # birth again, the same timestamp (edge nodes connected change nothing).
+                await client.publish(
+                    self.topic, sparkplug.state_payload(True, timestamp), qos=1, retain=True
+                )
+                log.info(
+                    "sparkplug_state_restated", topic=self.topic, timestamp=timestamp, offline_at=at
+                )
         raise aiomqtt.MqttError("the STATE subscription ended")
