@@ -20,6 +20,7 @@ import hashlib
 import json
 import math
 import re
+import struct
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final, TypeAlias
 
@@ -394,12 +395,35 @@ def _convert(datatype: int | None, which: str, raw: object) -> SparkplugValue | 
                 raw -= 1 << bits  # sent as the complement of its own width (Int8 -1 as 255)
         return raw
     if which in ("float_value", "double_value") and isinstance(raw, float):
-        return raw if math.isfinite(raw) else None
+        if not math.isfinite(raw):
+            return None
+        return _float32(raw) if which == "float_value" else raw
     if which == "boolean_value" and isinstance(raw, bool):
         return raw
     if which == "string_value" and isinstance(raw, str):
         return raw.replace("\x00", "")
     return None
+
+
+_F32: Final = struct.Struct("<f")
+
+
+def _float32(value: float) -> float:
+    """A 32-bit float (``float_value``: a PLC's REAL, Ignition's Float4) as the shortest
+    decimal that is the same 32-bit float, as Java's Float.toString reads it: 80.1 is sent as
+    80.09999847412109375, which widened as it is was stored and judged as 80.0999984741211 (a
+    rule ``>= 80.1`` never fired on a device reporting 80.1). Nine digits always are the same
+    float; a decimal of six digits or fewer that is (a normal float) comes out of the first
+    try (``g`` drops the zeros)."""
+    packed = _F32.pack(value)
+    for digits in (6, 7, 8, 9):
+        shortest = float(f"{value:.{digits}g}")
+        try:
+            if _F32.pack(shortest) == packed:
+                return shortest
+        except OverflowError:  # rounded past the largest 32-bit float
+            continue
+    return value
 
 
 def metric_value(metric: RawMetric, datatype: int | None) -> SparkplugValue | None:
