@@ -239,6 +239,10 @@ class RetentionConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=T
 # --- end of [retention] ---------------------------------------------------------------------------
 
 
+# [sparkplug] reorder_window_s when unset in a shared subscription group (docs/sparkplug.md).
+SHARED_REORDER_WINDOW_S: Final = 5.0
+
+
 class SparkplugConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     """[sparkplug]: the gateway as a Sparkplug B host application (docs/sparkplug.md)."""
 
@@ -249,8 +253,9 @@ class SparkplugConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=T
     host_id: str = ""
     # How long a `seq` missing from an edge node's stream may stay missing before it counts as
     # a gap (0: at once). Nodes of a `$share` group see one node's stream in pieces, out of
-    # order; there a few seconds keep reordering from passing for loss.
-    reorder_window_s: Annotated[float, Meta(ge=0, le=3600)] = 0.0
+    # order; there a few seconds keep reordering from passing for loss. Unset: see
+    # Config.sparkplug_reorder_window_s.
+    reorder_window_s: Annotated[float, Meta(ge=0, le=3600)] | None = None
     # Seconds between two rebirth requests to one edge node that has not answered yet.
     rebirth_retry_s: PositiveFloat = 30.0
     # Seconds between passes of the loop that sends rebirth requests.
@@ -345,6 +350,17 @@ class Config(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
         if chosen:
             return chosen
         return 1 if self.mqtt.shared_group else 2
+
+    def sparkplug_reorder_window_s(self) -> float:
+        """[sparkplug] reorder_window_s as set; unset, SHARED_REORDER_WINDOW_S in a shared
+        subscription group ([mqtt] shared_group), 0 alone. The nodes of a group each commit
+        part of an edge node's stream, concurrently: a seq often commits before the one
+        that precedes it, and at 0 each such reorder was a gap, the edge node untrusted and
+        asked for a rebirth (again after each rebirth: about one a second per busy node)."""
+        chosen = self.sparkplug.reorder_window_s
+        if chosen is not None:
+            return chosen
+        return SHARED_REORDER_WINDOW_S if self.mqtt.shared_group else 0.0
 
     def batch_size(self, protocol: str) -> int:
         """Messages per transaction: at most half the broker's window of unacked messages.

@@ -46,7 +46,7 @@ def sparkplug_host(config: Config, *, replay: bool = False) -> SparkplugHost | N
     of a replayed dead letter (see SparkplugHost)."""
     if not config.sparkplug.enabled:
         return None
-    return SparkplugHost(reorder_window_s=config.sparkplug.reorder_window_s, replay=replay)
+    return SparkplugHost(reorder_window_s=config.sparkplug_reorder_window_s(), replay=replay)
 
 
 def alarm_engine(config: Config, metrics: Metrics) -> AlarmEngine:

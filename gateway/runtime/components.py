@@ -348,7 +348,7 @@ def _sparkplug_loops(config: Config, node: Node, session: MqttSession) -> list[L
         metrics=SparkplugMetrics.of(node.metrics.registry),
         retry_s=settings.rebirth_retry_s,
         interval_s=settings.interval_s,
-        reorder_window_s=settings.reorder_window_s,
+        reorder_window_s=config.sparkplug_reorder_window_s(),
         up=node.broker.up,
     )
     link = HostStateLink(
