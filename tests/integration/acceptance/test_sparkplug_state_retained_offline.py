@@ -25,9 +25,9 @@ from tests.support.waiting import wait_until
 TOPIC = sparkplug.state_topic("gw-host")
 
 
-def _state_link(port: int, client_id: str) -> HostStateLink:
+def _state_link(port: int, client_id: str, protocol: aiomqtt.ProtocolVersion) -> HostStateLink:
     def client(will: aiomqtt.Will) -> aiomqtt.Client:
-        return aiomqtt.Client("127.0.0.1", port, identifier=client_id, will=will)
+        return aiomqtt.Client("127.0.0.1", port, identifier=client_id, will=will, protocol=protocol)
 
     return HostStateLink(host_id="gw-host", client=client, backoff=Backoff(0.05, 0.2))
 
@@ -45,9 +45,10 @@ async def _retained(port: int) -> tuple[bool, int]:
     raise AssertionError("no retained STATE")
 
 
+@pytest.mark.parametrize("protocol", [aiomqtt.ProtocolVersion.V311, aiomqtt.ProtocolVersion.V5])
 @pytest.mark.parametrize("gone", ["crashed", "stopped"])
 async def test_an_edge_node_connecting_after_the_first_node_is_gone_finds_the_host_online(
-    mosquitto: Mosquitto, gone: str
+    mosquitto: Mosquitto, gone: str, protocol: aiomqtt.ProtocolVersion
 ) -> None:
     seen: list[tuple[bool, int]] = []
 
@@ -64,7 +65,8 @@ async def test_an_edge_node_connecting_after_the_first_node_is_gone_finds_the_ho
                     seen.append(state)
 
         watching = asyncio.create_task(watch())
-        one, two = _state_link(proxy.port, "node-1"), _state_link(mosquitto.port, "node-2")
+        one = _state_link(proxy.port, "node-1", protocol)
+        two = _state_link(mosquitto.port, "node-2", protocol)
         stop_one, stop_two = asyncio.Event(), asyncio.Event()
         runs = [asyncio.create_task(one.run(stop_one))]
         try:
