@@ -175,8 +175,14 @@ async def insert_period(
     until: datetime | None,
     request_id: str | None,
 ) -> asyncpg.Record | None:
-    """The new period; None when ``until`` is not in the future."""
+    """The new period; None when ``until`` is not in the future, or when another period not
+    ended is in the way (one committed after :func:`end_open_period` looked)."""
     return await conn.fetchrow(_Q["insert_period"], device_id, reason, by, until, request_id)
+
+
+async def until_ahead(conn: asyncpg.Connection, until: datetime | None) -> bool:
+    """Whether a period until ``until`` (None: until ended) would be in force now."""
+    return bool(await conn.fetchval(_Q["until_ahead"], until))
 
 
 async def end_period_in_force(

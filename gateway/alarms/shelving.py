@@ -338,25 +338,38 @@ async def set_out_of_service(
     actor: str,
     request_id: str | None,
 ) -> asyncpg.Record:
-    """Put the device out of service (a period already in force ends now, replaced)."""
+    """Put the device out of service (a period already in force ends now, replaced).
+
+    Another request may put it out of service at the same time: its period, committed after
+    this one looked for a period to end, is in the way of the insert (which waits for it).
+    It is replaced as any period in force is: ended, and the insert tried again. Each round
+    ends a period committed since the last, so concurrent requests end one after the other,
+    each replacing the one before (docs/api.md, "The alarm desk")."""
     if not await repo.device_known(conn, device_id):
         raise DeviceNotFoundError(device_id)
-    await repo.end_open_period(conn, device_id, actor)
-    period = await repo.insert_period(
-        conn, device_id=device_id, reason=reason, by=actor, until=until, request_id=request_id
-    )
-    if period is None:
+    if not await repo.until_ahead(conn, until):
         assert until is not None
         raise UntilPastError(until)
-    return period
+    while True:
+        await repo.end_open_period(conn, device_id, actor)
+        period = await repo.insert_period(
+            conn, device_id=device_id, reason=reason, by=actor, until=until, request_id=request_id
+        )
+        if period is not None:
+            return period
 
 
 async def end_out_of_service(
     conn: asyncpg.Connection, device_id: str, *, actor: str
 ) -> asyncpg.Record:
+    """End the period in force now. One that another request put in force while this one
+    waited for it (replacing the period this one found) is the period in force: it is the one
+    ended, not refused as none."""
     if not await repo.device_known(conn, device_id):
         raise DeviceNotFoundError(device_id)
-    ended = await repo.end_period_in_force(conn, device_id, actor)
-    if ended is None:
-        raise NotOutOfServiceError(device_id)
-    return ended
+    while True:
+        ended = await repo.end_period_in_force(conn, device_id, actor)
+        if ended is not None:
+            return ended
+        if await repo.period_in_force(conn, device_id) is None:
+            raise NotOutOfServiceError(device_id)

@@ -173,12 +173,18 @@ SET ended_at = greatest(since, least(now(), coalesce(until, now()))), ended_by =
 WHERE device_id = $1 AND ended_at IS NULL
 RETURNING *;
 
+-- name: until_ahead
+-- $1 until or null; whether a period until then would be in force now (null: until ended).
+SELECT $1::timestamptz IS NULL OR $1::timestamptz > now();
+
 -- name: insert_period
 -- $1 device id, $2 reason, $3 by, $4 until or null, $5 request id or null; nothing when
--- $4 is not in the future.
+-- $4 is not in the future, or when another request's period not ended is in the way (it
+-- committed after `end_open_period` looked: the caller ends it and tries again).
 INSERT INTO device_out_of_service (device_id, reason, set_by, until, request_id)
 SELECT $1, $2, $3, $4, $5
 WHERE $4::timestamptz IS NULL OR $4::timestamptz > now()
+ON CONFLICT DO NOTHING
 RETURNING *;
 
 -- name: end_period_in_force
