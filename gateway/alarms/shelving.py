@@ -139,7 +139,10 @@ async def shelve(
 
     ``scope`` "alarm" shelves ``alarm_id``; "pair" shelves (``device_id``, ``rule_key``), or
     the pair of ``alarm_id`` when given. A shelf of the same target past its until that the
-    timer has not ended yet is ended first (as the timer would, audited).
+    timer has not ended yet is ended first (as the timer would, audited). If it ended
+    meanwhile (a timer's pass, or another request renewing it, ended it first), what is in
+    the way is read again: another request's new shelf refuses this one (naming that shelf);
+    none, and this one is made.
     """
     if alarm_id is not None:
         target = await repo.shelf_target(conn, alarm_id)
@@ -154,13 +157,21 @@ async def shelve(
     )
     if stale is not None:
         ended = await repo.expire_shelf(conn, stale["id"], SHELF_ACTOR)
-        if ended is None:
-            raise AlreadyShelvedError(stale)
-        # Renewed at once: its alarms stay shelved, so nothing returns to annunciation now;
-        # what it suppressed is told at the new shelf's end (shelf_returns).
-        await _audit_end(
-            conn, ended, actor=SHELF_ACTOR, node_id=node_id, request_id=None, renewed=True
-        )
+        if ended is not None:
+            # Renewed at once: its alarms stay shelved, so nothing returns to annunciation
+            # now; what it suppressed is told at the new shelf's end (shelf_returns).
+            await _audit_end(
+                conn, ended, actor=SHELF_ACTOR, node_id=node_id, request_id=None, renewed=True
+            )
+        else:
+            # In force (not past its until), or ended by another transaction since it was
+            # read (the timer ending it, settled and audited there; or another request
+            # renewing it): only a shelf not ended now is in the way.
+            current = await repo.open_shelf(
+                conn, scope=scope, alarm_id=shelf_alarm, device_id=device_id, rule_key=rule_key
+            )
+            if current is not None:
+                raise AlreadyShelvedError(current)
     shelf = await repo.insert_shelf(
         conn,
         scope=scope,

@@ -6,6 +6,7 @@ would), and released once the request under test waits for it."""
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -15,7 +16,9 @@ import asyncpg
 import pytest
 
 from gateway.alarms import shelving
+from gateway.alarms.lifecycle import create_alarm
 from gateway.config import TokenConfig
+from storage.alarms import db_now
 from tests.support.api_client import ADMIN, OPERATOR, VIEWER, ApiClient, Reply
 from tests.support.api_server import serve_api
 from tests.support.waiting import wait_until
@@ -34,6 +37,19 @@ class Api(ApiClient):
 
     async def put(self, path: str, body: Any, *, token: str = OPERATOR) -> Reply:
         return await self.call("PUT", path, json=body, token=token)
+
+    async def post(self, path: str, body: Any, *, token: str = OPERATOR) -> Reply:
+        return await self.call("POST", path, json=body, token=token)
+
+    async def raise_alarm(self, device: str, rule: str = "hot") -> int:
+        async with self.db.transaction():
+            created = await create_alarm(
+                self.db, device_id=device, rule_key=rule, severity="MAJOR",
+                telemetry_event_id=uuid.uuid4().hex, reason="test", node_id="n",
+                now=await db_now(self.db),
+            )  # fmt: skip
+        assert created.alarm is not None
+        return created.alarm.id
 
     async def a_request_waits_for_a_lock(self) -> bool:
         return bool(
@@ -133,3 +149,88 @@ async def test_ending_out_of_service_while_another_operator_replaces_the_period_
         await api.db.fetchval("SELECT count(*) FROM device_out_of_service WHERE ended_at IS NULL")
         == 0
     )
+
+
+async def _a_shelf_past_its_until(api: Api, alarm_id: int) -> dict[str, Any]:
+    """A shelf of the alarm, one second long, now past its until: no timer ended it yet."""
+    reply = await api.post(f"/alarms/{alarm_id}/shelve", {"duration_s": 1, "reason": "brief"})
+    assert reply.status == 201, reply.body
+    shelf: dict[str, Any] = reply.body
+    until = await api.db.fetchval("SELECT until FROM alarm_shelf WHERE id = $1", shelf["id"])
+
+    async def past() -> bool:
+        return bool(await api.db.fetchval("SELECT now() >= $1", until))
+
+    await wait_until(past, message="the database clock reaches the shelf's until")
+    return shelf
+
+
+async def test_shelving_an_alarm_while_a_timer_ends_its_expired_shelf_shelves_it(api: Api) -> None:
+    """An operator shelves an alarm again just as its shelf ran out: the request finds the
+    shelf past its until and ends it, while another node's timer is ending it (its pass held
+    open here). The timer's end is the end; nothing shelves the alarm any more, so the new
+    shelf is made (201), not refused with 409 `ALREADY_SHELVED` naming the shelf that ended."""
+    alarm_id = await api.raise_alarm("pump")
+    old = await _a_shelf_past_its_until(api, alarm_id)
+    timer = await asyncpg.connect(api.dsn)
+    try:
+        held = timer.transaction()
+        await held.start()
+        ended = await shelving.expire_due(
+            timer, await db_now(timer), node_id="other-node", limit=10
+        )
+        assert [s["id"] for s in ended] == [old["id"]]
+        request = asyncio.create_task(
+            api.post(f"/alarms/{alarm_id}/shelve", {"duration_s": 600, "reason": "again"})
+        )
+        await wait_until(
+            api.a_request_waits_for_a_lock, message="the shelve waits for the timer's pass"
+        )
+        await held.commit()
+        reply = await request
+    finally:
+        await timer.close()
+    assert reply.status == 201, reply.body
+    assert reply.body["id"] != old["id"]
+    assert (reply.body["reason"], reply.body["shelved_by"]) == ("again", "console")
+    assert (await api.get(f"/alarms/{alarm_id}")).body["shelved_until"] == reply.body["until"]
+    trail = [
+        (r["action"], r["actor"])
+        for r in (await api.get(f"/alarms/{alarm_id}/audit")).body["items"]
+    ]
+    assert trail[-3:] == [
+        ("shelve", "console"), ("unshelve", "system:shelving"), ("shelve", "console"),
+    ]  # fmt: skip
+
+
+async def test_two_operators_renewing_an_expired_shelf_at_once_the_loser_is_told_the_new_shelf(
+    api: Api,
+) -> None:
+    """Two operators shelve an alarm whose shelf ran out (no timer ended it yet). A's request
+    (held open here) ended it and made its own; B's, waiting for A's, is refused with 409
+    `ALREADY_SHELVED`: the shelf in the way is A's, in force, not the one that ended."""
+    alarm_id = await api.raise_alarm("pump")
+    old = await _a_shelf_past_its_until(api, alarm_id)
+    other = await asyncpg.connect(api.dsn)
+    try:
+        held = other.transaction()
+        await held.start()
+        mine = await shelving.shelve(
+            other, scope="alarm", alarm_id=alarm_id, device_id=None, rule_key=None,
+            seconds=600, reason="operator A", actor="olga", node_id="other-node",
+            request_id=None,
+        )  # fmt: skip
+        request = asyncio.create_task(
+            api.post(f"/alarms/{alarm_id}/shelve", {"duration_s": 600, "reason": "operator B"})
+        )
+        await wait_until(
+            api.a_request_waits_for_a_lock, message="B's shelve waits for A's transaction"
+        )
+        await held.commit()
+        reply = await request
+    finally:
+        await other.close()
+    assert reply.status == 409, reply.body
+    assert (reply.body["error"], reply.body["shelf_id"]) == ("ALREADY_SHELVED", mine["id"])
+    assert mine["id"] != old["id"]
+    assert await api.db.fetchval("SELECT count(*) FROM alarm_shelf") == 2
