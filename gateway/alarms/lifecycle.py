@@ -59,15 +59,31 @@ class AlarmNotFoundError(AlarmError):
         self.alarm_id = alarm_id
 
 
+# The person's step each status records (the system's steps record no actor).
+_BY_OF: dict[AlarmStatus, str] = {
+    AlarmStatus.CONFIRMED: "confirmed_by",
+    AlarmStatus.HANDLED: "handled_by",
+    AlarmStatus.CLOSED: "closed_by",
+    AlarmStatus.FALSE: "false_by",
+}
+
+
 class StatusChangedError(AlarmError):
-    """The prior-status update lost: someone changed the alarm first (HTTP 409)."""
+    """The prior-status update lost: someone changed the alarm first (HTTP 409). ``actor``:
+    who took the step the caller asked for, else the person whose step the alarm is in now
+    (None for a system's step: escalated, superseded, pushed...)."""
 
     code = "STATUS_CHANGED"
 
     def __init__(self, current: Alarm, action: Action) -> None:
         step = _STEP_OF.get(action)
         by = getattr(current, f"{step}_by", None) if step else None
-        detail = f"already {step} by {by}" if by else f"the alarm is now {current.status.value}"
+        if by:
+            detail = f"already {step} by {by}"
+        else:
+            field = _BY_OF.get(current.status)
+            by = getattr(current, field) if field else None
+            detail = f"the alarm is now {current.status.value}" + (f" (by {by})" if by else "")
         super().__init__(f"alarm {current.id} changed meanwhile: {detail}")
         self.current = current
         self.actor = by

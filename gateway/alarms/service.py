@@ -12,8 +12,20 @@ import asyncpg
 
 from gateway.alarms import shelving
 from gateway.alarms.figures import AlarmFigures
-from gateway.alarms.lifecycle import AlarmNotFoundError, alarm_from_record, transition
-from gateway.domain.alarm import Action, Alarm, AlarmError, AlarmStatus, allowed_actions
+from gateway.alarms.lifecycle import (
+    AlarmNotFoundError,
+    StatusChangedError,
+    alarm_from_record,
+    transition,
+)
+from gateway.domain.alarm import (
+    Action,
+    Alarm,
+    AlarmError,
+    AlarmStatus,
+    AlarmSupersededError,
+    allowed_actions,
+)
 from gateway.support.metrics import Metrics
 from storage import ai_tasks as ai_repo
 from storage import alarms as repo
@@ -152,17 +164,28 @@ class AlarmService:
         stated_actor: str | None = None,
     ) -> Alarm:
         async with self.pool.acquire() as conn, conn.transaction():
+            # The status this request acts on is the one it reads first: if another person
+            # or a timer changes it before this request's write (the transition waits for
+            # them on the row), this one lost the race, 409 (docs/behaviour.md §5), rather
+            # than its action applied from a status its caller never saw.
             before = await repo.get(conn, alarm_id)
-            changed = await transition(
-                conn,
-                alarm_id,
-                action,
-                actor=actor,
-                node_id=self.node_id,
-                note=note,
-                request_id=request_id,
-                stated_actor=stated_actor,
-            )
+            try:
+                changed = await transition(
+                    conn,
+                    alarm_id,
+                    action,
+                    actor=actor,
+                    node_id=self.node_id,
+                    note=note,
+                    request_id=request_id,
+                    stated_actor=stated_actor,
+                    expected=None if before is None else AlarmStatus(before["status"]),
+                )
+            except StatusChangedError as exc:
+                if exc.current.status is AlarmStatus.SUPERSEDED:
+                    # Superseded meanwhile: refused as any action on a superseded alarm.
+                    raise AlarmSupersededError(exc.current.superseded_by) from None
+                raise
         if self.metrics is not None and before is not None:
             self.metrics.count_alarm_transition(before["status"], changed.status.value)
         return changed

@@ -130,8 +130,10 @@ ALARM_SUPERSEDED: Final = ErrorKind(
 STATUS_CHANGED: Final = ErrorKind(
     409,
     "STATUS_CHANGED",
-    "someone changed the alarm first (`current_status`, `actor`: `already confirmed by X`, "
-    "`alarm` as it is now); nothing is changed",
+    "someone changed the alarm's status first, between this request's read and its write "
+    "(`current_status`; `actor`: who took this very step, `already confirmed by X`, else the "
+    "person whose step the alarm is in now, null for a system's step; `alarm` as it is now); "
+    "nothing is changed",
 )
 COMMAND_CHANGED: Final = ErrorKind(
     409,

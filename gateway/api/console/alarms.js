@@ -610,9 +610,12 @@ export class AlarmsView {
   }
 
   // A race lost (409), or a button that went stale (someone acted since the page drew it):
-  // say who did it, from the answer or from the audit trail.
+  // say who did it, from the answer or from the audit trail. A 409's actor took this very
+  // step only when the alarm records them for it; else they took another step first.
   async refusal(id, action, error) {
-    if (error.status === 409 && error.body.actor) {
+    const step = { confirm: "confirmed", handle: "handled", close: "closed", false: "false" }[action];
+    const alarm = error.body && error.body.alarm;
+    if (error.status === 409 && error.body.actor && alarm && alarm[`${step}_by`] === error.body.actor) {
       return `${error.body.actor} already did this (the alarm is ${error.body.current_status || "changed"}).`;
     }
     if (error.code === "ILLEGAL_TRANSITION" || error.status === 409) {

@@ -16,8 +16,9 @@ import asyncpg
 import pytest
 
 from gateway.alarms import shelving
-from gateway.alarms.lifecycle import create_alarm
+from gateway.alarms.lifecycle import create_alarm, transition
 from gateway.config import TokenConfig
+from gateway.domain.alarm import Action
 from storage.alarms import db_now
 from tests.support.api_client import ADMIN, OPERATOR, VIEWER, ApiClient, Reply
 from tests.support.api_server import serve_api
@@ -234,3 +235,98 @@ async def test_two_operators_renewing_an_expired_shelf_at_once_the_loser_is_told
     assert (reply.body["error"], reply.body["shelf_id"]) == ("ALREADY_SHELVED", mine["id"])
     assert mine["id"] != old["id"]
     assert await api.db.fetchval("SELECT count(*) FROM alarm_shelf") == 2
+
+
+@dataclass(frozen=True)
+class Race:
+    first: Action | None  # a step taken before the race
+    a_does: Action  # operator A's step (or the escalation timer's), held open
+    b_does: str  # operator B's action, through the API
+    status_after_a: str
+    a_actor: str | None  # whom B's 409 names
+
+
+RACES = [
+    Race(None, Action.CONFIRM, "handle", "CONFIRMED", "olga"),
+    Race(Action.CONFIRM, Action.HANDLE, "false", "HANDLED", "olga"),
+    Race(Action.CONFIRM, Action.FALSE, "handle", "FALSE", "olga"),
+    Race(Action.CONFIRM, Action.ESCALATE, "handle", "ESCALATED", None),
+]
+
+
+@pytest.mark.parametrize(
+    "race",
+    RACES,
+    ids=["confirm-then-handle", "handle-then-false", "false-then-handle", "escalate-then-handle"],
+)
+async def test_two_steps_on_one_alarm_at_once_one_wins_and_the_other_gets_409(
+    api: Api, race: Race
+) -> None:
+    """Operator B acts on the alarm as it stands while operator A (or the escalation timer)
+    takes another step on it: A's transaction is held open here, and B's request reads the
+    alarm, then waits for A's. A's step changed the status B's request read, so B lost the
+    race: 409 `STATUS_CHANGED` with the status now and who took it, and nothing of B's is
+    written (docs/behaviour.md §5, "Optimistic concurrency by prior status"; §14: two
+    operators acting at once, exactly one wins, the other gets 409) -- not B's action applied
+    on top of A's (a handle written over a confirmation B never saw) nor a 400
+    `ILLEGAL_TRANSITION` as if B had asked for a step the alarm never allowed."""
+    alarm_id = await api.raise_alarm("pump")
+    if race.first is not None:
+        assert (await api.post(f"/alarms/{alarm_id}/{race.first.value}", {})).status == 200
+    audit_before = await api.db.fetchval(
+        "SELECT count(*) FROM alarm_audit WHERE alarm_id = $1", alarm_id
+    )
+    other = await asyncpg.connect(api.dsn)
+    try:
+        held = other.transaction()
+        await held.start()
+        await transition(
+            other, alarm_id, race.a_does, actor=race.a_actor or "system:timers",
+            node_id="other-node",
+        )  # fmt: skip
+        request = asyncio.create_task(api.post(f"/alarms/{alarm_id}/{race.b_does}", {"note": "B"}))
+        await wait_until(
+            api.a_request_waits_for_a_lock, message="B's action waits for A's transaction"
+        )
+        await held.commit()
+        reply = await request
+    finally:
+        await other.close()
+    assert reply.status == 409, reply.body
+    assert (reply.body["error"], reply.body["current_status"], reply.body["actor"]) == (
+        "STATUS_CHANGED", race.status_after_a, race.a_actor,
+    )  # fmt: skip
+    assert (await api.get(f"/alarms/{alarm_id}")).body["status"] == race.status_after_a
+    trail = await api.db.fetch(
+        "SELECT actor, action FROM alarm_audit WHERE alarm_id = $1 ORDER BY id", alarm_id
+    )
+    assert len(trail) == audit_before + 1
+    assert trail[-1]["action"] == race.a_does.value
+
+
+async def test_an_alarm_superseded_while_an_operator_confirms_it_is_still_400_alarm_superseded(
+    api: Api,
+) -> None:
+    """The rule fires again (its ingest transaction held open here) while an operator confirms
+    the alarm nobody attended: the refire supersedes it, and the confirm, waiting for it, is
+    refused as every action on a superseded alarm is (400 `ALARM_SUPERSEDED`, naming the
+    successor), not as a plain lost race."""
+    alarm_id = await api.raise_alarm("pump")
+    ingest = await asyncpg.connect(api.dsn)
+    try:
+        refire = ingest.transaction()
+        await refire.start()
+        created = await create_alarm(
+            ingest, device_id="pump", rule_key="hot", severity="MAJOR",
+            telemetry_event_id=uuid.uuid4().hex, reason="refire", node_id="ingest",
+            now=await db_now(ingest),
+        )  # fmt: skip
+        assert created.alarm is not None
+        request = asyncio.create_task(api.post(f"/alarms/{alarm_id}/confirm", {}))
+        await wait_until(api.a_request_waits_for_a_lock, message="the confirm waits for it")
+        await refire.commit()
+        reply = await request
+    finally:
+        await ingest.close()
+    assert (reply.status, reply.body["error"]) == (400, "ALARM_SUPERSEDED"), reply.body
+    assert reply.body["superseded_by"] == created.alarm.id
