@@ -17,6 +17,11 @@ const SEVERITIES = ["CRITICAL", "MAJOR", "WARNING", "INFO"];
 const OPEN = new Set(["NEW", "PUSHED", "DELAYED", "CONFIRMED", "ESCALATED"]);
 const PAGE = 200;
 const LIVE_MS = 400;
+// A shelf's end writes no event: the list is read again just after the soonest end of a shelf
+// in force (at most once a second, however the clocks of the page and the gateway differ).
+const SHELF_END_MARGIN_MS = 250;
+const SHELF_RECHECK_MIN_MS = 1000;
+const TIMER_MAX_MS = 2 ** 31 - 1;
 const ACTION_LABELS = { confirm: "Confirm", handle: "Mark handled", close: "Close", false: "False alarm" };
 const SHELVE_FOR = [["900", "15 min"], ["3600", "1 h"], ["14400", "4 h"], ["28800", "8 h"], ["86400", "24 h"]];
 export function order(alarms) {
@@ -219,6 +224,30 @@ export class AlarmsView {
     this.asked = false;
     this.present = new Set(this.items.map((a) => a.id));
     this.render();
+    this.watchShelfEnds(counts, this.items);
+  }
+
+  // An unshelved alarm returns to annunciation (behaviour §5), but a shelf's end (expired at
+  // its until) writes no outbox event, so the stream never says so: read the list again just
+  // after the soonest end of a shelf in force, as a live update.
+  async watchShelfEnds(counts, items) {
+    const ends = items.filter((a) => a.shelved_until).map((a) => Date.parse(a.shelved_until));
+    if (counts && counts.all && counts.all.shelved > 0) {
+      try {
+        const shelves = await this.ctx.api.get("/shelves?limit=500");
+        for (const shelf of shelves.items) ends.push(Date.parse(shelf.until));
+      } catch { /* the next reading of the list tries again */ }
+    }
+    clearTimeout(this.shelfTimer);
+    this.shelfTimer = null;
+    const soonest = Math.min(...ends.filter((t) => Number.isFinite(t)));
+    if (!Number.isFinite(soonest)) return;
+    const wait = Math.max(soonest - Date.now() + SHELF_END_MARGIN_MS, SHELF_RECHECK_MIN_MS);
+    this.shelfTimer = setTimeout(() => {
+      this.shelfTimer = null;
+      if (this.ctx.current() !== "alarms") this.stale = true;
+      else this.refreshListSoon();
+    }, Math.min(wait, TIMER_MAX_MS));
   }
 
   async loadExpanded(by) {

@@ -1,0 +1,72 @@
+"""The console when a shelf runs out, in a real browser against a real daemon, broker and
+PostgreSQL: the alarm returns to annunciation (docs/behaviour.md §5, Shelving), and a shelf's
+end writes no outbox event, so nothing on the stream tells the page."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import asyncpg
+import pytest
+from playwright.async_api import Browser, expect
+
+from tests.integration.browser.test_console_alarms import (
+    Console,
+    alarm_row,
+    api,
+    console_daemon,
+    publish,
+)
+from tests.support.api_client import OPERATOR
+from tests.support.browser import WAIT_MS, chromium, open_console, require_chromium, sign_in
+from tests.support.mosquitto import Mosquitto
+from tests.support.ports import free_port
+
+SECONDS_LEFT = 8  # the shelf's time left when the page reads the list
+
+
+@pytest.fixture
+async def console(db_dsn: str, mosquitto: Mosquitto) -> AsyncIterator[Console]:
+    require_chromium()
+    port = free_port()
+    async with console_daemon(db_dsn, mosquitto, port) as daemon:
+        yield Console(f"http://127.0.0.1:{port}", daemon, mosquitto)
+
+
+@pytest.fixture
+async def browser() -> AsyncIterator[Browser]:
+    async with chromium() as launched:
+        yield launched
+
+
+async def test_an_alarm_whose_shelf_runs_out_comes_back_on_the_open_list(
+    console: Console, browser: Browser, db: asyncpg.Connection
+) -> None:
+    """The list shows the default view (shelved alarms left out). A shelf of one of its alarms
+    runs out while the page is open and nothing else happens: the alarm must come back on
+    the list, and the header's shelved count go back to 0, without the operator asking."""
+    page, errors = await open_console(browser, console.base)
+    await sign_in(page, OPERATOR)
+    await expect(page.locator("#alarm-empty")).to_be_visible(timeout=WAIT_MS)
+    await publish(console.mosquitto, "door-5", {"events": [{"type": "DOOR_OPEN"}]})
+    row = alarm_row(page, "door-5")
+    await expect(row).to_be_visible(timeout=WAIT_MS)
+    alarm_id = await row.get_attribute("data-alarm-id")
+    shelf = await api(
+        console.base, "POST", f"/alarms/{alarm_id}/shelve", OPERATOR,
+        {"duration_s": 600, "reason": "sensor swap"},
+    )  # fmt: skip
+    assert isinstance(shelf, dict)
+    # It runs out soon: a few seconds after the page reads the list again.
+    await db.execute(
+        "UPDATE alarm_shelf SET until = now() + make_interval(secs => $2) WHERE id = $1",
+        shelf["id"],
+        SECONDS_LEFT,
+    )
+    await page.locator("#alarm-filters").get_by_role("button", name="Filter").click()
+    await expect(row).to_be_hidden(timeout=WAIT_MS)
+    await expect(page.locator(".count-total-shelved")).to_have_text("shelved 1")
+    # No event comes; the page alone must know that the shelf ends.
+    await expect(row).to_be_visible(timeout=(SECONDS_LEFT + 15) * 1000)
+    await expect(page.locator(".count-total-shelved")).to_have_text("shelved 0")
+    assert errors.errors == []
