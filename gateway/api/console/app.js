@@ -102,6 +102,12 @@ async function signIn(token, { remembered = false } = {}) {
     },
     // Back after a cut: what the stream resumed covers the outbox; read the view again too.
     onResumed: () => state.views[state.section].refresh(),
+    // Started anew without a cursor (the gateway could not resume after it): what the page
+    // missed is not replayed, so every view is read again (the others when shown).
+    onReset: () => {
+      for (const [name, view] of Object.entries(state.views)) if (name !== state.section && "stale" in view) view.stale = true;
+      state.views[state.section].refresh();
+    },
   });
   state.stream.start();
   if (!location.hash || location.hash === "#" || location.hash === "#/") location.hash = "#/alarms";

@@ -5,6 +5,12 @@
 // refused: on any error the page closes the EventSource and opens a new one with a fresh
 // ticket and the id of the last event it saw, from which the gateway resumes with no gap
 // and no duplicate. Retries back off from half a second to five.
+//
+// A resume the gateway refuses for good, 400 CURSOR_AHEAD (the database it came back to has no
+// event as new as the one the page saw: a failover to a standby that was behind, a restore),
+// would fail the same way forever. EventSource does not say why it failed, so a connection
+// with a cursor that failed before it opened asks the gateway with a plain request: for
+// CURSOR_AHEAD the page drops the cursor (onReset: every view is read again) and starts anew.
 
 // EventSource hands a named event only to listeners of that name: these are the outbox's.
 export const EVENT_TYPES = [
@@ -17,11 +23,12 @@ export const EVENT_TYPES = [
 ];
 
 export class LiveStream {
-  constructor(api, { onEvent, onState, onResumed }) {
+  constructor(api, { onEvent, onState, onResumed, onReset }) {
     this.api = api;
     this.onEvent = onEvent;
     this.onState = onState;
     this.onResumed = onResumed || (() => {});
+    this.onReset = onReset || this.onResumed;
     this.lastEventId = null;
     this.source = null;
     this.timer = null;
@@ -56,20 +63,31 @@ export class LiveStream {
     }
     if (this.stopped) return;
     const params = new URLSearchParams({ ticket });
-    if (this.lastEventId) params.set("last_event_id", this.lastEventId);
+    const cursor = this.lastEventId;
+    if (cursor) params.set("last_event_id", cursor);
     const source = new EventSource(`/stream?${params}`);
     this.source = source;
+    let opened = false;
     source.addEventListener("open", () => {
+      opened = true;
       const resumed = this.everOpened;
       this.everOpened = true;
       this.delay = 500;
       this.onState("live", "live");
-      if (resumed) this.onResumed();
+      if (this.resetting) {
+        this.resetting = false;
+        this.onReset();
+      } else if (resumed) this.onResumed();
     });
-    source.addEventListener("error", () => {
+    source.addEventListener("error", async () => {
       if (this.source !== source) return;
       source.close();
       this.source = null;
+      if (!opened && cursor && cursor === this.lastEventId && await this.cursorAhead(cursor)) {
+        if (this.lastEventId !== cursor || this.stopped) return;
+        this.lastEventId = null;
+        this.resetting = true;
+      }
       this.retry();
     });
     for (const type of EVENT_TYPES) {
@@ -79,6 +97,27 @@ export class LiveStream {
         try { event = JSON.parse(message.data); } catch { return; }
         this.onEvent(event);
       });
+    }
+  }
+
+  // Whether the gateway refuses to resume after this cursor for good (400 CURSOR_AHEAD). The
+  // request carries the token in its header, as every API call; any other answer (the gateway
+  // away, a stream opened: closed at once, unread) is not that.
+  async cursorAhead(cursor) {
+    const controller = new AbortController();
+    try {
+      const response = await fetch(`/stream?${new URLSearchParams({ last_event_id: cursor })}`, {
+        headers: { Authorization: `Bearer ${this.api.token}`, Accept: "application/json" },
+        cache: "no-store",
+        signal: controller.signal,
+      });
+      if (response.status !== 400) return false;
+      const body = await response.json();
+      return Boolean(body && body.error === "CURSOR_AHEAD");
+    } catch {
+      return false;
+    } finally {
+      controller.abort();
     }
   }
 
