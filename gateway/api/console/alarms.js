@@ -191,6 +191,19 @@ export class AlarmsView {
         f.group ? this.ctx.api.get(`/alarms/groups${query({ ...this.apiFilters(), by: f.group, limit: PAGE })}`) : null,
       ]);
       if (!current()) return;
+      if (live && !append && this.keepTo !== null && this.keepTo !== undefined) {
+        // The operator loaded older pages: a live update reads the list down to the oldest
+        // alarm shown, or those would drop off (or be marked gone while still in the view).
+        let items = page.items;
+        let next = page.next_before;
+        while (next !== null && next !== undefined && next > this.keepTo) {
+          const more = await this.ctx.api.get(`/alarms${query({ ...params, before: next })}`);
+          if (!current()) return;
+          items = [...items, ...more.items];
+          next = more.next_before;
+        }
+        page = { items, next_before: next };
+      }
       if (f.group !== this.groupedBy) {
         this.expanded.clear();
         this.groupedBy = f.group;
@@ -210,6 +223,9 @@ export class AlarmsView {
     this.items = append ? [...this.items, ...page.items] : page.items;
     for (const alarm of this.items) this.byId.set(alarm.id, alarm);
     this.nextBefore = page.next_before;
+    // How far down the list the operator asked to see (null: the first page alone).
+    if (append) this.keepTo = this.items.length ? this.items[this.items.length - 1].id : this.keepTo;
+    else if (!live) this.keepTo = null;
     this.countsBody = counts;
     this.groups = groups ? groups.items : [];
     const fresh = this.sections(this.items);
