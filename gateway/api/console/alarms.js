@@ -611,13 +611,27 @@ export class AlarmsView {
     await this.open(alarm.id, { keepFocus: true });
   }
 
+  // Every shelf in force that covers the alarm is lifted: its own, and its rule's on its
+  // device (two operators may have shelved it both ways); one lifted meanwhile by someone
+  // else (409 SHELF_ENDED) is lifted already.
   async unshelve(alarm) {
     try {
-      const shelves = await this.ctx.api.get("/shelves?limit=500");
-      const shelf = shelves.items.find((s) => (s.scope === "alarm" && s.alarm_id === alarm.id)
-        || (s.scope === "pair" && s.device_id === alarm.device_id && s.rule_key === alarm.rule_key));
-      if (!shelf) throw new Error("its shelf has ended already");
-      await this.ctx.api.delete(`/shelves/${shelf.id}`);
+      const covering = [];
+      let before = null;
+      do {
+        const page = await this.ctx.api.get(`/shelves${query({ limit: 500, before })}`);
+        covering.push(...page.items.filter((s) => (s.scope === "alarm" && s.alarm_id === alarm.id)
+          || (s.scope === "pair" && s.device_id === alarm.device_id && s.rule_key === alarm.rule_key)));
+        before = page.next_before;
+      } while (before !== null && before !== undefined);
+      if (!covering.length) throw new Error("its shelf has ended already");
+      for (const shelf of covering) {
+        try {
+          await this.ctx.api.delete(`/shelves/${shelf.id}`);
+        } catch (error) {
+          if (error.code !== "SHELF_ENDED") throw error;
+        }
+      }
       this.ctx.notify(`Alarm #${alarm.id} unshelved.`, "ok");
     } catch (error) {
       this.ctx.notify(`Could not unshelve alarm #${alarm.id}: ${error.message}`);
