@@ -214,8 +214,11 @@ class AlarmService:
         async with self.pool.acquire() as conn:
             return await desk_repo.counts(conn)
 
-    async def group_ids(self, filters: Filters, *, by: GroupBy, key: str) -> list[int]:
-        """The ids of one group's alarms (at most ``bulk_max``; more is refused, whole)."""
+    async def group_ids(
+        self, filters: Filters, *, by: GroupBy, key: str, up_to: int | None = None
+    ) -> list[int]:
+        """The ids of one group's alarms (at most ``bulk_max``; more is refused, whole); with
+        ``up_to`` (the group's newest id as its caller read it), none raised since."""
         narrowed = Filters(
             statuses=filters.statuses,
             device_id=key if by == "device" else filters.device_id,
@@ -233,7 +236,10 @@ class AlarmService:
             return []  # the group's key contradicts a filter: no alarm is in both
         async with self.pool.acquire() as conn:
             records = await desk_repo.list_alarms(
-                conn, narrowed, before_id=None, limit=self.bulk_max + 1
+                conn,
+                narrowed,
+                before_id=None if up_to is None else up_to + 1,
+                limit=self.bulk_max + 1,
             )
         if len(records) > self.bulk_max:
             raise TooManyAlarmsError(len(records), self.bulk_max)

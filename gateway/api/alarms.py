@@ -304,7 +304,8 @@ async def group_alarms(
     errors=[TOO_MANY_ALARMS, INVALID_ACTOR],
     description=(
         "`confirm`, `false` or `close` on the alarms `ids`, or on every alarm of a `group` "
-        "(as `GET /alarms/groups` showed it, with its filters). Each alarm is acted on as "
+        "(as `GET /alarms/groups` showed it, with its filters; with `up_to`, its `newest_id` "
+        "as read, the alarms raised since are left alone). Each alarm is acted on as "
         "`POST /alarms/{id}/{action}` would: its own conditional write, audit row and event, "
         "in its own transaction. One refused, or rolled back (`AUDIT_FAILED`), leaves the "
         "others be; once the database is out of reach (`UNAVAILABLE`) the alarms after it are "
@@ -318,8 +319,9 @@ async def bulk_alarms(
 ) -> BulkResults:
     if isinstance(data.ids, UnsetType):
         assert not isinstance(data.group, UnsetType)  # the body names exactly one
+        up_to = None if isinstance(data.group.up_to, UnsetType) else int(data.group.up_to)
         ids = await alarms.group_ids(
-            filters_of(data.group.filters), by=data.group.by, key=data.group.key
+            filters_of(data.group.filters), by=data.group.by, key=data.group.key, up_to=up_to
         )
     else:
         ids = [int(i) for i in data.ids]

@@ -384,14 +384,6 @@ class AlarmFilters(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     severity: Severity | None = None
 
 
-class BulkGroup(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    """A group of ``GET /alarms/groups``: its ``by``, its ``key``, the filters it was read with."""
-
-    by: GroupBy
-    key: Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=NOT_BLANK)]
-    filters: AlarmFilters = msgspec.field(default_factory=AlarmFilters)
-
-
 BULK_IDS_MAX: Final = 10_000
 # JSON Schema's `integer` is any number without a fraction (`7.0` is one, and generators send
 # it): an id in a body is read as a number that is a multiple of 1 (msgspec's `int` refuses
@@ -399,6 +391,26 @@ BULK_IDS_MAX: Final = 10_000
 # The document calls it an integer (`complete_desk`). `7.5` is still a 422.
 BODY_ID_MAX: Final = 2**53
 BodyId = Annotated[float, msgspec.Meta(ge=1, le=BODY_ID_MAX, multiple_of=1)]
+
+
+class BulkGroup(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """A group of ``GET /alarms/groups``: its ``by``, its ``key``, the filters it was read with,
+    and optionally its ``newest_id`` as read (``up_to``): the alarms raised since are not in
+    the group the caller saw, and are left alone."""
+
+    by: GroupBy
+    key: Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=NOT_BLANK)]
+    filters: AlarmFilters = msgspec.field(default_factory=AlarmFilters)
+    up_to: (
+        Annotated[
+            BodyId,
+            msgspec.Meta(
+                description="Only the group's alarms up to this id: its `newest_id` as "
+                "`GET /alarms/groups` showed it (absent: the group as it is now)."
+            ),
+        ]
+        | UnsetType
+    ) = UNSET
 
 
 class BulkBody(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -563,6 +575,15 @@ def complete_desk(schemas: dict[str, Any]) -> None:
     """What Litestar's generation leaves out of the desk's bodies: ``ids``' items as the
     integers they are, with their bounds, and that a bulk body names exactly one of ``ids`` and
     ``group`` (two closed objects, one requiring each)."""
+    group = schemas.get("BulkGroup")
+    if group is not None and group.properties is not None and "up_to" in group.properties:
+        described = group.properties["up_to"]
+        group.properties["up_to"] = Schema(
+            type=OpenAPIType.INTEGER,
+            minimum=1,
+            maximum=BODY_ID_MAX,
+            description=getattr(described, "description", None),
+        )
     body = schemas.get("BulkBody")
     if body is None or body.properties is None:
         return

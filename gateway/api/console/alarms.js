@@ -445,7 +445,11 @@ export class AlarmsView {
     const requests = [];
     if (this.checked.size) requests.push({ action, ids: [...this.checked] });
     for (const key of this.checkedGroups) {
-      requests.push({ action, group: { by, key, filters: this.groupFilters() } });
+      // The group as the page shows it: alarms raised since (not yet drawn) are left alone.
+      const group = { by, key, filters: this.groupFilters() };
+      const shown = this.groups.find((g) => g.key === key);
+      if (shown && shown.newest_id) group.up_to = shown.newest_id;
+      requests.push({ action, group });
     }
     const lines = [];
     for (const body of requests) {

@@ -330,3 +330,24 @@ async def test_an_alarm_superseded_while_an_operator_confirms_it_is_still_400_al
         await ingest.close()
     assert (reply.status, reply.body["error"]) == (400, "ALARM_SUPERSEDED"), reply.body
     assert reply.body["superseded_by"] == created.alarm.id
+
+
+async def test_a_bulk_action_over_a_group_up_to_its_newest_id_leaves_alarms_raised_since(
+    api: Api,
+) -> None:
+    """`up_to`: the group as `GET /alarms/groups` showed it (its `newest_id`); an alarm that
+    joined the group after that read is left alone."""
+    first = await api.raise_alarm("a")
+    second = await api.raise_alarm("b")
+    group = (await api.get("/alarms/groups?by=rule")).body["items"][0]
+    assert (group["key"], group["count"], group["newest_id"]) == ("hot", 2, second)
+    later = await api.raise_alarm("c")
+    body = {"action": "confirm", "group": {"by": "rule", "key": "hot", "up_to": second}}
+    reply = await api.post("/alarms/bulk", body)
+    assert reply.status == 200, reply.body
+    assert sorted(i["alarm_id"] for i in reply.body["items"]) == [first, second]
+    assert (await api.get(f"/alarms/{later}")).body["status"] == "NEW"
+    for bad in (0, 1.5, -3, "7", 2**53 + 2):
+        body["group"]["up_to"] = bad
+        refused = await api.post("/alarms/bulk", body)
+        assert (refused.status, refused.body["error"]) == (422, "INVALID_BODY"), bad
