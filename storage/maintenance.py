@@ -22,6 +22,7 @@ _Q = load_queries("maintenance.sql")
 TRY_LOCK = _Q["try_lock"]
 UNLOCK = _Q["unlock"]
 LOCK_TIMEOUT = _Q["lock_timeout"]
+DB_NOW = _Q["db_now"]
 DAY_PARTITIONS = _Q["day_partitions"]
 ADD_DAY_PARTITION = _Q["add_day_partition"]
 DROP_DAY_PARTITION = _Q["drop_day_partition"]
@@ -53,6 +54,12 @@ async def try_lock(conn: asyncpg.Connection) -> bool:
 
 async def unlock(conn: asyncpg.Connection) -> None:
     await conn.fetchval(UNLOCK, MAINTENANCE_LOCK_KEY)
+
+
+async def db_now(conn: asyncpg.Connection) -> datetime:
+    """The database's clock: the rows' own, whatever the node's says."""
+    now: datetime = await conn.fetchval(DB_NOW)
+    return now
 
 
 async def day_partitions(conn: asyncpg.Connection) -> list[date]:

@@ -6,7 +6,11 @@ skip that round. A node that dies mid-pass loses its session and with it the loc
 pass anywhere picks up where it stopped: every step is idempotent and each batch is its own
 short transaction (no huge DELETE holding locks and filling the WAL).
 
-A pass, with ``now`` from the injected clock:
+A pass, with ``now`` from the database's clock: the one that stamped every row it compares
+(received_at, last_seen_at, published_at, finished_at ...). A node's wall clock that jumped (a
+dead RTC, a bad NTP server, a VM restored from a snapshot) once decided the cut-offs: a year
+ahead, a pass pruned everything as a year old; a year behind, it made last year's partitions.
+The node's clock now only tells the skew (``maintenance_clock_skew``) and the last-pass metric.
 
 1. creates the telemetry partitions of today and the ``partitions_ahead_days`` days after it
    (rows of those days waiting in the default partition move into them);
@@ -59,6 +63,8 @@ MEASURED_TABLES: Final = (
 # each batch is a short transaction whatever the backlog.
 CHUNK_ROWS: Final = 5000
 DEFAULT_PARTITION_PAGES: Final = 256
+# A node's clock further than this from the database's is logged at each pass.
+CLOCK_SKEW_WARN: Final = timedelta(minutes=5)
 
 Clock = Callable[[], datetime]
 
@@ -104,6 +110,7 @@ class Maintenance:
         retention: RetentionConfig,
         metrics: Metrics,
         clock: Clock = utc_now,
+        db_clock: Clock | None = None,
         chunk_rows: int = CHUNK_ROWS,
         default_partition_pages: int = DEFAULT_PARTITION_PAGES,
         on_locked: Callable[[], Awaitable[None]] | None = None,
@@ -113,7 +120,10 @@ class Maintenance:
         self.retention = retention
         self.metrics = metrics
         self.retention_metrics = MaintenanceMetrics.of(metrics.registry)
+        # The node's wall clock: the skew's log line and the last-pass metric only.
         self.clock = clock
+        # The pass's now: None, the database's (read as the pass starts); tests, a later day.
+        self.db_clock = db_clock
         self.chunk_rows = chunk_rows
         self.default_partition_pages = default_partition_pages
         self.partition_lock_timeout = partition_lock_timeout
@@ -136,7 +146,7 @@ class Maintenance:
             try:
                 if self.on_locked is not None:
                     await self.on_locked()
-                report = await self._pass(conn, self.clock())
+                report = await self._pass(conn, await self._now(conn))
             finally:
                 if not conn.is_closed():
                     await repo.unlock(conn)
@@ -148,6 +158,19 @@ class Maintenance:
                 deleted=report.deleted,
             )
         return report
+
+    async def _now(self, conn: asyncpg.Connection) -> datetime:
+        """The database's time (the rows' clock), the node's skew from it logged."""
+        now = self.db_clock() if self.db_clock is not None else await repo.db_now(conn)
+        node = self.clock()
+        if abs(node - now) > CLOCK_SKEW_WARN:
+            log.warning(
+                "maintenance_clock_skew",
+                node_time=node.isoformat(),
+                database_time=now.isoformat(),
+                note="retention measures age on the database's clock; fix this node's clock",
+            )
+        return now
 
     async def _dependents(
         self, conn: asyncpg.Connection, now: datetime, report: PassReport
@@ -213,7 +236,7 @@ class Maintenance:
             if n:
                 self.retention_metrics.retention_deleted.labels(table).inc(n)
         self.retention_metrics.retention_partitions_dropped.inc(len(report.dropped))
-        self.retention_metrics.maintenance_last_pass.set(now.timestamp())
+        self.retention_metrics.maintenance_last_pass.set(self.clock().timestamp())
         return report
 
     async def _partition(

@@ -6,6 +6,11 @@ SELECT pg_try_advisory_lock($1);
 -- $1 advisory lock key.
 SELECT pg_advisory_unlock($1);
 
+-- name: db_now
+-- no parameters; the database's clock, which stamped every row the pass compares with its
+-- cut-offs (received_at, last_seen_at, published_at, finished_at, at, created_at).
+SELECT now();
+
 -- name: lock_timeout
 -- $1 lock timeout (e.g. '5s'), for the rest of the caller's transaction only.
 SELECT set_config('lock_timeout', $1, true);

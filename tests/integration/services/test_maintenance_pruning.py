@@ -57,7 +57,7 @@ def runner(
         pool=pool,
         retention=RetentionConfig(**{**DAYS, **days}),  # type: ignore[arg-type]  # test keywords
         metrics=metrics or Metrics(),
-        clock=clock,
+        db_clock=clock,
         chunk_rows=4,  # several chunks per table
         on_locked=hold if on_locked is not None else None,
     )

@@ -89,7 +89,7 @@ def runner(
         pool=pool,
         retention=RetentionConfig(**retention),  # type: ignore[arg-type]  # test keywords
         metrics=metrics or Metrics(),
-        clock=clock,
+        db_clock=clock,
         chunk_rows=3,
         default_partition_pages=1,
     )
@@ -346,7 +346,7 @@ async def test_a_long_reader_defers_partition_changes_and_the_rest_of_the_pass_g
             pool=pool,
             retention=RetentionConfig(telemetry_days=30, partitions_ahead_days=1),
             metrics=Metrics(),
-            clock=clock,
+            db_clock=clock,
             partition_lock_timeout="200ms",
         )
 
@@ -422,7 +422,7 @@ async def test_a_day_dropped_while_a_batch_writes_into_it_keeps_the_batch(
             pool=pool,
             retention=RetentionConfig(telemetry_days=30, partitions_ahead_days=1),
             metrics=Metrics(),
-            clock=Clock(NOW),
+            db_clock=Clock(NOW),
             partition_lock_timeout="60s",
         )
         dropping = asyncio.create_task(maintenance.run_once())
