@@ -144,13 +144,21 @@ SELECT (SELECT count(*) FROM gone) AS done, (SELECT max(id) FROM chunk) AS last_
 -- name: prune_deliveries
 -- $1 after id, $2 cut-off, $3 chunk; notification deliveries that ended (SENT, FAILED,
 -- SILENCED, INHIBITED,
--- SUPPRESSED) before the cut-off. PENDING and SENDING ones stay, however old.
+-- SUPPRESSED) before the cut-off. PENDING and SENDING ones stay, however old. So does the
+-- latest window of a group that repeats while it still carries an alarm (notify_group_member
+-- rows: alarms not yet found dealt with): its repeats are made from that window (repeat_due);
+-- pruned, the group's reminders of its open alarms stopped for good (a weekly repeat with
+-- notify_days = 3 reminded once). One row per group; it goes once its alarms are dealt with.
 WITH chunk AS (
     SELECT id, created_at FROM notify_delivery WHERE id > $1 ORDER BY id LIMIT $3
 ), gone AS (
     DELETE FROM notify_delivery
     WHERE id IN (SELECT id FROM chunk)
       AND status IN ('SENT', 'FAILED', 'SILENCED', 'INHIBITED', 'SUPPRESSED') AND finished_at < $2
+      AND id NOT IN (
+          SELECT g.window_delivery_id FROM notify_group g
+          WHERE g.window_delivery_id IS NOT NULL AND g.repeat_interval_s > 0
+            AND EXISTS (SELECT 1 FROM notify_group_member m WHERE m.group_id = g.id))
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM gone) AS done, (SELECT max(id) FROM chunk) AS last_id,
