@@ -135,7 +135,8 @@ class Maintenance:
         return cls(pool=node.pool, retention=retention, metrics=node.metrics)
 
     async def run(self, stop: asyncio.Event) -> None:
-        await every(self.retention.interval_s, stop, self.run_once, name="maintenance")
+        # Read after each pass: a reload's [retention] applies from the next one.
+        await every(lambda: self.retention.interval_s, stop, self.run_once, name="maintenance")
 
     async def run_once(self) -> PassReport:
         """One pass, if no other node is running one."""
@@ -173,11 +174,10 @@ class Maintenance:
         return now
 
     async def _dependents(
-        self, conn: asyncpg.Connection, now: datetime, report: PassReport
+        self, conn: asyncpg.Connection, now: datetime, report: PassReport, r: RetentionConfig
     ) -> None:
         """What goes with the walked tables' rows: consumer records, notification groups left
-        without deliveries, AI payloads."""
-        r = self.retention
+        without deliveries, AI payloads (under the pass's settings ``r``)."""
         if r.notify_days:
             report.deleted["notify_group"] = await repo.prune_notify_groups(
                 conn, now - timedelta(days=r.notify_days), chunk=self.chunk_rows
@@ -192,7 +192,7 @@ class Maintenance:
             )
 
     async def _pass(self, conn: asyncpg.Connection, now: datetime) -> PassReport:
-        r = self.retention
+        r = self.retention  # the whole pass under one setting, whatever a reload does meanwhile
         report = PassReport(ran=True)
         for day in days_ahead(now, r.partitions_ahead_days):
             if await self._partition(repo.add_day_partition, conn, day):
@@ -226,7 +226,7 @@ class Maintenance:
                 report.deleted[table] = await repo.prune_walked(
                     conn, table, now - timedelta(days=days), chunk=self.chunk_rows
                 )
-        await self._dependents(conn, now, report)
+        await self._dependents(conn, now, report, r)
         # Not a retention setting: an expired ticket is of no use to anyone.
         tickets = await repo.prune_stream_tickets(conn, chunk=self.chunk_rows)
         if tickets:

@@ -107,6 +107,7 @@ class Components:
     inactivity: InactivityMonitor
     rule_watch: RuleWatch
     figures: AlarmFigures
+    maintenance: Maintenance
     # Besides the session and the writer: the outbox, timers, dispatcher, reaper, rule-state
     # janitor, retention maintenance, inactivity monitor and rule watch, and the AI workers
     # where configured. The loops a reload may switch on or off (inactivity, rule watch, the
@@ -135,6 +136,9 @@ class Components:
         self.notify_consumer.public_url = config.http.public_url
         self.notify_consumer.quiet = quiet
         self.notify_worker.replace(config.notify, notify)
+        # [retention]: the next maintenance pass (and the wait before the one after) takes it;
+        # a pass under way finishes with the settings it started with.
+        self.maintenance.retention = config.retention
 
 
 async def build(
@@ -204,6 +208,7 @@ async def build(
         ).inc(),
     )
     notify_consumer, notify_worker = _notifications(config, node, quiet)
+    maintenance = Maintenance.from_config(node, config.retention)
     loops: list[Loop] = [
         ("outbox-publisher", outbox.run),
         ("notify-consumer", notify_consumer.run),
@@ -213,7 +218,7 @@ async def build(
         ("command-reaper", reaper.run),
         ("campaign-settler", _settler(config, node).run),
         ("rule-state-janitor", lambda stop: engine.forget_loop(node.pool, stop)),
-        ("maintenance", Maintenance.from_config(node, config.retention).run),
+        ("maintenance", maintenance.run),
     ]
     if config.ai.enabled:
         summaries = await _summaries(config, node, stack)
@@ -266,6 +271,7 @@ async def build(
         inactivity=inactivity,
         rule_watch=watch,
         figures=figures,
+        maintenance=maintenance,
         loops=tuple(loops),
         sparkplug=config.sparkplug,
     )

@@ -39,17 +39,22 @@ async def sleep_unless_stopped(stop: asyncio.Event, seconds: float) -> None:
 
 
 async def every(
-    interval_s: float, stop: asyncio.Event, step: Callable[[], Awaitable[object]], *, name: str
+    interval_s: float | Callable[[], float],
+    stop: asyncio.Event,
+    step: Callable[[], Awaitable[object]],
+    *,
+    name: str,
 ) -> None:
     """Run ``step`` every ``interval_s`` until ``stop``; a failed pass is logged and retried
-    after a growing delay (never shorter than ``interval_s``)."""
-    backoff = failure_backoff(interval_s)
+    after a growing delay (never shorter than ``interval_s``). A callable ``interval_s`` is
+    read after each pass (a reload may change it)."""
+    backoff = failure_backoff(interval_s() if callable(interval_s) else interval_s)
     while not stop.is_set():
-        delay = interval_s
+        delay = interval = interval_s() if callable(interval_s) else interval_s
         try:
             await step()
         except RETRYABLE as exc:
-            delay = max(interval_s, backoff.next_delay())
+            delay = max(interval, backoff.next_delay())
             log.warning(
                 "periodic_step_failed", loop=name, error=repr(exc), retry_in_s=round(delay, 3)
             )
