@@ -17,6 +17,11 @@ MAINTENANCE_LOCK_KEY: Final = 0x67772D6D61696E74
 # How long a partition change may wait for its lock: past this it gives up (and is tried again
 # at the next pass) rather than queue every ingest transaction behind a long reader.
 PARTITION_LOCK_TIMEOUT: Final = "5s"
+# How long a partition change may run once it has its lock (the pool's 60 s command timeout
+# does not apply): making a day's partition moves that day's rows waiting in the default
+# partition, in one transaction, however many. Cut off by the pool's timeout, the move rolled
+# back and failed the whole pass, at every pass, each time holding ingest off for 60 s.
+PARTITION_CHANGE_TIMEOUT_S: Final = 3600.0
 
 _Q = load_queries("maintenance.sql")
 TRY_LOCK = _Q["try_lock"]
@@ -72,8 +77,8 @@ async def add_day_partition(
     """Create the partition of ``day`` (moving its rows out of the default partition).
     Raises ``asyncpg.LockNotAvailableError`` after waiting ``lock_timeout`` for its locks."""
     async with conn.transaction():
-        await conn.fetchval(LOCK_TIMEOUT, lock_timeout)
-        return bool(await conn.fetchval(ADD_DAY_PARTITION, day))
+        await conn.execute(LOCK_TIMEOUT, lock_timeout)
+        return bool(await conn.fetchval(ADD_DAY_PARTITION, day, timeout=PARTITION_CHANGE_TIMEOUT_S))
 
 
 async def drop_day_partition(
@@ -87,8 +92,12 @@ async def drop_day_partition(
     ``received_before`` (they move to the default partition); as :func:`add_day_partition`
     for the lock."""
     async with conn.transaction():
-        await conn.fetchval(LOCK_TIMEOUT, lock_timeout)
-        return bool(await conn.fetchval(DROP_DAY_PARTITION, day, received_before))
+        await conn.execute(LOCK_TIMEOUT, lock_timeout)
+        return bool(
+            await conn.fetchval(
+                DROP_DAY_PARTITION, day, received_before, timeout=PARTITION_CHANGE_TIMEOUT_S
+            )
+        )
 
 
 async def prune_default_partition(conn: asyncpg.Connection, before: datetime, *, pages: int) -> int:

@@ -246,15 +246,27 @@ class Maintenance:
         day: date,
     ) -> bool:
         """Make or drop a day partition; a lock not granted in time (a long query on
-        telemetry) skips it until the next pass, and the rest of this pass goes on."""
+        telemetry) skips it until the next pass, and the rest of this pass goes on. So does a
+        change cut off (cancelled, or past its own time bound): the pruning after it must not
+        wait on it."""
+        action = getattr(change, "func", change).__name__
         try:
             return await change(conn, day, lock_timeout=self.partition_lock_timeout)
         except asyncpg.LockNotAvailableError:
             log.warning(
                 "maintenance_partition_deferred",
                 day=day.isoformat(),
-                action=getattr(change, "func", change).__name__,
+                action=action,
                 reason=f"its lock was not granted within {self.partition_lock_timeout}",
+            )
+            return False
+        except (TimeoutError, asyncpg.QueryCanceledError) as exc:
+            log.error(
+                "maintenance_partition_failed",
+                day=day.isoformat(),
+                action=action,
+                error=repr(exc),
+                note="rolled back; tried again at the next pass, the rest of this one goes on",
             )
             return False
 

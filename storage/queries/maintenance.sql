@@ -12,8 +12,10 @@ SELECT pg_advisory_unlock($1);
 SELECT now();
 
 -- name: lock_timeout
--- $1 lock timeout (e.g. '5s'), for the rest of the caller's transaction only.
-SELECT set_config('lock_timeout', $1, true);
+-- $1 lock timeout (e.g. '5s'), for the rest of the caller's transaction only; and no
+-- statement_timeout there (a role's or the server's): a partition change moving a big day
+-- must finish, or it is rolled back and tried again, whole, at every pass.
+SELECT set_config('lock_timeout', $1, true), set_config('statement_timeout', '0', true);
 
 -- name: day_partitions
 -- no parameters; the UTC days that have a telemetry partition, oldest first.
