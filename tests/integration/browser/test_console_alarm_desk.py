@@ -18,7 +18,7 @@ from playwright.async_api import Browser, Page, expect
 
 from protocol import Topics
 from tests.support.api_client import OPERATOR
-from tests.support.browser import WAIT_MS, chromium, open_console, require_chromium, sign_in
+from tests.support.browser import WAIT_MS, open_console, require_chromium, sign_in
 from tests.support.daemon import make_config, running_daemon
 from tests.support.mosquitto import Mosquitto
 from tests.support.ports import free_port
@@ -64,12 +64,6 @@ async def desk(db_dsn: str, mosquitto: Mosquitto) -> AsyncIterator[Desk]:
     config = make_config(dsn=db_dsn, mqtt_port=mosquitto.port, http_port=port, extra=EXTRA)
     async with running_daemon(config):
         yield Desk(f"http://127.0.0.1:{port}", mosquitto)
-
-
-@pytest.fixture
-async def browser() -> AsyncIterator[Browser]:
-    async with chromium() as launched:
-        yield launched
 
 
 async def publish_many(mosquitto: Mosquitto, messages: list[tuple[str, dict[str, object]]]) -> None:

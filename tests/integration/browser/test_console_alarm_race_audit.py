@@ -4,10 +4,7 @@ on a second connection until the console's action waits for it."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import asyncpg
-import pytest
 from playwright.async_api import Browser, expect
 
 from gateway.alarms.lifecycle import transition
@@ -15,28 +12,11 @@ from gateway.domain.alarm import Action
 from tests.integration.browser.test_console_alarms import (
     Console,
     alarm_row,
-    console_daemon,
     publish,
 )
 from tests.support.api_client import OPERATOR
-from tests.support.browser import WAIT_MS, chromium, open_console, require_chromium, sign_in
-from tests.support.mosquitto import Mosquitto
-from tests.support.ports import free_port
+from tests.support.browser import WAIT_MS, open_console, sign_in
 from tests.support.waiting import wait_until
-
-
-@pytest.fixture
-async def console(db_dsn: str, mosquitto: Mosquitto) -> AsyncIterator[Console]:
-    require_chromium()
-    port = free_port()
-    async with console_daemon(db_dsn, mosquitto, port) as daemon:
-        yield Console(f"http://127.0.0.1:{port}", daemon, mosquitto)
-
-
-@pytest.fixture
-async def browser() -> AsyncIterator[Browser]:
-    async with chromium() as launched:
-        yield launched
 
 
 async def test_a_handle_that_lost_to_a_confirm_says_who_confirmed_not_that_they_handled(

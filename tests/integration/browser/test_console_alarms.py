@@ -15,7 +15,6 @@ import aiohttp
 import aiomqtt
 import asyncpg
 import msgspec
-import pytest
 from playwright.async_api import Browser, Locator, Page, Route, expect
 
 from gateway.config import Config
@@ -27,7 +26,6 @@ from tests.support.browser import (
     PHONE,
     WAIT_MS,
     PageErrors,
-    chromium,
     open_console,
     require_chromium,
     sign_in,
@@ -100,20 +98,6 @@ async def console_daemon(
     )
     async with running_daemon(config) as daemon:
         yield daemon
-
-
-@pytest.fixture
-async def console(db_dsn: str, mosquitto: Mosquitto) -> AsyncIterator[Console]:
-    require_chromium()
-    port = free_port()
-    async with console_daemon(db_dsn, mosquitto, port) as daemon:
-        yield Console(f"http://127.0.0.1:{port}", daemon, mosquitto)
-
-
-@pytest.fixture
-async def browser() -> AsyncIterator[Browser]:
-    async with chromium() as launched:
-        yield launched
 
 
 async def publish(mosquitto: Mosquitto, device: str, payload: dict[str, object]) -> None:

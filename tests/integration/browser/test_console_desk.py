@@ -24,7 +24,7 @@ from protocol import Topics
 from storage import ingest as repo
 from storage.ingest import DeadLetterRow
 from tests.support.api_client import ADMIN, OPERATOR, VIEWER, ApiClient
-from tests.support.browser import WAIT_MS, chromium, open_console, require_chromium, sign_in
+from tests.support.browser import WAIT_MS, open_console, require_chromium, sign_in
 from tests.support.daemon import make_config, running_daemon
 from tests.support.mosquitto import Mosquitto
 from tests.support.ports import free_port
@@ -71,12 +71,6 @@ async def base(db_dsn: str, mosquitto: Mosquitto) -> AsyncIterator[str]:
 async def api(base: str) -> AsyncIterator[ApiClient]:
     async with aiohttp.ClientSession() as http:
         yield ApiClient(base=base, http=http)
-
-
-@pytest.fixture
-async def browser() -> AsyncIterator[Browser]:
-    async with chromium() as launched:
-        yield launched
 
 
 async def publish(mosquitto: Mosquitto, device: str, *payloads: bytes) -> None:

@@ -19,7 +19,7 @@ from protocol import Topics
 from storage.alarms import db_now
 from tests.support.alarm_history import raise_alarm
 from tests.support.api_client import OPERATOR, VIEWER
-from tests.support.browser import WAIT_MS, chromium, open_console, require_chromium, sign_in
+from tests.support.browser import WAIT_MS, open_console, require_chromium, sign_in
 from tests.support.daemon import make_config, running_daemon, scrape
 from tests.support.mosquitto import Mosquitto
 from tests.support.ports import free_port
@@ -55,12 +55,6 @@ async def port(db_dsn: str, mosquitto: Mosquitto) -> AsyncIterator[int]:
     config = make_config(dsn=db_dsn, mqtt_port=mosquitto.port, http_port=port, extra=CONFIG)
     async with running_daemon(config):
         yield port
-
-
-@pytest.fixture
-async def browser() -> AsyncIterator[Browser]:
-    async with chromium() as launched:
-        yield launched
 
 
 async def door_open(mosquitto: Mosquitto, device: str) -> None:

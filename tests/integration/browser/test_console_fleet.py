@@ -23,7 +23,6 @@ from tests.support.api_client import OPERATOR, VIEWER, ApiClient
 from tests.support.browser import (
     PHONE,
     WAIT_MS,
-    chromium,
     open_console,
     require_chromium,
     sign_in,
@@ -84,12 +83,6 @@ async def base(db_dsn: str, mosquitto: Mosquitto) -> AsyncIterator[str]:
 async def api(base: str) -> AsyncIterator[ApiClient]:
     async with aiohttp.ClientSession() as http:
         yield ApiClient(base=base, http=http)
-
-
-@pytest.fixture
-async def browser() -> AsyncIterator[Browser]:
-    async with chromium() as launched:
-        yield launched
 
 
 @contextlib.asynccontextmanager

@@ -4,35 +4,17 @@ real browser against a real daemon, broker and PostgreSQL."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
 
 import asyncpg
-import pytest
 from playwright.async_api import Browser, expect
 
 from gateway.alarms.lifecycle import AlarmRequest, create_alarms
 from storage.alarms import db_now
-from tests.integration.browser.test_console_alarms import Console, api, console_daemon
+from tests.integration.browser.test_console_alarms import Console, api
 from tests.support.api_client import OPERATOR
-from tests.support.browser import WAIT_MS, chromium, open_console, require_chromium, sign_in
-from tests.support.mosquitto import Mosquitto
-from tests.support.ports import free_port
+from tests.support.browser import WAIT_MS, open_console, sign_in
 
 ALARMS = 205  # the page reads 200 at a time
-
-
-@pytest.fixture
-async def console(db_dsn: str, mosquitto: Mosquitto) -> AsyncIterator[Console]:
-    require_chromium()
-    port = free_port()
-    async with console_daemon(db_dsn, mosquitto, port) as daemon:
-        yield Console(f"http://127.0.0.1:{port}", daemon, mosquitto)
-
-
-@pytest.fixture
-async def browser() -> AsyncIterator[Browser]:
-    async with chromium() as launched:
-        yield launched
 
 
 async def test_older_alarms_loaded_stay_listed_through_a_live_update(

@@ -22,7 +22,7 @@ from sim.responder import Responder, Script
 from storage import ingest as repo
 from storage.ingest import DeadLetterRow
 from tests.support.api_client import ADMIN, OPERATOR
-from tests.support.browser import WAIT_MS, chromium, open_console, require_chromium, sign_in
+from tests.support.browser import WAIT_MS, open_console, require_chromium, sign_in
 from tests.support.daemon import make_config, running_daemon
 from tests.support.mosquitto import Mosquitto
 from tests.support.ports import free_port
@@ -55,12 +55,6 @@ async def base(db_dsn: str, mosquitto: Mosquitto) -> AsyncIterator[str]:
     config = make_config(dsn=db_dsn, mqtt_port=mosquitto.port, http_port=port, extra=CONFIG)
     async with running_daemon(config):
         yield f"http://127.0.0.1:{port}"
-
-
-@pytest.fixture
-async def browser() -> AsyncIterator[Browser]:
-    async with chromium() as launched:
-        yield launched
 
 
 async def publish(mosquitto: Mosquitto, device: str, payload: bytes) -> None:

@@ -4,39 +4,19 @@ end writes no outbox event, so nothing on the stream tells the page."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import asyncpg
-import pytest
 from playwright.async_api import Browser, expect
 
 from tests.integration.browser.test_console_alarms import (
     Console,
     alarm_row,
     api,
-    console_daemon,
     publish,
 )
 from tests.support.api_client import OPERATOR
-from tests.support.browser import WAIT_MS, chromium, open_console, require_chromium, sign_in
-from tests.support.mosquitto import Mosquitto
-from tests.support.ports import free_port
+from tests.support.browser import WAIT_MS, open_console, sign_in
 
 SECONDS_LEFT = 8  # the shelf's time left when the page reads the list
-
-
-@pytest.fixture
-async def console(db_dsn: str, mosquitto: Mosquitto) -> AsyncIterator[Console]:
-    require_chromium()
-    port = free_port()
-    async with console_daemon(db_dsn, mosquitto, port) as daemon:
-        yield Console(f"http://127.0.0.1:{port}", daemon, mosquitto)
-
-
-@pytest.fixture
-async def browser() -> AsyncIterator[Browser]:
-    async with chromium() as launched:
-        yield launched
 
 
 async def test_an_alarm_whose_shelf_runs_out_comes_back_on_the_open_list(

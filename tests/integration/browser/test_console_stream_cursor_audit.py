@@ -3,23 +3,14 @@ database it comes back to, in a real browser against a real daemon, broker and P
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import asyncpg
-import pytest
 from playwright.async_api import Browser, expect
 
 from tests.integration.browser.test_console_alarms import alarm_row, console_daemon, publish
 from tests.support.api_client import OPERATOR
-from tests.support.browser import WAIT_MS, chromium, open_console, require_chromium, sign_in
+from tests.support.browser import WAIT_MS, open_console, require_chromium, sign_in
 from tests.support.mosquitto import Mosquitto
 from tests.support.ports import free_port
-
-
-@pytest.fixture
-async def browser() -> AsyncIterator[Browser]:
-    async with chromium() as launched:
-        yield launched
 
 
 async def test_a_page_whose_last_event_the_database_no_longer_has_goes_live_again(

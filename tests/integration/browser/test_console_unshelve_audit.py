@@ -3,9 +3,6 @@ daemon, broker and PostgreSQL."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
-import pytest
 from playwright.async_api import Browser, expect
 
 from tests.integration.browser.test_console_alarms import (
@@ -13,27 +10,10 @@ from tests.integration.browser.test_console_alarms import (
     Console,
     alarm_row,
     api,
-    console_daemon,
     publish,
 )
 from tests.support.api_client import OPERATOR, VIEWER
-from tests.support.browser import WAIT_MS, chromium, open_console, require_chromium, sign_in
-from tests.support.mosquitto import Mosquitto
-from tests.support.ports import free_port
-
-
-@pytest.fixture
-async def console(db_dsn: str, mosquitto: Mosquitto) -> AsyncIterator[Console]:
-    require_chromium()
-    port = free_port()
-    async with console_daemon(db_dsn, mosquitto, port) as daemon:
-        yield Console(f"http://127.0.0.1:{port}", daemon, mosquitto)
-
-
-@pytest.fixture
-async def browser() -> AsyncIterator[Browser]:
-    async with chromium() as launched:
-        yield launched
+from tests.support.browser import WAIT_MS, open_console, sign_in
 
 
 async def test_unshelve_returns_an_alarm_two_operators_shelved_two_ways(
