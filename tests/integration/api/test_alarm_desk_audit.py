@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 import asyncpg
@@ -23,6 +23,8 @@ from storage.alarms import db_now
 from tests.support.api_client import ADMIN, OPERATOR, VIEWER, ApiClient, Reply
 from tests.support.api_server import serve_api
 from tests.support.waiting import wait_until
+
+T = TypeVar("T")
 
 TOKENS = [
     TokenConfig(token=VIEWER, role="viewer", name="wall-screen"),
@@ -60,6 +62,27 @@ class Api(ApiClient):
             )
         )
 
+    async def while_held(
+        self,
+        hold: Callable[[asyncpg.Connection], Awaitable[T]],
+        request: Callable[[], Awaitable[Reply]],
+        message: str,
+    ) -> tuple[T, Reply]:
+        """Operator A's step (``hold``, the gateway's own code) run in a transaction on a
+        second connection and held open until ``request`` (operator B's, sent then) waits for
+        one of its locks; then A commits. What ``hold`` returned, and B's reply."""
+        other = await asyncpg.connect(self.dsn)
+        try:
+            held = other.transaction()
+            await held.start()
+            mine = await hold(other)
+            task = asyncio.create_task(request())
+            await wait_until(self.a_request_waits_for_a_lock, message=message)
+            await held.commit()
+            return mine, await task
+        finally:
+            await other.close()
+
 
 @pytest.fixture
 async def api(db_dsn: str, db: asyncpg.Connection) -> AsyncIterator[Api]:
@@ -82,23 +105,13 @@ async def test_two_operators_putting_a_device_out_of_service_at_once_both_get_20
     if in_force_before:
         first = await api.put("/devices/m1/out-of-service", {"reason": "earlier"})
         assert first.status == 200, first.body
-    other = await asyncpg.connect(api.dsn)
-    try:
-        held = other.transaction()
-        await held.start()
-        mine = await shelving.set_out_of_service(
-            other, "m1", reason="operator A", until=None, actor="olga", request_id=None
-        )
-        request = asyncio.create_task(
-            api.put("/devices/m1/out-of-service", {"reason": "operator B"})
-        )
-        await wait_until(
-            api.a_request_waits_for_a_lock, message="B's request waits for A's transaction"
-        )
-        await held.commit()
-        reply = await request
-    finally:
-        await other.close()
+    mine, reply = await api.while_held(
+        lambda c: shelving.set_out_of_service(
+            c, "m1", reason="operator A", until=None, actor="olga", request_id=None
+        ),
+        lambda: api.put("/devices/m1/out-of-service", {"reason": "operator B"}),
+        "B's request waits for A's transaction",
+    )
     assert reply.status == 200, reply.body
     assert (reply.body["reason"], reply.body["set_by"]) == ("operator B", "console")
     device = (await api.get("/devices/m1")).body["device"]
@@ -126,23 +139,13 @@ async def test_ending_out_of_service_while_another_operator_replaces_the_period_
     )
     first = await api.put("/devices/m1/out-of-service", {"reason": "earlier"})
     assert first.status == 200, first.body
-    other = await asyncpg.connect(api.dsn)
-    try:
-        held = other.transaction()
-        await held.start()
-        mine = await shelving.set_out_of_service(
-            other, "m1", reason="operator A", until=None, actor="olga", request_id=None
-        )
-        request = asyncio.create_task(
-            api.call("DELETE", "/devices/m1/out-of-service", token=OPERATOR)
-        )
-        await wait_until(
-            api.a_request_waits_for_a_lock, message="B's request waits for A's transaction"
-        )
-        await held.commit()
-        reply = await request
-    finally:
-        await other.close()
+    mine, reply = await api.while_held(
+        lambda c: shelving.set_out_of_service(
+            c, "m1", reason="operator A", until=None, actor="olga", request_id=None
+        ),
+        lambda: api.call("DELETE", "/devices/m1/out-of-service", token=OPERATOR),
+        "B's request waits for A's transaction",
+    )
     assert reply.status == 200, reply.body
     assert (reply.body["id"], reply.body["ended_by"]) == (mine["id"], "console")
     assert (await api.get("/devices/m1")).body["device"]["out_of_service"] is None
@@ -212,25 +215,22 @@ async def test_two_operators_renewing_an_expired_shelf_at_once_the_loser_is_told
     `ALREADY_SHELVED`: the shelf in the way is A's, in force, not the one that ended."""
     alarm_id = await api.raise_alarm("pump")
     old = await _a_shelf_past_its_until(api, alarm_id)
-    other = await asyncpg.connect(api.dsn)
-    try:
-        held = other.transaction()
-        await held.start()
-        mine = await shelving.shelve(
-            other, scope="alarm", alarm_id=alarm_id, device_id=None, rule_key=None,
-            seconds=600, reason="operator A", actor="olga", node_id="other-node",
+    mine, reply = await api.while_held(
+        lambda c: shelving.shelve(
+            c,
+            scope="alarm",
+            alarm_id=alarm_id,
+            device_id=None,
+            rule_key=None,
+            seconds=600,
+            reason="operator A",
+            actor="olga",
+            node_id="other-node",
             request_id=None,
-        )  # fmt: skip
-        request = asyncio.create_task(
-            api.post(f"/alarms/{alarm_id}/shelve", {"duration_s": 600, "reason": "operator B"})
-        )
-        await wait_until(
-            api.a_request_waits_for_a_lock, message="B's shelve waits for A's transaction"
-        )
-        await held.commit()
-        reply = await request
-    finally:
-        await other.close()
+        ),
+        lambda: api.post(f"/alarms/{alarm_id}/shelve", {"duration_s": 600, "reason": "operator B"}),
+        "B's shelve waits for A's transaction",
+    )
     assert reply.status == 409, reply.body
     assert (reply.body["error"], reply.body["shelf_id"]) == ("ALREADY_SHELVED", mine["id"])
     assert mine["id"] != old["id"]
@@ -276,22 +276,13 @@ async def test_two_steps_on_one_alarm_at_once_one_wins_and_the_other_gets_409(
     audit_before = await api.db.fetchval(
         "SELECT count(*) FROM alarm_audit WHERE alarm_id = $1", alarm_id
     )
-    other = await asyncpg.connect(api.dsn)
-    try:
-        held = other.transaction()
-        await held.start()
-        await transition(
-            other, alarm_id, race.a_does, actor=race.a_actor or "system:timers",
-            node_id="other-node",
-        )  # fmt: skip
-        request = asyncio.create_task(api.post(f"/alarms/{alarm_id}/{race.b_does}", {"note": "B"}))
-        await wait_until(
-            api.a_request_waits_for_a_lock, message="B's action waits for A's transaction"
-        )
-        await held.commit()
-        reply = await request
-    finally:
-        await other.close()
+    _, reply = await api.while_held(
+        lambda c: transition(
+            c, alarm_id, race.a_does, actor=race.a_actor or "system:timers", node_id="other-node"
+        ),
+        lambda: api.post(f"/alarms/{alarm_id}/{race.b_does}", {"note": "B"}),
+        "B's action waits for A's transaction",
+    )
     assert reply.status == 409, reply.body
     assert (reply.body["error"], reply.body["current_status"], reply.body["actor"]) == (
         "STATUS_CHANGED", race.status_after_a, race.a_actor,
