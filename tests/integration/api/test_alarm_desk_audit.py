@@ -17,20 +17,14 @@ import pytest
 
 from gateway.alarms import shelving
 from gateway.alarms.lifecycle import create_alarm, transition
-from gateway.config import TokenConfig
 from gateway.domain.alarm import Action
 from storage.alarms import db_now
-from tests.support.api_client import ADMIN, OPERATOR, VIEWER, ApiClient, Reply
+from tests.integration.api.test_alarm_desk_api import TOKENS
+from tests.support.api_client import OPERATOR, ApiClient, Reply
 from tests.support.api_server import serve_api
 from tests.support.waiting import wait_until
 
 T = TypeVar("T")
-
-TOKENS = [
-    TokenConfig(token=VIEWER, role="viewer", name="wall-screen"),
-    TokenConfig(token=OPERATOR, role="operator", name="console"),
-    TokenConfig(token=ADMIN, role="admin", name="root"),
-]
 
 
 @dataclass

@@ -15,6 +15,7 @@ import contextlib
 
 import asyncpg
 import pytest
+from asyncpg.transaction import Transaction
 
 from gateway.commands.campaigns import (
     CampaignRequest,
@@ -25,6 +26,7 @@ from gateway.commands.campaigns import (
 from gateway.commands.lifecycle import DeviceUnboundError, unbind
 from gateway.commands.service import CommandService
 from gateway.domain.command import Delivery
+from storage.commands import MovedCommandRow
 from tests.support.waiting import wait_until
 
 DEVICES = ("pump-1", "pump-2", "pump-3")
@@ -57,6 +59,20 @@ async def _open_commands_of(pool: asyncpg.Pool, device_id: str) -> list[str]:
     return [r["status"] for r in rows]
 
 
+async def _unbind_then_release(
+    pool: asyncpg.Pool, commands: CommandService, held: Transaction
+) -> asyncio.Task[list[MovedCommandRow]]:
+    """While a creation waits for the key ``held`` holds: pump-2 unbound, the unbind either
+    committed (no lock to wait for) or waiting for the creation; then the key released."""
+    unbinding = asyncio.create_task(commands.unbind("pump-2", actor="api:ops"))
+    await wait_until(
+        lambda: unbinding.done() or _waiting_on_lock(pool, "FROM device"),
+        timeout=10, message="the unbind committed or waits",
+    )  # fmt: skip
+    await held.rollback()
+    return unbinding
+
+
 @pytest.mark.parametrize("by_selector", [False, True], ids=["devices", "selector"])
 async def test_a_device_unbound_while_a_campaign_is_created_gets_no_open_command(
     pool: asyncpg.Pool, db_dsn: str, by_selector: bool
@@ -84,13 +100,7 @@ async def test_a_device_unbound_while_a_campaign_is_created_gets_no_open_command
             lambda: _waiting_on_lock(pool, "INSERT INTO campaign (name"),
             timeout=10, message="the campaign's insert waits for the key",
         )  # fmt: skip
-        unbinding = asyncio.create_task(commands.unbind("pump-2", actor="api:ops"))
-        # The unbind either commits now (no lock to wait for) or waits for the creation.
-        await wait_until(
-            lambda: unbinding.done() or _waiting_on_lock(pool, "FROM device"),
-            timeout=10, message="the unbind committed or waits",
-        )  # fmt: skip
-        await held.rollback()
+        unbinding = await _unbind_then_release(pool, commands, held)
         created = await asyncio.wait_for(creating, timeout=20)
         await asyncio.wait_for(unbinding, timeout=20)
     finally:
@@ -130,12 +140,7 @@ async def test_a_device_unbound_while_its_command_is_created_gets_no_open_comman
             lambda: _waiting_on_lock(pool, INSERT_COMMAND),
             timeout=10, message="the command's insert waits for the key",
         )  # fmt: skip
-        unbinding = asyncio.create_task(commands.unbind("pump-2", actor="api:ops"))
-        await wait_until(
-            lambda: unbinding.done() or _waiting_on_lock(pool, "FROM device"),
-            timeout=10, message="the unbind committed or waits",
-        )  # fmt: skip
-        await held.rollback()
+        unbinding = await _unbind_then_release(pool, commands, held)
         with contextlib.suppress(DeviceUnboundError):  # refused: as good as cancelled
             await asyncio.wait_for(creating, timeout=20)
         await asyncio.wait_for(unbinding, timeout=20)

@@ -17,7 +17,7 @@ from typing import Any
 import asyncpg
 import msgspec
 
-from gateway.alarms.lifecycle import create_alarm, transition
+from gateway.alarms.lifecycle import transition
 from gateway.config import Config, RetentionConfig, parse_config
 from gateway.domain.alarm import Action
 from gateway.maintenance.runner import Maintenance
@@ -25,8 +25,8 @@ from gateway.notify.consumer import NotifyConsumer
 from gateway.notify.metrics import NotifyMetrics
 from gateway.notify.worker import DeliveryWorker
 from gateway.support.metrics import Metrics
-from storage import alarms as alarm_repo
 from storage.pool import create_pool
+from tests.integration.services.test_notify_grouping import _raise, _window_status
 from tests.support.receivers import webhook_server
 from tests.support.waiting import wait_until
 
@@ -88,22 +88,6 @@ async def _windows(db: asyncpg.Connection) -> list[dict[str, Any]]:
     return [{**dict(r.items()), "body": msgspec.json.decode(r["body"])} for r in rows]
 
 
-async def _raise(db: asyncpg.Connection, device: str, n: int) -> int:
-    async with db.transaction():
-        creation = await create_alarm(
-            db, device_id=device, rule_key="hot", severity="MAJOR",
-            telemetry_event_id=f"{n:064x}", reason="test", node_id="n0",
-            now=await alarm_repo.db_now(db),
-        )  # fmt: skip
-    assert creation.alarm is not None
-    return creation.alarm.id
-
-
-async def _sent(db: asyncpg.Connection, delivery_id: int) -> bool:
-    status = await db.fetchval("SELECT status FROM notify_delivery WHERE id = $1", delivery_id)
-    return bool(status == "SENT")
-
-
 async def _first_window_sent_a_week_ago(
     db: asyncpg.Connection, consumer: NotifyConsumer
 ) -> dict[str, Any]:
@@ -112,7 +96,7 @@ async def _first_window_sent_a_week_ago(
     await db.execute(
         "UPDATE notify_delivery SET next_attempt_at = now() WHERE id = $1", window["id"]
     )
-    await wait_until(lambda: _sent(db, window["id"]), message="the window sent")
+    await wait_until(lambda: _window_status(db, window["id"], "SENT"), message="the window sent")
     # A week on (the database's clock stamped it): the repeat is due, and the window ended
     # longer ago than notify_days.
     await db.execute(
@@ -140,7 +124,7 @@ async def test_a_weekly_reminder_of_an_open_alarm_outlives_notify_days(
     pool: asyncpg.Pool, db_dsn: str, db: asyncpg.Connection
 ) -> None:
     async with webhook_server() as server, _node(db_dsn, _config(server.url(""))) as consumer:
-        alarm = await _raise(db, "dev-1", 1)
+        alarm = await _raise(db, "dev-1", "hot", 1)
         first = await _first_window_sent_a_week_ago(db, consumer)
 
         await _retention(pool)
@@ -155,7 +139,9 @@ async def test_a_weekly_reminder_of_an_open_alarm_outlives_notify_days(
         await db.execute(
             "UPDATE notify_delivery SET next_attempt_at = now() WHERE id = $1", repeat["id"]
         )
-        await wait_until(lambda: _sent(db, repeat["id"]), message="the reminder sent")
+        await wait_until(
+            lambda: _window_status(db, repeat["id"], "SENT"), message="the reminder sent"
+        )
         assert len(server.on("/hook")) == 2
 
 
@@ -163,7 +149,7 @@ async def test_a_group_whose_alarms_are_all_dealt_with_is_still_pruned(
     pool: asyncpg.Pool, db_dsn: str, db: asyncpg.Connection
 ) -> None:
     async with webhook_server() as server, _node(db_dsn, _config(server.url(""))) as consumer:
-        alarm = await _raise(db, "dev-1", 1)
+        alarm = await _raise(db, "dev-1", "hot", 1)
         first = await _first_window_sent_a_week_ago(db, consumer)
         async with db.transaction():
             await transition(db, alarm, Action.FALSE, actor="op", node_id="n0")
