@@ -41,6 +41,10 @@ class EventType(enum.StrEnum):
     CAMPAIGN_CANCELLED = "campaign.cancelled"
     AI_SUMMARY_SUCCEEDED = "ai.summary_succeeded"
     AI_SUMMARY_FAILED = "ai.summary_failed"
+    SHELF_STARTED = "shelf.started"
+    SHELF_ENDED = "shelf.ended"
+    DEVICE_OUT_OF_SERVICE = "device.out_of_service"
+    DEVICE_IN_SERVICE = "device.in_service"
 
 
 class Aggregate(enum.StrEnum):
@@ -49,6 +53,8 @@ class Aggregate(enum.StrEnum):
     ALARM = "alarm"
     COMMAND = "command"
     CAMPAIGN = "campaign"
+    SHELF = "shelf"
+    DEVICE = "device"
 
 
 class AlarmSnapshot(msgspec.Struct, frozen=True, kw_only=True):
@@ -155,6 +161,26 @@ class SummaryTaskFinished(msgspec.Struct, frozen=True, kw_only=True):
     task: dict[str, Any]  # the task row, without its prompt and response
 
 
+class ShelfChanged(msgspec.Struct, frozen=True, kw_only=True):
+    """``shelf.started``, ``shelf.ended``: a shelf made, or ended (lifted by a person, expired
+    at its until, or renewed by a new shelf of the same target), and the alarms it covers at
+    that step (the shelved alarm, or the pair's open alarms). Not notifications: they tell
+    consoles and integrations what the desk shows (shelved alarms leave the default view)."""
+
+    shelf: dict[str, Any]  # the shelf as ``GET /shelves/{id}`` returns it
+    alarm_ids: list[int]
+    actor: str
+
+
+class DeviceServiceChanged(msgspec.Struct, frozen=True, kw_only=True):
+    """``device.out_of_service``, ``device.in_service``: a device's maintenance period put in
+    force (replacing any in force) or ended by a person."""
+
+    device_id: str
+    period: dict[str, Any]  # the period as ``GET /devices/{id}`` shows it (``out_of_service``)
+    actor: str
+
+
 EventPayload: TypeAlias = (
     AlarmCreated
     | AlarmChanged
@@ -164,6 +190,8 @@ EventPayload: TypeAlias = (
     | CampaignCreated
     | CampaignClosed
     | SummaryTaskFinished
+    | ShelfChanged
+    | DeviceServiceChanged
 )
 
 # The payload Struct of each event type.
@@ -182,6 +210,10 @@ PAYLOADS: Final[dict[EventType, type[EventPayload]]] = {
     EventType.CAMPAIGN_CANCELLED: CampaignClosed,
     EventType.AI_SUMMARY_SUCCEEDED: SummaryTaskFinished,
     EventType.AI_SUMMARY_FAILED: SummaryTaskFinished,
+    EventType.SHELF_STARTED: ShelfChanged,
+    EventType.SHELF_ENDED: ShelfChanged,
+    EventType.DEVICE_OUT_OF_SERVICE: DeviceServiceChanged,
+    EventType.DEVICE_IN_SERVICE: DeviceServiceChanged,
 }
 
 _DECODERS: Final[dict[EventType, msgspec.json.Decoder[Any]]] = {

@@ -28,9 +28,11 @@ from gateway.alarms.lifecycle import AlarmNotFoundError
 from gateway.domain.alarm import AlarmError
 from gateway.domain.notify import Silence, first_silence, silence_from_row
 from gateway.domain.notify_match import Facts
+from protocol.events import Aggregate, DeviceServiceChanged, EventType, ShelfChanged
 from storage import alarms as alarm_repo
 from storage import desk as repo
 from storage import notify as notify_repo
+from storage import outbox
 from storage.desk import Scope
 
 log = structlog.get_logger(__name__)
@@ -39,6 +41,16 @@ SHELF_ACTOR: Final = "system:shelving"
 # The ids of the notifications a shelf's end sends (one per alarm, the same for every receiver:
 # X-Gateway-Event-Id, what receivers deduplicate on) are derived from the shelf and the alarm.
 RETURN_NAMESPACE: Final = uuid.UUID("6c1f4a52-2f0e-4f55-9a57-5d0b8e3e51a7")
+# What the shelf and maintenance-period events carry of their rows: the API's fields
+# (gateway.api.schemas Shelf and OutOfService), so a console reads the same shape either way.
+_SHELF_FIELDS: Final = (
+    "id", "scope", "alarm_id", "device_id", "rule_key", "reason", "shelved_by", "shelved_at",
+    "until", "ended_at", "ended_by", "end_reason", "request_id",
+)  # fmt: skip
+_PERIOD_FIELDS: Final = (
+    "id", "device_id", "reason", "set_by", "since", "until", "ended_at", "ended_by",
+    "request_id",
+)  # fmt: skip
 _ALARM_TIMES: Final = (
     "triggered_at", "pushed_at", "confirmed_at", "escalated_at", "handled_at", "closed_at",
     "cleared_at",
@@ -190,7 +202,7 @@ async def shelve(
         )
         assert current is not None
         raise AlreadyShelvedError(current)
-    await repo.audit_shelf_step(
+    alarm_ids = await repo.audit_shelf_step(
         conn,
         shelf,
         actor=actor,
@@ -199,6 +211,7 @@ async def shelve(
         request_id=request_id,
         node_id=node_id,
     )
+    await _shelf_event(conn, EventType.SHELF_STARTED, shelf, alarm_ids, actor)
     return shelf
 
 
@@ -235,7 +248,7 @@ async def _audit_end(
     # ... and the routes that do not group tell those the shelf kept quiet, once.
     if not renewed:
         await tell_returned(conn, shelf)
-    return await repo.audit_shelf_step(
+    alarm_ids = await repo.audit_shelf_step(
         conn,
         shelf,
         actor=actor,
@@ -243,6 +256,46 @@ async def _audit_end(
         note=f"shelf {shelf['id']} {how}",
         request_id=request_id,
         node_id=node_id,
+    )
+    await _shelf_event(conn, EventType.SHELF_ENDED, shelf, alarm_ids, actor)
+    return alarm_ids
+
+
+async def _shelf_event(
+    conn: asyncpg.Connection,
+    event_type: EventType,
+    shelf: asyncpg.Record,
+    alarm_ids: list[int],
+    actor: str,
+) -> None:
+    """The step's event, in its transaction: other operators' consoles learn of it at once
+    (the live stream), not at their next read (behaviour §5, "Shelving")."""
+    await outbox.add_event(
+        conn,
+        aggregate_type=Aggregate.SHELF,
+        aggregate_id=str(shelf["id"]),
+        event_type=event_type,
+        payload=ShelfChanged(
+            shelf={key: shelf[key] for key in _SHELF_FIELDS},
+            alarm_ids=sorted(alarm_ids),
+            actor=actor,
+        ),
+    )
+
+
+async def _service_event(
+    conn: asyncpg.Connection, event_type: EventType, period: asyncpg.Record, actor: str
+) -> None:
+    await outbox.add_event(
+        conn,
+        aggregate_type=Aggregate.DEVICE,
+        aggregate_id=str(period["device_id"]),
+        event_type=event_type,
+        payload=DeviceServiceChanged(
+            device_id=str(period["device_id"]),
+            period={key: period[key] for key in _PERIOD_FIELDS},
+            actor=actor,
+        ),
     )
 
 
@@ -367,6 +420,7 @@ async def set_out_of_service(
             conn, device_id=device_id, reason=reason, by=actor, until=until, request_id=request_id
         )
         if period is not None:
+            await _service_event(conn, EventType.DEVICE_OUT_OF_SERVICE, period, actor)
             return period
 
 
@@ -381,6 +435,7 @@ async def end_out_of_service(
     while True:
         ended = await repo.end_period_in_force(conn, device_id, actor)
         if ended is not None:
+            await _service_event(conn, EventType.DEVICE_IN_SERVICE, ended, actor)
             return ended
         if await repo.period_in_force(conn, device_id) is None:
             raise NotOutOfServiceError(device_id)

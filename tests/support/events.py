@@ -17,8 +17,10 @@ from protocol.events import (
     CampaignClosed,
     CampaignCreated,
     CommandFinished,
+    DeviceServiceChanged,
     EventPayload,
     EventType,
+    ShelfChanged,
     SummaryTaskFinished,
     decode_payload,
 )
@@ -68,6 +70,8 @@ def samples() -> dict[EventType, EventPayload]:
     """One payload of each event type."""
     campaign = {"id": 2, "name": "reboot", "status": "RUNNING", "total": 3}
     counts = {"PENDING": 0, "ACKED": 3}
+    shelf = {"id": 4, "scope": "pair", "alarm_id": None, "device_id": "d", "rule_key": "hot"}
+    period = {"id": 5, "device_id": "d", "reason": "repairs", "set_by": "op:ann"}
     return {
         EventType.ALARM_CREATED: created(),
         EventType.ALARM_SUPERSEDED: changed("SUPERSEDED", "supersede", "NEW"),
@@ -93,6 +97,18 @@ def samples() -> dict[EventType, EventPayload]:
         EventType.CAMPAIGN_CANCELLED: CampaignClosed(campaign=campaign, counts=counts, actor="x"),
         EventType.AI_SUMMARY_SUCCEEDED: SummaryTaskFinished(task={"id": 1, "status": "DONE"}),
         EventType.AI_SUMMARY_FAILED: SummaryTaskFinished(task={"id": 1, "status": "FAILED"}),
+        EventType.SHELF_STARTED: ShelfChanged(shelf=shelf, alarm_ids=[7, 9], actor="op:ann"),
+        EventType.SHELF_ENDED: ShelfChanged(
+            shelf={**shelf, "ended_by": "system:shelving", "end_reason": "expired"},
+            alarm_ids=[7],
+            actor="system:shelving",
+        ),
+        EventType.DEVICE_OUT_OF_SERVICE: DeviceServiceChanged(
+            device_id="d", period=period, actor="op:ann"
+        ),
+        EventType.DEVICE_IN_SERVICE: DeviceServiceChanged(
+            device_id="d", period={**period, "ended_by": "op:bob"}, actor="op:bob"
+        ),
     }
 
 

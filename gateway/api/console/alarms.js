@@ -17,8 +17,9 @@ const SEVERITIES = ["CRITICAL", "MAJOR", "WARNING", "INFO"];
 const OPEN = new Set(["NEW", "PUSHED", "DELAYED", "CONFIRMED", "ESCALATED"]);
 const PAGE = 200;
 const LIVE_MS = 400;
-// A shelf's end writes no event: the list is read again just after the soonest end of a shelf
-// in force (at most once a second, however the clocks of the page and the gateway differ).
+// A shelf's end at its until is told by a node's alarm timers (shelf.ended) when they pass;
+// the list is also read again just after the soonest end of a shelf in force, so the alarm
+// returns on time (at most once a second, however the clocks of the page and the gateway differ).
 const SHELF_END_MARGIN_MS = 250;
 const SHELF_RECHECK_MIN_MS = 1000;
 const TIMER_MAX_MS = 2 ** 31 - 1;
@@ -243,9 +244,9 @@ export class AlarmsView {
     this.watchShelfEnds(counts, this.items);
   }
 
-  // An unshelved alarm returns to annunciation (behaviour §5), but a shelf's end (expired at
-  // its until) writes no outbox event, so the stream never says so: read the list again just
-  // after the soonest end of a shelf in force, as a live update.
+  // An unshelved alarm returns to annunciation (behaviour §5) at its shelf's until, whereas
+  // the expiry's shelf.ended comes when a node's alarm timers next pass: read the list again
+  // just after the soonest end of a shelf in force, as a live update.
   async watchShelfEnds(counts, items) {
     const ends = items.filter((a) => a.shelved_until).map((a) => Date.parse(a.shelved_until));
     if (counts && counts.all && counts.all.shelved > 0) {
@@ -691,14 +692,18 @@ export class AlarmsView {
     return `Could not ${action} alarm #${id}: ${error.message}`;
   }
 
+  // An alarm's events, and a shelf made or ended (by another operator, or at its end): a
+  // shelved alarm leaves the default list and an unshelved one returns to it.
   onEvent(event) {
-    if (event.aggregate_type !== "alarm") return;
+    const shelf = event.aggregate_type === "shelf";
+    if (event.aggregate_type !== "alarm" && !shelf) return;
     if (this.ctx.current() !== "alarms") {
       this.stale = true;
       return;
     }
     this.refreshListSoon();
     // The detail is drawn again only for its own alarm: a note being typed is kept.
-    if (this.selected !== null && String(event.aggregate_id) === String(this.selected)) this.refreshDetailSoon();
+    const ids = shelf ? (event.payload.alarm_ids || []).map(String) : [String(event.aggregate_id)];
+    if (this.selected !== null && ids.includes(String(this.selected))) this.refreshDetailSoon();
   }
 }

@@ -37,6 +37,7 @@ export class DevicesView {
     this.rule = null;
     this.range = "last";
     this.refreshListSoon = throttle(() => this.load(false), 1000);
+    this.refreshDetailSoon = throttle(() => this.selected === null ? null : this.open(this.selected, { keepFocus: true }), 1000);
     this.form.addEventListener("submit", (event) => {
       event.preventDefault();
       this.load(false);
@@ -280,8 +281,14 @@ export class DevicesView {
       form, result);
   }
 
-  // Alarms change the open-alarm counts of the list; the open device is read on Refresh.
+  // Alarms change the open-alarm counts of the list; a device put out of service or back
+  // (by another operator) changes the list and, when it is the open one, its page.
   onEvent(event) {
-    if (event.aggregate_type === "alarm" && this.ctx.current() === "devices") this.refreshListSoon();
+    if (this.ctx.current() !== "devices") return;
+    if (event.aggregate_type === "alarm") this.refreshListSoon();
+    if (event.aggregate_type === "device") {
+      this.refreshListSoon();
+      if (this.selected !== null && String(event.aggregate_id) === String(this.selected)) this.refreshDetailSoon();
+    }
   }
 }

@@ -19,6 +19,7 @@ export const EVENT_TYPES = [
   "command.finished",
   "campaign.created", "campaign.completed", "campaign.aborted", "campaign.cancelled",
   "ai.summary_succeeded", "ai.summary_failed",
+  "shelf.started", "shelf.ended", "device.out_of_service", "device.in_service",
   "message",
 ];
 

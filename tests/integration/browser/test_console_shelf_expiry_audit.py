@@ -1,6 +1,6 @@
 """The console when a shelf runs out, in a real browser against a real daemon, broker and
-PostgreSQL: the alarm returns to annunciation (docs/behaviour.md §5, Shelving), and a shelf's
-end writes no outbox event, so nothing on the stream tells the page."""
+PostgreSQL: the alarm returns to annunciation (docs/behaviour.md §5, Shelving) on time, by the
+page's own reading at the shelf's end or by the timers' ``shelf.ended``, whichever comes first."""
 
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ async def test_an_alarm_whose_shelf_runs_out_comes_back_on_the_open_list(
     await page.locator("#alarm-filters").get_by_role("button", name="Filter").click()
     await expect(row).to_be_hidden(timeout=WAIT_MS)
     await expect(page.locator(".count-total-shelved")).to_have_text("shelved 1")
-    # No event comes; the page alone must know that the shelf ends.
+    # Nothing else happens on the page: it comes back by itself.
     await expect(row).to_be_visible(timeout=(SECONDS_LEFT + 15) * 1000)
     await expect(page.locator(".count-total-shelved")).to_have_text("shelved 0")
     assert errors.errors == []

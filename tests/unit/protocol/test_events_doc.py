@@ -37,6 +37,8 @@ def type_name(t: inspect.Type) -> str:
             return "object of integers"
         case inspect.DictType():
             return "object"
+        case inspect.ListType(item_type=inspect.IntType()):
+            return "array of integers"
         case inspect.StructType(cls=cls):
             return NAMES[cls]
     return SIMPLE[type(t)]
