@@ -318,9 +318,12 @@ class AlarmService:
         self, shelf_id: int, *, actor: str, request_id: str | None = None
     ) -> asyncpg.Record:
         async with self.pool.acquire() as conn, conn.transaction():
-            return await shelving.lift(
+            shelf, lifted = await shelving.lift(
                 conn, shelf_id, actor=actor, node_id=self.node_id, request_id=request_id
             )
+        if not lifted:  # ended already (at its until, ended now if no timer had): committed
+            raise shelving.ShelfEndedError(shelf_id)
+        return shelf
 
     async def shelf(self, shelf_id: int) -> asyncpg.Record:
         async with self.pool.acquire() as conn:

@@ -217,15 +217,28 @@ async def shelve(
 
 async def lift(
     conn: asyncpg.Connection, shelf_id: int, *, actor: str, node_id: str, request_id: str | None
-) -> asyncpg.Record:
-    """Lift a shelf in force, in the caller's transaction, audited."""
+) -> tuple[asyncpg.Record, bool]:
+    """Lift a shelf in force, in the caller's transaction, audited: the shelf, and True.
+
+    A shelf past its until that no node's timers ended yet is not in force: it is ended as
+    they would end it (at its until, by system:shelving, audited, its alarms told again),
+    and returned with False, so that the caller, once this transaction commits, refuses the
+    lift (SHELF_ENDED) and a read of the shelf after that answer shows it ended. One ended
+    already, however, is returned with False as it is."""
     ended = await repo.lift_shelf(conn, shelf_id, actor)
-    if ended is None:
-        if await repo.get_shelf(conn, shelf_id) is None:
-            raise ShelfNotFoundError(shelf_id)
-        raise ShelfEndedError(shelf_id)
-    await _audit_end(conn, ended, actor=actor, node_id=node_id, request_id=request_id)
-    return ended
+    if ended is not None:
+        await _audit_end(conn, ended, actor=actor, node_id=node_id, request_id=request_id)
+        return ended, True
+    shelf = await repo.get_shelf(conn, shelf_id)
+    if shelf is None:
+        raise ShelfNotFoundError(shelf_id)
+    if shelf["ended_at"] is None:
+        expired = await repo.expire_shelf(conn, shelf_id, SHELF_ACTOR)
+        if expired is not None:
+            await _audit_end(conn, expired, actor=SHELF_ACTOR, node_id=node_id, request_id=None)
+            return expired, False
+        # A timer ended it meanwhile (the update waited for it, then found it ended).
+    return shelf, False
 
 
 async def _audit_end(

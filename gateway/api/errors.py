@@ -204,7 +204,10 @@ ALREADY_SHELVED: Final = ErrorKind(
     "a shelf in force covers the same alarm or pair already (`shelf_id`); nothing is changed",
 )
 SHELF_ENDED: Final = ErrorKind(
-    409, "SHELF_ENDED", "the shelf has ended already (`shelf_id`); nothing is changed"
+    409,
+    "SHELF_ENDED",
+    "the shelf has ended already (`shelf_id`): lifted, or past its until (then recorded as "
+    "expired, as the timers would, if none had yet); it is not lifted",
 )
 SHELF_TOO_LONG: Final = ErrorKind(
     400,

@@ -10,11 +10,19 @@ from typing import Any
 
 import asyncpg
 import msgspec
+import pytest
 
 from gateway.alarms.service import AlarmService
+from gateway.alarms.shelving import ShelfEndedError
 from gateway.alarms.timers import AlarmTimers
 from storage.pool import create_pool
-from tests.integration.services.test_alarm_desk import _db_past, _device, _raise, service
+from tests.integration.services.test_alarm_desk import (
+    _audit,
+    _db_past,
+    _device,
+    _raise,
+    service,
+)
 from tests.support.waiting import wait_until
 
 __all__ = ["service"]  # the fixture, used here
@@ -107,3 +115,31 @@ async def test_a_maintenance_period_set_replaced_and_ended_writes_its_events(
     ]
     assert events[2][2]["period"]["ended_by"] == "carol"
     assert events[1][2]["period"]["reason"] == "seal"
+
+
+async def test_lifting_a_shelf_past_its_until_that_no_timer_ended_ends_it_as_the_timer_would(
+    service: AlarmService, db: asyncpg.Connection
+) -> None:
+    """DELETE /shelves/{id} of a shelf past its until, before any node's timers passed: 409
+    SHELF_ENDED, as before, and the shelf now reads ended (at its until, expired, by
+    system:shelving, audited, its shelf.ended written): a GET after the 409 must not show it
+    in force."""
+    alarm_id = await _raise(db, "d1")
+    shelf = await service.shelve(
+        scope="alarm", alarm_id=alarm_id, device_id=None, rule_key=None, seconds=0.2,
+        reason="brief", actor="alice",
+    )  # fmt: skip
+    await wait_until(lambda: _db_past(db, shelf["until"]), message="the until passes")
+    with pytest.raises(ShelfEndedError):
+        await service.lift(shelf["id"], actor="bob")
+    ended = await service.shelf(shelf["id"])
+    assert (ended["ended_at"], ended["end_reason"], ended["ended_by"]) == (
+        shelf["until"], "expired", "system:shelving",
+    )  # fmt: skip
+    [audit] = await _audit(db, alarm_id, "unshelve")
+    assert audit["actor"] == "system:shelving"
+    assert [kind for kind, _, _ in await _events(db, "shelf")] == ["shelf.started", "shelf.ended"]
+    # Asked again: the same answer, nothing more written.
+    with pytest.raises(ShelfEndedError):
+        await service.lift(shelf["id"], actor="bob")
+    assert len(await _events(db, "shelf")) == 2
