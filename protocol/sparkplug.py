@@ -57,6 +57,7 @@ class MessageType(enum.StrEnum):
 
 _TYPES: Final = {t.value: t for t in MessageType}
 _DEVICE_TYPES: Final = frozenset({MessageType.DBIRTH, MessageType.DDEATH, MessageType.DDATA})
+BIRTHS: Final = frozenset({MessageType.NBIRTH, MessageType.DBIRTH})
 # What a host application consumes; NCMD/DCMD are other hosts' commands.
 CONSUMED: Final = frozenset(
     {

@@ -258,6 +258,12 @@ class SparkplugConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=T
     reorder_window_s: Annotated[float, Meta(ge=0, le=3600)] | None = None
     # Seconds between two rebirth requests to one edge node that has not answered yet.
     rebirth_retry_s: PositiveFloat = 30.0
+    # The largest NBIRTH or DBIRTH accepted, in bytes ([mqtt] max_payload_bytes bounds every
+    # other message; a smaller value here counts as that). A birth names and types every
+    # metric: an edge node with thousands of tags sends births far larger than its data, and
+    # one refused is never born, asked for a rebirth every rebirth_retry_s, answered by the
+    # same birth, its data dead-lettered meanwhile.
+    max_birth_bytes: PositiveInt = 1_048_576
     # Seconds between passes of the loop that sends rebirth requests.
     interval_s: PositiveFloat = 1.0
 

@@ -104,24 +104,40 @@ class MessageDecoder:
         mappings: Mappings | None = None,
         *,
         sparkplug: bool = False,
+        max_birth_bytes: int = 0,
     ) -> None:
         self.topics = topics
         # Topics under `spBv1.0/` are Sparkplug B's ([sparkplug] enabled).
         self.sparkplug = sparkplug
+        # Sparkplug's NBIRTH and DBIRTH: [sparkplug] max_birth_bytes, never below the rest's.
+        self.max_birth_bytes = max(max_birth_bytes, max_payload_bytes)
         # Swapped whole on reload (``[[ingest.mappings]]``), between batches.
         self.mappings = mappings or Mappings()
         self.encoding = encoding
         self.max_payload_bytes = max_payload_bytes
         self.dead_letter_max_bytes = dead_letter_max_bytes
 
-    def admit(self, payload: bytes) -> tuple[bytes, int | None, str | None]:
+    def admit(self, payload: bytes, topic: str = "") -> tuple[bytes, int | None, str | None]:
         """``(payload, None, None)``, or for a payload that can only become a dead letter
-        (longer than any message may be) and longer than a dead letter keeps: its first bytes,
-        its size and its SHA-256. The rest need not stay in memory while it waits."""
-        if len(payload) <= self.max_payload_bytes or len(payload) <= self.dead_letter_max_bytes:
+        (longer than any message on its ``topic`` may be) and longer than a dead letter keeps:
+        its first bytes, its size and its SHA-256. The rest need not stay in memory while it
+        waits."""
+        size = len(payload)
+        if size <= self.max_payload_bytes or size <= self.dead_letter_max_bytes:
+            return payload, None, None
+        if size <= self.max_birth_bytes and self._birth(topic):
             return payload, None, None
         digest = hashlib.sha256(payload).hexdigest()
         return payload[: self.dead_letter_max_bytes], len(payload), digest
+
+    def _birth(self, topic: str) -> bool:
+        """A Sparkplug NBIRTH or DBIRTH topic ([sparkplug] enabled)."""
+        if not self.sparkplug or not topic.startswith(sparkplug.NAMESPACE + "/"):
+            return False
+        try:
+            return sparkplug.parse_topic(topic).type in sparkplug.BIRTHS
+        except sparkplug.SparkplugError:
+            return False
 
     def dead_letter(self, item: Inbound, reason: str, detail: str) -> DeadLetterRow:
         """The dead letter of ``item``: at most ``dead_letter_max_bytes`` of its payload, with
@@ -248,9 +264,18 @@ class MessageDecoder:
             return  # NCMD/DCMD: commands to edge nodes, ours or another host's
         size = item.size if item.size is not None else len(item.payload)
         if size > self.max_payload_bytes:
-            detail = f"payload is {size} bytes, the limit is {self.max_payload_bytes}"
-            out.dead_letters.append(self.dead_letter(item, "OVERSIZED", detail))
-            return
+            if target.type not in sparkplug.BIRTHS:
+                limit = f"the limit is {self.max_payload_bytes} ([mqtt] max_payload_bytes)"
+            elif size > self.max_birth_bytes:
+                limit = (
+                    f"the limit for births is {self.max_birth_bytes} ([sparkplug] max_birth_bytes)"
+                )
+            else:
+                limit = None
+            if limit is not None:
+                detail = f"payload is {size} bytes, {limit}"
+                out.dead_letters.append(self.dead_letter(item, "OVERSIZED", detail))
+                return
         try:
             payload = sparkplug.decode_payload(item.payload)
         except sparkplug.SparkplugError as exc:

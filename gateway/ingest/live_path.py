@@ -38,6 +38,7 @@ def message_decoder(config: Config) -> MessageDecoder:
         config.ingest.dead_letter_max_bytes,
         config.mappings(),
         sparkplug=config.sparkplug.enabled,
+        max_birth_bytes=config.sparkplug.max_birth_bytes,
     )
 
 

@@ -885,7 +885,7 @@ class MqttSession:
                     client.ack(delivery)  # a probe (ours, or another node's): never telemetry
                     self._probe_arrived(bytes(delivery.payload))
                     continue
-                kept, size, sha256 = admit(delivery.payload)
+                kept, size, sha256 = admit(delivery.payload, delivery.topic)
                 if size is not None:
                     # Neither the delivery (kept for its PUBACK, which needs its packet id only)
                     # nor this frame may keep the whole oversized payload alive while it waits.
