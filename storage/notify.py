@@ -244,9 +244,16 @@ async def claim_due(
 
 
 async def finish_sent(
-    conn: asyncpg.Connection | asyncpg.Pool, delivery_id: int, node_id: str, attempt: int
+    conn: asyncpg.Connection | asyncpg.Pool,
+    delivery_id: int,
+    node_id: str,
+    attempt: int,
+    *,
+    missed: str | None = None,
 ) -> bool:
-    return await conn.fetchval(FINISH_SENT, delivery_id, node_id, attempt) is not None
+    """``missed``: what the receiver refused of an accepted delivery (recipients), kept as its
+    ``last_error``; None clears it."""
+    return await conn.fetchval(FINISH_SENT, delivery_id, node_id, attempt, missed) is not None
 
 
 async def finish_retry(

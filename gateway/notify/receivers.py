@@ -19,7 +19,8 @@ import contextlib
 import functools
 import html
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
 from email.message import EmailMessage
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
@@ -66,8 +67,18 @@ def error_text(receiver: ReceiverConfig, text: str, limit: int = ERROR_MAX) -> s
 Farewell = Callable[[], Awaitable[None]]
 
 
+@dataclass(frozen=True, slots=True)
+class Accepted:
+    """An attempt the receiver accepted: what is left to do (``farewell``), and the recipients
+    an SMTP server refused while it took the mail for the others (address: its answer). Those
+    are not mailed; the delivery is SENT (someone was reached) and says whom it missed."""
+
+    farewell: Farewell | None = None
+    refused: Mapping[str, str] = field(default_factory=dict)
+
+
 class Sender(Protocol):
-    async def send(self, delivery: ClaimedDelivery) -> Farewell | None: ...
+    async def send(self, delivery: ClaimedDelivery) -> Accepted: ...
 
 
 class WebhookSender:
@@ -77,7 +88,7 @@ class WebhookSender:
         self.receiver = receiver
         self.session = session
 
-    async def send(self, delivery: ClaimedDelivery) -> None:
+    async def send(self, delivery: ClaimedDelivery) -> Accepted:
         import aiohttp
 
         body = delivery.body.encode()
@@ -105,7 +116,7 @@ class WebhookSender:
                     # FAILED and sent again). Unless it is all here, the connection is closed.
                     if not response.content.is_eof():
                         response.close()
-                    return
+                    return Accepted()
                 head = await _head(response.content, ERROR_BODY_MAX)
                 if not response.content.at_eof():
                     # Longer than what we read: closed rather than drained (a short answer
@@ -140,7 +151,7 @@ class EmailSender:
     def __init__(self, receiver: ReceiverConfig) -> None:
         self.receiver = receiver
 
-    async def send(self, delivery: ClaimedDelivery) -> Farewell:
+    async def send(self, delivery: ClaimedDelivery) -> Accepted:
         import aiosmtplib
 
         r = self.receiver
@@ -158,7 +169,9 @@ class EmailSender:
         try:
             try:
                 await client.connect()  # with STARTTLS and the login, as configured
-                await client.send_message(message)
+                # Some recipients refused and others taken is no exception (all refused is
+                # SMTPRecipientsRefused): the refused ones are what it returns.
+                refused, _answer = await client.send_message(message)
             except BaseException:
                 client.close()
                 raise
@@ -169,7 +182,13 @@ class EmailSender:
         # The server accepted the mail (250 to its DATA): this attempt is a delivery, whatever
         # the QUIT does. A server stalling on it had the mail recorded a failed attempt, and
         # mailed again, when the QUIT ran under the attempt's timeout.
-        return functools.partial(_quit, client, r.timeout_s)
+        return Accepted(
+            farewell=functools.partial(_quit, client, r.timeout_s),
+            refused={
+                address: f"{answer.code} {answer.message}".strip()
+                for address, answer in refused.items()
+            },
+        )
 
 
 async def _quit(client: aiosmtplib.SMTP, timeout_s: float) -> None:

@@ -28,7 +28,14 @@ import structlog
 from gateway.alarms.delivery import NOTIFY_ACTOR, reached
 from gateway.domain.notify import Notify, NotifyConfig, ReceiverConfig
 from gateway.notify.metrics import NotifyMetrics
-from gateway.notify.receivers import Farewell, Sender, SendError, error_text, sender_for
+from gateway.notify.receivers import (
+    Accepted,
+    Farewell,
+    Sender,
+    SendError,
+    error_text,
+    sender_for,
+)
 from gateway.support.backoff import Backoff
 from gateway.support.loops import (
     RETRYABLE,
@@ -188,11 +195,11 @@ class DeliveryWorker:
     async def deliver(self, receiver: ReceiverConfig, delivery: ClaimedDelivery) -> None:
         """Send one claimed delivery and record the outcome."""
         error: str | None = None
-        farewell: Farewell | None = None
+        accepted: Accepted | None = None
         try:
             # No transaction, no pooled connection: a hanging receiver holds only its slot.
             async with asyncio.timeout(receiver.timeout_s):
-                farewell = await self._sender(receiver).send(delivery)
+                accepted = await self._sender(receiver).send(delivery)
         except SendError as exc:
             error = str(exc) or type(exc).__name__
         except TimeoutError:
@@ -203,8 +210,27 @@ class DeliveryWorker:
             # Whatever the text came from (an answer echoing our request, an exception quoting
             # the URL), it is shown to every viewer and logged: no credential stays in it.
             error = error_text(receiver, error)
+        farewell: Farewell | None = None
+        missed: str | None = None
+        if accepted is not None:
+            farewell = accepted.farewell
+            if accepted.refused:
+                # Taken for some recipients, refused for others: SENT (someone was reached),
+                # and the delivery says whom it missed, as the log does.
+                missed = error_text(
+                    receiver,
+                    "refused recipients: "
+                    + "; ".join(f"{a}: {why}" for a, why in accepted.refused.items()),
+                )
+                log.warning(
+                    "notify_recipients_refused",
+                    delivery_id=delivery.id,
+                    receiver=receiver.name,
+                    refused=sorted(accepted.refused),
+                    error=missed,
+                )
         try:
-            await self._finish(receiver, delivery, error)
+            await self._finish(receiver, delivery, error, missed=missed)
         except DB_ERRORS as exc:
             # Not recorded: the lease runs out and the delivery is claimed (and sent) again.
             log.warning("notify_finish_failed", delivery_id=delivery.id, error=repr(exc))
@@ -226,13 +252,20 @@ class DeliveryWorker:
             await repo.wake_deferring_groups(conn, delivery.id)
 
     async def _finish(
-        self, receiver: ReceiverConfig, delivery: ClaimedDelivery, error: str | None
+        self,
+        receiver: ReceiverConfig,
+        delivery: ClaimedDelivery,
+        error: str | None,
+        *,
+        missed: str | None = None,
     ) -> None:
         name = receiver.name
         if error is None:
             pushed: list[int] = []
             async with self.pool.acquire() as conn, conn.transaction():
-                held = await repo.finish_sent(conn, delivery.id, self.node_id, delivery.attempts)
+                held = await repo.finish_sent(
+                    conn, delivery.id, self.node_id, delivery.attempts, missed=missed
+                )
                 what = "grouped delivery" if delivery.group_id is not None else "delivery"
                 for alarm_id in await self._alarms(conn, delivery) if held else []:
                     if await reached(

@@ -506,9 +506,10 @@ RETURNING d.id, d.event_id, d.event, d.receiver, d.body::text AS body, d.attempt
           d.group_id;
 
 -- name: finish_sent
--- $1 id, $2 node id, $3 attempt; only the claim that is still this node's attempt.
+-- $1 id, $2 node id, $3 attempt, $4 what the receiver refused of it (recipients) or null;
+-- only the claim that is still this node's attempt.
 UPDATE notify_delivery
-SET status = 'SENT', finished_at = now(), lease_until = NULL, sent_by = $2, last_error = NULL
+SET status = 'SENT', finished_at = now(), lease_until = NULL, sent_by = $2, last_error = $4::text
 WHERE id = $1 AND status = 'SENDING' AND lease_owner = $2 AND attempts = $3
 RETURNING id;
 
