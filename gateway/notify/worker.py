@@ -106,8 +106,13 @@ class DeliveryWorker:
 
                 # No cap on connections in total (aiohttp's default is 100): receivers that
                 # hang would take them all and every other send would queue behind them. Each
-                # receiver's slots already bound its sends.
-                self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+                # receiver's slots already bound its sends. And no cookies: the client is
+                # shared, and a session one receiver's answer set (say, of a host several
+                # receivers share) was sent to every other receiver on that host.
+                self._session = aiohttp.ClientSession(
+                    connector=aiohttp.TCPConnector(limit=0),
+                    cookie_jar=aiohttp.DummyCookieJar(),
+                )
             entry = (receiver, sender_for(receiver, self._session))
             self._senders[receiver.name] = entry
         return entry[1]
