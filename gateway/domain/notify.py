@@ -408,11 +408,22 @@ def _check_receiver(receiver: ReceiverConfig, at: str) -> None:
 def _check_webhook(receiver: ReceiverConfig, at: str) -> None:
     if not re.match(r"^https?://[^/\s]+", receiver.url):
         raise ConfigError(f"{at}.url", "a webhook needs an http:// or https:// url")
+    # One no request can be made to (an unclosed "[", a port that is none, no host) is refused
+    # here, naming the key. Before, urlsplit's ValueError left the check (no ConfigError: a
+    # traceback from check-config and at start, and the SIGHUP handler catches ConfigError
+    # only), or the url was accepted and every delivery failed. No message quotes the url.
+    try:
+        parts = urlsplit(receiver.url)
+        parts.port  # noqa: B018 - raises ValueError for a port that is not 0-65535
+    except ValueError as error:
+        raise ConfigError(
+            f"{at}.url", "not a valid url: a host, and a port (0-65535) if it names one"
+        ) from error
+    if not parts.hostname or "\\" in parts.netloc:
+        raise ConfigError(f"{at}.url", "a webhook url needs a host")
     if receiver.secret and receiver.secret_env:
         raise ConfigError(f"{at}.secret_env", "set at most one of secret and secret_env")
-    if "@" in urlsplit(receiver.url).netloc and any(
-        name.lower() == "authorization" for name in receiver.headers
-    ):
+    if "@" in parts.netloc and any(name.lower() == "authorization" for name in receiver.headers):
         # The HTTP client makes Basic auth of the userinfo and refuses to send both: every
         # attempt would fail. Neither value is quoted: both are secrets.
         raise ConfigError(
