@@ -15,11 +15,14 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from typing import Final
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qsl, unquote, urlsplit, urlunsplit
 
 REDACTED: Final = "[redacted]"
 # Shorter values are left alone: "1" or "on" would cut the message to pieces.
 SHORTEST_SECRET: Final = 4
+# Of a URL's path segments and query values, those this long or longer may be a credential
+# (`/services/T0/B0/<token>`, `?key=<key>`); "hook", "v1" or "ops" are not cut out.
+SHORTEST_URL_TOKEN: Final = 8
 
 # `Authorization: Bearer abc`, `"authorization": "Basic abc"`, `Proxy-Authorization=...`: the
 # whole value up to the end of the line, a quote, a comma or a closing brace.
@@ -65,6 +68,22 @@ def url_credentials(url: str) -> list[str]:
     if not userinfo:
         return []
     return list(dict.fromkeys(s for s in (userinfo, *userinfo.split(":", 1)) if s))
+
+
+def url_tokens(url: str) -> list[str]:
+    """What of ``url`` besides its userinfo may be a credential: its path segments and query
+    values of :data:`SHORTEST_URL_TOKEN` characters or more, as written and decoded. Chat
+    services' webhook URLs are their credential (Slack's and Discord's a token in the path,
+    Google Chat's a ``key`` and a ``token`` in the query), and a receiver's error page may
+    echo the path it was asked for ("Cannot POST /services/...")."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return []
+    found = [*parts.path.split("/"), *(v for _, v in parse_qsl(parts.query))]
+    found += [p for pair in parts.query.split("&") for p in pair.split("=", 1)[1:]]
+    tokens = {t for part in found for t in (part, unquote(part))}
+    return sorted(t for t in tokens if len(t) >= SHORTEST_URL_TOKEN)
 
 
 def without_userinfo(url: str) -> str:

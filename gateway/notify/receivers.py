@@ -33,7 +33,7 @@ from gateway.domain.notify import (
     receiver_secrets,
     signature,
 )
-from gateway.domain.redaction import redact_credentials
+from gateway.domain.redaction import redact_credentials, url_tokens
 from gateway.support.version import gateway_version
 from storage.notify import ClaimedDelivery
 
@@ -57,8 +57,12 @@ class SendError(Exception):
 def error_text(receiver: ReceiverConfig, text: str, limit: int = ERROR_MAX) -> str:
     """What may be stored and logged of an attempt's error: credentials cut out first (a
     secret cut in two by the limit would no longer be found), then at most ``limit``
-    characters."""
-    return redact_credentials(text, receiver_secrets(receiver))[:limit]
+    characters. A webhook URL's long path segments and query values count too (the URL may
+    be the credential, and an error page may echo its path)."""
+    secrets = receiver_secrets(receiver)
+    if receiver.url:
+        secrets = [*secrets, *url_tokens(receiver.url)]
+    return redact_credentials(text, secrets)[:limit]
 
 
 # What is left to do once an attempt has succeeded (an SMTP QUIT): the worker awaits it after
