@@ -111,7 +111,7 @@ class NotifyConsumer:
             channel=OUTBOX_CHANNEL,
             stop=stop,
             step=self.run_once,
-            poll_s=self.poll_s,
+            poll_s=lambda: self.poll_s,  # a reload may change it
             name="notify-consumer",
         )
 

@@ -208,7 +208,7 @@ async def drain_on_notify(
     channel: str,
     stop: asyncio.Event,
     step: Callable[[], Awaitable[int]],
-    poll_s: float,
+    poll_s: float | Callable[[], float],
     name: str,
     wakeup: asyncio.Event | None = None,
 ) -> None:
@@ -216,10 +216,15 @@ async def drain_on_notify(
     ``poll_s``, the fallback), until ``stop``. A dedicated connection LISTENs; without one
     (the database refused it, or it was lost and is not back yet) this is a plain poll. A
     failed pass is retried after a growing delay. ``wakeup``, when given, is the event the
-    NOTIFY sets: whoever else sets it (the broker session, on reconnect) wakes the loop too."""
+    NOTIFY sets: whoever else sets it (the broker session, on reconnect) wakes the loop too.
+    A callable ``poll_s`` is read at each wait (a reload may change it)."""
+
+    def poll() -> float:
+        return poll_s() if callable(poll_s) else poll_s
+
     wakeup = asyncio.Event() if wakeup is None else wakeup
     listener = _Listener(dsn, channel, wakeup, name)
-    backoff = failure_backoff(poll_s)
+    backoff = failure_backoff(poll())
     try:
         await listener.ensure()
         while not stop.is_set():
@@ -231,7 +236,7 @@ async def drain_on_notify(
                     backoff.reset()
                     continue  # there may be more
             except RETRYABLE as exc:
-                delay = max(poll_s, backoff.next_delay())
+                delay = max(poll(), backoff.next_delay())
                 log.warning(
                     "periodic_step_failed", loop=name, error=repr(exc), retry_in_s=round(delay, 3)
                 )
@@ -240,6 +245,6 @@ async def drain_on_notify(
                 continue
             backoff.reset()
             await listener.ensure()
-            await wait_event_or_stop(wakeup, stop, listener.wait_s(poll_s))
+            await wait_event_or_stop(wakeup, stop, listener.wait_s(poll()))
     finally:
         await listener.close()
