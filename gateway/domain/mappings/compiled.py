@@ -152,6 +152,12 @@ class TopicPattern:
                 return None
         return captures
 
+    def covers(self, other: TopicPattern) -> bool:
+        """Every topic ``other`` matches, this pattern matches too."""
+        if len(self.levels) != len(other.levels):
+            return False
+        return all(a is None or a == b for a, b in zip(self.levels, other.levels, strict=True))
+
     def overlaps(self, other: TopicPattern) -> bool:
         """Some topic both patterns match."""
         if len(self.levels) != len(other.levels):
@@ -384,7 +390,32 @@ def _overlaps(
                             f"({native.filter!r}): choose a topic outside [mqtt] topic_prefix",
                         )
                     )
+            # The commands the gateway sends to mapped devices are its own topics too: a
+            # pattern matching every topic of a command_topic would read each command back as
+            # a reading of a device named by the command's levels. (One that matches some of
+            # them only, for a device of a given name, is as two mappings' topics that
+            # overlap: tried in file order.)
+            for number, other in enumerate(compiled):
+                command = _command_pattern(other)
+                if command is not None and pattern.covers(command):
+                    errors.append(
+                        ConfigError(
+                            f"{prefix}[{index}].{key}",
+                            f"{pattern.text!r} would match every command the gateway sends "
+                            f"to the devices of {prefix}[{number}] ({command.text!r}): "
+                            "choose topics apart",
+                        )
+                    )
     return errors
+
+
+def _command_pattern(mapping: CompiledMapping) -> TopicPattern | None:
+    """The topics ``mapping`` sends commands to: a level with a placeholder is any level."""
+    if mapping.command_topic is None:
+        return None
+    text = mapping.command_topic.text
+    levels = tuple(None if _PLACEHOLDER_RE.search(level) else level for level in text.split("/"))
+    return TopicPattern(text, levels, (), text)
 
 
 def _native_pattern(mqtt_filter: str) -> TopicPattern:
