@@ -321,7 +321,8 @@ class MessageDecoder:
             out.telemetry_sources.append(item)
             out.decoded.append(message)
         elif isinstance(mapped, MappedPresence):
-            out.mapped_devices[mapped.device_id] = (mapped.mapping, mapped.captures)
+            if mapped.records:
+                out.mapped_devices[mapped.device_id] = (mapped.mapping, mapped.captures)
             out.presence[mapped.device_id] = mapped.value
             _presence_received(out, mapped.device_id, item)
         return True

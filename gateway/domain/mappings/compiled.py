@@ -257,6 +257,10 @@ class MappedPresence:
     device_id: str
     value: str  # "online" | "offline"
     captures: dict[str, str]
+    # Whether ``captures`` hold every wildcard the mapping's commands name, so may be what the
+    # device's commands are rendered from (device_mapping): a presence topic with fewer
+    # wildcards than the telemetry topic leaves the record of the device's readings alone.
+    records: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -325,6 +329,8 @@ class CompiledMapping:
     command_topic: Template | None
     command_payload: Template | None
     portable_ids: bool = False
+    # The presence topic holds every wildcard command_topic and command_payload name.
+    presence_records: bool = True
     _flattened_away: frozenset[str] = field(default=frozenset())
     # The metric name of each flattened leaf's path met (see _leaves), FLAT_NAMES_HELD at
     # most: a name is a join and a regular expression over the path, and a fleet's documents
@@ -626,6 +632,13 @@ def _compile_one(
         and m.path.steps[: len(flatten.steps)] == flatten.steps
         and (name := _flat_name(m.path.steps[len(flatten.steps) :])) is not None
     )
+    # The wildcards of the telemetry topic a command is rendered with: a presence message
+    # records its own only when it has them all.
+    commanded = (
+        set()
+        if command_topic is None or command_payload is None or topic is None
+        else (command_topic.names() | command_payload.names()) & set(topic.names)
+    )
     return CompiledMapping(
         name=raw.name,
         topic=topic,
@@ -648,6 +661,7 @@ def _compile_one(
         command_topic=command_topic,
         command_payload=command_payload,
         portable_ids=portable_ids,
+        presence_records=presence_topic is None or commanded <= set(presence_topic.names),
         _flattened_away=flattened_away,
     )
 
@@ -1066,10 +1080,11 @@ def _presence(
         value = mapping.presence_path.read(document)
     else:
         value = payload.decode("utf-8", "replace").strip()
+    records = mapping.presence_records
     if value == mapping.online:
-        return MappedPresence(mapping.name, device_id, "online", captures)
+        return MappedPresence(mapping.name, device_id, "online", captures, records)
     if value == mapping.offline:
-        return MappedPresence(mapping.name, device_id, "offline", captures)
+        return MappedPresence(mapping.name, device_id, "offline", captures, records)
     return _refuse(
         mapping,
         MAPPING_UNKNOWN_PRESENCE,
