@@ -218,8 +218,9 @@ class MqttSession:
 
         A changed endpoint list (``[mqtt] hosts``) is followed too: while it still holds the
         endpoint in use, the connection stays and the next switch takes the new list; without
-        it, the connection is ended as above and made on the new list's first endpoint.
-        Returns whether there was anything to change."""
+        it, the connection is ended as above and made on the new list's first endpoint (and
+        ``apply`` runs at once when the connection stays). Returns whether there was anything
+        to change: if so, ``apply`` has run or runs between the connections."""
         wanted = self.endpoints if endpoints is None else tuple(endpoints)
         topics_same = (
             tuple(subscriptions) == self.subscriptions and presence_topic == self.presence_topic
@@ -228,6 +229,10 @@ class MqttSession:
             return False
         if topics_same and self.endpoint in wanted:
             self._set_endpoints(wanted)
+            # No connection is made again, so nothing runs ``apply`` later: what the reload
+            # changed beside the filters (the mappings a reload keeping their topics changed)
+            # takes effect now, as it would with neither filters nor endpoints changed.
+            apply()
             return True
         self._next = Reconfiguration(tuple(subscriptions), settings, presence_topic, apply, wanted)
         self._remake.set()
