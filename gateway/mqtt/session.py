@@ -222,6 +222,15 @@ class MqttSession:
         ``apply`` runs at once when the connection stays). Returns whether there was anything
         to change: if so, ``apply`` has run or runs between the connections."""
         wanted = self.endpoints if endpoints is None else tuple(endpoints)
+        if self._next is not None:
+            # A reload's reconnection is still to be made: this reload replaces it whole,
+            # even one back to the filters in use (else the earlier reload's filters and
+            # ``apply`` would be taken at that reconnection, over this one's).
+            self._next = Reconfiguration(
+                tuple(subscriptions), settings, presence_topic, apply, wanted
+            )
+            self._remake.set()
+            return True
         topics_same = (
             tuple(subscriptions) == self.subscriptions and presence_topic == self.presence_topic
         )

@@ -13,6 +13,7 @@ from typing import Final
 import aiomqtt
 import asyncpg
 
+from gateway.runtime.components import subscriptions
 from tests.support.daemon import make_config, running_daemon
 from tests.support.mosquitto import Mosquitto
 from tests.support.ports import free_port
@@ -57,3 +58,32 @@ async def test_a_reload_changing_a_mapping_and_the_endpoints_reads_with_the_new_
         writer = daemon.writer
         assert writer is not None
         assert writer.decoder.mappings.by_name["z2m"].exclude == frozenset({"humidity"})
+
+
+async def test_a_second_reload_before_the_first_reconnected_is_the_one_that_holds(
+    db_dsn: str, mosquitto: Mosquitto
+) -> None:
+    """A reload adding a mapping (new topics: the connection is made again) and a second
+    one taking it back out before that reconnection was made (an operator's quick fix, two
+    SIGHUPs in a row; a drain waiting on the database makes the gap long). The second found
+    the session's filters unchanged and swapped its mappings in at once, and the first's
+    pending reconnection then subscribed the first's topics and applied the first's mappings:
+    the node read with a mapping its file no longer had, until the next reload."""
+    port = mosquitto.port
+    before = make_config(dsn=db_dsn, mqtt_port=port)
+    async with running_daemon(before) as daemon:
+        session = daemon.session
+        writer = daemon.writer
+        assert session is not None
+        assert writer is not None
+        connections = session.connections
+        wanted = tuple(subscriptions(before, session.settings.protocol))
+        daemon.reload(make_config(dsn=db_dsn, mqtt_port=port, extra=Z2M))
+        daemon.reload(before)
+        await wait_until(
+            lambda: session.connections > connections and session.subscribed,
+            timeout=30,
+            message="the connection made again",
+        )
+        assert session.subscriptions == wanted
+        assert not writer.decoder.mappings, "a mapping the configuration no longer has"
