@@ -61,6 +61,9 @@ class DeadLetterRow:
     detail: str
     payload_size: int  # of the whole payload as it arrived
     payload_sha256: str  # of the whole payload, hex
+    # When the node read it off the broker, on the monotonic clock (``Inbound.received_at``):
+    # its ``received_at``, however long it then waited in the node; None: when it is stored.
+    received: float | None = None
 
     @property
     def truncated(self) -> bool:
@@ -244,6 +247,8 @@ async def insert_dead_letters(
         first, count = seen.get(key, (row, 0))
         seen[key] = (first, count + 1)
     letters = [(topic, row, count) for (topic, _), (row, count) in seen.items()]
+    # Ages, not times, as for presence: put on the database's clock by the statement.
+    now = time.monotonic()
     xid, started = await conn.fetchrow(
         INSERT_DEAD_LETTERS,
         [topic for topic, _, _ in letters],
@@ -254,6 +259,7 @@ async def insert_dead_letters(
         [_text(r.detail) for _, r, _ in letters],
         [count for _, _, count in letters],
         node_id,
+        [_age(now, r.received) for _, r, _ in letters],
     )
     return Xact(xid, started)
 

@@ -142,8 +142,12 @@ class MessageDecoder:
     def dead_letter(self, item: Inbound, reason: str, detail: str) -> DeadLetterRow:
         """The dead letter of ``item``: at most ``dead_letter_max_bytes`` of its payload, with
         the size and SHA-256 of all of it."""
+        # Received when the node read it off the broker (a replayed letter: when stored).
+        received = item.received_at if item.received_at > 0 else None
         if item.size is not None and item.sha256 is not None:  # cut down on arrival
-            return DeadLetterRow(item.topic, item.payload, reason, detail, item.size, item.sha256)
+            return DeadLetterRow(
+                item.topic, item.payload, reason, detail, item.size, item.sha256, received
+            )
         payload = item.payload
         return DeadLetterRow(
             item.topic,
@@ -152,6 +156,7 @@ class MessageDecoder:
             detail,
             len(payload),
             hashlib.sha256(payload).hexdigest(),
+            received,
         )
 
     def order_key(self, item: Inbound) -> str | None:

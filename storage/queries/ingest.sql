@@ -131,17 +131,24 @@ SELECT pg_current_xact_id()::text::bigint AS xid, greatest(pg_postmaster_start_t
 
 -- name: insert_dead_letters
 -- $1 topics, $2 payloads as kept (whole or first bytes), $3 whole sizes, $4 whole SHA-256 (hex),
--- $5 reason codes, $6 details, $7 times seen (each (topic, sha256) once), $8 node id; a pending
+-- $5 reason codes, $6 details, $7 times seen (each (topic, sha256) once), $8 node id, $9 for
+-- each, how long before this statement the node read it off the broker (seconds; null: now),
+-- its received_at on the database's clock: a message that waited in the node's queue (a
+-- database outage) is received when it came, not when its letter could be written (a mapped
+-- reading without a time of its own is replayed at that receipt). A pending
 -- letter of the same bytes on the same topic is counted again instead. Ids follow the order
 -- given (message order); two nodes counting the same letters in opposite orders at once may
 -- deadlock, which PostgreSQL breaks and the writer retries. Returns the transaction's id, as
 -- insert_telemetry does (for a batch of dead letters only, which sends no telemetry).
 WITH counted AS (
     INSERT INTO dead_letter AS l
-        (topic, payload, payload_size, payload_sha256, reason, detail, seen_count, node_id)
-    SELECT t, p, s, h, r, d, n, $8
+        (topic, payload, payload_size, payload_sha256, reason, detail, seen_count, node_id,
+         received_at, last_seen_at)
+    SELECT t, p, s, h, r, d, n, $8,
+           coalesce(statement_timestamp() - make_interval(secs => a), now()),
+           coalesce(statement_timestamp() - make_interval(secs => a), now())
     FROM unnest($1::text[], $2::bytea[], $3::bigint[], $4::text[], $5::text[], $6::text[],
-                $7::integer[]) AS u(t, p, s, h, r, d, n)
+                $7::integer[], $9::float8[]) AS u(t, p, s, h, r, d, n, a)
     ON CONFLICT (topic, payload_sha256) WHERE replayed_at IS NULL DO UPDATE
     SET seen_count = l.seen_count + EXCLUDED.seen_count,
         last_seen_at = GREATEST(l.last_seen_at, EXCLUDED.last_seen_at)
