@@ -494,7 +494,13 @@ class _Compiler:
             return None
         if device is not None and device.names() <= set(presence_topic.names):
             return device
-        if len(presence_topic.names) == 1:
+        # Its own wildcard, bare: the device as the telemetry names it only when that is a
+        # wildcard bare too (or the payload names it). A template around it ("plant1-{id}")
+        # would name another device: its presence stored for a device of its own.
+        bare = device is None or (
+            len(device.pieces) == 2 and device.pieces[0][0] == "" and device.pieces[1][0] == ""
+        )
+        if len(presence_topic.names) == 1 and bare:
             return parse_template("{" + presence_topic.names[0] + "}")
         self.error(
             "presence_topic",
