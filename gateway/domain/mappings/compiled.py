@@ -68,6 +68,8 @@ _UTC_KEYS: Final = frozenset(
 )
 _MAX_EPOCH_MS: Final = 253_370_764_799_999
 _FORBIDDEN_IN_LEVEL: Final = frozenset("/+#\x00")
+# A decimal number written as a string (no NaN, infinity, hex or `_`, which float() takes).
+_NUMBER_RE: Final = re.compile(r"\s*[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?\s*")
 
 
 # --- JSON paths -----------------------------------------------------------------------------
@@ -1000,6 +1002,11 @@ def _metrics(mapping: CompiledMapping, document: dict[str, Any]) -> dict[str, An
         if value is _ABSENT or value is None or isinstance(value, dict | list):
             continue
         scaled = metric.scale != 1.0 or metric.offset != 0.0
+        if scaled and isinstance(value, str) and _NUMBER_RE.fullmatch(value) is not None:
+            # A number written as a string ("21.5", as some firmwares send them) is scaled as
+            # that number: stored as read, a °F figure was named as the °C metric, and as text
+            # no threshold rule compares. A string that is no number stays as read.
+            value = float(value)
         # An integer outside int64 is never scaled (one too large for a float raises
         # OverflowError): it stays as read, refused as MAPPING_INVALID as it is unscaled.
         if scaled and (
