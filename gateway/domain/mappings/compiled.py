@@ -1091,6 +1091,10 @@ def _presence(
         return device_id
     if isinstance(document, dict) and mapping.presence_path is not None:
         value = mapping.presence_path.read(document)
+        if isinstance(value, bool | int | float):
+            # `online` and `offline` are strings: a JSON boolean or number ({"connected":
+            # true}) is compared as its JSON text, as a bare payload `true` is.
+            value = msgspec.json.encode(value).decode()
     else:
         value = payload.decode("utf-8", "replace").strip()
     records = mapping.presence_records
