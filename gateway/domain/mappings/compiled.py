@@ -70,6 +70,7 @@ _MAX_EPOCH_MS: Final = 253_370_764_799_999
 _FORBIDDEN_IN_LEVEL: Final = frozenset("/+#\x00")
 # A decimal number written as a string (no NaN, infinity, hex or `_`, which float() takes).
 _NUMBER_RE: Final = re.compile(r"\s*[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?\s*")
+_INTEGER_RE: Final = re.compile(r"[+-]?\d+")
 
 
 # --- JSON paths -----------------------------------------------------------------------------
@@ -966,6 +967,10 @@ def _epoch_ms(value: Any, fmt: str, zone: ZoneInfo | None, received_ms: int) -> 
             other_ms = (other - _EPOCH) // _MS
             return other_ms if abs(other_ms - received_ms) < abs(ms - received_ms) else ms
         return (parsed - _EPOCH) // _MS
+    if isinstance(value, str) and _NUMBER_RE.fullmatch(value) is not None:
+        # A number written as a string ("1767225600"): that number, as for a scaled metric.
+        text = value.strip()
+        value = int(text) if _INTEGER_RE.fullmatch(text) else float(text)
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ValueError("not a number")  # noqa: TRY004 - reported as the payload's mistake
     return round(value * 1000) if fmt == "epoch_s" else round(value)
