@@ -40,7 +40,8 @@ class MappingConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_
     device_path: str | None = None
     device_ids: str | None = None  # "refuse" | "normalise"
     timestamp_path: str | None = None
-    timestamp_format: str | None = None  # "iso8601" | "epoch_s" | "epoch_ms" | "receive"
+    # "iso8601" | "epoch_s" | "epoch_ms" | "epoch_us" | "epoch_ns" | "receive"
+    timestamp_format: str | None = None
     timezone: str | None = None  # IANA name: the zone of ISO times that carry no offset
     receive_window_ms: int | None = None
     flatten: str | None = None
