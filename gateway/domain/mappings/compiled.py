@@ -817,6 +817,14 @@ class Mappings:
             raise DownlinkError(
                 "MAPPING_TEMPLATE", f"not sent: {topic!r} is not a topic a command can go to"
             )
+        if topic.count("/") != mapping.command_topic.text.count("/"):
+            # A value with a `/` (a command's name is free text) is more than the one level
+            # it was put in: the topic would be one the mapping does not describe.
+            raise DownlinkError(
+                "MAPPING_TEMPLATE",
+                f"not sent: {topic!r} has more levels than {mapping.command_topic.text!r}"
+                " (a value put in a level holds a `/`)",
+            )
         return Downlink(topic, payload.encode())
 
 
