@@ -1127,12 +1127,15 @@ class AlarmEngine:
         first_event: dict[str, str] = {}
         for device_id, event_id, _ in messages:
             first_event.setdefault(device_id, event_id)
+        # Every inactivity rule's, not only those that select the device now: a reload that
+        # changed a rule's `devices` leaves the alarm it raised for a device it no longer
+        # selects, and the device heard from again ends that silence too (one key per rule).
+        configured = [rule.key for rule in rules.inactivity_rules]
         keys, events = [], []
         for device_id, event_id in first_event.items():
-            for rule in rules.for_device(device_id):
-                if isinstance(rule, InactivityRule):
-                    keys.append(active_key(device_id, rule.key))
-                    events.append(event_id)
+            for rule_key in configured:
+                keys.append(active_key(device_id, rule_key))
+                events.append(event_id)
             for rule_key in unconfigured:
                 keys.append(active_key(device_id, rule_key))
                 events.append(event_id)
