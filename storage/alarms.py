@@ -45,6 +45,7 @@ RELEASE_KEYS = _Q["release_keys"]
 LINK_SUPERSEDED_MANY = _Q["link_superseded_many"]
 INSERT_SUPERSEDE_AUDITS = _Q["insert_supersede_audits"]
 SILENT_DEVICES = _Q["silent_devices"]
+LOCK_UNHEARD = _Q["lock_unheard"]
 UNCLEARED_INACTIVITY_RULES = _Q["uncleared_inactivity_rules"]
 DELAYED = _Q["delayed"]
 ESCALATION_DUE = _Q["escalation_due"]
@@ -428,6 +429,12 @@ async def silent_devices(
             list(configured) or [rule_key],
         )
     )
+
+
+async def lock_unheard(conn: asyncpg.Connection, device_id: str, last_seen: datetime) -> bool:
+    """Whether the device has not been heard from since `last_seen`; its row is then locked
+    (FOR SHARE) until the caller's transaction ends, so a batch storing its message waits."""
+    return await conn.fetchval(LOCK_UNHEARD, device_id, last_seen) is not None
 
 
 async def suppress_held_deliveries(

@@ -128,18 +128,29 @@ class InactivityMonitor:
                     continue  # not heard, but not listened to for long enough either
                 else:
                     reason = f"silent for more than {rule.silent_seconds:g}s"
-                alarm_id = await self._raise(rule, device_id, since, reason)
+                alarm_id = await self._raise(rule, device_id, since, reason, device["last_seen"])
                 if alarm_id is not None:
                     raised.append(alarm_id)
         return raised
 
     async def _raise(
-        self, rule: InactivityRule, device_id: str, since: datetime, reason: str
+        self,
+        rule: InactivityRule,
+        device_id: str,
+        since: datetime,
+        reason: str,
+        last_seen: datetime,
     ) -> int | None:
         rule_key = rule.key
         event_id = inactivity_event_id(rule_key, device_id, since)
         try:
             async with self.pool.acquire() as conn, conn.transaction():
+                # Heard from since the pass read its silence (a pass raising many alarms takes
+                # seconds), its message stored and its alarms cleared before this one existed:
+                # no alarm, nothing would clear it until the device's next message. The row
+                # stays locked: a batch storing a message now waits, then clears this alarm.
+                if not await repo.lock_unheard(conn, device_id, last_seen):
+                    return None
                 now = await repo.db_now(conn)
                 creation = await create_alarm(
                     conn,

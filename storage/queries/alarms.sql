@@ -230,6 +230,14 @@ WHERE d.bound
         AND (a.trigger ->> 'silent_since')::timestamptz >= d.last_seen)
 ORDER BY d.device_id;
 
+-- name: lock_unheard
+-- $1 device id, $2 the last_seen its silence was judged from; the device's row, locked FOR
+-- SHARE, if it has not been heard from since. A batch storing the device's message locks the
+-- row to move last_seen (insert_telemetry): one that committed after the monitor read the
+-- silence is seen here (no row: the silence is over, no alarm), and one still storing it
+-- waits for this transaction, then finds the alarm to clear.
+SELECT 1 FROM device WHERE device_id = $1 AND last_seen = $2 FOR SHARE;
+
 -- name: delayed
 -- $1 after id (keyset), $2 limit; alarms held back by quiet hours (rule_key: the wake waits
 -- for a shelf's end over the pair, notify.sql hold_shelf_ends).
