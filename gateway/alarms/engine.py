@@ -871,11 +871,18 @@ class AlarmEngine:
         run: list[Firing] = []
         changed: list[RuleStateRow] = []
         for row, written_at in rows:
-            judged = fire_held(
-                holds[row.rule_key], row.device_id, _state_of(row), written_at=written_at, now=now
-            )
+            rule = holds[row.rule_key]
+            if not rule.selector.matches(row.device_id):
+                # A reload changed the rule's devices (not part of its definition): the device's
+                # samples are no longer judged by it, so nothing follows this violation any
+                # more. Re-armed, as a reload's judgement re-arms the pending row of a device
+                # its rule no longer selects: left pending, it fired as soon as a later reload
+                # selected the device again, however long ago the device had cleared.
+                changed.append(_row_of(row, _state_of(row).rearmed(), row.rule_version))
+                continue
+            judged = fire_held(rule, row.device_id, _state_of(row), written_at=written_at, now=now)
             if judged is None:
-                continue  # the rule no longer applies to the device (its selector changed)
+                continue  # not due under the lock after all
             firing, state = judged
             run.append(firing)
             changed.append(_row_of(row, state, row.rule_version))
