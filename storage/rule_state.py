@@ -22,6 +22,8 @@ WRITE_STATES = _Q["write_states"]
 UNDER_LOCK = ("", "", "", 0)
 DROP_REMOVED = _Q["drop_removed"]
 REGISTER_RULE_SET = _Q["register_rule_set"]
+REGISTERED_KEYS = _Q["registered_keys"]
+DROP_LEFTOVERS = _Q["drop_leftovers"]
 LIVE_RULE_SETS = _Q["live_rule_sets"]
 GET_STATE = _Q["get_state"]
 DUE_HOLDS = _Q["due_holds"]
@@ -327,6 +329,33 @@ async def drop_removed(
     """Delete the state of every rule neither in `rule_keys` nor run by a node whose heartbeat
     is younger than `live_within_s`; how many rows went."""
     return int(await conn.fetchval(DROP_REMOVED, list(rule_keys), live_within_s))
+
+
+async def registered_keys(
+    conn: asyncpg.Connection, node_id: str
+) -> tuple[list[str], datetime] | None:
+    """The rule keys `node_id` last registered, and its heartbeat then; None if it never
+    registered."""
+    row = await conn.fetchrow(REGISTERED_KEYS, node_id)
+    return None if row is None else (list(row["rule_keys"]), row["heartbeat_at"])
+
+
+async def drop_leftovers(
+    conn: asyncpg.Connection,
+    rule_keys: Sequence[str],
+    node_id: str,
+    live_within_s: float,
+    *,
+    last_heartbeat: datetime | None,
+) -> int:
+    """Delete the state of the rules `node_id` has just taken up (`rule_keys`) that no other
+    node whose heartbeat is younger than `live_within_s` runs, except what `node_id` wrote
+    since `last_heartbeat`; how many rows went."""
+    if not rule_keys:
+        return 0
+    return int(
+        await conn.fetchval(DROP_LEFTOVERS, list(rule_keys), live_within_s, node_id, last_heartbeat)
+    )
 
 
 async def register_rule_set(

@@ -263,12 +263,19 @@ class AlarmEngine:
         # (`rejudge_stale_rows`), until a pass has judged every one it found.
         self.rule_sets_changed = 1
         self._others_run: frozenset[tuple[str, str]] | None = None
+        # The keys of the rules that keep state this node took up since it last dropped the
+        # state of rules (a reload added them); None until its first registration, which
+        # compares with what its last one recorded (`forget_removed_rules`).
+        self._taken_up: set[str] | None = None
 
     def replace_rules(self, rules: RuleSet) -> None:
         """A reload: the next batch uses `rules`; `forget_loop` records them for the other
         nodes and drops the state of the rules no live node runs any more."""
         removed = _inactivity_keys(self.rules) - _inactivity_keys(rules)
+        before = set(self.stateful_rule_keys())
         self.rules = rules
+        if self._taken_up is not None:
+            self._taken_up |= set(self.stateful_rule_keys()) - before
         self._unconfigured_inactivity = (
             self._unconfigured_inactivity | removed
         ) - _inactivity_keys(rules)
@@ -349,6 +356,10 @@ class AlarmEngine:
         others leaves theirs alone."""
         running = self.stateful_rules()
         kept = list(running)
+        previous = await state_repo.registered_keys(conn, self.node_id)
+        if self._taken_up is None:  # this process's first: against its previous life's
+            self._taken_up = set() if previous is None else set(kept) - set(previous[0])
+        taken_up = self._taken_up & set(kept)
         await state_repo.register_rule_set(conn, self.node_id, running)
         live = await state_repo.live_rule_sets(conn, NODE_LIVE_S)
         others_only = sorted({key for keys in live.values() for key in keys} - set(kept))
@@ -360,6 +371,17 @@ class AlarmEngine:
                 nodes=sorted(node for node, keys in live.items() if set(keys) - set(kept)),
             )
         dropped = await state_repo.drop_removed(conn, kept, NODE_LIVE_S)
+        # The state of a rule taken up again that no other live node runs was kept up to date
+        # by nobody: a node that still ran the rule when it was removed (so it was kept), then
+        # stopped for good, left it behind. It would stand for the rule taken up: dropped.
+        dropped += await state_repo.drop_leftovers(
+            conn,
+            sorted(taken_up),
+            self.node_id,
+            NODE_LIVE_S,
+            last_heartbeat=None if previous is None else previous[1],
+        )
+        self._taken_up = set()
         if dropped:
             log.info("rule_state_dropped", rows=dropped)
         await self.find_unconfigured_inactivity(conn)

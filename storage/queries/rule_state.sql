@@ -153,6 +153,34 @@ WITH live AS (
 )
 SELECT count(*) FROM gone;
 
+-- name: registered_keys
+-- $1 node id; the rule keys its last registration recorded (its previous life's, read at its
+-- start before it registers again) and its heartbeat then, or no row (never registered: a
+-- new node id).
+SELECT rule_keys, heartbeat_at FROM node_rule_set WHERE node_id = $1;
+
+-- name: drop_leftovers
+-- $1 rule keys a node has just taken up (a reload added them, or it started with rules its
+-- last registration did not run), $2 seconds within which a heartbeat makes a node live, $3
+-- its node id, $4 its last heartbeat before (null: none); deletes their state unless another
+-- live node runs them, or this node wrote it since that heartbeat (its batches judge the rule
+-- from the reload's swap on, a moment before it is recorded here): rows nobody has kept
+-- up to date (a reload dropped a rule's state only once no live node ran it, so a node that
+-- still ran it when the rule was removed, then stopped for good, left them behind), which
+-- would otherwise stand for the rule taken up again (a hold pending from weeks ago fired at
+-- once, a row firing then raised nothing for a new violation). How many rows went.
+WITH gone AS (
+    DELETE FROM rule_state s
+    WHERE s.rule_key = ANY ($1::text[])
+      AND NOT EXISTS (
+          SELECT 1 FROM node_rule_set n
+          WHERE n.node_id <> $3 AND n.heartbeat_at > now() - make_interval(secs => $2)
+            AND s.rule_key = ANY (n.rule_keys))
+      AND (s.node_id IS DISTINCT FROM $3 OR s.updated_at < $4::timestamptz)
+    RETURNING 1
+)
+SELECT count(*) FROM gone;
+
 -- name: register_rule_set
 -- $1 node id, $2 the rule keys it runs (event and threshold rules), $3 their definitions
 -- (rule_version, pairwise); its heartbeat, now. A heartbeat never moves back (a delayed write
