@@ -89,7 +89,8 @@ class AlarmSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     last_notified_at: datetime | None = None  # reminders: no state change
     # Why it fired, kept from its creation (null for alarms created before it was kept): a
     # threshold rule's {metric, op, threshold, value, sample_ts}, an event rule's {event,
-    # sample_ts}, an inactivity rule's {silent_since}; and its rule's description.
+    # sample_ts}, an inactivity rule's {silent_since, inactivity_rules}; and its rule's
+    # description.
     trigger: dict[str, Any] | None = None
     rule_description: str | None = None
 

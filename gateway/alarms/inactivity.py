@@ -8,7 +8,7 @@ computed from the stored silence, and whoever commits first raises it.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime
 
 import asyncpg
@@ -128,7 +128,14 @@ class InactivityMonitor:
                     continue  # not heard, but not listened to for long enough either
                 else:
                     reason = f"silent for more than {rule.silent_seconds:g}s"
-                alarm_id = await self._raise(rule, device_id, since, reason, device["last_seen"])
+                alarm_id = await self._raise(
+                    rule,
+                    device_id,
+                    since,
+                    reason,
+                    last_seen=device["last_seen"],
+                    configured=configured,
+                )
                 if alarm_id is not None:
                     raised.append(alarm_id)
         return raised
@@ -139,7 +146,9 @@ class InactivityMonitor:
         device_id: str,
         since: datetime,
         reason: str,
+        *,
         last_seen: datetime,
+        configured: Sequence[str],
     ) -> int | None:
         rule_key = rule.key
         event_id = inactivity_event_id(rule_key, device_id, since)
@@ -162,7 +171,7 @@ class InactivityMonitor:
                     node_id=self.engine.node_id,
                     now=now,
                     summary=self.engine.summary,
-                    trigger=silence_trigger(since),
+                    trigger=silence_trigger(since, configured),
                     rule_description=rule.description,
                 )
         except ConcurrentWriteError:

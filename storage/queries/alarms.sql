@@ -210,7 +210,9 @@ WHERE active_key IS NOT NULL AND cleared_at IS NULL AND trigger ? 'silent_since'
 -- alarmed by this rule: an uncleared active alarm, or an alarm in any state for a silence
 -- that began at or after last_seen (the device has not been heard from since: a presence
 -- replayed by a lagging or restarted node moves presence_at, not the silence), by this rule
--- or by one no longer configured as an inactivity rule (renamed: the same silence). `last_seen <
+-- or by one no longer configured as an inactivity rule (renamed: the same silence), unless
+-- this rule was configured beside it when it fired (its trigger's inactivity_rules: a rule
+-- a reload removed, not this one renamed; each raises its own). `last_seen <
 -- now() - $1` first: nobody listened to a device longer than it has been silent. The alarms
 -- are read by device (alarm_device_idx); one raised before last_seen is no candidate.
 SELECT d.device_id, d.last_seen, d.presence, d.presence_at
@@ -225,7 +227,10 @@ WHERE d.bound
       WHERE a.active_key = d.device_id || ':' || $2 AND a.cleared_at IS NULL)
   AND NOT EXISTS (
       SELECT 1 FROM alarm a
-      WHERE a.device_id = d.device_id AND (a.rule_key = $2 OR a.rule_key <> ALL($5::text[]))
+      WHERE a.device_id = d.device_id
+        AND (a.rule_key = $2
+             OR (a.rule_key <> ALL($5::text[])
+                 AND NOT coalesce((a.trigger -> 'inactivity_rules') ? $2, false)))
         AND a.triggered_at >= d.last_seen
         AND (a.trigger ->> 'silent_since')::timestamptz >= d.last_seen)
 ORDER BY d.device_id;

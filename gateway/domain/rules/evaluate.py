@@ -277,9 +277,15 @@ def trigger_of(
     return {"sample_ts": at}
 
 
-def silence_trigger(silent_since: datetime) -> dict[str, Any]:
-    """Why an inactivity rule fired: the device has been silent since then (RFC 3339)."""
-    return {"silent_since": silent_since.isoformat()}
+def silence_trigger(silent_since: datetime, beside: Sequence[str] = ()) -> dict[str, Any]:
+    """Why an inactivity rule fired: the device has been silent since then (RFC 3339); and
+    `beside`, the keys of the inactivity rules configured when it fired (`inactivity_rules`):
+    none of them is this rule renamed, so each raises its own alarm for the silence even once
+    a reload removed this one."""
+    trigger: dict[str, Any] = {"silent_since": silent_since.isoformat()}
+    if beside:
+        trigger["inactivity_rules"] = sorted(beside)
+    return trigger
 
 
 def evaluate(
