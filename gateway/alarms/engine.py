@@ -267,6 +267,10 @@ class AlarmEngine:
         # state of rules (a reload added them); None until its first registration, which
         # compares with what its last one recorded (`forget_removed_rules`).
         self._taken_up: set[str] | None = None
+        # When this node last recorded its rule set (database time; None: not yet), right
+        # after its start or a reload: a row written before was written under rules this
+        # node no longer runs, or by a node that ran them too (`fire_due_holds`).
+        self._rules_recorded_at: datetime | None = None
 
     def replace_rules(self, rules: RuleSet) -> None:
         """A reload: the next batch uses `rules`; `forget_loop` records them for the other
@@ -360,6 +364,7 @@ class AlarmEngine:
         if self._taken_up is None:  # this process's first: against its previous life's
             self._taken_up = set() if previous is None else set(kept) - set(previous[0])
         taken_up = self._taken_up & set(kept)
+        recorded_at = await repo.db_now(conn)
         await state_repo.register_rule_set(conn, self.node_id, running)
         live = await state_repo.live_rule_sets(conn, NODE_LIVE_S)
         others_only = sorted({key for keys in live.values() for key in keys} - set(kept))
@@ -382,6 +387,7 @@ class AlarmEngine:
             last_heartbeat=None if previous is None else previous[1],
         )
         self._taken_up = set()
+        self._rules_recorded_at = recorded_at
         if dropped:
             log.info("rule_state_dropped", rows=dropped)
         await self.find_unconfigured_inactivity(conn)
@@ -899,8 +905,13 @@ class AlarmEngine:
                 # samples are no longer judged by it, so nothing follows this violation any
                 # more. Re-armed, as a reload's judgement re-arms the pending row of a device
                 # its rule no longer selects: left pending, it fired as soon as a later reload
-                # selected the device again, however long ago the device had cleared.
-                changed.append(_row_of(row, _state_of(row).rearmed(), row.rule_version))
+                # selected the device again, however long ago the device had cleared. Only a
+                # row written before this node recorded its rules: one written since was
+                # written by a node that selects the device (a rolling reload that widens the
+                # rule, this node not reloaded yet), and is left to it.
+                recorded = self._rules_recorded_at
+                if recorded is not None and written_at < recorded:
+                    changed.append(_row_of(row, _state_of(row).rearmed(), row.rule_version))
                 continue
             judged = fire_held(rule, row.device_id, _state_of(row), written_at=written_at, now=now)
             if judged is None:
