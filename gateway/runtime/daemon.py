@@ -198,6 +198,11 @@ class Daemon:
         self.services.notifications = NotifyService(pool)
         self.services.alarms = parts.alarm_service
         self.services.commands = parts.command_service
+        if self.config is not cfg:
+            # A reload came while the parts were built from the file as it was (the rules
+            # loading, say): they take it now, whole. (Dropped, it left the node on its old
+            # rules until the next SIGHUP, its log saying `config_reloaded`.)
+            self.reload(self.config)
         self.starting = f"connecting to the broker at {_addresses(endpoints)}"
         async with asyncio.TaskGroup() as tasks:
             writer_task = tasks.create_task(parts.writer.run(), name="ingest-writer")
@@ -260,9 +265,16 @@ class Daemon:
     def reload(self, config: Config) -> None:
         """Swap what may change at run time (rules; quiet hours, escalation and tokens with
         their sections; the stream limits) atomically between batches; messages keep flowing
-        meanwhile. The streams of a token the new configuration lacks are cut."""
+        meanwhile. The streams of a token the new configuration lacks are cut.
+
+        During the start too: the tokens (the HTTP server answers from the first second) and
+        the secrets now, the rest by the parts the start builds (from this configuration, or
+        brought to it once built: see ``_serve``). A reload while the node waited for its
+        database used to keep the old tokens for good: a token the operator removed was
+        still let in, the new one refused."""
+        set_secrets(config.secrets())
+        self.auth.replace(config.api.tokens)
         if self.components is not None:
-            set_secrets(config.secrets())
             self.components.reload(config)
             self._follow_topics(self.components, config)
         hub = self.services.stream_hub
