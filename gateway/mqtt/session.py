@@ -234,9 +234,14 @@ class MqttSession:
         topics_same = (
             tuple(subscriptions) == self.subscriptions and presence_topic == self.presence_topic
         )
-        if topics_same and wanted == self.endpoints:
-            return False
         if topics_same and self.endpoint in wanted:
+            # What the session runs: a move an earlier reload asked for, not made yet, is
+            # called off (the last reload wins; it used to be made all the same, to the
+            # topics the file no longer named). A remake it asked for already ends the
+            # connection, which is then made again as it was.
+            self._next = None
+            if wanted == self.endpoints:
+                return False
             self._set_endpoints(wanted)
             # No connection is made again, so nothing runs ``apply`` later: what the reload
             # changed beside the filters (the mappings a reload keeping their topics changed)
