@@ -102,14 +102,16 @@ def _parser() -> argparse.ArgumentParser:
     listing.add_argument("--config", type=Path, help=CONFIG_HELP)
     listing.add_argument("--reason", help="only this reason code (e.g. MALFORMED)")
     listing.add_argument("--pending", action="store_true", help="only those not replayed yet")
-    listing.add_argument("--after", type=int, default=0, help="ids greater than this")
-    listing.add_argument("--limit", type=int, default=100, help="at most this many (default: 100)")
+    listing.add_argument("--after", type=_count, default=0, help="ids greater than this")
+    listing.add_argument(
+        "--limit", type=_count, default=100, help="at most this many (default: 100)"
+    )
     listing.add_argument("--json", action="store_true", help="JSON lines, payload in base64")
     again = _subcommand(actions, "replay", "re-ingest dead letters through the normal path")
     again.epilog = DATABASE_NOTE
     again.add_argument("--config", type=Path, help=CONFIG_HELP)
     which = again.add_mutually_exclusive_group(required=True)
-    which.add_argument("--id", type=int, action="append", dest="ids", help="repeatable")
+    which.add_argument("--id", type=_letter_id, action="append", dest="ids", help="repeatable")
     which.add_argument("--all", action="store_true", help="every dead letter not yet replayed")
     again.add_argument("--reason", help="with --all: only this reason code")
 
@@ -180,6 +182,30 @@ def _parser() -> argparse.ArgumentParser:
         "it: only with a drop-in setting PrivateTmp=no)",
     )
     return parser
+
+
+# PostgreSQL's bigint: a dead letter's id, and what LIMIT and a keyset bound may be.
+_BIGINT_MAX = 2**63 - 1
+
+
+def _count(text: str) -> int:
+    """0 or more (``--limit``, ``--after``): a mistyped one is argparse's one line, exit 2,
+    not the traceback of the database refusing it (``LIMIT must not be negative``)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if not 0 <= value <= _BIGINT_MAX:
+        raise argparse.ArgumentTypeError(f"{text!r} is not between 0 and {_BIGINT_MAX}")
+    return value
+
+
+def _letter_id(text: str) -> int:
+    """A dead letter's id: 1 or more, a bigint."""
+    value = _count(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError("dead letter ids start at 1")
+    return value
 
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd])\s*$")
@@ -647,6 +673,7 @@ async def _dead_letters(config: Config, args: argparse.Namespace) -> int:
     from gateway.ingest.replay import pending_ids, replay
     from gateway.support.metrics import Metrics
     from storage import ingest as repo
+    from storage.console import dead_letter_exists
 
     async with _database(config) as pool:
         if args.action == "list":
@@ -702,7 +729,17 @@ async def _dead_letters(config: Config, args: argparse.Namespace) -> int:
         print(
             f"replayed {len(outcomes)}: {len(outcomes) - failed} ingested, {failed} still invalid"
         )
-        return EXIT_OK
+        # An id named (--id) and not replayed: none has it (a typo, a letter discarded or
+        # pruned), or another replay held it. Said, and exit 1: it used to be left out of the
+        # output without a word, and the command exited 0 as if it had been replayed.
+        replayed = {o.dead_letter_id for o in outcomes}
+        skipped = [i for i in dict.fromkeys(args.ids or ()) if i not in replayed]
+        async with pool.acquire() as conn:
+            for dead_letter_id in skipped:
+                held = await dead_letter_exists(conn, dead_letter_id)
+                why = "busy: another replay held it; run again" if held else "not found"
+                print(f"{dead_letter_id}\t{why}")
+        return EXIT_FAILURE if skipped else EXIT_OK
 
 
 async def _rules(config: Config, args: argparse.Namespace) -> int:
