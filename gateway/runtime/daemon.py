@@ -7,6 +7,7 @@ import dataclasses
 from contextlib import AsyncExitStack
 
 import asyncpg
+import msgspec
 import structlog
 from msgspec import UNSET
 
@@ -332,6 +333,20 @@ class Daemon:
             log.warning(
                 "sparkplug_change_needs_restart",
                 note="[sparkplug] is read at start: the node keeps the section it started with",
+            )
+        # The filters as the node started: its protocol is read at start, and subscriptions()
+        # keeps the shared group only where the session speaks the file's protocol. Taken from
+        # the new file, a changed `protocol` dropped the `$share` group from every filter:
+        # each node of the group then received every message.
+        started = self.startup.config.mqtt.protocol
+        if config.mqtt.protocol != started:
+            log.warning(
+                "mqtt_protocol_change_needs_restart",
+                note="[mqtt] protocol is read at start: the node keeps the one it started with",
+                protocol=started,
+            )
+            config = msgspec.structs.replace(
+                config, mqtt=msgspec.structs.replace(config.mqtt, protocol=started)
             )
         changed = session.reconfigure(
             subscriptions=subscriptions(config, session.settings.protocol, parts.sparkplug),
