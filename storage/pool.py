@@ -76,6 +76,10 @@ def describe(dsn: str) -> str:
     (``h1:p1,h2:p2``, a failover pair) reads ``h1:p1,h2:p2/database``.
     """
     parts = urlsplit(dsn)
+    if parts.scheme not in {"postgresql", "postgres"}:
+        # Not a URL (a libpq key=value DSN, which asyncpg does not take): read as one, its
+        # whole text, the password with it, was the "database" every line and status showed.
+        return "(a DSN that is not a postgresql:// URL)"
     query = parse_qs(parts.query)
     socket_dir = next((h for h in query.get("host", []) if h.startswith("/")), None)
     database = parts.path.lstrip("/") or query.get("dbname", [""])[0] or parts.username or ""

@@ -552,7 +552,14 @@ async def _database(config: Config, *, schema: bool = True) -> AsyncIterator[asy
     if not dsn:
         embedded, dsn = await _embedded_dsn(config)
     try:
-        pool = await create_pool(dsn, min_size=1, max_size=2, application_name="gateway-cli")
+        try:
+            pool = await create_pool(dsn, min_size=1, max_size=2, application_name="gateway-cli")
+        except (ValueError, asyncpg.exceptions.ClientConfigurationError) as exc:
+            # As `gateway run` says it (runtime/startup): it used to be `command_failed`, a
+            # traceback reported as a bug.
+            raise StartupError(
+                f"the database DSN does not parse: {exc}", setting=DSN_SETTING, configuration=True
+            ) from None
         try:
             if schema:
                 await _check_schema(pool, config.database.dsn)
