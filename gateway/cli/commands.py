@@ -378,8 +378,10 @@ def _command(config: Config, args: argparse.Namespace) -> int:  # noqa: PLR0911 
     except TRANSIENT_DB_ERRORS as exc:
         if args.command != "run":  # the daemon waits for its database: that would be a bug
             where = describe(config.database.dsn) if config.database.dsn else "the embedded one"
+            # A TimeoutError says nothing of itself: its type does.
+            error = str(exc) or type(exc).__name__
             return _failed(
-                StartupError(f"cannot reach the database at {where}: {exc}", setting=DSN_SETTING)
+                StartupError(f"cannot reach the database at {where}: {error}", setting=DSN_SETTING)
             )
         log.exception("daemon_failed")
         return EXIT_FAILURE
@@ -553,7 +555,14 @@ async def _database(config: Config, *, schema: bool = True) -> AsyncIterator[asy
         embedded, dsn = await _embedded_dsn(config)
     try:
         try:
-            pool = await create_pool(dsn, min_size=1, max_size=2, application_name="gateway-cli")
+            pool = await create_pool(
+                dsn,
+                min_size=1,
+                max_size=2,
+                # The file's, as the daemon's connects: a silent host is given up as soon.
+                connect_timeout_s=config.database.connect_timeout_s,
+                application_name="gateway-cli",
+            )
         except (ValueError, asyncpg.exceptions.ClientConfigurationError) as exc:
             # As `gateway run` says it (runtime/startup): it used to be `command_failed`, a
             # traceback reported as a bug.
