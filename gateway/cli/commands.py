@@ -453,6 +453,11 @@ def _install_systemd(args: argparse.Namespace) -> int:
     except (FileExistsError, FileNotFoundError, ValueError) as exc:
         print(str(exc), file=sys.stderr)
         return EXIT_FAILURE
+    except OSError as exc:
+        # Not root (PermissionError), a --target under a file: it used to be a traceback.
+        where = exc.filename or args.target
+        print(f"cannot write the units to {args.target}: {where}: {exc.strerror}", file=sys.stderr)
+        return EXIT_FAILURE
     for path in written:
         print(f"installed {path}")
     print("next: systemctl daemon-reload && systemctl enable --now gateway")
