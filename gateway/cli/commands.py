@@ -12,7 +12,9 @@ import base64
 import gc
 import importlib.util
 import json
+import os
 import re
+import select
 import signal
 import sys
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
@@ -376,6 +378,10 @@ def _command(config: Config, args: argparse.Namespace) -> int:  # noqa: PLR0911 
         # starts): the same line, the same exit code.
         return _failed(refused(config.database.dsn, exc))
     except TRANSIENT_DB_ERRORS as exc:
+        if isinstance(exc, BrokenPipeError) and _stdout_closed():
+            # `gateway dead-letters list | head`: the reader has what it wanted. (An OSError,
+            # it used to be "cannot reach the database at ...: [Errno 32] Broken pipe".)
+            return EXIT_OK
         if args.command != "run":  # the daemon waits for its database: that would be a bug
             where = describe(config.database.dsn) if config.database.dsn else "the embedded one"
             # A TimeoutError says nothing of itself: its type does.
@@ -389,6 +395,24 @@ def _command(config: Config, args: argparse.Namespace) -> int:  # noqa: PLR0911 
         # A bug, not a situation: the traceback is what a report needs (a field in JSON).
         log.exception("daemon_failed" if args.command == "run" else "command_failed")
         return EXIT_FAILURE
+
+
+def _stdout_closed() -> bool:
+    """Whether standard output is a pipe whose reader went away (poll says POLLERR); if so,
+    whatever is left to write goes nowhere (the interpreter's last flush would complain of it
+    on stderr)."""
+    try:
+        fd = sys.stdout.fileno()
+        poller = select.poll()
+        poller.register(fd, 0)
+        closed = any(events & select.POLLERR for _, events in poller.poll(0))
+    except (OSError, ValueError):
+        return False
+    if closed:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, fd)
+        os.close(devnull)
+    return closed
 
 
 def _failed(exc: StartupError) -> int:
@@ -788,7 +812,13 @@ async def _rules(config: Config, args: argparse.Namespace) -> int:
 def _replay_rules(config: Config, args: argparse.Namespace) -> int:
     """``rules replay``: the pure evaluator on a recorded stream, no database (exit 2 on a line
     that is not a telemetry message, naming it)."""
-    source = args.input.open("rb") if args.input is not None else sys.stdin.buffer
+    try:
+        source = args.input.open("rb") if args.input is not None else sys.stdin.buffer
+    except OSError as exc:
+        # Its own line (it used to be "cannot reach the database", for a command that
+        # uses none).
+        print(f"cannot read {args.input}: {exc.strerror}", file=sys.stderr)
+        return EXIT_CONFIG
     stream: list[Received] = []
     with source:
         for number, line in enumerate(source, 1):
