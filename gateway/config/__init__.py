@@ -671,6 +671,7 @@ def validate(config: Config) -> None:
             "must be at least 16 characters",
         )
     errors.extend(_token_name_errors(config.api.tokens))
+    errors.extend(_duration_errors(config, ""))
     errors.extend(_validate_sparkplug(config.sparkplug, config.mqtt.broker_family))
     errors.extend(_rule_errors(config.rules))
     if topics is not None:
@@ -711,6 +712,33 @@ def validate(config: Config) -> None:
     )
     if errors:
         raise config_errors(errors)
+
+
+# The longest duration a setting of seconds may hold: a century. Past what a date can hold
+# (`inf`, TOML's infinity, passes `>= 0`), the first timer pass computing `now - timedelta(...)`
+# raised OverflowError and ended the daemon, after a reload as at a start.
+MAX_DURATION_S: Final = 100 * 365.25 * 86400
+
+
+def _duration_errors(value: object, path: str) -> list[ConfigError]:
+    """Every float setting of seconds (``*_s``, ``*_seconds``) anywhere in the tree, the
+    sections' lists included: finite, and at most ``MAX_DURATION_S``."""
+    errors: list[ConfigError] = []
+    if isinstance(value, Struct):
+        for name in value.__struct_fields__:
+            item = getattr(value, name)
+            at = f"{path}.{name}" if path else name
+            if isinstance(item, float) and name.endswith(("_s", "_seconds")):
+                if not item <= MAX_DURATION_S:  # inf; nan is refused by its type already
+                    errors.append(
+                        ConfigError(at, f"at most {MAX_DURATION_S:.0f} seconds (a century)")
+                    )
+            else:
+                errors.extend(_duration_errors(item, at))
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            errors.extend(_duration_errors(item, f"{path}[{index}]"))
+    return errors
 
 
 def _endpoint_errors(mqtt: MqttConfig) -> list[ConfigError]:
