@@ -750,14 +750,14 @@ async def _dead_letters(config: Config, args: argparse.Namespace) -> int:
                     }
                     print(json.dumps(row))
                 else:
+                    topic, detail = _shown(letter.topic), _shown(letter.detail)
                     size = f"{letter.payload_size} bytes"
                     if letter.truncated:
                         size += f" (first {len(letter.payload)} kept)"
                     seen = f"seen {letter.seen_count}x, last {letter.last_seen_at.isoformat()}"
                     print(
                         f"{letter.id}\t{letter.received_at.isoformat()}\t{letter.reason}\t"
-                        f"{letter.topic}\t{size}\tsha256 {letter.payload_sha256}\t{seen}\t"
-                        f"{letter.detail}"
+                        f"{topic}\t{size}\tsha256 {letter.payload_sha256}\t{seen}\t{detail}"
                         + (f"\t[replayed: {letter.replay_outcome}]" if letter.replay_count else "")
                     )
             return EXIT_OK
@@ -785,6 +785,17 @@ async def _dead_letters(config: Config, args: argparse.Namespace) -> int:
                 why = "busy: another replay held it; run again" if held else "not found"
                 print(f"{dead_letter_id}\t{why}")
         return EXIT_FAILURE if skipped else EXIT_OK
+
+
+# C0 and C1 control characters and DEL: what a terminal acts on instead of showing.
+_CONTROLS = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def _shown(text: str) -> str:
+    """``text`` from a device (a topic, a detail quoting a payload's key) for a terminal: its
+    control characters escaped as Python writes them (``\\n``, ``\\t``, ``\\x1b``), so
+    that it stays in its column of its one line and drives nothing."""
+    return _CONTROLS.sub(lambda match: repr(match.group())[1:-1], text)
 
 
 async def _rules(config: Config, args: argparse.Namespace) -> int:
