@@ -286,6 +286,14 @@ class Daemon:
             # The tokens are swapped: what a removed (or rotated) one opened ends now.
             hub.revoke(self.auth.holds)
         self.config = config
+        ignored = start_only_changes(self.startup.config, config)
+        if ignored:
+            # By key, never by value (a password is one of them).
+            log.warning(
+                "config_change_needs_restart",
+                keys=ignored,
+                note="read at start: the node keeps the values it started with",
+            )
         log.info("config_reloaded", rules=len(config.rules), mappings=len(config.ingest.mappings))
 
     def _follow_topics(self, parts: Components, config: Config) -> None:
@@ -466,6 +474,55 @@ class Daemon:
             pool_idle=pool.get_idle_size(),
             outbox=OutboxHealth(backlog=backlog, oldest_age_s=round(oldest_age_s, 3)),
         )
+
+
+# What a reload applies (docs/configuration.md#reloading), as key paths and their prefixes.
+# [sparkplug] and [mqtt] protocol, read at start too, have warnings of their own.
+RELOADED: tuple[str, ...] = (
+    "rules",
+    "api",
+    "notify",
+    "retention",
+    "ingest.mappings",
+    "alarms.escalate_after_s",
+    "alarms.repeat_interval_s",
+    "alarms.unreached_after_s",
+    "alarms.rule_check_after_s",
+    "alarms.max_future_skew_s",
+    "alarms.reorder_window_s",
+    "alarms.quiet_hours",
+    "alarms.figures",
+    "http.public_url",
+    "http.max_streams",
+    "http.max_streams_per_token",
+    "mqtt.topic_prefix",
+    "mqtt.shared_group",
+    "mqtt.hosts",
+    "mqtt.host",
+    "mqtt.port",
+    "mqtt.protocol",
+    "sparkplug",
+)
+
+
+def start_only_changes(running: Config, new: Config) -> list[str]:
+    """The keys read at start only whose value ``new`` changes from ``running``'s, sorted.
+    Without it a reload ignored them without a word: moved to another broker by a reload
+    (``[mqtt] host``, followed), the node kept the old broker's credentials, and the log said
+    ``config_reloaded`` only."""
+    changed: list[str] = []
+
+    def walk(old: object, fresh: object, path: str) -> None:
+        if path and any(path == key or path.startswith(key + ".") for key in RELOADED):
+            return
+        if isinstance(old, dict) and isinstance(fresh, dict):
+            for key in sorted(old.keys() | fresh.keys()):
+                walk(old.get(key), fresh.get(key), f"{path}.{key}" if path else key)
+        elif old != fresh:
+            changed.append(path)
+
+    walk(msgspec.to_builtins(running), msgspec.to_builtins(new), "")
+    return changed
 
 
 def _addresses(endpoints: list[tuple[str, int]]) -> str:
