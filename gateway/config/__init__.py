@@ -518,23 +518,33 @@ def apply_secrets(config: Config, environ: Mapping[str, str]) -> Config:
     """Environment variables win over credentials files, which win over the TOML file."""
     credentials = environ.get("CREDENTIALS_DIRECTORY")
 
-    def secret(env_name: str, credential: str | None, current: str) -> str:
+    def secret(key: str, env_name: str, credential: str | None, current: str) -> str:
         if environ.get(env_name):
             return environ[env_name]
         if credentials and credential:
             candidate = Path(credentials) / credential
             if candidate.is_file():
-                return candidate.read_text(encoding="utf-8").strip()
+                try:
+                    return candidate.read_text(encoding="utf-8").strip()
+                except (OSError, UnicodeDecodeError) as exc:
+                    # A configuration error naming the key, as an unset variable is (it was
+                    # a traceback: check-config crashed, a start died, a reload escaped).
+                    why = exc.strerror if isinstance(exc, OSError) else f"not UTF-8 ({exc.reason})"
+                    raise ConfigError(
+                        key, f"cannot read the credential {candidate}: {why}"
+                    ) from None
         return current
 
     database = msgspec.structs.replace(
         config.database,
-        dsn=secret(ENV_DATABASE_DSN, CREDENTIAL_DATABASE_DSN, config.database.dsn),
+        dsn=secret("database.dsn", ENV_DATABASE_DSN, CREDENTIAL_DATABASE_DSN, config.database.dsn),
     )
     mqtt = msgspec.structs.replace(
         config.mqtt,
-        username=secret(ENV_MQTT_USERNAME, None, config.mqtt.username),
-        password=secret(ENV_MQTT_PASSWORD, CREDENTIAL_MQTT_PASSWORD, config.mqtt.password),
+        username=secret("mqtt.username", ENV_MQTT_USERNAME, None, config.mqtt.username),
+        password=secret(
+            "mqtt.password", ENV_MQTT_PASSWORD, CREDENTIAL_MQTT_PASSWORD, config.mqtt.password
+        ),
     )
     tokens = []
     for index, entry in enumerate(config.api.tokens):
