@@ -96,8 +96,11 @@ class NotifyConsumer:
         self.rules = rules
         self.public_url = public_url
         self.quiet = quiet
+        # Both reloaded (SIGHUP): the next pass takes them, and the wait under way ends
+        # (``wakeup``). They used to be the start's for the process's life.
         self.batch = batch
         self.poll_s = poll_s
+        self.wakeup = asyncio.Event()
         self.on_created = on_created
         self.consumer = consumer
         self._ensured = False  # its notify_consumer row exists (made once per process)
@@ -113,7 +116,14 @@ class NotifyConsumer:
             step=self.run_once,
             poll_s=lambda: self.poll_s,  # a reload may change it
             name="notify-consumer",
+            wakeup=self.wakeup,
         )
+
+    def reconfigure(self, *, batch: int, poll_s: float) -> None:
+        """A reload: ``[notify] batch`` and ``poll_s`` from the next pass, which starts now."""
+        self.batch = batch
+        self.poll_s = poll_s
+        self.wakeup.set()
 
     async def run_once(self) -> int:
         """One pass; the number of events this pass consumed (0: nothing new)."""

@@ -136,8 +136,7 @@ class Components:
         self.notify_consumer.public_url = config.http.public_url
         self.notify_consumer.quiet = quiet
         # [notify] batch and poll_s, as the worker's settings below: the consumer's next pass.
-        self.notify_consumer.batch = config.notify.batch
-        self.notify_consumer.poll_s = config.notify.poll_s
+        self.notify_consumer.reconfigure(batch=config.notify.batch, poll_s=config.notify.poll_s)
         self.notify_worker.replace(config.notify, notify)
         # [retention]: the next maintenance pass (and the wait before the one after) takes it;
         # a pass under way finishes with the settings it started with.
