@@ -8,7 +8,7 @@ reports health and stops through it.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from typing import Any
@@ -154,14 +154,23 @@ async def build(
     stack: AsyncExitStack,
     stop: asyncio.Event,
     on_connected: Callable[[], None],
-) -> Components:
+    prepare: Callable[[Callable[[], Coroutine[Any, Any, object]]], Awaitable[bool]],
+) -> Components | None:
     """Every component of the node, wired; ``stack`` closes what needs closing. ``auth`` is
-    the HTTP server's, which runs before the rest (it is reloaded with the components)."""
+    the HTTP server's, which runs before the rest (it is reloaded with the components).
+
+    The database calls made here go through ``prepare``, which runs them again while the
+    database is unreachable (:meth:`Startup.prepare`); None when ``stop`` came first."""
     node_metrics(node.metrics)  # a no-op where the daemon was given them (gateway run)
     engine = live_path.alarm_engine(config, node.metrics)
-    async with node.pool.acquire() as conn:
-        await engine.forget_removed_rules(conn)
-        await set_aside_unbounded_telemetry(conn, node.topics, node.node_id)
+
+    async def first_calls() -> None:
+        async with node.pool.acquire() as conn:
+            await engine.forget_removed_rules(conn)
+            await set_aside_unbounded_telemetry(conn, node.topics, node.node_id)
+
+    if not await prepare(first_calls):
+        return None
     writer = IngestWriter.from_config(
         node,
         config.ingest,
@@ -174,7 +183,8 @@ async def build(
         in_flight=config.transactions_in_flight(),
     )
     # Before the first message: what this node was storing when it last died.
-    await writer.recover()
+    if not await prepare(writer.recover):
+        return None
     session = MqttSession(
         settings=connection,
         subscriptions=subscriptions(config, protocol),

@@ -162,7 +162,7 @@ class Daemon:
             broker=self.broker,
         )
         self.starting = "loading the rules"
-        parts = self.components = await build(
+        built = await build(
             cfg,
             node,
             auth=self.auth,
@@ -174,7 +174,11 @@ class Daemon:
             stack=stack,
             stop=stop,
             on_connected=self._on_connected,
+            prepare=lambda work: self.startup.prepare(work, stop),
         )
+        if built is None:
+            return  # stopped while waiting for the database
+        parts = self.components = built
         hub: StreamHub | None = None
         if cfg.http.enabled:
             hub = StreamHub(

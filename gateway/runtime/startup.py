@@ -274,6 +274,25 @@ class Startup:
             return pool
         return None
 
+    async def prepare(
+        self, work: Callable[[], Coroutine[Any, Any, object]], stop: asyncio.Event
+    ) -> bool:
+        """Run ``work`` (a component's first database calls, after the migration) until it
+        succeeds, waiting while the database is unreachable as the steps before it do: a
+        restart or a failover between the migration and the first batch is no reason to
+        exit. False once ``stop`` was set first. ``work`` must be safe to run again."""
+        db = self.config.database
+        where = describe(self.database_dsn or "")
+        backoff = Backoff(db.retry_min_s, db.retry_max_s)
+        while not stop.is_set():
+            try:
+                await _unless_stopped(work(), stop)
+            except TRANSIENT_DB_ERRORS as exc:
+                await self._database_unavailable(where, exc, backoff, stop)
+                continue
+            return not stop.is_set()
+        return False
+
     async def _database_unavailable(
         self, where: str, exc: BaseException, backoff: Backoff, stop: asyncio.Event
     ) -> None:
