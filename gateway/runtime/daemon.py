@@ -46,6 +46,12 @@ from storage.errors import DB_ERRORS
 log = structlog.get_logger(__name__)
 
 HEALTH_DB_TIMEOUT_S = 2.0
+# Once the session has drained, what is left of a stop (the writer's cancellation, the
+# clean-stop journal, the loops' passes under way) has this long before the pool's connections
+# are cut. A database whose host went silent (power, network) answers nothing: a call on it
+# would wait out the command timeout (60 s), and the pool's release then asyncpg's cancel
+# request, past the service manager's stop timeout (TimeoutStopSec=45).
+STOP_GRACE_S = 10.0
 
 
 class Daemon:
@@ -118,7 +124,7 @@ class Daemon:
                 pool = await self.startup.open_database(dsn, stop)
                 if pool is None:
                     return  # stopped while waiting for the database
-                stack.push_async_callback(pool.close)
+                stack.push_async_callback(_close_pool, pool)
                 self.pool = pool
                 # Read at every scrape, not only when /health is asked.
                 self.metrics.db_pool_size.set_function(pool.get_size)
@@ -209,27 +215,34 @@ class Daemon:
             # rules until the next SIGHUP, its log saying `config_reloaded`.)
             self.reload(self.config)
         self.starting = f"connecting to the broker at {_addresses(endpoints)}"
-        async with asyncio.TaskGroup() as tasks:
-            writer_task = tasks.create_task(parts.writer.run(), name="ingest-writer")
-            for name, loop in parts.loops:
-                tasks.create_task(loop(stop), name=name)
-            if hub is not None:
-                tasks.create_task(hub.run(stop), name="stream-hub")
-            if self.notifier.enabled:
-                interval = self.notifier.watchdog_interval_s()
-                watchdog = Watchdog(
-                    notifier=self.notifier,
-                    writer=parts.writer,
-                    status=self.status_line,
-                    interval_s=interval or 10.0,
-                    # WATCHDOG_USEC itself: a call hanging that long has missed a ping.
-                    stall_s=2 * interval if interval else float("inf"),
-                )
-                tasks.create_task(watchdog.run(stop), name="watchdog")
-            await tasks.create_task(parts.session.run(stop), name="mqtt-session")
-            # The session returns after draining (or giving up on) the queue.
-            writer_task.cancel()
-            await self._journal_clean_stop(parts.writer)
+        deadline: asyncio.Task[None] | None = None
+        try:
+            async with asyncio.TaskGroup() as tasks:
+                writer_task = tasks.create_task(parts.writer.run(), name="ingest-writer")
+                for name, loop in parts.loops:
+                    tasks.create_task(loop(stop), name=name)
+                if hub is not None:
+                    tasks.create_task(hub.run(stop), name="stream-hub")
+                if self.notifier.enabled:
+                    interval = self.notifier.watchdog_interval_s()
+                    watchdog = Watchdog(
+                        notifier=self.notifier,
+                        writer=parts.writer,
+                        status=self.status_line,
+                        interval_s=interval or 10.0,
+                        # WATCHDOG_USEC itself: a call hanging that long has missed a ping.
+                        stall_s=2 * interval if interval else float("inf"),
+                    )
+                    tasks.create_task(watchdog.run(stop), name="watchdog")
+                await tasks.create_task(parts.session.run(stop), name="mqtt-session")
+                # The session returns after draining (or giving up on) the queue: the rest
+                # of the stop is bounded from here.
+                deadline = asyncio.create_task(_cut_when_late(pool), name="stop-deadline")
+                writer_task.cancel()
+                await self._journal_clean_stop(parts.writer)
+        finally:
+            if deadline is not None:
+                deadline.cancel()
         log.info("daemon_stopped", offline_published=OFFLINE.decode())
 
     async def _journal_clean_stop(self, writer: IngestWriter) -> None:
@@ -533,3 +546,25 @@ def _addresses(endpoints: list[tuple[str, int]]) -> str:
     """``host:port``, or ``any of a:1, b:2`` for an endpoint list."""
     labels = [endpoint_label(*e) for e in endpoints]
     return labels[0] if len(labels) == 1 else "any of " + ", ".join(labels)
+
+
+async def _cut_when_late(pool: asyncpg.Pool) -> None:
+    """After ``STOP_GRACE_S``, every pool connection cut: the calls still waiting on them
+    fail at once (the loops, seeing the stop, end) instead of waiting for a silent server."""
+    await asyncio.sleep(STOP_GRACE_S)
+    log.warning(
+        "database_calls_cut",
+        after_s=STOP_GRACE_S,
+        reason="stopping, and the database did not answer the calls under way",
+    )
+    pool.terminate()
+
+
+async def _close_pool(pool: asyncpg.Pool) -> None:
+    """Close the pool gracefully, or cut its connections once ``STOP_GRACE_S`` has passed
+    (a graceful close waits for a silent server to acknowledge)."""
+    try:
+        async with asyncio.timeout(STOP_GRACE_S):
+            await pool.close()
+    except TimeoutError:
+        pool.terminate()

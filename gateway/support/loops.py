@@ -24,6 +24,9 @@ FAILURE_BACKOFF_CAP_S = 30.0
 IDLE_RECHECK_S = 3600.0
 # A LISTEN connection that cannot be opened must not hold up the passes for long.
 LISTEN_CONNECT_TIMEOUT_S = 10.0
+# Closing one: past this, it is cut (a server gone silent never acknowledges the close, and a
+# stop must not wait for it; a LISTEN connection has nothing to flush).
+LISTEN_CLOSE_TIMEOUT_S = 1.0
 
 
 def failure_backoff(interval_s: float) -> Backoff:
@@ -171,7 +174,7 @@ class _Listener:
                 fallback="polling",
             )
             with contextlib.suppress(Exception):
-                await connection.close(timeout=LISTEN_CONNECT_TIMEOUT_S)
+                await connection.close(timeout=LISTEN_CLOSE_TIMEOUT_S)
             return
         # Lost later (a restart, a terminated backend): wake the loop, whose next wait opens
         # it again, instead of sleeping until the poll.
@@ -195,7 +198,7 @@ class _Listener:
         connection, self.connection = self.connection, None
         if connection is not None:
             with contextlib.suppress(Exception):
-                await connection.close(timeout=LISTEN_CONNECT_TIMEOUT_S)
+                await connection.close(timeout=LISTEN_CLOSE_TIMEOUT_S)
 
 
 # For loops that wait on more than one wake-up (see gateway.notify.worker).
