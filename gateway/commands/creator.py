@@ -5,15 +5,18 @@ A request that finds no batch in flight is written at once, alone; requests that
 batch's transaction is in flight wait for it and then go together in the next one (at most
 ``max_batch``). No timer holds anything back, so a lone request costs what it did before, and
 under load one commit serves many requests. Whatever the batch size, a batch is one
-transaction of at most three statements: which target devices are unbound, the inserts with
-their audit rows, and (only when some key was taken) the rows already holding those keys.
+transaction of at most four statements: which target devices are unbound, the inserts with
+their audit rows, (only when some key was taken) the rows already holding those keys, and the
+transaction's id (asked should the COMMIT's answer be lost).
 
 Each request gets exactly the answer it would have got alone, in arrival order: its new row
 (``created``), the row that already held its idempotency key (not ``created``; also when an
 earlier request of the same batch took the key), or :class:`DeviceUnboundError`. When the
 batch's transaction fails, nothing of it is committed and every request in it gets that
 exception; a failure that one request's data can cause alone (a constraint, a bad value), or a
-deadlock with another node's batch, is retried one request at a time instead.
+deadlock with another node's batch, is retried one request at a time instead. A batch whose
+connection was lost after its COMMIT was sent asks another connection whether it committed:
+if it did, the requests get their answers as if nothing had happened.
 
 Written by hand rather than with a library: what is batched is one transaction whose answer
 must be split back per request, which the task-queue libraries at hand do not do.
@@ -28,15 +31,24 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 import asyncpg
+import structlog
 
 from gateway.commands.lifecycle import DeviceUnboundError
 from gateway.commands.metrics import CommandMetrics
 from gateway.domain.command import Delivery
 from gateway.support.metrics import Metrics
 from storage import commands as repo
+from storage import ingest as ingest_repo
 from storage.commands import CommandRow
+from storage.errors import TRANSIENT_DB_ERRORS
+from storage.ingest import Xact
+
+log = structlog.get_logger(__name__)
 
 MAX_BATCH: Final = 500
+# How long a creation whose COMMIT answer was lost asks whether it committed (its request
+# waits meanwhile); not known by then, the request gets the database's error (503).
+COMMIT_STATUS_WAIT_S: Final = 5.0
 # Failures a batch can meet that its requests would not meet alone, so each is retried alone:
 # what one request's own data can make PostgreSQL refuse (only that request then fails), and a
 # deadlock. A batch inserts several keys, so two batches (on two nodes) taking the same keys in
@@ -161,10 +173,58 @@ class CommandCreator:
     async def _transaction(
         self, commands: Sequence[NewCommand]
     ) -> list[Creation | DeviceUnboundError]:
-        async with self.pool.acquire() as conn, conn.transaction():
-            return await create_commands(
-                conn, commands, expire_after_s=self.expire_after_s, node_id=self.node_id
-            )
+        answers: list[Creation | DeviceUnboundError] | None = None
+        xact: Xact | None = None
+        try:
+            async with self.pool.acquire() as conn, conn.transaction():
+                answers = await create_commands(
+                    conn, commands, expire_after_s=self.expire_after_s, node_id=self.node_id
+                )
+                # Asked before the COMMIT: should its answer be lost, whether it committed.
+                xact = await ingest_repo.assigned_xact_id(conn)
+        except TRANSIENT_DB_ERRORS as exc:
+            # Lost after the COMMIT was sent: the commands may exist (and a realtime one is
+            # dispatched); "nothing written, retry" would have them created twice.
+            if (
+                answers is None
+                or xact is None
+                or isinstance(exc, asyncpg.exceptions.TransactionRollbackError)
+                or not await self._committed(xact, exc)
+            ):
+                raise
+        assert answers is not None
+        return answers
+
+    async def _committed(self, xact: Xact, lost: BaseException) -> bool:
+        """Whether ``xact``, whose COMMIT answer was lost (``lost``), committed: asked on another
+        connection of the same server, not restarted since (see storage.ingest.xact_status),
+        for at most ``COMMIT_STATUS_WAIT_S`` (the request is waiting). Not known by then (the
+        database still away, the commit still under way, another server): not committed, and
+        the request gets the error, as before."""
+        log.warning("command_commit_answer_lost", xid=xact.id, error=repr(lost))
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + COMMIT_STATUS_WAIT_S
+        delay = 0.05
+        status: str | None = None
+        while True:
+            try:
+                async with asyncio.timeout(max(deadline - loop.time(), 0.0)):
+                    async with self.pool.acquire() as conn:
+                        same_server, status = await ingest_repo.xact_status(conn, xact)
+                if not same_server:
+                    status = "other server"
+            except TRANSIENT_DB_ERRORS:
+                status = "unknown"
+            except asyncpg.PostgresError:
+                status = "unknown"  # an id this server never gave: a standby promoted since
+            if status in {"committed", "aborted", "other server", None}:
+                break
+            if loop.time() + delay > deadline:
+                break
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 1.0)
+        log.warning("command_commit_status", xid=xact.id, status=status)
+        return status == "committed"
 
 
 async def create_commands(
