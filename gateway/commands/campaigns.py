@@ -24,6 +24,7 @@ import asyncpg
 import msgspec
 import structlog
 
+from gateway.commands.creator import commit_confirmed
 from gateway.commands.lifecycle import command_to_json
 from gateway.domain.campaign import AbortCriteria, CampaignError, CampaignStatus, settle
 from gateway.domain.command import CommandStatus, Delivery
@@ -32,9 +33,12 @@ from gateway.support.loops import drain_on_notify
 from gateway.support.metrics import Metrics
 from protocol import events
 from storage import campaigns as repo
+from storage import ingest as ingest_repo
 from storage import outbox
 from storage.campaigns import CampaignRow, CountedCampaignRow
 from storage.commands import CommandRow, MovedCommandRow
+from storage.errors import TRANSIENT_DB_ERRORS
+from storage.ingest import Xact
 
 log = structlog.get_logger(__name__)
 
@@ -249,59 +253,90 @@ class CampaignService:
     async def create(
         self, request: CampaignRequest, *, actor: str, request_id: str | None = None
     ) -> CampaignCreation:
-        async with self.pool.acquire() as conn, conn.transaction():
-            if request.idempotency_key is not None:
-                existing = await repo.by_idempotency_key(conn, request.idempotency_key)
-                if existing is not None:
-                    return CampaignCreation(await self._read(conn, existing.id), created=False)
-            devices = await _resolve(conn, request.targets)
-            if self.refuse_unsendable is not None:  # before any insert: nothing is created
-                self.refuse_unsendable(devices, request.name, request.params)
-            abort = request.abort
-            row = await repo.insert(
-                conn,
-                name=request.name,
-                params=request.params,
-                delivery=request.delivery.value,
-                target_devices=request.targets.devices,
-                target_selector=request.targets.selector,
-                device_ids=devices,
-                per_minute=request.per_minute,
-                failure_ratio=None if abort is None else abort.failure_ratio,
-                min_finished=None if abort is None else abort.min_finished,
-                idempotency_key=request.idempotency_key,
-                created_by=actor,
-            )
-            if row is None:  # a concurrent request with the same key committed first
-                assert request.idempotency_key is not None
-                existing = await repo.by_idempotency_key(conn, request.idempotency_key)
-                assert existing is not None
-                return CampaignCreation(await self._read(conn, existing.id), created=False)
-            await repo.insert_commands(
-                conn, campaign=row, expire_after_s=self.expire_after_s, node_id=self.node_id
-            )
-            await repo.insert_audit(
-                conn,
-                campaign_id=row.id,
-                actor=actor,
-                action="create",
-                from_status=None,
-                to_status=row.status,
-                node_id=self.node_id,
-                note=f"{len(devices)} commands",
-                request_id=request_id,
-            )
-            created = await self._read(conn, row.id)
-            await outbox.add_event(
-                conn,
-                aggregate_type=AGGREGATE,
-                aggregate_id=str(row.id),
-                event_type=events.EventType.CAMPAIGN_CREATED,
-                payload=events.CampaignCreated(campaign=campaign_to_json(created), actor=actor),
-            )
-        if len(devices) >= ANALYZE_AFTER_COMMANDS:
-            await self._analyze(campaign_id=row.id, commands=len(devices))
-        return CampaignCreation(created, created=True)
+        made: tuple[CampaignCreation, int] | None = None
+        xact: Xact | None = None
+        try:
+            async with self.pool.acquire() as conn, conn.transaction():
+                made = await self._create(conn, request, actor=actor, request_id=request_id)
+                if made[0].created:
+                    # Asked before the COMMIT: should its answer be lost, whether it committed.
+                    xact = await ingest_repo.assigned_xact_id(conn)
+        except TRANSIENT_DB_ERRORS as exc:
+            # Lost after the COMMIT was sent: the campaign may exist, its commands going out;
+            # "nothing written, retry" would have it created twice.
+            if (
+                made is None
+                or xact is None
+                or isinstance(exc, asyncpg.exceptions.TransactionRollbackError)
+                or not await commit_confirmed(self.pool, xact, exc, what="campaign")
+            ):
+                raise
+        assert made is not None
+        creation, commands = made
+        if creation.created and commands >= ANALYZE_AFTER_COMMANDS:
+            await self._analyze(campaign_id=creation.campaign.id, commands=commands)
+        return creation
+
+    async def _create(
+        self,
+        conn: asyncpg.Connection,
+        request: CampaignRequest,
+        *,
+        actor: str,
+        request_id: str | None,
+    ) -> tuple[CampaignCreation, int]:
+        """In the caller's transaction: the campaign (or the one holding its key), and how
+        many commands were created for it."""
+        if request.idempotency_key is not None:
+            existing = await repo.by_idempotency_key(conn, request.idempotency_key)
+            if existing is not None:
+                return CampaignCreation(await self._read(conn, existing.id), created=False), 0
+        devices = await _resolve(conn, request.targets)
+        if self.refuse_unsendable is not None:  # before any insert: nothing is created
+            self.refuse_unsendable(devices, request.name, request.params)
+        abort = request.abort
+        row = await repo.insert(
+            conn,
+            name=request.name,
+            params=request.params,
+            delivery=request.delivery.value,
+            target_devices=request.targets.devices,
+            target_selector=request.targets.selector,
+            device_ids=devices,
+            per_minute=request.per_minute,
+            failure_ratio=None if abort is None else abort.failure_ratio,
+            min_finished=None if abort is None else abort.min_finished,
+            idempotency_key=request.idempotency_key,
+            created_by=actor,
+        )
+        if row is None:  # a concurrent request with the same key committed first
+            assert request.idempotency_key is not None
+            existing = await repo.by_idempotency_key(conn, request.idempotency_key)
+            assert existing is not None
+            return CampaignCreation(await self._read(conn, existing.id), created=False), 0
+        await repo.insert_commands(
+            conn, campaign=row, expire_after_s=self.expire_after_s, node_id=self.node_id
+        )
+        await repo.insert_audit(
+            conn,
+            campaign_id=row.id,
+            actor=actor,
+            action="create",
+            from_status=None,
+            to_status=row.status,
+            node_id=self.node_id,
+            note=f"{len(devices)} commands",
+            request_id=request_id,
+        )
+        created = await self._read(conn, row.id)
+        await outbox.add_event(
+            conn,
+            aggregate_type=AGGREGATE,
+            aggregate_id=str(row.id),
+            event_type=events.EventType.CAMPAIGN_CREATED,
+            payload=events.CampaignCreated(campaign=campaign_to_json(created), actor=actor),
+        )
+        return CampaignCreation(created, created=True), len(devices)
 
     async def _analyze(self, *, campaign_id: int, commands: int) -> None:
         """The campaign is committed: its commands' claims must not be planned from statistics

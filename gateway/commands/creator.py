@@ -196,35 +196,41 @@ class CommandCreator:
         return answers
 
     async def _committed(self, xact: Xact, lost: BaseException) -> bool:
-        """Whether ``xact``, whose COMMIT answer was lost (``lost``), committed: asked on another
-        connection of the same server, not restarted since (see storage.ingest.xact_status),
-        for at most ``COMMIT_STATUS_WAIT_S`` (the request is waiting). Not known by then (the
-        database still away, the commit still under way, another server): not committed, and
-        the request gets the error, as before."""
-        log.warning("command_commit_answer_lost", xid=xact.id, error=repr(lost))
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + COMMIT_STATUS_WAIT_S
-        delay = 0.05
-        status: str | None = None
-        while True:
-            try:
-                async with asyncio.timeout(max(deadline - loop.time(), 0.0)):
-                    async with self.pool.acquire() as conn:
-                        same_server, status = await ingest_repo.xact_status(conn, xact)
-                if not same_server:
-                    status = "other server"
-            except TRANSIENT_DB_ERRORS:
-                status = "unknown"
-            except asyncpg.PostgresError:
-                status = "unknown"  # an id this server never gave: a standby promoted since
-            if status in {"committed", "aborted", "other server", None}:
-                break
-            if loop.time() + delay > deadline:
-                break
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 1.0)
-        log.warning("command_commit_status", xid=xact.id, status=status)
-        return status == "committed"
+        return await commit_confirmed(self.pool, xact, lost, what="command")
+
+
+async def commit_confirmed(
+    pool: asyncpg.Pool, xact: Xact, lost: BaseException, *, what: str
+) -> bool:
+    """Whether ``xact``, whose COMMIT answer was lost (``lost``), committed: asked on another
+    connection of the same server, not restarted since (see storage.ingest.xact_status), for
+    at most ``COMMIT_STATUS_WAIT_S`` (a request is waiting). Not known by then (the database
+    still away, the commit still under way, another server): not committed, and the request
+    gets the error, as before. ``what`` names the change in the log lines."""
+    log.warning("commit_answer_lost", change=what, xid=xact.id, error=repr(lost))
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + COMMIT_STATUS_WAIT_S
+    delay = 0.05
+    status: str | None = None
+    while True:
+        try:
+            async with asyncio.timeout(max(deadline - loop.time(), 0.0)):
+                async with pool.acquire() as conn:
+                    same_server, status = await ingest_repo.xact_status(conn, xact)
+            if not same_server:
+                status = "other server"
+        except TRANSIENT_DB_ERRORS:
+            status = "unknown"
+        except asyncpg.PostgresError:
+            status = "unknown"  # an id this server never gave: a standby promoted since
+        if status in {"committed", "aborted", "other server", None}:
+            break
+        if loop.time() + delay > deadline:
+            break
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 1.0)
+    log.warning("commit_status", change=what, xid=xact.id, status=status)
+    return status == "committed"
 
 
 async def create_commands(
