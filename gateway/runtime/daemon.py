@@ -478,8 +478,15 @@ class Daemon:
             return DatabaseHealth(ok=False, error=self.starting or "not connected")
         try:
             async with asyncio.timeout(HEALTH_DB_TIMEOUT_S), pool.acquire() as conn:
-                await repo.ping(conn)
-                backlog, oldest_age_s = await outbox.backlog(conn)
+                try:
+                    await repo.ping(conn)
+                    backlog, oldest_age_s = await outbox.backlog(conn)
+                except asyncio.CancelledError:
+                    # The bound ran out on a server that does not answer: the connection is
+                    # cut, not released through a cancel request that a silent server never
+                    # answers either (the release would wait for it, and the answer with it).
+                    conn.terminate()
+                    raise
         except DB_ERRORS as exc:
             return DatabaseHealth(ok=False, error=repr(exc))
         OutboxMetrics.of(self.metrics.registry).outbox_backlog.set(backlog)
