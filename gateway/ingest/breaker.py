@@ -127,3 +127,9 @@ class CrashLoopBreaker:
     async def clean_stop(self, conn: asyncpg.Connection) -> None:
         await repo.clear_journal(conn, self.node_id)
         self._journaled = None
+
+    async def excuse(self, conn: asyncpg.Connection) -> None:
+        """The database holds a write past the watchdog, which restarts the node: what is in
+        flight did not kill it, and counts no death. A retry of the same messages does not
+        journal them again (``_journaled`` is kept); a new batch does."""
+        await repo.clear_journal(conn, self.node_id)

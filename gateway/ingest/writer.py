@@ -39,7 +39,7 @@ from gateway.support.backoff import Backoff
 from gateway.support.metrics import Metrics, observe_many
 from gateway.support.node import Node
 from storage import ingest as repo
-from storage.errors import TRANSIENT_DB_ERRORS
+from storage.errors import DB_ERRORS, TRANSIENT_DB_ERRORS
 from storage.ingest import DeadLetterRow, Xact
 from storage.pool import describe
 
@@ -234,6 +234,30 @@ class IngestWriter:
         if self.breaker is not None:
             async with self.pool.acquire() as conn:
                 await self.breaker.recover(conn)
+
+    async def excuse_in_flight(self, timeout_s: float) -> bool:
+        """A database call of this writer has not returned for longer than the watchdog
+        allows, and the service manager is about to restart the node: the messages in flight
+        are not to blame, so the crash-loop breaker must not count the restart as their death
+        (two such restarts would quarantine healthy messages while a lock or a synchronous
+        standby holds the database). Whether that could be written within ``timeout_s``, on
+        a connection of its own (cut, not released, if the database does not answer)."""
+        if self.breaker is None:
+            return True
+        try:
+            async with asyncio.timeout(timeout_s):
+                conn = await self.pool.acquire()
+                try:
+                    await self.breaker.excuse(conn)
+                except asyncio.CancelledError:
+                    conn.terminate()
+                    raise
+                finally:
+                    await self.pool.release(conn)
+        except DB_ERRORS as exc:
+            log.warning("ingest_excuse_failed", error=repr(exc))
+            return False
+        return True
 
     async def stopped_cleanly(self) -> None:
         """After the last batch of a clean stop: nothing of this node is in flight."""

@@ -5,6 +5,11 @@ database call of the writer that has not returned for longer than the watchdog p
 the writer is stuck, and the pings stop so that systemd restarts the service (nothing is
 lost: unacknowledged messages are redelivered). A database that refuses connections is not
 "stuck": the writer fails fast and retries, and restarting would not help.
+
+Such a restart is the database's doing: before it, the messages in flight are excused to the
+crash-loop breaker (gateway/ingest/breaker.py), which would otherwise count it as their death
+and, at the second, quarantine them. A hang of the process itself (the event loop blocked)
+stops the pings without this and still counts.
 """
 
 from __future__ import annotations
@@ -19,6 +24,10 @@ from gateway.runtime.sdnotify import Notifier
 from gateway.support.loops import sleep_unless_stopped
 
 log = structlog.get_logger(__name__)
+
+# How long the watchdog tries to tell the crash-loop breaker, before a restart it withholds
+# the pings for, that the messages in flight are not to blame.
+EXCUSE_S = 2.0
 
 
 class Watchdog:
@@ -51,12 +60,17 @@ class Watchdog:
                 self.notifier.watchdog()
                 self.pings += 1
                 warned = False
-            elif not warned:
-                log.error(
-                    "watchdog_withheld",
-                    stuck_s=round(stuck, 1),
-                    note="a database write has not returned; systemd will restart us",
-                )
-                warned = True
+            else:
+                # The restart is the database's doing, not the messages': at every tick until
+                # it comes (a batch journaled meanwhile is excused too).
+                excused = await self.writer.excuse_in_flight(min(self.interval_s, EXCUSE_S))
+                if not warned:
+                    log.error(
+                        "watchdog_withheld",
+                        stuck_s=round(stuck, 1),
+                        note="a database write has not returned; systemd will restart us",
+                        in_flight_excused=excused,
+                    )
+                    warned = True
             self.notifier.status(self.status())
             await sleep_unless_stopped(stop, self.interval_s)
