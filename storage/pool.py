@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from urllib.parse import parse_qs, unquote, urlsplit
+from typing import Any
+from urllib.parse import parse_qs, unquote, urlsplit, urlunsplit
 
 import asyncpg
 
 from storage.audit import AuditFailureHook, audited_connection_class
+from storage.errors import TRANSIENT_DB_ERRORS
 
 
 async def create_pool(
@@ -35,6 +37,7 @@ async def create_pool(
 
     pool = await asyncpg.create_pool(
         dsn,
+        connect=connect,
         min_size=min_size,
         max_size=max_size,
         timeout=connect_timeout_s,
@@ -46,6 +49,38 @@ async def create_pool(
     )
     assert pool is not None
     return pool
+
+
+def one_dsn_per_host(dsn: str) -> list[str]:
+    """A multi-host URL DSN (``postgresql://u@h1:p1,h2:p2/db?...``) as one DSN per host, in
+    its order, each with the rest of the DSN; any other DSN as itself."""
+    parts = urlsplit(dsn)
+    if parts.scheme not in {"postgres", "postgresql"}:
+        return [dsn]
+    userinfo, at, hosts = parts.netloc.rpartition("@")
+    if "," not in hosts:
+        return [dsn]
+    return [urlunsplit(parts._replace(netloc=f"{userinfo}{at}{host}")) for host in hosts.split(",")]
+
+
+async def connect(dsn: str, *, timeout: float, **kwargs: Any) -> asyncpg.Connection:  # noqa: ASYNC109 - the name asyncpg's pool passes it under
+    """``asyncpg.connect``, the ``timeout`` given to each host of a multi-host DSN in turn
+    (libpq's ``connect_timeout`` does so). asyncpg's own bounds all the hosts together: a
+    first host that answers nothing (a primary's host gone without a reset: power, a
+    partition) took the whole timeout, and the promoted second one was never tried. A host
+    that fails (unreachable, silent, a standby for ``target_session_attrs=read-write``)
+    passes to the next; the last one's error is raised."""
+    hosts = one_dsn_per_host(dsn)
+    if len(hosts) == 1:
+        return await asyncpg.connect(dsn, timeout=timeout, **kwargs)
+    last: BaseException | None = None
+    for one in hosts:
+        try:
+            return await asyncpg.connect(one, timeout=timeout, **kwargs)
+        except TRANSIENT_DB_ERRORS as exc:
+            last = exc
+    assert last is not None
+    raise last
 
 
 async def _keep_session(_conn: asyncpg.Connection) -> None:

@@ -11,6 +11,7 @@ import structlog
 
 from gateway.support.backoff import Backoff
 from storage.errors import DB_ERRORS
+from storage.pool import connect
 
 log = structlog.get_logger(__name__)
 
@@ -149,7 +150,7 @@ class _Listener:
             return
         await self.close()
         try:
-            connection = await asyncpg.connect(self.dsn, timeout=LISTEN_CONNECT_TIMEOUT_S)
+            connection = await connect(self.dsn, timeout=LISTEN_CONNECT_TIMEOUT_S)
         except RETRYABLE as exc:
             delay = self.backoff.next_delay()
             self.next_attempt = loop.time() + delay
