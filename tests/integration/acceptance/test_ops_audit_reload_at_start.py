@@ -64,18 +64,23 @@ async def test_a_reload_while_waiting_for_the_database_swaps_the_tokens_too(
         # The operator removes the leaked token, adds a new one and reloads (SIGHUP).
         daemon.reload(parse_config(config(ADMIN, "fresh")))
         await proxy.resume()
-        async with asyncio.timeout(READY_TIMEOUT_S):
-            await daemon.ready.wait()
-        assert daemon.components is not None
-        assert [rule.key for rule in daemon.components.engine.rules.rules] == ["fresh-door"]
-        async with aiohttp.ClientSession() as http:
-            assert await _status(http, daemon.http_port, ADMIN) == 200
-            assert await _status(http, daemon.http_port, OPERATOR) == 401
+        await _serves_the_reloaded_file(daemon)
     finally:
         stop.set()
         async with asyncio.timeout(60):
             await task
         await proxy.stop()
+
+
+async def _serves_the_reloaded_file(daemon: Daemon) -> None:
+    """Ready, with the reloaded file's rules and tokens, none of the first file's."""
+    async with asyncio.timeout(READY_TIMEOUT_S):
+        await daemon.ready.wait()
+    assert daemon.components is not None
+    assert [rule.key for rule in daemon.components.engine.rules.rules] == ["fresh-door"]
+    async with aiohttp.ClientSession() as http:
+        assert await _status(http, daemon.http_port, ADMIN) == 200
+        assert await _status(http, daemon.http_port, OPERATOR) == 401
 
 
 async def test_a_reload_while_the_node_builds_its_parts_is_applied_to_them(
@@ -108,13 +113,7 @@ async def test_a_reload_while_the_node_builds_its_parts_is_applied_to_them(
         await wait_until(loading_blocked, timeout=READY_TIMEOUT_S, message="rules loading held")
         daemon.reload(parse_config(config(ADMIN, "fresh")))
         await held.rollback()
-        async with asyncio.timeout(READY_TIMEOUT_S):
-            await daemon.ready.wait()
-        assert daemon.components is not None
-        assert [rule.key for rule in daemon.components.engine.rules.rules] == ["fresh-door"]
-        async with aiohttp.ClientSession() as http:
-            assert await _status(http, daemon.http_port, ADMIN) == 200
-            assert await _status(http, daemon.http_port, OPERATOR) == 401
+        await _serves_the_reloaded_file(daemon)
     finally:
         stop.set()
         async with asyncio.timeout(60):
