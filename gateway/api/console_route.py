@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Final
 
 from litestar import Response, get
+from litestar.datastructures import CacheControlHeader
 from litestar.handlers import HTTPRouteHandler
 from litestar.router import Router
 from litestar.static_files import create_static_files_router
@@ -45,10 +46,15 @@ def console_index() -> Response[bytes]:
 
 
 def console_routes() -> list[HTTPRouteHandler | Router]:
-    """``/`` and the assets under ``/console``, for the app's route handlers."""
+    """``/`` and the assets under ``/console``, for the app's route handlers.
+
+    The assets are ``no-cache`` as the page is: served with ``Last-Modified`` and no explicit
+    freshness, a browser would cache them heuristically (a tenth of their age), and after an
+    upgrade the new page would load the old modules. Revalidating costs a 304 (their ETag)."""
     assets: Router = create_static_files_router(
         path=ASSETS_PATH,
         directories=[CONSOLE_DIR],
         include_in_schema=False,
+        cache_control=CacheControlHeader(no_cache=True),
     )
     return [console_index, assets]
