@@ -123,9 +123,13 @@ async def insert_ticket(
     token_name: str,
     role: str,
     lifetime_s: float,
+    token_check: bytes | None = None,
 ) -> datetime:
-    """Store a ticket's digest; when it expires (database clock)."""
-    expires_at: datetime = await conn.fetchval(INSERT_TICKET, digest, token_name, role, lifetime_s)
+    """Store a ticket's digest (and ``token_check``, what binds it to the token it was issued
+    to); when it expires (database clock)."""
+    expires_at: datetime = await conn.fetchval(
+        INSERT_TICKET, digest, token_name, role, lifetime_s, token_check
+    )
     return expires_at
 
 
@@ -133,8 +137,20 @@ async def use_ticket(
     conn: asyncpg.Connection | asyncpg.Pool, digest: bytes
 ) -> tuple[str, str] | None:
     """(token name, role) of a valid ticket, now used; None if unknown, used or expired."""
+    found = await use_bound_ticket(conn, digest)
+    return None if found is None else (found[0], found[1])
+
+
+async def use_bound_ticket(
+    conn: asyncpg.Connection | asyncpg.Pool, digest: bytes
+) -> tuple[str, str, bytes | None] | None:
+    """(token name, role, token check) of a valid ticket, now used; None if unknown, used or
+    expired."""
     row = await conn.fetchrow(USE_TICKET, digest)
-    return None if row is None else (row["token_name"], row["role"])
+    if row is None:
+        return None
+    check = row["token_check"]
+    return row["token_name"], row["role"], None if check is None else bytes(check)
 
 
 @dataclass(frozen=True, slots=True, order=True)

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import hmac
 import math
 import re
 import secrets
@@ -528,6 +529,7 @@ class StreamHub:
                 token_name=caller.name,
                 role=caller.role.label,
                 lifetime_s=TICKET_LIFETIME_S,
+                token_check=_token_check(secret, caller),
             )
         return Ticket(ticket=secret, expires_at=expires_at)
 
@@ -550,16 +552,29 @@ class StreamHub:
 
     async def redeem(self, ticket: str, auth: BearerAuth) -> Caller | None:
         """The caller of a valid ticket, used up now; None when unknown, used, expired, or
-        no token of its name and role is configured any more (a reload removed it)."""
+        the token it was issued to is not configured any more under its name and role (a
+        reload removed it, changed its role, or rotated it: same name, a new secret)."""
         if _TICKET.match(ticket) is None:
             return None
         async with self.pool.acquire() as conn:
-            found = await repo.use_ticket(conn, _digest(ticket))
-        return None if found is None else auth.named(found[0], Role[found[1].upper()])
+            found = await repo.use_bound_ticket(conn, _digest(ticket))
+        if found is None:
+            return None
+        name, role, check = found
+        caller = auth.named(name, Role[role.upper()])
+        if caller is None or check is None:
+            return None
+        return caller if hmac.compare_digest(_token_check(ticket, caller), check) else None
 
 
 def _digest(secret: str) -> bytes:
     return hashlib.sha256(secret.encode()).digest()
+
+
+def _token_check(ticket: str, caller: Caller) -> bytes:
+    """What binds a ticket to the token it was issued to (``caller.key``, the token's digest):
+    stored with the ticket, it reveals neither without the ticket, which is never stored."""
+    return hashlib.sha256(b"gateway stream ticket\0" + ticket.encode() + caller.key).digest()
 
 
 def reaching(events: list[StreamEvent]) -> list[int]:

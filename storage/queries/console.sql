@@ -88,18 +88,19 @@ SELECT dead_letter_id, actor, at FROM dead_letter_audit
 WHERE dead_letter_id = $1 AND action = 'discard';
 
 -- name: insert_ticket
--- $1 digest, $2 token name, $3 role, $4 lifetime seconds; expires_at on the database clock.
-INSERT INTO stream_ticket (digest, token_name, role, expires_at)
-VALUES ($1, $2, $3, now() + make_interval(secs => $4))
+-- $1 digest, $2 token name, $3 role, $4 lifetime seconds, $5 token check (the token it was
+-- issued to, bound to the ticket; null for none); expires_at on the database clock.
+INSERT INTO stream_ticket (digest, token_name, role, expires_at, token_check)
+VALUES ($1, $2, $3, now() + make_interval(secs => $4), $5)
 RETURNING expires_at;
 
 -- name: use_ticket
--- $1 digest; marks an unused, unexpired ticket used and returns its token name and role
--- (nothing for an unknown, used or expired one: any node, exactly once).
+-- $1 digest; marks an unused, unexpired ticket used and returns its token name, role and
+-- token check (nothing for an unknown, used or expired one: any node, exactly once).
 UPDATE stream_ticket
 SET used_at = now()
 WHERE digest = $1 AND used_at IS NULL AND expires_at > now()
-RETURNING token_name, role;
+RETURNING token_name, role, token_check;
 
 -- name: stream_cursor_ahead
 -- $1 xid (text), $2 id; whether the cursor is past every event a stream can have sent: its
