@@ -547,6 +547,7 @@ def apply_secrets(config: Config, environ: Mapping[str, str]) -> Config:
         ),
     )
     tokens = []
+    secrets_seen: dict[str, int] = {}
     for index, entry in enumerate(config.api.tokens):
         if entry.token_env:
             value = environ.get(entry.token_env, "")
@@ -555,7 +556,22 @@ def apply_secrets(config: Config, environ: Mapping[str, str]) -> Config:
                     f"api.tokens[{index}].token_env",
                     f"environment variable {entry.token_env} is not set",
                 )
+            if len(value) < TOKEN_MIN_LENGTH:
+                # As a token written in the file (never the value in the message).
+                raise ConfigError(
+                    f"api.tokens[{index}].token_env",
+                    f"environment variable {entry.token_env} must hold at least "
+                    f"{TOKEN_MIN_LENGTH} characters",
+                )
             entry = msgspec.structs.replace(entry, token=value)  # noqa: PLW2901 - the resolved copy
+        if entry.token in secrets_seen:
+            # One secret, two names and roles: the caller would be whichever table came first.
+            raise ConfigError(
+                f"api.tokens[{index}]",
+                f"the same token as api.tokens[{secrets_seen[entry.token]}]: each token needs "
+                "its own secret",
+            )
+        secrets_seen[entry.token] = index
         tokens.append(entry)
     api = msgspec.structs.replace(config.api, tokens=tokens)
     notify = _notify_secrets(config.notify, environ)
@@ -677,8 +693,8 @@ def validate(config: Config) -> None:
         )
         check(
             f"api.tokens[{index}].token",
-            not token.token or len(token.token) >= 16,
-            "must be at least 16 characters",
+            not token.token or len(token.token) >= TOKEN_MIN_LENGTH,
+            f"must be at least {TOKEN_MIN_LENGTH} characters",
         )
     errors.extend(_token_name_errors(config.api.tokens))
     errors.extend(_duration_errors(config, ""))
@@ -777,6 +793,7 @@ def _endpoint_errors(mqtt: MqttConfig) -> list[ConfigError]:
     return errors
 
 
+TOKEN_MIN_LENGTH: Final = 16
 TOKEN_NAME_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9 _.@-]{0,63}$"  # noqa: S105 - a pattern
 _TOKEN_NAME: Final = re.compile(TOKEN_NAME_PATTERN.removesuffix("$") + r"\Z")
 
