@@ -27,6 +27,7 @@ TAKEN_KEYS = _Q["taken_keys"]
 INSERT_ALARMS = _Q["insert_alarms"]
 INSERT_CREATION_AUDITS = _Q["insert_creation_audits"]
 CLEAR_ACTIVE = _Q["clear_active"]
+CLEAR_ONE = _Q["clear_one"]
 INSERT_LATE = _Q["insert_late"]
 SUCCESSOR_OPEN = _Q["successor_open"]
 CLEAR_RAISED_BY = _Q["clear_raised_by"]
@@ -255,6 +256,12 @@ async def clear_active(
     conn: asyncpg.Connection, active_key: str, at: datetime, clear_event_id: str
 ) -> asyncpg.Record | None:
     return await conn.fetchrow(CLEAR_ACTIVE, active_key, at, clear_event_id)
+
+
+async def clear_one(
+    conn: asyncpg.Connection, alarm_id: int, at: datetime, clear_event_id: str
+) -> asyncpg.Record | None:
+    return await conn.fetchrow(CLEAR_ONE, alarm_id, at, clear_event_id)
 
 
 async def successor_open(conn: asyncpg.Connection, dedup_key: str) -> bool:

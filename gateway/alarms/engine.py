@@ -29,9 +29,11 @@ import structlog
 from gateway.alarms.lifecycle import (
     AlarmRequest,
     ClearRequest,
+    Creation,
     SummarySpec,
     clear_alarm,
     clear_alarms,
+    clear_created,
     create_alarms,
     create_late_alarm,
     record_cleared_many,
@@ -1085,10 +1087,10 @@ class AlarmEngine:
 
     async def _fire(
         self, conn: asyncpg.Connection, run: list[Firing], now: datetime, batch: BatchAlarms
-    ) -> None:
-        """Write a run of firings (distinct device and rule) and empty it."""
+    ) -> list[Creation]:
+        """Write a run of firings (distinct device and rule) and empty it; their creations."""
         if not run:
-            return
+            return []
         requests = [_request(f) for f in run]
         creations = await create_alarms(
             conn, requests, node_id=self.node_id, now=now, summary=self.summary
@@ -1101,6 +1103,7 @@ class AlarmEngine:
             if creation.superseded_id is not None:
                 batch.superseded += 1
         run.clear()
+        return creations
 
     async def _fire_late(
         self, conn: asyncpg.Connection, firing: Firing, now: datetime, batch: BatchAlarms
@@ -1110,14 +1113,25 @@ class AlarmEngine:
         if not await repo.successor_open(conn, successor):
             # An occurrence is never hidden: the alarm that would stand for it has ended (people
             # closed it), so it is raised as any new occurrence is, and said to be late.
+            # A clear between it and that alarm (committed before it) still cleared it: an
+            # event committed after its own clear becomes an alarm already cleared.
             on_its_own = dataclasses.replace(
                 firing,
                 superseded_by_event=None,
                 cleared_by_event=None,
                 reason=f"{firing.reason} (late: the newer alarm of its rule had ended)",
             )
-            await self._fire(conn, [on_its_own], now, batch)
+            [creation] = await self._fire(conn, [on_its_own], now, batch)
             batch.late += 1
+            if firing.cleared_by_event is not None and creation.alarm is not None:
+                cleared = await clear_created(
+                    conn,
+                    creation.alarm.id,
+                    clear_event_id=firing.cleared_by_event,
+                    reason="cleared by a clear committed before it (late)",
+                    now=now,
+                )
+                batch.cleared += cleared
             return
         creation = await create_late_alarm(
             conn,

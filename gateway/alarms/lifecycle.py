@@ -580,6 +580,18 @@ async def clear_alarm(
     return int(row["id"])
 
 
+async def clear_created(
+    conn: asyncpg.Connection, alarm_id: int, *, clear_event_id: str, reason: str, now: datetime
+) -> int:
+    """Recovery of one alarm just raised (by id, not by its active key): a late occurrence
+    raised on its own whose clear committed before it. How many were cleared (0 or 1)."""
+    row = await repo.clear_one(conn, alarm_id, now, clear_event_id)
+    if row is None:
+        return 0
+    await record_cleared(conn, row, clear_event_id=clear_event_id, reason=reason)
+    return 1
+
+
 @dataclass(frozen=True, slots=True)
 class ClearRequest:
     """Recovery of the active alarm of (device, rule), by the sample ``clear_event_id``."""

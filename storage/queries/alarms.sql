@@ -109,6 +109,15 @@ SET cleared_at = greatest($2, triggered_at), clear_event_id = $3
 WHERE active_key = $1 AND cleared_at IS NULL
 RETURNING id, device_id, rule_key, status, cleared_at, trigger::text AS trigger, rule_description;
 
+-- name: clear_one
+-- $1 id, $2 cleared at, $3 clear event id; the alarm just raised by a late occurrence whose
+-- clear committed before it (the newer alarm it would have joined had ended): cleared by that
+-- clear, as `clear_active` clears (never before its trigger time, never twice).
+UPDATE alarm
+SET cleared_at = greatest($2, triggered_at), clear_event_id = $3
+WHERE id = $1 AND cleared_at IS NULL
+RETURNING id, device_id, rule_key, status, cleared_at, trigger::text AS trigger, rule_description;
+
 -- name: get
 -- $1 id.
 SELECT * FROM alarm WHERE id = $1;
