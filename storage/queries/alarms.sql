@@ -396,10 +396,11 @@ SELECT id FROM alarm WHERE status = 'CONFIRMED' AND confirmed_at <= $1 ORDER BY 
 
 -- name: reminder_due
 -- $1 last notified at or before, $2 after id (keyset), $3 limit; open, unconfirmed, ringing
--- alarms due a reminder.
+-- alarms due a reminder. One quiet hours held is notified at its wake (alarm.woken, and the
+-- notifications released then): its reminders count from there, not from when it fired.
 SELECT id, device_id, severity, status, last_notified_at FROM alarm
 WHERE status IN ('NEW', 'PUSHED')
-  AND coalesce(last_notified_at, pushed_at, triggered_at) <= $1
+  AND greatest(coalesce(last_notified_at, pushed_at, triggered_at), woken_at) <= $1
   AND id > $2
 ORDER BY id LIMIT $3;
 
