@@ -275,6 +275,15 @@ class AlarmTimers:
         try:
             async with conn.transaction():
                 await notify_repo.hold_shelf_ends(conn, [row])
+                # The pass judged the quiet hours at `now`: an alarm delayed after that (a
+                # publisher that judged a window begun since) is not this pass's to wake; the
+                # next pass judges it at its own time. (A wake dated before its delay is no
+                # record at all: the domain refuses it.)
+                locked = await repo.lock(conn, alarm_id)
+                if locked is None or (
+                    locked["delayed_at"] is not None and locked["delayed_at"] > now
+                ):
+                    return None
                 at = max(now, await conn.fetchval("SELECT clock_timestamp()"))
                 await transition(
                     conn,
