@@ -420,8 +420,13 @@ def _occurred(rule: EventRule, reason: str, run: _Run) -> None:
         run.put(rule, run.newest(state))
         return
     run.fire(rule, reason)
+    before_clear = _before_clear_by_seq(state, run)
     state = replace(run.newest(state), firing=True, fired_ts=at, fired_event_id=run.event_id)
-    if state.clear_ts is not None and state.clear_event_id is not None and at < state.clear_ts:
+    if (
+        state.clear_ts is not None
+        and state.clear_event_id is not None
+        and (at < state.clear_ts or before_clear)
+    ):
         # Late, and its own clear committed first: the event still happened.
         run.clear(
             rule,
@@ -431,6 +436,22 @@ def _occurred(rule: EventRule, reason: str, run: _Run) -> None:
         )
         state = replace(state, firing=False, released_ts=state.clear_ts)
     run.put(rule, state)
+
+
+def _before_clear_by_seq(state: RuleState, run: _Run) -> bool:
+    """An occurrence dated like the newest clear, which seq says came before it: the newest
+    sample judged for the rule is of that time too, with a higher seq, and no occurrence of
+    that time was judged (it would be the alarm raised then): so that newest one is a clear
+    (a clock of one-second resolution, pressed and released within the second)."""
+    at = run.observed_at
+    return (
+        state.clear_ts == at
+        and state.last_ts == at
+        and run.seq is not None
+        and state.last_seq is not None
+        and run.seq < state.last_seq
+        and (state.fired_ts is None or state.fired_ts < at)
+    )
 
 
 def _clear_event(rule: EventRule, event_type: str, run: _Run) -> None:
