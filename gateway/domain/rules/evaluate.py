@@ -407,7 +407,7 @@ def _judge_events(device_rules: _DeviceRules, event_types: Sequence[str], run: _
 def _occurred(rule: EventRule, reason: str, run: _Run) -> None:
     state = run.get(rule)
     at = run.observed_at
-    if state.fired_ts is not None and at < state.fired_ts:
+    if state.fired_ts is not None and (at < state.fired_ts or _before_alarm_by_seq(state, run)):
         # Late, and older than the alarm raised since: that one superseded it; a clear event
         # between the two cleared it first.
         between = state.clear_ts is not None and at < state.clear_ts <= state.fired_ts
@@ -436,6 +436,21 @@ def _occurred(rule: EventRule, reason: str, run: _Run) -> None:
         )
         state = replace(state, firing=False, released_ts=state.clear_ts)
     run.put(rule, state)
+
+
+def _before_alarm_by_seq(state: RuleState, run: _Run) -> bool:
+    """An occurrence dated like the latest alarm's, which seq says came before it: the newest
+    sample judged for the rule is of that time too, with a higher seq, and no clear of that
+    time was judged, so that newest one is the occurrence that raised the alarm."""
+    at = run.observed_at
+    return (
+        state.fired_ts == at
+        and state.last_ts == at
+        and run.seq is not None
+        and state.last_seq is not None
+        and run.seq < state.last_seq
+        and state.clear_ts != at
+    )
 
 
 def _before_clear_by_seq(state: RuleState, run: _Run) -> bool:
