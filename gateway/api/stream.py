@@ -22,7 +22,9 @@ A frame queued for a stream that is dropped or whose client went away counts for
 
 The cursor (the SSE ``id``) is ``xid:id``, see :mod:`storage.console`: an event is delivered only
 once its transaction and every older one have ended, in (xid, id) order, so a reconnect from
-any cursor resumes with no gap and no duplicate, on any node.
+any cursor resumes with no gap and no duplicate, on any node. A stream whose cursor is past
+the hub's head when it goes live (it came from a node further on, or its catch-up read ended
+past the head) skips, in the fan-out, what its client already has.
 
 ``EventSource`` cannot send headers: ``POST /stream/tickets`` gives a short-lived single-use
 ticket (stored as a digest, so any node accepts it) for ``GET /stream?ticket=``, at a bounded
@@ -164,6 +166,7 @@ class _Stream:
         "live",
         "opened_at",
         "reach",
+        "skip_to",
         "started",
         "wake",
         "writing_since",
@@ -189,6 +192,10 @@ class _Stream:
         self.dropped = False  # cut by the hub: what it still yields reaches nobody
         self.wake = asyncio.Event()
         self.live = False  # in the fan-out: caught up with the hub
+        # Its client already has every event up to here, past the hub's head when it went
+        # live (a cursor from another node, or a catch-up that read further than the hub):
+        # the fan-out skips them. None: nothing to skip.
+        self.skip_to: Cursor | None = None
         self.started = False  # its answer began (the body is being iterated)
         self.closed = False  # ends after what is queued
         # Since when a chunk handed to the server has not been taken (the server waits for
@@ -315,7 +322,17 @@ class StreamHub:
                 frames = [frame(event) for event in events]
                 reach = reaching(events)
                 for stream in list(self._live):
-                    if not stream.offer(frames, reach):
+                    offered, offered_reach = frames, reach
+                    skip_to = stream.skip_to
+                    if skip_to is not None:
+                        # Only what its client does not have yet.
+                        fresh = [i for i, e in enumerate(events) if e.cursor > skip_to]
+                        if not fresh:
+                            continue
+                        stream.skip_to = None
+                        offered = frames[fresh[0] :]
+                        offered_reach = reaching(events[fresh[0] :])
+                    if not stream.offer(offered, offered_reach):
                         self._drop(stream, "behind")
                 self.head = events[-1].cursor
         return len(events)
@@ -417,6 +434,8 @@ class StreamHub:
                     assert self.head is not None
                     head = self.head
                     if cursor is None or cursor >= head:
+                        if cursor is not None and cursor > head:
+                            stream.skip_to = cursor  # the hub has yet to pass what it has
                         stream.live = True
                         self._live.add(stream)
                         break
