@@ -313,10 +313,16 @@ class StreamHub:
             if not self._live:
                 # Nobody to fan out to: move past what became final without reading it (one
                 # index probe instead of a batch of payloads; a campaign writes thousands).
-                self.head = max(self.head, await repo.stream_tail(conn))
+                tail = await repo.stream_tail(conn)
+                if tail < self.head and await repo.stream_cursor_ahead(conn, self.head):
+                    self._behind(tail)
+                else:
+                    self.head = max(self.head, tail)
                 return 0
             horizon = await repo.stream_horizon(conn)
             events = await repo.stream_events(conn, self.head, horizon, READ_BATCH)
+            if not events and await repo.stream_cursor_ahead(conn, self.head):
+                self._behind(await repo.stream_tail(conn))
             if events:
                 # Encoded once, whatever the number of streams: they share the bytes.
                 frames = [frame(event) for event in events]
@@ -336,6 +342,16 @@ class StreamHub:
                         self._drop(stream, "behind")
                 self.head = events[-1].cursor
         return len(events)
+
+    def _behind(self, tail: Cursor) -> None:
+        """The database is behind the head (a failover to a standby that was behind, a
+        restore): no event past the head may ever come. The live streams are cut (their
+        clients resume from a cursor now ahead, are told so, and start over: what they saw
+        may be gone) and the head starts again from the database's newest event."""
+        log.warning("stream_database_behind", head=str(self.head), tail=str(tail))
+        for stream in list(self._streams):
+            self._drop(stream, "database_behind")
+        self.head = tail
 
     async def watch_once(self) -> None:
         """Drop the streams whose client stopped reading: a chunk not taken within the write
