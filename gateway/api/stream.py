@@ -757,6 +757,12 @@ async def stream(
         raise ApiError(
             CURSOR_AHEAD, f"{param}: {after} is past every event written so far", param=param
         )
+    if not auth.holds(caller):
+        # A reload removed (or rotated) the token while this request waited for the database
+        # (above): it cut the token's streams then, and must not see one open now. From here
+        # to `hub.open` nothing awaits.
+        log_refusal("api_access_refused", status=401, path="/stream", remote=_remote(request))
+        raise ApiError(UNAUTHORIZED, "the token was revoked while the stream was opening")
     server = request.app.state.get(STATE_SERVER)
     client = request.scope.get("client")
     if isinstance(server, ApiServer):
