@@ -12,8 +12,9 @@ still push it (gateway.notify.worker).
 
 A failed publish is retried with a growing backoff, unless it failed because the node's broker
 session was down: then the event is due again at once, with its retry count unchanged, and
-the publisher claims nothing until the session is back, which wakes it. So events raised
-during a broker outage go out as soon as the broker returns, not at their next retry.
+the publisher claims nothing until the session is back, which wakes it (it still reads the
+backlog gauges, which the outage makes grow). So events raised during a broker outage go out
+as soon as the broker returns, not at their next retry.
 
 An event the broker can never take (larger than its maximum packet size, refused unsent or
 answered 0x95; or a topic or payload it refuses for good: a final ``PublishRefused``) becomes
@@ -138,19 +139,19 @@ class OutboxPublisher:
         """Claim due events and publish them; the number claimed (0: nothing due, or the
         broker session is down: claims now could only fail)."""
         if not self.broker.up():
+            # Nothing is claimed, but the backlog gauges, the signal that events are not
+            # going out, follow the backlog the outage builds up.
+            if self._backlog_due():
+                async with self.pool.acquire() as conn:
+                    await self._read_backlog(conn)
             return 0
         # A failed claim raises: the loop retries it with backoff (see gateway.support.loops).
         async with self.pool.acquire() as conn:
             claimed = await outbox.claim_due(
                 conn, node_id=self.node_id, lease_s=self.lease_s, limit=self.batch
             )
-            now = asyncio.get_running_loop().time()
-            last = self._backlog_read_at
-            if last is None or now - last >= BACKLOG_EVERY_S:
-                backlog, oldest = await outbox.backlog(conn)
-                self._backlog_read_at = now
-                self.outbox_metrics.outbox_backlog.set(backlog)
-                self.outbox_metrics.outbox_oldest_age.set(oldest)
+            if self._backlog_due():
+                await self._read_backlog(conn)
         if claimed:
             outcomes = await asyncio.gather(*(self._publish(event) for event in claimed))
             paired = list(zip(claimed, outcomes, strict=True))
@@ -178,6 +179,16 @@ class OutboxPublisher:
 
             await asyncio.gather(*(push(event) for event in pushing))
         return len(claimed)
+
+    def _backlog_due(self) -> bool:
+        last = self._backlog_read_at
+        return last is None or asyncio.get_running_loop().time() - last >= BACKLOG_EVERY_S
+
+    async def _read_backlog(self, conn: asyncpg.Connection) -> None:
+        backlog, oldest = await outbox.backlog(conn)
+        self._backlog_read_at = asyncio.get_running_loop().time()
+        self.outbox_metrics.outbox_backlog.set(backlog)
+        self.outbox_metrics.outbox_oldest_age.set(oldest)
 
     def _decides(self, event: ClaimedEvent, reached: str | None) -> bool:
         """Whether publishing this event may change its alarm (see ``_push``)."""
