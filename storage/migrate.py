@@ -15,6 +15,12 @@ from storage.sql import load_queries
 
 # Any constant works as long as every node uses the same one: "gw-migr" in ASCII.
 MIGRATION_LOCK_KEY: Final = 0x67772D6D69677200
+# The bound of a migration's calls (and of the wait for another node's migration), instead of
+# the pool's command timeout (60 s), which is meant for ordinary calls: a migration that
+# converts a large table takes longer (0012: about 20 s per million rows), and one cancelled
+# at that bound was rolled back and retried, cancelled again, for ever. No practical bound:
+# a week (asyncpg cannot lift a connection's command timeout for one call).
+MIGRATION_TIMEOUT_S: Final = 7 * 24 * 3600.0
 _FILE_NAME: Final = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
 _Q = load_queries("migrations.sql")
 CREATE_TABLE, LOCK, UNLOCK, APPLIED, RECORD = (
@@ -75,7 +81,7 @@ async def migrate(conn: asyncpg.Connection) -> list[int]:
     then find nothing left to do. Each migration commits together with its record.
     """
     shipped = shipped_migrations()
-    await conn.execute(LOCK, MIGRATION_LOCK_KEY)
+    await conn.execute(LOCK, MIGRATION_LOCK_KEY, timeout=MIGRATION_TIMEOUT_S)
     try:
         await conn.execute(CREATE_TABLE)
         applied = {row["version"]: row for row in await conn.fetch(APPLIED)}
@@ -92,8 +98,14 @@ async def migrate(conn: asyncpg.Connection) -> list[int]:
                     raise MigrationChecksumError(migration.version, migration.name)
                 continue
             async with conn.transaction():
-                await conn.execute(migration.sql)
-                await conn.execute(RECORD, migration.version, migration.name, migration.checksum)
+                await conn.execute(migration.sql, timeout=MIGRATION_TIMEOUT_S)
+                await conn.execute(
+                    RECORD,
+                    migration.version,
+                    migration.name,
+                    migration.checksum,
+                    timeout=MIGRATION_TIMEOUT_S,
+                )
             done.append(migration.version)
         return done
     finally:
