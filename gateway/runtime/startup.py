@@ -50,6 +50,11 @@ async def _unless_stopped(work: Coroutine[Any, Any, T], stop: asyncio.Event) -> 
     return None if task.cancelled() else task.result()
 
 
+async def _migrate_on(pool: asyncpg.Pool) -> list[int]:
+    async with pool.acquire() as conn:
+        return await migrate(conn)
+
+
 class PrimaryWatch:
     """The server the pool's connections reach; one ``database_failover`` line when it changes.
 
@@ -247,8 +252,12 @@ class Startup:
                 continue
             try:
                 self.step(f"migrating the database at {where}")
-                async with pool.acquire() as conn:
-                    applied = await migrate(conn)
+                # A stop does not wait for the migration (another node's, whose lock this one
+                # waits for, may take minutes): it is rolled back, and runs at the next start.
+                applied = await _unless_stopped(_migrate_on(pool), stop)
+                if applied is None:
+                    await pool.close()
+                    return None
             except StorageError as exc:
                 await pool.close()
                 raise StartupError(str(exc)) from exc
