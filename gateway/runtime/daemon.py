@@ -86,6 +86,7 @@ class Daemon:
             metrics=self.metrics,
             step=self._step,
             on_audit_failure=self._audit_failed,
+            extend_start=self.notifier.extend_timeout,
         )
 
     def _step(self, step: str) -> None:

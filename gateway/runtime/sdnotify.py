@@ -73,6 +73,12 @@ class Notifier:
         now_usec = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
         return self.notify("RELOADING=1", f"MONOTONIC_USEC={now_usec}")
 
+    def extend_timeout(self, seconds: float) -> bool:
+        """Ask for ``seconds`` more before the current state's timeout (``TimeoutStartSec``
+        while starting): the manager times out only past both the original bound and this
+        new one, so a long step can send it again and again."""
+        return self.notify(f"EXTEND_TIMEOUT_USEC={max(1, int(seconds * 1_000_000))}")
+
     def stopping(self) -> bool:
         return self.notify("STOPPING=1")
 

@@ -9,7 +9,7 @@ import asyncio
 import contextlib
 from collections.abc import Callable, Coroutine
 from contextlib import AsyncExitStack
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 import asyncpg
 import structlog
@@ -35,6 +35,11 @@ log = structlog.get_logger(__name__)
 
 T = TypeVar("T")
 
+# While migrating, the service manager is asked every MIGRATION_EXTEND_EVERY_S for
+# MIGRATION_EXTEND_S more (a missed message or two does not time the start out).
+MIGRATION_EXTEND_EVERY_S: Final = 20.0
+MIGRATION_EXTEND_S: Final = 3 * MIGRATION_EXTEND_EVERY_S
+
 
 async def _unless_stopped(work: Coroutine[Any, Any, T], stop: asyncio.Event) -> T | None:
     """``work``'s result, or None once ``stop`` is set first (``work`` is cancelled)."""
@@ -50,9 +55,10 @@ async def _unless_stopped(work: Coroutine[Any, Any, T], stop: asyncio.Event) -> 
     return None if task.cancelled() else task.result()
 
 
-async def _migrate_on(pool: asyncpg.Pool) -> list[int]:
-    async with pool.acquire() as conn:
-        return await migrate(conn)
+async def _keep_extending(extend: Callable[[float], object]) -> None:
+    while True:
+        extend(MIGRATION_EXTEND_S)
+        await asyncio.sleep(MIGRATION_EXTEND_EVERY_S)
 
 
 class PrimaryWatch:
@@ -88,8 +94,11 @@ class Startup:
         metrics: Metrics,
         step: Callable[[str], None],
         on_audit_failure: Callable[[str, asyncpg.PostgresError], None],
+        extend_start: Callable[[float], object] | None = None,
     ) -> None:
         self.config = config
+        # Asks the service manager for more time to start (EXTEND_TIMEOUT_USEC).
+        self.extend_start = extend_start
         self.node_id = node_id
         self.metrics = metrics
         self.step = step
@@ -254,7 +263,7 @@ class Startup:
                 self.step(f"migrating the database at {where}")
                 # A stop does not wait for the migration (another node's, whose lock this one
                 # waits for, may take minutes): it is rolled back, and runs at the next start.
-                applied = await _unless_stopped(_migrate_on(pool), stop)
+                applied = await _unless_stopped(self._migrate_on(pool), stop)
                 if applied is None:
                     await pool.close()
                     return None
@@ -282,6 +291,21 @@ class Startup:
                 log.info("database_migrated", applied=applied)
             return pool
         return None
+
+    async def _migrate_on(self, pool: asyncpg.Pool) -> list[int]:
+        """Migrate, asking the service manager for more time meanwhile: a migration (or the
+        wait for another node's) may outlast the unit's TimeoutStartSec (120 s), and a start
+        killed there rolled it back, to be killed again at the next start, for ever."""
+        extending = None
+        if self.extend_start is not None:
+            extending = asyncio.create_task(_keep_extending(self.extend_start))
+        try:
+            async with pool.acquire() as conn:
+                return await migrate(conn)
+        finally:
+            if extending is not None:
+                extending.cancel()
+                await asyncio.gather(extending, return_exceptions=True)
 
     async def prepare(
         self, work: Callable[[], Coroutine[Any, Any, object]], stop: asyncio.Event
