@@ -29,7 +29,7 @@ from gateway.support.loops import sleep_unless_stopped
 from gateway.support.metrics import Metrics
 from storage.errors import TRANSIENT_DB_ERRORS, StorageError
 from storage.migrate import migrate
-from storage.pool import create_pool, describe, user_of
+from storage.pool import connect, create_pool, describe, server_of, user_of
 
 log = structlog.get_logger(__name__)
 
@@ -39,6 +39,8 @@ T = TypeVar("T")
 # MIGRATION_EXTEND_S more (a missed message or two does not time the start out).
 MIGRATION_EXTEND_EVERY_S: Final = 20.0
 MIGRATION_EXTEND_S: Final = 3 * MIGRATION_EXTEND_EVERY_S
+# How long a stop waits for the migration to be cancelled before cutting its connection.
+MIGRATION_CANCEL_S: Final = 5.0
 
 
 async def _unless_stopped(work: Coroutine[Any, Any, T], stop: asyncio.Event) -> T | None:
@@ -53,12 +55,6 @@ async def _unless_stopped(work: Coroutine[Any, Any, T], stop: asyncio.Event) -> 
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
     return None if task.cancelled() else task.result()
-
-
-async def _keep_extending(extend: Callable[[float], object]) -> None:
-    while True:
-        extend(MIGRATION_EXTEND_S)
-        await asyncio.sleep(MIGRATION_EXTEND_EVERY_S)
 
 
 class PrimaryWatch:
@@ -99,6 +95,7 @@ class Startup:
         self.config = config
         # Asks the service manager for more time to start (EXTEND_TIMEOUT_USEC).
         self.extend_start = extend_start
+        self._migrating_on: str | None = None  # the server the migration's connection reached
         self.node_id = node_id
         self.metrics = metrics
         self.step = step
@@ -263,7 +260,7 @@ class Startup:
                 self.step(f"migrating the database at {where}")
                 # A stop does not wait for the migration (another node's, whose lock this one
                 # waits for, may take minutes): it is rolled back, and runs at the next start.
-                applied = await _unless_stopped(self._migrate_on(pool), stop)
+                applied = await _unless_stopped(self._migrate_on(pool, dsn), stop)
                 if applied is None:
                     await pool.close()
                     return None
@@ -292,20 +289,58 @@ class Startup:
             return pool
         return None
 
-    async def _migrate_on(self, pool: asyncpg.Pool) -> list[int]:
+    async def _migrate_on(self, pool: asyncpg.Pool, dsn: str) -> list[int]:
         """Migrate, asking the service manager for more time meanwhile: a migration (or the
         wait for another node's) may outlast the unit's TimeoutStartSec (120 s), and a start
-        killed there rolled it back, to be killed again at the next start, for ever."""
-        extending = None
-        if self.extend_start is not None:
-            extending = asyncio.create_task(_keep_extending(self.extend_start))
+        killed there rolled it back, to be killed again at the next start, for ever.
+
+        The migration's calls have no practical time bound (storage.migrate), so the server
+        is probed meanwhile on a connection of its own: a server gone silent (a host lost
+        without a reset) or no longer the one a new connection reaches (a failover) ends the
+        attempt as a lost connection would, and the start tries again."""
+        self._migrating_on = None
+        migrating = asyncio.ensure_future(self._migrate_once(pool))
         try:
-            async with pool.acquire() as conn:
-                return await migrate(conn)
+            while True:
+                if self.extend_start is not None:
+                    self.extend_start(MIGRATION_EXTEND_S)
+                done, _ = await asyncio.wait({migrating}, timeout=MIGRATION_EXTEND_EVERY_S)
+                if done:
+                    return migrating.result()
+                try:
+                    await self._probe(dsn)
+                except TRANSIENT_DB_ERRORS:
+                    # The migrating connection cannot be told to stop over a dead link.
+                    pool.terminate()
+                    raise
         finally:
-            if extending is not None:
-                extending.cancel()
-                await asyncio.gather(extending, return_exceptions=True)
+            if not migrating.done():
+                # A stop: the migration is cancelled (rolled back, the lock let go); over a
+                # dead link neither the cancel request nor the unlock gets through, so the
+                # connection is cut if that takes long.
+                migrating.cancel()
+                done, _ = await asyncio.wait({migrating}, timeout=MIGRATION_CANCEL_S)
+                if not done:
+                    pool.terminate()
+            await asyncio.gather(migrating, return_exceptions=True)
+
+    async def _migrate_once(self, pool: asyncpg.Pool) -> list[int]:
+        async with pool.acquire() as conn:
+            self._migrating_on = server_of(conn)
+            return await migrate(conn)
+
+    async def _probe(self, dsn: str) -> None:
+        db = self.config.database
+        probe = await connect(dsn, timeout=db.connect_timeout_s)
+        try:
+            await probe.fetchval("SELECT 1", timeout=db.connect_timeout_s)
+            reached = server_of(probe)
+        finally:
+            probe.terminate()
+        if self._migrating_on is not None and reached != self._migrating_on:
+            raise ConnectionError(
+                f"the migration runs on {self._migrating_on}, a new connection reaches {reached}"
+            )
 
     async def prepare(
         self, work: Callable[[], Coroutine[Any, Any, object]], stop: asyncio.Event
