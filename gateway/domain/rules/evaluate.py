@@ -438,19 +438,23 @@ def _occurred(rule: EventRule, reason: str, run: _Run) -> None:
     run.put(rule, state)
 
 
+def _before_newest_by_seq(state: RuleState, run: _Run) -> bool:
+    """The newest sample judged for the rule is of this sample's time too, and seq says it
+    came after this one."""
+    return (
+        state.last_ts == run.observed_at
+        and run.seq is not None
+        and state.last_seq is not None
+        and run.seq < state.last_seq
+    )
+
+
 def _before_alarm_by_seq(state: RuleState, run: _Run) -> bool:
     """An occurrence dated like the latest alarm's, which seq says came before it: the newest
     sample judged for the rule is of that time too, with a higher seq, and no clear of that
     time was judged, so that newest one is the occurrence that raised the alarm."""
     at = run.observed_at
-    return (
-        state.fired_ts == at
-        and state.last_ts == at
-        and run.seq is not None
-        and state.last_seq is not None
-        and run.seq < state.last_seq
-        and state.clear_ts != at
-    )
+    return state.fired_ts == at and state.clear_ts != at and _before_newest_by_seq(state, run)
 
 
 def _before_clear_by_seq(state: RuleState, run: _Run) -> bool:
@@ -461,11 +465,8 @@ def _before_clear_by_seq(state: RuleState, run: _Run) -> bool:
     at = run.observed_at
     return (
         state.clear_ts == at
-        and state.last_ts == at
-        and run.seq is not None
-        and state.last_seq is not None
-        and run.seq < state.last_seq
         and (state.fired_ts is None or state.fired_ts < at)
+        and _before_newest_by_seq(state, run)
     )
 
 
