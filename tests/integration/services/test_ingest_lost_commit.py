@@ -328,9 +328,9 @@ async def _reachable(dsn: str) -> bool:
     return True
 
 
-def _start_waiting_server(home: Path) -> tuple[subprocess.Popen[bytes], int]:
-    """initdb and start a PostgreSQL under ``home`` whose commits wait for a synchronous
-    standby named ``ghost``, which never comes; the server and its port."""
+def _start_server(home: Path, settings: str = "") -> tuple[subprocess.Popen[bytes], int]:
+    """initdb and start a PostgreSQL of its own under ``home`` (its transaction ids start
+    low), with ``settings`` in its postgresql.auto.conf; the server and its port."""
     user = pwd.getpwnam("postgres") if os.geteuid() == 0 else None
     if user is not None:
         os.chown(home, user.pw_uid, user.pw_gid)
@@ -341,10 +341,9 @@ def _start_waiting_server(home: Path) -> tuple[subprocess.Popen[bytes], int]:
          "-E", "UTF8", "--locale=C", "--no-sync"],
         check=True, capture_output=True, **as_user,  # type: ignore[call-overload]
     )  # fmt: skip
-    # In the file, not on the command line (which no ALTER SYSTEM can override): the test
-    # brings the standby "back" by emptying it.
-    with (data / "postgresql.auto.conf").open("a") as conf:
-        conf.write("synchronous_commit = on\nsynchronous_standby_names = 'ghost'\n")
+    if settings:
+        with (data / "postgresql.auto.conf").open("a") as conf:
+            conf.write(settings)
     port = free_port()
     server = subprocess.Popen(
         [str(PG_BIN / "postgres"), "-D", str(data), "-p", str(port), "-k", str(home),
@@ -352,6 +351,13 @@ def _start_waiting_server(home: Path) -> tuple[subprocess.Popen[bytes], int]:
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, **as_user,  # type: ignore[call-overload]
     )  # fmt: skip
     return server, port
+
+
+def _start_waiting_server(home: Path) -> tuple[subprocess.Popen[bytes], int]:
+    """A PostgreSQL of its own whose commits wait for a synchronous standby named ``ghost``,
+    which never comes. In the file, not on the command line (which no ALTER SYSTEM can
+    override): the test brings the standby "back" by emptying it."""
+    return _start_server(home, "synchronous_commit = on\nsynchronous_standby_names = 'ghost'\n")
 
 
 def _stop(server: subprocess.Popen[bytes]) -> None:

@@ -6,11 +6,7 @@ streams would stay open and silent (behaviour §9: every outbox event, live)."""
 from __future__ import annotations
 
 import asyncio
-import os
-import pwd
 import shutil
-import signal
-import subprocess
 import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -22,43 +18,11 @@ import pytest
 from gateway.api.stream import StreamHub
 from storage.migrate import migrate
 from storage.pool import create_pool
-from tests.integration.services.test_ingest_lost_commit import _reachable
+from tests.integration.services.test_ingest_lost_commit import _reachable, _start_server, _stop
 from tests.integration.services.test_stream_hub import _Body, _events, _passes_until
 from tests.support.dsn import proxy_for, through
 from tests.support.ha_postgres import PG_BIN
-from tests.support.ports import free_port
 from tests.support.waiting import wait_until
-
-
-def _start_server(home: Path) -> tuple[subprocess.Popen[bytes], int]:
-    """initdb and start a PostgreSQL of its own under ``home`` (its transaction ids start
-    low: a server behind the test cluster); the server and its port."""
-    user = pwd.getpwnam("postgres") if os.geteuid() == 0 else None
-    if user is not None:
-        os.chown(home, user.pw_uid, user.pw_gid)
-    as_user = {} if user is None else {"user": user.pw_uid, "group": user.pw_gid}
-    data = home / "data"
-    subprocess.run(
-        [str(PG_BIN / "initdb"), "-D", str(data), "-U", "postgres", "--auth=trust",
-         "-E", "UTF8", "--locale=C", "--no-sync"],
-        check=True, capture_output=True, **as_user,  # type: ignore[call-overload]
-    )  # fmt: skip
-    port = free_port()
-    server = subprocess.Popen(
-        [str(PG_BIN / "postgres"), "-D", str(data), "-p", str(port), "-k", str(home),
-         "-c", "listen_addresses=127.0.0.1", "-c", "fsync=off"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, **as_user,  # type: ignore[call-overload]
-    )  # fmt: skip
-    return server, port
-
-
-def _stop(server: subprocess.Popen[bytes]) -> None:
-    server.send_signal(signal.SIGINT)
-    try:
-        server.wait(30)
-    except subprocess.TimeoutExpired:
-        server.kill()
-        server.wait()
 
 
 @pytest.fixture
