@@ -24,7 +24,7 @@ import asyncpg
 import msgspec
 import structlog
 
-from gateway.commands.creator import commit_confirmed
+from gateway.commands.creator import confirmed_transaction
 from gateway.commands.lifecycle import command_to_json
 from gateway.domain.campaign import AbortCriteria, CampaignError, CampaignStatus, settle
 from gateway.domain.command import CommandStatus, Delivery
@@ -33,12 +33,9 @@ from gateway.support.loops import drain_on_notify
 from gateway.support.metrics import Metrics
 from protocol import events
 from storage import campaigns as repo
-from storage import ingest as ingest_repo
 from storage import outbox
 from storage.campaigns import CampaignRow, CountedCampaignRow
 from storage.commands import CommandRow, MovedCommandRow
-from storage.errors import TRANSIENT_DB_ERRORS
-from storage.ingest import Xact
 
 log = structlog.get_logger(__name__)
 
@@ -253,26 +250,14 @@ class CampaignService:
     async def create(
         self, request: CampaignRequest, *, actor: str, request_id: str | None = None
     ) -> CampaignCreation:
-        made: tuple[CampaignCreation, int] | None = None
-        xact: Xact | None = None
-        try:
-            async with self.pool.acquire() as conn, conn.transaction():
-                made = await self._create(conn, request, actor=actor, request_id=request_id)
-                if made[0].created:
-                    # Asked before the COMMIT: should its answer be lost, whether it committed.
-                    xact = await ingest_repo.assigned_xact_id(conn)
-        except TRANSIENT_DB_ERRORS as exc:
-            # Lost after the COMMIT was sent: the campaign may exist, its commands going out;
-            # "nothing written, retry" would have it created twice.
-            if (
-                made is None
-                or xact is None
-                or isinstance(exc, asyncpg.exceptions.TransactionRollbackError)
-                or not await commit_confirmed(self.pool, xact, exc, what="campaign")
-            ):
-                raise
-        assert made is not None
-        creation, commands = made
+        async def create(conn: asyncpg.Connection) -> tuple[CampaignCreation, int]:
+            return await self._create(conn, request, actor=actor, request_id=request_id)
+
+        # Lost after the COMMIT was sent, the campaign may exist, its commands going out:
+        # "nothing written, retry" would have it created twice.
+        creation, commands = await confirmed_transaction(
+            self.pool, create, what="campaign", wrote=lambda made: made[0].created
+        )
         if creation.created and commands >= ANALYZE_AFTER_COMMANDS:
             await self._analyze(campaign_id=creation.campaign.id, commands=commands)
         return creation

@@ -26,9 +26,9 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import asyncpg
 import structlog
@@ -44,6 +44,8 @@ from storage.errors import TRANSIENT_DB_ERRORS
 from storage.ingest import Xact
 
 log = structlog.get_logger(__name__)
+
+T = TypeVar("T")
 
 MAX_BATCH: Final = 500
 # How long a creation whose COMMIT answer was lost asks whether it committed (its request
@@ -173,30 +175,45 @@ class CommandCreator:
     async def _transaction(
         self, commands: Sequence[NewCommand]
     ) -> list[Creation | DeviceUnboundError]:
-        answers: list[Creation | DeviceUnboundError] | None = None
-        xact: Xact | None = None
-        try:
-            async with self.pool.acquire() as conn, conn.transaction():
-                answers = await create_commands(
-                    conn, commands, expire_after_s=self.expire_after_s, node_id=self.node_id
-                )
+        async def create(conn: asyncpg.Connection) -> list[Creation | DeviceUnboundError]:
+            return await create_commands(
+                conn, commands, expire_after_s=self.expire_after_s, node_id=self.node_id
+            )
+
+        # Lost after the COMMIT was sent, the commands may exist (and a realtime one is
+        # dispatched): "nothing written, retry" would have them created twice.
+        return await confirmed_transaction(self.pool, create, what="command")
+
+
+async def confirmed_transaction(
+    pool: asyncpg.Pool,
+    work: Callable[[asyncpg.Connection], Awaitable[T]],
+    *,
+    what: str,
+    wrote: Callable[[T], bool] = lambda _: True,
+) -> T:
+    """``work`` in a transaction of its own, and its result. Should the connection be lost
+    once the COMMIT was sent, whether it committed is asked (`commit_confirmed`): if it did,
+    the result stands; else the error is raised, as for any failed transaction. ``wrote``:
+    whether the result wrote anything (nothing written, nothing to confirm)."""
+    result: T | None = None
+    xact: Xact | None = None
+    try:
+        async with pool.acquire() as conn, conn.transaction():
+            result = await work(conn)
+            if wrote(result):
                 # Asked before the COMMIT: should its answer be lost, whether it committed.
                 xact = await ingest_repo.assigned_xact_id(conn)
-        except TRANSIENT_DB_ERRORS as exc:
-            # Lost after the COMMIT was sent: the commands may exist (and a realtime one is
-            # dispatched); "nothing written, retry" would have them created twice.
-            if (
-                answers is None
-                or xact is None
-                or isinstance(exc, asyncpg.exceptions.TransactionRollbackError)
-                or not await self._committed(xact, exc)
-            ):
-                raise
-        assert answers is not None
-        return answers
-
-    async def _committed(self, xact: Xact, lost: BaseException) -> bool:
-        return await commit_confirmed(self.pool, xact, lost, what="command")
+    except TRANSIENT_DB_ERRORS as exc:
+        if (
+            result is None
+            or xact is None
+            or isinstance(exc, asyncpg.exceptions.TransactionRollbackError)
+            or not await commit_confirmed(pool, xact, exc, what=what)
+        ):
+            raise
+    assert result is not None
+    return result
 
 
 async def commit_confirmed(
