@@ -5,32 +5,43 @@ shows a shelved alarm leave its list, an unshelved one return, and a device page
 
 from __future__ import annotations
 
+from typing import Any
+
 import asyncpg
-from playwright.async_api import Browser, expect
+from playwright.async_api import Browser, Locator, Page, expect
 
 from tests.integration.browser.test_console_alarms import Console, alarm_row, api, publish
 from tests.support.api_client import OPERATOR
-from tests.support.browser import WAIT_MS, open_console, sign_in
+from tests.support.browser import WAIT_MS, PageErrors, open_console, sign_in
 from tests.support.waiting import wait_until
 
 
-async def test_another_operators_shelf_and_its_lift_reach_an_open_desk(
-    console: Console, browser: Browser
-) -> None:
+async def desk_with_a_shelved_alarm(
+    console: Console, browser: Browser, device: str
+) -> tuple[Page, PageErrors, Locator, dict[str, Any]]:
+    """An operator's desk open on the default list, with a door alarm of ``device`` on it;
+    then another client shelves it for ten minutes (``POST /alarms/{id}/shelve``): the page,
+    its errors, the alarm's row and the shelf."""
     page, errors = await open_console(browser, console.base)
     await sign_in(page, OPERATOR)
     await expect(page.locator("#alarm-empty")).to_be_visible(timeout=WAIT_MS)
-    await publish(console.mosquitto, "door-7", {"events": [{"type": "DOOR_OPEN"}]})
-    row = alarm_row(page, "door-7")
+    await publish(console.mosquitto, device, {"events": [{"type": "DOOR_OPEN"}]})
+    row = alarm_row(page, device)
     await expect(row).to_be_visible(timeout=WAIT_MS)
     alarm_id = await row.get_attribute("data-alarm-id")
-
-    # Another operator shelves it for ten minutes: it leaves this desk's default list.
     shelf = await api(
         console.base, "POST", f"/alarms/{alarm_id}/shelve", OPERATOR,
         {"duration_s": 600, "reason": "sensor swap"},
     )  # fmt: skip
     assert isinstance(shelf, dict)
+    return page, errors, row, shelf
+
+
+async def test_another_operators_shelf_and_its_lift_reach_an_open_desk(
+    console: Console, browser: Browser
+) -> None:
+    # Another operator shelves it for ten minutes: it leaves this desk's default list.
+    page, errors, row, shelf = await desk_with_a_shelved_alarm(console, browser, "door-7")
     await expect(row).to_be_hidden(timeout=WAIT_MS)
     await expect(page.locator(".count-total-shelved")).to_have_text("shelved 1")
 

@@ -7,14 +7,9 @@ from __future__ import annotations
 import asyncpg
 from playwright.async_api import Browser, expect
 
-from tests.integration.browser.test_console_alarms import (
-    Console,
-    alarm_row,
-    api,
-    publish,
-)
-from tests.support.api_client import OPERATOR
-from tests.support.browser import WAIT_MS, open_console, sign_in
+from tests.integration.browser.test_console_alarms import Console
+from tests.integration.browser.test_console_desk_events import desk_with_a_shelved_alarm
+from tests.support.browser import WAIT_MS
 
 SECONDS_LEFT = 8  # the shelf's time left when the page reads the list
 
@@ -25,18 +20,7 @@ async def test_an_alarm_whose_shelf_runs_out_comes_back_on_the_open_list(
     """The list shows the default view (shelved alarms left out). A shelf of one of its alarms
     runs out while the page is open and nothing else happens: the alarm must come back on
     the list, and the header's shelved count go back to 0, without the operator asking."""
-    page, errors = await open_console(browser, console.base)
-    await sign_in(page, OPERATOR)
-    await expect(page.locator("#alarm-empty")).to_be_visible(timeout=WAIT_MS)
-    await publish(console.mosquitto, "door-5", {"events": [{"type": "DOOR_OPEN"}]})
-    row = alarm_row(page, "door-5")
-    await expect(row).to_be_visible(timeout=WAIT_MS)
-    alarm_id = await row.get_attribute("data-alarm-id")
-    shelf = await api(
-        console.base, "POST", f"/alarms/{alarm_id}/shelve", OPERATOR,
-        {"duration_s": 600, "reason": "sensor swap"},
-    )  # fmt: skip
-    assert isinstance(shelf, dict)
+    page, errors, row, shelf = await desk_with_a_shelved_alarm(console, browser, "door-5")
     # It runs out soon: a few seconds after the page reads the list again.
     await db.execute(
         "UPDATE alarm_shelf SET until = now() + make_interval(secs => $2) WHERE id = $1",
