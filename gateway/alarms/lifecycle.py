@@ -14,7 +14,9 @@ from typing import Any
 
 import asyncpg
 import msgspec
+import structlog
 
+from gateway.alarms.held import suppress_held
 from gateway.domain.alarm import (
     Action,
     Alarm,
@@ -38,6 +40,8 @@ from protocol.events import (
 from storage import ai_tasks as ai_repo
 from storage import alarms as repo
 from storage import outbox
+
+log = structlog.get_logger(__name__)
 
 AGGREGATE = Aggregate.ALARM
 RULES_ACTOR = "system:rules"
@@ -279,6 +283,8 @@ async def create_alarm(
             node_id=node_id,
             event_id=telemetry_event_id,
         )
+        if old_status is AlarmStatus.DELAYED:
+            await _suppress_superseded(conn, [(old_id, alarm.id)], now)
     return Creation(
         created=True, alarm=alarm, superseded_id=None if superseded is None else superseded[0]
     )
@@ -358,7 +364,32 @@ async def create_alarms(
             ],
             node_id=node_id,
         )
+        delayed = [
+            (old_id, by_index[i].id)
+            for i, old_id in supersedes.items()
+            if superseded[holders[i]][1] is AlarmStatus.DELAYED
+        ]
+        if delayed:
+            await _suppress_superseded(conn, delayed, now)
     return [results[index] for index in range(len(requests))]
+
+
+async def _suppress_superseded(
+    conn: asyncpg.Connection, links: Sequence[tuple[int, int]], now: datetime
+) -> None:
+    """The notifications quiet hours held for these superseded DELAYED alarms (old id, its
+    successor's): SUPPRESSED, never sent; the successor's own notification tells of the
+    chain (gateway.alarms.held)."""
+    for old_id, new_id in links:
+        why = f"superseded in quiet hours by alarm {new_id}"
+        receivers = await suppress_held(conn, old_id, now, why)
+        if receivers:
+            log.info(
+                "held_notifications_suppressed",
+                alarm_id=old_id,
+                deliveries=len(receivers),
+                suppressed=why,
+            )
 
 
 async def _make_way(
@@ -691,6 +722,7 @@ async def transition(
     event_type: EventType = EventType.ALARM_STATUS_CHANGED,
     stated_actor: str | None = None,
     confirmed_not_after: datetime | None = None,
+    suppressed: list[str] | None = None,
 ) -> Alarm:
     """Apply one action in the caller's transaction, conditional on the prior status.
 
@@ -702,6 +734,10 @@ async def transition(
     tests); by default the database's. ``confirmed_not_after``: the write is conditional on the
     alarm's latest confirmation being at or before it too (the escalation timer: still due,
     not confirmed again since the pass read it).
+
+    A DELAYED alarm that a person takes (confirms, handles) before its wake sends none of the
+    notifications quiet hours held for it: they are recorded SUPPRESSED in this transaction
+    (gateway.alarms.held), their receivers appended to ``suppressed`` if given.
 
     The alarm is read locked, so what is written back is what was read: a change committed
     meanwhile (a refire releasing the key of an alarm a person is on, keeping its status) is
@@ -745,4 +781,16 @@ async def transition(
         request_id=request_id,
         stated_actor=stated_actor,
     )
+    if alarm.status is AlarmStatus.DELAYED and action is not Action.WAKE:
+        why = f"{_STEP_OF.get(action, action.value)} in quiet hours by {actor}"
+        receivers = await suppress_held(conn, alarm.id, now, why)
+        if receivers:
+            log.info(
+                "held_notifications_suppressed",
+                alarm_id=alarm.id,
+                deliveries=len(receivers),
+                suppressed=why,
+            )
+        if suppressed is not None:
+            suppressed.extend(receivers)
     return updated

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Final
@@ -105,10 +105,14 @@ class AlarmService:
         figures: AlarmFigures | None = None,
         shelve_max_s: float = SHELVE_MAX_S,
         bulk_max: int = BULK_MAX,
+        count_suppressed: Callable[[str], None] | None = None,
     ) -> None:
         self.pool = pool
         self.node_id = node_id
         self.metrics = metrics
+        # Counts a held notification that a person's step on its DELAYED alarm suppressed
+        # (gateway.alarms.held), by receiver: the daemon's notify metrics.
+        self.count_suppressed = count_suppressed
         self.shelve_max_s = shelve_max_s
         self.bulk_max = bulk_max
         # The daemon's (reloaded with it); by default one with [alarms.figures]' defaults.
@@ -163,6 +167,7 @@ class AlarmService:
         request_id: str | None = None,
         stated_actor: str | None = None,
     ) -> Alarm:
+        suppressed: list[str] = []
         async with self.pool.acquire() as conn, conn.transaction():
             # The status this request acts on is the one it reads first: if another person
             # or a timer changes it before this request's write (the transition waits for
@@ -180,6 +185,7 @@ class AlarmService:
                     request_id=request_id,
                     stated_actor=stated_actor,
                     expected=None if before is None else AlarmStatus(before["status"]),
+                    suppressed=suppressed,
                 )
             except StatusChangedError as exc:
                 if exc.current.status is AlarmStatus.SUPERSEDED:
@@ -188,6 +194,9 @@ class AlarmService:
                 raise
         if self.metrics is not None and before is not None:
             self.metrics.count_alarm_transition(before["status"], changed.status.value)
+        if self.count_suppressed is not None:
+            for receiver in suppressed:
+                self.count_suppressed(receiver)
         return changed
 
     # --- the desk: views, counts, groups, bulk actions, shelves, out of service -------------

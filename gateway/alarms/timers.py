@@ -25,17 +25,16 @@ configured, go on.
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 import asyncpg
-import msgspec
 import structlog
 
 from gateway.alarms import shelving
 from gateway.alarms.delivery import QUIET_ACTOR
+from gateway.alarms.held import suppress_held
 from gateway.alarms.lifecycle import (
     AlarmNotFoundError,
     StatusChangedError,
@@ -296,11 +295,7 @@ class AlarmTimers:
                     event_type=EventType.ALARM_WOKEN,
                 )
                 [why] = await notify_repo.alarm_suppressions(conn, [(alarm_id, at)])
-                suppressed = (
-                    [] if why is None
-                    else [*await repo.suppress_held_deliveries(conn, alarm_id, now, why),
-                          *await self._suppress_in_windows(conn, alarm_id, now, why)]
-                )  # fmt: skip
+                suppressed = [] if why is None else await suppress_held(conn, alarm_id, now, why)
                 released = await repo.release_held_deliveries(conn, alarm_id, now)
         except (StatusChangedError, AlarmNotFoundError):
             return None
@@ -320,46 +315,6 @@ class AlarmTimers:
         if self.metrics is not None:
             self.metrics.count_alarm_transition(AlarmStatus.DELAYED.value, AlarmStatus.NEW.value)
         return Woken(released=released, suppressed=suppressed)
-
-    async def _suppress_in_windows(
-        self, conn: asyncpg.Connection, alarm_id: int, now: datetime, why: str
-    ) -> list[str]:
-        """The woken alarm's notifications in group windows not yet claimed (a held window):
-        each leaves its window and is recorded SUPPRESSED on its own, as the consumer records
-        a suppressed notification of a grouped route (it joins no window); a window left empty
-        is SUPPRESSED too, never sent. The receivers of the notifications suppressed."""
-        rows = await repo.held_window_members(conn, alarm_id)
-        if not rows:
-            return []
-        by_window: dict[int, list[uuid.UUID]] = {}
-        deliveries: list[notify_repo.NewDelivery] = []
-        for row in rows:
-            by_window.setdefault(row["delivery_id"], []).append(row["event_id"])
-            body = msgspec.json.decode(row["body"])
-            deliveries.append(
-                notify_repo.NewDelivery(
-                    event_id=row["event_id"],
-                    outbox_id=row["outbox_id"],
-                    event=body["event"],
-                    receiver=row["receiver"],
-                    body=body,
-                    alarm_id=alarm_id,
-                    device_id=body.get("device_id"),
-                    rule_key=body.get("rule_key"),
-                    severity=body.get("severity"),
-                    silence_id=None,
-                    due_in_s=0.0,
-                    event_created_at=datetime.fromisoformat(body["occurred_at"]),
-                    suppressed=why,
-                    route_grouped=True,  # taken out of a group's window
-                )
-            )
-        for delivery_id, event_ids in by_window.items():
-            status = await repo.drop_from_window(conn, delivery_id, event_ids, now, why)
-            if status == "SUPPRESSED":
-                log.info("held_window_emptied", delivery_id=delivery_id, suppressed=why)
-        created = await notify_repo.insert_deliveries(conn, deliveries)
-        return [r["receiver"] for r in created]
 
     async def _act(
         self,

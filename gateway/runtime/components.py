@@ -211,13 +211,12 @@ async def build(
     reaper = Reaper.from_config(node, config.commands, mappings=writer.decoder.mappings)
     outbox = OutboxPublisher.from_config(node, config.outbox, quiet=quiet)
     notify_metrics = NotifyMetrics.of(node.metrics.registry)
+
+    def count_suppressed(receiver: str) -> None:
+        notify_metrics.deliveries.labels(receiver, "SUPPRESSED").inc()
+
     timers = AlarmTimers.from_config(
-        node,
-        config.alarms,
-        quiet=quiet,
-        count_suppressed=lambda receiver: notify_metrics.deliveries.labels(
-            receiver, "SUPPRESSED"
-        ).inc(),
+        node, config.alarms, quiet=quiet, count_suppressed=count_suppressed
     )
     notify_consumer, notify_worker = _notifications(config, node, quiet)
     maintenance = Maintenance.from_config(node, config.retention)
@@ -267,6 +266,7 @@ async def build(
             figures=figures,
             shelve_max_s=config.alarms.shelve_max_s,
             bulk_max=config.alarms.bulk_max,
+            count_suppressed=count_suppressed,
         ),
         command_service=CommandService(
             node.pool,
