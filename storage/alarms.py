@@ -5,6 +5,7 @@ Rows come back as ``asyncpg.Record``; the gateway maps them to its domain ``Alar
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
@@ -14,6 +15,7 @@ from typing import Any
 import asyncpg
 import msgspec
 
+from storage.ingest import receipt_age
 from storage.sql import load_queries
 
 _Q = load_queries("alarms.sql")
@@ -379,15 +381,28 @@ async def clear_many(
     *,
     by_trigger: Collection[str] = (),
     heard_at: datetime | None = None,
+    received: Sequence[float | None] | None = None,
 ) -> list[asyncpg.Record]:
     """Clear the alarms holding `keys`; those of the rules `by_trigger` only if they are
     inactivity alarms (recognised by their trigger, not by a rule configured now); with
     `heard_at` (a replayed dead letter's receipt), only an alarm for a silence begun before
-    it."""
+    it. `received`, per key: when the node read the device's newest message of the batch off
+    the broker, on the monotonic clock (``Inbound.received_at``; None: unknown); an inactivity
+    alarm for a silence that began after that is not cleared (a node a batch behind)."""
     if not keys:
         return []
+    now = time.monotonic()
+    ages = [receipt_age(now, r) for r in received] if received is not None else None
     return list(
-        await conn.fetch(CLEAR_MANY, list(keys), list(event_ids), at, list(by_trigger), heard_at)
+        await conn.fetch(
+            CLEAR_MANY,
+            list(keys),
+            list(event_ids),
+            at,
+            list(by_trigger),
+            heard_at,
+            ages if ages is not None else [None] * len(keys),
+        )
     )
 
 

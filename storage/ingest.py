@@ -179,14 +179,14 @@ async def record_presence(
     # Ages, not times: the statement puts them on the database's clock (its own start less
     # the age), so nodes' receipts compare on one clock whatever their wall clocks say.
     now = time.monotonic()
-    ages = [_age(now, (received or {}).get(i)) for i in ids]
+    ages = [receipt_age(now, (received or {}).get(i)) for i in ids]
     xid, started = await conn.fetchrow(
         UPSERT_PRESENCE, ids, [presence[i] for i in ids], heard_at, ages, node_id
     )
     return Xact(xid, started)
 
 
-def _age(now: float, received_at: float | None) -> float | None:
+def receipt_age(now: float, received_at: float | None) -> float | None:
     """Seconds since ``received_at`` (monotonic), or None when unknown or out of bounds (not
     on this clock: no age rather than a wrong one)."""
     if received_at is None or received_at <= 0:
@@ -259,7 +259,7 @@ async def insert_dead_letters(
         [_text(r.detail) for _, r, _ in letters],
         [count for _, _, count in letters],
         node_id,
-        [_age(now, r.received) for _, r, _ in letters],
+        [receipt_age(now, r.received) for _, r, _ in letters],
     )
     return Xact(xid, started)
 

@@ -18,7 +18,7 @@ import collections
 import dataclasses
 import hashlib
 import operator
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -299,6 +299,12 @@ class AlarmEngine:
             self.rule_sets_changed += 1
         return changed
 
+    @property
+    def clears_inactivity(self) -> bool:
+        """Whether a device's message may clear an inactivity alarm (a rule configured, or an
+        uncleared alarm of one a reload removed): only then are its receipts asked for."""
+        return bool(self.rules.inactivity_rules or self._unconfigured_inactivity)
+
     async def find_unconfigured_inactivity(self, conn: asyncpg.Connection) -> frozenset[str]:
         """Look again for the rules, not configured as inactivity rules here, that hold an
         uncleared inactivity alarm (see `_unconfigured_inactivity`)."""
@@ -403,6 +409,7 @@ class AlarmEngine:
         *,
         now: datetime | None = None,
         heard_at: datetime | None = None,
+        received: Mapping[str, float] | None = None,
     ) -> BatchAlarms:
         """Evaluate (device id, event id, message) in order; write alarms on ``conn``.
 
@@ -410,14 +417,19 @@ class AlarmEngine:
         (the telemetry insert returns it), else it is read. ``heard_at``: when the messages
         were received if not now (a replayed dead letter): they clear only an inactivity
         alarm for a silence that began before it, and it is their receipt for the device
-        clock's bounds (a reading received hours ago is judged then, not at the replay)."""
+        clock's bounds (a reading received hours ago is judged then, not at the replay).
+        ``received``: when this node read each device's newest message off the broker, on
+        the monotonic clock (``Inbound.received_at``): an inactivity alarm for a silence that
+        began after it is not cleared by them (a node a batch behind, docs/behaviour.md §4)."""
         rules = self.rules  # one rule set per batch, even if a reload swaps it meanwhile
         batch = BatchAlarms()
         if not messages or not len(rules):
             return batch
         if now is None:
             now = await repo.db_now(conn)
-        await self._clear_inactivity(conn, rules, messages, now, batch, heard_at=heard_at)
+        await self._clear_inactivity(
+            conn, rules, messages, now, batch, heard_at=heard_at, received=received
+        )
         touched = _Touched(rules, messages)
         held = self._held_states(touched)
         if held is not None:
@@ -1171,10 +1183,12 @@ class AlarmEngine:
         batch: BatchAlarms,
         *,
         heard_at: datetime | None = None,
+        received: Mapping[str, float] | None = None,
     ) -> None:
         """Any message clears the device's inactivity alarms, whichever node raised them, and
         those of rules a reload removed or renamed (recognised by their trigger); one heard
-        at ``heard_at`` (a replayed dead letter) only those for a silence begun before it."""
+        at ``heard_at`` (a replayed dead letter), or read off the broker at ``received`` (per
+        device), only those for a silence begun before it."""
         unconfigured = self._unconfigured_inactivity
         if not rules.inactivity_rules and not unconfigured:
             return
@@ -1185,16 +1199,21 @@ class AlarmEngine:
         # changed a rule's `devices` leaves the alarm it raised for a device it no longer
         # selects, and the device heard from again ends that silence too (one key per rule).
         configured = [rule.key for rule in rules.inactivity_rules]
-        keys, events = [], []
+        keys, events, read = [], [], []
+        heard = received or {}
         for device_id, event_id in first_event.items():
-            for rule_key in configured:
+            for rule_key in (*configured, *unconfigured):
                 keys.append(active_key(device_id, rule_key))
                 events.append(event_id)
-            for rule_key in unconfigured:
-                keys.append(active_key(device_id, rule_key))
-                events.append(event_id)
+                read.append(heard.get(device_id))
         rows = await repo.clear_many(
-            conn, keys, events, now, by_trigger=unconfigured, heard_at=heard_at
+            conn,
+            keys,
+            events,
+            now,
+            by_trigger=unconfigured,
+            heard_at=heard_at,
+            received=read if received else None,
         )
         batch.cleared += len(rows)
         await record_cleared_many(

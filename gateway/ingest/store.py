@@ -3,6 +3,7 @@ letters, command receipts, and the rule state and alarms the new telemetry moves
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -122,7 +123,13 @@ async def store(
             if row.event_id in new_ids and row.event_id not in evaluated:
                 evaluated.add(row.event_id)
                 fresh.append((row.device_id, row.event_id, message))
-        alarms = await engine.on_stored(conn, fresh, now=db_now, heard_at=received_at)
+        alarms = await engine.on_stored(
+            conn,
+            fresh,
+            now=db_now,
+            heard_at=received_at,
+            received=_read(batch, new_ids) if engine.clears_inactivity else None,
+        )
     if xact is None:
         # No statement that tells it was sent (no telemetry, device, presence or dead letter:
         # command receipts only, say): asked apart, and only if the batch wrote something.
@@ -175,3 +182,15 @@ async def set_aside_unbounded_telemetry(
     if letters:
         log.warning("unbounded_telemetry_set_aside", rows=len(letters))
     return len(letters)
+
+
+def _read(batch: Classified, new_ids: Collection[str]) -> dict[str, float]:
+    """When the node read each device's newest new message of the batch off the broker, on
+    the loop's clock (``Inbound.received_at``); a device missing has none known (a replayed
+    dead letter, Sparkplug)."""
+    read: dict[str, float] = {}
+    for row, source in zip(batch.telemetry, batch.telemetry_sources, strict=True):
+        at = source.received_at
+        if at > 0 and row.event_id in new_ids and at > read.get(row.device_id, 0.0):
+            read[row.device_id] = at
+    return read

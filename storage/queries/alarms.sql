@@ -189,14 +189,28 @@ SELECT now();
 -- alarms at once (a device heard from clears its inactivity alarms, whichever node raised
 -- them, whatever rule). $5 when the device was heard if not now (a replayed dead letter's
 -- receipt), else null: then only an alarm for a silence that began before it is cleared (an
--- old message says nothing of a silence after it).
+-- old message says nothing of a silence after it). $6 per key, how long before this
+-- statement the node read the device's newest message of the batch off the broker (seconds,
+-- on its own clock; null: unknown), put on the database's clock as the presence's receipts
+-- are (ingest.sql, upsert_presence): a message read before the silence began says nothing of
+-- it either, whichever node stores it when (a node a batch behind storing the report it read
+-- before the device's Will, after another node stored the Will). The silence began at the
+-- alarm's silent_since, or, for the device's offline presence that raised it (the presence
+-- stored then), when the Will was read (its receipt, before its batch's time).
 UPDATE alarm a
 SET cleared_at = greatest($3, a.triggered_at), clear_event_id = u.event_id
-FROM unnest($1::text[], $2::text[]) AS u(active_key, event_id)
+FROM unnest($1::text[], $2::text[], $6::float8[]) AS u(active_key, event_id, age)
 WHERE a.active_key = u.active_key AND a.cleared_at IS NULL
   AND (a.rule_key <> ALL($4::text[]) OR a.trigger ? 'silent_since')
   AND ($5::timestamptz IS NULL
        OR (a.trigger ->> 'silent_since')::timestamptz < $5::timestamptz)
+  AND (u.age IS NULL OR NOT a.trigger ? 'silent_since'
+       OR statement_timestamp() - make_interval(secs => u.age) >= (
+           SELECT CASE WHEN d.presence = 'offline'
+                        AND d.presence_at = (a.trigger ->> 'silent_since')::timestamptz
+                       THEN least(d.presence_at, coalesce(d.presence_received_at, d.presence_at))
+                       ELSE (a.trigger ->> 'silent_since')::timestamptz END
+           FROM device d WHERE d.device_id = a.device_id))
 RETURNING a.id, a.device_id, a.rule_key, a.status, a.cleared_at, u.event_id,
           a.trigger::text AS trigger, a.rule_description;
 
