@@ -151,16 +151,34 @@ SELECT (SELECT count(*) FROM gone) AS done, (SELECT max(id) FROM chunk) AS last_
 -- rows: alarms not yet found dealt with): its repeats are made from that window (repeat_due);
 -- pruned, the group's reminders of its open alarms stopped for good (a weekly repeat with
 -- notify_days = 3 reminded once). One row per group; it goes once its alarms are dealt with.
+-- And so does the newest notification of a standing alarm (open, not cleared) on each receiver
+-- of a route that does not group: a shelf's end tells the alarm again from it when a shelf
+-- suppressed it (notify.sql, shelf_returns); pruned, an alarm shelved longer than notify_days
+-- came back from its shelf untold. The newest whatever it is, not the suppressed ones alone: a
+-- return told since, pruned, would leave the suppressed one before it the newest, to be told
+-- again at the next shelf's end. One row per alarm and receiver.
 WITH chunk AS (
     SELECT id, created_at FROM notify_delivery WHERE id > $1 ORDER BY id LIMIT $3
 ), gone AS (
-    DELETE FROM notify_delivery
-    WHERE id IN (SELECT id FROM chunk)
-      AND status IN ('SENT', 'FAILED', 'SILENCED', 'INHIBITED', 'SUPPRESSED') AND finished_at < $2
-      AND id NOT IN (
+    DELETE FROM notify_delivery d
+    WHERE d.id IN (SELECT id FROM chunk)
+      AND d.status IN ('SENT', 'FAILED', 'SILENCED', 'INHIBITED', 'SUPPRESSED')
+      AND d.finished_at < $2
+      AND d.id NOT IN (
           SELECT g.window_delivery_id FROM notify_group g
           WHERE g.window_delivery_id IS NOT NULL AND g.repeat_interval_s > 0
             AND EXISTS (SELECT 1 FROM notify_group_member m WHERE m.group_id = g.id))
+      AND NOT (
+          d.alarm_id IS NOT NULL AND d.route_grouped IS FALSE
+          AND EXISTS (
+              SELECT 1 FROM alarm a
+              WHERE a.id = d.alarm_id AND a.cleared_at IS NULL
+                AND a.status IN ('NEW', 'PUSHED', 'DELAYED', 'CONFIRMED', 'ESCALATED'))
+          AND NOT EXISTS (
+              SELECT 1 FROM notify_delivery n
+              WHERE n.alarm_id = d.alarm_id AND n.receiver = d.receiver
+                AND n.route_grouped IS FALSE
+                AND (n.event_created_at, n.id) > (d.event_created_at, d.id)))
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM gone) AS done, (SELECT max(id) FROM chunk) AS last_id,
