@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from types import SimpleNamespace
 
 import asyncpg
 import pytest
@@ -255,9 +257,30 @@ async def test_a_letter_its_decoder_refuses_again_is_not_seen_again(
     assert [tuple(r) for r in rows] == [(1, 2), (1, 2)]
 
 
+# The loop's clock as on a machine up for longer than the receipts these tests date an hour
+# back: on one booted minutes ago, `time.monotonic() - 3600` is below zero, a receipt no
+# statement takes (storage.ingest.receipt_age: unknown), and the tests failed there.
+_UP_FOR_S = 4000.0
+
+
+@pytest.fixture
+def loop_clock(monkeypatch: pytest.MonkeyPatch) -> Callable[[], float]:
+    """The monotonic clock storage measures receipts' ages on, moved on by _UP_FOR_S."""
+
+    def monotonic() -> float:
+        return time.monotonic() + _UP_FOR_S
+
+    monkeypatch.setattr(repo, "time", SimpleNamespace(monotonic=monotonic))
+    return monotonic
+
+
 @pytest.mark.parametrize("replayed_by", ["node-a", "node-b"])
 async def test_a_will_letter_replayed_after_the_device_said_online_again_changes_nothing(
-    db: asyncpg.Connection, pool: asyncpg.Pool, db_dsn: str, replayed_by: str
+    db: asyncpg.Connection,
+    pool: asyncpg.Pool,
+    db_dsn: str,
+    replayed_by: str,
+    loop_clock: Callable[[], float],
 ) -> None:
     """A device online for an hour drops and comes back: its Will `offline` is dead-lettered
     ten minutes ago (refused at the time), its new session's `online` a second later is
@@ -269,7 +292,7 @@ async def test_a_will_letter_replayed_after_the_device_said_online_again_changes
     offline since ten minutes ago; node B's replay applied nothing yet reported `presence`."""
     device = "dev-back"
     decoder = MessageDecoder(TOPICS, Encoding.JSON, 65536)
-    born = time.monotonic() - 3600.0
+    born = loop_clock() - 3600.0
     await store(db, decoder.classify([_status(device, "online", born)]), "node-a")
     await db.execute(
         "UPDATE device SET first_seen = now() - interval '1 hour', presence_at = now() -"
@@ -279,7 +302,7 @@ async def test_a_will_letter_replayed_after_the_device_said_online_again_changes
     will = DeadLetterRow.whole(TOPICS.device_status(device), b"offline", "STORAGE_REJECTED", "x")
     await repo.insert_dead_letters(db, [will], "node-a")
     await db.execute("UPDATE dead_letter SET received_at = now() - interval '600 seconds'")
-    back = time.monotonic() - 599.0  # the new session's `online`, a second after the Will
+    back = loop_clock() - 599.0  # the new session's `online`, a second after the Will
     await store(db, decoder.classify([_status(device, "online", back)]), "node-a")
     path = live_path.for_replay(
         make_config(dsn=db_dsn, mqtt_port=1, node_id=replayed_by), Metrics()
@@ -294,7 +317,7 @@ async def test_a_will_letter_replayed_after_the_device_said_online_again_changes
 
 
 async def test_a_will_letter_replayed_while_the_node_stores_the_devices_online_changes_nothing(
-    db: asyncpg.Connection, pool: asyncpg.Pool, db_dsn: str
+    db: asyncpg.Connection, pool: asyncpg.Pool, db_dsn: str, loop_clock: Callable[[], float]
 ) -> None:
     """The same Will letter, replayed on node A while node A's live batch stores the
     device's `online` of its new session (read a second after the Will, its receipt only):
@@ -306,7 +329,7 @@ async def test_a_will_letter_replayed_while_the_node_stores_the_devices_online_c
     replay waits for its lock."""
     device = "dev-back"
     decoder = MessageDecoder(TOPICS, Encoding.JSON, 65536)
-    await store(db, decoder.classify([_status(device, "online", time.monotonic())]), "node-a")
+    await store(db, decoder.classify([_status(device, "online", loop_clock())]), "node-a")
     await db.execute(
         "UPDATE device SET first_seen = now() - interval '1 hour', presence_at = now() -"
         " interval '1 hour', last_seen = now() - interval '1 hour', presence_received_at ="
@@ -321,7 +344,7 @@ async def test_a_will_letter_replayed_while_the_node_stores_the_devices_online_c
     try:
         held = live.transaction()
         await held.start()
-        back = time.monotonic() - 599.0  # the new session's `online`, a second after the Will
+        back = loop_clock() - 599.0  # the new session's `online`, a second after the Will
         await store(live, decoder.classify([_status(device, "online", back)]), "node-a")
         replaying = asyncio.create_task(replay(pool, path, await pending_ids(pool, None)))
         await wait_until(lambda: lock_waiters(db_dsn), message="the replay waits for the row")
