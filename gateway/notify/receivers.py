@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import email.utils
 import functools
 import html
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from email.message import EmailMessage
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
@@ -51,7 +53,32 @@ ERROR_BODY_MAX: Final = 2048
 
 
 class SendError(Exception):
-    """One attempt failed; ``str()`` is what the delivery records as its last error."""
+    """One attempt failed; ``str()`` is what the delivery records as its last error.
+    ``retry_after_s``: how long the receiver asked to be left alone (its ``Retry-After``),
+    if it said."""
+
+    def __init__(self, text: str, *, retry_after_s: float | None = None) -> None:
+        super().__init__(text)
+        self.retry_after_s = retry_after_s
+
+
+def retry_after_s(value: str | None, now: datetime) -> float | None:
+    """Seconds from ``now`` that an HTTP ``Retry-After`` asks for (RFC 9110 §10.2.3: a
+    number of seconds, or an HTTP date); None when it says nothing usable (absent, not a
+    number or a date, or a date already past)."""
+    if value is None:
+        return None
+    value = value.strip()
+    if value.isascii() and value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    seconds = (when - now).total_seconds()
+    return seconds if seconds > 0 else None
 
 
 def error_text(receiver: ReceiverConfig, text: str, limit: int = ERROR_MAX) -> str:
@@ -127,7 +154,12 @@ class WebhookSender:
                     # read to its end leaves the connection for the next send).
                     response.close()
                 text = error_text(self.receiver, _printable(head.decode(errors="replace")), 200)
-                raise SendError(f"HTTP {response.status}: {text}".strip())
+                raise SendError(
+                    f"HTTP {response.status}: {text}".strip(),
+                    retry_after_s=retry_after_s(
+                        response.headers.get("Retry-After"), datetime.now(UTC)
+                    ),
+                )
         except aiohttp.ClientError as exc:
             # The exception's text names host and port at most, never the path or query.
             raise SendError(error_text(self.receiver, f"{type(exc).__name__}: {exc}")) from exc

@@ -201,12 +201,14 @@ class DeliveryWorker:
         """Send one claimed delivery and record the outcome."""
         error: str | None = None
         accepted: Accepted | None = None
+        asked_s: float | None = None
         try:
             # No transaction, no pooled connection: a hanging receiver holds only its slot.
             async with asyncio.timeout(receiver.timeout_s):
                 accepted = await self._sender(receiver).send(delivery)
         except SendError as exc:
             error = str(exc) or type(exc).__name__
+            asked_s = exc.retry_after_s
         except TimeoutError:
             error = f"no answer within {receiver.timeout_s} s"
         except Exception as exc:
@@ -235,7 +237,7 @@ class DeliveryWorker:
                     error=missed,
                 )
         try:
-            await self._finish(receiver, delivery, error, missed=missed)
+            await self._finish(receiver, delivery, error, missed=missed, asked_s=asked_s)
         except DB_ERRORS as exc:
             # Not recorded: the lease runs out and the delivery is claimed (and sent) again.
             log.warning("notify_finish_failed", delivery_id=delivery.id, error=repr(exc))
@@ -263,7 +265,10 @@ class DeliveryWorker:
         error: str | None,
         *,
         missed: str | None = None,
+        asked_s: float | None = None,
     ) -> None:
+        """Record the attempt's outcome. ``asked_s``: how long a refusing receiver asked to be
+        left alone (``Retry-After``), the least a retry then waits."""
         name = receiver.name
         if error is None:
             pushed: list[int] = []
@@ -305,10 +310,7 @@ class DeliveryWorker:
                     error=error,
                 )
         else:
-            settings = self.settings
-            delay = Backoff(
-                settings.backoff_min_s, settings.backoff_max_s, attempt=delivery.attempts - 1
-            ).next_delay()
+            delay = retry_delay(self.settings, delivery.attempts, asked_s)
             held = await repo.finish_retry(
                 self.pool,
                 delivery.id,
@@ -354,3 +356,15 @@ class DeliveryWorker:
             node_id=self.node_id,
             note=f"notification failed: receiver {receiver}: {error}",
         )
+
+
+def retry_delay(settings: NotifyConfig, attempts: int, asked_s: float | None) -> float:
+    """Seconds before the next attempt of a delivery that failed its ``attempts``-th: the
+    backoff's, or what the receiver asked for (``Retry-After``: a rate limit, a maintenance)
+    if longer, up to ``backoff_max_s``. Retried sooner, the attempts were spent inside the
+    receiver's window and the delivery ended FAILED."""
+    delay = Backoff(settings.backoff_min_s, settings.backoff_max_s, attempt=attempts - 1)
+    backoff = delay.next_delay()
+    if asked_s is None:
+        return backoff
+    return max(backoff, min(asked_s, settings.backoff_max_s))
