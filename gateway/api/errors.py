@@ -60,7 +60,7 @@ from gateway.domain.alarm import (
     IllegalTransitionError,
     InvalidActorError,
 )
-from gateway.domain.errors import GatewayError
+from gateway.domain.errors import ConcurrentWriteError, GatewayError
 from gateway.support.log_limit import LogLimit
 from protocol.ids import UnportableDeviceIdError
 from storage.audit import audit_failure
@@ -370,6 +370,9 @@ _DOMAIN: Final[Mapping[type[Exception], Callable[[Any], ApiError]]] = {
     NotOutOfServiceError: lambda e: ApiError(NOT_OUT_OF_SERVICE, str(e), device_id=e.device_id),
     UntilPastError: lambda e: ApiError(UNTIL_PAST, str(e)),
     TooManyAlarmsError: lambda e: ApiError(TOO_MANY_ALARMS, str(e), limit=e.limit),
+    # Another node wrote the same alarm or state in the same moment, again at every attempt
+    # the caller made: nothing was changed, and a retry sees that write.
+    ConcurrentWriteError: lambda e: ApiError(UNAVAILABLE, f"{e}; nothing was changed, retry"),
 }
 
 

@@ -17,6 +17,7 @@ import asyncpg
 import structlog
 
 from gateway.commands.receipts import AppliedReceipt
+from gateway.domain.errors import ConcurrentWriteError
 from gateway.ingest.decoder import Classified, Inbound, failure_detail
 from gateway.ingest.live_path import LivePath
 from gateway.ingest.store import StoreResult, store
@@ -36,12 +37,38 @@ class ReplayOutcome:
     succeeded: bool
 
 
+# Attempts of a replay whose transaction met another node's write of the same alarm or rule
+# state (ConcurrentWriteError): each attempt starts over and sees that write, as the live
+# writer's retried batch does; one more is as rare as another race in the same moment.
+CONCURRENT_ATTEMPTS = 5
+
+
 async def replay_one(
     pool: asyncpg.Pool, path: LivePath, dead_letter_id: int, *, pending_only: bool = False
 ) -> ReplayOutcome | None:
     """None when the id does not exist or another replayer holds it right now; with
     ``pending_only``, also when it was replayed successfully already (by another node since
-    it was listed as pending: it is not replayed a second time)."""
+    it was listed as pending: it is not replayed a second time). A transaction that met
+    another node's write of the same alarm (ConcurrentWriteError) is made again from the
+    start, as the live writer retries its batch; it raises only if every attempt did."""
+    for attempt in range(1, CONCURRENT_ATTEMPTS + 1):
+        try:
+            return await _replay_once(pool, path, dead_letter_id, pending_only=pending_only)
+        except ConcurrentWriteError as exc:
+            if attempt == CONCURRENT_ATTEMPTS:
+                raise
+            log.info(
+                "dead_letter_replay_retried",
+                dead_letter_id=dead_letter_id,
+                attempt=attempt,
+                error=str(exc),
+            )
+    raise AssertionError("unreachable")
+
+
+async def _replay_once(
+    pool: asyncpg.Pool, path: LivePath, dead_letter_id: int, *, pending_only: bool
+) -> ReplayOutcome | None:
     alarms = None
     receipts: tuple[AppliedReceipt, ...] = ()
     async with pool.acquire() as conn, conn.transaction():
