@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiomqtt
+import msgspec
 import structlog
 
 from gateway.ai.llm import OpenAiCompatibleLlm
@@ -116,6 +117,9 @@ class Components:
     loops: tuple[Loop, ...]
     # The [sparkplug] section the node started with: read at start only (docs/sparkplug.md).
     sparkplug: SparkplugConfig = field(default_factory=SparkplugConfig)
+    # The rebirth requests' loop ([sparkplug] enabled), which expires seqs missing longer than
+    # the reorder window.
+    rebirth: RebirthRequester | None = None
 
     def reload(self, config: Config) -> None:
         """Swap what may change at run time, between batches; messages keep flowing."""
@@ -141,6 +145,17 @@ class Components:
         # [retention]: the next maintenance pass (and the wait before the one after) takes it;
         # a pass under way finishes with the settings it started with.
         self.maintenance.retention = config.retention
+        # [sparkplug] reorder_window_s left unset follows [mqtt] shared_group, which a reload
+        # changes (the Sparkplug filters shared, or no more): with the section the node started
+        # with. Kept at its start value, a node reloaded into a group judged every reorder
+        # between the nodes a gap (window 0): its edge nodes untrusted, a rebirth each time.
+        window = msgspec.structs.replace(
+            config, sparkplug=self.sparkplug
+        ).sparkplug_reorder_window_s()
+        if self.writer.sparkplug is not None:
+            self.writer.sparkplug.reorder_window_s = window
+        if self.rebirth is not None:
+            self.rebirth.reorder_window_s = window
 
 
 async def build(
@@ -234,8 +249,10 @@ async def build(
     if config.ai.enabled:
         summaries = await _summaries(config, node, stack)
         loops.append(("ai-summaries", summaries.run))
+    rebirth = None
     if config.sparkplug.enabled:
-        loops.extend(_sparkplug_loops(config, node, session))
+        rebirth, sparkplug_loops = _sparkplug_loops(config, node, session)
+        loops.extend(sparkplug_loops)
     inactivity = InactivityMonitor(pool=node.pool, engine=engine, hearing=session.hearing)
     loops.append(("inactivity-monitor", inactivity.run))
     # Reads the engine's rules on every pass: a reload needs nothing of its own here.
@@ -286,6 +303,7 @@ async def build(
         maintenance=maintenance,
         loops=tuple(loops),
         sparkplug=config.sparkplug,
+        rebirth=rebirth,
     )
 
 
@@ -353,8 +371,11 @@ def subscriptions(
     return list(dict.fromkeys(filters))  # one mapping's telemetry topic may be another's presence
 
 
-def _sparkplug_loops(config: Config, node: Node, session: MqttSession) -> list[Loop]:
-    """[sparkplug] enabled: the rebirth requests, and the host's STATE on its own connection.
+def _sparkplug_loops(
+    config: Config, node: Node, session: MqttSession
+) -> tuple[RebirthRequester, list[Loop]]:
+    """[sparkplug] enabled: the rebirth requests (their requester, which a reload gives the
+    reorder window), and the host's STATE on its own connection.
 
     The STATE link connects where the session is: its settings follow the session's endpoint
     (``[mqtt] hosts``), so when the session moves to the next broker, the link's next connect
@@ -375,7 +396,7 @@ def _sparkplug_loops(config: Config, node: Node, session: MqttSession) -> list[L
         backoff=Backoff(config.mqtt.reconnect_min_s, config.mqtt.reconnect_max_s),
         ingest_subscribed=session.subscribed_now,
     )
-    return [("sparkplug-rebirth", requester.run), ("sparkplug-state", link.run)]
+    return requester, [("sparkplug-rebirth", requester.run), ("sparkplug-state", link.run)]
 
 
 def _state_client(settings: ConnectionSettings, will: aiomqtt.Will) -> aiomqtt.Client:
