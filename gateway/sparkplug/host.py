@@ -8,8 +8,9 @@ batch, so any node of a ``$share`` group decides as one would):
   and ``seq``; the node is online and trusted again, and a pending rebirth request is done.
 - ``DBIRTH`` adds a device's metrics and aliases; the device is online.
 - ``NDATA``/``DDATA`` become telemetry rows (metrics by name or by the birth's alias);
-  ``DDEATH`` sets its device offline; ``NDEATH`` with the birth's ``bdSeq`` sets the node and
-  every device of it offline (another ``bdSeq``: an older session's Will, ignored).
+  ``DDEATH`` sets its device offline; ``NDEATH`` with the birth's ``bdSeq``, or a later
+  session's, sets the node and every device of it offline (an earlier ``bdSeq``: an older
+  session's Will, ignored).
 - A ``seq`` that skips (beyond ``[sparkplug] reorder_window_s``) or goes back, an alias or a
   device no birth defined: the node is not trusted — its data is stored but not judged by the
   rules — until its next ``NBIRTH``, and a rebirth request is wanted (the loop in
@@ -416,16 +417,26 @@ class SparkplugHost:
         bdseq = message.payload.bdseq()
         if bdseq is not None and _after(bdseq, node.bdseq):
             # A session after the birth in force (bdSeq counts sessions, 0-255 wrapping): its
-            # NBIRTH is still on its way ($share: another node commits it). Kept, so that
-            # this birth, when it comes, finds its session dead.
+            # NBIRTH may still be on its way ($share: another node commits it). Kept, so that
+            # this birth, when it comes, finds its session dead. The death of the next session
+            # (bdSeq one on) ends the session in force too (an edge node holds one connection,
+            # one client id, at a time): the node dies now. Left online until that birth, it
+            # stayed online for good where none comes: pysparkplug's clean disconnect sends
+            # the next session's bdSeq (its Will is made for the next connection once its
+            # births are out). One further on is rather an older session's Will, late, from
+            # before the edge node restarted its bdSeq at 0 (pysparkplug, srad, the demo's):
+            # the session in force lives on.
             node.dead_bdseq = bdseq
             log.info(
                 "sparkplug_death_before_birth",
                 edge_node=node.key,
                 bdseq=bdseq,
                 birth_bdseq=node.bdseq,
-                note="an NDEATH of a session not born yet: its NBIRTH will find it dead",
+                note="an NDEATH of a later session than the birth in force: its NBIRTH, if it"
+                " comes, finds it dead (the next session's: the node is dead now)",
             )
+            if node.born and node.bdseq is not None and bdseq == (node.bdseq + 1) % 256:
+                self._die(node, out)
             return
         if not node.born or bdseq != node.bdseq:
             log.info(

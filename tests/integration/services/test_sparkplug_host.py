@@ -492,10 +492,11 @@ async def test_a_death_committed_before_its_own_birth_leaves_the_node_dead(
 
     await _batch(pool, host_a, births(4, 0))
     # Session 5's Will, taken while session 4 is still born (its own Will not committed yet):
-    # session 4 stays born until its death.
+    # session 4 is over too (one connection at a time), the node offline at once.
     await _batch(pool, host_b, [("NDEATH", NODE, _payload(None, _bdseq(5)))])
-    assert (await _state(pool)).born
-    assert await _presence(pool, "G/N") == "online"
+    assert not (await _state(pool)).born
+    assert await _presence(pool, "G/N") == "offline"
+    assert await _presence(pool, "G/N/D") == "offline"
     await _batch(pool, host_b, [("NDEATH", NODE, _payload(None, _bdseq(4)))])
     assert await _presence(pool, "G/N") == "offline"
     # Session 5's births, committed after its death.
