@@ -162,6 +162,10 @@ class MqttSession:
         # Set while ``subscribed``: what waits for the subscriptions (the Sparkplug host's
         # STATE birth, which edge nodes answer at once with their births) waits on it.
         self._subscribed_now = asyncio.Event()
+        # Set (and replaced by a new one) each time the session goes to another broker than
+        # its connection's before: what follows the session's broker (the Sparkplug STATE
+        # link) waits on it (moved_from).
+        self._broker_moved = asyncio.Event()
         # Every break of the subscriptions, the first from before the process (nothing was
         # listened to before the first subscribe): what the inactivity monitor hears.
         self.listening = Listening()
@@ -316,6 +320,8 @@ class MqttSession:
             host, port = self.endpoint
             if (self.settings.host, self.settings.port) != (host, port):
                 self.settings = dataclasses.replace(self.settings, host=host, port=port)
+                self._broker_moved.set()
+                self._broker_moved = asyncio.Event()
             client = self.client = self._connection()
             self._connected_at = None
             delay = 0.0
@@ -934,6 +940,16 @@ class MqttSession:
             limit = client.packet_limit
             return None if limit is None else limit[0]
         return self.max_packet_size
+
+    def broker(self) -> tuple[str, int]:
+        """The broker the session is connected to, or connects to next (host, port)."""
+        return self.settings.host, self.settings.port
+
+    async def moved_from(self, broker: tuple[str, int]) -> None:
+        """Return once the session is at another broker than ``broker`` (its endpoint dead,
+        or no longer listed after a reload)."""
+        while self.broker() == broker:
+            await self._broker_moved.wait()
 
     @property
     def subscribed_now(self) -> asyncio.Event:

@@ -378,8 +378,9 @@ def _sparkplug_loops(
     reorder window), and the host's STATE on its own connection.
 
     The STATE link connects where the session is: its settings follow the session's endpoint
-    (``[mqtt] hosts``), so when the session moves to the next broker, the link's next connect
-    goes there too, and edge nodes on that broker see the host's birth."""
+    (``[mqtt] hosts``), so when the session moves to the next broker, the link goes there too
+    (its broker dead, or still up: a reload that no longer lists it), and edge nodes on that
+    broker see the host's birth."""
     settings = config.sparkplug
     requester = RebirthRequester(
         pool=node.pool,
@@ -395,6 +396,7 @@ def _sparkplug_loops(
         client=lambda will: _state_client(session.settings, will),
         backoff=Backoff(config.mqtt.reconnect_min_s, config.mqtt.reconnect_max_s),
         ingest_subscribed=session.subscribed_now,
+        session=session,
     )
     return requester, [("sparkplug-rebirth", requester.run), ("sparkplug-state", link.run)]
 

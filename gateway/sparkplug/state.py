@@ -24,6 +24,10 @@ it, stopped or dead) changes nothing for the edge nodes connected, but it replac
 STATE, which is all an edge node connecting later reads: the link publishes its birth again,
 with the same timestamp, so that the retained STATE says online while a node serves.
 
+The link serves from the broker the ingest session is at (``session``): when the session goes
+to another (its broker dead, or no longer listed after a reload), the link says offline on the
+broker it leaves (if it still lives) and connects where the session went.
+
 Each birth waits for the node's ingest session to be subscribed (``ingest_subscribed``): an edge
 node that has this host as its primary host answers the online STATE at once with its NBIRTH
 and DBIRTHs, at QoS 0, which the broker gives to nobody while the session is still connecting
@@ -36,6 +40,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable
+from typing import Protocol
 
 import aiomqtt
 import structlog
@@ -49,6 +54,22 @@ log = structlog.get_logger(__name__)
 ClientFactory = Callable[[aiomqtt.Will], aiomqtt.Client]
 
 
+class Whereabouts(Protocol):
+    """Where the ingest session is (gateway.mqtt.session.MqttSession): the broker the
+    factory's client connects to."""
+
+    def broker(self) -> tuple[str, int]: ...
+
+    async def moved_from(self, broker: tuple[str, int]) -> None: ...
+
+
+class _Moved:
+    """``_serve``'s answer when the ingest session moved to another broker."""
+
+
+MOVED = _Moved()
+
+
 class HostStateLink:
     def __init__(
         self,
@@ -58,8 +79,14 @@ class HostStateLink:
         backoff: Backoff,
         clock: Callable[[], float] = time.time,
         ingest_subscribed: asyncio.Event | None = None,
+        session: Whereabouts | None = None,
     ) -> None:
         self.topic = sparkplug.state_topic(host_id)
+        # Where the ingest session is (None: not followed). The link serves from there: when
+        # the session moves to another broker (the one in use dead, or no longer listed after
+        # a reload) while this link's broker still lives, the link says offline there and
+        # connects where the session went.
+        self.session = session
         # Set while the ingest session is subscribed to the Sparkplug topics (None: no wait).
         self.ingest_subscribed = ingest_subscribed
         self.client = client
@@ -80,13 +107,16 @@ class HostStateLink:
             will = aiomqtt.Will(
                 self.topic, sparkplug.state_payload(False, timestamp), qos=1, retain=True
             )
+            at = None if self.session is None else self.session.broker()
             try:
                 async with self.client(will) as client:
-                    superseded = await self._serve(client, timestamp, stop)
+                    superseded = await self._serve(client, timestamp, stop, at)
                     if superseded is None:
                         return
                 # Left with a DISCONNECT: the broker discards this Will, nobody sees it.
                 self.online = False
+                if isinstance(superseded, _Moved):
+                    continue
                 log.info("sparkplug_state_superseded", topic=self.topic, offline_at=superseded)
             except aiomqtt.MqttError as exc:
                 self.online = False
@@ -125,34 +155,60 @@ class HostStateLink:
         self.highest = timestamp if self.highest is None else max(self.highest, timestamp)
 
     async def _serve(
-        self, client: aiomqtt.Client, timestamp: int, stop: asyncio.Event
-    ) -> int | None:
-        """Serve until ``stop`` (None) or an offline STATE that would take the host offline
-        for the edge nodes (its timestamp, to connect again above it)."""
+        self,
+        client: aiomqtt.Client,
+        timestamp: int,
+        stop: asyncio.Event,
+        at: tuple[str, int] | None = None,
+    ) -> int | _Moved | None:
+        """Serve until ``stop`` (None), an offline STATE that would take the host offline
+        for the edge nodes (its timestamp, to connect again above it), or the ingest session
+        gone from ``at``, this link's broker, to another (``MOVED``)."""
         # Subscribed first: the retained STATE read back is what tells whether to speak again.
         await client.subscribe(self.topic, qos=1)
         await self._birth(client, timestamp)
         self.backoff.reset()
         reader = asyncio.create_task(self._watch(client, timestamp))
         stopping = asyncio.create_task(stop.wait())
+        moved = asyncio.create_task(self._moved(at))
         try:
-            done, _ = await asyncio.wait({reader, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait(
+                {reader, stopping, moved}, return_when=asyncio.FIRST_COMPLETED
+            )
             if reader in done:
                 superseded = reader.result()  # the connection's error, if it ended with one
                 if not stop.is_set():
                     return superseded
         finally:
-            reader.cancel()
-            stopping.cancel()
-            await asyncio.gather(reader, stopping, return_exceptions=True)
-        if stop.is_set():
-            # A clean stop: say so before the disconnect (which would not send the Will).
+            for task in (reader, stopping, moved):
+                task.cancel()
+            await asyncio.gather(reader, stopping, moved, return_exceptions=True)
+        if stop.is_set() or moved in done:
+            # A clean stop, or the session gone to another broker: say so here before the
+            # disconnect (which would not send the Will). Left online, the retained STATE of a
+            # broker the gateway no longer reads told its edge nodes the host was there.
             await client.publish(
                 self.topic, sparkplug.state_payload(False, timestamp), qos=1, retain=True
             )
             self.online = False
+            if not stop.is_set():
+                log.info(
+                    "sparkplug_state_moved",
+                    topic=self.topic,
+                    left=f"{at[0]}:{at[1]}" if at else None,
+                    note="the ingest session is at another broker: the STATE follows it",
+                )
+                return MOVED
             log.info("sparkplug_state_offline", topic=self.topic)
         return None
+
+    async def _moved(self, at: tuple[str, int] | None) -> None:
+        """Return once the ingest session is at another broker than ``at`` (never when not
+        followed)."""
+        if self.session is None or at is None:
+            await asyncio.Event().wait()
+            return
+        await self.session.moved_from(at)
 
     async def _birth(self, client: aiomqtt.Client, timestamp: int) -> None:
         self._saw(timestamp)
