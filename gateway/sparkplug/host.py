@@ -385,8 +385,10 @@ class SparkplugHost:
         self._define(node, "", payload.metrics)
         self._data(node, message, out, birth=True)
         dead = node.dead_bdseq
-        if dead is not None and (node.bdseq is None or not _after(dead, node.bdseq)):
-            node.dead_bdseq = None  # this session's, or one before it: done with
+        if dead is not None and not _next_session(dead, node.bdseq):
+            # This session's (below), or another than the next one's: done with. (The next
+            # one's stays: this birth is a rebirth of the session before, committed late.)
+            node.dead_bdseq = None
         if dead is not None and dead == node.bdseq:
             # Its Will came first ($share: committed by another node before this birth): the
             # session is over. Its birth's values are stored (they were read); the node and
@@ -415,30 +417,32 @@ class SparkplugHost:
 
     def _ndeath(self, node: _Node, message: SparkplugMessage, out: HostOutcome) -> None:
         bdseq = message.payload.bdseq()
-        if bdseq is not None and _after(bdseq, node.bdseq):
-            # A session after the birth in force (bdSeq counts sessions, 0-255 wrapping): its
-            # NBIRTH may still be on its way ($share: another node commits it). Kept, so that
-            # this birth, when it comes, finds its session dead. The death of the next session
-            # (bdSeq one on) ends the session in force too (an edge node holds one connection,
-            # one client id, at a time): the node dies now. Left online until that birth, it
-            # stayed online for good where none comes: pysparkplug's clean disconnect sends
-            # the next session's bdSeq (its Will is made for the next connection once its
-            # births are out). One further on is rather an older session's Will, late, from
-            # before the edge node restarted its bdSeq at 0 (pysparkplug, srad, the demo's):
-            # the session in force lives on.
+        if bdseq is not None and _next_session(bdseq, node.bdseq):
+            # The next session's death (bdSeq counts sessions, 0-255 wrapping): its NBIRTH may
+            # still be on its way ($share: another node commits it). Kept, so that this birth,
+            # when it comes, finds its session dead. It ends the session in force too (an edge
+            # node holds one connection, one client id, at a time): the node dies now. Left
+            # online until that birth, it stayed online for good where none comes:
+            # pysparkplug's clean disconnect sends the next session's bdSeq (its Will is made
+            # for the next connection once its births are out).
             node.dead_bdseq = bdseq
             log.info(
                 "sparkplug_death_before_birth",
                 edge_node=node.key,
                 bdseq=bdseq,
                 birth_bdseq=node.bdseq,
-                note="an NDEATH of a later session than the birth in force: its NBIRTH, if it"
-                " comes, finds it dead (the next session's: the node is dead now)",
+                note="an NDEATH of the next session: the node is dead, and that session's"
+                " NBIRTH, if it comes, finds it dead",
             )
-            if node.born and node.bdseq is not None and bdseq == (node.bdseq + 1) % 256:
+            if node.born:
                 self._die(node, out)
             return
         if not node.born or bdseq != node.bdseq:
+            # An earlier session's Will; or one further on than the next session, which no
+            # edge node reaches before its births: a late Will from before the edge node
+            # started its bdSeq at 0 again (pysparkplug, srad, the demo's edge node do at each
+            # start). Kept as a death to come, it killed the session of that bdSeq, born and
+            # serving, reconnects later.
             log.info(
                 "sparkplug_stale_death",
                 edge_node=node.key,
@@ -580,11 +584,12 @@ class SparkplugHost:
             node.rebirth_reason = why[:200]
 
 
-def _after(bdseq: int, birth: int | None) -> bool:
-    """``bdseq`` is a session after ``birth``'s (bdSeq counts an edge node's sessions, 0-255
-    and wrapping). After no birth at all, nothing is known to be: a node never born here may
-    have been born before this gateway ran, and its Will be that session's."""
-    return birth is not None and 0 < (bdseq - birth) % 256 < 128
+def _next_session(bdseq: int, birth: int | None) -> bool:
+    """``bdseq`` is the session after ``birth``'s (bdSeq counts an edge node's connections,
+    one more each, 0-255 and wrapping). After no birth at all, nothing is known to be: a node
+    never born here may have been born before this gateway ran, and its Will be that
+    session's."""
+    return birth is not None and bdseq == (birth + 1) % 256
 
 
 def event_id_of(device_key: str, telemetry: Telemetry) -> str:
