@@ -48,6 +48,7 @@ from gateway.domain.rules import (
     Evaluation,
     Firing,
     InactivityRule,
+    Rule,
     RuleSet,
     RuleState,
     RuleStates,
@@ -166,7 +167,7 @@ class _Touched:
     """The (device, rule) rows a batch reads and writes: all of them, each message's, and
     the version of each rule they belong to."""
 
-    __slots__ = ("keys", "per_message", "versions")
+    __slots__ = ("keys", "per_message", "rules", "versions")
 
     def __init__(self, rules: RuleSet, messages: Sequence[tuple[str, str, Telemetry]]) -> None:
         keys: set[SlotKey] = set()
@@ -175,13 +176,16 @@ class _Touched:
             per_message.append(mine := state_keys(rules, device_id, message))
             keys |= mine
         versions: dict[str, str] = {}
+        by_key: dict[str, Rule] = {}
         for _, rule_key in keys:
             if rule_key not in versions:
                 rule = rules.by_key(rule_key)
                 assert rule is not None
                 versions[rule_key] = rule_version(rule)
+                by_key[rule_key] = rule
         self.keys = keys
         self.per_message = per_message
+        self.rules = by_key
         self.versions = versions
 
 
@@ -193,7 +197,9 @@ def _loaded(
     states: RuleStates = {}
     for key, entry in read.items():
         state = entry.state
-        states[key] = state if entry.row.rule_version == versions[key[1]] else state.rearmed()
+        if entry.row.rule_version != versions[key[1]]:
+            state = state.redefined(touched.rules[key[1]])
+        states[key] = state
     return _LoadedStates(
         read=read, versions=versions, states=states, touched=touched.per_message, missed=missed
     )

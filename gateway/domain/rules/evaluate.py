@@ -421,7 +421,12 @@ def _occurred(rule: EventRule, reason: str, run: _Run) -> None:
         return
     run.fire(rule, reason)
     before_clear = _before_clear_by_seq(state, run)
-    state = replace(run.newest(state), firing=True, fired_ts=at, fired_event_id=run.event_id)
+    # An event rule keeps no violation: none noted by a threshold rule of this key before a
+    # reload changed its kind may stand for this alarm should it be a threshold rule again
+    # (`RuleState.redefined`).
+    state = replace(
+        run.newest(state), firing=True, fired_ts=at, fired_event_id=run.event_id, violating_ts=None
+    )
     if (
         state.clear_ts is not None
         and state.clear_event_id is not None
@@ -812,9 +817,10 @@ def judged_again(
       `for_seconds` of database time from this write, as `hold_due_at` reads it); else it is
       pending with its count.
     - Otherwise, and with no sample: its facts kept, nothing pending."""
+    state = state.redefined(rule)
     at = state.last_ts
     if newest is None or at is None:
-        return Rejudged(state if state.firing else state.rearmed())
+        return Rejudged(state)
     value, sample_event_id = newest
     verdict = _verdict(rule, value)
     if state.firing:

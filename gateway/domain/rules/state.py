@@ -66,6 +66,20 @@ class RuleState(msgspec.Struct, frozen=True, gc=False):
         """The same facts under a changed rule definition: pending samples no longer count."""
         return replace(self, pending_count=0, pending_since=None)
 
+    def redefined(self, rule: Rule) -> RuleState:
+        """The facts of a row written under another definition, as `rule` takes them: all
+        but its pending samples (`rearmed`). And a threshold rule is firing only where a
+        violation fired it: a row firing with no violating sample since its latest alarm
+        was an event rule's (a reload changed the rule's kind under the same key; an event
+        rule's row stays firing after an occurrence no clear event ends, and keeps no
+        violation, `violating_ts`), and the threshold rule starts from normal. Taken as its
+        own violation going on, it raised nothing for the device's violations until one of
+        its samples cleared."""
+        state = self.rearmed()
+        if state.firing and isinstance(rule, ThresholdRule) and state.violating_ts is None:
+            return replace(state, firing=False)
+        return state
+
 
 # A msgspec Struct, not a dataclass: evaluation replaces a state several times per sample, and
 # msgspec's replace is about ten times cheaper than dataclasses.replace.
