@@ -1,4 +1,5 @@
-"""Which metric names and event types stored telemetry carries, in a window of device time."""
+"""Which metric names and event types stored telemetry carries, in a window of its receipt
+(`received_at`, the database's clock), whatever the devices' clocks said."""
 
 from __future__ import annotations
 
@@ -18,14 +19,14 @@ EVENT_SEEN = _Q["event_seen"]
 async def metric_names(
     conn: asyncpg.Connection, since: datetime, *, max_rows: int | None = None
 ) -> list[str]:
-    """Distinct metric names of the rows with ``ts >= since`` (of at most ``max_rows`` rows)."""
+    """Distinct metric names of the rows received since ``since`` (of at most ``max_rows`` rows)."""
     return [row[0] for row in await conn.fetch(METRIC_NAMES, since, max_rows)]
 
 
 async def event_types(
     conn: asyncpg.Connection, since: datetime, *, max_rows: int | None = None
 ) -> list[str]:
-    """Distinct event types of the rows with ``ts >= since`` (of at most ``max_rows`` rows)."""
+    """Distinct event types of the rows received since ``since`` (of at most ``max_rows`` rows)."""
     return [row[0] for row in await conn.fetch(EVENT_TYPES, since, max_rows)]
 
 

@@ -2,7 +2,7 @@
 
 :func:`find_unseen` is the check itself (``gateway rules check`` runs it once over a window);
 :class:`RuleWatch` is the daemon's loop: once a rule has been loaded for ``after_s`` and its
-name was not seen in the telemetry stored over the last ``after_s``, it logs
+name was not seen in the telemetry stored (received) over the last ``after_s``, it logs
 ``rule_never_matched`` once for that rule (per process; a rule added by a reload gets its own
 ``after_s``). Each node of a cluster logs it: it is a hint to the person reading that node's
 journal, not a decision.

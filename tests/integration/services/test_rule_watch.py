@@ -56,11 +56,13 @@ def _rules(text: str = RULES) -> RuleSet:
 async def _store(
     pool: asyncpg.Pool, ts: datetime, *, metrics: str | None = None, events: str | None = None
 ) -> None:
+    # A device whose clock is right: received when it is dated (the check's window is the
+    # receipt's, test_rules_audit_check_clocks).
     async with pool.acquire() as conn:
         await conn.execute(
-            "INSERT INTO telemetry (event_id, device_id, ts, metrics, events, node_id) "
-            "VALUES (encode(sha256(gen_random_uuid()::text::bytea), 'hex'), 'dev-1', $1, "
-            "$2::jsonb, $3::jsonb, 'n1')",
+            "INSERT INTO telemetry (event_id, device_id, ts, metrics, events, node_id, "
+            "received_at) VALUES (encode(sha256(gen_random_uuid()::text::bytea), 'hex'), "
+            "'dev-1', $1, $2::jsonb, $3::jsonb, 'n1', $1)",
             ts,
             metrics,
             events,
