@@ -382,13 +382,17 @@ async def clear_many(
     by_trigger: Collection[str] = (),
     heard_at: datetime | None = None,
     received: Sequence[float | None] | None = None,
+    inactivity: bool = False,
 ) -> list[asyncpg.Record]:
     """Clear the alarms holding `keys`; those of the rules `by_trigger` only if they are
     inactivity alarms (recognised by their trigger, not by a rule configured now); with
     `heard_at` (a replayed dead letter's receipt), only an alarm for a silence begun before
     it. `received`, per key: when the node read the device's newest message of the batch off
     the broker, on the monotonic clock (``Inbound.received_at``; None: unknown); an inactivity
-    alarm for a silence that began after that is not cleared (a node a batch behind)."""
+    alarm for a silence that began after that is not cleared (a node a batch behind).
+    `inactivity`: only inactivity alarms, whatever rule holds the key (a device heard from;
+    not the alarm a threshold or event rule raised under a key a reload made an inactivity
+    rule's)."""
     if not keys:
         return []
     now = time.monotonic()
@@ -402,6 +406,7 @@ async def clear_many(
             list(by_trigger),
             heard_at,
             ages if ages is not None else [None] * len(keys),
+            inactivity,
         )
     )
 

@@ -1220,6 +1220,7 @@ class AlarmEngine:
             by_trigger=unconfigured,
             heard_at=heard_at,
             received=read if received else None,
+            inactivity=True,
         )
         batch.cleared += len(rows)
         await record_cleared_many(

@@ -196,12 +196,19 @@ SELECT now();
 -- it either, whichever node stores it when (a node a batch behind storing the report it read
 -- before the device's Will, after another node stored the Will). The silence began at the
 -- alarm's silent_since, or, for the device's offline presence that raised it (the presence
--- stored then), when the Will was read (its receipt, before its batch's time).
+-- stored then), when the Will was read (its receipt, before its batch's time). $7 true: a
+-- device heard from, clearing its inactivity alarms: never one its trigger says a threshold
+-- (`metric`) or an event (`event`) raised (a reload that made that rule an inactivity rule under the same key
+-- leaves it to its own end: an SOS a carer is on, a boiler still hot, is not over because
+-- the device was heard from); an alarm from before triggers were kept (none, or `{}`) is
+-- taken for an inactivity alarm, as it always was.
 UPDATE alarm a
 SET cleared_at = greatest($3, a.triggered_at), clear_event_id = u.event_id
 FROM unnest($1::text[], $2::text[], $6::float8[]) AS u(active_key, event_id, age)
 WHERE a.active_key = u.active_key AND a.cleared_at IS NULL
   AND (a.rule_key <> ALL($4::text[]) OR a.trigger ? 'silent_since')
+  AND (NOT $7::boolean OR a.trigger ? 'silent_since'
+       OR NOT coalesce(a.trigger ?| ARRAY['metric', 'event'], false))
   AND ($5::timestamptz IS NULL
        OR (a.trigger ->> 'silent_since')::timestamptz < $5::timestamptz)
   AND (u.age IS NULL OR NOT a.trigger ? 'silent_since'
