@@ -68,16 +68,32 @@ class RuleState(msgspec.Struct, frozen=True, gc=False):
 
     def redefined(self, rule: Rule) -> RuleState:
         """The facts of a row written under another definition, as `rule` takes them: all
-        but its pending samples (`rearmed`). And a threshold rule is firing only where a
-        violation fired it: a row firing with no violating sample since its latest alarm
-        was an event rule's (a reload changed the rule's kind under the same key; an event
-        rule's row stays firing after an occurrence no clear event ends, and keeps no
-        violation, `violating_ts`), and the threshold rule starts from normal. Taken as its
-        own violation going on, it raised nothing for the device's violations until one of
-        its samples cleared."""
+        but its pending samples (`rearmed`). And a rule takes no facts of another kind (a
+        reload changed the rule's kind under the same key): a threshold rule is firing only
+        where a violation fired it: a row firing with no violating sample since its latest
+        alarm was an event rule's (an event rule's row stays firing after an occurrence no
+        clear event ends, and keeps no violation, `violating_ts`), and the threshold rule
+        starts from normal (taken as its own violation going on, it raised nothing for the
+        device's violations until one of its samples cleared). An event rule takes nothing
+        but the ordering (`last_ts`, `last_seq`, `last_device_ts`) from a threshold's row."""
         state = self.rearmed()
         if state.firing and isinstance(rule, ThresholdRule) and state.violating_ts is None:
             return replace(state, firing=False)
+        if isinstance(rule, EventRule) and state.violating_ts is not None:
+            # Only a threshold rule notes a violation (an occurrence forgets them): the row
+            # is a threshold's, and its alarm and clears are no occurrence of this event.
+            # Clears pair strictly by type: an SOS_CLEAR used to clear the threshold's alarm,
+            # and an occurrence dated before it was created superseded by it.
+            return replace(
+                state,
+                firing=False,
+                fired_ts=None,
+                fired_event_id=None,
+                released_ts=None,
+                clear_ts=None,
+                clear_event_id=None,
+                violating_ts=None,
+            )
         return state
 
 

@@ -120,3 +120,33 @@ async def test_a_rule_made_a_threshold_rule_again_fires_after_an_occurrence_betw
     await _leak_alarm_closed(pool, now - timedelta(seconds=60))
     again = await _store(_engine(AS_THRESHOLD), pool, Telemetry(ts=now, metrics={"water_mm": 8}))
     assert len(again.created) == 1, f"the threshold rule raised {again.created} on water_mm 8"
+
+
+AS_SOS = RuleConfig(key="leak", kind="event", event="SOS", severity="CRITICAL")
+
+
+async def test_a_threshold_rule_made_an_event_rule_clears_none_but_its_own_alarms(
+    pool: asyncpg.Pool,
+) -> None:
+    """Clears pair strictly by type: the threshold's alarm (water_mm 9 > 5), still open when
+    a reload made the key an SOS rule, is not the SOS_CLEAR's to clear."""
+    now = await _now(pool)
+    hot = await _store(
+        _engine(AS_THRESHOLD),
+        pool,
+        Telemetry(ts=now - timedelta(seconds=60), metrics={"water_mm": 9}),
+    )
+    assert len(hot.created) == 1
+    sos = _engine(AS_SOS)
+    cancel = await _store(sos, pool, Telemetry(ts=now, events=[{"type": "SOS_CLEAR"}]))
+    assert cancel.cleared == 0, "an SOS_CLEAR cleared the water_mm > 5 alarm"
+    assert len(await _open_threshold_alarms(pool)) == 1
+    # The SOS rule's own alarm, and its own clear, as ever.
+    raised = await _store(
+        sos, pool, Telemetry(ts=now + timedelta(seconds=5), events=[{"type": "SOS"}])
+    )
+    assert len(raised.created) == 1
+    ended = await _store(
+        sos, pool, Telemetry(ts=now + timedelta(seconds=9), events=[{"type": "SOS_CLEAR"}])
+    )
+    assert ended.cleared == 1
