@@ -109,11 +109,14 @@ class RuleWatch:
         current = watched_names(self.rules())
         if not current:
             self._loaded_at.clear()
+            self._reported.clear()
             return []  # nothing to watch: no query at all
         async with self.pool.acquire() as conn:
             now = await self.clock(conn)
-            # A rule removed by a reload is forgotten; one added starts its own wait.
+            # A rule removed by a reload is forgotten, reported or not; one added (again)
+            # starts its own wait, and is reported after it.
             self._loaded_at = {w: self._loaded_at.get(w, now) for w in current}
+            self._reported &= self._loaded_at.keys()
             window = timedelta(seconds=self.after_s)
             due = [
                 w for w in current if w not in self._reported and now - self._loaded_at[w] >= window
