@@ -200,7 +200,11 @@ class NotifyConsumer:
                 body = self._body(row, fact, events[row.event_id], alarm)
                 held = alarm is not None and alarm["status"] == AlarmStatus.DELAYED.value
                 due_in_s = self._held_for(fact, now) if held else 0.0
-                why = None if silence is not None else suppressed.get(row.event_id)
+                why = (
+                    None
+                    if silence is not None
+                    else suppressed.get(row.event_id) or taken_while_held(alarm, row.created_at)
+                )
                 # Silenced, inhibited or suppressed: a final delivery of its own, in no window.
                 held_back = silence is not None or inhibited is not None or why is not None
                 for name, route in targets:
@@ -353,6 +357,43 @@ def _decoded(row: OutboxRow) -> EventPayload | None:
 
 def _notification(event_type: str, event: EventPayload | None) -> Facts | None:
     return None if event is None else notification_of(event_type, event)
+
+
+def taken_while_held(alarm: dict[str, Any] | None, written_at: datetime) -> str | None:
+    """Why a notification of an alarm event written at ``written_at`` is not sent: the alarm
+    was DELAYED by quiet hours then and left DELAYED by another step than its wake, a person
+    confirming or handling it or a newer firing superseding it, before this consumer read the
+    event (it was behind). Its deliveries would have been held, and that step would have
+    suppressed them (gateway.alarms.held): they are made SUPPRESSED so, naming the step.
+    None for anything else."""
+    if alarm is None or alarm["quiet_delayed"] is None:
+        return None
+    delayed = alarm["quiet_delayed"]
+    woken = alarm["quiet_woken"]
+    if woken is not None and (woken >= delayed or written_at < woken):
+        return None  # woken since (released), or written before an earlier wake (released)
+    step = _step_out_of_delay(alarm, delayed)
+    if step is None or written_at >= step[0]:
+        return None  # still held, or written once it no longer was: told as it comes
+    return step[1]
+
+
+def _step_out_of_delay(alarm: dict[str, Any], delayed: datetime) -> tuple[datetime, str] | None:
+    """The first step since ``delayed`` that took the alarm out of DELAYED other than its
+    wake, when, and what it was (as gateway.alarms.held names it); None if none has."""
+    steps = [
+        (at, why)
+        for at, why in (
+            (alarm["confirmed_at"], f"confirmed in quiet hours by {alarm['confirmed_by']}"),
+            (alarm["handled_at"], f"handled in quiet hours by {alarm['handled_by']}"),
+            (
+                alarm["quiet_superseded"],
+                f"superseded in quiet hours by alarm {alarm['superseded_by']}",
+            ),
+        )
+        if at is not None and at >= delayed
+    ]
+    return min(steps, key=lambda step: step[0]) if steps else None
 
 
 def _with_alarm(fact: Facts, alarm: dict[str, Any] | None) -> Facts:

@@ -58,9 +58,13 @@ WHERE n.consumer = $1
 RETURNING n.horizon::text AS horizon;
 
 -- name: alarm_facts
--- $1 alarm ids; what a notification says of each alarm as it is now.
+-- $1 alarm ids; what a notification says of each alarm as it is now; and, named apart (not
+-- among the times a notification shows), when quiet hours last delayed it and woke it, and
+-- when and by which alarm it was superseded: whether people took it while it was held.
 SELECT id, device_id, rule_key, severity, status, triggered_at, pushed_at, confirmed_at,
-       confirmed_by, escalated_at, handled_at, handled_by, closed_at, closed_by, cleared_at
+       confirmed_by, escalated_at, handled_at, handled_by, closed_at, closed_by, cleared_at,
+       delayed_at AS quiet_delayed, woken_at AS quiet_woken, superseded_at AS quiet_superseded,
+       superseded_by
 FROM alarm WHERE id = ANY($1::bigint[]);
 
 -- name: alarm_suppressions

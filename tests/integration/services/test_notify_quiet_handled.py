@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncpg
 import pytest
 
+from gateway.alarms.delivery import hold
 from gateway.alarms.service import AlarmService
 from gateway.domain.alarm import Action
 from tests.integration.services.test_notify_grouping import (
@@ -143,3 +144,32 @@ async def test_an_alarm_the_night_desk_took_leaves_its_groups_held_window(
         [own] = await _held(db, taken)
         assert own["status"] == "SUPPRESSED"
         assert own["suppressed"] == "confirmed in quiet hours by night-desk"
+
+
+async def test_an_alarm_the_night_desk_took_before_the_consumer_read_it_sends_nothing(
+    db_dsn: str, db: asyncpg.Connection, pool: asyncpg.Pool
+) -> None:
+    """The same night, the notification consumer behind (its node restarting, the database
+    slow): the outbox publisher holds care-0's alarm (DELAYED), and the night desk confirms
+    it before any consumer has read its `alarm.created`. The notification the consumer makes
+    then is SUPPRESSED, as the confirmation would have made it. It used to be due at once
+    (its alarm no longer DELAYED) and went out in the middle of the night."""
+    quiet = _quiet_now()
+    async with (
+        webhook_server() as server,
+        _two_nodes(db_dsn, _config(server.url(""), UNGROUPED)) as nodes,
+    ):
+        alarm = await _raise(db, "care-0", "hot", 0)
+        async with db.transaction():
+            await hold(db, alarm, quiet=quiet, node_id="n1")  # the publisher's decision
+        assert (await _statuses(db, [alarm]))[alarm] == "DELAYED"
+        await AlarmService(pool, "n1").act(alarm, Action.CONFIRM, actor="night-desk")
+        await _consume_together(nodes)
+        for node in nodes:
+            await node.worker.run_once()
+        [row] = await _held(db, alarm)
+        assert server.on("/each") == [], "told at night of an alarm the night desk took"
+        assert (row["status"], row["suppressed"]) == (
+            "SUPPRESSED",
+            "confirmed in quiet hours by night-desk",
+        )
