@@ -178,9 +178,13 @@ async def mark_sent(
     node_id: str,
     timeout_s: float,
     actor: str,
+    note: str | None = None,
 ) -> CommandRow | None:
-    """CLAIMED → SENT and its audit row, atomically in one statement (a pool will do)."""
-    return _row(await conn.fetchrow(MARK_SENT, command_id, generation, node_id, timeout_s, actor))
+    """CLAIMED → SENT and its audit row (with ``note``), atomically in one statement (a pool
+    will do)."""
+    return _row(
+        await conn.fetchrow(MARK_SENT, command_id, generation, node_id, timeout_s, actor, note)
+    )
 
 
 async def apply_receipt(
@@ -346,12 +350,19 @@ async def mark_sent_many(
     node_id: str,
     timeout_s: float,
     actor: str,
+    note: str | None = None,
 ) -> set[int]:
-    """CLAIMED → SENT for many (id, generation) claims of this node, with audit rows, in one
-    statement; the ids written. Rows another transaction holds are skipped (the caller retries
-    them alone)."""
+    """CLAIMED → SENT for many (id, generation) claims of this node, with audit rows (with
+    ``note``), in one statement; the ids written. Rows another transaction holds are skipped
+    (the caller retries them alone)."""
     rows = await conn.fetch(
-        MARK_SENT_MANY, [c for c, _ in claims], [g for _, g in claims], node_id, timeout_s, actor
+        MARK_SENT_MANY,
+        [c for c, _ in claims],
+        [g for _, g in claims],
+        node_id,
+        timeout_s,
+        actor,
+        note,
     )
     return {int(row["id"]) for row in rows}
 

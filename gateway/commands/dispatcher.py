@@ -9,7 +9,10 @@ counts a reclaim).
 The broker being away is not a node losing its commands: while the node's broker session is
 down the dispatcher claims nothing (another node, whose session is up, may), a publish that
 failed because the session went down returns its claim to PENDING at once without counting a
-reclaim, and the session wakes the dispatcher when it is back.
+reclaim, and the session wakes the dispatcher when it is back. A downlink written before the
+session went down, whose PUBACK never came, is in doubt: the broker may have delivered it, so it
+is taken as SENT, never sent again at once; the device's receipt (held for the session) or the
+ack window decides.
 
 A downlink that has to wait for its slot under the broker's Receive Maximum (a slow broker:
 a batch goes out as PUBACKs come back, seconds for its last commands) is published only if its
@@ -42,7 +45,13 @@ from gateway.commands.lifecycle import DISPATCHER_ACTOR, fail_unsendable, mark_s
 from gateway.commands.metrics import CommandMetrics
 from gateway.config import CommandsConfig
 from gateway.domain.mappings import DownlinkError, Mappings
-from gateway.support.broker_link import BrokerLink, PublishWithdrawn, Ready, SessionDown
+from gateway.support.broker_link import (
+    BrokerLink,
+    PublishInDoubt,
+    PublishWithdrawn,
+    Ready,
+    SessionDown,
+)
 from gateway.support.loops import drain_on_notify
 from gateway.support.metrics import Metrics
 from gateway.support.node import Node, Publish
@@ -59,6 +68,10 @@ NOTIFY_CHANNEL = "command_due"
 # Claimed batches being published at once, per dispatcher.
 PIPELINE = 4
 RELEASE_NOTE = "broker session down: not published, not a reclaim"
+IN_DOUBT_NOTE = (
+    "broker session lost after the downlink was written, before its PUBACK: the broker may"
+    " have it; the device's receipt, or the ack window, decides"
+)
 # How old the batch's read of its claims may be when a downlink's slot comes after a wait
 # before it is read again (in the background; waited for at twice this age): a cancel
 # committed more than twice this before the slot came is never published.
@@ -71,6 +84,10 @@ class Outcome(Enum):
     SENT = "sent"
     # The session was down: the claim goes back to PENDING, uncounted.
     SESSION_DOWN = "session_down"
+    # Written, then the session went down before the PUBACK: the broker may have delivered it.
+    # Taken as SENT (never sent again at once): the receipt, held for the session, or the ack
+    # window decides, as for any downlink the broker took.
+    IN_DOUBT = "in_doubt"
     # Anything else (a refused PUBACK, no PUBACK in time): the lease runs out, a reclaim.
     FAILED = "failed"
     # The broker can never take it (too large, a final refusal): the command fails now.
@@ -282,6 +299,10 @@ class Dispatcher:
             # Cancelled (or lapsed) while waiting for the broker: never sent.
             log.info("downlinks_withdrawn", command_ids=withdrawn)
         await self._mark_sent([row for row, outcome in paired if outcome is Outcome.SENT])
+        in_doubt = [row for row, outcome in paired if outcome is Outcome.IN_DOUBT]
+        if in_doubt:
+            log.info("downlinks_in_doubt", command_ids=[row.id for row in in_doubt])
+        await self._mark_sent(in_doubt, note=IN_DOUBT_NOTE)
         await self._release([row for row, outcome in paired if outcome is Outcome.SESSION_DOWN])
         await self._fail([row for row, outcome in paired if outcome is Outcome.UNSENDABLE])
 
@@ -312,7 +333,10 @@ class Dispatcher:
                 self._refusals[row.id] = (exc.code, exc.detail)
                 return Outcome.UNSENDABLE
             if vendor is not None:
-                return await self._send(row, check, vendor.topic, vendor.payload)
+                outcome = await self._send(row, check, vendor.topic, vendor.payload)
+                # A vendor device answers no receipt, and the ack window spares it: nothing
+                # would ever settle the doubt, so it goes again, released as if unsent.
+                return Outcome.SESSION_DOWN if outcome is Outcome.IN_DOUBT else outcome
         downlink = DownlinkCommand(
             command_id=row.id,
             claim_generation=row.claim_generation,
@@ -333,8 +357,8 @@ class Dispatcher:
     ) -> Outcome:
         try:
             await self.publish(topic, payload, ready=check.ready(row.id))
-        except SessionDown:
-            return Outcome.SESSION_DOWN
+        except SessionDown as exc:  # written before it went down: in doubt, not unsent
+            return Outcome.IN_DOUBT if isinstance(exc, PublishInDoubt) else Outcome.SESSION_DOWN
         except PublishWithdrawn:
             return Outcome.WITHDRAWN
         except PublishRefused as exc:
@@ -398,7 +422,7 @@ class Dispatcher:
         if failed:
             self.metrics.count_command("CLAIMED", "FAILED", failed)
 
-    async def _mark_sent(self, rows: list[CommandRow]) -> None:
+    async def _mark_sent(self, rows: list[CommandRow], *, note: str | None = None) -> None:
         if not rows:
             return
         done = await repo.mark_sent_many(
@@ -407,6 +431,7 @@ class Dispatcher:
             node_id=self.node_id,
             timeout_s=self.sent_timeout_s,
             actor=DISPATCHER_ACTOR,
+            note=note,
         )
         count = len(done)
         # Rows a receipt transaction held were skipped rather than waited for (a statement
@@ -415,7 +440,11 @@ class Dispatcher:
             if row.id in done:
                 continue
             alone = await mark_sent(
-                self.pool, row, node_id=self.node_id, sent_timeout_s=self.sent_timeout_s
+                self.pool,
+                row,
+                node_id=self.node_id,
+                sent_timeout_s=self.sent_timeout_s,
+                note=note,
             )
             if alone is None:
                 # The claim lapsed (another node has it now), or the device answered before

@@ -131,8 +131,10 @@ async def mark_sent(
     *,
     node_id: str,
     sent_timeout_s: float,
+    note: str | None = None,
 ) -> CommandRow | None:
-    """The broker acknowledged the downlink: CLAIMED → SENT, if the claim is still ours.
+    """The broker acknowledged the downlink (or may have it: ``note`` says why it is taken as
+    sent): CLAIMED → SENT, if the claim is still ours.
 
     One statement writes the change and its audit row, so it needs no transaction of its own
     (SENT is never terminal: no outbox event).
@@ -144,6 +146,7 @@ async def mark_sent(
         node_id=node_id,
         timeout_s=sent_timeout_s,
         actor=DISPATCHER_ACTOR,
+        note=note,
     )
 
 

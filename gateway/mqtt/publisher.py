@@ -9,7 +9,7 @@ from collections.abc import Callable
 import aiomqtt
 
 from gateway.mqtt.session import MqttSession
-from gateway.support.broker_link import Ready, SessionDown
+from gateway.support.broker_link import PublishInDoubt, Ready, SessionDown
 from gateway.support.publish_refusal import PublishRefused
 
 
@@ -43,7 +43,9 @@ class SessionPublisher:
         (3.1.1: the PUBACK has none).
 
         Raises :class:`SessionDown` when the session is down, or went down before the PUBACK
-        came: the callers put the message back at once rather than count it as failed; and
+        came: the callers put the message back at once rather than count it as failed
+        (:class:`PublishInDoubt`, a ``SessionDown``, when the PUBLISH had been written: the
+        broker may have taken it); and
         :class:`PublishRefused` when the broker refused this message (``final``: it never will
         take it), even if it dropped the connection for it; :class:`PublishWithdrawn` when
         ``ready``, asked once a slot came after a wait, said no (nothing was sent).
@@ -56,6 +58,8 @@ class SessionPublisher:
             return await client.publish(topic, payload, qos=1, ready=ready)
         except PublishRefused:
             raise  # about this message, not the session: even when the broker hung up for it
+        except PublishInDoubt:
+            raise  # written before the session went down: the broker may have it
         except aiomqtt.MqttError as exc:
             if not client.is_open:
                 raise SessionDown(f"the broker connection ended: {exc}") from exc

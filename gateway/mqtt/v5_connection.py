@@ -100,7 +100,7 @@ from mqtt5 import (
 
 from gateway.mqtt.capabilities import BrokerCapabilities
 from gateway.mqtt.v311_client import ConnectionSettings, SubscriptionRefusedError
-from gateway.support.broker_link import PublishWithdrawn, Ready
+from gateway.support.broker_link import PublishInDoubt, PublishWithdrawn, Ready
 from gateway.support.publish_refusal import (
     PACKET_TOO_LARGE,
     PacketTooLarge,
@@ -180,6 +180,11 @@ class MqttConnectionLostError(Mqtt5Error):
 
 class MqttProtocolError(MqttConnectionLostError):
     """The broker sent something malformed or unexpected; ``reason_code`` is what we told it."""
+
+
+class MqttPublishInDoubtError(MqttConnectionLostError, PublishInDoubt):
+    """The connection ended after a QoS 1 PUBLISH was written and before its PUBACK came: the
+    broker may have it. ``reason_code`` is the connection's (its DISCONNECT's, when sent)."""
 
 
 class MqttKeepAliveError(MqttConnectionLostError):
@@ -710,7 +715,14 @@ class Mqtt5Connection:
                     raise
                 self._publish_sizes[packet_id] = (len(data), topic)
                 # Cancelled or timed out, the entry (and its slot) stays until the PUBACK.
-                code = await future
+                try:
+                    code = await future
+                except MqttConnectionLostError as exc:
+                    # Written, and no PUBACK before the end: the broker may have it.
+                    raise MqttPublishInDoubtError(
+                        f"no PUBACK for {topic!r} before the connection ended: {exc}",
+                        exc.reason_code,
+                    ) from exc
         except TimeoutError:
             raise MqttTimeoutError(f"no PUBACK for {topic!r} within {wait}s") from None
         if code >= _FAILURE:

@@ -20,6 +20,13 @@ class SessionDown(aiomqtt.MqttError):
     (An ``MqttError`` still, for whoever catches those.)"""
 
 
+class PublishInDoubt(SessionDown):
+    """The session went down after the PUBLISH was written and before its PUBACK came: the
+    broker may have taken the message, and delivered it. Unlike a plain :class:`SessionDown`
+    it is not known to be unsent: a command's downlink is then left to the device's receipt
+    (or its absence), never sent again at once (docs/commands.md)."""
+
+
 class PublishWithdrawn(Exception):
     """The publisher's ``ready`` check, asked once the message's slot under the broker's
     Receive Maximum came after a wait, said no: nothing was sent (the slot passed on)."""

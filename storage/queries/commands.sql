@@ -164,8 +164,10 @@ WITH clock AS (
 SELECT * FROM claimed;
 
 -- name: mark_sent
--- $1 id, $2 generation, $3 node, $4 seconds until timeout_at, $5 actor; the broker's PUBACK of
--- the downlink, with its audit row, in one statement (one round trip, one row locked).
+-- $1 id, $2 generation, $3 node, $4 seconds until timeout_at, $5 actor, $6 the audit row's note
+-- (null for a PUBACK); the broker's PUBACK of the downlink, or a downlink in doubt (written, the
+-- session lost before its PUBACK: the broker may have it), with its audit row, in one statement
+-- (one round trip, one row locked).
 -- Guarded by generation, node and status: a reclaimed command is not ours any more.
 WITH sent AS (
     UPDATE command
@@ -175,8 +177,8 @@ WITH sent AS (
     RETURNING *
 ), audit AS (
     INSERT INTO command_audit (command_id, actor, action, from_status, to_status,
-                               claim_generation, node_id)
-    SELECT id, $5, 'sent', 'CLAIMED', status, claim_generation, $3 FROM sent
+                               claim_generation, node_id, note)
+    SELECT id, $5, 'sent', 'CLAIMED', status, claim_generation, $3, $6::text FROM sent
 )
 SELECT * FROM sent;
 
@@ -354,8 +356,9 @@ ON CONFLICT (device_id) DO UPDATE SET bound = false;
 SELECT * FROM command WHERE id = ANY($1::bigint[]);
 
 -- name: mark_sent_many
--- $1 ids, $2 generations (pairwise), $3 node, $4 seconds until timeout_at, $5 actor. The
--- broker's PUBACKs of one dispatch batch in one statement, each guarded like mark_sent. Rows
+-- $1 ids, $2 generations (pairwise), $3 node, $4 seconds until timeout_at, $5 actor, $6 the
+-- audit rows' note (null for PUBACKs; see mark_sent). The broker's PUBACKs of one dispatch
+-- batch (or its downlinks in doubt) in one statement, each guarded like mark_sent. Rows
 -- another transaction holds (a receipt being applied) are skipped, not waited for: the caller
 -- writes those one by one, so this statement never waits holding other rows' locks. The ids
 -- written come back (the caller needs no more of the rows).
@@ -379,8 +382,8 @@ WITH mine AS (
     RETURNING c.id, c.status, c.claim_generation
 ), audit AS (
     INSERT INTO command_audit (command_id, actor, action, from_status, to_status,
-                               claim_generation, node_id)
-    SELECT id, $5, 'sent', 'CLAIMED', status, claim_generation, $3 FROM sent
+                               claim_generation, node_id, note)
+    SELECT id, $5, 'sent', 'CLAIMED', status, claim_generation, $3, $6::text FROM sent
 )
 SELECT id FROM sent;
 

@@ -68,6 +68,8 @@ class _Half(asyncio.Protocol):
             return  # black-holed: the connection stays open and carries nothing
         if not self.upstream and proxy.from_client is not None and not proxy.from_client(data):
             return  # dropped by the test's filter
+        if self.upstream and proxy.from_server is not None and not proxy.from_server(data):
+            return  # dropped by the test's filter
         peer = self.peer
         if peer is not None and peer.transport is not None:
             peer.transport.write(data)
@@ -171,6 +173,8 @@ class TcpProxy:
         # Called with each chunk a client sends (as read: a packet may span chunks, or a chunk
         # hold several); False drops the chunk instead of forwarding it.
         self.from_client: Callable[[bytes], bool] | None = None
+        # The same for each chunk the server sends to a client (a PUBACK that never arrives).
+        self.from_server: Callable[[bytes], bool] | None = None
 
     @property
     def connections(self) -> int:

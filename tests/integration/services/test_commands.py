@@ -607,7 +607,10 @@ async def test_batches_of_sent_marks_and_receipts_look_their_commands_up_by_id(
     receipts = (few, [1] * n, ["n"] * n, ["SENT"] * n, ["ACKED"] * n, ["ACKED"] * n, [0] * n,
                 [None] * n, [None] * n, [True] * n, [0] * n, [2.0] * n, [60.0] * n)  # fmt: skip
     statements = {
-        "mark_sent_many": (repo.MARK_SENT_MANY, (few, [1] * n, "n", 60.0, "system:dispatcher")),
+        "mark_sent_many": (
+            repo.MARK_SENT_MANY,
+            (few, [1] * n, "n", 60.0, "system:dispatcher", None),
+        ),
         "apply_receipts": (repo.APPLY_RECEIPTS, receipts),
     }
     for name, (sql, args) in statements.items():
