@@ -7,6 +7,9 @@ session, and its own passes against the database, have been up for the whole ack
 the broker (or the database) was away, a device's receipt waits at the broker, or in the
 ingest queue, and comes once they are back; judged before, the command a device carried out
 was failed or sent again, and its receipt refused as closed (docs/commands.md, Reaper).
+What the node received and has not stored yet (its ingest writer's lag: PostgreSQL slow to take
+telemetry, a lock, a backlog after an outage) is not heard yet either: the window stops at the
+oldest such message's receipt, as the inactivity monitor's hearing does.
 """
 
 from __future__ import annotations
@@ -69,11 +72,15 @@ async def reap(
     ack_window_s: float,
     sent_timeout_s: float,
     heard_for_s: float = math.inf,
+    unstored_s: float = 0.0,
     mappings: Sequence[str] = (),
 ) -> ReapReport:
     """One pass of the reaper in the caller's transaction; every write is conditional.
     ``heard_for_s``: how long the node has been able to hear receipts (its broker session and
-    the database up); a missing receipt is judged only once that covers the ack window.
+    the database up, up to the oldest message it holds unstored); a missing receipt is judged
+    only once that covers the ack window. ``unstored_s``: how long ago that oldest unstored
+    message was received (0: none): a receipt received since may wait in the ingest queue, so
+    only commands sent that much longer than the ack window ago are judged.
     ``mappings``: the names of the [[ingest.mappings]] configured, whose devices answer no
     receipt (their commands go out on vendor topics)."""
     report = ReapReport([], [], [], [], [])
@@ -95,7 +102,7 @@ async def reap(
             if alarm_id is not None:
                 report.alarms.append(alarm_id)
     if 0 < ack_window_s <= heard_for_s:
-        for row in await repo.ack_window_passed(conn, ack_window_s, mappings):
+        for row in await repo.ack_window_passed(conn, ack_window_s + unstored_s, mappings):
             # The node reports TIMEOUT itself: the same effect as a device's TIMEOUT receipt.
             own = CommandReceipt(
                 command_id=row.id,
@@ -173,6 +180,7 @@ class Reaper:
         broker: BrokerLink | None = None,
         clock: Callable[[], float] = time.monotonic,
         mappings: Mappings | None = None,
+        unstored_since: Callable[[], float | None] | None = None,
     ) -> None:
         self.metrics = metrics
         self.command_metrics = CommandMetrics.of(metrics.registry)
@@ -191,10 +199,18 @@ class Reaper:
         # first pass after one that could not reach the database.
         self._reconnected = self.broker.wakeup()
         self._hearing_since: float | None = clock()
+        # When the oldest message this node holds unstored was received (``clock``'s time;
+        # None: none held): its ingest writer's lag. A receipt waiting there is not heard yet.
+        self._unstored_since = unstored_since or (lambda: None)
 
     @classmethod
     def from_config(
-        cls, node: Node, commands: CommandsConfig, *, mappings: Mappings | None = None
+        cls,
+        node: Node,
+        commands: CommandsConfig,
+        *,
+        mappings: Mappings | None = None,
+        unstored_since: Callable[[], float | None] | None = None,
     ) -> Reaper:
         return cls(
             pool=node.pool,
@@ -205,6 +221,7 @@ class Reaper:
             metrics=node.metrics,
             broker=node.broker,
             mappings=mappings,
+            unstored_since=unstored_since,
         )
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -222,8 +239,15 @@ class Reaper:
             self._hearing_since = now
         return 0.0 if self._hearing_since is None else now - self._hearing_since
 
+    def unstored_s(self) -> float:
+        """How long ago the oldest message this node holds unstored was received (0: none)."""
+        since = self._unstored_since()
+        return 0.0 if since is None else max(self.clock() - since, 0.0)
+
     async def run_once(self) -> None:
-        heard_for_s = self.heard_for_s()
+        # The lag first: a message stored between the two reads is then only counted late.
+        unstored_s = self.unstored_s()
+        heard_for_s = max(self.heard_for_s() - unstored_s, 0.0)
         try:
             async with self.pool.acquire() as conn, conn.transaction():
                 report = await reap(
@@ -232,6 +256,7 @@ class Reaper:
                     ack_window_s=self.ack_window_s,
                     sent_timeout_s=self.sent_timeout_s,
                     heard_for_s=heard_for_s,
+                    unstored_s=unstored_s,
                     mappings=list(self.mappings.by_name),
                 )
         except Exception:

@@ -223,7 +223,13 @@ async def build(
     )
     quiet = config.quiet_hours()
     dispatcher = Dispatcher.from_config(node, config.commands, mappings=writer.decoder.mappings)
-    reaper = Reaper.from_config(node, config.commands, mappings=writer.decoder.mappings)
+    reaper = Reaper.from_config(
+        node,
+        config.commands,
+        mappings=writer.decoder.mappings,
+        # A receipt received and not yet stored is not heard yet (the writer's lag).
+        unstored_since=lambda: writer.unstored_since,
+    )
     outbox = OutboxPublisher.from_config(node, config.outbox, quiet=quiet)
     notify_metrics = NotifyMetrics.of(node.metrics.registry)
 
