@@ -285,10 +285,16 @@ RETURNING *;
 -- (device_mapping) gets its commands on the vendor's topic and sends no receipt at all: its
 -- commands are left SENT (docs/devices.md#commands-to-mapped-devices). One whose mapping is
 -- gone from the configuration gets the native downlink again, and is judged as any device.
+-- A command whose device answered this claim already (a SENT receipt: "received, working on
+-- it") has had its receipt: it waits for its outcome until timeout_at (fail_sent_timeout).
 SELECT * FROM command
 WHERE status = 'SENT' AND sent_at < now() - make_interval(secs => $1)
   AND NOT EXISTS (SELECT 1 FROM device_mapping m
                   WHERE m.device_id = command.device_id AND m.mapping = ANY ($2::text[]))
+  AND NOT EXISTS (SELECT 1 FROM command_receipt r
+                  WHERE r.command_id = command.id
+                    AND r.claim_generation = command.claim_generation
+                    AND r.node_id = command.claimed_node_id AND r.outcome = 'accepted')
 ORDER BY id LIMIT 500;
 
 -- name: fail_sent_timeout
