@@ -7,7 +7,9 @@ stable code, so the AI worker records a failure as a fact instead of crashing:
 - ``LLM_TIMEOUT``: no complete answer within ``timeout_s`` (the whole call, fallback included);
 - ``LLM_UNREACHABLE``: connection refused, DNS failure, connection reset or closed mid-answer;
 - ``LLM_HTTP_<status>``: a non-2xx answer; ``raw`` holds its body (at most 64 KiB);
-- ``LLM_PROTOCOL``: a 2xx answer that is not a chat-completions response; ``raw`` holds it.
+- ``LLM_PROTOCOL``: a 2xx answer that is not a chat-completions response (``raw`` holds it:
+  a body nested too deeply to decode too), or an answer not even HTTP can follow (a malformed
+  response, a redirect to a URL that is not http(s)).
 
 JSON mode: with ``json_mode`` the request asks for ``response_format: {"type": "json_object"}``
 (unless the caller already chose one); without it any ``response_format`` is left out. Servers
@@ -109,7 +111,7 @@ def _error_detail(raw: str) -> str:
     """The server's own error message when the body has one, else the start of the body."""
     try:
         body = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested deeper than Python recurses
         body = None
     if isinstance(body, dict):
         error = body.get("error")
@@ -126,6 +128,10 @@ def _parse_reply(raw: str, requested_model: str) -> LlmReply:
         body = json.loads(raw)
     except ValueError as exc:
         raise LlmError("LLM_PROTOCOL", f"response is not JSON: {exc}", raw=raw) from exc
+    except RecursionError as exc:
+        # A body nested deeper than the decoder recurses (a broken proxy, a hostile server):
+        # a fact about the answer, not a crash of the worker (and with it of the daemon).
+        raise LlmError("LLM_PROTOCOL", "response is nested too deeply", raw=raw) from exc
     choices = body.get("choices") if isinstance(body, dict) else None
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
         raise LlmError("LLM_PROTOCOL", "response has no choices[0]", raw=raw)
@@ -277,6 +283,10 @@ class OpenAiCompatibleLlm:
             raise LlmError("LLM_UNREACHABLE", f"{self.shown_url}: {exc}") from exc
         except aiohttp.ClientResponseError as exc:  # not even a well-formed HTTP answer
             raise LlmError("LLM_PROTOCOL", f"{self.shown_url}: {exc.message}") from exc
+        except aiohttp.ClientError as exc:
+            # The rest: a redirect to a URL that is not http(s) or not a URL at all. Named by
+            # its class only: its text is that URL, which may carry credentials.
+            raise LlmError("LLM_PROTOCOL", f"{self.shown_url}: {type(exc).__name__}") from exc
 
         raw = _decode(data)
         detail = _error_detail(raw)

@@ -36,6 +36,7 @@ class _Scripted:
     body: str
     status: int
     content_type: str
+    headers: dict[str, str] | None = None
 
 
 class FakeLlm:
@@ -68,10 +69,16 @@ class FakeLlm:
             self.reply_raw(content, status=status)
 
     def reply_raw(
-        self, body: str, *, status: int = 200, content_type: str = "application/json"
+        self,
+        body: str,
+        *,
+        status: int = 200,
+        content_type: str = "application/json",
+        headers: dict[str, str] | None = None,
     ) -> None:
-        """Queue an answer whose body is sent exactly as given (malformed responses)."""
-        self._script.append(_Scripted(body, status, content_type))
+        """Queue an answer whose body is sent exactly as given (malformed responses), with
+        ``headers`` besides (a redirect's ``Location``)."""
+        self._script.append(_Scripted(body, status, content_type, headers))
 
     def hang(self) -> None:
         """The next request gets no answer until the server stops (each call adds one)."""
@@ -170,7 +177,10 @@ class FakeLlm:
                 model = body.get("model") if isinstance(body.get("model"), str) else "fake-model"
                 return web.json_response(self.completion(DEFAULT_CONTENT, model=model))
             return web.Response(
-                text=scripted.body, status=scripted.status, content_type=scripted.content_type
+                text=scripted.body,
+                status=scripted.status,
+                content_type=scripted.content_type,
+                headers=scripted.headers,
             )
         finally:
             self.in_flight -= 1
