@@ -28,6 +28,7 @@ ALARM_REASON = _Q["alarm_reason"]
 RECENT_TELEMETRY = _Q["recent_telemetry"]
 SUCCEED = _Q["succeed"]
 FAIL = _Q["fail"]
+FINISHED_BY_CLAIM = _Q["finished_by_claim"]
 SWEEP_LOST = _Q["sweep_lost"]
 RESET = _Q["reset"]
 LATEST_FOR_ALARM = _Q["latest_for_alarm"]
@@ -195,6 +196,13 @@ async def fail(
 ) -> AiTaskRow | None:
     raw = None if raw_response is None else storable(raw_response)
     return _row(await conn.fetchrow(FAIL, task_id, token, error_code, storable(error_message), raw))
+
+
+async def finished_by_claim(
+    conn: asyncpg.Connection, task_id: int, token: uuid.UUID
+) -> AiTaskRow | None:
+    """The task as the result of claim ``token`` left it, or None (not finished by it)."""
+    return _row(await conn.fetchrow(FINISHED_BY_CLAIM, task_id, token))
 
 
 async def sweep_lost(conn: asyncpg.Connection, timeout_s: float) -> list[AiTaskRow]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +30,7 @@ from gateway.alarms.lifecycle import alarm_from_record
 from gateway.config import AiConfig
 from gateway.domain.ai_prompt import AlarmFacts, build_request
 from gateway.domain.ai_task import ErrorCode, retry_delay_s, should_retry
+from gateway.support.backoff import Backoff
 from gateway.support.loops import (
     RETRYABLE,
     every,
@@ -43,10 +45,15 @@ from storage import ai_tasks as repo
 from storage import alarms as alarm_repo
 from storage import outbox
 from storage.ai_tasks import AiTaskRow
+from storage.errors import TRANSIENT_DB_ERRORS
 
 log = structlog.get_logger(__name__)
 
 TELEMETRY_SAMPLES = 50
+# Writing a result the database refused (away for a moment): the first retry after about this
+# long, doubling up to the cap, for as long as the claim is not yet taken as lost.
+WRITE_RETRY_S = 0.2
+WRITE_RETRY_CAP_S = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +65,9 @@ class Claimed:
     model_name: str
     prompt_version: str
     request: dict[str, Any]
+    # The event loop's clock at the claim: past it plus processing_timeout_s, the sweep takes
+    # the task as lost, and its result is no longer written.
+    claimed_at: float = 0.0
 
 
 def task_to_json(row: AiTaskRow, *, with_payloads: bool) -> dict[str, Any]:
@@ -92,6 +102,7 @@ class SummaryWorker:
         self.processing_timeout_s = processing_timeout_s
         self.poll_s = poll_s
         self.wakeup = asyncio.Event()
+        self.stop: asyncio.Event | None = None
 
     @classmethod
     def from_config(cls, node: Node, ai: AiConfig, *, llm: LlmPort) -> SummaryWorker:
@@ -107,6 +118,7 @@ class SummaryWorker:
         )
 
     async def run(self, stop: asyncio.Event) -> None:
+        self.stop = stop
         async with asyncio.TaskGroup() as tasks:
             for n in range(self.workers):
                 tasks.create_task(self._loop(stop), name=f"ai-worker-{n}")
@@ -177,6 +189,7 @@ class SummaryWorker:
             model_name=row.model_name,
             prompt_version=row.prompt_version,
             request=request,
+            claimed_at=asyncio.get_running_loop().time(),
         )
 
     async def process(self, task: Claimed) -> None:
@@ -193,7 +206,9 @@ class SummaryWorker:
         except OutputInvalid as exc:
             await self._failed(task, ErrorCode.LLM_OUTPUT_INVALID, exc.detail, raw)
         else:
-            async with self.pool.acquire() as conn, conn.transaction():
+            assert raw is not None
+
+            async def succeed(conn: asyncpg.Connection) -> AiTaskRow | None:
                 row = await repo.succeed(
                     conn,
                     task.task_id,
@@ -208,12 +223,14 @@ class SummaryWorker:
                 )
                 if row is not None:
                     await self._event(conn, row, EventType.AI_SUMMARY_SUCCEEDED)
-            self._count(row, "SUCCEEDED", "")
+                return row
+
+            self._count(await self._write(task, succeed), "SUCCEEDED", "")
         finally:
             self.ai_metrics.ai_latency.observe(loop.time() - started)
 
     async def _failed(self, task: Claimed, code: str, message: str, raw: str | None) -> None:
-        async with self.pool.acquire() as conn, conn.transaction():
+        async def fail(conn: asyncpg.Connection) -> AiTaskRow | None:
             row = await repo.fail(
                 conn,
                 task.task_id,
@@ -224,7 +241,52 @@ class SummaryWorker:
             )
             if row is not None:
                 await self._after_failure(conn, row)
-        self._count(row, "FAILED", code)
+            return row
+
+        self._count(await self._write(task, fail), "FAILED", code)
+
+    async def _write(
+        self,
+        task: Claimed,
+        write: Callable[[asyncpg.Connection], Awaitable[AiTaskRow | None]],
+    ) -> AiTaskRow | None:
+        """Write a claim's result in one transaction; while the database is away, again.
+
+        The model's answer exists nowhere else: given up at the first refused write, it was
+        lost, the task left PROCESSING until the sweep failed it as WORKER_LOST and the next
+        attempt asked the model again. The write is conditional on the claim token, so a
+        retry after a COMMIT whose answer was lost finds the result already there (and its
+        event with it) and writes nothing twice. Retried until the claim would be taken as
+        lost (``processing_timeout_s`` after it) or the worker stops."""
+        loop = asyncio.get_running_loop()
+        deadline = task.claimed_at + self.processing_timeout_s
+        backoff = Backoff(WRITE_RETRY_S, WRITE_RETRY_CAP_S)
+        retried = False
+        while True:
+            try:
+                async with self.pool.acquire() as conn, conn.transaction():
+                    row = await write(conn)
+                    if row is None and retried:
+                        # An earlier try may have committed unheard: then it is this one's.
+                        row = await repo.finished_by_claim(conn, task.task_id, task.token)
+            except TRANSIENT_DB_ERRORS as exc:
+                delay = backoff.next_delay()
+                stopping = self.stop is not None and self.stop.is_set()
+                if stopping or loop.time() + delay >= deadline:
+                    raise
+                log.warning(
+                    "ai_result_not_written",
+                    task_id=task.task_id,
+                    error=repr(exc),
+                    retry_in_s=round(delay, 3),
+                )
+                retried = True
+                if self.stop is None:
+                    await asyncio.sleep(delay)
+                else:
+                    await sleep_unless_stopped(self.stop, delay)
+            else:
+                return row
 
     def _count(self, row: AiTaskRow | None, status: str, code: str) -> None:
         if row is None:

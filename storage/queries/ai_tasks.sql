@@ -59,6 +59,13 @@ SET status = 'FAILED', error_code = $3, error_message = $4, raw_response = $5,
 WHERE id = $1 AND status = 'PROCESSING' AND claim_token = $2
 RETURNING *;
 
+-- name: finished_by_claim
+-- $1 id, $2 claim token; the task as this claim's result left it (a write whose COMMIT went
+-- through unheard), else nothing. A sweep keeps the token but says WORKER_LOST: not the claim's.
+SELECT * FROM ai_task
+WHERE id = $1 AND claim_token = $2
+  AND (status = 'SUCCEEDED' OR (status = 'FAILED' AND error_code <> 'WORKER_LOST'));
+
 -- name: sweep_lost
 -- $1 processing timeout seconds; tasks whose worker died mid-call: FAILED WORKER_LOST.
 UPDATE ai_task

@@ -3,7 +3,8 @@
 ``async with FakeLlm() as llm:`` serves ``POST /v1/chat/completions`` on 127.0.0.1 at a port the
 kernel picks; point a client at ``llm.base_url``. Answers come from a FIFO script
 (``reply``/``reply_raw``), falling back to a valid summary JSON when the script is empty.
-``hang``, ``delay`` and ``reject_response_format_once`` stage the failure modes of real servers.
+``hang``, ``hold``/``release``, ``delay`` and ``reject_response_format_once`` stage the failure
+modes of real servers.
 Every hung or delayed handler is released when the server stops, so stopping never waits.
 """
 
@@ -51,6 +52,8 @@ class FakeLlm:
         self.peak_in_flight = 0
         self._script: deque[_Scripted] = deque()
         self._hangs = 0
+        self._holds = 0
+        self._released: asyncio.Event | None = None
         self._delay_s = 0.0
         self._reject_response_format = False
         self._ids = itertools.count(1)
@@ -83,6 +86,15 @@ class FakeLlm:
     def hang(self) -> None:
         """The next request gets no answer until the server stops (each call adds one)."""
         self._hangs += 1
+
+    def hold(self) -> None:
+        """The next request waits for :meth:`release` (or the stop) before it is answered."""
+        self._holds += 1
+
+    def release(self) -> None:
+        """Answer the held requests now (as scripted)."""
+        if self._released is not None:
+            self._released.set()
 
     def delay(self, seconds: float) -> None:
         """Every answer from now on waits ``seconds`` first (a slow model); 0 resets."""
@@ -120,6 +132,7 @@ class FakeLlm:
     async def __aenter__(self) -> Self:
         self._stopping = asyncio.Event()
         self._arrived = asyncio.Condition()
+        self._released = asyncio.Event()
         app = web.Application()
         app.router.add_post("/v1/chat/completions", self._handle)
         # Handlers are released on stop; the timeout only bounds a handler stuck elsewhere.
@@ -164,6 +177,14 @@ class FakeLlm:
                 self._hangs -= 1
                 await self._stopping.wait()
                 return _error(503, "fake LLM stopped")
+            if self._holds:
+                self._holds -= 1
+                assert self._released is not None
+                released = asyncio.create_task(self._released.wait())
+                stopping = asyncio.create_task(self._stopping.wait())
+                await asyncio.wait({released, stopping}, return_when=asyncio.FIRST_COMPLETED)
+                released.cancel()
+                stopping.cancel()
             if self._reject_response_format and "response_format" in body:
                 self._reject_response_format = False
                 return _error(400, "response_format not supported")
