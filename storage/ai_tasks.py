@@ -31,6 +31,7 @@ FAIL = _Q["fail"]
 FINISHED_BY_CLAIM = _Q["finished_by_claim"]
 SWEEP_LOST = _Q["sweep_lost"]
 RESET = _Q["reset"]
+RELEASE = _Q["release"]
 LATEST_FOR_ALARM = _Q["latest_for_alarm"]
 FOR_ALARM = _Q["for_alarm"]
 
@@ -211,6 +212,11 @@ async def sweep_lost(conn: asyncpg.Connection, timeout_s: float) -> list[AiTaskR
 
 async def reset(conn: asyncpg.Connection, task_id: int) -> bool:
     return await conn.fetchval(RESET, task_id) is not None
+
+
+async def release(conn: asyncpg.Connection, task_id: int, token: uuid.UUID) -> bool:
+    """Claim ``token`` gives its task back (PENDING, due now); False if no longer its own."""
+    return await conn.fetchval(RELEASE, task_id, token) is not None
 
 
 async def latest_for_alarm(conn: asyncpg.Connection, alarm_id: int) -> asyncpg.Record | None:

@@ -23,7 +23,7 @@ import asyncpg
 import msgspec
 import structlog
 
-from gateway.ai.llm import LlmError, LlmPort
+from gateway.ai.llm import LlmError, LlmPort, LlmReply
 from gateway.ai.metrics import AiMetrics
 from gateway.ai.output import OutputInvalid, parse_summary
 from gateway.alarms.lifecycle import alarm_from_record
@@ -198,7 +198,10 @@ class SummaryWorker:
         raw: str | None = None
         try:
             # No transaction, no pooled connection: a slow model cannot starve the pool.
-            reply = await self.llm.complete(task.request)
+            reply = await self._call(task)
+            if reply is None:
+                await self._release(task)
+                return
             raw = reply.raw_response
             summary = parse_summary(reply.text)
         except LlmError as exc:
@@ -228,6 +231,38 @@ class SummaryWorker:
             self._count(await self._write(task, succeed), "SUCCEEDED", "")
         finally:
             self.ai_metrics.ai_latency.observe(loop.time() - started)
+
+    async def _call(self, task: Claimed) -> LlmReply | None:
+        """The model's reply to the claim, or None when the node stops first.
+
+        A stop does not wait for the model: a call may take ``timeout_s`` (a minute or more for
+        a slow local model), and the node has to exit within the service manager's stop
+        timeout. The call is left, and the caller gives the task back."""
+        stop = self.stop
+        if stop is None:
+            return await self.llm.complete(task.request)
+        call = asyncio.ensure_future(self.llm.complete(task.request))
+        stopping = asyncio.ensure_future(stop.wait())
+        try:
+            await asyncio.wait({call, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopping.cancel()
+            if not call.done():
+                call.cancel()
+                await asyncio.wait({call})
+        return None if call.cancelled() else call.result()
+
+    async def _release(self, task: Claimed) -> None:
+        """Give a claimed task back (PENDING, the same attempt, due now) as the node stops:
+        not left PROCESSING for the sweep to fail as WORKER_LOST minutes later, an attempt
+        spent on a call nobody answered wrong."""
+        try:
+            async with self.pool.acquire() as conn:
+                released = await repo.release(conn, task.task_id, task.token)
+        except TRANSIENT_DB_ERRORS as exc:  # the sweep takes it then
+            log.warning("ai_task_not_released", task_id=task.task_id, error=repr(exc))
+            return
+        log.info("ai_task_released", task_id=task.task_id, released=released)
 
     async def _failed(self, task: Claimed, code: str, message: str, raw: str | None) -> None:
         async def fail(conn: asyncpg.Connection) -> AiTaskRow | None:

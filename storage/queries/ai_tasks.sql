@@ -83,6 +83,15 @@ SET status = 'PENDING', claim_token = NULL, claimed_by = NULL, started_at = NULL
 WHERE id = $1 AND status = 'PROCESSING'
 RETURNING id;
 
+-- name: release
+-- $1 id, $2 claim token; a stopping node gives back the task it claimed, if still its claim:
+-- PENDING again, the same attempt, due now (another node, or this one's next start, takes it).
+UPDATE ai_task
+SET status = 'PENDING', claim_token = NULL, claimed_by = NULL, started_at = NULL,
+    request_payload = NULL, next_attempt_at = now()
+WHERE id = $1 AND status = 'PROCESSING' AND claim_token = $2
+RETURNING id;
+
 -- name: latest_for_alarm
 -- $1 alarm id; its newest attempt.
 SELECT * FROM ai_task WHERE alarm_id = $1 ORDER BY attempt DESC LIMIT 1;
