@@ -6,7 +6,8 @@ stable code, so the AI worker records a failure as a fact instead of crashing:
 
 - ``LLM_TIMEOUT``: no complete answer within ``timeout_s`` (the whole call, fallback included);
 - ``LLM_UNREACHABLE``: connection refused, DNS failure, connection reset or closed mid-answer;
-- ``LLM_HTTP_<status>``: a non-2xx answer; ``raw`` holds its body (at most 64 KiB);
+- ``LLM_HTTP_<status>``: a non-2xx answer; ``raw`` holds its body (at most 64 KiB), and
+  ``retry_after_s`` the wait its ``Retry-After`` header asks for (seconds or an HTTP date);
 - ``LLM_PROTOCOL``: a 2xx answer that is not a chat-completions response (``raw`` holds it:
   a body nested too deeply to decode too), or an answer not even HTTP can follow (a malformed
   response, a redirect to a URL that is not http(s)).
@@ -22,7 +23,10 @@ again. The prompt still asks for JSON and the output parser validates it either 
 from __future__ import annotations
 
 import asyncio
+import email.utils
 import json
+import math
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import TracebackType
@@ -54,11 +58,38 @@ _REJECTION_STATUSES = frozenset({400, 422})
 class LlmError(GatewayError):
     """An LLM call failed; ``code`` is stable (``LLM_TIMEOUT``, ``LLM_HTTP_500`` ...)."""
 
-    def __init__(self, code: str, message: str, *, raw: str | None = None) -> None:
+    def __init__(
+        self,
+        code: str,
+        message: str,
+        *,
+        raw: str | None = None,
+        retry_after_s: float | None = None,
+    ) -> None:
         super().__init__(f"{code}: {message}")
         self.code = code
         self.message = message
         self.raw = raw
+        #: The server's ``Retry-After`` (a 429 or 503 that is rate limiting), in seconds.
+        self.retry_after_s = retry_after_s
+
+
+def retry_after_s(value: str | None, *, now: float | None = None) -> float | None:
+    """Seconds a ``Retry-After`` header asks to wait (RFC 9110: delay-seconds or an HTTP
+    date; a date in the past is 0), or None when it is absent or unreadable."""
+    if value is None or not value.strip():
+        return None
+    text = value.strip()
+    if text.isdigit():
+        return float(text)
+    try:
+        when = email.utils.parsedate_to_datetime(text)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:  # an HTTP date is GMT; a zone-less one is read as such
+        return None
+    seconds = when.timestamp() - (time.time() if now is None else now)
+    return max(0.0, seconds) if math.isfinite(seconds) else None
 
 
 @dataclass(frozen=True)
@@ -274,6 +305,7 @@ class OpenAiCompatibleLlm:
                     return _parse_reply(_decode(data), requested_model)
                 data, _ = await _read_bounded(response, MAX_ERROR_BODY_BYTES)
                 status = response.status
+                wait_s = retry_after_s(response.headers.get("Retry-After"))
         except aiohttp.ServerTimeoutError:
             raise  # a TimeoutError first: complete() reports it as LLM_TIMEOUT
         except aiohttp.ClientConnectionError as exc:  # refused, DNS, reset, closed mid-answer
@@ -291,7 +323,7 @@ class OpenAiCompatibleLlm:
         raw = _decode(data)
         detail = _error_detail(raw)
         message = f"HTTP {status} from {self.shown_url}: {detail}"
-        error = LlmError(f"LLM_HTTP_{status}", message, raw=raw)
+        error = LlmError(f"LLM_HTTP_{status}", message, raw=raw, retry_after_s=wait_s)
         if status in _REJECTION_STATUSES and "response_format" in body and "response_format" in raw:
             raise _Rejected(error)
         raise error

@@ -29,7 +29,7 @@ from gateway.ai.output import OutputInvalid, parse_summary
 from gateway.alarms.lifecycle import alarm_from_record
 from gateway.config import AiConfig
 from gateway.domain.ai_prompt import AlarmFacts, build_request
-from gateway.domain.ai_task import ErrorCode, retry_delay_s, should_retry
+from gateway.domain.ai_task import ErrorCode, retry_delay_after_s, should_retry
 from gateway.support.backoff import Backoff
 from gateway.support.loops import (
     RETRYABLE,
@@ -205,7 +205,7 @@ class SummaryWorker:
             raw = reply.raw_response
             summary = parse_summary(reply.text)
         except LlmError as exc:
-            await self._failed(task, exc.code, exc.message, exc.raw)
+            await self._failed(task, exc.code, exc.message, exc.raw, exc.retry_after_s)
         except OutputInvalid as exc:
             await self._failed(task, ErrorCode.LLM_OUTPUT_INVALID, exc.detail, raw)
         else:
@@ -264,7 +264,14 @@ class SummaryWorker:
             return
         log.info("ai_task_released", task_id=task.task_id, released=released)
 
-    async def _failed(self, task: Claimed, code: str, message: str, raw: str | None) -> None:
+    async def _failed(
+        self,
+        task: Claimed,
+        code: str,
+        message: str,
+        raw: str | None,
+        server_wait_s: float | None = None,
+    ) -> None:
         async def fail(conn: asyncpg.Connection) -> AiTaskRow | None:
             row = await repo.fail(
                 conn,
@@ -275,7 +282,7 @@ class SummaryWorker:
                 raw_response=raw,
             )
             if row is not None:
-                await self._after_failure(conn, row)
+                await self._after_failure(conn, row, server_wait_s)
             return row
 
         self._count(await self._write(task, fail), "FAILED", code)
@@ -331,7 +338,9 @@ class SummaryWorker:
             return
         self.ai_metrics.ai_tasks.labels(status, code).inc()
 
-    async def _after_failure(self, conn: asyncpg.Connection, row: AiTaskRow) -> None:
+    async def _after_failure(
+        self, conn: asyncpg.Connection, row: AiTaskRow, server_wait_s: float | None = None
+    ) -> None:
         await self._event(conn, row, EventType.AI_SUMMARY_FAILED)
         attempt = row.attempt
         if should_retry(attempt, self.max_attempts):
@@ -341,7 +350,9 @@ class SummaryWorker:
                 attempt=attempt + 1,
                 model_name=row.model_name,
                 prompt_version=row.prompt_version,
-                delay_s=retry_delay_s(attempt),
+                # A rate-limiting server's Retry-After first: retried sooner, the attempt
+                # is spent inside the limit.
+                delay_s=retry_delay_after_s(attempt, server_wait_s),
             )
 
     async def _event(self, conn: asyncpg.Connection, row: AiTaskRow, event_type: EventType) -> None:

@@ -236,6 +236,23 @@ def retry_delay_s(
     return (rng or random).uniform(ceiling / 2, ceiling)
 
 
+def retry_delay_after_s(
+    attempt: int,
+    server_wait_s: float | None,
+    *,
+    cap_s: float = 3600.0,
+    rng: random.Random | None = None,
+) -> float:
+    """:func:`retry_delay_s`, but never sooner than the wait the server asked for (its
+    ``Retry-After``), that wait jittered up to a tenth more (the tasks of a storm that all
+    met the same rate limit do not come back at the same instant), and at most ``cap_s``."""
+    delay = retry_delay_s(attempt, rng=rng)
+    if server_wait_s is None or not math.isfinite(server_wait_s) or server_wait_s <= 0:
+        return delay
+    asked = min(server_wait_s, cap_s)
+    return max(delay, min(cap_s, asked * (rng or random).uniform(1.0, 1.1)))
+
+
 def should_retry(attempt: int, max_attempts: int) -> bool:
     """Whether a failed ``attempt`` (1-based) gets another: while ``attempt < max_attempts``."""
     if attempt < 1:
