@@ -859,6 +859,16 @@ def _validate_ai(ai: AiConfig) -> list[ConfigError]:
         errors.append(
             ConfigError("ai.base_url", "credentials in the URL exclude api_key and api_key_env")
         )
+    if ai.processing_timeout_s <= ai.timeout_s:
+        # The sweep takes a task PROCESSING this long as lost (WORKER_LOST, then the next
+        # attempt): a call still allowed to run would be swept, its answer discarded.
+        errors.append(
+            ConfigError(
+                "ai.processing_timeout_s",
+                f"must exceed ai.timeout_s ({ai.timeout_s:g}): a call still running would be"
+                " failed as WORKER_LOST",
+            )
+        )
     if ai.prompt_version not in PROMPTS:
         errors.append(
             ConfigError("ai.prompt_version", f"unknown prompt version; known: {sorted(PROMPTS)}")
