@@ -146,6 +146,8 @@ async def alarm_reason(conn: asyncpg.Connection, alarm_id: int) -> str | None:
 async def recent_telemetry(
     conn: asyncpg.Connection, device_id: str, until: datetime, limit: int
 ) -> list[dict[str, Any]]:
+    """The ``limit`` samples of the device stored by ``until`` (an alarm's triggered_at),
+    newest device time first: by receipt, so a clock running ahead loses none of them."""
     rows = await conn.fetch(RECENT_TELEMETRY, device_id, until, limit)
     return [
         {

@@ -36,9 +36,12 @@ WHERE aggregate_type = 'alarm' AND aggregate_id = $1::text AND event_type = $2
 ORDER BY id LIMIT 1;
 
 -- name: recent_telemetry
--- $1 device, $2 up to (timestamp), $3 limit; newest first.
+-- $1 device, $2 the alarm's triggered_at, $3 limit; the samples stored by then (the trigger's
+-- own batch included: its received_at is that batch's now(), as triggered_at), newest device
+-- time first. Not "dated up to triggered_at": a device clock ahead of the database's dates its
+-- trigger after it, and the prompt lost the very sample that raised the alarm.
 SELECT ts, metrics::text AS metrics, events::text AS events
-FROM telemetry WHERE device_id = $1 AND ts <= $2
+FROM telemetry WHERE device_id = $1 AND received_at <= $2
 ORDER BY ts DESC LIMIT $3;
 
 -- name: succeed
