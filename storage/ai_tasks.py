@@ -116,8 +116,9 @@ async def insert_first_tasks(
     await conn.execute(INSERT_FIRST_TASKS, list(alarm_ids), model_name, prompt_version)
 
 
-async def lock_due(conn: asyncpg.Connection) -> DueTask | None:
-    record = await conn.fetchrow(LOCK_DUE)
+async def lock_due(conn: asyncpg.Connection, prompt_versions: Sequence[str]) -> DueTask | None:
+    """One due PENDING task whose prompt version is one of ``prompt_versions``, locked."""
+    record = await conn.fetchrow(LOCK_DUE, list(prompt_versions))
     return None if record is None else DueTask(**dict(record.items()))
 
 

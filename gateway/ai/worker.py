@@ -28,7 +28,7 @@ from gateway.ai.metrics import AiMetrics
 from gateway.ai.output import OutputInvalid, parse_summary
 from gateway.alarms.lifecycle import alarm_from_record
 from gateway.config import AiConfig
-from gateway.domain.ai_prompt import AlarmFacts, build_request
+from gateway.domain.ai_prompt import PROMPTS, AlarmFacts, build_request
 from gateway.domain.ai_task import ErrorCode, retry_delay_after_s, should_retry
 from gateway.support.backoff import Backoff
 from gateway.support.loops import (
@@ -151,7 +151,8 @@ class SummaryWorker:
 
     async def claim(self) -> Claimed | None:
         async with self.pool.acquire() as conn, conn.transaction():
-            row = await repo.lock_due(conn)
+            # Only the versions this release has: a newer node's task is that node's.
+            row = await repo.lock_due(conn, sorted(PROMPTS))
             if row is None:
                 return None
             record = await alarm_repo.get(conn, row.alarm_id)

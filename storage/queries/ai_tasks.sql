@@ -12,10 +12,12 @@ SELECT a, 1, $2, $3, now() FROM unnest($1::bigint[]) AS u(a)
 ON CONFLICT (alarm_id, attempt) DO NOTHING;
 
 -- name: lock_due
--- no parameters; one due PENDING task, locked (another worker skips it).
+-- $1 the prompt versions this node has; one due PENDING task of one of them, locked (another
+-- worker skips it). A task of a version this release lacks (written by a newer node during a
+-- rolling upgrade) is left to the nodes that have it.
 SELECT id, alarm_id, attempt, model_name, prompt_version
 FROM ai_task
-WHERE status = 'PENDING' AND next_attempt_at <= now()
+WHERE status = 'PENDING' AND next_attempt_at <= now() AND prompt_version = ANY($1::text[])
 ORDER BY next_attempt_at, id
 LIMIT 1
 FOR UPDATE SKIP LOCKED;
