@@ -581,14 +581,27 @@ def apply_secrets(config: Config, environ: Mapping[str, str]) -> Config:
     )
 
 
+# What an HTTP header value cannot carry (aiohttp refuses the request with a ValueError).
+_CONTROL: Final = re.compile("[\x00-\x1f\x7f]")
+
+
 def _ai_secrets(ai: AiConfig, environ: Mapping[str, str]) -> AiConfig:
     """``api_key_env`` read into ``api_key`` (with AI enabled: a disabled section sends no key,
     so its variable may be missing)."""
     if not ai.enabled or not ai.api_key_env:
         return ai
-    value = environ.get(ai.api_key_env, "")
+    # Around the key, whitespace is no part of it: a variable filled from a file keeps the
+    # file's last newline (a Kubernetes secret made with --from-file), as a credentials file
+    # read here is stripped.
+    value = environ.get(ai.api_key_env, "").strip()
     if not value:
         raise ConfigError("ai.api_key_env", f"environment variable {ai.api_key_env} is not set")
+    if _CONTROL.search(value):
+        raise ConfigError(
+            "ai.api_key_env",
+            f"environment variable {ai.api_key_env} holds a control character (an HTTP header"
+            " cannot carry it)",
+        )
     # The value replaces the variable's name: the resolved section has one of the two.
     return msgspec.structs.replace(ai, api_key=value, api_key_env="")
 
@@ -851,6 +864,10 @@ def _validate_ai(ai: AiConfig) -> list[ConfigError]:
         for key in ("base_url", "model"):
             if not getattr(ai, key):
                 errors.append(ConfigError(f"ai.{key}", "required when ai.enabled is true"))
+    if _CONTROL.search(ai.api_key):
+        errors.append(
+            ConfigError("ai.api_key", "holds a control character (an HTTP header cannot carry it)")
+        )
     if ai.api_key and ai.api_key_env:
         errors.append(ConfigError("ai.api_key", "set at most one of api_key and api_key_env"))
     if (ai.api_key or ai.api_key_env) and url_credentials(ai.base_url):
