@@ -128,9 +128,11 @@ async def start(
     token: uuid.UUID,
     worker: str,
     request_payload: dict[str, Any],
+    *,
+    model_name: str,
 ) -> asyncpg.Record | None:
     payload = msgspec.json.encode(request_payload).decode()
-    return await conn.fetchrow(START, task_id, token, worker, payload)
+    return await conn.fetchrow(START, task_id, token, worker, payload, model_name)
 
 
 async def alarm_reason(conn: asyncpg.Connection, alarm_id: int) -> str | None:

@@ -172,22 +172,25 @@ class SummaryWorker:
             telemetry = await repo.recent_telemetry(
                 conn, alarm.device_id, alarm.triggered_at, TELEMETRY_SAMPLES
             )
+            # The model of the server this node calls: the task's own is what the node that
+            # created it was configured with, maybe before a switch of model or server.
+            model = self.llm.model
             request = build_request(
                 version=row.prompt_version,
-                model=row.model_name,
+                model=model,
                 facts=facts,
                 telemetry=telemetry,
                 json_mode=self.json_mode,
             )
             token = uuid.uuid4()
-            started = await repo.start(conn, row.id, token, self.node_id, request)
+            started = await repo.start(conn, row.id, token, self.node_id, request, model_name=model)
             assert started is not None  # the row is locked and PENDING
         return Claimed(
             task_id=row.id,
             alarm_id=row.alarm_id,
             attempt=row.attempt,
             token=token,
-            model_name=row.model_name,
+            model_name=model,
             prompt_version=row.prompt_version,
             request=request,
             claimed_at=asyncio.get_running_loop().time(),

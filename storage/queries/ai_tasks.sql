@@ -23,10 +23,12 @@ LIMIT 1
 FOR UPDATE SKIP LOCKED;
 
 -- name: start
--- $1 id, $2 claim token, $3 worker (node id), $4 request payload json; PENDING → PROCESSING.
+-- $1 id, $2 claim token, $3 worker (node id), $4 request payload json, $5 the model the worker
+-- asks (its own server's, whatever the node that created the task was configured with);
+-- PENDING → PROCESSING.
 UPDATE ai_task
 SET status = 'PROCESSING', claim_token = $2, claimed_by = $3, started_at = now(),
-    request_payload = $4::jsonb
+    request_payload = $4::jsonb, model_name = $5
 WHERE id = $1 AND status = 'PENDING'
 RETURNING id, started_at;
 
