@@ -80,7 +80,7 @@ def retry_after_s(value: str | None, *, now: float | None = None) -> float | Non
     if value is None or not value.strip():
         return None
     text = value.strip()
-    if text.isdigit():
+    if text.isascii() and text.isdigit():  # str.isdigit() alone takes "²", float() not
         return float(text)
     try:
         when = email.utils.parsedate_to_datetime(text)

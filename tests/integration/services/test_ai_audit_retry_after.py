@@ -74,3 +74,25 @@ async def test_the_next_attempt_waits_for_the_servers_retry_after(
     wait = (second["next_attempt_at"] - first["finished_at"]).total_seconds()
     # An HTTP date has whole seconds: a second of slack below the 600 asked for.
     assert wait >= 599, f"attempt 2 is due {wait:.0f} s after attempt 1, Retry-After said 600"
+
+
+@pytest.mark.parametrize("header", ["\u00b2", "soon", "-5", "1.5"])
+async def test_an_unreadable_retry_after_is_ignored(
+    pool: asyncpg.Pool, llm_server: FakeLlm, header: str
+) -> None:
+    """Not a number of seconds nor an HTTP date: the usual backoff, and no crash (a "²",
+    which str.isdigit() takes, made float() raise out of the client)."""
+    alarm_id = await _alarm(pool)
+    llm_server.reply_raw(LIMITED, status=429, headers={"Retry-After": header})
+    async with OpenAiCompatibleLlm(
+        base_url=llm_server.base_url, model="fake-model", api_key=None, timeout_s=10
+    ) as llm:
+        worker = SummaryWorker(pool=pool, llm=llm, node_id="n1", metrics=Metrics(), max_attempts=3)
+        assert await worker.run_once()
+    statuses = await pool.fetch(
+        "SELECT status, error_code FROM ai_task WHERE alarm_id = $1 ORDER BY attempt", alarm_id
+    )
+    assert [(r["status"], r["error_code"]) for r in statuses] == [
+        ("FAILED", "LLM_HTTP_429"),
+        ("PENDING", None),
+    ]
