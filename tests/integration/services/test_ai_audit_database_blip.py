@@ -62,7 +62,7 @@ async def test_an_answer_arriving_while_the_database_is_away_is_written_when_it_
             '[[rules]]\nkey = "door-open"\nkind = "event"\nevent = "DOOR_OPEN"\n'
             'severity = "MAJOR"\n'
             f'[ai]\nenabled = true\nbase_url = "{llm_server.base_url}"\nmodel = "fake-model"\n'
-            "timeout_s = 5\nprocessing_timeout_s = 8\n"
+            "timeout_s = 5\nprocessing_timeout_s = 20\n"
         ),
     )  # fmt: skip
     llm_server.hold()
