@@ -23,10 +23,7 @@ again. The prompt still asks for JSON and the output parser validates it either 
 from __future__ import annotations
 
 import asyncio
-import email.utils
 import json
-import math
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import TracebackType
@@ -37,6 +34,7 @@ import yarl
 
 from gateway.domain.errors import GatewayError
 from gateway.domain.redaction import url_credentials, without_userinfo
+from gateway.support.retry_after import retry_after_s
 
 if TYPE_CHECKING:
     # Imported where a request is made: a gateway without [ai] never loads aiohttp (about
@@ -72,24 +70,6 @@ class LlmError(GatewayError):
         self.raw = raw
         #: The server's ``Retry-After`` (a 429 or 503 that is rate limiting), in seconds.
         self.retry_after_s = retry_after_s
-
-
-def retry_after_s(value: str | None, *, now: float | None = None) -> float | None:
-    """Seconds a ``Retry-After`` header asks to wait (RFC 9110: delay-seconds or an HTTP
-    date; a date in the past is 0), or None when it is absent or unreadable."""
-    if value is None or not value.strip():
-        return None
-    text = value.strip()
-    if text.isascii() and text.isdigit():  # str.isdigit() alone takes "²", float() not
-        return float(text)
-    try:
-        when = email.utils.parsedate_to_datetime(text)
-    except (TypeError, ValueError, IndexError):
-        return None
-    if when.tzinfo is None:  # an HTTP date is GMT; a zone-less one is read as such
-        return None
-    seconds = when.timestamp() - (time.time() if now is None else now)
-    return max(0.0, seconds) if math.isfinite(seconds) else None
 
 
 @dataclass(frozen=True)

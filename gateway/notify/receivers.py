@@ -16,13 +16,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import email.utils
 import functools
 import html
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from email.message import EmailMessage
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
@@ -36,6 +34,7 @@ from gateway.domain.notify import (
     signature,
 )
 from gateway.domain.redaction import redact_credentials, url_tokens
+from gateway.support.retry_after import retry_after_s
 from gateway.support.version import gateway_version
 from storage.notify import ClaimedDelivery
 
@@ -60,25 +59,6 @@ class SendError(Exception):
     def __init__(self, text: str, *, retry_after_s: float | None = None) -> None:
         super().__init__(text)
         self.retry_after_s = retry_after_s
-
-
-def retry_after_s(value: str | None, now: datetime) -> float | None:
-    """Seconds from ``now`` that an HTTP ``Retry-After`` asks for (RFC 9110 §10.2.3: a
-    number of seconds, or an HTTP date); None when it says nothing usable (absent, not a
-    number or a date, or a date already past)."""
-    if value is None:
-        return None
-    value = value.strip()
-    if value.isascii() and value.isdigit():
-        return float(value)
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError, IndexError):
-        return None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=UTC)
-    seconds = (when - now).total_seconds()
-    return seconds if seconds > 0 else None
 
 
 def error_text(receiver: ReceiverConfig, text: str, limit: int = ERROR_MAX) -> str:
@@ -156,9 +136,7 @@ class WebhookSender:
                 text = error_text(self.receiver, _printable(head.decode(errors="replace")), 200)
                 raise SendError(
                     f"HTTP {response.status}: {text}".strip(),
-                    retry_after_s=retry_after_s(
-                        response.headers.get("Retry-After"), datetime.now(UTC)
-                    ),
+                    retry_after_s=retry_after_s(response.headers.get("Retry-After")),
                 )
         except aiohttp.ClientError as exc:
             # The exception's text names host and port at most, never the path or query.
