@@ -68,6 +68,9 @@ class Claimed:
     # The event loop's clock at the claim: past it plus processing_timeout_s, the sweep takes
     # the task as lost, and its result is no longer written.
     claimed_at: float = 0.0
+    # Why the claim could not build the task's request (a fault of the gateway's own code met
+    # by this alarm): the task fails with it at once, WORKER_FAILED.
+    broken: str | None = None
 
 
 def task_to_json(row: AiTaskRow, *, with_payloads: bool) -> dict[str, Any]:
@@ -175,13 +178,21 @@ class SummaryWorker:
             # The model of the server this node calls: the task's own is what the node that
             # created it was configured with, maybe before a switch of model or server.
             model = self.llm.model
-            request = build_request(
-                version=row.prompt_version,
-                model=model,
-                facts=facts,
-                telemetry=telemetry,
-                json_mode=self.json_mode,
-            )
+            broken = None
+            try:
+                request = build_request(
+                    version=row.prompt_version,
+                    model=model,
+                    facts=facts,
+                    telemetry=telemetry,
+                    json_mode=self.json_mode,
+                )
+            except Exception as exc:
+                # A fault of our own code met by this alarm's facts: this task fails, the node
+                # goes on (raised, it ended the daemon, and the same task, still due, ended it
+                # again at every restart). The request records what could not be built.
+                broken = _contained(exc, "building the prompt", task_id=row.id)
+                request = {"prompt_version": row.prompt_version, "unbuilt": type(exc).__name__}
             token = uuid.uuid4()
             started = await repo.start(conn, row.id, token, self.node_id, request, model_name=model)
             assert started is not None  # the row is locked and PENDING
@@ -194,12 +205,16 @@ class SummaryWorker:
             prompt_version=row.prompt_version,
             request=request,
             claimed_at=asyncio.get_running_loop().time(),
+            broken=broken,
         )
 
     async def process(self, task: Claimed) -> None:
         loop = asyncio.get_running_loop()
         started = loop.time()
         raw: str | None = None
+        if task.broken is not None:
+            await self._failed(task, ErrorCode.WORKER_FAILED, task.broken, None)
+            return
         try:
             # No transaction, no pooled connection: a slow model cannot starve the pool.
             reply = await self._call(task)
@@ -212,6 +227,13 @@ class SummaryWorker:
             await self._failed(task, exc.code, exc.message, exc.raw, exc.retry_after_s)
         except OutputInvalid as exc:
             await self._failed(task, ErrorCode.LLM_OUTPUT_INVALID, exc.detail, raw)
+        except RETRYABLE:
+            raise  # the database's: the loop waits and goes on, the sweep takes the task
+        except Exception as exc:
+            # A fault of our own code met by this answer (the model's text is outside input,
+            # as a device's payload is): this task fails, the node goes on.
+            message = _contained(exc, "reading the answer", task_id=task.task_id)
+            await self._failed(task, ErrorCode.WORKER_FAILED, message, raw)
         else:
             assert raw is not None
 
@@ -378,3 +400,19 @@ class SummaryWorker:
             self.ai_metrics.ai_tasks.labels("FAILED", ErrorCode.WORKER_LOST).inc()
             log.warning("ai_task_worker_lost", task_id=row.id, claimed_by=row.claimed_by)
         return [row.id for row in lost]
+
+
+def _contained(exc: Exception, stage: str, *, task_id: int) -> str:
+    """Log a fault of our own code met by one task (with its traceback) and say what the task
+    records of it: the class only (an exception's text may quote what it met)."""
+    log.error(
+        "ai_task_failed_unexpectedly",
+        task_id=task_id,
+        stage=stage,
+        error=type(exc).__name__,
+        exc_info=exc,
+    )
+    return (
+        f"{type(exc).__name__} while {stage}; a fault of the gateway, see its log"
+        " (ai_task_failed_unexpectedly)"
+    )

@@ -62,6 +62,9 @@ class ErrorCode:
     LLM_UNREACHABLE: Final = "LLM_UNREACHABLE"
     LLM_OUTPUT_INVALID: Final = "LLM_OUTPUT_INVALID"
     WORKER_LOST: Final = "WORKER_LOST"
+    # A fault of the gateway's own code met by the task (its prompt, the reading of its
+    # answer): the task fails, the node goes on; the traceback is in the log.
+    WORKER_FAILED: Final = "WORKER_FAILED"
 
     @staticmethod
     def http(status: int) -> str:
