@@ -22,6 +22,15 @@ import msgspec
 from gateway.domain.ai_task import TEXT_MAX_CHARS
 
 MAX_TELEMETRY_SAMPLES: Final = 50
+# At most this many characters of telemetry JSON in a prompt (about 4,000 tokens): with the
+# facts and the instructions a request fits a model of 8k tokens' context, and a device of
+# large payloads (64 KiB each, 50 of them: 3 MB) neither overflows every model's context (the
+# same refusal at every attempt: no summary ever) nor is paid for and stored at each attempt.
+# The newest samples are kept, the first always.
+MAX_TELEMETRY_CHARS: Final = 16_000
+# A metric's value (or a sample's events) longer than this as JSON is sent as a note of its
+# size: a spectrum of 2,000 points says nothing a summary can read, and took all the room.
+MAX_VALUE_CHARS: Final = 1_000
 # The placeholders a user template fills, no more and no fewer (a test checks every template).
 USER_PLACEHOLDERS: Final = frozenset({"facts_json", "sample_count", "telemetry_json"})
 
@@ -132,17 +141,36 @@ def build_request(
 
 
 def recent_samples(telemetry: Sequence[Mapping[str, object]]) -> list[dict[str, object]]:
-    """The newest :data:`MAX_TELEMETRY_SAMPLES` samples, newest first, as ``ts/metrics/events``."""
+    """The newest samples, newest first, as ``ts/metrics/events``: at most
+    :data:`MAX_TELEMETRY_SAMPLES`, and at most :data:`MAX_TELEMETRY_CHARS` of JSON in all (the
+    newest always); a value longer than :data:`MAX_VALUE_CHARS` is a note of its size."""
     # sorted() is stable: samples with the same ts keep the caller's order.
     ordered = sorted(telemetry, key=lambda sample: _ts(sample.get("ts")), reverse=True)
-    return [
-        {
+    samples: list[dict[str, object]] = []
+    used = 2  # the list's brackets
+    for sample in ordered[:MAX_TELEMETRY_SAMPLES]:
+        metrics = _json_value(sample.get("metrics"))
+        if isinstance(metrics, dict):
+            metrics = {name: _bounded(value) for name, value in metrics.items()}
+        chosen = {
             "ts": _ts(sample.get("ts")).isoformat(),
-            "metrics": _json_value(sample.get("metrics")),
-            "events": _json_value(sample.get("events")),
+            "metrics": metrics,
+            "events": _bounded(_json_value(sample.get("events"))),
         }
-        for sample in ordered[:MAX_TELEMETRY_SAMPLES]
-    ]
+        size = len(_json(chosen)) + 1  # and its comma
+        if samples and used + size > MAX_TELEMETRY_CHARS:
+            break
+        samples.append(chosen)
+        used += size
+    return samples
+
+
+def _bounded(value: object) -> object:
+    """``value``, or a note of its size when its JSON is longer than MAX_VALUE_CHARS."""
+    text = _json(value)
+    if len(text) <= MAX_VALUE_CHARS:
+        return value
+    return f"<left out: {len(text)} characters of JSON>"
 
 
 def _facts(facts: AlarmFacts) -> dict[str, object]:
