@@ -6,7 +6,7 @@ again (split around such a message, or after losing a race) counts what it did o
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from datetime import datetime
 
 import asyncpg
@@ -50,10 +50,13 @@ class BuggyEngine(AlarmEngine):
         *,
         now: datetime | None = None,
         heard_at: datetime | None = None,
+        received: Mapping[str, float] | None = None,
     ) -> BatchAlarms:
         if any(device.startswith("bug") for device, _, _ in messages):
             raise TypeError("can't compare offset-naive and offset-aware datetimes")
-        return await super().on_stored(conn, messages, now=now, heard_at=heard_at)
+        return await super().on_stored(
+            conn, messages, now=now, heard_at=heard_at, received=received
+        )
 
 
 class LosesOneRace(AlarmEngine):
@@ -70,11 +73,14 @@ class LosesOneRace(AlarmEngine):
         *,
         now: datetime | None = None,
         heard_at: datetime | None = None,
+        received: Mapping[str, float] | None = None,
     ) -> BatchAlarms:
         if messages and not self.lost:
             self.lost = True
             raise ConcurrentWriteError("another node raised this alarm first")
-        return await super().on_stored(conn, messages, now=now, heard_at=heard_at)
+        return await super().on_stored(
+            conn, messages, now=now, heard_at=heard_at, received=received
+        )
 
 
 class BrokenEngine(AlarmEngine):
@@ -87,6 +93,7 @@ class BrokenEngine(AlarmEngine):
         *,
         now: datetime | None = None,
         heard_at: datetime | None = None,
+        received: Mapping[str, float] | None = None,
     ) -> BatchAlarms:
         raise TypeError("a bug in the rules")
 
