@@ -8,7 +8,7 @@ computed from the stored silence, and whoever commits first raises it.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
 
 import asyncpg
@@ -50,6 +50,7 @@ class InactivityMonitor:
         engine: AlarmEngine,
         interval_s: float | None = None,
         hearing: Callable[[float], Hearing] | None = None,
+        confirm: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.pool = pool
         self.engine = engine
@@ -64,6 +65,10 @@ class InactivityMonitor:
         # the node received and has not stored yet is not heard yet: from the oldest such
         # message's receipt on is a break too (the session's hearing asks the writer).
         self.hearing = hearing
+        # Asked before each pass reads ``hearing``: the session asks the broker for an answer,
+        # so that a link stalled without closing (seen by the keep-alive only 1.5 intervals
+        # later) is not taken for listening while it swallows every device's reports.
+        self.confirm = confirm
         # Seconds until the last pass's node will have listened long enough (None: it had).
         self._deaf_for_s: float | None = None
         self._wakeup = asyncio.Event()
@@ -95,6 +100,8 @@ class InactivityMonitor:
         if not rules:
             return raised
         longest = max(rule.silent_seconds for rule in rules)
+        if self.hearing is not None and self.confirm is not None:
+            await self.confirm()
         heard = ALWAYS if self.hearing is None else self.hearing(longest)
         listening = heard.listening_s
         began = [b for b, _ in heard.breaks]

@@ -94,6 +94,11 @@ PROBE_REPEAT_S: Final = 1.0
 # with up to this many nodes one comes back in the first round.
 PROBE_SHARE_COPIES: Final = 4
 
+# How long the inactivity monitor's pass waits for the broker's answer to a PINGREQ (or
+# anything else from it) before it judges silence: a link that gives none in that time is
+# taken as heard only up to what it last carried.
+HEAR_WAIT_S: Final = 2.0
+
 ONLINE = b"online"
 OFFLINE = b"offline"
 
@@ -965,14 +970,36 @@ class MqttSession:
         breaks, from before its first subscribe on (those a silence of up to `keep_s` can
         need): a device's silence means something only while someone listened (inactivity
         rules). What the node received and has not stored yet is not heard yet: from the
-        oldest such message's receipt on is a break too (the writer's lag)."""
-        return self.listening.hearing(keep_s, unstored_since=self.writer.unstored_since)
+        oldest such message's receipt on is a break too (the writer's lag). So is the time
+        since the connection last carried anything: a link that stalls without closing is
+        seen by the keep-alive only 1.5 intervals later, and until then every device whose
+        reports the stall swallowed looked silent to a node that took itself for listening
+        (``confirm_hearing`` first makes that time now on a live link)."""
+        until = self.writer.unstored_since
+        client = self.client
+        if self.subscribed and client is not None:
+            # (Also once the connection ended, until the session has seen it: the pass
+            # waiting in confirm_hearing is woken by that end.)
+            heard_at = client.heard_at
+            until = heard_at if until is None else min(until, heard_at)
+        return self.listening.hearing(keep_s, unstored_since=until)
+
+    async def confirm_hearing(self) -> None:
+        """Before silence is judged: ask the broker for an answer (a PINGREQ) and wait up to
+        ``HEAR_WAIT_S`` for anything from it, so that ``hearing`` counts a live link as heard
+        up to now and a stalled one only up to the stall."""
+        client = self.client
+        if self.subscribed and client is not None and client.is_open:
+            await client.hear_again(HEAR_WAIT_S)
 
     def _set_connected(self, connected: bool) -> None:
         self.connected = connected
         if not connected:
             if self.subscribed:
-                self.listening.lost()
+                # From when the connection last carried anything (its close, when the
+                # broker closed it): a stall ended by the keep-alive was no listening either.
+                client = self.client
+                self.listening.lost(None if client is None else client.heard_at)
             self.subscribed = False
             self._subscribed_now.clear()
         self.mqtt_metrics.mqtt_connected.set(1 if connected else 0)

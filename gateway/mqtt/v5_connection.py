@@ -63,7 +63,11 @@ broker's Receive Maximum from CONNACK.
 Liveness. A PINGREQ goes out when nothing was sent for the keep-alive interval (the server's,
 when CONNACK carries one) or nothing was received for that long; when nothing at all arrives
 for 1.5 times the interval the connection is dead and is aborted. While reading is paused on
-purpose, silence is ours, and the dead-connection clock restarts on resume.
+purpose, silence is ours, and the dead-connection clock restarts on resume. Until then a
+stalled link looks like a quiet one: ``heard_at`` says when anything last came, and
+``hear_again`` asks the broker (a PINGREQ) and waits briefly for an answer, so that a caller
+judging what it heard (the inactivity monitor, through the session) does not take a stall for
+listening.
 
 Errors are subclasses of ``aiomqtt.MqttError``, so a caller's existing ``except
 aiomqtt.MqttError`` reconnect path handles both clients. Anything malformed or unexpected from
@@ -378,6 +382,10 @@ class Mqtt5Connection:
         self.keep_alive = settings.keepalive_s
         self._last_read = 0.0
         self._last_write = 0.0
+        # When bytes last came from the broker (``_last_read`` also restarts on a resume, when
+        # nothing came), and who waits for the next (``hear_again``).
+        self._heard_at = 0.0
+        self._hear_waiters: list[asyncio.Future[None]] = []
         self._ping_outstanding = False
         self._timer: asyncio.TimerHandle | None = None
         self.pings_sent = 0
@@ -424,6 +432,38 @@ class Mqtt5Connection:
     @property
     def reading_paused(self) -> bool:
         return self._paused
+
+    @property
+    def heard_at(self) -> float:
+        """When anything last came from the broker (the loop's clock; 0: nothing yet), or it
+        closed the connection: what it sent before then has been read, what it sent since is
+        not known to have been. A link
+        that stalls without closing (a NAT or firewall dropping its state) stops this clock
+        long before the keep-alive ends the connection, 1.5 intervals later."""
+        return self._heard_at
+
+    async def hear_again(self, wait_s: float) -> float:
+        """Ask the broker for an answer (a PINGREQ) and wait up to ``wait_s`` for anything
+        from it; returns ``heard_at`` then. On a live link that is now, give or take a round
+        trip (on an idle one, ``heard_at`` alone may be a keep-alive interval old); on a
+        stalled one it stays when the link stalled. Nothing is asked while reading is paused
+        on purpose (the answer could not be read) or the connection is not open."""
+        if self._state != _OPEN or self._paused:
+            return self._heard_at
+        loop = cast("asyncio.AbstractEventLoop", self._loop)
+        waiter: asyncio.Future[None] = loop.create_future()
+        self._hear_waiters.append(waiter)
+        self.pings_sent += 1
+        self._send_now(_PINGREQ)
+        try:
+            async with asyncio.timeout(wait_s):
+                await waiter
+        except TimeoutError:
+            pass
+        finally:
+            if waiter in self._hear_waiters:
+                self._hear_waiters.remove(waiter)
+        return self._heard_at
 
     @property
     def unacked(self) -> int:
@@ -865,6 +905,10 @@ class Mqtt5Connection:
         self._last_read = self._last_write = now
 
     def _on_lost(self, exc: Exception | None) -> None:
+        if self._state != _CLOSED and not isinstance(exc, TimeoutError):
+            # Closed from the far side (FIN, RST): the link carried that much. Not a stall
+            # the kernel gave up on (ETIMEDOUT), nor an end of ours (a keep-alive abort).
+            self._heard(cast("asyncio.AbstractEventLoop", self._loop).time())
         cause = f": {exc}" if exc is not None else " by the broker"
         self._terminate(MqttConnectionLostError(f"connection lost{cause}"))
         if self._abort_handle is not None:
@@ -874,13 +918,15 @@ class Mqtt5Connection:
         if lost is not None and not lost.done():
             lost.set_result(None)
 
-    def _on_data(self, data: bytes) -> None:
+    def _on_data(self, data: bytes) -> None:  # noqa: PLR0912 - one pass per chunk, inlined
         """Parse every complete packet of the chunk and keep the incomplete tail; end the
         connection on anything malformed or unexpected (never raise into the loop)."""
         if self._state == _CLOSED:
             return
         loop = cast("asyncio.AbstractEventLoop", self._loop)
         self._last_read = loop.time()
+        if data:  # (empty: the bytes held at a pause, read before it)
+            self._heard(self._last_read)
         rest = self._rest
         buffer: bytes | bytearray
         if rest:
@@ -1313,7 +1359,19 @@ class Mqtt5Connection:
         loop = cast("asyncio.AbstractEventLoop", self._loop)
         self._abort_handle = loop.call_later(self.settings.timeout_s, transport.abort)
 
+    def _heard(self, now: float) -> None:
+        self._heard_at = now
+        if self._hear_waiters:
+            self._wake_hearers()
+
+    def _wake_hearers(self) -> None:
+        waiters, self._hear_waiters = self._hear_waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
     def _wake_all(self, error: Mqtt5Error) -> None:
+        self._wake_hearers()
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
         if self._connack is not None and not self._connack.done():

@@ -259,7 +259,12 @@ async def build(
     if config.sparkplug.enabled:
         rebirth, sparkplug_loops = _sparkplug_loops(config, node, session)
         loops.extend(sparkplug_loops)
-    inactivity = InactivityMonitor(pool=node.pool, engine=engine, hearing=session.hearing)
+    inactivity = InactivityMonitor(
+        pool=node.pool,
+        engine=engine,
+        hearing=session.hearing,
+        confirm=session.confirm_hearing,
+    )
     loops.append(("inactivity-monitor", inactivity.run))
     # Reads the engine's rules on every pass: a reload needs nothing of its own here.
     holds = HoldTimer(pool=node.pool, engine=engine, interval_s=config.alarms.timer_interval_s)

@@ -59,10 +59,17 @@ class Listening:
         if self._subscribed_at is None:
             self._subscribed_at = self._ended[-1] = self._clock()
 
-    def lost(self) -> None:
-        if self._subscribed_at is not None:
+    def lost(self, heard_at: float | None = None) -> None:
+        """A break begins: now, or when the connection last carried anything (``heard_at``,
+        the same clock), if that was earlier and after the subscribe: a link that stalled
+        was not listened to from the stall on, though its end was seen only later."""
+        subscribed_at = self._subscribed_at
+        if subscribed_at is not None:
             self._subscribed_at = None
-            self._began.append(self._clock())
+            began = self._clock()
+            if heard_at is not None:
+                began = max(subscribed_at, min(began, heard_at))
+            self._began.append(began)
             self._ended.append(None)
 
     def hearing(self, keep_s: float = math.inf, *, unstored_since: float | None = None) -> Hearing:
