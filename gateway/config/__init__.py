@@ -73,7 +73,8 @@ class MqttConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     tls: TlsConfig = field(default_factory=TlsConfig)
     protocol: Literal["3.1.1", "5"] = "5"
     shared_group: str = ""
-    keepalive_s: PositiveInt = 30
+    # MQTT carries the Keep Alive in two bytes: 65,535 s (about 18 h) at most.
+    keepalive_s: Annotated[int, Meta(ge=1, le=65535)] = 30
     session_expiry_s: Annotated[int, Meta(ge=0, le=4294967295)] = 86400
     receive_maximum: Annotated[int, Meta(ge=1, le=65535)] = 1000
     broker_inflight: PositiveInt = 20
