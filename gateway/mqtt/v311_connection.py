@@ -219,7 +219,6 @@ class Mqtt311Connection(Mqtt5Connection):
         )
         # PUBACKs written that the broker has not been seen to handle (see settle_acks).
         self.unsettled_acks = 0
-        self.duplicates_dropped = 0
 
     # ------------------------------------------------------------------ codec hooks, out
 

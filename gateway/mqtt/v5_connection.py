@@ -53,7 +53,10 @@ says. mosquitto 2.0.11 does exceed it once PUBACKs flow (it keeps our window whi
 acknowledged; measured: thousands over a window of 50, and the daemon's own fault and ingest
 tests reconnect in a loop when strict), so ``strict_receive_maximum=False`` tolerates it: the
 overrun is logged once per connection (``broker_receive_maximum_exceeded``) and counted, and
-memory stays bounded by the read buffer's bounds. Deliveries read from the socket and not yet
+memory stays bounded by the read buffer's bounds. A QoS 1 PUBLISH with DUP set whose packet id
+we have not acknowledged yet is the broker sending it again on the same connection (EMQX's
+``mqtt.retry_interval``): dropped, as on 3.1.1, since the copy we hold is acknowledged once
+stored; without DUP it is a protocol error. Deliveries read from the socket and not yet
 taken by the consumer are bounded in count (``settings.buffer_high``) and in bytes
 (``buffer_high_bytes``): parsing stops at either bound (the rest of the chunk waits, unparsed),
 reading the transport pauses, and it resumes once both are at half or below, so TCP flow
@@ -353,6 +356,8 @@ class Mqtt5Connection:
         self._receive_max = settings.receive_maximum
         self.strict_receive_maximum = strict_receive_maximum
         self.receive_maximum_overruns = 0
+        # QoS 1 PUBLISHes the broker sent again while we held them unacknowledged: dropped.
+        self.duplicates_dropped = 0
         self._intake_stopped = False
         self._paused = False
         self._held = False  # _rest holds complete packets, parsed on resume
@@ -1014,8 +1019,10 @@ class Mqtt5Connection:
             packet_id: int | None = None
             if qos is _QOS1:
                 packet_id = cast("int", packet.packet_id)
-                if len(unacked) >= receive_max or packet_id in unacked:
-                    self._overrun(packet_id)  # raises unless tolerated
+                if (len(unacked) >= receive_max or packet_id in unacked) and self._overrun(
+                    packet_id, resent=packet.duplicate
+                ):
+                    continue  # sent again before our PUBACK: the copy we hold is the one
                 unacked.add(packet_id)
             elif qos is not _QOS0:
                 raise _Violation(DisconnectReasonCode.QOS_NOT_SUPPORTED, "QoS 2 PUBLISH received")
@@ -1043,13 +1050,31 @@ class Mqtt5Connection:
                     break
         return added, added_bytes
 
-    def _overrun(self, packet_id: int) -> None:
-        """A QoS 1 PUBLISH whose id is still unacknowledged, or one over our Receive Maximum."""
+    def _overrun(self, packet_id: int, *, resent: bool) -> bool:
+        """A QoS 1 PUBLISH whose id is still unacknowledged, or one over our Receive Maximum.
+        True: a resend of the message we hold (DUP set), to be dropped. MQTT 5 allows a resend
+        only on a new connection, but EMQX resends on the same one after its
+        ``mqtt.retry_interval`` (30 s by default, not to be turned off), and the gateway
+        acknowledges only after the commit: any commit slower than that (PostgreSQL away, a
+        lock) met it, and the connection was ended as a protocol error, again every 30 s.
+        The same id without DUP is another message under an id in use: a protocol error."""
         if packet_id in self._unacked:
-            raise _Violation(
-                DisconnectReasonCode.PROTOCOL_ERROR,
-                f"packet id {packet_id} reused before our PUBACK",
-            )
+            if not resent:
+                raise _Violation(
+                    DisconnectReasonCode.PROTOCOL_ERROR,
+                    f"packet id {packet_id} reused before our PUBACK",
+                )
+            if not self.duplicates_dropped:
+                log.warning(
+                    "broker_resent_unacknowledged",
+                    packet_id=packet_id,
+                    note="the broker sent a message again before our PUBACK (EMQX's"
+                    " mqtt.retry_interval); the copy is dropped, the message is acknowledged"
+                    " once stored; logged once per connection",
+                    **self._where(),
+                )
+            self.duplicates_dropped += 1
+            return True
         if self.strict_receive_maximum:
             raise _Violation(
                 DisconnectReasonCode.RECEIVE_MAX_EXCEEDED,
@@ -1063,6 +1088,7 @@ class Mqtt5Connection:
                 **self._where(),
             )
         self.receive_maximum_overruns += 1
+        return False
 
     def _read_unlisted(self, view: memoryview, pos: int, end: int) -> int | None:
         """A complete PUBACK or DISCONNECT at ``pos`` the codec refused: handled from its

@@ -218,6 +218,17 @@ class TcpProxy:
         if server is not None:
             await server.wait_closed()
 
+    def to_clients(self, data: bytes) -> int:
+        """Write ``data`` to every proxied client as if its server had sent it (after what
+        was forwarded before): a server that sends something again. Returns how many."""
+        written = 0
+        for connection in self._connections:
+            half = connection.client
+            if half.transport is not None and not half.closed:
+                half.transport.write(data)
+                written += 1
+        return written
+
     def black_hole(self) -> None:
         """Keep every connection open but forward nothing, either way: a peer notices only
         by its own timeouts (a link that died without a FIN or a reset)."""
