@@ -8,14 +8,17 @@ that binary is absent; ``.ci/run`` installs it, so in CI they run.
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import AsyncIterator
 from typing import Final
+from urllib.parse import urlsplit
 
 import pytest
-from playwright.async_api import Browser, Page, expect
+from playwright.async_api import Browser, Page, Request, expect
 
 from gateway.demo.run import CHROMIUM
 from gateway.demo.screenshots import launch_chromium
+from tests.support.waiting import wait_until
 
 # Generous for a loaded CI machine; every wait is on a condition, never a sleep.
 WAIT_MS: Final = 20_000
@@ -41,6 +44,38 @@ class PageErrors:
     def __init__(self, page: Page) -> None:
         self.errors: list[str] = []
         page.on("pageerror", lambda error: self.errors.append(str(error)))
+
+
+class Requests:
+    """The page's requests in flight, but for its live stream (one request that lasts as long
+    as the page: Playwright's "networkidle" never comes while it stands)."""
+
+    QUIET_S: Final = 0.5  # as "networkidle": this long without any
+
+    def __init__(self, page: Page) -> None:
+        self.pending: set[Request] = set()
+        self.last = time.monotonic()
+        page.on("request", self._started)
+        page.on("requestfinished", self._ended)
+        page.on("requestfailed", self._ended)
+
+    def _started(self, request: Request) -> None:
+        if urlsplit(request.url).path != "/stream":
+            self.pending.add(request)
+            self.last = time.monotonic()
+
+    def _ended(self, request: Request) -> None:
+        if request in self.pending:
+            self.pending.discard(request)
+            self.last = time.monotonic()
+
+    async def settled(self) -> None:
+        """Once no request but the stream has been in flight for ``QUIET_S``."""
+        await wait_until(
+            lambda: not self.pending and time.monotonic() - self.last >= self.QUIET_S,
+            timeout=WAIT_MS / 1000,
+            message=f"requests still in flight: {[r.url for r in self.pending]}",
+        )
 
 
 async def open_console(

@@ -17,9 +17,11 @@ export class Api {
     this.onUnauthorized = onUnauthorized;
   }
 
-  async call(method, path, body) {
+  // timeoutMs: given up after that long (the answer not come, or not all of it), as unanswered.
+  async call(method, path, body, { timeoutMs = null } = {}) {
     const headers = { Authorization: `Bearer ${this.token}`, Accept: "application/json" };
     const init = { method, headers, cache: "no-store" };
+    if (timeoutMs !== null) init.signal = AbortSignal.timeout(timeoutMs);
     if (body !== undefined) {
       headers["Content-Type"] = "application/json";
       init.body = JSON.stringify(body);
@@ -31,7 +33,12 @@ export class Api {
       throw new ApiError(0, { error: "UNREACHABLE", message: "the gateway does not answer (is it running?)" });
     }
     let data = null;
-    const text = await response.text();
+    let text;
+    try {
+      text = await response.text();
+    } catch (error) {
+      throw new ApiError(0, { error: "UNREACHABLE", message: "the gateway does not answer (is it running?)" });
+    }
     if (text) {
       try { data = JSON.parse(text); } catch { data = { error: `HTTP_${response.status}`, message: text.slice(0, 200) }; }
     }
@@ -44,7 +51,7 @@ export class Api {
   }
 
   get(path) { return this.call("GET", path); }
-  post(path, body) { return this.call("POST", path, body); }
+  post(path, body, options) { return this.call("POST", path, body, options); }
   put(path, body) { return this.call("PUT", path, body); }
   delete(path) { return this.call("DELETE", path); }
 }

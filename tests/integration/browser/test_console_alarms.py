@@ -26,6 +26,7 @@ from tests.support.browser import (
     PHONE,
     WAIT_MS,
     PageErrors,
+    Requests,
     open_console,
     require_chromium,
     sign_in,
@@ -826,6 +827,7 @@ async def test_every_control_of_every_section_is_reachable_with_tab(
     of the page reaches each visible, enabled control, and the focus is always visible."""
     await publish(console.mosquitto, "tab-1", {"metrics": {"temp": 90}})
     page, errors = await open_console(browser, console.base)
+    requests = Requests(page)
     await sign_in(page, ADMIN)
     await expect(alarm_row(page, "tab-1")).to_be_visible(timeout=WAIT_MS)
     await alarm_row(page, "tab-1").get_by_role("link", name="#").first.click()
@@ -836,7 +838,7 @@ async def test_every_control_of_every_section_is_reachable_with_tab(
             await page.goto(f"{console.base}/#/{section}")
         view = page.locator(f"#view-{section.split('/')[0]}")
         await expect(view).to_be_visible(timeout=WAIT_MS)
-        await page.wait_for_load_state("networkidle")
+        await requests.settled()
         wanted = await page.evaluate(
             """selector => {
                 let n = 0;
