@@ -4,7 +4,7 @@
 // is for: while the section is shown its list is read again every 3 s when one shown is PENDING
 // or SENDING, every 10 s otherwise; alarm, command and campaign events read it too, throttled.
 import { query } from "./api.js";
-import { clear, el, readings, throttle, timeEl } from "./util.js";
+import { clear, el, readings, throttle, timeEl, when } from "./util.js";
 
 const PAGE = 50;
 const OPEN = new Set(["PENDING", "SENDING"]);
@@ -168,7 +168,7 @@ export class NotificationsView {
     if (severities.length) matchers.severities = severities;
     try {
       const silence = await this.ctx.api.post("/silences", { matchers, ends_at: endsAt.toISOString(), comment: form.get("comment").trim() });
-      this.ctx.notify(`Silence ${silence.id} created, until ${endsAt.toLocaleString()}.`, "ok");
+      this.ctx.notify(`Silence ${silence.id} created, until ${when(silence.ends_at)}.`, "ok");
       this.create.reset();
     } catch (error) {
       this.ctx.notify(`Could not create the silence: ${error.message}`);
