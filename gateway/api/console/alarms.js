@@ -241,7 +241,21 @@ export class AlarmsView {
     this.asked = false;
     this.present = new Set(this.items.map((a) => a.id));
     this.render();
+    this.forget();
     this.watchShelfEnds(counts, this.items);
+  }
+
+  // The rows (and what they show) of alarms the page neither lists nor may draw again are
+  // dropped: alarms come and go all day, and a page open on a control room's screen would
+  // otherwise hold every row it ever drew.
+  forget() {
+    const keep = new Set([...this.items.map((a) => a.id), ...this.shown.active, ...this.shown.returned,
+      ...this.pending, ...this.checked]);
+    if (this.selected !== null) keep.add(this.selected);
+    if (this.groupItems) for (const items of this.groupItems.values()) for (const alarm of items) keep.add(alarm.id);
+    for (const map of [this.rows, this.signatures, this.byId]) {
+      for (const id of [...map.keys()]) if (!keep.has(id)) map.delete(id);
+    }
   }
 
   // An unshelved alarm returns to annunciation (behaviour §5) at its shelf's until, whereas
