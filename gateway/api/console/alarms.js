@@ -237,6 +237,14 @@ export class AlarmsView {
     } else {
       this.shown = fresh;
       this.pending.clear();
+      // Ordered afresh (Filter, the bar, a link): a tick stays only on what the list now
+      // shows, so a bulk action never acts on an alarm (or a group) the operator no longer sees.
+      const visible = new Set(f.group
+        ? [...this.expanded.keys()].flatMap((key) => (this.groupItems && this.groupItems.get(key)) || []).map((a) => a.id)
+        : [...fresh.active, ...fresh.returned]);
+      for (const id of [...this.checked]) if (!visible.has(id)) this.checked.delete(id);
+      const keys = new Set(this.groups.map((g) => g.key));
+      for (const key of [...this.checkedGroups]) if (!keys.has(key)) this.checkedGroups.delete(key);
     }
     this.asked = false;
     this.present = new Set(this.items.map((a) => a.id));
