@@ -29,12 +29,20 @@ async def suppress_held(
     conn: asyncpg.Connection, alarm_id: int, now: datetime, why: str
 ) -> list[str]:
     """In the caller's transaction: the alarm's held notifications (those not yet claimed,
-    alone or in a group's window) recorded SUPPRESSED for ``why``; the receivers of those
-    suppressed."""
-    return [
+    alone or in a group's window) recorded SUPPRESSED for ``why`` (logged as
+    ``held_notifications_suppressed``); the receivers of those suppressed."""
+    receivers = [
         *await repo.suppress_held_deliveries(conn, alarm_id, now, why),
         *await _suppress_in_windows(conn, alarm_id, now, why),
     ]
+    if receivers:
+        log.info(
+            "held_notifications_suppressed",
+            alarm_id=alarm_id,
+            deliveries=len(receivers),
+            suppressed=why,
+        )
+    return receivers
 
 
 async def _suppress_in_windows(

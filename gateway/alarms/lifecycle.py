@@ -14,7 +14,6 @@ from typing import Any
 
 import asyncpg
 import msgspec
-import structlog
 
 from gateway.alarms.held import suppress_held
 from gateway.domain.alarm import (
@@ -40,8 +39,6 @@ from protocol.events import (
 from storage import ai_tasks as ai_repo
 from storage import alarms as repo
 from storage import outbox
-
-log = structlog.get_logger(__name__)
 
 AGGREGATE = Aggregate.ALARM
 RULES_ACTOR = "system:rules"
@@ -381,15 +378,7 @@ async def _suppress_superseded(
     successor's): SUPPRESSED, never sent; the successor's own notification tells of the
     chain (gateway.alarms.held)."""
     for old_id, new_id in links:
-        why = f"superseded in quiet hours by alarm {new_id}"
-        receivers = await suppress_held(conn, old_id, now, why)
-        if receivers:
-            log.info(
-                "held_notifications_suppressed",
-                alarm_id=old_id,
-                deliveries=len(receivers),
-                suppressed=why,
-            )
+        await suppress_held(conn, old_id, now, f"superseded in quiet hours by alarm {new_id}")
 
 
 async def _make_way(
@@ -784,13 +773,6 @@ async def transition(
     if alarm.status is AlarmStatus.DELAYED and action is not Action.WAKE:
         why = f"{_STEP_OF.get(action, action.value)} in quiet hours by {actor}"
         receivers = await suppress_held(conn, alarm.id, now, why)
-        if receivers:
-            log.info(
-                "held_notifications_suppressed",
-                alarm_id=alarm.id,
-                deliveries=len(receivers),
-                suppressed=why,
-            )
         if suppressed is not None:
             suppressed.extend(receivers)
     return updated

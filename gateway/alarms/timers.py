@@ -302,13 +302,6 @@ class AlarmTimers:
         log.info("alarm_timer_transition", alarm_id=alarm_id, action=Action.WAKE.value)
         if released:
             log.info("held_notifications_released", alarm_id=alarm_id, deliveries=released)
-        if suppressed:
-            log.info(
-                "held_notifications_suppressed",
-                alarm_id=alarm_id,
-                deliveries=len(suppressed),
-                suppressed=why,
-            )
         for receiver in suppressed:
             if self.count_suppressed is not None:
                 self.count_suppressed(receiver)
