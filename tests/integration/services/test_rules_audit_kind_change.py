@@ -33,11 +33,14 @@ def _engine(config: RuleConfig) -> AlarmEngine:
     return AlarmEngine(rules=compile_rules([config]), node_id="node-a", metrics=Metrics())
 
 
-async def _store(engine: AlarmEngine, pool: asyncpg.Pool, message: Telemetry) -> BatchAlarms:
-    event_id = telemetry_event_id(DEVICE, message)
+async def _store(
+    engine: AlarmEngine, pool: asyncpg.Pool, message: Telemetry, *, device: str = DEVICE
+) -> BatchAlarms:
+    """``message`` of ``device`` stored and judged by ``engine``, in one transaction."""
+    event_id = telemetry_event_id(device, message)
     stored = ingest_repo.TelemetryRow(
         event_id,
-        DEVICE,
+        device,
         message.micros(),
         message.seq,
         json.dumps(message.metrics) if message.metrics else None,
@@ -45,7 +48,7 @@ async def _store(engine: AlarmEngine, pool: asyncpg.Pool, message: Telemetry) ->
     )
     async with pool.acquire() as conn, conn.transaction():
         await ingest_repo.insert_telemetry(conn, [stored], engine.node_id)
-        batch = await engine.on_stored(conn, [(DEVICE, event_id, message)])
+        batch = await engine.on_stored(conn, [(device, event_id, message)])
     engine.committed(batch)
     return batch
 

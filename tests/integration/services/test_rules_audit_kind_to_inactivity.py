@@ -5,48 +5,24 @@ is on, a boiler still at 95, are not over because the device was heard from."""
 
 from __future__ import annotations
 
-import json
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
 import asyncpg
 
 from gateway.alarms.engine import AlarmEngine, BatchAlarms
 from gateway.alarms.inactivity import InactivityMonitor
-from gateway.domain.rules import RuleConfig, compile_rules
-from gateway.support.metrics import Metrics
-from protocol import Telemetry, telemetry_event_id
-from storage import alarms as repo
-from storage import ingest as ingest_repo
+from gateway.domain.rules import RuleConfig
+from protocol import Telemetry
 from tests.integration.services.test_alarms import _last_heard
+from tests.integration.services.test_rules_audit_kind_change import _engine, _now
+from tests.integration.services.test_rules_audit_kind_change import _store as _store_of
 
 DEVICE = "pendant-1"
 SILENT = RuleConfig(key="alert", kind="inactivity", silent_seconds=300, severity="MAJOR")
 
 
-def _engine(config: RuleConfig) -> AlarmEngine:
-    return AlarmEngine(rules=compile_rules([config]), node_id="node-a", metrics=Metrics())
-
-
 async def _store(engine: AlarmEngine, pool: asyncpg.Pool, message: Telemetry) -> BatchAlarms:
-    event_id = telemetry_event_id(DEVICE, message)
-    stored = ingest_repo.TelemetryRow(
-        event_id,
-        DEVICE,
-        message.micros(),
-        message.seq,
-        json.dumps(message.metrics) if message.metrics else None,
-        json.dumps(message.events) if message.events else None,
-    )
-    async with pool.acquire() as conn, conn.transaction():
-        await ingest_repo.insert_telemetry(conn, [stored], engine.node_id)
-        batch = await engine.on_stored(conn, [(DEVICE, event_id, message)])
-    engine.committed(batch)
-    return batch
-
-
-async def _now(pool: asyncpg.Pool) -> datetime:
-    async with pool.acquire() as conn:
-        return (await repo.db_now(conn)).astimezone(UTC)
+    return await _store_of(engine, pool, message, device=DEVICE)
 
 
 async def _uncleared(pool: asyncpg.Pool) -> list[str]:
