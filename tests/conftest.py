@@ -17,6 +17,7 @@ import pytest
 
 from tests.support.dsn import with_database
 from tests.support.events import assert_outbox_decodes
+from tests.support.fake_llm import FakeLlm
 from tests.support.mosquitto import Mosquitto
 
 TEST_DSN_ENV = "GATEWAY_TEST_DSN"
@@ -151,3 +152,10 @@ def mosquitto(tmp_path: Path) -> Iterator[Mosquitto]:
         yield broker
     finally:
         broker.stop()
+
+
+@pytest.fixture
+async def llm_server() -> AsyncIterator[FakeLlm]:
+    """A model server on a loopback port, speaking the chat-completions API (scripted)."""
+    async with FakeLlm() as server:
+        yield server

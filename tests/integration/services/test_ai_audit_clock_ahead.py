@@ -11,23 +11,15 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator
 
 import aiomqtt
 import asyncpg
-import pytest
 
 from protocol import Topics
 from tests.support.daemon import make_config, running_daemon
 from tests.support.fake_llm import FakeLlm
 from tests.support.mosquitto import Mosquitto
 from tests.support.waiting import wait_until
-
-
-@pytest.fixture
-async def llm_server() -> AsyncIterator[FakeLlm]:
-    async with FakeLlm() as server:
-        yield server
 
 
 async def _succeeded(dsn: str) -> bool:

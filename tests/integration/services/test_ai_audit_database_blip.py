@@ -11,11 +11,9 @@ never got its summary).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 
 import aiomqtt
 import asyncpg
-import pytest
 from structlog.testing import capture_logs
 
 from gateway.ai.llm import OpenAiCompatibleLlm
@@ -33,12 +31,6 @@ from tests.support.mosquitto import Mosquitto
 from tests.support.waiting import wait_until
 
 DOOR = b'{"ts": 1, "events": [{"type": "DOOR_OPEN"}]}'
-
-
-@pytest.fixture
-async def llm_server() -> AsyncIterator[FakeLlm]:
-    async with FakeLlm() as server:
-        yield server
 
 
 async def _tasks(dsn: str) -> list[asyncpg.Record]:

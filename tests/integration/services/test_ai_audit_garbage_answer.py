@@ -8,7 +8,6 @@ it the daemon's task group, ingest included.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 
 import aiomqtt
 import asyncpg
@@ -22,12 +21,6 @@ from tests.support.mosquitto import Mosquitto
 from tests.support.waiting import wait_until
 
 DEEP = "[" * 200_000  # 200 kB: far below the client's 8 MiB bound, far past the recursion limit
-
-
-@pytest.fixture
-async def llm_server() -> AsyncIterator[FakeLlm]:
-    async with FakeLlm() as server:
-        yield server
 
 
 async def _tasks(dsn: str) -> list[asyncpg.Record]:

@@ -9,7 +9,6 @@ did not catch: the first alarm's summary call ended the AI worker's loop and the
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 
 import aiomqtt
 import asyncpg
@@ -25,12 +24,6 @@ from tests.support.waiting import wait_until
 
 AI = '[ai]\nenabled = true\nbase_url = "{url}"\nmodel = "fake-model"\n'
 RULE = '[[rules]]\nkey = "door-open"\nkind = "event"\nevent = "DOOR_OPEN"\nseverity = "MAJOR"\n'
-
-
-@pytest.fixture
-async def llm_server() -> AsyncIterator[FakeLlm]:
-    async with FakeLlm() as server:
-        yield server
 
 
 async def test_a_key_variable_ending_in_a_newline_authenticates_with_the_key(

@@ -11,10 +11,7 @@ alarms raised before the switch never got a summary.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import asyncpg
-import pytest
 
 from gateway.alarms.lifecycle import SummarySpec, create_alarm
 from storage import alarms as alarm_repo
@@ -22,12 +19,6 @@ from tests.support.daemon import make_config, running_daemon
 from tests.support.fake_llm import FakeLlm
 from tests.support.mosquitto import Mosquitto
 from tests.support.waiting import wait_until
-
-
-@pytest.fixture
-async def llm_server() -> AsyncIterator[FakeLlm]:
-    async with FakeLlm() as server:
-        yield server
 
 
 async def test_a_task_created_before_a_model_switch_asks_the_model_now_configured(

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import email.utils
 import time
-from collections.abc import AsyncIterator
 
 import asyncpg
 import pytest
@@ -23,12 +22,6 @@ from storage import alarms as alarm_repo
 from tests.support.fake_llm import FakeLlm
 
 LIMITED = '{"error": {"message": "Rate limit reached", "type": "rate_limit_error"}}'
-
-
-@pytest.fixture
-async def llm_server() -> AsyncIterator[FakeLlm]:
-    async with FakeLlm() as server:
-        yield server
 
 
 async def _alarm(pool: asyncpg.Pool) -> int:

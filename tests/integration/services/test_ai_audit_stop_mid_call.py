@@ -10,11 +10,9 @@ the call and gives the task back: PENDING, the same attempt, for the next node o
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 
 import aiomqtt
 import asyncpg
-import pytest
 
 from gateway.config import Config
 from protocol import Topics
@@ -24,12 +22,6 @@ from tests.support.mosquitto import Mosquitto
 from tests.support.waiting import wait_until
 
 DOOR = b'{"ts": 1, "events": [{"type": "DOOR_OPEN"}]}'
-
-
-@pytest.fixture
-async def llm_server() -> AsyncIterator[FakeLlm]:
-    async with FakeLlm() as server:
-        yield server
 
 
 async def _tasks(dsn: str) -> list[asyncpg.Record]:

@@ -9,10 +9,8 @@ node of the old release in turn, until the upgrade was done.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 
 import asyncpg
-import pytest
 
 from gateway.alarms.lifecycle import SummarySpec, create_alarm
 from storage import alarms as alarm_repo
@@ -20,12 +18,6 @@ from tests.support.daemon import make_config, running_daemon
 from tests.support.fake_llm import FakeLlm
 from tests.support.mosquitto import Mosquitto
 from tests.support.waiting import wait_until
-
-
-@pytest.fixture
-async def llm_server() -> AsyncIterator[FakeLlm]:
-    async with FakeLlm() as server:
-        yield server
 
 
 async def _alarm(pool: asyncpg.Pool, n: int, device: str, prompt_version: str) -> int:

@@ -7,7 +7,6 @@ The bug is put in by hand here (no input is known to reach one today)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import asyncpg
@@ -19,12 +18,6 @@ from gateway.ai.worker import SummaryWorker
 from gateway.support.metrics import Metrics
 from tests.integration.services.test_ai_audit_retry_after import _alarm
 from tests.support.fake_llm import DEFAULT_CONTENT, FakeLlm
-
-
-@pytest.fixture
-async def llm_server() -> AsyncIterator[FakeLlm]:
-    async with FakeLlm() as server:
-        yield server
 
 
 def _bug(*_args: Any, **_kwargs: Any) -> Any:

@@ -30,12 +30,6 @@ from tests.support.waiting import wait_until
 SPEC = SummarySpec(model_name="fake-model", prompt_version="v1")
 
 
-@pytest.fixture
-async def llm_server() -> AsyncIterator[FakeLlm]:
-    async with FakeLlm() as server:
-        yield server
-
-
 # The clients _worker made, closed after each test: a session left to the collector warns
 # from wherever the collection runs (once, inside the compiler, failing the whole session).
 _CLIENTS: list[OpenAiCompatibleLlm] = []
