@@ -188,8 +188,10 @@ ON CONFLICT DO NOTHING
 RETURNING *;
 
 -- name: end_period_in_force
--- $1 device id, $2 who; ends the period in force now (DELETE): none when there is none.
-UPDATE device_out_of_service SET ended_at = now(), ended_by = $2
+-- $1 device id, $2 who; ends the period in force now (DELETE): none when there is none. Now,
+-- or at its start when another request put it in force after this transaction began (the
+-- database's now() is its start): a period never ends before it began.
+UPDATE device_out_of_service SET ended_at = greatest(since, now()), ended_by = $2
 WHERE device_id = $1 AND ended_at IS NULL AND (until IS NULL OR until > now())
 RETURNING *;
 
