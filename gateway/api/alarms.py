@@ -30,11 +30,10 @@ from gateway.api.errors import (
     from_domain,
     to_api_error,
 )
-from gateway.api.params import AlarmId, Before, DeviceId, Id, Limit, page
+from gateway.api.params import AlarmId, AnyDeviceIdFilter, Before, DeviceId, Id, Limit, page
 from gateway.api.routes import route
 from gateway.api.schemas import (
     BULK_NOT_ATTEMPTED,
-    DEVICE_ID_PATTERN,
     LIMIT_DEFAULT,
     RULE_KEY_FILTER_PATTERN,
     ActionBody,
@@ -134,12 +133,9 @@ StatusFilter = Annotated[
         schema_extra=exact("array", items={"$ref": "#/components/schemas/AlarmStatus"}),
     ),
 ]
-DeviceFilter = Annotated[
-    str | None,
-    Parameter(
-        pattern=DEVICE_ID_PATTERN, schema_extra=exact("string"), description="Only this device."
-    ),
-]
+# Any device's id, a native or a Sparkplug one (`{group}/{node}[/{device}]`, whose alarms carry
+# it as it reads): a group by device is listed with `device=` its key (docs/api.md).
+DeviceFilter = AnyDeviceIdFilter
 RuleFilter = Annotated[
     str | None,
     Parameter(

@@ -328,7 +328,6 @@ Reason = Annotated[
         description="Why (not blank).",
     ),
 ]
-DeviceIdText = Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=DEVICE_ID_PATTERN)]
 RuleKeyText = Annotated[
     str, msgspec.Meta(min_length=1, max_length=128, pattern=RULE_KEY_FILTER_PATTERN)
 ]
@@ -374,7 +373,7 @@ class AlarmFilters(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """The list's filters, as ``GET /alarms`` takes them in its query."""
 
     status: list[AlarmStatus] | None = None
-    device: DeviceIdText | None = None
+    device: AnyDeviceId | None = None
     rule: RuleKeyText | None = None
     open: bool = False
     active: bool | None = None
@@ -494,10 +493,15 @@ class ShelvePairBody(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """``POST /shelves``: shelve every alarm, present and future, of ``rule_key`` on
     ``device_id`` (whether it has alarms yet or not), for ``duration_s`` seconds."""
 
-    device_id: DeviceIdText
+    device_id: AnyDeviceId
     rule_key: RuleKeyText
     duration_s: ShelfSeconds
     reason: Reason
+
+    def __post_init__(self) -> None:
+        # The pattern's `$` admits a closing "\n" in Python: the protocol's own checks decide.
+        if not is_valid_device_id(self.device_id) and not sparkplug.is_device_key(self.device_id):
+            raise ValueError(f"device_id: must match {ANY_DEVICE_ID_PATTERN}")
 
 
 class Shelf(msgspec.Struct, kw_only=True):
