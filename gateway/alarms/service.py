@@ -40,6 +40,7 @@ __all__ = [
     "BulkResult",
     "DeskAlarm",
     "Filters",
+    "OutcomeUnknownError",
     "ShelvedMode",
     "TooManyAlarmsError",
     "view_from_record",
@@ -48,6 +49,17 @@ __all__ = [
 # The defaults of [alarms] shelve_max_s and bulk_max (gateway.config.AlarmsConfig).
 SHELVE_MAX_S: Final = 86_400.0
 BULK_MAX: Final = 500
+# The faults that, met by a COMMIT, leave its outcome unknown: the connection or the server went
+# away before its answer came back, so the server may have committed it. (A rollback the
+# server answered, a deadlock or a refused row, is an answer: nothing was applied.)
+COMMIT_LOST: Final[tuple[type[BaseException], ...]] = (
+    OSError,
+    TimeoutError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.InterfaceError,
+    asyncpg.exceptions.InternalClientError,
+    asyncpg.exceptions.OperatorInterventionError,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +91,22 @@ class BulkResult:
     alarm: Alarm | None = None
     error: BaseException | None = None
     attempted: bool = True
+
+
+class OutcomeUnknownError(AlarmError):
+    """The database went out of reach while a person's step on an alarm was being committed:
+    the server may have applied it or not, and only a read of the alarm tells (HTTP 503
+    ``UNAVAILABLE`` with ``outcome_unknown``; in a bulk action, that alarm's item)."""
+
+    code = "UNAVAILABLE"
+
+    def __init__(self, alarm_id: int, action: Action) -> None:
+        super().__init__(
+            f"the database went out of reach while {action.value} of alarm {alarm_id} was "
+            "being committed: it may have been applied; read the alarm before acting on it again"
+        )
+        self.alarm_id = alarm_id
+        self.action = action
 
 
 class TooManyAlarmsError(AlarmError):
@@ -168,30 +196,38 @@ class AlarmService:
         stated_actor: str | None = None,
     ) -> Alarm:
         suppressed: list[str] = []
-        async with self.pool.acquire() as conn, conn.transaction():
-            # The status this request acts on is the one it reads first: if another person
-            # or a timer changes it before this request's write (the transition waits for
-            # them on the row), this one lost the race, 409 (docs/behaviour.md §5), rather
-            # than its action applied from a status its caller never saw.
-            before = await repo.get(conn, alarm_id)
-            try:
-                changed = await transition(
-                    conn,
-                    alarm_id,
-                    action,
-                    actor=actor,
-                    node_id=self.node_id,
-                    note=note,
-                    request_id=request_id,
-                    stated_actor=stated_actor,
-                    expected=None if before is None else AlarmStatus(before["status"]),
-                    suppressed=suppressed,
-                )
-            except StatusChangedError as exc:
-                if exc.current.status is AlarmStatus.SUPERSEDED:
-                    # Superseded meanwhile: refused as any action on a superseded alarm.
-                    raise AlarmSupersededError(exc.current.superseded_by) from None
-                raise
+        committing = False
+        try:
+            async with self.pool.acquire() as conn, conn.transaction():
+                # The status this request acts on is the one it reads first: if another person
+                # or a timer changes it before this request's write (the transition waits for
+                # them on the row), this one lost the race, 409 (docs/behaviour.md §5), rather
+                # than its action applied from a status its caller never saw.
+                before = await repo.get(conn, alarm_id)
+                try:
+                    changed = await transition(
+                        conn,
+                        alarm_id,
+                        action,
+                        actor=actor,
+                        node_id=self.node_id,
+                        note=note,
+                        request_id=request_id,
+                        stated_actor=stated_actor,
+                        expected=None if before is None else AlarmStatus(before["status"]),
+                        suppressed=suppressed,
+                    )
+                except StatusChangedError as exc:
+                    if exc.current.status is AlarmStatus.SUPERSEDED:
+                        # Superseded meanwhile: refused as any action on a superseded alarm.
+                        raise AlarmSupersededError(exc.current.superseded_by) from None
+                    raise
+                # What fails from here on is the COMMIT (or the connection's release).
+                committing = True
+        except COMMIT_LOST as exc:
+            if committing and audit_failure(exc) is None:
+                raise OutcomeUnknownError(alarm_id, action) from exc
+            raise
         if self.metrics is not None and before is not None:
             self.metrics.count_alarm_transition(before["status"], changed.status.value)
         if self.count_suppressed is not None:
@@ -274,6 +310,7 @@ class AlarmService:
             raise TooManyAlarmsError(len(ids), self.bulk_max)
         results: list[BulkResult] = []
         for index, alarm_id in enumerate(ids):
+            away = False
             try:
                 alarm = await self.act(
                     alarm_id,
@@ -283,16 +320,20 @@ class AlarmService:
                     request_id=request_id,
                     stated_actor=stated_actor,
                 )
+            except OutcomeUnknownError as exc:  # lost at its COMMIT: it may have been applied
+                results.append(BulkResult(alarm_id=alarm_id, error=exc))
+                away = True
             except AlarmError as exc:
                 results.append(BulkResult(alarm_id=alarm_id, error=exc))
             except DB_ERRORS as exc:  # its transaction rolled back
                 results.append(BulkResult(alarm_id=alarm_id, error=exc))
-                if isinstance(exc, TRANSIENT_DB_ERRORS) and audit_failure(exc) is None:
-                    rest = ids[index + 1 :]
-                    results.extend(BulkResult(alarm_id=i, attempted=False) for i in rest)
-                    break
+                away = isinstance(exc, TRANSIENT_DB_ERRORS) and audit_failure(exc) is None
             else:
                 results.append(BulkResult(alarm_id=alarm_id, alarm=alarm))
+            if away:
+                rest = ids[index + 1 :]
+                results.extend(BulkResult(alarm_id=i, attempted=False) for i in rest)
+                break
         return results
 
     async def shelve(

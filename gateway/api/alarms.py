@@ -356,6 +356,7 @@ async def bulk_alarms(
                 error=refused.kind.code,
                 message=refused.message,
                 current_status=current if isinstance(current, str) else None,
+                outcome_unknown=refused.details.get("outcome_unknown") is True,
             )
         )
     done = sum(1 for item in items if item.ok)

@@ -30,7 +30,7 @@ from litestar.status_codes import HTTP_413_REQUEST_ENTITY_TOO_LARGE
 from msgspec import UNSET, UnsetType
 
 from gateway.alarms.lifecycle import AlarmNotFoundError, StatusChangedError
-from gateway.alarms.service import TooManyAlarmsError
+from gateway.alarms.service import OutcomeUnknownError, TooManyAlarmsError
 from gateway.alarms.shelving import (
     AlreadyShelvedError,
     DeviceNotFoundError,
@@ -275,6 +275,8 @@ class ErrorBody(msgspec.Struct, kw_only=True, omit_defaults=True):
     size: int | UnsetType = UNSET
     limit: int | UnsetType = UNSET
     discarded_at: datetime | UnsetType = UNSET
+    # True: the database went out of reach as the change was committed; it may have been made.
+    outcome_unknown: bool | UnsetType = UNSET
 
 
 class ApiError(GatewayError):
@@ -370,6 +372,9 @@ _DOMAIN: Final[Mapping[type[Exception], Callable[[Any], ApiError]]] = {
     NotOutOfServiceError: lambda e: ApiError(NOT_OUT_OF_SERVICE, str(e), device_id=e.device_id),
     UntilPastError: lambda e: ApiError(UNTIL_PAST, str(e)),
     TooManyAlarmsError: lambda e: ApiError(TOO_MANY_ALARMS, str(e), limit=e.limit),
+    OutcomeUnknownError: lambda e: ApiError(
+        UNAVAILABLE, str(e), alarm_id=e.alarm_id, outcome_unknown=True
+    ),
     # Another node wrote the same alarm or state in the same moment, again at every attempt
     # the caller made: nothing was changed, and a retry sees that write.
     ConcurrentWriteError: lambda e: ApiError(UNAVAILABLE, f"{e}; nothing was changed, retry"),

@@ -439,7 +439,8 @@ class BulkItem(msgspec.Struct, kw_only=True, omit_defaults=True):
     """One alarm of a bulk action: ``ok`` with its ``status`` now, or the ``error`` code (as
     the single action would answer, ``AUDIT_FAILED`` and ``UNAVAILABLE`` included, or
     ``NOT_ATTEMPTED``) with ``message`` and, when it has one, ``current_status``; nothing of
-    an alarm that is not ``ok`` changed."""
+    an alarm that is not ``ok`` changed, but for one with ``outcome_unknown``: the database
+    went out of reach as its change was committed, which may have been made."""
 
     alarm_id: int
     ok: bool
@@ -461,6 +462,14 @@ class BulkItem(msgspec.Struct, kw_only=True, omit_defaults=True):
     ) = None
     message: str | None = None
     current_status: str | None = None
+    outcome_unknown: Annotated[
+        bool,
+        msgspec.Meta(
+            description="True: the database went out of reach as this alarm's change was "
+            "committed (`UNAVAILABLE`): it may have been made; read the alarm before acting "
+            "on it again. Absent otherwise."
+        ),
+    ] = False
 
 
 class BulkResults(msgspec.Struct, kw_only=True):
