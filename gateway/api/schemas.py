@@ -392,13 +392,20 @@ BODY_ID_MAX: Final = 2**53
 BodyId = Annotated[float, msgspec.Meta(ge=1, le=BODY_ID_MAX, multiple_of=1)]
 
 
+# A group's key: a rule key (at most 128 characters) or any device id, a Sparkplug one
+# (`{group}/{node}/{device}`) up to ANY_DEVICE_ID_MAX_LENGTH, as GET /alarms/groups lists it.
+GROUP_KEY_MAX_LENGTH: Final = max(ANY_DEVICE_ID_MAX_LENGTH, 128)
+
+
 class BulkGroup(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """A group of ``GET /alarms/groups``: its ``by``, its ``key``, the filters it was read with,
     and optionally its ``newest_id`` as read (``up_to``): the alarms raised since are not in
     the group the caller saw, and are left alone."""
 
     by: GroupBy
-    key: Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=NOT_BLANK)]
+    key: Annotated[
+        str, msgspec.Meta(min_length=1, max_length=GROUP_KEY_MAX_LENGTH, pattern=NOT_BLANK)
+    ]
     filters: AlarmFilters = msgspec.field(default_factory=AlarmFilters)
     up_to: (
         Annotated[
