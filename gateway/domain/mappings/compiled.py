@@ -210,10 +210,20 @@ def parse_topic(text: str) -> TopicPattern:
 @dataclass(frozen=True, slots=True)
 class Template:
     """Text with ``{name}`` and ``{params.key}`` placeholders; any other brace is literal, so
-    a JSON template keeps its own braces (``{"id":{command_id}}``)."""
+    a JSON template keeps its own braces (``{"id":{command_id}}``).
+
+    A value goes in as itself (a string) or as JSON (anything else). In a template that is a
+    JSON document (placeholders aside), a value keeps the document's shape: a string put
+    inside one of its JSON strings is escaped there, and one put where it has a JSON value is
+    written as a JSON string unless it is a JSON number, ``true``, ``false`` or ``null``
+    written as text (which goes as itself). A quote in a display text, or one written to add
+    a field (``"reboot": true``), used to change the payload the device got."""
 
     text: str
     pieces: tuple[tuple[str, str | None, str | None], ...]  # literal, name, key
+    # Per piece: where its value goes in a JSON template ("string": inside a JSON string,
+    # "value": where a JSON value stands); None for a template that is no JSON document.
+    slots: tuple[str | None, ...] = ()
 
     def names(self) -> set[str]:
         return {name for _, name, _ in self.pieces if name is not None}
@@ -221,7 +231,7 @@ class Template:
     def render(self, values: Mapping[str, Any]) -> str:
         """Raises `KeyError` (the placeholder) for a value it lacks."""
         out: list[str] = []
-        for literal, name, key in self.pieces:
+        for index, (literal, name, key) in enumerate(self.pieces):
             out.append(literal)
             if name is None:
                 continue
@@ -230,8 +240,25 @@ class Template:
                 if not isinstance(value, dict) or key not in value:
                     raise KeyError(f"{name}.{key}")
                 value = value[key]
-            out.append(value if isinstance(value, str) else msgspec.json.encode(value).decode())
+            slot = self.slots[index] if self.slots else None
+            out.append(_slotted(value, slot))
         return "".join(out)
+
+
+def _slotted(value: object, slot: str | None) -> str:
+    """``value`` as it goes in at a slot of a template (`Template`)."""
+    if slot == "string":
+        text = value if isinstance(value, str) else msgspec.json.encode(value).decode()
+        return msgspec.json.encode(text).decode()[1:-1]
+    if isinstance(value, str):
+        if slot == "value" and not _JSON_LITERAL_RE.fullmatch(value):
+            return msgspec.json.encode(value).decode()
+        return value
+    return msgspec.json.encode(value).decode()
+
+
+# A JSON number, true, false or null: what a string may stand for where a JSON value goes.
+_JSON_LITERAL_RE: Final = re.compile(r"-?(?:0|[1-9]\d*)(?:\.\d+)?(?:[eE][+-]?\d+)?|true|false|null")
 
 
 def parse_template(text: str) -> Template:
@@ -241,7 +268,39 @@ def parse_template(text: str) -> Template:
         pieces.append((text[position : match.start()], match.group(1), match.group(2)))
         position = match.end()
     pieces.append((text[position:], None, None))
-    return Template(text, tuple(pieces))
+    return Template(text, tuple(pieces), _json_slots(pieces))
+
+
+def _json_slots(pieces: Sequence[tuple[str, str | None, str | None]]) -> tuple[str | None, ...]:
+    """Where each placeholder stands if the template is a JSON object or array
+    (`Template.slots`), else nothing. Found by walking its literal text as a JSON lexer
+    would (in a string or not, escapes), then checked: with a neutral value at each slot,
+    the text must parse."""
+    slots: list[str | None] = []
+    probe: list[str] = []
+    in_string = escaped = False
+    for literal, name, _ in pieces:
+        for char in literal:
+            if escaped:
+                escaped = False
+            elif in_string and char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = not in_string
+        probe.append(literal)
+        if name is None:
+            slots.append(None)
+            continue
+        slots.append("string" if in_string else "value")
+        probe.append("x" if in_string else "0")
+    text = "".join(probe).strip()
+    if not any(slot is not None for slot in slots) or text[:1] not in ("{", "["):
+        return ()  # no placeholder, or no JSON object or array (`{params.value}` is text)
+    try:
+        msgspec.json.decode(text)
+    except msgspec.DecodeError:
+        return ()  # no JSON document: values go in as they are
+    return tuple(slots)
 
 
 # --- what a message becomes -----------------------------------------------------------------
