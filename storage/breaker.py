@@ -16,6 +16,7 @@ WRITE_JOURNAL = _Q["write_journal"]
 CLEAR_JOURNAL = _Q["clear_journal"]
 RECOVER_JOURNAL = _Q["recover_journal"]
 FORGET_SUSPECTS = _Q["forget_suspects"]
+KEEP_QUARANTINED = _Q["keep_quarantined"]
 TAKE_UNBOUNDED_TELEMETRY = _Q["take_unbounded_telemetry"]
 
 
@@ -56,6 +57,11 @@ async def recover_journal(
 
 async def forget_suspects(conn: asyncpg.Connection, digests: Sequence[bytes]) -> None:
     await conn.execute(FORGET_SUSPECTS, digests)
+
+
+async def keep_quarantined(conn: asyncpg.Connection, digests: Sequence[bytes]) -> None:
+    """Quarantined again: remembered from now, not forgotten."""
+    await conn.execute(KEEP_QUARANTINED, digests)
 
 
 async def take_unbounded_telemetry(conn: asyncpg.Connection) -> list[UnboundedTelemetry]:

@@ -13,7 +13,9 @@ still holds was in flight when the node died: each such message counts one death
 (``ingest_suspect``). A suspect is processed alone, so that the next death points at the
 message that caused it and not at its batch-mates; once stored (or dead-lettered), it is
 forgotten. A message in flight at ``quarantine_after`` deaths in a row becomes a dead letter,
-``QUARANTINED``, with its raw bytes, and is acknowledged without being processed.
+``QUARANTINED``, with its raw bytes, and is acknowledged without being processed; it stays
+remembered, so that the same message coming back (retained, repeated) is quarantined again,
+until a successful replay of its letter forgets it.
 
 The state is in PostgreSQL, not on the node's disk: a node moved to another host, or another
 node of a shared subscription that receives the message next, counts the same deaths.
@@ -106,6 +108,12 @@ class CrashLoopBreaker:
             "died: kept here unprocessed (replay it once the cause is fixed)"
         )
 
+    def isolating(self) -> bool:
+        """Whether a suspect below the limit is known: one to be stored alone (a message at
+        the limit is quarantined wherever it is, and needs nothing alone)."""
+        limit = self.quarantine_after
+        return any(deaths < limit for deaths in self.suspects.values())
+
     async def journal(self, conn: asyncpg.Connection, items: Sequence[Inbound]) -> None:
         """Before storing ``items``: they are what is in flight (a retry of the same messages
         writes nothing)."""
@@ -115,14 +123,25 @@ class CrashLoopBreaker:
             self._journaled = digests
 
     async def settled(self, conn: asyncpg.Connection, items: Sequence[Inbound]) -> None:
-        """After the commit that stored or dead-lettered ``items``: forget those suspected."""
+        """After the commit that stored or dead-lettered ``items``: forget those suspected,
+        except the ones quarantined, which stay remembered (from now) so that the same message
+        coming back (retained and sent again at each subscription, repeated by its device,
+        delivered again) is quarantined again, not processed a third time. A successful
+        replay of its dead letter forgets it (``gateway.ingest.replay``)."""
         if not self.suspects:
             return
-        done = [d for item in items if (d := digest(item)) in self.suspects]
+        done: list[bytes] = []
+        kept: list[bytes] = []
+        for item in items:
+            deaths = self.suspects.get(d := digest(item))
+            if deaths is not None:
+                (kept if deaths >= self.quarantine_after else done).append(d)
         if done:
             await repo.forget_suspects(conn, done)
             for d in done:
-                del self.suspects[d]
+                self.suspects.pop(d, None)
+        if kept:
+            await repo.keep_quarantined(conn, kept)
 
     async def clean_stop(self, conn: asyncpg.Connection) -> None:
         await repo.clear_journal(conn, self.node_id)

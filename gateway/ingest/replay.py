@@ -18,10 +18,12 @@ import structlog
 
 from gateway.commands.receipts import AppliedReceipt
 from gateway.domain.errors import ConcurrentWriteError
+from gateway.ingest.breaker import QUARANTINED, digest
 from gateway.ingest.decoder import Classified, Inbound, failure_detail
 from gateway.ingest.live_path import LivePath
 from gateway.ingest.store import StoreResult, store
 from gateway.ingest.writer import RETRY_LATER, refusal_reason
+from storage import breaker as breaker_repo
 from storage import ingest as repo
 
 log = structlog.get_logger(__name__)
@@ -128,6 +130,10 @@ async def _replay_once(
                         detail=result.dead_letters[0].detail,
                     )
         await repo.mark_dead_letter_replayed(conn, dead_letter_id, outcome, succeeded=succeeded)
+        if succeeded and letter.reason == QUARANTINED:
+            # The cause is fixed: the crash-loop breaker, which keeps a quarantined message
+            # quarantined when it comes back, forgets it (a running node at its next start).
+            await breaker_repo.forget_suspects(conn, [digest(inbound)])
     # Committed: only now are its alarms and receipts counted.
     if alarms is not None:
         path.engine.committed(alarms)

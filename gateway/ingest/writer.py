@@ -284,7 +284,7 @@ class IngestWriter:
                     taken = await self._next_batch()
                 self._order.extend(taken)
                 batch = waiting + taken
-                if self.breaker is not None and self.breaker.suspects:
+                if self.breaker is not None and self.breaker.isolating():
                     # Suspects are stored alone, each in its own transaction: nothing beside.
                     while flights:
                         await asyncio.wait(_tasks(flights))

@@ -43,6 +43,12 @@ WHERE digest NOT IN (SELECT digest FROM counted)
 -- $1 digests of suspects that were stored or dead-lettered (the breaker is done with them).
 DELETE FROM ingest_suspect WHERE digest = ANY($1::bytea[]);
 
+-- name: keep_quarantined
+-- $1 digests of messages quarantined again (at the limit of deaths): not forgotten, or the
+-- same message coming back (retained, repeated by its device) would be processed, and kill,
+-- again; remembered the days a suspect is from its last arrival.
+UPDATE ingest_suspect SET last_death_at = now() WHERE digest = ANY($1::bytea[]);
+
 -- name: take_unbounded_telemetry
 -- no parameters; removes and returns the telemetry stored at PostgreSQL's infinity or
 -- -infinity (before such times were refused at decoding), to be kept as dead letters.

@@ -340,18 +340,22 @@ async def test_deaths_in_a_row_are_counted_suspects_judged_alone_and_the_second_
         batch[1].payload,
         "QUARANTINED",
     )
-    assert await conn.fetchval("SELECT count(*) FROM ingest_suspect") == 0
-    assert third.breaker.suspects == {}
-    # The same bytes again later are judged like any message (the quarantine was spent).
+    # The quarantined message stays remembered; the one stored is forgotten.
+    assert await conn.fetchval("SELECT count(*) FROM ingest_suspect") == 1
+    assert third.breaker.suspects == {digest(batch[1]): 2}
+    # The same bytes again later (retained, repeated) are quarantined again, never processed
+    # a third time: the same letter counts the arrival. (Until 2026-12-06 the quarantine was
+    # spent: a retained killer killed every start after its quarantine.)
     await _handle(third, [batch[1]])
-    assert await conn.fetchval("SELECT count(*) FROM telemetry") == 3
+    assert await conn.fetchval("SELECT count(*) FROM telemetry") == 2
+    assert await conn.fetchval("SELECT seen_count FROM dead_letter") == 2
 
     # A clean stop leaves nothing in flight: the next start counts no death.
     await third.stopped_cleanly()
     fourth = _writer(pool)
     await fourth.recover()
     assert fourth.breaker is not None
-    assert fourth.breaker.suspects == {}
+    assert fourth.breaker.suspects == {digest(batch[1]): 2}
 
 
 async def test_a_death_counts_only_in_a_row(pool: asyncpg.Pool, conn: asyncpg.Connection) -> None:
