@@ -35,12 +35,16 @@ class UnboundedTelemetry:
 DIGEST_BYTES = 16  # each digest in the journal's one bytea (recover_journal cuts it)
 
 
-async def write_journal(conn: asyncpg.Connection, node_id: str, digests: Sequence[bytes]) -> None:
-    """Replace the node's journal with ``digests`` (each ``DIGEST_BYTES`` long)."""
+async def write_journal(
+    conn: asyncpg.Connection, node_id: str, digests: Sequence[bytes], *, remember_days: int
+) -> dict[bytes, int]:
+    """Replace the node's journal with ``digests`` (each ``DIGEST_BYTES`` long); the deaths
+    the fleet counted of each of them that is a suspect."""
     joined = b"".join(digests)
     if len(joined) != DIGEST_BYTES * len(digests):
         raise ValueError(f"journal digests are {DIGEST_BYTES} bytes each")
-    await conn.execute(WRITE_JOURNAL, node_id, joined)
+    rows = await conn.fetch(WRITE_JOURNAL, node_id, joined, remember_days)
+    return {bytes(row["digest"]): int(row["deaths"]) for row in rows}
 
 
 async def clear_journal(conn: asyncpg.Connection, node_id: str) -> None:

@@ -116,18 +116,30 @@ class CrashLoopBreaker:
 
     async def journal(self, conn: asyncpg.Connection, items: Sequence[Inbound]) -> None:
         """Before storing ``items``: they are what is in flight (a retry of the same messages
-        writes nothing)."""
+        writes nothing). The same statement tells what the fleet counted of them since this
+        node started (another node's deaths, a quarantine, a replay that forgot one): the
+        suspects of ``items`` are then as PostgreSQL has them."""
         digests = [digest(item) for item in items]
         if digests != self._journaled:
-            await repo.write_journal(conn, self.node_id, digests)
+            counted = await repo.write_journal(
+                conn, self.node_id, digests, remember_days=REMEMBER_DAYS
+            )
             self._journaled = digests
+            suspects = self.suspects
+            for d in digests:
+                deaths = counted.get(d)
+                if deaths is not None:
+                    suspects[d] = deaths
+                elif suspects:
+                    suspects.pop(d, None)
 
     async def settled(self, conn: asyncpg.Connection, items: Sequence[Inbound]) -> None:
         """After the commit that stored or dead-lettered ``items``: forget those suspected,
         except the ones quarantined, which stay remembered (from now) so that the same message
         coming back (retained and sent again at each subscription, repeated by its device,
-        delivered again) is quarantined again, not processed a third time. A successful
-        replay of its dead letter forgets it (``gateway.ingest.replay``)."""
+        delivered again, to this node or another) is quarantined again, not processed a
+        third time. A successful replay of its dead letter forgets it
+        (``gateway.ingest.replay``)."""
         if not self.suspects:
             return
         done: list[bytes] = []

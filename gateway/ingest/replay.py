@@ -132,7 +132,7 @@ async def _replay_once(
         await repo.mark_dead_letter_replayed(conn, dead_letter_id, outcome, succeeded=succeeded)
         if succeeded and letter.reason == QUARANTINED:
             # The cause is fixed: the crash-loop breaker, which keeps a quarantined message
-            # quarantined when it comes back, forgets it (a running node at its next start).
+            # quarantined when it comes back, forgets it (each node as it next journals it).
             await breaker_repo.forget_suspects(conn, [digest(inbound)])
     # Committed: only now are its alarms and receipts counted.
     if alarms is not None:

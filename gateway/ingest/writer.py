@@ -423,15 +423,21 @@ class IngestWriter:
         quarantined: list[Inbound] = []
         groups = [batch]
         if self.breaker is not None:
+            # Journaled before it is decoded: decoding runs C extensions (JSON, Sparkplug's
+            # protobuf) on what devices sent, and a message that kills the process there must
+            # count its deaths like one that kills it while stored. The journal's answer is
+            # what the fleet counted of these messages (another node's deaths, a quarantine)
+            # since this node started: the batch is split by it.
+            await self._journal(batch, retry)
             quarantined, groups = self.breaker.split(batch)
+        # The batch is stored as journaled, or each group is journaled before its turn.
+        regroup = len(groups) != 1 or len(groups[0]) != len(batch)
         letters = self._quarantine(quarantined)
         for index, group in enumerate(groups or [[]]):
             # The quarantined messages' dead letters commit with the first group.
             carried = letters if index == 0 else []
-            # Journaled before it is decoded: decoding runs C extensions (JSON, Sparkplug's
-            # protobuf) on what devices sent, and a message that kills the process there must
-            # count its deaths like one that kills it while stored.
-            await self._journal(group, retry)
+            if regroup:
+                await self._journal(group, retry)
             classified = self.decoder.classify(group)
             classified.dead_letters.extend(carried)
             result = await self.store_with_retry(

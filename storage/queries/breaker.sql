@@ -6,12 +6,26 @@
 -- Committed without waiting for the WAL flush (synchronous_commit off for this statement's
 -- own transaction only): the journal must outlive the gateway process, which a commit does at
 -- once, not a crash of PostgreSQL itself; waiting for the flush doubled the fsyncs per batch.
-WITH relaxed AS (SELECT set_config('synchronous_commit', 'off', true))
-INSERT INTO ingest_journal (node_id, digests, written_at)
-SELECT $1, $2::bytea, now()
-FROM relaxed
-ON CONFLICT (node_id) DO UPDATE
-SET digests = EXCLUDED.digests, written_at = EXCLUDED.written_at;
+-- $3 days a suspect is remembered. Returns, in the same round trip, the deaths the fleet has
+-- counted of the journaled messages (each suspect of them with its deaths): another node's
+-- deaths since this node started, and a quarantined message that comes back, are known
+-- before it is decoded. The suspects are few (usually none): the digests are cut only to be
+-- looked up by the primary key.
+WITH relaxed AS (SELECT set_config('synchronous_commit', 'off', true)),
+journaled AS (
+    INSERT INTO ingest_journal (node_id, digests, written_at)
+    SELECT $1, $2::bytea, now()
+    FROM relaxed
+    ON CONFLICT (node_id) DO UPDATE
+    SET digests = EXCLUDED.digests, written_at = EXCLUDED.written_at
+)
+SELECT s.digest, s.deaths
+FROM ingest_suspect AS s
+WHERE s.last_death_at >= now() - make_interval(days => $3)
+  AND s.digest IN (
+      SELECT substring($2::bytea FROM i FOR 16)
+      FROM generate_series(1, length($2::bytea), 16) AS i
+  );
 
 -- name: clear_journal
 -- $1 node id; a clean stop: nothing of this node is in flight.
@@ -45,8 +59,8 @@ DELETE FROM ingest_suspect WHERE digest = ANY($1::bytea[]);
 
 -- name: keep_quarantined
 -- $1 digests of messages quarantined again (at the limit of deaths): not forgotten, or the
--- same message coming back (retained, repeated by its device) would be processed, and kill,
--- again; remembered the days a suspect is from its last arrival.
+-- same message coming back (retained, repeated by its device, on another node) would be
+-- processed, and kill, again; remembered the days a suspect is from its last arrival.
 UPDATE ingest_suspect SET last_death_at = now() WHERE digest = ANY($1::bytea[]);
 
 -- name: take_unbounded_telemetry

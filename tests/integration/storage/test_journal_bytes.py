@@ -52,14 +52,19 @@ async def test_the_journal_is_read_back_as_written_and_each_death_counted_once(
     try:
         await migrate(conn)
         many = [n.to_bytes(repo.DIGEST_BYTES, "big") for n in range(1, 1001)]
-        await repo.write_journal(conn, "node-a", many)
-        await repo.write_journal(conn, "node-a", [*many, many[0]])  # replaced, not added to
+        assert await repo.write_journal(conn, "node-a", many, remember_days=7) == {}
+        # replaced, not added to
+        await repo.write_journal(conn, "node-a", [*many, many[0]], remember_days=7)
         assert bytes(
             await conn.fetchval("SELECT digests FROM ingest_journal WHERE node_id = 'node-a'")
         ) == b"".join([*many, many[0]])
         suspects = await repo.recover_journal(conn, "node-a", remember_days=7)
         assert suspects == dict.fromkeys(many, 1)  # the digest twice in flight: one death
-        await repo.write_journal(conn, "node-a", many[:2])
+        # The journal's answer: the deaths counted of what it holds that is a suspect.
+        assert await repo.write_journal(conn, "node-a", many[:2], remember_days=7) == {
+            many[0]: 1,
+            many[1]: 1,
+        }
         again = await repo.recover_journal(conn, "node-a", remember_days=7)
         assert again == {**suspects, many[0]: 2, many[1]: 2}
         assert await conn.fetchval("SELECT count(*) FROM ingest_journal") == 0
