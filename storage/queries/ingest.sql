@@ -136,7 +136,8 @@ SELECT pg_current_xact_id()::text::bigint AS xid, greatest(pg_postmaster_start_t
 -- its received_at on the database's clock: a message that waited in the node's queue (a
 -- database outage) is received when it came, not when its letter could be written (a mapped
 -- reading without a time of its own is replayed at that receipt). A pending
--- letter of the same bytes on the same topic is counted again instead. Ids follow the order
+-- letter of the same bytes on the same topic (the key: the topic's MD5, migration 0049) is
+-- counted again instead. Ids follow the order
 -- given (message order); two nodes counting the same letters in opposite orders at once may
 -- deadlock, which PostgreSQL breaks and the writer retries. Returns the transaction's id, as
 -- insert_telemetry does (for a batch of dead letters only, which sends no telemetry).
@@ -149,7 +150,7 @@ WITH counted AS (
            coalesce(statement_timestamp() - make_interval(secs => a), now())
     FROM unnest($1::text[], $2::bytea[], $3::bigint[], $4::text[], $5::text[], $6::text[],
                 $7::integer[], $9::float8[]) AS u(t, p, s, h, r, d, n, a)
-    ON CONFLICT (topic, payload_sha256) WHERE replayed_at IS NULL DO UPDATE
+    ON CONFLICT (md5(topic), payload_sha256) WHERE replayed_at IS NULL DO UPDATE
     SET seen_count = l.seen_count + EXCLUDED.seen_count,
         last_seen_at = GREATEST(l.last_seen_at, EXCLUDED.last_seen_at)
 )
