@@ -108,11 +108,14 @@ class CrashLoopBreaker:
             "died: kept here unprocessed (replay it once the cause is fixed)"
         )
 
-    def isolating(self) -> bool:
-        """Whether a suspect below the limit is known: one to be stored alone (a message at
-        the limit is quarantined wherever it is, and needs nothing alone)."""
+    def isolating(self, items: Sequence[Inbound]) -> bool:
+        """Whether ``items`` hold a suspect below the limit: one to be stored alone (a message
+        at the limit is quarantined wherever it is, and needs nothing alone). Suspects that
+        never come back cost nothing: only a batch holding one is stored alone."""
+        if not self.suspects:
+            return False
         limit = self.quarantine_after
-        return any(deaths < limit for deaths in self.suspects.values())
+        return any(0 < self.deaths(item) < limit for item in items)
 
     async def journal(self, conn: asyncpg.Connection, items: Sequence[Inbound]) -> None:
         """Before storing ``items``: they are what is in flight (a retry of the same messages

@@ -142,6 +142,8 @@ class IngestWriter:
         # acknowledged, in delivery order, and for each whose flight landed, whether stored.
         self.in_flight = in_flight
         self._flights: list[Flight[Inbound]] = []
+        # The flight of a batch holding a suspect, while it flies: nothing starts beside it.
+        self._alone: Flight[Inbound] | None = None
         self._order: deque[Inbound] = deque()
         self._settled: dict[int, bool] = {}
         # Journal writes of concurrent flights, one at a time, each with all that flies.
@@ -284,12 +286,17 @@ class IngestWriter:
                     taken = await self._next_batch()
                 self._order.extend(taken)
                 batch = waiting + taken
-                if self.breaker is not None and self.breaker.isolating():
-                    # Suspects are stored alone, each in its own transaction: nothing beside.
+                breaker = self.breaker
+                alone = breaker is not None and breaker.isolating(batch)
+                if alone or self._alone is not None:
+                    # Suspects are stored alone, each in its own transaction: nothing beside
+                    # (a death then points at the suspect, not at another flight's messages).
                     while flights:
                         await asyncio.wait(_tasks(flights))
-                    flight: Flight[Inbound] | None = Flight[Inbound](batch, None)
-                    waiting = []
+                flight: Flight[Inbound] | None
+                if alone:
+                    flight, waiting = Flight[Inbound](batch, None), []
+                    self._alone = flight
                 else:
                     flight, waiting = plan(batch, self.decoder.order_key, flights)
                 if flight is not None:
@@ -326,6 +333,8 @@ class IngestWriter:
     def _land(self, flight: Flight[Inbound]) -> None:
         """``flight`` is over: out of the flights, and a lingering batch looks again."""
         self._flights.remove(flight)
+        if flight is self._alone:
+            self._alone = None
         self._wake.set()
 
     def _release(self) -> None:
