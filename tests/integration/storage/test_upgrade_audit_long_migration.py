@@ -21,10 +21,9 @@ from storage.migrate import (
     latest_version,
     migrate,
     schema_version,
-    shipped_migrations,
 )
 from storage.pool import create_pool
-from tests.support.schema import schema_before
+from tests.support.schema import last_migration_table, schema_before
 
 COMMAND_TIMEOUT_S = 1.0
 # How long the migration is held: well past the bound.
@@ -87,12 +86,7 @@ async def test_a_migration_held_past_the_command_timeout_by_a_backup_completes(
         # The release before the last migration, with a backup (pg_dump: ACCESS SHARE on
         # every table, for as long as it takes) reading the table the last one alters.
         await schema_before(setup, latest)
-        table = await setup.fetchval(
-            # ALTER TABLE, or an index it makes again (its DROP INDEX waits for the backup).
-            "SELECT (regexp_match($1, '(?:ALTER TABLE|INDEX \\w+ ON) (\\w+)'))[1]",
-            shipped_migrations()[-1].sql,
-        )
-        assert table, "the last migration alters no table: pick another lock"
+        table = last_migration_table()
         await hold.execute("BEGIN")
         await hold.execute(f"LOCK TABLE {table} IN ACCESS SHARE MODE")
         applied = await _migrate_held_past_the_timeout(empty_db_dsn, hold)
