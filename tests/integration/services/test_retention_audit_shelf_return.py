@@ -16,10 +16,8 @@ import asyncio
 import asyncpg
 
 from gateway.alarms.lifecycle import transition
-from gateway.config import RetentionConfig
 from gateway.domain.alarm import Action
-from gateway.maintenance.runner import Maintenance
-from gateway.support.metrics import Metrics
+from tests.integration.services.test_maintenance_notify_groups import _retention
 from tests.integration.services.test_notify_grouping import _consume_together, _two_nodes
 from tests.integration.services.test_notify_shelf_end import (
     _config,
@@ -54,14 +52,6 @@ async def _suppressed_days_ago(db: asyncpg.Connection, alarm_id: int, shelf_id: 
         shelf_id,
         DAYS_AGO,
     )
-
-
-async def _retention(pool: asyncpg.Pool) -> dict[str, int]:
-    report = await Maintenance(
-        pool=pool, retention=RetentionConfig(notify_days=3), metrics=Metrics()
-    ).run_once()
-    assert report.ran
-    return report.deleted
 
 
 async def test_an_alarm_shelved_longer_than_notify_days_is_told_when_its_shelf_ends(

@@ -13,6 +13,7 @@ from structlog.testing import capture_logs
 from gateway.alarms.rule_watch import RuleWatch
 from gateway.config import parse_config
 from gateway.domain.rules import RuleSet
+from tests.integration.services.test_rule_watch import FixedClock
 
 NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
 DAMP = """
@@ -33,19 +34,11 @@ event = "DOOR_OPEN"
 """
 
 
-class Clock:
-    def __init__(self, now: datetime) -> None:
-        self.now = now
-
-    async def __call__(self, _conn: asyncpg.Connection) -> datetime:
-        return self.now
-
-
 async def test_a_rule_removed_and_added_again_is_reported_again_after_its_wait(
     pool: asyncpg.Pool,
 ) -> None:
     rules: RuleSet = parse_config(DAMP + OTHER).rule_set()
-    clock = Clock(NOW)
+    clock = FixedClock(NOW)
     watch = RuleWatch(pool=pool, rules=lambda: rules, after_s=600, clock=clock)
     with capture_logs() as logs:
         await watch.run_once()
