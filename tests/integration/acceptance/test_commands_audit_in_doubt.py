@@ -72,6 +72,18 @@ def _up(daemon: Daemon) -> bool:
     return daemon.session is not None and daemon.session.connected and daemon.session.subscribed
 
 
+async def _cut_and_back(proxy: TcpProxy, daemon: Daemon, *, wait_up: bool = True) -> None:
+    """The link cut (the daemon's session sees it down), the proxy's filters dropped, the link
+    back (and, with ``wait_up``, the session up and subscribed again)."""
+    await proxy.cut()
+    await wait_until(lambda: _down(daemon), timeout=30, message="session down")
+    proxy.from_server = None
+    proxy.from_client = None
+    await proxy.resume()
+    if wait_up:
+        await wait_until(lambda: _up(daemon), timeout=30, message="session back")
+
+
 async def test_a_downlink_whose_puback_was_lost_with_the_link_is_not_carried_out_twice(
     db_dsn: str, mosquitto: Mosquitto
 ) -> None:
@@ -98,11 +110,7 @@ async def test_a_downlink_whose_puback_was_lost_with_the_link_is_not_carried_out
                 )  # fmt: skip
                 # The device's receipt is at the broker, for the gateway's session. The link
                 # dies now, before the PUBACK got through.
-                await proxy.cut()
-                await wait_until(lambda: _down(daemon), timeout=30, message="session down")
-                proxy.from_server = None
-                await proxy.resume()
-                await wait_until(lambda: _up(daemon), timeout=30, message="session back")
+                await _cut_and_back(proxy, daemon)
 
                 async def finished() -> bool:
                     status = await db.fetchval(
@@ -185,11 +193,7 @@ async def test_a_downlink_in_doubt_the_broker_never_got_goes_again_after_the_ack
                 )  # fmt: skip
                 command_id = created.command.id
                 await asyncio.wait_for(written.wait(), 30)
-                await proxy.cut()
-                await wait_until(lambda: _down(daemon), timeout=30, message="session down")
-                proxy.from_client = None
-                await proxy.resume()
-                await wait_until(lambda: _up(daemon), timeout=30, message="session back")
+                await _cut_and_back(proxy, daemon)
 
                 async def acked() -> bool:
                     status = await db.fetchval(
@@ -258,10 +262,7 @@ async def test_a_mapped_device_downlink_in_doubt_goes_again(
                     node_id="test", expire_after_s=3600,
                 )  # fmt: skip
                 await asyncio.wait_for(written.wait(), 30)
-                await proxy.cut()
-                await wait_until(lambda: _down(daemon), timeout=30, message="session down")
-                proxy.from_client = None
-                await proxy.resume()
+                await _cut_and_back(proxy, daemon, wait_up=False)
                 async with asyncio.timeout(30):
                     message = await anext(aiter(device.messages))
                 assert (message.topic.value, message.payload) == ("cmnd/kitchen/POWER", b"ON")
