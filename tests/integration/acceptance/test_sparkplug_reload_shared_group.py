@@ -16,28 +16,12 @@ from __future__ import annotations
 import aiomqtt
 import asyncpg
 
-from protocol import sparkplug_b_pb2 as pb
 from protocol.sparkplug import DataType
 from storage import sparkplug as repo
+from tests.integration.services.test_sparkplug_share_default_window import SPARKPLUG, _payload
 from tests.support.daemon import make_config, running_daemon
 from tests.support.mosquitto import Mosquitto
 from tests.support.waiting import wait_until
-
-SPARKPLUG = """
-[sparkplug]
-enabled = true
-host_id = "gw-host"
-groups = ["G"]
-"""
-
-
-def _payload(seq: int, *metrics: dict[str, object]) -> bytes:
-    message = pb.Payload(timestamp=1767225600000 + seq, seq=seq)
-    for fields in metrics:
-        metric = message.metrics.add()
-        for key, value in fields.items():
-            setattr(metric, key, value)
-    return message.SerializeToString()
 
 
 async def test_a_node_reloaded_into_a_share_group_takes_a_reorder_for_no_gap(
