@@ -24,6 +24,11 @@ DROP_REMOVED = _Q["drop_removed"]
 REGISTER_RULE_SET = _Q["register_rule_set"]
 REGISTERED_KEYS = _Q["registered_keys"]
 DROP_LEFTOVERS = _Q["drop_leftovers"]
+DEVICE_PAGE = _Q["device_page"]
+SEED_ADDED = _Q["seed_added"]
+# The rule version of a row seed_added created: no definition (no node runs it) until the hold
+# timer judges it under the rule from the sample it was placed at.
+ADDED: Final = "added"
 LIVE_RULE_SETS = _Q["live_rule_sets"]
 GET_STATE = _Q["get_state"]
 DUE_HOLDS = _Q["due_holds"]
@@ -355,6 +360,40 @@ async def drop_leftovers(
         return 0
     return int(
         await conn.fetchval(DROP_LEFTOVERS, list(rule_keys), live_within_s, node_id, last_heartbeat)
+    )
+
+
+async def device_page(conn: asyncpg.Connection, *, after: str, limit: int) -> list[str]:
+    """The ids of the devices after ``after``, in order, at most ``limit``."""
+    return [row[0] for row in await conn.fetch(DEVICE_PAGE, after, limit)]
+
+
+async def seed_added(
+    conn: asyncpg.Connection,
+    pairs: Sequence[tuple[str, str, str]],
+    node_id: str,
+    *,
+    lookback: int,
+    max_future_skew_s: float,
+) -> int:
+    """Create the rows of (device id, rule key, metric) ``pairs`` (threshold rules a node has
+    just taken up) whose device has a sample of the metric among its ``lookback`` newest
+    stored, placed at that sample, under no definition: the hold timer judges them from it
+    (``seed_added`` in rule_state.sql). Existing rows are left alone; how many were created."""
+    if not pairs:
+        return 0
+    ordered = sorted(pairs)
+    return int(
+        await conn.fetchval(
+            SEED_ADDED,
+            [pair[0] for pair in ordered],
+            [pair[1] for pair in ordered],
+            [pair[2] for pair in ordered],
+            lookback,
+            max_future_skew_s,
+            node_id,
+            ADDED,
+        )
     )
 
 

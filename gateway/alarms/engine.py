@@ -96,6 +96,11 @@ STALE_PAGE = 10_000
 # A late sample's run judged from the stored samples: how far back its start is looked for,
 # and how many samples from there on are read at most (gateway.domain.rules.runs).
 RUN_LOOKBACK = 1000
+# A threshold rule a node takes up (a reload added it) is placed on the devices that report its
+# metric: devices read per statement, and how many of each one's newest stored samples are
+# looked at for the metric (`seed_added_rules`).
+ADDED_PAGE = 1000
+ADDED_LOOKBACK = 32
 RUN_REPLAY_MAX = 5000
 # Later than any stored sample: the newest ones are read from there back.
 _END_OF_TIME = datetime.max.replace(tzinfo=UTC)
@@ -400,6 +405,7 @@ class AlarmEngine:
             NODE_LIVE_S,
             last_heartbeat=None if previous is None else previous[1],
         )
+        await self.seed_added_rules(conn, taken_up)
         self._taken_up = set()
         self._rules_recorded_at = recorded_at
         if dropped:
@@ -407,6 +413,37 @@ class AlarmEngine:
         await self.find_unconfigured_inactivity(conn)
         await self.watch_rule_sets(conn)
         return dropped
+
+    async def seed_added_rules(self, conn: asyncpg.Connection, keys: Iterable[str]) -> int:
+        """Place the threshold rules among ``keys`` (rules this node has just taken up: a
+        reload added them, or it started with rules its last registration did not run) on the
+        devices that already report their metric: a row per device the rule selects whose
+        newest stored samples (ADDED_LOOKBACK) hold it, at that sample, under no definition;
+        the hold timer then judges each from it (`rejudge_stale_rows`), so that a device that
+        reports by exception, already violating, raises the alarm without waiting for a
+        sample that may not come (a rule a reload changed is judged so already). Rows that
+        exist are left alone. A page of devices a statement; how many rows were created."""
+        wanted = set(keys)
+        rules = [r for r in self.rules if isinstance(r, ThresholdRule) and r.key in wanted]
+        if not rules:
+            return 0
+        seeded, after = 0, ""
+        skew_s = self.clock.max_future_skew.total_seconds()
+        while True:
+            devices = await state_repo.device_page(conn, after=after, limit=ADDED_PAGE)
+            pairs = [(d, r.key, r.metric) for d in devices for r in rules if r.selector.matches(d)]
+            seeded += await state_repo.seed_added(
+                conn, pairs, self.node_id, lookback=ADDED_LOOKBACK, max_future_skew_s=skew_s
+            )
+            if len(devices) < ADDED_PAGE:
+                break
+            after = devices[-1]
+        if seeded:
+            # The hold timer sweeps the rows of a definition no live node runs after each
+            # change: these are such rows, placed after the change that took the rules up.
+            self.rule_sets_changed += 1
+            log.info("rule_added_placed", rule_keys=sorted(r.key for r in rules), rows=seeded)
+        return seeded
 
     async def on_stored(
         self,
@@ -848,6 +885,7 @@ class AlarmEngine:
                 None if newest is None else (newest.value, newest.event_id),
                 run=run,
                 event_id=event_id,
+                added=row.rule_version == state_repo.ADDED,
             )
             if judged.firing is not None:
                 firings.append(judged.firing)

@@ -181,6 +181,50 @@ WITH gone AS (
 )
 SELECT count(*) FROM gone;
 
+-- name: device_page
+-- $1 device id to page after, $2 how many; the devices' ids in order (the devices a rule a
+-- node has just taken up may select: seed_added).
+SELECT device_id FROM device WHERE device_id > $1 ORDER BY device_id LIMIT $2;
+
+-- name: seed_added
+-- $1 device ids, $2 rule keys, $3 metrics (arrays, pairwise, sorted by device then rule:
+-- threshold rules a node has just taken up, and the devices each
+-- selects), $4 how many of each device's newest stored samples are looked at, $5 seconds
+-- ahead of its receipt past which a sample is judged at its receipt ([alarms]
+-- max_future_skew_s), $6 node id, $7 the rule version that says "under no definition" (no
+-- node runs it: storage.rule_state.ADDED); creates the row of each pair whose device has a
+-- sample of the metric among those, under no definition, its
+-- ordering facts those of that sample as a batch would have judged it first (its own time,
+-- or its receipt when dated past the bound ahead): the hold timer then judges it under the
+-- rule from that sample (stale_rows, AlarmEngine.rejudge_stale_rows), as it judges a row a
+-- reload changed. A device that reports by exception sends nothing more to judge. Existing
+-- rows are left alone (a batch judged a sample first). How many rows were created.
+WITH seeded AS (
+    INSERT INTO rule_state (device_id, rule_key, rule_version, last_ts, last_seq,
+                            last_device_ts, node_id)
+    SELECT u.d, u.r, $7,
+           CASE WHEN t.ahead THEN t.received_at ELSE t.ts END, t.seq,
+           CASE WHEN t.ahead THEN t.ts END, $6
+    FROM unnest($1::text[], $2::text[], $3::text[]) WITH ORDINALITY AS u(d, r, m, n)
+    CROSS JOIN LATERAL (
+        SELECT s.ts, s.seq, s.received_at,
+               s.ts > s.received_at + make_interval(secs => $5) AS ahead
+        FROM (
+            SELECT ts, seq, received_at, metrics FROM telemetry
+            WHERE device_id = u.d
+            ORDER BY ts DESC, seq DESC NULLS LAST
+            LIMIT $4
+        ) s
+        WHERE s.metrics ? u.m
+        ORDER BY s.ts DESC, s.seq DESC NULLS LAST
+        LIMIT 1
+    ) t
+    ORDER BY u.n
+    ON CONFLICT (device_id, rule_key) DO NOTHING
+    RETURNING 1
+)
+SELECT count(*) FROM seeded;
+
 -- name: register_rule_set
 -- $1 node id, $2 the rule keys it runs (event and threshold rules), $3 their definitions
 -- (rule_version, pairwise); its heartbeat, now. A heartbeat never moves back (a delayed write

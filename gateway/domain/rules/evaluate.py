@@ -801,6 +801,7 @@ def judged_again(
     *,
     run: tuple[int, datetime | None] = (1, None),
     event_id: str,
+    added: bool = False,
 ) -> Rejudged:
     """A firing or normal row of `rule` written under another definition (a reload), judged
     under `rule` from the device's newest stored sample of its metric (`newest`: its value
@@ -816,7 +817,10 @@ def judged_again(
       from the judgement (`pending_since` = `last_ts`, and the row written now: the hold runs
       `for_seconds` of database time from this write, as `hold_due_at` reads it); else it is
       pending with its count.
-    - Otherwise, and with no sample: its facts kept, nothing pending."""
+    - Otherwise, and with no sample: its facts kept, nothing pending.
+    ``added``: the row was created for a rule a node has just taken up, placed at that sample
+    and written under no definition (storage.rule_state.seed_added): an alarm raised says the
+    rule was added, not changed."""
     state = state.redefined(rule)
     at = state.last_ts
     if newest is None or at is None:
@@ -840,10 +844,12 @@ def judged_again(
         )
     if verdict is not _Verdict.VIOLATING:
         return Rejudged(state.rearmed())
-    return _violating_again(rule, device_id, state, value, at, run=run, event_id=event_id)
+    why = _ADDED if added else _REJUDGED
+    return _violating_again(rule, device_id, state, value, at, run=run, event_id=event_id, why=why)
 
 
 _REJUDGED: Final = "the rule changed: judged again from the newest stored sample"
+_ADDED: Final = "the rule was added: judged from the newest stored sample"
 
 
 def _violating_again(
@@ -855,6 +861,7 @@ def _violating_again(
     *,
     run: tuple[int, datetime | None],
     event_id: str,
+    why: str,
 ) -> Rejudged:
     """`judged_again` of a row not firing whose newest sample violates the rule in force."""
     if state.violating_ts is None or at > state.violating_ts:
@@ -869,7 +876,7 @@ def _violating_again(
         rule.severity,
         device_id,
         event_id,
-        f"{_threshold_reason(rule, value, count, timedelta(0))} ({_REJUDGED})",
+        f"{_threshold_reason(rule, value, count, timedelta(0))} ({why})",
         at,
         trigger=trigger_of(rule, at, value),
         rule_description=rule.description,
