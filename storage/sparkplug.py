@@ -19,6 +19,7 @@ WRITE_NODES = _Q["write_nodes"]
 WRITE_BIRTHS = _Q["write_births"]
 TAKE_REBIRTHS = _Q["take_rebirths"]
 EXPIRE_MISSING = _Q["expire_missing"]
+TAKE_UNBORN = _Q["take_unborn"]
 GET_NODE = _Q["get_node"]
 DB_EPOCH = _Q["db_epoch"]
 METRIC_DEFINITION = _Q["metric_definition"]
@@ -44,6 +45,7 @@ class NodeRow:
     rebirth_wanted: bool
     births: str  # the births' token (version and server), for ``held`` next time
     dead_bdseq: int | None  # the bdSeq of a death taken before its session's birth
+    unborn: list[str]  # devices of the session before not born again since its NBIRTH
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +64,7 @@ class NodeWrite:
     rebirth_reason: str | None
     born_now: bool
     dead_bdseq: int | None = None
+    unborn: Sequence[str] = ()  # devices of the session before its NBIRTH not born again
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +125,7 @@ async def write_nodes(conn: asyncpg.Connection, writes: Sequence[NodeWrite]) -> 
         [w.rebirth_reason for w in writes],
         [w.born_now for w in writes],
         [w.dead_bdseq for w in writes],
+        lines([_joined(w.unborn) for w in writes]),
     )
     births = [
         (w.group_id, w.edge_node_id, w.aliases, w.metrics)
@@ -145,6 +149,15 @@ async def take_rebirths(
 ) -> list[tuple[str, str, str | None]]:
     records = await conn.fetch(TAKE_REBIRTHS, retry_s, limit)
     return [(r["group_id"], r["edge_node_id"], r["rebirth_reason"]) for r in records]
+
+
+async def take_unborn(
+    conn: asyncpg.Connection, grace_s: float, limit: int
+) -> list[tuple[str, str, list[str]]]:
+    """The edge nodes whose devices of the session before their NBIRTH were not born again
+    within ``grace_s`` of it, locked and emptied (``take_unborn``): (group, node, devices)."""
+    records = await conn.fetch(TAKE_UNBORN, grace_s, limit)
+    return [(r["group_id"], r["edge_node_id"], list(r["gone"])) for r in records]
 
 
 async def expire_missing(conn: asyncpg.Connection, window_s: float) -> list[tuple[str, str]]:

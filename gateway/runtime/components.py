@@ -401,6 +401,7 @@ def _sparkplug_loops(
         interval_s=settings.interval_s,
         reorder_window_s=config.sparkplug_reorder_window_s(),
         up=node.broker.up,
+        node_id=config.node_id,
     )
     link = HostStateLink(
         host_id=settings.host_id,

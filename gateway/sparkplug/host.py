@@ -6,7 +6,11 @@ batch, so any node of a ``$share`` group decides as one would):
 
 - ``NBIRTH`` defines the node's metrics and aliases (forgetting its devices'), its ``bdSeq``
   and ``seq``; the node is online and trusted again, and a pending rebirth request is done.
+  Its devices keep their presence until the births are over (``unborn``).
 - ``DBIRTH`` adds a device's metrics and aliases; the device is online.
+- The node's first message after its births that is no birth ends them: a device of the
+  session before that no ``DBIRTH`` bore is offline (so is it the rebirth loop's grace after
+  the ``NBIRTH``, :mod:`gateway.sparkplug.rebirth`).
 - ``NDATA``/``DDATA`` become telemetry rows (metrics by name or by the birth's alias);
   ``DDEATH`` sets its device offline; ``NDEATH`` with the birth's ``bdSeq``, or a later
   session's, sets the node and every device of it offline (an earlier ``bdSeq``: an older
@@ -151,6 +155,10 @@ class _Node:
     # The bdSeq of an NDEATH taken before its session's NBIRTH (another node of a $share group
     # committed the Will first): that NBIRTH finds its session dead.
     dead_bdseq: int | None = None
+    # The devices of the session before the latest NBIRTH that no DBIRTH has born since: their
+    # presence is left as it was until the births are over (`_births_over`, or the rebirth
+    # loop's grace), not set offline by the NBIRTH (migration 0050).
+    unborn: list[str] = field(default_factory=list)
     born_now: bool = False
     # A birth in this batch replaced aliases and metrics: only then are they written back.
     births_changed: bool = False
@@ -172,6 +180,9 @@ class _Node:
             rebirth_reason=row.rebirth_reason,
             births_token=births.token,
             dead_bdseq=row.dead_bdseq,
+            # Less those born since: a node of the previous release took their DBIRTH (a
+            # rolling upgrade) and left `unborn` as it was.
+            unborn=[device for device in row.unborn if device not in row.devices],
         )
 
     def write(self) -> repo.NodeWrite:
@@ -193,6 +204,7 @@ class _Node:
             rebirth_reason=self.rebirth_reason,
             born_now=self.born_now,
             dead_bdseq=self.dead_bdseq,
+            unborn=self.unborn,
         )
 
     @property
@@ -305,6 +317,7 @@ class SparkplugHost:
         if kind is MessageType.DBIRTH:
             self._dbirth(node, message, out)
             return
+        self._births_over(node, out)
         assert device is None or kind in (MessageType.DDATA, MessageType.DDEATH)
         if device is not None and device not in node.devices:
             self._distrust(node, out, f"device {device} has no birth in force")
@@ -376,9 +389,11 @@ class SparkplugHost:
         node.aliases = {}
         node.metrics = {}
         node.births_changed = True
-        # The devices' births are void too: they come again after the node's.
-        for device in node.devices:
-            out.presence[f"{node.key}/{device}"] = "offline"
+        # The devices' births are void too: they come again after the node's, right after it.
+        # Their presence stays as it was until then (`_births_over`): a rebirth is no death,
+        # and set offline here, a device committed apart from its DBIRTH (another batch,
+        # another node of a $share group) raised "presence offline" for a moment.
+        node.unborn = sorted({*node.unborn, *node.devices})
         node.devices = []
         out.presence[node.key] = "online"
         out.births += 1
@@ -411,6 +426,8 @@ class SparkplugHost:
         self._define(node, device, message.payload.metrics)
         if device not in node.devices:
             node.devices.append(device)
+        if device in node.unborn:
+            node.unborn.remove(device)
         out.presence[message.topic.device_key] = "online"
         out.births += 1
         self._data(node, message, out, birth=True)
@@ -460,10 +477,20 @@ class SparkplugHost:
         node.rebirth_reason = None  # a dead node is not asked for anything; its birth will come
         node.missing = {}
         out.presence[node.key] = "offline"
-        for device in node.devices:
+        for device in (*node.devices, *node.unborn):
             out.presence[f"{node.key}/{device}"] = "offline"
         node.devices = []
+        node.unborn = []
         out.deaths += 1
+
+    @staticmethod
+    def _births_over(node: _Node, out: HostOutcome) -> None:
+        """A message of the node's session that is no birth: its DBIRTHs are over (Sparkplug
+        sends them all right after the NBIRTH, before any data). The devices of the session
+        before that none of them bore are gone: offline."""
+        for device in node.unborn:
+            out.presence[f"{node.key}/{device}"] = "offline"
+        node.unborn = []
 
     # --- births, metrics -----------------------------------------------------------------
 

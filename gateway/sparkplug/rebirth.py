@@ -2,7 +2,9 @@
 rows with a rebirth wanted, decided by the batches in gateway.sparkplug.host) are sent
 ``NCMD`` with ``Node Control/Rebirth`` = true, again every ``rebirth_retry_s`` until their
 NBIRTH comes. Every node of a ``$share`` group runs the loop; a due request is taken by one
-(``FOR UPDATE SKIP LOCKED``)."""
+(``FOR UPDATE SKIP LOCKED``). The same loop ends the births of a rebirth that left devices of
+the session before unborn for BIRTHS_GRACE_S: those devices are offline (their presence was
+left as it was at the NBIRTH, gateway.sparkplug.host)."""
 
 from __future__ import annotations
 
@@ -18,12 +20,17 @@ from gateway.support.broker_link import SessionDown
 from gateway.support.loops import every
 from gateway.support.node import Publish
 from protocol import sparkplug
+from storage import ingest as ingest_repo
 from storage import sparkplug as repo
 
 log = structlog.get_logger(__name__)
 
 # Requests taken per pass.
 BATCH = 100
+# Seconds after an NBIRTH by which its session's DBIRTHs are over: Sparkplug sends them right
+# after it, before any data (a data message ends them at once). Devices of the session before
+# that none of them bore are offline then.
+BIRTHS_GRACE_S = 10.0
 
 
 class RebirthRequester:
@@ -37,8 +44,12 @@ class RebirthRequester:
         interval_s: float,
         reorder_window_s: float,
         up: Callable[[], bool] = lambda: True,
+        node_id: str | None = None,
+        births_grace_s: float = BIRTHS_GRACE_S,
     ) -> None:
         self.pool = pool
+        self.node_id = node_id
+        self.births_grace_s = births_grace_s
         # The broker session can publish now: while it cannot, no request is taken.
         self.up = up
         self.publish = publish
@@ -64,6 +75,7 @@ class RebirthRequester:
                     )
             if not self.up():
                 return []
+            await self.end_births(conn)
             async with conn.transaction():
                 due = await repo.take_rebirths(conn, self.retry_s, BATCH)
         asked = []
@@ -84,3 +96,16 @@ class RebirthRequester:
             log.info("sparkplug_rebirth_requested", edge_node=f"{group}/{node}", reason=reason)
             asked.append((group, node))
         return asked
+
+    async def end_births(self, conn: asyncpg.Connection) -> list[str]:
+        """Set offline the devices of a session before an NBIRTH that no DBIRTH bore within
+        ``births_grace_s`` of it (a device the edge node no longer has), in one transaction
+        with the node's row; the devices set so. Only while the broker session is up: a
+        DBIRTH may be on its way."""
+        async with conn.transaction():
+            ended = await repo.take_unborn(conn, self.births_grace_s, BATCH)
+            gone = {f"{g}/{n}/{d}": "offline" for g, n, devices in ended for d in devices}
+            await ingest_repo.record_presence(conn, gone, node_id=self.node_id)
+        for group, node, devices in ended:
+            log.info("sparkplug_devices_not_reborn", edge_node=f"{group}/{node}", devices=devices)
+        return sorted(gone)

@@ -21,7 +21,8 @@ WITH server AS (  -- the server's start time, once a statement (microseconds, as
 SELECT l.group_id, l.edge_node_id, l.born, l.bdseq, l.seq, l.missing, l.trusted,
        CASE WHEN l.held THEN NULL ELSE l.aliases::text END AS aliases,
        CASE WHEN l.held THEN NULL ELSE l.metrics::text END AS metrics,
-       l.devices, l.recent, l.rebirth_reason, l.rebirth_wanted, l.births, l.dead_bdseq
+       l.devices, l.recent, l.rebirth_reason, l.rebirth_wanted, l.births, l.dead_bdseq,
+       l.unborn
 FROM (
     -- Not flattened into the outer query (it locks): `births` is computed once a row.
     SELECT s.group_id, s.edge_node_id, s.born, s.bdseq, s.seq, s.missing::text AS missing,
@@ -29,7 +30,7 @@ FROM (
            s.rebirth_wanted_at IS NOT NULL AS rebirth_wanted,
            s.births_version::text || '@' || (SELECT started FROM server) AS births,
            u.t = s.births_version::text || '@' || (SELECT started FROM server) AS held,
-           s.dead_bdseq
+           s.dead_bdseq, s.unborn
     FROM sparkplug_node s
     JOIN unnest($1::text[], $2::text[], $3::text[]) AS u(g, n, t)
       ON s.group_id = u.g AND s.edge_node_id = u.n
@@ -43,7 +44,9 @@ FROM (
 -- devices and $9 recent ids (each node's joined by `,`, which neither ids nor hex hold), each a
 -- text of lines (storage.sql.lines), pairwise with $3 born, $4 bdseq, $5 seq, $7 trusted, $10
 -- rebirth reasons (null: none wanted), $11 born now (a birth was taken in this batch), $12 the
--- bdSeq of a death taken before its session's birth (null: none; migration 0040). The
+-- bdSeq of a death taken before its session's birth (null: none; migration 0040), $13 the
+-- devices of the session before that no DBIRTH has born since its NBIRTH (joined by `,` as
+-- $8; migration 0050). The
 -- births (aliases, metric datatypes) are left as they are: write_births writes those a birth
 -- of the batch changed.
 UPDATE sparkplug_node s
@@ -57,13 +60,14 @@ SET born = u.born, bdseq = u.bdseq, seq = u.seq, missing = u.missing::jsonb,
     rebirth_sent_at = CASE WHEN u.reason IS NULL THEN NULL ELSE s.rebirth_sent_at END,
     born_at = CASE WHEN u.born_now THEN now() ELSE s.born_at END,
     dead_bdseq = u.dead_bdseq,
+    unborn = coalesce(string_to_array(nullif(u.unborn, ''), ','), '{}'),
     updated_at = now()
 FROM unnest(string_to_array($1, E'\n'), string_to_array($2, E'\n'), $3::boolean[],
             $4::bigint[], $5::integer[], string_to_array($6, E'\n'), $7::boolean[],
             string_to_array($8, E'\n'), string_to_array($9, E'\n'), $10::text[],
-            $11::boolean[], $12::bigint[])
+            $11::boolean[], $12::bigint[], string_to_array($13, E'\n'))
      AS u(g, n, born, bdseq, seq, missing, trusted, devices, recent, reason, born_now,
-          dead_bdseq)
+          dead_bdseq, unborn)
 WHERE s.group_id = u.g AND s.edge_node_id = u.n;
 
 -- name: write_births
@@ -90,6 +94,27 @@ FROM (
 ) due
 WHERE s.group_id = due.group_id AND s.edge_node_id = due.edge_node_id
 RETURNING s.group_id, s.edge_node_id, s.rebirth_reason;
+
+-- name: take_unborn
+-- $1 seconds after an NBIRTH by which its session's DBIRTHs are over (a grace: Sparkplug sends
+-- them right after it), $2 most rows; the edge nodes whose devices of the session before were
+-- not born again within it, locked (SKIP LOCKED: a batch holding one judges it, another
+-- node's pass takes it) and emptied. Returns them with those devices, less those born since
+-- (a node of the previous release took their DBIRTH and left `unborn` as it was): the caller
+-- sets them offline in the same transaction.
+UPDATE sparkplug_node s
+SET unborn = '{}', updated_at = now()
+FROM (
+    SELECT group_id, edge_node_id,
+           ARRAY(SELECT unnest(unborn) EXCEPT SELECT unnest(devices) ORDER BY 1) AS gone
+    FROM sparkplug_node
+    WHERE unborn <> '{}' AND born_at < now() - make_interval(secs => $1)
+    ORDER BY group_id, edge_node_id
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+) due
+WHERE s.group_id = due.group_id AND s.edge_node_id = due.edge_node_id
+RETURNING s.group_id, s.edge_node_id, due.gone;
 
 -- name: expire_missing
 -- $1 reorder window (seconds); edge nodes whose oldest missing seq has been missing longer than
