@@ -109,6 +109,9 @@ class ClaimedDelivery:
     alarm_id: int | None
     event_created_at: datetime
     created_at: datetime
+    # The database's time of the claim: what the attempt is dated by (its webhook signature),
+    # never the node's own clock, which may be minutes off.
+    claimed_at: datetime
     group_id: int | None = None
 
 

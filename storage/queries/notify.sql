@@ -486,6 +486,8 @@ WHERE delivery_id = $1 AND alarm_id IS NOT NULL ORDER BY alarm_id;
 -- node's lease, one attempt more (the generation the finishing write names). Never one of
 -- an alarm that quiet hours hold (DELAYED), nor a window carrying one: the wake releases
 -- those.
+-- `claimed_at`: the database's time of the claim, which dates the attempt's signature (a
+-- node's own clock may be minutes off; a receiver refuses a signature dated so).
 WITH due AS (
     SELECT id FROM notify_delivery
     WHERE receiver = $1
@@ -507,7 +509,7 @@ FROM due
 WHERE d.id = due.id
 RETURNING d.id, d.event_id, d.event, d.receiver, d.body::text AS body, d.attempts,
           d.severity, d.rule_key, d.device_id, d.alarm_id, d.event_created_at, d.created_at,
-          d.group_id;
+          now() AS claimed_at, d.group_id;
 
 -- name: finish_sent
 -- $1 id, $2 node id, $3 attempt, $4 what the receiver refused of it (recipients) or null;
