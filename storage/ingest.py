@@ -29,6 +29,7 @@ COUNT_TELEMETRY = _Q["count_telemetry"]
 PING = _Q["ping"]
 ASSIGNED_XACT_ID = _Q["assigned_xact_id"]
 XACT_STATUS = _Q["xact_status"]
+CLOCK_NOW = _Q["clock_now"]
 
 
 class Xact(NamedTuple):
@@ -308,3 +309,9 @@ async def count_telemetry(conn: asyncpg.Connection) -> int:
 
 async def ping(conn: asyncpg.Connection) -> None:
     await conn.fetchval(PING)
+
+
+async def clock_now(conn: asyncpg.Connection) -> datetime:
+    """The database's clock, now (not the transaction's start)."""
+    value: datetime = await conn.fetchval(CLOCK_NOW)
+    return value

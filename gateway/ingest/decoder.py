@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -116,6 +116,10 @@ class MessageDecoder:
         self.encoding = encoding
         self.max_payload_bytes = max_payload_bytes
         self.dead_letter_max_bytes = dead_letter_max_bytes
+        # The time of day a reading with no time of its own is dated by (seconds since the
+        # epoch): the daemon's is the database's clock as the node estimates it
+        # (gateway.support.db_clock), not the node's own clock, which may be minutes off.
+        self.wall: Callable[[], float] = time.time
 
     def admit(self, payload: bytes, topic: str = "") -> tuple[bytes, int | None, str | None]:
         """``(payload, None, None)``, or for a payload that can only become a dead letter
@@ -312,7 +316,7 @@ class MessageDecoder:
             return True
         received_ms = item.received_ms
         if received_ms is None:
-            received_ms = _wall_ms(item.received_at)
+            received_ms = _wall_ms(item.received_at, self.wall())
         mapped = self.mappings.read(item.topic, item.payload, received_ms)
         if mapped is None:
             return False
@@ -342,10 +346,9 @@ def _presence_received(out: Classified, device_id: str, item: Inbound) -> None:
         out.presence_received.pop(device_id, None)
 
 
-def _wall_ms(received_at: float) -> int:
-    """Epoch milliseconds of a delivery timed on the event loop's (monotonic) clock; now for
-    a message with no receive time."""
-    now = time.time()
+def _wall_ms(received_at: float, now: float) -> int:
+    """Epoch milliseconds of a delivery timed on the event loop's (monotonic) clock, ``now``
+    being the time of day now (seconds); now for a message with no receive time."""
     age = time.monotonic() - received_at
     # The loop's clock is the monotonic one (asyncio's and uvloop's alike); an age outside
     # these bounds means it is not, and then the time of reading stands in for it.

@@ -57,6 +57,7 @@ from gateway.sparkplug.metrics import SparkplugMetrics
 from gateway.sparkplug.rebirth import RebirthRequester
 from gateway.sparkplug.state import HostStateLink
 from gateway.support.backoff import Backoff
+from gateway.support.db_clock import DatabaseClock
 from gateway.support.metrics import Metrics, MetricSet
 from gateway.support.node import Node
 from protocol import TopicKind
@@ -178,19 +179,24 @@ async def build(
     database is unreachable (:meth:`Startup.prepare`); None when ``stop`` came first."""
     node_metrics(node.metrics)  # a no-op where the daemon was given them (gateway run)
     engine = live_path.alarm_engine(config, node.metrics)
+    # What the readings without a time of their own are dated by: measured before the first.
+    clock = DatabaseClock(node.pool)
 
     async def first_calls() -> None:
         async with node.pool.acquire() as conn:
             await engine.forget_removed_rules(conn)
             await set_aside_unbounded_telemetry(conn, node.topics, node.node_id)
+        await clock.sync()
 
     if not await prepare(first_calls):
         return None
+    decoder = live_path.message_decoder(config)
+    decoder.wall = clock.time
     writer = IngestWriter.from_config(
         node,
         config.ingest,
         config.database,
-        decoder=live_path.message_decoder(config),
+        decoder=decoder,
         engine=engine,
         receipts=live_path.receipt_applier(config, node.metrics),
         batch_size=config.batch_size(protocol),
@@ -251,6 +257,7 @@ async def build(
         ("campaign-settler", _settler(config, node).run),
         ("rule-state-janitor", lambda stop: engine.forget_loop(node.pool, stop)),
         ("maintenance", maintenance.run),
+        ("database-clock", clock.run),
     ]
     if config.ai.enabled:
         summaries = await _summaries(config, node, stack)

@@ -243,3 +243,9 @@ WHERE (device_mapping.mapping, device_mapping.captures)
 -- $1 device ids: the mapping and topic wildcards of those seen through a mapping.
 SELECT device_id, mapping, captures::text AS captures
 FROM device_mapping WHERE device_id = ANY($1::text[]);
+
+-- name: clock_now
+-- No parameters; the database's clock as the statement runs (clock_timestamp(): the moment,
+-- not the transaction's start): what a node sets its estimate of that clock by
+-- (gateway.support.db_clock).
+SELECT clock_timestamp();
