@@ -101,7 +101,9 @@ LIMIT $2;
 -- $1 from, $2 until; people's actions (confirm, handle, close, false) recorded in the window,
 -- per actor (the token's name) and in all (the row whose actor is null): actions, alarms acted
 -- on, the most actions in one 10-minute interval, and acknowledgements: an alarm's first
--- person's action, with the seconds from its trigger (median, 90th percentile, longest).
+-- person's action, with the seconds from its trigger, or from its wake when quiet hours held
+-- it (it rang nobody before: a person's step while it was held leaves it unwoken) (median,
+-- 90th percentile, longest).
 WITH acted AS (
     SELECT au.alarm_id, au.actor, au.at,
            CASE WHEN NOT EXISTS (
@@ -109,7 +111,7 @@ WITH acted AS (
                     WHERE earlier.alarm_id = au.alarm_id AND earlier.id < au.id
                       AND earlier.action IN ('confirm', 'handle', 'close', 'false')
                 )
-                THEN extract(epoch FROM au.at - a.triggered_at)::float8
+                THEN extract(epoch FROM au.at - coalesce(a.woken_at, a.triggered_at))::float8
            END AS ack_s
     FROM alarm_audit au
     JOIN alarm a ON a.id = au.alarm_id
