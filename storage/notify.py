@@ -253,10 +253,12 @@ async def finish_sent(
     attempt: int,
     *,
     missed: str | None = None,
-) -> bool:
+) -> float | None:
     """``missed``: what the receiver refused of an accepted delivery (recipients), kept as its
-    ``last_error``; None clears it."""
-    return await conn.fetchval(FINISH_SENT, delivery_id, node_id, attempt, missed) is not None
+    ``last_error``; None clears it. The delivery's latency in seconds (from its event's
+    creation, on the database's clock), or None when the claim is no longer this attempt's."""
+    latency: float | None = await conn.fetchval(FINISH_SENT, delivery_id, node_id, attempt, missed)
+    return latency
 
 
 async def finish_retry(

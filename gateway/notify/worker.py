@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 import asyncpg
@@ -273,9 +272,10 @@ class DeliveryWorker:
         if error is None:
             pushed: list[int] = []
             async with self.pool.acquire() as conn, conn.transaction():
-                held = await repo.finish_sent(
+                latency_s = await repo.finish_sent(
                     conn, delivery.id, self.node_id, delivery.attempts, missed=missed
                 )
+                held = latency_s is not None
                 what = "grouped delivery" if delivery.group_id is not None else "delivery"
                 for alarm_id in await self._alarms(conn, delivery) if held else []:
                     if await reached(
@@ -290,9 +290,10 @@ class DeliveryWorker:
                 log.info("alarm_reached", alarm_id=alarm_id, receiver=name)
                 if self.alarm_metrics is not None:
                     self.alarm_metrics.count_alarm_transition("NEW", "PUSHED")
-            if held:
-                age = datetime.now(UTC) - delivery.event_created_at
-                self.metrics.latency.labels(name).observe(max(0.0, age.total_seconds()))
+            if latency_s is not None:
+                # On the database's clock, as the event's creation: a node whose own clock is
+                # minutes off measured every delivery it sent minutes late (or at 0).
+                self.metrics.latency.labels(name).observe(max(0.0, latency_s))
         elif delivery.attempts >= self.settings.max_attempts:
             async with self.pool.acquire() as conn, conn.transaction():
                 held = await repo.finish_failed(

@@ -513,11 +513,12 @@ RETURNING d.id, d.event_id, d.event, d.receiver, d.body::text AS body, d.attempt
 
 -- name: finish_sent
 -- $1 id, $2 node id, $3 attempt, $4 what the receiver refused of it (recipients) or null;
--- only the claim that is still this node's attempt.
+-- only the claim that is still this node's attempt. Its latency: seconds from its event's
+-- creation to now, both on the database's clock (a node's own may be minutes off).
 UPDATE notify_delivery
 SET status = 'SENT', finished_at = now(), lease_until = NULL, sent_by = $2, last_error = $4::text
 WHERE id = $1 AND status = 'SENDING' AND lease_owner = $2 AND attempts = $3
-RETURNING id;
+RETURNING extract(epoch FROM finished_at - event_created_at)::float8 AS latency_s;
 
 -- name: finish_retry
 -- $1 id, $2 node id, $3 attempt, $4 retry in seconds, $5 error.
