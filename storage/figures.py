@@ -63,7 +63,7 @@ async def chattering(
     limit: int,
 ) -> list[asyncpg.Record]:
     """``rule_key, device_id, alarms, peak, since, total`` (``total``: every chattering pair)."""
-    return list(await conn.fetch(CHATTERING, since, until, within, raises, limit))
+    return list(await conn.fetch(CHATTERING, since, until, within.total_seconds(), raises, limit))
 
 
 async def stale(conn: asyncpg.Connection, before: datetime, limit: int) -> list[asyncpg.Record]:
@@ -88,6 +88,8 @@ async def gauges(
     stale_before: datetime,
 ) -> asyncpg.Record:
     """``last_10min, chattering, stale, open``."""
-    row = await conn.fetchrow(GAUGES, now, within, raises, chatter_since, stale_before)
+    row = await conn.fetchrow(
+        GAUGES, now, within.total_seconds(), raises, chatter_since, stale_before
+    )
     assert row is not None  # one row, always
     return row

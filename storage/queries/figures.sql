@@ -66,14 +66,16 @@ ORDER BY alarms DESC, device_id
 LIMIT $3;
 
 -- name: chattering
--- $1 from, $2 until, $3 chatter window (interval), $4 raises that make chatter, $5 how many;
+-- $1 from, $2 until, $3 chatter window (seconds: an interval of days would be added in the
+-- session's time zone, 25 hours on the day the clocks go back), $4 raises that make chatter,
+-- $5 how many;
 -- the (rule, device) pairs that raised $4 alarms or more within $3 (the first and the last
 -- at most $3 apart) inside the window, most chattering first, each with its alarms in the
 -- window, its most raises within $3 and when it first reached $4; `total` counts them all.
 WITH raised AS (
     SELECT rule_key, device_id, triggered_at,
            count(*) OVER (PARTITION BY rule_key, device_id ORDER BY triggered_at
-                          RANGE BETWEEN $3::interval PRECEDING AND CURRENT ROW) AS within
+                          RANGE BETWEEN make_interval(secs => $3) PRECEDING AND CURRENT ROW) AS within
     FROM alarm
     WHERE triggered_at >= $1 AND triggered_at < $2
 ), pairs AS (
@@ -143,9 +145,9 @@ LEFT JOIN peaks p ON p.actor = f.actor AND NOT f.everyone
 ORDER BY f.everyone DESC, f.actions DESC, f.actor;
 
 -- name: gauges
--- $1 now, $2 chatter window (interval), $3 raises that make chatter, $4 chattering looked for
--- since, $5 stale: open since before; what the figures' gauges show: alarms raised in the
--- last 10 minutes, chattering pairs since $4, stale alarms, open alarms.
+-- $1 now, $2 chatter window (seconds, as chattering's), $3 raises that make chatter, $4
+-- chattering looked for since, $5 stale: open since before; what the figures' gauges show:
+-- alarms raised in the last 10 minutes, chattering pairs since $4, stale alarms, open alarms.
 SELECT
     (SELECT count(*) FROM alarm
      WHERE triggered_at >= $1::timestamptz - interval '10 minutes' AND triggered_at < $1)::bigint
@@ -155,7 +157,7 @@ SELECT
         FROM (
             SELECT rule_key, device_id,
                    count(*) OVER (PARTITION BY rule_key, device_id ORDER BY triggered_at
-                                  RANGE BETWEEN $2::interval PRECEDING AND CURRENT ROW) AS within
+                                  RANGE BETWEEN make_interval(secs => $2) PRECEDING AND CURRENT ROW) AS within
             FROM alarm
             WHERE triggered_at >= $4 AND triggered_at < $1
         ) raised
