@@ -285,7 +285,9 @@ class OpenAiCompatibleLlm:
                     return _parse_reply(_decode(data), requested_model)
                 data, _ = await _read_bounded(response, MAX_ERROR_BODY_BYTES)
                 status = response.status
-                wait_s = retry_after_s(response.headers.get("Retry-After"))
+                wait_s = retry_after_s(
+                    response.headers.get("Retry-After"), date=response.headers.get("Date")
+                )
         except aiohttp.ServerTimeoutError:
             raise  # a TimeoutError first: complete() reports it as LLM_TIMEOUT
         except aiohttp.ClientConnectionError as exc:  # refused, DNS, reset, closed mid-answer

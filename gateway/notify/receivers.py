@@ -138,7 +138,9 @@ class WebhookSender:
                 text = error_text(self.receiver, _printable(head.decode(errors="replace")), 200)
                 raise SendError(
                     f"HTTP {response.status}: {text}".strip(),
-                    retry_after_s=retry_after_s(response.headers.get("Retry-After")),
+                    retry_after_s=retry_after_s(
+                        response.headers.get("Retry-After"), date=response.headers.get("Date")
+                    ),
                 )
         except aiohttp.ClientError as exc:
             # The exception's text names host and port at most, never the path or query.
