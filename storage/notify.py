@@ -27,6 +27,7 @@ INSERT_DELIVERIES = _Q["insert_deliveries"]
 CLAIM_DUE = _Q["claim_due"]
 FINISH_SENT = _Q["finish_sent"]
 FINISH_RETRY = _Q["finish_retry"]
+FINISH_PARTLY = _Q["finish_partly"]
 FINISH_FAILED = _Q["finish_failed"]
 WAKE_DEFERRING_GROUPS = _Q["wake_deferring_groups"]
 PENDING_STATS = _Q["pending_stats"]
@@ -113,6 +114,10 @@ class ClaimedDelivery:
     # never the node's own clock, which may be minutes off.
     claimed_at: datetime
     group_id: int | None = None
+    # An e-mail some recipients already took: those still owed it (None: all of ``to``), and
+    # those refused for good on the way ("address: answer; ...").
+    recipients_owed: list[str] | None = None
+    recipients_missed: str | None = None
 
 
 async def ensure_consumer(conn: asyncpg.Connection, consumer: str) -> None:
@@ -272,6 +277,27 @@ async def finish_retry(
 ) -> bool:
     value = await conn.fetchval(FINISH_RETRY, delivery_id, node_id, attempt, retry_in_s, error)
     return value is not None
+
+
+async def finish_partly(
+    conn: asyncpg.Connection | asyncpg.Pool,
+    delivery_id: int,
+    node_id: str,
+    attempt: int,
+    *,
+    retry_in_s: float,
+    owed: Sequence[str],
+    missed: str | None,
+    error: str,
+) -> float | None:
+    """An e-mail some recipients took and ``owed`` were refused for now (a greylisting 451):
+    PENDING again, the next attempt for ``owed`` alone; ``missed``: those refused for good.
+    The delivery's latency to this acceptance (database clock), or None when the claim is no
+    longer this attempt's."""
+    latency: float | None = await conn.fetchval(
+        FINISH_PARTLY, delivery_id, node_id, attempt, retry_in_s, list(owed), missed, error
+    )
+    return latency
 
 
 async def finish_failed(

@@ -81,10 +81,13 @@ Farewell = Callable[[], Awaitable[None]]
 class Accepted:
     """An attempt the receiver accepted: what is left to do (``farewell``), and the recipients
     an SMTP server refused while it took the mail for the others (address: its answer). Those
-    are not mailed; the delivery is SENT (someone was reached) and says whom it missed."""
+    it refused for good (5xx) are not mailed again; the delivery is SENT (someone was reached)
+    and says whom it missed. Those it refused for now (``later``: a 4xx, a greylisting 451,
+    "try again later") are owed the mail: the next attempt is for them alone."""
 
     farewell: Farewell | None = None
     refused: Mapping[str, str] = field(default_factory=dict)
+    later: tuple[str, ...] = ()
 
 
 class Sender(Protocol):
@@ -173,6 +176,12 @@ class EmailSender:
         import aiosmtplib
 
         r = self.receiver
+        # An attempt after some recipients took the mail is for those still owed it (and
+        # still in ``to``: a reload may have taken one off), nobody else.
+        owed = delivery.recipients_owed
+        recipients = list(r.to) if owed is None else [a for a in r.to if a in owed]
+        if not recipients:
+            return Accepted()
         message = build_email(r, msgspec.json.decode(delivery.body), str(delivery.event_id))
         port = r.port or (465 if r.tls else 587 if r.starttls else 25)
         client = aiosmtplib.SMTP(
@@ -189,7 +198,7 @@ class EmailSender:
                 await client.connect()  # with STARTTLS and the login, as configured
                 # Some recipients refused and others taken is no exception (all refused is
                 # SMTPRecipientsRefused): the refused ones are what it returns.
-                refused, _answer = await client.send_message(message)
+                refused, _answer = await client.send_message(message, recipients=recipients)
             except BaseException:
                 client.close()
                 raise
@@ -206,6 +215,7 @@ class EmailSender:
                 address: f"{answer.code} {answer.message}".strip()
                 for address, answer in refused.items()
             },
+            later=tuple(a for a in recipients if a in refused and 400 <= refused[a].code < 500),
         )
 
 

@@ -217,26 +217,21 @@ class DeliveryWorker:
             # the URL), it is shown to every viewer and logged: no credential stays in it.
             error = error_text(receiver, error)
         farewell: Farewell | None = None
-        missed: str | None = None
         if accepted is not None:
             farewell = accepted.farewell
             if accepted.refused:
-                # Taken for some recipients, refused for others: SENT (someone was reached),
-                # and the delivery says whom it missed, as the log does.
-                missed = error_text(
-                    receiver,
-                    "refused recipients: "
-                    + "; ".join(f"{a}: {why}" for a, why in accepted.refused.items()),
-                )
+                # Taken for some recipients, refused for others: the delivery says whom it
+                # missed, as the log does (those refused for now are mailed again).
                 log.warning(
                     "notify_recipients_refused",
                     delivery_id=delivery.id,
                     receiver=receiver.name,
                     refused=sorted(accepted.refused),
-                    error=missed,
+                    later=sorted(accepted.later),
+                    error=error_text(receiver, "refused recipients: " + _parts(accepted.refused)),
                 )
         try:
-            await self._finish(receiver, delivery, error, missed=missed, asked_s=asked_s)
+            await self._finish(receiver, delivery, error, accepted=accepted, asked_s=asked_s)
         except DB_ERRORS as exc:
             # Not recorded: the lease runs out and the delivery is claimed (and sent) again.
             log.warning("notify_finish_failed", delivery_id=delivery.id, error=repr(exc))
@@ -263,38 +258,37 @@ class DeliveryWorker:
         delivery: ClaimedDelivery,
         error: str | None,
         *,
-        missed: str | None = None,
+        accepted: Accepted | None = None,
         asked_s: float | None = None,
     ) -> None:
         """Record the attempt's outcome. ``asked_s``: how long a refusing receiver asked to be
-        left alone (``Retry-After``), the least a retry then waits."""
+        left alone (``Retry-After``), the least a retry then waits. ``accepted``: what the
+        receiver took, with the recipients it refused (for good, or for now: ``later``)."""
         name = receiver.name
-        if error is None:
-            pushed: list[int] = []
-            async with self.pool.acquire() as conn, conn.transaction():
-                latency_s = await repo.finish_sent(
-                    conn, delivery.id, self.node_id, delivery.attempts, missed=missed
-                )
-                held = latency_s is not None
-                what = "grouped delivery" if delivery.group_id is not None else "delivery"
-                for alarm_id in await self._alarms(conn, delivery) if held else []:
-                    if await reached(
-                        conn,
-                        alarm_id,
-                        via=f"{receiver.kind} receiver {name} ({what} {delivery.id})",
-                        node_id=self.node_id,
-                    ):
-                        pushed.append(alarm_id)
-            outcome = "SENT" if held else "LEASE_LOST"
-            for alarm_id in pushed:
-                log.info("alarm_reached", alarm_id=alarm_id, receiver=name)
-                if self.alarm_metrics is not None:
-                    self.alarm_metrics.count_alarm_transition("NEW", "PUSHED")
-            if latency_s is not None:
-                # On the database's clock, as the event's creation: a node whose own clock is
-                # minutes off measured every delivery it sent minutes late (or at 0).
-                self.metrics.latency.labels(name).observe(max(0.0, latency_s))
-        elif delivery.attempts >= self.settings.max_attempts:
+        last = delivery.attempts >= self.settings.max_attempts
+        refused = dict(accepted.refused) if accepted is not None else {}
+        later = accepted.later if accepted is not None else ()
+        # Refused for good, at this attempt and at those before it: not mailed again.
+        for_good = _joined(
+            delivery.recipients_missed,
+            _parts({a: why for a, why in refused.items() if a not in later}),
+        )
+        if error is None and later and not last:
+            # Some recipients took it, others were refused for now (a greylisting 451): the
+            # alarm is reached, and the delivery waits for the next attempt, for those alone.
+            outcome = await self._finish_partly(receiver, delivery, refused, later, for_good)
+        elif error is None:
+            # Taken by everyone still owed it, or by some of them with no attempt left for
+            # the others: SENT, naming whom it missed.
+            missed = _joined(for_good, _parts({a: refused[a] for a in later}))
+            outcome = await self._finish_sent(receiver, delivery, missed)
+        elif last and delivery.recipients_owed is not None:
+            # The last attempt failed, but someone took the mail at an earlier one: SENT too.
+            owed = ", ".join(delivery.recipients_owed)
+            outcome = await self._finish_sent(
+                receiver, delivery, _joined(for_good, f"{owed}: {error}")
+            )
+        elif last:
             async with self.pool.acquire() as conn, conn.transaction():
                 held = await repo.finish_failed(
                     conn, delivery.id, self.node_id, delivery.attempts, error=error
@@ -334,6 +328,96 @@ class DeliveryWorker:
             log.info("notify_lease_lost", delivery_id=delivery.id, receiver=name)
         self.metrics.deliveries.labels(name, outcome).inc()
 
+    async def _finish_sent(
+        self, receiver: ReceiverConfig, delivery: ClaimedDelivery, missed: str
+    ) -> str:
+        """SENT, its alarms pushed; ``missed`` (recipients refused, and why) its last error.
+        The outcome counted."""
+        text = error_text(receiver, f"refused recipients: {missed}") if missed else None
+        pushed: list[int] = []
+        async with self.pool.acquire() as conn, conn.transaction():
+            latency_s = await repo.finish_sent(
+                conn, delivery.id, self.node_id, delivery.attempts, missed=text
+            )
+            if latency_s is not None:
+                pushed = await self._reach(conn, receiver, delivery)
+        if latency_s is not None:
+            self._reached(receiver, delivery, pushed, latency_s)
+        return "SENT" if latency_s is not None else "LEASE_LOST"
+
+    async def _finish_partly(
+        self,
+        receiver: ReceiverConfig,
+        delivery: ClaimedDelivery,
+        refused: Mapping[str, str],
+        later: tuple[str, ...],
+        for_good: str,
+    ) -> str:
+        """An e-mail some recipients took and ``later`` were refused for now: its alarms are
+        pushed, and it is PENDING again for ``later`` alone. The outcome counted."""
+        delay = retry_delay(self.settings, delivery.attempts, None)
+        pushed: list[int] = []
+        async with self.pool.acquire() as conn, conn.transaction():
+            latency_s = await repo.finish_partly(
+                conn,
+                delivery.id,
+                self.node_id,
+                delivery.attempts,
+                retry_in_s=delay,
+                owed=later,
+                missed=error_text(receiver, for_good) or None,
+                error=error_text(receiver, "refused recipients: " + _parts(refused)),
+            )
+            if latency_s is not None:
+                pushed = await self._reach(conn, receiver, delivery)
+        if latency_s is None:
+            return "LEASE_LOST"
+        self._reached(receiver, delivery, pushed, latency_s)
+        log.info(
+            "notify_recipients_later",
+            delivery_id=delivery.id,
+            receiver=receiver.name,
+            recipients=list(later),
+            attempt=delivery.attempts,
+            retry_in_s=round(delay, 3),
+        )
+        return "RETRY"
+
+    async def _reach(
+        self, conn: asyncpg.Connection, receiver: ReceiverConfig, delivery: ClaimedDelivery
+    ) -> list[int]:
+        """The receiver took the delivery (in the transaction recording it): its alarms still
+        NEW are pushed; the ids pushed."""
+        what = "grouped delivery" if delivery.group_id is not None else "delivery"
+        pushed: list[int] = []
+        for alarm_id in await self._alarms(conn, delivery):
+            if await reached(
+                conn,
+                alarm_id,
+                via=f"{receiver.kind} receiver {receiver.name} ({what} {delivery.id})",
+                node_id=self.node_id,
+            ):
+                pushed.append(alarm_id)
+        return pushed
+
+    def _reached(
+        self,
+        receiver: ReceiverConfig,
+        delivery: ClaimedDelivery,
+        pushed: list[int],
+        latency_s: float,
+    ) -> None:
+        """Once recorded: the pushes logged and counted, and the delivery's latency (from its
+        event's creation, on the database's clock: a node whose own clock is minutes off
+        measured every delivery it sent minutes late, or at 0), measured to the first
+        acceptance (not again at a later attempt for recipients still owed)."""
+        for alarm_id in pushed:
+            log.info("alarm_reached", alarm_id=alarm_id, receiver=receiver.name)
+            if self.alarm_metrics is not None:
+                self.alarm_metrics.count_alarm_transition("NEW", "PUSHED")
+        if delivery.recipients_owed is None:
+            self.metrics.latency.labels(receiver.name).observe(max(0.0, latency_s))
+
     async def _alarms(self, conn: asyncpg.Connection, delivery: ClaimedDelivery) -> list[int]:
         """The alarms a delivery carries: its own, or every one of its window's."""
         if delivery.group_id is not None:
@@ -357,6 +441,15 @@ class DeliveryWorker:
             node_id=self.node_id,
             note=f"notification failed: receiver {receiver}: {error}",
         )
+
+
+def _parts(refused: Mapping[str, str]) -> str:
+    """Refused recipients as ``address: answer; ...``."""
+    return "; ".join(f"{address}: {why}" for address, why in refused.items())
+
+
+def _joined(*parts: str | None) -> str:
+    return "; ".join(part for part in parts if part)
 
 
 def retry_delay(settings: NotifyConfig, attempts: int, asked_s: float | None) -> float:

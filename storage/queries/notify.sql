@@ -509,7 +509,7 @@ FROM due
 WHERE d.id = due.id
 RETURNING d.id, d.event_id, d.event, d.receiver, d.body::text AS body, d.attempts,
           d.severity, d.rule_key, d.device_id, d.alarm_id, d.event_created_at, d.created_at,
-          now() AS claimed_at, d.group_id;
+          now() AS claimed_at, d.group_id, d.recipients_owed, d.recipients_missed;
 
 -- name: finish_sent
 -- $1 id, $2 node id, $3 attempt, $4 what the receiver refused of it (recipients) or null;
@@ -519,6 +519,18 @@ UPDATE notify_delivery
 SET status = 'SENT', finished_at = now(), lease_until = NULL, sent_by = $2, last_error = $4::text
 WHERE id = $1 AND status = 'SENDING' AND lease_owner = $2 AND attempts = $3
 RETURNING extract(epoch FROM finished_at - event_created_at)::float8 AS latency_s;
+
+-- name: finish_partly
+-- $1 id, $2 node id, $3 attempt, $4 retry in seconds, $5 the recipients still owed the mail
+-- (refused for now: a greylisting 451), $6 those refused for good so far, $7 the error. An
+-- e-mail some recipients took: PENDING again, for those alone. The delivery's latency to
+-- this first acceptance (as finish_sent's).
+UPDATE notify_delivery
+SET status = 'PENDING', next_attempt_at = now() + make_interval(secs => $4),
+    recipients_owed = $5::text[], recipients_missed = $6::text, last_error = $7,
+    lease_owner = NULL, lease_until = NULL
+WHERE id = $1 AND status = 'SENDING' AND lease_owner = $2 AND attempts = $3
+RETURNING extract(epoch FROM now() - event_created_at)::float8 AS latency_s;
 
 -- name: finish_retry
 -- $1 id, $2 node id, $3 attempt, $4 retry in seconds, $5 error.
