@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import functools
 import html
+import math
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from email.message import EmailMessage
@@ -48,6 +49,11 @@ ATTEMPT_HEADER: Final = "X-Gateway-Attempt"
 ERROR_MAX: Final = 500
 # Of a refusal's body, what is read (and at most shown): enough for a receiver's message.
 ERROR_BODY_MAX: Final = 2048
+# How long an SMTP server's 4xx ("try again later") asks the gateway to wait: as long as the
+# backoff allows (``backoff_max_s``, whose default is postgrey's greylisting delay, 300 s). A
+# greylisting server refuses every try before its delay has passed: the backoff's own delays
+# (up to 1, 2, 4, 8 s) spent the five attempts within 15 s, and the delivery ended FAILED.
+SMTP_LATER_S: Final = math.inf
 
 
 class SendError(Exception):
@@ -83,7 +89,8 @@ class Accepted:
     an SMTP server refused while it took the mail for the others (address: its answer). Those
     it refused for good (5xx) are not mailed again; the delivery is SENT (someone was reached)
     and says whom it missed. Those it refused for now (``later``: a 4xx, a greylisting 451,
-    "try again later") are owed the mail: the next attempt is for them alone."""
+    "try again later") are owed the mail: the next attempt is for them alone, no sooner than
+    :data:`SMTP_LATER_S` allows."""
 
     farewell: Farewell | None = None
     refused: Mapping[str, str] = field(default_factory=dict)
@@ -203,7 +210,10 @@ class EmailSender:
                 client.close()
                 raise
         except aiosmtplib.SMTPException as exc:
-            raise SendError(error_text(r, f"{type(exc).__name__}: {exc}")) from exc
+            raise SendError(
+                error_text(r, f"{type(exc).__name__}: {exc}"),
+                retry_after_s=SMTP_LATER_S if _for_now(exc) else None,
+            ) from exc
         except OSError as exc:
             raise SendError(error_text(r, f"{type(exc).__name__}: {exc.strerror or exc}")) from exc
         # The server accepted the mail (250 to its DATA): this attempt is a delivery, whatever
@@ -217,6 +227,16 @@ class EmailSender:
             },
             later=tuple(a for a in recipients if a in refused and 400 <= refused[a].code < 500),
         )
+
+
+def _for_now(exc: aiosmtplib.SMTPException) -> bool:
+    """A refusal for now (a 4xx: to the connection, the sender, a recipient, the data), not
+    for good (5xx) nor a connection lost or a timeout (no answer)."""
+    import aiosmtplib
+
+    if isinstance(exc, aiosmtplib.SMTPRecipientsRefused):
+        return any(400 <= refused.code < 500 for refused in exc.recipients)
+    return isinstance(exc, aiosmtplib.SMTPResponseException) and 400 <= exc.code < 500
 
 
 async def _quit(client: aiosmtplib.SMTP, timeout_s: float) -> None:

@@ -28,6 +28,7 @@ from gateway.alarms.delivery import NOTIFY_ACTOR, reached
 from gateway.domain.notify import Notify, NotifyConfig, ReceiverConfig
 from gateway.notify.metrics import NotifyMetrics
 from gateway.notify.receivers import (
+    SMTP_LATER_S,
     Accepted,
     Farewell,
     Sender,
@@ -355,7 +356,7 @@ class DeliveryWorker:
     ) -> str:
         """An e-mail some recipients took and ``later`` were refused for now: its alarms are
         pushed, and it is PENDING again for ``later`` alone. The outcome counted."""
-        delay = retry_delay(self.settings, delivery.attempts, None)
+        delay = retry_delay(self.settings, delivery.attempts, SMTP_LATER_S)
         pushed: list[int] = []
         async with self.pool.acquire() as conn, conn.transaction():
             latency_s = await repo.finish_partly(
