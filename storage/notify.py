@@ -22,6 +22,7 @@ SCAN_UNCONSUMED = _Q["scan_unconsumed"]
 CONSUME_EVENTS = _Q["consume_events"]
 ADVANCE_HORIZON = _Q["advance_horizon"]
 ALARM_FACTS = _Q["alarm_facts"]
+LOCK_HELD_ALARMS = _Q["lock_held_alarms"]
 ACTIVE_SILENCES = _Q["active_silences"]
 INSERT_DELIVERIES = _Q["insert_deliveries"]
 CLAIM_DUE = _Q["claim_due"]
@@ -159,6 +160,9 @@ async def advance_horizon(
 async def alarm_facts(
     conn: asyncpg.Connection, alarm_ids: Sequence[int]
 ) -> dict[int, dict[str, Any]]:
+    """What the notifications say of these alarms, as they are now; the ones quiet hours hold
+    locked first (share, until the caller's transaction ends: see lock_held_alarms)."""
+    await conn.execute(LOCK_HELD_ALARMS, list(alarm_ids))
     rows = await conn.fetch(ALARM_FACTS, list(alarm_ids))
     return {int(r["id"]): dict(r.items()) for r in rows}
 

@@ -57,6 +57,18 @@ SET horizon = greatest(n.horizon, least($2::text::xid8, coalesce((
 WHERE n.consumer = $1
 RETURNING n.horizon::text AS horizon;
 
+-- name: lock_held_alarms
+-- $1 alarm ids; of those, the ones quiet hours hold (DELAYED), locked (share, in id order)
+-- until the consumer's transaction ends, before their facts are read: their wake (or a
+-- person's step out of DELAYED) waits for the deliveries made from what is read, and then
+-- finds them (the wake releases them, the step suppresses them); one under way is waited
+-- for, and the alarm read as it left it. Without it, a wake committed between the consumer's
+-- read and its insert released nothing, and the notification, read DELAYED, stayed due when
+-- the consumer's quiet hours would end (or in a day) while its alarm was NEW.
+SELECT id FROM alarm WHERE id = ANY($1::bigint[]) AND status = 'DELAYED'
+ORDER BY id
+FOR SHARE;
+
 -- name: alarm_facts
 -- $1 alarm ids; what a notification says of each alarm as it is now; and, named apart (not
 -- among the times a notification shows), when quiet hours last delayed it and woke it, and
