@@ -405,7 +405,15 @@ class AlarmEngine:
             NODE_LIVE_S,
             last_heartbeat=None if previous is None else previous[1],
         )
-        await self.seed_added_rules(conn, taken_up)
+        try:
+            await self.seed_added_rules(conn, taken_up)
+        except RETRYABLE:
+            raise  # the database away: the whole step again (the rules stay taken up)
+        except Exception:
+            # A correction: what breaks it (a bug of ours, a row the database refuses) must
+            # never stop the node (its start, and so ingest for every device), nor every
+            # restart after it. The rules judge the devices' next samples, as before.
+            log.exception("rule_added_placing_failed", rule_keys=sorted(taken_up))
         self._taken_up = set()
         self._rules_recorded_at = recorded_at
         if dropped:

@@ -12,6 +12,8 @@ from datetime import timedelta
 
 import asyncpg
 import msgspec
+import pytest
+from structlog.testing import capture_logs
 
 from gateway.alarms.engine import ADDED_LOOKBACK, AlarmEngine, BatchAlarms
 from gateway.domain.rules import RuleConfig
@@ -189,3 +191,28 @@ async def test_a_device_whose_recent_samples_lack_the_metric_is_not_placed(
     fired = await _store(engine, pool, _temp(now + timedelta(minutes=1), 85.0))
     assert len(fired.created) == 1
     assert json.loads((await _alarms(pool))[0]["trigger"])["value"] == 85.0
+
+
+async def test_a_fault_placing_an_added_rule_is_logged_and_stops_nothing(
+    pool: asyncpg.Pool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bug of ours met while placing the rule (put in by hand: no input is known to reach
+    one) ends neither the registration nor the node's start: logged with its traceback, and
+    the rule judges the device's next sample as before."""
+    now = await _now(pool)
+    await _store(_engine("node-a", WARM), pool, _temp(now, 85.0))
+
+    async def broken(*args: object, **kwargs: object) -> int:
+        raise RuntimeError("a bug of ours")
+
+    monkeypatch.setattr(state_repo, "seed_added", broken)
+    with capture_logs() as logs:
+        engine = await _take_up(pool, WARM, HOT)
+    assert [e["rule_keys"] for e in logs if e["event"] == "rule_added_placing_failed"] == [
+        ["temp-hot"]
+    ]
+    async with pool.acquire() as conn:
+        keys = await conn.fetchval("SELECT rule_keys FROM node_rule_set WHERE node_id = 'node-a'")
+    assert sorted(keys) == ["temp-hot", "temp-warm"]
+    fired = await _store(engine, pool, _temp(now + timedelta(seconds=5), 86.0))
+    assert len(fired.created) == 1
