@@ -90,6 +90,9 @@ class Classified:
     # Devices read through a mapping: its name and the topic wildcards they were seen with
     # (what a command to them is rendered from: docs/devices.md).
     mapped_devices: dict[str, tuple[str, dict[str, str]]] = field(default_factory=dict)
+    # Readings on a mapping's telemetry topic that the broker sent as retained copies (at a
+    # subscription, not as published) to a resumed session, left unread: see _redundant_copy.
+    retained_copies: int = 0
 
 
 class MessageDecoder:
@@ -323,6 +326,9 @@ class MessageDecoder:
         if isinstance(mapped, Refusal):
             out.dead_letters.append(self.dead_letter(item, mapped.code, mapped.detail))
         elif isinstance(mapped, MappedTelemetry):
+            if _redundant_copy(item):
+                out.retained_copies += 1
+                return True
             message = mapped.message
             out.seen_devices.add(mapped.device_id)
             out.mapped_devices[mapped.device_id] = (mapped.mapping, mapped.captures)
@@ -335,6 +341,21 @@ class MessageDecoder:
             out.presence[mapped.device_id] = mapped.value
             _presence_received(out, mapped.device_id, item)
         return True
+
+
+def _redundant_copy(item: Inbound) -> bool:
+    """Whether ``item`` is the broker's copy of a retained message (Zigbee2MQTT's `retain:
+    true`, Tasmota's SensorRetain), sent because the node subscribed (each start and
+    reconnection: MQTT flags only those as retained, never a message as published), on a
+    connection that resumed the node's session: the message itself reached that session when
+    it was published, so the copy is no report of the device. Read, it was dated at its
+    arrival where the payload carries no time (a button pressed once was pressed again at
+    each start), and counted the device heard then (a dead device's last_seen moved past its
+    Will `offline`). Without a session (the first start, one expired), the copy may be all
+    that is left of a reading the node never got: it is read."""
+    return bool(getattr(item.message, "retain", False)) and bool(
+        getattr(item.acker, "session_present", False)
+    )
 
 
 def _presence_received(out: Classified, device_id: str, item: Inbound) -> None:

@@ -23,6 +23,12 @@ class IngestMetrics(MetricSet):
             "Telemetry messages whose event id was already stored (redeliveries)",
             registry=r,
         )
+        self.retained_copies = Counter(
+            "gateway_mapped_retained_copies",
+            "Retained copies of vendor readings the broker sent at a subscription (each start "
+            "and reconnection), not read: no report of the device (docs/devices.md)",
+            registry=r,
+        )
         self.presence_updates = Counter(
             "gateway_presence_updates", "Device presence messages applied", registry=r
         )

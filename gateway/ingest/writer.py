@@ -479,6 +479,8 @@ class IngestWriter:
         m.telemetry_stored.inc(result.stored)
         m.telemetry_duplicates.inc(result.duplicates)
         m.presence_updates.inc(result.presence)
+        if batch.retained_copies:
+            m.retained_copies.inc(batch.retained_copies)
         outcome = result.sparkplug
         if outcome is not None:
             sm = self.sparkplug_metrics
