@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import enum
 import hashlib
+import math
 import operator
+import re
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -637,6 +639,8 @@ def _verdict(rule: ThresholdRule, observed: MetricValue) -> _Verdict:
         return _Verdict.VIOLATING if holds else _Verdict.CLEAR
     threshold = rule.value
     clear_threshold = threshold if rule.clear_value is None else rule.clear_value
+    if type(observed) is str:
+        observed = _decimal(observed)
     if not (_is_number(observed) and _is_number(threshold) and _is_number(clear_threshold)):
         return _Verdict.UNKNOWN
     if _COMPARE[op](observed, threshold):
@@ -645,6 +649,20 @@ def _verdict(rule: ThresholdRule, observed: MetricValue) -> _Verdict:
     return _Verdict.CLEAR if back else _Verdict.BAND
 
 
+def _decimal(text: str) -> float | str:
+    """A sample written as a decimal number in a string (``"17.12"``: the Dragino LHT65's
+    ChirpStack codec writes its readings with ``toFixed``), as that number where a threshold
+    orders it (``>``, ``<``...): as text it was judged as no number, and the rule never fired
+    nor said why. Any other string stays as read (no NaN, infinity, hex or ``_``, which
+    ``float()`` would take); ``==`` and ``!=`` keep kinds apart (``"1"`` is not ``1``)."""
+    if _DECIMAL_RE.fullmatch(text) is None:
+        return text
+    number = float(text)
+    return number if math.isfinite(number) else text
+
+
+# A decimal number: an optional sign, digits with a fraction, an exponent, spaces around.
+_DECIMAL_RE: Final = re.compile(r"\s*[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?\s*")
 _EQUALITY: Final = frozenset(("==", "!="))
 _ABOVE: Final = frozenset((">", ">="))  # ops that violate above the threshold
 # Each op as its comparison (a lookup: `_verdict` runs for every sample of every batch).
