@@ -60,7 +60,9 @@ TOPICS_HELD: Final = 8192
 _NAME_RE: Final = re.compile(r"^[A-Za-z0-9_-]{1,64}\Z")
 _CAPTURE_RE: Final = re.compile(r"^\{([A-Za-z_][A-Za-z0-9_]{0,31})\}\Z")
 _PLACEHOLDER_RE: Final = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)(?:\.([A-Za-z0-9_:-]+))?\}")
-_PATH_STEP_RE: Final = re.compile(r"\.([^.\[\]\"]+)|\[(\d+)\]|\[\"([^\"]+)\"\]")
+_PATH_STEP_RE: Final = re.compile(r"\.([^.\[\]\"]+)|\[(\d+|\*)\]|\[\"([^\"]+)\"\]")
+# The step `[*]` (every item of an array) of a metric's path: an index no path names.
+EACH: Final = -1
 _NOT_IN_ID: Final = re.compile(r"[^A-Za-z0-9_.:-]")
 _EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
 _EPOCH_NAIVE: Final = datetime(1970, 1, 1)  # a UTC wall time, as read
@@ -87,7 +89,11 @@ class JsonPath:
     steps: tuple[str | int, ...]
 
     def read(self, value: Any) -> Any:
-        """The value at the path, or `_ABSENT`."""
+        """The value at the path, or `_ABSENT`; with `[*]` steps (`EACH`), the list of the
+        values found at the rest of the path in every item (`_ABSENT` for none)."""
+        if EACH in self.steps:
+            found = _each(value, self.steps)
+            return found or _ABSENT
         for step in self.steps:
             if isinstance(step, int):
                 if not isinstance(value, list) or step >= len(value):
@@ -98,6 +104,23 @@ class JsonPath:
         return value
 
 
+def _each(value: Any, steps: Sequence[str | int]) -> list[Any]:
+    """The values at ``steps`` from ``value``, every item of an array at a `[*]` step."""
+    for number, step in enumerate(steps):
+        if step == EACH:
+            if not isinstance(value, list):
+                return []
+            rest = steps[number + 1 :]
+            return [found for item in value for found in _each(item, rest)]
+        if isinstance(step, int):
+            if not isinstance(value, list) or step >= len(value):
+                return []
+        elif not isinstance(value, dict) or step not in value:
+            return []
+        value = value[step]
+    return [value]
+
+
 class _Absent:
     def __repr__(self) -> str:
         return "<absent>"
@@ -106,8 +129,9 @@ class _Absent:
 _ABSENT: Final = _Absent()
 
 
-def parse_path(text: str) -> JsonPath:
-    """Raises `ValueError` (its message says why) for a path it cannot read."""
+def parse_path(text: str, *, each: bool = False) -> JsonPath:
+    """Raises `ValueError` (its message says why) for a path it cannot read. ``each``: the
+    step `[*]` (every item of an array) is allowed (a metric's path)."""
     rest = text
     if rest == "$":
         return JsonPath(text, ())
@@ -125,7 +149,12 @@ def parse_path(text: str) -> JsonPath:
                 '`$.key[0]` or `$["key.with.dots"]`'
             )
         key, index, quoted = match.groups()
-        steps.append(int(index) if index is not None else (key or quoted))
+        if index == "*":
+            if not each:
+                raise ValueError(f"cannot read the path {text!r}: `[*]` is for a metric's path")
+            steps.append(EACH)
+        else:
+            steps.append(int(index) if index is not None else (key or quoted))
         position = match.end()
     return JsonPath(text, tuple(steps))
 
@@ -504,11 +533,11 @@ class _Compiler:
     def error(self, key: str, message: str) -> None:
         self.errors.append(ConfigError(f"{self.path}.{key}", message))
 
-    def json_path(self, key: str, text: str | None) -> JsonPath | None:
+    def json_path(self, key: str, text: str | None, *, each: bool = False) -> JsonPath | None:
         if not text:
             return None
         try:
-            return parse_path(text)
+            return parse_path(text, each=each)
         except ValueError as exc:
             self.error(key, str(exc))
             return None
@@ -599,7 +628,7 @@ class _Compiler:
         metrics = []
         for number, metric in enumerate(self.config.metrics or ()):
             key = f"metrics[{number}]"
-            parsed = self.json_path(f"{key}.path", metric.path)
+            parsed = self.json_path(f"{key}.path", metric.path, each=True)
             if metric.name and DEVICE_ID_RE.fullmatch(metric.name) is None:
                 self.error(f"{key}.name", f"must match {DEVICE_ID_RE.pattern}")
             if not (math.isfinite(metric.scale) and math.isfinite(metric.offset)):
@@ -743,7 +772,7 @@ def _braced(names: Iterator[str] | Sequence[str] | set[str] | frozenset[str]) ->
 def _flat_name(steps: Sequence[str | int]) -> str | None:
     """The metric name of a leaf: its keys joined with ``.``, every character the id grammar
     refuses as ``_``; None past 64 characters (left out)."""
-    name = _NOT_IN_ID.sub("_", ".".join(str(step) for step in steps))
+    name = _NOT_IN_ID.sub("_", ".".join(str(step) for step in steps if step != EACH))
     return name if 0 < len(name) <= 64 else None
 
 
@@ -1062,6 +1091,10 @@ def _one_offset(zone: ZoneInfo, year: int, month: int, day: int, hour: int) -> b
     return first.utcoffset() == last.utcoffset()
 
 
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
 def _in_int64(value: int) -> bool:
     return -(2**63) <= value < 2**63
 
@@ -1076,6 +1109,9 @@ def _metrics(mapping: CompiledMapping, document: dict[str, Any]) -> dict[str, An
                     metrics[name] = value
     for metric in mapping.metrics:
         value = metric.path.read(document)
+        if isinstance(value, list) and EACH in metric.path.steps:
+            # `[*]`: the greatest number found (`$.rxInfo[*].rssi`: the best gateway's).
+            value = max((v for v in value if _is_number(v)), default=_ABSENT)
         if value is _ABSENT or value is None or isinstance(value, dict | list):
             continue
         scaled = metric.scale != 1.0 or metric.offset != 0.0

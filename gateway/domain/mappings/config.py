@@ -139,8 +139,10 @@ PROFILES: Final[dict[str, MappingConfig]] = {
         timestamp_format="iso8601",
         flatten="$.object",
         metrics=[
-            MetricMapConfig(path="$.rxInfo[0].rssi", name="rssi"),
-            MetricMapConfig(path="$.rxInfo[0].snr", name="snr"),
+            # Every gateway that heard the uplink, in no order (ChirpStack's deduplication
+            # set): the best one's figures, not whichever it listed first.
+            MetricMapConfig(path="$.rxInfo[*].rssi", name="rssi"),
+            MetricMapConfig(path="$.rxInfo[*].snr", name="snr"),
             MetricMapConfig(path="$.fCnt", name="f_cnt"),
             MetricMapConfig(path="$.fPort", name="f_port"),
             MetricMapConfig(path="$.dr", name="dr"),
