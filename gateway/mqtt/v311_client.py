@@ -32,12 +32,13 @@ the connection's ``timeout_s``.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import socket
 import ssl
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Final, Literal, Self, cast
 
@@ -48,6 +49,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
+from gateway.domain.errors import StartupError
 from gateway.support.publish_refusal import PacketTooLarge, publish_packet_size
 
 log = structlog.get_logger(__name__)
@@ -63,8 +65,13 @@ class TlsSettings:
     cert_file: str = ""
     key_file: str = ""
     insecure: bool = False
+    # The context made by load(), at start: every connection takes it, and the files are not
+    # read again (a key credential gone, a certificate renewed half-written at a reconnect).
+    loaded: ssl.SSLContext | None = field(default=None, compare=False, repr=False)
 
     def context(self) -> ssl.SSLContext:
+        if self.loaded is not None:
+            return self.loaded
         context = ssl.create_default_context(cafile=self.ca_file or None)
         if self.cert_file:
             context.load_cert_chain(self.cert_file, self.key_file or None)
@@ -72,6 +79,46 @@ class TlsSettings:
             context.check_hostname = False
             context.verify_mode = ssl.CERT_NONE
         return context
+
+    def load(self) -> TlsSettings:
+        """These settings with their context made now, from the files as they are.
+
+        Raises :class:`StartupError` (a configuration to change) naming the key whose file
+        cannot be read or does not hold what the key says: read at the first connect, after
+        the migration, such a file was a traceback and exit 1, restarted by the units forever.
+        """
+        if self.loaded is not None:
+            return self
+        try:
+            ssl.create_default_context(cafile=self.ca_file or None)
+        except OSError as exc:  # ssl.SSLError too
+            where = self.ca_file or "the system's trust store"
+            raise _tls_error("ca_file", f"cannot use the CA file {where}: {_why(exc)}") from None
+        for key, path in (("cert_file", self.cert_file), ("key_file", self.key_file)):
+            try:
+                if path:
+                    with open(path, "rb"):
+                        pass
+            except OSError as exc:
+                raise _tls_error(key, f"cannot read {path}: {_why(exc)}") from None
+        try:
+            context = self.context()
+        except OSError as exc:
+            key = self.key_file or "(the certificate file)"
+            raise _tls_error(
+                "cert_file, [mqtt.tls] key_file",
+                f"cannot use the client certificate {self.cert_file} with the key {key}: "
+                f"{_why(exc)}",
+            ) from None
+        return dataclasses.replace(self, loaded=context)
+
+
+def _tls_error(key: str, message: str) -> StartupError:
+    return StartupError(message, setting=f"[mqtt.tls] {key}", configuration=True)
+
+
+def _why(exc: OSError) -> str:
+    return exc.strerror or str(exc) or type(exc).__name__
 
 
 @dataclass(frozen=True, slots=True)

@@ -102,20 +102,14 @@ class Startup:
         self.on_audit_failure = on_audit_failure
         self.database_dsn: str | None = None
         self.broker_address: tuple[str, int] | None = None
+        self.tls: TlsSettings | None = None  # [mqtt.tls] with its context, read by broker()
         self.primary = PrimaryWatch()
 
     def connection_settings(
         self, host: str, port: int, protocol: str, presence_topic: str
     ) -> ConnectionSettings:
         mqtt = self.config.mqtt
-        tls = None
-        if mqtt.tls.enabled:
-            tls = TlsSettings(
-                ca_file=mqtt.tls.ca_file,
-                cert_file=mqtt.tls.cert_file,
-                key_file=mqtt.tls.key_file,
-                insecure=mqtt.tls.insecure,
-            )
+        tls = self.tls or self._tls_settings()
         return ConnectionSettings(
             host=host,
             port=port,
@@ -184,9 +178,25 @@ class Startup:
         self.database_dsn = dsn
         return dsn
 
+    def _tls_settings(self) -> TlsSettings | None:
+        tls = self.config.mqtt.tls
+        if not tls.enabled:
+            return None
+        return TlsSettings(
+            ca_file=tls.ca_file,
+            cert_file=tls.cert_file,
+            key_file=tls.key_file,
+            insecure=tls.insecure,
+        )
+
     async def broker(self, stack: AsyncExitStack) -> tuple[list[tuple[str, int]], str]:
         """The broker's endpoints (``[mqtt] hosts``, or ``host`` and ``port``; the embedded
-        broker's one, started, when none is configured) and the protocol version to speak."""
+        broker's one, started, when none is configured) and the protocol version to speak.
+
+        The ``[mqtt.tls]`` files are read here, once, before the database: one that cannot be
+        used is a :class:`StartupError` naming its key (exit 2)."""
+        settings = self._tls_settings()
+        self.tls = settings.load() if settings is not None else None
         mqtt = self.config.mqtt
         endpoints = broker_endpoints(mqtt)
         if endpoints:
