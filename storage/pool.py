@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit, urlunsplit
 
 import asyncpg
+import asyncpg.connect_utils
 
 from storage.audit import AuditFailureHook, audited_connection_class
 from storage.errors import TRANSIENT_DB_ERRORS
@@ -49,6 +51,36 @@ async def create_pool(
     )
     assert pool is not None
     return pool
+
+
+def dsn_problem(dsn: str) -> str | None:
+    """Why ``dsn`` would be refused before any connection is tried (None: it parses), said
+    without its password: not a ``postgresql://`` URL, a port that is no number, an
+    ``sslmode`` or ``target_session_attrs`` the driver does not know, a URL Python cannot
+    split (``[::1`` without its ``]``). asyncpg's own parser decides, as at a connect, so
+    ``gateway check-config`` and a reload refuse what ``gateway run`` would."""
+    if not dsn:
+        return None  # the embedded server's
+    try:
+        urlsplit(dsn)  # what describe() and the log's redaction read
+        parse = asyncpg.connect_utils._parse_connect_dsn_and_args
+        arguments: dict[str, Any] = dict.fromkeys(inspect.signature(parse).parameters)
+        parse(**{**arguments, "dsn": dsn})
+    except (ValueError, asyncpg.exceptions.ClientConfigurationError) as exc:
+        message = str(exc) or type(exc).__name__
+        password = dsn_password(dsn)
+        return message.replace(password, "[redacted]") if password else message
+    return None
+
+
+def dsn_password(dsn: str) -> str:
+    """The password of a URL DSN as written (``""``: none), read even from one
+    ``urlsplit`` refuses: a secret to keep out of every line either way."""
+    try:
+        return urlsplit(dsn).password or ""
+    except ValueError:
+        _, sep, rest = dsn.partition("://")
+        return rest.rpartition("@")[0].partition(":")[2] if sep else ""
 
 
 def one_dsn_per_host(dsn: str) -> list[str]:

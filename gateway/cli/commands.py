@@ -37,7 +37,7 @@ from gateway.runtime.logging import configure_logging, set_secrets
 from gateway.support.version import gateway_version
 from protocol import Telemetry
 from storage.errors import TRANSIENT_DB_ERRORS
-from storage.pool import describe
+from storage.pool import describe, dsn_problem
 
 if TYPE_CHECKING:
     from gateway.embedded.postgres import EmbeddedPostgres
@@ -361,6 +361,17 @@ def _command(config: Config, args: argparse.Namespace) -> int:  # noqa: PLR0911 
         "rules": _rules,
         "maintenance": _maintenance,
     }
+    problem = dsn_problem(config.database.dsn)
+    if problem is not None:
+        # Before anything starts, for every command alike (one Python cannot split used to
+        # end them all in a raw traceback, exit 1).
+        return _failed(
+            StartupError(
+                f"the database DSN does not parse: {problem}",
+                setting=DSN_SETTING,
+                configuration=True,
+            )
+        )
     try:
         if args.command == "run":
             _require_embedded(
@@ -488,9 +499,20 @@ def _install_systemd(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _load_checked(path: Path | None) -> Config:
+    """``load_config``, and what else the start would refuse in the file alone: a database
+    DSN the driver cannot parse (``gateway check-config`` and a reload said nothing of it,
+    and ``gateway run`` then refused the file)."""
+    config = load_config(path)
+    problem = dsn_problem(config.database.dsn)
+    if problem is not None:
+        raise ConfigError("database.dsn", f"the database DSN does not parse: {problem}")
+    return config
+
+
 def _check_config(path: Path) -> int:
     try:
-        load_config(path)
+        _load_checked(path)
     except ConfigError as exc:
         # Every error found, one per line, so that one run fixes them all.
         errors = exc.errors if isinstance(exc, ConfigErrors) else [exc]
@@ -524,7 +546,7 @@ async def _run(config: Config, args: argparse.Namespace) -> int:
     def reload() -> None:
         daemon.notifier.reloading()
         try:
-            fresh = with_zero_setup_token(load_config(args.config))
+            fresh = with_zero_setup_token(_load_checked(args.config))
         except ConfigError as exc:
             # The old configuration keeps running; the operator sees why in the journal.
             log.error("config_reload_refused", error=str(exc))

@@ -18,7 +18,6 @@ import socket
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Final, Literal, get_args, get_origin
-from urllib.parse import urlsplit
 
 import msgspec
 from msgspec import Meta, Struct, field
@@ -32,6 +31,7 @@ from gateway.domain.redaction import url_credentials
 from gateway.domain.rules import DeviceClock, RuleConfig, RuleSet, compile_rule, compile_rules
 from protocol import TopicKind, Topics, is_valid_device_id
 from protocol.ids import is_portable_device_id
+from storage.pool import dsn_password
 
 Port = Annotated[int, Meta(ge=1, le=65535)]
 # [mqtt] broker_family values whose brokers map `.` in topics to their own separators.
@@ -305,11 +305,12 @@ class Config(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
         """What no log line may carry: the API tokens, the broker's and the database's
         passwords, the AI server's key and URL userinfo, the notification receivers'
         secrets."""
-        password = urlsplit(self.database.dsn).password if self.database.dsn else None
         return [
             *(t.token for t in self.api.tokens),
             self.mqtt.password,
-            password or "",
+            # Read even from a DSN urlsplit refuses (it raised here, at every start and
+            # reload: a raw traceback).
+            dsn_password(self.database.dsn),
             self.ai.api_key,
             *url_credentials(self.ai.base_url),
             *notify_secrets(self),
