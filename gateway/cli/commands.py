@@ -31,7 +31,11 @@ from gateway.cli.entry import take_held_hup
 from gateway.config import Config, broker_endpoints, default_node_id, load_config
 from gateway.domain.errors import ConfigError, ConfigErrors, StartupError
 from gateway.domain.replay import Received, replay
-from gateway.runtime.admin_token import wants_zero_setup_token, with_zero_setup_token
+from gateway.runtime.admin_token import (
+    token_path,
+    wants_zero_setup_token,
+    with_zero_setup_token,
+)
 from gateway.runtime.failures import DSN_SETTING, REFUSED_AT_CONNECT, check_writable, refused
 from gateway.runtime.logging import configure_logging, set_secrets
 from gateway.support.version import gateway_version
@@ -550,12 +554,21 @@ async def _run(config: Config, args: argparse.Namespace) -> int:
         except ConfigError as exc:
             # The old configuration keeps running; the operator sees why in the journal.
             log.error("config_reload_refused", error=str(exc))
+        except OSError as exc:
+            # The zero-setup token, missing, could not be written (a full or read-only disk).
+            log.error(
+                "config_reload_refused",
+                error=f"cannot write the admin token to {token_path(config)}: {exc.strerror}",
+                setting="[node] state_dir",
+            )
         else:
             daemon.reload(fresh)
-        if daemon.ready.is_set():  # a SIGHUP during start-up must not announce readiness
-            daemon.notifier.ready(daemon.status_line())
-        else:
-            daemon.notifier.status(daemon.status_line())
+        finally:
+            # Answered whatever happened: the service manager waits for it after RELOADING=1.
+            if daemon.ready.is_set():  # a SIGHUP during start-up must not announce readiness
+                daemon.notifier.ready(daemon.status_line())
+            else:
+                daemon.notifier.status(daemon.status_line())
 
     loop.add_signal_handler(signal.SIGHUP, reload)
     if take_held_hup():

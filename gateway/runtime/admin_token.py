@@ -60,6 +60,13 @@ def with_zero_setup_token(config: Config, *, announce: bool = False) -> Config:
 
 
 def _read_or_create(path: Path) -> tuple[str, bool]:
+    try:
+        # Read first: a start or a reload whose token exists writes nothing (every one used to
+        # write a fresh token to a temporary file first, which a full disk refused: the reload
+        # escaped its handler, unanswered).
+        return path.read_text(encoding="utf-8").strip(), False
+    except FileNotFoundError:
+        pass
     path.parent.mkdir(parents=True, exist_ok=True)
     token = secrets.token_urlsafe(_TOKEN_BYTES)
     # Written whole to a private temporary file, then linked into place: link() fails if the
