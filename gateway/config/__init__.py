@@ -12,6 +12,7 @@ Entry points: ``load_config``, ``Config``, ``ConfigError``/``ConfigErrors``. May
 from __future__ import annotations
 
 import datetime
+import ipaddress
 import os
 import re
 import socket
@@ -404,9 +405,16 @@ def broker_endpoints(mqtt: MqttConfig) -> list[tuple[str, int]]:
 
 
 _ENDPOINT: Final = re.compile(
-    r"^(?:\[(?P<v6>[0-9A-Fa-f:.]*:[0-9A-Fa-f:.%\w]*)\]|(?P<name>[^\s\[\]:/]+))"
+    r"^(?:\[(?P<v6>[0-9A-Fa-f:.]*:[0-9A-Fa-f:.%\w]*)\]|(?P<name>[^\s\[\]:/@]+))"
     r"(?::(?P<port>\d{1,5}))?\Z"
 )
+# `[mqtt] host`: a name or an IPv4 address (an IPv6 one is checked by ipaddress).
+_HOST_NAME: Final = re.compile(r"^[^\s\[\]:/@]+\Z")
+
+
+def _shown_endpoint(text: str) -> str:
+    """``text`` for an error message: a user (and password) written before ``@`` cut out."""
+    return repr(f"[redacted]@{text.rpartition('@')[2]}" if "@" in text else text)
 
 
 def parse_endpoint(text: str, default_port: int, key_path: str) -> tuple[str, int]:
@@ -415,11 +423,13 @@ def parse_endpoint(text: str, default_port: int, key_path: str) -> tuple[str, in
     match = _ENDPOINT.match(text.strip())
     if match is None:
         hint = "; write an IPv6 address in brackets: [::1]:1883" if text.count(":") > 1 else ""
-        raise ConfigError(key_path, f"{text!r} is not host:port{hint}")
+        if "@" in text:
+            hint = "; the user name and password go in [mqtt] username and password"
+        raise ConfigError(key_path, f"{_shown_endpoint(text)} is not host:port{hint}")
     port_text = match.group("port")
     port = default_port if port_text is None else int(port_text)
     if not 1 <= port <= 65535:
-        raise ConfigError(key_path, f"{text!r}: the port must be 1 to 65535")
+        raise ConfigError(key_path, f"{_shown_endpoint(text)}: the port must be 1 to 65535")
     return match.group("v6") or match.group("name"), port
 
 
@@ -783,8 +793,18 @@ def _duration_errors(value: object, path: str) -> list[ConfigError]:
 
 
 def _endpoint_errors(mqtt: MqttConfig) -> list[ConfigError]:
-    """``[mqtt] hosts``: every entry host:port, none twice, and not beside ``host``."""
+    """``[mqtt] host``: a host name or an address alone. ``[mqtt] hosts``: every entry
+    host:port, none twice, and not beside ``host``."""
     errors: list[ConfigError] = []
+    if mqtt.host and not _is_host(mqtt.host):
+        # Never the value: a password written in a URL would be in the message.
+        errors.append(
+            ConfigError(
+                "mqtt.host",
+                "must be a host name or an IP address alone: not a URL (mqtt://...), no port"
+                " (that is [mqtt] port), no user (that is [mqtt] username and password)",
+            )
+        )
     if mqtt.hosts and mqtt.host:
         errors.append(
             ConfigError(
@@ -806,6 +826,17 @@ def _endpoint_errors(mqtt: MqttConfig) -> list[ConfigError]:
             )
         seen.setdefault(endpoint, index)
     return errors
+
+
+def _is_host(text: str) -> bool:
+    """A host name, an IPv4 address or an IPv6 one (without brackets, a zone allowed)."""
+    if _HOST_NAME.match(text):
+        return True
+    try:
+        ipaddress.IPv6Address(text)
+    except ValueError:
+        return False
+    return True
 
 
 TOKEN_MIN_LENGTH: Final = 16
