@@ -695,6 +695,12 @@ def validate(config: Config) -> None:
             errors.append(ConfigError("mqtt.shared_group", str(exc)))
     errors.extend(_endpoint_errors(config.mqtt))
     check(
+        "http.host",
+        not config.http.host or _is_host(config.http.host),
+        "must be an address or a host name to listen on (0.0.0.0, ::, 127.0.0.1): not a URL,"
+        " no port (that is [http] port), an IPv6 address without brackets",
+    )
+    check(
         "mqtt.reconnect_min_s",
         config.mqtt.reconnect_min_s <= config.mqtt.reconnect_max_s,
         "must not exceed mqtt.reconnect_max_s",
