@@ -3,7 +3,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Final
@@ -36,6 +37,7 @@ from storage.errors import DB_ERRORS, TRANSIENT_DB_ERRORS
 
 # What the routes pass in (they import no storage module of their own).
 __all__ = [
+    "AlarmHeldError",
     "AlarmService",
     "BulkResult",
     "DeskAlarm",
@@ -49,6 +51,12 @@ __all__ = [
 # The defaults of [alarms] shelve_max_s and bulk_max (gateway.config.AlarmsConfig).
 SHELVE_MAX_S: Final = 86_400.0
 BULK_MAX: Final = 500
+# How long a person's change waits for a row another transaction holds (an alarm, a shelf, a
+# device's period): a node stopped in the middle of a change (paused, or its link to PostgreSQL
+# cut without a reset) holds it until PostgreSQL notices, which can take hours. A request that
+# waits holds a pooled connection all the while, and the node's ingest shares the pool: a few
+# clicks on that alarm took every connection, and the whole API and the ingest stood still.
+LOCK_WAIT_S: Final = 5.0
 # The faults that, met by a COMMIT, leave its outcome unknown: the connection or the server went
 # away before its answer came back, so the server may have committed it. (A rollback the
 # server answered, a deadlock or a refused row, is an answer: nothing was applied.)
@@ -109,6 +117,23 @@ class OutcomeUnknownError(AlarmError):
         self.action = action
 
 
+class AlarmHeldError(AlarmError):
+    """Another transaction held the alarm's row for longer than ``LOCK_WAIT_S``: a person's
+    step gave up waiting, nothing changed (HTTP 503 ``UNAVAILABLE`` with ``alarm_id``; in a
+    bulk action, that alarm's item, and the others go on)."""
+
+    code = "UNAVAILABLE"
+
+    def __init__(self, alarm_id: int, action: Action) -> None:
+        super().__init__(
+            f"alarm {alarm_id} is held by another transaction (a node stopped in the middle of "
+            f"a change?) for more than {LOCK_WAIT_S:g} s: {action.value} gave up, nothing "
+            "changed; retry"
+        )
+        self.alarm_id = alarm_id
+        self.action = action
+
+
 class TooManyAlarmsError(AlarmError):
     """A bulk action over more alarms than ``[alarms] bulk_max`` (HTTP 400); nothing done."""
 
@@ -145,6 +170,14 @@ class AlarmService:
         self.bulk_max = bulk_max
         # The daemon's (reloaded with it); by default one with [alarms.figures]' defaults.
         self.figures = figures or AlarmFigures(pool)
+
+    @contextlib.asynccontextmanager
+    async def _change(self) -> AsyncIterator[asyncpg.Connection]:
+        """A connection in a transaction whose lock waits end after ``LOCK_WAIT_S`` (then
+        ``LockNotAvailableError``, rolled back): a person's change."""
+        async with self.pool.acquire() as conn, conn.transaction():
+            await repo.bound_lock_wait(conn, LOCK_WAIT_S)
+            yield conn
 
     async def stats(self, window: timedelta) -> dict[str, Any]:
         """The alarm system's figures over the last ``window`` (GET /alarm-stats)."""
@@ -198,7 +231,7 @@ class AlarmService:
         suppressed: list[str] = []
         committing = False
         try:
-            async with self.pool.acquire() as conn, conn.transaction():
+            async with self._change() as conn:
                 # The status this request acts on is the one it reads first: if another person
                 # or a timer changes it before this request's write (the transition waits for
                 # them on the row), this one lost the race, 409 (docs/behaviour.md §5), rather
@@ -228,6 +261,8 @@ class AlarmService:
             if committing and audit_failure(exc) is None:
                 raise OutcomeUnknownError(alarm_id, action) from exc
             raise
+        except asyncpg.exceptions.LockNotAvailableError:
+            raise AlarmHeldError(alarm_id, action) from None
         if self.metrics is not None and before is not None:
             self.metrics.count_alarm_transition(before["status"], changed.status.value)
         if self.count_suppressed is not None:
@@ -350,7 +385,7 @@ class AlarmService:
     ) -> asyncpg.Record:
         if seconds > self.shelve_max_s:
             raise shelving.ShelfTooLongError(seconds, self.shelve_max_s)
-        async with self.pool.acquire() as conn, conn.transaction():
+        async with self._change() as conn:
             return await shelving.shelve(
                 conn,
                 scope=scope,
@@ -367,7 +402,7 @@ class AlarmService:
     async def lift(
         self, shelf_id: int, *, actor: str, request_id: str | None = None
     ) -> asyncpg.Record:
-        async with self.pool.acquire() as conn, conn.transaction():
+        async with self._change() as conn:
             shelf, lifted = await shelving.lift(
                 conn, shelf_id, actor=actor, node_id=self.node_id, request_id=request_id
             )
@@ -399,13 +434,13 @@ class AlarmService:
         actor: str,
         request_id: str | None = None,
     ) -> asyncpg.Record:
-        async with self.pool.acquire() as conn, conn.transaction():
+        async with self._change() as conn:
             return await shelving.set_out_of_service(
                 conn, device_id, reason=reason, until=until, actor=actor, request_id=request_id
             )
 
     async def end_out_of_service(self, device_id: str, *, actor: str) -> asyncpg.Record:
-        async with self.pool.acquire() as conn, conn.transaction():
+        async with self._change() as conn:
             return await shelving.end_out_of_service(conn, device_id, actor=actor)
 
     async def out_of_service(self, device_id: str) -> asyncpg.Record | None:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final
 
+import asyncpg
 import msgspec
 import structlog
 from litestar import Request, Response
@@ -30,7 +31,7 @@ from litestar.status_codes import HTTP_413_REQUEST_ENTITY_TOO_LARGE
 from msgspec import UNSET, UnsetType
 
 from gateway.alarms.lifecycle import AlarmNotFoundError, StatusChangedError
-from gateway.alarms.service import OutcomeUnknownError, TooManyAlarmsError
+from gateway.alarms.service import AlarmHeldError, OutcomeUnknownError, TooManyAlarmsError
 from gateway.alarms.shelving import (
     AlreadyShelvedError,
     DeviceNotFoundError,
@@ -372,6 +373,7 @@ _DOMAIN: Final[Mapping[type[Exception], Callable[[Any], ApiError]]] = {
     NotOutOfServiceError: lambda e: ApiError(NOT_OUT_OF_SERVICE, str(e), device_id=e.device_id),
     UntilPastError: lambda e: ApiError(UNTIL_PAST, str(e)),
     TooManyAlarmsError: lambda e: ApiError(TOO_MANY_ALARMS, str(e), limit=e.limit),
+    AlarmHeldError: lambda e: ApiError(UNAVAILABLE, str(e), alarm_id=e.alarm_id),
     OutcomeUnknownError: lambda e: ApiError(
         UNAVAILABLE, str(e), alarm_id=e.alarm_id, outcome_unknown=True
     ),
@@ -467,10 +469,21 @@ def to_api_error(request: Request[Any, Any, Any], exc: BaseException) -> ApiErro
             "the change was rolled back: its audit row could not be written; see the gateway's log",
         )
     if isinstance(exc, _UNAVAILABLE):
+        # A row held by another transaction past a change's lock wait (a node stopped
+        # mid-change): the database answered, and nothing changed.
+        held = isinstance(exc, asyncpg.exceptions.LockNotAvailableError)
         log.warning(
-            "api_database_unavailable", method=request.method, path=path, error=repr(exc)[:500]
+            "api_row_held" if held else "api_database_unavailable",
+            method=request.method,
+            path=path,
+            error=repr(exc)[:500],
         )
-        return ApiError(UNAVAILABLE, "the database is not reachable; retry")
+        return ApiError(
+            UNAVAILABLE,
+            "a row this change needs is held by another transaction; nothing changed, retry"
+            if held
+            else "the database is not reachable; retry",
+        )
     log.error(
         "api_error",
         method=request.method,
