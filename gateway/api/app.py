@@ -75,6 +75,7 @@ from gateway.api.schemas import (
     DeviceCommandBody,
     complete_desk,
 )
+from gateway.api.server import STATE_NO_HEAD
 from gateway.api.services import STATE_SERVICES, Services
 from gateway.support.metrics import Metrics
 from gateway.support.version import gateway_version
@@ -85,6 +86,8 @@ DOCS_ASSETS: Final = "/docs/assets"
 # aiohttp's default before: a body beyond this is a 413, whatever the route.
 MAX_BODY_BYTES: Final = 1024 * 1024
 TITLE: Final = "MQTT alarm & command gateway: operator API"
+# The paths whose GET answer never ends (the live stream): HEAD is not answered there.
+NO_HEAD: Final = frozenset({"/stream"})
 
 
 @route(
@@ -124,13 +127,23 @@ def _allow_every_method(allow: Mapping[BaseRouteHandler, str]) -> BeforeMessageS
     """OPTIONS names every method its path serves. Litestar's OPTIONS handler lists the methods
     of the path's first handler only (it keeps the route it was made for, which a later handler
     of the same path replaces): `OPTIONS /silences` said `OPTIONS, POST`, not GET. ``allow``
-    holds each path's methods, by its OPTIONS handler, once the app is built."""
+    holds each path's methods, by its OPTIONS handler, once the app is built. An `Allow` with
+    GET (an OPTIONS' or a 405's) names HEAD too, which the server answers as GET
+    (:func:`gateway.api.server.head_as_get`), except on the paths of ``NO_HEAD``."""
 
     async def allow_every_method(message: Message, scope: Scope) -> None:
-        if message["type"] == "http.response.start" and scope.get("method") == "OPTIONS":
+        if message["type"] != "http.response.start":
+            return
+        headers = MutableScopeHeaders.from_message(message)
+        if scope.get("method") == "OPTIONS":
             methods = allow.get(scope.get("route_handler"))
             if methods is not None:
-                MutableScopeHeaders.from_message(message)["Allow"] = methods
+                headers["Allow"] = methods
+        given = headers.get("Allow")
+        if given is not None and scope.get("path") not in NO_HEAD:
+            listed = {m.strip() for m in given.split(",")}
+            if "GET" in listed and "HEAD" not in listed:
+                headers["Allow"] = ", ".join(sorted(listed | {"HEAD"}))
 
     return allow_every_method
 
@@ -147,7 +160,8 @@ def _openapi_config() -> OpenAPIConfig:
             f"most {NOTE_MAX_LENGTH}; command names at most {NAME_MAX_LENGTH}, idempotency keys "
             f"at most {IDEMPOTENCY_KEY_MAX_LENGTH}; bodies at most {MAX_BODY_BYTES} bytes. "
             "Every path also answers `OPTIONS`, without a token: 204, with `Allow` listing the "
-            "path's methods (OPTIONS is not listed as an operation)."
+            "path's methods (OPTIONS is not listed as an operation). Every path that answers "
+            "`GET` answers `HEAD` as GET without the body (not listed either), but `/stream`."
         ),
         path=DOCS_PATH,
         render_plugins=[
@@ -273,6 +287,7 @@ def build_app(
                 "health_check": health_check,
                 "metrics": metrics,
                 STATE_SERVICES: services,
+                STATE_NO_HEAD: NO_HEAD,
             }
         ),
         logging_config=None,

@@ -6,6 +6,11 @@ SIGINT/SIGTERM handlers (and re-raise them on exit); the daemon owns the signals
 uvicorn's steps itself: ``startup`` on a socket bound here, ``main_loop`` as a task (it keeps
 the ``Date`` header fresh and watches ``should_exit``), ``shutdown`` on exit.
 
+HEAD is answered as GET without the body (RFC 9110 §9.3.2: a general-purpose server MUST
+support it; monitors probe ``/health`` with it): uvicorn sends no body for a HEAD request, so
+the app is handed a GET, except on the paths the app lists under ``STATE_NO_HEAD`` (an answer
+that never ends: the live stream), where HEAD stays a method the path does not serve.
+
 uvicorn logs through the standard library; a filter keeps tracebacks out of its records (the
 app answers every exception itself; what would reach uvicorn is a failure to send, and its
 traceback could quote a request's headers), and access logs are off.
@@ -18,14 +23,17 @@ import contextlib
 import logging
 import socket
 import struct
-from typing import Final
+from typing import Any, Final, cast
 
 import uvicorn
 from litestar import Litestar
+from litestar.types import ASGIApp, Receive, Scope, Send
 
 GRACEFUL_SHUTDOWN_S: Final = 5.0
 # Where the app finds the server (``app.state``): to cut a connection (see ApiServer.abort).
 STATE_SERVER: Final = "server"
+# The paths whose GET never ends (a frozenset in ``app.state``): HEAD is not answered as GET.
+STATE_NO_HEAD: Final = "no_head"
 _LINGER_OFF: Final = struct.pack("ii", 1, 0)
 _UVICORN_LOGGERS: Final = ("uvicorn", "uvicorn.error", "uvicorn.access", "uvicorn.asgi")
 
@@ -51,6 +59,19 @@ def _quiet_uvicorn() -> None:
         logger = logging.getLogger(name)
         if _FILTER not in logger.filters:
             logger.addFilter(_FILTER)
+
+
+def head_as_get(app: ASGIApp, no_head: frozenset[str]) -> ASGIApp:
+    """``app`` answering HEAD as GET on every path but ``no_head``. The server keeps its own
+    scope, still HEAD, and sends the answer's status and headers without its body."""
+
+    async def serve(scope: Scope, receive: Receive, send: Send) -> None:
+        raw = cast(dict[str, Any], scope)
+        if raw["type"] == "http" and raw["method"] == "HEAD" and raw["path"] not in no_head:
+            scope = cast(Scope, {**raw, "method": "GET"})
+        await app(scope, receive, send)
+
+    return serve
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -79,7 +100,7 @@ class ApiServer:
     async def __aenter__(self) -> ApiServer:
         _quiet_uvicorn()
         config = uvicorn.Config(
-            self.app,
+            head_as_get(self.app, self.app.state.get(STATE_NO_HEAD, frozenset())),
             lifespan="off",
             http="httptools",
             loop="none",
