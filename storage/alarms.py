@@ -40,7 +40,6 @@ STILL_NEW = _Q["still_new"]
 UPDATE_LIFECYCLE = _Q["update_lifecycle"]
 INSERT_AUDIT = _Q["insert_audit"]
 AUDIT_OF = _Q["audit_of"]
-CHAIN = _Q["chain"]
 NOW = _Q["now"]
 CLEAR_MANY = _Q["clear_many"]
 LOCK_ACTIVE_MANY = _Q["lock_active_many"]
@@ -368,10 +367,6 @@ async def insert_audit(
 
 async def audit_of(conn: asyncpg.Connection, alarm_id: int) -> list[asyncpg.Record]:
     return list(await conn.fetch(AUDIT_OF, alarm_id))
-
-
-async def chain(conn: asyncpg.Connection, alarm_id: int) -> list[asyncpg.Record]:
-    return list(await conn.fetch(CHAIN, alarm_id))
 
 
 async def db_now(conn: asyncpg.Connection) -> datetime:

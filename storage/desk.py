@@ -58,6 +58,11 @@ async def one(conn: asyncpg.Connection, alarm_id: int) -> asyncpg.Record | None:
     return await conn.fetchrow(_Q["one"], alarm_id)
 
 
+async def chain(conn: asyncpg.Connection, alarm_id: int) -> list[asyncpg.Record]:
+    """The alarm's supersede chain, oldest first, as ``one`` gives each (empty: no alarm)."""
+    return list(await conn.fetch(_Q["chain"], alarm_id))
+
+
 async def groups(
     conn: asyncpg.Connection, filters: Filters, *, by: GroupBy, limit: int
 ) -> list[asyncpg.Record]:

@@ -210,13 +210,15 @@ class AlarmService:
                 raise AlarmNotFoundError(alarm_id)
             return [dict(r.items()) for r in await repo.audit_of(conn, alarm_id)]
 
-    async def chain(self, alarm_id: int) -> list[Alarm]:
-        """Oldest first. A superseded alarm's chain is itself alone (see its superseded_by)."""
-        alarm = await self.get(alarm_id)
-        if alarm.status is AlarmStatus.SUPERSEDED:
-            return [alarm]
+    async def chain(self, alarm_id: int) -> list[DeskAlarm]:
+        """Oldest first, each as the list shows it. A superseded alarm's chain is itself alone
+        (see its superseded_by). One statement, whatever its length: a device nobody attends
+        supersedes an alarm at each firing (a read per alarm took 16 s for 20,000)."""
         async with self.pool.acquire() as conn:
-            return [alarm_from_record(r) for r in await repo.chain(conn, alarm_id)]
+            records = await desk_repo.chain(conn, alarm_id)
+        if not records:
+            raise AlarmNotFoundError(alarm_id)
+        return [view_from_record(r) for r in records]
 
     async def act(
         self,

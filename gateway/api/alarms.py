@@ -410,8 +410,7 @@ async def alarm_actions(alarms: Alarms, id: AlarmId) -> AllowedActions:
     errors=[ALARM_NOT_FOUND],
 )
 async def alarm_chain(alarms: Alarms, id: AlarmId) -> Chain:
-    # Each as the list shows it (a chain is short: a read per alarm).
-    items = [alarm_view(await alarms.view(a.id)) for a in await alarms.chain(id)]
+    items = [alarm_view(view) for view in await alarms.chain(id)]
     this = next(a for a in items if a.id == id)
     if this.status is AlarmStatus.SUPERSEDED:
         successor = "a newer alarm" if this.superseded_by is None else this.superseded_by

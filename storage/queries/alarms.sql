@@ -174,15 +174,6 @@ SELECT id, actor, stated_actor, action, from_status, to_status, note, request_id
        node_id, at
 FROM alarm_audit WHERE alarm_id = $1 ORDER BY id;
 
--- name: chain
--- $1 id; the alarm and every alarm that reaches it backwards through superseded_by.
-WITH RECURSIVE chain AS (
-    SELECT a.* FROM alarm a WHERE a.id = $1
-    UNION ALL
-    SELECT p.* FROM alarm p JOIN chain c ON p.superseded_by = c.id
-)
-SELECT * FROM chain ORDER BY id;
-
 -- name: now
 -- no parameters; the database clock, the one clock every node shares.
 SELECT now();

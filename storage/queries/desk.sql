@@ -36,6 +36,21 @@ SELECT a.*, alarm_shelved_until(a.id, a.device_id, a.rule_key, now()) AS shelved
        device_out_of_service_at(a.device_id, a.triggered_at) AS out_of_service
 FROM alarm a WHERE a.id = $1;
 
+-- name: chain
+-- $1 id; the alarm and every alarm that reaches it backwards through superseded_by (a
+-- superseded alarm: itself alone), oldest first, each as `list` gives it: one statement
+-- whatever the chain's length (each firing on a device nobody attends supersedes the alarm
+-- before it: thousands a day), in one snapshot.
+WITH RECURSIVE chain AS (
+    SELECT a.id, a.status = 'SUPERSEDED' AS alone FROM alarm a WHERE a.id = $1
+    UNION ALL
+    SELECT p.id, false FROM alarm p JOIN chain c ON p.superseded_by = c.id WHERE NOT c.alone
+)
+SELECT a.*, alarm_shelved_until(a.id, a.device_id, a.rule_key, now()) AS shelved_until,
+       device_out_of_service_at(a.device_id, a.triggered_at) AS out_of_service
+FROM chain JOIN alarm a ON a.id = chain.id
+ORDER BY a.id;
+
 -- name: groups
 -- The filters ($1-$9), $10 'rule' or 'device', $11 limit; one row per rule (or device): how
 -- many alarms, the newest one's trigger time and id, the worst severity (1 INFO .. 4 CRITICAL),

@@ -247,9 +247,9 @@ async def test_the_spec_chain_built_from_real_telemetry(db_dsn: str, mosquitto: 
         # In id order: a row's physical order changes when it is updated (superseded).
         newer = "SELECT id FROM alarm WHERE id > $1 ORDER BY id"
         four, five = [r["id"] for r in await _rows(db_dsn, newer, three)]
-        assert [a.id for a in await service.chain(five)] == [four, five]
-        assert [a.id for a in await service.chain(three)] == [one, two, three]
-        assert [a.id for a in await service.chain(two)] == [two]
+        assert [v.alarm.id for v in await service.chain(five)] == [four, five]
+        assert [v.alarm.id for v in await service.chain(three)] == [one, two, three]
+        assert [v.alarm.id for v in await service.chain(two)] == [two]
         assert (await service.get(four)).status is AlarmStatus.SUPERSEDED
         for action in (Action.CONFIRM, Action.HANDLE, Action.CLOSE, Action.FALSE):
             with pytest.raises(AlarmSupersededError):
