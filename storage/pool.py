@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
 from urllib.parse import parse_qs, unquote, urlsplit, urlunsplit
 
 import asyncpg
@@ -12,6 +12,18 @@ import asyncpg.connect_utils
 
 from storage.audit import AuditFailureHook, audited_connection_class
 from storage.errors import TRANSIENT_DB_ERRORS
+from storage.sql import load_queries
+
+_Q = load_queries("pool.sql")
+IDLE_IN_TRANSACTION = _Q["idle_in_transaction"]
+# How long a pooled session may sit inside a transaction without a statement before PostgreSQL
+# ends it (rolling its transaction back). The gateway's transactions run their statements back
+# to back (no transaction waits on the broker, a receiver or a model); one idle this long
+# belongs to a node that stopped in the middle of it. Left to PostgreSQL's TCP keepalive (or
+# forever, for a stopped process whose kernel still answers), its row locks stopped every
+# person's change of those rows, and every node's live stream stood still: a stream sends an
+# event only once every older transaction has ended (docs/api.md).
+IDLE_IN_TRANSACTION_S: Final = 30.0
 
 
 async def create_pool(
@@ -24,16 +36,22 @@ async def create_pool(
     application_name: str = "gateway",
     on_audit_failure: AuditFailureHook | None = None,
     on_server: Callable[[str], None] | None = None,
+    idle_in_transaction_s: float = IDLE_IN_TRANSACTION_S,
 ) -> asyncpg.Pool:
     """A pool whose connections are named after the node (visible in pg_stat_activity).
 
     Its connections notice audit rows PostgreSQL refuses (:mod:`storage.audit`) and report
     them to ``on_audit_failure``. ``on_server`` is told the server (``host:port``) each new
     connection reached: with a multi-host DSN, which member of the pair is the primary now.
+    PostgreSQL ends a connection left idle in a transaction for ``idle_in_transaction_s``
+    (see ``IDLE_IN_TRANSACTION_S``; set when it connects, not as a startup parameter, which
+    PgBouncer would refuse).
     """
+    idle_timeout = f"{round(idle_in_transaction_s * 1000)}ms"
     hooks = () if on_audit_failure is None else (on_audit_failure,)
 
     async def init(conn: asyncpg.Connection) -> None:
+        await conn.fetchval(IDLE_IN_TRANSACTION, idle_timeout)
         if on_server is not None:
             on_server(server_of(conn))
 

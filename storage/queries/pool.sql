@@ -1,0 +1,6 @@
+-- name: idle_in_transaction
+-- $1 a duration ('30000ms'); this session is ended by the server once it has sat inside a
+-- transaction that long without a statement: a node stopped in the middle of a change (its VM
+-- paused, its process stopped, its link cut without a reset) held its row locks, and held back
+-- every node's stream (which waits for every older transaction to end), until then.
+SELECT set_config('idle_in_transaction_session_timeout', $1, false);
