@@ -35,7 +35,6 @@ SUCCESSOR_OPEN = _Q["successor_open"]
 CLEAR_RAISED_BY = _Q["clear_raised_by"]
 GET = _Q["get"]
 LOCK = _Q["lock"]
-LOCK_WAIT = _Q["lock_wait"]
 STILL_NEW = _Q["still_new"]
 UPDATE_LIFECYCLE = _Q["update_lifecycle"]
 INSERT_AUDIT = _Q["insert_audit"]
@@ -304,12 +303,6 @@ async def get(conn: asyncpg.Connection, alarm_id: int) -> asyncpg.Record | None:
 async def lock(conn: asyncpg.Connection, alarm_id: int) -> asyncpg.Record | None:
     """The alarm, locked until the caller's transaction ends (waiting for one writing it)."""
     return await conn.fetchrow(LOCK, alarm_id)
-
-
-async def bound_lock_wait(conn: asyncpg.Connection, seconds: float) -> None:
-    """The rest of the caller's transaction waits at most ``seconds`` for any lock, then
-    fails with ``asyncpg.exceptions.LockNotAvailableError`` (and rolls back)."""
-    await conn.fetchval(LOCK_WAIT, f"{round(seconds * 1000)}ms")
 
 
 async def still_new(conn: asyncpg.Connection, alarm_ids: Sequence[int]) -> list[asyncpg.Record]:

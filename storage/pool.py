@@ -16,6 +16,7 @@ from storage.sql import load_queries
 
 _Q = load_queries("pool.sql")
 IDLE_IN_TRANSACTION = _Q["idle_in_transaction"]
+LOCK_WAIT = _Q["lock_wait"]
 # How long a pooled session may sit inside a transaction without a statement before PostgreSQL
 # ends it (rolling its transaction back). The gateway's transactions run their statements back
 # to back (no transaction waits on the broker, a receiver or a model); one idle this long
@@ -24,6 +25,11 @@ IDLE_IN_TRANSACTION = _Q["idle_in_transaction"]
 # person's change of those rows, and every node's live stream stood still: a stream sends an
 # event only once every older transaction has ended (docs/api.md).
 IDLE_IN_TRANSACTION_S: Final = 30.0
+# How long a person's change (over the API) waits for a row another transaction holds: a node
+# stopped in the middle of a change holds it until PostgreSQL ends that session (above), and
+# each request waiting holds a pooled connection, which the node's ingest shares: a few clicks
+# on that row took every connection, and the whole API and the ingest stood still.
+CHANGE_LOCK_WAIT_S: Final = 5.0
 
 
 async def create_pool(
@@ -99,6 +105,12 @@ def dsn_password(dsn: str) -> str:
     except ValueError:
         _, sep, rest = dsn.partition("://")
         return rest.rpartition("@")[0].partition(":")[2] if sep else ""
+
+
+async def bound_lock_wait(conn: asyncpg.Connection, seconds: float = CHANGE_LOCK_WAIT_S) -> None:
+    """The rest of the caller's transaction waits at most ``seconds`` for any lock, then fails
+    with ``asyncpg.exceptions.LockNotAvailableError`` (and rolls back): a person's change."""
+    await conn.fetchval(LOCK_WAIT, f"{round(seconds * 1000)}ms")
 
 
 def one_dsn_per_host(dsn: str) -> list[str]:

@@ -34,6 +34,7 @@ from storage import desk as desk_repo
 from storage.audit import audit_failure
 from storage.desk import Filters, GroupBy, Scope, ShelvedMode
 from storage.errors import DB_ERRORS, TRANSIENT_DB_ERRORS
+from storage.pool import CHANGE_LOCK_WAIT_S, bound_lock_wait
 
 # What the routes pass in (they import no storage module of their own).
 __all__ = [
@@ -52,11 +53,8 @@ __all__ = [
 SHELVE_MAX_S: Final = 86_400.0
 BULK_MAX: Final = 500
 # How long a person's change waits for a row another transaction holds (an alarm, a shelf, a
-# device's period): a node stopped in the middle of a change (paused, or its link to PostgreSQL
-# cut without a reset) holds it until PostgreSQL notices, which can take hours. A request that
-# waits holds a pooled connection all the while, and the node's ingest shares the pool: a few
-# clicks on that alarm took every connection, and the whole API and the ingest stood still.
-LOCK_WAIT_S: Final = 5.0
+# device's period): see storage.pool.CHANGE_LOCK_WAIT_S.
+LOCK_WAIT_S: Final = CHANGE_LOCK_WAIT_S
 # The faults that, met by a COMMIT, leave its outcome unknown: the connection or the server went
 # away before its answer came back, so the server may have committed it. (A rollback the
 # server answered, a deadlock or a refused row, is an answer: nothing was applied.)
@@ -176,7 +174,7 @@ class AlarmService:
         """A connection in a transaction whose lock waits end after ``LOCK_WAIT_S`` (then
         ``LockNotAvailableError``, rolled back): a person's change."""
         async with self.pool.acquire() as conn, conn.transaction():
-            await repo.bound_lock_wait(conn, LOCK_WAIT_S)
+            await bound_lock_wait(conn, LOCK_WAIT_S)
             yield conn
 
     async def stats(self, window: timedelta) -> dict[str, Any]:

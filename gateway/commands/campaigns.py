@@ -36,6 +36,7 @@ from storage import campaigns as repo
 from storage import outbox
 from storage.campaigns import CampaignRow, CountedCampaignRow
 from storage.commands import CommandRow, MovedCommandRow
+from storage.pool import bound_lock_wait
 
 log = structlog.get_logger(__name__)
 
@@ -393,6 +394,7 @@ class CampaignService:
         a conditional write: closed when read is :class:`CampaignClosedError`, closed by the
         time of the write (someone else won) :class:`CampaignChangedError`."""
         async with self.pool.acquire() as conn, conn.transaction():
+            await bound_lock_wait(conn)  # a person's change: rows a stopped node holds
             seen = await repo.status_of(conn, campaign_id)
             if seen is None:
                 raise CampaignNotFoundError(campaign_id)

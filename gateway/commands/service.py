@@ -34,6 +34,7 @@ from protocol import Topics, sparkplug
 from storage import commands as repo
 from storage.commands import CommandRow, MovedCommandRow
 from storage.errors import TRANSIENT_DB_ERRORS
+from storage.pool import bound_lock_wait
 
 log = structlog.get_logger(__name__)
 
@@ -134,12 +135,15 @@ class CommandService:
 
     async def cancel(self, command_id: int, *, actor: str) -> MovedCommandRow:
         async with self.pool.acquire() as conn, conn.transaction():
+            # A command a stopped node holds: give up (503), not take a pooled connection.
+            await bound_lock_wait(conn)
             row = await cancel(conn, command_id, actor=actor, node_id=self.node_id)
         self._count([row])
         return row
 
     async def unbind(self, device_id: str, *, actor: str) -> list[MovedCommandRow]:
         async with self.pool.acquire() as conn, conn.transaction():
+            await bound_lock_wait(conn)
             cancelled = await unbind(conn, device_id, actor=actor, node_id=self.node_id)
         self._count(cancelled)
         return cancelled

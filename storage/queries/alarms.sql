@@ -130,11 +130,6 @@ SELECT * FROM alarm WHERE id = $1;
 -- share) does not wait for it.
 SELECT * FROM alarm WHERE id = $1 FOR NO KEY UPDATE;
 
--- name: lock_wait
--- $1 a duration ('5000ms'); how long the statements after it in this transaction wait for a
--- lock (a person's change of an alarm another transaction holds gives up then: 55P03).
-SELECT set_config('lock_timeout', $1, true);
-
 -- name: still_new
 -- $1 ids; those of these alarms still NEW (one probe for every alarm a round of the console
 -- stream wrote: almost always none, each already pushed).

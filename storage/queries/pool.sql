@@ -4,3 +4,8 @@
 -- paused, its process stopped, its link cut without a reset) held its row locks, and held back
 -- every node's stream (which waits for every older transaction to end), until then.
 SELECT set_config('idle_in_transaction_session_timeout', $1, false);
+
+-- name: lock_wait
+-- $1 a duration ('5000ms'); how long the statements after it in this transaction wait for a
+-- lock: a person's change of a row another transaction holds gives up then (55P03).
+SELECT set_config('lock_timeout', $1, true);
