@@ -22,6 +22,7 @@ MARK_PUBLISHED = _Q["mark_published"]
 MARK_PUBLISHED_MANY = _Q["mark_published_many"]
 MARK_FAILED = _Q["mark_failed"]
 RELEASE = _Q["release"]
+RELEASE_IN_DOUBT = _Q["release_in_doubt"]
 MARK_DEAD = _Q["mark_dead"]
 BACKLOG = _Q["backlog"]
 RECORD_CONSUMED = _Q["record_consumed"]
@@ -37,6 +38,7 @@ class ClaimedEvent:
     schema_version: int
     payload: str
     retry_count: int
+    in_doubt_count: int
     created_at: datetime
 
 
@@ -123,6 +125,15 @@ async def release(
     """Back to PENDING, due at once, retry count unchanged (the broker session was down); the
     ids this node still held."""
     rows = await conn.fetch(RELEASE, list(row_ids), node_id, error)
+    return {int(row["id"]) for row in rows}
+
+
+async def release_in_doubt(
+    conn: asyncpg.Connection | asyncpg.Pool, row_ids: Sequence[int], node_id: str, *, error: str
+) -> set[int]:
+    """`release`, counting one more connection that ended while each was the largest publish
+    awaiting its PUBACK (``in_doubt_count``); the ids this node still held."""
+    rows = await conn.fetch(RELEASE_IN_DOUBT, list(row_ids), node_id, error)
     return {int(row["id"]) for row in rows}
 
 

@@ -21,6 +21,13 @@ answered 0x95; or a topic or payload it refuses for good: a final ``PublishRefus
 ``DEAD`` with the reason in ``last_error``, logged once (``outbox_event_dead``) and counted; it
 is never retried, and no longer holds back its aggregate's later events. It stays in the
 database, where the node's own consumers (notifications, streams) read events anyway.
+
+A broker that closes the connection on a packet over its limit, without a word (mosquitto's
+``max_packet_size`` on MQTT 3.1.1, which has no reason codes), looks like a session that went
+down with the event in doubt: released, due at once, it dropped the connection of every node
+that took it, in a loop. So the largest events of a batch in doubt when the connection ended
+are counted (``in_doubt_count``, across nodes), and one that ends the connection for the
+``IN_DOUBT_LIMIT``-th time is given up as ``DEAD`` like a refused one.
 """
 
 from __future__ import annotations
@@ -38,7 +45,7 @@ from gateway.config import OutboxConfig
 from gateway.domain.quiet_hours import QuietHours
 from gateway.outbox.metrics import OutboxMetrics
 from gateway.support.backoff import Backoff
-from gateway.support.broker_link import BrokerLink, SessionDown
+from gateway.support.broker_link import BrokerLink, PublishInDoubt, SessionDown
 from gateway.support.loops import drain_on_notify
 from gateway.support.metrics import Metrics
 from gateway.support.node import Node, Publish
@@ -63,6 +70,9 @@ PUBACK_SUBSCRIBED = 0
 # the count visits every unpublished event, and the index entries of those published since the
 # last vacuum; in a burst of commands one read a pass cost 13 ms, more than the pass itself.
 BACKLOG_EVERY_S = 1.0
+# The connection ended this many times while an event was the largest publish awaiting its
+# PUBACK: the broker closes it for that event (over its packet limit), not by chance. DEAD.
+IN_DOUBT_LIMIT = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,11 +206,8 @@ class OutboxPublisher:
             return False
         return reached is not None or self.quiet is not None
 
-    async def _publish(self, event: ClaimedEvent) -> _Sent | Exception:
-        """Publish one event: once the broker has it, whom it reached; else the error (a failure
-        other than the session's being down is scheduled for retry here)."""
-        topic = self.topics.event(event.aggregate_type, event.aggregate_id)
-        body = msgspec.json.encode(
+    def _body(self, event: ClaimedEvent) -> bytes:
+        return msgspec.json.encode(
             {
                 "event_id": str(event.event_id),
                 "event_type": event.event_type,
@@ -211,13 +218,19 @@ class OutboxPublisher:
                 "payload": msgspec.Raw(event.payload.encode()),
             }
         )
+
+    async def _publish(self, event: ClaimedEvent) -> _Sent | Exception:
+        """Publish one event: once the broker has it, whom it reached; else the error (a failure
+        other than the session's being down is scheduled for retry here)."""
+        topic = self.topics.event(event.aggregate_type, event.aggregate_id)
+        body = self._body(event)
         try:
             code = await self.publish(topic, body)
         except SessionDown as exc:
             return exc  # released with the others (see _release)
         except PublishRefused as exc:
             if exc.final:
-                await self._dead(event, exc, topic, len(body))
+                await self._dead(event, f"{exc.reason}: {exc}", topic, len(body))
             else:
                 await self._failed(event, exc)
             return exc
@@ -259,18 +272,37 @@ class OutboxPublisher:
             self.metrics.count_alarm_transition("NEW", delivered.value)
 
     async def _release(self, failed: list[tuple[ClaimedEvent, Exception]]) -> None:
-        """Due again at once, no retry counted: the session was down (see the module)."""
+        """Due again at once, no retry counted: the session was down (see the module). The
+        largest of those in doubt (written, no PUBACK before the end) are counted, and one
+        that ended the connection ``IN_DOUBT_LIMIT`` times is DEAD instead."""
         if not failed:
             return
-        log.info("outbox_events_released", events=len(failed), error=repr(failed[0][1]))
+        sizes = {e.id: len(self._body(e)) for e, exc in failed if isinstance(exc, PublishInDoubt)}
+        largest = max(sizes.values(), default=None)
+        suspects = [e for e, _ in failed if e.id in sizes and sizes[e.id] == largest]
+        plain = [e for e, _ in failed if e not in suspects]
+        error = repr(failed[0][1])
+        log.info("outbox_events_released", events=len(failed), error=error)
+        for event in [e for e in suspects if e.in_doubt_count + 1 >= IN_DOUBT_LIMIT]:
+            topic = self.topics.event(event.aggregate_type, event.aggregate_id)
+            reason = (
+                f"CONNECTION_CLOSED: the broker connection ended {IN_DOUBT_LIMIT} times while"
+                f" this event ({sizes[event.id]} bytes) was the largest publish awaiting its"
+                " PUBACK: the broker closes it for this event (over its maximum packet size?"
+                " MQTT 3.1.1 cannot say why)"
+            )
+            await self._dead(event, reason, topic, sizes[event.id])
+        counted = [e for e in suspects if e.in_doubt_count + 1 < IN_DOUBT_LIMIT]
         # Not recorded: the lease runs out and the events are claimed again anyway.
         with contextlib.suppress(*DB_ERRORS):
-            await outbox.release(
-                self.pool, [event.id for event, _ in failed], self.node_id, error=repr(failed[0][1])
-            )
+            if plain:
+                await outbox.release(self.pool, [e.id for e in plain], self.node_id, error=error)
+            if counted:
+                await outbox.release_in_doubt(
+                    self.pool, [e.id for e in counted], self.node_id, error=error
+                )
 
-    async def _dead(self, event: ClaimedEvent, exc: PublishRefused, topic: str, size: int) -> None:
-        reason = f"{exc.reason}: {exc}"
+    async def _dead(self, event: ClaimedEvent, reason: str, topic: str, size: int) -> None:
         self.outbox_metrics.outbox_dead.inc()
         log.error(
             "outbox_event_dead",

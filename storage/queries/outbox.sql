@@ -54,7 +54,7 @@ SET status = 'PUBLISHING', lease_owner = $1,
     lease_until = now() + make_interval(secs => $2)
 WHERE e.id = ANY (ARRAY(SELECT id FROM due))
 RETURNING e.id, e.event_id, e.aggregate_type, e.aggregate_id, e.event_type, e.schema_version,
-          e.payload::text AS payload, e.retry_count, e.created_at;
+          e.payload::text AS payload, e.retry_count, e.in_doubt_count, e.created_at;
 
 -- name: mark_published
 -- $1 id, $2 node id; only the lease holder may, and only while it holds the lease row.
@@ -94,6 +94,17 @@ RETURNING id;
 UPDATE outbox_event
 SET status = 'PENDING', lease_until = NULL, lease_owner = NULL, next_retry_at = now(),
     last_error = $3
+WHERE id = ANY($1::bigint[]) AND status = 'PUBLISHING' AND lease_owner = $2
+RETURNING id;
+
+-- name: release_in_doubt
+-- $1 ids, $2 node id, $3 error text. As `release`, for events that were the largest publish
+-- awaiting its PUBACK when the broker connection ended (the broker may have closed it for
+-- them: over its packet limit, which MQTT 3.1.1 cannot say): counted in in_doubt_count; the
+-- publisher gives one up (`mark_dead`) instead when that count would reach its limit.
+UPDATE outbox_event
+SET status = 'PENDING', lease_until = NULL, lease_owner = NULL, next_retry_at = now(),
+    last_error = $3, in_doubt_count = in_doubt_count + 1
 WHERE id = ANY($1::bigint[]) AND status = 'PUBLISHING' AND lease_owner = $2
 RETURNING id;
 
