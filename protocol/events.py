@@ -130,8 +130,10 @@ class AlarmCleared(msgspec.Struct, frozen=True, kw_only=True):
     clear_event_id: str
     reason: str
     cleared_at: str  # ISO 8601, as PostgreSQL's timestamptz gives it (``+00:00``)
-    trigger: dict[str, Any] | None
-    rule_description: str | None
+    # Written always; null when absent: an event of a release before they were (a rolling
+    # upgrade's older node, or its events not yet read) is read too, not refused.
+    trigger: dict[str, Any] | None = None
+    rule_description: str | None = None
 
 
 class CommandFinished(msgspec.Struct, frozen=True, kw_only=True):
