@@ -18,14 +18,18 @@ from gateway.alarms.engine import AlarmEngine, inactivity_event_id
 from gateway.alarms.lifecycle import create_alarm
 from gateway.domain.errors import ConcurrentWriteError
 from gateway.domain.rules import InactivityRule, RuleSet, silence_trigger
-from gateway.support.hearing import ALWAYS, Hearing
+from gateway.support.hearing import ALWAYS, Hearing, session_breaks
 from gateway.support.loops import every_while_configured
 from storage import alarms as repo
 
 log = structlog.get_logger(__name__)
 
 # Seconds a node listens after (re)subscribing before it judges silence: what devices held
-# while the broker was away, and what its session kept, arrives first.
+# while the broker was away, and what its session kept, arrives first. A Will `offline` read
+# within that long of a break (before, during or after it) is no statement of the device's
+# death: a broker going down publishes every connected device's Will as it closes the node's
+# connection (mosquitto 2.0 at its stop), and one read back after a break was published while
+# the node did not listen; such a device is judged by its silence.
 REHEAR_S = 10.0
 
 
@@ -107,6 +111,7 @@ class InactivityMonitor:
         began = [b for b, _ in heard.breaks]
         ended = [e for _, e in heard.breaks]
         configured = [rule.key for rule in rules]
+        cut = session_breaks(heard)
         self._deaf_for_s = None
         for rule in rules:
             needed = min(rule.silent_seconds, REHEAR_S)
@@ -122,17 +127,21 @@ class InactivityMonitor:
                     breaks_began=began,
                     breaks_ended=ended,
                     configured=configured,
+                    will_grace_s=REHEAR_S,
+                    session_breaks=cut,
                 )
             for device in silent:
                 device_id = device["device_id"]
                 if not rule.selector.matches(device_id):
                     continue
                 since = device["last_seen"]
-                if device["presence"] == "offline" and device["presence_at"] >= since:
+                if device["stated"]:
                     since = device["presence_at"]
                     reason = "presence offline"
-                elif deaf:
-                    continue  # not heard, but not listened to for long enough either
+                elif deaf or not device["silent"]:
+                    # Not heard, but not listened to for long enough either; or a Will read
+                    # about a break of the session, the device not silent (yet).
+                    continue
                 else:
                     reason = f"silent for more than {rule.silent_seconds:g}s"
                 alarm_id = await self._raise(

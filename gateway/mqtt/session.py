@@ -39,7 +39,7 @@ from gateway.mqtt.v311_client import ConnectionSettings, SubscriptionRefusedErro
 from gateway.mqtt.v311_connection import Mqtt311Connection
 from gateway.mqtt.witness import closes_subscribing
 from gateway.support.backoff import Backoff
-from gateway.support.hearing import Hearing, Listening
+from gateway.support.hearing import HEAR_WAIT_S, Hearing, Listening
 from gateway.support.metrics import Metrics
 from gateway.support.publish_refusal import PublishRefused
 from protocol.topics import unshared
@@ -93,11 +93,6 @@ PROBE_REPEAT_S: Final = 1.0
 # Probes a round for a shared filter: the broker hands each to the next node of the group, so
 # with up to this many nodes one comes back in the first round.
 PROBE_SHARE_COPIES: Final = 4
-
-# How long the inactivity monitor's pass waits for the broker's answer to a PINGREQ (or
-# anything else from it) before it judges silence: a link that gives none in that time is
-# taken as heard only up to what it last carried.
-HEAR_WAIT_S: Final = 2.0
 
 ONLINE = b"online"
 OFFLINE = b"offline"

@@ -19,6 +19,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+# How long the inactivity monitor's pass waits for the broker's answer to a PINGREQ (or
+# anything else from it) before it judges silence: a link that gives none in that time is
+# taken as heard only up to what it last carried.
+HEAR_WAIT_S = 2.0
+
 # Breaks kept at most: beyond, the oldest ones join the first break (the one from before the
 # process), which only counts more as unheard (a silence judged later, never one too many).
 BREAKS_KEPT = 256
@@ -36,6 +41,18 @@ class Hearing:
 
 
 ALWAYS = Hearing(math.inf)
+
+
+def session_breaks(heard: Hearing) -> tuple[tuple[float, float], ...]:
+    """The breaks of `heard` that ended (or cut) the node's session, as (began, ended)
+    seconds before now: the one from before the process left out, and so is the link's quiet
+    tail while the node listens (the time since its last packet, or the writer's lag) unless
+    it has lasted `HEAR_WAIT_S`, the pass's wait for an answer: then the link is stalled, as a
+    broker going down keeps it between writing its Wills and closing."""
+    breaks = [(began, ended) for began, ended in heard.breaks if math.isfinite(began)]
+    if breaks and heard.listening_s > 0 and breaks[-1][1] == 0.0 and breaks[-1][0] < HEAR_WAIT_S:
+        breaks.pop()
+    return tuple(breaks)
 
 
 class Listening:

@@ -236,13 +236,31 @@ WHERE active_key IS NOT NULL AND cleared_at IS NULL AND trigger ? 'silent_since'
 -- a reload removed, not this one renamed; each raises its own). `last_seen <
 -- now() - $1` first: nobody listened to a device longer than it has been silent. The alarms
 -- are read by device (alarm_device_idx); one raised before last_seen is no candidate.
-SELECT d.device_id, d.last_seen, d.presence, d.presence_at
-FROM device d, LATERAL (SELECT extract(epoch FROM now() - d.last_seen)::float8 AS age) AS s
+-- $6 seconds, $7 and $8 the breaks of this node's session (when each began and ended, in
+-- seconds before now; the one before its first subscribe aside): an `offline` (a Will) read
+-- within $6 of one (before it began, during it, or after it ended; by its receipt, or
+-- presence_at where no receipt is known) is no statement
+-- (`stated` false): a broker going down publishes every connected device's Will as it
+-- closes the node's connection too (mosquitto 2.0 does at its stop), and what the session
+-- resumes with, or the retained status read again at the subscribe, was published while the
+-- node did not listen. Such a device is judged by its silence (`silent`), as one not heard.
+SELECT d.device_id, d.last_seen, d.presence, d.presence_at, o.stated, w.silent
+FROM device d,
+     LATERAL (SELECT extract(epoch FROM now() - d.last_seen)::float8 AS age) AS s,
+     LATERAL (
+         SELECT d.presence = 'offline' AND d.presence_at >= d.last_seen AS offline,
+                extract(epoch FROM now() - coalesce(d.presence_received_at, d.presence_at))
+                    ::float8 AS r,
+                d.last_seen < now() - make_interval(secs => $1)
+                AND s.age - (SELECT coalesce(sum(greatest(least(b.began, s.age) - b.ended, 0)), 0)
+                             FROM unnest($3::float8[], $4::float8[]) AS b(began, ended)) >= $1
+                    AS silent) AS w,
+     LATERAL (
+         SELECT w.offline AND NOT EXISTS (
+                    SELECT 1 FROM unnest($7::float8[], $8::float8[]) AS b(began, ended)
+                    WHERE w.r BETWEEN b.ended - $6 AND b.began + $6) AS stated) AS o
 WHERE d.bound
-  AND ((d.presence = 'offline' AND d.presence_at >= d.last_seen)
-       OR (d.last_seen < now() - make_interval(secs => $1)
-           AND s.age - (SELECT coalesce(sum(greatest(least(b.began, s.age) - b.ended, 0)), 0)
-                        FROM unnest($3::float8[], $4::float8[]) AS b(began, ended)) >= $1))
+  AND (o.stated OR w.silent)
   AND NOT EXISTS (
       SELECT 1 FROM alarm a
       WHERE a.active_key = d.device_id || ':' || $2 AND a.cleared_at IS NULL)
