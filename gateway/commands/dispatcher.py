@@ -43,6 +43,7 @@ import structlog
 from gateway.commands import sparkplug as sparkplug_writes
 from gateway.commands.lifecycle import DISPATCHER_ACTOR, fail_unsendable, mark_sent
 from gateway.commands.metrics import CommandMetrics
+from gateway.commands.receipts import apply_receipt
 from gateway.config import CommandsConfig
 from gateway.domain.mappings import DownlinkError, Mappings
 from gateway.support.broker_link import (
@@ -56,7 +57,14 @@ from gateway.support.loops import drain_on_notify
 from gateway.support.metrics import Metrics
 from gateway.support.node import Node, Publish
 from gateway.support.publish_refusal import PublishRefused, publish_packet_size
-from protocol import DownlinkCommand, Topics, encode_command, sparkplug
+from protocol import (
+    CommandReceipt,
+    DownlinkCommand,
+    ReceiptResult,
+    Topics,
+    encode_command,
+    sparkplug,
+)
 from protocol.ids import UnportableDeviceIdError
 from storage import commands as repo
 from storage import ingest as repo_ingest
@@ -88,7 +96,11 @@ class Outcome(Enum):
     # Taken as SENT (never sent again at once): the receipt, held for the session, or the ack
     # window decides, as for any downlink the broker took.
     IN_DOUBT = "in_doubt"
-    # Anything else (a refused PUBACK, no PUBACK in time): the lease runs out, a reclaim.
+    # The broker refused it for now (its PUBACK: 0x87 not authorized, a quota, ...): answered
+    # by the node as a device's FAILED receipt would be (a realtime command fails, a
+    # deferrable one backs off), naming the refusal. No node went silent: no reclaim.
+    REFUSED = "refused"
+    # Anything else (no PUBACK in time, an error): the lease runs out, a reclaim.
     FAILED = "failed"
     # The broker can never take it (too large, a final refusal): the command fails now.
     UNSENDABLE = "unsendable"
@@ -305,6 +317,7 @@ class Dispatcher:
         await self._mark_sent(in_doubt, note=IN_DOUBT_NOTE)
         await self._release([row for row, outcome in paired if outcome is Outcome.SESSION_DOWN])
         await self._fail([row for row, outcome in paired if outcome is Outcome.UNSENDABLE])
+        await self._refused([row for row, outcome in paired if outcome is Outcome.REFUSED])
 
     async def _publish(
         self, row: CommandRow, check: ClaimCheck, mapped: tuple[str, dict[str, str]] | None = None
@@ -365,8 +378,8 @@ class Dispatcher:
             if exc.final:
                 self._refusals[row.id] = (exc.reason, f"not sent: {exc}")
                 return Outcome.UNSENDABLE
-            log.warning("downlink_publish_failed", command_id=row.id, error=repr(exc))
-            return Outcome.FAILED
+            self._refusals[row.id] = (exc.reason, f"refused by the broker: {exc}")
+            return Outcome.REFUSED
         except Exception as exc:  # the lease runs out and the reaper requeues it
             log.warning("downlink_publish_failed", command_id=row.id, error=repr(exc))
             return Outcome.FAILED
@@ -421,6 +434,42 @@ class Dispatcher:
             )
         if failed:
             self.metrics.count_command("CLAIMED", "FAILED", failed)
+
+    async def _refused(self, rows: list[CommandRow]) -> None:
+        """Claims whose downlink the broker refused for now (an ACL, a quota): the node
+        answers each as a device's FAILED receipt would, with the refusal's code and reason
+        (a realtime command FAILED, a deferrable one PENDING again after its backoff, the 11th
+        time TIMEOUT). One transaction per claim; one that fails to be written leaves the
+        claim to its lease, as before."""
+        for row in rows:
+            code, reason = self._refusals.pop(row.id)
+            own = CommandReceipt(
+                command_id=row.id,
+                claim_generation=row.claim_generation,
+                node_id=self.node_id,
+                result=ReceiptResult.FAILED,
+                raw_result_code=code,
+                raw_ack=f"{reason} (reported by {self.node_id})",
+            )
+            async with self.pool.acquire() as conn, conn.transaction():
+                applied = await apply_receipt(
+                    conn,
+                    device_id=row.device_id,
+                    receipt=own,
+                    node_id=self.node_id,
+                    sent_timeout_s=self.sent_timeout_s,
+                )
+            moved = applied.command
+            log.warning(
+                "downlink_refused",
+                command_id=row.id,
+                device_id=row.device_id,
+                code=code,
+                reason=reason,
+                status=None if moved is None else moved.status,
+            )
+            if moved is not None and applied.previous_status not in (None, moved.status):
+                self.metrics.count_command(str(applied.previous_status), moved.status, 1)
 
     async def _mark_sent(self, rows: list[CommandRow], *, note: str | None = None) -> None:
         if not rows:
