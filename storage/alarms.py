@@ -436,14 +436,14 @@ async def silent_devices(
     breaks_began: Sequence[float] = (),
     breaks_ended: Sequence[float] = (),
     configured: Sequence[str] = (),
-    will_grace_s: float = 0.0,
-    session_breaks: Sequence[tuple[float, float]] = (),
+    will_windows: Sequence[tuple[float, float]] = (),
 ) -> list[asyncpg.Record]:
     """Devices silent for `silent_seconds` of this node's listening (the breaks, each when
     it began and ended in seconds before now, left out; began inf: before the process), or
-    offline (`stated`: not read within `will_grace_s` of one of the `session_breaks`;
-    `silent`: the former); not already alarmed by `rule_key`, nor for the same silence by
-    a rule no longer among the `configured` inactivity rules (by default: `rule_key` alone)."""
+    offline (`stated`: not read within one of the `will_windows`, each (earliest, latest)
+    in seconds before now; `silent`: the former); not already alarmed by `rule_key`, nor for
+    the same silence by a rule no longer among the `configured` inactivity rules (by
+    default: `rule_key` alone)."""
     return list(
         await conn.fetch(
             SILENT_DEVICES,
@@ -452,9 +452,8 @@ async def silent_devices(
             list(breaks_began),
             list(breaks_ended),
             list(configured) or [rule_key],
-            will_grace_s,
-            [began for began, _ in session_breaks],
-            [ended for _, ended in session_breaks],
+            [earliest for earliest, _ in will_windows],
+            [latest for _, latest in will_windows],
         )
     )
 

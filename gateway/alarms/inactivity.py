@@ -18,7 +18,7 @@ from gateway.alarms.engine import AlarmEngine, inactivity_event_id
 from gateway.alarms.lifecycle import create_alarm
 from gateway.domain.errors import ConcurrentWriteError
 from gateway.domain.rules import InactivityRule, RuleSet, silence_trigger
-from gateway.support.hearing import ALWAYS, Hearing, session_breaks
+from gateway.support.hearing import ALWAYS, Hearing, will_windows
 from gateway.support.loops import every_while_configured
 from storage import alarms as repo
 
@@ -26,10 +26,9 @@ log = structlog.get_logger(__name__)
 
 # Seconds a node listens after (re)subscribing before it judges silence: what devices held
 # while the broker was away, and what its session kept, arrives first. A Will `offline` read
-# within that long of a break (before, during or after it) is no statement of the device's
-# death: a broker going down publishes every connected device's Will as it closes the node's
-# connection (mosquitto 2.0 at its stop), and one read back after a break was published while
-# the node did not listen; such a device is judged by its silence.
+# within that long of a break (before, during or after it; at a start, while the node
+# subscribed) is no statement of the device's death (`will_windows`); such a device is judged
+# by its silence.
 REHEAR_S = 10.0
 
 
@@ -111,7 +110,7 @@ class InactivityMonitor:
         began = [b for b, _ in heard.breaks]
         ended = [e for _, e in heard.breaks]
         configured = [rule.key for rule in rules]
-        cut = session_breaks(heard)
+        unsaid = will_windows(heard, REHEAR_S)
         self._deaf_for_s = None
         for rule in rules:
             needed = min(rule.silent_seconds, REHEAR_S)
@@ -127,8 +126,7 @@ class InactivityMonitor:
                     breaks_began=began,
                     breaks_ended=ended,
                     configured=configured,
-                    will_grace_s=REHEAR_S,
-                    session_breaks=cut,
+                    will_windows=unsaid,
                 )
             for device in silent:
                 device_id = device["device_id"]

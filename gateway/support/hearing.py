@@ -43,16 +43,31 @@ class Hearing:
 ALWAYS = Hearing(math.inf)
 
 
-def session_breaks(heard: Hearing) -> tuple[tuple[float, float], ...]:
-    """The breaks of `heard` that ended (or cut) the node's session, as (began, ended)
-    seconds before now: the one from before the process left out, and so is the link's quiet
-    tail while the node listens (the time since its last packet, or the writer's lag) unless
-    it has lasted `HEAR_WAIT_S`, the pass's wait for an answer: then the link is stalled, as a
-    broker going down keeps it between writing its Wills and closing."""
-    breaks = [(began, ended) for began, ended in heard.breaks if math.isfinite(began)]
-    if breaks and heard.listening_s > 0 and breaks[-1][1] == 0.0 and breaks[-1][0] < HEAR_WAIT_S:
+def will_windows(heard: Hearing, grace_s: float) -> tuple[tuple[float, float], ...]:
+    """When a Will `offline` read by this node says nothing of its device's death, as
+    (earliest, latest) receipts in seconds before now: a broker going down publishes every
+    connected device's Will as it closes the node's connection too (mosquitto 2.0 does), and
+    what the node reads as it connects (its resumed session, the retained statuses) was
+    published while it did not listen. From `grace_s` before each break of its session to
+    `grace_s` after it; before the node's first subscribe (the break from before the
+    process), all it read then (what a start reads of its session and the retained statuses
+    comes before its subscribe is done, whose last answer follows them on the connection).
+    The link's quiet tail while the node listens (the time since its last packet, or the
+    writer's lag) is no break here unless it has lasted `HEAR_WAIT_S`, the pass's wait for an
+    answer: then the link is stalled, as a broker going down keeps it between writing its
+    Wills and closing."""
+    breaks = list(heard.breaks)
+    if (
+        len(breaks) > 1
+        and heard.listening_s > 0
+        and breaks[-1][1] == 0.0
+        and breaks[-1][0] < HEAR_WAIT_S
+    ):
         breaks.pop()
-    return tuple(breaks)
+    return tuple(
+        (began + grace_s, ended - grace_s) if math.isfinite(began) else (began, ended)
+        for began, ended in breaks
+    )
 
 
 class Listening:

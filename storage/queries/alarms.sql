@@ -236,14 +236,15 @@ WHERE active_key IS NOT NULL AND cleared_at IS NULL AND trigger ? 'silent_since'
 -- a reload removed, not this one renamed; each raises its own). `last_seen <
 -- now() - $1` first: nobody listened to a device longer than it has been silent. The alarms
 -- are read by device (alarm_device_idx); one raised before last_seen is no candidate.
--- $6 seconds, $7 and $8 the breaks of this node's session (when each began and ended, in
--- seconds before now; the one before its first subscribe aside): an `offline` (a Will) read
--- within $6 of one (before it began, during it, or after it ended; by its receipt, or
--- presence_at where no receipt is known) is no statement
--- (`stated` false): a broker going down publishes every connected device's Will as it
+-- $6 and $7 when an `offline` (a Will) read by this node says nothing of the device's death
+-- (each window's earliest and latest receipt, in seconds before now; will_windows in
+-- gateway/support/hearing.py): read about a break of this node's session, or while it
+-- subscribed at its start. A broker going down publishes every connected device's Will as it
 -- closes the node's connection too (mosquitto 2.0 does at its stop), and what the session
--- resumes with, or the retained status read again at the subscribe, was published while the
--- node did not listen. Such a device is judged by its silence (`silent`), as one not heard.
+-- resumes with, or the retained status read at the subscribe, was published while the node
+-- did not listen. By its receipt, or presence_at where no receipt is known. Such an
+-- `offline` is no statement (`stated` false): the device is judged by its silence
+-- (`silent`), as one not heard.
 SELECT d.device_id, d.last_seen, d.presence, d.presence_at, o.stated, w.silent
 FROM device d,
      LATERAL (SELECT extract(epoch FROM now() - d.last_seen)::float8 AS age) AS s,
@@ -257,8 +258,8 @@ FROM device d,
                     AS silent) AS w,
      LATERAL (
          SELECT w.offline AND NOT EXISTS (
-                    SELECT 1 FROM unnest($7::float8[], $8::float8[]) AS b(began, ended)
-                    WHERE w.r BETWEEN b.ended - $6 AND b.began + $6) AS stated) AS o
+                    SELECT 1 FROM unnest($6::float8[], $7::float8[]) AS u(earliest, latest)
+                    WHERE w.r BETWEEN u.latest AND u.earliest) AS stated) AS o
 WHERE d.bound
   AND (o.stated OR w.silent)
   AND NOT EXISTS (

@@ -146,3 +146,38 @@ async def test_a_broker_restart_raises_no_presence_alarm_for_the_fleet(
     finally:
         await db.close()
     assert [tuple(r) for r in alarms] == [("dies", "gone")]
+
+
+async def test_a_host_reboot_raises_no_presence_alarm_for_the_fleet(
+    db_dsn: str, mosquitto: Mosquitto
+) -> None:
+    """The broker and the gateway on one host, rebooted: the gateway stops first (cleanly),
+    then mosquitto, publishing every device's Will into the gateway's session and as the
+    retained status; at boot the gateway starts and reads them while it subscribes, before
+    the devices are back."""
+    config = make_config(dsn=db_dsn, mqtt_port=mosquitto.port, extra=RULE)
+    db = await asyncpg.connect(db_dsn)
+    try:
+        async with contextlib.AsyncExitStack() as fleet:
+            async with running_daemon(config):
+                for device_id in FLEET:
+                    await fleet.enter_async_context(_device(mosquitto.port, device_id))
+
+                async def online() -> bool:
+                    return await _presence(db, FLEET, "online")
+
+                await wait_until(online, timeout=30, message="the fleet online")
+            mosquitto.stop()
+            mosquitto.start()
+            async with running_daemon(config) as daemon:
+                assert daemon.components is not None
+
+                async def wills_read() -> bool:
+                    return await _presence(db, FLEET, "offline")
+
+                await wait_until(wills_read, timeout=30, message="the shutdown's Wills stored")
+                await daemon.components.inactivity.run_once()
+                alarms = await db.fetch("SELECT device_id, rule_key FROM alarm ORDER BY 1")
+    finally:
+        await db.close()
+    assert [tuple(r) for r in alarms] == []
