@@ -34,7 +34,8 @@ def take_held_hup() -> bool:
 
 def _runs_daemon(argv: list[str]) -> bool:
     """`gateway run ...`: the first word that is not an option. (The other commands keep
-    Python's default: a terminal hang-up ends them.)"""
+    Python's default: a terminal hang-up ends them; `gateway demo` takes it as Ctrl-C once its
+    own handlers are in place, before it starts anything.)"""
     words = [arg for arg in argv if not arg.startswith("-")]
     return bool(words) and words[0] == "run"
 

@@ -12,10 +12,10 @@ admin token made up for the occasion.
 
 It prints two lines: the console's address and the token, then its state directory and the
 ``gateway.toml`` it wrote there, which every other command reads with ``--config`` (``gateway
-dead-letters list --config …``, ``gateway-sim publish --config …``). Ctrl-C (or SIGTERM) stops
-the devices, then the daemon, which stops its broker and its PostgreSQL; the state directory is
-a temporary one, removed at the end, unless ``--state-dir`` names one. A start that cannot
-succeed as asked (a port taken, a state directory that cannot be one) is a `DemoError`: one
+dead-letters list --config …``, ``gateway-sim publish --config …``). Ctrl-C (or SIGTERM, or a
+hang-up) stops the devices, then the daemon, which stops its broker and its PostgreSQL; the state
+directory is a temporary one, removed at the end, unless ``--state-dir`` names one. A start that
+cannot succeed as asked (a port taken, a state directory that cannot be one) is a `DemoError`: one
 line naming the demo's flag, with nothing left behind.
 
 ``--screenshots OUTDIR`` runs the same demo until it has open alarms, photographs the console
@@ -510,8 +510,11 @@ def _report_fleet_end(task: asyncio.Task[object]) -> None:
 
 
 def _stop_on_signals(stop: asyncio.Event) -> None:
+    """Ctrl-C, SIGTERM and a hang-up (the terminal closed, the SSH session dropped) stop
+    everything the demo started. (A hang-up's default action ended the process on the spot:
+    its PostgreSQL, in a session of its own, stayed running, its state directory too.)"""
     loop = asyncio.get_running_loop()
-    for signum in (signal.SIGINT, signal.SIGTERM):
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         loop.add_signal_handler(signum, stop.set)
 
 
