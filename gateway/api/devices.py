@@ -164,6 +164,59 @@ def _latest(samples: list[Any]) -> tuple[dict[str, LatestMetric], list[LatestEve
     return metrics, events
 
 
+_Since = Annotated[
+    datetime | None,
+    Parameter(
+        description=(
+            f"Only samples at or after this device time (RFC 3339, with offset; {TIME_RANGE})."
+        ),
+        schema_extra=exact("string", format="date-time", pattern=TIME_PATTERN),
+    ),
+]
+_Until = Annotated[
+    datetime | None,
+    Parameter(
+        description=(
+            f"Only samples before this device time (RFC 3339, with offset; {TIME_RANGE})."
+        ),
+        schema_extra=exact("string", format="date-time", pattern=TIME_PATTERN),
+    ),
+]
+_Metric = Annotated[
+    str | None,
+    Parameter(
+        pattern=_METRIC_PATTERN,
+        schema_extra=exact("string"),
+        description="Only samples carrying this metric.",
+    ),
+]
+_Before = Annotated[
+    str | None,
+    Parameter(
+        pattern=SAMPLE_CURSOR_PATTERN,
+        schema_extra=exact("string"),
+        description="Keyset cursor: only older samples (`next_before`).",
+    ),
+]
+_AnyDeviceId = Annotated[
+    str,
+    Parameter(
+        pattern=ANY_DEVICE_ID_PATTERN,
+        min_length=1,
+        max_length=ANY_DEVICE_ID_MAX_LENGTH,
+        schema_extra=exact("string"),
+        description="The device: a native or a Sparkplug id (`{group}/{node}[/{device}]`).",
+    ),
+]
+
+
+def _any_device_id(id: str) -> str:
+    if not is_valid_device_id(id) and not sparkplug.is_device_key(id):
+        # The pattern's `$` admits a closing "\n" in Python: the protocol's checks decide.
+        raise bad_request("id", f"must match {ANY_DEVICE_ID_PATTERN}")
+    return id
+
+
 @route(
     "GET",
     "/devices/{id:str}",
@@ -197,24 +250,8 @@ async def get_device(pool: Pool, alarms: Alarms, id: DeviceId) -> DeviceOne:
         "decoded before routing)."
     ),
 )
-async def get_device_by_id(
-    pool: Pool,
-    alarms: Alarms,
-    id: Annotated[
-        str,
-        Parameter(
-            pattern=ANY_DEVICE_ID_PATTERN,
-            min_length=1,
-            max_length=ANY_DEVICE_ID_MAX_LENGTH,
-            schema_extra=exact("string"),
-            description="The device: a native or a Sparkplug id (`{group}/{node}[/{device}]`).",
-        ),
-    ],
-) -> DeviceOne:
-    if not is_valid_device_id(id) and not sparkplug.is_device_key(id):
-        # The pattern's `$` admits a closing "\n" in Python: the protocol's checks decide.
-        raise bad_request("id", f"must match {ANY_DEVICE_ID_PATTERN}")
-    return await _one(pool, alarms, id)
+async def get_device_by_id(pool: Pool, alarms: Alarms, id: _AnyDeviceId) -> DeviceOne:
+    return await _one(pool, alarms, _any_device_id(id))
 
 
 async def _one(pool: Pool, alarms: Alarms, id: str) -> DeviceOne:
@@ -290,41 +327,60 @@ async def device_telemetry(
     pool: Pool,
     id: DeviceId,
     *,
-    since: Annotated[
-        datetime | None,
-        Parameter(
-            description=(
-                f"Only samples at or after this device time (RFC 3339, with offset; {TIME_RANGE})."
-            ),
-            schema_extra=exact("string", format="date-time", pattern=TIME_PATTERN),
-        ),
-    ] = None,
-    until: Annotated[
-        datetime | None,
-        Parameter(
-            description=(
-                f"Only samples before this device time (RFC 3339, with offset; {TIME_RANGE})."
-            ),
-            schema_extra=exact("string", format="date-time", pattern=TIME_PATTERN),
-        ),
-    ] = None,
-    metric: Annotated[
-        str | None,
-        Parameter(
-            pattern=_METRIC_PATTERN,
-            schema_extra=exact("string"),
-            description="Only samples carrying this metric.",
-        ),
-    ] = None,
+    since: _Since = None,
+    until: _Until = None,
+    metric: _Metric = None,
     limit: Limit = LIMIT_DEFAULT,
-    before: Annotated[
-        str | None,
-        Parameter(
-            pattern=SAMPLE_CURSOR_PATTERN,
-            schema_extra=exact("string"),
-            description="Keyset cursor: only older samples (`next_before`).",
-        ),
-    ] = None,
+    before: _Before = None,
+) -> SamplePage:
+    return await _telemetry(
+        pool, id, since=since, until=until, metric=metric, limit=limit, before=before
+    )
+
+
+@route(
+    "GET",
+    "/device/telemetry",
+    summary="The samples of a device named in the query: a native or a Sparkplug id",
+    operation_id="getDeviceTelemetryById",
+    tag=TAG,
+    role=Role.VIEWER,
+    errors=[DEVICE_NOT_FOUND],
+    description=(
+        "`GET /devices/{id}/telemetry` for any device, Sparkplug ones included "
+        "(`?id=Plant1%2FLine4%2FOven`), whose `/` no path can carry."
+    ),
+)
+async def device_telemetry_by_id(
+    pool: Pool,
+    id: _AnyDeviceId,
+    *,
+    since: _Since = None,
+    until: _Until = None,
+    metric: _Metric = None,
+    limit: Limit = LIMIT_DEFAULT,
+    before: _Before = None,
+) -> SamplePage:
+    return await _telemetry(
+        pool,
+        _any_device_id(id),
+        since=since,
+        until=until,
+        metric=metric,
+        limit=limit,
+        before=before,
+    )
+
+
+async def _telemetry(
+    pool: Pool,
+    id: str,
+    *,
+    since: datetime | None,
+    until: datetime | None,
+    metric: str | None,
+    limit: int,
+    before: str | None,
 ) -> SamplePage:
     cursor = None if before is None else _parse_cursor(before)
     since, until = _time("since", since), _time("until", until)
@@ -352,4 +408,10 @@ async def device_telemetry(
     )
 
 
-HANDLERS: Final = [list_devices, get_device, get_device_by_id, device_telemetry]
+HANDLERS: Final = [
+    list_devices,
+    get_device,
+    get_device_by_id,
+    device_telemetry,
+    device_telemetry_by_id,
+]

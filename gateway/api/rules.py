@@ -10,11 +10,12 @@ from litestar import Request
 from litestar.params import Parameter
 
 from gateway.api.auth import Role
+from gateway.api.errors import bad_request
 from gateway.api.routes import route
-from gateway.api.schemas import DEVICE_ID_PATTERN, exact
+from gateway.api.schemas import ANY_DEVICE_ID_MAX_LENGTH, ANY_DEVICE_ID_PATTERN, exact
 from gateway.api.services import services_of
 from gateway.domain.rules import EventRule, InactivityRule, Rule, ThresholdRule
-from protocol import MetricValue
+from protocol import MetricValue, is_valid_device_id, sparkplug
 
 TAG: Final = "rules"
 METRIC_PATTERN: Final = r"^[^\u0000]{1,128}$"
@@ -90,9 +91,13 @@ async def list_rules(
     device: Annotated[
         str | None,
         Parameter(
-            pattern=DEVICE_ID_PATTERN,
+            pattern=ANY_DEVICE_ID_PATTERN,
+            max_length=ANY_DEVICE_ID_MAX_LENGTH,
             schema_extra=exact("string"),
-            description="Only rules that apply to this device.",
+            description=(
+                "Only rules that apply to this device: a native id or a Sparkplug one "
+                "(`{group}/{node}[/{device}]`)."
+            ),
         ),
     ] = None,
     metric: Annotated[
@@ -104,6 +109,9 @@ async def list_rules(
         ),
     ] = None,
 ) -> RuleList:
+    if device is not None and not (is_valid_device_id(device) or sparkplug.is_device_key(device)):
+        # The pattern's `$` admits a closing "\n" in Python: the protocol's checks decide.
+        raise bad_request("device", f"must match {ANY_DEVICE_ID_PATTERN}")
     rules = services_of(request).replay().engine.rules
     chosen = rules.for_device(device) if device is not None else tuple(rules)
     if metric is not None:

@@ -148,7 +148,8 @@ export class DevicesView {
     this.selected = id;
     let answer;
     try {
-      answer = await this.ctx.api.get(`/devices/${encodeURIComponent(id)}`);
+      // By the query: a Sparkplug id's `/` cannot be in a path (`/devices/{id}` would split it).
+      answer = await this.ctx.api.get(`/device${query({ id })}`);
     } catch (error) {
       if (!current()) return;
       // Another device's page must not stay under this one's selection (its forms act).
@@ -210,7 +211,7 @@ export class DevicesView {
     let rules;
     try {
       [page, rules] = await Promise.all([
-        this.ctx.api.get(`/devices/${encodeURIComponent(id)}/telemetry${query(params)}`),
+        this.ctx.api.get(`/device/telemetry${query({ id, ...params })}`),
         this.ctx.api.get(`/rules${query({ device: id, metric })}`),
       ]);
     } catch (error) {

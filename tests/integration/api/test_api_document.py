@@ -280,7 +280,13 @@ async def test_null_is_a_value_of_no_query_parameter(served: tuple[Served, ApiCl
                 if parameter["in"] != "query":
                     continue
                 name = parameter["name"]
-                target = f"{_concrete(path, operation)}?{name}=null"
+                # The other required query parameters given (`GET /device/telemetry?id=`).
+                given = "".join(
+                    f"&{p['name']}={PATH_VALUES[p['schema']['type']]}"
+                    for p in operation.get("parameters", [])
+                    if p["in"] == "query" and p.get("required") and p["name"] != name
+                )
+                target = f"{_concrete(path, operation)}?{name}=null{given}"
                 where = (method, target)
                 if _admits_text(parameter["schema"], "null", document):
                     if method == "get":
