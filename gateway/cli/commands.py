@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import functools
 import gc
 import importlib.util
 import json
@@ -32,6 +33,7 @@ from gateway.config import Config, broker_endpoints, default_node_id, load_confi
 from gateway.domain.errors import ConfigError, ConfigErrors, StartupError
 from gateway.domain.replay import Received, replay
 from gateway.runtime.admin_token import (
+    announce_try_it,
     token_path,
     wants_zero_setup_token,
     with_zero_setup_token,
@@ -546,6 +548,8 @@ async def _run(config: Config, args: argparse.Namespace) -> int:
         # The token is written there before the daemon looks at the directory itself.
         check_writable(config.state_dir)
     daemon = Daemon(with_zero_setup_token(config, announce=True), metrics=node_metrics())
+    if wants_zero_setup_token(config) and config.http.port == 0:
+        daemon.on_http_listening = functools.partial(announce_try_it, config)
 
     def shutdown() -> None:
         daemon.notifier.stopping()

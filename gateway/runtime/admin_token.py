@@ -45,18 +45,30 @@ def with_zero_setup_token(config: Config, *, announce: bool = False) -> Config:
     path = token_path(config)
     token, created = _read_or_create(path)
     if announce:
-        http = config.http
+        # With `[http] port = 0` the port is known once the server listens: `try_it` then
+        # comes in its own line (`announce_try_it`); a curl to port 0 reaches nothing.
+        port = config.http.port
         log.info(
             "admin_token_created" if created else "admin_token",
             path=str(path),
-            try_it=(
-                f'curl -H "Authorization: Bearer $(cat {path})" '
-                f"http://{http.host}:{http.port}/alarms"
-            ),
+            **({"try_it": try_it(config, port)} if port else {}),
         )
     entry = TokenConfig(token=token, role="admin", name=TOKEN_NAME)
     api = msgspec.structs.replace(config.api, tokens=[entry])
     return msgspec.structs.replace(config, api=api)
+
+
+def try_it(config: Config, port: int) -> str:
+    """The curl line that tries the zero-setup token against the node listening on ``port``."""
+    return (
+        f'curl -H "Authorization: Bearer $(cat {token_path(config)})" '
+        f"http://{config.http.host}:{port}/alarms"
+    )
+
+
+def announce_try_it(config: Config, port: int) -> None:
+    """The curl line, once the HTTP server listens on ``port`` (`[http] port = 0`)."""
+    log.info("admin_token_try_it", path=str(token_path(config)), try_it=try_it(config, port))
 
 
 def _read_or_create(path: Path) -> tuple[str, bool]:

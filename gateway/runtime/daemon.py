@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from collections.abc import Callable
 from contextlib import AsyncExitStack
 
 import asyncpg
@@ -70,6 +71,8 @@ class Daemon:
         self.metrics = metrics or Metrics()
         self.ready = asyncio.Event()
         self.http_port: int | None = None
+        # Called with the port once the HTTP server listens (the zero-setup token's curl line).
+        self.on_http_listening: Callable[[int], None] | None = None
         self.pool: asyncpg.Pool | None = None
         self.components: Components | None = None
         self.auth = BearerAuth(config.api.tokens)
@@ -148,6 +151,8 @@ class Daemon:
             raise http_error(http.host, http.port, exc) from None
         self.http_port = server.port
         log.info("http_listening", host=http.host, port=server.port)
+        if self.on_http_listening is not None:
+            self.on_http_listening(server.port)
 
     async def _serve(
         self,
