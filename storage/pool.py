@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import inspect
+import secrets
 from collections.abc import Callable
 from typing import Any, Final
 from urllib.parse import parse_qs, unquote, urlsplit, urlunsplit
@@ -30,6 +32,7 @@ IDLE_IN_TRANSACTION_S: Final = 30.0
 # each request waiting holds a pooled connection, which the node's ingest shares: a few clicks
 # on that row took every connection, and the whole API and the ingest stood still.
 CHANGE_LOCK_WAIT_S: Final = 5.0
+SESSION_PROBE: Final = _Q["session_probe"]
 
 
 async def create_pool(
@@ -143,6 +146,50 @@ async def connect(dsn: str, *, timeout: float, **kwargs: Any) -> asyncpg.Connect
             last = exc
     assert last is not None
     raise last
+
+
+async def keeps_session(dsn: str, *, timeout: float) -> bool:  # noqa: ASYNC109 - a bound on the probe's connects and its wait, as connect's
+    """Whether a connection to ``dsn`` keeps its server session from one statement to the next,
+    as the gateway needs (its LISTEN connections, asyncpg's prepared statements, the
+    migration's session-level advisory lock): a NOTIFY from a second connection reaches one
+    that LISTENs. Behind a pooler in transaction or statement mode (PgBouncer's
+    ``pool_mode = transaction``) the LISTEN stays on a server connection handed back to the
+    pool after that one statement: nothing reaches the listener (False), and a statement
+    prepared on one server connection may be missing on the next (False too).
+
+    The two connections must reach the same server (a multi-host DSN during a failover may
+    not): otherwise :class:`ConnectionError`, transient, for the caller to try again. A lost
+    or silent server raises as :func:`connect` does."""
+    channel = f"gateway_session_probe_{secrets.token_hex(8)}"
+    heard: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def on_notify(*_: object) -> None:
+        if not heard.done():
+            heard.set_result(None)
+
+    listener = await connect(dsn, timeout=timeout)
+    try:
+        await listener.add_listener(channel, on_notify)
+        sender = await connect(dsn, timeout=timeout)
+        try:
+            if server_of(sender) != server_of(listener):
+                raise ConnectionError(
+                    f"two connections reached two servers ({server_of(listener)}, "
+                    f"{server_of(sender)}): a failover under way"
+                )
+            try:
+                await sender.execute(SESSION_PROBE, channel, timeout=timeout)
+            except asyncpg.exceptions.InvalidSQLStatementNameError:
+                return False  # prepared on one server connection, bound on another
+        finally:
+            sender.terminate()
+        try:
+            await asyncio.wait_for(heard, timeout)
+        except TimeoutError:
+            return False
+        return True
+    finally:
+        listener.terminate()
 
 
 async def _keep_session(_conn: asyncpg.Connection) -> None:

@@ -35,6 +35,20 @@ def refused(dsn: str, exc: Exception) -> StartupError:
     return StartupError(what, setting=DSN_SETTING, configuration=True)
 
 
+def session_not_kept(where: str) -> StartupError:
+    """A connection to ``where`` does not keep its server session (storage.pool.keeps_session)."""
+    return StartupError(
+        f"the database connection to {where} does not keep its session: a NOTIFY from one "
+        "connection never reached another that LISTENs on it. A connection pooler in "
+        "transaction or statement mode (PgBouncer's pool_mode = transaction) sits between the "
+        "gateway and PostgreSQL: the gateway's LISTEN connections, prepared statements and "
+        "migration lock need a whole session; set pool_mode = session, or connect to "
+        "PostgreSQL directly (docs/deploying.md#pgbouncer)",
+        setting=DSN_SETTING,
+        configuration=True,
+    )
+
+
 def http_error(host: str, port: int, exc: OSError) -> StartupError:
     if exc.errno == errno.EADDRINUSE:
         return StartupError(

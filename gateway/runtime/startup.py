@@ -23,13 +23,14 @@ from gateway.runtime.failures import (
     REFUSED_AT_CONNECT,
     check_writable,
     refused,
+    session_not_kept,
 )
 from gateway.support.backoff import Backoff
 from gateway.support.loops import sleep_unless_stopped
 from gateway.support.metrics import Metrics
 from storage.errors import TRANSIENT_DB_ERRORS, StorageError
 from storage.migrate import migrate
-from storage.pool import connect, create_pool, describe, server_of, user_of
+from storage.pool import connect, create_pool, describe, keeps_session, server_of, user_of
 
 log = structlog.get_logger(__name__)
 
@@ -307,7 +308,13 @@ class Startup:
         The migration's calls have no practical time bound (storage.migrate), so the server
         is probed meanwhile on a connection of its own: a server gone silent (a host lost
         without a reset) or no longer the one a new connection reaches (a failover) ends the
-        attempt as a lost connection would, and the start tries again."""
+        attempt as a lost connection would, and the start tries again.
+
+        First, whether a connection keeps its session: behind a pooler in transaction mode
+        every loop would fail, or hear nothing, for as long as the node ran; that is said
+        now, once, as a configuration error (the migration's lock would guard nothing)."""
+        if not await keeps_session(dsn, timeout=self.config.database.connect_timeout_s):
+            raise session_not_kept(describe(dsn))
         self._migrating_on = None
         migrating = asyncio.ensure_future(self._migrate_once(pool))
         try:

@@ -9,3 +9,9 @@ SELECT set_config('idle_in_transaction_session_timeout', $1, false);
 -- $1 a duration ('5000ms'); how long the statements after it in this transaction wait for a
 -- lock: a person's change of a row another transaction holds gives up then (55P03).
 SELECT set_config('lock_timeout', $1, true);
+
+-- name: session_probe
+-- $1 channel: a notification on it, for the connection that LISTENs there (storage.pool's
+-- keeps_session: does a connection keep its server session, or is a pooler in transaction
+-- mode between us and PostgreSQL?).
+SELECT pg_notify($1, '');
