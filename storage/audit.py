@@ -131,12 +131,3 @@ class AuditedConnection(asyncpg.Connection):  # type: ignore[misc]  # asyncpg is
         except asyncpg.PostgresError as exc:
             self._refused(query, exc)
             raise
-
-
-def audited_connection_class(*hooks: AuditFailureHook) -> type[AuditedConnection]:
-    """The connection class of one pool: its refused audit rows go to ``hooks``."""
-
-    class PoolConnection(AuditedConnection):
-        audit_hooks = hooks
-
-    return PoolConnection

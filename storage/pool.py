@@ -6,13 +6,13 @@ import asyncio
 import inspect
 import secrets
 from collections.abc import Callable
-from typing import Any, Final
+from typing import Any, ClassVar, Final
 from urllib.parse import parse_qs, unquote, urlsplit, urlunsplit
 
 import asyncpg
 import asyncpg.connect_utils
 
-from storage.audit import AuditFailureHook, audited_connection_class
+from storage.audit import AuditedConnection, AuditFailureHook
 from storage.errors import TRANSIENT_DB_ERRORS
 from storage.sql import load_queries
 
@@ -33,6 +33,43 @@ IDLE_IN_TRANSACTION_S: Final = 30.0
 # on that row took every connection, and the whole API and the ingest stood still.
 CHANGE_LOCK_WAIT_S: Final = 5.0
 SESSION_PROBE: Final = _Q["session_probe"]
+
+
+class PoolConnection(AuditedConnection):
+    """A pool's connection: refused audit rows reported (:class:`AuditedConnection`), and a
+    call's cancel request bounded by :attr:`cancel_timeout_s`.
+
+    A call that outlives the command timeout is cancelled by asyncpg through a cancel request,
+    sent on a new connection to the same server, and the connection is let go only once that
+    is answered, which asyncpg bounds by the command timeout again. A server gone silent
+    (power, a partition: nothing reset) answers neither, so every call in flight there held
+    its connection, and its caller, for twice the command timeout (120 s: an ingest batch,
+    each loop's pass). A cancel request not answered within ``cancel_timeout_s`` (the connect
+    timeout: it is a connect and 16 bytes) cuts the connection instead.
+    """
+
+    cancel_timeout_s: ClassVar[float] = 10.0
+
+    async def _cancel(self, waiter: Any, cancel_waiter: Any = None) -> None:
+        # asyncpg's own (private): it runs as a task of the connection's cancellations, and
+        # swallows its cancellation, so the bound's expiry is asked of the bound itself.
+        async with asyncio.timeout(self.cancel_timeout_s) as bound:
+            await super()._cancel(waiter, cancel_waiter)
+        if bound.expired() and not self.is_closed():
+            self.terminate()
+
+
+def pool_connection_class(
+    *hooks: AuditFailureHook, cancel_timeout_s: float
+) -> type[PoolConnection]:
+    """The connection class of one pool: its refused audit rows go to ``hooks``."""
+    bound = cancel_timeout_s
+
+    class OnePoolsConnection(PoolConnection):
+        audit_hooks = hooks
+        cancel_timeout_s = bound
+
+    return OnePoolsConnection
 
 
 async def create_pool(
@@ -73,7 +110,7 @@ async def create_pool(
         command_timeout=command_timeout_s,
         server_settings={"application_name": application_name},
         reset=_keep_session,
-        connection_class=audited_connection_class(*hooks),
+        connection_class=pool_connection_class(*hooks, cancel_timeout_s=connect_timeout_s),
         init=init,
     )
     assert pool is not None

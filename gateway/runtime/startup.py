@@ -273,7 +273,8 @@ class Startup:
                 # waits for, may take minutes): it is rolled back, and runs at the next start.
                 applied = await _unless_stopped(self._migrate_on(pool, dsn), stop)
                 if applied is None:
-                    await pool.close()
+                    # Cut, not closed: a close waits for a silent server to answer it.
+                    pool.terminate()
                     return None
             except StorageError as exc:
                 await pool.close()
