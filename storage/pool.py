@@ -36,8 +36,9 @@ SESSION_PROBE: Final = _Q["session_probe"]
 
 
 class PoolConnection(AuditedConnection):
-    """A pool's connection: refused audit rows reported (:class:`AuditedConnection`), and a
-    call's cancel request bounded by :attr:`cancel_timeout_s`.
+    """A pool's connection: refused audit rows reported (:class:`AuditedConnection`), cut
+    when its server refuses a write as read-only, and a call's cancel request bounded by
+    :attr:`cancel_timeout_s`.
 
     A call that outlives the command timeout is cancelled by asyncpg through a cancel request,
     sent on a new connection to the same server, and the connection is let go only once that
@@ -49,6 +50,16 @@ class PoolConnection(AuditedConnection):
     """
 
     cancel_timeout_s: ClassVar[float] = 10.0
+
+    def _refused(self, query: str, exc: asyncpg.PostgresError) -> None:
+        super()._refused(query, exc)
+        if isinstance(exc, asyncpg.exceptions.ReadOnlySQLTransactionError) and not self.is_closed():
+            # A server that takes no writes: a standby, reached through a router that follows
+            # the primary (HAProxy, a virtual address) in the moment after a switchover, before
+            # its check noticed. The caller retries, and the pool kept handing it this same
+            # connection; a router that does not cut what it routed there left the node on the
+            # standby for good. Cut: the retry's connection goes where the router sends it now.
+            self.terminate()
 
     async def _cancel(self, waiter: Any, cancel_waiter: Any = None) -> None:
         # asyncpg's own (private): it runs as a task of the connection's cancellations, and
