@@ -259,7 +259,8 @@ async def drain_on_notify(
                 )
                 listener.drop()
                 await sleep_unless_stopped(stop, delay)
-                await listener.ensure()
+                if not stop.is_set():  # a stop does not wait for a connect to a silent host
+                    await listener.ensure()
                 continue
             backoff.reset()
             await listener.ensure()
