@@ -33,7 +33,6 @@ IDLE_IN_TRANSACTION_S: Final = 30.0
 # on that row took every connection, and the whole API and the ingest stood still.
 CHANGE_LOCK_WAIT_S: Final = 5.0
 SESSION_PROBE: Final = _Q["session_probe"]
-PING: Final = _Q["ping"]
 
 
 class PoolConnection(AuditedConnection):
@@ -239,21 +238,6 @@ async def keeps_session(dsn: str, *, timeout: float) -> bool:  # noqa: ASYNC109 
         return True
     finally:
         listener.terminate()
-
-
-async def answers(conn: asyncpg.Connection, *, timeout: float) -> bool:  # noqa: ASYNC109 - a bound on one round trip
-    """Whether the server behind ``conn`` answers one round trip within ``timeout``. An idle
-    connection (a LISTEN one) never notices a server gone silent (power, a partition: nothing
-    reset); one that does not answer is terminated (a close would wait for the server)."""
-    try:
-        async with asyncio.timeout(timeout):
-            await conn.fetchval(PING)
-    except TimeoutError:
-        conn.terminate()
-        return False
-    except TRANSIENT_DB_ERRORS:
-        return False
-    return True
 
 
 async def _keep_session(_conn: asyncpg.Connection) -> None:

@@ -11,7 +11,7 @@ import structlog
 
 from gateway.support.backoff import Backoff
 from storage.errors import DB_ERRORS
-from storage.pool import answers, connect
+from storage.pool import connect
 
 log = structlog.get_logger(__name__)
 
@@ -28,9 +28,6 @@ LISTEN_CONNECT_TIMEOUT_S = 10.0
 # Closing one: past this, it is cut (a server gone silent never acknowledges the close, and a
 # stop must not wait for it; a LISTEN connection has nothing to flush).
 LISTEN_CLOSE_TIMEOUT_S = 1.0
-# How often a LISTEN connection is asked for a round trip, and how long it has to answer.
-LISTEN_CHECK_EVERY_S = 15.0
-LISTEN_CHECK_TIMEOUT_S = 5.0
 
 
 def failure_backoff(interval_s: float) -> Backoff:
@@ -138,7 +135,6 @@ class _Listener:
         self.connection: asyncpg.Connection | None = None
         self.backoff = failure_backoff(1.0)
         self.next_attempt = 0.0
-        self.next_check = 0.0
 
     @property
     def listening(self) -> bool:
@@ -146,21 +142,10 @@ class _Listener:
         return self.connection is not None and not self.connection.is_closed()
 
     async def ensure(self) -> None:
-        """Open the connection if there is none (at most once per backoff delay); every
-        LISTEN_CHECK_EVERY_S, ask the one there is for a round trip, and open another if it
-        does not answer within LISTEN_CHECK_TIMEOUT_S: an idle connection never notices a
-        server gone silent (power, a partition: nothing reset), and it waited for
-        notifications that could not come, the loop polling, for the rest of the process."""
-        loop = asyncio.get_running_loop()
+        """Open the connection if there is none (at most once per backoff delay)."""
         if self.listening:
-            if loop.time() < self.next_check:
-                return
-            self.next_check = loop.time() + LISTEN_CHECK_EVERY_S
-            assert self.connection is not None
-            if await answers(self.connection, timeout=LISTEN_CHECK_TIMEOUT_S):
-                return
-            log.warning("listen_connection_silent", loop=self.name, channel=self.channel)
-            self.drop()
+            return
+        loop = asyncio.get_running_loop()
         if loop.time() < self.next_attempt:
             return
         await self.close()
@@ -196,7 +181,6 @@ class _Listener:
         # it again, instead of sleeping until the poll.
         connection.add_termination_listener(lambda *_: self.wakeup.set())
         self.connection = connection
-        self.next_check = loop.time() + LISTEN_CHECK_EVERY_S
         self.backoff.reset()
         # Whatever was notified while nobody listened: look once, at once.
         self.wakeup.set()

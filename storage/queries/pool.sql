@@ -15,8 +15,3 @@ SELECT set_config('lock_timeout', $1, true);
 -- keeps_session: does a connection keep its server session, or is a pooler in transaction
 -- mode between us and PostgreSQL?).
 SELECT pg_notify($1, '');
-
--- name: ping
--- no parameters; one round trip (storage.pool's answers: is the server behind an idle
--- connection, a LISTEN one, still there?).
-SELECT 1;
