@@ -259,8 +259,7 @@ async def drain_on_notify(
                 )
                 listener.drop()
                 await sleep_unless_stopped(stop, delay)
-                if not stop.is_set():  # a stop does not wait for a connect to a silent host
-                    await listener.ensure()
+                await listener.ensure()
                 continue
             backoff.reset()
             await listener.ensure()
