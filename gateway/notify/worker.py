@@ -137,8 +137,6 @@ class DeliveryWorker:
                 except RETRYABLE as exc:
                     delay = max(self.settings.poll_s, backoff.next_delay())
                     log.warning("notify_claim_failed", error=repr(exc), retry_in_s=round(delay, 3))
-                    if listener is not None:
-                        listener.drop()  # on a server gone silent, or no longer the primary
                     await sleep_unless_stopped(stop, delay)
                     continue
                 backoff.reset()

@@ -185,19 +185,6 @@ class _Listener:
         # Whatever was notified while nobody listened: look once, at once.
         self.wakeup.set()
 
-    def drop(self) -> None:
-        """Cut the connection, to be opened again at the next :meth:`ensure`, at once.
-
-        For a loop whose pass failed on the database: a LISTEN connection idles, so a server
-        gone silent under it (power, a partition: nothing reset) is never noticed on it, nor a
-        failover to another; it waited for notifications that could not come, and the loop
-        polled, for the rest of the process's life. Cut, not closed: a close waits for the
-        silent server."""
-        connection, self.connection = self.connection, None
-        if connection is not None:
-            connection.terminate()
-        self.next_attempt = 0.0
-
     def wait_s(self, poll_s: float) -> float:
         """How long the loop may wait for a wake-up: ``poll_s``, or less while there is no
         connection and its next attempt comes sooner. A LISTEN lost or refused part way (the
@@ -257,7 +244,6 @@ async def drain_on_notify(
                 log.warning(
                     "periodic_step_failed", loop=name, error=repr(exc), retry_in_s=round(delay, 3)
                 )
-                listener.drop()
                 await sleep_unless_stopped(stop, delay)
                 await listener.ensure()
                 continue
