@@ -289,7 +289,8 @@ async def _stats_settled(conn: asyncpg.Connection, updates: int) -> None:
 async def explain_sweep(conn: asyncpg.Connection) -> dict[str, Any]:
     """``EXPLAIN (ANALYZE, BUFFERS)`` of the inactivity sweep's query over the whole fleet."""
     query = gateway_sql("alarms.sql")["silent_devices"]
-    # A node up for an hour: one break, from before its first subscribe to then.
+    # A node up for an hour: one break, from before its first subscribe to then; the Wills read
+    # about it (its start's subscribe and the 10 s after) say nothing of a death (will_windows).
     plan = await conn.fetchval(
         f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {query}",
         SILENT_S,
@@ -297,6 +298,8 @@ async def explain_sweep(conn: asyncpg.Connection) -> dict[str, Any]:
         [math.inf],
         [3600.0],
         ["device-silent"],
+        [3600.0],
+        [3590.0],
     )
     top = json.loads(plan)[0]
     node = top["Plan"]

@@ -801,7 +801,7 @@ async def test_the_device_page_shows_the_device_opened_last(
     await expect(rows).to_have_count(2, timeout=WAIT_MS)
     detail = page.locator("#device-detail")
     first = _Held()
-    await page.route(lambda url: url.endswith("/devices/door-2"), first)
+    await page.route(lambda url: url.endswith("/device?id=door-2"), first)
     try:
         await rows.get_by_role("link", name="door-2").click()
         await first.taken()
