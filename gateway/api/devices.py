@@ -164,24 +164,16 @@ def _latest(samples: list[Any]) -> tuple[dict[str, LatestMetric], list[LatestEve
     return metrics, events
 
 
-_Since = Annotated[
-    datetime | None,
-    Parameter(
-        description=(
-            f"Only samples at or after this device time (RFC 3339, with offset; {TIME_RANGE})."
-        ),
+def _time_bound(which: str) -> Any:
+    """The ``since``/``until`` parameter: samples ``which`` this device time."""
+    return Parameter(
+        description=f"Only samples {which} this device time (RFC 3339, with offset; {TIME_RANGE}).",
         schema_extra=exact("string", format="date-time", pattern=TIME_PATTERN),
-    ),
-]
-_Until = Annotated[
-    datetime | None,
-    Parameter(
-        description=(
-            f"Only samples before this device time (RFC 3339, with offset; {TIME_RANGE})."
-        ),
-        schema_extra=exact("string", format="date-time", pattern=TIME_PATTERN),
-    ),
-]
+    )
+
+
+_Since = Annotated[datetime | None, _time_bound("at or after")]
+_Until = Annotated[datetime | None, _time_bound("before")]
 _Metric = Annotated[
     str | None,
     Parameter(
