@@ -30,6 +30,9 @@ PING = _Q["ping"]
 ASSIGNED_XACT_ID = _Q["assigned_xact_id"]
 XACT_STATUS = _Q["xact_status"]
 CLOCK_NOW = _Q["clock_now"]
+ENSURE_MAPPED_FRAMES = _Q["ensure_mapped_frames"]
+LOCK_MAPPED_FRAMES = _Q["lock_mapped_frames"]
+UPDATE_MAPPED_FRAMES = _Q["update_mapped_frames"]
 
 
 class Xact(NamedTuple):
@@ -201,6 +204,39 @@ def receipt_age(now: float, received_at: float | None) -> float | None:
 # and more; an age dropped there (the bound was an hour) left the presence with no receipt,
 # stored in commit order. Only what the statement could not put on a timestamp is left out.
 _MAX_RECEIPT_AGE_S = 1000.0 * 86400.0
+
+
+async def retransmitted_frames(
+    conn: asyncpg.Connection,
+    frames: Sequence[tuple[str, str]],
+    window_s: float,
+    mapped: Mapping[str, tuple[str, dict[str, str]]],
+) -> set[int]:
+    """Which of ``frames`` (device id, frame identity; in the batch's order) are a frame read
+    from their device just before, within ``window_s`` (the stored one, or the one before in
+    the list): their positions. Each device's last frame becomes the stored one, on its
+    mapping record (``mapped``: its mapping and wildcards, for a device recorded first here),
+    locked until the caller's transaction ends (nodes decide one after another)."""
+    if not frames:
+        return set()
+    devices = sorted({device for device, _ in frames})
+    await conn.execute(
+        ENSURE_MAPPED_FRAMES,
+        devices,
+        [mapped[d][0] for d in devices],
+        [json.dumps(mapped[d][1], sort_keys=True) for d in devices],
+    )
+    last: dict[str, str | None] = {
+        row["device_id"]: row["frame"] if row["recent"] else None
+        for row in await conn.fetch(LOCK_MAPPED_FRAMES, devices, float(window_s))
+    }
+    again: set[int] = set()
+    for position, (device, frame) in enumerate(frames):
+        if last.get(device) == frame:
+            again.add(position)
+        last[device] = frame
+    await conn.execute(UPDATE_MAPPED_FRAMES, devices, [last[device] for device in devices])
+    return again
 
 
 async def record_device_mappings(

@@ -93,6 +93,9 @@ class Classified:
     # Readings on a mapping's telemetry topic that the broker sent as retained copies (at a
     # subscription, not as published) to a resumed session, left unread: see _redundant_copy.
     retained_copies: int = 0
+    # The radio frame of each mapped reading that names one (by its index in ``telemetry``):
+    # its device and identity, for the retransmission check (gateway.ingest.store).
+    frames: dict[int, tuple[str, str]] = field(default_factory=dict)
 
 
 class MessageDecoder:
@@ -332,6 +335,8 @@ class MessageDecoder:
             message = mapped.message
             out.seen_devices.add(mapped.device_id)
             out.mapped_devices[mapped.device_id] = (mapped.mapping, mapped.captures)
+            if mapped.frame is not None:
+                out.frames[len(out.telemetry)] = (mapped.device_id, mapped.frame)
             out.telemetry.append(_row(mapped.device_id, message, mapped.event_id))
             out.telemetry_sources.append(item)
             out.decoded.append(message)

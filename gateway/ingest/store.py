@@ -14,6 +14,7 @@ import structlog
 from gateway.alarms.engine import AlarmEngine, BatchAlarms
 from gateway.commands import sparkplug as sparkplug_writes
 from gateway.commands.receipts import AppliedReceipt, ReceiptApplier
+from gateway.domain.mappings import RETRANSMISSION_WINDOW_S
 from gateway.ingest.decoder import Classified
 from gateway.ingest.mapping_memory import MappingMemory, Recorded
 from gateway.sparkplug.host import HostOutcome, SparkplugHost
@@ -75,6 +76,16 @@ async def store(
     result's ``dead_letters``), never written (it would count the pending letter again, or
     write a new one of a letter replayed before)."""
     telemetry, decoded = batch.telemetry, batch.decoded
+    # A radio frame read again (a LoRaWAN retransmission: docs/devices.md) is no reading of
+    # its own: counted as a redelivery, neither stored nor judged.
+    positions = sorted(batch.frames)
+    again = await repo.retransmitted_frames(
+        conn, [batch.frames[p] for p in positions], RETRANSMISSION_WINDOW_S, batch.mapped_devices
+    )
+    if again:
+        dropped = {positions[n] for n in again}
+        telemetry = [row for n, row in enumerate(telemetry) if n not in dropped]
+        decoded = [message for n, message in enumerate(decoded) if n not in dropped]
     seen, presence, letters = batch.seen_devices, batch.presence, batch.dead_letters
     presence_received = batch.presence_received
     outcome = None
@@ -136,7 +147,7 @@ async def store(
         xact = await repo.assigned_xact_id(conn)
     return StoreResult(
         new_event_ids=frozenset(new_ids),
-        telemetry=len(telemetry),
+        telemetry=len(telemetry) + len(again),
         presence=len(presence),
         dead_letters=tuple(letters),
         alarms=alarms,

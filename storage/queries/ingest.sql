@@ -249,3 +249,27 @@ FROM device_mapping WHERE device_id = ANY($1::text[]);
 -- not the transaction's start): what a node sets its estimate of that clock by
 -- (gateway.support.db_clock).
 SELECT clock_timestamp();
+
+-- name: ensure_mapped_frames
+-- $1 device ids (unique, sorted) whose readings name a radio frame, $2 their mappings, $3
+-- their topic wildcards (JSON objects): a mapping record each (as upsert_device_mappings
+-- writes it for a device first read), so that lock_mapped_frames locks it (a record inserted
+-- by another node's batch is waited for).
+INSERT INTO device_mapping (device_id, mapping, captures, updated_at)
+SELECT d, m, c::jsonb, now() FROM unnest($1::text[], $2::text[], $3::text[]) AS u(d, m, c)
+ORDER BY d
+ON CONFLICT (device_id) DO NOTHING;
+
+-- name: lock_mapped_frames
+-- $1 device ids (unique, sorted), $2 the window in seconds: each device's last frame (NULL:
+-- none), locked until the batch commits, and whether it was read within the window.
+SELECT device_id, frame, coalesce(frame_at >= now() - make_interval(secs => $2), false) AS recent
+FROM device_mapping WHERE device_id = ANY($1::text[])
+ORDER BY device_id
+FOR NO KEY UPDATE;
+
+-- name: update_mapped_frames
+-- $1 device ids, $2 the last frame read from each, now.
+UPDATE device_mapping m SET frame = u.f, frame_at = now()
+FROM unnest($1::text[], $2::text[]) AS u(d, f)
+WHERE m.device_id = u.d;

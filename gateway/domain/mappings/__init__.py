@@ -4,6 +4,7 @@ dispatcher use what ``compile_mappings`` returns."""
 
 from gateway.domain.mappings.compiled import (
     REASONS,
+    RETRANSMISSION_WINDOW_S,
     Downlink,
     DownlinkError,
     MappedPresence,
@@ -23,6 +24,7 @@ from gateway.domain.mappings.config import (
 __all__ = [
     "PROFILES",
     "REASONS",
+    "RETRANSMISSION_WINDOW_S",
     "Downlink",
     "DownlinkError",
     "EventMapConfig",

@@ -9,6 +9,7 @@ Pure: no I/O. ``compile_mappings`` raises `ConfigError`s naming the key path; a 
 from __future__ import annotations
 
 import functools
+import hashlib
 import math
 import re
 from collections.abc import Iterator, Mapping, Sequence
@@ -44,6 +45,10 @@ REASONS: Final = (
     MAPPING_UNKNOWN_PRESENCE,
 )
 
+# A mapped reading whose radio frame (`frame_paths`) is its device's last one, read less than
+# this long before (the database's clock), is that frame again: a LoRaWAN retransmission comes
+# seconds after the frame (NbTrans), a confirmed uplink's retry minutes at most (duty cycle).
+RETRANSMISSION_WINDOW_S: Final = 600
 TIMESTAMP_FORMATS: Final = ("iso8601", "epoch_s", "epoch_ms", "epoch_us", "epoch_ns", "receive")
 # Units of an epoch finer than the millisecond stored: cut to it, as an ISO time's are.
 _PER_MS: Final = {"epoch_us": 1000, "epoch_ns": 1_000_000}
@@ -342,6 +347,9 @@ class MappedTelemetry:
     message: Telemetry
     event_id: str
     captures: dict[str, str]
+    # The frame's identity (SHA-256 hex of the values at frame_paths; None: the mapping has
+    # none, or the payload none of them): the same frame again soon after is a retransmission.
+    frame: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -422,6 +430,7 @@ class CompiledMapping:
     command_topic: Template | None
     command_payload: Template | None
     portable_ids: bool = False
+    frame_paths: tuple[JsonPath, ...] = ()
     # The presence topic holds every wildcard command_topic and command_payload name.
     presence_records: bool = True
     _flattened_away: frozenset[str] = field(default=frozenset())
@@ -761,6 +770,11 @@ def _compile_one(
         command_payload=command_payload,
         portable_ids=portable_ids,
         presence_records=presence_topic is None or commanded <= set(presence_topic.names),
+        frame_paths=tuple(
+            parsed
+            for number, text in enumerate(config.frame_paths or ())
+            if (parsed := c.json_path(f"frame_paths[{number}]", text)) is not None
+        ),
         _flattened_away=flattened_away,
     )
 
@@ -1017,7 +1031,20 @@ def _telemetry(  # noqa: PLR0911 - one return per reason a payload is refused
     # table's key is the id and the time). The time read from the payload makes every
     # redelivery the same row; a receive time is cut to the window for the same reason.
     event_id = telemetry_event_id(device_id, message)
-    return MappedTelemetry(mapping.name, device_id, message, event_id, captures)
+    return MappedTelemetry(
+        mapping.name, device_id, message, event_id, captures, _frame(mapping, document)
+    )
+
+
+def _frame(mapping: CompiledMapping, document: dict[str, Any]) -> str | None:
+    """The identity of the radio frame the reading came in (`MappedTelemetry.frame`)."""
+    if not mapping.frame_paths:
+        return None
+    values = [path.read(document) for path in mapping.frame_paths]
+    if all(value is _ABSENT for value in values):
+        return None
+    found = [None if value is _ABSENT else value for value in values]
+    return hashlib.sha256(msgspec.json.encode([mapping.name, found], order="sorted")).hexdigest()
 
 
 def _timestamp(

@@ -54,6 +54,9 @@ class MappingConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_
     offline: str | None = None
     command_topic: str | None = None
     command_payload: str | None = None
+    # Where a radio frame's identity is: a reading whose values there are the device's last
+    # reading's, within RETRANSMISSION_WINDOW_S, is that frame sent again (not stored again).
+    frame_paths: list[str] | None = None
 
 
 # What a key is when neither the mapping nor its profile gives it.
@@ -76,6 +79,7 @@ DEFAULTS: Final = MappingConfig(
     offline="offline",
     command_topic="",
     command_payload="{params}",
+    frame_paths=[],
 )
 
 # The built-in profiles: each project's default topics and payloads (docs/devices.md says
@@ -147,6 +151,10 @@ PROFILES: Final[dict[str, MappingConfig]] = {
             MetricMapConfig(path="$.fPort", name="f_port"),
             MetricMapConfig(path="$.dr", name="dr"),
         ],
+        # One LoRaWAN frame: sent again by the radio (NbTrans, a confirmed uplink's retry) or
+        # heard by a gateway after the deduplication window, ChirpStack publishes it again
+        # (with frame-counter validation off) under another deduplicationId, time and rxInfo.
+        frame_paths=["$.devAddr", "$.fCnt", "$.fPort", "$.data"],
         command_topic="application/{application_id}/device/{dev_eui}/command/down",
         command_payload=(
             '{"devEui":"{dev_eui}","confirmed":false,"fPort":{params.fPort},"data":"{params.data}"}'
