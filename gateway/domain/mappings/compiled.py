@@ -49,6 +49,9 @@ REASONS: Final = (
 # this long before (the database's clock), is that frame again: a LoRaWAN retransmission comes
 # seconds after the frame (NbTrans), a confirmed uplink's retry minutes at most (duty cycle).
 RETRANSMISSION_WINDOW_S: Final = 600
+# A time read from a payload before this (2001-01-01T00:00:00Z) is from a clock never set: a
+# device counting from 1970 (Tasmota without NTP), or from an RTC's reset value (2000-01-01).
+CLOCK_SET_MS: Final = 978_307_200_000
 TIMESTAMP_FORMATS: Final = ("iso8601", "epoch_s", "epoch_ms", "epoch_us", "epoch_ns", "receive")
 # Units of an epoch finer than the millisecond stored: cut to it, as an ISO time's are.
 _PER_MS: Final = {"epoch_us": 1000, "epoch_ns": 1_000_000}
@@ -1031,6 +1034,14 @@ def _telemetry(  # noqa: PLR0911 - one return per reason a payload is refused
     # table's key is the id and the time). The time read from the payload makes every
     # redelivery the same row; a receive time is cut to the window for the same reason.
     event_id = telemetry_event_id(device_id, message)
+    if mapping.timestamp_path is not None and ts_ms < CLOCK_SET_MS:
+        # A clock never set (a device that never reached its time server counts from 1970
+        # at each start): its time repeats at every start, so the reading's receive time, cut
+        # to the window, tells one start's reading from the same one of the start before.
+        window = mapping.receive_window_ms
+        event_id = hashlib.sha256(
+            f"{event_id}:{received_ms // window * window}".encode()
+        ).hexdigest()
     return MappedTelemetry(
         mapping.name, device_id, message, event_id, captures, _frame(mapping, document)
     )
