@@ -48,6 +48,8 @@ WALKED: Final = {
     "dead_letter_audit": _Q["prune_dead_letter_audit"],
     "command_receipt": _Q["prune_receipts"],
     "outbox_event": _Q["prune_outbox"],
+    # The DEAD events of outbox_event (their own setting, outbox_dead_days).
+    "outbox_event_dead": _Q["prune_outbox_dead"],
     "notify_delivery": _Q["prune_deliveries"],
 }
 

@@ -232,6 +232,8 @@ class RetentionConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=T
     audit_days: RetentionDays = 365
     receipts_days: RetentionDays = 90
     outbox_days: RetentionDays = 7
+    # DEAD outbox events (the broker can never take them), counted from when they died.
+    outbox_dead_days: RetentionDays = 30
     ai_payload_days: RetentionDays = 30
     notify_days: RetentionDays = 90
     partitions_ahead_days: Annotated[int, Meta(ge=1, le=366)] = 7

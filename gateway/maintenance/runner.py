@@ -16,8 +16,8 @@ The node's clock now only tells the skew (``maintenance_clock_skew``) and the la
    (rows of those days waiting in the default partition move into them);
 2. drops the day partitions whose whole day is older than ``telemetry_days`` and deletes the
    default partition's rows older than that (a day is kept while any of it is in the window);
-3. prunes dead letters, audit rows, receipts, published outbox events (and consumer records)
-   and AI payloads older than their settings, never a live row, and expired stream tickets;
+3. prunes dead letters, audit rows, receipts, published and DEAD outbox events (and consumer
+   records) and AI payloads older than their settings, never a live row, and expired stream tickets;
 4. samples rows and bytes per table and the oldest telemetry day into the metrics.
 """
 
@@ -219,6 +219,7 @@ class Maintenance:
             "dead_letter_audit": r.audit_days,
             "command_receipt": r.receipts_days,
             "outbox_event": r.outbox_days,
+            "outbox_event_dead": r.outbox_dead_days,
             "notify_delivery": r.notify_days,
         }
         for table, days in walked.items():

@@ -143,6 +143,23 @@ WITH chunk AS (
 SELECT (SELECT count(*) FROM gone) AS done, (SELECT max(id) FROM chunk) AS last_id,
        (SELECT min(created_at) FROM chunk) AS oldest;
 
+-- name: prune_outbox_dead
+-- $1 after id, $2 cut-off, $3 chunk; events DEAD (the broker can never take them) since before
+-- the cut-off. Open events stay, however old. One without dead_at (it died before migration
+-- 0055, or on a node of the previous release) counts from next_retry_at, when it was last
+-- due. An event may die long after it was made (retried with backoff): the walk's stop on
+-- creation time is safe all the same, since neither time is before created_at.
+WITH chunk AS (
+    SELECT id, created_at FROM outbox_event WHERE id > $1 ORDER BY id LIMIT $3
+), gone AS (
+    DELETE FROM outbox_event
+    WHERE id IN (SELECT id FROM chunk) AND status = 'DEAD'
+      AND coalesce(dead_at, next_retry_at) < $2
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM gone) AS done, (SELECT max(id) FROM chunk) AS last_id,
+       (SELECT min(created_at) FROM chunk) AS oldest;
+
 -- name: prune_deliveries
 -- $1 after id, $2 cut-off, $3 chunk; notification deliveries that ended (SENT, FAILED,
 -- SILENCED, INHIBITED,

@@ -80,9 +80,10 @@ RETURNING retry_count;
 
 -- name: mark_dead
 -- $1 id, $2 node id, $3 reason. The broker can never take the event: DEAD, never retried (it
--- no longer holds back its aggregate's later events). Only the lease holder may.
+-- no longer holds back its aggregate's later events); `dead_at` starts its retention
+-- (`outbox_dead_days`). Only the lease holder may.
 UPDATE outbox_event
-SET status = 'DEAD', lease_until = NULL, lease_owner = NULL, last_error = $3
+SET status = 'DEAD', dead_at = now(), lease_until = NULL, lease_owner = NULL, last_error = $3
 WHERE id = $1 AND status = 'PUBLISHING' AND lease_owner = $2
 RETURNING id;
 

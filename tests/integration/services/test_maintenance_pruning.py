@@ -28,6 +28,7 @@ DAYS = {
     "audit_days": 20,
     "receipts_days": 30,
     "outbox_days": 40,
+    "outbox_dead_days": 45,
     "ai_payload_days": 50,
     "notify_days": 60,
 }
