@@ -48,10 +48,16 @@ class Filters:
 
 
 async def list_alarms(
-    conn: asyncpg.Connection, filters: Filters, *, before_id: int | None, limit: int
+    conn: asyncpg.Connection,
+    filters: Filters,
+    *,
+    before_id: int | None,
+    limit: int,
+    as_of: str | None = None,
 ) -> list[asyncpg.Record]:
-    """Alarm rows with ``shelved_until`` and ``out_of_service``, newest first."""
-    return list(await conn.fetch(_Q["list"], *filters.args(), before_id, limit))
+    """Alarm rows with ``shelved_until`` and ``out_of_service``, newest first; with ``as_of``
+    (a snapshot ``groups`` answered), only those whose creation it saw."""
+    return list(await conn.fetch(_Q["list"], *filters.args(), before_id, limit, as_of))
 
 
 async def one(conn: asyncpg.Connection, alarm_id: int) -> asyncpg.Record | None:

@@ -295,10 +295,18 @@ class AlarmService:
             return await desk_repo.counts(conn)
 
     async def group_ids(
-        self, filters: Filters, *, by: GroupBy, key: str, up_to: int | None = None
+        self,
+        filters: Filters,
+        *,
+        by: GroupBy,
+        key: str,
+        up_to: int | None = None,
+        as_of: str | None = None,
     ) -> list[int]:
         """The ids of one group's alarms (at most ``bulk_max``; more is refused, whole); with
-        ``up_to`` (the group's newest id as its caller read it), none raised since."""
+        ``up_to`` (the group's newest id as its caller read it), none raised since; with
+        ``as_of`` (the snapshot the group was read in), none committed after that read, a
+        lower id than ``up_to`` included (ids commit out of order)."""
         narrowed = Filters(
             statuses=filters.statuses,
             device_id=key if by == "device" else filters.device_id,
@@ -320,6 +328,7 @@ class AlarmService:
                 narrowed,
                 before_id=None if up_to is None else up_to + 1,
                 limit=self.bulk_max + 1,
+                as_of=as_of,
             )
         if len(records) > self.bulk_max:
             raise TooManyAlarmsError(len(records), self.bulk_max)

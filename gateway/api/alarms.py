@@ -283,6 +283,7 @@ async def group_alarms(
                 newest_at=r["newest_at"],
                 newest_id=r["newest_id"],
                 worst_severity=_WORST[r["worst"]],
+                as_of=r["as_of"],
             )
             for r in rows
         ],
@@ -301,7 +302,8 @@ async def group_alarms(
     description=(
         "`confirm`, `false` or `close` on the alarms `ids`, or on every alarm of a `group` "
         "(as `GET /alarms/groups` showed it, with its filters; with `up_to`, its `newest_id` "
-        "as read, the alarms raised since are left alone). Each alarm is acted on as "
+        "as read, the alarms raised since are left alone; with `as_of` as read, those "
+        "committed since too, a lower id included). Each alarm is acted on as "
         "`POST /alarms/{id}/{action}` would: its own conditional write, audit row and event, "
         "in its own transaction. One refused, or rolled back (`AUDIT_FAILED`), leaves the "
         "others be; once the database is out of reach (`UNAVAILABLE`) the alarms after it are "
@@ -316,8 +318,13 @@ async def bulk_alarms(
     if isinstance(data.ids, UnsetType):
         assert not isinstance(data.group, UnsetType)  # the body names exactly one
         up_to = None if isinstance(data.group.up_to, UnsetType) else int(data.group.up_to)
+        as_of = None if isinstance(data.group.as_of, UnsetType) else data.group.as_of
         ids = await alarms.group_ids(
-            filters_of(data.group.filters), by=data.group.by, key=data.group.key, up_to=up_to
+            filters_of(data.group.filters),
+            by=data.group.by,
+            key=data.group.key,
+            up_to=up_to,
+            as_of=as_of,
         )
     else:
         ids = [int(i) for i in data.ids]

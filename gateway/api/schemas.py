@@ -354,12 +354,43 @@ class AlarmCounts(msgspec.Struct, kw_only=True):
     by_severity: dict[Severity, StateCounts]
 
 
+# The snapshot a group was read in (PostgreSQL's pg_snapshot as text, `xmin:xmax:xip,...`):
+# opaque to clients, who send it back as a bulk group's `as_of`.
+SNAPSHOT_PATTERN: Final = r"^[0-9]{1,20}:[0-9]{1,20}:([0-9]{1,20}(,[0-9]{1,20})*)?$"
+SNAPSHOT_MAX_LENGTH: Final = 65_536
+_XID_MAX: Final = 2**63 - 1
+
+
+def snapshot_problem(text: str) -> str | None:
+    """Why ``text`` (matching ``SNAPSHOT_PATTERN``) is no snapshot PostgreSQL would give, or
+    None: 0 < xmin <= xmax, each running id in [xmin, xmax), ascending."""
+    xmin_text, xmax_text, running = text.split(":")
+    xmin, xmax = int(xmin_text), int(xmax_text)
+    if not 1 <= xmin <= xmax <= _XID_MAX:
+        return "`as_of` is no snapshot a group answered (xmin, xmax)"
+    last = xmin
+    for xip in (int(x) for x in running.split(",") if x):
+        if not last <= xip < xmax:
+            return "`as_of` is no snapshot a group answered (running ids)"
+        last = xip
+    return None
+
+
 class AlarmGroup(msgspec.Struct, kw_only=True):
     key: str  # the rule key, or the device id
     count: int
     newest_at: datetime  # the newest alarm's trigger time
     newest_id: int
     worst_severity: Severity
+    # The snapshot the group was read in: alarm ids commit out of order, so one below
+    # `newest_id` may have been committed after this read; a bulk group's `as_of` leaves it be.
+    as_of: Annotated[
+        str,
+        msgspec.Meta(
+            description="The snapshot this group was read in (opaque): send it back as a bulk "
+            "group's `as_of`, with `newest_id` as its `up_to`."
+        ),
+    ]
 
 
 class AlarmGroups(msgspec.Struct, kw_only=True):
@@ -417,6 +448,25 @@ class BulkGroup(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
         ]
         | UnsetType
     ) = UNSET
+    as_of: (
+        Annotated[
+            str,
+            msgspec.Meta(
+                pattern=SNAPSHOT_PATTERN,
+                max_length=SNAPSHOT_MAX_LENGTH,
+                description="Only the group's alarms committed when it was read: its `as_of` "
+                "as `GET /alarms/groups` showed it (ids commit out of order: an alarm below "
+                "`up_to` committed after that read was seen by nobody, and is left alone).",
+            ),
+        ]
+        | UnsetType
+    ) = UNSET
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.as_of, UnsetType):
+            problem = snapshot_problem(self.as_of)
+            if problem is not None:
+                raise ValueError(problem)
 
 
 class BulkBody(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):

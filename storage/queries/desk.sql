@@ -9,9 +9,10 @@
 -- false: confirmed_at, handled_at or false_at is set).
 
 -- name: list
--- The filters ($1-$9), $10 before id (keyset, newest first) or null, $11 limit; each alarm with
--- until when it is shelved now (null: not shelved) and whether its device was out of service
--- when it was raised.
+-- The filters ($1-$9), $10 before id (keyset, newest first) or null, $11 limit, $12 a snapshot
+-- (pg_snapshot as text, as `groups` answered it) or null: only the alarms whose creation it saw
+-- (a bulk action over a group as it was read); each alarm with until when it is shelved now
+-- (null: not shelved) and whether its device was out of service when it was raised.
 SELECT a.*, sh.until AS shelved_until,
        device_out_of_service_at(a.device_id, a.triggered_at) AS out_of_service
 FROM alarm a
@@ -27,6 +28,8 @@ WHERE ($1::text[] IS NULL OR a.status = ANY ($1::text[]))
   AND ($8::text = 'any' OR (sh.until IS NOT NULL) = ($8::text = 'only'))
   AND ($9::text IS NULL OR a.severity = $9)
   AND ($10::bigint IS NULL OR a.id < $10)
+  AND ($12::text IS NULL OR a.created_xid IS NULL
+       OR pg_visible_in_snapshot(a.created_xid, $12::text::pg_snapshot))
 ORDER BY a.id DESC
 LIMIT $11;
 
@@ -54,8 +57,10 @@ ORDER BY a.id;
 -- name: groups
 -- The filters ($1-$9), $10 'rule' or 'device', $11 limit; one row per rule (or device): how
 -- many alarms, the newest one's trigger time and id, the worst severity (1 INFO .. 4 CRITICAL),
--- worst first, then newest first.
+-- worst first, then newest first; and the snapshot the statement read them in (`as_of`: ids
+-- commit out of order, so an alarm below newest_id may be one it did not see).
 SELECT CASE WHEN $10::text = 'rule' THEN a.rule_key ELSE a.device_id END AS key,
+       pg_current_snapshot()::text AS as_of,
        count(*) AS count,
        max(a.triggered_at) AS newest_at,
        max(a.id) AS newest_id,

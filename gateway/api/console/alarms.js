@@ -472,6 +472,8 @@ export class AlarmsView {
       const group = { by, key, filters: this.groupFilters() };
       const shown = this.groups.find((g) => g.key === key);
       if (shown && shown.newest_id) group.up_to = shown.newest_id;
+      // ... and those committed after the read, whose ids may be lower (ids commit out of order).
+      if (shown && shown.as_of) group.as_of = shown.as_of;
       requests.push({ action, group });
     }
     const lines = [];
