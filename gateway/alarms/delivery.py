@@ -155,7 +155,8 @@ async def reached_on_stream(
 
     One statement finds which are still NEW (usually none: every session on every node writes
     the same events, and the first push wins). An alarm that quiet hours hold back is left to
-    the outbox publisher, which holds it DELAYED: the console lists it, it does not ring."""
+    the outbox publisher, which holds it DELAYED: the console lists it, it does not ring. An
+    alarm shelved now is not pushed either: the console leaves it out of its list."""
     if not written:
         return []
     rows = await repo.still_new(conn, sorted(written))

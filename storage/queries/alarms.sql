@@ -132,8 +132,12 @@ SELECT * FROM alarm WHERE id = $1 FOR NO KEY UPDATE;
 
 -- name: still_new
 -- $1 ids; those of these alarms still NEW (one probe for every alarm a round of the console
--- stream wrote: almost always none, each already pushed).
-SELECT id, device_id, severity FROM alarm WHERE id = ANY($1::bigint[]) AND status = 'NEW'
+-- stream wrote: almost always none, each already pushed), and not shelved now: the console
+-- leaves a shelved alarm out of its list, so writing its creation reached nobody (it is
+-- measured for "unreached" from its shelf's end, docs/behaviour.md §5).
+SELECT id, device_id, severity FROM alarm
+WHERE id = ANY($1::bigint[]) AND status = 'NEW'
+  AND alarm_shelved_until(id, device_id, rule_key, now()) IS NULL
 ORDER BY id;
 
 -- name: update_lifecycle
