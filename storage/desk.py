@@ -70,9 +70,16 @@ async def chain(conn: asyncpg.Connection, alarm_id: int) -> list[asyncpg.Record]
 
 
 async def groups(
-    conn: asyncpg.Connection, filters: Filters, *, by: GroupBy, limit: int
+    conn: asyncpg.Connection,
+    filters: Filters,
+    *,
+    by: GroupBy,
+    limit: int,
+    before: tuple[int, int] | None = None,
 ) -> list[asyncpg.Record]:
-    return list(await conn.fetch(_Q["groups"], *filters.args(), by, limit))
+    """Worst first, then newest; ``before``: after the group of that (worst, newest id)."""
+    worst, newest = (None, None) if before is None else before
+    return list(await conn.fetch(_Q["groups"], *filters.args(), by, limit, worst, newest))
 
 
 async def counts(conn: asyncpg.Connection) -> list[asyncpg.Record]:

@@ -286,9 +286,16 @@ class AlarmService:
             records = await desk_repo.list_alarms(conn, filters, before_id=before_id, limit=limit)
         return [view_from_record(r) for r in records]
 
-    async def groups(self, filters: Filters, *, by: GroupBy, limit: int) -> list[asyncpg.Record]:
+    async def groups(
+        self,
+        filters: Filters,
+        *,
+        by: GroupBy,
+        limit: int,
+        before: tuple[int, int] | None = None,
+    ) -> list[asyncpg.Record]:
         async with self.pool.acquire() as conn:
-            return await desk_repo.groups(conn, filters, by=by, limit=limit)
+            return await desk_repo.groups(conn, filters, by=by, limit=limit, before=before)
 
     async def counts(self) -> list[asyncpg.Record]:
         async with self.pool.acquire() as conn:

@@ -27,6 +27,7 @@ from gateway.api.errors import (
     STATUS_CHANGED,
     TOO_MANY_ALARMS,
     UNTIL_PAST,
+    bad_request,
     from_domain,
     to_api_error,
 )
@@ -239,6 +240,26 @@ async def count_alarms(alarms: Alarms) -> AlarmCounts:
 
 
 _WORST: Final = {1: Severity.INFO, 2: Severity.WARNING, 3: Severity.MAJOR, 4: Severity.CRITICAL}
+# A page of groups ends at its last group's worst severity (1-4) and newest id: `4:412`.
+GROUP_CURSOR_PATTERN: Final = r"^[1-4]:[1-9][0-9]{0,18}$"
+_ID_MAX: Final = 2**63 - 1
+GroupBefore = Annotated[
+    str | None,
+    Parameter(
+        pattern=GROUP_CURSOR_PATTERN,
+        schema_extra=exact("string"),
+        description="Keyset cursor: only the groups after it (`next_before`).",
+    ),
+]
+
+
+def _group_cursor(text: str | None) -> tuple[int, int] | None:
+    if text is None:
+        return None
+    worst, _, newest = text.partition(":")
+    if int(newest) > _ID_MAX:
+        raise bad_request("before", "not a cursor this API gave (`next_before`)")
+    return int(worst), int(newest)
 
 
 @route(
@@ -250,8 +271,9 @@ _WORST: Final = {1: Severity.INFO, 2: Severity.WARNING, 3: Severity.MAJOR, 4: Se
     role=Role.VIEWER,
     description=(
         "One row per rule key (or device): how many alarms, the newest one's trigger time "
-        "and id, the worst severity; worst first, then newest. A group's alarms are "
-        "`GET /alarms` with the same filters and `rule` (or `device`) set to its key."
+        "and id, the worst severity; worst first, then newest, paged (`next_before`). A "
+        "group's alarms are `GET /alarms` with the same filters and `rule` (or `device`) set "
+        "to its key."
     ),
 )
 async def group_alarms(
@@ -268,14 +290,21 @@ async def group_alarms(
     shelved: ShelvedParam = "false",
     severity: SeverityFilter = None,
     limit: Limit = LIMIT_DEFAULT,
+    before: GroupBefore = None,
 ) -> AlarmGroups:
     filters = AlarmFilters(
         status=status, device=device, rule=rule, open=open, active=active, cleared=cleared,
         acknowledged=acknowledged, shelved=shelved, severity=severity,
     )  # fmt: skip
-    rows = await alarms.groups(filters_of(filters), by=by, limit=limit)
+    # One more than asked: a next page is promised only if it has something on it.
+    found = await alarms.groups(
+        filters_of(filters), by=by, limit=limit + 1, before=_group_cursor(before)
+    )
+    rows = found[:limit]
+    more = len(found) > limit
     return AlarmGroups(
         by=by,
+        next_before=f"{rows[-1]['worst']}:{rows[-1]['newest_id']}" if more else None,
         items=[
             AlarmGroup(
                 key=r["key"],

@@ -398,6 +398,8 @@ class AlarmGroups(msgspec.Struct, kw_only=True):
 
     by: GroupBy
     items: list[AlarmGroup]
+    # The keyset cursor (`?before=`): more groups follow; null on the last page.
+    next_before: str | None = None
 
 
 class AlarmFilters(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):

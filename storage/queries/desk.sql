@@ -55,10 +55,13 @@ FROM chain JOIN alarm a ON a.id = chain.id
 ORDER BY a.id;
 
 -- name: groups
--- The filters ($1-$9), $10 'rule' or 'device', $11 limit; one row per rule (or device): how
--- many alarms, the newest one's trigger time and id, the worst severity (1 INFO .. 4 CRITICAL),
--- worst first, then newest first; and the snapshot the statement read them in (`as_of`: ids
--- commit out of order, so an alarm below newest_id may be one it did not see).
+-- The filters ($1-$9), $10 'rule' or 'device', $11 limit, $12 and $13 the keyset cursor (the
+-- worst severity and newest id of the last group of the page before) or nulls; one row per
+-- rule (or device): how many alarms, the newest one's trigger time and id, the worst severity
+-- (1 INFO .. 4 CRITICAL), worst first, then newest first (an alarm is in one group: no two
+-- groups share a newest id, so the order is total); and the snapshot the statement read them
+-- in (`as_of`: ids commit out of order, so an alarm below newest_id may be one it did not see).
+SELECT * FROM (
 SELECT CASE WHEN $10::text = 'rule' THEN a.rule_key ELSE a.device_id END AS key,
        pg_current_snapshot()::text AS as_of,
        count(*) AS count,
@@ -79,7 +82,9 @@ WHERE ($1::text[] IS NULL OR a.status = ANY ($1::text[]))
   AND ($8::text = 'any' OR (sh.until IS NOT NULL) = ($8::text = 'only'))
   AND ($9::text IS NULL OR a.severity = $9)
 GROUP BY 1
-ORDER BY worst DESC, newest_id DESC
+) g
+WHERE $12::integer IS NULL OR (g.worst, g.newest_id) < ($12::integer, $13::bigint)
+ORDER BY g.worst DESC, g.newest_id DESC
 LIMIT $11;
 
 -- name: counts

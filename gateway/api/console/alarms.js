@@ -229,6 +229,8 @@ export class AlarmsView {
     else if (!live) this.keepTo = null;
     this.countsBody = counts;
     this.groups = groups ? groups.items : [];
+    // More groups than one page (a storm over many devices): said, never silently cut.
+    this.groupsMore = Boolean(groups && groups.next_before);
     const fresh = this.sections(this.items);
     if (live && !this.asked && this.pinned()) {
       // Nothing moves: the rows shown stay where they are; what is new waits behind the bar.
@@ -436,6 +438,10 @@ export class AlarmsView {
             el("td", { "data-label": "Triggered" }, timeEl(alarm.triggered_at))));
         }
       }
+    }
+    if (this.groupsMore) {
+      rows.push(el("tr", { class: "group-more" }, el("td", { colspan: "5",
+        text: `More groups than the ${this.groups.length} shown (worst first, then newest): narrow the filters to see the rest.` })));
     }
     body.replaceChildren(...rows);
   }
