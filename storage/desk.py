@@ -53,11 +53,13 @@ async def list_alarms(
     *,
     before_id: int | None,
     limit: int,
-    as_of: str | None = None,
+    as_of: tuple[str, datetime] | None = None,
 ) -> list[asyncpg.Record]:
     """Alarm rows with ``shelved_until`` and ``out_of_service``, newest first; with ``as_of``
-    (a snapshot ``groups`` answered), only those whose creation it saw."""
-    return list(await conn.fetch(_Q["list"], *filters.args(), before_id, limit, as_of))
+    (the snapshot and time of a read ``groups`` answered), only those whose creation it saw
+    and that its shelved filter took then too."""
+    snapshot, at = (None, None) if as_of is None else as_of
+    return list(await conn.fetch(_Q["list"], *filters.args(), before_id, limit, snapshot, at))
 
 
 async def one(conn: asyncpg.Connection, alarm_id: int) -> asyncpg.Record | None:

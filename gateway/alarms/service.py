@@ -308,12 +308,13 @@ class AlarmService:
         by: GroupBy,
         key: str,
         up_to: int | None = None,
-        as_of: str | None = None,
+        as_of: tuple[str, datetime] | None = None,
     ) -> list[int]:
         """The ids of one group's alarms (at most ``bulk_max``; more is refused, whole); with
         ``up_to`` (the group's newest id as its caller read it), none raised since; with
-        ``as_of`` (the snapshot the group was read in), none committed after that read, a
-        lower id than ``up_to`` included (ids commit out of order)."""
+        ``as_of`` (the snapshot and time of the read), none committed after that read, a
+        lower id than ``up_to`` included (ids commit out of order), nor one the read left out
+        as shelved."""
         narrowed = Filters(
             statuses=filters.statuses,
             device_id=key if by == "device" else filters.device_id,

@@ -65,6 +65,7 @@ from gateway.api.schemas import (
     SummaryAttempts,
     exact,
     from_row,
+    split_as_of,
     summary_attempt,
 )
 from gateway.api.services import Alarms
@@ -347,7 +348,7 @@ async def bulk_alarms(
     if isinstance(data.ids, UnsetType):
         assert not isinstance(data.group, UnsetType)  # the body names exactly one
         up_to = None if isinstance(data.group.up_to, UnsetType) else int(data.group.up_to)
-        as_of = None if isinstance(data.group.as_of, UnsetType) else data.group.as_of
+        as_of = None if isinstance(data.group.as_of, UnsetType) else split_as_of(data.group.as_of)
         ids = await alarms.group_ids(
             filters_of(data.group.filters),
             by=data.group.by,

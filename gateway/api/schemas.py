@@ -8,7 +8,7 @@ gets past them. Rows become Structs in one place, :func:`from_row`.
 
 from __future__ import annotations
 
-from datetime import date, datetime
+from datetime import UTC, date, datetime, timedelta
 from typing import Annotated, Any, Final, Literal, TypeVar
 
 import msgspec
@@ -354,17 +354,27 @@ class AlarmCounts(msgspec.Struct, kw_only=True):
     by_severity: dict[Severity, StateCounts]
 
 
-# The snapshot a group was read in (PostgreSQL's pg_snapshot as text, `xmin:xmax:xip,...`):
-# opaque to clients, who send it back as a bulk group's `as_of`.
-SNAPSHOT_PATTERN: Final = r"^[0-9]{1,20}:[0-9]{1,20}:([0-9]{1,20}(,[0-9]{1,20})*)?$"
+# The read a group was read in: PostgreSQL's snapshot (pg_snapshot as text,
+# `xmin:xmax:xip,...`), `@`, and the read's time (microseconds since 1970): opaque to clients,
+# who send it back as a bulk group's `as_of`.
+SNAPSHOT_PATTERN: Final = r"^[0-9]{1,20}:[0-9]{1,20}:([0-9]{1,20}(,[0-9]{1,20})*)?@[0-9]{1,16}$"
 SNAPSHOT_MAX_LENGTH: Final = 65_536
 _XID_MAX: Final = 2**63 - 1
+_EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def split_as_of(text: str) -> tuple[str, datetime]:
+    """A group's ``as_of`` (matching ``SNAPSHOT_PATTERN``): its snapshot and its time."""
+    snapshot, _, micros = text.partition("@")
+    return snapshot, _EPOCH + timedelta(microseconds=int(micros))
 
 
 def snapshot_problem(text: str) -> str | None:
-    """Why ``text`` (matching ``SNAPSHOT_PATTERN``) is no snapshot PostgreSQL would give, or
-    None: 0 < xmin <= xmax, each running id in [xmin, xmax), ascending."""
-    xmin_text, xmax_text, running = text.split(":")
+    """Why ``text`` (matching ``SNAPSHOT_PATTERN``) is no read a group answered, or None:
+    0 < xmin <= xmax, each running id in [xmin, xmax), ascending (its time, at most 16
+    digits, is before the year 2287)."""
+    snapshot, _, _micros = text.partition("@")
+    xmin_text, xmax_text, running = snapshot.split(":")
     xmin, xmax = int(xmin_text), int(xmax_text)
     if not 1 <= xmin <= xmax <= _XID_MAX:
         return "`as_of` is no snapshot a group answered (xmin, xmax)"
@@ -387,7 +397,7 @@ class AlarmGroup(msgspec.Struct, kw_only=True):
     as_of: Annotated[
         str,
         msgspec.Meta(
-            description="The snapshot this group was read in (opaque): send it back as a bulk "
+            description="The read this group was read in (opaque): send it back as a bulk "
             "group's `as_of`, with `newest_id` as its `up_to`."
         ),
     ]
@@ -456,9 +466,10 @@ class BulkGroup(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
             msgspec.Meta(
                 pattern=SNAPSHOT_PATTERN,
                 max_length=SNAPSHOT_MAX_LENGTH,
-                description="Only the group's alarms committed when it was read: its `as_of` "
-                "as `GET /alarms/groups` showed it (ids commit out of order: an alarm below "
-                "`up_to` committed after that read was seen by nobody, and is left alone).",
+                description="Only the group's alarms as it was read: its `as_of` as "
+                "`GET /alarms/groups` showed it. An alarm below `up_to` committed after that "
+                "read (ids commit out of order), or that the read left out as shelved (its "
+                "shelf lifted since), was seen by nobody in the group, and is left alone.",
             ),
         ]
         | UnsetType

@@ -10,9 +10,11 @@
 
 -- name: list
 -- The filters ($1-$9), $10 before id (keyset, newest first) or null, $11 limit, $12 a snapshot
--- (pg_snapshot as text, as `groups` answered it) or null: only the alarms whose creation it saw
--- (a bulk action over a group as it was read); each alarm with until when it is shelved now
--- (null: not shelved) and whether its device was out of service when it was raised.
+-- (pg_snapshot as text, as `groups` answered it) and $13 the time of that read, or nulls: only
+-- the alarms whose creation it saw, and that the shelved filter ($8) took then as well as now
+-- (a bulk action over a group as it was read: an alarm it left out as shelved, whose shelf
+-- was lifted since, was not in the group anybody saw); each alarm with until when it is
+-- shelved now (null: not shelved) and whether its device was out of service when raised.
 SELECT a.*, sh.until AS shelved_until,
        device_out_of_service_at(a.device_id, a.triggered_at) AS out_of_service
 FROM alarm a
@@ -30,6 +32,9 @@ WHERE ($1::text[] IS NULL OR a.status = ANY ($1::text[]))
   AND ($10::bigint IS NULL OR a.id < $10)
   AND ($12::text IS NULL OR a.created_xid IS NULL
        OR pg_visible_in_snapshot(a.created_xid, $12::text::pg_snapshot))
+  AND ($13::timestamptz IS NULL OR $8::text = 'any'
+       OR (alarm_shelved_until(a.id, a.device_id, a.rule_key, $13) IS NOT NULL)
+          = ($8::text = 'only'))
 ORDER BY a.id DESC
 LIMIT $11;
 
@@ -59,11 +64,14 @@ ORDER BY a.id;
 -- worst severity and newest id of the last group of the page before) or nulls; one row per
 -- rule (or device): how many alarms, the newest one's trigger time and id, the worst severity
 -- (1 INFO .. 4 CRITICAL), worst first, then newest first (an alarm is in one group: no two
--- groups share a newest id, so the order is total); and the snapshot the statement read them
--- in (`as_of`: ids commit out of order, so an alarm below newest_id may be one it did not see).
+-- groups share a newest id, so the order is total); and the read they were read in (`as_of`:
+-- the statement's snapshot, `@`, its time in microseconds since 1970: ids commit out of order,
+-- so an alarm below newest_id may be one it did not see, and one it left out as shelved may be
+-- unshelved since).
 SELECT * FROM (
 SELECT CASE WHEN $10::text = 'rule' THEN a.rule_key ELSE a.device_id END AS key,
-       pg_current_snapshot()::text AS as_of,
+       pg_current_snapshot()::text || '@' || (extract(epoch FROM now()) * 1000000)::bigint
+           AS as_of,
        count(*) AS count,
        max(a.triggered_at) AS newest_at,
        max(a.id) AS newest_id,

@@ -12,6 +12,7 @@ import asyncpg
 from gateway.alarms.lifecycle import create_alarm
 from storage.alarms import db_now
 from tests.integration.api.test_alarm_desk_audit import Api, api
+from tests.support.api_client import OPERATOR
 
 __all__ = ["api"]
 
@@ -72,7 +73,46 @@ async def test_a_bulk_action_up_to_a_groups_newest_id_leaves_an_alarm_committed_
 
 async def test_a_bulk_groups_as_of_must_be_a_snapshot_the_group_gave(api: Api) -> None:
     await api.raise_alarm("a")
-    for bad in ("", "x", "5:3:", "3:9:10", "3:9:7,4", "0:0:", "1:99999999999999999999:", 7):
+    for bad in (
+        "",
+        "x",
+        "5:3:@1",
+        "3:9:10@1",
+        "3:9:7,4@1",
+        "0:0:@1",
+        "1:99999999999999999999:@1",
+        "3:9:@12345678901234567",
+        "3:9:@",
+        "3:9:",
+        7,
+    ):
         body = {"action": "confirm", "group": {"by": "rule", "key": "hot", "as_of": bad}}
         refused = await api.post("/alarms/bulk", body)
         assert (refused.status, refused.body["error"]) == (422, "INVALID_BODY"), bad
+
+
+async def test_a_bulk_action_over_a_group_as_read_leaves_an_alarm_the_read_showed_shelved(
+    api: Api,
+) -> None:
+    """An alarm shelved when the group was read was not in it (the default view leaves
+    shelved alarms out); its shelf lifted before the bulk action, it is still one nobody on
+    this desk saw in the group, and is left alone."""
+    hidden = await api.raise_alarm("a")
+    shelf = await api.post(
+        f"/alarms/{hidden}/shelve", {"duration_s": 3600, "reason": "sensor being replaced"}
+    )
+    assert shelf.status == 201, shelf.body
+    seen = await api.raise_alarm("b")
+    group = (await api.get("/alarms/groups?by=rule")).body["items"][0]
+    assert (group["count"], group["newest_id"]) == (1, seen)
+    lifted = await api.call("DELETE", f"/shelves/{shelf.body['id']}", token=OPERATOR)
+    assert lifted.status == 200, lifted.body
+    body = {
+        "action": "confirm",
+        "group": {"by": "rule", "key": "hot", "up_to": group["newest_id"],
+                  "as_of": group["as_of"]},
+    }  # fmt: skip
+    reply = await api.post("/alarms/bulk", body)
+    assert reply.status == 200, reply.body
+    assert [i["alarm_id"] for i in reply.body["items"]] == [seen]
+    assert (await api.get(f"/alarms/{hidden}")).body["status"] == "NEW"
