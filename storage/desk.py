@@ -47,19 +47,36 @@ class Filters:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class ReadAsOf:
+    """The read a group was read in, as the bulk action over it compares alarms to it: the
+    snapshot's bounds and the transactions running then (an alarm whose creating transaction
+    is below ``xmin``, or below ``xmax`` and not running, was seen), and the read's time (the
+    shelved filter is taken then as well as now)."""
+
+    xmin: int
+    xmax: int
+    running: Sequence[int]
+    at: datetime
+
+
 async def list_alarms(
     conn: asyncpg.Connection,
     filters: Filters,
     *,
     before_id: int | None,
     limit: int,
-    as_of: tuple[str, datetime] | None = None,
+    as_of: ReadAsOf | None = None,
 ) -> list[asyncpg.Record]:
     """Alarm rows with ``shelved_until`` and ``out_of_service``, newest first; with ``as_of``
-    (the snapshot and time of a read ``groups`` answered), only those whose creation it saw
-    and that its shelved filter took then too."""
-    snapshot, at = (None, None) if as_of is None else as_of
-    return list(await conn.fetch(_Q["list"], *filters.args(), before_id, limit, snapshot, at))
+    (a read ``groups`` answered), only those whose creation it saw and that its shelved filter
+    took then too."""
+    read: tuple[object, ...] = (
+        (None, None, None, None)
+        if as_of is None
+        else (as_of.xmin, as_of.xmax, list(as_of.running), as_of.at)
+    )
+    return list(await conn.fetch(_Q["list"], *filters.args(), before_id, limit, *read))
 
 
 async def one(conn: asyncpg.Connection, alarm_id: int) -> asyncpg.Record | None:

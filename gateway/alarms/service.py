@@ -32,7 +32,7 @@ from storage import ai_tasks as ai_repo
 from storage import alarms as repo
 from storage import desk as desk_repo
 from storage.audit import audit_failure
-from storage.desk import Filters, GroupBy, Scope, ShelvedMode
+from storage.desk import Filters, GroupBy, ReadAsOf, Scope, ShelvedMode
 from storage.errors import DB_ERRORS, TRANSIENT_DB_ERRORS
 from storage.pool import CHANGE_LOCK_WAIT_S, bound_lock_wait
 
@@ -44,6 +44,7 @@ __all__ = [
     "DeskAlarm",
     "Filters",
     "OutcomeUnknownError",
+    "ReadAsOf",
     "ShelvedMode",
     "TooManyAlarmsError",
     "view_from_record",
@@ -308,7 +309,7 @@ class AlarmService:
         by: GroupBy,
         key: str,
         up_to: int | None = None,
-        as_of: tuple[str, datetime] | None = None,
+        as_of: ReadAsOf | None = None,
     ) -> list[int]:
         """The ids of one group's alarms (at most ``bulk_max``; more is refused, whole); with
         ``up_to`` (the group's newest id as its caller read it), none raised since; with

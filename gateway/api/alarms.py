@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, Final
 
 import structlog
@@ -65,7 +66,6 @@ from gateway.api.schemas import (
     SummaryAttempts,
     exact,
     from_row,
-    split_as_of,
     summary_attempt,
 )
 from gateway.api.services import Alarms
@@ -252,6 +252,24 @@ GroupBefore = Annotated[
         description="Keyset cursor: only the groups after it (`next_before`).",
     ),
 ]
+
+
+_XID_MAX: Final = 2**63 - 1
+_EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def split_as_of(text: str) -> desk.ReadAsOf:
+    """A group's ``as_of`` (matching ``SNAPSHOT_PATTERN``: `xmin:xmax:running,...@micros`).
+    Any such text is taken (ids past the database's bigint cut to its largest): one no group
+    answered selects what its numbers say, never an error."""
+    snapshot, _, micros = text.partition("@")
+    xmin, xmax, running = snapshot.split(":")
+    return desk.ReadAsOf(
+        xmin=min(int(xmin), _XID_MAX),
+        xmax=min(int(xmax), _XID_MAX),
+        running=[min(int(x), _XID_MAX) for x in running.split(",") if x],
+        at=_EPOCH + timedelta(microseconds=int(micros)),
+    )
 
 
 def _group_cursor(text: str | None) -> tuple[int, int] | None:

@@ -8,7 +8,7 @@ gets past them. Rows become Structs in one place, :func:`from_row`.
 
 from __future__ import annotations
 
-from datetime import UTC, date, datetime, timedelta
+from datetime import date, datetime
 from typing import Annotated, Any, Final, Literal, TypeVar
 
 import msgspec
@@ -359,31 +359,6 @@ class AlarmCounts(msgspec.Struct, kw_only=True):
 # who send it back as a bulk group's `as_of`.
 SNAPSHOT_PATTERN: Final = r"^[0-9]{1,20}:[0-9]{1,20}:([0-9]{1,20}(,[0-9]{1,20})*)?@[0-9]{1,16}$"
 SNAPSHOT_MAX_LENGTH: Final = 65_536
-_XID_MAX: Final = 2**63 - 1
-_EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
-
-
-def split_as_of(text: str) -> tuple[str, datetime]:
-    """A group's ``as_of`` (matching ``SNAPSHOT_PATTERN``): its snapshot and its time."""
-    snapshot, _, micros = text.partition("@")
-    return snapshot, _EPOCH + timedelta(microseconds=int(micros))
-
-
-def snapshot_problem(text: str) -> str | None:
-    """Why ``text`` (matching ``SNAPSHOT_PATTERN``) is no read a group answered, or None:
-    0 < xmin <= xmax, each running id in [xmin, xmax), ascending (its time, at most 16
-    digits, is before the year 2287)."""
-    snapshot, _, _micros = text.partition("@")
-    xmin_text, xmax_text, running = snapshot.split(":")
-    xmin, xmax = int(xmin_text), int(xmax_text)
-    if not 1 <= xmin <= xmax <= _XID_MAX:
-        return "`as_of` is no snapshot a group answered (xmin, xmax)"
-    last = xmin
-    for xip in (int(x) for x in running.split(",") if x):
-        if not last <= xip < xmax:
-            return "`as_of` is no snapshot a group answered (running ids)"
-        last = xip
-    return None
 
 
 class AlarmGroup(msgspec.Struct, kw_only=True):
@@ -474,12 +449,6 @@ class BulkGroup(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
         ]
         | UnsetType
     ) = UNSET
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.as_of, UnsetType):
-            problem = snapshot_problem(self.as_of)
-            if problem is not None:
-                raise ValueError(problem)
 
 
 class BulkBody(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):

@@ -9,9 +9,11 @@
 -- false: confirmed_at, handled_at or false_at is set).
 
 -- name: list
--- The filters ($1-$9), $10 before id (keyset, newest first) or null, $11 limit, $12 a snapshot
--- (pg_snapshot as text, as `groups` answered it) and $13 the time of that read, or nulls: only
--- the alarms whose creation it saw, and that the shelved filter ($8) took then as well as now
+-- The filters ($1-$9), $10 before id (keyset, newest first) or null, $11 limit; a read as
+-- `groups` answered it, or nulls: $12 its snapshot's xmin, $13 its xmax, $14 the transactions
+-- running then (bigint[]), $15 its time: only the alarms whose creation it saw (as
+-- pg_visible_in_snapshot tells, written out: any numbers a client sends compare, none is an
+-- error), and that the shelved filter ($8) took then as well as now
 -- (a bulk action over a group as it was read: an alarm it left out as shelved, whose shelf
 -- was lifted since, was not in the group anybody saw); each alarm with until when it is
 -- shelved now (null: not shelved) and whether its device was out of service when raised.
@@ -30,10 +32,12 @@ WHERE ($1::text[] IS NULL OR a.status = ANY ($1::text[]))
   AND ($8::text = 'any' OR (sh.until IS NOT NULL) = ($8::text = 'only'))
   AND ($9::text IS NULL OR a.severity = $9)
   AND ($10::bigint IS NULL OR a.id < $10)
-  AND ($12::text IS NULL OR a.created_xid IS NULL
-       OR pg_visible_in_snapshot(a.created_xid, $12::text::pg_snapshot))
-  AND ($13::timestamptz IS NULL OR $8::text = 'any'
-       OR (alarm_shelved_until(a.id, a.device_id, a.rule_key, $13) IS NOT NULL)
+  AND ($12::bigint IS NULL OR a.created_xid IS NULL
+       OR a.created_xid::text::bigint < $12::bigint
+       OR (a.created_xid::text::bigint < $13::bigint
+           AND a.created_xid::text::bigint <> ALL ($14::bigint[])))
+  AND ($15::timestamptz IS NULL OR $8::text = 'any'
+       OR (alarm_shelved_until(a.id, a.device_id, a.rule_key, $15) IS NOT NULL)
           = ($8::text = 'only'))
 ORDER BY a.id DESC
 LIMIT $11;
