@@ -32,7 +32,17 @@ from gateway.api.errors import (
     from_domain,
     to_api_error,
 )
-from gateway.api.params import AlarmId, AnyDeviceIdFilter, Before, DeviceId, Id, Limit, page
+from gateway.api.params import (
+    AlarmId,
+    AnyDeviceId,
+    AnyDeviceIdFilter,
+    Before,
+    DeviceId,
+    Id,
+    Limit,
+    any_device_id,
+    page,
+)
 from gateway.api.routes import route
 from gateway.api.schemas import (
     BULK_NOT_ATTEMPTED,
@@ -717,6 +727,17 @@ async def lift_shelf(alarms: Alarms, call: CallDep, id: Id) -> Shelf:
 # --- out of service ----------------------------------------------------------------------------
 
 
+_OUT_OF_SERVICE: Final = (
+    "Its alarms are still raised and shown (`out_of_service` on each), their "
+    "notifications suppressed. Until `until`, or until ended (`DELETE`); a period in "
+    "force is replaced."
+)
+_BY_QUERY: Final = (
+    " for any device, Sparkplug ones included (`?id=Plant1%2FLine4%2FOven`), whose `/` no "
+    "path can carry (an encoded `%2F` is decoded before routing)."
+)
+
+
 @route(
     "PUT",
     "/devices/{id:str}/out-of-service",
@@ -727,14 +748,35 @@ async def lift_shelf(alarms: Alarms, call: CallDep, id: Id) -> Shelf:
     writes=True,
     body=True,
     errors=[DEVICE_NOT_FOUND, UNTIL_PAST],
-    description=(
-        "Its alarms are still raised and shown (`out_of_service` on each), their "
-        "notifications suppressed. Until `until`, or until ended (`DELETE`); a period in "
-        "force is replaced."
-    ),
+    description=_OUT_OF_SERVICE
+    + " A Sparkplug device, whose id holds `/`: `PUT /device/out-of-service?id=`.",
 )
 async def set_out_of_service(
     alarms: Alarms, call: CallDep, id: DeviceId, data: JSONBody[OutOfServiceBody]
+) -> OutOfService:
+    return await _set_out_of_service(alarms, call, id, data)
+
+
+@route(
+    "PUT",
+    "/device/out-of-service",
+    summary="Put a device named in the query out of service: a native or a Sparkplug id",
+    operation_id="setOutOfServiceById",
+    tag=TAG,
+    role=Role.OPERATOR,
+    writes=True,
+    body=True,
+    errors=[DEVICE_NOT_FOUND, UNTIL_PAST],
+    description="`PUT /devices/{id}/out-of-service`" + _BY_QUERY + " " + _OUT_OF_SERVICE,
+)
+async def set_out_of_service_by_id(
+    alarms: Alarms, call: CallDep, id: AnyDeviceId, data: JSONBody[OutOfServiceBody]
+) -> OutOfService:
+    return await _set_out_of_service(alarms, call, any_device_id(id), data)
+
+
+async def _set_out_of_service(
+    alarms: Alarms, call: CallDep, id: str, data: OutOfServiceBody
 ) -> OutOfService:
     row = await alarms.set_out_of_service(
         id, reason=data.reason, until=data.until, actor=actor_of(call), request_id=call.request_id
@@ -752,8 +794,28 @@ async def set_out_of_service(
     role=Role.OPERATOR,
     writes=True,
     errors=[DEVICE_NOT_FOUND, NOT_OUT_OF_SERVICE],
+    description="A Sparkplug device, whose id holds `/`: `DELETE /device/out-of-service?id=`.",
 )
 async def end_out_of_service(alarms: Alarms, call: CallDep, id: DeviceId) -> OutOfService:
+    return await _end_out_of_service(alarms, call, id)
+
+
+@route(
+    "DELETE",
+    "/device/out-of-service",
+    summary="Put a device named in the query back in service: a native or a Sparkplug id",
+    operation_id="endOutOfServiceById",
+    tag=TAG,
+    role=Role.OPERATOR,
+    writes=True,
+    errors=[DEVICE_NOT_FOUND, NOT_OUT_OF_SERVICE],
+    description="`DELETE /devices/{id}/out-of-service`" + _BY_QUERY,
+)
+async def end_out_of_service_by_id(alarms: Alarms, call: CallDep, id: AnyDeviceId) -> OutOfService:
+    return await _end_out_of_service(alarms, call, any_device_id(id))
+
+
+async def _end_out_of_service(alarms: Alarms, call: CallDep, id: str) -> OutOfService:
     row = await alarms.end_out_of_service(id, actor=actor_of(call))
     log.info("device_back_in_service", device_id=id, actor=call.caller.name)
     return from_row(OutOfService, row)
@@ -770,7 +832,9 @@ HANDLERS: Final = [
     get_shelf,
     lift_shelf,
     set_out_of_service,
+    set_out_of_service_by_id,
     end_out_of_service,
+    end_out_of_service_by_id,
     get_alarm,
     alarm_actions,
     alarm_chain,

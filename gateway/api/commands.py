@@ -21,12 +21,14 @@ from gateway.api.errors import (
     bad_request,
 )
 from gateway.api.params import (
+    AnyDeviceId,
     AnyDeviceIdFilter,
     Before,
     CommandId,
     CommandStatusFilter,
     DeviceId,
     Limit,
+    any_device_id,
     page,
 )
 from gateway.api.routes import route
@@ -248,6 +250,12 @@ def _page(found: Sequence[CommandRow], limit: int) -> CommandPage:
     return CommandPage(items=items, next_before=next_before)
 
 
+_UNBIND: Final = (
+    "Later `POST /devices/{id}/commands` (and `POST /commands`) get 409 `DEVICE_UNBOUND`. A "
+    "device never seen is registered as unbound. No request body."
+)
+
+
 @route(
     "POST",
     "/devices/{id:str}/unbind",
@@ -256,16 +264,39 @@ def _page(found: Sequence[CommandRow], limit: int) -> CommandPage:
     summary="Unbind the device: it takes no more commands; its open ones are cancelled",
     role=Role.OPERATOR,
     writes=True,
-    description=(
-        "Later `POST /devices/{id}/commands` get 409 `DEVICE_UNBOUND`. A device never seen is "
-        "registered as unbound. No request body."
-    ),
+    description=_UNBIND + " A Sparkplug device, whose id holds `/`: `POST /device/unbind?id=`.",
 )
 async def unbind_device(
     commands: Commands,
     call: CallDep,
     id: DeviceId,
 ) -> Unbound:
+    return await _unbind(commands, call, id)
+
+
+@route(
+    "POST",
+    "/device/unbind",
+    operation_id="unbindDeviceById",
+    tag=TAG,
+    summary="Unbind the device named in the query (native or Sparkplug id)",
+    role=Role.OPERATOR,
+    writes=True,
+    description=(
+        "`POST /devices/{id}/unbind` for any device, Sparkplug ones included "
+        "(`?id=Plant1%2FLine4%2FOven`), whose `/` no path can carry. "
+    )
+    + _UNBIND,
+)
+async def unbind_device_by_id(
+    commands: Commands,
+    call: CallDep,
+    id: AnyDeviceId,
+) -> Unbound:
+    return await _unbind(commands, call, any_device_id(id))
+
+
+async def _unbind(commands: Commands, call: CallDep, id: str) -> Unbound:
     cancelled = await commands.unbind(id, actor=actor_of(call))
     ids = sorted(r.id for r in cancelled)
     log.info(
@@ -346,6 +377,7 @@ HANDLERS: Final = [
     list_commands,
     list_fleet_commands,
     unbind_device,
+    unbind_device_by_id,
     get_command,
     cancel_command,
 ]

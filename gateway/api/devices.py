@@ -11,7 +11,7 @@ from litestar.params import Parameter
 
 from gateway.api.auth import Role
 from gateway.api.errors import DEVICE_NOT_FOUND, ApiError, bad_request
-from gateway.api.params import DeviceId, Limit
+from gateway.api.params import AnyDeviceId, DeviceId, Limit, any_device_id
 from gateway.api.routes import route
 from gateway.api.schemas import (
     ANY_DEVICE_ID_MAX_LENGTH,
@@ -40,7 +40,6 @@ from gateway.api.schemas import (
 from gateway.api.services import Alarms, Pool
 from gateway.domain.errors import ConfigError
 from gateway.domain.rules import DeviceSelector, device_selector
-from protocol import is_valid_device_id, sparkplug
 from protocol.ids import IDENTIFIER_PATTERN
 from storage import console as repo
 from storage import device_clock as clock_repo
@@ -190,23 +189,6 @@ _Before = Annotated[
         description="Keyset cursor: only older samples (`next_before`).",
     ),
 ]
-_AnyDeviceId = Annotated[
-    str,
-    Parameter(
-        pattern=ANY_DEVICE_ID_PATTERN,
-        min_length=1,
-        max_length=ANY_DEVICE_ID_MAX_LENGTH,
-        schema_extra=exact("string"),
-        description="The device: a native or a Sparkplug id (`{group}/{node}[/{device}]`).",
-    ),
-]
-
-
-def _any_device_id(id: str) -> str:
-    if not is_valid_device_id(id) and not sparkplug.is_device_key(id):
-        # The pattern's `$` admits a closing "\n" in Python: the protocol's checks decide.
-        raise bad_request("id", f"must match {ANY_DEVICE_ID_PATTERN}")
-    return id
 
 
 @route(
@@ -242,8 +224,8 @@ async def get_device(pool: Pool, alarms: Alarms, id: DeviceId) -> DeviceOne:
         "decoded before routing)."
     ),
 )
-async def get_device_by_id(pool: Pool, alarms: Alarms, id: _AnyDeviceId) -> DeviceOne:
-    return await _one(pool, alarms, _any_device_id(id))
+async def get_device_by_id(pool: Pool, alarms: Alarms, id: AnyDeviceId) -> DeviceOne:
+    return await _one(pool, alarms, any_device_id(id))
 
 
 async def _one(pool: Pool, alarms: Alarms, id: str) -> DeviceOne:
@@ -345,7 +327,7 @@ async def device_telemetry(
 )
 async def device_telemetry_by_id(
     pool: Pool,
-    id: _AnyDeviceId,
+    id: AnyDeviceId,
     *,
     since: _Since = None,
     until: _Until = None,
@@ -355,7 +337,7 @@ async def device_telemetry_by_id(
 ) -> SamplePage:
     return await _telemetry(
         pool,
-        _any_device_id(id),
+        any_device_id(id),
         since=since,
         until=until,
         metric=metric,

@@ -11,6 +11,7 @@ from typing import Annotated, Any, Protocol, TypeVar, overload
 
 from litestar.params import Parameter
 
+from gateway.api.errors import bad_request
 from gateway.api.schemas import (
     ANY_DEVICE_ID_MAX_LENGTH,
     ANY_DEVICE_ID_PATTERN,
@@ -20,9 +21,11 @@ from gateway.api.schemas import (
     exact,
 )
 from gateway.domain.command import CommandStatus
+from protocol import is_valid_device_id, sparkplug
 
 __all__ = [
     "AlarmId",
+    "AnyDeviceId",
     "AnyDeviceIdFilter",
     "Before",
     "CampaignId",
@@ -32,6 +35,7 @@ __all__ = [
     "DeviceId",
     "Id",
     "Limit",
+    "any_device_id",
     "page",
 ]
 
@@ -57,6 +61,18 @@ DeviceId = Annotated[
         description="Device id (anything else is a 400).",
     ),
 ]
+AnyDeviceId = Annotated[
+    str,
+    Parameter(
+        pattern=ANY_DEVICE_ID_PATTERN,
+        min_length=1,
+        max_length=ANY_DEVICE_ID_MAX_LENGTH,
+        schema_extra=exact("string"),
+        description="The device: a native or a Sparkplug id (`{group}/{node}[/{device}]`).",
+    ),
+]
+"""A device named in the query (``?id=``): the routes that must name any device, a Sparkplug
+one included, whose ``/`` no path can carry (an encoded ``%2F`` is decoded before routing)."""
 AnyDeviceIdFilter = Annotated[
     str | None,
     Parameter(
@@ -77,6 +93,14 @@ Id = Annotated[int, _id("Id (anything but a positive integer is a 400).")]
 CommandStatusFilter = Annotated[
     CommandStatus | None, Parameter(description="Only commands in this status.")
 ]
+
+
+def any_device_id(id: str, param: str = "id") -> str:
+    """``id`` (an :data:`AnyDeviceId`) if it is a native or a Sparkplug id, else a 400."""
+    if not is_valid_device_id(id) and not sparkplug.is_device_key(id):
+        # The pattern's `$` admits a closing "\n" in Python: the protocol's checks decide.
+        raise bad_request(param, f"must match {ANY_DEVICE_ID_PATTERN}")
+    return id
 
 
 class _Identified(Protocol):
