@@ -6,6 +6,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Final, Literal
 
+from protocol.events import Aggregate
 from protocol.ids import DEVICE_ID_RE, NOT_PORTABLE, UnportableDeviceIdError, validate_device_id
 
 TopicErrorCode = Literal["BAD_TOPIC", "BAD_DEVICE_ID"]
@@ -97,8 +98,17 @@ class Topics:
         return self._device_topic(device_id, TopicKind.STATUS)
 
     def event(self, aggregate: str, aggregate_id: str) -> str:
+        """``{prefix}/events/{aggregate}/{id}``. A device's events under a Sparkplug id
+        (``{group}/{node}`` or ``{group}/{node}/{device}``, each level a device id) take as many
+        levels as it has."""
         _validate_level("event aggregate", aggregate)
-        _validate_level("event aggregate id", aggregate_id)
+        levels = aggregate_id.split("/")
+        if (
+            aggregate != Aggregate.DEVICE
+            or len(levels) not in (2, 3)
+            or any(DEVICE_ID_RE.fullmatch(level) is None for level in levels)
+        ):
+            _validate_level("event aggregate id", aggregate_id)
         return f"{self.prefix}/events/{aggregate}/{aggregate_id}"
 
     def gateway_status(self, node_id: str) -> str:
