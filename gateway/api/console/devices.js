@@ -112,12 +112,13 @@ export class DevicesView {
   }
 
   // Maintenance: its new alarms are still raised and listed, their notifications suppressed.
+  // By the query, as the page's reads: a Sparkplug id's `/` cannot be in a path.
   serviceControls(id, device) {
     if (!this.ctx.canAct()) return null;
     if (device.out_of_service) {
       return el("div", { class: "actions" }, el("button", {
         type: "button", text: "Back in service",
-        onclick: () => this.service(id, () => this.ctx.api.delete(`/devices/${encodeURIComponent(id)}/out-of-service`)),
+        onclick: () => this.service(id, () => this.ctx.api.delete(`/device/out-of-service${query({ id })}`)),
       }));
     }
     const reason = el("input", { id: `oos-reason-${id}`, type: "text", maxlength: "500", autocomplete: "off" });
@@ -126,7 +127,7 @@ export class DevicesView {
       el("button", {
         type: "button", text: "Put out of service",
         onclick: () => reason.value.trim()
-          ? this.service(id, () => this.ctx.api.put(`/devices/${encodeURIComponent(id)}/out-of-service`, { reason: reason.value.trim() }))
+          ? this.service(id, () => this.ctx.api.put(`/device/out-of-service${query({ id })}`, { reason: reason.value.trim() }))
           : this.ctx.notify("Out of service needs a reason."),
       }));
   }
