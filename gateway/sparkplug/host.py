@@ -400,10 +400,13 @@ class SparkplugHost:
         self._define(node, "", payload.metrics)
         self._data(node, message, out, birth=True)
         dead = node.dead_bdseq
-        if dead is not None and not _next_session(dead, node.bdseq):
-            # This session's (below), or another than the next one's: done with. (The next
-            # one's stays: this birth is a rebirth of the session before, committed late.)
-            node.dead_bdseq = None
+        # This session's (below), or another's: done with either way. The next one's did stay
+        # (for a rebirth of the session before, committed late), and an edge node that starts
+        # its bdSeq at 0 in each process had its new session's first reconnect taken for dead:
+        # pysparkplug's clean disconnect sends the next bdSeq (1 after a first birth of 0), its
+        # restart births 0, and its first reconnect 1
+        # (test_sparkplug_clean_disconnect_restart.py).
+        node.dead_bdseq = None
         if dead is not None and dead == node.bdseq:
             # Its Will came first ($share: committed by another node before this birth): the
             # session is over. Its birth's values are stored (they were read); the node and
