@@ -16,9 +16,9 @@ from gateway.api.routes import route
 from gateway.api.schemas import (
     ANY_DEVICE_ID_MAX_LENGTH,
     ANY_DEVICE_ID_PATTERN,
+    ANY_SELECTOR_PATTERN,
     LIMIT_DEFAULT,
     SELECTOR_ITEMS_MAX,
-    SELECTOR_PATTERN,
     TIME_PATTERN,
     TIME_RANGE,
     ClockAdjustmentSeen,
@@ -99,12 +99,14 @@ async def list_devices(
     selector: Annotated[
         str | None,
         Parameter(
-            pattern=SELECTOR_PATTERN,
+            pattern=ANY_SELECTOR_PATTERN,
             schema_extra=exact("string"),
             description=(
                 "Only devices the rules' selector syntax picks: device ids and globs "
-                "(`*`, `?`, `[...]`, `[!...]`), comma-separated, e.g. `door-*,pump-1`; at "
-                f"most {SELECTOR_ITEMS_MAX} of them, each at most 64 characters."
+                "(`*`, `?`, `[...]`, `[!...]`), comma-separated, e.g. `door-*,pump-1`, "
+                "Sparkplug ids and globs across their levels too (`Plant1/*`); at most "
+                f"{SELECTOR_ITEMS_MAX} of them, each a device id or a glob of at most 64 "
+                "characters."
             ),
         ),
     ] = None,

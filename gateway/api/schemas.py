@@ -78,6 +78,15 @@ _SELECTOR_GLOB_ITEM: Final = r"[A-Za-z0-9_.:!\]-]{0,20}[*?\[][A-Za-z0-9_.:*?!\[\
 _SELECTOR_ITEM: Final = rf"(?:{_SELECTOR_ID_ITEM}|{_SELECTOR_GLOB_ITEM})"
 SELECTOR_ITEMS_MAX: Final = 32
 SELECTOR_PATTERN: Final = rf"^{_SELECTOR_ITEM}(?:,{_SELECTOR_ITEM}){{0,{SELECTOR_ITEMS_MAX - 1}}}$"
+# The same for the device list (`GET /devices?selector=`), which lists Sparkplug devices too:
+# an item may also be a Sparkplug id (`{group}/{node}[/{device}]`, each level a device id), and
+# a glob may hold `/` (`Plant1/*`), as the rules take them (docs/sparkplug.md).
+_SELECTOR_ANY_ID_ITEM: Final = rf"{_SELECTOR_ID_ITEM}(?:/{_SELECTOR_ID_ITEM}){{0,2}}"
+_SELECTOR_ANY_GLOB_ITEM: Final = r"[A-Za-z0-9_.:/!\]-]{0,20}[*?\[][A-Za-z0-9_.:/*?!\[\]-]{0,43}"
+_SELECTOR_ANY_ITEM: Final = rf"(?:{_SELECTOR_ANY_ID_ITEM}|{_SELECTOR_ANY_GLOB_ITEM})"
+ANY_SELECTOR_PATTERN: Final = (
+    rf"^{_SELECTOR_ANY_ITEM}(?:,{_SELECTOR_ANY_ITEM}){{0,{SELECTOR_ITEMS_MAX - 1}}}$"
+)
 
 # The times the API takes: with a UTC offset, and not written on the first day of year 1 or the
 # last day of year 9999. An offset (under 24 h) can push a time on either day out of the years
