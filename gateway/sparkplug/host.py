@@ -8,9 +8,9 @@ batch, so any node of a ``$share`` group decides as one would):
   and ``seq``; the node is online and trusted again, and a pending rebirth request is done.
   Its devices keep their presence until the births are over (``unborn``).
 - ``DBIRTH`` adds a device's metrics and aliases; the device is online.
-- The node's first message after its births that is no birth ends them: a device of the
-  session before that no ``DBIRTH`` bore is offline (so is it the rebirth loop's grace after
-  the ``NBIRTH``, :mod:`gateway.sparkplug.rebirth`).
+- The node's first message after its births that is no birth, no seq before it missing, ends
+  them: a device of the session before that no ``DBIRTH`` bore is offline (so is it the
+  rebirth loop's grace after the ``NBIRTH``, :mod:`gateway.sparkplug.rebirth`).
 - ``NDATA``/``DDATA`` become telemetry rows (metrics by name or by the birth's alias);
   ``DDEATH`` sets its device offline; ``NDEATH`` with the birth's ``bdSeq``, or a later
   session's, sets the node and every device of it offline (an earlier ``bdSeq``: an older
@@ -317,7 +317,12 @@ class SparkplugHost:
         if kind is MessageType.DBIRTH:
             self._dbirth(node, message, out)
             return
-        self._births_over(node, out)
+        if not node.missing:
+            # In order: the births are over. With a seq before it still missing (another node
+            # of a $share group commits it, within the reorder window), that may be a DBIRTH:
+            # its device, set offline here, raised "presence offline" for nothing. The next
+            # message in order ends them, or the rebirth loop's grace.
+            self._births_over(node, out)
         assert device is None or kind in (MessageType.DDATA, MessageType.DDEATH)
         if device is not None and device not in node.devices:
             self._distrust(node, out, f"device {device} has no birth in force")
