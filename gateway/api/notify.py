@@ -18,8 +18,8 @@ from gateway.api.errors import ApiError, ErrorKind, invalid_body
 from gateway.api.params import Before, Id, Limit, page
 from gateway.api.routes import route
 from gateway.api.schemas import (
-    DEVICE_SELECTOR_MAX_LENGTH,
-    DEVICE_SELECTOR_PATTERN,
+    ANY_DEVICE_SELECTOR_MAX_LENGTH,
+    ANY_DEVICE_SELECTOR_PATTERN,
     LIMIT_DEFAULT,
     NOTE_MAX_LENGTH,
     NUL_FREE,
@@ -49,9 +49,9 @@ RuleKey = Annotated[str, msgspec.Meta(pattern=RULE_KEY_FILTER_PATTERN)]
 DevicePattern = Annotated[
     str,
     msgspec.Meta(
-        pattern=DEVICE_SELECTOR_PATTERN,
-        max_length=DEVICE_SELECTOR_MAX_LENGTH,
-        description="A device id or an fnmatch glob.",
+        pattern=ANY_DEVICE_SELECTOR_PATTERN,
+        max_length=ANY_DEVICE_SELECTOR_MAX_LENGTH,
+        description="A device id (native or Sparkplug) or an fnmatch glob.",
     ),
 ]
 SeverityName = Annotated[str, msgspec.Meta(pattern=r"^(" + "|".join(SEVERITIES) + r")$")]
@@ -161,8 +161,8 @@ def complete(schemas: dict[str, Any]) -> None:
     bounds), declared here from the same constants the Struct uses."""
     device = Schema(
         type=OpenAPIType.STRING,
-        pattern=DEVICE_SELECTOR_PATTERN,
-        max_length=DEVICE_SELECTOR_MAX_LENGTH,
+        pattern=ANY_DEVICE_SELECTOR_PATTERN,
+        max_length=ANY_DEVICE_SELECTOR_MAX_LENGTH,
     )
     schemas["SilenceMatchers"] = Schema(
         type=OpenAPIType.OBJECT,

@@ -69,6 +69,14 @@ DEVICE_SELECTOR_PATTERN: Final = (
     r"^([A-Za-z0-9_.:-]{1,64}|[A-Za-z0-9_.:\]!-]*[*?\[][A-Za-z0-9_.:*?\[\]!-]*)$"
 )
 DEVICE_SELECTOR_MAX_LENGTH: Final = 128
+# The same with Sparkplug devices (a silence's `devices`, which the rules' selector matches,
+# docs/sparkplug.md): also a Sparkplug id (`{group}/{node}[/{device}]`, each level a device id),
+# and a glob may hold `/` (`Plant1/*`).
+ANY_DEVICE_SELECTOR_PATTERN: Final = (
+    r"^([A-Za-z0-9_.:-]{1,64}(/[A-Za-z0-9_.:-]{1,64}){0,2}"
+    r"|[A-Za-z0-9_.:/\]!-]*[*?\[][A-Za-z0-9_.:/*?\[\]!-]*)$"
+)
+ANY_DEVICE_SELECTOR_MAX_LENGTH: Final = 3 * 64 + 2
 # A selector in a query string (`GET /devices?selector=`, `GET /campaigns/targets?selector=`):
 # comma-separated items, each a device id, or a glob (a `*`, `?` or `[` in its first 21
 # characters); either way at most 64 characters. Every string the pattern admits is a selector
