@@ -222,8 +222,18 @@ class OutboxPublisher:
     async def _publish(self, event: ClaimedEvent) -> _Sent | Exception:
         """Publish one event: once the broker has it, whom it reached; else the error (a failure
         other than the session's being down is scheduled for retry here)."""
-        topic = self.topics.event(event.aggregate_type, event.aggregate_id)
         body = self._body(event)
+        try:
+            topic = self.topics.event(event.aggregate_type, event.aggregate_id)
+        except ValueError as exc:
+            # No topic can carry it (an aggregate id the topic rules refuse): it would be
+            # refused again at every claim, on every node. DEAD, kept with its reason, rather
+            # than an error that stops the publisher (and the daemon) at each claim of it.
+            where = f"{self.topics.prefix}/events/{event.aggregate_type}/…"
+            await self._dead(
+                event, f"BAD_TOPIC: {exc}", where, len(body), setting="none (a fault of ours)"
+            )
+            return exc
         try:
             code = await self.publish(topic, body)
         except SessionDown as exc:
@@ -302,7 +312,14 @@ class OutboxPublisher:
                     self.pool, [e.id for e in counted], self.node_id, error=error
                 )
 
-    async def _dead(self, event: ClaimedEvent, reason: str, topic: str, size: int) -> None:
+    async def _dead(
+        self,
+        event: ClaimedEvent,
+        reason: str,
+        topic: str,
+        size: int,
+        setting: str = "[mqtt] max_packet_size, the broker's message size limit",
+    ) -> None:
         self.outbox_metrics.outbox_dead.inc()
         log.error(
             "outbox_event_dead",
@@ -311,7 +328,7 @@ class OutboxPublisher:
             topic=topic,
             body_bytes=size,
             reason=reason,
-            setting="[mqtt] max_packet_size, the broker's message size limit",
+            setting=setting,
         )
         # Not recorded: the lease runs out, the event is claimed again and refused again.
         with contextlib.suppress(*DB_ERRORS):
