@@ -4,7 +4,8 @@ The dispatcher claims due commands in one statement (generation + 1, this node, 
 publishes each downlink with QoS 1 and, on the broker's PUBACK, moves it CLAIMED → SENT —
 guarded by generation, node and status, so a claim that lapsed meanwhile is left to its new
 owner. A publish that fails leaves the claim to expire: the reaper returns it to PENDING (and
-counts a reclaim).
+counts a reclaim). A write after the broker's answer (SENT, a release) that meets the database
+away is tried again while the claim's lease lasts: the PUBACK is known to this node alone.
 
 The broker being away is not a node losing its commands: while the node's broker session is
 down the dispatcher claims nothing (another node, whose session is up, may), a publish that
@@ -30,11 +31,12 @@ delivery class: a retry would be refused the same way, and a reclaim loop would 
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from enum import Enum
-from typing import Final
+from typing import Final, TypeVar
 
 import asyncpg
 import msgspec
@@ -46,6 +48,7 @@ from gateway.commands.metrics import CommandMetrics
 from gateway.commands.receipts import apply_receipt
 from gateway.config import CommandsConfig
 from gateway.domain.mappings import DownlinkError, Mappings
+from gateway.support.backoff import Backoff
 from gateway.support.broker_link import (
     BrokerLink,
     PublishInDoubt,
@@ -53,7 +56,7 @@ from gateway.support.broker_link import (
     Ready,
     SessionDown,
 )
-from gateway.support.loops import drain_on_notify
+from gateway.support.loops import drain_on_notify, sleep_unless_stopped
 from gateway.support.metrics import Metrics
 from gateway.support.node import Node, Publish
 from gateway.support.publish_refusal import PublishRefused, publish_packet_size
@@ -69,6 +72,7 @@ from protocol.ids import UnportableDeviceIdError
 from storage import commands as repo
 from storage import ingest as repo_ingest
 from storage.commands import CommandRow
+from storage.errors import TRANSIENT_DB_ERRORS
 
 log = structlog.get_logger(__name__)
 
@@ -86,6 +90,12 @@ IN_DOUBT_NOTE = (
 RECHECK_AFTER_S: Final = 0.25
 # One re-read may not hold a slot longer than this (the database away: published as claimed).
 RECHECK_TIMEOUT_S: Final = 1.0
+# A write after the broker's answer (SENT, a release) that met the database away is tried
+# again after these delays (full jitter), for as long as the batch's claims last.
+WRITE_RETRY_FIRST_S: Final = 0.1
+WRITE_RETRY_CAP_S: Final = 1.0
+
+T = TypeVar("T")
 
 
 class Outcome(Enum):
@@ -213,6 +223,8 @@ class Dispatcher:
         self._refusals: dict[int, tuple[str, str]] = {}  # command id: code, reason
         # How old a batch's read of its claims may be for a downlink whose slot came late.
         self.recheck_after_s = RECHECK_AFTER_S
+        # Set by run()'s stop: a write retried while the database is away gives up at once.
+        self._stop = asyncio.Event()
 
     @classmethod
     def from_config(
@@ -234,6 +246,7 @@ class Dispatcher:
         )
 
     async def run(self, stop: asyncio.Event) -> None:
+        self._stop = stop
         try:
             await drain_on_notify(
                 dsn=self.dsn,
@@ -258,6 +271,9 @@ class Dispatcher:
         if not self.broker.up():
             return 0
         await self._slots.acquire()
+        # The claims' leases start in the claim's statement, after this: they last at least
+        # until then (the writes after the broker's answers are tried again until then).
+        lease_end = asyncio.get_running_loop().time() + self.lease_s
         try:
             async with self.pool.acquire() as conn:
                 claimed = await repo.claim_due(
@@ -276,7 +292,7 @@ class Dispatcher:
             return 0
         self.command_metrics.command_claim_batch.observe(len(claimed))
         self.metrics.count_command("PENDING", "CLAIMED", len(claimed))
-        task = asyncio.create_task(self._send_batch(claimed), name="command-send")
+        task = asyncio.create_task(self._send_batch(claimed, lease_end), name="command-send")
         self._sending.add(task)
         task.add_done_callback(self._sent)
         return len(claimed)
@@ -293,7 +309,7 @@ class Dispatcher:
         while self._sending:
             await asyncio.gather(*self._sending, return_exceptions=True)
 
-    async def _send_batch(self, claimed: list[CommandRow]) -> None:
+    async def _send_batch(self, claimed: list[CommandRow], lease_end: float) -> None:
         # Downlinks all go out at once; their PUBACKs' SENT writes then go in one statement.
         mapped: dict[str, tuple[str, dict[str, str]]] = {}
         if self.mappings:
@@ -310,12 +326,17 @@ class Dispatcher:
         if withdrawn:
             # Cancelled (or lapsed) while waiting for the broker: never sent.
             log.info("downlinks_withdrawn", command_ids=withdrawn)
-        await self._mark_sent([row for row, outcome in paired if outcome is Outcome.SENT])
+        await self._mark_sent(
+            [row for row, outcome in paired if outcome is Outcome.SENT], lease_end=lease_end
+        )
         in_doubt = [row for row, outcome in paired if outcome is Outcome.IN_DOUBT]
         if in_doubt:
             log.info("downlinks_in_doubt", command_ids=[row.id for row in in_doubt])
-        await self._mark_sent(in_doubt, note=IN_DOUBT_NOTE)
-        await self._release([row for row, outcome in paired if outcome is Outcome.SESSION_DOWN])
+        await self._mark_sent(in_doubt, note=IN_DOUBT_NOTE, lease_end=lease_end)
+        await self._release(
+            [row for row, outcome in paired if outcome is Outcome.SESSION_DOWN],
+            lease_end=lease_end,
+        )
         await self._fail([row for row, outcome in paired if outcome is Outcome.UNSENDABLE])
         await self._refused([row for row, outcome in paired if outcome is Outcome.REFUSED])
 
@@ -385,7 +406,25 @@ class Dispatcher:
             return Outcome.FAILED
         return Outcome.SENT
 
-    async def _release(self, rows: list[CommandRow]) -> None:
+    async def _while_claimed(self, write: Callable[[], Awaitable[T]], *, lease_end: float) -> T:
+        """``write`` (one statement, guarded by the claim), tried again while the database is
+        away and the claims last: the broker's answer is known to this node alone, and lost
+        to a database restart the claim lapsed, was counted a reclaim (blaming the node) and
+        its downlink went to the device again. Past the lease, or at a stop, the error is
+        raised: the claim is left to the reaper, as before."""
+        backoff = Backoff(WRITE_RETRY_FIRST_S, WRITE_RETRY_CAP_S)
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                return await write()
+            except TRANSIENT_DB_ERRORS as exc:
+                delay = backoff.next_delay()
+                if self._stop.is_set() or loop.time() + delay >= lease_end:
+                    raise
+                log.warning("downlink_write_retried", error=repr(exc), retry_in_s=round(delay, 3))
+                await sleep_unless_stopped(self._stop, delay)
+
+    async def _release(self, rows: list[CommandRow], *, lease_end: float) -> None:
         """Claims whose downlink the session could not take: PENDING again, uncounted.
 
         One statement per claim (outside any transaction), so this never holds one row's lock
@@ -394,13 +433,17 @@ class Dispatcher:
         """
         released = 0
         for row in rows:
-            if await repo.release_unsent(
-                self.pool,
-                row.id,
-                row.claim_generation,
-                node_id=self.node_id,
-                actor=DISPATCHER_ACTOR,
-                note=RELEASE_NOTE,
+            if await self._while_claimed(
+                functools.partial(
+                    repo.release_unsent,
+                    self.pool,
+                    row.id,
+                    row.claim_generation,
+                    node_id=self.node_id,
+                    actor=DISPATCHER_ACTOR,
+                    note=RELEASE_NOTE,
+                ),
+                lease_end=lease_end,
             ):
                 released += 1
         if rows:
@@ -471,16 +514,21 @@ class Dispatcher:
             if moved is not None and applied.previous_status not in (None, moved.status):
                 self.metrics.count_command(str(applied.previous_status), moved.status, 1)
 
-    async def _mark_sent(self, rows: list[CommandRow], *, note: str | None = None) -> None:
+    async def _mark_sent(
+        self, rows: list[CommandRow], *, lease_end: float, note: str | None = None
+    ) -> None:
         if not rows:
             return
-        done = await repo.mark_sent_many(
-            self.pool,
-            [(row.id, row.claim_generation) for row in rows],
-            node_id=self.node_id,
-            timeout_s=self.sent_timeout_s,
-            actor=DISPATCHER_ACTOR,
-            note=note,
+        done = await self._while_claimed(
+            lambda: repo.mark_sent_many(
+                self.pool,
+                [(row.id, row.claim_generation) for row in rows],
+                node_id=self.node_id,
+                timeout_s=self.sent_timeout_s,
+                actor=DISPATCHER_ACTOR,
+                note=note,
+            ),
+            lease_end=lease_end,
         )
         count = len(done)
         # Rows a receipt transaction held were skipped rather than waited for (a statement
@@ -488,12 +536,16 @@ class Dispatcher:
         for row in rows:
             if row.id in done:
                 continue
-            alone = await mark_sent(
-                self.pool,
-                row,
-                node_id=self.node_id,
-                sent_timeout_s=self.sent_timeout_s,
-                note=note,
+            alone = await self._while_claimed(
+                functools.partial(
+                    mark_sent,
+                    self.pool,
+                    row,
+                    node_id=self.node_id,
+                    sent_timeout_s=self.sent_timeout_s,
+                    note=note,
+                ),
+                lease_end=lease_end,
             )
             if alone is None:
                 # The claim lapsed (another node has it now), or the device answered before
