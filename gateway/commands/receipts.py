@@ -67,6 +67,7 @@ async def apply_receipt(
     """
     updated = None
     current = None
+    tried: str | None = None  # the status the last update was guarded by
     for _attempt in range(3):
         current = await repo.get(conn, receipt.command_id)
         if current is not None and current.device_id != device_id:
@@ -74,6 +75,9 @@ async def apply_receipt(
         if not _may_apply(current, receipt):
             break
         assert current is not None
+        if current.status == tried:  # it did not move: a repeat, judged below
+            break
+        tried = current.status
         assert receipt.claim_generation is not None
         effect = receipt_effect(
             delivery=Delivery(current.delivery),

@@ -232,6 +232,9 @@ RETURNING *;
 -- A SENT receipt on a CLAIMED command (the device answered before the dispatcher handled the
 -- PUBACK) sends it as mark_sent would: this claim's sent_at and timeout_at, from now, never an
 -- earlier claim's (the reaper judges the claim by them). On a SENT command it keeps them.
+-- A SENT receipt on a SENT command whose claim has an accepted receipt already is a repeat
+-- (a QoS 1 redelivery, a device answering twice): nothing is written, and it is judged
+-- `duplicated` (it used to be accepted again, its raw fields written over the first's).
 UPDATE command
 SET status = $5, result = $6, result_code = $7, raw_result_code = $8, raw_ack = $9,
     finished_at = CASE WHEN $10::boolean THEN now() END,
@@ -246,6 +249,11 @@ SET status = $5, result = $6, result_code = $7, raw_result_code = $8, raw_ack = 
     updated_at = now()
 WHERE id = $1 AND claim_generation = $2 AND claimed_node_id = $3
   AND status IN ('CLAIMED', 'SENT') AND status = $4
+  AND NOT ($4 = 'SENT' AND $5 = 'SENT'
+           AND EXISTS (SELECT 1 FROM command_receipt r
+                       WHERE r.command_id = command.id
+                         AND r.claim_generation = command.claim_generation
+                         AND r.node_id = command.claimed_node_id AND r.outcome = 'accepted'))
 RETURNING *;
 
 -- name: claim_answered
@@ -401,7 +409,8 @@ SELECT id FROM sent;
 -- as in apply_receipt: set by a SENT receipt on a CLAIMED command, kept on a SENT one.
 -- The open statuses are tested on the expected ones (the row must still have it): on the
 -- table, they matched the partial index of commands in flight, which PostgreSQL then read
--- whole rather than look the ids up (see mark_sent_many).
+-- whole rather than look the ids up (see mark_sent_many). A repeated SENT receipt is left
+-- out as in apply_receipt (judged `duplicated` by the caller).
 UPDATE command c
 SET status = u.status, result = u.result, result_code = u.result_code,
     raw_result_code = u.raw_code, raw_ack = u.raw_ack,
@@ -423,6 +432,10 @@ FROM unnest($1::bigint[], $2::integer[], $3::text[], $4::text[], $5::text[], $6:
           retry, delay, timeout)
 WHERE c.id = u.id AND c.claim_generation = u.gen AND c.claimed_node_id = u.node
   AND u.expected IN ('CLAIMED', 'SENT') AND c.status = u.expected
+  AND NOT (u.expected = 'SENT' AND u.status = 'SENT'
+           AND EXISTS (SELECT 1 FROM command_receipt r
+                       WHERE r.command_id = c.id AND r.claim_generation = c.claim_generation
+                         AND r.node_id = c.claimed_node_id AND r.outcome = 'accepted'))
 RETURNING c.*;
 
 -- name: insert_audits

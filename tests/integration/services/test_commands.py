@@ -348,7 +348,12 @@ async def test_a_result_code_outside_the_standard_ones_is_refused_and_kept_raw(
 
 
 async def _sent_receipt(
-    db: asyncpg.Connection, command_id: int, generation: int, *, batch: bool
+    db: asyncpg.Connection,
+    command_id: int,
+    generation: int,
+    *,
+    batch: bool,
+    outcome: ReceiptOutcome = ReceiptOutcome.ACCEPTED,
 ) -> None:
     """The device's SENT receipt ("received, working on it"), alone or through a batch."""
     receipt = CommandReceipt(command_id=command_id, claim_generation=generation, node_id="n",
@@ -361,7 +366,7 @@ async def _sent_receipt(
         applied = await apply_receipt(
             db, device_id="d1", receipt=receipt, node_id="receiver", sent_timeout_s=SENT_TIMEOUT_S
         )
-    assert applied.outcome is ReceiptOutcome.ACCEPTED
+    assert applied.outcome is outcome
 
 
 @pytest.mark.parametrize("batch", [False, True], ids=["alone", "batch"])
@@ -427,7 +432,8 @@ async def test_a_sent_receipt_sends_a_claim_from_now_whatever_times_the_row_held
 ) -> None:
     """A claim made before claims cleared the SENT times (in flight at an upgrade) still holds
     an earlier claim's: a SENT receipt on it sets them anew, as the PUBACK would. A second SENT
-    receipt on the SENT command keeps them (its ack window is not extended)."""
+    receipt on the SENT command keeps them (its ack window is not extended): a repeat of the
+    first, `duplicated`."""
     command_id = await _create(db, delivery=Delivery.DEFERRABLE)
     await _claim(db, "n")
     await db.execute(
@@ -442,7 +448,7 @@ async def test_a_sent_receipt_sends_a_claim_from_now_whatever_times_the_row_held
     assert row.sent_at is not None
     assert row.sent_at >= before
     assert row.timeout_at == row.sent_at + timedelta(seconds=SENT_TIMEOUT_S)
-    await _sent_receipt(db, command_id, 1, batch=batch)
+    await _sent_receipt(db, command_id, 1, batch=batch, outcome=ReceiptOutcome.DUPLICATED)
     again = await _row(db, command_id)
     assert (again.sent_at, again.timeout_at) == (row.sent_at, row.timeout_at)
 
