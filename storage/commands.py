@@ -11,6 +11,7 @@ from typing import Any
 import asyncpg
 import msgspec
 
+from storage.errors import TRANSIENT_DB_ERRORS, StorageError
 from storage.sql import load_queries
 
 
@@ -163,11 +164,32 @@ async def claim_due(
     in commands.sql): the setting needs a transaction of its own, three short round trips
     (begin, the setting, commit) that save the claim's planning, 1.3-2.5 ms each time.
     """
-    async with conn.transaction():
-        await conn.execute(PLAN_ONCE)
-        return _rows(
-            await conn.fetch(CLAIM_DUE, node_id, lease_s, limit, max_in_flight, actor, now)
+    claimed: list[asyncpg.Record] | None = None
+    try:
+        async with conn.transaction():
+            await conn.execute(PLAN_ONCE)
+            claimed = await conn.fetch(
+                CLAIM_DUE, node_id, lease_s, limit, max_in_flight, actor, now
+            )
+    except TRANSIENT_DB_ERRORS as exc:
+        if claimed:  # the claim answered and its COMMIT did not: it may have committed
+            raise ClaimCommitLostError(_rows(claimed), exc) from exc
+        raise
+    assert claimed is not None
+    return _rows(claimed)
+
+
+class ClaimCommitLostError(StorageError):
+    """A claim's statement answered with ``rows``, and the answer to its COMMIT was lost with
+    the connection (``error``): the claim may have committed, its commands CLAIMED by this
+    node that knows nothing more of them."""
+
+    def __init__(self, rows: list[CommandRow], error: BaseException) -> None:
+        super().__init__(
+            f"the COMMIT of a claim of {len(rows)} commands went unanswered: {error!r}"
         )
+        self.rows = rows
+        self.error = error
 
 
 async def mark_sent(

@@ -80,6 +80,9 @@ NOTIFY_CHANNEL = "command_due"
 # Claimed batches being published at once, per dispatcher.
 PIPELINE = 4
 RELEASE_NOTE = "broker session down: not published, not a reclaim"
+COMMIT_LOST_NOTE = (
+    "the claim's COMMIT went unanswered (the database away): not published, not a reclaim"
+)
 IN_DOUBT_NOTE = (
     "broker session lost after the downlink was written, before its PUBACK: the broker may"
     " have it; the device's receipt, or the ack window, decides"
@@ -284,6 +287,15 @@ class Dispatcher:
                     max_in_flight=self.max_in_flight,
                     actor=DISPATCHER_ACTOR,
                 )
+        except repo.ClaimCommitLostError as lost:
+            # Committed or not, nothing of it was published: what did commit goes back to
+            # PENDING now, uncounted (it used to wait for its lease, and be reclaimed against
+            # this node). Then the pass fails as any pass the database failed.
+            self._slots.release()
+            released = await self._release(lost.rows, lease_end=lease_end, note=COMMIT_LOST_NOTE)
+            if released:  # those claims did commit
+                self.metrics.count_command("PENDING", "CLAIMED", released)
+            raise lost.error from None
         except BaseException:
             self._slots.release()
             raise
@@ -424,8 +436,11 @@ class Dispatcher:
                 log.warning("downlink_write_retried", error=repr(exc), retry_in_s=round(delay, 3))
                 await sleep_unless_stopped(self._stop, delay)
 
-    async def _release(self, rows: list[CommandRow], *, lease_end: float) -> None:
-        """Claims whose downlink the session could not take: PENDING again, uncounted.
+    async def _release(
+        self, rows: list[CommandRow], *, lease_end: float, note: str = RELEASE_NOTE
+    ) -> int:
+        """Claims whose downlink the session could not take (or whose claim's COMMIT went
+        unanswered, ``note`` says which): PENDING again, uncounted; how many.
 
         One statement per claim (outside any transaction), so this never holds one row's lock
         while waiting for another's. A release that fails leaves the claim to its lease (a
@@ -441,15 +456,16 @@ class Dispatcher:
                     row.claim_generation,
                     node_id=self.node_id,
                     actor=DISPATCHER_ACTOR,
-                    note=RELEASE_NOTE,
+                    note=note,
                 ),
                 lease_end=lease_end,
             ):
                 released += 1
         if rows:
-            log.info("downlinks_released", claimed=len(rows), released=released)
+            log.info("downlinks_released", claimed=len(rows), released=released, note=note)
         if released:
             self.metrics.count_command("CLAIMED", "PENDING", released)
+        return released
 
     async def _fail(self, rows: list[CommandRow]) -> None:
         """Claims whose downlink the broker can never take: FAILED now, with the reason.
