@@ -295,6 +295,9 @@ RETURNING *;
 -- gone from the configuration gets the native downlink again, and is judged as any device.
 -- A command whose device answered this claim already (a SENT receipt: "received, working on
 -- it") has had its receipt: it waits for its outcome until timeout_at (fail_sent_timeout).
+-- Locked for the pass, skipping rows another transaction holds: another node's reaper judging
+-- them now (or a receipt being applied) is left to it. Waited for, that node's TIMEOUT was
+-- written again here, kept as the device's `duplicated` answer.
 SELECT * FROM command
 WHERE status = 'SENT' AND sent_at < now() - make_interval(secs => $1)
   AND NOT EXISTS (SELECT 1 FROM device_mapping m
@@ -303,7 +306,8 @@ WHERE status = 'SENT' AND sent_at < now() - make_interval(secs => $1)
                   WHERE r.command_id = command.id
                     AND r.claim_generation = command.claim_generation
                     AND r.node_id = command.claimed_node_id AND r.outcome = 'accepted')
-ORDER BY id LIMIT 500;
+ORDER BY id LIMIT 500
+FOR UPDATE SKIP LOCKED;
 
 -- name: fail_sent_timeout
 -- no parameters; SENT past timeout_at: FAILED.
