@@ -83,6 +83,9 @@ RELEASE_NOTE = "broker session down: not published, not a reclaim"
 COMMIT_LOST_NOTE = (
     "the claim's COMMIT went unanswered (the database away): not published, not a reclaim"
 )
+UNMAPPED_NOTE = (
+    "the device mappings could not be read (the database away): not published, not a reclaim"
+)
 IN_DOUBT_NOTE = (
     "broker session lost after the downlink was written, before its PUBACK: the broker may"
     " have it; the device's receipt, or the ack window, decides"
@@ -325,9 +328,15 @@ class Dispatcher:
         # Downlinks all go out at once; their PUBACKs' SENT writes then go in one statement.
         mapped: dict[str, tuple[str, dict[str, str]]] = {}
         if self.mappings:
-            mapped = await repo_ingest.device_mappings(
-                self.pool, sorted({row.device_id for row in claimed})
-            )
+            try:
+                mapped = await repo_ingest.device_mappings(
+                    self.pool, sorted({row.device_id for row in claimed})
+                )
+            except TRANSIENT_DB_ERRORS:
+                # Nothing published: the claims go back now, not at their lease's end (a
+                # reclaim against this node). The batch then fails as before.
+                await self._release(claimed, lease_end=lease_end, note=UNMAPPED_NOTE)
+                raise
         check = ClaimCheck(self.pool, claimed, node_id=self.node_id, after_s=self.recheck_after_s)
         outcomes = await asyncio.gather(
             *(self._publish(row, check, mapped.get(row.device_id)) for row in claimed)

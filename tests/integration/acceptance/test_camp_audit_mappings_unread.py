@@ -1,0 +1,110 @@
+"""A node with [[ingest.mappings]] reads its claimed commands' device mappings before it
+publishes them; the database lost right then (a restart, a failover), nothing was published.
+Those commands go back to PENDING at once when the database is back (not a reclaim: no node
+went silent), instead of waiting out their lease and being reclaimed against the node
+(`reclaim_count`, the `command-reclaims` alarm).
+
+A real daemon, its database behind a TCP proxy: once the claim that takes the campaign's
+command has committed (its COMMIT answered), the database's connections are cut.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import asyncpg
+
+from gateway.commands.campaigns import CampaignRequest, CampaignService, Targets
+from gateway.domain.command import Delivery
+from storage.pool import create_pool
+from tests.support.daemon import make_config, running_daemon
+from tests.support.dsn import proxy_for, through
+from tests.support.mosquitto import Mosquitto
+from tests.support.waiting import wait_until
+
+# The lease far longer than the test's deadline: a claim left to lapse is seen as never sent.
+COMMANDS = (
+    "[commands]\nlease_s = 120\nreaper_interval_s = 0.5\nack_window_s = 600\n"
+    '[[ingest.mappings]]\nname = "tasmota"\nprofile = "tasmota"\n'
+)
+
+
+async def test_claims_whose_mappings_could_not_be_read_are_released_not_left_to_lapse(
+    db_dsn: str, mosquitto: Mosquitto
+) -> None:
+    database = proxy_for(db_dsn)
+    await database.start()
+    state = {"claiming": False, "committing": False, "committed": False, "done": False}
+    tasks: list[asyncio.Task[None]] = []
+
+    async def outage() -> None:
+        await database.cut()
+        await asyncio.sleep(1.0)  # the restart's length, not a synchronisation
+        await database.resume()
+
+    def from_server(chunk: bytes) -> bool:
+        # The claim's rows come back (the command CLAIMED), then its COMMIT's answer.
+        if not state["done"] and b"sleepy-1" in chunk and b"CLAIMED" in chunk:
+            state["claiming"] = True
+        elif state["committing"] and b"COMMIT" in chunk:
+            state["committing"], state["committed"] = False, True
+        return True
+
+    def from_client(chunk: bytes) -> bool:
+        if state["claiming"] and b"COMMIT" in chunk:
+            state["claiming"], state["committing"], state["done"] = False, True, True
+        elif state["committed"]:  # the claim is the node's: whatever it asks next fails
+            state["committed"] = False
+            tasks.append(asyncio.create_task(outage()))
+            return False
+        return True
+
+    database.from_client = from_client
+    database.from_server = from_server
+    pool = await create_pool(db_dsn, min_size=1, max_size=2)
+    try:
+        config = make_config(
+            dsn=through(db_dsn, database), mqtt_port=mosquitto.port, node_id="node-a",
+            extra=COMMANDS,
+        )  # fmt: skip
+        async with running_daemon(config):
+            request = CampaignRequest(
+                name="reboot", params={}, delivery=Delivery.REALTIME,
+                targets=Targets(devices=("sleepy-1",)), per_minute=None, abort=None,
+                idempotency_key=None,
+            )  # fmt: skip
+            created = await CampaignService(pool, "api", 3600.0).create(request, actor="op")
+            seen: list[asyncpg.Record] = []
+
+            async def sent() -> bool:
+                async with pool.acquire() as conn:
+                    row = await conn.fetchrow(
+                        "SELECT * FROM command WHERE campaign_id = $1", created.campaign.id
+                    )
+                assert row is not None
+                seen.append(row)
+                return bool(row["status"] == "SENT")
+
+            await wait_until(lambda: bool(tasks), timeout=30)
+            await tasks[0]
+            with contextlib.suppress(AssertionError):  # the status is said below
+                await wait_until(sent, timeout=30)
+            row = seen[-1]
+            assert (row["status"], row["claim_generation"], row["reclaim_count"]) == (
+                "SENT", 2, 0,
+            ), dict(row)  # fmt: skip
+            async with pool.acquire() as conn:
+                trail = await conn.fetch(
+                    "SELECT action, claim_generation FROM command_audit WHERE command_id = $1"
+                    " ORDER BY id",
+                    row["id"],
+                )
+            assert [(t["action"], t["claim_generation"]) for t in trail] == [
+                ("create", 0), ("claim", 1), ("release", 1), ("claim", 2), ("sent", 2),
+            ]  # fmt: skip
+    finally:
+        for task in tasks:
+            await task
+        await pool.close()
+        await database.stop()
