@@ -35,11 +35,19 @@ async def test_claims_whose_mappings_could_not_be_read_are_released_not_left_to_
 ) -> None:
     database = proxy_for(db_dsn)
     await database.start()
-    state = {"claiming": False, "committing": False, "committed": False, "done": False}
+    state = {
+        "claiming": False,
+        "committing": False,
+        "committed": False,
+        "done": False,
+        "dropping": False,
+    }
     tasks: list[asyncio.Task[None]] = []
 
     async def outage() -> None:
+        await asyncio.sleep(0.2)  # the COMMIT's answer, on its way, is read meanwhile
         await database.cut()
+        state["dropping"] = False
         await asyncio.sleep(1.0)  # the restart's length, not a synchronisation
         await database.resume()
 
@@ -55,10 +63,9 @@ async def test_claims_whose_mappings_could_not_be_read_are_released_not_left_to_
         if state["claiming"] and b"COMMIT" in chunk:
             state["claiming"], state["committing"], state["done"] = False, True, True
         elif state["committed"]:  # the claim is the node's: whatever it asks next fails
-            state["committed"] = False
+            state["committed"], state["dropping"] = False, True
             tasks.append(asyncio.create_task(outage()))
-            return False
-        return True
+        return not state["dropping"]
 
     database.from_client = from_client
     database.from_server = from_server
