@@ -358,7 +358,9 @@ class Dispatcher:
             [row for row, outcome in paired if outcome is Outcome.SESSION_DOWN],
             lease_end=lease_end,
         )
-        await self._fail([row for row, outcome in paired if outcome is Outcome.UNSENDABLE])
+        await self._fail(
+            [row for row, outcome in paired if outcome is Outcome.UNSENDABLE], lease_end=lease_end
+        )
         await self._refused([row for row, outcome in paired if outcome is Outcome.REFUSED])
 
     async def _publish(
@@ -476,20 +478,20 @@ class Dispatcher:
             self.metrics.count_command("CLAIMED", "PENDING", released)
         return released
 
-    async def _fail(self, rows: list[CommandRow]) -> None:
+    async def _fail(self, rows: list[CommandRow], *, lease_end: float) -> None:
         """Claims whose downlink the broker can never take: FAILED now, with the reason.
 
-        One transaction per claim (its audit row and ``command.finished`` event with it). One
-        that fails to be written leaves the claim to its lease: the next claim meets the same
-        refusal and fails it then.
+        One transaction per claim (its audit row and ``command.finished`` event with it), tried
+        again while the database is away and the lease lasts. One that fails to be written
+        even so leaves the claim to its lease: the next claim meets the same refusal and fails
+        it then.
         """
         failed = 0
         for row in rows:
             code, reason = self._refusals.pop(row.id)
-            async with self.pool.acquire() as conn, conn.transaction():
-                done = await fail_unsendable(
-                    conn, row, node_id=self.node_id, code=code, reason=reason
-                )
+            done = await self._while_claimed(
+                functools.partial(self._fail_one, row, code, reason), lease_end=lease_end
+            )
             if done is not None:
                 failed += 1
             log.warning(
@@ -502,6 +504,10 @@ class Dispatcher:
             )
         if failed:
             self.metrics.count_command("CLAIMED", "FAILED", failed)
+
+    async def _fail_one(self, row: CommandRow, code: str, reason: str) -> CommandRow | None:
+        async with self.pool.acquire() as conn, conn.transaction():
+            return await fail_unsendable(conn, row, node_id=self.node_id, code=code, reason=reason)
 
     async def _refused(self, rows: list[CommandRow]) -> None:
         """Claims whose downlink the broker refused for now (an ACL, a quota): the node
