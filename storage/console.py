@@ -176,7 +176,8 @@ class StreamEvent:
 
 
 async def stream_horizon(conn: asyncpg.Connection | asyncpg.Pool) -> int:
-    """Every transaction with an xid below this has ended."""
+    """Every transaction of this database with an xid below this has ended (those of other
+    databases on the server write no events here, and hold no stream back)."""
     return int(await conn.fetchval(STREAM_HORIZON))
 
 
@@ -207,11 +208,12 @@ async def stream_events(
 
 async def stream_cursor_ahead(conn: asyncpg.Connection | asyncpg.Pool, cursor: Cursor) -> bool:
     """Whether ``cursor`` is past every event a stream can have sent (a made-up one)."""
-    return bool(await conn.fetchval(STREAM_CURSOR_AHEAD, str(cursor.xid), cursor.id))
+    horizon = await stream_horizon(conn)
+    return bool(await conn.fetchval(STREAM_CURSOR_AHEAD, str(cursor.xid), cursor.id, str(horizon)))
 
 
 async def stream_tail(conn: asyncpg.Connection | asyncpg.Pool) -> Cursor:
     """The cursor of the newest final event (0:0 when there is none): where a stream with no
     cursor starts."""
-    row = await conn.fetchrow(STREAM_TAIL)
+    row = await conn.fetchrow(STREAM_TAIL, str(await stream_horizon(conn)))
     return Cursor(0, 0) if row is None else Cursor(int(row["xid"]), int(row["id"]))

@@ -103,17 +103,36 @@ WHERE digest = $1 AND used_at IS NULL AND expires_at > now()
 RETURNING token_name, role, token_check;
 
 -- name: stream_cursor_ahead
--- $1 xid (text), $2 id; whether the cursor is past every event a stream can have sent: its
--- transaction has not ended for every snapshot yet (events are sent only below the horizon),
--- or its id is beyond the outbox sequence's last value.
-SELECT $1::text::xid8 >= pg_snapshot_xmin(pg_current_snapshot())
+-- $1 xid (text), $2 id, $3 horizon (stream_horizon, text); whether the cursor is past every
+-- event a stream can have sent: its transaction is not below the horizon (events are sent only
+-- below it), or its id is beyond the outbox sequence's last value.
+SELECT $1::text::xid8 >= $3::text::xid8
     OR $2::bigint > coalesce(
         pg_sequence_last_value(pg_get_serial_sequence('outbox_event', 'id')::regclass), 0)
     AS ahead;
 
 -- name: stream_horizon
--- no parameters; every transaction with an xid below this has ended: events below it are final.
-SELECT pg_snapshot_xmin(pg_current_snapshot())::text AS horizon;
+-- no parameters; every transaction of this database with an xid below this has ended: events
+-- below it are final. The oldest transaction still running in this database (a prepared one
+-- too), else the snapshot's xmax: a transaction of another database on the same server (an
+-- application's, a migration's) writes no event here, and holds no stream back while it runs
+-- (the server-wide pg_snapshot_xmin did: one open write anywhere stopped every console). Read
+-- after the snapshot, a transaction of the xip list no longer running has ended, and a
+-- statement after this one sees it. backend_xid and datid are shown to any role. The xid8s
+-- of the list are matched to the 32-bit xids by their low 32 bits.
+WITH s AS (SELECT pg_current_snapshot() AS snap),
+here AS (
+    SELECT backend_xid AS x FROM pg_stat_activity
+    WHERE datid = (SELECT oid FROM pg_database WHERE datname = current_database())
+      AND backend_xid IS NOT NULL
+    UNION ALL
+    SELECT transaction FROM pg_prepared_xacts WHERE database = current_database()
+)
+SELECT coalesce(
+           (SELECT min(r) FROM pg_snapshot_xip(s.snap) AS r
+            WHERE ((r::text::bigint % 4294967296)::text)::xid IN (SELECT x FROM here)),
+           pg_snapshot_xmax(s.snap))::text AS horizon
+FROM s;
 
 -- name: stream_events
 -- $1 after xid (exclusive, with $2) or null for the start, $2 after id, $3 horizon (exclusive),
@@ -129,8 +148,9 @@ ORDER BY outbox_event.xid, outbox_event.id
 LIMIT $4;
 
 -- name: stream_tail
--- no parameters; the cursor of the newest event a stream may deliver now (none: null).
+-- $1 horizon (stream_horizon, text); the cursor of the newest event a stream may deliver now
+-- (none: null).
 SELECT xid::text AS xid, id FROM outbox_event
-WHERE xid < pg_snapshot_xmin(pg_current_snapshot())
+WHERE xid < $1::text::xid8
 ORDER BY outbox_event.xid DESC, outbox_event.id DESC
 LIMIT 1;
