@@ -10,7 +10,7 @@
 // moves a row: rows change in place, alarms gone stay (dimmed), and new alarms wait behind an "N new"
 // bar until the operator opens it. `window.__alarmRepaints` counts the list's repaints.
 import { query } from "./api.js";
-import { append, clear, deviceHref, el, readings, throttle, timeEl, when } from "./util.js";
+import { append, clear, deviceHref, el, now, readings, throttle, timeEl, when } from "./util.js";
 
 const SEVERITY_RANK = { CRITICAL: 4, MAJOR: 3, WARNING: 2, INFO: 1 };
 const SEVERITIES = ["CRITICAL", "MAJOR", "WARNING", "INFO"];
@@ -283,7 +283,7 @@ export class AlarmsView {
     this.shelfTimer = null;
     const soonest = Math.min(...ends.filter((t) => Number.isFinite(t)));
     if (!Number.isFinite(soonest)) return;
-    const wait = Math.max(soonest - Date.now() + SHELF_END_MARGIN_MS, SHELF_RECHECK_MIN_MS);
+    const wait = Math.max(soonest - now() + SHELF_END_MARGIN_MS, SHELF_RECHECK_MIN_MS);
     this.shelfTimer = setTimeout(() => {
       this.shelfTimer = null;
       if (this.ctx.current() !== "alarms") this.stale = true;

@@ -1,6 +1,8 @@
 // The operator API as the page uses it: the signed-in token in the Authorization header,
 // JSON in and out, every error as an ApiError with the API's code and message.
 
+import { noteServerDate } from "./util.js";
+
 export class ApiError extends Error {
   constructor(status, body) {
     const message = (body && body.message) || `HTTP ${status}`;
@@ -27,8 +29,10 @@ export class Api {
       init.body = JSON.stringify(body);
     }
     let response;
+    const sentMs = Date.now();
     try {
       response = await fetch(path, init);
+      noteServerDate(response.headers.get("Date"), sentMs, Date.now());
     } catch (error) {
       throw new ApiError(0, { error: "UNREACHABLE", message: "the gateway does not answer (is it running?)" });
     }

@@ -5,7 +5,7 @@
 import { query } from "./api.js";
 import { lineChart } from "./chart.js";
 import { sendCommand } from "./commands.js";
-import { append, clear, el, number, readings, throttle, timeEl, when } from "./util.js";
+import { append, clear, el, now, number, readings, throttle, timeEl, when } from "./util.js";
 
 const PAGE = 100;
 const CHART_SAMPLES = 100;
@@ -207,7 +207,7 @@ export class DevicesView {
     const range = RANGES.find((r) => r.key === this.range) || RANGES[0];
     const params = range.seconds === null
       ? { metric, limit: CHART_SAMPLES }
-      : { metric, limit: RANGE_LIMIT, since: new Date(Date.now() - range.seconds * 1000).toISOString() };
+      : { metric, limit: RANGE_LIMIT, since: new Date(now() - range.seconds * 1000).toISOString() };
     let page;
     let rules;
     try {

@@ -75,9 +75,29 @@ export function isoLocal(value) {
   return `${when(date).replace(" ", "T")}.${pad(date.getMilliseconds(), 3)}${offset(date)}`;
 }
 
+// The gateway's clock, as the page knows it: the browser's, corrected by how far it is from the
+// `Date` of the gateway's answers (learnt by noteServerDate). Every time the API sends is on the
+// gateway's clock; counted from a browser's own, a control-room tablet ten minutes behind said
+// "just now" of a device silent for ten minutes. Within a second or so (`Date` has seconds).
+let clockOffsetMs = 0;
+
+export function now() {
+  return Date.now() + clockOffsetMs;
+}
+
+// An answer's `Date` header, read when it came (`receivedMs`, the browser's clock) to a request
+// sent at `sentMs`: the gateway's clock was then that (the middle of its second) at about the
+// middle of the two. An offset under 2 s is taken for none (the header's own second, the way).
+export function noteServerDate(header, sentMs, receivedMs) {
+  const at = header ? Date.parse(header) : NaN;
+  if (!Number.isFinite(at)) return;
+  const offset = at + 500 - (sentMs + receivedMs) / 2;
+  clockOffsetMs = Math.abs(offset) < 2000 ? 0 : Math.round(offset);
+}
+
 export function ago(value) {
   if (!value) return "never";
-  const seconds = Math.round((Date.now() - new Date(value).getTime()) / 1000);
+  const seconds = Math.round((now() - new Date(value).getTime()) / 1000);
   if (!Number.isFinite(seconds)) return String(value);
   if (seconds < 5) return "just now";
   if (seconds < 90) return `${seconds} s ago`;
