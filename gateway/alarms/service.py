@@ -145,6 +145,15 @@ class TooManyAlarmsError(AlarmError):
         self.limit = limit
 
 
+def _reached_meanwhile(before: asyncpg.Record | None, now: AlarmStatus) -> bool:
+    """Whether an alarm read NEW has only been pushed since (docs/behaviour.md §5)."""
+    return (
+        before is not None
+        and before["status"] == AlarmStatus.NEW.value
+        and (now is AlarmStatus.PUSHED)
+    )
+
+
 class AlarmService:
     """Reads and people's actions for the HTTP API, each in its own short transaction."""
 
@@ -238,6 +247,7 @@ class AlarmService:
                 # them on the row), this one lost the race, 409 (docs/behaviour.md §5), rather
                 # than its action applied from a status its caller never saw.
                 before = await repo.get(conn, alarm_id)
+                acted_from = None if before is None else str(before["status"])
                 try:
                     changed = await transition(
                         conn,
@@ -255,7 +265,24 @@ class AlarmService:
                     if exc.current.status is AlarmStatus.SUPERSEDED:
                         # Superseded meanwhile: refused as any action on a superseded alarm.
                         raise AlarmSupersededError(exc.current.superseded_by) from None
-                    raise
+                    if not _reached_meanwhile(before, exc.current.status):
+                        raise
+                    # It reached someone meanwhile (NEW -> PUSHED: the open console's own
+                    # stream, a subscriber): a delivery, no decision; nothing the person saw
+                    # changed. The action applies from PUSHED, the row still locked by us.
+                    changed = await transition(
+                        conn,
+                        alarm_id,
+                        action,
+                        actor=actor,
+                        node_id=self.node_id,
+                        note=note,
+                        request_id=request_id,
+                        stated_actor=stated_actor,
+                        expected=AlarmStatus.PUSHED,
+                        suppressed=suppressed,
+                    )
+                    acted_from = AlarmStatus.PUSHED.value
                 # What fails from here on is the COMMIT (or the connection's release).
                 committing = True
         except COMMIT_LOST as exc:
@@ -264,8 +291,8 @@ class AlarmService:
             raise
         except asyncpg.exceptions.LockNotAvailableError:
             raise AlarmHeldError(alarm_id, action) from None
-        if self.metrics is not None and before is not None:
-            self.metrics.count_alarm_transition(before["status"], changed.status.value)
+        if self.metrics is not None and acted_from is not None:
+            self.metrics.count_alarm_transition(acted_from, changed.status.value)
         if self.count_suppressed is not None:
             for receiver in suppressed:
                 self.count_suppressed(receiver)

@@ -33,9 +33,9 @@ async def _a_round(console: Console, page: Page, n: int) -> None:
     rows = page.locator("#alarm-table tbody tr")
     await expect(rows).to_have_count(BATCH, timeout=WAIT_MS)
     # The open page's stream pushes each alarm (NEW → PUSHED, system:stream, behaviour §5) in
-    # the node's next round; a person's step that the push overtakes is a race lost (409
-    # STATUS_CHANGED), as documented, and that alarm would rightly stay listed. Act once the
-    # page shows them all pushed: the system has nothing more to do to them.
+    # the node's next round. Act once the page shows them all pushed: the system has nothing
+    # more to do to them, and what is checked is the long-open page's rows, not that race
+    # (a step the push overtakes applies from PUSHED: services/test_alarm_action_after_push.py).
     await expect(rows.locator(".status")).to_have_text(["PUSHED"] * BATCH, timeout=WAIT_MS)
     ids = [int(i) for i in await rows.evaluate_all("rs => rs.map(r => r.dataset.alarmId)")]
     reply = await api(
