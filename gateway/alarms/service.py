@@ -248,8 +248,9 @@ class AlarmService:
                 # than its action applied from a status its caller never saw.
                 before = await repo.get(conn, alarm_id)
                 acted_from = None if before is None else str(before["status"])
-                try:
-                    changed = await transition(
+
+                async def step(expected: AlarmStatus | None) -> Alarm:
+                    return await transition(
                         conn,
                         alarm_id,
                         action,
@@ -258,9 +259,12 @@ class AlarmService:
                         note=note,
                         request_id=request_id,
                         stated_actor=stated_actor,
-                        expected=None if before is None else AlarmStatus(before["status"]),
+                        expected=expected,
                         suppressed=suppressed,
                     )
+
+                try:
+                    changed = await step(None if acted_from is None else AlarmStatus(acted_from))
                 except StatusChangedError as exc:
                     if exc.current.status is AlarmStatus.SUPERSEDED:
                         # Superseded meanwhile: refused as any action on a superseded alarm.
@@ -270,18 +274,7 @@ class AlarmService:
                     # It reached someone meanwhile (NEW -> PUSHED: the open console's own
                     # stream, a subscriber): a delivery, no decision; nothing the person saw
                     # changed. The action applies from PUSHED, the row still locked by us.
-                    changed = await transition(
-                        conn,
-                        alarm_id,
-                        action,
-                        actor=actor,
-                        node_id=self.node_id,
-                        note=note,
-                        request_id=request_id,
-                        stated_actor=stated_actor,
-                        expected=AlarmStatus.PUSHED,
-                        suppressed=suppressed,
-                    )
+                    changed = await step(AlarmStatus.PUSHED)
                     acted_from = AlarmStatus.PUSHED.value
                 # What fails from here on is the COMMIT (or the connection's release).
                 committing = True
