@@ -17,7 +17,7 @@ import socket
 import struct
 from collections.abc import Callable
 from types import TracebackType
-from typing import Self, cast
+from typing import Protocol, Self, cast
 
 # SO_LINGER on with a zero timeout: close() sends RST instead of FIN, an abortive close.
 _LINGER_RESET = struct.pack("ii", 1, 0)
@@ -29,6 +29,15 @@ def _reset(transport: asyncio.Transport) -> None:
         with contextlib.suppress(OSError):
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_RESET)
     transport.abort()
+
+
+class Tap(Protocol):
+    """Reads one proxied connection's bytes, each way, and says which of them go on: what
+    it returns is forwarded, in place of what was read (the rest held, or dropped)."""
+
+    def from_client(self, data: bytes) -> bytes: ...
+
+    def from_server(self, data: bytes) -> bytes: ...
 
 
 class _Half(asyncio.Protocol):
@@ -70,6 +79,11 @@ class _Half(asyncio.Protocol):
             return  # dropped by the test's filter
         if self.upstream and proxy.from_server is not None and not proxy.from_server(data):
             return  # dropped by the test's filter
+        tap = self.connection.tap
+        if tap is not None:
+            data = tap.from_server(data) if self.upstream else tap.from_client(data)
+            if not data:
+                return  # held by the tap (a message not whole yet), or cut there
         peer = self.peer
         if peer is not None and peer.transport is not None:
             peer.transport.write(data)
@@ -110,6 +124,7 @@ class _Connection:
         self.upstream: _Half | None = None
         self.connecting: asyncio.Task[None] | None = None
         self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.tap = None if proxy.tap is None else proxy.tap()
 
     async def connect_upstream(self) -> None:
         loop = asyncio.get_running_loop()
@@ -175,6 +190,12 @@ class TcpProxy:
         self.from_client: Callable[[bytes], bool] | None = None
         # The same for each chunk the server sends to a client (a PUBACK that never arrives).
         self.from_server: Callable[[bytes], bool] | None = None
+        # Makes a Tap for each new connection, which reads its bytes whole, after the filters.
+        self.tap: Callable[[], Tap] | None = None
+        # While refusing, a new connection is accepted and reset at once (counted in
+        # ``refused``): the server is away, and the test sees its clients try to reach it.
+        self.refusing = False
+        self.refused = 0
 
     @property
     def connections(self) -> int:
@@ -218,6 +239,11 @@ class TcpProxy:
         if server is not None:
             await server.wait_closed()
 
+    def reset_all(self) -> None:
+        """Reset every open connection now, from a callback (the listening socket stays)."""
+        for connection in list(self._connections):
+            connection.abort()
+
     def to_clients(self, data: bytes) -> int:
         """Write ``data`` to every proxied client as if its server had sent it (after what
         was forwarded before): a server that sends something again. Returns how many."""
@@ -245,6 +271,10 @@ class TcpProxy:
         assert transport is not None
         if self._server is None:
             # Accepted just before cut() closed the listening socket.
+            _reset(transport)
+            return
+        if self.refusing:
+            self.refused += 1
             _reset(transport)
             return
         self._connections.add(connection)
