@@ -4,24 +4,25 @@ to PENDING at once when the database is back (not a reclaim: no node went silent
 waiting out their lease and being reclaimed against the node (`reclaim_count`, the
 `command-reclaims` alarm).
 
-A real daemon, its database behind a TCP proxy: the COMMIT of the claim that takes the
-campaign's command reaches PostgreSQL, its answer never reaches the daemon, and the
-connections are cut.
+A real daemon, its database behind a PostgreSQL-reading proxy (tests/support/pg_cut.py): the
+COMMIT of the claim that takes the campaign's command reaches PostgreSQL, its answer never
+reaches the daemon, and the connections are cut then, until the daemon has tried again.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 
 import asyncpg
 
 from gateway.commands.campaigns import CampaignRequest, CampaignService, Targets
 from gateway.domain.command import Delivery
+from storage.commands import CLAIM_DUE
 from storage.pool import create_pool
 from tests.support.daemon import make_config, running_daemon
 from tests.support.dsn import proxy_for, through
 from tests.support.mosquitto import Mosquitto
+from tests.support.pg_cut import PgCut, Statement
 from tests.support.waiting import wait_until
 
 # The lease far longer than the test's deadline: a claim left to lapse is seen as never sent.
@@ -33,30 +34,10 @@ async def test_a_claim_whose_commit_answer_was_lost_is_released_not_left_to_laps
 ) -> None:
     database = proxy_for(db_dsn)
     await database.start()
-    state = {"claiming": False, "swallow": False, "done": False}
-    tasks: list[asyncio.Task[None]] = []
-
-    async def outage() -> None:
-        await asyncio.sleep(0.3)  # PostgreSQL has committed; its answer is swallowed
-        await database.cut()
-        state["swallow"] = False
-        await asyncio.sleep(1.0)  # the restart's length, not a synchronisation
-        await database.resume()
-
-    def from_server(chunk: bytes) -> bool:
-        # The claim's rows come back (the command CLAIMED): its COMMIT is next.
-        if not state["done"] and b"sleepy-1" in chunk and b"CLAIMED" in chunk:
-            state["claiming"] = True
-        return not state["swallow"]
-
-    def from_client(chunk: bytes) -> bool:
-        if state["claiming"] and b"COMMIT" in chunk:
-            state["claiming"], state["done"], state["swallow"] = False, True, True
-            tasks.append(asyncio.create_task(outage()))
-        return True
-
-    database.from_client = from_client
-    database.from_server = from_server
+    cut = PgCut(database)
+    # The claim that takes the command (it answers a row), then its COMMIT: PostgreSQL runs it,
+    # its answer never reaches the daemon.
+    cut.arm(Statement(CLAIM_DUE, rows=True), Statement("COMMIT"), at="answered")
     pool = await create_pool(db_dsn, min_size=1, max_size=2)
     try:
         config = make_config(
@@ -81,8 +62,8 @@ async def test_a_claim_whose_commit_answer_was_lost_is_released_not_left_to_laps
                 seen.append(row)
                 return bool(row["status"] == "SENT")
 
-            await wait_until(lambda: bool(tasks), timeout=30)
-            await tasks[0]
+            await cut.outage()
+            assert cut.statement == "COMMIT;"
             with contextlib.suppress(AssertionError):  # the status is said below
                 await wait_until(sent, timeout=30)
             row = seen[-1]
@@ -99,7 +80,5 @@ async def test_a_claim_whose_commit_answer_was_lost_is_released_not_left_to_laps
                 ("create", 0), ("claim", 1), ("release", 1), ("claim", 2), ("sent", 2),
             ]  # fmt: skip
     finally:
-        for task in tasks:
-            await task
         await pool.close()
         await database.stop()

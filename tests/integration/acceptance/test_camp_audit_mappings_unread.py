@@ -4,23 +4,25 @@ Those commands go back to PENDING at once when the database is back (not a recla
 went silent), instead of waiting out their lease and being reclaimed against the node
 (`reclaim_count`, the `command-reclaims` alarm).
 
-A real daemon, its database behind a TCP proxy: once the claim that takes the campaign's
-command has committed (its COMMIT answered), the database's connections are cut.
+A real daemon, its database behind a PostgreSQL-reading proxy (tests/support/pg_cut.py): the
+claim that takes the campaign's command commits (its COMMIT answered), and the connections are
+cut when the batch sends its read of the device mappings, until the daemon has tried again.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 
 import asyncpg
 
 from gateway.commands.campaigns import CampaignRequest, CampaignService, Targets
 from gateway.domain.command import Delivery
+from storage.ingest import DEVICE_MAPPINGS
 from storage.pool import create_pool
 from tests.support.daemon import make_config, running_daemon
 from tests.support.dsn import proxy_for, through
 from tests.support.mosquitto import Mosquitto
+from tests.support.pg_cut import PgCut, Statement
 from tests.support.waiting import wait_until
 
 # The lease far longer than the test's deadline: a claim left to lapse is seen as never sent.
@@ -35,40 +37,10 @@ async def test_claims_whose_mappings_could_not_be_read_are_released_not_left_to_
 ) -> None:
     database = proxy_for(db_dsn)
     await database.start()
-    state = {
-        "claiming": False,
-        "committing": False,
-        "committed": False,
-        "done": False,
-        "dropping": False,
-    }
-    tasks: list[asyncio.Task[None]] = []
-
-    async def outage() -> None:
-        await asyncio.sleep(0.2)  # the COMMIT's answer, on its way, is read meanwhile
-        await database.cut()
-        state["dropping"] = False
-        await asyncio.sleep(1.0)  # the restart's length, not a synchronisation
-        await database.resume()
-
-    def from_server(chunk: bytes) -> bool:
-        # The claim's rows come back (the command CLAIMED), then its COMMIT's answer.
-        if not state["done"] and b"sleepy-1" in chunk and b"CLAIMED" in chunk:
-            state["claiming"] = True
-        elif state["committing"] and b"COMMIT" in chunk:
-            state["committing"], state["committed"] = False, True
-        return True
-
-    def from_client(chunk: bytes) -> bool:
-        if state["claiming"] and b"COMMIT" in chunk:
-            state["claiming"], state["committing"], state["done"] = False, True, True
-        elif state["committed"]:  # the claim is the node's: whatever it asks next fails
-            state["committed"], state["dropping"] = False, True
-            tasks.append(asyncio.create_task(outage()))
-        return not state["dropping"]
-
-    database.from_client = from_client
-    database.from_server = from_server
+    cut = PgCut(database)
+    # The batch's read of its device mappings, the claim committed and answered: it never
+    # reaches PostgreSQL.
+    cut.arm(Statement(DEVICE_MAPPINGS), at="sent")
     pool = await create_pool(db_dsn, min_size=1, max_size=2)
     try:
         config = make_config(
@@ -93,8 +65,7 @@ async def test_claims_whose_mappings_could_not_be_read_are_released_not_left_to_
                 seen.append(row)
                 return bool(row["status"] == "SENT")
 
-            await wait_until(lambda: bool(tasks), timeout=30)
-            await tasks[0]
+            await cut.outage()
             with contextlib.suppress(AssertionError):  # the status is said below
                 await wait_until(sent, timeout=30)
             row = seen[-1]
@@ -111,7 +82,5 @@ async def test_claims_whose_mappings_could_not_be_read_are_released_not_left_to_
                 ("create", 0), ("claim", 1), ("release", 1), ("claim", 2), ("sent", 2),
             ]  # fmt: skip
     finally:
-        for task in tasks:
-            await task
         await pool.close()
         await database.stop()

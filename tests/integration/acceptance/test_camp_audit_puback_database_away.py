@@ -2,30 +2,28 @@
 failover) is SENT once the database is back: not left CLAIMED to lapse, reclaimed (blaming the
 node) and sent to the device a second time.
 
-A real daemon, with its database and its broker each behind a TCP proxy: the moment the daemon
-publishes the downlink, the database's connections are cut, and the broker's answers (its
-PUBACK) reach the daemon only after that cut.
+A real daemon, its database behind a PostgreSQL-reading proxy (tests/support/pg_cut.py): the
+broker acknowledges the downlink, and the connections are cut when the daemon sends the SENT
+write that PUBACK asks for, until the daemon has tried again.
 """
 
 from __future__ import annotations
-
-import asyncio
 
 import asyncpg
 
 from gateway.commands.campaigns import CampaignRequest, CampaignService, Targets
 from gateway.domain.command import Delivery
+from storage.commands import MARK_SENT_MANY
 from storage.pool import create_pool
 from tests.support.daemon import make_config, running_daemon
 from tests.support.dsn import proxy_for, through
 from tests.support.mosquitto import Mosquitto
-from tests.support.tcp_proxy import TcpProxy
+from tests.support.pg_cut import PgCut, Statement
 from tests.support.waiting import wait_until
 
 # A short lease, so that a claim left CLAIMED lapses (and is reclaimed) within the test; the
 # ack window far off, so that the SENT command waits for its (sleeping) device.
 COMMANDS = "[commands]\nlease_s = 4\nreaper_interval_s = 0.5\nack_window_s = 600\n"
-DOWNLINK_TOPIC = b"iot/devices/sleepy-1/commands"
 
 
 async def test_a_downlink_acknowledged_while_the_database_was_away_is_sent_once(
@@ -33,40 +31,14 @@ async def test_a_downlink_acknowledged_while_the_database_was_away_is_sent_once(
 ) -> None:
     database = proxy_for(db_dsn)
     await database.start()
-    broker = TcpProxy("127.0.0.1", mosquitto.port)
-    await broker.start()
-    held: list[bytes] = []
-    state = {"holding": False, "cut": False}
-    tasks: list[asyncio.Task[None]] = []
-
-    async def cut_then_release() -> None:
-        await database.cut()  # the database restarts: every connection reset
-        state["cut"] = True
-        state["holding"] = False
-        for chunk in held:  # the broker's answers (the PUBACK) after the cut, in order
-            broker.to_clients(chunk)
-        held.clear()
-        await asyncio.sleep(1.5)  # the restart's length, not a synchronisation
-        await database.resume()
-
-    def from_client(chunk: bytes) -> bool:
-        if DOWNLINK_TOPIC in chunk and not state["cut"] and not state["holding"]:
-            state["holding"] = True
-            tasks.append(asyncio.create_task(cut_then_release()))
-        return True
-
-    def from_server(chunk: bytes) -> bool:
-        if state["holding"]:
-            held.append(chunk)
-            return False
-        return True
-
-    broker.from_client = from_client
-    broker.from_server = from_server
+    cut = PgCut(database)
+    # The PUBACK's SENT write, the broker having acknowledged the downlink: it never reaches
+    # PostgreSQL.
+    cut.arm(Statement(MARK_SENT_MANY), at="sent")
     pool = await create_pool(db_dsn, min_size=1, max_size=2)
     try:
         config = make_config(
-            dsn=through(db_dsn, database), mqtt_port=broker.port, node_id="node-a",
+            dsn=through(db_dsn, database), mqtt_port=mosquitto.port, node_id="node-a",
             extra=COMMANDS,
         )  # fmt: skip
         async with running_daemon(config):
@@ -90,9 +62,9 @@ async def test_a_downlink_acknowledged_while_the_database_was_away_is_sent_once(
                 # SENT by the first claim, or reclaimed (and claimed again) after its lease.
                 return bool(row["status"] == "SENT" or row["reclaim_count"] > 0)
 
+            await cut.outage()
             await wait_until(settled, timeout=30)
             row = seen[-1]
-            assert state["cut"]
             assert (row["status"], row["claim_generation"], row["reclaim_count"]) == (
                 "SENT", 1, 0,
             ), dict(row)  # fmt: skip
@@ -103,8 +75,5 @@ async def test_a_downlink_acknowledged_while_the_database_was_away_is_sent_once(
                 )
             assert claims == 1  # published once
     finally:
-        for task in tasks:
-            await task
         await pool.close()
-        await broker.stop()
         await database.stop()

@@ -4,23 +4,25 @@ that FAILED write used to be given up: the claim waited out its lease, was recla
 the node (`reclaim_count`, the `command-reclaims` alarm) and claimed again only to meet the same
 refusal. It is tried again while the lease lasts: FAILED on its first claim, no reclaim.
 
-A real daemon, its database behind a TCP proxy: once the claim that takes the campaign's
-command has committed (its COMMIT answered), the database's connections are cut.
+A real daemon, its database behind a PostgreSQL-reading proxy (tests/support/pg_cut.py): the
+connections are cut when the node sends the FAILED write of the refused downlink, until the
+daemon has tried again.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 
 import asyncpg
 
 from gateway.commands.campaigns import CampaignRequest, CampaignService, Targets
 from gateway.domain.command import Delivery
+from storage.commands import FAIL_UNSENDABLE
 from storage.pool import create_pool
 from tests.support.daemon import make_config, running_daemon
 from tests.support.dsn import proxy_for, through
 from tests.support.mosquitto import Mosquitto
+from tests.support.pg_cut import PgCut, Statement
 from tests.support.waiting import wait_until
 
 # The lease far longer than the test's deadline: a claim left to lapse is seen as never sent.
@@ -32,40 +34,9 @@ async def test_an_unsendable_downlink_fails_its_first_claim_through_a_database_o
 ) -> None:
     database = proxy_for(db_dsn)
     await database.start()
-    state = {
-        "claiming": False,
-        "committing": False,
-        "committed": False,
-        "done": False,
-        "dropping": False,
-    }
-    tasks: list[asyncio.Task[None]] = []
-
-    async def outage() -> None:
-        await asyncio.sleep(0.2)  # the COMMIT's answer, on its way, is read meanwhile
-        await database.cut()
-        state["dropping"] = False
-        await asyncio.sleep(1.0)  # the restart's length, not a synchronisation
-        await database.resume()
-
-    def from_server(chunk: bytes) -> bool:
-        # The claim's rows come back (the command CLAIMED), then its COMMIT's answer.
-        if not state["done"] and b"sleepy-1" in chunk and b"CLAIMED" in chunk:
-            state["claiming"] = True
-        elif state["committing"] and b"COMMIT" in chunk:
-            state["committing"], state["committed"] = False, True
-        return True
-
-    def from_client(chunk: bytes) -> bool:
-        if state["claiming"] and b"COMMIT" in chunk:
-            state["claiming"], state["committing"], state["done"] = False, True, True
-        elif state["committed"]:  # the claim is the node's: whatever it asks next fails
-            state["committed"], state["dropping"] = False, True
-            tasks.append(asyncio.create_task(outage()))
-        return not state["dropping"]
-
-    database.from_client = from_client
-    database.from_server = from_server
+    cut = PgCut(database)
+    # The claim's FAILED write (the broker refused the downlink): it never reaches PostgreSQL.
+    cut.arm(Statement(FAIL_UNSENDABLE), at="sent")
     pool = await create_pool(db_dsn, min_size=1, max_size=2)
     try:
         config = make_config(
@@ -90,8 +61,7 @@ async def test_an_unsendable_downlink_fails_its_first_claim_through_a_database_o
                 seen.append(row)
                 return bool(row["status"] == "FAILED")
 
-            await wait_until(lambda: bool(tasks), timeout=30)
-            await tasks[0]
+            await cut.outage()
             with contextlib.suppress(AssertionError):  # the status is said below
                 await wait_until(failed, timeout=30)
             row = seen[-1]
@@ -109,7 +79,5 @@ async def test_an_unsendable_downlink_fails_its_first_claim_through_a_database_o
                 ("create", 0), ("claim", 1), ("unsendable", 1),
             ]  # fmt: skip
     finally:
-        for task in tasks:
-            await task
         await pool.close()
         await database.stop()
