@@ -4,8 +4,9 @@ The dispatcher claims due commands in one statement (generation + 1, this node, 
 publishes each downlink with QoS 1 and, on the broker's PUBACK, moves it CLAIMED → SENT —
 guarded by generation, node and status, so a claim that lapsed meanwhile is left to its new
 owner. A publish that fails leaves the claim to expire: the reaper returns it to PENDING (and
-counts a reclaim). A write after the broker's answer (SENT, a release) that meets the database
-away is tried again while the claim's lease lasts: the PUBACK is known to this node alone.
+counts a reclaim). A write after the broker's answer (SENT, a release, a refusal's FAILED) that
+meets the database away is tried again while the claim's lease lasts: the PUBACK is known to
+this node alone.
 
 The broker being away is not a node losing its commands: while the node's broker session is
 down the dispatcher claims nothing (another node, whose session is up, may), a publish that
@@ -45,7 +46,7 @@ import structlog
 from gateway.commands import sparkplug as sparkplug_writes
 from gateway.commands.lifecycle import DISPATCHER_ACTOR, fail_unsendable, mark_sent
 from gateway.commands.metrics import CommandMetrics
-from gateway.commands.receipts import apply_receipt
+from gateway.commands.receipts import AppliedReceipt, apply_receipt
 from gateway.config import CommandsConfig
 from gateway.domain.mappings import DownlinkError, Mappings
 from gateway.support.backoff import Backoff
@@ -361,7 +362,9 @@ class Dispatcher:
         await self._fail(
             [row for row, outcome in paired if outcome is Outcome.UNSENDABLE], lease_end=lease_end
         )
-        await self._refused([row for row, outcome in paired if outcome is Outcome.REFUSED])
+        await self._refused(
+            [row for row, outcome in paired if outcome is Outcome.REFUSED], lease_end=lease_end
+        )
 
     async def _publish(
         self, row: CommandRow, check: ClaimCheck, mapped: tuple[str, dict[str, str]] | None = None
@@ -509,12 +512,13 @@ class Dispatcher:
         async with self.pool.acquire() as conn, conn.transaction():
             return await fail_unsendable(conn, row, node_id=self.node_id, code=code, reason=reason)
 
-    async def _refused(self, rows: list[CommandRow]) -> None:
+    async def _refused(self, rows: list[CommandRow], *, lease_end: float) -> None:
         """Claims whose downlink the broker refused for now (an ACL, a quota): the node
         answers each as a device's FAILED receipt would, with the refusal's code and reason
         (a realtime command FAILED, a deferrable one PENDING again after its backoff, the 11th
-        time TIMEOUT). One transaction per claim; one that fails to be written leaves the
-        claim to its lease, as before."""
+        time TIMEOUT). One transaction per claim, tried again while the database is away and
+        the lease lasts (the refusal is known to this node alone); one that fails to be
+        written even so leaves the claim to its lease, as before."""
         for row in rows:
             code, reason = self._refusals.pop(row.id)
             own = CommandReceipt(
@@ -525,14 +529,9 @@ class Dispatcher:
                 raw_result_code=code,
                 raw_ack=f"{reason} (reported by {self.node_id})",
             )
-            async with self.pool.acquire() as conn, conn.transaction():
-                applied = await apply_receipt(
-                    conn,
-                    device_id=row.device_id,
-                    receipt=own,
-                    node_id=self.node_id,
-                    sent_timeout_s=self.sent_timeout_s,
-                )
+            applied = await self._while_claimed(
+                functools.partial(self._refuse_one, row, own), lease_end=lease_end
+            )
             moved = applied.command
             log.warning(
                 "downlink_refused",
@@ -544,6 +543,16 @@ class Dispatcher:
             )
             if moved is not None and applied.previous_status not in (None, moved.status):
                 self.metrics.count_command(str(applied.previous_status), moved.status, 1)
+
+    async def _refuse_one(self, row: CommandRow, own: CommandReceipt) -> AppliedReceipt:
+        async with self.pool.acquire() as conn, conn.transaction():
+            return await apply_receipt(
+                conn,
+                device_id=row.device_id,
+                receipt=own,
+                node_id=self.node_id,
+                sent_timeout_s=self.sent_timeout_s,
+            )
 
     async def _mark_sent(
         self, rows: list[CommandRow], *, lease_end: float, note: str | None = None
