@@ -107,6 +107,7 @@ INSERT_RECEIPT = _Q["insert_receipt"]
 INSERT_AUDIT = _Q["insert_audit"]
 RECLAIM_EXPIRED = _Q["reclaim_expired"]
 ACK_WINDOW_PASSED = _Q["ack_window_passed"]
+RECORD_HEARING = _Q["record_hearing"]
 FAIL_SENT_TIMEOUT = _Q["fail_sent_timeout"]
 EXPIRE = _Q["expire"]
 CANCEL = _Q["cancel"]
@@ -310,11 +311,26 @@ async def reclaim_expired(conn: asyncpg.Connection) -> list[CommandRow]:
 
 
 async def ack_window_passed(
-    conn: asyncpg.Connection, window_s: float, mappings: Sequence[str] = ()
+    conn: asyncpg.Connection,
+    window_s: float,
+    mappings: Sequence[str] = (),
+    *,
+    node_id: str = "",
+    ack_window_s: float = 0.0,
+    live_s: float = 0.0,
 ) -> list[CommandRow]:
-    """SENT commands past the window, but those of devices read through ``mappings`` (the
-    names configured: their commands go out on vendor topics, which answer no receipt)."""
-    return _rows(await conn.fetch(ACK_WINDOW_PASSED, window_s, list(mappings)))
+    """SENT commands past ``window_s``, but those of devices read through ``mappings`` (the
+    names configured: their commands go out on vendor topics, which answer no receipt), and
+    those sent less than ``ack_window_s`` before the ``heard_through`` of another node (not
+    ``node_id``) that passed within ``live_s``: it may hold their receipts unstored."""
+    return _rows(
+        await conn.fetch(ACK_WINDOW_PASSED, window_s, list(mappings), node_id, ack_window_s, live_s)
+    )
+
+
+async def record_hearing(conn: asyncpg.Connection, node_id: str, unstored_s: float) -> None:
+    """The node's pass: it has stored what it received up to ``unstored_s`` ago."""
+    await conn.execute(RECORD_HEARING, node_id, unstored_s)
 
 
 async def fail_sent_timeout(conn: asyncpg.Connection) -> list[CommandRow]:

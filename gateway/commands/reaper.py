@@ -9,7 +9,11 @@ ingest queue, and comes once they are back; judged before, the command a device 
 was failed or sent again, and its receipt refused as closed (docs/commands.md, Reaper).
 What the node received and has not stored yet (its ingest writer's lag: PostgreSQL slow to take
 telemetry, a lock, a backlog after an outage) is not heard yet either: the window stops at the
-oldest such message's receipt, as the inactivity monitor's hearing does.
+oldest such message's receipt, as the inactivity monitor's hearing does. Nor is what another
+node of the `$share` group holds unstored (its database away for a moment, its writer
+lagging): each pass writes up to when its node has stored what it received
+(``command_hearing``), and a node judges only commands sent an ack window before that of
+every other node that passed within ``COMMAND_HEARING_LIVE_S``.
 """
 
 from __future__ import annotations
@@ -49,6 +53,10 @@ REAPER_ACTOR = "system:reaper"
 RECLAIM_RULE_KEY = "command-reclaims"
 RECLAIM_SEVERITY = "MAJOR"
 
+# How recently another node's reaper must have passed for what it holds unstored to be waited
+# for: one cut from the database longer than this (or stopped) is taken for gone.
+COMMAND_HEARING_LIVE_S = 60.0
+
 Transition = tuple[str, str]  # (from status, to status): one audited status change
 
 
@@ -74,6 +82,7 @@ async def reap(
     heard_for_s: float = math.inf,
     unstored_s: float = 0.0,
     mappings: Sequence[str] = (),
+    hearing_live_s: float = COMMAND_HEARING_LIVE_S,
 ) -> ReapReport:
     """One pass of the reaper in the caller's transaction; every write is conditional.
     ``heard_for_s``: how long the node has been able to hear receipts (its broker session and
@@ -82,8 +91,12 @@ async def reap(
     message was received (0: none): a receipt received since may wait in the ingest queue, so
     only commands sent that much longer than the ack window ago are judged.
     ``mappings``: the names of the [[ingest.mappings]] configured, whose devices answer no
-    receipt (their commands go out on vendor topics)."""
+    receipt (their commands go out on vendor topics). The pass records up to when this node has
+    stored what it received (``unstored_s`` ago), for the other nodes' passes; it judges only
+    commands sent an ack window before that of every other node that passed within
+    ``hearing_live_s``: a receipt one of them holds unstored is not missing."""
     report = ReapReport([], [], [], [], [])
+    await repo.record_hearing(conn, node_id, unstored_s)
     for row in await repo.reclaim_expired(conn):
         report.reclaimed.append(row.id)
         report.transitions.append(("CLAIMED", row.status))
@@ -102,7 +115,15 @@ async def reap(
             if alarm_id is not None:
                 report.alarms.append(alarm_id)
     if 0 < ack_window_s <= heard_for_s:
-        for row in await repo.ack_window_passed(conn, ack_window_s + unstored_s, mappings):
+        passed = await repo.ack_window_passed(
+            conn,
+            ack_window_s + unstored_s,
+            mappings,
+            node_id=node_id,
+            ack_window_s=ack_window_s,
+            live_s=hearing_live_s,
+        )
+        for row in passed:
             # The node reports TIMEOUT itself: the same effect as a device's TIMEOUT receipt.
             own = CommandReceipt(
                 command_id=row.id,

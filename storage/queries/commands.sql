@@ -288,8 +288,12 @@ WHERE status = 'CLAIMED' AND lease_expire_at < now()
 RETURNING *;
 
 -- name: ack_window_passed
--- $1 ack window seconds, $2 the names of the [[ingest.mappings]] configured; SENT commands
--- whose device gave no receipt in time. A device read through one of those mappings
+-- $1 ack window seconds (with the judging node's own lag), $2 the names of the
+-- [[ingest.mappings]] configured, $3 the judging node, $4 the ack window seconds, $5 how
+-- recently another node must have passed to count; SENT commands whose device gave no
+-- receipt in time. A receipt another node of the $share group received and holds unstored
+-- (its database away a moment, its writer lagging) is not missing: only commands sent an ack
+-- window before every other live node's heard_through (command_hearing) are judged. A device read through one of those mappings
 -- (device_mapping) gets its commands on the vendor's topic and sends no receipt at all: its
 -- commands are left SENT (docs/devices.md#commands-to-mapped-devices). One whose mapping is
 -- gone from the configuration gets the native downlink again, and is judged as any device.
@@ -300,6 +304,10 @@ RETURNING *;
 -- written again here, kept as the device's `duplicated` answer.
 SELECT * FROM command
 WHERE status = 'SENT' AND sent_at < now() - make_interval(secs => $1)
+  AND sent_at < (SELECT coalesce(min(h.heard_through), 'infinity')
+                 FROM command_hearing h
+                 WHERE h.node_id <> $3 AND h.passed_at > now() - make_interval(secs => $5))
+                - make_interval(secs => $4)
   AND NOT EXISTS (SELECT 1 FROM device_mapping m
                   WHERE m.device_id = command.device_id AND m.mapping = ANY ($2::text[]))
   AND NOT EXISTS (SELECT 1 FROM command_receipt r
@@ -308,6 +316,14 @@ WHERE status = 'SENT' AND sent_at < now() - make_interval(secs => $1)
                     AND r.node_id = command.claimed_node_id AND r.outcome = 'accepted')
 ORDER BY id LIMIT 500
 FOR UPDATE SKIP LOCKED;
+
+-- name: record_hearing
+-- $1 node id, $2 seconds since the oldest message the node holds unstored was received (0:
+-- none): up to when the node has stored what it received, written by each reaper pass.
+INSERT INTO command_hearing (node_id, heard_through, passed_at)
+VALUES ($1, now() - make_interval(secs => $2), now())
+ON CONFLICT (node_id) DO UPDATE
+SET heard_through = excluded.heard_through, passed_at = excluded.passed_at;
 
 -- name: fail_sent_timeout
 -- no parameters; SENT past timeout_at: FAILED.

@@ -348,6 +348,8 @@ async def test_indexes(db: asyncpg.Connection) -> None:
         "command_receipt_pkey": "(id)",
         "command_receipt_command_idx": "(command_id, id)",
         "command_audit_pkey": "(id)",
+        # Each node's reaper pass: up to when it has stored what it received (migration 0057).
+        "command_hearing_pkey": "(node_id)",
         "command_audit_command_idx": "(command_id, id)",
         # A campaign's counts per status and its commands page by page.
         "command_campaign_idx": "(campaign_id, status, id) WHERE (campaign_id IS NOT NULL)",
