@@ -22,6 +22,14 @@ PARTITION_LOCK_TIMEOUT: Final = "5s"
 # partition, in one transaction, however many. Cut off by the pool's timeout, the move rolled
 # back and failed the whole pass, at every pass, each time holding ingest off for 60 s.
 PARTITION_CHANGE_TIMEOUT_S: Final = 3600.0
+# How long the lock holder's session may sit between two statements before PostgreSQL ends it,
+# releasing the lock (idle_session_timeout; inside a transaction the pool's
+# idle_in_transaction_session_timeout applies). A pass runs its statements back to back; a
+# holder idle this long is a node that stopped (its VM paused, its process stopped, its link
+# silent without a reset). TCP keepalive never ends such a session when the holder's kernel
+# still answers, and every other node skipped every pass (no partitions made ahead, nothing
+# pruned) until someone killed that process. Another node takes over at its next pass after.
+LOCK_HOLDER_IDLE_S: Final = 30.0
 
 _Q = load_queries("maintenance.sql")
 TRY_LOCK = _Q["try_lock"]
@@ -54,13 +62,18 @@ WALKED: Final = {
 }
 
 
-async def try_lock(conn: asyncpg.Connection) -> bool:
-    """Take the maintenance lock for this session, unless another session holds it."""
-    return bool(await conn.fetchval(TRY_LOCK, MAINTENANCE_LOCK_KEY))
+async def try_lock(conn: asyncpg.Connection, *, idle_s: float = LOCK_HOLDER_IDLE_S) -> bool:
+    """Take the maintenance lock for this session, unless another session holds it; the
+    server then ends this session once it sits ``idle_s`` between statements (see
+    ``LOCK_HOLDER_IDLE_S``), until :func:`unlock`."""
+    idle = f"{round(idle_s * 1000)}ms"
+    return bool(await conn.fetchval(TRY_LOCK, MAINTENANCE_LOCK_KEY, idle))
 
 
 async def unlock(conn: asyncpg.Connection) -> None:
-    await conn.fetchval(UNLOCK, MAINTENANCE_LOCK_KEY)
+    """Release the lock; the session is no longer ended for sitting idle (back to the
+    server's setting)."""
+    await conn.fetchrow(UNLOCK, MAINTENANCE_LOCK_KEY)
 
 
 async def db_now(conn: asyncpg.Connection) -> datetime:

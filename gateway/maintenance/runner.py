@@ -4,7 +4,11 @@ Every node runs the loop; a pass first takes a session advisory lock on a connec
 for the whole pass (``pg_try_advisory_lock``): the node that gets it does the work, the others
 skip that round. A node that dies mid-pass loses its session and with it the lock, and a later
 pass anywhere picks up where it stopped: every step is idempotent and each batch is its own
-short transaction (no huge DELETE holding locks and filling the WAL).
+short transaction (no huge DELETE holding locks and filling the WAL). A node that stops without
+dying (its VM paused, its process stopped, its link silent) has its session ended by the server
+once it sits ``lock_holder_idle_s`` between statements (``storage.maintenance.try_lock``): TCP
+keepalive never ends it while the node's kernel answers, and every other node skipped every
+pass until someone killed that process.
 
 A pass, with ``now`` from the database's clock: the one that stamped every row it compares
 (received_at, last_seen_at, published_at, finished_at ...). A node's wall clock that jumped (a
@@ -115,6 +119,7 @@ class Maintenance:
         default_partition_pages: int = DEFAULT_PARTITION_PAGES,
         on_locked: Callable[[], Awaitable[None]] | None = None,
         partition_lock_timeout: str = repo.PARTITION_LOCK_TIMEOUT,
+        lock_holder_idle_s: float = repo.LOCK_HOLDER_IDLE_S,
     ) -> None:
         self.pool = pool
         self.retention = retention
@@ -127,6 +132,7 @@ class Maintenance:
         self.chunk_rows = chunk_rows
         self.default_partition_pages = default_partition_pages
         self.partition_lock_timeout = partition_lock_timeout
+        self.lock_holder_idle_s = lock_holder_idle_s
         # Tests only: awaited once the lock is held, to hold a pass there while another runs.
         self.on_locked = on_locked
 
@@ -141,7 +147,7 @@ class Maintenance:
     async def run_once(self) -> PassReport:
         """One pass, if no other node is running one."""
         async with self.pool.acquire() as conn:
-            if not await repo.try_lock(conn):
+            if not await repo.try_lock(conn, idle_s=self.lock_holder_idle_s):
                 log.debug("maintenance_skipped", reason="another node holds the lock")
                 return PassReport(ran=False)
             try:

@@ -1,10 +1,23 @@
 -- name: try_lock
--- $1 advisory lock key; true when this session now holds it (one maintenance runner at a time).
-SELECT pg_try_advisory_lock($1);
+-- $1 advisory lock key, $2 a duration ('30000ms'); true when this session now holds it (one
+-- maintenance runner at a time). The holder's session is then ended by the server once it has
+-- sat that long between statements (idle_session_timeout, PostgreSQL 14 and later): a holder
+-- whose process stopped (a VM paused, SIGSTOP) or whose link went silent keeps a connection its
+-- kernel still answers, which TCP keepalive never ends, and every other node skipped every pass
+-- until someone killed it. A pass runs its statements back to back. Set in the same statement
+-- as the lock, so no holder is ever without it; a session that did not get the lock is left as
+-- it was (a pooled connection, idle between uses).
+SELECT CASE WHEN pg_try_advisory_lock($1)
+            THEN (SELECT count(set_config(name, $2, false)) FROM pg_settings
+                  WHERE name = 'idle_session_timeout') >= 0
+            ELSE false END;
 
 -- name: unlock
--- $1 advisory lock key.
-SELECT pg_advisory_unlock($1);
+-- $1 advisory lock key; and idle_session_timeout back to the session's default (the
+-- connection goes back to the pool, where it is idle between uses).
+SELECT pg_advisory_unlock($1),
+       (SELECT count(set_config(name, reset_val, false)) FROM pg_settings
+        WHERE name = 'idle_session_timeout');
 
 -- name: db_now
 -- no parameters; the database's clock, which stamped every row the pass compares with its
