@@ -136,8 +136,14 @@ async def start(
 
 
 async def alarm_reason(conn: asyncpg.Connection, alarm_id: int) -> str | None:
-    """The reason in the alarm's ``alarm.created`` event; None once that event is pruned."""
-    payload = await conn.fetchval(ALARM_REASON, str(alarm_id), EventType.ALARM_CREATED)
+    """Why the rule raised the alarm: kept with it; for an alarm created before migration
+    0057, the reason in its ``alarm.created`` event, None once that event is pruned."""
+    row = await conn.fetchrow(ALARM_REASON, alarm_id, EventType.ALARM_CREATED)
+    if row is None:
+        return None
+    if row["reason"] is not None:
+        return str(row["reason"])
+    payload = row["created"]
     if payload is None:
         return None
     try:

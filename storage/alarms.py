@@ -107,6 +107,7 @@ async def insert_alarm(
     node_id: str,
     trigger: dict[str, Any] | None = None,
     rule_description: str | None = None,
+    reason: str | None = None,
 ) -> asyncpg.Record | None:
     """The new row, or None on a dedup hit."""
     return await conn.fetchrow(
@@ -121,6 +122,7 @@ async def insert_alarm(
         node_id,
         _json(trigger),
         rule_description,
+        reason,
     )
 
 
@@ -140,6 +142,9 @@ class NewAlarm:
     active_key: str
     trigger: dict[str, Any] | None = None
     rule_description: str | None = None
+    # Why the rule fired (its alarm.created event's reason), kept with the alarm: the event
+    # is pruned with the outbox, and an AI summary asked for later still needs it.
+    reason: str | None = None
 
 
 async def taken_keys(
@@ -167,6 +172,7 @@ async def insert_alarms(
         node_id,
         [_json(a.trigger) for a in alarms],
         [a.rule_description for a in alarms],
+        [a.reason for a in alarms],
     )
     return list(records)
 
@@ -293,6 +299,7 @@ async def insert_late(
         clear_event_id,
         _json(alarm.trigger),
         alarm.rule_description,
+        alarm.reason,
     )
 
 

@@ -236,6 +236,7 @@ async def create_alarm(
             node_id=node_id,
             trigger=trigger,
             rule_description=rule_description or None,
+            reason=reason,
         )
     except asyncpg.UniqueViolationError as exc:
         # ON CONFLICT covers the dedup key only: a concurrent insert of the same alarm can
@@ -476,6 +477,7 @@ async def _insert_fresh(
             active_key=holders[i],
             trigger=requests[i].trigger,
             rule_description=requests[i].rule_description or None,
+            reason=requests[i].reason,
         )
         for i in fresh
     ]
@@ -544,6 +546,7 @@ async def create_late_alarm(
             active_key=active_key(request.device_id, request.rule_key),
             trigger=request.trigger,
             rule_description=request.rule_description or None,
+            reason=request.reason,
         ),
         at=now,
         node_id=node_id,

@@ -33,11 +33,17 @@ WHERE id = $1 AND status = 'PENDING'
 RETURNING id, started_at;
 
 -- name: alarm_reason
--- $1 alarm id, $2 the type of its creation event; that event's payload (it holds the reason
--- the rule gave when it raised the alarm).
-SELECT payload::text FROM outbox_event
-WHERE aggregate_type = 'alarm' AND aggregate_id = $1::text AND event_type = $2
-ORDER BY id LIMIT 1;
+-- $1 alarm id, $2 the type of its creation event; the reason the rule gave when it raised the
+-- alarm, kept with it (migration 0057), and, for an alarm created before that (reason null),
+-- its creation event's payload, which holds it while retention keeps the event (outbox_days).
+SELECT a.reason,
+       CASE WHEN a.reason IS NULL THEN (
+           SELECT e.payload::text FROM outbox_event e
+           WHERE e.aggregate_type = 'alarm' AND e.aggregate_id = $1::bigint::text
+             AND e.event_type = $2
+           ORDER BY e.id LIMIT 1)
+       END AS created
+FROM alarm a WHERE a.id = $1::bigint;
 
 -- name: recent_telemetry
 -- $1 device, $2 the alarm's triggered_at, $3 limit; the samples stored by then (the trigger's

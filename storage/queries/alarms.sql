@@ -59,11 +59,11 @@ FROM unnest($1::bigint[], $2::text[], $3::text[]) AS u(a, f, e);
 
 -- name: insert_alarm
 -- $1 device, $2 rule key, $3 severity, $4 telemetry event id, $5 dedup key, $6 active key,
--- $7 triggered at, $8 node id, $9 trigger json or null, $10 rule description or null;
--- nothing on a dedup hit.
+-- $7 triggered at, $8 node id, $9 trigger json or null, $10 rule description or null, $11
+-- reason (why the rule fired); nothing on a dedup hit.
 INSERT INTO alarm (device_id, rule_key, severity, status, telemetry_event_id, dedup_key,
-                   active_key, triggered_at, node_id, trigger, rule_description)
-VALUES ($1, $2, $3, 'NEW', $4, $5, $6, $7, $8, $9::jsonb, $10)
+                   active_key, triggered_at, node_id, trigger, rule_description, reason)
+VALUES ($1, $2, $3, 'NEW', $4, $5, $6, $7, $8, $9::jsonb, $10, $11)
 ON CONFLICT (dedup_key) DO NOTHING
 RETURNING *;
 
@@ -79,14 +79,14 @@ SELECT ARRAY(SELECT a.dedup_key FROM unnest($1::text[]) AS k(key)
 -- name: insert_alarms
 -- $1 devices, $2 rule keys, $3 severities, $4 telemetry event ids, $5 dedup keys, $6 active
 -- keys (arrays, pairwise), $7 triggered at, $8 node id, $9 triggers json, $10 rule
--- descriptions (arrays, pairwise with the others, nulls allowed); the rows inserted (none on
--- a dedup hit).
+-- descriptions, $11 reasons (arrays, pairwise with the others, nulls allowed); the rows
+-- inserted (none on a dedup hit).
 INSERT INTO alarm (device_id, rule_key, severity, status, telemetry_event_id, dedup_key,
-                   active_key, triggered_at, node_id, trigger, rule_description)
-SELECT d, r, s, 'NEW', e, k, a, $7, $8, g::jsonb, x
+                   active_key, triggered_at, node_id, trigger, rule_description, reason)
+SELECT d, r, s, 'NEW', e, k, a, $7, $8, g::jsonb, x, w
 FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
-            $9::text[], $10::text[])
-     AS u(d, r, s, e, k, a, g, x)
+            $9::text[], $10::text[], $11::text[])
+     AS u(d, r, s, e, k, a, g, x, w)
 ON CONFLICT (dedup_key) DO NOTHING
 RETURNING *;
 
@@ -449,16 +449,16 @@ RETURNING *;
 -- name: insert_late
 -- $1 device, $2 rule key, $3 severity, $4 telemetry event id, $5 dedup key, $6 at, $7 node id,
 -- $8 the dedup key of the alarm raised since, $9 clear event id or null, $10 trigger json or
--- null, $11 rule description or null; an alarm committed
+-- null, $11 rule description or null, $12 reason; an alarm committed
 -- after the alarm that, in device order, superseded it: created SUPERSEDED (and cleared,
 -- with $9), holding no active key. Nothing on a dedup hit.
 INSERT INTO alarm (device_id, rule_key, severity, status, telemetry_event_id, dedup_key,
                    active_key, triggered_at, superseded_at, superseded_by, cleared_at,
-                   clear_event_id, node_id, trigger, rule_description)
+                   clear_event_id, node_id, trigger, rule_description, reason)
 SELECT $1, $2, $3, 'SUPERSEDED', $4, $5, NULL, $6, $6,
        (SELECT id FROM alarm WHERE dedup_key = $8),
        CASE WHEN $9::text IS NULL THEN NULL ELSE $6::timestamptz END, $9, $7,
-       $10::jsonb, $11
+       $10::jsonb, $11, $12
 ON CONFLICT (dedup_key) DO NOTHING
 RETURNING *;
 
