@@ -30,9 +30,7 @@ PING = _Q["ping"]
 ASSIGNED_XACT_ID = _Q["assigned_xact_id"]
 XACT_STATUS = _Q["xact_status"]
 CLOCK_NOW = _Q["clock_now"]
-ENSURE_MAPPED_FRAMES = _Q["ensure_mapped_frames"]
-LOCK_MAPPED_FRAMES = _Q["lock_mapped_frames"]
-UPDATE_MAPPED_FRAMES = _Q["update_mapped_frames"]
+RECORD_MAPPED_FRAMES = _Q["record_mapped_frames"]
 
 
 class Xact(NamedTuple):
@@ -206,37 +204,49 @@ def receipt_age(now: float, received_at: float | None) -> float | None:
 _MAX_RECEIPT_AGE_S = 1000.0 * 86400.0
 
 
-async def retransmitted_frames(
+async def record_mapped_frames(
     conn: asyncpg.Connection,
     frames: Sequence[tuple[str, str]],
     window_s: float,
+    due: Mapping[str, tuple[str, dict[str, str]]],
     mapped: Mapping[str, tuple[str, dict[str, str]]],
-) -> set[int]:
+) -> tuple[set[int], dict[str, tuple[str, dict[str, str]]]]:
     """Which of ``frames`` (device id, frame identity; in the batch's order) are a frame read
     from their device just before, within ``window_s`` (the stored one, or the one before in
-    the list): their positions. Each device's last frame becomes the stored one, on its
-    mapping record (``mapped``: its mapping and wildcards, for a device recorded first here),
-    locked until the caller's transaction ends (nodes decide one after another)."""
-    if not frames:
-        return set()
-    devices = sorted({device for device, _ in frames})
-    await conn.execute(
-        ENSURE_MAPPED_FRAMES,
-        devices,
-        [mapped[d][0] for d in devices],
-        [json.dumps(mapped[d][1], sort_keys=True) for d in devices],
-    )
-    last: dict[str, str | None] = {
-        row["device_id"]: row["frame"] if row["recent"] else None
-        for row in await conn.fetch(LOCK_MAPPED_FRAMES, devices, float(window_s))
-    }
+    the list): their positions; and the mappings recorded. Records ``due`` (device id ->
+    its mapping and wildcards, as `record_device_mappings`) in the same statement, one round
+    trip in all. Each device's last frame becomes the stored one, on its mapping record,
+    locked until the caller's transaction ends (nodes decide one after another). A device
+    with a frame but no record (``mapped`` holds its mapping) is recorded."""
+    last: dict[str, str] = {}
+    for device, frame in frames:
+        last[device] = frame
+    record = dict(due)
+    devices = sorted(last.keys() | record.keys())
+    before: dict[str, str | None] = {}
+    # Asked again only for devices the statement found no record of (module doc of the
+    # statement): a record another node's batch inserted meanwhile, or one lost.
+    for _ in range(3):
+        rows = await conn.fetch(
+            RECORD_MAPPED_FRAMES,
+            devices,
+            [record[d][0] if d in record else None for d in devices],
+            [json.dumps(record[d][1], sort_keys=True) if d in record else None for d in devices],
+            [last.get(d) for d in devices],
+            float(window_s),
+        )
+        for row in rows:
+            before[row["device_id"]] = row["frame"] if row["recent"] else None
+        devices = [d for d in devices if d not in before]
+        if not devices:
+            break
+        record.update((d, mapped[d]) for d in devices if d in mapped)
     again: set[int] = set()
     for position, (device, frame) in enumerate(frames):
-        if last.get(device) == frame:
+        if before.get(device) == frame:
             again.add(position)
-        last[device] = frame
-    await conn.execute(UPDATE_MAPPED_FRAMES, devices, [last[device] for device in devices])
-    return again
+        before[device] = frame
+    return again, record
 
 
 async def record_device_mappings(

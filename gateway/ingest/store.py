@@ -76,12 +76,23 @@ async def store(
     result's ``dead_letters``), never written (it would count the pending letter again, or
     write a new one of a letter replayed before)."""
     telemetry, decoded = batch.telemetry, batch.decoded
-    # A radio frame read again (a LoRaWAN retransmission: docs/devices.md) is no reading of
-    # its own: counted as a redelivery, neither stored nor judged.
+    # The mapping records first (their locks before the device rows' insert_telemetry takes,
+    # in every batch: one order between nodes), with the radio frames when the batch holds
+    # any, in one statement: a frame read again (a LoRaWAN retransmission: docs/devices.md)
+    # is no reading of its own: counted as a redelivery, neither stored nor judged.
+    mapped = batch.mapped_devices if mappings is None else mappings.due(batch.mapped_devices)
     positions = sorted(batch.frames)
-    again = await repo.retransmitted_frames(
-        conn, [batch.frames[p] for p in positions], RETRANSMISSION_WINDOW_S, batch.mapped_devices
-    )
+    again: set[int] = set()
+    if positions:
+        again, mapped = await repo.record_mapped_frames(
+            conn,
+            [batch.frames[p] for p in positions],
+            RETRANSMISSION_WINDOW_S,
+            mapped,
+            batch.mapped_devices,
+        )
+    else:
+        await repo.record_device_mappings(conn, mapped)
     if again:
         dropped = {positions[n] for n in again}
         telemetry = [row for n, row in enumerate(telemetry) if n not in dropped]
@@ -110,8 +121,6 @@ async def store(
         conn, presence, received_at, received=presence_received, node_id=node_id
     )
     xact = presence_xact if xact is None else xact
-    mapped = batch.mapped_devices if mappings is None else mappings.due(batch.mapped_devices)
-    await repo.record_device_mappings(conn, mapped)
     letters_xact = await repo.insert_dead_letters(conn, letters if write_letters else [], node_id)
     xact = letters_xact if xact is None else xact
     applied = batch.receipts

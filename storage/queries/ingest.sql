@@ -250,26 +250,55 @@ FROM device_mapping WHERE device_id = ANY($1::text[]);
 -- (gateway.support.db_clock).
 SELECT clock_timestamp();
 
--- name: ensure_mapped_frames
--- $1 device ids (unique, sorted) whose readings name a radio frame, $2 their mappings, $3
--- their topic wildcards (JSON objects): a mapping record each (as upsert_device_mappings
--- writes it for a device first read), so that lock_mapped_frames locks it (a record inserted
--- by another node's batch is waited for).
-INSERT INTO device_mapping (device_id, mapping, captures, updated_at)
-SELECT d, m, c::jsonb, now() FROM unnest($1::text[], $2::text[], $3::text[]) AS u(d, m, c)
-ORDER BY d
-ON CONFLICT (device_id) DO NOTHING;
-
--- name: lock_mapped_frames
--- $1 device ids (unique, sorted), $2 the window in seconds: each device's last frame (NULL:
--- none), locked until the batch commits, and whether it was read within the window.
-SELECT device_id, frame, coalesce(frame_at >= now() - make_interval(secs => $2), false) AS recent
-FROM device_mapping WHERE device_id = ANY($1::text[])
-ORDER BY device_id
-FOR NO KEY UPDATE;
-
--- name: update_mapped_frames
--- $1 device ids, $2 the last frame read from each, now.
-UPDATE device_mapping m SET frame = u.f, frame_at = now()
-FROM unnest($1::text[], $2::text[]) AS u(d, f)
-WHERE m.device_id = u.d;
+-- name: record_mapped_frames
+-- The batch's mapping records and the LoRaWAN retransmission check (gateway.ingest.store), in
+-- one statement, one round trip (docs/devices.md): the check used to take three of its own
+-- (insert the records missing, lock them, write the last frames) besides
+-- upsert_device_mappings. $1 device ids (unique, sorted): those whose readings name a radio
+-- frame and those whose record is due; for each, $2 its mapping and $3 its topic wildcards
+-- (a JSON object), both NULL when its record is not due (left as it is), $4 the last frame
+-- read from it in the batch (NULL: none); $5 the window in seconds. Every record that exists
+-- is locked first, in device order (nodes of a shared group decide one after another, and
+-- lock in one order: no deadlock between their batches), then written: the frame and now,
+-- the mapping and wildcards where they differ. A record not found is inserted, unless its
+-- mapping is not due. One row back per record found: its frame before this statement (NULL:
+-- none) and whether it was read within the window; one per record inserted (no frame). A
+-- device with no row back has no record yet to the statement: one inserted by a batch the
+-- statement waited for (ON CONFLICT DO NOTHING waits for it), or a record not due that is
+-- gone (a failover lost it): the caller asks again for those, with their mapping.
+-- The main query reads `locked` and `inserted`; `updated`, which nothing reads, runs after
+-- it, on rows `locked` holds already.
+WITH u AS (
+    SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[]) AS u(d, m, c, f)
+), locked AS (
+    SELECT device_id, frame,
+           coalesce(frame_at >= now() - make_interval(secs => $5), false) AS recent
+    FROM device_mapping WHERE device_id = ANY($1::text[])
+    ORDER BY device_id
+    FOR NO KEY UPDATE
+), updated AS (
+    UPDATE device_mapping dm
+    SET mapping = coalesce(u.m, dm.mapping),
+        captures = coalesce(u.c::jsonb, dm.captures),
+        updated_at = CASE WHEN u.m IS NOT NULL
+                               AND (dm.mapping, dm.captures) IS DISTINCT FROM (u.m, u.c::jsonb)
+                          THEN now() ELSE dm.updated_at END,
+        frame = coalesce(u.f, dm.frame),
+        frame_at = CASE WHEN u.f IS NULL THEN dm.frame_at ELSE now() END
+    FROM u JOIN locked l ON l.device_id = u.d
+    WHERE dm.device_id = u.d
+      AND (u.f IS NOT NULL
+           OR (u.m IS NOT NULL
+               AND (dm.mapping, dm.captures) IS DISTINCT FROM (u.m, u.c::jsonb)))
+), inserted AS (
+    INSERT INTO device_mapping (device_id, mapping, captures, updated_at, frame, frame_at)
+    SELECT u.d, u.m, u.c::jsonb, now(), u.f, CASE WHEN u.f IS NOT NULL THEN now() END
+    FROM u
+    WHERE u.m IS NOT NULL AND NOT EXISTS (SELECT FROM locked l WHERE l.device_id = u.d)
+    ORDER BY u.d
+    ON CONFLICT (device_id) DO NOTHING
+    RETURNING device_id
+)
+SELECT device_id, frame, recent FROM locked
+UNION ALL
+SELECT device_id, NULL, false FROM inserted;
