@@ -69,7 +69,8 @@ _NAME_RE: Final = re.compile(r"^[A-Za-z0-9_-]{1,64}\Z")
 _CAPTURE_RE: Final = re.compile(r"^\{([A-Za-z_][A-Za-z0-9_]{0,31})\}\Z")
 _PLACEHOLDER_RE: Final = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)(?:\.([A-Za-z0-9_:-]+))?\}")
 _PATH_STEP_RE: Final = re.compile(r"\.([^.\[\]\"]+)|\[(\d+|\*)\]|\[\"([^\"]+)\"\]")
-# The step `[*]` (every item of an array) of a metric's path: an index no path names.
+# The step `[*]` (every item of an array) of a metric's or the time's path: an index no path
+# names.
 EACH: Final = -1
 _NOT_IN_ID: Final = re.compile(r"[^A-Za-z0-9_.:-]")
 _EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
@@ -139,7 +140,7 @@ _ABSENT: Final = _Absent()
 
 def parse_path(text: str, *, each: bool = False) -> JsonPath:
     """Raises `ValueError` (its message says why) for a path it cannot read. ``each``: the
-    step `[*]` (every item of an array) is allowed (a metric's path)."""
+    step `[*]` (every item of an array) is allowed (a metric's path, the time's)."""
     rest = text
     if rest == "$":
         return JsonPath(text, ())
@@ -159,7 +160,9 @@ def parse_path(text: str, *, each: bool = False) -> JsonPath:
         key, index, quoted = match.groups()
         if index == "*":
             if not each:
-                raise ValueError(f"cannot read the path {text!r}: `[*]` is for a metric's path")
+                raise ValueError(
+                    f"cannot read the path {text!r}: `[*]` is for a metric's or the time's path"
+                )
             steps.append(EACH)
         else:
             steps.append(int(index) if index is not None else (key or quoted))
@@ -417,7 +420,8 @@ class CompiledMapping:
     device: Template | None
     device_path: JsonPath | None
     normalise_ids: bool
-    timestamp_path: JsonPath | None
+    # Tried in order: the first that holds a value dates the reading (none: the receipt).
+    timestamp_paths: tuple[JsonPath, ...]
     timestamp_format: str
     timezone: ZoneInfo | None
     receive_window_ms: int
@@ -614,17 +618,27 @@ class _Compiler:
         )
         return None
 
-    def timestamp(self) -> tuple[JsonPath | None, str]:
+    def timestamp(self) -> tuple[tuple[JsonPath, ...], str]:
         config = self.config
         fmt = config.timestamp_format or ("iso8601" if config.timestamp_path else "receive")
         if fmt not in TIMESTAMP_FORMATS:
             self.error("timestamp_format", f"one of {', '.join(TIMESTAMP_FORMATS)}")
-        timestamp_path = self.json_path("timestamp_path", config.timestamp_path)
-        if fmt != "receive" and timestamp_path is None:
+        given = config.timestamp_path
+        texts = (
+            [("timestamp_path", given)]
+            if isinstance(given, str)
+            else [(f"timestamp_path[{number}]", text) for number, text in enumerate(given or ())]
+        )
+        paths = tuple(
+            parsed
+            for key, text in texts
+            if (parsed := self.json_path(key, text, each=True)) is not None
+        )
+        if fmt != "receive" and not paths:
             self.error("timestamp_path", f"required with timestamp_format = {fmt!r}")
-        if fmt == "receive" and timestamp_path is not None:
+        if fmt == "receive" and paths:
             self.error("timestamp_format", "must not be 'receive' when timestamp_path is given")
-        return timestamp_path, fmt
+        return paths, fmt
 
     def zone(self) -> ZoneInfo | None:
         name = self.config.timezone
@@ -726,7 +740,7 @@ def _compile_one(
     presence_device = c.presence_device(presence_topic, device)
     if config.device_ids not in DEVICE_ID_POLICIES:
         c.error("device_ids", f"one of {', '.join(DEVICE_ID_POLICIES)}")
-    timestamp_path, timestamp_format = c.timestamp()
+    timestamp_paths, timestamp_format = c.timestamp()
     zone = c.zone()
     window = config.receive_window_ms or 0
     if not 1 <= window <= 3_600_000:
@@ -756,7 +770,7 @@ def _compile_one(
         device=device,
         device_path=device_path,
         normalise_ids=config.device_ids == "normalise",
-        timestamp_path=timestamp_path,
+        timestamp_paths=timestamp_paths,
         timestamp_format=timestamp_format,
         timezone=zone,
         receive_window_ms=window,
@@ -1034,7 +1048,7 @@ def _telemetry(  # noqa: PLR0911 - one return per reason a payload is refused
     # table's key is the id and the time). The time read from the payload makes every
     # redelivery the same row; a receive time is cut to the window for the same reason.
     event_id = telemetry_event_id(device_id, message)
-    if mapping.timestamp_path is not None and ts_ms < CLOCK_SET_MS:
+    if mapping.timestamp_paths and ts_ms < CLOCK_SET_MS:
         # A clock never set (a device that never reached its time server counts from 1970
         # at each start): its time repeats at every start, so the reading's receive time, cut
         # to the window, tells one start's reading from the same one of the start before.
@@ -1061,14 +1075,26 @@ def _frame(mapping: CompiledMapping, document: dict[str, Any]) -> str | None:
 def _timestamp(
     mapping: CompiledMapping, document: dict[str, Any], received_ms: int
 ) -> int | Refusal:
-    if mapping.timestamp_path is None:
+    if not mapping.timestamp_paths:
         window = mapping.receive_window_ms
         return received_ms // window * window
-    value = mapping.timestamp_path.read(document)
+    # The first path that holds a value (the last one's absence is the refusal's).
+    for path in mapping.timestamp_paths:
+        value = path.read(document)
+        if value is not _ABSENT:
+            break
     fmt = mapping.timestamp_format
-    where = f"{mapping.timestamp_path.text} ({fmt})"
+    where = f"{path.text} ({fmt})"
     try:
-        ms = _epoch_ms(value, fmt, mapping.timezone, received_ms)
+        if isinstance(value, list) and EACH in path.steps:
+            # `[*]`: the middle one of the times found (the earlier of the two middle ones
+            # of an even count: a time one of them gave, never between them). Read on one
+            # clock (ChirpStack's nsTime) any is right; read on each gateway's own, one
+            # clock far off moves no reading while most agree.
+            times = sorted(_epoch_ms(item, fmt, mapping.timezone, received_ms) for item in value)
+            ms = times[(len(times) - 1) // 2]
+        else:
+            ms = _epoch_ms(value, fmt, mapping.timezone, received_ms)
     except (ValueError, OverflowError) as exc:
         shown = "absent" if value is _ABSENT else repr(value)[:80]
         return _refuse(mapping, MAPPING_BAD_TIMESTAMP, f"{shown} at {where}: {exc}")

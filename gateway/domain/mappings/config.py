@@ -39,7 +39,9 @@ class MappingConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_
     device: str | None = None
     device_path: str | None = None
     device_ids: str | None = None  # "refuse" | "normalise"
-    timestamp_path: str | None = None
+    # Where the time is: a path, or paths tried in order (the first that holds a value).
+    # A `[*]` step reads every item's: the middle one of the times found.
+    timestamp_path: str | list[str] | None = None
     # "iso8601" | "epoch_s" | "epoch_ms" | "epoch_us" | "epoch_ns" | "receive"
     timestamp_format: str | None = None
     timezone: str | None = None  # IANA name: the zone of ISO times that carry no offset
@@ -139,7 +141,11 @@ PROFILES: Final[dict[str, MappingConfig]] = {
     "chirpstack-v4": MappingConfig(
         topic="application/{application_id}/device/{dev_eui}/event/up",
         device="{dev_eui}",
-        timestamp_path="$.time",
+        # When ChirpStack received each gateway's copy (`nsTime`: its own clock for every
+        # gateway, set by ChirpStack v4 on each reception), the middle one; else `time`, which
+        # is the first gateway's own clock in no order (rxInfo is a set): a gateway whose
+        # clock is an hour off dated every other uplink an hour off.
+        timestamp_path=["$.rxInfo[*].nsTime", "$.time"],
         timestamp_format="iso8601",
         flatten="$.object",
         metrics=[

@@ -41,6 +41,8 @@ def test_no_gateway_figure_no_link_metric() -> None:
 
 
 def test_every_item_is_for_a_metrics_path_only() -> None:
+    """And the time's, since the profile reads every gateway's `nsTime`
+    (tests/unit/domain/test_mappings_audit_lora_clocks.py)."""
     with pytest.raises(ConfigError) as refused:
-        parse_config(CHIRPSTACK + 'timestamp_path = "$.rxInfo[*].time"\n')
-    assert "ingest.mappings[0].timestamp_path" in str(refused.value)
+        parse_config(CHIRPSTACK + 'device_path = "$.rxInfo[*].gatewayId"\n')
+    assert "ingest.mappings[0].device_path" in str(refused.value)
