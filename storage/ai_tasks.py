@@ -137,7 +137,7 @@ async def start(
 
 async def alarm_reason(conn: asyncpg.Connection, alarm_id: int) -> str | None:
     """Why the rule raised the alarm: kept with it; for an alarm created before migration
-    0057, the reason in its ``alarm.created`` event, None once that event is pruned."""
+    0058, the reason in its ``alarm.created`` event, None once that event is pruned."""
     row = await conn.fetchrow(ALARM_REASON, alarm_id, EventType.ALARM_CREATED)
     if row is None:
         return None

@@ -34,7 +34,7 @@ RETURNING id, started_at;
 
 -- name: alarm_reason
 -- $1 alarm id, $2 the type of its creation event; the reason the rule gave when it raised the
--- alarm, kept with it (migration 0057), and, for an alarm created before that (reason null),
+-- alarm, kept with it (migration 0058), and, for an alarm created before that (reason null),
 -- its creation event's payload, which holds it while retention keeps the event (outbox_days).
 SELECT a.reason,
        CASE WHEN a.reason IS NULL THEN (

@@ -5,7 +5,7 @@ The worker read the alarm's reason from its ``alarm.created`` outbox event, whic
 prunes once published and ``outbox_days`` old (7 by default): a task still due after that (a
 model server down for a week, a backlog, attempts spaced by a long Retry-After, an alarm
 created by a late sample, for which no summary is asked at once) built its prompt with
-``"reason": null``. The reason is kept with the alarm now (migration 0057).
+``"reason": null``. The reason is kept with the alarm now (migration 0058).
 
 Real PostgreSQL, the real maintenance pass, the real worker and HTTP client against a fake
 model server (tests/support/fake_llm.py).
@@ -122,7 +122,7 @@ async def test_a_task_due_after_its_creation_event_was_pruned_still_gets_the_rea
 async def test_an_alarm_created_before_the_reason_was_kept_reads_it_from_its_event(
     pool: asyncpg.Pool,
 ) -> None:
-    """An alarm of a release before migration 0057 (no reason on its row): its creation
+    """An alarm of a release before migration 0058 (no reason on its row): its creation
     event's reason while that event is kept, None once it is pruned (no worse than before)."""
     (alarm_id,) = list(await _alarms(pool))[:1]
     await pool.execute("UPDATE alarm SET reason = NULL WHERE id = $1", alarm_id)

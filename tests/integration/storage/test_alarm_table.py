@@ -120,7 +120,7 @@ async def test_columns_match_the_struct(db: asyncpg.Connection) -> None:
     # Migration 0010 added why an alarm fired: at the end of the table. Migration 0020 added
     # when the timers found it unreached: their bookkeeping (once per alarm), not the domain's.
     # Migration 0056 the transaction that created it: the desk's (a bulk action as read).
-    # Migration 0057 why the rule fired: the AI worker's (its creation event is pruned).
+    # Migration 0058 why the rule fired: the AI worker's (its creation event is pruned).
     added = ["trigger", "rule_description"]
     first = [f for f in Alarm.__struct_fields__ if f not in added]
     assert columns == [
