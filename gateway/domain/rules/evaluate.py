@@ -160,6 +160,7 @@ class _Run:
         "seq",
         "states",
         "unplaced",
+        "window",
     )
 
     def __init__(
@@ -171,6 +172,7 @@ class _Run:
         seq: int | None,
         *,
         sent_at: datetime | None = None,
+        window: timedelta | None = None,
     ) -> None:
         self.states = states
         self.device_id = device_id
@@ -184,6 +186,9 @@ class _Run:
         self.seq = seq
         self.outcomes: list[Outcome] = []
         self.unplaced: list[str] = []
+        # `reorder_window` when its own time is within the clock's bounds (a duration between
+        # two such samples is evidence: `_held_between`), else None.
+        self.window = window
 
     def get(self, rule: Rule) -> RuleState:
         return self.states.get((self.device_id, rule.key), IDLE)
@@ -356,6 +361,8 @@ def evaluate(
     if receipt is not None:
         at, judged = judged_time(sent, receipt, newest, clock)
         adjustment = judged or adjustment
+    # Judged at its receipt (its own time past the bounds), its own time measures nothing.
+    window = clock.reorder_window if at == sent else None
     seq = message.seq
     # seq_order changes nothing for a sample at or after the newest judged whose seq (if both
     # have one) is not below the newest's: most samples, spared the call.
@@ -373,7 +380,7 @@ def evaluate(
             clock=clock,
         )
         adjustment = adjustment or ordered
-    run = _Run(states, device_id, event_id, at, seq, sent_at=sent)
+    run = _Run(states, device_id, event_id, at, seq, sent_at=sent, window=window)
     if message.events:
         _judge_events(device_rules, message.event_types(), run)
     if message.metrics:
@@ -497,6 +504,7 @@ def _judge_sample(rule: ThresholdRule, observed: MetricValue, run: _Run) -> None
         return
     state = run.get(rule)
     late = run.is_late(state)
+    before = state
     state = _noted(state, verdict, run)
     if late:
         if _unplaced(rule, verdict, state, run.observed_at):
@@ -511,12 +519,45 @@ def _judge_sample(rule: ThresholdRule, observed: MetricValue, run: _Run) -> None
             state = replace(state, firing=False, released_ts=at)
         run.put(rule, state)
     elif verdict is _Verdict.VIOLATING:
-        since = at if state.pending_since is None else state.pending_since
+        since = (
+            at
+            if state.pending_since is None
+            else state.pending_since - _held_between(rule, before, run)
+        )
         _count_violation(
             rule, observed, run, state, count=state.pending_count + 1, since=since, newest=at
         )
     else:
         run.put(rule, state.rearmed())
+
+
+def _held_between(rule: ThresholdRule, state: RuleState, run: _Run) -> timedelta:
+    """How much longer a pending hold has held at this newer sample than the times it and the
+    newest were judged at say: its own time past the newest's own time where the newest was
+    judged at a time after its own (`stepped_back` or `corrected`: the newest time already
+    judged, its clock stepped back within the bounds), less the time the run moved on. A
+    clock ahead within `max_future_skew_s`, stepped back by NTP, dates its next samples before
+    the newest judged, and they are judged at that time, one after the other: the hold made
+    no progress while the clock caught up, and fired up to `max_future_skew_s` late. Its own
+    clock, within the bounds on both samples, measures the time between them. Zero where
+    either sample's own time is past the bounds (a clock ahead, a reset to 1970, an upload
+    judged at its receipt: within `reorder_window` of the time it was judged at, below it, is
+    only a time the clock placed), or where the rule holds no time."""
+    own, last = state.last_device_ts, state.last_ts
+    window = run.window
+    if (
+        rule.for_seconds <= 0
+        or window is None
+        or own is None
+        or last is None
+        or not last - window <= own < last
+        or run.sent_at <= own
+    ):
+        return _NO_TIME
+    return max(_NO_TIME, (run.sent_at - own) - (run.observed_at - last))
+
+
+_NO_TIME: Final = timedelta(0)
 
 
 def _noted(state: RuleState, verdict: _Verdict, run: _Run) -> RuleState:
