@@ -46,6 +46,7 @@ class NodeRow:
     births: str  # the births' token (version and server), for ``held`` next time
     dead_bdseq: int | None  # the bdSeq of a death taken before its session's birth
     unborn: list[str]  # devices of the session before not born again since its NBIRTH
+    device_marks: str  # json {device: seq}: latest birth or death taken with a seq missing
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +66,7 @@ class NodeWrite:
     born_now: bool
     dead_bdseq: int | None = None
     unborn: Sequence[str] = ()  # devices of the session before its NBIRTH not born again
+    device_marks: str = "{}"  # json {device: seq} (migration 0059)
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +128,7 @@ async def write_nodes(conn: asyncpg.Connection, writes: Sequence[NodeWrite]) -> 
         [w.born_now for w in writes],
         [w.dead_bdseq for w in writes],
         lines([_joined(w.unborn) for w in writes]),
+        lines([w.device_marks for w in writes]),
     )
     births = [
         (w.group_id, w.edge_node_id, w.aliases, w.metrics)

@@ -12,9 +12,10 @@ batch, so any node of a ``$share`` group decides as one would):
   them: a device of the session before that no ``DBIRTH`` bore is offline (so is it the
   rebirth loop's grace after the ``NBIRTH``, :mod:`gateway.sparkplug.rebirth`).
 - ``NDATA``/``DDATA`` become telemetry rows (metrics by name or by the birth's alias);
-  ``DDEATH`` sets its device offline; ``NDEATH`` with the birth's ``bdSeq``, or a later
-  session's, sets the node and every device of it offline (an earlier ``bdSeq``: an older
-  session's Will, ignored).
+  ``DDEATH`` sets its device offline (a late ``DBIRTH`` or ``DDEATH``, older in seq order
+  than the device's latest birth or death, changes nothing of it); ``NDEATH`` with the
+  birth's ``bdSeq``, or a later session's, sets the node and every device of it offline (an
+  earlier ``bdSeq``: an older session's Will, ignored).
 - A ``seq`` that skips (beyond ``[sparkplug] reorder_window_s``) or goes back, an alias or a
   device no birth defined: the node is not trusted — its data is stored but not judged by the
   rules — until its next ``NBIRTH``, and a rebirth request is wanted (the loop in
@@ -159,6 +160,9 @@ class _Node:
     # presence is left as it was until the births are over (`_births_over`, or the rebirth
     # loop's grace), not set offline by the NBIRTH (migration 0050).
     unborn: list[str] = field(default_factory=list)
+    # Each device's latest DBIRTH or DDEATH seq taken while a seq before it was missing
+    # (migration 0059): a late DBIRTH or DDEATH older than it changes nothing of the device.
+    marks: dict[str, int] = field(default_factory=dict)
     born_now: bool = False
     # A birth in this batch replaced aliases and metrics: only then are they written back.
     births_changed: bool = False
@@ -183,6 +187,7 @@ class _Node:
             # Less those born since: a node of the previous release took their DBIRTH (a
             # rolling upgrade) and left `unborn` as it was.
             unborn=[device for device in row.unborn if device not in row.devices],
+            marks=_decode(row.device_marks),
         )
 
     def write(self) -> repo.NodeWrite:
@@ -205,6 +210,8 @@ class _Node:
             born_now=self.born_now,
             dead_bdseq=self.dead_bdseq,
             unborn=self.unborn,
+            # Only while a seq is missing: no message can be late otherwise.
+            device_marks=_json(self.marks) if self.missing else "{}",
         )
 
     @property
@@ -311,11 +318,42 @@ class SparkplugHost:
 
     def _stream(self, node: _Node, message: SparkplugMessage, out: HostOutcome, now: float) -> None:
         """A born node's DBIRTH, DDEATH or data."""
+        late = self._check_seq(node, message.payload.seq, out, now)
+        self._in_stream(node, message, out, late=late)
+        if not node.missing:
+            node.marks = {}  # no message can be late now
+
+    def _in_stream(
+        self, node: _Node, message: SparkplugMessage, out: HostOutcome, *, late: bool
+    ) -> None:
         kind = message.topic.type
-        self._check_seq(node, message.payload.seq, out, now)
         device = message.topic.device
+        seq = message.payload.seq
+        if (
+            kind in (MessageType.DBIRTH, MessageType.DDEATH)
+            and device is not None
+            and seq is not None
+            and late
+            and _overtaken(node, device, seq)
+        ):
+            # Committed after a birth or death of its device that follows it in seq order
+            # (another node of a $share group took it first): that one is what the device is.
+            # A DBIRTH's values are stored (they were read), under the names it gives.
+            log.info(
+                "sparkplug_device_overtaken",
+                device=message.topic.device_key,
+                seq=seq,
+                later_seq=node.marks[device],
+                note=f"a {kind.value} older than the device's latest birth or death: "
+                "its presence and births are left as they are",
+            )
+            if kind is MessageType.DBIRTH:
+                self._data(node, message, out, birth=True)
+            return
         if kind is MessageType.DBIRTH:
             self._dbirth(node, message, out)
+            if device is not None and seq is not None:
+                node.marks[device] = seq
             return
         if not node.missing:
             # In order: the births are over. With a seq before it still missing (another node
@@ -324,24 +362,30 @@ class SparkplugHost:
             # message in order ends them, or the rebirth loop's grace.
             self._births_over(node, out)
         assert device is None or kind in (MessageType.DDATA, MessageType.DDEATH)
-        if device is not None and device not in node.devices:
-            self._distrust(node, out, f"device {device} has no birth in force")
-            if kind is MessageType.DDATA:
-                out.dead_letters.append(
-                    message.letter(
-                        NOT_BORN,
-                        f"device {message.topic.device_key} has no birth in force: "
-                        "a rebirth is requested",
-                    )
-                )
-            else:
-                out.presence[message.topic.device_key] = "offline"
-            return
         if kind is MessageType.DDEATH:
             assert device is not None
-            node.devices.remove(device)
+            if seq is not None:
+                node.marks[device] = seq
+            if device in node.unborn:
+                node.unborn.remove(device)
             out.presence[message.topic.device_key] = "offline"
-            out.deaths += 1
+            if device in node.devices:
+                node.devices.remove(device)
+                out.deaths += 1
+            elif not node.missing:
+                # No birth of it anywhere before (with a seq before it missing, that may be
+                # its DBIRTH, committed by another node of a $share group: judged then).
+                self._distrust(node, out, f"device {device} has no birth in force")
+            return
+        if device is not None and device not in node.devices:
+            self._distrust(node, out, f"device {device} has no birth in force")
+            out.dead_letters.append(
+                message.letter(
+                    NOT_BORN,
+                    f"device {message.topic.device_key} has no birth in force: "
+                    "a rebirth is requested",
+                )
+            )
             return
         self._data(node, message, out, birth=False)
 
@@ -391,6 +435,7 @@ class SparkplugHost:
         node.bdseq = payload.bdseq()
         node.seq = payload.seq
         node.missing = {}
+        node.marks = {}
         node.aliases = {}
         node.metrics = {}
         node.births_changed = True
@@ -484,6 +529,7 @@ class SparkplugHost:
         node.trusted = False
         node.rebirth_reason = None  # a dead node is not asked for anything; its birth will come
         node.missing = {}
+        node.marks = {}
         out.presence[node.key] = "offline"
         for device in (*node.devices, *node.unborn):
             out.presence[f"{node.key}/{device}"] = "offline"
@@ -583,19 +629,22 @@ class SparkplugHost:
 
     # --- seq -----------------------------------------------------------------------------
 
-    def _check_seq(self, node: _Node, seq: int | None, out: HostOutcome, now: float) -> None:
+    def _check_seq(self, node: _Node, seq: int | None, out: HostOutcome, now: float) -> bool:
+        """Follow the node's seq; whether the message is late (its seq was missing)."""
         if seq is None or not 0 <= seq <= 255:
             self._distrust(node, out, "a message without a valid seq")
-            return
+            return False
         last = node.seq
         if last is None:
             node.seq = seq
-            return
+            return False
         ahead = (seq - last) % 256
+        late = False
         if ahead == 1:
             node.seq = seq
         elif str(seq) in node.missing:
             del node.missing[str(seq)]  # late, within the reorder window
+            late = True
         elif 1 < ahead < 128 and self.reorder_window_s > 0:
             for skipped in range(1, ahead):
                 node.missing.setdefault(str((last + skipped) % 256), now)
@@ -608,6 +657,7 @@ class SparkplugHost:
         if window > 0 and node.missing and min(node.missing.values()) < now - window:
             node.missing = {}
             self._distrust(node, out, "a seq missing longer than the reorder window")
+        return late
 
     @staticmethod
     def _distrust(node: _Node, out: HostOutcome, why: str) -> None:
@@ -617,6 +667,16 @@ class SparkplugHost:
         node.trusted = False
         if node.rebirth_reason is None:
             node.rebirth_reason = why[:200]
+
+
+def _overtaken(node: _Node, device: str, seq: int) -> bool:
+    """A late message of ``device`` at ``seq`` is older in seq order than the device's latest
+    birth or death taken (``marks``: taken while a seq before it was missing, so within the
+    reorder window of the node's seq, which no seq there has passed by 256)."""
+    mark = node.marks.get(device)
+    if mark is None or node.seq is None:
+        return False
+    return 0 < (mark - seq) % 256 <= (node.seq - seq) % 256
 
 
 def _next_session(bdseq: int, birth: int | None) -> bool:
