@@ -47,6 +47,8 @@ class NodeRow:
     dead_bdseq: int | None  # the bdSeq of a death taken before its session's birth
     unborn: list[str]  # devices of the session before not born again since its NBIRTH
     device_marks: str  # json {device: seq}: latest birth or death taken with a seq missing
+    birth_ts: int | None  # the payload timestamp of the NBIRTH in force (epoch ms)
+    born_epoch: float | None  # when it was taken (the database's clock, epoch seconds)
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +69,7 @@ class NodeWrite:
     dead_bdseq: int | None = None
     unborn: Sequence[str] = ()  # devices of the session before its NBIRTH not born again
     device_marks: str = "{}"  # json {device: seq} (migration 0059)
+    birth_ts: int | None = None  # the NBIRTH's payload timestamp (migration 0060)
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +132,7 @@ async def write_nodes(conn: asyncpg.Connection, writes: Sequence[NodeWrite]) -> 
         [w.dead_bdseq for w in writes],
         lines([_joined(w.unborn) for w in writes]),
         lines([w.device_marks for w in writes]),
+        [w.birth_ts for w in writes],
     )
     births = [
         (w.group_id, w.edge_node_id, w.aliases, w.metrics)

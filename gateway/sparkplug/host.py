@@ -22,6 +22,9 @@ batch, so any node of a ``$share`` group decides as one would):
   :mod:`gateway.sparkplug.rebirth` sends it).
 - Data of a node (or device) that is not born (never, or since its death) cannot be read for
   sure: a dead letter, ``SPARKPLUG_NOT_BORN``, and a rebirth request.
+- A ``DBIRTH``, ``DDEATH`` or data published before the ``NBIRTH`` in force (its payload
+  timestamp older) and taken within the reorder window after it is the session before's: a
+  dead letter, ``SPARKPLUG_OLD_SESSION``, moving nothing of the stream.
 - A message seen already (a redelivery: same topic and bytes among the node's last ones) is
   skipped.
 """
@@ -54,6 +57,8 @@ from storage.ingest import DeadLetterRow, TelemetryRow
 log = structlog.get_logger(__name__)
 
 NOT_BORN = "SPARKPLUG_NOT_BORN"
+# A DBIRTH, DDEATH or data of the session before the NBIRTH in force, committed after it.
+OLD_SESSION = "SPARKPLUG_OLD_SESSION"
 INVALID = "INVALID"
 # Message ids kept per edge node to recognise a redelivery.
 RECENT = 64
@@ -163,6 +168,11 @@ class _Node:
     # Each device's latest DBIRTH or DDEATH seq taken while a seq before it was missing
     # (migration 0059): a late DBIRTH or DDEATH older than it changes nothing of the device.
     marks: dict[str, int] = field(default_factory=dict)
+    # The payload timestamp of the NBIRTH in force (epoch ms), and when it was taken (the
+    # database's epoch seconds): a message published before it, committed within the reorder
+    # window after it, is of the session before (migration 0060).
+    birth_ts: int | None = None
+    born_epoch: float | None = None
     born_now: bool = False
     # A birth in this batch replaced aliases and metrics: only then are they written back.
     births_changed: bool = False
@@ -188,6 +198,8 @@ class _Node:
             # rolling upgrade) and left `unborn` as it was.
             unborn=[device for device in row.unborn if device not in row.devices],
             marks=_decode(row.device_marks),
+            birth_ts=row.birth_ts,
+            born_epoch=row.born_epoch,
         )
 
     def write(self) -> repo.NodeWrite:
@@ -212,6 +224,7 @@ class _Node:
             unborn=self.unborn,
             # Only while a seq is missing: no message can be late otherwise.
             device_marks=_json(self.marks) if self.missing else "{}",
+            birth_ts=self.birth_ts,
         )
 
     @property
@@ -304,6 +317,7 @@ class SparkplugHost:
             self._replayed(node, message, out)
         elif kind is MessageType.NBIRTH:
             self._nbirth(node, message, out)
+            node.born_epoch = now
         elif kind is MessageType.NDEATH:
             self._ndeath(node, message, out)
         elif not node.born:
@@ -313,8 +327,34 @@ class SparkplugHost:
                     NOT_BORN, f"edge node {node.key} has no birth in force: a rebirth is requested"
                 )
             )
+        elif self._old_session(node, message, now):
+            out.dead_letters.append(
+                message.letter(
+                    OLD_SESSION,
+                    f"published at {message.payload.timestamp} before the NBIRTH in force "
+                    f"({node.birth_ts}) of edge node {node.key}: of the session before, whose "
+                    "aliases and seq are not this one's; not applied",
+                )
+            )
         else:
             self._stream(node, message, out, now)
+
+    def _old_session(self, node: _Node, message: SparkplugMessage, now: float) -> bool:
+        """A born node's DBIRTH, DDEATH or data published before the NBIRTH in force (its
+        payload timestamp older, on the edge node's clock), taken within the reorder window
+        after that birth: the session before's, held by another node of a ``$share`` group
+        while the birth was committed (its seq started again at 0 with the birth, so it may
+        look in order). Past the window nothing is held that long, and an edge node's clock
+        stepped back after its birth refuses nothing."""
+        published = message.payload.timestamp
+        return (
+            self.reorder_window_s > 0
+            and published is not None
+            and node.birth_ts is not None
+            and node.born_epoch is not None
+            and published < node.birth_ts
+            and now - node.born_epoch <= self.reorder_window_s
+        )
 
     def _stream(self, node: _Node, message: SparkplugMessage, out: HostOutcome, now: float) -> None:
         """A born node's DBIRTH, DDEATH or data."""
@@ -434,6 +474,7 @@ class SparkplugHost:
         node.rebirth_reason = None
         node.bdseq = payload.bdseq()
         node.seq = payload.seq
+        node.birth_ts = payload.timestamp
         node.missing = {}
         node.marks = {}
         node.aliases = {}

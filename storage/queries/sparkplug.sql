@@ -22,7 +22,7 @@ SELECT l.group_id, l.edge_node_id, l.born, l.bdseq, l.seq, l.missing, l.trusted,
        CASE WHEN l.held THEN NULL ELSE l.aliases::text END AS aliases,
        CASE WHEN l.held THEN NULL ELSE l.metrics::text END AS metrics,
        l.devices, l.recent, l.rebirth_reason, l.rebirth_wanted, l.births, l.dead_bdseq,
-       l.unborn, l.device_marks
+       l.unborn, l.device_marks, l.birth_ts, l.born_epoch
 FROM (
     -- Not flattened into the outer query (it locks): `births` is computed once a row.
     SELECT s.group_id, s.edge_node_id, s.born, s.bdseq, s.seq, s.missing::text AS missing,
@@ -30,7 +30,8 @@ FROM (
            s.rebirth_wanted_at IS NOT NULL AS rebirth_wanted,
            s.births_version::text || '@' || (SELECT started FROM server) AS births,
            u.t = s.births_version::text || '@' || (SELECT started FROM server) AS held,
-           s.dead_bdseq, s.unborn, s.device_marks::text AS device_marks
+           s.dead_bdseq, s.unborn, s.device_marks::text AS device_marks, s.birth_ts,
+           extract(epoch FROM s.born_at)::double precision AS born_epoch
     FROM sparkplug_node s
     JOIN unnest($1::text[], $2::text[], $3::text[]) AS u(g, n, t)
       ON s.group_id = u.g AND s.edge_node_id = u.n
@@ -47,7 +48,8 @@ FROM (
 -- bdSeq of a death taken before its session's birth (null: none; migration 0040), $13 the
 -- devices of the session before that no DBIRTH has born since its NBIRTH (joined by `,` as
 -- $8; migration 0050), $14 each device's latest birth or death seq taken while a seq before it
--- was missing (json; migration 0059). The
+-- was missing (json; migration 0059), $15 the payload timestamps of the NBIRTHs in force
+-- (migration 0060). The
 -- births (aliases, metric datatypes) are left as they are: write_births writes those a birth
 -- of the batch changed.
 UPDATE sparkplug_node s
@@ -63,14 +65,15 @@ SET born = u.born, bdseq = u.bdseq, seq = u.seq, missing = u.missing::jsonb,
     dead_bdseq = u.dead_bdseq,
     unborn = coalesce(string_to_array(nullif(u.unborn, ''), ','), '{}'),
     device_marks = u.marks::jsonb,
+    birth_ts = u.birth_ts,
     updated_at = now()
 FROM unnest(string_to_array($1, E'\n'), string_to_array($2, E'\n'), $3::boolean[],
             $4::bigint[], $5::integer[], string_to_array($6, E'\n'), $7::boolean[],
             string_to_array($8, E'\n'), string_to_array($9, E'\n'), $10::text[],
             $11::boolean[], $12::bigint[], string_to_array($13, E'\n'),
-            string_to_array($14, E'\n'))
+            string_to_array($14, E'\n'), $15::bigint[])
      AS u(g, n, born, bdseq, seq, missing, trusted, devices, recent, reason, born_now,
-          dead_bdseq, unborn, marks)
+          dead_bdseq, unborn, marks, birth_ts)
 WHERE s.group_id = u.g AND s.edge_node_id = u.n;
 
 -- name: write_births
