@@ -204,8 +204,11 @@ class OpenWrite:
     params: str
 
 
-async def open_writes(conn: asyncpg.Connection, device_ids: Sequence[str]) -> list[OpenWrite]:
+async def open_writes(
+    conn: asyncpg.Connection, device_ids: Sequence[str], received_at: datetime | None = None
+) -> list[OpenWrite]:
+    """The open writes of these devices claimed by ``received_at`` (None: now)."""
     if not device_ids:
         return []
-    records = await conn.fetch(OPEN_WRITES, sorted(set(device_ids)))
+    records = await conn.fetch(OPEN_WRITES, sorted(set(device_ids)), received_at)
     return [OpenWrite(*record.values()) for record in records]

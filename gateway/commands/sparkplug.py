@@ -5,7 +5,7 @@ its ``name`` is the metric, ``params`` ``{"value": v}`` (and optionally ``"confi
 metric whose reported value confirms the write, by default the written one). It goes out as
 ``DCMD`` (``NCMD`` for the edge node itself) with the metric's datatype from the birth in
 force. Sparkplug has no receipt: the command is ACKED when the device reports the written
-value back (a sample of the confirmation metric equal to it, stored after the claim), and
+value back (a sample of the confirmation metric equal to it, received after the claim), and
 otherwise follows the native rules for a command no receipt answers (``[commands]
 ack_window_s``: a realtime one FAILED, a deferrable one retried).
 """
@@ -17,6 +17,7 @@ import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 
 import asyncpg
 
@@ -90,12 +91,17 @@ def _same(reported: object, written: sparkplug.SparkplugValue) -> bool:
 
 
 async def confirmations(
-    conn: asyncpg.Connection, samples: Sequence[tuple[TelemetryRow, Telemetry]]
+    conn: asyncpg.Connection,
+    samples: Sequence[tuple[TelemetryRow, Telemetry]],
+    received_at: datetime | None = None,
 ) -> list[tuple[str, CommandReceipt]]:
     """ACKED receipts for the open commands of these samples' devices whose written value a
-    sample reports back (the claim's generation and node, as the command's own receipt would)."""
+    sample reports back (the claim's generation and node, as the command's own receipt would).
+    ``received_at``: when the samples were received, if not now (a replayed dead letter): only
+    a command claimed by then can be answered by them. Compared by value alone, an old DDATA
+    replayed while a write was open confirmed it if it held the value written."""
     devices = {row.device_id for row, _ in samples}
-    writes = await repo.open_writes(conn, sorted(devices))
+    writes = await repo.open_writes(conn, sorted(devices), received_at)
     receipts = []
     for command in writes:
         try:

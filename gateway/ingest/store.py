@@ -127,7 +127,10 @@ async def store(
     if outcome is not None and outcome.telemetry and receipts is not None:
         # Sparkplug has no receipt: a write is confirmed by the value reported back.
         samples = list(zip(outcome.telemetry, outcome.decoded, strict=True))
-        applied = [*applied, *await sparkplug_writes.confirmations(conn, samples)]
+        applied = [
+            *applied,
+            *await sparkplug_writes.confirmations(conn, samples, received_at),
+        ]
     done: tuple[AppliedReceipt, ...] = ()
     if applied:
         if receipts is None:

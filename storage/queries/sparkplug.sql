@@ -155,8 +155,11 @@ SELECT s.born AND ($3 = '' OR $3 = ANY (s.devices)) AS born,
 FROM sparkplug_node s WHERE s.group_id = $1 AND s.edge_node_id = $2;
 
 -- name: open_writes
--- $1 device ids; the open (claimed or sent) commands of those Sparkplug devices, oldest first.
+-- $1 device ids, $2 when the data that may confirm them was received (null: now); the open
+-- (claimed or sent) commands of those Sparkplug devices claimed by then, oldest first. Data
+-- received before the claim answers no write of it (a dead letter replayed: its receipt).
 SELECT id, device_id, claim_generation, claimed_node_id, name, params::text
 FROM command
 WHERE device_id = ANY ($1::text[]) AND status IN ('CLAIMED', 'SENT')
+  AND claimed_at <= coalesce($2::timestamptz, now())
 ORDER BY id;
