@@ -28,6 +28,7 @@ The node's clock now only tells the skew (``maintenance_clock_skew``) and the la
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -43,6 +44,7 @@ from gateway.support.loops import every
 from gateway.support.metrics import Metrics
 from gateway.support.node import Node
 from storage import maintenance as repo
+from storage.errors import DB_ERRORS
 
 log = structlog.get_logger(__name__)
 
@@ -155,8 +157,7 @@ class Maintenance:
                     await self.on_locked()
                 report = await self._pass(conn, await self._now(conn))
             finally:
-                if not conn.is_closed():
-                    await repo.unlock(conn)
+                await self._unlock(conn)
         if report.created or report.dropped or any(report.deleted.values()):
             log.info(
                 "maintenance_done",
@@ -165,6 +166,23 @@ class Maintenance:
                 deleted=report.deleted,
             )
         return report
+
+    @staticmethod
+    async def _unlock(conn: asyncpg.Connection) -> None:
+        """Let the lock go, never hiding why a pass failed.
+
+        A connection lost under the pass (the database restarted or cut away) took the lock
+        with its session; asyncpg has already taken it back from this pass, and any call on it
+        raises ``InterfaceError(... released back to the pool)``: raised here, that replaced
+        the pass's own error in the log. An unlock that fails on a connection still open cuts
+        it, so that the lock never goes back to the pool with it (the pool keeps sessions as
+        they are: ``storage.pool``)."""
+        try:
+            await repo.unlock(conn)
+        except DB_ERRORS as exc:
+            log.debug("maintenance_unlock_failed", error=repr(exc), note="the session goes")
+            with contextlib.suppress(asyncpg.InterfaceError):
+                conn.terminate()
 
     async def _now(self, conn: asyncpg.Connection) -> datetime:
         """The database's time (the rows' clock), the node's skew from it logged."""

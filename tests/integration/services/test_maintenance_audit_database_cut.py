@@ -1,0 +1,107 @@
+"""A maintenance pass cut off by the database going away (docs/operations.md, "Retention").
+
+The database cut under a pass (a restart, a failover, the network): the pass's connection is
+lost, and asyncpg hands it back to its pool at once (a lost connection leaves the pool by
+itself). The pass's ``finally`` then asked that connection whether it was closed, which asyncpg
+refuses for one it no longer lends: the pass's own error was replaced by
+``InterfaceError('cannot call Connection.is_closed(): connection has been released back to the
+pool')``, the line the log showed. Now the pass's own error is raised (and logged by the
+loop), and the lock goes with the lost session. Real PostgreSQL, cut by a proxy at a chosen
+statement of the pass."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+import asyncpg
+import pytest
+
+from gateway.config import RetentionConfig
+from gateway.maintenance.runner import Maintenance
+from gateway.support.metrics import Metrics
+from storage.errors import DB_ERRORS
+from storage.pool import create_pool
+from tests.support.dsn import proxy_for, through
+from tests.support.pg_cut import PgCut, Statement
+from tests.support.waiting import wait_until
+
+LAST_PASS = "gateway_maintenance_last_pass_timestamp_seconds"
+# The pass's last statement before it lets the lock go: everything else of the pass ran.
+LAST_STATEMENT = Statement("telemetry_oldest_day()")
+# The errors asyncpg raises for a connection reset under it.
+LOST = (OSError, asyncpg.exceptions.ConnectionDoesNotExistError, asyncpg.InterfaceError)
+
+
+@dataclass
+class Rig:
+    maintenance: Maintenance
+    cut: PgCut
+    dsn: str  # through the proxy
+
+    def last_pass(self) -> float:
+        value = self.maintenance.metrics.registry.get_sample_value(LAST_PASS)
+        return value or 0.0
+
+    async def outage(self) -> None:
+        """The cut has fallen: a client tries the database (refused), then it is back."""
+        await wait_until(self.cut.fired.is_set, timeout=30, message="the cut fell")
+        with pytest.raises(LOST):
+            await asyncpg.connect(self.dsn, timeout=5)
+        await self.cut.outage(timeout=30)
+
+
+@asynccontextmanager
+async def _rig(db_dsn: str) -> AsyncIterator[Rig]:
+    proxy = proxy_for(db_dsn)
+    await proxy.start()
+    try:
+        cut = PgCut(proxy)
+        dsn = through(db_dsn, proxy)
+        pool = await create_pool(dsn, min_size=1, max_size=2)
+        try:
+            # The default interval: an hour between passes.
+            retention = RetentionConfig(telemetry_days=30)
+            assert retention.interval_s == 3600
+            yield Rig(Maintenance(pool=pool, retention=retention, metrics=Metrics()), cut, dsn)
+        finally:
+            pool.terminate()
+    finally:
+        await proxy.stop()
+
+
+async def _no_lock(db: asyncpg.Connection) -> bool:
+    return await _advisory_locks(db) == 0
+
+
+async def _advisory_locks(db: asyncpg.Connection) -> int:
+    """Advisory locks held in this test's database (only the maintenance lock takes one)."""
+    n: int = await db.fetchval(
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
+        "AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+    )
+    return n
+
+
+async def test_a_pass_cut_off_raises_its_own_error_and_leaves_no_lock(
+    db_dsn: str, db: asyncpg.Connection
+) -> None:
+    async with _rig(db_dsn) as rig:
+        rig.cut.arm(LAST_STATEMENT, at="sent")
+        with pytest.raises(DB_ERRORS) as raised:
+            await rig.maintenance.run_once()
+        # The connection's loss, not the pool's refusal to be asked about a connection it
+        # already took back.
+        assert "released back to the pool" not in repr(raised.value)
+        assert isinstance(raised.value, LOST)
+        await wait_until(
+            lambda: _no_lock(db),
+            timeout=30,
+            message="the lost session's maintenance lock let go",
+        )
+        await rig.outage()
+        # And the next pass takes it and runs.
+        report = await rig.maintenance.run_once()
+        assert report.ran
+        assert await _advisory_locks(db) == 0
