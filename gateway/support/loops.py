@@ -50,15 +50,17 @@ async def every(
     name: str,
 ) -> None:
     """Run ``step`` every ``interval_s`` until ``stop``; a failed pass is logged and retried
-    after a growing delay (never shorter than ``interval_s``). A callable ``interval_s`` is
-    read after each pass (a reload may change it)."""
+    after a growing delay, never shorter than ``interval_s`` nor longer than
+    ``FAILURE_BACKOFF_CAP_S`` (a loop whose interval is longer retries at the cap: the hourly
+    maintenance pass, failed by a database restart of a few seconds, waited the whole hour).
+    A callable ``interval_s`` is read after each pass (a reload may change it)."""
     backoff = failure_backoff(interval_s() if callable(interval_s) else interval_s)
     while not stop.is_set():
         delay = interval = interval_s() if callable(interval_s) else interval_s
         try:
             await step()
         except RETRYABLE as exc:
-            delay = max(interval, backoff.next_delay())
+            delay = min(max(interval, backoff.next_delay()), FAILURE_BACKOFF_CAP_S)
             log.warning(
                 "periodic_step_failed", loop=name, error=repr(exc), retry_in_s=round(delay, 3)
             )

@@ -6,20 +6,27 @@ itself). The pass's ``finally`` then asked that connection whether it was closed
 refuses for one it no longer lends: the pass's own error was replaced by
 ``InterfaceError('cannot call Connection.is_closed(): connection has been released back to the
 pool')``, the line the log showed. Now the pass's own error is raised (and logged by the
-loop), and the lock goes with the lost session. Real PostgreSQL, cut by a proxy at a chosen
-statement of the pass."""
+loop), and the lock goes with the lost session.
+
+And the loop waited its whole interval before the next try (``[retention] interval_s``, an hour
+by default): a pass failed by a restart of a few seconds was an hour of retention and partition
+making lost. Now it is tried again within FAILURE_BACKOFF_CAP_S (30 s). Real PostgreSQL, cut by
+a proxy at a chosen statement of the pass."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 import asyncpg
 import pytest
+from structlog.testing import capture_logs
 
 from gateway.config import RetentionConfig
 from gateway.maintenance.runner import Maintenance
+from gateway.support.loops import FAILURE_BACKOFF_CAP_S
 from gateway.support.metrics import Metrics
 from storage.errors import DB_ERRORS
 from storage.pool import create_pool
@@ -104,4 +111,32 @@ async def test_a_pass_cut_off_raises_its_own_error_and_leaves_no_lock(
         # And the next pass takes it and runs.
         report = await rig.maintenance.run_once()
         assert report.ran
+        assert await _advisory_locks(db) == 0
+
+
+async def test_a_pass_failed_by_the_database_away_is_tried_again_soon_not_after_the_interval(
+    db_dsn: str, db: asyncpg.Connection
+) -> None:
+    async with _rig(db_dsn) as rig:
+        rig.cut.arm(LAST_STATEMENT, at="sent")
+        stop = asyncio.Event()
+        with capture_logs() as logs:
+            loop = asyncio.create_task(rig.maintenance.run(stop))
+            try:
+                await rig.outage()
+                assert rig.last_pass() == 0  # the first pass failed at its last statement
+                # Tried again within the failure backoff's cap (30 s), not an hour later.
+                await wait_until(
+                    lambda: rig.last_pass() > 0,
+                    timeout=FAILURE_BACKOFF_CAP_S + 15,
+                    message="a pass after the database came back",
+                )
+            finally:
+                stop.set()
+                await loop
+        failed = [e for e in logs if e["event"] == "periodic_step_failed"]
+        assert len(failed) == 1, failed
+        assert failed[0]["loop"] == "maintenance"
+        assert "released back to the pool" not in failed[0]["error"]
+        assert failed[0]["retry_in_s"] <= FAILURE_BACKOFF_CAP_S
         assert await _advisory_locks(db) == 0
