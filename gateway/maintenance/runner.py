@@ -40,7 +40,7 @@ import structlog
 
 from gateway.config import RetentionConfig
 from gateway.maintenance.metrics import MaintenanceMetrics
-from gateway.support.loops import every
+from gateway.support.loops import FAILURE_BACKOFF_CAP_S, every
 from gateway.support.metrics import Metrics
 from gateway.support.node import Node
 from storage import maintenance as repo
@@ -137,6 +137,8 @@ class Maintenance:
         self.lock_holder_idle_s = lock_holder_idle_s
         # Tests only: awaited once the lock is held, to hold a pass there while another runs.
         self.on_locked = on_locked
+        # A pass of this node failed, and none ran since (see _next_pass_in).
+        self._owed = False
 
     @classmethod
     def from_config(cls, node: Node, retention: RetentionConfig) -> Maintenance:
@@ -144,7 +146,25 @@ class Maintenance:
 
     async def run(self, stop: asyncio.Event) -> None:
         # Read after each pass: a reload's [retention] applies from the next one.
-        await every(lambda: self.retention.interval_s, stop, self.run_once, name="maintenance")
+        await every(self._next_pass_in, stop, self._step, name="maintenance")
+
+    def _next_pass_in(self) -> float:
+        """The wait after a pass: ``interval_s`` (read after each pass: a reload's [retention]
+        applies from the next one), or the failure backoff's cap while a pass of this node is
+        owed. A pass cut off by the database (the link, not the server) can leave its session
+        on the server, still running its statement and holding the lock until it tries to
+        answer: the retry finds the lock taken and skips, and that skip waited a whole
+        interval (an hour by default) for a pass nobody ran."""
+        return FAILURE_BACKOFF_CAP_S if self._owed else self.retention.interval_s
+
+    async def _step(self) -> None:
+        try:
+            report = await self.run_once()
+        except BaseException:
+            self._owed = True
+            raise
+        if report.ran:
+            self._owed = False
 
     async def run_once(self) -> PassReport:
         """One pass, if no other node is running one."""

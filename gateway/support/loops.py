@@ -53,19 +53,24 @@ async def every(
     after a growing delay, never shorter than ``interval_s`` nor longer than
     ``FAILURE_BACKOFF_CAP_S`` (a loop whose interval is longer retries at the cap: the hourly
     maintenance pass, failed by a database restart of a few seconds, waited the whole hour).
-    A callable ``interval_s`` is read after each pass (a reload may change it)."""
-    backoff = failure_backoff(interval_s() if callable(interval_s) else interval_s)
+    A callable ``interval_s`` is read after each pass, for the wait that follows it (a reload
+    may change it, and so may what the pass found)."""
+
+    def interval() -> float:
+        return interval_s() if callable(interval_s) else interval_s
+
+    backoff = failure_backoff(interval())
     while not stop.is_set():
-        delay = interval = interval_s() if callable(interval_s) else interval_s
         try:
             await step()
         except RETRYABLE as exc:
-            delay = min(max(interval, backoff.next_delay()), FAILURE_BACKOFF_CAP_S)
+            delay = min(max(interval(), backoff.next_delay()), FAILURE_BACKOFF_CAP_S)
             log.warning(
                 "periodic_step_failed", loop=name, error=repr(exc), retry_in_s=round(delay, 3)
             )
         else:
             backoff.reset()
+            delay = interval()
         await sleep_unless_stopped(stop, delay)
 
 

@@ -10,8 +10,10 @@ loop), and the lock goes with the lost session.
 
 And the loop waited its whole interval before the next try (``[retention] interval_s``, an hour
 by default): a pass failed by a restart of a few seconds was an hour of retention and partition
-making lost. Now it is tried again within FAILURE_BACKOFF_CAP_S (30 s). Real PostgreSQL, cut by
-a proxy at a chosen statement of the pass."""
+making lost. Now it is tried again within FAILURE_BACKOFF_CAP_S (30 s), and again at that pace
+while the retry finds the lock still held by the cut pass's own session (its statement running
+on the server, which notices the client gone only when it answers): that skip waited the
+interval too. Real PostgreSQL, cut by a proxy at a chosen statement of the pass."""
 
 from __future__ import annotations
 
@@ -37,6 +39,11 @@ from tests.support.waiting import wait_until
 LAST_PASS = "gateway_maintenance_last_pass_timestamp_seconds"
 # The pass's last statement before it lets the lock go: everything else of the pass ran.
 LAST_STATEMENT = Statement("telemetry_oldest_day()")
+# The pass's session, waiting on the test's row lock.
+WAITING = """
+SELECT pid FROM pg_stat_activity
+WHERE wait_event_type = 'Lock' AND query LIKE '%stream_ticket%' AND pid <> pg_backend_pid()
+"""
 # The errors asyncpg raises for a connection reset under it.
 LOST = (OSError, asyncpg.exceptions.ConnectionDoesNotExistError, asyncpg.InterfaceError)
 
@@ -140,3 +147,50 @@ async def test_a_pass_failed_by_the_database_away_is_tried_again_soon_not_after_
         assert "released back to the pool" not in failed[0]["error"]
         assert failed[0]["retry_in_s"] <= FAILURE_BACKOFF_CAP_S
         assert await _advisory_locks(db) == 0
+
+
+async def test_a_retry_that_finds_the_cut_passs_own_session_holding_the_lock_comes_again_soon(
+    db_dsn: str, db: asyncpg.Connection
+) -> None:
+    # An expired stream ticket, which every pass deletes, locked by the test: the pass's
+    # DELETE waits on it, its statement running on the server when the link is cut.
+    await db.execute(
+        "INSERT INTO stream_ticket (digest, token_name, role, expires_at) "
+        "VALUES (sha256('held'), 'maint', 'viewer', now() - interval '1 hour')"
+    )
+    holder = await asyncpg.connect(db_dsn)
+    try:
+        held = holder.transaction()
+        await held.start()
+        await holder.execute("SELECT 1 FROM stream_ticket WHERE digest = sha256('held') FOR UPDATE")
+        async with _rig(db_dsn) as rig:
+            stop = asyncio.Event()
+            with capture_logs() as logs:
+                loop = asyncio.create_task(rig.maintenance.run(stop))
+                try:
+                    await wait_until(
+                        lambda: db.fetchval(WAITING), timeout=30, message="the pass waits"
+                    )
+                    rig.cut.proxy.reset_all()  # the link cut; the database itself stays
+                    # PostgreSQL notices a client gone only once it answers it: the pass's
+                    # statement waits on, its session holding the maintenance lock, and the
+                    # retry finds it taken.
+                    await wait_until(
+                        lambda: any(e["event"] == "maintenance_skipped" for e in logs),
+                        timeout=FAILURE_BACKOFF_CAP_S + 15,
+                        message="the retry skipped: the cut pass's session holds the lock",
+                    )
+                    assert await _advisory_locks(db) == 1
+                    await held.rollback()  # the statement ends, and its session with it
+                    # Tried again within the cap, not an hour later.
+                    await wait_until(
+                        lambda: rig.last_pass() > 0,
+                        timeout=FAILURE_BACKOFF_CAP_S + 15,
+                        message="a pass once the cut pass's session let the lock go",
+                    )
+                finally:
+                    stop.set()
+                    await loop
+            assert await db.fetchval("SELECT count(*) FROM stream_ticket") == 0
+    finally:
+        await holder.close()
