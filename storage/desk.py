@@ -60,6 +60,28 @@ class ReadAsOf:
     at: datetime
 
 
+async def _fetch_planned_per_call(
+    conn: asyncpg.Connection, query: str, *args: object
+) -> list[asyncpg.Record]:
+    """``query``'s rows, planned for these arguments (``plan_cache_mode`` set for its own
+    transaction only): asyncpg prepares each statement once per connection, and after five
+    executions PostgreSQL may keep a generic plan, one for any filter: a scan of the whole
+    history where the filter given (one device, one status) reads a few rows by an index.
+    Planning costs a millisecond; a generic plan of a filtered read cost a hundred
+    (scripts/desk-scale, docs/performance.md). Inside a caller's transaction (a savepoint
+    here) the setting is put back afterwards; an error rolls it back with the savepoint."""
+    nested = conn.is_in_transaction()
+    async with conn.transaction():
+        previous = await conn.fetchval(
+            "SELECT current_setting('plan_cache_mode'),"
+            " set_config('plan_cache_mode', 'force_custom_plan', true)"
+        )
+        rows = list(await conn.fetch(query, *args))
+        if nested:
+            await conn.execute("SELECT set_config('plan_cache_mode', $1, true)", previous)
+        return rows
+
+
 async def list_alarms(
     conn: asyncpg.Connection,
     filters: Filters,
@@ -76,7 +98,7 @@ async def list_alarms(
         if as_of is None
         else (as_of.xmin, as_of.xmax, list(as_of.running), as_of.at)
     )
-    return list(await conn.fetch(_Q["list"], *filters.args(), before_id, limit, *read))
+    return await _fetch_planned_per_call(conn, _Q["list"], *filters.args(), before_id, limit, *read)
 
 
 async def one(conn: asyncpg.Connection, alarm_id: int) -> asyncpg.Record | None:
@@ -98,7 +120,9 @@ async def groups(
 ) -> list[asyncpg.Record]:
     """Worst first, then newest; ``before``: after the group of that (worst, newest id)."""
     worst, newest = (None, None) if before is None else before
-    return list(await conn.fetch(_Q["groups"], *filters.args(), by, limit, worst, newest))
+    return await _fetch_planned_per_call(
+        conn, _Q["groups"], *filters.args(), by, limit, worst, newest
+    )
 
 
 async def counts(conn: asyncpg.Connection) -> list[asyncpg.Record]:

@@ -1,6 +1,16 @@
 -- The alarm desk (docs/behaviour.md §5): the list's filters, counts and groups, shelves and
--- out-of-service periods. Shelved and out of service are read through the functions of
--- migration 0028 (alarm_shelved_until, device_out_of_service_at).
+-- out-of-service periods. Shelved and out of service mean what the functions of migration 0030
+-- say (alarm_shelved_until, device_out_of_service_at); `one` and `chain` call them, while
+-- `list`, `groups` and `counts`, which read thousands of alarms, write them out: a call of
+-- either costs ~70 µs an alarm (PostgreSQL does not inline a SQL function with a sub-SELECT),
+-- seconds over a long history (scripts/desk-scale, docs/performance.md). Shelved now: two
+-- joins on the shelves in force now (sa by alarm, sp by pair: one pass over alarm_shelf
+-- each), the later end of the two (greatest ignores a null); `shown_in` is the shelved filter
+-- ($8) that shows the alarm, compared with <> to the other one so that the planner expects
+-- most alarms to pass (a test of `until IS NULL` it would guess passes 0.5% of them, and
+-- sort the whole open list rather than read it by id). Out of service: an EXISTS per alarm
+-- the list shows (after its LIMIT), and in counts only for the alarms of devices that ever
+-- had a period. The list and groups are planned per call (storage/desk.py).
 --
 -- The filters, in this order in every block that takes them: $1 statuses or null, $2 device or
 -- null, $3 rule or null, $4 open only, $5 active (not cleared) or null, $6 cleared or null,
@@ -18,9 +28,32 @@
 -- was lifted since, was not in the group anybody saw); each alarm with until when it is
 -- shelved now (null: not shelved) and whether its device was out of service when raised.
 SELECT a.*, sh.until AS shelved_until,
-       device_out_of_service_at(a.device_id, a.triggered_at) AS out_of_service
+       EXISTS (
+           SELECT 1 FROM device_out_of_service o
+           WHERE o.device_id = a.device_id AND o.since <= a.triggered_at
+             AND a.triggered_at < least(coalesce(o.until, 'infinity'::timestamptz),
+                                        coalesce(o.ended_at, 'infinity'::timestamptz)))
+           AS out_of_service
 FROM alarm a
-CROSS JOIN LATERAL (SELECT alarm_shelved_until(a.id, a.device_id, a.rule_key, now()) AS until) sh
+LEFT JOIN (
+    SELECT s.alarm_id, max(least(s.until, coalesce(s.ended_at, 'infinity'::timestamptz))) AS ends
+    FROM alarm_shelf s
+    WHERE s.scope = 'alarm' AND s.shelved_at <= now()
+      AND now() < least(s.until, coalesce(s.ended_at, 'infinity'::timestamptz))
+    GROUP BY s.alarm_id
+) sa ON sa.alarm_id = a.id
+LEFT JOIN (
+    SELECT s.device_id, s.rule_key,
+           max(least(s.until, coalesce(s.ended_at, 'infinity'::timestamptz))) AS ends
+    FROM alarm_shelf s
+    WHERE s.scope = 'pair' AND s.shelved_at <= now()
+      AND now() < least(s.until, coalesce(s.ended_at, 'infinity'::timestamptz))
+    GROUP BY s.device_id, s.rule_key
+) sp ON sp.device_id = a.device_id AND sp.rule_key = a.rule_key
+CROSS JOIN LATERAL (
+    SELECT greatest(sa.ends, sp.ends) AS until,
+           CASE WHEN greatest(sa.ends, sp.ends) IS NULL THEN 'exclude' ELSE 'only' END AS shown_in
+) sh
 WHERE ($1::text[] IS NULL OR a.status = ANY ($1::text[]))
   AND ($2::text IS NULL OR a.device_id = $2)
   AND ($3::text IS NULL OR a.rule_key = $3)
@@ -29,7 +62,8 @@ WHERE ($1::text[] IS NULL OR a.status = ANY ($1::text[]))
   AND ($6::boolean IS NULL OR (a.cleared_at IS NOT NULL) = $6)
   AND ($7::boolean IS NULL
        OR (a.confirmed_at IS NOT NULL OR a.handled_at IS NOT NULL OR a.false_at IS NOT NULL) = $7)
-  AND ($8::text = 'any' OR (sh.until IS NOT NULL) = ($8::text = 'only'))
+  AND ($8::text = 'any'
+       OR sh.shown_in <> CASE $8::text WHEN 'only' THEN 'exclude' ELSE 'only' END)
   AND ($9::text IS NULL OR a.severity = $9)
   AND ($10::bigint IS NULL OR a.id < $10)
   AND ($12::bigint IS NULL OR a.created_xid IS NULL
@@ -37,7 +71,13 @@ WHERE ($1::text[] IS NULL OR a.status = ANY ($1::text[]))
        OR (a.created_xid::text::bigint < $13::bigint
            AND a.created_xid::text::bigint <> ALL ($14::bigint[])))
   AND ($15::timestamptz IS NULL OR $8::text = 'any'
-       OR (alarm_shelved_until(a.id, a.device_id, a.rule_key, $15) IS NOT NULL)
+       OR EXISTS (  -- alarm_shelved_until(a.id, a.device_id, a.rule_key, $15) IS NOT NULL
+              SELECT 1 FROM alarm_shelf s
+              WHERE ((s.scope = 'alarm' AND s.alarm_id = a.id)
+                     OR (s.scope = 'pair' AND s.device_id = a.device_id
+                         AND s.rule_key = a.rule_key))
+                AND s.shelved_at <= $15
+                AND $15 < least(s.until, coalesce(s.ended_at, 'infinity'::timestamptz)))
           = ($8::text = 'only'))
 ORDER BY a.id DESC
 LIMIT $11;
@@ -82,7 +122,25 @@ SELECT CASE WHEN $10::text = 'rule' THEN a.rule_key ELSE a.device_id END AS key,
        max(CASE a.severity WHEN 'INFO' THEN 1 WHEN 'WARNING' THEN 2 WHEN 'MAJOR' THEN 3
                            ELSE 4 END) AS worst
 FROM alarm a
-CROSS JOIN LATERAL (SELECT alarm_shelved_until(a.id, a.device_id, a.rule_key, now()) AS until) sh
+LEFT JOIN (
+    SELECT s.alarm_id, max(least(s.until, coalesce(s.ended_at, 'infinity'::timestamptz))) AS ends
+    FROM alarm_shelf s
+    WHERE s.scope = 'alarm' AND s.shelved_at <= now()
+      AND now() < least(s.until, coalesce(s.ended_at, 'infinity'::timestamptz))
+    GROUP BY s.alarm_id
+) sa ON sa.alarm_id = a.id
+LEFT JOIN (
+    SELECT s.device_id, s.rule_key,
+           max(least(s.until, coalesce(s.ended_at, 'infinity'::timestamptz))) AS ends
+    FROM alarm_shelf s
+    WHERE s.scope = 'pair' AND s.shelved_at <= now()
+      AND now() < least(s.until, coalesce(s.ended_at, 'infinity'::timestamptz))
+    GROUP BY s.device_id, s.rule_key
+) sp ON sp.device_id = a.device_id AND sp.rule_key = a.rule_key
+CROSS JOIN LATERAL (
+    SELECT greatest(sa.ends, sp.ends) AS until,
+           CASE WHEN greatest(sa.ends, sp.ends) IS NULL THEN 'exclude' ELSE 'only' END AS shown_in
+) sh
 WHERE ($1::text[] IS NULL OR a.status = ANY ($1::text[]))
   AND ($2::text IS NULL OR a.device_id = $2)
   AND ($3::text IS NULL OR a.rule_key = $3)
@@ -91,7 +149,8 @@ WHERE ($1::text[] IS NULL OR a.status = ANY ($1::text[]))
   AND ($6::boolean IS NULL OR (a.cleared_at IS NOT NULL) = $6)
   AND ($7::boolean IS NULL
        OR (a.confirmed_at IS NOT NULL OR a.handled_at IS NOT NULL OR a.false_at IS NOT NULL) = $7)
-  AND ($8::text = 'any' OR (sh.until IS NOT NULL) = ($8::text = 'only'))
+  AND ($8::text = 'any'
+       OR sh.shown_in <> CASE $8::text WHEN 'only' THEN 'exclude' ELSE 'only' END)
   AND ($9::text IS NULL OR a.severity = $9)
 GROUP BY 1
 ) g
@@ -103,7 +162,7 @@ LIMIT $11;
 -- no parameters; open alarms per severity, in exclusive buckets: shelved ones apart, the rest
 -- by active (not cleared) or returned to normal, and acknowledged or not; and, overlapping
 -- those, how many were raised while their device was out of service. One pass over the open
--- alarms (a partial index of them).
+-- alarms (a partial index of them), joined to the shelves in force (see the top).
 SELECT a.severity,
        count(*) AS total,
        count(*) FILTER (WHERE sh.until IS NULL AND a.cleared_at IS NULL AND NOT ack.yes)
@@ -115,10 +174,34 @@ SELECT a.severity,
        count(*) FILTER (WHERE sh.until IS NULL AND a.cleared_at IS NOT NULL AND ack.yes)
            AS returned_acknowledged,
        count(*) FILTER (WHERE sh.until IS NOT NULL) AS shelved,
-       count(*) FILTER (WHERE device_out_of_service_at(a.device_id, a.triggered_at))
+       count(*) FILTER (
+           WHERE a.device_id IN (SELECT o.device_id FROM device_out_of_service o)
+             AND EXISTS (
+                 SELECT 1 FROM device_out_of_service o
+                 WHERE o.device_id = a.device_id AND o.since <= a.triggered_at
+                   AND a.triggered_at < least(coalesce(o.until, 'infinity'::timestamptz),
+                                              coalesce(o.ended_at, 'infinity'::timestamptz))))
            AS out_of_service
 FROM alarm a
-CROSS JOIN LATERAL (SELECT alarm_shelved_until(a.id, a.device_id, a.rule_key, now()) AS until) sh
+LEFT JOIN (
+    SELECT s.alarm_id, max(least(s.until, coalesce(s.ended_at, 'infinity'::timestamptz))) AS ends
+    FROM alarm_shelf s
+    WHERE s.scope = 'alarm' AND s.shelved_at <= now()
+      AND now() < least(s.until, coalesce(s.ended_at, 'infinity'::timestamptz))
+    GROUP BY s.alarm_id
+) sa ON sa.alarm_id = a.id
+LEFT JOIN (
+    SELECT s.device_id, s.rule_key,
+           max(least(s.until, coalesce(s.ended_at, 'infinity'::timestamptz))) AS ends
+    FROM alarm_shelf s
+    WHERE s.scope = 'pair' AND s.shelved_at <= now()
+      AND now() < least(s.until, coalesce(s.ended_at, 'infinity'::timestamptz))
+    GROUP BY s.device_id, s.rule_key
+) sp ON sp.device_id = a.device_id AND sp.rule_key = a.rule_key
+CROSS JOIN LATERAL (
+    SELECT greatest(sa.ends, sp.ends) AS until,
+           CASE WHEN greatest(sa.ends, sp.ends) IS NULL THEN 'exclude' ELSE 'only' END AS shown_in
+) sh
 CROSS JOIN LATERAL (
     SELECT (a.confirmed_at IS NOT NULL OR a.handled_at IS NOT NULL OR a.false_at IS NOT NULL)
            AS yes
