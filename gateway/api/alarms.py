@@ -12,7 +12,7 @@ from litestar.params import JSONBody, Parameter
 from msgspec import UnsetType
 
 from gateway.alarms import service as desk
-from gateway.alarms.service import AlarmService
+from gateway.alarms.service import AlarmService, OutcomeUnknownError
 from gateway.api.auth import CallDep, Role, actor_of
 from gateway.api.errors import (
     ALARM_NOT_FOUND,
@@ -31,6 +31,7 @@ from gateway.api.errors import (
     bad_request,
     from_domain,
     to_api_error,
+    unavailable_reason,
 )
 from gateway.api.params import (
     AlarmId,
@@ -364,10 +365,11 @@ async def group_alarms(
         "committed since too, a lower id included). Each alarm is acted on as "
         "`POST /alarms/{id}/{action}` would: its own conditional write, audit row and event, "
         "in its own transaction. One refused, or rolled back (`AUDIT_FAILED`), leaves the "
-        "others be; once the database is out of reach (`UNAVAILABLE`) the alarms after it are "
-        f"not attempted (`{BULK_NOT_ATTEMPTED}`). 200 with `items`, what happened to each: an "
-        "alarm acted on before a fault stays acted on. More alarms than `[alarms] bulk_max` "
-        "is refused whole (400 `TOO_MANY_ALARMS`), nothing done."
+        "others be; once the database is out of reach or rolls an alarm's change back (a "
+        "deadlock: `UNAVAILABLE`) the alarms after it are not attempted "
+        f"(`{BULK_NOT_ATTEMPTED}`, the message says why). 200 with `items`, what happened to "
+        "each: an alarm acted on before a fault stays acted on. More alarms than "
+        "`[alarms] bulk_max` is refused whole (400 `TOO_MANY_ALARMS`), nothing done."
     ),
 )
 async def bulk_alarms(
@@ -396,6 +398,7 @@ async def bulk_alarms(
         request_id=call.request_id,
     )
     items: list[BulkItem] = []
+    stopped = ""  # why the action stopped: what the alarm it stopped at met
     for result in results:
         if result.alarm is not None:
             items.append(BulkItem(alarm_id=result.alarm_id, ok=True, status=result.alarm.status))
@@ -406,11 +409,16 @@ async def bulk_alarms(
                     alarm_id=result.alarm_id,
                     ok=False,
                     error=BULK_NOT_ATTEMPTED,
-                    message="not attempted: the database went out of reach on an earlier alarm; "
-                    "nothing of this one changed, retry",
+                    message=f"not attempted: {stopped}; nothing of this one changed, retry",
                 )
             )
             continue
+        stopped = (
+            f"the database went out of reach as alarm {result.alarm_id}'s change was committed"
+            if isinstance(result.error, OutcomeUnknownError)
+            else f"the action stopped at alarm {result.alarm_id}, "
+            f"{unavailable_reason(result.error)}"
+        )
         # What the single action would answer (and log): a refusal, AUDIT_FAILED, UNAVAILABLE.
         refused = to_api_error(request, result.error)
         current = refused.details.get("current_status")

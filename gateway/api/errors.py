@@ -448,6 +448,18 @@ def _redacted_traceback(exc: BaseException, request: Request[Any, Any, Any]) -> 
     return text
 
 
+def unavailable_reason(exc: BaseException) -> str:
+    """Why a transient database fault (``storage.errors.TRANSIENT_DB_ERRORS``) stopped a
+    change, truthfully: a deadlock or a held row is the database's answer, not its absence."""
+    if isinstance(exc, asyncpg.exceptions.LockNotAvailableError):
+        return "a row this change needs is held by another transaction"
+    if isinstance(exc, asyncpg.exceptions.DeadlockDetectedError):
+        return "the database rolled the change back: a deadlock with another transaction"
+    if isinstance(exc, asyncpg.exceptions.TransactionRollbackError):
+        return "the database rolled the change back: a conflict with another transaction"
+    return "the database is not reachable"
+
+
 def to_api_error(request: Request[Any, Any, Any], exc: BaseException) -> ApiError:
     """Any exception as an :class:`ApiError`; unexpected ones are logged here."""
     if isinstance(exc, ApiError):
@@ -470,19 +482,19 @@ def to_api_error(request: Request[Any, Any, Any], exc: BaseException) -> ApiErro
         )
     if isinstance(exc, _UNAVAILABLE):
         # A row held by another transaction past a change's lock wait (a node stopped
-        # mid-change): the database answered, and nothing changed.
+        # mid-change), or a deadlock: the database answered, and nothing changed.
         held = isinstance(exc, asyncpg.exceptions.LockNotAvailableError)
+        rolled_back = isinstance(exc, asyncpg.exceptions.TransactionRollbackError)
         log.warning(
             "api_row_held" if held else "api_database_unavailable",
             method=request.method,
             path=path,
             error=repr(exc)[:500],
         )
+        reason = unavailable_reason(exc)
         return ApiError(
             UNAVAILABLE,
-            "a row this change needs is held by another transaction; nothing changed, retry"
-            if held
-            else "the database is not reachable; retry",
+            f"{reason}; nothing changed, retry" if held or rolled_back else f"{reason}; retry",
         )
     log.error(
         "api_error",

@@ -486,8 +486,8 @@ class BulkBody(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
             raise ValueError("give exactly one of `ids` and `group`")
 
 
-# A bulk action's item for an alarm it did not act on: the database went out of reach on an
-# earlier alarm of the same action.
+# A bulk action's item for an alarm it did not act on: the action stopped at an earlier alarm
+# (the database out of reach, or its change rolled back by a deadlock); its message says which.
 BULK_NOT_ATTEMPTED: Final = "NOT_ATTEMPTED"
 
 
@@ -508,9 +508,9 @@ class BulkItem(msgspec.Struct, kw_only=True, omit_defaults=True):
                 description=(
                     "The code `POST /alarms/{id}/{action}` would answer (`STATUS_CHANGED`, "
                     "`ILLEGAL_TRANSITION`, `NOT_FOUND`, `AUDIT_FAILED`: its audit row refused, "
-                    "`UNAVAILABLE`: the database out of reach...), or "
-                    f"`{BULK_NOT_ATTEMPTED}`: not tried, the database went out of reach on an "
-                    "earlier alarm of the action."
+                    "`UNAVAILABLE`: the database out of reach, or a deadlock...), or "
+                    f"`{BULK_NOT_ATTEMPTED}`: not tried, the action stopped at an earlier "
+                    "alarm (its `message` says why)."
                 )
             ),
         ]
