@@ -335,7 +335,7 @@ class AlarmService:
         ``up_to`` (the group's newest id as its caller read it), none raised since; with
         ``as_of`` (the snapshot and time of the read), none committed after that read, a
         lower id than ``up_to`` included (ids commit out of order), nor one the read left out
-        as shelved."""
+        as shelved or of another status than the filter's."""
         narrowed = Filters(
             statuses=filters.statuses,
             device_id=key if by == "device" else filters.device_id,

@@ -23,7 +23,11 @@
 -- `groups` answered it, or nulls: $12 its snapshot's xmin, $13 its xmax, $14 the transactions
 -- running then (bigint[]), $15 its time: only the alarms whose creation it saw (as
 -- pg_visible_in_snapshot tells, written out: any numbers a client sends compare, none is an
--- error), and that the shelved filter ($8) took then as well as now
+-- error), that had a status of $1 in it as well as now (the status before the first change
+-- of status it did not see, by the audit rows: each change writes one in its transaction,
+-- holding the alarm's row, so their ids are in commit order; a DELAYED alarm woken to NEW
+-- after a status=NEW read was not in the group anybody saw), and that the shelved filter
+-- ($8) took then as well as now
 -- (a bulk action over a group as it was read: an alarm it left out as shelved, whose shelf
 -- was lifted since, was not in the group anybody saw); each alarm with until when it is
 -- shelved now (null: not shelved) and whether its device was out of service when raised.
@@ -70,6 +74,18 @@ WHERE ($1::text[] IS NULL OR a.status = ANY ($1::text[]))
        OR a.created_xid::text::bigint < $12::bigint
        OR (a.created_xid::text::bigint < $13::bigint
            AND a.created_xid::text::bigint <> ALL ($14::bigint[])))
+  AND ($1::text[] IS NULL OR $12::bigint IS NULL
+       OR coalesce(
+              (SELECT coalesce(au.from_status, '') FROM alarm_audit au  -- '': not yet raised
+               CROSS JOIN LATERAL (  -- the row's xid, as the xid8 nearest the read's xmax
+                   SELECT $13::bigint + ((au.xmin::text::bigint - ($13::bigint & 4294967295)
+                                          + 2147483648) & 4294967295) - 2147483648 AS x
+               ) w
+               WHERE au.alarm_id = a.id AND au.from_status IS DISTINCT FROM au.to_status
+                 AND NOT (w.x < $12::bigint
+                          OR (w.x < $13::bigint AND w.x <> ALL ($14::bigint[])))
+               ORDER BY au.id LIMIT 1),
+              a.status) = ANY ($1::text[]))
   AND ($15::timestamptz IS NULL OR $8::text = 'any'
        OR EXISTS (  -- alarm_shelved_until(a.id, a.device_id, a.rule_key, $15) IS NOT NULL
               SELECT 1 FROM alarm_shelf s
