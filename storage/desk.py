@@ -72,13 +72,10 @@ async def _fetch_planned_per_call(
     here) the setting is put back afterwards; an error rolls it back with the savepoint."""
     nested = conn.is_in_transaction()
     async with conn.transaction():
-        previous = await conn.fetchval(
-            "SELECT current_setting('plan_cache_mode'),"
-            " set_config('plan_cache_mode', 'force_custom_plan', true)"
-        )
+        previous = await conn.fetchval(_Q["plan_per_call"])
         rows = list(await conn.fetch(query, *args))
         if nested:
-            await conn.execute("SELECT set_config('plan_cache_mode', $1, true)", previous)
+            await conn.execute(_Q["plan_cache_mode_back"], previous)
         return rows
 
 

@@ -98,6 +98,16 @@ WHERE ($1::text[] IS NULL OR a.status = ANY ($1::text[]))
 ORDER BY a.id DESC
 LIMIT $11;
 
+-- name: plan_per_call
+-- no parameters; the session's plan_cache_mode, and force_custom_plan for the rest of the
+-- caller's transaction: the desk's reads planned for their own arguments, not one generic
+-- plan for any filter (storage.desk._fetch_planned_per_call).
+SELECT current_setting('plan_cache_mode'), set_config('plan_cache_mode', 'force_custom_plan', true);
+
+-- name: plan_cache_mode_back
+-- $1 the plan_cache_mode plan_per_call read: set again for the rest of the caller's transaction.
+SELECT set_config('plan_cache_mode', $1, true);
+
 -- name: one
 -- $1 id; the alarm as `list` gives it.
 SELECT a.*, alarm_shelved_until(a.id, a.device_id, a.rule_key, now()) AS shelved_until,
