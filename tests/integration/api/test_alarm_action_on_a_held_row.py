@@ -42,6 +42,14 @@ async def _within(what: str, call: Awaitable[T]) -> T:
         raise AssertionError(f"{what}: no answer within {BOUND_S:g} s") from None
 
 
+def _http() -> aiohttp.ClientSession:
+    """A connection per request: the clicks' connections sit idle while the test waits, and one
+    reused just as the server closes it for its keep-alive timeout (uvicorn's 5 s) is reset
+    under the request (CI once: 'ClientOSError: [Errno 104] Connection reset by peer' on the
+    request after the row was freed). A browser sends such a request again; aiohttp does not."""
+    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True))
+
+
 async def test_actions_on_a_held_alarm_give_up_in_bounded_time_and_leave_the_api_up(
     db_dsn: str, db: asyncpg.Connection
 ) -> None:
@@ -50,7 +58,7 @@ async def test_actions_on_a_held_alarm_give_up_in_bounded_time_and_leave_the_api
     free = await raise_alarm(db, "door-open", "door-2", now)
     holder = await asyncpg.connect(db_dsn)
     hold = holder.transaction()
-    async with serve_api(db_dsn, TOKENS) as served, aiohttp.ClientSession() as http:
+    async with serve_api(db_dsn, TOKENS) as served, _http() as http:
         client = ApiClient(served.base, http)
 
         async def confirm(alarm_id: int) -> Reply:
@@ -109,7 +117,7 @@ async def test_a_bulk_action_skips_the_held_alarm_and_acts_on_the_others(
     try:
         async with holder.transaction():
             await holder.execute("SELECT 1 FROM alarm WHERE id = $1 FOR UPDATE", held)
-            async with serve_api(db_dsn, TOKENS) as served, aiohttp.ClientSession() as http:
+            async with serve_api(db_dsn, TOKENS) as served, _http() as http:
                 client = ApiClient(served.base, http)
                 body = {"action": "confirm", "ids": [held, *others], "note": "storm"}
                 reply = await _within(
