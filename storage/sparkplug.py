@@ -69,7 +69,7 @@ class NodeWrite:
     dead_bdseq: int | None = None
     unborn: Sequence[str] = ()  # devices of the session before its NBIRTH not born again
     device_marks: str = "{}"  # json {device: seq} (migration 0059)
-    birth_ts: int | None = None  # the NBIRTH's payload timestamp (migration 0060)
+    birth_ts: int | None = None  # the NBIRTH's payload timestamp (migration 0061)
 
 
 @dataclass(frozen=True, slots=True)

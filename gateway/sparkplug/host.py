@@ -170,7 +170,7 @@ class _Node:
     marks: dict[str, int] = field(default_factory=dict)
     # The payload timestamp of the NBIRTH in force (epoch ms), and when it was taken (the
     # database's epoch seconds): a message published before it, committed within the reorder
-    # window after it, is of the session before (migration 0060).
+    # window after it, is of the session before (migration 0061).
     birth_ts: int | None = None
     born_epoch: float | None = None
     born_now: bool = False

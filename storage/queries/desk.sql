@@ -39,21 +39,8 @@ SELECT a.*, sh.until AS shelved_until,
                                         coalesce(o.ended_at, 'infinity'::timestamptz)))
            AS out_of_service
 FROM alarm a
-LEFT JOIN (
-    SELECT s.alarm_id, max(least(s.until, coalesce(s.ended_at, 'infinity'::timestamptz))) AS ends
-    FROM alarm_shelf s
-    WHERE s.scope = 'alarm' AND s.shelved_at <= now()
-      AND now() < least(s.until, coalesce(s.ended_at, 'infinity'::timestamptz))
-    GROUP BY s.alarm_id
-) sa ON sa.alarm_id = a.id
-LEFT JOIN (
-    SELECT s.device_id, s.rule_key,
-           max(least(s.until, coalesce(s.ended_at, 'infinity'::timestamptz))) AS ends
-    FROM alarm_shelf s
-    WHERE s.scope = 'pair' AND s.shelved_at <= now()
-      AND now() < least(s.until, coalesce(s.ended_at, 'infinity'::timestamptz))
-    GROUP BY s.device_id, s.rule_key
-) sp ON sp.device_id = a.device_id AND sp.rule_key = a.rule_key
+LEFT JOIN alarm_shelf_by_alarm sa ON sa.alarm_id = a.id
+LEFT JOIN alarm_shelf_by_pair sp ON sp.device_id = a.device_id AND sp.rule_key = a.rule_key
 CROSS JOIN LATERAL (
     SELECT greatest(sa.ends, sp.ends) AS until,
            CASE WHEN greatest(sa.ends, sp.ends) IS NULL THEN 'exclude' ELSE 'only' END AS shown_in
@@ -148,21 +135,8 @@ SELECT CASE WHEN $10::text = 'rule' THEN a.rule_key ELSE a.device_id END AS key,
        max(CASE a.severity WHEN 'INFO' THEN 1 WHEN 'WARNING' THEN 2 WHEN 'MAJOR' THEN 3
                            ELSE 4 END) AS worst
 FROM alarm a
-LEFT JOIN (
-    SELECT s.alarm_id, max(least(s.until, coalesce(s.ended_at, 'infinity'::timestamptz))) AS ends
-    FROM alarm_shelf s
-    WHERE s.scope = 'alarm' AND s.shelved_at <= now()
-      AND now() < least(s.until, coalesce(s.ended_at, 'infinity'::timestamptz))
-    GROUP BY s.alarm_id
-) sa ON sa.alarm_id = a.id
-LEFT JOIN (
-    SELECT s.device_id, s.rule_key,
-           max(least(s.until, coalesce(s.ended_at, 'infinity'::timestamptz))) AS ends
-    FROM alarm_shelf s
-    WHERE s.scope = 'pair' AND s.shelved_at <= now()
-      AND now() < least(s.until, coalesce(s.ended_at, 'infinity'::timestamptz))
-    GROUP BY s.device_id, s.rule_key
-) sp ON sp.device_id = a.device_id AND sp.rule_key = a.rule_key
+LEFT JOIN alarm_shelf_by_alarm sa ON sa.alarm_id = a.id
+LEFT JOIN alarm_shelf_by_pair sp ON sp.device_id = a.device_id AND sp.rule_key = a.rule_key
 CROSS JOIN LATERAL (
     SELECT greatest(sa.ends, sp.ends) AS until,
            CASE WHEN greatest(sa.ends, sp.ends) IS NULL THEN 'exclude' ELSE 'only' END AS shown_in
@@ -209,21 +183,8 @@ SELECT a.severity,
                                               coalesce(o.ended_at, 'infinity'::timestamptz))))
            AS out_of_service
 FROM alarm a
-LEFT JOIN (
-    SELECT s.alarm_id, max(least(s.until, coalesce(s.ended_at, 'infinity'::timestamptz))) AS ends
-    FROM alarm_shelf s
-    WHERE s.scope = 'alarm' AND s.shelved_at <= now()
-      AND now() < least(s.until, coalesce(s.ended_at, 'infinity'::timestamptz))
-    GROUP BY s.alarm_id
-) sa ON sa.alarm_id = a.id
-LEFT JOIN (
-    SELECT s.device_id, s.rule_key,
-           max(least(s.until, coalesce(s.ended_at, 'infinity'::timestamptz))) AS ends
-    FROM alarm_shelf s
-    WHERE s.scope = 'pair' AND s.shelved_at <= now()
-      AND now() < least(s.until, coalesce(s.ended_at, 'infinity'::timestamptz))
-    GROUP BY s.device_id, s.rule_key
-) sp ON sp.device_id = a.device_id AND sp.rule_key = a.rule_key
+LEFT JOIN alarm_shelf_by_alarm sa ON sa.alarm_id = a.id
+LEFT JOIN alarm_shelf_by_pair sp ON sp.device_id = a.device_id AND sp.rule_key = a.rule_key
 CROSS JOIN LATERAL (
     SELECT greatest(sa.ends, sp.ends) AS until,
            CASE WHEN greatest(sa.ends, sp.ends) IS NULL THEN 'exclude' ELSE 'only' END AS shown_in

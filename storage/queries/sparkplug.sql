@@ -49,7 +49,7 @@ FROM (
 -- devices of the session before that no DBIRTH has born since its NBIRTH (joined by `,` as
 -- $8; migration 0050), $14 each device's latest birth or death seq taken while a seq before it
 -- was missing (json; migration 0059), $15 the payload timestamps of the NBIRTHs in force
--- (migration 0060). The
+-- (migration 0061). The
 -- births (aliases, metric datatypes) are left as they are: write_births writes those a birth
 -- of the batch changed.
 UPDATE sparkplug_node s
