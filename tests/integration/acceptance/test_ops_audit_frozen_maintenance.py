@@ -30,16 +30,19 @@ LAST_PASS = "gateway_maintenance_last_pass_timestamp_seconds"
 RETENTION = "telemetry_days = 0\ninterval_s = 10"
 INTERVAL_S = 10
 
-# The frozen node's maintenance session, waiting on the test's row lock.
+# The frozen node's maintenance session, waiting on the test's row lock. Both views span the
+# whole cluster, where other tests' daemons run their own passes under the same names: each
+# query keeps to this test's database (advisory locks are per database).
 WAITING = """
 SELECT pid FROM pg_stat_activity
-WHERE application_name = 'gateway:frozen' AND wait_event_type = 'Lock'
-  AND query LIKE '%stream_ticket%'
+WHERE datname = current_database() AND application_name = 'gateway:frozen'
+  AND wait_event_type = 'Lock' AND query LIKE '%stream_ticket%'
 """
 # Who holds the maintenance lock (its 64-bit key is split over classid and objid).
 HOLDER = """
 SELECT pid FROM pg_locks
 WHERE locktype = 'advisory' AND granted
+  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
   AND classid = ($1::bigint >> 32)::oid AND objid = ($1::bigint & 4294967295)::oid
 """
 
