@@ -80,18 +80,35 @@ export function isoLocal(value) {
 // gateway's clock; counted from a browser's own, a control-room tablet ten minutes behind said
 // "just now" of a device silent for ten minutes. Within a second or so (`Date` has seconds).
 let clockOffsetMs = 0;
+// What the answers so far say of that offset: it lies between `low` and `high` (ms), or null
+// before the first answer.
+let offsetBounds = null;
 
 export function now() {
   return Date.now() + clockOffsetMs;
 }
 
 // An answer's `Date` header, read when it came (`receivedMs`, the browser's clock) to a request
-// sent at `sentMs`: the gateway's clock was then that (the middle of its second) at about the
-// middle of the two. An offset under 2 s is taken for none (the header's own second, the way).
+// sent at `sentMs`. The gateway read its clock for that header (`at`, whole seconds: somewhere
+// in [at, at + 1 s)) at some moment between the two, where exactly nobody knows: an answer
+// slow to compute is stamped near its end, one slow on the way back near its start. So the
+// offset lies in [at - receivedMs, at + 1 s - sentMs], as wide as the answer was slow, and
+// each answer narrows what the earlier ones said (NTP's way, its filter kept to this). Taking
+// the middle of each answer alone, as the console did, a single answer 6 s slow moved the
+// clock up to 3 s, and the next quick one moved it back. An answer whose range misses the
+// one kept means a clock was set meanwhile (the browser's or the gateway's): it starts over.
+// An offset under 2 s is taken for none (the header's own second, the way).
 export function noteServerDate(header, sentMs, receivedMs) {
   const at = header ? Date.parse(header) : NaN;
-  if (!Number.isFinite(at)) return;
-  const offset = at + 500 - (sentMs + receivedMs) / 2;
+  if (!Number.isFinite(at) || receivedMs < sentMs) return;
+  const low = at - receivedMs;
+  const high = at + 1000 - sentMs;
+  if (offsetBounds && low <= offsetBounds.high && high >= offsetBounds.low) {
+    offsetBounds = { low: Math.max(low, offsetBounds.low), high: Math.min(high, offsetBounds.high) };
+  } else {
+    offsetBounds = { low, high };
+  }
+  const offset = (offsetBounds.low + offsetBounds.high) / 2;
   clockOffsetMs = Math.abs(offset) < 2000 ? 0 : Math.round(offset);
 }
 
