@@ -33,6 +33,7 @@ IDLE_IN_TRANSACTION_S: Final = 30.0
 # on that row took every connection, and the whole API and the ingest stood still.
 CHANGE_LOCK_WAIT_S: Final = 5.0
 SESSION_PROBE: Final = _Q["session_probe"]
+ALIVE: Final = _Q["alive"]
 
 
 class PoolConnection(AuditedConnection):
@@ -194,6 +195,12 @@ async def connect(dsn: str, *, timeout: float, **kwargs: Any) -> asyncpg.Connect
             last = exc
     assert last is not None
     raise last
+
+
+async def alive(conn: asyncpg.Connection, *, timeout: float) -> None:  # noqa: ASYNC109 - asyncpg's own bound on the call
+    """Ask the server one trivial question on ``conn``; raises ``TimeoutError`` when it does not
+    answer within ``timeout`` (a host gone silent), or the connection's error."""
+    await conn.fetchval(ALIVE, timeout=timeout)
 
 
 async def keeps_session(dsn: str, *, timeout: float) -> bool:  # noqa: ASYNC109 - a bound on the probe's connects and its wait, as connect's

@@ -140,7 +140,10 @@ class DeliveryWorker:
                     await sleep_unless_stopped(stop, delay)
                     continue
                 backoff.reset()
-                await wait_event_or_stop(self.wakeup, stop, self.settings.poll_s)
+                wait_s = self.settings.poll_s
+                if listener is not None:
+                    wait_s = listener.wait_s(wait_s)
+                await wait_event_or_stop(self.wakeup, stop, wait_s)
         finally:
             if listener is not None:
                 await listener.close()

@@ -11,7 +11,7 @@ import structlog
 
 from gateway.support.backoff import Backoff
 from storage.errors import DB_ERRORS
-from storage.pool import connect
+from storage.pool import alive, connect
 
 log = structlog.get_logger(__name__)
 
@@ -19,6 +19,8 @@ log = structlog.get_logger(__name__)
 # driver raises (a cut connection, a restarting server) must not end the daemon. Anything else
 # is a bug and ends it (the task group fails loudly rather than looping on it).
 RETRYABLE: tuple[type[BaseException], ...] = DB_ERRORS
+# What a probe of a LISTEN connection may end with: no answer in time, or any of the above.
+_PROBE_FAILED: tuple[type[BaseException], ...] = (TimeoutError, *RETRYABLE)
 # Consecutive failed passes wait longer and longer, up to this (or the loop's own interval).
 FAILURE_BACKOFF_CAP_S = 30.0
 # An idle loop (nothing configured for it) looks again this often even if no reload woke it.
@@ -28,6 +30,14 @@ LISTEN_CONNECT_TIMEOUT_S = 10.0
 # Closing one: past this, it is cut (a server gone silent never acknowledges the close, and a
 # stop must not wait for it; a LISTEN connection has nothing to flush).
 LISTEN_CLOSE_TIMEOUT_S = 1.0
+# A LISTEN connection idles: a host gone silent under it (power, a partition, a failover that
+# left the old primary's machine unreachable: nothing reset) is never noticed by waiting on it,
+# and its loop polled for the rest of the process's life. Silent this long (no notification, no
+# answer), it is asked once; no answer within LISTEN_PROBE_TIMEOUT_S, it is cut and opened again
+# (on the next host of a multi-host DSN that answers). TCP keepalive would notice too, but
+# asyncpg sets none of its timings (the kernel's default waits over two hours).
+LISTEN_PROBE_S = 20.0
+LISTEN_PROBE_TIMEOUT_S = 5.0
 
 
 def failure_backoff(interval_s: float) -> Backoff:
@@ -134,14 +144,30 @@ class _Listener:
     loop would fall back to polling for the rest of the process's life.
     """
 
-    def __init__(self, dsn: str, channel: str, wakeup: asyncio.Event, name: str) -> None:
+    def __init__(
+        self,
+        dsn: str,
+        channel: str,
+        wakeup: asyncio.Event,
+        name: str,
+        *,
+        probe_s: float = LISTEN_PROBE_S,
+        probe_timeout_s: float = LISTEN_PROBE_TIMEOUT_S,
+        connect_timeout_s: float = LISTEN_CONNECT_TIMEOUT_S,
+    ) -> None:
         self.dsn = dsn
         self.channel = channel
         self.wakeup = wakeup
         self.name = name
+        self.probe_s = probe_s
+        self.probe_timeout_s = probe_timeout_s
+        self.connect_timeout_s = connect_timeout_s
         self.connection: asyncpg.Connection | None = None
         self.backoff = failure_backoff(1.0)
         self.next_attempt = 0.0
+        # When the server was last heard on the connection (loop time): opened, a
+        # notification, an answer to the probe.
+        self.heard_at = 0.0
 
     @property
     def listening(self) -> bool:
@@ -149,15 +175,16 @@ class _Listener:
         return self.connection is not None and not self.connection.is_closed()
 
     async def ensure(self) -> None:
-        """Open the connection if there is none (at most once per backoff delay)."""
-        if self.listening:
-            return
+        """Open the connection if there is none (at most once per backoff delay), or if the
+        server did not answer the probe on it (see ``LISTEN_PROBE_S``)."""
         loop = asyncio.get_running_loop()
+        if self.listening and (loop.time() - self.heard_at < self.probe_s or await self._answers()):
+            return
         if loop.time() < self.next_attempt:
             return
         await self.close()
         try:
-            connection = await connect(self.dsn, timeout=LISTEN_CONNECT_TIMEOUT_S)
+            connection = await connect(self.dsn, timeout=self.connect_timeout_s)
         except RETRYABLE as exc:
             delay = self.backoff.next_delay()
             self.next_attempt = loop.time() + delay
@@ -171,7 +198,7 @@ class _Listener:
             )
             return
         try:
-            await connection.add_listener(self.channel, lambda *_: self.wakeup.set())
+            await connection.add_listener(self.channel, self._notified)
         except RETRYABLE as exc:
             self.next_attempt = loop.time() + self.backoff.next_delay()
             log.warning(
@@ -188,6 +215,7 @@ class _Listener:
         # it again, instead of sleeping until the poll.
         connection.add_termination_listener(lambda *_: self.wakeup.set())
         self.connection = connection
+        self.heard_at = loop.time()
         self.backoff.reset()
         # Whatever was notified while nobody listened: look once, at once.
         self.wakeup.set()
@@ -197,10 +225,38 @@ class _Listener:
         connection and its next attempt comes sooner. A LISTEN lost or refused part way (the
         backend terminated while it ran) installs no termination listener and sets no
         wake-up: without this bound it was tried again only after the poll."""
+        now = asyncio.get_running_loop().time()
         if self.listening:
-            return poll_s
-        left = self.next_attempt - asyncio.get_running_loop().time()
-        return min(poll_s, max(left, 0.0))
+            # Back by the probe's time: a loop with a long poll asks a silent server in time.
+            return min(poll_s, max(self.heard_at + self.probe_s - now, 0.0))
+        return min(poll_s, max(self.next_attempt - now, 0.0))
+
+    def _notified(self, *_: object) -> None:
+        self.heard_at = asyncio.get_running_loop().time()
+        self.wakeup.set()
+
+    async def _answers(self) -> bool:
+        """Probe the connection; one that does not answer is cut (and the loop, polling
+        meanwhile, opens another)."""
+        connection = self.connection
+        assert connection is not None
+        try:
+            await alive(connection, timeout=self.probe_timeout_s)
+        except _PROBE_FAILED as exc:
+            log.warning(
+                "listen_silent",
+                loop=self.name,
+                channel=self.channel,
+                error=repr(exc),
+                note="the server did not answer on the LISTEN connection: opening another",
+            )
+            self.connection = None
+            # Cut, not closed: a close waits for the silent server's acknowledgement.
+            with contextlib.suppress(Exception):
+                connection.terminate()
+            return False
+        self.heard_at = asyncio.get_running_loop().time()
+        return True
 
     async def close(self) -> None:
         connection, self.connection = self.connection, None

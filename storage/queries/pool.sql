@@ -15,3 +15,8 @@ SELECT set_config('lock_timeout', $1, true);
 -- keeps_session: does a connection keep its server session, or is a pooler in transaction
 -- mode between us and PostgreSQL?).
 SELECT pg_notify($1, '');
+
+-- name: alive
+-- Whether the server still answers on this connection: a LISTEN connection idles, so a host
+-- gone silent under it (power, a partition: nothing reset) is noticed only by asking.
+SELECT 1;

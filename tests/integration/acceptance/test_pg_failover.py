@@ -38,6 +38,7 @@ from gateway.config import parse_config
 from gateway.domain.command import Delivery
 from gateway.domain.rules import Firing, RuleStates, evaluate
 from protocol import Telemetry, Topics, telemetry_event_id
+from storage.pool import ALIVE
 from tests.support import ha_postgres
 from tests.support.commands import new_command
 from tests.support.daemon import DaemonProcess, config_toml
@@ -164,7 +165,10 @@ async def _listening(dsn: str) -> int | None:
         return int(
             await conn.fetchval(
                 "SELECT count(*) FROM pg_stat_activity "
-                "WHERE datname = current_database() AND query LIKE 'LISTEN %'"
+                "WHERE datname = current_database() AND (query LIKE 'LISTEN %' OR query = $1)",
+                # A LISTEN connection's last statement is its LISTEN or the probe that asks
+                # whether its server still answers (gateway.support.loops).
+                ALIVE,
             )
         )
     finally:
