@@ -26,10 +26,12 @@ NODE = "start-window"
 
 
 async def _waiting_backend(admin: asyncpg.Connection, relation: str) -> int | None:
-    """The pid of the daemon's backend waiting for a lock on ``relation``."""
+    """The pid of the daemon's backend waiting for a lock on ``relation``, in this test's
+    database (the one to terminate: not another run's node of the same name)."""
     pid = await admin.fetchval(
         "SELECT a.pid FROM pg_stat_activity a JOIN pg_locks l ON l.pid = a.pid "
-        "WHERE a.application_name = $1 AND NOT l.granted AND l.relation = $2::regclass",
+        "WHERE a.datname = current_database() AND a.application_name = $1 "
+        "AND NOT l.granted AND l.relation = $2::regclass",
         f"gateway:{NODE}",
         relation,
     )

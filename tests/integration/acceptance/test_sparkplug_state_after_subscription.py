@@ -69,6 +69,7 @@ async def _lock_waiters(dsn: str) -> int:
             await conn.fetchval(
                 "SELECT count(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation"
                 " WHERE c.relname = 'mqtt_subscription' AND NOT l.granted"
+                " AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())"
             )
         )
     finally:

@@ -59,6 +59,7 @@ async def test_a_token_removed_while_its_stream_request_waits_opens_no_stream(
                     return bool(
                         await db.fetchval(
                             "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                            " AND datname = current_database()"
                             " AND query LIKE '%pg_sequence_last_value%'"
                         )
                     )

@@ -57,8 +57,8 @@ async def _node_waiting_for_the_migration(
             async def waiting() -> bool:
                 return bool(
                     await other_node.fetchval(
-                        "SELECT count(*) FROM pg_stat_activity "
-                        "WHERE application_name = $1 AND wait_event_type = 'Lock'",
+                        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                        "AND application_name = $1 AND wait_event_type = 'Lock'",
                         f"gateway:{NODE}",
                     )
                 )
@@ -83,8 +83,11 @@ async def test_a_host_gone_silent_during_the_migration_wait_is_given_up_and_the_
 ) -> None:
     async with _node_waiting_for_the_migration(empty_db_dsn, mosquitto) as at:
         # The link dies silently; the backends behind it go on (one waiting for the lock).
+        # This database's only: the other test here runs a node of the same name elsewhere.
         cut_off = await at.other_node.fetch(
-            "SELECT pid FROM pg_stat_activity WHERE application_name = $1", f"gateway:{NODE}"
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+            "AND application_name = $1",
+            f"gateway:{NODE}",
         )
         at.proxy.black_hole()
         retries = at.daemon.metrics.db_retries._value.get()

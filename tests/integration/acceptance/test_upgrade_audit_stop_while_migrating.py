@@ -38,8 +38,8 @@ async def _stop_while_waiting(dsn: str, mosquitto: Mosquitto) -> None:
         async def waiting_for_the_lock() -> bool:
             return bool(
                 await observer.fetchval(
-                    "SELECT count(*) FROM pg_stat_activity "
-                    "WHERE application_name = $1 AND wait_event_type = 'Lock'",
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND application_name = $1 AND wait_event_type = 'Lock'",
                     f"gateway:{NODE}",
                 )
             )
@@ -68,7 +68,8 @@ async def test_a_stop_while_another_node_migrates_ends_the_start_promptly(
         # The node stopped without migrating anything, and left the lock alone.
         assert await schema_version(other_node) == 0
         assert not await other_node.fetchval(
-            "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1",
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND application_name = $1",
             f"gateway:{NODE}",
         )
     finally:

@@ -218,7 +218,10 @@ async def test_a_commit_still_under_way_when_the_connection_was_lost_is_waited_f
         )
 
         async def committing() -> bool:
-            waiting = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+            waiting = (
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+                " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+            )
             return bool(await db.fetchval(waiting))
 
         await wait_until(committing, timeout=30, message="the COMMIT waits in its trigger")
@@ -229,8 +232,8 @@ async def test_a_commit_still_under_way_when_the_connection_was_lost_is_waited_f
 
         async def asked() -> bool:
             status = (
-                "SELECT count(*) FROM pg_stat_activity WHERE pid <> pg_backend_pid() "
-                "AND query LIKE '%pg_xact_status%'"
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND pid <> pg_backend_pid() AND query LIKE '%pg_xact_status%'"
             )
             return bool(await db.fetchval(status))
 

@@ -39,10 +39,12 @@ from tests.support.waiting import wait_until
 LAST_PASS = "gateway_maintenance_last_pass_timestamp_seconds"
 # The pass's last statement before it lets the lock go: everything else of the pass ran.
 LAST_STATEMENT = Statement("telemetry_oldest_day()")
-# The pass's session, waiting on the test's row lock.
+# The pass's session, waiting on the test's row lock (in this test's database: the view spans
+# the cluster, where other tests' passes wait on their own stream tickets).
 WAITING = """
 SELECT pid FROM pg_stat_activity
-WHERE wait_event_type = 'Lock' AND query LIKE '%stream_ticket%' AND pid <> pg_backend_pid()
+WHERE datname = current_database() AND wait_event_type = 'Lock'
+  AND query LIKE '%stream_ticket%' AND pid <> pg_backend_pid()
 """
 # The errors asyncpg raises for a connection reset under it.
 LOST = (OSError, asyncpg.exceptions.ConnectionDoesNotExistError, asyncpg.InterfaceError)

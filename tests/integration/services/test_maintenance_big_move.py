@@ -134,8 +134,8 @@ async def _parts(db: asyncpg.Connection) -> list[date]:
 
 async def _waiting_change(db: asyncpg.Connection) -> asyncpg.Record | None:
     row: asyncpg.Record | None = await db.fetchrow(
-        "SELECT pid, xact_start FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-        "AND query LIKE '%telemetry_add_day_partition%'"
+        "SELECT pid, xact_start FROM pg_stat_activity WHERE datname = current_database() "
+        "AND wait_event_type = 'Lock' AND query LIKE '%telemetry_add_day_partition%'"
     )
     return row
 

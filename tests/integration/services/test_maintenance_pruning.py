@@ -357,13 +357,15 @@ async def test_passes_released_at_once_delete_each_row_once(
 
 
 async def wait_for_lock_holder(db: asyncpg.Connection) -> None:
-    """Until a session holds the maintenance advisory lock."""
+    """Until a session holds the maintenance advisory lock in this test's database (advisory
+    locks are per database; pg_locks shows the cluster's, other tests' passes included)."""
     key = MAINTENANCE_LOCK_KEY
 
     async def held() -> bool:
         return bool(
             await db.fetchval(
                 "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted "
+                "AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
                 "AND ((classid::bigint << 32) | objid::bigint) = $1",
                 key,
             )

@@ -317,11 +317,13 @@ async def test_a_partition_made_while_its_event_is_being_stored_keeps_it_once(
 
 
 async def wait_for_lock_waiters(db: asyncpg.Connection, n: int) -> None:
-    """Until ``n`` sessions wait for a lock on the telemetry table."""
+    """Until ``n`` sessions wait for a lock on this database's telemetry table (pg_locks spans
+    the cluster, and databases cloned from one template share the table's oid)."""
 
     async def waiting() -> bool:
         count = await db.fetchval(
             "SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = 'telemetry'::regclass"
+            " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
         )
         return bool(count >= n)
 

@@ -56,7 +56,7 @@ async def test_a_reloads_retime_and_a_consumer_adding_to_two_groups_do_not_deadl
                 await wait_until(
                     lambda: db.fetchval(
                         "SELECT EXISTS (SELECT 1 FROM pg_locks l JOIN pg_stat_activity a "
-                        "ON a.pid = l.pid WHERE NOT l.granted "
+                        "ON a.pid = l.pid WHERE a.datname = current_database() AND NOT l.granted "
                         "AND a.query LIKE '%the intervals a reload%')"
                     ),
                     message="the retime waits for the consumer's group",

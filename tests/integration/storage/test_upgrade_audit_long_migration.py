@@ -36,8 +36,8 @@ async def _wait_blocked(observer: asyncpg.Connection) -> None:
     deadline = time.monotonic() + 10.0
     while time.monotonic() < deadline:
         waiting = await observer.fetchval(
-            "SELECT count(*) FROM pg_stat_activity "
-            "WHERE application_name = $1 AND wait_event_type IN ('Lock', 'Advisory')",
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND application_name = $1 AND wait_event_type IN ('Lock', 'Advisory')",
             APP,
         )
         if waiting:
