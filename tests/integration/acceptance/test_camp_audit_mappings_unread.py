@@ -11,19 +11,10 @@ cut when the batch sends its read of the device mappings, until the daemon has t
 
 from __future__ import annotations
 
-import contextlib
-
-import asyncpg
-
-from gateway.commands.campaigns import CampaignRequest, CampaignService, Targets
-from gateway.domain.command import Delivery
 from storage.ingest import DEVICE_MAPPINGS
-from storage.pool import create_pool
-from tests.support.daemon import make_config, running_daemon
-from tests.support.dsn import proxy_for, through
+from tests.support.campaign_cut import campaign_through_a_cut, outcome
 from tests.support.mosquitto import Mosquitto
-from tests.support.pg_cut import PgCut, Statement
-from tests.support.waiting import wait_until
+from tests.support.pg_cut import Statement
 
 # The lease far longer than the test's deadline: a claim left to lapse is seen as never sent.
 COMMANDS = (
@@ -35,52 +26,14 @@ COMMANDS = (
 async def test_claims_whose_mappings_could_not_be_read_are_released_not_left_to_lapse(
     db_dsn: str, mosquitto: Mosquitto
 ) -> None:
-    database = proxy_for(db_dsn)
-    await database.start()
-    cut = PgCut(database)
     # The batch's read of its device mappings, the claim committed and answered: it never
     # reaches PostgreSQL.
-    cut.arm(Statement(DEVICE_MAPPINGS), at="sent")
-    pool = await create_pool(db_dsn, min_size=1, max_size=2)
-    try:
-        config = make_config(
-            dsn=through(db_dsn, database), mqtt_port=mosquitto.port, node_id="node-a",
-            extra=COMMANDS,
-        )  # fmt: skip
-        async with running_daemon(config):
-            request = CampaignRequest(
-                name="reboot", params={}, delivery=Delivery.REALTIME,
-                targets=Targets(devices=("sleepy-1",)), per_minute=None, abort=None,
-                idempotency_key=None,
-            )  # fmt: skip
-            created = await CampaignService(pool, "api", 3600.0).create(request, actor="op")
-            seen: list[asyncpg.Record] = []
-
-            async def sent() -> bool:
-                async with pool.acquire() as conn:
-                    row = await conn.fetchrow(
-                        "SELECT * FROM command WHERE campaign_id = $1", created.campaign.id
-                    )
-                assert row is not None
-                seen.append(row)
-                return bool(row["status"] == "SENT")
-
-            await cut.outage()
-            with contextlib.suppress(AssertionError):  # the status is said below
-                await wait_until(sent, timeout=30)
-            row = seen[-1]
-            assert (row["status"], row["claim_generation"], row["reclaim_count"]) == (
-                "SENT", 2, 0,
-            ), dict(row)  # fmt: skip
-            async with pool.acquire() as conn:
-                trail = await conn.fetch(
-                    "SELECT action, claim_generation FROM command_audit WHERE command_id = $1"
-                    " ORDER BY id",
-                    row["id"],
-                )
-            assert [(t["action"], t["claim_generation"]) for t in trail] == [
-                ("create", 0), ("claim", 1), ("release", 1), ("claim", 2), ("sent", 2),
-            ]  # fmt: skip
-    finally:
-        await pool.close()
-        await database.stop()
+    async with campaign_through_a_cut(
+        db_dsn, mosquitto, Statement(DEVICE_MAPPINGS), at="sent", extra=COMMANDS
+    ) as rig:
+        await rig.cut.outage()
+        row = await rig.command_once(lambda row: bool(row["status"] == "SENT"))
+        assert outcome(row) == ("SENT", 2, 0), dict(row)
+        assert await rig.trail(row["id"]) == [
+            ("create", 0), ("claim", 1), ("release", 1), ("claim", 2), ("sent", 2),
+        ]  # fmt: skip
