@@ -273,7 +273,10 @@ class Dispatcher:
         Up to ``PIPELINE`` claimed batches are being sent at once: the next claim does not wait
         for the PUBACKs of the last batch (the round trips overlap), and a slot is taken before
         claiming, so a node never holds claims it cannot send yet. :meth:`flush` waits for them.
-        Nothing is claimed while the broker session is down: the claims could only fail.
+        Nothing is claimed while the broker session is down: the claims could only fail. The
+        session is asked first (a pass while it is down waits for nothing) and again right
+        before the claim's statement, once the slot and a connection are had; what is left is
+        the statement itself, the session lost while it runs (its claims are then released).
         """
         if not self.broker.up():
             return 0
@@ -283,13 +286,21 @@ class Dispatcher:
         lease_end = asyncio.get_running_loop().time() + self.lease_s
         try:
             async with self.pool.acquire() as conn:
-                claimed = await repo.claim_due(
-                    conn,
-                    node_id=self.node_id,
-                    lease_s=self.lease_s,
-                    limit=self.batch,
-                    max_in_flight=self.max_in_flight,
-                    actor=DISPATCHER_ACTOR,
+                # Asked again, at the last moment before the claim: the wait for a slot (the
+                # last batches' PUBACKs) or for a connection (a busy pool) may have outlasted
+                # the session. A pass that asked only before them claimed a batch for a
+                # broker it could not reach, and released it unpublished at once.
+                claimed = (
+                    await repo.claim_due(
+                        conn,
+                        node_id=self.node_id,
+                        lease_s=self.lease_s,
+                        limit=self.batch,
+                        max_in_flight=self.max_in_flight,
+                        actor=DISPATCHER_ACTOR,
+                    )
+                    if self.broker.up()
+                    else []
                 )
         except repo.ClaimCommitLostError as lost:
             # Committed or not, nothing of it was published: what did commit goes back to
