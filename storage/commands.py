@@ -116,6 +116,8 @@ CANCEL_OPEN_OF_DEVICE = _Q["cancel_open_of_device"]
 UNBIND_DEVICE = _Q["unbind_device"]
 LOCK_DEVICE = _Q["lock_device"]
 CLAIM_ANSWERED = _Q["claim_answered"]
+LOCK_COMMAND = _Q["lock_command"]
+OWN_RECEIPT_KEPT = _Q["own_receipt_kept"]
 
 
 async def get(conn: asyncpg.Connection, command_id: int) -> CommandRow | None:
@@ -361,6 +363,30 @@ async def claim_answered(
 ) -> bool:
     """Whether a receipt of this claim (generation and node) of the command was accepted."""
     return bool(await conn.fetchval(CLAIM_ANSWERED, command_id, generation, node_id))
+
+
+async def lock_command(conn: asyncpg.Connection, command_id: int) -> None:
+    """The command's row locked for the caller's transaction (waiting for one holding it)."""
+    await conn.execute(LOCK_COMMAND, command_id)
+
+
+async def own_receipt_kept(
+    conn: asyncpg.Connection,
+    command_id: int,
+    generation: int,
+    node_id: str,
+    *,
+    result: str,
+    raw_result_code: str | None,
+    raw_ack: str | None,
+) -> bool:
+    """Whether the receipt ``node_id`` wrote itself for its claim (``generation``) of the
+    command, with that result, raw code and raw ack, is kept."""
+    return bool(
+        await conn.fetchval(
+            OWN_RECEIPT_KEPT, command_id, generation, node_id, result, raw_result_code, raw_ack
+        )
+    )
 
 
 async def unbind_device(conn: asyncpg.Connection, device_id: str) -> None:

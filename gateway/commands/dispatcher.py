@@ -529,7 +529,8 @@ class Dispatcher:
         (a realtime command FAILED, a deferrable one PENDING again after its backoff, the 11th
         time TIMEOUT). One transaction per claim, tried again while the database is away and
         the lease lasts (the refusal is known to this node alone); one that fails to be
-        written even so leaves the claim to its lease, as before."""
+        written even so leaves the claim to its lease, as before. A retry after a COMMIT whose
+        answer was lost writes nothing if that COMMIT did (see :meth:`_refuse_one`)."""
         for row in rows:
             code, reason = self._refusals.pop(row.id)
             own = CommandReceipt(
@@ -541,7 +542,7 @@ class Dispatcher:
                 raw_ack=f"{reason} (reported by {self.node_id})",
             )
             applied = await self._while_claimed(
-                functools.partial(self._refuse_one, row, own), lease_end=lease_end
+                functools.partial(self._refuse_one, row, own, []), lease_end=lease_end
             )
             moved = applied.command
             log.warning(
@@ -555,15 +556,40 @@ class Dispatcher:
             if moved is not None and applied.previous_status not in (None, moved.status):
                 self.metrics.count_command(str(applied.previous_status), moved.status, 1)
 
-    async def _refuse_one(self, row: CommandRow, own: CommandReceipt) -> AppliedReceipt:
+    async def _refuse_one(
+        self, row: CommandRow, own: CommandReceipt, tried: list[AppliedReceipt]
+    ) -> AppliedReceipt:
+        """``own`` applied in a transaction of its own; ``tried``: what each earlier attempt of
+        this write applied before its COMMIT (appended to here).
+
+        An attempt whose COMMIT's answer was lost (the link cut as the server committed) may
+        have committed: its retry used to apply the receipt again, keeping a second copy of
+        the node's own receipt (``duplicated``: the command was closed already) and counting
+        no transition. So every attempt first locks the command's row (an earlier attempt
+        still committing holds it: waited for), and a retry that then finds ``own`` kept
+        answers what the attempt that kept it applied, writing nothing."""
         async with self.pool.acquire() as conn, conn.transaction():
-            return await apply_receipt(
+            await repo.lock_command(conn, row.id)
+            if tried and await repo.own_receipt_kept(
+                conn,
+                row.id,
+                row.claim_generation,
+                self.node_id,
+                result=own.result.value,
+                raw_result_code=None if own.raw_result_code is None else str(own.raw_result_code),
+                raw_ack=own.raw_ack,
+            ):
+                log.info("downlink_refusal_found_kept", command_id=row.id)
+                return tried[-1]
+            applied = await apply_receipt(
                 conn,
                 device_id=row.device_id,
                 receipt=own,
                 node_id=self.node_id,
                 sent_timeout_s=self.sent_timeout_s,
             )
+            tried.append(applied)
+            return applied
 
     async def _mark_sent(
         self, rows: list[CommandRow], *, lease_end: float, note: str | None = None

@@ -263,6 +263,21 @@ SELECT EXISTS (SELECT 1 FROM command_receipt
                WHERE command_id = $1 AND claim_generation = $2 AND node_id = $3
                  AND outcome = 'accepted');
 
+-- name: lock_command
+-- $1 id; the command's row locked for the caller's transaction: waits for a transaction that
+-- holds it (an earlier attempt of the same write, its COMMIT still under way) to end.
+SELECT 1 FROM command WHERE id = $1 FOR UPDATE;
+
+-- name: own_receipt_kept
+-- $1 command id, $2 generation, $3 node (the claim's, which wrote the receipt itself), $4
+-- result, $5 raw result code, $6 raw ack; whether that very receipt is kept: a retry of the
+-- write whose COMMIT answer was lost finds what the earlier attempt committed.
+SELECT EXISTS (SELECT 1 FROM command_receipt
+               WHERE command_id = $1 AND claim_generation = $2 AND node_id = $3
+                 AND received_by = $3 AND result = $4
+                 AND raw_result_code IS NOT DISTINCT FROM $5
+                 AND raw_ack IS NOT DISTINCT FROM $6);
+
 -- name: insert_receipt
 -- $1 command id or null, $2 reported command id, $3 device, $4 generation, $5 node,
 -- $6 result, $7 result code, $8 raw result code, $9 raw ack, $10 outcome, $11 reason,
