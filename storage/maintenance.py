@@ -45,6 +45,7 @@ PRUNE_CONSUMED = _Q["prune_consumed"]
 PRUNE_NOTIFY_GROUPS = _Q["prune_notify_groups"]
 PRUNE_AI_PAYLOADS = _Q["prune_ai_payloads"]
 PRUNE_STREAM_TICKETS = _Q["prune_stream_tickets"]
+PRUNE_COMMAND_HEARING = _Q["prune_command_hearing"]
 TABLE_SIZES = _Q["table_sizes"]
 OLDEST_TELEMETRY_DAY = _Q["oldest_telemetry_day"]
 
@@ -153,6 +154,12 @@ async def prune_notify_groups(conn: asyncpg.Connection, before: datetime, *, chu
 async def prune_stream_tickets(conn: asyncpg.Connection, *, chunk: int) -> int:
     """Delete the expired stream tickets; return how many went."""
     return await _batches(conn, PRUNE_STREAM_TICKETS, chunk)
+
+
+async def prune_command_hearing(conn: asyncpg.Connection, before: datetime, *, chunk: int) -> int:
+    """Delete the ``command_hearing`` rows of nodes that have not passed since ``before``;
+    return how many went."""
+    return await _batches(conn, PRUNE_COMMAND_HEARING, chunk, before)
 
 
 async def _batches(conn: asyncpg.Connection, query: str, chunk: int, *args: object) -> int:

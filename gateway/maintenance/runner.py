@@ -21,7 +21,8 @@ The node's clock now only tells the skew (``maintenance_clock_skew``) and the la
 2. drops the day partitions whose whole day is older than ``telemetry_days`` and deletes the
    default partition's rows older than that (a day is kept while any of it is in the window);
 3. prunes dead letters, audit rows, receipts, published and DEAD outbox events (and consumer
-   records) and AI payloads older than their settings, never a live row, and expired stream tickets;
+   records) and AI payloads older than their settings, never a live row, expired stream tickets,
+   and the ``command_hearing`` rows of nodes unseen for ``COMMAND_HEARING_KEEP`` (a day);
 4. samples rows and bytes per table and the oldest telemetry day into the metrics.
 """
 
@@ -69,6 +70,11 @@ MEASURED_TABLES: Final = (
 # each batch is a short transaction whatever the backlog.
 CHUNK_ROWS: Final = 5000
 DEFAULT_PARTITION_PAGES: Final = 256
+# A node's command_hearing row unseen this long goes (its node retired, or its id gone for
+# good): it stopped counting COMMAND_HEARING_LIVE_S (a minute) after the node's last pass. Not
+# a retention setting: the row is of no use to anyone by then, and a node back later writes it
+# again.
+COMMAND_HEARING_KEEP: Final = timedelta(days=1)
 # A node's clock further than this from the database's is logged at each pass.
 CLOCK_SKEW_WARN: Final = timedelta(minutes=5)
 
@@ -276,6 +282,11 @@ class Maintenance:
         tickets = await repo.prune_stream_tickets(conn, chunk=self.chunk_rows)
         if tickets:
             report.deleted["stream_ticket"] = tickets
+        hearing = await repo.prune_command_hearing(
+            conn, now - COMMAND_HEARING_KEEP, chunk=self.chunk_rows
+        )
+        if hearing:
+            report.deleted["command_hearing"] = hearing
         await self._measure(conn)
         for table, n in report.deleted.items():
             if n:

@@ -289,3 +289,20 @@ WITH doomed AS (
     RETURNING 1
 )
 SELECT count(*) FROM gone;
+
+-- name: prune_command_hearing
+-- $1 cut-off, $2 batch; the command_hearing rows of nodes that have not passed since the
+-- cut-off: retired nodes, or ids gone for good (containers with generated ids). Such a row
+-- stopped counting a minute after its node's last pass (COMMAND_HEARING_LIVE_S); it used to
+-- stay for ever, and a fleet whose node ids change grew the table without bound. A node that
+-- passes again writes its row anew (record_hearing inserts it). A row a node's reaper pass is
+-- writing now is skipped (that pass makes it new).
+WITH doomed AS (
+    SELECT node_id FROM command_hearing WHERE passed_at < $1 LIMIT $2
+    FOR UPDATE SKIP LOCKED
+), gone AS (
+    DELETE FROM command_hearing h USING doomed d
+    WHERE h.node_id = d.node_id AND h.passed_at < $1
+    RETURNING 1
+)
+SELECT count(*) FROM gone;
