@@ -40,6 +40,7 @@ UPDATE_LIFECYCLE = _Q["update_lifecycle"]
 INSERT_AUDIT = _Q["insert_audit"]
 AUDIT_OF = _Q["audit_of"]
 NOW = _Q["now"]
+CLOCK_NOW = _Q["clock_now"]
 CLEAR_MANY = _Q["clear_many"]
 LOCK_ACTIVE_MANY = _Q["lock_active_many"]
 SUPERSEDE_MANY = _Q["supersede_many"]
@@ -372,6 +373,12 @@ async def audit_of(conn: asyncpg.Connection, alarm_id: int) -> list[asyncpg.Reco
 async def db_now(conn: asyncpg.Connection) -> datetime:
     """Transaction time on the database clock (shared by every node)."""
     value: datetime = await conn.fetchval(NOW)
+    return value
+
+
+async def clock_now(conn: asyncpg.Connection) -> datetime:
+    """The database clock as the statement runs (not the transaction's start)."""
+    value: datetime = await conn.fetchval(CLOCK_NOW)
     return value
 
 

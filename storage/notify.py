@@ -55,6 +55,7 @@ RESUME_GROUPS = _Q["resume_groups"]
 DROP_RESUME = _Q["drop_resume"]
 DELIVERY_ALARMS = _Q["delivery_alarms"]
 GET_DELIVERY = _Q["get_delivery"]
+NOW = _Q["now"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +120,12 @@ class ClaimedDelivery:
     # those refused for good on the way ("address: answer; ...").
     recipients_owed: list[str] | None = None
     recipients_missed: str | None = None
+
+
+async def db_now(conn: asyncpg.Connection) -> datetime:
+    """The transaction's time on the database clock (shared by every node)."""
+    value: datetime = await conn.fetchval(NOW)
+    return value
 
 
 async def ensure_consumer(conn: asyncpg.Connection, consumer: str) -> None:

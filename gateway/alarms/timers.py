@@ -283,7 +283,7 @@ class AlarmTimers:
                     locked["delayed_at"] is not None and locked["delayed_at"] > now
                 ):
                     return None
-                at = max(now, await conn.fetchval("SELECT clock_timestamp()"))
+                at = max(now, await repo.clock_now(conn))
                 await transition(
                     conn,
                     alarm_id,

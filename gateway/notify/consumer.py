@@ -171,7 +171,7 @@ class NotifyConsumer:
             events = {r.event_id: _decoded(r) for r in mine}
             facts = {r.event_id: _notification(r.event_type, events[r.event_id]) for r in mine}
             alarm_ids = sorted({f.alarm_id for f in facts.values() if f and f.alarm_id})
-            now: datetime = await conn.fetchval("SELECT now()")
+            now = await repo.db_now(conn)
             # Suppressions first (their shelves locked, share), then quiet hours (alarm rows
             # locked): a shelf's end, which writes audit rows on its alarms, waits for this
             # transaction, never the other way round too.

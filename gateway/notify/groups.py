@@ -268,7 +268,7 @@ class GroupWindows:
         one a route put ahead of it takes, nor one whose event the route no longer sends."""
         made = 0
         async with self.conn.transaction():
-            now: datetime = await self.conn.fetchval("SELECT now()")
+            now = await repo.db_now(self.conn)
             for group in await repo.repeat_due(self.conn, REPEAT_BATCH):
                 items = [
                     (r["event_id"], r["alarm_id"], msgspec.json.decode(r["body"]))

@@ -30,7 +30,15 @@ from gateway.support.loops import sleep_unless_stopped
 from gateway.support.metrics import Metrics
 from storage.errors import TRANSIENT_DB_ERRORS, StorageError
 from storage.migrate import migrate
-from storage.pool import connect, create_pool, describe, keeps_session, server_of, user_of
+from storage.pool import (
+    alive,
+    connect,
+    create_pool,
+    describe,
+    keeps_session,
+    server_of,
+    user_of,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -351,7 +359,7 @@ class Startup:
         db = self.config.database
         probe = await connect(dsn, timeout=db.connect_timeout_s)
         try:
-            await probe.fetchval("SELECT 1", timeout=db.connect_timeout_s)
+            await alive(probe, timeout=db.connect_timeout_s)
             reached = server_of(probe)
         finally:
             probe.terminate()

@@ -177,6 +177,12 @@ FROM alarm_audit WHERE alarm_id = $1 ORDER BY id;
 -- no parameters; the database clock, the one clock every node shares.
 SELECT now();
 
+-- name: clock_now
+-- no parameters; the database clock as this statement runs (clock_timestamp(): the moment, not
+-- the transaction's start, which now() gives): when a step taken inside a transaction, after
+-- waiting for locks, happened.
+SELECT clock_timestamp();
+
 -- name: clear_many
 -- $1 active keys, $2 clear event id per key, $3 cleared at, $4 rule keys whose alarms are
 -- cleared only if they are inactivity alarms (their trigger says since when the device was

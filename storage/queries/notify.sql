@@ -1,3 +1,8 @@
+-- name: now
+-- no parameters; the transaction's time on the database clock, the one every node shares: the
+-- time a consumer's pass or a group's repeat judges quiet hours and due repeats at.
+SELECT now();
+
 -- name: ensure_consumer
 -- $1 consumer; its progress row. The gateway's own (`notify`) is created by migration 0011
 -- past every older event; any other starts at horizon 0.

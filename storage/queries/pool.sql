@@ -17,6 +17,7 @@ SELECT set_config('lock_timeout', $1, true);
 SELECT pg_notify($1, '');
 
 -- name: alive
--- Whether the server still answers on this connection: a LISTEN connection idles, so a host
--- gone silent under it (power, a partition: nothing reset) is noticed only by asking.
+-- no parameters; whether the server answers on this connection: the daemon's start, before its
+-- pool (which server a multi-host DSN's connection reaches), and a LISTEN connection, which
+-- idles, so that a host gone silent under it (power, a partition: nothing reset) is noticed.
 SELECT 1;
