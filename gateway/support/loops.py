@@ -99,6 +99,10 @@ async def every_while_configured(
 
     Such a loop runs from start on every node whatever the configuration, so that what a
     reload brings in needs no task started by hand (and what it removes, none stopped).
+
+    A failed pass is retried as :func:`every` retries one: after a growing delay, never longer
+    than ``FAILURE_BACKOFF_CAP_S`` (the figures' gauges, sampled hourly if so configured, were
+    left an hour old by a database restart of a few seconds).
     """
     backoff: Backoff | None = None
     while not stop.is_set():
@@ -114,7 +118,8 @@ async def every_while_configured(
         try:
             await step()
         except RETRYABLE as exc:
-            delay = max(interval, backoff.next_delay())
+            # Retried as every() retries: never later than the cap, whatever the interval.
+            delay = min(max(interval, backoff.next_delay()), FAILURE_BACKOFF_CAP_S)
             log.warning(
                 "periodic_step_failed", loop=name, error=repr(exc), retry_in_s=round(delay, 3)
             )
