@@ -30,6 +30,15 @@ PARTITION_CHANGE_TIMEOUT_S: Final = 3600.0
 # still answers, and every other node skipped every pass (no partitions made ahead, nothing
 # pruned) until someone killed that process. Another node takes over at its next pass after.
 LOCK_HOLDER_IDLE_S: Final = 30.0
+# How often the lock holder's server session looks, while a statement of its runs, whether its
+# client's socket is still open (client_connection_check_interval, PostgreSQL 14 and later):
+# closed (a FIN or a reset reached the server: the node's host reset, its process killed, a
+# firewall REJECT), the statement and the session are ended and the lock goes with them. A
+# link cut under a running statement (a prune waiting on a row lock, a partition change moving
+# a big day) otherwise left it running, and its session holding the lock, until it ended and
+# the server tried to answer. It does not see a silent peer (no FIN, no reset): TCP keepalive
+# (or the statement's end) is still what ends that one. A poll() of the socket per interval.
+LOCK_HOLDER_CHECK_S: Final = 5.0
 
 _Q = load_queries("maintenance.sql")
 TRY_LOCK = _Q["try_lock"]
@@ -63,17 +72,24 @@ WALKED: Final = {
 }
 
 
-async def try_lock(conn: asyncpg.Connection, *, idle_s: float = LOCK_HOLDER_IDLE_S) -> bool:
+async def try_lock(
+    conn: asyncpg.Connection,
+    *,
+    idle_s: float = LOCK_HOLDER_IDLE_S,
+    check_s: float = LOCK_HOLDER_CHECK_S,
+) -> bool:
     """Take the maintenance lock for this session, unless another session holds it; the
     server then ends this session once it sits ``idle_s`` between statements (see
-    ``LOCK_HOLDER_IDLE_S``), until :func:`unlock`."""
+    ``LOCK_HOLDER_IDLE_S``), and, while a statement runs, once its client's socket is found
+    closed, looked at every ``check_s`` (see ``LOCK_HOLDER_CHECK_S``), until :func:`unlock`."""
     idle = f"{round(idle_s * 1000)}ms"
-    return bool(await conn.fetchval(TRY_LOCK, MAINTENANCE_LOCK_KEY, idle))
+    check = f"{round(check_s * 1000)}ms"
+    return bool(await conn.fetchval(TRY_LOCK, MAINTENANCE_LOCK_KEY, idle, check))
 
 
 async def unlock(conn: asyncpg.Connection) -> None:
-    """Release the lock; the session is no longer ended for sitting idle (back to the
-    server's setting)."""
+    """Release the lock; the session is no longer ended for sitting idle nor checked for its
+    client while a statement runs (both back to the session's defaults)."""
     await conn.fetchrow(UNLOCK, MAINTENANCE_LOCK_KEY)
 
 

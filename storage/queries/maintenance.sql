@@ -1,23 +1,39 @@
 -- name: try_lock
--- $1 advisory lock key, $2 a duration ('30000ms'); true when this session now holds it (one
--- maintenance runner at a time). The holder's session is then ended by the server once it has
--- sat that long between statements (idle_session_timeout, PostgreSQL 14 and later): a holder
--- whose process stopped (a VM paused, SIGSTOP) or whose link went silent keeps a connection its
--- kernel still answers, which TCP keepalive never ends, and every other node skipped every pass
--- until someone killed it. A pass runs its statements back to back. Set in the same statement
--- as the lock, so no holder is ever without it; a session that did not get the lock is left as
--- it was (a pooled connection, idle between uses).
+-- $1 advisory lock key, $2 a duration ('30000ms'), $3 a duration ('5000ms'); true when this
+-- session now holds it (one maintenance runner at a time). The holder's session is then ended
+-- by the server once it has sat $2 between statements (idle_session_timeout, PostgreSQL 14 and
+-- later): a holder whose process stopped (a VM paused, SIGSTOP) or whose link went silent keeps
+-- a connection its kernel still answers, which TCP keepalive never ends, and every other node
+-- skipped every pass until someone killed it. A pass runs its statements back to back. And,
+-- while a statement of the holder runs, the server looks every $3 whether its client's socket
+-- is closed (client_connection_check_interval, PostgreSQL 14 and later), and ends the statement
+-- and the session if so: a link cut under a running statement left it running, and the lock
+-- held, until it ended. Set in the same statement as the lock, so no holder is ever without
+-- them; a session that did not get the lock is left as it was (a pooled connection, idle
+-- between uses). On an older server the settings do not exist and nothing is set. The check is
+-- set only on a server platform that has it: any value but 0 is an error elsewhere (Windows;
+-- PostgreSQL 14 has it on Linux only, 15 on macOS and the BSDs too), and an error here would
+-- come after the lock was taken, which a failed statement does not let go (a session lock).
 SELECT CASE WHEN pg_try_advisory_lock($1)
-            THEN (SELECT count(set_config(name, $2, false)) FROM pg_settings
-                  WHERE name = 'idle_session_timeout') >= 0
+            THEN (SELECT count(set_config(name,
+                                          CASE name WHEN 'idle_session_timeout' THEN $2::text
+                                                    ELSE $3::text END,
+                                          false))
+                  FROM pg_settings
+                  WHERE name = 'idle_session_timeout'
+                     OR (name = 'client_connection_check_interval'
+                         AND (version() ~ ' on [^,]*-linux'
+                              OR (current_setting('server_version_num')::int >= 150000
+                                  AND version() ~ ' on [^,]*(darwin|freebsd|netbsd|openbsd)'))))
+                 >= 0
             ELSE false END;
 
 -- name: unlock
--- $1 advisory lock key; and idle_session_timeout back to the session's default (the
--- connection goes back to the pool, where it is idle between uses).
+-- $1 advisory lock key; and idle_session_timeout and client_connection_check_interval back to
+-- the session's defaults (the connection goes back to the pool, where it is idle between uses).
 SELECT pg_advisory_unlock($1),
        (SELECT count(set_config(name, reset_val, false)) FROM pg_settings
-        WHERE name = 'idle_session_timeout');
+        WHERE name IN ('idle_session_timeout', 'client_connection_check_interval'));
 
 -- name: db_now
 -- no parameters; the database's clock, which stamped every row the pass compares with its

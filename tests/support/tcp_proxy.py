@@ -73,6 +73,11 @@ class _Half(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         proxy = self.connection.proxy
+        if self.upstream and self.connection.client_forgotten:
+            # The client's host no longer knows the connection: it answers with a reset.
+            if self.transport is not None:
+                _reset(self.transport)
+            return
         if proxy.swallowing:
             return  # black-holed: the connection stays open and carries nothing
         if not self.upstream and proxy.from_client is not None and not proxy.from_client(data):
@@ -100,6 +105,8 @@ class _Half(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         peer = self.peer
+        if self.connection.client_forgotten and not self.upstream:
+            peer = None  # the server is told nothing
         if peer is not None and peer.transport is not None:
             peer.transport.close()
         self.connection.check_done()
@@ -125,6 +132,8 @@ class _Connection:
         self.connecting: asyncio.Task[None] | None = None
         self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.tap = None if proxy.tap is None else proxy.tap()
+        # reset_clients(): the client's side is gone, the server not told (see there).
+        self.client_forgotten = False
 
     async def connect_upstream(self) -> None:
         loop = asyncio.get_running_loop()
@@ -243,6 +252,17 @@ class TcpProxy:
         """Reset every open connection now, from a callback (the listening socket stays)."""
         for connection in list(self._connections):
             connection.abort()
+
+    def reset_clients(self) -> None:
+        """Reset every proxied client's socket and tell the servers nothing: their sockets stay
+        open and quiet (no FIN, no reset) until a server sends, which is answered with a reset,
+        as the client's host does for a connection it no longer knows (it rebooted, or lost
+        power: nothing was sent). A server looking at its socket between sends sees nothing."""
+        for connection in list(self._connections):
+            connection.client_forgotten = True
+            half = connection.client
+            if half.transport is not None and not half.closed:
+                _reset(half.transport)
 
     def to_clients(self, data: bytes) -> int:
         """Write ``data`` to every proxied client as if its server had sent it (after what

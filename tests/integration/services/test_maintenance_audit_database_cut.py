@@ -173,10 +173,13 @@ async def test_a_retry_that_finds_the_cut_passs_own_session_holding_the_lock_com
                     await wait_until(
                         lambda: db.fetchval(WAITING), timeout=30, message="the pass waits"
                     )
-                    rig.cut.proxy.reset_all()  # the link cut; the database itself stays
-                    # PostgreSQL notices a client gone only once it answers it: the pass's
-                    # statement waits on, its session holding the maintenance lock, and the
-                    # retry finds it taken.
+                    # The link cut, the server told nothing (the node's host lost power and
+                    # came back: no FIN, no reset), so client_connection_check_interval sees an
+                    # open socket (a reset that reaches the server ends the statement sooner:
+                    # test_maintenance_audit_client_gone). PostgreSQL notices this client gone
+                    # only once it answers it: the pass's statement waits on, its session
+                    # holding the maintenance lock, and the retry finds it taken.
+                    rig.cut.proxy.reset_clients()
                     await wait_until(
                         lambda: any(e["event"] == "maintenance_skipped" for e in logs),
                         timeout=FAILURE_BACKOFF_CAP_S + 15,
