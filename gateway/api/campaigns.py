@@ -28,12 +28,13 @@ from gateway.api.errors import (
 from gateway.api.params import Before, CampaignId, CommandStatusFilter, Limit, page
 from gateway.api.routes import route
 from gateway.api.schemas import (
-    DEVICE_ID_PATTERN,
-    DEVICE_SELECTOR_MAX_LENGTH,
-    DEVICE_SELECTOR_PATTERN,
+    ANY_DEVICE_ID_MAX_LENGTH,
+    ANY_DEVICE_ID_PATTERN,
+    ANY_DEVICE_SELECTOR_MAX_LENGTH,
+    ANY_DEVICE_SELECTOR_PATTERN,
+    ANY_SELECTOR_PATTERN,
     LIMIT_DEFAULT,
     SELECTOR_ITEMS_MAX,
-    SELECTOR_PATTERN,
     Command,
     CommandName,
     IdempotencyKey,
@@ -62,6 +63,7 @@ from gateway.domain.campaign import AbortCriteria, CampaignStatus
 from gateway.domain.command import Delivery
 from gateway.domain.errors import ConfigError
 from gateway.domain.rules import device_selector
+from protocol import is_valid_device_id, sparkplug
 from protocol.ids import UnportableDeviceIdError
 from storage.campaigns import CampaignRow, CountedCampaignRow
 
@@ -72,18 +74,23 @@ TARGETS_MAX: Final = 50_000
 PER_MINUTE_MAX: Final = 1_000_000
 MIN_FINISHED_MAX: Final = TARGETS_MAX
 SELECTOR_MAX: Final = 100
-DEVICE_ID_MAX_LENGTH: Final = 64
 
+# A target is any device that takes commands: a native id, or a Sparkplug one (`{group}/{node}`
+# for an edge node, `{group}/{node}/{device}`), whose command is its metric write
+# (docs/commands.md, "Sparkplug devices"); a selector's glob may cross the levels (`Plant1/*`),
+# as the rules' do.
 DeviceId = Annotated[
-    str, msgspec.Meta(min_length=1, max_length=DEVICE_ID_MAX_LENGTH, pattern=DEVICE_ID_PATTERN)
+    str,
+    msgspec.Meta(min_length=1, max_length=ANY_DEVICE_ID_MAX_LENGTH, pattern=ANY_DEVICE_ID_PATTERN),
 ]
 SelectorPattern = Annotated[
     str,
     msgspec.Meta(
         min_length=1,
-        max_length=DEVICE_SELECTOR_MAX_LENGTH,
-        pattern=DEVICE_SELECTOR_PATTERN,
-        description="A device id or an fnmatch glob (`*`, `?`, `[...]`), as in the rules.",
+        max_length=ANY_DEVICE_SELECTOR_MAX_LENGTH,
+        pattern=ANY_DEVICE_SELECTOR_PATTERN,
+        description="A device id (native or Sparkplug) or an fnmatch glob (`*`, `?`, `[...]`), "
+        "as in the rules.",
     ),
 ]
 
@@ -102,6 +109,13 @@ class TargetsBody(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     def __post_init__(self) -> None:
         if (self.devices is UNSET) == (self.selector is UNSET):
             raise ValueError("targets: give exactly one of `devices` and `selector`")
+        if not isinstance(self.devices, UnsetType):
+            # The pattern's `$` admits a closing "\n" in Python: the protocol's checks decide.
+            for index, device in enumerate(self.devices):
+                if not is_valid_device_id(device) and not sparkplug.is_device_key(device):
+                    raise ValueError(
+                        f"targets.devices[{index}]: must match {ANY_DEVICE_ID_PATTERN}"
+                    )
         if not isinstance(self.selector, UnsetType):
             try:
                 device_selector(self.selector, "targets.selector")
@@ -320,12 +334,13 @@ async def count_campaign_targets(
     selector: Annotated[
         str,
         Parameter(
-            pattern=SELECTOR_PATTERN,
+            pattern=ANY_SELECTOR_PATTERN,
             schema_extra=exact("string"),
             description=(
                 "The rules' device selector: device ids and globs (`*`, `?`, `[...]`, "
-                f"`[!...]`), comma-separated, e.g. `door-*,pump-1`; at most "
-                f"{SELECTOR_ITEMS_MAX} of them, each at most 64 characters."
+                f"`[!...]`), comma-separated, e.g. `door-*,pump-1`, Sparkplug ids and globs "
+                f"across their levels too (`Plant1/*`); at most {SELECTOR_ITEMS_MAX} of them, "
+                "each a device id or a glob of at most 64 characters."
             ),
         ),
     ],
@@ -440,15 +455,17 @@ def complete(schemas: dict[str, Any]) -> None:
     device = Schema(
         type=OpenAPIType.STRING,
         min_length=1,
-        max_length=DEVICE_ID_MAX_LENGTH,
-        pattern=DEVICE_ID_PATTERN,
+        max_length=ANY_DEVICE_ID_MAX_LENGTH,
+        pattern=ANY_DEVICE_ID_PATTERN,
+        description="A native device id, or a Sparkplug one (`{group}/{node}[/{device}]`).",
     )
     pattern = Schema(
         type=OpenAPIType.STRING,
         min_length=1,
-        max_length=DEVICE_SELECTOR_MAX_LENGTH,
-        pattern=DEVICE_SELECTOR_PATTERN,
-        description="A device id or an fnmatch glob (`*`, `?`, `[...]`), as in the rules.",
+        max_length=ANY_DEVICE_SELECTOR_MAX_LENGTH,
+        pattern=ANY_DEVICE_SELECTOR_PATTERN,
+        description="A device id (native or Sparkplug) or an fnmatch glob (`*`, `?`, `[...]`), "
+        "as in the rules.",
     )
     devices = Schema(
         type=OpenAPIType.OBJECT,
