@@ -22,6 +22,7 @@ from gateway.api.errors import (
     DEVICE_ID_NOT_PORTABLE,
     DOWNLINK_TOO_LARGE,
     NO_TARGETS,
+    SPARKPLUG_WRITE_INVALID,
     TARGETS_UNBOUND,
     bad_request,
 )
@@ -57,7 +58,7 @@ from gateway.commands.campaigns import (
     UnboundTargetsError,
     counts_of,
 )
-from gateway.commands.lifecycle import DownlinkTooLargeError
+from gateway.commands.lifecycle import DownlinkTooLargeError, SparkplugWriteRefusedError
 from gateway.commands.service import CommandService
 from gateway.domain.campaign import AbortCriteria, CampaignStatus
 from gateway.domain.command import Delivery
@@ -237,7 +238,13 @@ StatusFilter = Annotated[
     role=Role.OPERATOR,
     writes=True,
     body=True,
-    errors=[TARGETS_UNBOUND, NO_TARGETS, DOWNLINK_TOO_LARGE, DEVICE_ID_NOT_PORTABLE],
+    errors=[
+        TARGETS_UNBOUND,
+        NO_TARGETS,
+        DOWNLINK_TOO_LARGE,
+        DEVICE_ID_NOT_PORTABLE,
+        SPARKPLUG_WRITE_INVALID,
+    ],
     status_code=201,
     also={
         200: ResponseSpec(
@@ -287,6 +294,7 @@ async def create_campaign(
         UnboundTargetsError,
         NoTargetsError,
         DownlinkTooLargeError,
+        SparkplugWriteRefusedError,
         UnportableDeviceIdError,
     ) as exc:
         log.info(

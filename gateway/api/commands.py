@@ -18,6 +18,7 @@ from gateway.api.errors import (
     DEVICE_ID_NOT_PORTABLE,
     DEVICE_UNBOUND,
     DOWNLINK_TOO_LARGE,
+    SPARKPLUG_WRITE_INVALID,
     bad_request,
 )
 from gateway.api.params import (
@@ -55,6 +56,7 @@ from gateway.commands.lifecycle import (
     CommandNotFoundError,
     DeviceUnboundError,
     DownlinkTooLargeError,
+    SparkplugWriteRefusedError,
 )
 from protocol import is_valid_device_id, sparkplug
 from protocol.ids import UnportableDeviceIdError
@@ -108,7 +110,7 @@ _CREATE_DESCRIPTION: Final = (
     role=Role.OPERATOR,
     writes=True,
     body=True,
-    errors=[DEVICE_ID_NOT_PORTABLE, DEVICE_UNBOUND, DOWNLINK_TOO_LARGE],
+    errors=[DEVICE_ID_NOT_PORTABLE, DEVICE_UNBOUND, DOWNLINK_TOO_LARGE, SPARKPLUG_WRITE_INVALID],
     status_code=201,
     also=_CREATED_AGAIN,
     description=_CREATE_DESCRIPTION
@@ -133,7 +135,7 @@ async def create_command(
     role=Role.OPERATOR,
     writes=True,
     body=True,
-    errors=[DEVICE_ID_NOT_PORTABLE, DEVICE_UNBOUND, DOWNLINK_TOO_LARGE],
+    errors=[DEVICE_ID_NOT_PORTABLE, DEVICE_UNBOUND, DOWNLINK_TOO_LARGE, SPARKPLUG_WRITE_INVALID],
     status_code=201,
     also=_CREATED_AGAIN,
     description=(
@@ -166,7 +168,12 @@ async def _create(
             idempotency_key=data.idempotency_key,
             actor=actor_of(call),
         )
-    except (DeviceUnboundError, DownlinkTooLargeError, UnportableDeviceIdError) as exc:
+    except (
+        DeviceUnboundError,
+        DownlinkTooLargeError,
+        SparkplugWriteRefusedError,
+        UnportableDeviceIdError,
+    ) as exc:
         log.info(
             "command_create_refused",
             device_id=device_id,

@@ -54,6 +54,7 @@ from gateway.commands.lifecycle import (
     CommandNotFoundError,
     DeviceUnboundError,
     DownlinkTooLargeError,
+    SparkplugWriteRefusedError,
 )
 from gateway.domain.alarm import (
     Alarm,
@@ -150,6 +151,12 @@ DOWNLINK_TOO_LARGE: Final = ErrorKind(
     "DOWNLINK_TOO_LARGE",
     "the command's downlink cannot fit the broker's maximum packet size (`size`, `limit`: "
     "`[mqtt] max_packet_size`); nothing is created",
+)
+SPARKPLUG_WRITE_INVALID: Final = ErrorKind(
+    422,
+    "SPARKPLUG_WRITE_INVALID",
+    'the params are no Sparkplug metric write (`{"value": v}`, optionally `"confirm"`), and '
+    "the command goes to Sparkplug devices (`device_ids` names them all); nothing is created",
 )
 DEVICE_ID_NOT_PORTABLE: Final = ErrorKind(
     400,
@@ -344,6 +351,9 @@ _DOMAIN: Final[Mapping[type[Exception], Callable[[Any], ApiError]]] = {
     DeviceUnboundError: lambda e: ApiError(DEVICE_UNBOUND, str(e), device_id=e.device_id),
     UnportableDeviceIdError: lambda e: ApiError(
         DEVICE_ID_NOT_PORTABLE, str(e), device_id=e.device_id
+    ),
+    SparkplugWriteRefusedError: lambda e: ApiError(
+        SPARKPLUG_WRITE_INVALID, str(e), device_ids=e.device_ids
     ),
     DownlinkTooLargeError: lambda e: ApiError(
         DOWNLINK_TOO_LARGE, str(e), device_id=e.device_id, size=e.size, limit=e.limit

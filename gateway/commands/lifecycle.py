@@ -8,6 +8,7 @@ is gateway/commands/creator.py.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import asyncpg
@@ -37,6 +38,22 @@ class DeviceUnboundError(CommandError):
     def __init__(self, device_id: str) -> None:
         super().__init__(f"device {device_id} is unbound: it takes no commands")
         self.device_id = device_id
+
+
+class SparkplugWriteRefusedError(CommandError):
+    """The command's params are no metric write (``{"value": v}``, docs/commands.md, "Sparkplug
+    devices"), and some of its devices are Sparkplug devices: their command could only fail,
+    unsent. Refused before anything is created, naming those devices."""
+
+    code = "SPARKPLUG_WRITE_INVALID"
+
+    def __init__(self, device_ids: Sequence[str], reason: str) -> None:
+        shown = ", ".join(device_ids[:20]) + (" …" if len(device_ids) > 20 else "")
+        super().__init__(
+            f"{reason}: {len(device_ids)} Sparkplug device(s) could not be written: {shown}"
+        )
+        self.device_ids = list(device_ids)
+        self.reason = reason
 
 
 class DownlinkTooLargeError(CommandError):

@@ -24,9 +24,11 @@ from gateway.commands.dispatcher import smallest_downlink
 from gateway.commands.lifecycle import (
     CommandNotFoundError,
     DownlinkTooLargeError,
+    SparkplugWriteRefusedError,
     cancel,
     unbind,
 )
+from gateway.commands.sparkplug import SparkplugWriteError, write_of
 from gateway.domain.command import TERMINAL_STATUSES, CommandStatus, Delivery
 from gateway.support.loops import sleep_unless_stopped
 from gateway.support.metrics import Metrics
@@ -103,13 +105,23 @@ class CommandService:
     ) -> None:
         """Raises :class:`UnportableDeviceIdError` for the first id the broker would not carry
         (``[mqtt] broker_family``), :class:`DownlinkTooLargeError` when the command's downlink
-        to one of the devices cannot fit ``max_packet_size`` whatever its claim: what can
-        never be sent is refused before anything is created (a command, a campaign's)."""
+        to one of the devices cannot fit ``max_packet_size`` whatever its claim,
+        :class:`SparkplugWriteRefusedError` naming the Sparkplug devices among them when the
+        params are no metric write: what can never be sent is refused before anything is
+        created (a command, a campaign's)."""
         # The API checked the ids' grammar; built only when a check needs it, a topic cannot
         # refuse a value the database's constraint should (and the creator isolates).
         # A Sparkplug device's command is a metric write, not a native downlink
         # (commands/sparkplug.py): the native topic's checks are not its own.
         native = [d for d in device_ids if not sparkplug.is_device_key(d)]
+        if len(native) < len(device_ids):
+            # Its params must be a write whatever the birth says (the datatype's range, the
+            # metric, the birth itself are the dispatcher's to judge, when it sends).
+            try:
+                write_of(name, params)
+            except SparkplugWriteError as exc:
+                writes = [d for d in device_ids if sparkplug.is_device_key(d)]
+                raise SparkplugWriteRefusedError(writes, exc.reason) from None
         if self.topics.portable_ids:
             for device_id in native:
                 self.topics.commands(device_id)

@@ -139,3 +139,79 @@ async def test_a_campaign_by_a_sparkplug_selector_writes_each_and_completes(site
     wrote = site.writes()
     for device in DEVICES:
         assert wrote.get(device) == [{"name": "setpoint", "type": "Float", "value": 7.25}], wrote
+
+
+async def test_params_no_sparkplug_write_can_carry_are_refused_naming_the_sparkplug_targets(
+    site: Site,
+) -> None:
+    """A mixed campaign whose params are not a metric write (`{"value": v}`): the Sparkplug
+    targets' commands could only fail, unsent, and count as failures toward the abort criteria
+    of a campaign meant for the native devices (cancelling theirs). Refused, nothing created;
+    and `POST /commands` refuses the same write to one Sparkplug device the same way."""
+    status, body = await site.campaign(
+        name="set_config",
+        params={"interval_s": 60},
+        targets={"devices": ["pump-1", *IDS]},
+        abort={"failure_ratio": 0.5, "min_finished": 2},
+    )
+    assert status == 422, body
+    assert body["error"] == "SPARKPLUG_WRITE_INVALID", body
+    assert body["device_ids"] == IDS, body
+    reply = await site.api.call(
+        "POST",
+        "/commands",
+        token=OPERATOR,
+        json={"device_id": IDS[0], "name": "setpoint", "params": {"val": 1}},
+    )
+    assert reply.status == 422, reply.body
+    assert reply.body["error"] == "SPARKPLUG_WRITE_INVALID", reply.body
+    assert reply.body["device_ids"] == IDS[:1], reply.body
+    assert await site.commands() == 0
+
+
+async def test_a_mixed_campaign_with_a_metric_write_sends_each_device_its_command(
+    site: Site,
+) -> None:
+    """`{"value": v}` means the same to both: the native device gets it as its JSON downlink,
+    the Sparkplug device as its DCMD write, confirmed by the echo."""
+    status, body = await site.campaign(
+        name="setpoint", params={"value": 3.5}, targets={"devices": ["pump-1", IDS[0]]}
+    )
+    assert status == 201, body
+    campaign_id = body["campaign"]["id"]
+
+    async def acked() -> bool:
+        reply = await site.api.call(
+            "GET", f"/campaigns/{campaign_id}/commands?status=ACKED", token=OPERATOR
+        )
+        return [c["device_id"] for c in reply.body["items"]] == [IDS[0]]
+
+    await wait_until(acked, timeout=30, message="the Sparkplug target's write confirmed")
+    assert site.writes() == {"Oven": [{"name": "setpoint", "type": "Float", "value": 3.5}]}
+    reply = await site.api.call("POST", f"/campaigns/{campaign_id}/cancel", token=OPERATOR)
+    assert reply.status == 200, reply.body
+
+
+async def test_a_write_to_a_device_not_born_fails_unsent_and_counts_toward_the_abort(
+    site: Site,
+) -> None:
+    """As with `POST /commands`, a write the birth in force cannot carry is created, then
+    FAILED unsent (`SPARKPLUG_NOT_BORN`): a campaign counts it, and its abort criteria see it.
+    Whichever of the two outcomes the settler counts first, the second meets them."""
+    ghost = "Plant1/Line4/Ghost"
+    status, body = await site.campaign(
+        name="setpoint",
+        params={"value": 9.5},
+        targets={"devices": [IDS[0], ghost]},
+        abort={"failure_ratio": 0.5, "min_finished": 2},
+    )
+    assert status == 201, body
+    done = await site.settled(body["campaign"]["id"], "ABORTED")
+    assert done["counts"]["FAILED"] == 1, done
+    failed = await site.api.call(
+        "GET", f"/campaigns/{done['id']}/commands?status=FAILED", token=OPERATOR
+    )
+    assert [(c["device_id"], c["raw_result_code"]) for c in failed.body["items"]] == [
+        (ghost, "SPARKPLUG_NOT_BORN")
+    ]
+    assert "Ghost" not in site.writes()

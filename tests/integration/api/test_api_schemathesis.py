@@ -79,6 +79,10 @@ STATE_DEPENDENT: Final = {
         "SHELF_ENDED",
         "NOT_OUT_OF_SERVICE",
     },
+    # A command to a Sparkplug device is a metric write (`{"value": v}`): what its params must
+    # be depends on the id (a command's `device_id`, a campaign's resolved targets), which the
+    # document says in words, not in the schema.
+    422: {"SPARKPLUG_WRITE_INVALID"},
     # Each token gets stream tickets at a bounded rate, whatever the request.
     429: {"TOO_MANY_TICKETS"},
 }

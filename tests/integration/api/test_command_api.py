@@ -386,10 +386,16 @@ async def test_post_commands_takes_the_device_in_the_body_sparkplug_or_native(ap
     assert (again.status, again.body["created"]) == (200, False)
     assert again.body["command"]["id"] == command["id"]
     # The edge node itself (two levels) takes commands too (NCMD).
+    rebirth = {"device_id": "Plant1/Line4", "name": "Node Control/Rebirth"}
     node = await api.call(
-        "POST", "/commands", token=OPERATOR, json={"device_id": "Plant1/Line4", "name": "Rebirth"}
+        "POST", "/commands", token=OPERATOR, json={**rebirth, "params": {"value": True}}
     )
     assert (node.status, node.body["command"]["device_id"]) == (201, "Plant1/Line4")
+    # A Sparkplug command is a metric write: without a value it could never go out (it was
+    # created, then FAILED unsent with INVALID_PARAMS): refused, nothing created.
+    no_value = await api.call("POST", "/commands", token=OPERATOR, json=rebirth)
+    assert (no_value.status, no_value.body["error"]) == (422, "SPARKPLUG_WRITE_INVALID")
+    assert no_value.body["device_ids"] == ["Plant1/Line4"]
 
     # A native id: the same command as through its path, the same key space per device.
     native = await api.call(
