@@ -124,6 +124,15 @@ async def test_a_campaign_by_a_sparkplug_selector_writes_each_and_completes(site
     )
     assert targets.status == 200, targets.body
     assert targets.body["sample"] == sorted(IDS)
+    # A glob crosses levels as the rules' do: the edge node is a device too (docs/commands.md).
+    for selector, picked in (
+        ("Plant1/*", ["Plant1/Line4", *sorted(IDS)]),
+        ("Plant1/*/*", sorted(IDS)),
+    ):
+        found = await site.api.call(
+            "GET", f"/campaigns/targets?selector={selector}", token=OPERATOR
+        )
+        assert found.body["sample"] == picked, found.body
     status, body = await site.campaign(
         name="setpoint", params={"value": 7.25}, targets={"selector": "Plant1/Line4/*"}
     )
