@@ -49,6 +49,7 @@ class NodeRow:
     device_marks: str  # json {device: seq}: latest birth or death taken with a seq missing
     birth_ts: int | None  # the payload timestamp of the NBIRTH in force (epoch ms)
     born_epoch: float | None  # when it was taken (the database's clock, epoch seconds)
+    device_lives: str  # json {device: [birth seq, death seq]} taken with a seq missing
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +71,7 @@ class NodeWrite:
     unborn: Sequence[str] = ()  # devices of the session before its NBIRTH not born again
     device_marks: str = "{}"  # json {device: seq} (migration 0059)
     birth_ts: int | None = None  # the NBIRTH's payload timestamp (migration 0061)
+    device_lives: str = "{}"  # json {device: [birth seq, death seq]} (migration 0062)
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +135,7 @@ async def write_nodes(conn: asyncpg.Connection, writes: Sequence[NodeWrite]) -> 
         lines([_joined(w.unborn) for w in writes]),
         lines([w.device_marks for w in writes]),
         [w.birth_ts for w in writes],
+        lines([w.device_lives for w in writes]),
     )
     births = [
         (w.group_id, w.edge_node_id, w.aliases, w.metrics)

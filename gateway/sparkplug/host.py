@@ -21,7 +21,9 @@ batch, so any node of a ``$share`` group decides as one would):
   rules — until its next ``NBIRTH``, and a rebirth request is wanted (the loop in
   :mod:`gateway.sparkplug.rebirth` sends it).
 - Data of a node (or device) that is not born (never, or since its death) cannot be read for
-  sure: a dead letter, ``SPARKPLUG_NOT_BORN``, and a rebirth request.
+  sure: a dead letter, ``SPARKPLUG_NOT_BORN``, and a rebirth request. Except a device's late
+  data (its seq missing) published while it was born, under the birth whose aliases are still
+  its own (``_lived``): stored.
 - A ``DBIRTH``, ``DDEATH`` or data published before the ``NBIRTH`` in force (its payload
   timestamp older) and taken within the reorder window after it is the session before's: a
   dead letter, ``SPARKPLUG_OLD_SESSION``, moving nothing of the stream.
@@ -168,6 +170,11 @@ class _Node:
     # Each device's latest DBIRTH or DDEATH seq taken while a seq before it was missing
     # (migration 0059): a late DBIRTH or DDEATH older than it changes nothing of the device.
     marks: dict[str, int] = field(default_factory=dict)
+    # Each device's latest life taken while a seq before it was missing (migration 0062):
+    # [the seq of its DBIRTH in force (None: born before the first seq missing), the seq of
+    # the DDEATH that ended it (None: alive)]. Late data of a dead device published within it
+    # is read with that birth's aliases (`_lived`).
+    lives: dict[str, list[int | None]] = field(default_factory=dict)
     # The payload timestamp of the NBIRTH in force (epoch ms), and when it was taken (the
     # database's epoch seconds): a message published before it, committed within the reorder
     # window after it, is of the session before (migration 0061).
@@ -200,6 +207,7 @@ class _Node:
             marks=_decode(row.device_marks),
             birth_ts=row.birth_ts,
             born_epoch=row.born_epoch,
+            lives=_decode(row.device_lives),
         )
 
     def write(self) -> repo.NodeWrite:
@@ -224,6 +232,7 @@ class _Node:
             unborn=self.unborn,
             # Only while a seq is missing: no message can be late otherwise.
             device_marks=_json(self.marks) if self.missing else "{}",
+            device_lives=_json(self.lives) if self.missing else "{}",
             birth_ts=self.birth_ts,
         )
 
@@ -362,6 +371,7 @@ class SparkplugHost:
         self._in_stream(node, message, out, late=late)
         if not node.missing:
             node.marks = {}  # no message can be late now
+            node.lives = {}
 
     def _in_stream(
         self, node: _Node, message: SparkplugMessage, out: HostOutcome, *, late: bool
@@ -394,6 +404,7 @@ class SparkplugHost:
             self._dbirth(node, message, out)
             if device is not None and seq is not None:
                 node.marks[device] = seq
+                node.lives[device] = [seq, None]
             return
         if not node.missing:
             # In order: the births are over. With a seq before it still missing (another node
@@ -406,6 +417,12 @@ class SparkplugHost:
             assert device is not None
             if seq is not None:
                 node.marks[device] = seq
+                if device in node.devices:
+                    # The end of the birth in force: of one taken with a seq missing, or of
+                    # one before the first seq missing (None).
+                    life = node.lives.get(device)
+                    born = life[0] if life is not None and life[1] is None else None
+                    node.lives[device] = [born, seq]
             if device in node.unborn:
                 node.unborn.remove(device)
             out.presence[message.topic.device_key] = "offline"
@@ -417,7 +434,11 @@ class SparkplugHost:
                 # its DBIRTH, committed by another node of a $share group: judged then).
                 self._distrust(node, out, f"device {device} has no birth in force")
             return
-        if device is not None and device not in node.devices:
+        if (
+            device is not None
+            and device not in node.devices
+            and not (late and seq is not None and _lived(node, device, seq))
+        ):
             self._distrust(node, out, f"device {device} has no birth in force")
             out.dead_letters.append(
                 message.letter(
@@ -477,6 +498,7 @@ class SparkplugHost:
         node.birth_ts = payload.timestamp
         node.missing = {}
         node.marks = {}
+        node.lives = {}
         node.aliases = {}
         node.metrics = {}
         node.births_changed = True
@@ -571,6 +593,7 @@ class SparkplugHost:
         node.rebirth_reason = None  # a dead node is not asked for anything; its birth will come
         node.missing = {}
         node.marks = {}
+        node.lives = {}
         out.presence[node.key] = "offline"
         for device in (*node.devices, *node.unborn):
             out.presence[f"{node.key}/{device}"] = "offline"
@@ -718,6 +741,30 @@ def _overtaken(node: _Node, device: str, seq: int) -> bool:
     if mark is None or node.seq is None:
         return False
     return 0 < (mark - seq) % 256 <= (node.seq - seq) % 256
+
+
+def _lived(node: _Node, device: str, seq: int) -> bool:
+    """Late data of ``device`` (dead now) at ``seq`` was published while it was born, under
+    the birth whose aliases are still its own: within the device's last life taken (``lives``:
+    after its DBIRTH, or with none taken, its birth before the first seq missing; before the
+    DDEATH that ended it), and no seq between that birth and ``seq`` still missing (another
+    death and birth, with other aliases, may be there). In seq order, as ``_overtaken``."""
+    born, died = node.lives.get(device, (None, None))
+    if died is None or node.seq is None:
+        return False
+    top = node.seq
+
+    def age(at: int) -> int:
+        return (top - at) % 256
+
+    if not age(seq) > age(died):
+        return False
+    if born is not None and not age(born) > age(seq):
+        return False
+    return not any(
+        age(int(gap)) > age(seq) and (born is None or age(int(gap)) < age(born))
+        for gap in node.missing
+    )
 
 
 def _next_session(bdseq: int, birth: int | None) -> bool:

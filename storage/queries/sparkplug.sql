@@ -22,7 +22,7 @@ SELECT l.group_id, l.edge_node_id, l.born, l.bdseq, l.seq, l.missing, l.trusted,
        CASE WHEN l.held THEN NULL ELSE l.aliases::text END AS aliases,
        CASE WHEN l.held THEN NULL ELSE l.metrics::text END AS metrics,
        l.devices, l.recent, l.rebirth_reason, l.rebirth_wanted, l.births, l.dead_bdseq,
-       l.unborn, l.device_marks, l.birth_ts, l.born_epoch
+       l.unborn, l.device_marks, l.birth_ts, l.born_epoch, l.device_lives
 FROM (
     -- Not flattened into the outer query (it locks): `births` is computed once a row.
     SELECT s.group_id, s.edge_node_id, s.born, s.bdseq, s.seq, s.missing::text AS missing,
@@ -31,7 +31,8 @@ FROM (
            s.births_version::text || '@' || (SELECT started FROM server) AS births,
            u.t = s.births_version::text || '@' || (SELECT started FROM server) AS held,
            s.dead_bdseq, s.unborn, s.device_marks::text AS device_marks, s.birth_ts,
-           extract(epoch FROM s.born_at)::double precision AS born_epoch
+           extract(epoch FROM s.born_at)::double precision AS born_epoch,
+           s.device_lives::text AS device_lives
     FROM sparkplug_node s
     JOIN unnest($1::text[], $2::text[], $3::text[]) AS u(g, n, t)
       ON s.group_id = u.g AND s.edge_node_id = u.n
@@ -49,7 +50,8 @@ FROM (
 -- devices of the session before that no DBIRTH has born since its NBIRTH (joined by `,` as
 -- $8; migration 0050), $14 each device's latest birth or death seq taken while a seq before it
 -- was missing (json; migration 0059), $15 the payload timestamps of the NBIRTHs in force
--- (migration 0061). The
+-- (migration 0061), $16 each device's latest life taken while a seq before it was missing
+-- (json; migration 0062). The
 -- births (aliases, metric datatypes) are left as they are: write_births writes those a birth
 -- of the batch changed.
 UPDATE sparkplug_node s
@@ -66,14 +68,15 @@ SET born = u.born, bdseq = u.bdseq, seq = u.seq, missing = u.missing::jsonb,
     unborn = coalesce(string_to_array(nullif(u.unborn, ''), ','), '{}'),
     device_marks = u.marks::jsonb,
     birth_ts = u.birth_ts,
+    device_lives = u.lives::jsonb,
     updated_at = now()
 FROM unnest(string_to_array($1, E'\n'), string_to_array($2, E'\n'), $3::boolean[],
             $4::bigint[], $5::integer[], string_to_array($6, E'\n'), $7::boolean[],
             string_to_array($8, E'\n'), string_to_array($9, E'\n'), $10::text[],
             $11::boolean[], $12::bigint[], string_to_array($13, E'\n'),
-            string_to_array($14, E'\n'), $15::bigint[])
+            string_to_array($14, E'\n'), $15::bigint[], string_to_array($16, E'\n'))
      AS u(g, n, born, bdseq, seq, missing, trusted, devices, recent, reason, born_now,
-          dead_bdseq, unborn, marks, birth_ts)
+          dead_bdseq, unborn, marks, birth_ts, lives)
 WHERE s.group_id = u.g AND s.edge_node_id = u.n;
 
 -- name: write_births
@@ -124,9 +127,10 @@ RETURNING s.group_id, s.edge_node_id, due.gone;
 
 -- name: expire_missing
 -- $1 reorder window (seconds); edge nodes whose oldest missing seq has been missing longer than
--- it: untrusted, a rebirth wanted. Returns them.
+-- it: untrusted, a rebirth wanted; the devices' lives taken meanwhile dropped with the missing
+-- seqs (no message is late now: migration 0062). Returns them.
 UPDATE sparkplug_node s
-SET trusted = false, missing = '{}'::jsonb,
+SET trusted = false, missing = '{}'::jsonb, device_lives = '{}'::jsonb,
     rebirth_reason = coalesce(s.rebirth_reason, 'seq gap'),
     rebirth_wanted_at = coalesce(s.rebirth_wanted_at, now()),
     updated_at = now()
