@@ -27,6 +27,10 @@ batch, so any node of a ``$share`` group decides as one would):
 - A ``DBIRTH``, ``DDEATH`` or data published before the ``NBIRTH`` in force (its payload
   timestamp older) and taken within the reorder window after it is the session before's: a
   dead letter, ``SPARKPLUG_OLD_SESSION``, moving nothing of the stream.
+- An untrusted node's data reading a metric by alias, after seq 0 in seq order while seq 0 is
+  missing (its seq skipped over it, or went back: the stream started again), within the
+  reorder window: maybe a new session's (the rebirth asked for, a restart), whose NBIRTH
+  another node commits: a dead letter, ``SPARKPLUG_SESSION_UNKNOWN``.
 - A message seen already (a redelivery: same topic and bytes among the node's last ones) is
   skipped.
 """
@@ -61,6 +65,9 @@ log = structlog.get_logger(__name__)
 NOT_BORN = "SPARKPLUG_NOT_BORN"
 # A DBIRTH, DDEATH or data of the session before the NBIRTH in force, committed after it.
 OLD_SESSION = "SPARKPLUG_OLD_SESSION"
+# Data using aliases while seq 0 of its stream is missing: a new session's NBIRTH (and the
+# births after it) may be there, not taken yet, and its aliases another metric's.
+SESSION_UNKNOWN = "SPARKPLUG_SESSION_UNKNOWN"
 INVALID = "INVALID"
 # Message ids kept per edge node to recognise a redelivery.
 RECENT = 64
@@ -368,10 +375,41 @@ class SparkplugHost:
     def _stream(self, node: _Node, message: SparkplugMessage, out: HostOutcome, now: float) -> None:
         """A born node's DBIRTH, DDEATH or data."""
         late = self._check_seq(node, message.payload.seq, out, now)
-        self._in_stream(node, message, out, late=late)
+        if self._session_unknown(node, message):
+            out.dead_letters.append(
+                message.letter(
+                    SESSION_UNKNOWN,
+                    f"seq {message.payload.seq} of edge node {node.key} follows a seq 0 not "
+                    "taken yet: maybe a new session's NBIRTH, whose aliases are not the ones in "
+                    "force; not applied (replay it once the births are stored)",
+                )
+            )
+        else:
+            self._in_stream(node, message, out, late=late)
         if not node.missing:
             node.marks = {}  # no message can be late now
             node.lives = {}
+
+    def _session_unknown(self, node: _Node, message: SparkplugMessage) -> bool:
+        """An untrusted node's data reading a metric by alias, after seq 0 of its stream in
+        seq order while that seq is missing (within the reorder window): that may be a new
+        session's NBIRTH (the answer to the rebirth asked for, or a restart: the seq went
+        back), committed by another node of a ``$share`` group, the data that session's, read
+        with the old session's aliases. Seq 0 taken as data (the stream's own wrap), the
+        NBIRTH, or the window past, ends the doubt. A trusted node's seq skipping over 0 is
+        its own wrap, reordered (frequent in a ``$share`` group: each would be a letter)."""
+        seq = message.payload.seq
+        if (
+            message.topic.type not in (MessageType.NDATA, MessageType.DDATA)
+            or node.trusted
+            or "0" not in node.missing
+            or seq is None
+            or node.seq is None
+        ):
+            return False
+        if (node.seq - seq) % 256 >= node.seq % 256:
+            return False  # before seq 0: the stream's own, in force
+        return any(m.name is None and m.alias is not None for m in message.payload.metrics)
 
     def _in_stream(
         self, node: _Node, message: SparkplugMessage, out: HostOutcome, *, late: bool
@@ -717,6 +755,14 @@ class SparkplugHost:
             node.seq = seq
             node.missing = {}
             self._distrust(node, out, f"seq {seq} after {last}")
+            if 0 < seq < 128 and self.reorder_window_s > 0:
+                # The stream started again: a new session's, maybe, whose NBIRTH (seq 0) and
+                # births after it another node of a $share group commits (its data waits
+                # for them: `_session_unknown`).
+                node.missing = {str(skipped): now for skipped in range(seq)}
+            # Seqs of the stream before (missing now, the marks are its), none of this one's.
+            node.marks = {}
+            node.lives = {}
         window = self.reorder_window_s
         if window > 0 and node.missing and min(node.missing.values()) < now - window:
             node.missing = {}
