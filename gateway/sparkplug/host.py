@@ -23,7 +23,8 @@ batch, so any node of a ``$share`` group decides as one would):
 - Data of a node (or device) that is not born (never, or since its death) cannot be read for
   sure: a dead letter, ``SPARKPLUG_NOT_BORN``, and a rebirth request. Except a device's late
   data (its seq missing) published while it was born, under the birth whose aliases are still
-  its own (``_lived``): stored.
+  its own (``_lived``): stored. A born device's late data published before its DBIRTH in
+  force, read by alias: a dead letter, ``SPARKPLUG_OLD_SESSION`` (``_before_birth``).
 - A ``DBIRTH``, ``DDEATH`` or data published before the ``NBIRTH`` in force (its payload
   timestamp older) and taken within the reorder window after it is the session before's: a
   dead letter, ``SPARKPLUG_OLD_SESSION``, moving nothing of the stream.
@@ -409,7 +410,7 @@ class SparkplugHost:
             return False
         if (node.seq - seq) % 256 >= node.seq % 256:
             return False  # before seq 0: the stream's own, in force
-        return any(m.name is None and m.alias is not None for m in message.payload.metrics)
+        return _by_alias(message)
 
     def _in_stream(
         self, node: _Node, message: SparkplugMessage, out: HostOutcome, *, late: bool
@@ -472,6 +473,14 @@ class SparkplugHost:
                 # its DBIRTH, committed by another node of a $share group: judged then).
                 self._distrust(node, out, f"device {device} has no birth in force")
             return
+        self._stream_data(node, message, out, late=late)
+
+    def _stream_data(
+        self, node: _Node, message: SparkplugMessage, out: HostOutcome, *, late: bool
+    ) -> None:
+        """A born node's data (``late``: its seq was missing)."""
+        device = message.topic.device
+        seq = message.payload.seq
         if (
             device is not None
             and device not in node.devices
@@ -483,6 +492,24 @@ class SparkplugHost:
                     NOT_BORN,
                     f"device {message.topic.device_key} has no birth in force: "
                     "a rebirth is requested",
+                )
+            )
+            return
+        if (
+            late
+            and device is not None
+            and seq is not None
+            and _by_alias(message)
+            and _before_birth(node, device, seq)
+        ):
+            # Published under the device's birth before the one in force (another node of a
+            # $share group committed its DDEATH and DBIRTH first): their aliases are not its.
+            out.dead_letters.append(
+                message.letter(
+                    OLD_SESSION,
+                    f"seq {seq} of {message.topic.device_key} was published before its DBIRTH "
+                    f"in force (seq {node.lives[device][0]}), whose aliases are not the ones it "
+                    "was sent with; not applied",
                 )
             )
             return
@@ -811,6 +838,20 @@ def _lived(node: _Node, device: str, seq: int) -> bool:
         age(int(gap)) > age(seq) and (born is None or age(int(gap)) < age(born))
         for gap in node.missing
     )
+
+
+def _before_birth(node: _Node, device: str, seq: int) -> bool:
+    """Late data of ``device`` (born) at ``seq`` was published before the device's DBIRTH in
+    force, taken while a seq before it was missing (``lives``): under an earlier birth."""
+    born = node.lives.get(device, (None, None))[0]
+    if born is None or node.seq is None:
+        return False
+    return (node.seq - born) % 256 < (node.seq - seq) % 256
+
+
+def _by_alias(message: SparkplugMessage) -> bool:
+    """A metric of the message is named by its alias alone (read with a birth's aliases)."""
+    return any(m.name is None and m.alias is not None for m in message.payload.metrics)
 
 
 def _next_session(bdseq: int, birth: int | None) -> bool:
