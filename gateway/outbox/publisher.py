@@ -147,7 +147,10 @@ class OutboxPublisher:
 
     async def run_once(self) -> int:
         """Claim due events and publish them; the number claimed (0: nothing due, or the
-        broker session is down: claims now could only fail)."""
+        broker session is down: claims now could only fail). The session is asked first (a
+        pass while it is down reads only the backlog) and again inside the connection, right
+        before the claim's statement; what is left is the session lost while the statement
+        runs (its events are then released)."""
         if not self.broker.up():
             # Nothing is claimed, but the backlog gauges, the signal that events are not
             # going out, follow the backlog the outage builds up.
@@ -157,8 +160,17 @@ class OutboxPublisher:
             return 0
         # A failed claim raises: the loop retries it with backoff (see gateway.support.loops).
         async with self.pool.acquire() as conn:
-            claimed = await outbox.claim_due(
-                conn, node_id=self.node_id, lease_s=self.lease_s, limit=self.batch
+            # Asked again, at the last moment before the claim: the wait for a connection (a
+            # busy pool) may have outlasted the session. A pass that asked only before it
+            # claimed the due events for a broker it could not reach, and released them
+            # unpublished at once (their last_error the session's loss, held meanwhile from
+            # the nodes whose session was up).
+            claimed = (
+                await outbox.claim_due(
+                    conn, node_id=self.node_id, lease_s=self.lease_s, limit=self.batch
+                )
+                if self.broker.up()
+                else []
             )
             if self._backlog_due():
                 await self._read_backlog(conn)
