@@ -266,20 +266,30 @@ class Reaper:
         return 0.0 if since is None else max(self.clock() - since, 0.0)
 
     async def run_once(self) -> None:
-        # The lag first: a message stored between the two reads is then only counted late.
-        unstored_s = self.unstored_s()
-        heard_for_s = max(self.heard_for_s() - unstored_s, 0.0)
         try:
-            async with self.pool.acquire() as conn, conn.transaction():
-                report = await reap(
-                    conn,
-                    node_id=self.node_id,
-                    ack_window_s=self.ack_window_s,
-                    sent_timeout_s=self.sent_timeout_s,
-                    heard_for_s=heard_for_s,
-                    unstored_s=unstored_s,
-                    mappings=list(self.mappings.by_name),
-                )
+            async with self.pool.acquire() as conn:
+                # The pass judges the ack windows that ended by its transaction's start (the
+                # statements' now()): how long the node has heard is asked after that start,
+                # once the connection is had, and what passed since ``began`` (before it) is
+                # not counted. Asked before the wait for a connection (a busy pool), a session
+                # lost during it was not seen: a window that ended while the node heard
+                # nothing was judged, and a command whose receipt waited at the broker for the
+                # node's session was timed out.
+                began = self.clock()
+                async with conn.transaction():
+                    # The lag first: a message stored between the two reads is then only
+                    # counted late.
+                    unstored_s = self.unstored_s()
+                    heard_for_s = max(self.heard_for_s() - unstored_s - (self.clock() - began), 0.0)
+                    report = await reap(
+                        conn,
+                        node_id=self.node_id,
+                        ack_window_s=self.ack_window_s,
+                        sent_timeout_s=self.sent_timeout_s,
+                        heard_for_s=heard_for_s,
+                        unstored_s=unstored_s,
+                        mappings=list(self.mappings.by_name),
+                    )
         except Exception:
             # The database out of reach (or the pass failed): receipts may be waiting in the
             # ingest queue for it. The window starts again from the next pass that gets through.
