@@ -77,7 +77,11 @@ class RebirthRequester:
                 return []
             await self.end_births(conn)
             async with conn.transaction():
-                due = await repo.take_rebirths(conn, self.retry_s, BATCH)
+                # Asked again, at the last moment before the take: ending the births may have
+                # waited (for devices' rows a batch holds) longer than the session lasted. A
+                # pass that asked only before it took the requests for a broker it could not
+                # reach: counted, marked sent, not asked again for ``retry_s`` once it was back.
+                due = await repo.take_rebirths(conn, self.retry_s, BATCH) if self.up() else []
         asked = []
         for group, node, reason in due:
             topic = sparkplug.topic(group, sparkplug.MessageType.NCMD, node)
