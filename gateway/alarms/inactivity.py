@@ -105,20 +105,24 @@ class InactivityMonitor:
         longest = max(rule.silent_seconds for rule in rules)
         if self.hearing is not None and self.confirm is not None:
             await self.confirm()
-        heard = ALWAYS if self.hearing is None else self.hearing(longest)
-        listening = heard.listening_s
-        began = [b for b, _ in heard.breaks]
-        ended = [e for _, e in heard.breaks]
         configured = [rule.key for rule in rules]
-        unsaid = will_windows(heard, REHEAR_S)
         self._deaf_for_s = None
         for rule in rules:
-            needed = min(rule.silent_seconds, REHEAR_S)
-            deaf = listening < needed
-            if deaf:
-                wait = needed - listening
-                self._deaf_for_s = min(wait, self._deaf_for_s or wait)
             async with self.pool.acquire() as conn:
+                # Read at the last moment before the query, once the connection is had: the
+                # wait for it (a busy pool), or the rules before this one, may have outlasted
+                # the session. Read before them, the break its loss began was not left out,
+                # and a device whose reports waited at the broker was alarmed silent.
+                heard = ALWAYS if self.hearing is None else self.hearing(longest)
+                listening = heard.listening_s
+                began = [b for b, _ in heard.breaks]
+                ended = [e for _, e in heard.breaks]
+                unsaid = will_windows(heard, REHEAR_S)
+                needed = min(rule.silent_seconds, REHEAR_S)
+                deaf = listening < needed
+                if deaf:
+                    wait = needed - listening
+                    self._deaf_for_s = min(wait, self._deaf_for_s or wait)
                 silent = await repo.silent_devices(
                     conn,
                     rule.silent_seconds,
