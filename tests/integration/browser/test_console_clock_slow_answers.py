@@ -20,7 +20,7 @@ from datetime import UTC, datetime, timedelta
 from urllib.parse import urlparse
 
 import asyncpg
-from playwright.async_api import Browser, Page, Route, expect
+from playwright.async_api import Browser, BrowserContext, Page, Route, expect
 
 from tests.integration.browser.test_console_alarms import Console, publish
 from tests.support.api_client import OPERATOR
@@ -44,9 +44,11 @@ async def clock_error_ms(page: Page) -> float:
     return page_now - (before + after) / 2
 
 
-async def test_slow_answers_do_not_move_the_pages_clock(
+async def devices_page_ahead(
     console: Console, browser: Browser, db: asyncpg.Connection
-) -> None:
+) -> tuple[BrowserContext, Page, PageErrors]:
+    """fridge-1 stored; a browser whose clock runs ten minutes ahead, signed in, on the device
+    list showing it (its quick answers taught the page the offset)."""
     await publish(console.mosquitto, "fridge-1", {"metrics": {"temp": 4.0}})
 
     async def stored() -> bool:
@@ -62,6 +64,14 @@ async def test_slow_answers_do_not_move_the_pages_clock(
     await page.goto(f"{console.base}/#/devices")
     row = page.locator("#device-table tbody tr", has_text="fridge-1")
     await expect(row).to_be_visible(timeout=WAIT_MS)
+    return context, page, errors
+
+
+async def test_slow_answers_do_not_move_the_pages_clock(
+    console: Console, browser: Browser, db: asyncpg.Connection
+) -> None:
+    context, page, errors = await devices_page_ahead(console, browser, db)
+    row = page.locator("#device-table tbody tr", has_text="fridge-1")
     quick = await clock_error_ms(page)
     assert abs(quick) < TOLERANCE_MS, f"quick answers: the page's clock is {quick:.0f} ms off"
 
@@ -102,21 +112,8 @@ async def test_a_clock_set_meanwhile_is_followed(
 ) -> None:
     """The browser's clock set back five minutes (its NTP, a person) while the page is open: the
     next answers' ranges miss the one kept, and the page learns the offset afresh."""
-    await publish(console.mosquitto, "fridge-1", {"metrics": {"temp": 4.0}})
-
-    async def stored() -> bool:
-        return bool(await db.fetchval("SELECT count(*) FROM device WHERE device_id = 'fridge-1'"))
-
-    await wait_until(stored, timeout=30, message="fridge-1 stored")
-    context = await browser.new_context(viewport=DESKTOP)  # type: ignore[arg-type]  # a ViewportSize TypedDict
-    page = await context.new_page()
-    await page.clock.set_system_time(datetime.now(UTC) + timedelta(minutes=10))
-    errors = PageErrors(page)
-    await page.goto(f"{console.base}/")
-    await sign_in(page, OPERATOR)
-    await page.goto(f"{console.base}/#/devices")
+    context, page, errors = await devices_page_ahead(console, browser, db)
     row = page.locator("#device-table tbody tr", has_text="fridge-1")
-    await expect(row).to_be_visible(timeout=WAIT_MS)
     assert abs(await clock_error_ms(page)) < TOLERANCE_MS
     await page.clock.set_system_time(datetime.now(UTC) + timedelta(minutes=5))
     await row.get_by_role("link", name="fridge-1").click()

@@ -36,6 +36,14 @@ def two_hosts(dsn: str, first: TcpProxy, second: TcpProxy) -> str:
     return urlunsplit(("postgresql", f"{user}@{hosts}", parts.path, "", ""))
 
 
+async def woken_by_a_notify(db: asyncpg.Connection, wakeup: asyncio.Event) -> None:
+    """A NOTIFY on the channel, sent from another connection, reaches the listener."""
+    wakeup.clear()
+    await db.execute(f"NOTIFY {CHANNEL}")
+    async with asyncio.timeout(10):
+        await wakeup.wait()
+
+
 @asynccontextmanager
 async def hosts(db_dsn: str) -> AsyncIterator[tuple[TcpProxy, TcpProxy, str]]:
     silent, spare = proxy_for(db_dsn), proxy_for(db_dsn)
@@ -68,10 +76,7 @@ async def test_a_listen_connection_whose_host_went_silent_is_opened_on_the_next(
                 return listener.listening and spare.connections == 1
 
             await wait_until(moved, timeout=30, message="the LISTEN connection on the next host")
-            wakeup.clear()
-            await db.execute(f"NOTIFY {CHANNEL}")
-            async with asyncio.timeout(10):
-                await wakeup.wait()
+            await woken_by_a_notify(db, wakeup)
         finally:
             await listener.close()
 
@@ -97,9 +102,6 @@ async def test_a_connection_that_answers_is_kept(db_dsn: str, db: asyncpg.Connec
             await wait_until(probed, timeout=30, message="three probes answered")
             assert listener.connection is first
             assert (silent.connections, spare.connections) == (1, 0)
-            wakeup.clear()
-            await db.execute(f"NOTIFY {CHANNEL}")
-            async with asyncio.timeout(10):
-                await wakeup.wait()
+            await woken_by_a_notify(db, wakeup)
         finally:
             await listener.close()
