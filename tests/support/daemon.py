@@ -104,6 +104,17 @@ async def running_daemon(config: Config) -> AsyncIterator[Daemon]:
             await task
 
 
+def session_up(daemon: Daemon) -> bool:
+    """The daemon's broker session is connected and subscribed (the node may claim and send)."""
+    session = daemon.session
+    return session is not None and session.connected and session.subscribed
+
+
+def session_down(daemon: Daemon) -> bool:
+    """The daemon's broker session has noticed its connection is gone."""
+    return daemon.session is not None and not daemon.session.connected
+
+
 def metric(daemon: Daemon, name: str, labels: dict[str, str] | None = None) -> float:
     value = daemon.metrics.registry.get_sample_value(name, labels or {})
     return 0.0 if value is None else value

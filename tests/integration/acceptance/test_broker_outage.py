@@ -22,7 +22,7 @@ from gateway.runtime.daemon import Daemon
 from protocol import Topics
 from sim.responder import Responder, Script
 from tests.support.commands import new_command
-from tests.support.daemon import make_config, running_daemon
+from tests.support.daemon import make_config, running_daemon, session_down
 from tests.support.mosquitto import Mosquitto, events_subscriber
 from tests.support.tcp_proxy import TcpProxy
 from tests.support.waiting import wait_until
@@ -36,10 +36,6 @@ DEVICES = ["dev-a", "dev-b", "dev-c"]
 COMMANDS = f"[commands]\nlease_s = {LEASE_S}\nack_window_s = 60\nreaper_interval_s = 0.2\n"
 
 
-def _down(daemon: Daemon) -> bool:
-    return daemon.session is not None and not daemon.session.connected
-
-
 def _up(daemon: Daemon) -> bool:
     return daemon.session is not None and daemon.session.connected and daemon.ready.is_set()
 
@@ -47,7 +43,7 @@ def _up(daemon: Daemon) -> bool:
 async def _both_down(mosquitto: Mosquitto, daemons: tuple[Daemon, Daemon]) -> None:
     mosquitto.stop()
     await wait_until(
-        lambda: all(_down(d) for d in daemons), timeout=30, message="both sessions down"
+        lambda: all(session_down(d) for d in daemons), timeout=30, message="both sessions down"
     )
 
 
@@ -163,7 +159,9 @@ async def test_a_node_cut_off_from_the_broker_leaves_the_commands_to_one_that_is
             )
             async with running_daemon(cut_off) as one:
                 await proxy.cut()
-                await wait_until(lambda: _down(one), timeout=30, message="node-cut's session down")
+                await wait_until(
+                    lambda: session_down(one), timeout=30, message="node-cut's session down"
+                )
                 await _create_commands(db)
                 # node-cut alone, for as long as it took the old dispatcher to lose its claims
                 # again and again; then a node with a session of its own comes.
@@ -430,7 +428,7 @@ async def test_a_node_started_with_the_broker_away_heard_nothing_before_and_keep
         return daemon.session is not None and daemon.session.subscribed
 
     try:
-        await wait_until(lambda: _down(daemon), timeout=30, message="the session trying")
+        await wait_until(lambda: session_down(daemon), timeout=30, message="the session trying")
         mosquitto.start()
         await wait_until(subscribed, timeout=60, message="subscribed")
         assert daemon.session is not None
@@ -438,7 +436,7 @@ async def test_a_node_started_with_the_broker_away_heard_nothing_before_and_keep
         assert [began for began, _ in first.breaks] == [math.inf]
         for _ in range(2):
             mosquitto.stop()
-            await wait_until(lambda: _down(daemon), timeout=30, message="the session down")
+            await wait_until(lambda: session_down(daemon), timeout=30, message="the session down")
             mosquitto.start()
             await wait_until(subscribed, timeout=60, message="subscribed again")
         heard = daemon.session.hearing(math.inf)

@@ -29,7 +29,7 @@ from gateway.runtime.daemon import Daemon
 from storage import commands as repo
 from storage.commands import CommandRow
 from tests.support.commands import new_command
-from tests.support.daemon import make_config, running_daemon
+from tests.support.daemon import make_config, running_daemon, session_down, session_up
 from tests.support.mosquitto import Mosquitto
 from tests.support.tcp_proxy import TcpProxy
 from tests.support.waiting import wait_until
@@ -93,15 +93,6 @@ def watched(monkeypatch: pytest.MonkeyPatch) -> list[WatchedSlots]:
     return slots
 
 
-def _up(daemon: Daemon) -> bool:
-    session = daemon.session
-    return session is not None and session.connected and session.subscribed
-
-
-def _down(daemon: Daemon) -> bool:
-    return daemon.session is not None and not daemon.session.connected
-
-
 async def _create(db: asyncpg.Connection, device: str) -> int:
     created = await new_command(
         db, device_id=device, name="open_valve", params={"valve": 1},
@@ -136,7 +127,7 @@ async def _sent_once_after_the_reconnect(
     once; its whole trail is that one claim."""
     proxy.from_client = None
     await proxy.resume()
-    await wait_until(lambda: _up(daemon), timeout=30, message="session back")
+    await wait_until(lambda: session_up(daemon), timeout=30, message="session back")
 
     async def sent() -> bool:
         return (await _status(db, command_id))[0] == "SENT"
@@ -180,7 +171,7 @@ async def test_a_pass_that_waited_for_a_slot_claims_nothing_once_the_session_wen
                     "SELECT id FROM command WHERE status = 'PENDING' AND id = ANY($1)", ids
                 )
                 await proxy.cut()
-                await wait_until(lambda: _down(daemon), timeout=30, message="session down")
+                await wait_until(lambda: session_down(daemon), timeout=30, message="session down")
                 # The batches ended (in doubt), the waiting pass had its slot, and it is over.
                 await wait_until(
                     lambda: slots.waited == 1 and slots.waiting == 0 and slots.held == 0,
@@ -221,7 +212,9 @@ async def test_a_pass_that_waited_for_a_connection_claims_nothing_once_the_sessi
                         timeout=30, message="a pass waiting for a connection",
                     )  # fmt: skip
                     await proxy.cut()
-                    await wait_until(lambda: _down(daemon), timeout=30, message="session down")
+                    await wait_until(
+                        lambda: session_down(daemon), timeout=30, message="session down"
+                    )
                 # The pool free again: the waiting pass goes on, and is over.
                 await wait_until(
                     lambda: slots.held == 0, timeout=30, message="the waiting pass over"

@@ -26,7 +26,7 @@ from gateway.domain.command import Delivery
 from gateway.runtime.daemon import Daemon
 from protocol import Topics
 from tests.support.commands import new_command
-from tests.support.daemon import make_config, running_daemon
+from tests.support.daemon import make_config, running_daemon, session_down, session_up
 from tests.support.mosquitto import Mosquitto
 from tests.support.tcp_proxy import TcpProxy
 from tests.support.waiting import wait_until
@@ -65,24 +65,16 @@ class Device:
                 await client.publish(TOPICS.acks(DEVICE), msgspec.json.encode(receipt), qos=1)
 
 
-def _down(daemon: Daemon) -> bool:
-    return daemon.session is not None and not daemon.session.connected
-
-
-def _up(daemon: Daemon) -> bool:
-    return daemon.session is not None and daemon.session.connected and daemon.session.subscribed
-
-
 async def _cut_and_back(proxy: TcpProxy, daemon: Daemon, *, wait_up: bool = True) -> None:
     """The link cut (the daemon's session sees it down), the proxy's filters dropped, the link
     back (and, with ``wait_up``, the session up and subscribed again)."""
     await proxy.cut()
-    await wait_until(lambda: _down(daemon), timeout=30, message="session down")
+    await wait_until(lambda: session_down(daemon), timeout=30, message="session down")
     proxy.from_server = None
     proxy.from_client = None
     await proxy.resume()
     if wait_up:
-        await wait_until(lambda: _up(daemon), timeout=30, message="session back")
+        await wait_until(lambda: session_up(daemon), timeout=30, message="session back")
 
 
 async def test_a_downlink_whose_puback_was_lost_with_the_link_is_not_carried_out_twice(

@@ -29,10 +29,9 @@ import pytest
 from gateway.commands import reaper as reaper_module
 from gateway.commands.reaper import Reaper
 from gateway.domain.command import Delivery
-from gateway.runtime.daemon import Daemon
 from protocol import CommandReceipt, ReceiptResult, Topics, decode_command, encode_receipt
 from tests.support.commands import new_command
-from tests.support.daemon import make_config, running_daemon
+from tests.support.daemon import make_config, running_daemon, session_down, session_up
 from tests.support.mosquitto import Mosquitto
 from tests.support.tcp_proxy import TcpProxy
 from tests.support.waiting import wait_until
@@ -72,15 +71,6 @@ def passes(monkeypatch: pytest.MonkeyPatch) -> Passes:
     monkeypatch.setattr(Reaper, "run_once", counted_pass)
     monkeypatch.setattr(reaper_module, "reap", counted_reap)
     return counted
-
-
-def _up(daemon: Daemon) -> bool:
-    session = daemon.session
-    return session is not None and session.connected and session.subscribed
-
-
-def _down(daemon: Daemon) -> bool:
-    return daemon.session is not None and not daemon.session.connected
 
 
 async def test_a_pass_that_waited_for_a_connection_judges_nothing_once_the_session_went_down(
@@ -139,7 +129,9 @@ async def test_a_pass_that_waited_for_a_connection_judges_nothing_once_the_sessi
                     )  # fmt: skip
                     waiting = passes.begun
                     await proxy.cut()
-                    await wait_until(lambda: _down(daemon), timeout=30, message="session down")
+                    await wait_until(
+                        lambda: session_down(daemon), timeout=30, message="session down"
+                    )
                     # The device answers within its window: the receipt waits at the broker
                     # for the node's session.
                     receipt = CommandReceipt(
@@ -169,7 +161,7 @@ async def test_a_pass_that_waited_for_a_connection_judges_nothing_once_the_sessi
                 during = await db.fetchval("SELECT status FROM command WHERE id = $1", command_id)
                 # The link back: the device's receipt, held by the broker, comes in.
                 await proxy.resume()
-                await wait_until(lambda: _up(daemon), timeout=30, message="session back")
+                await wait_until(lambda: session_up(daemon), timeout=30, message="session back")
 
                 async def answered() -> bool:
                     count = await db.fetchval(

@@ -26,10 +26,9 @@ import asyncpg
 import pytest
 
 from gateway.alarms.inactivity import InactivityMonitor
-from gateway.runtime.daemon import Daemon
 from protocol import Topics
 from storage import alarms as alarms_repo
-from tests.support.daemon import make_config, running_daemon
+from tests.support.daemon import make_config, running_daemon, session_down
 from tests.support.mosquitto import Mosquitto
 from tests.support.tcp_proxy import TcpProxy
 from tests.support.waiting import wait_until
@@ -87,10 +86,6 @@ async def _beacon(port: int, stop: asyncio.Event, reporting: asyncio.Event) -> N
                 await asyncio.wait_for(stop.wait(), 0.2)
 
 
-def _down(daemon: Daemon) -> bool:
-    return daemon.session is not None and not daemon.session.connected
-
-
 async def test_a_pass_that_waited_for_a_connection_judges_no_silence_once_the_session_went_down(
     db_dsn: str, mosquitto: Mosquitto, passes: Passes
 ) -> None:
@@ -139,7 +134,9 @@ async def test_a_pass_that_waited_for_a_connection_judges_no_silence_once_the_se
                     )  # fmt: skip
                     waiting = passes.begun
                     await proxy.cut()
-                    await wait_until(lambda: _down(daemon), timeout=30, message="session down")
+                    await wait_until(
+                        lambda: session_down(daemon), timeout=30, message="session down"
+                    )
                     reporting.set()
 
                     # The beacon reports on, to the broker; the node hears none of it for

@@ -25,11 +25,10 @@ import asyncpg
 import pytest
 
 from gateway.outbox.publisher import OutboxPublisher
-from gateway.runtime.daemon import Daemon
 from protocol.events import Aggregate, DeviceServiceChanged, EventType
 from storage import outbox
 from storage.outbox import ClaimedEvent
-from tests.support.daemon import make_config, running_daemon
+from tests.support.daemon import make_config, running_daemon, session_down, session_up
 from tests.support.mosquitto import Mosquitto
 from tests.support.tcp_proxy import TcpProxy
 from tests.support.waiting import wait_until
@@ -64,15 +63,6 @@ def passes(monkeypatch: pytest.MonkeyPatch) -> Passes:
     monkeypatch.setattr(OutboxPublisher, "run_once", counted_pass)
     monkeypatch.setattr(outbox, "claim_due", counted_claim)
     return counted
-
-
-def _up(daemon: Daemon) -> bool:
-    session = daemon.session
-    return session is not None and session.connected and session.subscribed
-
-
-def _down(daemon: Daemon) -> bool:
-    return daemon.session is not None and not daemon.session.connected
 
 
 async def _event(db: asyncpg.Connection) -> tuple[Any, ...]:
@@ -112,7 +102,9 @@ async def test_a_pass_that_waited_for_a_connection_claims_nothing_once_the_sessi
                     )  # fmt: skip
                     waiting = passes.begun
                     await proxy.cut()
-                    await wait_until(lambda: _down(daemon), timeout=30, message="session down")
+                    await wait_until(
+                        lambda: session_down(daemon), timeout=30, message="session down"
+                    )
                 # The pool free again: the waiting pass goes on, and is over.
                 await wait_until(
                     lambda: passes.over >= waiting, timeout=30, message="the waiting pass over"
@@ -122,7 +114,7 @@ async def test_a_pass_that_waited_for_a_connection_claims_nothing_once_the_sessi
                 )
                 # The link back: the reconnect wakes the publisher, which publishes it.
                 await proxy.resume()
-                await wait_until(lambda: _up(daemon), timeout=30, message="session back")
+                await wait_until(lambda: session_up(daemon), timeout=30, message="session back")
 
                 async def published() -> bool:
                     return (await _event(db))[0] == "PUBLISHED"

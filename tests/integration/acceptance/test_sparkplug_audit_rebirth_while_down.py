@@ -27,11 +27,10 @@ import aiomqtt
 import asyncpg
 import pytest
 
-from gateway.runtime.daemon import Daemon
 from gateway.sparkplug.rebirth import RebirthRequester
 from storage import ingest as ingest_repo
 from storage import sparkplug as sparkplug_repo
-from tests.support.daemon import make_config, running_daemon
+from tests.support.daemon import make_config, running_daemon, session_down, session_up
 from tests.support.mosquitto import Mosquitto
 from tests.support.tcp_proxy import TcpProxy
 from tests.support.waiting import wait_until
@@ -84,15 +83,6 @@ def passes(monkeypatch: pytest.MonkeyPatch) -> Passes:
     monkeypatch.setattr(RebirthRequester, "end_births", counted_end)
     monkeypatch.setattr(sparkplug_repo, "take_rebirths", counted_take)
     return counted
-
-
-def _up(daemon: Daemon) -> bool:
-    session = daemon.session
-    return session is not None and session.connected and session.subscribed
-
-
-def _down(daemon: Daemon) -> bool:
-    return daemon.session is not None and not daemon.session.connected
 
 
 async def _request(db: asyncpg.Connection) -> tuple[Any, ...]:
@@ -152,7 +142,7 @@ async def test_a_pass_that_waited_while_ending_births_takes_no_request_once_the_
                 )  # fmt: skip
                 waiting = passes.begun
                 await proxy.cut()
-                await wait_until(lambda: _down(daemon), timeout=30, message="session down")
+                await wait_until(lambda: session_down(daemon), timeout=30, message="session down")
                 await holder.execute("ROLLBACK")
                 await wait_until(
                     lambda: passes.over >= waiting, timeout=30, message="the waiting pass over"
@@ -166,7 +156,7 @@ async def test_a_pass_that_waited_while_ending_births_takes_no_request_once_the_
                 )
                 # The link back: the next pass asks E1 for its rebirth.
                 await proxy.resume()
-                await wait_until(lambda: _up(daemon), timeout=30, message="session back")
+                await wait_until(lambda: session_up(daemon), timeout=30, message="session back")
                 await wait_until(lambda: asked == [NCMD], timeout=10, message="E1 asked")
                 assert await _request(db) == (1, True)
             listening.cancel()
