@@ -41,6 +41,7 @@ from gateway.support.loops import (
     RETRYABLE,
     Listener,
     failure_backoff,
+    failure_delay,
     sleep_unless_stopped,
     wait_event_or_stop,
 )
@@ -135,7 +136,8 @@ class DeliveryWorker:
                         backoff.reset()
                         continue
                 except RETRYABLE as exc:
-                    delay = max(self.settings.poll_s, backoff.next_delay())
+                    # Never later than the cap, whatever poll_s (as every() retries).
+                    delay = failure_delay(self.settings.poll_s, backoff)
                     log.warning("notify_claim_failed", error=repr(exc), retry_in_s=round(delay, 3))
                     await sleep_unless_stopped(stop, delay)
                     continue

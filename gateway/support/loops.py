@@ -45,6 +45,13 @@ def failure_backoff(interval_s: float) -> Backoff:
     return Backoff(interval_s, max(interval_s, FAILURE_BACKOFF_CAP_S))
 
 
+def failure_delay(interval_s: float, backoff: Backoff) -> float:
+    """The wait after a failed pass of a loop whose interval (or poll) is ``interval_s``:
+    the backoff's next delay, never shorter than ``interval_s`` nor longer than
+    ``FAILURE_BACKOFF_CAP_S`` (a loop whose interval is longer retries at the cap)."""
+    return min(max(interval_s, backoff.next_delay()), FAILURE_BACKOFF_CAP_S)
+
+
 async def sleep_unless_stopped(stop: asyncio.Event, seconds: float) -> None:
     """Wait ``seconds``, or less if ``stop`` is set meanwhile."""
     with contextlib.suppress(TimeoutError):
@@ -74,7 +81,7 @@ async def every(
         try:
             await step()
         except RETRYABLE as exc:
-            delay = min(max(interval(), backoff.next_delay()), FAILURE_BACKOFF_CAP_S)
+            delay = failure_delay(interval(), backoff)
             log.warning(
                 "periodic_step_failed", loop=name, error=repr(exc), retry_in_s=round(delay, 3)
             )
@@ -119,7 +126,7 @@ async def every_while_configured(
             await step()
         except RETRYABLE as exc:
             # Retried as every() retries: never later than the cap, whatever the interval.
-            delay = min(max(interval, backoff.next_delay()), FAILURE_BACKOFF_CAP_S)
+            delay = failure_delay(interval, backoff)
             log.warning(
                 "periodic_step_failed", loop=name, error=repr(exc), retry_in_s=round(delay, 3)
             )
@@ -287,7 +294,8 @@ async def drain_on_notify(
     """Run ``step`` until it finds nothing, then wait for a NOTIFY on ``channel`` (or
     ``poll_s``, the fallback), until ``stop``. A dedicated connection LISTENs; without one
     (the database refused it, or it was lost and is not back yet) this is a plain poll. A
-    failed pass is retried after a growing delay. ``wakeup``, when given, is the event the
+    failed pass is retried after a growing delay, never longer than ``FAILURE_BACKOFF_CAP_S``
+    whatever ``poll_s`` (as :func:`every` retries). ``wakeup``, when given, is the event the
     NOTIFY sets: whoever else sets it (the broker session, on reconnect) wakes the loop too.
     A callable ``poll_s`` is read at each wait (a reload may change it)."""
 
@@ -308,7 +316,9 @@ async def drain_on_notify(
                     backoff.reset()
                     continue  # there may be more
             except RETRYABLE as exc:
-                delay = max(poll(), backoff.next_delay())
+                # Never later than the cap, whatever the poll: a long poll_s (nothing but the
+                # fallback to a NOTIFY) left a pass failed by a database blip waiting all of it.
+                delay = failure_delay(poll(), backoff)
                 log.warning(
                     "periodic_step_failed", loop=name, error=repr(exc), retry_in_s=round(delay, 3)
                 )
