@@ -91,23 +91,36 @@ RETURNING id;
 -- $1 ids, $2 node id, $3 error text. Publishes that failed because this node's broker session
 -- was down: back to PENDING, due at once, retry_count unchanged (the backoff is for events the
 -- broker refused, not for a broker that was away). The publisher claims nothing until the
--- session is back, and the session wakes it then. Only the lease holder may.
-UPDATE outbox_event
-SET status = 'PENDING', lease_until = NULL, lease_owner = NULL, next_retry_at = now(),
-    last_error = $3
-WHERE id = ANY($1::bigint[]) AND status = 'PUBLISHING' AND lease_owner = $2
-RETURNING id;
+-- session is back, and the session wakes it then. Only the lease holder may. Released, the
+-- events are NOTIFYed on `outbox_event` (in the same statement, sent at its commit): another
+-- node whose session is up takes them at once, not at its next poll.
+WITH released AS (
+    UPDATE outbox_event
+    SET status = 'PENDING', lease_until = NULL, lease_owner = NULL, next_retry_at = now(),
+        last_error = $3
+    WHERE id = ANY($1::bigint[]) AND status = 'PUBLISHING' AND lease_owner = $2
+    RETURNING id
+), woken AS (
+    SELECT pg_notify('outbox_event', '') FROM (SELECT FROM released LIMIT 1) AS any_released
+)
+SELECT id FROM released WHERE EXISTS (SELECT FROM woken);
 
 -- name: release_in_doubt
 -- $1 ids, $2 node id, $3 error text. As `release`, for events that were the largest publish
 -- awaiting its PUBACK when the broker connection ended (the broker may have closed it for
 -- them: over its packet limit, which MQTT 3.1.1 cannot say): counted in in_doubt_count; the
 -- publisher gives one up (`mark_dead`) instead when that count would reach its limit.
-UPDATE outbox_event
-SET status = 'PENDING', lease_until = NULL, lease_owner = NULL, next_retry_at = now(),
-    last_error = $3, in_doubt_count = in_doubt_count + 1
-WHERE id = ANY($1::bigint[]) AND status = 'PUBLISHING' AND lease_owner = $2
-RETURNING id;
+-- NOTIFYed as `release` is.
+WITH released AS (
+    UPDATE outbox_event
+    SET status = 'PENDING', lease_until = NULL, lease_owner = NULL, next_retry_at = now(),
+        last_error = $3, in_doubt_count = in_doubt_count + 1
+    WHERE id = ANY($1::bigint[]) AND status = 'PUBLISHING' AND lease_owner = $2
+    RETURNING id
+), woken AS (
+    SELECT pg_notify('outbox_event', '') FROM (SELECT FROM released LIMIT 1) AS any_released
+)
+SELECT id FROM released WHERE EXISTS (SELECT FROM woken);
 
 -- name: backlog
 -- no parameters; unpublished events and the age in seconds of the oldest one.
