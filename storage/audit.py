@@ -26,9 +26,16 @@ AUDIT_TABLES: Final = ("alarm_audit", "command_audit", "dead_letter_audit")
 _WRITES_AUDIT: Final = re.compile(
     r"\bINSERT\s+INTO\s+(" + "|".join(AUDIT_TABLES) + r")\b", re.IGNORECASE
 )
-# Not the audit row's fault: the connection went away, or an earlier statement of the same
-# transaction failed already (and was counted then, if it was an audit write).
-_NOT_THE_ROW: Final = (asyncpg.PostgresConnectionError, asyncpg.InFailedSQLTransactionError)
+# Not the audit row's fault: the connection went away, an earlier statement of the same
+# transaction failed already (and was counted then, if it was an audit write), or the database
+# rolled the transaction back (class 40: a deadlock, a serialization failure) while the row
+# waited or was written. That one was named AUDIT_FAILED ("its audit row could not be
+# written") and counted as a refused row; it is the rollback it is, as anywhere else.
+_NOT_THE_ROW: Final = (
+    asyncpg.PostgresConnectionError,
+    asyncpg.InFailedSQLTransactionError,
+    asyncpg.exceptions.TransactionRollbackError,
+)
 _MARK: Final = "gateway_audit_table"
 
 # Called with the audit table and the error, on the event loop, before the error propagates.
