@@ -127,10 +127,13 @@ RETURNING s.group_id, s.edge_node_id, due.gone;
 
 -- name: expire_missing
 -- $1 reorder window (seconds); edge nodes whose oldest missing seq has been missing longer than
--- it: untrusted, a rebirth wanted; the devices' lives taken meanwhile dropped with the missing
--- seqs (no message is late now: migration 0062). Returns them.
+-- it: untrusted, a rebirth wanted; the devices' marks and lives taken meanwhile dropped with
+-- the missing seqs (no message is late now: migrations 0059, 0062). A mark left here outlived
+-- the window it is read in (seq order against the node's seq): once seqs went missing again and
+-- the stream came round a cycle, a late birth or death was judged "overtaken" by it. Returns them.
 UPDATE sparkplug_node s
-SET trusted = false, missing = '{}'::jsonb, device_lives = '{}'::jsonb,
+SET trusted = false, missing = '{}'::jsonb, device_marks = '{}'::jsonb,
+    device_lives = '{}'::jsonb,
     rebirth_reason = coalesce(s.rebirth_reason, 'seq gap'),
     rebirth_wanted_at = coalesce(s.rebirth_wanted_at, now()),
     updated_at = now()
