@@ -13,7 +13,12 @@ oldest such message's receipt, as the inactivity monitor's hearing does. Nor is 
 node of the `$share` group holds unstored (its database away for a moment, its writer
 lagging): each pass writes up to when its node has stored what it received
 (``command_hearing``), and a node judges only commands sent an ack window before that of
-every other node that passed within ``COMMAND_HEARING_LIVE_S``.
+every other node that passed within ``COMMAND_HEARING_LIVE_S``. Nor, last, what waits at
+the broker in a node's persistent session while that session is down (mosquitto routes a
+`$share` group's messages to a disconnected member's session too): the mark does not pass the
+last pass at which the node's session had been up for an ack window, until the session has
+been up that long again, or has been down longer than ``[mqtt] session_expiry_s`` (the broker
+dropped what it kept).
 """
 
 from __future__ import annotations
@@ -81,6 +86,7 @@ async def reap(
     sent_timeout_s: float,
     heard_for_s: float = math.inf,
     unstored_s: float = 0.0,
+    unheard_s: float = 0.0,
     mappings: Sequence[str] = (),
     hearing_live_s: float = COMMAND_HEARING_LIVE_S,
 ) -> ReapReport:
@@ -94,9 +100,11 @@ async def reap(
     receipt (their commands go out on vendor topics). The pass records up to when this node has
     stored what it received (``unstored_s`` ago), for the other nodes' passes; it judges only
     commands sent an ack window before that of every other node that passed within
-    ``hearing_live_s``: a receipt one of them holds unstored is not missing."""
+    ``hearing_live_s``: a receipt one of them holds unstored is not missing. ``unheard_s``:
+    how long ago the node's broker session last heard everything (0: it does now): what the
+    broker holds for the session since then is not stored either, so the mark stays there."""
     report = ReapReport([], [], [], [], [])
-    await repo.record_hearing(conn, node_id, unstored_s)
+    await repo.record_hearing(conn, node_id, max(unstored_s, unheard_s))
     for row in await repo.reclaim_expired(conn):
         report.reclaimed.append(row.id)
         report.transitions.append(("CLAIMED", row.status))
@@ -202,6 +210,7 @@ class Reaper:
         clock: Callable[[], float] = time.monotonic,
         mappings: Mappings | None = None,
         unstored_since: Callable[[], float | None] | None = None,
+        session_expiry_s: float = math.inf,
     ) -> None:
         self.metrics = metrics
         self.command_metrics = CommandMetrics.of(metrics.registry)
@@ -223,6 +232,16 @@ class Reaper:
         # When the oldest message this node holds unstored was received (``clock``'s time;
         # None: none held): its ingest writer's lag. A receipt waiting there is not heard yet.
         self._unstored_since = unstored_since or (lambda: None)
+        # The broker session alone (the database aside): since when it has been up (None: it
+        # is down), and the last pass at which it had been up for an ack window, so that what
+        # the broker queued for it while it was down (a `$share` group's receipts included)
+        # has come. From the node's start: what its session kept from before is unknown.
+        self._session_since: float | None = None
+        self._session_heard_at = clock()
+        # The first pass that found the session down, of the outage now (None: it is up).
+        self._session_down_since: float | None = None
+        # After this long down the broker has dropped the session and what it kept for it.
+        self.session_expiry_s = session_expiry_s
 
     @classmethod
     def from_config(
@@ -232,6 +251,7 @@ class Reaper:
         *,
         mappings: Mappings | None = None,
         unstored_since: Callable[[], float | None] | None = None,
+        session_expiry_s: float = math.inf,
     ) -> Reaper:
         return cls(
             pool=node.pool,
@@ -243,6 +263,7 @@ class Reaper:
             broker=node.broker,
             mappings=mappings,
             unstored_since=unstored_since,
+            session_expiry_s=session_expiry_s,
         )
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -254,11 +275,33 @@ class Reaper:
         if self._reconnected.is_set():
             self._reconnected.clear()
             self._hearing_since = now
+            self._session_since = now
         if not self.broker.up():
             self._hearing_since = None
-        elif self._hearing_since is None:
-            self._hearing_since = now
+            self._session_since = None
+            if self._session_down_since is None:
+                self._session_down_since = now
+        else:
+            self._session_down_since = None
+            if self._hearing_since is None:
+                self._hearing_since = now
+            if self._session_since is None:
+                self._session_since = now
+            if now - self._session_since >= self.ack_window_s:
+                self._session_heard_at = now
         return 0.0 if self._hearing_since is None else now - self._hearing_since
+
+    def unheard_s(self) -> float:
+        """How long ago the broker session last heard everything the broker held for it (0:
+        it does now, or was down so long that the broker dropped the session); asked right
+        after :meth:`heard_for_s`."""
+        now = self.clock()
+        if self._session_since is not None and self._session_heard_at >= self._session_since:
+            return 0.0
+        down = self._session_down_since
+        if down is not None and now - down > self.session_expiry_s:
+            return 0.0
+        return max(now - self._session_heard_at, 0.0)
 
     def unstored_s(self) -> float:
         """How long ago the oldest message this node holds unstored was received (0: none)."""
@@ -281,6 +324,13 @@ class Reaper:
                     # counted late.
                     unstored_s = self.unstored_s()
                     heard_for_s = max(self.heard_for_s() - unstored_s - (self.clock() - began), 0.0)
+                    # What the broker holds for the session while it is down (or has just
+                    # come back) is not stored either: the node's mark, for the other nodes'
+                    # passes, stays where the session last heard everything. It used to be
+                    # now (its database fine): another node timed out a command whose
+                    # receipt waited at the broker for this node's session, and the receipt
+                    # was kept as `duplicated` at the reconnect.
+                    unheard_s = self.unheard_s()
                     report = await reap(
                         conn,
                         node_id=self.node_id,
@@ -288,6 +338,7 @@ class Reaper:
                         sent_timeout_s=self.sent_timeout_s,
                         heard_for_s=heard_for_s,
                         unstored_s=unstored_s,
+                        unheard_s=unheard_s,
                         mappings=list(self.mappings.by_name),
                     )
         except Exception:

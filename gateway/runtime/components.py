@@ -235,6 +235,8 @@ async def build(
         mappings=writer.decoder.mappings,
         # A receipt received and not yet stored is not heard yet (the writer's lag).
         unstored_since=lambda: writer.unstored_since,
+        # What the broker keeps for the session while it is down waits that long at most.
+        session_expiry_s=config.mqtt.session_expiry_s,
     )
     outbox = OutboxPublisher.from_config(node, config.outbox, quiet=quiet)
     notify_metrics = NotifyMetrics.of(node.metrics.registry)

@@ -333,8 +333,9 @@ ORDER BY id LIMIT 500
 FOR UPDATE SKIP LOCKED;
 
 -- name: record_hearing
--- $1 node id, $2 seconds since the oldest message the node holds unstored was received (0:
--- none): up to when the node has stored what it received, written by each reaper pass.
+-- $1 node id, $2 seconds since the oldest message the node holds unstored was received, or
+-- since its broker session last heard what the broker held for it, whichever is longer (0:
+-- neither): up to when the node has stored what it received, written by each reaper pass.
 INSERT INTO command_hearing (node_id, heard_through, passed_at)
 VALUES ($1, now() - make_interval(secs => $2), now())
 ON CONFLICT (node_id) DO UPDATE
