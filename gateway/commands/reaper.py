@@ -18,7 +18,7 @@ the broker in a node's persistent session while that session is down (mosquitto 
 `$share` group's messages to a disconnected member's session too): the mark does not pass the
 last pass at which the node's session had been up for an ack window, until the session has
 been up that long again, or has been down longer than ``[mqtt] session_expiry_s`` (the broker
-dropped what it kept).
+dropped what it kept) or ``BROKER_AWAY_HELD_S`` (taken for gone, as a stopped node).
 """
 
 from __future__ import annotations
@@ -61,6 +61,12 @@ RECLAIM_SEVERITY = "MAJOR"
 # How recently another node's reaper must have passed for what it holds unstored to be waited
 # for: one cut from the database longer than this (or stopped) is taken for gone.
 COMMAND_HEARING_LIVE_S = 60.0
+# How long, at most, a node whose broker session is down (its database fine) holds the other
+# nodes' ack-window timeouts back for what the broker may keep for it (below): past this it is
+# taken for gone, as a stopped node is, and the others judge again (a receipt that waited for it
+# is then kept as `duplicated` when it comes). Up to the session's expiry, a node cut from the
+# broker by a partition held every realtime command's TIMEOUT in the group back for a day.
+BROKER_AWAY_HELD_S = 300.0
 
 Transition = tuple[str, str]  # (from status, to status): one audited status change
 
@@ -211,6 +217,7 @@ class Reaper:
         mappings: Mappings | None = None,
         unstored_since: Callable[[], float | None] | None = None,
         session_expiry_s: float = math.inf,
+        away_held_s: float = BROKER_AWAY_HELD_S,
     ) -> None:
         self.metrics = metrics
         self.command_metrics = CommandMetrics.of(metrics.registry)
@@ -242,6 +249,8 @@ class Reaper:
         self._session_down_since: float | None = None
         # After this long down the broker has dropped the session and what it kept for it.
         self.session_expiry_s = session_expiry_s
+        # After this long down the node is taken for gone all the same (BROKER_AWAY_HELD_S).
+        self.away_held_s = away_held_s
 
     @classmethod
     def from_config(
@@ -293,13 +302,13 @@ class Reaper:
 
     def unheard_s(self) -> float:
         """How long ago the broker session last heard everything the broker held for it (0:
-        it does now, or was down so long that the broker dropped the session); asked right
-        after :meth:`heard_for_s`."""
+        it does now, or has been down so long that the broker dropped the session, or that the
+        node is taken for gone: ``away_held_s``); asked right after :meth:`heard_for_s`."""
         now = self.clock()
         if self._session_since is not None and self._session_heard_at >= self._session_since:
             return 0.0
         down = self._session_down_since
-        if down is not None and now - down > self.session_expiry_s:
+        if down is not None and now - down > min(self.session_expiry_s, self.away_held_s):
             return 0.0
         return max(now - self._session_heard_at, 0.0)
 
