@@ -96,7 +96,9 @@ async def test_a_sparkplug_device_goes_out_of_service_and_back_by_its_id_in_the_
 
 
 async def test_a_sparkplug_device_is_unbound_by_its_id_in_the_query(api: Api) -> None:
-    created = await api.post("/commands", {"device_id": OVEN, "name": "Setpoint"})
+    # A Sparkplug command is a metric write: its params are {"value": v}.
+    write = {"device_id": OVEN, "name": "Setpoint", "params": {"value": 180.0}}
+    created = await api.post("/commands", write)
     assert created.status == 201, created.body
     command_id = created.body["command"]["id"]
     split = await api.post(f"/devices/{quote(OVEN, safe='')}/unbind", None)
@@ -106,7 +108,7 @@ async def test_a_sparkplug_device_is_unbound_by_its_id_in_the_query(api: Api) ->
     assert unbound.status == 200, unbound.body
     assert unbound.body == {"device_id": OVEN, "cancelled": [command_id]}
     assert (await api.get(f"/commands/{command_id}")).body["command"]["status"] == "CANCELLED"
-    refused = await api.post("/commands", {"device_id": OVEN, "name": "Setpoint"})
+    refused = await api.post("/commands", write)
     assert (refused.status, refused.body["error"]) == (409, "DEVICE_UNBOUND")
     assert (await api.get(f"/device{q(OVEN)}")).body["device"]["bound"] is False
     bad = await api.post(f"/device/unbind{q('Plant1//Oven')}", None)
