@@ -121,6 +121,9 @@ class Components:
     # The rebirth requests' loop ([sparkplug] enabled), which expires seqs missing longer than
     # the reorder window.
     rebirth: RebirthRequester | None = None
+    # [ingest] transactions_in_flight as the node started (read at start; 0: chosen by
+    # [mqtt] shared_group, which a reload changes).
+    transactions_in_flight: int = 0
 
     def reload(self, config: Config) -> None:
         """Swap what may change at run time, between batches; messages keep flowing."""
@@ -157,6 +160,16 @@ class Components:
             self.writer.sparkplug.reorder_window_s = window
         if self.rebirth is not None:
             self.rebirth.reorder_window_s = window
+        # [ingest] transactions_in_flight left 0 follows [mqtt] shared_group too (2 alone, 1 in
+        # a group), from the writer's next batch; a number set in the file is read at start.
+        # Kept at its start value, a node reloaded out of its group stored one transaction at
+        # a time for good, and one reloaded into a group kept two.
+        started = msgspec.structs.replace(
+            config.ingest, transactions_in_flight=self.transactions_in_flight
+        )
+        self.writer.in_flight = msgspec.structs.replace(
+            config, ingest=started
+        ).transactions_in_flight()
 
 
 async def build(
@@ -324,6 +337,7 @@ async def build(
         loops=tuple(loops),
         sparkplug=config.sparkplug,
         rebirth=rebirth,
+        transactions_in_flight=config.ingest.transactions_in_flight,
     )
 
 
