@@ -30,13 +30,20 @@ _WRITES_AUDIT: Final = re.compile(
 # transaction failed already (and was counted then, if it was an audit write), or the database
 # rolled the transaction back (class 40: a deadlock, a serialization failure) while the row
 # waited or was written. That one was named AUDIT_FAILED ("its audit row could not be
-# written") and counted as a refused row; it is the rollback it is, as anywhere else.
+# written") and counted as a refused row; it is the rollback it is, as anywhere else. Nor is
+# a lock wait that outlived the change's bound (55P03, storage.pool.bound_lock_wait): the
+# statement waited for a lock another transaction holds (the audit table itself, held by a
+# schema change or an index being built; a row the same statement locks, or the row its
+# foreign key names), and PostgreSQL gave up waiting. That is the held row or table it is
+# (503, retry), marked for the caller (:func:`audit_lock_wait`), never a refused row.
 _NOT_THE_ROW: Final = (
     asyncpg.PostgresConnectionError,
     asyncpg.InFailedSQLTransactionError,
     asyncpg.exceptions.TransactionRollbackError,
+    asyncpg.exceptions.LockNotAvailableError,
 )
 _MARK: Final = "gateway_audit_table"
+_WAITED: Final = "gateway_audit_table_waited"
 
 # Called with the audit table and the error, on the event loop, before the error propagates.
 AuditFailureHook = Callable[[str, asyncpg.PostgresError], None]
@@ -66,17 +73,28 @@ def failed_audit_table(query: str, exc: BaseException) -> str | None:
     return table
 
 
-def audit_failure(exc: BaseException) -> str | None:
-    """The audit table, if ``exc`` (or what caused it) is a refused audit row."""
+def _marked(exc: BaseException, mark: str) -> str | None:
     seen: set[int] = set()
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
         seen.add(id(current))
-        table = getattr(current, _MARK, None)
+        table = getattr(current, mark, None)
         if isinstance(table, str):
             return table
         current = current.__cause__ or current.__context__
     return None
+
+
+def audit_failure(exc: BaseException) -> str | None:
+    """The audit table, if ``exc`` (or what caused it) is a refused audit row."""
+    return _marked(exc, _MARK)
+
+
+def audit_lock_wait(exc: BaseException) -> str | None:
+    """The audit table, if ``exc`` (or what caused it) is a lock wait past its bound
+    (``LockNotAvailableError``) of a statement that writes that table's rows: a statement
+    that only inserts its audit row waited for the table (no row of it is shared)."""
+    return _marked(exc, _WAITED)
 
 
 class AuditedConnection(asyncpg.Connection):  # type: ignore[misc]  # asyncpg is untyped
@@ -90,6 +108,11 @@ class AuditedConnection(asyncpg.Connection):  # type: ignore[misc]  # asyncpg is
     audit_hooks: ClassVar[tuple[AuditFailureHook, ...]] = ()
 
     def _refused(self, query: str, exc: asyncpg.PostgresError) -> None:
+        if isinstance(exc, asyncpg.exceptions.LockNotAvailableError):
+            waited = audit_table_written(query)
+            if waited is not None and not hasattr(exc, _WAITED):
+                setattr(exc, _WAITED, waited)
+            return
         table = failed_audit_table(query, exc)
         if table is None or hasattr(exc, _MARK):
             return

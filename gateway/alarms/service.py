@@ -31,7 +31,7 @@ from gateway.support.metrics import Metrics
 from storage import ai_tasks as ai_repo
 from storage import alarms as repo
 from storage import desk as desk_repo
-from storage.audit import audit_failure
+from storage.audit import audit_failure, audit_lock_wait
 from storage.desk import Filters, GroupBy, ReadAsOf, Scope, ShelvedMode
 from storage.errors import DB_ERRORS, TRANSIENT_DB_ERRORS
 from storage.pool import CHANGE_LOCK_WAIT_S, bound_lock_wait
@@ -119,18 +119,30 @@ class OutcomeUnknownError(AlarmError):
 class AlarmHeldError(AlarmError):
     """Another transaction held the alarm's row for longer than ``LOCK_WAIT_S``: a person's
     step gave up waiting, nothing changed (HTTP 503 ``UNAVAILABLE`` with ``alarm_id``; in a
-    bulk action, that alarm's item, and the others go on)."""
+    bulk action, that alarm's item, and the others go on).
+
+    Or (``table``) the alarm's audit row waited that long for its table: another transaction
+    holds ``alarm_audit`` (a schema change, an index being built). Not the alarm: every alarm's
+    step waits for it alike."""
 
     code = "UNAVAILABLE"
 
-    def __init__(self, alarm_id: int, action: Action) -> None:
-        super().__init__(
-            f"alarm {alarm_id} is held by another transaction (a node stopped in the middle of "
-            f"a change?) for more than {LOCK_WAIT_S:g} s: {action.value} gave up, nothing "
-            "changed; retry"
-        )
+    def __init__(self, alarm_id: int, action: Action, *, table: str | None = None) -> None:
+        if table is None:
+            held = (
+                f"alarm {alarm_id} is held by another transaction (a node stopped in the middle "
+                f"of a change?) for more than {LOCK_WAIT_S:g} s"
+            )
+        else:
+            held = (
+                f"alarm {alarm_id}'s audit row waited more than {LOCK_WAIT_S:g} s for the "
+                f"{table} table, held by another transaction (a schema change, an index being "
+                "built?)"
+            )
+        super().__init__(f"{held}: {action.value} gave up, nothing changed; retry")
         self.alarm_id = alarm_id
         self.action = action
+        self.table = table
 
 
 class TooManyAlarmsError(AlarmError):
@@ -282,8 +294,10 @@ class AlarmService:
             if committing and audit_failure(exc) is None:
                 raise OutcomeUnknownError(alarm_id, action) from exc
             raise
-        except asyncpg.exceptions.LockNotAvailableError:
-            raise AlarmHeldError(alarm_id, action) from None
+        except asyncpg.exceptions.LockNotAvailableError as exc:
+            # At the audit row (an INSERT of its own: no row of alarm_audit is shared, and the
+            # alarm's, which its foreign key names, is ours already), the wait was its table's.
+            raise AlarmHeldError(alarm_id, action, table=audit_lock_wait(exc)) from None
         if self.metrics is not None and acted_from is not None:
             self.metrics.count_alarm_transition(acted_from, changed.status.value)
         if self.count_suppressed is not None:
