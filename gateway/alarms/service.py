@@ -389,9 +389,10 @@ class AlarmService:
     ) -> list[BulkResult]:
         """The action on each alarm, each as ``act`` does it (its own conditional write, audit
         row and event, in its own transaction): one refused, or rolled back by a fault of its
-        own (its audit row refused), leaves the others be. Once the database is away (a
-        transient fault, as ``storage.errors`` defines it), the alarms after it are not
-        attempted. Every alarm gets its result, and those before a fault stay committed."""
+        own (its audit row refused, its row held), leaves the others be. Once the database is
+        away (a transient fault, as ``storage.errors`` defines it), or the audit table is held
+        (:class:`AlarmHeldError` with its ``table``), the alarms after it are not attempted.
+        Every alarm gets its result, and those before a fault stay committed."""
         ids = list(dict.fromkeys(alarm_ids))  # each once, in the order given
         if len(ids) > self.bulk_max:
             raise TooManyAlarmsError(len(ids), self.bulk_max)
@@ -410,6 +411,12 @@ class AlarmService:
             except OutcomeUnknownError as exc:  # lost at its COMMIT: it may have been applied
                 results.append(BulkResult(alarm_id=alarm_id, error=exc))
                 away = True
+            except AlarmHeldError as exc:
+                results.append(BulkResult(alarm_id=alarm_id, error=exc))
+                # Its audit table held (an index being built): every later alarm's audit row
+                # waits for the same table, each its LOCK_WAIT_S; they are not attempted. Only
+                # an alarm's own row held leaves the others be.
+                away = exc.table is not None
             except AlarmError as exc:
                 results.append(BulkResult(alarm_id=alarm_id, error=exc))
             except DB_ERRORS as exc:  # its transaction rolled back
