@@ -11,19 +11,17 @@ published until one is stored by A, so that the next, the device's, goes to B.
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 import aiomqtt
 import asyncpg
 
-from gateway.domain.command import Delivery
 from protocol import CommandReceipt, ReceiptResult, Topics
-from protocol.codec import decode_command, encode_receipt
-from tests.support.commands import new_command
+from protocol.codec import encode_receipt
 from tests.support.daemon import make_config, running_daemon
 from tests.support.dsn import proxy_for, through
 from tests.support.mosquitto import Mosquitto
+from tests.support.shared_receipts import realtime_command_sent, steer_next_receipt_to_b
 from tests.support.waiting import wait_until
 
 TOPICS = Topics("iot")
@@ -55,56 +53,8 @@ async def test_a_receipt_another_node_holds_unstored_is_not_judged_missing(
         ):
             await device.subscribe(TOPICS.commands(DEVICE), qos=1)
 
-            async def stored_by(reported: int) -> str | None:
-                value = await db.fetchval(
-                    "SELECT received_by FROM command_receipt WHERE reported_command_id = $1",
-                    reported,
-                )
-                return None if value is None else str(value)
-
-            # Receipts for no command (kept, refused) until node A stores one.
-            for probe in range(900_001, 900_011):
-                await device.publish(
-                    TOPICS.acks(DEVICE),
-                    encode_receipt(
-                        CommandReceipt(
-                            command_id=probe, claim_generation=1, node_id="nobody",
-                            result=ReceiptResult.ACKED,
-                        )
-                    ),
-                    qos=1,
-                )  # fmt: skip
-                holder: list[str] = []
-
-                async def stored(probe: int = probe, holder: list[str] = holder) -> bool:
-                    by = await stored_by(probe)
-                    if by is not None:
-                        holder.append(by)
-                    return by is not None
-
-                await wait_until(stored, timeout=30, message=f"probe {probe} stored")
-                if holder[-1] == "node-a":
-                    break
-            else:
-                raise AssertionError("no probe receipt went to node-a")
-
-            created = await new_command(
-                db, device_id=DEVICE, name="open", params={"valve": 2},
-                delivery=Delivery.REALTIME, node_id="test",
-            )  # fmt: skip
-            command_id = created.command.id
-            async with asyncio.timeout(30):
-                message = await anext(device.messages)
-            downlink = decode_command(bytes(message.payload))  # type: ignore[arg-type]
-
-            async def sent() -> bool:
-                return bool(
-                    await db.fetchval(
-                        "SELECT status = 'SENT' FROM command WHERE id = $1", command_id
-                    )
-                )
-
-            await wait_until(sent, timeout=30, message="the command SENT")
+            await steer_next_receipt_to_b(db, device, TOPICS, DEVICE)
+            command_id, downlink = await realtime_command_sent(db, device, DEVICE)
             # B's database goes away; the device answers at once, and B receives the answer.
             await database.cut()
             answered_at = time.monotonic()
