@@ -35,12 +35,16 @@ _WRITES_AUDIT: Final = re.compile(
 # statement waited for a lock another transaction holds (the audit table itself, held by a
 # schema change or an index being built; a row the same statement locks, or the row its
 # foreign key names), and PostgreSQL gave up waiting. That is the held row or table it is
-# (503, retry), marked for the caller (:func:`audit_lock_wait`), never a refused row.
+# (503, retry), marked for the caller (:func:`audit_lock_wait`), never a refused row. Nor is
+# a cancelled statement (57014: a DBA's statement_timeout on the role or the database, cut
+# while the row waited for its table or a row; a cancel request): PostgreSQL stopped the
+# statement, whatever it was writing. It was counted and answered AUDIT_FAILED.
 _NOT_THE_ROW: Final = (
     asyncpg.PostgresConnectionError,
     asyncpg.InFailedSQLTransactionError,
     asyncpg.exceptions.TransactionRollbackError,
     asyncpg.exceptions.LockNotAvailableError,
+    asyncpg.exceptions.QueryCanceledError,
 )
 _MARK: Final = "gateway_audit_table"
 _WAITED: Final = "gateway_audit_table_waited"

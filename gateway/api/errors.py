@@ -469,6 +469,11 @@ def unavailable_reason(exc: BaseException) -> str:
         )
     if isinstance(exc, asyncpg.exceptions.LockNotAvailableError):
         return "a row this change needs is held by another transaction"
+    if isinstance(exc, asyncpg.exceptions.QueryCanceledError):
+        return (
+            "the database cancelled a statement of this change (a statement_timeout, or a "
+            "cancel request)"
+        )
     if isinstance(exc, asyncpg.exceptions.DeadlockDetectedError):
         return "the database rolled the change back: a deadlock with another transaction"
     if isinstance(exc, asyncpg.exceptions.TransactionRollbackError):
@@ -498,9 +503,13 @@ def to_api_error(request: Request[Any, Any, Any], exc: BaseException) -> ApiErro
         )
     if isinstance(exc, _UNAVAILABLE):
         # A row held by another transaction past a change's lock wait (a node stopped
-        # mid-change), or a deadlock: the database answered, and nothing changed.
+        # mid-change), a deadlock, or a statement the database cancelled (a statement_timeout
+        # set on the role or the database): the database answered, and nothing changed.
         held = isinstance(exc, asyncpg.exceptions.LockNotAvailableError)
-        rolled_back = isinstance(exc, asyncpg.exceptions.TransactionRollbackError)
+        rolled_back = isinstance(
+            exc,
+            (asyncpg.exceptions.TransactionRollbackError, asyncpg.exceptions.QueryCanceledError),
+        )
         log.warning(
             "api_row_held" if held else "api_database_unavailable",
             method=request.method,
