@@ -48,6 +48,7 @@ _NOT_THE_ROW: Final = (
 )
 _MARK: Final = "gateway_audit_table"
 _WAITED: Final = "gateway_audit_table_waited"
+_AT: Final = "gateway_lock_wait_at"
 
 # Called with the audit table and the error, on the event loop, before the error propagates.
 AuditFailureHook = Callable[[str, asyncpg.PostgresError], None]
@@ -92,6 +93,19 @@ def _marked(exc: BaseException, mark: str) -> str | None:
 def audit_failure(exc: BaseException) -> str | None:
     """The audit table, if ``exc`` (or what caused it) is a refused audit row."""
     return _marked(exc, _MARK)
+
+
+def mark_lock_wait(exc: BaseException, relation: str) -> None:
+    """Mark a lock wait past its bound (``LockNotAvailableError``) with the relation whose
+    lock its statement waited for (the innermost mark stands): its caller names that, not
+    the row it holds already."""
+    if isinstance(exc, asyncpg.exceptions.LockNotAvailableError) and not hasattr(exc, _AT):
+        setattr(exc, _AT, relation)
+
+
+def lock_wait_at(exc: BaseException) -> str | None:
+    """The relation :func:`mark_lock_wait` marked ``exc`` (or what caused it) with."""
+    return _marked(exc, _AT)
 
 
 def audit_lock_wait(exc: BaseException) -> str | None:

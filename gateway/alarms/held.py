@@ -21,6 +21,7 @@ import structlog
 
 from storage import alarms as repo
 from storage import notify as notify_repo
+from storage.audit import mark_lock_wait
 
 log = structlog.get_logger(__name__)
 
@@ -31,10 +32,16 @@ async def suppress_held(
     """In the caller's transaction: the alarm's held notifications (those not yet claimed,
     alone or in a group's window) recorded SUPPRESSED for ``why`` (logged as
     ``held_notifications_suppressed``); the receivers of those suppressed."""
-    receivers = [
-        *await repo.suppress_held_deliveries(conn, alarm_id, now, why),
-        *await _suppress_in_windows(conn, alarm_id, now, why),
-    ]
+    try:
+        receivers = [
+            *await repo.suppress_held_deliveries(conn, alarm_id, now, why),
+            *await _suppress_in_windows(conn, alarm_id, now, why),
+        ]
+    except asyncpg.exceptions.LockNotAvailableError as exc:
+        # A held notification's row (a consumer adding to its window, a node stopped while
+        # claiming it) kept the step waiting: that row was held, not the alarm.
+        mark_lock_wait(exc, "notify_delivery")
+        raise
     if receivers:
         log.info(
             "held_notifications_suppressed",

@@ -39,6 +39,7 @@ from protocol.events import (
 from storage import ai_tasks as ai_repo
 from storage import alarms as repo
 from storage import outbox
+from storage.audit import mark_lock_wait
 
 AGGREGATE = Aggregate.ALARM
 RULES_ACTOR = "system:rules"
@@ -158,13 +159,18 @@ async def _record(
         if created is not None
         else event_payload(alarm, action=action, actor=actor, from_status=from_status)
     )
-    await outbox.add_event(
-        conn,
-        aggregate_type=AGGREGATE,
-        aggregate_id=str(alarm.id),
-        event_type=event_type,
-        payload=payload,
-    )
+    try:
+        await outbox.add_event(
+            conn,
+            aggregate_type=AGGREGATE,
+            aggregate_id=str(alarm.id),
+            event_type=event_type,
+            payload=payload,
+        )
+    except asyncpg.exceptions.LockNotAvailableError as exc:
+        # An INSERT of its own: it waited for the table (a schema change, an index built).
+        mark_lock_wait(exc, "outbox_event")
+        raise
 
 
 @dataclass(frozen=True, slots=True)

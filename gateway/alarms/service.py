@@ -31,7 +31,7 @@ from gateway.support.metrics import Metrics
 from storage import ai_tasks as ai_repo
 from storage import alarms as repo
 from storage import desk as desk_repo
-from storage.audit import audit_failure, audit_lock_wait
+from storage.audit import audit_failure, audit_lock_wait, lock_wait_at
 from storage.desk import Filters, GroupBy, ReadAsOf, Scope, ShelvedMode
 from storage.errors import DB_ERRORS, TRANSIENT_DB_ERRORS
 from storage.pool import CHANGE_LOCK_WAIT_S, bound_lock_wait
@@ -123,12 +123,30 @@ class AlarmHeldError(AlarmError):
 
     Or (``table``) the alarm's audit row waited that long for its table: another transaction
     holds ``alarm_audit`` (a schema change, an index being built). Not the alarm: every alarm's
-    step waits for it alike."""
+    step waits for it alike.
+
+    Or (``at``) another statement of the step waited that long for what another transaction
+    held: ``notify_delivery``, a row of the alarm's held notifications (a consumer adding to
+    its window, a node stopped there); ``outbox_event``, the table its event is written to (a
+    schema change, an index being built)."""
 
     code = "UNAVAILABLE"
 
-    def __init__(self, alarm_id: int, action: Action, *, table: str | None = None) -> None:
-        if table is None:
+    def __init__(
+        self, alarm_id: int, action: Action, *, table: str | None = None, at: str | None = None
+    ) -> None:
+        if table is None and at == "notify_delivery":
+            held = (
+                f"a notification of alarm {alarm_id} kept for its quiet hours (a notify_delivery "
+                "row) is held by another transaction (a notifier adding to its window, a node "
+                f"stopped in the middle of it?) for more than {LOCK_WAIT_S:g} s"
+            )
+        elif table is None and at is not None:
+            held = (
+                f"alarm {alarm_id}'s event waited more than {LOCK_WAIT_S:g} s for the {at} "
+                "table, held by another transaction (a schema change, an index being built?)"
+            )
+        elif table is None:
             held = (
                 f"alarm {alarm_id} is held by another transaction (a node stopped in the middle "
                 f"of a change?) for more than {LOCK_WAIT_S:g} s"
@@ -143,6 +161,16 @@ class AlarmHeldError(AlarmError):
         self.alarm_id = alarm_id
         self.action = action
         self.table = table
+        self.at = at
+
+    @property
+    def held_table(self) -> str | None:
+        """The table every alarm's step waits for alike (its audit table, ``outbox_event``),
+        held: a bulk action stops there. None when a row was held (the alarm's, a held
+        notification's): the other alarms' steps may go."""
+        if self.table is not None:
+            return self.table
+        return self.at if self.at == "outbox_event" else None
 
 
 class TooManyAlarmsError(AlarmError):
@@ -296,8 +324,11 @@ class AlarmService:
             raise
         except asyncpg.exceptions.LockNotAvailableError as exc:
             # At the audit row (an INSERT of its own: no row of alarm_audit is shared, and the
-            # alarm's, which its foreign key names, is ours already), the wait was its table's.
-            raise AlarmHeldError(alarm_id, action, table=audit_lock_wait(exc)) from None
+            # alarm's, which its foreign key names, is ours already), the wait was its table's;
+            # at the event (outbox_event) or the held notifications (notify_delivery), theirs.
+            raise AlarmHeldError(
+                alarm_id, action, table=audit_lock_wait(exc), at=lock_wait_at(exc)
+            ) from None
         if self.metrics is not None and acted_from is not None:
             self.metrics.count_alarm_transition(acted_from, changed.status.value)
         if self.count_suppressed is not None:
@@ -390,8 +421,9 @@ class AlarmService:
         """The action on each alarm, each as ``act`` does it (its own conditional write, audit
         row and event, in its own transaction): one refused, or rolled back by a fault of its
         own (its audit row refused, its row held), leaves the others be. Once the database is
-        away (a transient fault, as ``storage.errors`` defines it), or the audit table is held
-        (:class:`AlarmHeldError` with its ``table``), the alarms after it are not attempted.
+        away (a transient fault, as ``storage.errors`` defines it), or the audit table or the
+        outbox's is held (:class:`AlarmHeldError` with its ``held_table``), the alarms after it
+        are not attempted.
         Every alarm gets its result, and those before a fault stay committed."""
         ids = list(dict.fromkeys(alarm_ids))  # each once, in the order given
         if len(ids) > self.bulk_max:
@@ -413,10 +445,11 @@ class AlarmService:
                 away = True
             except AlarmHeldError as exc:
                 results.append(BulkResult(alarm_id=alarm_id, error=exc))
-                # Its audit table held (an index being built): every later alarm's audit row
-                # waits for the same table, each its LOCK_WAIT_S; they are not attempted. Only
-                # an alarm's own row held leaves the others be.
-                away = exc.table is not None
+                # Its audit table, or the outbox's, held (an index being built): every later
+                # alarm's step waits for the same table, each its LOCK_WAIT_S; they are not
+                # attempted. Only a row held (the alarm's own, a held notification's) leaves
+                # the others be.
+                away = exc.held_table is not None
             except AlarmError as exc:
                 results.append(BulkResult(alarm_id=alarm_id, error=exc))
             except DB_ERRORS as exc:  # its transaction rolled back
