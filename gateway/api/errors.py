@@ -462,15 +462,12 @@ def unavailable_reason(exc: BaseException) -> str:
     """Why a transient database fault (``storage.errors.TRANSIENT_DB_ERRORS``) stopped a
     change, truthfully: a deadlock or a held row is the database's answer, not its absence.
     Also why a bulk action stopped at an alarm whose audit (or outbox) table was held."""
-    if isinstance(exc, AlarmHeldError) and exc.table is not None:
-        return (
-            f"its audit row waited for the {exc.table} table, held by another transaction "
-            "(a schema change, an index being built?), as every alarm's audit row would"
-        )
     if isinstance(exc, AlarmHeldError) and exc.held_table is not None:
+        # The audit row's table, or the event's: every alarm's would wait for it alike.
+        what = "audit row" if exc.table is not None else "event"
         return (
-            f"its event waited for the {exc.held_table} table, held by another transaction "
-            "(a schema change, an index being built?), as every alarm's event would"
+            f"its {what} waited for the {exc.held_table} table, held by another transaction "
+            f"(a schema change, an index being built?), as every alarm's {what} would"
         )
     if isinstance(exc, asyncpg.exceptions.LockNotAvailableError):
         return "a row this change needs is held by another transaction"
