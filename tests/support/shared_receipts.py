@@ -82,3 +82,37 @@ async def realtime_command_sent(
 
     await wait_until(sent, timeout=30, message="the command SENT")
     return command_id, downlink
+
+
+async def device_answers(
+    device: aiomqtt.Client,
+    topics: Topics,
+    device_id: str,
+    command_id: int,
+    downlink: DownlinkCommand,
+) -> None:
+    """The device's ACKED receipt to the claim its downlink carried."""
+    await device.publish(
+        topics.acks(device_id),
+        encode_receipt(
+            CommandReceipt(
+                command_id=command_id, claim_generation=downlink.claim_generation,
+                node_id=downlink.node_id, result=ReceiptResult.ACKED, result_code=0,
+            )
+        ),
+        qos=1,
+    )  # fmt: skip
+
+
+async def wait_answer_stored(db: asyncpg.Connection, command_id: int) -> None:
+    """Until the device's own receipt (no ``raw_ack``: not a node's) is stored, by any node."""
+
+    async def stored() -> bool:
+        return bool(
+            await db.fetchval(
+                "SELECT count(*) FROM command_receipt WHERE command_id = $1 AND raw_ack IS NULL",
+                command_id,
+            )
+        )
+
+    await wait_until(stored, timeout=30, message="the device's receipt stored")

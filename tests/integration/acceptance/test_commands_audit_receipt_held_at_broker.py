@@ -20,12 +20,16 @@ import aiomqtt
 import asyncpg
 
 from gateway.domain.command import Delivery
-from protocol import CommandReceipt, ReceiptResult, Topics
-from protocol.codec import encode_receipt
+from protocol import Topics
 from tests.support.commands import new_command
 from tests.support.daemon import make_config, metric, running_daemon
 from tests.support.mosquitto import Mosquitto
-from tests.support.shared_receipts import realtime_command_sent, steer_next_receipt_to_b
+from tests.support.shared_receipts import (
+    device_answers,
+    realtime_command_sent,
+    steer_next_receipt_to_b,
+    wait_answer_stored,
+)
 from tests.support.tcp_proxy import TcpProxy
 from tests.support.waiting import wait_until
 
@@ -67,16 +71,7 @@ async def test_a_receipt_waiting_at_the_broker_for_another_node_is_not_judged_mi
                 return metric(node_b, "gateway_mqtt_connected") == 0
 
             await wait_until(b_session_down, timeout=30, message="node-b's session down")
-            await device.publish(
-                TOPICS.acks(DEVICE),
-                encode_receipt(
-                    CommandReceipt(
-                        command_id=command_id, claim_generation=downlink.claim_generation,
-                        node_id=downlink.node_id, result=ReceiptResult.ACKED, result_code=0,
-                    )
-                ),
-                qos=1,
-            )  # fmt: skip
+            await device_answers(device, TOPICS, DEVICE, command_id, downlink)
 
             async def windows_passed() -> bool:
                 # Three ack windows, and both reapers passed since (B's database is fine).
@@ -100,16 +95,7 @@ async def test_a_receipt_waiting_at_the_broker_for_another_node_is_not_judged_mi
             )
             await link_b.resume()
 
-            async def answer_stored() -> bool:
-                return bool(
-                    await db.fetchval(
-                        "SELECT count(*) FROM command_receipt WHERE command_id = $1"
-                        " AND raw_ack IS NULL",
-                        command_id,
-                    )
-                )
-
-            await wait_until(answer_stored, timeout=30, message="the device's receipt stored")
+            await wait_answer_stored(db, command_id)
         row = await db.fetchrow("SELECT * FROM command WHERE id = $1", command_id)
         receipts = [
             tuple(r)

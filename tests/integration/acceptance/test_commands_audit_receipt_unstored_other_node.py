@@ -16,12 +16,16 @@ import time
 import aiomqtt
 import asyncpg
 
-from protocol import CommandReceipt, ReceiptResult, Topics
-from protocol.codec import encode_receipt
+from protocol import Topics
 from tests.support.daemon import make_config, running_daemon
 from tests.support.dsn import proxy_for, through
 from tests.support.mosquitto import Mosquitto
-from tests.support.shared_receipts import realtime_command_sent, steer_next_receipt_to_b
+from tests.support.shared_receipts import (
+    device_answers,
+    realtime_command_sent,
+    steer_next_receipt_to_b,
+    wait_answer_stored,
+)
 from tests.support.waiting import wait_until
 
 TOPICS = Topics("iot")
@@ -58,16 +62,7 @@ async def test_a_receipt_another_node_holds_unstored_is_not_judged_missing(
             # B's database goes away; the device answers at once, and B receives the answer.
             await database.cut()
             answered_at = time.monotonic()
-            await device.publish(
-                TOPICS.acks(DEVICE),
-                encode_receipt(
-                    CommandReceipt(
-                        command_id=command_id, claim_generation=downlink.claim_generation,
-                        node_id=downlink.node_id, result=ReceiptResult.ACKED, result_code=0,
-                    )
-                ),
-                qos=1,
-            )  # fmt: skip
+            await device_answers(device, TOPICS, DEVICE, command_id, downlink)
 
             async def windows_passed() -> bool:
                 return bool(
@@ -85,16 +80,7 @@ async def test_a_receipt_another_node_holds_unstored_is_not_judged_missing(
             assert time.monotonic() - answered_at < 30  # B's outage far within a minute
             await database.resume()
 
-            async def answer_stored() -> bool:
-                return bool(
-                    await db.fetchval(
-                        "SELECT count(*) FROM command_receipt WHERE command_id = $1"
-                        " AND raw_ack IS NULL",
-                        command_id,
-                    )
-                )
-
-            await wait_until(answer_stored, timeout=30, message="the device's receipt stored")
+            await wait_answer_stored(db, command_id)
         row = await db.fetchrow("SELECT * FROM command WHERE id = $1", command_id)
         trail = [
             tuple(r)
