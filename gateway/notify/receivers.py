@@ -19,9 +19,11 @@ import contextlib
 import functools
 import html
 import math
+import re
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from email.message import EmailMessage
+from email.utils import format_datetime
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import msgspec
@@ -190,6 +192,14 @@ class EmailSender:
         if not recipients:
             return Accepted()
         message = build_email(r, msgspec.json.decode(delivery.body), str(delivery.event_id))
+        # RFC 5322's Date and Message-ID, which nothing on the way adds for us: a message
+        # without them was refused by Gmail ("550 5.7.1 Messages missing a valid Message-ID
+        # header are not accepted") and passed on bare by a relay on another host. Dated on
+        # the database's clock (the claim), as a webhook's signature; the id is the same on
+        # every attempt, so a mail the server took after the attempt's timeout and got again
+        # is one message to the mailbox.
+        message["Date"] = format_datetime(delivery.claimed_at)
+        message["Message-ID"] = message_id(r, delivery)
         port = r.port or (465 if r.tls else 587 if r.starttls else 25)
         client = aiosmtplib.SMTP(
             hostname=r.host,
@@ -227,6 +237,19 @@ class EmailSender:
             },
             later=tuple(a for a in recipients if a in refused and 400 <= refused[a].code < 500),
         )
+
+
+# What may stand right of the "@" of a Message-ID (RFC 5322 dot-atom-text, as a domain is).
+_ID_DOMAIN_RE: Final = re.compile(r"[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)*")
+
+
+def message_id(receiver: ReceiverConfig, delivery: ClaimedDelivery) -> str:
+    """The delivery's ``Message-ID``: its event and its own id, at the sender's domain;
+    unique to the (event, receiver) pair and the same on every attempt."""
+    domain = receiver.from_.rpartition("@")[2]
+    if _ID_DOMAIN_RE.fullmatch(domain) is None:
+        domain = "mqtt-alarm-gateway.invalid"
+    return f"<{delivery.event_id}.{delivery.id}@{domain}>"
 
 
 def _for_now(exc: aiosmtplib.SMTPException) -> bool:
