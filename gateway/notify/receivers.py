@@ -99,8 +99,26 @@ class Accepted:
     later: tuple[str, ...] = ()
 
 
+@dataclass(slots=True)
+class Refusal:
+    """What a receiver refusing the attempt has said so far: its status (0: none yet), the
+    wait it asked for, and the start of its body as it arrives. Kept by the worker: when the
+    attempt's ``timeout_s`` runs out while the body is still coming, the delivery records the
+    refusal, not "no answer" (and a 503's ``Retry-After`` is honoured, not lost)."""
+
+    status: int = 0
+    retry_after_s: float | None = None
+    head: bytearray = field(default_factory=bytearray)
+
+    def error(self, receiver: ReceiverConfig, cut: str = "") -> SendError:
+        text = error_text(receiver, _printable(self.head.decode(errors="replace")), 200)
+        return SendError(
+            f"HTTP {self.status}: {text}".strip() + cut, retry_after_s=self.retry_after_s
+        )
+
+
 class Sender(Protocol):
-    async def send(self, delivery: ClaimedDelivery) -> Accepted: ...
+    async def send(self, delivery: ClaimedDelivery, refusal: Refusal) -> Accepted: ...
 
 
 class WebhookSender:
@@ -110,7 +128,7 @@ class WebhookSender:
         self.receiver = receiver
         self.session = session
 
-    async def send(self, delivery: ClaimedDelivery) -> Accepted:
+    async def send(self, delivery: ClaimedDelivery, refusal: Refusal) -> Accepted:
         import aiohttp
 
         body = delivery.body.encode()
@@ -142,32 +160,38 @@ class WebhookSender:
                     if not response.content.is_eof():
                         response.close()
                     return Accepted()
-                head = await _head(response.content, ERROR_BODY_MAX)
+                # Known before the body: kept whatever becomes of it (a body stalling past
+                # timeout_s, or cut short, had the status and the Retry-After thrown away).
+                refusal.status = response.status
+                refusal.retry_after_s = retry_after_s(
+                    response.headers.get("Retry-After"), date=response.headers.get("Date")
+                )
+                cut = await _head(response.content, ERROR_BODY_MAX, refusal.head)
                 if not response.content.at_eof():
                     # Longer than what we read: closed rather than drained (a short answer
                     # read to its end leaves the connection for the next send).
                     response.close()
-                text = error_text(self.receiver, _printable(head.decode(errors="replace")), 200)
-                raise SendError(
-                    f"HTTP {response.status}: {text}".strip(),
-                    retry_after_s=retry_after_s(
-                        response.headers.get("Retry-After"), date=response.headers.get("Date")
-                    ),
-                )
+                raise refusal.error(self.receiver, " (its body cut short)" if cut else "")
         except aiohttp.ClientError as exc:
             # The exception's text names host and port at most, never the path or query.
             raise SendError(error_text(self.receiver, f"{type(exc).__name__}: {exc}")) from exc
 
 
-async def _head(content: aiohttp.StreamReader, limit: int) -> bytes:
-    """At most ``limit`` bytes of a body (fewer at its end); the rest stays unread."""
-    head = bytearray()
+async def _head(content: aiohttp.StreamReader, limit: int, head: bytearray) -> bool:
+    """At most ``limit`` bytes of a body into ``head`` (fewer at its end), as they arrive;
+    the rest stays unread. Whether the body was cut short (the connection lost mid-body):
+    what came of it is kept."""
+    import aiohttp
+
     while len(head) < limit:
-        chunk = await content.read(limit - len(head))
+        try:
+            chunk = await content.read(limit - len(head))
+        except aiohttp.ClientPayloadError:
+            return True
         if not chunk:
             break
         head += chunk
-    return bytes(head)
+    return False
 
 
 def _printable(text: str) -> str:
@@ -181,7 +205,7 @@ class EmailSender:
     def __init__(self, receiver: ReceiverConfig) -> None:
         self.receiver = receiver
 
-    async def send(self, delivery: ClaimedDelivery) -> Accepted:
+    async def send(self, delivery: ClaimedDelivery, refusal: Refusal) -> Accepted:
         import aiosmtplib
 
         r = self.receiver

@@ -31,6 +31,7 @@ from gateway.notify.receivers import (
     SMTP_LATER_S,
     Accepted,
     Farewell,
+    Refusal,
     Sender,
     SendError,
     error_text,
@@ -207,15 +208,21 @@ class DeliveryWorker:
         error: str | None = None
         accepted: Accepted | None = None
         asked_s: float | None = None
+        refusal = Refusal()
         try:
             # No transaction, no pooled connection: a hanging receiver holds only its slot.
             async with asyncio.timeout(receiver.timeout_s):
-                accepted = await self._sender(receiver).send(delivery)
+                accepted = await self._sender(receiver).send(delivery, refusal)
         except SendError as exc:
             error = str(exc) or type(exc).__name__
             asked_s = exc.retry_after_s
         except TimeoutError:
-            error = f"no answer within {receiver.timeout_s} s"
+            if refusal.status:
+                # Refused, and its body still coming at the timeout: the refusal it is.
+                late = refusal.error(receiver, f" (its body cut off at {receiver.timeout_s} s)")
+                error, asked_s = str(late), late.retry_after_s
+            else:
+                error = f"no answer within {receiver.timeout_s} s"
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
         if error is not None:
