@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import time
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any, Final
@@ -229,5 +228,7 @@ class AlarmFigures:
             m.figures_chattering.set(sampled["chattering"])
             m.figures_stale.set(sampled["stale"])
             m.figures_open.set(sampled["open"])
-            m.figures_sampled.set(time.time())
+            # The sample's time on the database's clock (its ``now``), not the node's: a node
+            # booted at 1970 (no RTC, NTP not synced yet) said it last sampled then.
+            m.figures_sampled.set(now.timestamp())
         return sampled

@@ -14,7 +14,8 @@ A pass, with ``now`` from the database's clock: the one that stamped every row i
 (received_at, last_seen_at, published_at, finished_at ...). A node's wall clock that jumped (a
 dead RTC, a bad NTP server, a VM restored from a snapshot) once decided the cut-offs: a year
 ahead, a pass pruned everything as a year old; a year behind, it made last year's partitions.
-The node's clock now only tells the skew (``maintenance_clock_skew``) and the last-pass metric.
+The node's clock now only tells the skew (``maintenance_clock_skew``); the last-pass metric is
+the pass's ``now`` and its length, on the database's clock too.
 
 1. creates the telemetry partitions of today and the ``partitions_ahead_days`` days after it
    (rows of those days waiting in the default partition move into them);
@@ -133,7 +134,7 @@ class Maintenance:
         self.retention = retention
         self.metrics = metrics
         self.retention_metrics = MaintenanceMetrics.of(metrics.registry)
-        # The node's wall clock: the skew's log line and the last-pass metric only.
+        # The node's wall clock: the skew's log line only.
         self.clock = clock
         # The pass's now: None, the database's (read as the pass starts); tests, a later day.
         self.db_clock = db_clock
@@ -244,6 +245,7 @@ class Maintenance:
     async def _pass(self, conn: asyncpg.Connection, now: datetime) -> PassReport:
         r = self.retention  # the whole pass under one setting, whatever a reload does meanwhile
         report = PassReport(ran=True)
+        began = asyncio.get_running_loop().time()  # monotonic: ``now`` + the pass's length
         for day in days_ahead(now, r.partitions_ahead_days):
             if await self._partition(repo.add_day_partition, conn, day):
                 report.created.append(day)
@@ -292,7 +294,11 @@ class Maintenance:
             if n:
                 self.retention_metrics.retention_deleted.labels(table).inc(n)
         self.retention_metrics.retention_partitions_dropped.inc(len(report.dropped))
-        self.retention_metrics.maintenance_last_pass.set(self.clock().timestamp())
+        # On the database's clock, as the pass's ``now``: a node booted at 1970 (no RTC, NTP
+        # not synced yet) said its last pass was then, and one a year ahead kept the maximum
+        # over the nodes a year ahead, whatever became of maintenance.
+        elapsed = asyncio.get_running_loop().time() - began
+        self.retention_metrics.maintenance_last_pass.set(now.timestamp() + elapsed)
         return report
 
     async def _partition(
