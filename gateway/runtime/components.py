@@ -279,7 +279,7 @@ async def build(
         loops.append(("ai-summaries", summaries.run))
     rebirth = None
     if config.sparkplug.enabled:
-        rebirth, sparkplug_loops = _sparkplug_loops(config, node, session)
+        rebirth, sparkplug_loops = _sparkplug_loops(config, node, session, clock)
         loops.extend(sparkplug_loops)
     inactivity = InactivityMonitor(
         pool=node.pool,
@@ -406,7 +406,7 @@ def subscriptions(
 
 
 def _sparkplug_loops(
-    config: Config, node: Node, session: MqttSession
+    config: Config, node: Node, session: MqttSession, clock: DatabaseClock
 ) -> tuple[RebirthRequester, list[Loop]]:
     """[sparkplug] enabled: the rebirth requests (their requester, which a reload gives the
     reorder window), and the host's STATE on its own connection.
@@ -414,7 +414,9 @@ def _sparkplug_loops(
     The STATE link connects where the session is: its settings follow the session's endpoint
     (``[mqtt] hosts``), so when the session moves to the next broker, the link goes there too
     (its broker dead, or still up: a reload that no longer lists it), and edge nodes on that
-    broker see the host's birth."""
+    broker see the host's birth. Its timestamps are on the database's clock (``clock``): a
+    node back from a power cut with its clock at 1970 (no RTC, NTP not synced yet) stated a
+    birth older than the one the edge nodes took last, which they ignore."""
     settings = config.sparkplug
     requester = RebirthRequester(
         pool=node.pool,
@@ -430,6 +432,7 @@ def _sparkplug_loops(
         host_id=settings.host_id,
         client=lambda will: _state_client(session.settings, will),
         backoff=Backoff(config.mqtt.reconnect_min_s, config.mqtt.reconnect_max_s),
+        clock=clock.time,
         ingest_subscribed=session.subscribed_now,
         session=session,
     )

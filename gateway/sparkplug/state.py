@@ -17,7 +17,11 @@ publishes the offline STATE before disconnecting.
 A timestamp never goes back: each connect's is above the highest STATE timestamp the link has
 seen on the topic (retained or live) or published, whatever the clock says (NTP may step it
 back), or edge nodes would ignore the birth. A higher offline STATE known only from the
-retained one read after the connect (the process's first) is answered as above.
+retained one read after the connect (the process's first) is answered as above. The daemon's
+clock is the database's as the node estimates it (gateway.support.db_clock), not the node's
+own, which may be at 1970 after a power cut (no RTC, NTP not synced yet) that took the
+broker's retained STATE with it: nothing retained to go above, the birth was older than the
+one the edge nodes took last.
 
 An offline STATE older than the link's birth (a node of the same host id that connected before
 it, stopped or dead) changes nothing for the edge nodes connected, but it replaced the retained
