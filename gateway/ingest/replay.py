@@ -4,7 +4,8 @@ Each dead letter is decoded again with today's decoder and, if it now passes, st
 the same ``store`` the live pipeline uses — with the rules (the alarm engine), the command
 receipts and presence, built as the daemon builds them (``gateway.ingest.live_path``) — in one
 transaction with the dead letter's replay record. Event ids make a replay of something already
-stored a harmless duplicate, which raises nothing again.
+stored a harmless duplicate, which raises nothing again; a command receipt, which has none, is
+not applied again once its letter was replayed successfully.
 """
 
 from __future__ import annotations
@@ -89,6 +90,11 @@ async def _replay_once(
             outcome, succeeded = "truncated", False
         elif classified.dead_letters:
             outcome, succeeded = f"still_invalid: {classified.dead_letters[0].reason}", False
+        elif classified.receipts and letter.replayed_at is not None:
+            # Applied by the replay that succeeded already: a receipt has no event id, and
+            # applied again it was kept (and counted) a second time, `duplicated`, for the one
+            # answer the device sent (a retry after a lost COMMIT answer, a double click).
+            outcome, succeeded = "duplicate", True
         else:
             try:
                 # A savepoint: a message the database or the rules still refuse leaves the
