@@ -812,10 +812,15 @@ async def _dead_letters(config: Config, args: argparse.Namespace) -> int:
         path = live_path.for_replay(config, Metrics())
         ids = args.ids if args.ids else await pending_ids(pool, args.reason)
         # --all: what another node (another --all) replayed since the listing is left out;
-        # --id: replayed whatever it is.
-        outcomes = await replay(pool, path, ids, again=bool(args.ids))
-        for outcome in outcomes:
-            print(f"{outcome.dead_letter_id}\t{outcome.outcome}")
+        # --id: replayed whatever it is. Each line as its letter's replay commits: printed
+        # only at the end, a run the database left midway said nothing of what it had done.
+        outcomes = await replay(
+            pool,
+            path,
+            ids,
+            again=bool(args.ids),
+            on_outcome=lambda o: print(f"{o.dead_letter_id}\t{o.outcome}", flush=True),
+        )
         failed = sum(not o.succeeded for o in outcomes)
         print(
             f"replayed {len(outcomes)}: {len(outcomes) - failed} ingested, {failed} still invalid"

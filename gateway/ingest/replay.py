@@ -10,7 +10,7 @@ not applied again once its letter was replayed successfully.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -188,14 +188,23 @@ async def pending_ids(pool: asyncpg.Pool, reason: str | None) -> list[int]:
 
 
 async def replay(
-    pool: asyncpg.Pool, path: LivePath, ids: Iterable[int], *, again: bool = False
+    pool: asyncpg.Pool,
+    path: LivePath,
+    ids: Iterable[int],
+    *,
+    again: bool = False,
+    on_outcome: Callable[[ReplayOutcome], None] | None = None,
 ) -> list[ReplayOutcome]:
     """Replay ``ids`` in turn. A letter replayed successfully already is left out (another
     node replaying the pending letters at the same time took it since they were listed),
-    unless ``again`` (named by id: replayed once more, a harmless ``duplicate``)."""
+    unless ``again`` (named by id: replayed once more, a harmless ``duplicate``).
+    ``on_outcome`` is told each letter's outcome once its transaction committed: a run that
+    fails midway (the database gone) has told what it did before."""
     outcomes = []
     for dead_letter_id in ids:
         outcome = await replay_one(pool, path, dead_letter_id, pending_only=not again)
         if outcome is not None:
             outcomes.append(outcome)
+            if on_outcome is not None:
+                on_outcome(outcome)
     return outcomes
