@@ -149,9 +149,12 @@ class MessageDecoder:
         except sparkplug.SparkplugError:
             return False
 
-    def dead_letter(self, item: Inbound, reason: str, detail: str) -> DeadLetterRow:
-        """The dead letter of ``item``: at most ``dead_letter_max_bytes`` of its payload, with
-        the size and SHA-256 of all of it."""
+    def dead_letter(
+        self, item: Inbound, reason: str, detail: str, *, whole: bool = False
+    ) -> DeadLetterRow:
+        """The dead letter of ``item``: at most ``dead_letter_max_bytes`` of its payload (with
+        ``whole``, all of it, unless it was cut down on arrival), with the size and SHA-256 of
+        all of it."""
         # Received when the node read it off the broker (a replayed letter: when stored).
         received = item.received_at if item.received_at > 0 else None
         if item.size is not None and item.sha256 is not None:  # cut down on arrival
@@ -161,7 +164,7 @@ class MessageDecoder:
         payload = item.payload
         return DeadLetterRow(
             item.topic,
-            payload[: self.dead_letter_max_bytes],
+            payload if whole else payload[: self.dead_letter_max_bytes],
             reason,
             detail,
             len(payload),

@@ -461,8 +461,12 @@ class IngestWriter:
         letters = []
         for item in items:
             assert self.breaker is not None
+            # Whole, whatever [ingest] dead_letter_max_bytes: it was taken whole to be
+            # processed, and only a successful replay of its letter releases the message (cut
+            # down, the letter was `truncated`, never replayable: the same bytes quarantined
+            # at every arrival for good).
             letter = self.decoder.dead_letter(
-                item, QUARANTINED, self.breaker.quarantine_detail(item)
+                item, QUARANTINED, self.breaker.quarantine_detail(item), whole=True
             )
             log.error(
                 "message_quarantined",
