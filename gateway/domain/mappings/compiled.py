@@ -52,7 +52,15 @@ RETRANSMISSION_WINDOW_S: Final = 600
 # A time read from a payload before this (2001-01-01T00:00:00Z) is from a clock never set: a
 # device counting from 1970 (Tasmota without NTP), or from an RTC's reset value (2000-01-01).
 CLOCK_SET_MS: Final = 978_307_200_000
-TIMESTAMP_FORMATS: Final = ("iso8601", "epoch_s", "epoch_ms", "epoch_us", "epoch_ns", "receive")
+TIMESTAMP_FORMATS: Final = (
+    "iso8601",
+    "epoch_s",
+    "epoch_ms",
+    "epoch_us",
+    "epoch_ns",
+    "tasmota",
+    "receive",
+)
 # Units of an epoch finer than the millisecond stored: cut to it, as an ISO time's are.
 _PER_MS: Final = {"epoch_us": 1000, "epoch_ns": 1_000_000}
 DEVICE_ID_POLICIES: Final = ("refuse", "normalise")
@@ -1111,6 +1119,10 @@ def _epoch_ms(value: Any, fmt: str, zone: ZoneInfo | None, received_ms: int) -> 
     received: a live device's second pass is its second pass, not a copy of the first's
     (dated an hour early, a reading equal to the first pass's was taken for a redelivery and
     lost). A redelivery more than half an hour late in that hour is dated in the other pass."""
+    if fmt == "tasmota":
+        # Tasmota's `Time`, as its `Time` command sets it: an ISO string (`Time 1`, `2`, `4`)
+        # or the UTC epoch in seconds (`Time 3`), whose readings were all refused.
+        fmt = "iso8601" if isinstance(value, str) else "epoch_s"
     if fmt == "iso8601":
         if not isinstance(value, str):
             raise ValueError("not a string")

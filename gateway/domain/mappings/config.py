@@ -42,7 +42,7 @@ class MappingConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_
     # Where the time is: a path, or paths tried in order (the first that holds a value).
     # A `[*]` step reads every item's: the middle one of the times found.
     timestamp_path: str | list[str] | None = None
-    # "iso8601" | "epoch_s" | "epoch_ms" | "epoch_us" | "epoch_ns" | "receive"
+    # "iso8601" | "epoch_s" | "epoch_ms" | "epoch_us" | "epoch_ns" | "tasmota" | "receive"
     timestamp_format: str | None = None
     timezone: str | None = None  # IANA name: the zone of ISO times that carry no offset
     receive_window_ms: int | None = None
@@ -89,15 +89,17 @@ DEFAULTS: Final = MappingConfig(
 PROFILES: Final[dict[str, MappingConfig]] = {
     # https://tasmota.github.io/docs/MQTT/ : tele/%topic%/SENSOR, tele/%topic%/LWT,
     # cmnd/%topic%/<command>. `Time` is the device's local time without an offset: read in
-    # `timezone` (UTC unless the mapping names the devices' zone).
+    # `timezone` (UTC unless the mapping names the devices' zone). Its `Time` command sets
+    # the format: `Time 2` adds `Epoch` (UTC seconds: the instant, whatever the zone),
+    # `Time 3` writes the epoch in `Time` itself.
     "tasmota": MappingConfig(
         topic="tele/{device}/SENSOR",
         device="{device}",
-        timestamp_path="$.Time",
-        timestamp_format="iso8601",
+        timestamp_path=["$.Epoch", "$.Time"],
+        timestamp_format="tasmota",
         timezone="UTC",
         flatten="$",
-        exclude=["Time", "TempUnit", "PressureUnit", "SpeedUnit"],
+        exclude=["Time", "Epoch", "TempUnit", "PressureUnit", "SpeedUnit"],
         presence_topic="tele/{device}/LWT",
         online="Online",
         offline="Offline",
