@@ -1092,6 +1092,11 @@ def _timestamp(
         if value is not _ABSENT:
             break
     fmt = mapping.timestamp_format
+    if value is _ABSENT and fmt == "tasmota":
+        # Tasmota leaves `Time` out of its Zigbee and LoRaWAN bridges' reports (`ZbReceived`,
+        # `LwReceived`) unless SetOption144 is on: dated as a payload without a time is.
+        window = mapping.receive_window_ms
+        return received_ms // window * window
     where = f"{path.text} ({fmt})"
     try:
         if isinstance(value, list) and EACH in path.steps:
