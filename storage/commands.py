@@ -159,9 +159,12 @@ async def claim_due(
     max_in_flight: int,
     actor: str,
     now: datetime | None = None,
+    mappings: Sequence[str] = (),
 ) -> list[CommandRow]:
     """PENDING → CLAIMED for the due commands, with their audit rows, in one statement (it
     also locks the rollout buckets it spends). ``now`` is the rollout clock (tests drive it).
+    ``mappings``: the names of the [[ingest.mappings]] configured, whose devices answer no
+    command: their SENT commands are not in flight.
 
     The statement runs with the plan the connection made the first time (see ``plan_once``
     in commands.sql): the setting needs a transaction of its own, three short round trips
@@ -172,7 +175,7 @@ async def claim_due(
         async with conn.transaction():
             await conn.execute(PLAN_ONCE)
             claimed = await conn.fetch(
-                CLAIM_DUE, node_id, lease_s, limit, max_in_flight, actor, now
+                CLAIM_DUE, node_id, lease_s, limit, max_in_flight, actor, now, list(mappings)
             )
     except TRANSIENT_DB_ERRORS as exc:
         if claimed:  # the claim answered and its COMMIT did not: it may have committed

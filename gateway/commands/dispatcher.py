@@ -298,6 +298,7 @@ class Dispatcher:
                         limit=self.batch,
                         max_in_flight=self.max_in_flight,
                         actor=DISPATCHER_ACTOR,
+                        mappings=list(self.mappings.by_name),
                     )
                     if self.broker.up()
                     else []

@@ -62,7 +62,8 @@ SET LOCAL plan_cache_mode = force_generic_plan;
 
 -- name: claim_due
 -- $1 node id, $2 lease seconds, $3 batch size, $4 most commands in flight per device, $5 actor,
--- $6 the rollout clock (null: now(); tests pass explicit instants).
+-- $6 the rollout clock (null: now(); tests pass explicit instants), $7 the names of the
+-- [[ingest.mappings]] configured.
 -- One statement: due PENDING commands, oldest first, never behind an older open command of
 -- the same device (creation order) nor beyond the device's in-flight limit; deferrable ones
 -- not to a device whose retained presence is offline. Generation + 1, this node, a lease; and
@@ -77,10 +78,20 @@ WITH clock AS (
     -- Devices at their in-flight limit, counted once per claim (from the small partial index
     -- of CLAIMED and SENT rows), then looked up by hash for each pending command walked: a
     -- count per candidate cost 210 ms per claim with 1,000 devices busy and 9,000 queued.
+    -- A device read through one of the mappings configured (device_mapping) sends no receipt:
+    -- its SENT commands are done as far as the gateway can know (they stay SENT until
+    -- sent_timeout_s, docs/devices.md), so only its CLAIMED ones are in flight. Counted, its
+    -- first command held every later one PENDING for that day.
+    -- The mappings are looked up once per device in flight, not per command: a claim with
+    -- 20,000 commands SENT to 2,000 devices and 5,000 queued took 10 ms, as before; 50 per
+    -- command.
     SELECT f.device_id FROM command f
     WHERE f.status IN ('CLAIMED', 'SENT')
     GROUP BY f.device_id
-    HAVING count(*) >= $4
+    HAVING count(*) FILTER (WHERE f.status = 'CLAIMED') >= $4
+        OR (count(*) >= $4
+            AND f.device_id NOT IN (SELECT m.device_id FROM device_mapping m
+                                    WHERE m.mapping = ANY ($7::text[])))
 ), buckets AS (
     SELECT k.id, clock.t,
            least(greatest(1.0, k.per_minute / 60.0),
