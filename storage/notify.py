@@ -408,11 +408,13 @@ async def lock_group(
     return GroupRow(**dict(row.items()))
 
 
-async def open_window(conn: asyncpg.Connection, delivery_id: int | None) -> bool:
-    """Whether the group's latest window is open (locked till the caller commits)."""
+async def open_window(conn: asyncpg.Connection, delivery_id: int | None) -> int | None:
+    """The number of notifications the group's latest window lists if it is open (locked
+    till the caller commits); None if it is not."""
     if delivery_id is None:
-        return False
-    return await conn.fetchval(OPEN_WINDOW, delivery_id) is not None
+        return None
+    row = await conn.fetchrow(OPEN_WINDOW, delivery_id)
+    return None if row is None else int(row["count"])
 
 
 async def append_to_window(

@@ -155,6 +155,8 @@ class RouteConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True)
     group_wait_s: Annotated[float, Meta(ge=0)] | None = None
     group_interval_s: Annotated[float, Meta(ge=0)] | None = None
     repeat_interval_s: Annotated[float, Meta(ge=0)] | None = None
+    # At most this many notifications in one window's delivery (default 200).
+    group_max_notifications: int | None = None
 
 
 class NotifyConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -387,6 +389,7 @@ def compile_notify(config: NotifyConfig, path: str = "notify") -> Notify:
                     repeat_s=route.repeat_interval_s,
                     path=at,
                     sites=sites,
+                    max_notifications=route.group_max_notifications,
                 ),
             )
         )

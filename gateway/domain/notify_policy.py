@@ -37,6 +37,9 @@ LABELS: Final[tuple[str, ...]] = ("rule", "device", "severity", "site")
 GROUP_WAIT_S: Final = 30.0
 GROUP_INTERVAL_S: Final = 300.0
 REPEAT_INTERVAL_S: Final = 14400.0
+# Notifications one window (one delivery) lists at most: a webhook body of ~250 KB, an e-mail
+# of ~1 MB, under nginx's default client_max_body_size (1 MiB) and Postfix's message_size_limit.
+GROUP_MAX_NOTIFICATIONS: Final = 200
 _SITE_NAME_MAX: Final = 64
 
 NonNegative = Annotated[float, Meta(ge=0)]
@@ -101,6 +104,9 @@ class Grouping:
     wait_s: float = GROUP_WAIT_S
     interval_s: float = GROUP_INTERVAL_S
     repeat_s: float = REPEAT_INTERVAL_S
+    # At most this many notifications a window (a repeat: alarms a part); a full window
+    # takes no more, and the next one is due when it is.
+    max_notifications: int = GROUP_MAX_NOTIFICATIONS
 
     def group(self, route: int, facts: Facts, sites: Sites) -> tuple[str, dict[str, str]]:
         """The group's key (unique per route and label values) and its labels (a label the
@@ -194,6 +200,7 @@ def compile_grouping(
     repeat_s: float | None,
     path: str,
     sites: Sites,
+    max_notifications: int | None = None,
 ) -> Grouping | None:
     """A route's grouping, or None (one delivery per notification, as without grouping)."""
     if group_by is None:
@@ -201,6 +208,7 @@ def compile_grouping(
             ("group_wait_s", wait_s),
             ("group_interval_s", interval_s),
             ("repeat_interval_s", repeat_s),
+            ("group_max_notifications", max_notifications),
         ):
             if value is not None:
                 raise ConfigError(f"{path}.{key}", "applies only to a route with group_by")
@@ -210,7 +218,12 @@ def compile_grouping(
         wait_s=GROUP_WAIT_S if wait_s is None else wait_s,
         interval_s=GROUP_INTERVAL_S if interval_s is None else interval_s,
         repeat_s=REPEAT_INTERVAL_S if repeat_s is None else repeat_s,
+        max_notifications=(
+            GROUP_MAX_NOTIFICATIONS if max_notifications is None else max_notifications
+        ),
     )
+    if grouping.max_notifications < 1:
+        raise ConfigError(f"{path}.group_max_notifications", "must be at least 1")
     if grouping.interval_s <= 0:
         raise ConfigError(f"{path}.group_interval_s", "must be greater than 0")
     if grouping.repeat_s and grouping.repeat_s < grouping.interval_s:

@@ -108,7 +108,8 @@ class GroupWindows:
         grouping = item.route.grouping
         assert grouping is not None
         group = await repo.lock_group(conn, receiver, key, labels)
-        if await repo.open_window(conn, group.window_delivery_id):
+        listed = await repo.open_window(conn, group.window_delivery_id)
+        if listed is not None and listed < grouping.max_notifications:
             assert group.window_delivery_id is not None
             await repo.append_to_window(conn, group.window_delivery_id, item.body)
             await repo.add_member(
@@ -116,11 +117,14 @@ class GroupWindows:
                 group_id=group.id, body=item.body if grouping.repeat_s else None,
             )  # fmt: skip
             return False
-        due = (
-            grouping.window_due(now, group.window_due_at)
-            if item.held_for_s is None
-            else now + timedelta(seconds=item.held_for_s)
-        )
+        if listed is not None and group.window_due_at is not None:
+            # The latest window is full and not sent yet: the next one goes with it (a storm
+            # is sent as several windows at once, not one per group_interval_s).
+            due = group.window_due_at
+        elif item.held_for_s is None:
+            due = grouping.window_due(now, group.window_due_at)
+        else:
+            due = now + timedelta(seconds=item.held_for_s)
         await self._open(
             group_id=group.id,
             window=group.windows + 1,

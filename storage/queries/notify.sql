@@ -176,8 +176,9 @@ RETURNING id, windows, window_delivery_id, window_due_at;
 -- name: open_window
 -- $1 delivery id; the group's latest window if it is still open: its delivery not claimed
 -- yet, and no repeat (which lists what was sent before) (locked: a claim waits, or skips it,
--- until the caller commits).
-SELECT id FROM notify_delivery
+-- until the caller commits); with the number of notifications it lists (a window that has
+-- its route's group_max_notifications takes no more: the next one opens beside it).
+SELECT id, (body ->> 'count')::int AS count FROM notify_delivery
 WHERE id = $1 AND status = 'PENDING' AND attempts = 0
   AND NOT coalesce((body ->> 'repeat')::boolean, false)
 FOR UPDATE;

@@ -105,6 +105,11 @@ def test_window_timing_follows_alertmanager() -> None:
             "notify.routes[0].repeat_interval_s",
         ),
         ('group_by = ["rule"]\ngroup_wait_s = -1', "notify.routes[0].group_wait_s"),
+        ("group_max_notifications = 10", "notify.routes[0].group_max_notifications"),
+        (
+            'group_by = ["rule"]\ngroup_max_notifications = 0',
+            "notify.routes[0].group_max_notifications",
+        ),
     ],
 )
 def test_a_bad_grouping_is_a_config_error_naming_the_key(routes: str, key: str) -> None:
