@@ -15,11 +15,12 @@ a window while one of its alarms is DELAYED, and the wake of an alarm makes its 
 So a night's held alarms of one group go out together when the night ends, not one by one.
 
 The repeat pass (each consumer pass, any node, ``SKIP LOCKED``): a group whose latest window
-was SENT at least ``repeat_interval_s`` ago gets a new window, due now, listing every alarm
-its windows carried that is still open and not shelved now, once, with the newest of its
-notifications the group carried, in the order the alarms were first carried, however many
-windows ago (``repeat: true``; ``count`` counts alarms); when none is left the group stops
-repeating. What a repeating group carried is kept apart from the window bodies
+was SENT at least ``repeat_interval_s`` ago gets a new window (more than the route's
+``group_max_notifications`` alarms: consecutive windows, parts of one repeat), due now,
+listing every alarm its windows carried that is still open and not shelved now, once, with
+the newest of its notifications the group carried, in the order the alarms were first
+carried, however many windows ago (``repeat: true``; ``count`` counts alarms); when none is
+left the group stops repeating. What a repeating group carried is kept apart from the window bodies
 (``notify_group_member``, one row per notification with an alarm, written with the window's
 member row when the route repeats: a route that never repeats keeps nothing); the pass
 deletes the rows of alarms it finds dealt with, and those of an open alarm between its first
@@ -46,7 +47,7 @@ import msgspec
 
 from gateway.domain.notify import Route, reminding_route, route_of_group
 from gateway.domain.notify_match import Facts
-from gateway.domain.notify_policy import Sites
+from gateway.domain.notify_policy import GROUP_MAX_NOTIFICATIONS, Sites
 from protocol.notifications import GroupedNotification
 from storage import notify as repo
 from storage.notify import NewWindow, OutboxRow
@@ -306,19 +307,24 @@ class GroupWindows:
                 if not items:
                     await repo.stop_repeating(self.conn, group["id"])
                     continue
-                await self._open(
-                    group_id=group["id"],
-                    window=group["windows"] + 1,
-                    receiver=group["receiver"],
-                    key=group["group_key"],
-                    labels=labels,
-                    items=items,
-                    outbox_id=group["outbox_id"],
-                    event_created_at=group["event_created_at"],
-                    due=now,
-                    repeat_s=group["repeat_interval_s"],
-                    interval_s=group["group_interval_s"],
-                    repeat=True,
-                )
-                made += 1
+                # More open alarms than a window may list: the repeat is sent in parts, each a
+                # window of its own (its own number and event id), made together here.
+                grouping = None if route is None else route.grouping
+                size = GROUP_MAX_NOTIFICATIONS if grouping is None else grouping.max_notifications
+                for part, start in enumerate(range(0, len(items), size)):
+                    await self._open(
+                        group_id=group["id"],
+                        window=group["windows"] + 1 + part,
+                        receiver=group["receiver"],
+                        key=group["group_key"],
+                        labels=labels,
+                        items=items[start : start + size],
+                        outbox_id=group["outbox_id"],
+                        event_created_at=group["event_created_at"],
+                        due=now,
+                        repeat_s=group["repeat_interval_s"],
+                        interval_s=group["group_interval_s"],
+                        repeat=True,
+                    )
+                    made += 1
         return made

@@ -189,3 +189,65 @@ async def test_a_storm_of_a_thousand_alarms_reaches_a_receiver_with_nginx_body_l
     # Each alarm pushed by the window that carried it, once.
     pushes = await _fetch(db_dsn, "SELECT alarm_id FROM alarm_audit WHERE action = 'push'")
     assert len(pushes) == len({r["alarm_id"] for r in pushes}) == len(devices)
+
+
+async def test_a_repeat_of_more_open_alarms_than_a_window_takes_is_sent_in_parts(
+    db_dsn: str, mosquitto: Mosquitto
+) -> None:
+    """25 open alarms in one group, ``group_max_notifications = 10``, two daemons: the first
+    windows list 10, 10 and 5; the repeat (its interval made to have passed) is sent as three
+    parts of 10, 10 and 5, each its own window and event id, together listing each open alarm
+    exactly once. Before: one repeat of all 25, whatever the bound (a storm's repeat as large
+    as the storm)."""
+    devices = [f"door-{n:04d}" for n in range(25)]
+    async with limited_receiver() as receiver:
+        notify = _notify(receiver, "group_max_notifications = 10\nrepeat_interval_s = 600")
+        configs = [
+            make_config(
+                dsn=db_dsn, mqtt_port=mosquitto.port, node_id=f"node-{n}",
+                mqtt_extra='shared_group = "alarms"', extra=DOOR + notify,
+            )
+            for n in range(2)
+        ]  # fmt: skip
+        async with running_daemon(configs[0]), running_daemon(configs[1]):
+            async with aiomqtt.Client("127.0.0.1", mosquitto.port) as client:
+                await publish_many(client, _doors(devices), window=50)
+
+            async def all_in_windows() -> bool:
+                return sum(r["n"] for r in await _windows(db_dsn)) == len(devices)
+
+            await wait_until(all_in_windows, timeout=60, message="every alarm in a window")
+            await _fetch(
+                db_dsn,
+                "UPDATE notify_delivery SET next_attempt_at = now() WHERE event = 'notify.group'",
+            )
+
+            async def sent(n: int) -> bool:
+                rows = await _windows(db_dsn)
+                return len(rows) >= n and all(r["status"] == "SENT" for r in rows)
+
+            await wait_until(lambda: sent(3), timeout=60, message="the windows sent")
+            # The repeat interval passed (as the clock would make it).
+            await _fetch(
+                db_dsn,
+                "UPDATE notify_delivery SET finished_at = finished_at - interval '1 hour' "
+                "WHERE event = 'notify.group'",
+            )
+
+            async def repeated() -> bool:
+                rows = [r for r in await _windows(db_dsn) if r["repeat"]]
+                return sum(r["n"] for r in rows) >= len(devices) and all(
+                    r["status"] == "SENT" for r in rows
+                )
+
+            await wait_until(repeated, timeout=60, message="the repeat sent")
+    windows = await _windows(db_dsn)
+    assert [(r["window"], r["n"], r["repeat"]) for r in windows] == [
+        (1, 10, False), (2, 10, False), (3, 5, False),
+        (4, 10, True), (5, 10, True), (6, 5, True),
+    ]  # fmt: skip
+    assert sorted(receiver.accepted_ids) == sorted(str(r["event_id"]) for r in windows)
+    repeats = [body for body in receiver.accepted if body["repeat"]]
+    listed = [n["alarm_id"] for body in repeats for n in body["notifications"]]  # type: ignore[attr-defined]
+    alarms = await _fetch(db_dsn, "SELECT id FROM alarm")
+    assert sorted(listed) == sorted(r["id"] for r in alarms)
