@@ -109,9 +109,13 @@ class Refusal:
     status: int = 0
     retry_after_s: float | None = None
     head: bytearray = field(default_factory=bytearray)
+    # What the status means beside the body's words (a 413: the size refused), or "".
+    note: str = ""
 
     def error(self, receiver: ReceiverConfig, cut: str = "") -> SendError:
         text = error_text(receiver, _printable(self.head.decode(errors="replace")), 200)
+        if self.note:
+            text = f"{self.note}: {text}"
         return SendError(
             f"HTTP {self.status}: {text}".strip() + cut, retry_after_s=self.retry_after_s
         )
@@ -171,10 +175,21 @@ class WebhookSender:
                     # Longer than what we read: closed rather than drained (a short answer
                     # read to its end leaves the connection for the next send).
                     response.close()
+                if response.status == 413:  # nginx's client_max_body_size, and the like
+                    refusal.note = too_large(delivery, len(body), "body")
                 raise refusal.error(self.receiver, " (its body cut short)" if cut else "")
         except aiohttp.ClientError as exc:
             # The exception's text names host and port at most, never the path or query.
             raise SendError(error_text(self.receiver, f"{type(exc).__name__}: {exc}")) from exc
+
+
+def too_large(delivery: ClaimedDelivery, size: int, what: str) -> str:
+    """What a receiver's "too large" answer (HTTP 413, SMTP 552) means, in ``last_error``:
+    the size it refused, and for a group's window the key that bounds it."""
+    text = f"the receiver refused the {what} of {size} bytes as too large"
+    if delivery.event == "notify.group":
+        text += " (lower the route's group_max_notifications)"
+    return text
 
 
 async def _head(content: aiohttp.StreamReader, limit: int, head: bytearray) -> bool:
@@ -244,8 +259,11 @@ class EmailSender:
                 client.close()
                 raise
         except aiosmtplib.SMTPException as exc:
+            text = f"{type(exc).__name__}: {exc}"
+            if getattr(exc, "code", None) == 552:  # over the server's message size limit
+                text = f"{too_large(delivery, len(message.as_bytes()), 'message')}: {text}"
             raise SendError(
-                error_text(r, f"{type(exc).__name__}: {exc}"),
+                error_text(r, text),
                 retry_after_s=SMTP_LATER_S if _for_now(exc) else None,
             ) from exc
         except OSError as exc:

@@ -251,3 +251,40 @@ async def test_a_repeat_of_more_open_alarms_than_a_window_takes_is_sent_in_parts
     listed = [n["alarm_id"] for body in repeats for n in body["notifications"]]  # type: ignore[attr-defined]
     alarms = await _fetch(db_dsn, "SELECT id FROM alarm")
     assert sorted(listed) == sorted(r["id"] for r in alarms)
+
+
+async def test_a_receiver_refusing_a_window_as_too_large_says_so_in_last_error(
+    db_dsn: str, mosquitto: Mosquitto
+) -> None:
+    """A bound set above what the receiver takes: the 413 is recorded naming the body's size
+    and the key that bounds it, not a bare status."""
+    devices = [f"door-{n:04d}" for n in range(30)]
+    async with limited_receiver() as receiver:
+        receiver.limit = 16 * 1024
+        notify = _notify(receiver, "group_max_notifications = 1000")
+        config = make_config(
+            dsn=db_dsn, mqtt_port=mosquitto.port, node_id="node-0", extra=DOOR + notify
+        )
+        async with running_daemon(config):
+            async with aiomqtt.Client("127.0.0.1", mosquitto.port) as client:
+                await publish_many(client, _doors(devices), window=50)
+
+            async def all_in_windows() -> bool:
+                return sum(r["n"] for r in await _windows(db_dsn)) == len(devices)
+
+            await wait_until(all_in_windows, timeout=60, message="every alarm in a window")
+            await _fetch(
+                db_dsn,
+                "UPDATE notify_delivery SET next_attempt_at = now() WHERE event = 'notify.group'",
+            )
+
+            async def failed() -> bool:
+                return [r["status"] for r in await _windows(db_dsn)] == ["FAILED"]
+
+            await wait_until(failed, timeout=60, message="the window failed")
+    [window] = await _windows(db_dsn)
+    size = receiver.refused_sizes[0]
+    assert window["last_error"].startswith(
+        f"HTTP 413: the receiver refused the body of {size} bytes as too large"
+    ), window["last_error"]
+    assert "group_max_notifications" in window["last_error"]
