@@ -33,7 +33,7 @@ import structlog
 import yarl
 
 from gateway.domain.errors import GatewayError
-from gateway.domain.redaction import url_credentials, without_userinfo
+from gateway.domain.redaction import redact_credentials, url_credentials, without_userinfo
 from gateway.support.retry_after import retry_after_s
 
 if TYPE_CHECKING:
@@ -161,6 +161,18 @@ def _parse_reply(raw: str, requested_model: str) -> LlmReply:
     )
 
 
+def _redacted(error: LlmError, secrets: list[str]) -> LlmError:
+    """``error`` without the client's credentials (the key, the URL's userinfo) nor anything
+    that looks like one, in its message and in the server's body it keeps."""
+    raw = None if error.raw is None else redact_credentials(error.raw, secrets)
+    return LlmError(
+        error.code,
+        redact_credentials(error.message, secrets),
+        raw=raw,
+        retry_after_s=error.retry_after_s,
+    )
+
+
 class _Rejected(Exception):
     """The server refused ``response_format``; the caller retries without it."""
 
@@ -194,6 +206,9 @@ class OpenAiCompatibleLlm:
         self.url = f"{_check_base_url(base_url)}/chat/completions"
         # What messages and log lines name: an error message is stored, published and shown.
         self.shown_url = without_userinfo(self.url)
+        # What no error may carry: a server refusing them may quote them back ("Incorrect
+        # API key provided: sk-..."), and an error is stored, published and shown.
+        self._secrets = [s for s in (api_key or "", *url_credentials(base_url)) if s]
         self.timeout_s = timeout_s
         self.json_mode = json_mode
         self._headers = {"Accept": "application/json", "Content-Type": "application/json"}
@@ -238,6 +253,12 @@ class OpenAiCompatibleLlm:
         return body
 
     async def complete(self, request: Mapping[str, object]) -> LlmReply:
+        try:
+            return await self._complete(request)
+        except LlmError as exc:
+            raise _redacted(exc, self._secrets) from exc.__cause__
+
+    async def _complete(self, request: Mapping[str, object]) -> LlmReply:
         requested = request.get("model")
         requested_model = requested if isinstance(requested, str) else self.model
         try:
