@@ -100,7 +100,8 @@ class DisabledLlm:
 def _check_base_url(base_url: str) -> str:
     url = yarl.URL(base_url)
     if url.scheme not in {"http", "https"} or not url.host:
-        raise ValueError(f"LLM base_url must be an absolute http(s) URL, got {base_url!r}")
+        # Not quoted: a URL Python cannot split may carry a password no redaction finds.
+        raise ValueError("LLM base_url must be an absolute http(s) URL with a host")
     return base_url.rstrip("/")
 
 

@@ -19,6 +19,7 @@ import socket
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Final, Literal, get_args, get_origin
+from urllib.parse import urlsplit
 
 import msgspec
 from msgspec import Meta, Struct, field
@@ -899,12 +900,27 @@ def _rule_errors(rules: list[RuleConfig]) -> list[ConfigError]:
     return errors
 
 
+def _is_http_url(url: str) -> bool:
+    """Whether ``url`` is an absolute http(s) URL with a host (a port 0-65535 if it names
+    one): what the LLM client takes."""
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError for a port that is not 0-65535
+    except ValueError:
+        return False
+    return parts.scheme in {"http", "https"} and bool(parts.hostname)
+
+
 def _validate_ai(ai: AiConfig) -> list[ConfigError]:
     errors: list[ConfigError] = []
     if ai.enabled:
         for key in ("base_url", "model"):
             if not getattr(ai, key):
                 errors.append(ConfigError(f"ai.{key}", "required when ai.enabled is true"))
+    if ai.enabled and ai.base_url and not _is_http_url(ai.base_url):
+        # Accepted, it ended every start in a traceback quoting the URL: without its scheme
+        # (`user:password@host/v1`) Python finds no userinfo, and the password was logged.
+        errors.append(ConfigError("ai.base_url", "must be an http:// or https:// URL with a host"))
     if _CONTROL.search(ai.api_key):
         errors.append(
             ConfigError("ai.api_key", "holds a control character (an HTTP header cannot carry it)")

@@ -1,0 +1,61 @@
+"""An ``[ai] base_url`` that is no http(s) URL (its scheme forgotten, ``user:password@host/v1``,
+or another scheme) is a configuration error naming ``ai.base_url``, never the URL's password.
+
+``gateway check-config`` said the file was ok; ``gateway run`` then started, and died building
+the LLM client: a ``daemon_failed`` traceback (exit 1, restarted by the unit for ever) whose
+last line was ``ValueError: LLM base_url must be an absolute http(s) URL, got
+'aiuser:<password>@llm:8000/v1'``. Without ``://`` Python finds no userinfo in the text, so the
+log's redaction did not know the password either: it was in the journal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from pathlib import Path
+from typing import Final
+
+import pytest
+
+from tests.support.daemon import config_toml
+from tests.support.gateway_cli import gateway_run
+from tests.support.mosquitto import Mosquitto
+
+PASSWORD: Final = "Llm-Passw0rd-4711"
+EXIT_CONFIG: Final = 2
+
+
+@pytest.mark.parametrize(
+    "base_url",
+    [
+        f"aiuser:{PASSWORD}@127.0.0.1:9/v1",  # the scheme forgotten
+        f"ftp://aiuser:{PASSWORD}@127.0.0.1:9/v1",
+    ],
+    ids=["no-scheme", "ftp"],
+)
+async def test_a_base_url_that_is_no_http_url_is_a_configuration_error_without_its_password(
+    db_dsn: str, mosquitto: Mosquitto, tmp_path: Path, base_url: str
+) -> None:
+    config = tmp_path / "gateway.toml"
+    ai = f'[ai]\nenabled = true\nbase_url = "{base_url}"\nmodel = "m"\n'
+    config.write_text(config_toml(dsn=db_dsn, mqtt_port=mosquitto.port, extra=ai))
+
+    done = await gateway_run(config)
+    assert PASSWORD not in done.output, done.output
+    done.assert_no_traceback()
+    assert done.returncode == EXIT_CONFIG, done.output
+    line = done.the("config_invalid")
+    assert line["setting"] == "ai.base_url", line
+
+    checked = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "gateway", "check-config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert checked.returncode == EXIT_CONFIG, checked
+    assert "ai.base_url" in checked.stderr, checked
+    assert PASSWORD not in checked.stdout + checked.stderr, checked
