@@ -325,7 +325,9 @@ class OpenAiCompatibleLlm:
             raise LlmError("LLM_PROTOCOL", f"{self.shown_url}: {type(exc).__name__}") from exc
 
         raw = _decode(data)
-        detail = _error_detail(raw)
+        # Redacted before the message is cut to its length (complete() redacts every error
+        # again): a key cut in two there would no longer be found.
+        detail = _error_detail(redact_credentials(raw, self._secrets))
         message = f"HTTP {status} from {self.shown_url}: {detail}"
         error = LlmError(f"LLM_HTTP_{status}", message, raw=raw, retry_after_s=wait_s)
         if status in _REJECTION_STATUSES and "response_format" in body and "response_format" in raw:

@@ -64,8 +64,10 @@ async def _first_attempt(pool: asyncpg.Pool, llm: OpenAiCompatibleLlm) -> str:
     [
         json.dumps({"error": {"message": f"Incorrect API key provided: {KEY}."}}),
         f"<html><body>401: invalid header Authorization: Bearer {KEY}</body></html>",
+        # The message is shown cut to 500 characters: the key across the cut.
+        json.dumps({"error": {"message": "x" * 480 + f" key {KEY} is not valid"}}),
     ],
-    ids=["json-message", "proxy-page"],
+    ids=["json-message", "proxy-page", "key-across-the-cut"],
 )
 async def test_a_refusal_quoting_the_key_stores_and_publishes_no_key(
     pool: asyncpg.Pool, llm_server: FakeLlm, answer: str
@@ -76,7 +78,7 @@ async def test_a_refusal_quoting_the_key_stores_and_publishes_no_key(
     ) as llm:
         stored = await _first_attempt(pool, llm)
     assert "LLM_HTTP_401" in stored, stored
-    assert KEY not in stored, stored
+    assert KEY[:12] not in stored, stored
     assert "[redacted]" in stored, stored
 
 
