@@ -102,6 +102,10 @@ def _check_base_url(base_url: str) -> str:
     if url.scheme not in {"http", "https"} or not url.host:
         # Not quoted: a URL Python cannot split may carry a password no redaction finds.
         raise ValueError("LLM base_url must be an absolute http(s) URL with a host")
+    if url.query_string or url.fragment or "?" in base_url or "#" in base_url:
+        # The path is appended to it: a query (a `?key=`) would swallow it, and be quoted by
+        # every error.
+        raise ValueError("LLM base_url must have no query or fragment")
     return base_url.rstrip("/")
 
 

@@ -902,13 +902,15 @@ def _rule_errors(rules: list[RuleConfig]) -> list[ConfigError]:
 
 def _is_http_url(url: str) -> bool:
     """Whether ``url`` is an absolute http(s) URL with a host (a port 0-65535 if it names
-    one): what the LLM client takes."""
+    one) and no query or fragment (``/chat/completions`` is appended): what the LLM client
+    takes."""
     try:
         parts = urlsplit(url)
         parts.port  # noqa: B018 - raises ValueError for a port that is not 0-65535
     except ValueError:
         return False
-    return parts.scheme in {"http", "https"} and bool(parts.hostname)
+    plain = "?" not in url and "#" not in url
+    return parts.scheme in {"http", "https"} and bool(parts.hostname) and plain
 
 
 def _validate_ai(ai: AiConfig) -> list[ConfigError]:
@@ -919,8 +921,15 @@ def _validate_ai(ai: AiConfig) -> list[ConfigError]:
                 errors.append(ConfigError(f"ai.{key}", "required when ai.enabled is true"))
     if ai.enabled and ai.base_url and not _is_http_url(ai.base_url):
         # Accepted, it ended every start in a traceback quoting the URL: without its scheme
-        # (`user:password@host/v1`) Python finds no userinfo, and the password was logged.
-        errors.append(ConfigError("ai.base_url", "must be an http:// or https:// URL with a host"))
+        # (`user:password@host/v1`) Python finds no userinfo, and the password was logged. A
+        # query (`?key=...`) swallowed the path appended, and every error quoted the key.
+        errors.append(
+            ConfigError(
+                "ai.base_url",
+                "must be an http:// or https:// URL with a host, and no query or fragment"
+                " (/chat/completions is appended to it)",
+            )
+        )
     if _CONTROL.search(ai.api_key):
         errors.append(
             ConfigError("ai.api_key", "holds a control character (an HTTP header cannot carry it)")

@@ -59,3 +59,24 @@ async def test_a_base_url_that_is_no_http_url_is_a_configuration_error_without_i
     assert checked.returncode == EXIT_CONFIG, checked
     assert "ai.base_url" in checked.stderr, checked
     assert PASSWORD not in checked.stdout + checked.stderr, checked
+
+
+async def test_a_base_url_with_a_query_is_a_configuration_error_without_its_key(
+    tmp_path: Path,
+) -> None:
+    """``?key=`` (as some proxies take a key): the client appended ``/chat/completions`` to
+    the query, and every attempt's error, stored, published and logged, quoted the key."""
+    config = tmp_path / "gateway.toml"
+    ai = f'[ai]\nenabled = true\nbase_url = "http://127.0.0.1:9/v1?key={PASSWORD}"\nmodel = "m"\n'
+    config.write_text(config_toml(dsn="postgresql://gw@127.0.0.1:9/gw", mqtt_port=9, extra=ai))
+    checked = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "gateway", "check-config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert checked.returncode == EXIT_CONFIG, checked
+    assert "ai.base_url" in checked.stderr, checked
+    assert PASSWORD not in checked.stdout + checked.stderr, checked

@@ -95,3 +95,23 @@ async def test_a_refusal_quoting_the_urls_password_stores_and_publishes_no_passw
         stored = await _first_attempt(pool, llm)
     assert "LLM_HTTP_401" in stored, stored
     assert PASSWORD not in stored, stored
+
+
+async def test_a_base_url_with_a_query_never_stores_or_publishes_its_key(
+    pool: asyncpg.Pool, llm_server: FakeLlm
+) -> None:
+    """A key given in the URL's query (``?key=``, as some proxies take it): the client
+    appended ``/chat/completions`` to the query, and every attempt's error quoted the URL with
+    the key. It is refused (the configuration refuses it too, naming ``ai.base_url``)."""
+    base_url = f"{llm_server.base_url}?key={KEY}"
+    refusal = ""
+    try:
+        llm = OpenAiCompatibleLlm(base_url=base_url, model="fake-model", api_key=None, timeout_s=10)
+    except ValueError as refused:
+        refusal = str(refused)
+    else:
+        async with llm:
+            stored = await _first_attempt(pool, llm)
+        assert KEY not in stored, stored
+    assert "no query" in refusal, refusal
+    assert KEY not in refusal, refusal
