@@ -138,7 +138,15 @@ def dsn_problem(dsn: str) -> str | None:
     if not dsn:
         return None  # the embedded server's
     try:
-        urlsplit(dsn)  # what describe() and the log's redaction read
+        parts = urlsplit(dsn)  # what describe() and the log's redaction read
+        if "@" in parts.netloc.rpartition("@")[0]:
+            # Python's parser ends the userinfo at the last `@`, the driver's (as libpq's) at
+            # the first: the rest of the password was its host and port, and its error
+            # ("invalid literal for int() ...: 'w0rd@db:5432'") quoted it; none quoted here.
+            return (
+                "an '@' in its user name or password must be written %40 (the driver takes "
+                "the first '@' for the end of the password)"
+            )
         parse = asyncpg.connect_utils._parse_connect_dsn_and_args
         arguments: dict[str, Any] = dict.fromkeys(inspect.signature(parse).parameters)
         parse(**{**arguments, "dsn": dsn})
