@@ -7,7 +7,7 @@ import inspect
 import secrets
 from collections.abc import Callable
 from typing import Any, ClassVar, Final
-from urllib.parse import parse_qs, unquote, urlsplit, urlunsplit
+from urllib.parse import SplitResult, parse_qs, unquote, urlsplit, urlunsplit
 
 import asyncpg
 import asyncpg.connect_utils
@@ -147,6 +147,14 @@ def dsn_problem(dsn: str) -> str | None:
                 "an '@' in its user name or password must be written %40 (the driver takes "
                 "the first '@' for the end of the password)"
             )
+        if _cut_userinfo(parts):
+            # `gw:2024/Secret@db/gw`: the host ended at the `/` (port 2024 of a host named
+            # `gw`), and the rest of the password was the database's name, which every log
+            # line and /health showed; none quoted here.
+            return (
+                "a '/', '?' or '#' in its user name or password must be written %2F, %3F or "
+                "%23 (the host part of the URL ends at the first of them)"
+            )
         parse = asyncpg.connect_utils._parse_connect_dsn_and_args
         arguments: dict[str, Any] = dict.fromkeys(inspect.signature(parse).parameters)
         parse(**{**arguments, "dsn": dsn})
@@ -155,6 +163,18 @@ def dsn_problem(dsn: str) -> str | None:
         password = dsn_password(dsn)
         return message.replace(password, "[redacted]") if password else message
     return None
+
+
+def _cut_userinfo(parts: SplitResult) -> bool:
+    """Whether an ``@`` comes after the URL's host part: in the path (the database's name,
+    which may hold one only written %40), in the fragment, or in a query item with no ``=``.
+    Then a ``/``, ``?`` or ``#`` of the password ended the host part early."""
+    items = parts.query.split("&") if parts.query else []
+    return (
+        "@" in parts.path
+        or "@" in parts.fragment
+        or any("@" in item and "=" not in item for item in items)
+    )
 
 
 def dsn_password(dsn: str) -> str:

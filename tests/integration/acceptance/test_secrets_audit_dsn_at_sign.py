@@ -73,3 +73,53 @@ async def test_check_config_refuses_a_password_with_an_at_sign(
     assert "%40" in checked.stderr, checked
     for part in (p for p in password.replace("@", ":").split(":") if len(p) >= 4):
         assert part not in checked.stdout + checked.stderr.replace("database.dsn", ""), checked
+
+
+@pytest.mark.parametrize(
+    "password",
+    [
+        "2024/Secret-pass-0815",
+        "/Secret-pass-0815",
+        "4711?Secret-pass-0815",
+        "4711#Secret-pass-0815",
+    ],
+    ids=["slash-after-digits", "leading-slash", "question-mark", "hash"],
+)
+async def test_a_password_with_a_slash_question_mark_or_hash_is_refused_and_not_shown(
+    tmp_path: Path, password: str
+) -> None:
+    """``gw:2024/Secret@db/gw`` parsed, as a host ``gw`` on port 2024 and a database named
+    ``Secret@db/gw``: every log line, the service status and the unauthenticated /health
+    showed "waiting for the database at gw:2024/Secret@db:5432/gw", while the node waited for
+    ever on a host named ``gw``. (After a '?' the driver refused "bad query field:
+    'Secret...@db:5432/gw'"; after a '#' the node waited for ever on ``gw:4711``.)"""
+    secret = "Secret-pass-0815"
+    dsn = f"postgresql://gw:{password}@127.0.0.1:5432/gw"
+    config = tmp_path / "gateway.toml"
+    config.write_text(f'[database]\ndsn = "{dsn}"\n[log]\nformat = "json"\n')
+    done = await gateway_run(config, command=("migrate",))
+    assert secret not in done.output, done.output
+    done.assert_no_traceback()
+    line = done.the("startup_failed")
+    assert line["setting"] == DSN_SETTING, line
+    assert "%2F" in line["error"], line
+    assert done.returncode == EXIT_CONFIG, done.output
+    checked = await _check_config(config)
+    assert secret not in checked.stdout + checked.stderr, checked
+    assert checked.returncode == EXIT_CONFIG, checked
+
+
+@pytest.mark.parametrize(
+    "dsn",
+    [
+        "postgresql://gw:pw@127.0.0.1:5432/gw?sslrootcert=/home/john@corp/ca.pem",
+        "postgresql:///gw?host=/run/postgresql&user=john@corp",
+        "postgresql://gw:p%2Fw%3F%23x%40y@127.0.0.1:5432/gw",
+    ],
+    ids=["at-in-a-query-value", "user-in-the-query", "all-encoded"],
+)
+async def test_an_at_sign_where_it_may_be_is_no_error(tmp_path: Path, dsn: str) -> None:
+    config = tmp_path / "gateway.toml"
+    config.write_text(f'[database]\ndsn = "{dsn}"\n')
+    checked = await _check_config(config)
+    assert checked.returncode == 0, checked
