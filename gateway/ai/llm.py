@@ -33,7 +33,12 @@ import structlog
 import yarl
 
 from gateway.domain.errors import GatewayError
-from gateway.domain.redaction import redact_credentials, url_credentials, without_userinfo
+from gateway.domain.redaction import (
+    redact_credentials,
+    url_credentials,
+    userinfo_cut,
+    without_userinfo,
+)
 from gateway.support.retry_after import retry_after_s
 
 if TYPE_CHECKING:
@@ -106,6 +111,9 @@ def _check_base_url(base_url: str) -> str:
         # The path is appended to it: a query (a `?key=`) would swallow it, and be quoted by
         # every error.
         raise ValueError("LLM base_url must have no query or fragment")
+    if userinfo_cut(base_url):
+        # A password's `/` ended the host part: the rest of it was in every error's URL.
+        raise ValueError("LLM base_url has an '@' after its host: write a '/' in it as %2F")
     return base_url.rstrip("/")
 
 

@@ -29,7 +29,7 @@ from gateway.domain.errors import ConfigError, ConfigErrors, config_errors
 from gateway.domain.mappings import MappingConfig, Mappings, compile_mappings
 from gateway.domain.notify import Notify, NotifyConfig, compile_notify, receiver_secrets
 from gateway.domain.quiet_hours import QuietHours, QuietHoursConfig, compile_quiet_hours
-from gateway.domain.redaction import url_credentials
+from gateway.domain.redaction import url_credentials, userinfo_cut
 from gateway.domain.rules import DeviceClock, RuleConfig, RuleSet, compile_rule, compile_rules
 from protocol import TopicKind, Topics, is_valid_device_id
 from protocol.ids import is_portable_device_id
@@ -902,14 +902,14 @@ def _rule_errors(rules: list[RuleConfig]) -> list[ConfigError]:
 
 def _is_http_url(url: str) -> bool:
     """Whether ``url`` is an absolute http(s) URL with a host (a port 0-65535 if it names
-    one) and no query or fragment (``/chat/completions`` is appended): what the LLM client
-    takes."""
+    one), no query or fragment (``/chat/completions`` is appended) and no ``@`` after the
+    host (a password's ``/``: see ``userinfo_cut``): what the LLM client takes."""
     try:
         parts = urlsplit(url)
         parts.port  # noqa: B018 - raises ValueError for a port that is not 0-65535
     except ValueError:
         return False
-    plain = "?" not in url and "#" not in url
+    plain = "?" not in url and "#" not in url and not userinfo_cut(url)
     return parts.scheme in {"http", "https"} and bool(parts.hostname) and plain
 
 
@@ -927,7 +927,8 @@ def _validate_ai(ai: AiConfig) -> list[ConfigError]:
             ConfigError(
                 "ai.base_url",
                 "must be an http:// or https:// URL with a host, and no query or fragment"
-                " (/chat/completions is appended to it)",
+                " (/chat/completions is appended to it); a '/', '?' or '#' in its user name"
+                " or password written %2F, %3F, %23",
             )
         )
     if _CONTROL.search(ai.api_key):

@@ -86,6 +86,18 @@ def url_tokens(url: str) -> list[str]:
     return sorted(t for t in tokens if len(t) >= SHORTEST_URL_TOKEN)
 
 
+def userinfo_cut(url: str) -> bool:
+    """Whether an ``@`` comes after ``url``'s host part (in its path, query or fragment): a
+    ``/``, ``?`` or ``#`` written as is in a password ended the host part there
+    (``http://u:2024/secret@host/v1`` is host ``u``, port 2024), and the rest of the password
+    is in the path, where no redaction looks for it."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return False
+    return "@" in parts.path or "@" in parts.query or "@" in parts.fragment
+
+
 def without_userinfo(url: str) -> str:
     """``url`` as a message or a log line may show it: without its userinfo (credentials)."""
     try:

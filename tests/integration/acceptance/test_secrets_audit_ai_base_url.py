@@ -31,8 +31,9 @@ EXIT_CONFIG: Final = 2
     [
         f"aiuser:{PASSWORD}@127.0.0.1:9/v1",  # the scheme forgotten
         f"ftp://aiuser:{PASSWORD}@127.0.0.1:9/v1",
+        f"http://aiuser:2024/{PASSWORD}@127.0.0.1:9/v1",  # a '/' in the password
     ],
-    ids=["no-scheme", "ftp"],
+    ids=["no-scheme", "ftp", "slash-in-password"],
 )
 async def test_a_base_url_that_is_no_http_url_is_a_configuration_error_without_its_password(
     db_dsn: str, mosquitto: Mosquitto, tmp_path: Path, base_url: str

@@ -115,3 +115,25 @@ async def test_a_base_url_with_a_query_never_stores_or_publishes_its_key(
         assert KEY not in stored, stored
     assert "no query" in refusal, refusal
     assert KEY not in refusal, refusal
+
+
+async def test_a_password_with_a_slash_in_the_base_url_is_never_stored_or_published(
+    pool: asyncpg.Pool, llm_server: FakeLlm
+) -> None:
+    """``http://aiuser:2024/<rest>@host/v1``: the host part ended at the password's ``/``
+    (host ``aiuser``, port 2024); no userinfo was found to redact, and every attempt's error
+    ("http://aiuser:2024/<rest>@127.0.0.1:.../v1/chat/completions: Cannot connect to host
+    aiuser:2024") quoted the rest of the password. It is refused (the configuration too)."""
+    rest = "Slash-Passw0rd-77"
+    base_url = llm_server.base_url.replace("http://", f"http://aiuser:2024/{rest}@")
+    refusal = ""
+    try:
+        llm = OpenAiCompatibleLlm(base_url=base_url, model="fake-model", api_key=None, timeout_s=10)
+    except ValueError as refused:
+        refusal = str(refused)
+    else:
+        async with llm:
+            stored = await _first_attempt(pool, llm)
+        assert rest not in stored, stored
+    assert "%2F" in refusal, refusal
+    assert rest not in refusal, refusal
