@@ -15,6 +15,7 @@ from gateway.api.errors import (
     DEAD_LETTER_BUSY,
     DEAD_LETTER_DISCARDED,
     DEAD_LETTER_NOT_FOUND,
+    REPLAY_CRASHED,
     UNAVAILABLE,
     ApiError,
 )
@@ -31,7 +32,9 @@ from gateway.api.schemas import (
 )
 from gateway.api.services import Pool, services_of
 from gateway.domain.dead_letter import why_never_replayable
-from gateway.ingest.replay import replay_one
+from gateway.ingest.breaker import QUARANTINED
+from gateway.ingest.replay import ReplayOutcome, replay_one
+from gateway.ingest.replay_process import ReplayCrashedError
 from storage import console as repo
 
 log = structlog.get_logger(__name__)
@@ -122,18 +125,41 @@ async def get_dead_letter(pool: Pool, id: DeadLetterId) -> DeadLetterDetail:
     operation_id="replayDeadLetter",
     tag=TAG,
     role=Role.ADMIN,
-    errors=[DEAD_LETTER_NOT_FOUND],
+    errors=[DEAD_LETTER_NOT_FOUND, REPLAY_CRASHED],
     description=(
         "Decoded again with today's decoder and, if it passes now, stored as live traffic is "
         "(rules, receipts, presence) in one transaction with the letter's replay record. A "
-        "letter replayed by another request at this very moment answers 503 (retry)."
+        "letter replayed by another request at this very moment answers 503 (retry). A "
+        "`QUARANTINED` letter (a message the process died of twice) is replayed in a process "
+        "of its own, as `gateway dead-letters replay --id N` with the node's configuration "
+        "file: if that process dies too (the cause is not fixed), 422 `REPLAY_CRASHED` says "
+        "how it ended, the letter is unchanged, and this node goes on."
     ),
 )
 async def replay_dead_letter(
     request: Request[Any, Any, Any], pool: Pool, call: CallDep, id: DeadLetterId
 ) -> Replayed:
-    path = services_of(request).replay()
-    outcome = await replay_one(pool, path, id)
+    services = services_of(request)
+    letter = await repo.dead_letter(pool, id)
+    if letter is None:
+        raise ApiError(DEAD_LETTER_NOT_FOUND, f"no dead letter {id}", dead_letter_id=id)
+    outcome: ReplayOutcome | None
+    if letter["reason"] == QUARANTINED:
+        # What killed the process twice may kill it again (only a replay tells whether the
+        # cause is fixed): in a process of its own, never in the node serving ingest.
+        try:
+            outcome = await services.replay_apart().replay_one(id)
+        except ReplayCrashedError as exc:
+            raise ApiError(
+                REPLAY_CRASHED,
+                f"the process replaying dead letter {id} ended without an outcome "
+                f"({exc.ended}). Nothing was changed: the letter is still QUARANTINED, and "
+                "this node goes on",
+                dead_letter_id=id,
+                ended=exc.ended,
+            ) from None
+    else:
+        outcome = await replay_one(pool, services.replay(), id)
     if outcome is None:
         if not await repo.dead_letter_exists(pool, id):
             raise ApiError(DEAD_LETTER_NOT_FOUND, f"no dead letter {id}", dead_letter_id=id)

@@ -110,6 +110,13 @@ DEAD_LETTER_BUSY: Final = ErrorKind(
     "a replay holds the dead letter at this very moment (`dead_letter_id`); nothing is "
     "changed, retry",
 )
+REPLAY_CRASHED: Final = ErrorKind(
+    422,
+    "REPLAY_CRASHED",
+    "the replay of a QUARANTINED letter runs in a process of its own, and that process ended "
+    "without an outcome (`ended`: how, e.g. `killed by signal 11 (SIGSEGV)`; "
+    "`dead_letter_id`): the cause is not fixed; nothing is changed, and the node goes on",
+)
 METHOD_NOT_ALLOWED: Final = ErrorKind(
     405, "METHOD_NOT_ALLOWED", "the path exists, the method does not (`Allow` lists them)"
 )
@@ -283,6 +290,8 @@ class ErrorBody(msgspec.Struct, kw_only=True, omit_defaults=True):
     size: int | UnsetType = UNSET
     limit: int | UnsetType = UNSET
     discarded_at: datetime | UnsetType = UNSET
+    # How a process of the gateway's ended without an outcome (`REPLAY_CRASHED`).
+    ended: str | UnsetType = UNSET
     # True: the database went out of reach as the change was committed; it may have been made.
     outcome_unknown: bool | UnsetType = UNSET
 

@@ -16,6 +16,7 @@ from gateway.alarms.service import AlarmService
 from gateway.api.errors import UNAVAILABLE, ApiError
 from gateway.commands.service import CommandService
 from gateway.ingest.live_path import LivePath
+from gateway.ingest.replay_process import ProcessReplay
 from gateway.notify.service import NotifyService
 
 if TYPE_CHECKING:
@@ -47,6 +48,9 @@ class Services:
     pool: asyncpg.Pool | None = None
     # The ingest path dead letters are replayed through (the writer's own rules engine).
     replay_path: LivePath | None = None
+    # A QUARANTINED letter is replayed in a process of its own (what kills a process kills
+    # that one, not the node).
+    replay_process: ProcessReplay | None = None
     # What feeds GET /stream (its ``run`` loop is the daemon's to run).
     stream_hub: StreamHub | None = None
     notifications: NotifyService | None = None
@@ -62,6 +66,9 @@ class Services:
 
     def replay(self) -> LivePath:
         return _ready(self.replay_path)
+
+    def replay_apart(self) -> ProcessReplay:
+        return _ready(self.replay_process)
 
     def hub(self) -> StreamHub:
         return _ready(self.stream_hub)

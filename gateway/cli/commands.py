@@ -547,7 +547,12 @@ async def _run(config: Config, args: argparse.Namespace) -> int:
     if wants_zero_setup_token(config):
         # The token is written there before the daemon looks at the directory itself.
         check_writable(config.state_dir)
-    daemon = Daemon(with_zero_setup_token(config, announce=True), metrics=node_metrics())
+    daemon = Daemon(
+        with_zero_setup_token(config, announce=True),
+        metrics=node_metrics(),
+        config_path=args.config.absolute() if args.config is not None else None,
+        program=_this_program(),
+    )
     if wants_zero_setup_token(config) and config.http.port == 0:
         daemon.on_http_listening = functools.partial(announce_try_it, config)
 
@@ -590,6 +595,14 @@ async def _run(config: Config, args: argparse.Namespace) -> int:
     finally:
         freezing.cancel()
     return EXIT_OK
+
+
+def _this_program() -> tuple[str, ...]:
+    """How to start this very program again (a QUARANTINED letter's replay runs in a child of
+    the daemon: the same code, with whatever the module it was started as puts in place):
+    ``python -m <that module>``; the installed ``gateway`` script is ``-m gateway``."""
+    spec = getattr(sys.modules["__main__"], "__spec__", None)
+    return (sys.executable, "-m", spec.name if spec is not None else "gateway")
 
 
 # The collector's youngest generation runs once this many more container objects were made

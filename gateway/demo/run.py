@@ -386,7 +386,7 @@ async def running_demo(settings: DemoSettings, stop: asyncio.Event) -> AsyncIter
                     f"cannot write to --state-dir {state_dir}: {exc.strerror}"
                 ) from None
             config = demo_config(settings, state_dir, token, webhook.url)
-            daemon = Daemon(config, metrics=node_metrics())
+            daemon = Daemon(config, metrics=node_metrics(), config_path=config_path)
             async with _daemon_running(daemon, stop):
                 assert daemon.broker_address is not None
                 wildcard = settings.http_host in ("0.0.0.0", "::")  # noqa: S104 - compared, not bound

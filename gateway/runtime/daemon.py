@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AsyncExitStack
+from pathlib import Path
 
 import asyncpg
 import msgspec
@@ -22,6 +23,7 @@ from gateway.config import Config, broker_endpoints, endpoint_label
 from gateway.domain.errors import StartupError
 from gateway.ingest import live_path
 from gateway.ingest.live_path import LivePath
+from gateway.ingest.replay_process import DEFAULT_PROGRAM, ProcessReplay
 from gateway.ingest.writer import IngestWriter
 from gateway.mqtt.publisher import SessionPublisher
 from gateway.mqtt.session import OFFLINE, MqttSession
@@ -64,8 +66,16 @@ class Daemon:
         *,
         metrics: Metrics | None = None,
         notifier: Notifier | None = None,
+        config_path: Path | None = None,
+        program: Sequence[str] = DEFAULT_PROGRAM,
     ) -> None:
+        """``config_path``: the file ``config`` was read from (None: every default), and
+        ``program`` how to start this gateway again: a QUARANTINED dead letter is replayed
+        over HTTP by ``program dead-letters replay --id N --config config_path``, in a
+        process of its own."""
         self.config = config
+        self.config_path = config_path
+        self.program = tuple(program)
         self.notifier = notifier or Notifier()
         self.node_id = config.node_id
         self.metrics = metrics or Metrics()
@@ -210,6 +220,9 @@ class Daemon:
             engine=parts.engine,
             receipts=live_path.receipt_applier(cfg, self.metrics),
             sparkplug=live_path.sparkplug_host(cfg, replay=True),
+        )
+        self.services.replay_process = ProcessReplay(
+            self.program, self.config_path, self.database_dsn
         )
         self.services.stream_hub = hub
         self.services.notifications = NotifyService(pool)

@@ -10,6 +10,7 @@ constants) changes nothing.
 
 from __future__ import annotations
 
+import ctypes
 import os
 from typing import Any
 
@@ -17,6 +18,9 @@ DEADLY_EVENT = "DIE_NOW"
 # A payload holding these bytes kills the process in the decoder, before any rule sees it.
 DEADLY_WHILE_DECODING = b"DIE_WHILE_DECODING"
 DEATH_CODE = 86
+# A payload holding these bytes makes the decoder's process read address 0: a real SIGSEGV, as
+# a crash in a C extension ends a process.
+SEGFAULT_WHILE_DECODING = b"SEGFAULT_WHILE_DECODING"
 
 
 def _install() -> None:
@@ -35,9 +39,11 @@ def _install() -> None:
     def deadly_to_decode(payload: bytes, *args: Any, **kwargs: Any) -> Any:
         if DEADLY_WHILE_DECODING in payload:
             os._exit(DEATH_CODE)
+        if SEGFAULT_WHILE_DECODING in payload:
+            ctypes.string_at(0)
         return decode_telemetry(payload, *args, **kwargs)
 
-    # The only changes: a deadly message, and a deadly payload.
+    # The only changes: a deadly message, and deadly payloads.
     engine.evaluate = deadly  # type: ignore[assignment]
     decoder.decode_telemetry = deadly_to_decode  # type: ignore[assignment]
 
