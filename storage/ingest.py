@@ -23,6 +23,7 @@ DEVICE_MAPPINGS = _Q["device_mappings"]
 INSERT_DEAD_LETTERS = _Q["insert_dead_letters"]
 LIST_DEAD_LETTERS = _Q["list_dead_letters"]
 LOCK_DEAD_LETTER = _Q["lock_dead_letter"]
+DEAD_LETTERS_OF_REASON = _Q["dead_letters_of_reason"]
 MARK_DEAD_LETTER_REPLAYED = _Q["mark_dead_letter_replayed"]
 HEARD_SINCE = _Q["heard_since"]
 COUNT_TELEMETRY = _Q["count_telemetry"]
@@ -325,6 +326,13 @@ async def list_dead_letters(
 ) -> list[StoredDeadLetter]:
     records = await conn.fetch(LIST_DEAD_LETTERS, reason, pending_only, after_id, limit)
     return [_dead_letter(r) for r in records]
+
+
+async def dead_letters_of_reason(
+    conn: asyncpg.Connection, ids: Sequence[int], reason: str
+) -> set[int]:
+    """Those of ``ids`` whose dead letter has ``reason``."""
+    return {row["id"] for row in await conn.fetch(DEAD_LETTERS_OF_REASON, list(ids), reason)}
 
 
 async def lock_dead_letter(

@@ -122,6 +122,8 @@ def _parser() -> argparse.ArgumentParser:
     which.add_argument("--id", type=_letter_id, action="append", dest="ids", help="repeatable")
     which.add_argument("--all", action="store_true", help="every dead letter not yet replayed")
     again.add_argument("--reason", help="with --all: only this reason code")
+    # Set by the process a QUARANTINED letter is replayed in (ProcessReplay): replay it here.
+    again.add_argument("--in-this-process", action="store_true", help=argparse.SUPPRESS)
 
     database = _subcommand(
         commands,
@@ -774,7 +776,8 @@ async def _maintenance(config: Config, _args: argparse.Namespace) -> int:
 
 async def _dead_letters(config: Config, args: argparse.Namespace) -> int:
     from gateway.ingest import live_path
-    from gateway.ingest.replay import pending_ids, replay
+    from gateway.ingest.replay import ReplayOutcome, pending_ids, quarantined_ids, replay
+    from gateway.ingest.replay_process import ProcessReplay, ReplayCrashedError
     from gateway.support.metrics import Metrics
     from storage import ingest as repo
     from storage.console import dead_letter_exists
@@ -824,31 +827,59 @@ async def _dead_letters(config: Config, args: argparse.Namespace) -> int:
         # live, receipts and presence are applied as the daemon applies them.
         path = live_path.for_replay(config, Metrics())
         ids = args.ids if args.ids else await pending_ids(pool, args.reason)
+        # A QUARANTINED letter is a message the process died of twice: replayed here, one
+        # whose cause is not fixed ended the command, and `--all` never got past it (the
+        # letters after it never replayed). Each is replayed in a process of its own, as the
+        # daemon does over HTTP: a death there is that letter's line, and the run goes on.
+        apart = None
+        quarantined: set[int] = set()
+        if not args.in_this_process:
+            apart = ProcessReplay(
+                _this_program(), args.config.absolute() if args.config else None, None
+            )
+            quarantined = await quarantined_ids(pool, ids)
         # --all: what another node (another --all) replayed since the listing is left out;
         # --id: replayed whatever it is. Each line as its letter's replay commits: printed
         # only at the end, a run the database left midway said nothing of what it had done.
-        outcomes = await replay(
-            pool,
-            path,
-            ids,
-            again=bool(args.ids),
-            on_outcome=lambda o: print(f"{o.dead_letter_id}\t{o.outcome}", flush=True),
-        )
+        outcomes: list[ReplayOutcome] = []
+        crashed: list[int] = []
+        for dead_letter_id in ids:
+            if apart is not None and dead_letter_id in quarantined:
+                try:
+                    outcome = await apart.replay_one(dead_letter_id)
+                except ReplayCrashedError as exc:
+                    crashed.append(dead_letter_id)
+                    print(f"{dead_letter_id}\tcrashed: {exc.ended}", flush=True)
+                    continue
+                if outcome is not None:
+                    outcomes.append(outcome)
+                    print(f"{dead_letter_id}\t{outcome.outcome}", flush=True)
+                continue
+            outcomes += await replay(
+                pool,
+                path,
+                [dead_letter_id],
+                again=bool(args.ids),
+                on_outcome=lambda o: print(f"{o.dead_letter_id}\t{o.outcome}", flush=True),
+            )
         failed = sum(not o.succeeded for o in outcomes)
         print(
             f"replayed {len(outcomes)}: {len(outcomes) - failed} ingested, {failed} still invalid"
+            + (f", {len(crashed)} crashed the process replaying them" if crashed else "")
         )
         # An id named (--id) and not replayed: none has it (a typo, a letter discarded or
         # pruned), or another replay held it. Said, and exit 1: it used to be left out of the
         # output without a word, and the command exited 0 as if it had been replayed.
         replayed = {o.dead_letter_id for o in outcomes}
-        skipped = [i for i in dict.fromkeys(args.ids or ()) if i not in replayed]
+        skipped = [
+            i for i in dict.fromkeys(args.ids or ()) if i not in replayed and i not in crashed
+        ]
         async with pool.acquire() as conn:
             for dead_letter_id in skipped:
                 held = await dead_letter_exists(conn, dead_letter_id)
                 why = "busy: another replay held it; run again" if held else "not found"
                 print(f"{dead_letter_id}\t{why}")
-        return EXIT_FAILURE if skipped else EXIT_OK
+        return EXIT_FAILURE if skipped or crashed else EXIT_OK
 
 
 # C0 and C1 control characters and DEL: what a terminal acts on instead of showing.

@@ -10,7 +10,7 @@ not applied again once its letter was replayed successfully.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -185,6 +185,13 @@ async def pending_ids(pool: asyncpg.Pool, reason: str | None) -> list[int]:
                 return ids
             ids.extend(letter.id for letter in page)
             after = page[-1].id
+
+
+async def quarantined_ids(pool: asyncpg.Pool, ids: Sequence[int]) -> set[int]:
+    """Those of ``ids`` whose letter is ``QUARANTINED``: a message the process died of, to be
+    replayed in a process of its own (:mod:`gateway.ingest.replay_process`)."""
+    async with pool.acquire() as conn:
+        return await repo.dead_letters_of_reason(conn, ids, QUARANTINED)
 
 
 async def replay(

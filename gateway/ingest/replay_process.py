@@ -84,7 +84,11 @@ class ProcessReplay:
 
     def command(self, dead_letter_id: int) -> list[str]:
         config = ["--config", str(self.config_path)] if self.config_path is not None else []
-        return [*self.program, "dead-letters", "replay", "--id", str(dead_letter_id), *config]
+        # Replayed in that process (the command would otherwise hand it to one more).
+        return [
+            *self.program, "dead-letters", "replay", "--id", str(dead_letter_id),
+            "--in-this-process", *config,
+        ]  # fmt: skip
 
     def environment(self) -> dict[str, str]:
         env = {name: value for name, value in os.environ.items() if name not in _DAEMON_ONLY}

@@ -167,6 +167,10 @@ WHERE ($1::text IS NULL OR reason = $1)
 ORDER BY id
 LIMIT $4;
 
+-- name: dead_letters_of_reason
+-- $1 ids, $2 reason; those of the ids whose letter has that reason.
+SELECT id FROM dead_letter WHERE id = ANY ($1::bigint[]) AND reason = $2;
+
 -- name: lock_dead_letter
 -- $1 id; locks one dead letter for replay (skips one another replayer holds).
 SELECT id, topic, payload, reason, detail, received_at, node_id, replay_count, replayed_at,

@@ -59,14 +59,10 @@ def test_the_child_gets_the_daemons_database_and_not_its_service_manager(
     assert env[ENV_DATABASE_DSN] == "postgresql://x/db"
     assert replay.command(5) == [
         *("python", "-m", "gateway", "dead-letters", "replay", "--id", "5"),
-        *("--config", "/etc/g.toml"),
+        *("--in-this-process", "--config", "/etc/g.toml"),
     ]
     assert ProcessReplay(("gw",), None, None).command(5) == [
-        "gw",
-        "dead-letters",
-        "replay",
-        "--id",
-        "5",
+        *("gw", "dead-letters", "replay", "--id", "5", "--in-this-process"),
     ]
 
 
