@@ -16,6 +16,7 @@ import msgspec
 import pytest
 from aiohttp import web
 
+from gateway.config import Config
 from protocol import Topics
 from sim.publisher import publish_many
 from tests.support.daemon import make_config, running_daemon
@@ -122,6 +123,17 @@ async def _windows(dsn: str) -> list[asyncpg.Record]:
 # Before the fix the one window's body was over 1 MiB, which aiohttp warns of (a warning is an
 # error under pytest, not in a daemon): ignored, so that the receiver's 413 is what it meets.
 @pytest.mark.filterwarnings("ignore:Sending a large body:ResourceWarning")
+def _two_nodes(db_dsn: str, mosquitto: Mosquitto, notify: str) -> list[Config]:
+    """Two nodes of one `$share` group with the door rule and ``notify``."""
+    return [
+        make_config(
+            dsn=db_dsn, mqtt_port=mosquitto.port, node_id=f"node-{n}",
+            mqtt_extra='shared_group = "alarms"', extra=DOOR + notify,
+        )
+        for n in range(2)
+    ]  # fmt: skip
+
+
 async def test_a_storm_of_a_thousand_alarms_reaches_a_receiver_with_nginx_body_limit(
     db_dsn: str, mosquitto: Mosquitto
 ) -> None:
@@ -133,13 +145,7 @@ async def test_a_storm_of_a_thousand_alarms_reaches_a_receiver_with_nginx_body_l
     devices = [f"door-{n:04d}" for n in range(1000)]
     async with limited_receiver() as receiver:
         notify = _notify(receiver, "")
-        configs = [
-            make_config(
-                dsn=db_dsn, mqtt_port=mosquitto.port, node_id=f"node-{n}",
-                mqtt_extra='shared_group = "alarms"', extra=DOOR + notify,
-            )
-            for n in range(2)
-        ]  # fmt: skip
+        configs = _two_nodes(db_dsn, mosquitto, notify)
         async with running_daemon(configs[0]), running_daemon(configs[1]):
             async with aiomqtt.Client(
                 "127.0.0.1", mosquitto.port, max_inflight_messages=100
@@ -202,13 +208,7 @@ async def test_a_repeat_of_more_open_alarms_than_a_window_takes_is_sent_in_parts
     devices = [f"door-{n:04d}" for n in range(25)]
     async with limited_receiver() as receiver:
         notify = _notify(receiver, "group_max_notifications = 10\nrepeat_interval_s = 600")
-        configs = [
-            make_config(
-                dsn=db_dsn, mqtt_port=mosquitto.port, node_id=f"node-{n}",
-                mqtt_extra='shared_group = "alarms"', extra=DOOR + notify,
-            )
-            for n in range(2)
-        ]  # fmt: skip
+        configs = _two_nodes(db_dsn, mosquitto, notify)
         async with running_daemon(configs[0]), running_daemon(configs[1]):
             async with aiomqtt.Client("127.0.0.1", mosquitto.port) as client:
                 await publish_many(client, _doors(devices), window=50)

@@ -26,6 +26,21 @@ PASSWORD: Final = "Llm-Passw0rd-4711"
 EXIT_CONFIG: Final = 2
 
 
+async def _refused_by_check_config(config: Path) -> None:
+    """``gateway check-config`` refuses ``config``, naming ``ai.base_url``, not its password."""
+    checked = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "gateway", "check-config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert checked.returncode == EXIT_CONFIG, checked
+    assert "ai.base_url" in checked.stderr, checked
+    assert PASSWORD not in checked.stdout + checked.stderr, checked
+
+
 @pytest.mark.parametrize(
     "base_url",
     [
@@ -49,17 +64,7 @@ async def test_a_base_url_that_is_no_http_url_is_a_configuration_error_without_i
     line = done.the("config_invalid")
     assert line["setting"] == "ai.base_url", line
 
-    checked = await asyncio.to_thread(
-        subprocess.run,
-        [sys.executable, "-m", "gateway", "check-config", str(config)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert checked.returncode == EXIT_CONFIG, checked
-    assert "ai.base_url" in checked.stderr, checked
-    assert PASSWORD not in checked.stdout + checked.stderr, checked
+    await _refused_by_check_config(config)
 
 
 async def test_a_base_url_with_a_query_is_a_configuration_error_without_its_key(
@@ -70,14 +75,4 @@ async def test_a_base_url_with_a_query_is_a_configuration_error_without_its_key(
     config = tmp_path / "gateway.toml"
     ai = f'[ai]\nenabled = true\nbase_url = "http://127.0.0.1:9/v1?key={PASSWORD}"\nmodel = "m"\n'
     config.write_text(config_toml(dsn="postgresql://gw@127.0.0.1:9/gw", mqtt_port=9, extra=ai))
-    checked = await asyncio.to_thread(
-        subprocess.run,
-        [sys.executable, "-m", "gateway", "check-config", str(config)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert checked.returncode == EXIT_CONFIG, checked
-    assert "ai.base_url" in checked.stderr, checked
-    assert PASSWORD not in checked.stdout + checked.stderr, checked
+    await _refused_by_check_config(config)

@@ -39,24 +39,33 @@ async def _check_config(config: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
+async def _refused_unshown(
+    tmp_path: Path, dsn: str, secret: str, advice: str, commands: tuple[tuple[str, ...], ...]
+) -> None:
+    """``dsn`` refused by each of ``commands`` (``startup_failed`` naming the setting, with
+    ``advice``: how to write the character, exit 2, no traceback) and by ``check-config``,
+    and ``secret`` shown by none of them."""
+    config = tmp_path / "gateway.toml"
+    config.write_text(f'[database]\ndsn = "{dsn}"\n[log]\nformat = "json"\n')
+    for command in commands:
+        done = await gateway_run(config, command=command)
+        assert secret not in done.output, done.output
+        done.assert_no_traceback()
+        line = done.the("startup_failed")
+        assert line["setting"] == DSN_SETTING, line
+        assert advice in line["error"], line
+        assert done.returncode == EXIT_CONFIG, done.output
+    checked = await _check_config(config)
+    assert secret not in checked.stdout + checked.stderr, checked
+    assert checked.returncode == EXIT_CONFIG, checked
+
+
 async def test_a_password_with_an_at_sign_and_a_colon_is_refused_and_not_shown(
     tmp_path: Path,
 ) -> None:
     tail = "w0rd-Secret-2024"  # the part after the password's '@' and ':'
     dsn = f"postgresql://gw:P@ss:{tail}@127.0.0.1:5432/gw"
-    config = tmp_path / "gateway.toml"
-    config.write_text(f'[database]\ndsn = "{dsn}"\n[log]\nformat = "json"\n')
-    for command in (("run",), ("migrate",)):
-        done = await gateway_run(config, command=command)
-        assert tail not in done.output, done.output
-        done.assert_no_traceback()
-        line = done.the("startup_failed")
-        assert line["setting"] == DSN_SETTING, line
-        assert "%40" in line["error"], line
-        assert done.returncode == EXIT_CONFIG, done.output
-    checked = await _check_config(config)
-    assert tail not in checked.stdout + checked.stderr, checked
-    assert checked.returncode == EXIT_CONFIG, checked
+    await _refused_unshown(tmp_path, dsn, tail, "%40", (("run",), ("migrate",)))
 
 
 @pytest.mark.parametrize(
@@ -93,20 +102,8 @@ async def test_a_password_with_a_slash_question_mark_or_hash_is_refused_and_not_
     showed "waiting for the database at gw:2024/Secret@db:5432/gw", while the node waited for
     ever on a host named ``gw``. (After a '?' the driver refused "bad query field:
     'Secret...@db:5432/gw'"; after a '#' the node waited for ever on ``gw:4711``.)"""
-    secret = "Secret-pass-0815"
     dsn = f"postgresql://gw:{password}@127.0.0.1:5432/gw"
-    config = tmp_path / "gateway.toml"
-    config.write_text(f'[database]\ndsn = "{dsn}"\n[log]\nformat = "json"\n')
-    done = await gateway_run(config, command=("migrate",))
-    assert secret not in done.output, done.output
-    done.assert_no_traceback()
-    line = done.the("startup_failed")
-    assert line["setting"] == DSN_SETTING, line
-    assert "%2F" in line["error"], line
-    assert done.returncode == EXIT_CONFIG, done.output
-    checked = await _check_config(config)
-    assert secret not in checked.stdout + checked.stderr, checked
-    assert checked.returncode == EXIT_CONFIG, checked
+    await _refused_unshown(tmp_path, dsn, "Secret-pass-0815", "%2F", (("migrate",),))
 
 
 @pytest.mark.parametrize(

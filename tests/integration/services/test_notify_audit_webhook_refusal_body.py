@@ -23,17 +23,9 @@ from tests.integration.services.test_notify import (
     _route,
     _webhook,
 )
+from tests.integration.services.test_notify_retry_after import NOTIFY
 from tests.support.receivers import Received, webhook_server
 from tests.support.waiting import wait_until
-
-NOTIFY = """
-[notify]
-max_attempts = 5
-backoff_min_s = 0.5
-backoff_max_s = 600
-poll_s = 0.05
-lease_s = 30
-"""
 
 
 def _refusing(status: int, *, cut: bool) -> object:
