@@ -163,7 +163,15 @@ async def replay_dead_letter(
     if outcome is None:
         if not await repo.dead_letter_exists(pool, id):
             raise ApiError(DEAD_LETTER_NOT_FOUND, f"no dead letter {id}", dead_letter_id=id)
-        raise ApiError(UNAVAILABLE, "another replay holds this dead letter right now; retry")
+        # Held: by a replay (another request, another node, the command), or by the live
+        # path counting a repeat of its message, or by maintenance pruning it; it said "another
+        # replay" whoever held it.
+        raise ApiError(
+            UNAVAILABLE,
+            f"dead letter {id} is held by another transaction right now (a replay, the live "
+            "path counting a repeat of its message, or maintenance); nothing changed, retry",
+            dead_letter_id=id,
+        )
     log.info(
         "dead_letter_replayed",
         dead_letter_id=id,
@@ -186,8 +194,9 @@ async def replay_dead_letter(
     description=(
         "The letter is deleted and `dead_letter_audit` keeps what it was (topic, reason, size, "
         "SHA-256 of the whole payload, its replays) with the token's name, in one transaction. "
-        "A letter discarded already is 409 `ALREADY_DISCARDED` with who did it and when; one a "
-        "replay holds at this very moment is 409 `DEAD_LETTER_BUSY`. No request body."
+        "A letter discarded already is 409 `ALREADY_DISCARDED` with who did it and when; one "
+        "another transaction holds at this very moment (a replay, the live path counting a "
+        "repeat of its message, maintenance) is 409 `DEAD_LETTER_BUSY`. No request body."
     ),
 )
 async def discard_dead_letter(
@@ -200,7 +209,10 @@ async def discard_dead_letter(
         )
     except repo.DiscardBusyError:
         raise ApiError(
-            DEAD_LETTER_BUSY, f"a replay holds dead letter {id} right now", dead_letter_id=id
+            DEAD_LETTER_BUSY,
+            f"dead letter {id} is held by another transaction right now (a replay, the live "
+            "path counting a repeat of its message, or maintenance)",
+            dead_letter_id=id,
         ) from None
     if discarded is None:
         raise ApiError(DEAD_LETTER_NOT_FOUND, f"no dead letter {id}", dead_letter_id=id)

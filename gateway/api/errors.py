@@ -107,7 +107,8 @@ DEAD_LETTER_DISCARDED: Final = ErrorKind(
 DEAD_LETTER_BUSY: Final = ErrorKind(
     409,
     "DEAD_LETTER_BUSY",
-    "a replay holds the dead letter at this very moment (`dead_letter_id`); nothing is "
+    "another transaction (a replay, the live path counting a repeat of its message, "
+    "maintenance) holds the dead letter at this very moment (`dead_letter_id`); nothing is "
     "changed, retry",
 )
 REPLAY_CRASHED: Final = ErrorKind(
