@@ -56,8 +56,8 @@ class SchemaTooNewError(StorageError):
     def __init__(self, database_version: int, known_version: int) -> None:
         super().__init__(
             f"the database schema is at version {database_version}, but this release knows "
-            f"migrations up to {known_version} only: run the newer release (or upgrade this one); "
-            "refusing to start against a schema it does not understand"
+            f"migrations up to {known_version} only: install the new release on this node and "
+            "start it again; refusing to start against a schema it does not understand"
         )
         self.database_version = database_version
         self.known_version = known_version

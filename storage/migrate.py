@@ -74,13 +74,14 @@ def latest_version() -> int:
     return shipped[-1].version if shipped else 0
 
 
-async def migrate(conn: asyncpg.Connection) -> list[int]:
-    """Apply every missing migration; return the versions applied by this call.
+async def migrate(conn: asyncpg.Connection, migrations: list[Migration] | None = None) -> list[int]:
+    """Apply every missing migration (``migrations``: this release's, unless given); return
+    the versions applied by this call.
 
     Several nodes may start at once: the advisory lock makes all but one wait, and they
     then find nothing left to do. Each migration commits together with its record.
     """
-    shipped = shipped_migrations()
+    shipped = shipped_migrations() if migrations is None else migrations
     await conn.execute(LOCK, MIGRATION_LOCK_KEY, timeout=MIGRATION_TIMEOUT_S)
     try:
         await conn.execute(CREATE_TABLE)

@@ -11,6 +11,7 @@ from typing import Final
 import asyncpg
 
 from gateway.domain.errors import StartupError
+from storage.errors import SchemaTooNewError
 from storage.pool import describe, user_of
 
 DSN_SETTING: Final = "[database] dsn (or GATEWAY_DATABASE_DSN)"
@@ -33,6 +34,19 @@ def refused(dsn: str, exc: Exception) -> StartupError:
     else:
         what = f"the database at {where} refused role {user_of(dsn) or '(default)'!r} ({exc})"
     return StartupError(what, setting=DSN_SETTING, configuration=True)
+
+
+# What a node of an older release does about a schema a newer one migrated: nothing but be
+# replaced by the new release (docs/deploying.md#upgrading).
+SCHEMA_SETTING: Final = "the gateway release installed on this node (upgrade it)"
+
+
+def schema_too_new(exc: SchemaTooNewError) -> StartupError:
+    """A start against a schema a newer release migrated: final (exit 2). Restarted, the same
+    release refuses again: as exit 1 it was restarted every ``RestartSec`` for as long as the
+    node was not upgraded, one ``startup_failed`` line each time (systemd's start limit, 5
+    starts in 10 s, is not reached at one start every 2 s plus the start's own time)."""
+    return StartupError(str(exc), setting=SCHEMA_SETTING, configuration=True)
 
 
 def session_not_kept(where: str) -> StartupError:
