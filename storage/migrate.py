@@ -21,6 +21,9 @@ MIGRATION_LOCK_KEY: Final = 0x67772D6D69677200
 # at that bound was rolled back and retried, cancelled again, for ever. No practical bound:
 # a week (asyncpg cannot lift a connection's command timeout for one call).
 MIGRATION_TIMEOUT_S: Final = 7 * 24 * 3600.0
+# Notified (payload: the version) at the commit of every migration applied: the running nodes
+# LISTEN on it, and one whose release knows fewer migrations stops (gateway.runtime.schema_watch).
+MIGRATED_CHANNEL: Final = "schema_migrated"
 _FILE_NAME: Final = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
 _Q = load_queries("migrations.sql")
 CREATE_TABLE, LOCK, UNLOCK, APPLIED, RECORD = (
@@ -79,7 +82,8 @@ async def migrate(conn: asyncpg.Connection, migrations: list[Migration] | None =
     the versions applied by this call.
 
     Several nodes may start at once: the advisory lock makes all but one wait, and they
-    then find nothing left to do. Each migration commits together with its record.
+    then find nothing left to do. Each migration commits together with its record and a
+    NOTIFY on ``MIGRATED_CHANNEL``, which the running nodes hear at that commit.
     """
     shipped = shipped_migrations() if migrations is None else migrations
     await conn.execute(LOCK, MIGRATION_LOCK_KEY, timeout=MIGRATION_TIMEOUT_S)
@@ -107,6 +111,7 @@ async def migrate(conn: asyncpg.Connection, migrations: list[Migration] | None =
                     migration.checksum,
                     timeout=MIGRATION_TIMEOUT_S,
                 )
+                await conn.execute(_Q["notify_migrated"], MIGRATED_CHANNEL, str(migration.version))
             done.append(migration.version)
         return done
     finally:

@@ -596,6 +596,11 @@ async def _run(config: Config, args: argparse.Namespace) -> int:
         await daemon.run(stop)
     finally:
         freezing.cancel()
+    if daemon.schema_upgraded is not None:
+        from gateway.runtime.schema_watch import EXIT_SCHEMA_UPGRADED
+
+        # Restarted by the units (Restart=on-failure): see runtime/schema_watch.
+        return EXIT_SCHEMA_UPGRADED
     return EXIT_OK
 
 

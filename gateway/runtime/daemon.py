@@ -35,6 +35,7 @@ from gateway.runtime.failures import (
     http_error,
 )
 from gateway.runtime.logging import set_secrets
+from gateway.runtime.schema_watch import EXIT_SCHEMA_UPGRADED, SchemaWatch
 from gateway.runtime.sdnotify import Notifier
 from gateway.runtime.startup import Startup
 from gateway.runtime.supervision import Watchdog
@@ -92,6 +93,10 @@ class Daemon:
         self.publisher = SessionPublisher(lambda: self.session)
         self.broker = BrokerLink(self.publisher.up)
         self._starting: str | None = "starting"
+        # The schema's version once a newer release migrated it while this node ran (it stops;
+        # `gateway run` exits EXIT_SCHEMA_UPGRADED): see runtime/schema_watch.
+        self.schema_upgraded: int | None = None
+        self.schema_watch: SchemaWatch | None = None
         # The broker and the database found (or started), the pool migrated (runtime/startup).
         self.startup = Startup(
             config,
@@ -234,10 +239,14 @@ class Daemon:
             # rules until the next SIGHUP, its log saying `config_reloaded`.)
             self.reload(self.config)
         self.starting = f"connecting to the broker at {_addresses(endpoints)}"
+        watch = self.schema_watch = SchemaWatch(
+            pool, node.dsn, on_newer=lambda version: self._schema_upgraded(version, stop)
+        )
         deadline: asyncio.Task[None] | None = None
         try:
             async with asyncio.TaskGroup() as tasks:
                 writer_task = tasks.create_task(parts.writer.run(), name="ingest-writer")
+                tasks.create_task(watch.run(stop), name="schema-watch")
                 for name, loop in parts.loops:
                     tasks.create_task(loop(stop), name=name)
                 if hub is not None:
@@ -263,6 +272,30 @@ class Daemon:
             if deadline is not None:
                 deadline.cancel()
         log.info("daemon_stopped", offline_published=OFFLINE.decode())
+
+    def _schema_upgraded(self, version: int, stop: asyncio.Event) -> None:
+        """A newer release migrated the schema under this node: it stops as at SIGTERM (the
+        batches under way committed and acknowledged, the rest left to the broker for the
+        nodes that know the schema; the offline status published)."""
+        if self.schema_upgraded is not None:
+            return
+        self.schema_upgraded = version
+        known = self.schema_watch.known if self.schema_watch is not None else 0
+        log.critical(
+            "schema_upgraded_by_newer_release",
+            database_version=version,
+            known_version=known,
+            release=gateway_version(),
+            action="install the new release on this node and restart it; stopping now "
+            "(as at SIGTERM) rather than run against a schema this release does not understand",
+            exit_status=EXIT_SCHEMA_UPGRADED,
+        )
+        self.notifier.stopping()
+        self.notifier.status(
+            f"node {self.node_id}: stopping, the schema was migrated to {version} by a newer "
+            f"release (this one knows {known}): install it and restart"
+        )
+        stop.set()
 
     async def _journal_clean_stop(self, writer: IngestWriter) -> None:
         """Tell the crash-loop breaker this stop was no death: whatever was in flight did not

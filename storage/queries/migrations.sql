@@ -23,6 +23,11 @@ SELECT version, name, checksum FROM schema_migration ORDER BY version;
 -- $1 version, $2 name, $3 checksum.
 INSERT INTO schema_migration (version, name, checksum) VALUES ($1, $2, $3);
 
+-- name: notify_migrated
+-- $1 channel, $2 the version just recorded (text); sent at the commit of its migration, to every
+-- running node (gateway.runtime.schema_watch): an older release among them stops.
+SELECT pg_notify($1, $2);
+
 -- name: migration_table_exists
 -- no parameters; false on a database never migrated.
 SELECT to_regclass('schema_migration') IS NOT NULL;
