@@ -748,15 +748,15 @@ async def _embedded_db(config: Config, _args: argparse.Namespace) -> int:
 
 
 async def _migrate(config: Config, _args: argparse.Namespace) -> int:
-    from gateway.runtime.failures import schema_too_new
-    from storage.errors import SchemaTooNewError, StorageError
+    from gateway.runtime.failures import release_refused
+    from storage.errors import MigrationChecksumError, SchemaTooNewError, StorageError
     from storage.migrate import migrate
 
     async with _database(config, schema=False) as pool, pool.acquire() as conn:
         try:
             applied = await migrate(conn)
-        except SchemaTooNewError as exc:
-            raise schema_too_new(exc) from None
+        except (SchemaTooNewError, MigrationChecksumError) as exc:
+            raise release_refused(exc) from None
         except StorageError as exc:
             raise StartupError(str(exc)) from exc
     print(f"applied migrations: {applied}" if applied else "database schema is up to date")

@@ -11,7 +11,7 @@ from typing import Final
 import asyncpg
 
 from gateway.domain.errors import StartupError
-from storage.errors import SchemaTooNewError
+from storage.errors import MigrationChecksumError, SchemaTooNewError
 from storage.pool import describe, user_of
 
 DSN_SETTING: Final = "[database] dsn (or GATEWAY_DATABASE_DSN)"
@@ -47,6 +47,20 @@ def schema_too_new(exc: SchemaTooNewError) -> StartupError:
     node was not upgraded, one ``startup_failed`` line each time (systemd's start limit, 5
     starts in 10 s, is not reached at one start every 2 s plus the start's own time)."""
     return StartupError(str(exc), setting=SCHEMA_SETTING, configuration=True)
+
+
+def release_refused(exc: SchemaTooNewError | MigrationChecksumError) -> StartupError:
+    """What the installed release cannot run against: a schema a newer one migrated, or a
+    migration applied other than the one it ships (a release built from edited migrations,
+    an install patched by hand). Final (exit 2) either way: every start refuses it alike, and
+    as exit 1 it was restarted every ``RestartSec`` for good."""
+    if isinstance(exc, SchemaTooNewError):
+        return schema_too_new(exc)
+    return StartupError(
+        f"{exc}: install the release whose migrations built this database (or a newer one)",
+        setting="the gateway release installed on this node (reinstall it)",
+        configuration=True,
+    )
 
 
 def session_not_kept(where: str) -> StartupError:

@@ -23,13 +23,18 @@ from gateway.runtime.failures import (
     REFUSED_AT_CONNECT,
     check_writable,
     refused,
-    schema_too_new,
+    release_refused,
     session_not_kept,
 )
 from gateway.support.backoff import Backoff
 from gateway.support.loops import sleep_unless_stopped
 from gateway.support.metrics import Metrics
-from storage.errors import TRANSIENT_DB_ERRORS, SchemaTooNewError, StorageError
+from storage.errors import (
+    TRANSIENT_DB_ERRORS,
+    MigrationChecksumError,
+    SchemaTooNewError,
+    StorageError,
+)
 from storage.migrate import migrate
 from storage.pool import (
     alive,
@@ -285,9 +290,9 @@ class Startup:
                     # Cut, not closed: a close waits for a silent server to answer it.
                     pool.terminate()
                     return None
-            except SchemaTooNewError as exc:
+            except (SchemaTooNewError, MigrationChecksumError) as exc:
                 await pool.close()
-                raise schema_too_new(exc) from None
+                raise release_refused(exc) from None
             except StorageError as exc:
                 await pool.close()
                 raise StartupError(str(exc)) from exc
