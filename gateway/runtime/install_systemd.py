@@ -73,7 +73,10 @@ def install_units(
     """
     executable = executable or default_executable()
     if not os.access(executable, os.X_OK):
-        raise FileNotFoundError(f"{executable} is not an executable file; pass executable=")
+        raise FileNotFoundError(
+            f"{executable} is not an executable file: name the installed gateway script with "
+            "--executable (e.g. --executable /opt/gateway/venv/bin/gateway)"
+        )
     temporary = _under_private_tmp(executable)
     if temporary is not None and not allow_tmp:
         raise ValueError(
