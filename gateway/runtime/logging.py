@@ -85,7 +85,11 @@ def configure_logging(
     renderer: structlog.typing.Processor = (
         structlog.processors.JSONRenderer()
         if as_json
-        else structlog.dev.ConsoleRenderer(exception_formatter=_redacted_traceback)
+        # Colours only on a terminal: `console` under systemd (deploying.md: "plain text") put
+        # ANSI sequences around every field of every line in the journal.
+        else structlog.dev.ConsoleRenderer(
+            colors=sys.stderr.isatty(), exception_formatter=_redacted_traceback
+        )
     )
     # A traceback as a field in JSON (then redacted like any field); the console renderer
     # prints it after the line, through _redacted_traceback.
