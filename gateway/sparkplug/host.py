@@ -74,8 +74,12 @@ INVALID = "INVALID"
 RECENT = 64
 # Aliases and metric names of the edge nodes' births a host holds between batches, in all
 # (about 0.16 KB each decoded, tracemalloc: ~8 MB); past that the least recently used
-# node's are dropped, and read again by its next batch.
+# node's are dropped, and read again by its next batch. A node counts NODE_HELD_COST of
+# them itself, and each of its devices one: a node with nothing born (met by data only, or
+# born with no metric) still costs its key, its token and two dicts, ~0.4 KB, and churning
+# node names (renamed, replaced, a random suffix) were held without bound (~30 MB for 60,000).
 HELD_BIRTHS = 50_000
+NODE_HELD_COST = 3
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 # JSON of an edge node's state (jsonb columns) and of each sample's metrics, through msgspec:
 # the standard library's json.dumps and json.loads were a tenth of a Sparkplug drain's CPU
@@ -139,7 +143,14 @@ class _Births:
 
     @property
     def size(self) -> int:
-        return len(self.aliases) + sum(len(names) for names in self.metrics.values())
+        """Its share of HELD_BIRTHS: the node itself, its devices, aliases and metric names."""
+        metrics = self.metrics
+        return (
+            NODE_HELD_COST
+            + len(self.aliases)
+            + len(metrics)
+            + sum(len(names) for names in metrics.values())
+        )
 
 
 def _written(
