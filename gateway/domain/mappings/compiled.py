@@ -73,6 +73,12 @@ MAX_FLATTEN_DEPTH: Final = 8
 # larger than the bound is no slower than without it.
 FLAT_NAMES_HELD: Final = 4096
 TOPICS_HELD: Final = 8192
+# A topic longer than this is matched at each message, never held: ids are 64 characters at
+# most, so a fleet's topics stay well under it, while MQTT allows 65,535 bytes; a client
+# putting long, ever new names on a mapping's topic (or on any topic the node reads) had
+# them all held, 4 KB topics ~68 MB. Under it a topic held costs ~1.2 KB at most (a refused
+# id quoted by its refusal; tracemalloc), ~10 MB for TOPICS_HELD.
+TOPIC_HELD_CHARS: Final = 200
 _NAME_RE: Final = re.compile(r"^[A-Za-z0-9_-]{1,64}\Z")
 _CAPTURE_RE: Final = re.compile(r"^\{([A-Za-z_][A-Za-z0-9_]{0,31})\}\Z")
 _PLACEHOLDER_RE: Final = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)(?:\.([A-Za-z0-9_:-]+))?\}")
@@ -862,6 +868,8 @@ class Mappings:
             template = mapping.presence_device if presence else mapping.device
             device = None if template is None else _device_id(mapping, template, captures, None)
             matched = _Match(mapping, captures, presence, device)
+        if len(topic) > TOPIC_HELD_CHARS:
+            return matched
         if len(topics) >= TOPICS_HELD:
             topics.clear()
         topics[topic] = matched
