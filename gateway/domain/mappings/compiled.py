@@ -1236,9 +1236,12 @@ def _leaves(
                 name = names.get(at, _ABSENT)
                 if name is _ABSENT:
                     name = _flat_name((*keys, key))
-                    if len(names) >= FLAT_NAMES_HELD:
-                        names.clear()
-                    names[at] = name
+                    # A path left out (its name over 64 characters) is never held: its keys
+                    # may be of any length (a document as a key), new at every message.
+                    if name is not None:
+                        if len(names) >= FLAT_NAMES_HELD:
+                            names.clear()
+                        names[at] = name
                 if name is not None:
                     yield name, value  # type: ignore[misc]
 
