@@ -48,6 +48,9 @@ RELEASE_KEYS = _Q["release_keys"]
 LINK_SUPERSEDED_MANY = _Q["link_superseded_many"]
 INSERT_SUPERSEDE_AUDITS = _Q["insert_supersede_audits"]
 SILENT_DEVICES = _Q["silent_devices"]
+# Silent devices read per statement: a fleet that churns ids leaves rows that never speak
+# again, and those a rule's selector leaves out are read at every pass (~0.3 KB each).
+SILENT_PAGE = 1000
 LOCK_UNHEARD = _Q["lock_unheard"]
 UNCLEARED_INACTIVITY_RULES = _Q["uncleared_inactivity_rules"]
 DELAYED = _Q["delayed"]
@@ -451,13 +454,16 @@ async def silent_devices(
     breaks_ended: Sequence[float] = (),
     configured: Sequence[str] = (),
     will_windows: Sequence[tuple[float, float]] = (),
+    after: str = "",
+    limit: int = SILENT_PAGE,
 ) -> list[asyncpg.Record]:
     """Devices silent for `silent_seconds` of this node's listening (the breaks, each when
     it began and ended in seconds before now, left out; began inf: before the process), or
     offline (`stated`: not read within one of the `will_windows`, each (earliest, latest)
     in seconds before now; `silent`: the former); not already alarmed by `rule_key`, nor for
     the same silence by a rule no longer among the `configured` inactivity rules (by
-    default: `rule_key` alone)."""
+    default: `rule_key` alone). A page: `limit` at most, those after the device id `after`,
+    by id."""
     return list(
         await conn.fetch(
             SILENT_DEVICES,
@@ -468,6 +474,8 @@ async def silent_devices(
             list(configured) or [rule_key],
             [earliest for earliest, _ in will_windows],
             [latest for _, latest in will_windows],
+            after,
+            limit,
         )
     )
 

@@ -108,54 +108,63 @@ class InactivityMonitor:
         configured = [rule.key for rule in rules]
         self._deaf_for_s = None
         for rule in rules:
-            async with self.pool.acquire() as conn:
-                # Read at the last moment before the query, once the connection is had: the
-                # wait for it (a busy pool), or the rules before this one, may have outlasted
-                # the session. Read before them, the break its loss began was not left out,
-                # and a device whose reports waited at the broker was alarmed silent.
-                heard = ALWAYS if self.hearing is None else self.hearing(longest)
-                listening = heard.listening_s
-                began = [b for b, _ in heard.breaks]
-                ended = [e for _, e in heard.breaks]
-                unsaid = will_windows(heard, REHEAR_S)
-                needed = min(rule.silent_seconds, REHEAR_S)
-                deaf = listening < needed
-                if deaf:
-                    wait = needed - listening
-                    self._deaf_for_s = min(wait, self._deaf_for_s or wait)
-                silent = await repo.silent_devices(
-                    conn,
-                    rule.silent_seconds,
-                    rule.key,
-                    breaks_began=began,
-                    breaks_ended=ended,
-                    configured=configured,
-                    will_windows=unsaid,
-                )
-            for device in silent:
-                device_id = device["device_id"]
-                if not rule.selector.matches(device_id):
-                    continue
-                since = device["last_seen"]
-                if device["stated"]:
-                    since = device["presence_at"]
-                    reason = "presence offline"
-                elif deaf or not device["silent"]:
-                    # Not heard, but not listened to for long enough either; or a Will read
-                    # about a break of the session, the device not silent (yet).
-                    continue
-                else:
-                    reason = f"silent for more than {rule.silent_seconds:g}s"
-                alarm_id = await self._raise(
-                    rule,
-                    device_id,
-                    since,
-                    reason,
-                    last_seen=device["last_seen"],
-                    configured=configured,
-                )
-                if alarm_id is not None:
-                    raised.append(alarm_id)
+            # Page by page (by device id): a fleet that churns ids leaves rows that never
+            # speak again, and those the rule's selector leaves out come back at every pass.
+            after = ""
+            while True:
+                async with self.pool.acquire() as conn:
+                    # Read at the last moment before the query, once the connection is had:
+                    # the wait for it (a busy pool), or the rules (or pages) before this one,
+                    # may have outlasted the session. Read before them, the break its loss
+                    # began was not left out, and a device whose reports waited at the broker
+                    # was alarmed silent.
+                    heard = ALWAYS if self.hearing is None else self.hearing(longest)
+                    listening = heard.listening_s
+                    began = [b for b, _ in heard.breaks]
+                    ended = [e for _, e in heard.breaks]
+                    unsaid = will_windows(heard, REHEAR_S)
+                    needed = min(rule.silent_seconds, REHEAR_S)
+                    deaf = listening < needed
+                    if deaf:
+                        wait = needed - listening
+                        self._deaf_for_s = min(wait, self._deaf_for_s or wait)
+                    silent = await repo.silent_devices(
+                        conn,
+                        rule.silent_seconds,
+                        rule.key,
+                        breaks_began=began,
+                        breaks_ended=ended,
+                        configured=configured,
+                        will_windows=unsaid,
+                        after=after,
+                    )
+                for device in silent:
+                    device_id = device["device_id"]
+                    if not rule.selector.matches(device_id):
+                        continue
+                    since = device["last_seen"]
+                    if device["stated"]:
+                        since = device["presence_at"]
+                        reason = "presence offline"
+                    elif deaf or not device["silent"]:
+                        # Not heard, but not listened to for long enough either; or a Will
+                        # read about a break of the session, the device not silent (yet).
+                        continue
+                    else:
+                        reason = f"silent for more than {rule.silent_seconds:g}s"
+                    alarm_id = await self._raise(
+                        rule,
+                        device_id,
+                        since,
+                        reason,
+                        last_seen=device["last_seen"],
+                        configured=configured,
+                    )
+                    if alarm_id is not None:
+                        raised.append(alarm_id)
+                if len(silent) < repo.SILENT_PAGE:
+                    break
+                after = silent[-1]["device_id"]
         return raised
 
     async def _raise(

@@ -254,7 +254,8 @@ WHERE active_key IS NOT NULL AND cleared_at IS NULL AND trigger ? 'silent_since'
 -- resumes with, or the retained status read at the subscribe, was published while the node
 -- did not listen. By its receipt, or presence_at where no receipt is known. Such an
 -- `offline` is no statement (`stated` false): the device is judged by its silence
--- (`silent`), as one not heard.
+-- (`silent`), as one not heard. $8 and $9: a page, the devices after that id (keyset on the
+-- primary key), that many at most.
 SELECT d.device_id, d.last_seen, d.presence, d.presence_at, o.stated, w.silent
 FROM device d,
      LATERAL (SELECT extract(epoch FROM now() - d.last_seen)::float8 AS age) AS s,
@@ -270,7 +271,8 @@ FROM device d,
          SELECT w.offline AND NOT EXISTS (
                     SELECT 1 FROM unnest($6::float8[], $7::float8[]) AS u(earliest, latest)
                     WHERE w.r BETWEEN u.latest AND u.earliest) AS stated) AS o
-WHERE d.bound
+WHERE d.device_id > $8
+  AND d.bound
   AND (o.stated OR w.silent)
   AND NOT EXISTS (
       SELECT 1 FROM alarm a
@@ -283,7 +285,8 @@ WHERE d.bound
                  AND NOT coalesce((a.trigger -> 'inactivity_rules') ? $2, false)))
         AND a.triggered_at >= d.last_seen
         AND (a.trigger ->> 'silent_since')::timestamptz >= d.last_seen)
-ORDER BY d.device_id;
+ORDER BY d.device_id
+LIMIT $9;
 
 -- name: lock_unheard
 -- $1 device id, $2 the last_seen its silence was judged from; the device's row, locked FOR
