@@ -41,6 +41,21 @@ DEAD_LETTER_MAX_BYTES = 65536
 PROCESSING_FAILED = "PROCESSING_FAILED"
 
 
+# The kinds of topic zero-length messages are counted by (gateway_empty_messages_total{kind}):
+# a reading's topic (native or a mapping's), a presence topic (native status or a mapping's),
+# a command receipt's, and any other (a topic the gateway does not read, a bad device id).
+EMPTY_TELEMETRY = "telemetry"
+EMPTY_STATUS = "status"
+EMPTY_ACKS = "acks"
+EMPTY_OTHER = "other"
+EMPTY_KINDS = (EMPTY_TELEMETRY, EMPTY_STATUS, EMPTY_ACKS, EMPTY_OTHER)
+_EMPTY_KIND: dict[TopicKind, str] = {
+    TopicKind.TELEMETRY: EMPTY_TELEMETRY,
+    TopicKind.STATUS: EMPTY_STATUS,
+    TopicKind.ACKS: EMPTY_ACKS,
+}
+
+
 class Acker(Protocol):
     def ack(self, message: Any, /) -> bool: ...
 
@@ -96,6 +111,9 @@ class Classified:
     # The radio frame of each mapped reading that names one (by its index in ``telemetry``):
     # its device and identity, for the retransmission check (gateway.ingest.store).
     frames: dict[int, tuple[str, str]] = field(default_factory=dict)
+    # Zero-length messages (MQTT's clearing of a retained message, or a device sending
+    # nothing), by the kind of topic (EMPTY_KINDS): no reading, no statement, no dead letter.
+    empty: dict[str, int] = field(default_factory=dict)
 
 
 class MessageDecoder:
@@ -221,6 +239,13 @@ class MessageDecoder:
         if self.sparkplug and sparkplug.is_topic(item.topic):
             self._classify_sparkplug(out, item)
             return
+        if not item.payload and item.size is None:
+            # Zero bytes: a retained message cleared (Zigbee2MQTT removing a device, an
+            # operator's `mosquitto_pub -r -n`), which the broker hands to subscribers too. Not
+            # the device speaking: no reading, no presence, not heard, no dead letter.
+            kind = self._empty_kind(item)
+            out.empty[kind] = out.empty.get(kind, 0) + 1
+            return
         if self.mappings and self._classify_mapped(out, item):
             return
         target = item.device_topic
@@ -266,6 +291,20 @@ class MessageDecoder:
                 )
         except DecodeError as exc:
             out.dead_letters.append(self.dead_letter(item, exc.code, exc.detail))
+
+    def _empty_kind(self, item: Inbound) -> str:
+        """The kind of topic an empty message came on (one of EMPTY_KINDS)."""
+        if self.mappings:
+            presence = self.mappings.presence(item.topic)
+            if presence is not None:
+                return EMPTY_STATUS if presence else EMPTY_TELEMETRY
+        kind = item.device_topic
+        if kind is None:
+            try:
+                kind = self.topics.split_device_topic(item.topic)
+            except TopicError:
+                return EMPTY_OTHER
+        return _EMPTY_KIND.get(kind[0], EMPTY_OTHER)
 
     def _classify_sparkplug(self, out: Classified, item: Inbound) -> None:
         """A Sparkplug B message: parsed here, judged against the edge node's stored state in

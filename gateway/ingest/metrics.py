@@ -29,6 +29,14 @@ class IngestMetrics(MetricSet):
             "and reconnection), not read: no report of the device (docs/devices.md)",
             registry=r,
         )
+        self.empty_messages = Counter(
+            "gateway_empty_messages",
+            "Zero-length messages (a retained message cleared, or a device sending nothing), "
+            "acknowledged and not read, by the kind of topic: telemetry, status, acks, other "
+            "(docs/topics-and-payloads.md)",
+            ["kind"],
+            registry=r,
+        )
         self.presence_updates = Counter(
             "gateway_presence_updates", "Device presence messages applied", registry=r
         )

@@ -88,6 +88,10 @@ async def _replay_once(
         if letter.truncated:
             # Only its first bytes were kept: there is nothing whole to ingest.
             outcome, succeeded = "truncated", False
+        elif classified.empty:
+            # Zero bytes (a retained message cleared), a letter until this release: nothing
+            # to ingest, and nothing wrong.
+            outcome, succeeded = "empty", True
         elif classified.dead_letters:
             outcome, succeeded = f"still_invalid: {classified.dead_letters[0].reason}", False
         elif classified.receipts and letter.replayed_at is not None:

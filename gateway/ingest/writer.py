@@ -485,6 +485,8 @@ class IngestWriter:
         m.presence_updates.inc(result.presence)
         if batch.retained_copies:
             m.retained_copies.inc(batch.retained_copies)
+        for kind, count in batch.empty.items():
+            m.empty_messages.labels(kind).inc(count)
         outcome = result.sparkplug
         if outcome is not None:
             sm = self.sparkplug_metrics

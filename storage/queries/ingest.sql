@@ -190,7 +190,7 @@ WHERE device_id = ANY($1::text[])
   AND (presence_at > $2 OR last_seen > $2 OR presence_received_at > $2);
 
 -- name: mark_dead_letter_replayed
--- $1 id, $2 outcome ('stored'|'duplicate'|'presence'|'presence_superseded'|'receipt'|
+-- $1 id, $2 outcome ('stored'|'duplicate'|'presence'|'presence_superseded'|'receipt'|'empty'|
 -- 'still_invalid: <code>'|'truncated'), $3 succeeded.
 UPDATE dead_letter
 SET replay_count = replay_count + 1,

@@ -852,6 +852,12 @@ class Mappings:
     def matches(self, topic: str) -> bool:
         return self._matched(topic) is not None
 
+    def presence(self, topic: str) -> bool | None:
+        """Whether the mapping that reads ``topic`` reads it as presence (False: as
+        readings); None when no mapping matches."""
+        found = self._matched(topic)
+        return None if found is None else found.presence
+
     def _matched(self, topic: str) -> _Match | None:
         """``_match`` with the device id the topic alone names, held per topic: a fleet's
         devices publish on the same topics again and again (a match and the id's checks cost
