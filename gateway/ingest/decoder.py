@@ -43,12 +43,14 @@ PROCESSING_FAILED = "PROCESSING_FAILED"
 
 # The kinds of topic zero-length messages are counted by (gateway_empty_messages_total{kind}):
 # a reading's topic (native or a mapping's), a presence topic (native status or a mapping's),
-# a command receipt's, and any other (a topic the gateway does not read, a bad device id).
+# a command receipt's, a Sparkplug B one (data, birth or death), and any other (a topic the
+# gateway does not read, a bad device id).
 EMPTY_TELEMETRY = "telemetry"
 EMPTY_STATUS = "status"
 EMPTY_ACKS = "acks"
+EMPTY_SPARKPLUG = "sparkplug"
 EMPTY_OTHER = "other"
-EMPTY_KINDS = (EMPTY_TELEMETRY, EMPTY_STATUS, EMPTY_ACKS, EMPTY_OTHER)
+EMPTY_KINDS = (EMPTY_TELEMETRY, EMPTY_STATUS, EMPTY_ACKS, EMPTY_SPARKPLUG, EMPTY_OTHER)
 _EMPTY_KIND: dict[TopicKind, str] = {
     TopicKind.TELEMETRY: EMPTY_TELEMETRY,
     TopicKind.STATUS: EMPTY_STATUS,
@@ -311,6 +313,12 @@ class MessageDecoder:
         the batch's transaction. STATE and other hosts' commands are not for ingest."""
         parts = item.topic.split("/", 3)
         if len(parts) >= 2 and parts[1] == sparkplug.STATE:
+            return
+        if not item.payload and item.size is None:
+            # Zero bytes: no edge node's (Sparkplug 3.0: each of its messages carries a seq, an
+            # NDEATH its bdSeq), a tool clearing a retained topic. Read, it was a birth of no
+            # metrics, a death, or data without a seq (the node distrusted, a rebirth asked).
+            out.empty[EMPTY_SPARKPLUG] = out.empty.get(EMPTY_SPARKPLUG, 0) + 1
             return
         try:
             target = sparkplug.parse_topic(item.topic)

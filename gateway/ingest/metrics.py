@@ -32,8 +32,8 @@ class IngestMetrics(MetricSet):
         self.empty_messages = Counter(
             "gateway_empty_messages",
             "Zero-length messages (a retained message cleared, or a device sending nothing), "
-            "acknowledged and not read, by the kind of topic: telemetry, status, acks, other "
-            "(docs/topics-and-payloads.md)",
+            "acknowledged and not read, by the kind of topic: telemetry, status, acks, sparkplug, "
+            "other (docs/topics-and-payloads.md)",
             ["kind"],
             registry=r,
         )
