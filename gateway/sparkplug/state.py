@@ -226,6 +226,16 @@ class HostStateLink:
     async def _watch(self, client: aiomqtt.Client, timestamp: int) -> int:
         """The timestamp of the first offline STATE not older than this link's birth."""
         async for message in client.messages:
+            if not message.payload and not message.retain:
+                # The retained STATE cleared (`mosquitto_pub -r -n`, a clean-up sweeping retained
+                # topics): the broker holds none, and an edge node connecting from now on would
+                # wait for its primary host's online STATE before its births. The birth again,
+                # the same timestamp (edge nodes connected change nothing).
+                await client.publish(
+                    self.topic, sparkplug.state_payload(True, timestamp), qos=1, retain=True
+                )
+                log.info("sparkplug_state_restated", topic=self.topic, timestamp=timestamp)
+                continue
             state = sparkplug.parse_state(bytes(message.payload))
             if state is None:
                 continue
