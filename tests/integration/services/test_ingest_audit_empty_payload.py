@@ -19,6 +19,7 @@ from typing import Final
 import aiomqtt
 import asyncpg
 import msgspec
+import pytest
 
 from gateway.ingest import live_path
 from gateway.ingest.decoder import EMPTY_KINDS
@@ -71,11 +72,12 @@ async def _devices(db: asyncpg.Connection) -> dict[str, tuple[object, ...]]:
     return {r["device_id"]: (r["presence"], r["presence_at"], r["last_seen"]) for r in rows}
 
 
+@pytest.mark.parametrize("protocol", ["5", "3.1.1"])
 async def test_an_empty_message_is_no_reading_no_presence_and_no_dead_letter(
-    db_dsn: str, db: asyncpg.Connection, mosquitto: Mosquitto
+    db_dsn: str, db: asyncpg.Connection, mosquitto: Mosquitto, protocol: str
 ) -> None:
     port = mosquitto.port
-    config = make_config(dsn=db_dsn, mqtt_port=port, extra=MAPPINGS)
+    config = make_config(dsn=db_dsn, mqtt_port=port, protocol=protocol, extra=MAPPINGS)
     async with (
         running_daemon(config) as daemon,
         aiomqtt.Client("127.0.0.1", port, identifier="field-tools") as tools,
@@ -140,3 +142,43 @@ async def test_an_empty_letter_of_an_earlier_release_replays_as_empty(
         outcomes.append((outcome.outcome, outcome.succeeded))
     assert outcomes == [("empty", True), ("empty", True)]
     assert await db.fetchval("SELECT count(*) FROM device") == 0
+
+
+async def test_two_nodes_sharing_the_devices_keep_every_presence_through_the_clearing(
+    db_dsn: str, db: asyncpg.Connection, mosquitto: Mosquitto
+) -> None:
+    """A `$share` group of two nodes (statuses reach every node: presence is not shared): a
+    sweep clearing every device's retained status reaches both; neither takes it for a
+    statement, and each counts it."""
+    port = mosquitto.port
+    shared = 'shared_group = "gw"'
+    one = make_config(dsn=db_dsn, mqtt_port=port, node_id="node-1", mqtt_extra=shared)
+    two = make_config(dsn=db_dsn, mqtt_port=port, node_id="node-2", mqtt_extra=shared)
+    devices = [f"dev-{n}" for n in range(20)]
+    async with (
+        running_daemon(one) as first,
+        running_daemon(two) as second,
+        aiomqtt.Client("127.0.0.1", port, identifier="field-tools") as tools,
+    ):
+        for device in devices:
+            await tools.publish(f"iot/devices/{device}/status", b"online", qos=1, retain=True)
+
+        async def online() -> bool:
+            count = await db.fetchval("SELECT count(*) FROM device WHERE presence = 'online'")
+            return bool(count == len(devices))
+
+        await wait_until(online, timeout=30, message="every device online")
+        before = await _devices(db)
+        for device in devices:
+            await tools.publish(f"iot/devices/{device}/status", b"", qos=1, retain=True)
+
+        def counted() -> bool:
+            status = {"kind": "status"}
+            return all(
+                metric(daemon, "gateway_empty_messages_total", status) == len(devices)
+                for daemon in (first, second)
+            )
+
+        await wait_until(counted, timeout=30, message="every clearing counted")
+        assert await _devices(db) == before, "a cleared status changed a presence"
+        assert await db.fetchval("SELECT count(*) FROM dead_letter") == 0
