@@ -30,6 +30,10 @@ TRUNCATED: Final = "only the first bytes were kept: there is nothing whole to in
 
 def why_never_replayable(reason: str, *, size: int, kept: int) -> str | None:
     """Why replaying this letter can never ingest it; None when a replay may."""
+    if size == 0:
+        # A zero-length message an earlier release dead-lettered (`MALFORMED` on a native
+        # topic among others): a replay resolves it, `empty` (docs/topics-and-payloads.md).
+        return None
     if size > kept:
         return TRUNCATED
     return NEVER_REPLAYABLE.get(reason)
