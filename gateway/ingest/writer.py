@@ -591,8 +591,12 @@ class IngestWriter:
         """Every message as a dead letter: what the decoder said of it, or the refusal."""
         letters: list[DeadLetterRow] = []
         for item in items:
-            verdict = self.decoder.classify([item]).dead_letters
-            letters.extend(verdict or [self.decoder.dead_letter(item, STORAGE_REJECTED, detail)])
+            verdict = self.decoder.classify([item])
+            if verdict.empty:
+                continue  # zero bytes: nothing of it was refused (counted with its batch)
+            letters.extend(
+                verdict.dead_letters or [self.decoder.dead_letter(item, STORAGE_REJECTED, detail)]
+            )
         return letters
 
     @contextlib.asynccontextmanager

@@ -26,8 +26,15 @@ from gateway.ingest.decoder import EMPTY_KINDS
 from gateway.ingest.replay import replay_one
 from gateway.runtime.daemon import Daemon
 from gateway.support.metrics import Metrics
+from sim.publisher import publish_many
 from storage import ingest as repo
 from storage.ingest import DeadLetterRow
+from tests.integration.services.test_ingest_refusals import (
+    ONE_ROW_AT_A_TIME,
+    _acked,
+    _one_batch,
+)
+from tests.integration.services.test_ingest_refusals import _telemetry as _refused_telemetry
 from tests.support.daemon import make_config, metric, running_daemon
 from tests.support.mosquitto import Mosquitto
 from tests.support.waiting import wait_until
@@ -182,3 +189,34 @@ async def test_two_nodes_sharing_the_devices_keep_every_presence_through_the_cle
         await wait_until(counted, timeout=30, message="every clearing counted")
         assert await _devices(db) == before, "a cleared status changed a presence"
         assert await db.fetchval("SELECT count(*) FROM dead_letter") == 0
+
+
+async def test_a_batch_dead_lettered_whole_leaves_its_empty_messages_out(
+    db_dsn: str, db: asyncpg.Connection, mosquitto: Mosquitto
+) -> None:
+    """A batch refused ``refused_batch_attempts`` times with no message refused alone is
+    dead-lettered whole; an empty message in it is no message of it (it was a
+    ``STORAGE_REJECTED`` letter, the refusal's detail quoted for zero bytes)."""
+    await db.execute(ONE_ROW_AT_A_TIME)
+    batch = [
+        _refused_telemetry("dev-1", 1),
+        ("iot/devices/dev-3/status", b""),
+        _refused_telemetry("dev-2", 2),
+    ]
+    config = make_config(
+        dsn=db_dsn,
+        mqtt_port=mosquitto.port,
+        ingest_extra=_one_batch(3, "refused_batch_attempts = 2"),
+    )
+    async with (
+        running_daemon(config) as daemon,
+        aiomqtt.Client("127.0.0.1", mosquitto.port) as pub,
+    ):
+        await publish_many(pub, batch, window=3)
+        await wait_until(lambda: _acked(daemon) >= 3, timeout=30, message="dead-lettered")
+        assert metric(daemon, "gateway_empty_messages_total", {"kind": "status"}) == 1
+    letters = await db.fetch("SELECT topic, reason FROM dead_letter ORDER BY topic")
+    assert [tuple(r) for r in letters] == [
+        ("iot/devices/dev-1/telemetry", "STORAGE_REJECTED"),
+        ("iot/devices/dev-2/telemetry", "STORAGE_REJECTED"),
+    ]
