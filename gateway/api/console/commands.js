@@ -8,6 +8,27 @@ import { clear, el, readings, throttle, timeEl } from "./util.js";
 const OPEN = new Set(["PENDING", "CLAIMED", "SENT"]);
 const POLL_MS = 2000;
 
+// A command whose answer never came (the connection cut, a proxy's 502/504, a node restarting
+// after its COMMIT) may well have been created: the gateway knows, the page does not. Each
+// send carries an idempotency key, and the same form sent again after such an answer carries
+// the same key: the gateway answers with the command it created first (`created` false), and
+// the device is not commanded twice. A key is dropped once an answer came (a new send of the
+// same form is a new command, as asked) and never reused for another form (another device,
+// name, params or delivery would get the first command back). Sent again while the first is
+// still on its way (a slow answer, a second click), it carries the same key too.
+let unanswered = null; // { signature, key } of the last send whose outcome is not known yet
+
+function newKey() {
+  const bytes = new Uint8Array(16);
+  crypto.getRandomValues(bytes);
+  return `console-${Array.from(bytes, (b) => b.toString(16).padStart(2, "0")).join("")}`;
+}
+
+// No answer, or one from something in between that does not know what the gateway did.
+function outcomeUnknown(error) {
+  return error.status === 0 || error.status === 502 || error.status === 504;
+}
+
 // POST /commands from a form's values (params as JSON text), the device in the body: a native
 // id or a Sparkplug one (`{group}/{node}/{device}`, which no path can carry); the answer, or
 // null once the error is shown. The commands view and a device's page both send through this.
@@ -21,14 +42,24 @@ export async function sendCommand(ctx, device, { name, params, delivery }, param
     if (paramsField) paramsField.focus();
     return null;
   }
+  const body = { device_id: device, name: name.trim(), params: parsed, delivery };
+  const signature = JSON.stringify(body);
+  const key = unanswered && unanswered.signature === signature ? unanswered.key : newKey();
+  // Unknown from now until answered: Send clicked again meanwhile (a slow answer) reuses it.
+  unanswered = { signature, key };
   try {
-    const answer = await ctx.api.post("/commands", {
-      device_id: device, name: name.trim(), params: parsed, delivery,
-    });
+    const answer = await ctx.api.post("/commands", { ...body, idempotency_key: key });
+    if (unanswered && unanswered.key === key) unanswered = null;
     ctx.notify(`Command ${answer.command.id} to ${device} ${answer.created ? "created" : "already existed"} (${answer.command.status}).`, "ok");
     return answer;
   } catch (error) {
-    ctx.notify(`Could not send to ${device}: ${error.message}`);
+    // Refused or not, sending this form again reuses the key: nothing twice either way.
+    if (unanswered === null || unanswered.signature === signature) unanswered = { signature, key };
+    if (outcomeUnknown(error)) {
+      ctx.notify(`“${body.name}” to ${device}: no answer from the gateway (${error.message}), so the command may have been created. Send it again as it is: the gateway recognises it and does not create it twice.`);
+    } else {
+      ctx.notify(`Could not send to ${device}: ${error.message}`);
+    }
     return null;
   }
 }
