@@ -53,6 +53,7 @@ export class CampaignsView {
     this.countTimer = null;
     this.countReading = readings(); // the live count: only the newest selector's answer
     this.pending = null;
+    this.unanswered = null; // { signature, key } of a start whose answer never came
     this.create.elements.selector.addEventListener("input", () => {
       clearTimeout(this.countTimer);
       this.countTimer = setTimeout(() => this.count(), COUNT_DELAY_MS);
@@ -133,9 +134,13 @@ export class CampaignsView {
       f.selector.focus();
       return;
     }
-    const body = { name, params, delivery: f.delivery.value, targets: { selector: selector.split(",") }, idempotency_key: newKey() };
+    const body = { name, params, delivery: f.delivery.value, targets: { selector: selector.split(",") } };
     if (perMinute !== null) body.rollout = { per_minute: perMinute };
     if (percent !== null) body.abort = { failure_ratio: percent / 100, min_finished: minFinished };
+    // The same campaign reviewed again after a start whose answer never came: the same key,
+    // so that starting it again cannot start it twice.
+    const signature = JSON.stringify(body);
+    body.idempotency_key = this.unanswered && this.unanswered.signature === signature ? this.unanswered.key : newKey();
     this.pending = { body, count: counted.count };
     const n = counted.count;
     document.getElementById("campaign-confirm-text").textContent =
@@ -164,19 +169,28 @@ export class CampaignsView {
     const { body, count } = this.pending;
     const button = document.getElementById("campaign-start");
     button.disabled = true;
+    const { idempotency_key: key, ...asked } = body;
     let answer;
     try {
       answer = await this.ctx.api.post("/campaigns", body);
     } catch (error) {
+      button.disabled = false;
+      if (error.status === 0 || error.status === 502 || error.status === 504) {
+        // No answer, or one from something in between: the gateway may well have started it.
+        this.unanswered = { signature: JSON.stringify(asked), key };
+        this.ctx.notify(`“${body.name}”: no answer from the gateway (${error.message}), so the campaign may have started. Start campaign again as it is: the gateway recognises it and does not start it twice.`);
+        return;
+      }
       const detail = error.code === "NO_TARGETS" ? " (the selector picks no device now)" : "";
       this.ctx.notify(`Could not start the campaign: ${error.message}${detail}`);
-      button.disabled = false;
       return;
     }
     button.disabled = false;
+    this.unanswered = null;
     const campaign = answer.campaign;
     const differs = campaign.total !== count ? ` (${count} matched when you reviewed it)` : "";
-    this.ctx.notify(`Campaign #${campaign.id} “${campaign.name}” started: ${campaign.total} command${campaign.total === 1 ? "" : "s"}${differs}.`, "ok");
+    const what = answer.created ? "started" : "already started by the earlier Start, not started again";
+    this.ctx.notify(`Campaign #${campaign.id} “${campaign.name}” ${what}: ${campaign.total} command${campaign.total === 1 ? "" : "s"}${differs}.`, "ok");
     this.confirm.hidden = true;
     this.pending = null;
     this.create.reset();
