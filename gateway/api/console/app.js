@@ -19,6 +19,9 @@ const $ = (id) => document.getElementById(id);
 const state = { api: null, me: null, stream: null, views: null, section: null };
 
 function notify(message, kind = "error") {
+  // Signed out (the token refused, or Sign out): the sign-in says what there is to say; a
+  // view's read that failed for it ("Commands: …") is no news beside it.
+  if (state.api === null) return;
   const box = $("notice");
   box.textContent = message;
   box.className = kind === "ok" ? "notice ok" : "notice";
@@ -46,6 +49,10 @@ function showSignIn(message) {
   state.stream = null;
   state.api = null;
   state.me = null;
+  // The views' own timers stop (the commands' read every 2 s, the deliveries' every 3 or
+  // 10 s): signed out, nothing is read until someone signs in again.
+  if (state.views) for (const view of Object.values(state.views)) if (view.hide) view.hide();
+  state.section = null;
   sessionStorage.removeItem(TOKEN_KEY);
   $("sign-in").hidden = false;
   $("nav").hidden = true;

@@ -58,6 +58,11 @@ export class NotificationsView {
 
   refresh() { return this.show(); }
 
+  hide() {
+    clearTimeout(this.poll);
+    this.poll = null;
+  }
+
   async loadDeliveries(append) {
     const form = new FormData(this.filters);
     const params = {
