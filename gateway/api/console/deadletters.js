@@ -11,6 +11,11 @@ const HEX_ROW = 8;
 // The outcomes of a replay that ingested nothing (the API's `succeeded` says so too).
 const FAILED = /^(still_invalid|truncated)/;
 
+// No answer, or one from something in between that does not know what the gateway did.
+function outcomeUnknown(error) {
+  return error.status === 0 || error.status === 502 || error.status === 504;
+}
+
 // A hex dump: offset, HEX_ROW bytes in hex, the same bytes as ASCII (a dot for the rest).
 function hexDump(hex) {
   const lines = [];
@@ -161,13 +166,38 @@ export class DeadLettersView {
     d.querySelector("h3").focus();
   }
 
+  // What the gateway's record of the letter says now: the letter, null when it is gone, or
+  // undefined when that cannot be read either.
+  async reread(id) {
+    try {
+      return await this.ctx.api.get(`/dead-letters/${id}`);
+    } catch (error) {
+      return error.status === 404 ? null : undefined;
+    }
+  }
+
   async replay(id) {
+    const shown = this.items.find((l) => l.id === id);
+    const before = shown ? shown.replay_count : null;
     let answer;
     try {
       answer = await this.ctx.api.post(`/dead-letters/${id}/replay`);
     } catch (error) {
-      this.ctx.notify(`Could not replay dead letter ${id}: ${error.message}`);
+      if (!outcomeUnknown(error)) {
+        this.ctx.notify(`Could not replay dead letter ${id}: ${error.message}`);
+      } else {
+        // No answer: the gateway may well have replayed it. Its record of the letter says.
+        const letter = await this.reread(id);
+        if (letter && before !== null && letter.replay_count > before) {
+          const lost = " (its answer was lost on the way: the letter's record says so)";
+          if (FAILED.test(letter.replay_outcome || "")) this.ctx.notify(`Replay of dead letter ${id} failed: ${letter.replay_outcome}. The letter stays${lost}.`);
+          else this.ctx.notify(`Dead letter ${id} replayed: ${letter.replay_outcome}${lost}.`, "ok");
+        } else {
+          this.ctx.notify(`Dead letter ${id}: no answer from the gateway (${error.message}); its record shows no new replay yet. Look at its Replayed column before replaying it again.`);
+        }
+      }
       await this.load(false);
+      if (this.selected === id) await this.open(id);
       return;
     }
     if (answer.succeeded) this.ctx.notify(`Dead letter ${id} replayed: ${answer.outcome}.`, "ok");
@@ -181,8 +211,19 @@ export class DeadLettersView {
       const answer = await this.ctx.api.delete(`/dead-letters/${id}`);
       this.ctx.notify(`Dead letter ${id} discarded by ${answer.discarded_by}.`, "ok");
     } catch (error) {
-      const who = error.code === "ALREADY_DISCARDED" ? ` (${error.body.actor} did, first)` : "";
-      this.ctx.notify(`Could not discard dead letter ${id}: ${error.message}${who}`);
+      if (outcomeUnknown(error)) {
+        // No answer: the gateway may well have discarded it. Whether the letter is still there says.
+        const letter = await this.reread(id);
+        if (letter === null) {
+          this.ctx.notify(`Dead letter ${id} discarded: it is gone (the answer was lost on the way; the audit says who discarded it).`, "ok");
+        } else {
+          this.ctx.notify(`Dead letter ${id}: no answer from the gateway (${error.message}); ${letter ? "the letter is still there: Discard it again" : "whether it was discarded is not known yet"}.`);
+          if (letter && this.selected === id) { await this.load(false); await this.open(id); return; }
+        }
+      } else {
+        const who = error.code === "ALREADY_DISCARDED" ? ` (${error.body.actor} did, first)` : "";
+        this.ctx.notify(`Could not discard dead letter ${id}: ${error.message}${who}`);
+      }
     }
     this.close();
     // The address follows without a hashchange (which would redraw and hide the notice).
