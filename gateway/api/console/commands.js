@@ -7,6 +7,8 @@ import { clear, el, readings, throttle, timeEl } from "./util.js";
 
 const OPEN = new Set(["PENDING", "CLAIMED", "SENT"]);
 const POLL_MS = 2000;
+const PAGE = 50;
+const LIMIT_MAX = 500; // the API's largest page
 
 // A command whose answer never came (the connection cut, a proxy's 502/504, a node restarting
 // after its COMMIT) may well have been created: the gateway knows, the page does not. Each
@@ -72,10 +74,15 @@ export class CommandsView {
     this.create = document.getElementById("command-create");
     this.body = document.querySelector("#command-table tbody");
     this.empty = document.getElementById("command-empty");
+    this.more = document.getElementById("command-more");
     this.device = null;
     this.status = "";
     this.items = [];
+    this.next = null; // `before` for the next older page; null when none is left
+    this.listed = null; // the device and status the rows shown are of
+    this.appending = false;
     this.poll = null;
+    this.more.addEventListener("click", () => this.older());
     this.refreshSoon = throttle(() => this.load(), 200);
     this.pick.addEventListener("submit", (event) => {
       event.preventDefault();
@@ -109,26 +116,63 @@ export class CommandsView {
     this.poll = null;
   }
 
+  // The list read again from the newest: for the device and status shown, down to the oldest
+  // row shown (the older pages loaded included: rows arrived meanwhile push none of them out),
+  // or the first page for another device or status.
   async load() {
     const device = this.device;
     const status = this.status;
-    // One device's (native or Sparkplug) or the fleet's, of one status or all.
-    const path = `/commands${query({ limit: 50, device: device || undefined, status: status || undefined })}`;
+    const listed = `${device || ""}\n${status}`;
+    const oldest = listed === this.listed && this.items.length > PAGE
+      ? Math.min(...this.items.map((c) => c.id)) : null;
+    const keptNext = this.next;
     const current = this.reading();
-    let page;
+    const items = [];
+    let next = null;
     try {
-      page = await this.ctx.api.get(path);
+      let before = null;
+      for (;;) {
+        // One device's (native or Sparkplug) or the fleet's, of one status or all.
+        const limit = oldest === null ? PAGE : Math.min(Math.max(PAGE, this.items.length - items.length + 10), LIMIT_MAX);
+        const page = await this.ctx.api.get(`/commands${query({ limit, device: device || undefined, status: status || undefined, before })}`);
+        if (oldest === null) { items.push(...page.items); next = page.next_before ?? null; break; }
+        items.push(...page.items.filter((c) => c.id >= oldest));
+        before = page.next_before ?? null;
+        if (before === null || page.items.some((c) => c.id <= oldest)) { next = before === null && !page.items.some((c) => c.id < oldest) ? null : keptNext; break; }
+      }
     } catch (error) {
       if (current()) this.ctx.notify(`Commands${device ? ` of ${device}` : ""}: ${error.message}`);
       return;
     }
     if (!current()) return;
-    this.items = page.items;
+    this.items = items;
+    this.next = next;
+    this.listed = listed;
     this.render();
-    clearTimeout(this.poll);
-    if (this.items.some((c) => OPEN.has(c.status)) && this.ctx.current() === "commands") {
-      this.poll = setTimeout(() => this.load(), POLL_MS);
+  }
+
+  // The next older page, after the rows shown (keyset: by id, so rows that arrive meanwhile
+  // neither shift it nor repeat in it).
+  async older() {
+    if (this.next === null || this.appending) return;
+    const device = this.device;
+    const status = this.status;
+    const current = this.reading();
+    this.appending = true;
+    let page;
+    try {
+      page = await this.ctx.api.get(`/commands${query({ limit: PAGE, device: device || undefined, status: status || undefined, before: this.next })}`);
+    } catch (error) {
+      if (current()) this.ctx.notify(`Commands${device ? ` of ${device}` : ""}: ${error.message}`);
+      return;
+    } finally {
+      this.appending = false;
     }
+    if (!current()) return;
+    const shown = new Set(this.items.map((c) => c.id));
+    this.items = [...this.items, ...page.items.filter((c) => !shown.has(c.id))];
+    this.next = page.next_before ?? null;
+    this.render();
   }
 
   render() {
@@ -148,6 +192,13 @@ export class CommandsView {
         el("td", {}, cancel)));
     }
     this.empty.hidden = this.items.length > 0;
+    this.more.hidden = this.next === null;
+    // While one shown is open, the list is read again (an older page being loaded: after it).
+    clearTimeout(this.poll);
+    this.poll = null;
+    if (this.items.some((c) => OPEN.has(c.status)) && this.ctx.current() === "commands") {
+      this.poll = setTimeout(() => this.load(), POLL_MS);
+    }
     const which = this.status ? `${this.status} commands` : "commands";
     this.empty.textContent = this.device ? `No ${which} for ${this.device}.` : `No ${which} yet.`;
   }

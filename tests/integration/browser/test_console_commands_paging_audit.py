@@ -1,0 +1,68 @@
+"""The commands list past its first page: the fleet's 50 newest commands were all the page
+ever showed, with nothing to say there were more, so an older command (the one an operator
+looks for) could not be reached. Older pages, and the list read again (a new command, the
+2 s read of open ones) keeping every row shown, once each. A real daemon, PostgreSQL and
+chromium."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import aiohttp
+import pytest
+from playwright.async_api import Browser, expect
+
+from tests.support.api_client import OPERATOR
+from tests.support.browser import WAIT_MS, open_console, require_chromium, sign_in
+from tests.support.daemon import make_config, running_daemon
+from tests.support.mosquitto import Mosquitto
+from tests.support.ports import free_port
+
+CONFIG = f"""
+[[api.tokens]]
+name = "olga"
+token = "{OPERATOR}"
+role = "operator"
+"""
+
+
+@pytest.fixture
+async def base(db_dsn: str, mosquitto: Mosquitto) -> AsyncIterator[str]:
+    require_chromium()
+    port = free_port()
+    config = make_config(dsn=db_dsn, mqtt_port=mosquitto.port, http_port=port, extra=CONFIG)
+    async with running_daemon(config):
+        yield f"http://127.0.0.1:{port}"
+
+
+async def test_older_commands_are_reachable_and_a_new_one_skips_or_repeats_none(
+    base: str, browser: Browser
+) -> None:
+    auth = {"Authorization": f"Bearer {OPERATOR}"}
+    async with aiohttp.ClientSession(base, headers=auth) as http:
+
+        async def send(device: str) -> int:
+            body = {"name": "open-valve", "delivery": "deferrable"}
+            async with http.post(f"/devices/{device}/commands", json=body) as reply:
+                assert reply.status == 201, await reply.text()
+                command_id: int = (await reply.json())["command"]["id"]
+                return command_id
+
+        # Nobody answers: every command stays open (the page reads the list every 2 s).
+        ids = [await send(f"quiet-{n}") for n in range(60)]
+        page, errors = await open_console(browser, base)
+        await sign_in(page, OPERATOR)
+        await page.goto(f"{base}/#/commands")
+        rows = page.locator("#command-table tbody tr")
+        await expect(rows).to_have_count(50, timeout=WAIT_MS)
+        older = page.get_by_role("button", name="Older commands")
+        await expect(older).to_be_visible(timeout=WAIT_MS)
+        await older.click()
+        await expect(rows).to_have_count(60, timeout=WAIT_MS)
+        await expect(older).to_be_hidden()
+        # A new command meanwhile: it comes on top, and nothing shown is dropped or doubled.
+        newest = await send("quiet-new")
+        await expect(rows).to_have_count(61, timeout=WAIT_MS)
+        shown = [int(x) for x in await rows.evaluate_all("rs => rs.map(r => r.dataset.commandId)")]
+        assert shown == sorted([*ids, newest], reverse=True), shown
+        assert errors.errors == []
