@@ -112,15 +112,22 @@ export function noteServerDate(header, sentMs, receivedMs) {
   clockOffsetMs = Math.abs(offset) < 2000 ? 0 : Math.round(offset);
 }
 
+function span(seconds) {
+  if (seconds < 90) return `${seconds} s`;
+  if (seconds < 5400) return `${Math.round(seconds / 60)} min`;
+  if (seconds < 172800) return `${Math.round(seconds / 3600)} h`;
+  return `${Math.round(seconds / 86400)} days`;
+}
+
+// "just now", "5 min ago"; a time ahead of the gateway's clock (a device's clock set ahead
+// dates its readings so) "8 h ahead": it used to read "just now", as a fresh reading would.
 export function ago(value) {
   if (!value) return "never";
   const seconds = Math.round((now() - new Date(value).getTime()) / 1000);
   if (!Number.isFinite(seconds)) return String(value);
+  if (seconds <= -5) return `${span(-seconds)} ahead`;
   if (seconds < 5) return "just now";
-  if (seconds < 90) return `${seconds} s ago`;
-  if (seconds < 5400) return `${Math.round(seconds / 60)} min ago`;
-  if (seconds < 172800) return `${Math.round(seconds / 3600)} h ago`;
-  return `${Math.round(seconds / 86400)} days ago`;
+  return `${span(seconds)} ago`;
 }
 
 export function timeEl(value, relative = false) {
