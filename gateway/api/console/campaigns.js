@@ -285,6 +285,18 @@ export class CampaignsView {
       await this.ctx.api.post(`/campaigns/${id}/cancel`);
       this.ctx.notify(`Campaign ${id} cancelled.`, "ok");
     } catch (error) {
+      if (error.status === 0 || error.status === 502 || error.status === 504) {
+        // No answer: the gateway may well have cancelled it. The list read again says.
+        await this.reload();
+        const campaign = this.items.find((c) => c.id === id);
+        if (campaign && campaign.status === "CANCELLED") {
+          this.ctx.notify(`Campaign ${id} cancelled (its answer was lost on the way: the list shows it cancelled).`, "ok");
+        } else {
+          const now = campaign ? `; the list shows it ${campaign.status}${campaign.status === "RUNNING" ? ": Cancel it again" : ""}` : "";
+          this.ctx.notify(`Campaign ${id}: no answer from the gateway (${error.message})${now}.`);
+        }
+        return;
+      }
       this.ctx.notify(`Could not cancel campaign ${id}: ${error.message}`);
     }
     await this.reload();

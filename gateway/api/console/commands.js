@@ -224,6 +224,18 @@ export class CommandsView {
       await this.ctx.api.post(`/commands/${id}/cancel`);
       this.ctx.notify(`Command ${id} cancelled.`, "ok");
     } catch (error) {
+      if (outcomeUnknown(error)) {
+        // No answer: the gateway may well have cancelled it. The list read again says.
+        await this.load();
+        const command = this.items.find((c) => c.id === id);
+        if (command && command.status === "CANCELLED") {
+          this.ctx.notify(`Command ${id} cancelled (its answer was lost on the way: the list shows it cancelled).`, "ok");
+        } else {
+          const now = command ? `; the list shows it ${command.status}${OPEN.has(command.status) ? ": Cancel it again" : ""}` : "";
+          this.ctx.notify(`Command ${id}: no answer from the gateway (${error.message})${now}.`);
+        }
+        return;
+      }
       this.ctx.notify(`Could not cancel command ${id}: ${error.message}`);
     }
     await this.load();
