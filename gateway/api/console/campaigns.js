@@ -10,6 +10,10 @@ import { clear, el, readings, throttle, timeEl } from "./util.js";
 
 const PAGE = 20;
 const COUNT_DELAY_MS = 300;
+// A start not answered by then (a link gone silent, a node that died with the request) is
+// given up as unanswered: Start again is offered, with the same key, rather than a button
+// disabled for as long as the browser waits (with no end, on a link that went silent).
+const ANSWER_TIMEOUT_MS = 20000;
 
 // A selector as typed: comma-separated, spaces around the items dropped.
 function selectorOf(text) {
@@ -170,14 +174,16 @@ export class CampaignsView {
     const button = document.getElementById("campaign-start");
     button.disabled = true;
     const { idempotency_key: key, ...asked } = body;
+    // Unknown from now until answered: the same campaign reviewed again meanwhile (Back while
+    // the answer is slow) keeps this key.
+    this.unanswered = { signature: JSON.stringify(asked), key };
     let answer;
     try {
-      answer = await this.ctx.api.post("/campaigns", body);
+      answer = await this.ctx.api.post("/campaigns", body, { timeoutMs: ANSWER_TIMEOUT_MS });
     } catch (error) {
       button.disabled = false;
       if (error.status === 0 || error.status === 502 || error.status === 504) {
         // No answer, or one from something in between: the gateway may well have started it.
-        this.unanswered = { signature: JSON.stringify(asked), key };
         this.ctx.notify(`“${body.name}”: no answer from the gateway (${error.message}), so the campaign may have started. Start campaign again as it is: the gateway recognises it and does not start it twice.`);
         return;
       }
@@ -186,7 +192,7 @@ export class CampaignsView {
       return;
     }
     button.disabled = false;
-    this.unanswered = null;
+    if (this.unanswered && this.unanswered.key === key) this.unanswered = null;
     const campaign = answer.campaign;
     const differs = campaign.total !== count ? ` (${count} matched when you reviewed it)` : "";
     const what = answer.created ? "started" : "already started by the earlier Start, not started again";

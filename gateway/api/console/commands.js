@@ -19,6 +19,9 @@ const LIMIT_MAX = 500; // the API's largest page
 // name, params or delivery would get the first command back). Sent again while the first is
 // still on its way (a slow answer, a second click), it carries the same key too.
 let unanswered = null; // { signature, key } of the last send whose outcome is not known yet
+// A send not answered by then (a link gone silent, a node that died with the request) is
+// given up as unanswered, and said so, rather than waited on with no end.
+const ANSWER_TIMEOUT_MS = 20000;
 
 function newKey() {
   const bytes = new Uint8Array(16);
@@ -50,7 +53,7 @@ export async function sendCommand(ctx, device, { name, params, delivery }, param
   // Unknown from now until answered: Send clicked again meanwhile (a slow answer) reuses it.
   unanswered = { signature, key };
   try {
-    const answer = await ctx.api.post("/commands", { ...body, idempotency_key: key });
+    const answer = await ctx.api.post("/commands", { ...body, idempotency_key: key }, { timeoutMs: ANSWER_TIMEOUT_MS });
     if (unanswered && unanswered.key === key) unanswered = null;
     ctx.notify(`Command ${answer.command.id} to ${device} ${answer.created ? "created" : "already existed"} (${answer.command.status}).`, "ok");
     return answer;

@@ -5,6 +5,7 @@ chromium; the answer dropped by Playwright after the gateway has handled the req
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -49,9 +50,7 @@ async def fetchval(dsn: str, sql: str, *args: Any) -> Any:
         await conn.close()
 
 
-async def test_a_campaign_whose_answer_was_lost_is_not_started_twice(
-    base: str, db_dsn: str, mosquitto: Mosquitto, browser: Browser
-) -> None:
+async def pumps(db_dsn: str, mosquitto: Mosquitto) -> None:
     devices = ["pump-1", "pump-2"]
     async with aiomqtt.Client("127.0.0.1", mosquitto.port) as client:
         for device in devices:
@@ -63,6 +62,12 @@ async def test_a_campaign_whose_answer_was_lost_is_not_started_twice(
         return bool(await fetchval(db_dsn, sql, devices) == len(devices))
 
     await wait_until(known, timeout=30, message="devices known")
+
+
+async def test_a_campaign_whose_answer_was_lost_is_not_started_twice(
+    base: str, db_dsn: str, mosquitto: Mosquitto, browser: Browser
+) -> None:
+    await pumps(db_dsn, mosquitto)
     page, errors = await open_console(browser, base)
     await sign_in(page, OPERATOR)
     await page.get_by_role("link", name="Campaigns").click()
@@ -104,4 +109,46 @@ async def test_a_campaign_whose_answer_was_lost_is_not_started_twice(
     await expect(notice).to_contain_text("already started", timeout=WAIT_MS)
     assert await fetchval(db_dsn, "SELECT count(*) FROM campaign") == 1
     await expect(page.locator("#campaign-table tbody tr")).to_have_count(1, timeout=WAIT_MS)
+    assert errors.errors == []
+
+
+async def test_a_start_whose_answer_never_comes_can_be_started_again_without_a_reload(
+    base: str, db_dsn: str, mosquitto: Mosquitto, browser: Browser
+) -> None:
+    """The link goes silent after the gateway took the start (no answer, no reset): the page
+    must give up on it in time and let Start campaign be clicked again, not keep the button
+    disabled for as long as the browser would wait."""
+    await pumps(db_dsn, mosquitto)
+    page, errors = await open_console(browser, base)
+    await sign_in(page, OPERATOR)
+    await page.get_by_role("link", name="Campaigns").click()
+    form = page.locator("#campaign-create")
+    await expect(form).to_be_visible(timeout=WAIT_MS)
+    await form.get_by_label("Command", exact=True).fill("reboot")
+    await form.get_by_label("Targets (selector)").fill("pump-*")
+    await form.get_by_role("button", name="Review campaign").click()
+    await expect(page.locator("#campaign-confirm")).to_be_visible(timeout=WAIT_MS)
+
+    handled: list[int] = []
+    silent = asyncio.Event()  # never set: the answer never comes
+
+    async def go_silent(route: Route) -> None:
+        if route.request.method != "POST":
+            await route.continue_()
+            return
+        response = await route.fetch()  # the gateway starts it ...
+        handled.append(response.status)
+        await silent.wait()  # ... and nothing comes back
+
+    await page.route("**/campaigns", go_silent)
+    start = page.get_by_role("button", name="Start campaign")
+    await start.click()
+    notice = page.locator("#notice")
+    await expect(notice).to_contain_text("no answer", timeout=WAIT_MS * 2)
+    assert handled == [201], handled
+    await page.unroute("**/campaigns", go_silent)
+    await expect(start).to_be_enabled()
+    await start.click()
+    await expect(notice).to_contain_text("already started", timeout=WAIT_MS)
+    assert await fetchval(db_dsn, "SELECT count(*) FROM campaign") == 1
     assert errors.errors == []

@@ -5,6 +5,7 @@ answer dropped by Playwright after the gateway has handled the request."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 import asyncpg
@@ -123,4 +124,41 @@ async def test_send_clicked_again_while_the_answer_is_slow_sends_one_command(
     await expect(page.locator("#notice")).to_contain_text("already existed", timeout=WAIT_MS)
     sent = await commands_of(db_dsn, "quiet-2")
     assert len(sent) == 1, f"the device was sent the command twice: {sent}"
+    assert errors.errors == []
+
+
+async def test_a_send_whose_answer_never_comes_is_given_up_and_sent_again_once(
+    base: str, db_dsn: str, browser: Browser
+) -> None:
+    """The link goes silent after the gateway took the command (no answer, no reset): the
+    page must say so in time, not wait as long as the browser would, and Send again must get
+    the first command back."""
+    page, errors = await open_console(browser, base)
+    await sign_in(page, OPERATOR)
+    await page.goto(f"{base}/#/commands/quiet-3")
+    form = page.locator("#command-create")
+    await expect(form).to_be_visible(timeout=WAIT_MS)
+    await form.get_by_label("Name").fill("open-valve")
+    await form.get_by_label("Delivery").select_option("deferrable")
+
+    handled: list[int] = []
+    silent = asyncio.Event()  # never set: the answer never comes
+
+    async def go_silent(route: Route) -> None:
+        if route.request.method != "POST":
+            await route.continue_()
+            return
+        response = await route.fetch()  # the gateway creates it ...
+        handled.append(response.status)
+        await silent.wait()  # ... and nothing comes back
+
+    await page.route("**/commands", go_silent)
+    await form.get_by_role("button", name="Send").click()
+    notice = page.locator("#notice")
+    await expect(notice).to_contain_text("no answer", timeout=WAIT_MS * 2)
+    assert handled == [201], handled
+    await page.unroute("**/commands", go_silent)
+    await form.get_by_role("button", name="Send").click()
+    await expect(notice).to_contain_text("already existed", timeout=WAIT_MS)
+    assert len(await commands_of(db_dsn, "quiet-3")) == 1
     assert errors.errors == []
