@@ -131,7 +131,8 @@ async function route() {
   if (!state.api) return;
   let { section, id, params } = parseHash();
   if (!SECTIONS.includes(section) || (section === "dead-letters" && !isAdmin())) section = "alarms";
-  if (state.section === "commands" && section !== "commands") state.views.commands.hide();
+  // The view left stops its own timed reads (Commands' 2 s, Devices' 10 s, Notifications').
+  if (state.section && state.section !== section && state.views[state.section].hide) state.views[state.section].hide();
   state.section = section;
   for (const name of SECTIONS) $(`view-${name}`).hidden = name !== section;
   for (const link of document.querySelectorAll("#nav a")) {

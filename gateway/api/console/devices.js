@@ -19,6 +19,10 @@ const RANGES = [
   { key: "7d", label: "Last 7 days", seconds: 604800 },
 ];
 const RANGE_LIMIT = 500;
+const LIMIT_MAX = 500; // the API's largest page
+// While the list is shown it is read again this often: presence, "last seen" and its age
+// ("just now" of a device since silent) stay true with nothing else happening.
+const LIST_POLL_MS = 10000;
 
 export class DevicesView {
   constructor(ctx) {
@@ -36,7 +40,8 @@ export class DevicesView {
     this.metric = null;
     this.rule = null;
     this.range = "last";
-    this.refreshListSoon = throttle(() => this.load(false), 1000);
+    this.poll = null;
+    this.refreshListSoon = throttle(() => this.reload(), 1000);
     this.refreshDetailSoon = throttle(() => this.selected === null ? null : this.open(this.selected, { keepFocus: true }), 1000);
     this.form.addEventListener("submit", (event) => {
       event.preventDefault();
@@ -71,6 +76,47 @@ export class DevicesView {
     if (this.selected) await this.open(this.selected, { keepFocus: true });
   }
 
+  hide() {
+    clearTimeout(this.poll);
+    this.poll = null;
+  }
+
+  // The list read again from its start, as many devices as are shown (the pages "More
+  // devices" loaded included): a live update used to read the first page alone, and the rows
+  // loaded after it vanished under the operator.
+  async reload() {
+    const data = new FormData(this.form);
+    const wanted = Math.max(PAGE, this.items.length);
+    const current = this.reading();
+    const items = [];
+    let next = null;
+    let cursorName = this.cursorName;
+    try {
+      let cursor = null;
+      do {
+        const page = await this.ctx.api.get(`/devices${query({
+          presence: data.get("presence"),
+          selector: data.get("selector").trim(),
+          limit: Math.min(wanted - items.length, LIMIT_MAX),
+          before: cursor !== null && cursorName === "before" ? cursor : null,
+          after: cursor !== null && cursorName === "after" ? cursor : null,
+        })}`);
+        items.push(...page.items);
+        cursorName = "next_after" in page ? "after" : "before";
+        next = page.next_after ?? page.next_before ?? null;
+        cursor = next;
+      } while (next !== null && items.length < wanted);
+    } catch (error) {
+      if (current()) this.ctx.notify(`Devices: ${error.message}`);
+      return;
+    }
+    if (!current()) return;
+    this.cursorName = cursorName;
+    this.next = next;
+    this.items = items;
+    this.render();
+  }
+
   async load(append) {
     const data = new FormData(this.form);
     const params = {
@@ -97,6 +143,8 @@ export class DevicesView {
   }
 
   render() {
+    // A link focused in the list (keyboard) stays focused across a reading of it.
+    const focused = this.body.contains(document.activeElement) ? document.activeElement.getAttribute("href") : null;
     clear(this.body);
     for (const device of this.items) {
       this.body.append(el("tr", { dataset: { deviceId: device.device_id }, class: device.device_id === this.selected ? "selected" : null },
@@ -107,8 +155,17 @@ export class DevicesView {
           ? el("a", { href: `#/alarms?device=${encodeURIComponent(device.device_id)}`, text: String(device.open_alarms) })
           : "0")));
     }
+    if (focused) {
+      const again = [...this.body.querySelectorAll("a")].find((a) => a.getAttribute("href") === focused);
+      if (again) again.focus({ preventScroll: true });
+    }
     this.empty.hidden = this.items.length > 0;
     this.more.hidden = this.next === null;
+    clearTimeout(this.poll);
+    this.poll = null;
+    if (this.ctx.current() === "devices") {
+      this.poll = setTimeout(() => { if (this.ctx.current() === "devices") this.reload(); }, LIST_POLL_MS);
+    }
   }
 
   // Maintenance: its new alarms are still raised and listed, their notifications suppressed.
