@@ -64,7 +64,7 @@ export class DeadLettersView {
     this.render();
   }
 
-  refresh() { return this.load(false); }
+  refresh() { return this.reload(); }
 
   async load(append) {
     const reason = new FormData(this.form).get("reason").trim();
@@ -79,6 +79,37 @@ export class DeadLettersView {
     if (!current()) return;
     this.items = append ? [...this.items, ...page.items] : page.items;
     this.next = page.next_before ?? null;
+    this.render();
+  }
+
+  // The list read again after an action, down to the oldest letter shown (the pages "Older
+  // dead letters" loaded included; keyset by id, so letters arriving meanwhile push none
+  // out): it used to read the first page alone, and a letter replayed on the second page
+  // vanished from under the operator with the rest of it.
+  async reload() {
+    if (this.items.length <= PAGE) return this.load(false);
+    const reason = new FormData(this.form).get("reason").trim();
+    const oldest = Math.min(...this.items.map((l) => l.id));
+    const keptNext = this.next;
+    const current = this.reading();
+    const items = [];
+    let next = keptNext;
+    try {
+      let before = null;
+      for (;;) {
+        const page = await this.ctx.api.get(`/dead-letters${query({ reason, limit: 500, before })}`);
+        items.push(...page.items.filter((l) => l.id >= oldest));
+        before = page.next_before ?? null;
+        if (page.items.some((l) => l.id <= oldest)) break;
+        if (before === null) { next = null; break; }
+      }
+    } catch (error) {
+      if (current()) this.ctx.notify(`Dead letters: ${error.message}`);
+      return;
+    }
+    if (!current()) return;
+    this.items = items;
+    this.next = next;
     this.render();
   }
 
@@ -196,13 +227,13 @@ export class DeadLettersView {
           this.ctx.notify(`Dead letter ${id}: no answer from the gateway (${error.message}); its record shows no new replay yet. Look at its Replayed column before replaying it again.`);
         }
       }
-      await this.load(false);
+      await this.reload();
       if (this.selected === id) await this.open(id);
       return;
     }
     if (answer.succeeded) this.ctx.notify(`Dead letter ${id} replayed: ${answer.outcome}.`, "ok");
     else this.ctx.notify(`Replay of dead letter ${id} failed: ${answer.outcome}. The letter stays.`);
-    await this.load(false);
+    await this.reload();
     if (this.selected === id) await this.open(id);
   }
 
@@ -218,7 +249,7 @@ export class DeadLettersView {
           this.ctx.notify(`Dead letter ${id} discarded: it is gone (the answer was lost on the way; the audit says who discarded it).`, "ok");
         } else {
           this.ctx.notify(`Dead letter ${id}: no answer from the gateway (${error.message}); ${letter ? "the letter is still there: Discard it again" : "whether it was discarded is not known yet"}.`);
-          if (letter && this.selected === id) { await this.load(false); await this.open(id); return; }
+          if (letter && this.selected === id) { await this.reload(); await this.open(id); return; }
         }
       } else {
         const who = error.code === "ALREADY_DISCARDED" ? ` (${error.body.actor} did, first)` : "";
@@ -228,6 +259,6 @@ export class DeadLettersView {
     this.close();
     // The address follows without a hashchange (which would redraw and hide the notice).
     if (location.hash !== "#/dead-letters") history.replaceState(null, "", "#/dead-letters");
-    await this.load(false);
+    await this.reload();
   }
 }
