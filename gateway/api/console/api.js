@@ -14,9 +14,10 @@ export class ApiError extends Error {
 }
 
 export class Api {
-  constructor(token, onUnauthorized = () => {}) {
+  constructor(token, onUnauthorized = () => {}, onForbidden = () => {}) {
     this.token = token;
     this.onUnauthorized = onUnauthorized;
+    this.onForbidden = onForbidden;
   }
 
   // timeoutMs: given up after that long (the answer not come, or not all of it), as unanswered.
@@ -49,6 +50,7 @@ export class Api {
     if (!response.ok) {
       const error = new ApiError(response.status, data);
       if (response.status === 401) this.onUnauthorized(error);
+      if (response.status === 403) this.onForbidden(error);
       throw error;
     }
     return data;

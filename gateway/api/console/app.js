@@ -64,10 +64,44 @@ function showSignIn(message) {
   $("token").focus();
 }
 
+// What the token's role allows, shown: the header, Dead letters, the operators' forms.
+function showRole(me) {
+  $("who").textContent = `${me.name} (${me.role})`;
+  $("nav-dead-letters").hidden = !isAdmin();
+  for (const node of document.querySelectorAll(".operator-only")) node.hidden = !canAct();
+}
+
+// A 403: the gateway gives this token a weaker role than the page knew (a reload changed
+// it). The page asks again who the token is and shows what the role now allows; it used to
+// keep the old role's header and buttons, each refused when clicked.
+let askingRole = false;
+async function roleRefused(api) {
+  if (askingRole || state.api !== api) return;
+  askingRole = true;
+  let me;
+  try {
+    me = await api.get("/me");
+  } catch {
+    return;
+  } finally {
+    askingRole = false;
+  }
+  if (state.api !== api || state.me === null || me.role === state.me.role) return;
+  state.me = me;
+  showRole(me);
+  if (state.section === "dead-letters" && !isAdmin()) {
+    history.replaceState(null, "", "#/alarms");
+    await route();
+    notify(`The gateway now gives this token the ${me.role} role: Dead letters are for admins.`);
+  } else {
+    await state.views[state.section].refresh();
+  }
+}
+
 async function signIn(token, { remembered = false } = {}) {
   const api = new Api(token, () => {
     if (state.api === api) showSignIn("The gateway no longer accepts this token. Sign in again.");
-  });
+  }, () => roleRefused(api));
   let me;
   try {
     me = await api.get("/me");
@@ -87,9 +121,7 @@ async function signIn(token, { remembered = false } = {}) {
   $("token").value = "";
   $("nav").hidden = false;
   $("session").hidden = false;
-  $("who").textContent = `${me.name} (${me.role})`;
-  $("nav-dead-letters").hidden = !isAdmin();
-  for (const node of document.querySelectorAll(".operator-only")) node.hidden = !canAct();
+  showRole(me);
   state.views = state.views || {
     alarms: new AlarmsView(ctx),
     devices: new DevicesView(ctx),
