@@ -9,6 +9,11 @@ import { clear, el, readings, throttle, timeEl, when } from "./util.js";
 const PAGE = 50;
 const OPEN = new Set(["PENDING", "SENDING"]);
 
+// No answer, or one from something in between that does not know what the gateway did.
+function outcomeUnknown(error) {
+  return error.status === 0 || error.status === 502 || error.status === 504;
+}
+
 function list(text) {
   return text.split(",").map((s) => s.trim()).filter(Boolean);
 }
@@ -171,12 +176,28 @@ export class NotificationsView {
     if (rules.length) matchers.rules = rules;
     if (devices.length) matchers.devices = devices;
     if (severities.length) matchers.severities = severities;
+    const comment = form.get("comment").trim();
+    const newest = Math.max(0, ...this.silences.map((s) => s.id));
     try {
-      const silence = await this.ctx.api.post("/silences", { matchers, ends_at: endsAt.toISOString(), comment: form.get("comment").trim() });
+      const silence = await this.ctx.api.post("/silences", { matchers, ends_at: endsAt.toISOString(), comment });
       this.ctx.notify(`Silence ${silence.id} created, until ${when(silence.ends_at)}.`, "ok");
       this.create.reset();
     } catch (error) {
-      this.ctx.notify(`Could not create the silence: ${error.message}`);
+      if (!outcomeUnknown(error)) {
+        this.ctx.notify(`Could not create the silence: ${error.message}`);
+      } else {
+        // No answer: the gateway may well have created it, and created again it would be two
+        // (expiring one would leave the other muting). The list read again says.
+        await this.loadSilences(false);
+        const made = this.silences.find((s) => s.id > newest && s.comment === comment && Date.parse(s.ends_at) === endsAt.getTime());
+        if (made) {
+          this.ctx.notify(`Silence ${made.id} created, until ${when(made.ends_at)} (its answer was lost on the way: the list shows it).`, "ok");
+          this.create.reset();
+        } else {
+          this.ctx.notify(`No answer from the gateway (${error.message}); the list shows no such silence yet. Look again before creating it again: two would mute alike.`);
+        }
+        return;
+      }
     }
     await this.loadSilences(false);
   }
@@ -186,6 +207,14 @@ export class NotificationsView {
       await this.ctx.api.delete(`/silences/${id}`);
       this.ctx.notify(`Silence ${id} expired.`, "ok");
     } catch (error) {
+      if (outcomeUnknown(error)) {
+        // No answer: the gateway may well have expired it. The list read again says.
+        await this.loadSilences(false);
+        const silence = this.silences.find((s) => s.id === id);
+        if (silence && !silence.active) this.ctx.notify(`Silence ${id} expired (its answer was lost on the way: the list shows it ended).`, "ok");
+        else this.ctx.notify(`Silence ${id}: no answer from the gateway (${error.message})${silence ? "; the list shows it still active: Expire it again" : ""}.`);
+        return;
+      }
       this.ctx.notify(`Could not expire silence ${id}: ${error.message}`);
     }
     await this.loadSilences(false);
