@@ -226,21 +226,32 @@ export class CampaignsView {
   }
 
   // Every page shown so far, read again (the list's filter, the same number of campaigns).
+  // Down to the oldest campaign shown (keyset by id): a new campaign used to push the oldest
+  // one shown out of the list, from under the operator, once Older campaigns had loaded more.
   async reload() {
     const status = new FormData(this.form).get("status");
-    const limit = Math.max(PAGE, this.items.length);
+    const oldest = this.items.length > PAGE ? Math.min(...this.items.map((c) => c.id)) : null;
     const current = this.reading();
-    let page;
+    const items = [];
+    let next = null;
     try {
-      page = await this.ctx.api.get(`/campaigns${query({ status, limit: Math.min(limit, 500) })}`);
+      let before = null;
+      for (;;) {
+        const page = await this.ctx.api.get(`/campaigns${query({ status, limit: oldest === null ? PAGE : 500, before })}`);
+        if (oldest === null) { items.push(...page.items); next = page.next_before ?? null; break; }
+        items.push(...page.items.filter((c) => c.id >= oldest));
+        before = page.next_before ?? null;
+        if (page.items.some((c) => c.id <= oldest)) { next = this.next; break; }
+        if (before === null) break;
+      }
     } catch (error) {
       if (current()) this.ctx.notify(`Campaigns: ${error.message}`);
       return;
     }
-    const detailed = await this.details(page.items);
+    const detailed = await this.details(items);
     if (detailed === null || !current()) return;
     this.items = detailed;
-    this.next = page.next_before ?? null;
+    this.next = next;
     this.render();
   }
 
