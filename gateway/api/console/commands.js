@@ -86,7 +86,8 @@ export class CommandsView {
     this.appending = false;
     this.poll = null;
     this.more.addEventListener("click", () => this.older());
-    this.refreshSoon = throttle(() => this.load(), 200);
+    // An older page on its way is not dropped by a live update: the update waits for it.
+    this.refreshSoon = throttle(() => (this.appending ? this.refreshSoon() : this.load()), 200);
     this.pick.addEventListener("submit", (event) => {
       event.preventDefault();
       this.status = this.pick.elements.status.value;
@@ -200,7 +201,8 @@ export class CommandsView {
     clearTimeout(this.poll);
     this.poll = null;
     if (this.items.some((c) => OPEN.has(c.status)) && this.ctx.current() === "commands") {
-      this.poll = setTimeout(() => this.load(), POLL_MS);
+      const tick = () => { if (this.appending) this.poll = setTimeout(tick, POLL_MS); else this.load(); };
+      this.poll = setTimeout(tick, POLL_MS);
     }
     const which = this.status ? `${this.status} commands` : "commands";
     this.empty.textContent = this.device ? `No ${which} for ${this.device}.` : `No ${which} yet.`;

@@ -41,7 +41,8 @@ export class DevicesView {
     this.rule = null;
     this.range = "last";
     this.poll = null;
-    this.refreshListSoon = throttle(() => this.reload(), 1000);
+    this.appending = false; // "More devices" on its way: a live update waits for it
+    this.refreshListSoon = throttle(() => (this.appending ? this.refreshListSoon() : this.reload()), 1000);
     this.refreshDetailSoon = throttle(() => this.selected === null ? null : this.open(this.selected, { keepFocus: true }), 1000);
     this.form.addEventListener("submit", (event) => {
       event.preventDefault();
@@ -128,12 +129,15 @@ export class DevicesView {
       after: append && this.cursorName === "after" ? this.next : null,
     };
     const current = this.reading();
+    if (append) this.appending = true;
     let page;
     try {
       page = await this.ctx.api.get(`/devices${query(params)}`);
     } catch (error) {
       if (current()) this.ctx.notify(`Devices: ${error.message}`);
       return;
+    } finally {
+      if (append) this.appending = false;
     }
     if (!current()) return;
     this.cursorName = "next_after" in page ? "after" : "before";
@@ -164,7 +168,7 @@ export class DevicesView {
     clearTimeout(this.poll);
     this.poll = null;
     if (this.ctx.current() === "devices") {
-      this.poll = setTimeout(() => { if (this.ctx.current() === "devices") this.reload(); }, LIST_POLL_MS);
+      this.poll = setTimeout(() => { if (this.ctx.current() === "devices") this.refreshListSoon(); }, LIST_POLL_MS);
     }
   }
 
