@@ -10,6 +10,7 @@ from playwright.async_api import Browser
 
 from tests.integration.browser.test_console_alarms import Console, console_daemon
 from tests.support.browser import chromium, require_chromium
+from tests.support.daemon import make_config, running_daemon
 from tests.support.mosquitto import Mosquitto
 from tests.support.ports import free_port
 
@@ -26,3 +27,18 @@ async def console(db_dsn: str, mosquitto: Mosquitto) -> AsyncIterator[Console]:
     port = free_port()
     async with console_daemon(db_dsn, mosquitto, port) as daemon:
         yield Console(f"http://127.0.0.1:{port}", daemon, mosquitto)
+
+
+@pytest.fixture
+async def base(
+    request: pytest.FixtureRequest, db_dsn: str, mosquitto: Mosquitto
+) -> AsyncIterator[str]:
+    """The address of a console served by a real daemon whose configuration adds the test
+    module's ``CONFIG`` (its tokens, its rules)."""
+    require_chromium()
+    port = free_port()
+    config = make_config(
+        dsn=db_dsn, mqtt_port=mosquitto.port, http_port=port, extra=request.module.CONFIG
+    )
+    async with running_daemon(config):
+        yield f"http://127.0.0.1:{port}"

@@ -4,17 +4,11 @@ dropped out of the list from under the operator. A real daemon, PostgreSQL and c
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import aiohttp
-import pytest
 from playwright.async_api import Browser, expect
 
 from tests.support.api_client import OPERATOR
-from tests.support.browser import WAIT_MS, open_console, require_chromium, sign_in
-from tests.support.daemon import make_config, running_daemon
-from tests.support.mosquitto import Mosquitto
-from tests.support.ports import free_port
+from tests.support.browser import WAIT_MS, open_console, sign_in
 
 CONFIG = f"""
 [[api.tokens]]
@@ -22,15 +16,6 @@ name = "olga"
 token = "{OPERATOR}"
 role = "operator"
 """
-
-
-@pytest.fixture
-async def base(db_dsn: str, mosquitto: Mosquitto) -> AsyncIterator[str]:
-    require_chromium()
-    port = free_port()
-    config = make_config(dsn=db_dsn, mqtt_port=mosquitto.port, http_port=port, extra=CONFIG)
-    async with running_daemon(config):
-        yield f"http://127.0.0.1:{port}"
 
 
 async def test_a_new_campaign_pushes_none_of_the_older_ones_loaded_out(

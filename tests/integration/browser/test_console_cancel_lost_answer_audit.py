@@ -5,17 +5,13 @@ after the gateway has handled the request."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 import aiohttp
-import pytest
 from playwright.async_api import Browser, Route, expect
 
 from tests.support.api_client import OPERATOR
-from tests.support.browser import WAIT_MS, open_console, require_chromium, sign_in
-from tests.support.daemon import make_config, running_daemon
-from tests.support.mosquitto import Mosquitto
-from tests.support.ports import free_port
+from tests.support.browser import WAIT_MS, open_console, sign_in
 
 CONFIG = f"""
 [[api.tokens]]
@@ -23,15 +19,6 @@ name = "olga"
 token = "{OPERATOR}"
 role = "operator"
 """
-
-
-@pytest.fixture
-async def base(db_dsn: str, mosquitto: Mosquitto) -> AsyncIterator[str]:
-    require_chromium()
-    port = free_port()
-    config = make_config(dsn=db_dsn, mqtt_port=mosquitto.port, http_port=port, extra=CONFIG)
-    async with running_daemon(config):
-        yield f"http://127.0.0.1:{port}"
 
 
 async def post(base: str, path: str, body: object) -> dict[str, object]:

@@ -6,17 +6,12 @@ answer dropped by Playwright after the gateway has handled the request."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 
 import asyncpg
-import pytest
 from playwright.async_api import Browser, Route, expect
 
 from tests.support.api_client import OPERATOR
-from tests.support.browser import WAIT_MS, open_console, require_chromium, sign_in
-from tests.support.daemon import make_config, running_daemon
-from tests.support.mosquitto import Mosquitto
-from tests.support.ports import free_port
+from tests.support.browser import WAIT_MS, open_console, sign_in
 from tests.support.waiting import wait_until
 
 CONFIG = f"""
@@ -25,15 +20,6 @@ name = "olga"
 token = "{OPERATOR}"
 role = "operator"
 """
-
-
-@pytest.fixture
-async def base(db_dsn: str, mosquitto: Mosquitto) -> AsyncIterator[str]:
-    require_chromium()
-    port = free_port()
-    config = make_config(dsn=db_dsn, mqtt_port=mosquitto.port, http_port=port, extra=CONFIG)
-    async with running_daemon(config):
-        yield f"http://127.0.0.1:{port}"
 
 
 async def commands_of(dsn: str, device: str) -> list[tuple[int, str]]:

@@ -8,17 +8,12 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import AsyncIterator
 
 import aiohttp
-import pytest
 from playwright.async_api import Browser, Route, expect
 
 from tests.support.api_client import OPERATOR
-from tests.support.browser import WAIT_MS, open_console, require_chromium, sign_in
-from tests.support.daemon import make_config, running_daemon
-from tests.support.mosquitto import Mosquitto
-from tests.support.ports import free_port
+from tests.support.browser import WAIT_MS, open_console, sign_in
 from tests.support.waiting import wait_until
 
 CONFIG = f"""
@@ -27,15 +22,6 @@ name = "olga"
 token = "{OPERATOR}"
 role = "operator"
 """
-
-
-@pytest.fixture
-async def base(db_dsn: str, mosquitto: Mosquitto) -> AsyncIterator[str]:
-    require_chromium()
-    port = free_port()
-    config = make_config(dsn=db_dsn, mqtt_port=mosquitto.port, http_port=port, extra=CONFIG)
-    async with running_daemon(config):
-        yield f"http://127.0.0.1:{port}"
 
 
 async def test_older_commands_are_reachable_and_a_new_one_skips_or_repeats_none(

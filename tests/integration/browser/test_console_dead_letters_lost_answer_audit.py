@@ -6,21 +6,17 @@ by Playwright after the gateway has handled the request."""
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 import asyncpg
 import msgspec
-import pytest
 from playwright.async_api import Browser, Route, expect
 
 from protocol import Topics
 from storage import ingest as repo
 from storage.ingest import DeadLetterRow
 from tests.support.api_client import ADMIN
-from tests.support.browser import WAIT_MS, open_console, require_chromium, sign_in
-from tests.support.daemon import make_config, running_daemon
-from tests.support.mosquitto import Mosquitto
-from tests.support.ports import free_port
+from tests.support.browser import WAIT_MS, open_console, sign_in
 
 TOPICS = Topics("iot")
 CONFIG = f"""
@@ -29,15 +25,6 @@ name = "root"
 token = "{ADMIN}"
 role = "admin"
 """
-
-
-@pytest.fixture
-async def base(db_dsn: str, mosquitto: Mosquitto) -> AsyncIterator[str]:
-    require_chromium()
-    port = free_port()
-    config = make_config(dsn=db_dsn, mqtt_port=mosquitto.port, http_port=port, extra=CONFIG)
-    async with running_daemon(config):
-        yield f"http://127.0.0.1:{port}"
 
 
 async def letter(dsn: str, device: str) -> int:

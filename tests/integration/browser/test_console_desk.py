@@ -24,10 +24,8 @@ from protocol import Topics
 from storage import ingest as repo
 from storage.ingest import DeadLetterRow
 from tests.support.api_client import ADMIN, OPERATOR, VIEWER, ApiClient
-from tests.support.browser import WAIT_MS, open_console, require_chromium, sign_in
-from tests.support.daemon import make_config, running_daemon
+from tests.support.browser import WAIT_MS, open_console, sign_in
 from tests.support.mosquitto import Mosquitto
-from tests.support.ports import free_port
 from tests.support.waiting import wait_until
 
 TOPICS = Topics("iot")
@@ -56,15 +54,6 @@ value = 80
 clear_value = 75
 severity = "CRITICAL"
 """
-
-
-@pytest.fixture
-async def base(db_dsn: str, mosquitto: Mosquitto) -> AsyncIterator[str]:
-    require_chromium()
-    port = free_port()
-    config = make_config(dsn=db_dsn, mqtt_port=mosquitto.port, http_port=port, extra=CONFIG)
-    async with running_daemon(config):
-        yield f"http://127.0.0.1:{port}"
 
 
 @pytest.fixture

@@ -7,20 +7,16 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import AsyncIterator
 
 import aiomqtt
 import asyncpg
 import msgspec
-import pytest
 from playwright.async_api import Browser, expect
 
 from protocol import Topics
 from tests.support.api_client import OPERATOR
-from tests.support.browser import WAIT_MS, open_console, require_chromium, sign_in
-from tests.support.daemon import make_config, running_daemon
+from tests.support.browser import WAIT_MS, open_console, sign_in
 from tests.support.mosquitto import Mosquitto
-from tests.support.ports import free_port
 from tests.support.waiting import wait_until
 
 TOPICS = Topics("iot")
@@ -30,15 +26,6 @@ name = "olga"
 token = "{OPERATOR}"
 role = "operator"
 """
-
-
-@pytest.fixture
-async def base(db_dsn: str, mosquitto: Mosquitto) -> AsyncIterator[str]:
-    require_chromium()
-    port = free_port()
-    config = make_config(dsn=db_dsn, mqtt_port=mosquitto.port, http_port=port, extra=CONFIG)
-    async with running_daemon(config):
-        yield f"http://127.0.0.1:{port}"
 
 
 async def stored(dsn: str, device: str) -> bool:

@@ -7,14 +7,12 @@ import asyncio
 import contextlib
 import re
 import time
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 
 import aiohttp
 import aiomqtt
 import asyncpg
 import msgspec
-import pytest
 from playwright.async_api import Browser, expect
 
 from protocol import Topics
@@ -22,10 +20,8 @@ from sim.responder import Responder, Script
 from storage import ingest as repo
 from storage.ingest import DeadLetterRow
 from tests.support.api_client import ADMIN, OPERATOR
-from tests.support.browser import WAIT_MS, open_console, require_chromium, sign_in
-from tests.support.daemon import make_config, running_daemon
+from tests.support.browser import WAIT_MS, open_console, sign_in
 from tests.support.mosquitto import Mosquitto
-from tests.support.ports import free_port
 from tests.support.waiting import wait_until
 
 TOPICS = Topics("iot")
@@ -46,15 +42,6 @@ kind = "event"
 event = "DOOR_OPEN"
 severity = "MAJOR"
 """
-
-
-@pytest.fixture
-async def base(db_dsn: str, mosquitto: Mosquitto) -> AsyncIterator[str]:
-    require_chromium()
-    port = free_port()
-    config = make_config(dsn=db_dsn, mqtt_port=mosquitto.port, http_port=port, extra=CONFIG)
-    async with running_daemon(config):
-        yield f"http://127.0.0.1:{port}"
 
 
 async def publish(mosquitto: Mosquitto, device: str, payload: bytes) -> None:

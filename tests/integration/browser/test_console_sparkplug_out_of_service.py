@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncpg
 from playwright.async_api import Browser, expect
 
-from tests.integration.browser.test_console_operations import base  # noqa: F401 - the fixture
+from tests.integration.browser.test_console_operations import CONFIG  # noqa: F401 - the console's (its `base`)
 from tests.support.api_client import OPERATOR
 from tests.support.browser import WAIT_MS, open_console, sign_in
 
@@ -16,7 +16,7 @@ OVEN = "Plant1/Line4/Oven"
 
 
 async def test_a_sparkplug_device_goes_out_of_service_from_its_page_and_back(
-    base: str,  # noqa: F811 - the fixture
+    base: str,
     db_dsn: str,
     browser: Browser,
 ) -> None:
