@@ -13,6 +13,14 @@ export class ApiError extends Error {
   }
 }
 
+// Where an API path (`/alarms?…`, as docs/api.md writes it) is for this page: relative to the
+// page's own address, not the host's root. Served at `/` that is the same URL; behind a reverse
+// proxy at a prefix (the site's `/gateway/` passed to the gateway's `/`) it is under the
+// prefix, where the host's root is some other site (docs/deploying.md, "Behind a reverse proxy").
+export function apiUrl(path) {
+  return new URL(path.replace(/^\/+/, ""), document.baseURI).href;
+}
+
 export class Api {
   constructor(token, onUnauthorized = () => {}, onForbidden = () => {}) {
     this.token = token;
@@ -32,7 +40,7 @@ export class Api {
     let response;
     const sentMs = Date.now();
     try {
-      response = await fetch(path, init);
+      response = await fetch(apiUrl(path), init);
       noteServerDate(response.headers.get("Date"), sentMs, Date.now());
     } catch (error) {
       throw new ApiError(0, { error: "UNREACHABLE", message: "the gateway does not answer (is it running?)" });

@@ -19,6 +19,8 @@
 // would fail the same way forever: the page drops the cursor (onReset: every view is read
 // again) and starts anew.
 
+import { apiUrl } from "./api.js";
+
 export const STALL_MS = 35_000;
 export const TICKET_TIMEOUT_MS = 10_000;
 
@@ -89,7 +91,7 @@ export class LiveStream {
     };
     alive();
     try {
-      const response = await fetch(`/stream?${params}`, {
+      const response = await fetch(apiUrl(`/stream?${params}`), {
         headers: { Accept: "text/event-stream" },
         cache: "no-store",
         signal: controller.signal,
