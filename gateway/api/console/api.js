@@ -21,6 +21,22 @@ export function apiUrl(path) {
   return new URL(path.replace(/^\/+/, ""), document.baseURI).href;
 }
 
+const UNREACHABLE = "the gateway does not answer (is it running?)";
+
+// An answer that is not JSON is not the gateway's (its errors are all JSON): a reverse proxy's
+// own page, 502/503/504 while the gateway behind it is down, restarting or slow. Said in words
+// as a gateway that does not answer is, never as the proxy's markup.
+function notJson(response, text) {
+  const status = response.status;
+  if (status === 502 || status === 503 || status === 504) {
+    return { error: "UNREACHABLE", message: `${UNREACHABLE} (the proxy in front answers ${status})` };
+  }
+  if ((response.headers.get("Content-Type") || "").startsWith("text/html")) {
+    return { error: `HTTP_${status}`, message: `HTTP ${status}, not from the gateway (a proxy in front?)` };
+  }
+  return { error: `HTTP_${status}`, message: text.slice(0, 200) };
+}
+
 export class Api {
   constructor(token, onUnauthorized = () => {}, onForbidden = () => {}) {
     this.token = token;
@@ -43,17 +59,19 @@ export class Api {
       response = await fetch(apiUrl(path), init);
       noteServerDate(response.headers.get("Date"), sentMs, Date.now());
     } catch (error) {
-      throw new ApiError(0, { error: "UNREACHABLE", message: "the gateway does not answer (is it running?)" });
+      throw new ApiError(0, { error: "UNREACHABLE", message: UNREACHABLE });
     }
     let data = null;
     let text;
     try {
       text = await response.text();
     } catch (error) {
-      throw new ApiError(0, { error: "UNREACHABLE", message: "the gateway does not answer (is it running?)" });
+      throw new ApiError(0, { error: "UNREACHABLE", message: UNREACHABLE });
     }
     if (text) {
-      try { data = JSON.parse(text); } catch { data = { error: `HTTP_${response.status}`, message: text.slice(0, 200) }; }
+      try { data = JSON.parse(text); } catch { data = notJson(response, text); }
+    } else if (!response.ok) {
+      data = notJson(response, "");
     }
     if (!response.ok) {
       const error = new ApiError(response.status, data);

@@ -76,6 +76,8 @@ async def nginx_prefix(tmp: Path, upstream_port: int) -> AsyncIterator[int]:
     docs/deploying.md ("Behind a reverse proxy") says; its port."""
     binary = _nginx()
     port = free_port()
+    while port == upstream_port:  # the daemon's, not bound yet when nginx comes first
+        port = free_port()
     conf = _write_conf(tmp, port, upstream_port)
     process = await asyncio.create_subprocess_exec(
         binary, "-c", str(conf), "-p", str(tmp), "-g", "daemon off;"
@@ -144,3 +146,33 @@ async def test_the_console_under_a_path_prefix_loads_signs_in_goes_live_and_acts
         outside = [p for p in paths if not p.startswith(f"{PREFIX}/")]
         assert outside == [], outside
         assert f"{PREFIX}/stream" in paths
+
+
+async def test_behind_the_proxy_a_gateway_that_is_down_is_said_so_not_shown_as_markup(
+    db_dsn: str, mosquitto: Mosquitto, browser: Browser, tmp_path: Path
+) -> None:
+    """The daemon restarts (or dies) while the page is open behind nginx: the proxy answers
+    502 with its own HTML page. A button pressed then must say the gateway does not answer,
+    as it does without a proxy, not print nginx's markup into the notice."""
+    require_chromium()
+    _nginx()
+    daemon_port = free_port()
+    async with nginx_prefix(tmp_path / "nginx", daemon_port) as port:
+        async with console_daemon(db_dsn, mosquitto, daemon_port):
+            page, errors = await open_console(browser, f"http://127.0.0.1:{port}{PREFIX}")
+            await sign_in(page, OPERATOR)
+            await publish(mosquitto, "boiler-7", {"metrics": {"temp": 95}})
+            row = alarm_row(page, "boiler-7")
+            await expect(row).to_be_visible(timeout=WAIT_MS)
+            await row.get_by_role("link", name="#").first.click()
+            detail = page.locator("#alarm-detail")
+            await expect(detail.get_by_role("button", name="Confirm")).to_be_visible(
+                timeout=WAIT_MS
+            )
+        await detail.get_by_role("button", name="Confirm").click()
+        notice = page.locator("#notice")
+        await expect(notice).to_be_visible(timeout=WAIT_MS)
+        text = await notice.inner_text()
+        assert "<" not in text, text
+        assert "does not answer" in text, text
+        assert errors.errors == []
