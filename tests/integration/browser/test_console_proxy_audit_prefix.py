@@ -175,4 +175,9 @@ async def test_behind_the_proxy_a_gateway_that_is_down_is_said_so_not_shown_as_m
         text = await notice.inner_text()
         assert "<" not in text, text
         assert "does not answer" in text, text
+        # Back: the stream comes again through the proxy, and the button works.
+        async with console_daemon(db_dsn, mosquitto, daemon_port):
+            await expect(page.locator("#live")).to_have_text("live", timeout=WAIT_MS)
+            await detail.get_by_role("button", name="Confirm").click()
+            await expect(detail.locator("#alarm-status")).to_have_text("CONFIRMED", timeout=WAIT_MS)
         assert errors.errors == []
