@@ -286,8 +286,14 @@ async def _stats_settled(conn: asyncpg.Connection, updates: int) -> None:
         await asyncio.sleep(0.05)  # polling the statistics until the deadline
 
 
+# The inactivity monitor's page (storage.alarms.SILENT_PAGE, which sim may not import: the
+# layers); a pass reads the silent devices that many at a time, by id.
+SILENT_PAGE: Final = 1000
+
+
 async def explain_sweep(conn: asyncpg.Connection) -> dict[str, Any]:
-    """``EXPLAIN (ANALYZE, BUFFERS)`` of the inactivity sweep's query over the whole fleet."""
+    """``EXPLAIN (ANALYZE, BUFFERS)`` of the inactivity sweep's query over the whole fleet: its
+    first page (``SILENT_PAGE`` devices at most, by id; a pass reads the next ones after it)."""
     query = gateway_sql("alarms.sql")["silent_devices"]
     # A node up for an hour: one break, from before its first subscribe to then; the Wills read
     # about it (its start's subscribe and the 10 s after) say nothing of a death (will_windows).
@@ -300,6 +306,8 @@ async def explain_sweep(conn: asyncpg.Connection) -> dict[str, Any]:
         ["device-silent"],
         [3600.0],
         [3590.0],
+        "",  # the pass's first page (by device id), as large as the monitor's
+        SILENT_PAGE,
     )
     top = json.loads(plan)[0]
     node = top["Plan"]
