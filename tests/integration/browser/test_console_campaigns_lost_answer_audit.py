@@ -12,11 +12,11 @@ from typing import Any
 import aiomqtt
 import asyncpg
 import msgspec
-from playwright.async_api import Browser, Route, expect
+from playwright.async_api import Browser, Locator, Page, Route, expect
 
 from protocol import Topics
 from tests.support.api_client import OPERATOR
-from tests.support.browser import WAIT_MS, open_console, sign_in
+from tests.support.browser import WAIT_MS, PageErrors, open_console, sign_in
 from tests.support.mosquitto import Mosquitto
 from tests.support.waiting import wait_until
 
@@ -51,9 +51,11 @@ async def pumps(db_dsn: str, mosquitto: Mosquitto) -> None:
     await wait_until(known, timeout=30, message="devices known")
 
 
-async def test_a_campaign_whose_answer_was_lost_is_not_started_twice(
+async def reviewed_campaign(
     base: str, db_dsn: str, mosquitto: Mosquitto, browser: Browser
-) -> None:
+) -> tuple[Page, PageErrors, Locator]:
+    """The pumps known; an operator's console with "reboot" to ``pump-*`` reviewed, its
+    confirmation shown, not started yet."""
     await pumps(db_dsn, mosquitto)
     page, errors = await open_console(browser, base)
     await sign_in(page, OPERATOR)
@@ -64,6 +66,13 @@ async def test_a_campaign_whose_answer_was_lost_is_not_started_twice(
     await form.get_by_label("Targets (selector)").fill("pump-*")
     await form.get_by_role("button", name="Review campaign").click()
     await expect(page.locator("#campaign-confirm")).to_be_visible(timeout=WAIT_MS)
+    return page, errors, form
+
+
+async def test_a_campaign_whose_answer_was_lost_is_not_started_twice(
+    base: str, db_dsn: str, mosquitto: Mosquitto, browser: Browser
+) -> None:
+    page, errors, form = await reviewed_campaign(base, db_dsn, mosquitto, browser)
 
     handled: list[int] = []
 
@@ -105,16 +114,7 @@ async def test_a_start_whose_answer_never_comes_can_be_started_again_without_a_r
     """The link goes silent after the gateway took the start (no answer, no reset): the page
     must give up on it in time and let Start campaign be clicked again, not keep the button
     disabled for as long as the browser would wait."""
-    await pumps(db_dsn, mosquitto)
-    page, errors = await open_console(browser, base)
-    await sign_in(page, OPERATOR)
-    await page.get_by_role("link", name="Campaigns").click()
-    form = page.locator("#campaign-create")
-    await expect(form).to_be_visible(timeout=WAIT_MS)
-    await form.get_by_label("Command", exact=True).fill("reboot")
-    await form.get_by_label("Targets (selector)").fill("pump-*")
-    await form.get_by_role("button", name="Review campaign").click()
-    await expect(page.locator("#campaign-confirm")).to_be_visible(timeout=WAIT_MS)
+    page, errors, _form = await reviewed_campaign(base, db_dsn, mosquitto, browser)
 
     handled: list[int] = []
     silent = asyncio.Event()  # never set: the answer never comes

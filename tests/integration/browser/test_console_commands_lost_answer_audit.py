@@ -8,10 +8,10 @@ from __future__ import annotations
 import asyncio
 
 import asyncpg
-from playwright.async_api import Browser, Route, expect
+from playwright.async_api import Browser, Locator, Page, Route, expect
 
 from tests.support.api_client import OPERATOR
-from tests.support.browser import WAIT_MS, open_console, sign_in
+from tests.support.browser import WAIT_MS, PageErrors, open_console, sign_in
 from tests.support.waiting import wait_until
 
 CONFIG = f"""
@@ -33,16 +33,25 @@ async def commands_of(dsn: str, device: str) -> list[tuple[int, str]]:
     return [(r["id"], r["name"]) for r in rows]
 
 
+async def command_form(
+    browser: Browser, base: str, device: str, name: str
+) -> tuple[Page, PageErrors, Locator]:
+    """An operator's console on ``device``'s commands, its form filled with ``name``
+    (deferrable), not sent yet."""
+    page, errors = await open_console(browser, base)
+    await sign_in(page, OPERATOR)
+    await page.goto(f"{base}/#/commands/{device}")
+    form = page.locator("#command-create")
+    await expect(form).to_be_visible(timeout=WAIT_MS)
+    await form.get_by_label("Name").fill(name)
+    await form.get_by_label("Delivery").select_option("deferrable")
+    return page, errors, form
+
+
 async def test_a_command_whose_answer_was_lost_is_not_sent_twice_by_send_again(
     base: str, db_dsn: str, browser: Browser
 ) -> None:
-    page, errors = await open_console(browser, base)
-    await sign_in(page, OPERATOR)
-    await page.goto(f"{base}/#/commands/quiet-1")
-    form = page.locator("#command-create")
-    await expect(form).to_be_visible(timeout=WAIT_MS)
-    await form.get_by_label("Name").fill("open-valve")
-    await form.get_by_label("Delivery").select_option("deferrable")
+    page, errors, form = await command_form(browser, base, "quiet-1", "open-valve")
 
     handled: list[int] = []
 
@@ -82,13 +91,7 @@ async def test_a_command_whose_answer_was_lost_is_not_sent_twice_by_send_again(
 async def test_send_clicked_again_while_the_answer_is_slow_sends_one_command(
     base: str, db_dsn: str, browser: Browser
 ) -> None:
-    page, errors = await open_console(browser, base)
-    await sign_in(page, OPERATOR)
-    await page.goto(f"{base}/#/commands/quiet-2")
-    form = page.locator("#command-create")
-    await expect(form).to_be_visible(timeout=WAIT_MS)
-    await form.get_by_label("Name").fill("reboot")
-    await form.get_by_label("Delivery").select_option("deferrable")
+    page, errors, form = await command_form(browser, base, "quiet-2", "reboot")
 
     held: list[Route] = []
 
@@ -119,13 +122,7 @@ async def test_a_send_whose_answer_never_comes_is_given_up_and_sent_again_once(
     """The link goes silent after the gateway took the command (no answer, no reset): the
     page must say so in time, not wait as long as the browser would, and Send again must get
     the first command back."""
-    page, errors = await open_console(browser, base)
-    await sign_in(page, OPERATOR)
-    await page.goto(f"{base}/#/commands/quiet-3")
-    form = page.locator("#command-create")
-    await expect(form).to_be_visible(timeout=WAIT_MS)
-    await form.get_by_label("Name").fill("open-valve")
-    await form.get_by_label("Delivery").select_option("deferrable")
+    page, errors, form = await command_form(browser, base, "quiet-3", "open-valve")
 
     handled: list[int] = []
     silent = asyncio.Event()  # never set: the answer never comes
