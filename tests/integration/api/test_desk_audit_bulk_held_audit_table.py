@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import aiohttp
 import asyncpg
@@ -32,23 +33,32 @@ async def api(db_dsn: str, db: asyncpg.Connection) -> AsyncIterator[Api]:
         yield Api(base=served.base, http=http, db=db, dsn=db_dsn)
 
 
-async def test_a_bulk_action_stops_at_a_held_audit_table(api: Api) -> None:
+async def bulk_at_held_table(
+    api: Api, table: str
+) -> tuple[list[int], dict[int, dict[str, Any]], float]:
+    """Three alarms raised, then confirmed in one bulk action while another transaction holds
+    ``table`` in SHARE mode (as CREATE INDEX does): their ids, the answer's items by alarm id,
+    and how long the answer took."""
     ids = [await api.raise_alarm(f"d{n}") for n in range(3)]
-    first, *later = ids
     holder = await asyncpg.connect(api.dsn)
     try:
         async with holder.transaction():
-            await holder.execute("LOCK TABLE alarm_audit IN SHARE MODE")  # as CREATE INDEX
+            await holder.execute(f"LOCK TABLE {table} IN SHARE MODE")
             started = time.monotonic()
             reply = await _within(
-                "a bulk action at a held audit table",
+                f"a bulk action at a held {table} table",
                 api.post("/alarms/bulk", {"action": "confirm", "ids": ids}),
             )
             took = time.monotonic() - started
     finally:
         await holder.close()
     assert reply.status == 200, reply.body
-    items = {i["alarm_id"]: i for i in reply.body["items"]}
+    return ids, {i["alarm_id"]: i for i in reply.body["items"]}, took
+
+
+async def test_a_bulk_action_stops_at_a_held_audit_table(api: Api) -> None:
+    ids, items, took = await bulk_at_held_table(api, "alarm_audit")
+    first, *later = ids
     stopped = items[first]
     assert (stopped["ok"], stopped["error"]) == (False, "UNAVAILABLE"), stopped
     assert "alarm_audit table" in stopped["message"], stopped

@@ -16,19 +16,18 @@ Real waits, each on a lock the test holds in real PostgreSQL:
 
 from __future__ import annotations
 
-import time
-from collections.abc import AsyncIterator
-
-import aiohttp
 import asyncpg
 import pytest
 
 from gateway.alarms.service import AlarmHeldError, AlarmService
 from gateway.domain.alarm import Action
 from tests.integration.api.test_alarm_action_on_a_held_row import _within
-from tests.integration.api.test_alarm_desk_api import TOKENS
 from tests.integration.api.test_alarm_desk_audit import Api
-from tests.integration.api.test_desk_audit_bulk_held_audit_table import LOCK_WAIT_S
+from tests.integration.api.test_desk_audit_bulk_held_audit_table import (  # noqa: F401 - api: the fixture
+    LOCK_WAIT_S,
+    api,
+    bulk_at_held_table,
+)
 from tests.integration.services.test_notify_grouping import (
     _config,
     _consume_together,
@@ -38,7 +37,6 @@ from tests.integration.services.test_notify_grouping import (
     _two_nodes,
 )
 from tests.integration.services.test_notify_quiet_handled import UNGROUPED, _held
-from tests.support.api_server import serve_api
 from tests.support.receivers import webhook_server
 
 
@@ -97,32 +95,12 @@ async def test_a_confirm_waiting_for_the_held_outbox_table_names_it_not_the_alar
     assert (await _statuses(db, [alarm]))[alarm] != "CONFIRMED"
 
 
-@pytest.fixture
-async def api(db_dsn: str, db: asyncpg.Connection) -> AsyncIterator[Api]:
-    async with serve_api(db_dsn, TOKENS) as served, aiohttp.ClientSession() as http:
-        yield Api(base=served.base, http=http, db=db, dsn=db_dsn)
-
-
-async def test_a_bulk_action_stops_at_a_held_outbox_table(api: Api) -> None:
+async def test_a_bulk_action_stops_at_a_held_outbox_table(api: Api) -> None:  # noqa: F811 - the fixture
     """Every alarm's event waits for the held outbox table alike: the bulk stops at the first,
     as at a held audit table, the others NOT_ATTEMPTED naming the table; it tried each, 5 s
     apiece, each answered "alarm N is held"."""
-    ids = [await api.raise_alarm(f"d{n}") for n in range(3)]
+    ids, items, took = await bulk_at_held_table(api, "outbox_event")
     first, *later = ids
-    holder = await asyncpg.connect(api.dsn)
-    try:
-        async with holder.transaction():
-            await holder.execute("LOCK TABLE outbox_event IN SHARE MODE")  # as CREATE INDEX
-            started = time.monotonic()
-            reply = await _within(
-                "a bulk action at a held outbox table",
-                api.post("/alarms/bulk", {"action": "confirm", "ids": ids}),
-            )
-            took = time.monotonic() - started
-    finally:
-        await holder.close()
-    assert reply.status == 200, reply.body
-    items = {i["alarm_id"]: i for i in reply.body["items"]}
     stopped = items[first]
     assert (stopped["ok"], stopped["error"]) == (False, "UNAVAILABLE"), stopped
     assert "outbox_event table" in stopped["message"], stopped
